@@ -1,0 +1,36 @@
+//! `ptxforge`: one binary, one verb per job. Each verb lives in `cmd/<verb>.rs` with its own
+//! clap `Args` and a `run` function; this file only dispatches. Every verb takes `--json` and
+//! exits non-zero with a one-line reason on failure.
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+#[derive(Parser)]
+#[command(name = "ptxforge", version, about = "PTX-level GPU programming toolkit")]
+struct Cli {
+    #[command(subcommand)]
+    verb: Verb,
+}
+
+#[derive(Subcommand)]
+enum Verb {
+    /// Generate, verify, time and draw a pipeline-parallel schedule.
+    Schedule(cmd::schedule::Args),
+    /// Simulate a training step of an MoE model on a cluster.
+    Sim(cmd::sim::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.verb {
+        Verb::Schedule(a) => cmd::schedule::run(a),
+        Verb::Sim(a) => cmd::sim::run(a),
+    };
+    if let Err(e) = result {
+        // One line, non-zero exit: the contract every verb follows.
+        let msg = format!("{e:#}").replace('\n', " ");
+        eprintln!("ptxforge: error: {msg}");
+        std::process::exit(1);
+    }
+}
