@@ -1,1 +1,29 @@
-//! placeholder
+//! `ptx`: the PTX IR at the bottom of ptxforge.
+//!
+//! What this crate owns:
+//! - [`types`]: scalar types and state spaces;
+//! - [`mods`]: instruction modifiers (`.rn`, `.global`, `.v4`, `.m16n8k16`, ...);
+//! - [`isa`]: the opcode table — one description per instruction (operand counts, minimum
+//!   target and ISA version), read by every other layer;
+//! - [`ir`]: modules, functions, statements, instructions and operands as typed values;
+//! - [`parser`] / [`printer`]: PTX text <-> IR, with `parse(print(m)) == m`;
+//! - [`validate`]: typed diagnostics (undeclared registers, type mismatches, target checks);
+//! - [`ptxas`]: the offline `ptxas` wrapper (registers, spills, errors mapped to PTX lines).
+//!
+//! Data flow: text --parser--> [`Module`] --validate--> diagnostics; builder --> [`Module`]
+//! --printer--> text --ptxas--> SASS/resources; the emulator decodes a [`Module`] directly.
+
+pub mod ir;
+pub mod isa;
+mod lexer;
+pub mod mods;
+pub mod parser;
+pub mod printer;
+pub mod types;
+
+pub use ir::*;
+pub use isa::{requirement, OpInfo, Opcode, Requirement};
+pub use mods::{Flag, Mod};
+pub use parser::{parse, parse_statements, ParseError};
+pub use printer::print;
+pub use types::{Space, Ty, TyKind};

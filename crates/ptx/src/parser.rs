@@ -1,0 +1,933 @@
+//! PTX text -> [`Module`]. Recursive descent over [`crate::lexer`] tokens, accepting PTX as
+//! LLVM NVPTX (Triton) and nvcc write it: ISA 7.0-9.x, sm_70..sm_90a and newer names, debug
+//! directives (`.file`, `.loc`, `.section`) skipped. Every error names line, column and the
+//! offending text.
+
+use crate::ir::*;
+use crate::isa::Opcode;
+use crate::lexer::{Lexer, Tok, Token};
+use crate::mods::Mod;
+use crate::types::{Space, Ty};
+use std::collections::HashSet;
+use std::fmt;
+
+/// A parse error with its position and the source line it points into.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct ParseError {
+    pub line: u32,
+    pub col: u32,
+    pub message: String,
+    /// The whole source line, for display.
+    pub source_line: String,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}, column {}: {} (in `{}`)", self.line, self.col, self.message, self.source_line.trim())
+    }
+}
+
+/// Parses a PTX module.
+pub fn parse(text: &str) -> Result<Module, ParseError> {
+    let mut p = Parser { text, lex: Lexer::new(text), peeked: None, f64_ctx: false };
+    p.module()
+}
+
+/// Parses a sequence of function-body statements (used by the builder's raw-PTX escape).
+pub fn parse_statements(text: &str) -> Result<Vec<Statement>, ParseError> {
+    let mut p = Parser { text, lex: Lexer::new(text), peeked: None, f64_ctx: false };
+    let mut out = Vec::new();
+    loop {
+        if let Tok::Eof = p.peek()?.tok {
+            return Ok(out);
+        }
+        if let Some(s) = p.statement()? {
+            out.push(s);
+        }
+    }
+}
+
+struct Parser<'a> {
+    text: &'a str,
+    lex: Lexer<'a>,
+    peeked: Option<Token<'a>>,
+    /// Decimal float literals in the current instruction are f64 (else f32).
+    f64_ctx: bool,
+}
+
+type PResult<T> = Result<T, ParseError>;
+
+impl<'a> Parser<'a> {
+    fn err_at(&self, line: u32, col: u32, msg: impl Into<String>) -> ParseError {
+        ParseError {
+            line,
+            col,
+            message: msg.into(),
+            source_line: Lexer::line_text(self.text, line).to_string(),
+        }
+    }
+    fn err(&self, t: &Token, msg: impl Into<String>) -> ParseError {
+        self.err_at(t.line, t.col, msg)
+    }
+    fn peek(&mut self) -> PResult<Token<'a>> {
+        if let Some(t) = self.peeked {
+            return Ok(t);
+        }
+        let t = self.lex.next().map_err(|(l, c, m)| self.err_at(l, c, m))?;
+        self.peeked = Some(t);
+        Ok(t)
+    }
+    fn next(&mut self) -> PResult<Token<'a>> {
+        let t = self.peek()?;
+        self.peeked = None;
+        Ok(t)
+    }
+    fn is_punct(&mut self, c: u8) -> PResult<bool> {
+        Ok(self.peek()?.tok == Tok::Punct(c))
+    }
+    fn eat_punct(&mut self, c: u8) -> PResult<bool> {
+        if self.is_punct(c)? {
+            self.next()?;
+            Ok(true)
+        } else {
+            Ok(false)
+        }
+    }
+    fn expect_punct(&mut self, c: u8) -> PResult<()> {
+        let t = self.next()?;
+        if t.tok == Tok::Punct(c) {
+            Ok(())
+        } else {
+            Err(self.err(&t, format!("expected `{}`, found {}", c as char, describe(&t.tok))))
+        }
+    }
+    fn ident(&mut self) -> PResult<&'a str> {
+        let t = self.next()?;
+        match t.tok {
+            Tok::Ident(s) => Ok(s),
+            _ => Err(self.err(&t, format!("expected a name, found {}", describe(&t.tok)))),
+        }
+    }
+    fn int(&mut self) -> PResult<u64> {
+        let t = self.next()?;
+        match t.tok {
+            Tok::Num(s) => parse_uint(s).ok_or_else(|| self.err(&t, format!("bad integer `{s}`"))),
+            _ => Err(self.err(&t, format!("expected an integer, found {}", describe(&t.tok)))),
+        }
+    }
+    /// Skips `.loc`/`.file` lines and `.section` blocks.
+    fn skip_debug(&mut self) -> PResult<bool> {
+        let t = self.peek()?;
+        match t.tok {
+            Tok::Dot("loc") | Tok::Dot("file") => {
+                // The lexer is positioned right after this token: drop the rest of its line.
+                self.peeked = None;
+                self.lex.skip_line();
+                Ok(true)
+            }
+            Tok::Dot("section") => {
+                self.next()?;
+                // name, then a `{ ... }` block of data
+                loop {
+                    let t = self.next()?;
+                    match t.tok {
+                        Tok::Punct(b'{') => break,
+                        Tok::Eof => return Err(self.err(&t, "unterminated .section")),
+                        _ => {}
+                    }
+                }
+                let mut depth = 1;
+                while depth > 0 {
+                    let t = self.next()?;
+                    match t.tok {
+                        Tok::Punct(b'{') => depth += 1,
+                        Tok::Punct(b'}') => depth -= 1,
+                        Tok::Eof => return Err(self.err(&t, "unterminated .section")),
+                        _ => {}
+                    }
+                }
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    fn module(&mut self) -> PResult<Module> {
+        let mut m = Module { version: 0, target: Target::new(""), address_size: 64, items: Vec::new() };
+        let mut seen_version = false;
+        loop {
+            if self.skip_debug()? {
+                continue;
+            }
+            let t = self.next()?;
+            match t.tok {
+                Tok::Eof => break,
+                Tok::Dot("version") => {
+                    let v = self.next()?;
+                    m.version = match v.tok {
+                        Tok::Num(s) => parse_version(s).ok_or_else(|| self.err(&v, format!("bad version `{s}`")))?,
+                        _ => return Err(self.err(&v, "expected a version number")),
+                    };
+                    seen_version = true;
+                }
+                Tok::Dot("target") => {
+                    m.target.arch = self.ident()?.to_string();
+                    while self.eat_punct(b',')? {
+                        m.target.options.push(self.ident()?.to_string());
+                    }
+                }
+                Tok::Dot("address_size") => m.address_size = self.int()? as u32,
+                Tok::Dot("pragma") => {
+                    self.strings()?;
+                }
+                Tok::Dot(_) => {
+                    self.peeked = Some(t);
+                    let item = self.module_item()?;
+                    m.items.push(item);
+                }
+                _ => return Err(self.err(&t, format!("unexpected {} at module scope", describe(&t.tok)))),
+            }
+        }
+        if !seen_version {
+            return Err(self.err_at(1, 1, "missing `.version` directive"));
+        }
+        if m.target.arch.is_empty() {
+            return Err(self.err_at(1, 1, "missing `.target` directive"));
+        }
+        Ok(m)
+    }
+
+    fn strings(&mut self) -> PResult<Vec<String>> {
+        let mut v = Vec::new();
+        loop {
+            let t = self.next()?;
+            match t.tok {
+                Tok::Str(s) => v.push(s.to_string()),
+                _ => return Err(self.err(&t, "expected a string")),
+            }
+            if !self.eat_punct(b',')? {
+                break;
+            }
+        }
+        self.expect_punct(b';')?;
+        Ok(v)
+    }
+
+    fn linkage(&mut self) -> PResult<Option<Linkage>> {
+        let l = match self.peek()?.tok {
+            Tok::Dot("visible") => Linkage::Visible,
+            Tok::Dot("extern") => Linkage::Extern,
+            Tok::Dot("weak") => Linkage::Weak,
+            Tok::Dot("common") => Linkage::Common,
+            _ => return Ok(None),
+        };
+        self.next()?;
+        Ok(Some(l))
+    }
+
+    fn module_item(&mut self) -> PResult<Item> {
+        let linkage = self.linkage()?;
+        let t = self.peek()?;
+        match t.tok {
+            Tok::Dot("entry") | Tok::Dot("func") => Ok(Item::Func(self.function(linkage)?)),
+            Tok::Dot(s) if Space::from_str(s).is_some() => Ok(Item::Var(self.var_decl(linkage)?)),
+            _ => Err(self.err(&t, format!("unexpected {} at module scope", describe(&t.tok)))),
+        }
+    }
+
+    fn var_decl(&mut self, linkage: Option<Linkage>) -> PResult<VarDecl> {
+        let t = self.next()?;
+        let space = match t.tok {
+            Tok::Dot(s) => Space::from_str(s).ok_or_else(|| self.err(&t, format!("unknown state space `.{s}`")))?,
+            _ => return Err(self.err(&t, "expected a state space")),
+        };
+        let (mut align, mut vec, mut ty) = (None, None, None);
+        loop {
+            let t = self.peek()?;
+            match t.tok {
+                Tok::Dot("align") => {
+                    self.next()?;
+                    align = Some(self.int()? as u32);
+                }
+                Tok::Dot("ptr") => {
+                    self.next()?;
+                }
+                Tok::Dot(s) if matches!(Mod::parse(s), Some(Mod::Vec(_))) => {
+                    self.next()?;
+                    if let Some(Mod::Vec(n)) = Mod::parse(s) {
+                        vec = Some(n);
+                    }
+                }
+                Tok::Dot(s) if Ty::from_str(s).is_some() && ty.is_none() => {
+                    self.next()?;
+                    ty = Ty::from_str(s);
+                }
+                _ => break,
+            }
+        }
+        let ty = ty.ok_or_else(|| self.err(&t, "variable declaration without a type"))?;
+        let name = self.ident()?.to_string();
+        let mut dims = Vec::new();
+        while self.eat_punct(b'[')? {
+            if self.eat_punct(b']')? {
+                dims.push(None);
+            } else {
+                dims.push(Some(self.int()?));
+                self.expect_punct(b']')?;
+            }
+        }
+        self.f64_ctx = ty == Ty::F64;
+        let init = if self.eat_punct(b'=')? { Some(self.init_list()?) } else { None };
+        self.expect_punct(b';')?;
+        Ok(VarDecl { linkage, space, align, vec, ty, name, dims, init, loc: Loc { line: t.line, col: t.col } })
+    }
+
+    fn init_list(&mut self) -> PResult<Vec<Init>> {
+        let mut out = Vec::new();
+        self.init_into(&mut out)?;
+        Ok(out)
+    }
+    fn init_into(&mut self, out: &mut Vec<Init>) -> PResult<()> {
+        if self.eat_punct(b'{')? {
+            if self.eat_punct(b'}')? {
+                return Ok(());
+            }
+            loop {
+                self.init_into(out)?;
+                if !self.eat_punct(b',')? {
+                    break;
+                }
+            }
+            return self.expect_punct(b'}');
+        }
+        let neg = self.eat_punct(b'-')?;
+        let t = self.next()?;
+        match t.tok {
+            Tok::Num(s) => {
+                let v = parse_num(s, self.f64_ctx).ok_or_else(|| self.err(&t, format!("bad number `{s}`")))?;
+                out.push(match v {
+                    Imm::Int(i) => Init::Int(if neg { -(i as i128) } else { i as i128 }),
+                    Imm::U64(u) => Init::Int(if neg { -(u as i128) } else { u as i128 }),
+                    Imm::F32(b) => Init::F32(if neg { b ^ 0x8000_0000 } else { b }),
+                    Imm::F64(b) => Init::F64(if neg { b ^ (1 << 63) } else { b }),
+                });
+            }
+            Tok::Ident("generic") => {
+                self.expect_punct(b'(')?;
+                let name = self.ident()?.to_string();
+                self.expect_punct(b')')?;
+                let offset = self.sym_offset()?;
+                out.push(Init::Sym { name, generic: true, offset });
+            }
+            Tok::Ident(name) => {
+                let offset = self.sym_offset()?;
+                out.push(Init::Sym { name: name.to_string(), generic: false, offset });
+            }
+            _ => return Err(self.err(&t, format!("bad initialiser {}", describe(&t.tok)))),
+        }
+        Ok(())
+    }
+    fn sym_offset(&mut self) -> PResult<i64> {
+        if self.is_punct(b'+')? {
+            self.next()?;
+            let neg = self.eat_punct(b'-')?;
+            let v = self.int()? as i64;
+            return Ok(if neg { -v } else { v });
+        }
+        Ok(0)
+    }
+
+    fn function(&mut self, linkage: Option<Linkage>) -> PResult<Function> {
+        let t = self.next()?;
+        let kind = if t.tok == Tok::Dot("entry") { FuncKind::Entry } else { FuncKind::Func };
+        let mut rets = Vec::new();
+        if kind == FuncKind::Func && self.is_punct(b'(')? {
+            rets = self.param_list()?;
+        }
+        let name = self.ident()?.to_string();
+        let params = if self.is_punct(b'(')? { self.param_list()? } else { Vec::new() };
+        let mut directives = Vec::new();
+        loop {
+            let d = self.peek()?;
+            let dir = match d.tok {
+                Tok::Dot("maxntid") => {
+                    self.next()?;
+                    PerfDirective::Maxntid(self.int_list()?)
+                }
+                Tok::Dot("reqntid") => {
+                    self.next()?;
+                    PerfDirective::Reqntid(self.int_list()?)
+                }
+                Tok::Dot("reqnctapercluster") => {
+                    self.next()?;
+                    PerfDirective::Reqnctapercluster(self.int_list()?)
+                }
+                Tok::Dot("minnctapersm") => {
+                    self.next()?;
+                    PerfDirective::Minnctapersm(self.int()? as u32)
+                }
+                Tok::Dot("maxnctapersm") => {
+                    self.next()?;
+                    PerfDirective::Maxnctapersm(self.int()? as u32)
+                }
+                Tok::Dot("maxnreg") => {
+                    self.next()?;
+                    PerfDirective::Maxnreg(self.int()? as u32)
+                }
+                Tok::Dot("maxclusterrank") => {
+                    self.next()?;
+                    PerfDirective::Maxclusterrank(self.int()? as u32)
+                }
+                Tok::Dot("explicitcluster") => {
+                    self.next()?;
+                    PerfDirective::ExplicitCluster
+                }
+                Tok::Dot("noreturn") => {
+                    self.next()?;
+                    PerfDirective::Noreturn
+                }
+                Tok::Dot("pragma") => {
+                    self.next()?;
+                    let mut v = Vec::new();
+                    loop {
+                        let s = self.next()?;
+                        match s.tok {
+                            Tok::Str(x) => v.push(x.to_string()),
+                            _ => return Err(self.err(&s, "expected a string after .pragma")),
+                        }
+                        if !self.eat_punct(b',')? {
+                            break;
+                        }
+                    }
+                    self.eat_punct(b';')?;
+                    PerfDirective::Pragma(v)
+                }
+                _ => break,
+            };
+            directives.push(dir);
+        }
+        let body = if self.eat_punct(b';')? {
+            None
+        } else {
+            let open = self.next()?;
+            if open.tok != Tok::Punct(b'{') {
+                return Err(self.err(&open, format!("expected function body `{{`, found {}", describe(&open.tok))));
+            }
+            let mut b = self.block_body()?;
+            resolve_plain_regs(&mut b);
+            Some(b)
+        };
+        Ok(Function { kind, linkage, name, rets, params, directives, body, loc: Loc { line: t.line, col: t.col } })
+    }
+
+    fn int_list(&mut self) -> PResult<Vec<u32>> {
+        let mut v = vec![self.int()? as u32];
+        while self.eat_punct(b',')? {
+            v.push(self.int()? as u32);
+        }
+        Ok(v)
+    }
+
+    fn param_list(&mut self) -> PResult<Vec<Param>> {
+        self.expect_punct(b'(')?;
+        let mut v = Vec::new();
+        if self.eat_punct(b')')? {
+            return Ok(v);
+        }
+        loop {
+            v.push(self.param()?);
+            if !self.eat_punct(b',')? {
+                break;
+            }
+        }
+        self.expect_punct(b')')?;
+        Ok(v)
+    }
+
+    fn param(&mut self) -> PResult<Param> {
+        let t = self.next()?;
+        let space = match t.tok {
+            Tok::Dot("param") => Space::Param,
+            Tok::Dot("reg") => Space::Reg,
+            _ => return Err(self.err(&t, format!("expected `.param` or `.reg`, found {}", describe(&t.tok)))),
+        };
+        let (mut align, mut ty, mut ptr): (Option<u32>, Option<Ty>, Option<PtrAttr>) = (None, None, None);
+        loop {
+            let d = self.peek()?;
+            match d.tok {
+                Tok::Dot("align") => {
+                    self.next()?;
+                    let a = self.int()? as u32;
+                    match &mut ptr {
+                        Some(p) => p.align = Some(a),
+                        None => align = Some(a),
+                    }
+                }
+                Tok::Dot("ptr") => {
+                    self.next()?;
+                    ptr = Some(PtrAttr { space: None, align: None });
+                }
+                Tok::Dot(s) if ptr.is_some() && Space::from_str(s).is_some() => {
+                    self.next()?;
+                    if let Some(p) = &mut ptr {
+                        p.space = Space::from_str(s);
+                    }
+                }
+                Tok::Dot(s) if Ty::from_str(s).is_some() && ty.is_none() => {
+                    self.next()?;
+                    ty = Ty::from_str(s);
+                }
+                _ => break,
+            }
+        }
+        let ty = ty.ok_or_else(|| self.err(&t, "parameter without a type"))?;
+        let name = self.ident()?.to_string();
+        let array = if self.eat_punct(b'[')? {
+            let n = self.int()?;
+            self.expect_punct(b']')?;
+            Some(n)
+        } else {
+            None
+        };
+        Ok(Param { space, ty, align, ptr, name, array })
+    }
+
+    /// Statements up to and including the closing `}`.
+    fn block_body(&mut self) -> PResult<Vec<Statement>> {
+        let mut out = Vec::new();
+        loop {
+            let t = self.peek()?;
+            match t.tok {
+                Tok::Punct(b'}') => {
+                    self.next()?;
+                    return Ok(out);
+                }
+                Tok::Eof => return Err(self.err(&t, "unexpected end of file: missing `}`")),
+                _ => {
+                    if let Some(s) = self.statement()? {
+                        out.push(s);
+                    }
+                }
+            }
+        }
+    }
+
+    fn statement(&mut self) -> PResult<Option<Statement>> {
+        if self.skip_debug()? {
+            return Ok(None);
+        }
+        let t = self.peek()?;
+        match t.tok {
+            Tok::Punct(b'{') => {
+                self.next()?;
+                Ok(Some(Statement::Block(self.block_body()?)))
+            }
+            Tok::Punct(b';') => {
+                self.next()?;
+                Ok(None)
+            }
+            Tok::Dot("reg") => {
+                self.next()?;
+                Ok(Some(Statement::Reg(self.reg_decl(&t)?)))
+            }
+            Tok::Dot("pragma") => {
+                self.next()?;
+                Ok(Some(Statement::Pragma(self.strings()?)))
+            }
+            Tok::Dot(s) if Space::from_str(s).is_some() => Ok(Some(Statement::Var(self.var_decl(None)?))),
+            Tok::Dot(_) => {
+                let l = self.linkage()?;
+                if l.is_some() {
+                    return Ok(Some(Statement::Var(self.var_decl(l)?)));
+                }
+                Err(self.err(&t, format!("unknown directive {} in function body", describe(&t.tok))))
+            }
+            Tok::Punct(b'@') => {
+                self.next()?;
+                let negated = self.eat_punct(b'!')?;
+                let reg = self.ident()?.to_string();
+                let mut ins = self.instruction()?;
+                ins.guard = Some(Guard { negated, reg });
+                ins.loc = Loc { line: t.line, col: t.col };
+                Ok(Some(Statement::Instr(ins)))
+            }
+            Tok::Ident(name) => {
+                self.next()?;
+                if self.is_punct(b':')? {
+                    self.next()?;
+                    let d = self.peek()?;
+                    match d.tok {
+                        Tok::Dot("branchtargets") => {
+                            self.next()?;
+                            let mut targets = vec![self.ident()?.to_string()];
+                            while self.eat_punct(b',')? {
+                                targets.push(self.ident()?.to_string());
+                            }
+                            self.expect_punct(b';')?;
+                            return Ok(Some(Statement::BranchTargets { label: name.to_string(), targets }));
+                        }
+                        Tok::Dot("callprototype") => {
+                            self.next()?;
+                            let rets = if self.is_punct(b'(')? { self.param_list()? } else { Vec::new() };
+                            let u = self.ident()?;
+                            if u != "_" {
+                                return Err(self.err(&d, "expected `_` in .callprototype"));
+                            }
+                            let params = if self.is_punct(b'(')? { self.param_list()? } else { Vec::new() };
+                            let noreturn = if self.peek()?.tok == Tok::Dot("noreturn") {
+                                self.next()?;
+                                true
+                            } else {
+                                false
+                            };
+                            self.expect_punct(b';')?;
+                            return Ok(Some(Statement::CallPrototype { label: name.to_string(), rets, params, noreturn }));
+                        }
+                        _ => return Ok(Some(Statement::Label(name.to_string(), Loc { line: t.line, col: t.col }))),
+                    }
+                }
+                let mut ins = self.instruction_from(t)?;
+                ins.loc = Loc { line: t.line, col: t.col };
+                Ok(Some(Statement::Instr(ins)))
+            }
+            _ => Err(self.err(&t, format!("unexpected {} in function body", describe(&t.tok)))),
+        }
+    }
+
+    fn reg_decl(&mut self, start: &Token) -> PResult<RegDecl> {
+        let (mut ty, mut vec, mut align) = (None, None, None);
+        loop {
+            let d = self.peek()?;
+            match d.tok {
+                Tok::Dot("align") => {
+                    self.next()?;
+                    align = Some(self.int()? as u32);
+                }
+                Tok::Dot(s) if matches!(Mod::parse(s), Some(Mod::Vec(_))) => {
+                    self.next()?;
+                    if let Some(Mod::Vec(n)) = Mod::parse(s) {
+                        vec = Some(n);
+                    }
+                }
+                Tok::Dot(s) if Ty::from_str(s).is_some() => {
+                    self.next()?;
+                    ty = Ty::from_str(s);
+                }
+                Tok::Dot(s) => return Err(self.err(&d, format!("unknown register type `.{s}`"))),
+                _ => break,
+            }
+        }
+        let ty = ty.ok_or_else(|| self.err(start, "register declaration without a type"))?;
+        let mut names = Vec::new();
+        loop {
+            let name = self.ident()?.to_string();
+            let count = if self.eat_punct(b'<')? {
+                let n = self.int()? as u32;
+                self.expect_punct(b'>')?;
+                Some(n)
+            } else {
+                None
+            };
+            names.push(RegName { name, count });
+            if !self.eat_punct(b',')? {
+                break;
+            }
+        }
+        self.expect_punct(b';')?;
+        Ok(RegDecl { ty, vec, align, names, loc: Loc { line: start.line, col: start.col } })
+    }
+
+    fn instruction(&mut self) -> PResult<Instruction> {
+        let t = self.next()?;
+        self.instruction_from(t)
+    }
+
+    /// An instruction whose first token (the opcode's first part) was already read.
+    fn instruction_from(&mut self, t: Token<'a>) -> PResult<Instruction> {
+        let Tok::Ident(first) = t.tok else {
+            return Err(self.err(&t, format!("expected an instruction, found {}", describe(&t.tok))));
+        };
+        let mut parts: Vec<(&'a str, Token<'a>)> = vec![(first, t)];
+        loop {
+            let d = self.peek()?;
+            match d.tok {
+                Tok::Dot(s) if !d.spaced => {
+                    self.next()?;
+                    parts.push((s, d));
+                }
+                _ => break,
+            }
+        }
+        // Longest dotted prefix that names an opcode.
+        let mut op = None;
+        let mut name = String::new();
+        for k in (1..=parts.len().min(Opcode::MAX_PARTS)).rev() {
+            name.clear();
+            for (i, (p, _)) in parts[..k].iter().enumerate() {
+                if i > 0 {
+                    name.push('.');
+                }
+                name.push_str(p);
+            }
+            if let Some(o) = Opcode::from_name(&name) {
+                op = Some((o, k));
+                break;
+            }
+        }
+        let Some((op, k)) = op else {
+            let full: Vec<&str> = parts.iter().map(|p| p.0).collect();
+            return Err(self.err(&t, format!("unsupported instruction `{}`", full.join("."))));
+        };
+        let mut mods = Vec::with_capacity(parts.len() - k);
+        for (s, tok) in &parts[k..] {
+            match Mod::parse(s) {
+                Some(m) => mods.push(m),
+                None => return Err(self.err(tok, format!("unknown modifier `.{s}` on `{}`", op.name()))),
+            }
+        }
+        // Decimal float literals take the width of the instruction's type.
+        self.f64_ctx = mods.contains(&Mod::Type(Ty::F64));
+        let mut args = Vec::new();
+        if !self.is_punct(b';')? {
+            loop {
+                args.push(self.operand()?);
+                if !self.eat_punct(b',')? {
+                    break;
+                }
+            }
+        }
+        let end = self.next()?;
+        if end.tok != Tok::Punct(b';') {
+            return Err(self.err(&end, format!("expected `;` after `{}` operands, found {}", op.name(), describe(&end.tok))));
+        }
+        Ok(Instruction { guard: None, op, mods, args, loc: Loc { line: t.line, col: t.col } })
+    }
+
+    fn operand(&mut self) -> PResult<Operand> {
+        let first = self.operand1()?;
+        if self.eat_punct(b'|')? {
+            let second = self.operand1()?;
+            return Ok(Operand::Pair(Box::new(first), Box::new(second)));
+        }
+        Ok(first)
+    }
+
+    fn operand1(&mut self) -> PResult<Operand> {
+        let t = self.next()?;
+        match t.tok {
+            Tok::Punct(b'{') => {
+                let mut v = Vec::new();
+                if !self.eat_punct(b'}')? {
+                    loop {
+                        v.push(self.operand1()?);
+                        if !self.eat_punct(b',')? {
+                            break;
+                        }
+                    }
+                    self.expect_punct(b'}')?;
+                }
+                Ok(Operand::Vec(v))
+            }
+            Tok::Punct(b'(') => {
+                let mut v = Vec::new();
+                if !self.eat_punct(b')')? {
+                    loop {
+                        v.push(self.operand1()?);
+                        if !self.eat_punct(b',')? {
+                            break;
+                        }
+                    }
+                    self.expect_punct(b')')?;
+                }
+                Ok(Operand::List(v))
+            }
+            Tok::Punct(b'[') => {
+                let b = self.next()?;
+                let base = match b.tok {
+                    Tok::Ident(s) => {
+                        if s.starts_with('%') {
+                            AddrBase::Reg(s.to_string())
+                        } else {
+                            AddrBase::Sym(s.to_string())
+                        }
+                    }
+                    Tok::Num(s) => AddrBase::Imm(parse_uint(s).ok_or_else(|| self.err(&b, format!("bad address `{s}`")))?),
+                    _ => return Err(self.err(&b, format!("bad address {}", describe(&b.tok)))),
+                };
+                let mut offset = 0i64;
+                loop {
+                    if self.eat_punct(b'+')? {
+                        let neg = self.eat_punct(b'-')?;
+                        let v = self.int()? as i64;
+                        offset = offset.wrapping_add(if neg { -v } else { v });
+                    } else if self.eat_punct(b'-')? {
+                        offset = offset.wrapping_sub(self.int()? as i64);
+                    } else {
+                        break;
+                    }
+                }
+                if offset == 0 && self.eat_punct(b',')? {
+                    // `[tensorMap, {c0, c1}]`: tensor coordinates of a bulk tensor copy.
+                    let coords = match self.operand1()? {
+                        Operand::Vec(v) => v,
+                        other => vec![other],
+                    };
+                    self.expect_punct(b']')?;
+                    return Ok(Operand::TensorAddr { base, coords });
+                }
+                self.expect_punct(b']')?;
+                Ok(Operand::Addr { base, offset })
+            }
+            Tok::Punct(b'!') => Ok(Operand::Not(Box::new(self.operand1()?))),
+            Tok::Punct(b'-') => {
+                let n = self.next()?;
+                match n.tok {
+                    Tok::Num(s) => {
+                        let v = parse_num(s, self.f64_ctx).ok_or_else(|| self.err(&n, format!("bad number `{s}`")))?;
+                        Ok(Operand::Imm(match v {
+                            Imm::Int(i) => Imm::Int(i.wrapping_neg()),
+                            Imm::U64(u) => Imm::Int((u as i64).wrapping_neg()),
+                            Imm::F32(b) => Imm::F32(b ^ 0x8000_0000),
+                            Imm::F64(b) => Imm::F64(b ^ (1 << 63)),
+                        }))
+                    }
+                    _ => Err(self.err(&n, "expected a number after `-`")),
+                }
+            }
+            Tok::Num(s) => Ok(Operand::Imm(parse_num(s, self.f64_ctx).ok_or_else(|| self.err(&t, format!("bad number `{s}`")))?)),
+            Tok::Ident("_") => Ok(Operand::Sink),
+            Tok::Ident(s) if s.starts_with('%') => {
+                if SReg::needs_dim(s) {
+                    let d = self.next()?;
+                    if let Tok::Dot(c) = d.tok {
+                        let full = format!("{s}.{c}");
+                        if let Some(r) = SReg::parse(&full) {
+                            return Ok(Operand::SReg(r));
+                        }
+                    }
+                    return Err(self.err(&d, format!("`{s}` needs a component .x, .y or .z")));
+                }
+                if let Some(r) = SReg::parse(s) {
+                    return Ok(Operand::SReg(r));
+                }
+                Ok(Operand::Reg(s.to_string()))
+            }
+            Tok::Ident(s) => {
+                let offset = self.sym_offset()?;
+                Ok(Operand::Sym { name: s.to_string(), offset })
+            }
+            _ => Err(self.err(&t, format!("expected an operand, found {}", describe(&t.tok)))),
+        }
+    }
+}
+
+/// Registers declared without a `%` prefix are parsed as symbols; turn them into registers.
+fn resolve_plain_regs(body: &mut [Statement]) {
+    let mut plain: HashSet<String> = HashSet::new();
+    fn collect(b: &[Statement], set: &mut HashSet<String>) {
+        for s in b {
+            match s {
+                Statement::Reg(d) => {
+                    for n in &d.names {
+                        if !n.name.starts_with('%') {
+                            match n.count {
+                                None => {
+                                    set.insert(n.name.clone());
+                                }
+                                Some(c) => {
+                                    for i in 0..c {
+                                        set.insert(format!("{}{}", n.name, i));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                Statement::Block(b) => collect(b, set),
+                _ => {}
+            }
+        }
+    }
+    collect(body, &mut plain);
+    if plain.is_empty() {
+        return;
+    }
+    fn fix(o: &mut Operand, set: &HashSet<String>) {
+        match o {
+            Operand::Sym { name, offset: 0 } if set.contains(name.as_str()) => *o = Operand::Reg(std::mem::take(name)),
+            Operand::Addr { base, .. } => {
+                if let AddrBase::Sym(n) = base {
+                    if set.contains(n.as_str()) {
+                        *base = AddrBase::Reg(std::mem::take(n));
+                    }
+                }
+            }
+            Operand::Not(x) => fix(x, set),
+            Operand::Vec(v) | Operand::List(v) => v.iter_mut().for_each(|x| fix(x, set)),
+            Operand::Pair(a, b) => {
+                fix(a, set);
+                fix(b, set);
+            }
+            _ => {}
+        }
+    }
+    fn walk(b: &mut [Statement], set: &HashSet<String>) {
+        for s in b {
+            match s {
+                Statement::Instr(i) => {
+                    i.args.iter_mut().for_each(|a| fix(a, set));
+                }
+                Statement::Block(b) => walk(b, set),
+                _ => {}
+            }
+        }
+    }
+    walk(body, &plain);
+}
+
+fn describe(t: &Tok) -> String {
+    match t {
+        Tok::Ident(s) => format!("`{s}`"),
+        Tok::Dot(s) => format!("`.{s}`"),
+        Tok::Num(s) => format!("number `{s}`"),
+        Tok::Str(s) => format!("string \"{s}\""),
+        Tok::Punct(c) => format!("`{}`", *c as char),
+        Tok::Eof => "end of file".to_string(),
+    }
+}
+
+fn parse_version(s: &str) -> Option<u32> {
+    let (a, b) = s.split_once('.')?;
+    Some(a.parse::<u32>().ok()? * 10 + b.parse::<u32>().ok()?)
+}
+
+/// Parses an unsigned integer literal (decimal, hex, octal, binary, optional `U`).
+pub(crate) fn parse_uint(s: &str) -> Option<u64> {
+    let s = s.strip_suffix(['U', 'u']).unwrap_or(s);
+    if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        u64::from_str_radix(h, 16).ok()
+    } else if let Some(b) = s.strip_prefix("0b").or_else(|| s.strip_prefix("0B")) {
+        u64::from_str_radix(b, 2).ok()
+    } else if s.len() > 1 && s.starts_with('0') && s.bytes().all(|c| c.is_ascii_digit()) {
+        u64::from_str_radix(&s[1..], 8).ok()
+    } else {
+        s.parse().ok()
+    }
+}
+
+/// Parses any numeric literal into an immediate.
+pub(crate) fn parse_num(s: &str, f64_ctx: bool) -> Option<Imm> {
+    let b = s.as_bytes();
+    if b.len() > 2 && b[0] == b'0' && matches!(b[1], b'f' | b'F') && b.len() == 10 {
+        return u32::from_str_radix(&s[2..], 16).ok().map(Imm::F32);
+    }
+    if b.len() > 2 && b[0] == b'0' && matches!(b[1], b'd' | b'D') && b.len() == 18 {
+        return u64::from_str_radix(&s[2..], 16).ok().map(Imm::F64);
+    }
+    if s.contains('.') || (s.contains(['e', 'E']) && !s.starts_with("0x") && !s.starts_with("0X")) {
+        let v: f64 = s.parse().ok()?;
+        return Some(if f64_ctx { Imm::F64(v.to_bits()) } else { Imm::F32((v as f32).to_bits()) });
+    }
+    let u = parse_uint(s)?;
+    Some(if u <= i64::MAX as u64 { Imm::Int(u as i64) } else { Imm::U64(u) })
+}
