@@ -19,6 +19,7 @@ mod lexer;
 pub mod mods;
 pub mod parser;
 pub mod printer;
+pub mod ptxas;
 pub mod types;
 
 pub use ir::*;
