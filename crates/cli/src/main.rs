@@ -15,6 +15,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Verb {
+    /// Parse a PTX file and print it back, formatted.
+    Fmt(cmd::fmt::Args),
+    /// Parse, validate and (when available) assemble a PTX file with ptxas.
+    Check(cmd::check::Args),
     /// Generate, verify, time and draw a pipeline-parallel schedule.
     Schedule(cmd::schedule::Args),
     /// Simulate a training step of an MoE model on a cluster.
@@ -24,6 +28,8 @@ enum Verb {
 fn main() {
     let cli = Cli::parse();
     let result = match cli.verb {
+        Verb::Fmt(a) => cmd::fmt::run(a),
+        Verb::Check(a) => cmd::check::run(a),
         Verb::Schedule(a) => cmd::schedule::run(a),
         Verb::Sim(a) => cmd::sim::run(a),
     };

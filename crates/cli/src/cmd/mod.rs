@@ -1,3 +1,5 @@
 //! One module per verb.
 pub mod schedule;
 pub mod sim;
+pub mod check;
+pub mod fmt;
