@@ -120,6 +120,8 @@ pub enum ScheduleKind {
     Zb1p,
     #[serde(rename = "dualpipe")]
     DualPipe,
+    #[serde(rename = "dualpipev")]
+    DualPipeV,
 }
 
 impl FromStr for ScheduleKind {
@@ -129,9 +131,10 @@ impl FromStr for ScheduleKind {
             "1f1b" => Ok(Self::OneFOneB),
             "zb1p" | "zbh1" => Ok(Self::Zb1p),
             "dualpipe" => Ok(Self::DualPipe),
+            "dualpipev" => Ok(Self::DualPipeV),
             _ => Err(SimError::config(
                 "schedule",
-                format!("`{s}` is not one of dualpipe, 1f1b, zb1p"),
+                format!("`{s}` is not one of dualpipe, dualpipev, 1f1b, zb1p"),
             )),
         }
     }
@@ -143,6 +146,7 @@ impl fmt::Display for ScheduleKind {
             Self::OneFOneB => "1f1b",
             Self::Zb1p => "zb1p",
             Self::DualPipe => "dualpipe",
+            Self::DualPipeV => "dualpipev",
         })
     }
 }
@@ -530,26 +534,29 @@ impl Config {
                 format!("{} stages for only {} layers", p.pp, m.layers),
             ));
         }
-        match self.schedule {
-            ScheduleKind::DualPipe => {
-                if p.pp % 2 != 0 {
-                    return Err(SimError::config(
-                        "parallelism.pp",
-                        "DualPipe needs an even number of pipeline ranks",
-                    ));
-                }
-                if t.micro_batches % 2 != 0 || t.micro_batches < 2 * p.pp {
-                    return Err(SimError::config(
-                        "training.micro_batches",
-                        format!(
-                            "DualPipe needs an even count of at least 2 x pp = {}, got {}",
-                            2 * p.pp,
-                            t.micro_batches
-                        ),
-                    ));
-                }
-            }
-            ScheduleKind::OneFOneB | ScheduleKind::Zb1p => {}
+        if let Err(e) = pipeline::check_request(
+            crate::timeline::method(self.schedule),
+            crate::timeline::pipeline_pp(self.schedule, p.pp),
+            t.micro_batches,
+        ) {
+            return Err(SimError::config(
+                "training.micro_batches",
+                format!("schedule {} with pp = {}: {e}", self.schedule, p.pp),
+            ));
+        }
+        let stages = if self.schedule == ScheduleKind::DualPipeV {
+            2 * p.pp
+        } else {
+            p.pp
+        };
+        if m.layers + m.mtp_layers < stages {
+            return Err(SimError::config(
+                "parallelism.pp",
+                format!(
+                    "{stages} pipeline stages for only {} blocks",
+                    m.layers + m.mtp_layers
+                ),
+            ));
         }
         if c.sms >= h.sms {
             return Err(SimError::config(

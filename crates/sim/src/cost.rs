@@ -600,7 +600,7 @@ impl<'a> CostModel<'a> {
             }
             let act_per_stage = act / stages.len().max(1) as f64;
             let in_flight = match cfg.schedule {
-                ScheduleKind::DualPipe => (p.pp + 1) as f64,
+                ScheduleKind::DualPipe | ScheduleKind::DualPipeV => (p.pp + 1) as f64,
                 ScheduleKind::OneFOneB | ScheduleKind::Zb1p => (p.pp - rank.min(p.pp - 1)) as f64,
             }
             .min(cfg.training.micro_batches as f64);

@@ -123,7 +123,7 @@ impl StageModel {
         sm
     }
 
-    /// Schedule of an op kind (0 F, 1 B, 2 BW, 3 W, 4 FB) for stages (a, b).
+    /// Schedule of an op kind (0 F, 1 B input-only, 2 full B, 3 W, 4 F&B, 5 F&I) for stages (a, b).
     pub fn op_schedule(&self, kind: u8, a: usize, b: usize) -> OpSchedule {
         if let Some(s) = self.cache.borrow().get(&(kind, a, b)) {
             return s.clone();
@@ -133,7 +133,8 @@ impl StageModel {
             1 => overlap::schedule(&[&self.bwd[a]], self.slowdown),
             2 => overlap::schedule(&[&self.full_bwd[a]], self.slowdown),
             3 => overlap::schedule(&[&self.wgrad[a]], self.slowdown),
-            _ => overlap::schedule(&[&self.fwd[a], &self.full_bwd[b]], self.slowdown),
+            4 => overlap::schedule(&[&self.fwd[a], &self.full_bwd[b]], self.slowdown),
+            _ => overlap::schedule(&[&self.fwd[a], &self.bwd[b]], self.slowdown),
         };
         self.cache.borrow_mut().insert((kind, a, b), s.clone());
         s
@@ -148,7 +149,7 @@ impl StageModel {
                 .map(|k| k.end)
                 .fold(0.0, f64::max)
         };
-        let (f_end, b_end) = if kind == 4 {
+        let (f_end, b_end) = if kind >= 4 {
             (chain_end(0), chain_end(1))
         } else {
             (s.makespan, s.makespan)
@@ -175,8 +176,8 @@ impl OpCosts for StageModel {
     fn w(&self, s: usize) -> Result<OpTime> {
         Ok(self.time(3, s, s))
     }
-    fn fb(&self, a: usize, b: usize) -> Result<OpTime> {
-        Ok(self.time(4, a, b))
+    fn fb(&self, a: usize, b: usize, full: bool) -> Result<OpTime> {
+        Ok(self.time(if full { 4 } else { 5 }, a, b))
     }
     fn p2p(&self) -> f64 {
         self.p2p
@@ -221,11 +222,13 @@ pub fn run_with(cfg: &Config, cm: &CostModel) -> Result<Simulation> {
     if let Some(last) = w_core.last_mut() {
         *last += weights[core..].iter().sum::<f64>();
     }
-    let sizes = cost::partition(&w_core, p.pp);
-    if sizes.len() != p.pp || sizes.contains(&0) {
+    let sched = timeline::generate(cfg.schedule, p.pp, cfg.training.micro_batches)?;
+    let n_stages = sched.num_stages();
+    let sizes = cost::partition(&w_core, n_stages);
+    if sizes.len() != n_stages || sizes.contains(&0) {
         return Err(SimError::config(
             "parallelism.pp",
-            format!("cannot give each of {} stages at least one block", p.pp),
+            format!("cannot give each of {n_stages} stages at least one block"),
         ));
     }
     let mut stage_blocks: Vec<Vec<usize>> = Vec::new();
@@ -233,7 +236,7 @@ pub fn run_with(cfg: &Config, cm: &CostModel) -> Result<Simulation> {
     for (s, &n) in sizes.iter().enumerate() {
         let mut v: Vec<usize> = (at..at + n).collect();
         at += n;
-        if s == p.pp - 1 {
+        if s == n_stages - 1 {
             v.extend(core..kinds.len());
         }
         stage_blocks.push(v);
@@ -247,19 +250,16 @@ pub fn run_with(cfg: &Config, cm: &CostModel) -> Result<Simulation> {
         cm.p2p_time(),
         cfg.calibration.overlap_slowdown,
     );
-    let tl = timeline::simulate(cfg.schedule, p.pp, cfg.training.micro_batches, &sm)?;
+    let tl = timeline::simulate(&sched, &sm)?;
 
     let ranks_stages: Vec<Vec<usize>> = (0..p.pp)
-        .map(|r| match cfg.schedule {
-            ScheduleKind::DualPipe => {
-                let (a, b) = (r, p.pp - 1 - r);
-                if a == b {
-                    vec![a]
-                } else {
-                    vec![a, b]
-                }
-            }
-            _ => vec![r],
+        .map(|r| {
+            let mut v: Vec<usize> = (0..sched.dirs_per_rank())
+                .filter_map(|d| sched.locate(r, d).map(|x| x.1))
+                .collect();
+            v.sort_unstable();
+            v.dedup();
+            v
         })
         .collect();
     let stage_kinds: Vec<Vec<BlockKind>> = stage_blocks
@@ -284,7 +284,7 @@ pub fn run_with(cfg: &Config, cm: &CostModel) -> Result<Simulation> {
     } * 1e12;
     let crit = tl.critical_rank();
     let db = cm.comm_bytes(cfg.training.precision == Precision::Fp8);
-    let stages = (0..p.pp)
+    let stages = (0..n_stages)
         .map(|s| StageInfo {
             stage: s,
             blocks: stage_blocks[s]

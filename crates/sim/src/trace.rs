@@ -11,8 +11,15 @@ fn op_name(op: &Op) -> String {
         Op::F(w) => format!("F d{} mb{}", w.dir, w.mb),
         Op::B(w) => format!("B d{} mb{}", w.dir, w.mb),
         Op::BW(w) => format!("BW d{} mb{}", w.dir, w.mb),
-        Op::W => "W".to_string(),
-        Op::FB(a, b) => format!("F&B F(d{} mb{}) B(d{} mb{})", a.dir, a.mb, b.dir, b.mb),
+        Op::W(w) => format!("W d{} mb{}", w.dir, w.mb),
+        Op::FB(a, b, full) => format!(
+            "F&B F(d{} mb{}) {}(d{} mb{})",
+            a.dir,
+            a.mb,
+            if *full { "B" } else { "I" },
+            b.dir,
+            b.mb
+        ),
     }
 }
 
@@ -36,8 +43,9 @@ pub fn rank_trace(sim: &Simulation, rank: usize) -> Option<Value> {
             Op::F(_) => (0u8, p.stages.0, p.stages.0),
             Op::B(_) => (1, p.stages.0, p.stages.0),
             Op::BW(_) => (2, p.stages.0, p.stages.0),
-            Op::W => (3, p.stages.0, p.stages.0),
-            Op::FB(_, _) => (4, p.stages.0, p.stages.1),
+            Op::W(_) => (3, p.stages.0, p.stages.0),
+            Op::FB(_, _, true) => (4, p.stages.0, p.stages.1),
+            Op::FB(_, _, false) => (5, p.stages.0, p.stages.1),
         };
         let s = sim.stages.op_schedule(kind, a, b);
         for k in &s.kernels {
