@@ -16,14 +16,21 @@
 //! See docs/PIPELINE.md for the exact definition of the bubble and the regime in which the
 //! simulated bubble equals the closed form.
 
+pub mod draw;
 pub mod error;
+pub mod exec;
 pub mod generate;
+pub mod report;
 pub mod schedule;
 pub mod timing;
 pub mod verify;
 
 pub use error::ScheduleError;
+pub use exec::{
+    check_against_reference, execute, reference_step, ExecCheck, ExecConfig, StepResult,
+};
 pub use generate::{check_request, generate};
+pub use report::{sweep, Report, SweepRow, TimedOp};
 pub use schedule::{Layout, Method, Op, Pass, PassKind, Schedule, StageRef};
 pub use timing::{bubble_formula, bubble_formula_text, simulate, Costs, Timeline};
 pub use verify::{verify, VerifyReport};
