@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::exec::ExecCheck;
 use crate::schedule::{Method, Pass, Schedule};
 use crate::timing::{bubble_formula, bubble_formula_text, simulate, Costs, Timeline};
 use crate::verify::verify;
@@ -43,6 +44,9 @@ pub struct Report {
     pub peak_activations: Vec<usize>,
     /// Parameter slices held per rank (1x = one stage).
     pub param_copies: Vec<usize>,
+    /// Outcome of running the schedule for real, when requested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub execute: Option<ExecCheck>,
 }
 
 impl Report {
@@ -96,14 +100,19 @@ impl Report {
             busy: t.busy.clone(),
             peak_activations,
             param_copies,
+            execute: None,
         }
     }
 
-    /// Pretty JSON with the method spelled as on the command line.
+    /// The report as a JSON value (keys sorted; use [`Report::to_json_string`] for the
+    /// documented field order).
     pub fn to_json(&self) -> serde_json::Value {
-        let mut v = serde_json::to_value(self).expect("report is plain data");
-        v["method"] = serde_json::Value::String(self.method.name().to_string());
-        v
+        serde_json::to_value(self).expect("report is plain data")
+    }
+
+    /// Pretty JSON text in the documented field order.
+    pub fn to_json_string(&self) -> String {
+        serde_json::to_string_pretty(self).expect("report is plain data")
     }
 }
 

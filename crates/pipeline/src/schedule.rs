@@ -26,12 +26,16 @@ use crate::ScheduleError;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Method {
     /// One-forward-one-backward (PipeDream-flush / Megatron).
+    #[serde(rename = "1f1b")]
     OneFOneB,
     /// Zero-bubble ZB-H1: backward split into I and W, W deferred into the drain.
+    #[serde(rename = "zb1p")]
     Zb1p,
     /// DeepSeek DualPipe: two directions over PP ranks.
+    #[serde(rename = "dualpipe")]
     DualPipe,
     /// DeepSeek DualPipeV: PP stages folded into a V over PP/2 devices.
+    #[serde(rename = "dualpipev")]
     DualPipeV,
 }
 
