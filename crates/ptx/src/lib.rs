@@ -21,6 +21,7 @@ pub mod parser;
 pub mod printer;
 pub mod ptxas;
 pub mod types;
+pub mod validate;
 
 pub use ir::*;
 pub use isa::{requirement, OpInfo, Opcode, Requirement};
@@ -28,3 +29,4 @@ pub use mods::{Flag, Mod};
 pub use parser::{parse, parse_statements, ParseError};
 pub use printer::print;
 pub use types::{Space, Ty, TyKind};
+pub use validate::{validate, DiagKind, Diagnostic};

@@ -1,0 +1,1058 @@
+//! Static checks over a [`Module`]: typed [`Diagnostic`]s, all of them in one run (never
+//! first-error-only).
+//!
+//! What is checked, per function:
+//! - registers: used but undeclared (`%r<39>` ranges, `{ }` block scoping, special registers
+//!   allowed), declared twice in one scope;
+//! - operand types and widths by PTX's rules (bit-size types match any same-size type,
+//!   signed/unsigned of one size are interchangeable, floats must match exactly; shift amounts,
+//!   `.wide` destinations, `cvt`, `setp`, `selp`/`slct`, `ld`/`st`/`atom`/`red` values, vector
+//!   operand counts, `mma` fragments);
+//! - guards are `.pred`; operand counts per the opcode table;
+//! - state spaces (`ld.param` of a non-parameter, `st.const`, `.param::entry` in a `.func`,
+//!   unknown symbols in addresses);
+//! - labels (missing branch targets, duplicates);
+//! - the module's `.target` / `.version` against [`crate::isa::requirement`];
+//! - `.reqntid` / `.maxntid` beyond 1024 threads.
+
+use crate::ir::*;
+use crate::isa::{requirement, Opcode};
+use crate::mods::{Flag, Mod};
+use crate::types::{Space, Ty, TyKind};
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+/// How bad a diagnostic is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Error,
+    Warning,
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        })
+    }
+}
+
+/// What a diagnostic is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiagKind {
+    /// A register used without a `.reg` declaration in scope.
+    UndeclaredRegister,
+    /// A register declared twice in the same scope.
+    DuplicateRegister,
+    /// An operand whose register type does not fit the instruction's type.
+    TypeMismatch,
+    /// A vector operand with the wrong number of elements (`.v2`/`.v4`, `ldmatrix .x4`).
+    VectorWidth,
+    /// An `mma` fragment with the wrong register count or type.
+    MmaFragment,
+    /// A guard (`@p`) that is not a `.pred` register.
+    GuardNotPredicate,
+    /// Too few or too many operands for the opcode.
+    OperandCount,
+    /// An operand of the wrong form (an immediate as destination, a non-address for `ld`).
+    BadOperand,
+    /// A memory access in the wrong state space.
+    StateSpace,
+    /// A symbol (variable, parameter, function) that is not declared.
+    UnknownSymbol,
+    /// A branch to a label that does not exist.
+    UndefinedLabel,
+    /// A label defined twice in one function.
+    DuplicateLabel,
+    /// An instruction the module's `.target` does not have.
+    TargetUnsupported,
+    /// An instruction newer than the module's `.version`.
+    PtxVersion,
+    /// A launch-bound directive beyond the hardware limits.
+    ThreadCount,
+}
+
+impl DiagKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiagKind::UndeclaredRegister => "undeclared-register",
+            DiagKind::DuplicateRegister => "duplicate-register",
+            DiagKind::TypeMismatch => "type-mismatch",
+            DiagKind::VectorWidth => "vector-width",
+            DiagKind::MmaFragment => "mma-fragment",
+            DiagKind::GuardNotPredicate => "guard-not-predicate",
+            DiagKind::OperandCount => "operand-count",
+            DiagKind::BadOperand => "bad-operand",
+            DiagKind::StateSpace => "state-space",
+            DiagKind::UnknownSymbol => "unknown-symbol",
+            DiagKind::UndefinedLabel => "undefined-label",
+            DiagKind::DuplicateLabel => "duplicate-label",
+            DiagKind::TargetUnsupported => "target-unsupported",
+            DiagKind::PtxVersion => "ptx-version",
+            DiagKind::ThreadCount => "thread-count",
+        }
+    }
+}
+
+impl fmt::Display for DiagKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One finding, with the source position of the statement it is about (0:0 for IR built
+/// without positions).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Diagnostic {
+    pub severity: Severity,
+    pub kind: DiagKind,
+    pub line: u32,
+    pub col: u32,
+    /// The function it was found in (`None` for module-level findings).
+    pub function: Option<String>,
+    pub message: String,
+}
+
+impl Diagnostic {
+    pub fn is_error(&self) -> bool {
+        self.severity == Severity::Error
+    }
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: {}: {}", self.line, self.col, self.severity, self.message)
+    }
+}
+
+/// Only the errors of a diagnostic list.
+pub fn errors(diags: &[Diagnostic]) -> impl Iterator<Item = &Diagnostic> {
+    diags.iter().filter(|d| d.is_error())
+}
+
+/// Checks a module; returns every finding, in source order.
+pub fn validate(m: &Module) -> Vec<Diagnostic> {
+    let mut symbols: HashMap<&str, Space> = HashMap::new();
+    let mut funcs: HashSet<&str> = HashSet::new();
+    for item in &m.items {
+        match item {
+            Item::Var(v) => {
+                symbols.insert(&v.name, v.space);
+            }
+            Item::Func(f) => {
+                funcs.insert(&f.name);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for f in m.functions() {
+        let mut c = FnCheck {
+            m,
+            f,
+            globals: &symbols,
+            funcs: &funcs,
+            locals: HashMap::new(),
+            scopes: Vec::new(),
+            labels: HashMap::new(),
+            diags: Vec::new(),
+        };
+        c.run();
+        out.extend(c.diags);
+    }
+    out.sort_by_key(|d| (d.line, d.col));
+    out
+}
+
+/// Checks a module and returns only the errors (convenience for tests and the builder).
+pub fn validate_errors(m: &Module) -> Vec<Diagnostic> {
+    validate(m).into_iter().filter(|d| d.is_error()).collect()
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RegInfo {
+    ty: Ty,
+    vec: Option<u8>,
+}
+
+#[derive(Default)]
+struct Scope {
+    exact: HashMap<String, RegInfo>,
+    /// `%r<39>`: prefix -> (count, info).
+    ranges: HashMap<String, (u32, RegInfo)>,
+}
+
+impl Scope {
+    fn lookup(&self, name: &str) -> Option<RegInfo> {
+        if let Some(r) = self.exact.get(name) {
+            return Some(*r);
+        }
+        let digits = name.bytes().rev().take_while(|c| c.is_ascii_digit()).count();
+        if digits == 0 || self.ranges.is_empty() {
+            return None;
+        }
+        let (prefix, num) = name.split_at(name.len() - digits);
+        if num.len() > 1 && num.starts_with('0') {
+            return None;
+        }
+        let n: u64 = num.parse().ok()?;
+        match self.ranges.get(prefix) {
+            Some((count, info)) if n < *count as u64 => Some(*info),
+            _ => None,
+        }
+    }
+}
+
+/// The registers of a `.reg` parameter.
+fn param_reg(p: &Param) -> RegInfo {
+    RegInfo { ty: p.ty, vec: None }
+}
+
+struct FnCheck<'a> {
+    m: &'a Module,
+    f: &'a Function,
+    globals: &'a HashMap<&'a str, Space>,
+    funcs: &'a HashSet<&'a str>,
+    /// Function-scope variables and `.param` parameters.
+    locals: HashMap<&'a str, Space>,
+    scopes: Vec<Scope>,
+    /// label -> location of its definition
+    labels: HashMap<&'a str, Loc>,
+    diags: Vec<Diagnostic>,
+}
+
+/// Is an operand of register type `have` acceptable where the instruction wants `want`?
+fn compatible(have: Ty, want: Ty) -> bool {
+    if have == want {
+        return true;
+    }
+    let (hk, wk) = (have.kind(), want.kind());
+    if hk == TyKind::Pred || wk == TyKind::Pred || hk == TyKind::Opaque || wk == TyKind::Opaque {
+        return false;
+    }
+    if have.size() != want.size() {
+        return false;
+    }
+    if hk == TyKind::Bits || wk == TyKind::Bits {
+        return true;
+    }
+    matches!((hk, wk), (TyKind::Signed | TyKind::Unsigned, TyKind::Signed | TyKind::Unsigned))
+}
+
+/// `ld`/`st`/`cvt` also accept integer registers wider than the instruction type.
+fn compatible_wide(have: Ty, want: Ty) -> bool {
+    if compatible(have, want) {
+        return true;
+    }
+    let int_like = |t: Ty| matches!(t.kind(), TyKind::Bits | TyKind::Signed | TyKind::Unsigned);
+    int_like(have) && int_like(want) && have.size() > want.size()
+        || (have.kind() == TyKind::Bits && have.size() > want.size() && want.kind() == TyKind::Float)
+}
+
+fn doubled(t: Ty) -> Ty {
+    let s = t.size() * 2;
+    match t.kind() {
+        TyKind::Signed => Ty::signed_of(s).unwrap_or(Ty::B128),
+        TyKind::Unsigned => Ty::unsigned_of(s).unwrap_or(Ty::B128),
+        _ => match s {
+            2 => Ty::B16,
+            4 => Ty::B32,
+            8 => Ty::B64,
+            _ => Ty::B128,
+        },
+    }
+}
+
+/// How an operand is checked against its expected type.
+#[derive(Clone, Copy)]
+enum Want {
+    /// Exactly compatible with this type.
+    T(Ty),
+    /// Compatible, or an integer register wider than the type (`ld`/`st`/`cvt`).
+    Wide(Ty),
+}
+
+impl<'a> FnCheck<'a> {
+    fn diag(&mut self, kind: DiagKind, loc: Loc, message: String) {
+        self.diags.push(Diagnostic {
+            severity: Severity::Error,
+            kind,
+            line: loc.line,
+            col: loc.col,
+            function: Some(self.f.name.clone()),
+            message,
+        });
+    }
+
+    fn run(&mut self) {
+        self.check_directives();
+        let f = self.f;
+        // Parameters: `.param` ones are symbols, `.reg` ones registers of the outer scope.
+        let mut outer = Scope::default();
+        for p in f.rets.iter().chain(&f.params) {
+            if p.space == Space::Reg {
+                outer.exact.insert(p.name.clone(), param_reg(p));
+            } else {
+                self.locals.insert(&p.name, p.space);
+            }
+        }
+        self.scopes.push(outer);
+        let Some(body) = &f.body else { return };
+        // Labels and local variables are function-wide.
+        self.collect(body);
+        self.block(body);
+    }
+
+    fn check_directives(&mut self) {
+        let f = self.f;
+        for d in &f.directives {
+            let (name, v) = match d {
+                PerfDirective::Reqntid(v) => ("reqntid", v),
+                PerfDirective::Maxntid(v) => ("maxntid", v),
+                _ => continue,
+            };
+            let total: u64 = v.iter().map(|&x| x as u64).product();
+            let limits = [1024u32, 1024, 64];
+            if total > 1024 {
+                self.diag(
+                    DiagKind::ThreadCount,
+                    f.loc,
+                    format!(".{name} {} asks for {total} threads per block; the limit is 1024", join(v)),
+                );
+            } else if let Some((i, x)) = v.iter().enumerate().find(|(i, x)| **x > *limits.get(*i).unwrap_or(&1)) {
+                let dim = ["x", "y", "z"].get(i).copied().unwrap_or("?");
+                let lim = limits.get(i).copied().unwrap_or(1);
+                self.diag(DiagKind::ThreadCount, f.loc, format!(".{name} {dim} dimension {x} exceeds {lim}"));
+            }
+            if v.contains(&0) {
+                self.diag(DiagKind::ThreadCount, f.loc, format!(".{name} {} has a zero dimension", join(v)));
+            }
+        }
+    }
+
+    fn collect(&mut self, body: &'a [Statement]) {
+        for s in body {
+            match s {
+                Statement::Label(l, loc) => {
+                    if let Some(prev) = self.labels.get(l.as_str()).copied() {
+                        self.diag(
+                            DiagKind::DuplicateLabel,
+                            *loc,
+                            format!("label `{l}` defined twice (first at line {})", prev.line),
+                        );
+                    } else {
+                        self.labels.insert(l, *loc);
+                    }
+                }
+                Statement::BranchTargets { label, .. } | Statement::CallPrototype { label, .. } => {
+                    self.labels.entry(label).or_default();
+                }
+                Statement::Var(v) => {
+                    self.locals.insert(&v.name, v.space);
+                }
+                Statement::Block(b) => self.collect(b),
+                _ => {}
+            }
+        }
+    }
+
+    fn lookup(&self, name: &str) -> Option<RegInfo> {
+        self.scopes.iter().rev().find_map(|s| s.lookup(name))
+    }
+
+    fn symbol_space(&self, name: &str) -> Option<Space> {
+        self.locals.get(name).or_else(|| self.globals.get(name)).copied()
+    }
+
+    fn declare(&mut self, d: &RegDecl) {
+        let info = RegInfo { ty: d.ty, vec: d.vec };
+        for n in &d.names {
+            let scope = self.scopes.last().expect("scope");
+            let dup = match n.count {
+                None => scope.lookup(&n.name).is_some(),
+                Some(c) => {
+                    scope.ranges.contains_key(&n.name)
+                        || scope.exact.keys().any(|k| {
+                            k.strip_prefix(n.name.as_str()).is_some_and(|rest| {
+                                !rest.is_empty()
+                                    && rest.bytes().all(|b| b.is_ascii_digit())
+                                    && rest.parse::<u64>().is_ok_and(|x| x < c as u64)
+                            })
+                        })
+                }
+            };
+            if dup {
+                let shown = match n.count {
+                    Some(c) => format!("{}<{c}>", n.name),
+                    None => n.name.clone(),
+                };
+                self.diag(DiagKind::DuplicateRegister, d.loc, format!("register `{shown}` declared twice in the same scope"));
+            }
+            let scope = self.scopes.last_mut().expect("scope");
+            match n.count {
+                None => {
+                    scope.exact.insert(n.name.clone(), info);
+                }
+                Some(c) => {
+                    scope.ranges.insert(n.name.clone(), (c, info));
+                }
+            }
+        }
+    }
+
+    fn block(&mut self, body: &'a [Statement]) {
+        for s in body {
+            match s {
+                Statement::Reg(d) => self.declare(d),
+                Statement::Block(b) => {
+                    self.scopes.push(Scope::default());
+                    self.block(b);
+                    self.scopes.pop();
+                }
+                Statement::Instr(i) => self.instruction(i),
+                Statement::BranchTargets { targets, label } => {
+                    for t in targets {
+                        if !self.labels.contains_key(t.as_str()) {
+                            let loc = Loc::default();
+                            self.diag(
+                                DiagKind::UndefinedLabel,
+                                loc,
+                                format!("`.branchtargets` {label} names undefined label `{t}`"),
+                            );
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The declared type of a register, reporting it when undeclared.
+    fn reg_ty(&mut self, name: &str, loc: Loc) -> Option<RegInfo> {
+        match self.lookup(name) {
+            Some(r) => Some(r),
+            None => {
+                self.diag(DiagKind::UndeclaredRegister, loc, format!("register `{name}` is not declared"));
+                None
+            }
+        }
+    }
+
+    fn instruction(&mut self, i: &'a Instruction) {
+        let loc = i.loc;
+        // Every register mentioned must be declared.
+        let mut names = Vec::new();
+        for a in &i.args {
+            a.regs(&mut names);
+        }
+        let mut seen: HashSet<&str> = HashSet::new();
+        for n in names {
+            if seen.insert(n) {
+                self.reg_ty(n, loc);
+            }
+        }
+        if let Some(g) = &i.guard {
+            if let Some(r) = self.reg_ty(&g.reg, loc) {
+                if r.ty != Ty::Pred {
+                    self.diag(
+                        DiagKind::GuardNotPredicate,
+                        loc,
+                        format!("guard `@{}{}` is .{}, not .pred", if g.negated { "!" } else { "" }, g.reg, r.ty),
+                    );
+                }
+            }
+        }
+        self.target(i);
+        let info = i.op.info();
+        let n = i.args.len();
+        let (lo, hi) = (info.dsts as usize + info.min_srcs as usize, info.dsts as usize + info.max_srcs as usize);
+        if n < lo || n > hi {
+            let want = if lo == hi { format!("{lo}") } else { format!("{lo} to {hi}") };
+            self.diag(DiagKind::OperandCount, loc, format!("`{}` takes {want} operands, found {n}", i.op.name()));
+            self.symbols_and_labels(i);
+            return;
+        }
+        for d in i.dsts() {
+            if matches!(d, Operand::Imm(_) | Operand::Addr { .. } | Operand::Sym { .. } | Operand::Not(_)) {
+                self.diag(DiagKind::BadOperand, loc, format!("destination of `{}` must be a register", i.op.name()));
+            }
+        }
+        self.symbols_and_labels(i);
+        self.spaces(i);
+        self.types(i);
+    }
+
+    fn target(&mut self, i: &Instruction) {
+        let req = requirement(i);
+        let t = &self.m.target;
+        let sm = t.sm();
+        let base = i.op.info();
+        let what = if req.min_sm != base.min_sm || req.min_ptx != base.min_ptx {
+            format!("`{}`", i.op.name().to_string() + &i.mods.iter().map(|m| format!(".{m}")).collect::<String>())
+        } else {
+            i.op.name().to_string()
+        };
+        if sm != 0 {
+            let need_arch = req.arch_specific && !t.arch_specific();
+            if sm < req.min_sm || need_arch {
+                let a = if req.arch_specific { "a" } else { "" };
+                self.diag(
+                    DiagKind::TargetUnsupported,
+                    i.loc,
+                    format!("{what} requires sm_{}{a}, module targets {}", req.min_sm, t.arch),
+                );
+            } else if matches!(i.op, Opcode::WgmmaMmaAsync | Opcode::WgmmaFence | Opcode::WgmmaCommitGroup | Opcode::WgmmaWaitGroup)
+                && sm != 90
+            {
+                self.diag(DiagKind::TargetUnsupported, i.loc, format!("{what} is only available on sm_90a, module targets {}", t.arch));
+            }
+        }
+        if self.m.version != 0 && self.m.version < req.min_ptx {
+            self.diag(
+                DiagKind::PtxVersion,
+                i.loc,
+                format!(
+                    "{what} requires PTX ISA {}.{}, module declares .version {}.{}",
+                    req.min_ptx / 10,
+                    req.min_ptx % 10,
+                    self.m.version / 10,
+                    self.m.version % 10
+                ),
+            );
+        }
+    }
+
+    fn symbols_and_labels(&mut self, i: &'a Instruction) {
+        let loc = i.loc;
+        match i.op {
+            Opcode::Bra => {
+                if let Some(Operand::Sym { name, .. }) = i.args.first() {
+                    if !self.labels.contains_key(name.as_str()) {
+                        self.diag(DiagKind::UndefinedLabel, loc, format!("branch to undefined label `{name}`"));
+                    }
+                }
+                return;
+            }
+            Opcode::BrxIdx => {
+                if let Some(Operand::Sym { name, .. }) = i.args.get(1) {
+                    if !self.labels.contains_key(name.as_str()) {
+                        self.diag(DiagKind::UndefinedLabel, loc, format!("`brx.idx` names undefined target list `{name}`"));
+                    }
+                }
+                return;
+            }
+            Opcode::Call => {
+                for a in &i.args {
+                    match a {
+                        Operand::Sym { name, .. } => {
+                            if !self.funcs.contains(name.as_str()) && !self.labels.contains_key(name.as_str()) {
+                                self.diag(DiagKind::UnknownSymbol, loc, format!("call of undeclared function `{name}`"));
+                            }
+                        }
+                        Operand::List(v) => {
+                            for x in v {
+                                if let Operand::Sym { name, .. } = x {
+                                    if self.symbol_space(name).is_none() {
+                                        self.diag(DiagKind::UnknownSymbol, loc, format!("call argument `{name}` is not declared"));
+                                    }
+                                }
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                return;
+            }
+            _ => {}
+        }
+        let mut syms = Vec::new();
+        for a in &i.args {
+            collect_syms(a, &mut syms);
+        }
+        for s in syms {
+            if self.symbol_space(s).is_none() && !self.funcs.contains(s) {
+                self.diag(DiagKind::UnknownSymbol, loc, format!("`{s}` is not a declared variable, parameter or function"));
+            }
+        }
+    }
+
+    fn spaces(&mut self, i: &Instruction) {
+        let loc = i.loc;
+        let is_mem = matches!(i.op, Opcode::Ld | Opcode::Ldu | Opcode::St | Opcode::Atom | Opcode::Red);
+        if !is_mem {
+            return;
+        }
+        let space = i.space();
+        let is_store = matches!(i.op, Opcode::St | Opcode::Atom | Opcode::Red);
+        let kind = self.f.kind;
+        if let Some(sp) = space {
+            if is_store && sp == Space::Const {
+                self.diag(DiagKind::StateSpace, loc, format!("`{}` cannot write to the read-only .const space", i.op.name()));
+            }
+            if (i.op == Opcode::Atom || i.op == Opcode::Red) && (sp.is_param() || sp == Space::Local || sp == Space::Const) {
+                self.diag(DiagKind::StateSpace, loc, format!("`{}` does not operate on .{sp}", i.op.name()));
+            }
+            if sp == Space::ParamEntry && kind != FuncKind::Entry {
+                self.diag(DiagKind::StateSpace, loc, "`.param::entry` is only accessible inside an .entry".to_string());
+            }
+            if sp == Space::ParamFunc && kind == FuncKind::Entry && i.op == Opcode::Ld {
+                self.diag(DiagKind::StateSpace, loc, "`ld.param::func` is not valid in an .entry".to_string());
+            }
+        }
+        let addr = i.args.iter().find_map(|a| match a {
+            Operand::Addr { base: AddrBase::Sym(s), .. } => Some(s.as_str()),
+            _ => None,
+        });
+        let Some(sym) = addr else { return };
+        let Some(decl) = self.symbol_space(sym) else { return };
+        let Some(sp) = space else { return };
+        let same = |a: Space, b: Space| a == b || (a.is_shared() && b.is_shared()) || (a.is_param() && b.is_param());
+        if sp.is_param() && !decl.is_param() {
+            self.diag(
+                DiagKind::StateSpace,
+                loc,
+                format!("`{}.{sp}` of `{sym}`, which is a .{decl} variable, not a parameter", i.op.name()),
+            );
+        } else if !same(sp, decl) {
+            self.diag(DiagKind::StateSpace, loc, format!("`{}.{sp}` of `{sym}`, which is declared in .{decl}", i.op.name()));
+        } else if sp.is_param() && is_store && kind == FuncKind::Entry && self.f.params.iter().any(|p| p.name == sym) {
+            self.diag(DiagKind::StateSpace, loc, format!("kernel parameter `{sym}` is read-only"));
+        }
+    }
+
+    /// Checks one operand against an expected type.
+    fn check(&mut self, i: &Instruction, o: &Operand, want: Want, what: &str) {
+        let (Want::T(want_ty) | Want::Wide(want_ty)) = want;
+        let (name, have) = match o {
+            Operand::Reg(r) => match self.lookup(r) {
+                Some(info) => {
+                    if info.vec.is_some() {
+                        return;
+                    }
+                    (r.clone(), info.ty)
+                }
+                None => return,
+            },
+            Operand::SReg(s) => (s.name(), s.ty()),
+            Operand::Not(x) => return self.check(i, x, Want::T(Ty::Pred), what),
+            Operand::Imm(imm) => {
+                if want_ty == Ty::Pred {
+                    return;
+                }
+                if let (Imm::F64(_), 4) | (Imm::F32(_), 8) = (imm, want_ty.size()) {
+                    if want_ty.is_float() {
+                        self.diag(DiagKind::TypeMismatch, i.loc, format!("{what} of `{}`: float literal width does not match .{want_ty}", i.op.name()));
+                    }
+                }
+                return;
+            }
+            _ => return,
+        };
+        let ok = match want {
+            Want::Wide(t) => compatible_wide(have, t),
+            Want::T(t) => compatible(have, t),
+        };
+        if !ok {
+            self.diag(
+                DiagKind::TypeMismatch,
+                i.loc,
+                format!("{what} `{name}` of `{}` is .{have}, expected .{want_ty}", i.op.name()),
+            );
+        }
+    }
+
+    /// Checks a value operand that is a `{...}` vector of `n` elements (or a scalar when `n` is 1).
+    fn check_value(&mut self, i: &Instruction, o: &Operand, n: usize, want: Want, what: &str) {
+        match o {
+            Operand::Vec(v) => {
+                if v.len() != n && !(n == 1 && v.len() == 1) {
+                    self.diag(
+                        DiagKind::VectorWidth,
+                        i.loc,
+                        format!("`{}` with {} expects {n} elements in its vector operand, found {}", i.op.name(), vec_name(n), v.len()),
+                    );
+                }
+                for x in v {
+                    self.check(i, x, want, what);
+                }
+            }
+            _ => {
+                if n > 1 {
+                    if let Operand::Reg(r) = o {
+                        if self.lookup(r).is_some_and(|info| info.vec == Some(n as u8)) {
+                            return;
+                        }
+                    }
+                    self.diag(
+                        DiagKind::VectorWidth,
+                        i.loc,
+                        format!("`{}` with {} expects a {{...}} vector of {n} elements", i.op.name(), vec_name(n)),
+                    );
+                } else {
+                    self.check(i, o, want, what);
+                }
+            }
+        }
+    }
+
+    fn require_addr(&mut self, i: &Instruction, o: &Operand) {
+        if !matches!(o, Operand::Addr { .. } | Operand::TensorAddr { .. }) {
+            self.diag(DiagKind::BadOperand, i.loc, format!("`{}` needs a [address] operand", i.op.name()));
+        }
+    }
+
+    fn types(&mut self, i: &'a Instruction) {
+        use Opcode::*;
+        let a = &i.args;
+        let tys: Vec<Ty> = i.types().collect();
+        let Some(&t) = tys.first() else { return };
+        let all = |s: &mut Self, w: Want| {
+            for (k, o) in a.iter().enumerate() {
+                s.check(i, o, w, if k < i.op.info().dsts as usize { "destination" } else { "source" });
+            }
+        };
+        match i.op {
+            Add | Sub | Addc | Subc | Div | Rem | Abs | Neg | Min | Max | Fma | Copysign | Rcp | Sqrt | Rsqrt
+            | Sin | Cos | Lg2 | Ex2 | Tanh | And | Or | Xor | Not | Cnot | Brev | Sad | Mul24 | Mad24 => {
+                all(self, Want::T(t))
+            }
+            Mul | Mad => {
+                if i.has(Flag::Wide) {
+                    self.check(i, &a[0], Want::T(doubled(t)), "destination");
+                    self.check(i, &a[1], Want::T(t), "source");
+                    self.check(i, &a[2], Want::T(t), "source");
+                    if a.len() > 3 {
+                        self.check(i, &a[3], Want::T(doubled(t)), "addend");
+                    }
+                } else {
+                    all(self, Want::T(t))
+                }
+            }
+            Madc => all(self, Want::T(t)),
+            Shl | Shr => {
+                self.check(i, &a[0], Want::T(t), "destination");
+                self.check(i, &a[1], Want::T(t), "source");
+                self.check(i, &a[2], Want::T(Ty::U32), "shift amount");
+            }
+            Shf => {
+                for o in &a[..3] {
+                    self.check(i, o, Want::T(Ty::B32), "operand");
+                }
+                self.check(i, &a[3], Want::T(Ty::U32), "shift amount");
+            }
+            Bfe => {
+                self.check(i, &a[0], Want::T(t), "destination");
+                self.check(i, &a[1], Want::T(t), "source");
+                self.check(i, &a[2], Want::T(Ty::U32), "bit position");
+                self.check(i, &a[3], Want::T(Ty::U32), "field length");
+            }
+            Bfi => {
+                for o in &a[..3] {
+                    self.check(i, o, Want::T(t), "operand");
+                }
+                self.check(i, &a[3], Want::T(Ty::U32), "bit position");
+                self.check(i, &a[4], Want::T(Ty::U32), "field length");
+            }
+            Popc | Clz | Bfind => {
+                self.check(i, &a[0], Want::T(Ty::U32), "destination");
+                self.check(i, &a[1], Want::T(t), "source");
+            }
+            Prmt | Lop3 => {
+                for o in &a[..4] {
+                    self.check(i, o, Want::T(Ty::B32), "operand");
+                }
+            }
+            Testp => {
+                self.check(i, &a[0], Want::T(Ty::Pred), "destination");
+                self.check(i, &a[1], Want::T(t), "source");
+            }
+            Setp => {
+                self.check_pred_dst(i, &a[0]);
+                self.check(i, &a[1], Want::T(t), "source");
+                self.check(i, &a[2], Want::T(t), "source");
+                if let Some(c) = a.get(3) {
+                    self.check(i, c, Want::T(Ty::Pred), "predicate source");
+                }
+            }
+            Set => {
+                self.check(i, &a[0], Want::T(t), "destination");
+                let st = tys.get(1).copied().unwrap_or(t);
+                self.check(i, &a[1], Want::T(st), "source");
+                self.check(i, &a[2], Want::T(st), "source");
+                if let Some(c) = a.get(3) {
+                    self.check(i, c, Want::T(Ty::Pred), "predicate source");
+                }
+            }
+            Selp => {
+                for o in &a[..3] {
+                    self.check(i, o, Want::T(t), "operand");
+                }
+                self.check(i, &a[3], Want::T(Ty::Pred), "selector");
+            }
+            Slct => {
+                for o in &a[..3] {
+                    self.check(i, o, Want::T(t), "operand");
+                }
+                let ct = tys.get(1).copied().unwrap_or(Ty::S32);
+                self.check(i, &a[3], Want::T(ct), "selector");
+            }
+            Mov => self.mov(i, t),
+            Cvt => {
+                self.check(i, &a[0], Want::Wide(t), "destination");
+                let st = tys.get(1).copied().unwrap_or(t);
+                for o in &a[1..] {
+                    match o {
+                        Operand::Vec(v) => {
+                            for x in v {
+                                self.check(i, x, Want::Wide(st), "source");
+                            }
+                        }
+                        _ => self.check(i, o, Want::Wide(st), "source"),
+                    }
+                }
+            }
+            Cvta => {
+                self.check(i, &a[0], Want::T(t), "destination");
+                self.check(i, &a[1], Want::T(t), "source");
+            }
+            Isspacep => {
+                self.check(i, &a[0], Want::T(Ty::Pred), "destination");
+                self.check(i, &a[1], Want::T(t), "source");
+            }
+            Ld | Ldu => {
+                let n = i.vec_width().unwrap_or(1) as usize;
+                self.check_value(i, &a[0], n, Want::Wide(t), "destination");
+                self.require_addr(i, &a[1]);
+                self.check_addr_reg(i, &a[1]);
+            }
+            St => {
+                let n = i.vec_width().unwrap_or(1) as usize;
+                self.require_addr(i, &a[0]);
+                self.check_addr_reg(i, &a[0]);
+                self.check_value(i, &a[1], n, Want::Wide(t), "value");
+            }
+            Atom => {
+                let n = i.vec_width().unwrap_or(1) as usize;
+                self.check_value(i, &a[0], n, Want::T(t), "destination");
+                self.require_addr(i, &a[1]);
+                self.check_addr_reg(i, &a[1]);
+                for o in &a[2..] {
+                    if matches!(o, Operand::Reg(_) | Operand::Vec(_) | Operand::Imm(_)) {
+                        self.check_value(i, o, n, Want::T(t), "value");
+                    }
+                }
+            }
+            Red => {
+                let n = i.vec_width().unwrap_or(1) as usize;
+                self.require_addr(i, &a[0]);
+                self.check_addr_reg(i, &a[0]);
+                self.check_value(i, &a[1], n, Want::T(t), "value");
+            }
+            Shfl => {
+                self.check_first_of_pair(i, &a[0], t);
+                self.check(i, &a[1], Want::T(t), "source");
+                for o in &a[2..] {
+                    self.check(i, o, Want::T(Ty::U32), "lane operand");
+                }
+            }
+            Redux => {
+                all(self, Want::T(t));
+            }
+            Vote => {
+                if t == Ty::Pred {
+                    self.check(i, &a[0], Want::T(Ty::Pred), "destination");
+                } else {
+                    self.check(i, &a[0], Want::T(t), "destination");
+                }
+                self.check(i, &a[1], Want::T(Ty::Pred), "predicate source");
+                if let Some(mm) = a.get(2) {
+                    self.check(i, mm, Want::T(Ty::U32), "member mask");
+                }
+            }
+            Match => {
+                self.check_first_of_pair(i, &a[0], Ty::B32);
+                self.check(i, &a[1], Want::T(t), "source");
+                self.check(i, &a[2], Want::T(Ty::U32), "member mask");
+            }
+            Mapa => {
+                self.check(i, &a[0], Want::T(t), "destination");
+                self.check(i, &a[1], Want::T(t), "source");
+                self.check(i, &a[2], Want::T(Ty::U32), "CTA rank");
+            }
+            Ldmatrix => {
+                let n = i.x_count().unwrap_or(1) as usize;
+                self.check_value(i, &a[0], n, Want::T(Ty::B32), "destination");
+                self.require_addr(i, &a[1]);
+            }
+            Stmatrix => {
+                let n = i.x_count().unwrap_or(1) as usize;
+                self.require_addr(i, &a[0]);
+                self.check_value(i, &a[1], n, Want::T(Ty::B32), "source");
+            }
+            Mma => self.mma(i, &tys),
+            _ => {}
+        }
+    }
+
+    fn check_addr_reg(&mut self, i: &Instruction, o: &Operand) {
+        if let Operand::Addr { base: AddrBase::Reg(r), .. } = o {
+            if let Some(info) = self.lookup(r) {
+                let ok = matches!(info.ty.kind(), TyKind::Bits | TyKind::Signed | TyKind::Unsigned)
+                    && matches!(info.ty.size(), 4 | 8);
+                if !ok {
+                    self.diag(
+                        DiagKind::TypeMismatch,
+                        i.loc,
+                        format!("address register `{r}` of `{}` is .{}, expected a 32- or 64-bit integer", i.op.name(), info.ty),
+                    );
+                }
+            }
+        }
+    }
+
+    fn check_pred_dst(&mut self, i: &Instruction, o: &Operand) {
+        match o {
+            Operand::Pair(p, q) => {
+                self.check(i, p, Want::T(Ty::Pred), "destination");
+                self.check(i, q, Want::T(Ty::Pred), "destination");
+            }
+            Operand::Sink => {}
+            _ => self.check(i, o, Want::T(Ty::Pred), "destination"),
+        }
+    }
+
+    fn check_first_of_pair(&mut self, i: &Instruction, o: &Operand, t: Ty) {
+        match o {
+            Operand::Pair(d, p) => {
+                self.check(i, d, Want::T(t), "destination");
+                self.check(i, p, Want::T(Ty::Pred), "predicate destination");
+            }
+            _ => self.check(i, o, Want::T(t), "destination"),
+        }
+    }
+
+    fn mov(&mut self, i: &Instruction, t: Ty) {
+        let a = &i.args;
+        let vec_pack = |s: &mut Self, o: &Operand, what: &str| {
+            if let Operand::Vec(v) = o {
+                let n = v.len() as u32;
+                if n == 0 || t.size() % n != 0 || !matches!(n, 2 | 4) {
+                    s.diag(DiagKind::VectorWidth, i.loc, format!("`mov.{t}` cannot (un)pack {n} elements"));
+                    return true;
+                }
+                let et = match t.size() / n {
+                    1 => Ty::B8,
+                    2 => Ty::B16,
+                    4 => Ty::B32,
+                    8 => Ty::B64,
+                    _ => Ty::B128,
+                };
+                for x in v {
+                    s.check(i, x, Want::T(et), what);
+                }
+                return true;
+            }
+            false
+        };
+        if !vec_pack(self, &a[0], "destination element") {
+            self.check(i, &a[0], Want::T(t), "destination");
+        }
+        if !vec_pack(self, &a[1], "source element") {
+            self.check(i, &a[1], Want::T(t), "source");
+        }
+    }
+
+    fn mma(&mut self, i: &Instruction, tys: &[Ty]) {
+        let Some(Mod::Shape { m, n, k: Some(k) }) = i.shape() else { return };
+        if tys.len() < 2 {
+            return;
+        }
+        // dtype, atype, btype, ctype (or dtype, ctype-less forms).
+        let dt = tys[0];
+        let at = tys[1];
+        let ct = *tys.last().unwrap_or(&dt);
+        // (A regs, B regs) and the register type of A/B fragments.
+        let ab = match (m, n, k, at) {
+            (16, 8, 16, Ty::F16 | Ty::Bf16) => Some((4, 2)),
+            (16, 8, 8, Ty::F16 | Ty::Bf16) => Some((2, 1)),
+            (16, 8, 32, Ty::E4m3 | Ty::E5m2 | Ty::S8 | Ty::U8) => Some((4, 2)),
+            (16, 8, 16, Ty::S8 | Ty::U8 | Ty::E4m3 | Ty::E5m2) => Some((2, 1)),
+            (16, 8, 8, Ty::Tf32) => Some((4, 2)),
+            (16, 8, 4, Ty::Tf32) => Some((2, 1)),
+            _ => None,
+        };
+        let Some((na, nb)) = ab else { return };
+        // C/D: 4 x f32 / s32, or 2 x f16x2 (b32) for f16 accumulators.
+        let frag = |t: Ty| -> (usize, Ty) {
+            match t {
+                Ty::F16 => (2, Ty::B32),
+                Ty::S32 => (4, Ty::S32),
+                _ => (4, Ty::F32),
+            }
+        };
+        let (nd, dty) = frag(dt);
+        let (nc, cty) = frag(ct);
+        let shape = format!("m{m}n{n}k{k}");
+        let parts = [("D", nd, dty, 0usize), ("A", na, Ty::B32, 1), ("B", nb, Ty::B32, 2), ("C", nc, cty, 3)];
+        for (label, cnt, ty, idx) in parts {
+            let Some(o) = i.args.get(idx) else { continue };
+            let elems: Vec<&Operand> = match o {
+                Operand::Vec(v) => v.iter().collect(),
+                other => vec![other],
+            };
+            if elems.len() != cnt {
+                self.diag(
+                    DiagKind::MmaFragment,
+                    i.loc,
+                    format!("mma .{shape} .{at}: fragment {label} needs {cnt} registers, found {}", elems.len()),
+                );
+                continue;
+            }
+            for e in elems {
+                if let Operand::Reg(r) = e {
+                    if let Some(info) = self.lookup(r) {
+                        if !compatible(info.ty, ty) {
+                            self.diag(
+                                DiagKind::MmaFragment,
+                                i.loc,
+                                format!("mma .{shape} .{at}: fragment {label} register `{r}` is .{}, expected .{ty}", info.ty),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn vec_name(n: usize) -> String {
+    format!(".v{n}")
+}
+
+fn join(v: &[u32]) -> String {
+    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// Symbol names referenced as values or address bases (not labels or call targets).
+fn collect_syms<'a>(o: &'a Operand, out: &mut Vec<&'a str>) {
+    match o {
+        Operand::Sym { name, .. } => out.push(name),
+        Operand::Addr { base: AddrBase::Sym(s), .. } => out.push(s),
+        Operand::TensorAddr { base, coords } => {
+            if let AddrBase::Sym(s) = base {
+                out.push(s);
+            }
+            coords.iter().for_each(|c| collect_syms(c, out));
+        }
+        Operand::Vec(v) | Operand::List(v) => v.iter().for_each(|x| collect_syms(x, out)),
+        Operand::Pair(a, b) => {
+            collect_syms(a, out);
+            collect_syms(b, out);
+        }
+        Operand::Not(x) => collect_syms(x, out),
+        _ => {}
+    }
+}
