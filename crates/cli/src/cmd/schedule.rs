@@ -8,7 +8,8 @@ use pipeline::{Costs, Method, Report};
 #[derive(clap::Args)]
 pub struct Args {
     /// Method: 1f1b, zb1p, dualpipe or dualpipev.
-    pub method: String,
+    #[arg(value_parser = parse_method)]
+    pub method: Method,
     /// Pipeline size: ranks (1f1b, zb1p, dualpipe) or stages (dualpipev, on PP/2 devices).
     #[arg(long, default_value_t = 8)]
     pub pp: usize,
@@ -57,7 +58,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let method: Method = a.method.parse()?;
+    let method = a.method;
     let costs = Costs {
         f: a.f,
         b: a.b,
@@ -136,6 +137,10 @@ pub fn run(a: Args) -> Result<()> {
         anyhow::ensure!(e.exact, "pipelined gradients differ from the reference");
     }
     Ok(())
+}
+
+fn parse_method(s: &str) -> Result<Method, String> {
+    s.parse().map_err(|e: pipeline::ScheduleError| e.to_string())
 }
 
 fn run_sweep(method: Method, a: &Args, costs: &Costs) -> Result<()> {
