@@ -140,7 +140,8 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn parse_method(s: &str) -> Result<Method, String> {
-    s.parse().map_err(|e: pipeline::ScheduleError| e.to_string())
+    s.parse()
+        .map_err(|e: pipeline::ScheduleError| e.to_string())
 }
 
 fn run_sweep(method: Method, a: &Args, costs: &Costs) -> Result<()> {
@@ -150,10 +151,18 @@ fn run_sweep(method: Method, a: &Args, costs: &Costs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!("{method} sweep, formula {}", pipeline::bubble_formula_text(method));
+    println!(
+        "{method} sweep, formula {}",
+        pipeline::bubble_formula_text(method)
+    );
     println!("pp    chunks  makespan    bubble      formula     fraction  peak-act");
     for r in rows {
-        match (r.makespan, r.bubble_max, r.bubble_fraction, r.peak_activations) {
+        match (
+            r.makespan,
+            r.bubble_max,
+            r.bubble_fraction,
+            r.peak_activations,
+        ) {
             (Some(m), Some(b), Some(fr), Some(p)) => println!(
                 "{:<5} {:<7} {:<11.4} {:<11.4} {:<11.4} {:<9.4} {}",
                 r.pp, r.chunks, m, b, r.bubble_formula, fr, p
