@@ -1,5 +1,94 @@
-//! `emu`: a CPU emulator for PTX kernels (work in progress).
+//! `emu`: a CPU emulator for PTX kernels with SIMT semantics — the default ptxforge backend.
+//!
+//! Data flow: a [`ptx::Module`] is loaded ([`Emulator::load`]): module-scope `.global`/`.const`
+//! variables are allocated and initialised, then each kernel is decoded once into a
+//! [`program::Program`] (register slots, constant slots, resolved labels, per-instruction
+//! semantics). [`launch::launch`] runs a grid of CTAs of warps over host threads; warps execute
+//! decoded instructions for all their active lanes at once ([`exec`]), memory goes through
+//! [`memory`] (one unified, bounds-checked global address space shared by all emulated devices),
+//! and every fault comes back as a typed [`EmuError`] naming kernel, CTA, thread, PTX line and
+//! address.
+
+pub mod alu;
+pub mod error;
+pub mod exec;
 pub mod fp;
+pub mod launch;
+pub mod memory;
 pub mod mma;
+pub mod program;
+
+pub use error::{EmuError, FaultKind, FaultSite};
+pub use launch::{launch, LaunchConfig, LaunchOptions, LaunchStats};
+pub use memory::{Allocation, GlobalMemory, MemMap};
+pub use program::Program;
+
 /// The values of one register across the 32 lanes of a warp (raw bits, zero-extended).
 pub type Lanes = [u64; 32];
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A module loaded into the emulator: its variables live in global memory and its kernels are
+/// decoded on first use.
+pub struct LoadedModule {
+    pub module: ptx::Module,
+    pub symbols: HashMap<String, program::SymAddr>,
+    /// Allocations that back module-scope variables (kept alive with the module).
+    pub allocations: Vec<Arc<Allocation>>,
+    kernels: std::sync::Mutex<HashMap<String, Arc<Program>>>,
+}
+
+impl LoadedModule {
+    /// Loads a module: allocates and initialises its global and const variables.
+    pub fn load(mem: &GlobalMemory, module: ptx::Module, device: u32) -> Result<LoadedModule, EmuError> {
+        let mut symbols = HashMap::new();
+        let mut allocations = Vec::new();
+        for v in module.globals() {
+            match v.space {
+                ptx::Space::Global | ptx::Space::Const => {
+                    let size = v.size_bytes().max(1);
+                    let a = mem.alloc(size, device)?;
+                    if let Some(init) = &v.init {
+                        let esz = v.ty.size() as usize;
+                        let mut bytes = Vec::with_capacity(init.len() * esz);
+                        for x in init {
+                            let bits: u64 = match x {
+                                ptx::Init::Int(i) => *i as u64,
+                                ptx::Init::F32(b) => *b as u64,
+                                ptx::Init::F64(b) => *b,
+                                ptx::Init::Sym { name, offset, .. } => match symbols.get(name) {
+                                    Some(program::SymAddr::Global(addr)) => addr.wrapping_add(*offset as u64),
+                                    _ => {
+                                        return Err(EmuError::Decode {
+                                            kernel: v.name.clone(),
+                                            msg: format!("initialiser refers to unknown symbol `{name}`"),
+                                        })
+                                    }
+                                },
+                            };
+                            bytes.extend_from_slice(&bits.to_le_bytes()[..esz.min(8)]);
+                        }
+                        bytes.truncate(size as usize);
+                        a.write_bytes(0, &bytes);
+                    }
+                    symbols.insert(v.name.clone(), program::SymAddr::Global(a.base));
+                    allocations.push(a);
+                }
+                _ => {}
+            }
+        }
+        Ok(LoadedModule { module, symbols, allocations, kernels: Default::default() })
+    }
+
+    /// The decoded kernel (decoded once, then cached).
+    pub fn kernel(&self, name: &str) -> Result<Arc<Program>, EmuError> {
+        let mut g = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = g.get(name) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(program::decode(&self.module, name, &self.symbols)?);
+        g.insert(name.to_string(), p.clone());
+        Ok(p)
+    }
+}

@@ -1,0 +1,84 @@
+//! Typed emulator errors. Every fault inside a kernel carries where it happened: kernel, CTA,
+//! thread, PTX line and (for memory faults) the address.
+
+use std::fmt;
+
+/// Where in a launch a fault happened.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct FaultSite {
+    pub kernel: String,
+    pub cta: [u32; 3],
+    pub thread: [u32; 3],
+    /// 1-based PTX source line of the faulting instruction (0 if unknown).
+    pub line: u32,
+    /// The instruction text.
+    pub instruction: String,
+}
+
+impl fmt::Display for FaultSite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "kernel `{}`, CTA ({},{},{}), thread ({},{},{}), PTX line {}: `{}`",
+            self.kernel,
+            self.cta[0],
+            self.cta[1],
+            self.cta[2],
+            self.thread[0],
+            self.thread[1],
+            self.thread[2],
+            self.line,
+            self.instruction
+        )
+    }
+}
+
+/// What went wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize)]
+pub enum FaultKind {
+    #[error("out-of-bounds {space} access of {size} bytes at address {addr:#x}")]
+    OutOfBounds { space: &'static str, addr: u64, size: u32 },
+    #[error("misaligned {space} access of {size} bytes at address {addr:#x}")]
+    Misaligned { space: &'static str, addr: u64, size: u32 },
+    #[error("integer division by zero")]
+    DivideByZero,
+    #[error("trap instruction executed")]
+    Trap,
+    #[error("barrier deadlock: {0}")]
+    BarrierDeadlock(String),
+    #[error("warp-synchronous instruction with inconsistent member mask: {0}")]
+    SyncMask(String),
+    #[error("kernel exceeded its budget ({0}); it may be waiting forever")]
+    Hang(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Errors from loading or launching a kernel on the emulator.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum EmuError {
+    #[error("{kind} in {site}")]
+    Fault { kind: FaultKind, site: Box<FaultSite> },
+    #[error("kernel `{kernel}`: unsupported instruction at PTX line {line}: `{text}`: {why}")]
+    Unsupported { kernel: String, line: u32, text: String, why: String },
+    #[error("kernel `{kernel}`: {msg}")]
+    Decode { kernel: String, msg: String },
+    #[error("no kernel named `{0}` in the module")]
+    NoSuchKernel(String),
+    #[error("launch configuration: {0}")]
+    Launch(String),
+    #[error("memory: {0}")]
+    Memory(String),
+    #[error(transparent)]
+    Parse(#[from] ptx::ParseError),
+}
+
+impl EmuError {
+    /// The fault kind, when this error is a kernel fault.
+    pub fn fault(&self) -> Option<&FaultKind> {
+        match self {
+            EmuError::Fault { kind, .. } => Some(kind),
+            _ => None,
+        }
+    }
+}

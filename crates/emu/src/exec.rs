@@ -1,0 +1,1198 @@
+//! Warp and CTA execution. A warp executes one decoded instruction for all lanes of its current
+//! *group* (the lanes that share the lowest PC) over a structure-of-arrays register file.
+//! Divergent branches split the warp; lanes reconverge when their PCs meet again (min-PC
+//! scheduling, Volta-style independent thread scheduling). `.sync` warp instructions wait until
+//! every lane named in their member mask reaches them. CTA barriers count arriving threads.
+
+use crate::error::FaultKind;
+use crate::fp;
+use crate::memory::{MemMap, LOCAL_WINDOW, SHARED_WINDOW};
+use crate::program::*;
+use crate::Lanes;
+use ptx::{SReg, Ty};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Everything a launch shares between its CTAs (read-only during the launch).
+pub struct LaunchCtx {
+    pub prog: Arc<Program>,
+    pub mem: MemMap,
+    pub params: Vec<u8>,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub dyn_shared: u32,
+    pub nsm: u32,
+    pub launch_id: u64,
+    pub start: std::time::Instant,
+}
+
+impl LaunchCtx {
+    pub fn threads_per_cta(&self) -> u32 {
+        self.block[0] * self.block[1] * self.block[2]
+    }
+    pub fn shared_bytes(&self) -> u32 {
+        if self.prog.uses_dyn_shared || self.dyn_shared > 0 {
+            self.prog.dyn_shared_offset + self.dyn_shared
+        } else {
+            self.prog.static_shared
+        }
+    }
+}
+
+/// Result of running a warp for a while.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WarpState {
+    Runnable,
+    Blocked,
+    Exited,
+}
+
+pub struct Warp {
+    pub id: u32,
+    pub regs: Vec<Lanes>,
+    pub pc: [u32; 32],
+    pub group_pc: u32,
+    pub group: u32,
+    /// Lanes that exist and have not exited.
+    pub live: u32,
+    /// Lanes that exist at all (partial last warp).
+    pub exists: u32,
+    pub blocked: u32,
+    pub parked: u32,
+    pub other_min: u32,
+    pub local: Vec<u8>,
+    pub executed: u64,
+    pub lane_ops: u64,
+    pub state: WarpState,
+}
+
+/// A waiter on a CTA barrier.
+struct Waiter {
+    warp: u32,
+    lanes: u32,
+    /// bar.red destination slot and mode.
+    d: u32,
+}
+
+#[derive(Default)]
+struct Barrier {
+    arrived: u32,
+    expected: Option<u32>,
+    waiters: Vec<Waiter>,
+    popc: u32,
+    all: bool,
+    any: bool,
+    used: bool,
+}
+
+/// A CTA's shared state.
+pub struct Cta {
+    pub id: [u32; 3],
+    pub sm: u32,
+    pub warps: Vec<Warp>,
+    pub shared: Vec<u8>,
+    barriers: Vec<Barrier>,
+    pub exited_threads: u32,
+    pub total_threads: u32,
+    /// The first live warp index to resume at (round-robin).
+    pub next_warp: usize,
+}
+
+/// A fault before it is given its site.
+pub struct Fault {
+    pub kind: FaultKind,
+    pub warp: u32,
+    pub lane: u32,
+    pub pc: u32,
+}
+
+
+#[inline]
+fn lanes_of(mut m: u32) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        if m == 0 {
+            None
+        } else {
+            let l = m.trailing_zeros();
+            m &= m - 1;
+            Some(l as usize)
+        }
+    })
+}
+
+#[inline]
+fn pred_mask(r: &Lanes) -> u32 {
+    let mut m = 0u32;
+    for (i, v) in r.iter().enumerate() {
+        m |= ((*v & 1) as u32) << i;
+    }
+    m
+}
+
+impl Cta {
+    pub fn new(ctx: &LaunchCtx, id: [u32; 3], sm: u32) -> Cta {
+        let prog = &ctx.prog;
+        let n = ctx.threads_per_cta();
+        let nwarps = n.div_ceil(32);
+        let mut warps = Vec::with_capacity(nwarps as usize);
+        let mut proto: Vec<Lanes> = vec![[0u64; 32]; prog.nregs as usize];
+        for &(s, v) in &prog.consts {
+            proto[s as usize] = [v; 32];
+        }
+        for w in 0..nwarps {
+            let lanes = (n - w * 32).min(32);
+            let exists = if lanes == 32 { u32::MAX } else { (1u32 << lanes) - 1 };
+            warps.push(Warp {
+                id: w,
+                regs: proto.clone(),
+                pc: [0; 32],
+                group_pc: 0,
+                group: exists,
+                live: exists,
+                exists,
+                blocked: 0,
+                parked: 0,
+                other_min: u32::MAX,
+                local: vec![0u8; prog.local_bytes as usize * 32],
+                executed: 0,
+                lane_ops: 0,
+                state: WarpState::Runnable,
+            });
+        }
+        Cta {
+            id,
+            sm,
+            warps,
+            shared: vec![0u8; ctx.shared_bytes() as usize],
+            barriers: (0..16).map(|_| Barrier::default()).collect(),
+            exited_threads: 0,
+            total_threads: n,
+            next_warp: 0,
+        }
+    }
+
+    pub fn done(&self) -> bool {
+        self.warps.iter().all(|w| w.state == WarpState::Exited)
+    }
+
+    /// Runs the CTA's warps round-robin for up to `budget` warp-instructions.
+    /// Returns the number executed.
+    pub fn run(&mut self, ctx: &LaunchCtx, budget: u64) -> Result<u64, Fault> {
+        let mut done = 0u64;
+        let nw = self.warps.len();
+        let slice = 256u64;
+        while done < budget {
+            let mut progressed = false;
+            for k in 0..nw {
+                let wi = (self.next_warp + k) % nw;
+                if self.warps[wi].state != WarpState::Runnable {
+                    continue;
+                }
+                let n = self.run_warp(ctx, wi, slice)?;
+                done += n;
+                progressed |= n > 0;
+                if done >= budget {
+                    self.next_warp = (wi + 1) % nw;
+                    return Ok(done);
+                }
+            }
+            if self.done() {
+                return Ok(done);
+            }
+            if !progressed {
+                // Everyone is blocked: can a barrier be released by exited threads?
+                if !self.release_ready_barriers() {
+                    return Err(self.deadlock());
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    fn deadlock(&self) -> Fault {
+        let mut parts = Vec::new();
+        for (i, b) in self.barriers.iter().enumerate() {
+            if b.used && !b.waiters.is_empty() {
+                parts.push(format!(
+                    "barrier {i}: {} of {} threads arrived ({} exited)",
+                    b.arrived,
+                    b.expected.unwrap_or(self.total_threads),
+                    self.exited_threads
+                ));
+            }
+        }
+        let stuck: Vec<String> = self
+            .warps
+            .iter()
+            .filter(|w| w.state != WarpState::Exited)
+            .map(|w| format!("warp {} at instruction {}", w.id, w.group_pc))
+            .collect();
+        let w = self.warps.iter().find(|w| w.state != WarpState::Exited);
+        let (warp, pc, lane) = w.map(|w| (w.id, w.group_pc, w.live.trailing_zeros())).unwrap_or((0, 0, 0));
+        let msg = if parts.is_empty() {
+            format!("warp-synchronous instruction waits for lanes that never arrive; {}", stuck.join(", "))
+        } else {
+            format!("{}; waiting: {}", parts.join("; "), stuck.join(", "))
+        };
+        Fault { kind: FaultKind::BarrierDeadlock(msg), warp, lane, pc }
+    }
+
+    /// Releases barriers whose expected count is met counting exited threads. Returns whether any
+    /// warp became runnable.
+    fn release_ready_barriers(&mut self) -> bool {
+        let mut any = false;
+        for i in 0..self.barriers.len() {
+            let b = &self.barriers[i];
+            if b.waiters.is_empty() {
+                continue;
+            }
+            let exp = b.expected.unwrap_or(self.total_threads);
+            let counted = if b.expected.is_none() { b.arrived + self.exited_threads } else { b.arrived };
+            if counted >= exp {
+                self.release(i);
+                any = true;
+            }
+        }
+        any
+    }
+
+    fn release(&mut self, id: usize) {
+        let b = std::mem::take(&mut self.barriers[id]);
+        let val = |d_kind: u32| -> u64 {
+            match d_kind {
+                0 => b.popc as u64,
+                1 => b.all as u64,
+                _ => b.any as u64,
+            }
+        };
+        for w in &b.waiters {
+            let warp = &mut self.warps[w.warp as usize];
+            warp.blocked &= !w.lanes;
+            if w.d != NONE {
+                let (slot, kind) = (w.d & 0x3fff_ffff, w.d >> 30);
+                for l in lanes_of(w.lanes) {
+                    warp.regs[slot as usize][l] = val(kind);
+                }
+            }
+            if warp.state == WarpState::Blocked {
+                warp.state = WarpState::Runnable;
+            }
+        }
+        self.barriers[id].used = true;
+    }
+
+    /// Recomputes the executing group of a warp. Returns false when no lane can run.
+    fn regroup(w: &mut Warp) -> Result<bool, FaultKind> {
+        for l in lanes_of(w.group) {
+            w.pc[l] = w.group_pc;
+        }
+        let cand = w.live & !w.blocked;
+        let free = cand & !w.parked;
+        if free == 0 {
+            w.group = 0;
+            if cand != 0 && w.blocked == 0 {
+                return Err(FaultKind::SyncMask(format!(
+                    "lanes {:#010x} wait at a .sync instruction for lanes that exited or never arrive",
+                    w.parked
+                )));
+            }
+            return Ok(false);
+        }
+        let mut min = u32::MAX;
+        for l in lanes_of(free) {
+            min = min.min(w.pc[l]);
+        }
+        let mut group = 0u32;
+        let mut other = u32::MAX;
+        for l in lanes_of(cand) {
+            if w.pc[l] == min {
+                group |= 1 << l;
+            } else if w.parked & (1 << l) == 0 {
+                other = other.min(w.pc[l]);
+            }
+        }
+        w.parked &= !group;
+        w.group = group;
+        w.group_pc = min;
+        w.other_min = other;
+        Ok(true)
+    }
+
+    /// Runs warp `wi` for up to `budget` instructions.
+    fn run_warp(&mut self, ctx: &LaunchCtx, wi: usize, budget: u64) -> Result<u64, Fault> {
+        let prog = &*ctx.prog;
+        let mut n = 0u64;
+        while n < budget {
+            let w = &mut self.warps[wi];
+            if w.group == 0 || w.group_pc >= w.other_min {
+                match Cta::regroup(w) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        w.state = if w.live == 0 { WarpState::Exited } else { WarpState::Blocked };
+                        return Ok(n);
+                    }
+                    Err(k) => return Err(Fault { kind: k, warp: w.id, lane: w.parked.trailing_zeros(), pc: w.group_pc }),
+                }
+            }
+            let pc = w.group_pc;
+            let inst = &prog.insts[pc as usize];
+            let mut m = w.group;
+            if inst.guard != NONE {
+                let p = pred_mask(&w.regs[inst.guard as usize]);
+                m &= if inst.guard_neg { !p } else { p };
+            }
+            n += 1;
+            w.executed += 1;
+            w.lane_ops += m.count_ones() as u64;
+            match self.exec(ctx, wi, inst, m) {
+                Ok(Flow::Next) => self.warps[wi].group_pc += 1,
+                Ok(Flow::Stay) => {}
+                Ok(Flow::Yield) => {
+                    self.warps[wi].group_pc += 1;
+                    return Ok(n);
+                }
+                Ok(Flow::Blocked) => {
+                    let w = &mut self.warps[wi];
+                    if w.live & !w.blocked & !w.parked == 0 {
+                        w.state = if w.live == 0 { WarpState::Exited } else { WarpState::Blocked };
+                        return Ok(n);
+                    }
+                }
+                Err(kind) => {
+                    let w = &self.warps[wi];
+                    let lane = match &kind {
+                        FaultKind::OutOfBounds { .. } | FaultKind::Misaligned { .. } | FaultKind::DivideByZero => {
+                            LAST_LANE.with(|c| c.get())
+                        }
+                        _ => m.trailing_zeros().min(31),
+                    };
+                    return Err(Fault { kind, warp: w.id, lane, pc });
+                }
+            }
+        }
+        Ok(n)
+    }
+}
+
+thread_local! {
+    /// The lane whose access faulted (set by memory helpers before returning an error).
+    static LAST_LANE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+enum Flow {
+    Next,
+    Stay,
+    Yield,
+    Blocked,
+}
+
+/// Resolved target of a memory access.
+enum Loc {
+    Global(*const crate::memory::Allocation, u64),
+    Shared(usize),
+    Local(usize),
+    Param(usize),
+}
+
+impl Cta {
+    #[inline]
+    fn locate(&self, ctx: &LaunchCtx, space: MSpace, addr: u64, size: u32, lane: usize, local_bytes: u32) -> Result<Loc, FaultKind> {
+        let fault = |space: &'static str| {
+            LAST_LANE.with(|c| c.set(lane as u32));
+            FaultKind::OutOfBounds { space, addr, size }
+        };
+        if size > 1 && addr % size as u64 != 0 {
+            LAST_LANE.with(|c| c.set(lane as u32));
+            return Err(FaultKind::Misaligned { space: space.name(), addr, size });
+        }
+        let space = if space == MSpace::Generic {
+            if (SHARED_WINDOW..SHARED_WINDOW + (1 << 32)).contains(&addr) {
+                return self.locate(ctx, MSpace::Shared, addr - SHARED_WINDOW, size, lane, local_bytes);
+            } else if (LOCAL_WINDOW..LOCAL_WINDOW + (1 << 32)).contains(&addr) {
+                return self.locate(ctx, MSpace::Local, addr - LOCAL_WINDOW, size, lane, local_bytes);
+            }
+            MSpace::Global
+        } else {
+            space
+        };
+        match space {
+            MSpace::Global => match ctx.mem.find(addr, size as u64) {
+                Some(a) => Ok(Loc::Global(Arc::as_ptr(a), addr - a.base)),
+                None => Err(fault("global")),
+            },
+            MSpace::Shared => {
+                if addr.checked_add(size as u64).is_some_and(|e| e <= self.shared.len() as u64) {
+                    Ok(Loc::Shared(addr as usize))
+                } else {
+                    Err(fault("shared"))
+                }
+            }
+            MSpace::Local => {
+                if addr + size as u64 <= local_bytes as u64 {
+                    Ok(Loc::Local(lane * local_bytes as usize + addr as usize))
+                } else {
+                    Err(fault("local"))
+                }
+            }
+            MSpace::Param => {
+                if addr + size as u64 <= ctx.params.len() as u64 {
+                    Ok(Loc::Param(addr as usize))
+                } else {
+                    Err(fault("param"))
+                }
+            }
+            MSpace::Generic => unreachable!(),
+        }
+    }
+
+    #[inline]
+    fn load(&self, ctx: &LaunchCtx, wi: usize, loc: &Loc, size: u32, ord: Ordering) -> u64 {
+        match *loc {
+            // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
+            Loc::Global(a, off) => unsafe { &*a }.read(off, size, ord),
+            Loc::Shared(o) => read_le(&self.shared[o..o + size as usize]),
+            Loc::Local(o) => read_le(&self.warps[wi].local[o..o + size as usize]),
+            Loc::Param(o) => read_le(&ctx.params[o..o + size as usize]),
+        }
+    }
+
+    #[inline]
+    fn store(&mut self, wi: usize, loc: &Loc, size: u32, v: u64, ord: Ordering) {
+        match *loc {
+            // SAFETY: as in `load`.
+            Loc::Global(a, off) => unsafe { &*a }.write(off, size, v, ord),
+            Loc::Shared(o) => write_le(&mut self.shared[o..o + size as usize], v),
+            Loc::Local(o) => write_le(&mut self.warps[wi].local[o..o + size as usize], v),
+            Loc::Param(_) => {}
+        }
+    }
+}
+
+#[inline]
+fn read_le(b: &[u8]) -> u64 {
+    let mut x = [0u8; 8];
+    x[..b.len()].copy_from_slice(b);
+    u64::from_le_bytes(x)
+}
+#[inline]
+fn write_le(b: &mut [u8], v: u64) {
+    let n = b.len();
+    b.copy_from_slice(&v.to_le_bytes()[..n]);
+}
+
+fn load_ord(o: Ord) -> Ordering {
+    match o {
+        Ord::Acquire | Ord::AcqRel => Ordering::Acquire,
+        _ => Ordering::Relaxed,
+    }
+}
+fn store_ord(o: Ord) -> Ordering {
+    match o {
+        Ord::Release | Ord::AcqRel => Ordering::Release,
+        _ => Ordering::Relaxed,
+    }
+}
+fn rmw_ord(o: Ord) -> Ordering {
+    match o {
+        Ord::Relaxed => Ordering::Relaxed,
+        Ord::Acquire => Ordering::Acquire,
+        Ord::Release => Ordering::Release,
+        Ord::AcqRel => Ordering::AcqRel,
+    }
+}
+
+fn sext(v: u64, from_bits: u32) -> u64 {
+    if from_bits >= 64 {
+        v
+    } else {
+        let s = 64 - from_bits;
+        (((v << s) as i64) >> s) as u64
+    }
+}
+
+fn reg_mask(bits: u8) -> u64 {
+    if bits >= 64 {
+        u64::MAX
+    } else if bits <= 1 {
+        1
+    } else {
+        (1u64 << bits) - 1
+    }
+}
+
+/// The atomic operation on raw bits.
+fn atom_apply(op: AtomOp, ty: Ty, old: u64, b: u64, c: u64) -> u64 {
+    use AtomOp::*;
+    match (op, ty) {
+        (Exch, _) => b,
+        (Cas, _) => {
+            if old == b & crate::memory::mask(ty.size()) {
+                c
+            } else {
+                old
+            }
+        }
+        (And, _) => old & b,
+        (Or, _) => old | b,
+        (Xor, _) => old ^ b,
+        (Inc, _) => {
+            let (o, b) = (old as u32, b as u32);
+            (if o >= b { 0 } else { o + 1 }) as u64
+        }
+        (Dec, _) => {
+            let (o, b) = (old as u32, b as u32);
+            (if o == 0 || o > b { b } else { o - 1 }) as u64
+        }
+        (Add, Ty::F32) => (f32::from_bits(old as u32) + f32::from_bits(b as u32)).to_bits() as u64,
+        (Add, Ty::F64) => (f64::from_bits(old) + f64::from_bits(b)).to_bits(),
+        (Add | Min | Max, Ty::F16 | Ty::Bf16 | Ty::F16x2 | Ty::Bf16x2) => {
+            let fop = match op {
+                Add => fp::FOp::Add,
+                Min => fp::FOp::Min,
+                _ => fp::FOp::Max,
+            };
+            fp::fop(fop, ty, fp::FMode::default(), old, b, 0)
+        }
+        (Add, _) => old.wrapping_add(b),
+        (Min, Ty::S32) => (old as i32).min(b as i32) as u32 as u64,
+        (Max, Ty::S32) => (old as i32).max(b as i32) as u32 as u64,
+        (Min, Ty::S64) => (old as i64).min(b as i64) as u64,
+        (Max, Ty::S64) => (old as i64).max(b as i64) as u64,
+        (Min, Ty::F32) => fp::fop(fp::FOp::Min, ty, fp::FMode::default(), old, b, 0),
+        (Max, Ty::F32) => fp::fop(fp::FOp::Max, ty, fp::FMode::default(), old, b, 0),
+        (Min, _) => old.min(b & crate::memory::mask(ty.size())),
+        (Max, _) => old.max(b & crate::memory::mask(ty.size())),
+    }
+}
+
+impl Cta {
+    #[inline]
+    fn write_masked(w: &mut Warp, d: u32, m: u32, v: &Lanes) {
+        let dst = &mut w.regs[d as usize];
+        if m == u32::MAX {
+            *dst = *v;
+        } else {
+            for i in 0..32 {
+                if m >> i & 1 != 0 {
+                    dst[i] = v[i];
+                }
+            }
+        }
+    }
+
+    /// Lanes of a `.sync` member mask that are not here yet: when non-empty, park this group.
+    fn sync_wait(w: &mut Warp, member: u32) -> bool {
+        let missing = member & w.live & !w.group;
+        if missing == 0 {
+            return false;
+        }
+        w.parked |= w.group;
+        for l in lanes_of(w.group) {
+            w.pc[l] = w.group_pc;
+        }
+        w.group = 0;
+        true
+    }
+
+    fn sreg(&self, ctx: &LaunchCtx, w: &Warp, r: SReg, lane: usize) -> u64 {
+        let t = w.id * 32 + lane as u32;
+        let b = ctx.block;
+        let tid = [t % b[0], (t / b[0]) % b[1], t / (b[0] * b[1])];
+        let lane = lane as u32;
+        match r {
+            SReg::Tid(d) => tid[d as usize] as u64,
+            SReg::Ntid(d) => b[d as usize] as u64,
+            SReg::Ctaid(d) => self.id[d as usize] as u64,
+            SReg::Nctaid(d) => ctx.grid[d as usize] as u64,
+            SReg::Laneid => lane as u64,
+            SReg::Warpid => w.id as u64,
+            SReg::Nwarpid => 64,
+            SReg::Smid => self.sm as u64,
+            SReg::Nsmid => ctx.nsm as u64,
+            SReg::Gridid => ctx.launch_id,
+            SReg::Clock => w.executed as u32 as u64,
+            SReg::ClockHi => (w.executed >> 32) as u64,
+            SReg::Clock64 => w.executed,
+            SReg::Globaltimer | SReg::GlobaltimerLo | SReg::GlobaltimerHi => {
+                let ns = ctx.start.elapsed().as_nanos() as u64;
+                match r {
+                    SReg::GlobaltimerLo => ns as u32 as u64,
+                    SReg::GlobaltimerHi => ns >> 32,
+                    _ => ns,
+                }
+            }
+            SReg::LanemaskEq => 1u64 << lane,
+            SReg::LanemaskLt => (1u64 << lane) - 1,
+            SReg::LanemaskLe => (1u64 << (lane + 1)) - 1,
+            SReg::LanemaskGt => (!((1u64 << (lane + 1)) - 1)) & 0xffff_ffff,
+            SReg::LanemaskGe => (!((1u64 << lane) - 1)) & 0xffff_ffff,
+            SReg::ClusterId(d) => self.id[d as usize] as u64,
+            SReg::Nclusterid(d) => ctx.grid[d as usize] as u64,
+            SReg::ClusterCtaid(_) => 0,
+            SReg::ClusterNctaid(_) => 1,
+            SReg::ClusterCtarank => 0,
+            SReg::ClusterNctarank => 1,
+            SReg::IsExplicitCluster => 0,
+            SReg::DynamicSmemSize => ctx.dyn_shared as u64,
+            SReg::TotalSmemSize | SReg::AggrSmemSize => ctx.shared_bytes() as u64,
+            SReg::Envreg(_) => 0,
+        }
+    }
+
+    fn exec(&mut self, ctx: &LaunchCtx, wi: usize, inst: &Inst, m: u32) -> Result<Flow, FaultKind> {
+        let prog = &*ctx.prog;
+        match &inst.op {
+            Op::Alu { f, d, a, b, c } => {
+                let w = &mut self.warps[wi];
+                let mut out = [0u64; 32];
+                f(&mut out, &w.regs[*a as usize], &w.regs[*b as usize], &w.regs[*c as usize]);
+                Cta::write_masked(w, *d, m, &out);
+            }
+            Op::Float { op, ty, mode, d, a, b, c } => {
+                let w = &mut self.warps[wi];
+                for l in lanes_of(m) {
+                    let v = fp::fop(*op, *ty, *mode, w.regs[*a as usize][l], w.regs[*b as usize][l], w.regs[*c as usize][l]);
+                    w.regs[*d as usize][l] = v;
+                }
+            }
+            Op::Cvt { spec, d, a, b } => {
+                let w = &mut self.warps[wi];
+                let dm = reg_mask(prog.reg_bits[*d as usize]);
+                for l in lanes_of(m) {
+                    let v = fp::cvt(spec, w.regs[*a as usize][l], w.regs[*b as usize][l]);
+                    w.regs[*d as usize][l] = v & dm;
+                }
+            }
+            Op::IntDiv { ty, rem, d, a, b } => {
+                let w = &mut self.warps[wi];
+                for l in lanes_of(m) {
+                    let (x, y) = (w.regs[*a as usize][l], w.regs[*b as usize][l]);
+                    let mk = crate::memory::mask(ty.size());
+                    if y & mk == 0 {
+                        LAST_LANE.with(|c| c.set(l as u32));
+                        return Err(FaultKind::DivideByZero);
+                    }
+                    let v = if ty.is_signed() {
+                        let bits = ty.bits();
+                        let (x, y) = (sext(x, bits) as i64, sext(y, bits) as i64);
+                        (if *rem { x.wrapping_rem(y) } else { x.wrapping_div(y) }) as u64
+                    } else {
+                        let (x, y) = (x & mk, y & mk);
+                        if *rem {
+                            x % y
+                        } else {
+                            x / y
+                        }
+                    };
+                    w.regs[*d as usize][l] = v & mk;
+                }
+            }
+            Op::Bfi { bits, d, a, b, c, e } => {
+                let w = &mut self.warps[wi];
+                for l in lanes_of(m) {
+                    let r = &w.regs;
+                    let v = crate::alu::bfi(r[*a as usize][l], r[*b as usize][l], r[*c as usize][l], r[*e as usize][l], *bits);
+                    w.regs[*d as usize][l] = v;
+                }
+            }
+            Op::Shf { left, wrap, d, a, b, c } => {
+                let w = &mut self.warps[wi];
+                for l in lanes_of(m) {
+                    let r = &w.regs;
+                    let v = crate::alu::shf(r[*a as usize][l], r[*b as usize][l], r[*c as usize][l], *left, *wrap);
+                    w.regs[*d as usize][l] = v;
+                }
+            }
+            Op::Lop3 { lut, d, a, b, c } => {
+                let w = &mut self.warps[wi];
+                for l in lanes_of(m) {
+                    let r = &w.regs;
+                    let v = crate::alu::lop3(r[*a as usize][l] as u32, r[*b as usize][l] as u32, r[*c as usize][l] as u32, *lut);
+                    w.regs[*d as usize][l] = v as u64;
+                }
+            }
+            Op::Testp { kind, ty, d, a } => {
+                let w = &mut self.warps[wi];
+                for l in lanes_of(m) {
+                    w.regs[*d as usize][l] = fp::testp(*kind, *ty, w.regs[*a as usize][l]) as u64;
+                }
+            }
+            Op::Isspacep { space, d, a } => {
+                let w = &mut self.warps[wi];
+                for l in lanes_of(m) {
+                    let x = w.regs[*a as usize][l];
+                    let sh = (SHARED_WINDOW..SHARED_WINDOW + (1 << 32)).contains(&x);
+                    let lo = (LOCAL_WINDOW..LOCAL_WINDOW + (1 << 32)).contains(&x);
+                    let v = match space {
+                        MSpace::Shared => sh,
+                        MSpace::Local => lo,
+                        MSpace::Global => !sh && !lo,
+                        _ => false,
+                    };
+                    w.regs[*d as usize][l] = v as u64;
+                }
+            }
+            Op::Cvta { dir, d, a, bits } => {
+                let w = &mut self.warps[wi];
+                let mk = if *bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+                for l in lanes_of(m) {
+                    let x = w.regs[*a as usize][l];
+                    let v = match dir {
+                        CvtaDir::ToGeneric(win) => x.wrapping_add(*win),
+                        CvtaDir::FromGeneric(win) => x.wrapping_sub(*win),
+                    };
+                    w.regs[*d as usize][l] = v & mk;
+                }
+            }
+            Op::Pack { part_bits, d, parts } => {
+                let w = &mut self.warps[wi];
+                let pm = reg_mask(*part_bits as u8);
+                for l in lanes_of(m) {
+                    let mut v = 0u64;
+                    for (k, p) in parts.iter().enumerate() {
+                        v |= (w.regs[*p as usize][l] & pm) << (k as u32 * part_bits);
+                    }
+                    w.regs[*d as usize][l] = v;
+                }
+            }
+            Op::Unpack { part_bits, ds, a } => {
+                let w = &mut self.warps[wi];
+                let pm = reg_mask(*part_bits as u8);
+                for l in lanes_of(m) {
+                    let x = w.regs[*a as usize][l];
+                    for (k, p) in ds.iter().enumerate() {
+                        w.regs[*p as usize][l] = (x >> (k as u32 * part_bits)) & pm;
+                    }
+                }
+            }
+            Op::SReg { d, r } => {
+                for l in lanes_of(m) {
+                    let v = self.sreg(ctx, &self.warps[wi], *r, l);
+                    self.warps[wi].regs[*d as usize][l] = v;
+                }
+            }
+            Op::Ld { space, elem, sext: sx, ds, addr, off, ord } => {
+                let total = elem * ds.len() as u32;
+                let o = load_ord(*ord);
+                for l in lanes_of(m) {
+                    let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
+                    // Vector accesses must be aligned to their full size.
+                    if total > *elem && base % total as u64 != 0 {
+                        LAST_LANE.with(|c| c.set(l as u32));
+                        return Err(FaultKind::Misaligned { space: space.name(), addr: base, size: total });
+                    }
+                    let mut vals = [0u64; 8];
+                    for k in 0..ds.len() {
+                        let a = base + (k as u32 * elem) as u64;
+                        let loc = self.locate(ctx, *space, a, *elem, l, prog.local_bytes)?;
+                        vals[k] = self.load(ctx, wi, &loc, *elem, o);
+                    }
+                    let w = &mut self.warps[wi];
+                    for (k, d) in ds.iter().enumerate() {
+                        let rb = prog.reg_bits[*d as usize];
+                        let v = if *sx { sext(vals[k], elem * 8) & reg_mask(rb) } else { vals[k] };
+                        w.regs[*d as usize][l] = v;
+                    }
+                }
+            }
+            Op::St { space, elem, srcs, addr, off, ord } => {
+                let total = elem * srcs.len() as u32;
+                let o = store_ord(*ord);
+                for l in lanes_of(m) {
+                    let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
+                    if total > *elem && base % total as u64 != 0 {
+                        LAST_LANE.with(|c| c.set(l as u32));
+                        return Err(FaultKind::Misaligned { space: space.name(), addr: base, size: total });
+                    }
+                    for (k, s) in srcs.iter().enumerate() {
+                        let a = base + (k as u32 * elem) as u64;
+                        let loc = self.locate(ctx, *space, a, *elem, l, prog.local_bytes)?;
+                        let v = self.warps[wi].regs[*s as usize][l];
+                        self.store(wi, &loc, *elem, v, o);
+                    }
+                }
+            }
+            Op::Atom { space, op, ty, d, addr, off, b, c, ord } => {
+                let size = ty.size();
+                let o = rmw_ord(*ord);
+                for l in lanes_of(m) {
+                    let a = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
+                    let loc = self.locate(ctx, *space, a, size, l, prog.local_bytes)?;
+                    let (bv, cv) = (self.warps[wi].regs[*b as usize][l], self.warps[wi].regs[*c as usize][l]);
+                    let old = match loc {
+                        // SAFETY: allocation kept alive by the launch's memory snapshot.
+                        Loc::Global(al, off) => unsafe { &*al }.rmw(off, size, o, |old| atom_apply(*op, *ty, old, bv, cv)),
+                        _ => {
+                            let old = self.load(ctx, wi, &loc, size, Ordering::Relaxed);
+                            let new = atom_apply(*op, *ty, old, bv, cv) & crate::memory::mask(size);
+                            self.store(wi, &loc, size, new, Ordering::Relaxed);
+                            old
+                        }
+                    };
+                    if *d != NONE {
+                        self.warps[wi].regs[*d as usize][l] = old;
+                    }
+                }
+            }
+            Op::Bra { target } => {
+                let w = &mut self.warps[wi];
+                if m == w.group {
+                    w.group_pc = *target;
+                    return Ok(Flow::Stay);
+                }
+                if m != 0 {
+                    for l in lanes_of(m) {
+                        w.pc[l] = *target;
+                    }
+                    let rest = w.group & !m;
+                    for l in lanes_of(rest) {
+                        w.pc[l] = w.group_pc + 1;
+                    }
+                    w.group = 0;
+                    return Ok(Flow::Stay);
+                }
+            }
+            Op::BrxIdx { idx, targets } => {
+                let w = &mut self.warps[wi];
+                for l in lanes_of(m) {
+                    let i = w.regs[*idx as usize][l] as usize;
+                    let t = *targets.get(i).ok_or_else(|| {
+                        FaultKind::Other(format!("brx.idx index {i} out of range ({} targets)", targets.len()))
+                    })?;
+                    w.pc[l] = t;
+                }
+                for l in lanes_of(w.group & !m) {
+                    w.pc[l] = w.group_pc + 1;
+                }
+                // Lanes in m already have their pcs; group lanes are written by regroup first,
+                // so clear the group without letting regroup overwrite them.
+                let g = w.group;
+                w.group = 0;
+                let _ = g;
+                return Ok(Flow::Stay);
+            }
+            Op::Exit => {
+                let w = &mut self.warps[wi];
+                let gone = m;
+                w.live &= !gone;
+                w.group &= !gone;
+                self.exited_threads += gone.count_ones();
+                if w.group != 0 {
+                    return Ok(Flow::Next);
+                }
+                self.release_ready_barriers();
+                return Ok(Flow::Blocked);
+            }
+            Op::Trap => {
+                if m != 0 {
+                    return Err(FaultKind::Trap);
+                }
+            }
+            Op::Yield => return Ok(Flow::Yield),
+            Op::Nop => {}
+            Op::Fence => std::sync::atomic::fence(Ordering::SeqCst),
+            Op::Bar { kind, id, count, d, p, pneg } => {
+                if m == 0 {
+                    return Ok(Flow::Next);
+                }
+                let w = &self.warps[wi];
+                let l0 = m.trailing_zeros() as usize;
+                let bid = w.regs[*id as usize][l0] as usize;
+                if bid >= 16 {
+                    return Err(FaultKind::Other(format!("barrier id {bid} out of range (0..15)")));
+                }
+                let cnt = if *count != NONE { Some(w.regs[*count as usize][l0] as u32) } else { None };
+                let nthreads = m.count_ones();
+                let (mut popc, mut all, mut any) = (0u32, true, false);
+                if *p != NONE {
+                    for l in lanes_of(m) {
+                        let v = (w.regs[*p as usize][l] & 1 != 0) ^ *pneg;
+                        popc += v as u32;
+                        all &= v;
+                        any |= v;
+                    }
+                }
+                let group_pc = w.group_pc;
+                let b = &mut self.barriers[bid];
+                if b.waiters.is_empty() && b.arrived == 0 {
+                    b.popc = 0;
+                    b.all = true;
+                    b.any = false;
+                }
+                b.used = true;
+                b.arrived += nthreads;
+                if cnt.is_some() {
+                    b.expected = cnt;
+                }
+                b.popc += popc;
+                b.all &= all;
+                b.any |= any;
+                let dkind = match kind {
+                    BarKind::RedPopc => 0u32,
+                    BarKind::RedAnd => 1,
+                    _ => 2,
+                };
+                if *kind != BarKind::Arrive {
+                    b.waiters.push(Waiter {
+                        warp: wi as u32,
+                        lanes: m,
+                        d: if *d != NONE { *d | (dkind << 30) } else { NONE },
+                    });
+                    let w = &mut self.warps[wi];
+                    w.blocked |= m;
+                    for l in lanes_of(w.group) {
+                        w.pc[l] = group_pc + 1;
+                    }
+                    // Lanes of the group that were predicated off just move on.
+                    let rest = w.group & !m;
+                    w.group = 0;
+                    let _ = rest;
+                }
+                let exp = self.barriers[bid].expected.unwrap_or(self.total_threads);
+                let counted = self.barriers[bid].arrived
+                    + if self.barriers[bid].expected.is_none() { self.exited_threads } else { 0 };
+                if counted >= exp {
+                    self.release(bid);
+                }
+                if *kind == BarKind::Arrive {
+                    return Ok(Flow::Next);
+                }
+                return Ok(Flow::Blocked);
+            }
+            Op::WarpSync { mask } => {
+                let w = &mut self.warps[wi];
+                let member = w.regs[*mask as usize][m.trailing_zeros().min(31) as usize] as u32;
+                if Cta::sync_wait(w, member & w.exists) {
+                    return Ok(Flow::Stay);
+                }
+            }
+            Op::Shfl { mode, d, p, a, b, c, mask } => {
+                let w = &mut self.warps[wi];
+                let l0 = m.trailing_zeros().min(31) as usize;
+                let member = w.regs[*mask as usize][l0] as u32;
+                if Cta::sync_wait(w, member & w.exists) {
+                    return Ok(Flow::Stay);
+                }
+                let src = w.regs[*a as usize];
+                let mut out = [0u64; 32];
+                let mut pout = [0u64; 32];
+                for l in lanes_of(m) {
+                    let bval = (w.regs[*b as usize][l] & 31) as i32;
+                    let cv = w.regs[*c as usize][l] as u32;
+                    let cval = (cv & 31) as i32;
+                    let segmask = ((cv >> 8) & 31) as i32;
+                    let lane = l as i32;
+                    let max_lane = (lane & segmask) | (cval & !segmask);
+                    let min_lane = lane & segmask;
+                    let (j, pval) = match mode {
+                        ShflMode::Up => (lane - bval, lane - bval >= max_lane),
+                        ShflMode::Down => (lane + bval, lane + bval <= max_lane),
+                        ShflMode::Bfly => (lane ^ bval, (lane ^ bval) <= max_lane),
+                        ShflMode::Idx => {
+                            let j = min_lane | (bval & !segmask);
+                            (j, j <= max_lane)
+                        }
+                    };
+                    let j = if pval && (0..32).contains(&j) { j as usize } else { l };
+                    out[l] = src[j];
+                    pout[l] = pval as u64;
+                }
+                Cta::write_masked(w, *d, m, &out);
+                if *p != NONE {
+                    Cta::write_masked(w, *p, m, &pout);
+                }
+            }
+            Op::Vote { mode, d, a, aneg, mask } => {
+                let w = &mut self.warps[wi];
+                let l0 = m.trailing_zeros().min(31) as usize;
+                let member = w.regs[*mask as usize][l0] as u32;
+                if Cta::sync_wait(w, member & w.exists) {
+                    return Ok(Flow::Stay);
+                }
+                let pm = pred_mask(&w.regs[*a as usize]) ^ if *aneg { u32::MAX } else { 0 };
+                let part = m & member;
+                let ballot = pm & part;
+                let v = match mode {
+                    VoteMode::Ballot => ballot as u64,
+                    VoteMode::All => (ballot == part) as u64,
+                    VoteMode::Any => (ballot != 0) as u64,
+                    VoteMode::Uni => (ballot == part || ballot == 0) as u64,
+                };
+                Cta::write_masked(w, *d, m, &[v; 32]);
+            }
+            Op::Redux { op, signed, d, a, mask } => {
+                let w = &mut self.warps[wi];
+                let l0 = m.trailing_zeros().min(31) as usize;
+                let member = w.regs[*mask as usize][l0] as u32;
+                if Cta::sync_wait(w, member & w.exists) {
+                    return Ok(Flow::Stay);
+                }
+                let part = m & member;
+                let vals = lanes_of(part).map(|l| w.regs[*a as usize][l] as u32);
+                let v: u32 = match (op, signed) {
+                    (ReduxOp::Add, _) => vals.fold(0u32, |x, y| x.wrapping_add(y)),
+                    (ReduxOp::And, _) => vals.fold(u32::MAX, |x, y| x & y),
+                    (ReduxOp::Or, _) => vals.fold(0, |x, y| x | y),
+                    (ReduxOp::Xor, _) => vals.fold(0, |x, y| x ^ y),
+                    (ReduxOp::Min, false) => vals.fold(u32::MAX, |x, y| x.min(y)),
+                    (ReduxOp::Max, false) => vals.fold(0, |x, y| x.max(y)),
+                    (ReduxOp::Min, true) => vals.fold(i32::MAX, |x, y| x.min(y as i32)) as u32,
+                    (ReduxOp::Max, true) => vals.fold(i32::MIN, |x, y| x.max(y as i32)) as u32,
+                };
+                Cta::write_masked(w, *d, m, &[v as u64; 32]);
+            }
+            Op::Match { all, bits, d, p, a, mask } => {
+                let w = &mut self.warps[wi];
+                let l0 = m.trailing_zeros().min(31) as usize;
+                let member = w.regs[*mask as usize][l0] as u32;
+                if Cta::sync_wait(w, member & w.exists) {
+                    return Ok(Flow::Stay);
+                }
+                let part = m & member;
+                let mk = reg_mask(*bits as u8);
+                let vals = w.regs[*a as usize];
+                let mut out = [0u64; 32];
+                let mut pout = [0u64; 32];
+                for l in lanes_of(m) {
+                    let same: u32 = lanes_of(part).filter(|&k| vals[k] & mk == vals[l] & mk).fold(0, |x, k| x | 1 << k);
+                    if *all {
+                        let ok = same == part;
+                        out[l] = if ok { part as u64 } else { 0 };
+                        pout[l] = ok as u64;
+                    } else {
+                        out[l] = same as u64;
+                    }
+                }
+                Cta::write_masked(w, *d, m, &out);
+                if *p != NONE {
+                    Cta::write_masked(w, *p, m, &pout);
+                }
+            }
+            Op::Activemask { d } => {
+                let w = &mut self.warps[wi];
+                let g = w.group as u64;
+                Cta::write_masked(w, *d, m, &[g; 32]);
+            }
+            Op::Elect { d, p, mask } => {
+                let w = &mut self.warps[wi];
+                let l0 = m.trailing_zeros().min(31) as usize;
+                let member = w.regs[*mask as usize][l0] as u32;
+                let part = m & member;
+                let leader = part.trailing_zeros();
+                let mut pout = [0u64; 32];
+                for l in lanes_of(m) {
+                    pout[l] = (l as u32 == leader) as u64;
+                }
+                Cta::write_masked(w, *d, m, &[leader as u64; 32]);
+                if *p != NONE {
+                    Cta::write_masked(w, *p, m, &pout);
+                }
+            }
+            Op::Mma { spec, d, a, b, c } => {
+                let w = &mut self.warps[wi];
+                if m != w.group || w.group != w.live {
+                    // mma.sync.aligned needs the whole warp converged.
+                    if Cta::sync_wait(w, w.exists) {
+                        return Ok(Flow::Stay);
+                    }
+                }
+                let mut outs = vec![[0u64; 32]; d.len()];
+                {
+                    let ar: Vec<&Lanes> = a.iter().map(|s| &w.regs[*s as usize]).collect();
+                    let br: Vec<&Lanes> = b.iter().map(|s| &w.regs[*s as usize]).collect();
+                    let cr: Vec<&Lanes> = c.iter().map(|s| &w.regs[*s as usize]).collect();
+                    crate::mma::mma_sync(spec, &ar, &br, &cr, &mut outs);
+                }
+                for (k, s) in d.iter().enumerate() {
+                    Cta::write_masked(w, *s, m, &outs[k]);
+                }
+            }
+            Op::Ldmatrix { count, trans, ds, addr, off, space } => {
+                {
+                    let w = &mut self.warps[wi];
+                    if w.group != w.live && Cta::sync_wait(w, w.exists) {
+                        return Ok(Flow::Stay);
+                    }
+                }
+                let mut out = vec![[0u64; 32]; *count as usize];
+                for mat in 0..*count as usize {
+                    for row in 0..8usize {
+                        let src_lane = mat * 8 + row;
+                        let ra = self.warps[wi].regs[*addr as usize][src_lane].wrapping_add(*off as u64);
+                        let mut rowv = [0u64; 8];
+                        for (e, rv) in rowv.iter_mut().enumerate() {
+                            let loc = self.locate(ctx, *space, ra + 2 * e as u64, 2, src_lane, prog.local_bytes)?;
+                            *rv = self.load(ctx, wi, &loc, 2, Ordering::Relaxed);
+                        }
+                        for q in 0..4usize {
+                            if !*trans {
+                                let lane = row * 4 + q;
+                                out[mat][lane] = rowv[2 * q] | (rowv[2 * q + 1] << 16);
+                            } else {
+                                // Transposed: lane (r, q) gets column r, rows 2q and 2q+1.
+                                for half in 0..2usize {
+                                    let col = 2 * q + half;
+                                    let lane = col * 4 + row / 2;
+                                    let shift = 16 * (row % 2);
+                                    out[mat][lane] |= rowv[col] << shift;
+                                }
+                            }
+                        }
+                    }
+                }
+                let w = &mut self.warps[wi];
+                for (k, dslot) in ds.iter().enumerate() {
+                    Cta::write_masked(w, *dslot, m, &out[k]);
+                }
+            }
+            Op::Stmatrix { count, trans, srcs, addr, off, space } => {
+                {
+                    let w = &mut self.warps[wi];
+                    if w.group != w.live && Cta::sync_wait(w, w.exists) {
+                        return Ok(Flow::Stay);
+                    }
+                }
+                for mat in 0..*count as usize {
+                    let vals = self.warps[wi].regs[srcs[mat] as usize];
+                    for row in 0..8usize {
+                        let dst_lane = mat * 8 + row;
+                        let ra = self.warps[wi].regs[*addr as usize][dst_lane].wrapping_add(*off as u64);
+                        for col in 0..8usize {
+                            let v = if !*trans {
+                                let lane = row * 4 + col / 2;
+                                (vals[lane] >> (16 * (col % 2))) & 0xffff
+                            } else {
+                                let lane = col * 4 + row / 2;
+                                (vals[lane] >> (16 * (row % 2))) & 0xffff
+                            };
+                            let loc = self.locate(ctx, *space, ra + 2 * col as u64, 2, dst_lane, prog.local_bytes)?;
+                            self.store(wi, &loc, 2, v, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+            Op::CpAsync { dst, doff, src, soff, size, src_size, dspace } => {
+                for l in lanes_of(m) {
+                    let w = &self.warps[wi];
+                    let da = w.regs[*dst as usize][l].wrapping_add(*doff as u64);
+                    let sa = w.regs[*src as usize][l].wrapping_add(*soff as u64);
+                    let n_src = (w.regs[*src_size as usize][l] as u32).min(*size);
+                    let mut k = 0u32;
+                    while k < *size {
+                        let chunk = if k + 4 <= *size { 4 } else { 1 };
+                        let v = if k < n_src {
+                            let loc = self.locate(ctx, MSpace::Global, sa + k as u64, chunk.min(n_src - k).max(1), l, 0)?;
+                            self.load(ctx, wi, &loc, chunk.min(n_src - k).max(1), Ordering::Relaxed)
+                        } else {
+                            0
+                        };
+                        let loc = self.locate(ctx, *dspace, da + k as u64, chunk, l, 0)?;
+                        self.store(wi, &loc, chunk, v, Ordering::Relaxed);
+                        k += chunk;
+                    }
+                }
+            }
+        }
+        Ok(Flow::Next)
+    }
+}

@@ -1,0 +1,269 @@
+//! Launching a grid: CTAs are admitted to *resident slots* (at most what the emulated SMs hold,
+//! or the SM budget of the launch) and run on several host threads. Each host thread round-robins
+//! its resident CTAs in time slices, so CTAs that spin on flags written by other CTAs — or by
+//! other devices — make progress as on hardware. A worker admits another CTA when its resident
+//! CTAs stop finishing, which keeps the common case (independent CTAs) cache-friendly.
+
+use crate::error::{EmuError, FaultKind, FaultSite};
+use crate::exec::{Cta, Fault, LaunchCtx};
+use crate::memory::MemMap;
+use crate::program::Program;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Shape and placement of a launch.
+#[derive(Clone, Debug)]
+pub struct LaunchConfig {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    /// Dynamic shared memory bytes.
+    pub shared_bytes: u32,
+    /// SMs this launch may occupy (the SM budget); `%smid` runs over `sm_offset..sm_offset+sms`.
+    pub sms: u32,
+    pub sm_offset: u32,
+    /// SMs the device has (`%nsmid`).
+    pub device_sms: u32,
+}
+
+/// Execution limits and host resources of a launch.
+#[derive(Clone, Debug)]
+pub struct LaunchOptions {
+    /// Host threads running CTAs.
+    pub threads: usize,
+    /// Stop with a hang diagnostic after this many warp-instructions.
+    pub max_warp_instructions: u64,
+    /// Stop with a hang diagnostic after this wall time.
+    pub timeout: Duration,
+    /// Incremented as CTAs finish (for progress bars).
+    pub progress: Option<Arc<AtomicU64>>,
+}
+
+impl Default for LaunchOptions {
+    fn default() -> Self {
+        let timeout = std::env::var("PTXFORGE_EMU_TIMEOUT_S").ok().and_then(|s| s.parse().ok()).unwrap_or(600);
+        LaunchOptions {
+            threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
+            max_warp_instructions: u64::MAX,
+            timeout: Duration::from_secs(timeout),
+            progress: None,
+        }
+    }
+}
+
+/// What a launch did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct LaunchStats {
+    pub ctas: u64,
+    pub warp_instructions: u64,
+    pub lane_instructions: u64,
+    pub seconds: f64,
+    /// Distinct SMs that ran at least one CTA.
+    pub sms_used: Vec<u32>,
+    pub max_resident: u32,
+}
+
+/// Per-SM limits of the emulated target.
+pub fn max_shared_per_block(sm: u32) -> u32 {
+    match sm {
+        0..=72 => 48 * 1024,
+        75 => 64 * 1024,
+        80 | 87 => 163 * 1024,
+        86 | 89 => 99 * 1024,
+        90.. => 227 * 1024,
+        _ => 96 * 1024,
+    }
+}
+
+/// Runs a decoded kernel over a grid.
+pub fn launch(prog: Arc<Program>, mem: MemMap, params: Vec<u8>, cfg: &LaunchConfig, opts: &LaunchOptions) -> Result<LaunchStats, EmuError> {
+    let threads = cfg.block.iter().product::<u32>();
+    let ctas_total = cfg.grid.iter().map(|&x| x as u64).product::<u64>();
+    if threads == 0 || threads > 1024 {
+        return Err(EmuError::Launch(format!("block of {threads} threads (must be 1..=1024)")));
+    }
+    if cfg.block[2] > 64 {
+        return Err(EmuError::Launch("block z dimension above 64".into()));
+    }
+    if ctas_total == 0 {
+        return Err(EmuError::Launch("empty grid".into()));
+    }
+    if cfg.grid[1] > 65535 || cfg.grid[2] > 65535 {
+        return Err(EmuError::Launch("grid y/z dimension above 65535".into()));
+    }
+    if let Some(r) = prog.reqntid {
+        if r != cfg.block {
+            return Err(EmuError::Launch(format!("kernel requires block {:?} (.reqntid), launched with {:?}", r, cfg.block)));
+        }
+    }
+    if let Some(mx) = prog.maxntid {
+        if threads > mx.iter().product::<u32>() {
+            return Err(EmuError::Launch(format!("block of {threads} threads exceeds .maxntid {mx:?}")));
+        }
+    }
+    if params.len() < prog.param_bytes as usize {
+        return Err(EmuError::Launch(format!("{} parameter bytes given, kernel needs {}", params.len(), prog.param_bytes)));
+    }
+    if cfg.sms == 0 {
+        return Err(EmuError::Launch("SM budget of 0".into()));
+    }
+    let ctx = LaunchCtx {
+        prog: prog.clone(),
+        mem,
+        params,
+        grid: cfg.grid,
+        block: cfg.block,
+        dyn_shared: cfg.shared_bytes,
+        nsm: cfg.device_sms,
+        launch_id: NEXT_LAUNCH.fetch_add(1, Ordering::Relaxed),
+        start: Instant::now(),
+    };
+    let smem = ctx.shared_bytes();
+    let limit = max_shared_per_block(prog.target_sm);
+    if smem > limit {
+        return Err(EmuError::Launch(format!(
+            "kernel `{}` needs {smem} bytes of shared memory per CTA; sm_{} allows {limit}",
+            prog.name, prog.target_sm
+        )));
+    }
+    let warps = threads.div_ceil(32);
+    let mut per_sm = (64 / warps).min(32);
+    if smem > 0 {
+        per_sm = per_sm.min((228 * 1024) / smem.max(1));
+    }
+    let capacity = (cfg.sms as u64 * per_sm.max(1) as u64).min(ctas_total) as u32;
+    let nworkers = (opts.threads.max(1) as u64).min(capacity as u64) as usize;
+    let per_worker = capacity.div_ceil(nworkers as u32);
+
+    let next = AtomicU64::new(0);
+    let abort = AtomicBool::new(false);
+    let executed = AtomicU64::new(0);
+    let lane_ops = AtomicU64::new(0);
+    let first_err: Mutex<Option<EmuError>> = Mutex::new(None);
+    let sm_used: Vec<AtomicU32> = (0..cfg.sms).map(|_| AtomicU32::new(0)).collect();
+    let max_res = AtomicU32::new(0);
+
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for w in 0..nworkers {
+            let ctx = &ctx;
+            let (next, abort, executed, lane_ops, first_err, sm_used, max_res) =
+                (&next, &abort, &executed, &lane_ops, &first_err, &sm_used, &max_res);
+            s.spawn(move || {
+                let mut resident: Vec<(Cta, u32)> = Vec::new();
+                let mut idle_rounds = 0u32;
+                let slot_base = w as u32 * per_worker;
+                let mut free_slots: Vec<u32> = (0..per_worker).rev().map(|i| slot_base + i).filter(|&g| g < capacity).collect();
+                let fail = |e: EmuError| {
+                    abort.store(true, Ordering::Relaxed);
+                    let mut g = first_err.lock().unwrap_or_else(|p| p.into_inner());
+                    if g.is_none() {
+                        *g = Some(e);
+                    }
+                };
+                loop {
+                    if abort.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    // Admit: always keep two resident; more when the resident ones stall.
+                    let want = if resident.len() < 2 || idle_rounds >= 4 { 1 } else { 0 };
+                    if want > 0 && !free_slots.is_empty() {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i < ctas_total {
+                            let g = cfg.grid;
+                            let id = [(i % g[0] as u64) as u32, ((i / g[0] as u64) % g[1] as u64) as u32, (i / (g[0] as u64 * g[1] as u64)) as u32];
+                            let slot = free_slots.pop().unwrap_or(slot_base);
+                            let sm = slot % cfg.sms;
+                            sm_used[sm as usize].store(1, Ordering::Relaxed);
+                            resident.push((Cta::new(ctx, id, cfg.sm_offset + sm), slot));
+                            max_res.fetch_max(resident.len() as u32, Ordering::Relaxed);
+                            idle_rounds = 0;
+                        }
+                    }
+                    if resident.is_empty() {
+                        return;
+                    }
+                    let mut finished = false;
+                    let mut k = 0;
+                    while k < resident.len() {
+                        let budget = 4096;
+                        let r = resident[k].0.run(ctx, budget);
+                        match r {
+                            Ok(n) => {
+                                let total = executed.fetch_add(n, Ordering::Relaxed) + n;
+                                if total > opts.max_warp_instructions || ctx.start.elapsed() > opts.timeout {
+                                    let why = if total > opts.max_warp_instructions {
+                                        format!("{} warp-instructions", opts.max_warp_instructions)
+                                    } else {
+                                        format!("{:.0} s", opts.timeout.as_secs_f64())
+                                    };
+                                    let cta = &resident[k].0;
+                                    let wp = cta.warps.iter().find(|w| w.state != crate::exec::WarpState::Exited);
+                                    let f = Fault {
+                                        kind: FaultKind::Hang(why),
+                                        warp: wp.map(|w| w.id).unwrap_or(0),
+                                        lane: wp.map(|w| w.live.trailing_zeros()).unwrap_or(0),
+                                        pc: wp.map(|w| w.group_pc).unwrap_or(0),
+                                    };
+                                    fail(site_error(ctx, cta, f));
+                                    return;
+                                }
+                                if resident[k].0.done() {
+                                    let (cta, slot) = resident.swap_remove(k);
+                                    let ops: u64 = cta.warps.iter().map(|w| w.lane_ops).sum();
+                                    lane_ops.fetch_add(ops, Ordering::Relaxed);
+                                    free_slots.push(slot);
+                                    finished = true;
+                                    if let Some(p) = &opts.progress {
+                                        p.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    continue;
+                                }
+                            }
+                            Err(f) => {
+                                fail(site_error(ctx, &resident[k].0, f));
+                                return;
+                            }
+                        }
+                        k += 1;
+                    }
+                    if finished {
+                        idle_rounds = 0;
+                    } else {
+                        idle_rounds += 1;
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    Ok(LaunchStats {
+        ctas: ctas_total,
+        warp_instructions: executed.load(Ordering::Relaxed),
+        lane_instructions: lane_ops.load(Ordering::Relaxed),
+        seconds: start.elapsed().as_secs_f64(),
+        sms_used: sm_used.iter().enumerate().filter(|(_, v)| v.load(Ordering::Relaxed) != 0).map(|(i, _)| cfg.sm_offset + i as u32).collect(),
+        max_resident: max_res.load(Ordering::Relaxed),
+    })
+}
+
+static NEXT_LAUNCH: AtomicU64 = AtomicU64::new(1);
+
+fn site_error(ctx: &LaunchCtx, cta: &Cta, f: Fault) -> EmuError {
+    let prog = &ctx.prog;
+    let t = f.warp * 32 + f.lane;
+    let b = ctx.block;
+    let thread = [t % b[0], (t / b[0]) % b[1], t / (b[0] * b[1])];
+    let (line, instruction) = prog
+        .insts
+        .get(f.pc as usize)
+        .and_then(|i| prog.source.get(i.src as usize))
+        .map(|s| (s.loc.line, s.to_string()))
+        .unwrap_or((0, String::new()));
+    EmuError::Fault {
+        kind: f.kind,
+        site: Box::new(FaultSite { kernel: prog.name.clone(), cta: cta.id, thread, line, instruction }),
+    }
+}

@@ -1,0 +1,194 @@
+//! Device memory of the emulator. Global memory is one unified address space shared by every
+//! emulated device of the process (so a pointer obtained for device 3 works from a kernel on
+//! device 0, as with CUDA P2P). Allocations are arrays of `AtomicU64`, so kernels running on
+//! several host threads — and the host itself — access them without undefined behaviour;
+//! narrower accesses are masked word operations, read-modify-writes are CAS loops.
+
+use crate::error::EmuError;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+/// First global address handed out; far from 0 so null-pointer bugs fault.
+pub const GLOBAL_BASE: u64 = 0x0000_7f00_0000_0000;
+/// Generic-address window of shared memory (`cvta.shared`): [SHARED_WINDOW, +4 GiB).
+pub const SHARED_WINDOW: u64 = 0x0000_1000_0000_0000;
+/// Generic-address window of local memory (`cvta.local`).
+pub const LOCAL_WINDOW: u64 = 0x0000_2000_0000_0000;
+/// Gap left between allocations so small overruns land in no allocation.
+const GUARD: u64 = 4096;
+
+/// One device allocation.
+pub struct Allocation {
+    pub base: u64,
+    pub size: u64,
+    pub device: u32,
+    words: Box<[AtomicU64]>,
+}
+
+impl Allocation {
+    fn new(base: u64, size: u64, device: u32) -> Allocation {
+        let n = size.div_ceil(8) as usize;
+        let words = (0..n).map(|_| AtomicU64::new(0)).collect::<Vec<_>>().into_boxed_slice();
+        Allocation { base, size, device, words }
+    }
+
+    /// Reads `size` (1, 2, 4, 8) bytes at byte offset `off` (naturally aligned).
+    #[inline]
+    pub fn read(&self, off: u64, size: u32, ord: Ordering) -> u64 {
+        let w = self.words[(off >> 3) as usize].load(ord);
+        if size == 8 {
+            return w;
+        }
+        let sh = (off & 7) * 8;
+        (w >> sh) & mask(size)
+    }
+
+    /// Writes `size` (1, 2, 4, 8) bytes at byte offset `off` (naturally aligned).
+    #[inline]
+    pub fn write(&self, off: u64, size: u32, val: u64, ord: Ordering) {
+        let word = &self.words[(off >> 3) as usize];
+        if size == 8 {
+            word.store(val, ord);
+            return;
+        }
+        let sh = (off & 7) * 8;
+        let m = mask(size) << sh;
+        let v = (val << sh) & m;
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            let new = (cur & !m) | v;
+            match word.compare_exchange_weak(cur, new, ord, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(x) => cur = x,
+            }
+        }
+    }
+
+    /// Atomic read-modify-write of `size` (4 or 8; 2 for f16 packs) bytes; returns the old value.
+    #[inline]
+    pub fn rmw(&self, off: u64, size: u32, ord: Ordering, f: impl Fn(u64) -> u64) -> u64 {
+        let word = &self.words[(off >> 3) as usize];
+        let sh = (off & 7) * 8;
+        let m = if size == 8 { u64::MAX } else { mask(size) << sh };
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            let old = (cur & m) >> sh;
+            let new_v = f(old) & mask(size);
+            let new = (cur & !m) | (new_v << sh);
+            match word.compare_exchange_weak(cur, new, ord, Ordering::Relaxed) {
+                Ok(_) => return old,
+                Err(x) => cur = x,
+            }
+        }
+    }
+
+    /// Copies bytes out (host side).
+    pub fn read_bytes(&self, off: u64, out: &mut [u8]) {
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = self.read(off + i as u64, 1, Ordering::Relaxed) as u8;
+        }
+    }
+
+    /// Copies bytes in (host side); whole words where possible.
+    pub fn write_bytes(&self, off: u64, data: &[u8]) {
+        let mut i = 0usize;
+        while i < data.len() {
+            let a = off + i as u64;
+            if a % 8 == 0 && i + 8 <= data.len() {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(&data[i..i + 8]);
+                self.words[(a >> 3) as usize].store(u64::from_le_bytes(w), Ordering::Relaxed);
+                i += 8;
+            } else {
+                self.write(a, 1, data[i] as u64, Ordering::Relaxed);
+                i += 1;
+            }
+        }
+    }
+
+    /// Fills bytes with a repeating pattern.
+    pub fn fill(&self, off: u64, len: u64, pattern: &[u8]) {
+        let data: Vec<u8> = (0..len as usize).map(|i| pattern[i % pattern.len()]).collect();
+        self.write_bytes(off, &data);
+    }
+}
+
+#[inline]
+pub(crate) fn mask(size: u32) -> u64 {
+    if size >= 8 {
+        u64::MAX
+    } else {
+        (1u64 << (size * 8)) - 1
+    }
+}
+
+/// The process-wide global address space.
+#[derive(Default)]
+pub struct GlobalMemory {
+    inner: RwLock<MemInner>,
+}
+
+#[derive(Default)]
+struct MemInner {
+    next: u64,
+    /// Sorted by base; replaced wholesale (copy on write) so launches hold a cheap snapshot.
+    map: Arc<Vec<Arc<Allocation>>>,
+}
+
+/// An immutable view of the allocations, taken at launch.
+#[derive(Clone)]
+pub struct MemMap {
+    pub allocs: Arc<Vec<Arc<Allocation>>>,
+}
+
+impl MemMap {
+    /// Finds the allocation containing [addr, addr+size).
+    #[inline]
+    pub fn find(&self, addr: u64, size: u64) -> Option<&Arc<Allocation>> {
+        let v = &self.allocs;
+        let i = v.partition_point(|a| a.base <= addr);
+        if i == 0 {
+            return None;
+        }
+        let a = &v[i - 1];
+        if addr + size <= a.base + a.size {
+            Some(a)
+        } else {
+            None
+        }
+    }
+}
+
+impl GlobalMemory {
+    pub fn new() -> GlobalMemory {
+        GlobalMemory { inner: RwLock::new(MemInner { next: GLOBAL_BASE, map: Arc::new(Vec::new()) }) }
+    }
+
+    /// Allocates `size` bytes (zeroed) owned by `device`, 256-byte aligned.
+    pub fn alloc(&self, size: u64, device: u32) -> Result<Arc<Allocation>, EmuError> {
+        if size > (1 << 36) {
+            return Err(EmuError::Memory(format!("allocation of {size} bytes exceeds the emulator's 64 GiB limit")));
+        }
+        let mut g = self.inner.write().map_err(|_| EmuError::Memory("memory lock poisoned".into()))?;
+        let base = g.next;
+        g.next = (base + size.max(1) + GUARD).div_ceil(256) * 256;
+        let a = Arc::new(Allocation::new(base, size, device));
+        let mut v: Vec<Arc<Allocation>> = g.map.as_ref().clone();
+        v.push(a.clone());
+        g.map = Arc::new(v);
+        Ok(a)
+    }
+
+    /// Removes an allocation from the address space (kernels launched later fault on it).
+    pub fn free(&self, base: u64) {
+        if let Ok(mut g) = self.inner.write() {
+            let v: Vec<Arc<Allocation>> = g.map.iter().filter(|a| a.base != base).cloned().collect();
+            g.map = Arc::new(v);
+        }
+    }
+
+    pub fn snapshot(&self) -> MemMap {
+        let g = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        MemMap { allocs: g.map.clone() }
+    }
+}
