@@ -31,12 +31,19 @@ pub struct Target {
 
 impl Target {
     pub fn new(arch: &str) -> Target {
-        Target { arch: arch.to_string(), options: Vec::new() }
+        Target {
+            arch: arch.to_string(),
+            options: Vec::new(),
+        }
     }
     /// The numeric SM version (`sm_90a` -> 90, `sm_100f` -> 100); 0 when unrecognised.
     pub fn sm(&self) -> u32 {
-        let digits: String =
-            self.arch.trim_start_matches("sm_").chars().take_while(|c| c.is_ascii_digit()).collect();
+        let digits: String = self
+            .arch
+            .trim_start_matches("sm_")
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
         digits.parse().unwrap_or(0)
     }
     /// Architecture-specific targets (`sm_90a`) unlock wgmma / setmaxnreg.
@@ -57,7 +64,12 @@ pub struct Module {
 
 impl Module {
     pub fn new(version: u32, target: Target) -> Module {
-        Module { version, target, address_size: 64, items: Vec::new() }
+        Module {
+            version,
+            target,
+            address_size: 64,
+            items: Vec::new(),
+        }
     }
     /// All functions and entries.
     pub fn functions(&self) -> impl Iterator<Item = &Function> {
@@ -139,7 +151,11 @@ pub enum Init {
     F32(u32),
     F64(u64),
     /// Address of a symbol, optionally `generic(sym)`, plus an offset.
-    Sym { name: String, generic: bool, offset: i64 },
+    Sym {
+        name: String,
+        generic: bool,
+        offset: i64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,9 +277,17 @@ pub enum Statement {
     Block(Vec<Statement>),
     Pragma(Vec<String>),
     /// `name: .branchtargets L1, L2;` used by `brx.idx`.
-    BranchTargets { label: String, targets: Vec<String> },
+    BranchTargets {
+        label: String,
+        targets: Vec<String>,
+    },
     /// `name: .callprototype ...;` used by indirect calls; params kept structured.
-    CallPrototype { label: String, rets: Vec<Param>, params: Vec<Param>, noreturn: bool },
+    CallPrototype {
+        label: String,
+        rets: Vec<Param>,
+        params: Vec<Param>,
+        noreturn: bool,
+    },
 }
 
 /// `@p` / `@!p` guard.
@@ -396,7 +420,13 @@ impl SReg {
     pub fn needs_dim(base: &str) -> bool {
         matches!(
             base,
-            "%tid" | "%ntid" | "%ctaid" | "%nctaid" | "%clusterid" | "%cluster_nctaid" | "%cluster_ctaid"
+            "%tid"
+                | "%ntid"
+                | "%ctaid"
+                | "%nctaid"
+                | "%clusterid"
+                | "%cluster_nctaid"
+                | "%cluster_ctaid"
                 | "%nclusterid"
         )
     }
@@ -466,10 +496,19 @@ pub enum Operand {
     Not(Box<Operand>),
     Imm(Imm),
     /// A label, variable, parameter or function name (optionally `sym+offset`).
-    Sym { name: String, offset: i64 },
-    Addr { base: AddrBase, offset: i64 },
+    Sym {
+        name: String,
+        offset: i64,
+    },
+    Addr {
+        base: AddrBase,
+        offset: i64,
+    },
     /// `[tensorMap, {c0, c1, ...}]` (bulk tensor copies).
-    TensorAddr { base: AddrBase, coords: Vec<Operand> },
+    TensorAddr {
+        base: AddrBase,
+        coords: Vec<Operand>,
+    },
     /// `{a, b, c, d}`; elements may be `_`.
     Vec(Vec<Operand>),
     /// `d|p`: second predicate output of setp / shfl / elect.
@@ -485,7 +524,10 @@ impl Operand {
         Operand::Reg(name.into())
     }
     pub fn sym(name: impl Into<String>) -> Operand {
-        Operand::Sym { name: name.into(), offset: 0 }
+        Operand::Sym {
+            name: name.into(),
+            offset: 0,
+        }
     }
     pub fn int(v: i64) -> Operand {
         Operand::Imm(Imm::Int(v))
@@ -495,7 +537,10 @@ impl Operand {
         match self {
             Operand::Reg(r) => out.push(r),
             Operand::Not(o) => o.regs(out),
-            Operand::Addr { base: AddrBase::Reg(r), .. } => out.push(r),
+            Operand::Addr {
+                base: AddrBase::Reg(r),
+                ..
+            } => out.push(r),
             Operand::TensorAddr { base, coords } => {
                 if let AddrBase::Reg(r) = base {
                     out.push(r);
@@ -524,7 +569,13 @@ pub struct Instruction {
 
 impl Instruction {
     pub fn new(op: Opcode, mods: Vec<Mod>, args: Vec<Operand>) -> Instruction {
-        Instruction { guard: None, op, mods, args, loc: Loc::default() }
+        Instruction {
+            guard: None,
+            op,
+            mods,
+            args,
+            loc: Loc::default(),
+        }
     }
     pub fn has(&self, f: Flag) -> bool {
         self.mods.contains(&Mod::Flag(f))
@@ -561,7 +612,10 @@ impl Instruction {
         })
     }
     pub fn shape(&self) -> Option<Mod> {
-        self.mods.iter().copied().find(|m| matches!(m, Mod::Shape { .. }))
+        self.mods
+            .iter()
+            .copied()
+            .find(|m| matches!(m, Mod::Shape { .. }))
     }
     pub fn x_count(&self) -> Option<u8> {
         self.mods.iter().find_map(|m| match m {

@@ -75,7 +75,7 @@ opcodes! {
     // atomics
     Atom "atom" 1 2 4 20 11; Red "red" 0 2 3 20 12; RedAsync "red.async" 0 3 3 90 81;
     // barriers and fences
-    Bar "bar" 0 0 3 20 10; Barrier "barrier" 0 0 3 20 60; BarWarpSync "bar.warp.sync" 0 1 1 70 60;
+    Bar "bar" 0 0 3 20 10; Barrier "barrier" 0 0 3 20 60; BarWarpSync "bar.warp.sync" 0 1 1 30 60;
     BarrierCluster "barrier.cluster" 0 0 0 90 78; Membar "membar" 0 0 0 20 14;
     Fence "fence" 0 0 0 70 60;
     // warp-level
@@ -86,7 +86,7 @@ opcodes! {
     Ret "ret" 0 0 0 20 10; Exit "exit" 0 0 0 20 10; Trap "trap" 0 0 0 20 10;
     Brkpt "brkpt" 0 0 0 20 11; Nanosleep "nanosleep" 0 1 1 70 63;
     // tensor cores (Ampere/Ada)
-    Mma "mma" 1 3 3 75 64; Ldmatrix "ldmatrix" 1 1 1 75 65; Stmatrix "stmatrix" 0 2 2 90 78;
+    Mma "mma" 1 3 3 70 64; Ldmatrix "ldmatrix" 1 1 1 75 65; Stmatrix "stmatrix" 0 2 2 90 78;
     // asynchronous copies
     CpAsync "cp.async" 0 3 5 80 70; CpAsyncCommitGroup "cp.async.commit_group" 0 0 0 80 70;
     CpAsyncWaitGroup "cp.async.wait_group" 0 1 1 80 70; CpAsyncWaitAll "cp.async.wait_all" 0 0 0 80 70;
@@ -116,7 +116,10 @@ impl Opcode {
     }
     /// Instructions that end a thread's straight-line flow.
     pub fn is_branch(self) -> bool {
-        matches!(self, Opcode::Bra | Opcode::BrxIdx | Opcode::Ret | Opcode::Exit | Opcode::Trap)
+        matches!(
+            self,
+            Opcode::Bra | Opcode::BrxIdx | Opcode::Ret | Opcode::Exit | Opcode::Trap
+        )
     }
     /// The longest number of dotted parts any opcode name has.
     pub const MAX_PARTS: usize = 4;
@@ -138,89 +141,281 @@ pub struct Requirement {
 }
 
 /// The target and ISA version an instruction needs, refined by its modifiers (FP8 `mma` needs
-/// sm_89, `wgmma` needs sm_90a, ...).
+/// sm_89, `wgmma` needs sm_90a, ...). Numbers follow the "Target ISA notes" of the PTX ISA
+/// reference, cross-checked against ptxas 13 where it still accepts the target.
 pub fn requirement(ins: &Instruction) -> Requirement {
     let info = ins.op.info();
-    let mut r = Requirement { min_sm: info.min_sm, min_ptx: info.min_ptx, arch_specific: false };
+    let mut r = Requirement {
+        min_sm: info.min_sm,
+        min_ptx: info.min_ptx,
+        arch_specific: false,
+    };
     let mut need = |sm: u32, ptx: u32| {
         r.min_sm = r.min_sm.max(sm);
         r.min_ptx = r.min_ptx.max(ptx);
     };
     let fp8 = ins.mods.iter().any(|m| {
-        matches!(m, Mod::Type(Ty::E4m3 | Ty::E5m2 | Ty::E4m3x2 | Ty::E5m2x2 | Ty::E4m3x4 | Ty::E5m2x4))
+        matches!(
+            m,
+            Mod::Type(Ty::E4m3 | Ty::E5m2 | Ty::E4m3x2 | Ty::E5m2x2 | Ty::E4m3x4 | Ty::E5m2x4)
+        )
     });
     let has_ty = |t: Ty| ins.mods.contains(&Mod::Type(t));
+    let bf16 = has_ty(Ty::Bf16) || has_ty(Ty::Bf16x2);
+    let f16 = has_ty(Ty::F16) || has_ty(Ty::F16x2);
+    let has_flag = |f: Flag| ins.mods.contains(&Mod::Flag(f));
     match ins.op {
         Opcode::Mma => {
-            if fp8 {
-                need(89, 84);
-            } else if let Some(Mod::Shape { m: 16, n: 8, k: Some(k) }) = ins.shape() {
-                if k == 16 && has_ty(Ty::F16) {
-                    need(80, 70);
-                } else if k != 8 || has_ty(Ty::Bf16) || has_ty(Ty::Tf32) {
-                    need(80, 70);
-                }
+            let at = ins.types().nth(1);
+            match (ins.shape(), at) {
+                _ if fp8 => need(89, 84),
+                // m8n8k4 .f16 (Volta)
+                (
+                    Some(Mod::Shape {
+                        m: 8,
+                        n: 8,
+                        k: Some(4),
+                    }),
+                    Some(Ty::F16),
+                ) => need(70, 64),
+                (
+                    Some(Mod::Shape {
+                        m: 8,
+                        n: 8,
+                        k: Some(4),
+                    }),
+                    Some(Ty::F64),
+                ) => need(80, 70),
+                // m8n8k16 / m8n8k32 integer, m8n8k128 .b1 (Turing)
+                (
+                    Some(Mod::Shape {
+                        m: 8,
+                        n: 8,
+                        k: Some(_),
+                    }),
+                    _,
+                ) => need(75, 65),
+                (
+                    Some(Mod::Shape {
+                        m: 16,
+                        n: 8,
+                        k: Some(8),
+                    }),
+                    Some(Ty::F16),
+                ) => need(75, 65),
+                (
+                    Some(Mod::Shape {
+                        m: 16,
+                        n: 8,
+                        k: Some(_),
+                    }),
+                    _,
+                ) => need(80, 70),
+                _ => need(75, 65),
             }
         }
         Opcode::Cvt => {
+            let dst = ins.ty();
+            let src = ins.types().nth(1);
             if fp8 {
                 need(89, 78);
             }
-            if has_ty(Ty::Bf16) || has_ty(Ty::Bf16x2) {
+            if bf16 {
+                if dst == Some(Ty::F32) && src == Some(Ty::Bf16) {
+                    // cvt.f32.bf16; with .ftz it is an sm_90 form
+                    if has_flag(Flag::Ftz) {
+                        need(90, 78);
+                    } else {
+                        need(80, 71);
+                    }
+                } else if src == Some(Ty::F32) && !ins.has(Flag::Rs) {
+                    need(80, 70);
+                } else {
+                    // bf16 <-> integers, f16, f64, bf16
+                    need(90, 78);
+                }
+            }
+            if dst == Some(Ty::Tf32) {
+                if ins.has(Flag::Rna) {
+                    need(80, 70);
+                } else {
+                    need(90, 78);
+                }
+            }
+            if ins.has(Flag::Relu) && !fp8 {
                 need(80, 70);
             }
             if ins.has(Flag::Satfinite) && !fp8 {
-                need(80, 81);
+                need(0, 81);
             }
-        }
-        Opcode::WgmmaFence | Opcode::WgmmaCommitGroup | Opcode::WgmmaWaitGroup | Opcode::WgmmaMmaAsync
-        | Opcode::Setmaxnreg => r.arch_specific = true,
-        Opcode::Add | Opcode::Sub | Opcode::Mul | Opcode::Min | Opcode::Max | Opcode::Neg
-        | Opcode::Abs => {
-            if has_ty(Ty::Bf16) || has_ty(Ty::Bf16x2) {
-                need(if ins.op == Opcode::Min || ins.op == Opcode::Max || ins.op == Opcode::Neg || ins.op == Opcode::Abs { 80 } else { 90 }, 78);
-            } else if has_ty(Ty::F16) || has_ty(Ty::F16x2) {
-                need(53, 42);
-            }
-        }
-        Opcode::Fma => {
-            if has_ty(Ty::Bf16) || has_ty(Ty::Bf16x2) {
+            if dst == Some(Ty::F16x2) && src == Some(Ty::F32) {
                 need(80, 70);
             }
         }
-        Opcode::Ex2 | Opcode::Rcp | Opcode::Sqrt | Opcode::Rsqrt => {
-            if has_ty(Ty::F16) || has_ty(Ty::F16x2) || has_ty(Ty::Bf16) || has_ty(Ty::Bf16x2) {
+        Opcode::WgmmaFence
+        | Opcode::WgmmaCommitGroup
+        | Opcode::WgmmaWaitGroup
+        | Opcode::WgmmaMmaAsync
+        | Opcode::Setmaxnreg => r.arch_specific = true,
+        Opcode::Add | Opcode::Sub | Opcode::Mul => {
+            if bf16 {
+                need(90, 78);
+            } else if f16 {
+                need(53, 42);
+            }
+        }
+        Opcode::Min | Opcode::Max => {
+            if bf16 || f16 {
+                need(80, 70);
+            }
+            if has_flag(Flag::NaN) {
+                need(80, 70);
+            }
+            if has_flag(Flag::Xorsign) {
+                need(86, 72);
+            }
+            if ins.args.len() > 3 {
+                // three-input min/max
+                need(100, 88);
+            }
+        }
+        Opcode::Neg | Opcode::Abs => {
+            if bf16 {
+                need(80, 70);
+            } else if f16 {
+                need(53, if ins.op == Opcode::Neg { 60 } else { 65 });
+            }
+        }
+        Opcode::Fma => {
+            if bf16 {
+                need(80, 70);
+            } else if f16 {
+                need(53, 42);
+            }
+            if ins.has(Flag::Relu) {
+                need(80, 70);
+            }
+        }
+        Opcode::Setp | Opcode::Set => {
+            if bf16 {
+                need(90, 78);
+            } else if f16 {
+                need(53, 42);
+            }
+        }
+        Opcode::Ex2 | Opcode::Tanh => {
+            if bf16 {
+                need(90, 78);
+            } else if f16 {
                 need(75, 70);
             }
         }
+        Opcode::Rcp | Opcode::Sqrt | Opcode::Rsqrt if bf16 || f16 => need(75, 70),
+        Opcode::Shfl | Opcode::Vote if ins.has(Flag::Sync) => need(30, 60),
         Opcode::Ld | Opcode::St | Opcode::Atom | Opcode::Red => {
-            if ins.mods.iter().any(|m| matches!(m, Mod::Flag(Flag::Relaxed | Flag::Acquire | Flag::Release | Flag::AcqRel))) {
+            if ins.mods.iter().any(|m| {
+                matches!(
+                    m,
+                    Mod::Flag(Flag::Relaxed | Flag::Acquire | Flag::Release | Flag::AcqRel)
+                )
+            }) {
                 need(70, 60);
             }
-            if ins.mods.contains(&Mod::Space(crate::types::Space::SharedCluster)) || ins.has(Flag::Cluster) {
+            if ins
+                .mods
+                .contains(&Mod::Space(crate::types::Space::SharedCluster))
+                || ins.has(Flag::Cluster)
+            {
                 need(90, 78);
             }
-            if ins.mods.iter().any(|m| matches!(m, Mod::Flag(Flag::L2CacheHint))) {
+            if ins
+                .mods
+                .iter()
+                .any(|m| matches!(m, Mod::Flag(Flag::L2CacheHint)))
+            {
                 need(80, 74);
             }
-            if ins.vec_width() == Some(8) || (ins.op == Opcode::Atom || ins.op == Opcode::Red) && ins.vec_width().is_some() {
-                need(90, 81);
+            if ins.mods.iter().any(|m| {
+                matches!(
+                    m,
+                    Mod::Flag(
+                        Flag::L1EvictNormal
+                            | Flag::L1EvictUnchanged
+                            | Flag::L1EvictFirst
+                            | Flag::L1EvictLast
+                            | Flag::L1NoAllocate
+                            | Flag::L2EvictNormal
+                            | Flag::L2EvictFirst
+                            | Flag::L2EvictLast
+                    )
+                )
+            }) {
+                need(70, 74);
             }
-            if (ins.op == Opcode::Atom || ins.op == Opcode::Red) && (has_ty(Ty::Bf16) || has_ty(Ty::Bf16x2)) {
+            if ins
+                .mods
+                .iter()
+                .any(|m| matches!(m, Mod::Flag(Flag::L264B | Flag::L2128B | Flag::L2256B)))
+            {
+                need(75, 74);
+            }
+            let atomic = ins.op == Opcode::Atom || ins.op == Opcode::Red;
+            if atomic && ins.vec_width().is_some() {
+                need(90, 81);
+            } else if ins.vec_width() == Some(8) {
+                // 256-bit loads and stores
+                need(100, 88);
+            }
+            if atomic && bf16 {
                 need(90, 78);
             }
-            if (ins.op == Opcode::Atom || ins.op == Opcode::Red) && (has_ty(Ty::F16x2) || has_ty(Ty::F16)) {
+            if atomic && has_ty(Ty::F16x2) {
+                need(60, 63);
+            }
+            if atomic && has_ty(Ty::F16) {
                 need(70, 63);
+            }
+            if atomic && has_ty(Ty::F64) {
+                need(60, 20);
+            }
+            if atomic && has_ty(Ty::B128) {
+                need(90, 83);
             }
         }
         Opcode::Fence => {
-            if ins.has(Flag::Proxy) && (ins.has(Flag::Async) || ins.has(Flag::TensormapGeneric)) || ins.has(Flag::MbarrierInit) {
+            if ins.has(Flag::Proxy) && ins.has(Flag::Tensormap) || ins.has(Flag::TensormapGeneric) {
+                need(90, 83);
+            } else if ins.has(Flag::Proxy) && ins.has(Flag::Async) || ins.has(Flag::MbarrierInit) {
                 need(90, 80);
+            } else if ins.has(Flag::Proxy) && ins.has(Flag::Alias) {
+                need(70, 75);
             }
         }
-        Opcode::MbarrierArrive => {
-            if ins.has(Flag::ExpectTx) || ins.has(Flag::Cluster) || ins.mods.contains(&Mod::Space(crate::types::Space::SharedCluster)) {
-                need(90, 80);
+        Opcode::MbarrierArrive | Opcode::MbarrierArriveDrop
+            if ins.has(Flag::ExpectTx)
+                || ins.has(Flag::Cluster)
+                || ins.has(Flag::Release)
+                || ins.has(Flag::Relaxed)
+                || ins
+                    .mods
+                    .contains(&Mod::Space(crate::types::Space::SharedCluster)) =>
+        {
+            need(90, 80)
+        }
+        Opcode::MbarrierTestWait if ins.has(Flag::Parity) => need(80, 71),
+        Opcode::Cvta | Opcode::Isspacep => {
+            if ins
+                .mods
+                .contains(&Mod::Space(crate::types::Space::SharedCluster))
+            {
+                need(90, 78);
+            }
+            if ins
+                .mods
+                .iter()
+                .any(|m| matches!(m, Mod::Space(s) if s.is_param()))
+            {
+                need(70, 77);
             }
         }
         Opcode::Bar | Opcode::Barrier if ins.has(Flag::Red) => need(20, 20),

@@ -40,12 +40,20 @@ fn ident_char(c: u8) -> bool {
 
 impl<'a> Lexer<'a> {
     pub fn new(text: &'a str) -> Lexer<'a> {
-        Lexer { src: text.as_bytes(), text, pos: 0, line: 1, line_start: 0 }
+        Lexer {
+            src: text.as_bytes(),
+            text,
+            pos: 0,
+            line: 1,
+            line_start: 0,
+        }
     }
 
     /// The full text of a 1-based line (for diagnostics).
     pub fn line_text(text: &str, line: u32) -> &str {
-        text.lines().nth(line.saturating_sub(1) as usize).unwrap_or("")
+        text.lines()
+            .nth(line.saturating_sub(1) as usize)
+            .unwrap_or("")
     }
 
     /// Skips the rest of the current line (for `.loc` / `.file`, which have no `;`).
@@ -58,8 +66,7 @@ impl<'a> Lexer<'a> {
     /// Skips whitespace and comments; returns whether anything was skipped.
     fn skip_ws(&mut self) -> Result<bool, (u32, u32, &'static str)> {
         let start = self.pos;
-        loop {
-            let Some(&c) = self.src.get(self.pos) else { break };
+        while let Some(&c) = self.src.get(self.pos) {
             match c {
                 b'\n' => {
                     self.pos += 1;
@@ -97,10 +104,24 @@ impl<'a> Lexer<'a> {
         let spaced = self.skip_ws()?;
         let line = self.line;
         let col = (self.pos - self.line_start) as u32 + 1;
-        let mk = |tok| Ok(Token { tok, line, col, spaced });
-        let Some(&c) = self.src.get(self.pos) else { return mk(Tok::Eof) };
+        let mk = |tok| {
+            Ok(Token {
+                tok,
+                line,
+                col,
+                spaced,
+            })
+        };
+        let Some(&c) = self.src.get(self.pos) else {
+            return mk(Tok::Eof);
+        };
         let start = self.pos;
-        if c == b'.' && self.src.get(self.pos + 1).is_some_and(|&d| ident_start(d) || d.is_ascii_digit()) {
+        if c == b'.'
+            && self
+                .src
+                .get(self.pos + 1)
+                .is_some_and(|&d| ident_start(d) || d.is_ascii_digit())
+        {
             self.pos += 1;
             self.eat_ident_body();
             return mk(Tok::Dot(&self.text[start + 1..self.pos]));
@@ -113,10 +134,17 @@ impl<'a> Lexer<'a> {
         if c.is_ascii_digit() {
             self.pos += 1;
             let hexlike = c == b'0'
-                && matches!(self.src.get(self.pos), Some(b'x' | b'X' | b'f' | b'F' | b'd' | b'D' | b'b' | b'B'));
+                && matches!(
+                    self.src.get(self.pos),
+                    Some(b'x' | b'X' | b'f' | b'F' | b'd' | b'D' | b'b' | b'B')
+                );
             if hexlike {
                 self.pos += 1;
-                while self.src.get(self.pos).is_some_and(|d| d.is_ascii_hexdigit()) {
+                while self
+                    .src
+                    .get(self.pos)
+                    .is_some_and(|d| d.is_ascii_hexdigit())
+                {
                     self.pos += 1;
                 }
             } else {
@@ -124,14 +152,22 @@ impl<'a> Lexer<'a> {
                     self.pos += 1;
                 }
                 // decimal float: digits '.' digits [e[+-]digits]
-                if self.src.get(self.pos) == Some(&b'.') && self.src.get(self.pos + 1).is_some_and(|d| d.is_ascii_digit()) {
+                if self.src.get(self.pos) == Some(&b'.')
+                    && self
+                        .src
+                        .get(self.pos + 1)
+                        .is_some_and(|d| d.is_ascii_digit())
+                {
                     self.pos += 1;
                     while self.src.get(self.pos).is_some_and(|d| d.is_ascii_digit()) {
                         self.pos += 1;
                     }
                 }
                 if matches!(self.src.get(self.pos), Some(b'e' | b'E'))
-                    && self.src.get(self.pos + 1).is_some_and(|d| d.is_ascii_digit() || *d == b'-' || *d == b'+')
+                    && self
+                        .src
+                        .get(self.pos + 1)
+                        .is_some_and(|d| d.is_ascii_digit() || *d == b'-' || *d == b'+')
                 {
                     self.pos += 2;
                     while self.src.get(self.pos).is_some_and(|d| d.is_ascii_digit()) {

@@ -70,7 +70,11 @@ pub enum Mod {
     /// `.1d` .. `.5d` (tensor copies)
     Dim(u8),
     /// `.mMnN[kK]`: matrix shapes of mma, wgmma, ldmatrix.
-    Shape { m: u16, n: u16, k: Option<u16> },
+    Shape {
+        m: u16,
+        n: u16,
+        k: Option<u16>,
+    },
 }
 
 impl Mod {
@@ -115,7 +119,14 @@ fn parse_shape(s: &str) -> Option<Mod> {
             x.parse().ok()
         }
     };
-    Some(Mod::Shape { m: num(m)?, n: num(n)?, k: match k { Some(k) => Some(num(k)?), None => None } })
+    Some(Mod::Shape {
+        m: num(m)?,
+        n: num(n)?,
+        k: match k {
+            Some(k) => Some(num(k)?),
+            None => None,
+        },
+    })
 }
 
 impl fmt::Display for Mod {

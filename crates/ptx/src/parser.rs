@@ -23,19 +23,36 @@ pub struct ParseError {
 
 impl fmt::Display for ParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "line {}, column {}: {} (in `{}`)", self.line, self.col, self.message, self.source_line.trim())
+        write!(
+            f,
+            "line {}, column {}: {} (in `{}`)",
+            self.line,
+            self.col,
+            self.message,
+            self.source_line.trim()
+        )
     }
 }
 
 /// Parses a PTX module.
 pub fn parse(text: &str) -> Result<Module, ParseError> {
-    let mut p = Parser { text, lex: Lexer::new(text), peeked: None, f64_ctx: false };
+    let mut p = Parser {
+        text,
+        lex: Lexer::new(text),
+        peeked: None,
+        f64_ctx: false,
+    };
     p.module()
 }
 
 /// Parses a sequence of function-body statements (used by the builder's raw-PTX escape).
 pub fn parse_statements(text: &str) -> Result<Vec<Statement>, ParseError> {
-    let mut p = Parser { text, lex: Lexer::new(text), peeked: None, f64_ctx: false };
+    let mut p = Parser {
+        text,
+        lex: Lexer::new(text),
+        peeked: None,
+        f64_ctx: false,
+    };
     let mut out = Vec::new();
     loop {
         if let Tok::Eof = p.peek()?.tok {
@@ -98,7 +115,10 @@ impl<'a> Parser<'a> {
         if t.tok == Tok::Punct(c) {
             Ok(())
         } else {
-            Err(self.err(&t, format!("expected `{}`, found {}", c as char, describe(&t.tok))))
+            Err(self.err(
+                &t,
+                format!("expected `{}`, found {}", c as char, describe(&t.tok)),
+            ))
         }
     }
     fn ident(&mut self) -> PResult<&'a str> {
@@ -112,7 +132,10 @@ impl<'a> Parser<'a> {
         let t = self.next()?;
         match t.tok {
             Tok::Num(s) => parse_uint(s).ok_or_else(|| self.err(&t, format!("bad integer `{s}`"))),
-            _ => Err(self.err(&t, format!("expected an integer, found {}", describe(&t.tok)))),
+            _ => Err(self.err(
+                &t,
+                format!("expected an integer, found {}", describe(&t.tok)),
+            )),
         }
     }
     /// Skips `.loc`/`.file` lines and `.section` blocks.
@@ -153,7 +176,12 @@ impl<'a> Parser<'a> {
     }
 
     fn module(&mut self) -> PResult<Module> {
-        let mut m = Module { version: 0, target: Target::new(""), address_size: 64, items: Vec::new() };
+        let mut m = Module {
+            version: 0,
+            target: Target::new(""),
+            address_size: 64,
+            items: Vec::new(),
+        };
         let mut seen_version = false;
         loop {
             if self.skip_debug()? {
@@ -165,7 +193,8 @@ impl<'a> Parser<'a> {
                 Tok::Dot("version") => {
                     let v = self.next()?;
                     m.version = match v.tok {
-                        Tok::Num(s) => parse_version(s).ok_or_else(|| self.err(&v, format!("bad version `{s}`")))?,
+                        Tok::Num(s) => parse_version(s)
+                            .ok_or_else(|| self.err(&v, format!("bad version `{s}`")))?,
                         _ => return Err(self.err(&v, "expected a version number")),
                     };
                     seen_version = true;
@@ -185,7 +214,12 @@ impl<'a> Parser<'a> {
                     let item = self.module_item()?;
                     m.items.push(item);
                 }
-                _ => return Err(self.err(&t, format!("unexpected {} at module scope", describe(&t.tok)))),
+                _ => {
+                    return Err(self.err(
+                        &t,
+                        format!("unexpected {} at module scope", describe(&t.tok)),
+                    ))
+                }
             }
         }
         if !seen_version {
@@ -231,14 +265,18 @@ impl<'a> Parser<'a> {
         match t.tok {
             Tok::Dot("entry") | Tok::Dot("func") => Ok(Item::Func(self.function(linkage)?)),
             Tok::Dot(s) if Space::from_str(s).is_some() => Ok(Item::Var(self.var_decl(linkage)?)),
-            _ => Err(self.err(&t, format!("unexpected {} at module scope", describe(&t.tok)))),
+            _ => Err(self.err(
+                &t,
+                format!("unexpected {} at module scope", describe(&t.tok)),
+            )),
         }
     }
 
     fn var_decl(&mut self, linkage: Option<Linkage>) -> PResult<VarDecl> {
         let t = self.next()?;
         let space = match t.tok {
-            Tok::Dot(s) => Space::from_str(s).ok_or_else(|| self.err(&t, format!("unknown state space `.{s}`")))?,
+            Tok::Dot(s) => Space::from_str(s)
+                .ok_or_else(|| self.err(&t, format!("unknown state space `.{s}`")))?,
             _ => return Err(self.err(&t, "expected a state space")),
         };
         let (mut align, mut vec, mut ty) = (None, None, None);
@@ -277,9 +315,26 @@ impl<'a> Parser<'a> {
             }
         }
         self.f64_ctx = ty == Ty::F64;
-        let init = if self.eat_punct(b'=')? { Some(self.init_list()?) } else { None };
+        let init = if self.eat_punct(b'=')? {
+            Some(self.init_list()?)
+        } else {
+            None
+        };
         self.expect_punct(b';')?;
-        Ok(VarDecl { linkage, space, align, vec, ty, name, dims, init, loc: Loc { line: t.line, col: t.col } })
+        Ok(VarDecl {
+            linkage,
+            space,
+            align,
+            vec,
+            ty,
+            name,
+            dims,
+            init,
+            loc: Loc {
+                line: t.line,
+                col: t.col,
+            },
+        })
     }
 
     fn init_list(&mut self) -> PResult<Vec<Init>> {
@@ -304,7 +359,8 @@ impl<'a> Parser<'a> {
         let t = self.next()?;
         match t.tok {
             Tok::Num(s) => {
-                let v = parse_num(s, self.f64_ctx).ok_or_else(|| self.err(&t, format!("bad number `{s}`")))?;
+                let v = parse_num(s, self.f64_ctx)
+                    .ok_or_else(|| self.err(&t, format!("bad number `{s}`")))?;
                 out.push(match v {
                     Imm::Int(i) => Init::Int(if neg { -(i as i128) } else { i as i128 }),
                     Imm::U64(u) => Init::Int(if neg { -(u as i128) } else { u as i128 }),
@@ -317,11 +373,19 @@ impl<'a> Parser<'a> {
                 let name = self.ident()?.to_string();
                 self.expect_punct(b')')?;
                 let offset = self.sym_offset()?;
-                out.push(Init::Sym { name, generic: true, offset });
+                out.push(Init::Sym {
+                    name,
+                    generic: true,
+                    offset,
+                });
             }
             Tok::Ident(name) => {
                 let offset = self.sym_offset()?;
-                out.push(Init::Sym { name: name.to_string(), generic: false, offset });
+                out.push(Init::Sym {
+                    name: name.to_string(),
+                    generic: false,
+                    offset,
+                });
             }
             _ => return Err(self.err(&t, format!("bad initialiser {}", describe(&t.tok)))),
         }
@@ -339,13 +403,21 @@ impl<'a> Parser<'a> {
 
     fn function(&mut self, linkage: Option<Linkage>) -> PResult<Function> {
         let t = self.next()?;
-        let kind = if t.tok == Tok::Dot("entry") { FuncKind::Entry } else { FuncKind::Func };
+        let kind = if t.tok == Tok::Dot("entry") {
+            FuncKind::Entry
+        } else {
+            FuncKind::Func
+        };
         let mut rets = Vec::new();
         if kind == FuncKind::Func && self.is_punct(b'(')? {
             rets = self.param_list()?;
         }
         let name = self.ident()?.to_string();
-        let params = if self.is_punct(b'(')? { self.param_list()? } else { Vec::new() };
+        let params = if self.is_punct(b'(')? {
+            self.param_list()?
+        } else {
+            Vec::new()
+        };
         let mut directives = Vec::new();
         loop {
             let d = self.peek()?;
@@ -411,13 +483,28 @@ impl<'a> Parser<'a> {
         } else {
             let open = self.next()?;
             if open.tok != Tok::Punct(b'{') {
-                return Err(self.err(&open, format!("expected function body `{{`, found {}", describe(&open.tok))));
+                return Err(self.err(
+                    &open,
+                    format!("expected function body `{{`, found {}", describe(&open.tok)),
+                ));
             }
             let mut b = self.block_body()?;
             resolve_plain_regs(&mut b);
             Some(b)
         };
-        Ok(Function { kind, linkage, name, rets, params, directives, body, loc: Loc { line: t.line, col: t.col } })
+        Ok(Function {
+            kind,
+            linkage,
+            name,
+            rets,
+            params,
+            directives,
+            body,
+            loc: Loc {
+                line: t.line,
+                col: t.col,
+            },
+        })
     }
 
     fn int_list(&mut self) -> PResult<Vec<u32>> {
@@ -449,9 +536,15 @@ impl<'a> Parser<'a> {
         let space = match t.tok {
             Tok::Dot("param") => Space::Param,
             Tok::Dot("reg") => Space::Reg,
-            _ => return Err(self.err(&t, format!("expected `.param` or `.reg`, found {}", describe(&t.tok)))),
+            _ => {
+                return Err(self.err(
+                    &t,
+                    format!("expected `.param` or `.reg`, found {}", describe(&t.tok)),
+                ))
+            }
         };
-        let (mut align, mut ty, mut ptr): (Option<u32>, Option<Ty>, Option<PtrAttr>) = (None, None, None);
+        let (mut align, mut ty, mut ptr): (Option<u32>, Option<Ty>, Option<PtrAttr>) =
+            (None, None, None);
         loop {
             let d = self.peek()?;
             match d.tok {
@@ -465,7 +558,10 @@ impl<'a> Parser<'a> {
                 }
                 Tok::Dot("ptr") => {
                     self.next()?;
-                    ptr = Some(PtrAttr { space: None, align: None });
+                    ptr = Some(PtrAttr {
+                        space: None,
+                        align: None,
+                    });
                 }
                 Tok::Dot(s) if ptr.is_some() && Space::from_str(s).is_some() => {
                     self.next()?;
@@ -489,7 +585,14 @@ impl<'a> Parser<'a> {
         } else {
             None
         };
-        Ok(Param { space, ty, align, ptr, name, array })
+        Ok(Param {
+            space,
+            ty,
+            align,
+            ptr,
+            name,
+            array,
+        })
     }
 
     /// Statements up to and including the closing `}`.
@@ -534,13 +637,18 @@ impl<'a> Parser<'a> {
                 self.next()?;
                 Ok(Some(Statement::Pragma(self.strings()?)))
             }
-            Tok::Dot(s) if Space::from_str(s).is_some() => Ok(Some(Statement::Var(self.var_decl(None)?))),
+            Tok::Dot(s) if Space::from_str(s).is_some() => {
+                Ok(Some(Statement::Var(self.var_decl(None)?)))
+            }
             Tok::Dot(_) => {
                 let l = self.linkage()?;
                 if l.is_some() {
                     return Ok(Some(Statement::Var(self.var_decl(l)?)));
                 }
-                Err(self.err(&t, format!("unknown directive {} in function body", describe(&t.tok))))
+                Err(self.err(
+                    &t,
+                    format!("unknown directive {} in function body", describe(&t.tok)),
+                ))
             }
             Tok::Punct(b'@') => {
                 self.next()?;
@@ -548,7 +656,10 @@ impl<'a> Parser<'a> {
                 let reg = self.ident()?.to_string();
                 let mut ins = self.instruction()?;
                 ins.guard = Some(Guard { negated, reg });
-                ins.loc = Loc { line: t.line, col: t.col };
+                ins.loc = Loc {
+                    line: t.line,
+                    col: t.col,
+                };
                 Ok(Some(Statement::Instr(ins)))
             }
             Tok::Ident(name) => {
@@ -564,16 +675,27 @@ impl<'a> Parser<'a> {
                                 targets.push(self.ident()?.to_string());
                             }
                             self.expect_punct(b';')?;
-                            return Ok(Some(Statement::BranchTargets { label: name.to_string(), targets }));
+                            return Ok(Some(Statement::BranchTargets {
+                                label: name.to_string(),
+                                targets,
+                            }));
                         }
                         Tok::Dot("callprototype") => {
                             self.next()?;
-                            let rets = if self.is_punct(b'(')? { self.param_list()? } else { Vec::new() };
+                            let rets = if self.is_punct(b'(')? {
+                                self.param_list()?
+                            } else {
+                                Vec::new()
+                            };
                             let u = self.ident()?;
                             if u != "_" {
                                 return Err(self.err(&d, "expected `_` in .callprototype"));
                             }
-                            let params = if self.is_punct(b'(')? { self.param_list()? } else { Vec::new() };
+                            let params = if self.is_punct(b'(')? {
+                                self.param_list()?
+                            } else {
+                                Vec::new()
+                            };
                             let noreturn = if self.peek()?.tok == Tok::Dot("noreturn") {
                                 self.next()?;
                                 true
@@ -581,16 +703,35 @@ impl<'a> Parser<'a> {
                                 false
                             };
                             self.expect_punct(b';')?;
-                            return Ok(Some(Statement::CallPrototype { label: name.to_string(), rets, params, noreturn }));
+                            return Ok(Some(Statement::CallPrototype {
+                                label: name.to_string(),
+                                rets,
+                                params,
+                                noreturn,
+                            }));
                         }
-                        _ => return Ok(Some(Statement::Label(name.to_string(), Loc { line: t.line, col: t.col }))),
+                        _ => {
+                            return Ok(Some(Statement::Label(
+                                name.to_string(),
+                                Loc {
+                                    line: t.line,
+                                    col: t.col,
+                                },
+                            )))
+                        }
                     }
                 }
                 let mut ins = self.instruction_from(t)?;
-                ins.loc = Loc { line: t.line, col: t.col };
+                ins.loc = Loc {
+                    line: t.line,
+                    col: t.col,
+                };
                 Ok(Some(Statement::Instr(ins)))
             }
-            _ => Err(self.err(&t, format!("unexpected {} in function body", describe(&t.tok)))),
+            _ => Err(self.err(
+                &t,
+                format!("unexpected {} in function body", describe(&t.tok)),
+            )),
         }
     }
 
@@ -634,7 +775,16 @@ impl<'a> Parser<'a> {
             }
         }
         self.expect_punct(b';')?;
-        Ok(RegDecl { ty, vec, align, names, loc: Loc { line: start.line, col: start.col } })
+        Ok(RegDecl {
+            ty,
+            vec,
+            align,
+            names,
+            loc: Loc {
+                line: start.line,
+                col: start.col,
+            },
+        })
     }
 
     fn instruction(&mut self) -> PResult<Instruction> {
@@ -645,7 +795,10 @@ impl<'a> Parser<'a> {
     /// An instruction whose first token (the opcode's first part) was already read.
     fn instruction_from(&mut self, t: Token<'a>) -> PResult<Instruction> {
         let Tok::Ident(first) = t.tok else {
-            return Err(self.err(&t, format!("expected an instruction, found {}", describe(&t.tok))));
+            return Err(self.err(
+                &t,
+                format!("expected an instruction, found {}", describe(&t.tok)),
+            ));
         };
         let mut parts: Vec<(&'a str, Token<'a>)> = vec![(first, t)];
         loop {
@@ -682,7 +835,9 @@ impl<'a> Parser<'a> {
         for (s, tok) in &parts[k..] {
             match Mod::parse(s) {
                 Some(m) => mods.push(m),
-                None => return Err(self.err(tok, format!("unknown modifier `.{s}` on `{}`", op.name()))),
+                None => {
+                    return Err(self.err(tok, format!("unknown modifier `.{s}` on `{}`", op.name())))
+                }
             }
         }
         // Decimal float literals take the width of the instruction's type.
@@ -698,9 +853,25 @@ impl<'a> Parser<'a> {
         }
         let end = self.next()?;
         if end.tok != Tok::Punct(b';') {
-            return Err(self.err(&end, format!("expected `;` after `{}` operands, found {}", op.name(), describe(&end.tok))));
+            return Err(self.err(
+                &end,
+                format!(
+                    "expected `;` after `{}` operands, found {}",
+                    op.name(),
+                    describe(&end.tok)
+                ),
+            ));
         }
-        Ok(Instruction { guard: None, op, mods, args, loc: Loc { line: t.line, col: t.col } })
+        Ok(Instruction {
+            guard: None,
+            op,
+            mods,
+            args,
+            loc: Loc {
+                line: t.line,
+                col: t.col,
+            },
+        })
     }
 
     fn operand(&mut self) -> PResult<Operand> {
@@ -751,7 +922,9 @@ impl<'a> Parser<'a> {
                             AddrBase::Sym(s.to_string())
                         }
                     }
-                    Tok::Num(s) => AddrBase::Imm(parse_uint(s).ok_or_else(|| self.err(&b, format!("bad address `{s}`")))?),
+                    Tok::Num(s) => AddrBase::Imm(
+                        parse_uint(s).ok_or_else(|| self.err(&b, format!("bad address `{s}`")))?,
+                    ),
                     _ => return Err(self.err(&b, format!("bad address {}", describe(&b.tok)))),
                 };
                 let mut offset = 0i64;
@@ -783,7 +956,8 @@ impl<'a> Parser<'a> {
                 let n = self.next()?;
                 match n.tok {
                     Tok::Num(s) => {
-                        let v = parse_num(s, self.f64_ctx).ok_or_else(|| self.err(&n, format!("bad number `{s}`")))?;
+                        let v = parse_num(s, self.f64_ctx)
+                            .ok_or_else(|| self.err(&n, format!("bad number `{s}`")))?;
                         Ok(Operand::Imm(match v {
                             Imm::Int(i) => Imm::Int(i.wrapping_neg()),
                             Imm::U64(u) => Imm::Int((u as i64).wrapping_neg()),
@@ -794,7 +968,10 @@ impl<'a> Parser<'a> {
                     _ => Err(self.err(&n, "expected a number after `-`")),
                 }
             }
-            Tok::Num(s) => Ok(Operand::Imm(parse_num(s, self.f64_ctx).ok_or_else(|| self.err(&t, format!("bad number `{s}`")))?)),
+            Tok::Num(s) => Ok(Operand::Imm(
+                parse_num(s, self.f64_ctx)
+                    .ok_or_else(|| self.err(&t, format!("bad number `{s}`")))?,
+            )),
             Tok::Ident("_") => Ok(Operand::Sink),
             Tok::Ident(s) if s.starts_with('%') => {
                 if SReg::needs_dim(s) {
@@ -814,9 +991,15 @@ impl<'a> Parser<'a> {
             }
             Tok::Ident(s) => {
                 let offset = self.sym_offset()?;
-                Ok(Operand::Sym { name: s.to_string(), offset })
+                Ok(Operand::Sym {
+                    name: s.to_string(),
+                    offset,
+                })
             }
-            _ => Err(self.err(&t, format!("expected an operand, found {}", describe(&t.tok)))),
+            _ => Err(self.err(
+                &t,
+                format!("expected an operand, found {}", describe(&t.tok)),
+            )),
         }
     }
 }
@@ -854,7 +1037,9 @@ fn resolve_plain_regs(body: &mut [Statement]) {
     }
     fn fix(o: &mut Operand, set: &HashSet<String>) {
         match o {
-            Operand::Sym { name, offset: 0 } if set.contains(name.as_str()) => *o = Operand::Reg(std::mem::take(name)),
+            Operand::Sym { name, offset: 0 } if set.contains(name.as_str()) => {
+                *o = Operand::Reg(std::mem::take(name))
+            }
             Operand::Addr { base, .. } => {
                 if let AddrBase::Sym(n) = base {
                     if set.contains(n.as_str()) {
@@ -926,8 +1111,16 @@ pub(crate) fn parse_num(s: &str, f64_ctx: bool) -> Option<Imm> {
     }
     if s.contains('.') || (s.contains(['e', 'E']) && !s.starts_with("0x") && !s.starts_with("0X")) {
         let v: f64 = s.parse().ok()?;
-        return Some(if f64_ctx { Imm::F64(v.to_bits()) } else { Imm::F32((v as f32).to_bits()) });
+        return Some(if f64_ctx {
+            Imm::F64(v.to_bits())
+        } else {
+            Imm::F32((v as f32).to_bits())
+        });
     }
     let u = parse_uint(s)?;
-    Some(if u <= i64::MAX as u64 { Imm::Int(u as i64) } else { Imm::U64(u) })
+    Some(if u <= i64::MAX as u64 {
+        Imm::Int(u as i64)
+    } else {
+        Imm::U64(u)
+    })
 }

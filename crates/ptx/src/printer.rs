@@ -68,7 +68,11 @@ pub(crate) fn write_var(o: &mut String, v: &VarDecl) -> fmt::Result {
                 Init::Int(n) => write!(o, "{n}")?,
                 Init::F32(b) => write!(o, "0f{b:08X}")?,
                 Init::F64(b) => write!(o, "0d{b:016X}")?,
-                Init::Sym { name, generic, offset } => {
+                Init::Sym {
+                    name,
+                    generic,
+                    offset,
+                } => {
                     if *generic {
                         write!(o, "generic({name})")?;
                     } else {
@@ -89,7 +93,15 @@ pub(crate) fn write_var(o: &mut String, v: &VarDecl) -> fmt::Result {
 }
 
 fn write_param(o: &mut String, p: &Param) -> fmt::Result {
-    write!(o, ".{}", if p.space == crate::types::Space::Reg { "reg" } else { "param" })?;
+    write!(
+        o,
+        ".{}",
+        if p.space == crate::types::Space::Reg {
+            "reg"
+        } else {
+            "param"
+        }
+    )?;
     if let Some(a) = p.align {
         write!(o, " .align {a}")?;
     }
@@ -142,7 +154,11 @@ fn write_function(o: &mut String, f: &Function) -> fmt::Result {
     if let Some(l) = f.linkage {
         write!(o, ".{} ", l.as_str())?;
     }
-    o.push_str(if f.kind == FuncKind::Entry { ".entry " } else { ".func " });
+    o.push_str(if f.kind == FuncKind::Entry {
+        ".entry "
+    } else {
+        ".func "
+    });
     if f.kind == FuncKind::Func && !f.rets.is_empty() {
         write_params(o, &f.rets, false)?;
         o.push(' ');
@@ -264,7 +280,12 @@ fn write_statement(o: &mut String, s: &Statement) -> fmt::Result {
         Statement::BranchTargets { label, targets } => {
             write!(o, "{label}: .branchtargets {};", targets.join(", "))?;
         }
-        Statement::CallPrototype { label, rets, params, noreturn } => {
+        Statement::CallPrototype {
+            label,
+            rets,
+            params,
+            noreturn,
+        } => {
             write!(o, "{label} : .callprototype ")?;
             if !rets.is_empty() {
                 write_params(o, rets, false)?;
@@ -301,9 +322,8 @@ pub fn write_instruction(o: &mut String, i: &Instruction) -> fmt::Result {
 }
 
 fn write_offset(o: &mut String, off: i64) -> fmt::Result {
-    if off > 0 {
-        write!(o, "+{off}")
-    } else if off < 0 {
+    if off != 0 {
+        // `+-8` is how LLVM writes negative offsets; ptxas accepts it.
         write!(o, "+{off}")
     } else {
         Ok(())

@@ -135,7 +135,10 @@ impl PtxasReport {
 #[derive(Debug, thiserror::Error)]
 pub enum PtxasError {
     #[error("{tool} not found: set {env}, run scripts/setup-ptxas.sh (installs into .tools/bin), or put it on PATH")]
-    NotFound { tool: &'static str, env: &'static str },
+    NotFound {
+        tool: &'static str,
+        env: &'static str,
+    },
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -180,13 +183,23 @@ fn status_text(s: Option<i32>) -> String {
 }
 
 fn first_errors(diags: &[PtxasDiagnostic], output: &str) -> String {
-    let mut errs: Vec<&PtxasDiagnostic> = diags.iter().filter(|d| d.severity == Severity::Error).collect();
+    let mut errs: Vec<&PtxasDiagnostic> = diags
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .collect();
     if errs.is_empty() {
-        errs = diags.iter().filter(|d| d.severity == Severity::Fatal).collect();
+        errs = diags
+            .iter()
+            .filter(|d| d.severity == Severity::Fatal)
+            .collect();
     }
     if errs.is_empty() {
         let out = output.trim();
-        return if out.is_empty() { String::new() } else { format!(":\n{out}") };
+        return if out.is_empty() {
+            String::new()
+        } else {
+            format!(":\n{out}")
+        };
     }
     // Order by line so the first error in the source comes first.
     errs.sort_by_key(|d| d.line.unwrap_or(u32::MAX));
@@ -252,12 +265,17 @@ fn find_tool(tool: &str, env: &str) -> Option<PathBuf> {
         }
     }
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(&exe)).find(|c| c.is_file())
+    std::env::split_paths(&path)
+        .map(|d| d.join(&exe))
+        .find(|c| c.is_file())
 }
 
 /// `ptxas --version`, e.g. `"Cuda compilation tools, release 13.5, V13.5.37"`.
 pub fn ptxas_version() -> Result<String, PtxasError> {
-    let ptxas = find_ptxas().ok_or(PtxasError::NotFound { tool: "ptxas", env: "PTXAS" })?;
+    let ptxas = find_ptxas().ok_or(PtxasError::NotFound {
+        tool: "ptxas",
+        env: "PTXAS",
+    })?;
     let out = run(Command::new(&ptxas).arg("--version"), "ptxas")?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     Ok(text
@@ -310,14 +328,25 @@ fn io_err(context: String, source: std::io::Error) -> PtxasError {
 }
 
 fn run(cmd: &mut Command, tool: &str) -> Result<std::process::Output, PtxasError> {
-    cmd.output()
-        .map_err(|e| io_err(format!("running {tool} ({})", cmd.get_program().to_string_lossy()), e))
+    cmd.output().map_err(|e| {
+        io_err(
+            format!("running {tool} ({})", cmd.get_program().to_string_lossy()),
+            e,
+        )
+    })
 }
 
 /// Assembles `ptx_text` for `arch` (e.g. `"sm_80"`, `"sm_90a"`) with `ptxas -v` and parses
 /// the report. Uses [`find_ptxas`].
-pub fn assemble(ptx_text: &str, arch: &str, opts: &PtxasOptions) -> Result<PtxasReport, PtxasError> {
-    let ptxas = find_ptxas().ok_or(PtxasError::NotFound { tool: "ptxas", env: "PTXAS" })?;
+pub fn assemble(
+    ptx_text: &str,
+    arch: &str,
+    opts: &PtxasOptions,
+) -> Result<PtxasReport, PtxasError> {
+    let ptxas = find_ptxas().ok_or(PtxasError::NotFound {
+        tool: "ptxas",
+        env: "PTXAS",
+    })?;
     assemble_with(&ptxas, ptx_text, arch, opts)
 }
 
@@ -331,7 +360,10 @@ pub fn assemble_with(
     let tmp = TempDir::new()?;
     let src = tmp.0.join("kernel.ptx");
     std::fs::write(&src, ptx_text).map_err(|e| io_err(format!("writing {}", src.display()), e))?;
-    let cubin = opts.output_cubin.clone().unwrap_or_else(|| tmp.0.join("kernel.cubin"));
+    let cubin = opts
+        .output_cubin
+        .clone()
+        .unwrap_or_else(|| tmp.0.join("kernel.cubin"));
 
     let mut cmd = Command::new(ptxas);
     cmd.arg(format!("-arch={arch}")).arg("-v");
@@ -352,14 +384,23 @@ pub fn assemble_with(
     output.push_str(&String::from_utf8_lossy(&out.stderr));
 
     let diagnostics = parse_diagnostics(&output, ptx_text);
-    let has_error = diagnostics.iter().any(|d| matches!(d.severity, Severity::Error | Severity::Fatal));
+    let has_error = diagnostics
+        .iter()
+        .any(|d| matches!(d.severity, Severity::Error | Severity::Fatal));
     if !out.status.success() || has_error {
-        return Err(PtxasError::Failed { status: out.status.code(), diagnostics, output });
+        return Err(PtxasError::Failed {
+            status: out.status.code(),
+            diagnostics,
+            output,
+        });
     }
     let setmaxnreg_ignored = setmaxnreg_ignored(&output);
     let warnings = diagnostics
         .into_iter()
-        .filter(|d| d.severity == Severity::Warning || (d.severity == Severity::Info && is_advisory(&d.message)))
+        .filter(|d| {
+            d.severity == Severity::Warning
+                || (d.severity == Severity::Info && is_advisory(&d.message))
+        })
         .collect();
     Ok(PtxasReport {
         ptxas: ptxas.to_path_buf(),
@@ -379,7 +420,9 @@ fn is_advisory(msg: &str) -> bool {
 
 /// True when ptxas says a `setmaxnreg` was ignored (C7508 and its older wordings).
 pub fn setmaxnreg_ignored(ptxas_output: &str) -> bool {
-    ptxas_output.lines().any(|l| l.contains("setmaxnreg") && l.contains("ignored"))
+    ptxas_output
+        .lines()
+        .any(|l| l.contains("setmaxnreg") && l.contains("ignored"))
 }
 
 /// Parses every `ptxas ...` message line of ptxas output; `ptx_text` supplies source lines.
@@ -390,14 +433,18 @@ pub fn parse_diagnostics(output: &str, ptx_text: &str) -> Vec<PtxasDiagnostic> {
     let src_lines: Vec<&str> = ptx_text.lines().collect();
     let mut diags = Vec::new();
     for raw in output.lines() {
-        let Some(rest) = raw.strip_prefix("ptxas") else { continue };
+        let Some(rest) = raw.strip_prefix("ptxas") else {
+            continue;
+        };
         let rest = rest.trim_start();
         // Located form: "<file>, line N; severity : msg".
         let (line, rest) = match locate(rest) {
             Some((n, tail)) => (Some(n), tail),
             None => (None, rest),
         };
-        let Some((sev, msg)) = rest.split_once(':') else { continue };
+        let Some((sev, msg)) = rest.split_once(':') else {
+            continue;
+        };
         let severity = match sev.trim() {
             "error" => Severity::Error,
             "warning" => Severity::Warning,
@@ -412,7 +459,12 @@ pub fn parse_diagnostics(output: &str, ptx_text: &str) -> Vec<PtxasDiagnostic> {
         let source_line = line
             .and_then(|n| src_lines.get((n as usize).wrapping_sub(1)))
             .map(|s| s.trim().to_string());
-        diags.push(PtxasDiagnostic { line, severity, message, source_line });
+        diags.push(PtxasDiagnostic {
+            line,
+            severity,
+            message,
+            source_line,
+        });
     }
     diags
 }
@@ -460,7 +512,10 @@ pub fn parse_resources(output: &str) -> Vec<KernelResources> {
                 let idx = match kernels.iter().position(|k| k.name == name) {
                     Some(i) => i,
                     None => {
-                        kernels.push(KernelResources { name, ..Default::default() });
+                        kernels.push(KernelResources {
+                            name,
+                            ..Default::default()
+                        });
                         kernels.len() - 1
                     }
                 };
@@ -500,8 +555,13 @@ fn apply_used(k: &mut KernelResources, r: &str) {
     for part in r.split(',') {
         let part = part.trim();
         let part = part.strip_prefix("used ").unwrap_or(part);
-        let Some((num, unit)) = part.split_once(' ') else { continue };
-        let n: u64 = num.split('+').filter_map(|x| x.trim().parse::<u64>().ok()).sum();
+        let Some((num, unit)) = part.split_once(' ') else {
+            continue;
+        };
+        let n: u64 = num
+            .split('+')
+            .filter_map(|x| x.trim().parse::<u64>().ok())
+            .sum();
         let unit = unit.trim();
         if unit == "registers" || unit == "register" {
             k.registers = n as u32;
@@ -545,7 +605,10 @@ pub fn disassemble_sass(cubin: &Path) -> Result<String, PtxasError> {
     }
     let mut last_err = None;
     if let Some(cuobjdump) = find_cuobjdump() {
-        let out = run(Command::new(&cuobjdump).arg("-sass").arg(cubin), "cuobjdump")?;
+        let out = run(
+            Command::new(&cuobjdump).arg("-sass").arg(cubin),
+            "cuobjdump",
+        )?;
         if out.status.success() {
             return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
         }
@@ -566,7 +629,10 @@ pub fn disassemble_sass(cubin: &Path) -> Result<String, PtxasError> {
             output: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         });
     }
-    Err(last_err.unwrap_or(PtxasError::NotFound { tool: "cuobjdump/nvdisasm", env: "CUOBJDUMP or NVDISASM" }))
+    Err(last_err.unwrap_or(PtxasError::NotFound {
+        tool: "cuobjdump/nvdisasm",
+        env: "CUOBJDUMP or NVDISASM",
+    }))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -617,7 +683,10 @@ mod tests {
         }
         let dir = TempDir::new().unwrap();
         let cubin = dir.0.join("k.cubin");
-        let opts = PtxasOptions { output_cubin: Some(cubin.clone()), ..Default::default() };
+        let opts = PtxasOptions {
+            output_cubin: Some(cubin.clone()),
+            ..Default::default()
+        };
         let rep = assemble(GOOD, "sm_90a", &opts).unwrap_or_else(|e| panic!("{e}"));
         let k = rep.kernel("add_one").expect("kernel in report");
         assert!(k.registers > 0, "{rep:#?}");
@@ -641,9 +710,15 @@ mod tests {
         let err = assemble(&broken, "sm_90a", &PtxasOptions::default()).unwrap_err();
         let errs = err.errors();
         assert!(!errs.is_empty(), "{err}");
-        let d = errs.iter().find(|d| d.line == Some(bad_line)).unwrap_or_else(|| panic!("no error on line {bad_line}: {err}"));
+        let d = errs
+            .iter()
+            .find(|d| d.line == Some(bad_line))
+            .unwrap_or_else(|| panic!("no error on line {bad_line}: {err}"));
         assert_eq!(d.source_line.as_deref(), Some("add.s32 %r2, %r9, 1;"));
-        assert!(err.to_string().contains(&format!("line {bad_line}")), "{err}");
+        assert!(
+            err.to_string().contains(&format!("line {bad_line}")),
+            "{err}"
+        );
     }
 
     #[test]
@@ -651,7 +726,10 @@ mod tests {
         if !have_ptxas() {
             return;
         }
-        let ptx = GOOD.replace("  bar.sync 0;\n", "  bar.sync 0;\n  setmaxnreg.inc.sync.aligned.u32 240;\n");
+        let ptx = GOOD.replace(
+            "  bar.sync 0;\n",
+            "  bar.sync 0;\n  setmaxnreg.inc.sync.aligned.u32 240;\n",
+        );
         match assemble(&ptx, "sm_90a", &PtxasOptions::default()) {
             // Older ptxas versions may not print C7508; only check consistency.
             Ok(rep) => assert_eq!(rep.setmaxnreg_ignored, setmaxnreg_ignored(&rep.raw_output)),
@@ -691,8 +769,24 @@ ptxas info    : Used 10 registers, 8+16 bytes smem, 368 bytes cmem[0]
                 ..Default::default()
             }
         );
-        assert_eq!((ks[1].registers, ks[1].barriers, ks[1].shared_bytes, ks[1].const_bytes), (168, 1, 256, 408));
-        assert_eq!((ks[2].registers, ks[2].barriers, ks[2].shared_bytes, ks[2].const_bytes), (10, 0, 24, 368));
+        assert_eq!(
+            (
+                ks[1].registers,
+                ks[1].barriers,
+                ks[1].shared_bytes,
+                ks[1].const_bytes
+            ),
+            (168, 1, 256, 408)
+        );
+        assert_eq!(
+            (
+                ks[2].registers,
+                ks[2].barriers,
+                ks[2].shared_bytes,
+                ks[2].const_bytes
+            ),
+            (10, 0, 24, 368)
+        );
         assert!(setmaxnreg_ignored(out));
         let d = parse_diagnostics(out, "");
         assert_eq!(d.len(), 1, "{d:?}");
@@ -715,8 +809,15 @@ ptxas info    : Used 10 registers, 8+16 bytes smem, 368 bytes cmem[0]
         assert_eq!((d[1].line, d[1].severity), (Some(2), Severity::Warning));
         assert_eq!((d[2].line, d[2].severity), (None, Severity::Warning));
         assert_eq!(d[3].severity, Severity::Fatal);
-        let e = PtxasError::Failed { status: Some(255), diagnostics: d, output: out.into() };
+        let e = PtxasError::Failed {
+            status: Some(255),
+            diagnostics: d,
+            output: out.into(),
+        };
         let s = e.to_string();
-        assert!(s.contains("line 3: error: Not a name") && s.contains("| foo.bar %r1;"), "{s}");
+        assert!(
+            s.contains("line 3: error: Not a name") && s.contains("| foo.bar %r1;"),
+            "{s}"
+        );
     }
 }

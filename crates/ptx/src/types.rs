@@ -88,7 +88,10 @@ impl Ty {
         self.kind() == TyKind::Signed
     }
     pub fn is_int(self) -> bool {
-        matches!(self.kind(), TyKind::Signed | TyKind::Unsigned | TyKind::Bits)
+        matches!(
+            self.kind(),
+            TyKind::Signed | TyKind::Unsigned | TyKind::Bits
+        )
     }
     /// The bit type of the same size (b16 for f16, b32 for u32, ...).
     pub fn bit_ty(self) -> Ty {
@@ -135,7 +138,10 @@ enum_str! {
 impl Space {
     /// Shared memory of any flavour.
     pub fn is_shared(self) -> bool {
-        matches!(self, Space::Shared | Space::SharedCta | Space::SharedCluster)
+        matches!(
+            self,
+            Space::Shared | Space::SharedCta | Space::SharedCluster
+        )
     }
     pub fn is_param(self) -> bool {
         matches!(self, Space::Param | Space::ParamEntry | Space::ParamFunc)

@@ -125,7 +125,11 @@ impl Diagnostic {
 
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}: {}: {}", self.line, self.col, self.severity, self.message)
+        write!(
+            f,
+            "{}:{}: {}: {}",
+            self.line, self.col, self.severity, self.message
+        )
     }
 }
 
@@ -190,7 +194,11 @@ impl Scope {
         if let Some(r) = self.exact.get(name) {
             return Some(*r);
         }
-        let digits = name.bytes().rev().take_while(|c| c.is_ascii_digit()).count();
+        let digits = name
+            .bytes()
+            .rev()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
         if digits == 0 || self.ranges.is_empty() {
             return None;
         }
@@ -208,7 +216,10 @@ impl Scope {
 
 /// The registers of a `.reg` parameter.
 fn param_reg(p: &Param) -> RegInfo {
-    RegInfo { ty: p.ty, vec: None }
+    RegInfo {
+        ty: p.ty,
+        vec: None,
+    }
 }
 
 struct FnCheck<'a> {
@@ -239,7 +250,13 @@ fn compatible(have: Ty, want: Ty) -> bool {
     if hk == TyKind::Bits || wk == TyKind::Bits {
         return true;
     }
-    matches!((hk, wk), (TyKind::Signed | TyKind::Unsigned, TyKind::Signed | TyKind::Unsigned))
+    matches!(
+        (hk, wk),
+        (
+            TyKind::Signed | TyKind::Unsigned,
+            TyKind::Signed | TyKind::Unsigned
+        )
+    )
 }
 
 /// `ld`/`st`/`cvt` also accept integer registers wider than the instruction type.
@@ -249,7 +266,9 @@ fn compatible_wide(have: Ty, want: Ty) -> bool {
     }
     let int_like = |t: Ty| matches!(t.kind(), TyKind::Bits | TyKind::Signed | TyKind::Unsigned);
     int_like(have) && int_like(want) && have.size() > want.size()
-        || (have.kind() == TyKind::Bits && have.size() > want.size() && want.kind() == TyKind::Float)
+        || (have.kind() == TyKind::Bits
+            && have.size() > want.size()
+            && want.kind() == TyKind::Float)
 }
 
 fn doubled(t: Ty) -> Ty {
@@ -320,15 +339,30 @@ impl<'a> FnCheck<'a> {
                 self.diag(
                     DiagKind::ThreadCount,
                     f.loc,
-                    format!(".{name} {} asks for {total} threads per block; the limit is 1024", join(v)),
+                    format!(
+                        ".{name} {} asks for {total} threads per block; the limit is 1024",
+                        join(v)
+                    ),
                 );
-            } else if let Some((i, x)) = v.iter().enumerate().find(|(i, x)| **x > *limits.get(*i).unwrap_or(&1)) {
+            } else if let Some((i, x)) = v
+                .iter()
+                .enumerate()
+                .find(|(i, x)| **x > *limits.get(*i).unwrap_or(&1))
+            {
                 let dim = ["x", "y", "z"].get(i).copied().unwrap_or("?");
                 let lim = limits.get(i).copied().unwrap_or(1);
-                self.diag(DiagKind::ThreadCount, f.loc, format!(".{name} {dim} dimension {x} exceeds {lim}"));
+                self.diag(
+                    DiagKind::ThreadCount,
+                    f.loc,
+                    format!(".{name} {dim} dimension {x} exceeds {lim}"),
+                );
             }
             if v.contains(&0) {
-                self.diag(DiagKind::ThreadCount, f.loc, format!(".{name} {} has a zero dimension", join(v)));
+                self.diag(
+                    DiagKind::ThreadCount,
+                    f.loc,
+                    format!(".{name} {} has a zero dimension", join(v)),
+                );
             }
         }
     }
@@ -364,11 +398,17 @@ impl<'a> FnCheck<'a> {
     }
 
     fn symbol_space(&self, name: &str) -> Option<Space> {
-        self.locals.get(name).or_else(|| self.globals.get(name)).copied()
+        self.locals
+            .get(name)
+            .or_else(|| self.globals.get(name))
+            .copied()
     }
 
     fn declare(&mut self, d: &RegDecl) {
-        let info = RegInfo { ty: d.ty, vec: d.vec };
+        let info = RegInfo {
+            ty: d.ty,
+            vec: d.vec,
+        };
         for n in &d.names {
             let scope = self.scopes.last().expect("scope");
             let dup = match n.count {
@@ -389,7 +429,11 @@ impl<'a> FnCheck<'a> {
                     Some(c) => format!("{}<{c}>", n.name),
                     None => n.name.clone(),
                 };
-                self.diag(DiagKind::DuplicateRegister, d.loc, format!("register `{shown}` declared twice in the same scope"));
+                self.diag(
+                    DiagKind::DuplicateRegister,
+                    d.loc,
+                    format!("register `{shown}` declared twice in the same scope"),
+                );
             }
             let scope = self.scopes.last_mut().expect("scope");
             match n.count {
@@ -435,7 +479,11 @@ impl<'a> FnCheck<'a> {
         match self.lookup(name) {
             Some(r) => Some(r),
             None => {
-                self.diag(DiagKind::UndeclaredRegister, loc, format!("register `{name}` is not declared"));
+                self.diag(
+                    DiagKind::UndeclaredRegister,
+                    loc,
+                    format!("register `{name}` is not declared"),
+                );
                 None
             }
         }
@@ -460,7 +508,12 @@ impl<'a> FnCheck<'a> {
                     self.diag(
                         DiagKind::GuardNotPredicate,
                         loc,
-                        format!("guard `@{}{}` is .{}, not .pred", if g.negated { "!" } else { "" }, g.reg, r.ty),
+                        format!(
+                            "guard `@{}{}` is .{}, not .pred",
+                            if g.negated { "!" } else { "" },
+                            g.reg,
+                            r.ty
+                        ),
                     );
                 }
             }
@@ -468,16 +521,34 @@ impl<'a> FnCheck<'a> {
         self.target(i);
         let info = i.op.info();
         let n = i.args.len();
-        let (lo, hi) = (info.dsts as usize + info.min_srcs as usize, info.dsts as usize + info.max_srcs as usize);
+        let (lo, hi) = (
+            info.dsts as usize + info.min_srcs as usize,
+            info.dsts as usize + info.max_srcs as usize,
+        );
         if n < lo || n > hi {
-            let want = if lo == hi { format!("{lo}") } else { format!("{lo} to {hi}") };
-            self.diag(DiagKind::OperandCount, loc, format!("`{}` takes {want} operands, found {n}", i.op.name()));
+            let want = if lo == hi {
+                format!("{lo}")
+            } else {
+                format!("{lo} to {hi}")
+            };
+            self.diag(
+                DiagKind::OperandCount,
+                loc,
+                format!("`{}` takes {want} operands, found {n}", i.op.name()),
+            );
             self.symbols_and_labels(i);
             return;
         }
         for d in i.dsts() {
-            if matches!(d, Operand::Imm(_) | Operand::Addr { .. } | Operand::Sym { .. } | Operand::Not(_)) {
-                self.diag(DiagKind::BadOperand, loc, format!("destination of `{}` must be a register", i.op.name()));
+            if matches!(
+                d,
+                Operand::Imm(_) | Operand::Addr { .. } | Operand::Sym { .. } | Operand::Not(_)
+            ) {
+                self.diag(
+                    DiagKind::BadOperand,
+                    loc,
+                    format!("destination of `{}` must be a register", i.op.name()),
+                );
             }
         }
         self.symbols_and_labels(i);
@@ -491,7 +562,11 @@ impl<'a> FnCheck<'a> {
         let sm = t.sm();
         let base = i.op.info();
         let what = if req.min_sm != base.min_sm || req.min_ptx != base.min_ptx {
-            format!("`{}`", i.op.name().to_string() + &i.mods.iter().map(|m| format!(".{m}")).collect::<String>())
+            format!(
+                "`{}`",
+                i.op.name().to_string()
+                    + &i.mods.iter().map(|m| format!(".{m}")).collect::<String>()
+            )
         } else {
             i.op.name().to_string()
         };
@@ -502,12 +577,27 @@ impl<'a> FnCheck<'a> {
                 self.diag(
                     DiagKind::TargetUnsupported,
                     i.loc,
-                    format!("{what} requires sm_{}{a}, module targets {}", req.min_sm, t.arch),
+                    format!(
+                        "{what} requires sm_{}{a}, module targets {}",
+                        req.min_sm, t.arch
+                    ),
                 );
-            } else if matches!(i.op, Opcode::WgmmaMmaAsync | Opcode::WgmmaFence | Opcode::WgmmaCommitGroup | Opcode::WgmmaWaitGroup)
-                && sm != 90
+            } else if matches!(
+                i.op,
+                Opcode::WgmmaMmaAsync
+                    | Opcode::WgmmaFence
+                    | Opcode::WgmmaCommitGroup
+                    | Opcode::WgmmaWaitGroup
+            ) && sm != 90
             {
-                self.diag(DiagKind::TargetUnsupported, i.loc, format!("{what} is only available on sm_90a, module targets {}", t.arch));
+                self.diag(
+                    DiagKind::TargetUnsupported,
+                    i.loc,
+                    format!(
+                        "{what} is only available on sm_90a, module targets {}",
+                        t.arch
+                    ),
+                );
             }
         }
         if self.m.version != 0 && self.m.version < req.min_ptx {
@@ -531,7 +621,11 @@ impl<'a> FnCheck<'a> {
             Opcode::Bra => {
                 if let Some(Operand::Sym { name, .. }) = i.args.first() {
                     if !self.labels.contains_key(name.as_str()) {
-                        self.diag(DiagKind::UndefinedLabel, loc, format!("branch to undefined label `{name}`"));
+                        self.diag(
+                            DiagKind::UndefinedLabel,
+                            loc,
+                            format!("branch to undefined label `{name}`"),
+                        );
                     }
                 }
                 return;
@@ -539,7 +633,11 @@ impl<'a> FnCheck<'a> {
             Opcode::BrxIdx => {
                 if let Some(Operand::Sym { name, .. }) = i.args.get(1) {
                     if !self.labels.contains_key(name.as_str()) {
-                        self.diag(DiagKind::UndefinedLabel, loc, format!("`brx.idx` names undefined target list `{name}`"));
+                        self.diag(
+                            DiagKind::UndefinedLabel,
+                            loc,
+                            format!("`brx.idx` names undefined target list `{name}`"),
+                        );
                     }
                 }
                 return;
@@ -547,16 +645,25 @@ impl<'a> FnCheck<'a> {
             Opcode::Call => {
                 for a in &i.args {
                     match a {
-                        Operand::Sym { name, .. } => {
-                            if !self.funcs.contains(name.as_str()) && !self.labels.contains_key(name.as_str()) {
-                                self.diag(DiagKind::UnknownSymbol, loc, format!("call of undeclared function `{name}`"));
-                            }
+                        Operand::Sym { name, .. }
+                            if !self.funcs.contains(name.as_str())
+                                && !self.labels.contains_key(name.as_str()) =>
+                        {
+                            self.diag(
+                                DiagKind::UnknownSymbol,
+                                loc,
+                                format!("call of undeclared function `{name}`"),
+                            );
                         }
                         Operand::List(v) => {
                             for x in v {
                                 if let Operand::Sym { name, .. } = x {
                                     if self.symbol_space(name).is_none() {
-                                        self.diag(DiagKind::UnknownSymbol, loc, format!("call argument `{name}` is not declared"));
+                                        self.diag(
+                                            DiagKind::UnknownSymbol,
+                                            loc,
+                                            format!("call argument `{name}` is not declared"),
+                                        );
                                     }
                                 }
                             }
@@ -574,14 +681,21 @@ impl<'a> FnCheck<'a> {
         }
         for s in syms {
             if self.symbol_space(s).is_none() && !self.funcs.contains(s) {
-                self.diag(DiagKind::UnknownSymbol, loc, format!("`{s}` is not a declared variable, parameter or function"));
+                self.diag(
+                    DiagKind::UnknownSymbol,
+                    loc,
+                    format!("`{s}` is not a declared variable, parameter or function"),
+                );
             }
         }
     }
 
     fn spaces(&mut self, i: &Instruction) {
         let loc = i.loc;
-        let is_mem = matches!(i.op, Opcode::Ld | Opcode::Ldu | Opcode::St | Opcode::Atom | Opcode::Red);
+        let is_mem = matches!(
+            i.op,
+            Opcode::Ld | Opcode::Ldu | Opcode::St | Opcode::Atom | Opcode::Red
+        );
         if !is_mem {
             return;
         }
@@ -590,36 +704,82 @@ impl<'a> FnCheck<'a> {
         let kind = self.f.kind;
         if let Some(sp) = space {
             if is_store && sp == Space::Const {
-                self.diag(DiagKind::StateSpace, loc, format!("`{}` cannot write to the read-only .const space", i.op.name()));
+                self.diag(
+                    DiagKind::StateSpace,
+                    loc,
+                    format!(
+                        "`{}` cannot write to the read-only .const space",
+                        i.op.name()
+                    ),
+                );
             }
-            if (i.op == Opcode::Atom || i.op == Opcode::Red) && (sp.is_param() || sp == Space::Local || sp == Space::Const) {
-                self.diag(DiagKind::StateSpace, loc, format!("`{}` does not operate on .{sp}", i.op.name()));
+            if (i.op == Opcode::Atom || i.op == Opcode::Red)
+                && (sp.is_param() || sp == Space::Local || sp == Space::Const)
+            {
+                self.diag(
+                    DiagKind::StateSpace,
+                    loc,
+                    format!("`{}` does not operate on .{sp}", i.op.name()),
+                );
             }
             if sp == Space::ParamEntry && kind != FuncKind::Entry {
-                self.diag(DiagKind::StateSpace, loc, "`.param::entry` is only accessible inside an .entry".to_string());
+                self.diag(
+                    DiagKind::StateSpace,
+                    loc,
+                    "`.param::entry` is only accessible inside an .entry".to_string(),
+                );
             }
             if sp == Space::ParamFunc && kind == FuncKind::Entry && i.op == Opcode::Ld {
-                self.diag(DiagKind::StateSpace, loc, "`ld.param::func` is not valid in an .entry".to_string());
+                self.diag(
+                    DiagKind::StateSpace,
+                    loc,
+                    "`ld.param::func` is not valid in an .entry".to_string(),
+                );
             }
         }
         let addr = i.args.iter().find_map(|a| match a {
-            Operand::Addr { base: AddrBase::Sym(s), .. } => Some(s.as_str()),
+            Operand::Addr {
+                base: AddrBase::Sym(s),
+                ..
+            } => Some(s.as_str()),
             _ => None,
         });
         let Some(sym) = addr else { return };
-        let Some(decl) = self.symbol_space(sym) else { return };
+        let Some(decl) = self.symbol_space(sym) else {
+            return;
+        };
         let Some(sp) = space else { return };
-        let same = |a: Space, b: Space| a == b || (a.is_shared() && b.is_shared()) || (a.is_param() && b.is_param());
+        let same = |a: Space, b: Space| {
+            a == b || (a.is_shared() && b.is_shared()) || (a.is_param() && b.is_param())
+        };
         if sp.is_param() && !decl.is_param() {
             self.diag(
                 DiagKind::StateSpace,
                 loc,
-                format!("`{}.{sp}` of `{sym}`, which is a .{decl} variable, not a parameter", i.op.name()),
+                format!(
+                    "`{}.{sp}` of `{sym}`, which is a .{decl} variable, not a parameter",
+                    i.op.name()
+                ),
             );
         } else if !same(sp, decl) {
-            self.diag(DiagKind::StateSpace, loc, format!("`{}.{sp}` of `{sym}`, which is declared in .{decl}", i.op.name()));
-        } else if sp.is_param() && is_store && kind == FuncKind::Entry && self.f.params.iter().any(|p| p.name == sym) {
-            self.diag(DiagKind::StateSpace, loc, format!("kernel parameter `{sym}` is read-only"));
+            self.diag(
+                DiagKind::StateSpace,
+                loc,
+                format!(
+                    "`{}.{sp}` of `{sym}`, which is declared in .{decl}",
+                    i.op.name()
+                ),
+            );
+        } else if sp.is_param()
+            && is_store
+            && kind == FuncKind::Entry
+            && self.f.params.iter().any(|p| p.name == sym)
+        {
+            self.diag(
+                DiagKind::StateSpace,
+                loc,
+                format!("kernel parameter `{sym}` is read-only"),
+            );
         }
     }
 
@@ -644,7 +804,14 @@ impl<'a> FnCheck<'a> {
                 }
                 if let (Imm::F64(_), 4) | (Imm::F32(_), 8) = (imm, want_ty.size()) {
                     if want_ty.is_float() {
-                        self.diag(DiagKind::TypeMismatch, i.loc, format!("{what} of `{}`: float literal width does not match .{want_ty}", i.op.name()));
+                        self.diag(
+                            DiagKind::TypeMismatch,
+                            i.loc,
+                            format!(
+                                "{what} of `{}`: float literal width does not match .{want_ty}",
+                                i.op.name()
+                            ),
+                        );
                     }
                 }
                 return;
@@ -659,7 +826,10 @@ impl<'a> FnCheck<'a> {
             self.diag(
                 DiagKind::TypeMismatch,
                 i.loc,
-                format!("{what} `{name}` of `{}` is .{have}, expected .{want_ty}", i.op.name()),
+                format!(
+                    "{what} `{name}` of `{}` is .{have}, expected .{want_ty}",
+                    i.op.name()
+                ),
             );
         }
     }
@@ -672,7 +842,12 @@ impl<'a> FnCheck<'a> {
                     self.diag(
                         DiagKind::VectorWidth,
                         i.loc,
-                        format!("`{}` with {} expects {n} elements in its vector operand, found {}", i.op.name(), vec_name(n), v.len()),
+                        format!(
+                            "`{}` with {} expects {n} elements in its vector operand, found {}",
+                            i.op.name(),
+                            vec_name(n),
+                            v.len()
+                        ),
                     );
                 }
                 for x in v {
@@ -689,7 +864,11 @@ impl<'a> FnCheck<'a> {
                     self.diag(
                         DiagKind::VectorWidth,
                         i.loc,
-                        format!("`{}` with {} expects a {{...}} vector of {n} elements", i.op.name(), vec_name(n)),
+                        format!(
+                            "`{}` with {} expects a {{...}} vector of {n} elements",
+                            i.op.name(),
+                            vec_name(n)
+                        ),
                     );
                 } else {
                     self.check(i, o, want, what);
@@ -700,7 +879,11 @@ impl<'a> FnCheck<'a> {
 
     fn require_addr(&mut self, i: &Instruction, o: &Operand) {
         if !matches!(o, Operand::Addr { .. } | Operand::TensorAddr { .. }) {
-            self.diag(DiagKind::BadOperand, i.loc, format!("`{}` needs a [address] operand", i.op.name()));
+            self.diag(
+                DiagKind::BadOperand,
+                i.loc,
+                format!("`{}` needs a [address] operand", i.op.name()),
+            );
         }
     }
 
@@ -711,14 +894,22 @@ impl<'a> FnCheck<'a> {
         let Some(&t) = tys.first() else { return };
         let all = |s: &mut Self, w: Want| {
             for (k, o) in a.iter().enumerate() {
-                s.check(i, o, w, if k < i.op.info().dsts as usize { "destination" } else { "source" });
+                s.check(
+                    i,
+                    o,
+                    w,
+                    if k < i.op.info().dsts as usize {
+                        "destination"
+                    } else {
+                        "source"
+                    },
+                );
             }
         };
         match i.op {
-            Add | Sub | Addc | Subc | Div | Rem | Abs | Neg | Min | Max | Fma | Copysign | Rcp | Sqrt | Rsqrt
-            | Sin | Cos | Lg2 | Ex2 | Tanh | And | Or | Xor | Not | Cnot | Brev | Sad | Mul24 | Mad24 => {
-                all(self, Want::T(t))
-            }
+            Add | Sub | Addc | Subc | Div | Rem | Abs | Neg | Min | Max | Fma | Copysign | Rcp
+            | Sqrt | Rsqrt | Sin | Cos | Lg2 | Ex2 | Tanh | And | Or | Xor | Not | Cnot | Brev
+            | Sad | Mul24 | Mad24 => all(self, Want::T(t)),
             Mul | Mad => {
                 if i.has(Flag::Wide) {
                     self.check(i, &a[0], Want::T(doubled(t)), "destination");
@@ -898,10 +1089,16 @@ impl<'a> FnCheck<'a> {
     }
 
     fn check_addr_reg(&mut self, i: &Instruction, o: &Operand) {
-        if let Operand::Addr { base: AddrBase::Reg(r), .. } = o {
+        if let Operand::Addr {
+            base: AddrBase::Reg(r),
+            ..
+        } = o
+        {
             if let Some(info) = self.lookup(r) {
-                let ok = matches!(info.ty.kind(), TyKind::Bits | TyKind::Signed | TyKind::Unsigned)
-                    && matches!(info.ty.size(), 4 | 8);
+                let ok = matches!(
+                    info.ty.kind(),
+                    TyKind::Bits | TyKind::Signed | TyKind::Unsigned
+                ) && matches!(info.ty.size(), 4 | 8);
                 if !ok {
                     self.diag(
                         DiagKind::TypeMismatch,
@@ -939,8 +1136,12 @@ impl<'a> FnCheck<'a> {
         let vec_pack = |s: &mut Self, o: &Operand, what: &str| {
             if let Operand::Vec(v) = o {
                 let n = v.len() as u32;
-                if n == 0 || t.size() % n != 0 || !matches!(n, 2 | 4) {
-                    s.diag(DiagKind::VectorWidth, i.loc, format!("`mov.{t}` cannot (un)pack {n} elements"));
+                if !matches!(n, 2 | 4) || t.size() < n {
+                    s.diag(
+                        DiagKind::VectorWidth,
+                        i.loc,
+                        format!("`mov.{t}` cannot (un)pack {n} elements"),
+                    );
                     return true;
                 }
                 let et = match t.size() / n {
@@ -966,7 +1167,9 @@ impl<'a> FnCheck<'a> {
     }
 
     fn mma(&mut self, i: &Instruction, tys: &[Ty]) {
-        let Some(Mod::Shape { m, n, k: Some(k) }) = i.shape() else { return };
+        let Some(Mod::Shape { m, n, k: Some(k) }) = i.shape() else {
+            return;
+        };
         if tys.len() < 2 {
             return;
         }
@@ -996,7 +1199,12 @@ impl<'a> FnCheck<'a> {
         let (nd, dty) = frag(dt);
         let (nc, cty) = frag(ct);
         let shape = format!("m{m}n{n}k{k}");
-        let parts = [("D", nd, dty, 0usize), ("A", na, Ty::B32, 1), ("B", nb, Ty::B32, 2), ("C", nc, cty, 3)];
+        let parts = [
+            ("D", nd, dty, 0usize),
+            ("A", na, Ty::B32, 1),
+            ("B", nb, Ty::B32, 2),
+            ("C", nc, cty, 3),
+        ];
         for (label, cnt, ty, idx) in parts {
             let Some(o) = i.args.get(idx) else { continue };
             let elems: Vec<&Operand> = match o {
@@ -1007,22 +1215,32 @@ impl<'a> FnCheck<'a> {
                 self.diag(
                     DiagKind::MmaFragment,
                     i.loc,
-                    format!("mma .{shape} .{at}: fragment {label} needs {cnt} registers, found {}", elems.len()),
+                    format!(
+                        "mma .{shape} .{at}: fragment {label} needs {cnt} registers, found {}",
+                        elems.len()
+                    ),
                 );
                 continue;
             }
+            let mut bad = Vec::new();
             for e in elems {
                 if let Operand::Reg(r) = e {
                     if let Some(info) = self.lookup(r) {
                         if !compatible(info.ty, ty) {
-                            self.diag(
-                                DiagKind::MmaFragment,
-                                i.loc,
-                                format!("mma .{shape} .{at}: fragment {label} register `{r}` is .{}, expected .{ty}", info.ty),
-                            );
+                            bad.push(format!("`{r}` (.{})", info.ty));
                         }
                     }
                 }
+            }
+            if !bad.is_empty() {
+                self.diag(
+                    DiagKind::MmaFragment,
+                    i.loc,
+                    format!(
+                        "mma .{shape} .{at}: fragment {label} needs .{ty} registers, found {}",
+                        bad.join(", ")
+                    ),
+                );
             }
         }
     }
@@ -1033,14 +1251,20 @@ fn vec_name(n: usize) -> String {
 }
 
 fn join(v: &[u32]) -> String {
-    v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Symbol names referenced as values or address bases (not labels or call targets).
 fn collect_syms<'a>(o: &'a Operand, out: &mut Vec<&'a str>) {
     match o {
         Operand::Sym { name, .. } => out.push(name),
-        Operand::Addr { base: AddrBase::Sym(s), .. } => out.push(s),
+        Operand::Addr {
+            base: AddrBase::Sym(s),
+            ..
+        } => out.push(s),
         Operand::TensorAddr { base, coords } => {
             if let AddrBase::Sym(s) = base {
                 out.push(s);

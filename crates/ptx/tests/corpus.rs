@@ -14,13 +14,20 @@ fn corpus_files() -> Vec<(String, PathBuf)> {
     let mut out = Vec::new();
     let mut stack = vec![corpus_dir()];
     while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in rd.flatten() {
             let p = e.path();
             if p.is_dir() {
                 stack.push(p);
             } else if p.extension().is_some_and(|x| x == "ptx") {
-                let target = p.parent().and_then(|x| x.file_name()).unwrap().to_string_lossy().into_owned();
+                let target = p
+                    .parent()
+                    .and_then(|x| x.file_name())
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
                 out.push((target, p));
             }
         }
@@ -36,7 +43,11 @@ fn count_instructions(m: &ptx::Module) -> usize {
 #[test]
 fn corpus_round_trips_and_validates() {
     let files = corpus_files();
-    assert!(files.len() >= 20, "corpus not found under {}", corpus_dir().display());
+    assert!(
+        files.len() >= 20,
+        "corpus not found under {}",
+        corpus_dir().display()
+    );
     let mut failures = Vec::new();
     for (_, path) in &files {
         let text = std::fs::read_to_string(path).unwrap();
@@ -60,7 +71,11 @@ fn corpus_round_trips_and_validates() {
         }
         let n = count_instructions(&m);
         if n == 0 || n != count_instructions(&m2) {
-            failures.push(format!("{}: instruction count {n} vs {}", path.display(), count_instructions(&m2)));
+            failures.push(format!(
+                "{}: instruction count {n} vs {}",
+                path.display(),
+                count_instructions(&m2)
+            ));
         }
         for d in validate(&m) {
             if d.severity == Severity::Error {
@@ -68,7 +83,12 @@ fn corpus_round_trips_and_validates() {
             }
         }
     }
-    assert!(failures.is_empty(), "{} corpus failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} corpus failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -97,7 +117,10 @@ fn corpus_printed_text_assembles() {
                         let text = std::fs::read_to_string(path).unwrap();
                         let m = ptx::parse(&text).unwrap();
                         let printed = ptx::print(&m);
-                        let opts = ptx::ptxas::PtxasOptions { opt_level: Some(0), ..Default::default() };
+                        let opts = ptx::ptxas::PtxasOptions {
+                            opt_level: Some(0),
+                            ..Default::default()
+                        };
                         if let Err(e) = ptx::ptxas::assemble(&printed, target, &opts) {
                             fails.push(format!("{} ({target}): {e}", path.display()));
                         }
