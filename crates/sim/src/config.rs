@@ -200,7 +200,7 @@ fn h800() -> HardwareConfig {
         intra_node_latency_us: 3.0,
         inter_node_gbps: 50.0,
         inter_node_latency_us: 10.0,
-        comm_gbps_per_sm: 12.0,
+        comm_gbps_per_sm: 7.5,
     }
 }
 
@@ -323,7 +323,7 @@ impl Config {
                 intra_node_latency_us: 3.0,
                 inter_node_gbps: 50.0,
                 inter_node_latency_us: 10.0,
-                comm_gbps_per_sm: 12.0,
+                comm_gbps_per_sm: 7.5,
             },
             comm: CommConfig {
                 sms: 20,
@@ -451,7 +451,7 @@ impl Config {
                 ),
             ));
         }
-        if m.routed_experts % m.groups != 0 {
+        if !m.routed_experts.is_multiple_of(m.groups) {
             return Err(SimError::config(
                 "model.groups",
                 format!(
@@ -476,7 +476,7 @@ impl Config {
                 "group scores use the top-2 experts of a group: groups need at least 2 experts",
             ));
         }
-        if t.micro_batch_tokens % m.seq_len != 0 {
+        if !t.micro_batch_tokens.is_multiple_of(m.seq_len) {
             return Err(SimError::config(
                 "training.micro_batch_tokens",
                 format!(
@@ -495,7 +495,7 @@ impl Config {
                 ),
             ));
         }
-        if gpus % p.ep != 0 || p.dp % p.ep != 0 {
+        if !gpus.is_multiple_of(p.ep) || !p.dp.is_multiple_of(p.ep) {
             return Err(SimError::config(
                 "parallelism.ep",
                 format!(
@@ -504,7 +504,7 @@ impl Config {
                 ),
             ));
         }
-        if p.ep > p.gpus_per_node && p.ep % p.gpus_per_node != 0 {
+        if p.ep > p.gpus_per_node && !p.ep.is_multiple_of(p.gpus_per_node) {
             return Err(SimError::config(
                 "parallelism.ep",
                 format!(
@@ -513,13 +513,13 @@ impl Config {
                 ),
             ));
         }
-        if p.ep <= p.gpus_per_node && p.gpus_per_node % p.ep != 0 {
+        if p.ep <= p.gpus_per_node && !p.gpus_per_node.is_multiple_of(p.ep) {
             return Err(SimError::config(
                 "parallelism.ep",
                 format!("must divide gpus_per_node ({})", p.gpus_per_node),
             ));
         }
-        if m.routed_experts % p.ep != 0 {
+        if !m.routed_experts.is_multiple_of(p.ep) {
             return Err(SimError::config(
                 "parallelism.ep",
                 format!(

@@ -560,12 +560,10 @@ impl<'a> CostModel<'a> {
             BlockKind::Head => h * 2.0 + m.vocab as f64 * 2.0 / 8.0,
             BlockKind::Dense => attn + 2.0 * h + a * h + m.dense_intermediate as f64 * (4.0 + a),
             BlockKind::Moe | BlockKind::Mtp => {
-                let n = m.top_k as f64 * self.cfg.calibration.expert_imbalance
-                    + m.shared_experts as f64;
-                attn + 2.0 * h
-                    + a * h
-                    + n * (a * h + h / 32.0 + m.expert_intermediate as f64 * (4.0 + a))
-                    + m.top_k as f64 * 2.0 * h
+                // Per routed/shared expert copy: FP8 input with scales, SwiGLU input (BF16);
+                // the SwiGLU output is recomputed.
+                let n = (m.top_k + m.shared_experts) as f64;
+                attn + 2.0 * h + a * h + n * (a * h + h / 32.0 + m.expert_intermediate as f64 * 4.0)
             }
         }
     }

@@ -222,6 +222,7 @@ impl Canvas {
             self.dot(a.0 + t * (b.0 - a.0), a.1 + t * (b.1 - a.1), width / 2.0, c);
         }
     }
+    #[allow(clippy::too_many_arguments)]
     fn text(
         &mut self,
         font: &FontRef,
