@@ -1,1 +1,100 @@
-//! placeholder
+//! `runtime`: the one API kernels, the kernel library and tools program against, with backends
+//! behind it (the CPU emulator, and the CUDA driver).
+//!
+//! Shape (after cudarc): [`Device`] (by backend and index) -> [`Buffer<T>`] typed device memory,
+//! [`Module`] loaded from IR or PTX text -> [`Function`]s, [`Stream`]s that run launches in order
+//! (concurrently with other streams), [`Event`]s that record completion and time. Launches take a
+//! [`LaunchConfig`] (grid, block, dynamic shared memory, cluster, SM budget) and [`Arg`]s checked
+//! against the kernel's parameter list. Errors are typed ([`RuntimeError`]), never panics.
+//!
+//! Emulated devices share one unified address space, so `buffer.peer_ptr(&other)` is a pointer a
+//! kernel on `other` can dereference — the P2P pattern of expert-parallel communication kernels.
+
+mod device;
+mod stream;
+
+pub use device::{Backend, Buffer, Device, DeviceInfo, DeviceProps, Function, Module, Pod, SmPartition};
+pub use stream::{Event, LaunchConfig, Stream};
+
+/// Runtime errors.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("{0}")]
+    Emu(#[from] emu::EmuError),
+    #[error("PTX parse error: {0}")]
+    Parse(#[from] ptx::ParseError),
+    #[error("CUDA backend unavailable: {0}")]
+    CudaUnavailable(String),
+    #[error("CUDA error: {0}")]
+    Cuda(String),
+    #[error("no device {0}")]
+    NoDevice(String),
+    #[error("kernel `{kernel}`: {msg}")]
+    Args { kernel: String, msg: String },
+    #[error("buffer: {0}")]
+    Buffer(String),
+    #[error("launch: {0}")]
+    Launch(String),
+}
+
+pub type Result<T> = std::result::Result<T, RuntimeError>;
+
+/// A kernel argument, passed by value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arg {
+    U8(u8),
+    U16(u16),
+    U32(u32),
+    I32(i32),
+    U64(u64),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    /// A device pointer.
+    Ptr(u64),
+}
+
+impl Arg {
+    pub fn size(&self) -> usize {
+        match self {
+            Arg::U8(_) => 1,
+            Arg::U16(_) => 2,
+            Arg::U32(_) | Arg::I32(_) | Arg::F32(_) => 4,
+            _ => 8,
+        }
+    }
+    pub fn bytes(&self) -> Vec<u8> {
+        match *self {
+            Arg::U8(v) => vec![v],
+            Arg::U16(v) => v.to_le_bytes().to_vec(),
+            Arg::U32(v) => v.to_le_bytes().to_vec(),
+            Arg::I32(v) => v.to_le_bytes().to_vec(),
+            Arg::U64(v) | Arg::Ptr(v) => v.to_le_bytes().to_vec(),
+            Arg::I64(v) => v.to_le_bytes().to_vec(),
+            Arg::F32(v) => v.to_le_bytes().to_vec(),
+            Arg::F64(v) => v.to_le_bytes().to_vec(),
+        }
+    }
+}
+
+macro_rules! arg_from {
+    ($($t:ty => $v:ident),*) => { $(impl From<$t> for Arg { fn from(x: $t) -> Arg { Arg::$v(x) } })* };
+}
+arg_from!(u8 => U8, u16 => U16, u32 => U32, i32 => I32, u64 => U64, i64 => I64, f32 => F32, f64 => F64);
+
+impl<T: Pod> From<&Buffer<T>> for Arg {
+    fn from(b: &Buffer<T>) -> Arg {
+        Arg::Ptr(b.device_ptr())
+    }
+}
+impl<T: Pod> From<&mut Buffer<T>> for Arg {
+    fn from(b: &mut Buffer<T>) -> Arg {
+        Arg::Ptr(b.device_ptr())
+    }
+}
+
+/// Builds an argument list: `args![&a, &b, n]`.
+#[macro_export]
+macro_rules! args {
+    ($($x:expr),* $(,)?) => { vec![$($crate::Arg::from($x)),*] };
+}

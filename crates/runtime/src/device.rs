@@ -1,0 +1,361 @@
+//! Devices, typed buffers, modules and functions.
+
+use crate::stream::Stream;
+use crate::{Result, RuntimeError};
+use emu::{GlobalMemory, LoadedModule};
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Which implementation runs a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Backend {
+    Emu,
+    Cuda,
+}
+
+/// Static properties of a device.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DeviceProps {
+    pub name: String,
+    pub sms: u32,
+    /// Compute capability (major*10 + minor) the device behaves as.
+    pub sm_version: u32,
+    pub max_shared_per_block: u32,
+    pub total_memory: u64,
+}
+
+/// One line of `ptxforge devices`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DeviceInfo {
+    pub backend: Backend,
+    pub index: u32,
+    pub props: DeviceProps,
+}
+
+/// A contiguous range of SMs a launch may occupy (the SM budget of communication kernels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SmPartition {
+    pub offset: u32,
+    pub count: u32,
+}
+
+pub(crate) struct DeviceInner {
+    pub backend: Backend,
+    pub index: u32,
+    pub props: DeviceProps,
+    pub streams: Mutex<Vec<std::sync::Weak<crate::stream::StreamInner>>>,
+    pub default_stream: OnceLock<Stream>,
+}
+
+/// A device: an emulated GPU, or a real one through the CUDA driver.
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+/// The process-wide emulated global memory (one unified address space for all emulated devices).
+pub(crate) fn emu_memory() -> &'static GlobalMemory {
+    static MEM: OnceLock<GlobalMemory> = OnceLock::new();
+    MEM.get_or_init(GlobalMemory::new)
+}
+
+fn emu_registry() -> &'static Mutex<HashMap<u32, Device>> {
+    static REG: OnceLock<Mutex<HashMap<u32, Device>>> = OnceLock::new();
+    REG.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+impl Device {
+    /// Emulated device `index` (created on first use; the same object afterwards). It behaves as
+    /// an sm_90a part with 132 SMs.
+    pub fn emu(index: u32) -> Device {
+        let mut reg = emu_registry().lock().unwrap_or_else(|p| p.into_inner());
+        reg.entry(index)
+            .or_insert_with(|| Device {
+                inner: Arc::new(DeviceInner {
+                    backend: Backend::Emu,
+                    index,
+                    props: DeviceProps {
+                        name: format!("ptxforge emulator #{index} (sm_90a, 132 SMs)"),
+                        sms: 132,
+                        sm_version: 90,
+                        max_shared_per_block: emu::launch::max_shared_per_block(90),
+                        total_memory: 1 << 36,
+                    },
+                    streams: Mutex::new(Vec::new()),
+                    default_stream: OnceLock::new(),
+                }),
+            })
+            .clone()
+    }
+
+    /// CUDA device `index`, through libcuda loaded at run time.
+    pub fn cuda(index: u32) -> Result<Device> {
+        Err(RuntimeError::CudaUnavailable(format!(
+            "device {index}: this build has no CUDA driver backend enabled"
+        )))
+    }
+
+    /// Parses `emu`, `emu:3`, `cuda`, `cuda:1`.
+    pub fn from_name(s: &str) -> Result<Device> {
+        let (kind, idx) = match s.split_once(':') {
+            Some((k, i)) => (k, i.parse::<u32>().map_err(|_| RuntimeError::NoDevice(s.to_string()))?),
+            None => (s, 0),
+        };
+        match kind {
+            "emu" => Ok(Device::emu(idx)),
+            "cuda" => Device::cuda(idx),
+            _ => Err(RuntimeError::NoDevice(format!("`{s}` (use emu[:N] or cuda[:N])"))),
+        }
+    }
+
+    /// Devices available in this process: emulated device 0 always, CUDA devices when a driver
+    /// is present. The second element explains why CUDA is absent, if it is.
+    pub fn list() -> (Vec<DeviceInfo>, Option<String>) {
+        let d = Device::emu(0);
+        let v = vec![DeviceInfo { backend: Backend::Emu, index: 0, props: d.props().clone() }];
+        let why = Device::cuda(0).err().map(|e| e.to_string());
+        (v, why)
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.inner.backend
+    }
+    pub fn index(&self) -> u32 {
+        self.inner.index
+    }
+    pub fn props(&self) -> &DeviceProps {
+        &self.inner.props
+    }
+    pub fn same(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Allocates `len` elements (zeroed).
+    pub fn alloc<T: Pod>(&self, len: usize) -> Result<Buffer<T>> {
+        let bytes = (len * T::SIZE) as u64;
+        let a = emu_memory().alloc(bytes, self.inner.index)?;
+        Ok(Buffer { device: self.clone(), alloc: a, len, _t: PhantomData })
+    }
+
+    /// Allocates and fills from host data.
+    pub fn upload<T: Pod>(&self, data: &[T]) -> Result<Buffer<T>> {
+        let b = self.alloc::<T>(data.len())?;
+        b.copy_from_host(data)?;
+        Ok(b)
+    }
+
+    /// The device's default stream.
+    pub fn default_stream(&self) -> Stream {
+        self.inner.default_stream.get_or_init(|| Stream::new(self, 0)).clone()
+    }
+
+    /// A new stream; higher `priority` streams are favoured where the backend supports it.
+    pub fn stream(&self, priority: i32) -> Stream {
+        Stream::new(self, priority)
+    }
+
+    /// Waits for all work queued on this device's streams without consuming their errors
+    /// (host copies use this; errors belong to the stream that ran the failing launch).
+    pub(crate) fn quiesce(&self) {
+        let streams: Vec<_> = {
+            let g = self.inner.streams.lock().unwrap_or_else(|p| p.into_inner());
+            g.iter().filter_map(|w| w.upgrade()).collect()
+        };
+        for s in streams {
+            let _ = crate::stream::wait_inner(&s, false);
+        }
+    }
+
+    /// Waits for all work queued on this device's streams. Returns the first launch error.
+    pub fn synchronize(&self) -> Result<()> {
+        let streams: Vec<_> = {
+            let g = self.inner.streams.lock().unwrap_or_else(|p| p.into_inner());
+            g.iter().filter_map(|w| w.upgrade()).collect()
+        };
+        let mut first = Ok(());
+        for s in streams {
+            let r = crate::stream::sync_inner(&s);
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+}
+
+/// Plain data that can live in device memory.
+pub trait Pod: Copy + Send + Sync + 'static {
+    const SIZE: usize;
+    /// numpy-style dtype name.
+    const DTYPE: &'static str;
+    fn to_bytes(&self, out: &mut Vec<u8>);
+    fn from_bytes(b: &[u8]) -> Self;
+}
+
+macro_rules! pod {
+    ($($t:ty, $d:literal);*) => {$(
+        impl Pod for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            const DTYPE: &'static str = $d;
+            fn to_bytes(&self, out: &mut Vec<u8>) { out.extend_from_slice(&self.to_le_bytes()) }
+            fn from_bytes(b: &[u8]) -> Self { let mut a = [0u8; std::mem::size_of::<$t>()]; a.copy_from_slice(b); <$t>::from_le_bytes(a) }
+        }
+    )*};
+}
+pod!(u8, "u8"; i8, "i8"; u16, "u16"; i16, "i16"; u32, "u32"; i32, "i32"; u64, "u64"; i64, "i64"; f32, "f32"; f64, "f64"; half::f16, "f16"; half::bf16, "bf16");
+
+/// Typed device memory.
+pub struct Buffer<T: Pod> {
+    device: Device,
+    alloc: Arc<emu::Allocation>,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T: Pod> Buffer<T> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+    /// The device address (for kernel arguments).
+    pub fn device_ptr(&self) -> u64 {
+        self.alloc.base
+    }
+    /// A pointer to this buffer that kernels on `other` can use (peer access over NVLink on
+    /// GPUs; the unified address space on the emulator).
+    pub fn peer_ptr(&self, other: &Device) -> Result<u64> {
+        if other.backend() != self.device.backend() {
+            return Err(RuntimeError::Buffer("peer access across backends".into()));
+        }
+        Ok(self.alloc.base)
+    }
+    /// Copies host data in (waits for queued work on the device first).
+    pub fn copy_from_host(&self, data: &[T]) -> Result<()> {
+        if data.len() > self.len {
+            return Err(RuntimeError::Buffer(format!("copy of {} elements into a buffer of {}", data.len(), self.len)));
+        }
+        self.device.quiesce();
+        let mut bytes = Vec::with_capacity(data.len() * T::SIZE);
+        for x in data {
+            x.to_bytes(&mut bytes);
+        }
+        self.alloc.write_bytes(0, &bytes);
+        Ok(())
+    }
+    /// Copies the whole buffer out (waits for queued work on the device first).
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        self.device.quiesce();
+        let mut bytes = vec![0u8; self.len * T::SIZE];
+        self.alloc.read_bytes(0, &mut bytes);
+        Ok(bytes.chunks_exact(T::SIZE).map(T::from_bytes).collect())
+    }
+    /// Raw bytes of the buffer.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        self.device.quiesce();
+        let mut bytes = vec![0u8; self.len * T::SIZE];
+        self.alloc.read_bytes(0, &mut bytes);
+        Ok(bytes)
+    }
+    /// Copies raw bytes in.
+    pub fn copy_from_bytes(&self, data: &[u8]) -> Result<()> {
+        if data.len() > self.len * T::SIZE {
+            return Err(RuntimeError::Buffer("too many bytes for the buffer".into()));
+        }
+        self.device.quiesce();
+        self.alloc.write_bytes(0, data);
+        Ok(())
+    }
+    /// Sets every element to `v`.
+    pub fn fill(&self, v: T) -> Result<()> {
+        self.device.quiesce();
+        let mut pat = Vec::new();
+        v.to_bytes(&mut pat);
+        self.alloc.fill(0, (self.len * T::SIZE) as u64, &pat);
+        Ok(())
+    }
+}
+
+impl<T: Pod> Drop for Buffer<T> {
+    fn drop(&mut self) {
+        emu_memory().free(self.alloc.base);
+    }
+}
+
+/// A module loaded on a device.
+#[derive(Clone)]
+pub struct Module {
+    pub(crate) device: Device,
+    pub(crate) loaded: Arc<LoadedModule>,
+}
+
+impl Module {
+    /// Loads a module from IR.
+    pub fn load(device: &Device, module: &ptx::Module) -> Result<Module> {
+        let loaded = LoadedModule::load(emu_memory(), module.clone(), device.index())?;
+        Ok(Module { device: device.clone(), loaded: Arc::new(loaded) })
+    }
+    /// Loads a module from PTX text.
+    pub fn load_ptx(device: &Device, text: &str) -> Result<Module> {
+        let m = ptx::parse(text)?;
+        Module::load(device, &m)
+    }
+    pub fn ir(&self) -> &ptx::Module {
+        &self.loaded.module
+    }
+    /// Looks a kernel up by name.
+    pub fn function(&self, name: &str) -> Result<Function> {
+        let f = self
+            .loaded
+            .module
+            .entries()
+            .find(|f| f.name == name)
+            .ok_or_else(|| RuntimeError::Args { kernel: name.to_string(), msg: "no such kernel in the module".into() })?;
+        Ok(Function { module: self.clone(), name: name.to_string(), params: f.params.clone() })
+    }
+}
+
+/// A kernel ready to launch.
+#[derive(Clone)]
+pub struct Function {
+    pub(crate) module: Module,
+    pub name: String,
+    /// Parameters in launch order (from the IR).
+    pub params: Vec<ptx::Param>,
+}
+
+impl Function {
+    /// Checks arguments against the parameter list and lays them out as the parameter buffer.
+    pub fn pack_args(&self, args: &[crate::Arg]) -> Result<Vec<u8>> {
+        if args.len() != self.params.len() {
+            return Err(RuntimeError::Args {
+                kernel: self.name.clone(),
+                msg: format!("{} arguments given, kernel takes {}", args.len(), self.params.len()),
+            });
+        }
+        let mut buf = Vec::new();
+        for (i, (a, p)) in args.iter().zip(&self.params).enumerate() {
+            let size = p.size_bytes() as usize;
+            if a.size() != size {
+                return Err(RuntimeError::Args {
+                    kernel: self.name.clone(),
+                    msg: format!("argument {i} (`{}`): {} bytes given, parameter is .{} ({size} bytes)", p.name, a.size(), p.ty),
+                });
+            }
+            let align = p.alignment().max(1) as usize;
+            while buf.len() % align != 0 {
+                buf.push(0);
+            }
+            buf.extend_from_slice(&a.bytes());
+        }
+        Ok(buf)
+    }
+    pub fn device(&self) -> &Device {
+        &self.module.device
+    }
+}

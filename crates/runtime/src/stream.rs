@@ -1,0 +1,252 @@
+//! Streams and events. An emulator stream is a host thread that runs its queue in order, so two
+//! streams (a communication stream and a compute stream, or streams of different devices) run
+//! concurrently, as on hardware. Launch errors are sticky: they surface at the next
+//! `synchronize`.
+
+use crate::device::{Device, Function, SmPartition};
+use crate::{Arg, Result, RuntimeError};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Launch shape and placement.
+#[derive(Clone, Debug)]
+pub struct LaunchConfig {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    /// Dynamic shared memory bytes.
+    pub shared_bytes: u32,
+    /// Cluster dimensions (1,1,1 when not clustered).
+    pub cluster: [u32; 3],
+    /// Run on at most these SMs (None: the whole device).
+    pub sm_budget: Option<SmPartition>,
+    /// Stop a kernel that runs longer than this (emulator hang detection).
+    pub timeout: Option<Duration>,
+    /// Stop after this many warp-instructions (emulator hang detection).
+    pub max_warp_instructions: Option<u64>,
+}
+
+impl LaunchConfig {
+    /// 1-D grid of `grid` CTAs of `block` threads.
+    pub fn linear(grid: u32, block: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid: [grid, 1, 1],
+            block: [block, 1, 1],
+            shared_bytes: 0,
+            cluster: [1, 1, 1],
+            sm_budget: None,
+            timeout: None,
+            max_warp_instructions: None,
+        }
+    }
+    pub fn grid3(grid: [u32; 3], block: [u32; 3]) -> LaunchConfig {
+        LaunchConfig { grid, block, ..LaunchConfig::linear(1, 1) }
+    }
+    pub fn shared(mut self, bytes: u32) -> Self {
+        self.shared_bytes = bytes;
+        self
+    }
+    pub fn budget(mut self, p: SmPartition) -> Self {
+        self.sm_budget = Some(p);
+        self
+    }
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+}
+
+type Job = Box<dyn FnOnce(&StreamInner) + Send>;
+
+pub(crate) struct StreamInner {
+    tx: Mutex<Option<Sender<Job>>>,
+    state: Mutex<State>,
+    cv: Condvar,
+    pub priority: i32,
+}
+
+#[derive(Default)]
+struct State {
+    queued: u64,
+    done: u64,
+    error: Option<RuntimeError>,
+    last_stats: Option<emu::LaunchStats>,
+}
+
+/// An ordered queue of work on one device.
+#[derive(Clone)]
+pub struct Stream {
+    device: Device,
+    inner: Arc<StreamInner>,
+}
+
+impl Stream {
+    pub(crate) fn new(device: &Device, priority: i32) -> Stream {
+        let (tx, rx) = channel::<Job>();
+        let inner = Arc::new(StreamInner { tx: Mutex::new(Some(tx)), state: Mutex::new(State::default()), cv: Condvar::new(), priority });
+        let weak = Arc::downgrade(&inner);
+        std::thread::Builder::new()
+            .name(format!("ptxforge-stream-{}", device.index()))
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    let Some(s) = weak.upgrade() else { return };
+                    job(&s);
+                    let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+                    st.done += 1;
+                    s.cv.notify_all();
+                }
+            })
+            .ok();
+        device.inner.streams.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(&inner));
+        Stream { device: device.clone(), inner }
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The priority this stream was created with.
+    pub fn priority(&self) -> i32 {
+        self.inner.priority
+    }
+
+    fn enqueue(&self, job: Job) -> Result<()> {
+        let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.queued += 1;
+        drop(st);
+        let tx = self.inner.tx.lock().unwrap_or_else(|p| p.into_inner());
+        tx.as_ref()
+            .ok_or_else(|| RuntimeError::Launch("stream is closed".into()))?
+            .send(job)
+            .map_err(|_| RuntimeError::Launch("stream worker has stopped".into()))
+    }
+
+    /// Queues a kernel launch. Arguments are checked against the kernel's parameters now;
+    /// execution errors surface at `synchronize`.
+    pub fn launch(&self, f: &Function, cfg: &LaunchConfig, args: &[Arg]) -> Result<()> {
+        if !f.device().same(&self.device) {
+            return Err(RuntimeError::Launch(format!("kernel `{}` was loaded on another device", f.name)));
+        }
+        let params = f.pack_args(args)?;
+        let prog = f.module.loaded.kernel(&f.name)?;
+        let props = self.device.props();
+        let part = cfg.sm_budget.unwrap_or(SmPartition { offset: 0, count: props.sms });
+        if part.count == 0 || part.offset + part.count > props.sms {
+            return Err(RuntimeError::Launch(format!(
+                "SM budget {}..{} does not fit the device's {} SMs",
+                part.offset,
+                part.offset + part.count,
+                props.sms
+            )));
+        }
+        if cfg.cluster != [1, 1, 1] {
+            return Err(RuntimeError::Launch("cluster launches are not supported by the emulator yet".into()));
+        }
+        let ecfg = emu::LaunchConfig {
+            grid: cfg.grid,
+            block: cfg.block,
+            shared_bytes: cfg.shared_bytes,
+            sms: part.count,
+            sm_offset: part.offset,
+            device_sms: props.sms,
+        };
+        let mut opts = emu::LaunchOptions::default();
+        if let Some(t) = cfg.timeout {
+            opts.timeout = t;
+        }
+        if let Some(n) = cfg.max_warp_instructions {
+            opts.max_warp_instructions = n;
+        }
+        self.enqueue(Box::new(move |s: &StreamInner| {
+            if s.state.lock().map(|st| st.error.is_some()).unwrap_or(true) {
+                return; // sticky error: skip further work
+            }
+            let mem = crate::device::emu_memory().snapshot();
+            let r = emu::launch(prog, mem, params, &ecfg, &opts);
+            let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+            match r {
+                Ok(stats) => st.last_stats = Some(stats),
+                Err(e) => st.error = Some(e.into()),
+            }
+        }))
+    }
+
+    /// Waits for everything queued so far; returns (and clears) the first error.
+    pub fn synchronize(&self) -> Result<()> {
+        sync_inner(&self.inner)
+    }
+
+    /// Statistics of the most recent completed launch.
+    pub fn last_stats(&self) -> Option<emu::LaunchStats> {
+        self.inner.state.lock().ok().and_then(|s| s.last_stats.clone())
+    }
+
+    /// Records an event that completes when all work queued before it has run.
+    pub fn record(&self) -> Result<Event> {
+        let ev = Event { inner: Arc::new((Mutex::new(None), Condvar::new())) };
+        let e2 = ev.clone();
+        self.enqueue(Box::new(move |_| {
+            let (m, cv) = &*e2.inner;
+            *m.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            cv.notify_all();
+        }))?;
+        Ok(ev)
+    }
+
+    /// Makes later work on this stream wait for `ev`.
+    pub fn wait_event(&self, ev: &Event) -> Result<()> {
+        let e2 = ev.clone();
+        self.enqueue(Box::new(move |_| {
+            e2.synchronize();
+        }))
+    }
+}
+
+pub(crate) fn sync_inner(s: &StreamInner) -> Result<()> {
+    wait_inner(s, true)
+}
+
+/// Waits for queued work; `take` consumes (and returns) the stream's sticky error.
+pub(crate) fn wait_inner(s: &StreamInner, take: bool) -> Result<()> {
+    let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+    let target = st.queued;
+    while st.done < target {
+        st = s.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+    }
+    if !take {
+        return Ok(());
+    }
+    match st.error.take() {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// A point in a stream's work.
+#[derive(Clone)]
+pub struct Event {
+    inner: Arc<(Mutex<Option<Instant>>, Condvar)>,
+}
+
+impl Event {
+    /// Blocks until the event completes; returns when it did.
+    pub fn synchronize(&self) -> Instant {
+        let (m, cv) = &*self.inner;
+        let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(t) = *g {
+                return t;
+            }
+            g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+    pub fn is_complete(&self) -> bool {
+        self.inner.0.lock().map(|g| g.is_some()).unwrap_or(false)
+    }
+    /// Time from `start` to this event (both synchronised).
+    pub fn elapsed_since(&self, start: &Event) -> Duration {
+        let a = start.synchronize();
+        let b = self.synchronize();
+        b.saturating_duration_since(a)
+    }
+}
