@@ -660,6 +660,41 @@ impl KernelBuilder {
                 }
             }
         }
+        // Registers declared without `%` parse as symbols (the module parser resolves them per
+        // function); resolve them here so the built IR equals what parsing the output gives.
+        let mut stmts = stmts;
+        fn fix(o: &mut Operand, set: &HashSet<String>) {
+            match o {
+                Operand::Sym { name, offset: 0 } if set.contains(name.as_str()) => *o = Operand::Reg(std::mem::take(name)),
+                Operand::Addr { base, .. } => {
+                    if let AddrBase::Sym(n) = base {
+                        if set.contains(n.as_str()) {
+                            *base = AddrBase::Reg(std::mem::take(n));
+                        }
+                    }
+                }
+                Operand::Not(x) => fix(x, set),
+                Operand::Vec(v) | Operand::List(v) => v.iter_mut().for_each(|x| fix(x, set)),
+                Operand::Pair(a, b) => {
+                    fix(a, set);
+                    fix(b, set);
+                }
+                _ => {}
+            }
+        }
+        fn walk(b: &mut [Statement], set: &HashSet<String>) {
+            for s in b {
+                match s {
+                    Statement::Instr(i) => i.args.iter_mut().for_each(|a| fix(a, set)),
+                    Statement::Block(b) => walk(b, set),
+                    _ => {}
+                }
+            }
+        }
+        let plain: HashSet<String> = declared.iter().chain(self.raw_regs.iter()).filter(|n| !n.starts_with('%')).cloned().collect();
+        if !plain.is_empty() {
+            walk(&mut stmts, &plain);
+        }
         let mut used = Vec::new();
         uses(&stmts, &mut used);
         let mut unknown: Vec<String> = Vec::new();

@@ -1674,7 +1674,7 @@ impl KernelBuilder {
     }
     /// Spins on [`KernelBuilder::mbarrier_try_wait_parity`] until the phase completes
     /// (`L: try_wait; @!p bra L;`).
-    pub fn mbarrier_wait_parity(&mut self, bar: SharedPtr<u64>, parity: impl Src<u32> + Clone) {
+    pub fn mbarrier_wait_parity(&mut self, bar: SharedPtr<u64>, parity: impl Src<u32>) {
         let head = self.new_label();
         self.place(head);
         let p = self.mbarrier_try_wait_parity(bar, parity);

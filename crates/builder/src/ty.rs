@@ -288,6 +288,12 @@ impl<T: PtxType> Reg<T> {
     pub fn op(&self) -> Operand {
         Operand::Reg(self.name())
     }
+    /// The same register viewed as another type of the same register class (`i32` <-> `u32`,
+    /// `B32` <-> `Bf16x2`, ...): no instruction, checked at compile time.
+    pub fn reinterpret<U: PtxType>(self) -> Reg<U> {
+        const { assert!(T::CLASS as u8 == U::CLASS as u8, "reinterpret needs the same register class") };
+        Reg::new(self.id)
+    }
     /// A type-erased view (for calls).
     pub fn any(&self) -> AnyReg {
         AnyReg { name: self.name(), mem_ty: T::MEM_TY }
