@@ -1,1 +1,364 @@
-//! placeholder
+//! Warp-level `mma.sync.aligned` on register fragments.
+//!
+//! [`mma_sync`] computes `D = A * B + C` for a whole warp. Fragment layouts follow the PTX ISA
+//! ("Matrix fragments for mma.m16n8k*", "mma.m8n8k4 .f64"): for lane `l`, `g = l >> 2` (group id)
+//! and `q = l & 3` (thread id in group). Elements are packed little-endian into registers:
+//! element `2r` is the low half of register `r` for 16-bit types, element `4r` the low byte for
+//! 8-bit types; tf32, f32, s32 use one register per element and f64 one 64-bit register.
+//!
+//! Supported forms (all `.row.col`):
+//!
+//! | shape     | A/B                          | C/D              |
+//! |-----------|------------------------------|------------------|
+//! | m16n8k16  | f16, bf16                    | f32 (f16: also f16) |
+//! | m16n8k8   | f16, bf16                    | f32 (f16: also f16) |
+//! | m16n8k8   | tf32                         | f32              |
+//! | m16n8k4   | tf32                         | f32              |
+//! | m16n8k32  | e4m3/e5m2 (any mix)          | f32 or f16       |
+//! | m16n8k32  | s8/u8 (any mix)              | s32 (`.satfinite`) |
+//! | m16n8k16  | s8/u8 (any mix)              | s32 (`.satfinite`) |
+//! | m8n8k4    | f64                          | f64              |
+//!
+//! # Numerics
+//! Float forms: every product of two inputs is exact in f64 (at most 2*11 significand bits for
+//! f16/tf32, 2*8 for bf16, 2*4 for fp8). The products are summed in f64 in increasing `k` order,
+//! C is added, and the result is rounded once (nearest even) to the D type. PTX does not fix the
+//! accumulation order or intermediate precision of `mma`, so this is one admissible result; for
+//! inputs whose products and partial sums fit in 53 bits (e.g. small integers) it is exact.
+//! f64 `m8n8k4` uses fused multiply-adds in k order starting from C. tf32 inputs use only the upper 19 bits of
+//! their register (the low 13 bits are ignored). A NaN result is the canonical NaN of D.
+//! Integer forms are exact; D wraps modulo 2^32 or, with `.satfinite`, clamps to the s32 range.
+
+use crate::fp;
+use crate::Lanes;
+use ptx::{Flag, Instruction, Mod, Opcode, Ty};
+
+/// A decoded `mma.sync` instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MmaSpec {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub dty: Ty,
+    pub aty: Ty,
+    pub bty: Ty,
+    pub cty: Ty,
+    pub satfinite: bool,
+}
+
+fn is_f8(t: Ty) -> bool {
+    matches!(t, Ty::E4m3 | Ty::E5m2)
+}
+fn is_i8(t: Ty) -> bool {
+    matches!(t, Ty::S8 | Ty::U8)
+}
+
+/// Bits of one A/B/C/D element in a register.
+fn elem_bits(t: Ty) -> u32 {
+    match t {
+        Ty::F16 | Ty::Bf16 => 16,
+        Ty::E4m3 | Ty::E5m2 | Ty::S8 | Ty::U8 => 8,
+        Ty::F64 => 64,
+        _ => 32,
+    }
+}
+
+/// Elements held by one register.
+fn per_reg(t: Ty) -> usize {
+    match elem_bits(t) {
+        8 => 4,
+        16 => 2,
+        _ => 1,
+    }
+}
+
+impl MmaSpec {
+    /// Builds and checks a spec.
+    pub fn new(
+        shape: (u32, u32, u32),
+        dty: Ty,
+        aty: Ty,
+        bty: Ty,
+        cty: Ty,
+        satfinite: bool,
+    ) -> Result<MmaSpec, String> {
+        let (m, n, k) = shape;
+        let s = MmaSpec {
+            m,
+            n,
+            k,
+            dty,
+            aty,
+            bty,
+            cty,
+            satfinite,
+        };
+        s.check()?;
+        Ok(s)
+    }
+
+    /// Decodes `mma.sync.aligned.mMnNkK.row.col{.satfinite}.dtype.atype.btype.ctype`.
+    pub fn from_instruction(ins: &Instruction) -> Result<MmaSpec, String> {
+        if ins.op != Opcode::Mma {
+            return Err(format!("not an mma instruction: {}", ins.op.info().name));
+        }
+        let Some(Mod::Shape { m, n, k: Some(k) }) = ins.shape() else {
+            return Err("mma needs a .mMnNkK shape".into());
+        };
+        let tys: Vec<Ty> = ins.types().collect();
+        let [dty, aty, bty, cty] = tys[..] else {
+            return Err(format!(
+                "mma needs four types (d, a, b, c), got {}",
+                tys.len()
+            ));
+        };
+        let row = ins.mods.iter().position(|x| *x == Mod::Flag(Flag::Row));
+        let col = ins.mods.iter().position(|x| *x == Mod::Flag(Flag::Col));
+        match (row, col) {
+            (Some(r), Some(c)) if r < c => {}
+            _ => return Err("only the .row.col layout of mma is supported".into()),
+        }
+        MmaSpec::new(
+            (m as u32, n as u32, k as u32),
+            dty,
+            aty,
+            bty,
+            cty,
+            ins.has(Flag::Satfinite),
+        )
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let MmaSpec {
+            m,
+            n,
+            k,
+            dty,
+            aty,
+            bty,
+            cty,
+            satfinite,
+        } = *self;
+        let fp_acc = |t: Ty| matches!(t, Ty::F32 | Ty::F16);
+        let ok = match (m, n, k) {
+            (16, 8, 16) | (16, 8, 8) if aty == Ty::F16 && bty == Ty::F16 => {
+                fp_acc(dty) && fp_acc(cty)
+            }
+            (16, 8, 16) | (16, 8, 8) if aty == Ty::Bf16 && bty == Ty::Bf16 => {
+                dty == Ty::F32 && cty == Ty::F32
+            }
+            (16, 8, 8) | (16, 8, 4) if aty == Ty::Tf32 && bty == Ty::Tf32 => {
+                dty == Ty::F32 && cty == Ty::F32
+            }
+            (16, 8, 32) if is_f8(aty) && is_f8(bty) => fp_acc(dty) && dty == cty,
+            (16, 8, 32) | (16, 8, 16) if is_i8(aty) && is_i8(bty) => {
+                dty == Ty::S32 && cty == Ty::S32
+            }
+            (8, 8, 4) if aty == Ty::F64 && bty == Ty::F64 => dty == Ty::F64 && cty == Ty::F64,
+            _ => false,
+        };
+        if !ok {
+            return Err(format!(
+                "unsupported mma form: .m{m}n{n}k{k}.{dty}.{aty}.{bty}.{cty}"
+            ));
+        }
+        if satfinite && !is_i8(aty) {
+            return Err("mma .satfinite is only supported for integer forms".into());
+        }
+        Ok(())
+    }
+
+    /// Registers per lane in the A, B, C and D fragments (32-bit registers; for f64 forms, 64-bit
+    /// registers).
+    pub fn frag_counts(&self) -> (usize, usize, usize, usize) {
+        let (m, n, k) = (self.m as usize, self.n as usize, self.k as usize);
+        let regs = |elems: usize, t: Ty| (elems / 32).div_ceil(per_reg(t));
+        (
+            regs(m * k, self.aty),
+            regs(k * n, self.bty),
+            regs(m * n, self.cty),
+            regs(m * n, self.dty),
+        )
+    }
+
+    /// Position `(row, col)` in A of element `i` of lane `lane`.
+    fn a_pos(&self, lane: usize, i: usize) -> (usize, usize) {
+        let (g, q) = (lane >> 2, lane & 3);
+        match (elem_bits(self.aty), self.k) {
+            (16, 16) => (g + 8 * ((i >> 1) & 1), 2 * q + (i & 1) + 8 * (i >> 2)),
+            (16, _) => (g + 8 * (i >> 1), 2 * q + (i & 1)),
+            (8, 32) => (g + 8 * ((i >> 2) & 1), 4 * q + (i & 3) + 16 * (i >> 3)),
+            (8, _) => (g + 8 * (i >> 2), 4 * q + (i & 3)),
+            (64, _) => (g, q),
+            (_, 4) => (g + 8 * i, q),                 // tf32 k4
+            _ => (g + 8 * (i & 1), q + 4 * (i >> 1)), // tf32 k8
+        }
+    }
+
+    /// Position `(k, col)` in B of element `i` of lane `lane`.
+    fn b_pos(&self, lane: usize, i: usize) -> (usize, usize) {
+        let (g, q) = (lane >> 2, lane & 3);
+        let kk = match (elem_bits(self.bty), self.k) {
+            (16, 16) => 2 * q + (i & 1) + 8 * (i >> 1),
+            (16, _) => 2 * q + i,
+            (8, 32) => 4 * q + (i & 3) + 16 * (i >> 2),
+            (8, _) => 4 * q + i,
+            (64, _) => q,
+            (_, 4) => q,
+            _ => q + 4 * i,
+        };
+        (kk, g)
+    }
+
+    /// Position `(row, col)` in C/D of element `i` of lane `lane`.
+    fn c_pos(&self, lane: usize, i: usize) -> (usize, usize) {
+        let (g, q) = (lane >> 2, lane & 3);
+        if self.m == 8 {
+            (g, 2 * q + i)
+        } else {
+            (g + 8 * (i >> 1), 2 * q + (i & 1))
+        }
+    }
+}
+
+/// Raw bits of element `i` of a fragment for lane `lane` (missing registers read as 0).
+fn elem(regs: &[&Lanes], t: Ty, lane: usize, i: usize) -> u64 {
+    let pr = per_reg(t);
+    let Some(r) = regs.get(i / pr) else { return 0 };
+    let w = elem_bits(t);
+    let v = r[lane];
+    if w >= 64 {
+        v
+    } else {
+        (v >> ((i % pr) as u32 * w)) & ((1u64 << w) - 1)
+    }
+}
+
+fn to_f64(t: Ty, bits: u64) -> f64 {
+    match t {
+        Ty::F16 => fp::f16_to_f32(bits as u16) as f64,
+        Ty::Bf16 => fp::bf16_to_f32(bits as u16) as f64,
+        Ty::Tf32 => f32::from_bits((bits as u32) & !0x1FFF) as f64,
+        Ty::F32 => f32::from_bits(bits as u32) as f64,
+        Ty::F64 => f64::from_bits(bits),
+        Ty::E4m3 => fp::e4m3_to_f32(bits as u8) as f64,
+        Ty::E5m2 => fp::e5m2_to_f32(bits as u8) as f64,
+        _ => 0.0,
+    }
+}
+
+fn to_i64(t: Ty, bits: u64) -> i64 {
+    match t {
+        Ty::S8 => bits as u8 as i8 as i64,
+        Ty::U8 => bits as u8 as i64,
+        Ty::S32 => bits as u32 as i32 as i64,
+        _ => 0,
+    }
+}
+
+/// `D = A * B + C` for the whole warp. `a`, `b`, `c` are the fragment registers (as many as
+/// [`MmaSpec::frag_counts`] says; missing ones read as zero) and `d` receives the D fragment
+/// (extra entries are left alone). Register values are raw bits, zero-extended.
+pub fn mma_sync(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mut [Lanes]) {
+    let (m, n, k) = (spec.m as usize, spec.n as usize, spec.k as usize);
+    let (na, nb, nc, nd) = {
+        let per = |rows: usize, cols: usize| rows * cols / 32;
+        (per(m, k), per(k, n), per(m, n), per(m, n))
+    };
+    let int = is_i8(spec.aty);
+    // scatter fragments into dense matrices
+    let mut am = vec![0f64; m * k];
+    let mut bm = vec![0f64; k * n];
+    let mut cm = vec![0f64; m * n];
+    let mut ai = vec![0i64; m * k];
+    let mut bi = vec![0i64; k * n];
+    let mut ci = vec![0i64; m * n];
+    for lane in 0..32 {
+        for i in 0..na {
+            let (r, col) = spec.a_pos(lane, i);
+            let bits = elem(a, spec.aty, lane, i);
+            if r < m && col < k {
+                am[r * k + col] = to_f64(spec.aty, bits);
+                ai[r * k + col] = to_i64(spec.aty, bits);
+            }
+        }
+        for i in 0..nb {
+            let (kk, col) = spec.b_pos(lane, i);
+            let bits = elem(b, spec.bty, lane, i);
+            if kk < k && col < n {
+                bm[kk * n + col] = to_f64(spec.bty, bits);
+                bi[kk * n + col] = to_i64(spec.bty, bits);
+            }
+        }
+        for i in 0..nc {
+            let (r, col) = spec.c_pos(lane, i);
+            let bits = elem(c, spec.cty, lane, i);
+            if r < m && col < n {
+                cm[r * n + col] = to_f64(spec.cty, bits);
+                ci[r * n + col] = to_i64(spec.cty, bits);
+            }
+        }
+    }
+    // multiply and gather
+    let pr = per_reg(spec.dty);
+    let w = elem_bits(spec.dty);
+    let mut out = vec![[0u64; 32]; nd.div_ceil(pr)];
+    for lane in 0..32 {
+        for i in 0..nd {
+            let (r, col) = spec.c_pos(lane, i);
+            if r >= m || col >= n {
+                continue;
+            }
+            let bits = if int {
+                let mut s = ci[r * n + col];
+                for kk in 0..k {
+                    s += ai[r * k + kk] * bi[kk * n + col];
+                }
+                if spec.satfinite {
+                    s.clamp(i32::MIN as i64, i32::MAX as i64) as i32 as u32 as u64
+                } else {
+                    s as i32 as u32 as u64
+                }
+            } else if spec.dty == Ty::F64 {
+                // f64 products are not exact: fused multiply-add steps from C, in k order
+                let mut s = cm[r * n + col];
+                for kk in 0..k {
+                    s = am[r * k + kk].mul_add(bm[kk * n + col], s);
+                }
+                if s.is_nan() {
+                    s = f64::from_bits(0x7FFF_FFFF_FFFF_FFFF);
+                }
+                s.to_bits()
+            } else {
+                let mut s = 0f64;
+                for kk in 0..k {
+                    s += am[r * k + kk] * bm[kk * n + col];
+                }
+                s += cm[r * n + col];
+                round_to(spec.dty, s)
+            };
+            let reg = i / pr;
+            let sh = (i % pr) as u32 * w;
+            if w >= 64 {
+                out[reg][lane] = bits;
+            } else {
+                out[reg][lane] |= (bits & ((1u64 << w) - 1)) << sh;
+            }
+        }
+    }
+    for (dst, src) in d.iter_mut().zip(out) {
+        *dst = src;
+    }
+}
+
+/// Rounds an f64 to the D type (nearest even; NaN -> canonical NaN).
+fn round_to(t: Ty, x: f64) -> u64 {
+    let spec = fp::CvtSpec::new(t, Ty::F64).rnd(fp::Rnd::Rn);
+    if x.is_nan() {
+        return match t {
+            Ty::F16 => 0x7FFF,
+            _ => 0x7FFF_FFFF,
+        };
+    }
+    fp::cvt(&spec, x.to_bits(), 0)
+}
