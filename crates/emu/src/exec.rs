@@ -64,6 +64,8 @@ pub struct Warp {
     pub executed: u64,
     pub lane_ops: u64,
     pub state: WarpState,
+    /// Per-lane return addresses of device-function calls.
+    pub stack: Vec<Vec<u32>>,
 }
 
 /// A waiter on a CTA barrier.
@@ -157,6 +159,7 @@ impl Cta {
                 executed: 0,
                 lane_ops: 0,
                 state: WarpState::Runnable,
+                stack: Vec::new(),
             });
         }
         Cta {
@@ -870,6 +873,86 @@ impl Cta {
                 w.group = 0;
                 let _ = g;
                 return Ok(Flow::Stay);
+            }
+            Op::Call { target } => {
+                let w = &mut self.warps[wi];
+                if w.stack.is_empty() {
+                    w.stack = vec![Vec::new(); 32];
+                }
+                for l in lanes_of(m) {
+                    if w.stack[l].len() >= 1024 {
+                        return Err(FaultKind::Other("call stack deeper than 1024 frames".into()));
+                    }
+                    w.stack[l].push(w.group_pc + 1);
+                }
+                if m == w.group {
+                    w.group_pc = *target;
+                    return Ok(Flow::Stay);
+                }
+                if m != 0 {
+                    for l in lanes_of(m) {
+                        w.pc[l] = *target;
+                    }
+                    for l in lanes_of(w.group & !m) {
+                        w.pc[l] = w.group_pc + 1;
+                    }
+                    w.group = 0;
+                    return Ok(Flow::Stay);
+                }
+            }
+            Op::Ret => {
+                let w = &mut self.warps[wi];
+                let mut gone = 0u32;
+                let mut target = None;
+                let mut same = true;
+                for l in lanes_of(m) {
+                    match w.stack.get_mut(l).and_then(|s| s.pop()) {
+                        Some(pc) => {
+                            w.pc[l] = pc;
+                            match target {
+                                None => target = Some(pc),
+                                Some(t) if t != pc => same = false,
+                                _ => {}
+                            }
+                        }
+                        None => gone |= 1 << l,
+                    }
+                }
+                if gone != 0 {
+                    w.live &= !gone;
+                    self.exited_threads += gone.count_ones();
+                }
+                let w = &mut self.warps[wi];
+                if gone == 0 && same && m == w.group {
+                    if let Some(t) = target {
+                        w.group_pc = t;
+                        return Ok(Flow::Stay);
+                    }
+                }
+                for l in lanes_of(w.group & !m) {
+                    w.pc[l] = w.group_pc + 1;
+                }
+                // Lanes in m carry their own return pcs: keep regroup from overwriting them.
+                let returning = m & !gone;
+                w.group &= !m;
+                for l in lanes_of(w.group) {
+                    w.pc[l] = w.group_pc + 1;
+                }
+                w.group = 0;
+                let _ = returning;
+                if gone != 0 {
+                    self.release_ready_barriers();
+                }
+                return Ok(Flow::Stay);
+            }
+            Op::LocalCopy { dst, src, bytes } => {
+                let lb = prog.local_bytes as usize;
+                let w = &mut self.warps[wi];
+                for l in lanes_of(m) {
+                    let base = l * lb;
+                    let (d, s, n) = (base + *dst as usize, base + *src as usize, *bytes as usize);
+                    w.local.copy_within(s..s + n, d);
+                }
             }
             Op::Exit => {
                 let w = &mut self.warps[wi];

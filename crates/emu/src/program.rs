@@ -142,6 +142,12 @@ pub enum Op {
     WarpSync { mask: u32 },
     Fence,
     Exit,
+    /// Call a device function: push the return address per lane and jump.
+    Call { target: u32 },
+    /// Return from a device function (exits the thread at the outermost level).
+    Ret,
+    /// Per-lane copy between local-memory parameter slots (call arguments / return values).
+    LocalCopy { dst: u32, src: u32, bytes: u32 },
     Trap,
     /// Yield hint (`nanosleep`): ends the warp's time slice.
     Yield,
@@ -220,6 +226,15 @@ struct Decoder<'a> {
     shared_syms: HashMap<String, u32>,
     local_syms: HashMap<String, u32>,
     param_syms: HashMap<String, u32>,
+    /// Device functions: entry pc once decoded (u32::MAX while pending).
+    funcs: HashMap<String, u32>,
+    pending: Vec<String>,
+    /// Call fixups: (inst index, function name).
+    call_fixups: Vec<(usize, String)>,
+    /// Are we decoding a `.func` body (ret returns) or the kernel (ret exits)?
+    in_func: bool,
+    /// Parameter variables of the function being decoded (name -> local offset).
+    func_params: HashMap<String, (u32, u32)>,
 }
 
 fn elem_size(t: Ty) -> u32 {
@@ -284,14 +299,14 @@ impl<'a> Decoder<'a> {
 
     /// Address of a symbol used as a value or as the base of `[sym+off]`.
     fn sym_value(&self, ins: &Instruction, name: &str) -> Result<(u64, MSpace), EmuError> {
+        if let Some(&o) = self.local_syms.get(name) {
+            return Ok((o as u64, MSpace::Local));
+        }
         if let Some(&o) = self.param_syms.get(name) {
             return Ok((o as u64, MSpace::Param));
         }
         if let Some(&o) = self.shared_syms.get(name) {
             return Ok((o as u64, MSpace::Shared));
-        }
-        if let Some(&o) = self.local_syms.get(name) {
-            return Ok((o as u64, MSpace::Local));
         }
         match self.globals.get(name) {
             Some(SymAddr::Global(a)) => Ok((*a, MSpace::Global)),
@@ -362,6 +377,16 @@ impl<'a> Decoder<'a> {
             Some(Space::Local) => MSpace::Local,
             Some(s) if s.is_param() => MSpace::Param,
             _ => MSpace::Generic,
+        }
+    }
+
+    /// The space of an access: a symbol base decides for `.param` variables that live in local
+    /// memory (call arguments) and for accesses without a state space.
+    fn resolve_space(&self, ins: &Instruction, sym: Option<MSpace>) -> MSpace {
+        match (sym, ins.space()) {
+            (Some(MSpace::Local), Some(s)) if s.is_param() || s == Space::Local => MSpace::Local,
+            (Some(sp), None) => sp,
+            _ => self.space_of(ins),
         }
     }
 
@@ -497,6 +522,11 @@ pub fn decode(module: &Module, kernel: &str, globals: &HashMap<String, SymAddr>)
         shared_syms: HashMap::new(),
         local_syms: HashMap::new(),
         param_syms,
+        funcs: HashMap::new(),
+        pending: Vec::new(),
+        call_fixups: Vec::new(),
+        in_func: false,
+        func_params: HashMap::new(),
     };
     d.new_slot(64); // ZERO
     d.layout_shared(body);
@@ -504,6 +534,85 @@ pub fn decode(module: &Module, kernel: &str, globals: &HashMap<String, SymAddr>)
     // The kernel ends: falling off the end exits.
     d.prog.insts.push(Inst { op: Op::Exit, guard: NONE, guard_neg: false, src: d.prog.source.len() as u32 });
     d.prog.source.push(Instruction::new(Opcode::Exit, vec![], vec![]));
+    d.resolve_labels(kernel)?;
+    d.decode_functions()?;
+    Ok(d.prog)
+}
+
+impl<'a> Decoder<'a> {
+    fn alloc_local(&mut self, size: u32, align: u32) -> u32 {
+        let align = align.max(1);
+        let off = self.prog.local_bytes.div_ceil(align) * align;
+        self.prog.local_bytes = (off + size).div_ceil(8) * 8;
+        off
+    }
+
+    /// Decodes every device function reachable through `call`, then patches call targets.
+    fn decode_functions(&mut self) -> Result<(), EmuError> {
+        while let Some(name) = self.pending.pop() {
+            let module = self.module;
+            let f = module.function(&name).ok_or_else(|| EmuError::Decode {
+                kernel: self.f.name.clone(),
+                msg: format!("call to unknown function `{name}`"),
+            })?;
+            let body = f.body.as_ref().ok_or_else(|| EmuError::Decode {
+                kernel: self.f.name.clone(),
+                msg: format!("function `{name}` is only declared (external functions are not supported)"),
+            })?;
+            self.funcs.insert(name.clone(), self.prog.insts.len() as u32);
+            self.scopes = vec![HashMap::new()];
+            self.labels.clear();
+            self.in_func = true;
+            // The function's own parameter names resolve to its parameter slots.
+            for p in f.rets.iter().chain(&f.params) {
+                let (off, size) = self.func_params[&format!("{name}\u{0}{}", p.name)];
+                let _ = size;
+                self.local_syms.insert(p.name.clone(), off);
+            }
+            self.block(body)?;
+            let ret = Instruction::new(Opcode::Ret, vec![], vec![]);
+            self.prog.insts.push(Inst { op: Op::Ret, guard: NONE, guard_neg: false, src: self.prog.source.len() as u32 });
+            self.prog.source.push(ret);
+            self.resolve_labels(&name)?;
+        }
+        let fix = std::mem::take(&mut self.call_fixups);
+        for (i, name) in fix {
+            let pc = self.funcs[&name];
+            if let Op::Call { target } = &mut self.prog.insts[i].op {
+                *target = pc;
+            }
+        }
+        Ok(())
+    }
+
+    /// Parameter slots of a device function (allocated once per function).
+    fn func_slots(&mut self, name: &str, ins: &Instruction) -> Result<(Vec<(u32, u32)>, Vec<(u32, u32)>), EmuError> {
+        let f = self.module.function(name).ok_or_else(|| self.err(ins, format!("call to unknown function `{name}`")))?;
+        if f.kind == ptx::FuncKind::Entry {
+            return Err(self.err(ins, "calling a kernel entry is not allowed"));
+        }
+        let (rets, params) = (f.rets.clone(), f.params.clone());
+        let slot = |p: &ptx::Param, this: &mut Self| -> (u32, u32) {
+            let key = format!("{name}\u{0}{}", p.name);
+            if let Some(&s) = this.func_params.get(&key) {
+                return s;
+            }
+            let size = p.size_bytes() as u32;
+            let off = this.alloc_local(size, p.alignment() as u32);
+            this.func_params.insert(key, (off, size));
+            (off, size)
+        };
+        let r: Vec<(u32, u32)> = rets.iter().map(|p| slot(p, self)).collect();
+        let a: Vec<(u32, u32)> = params.iter().map(|p| slot(p, self)).collect();
+        if !self.funcs.contains_key(name) {
+            self.funcs.insert(name.to_string(), u32::MAX);
+            self.pending.push(name.to_string());
+        }
+        Ok((r, a))
+    }
+
+    fn resolve_labels(&mut self, kernel: &str) -> Result<(), EmuError> {
+    let d = self;
     let fixups = std::mem::take(&mut d.fixups);
     for (i, labels) in fixups {
         let mut pcs = Vec::new();
@@ -523,7 +632,8 @@ pub fn decode(module: &Module, kernel: &str, globals: &HashMap<String, SymAddr>)
             _ => {}
         }
     }
-    Ok(d.prog)
+    Ok(())
+    }
 }
 
 impl<'a> Decoder<'a> {
@@ -602,12 +712,10 @@ impl<'a> Decoder<'a> {
                     self.tables.insert(label.clone(), targets.clone());
                 }
                 Statement::Var(v) if v.space == Space::Param => {
-                    return Err(EmuError::Unsupported {
-                        kernel: self.f.name.clone(),
-                        line: v.loc.line,
-                        text: format!(".param {}", v.name),
-                        why: "calls to device functions are not supported by the emulator yet".into(),
-                    })
+                    // Call-site argument / return variables live in per-thread local memory.
+                    let align = v.align.unwrap_or(v.ty.size());
+                    let off = self.alloc_local(v.size_bytes() as u32, align);
+                    self.local_syms.insert(v.name.clone(), off);
                 }
                 Statement::Var(_) | Statement::Pragma(_) | Statement::CallPrototype { .. } => {}
             }
@@ -662,7 +770,7 @@ impl<'a> Decoder<'a> {
                 let t = ins.last_ty().ok_or_else(|| self.err(ins, "ld without type"))?;
                 let ds = self.vec_dsts(ins, arg(0)?)?;
                 let (addr, off, sym_space) = self.addr(ins, arg(1)?)?;
-                let space = sym_space.filter(|_| ins.space().is_none()).unwrap_or(self.space_of(ins));
+                let space = self.resolve_space(ins, sym_space);
                 if t == Ty::B128 {
                     return Err(self.err(ins, "128-bit scalar loads are not supported"));
                 }
@@ -672,7 +780,7 @@ impl<'a> Decoder<'a> {
                 let t = ins.last_ty().ok_or_else(|| self.err(ins, "st without type"))?;
                 let (addr, off, sym_space) = self.addr(ins, arg(0)?)?;
                 let srcs = self.vec_srcs(ins, arg(1)?)?;
-                let space = sym_space.filter(|_| ins.space().is_none()).unwrap_or(self.space_of(ins));
+                let space = self.resolve_space(ins, sym_space);
                 if space == MSpace::Param {
                     return Err(self.err(ins, "stores to the parameter space are not supported"));
                 }
@@ -703,7 +811,7 @@ impl<'a> Decoder<'a> {
                 let (addr, off, sym_space) = self.addr(ins, arg(rest)?)?;
                 let b = self.src(ins, arg(rest + 1)?)?;
                 let c = if aop == AtomOp::Cas { self.src(ins, arg(rest + 2)?)? } else { ZERO };
-                let space = sym_space.filter(|_| ins.space().is_none()).unwrap_or(self.space_of(ins));
+                let space = self.resolve_space(ins, sym_space);
                 let ord = match self.ord_of(ins) {
                     Ord::Relaxed if !ins.has(Flag::Relaxed) => Ord::Relaxed,
                     o => o,
@@ -879,7 +987,14 @@ impl<'a> Decoder<'a> {
                 self.fixups.push((self.prog.insts.len(), vec![l]));
                 Op::BrxIdx { idx, targets: Vec::new() }
             }
-            O::Exit | O::Ret => Op::Exit,
+            O::Exit => Op::Exit,
+            O::Ret => {
+                if self.in_func {
+                    Op::Ret
+                } else {
+                    Op::Exit
+                }
+            }
             O::Trap | O::Brkpt => Op::Trap,
             O::Nanosleep => Op::Yield,
             O::Membar | O::Fence => Op::Fence,
@@ -1072,7 +1187,52 @@ impl<'a> Decoder<'a> {
                 };
                 Op::CpAsync { dst, doff, src, soff, size, src_size, dspace: MSpace::Shared }
             }
-            O::Call => return Err(self.err(ins, "calls to device functions are not supported by the emulator yet")),
+            O::Call => {
+                // call{.uni} [(rets),] func[, (args)]
+                let mut it = a.iter();
+                let mut rets: Vec<Operand> = Vec::new();
+                let mut first = it.next().ok_or_else(|| self.err(ins, "call without target"))?;
+                if let Operand::List(r) = first {
+                    rets = r.clone();
+                    first = it.next().ok_or_else(|| self.err(ins, "call without target"))?;
+                }
+                let name = match first {
+                    Operand::Sym { name, .. } => name.clone(),
+                    _ => return Err(self.err(ins, "indirect calls are not supported by the emulator")),
+                };
+                let args: Vec<Operand> = match it.next() {
+                    Some(Operand::List(v)) => v.clone(),
+                    Some(_) => return Err(self.err(ins, "malformed call arguments")),
+                    None => Vec::new(),
+                };
+                if it.next().is_some() {
+                    return Err(self.err(ins, "indirect calls with prototypes are not supported by the emulator"));
+                }
+                let (rslots, aslots) = self.func_slots(&name, ins)?;
+                if rslots.len() != rets.len() || aslots.len() != args.len() {
+                    return Err(self.err(ins, format!("call to `{name}` passes {} results / {} arguments, function has {} / {}", rets.len(), args.len(), rslots.len(), aslots.len())));
+                }
+                for (o, (dst, size)) in args.iter().zip(&aslots) {
+                    let src = match o {
+                        Operand::Sym { name, .. } => *self.local_syms.get(name).ok_or_else(|| self.err(ins, format!("call argument `{name}` is not a .param variable")))?,
+                        _ => return Err(self.err(ins, "call arguments must be .param variables")),
+                    };
+                    self.push(Op::LocalCopy { dst: *dst, src, bytes: *size }, ins0, guard);
+                }
+                self.call_fixups.push((self.prog.insts.len(), name.clone()));
+                self.push(Op::Call { target: u32::MAX }, ins0, guard);
+                let mut last = None;
+                for (o, (src, size)) in rets.iter().zip(&rslots) {
+                    let dst = match o {
+                        Operand::Sym { name, .. } => *self.local_syms.get(name).ok_or_else(|| self.err(ins, format!("call result `{name}` is not a .param variable")))?,
+                        _ => return Err(self.err(ins, "call results must be .param variables")),
+                    };
+                    last = Some(Op::LocalCopy { dst, src: *src, bytes: *size });
+                    self.push(Op::LocalCopy { dst, src: *src, bytes: *size }, ins0, guard);
+                }
+                let _ = last;
+                return Ok(());
+            }
             O::WgmmaFence | O::WgmmaCommitGroup | O::WgmmaWaitGroup | O::WgmmaMmaAsync | O::Setmaxnreg
             | O::MbarrierInit | O::MbarrierInval | O::MbarrierArrive | O::MbarrierArriveDrop | O::MbarrierExpectTx
             | O::MbarrierCompleteTx | O::MbarrierTestWait | O::MbarrierTryWait | O::MbarrierPendingCount

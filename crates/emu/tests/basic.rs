@@ -88,3 +88,73 @@ fn out_of_bounds_store_is_reported() {
     assert!(s.contains("vadd") && s.contains("thread (10,0,0)") && s.contains("st.global.f32"), "{s}");
     let _ = Arc::new(());
 }
+
+const CALLS: &str = r#"
+.version 8.0
+.target sm_80
+.address_size 64
+.func (.param .b32 sq_ret) square_plus(.param .b32 sq_x, .param .b32 sq_y)
+{
+    .reg .b32 %r<4>;
+    ld.param.b32 %r1, [sq_x];
+    ld.param.b32 %r2, [sq_y];
+    mad.lo.s32 %r3, %r1, %r1, %r2;
+    st.param.b32 [sq_ret], %r3;
+    ret;
+}
+.visible .entry calls(.param .u64 out)
+{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<4>;
+    .reg .pred %p<2>;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    // Divergent call: odd lanes add 1000.
+    and.b32 %r2, %r1, 1;
+    mul.lo.s32 %r3, %r2, 1000;
+    setp.eq.u32 %p1, %r2, 0;
+    @%p1 bra SKIP;
+    {
+    .param .b32 param0;
+    st.param.b32 [param0], %r1;
+    .param .b32 param1;
+    st.param.b32 [param1], %r3;
+    .param .b32 retval0;
+    call.uni (retval0), square_plus, (param0, param1);
+    ld.param.b32 %r4, [retval0];
+    }
+    bra DONE;
+SKIP:
+    {
+    .param .b32 param0;
+    st.param.b32 [param0], %r1;
+    .param .b32 param1;
+    st.param.b32 [param1], 7;
+    .param .b32 retval0;
+    call.uni (retval0), square_plus, (param0, param1);
+    ld.param.b32 %r4, [retval0];
+    }
+DONE:
+    mul.wide.u32 %rd2, %r1, 4;
+    add.s64 %rd3, %rd1, %rd2;
+    st.global.u32 [%rd3], %r4;
+    ret;
+}
+"#;
+
+#[test]
+fn device_function_calls_with_divergence() {
+    let mem = GlobalMemory::new();
+    let m = LoadedModule::load(&mem, ptx::parse(CALLS).unwrap(), 0).unwrap();
+    let out = mem.alloc(4 * 64, 0).unwrap();
+    out.fill(0, 256, &[0xff]);
+    let p = params(&[(out.base, 8)]);
+    launch(m.kernel("calls").unwrap(), mem.snapshot(), p, &cfg(1, 64), &LaunchOptions::default()).unwrap();
+    let mut b = vec![0u8; 256];
+    out.read_bytes(0, &mut b);
+    for t in 0..64u32 {
+        let got = u32::from_le_bytes(b[4 * t as usize..4 * t as usize + 4].try_into().unwrap());
+        let want = t * t + if t % 2 == 1 { 1000 } else { 7 };
+        assert_eq!(got, want, "thread {t}");
+    }
+}
