@@ -14,7 +14,11 @@ pub enum BuildError {
     RawRedeclare(String),
     /// An instruction needs a newer architecture than the target.
     #[error("`{instr}` needs sm_{need}, target is {arch}")]
-    ArchTooOld { instr: String, need: u32, arch: String },
+    ArchTooOld {
+        instr: String,
+        need: u32,
+        arch: String,
+    },
     /// An instruction needs an architecture-specific target (`sm_90a`).
     #[error("`{instr}` needs an architecture-specific target (e.g. sm_90a), target is {arch}")]
     NeedsArchSpecific { instr: String, arch: String },

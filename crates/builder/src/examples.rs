@@ -6,7 +6,10 @@ use ptx::Module;
 /// `out[i] = a[i] + b[i]` for `i < n`; one thread per element (any 1-D launch).
 pub fn vector_add(t: Target) -> Result<Module, BuildError> {
     let mut k = KernelBuilder::new("vector_add", t);
-    let (a, b) = (k.param::<GlobalPtr<f32>>("a"), k.param::<GlobalPtr<f32>>("b"));
+    let (a, b) = (
+        k.param::<GlobalPtr<f32>>("a"),
+        k.param::<GlobalPtr<f32>>("b"),
+    );
     let out = k.param::<GlobalPtr<f32>>("out");
     let n = k.param::<u32>("n");
     let i = k.global_index_x();

@@ -4,8 +4,8 @@
 use crate::error::BuildError;
 use crate::ty::*;
 use ptx::{
-    AddrBase, FuncKind, Guard, Instruction, Item, Linkage, Loc, Mod, Module, Opcode, Operand, Param,
-    PerfDirective, PtrAttr, RegDecl, RegName, Space, Statement, Ty, VarDecl,
+    AddrBase, FuncKind, Guard, Instruction, Item, Linkage, Loc, Mod, Module, Opcode, Operand,
+    Param, PerfDirective, PtrAttr, RegDecl, RegName, Space, Statement, Ty, VarDecl,
 };
 use std::collections::{BTreeMap, HashSet};
 
@@ -21,7 +21,10 @@ pub struct Target {
 
 impl Target {
     pub fn new(arch: &str) -> Target {
-        Target { arch: arch.to_string(), ptx: None }
+        Target {
+            arch: arch.to_string(),
+            ptx: None,
+        }
     }
     pub fn sm80() -> Target {
         Target::new("sm_80")
@@ -210,7 +213,12 @@ impl KernelBuilder {
 
     /// Appends one instruction (under the active [`KernelBuilder::when`] guard, if any).
     /// The low-level door to any instruction the typed API does not cover.
-    pub fn emit(&mut self, op: Opcode, mods: impl IntoIterator<Item = Mod>, args: impl IntoIterator<Item = Operand>) {
+    pub fn emit(
+        &mut self,
+        op: Opcode,
+        mods: impl IntoIterator<Item = Mod>,
+        args: impl IntoIterator<Item = Operand>,
+    ) {
         let mut ins = Instruction::new(op, mods.into_iter().collect(), args.into_iter().collect());
         ins.guard = self.guard.clone();
         self.body.push(Statement::Instr(ins));
@@ -225,7 +233,10 @@ impl KernelBuilder {
         args: impl IntoIterator<Item = Operand>,
     ) {
         let mut ins = Instruction::new(op, mods.into_iter().collect(), args.into_iter().collect());
-        ins.guard = Some(Guard { negated, reg: guard.name() });
+        ins.guard = Some(Guard {
+            negated,
+            reg: guard.name(),
+        });
         self.body.push(Statement::Instr(ins));
     }
     /// Appends a statement as is (labels, declarations). Registers are not checked.
@@ -235,15 +246,29 @@ impl KernelBuilder {
 
     /// Runs `f` with every emitted instruction predicated on `p` (`@p op ...;`), without branches.
     pub fn when(&mut self, p: Reg<Pred>, f: impl FnOnce(&mut Self)) {
-        self.with_guard(Guard { negated: false, reg: p.name() }, f)
+        self.with_guard(
+            Guard {
+                negated: false,
+                reg: p.name(),
+            },
+            f,
+        )
     }
     /// Like [`KernelBuilder::when`] with `@!p`.
     pub fn when_not(&mut self, p: Reg<Pred>, f: impl FnOnce(&mut Self)) {
-        self.with_guard(Guard { negated: true, reg: p.name() }, f)
+        self.with_guard(
+            Guard {
+                negated: true,
+                reg: p.name(),
+            },
+            f,
+        )
     }
     fn with_guard(&mut self, g: Guard, f: impl FnOnce(&mut Self)) {
         if self.guard.is_some() {
-            self.fail(BuildError::ControlFlow("nested when(): a PTX instruction takes one guard".into()));
+            self.fail(BuildError::ControlFlow(
+                "nested when(): a PTX instruction takes one guard".into(),
+            ));
         }
         let old = self.guard.replace(g);
         f(self);
@@ -276,7 +301,8 @@ impl KernelBuilder {
     /// `.reqnctapercluster x[, y[, z]]` (sm_90).
     pub fn cluster_dims(&mut self, dims: &[u32]) -> &mut Self {
         self.require(90, 78);
-        self.directives.push(PerfDirective::Reqnctapercluster(dims.to_vec()));
+        self.directives
+            .push(PerfDirective::Reqnctapercluster(dims.to_vec()));
         self
     }
     /// `.explicitcluster` (sm_90).
@@ -327,7 +353,11 @@ impl KernelBuilder {
             array: Some(128),
         });
         let r = self.reg::<u64>();
-        self.emit(Opcode::Mov, [Mod::Type(Ty::B64)], [r.op(), Operand::sym(name)]);
+        self.emit(
+            Opcode::Mov,
+            [Mod::Type(Ty::B64)],
+            [r.op(), Operand::sym(name)],
+        );
         r
     }
 
@@ -335,15 +365,31 @@ impl KernelBuilder {
     /// [`KernelBuilder::set_ret`].
     pub fn ret_param<T: Scalar>(&mut self, name: &str) -> RetSlot<T> {
         self.claim_name(name);
-        self.rets.push(Param { space: Space::Param, ty: T::MEM_TY, align: None, ptr: None, name: name.into(), array: None });
-        RetSlot { name: name.to_string(), _t: std::marker::PhantomData }
+        self.rets.push(Param {
+            space: Space::Param,
+            ty: T::MEM_TY,
+            align: None,
+            ptr: None,
+            name: name.into(),
+            array: None,
+        });
+        RetSlot {
+            name: name.to_string(),
+            _t: std::marker::PhantomData,
+        }
     }
     /// `st.param.T [ret], v;`
     pub fn set_ret<T: Scalar>(&mut self, slot: &RetSlot<T>, v: Reg<T>) {
         self.emit(
             Opcode::St,
             [Mod::Space(Space::Param), Mod::Type(T::MEM_TY)],
-            [Operand::Addr { base: AddrBase::Sym(slot.name.clone()), offset: 0 }, v.op()],
+            [
+                Operand::Addr {
+                    base: AddrBase::Sym(slot.name.clone()),
+                    offset: 0,
+                },
+                v.op(),
+            ],
         );
     }
 
@@ -360,7 +406,13 @@ impl KernelBuilder {
             let mut st = Instruction::new(
                 Opcode::St,
                 vec![Mod::Space(Space::Param), Mod::Type(a.mem_ty)],
-                vec![Operand::Addr { base: AddrBase::Sym(pn.clone()), offset: 0 }, Operand::reg(a.name.clone())],
+                vec![
+                    Operand::Addr {
+                        base: AddrBase::Sym(pn.clone()),
+                        offset: 0,
+                    },
+                    Operand::reg(a.name.clone()),
+                ],
             );
             st.guard = self.guard.clone();
             block.push(Statement::Instr(st));
@@ -384,11 +436,19 @@ impl KernelBuilder {
         call.guard = self.guard.clone();
         block.push(Statement::Instr(call));
         for (r, rn) in rets.iter().zip(ret_names) {
-            let Operand::Sym { name, .. } = rn else { unreachable!() };
+            let Operand::Sym { name, .. } = rn else {
+                unreachable!()
+            };
             let mut ld = Instruction::new(
                 Opcode::Ld,
                 vec![Mod::Space(Space::Param), Mod::Type(r.mem_ty)],
-                vec![Operand::reg(r.name.clone()), Operand::Addr { base: AddrBase::Sym(name), offset: 0 }],
+                vec![
+                    Operand::reg(r.name.clone()),
+                    Operand::Addr {
+                        base: AddrBase::Sym(name),
+                        offset: 0,
+                    },
+                ],
             );
             ld.guard = self.guard.clone();
             block.push(Statement::Instr(ld));
@@ -407,7 +467,12 @@ impl KernelBuilder {
         self.shared_array_named(&name, len, align)
     }
     /// [`KernelBuilder::shared_array`] with a chosen name.
-    pub fn shared_array_named<T: Scalar>(&mut self, name: &str, len: u64, align: u32) -> SharedPtr<T> {
+    pub fn shared_array_named<T: Scalar>(
+        &mut self,
+        name: &str,
+        len: u64,
+        align: u32,
+    ) -> SharedPtr<T> {
         self.claim_name(name);
         self.locals.push(Statement::Var(VarDecl {
             linkage: None,
@@ -421,7 +486,11 @@ impl KernelBuilder {
             loc: Loc::default(),
         }));
         let r = self.reg::<u32>();
-        self.emit(Opcode::Mov, [Mod::Type(Ty::U32)], [r.op(), Operand::sym(name)]);
+        self.emit(
+            Opcode::Mov,
+            [Mod::Type(Ty::U32)],
+            [r.op(), Operand::sym(name)],
+        );
         Ptr::from_reg(r)
     }
     /// The dynamic shared memory window (`.extern .shared .align A .b8 dyn_smem[];` at module
@@ -444,7 +513,11 @@ impl KernelBuilder {
             });
         }
         let r = self.reg::<u32>();
-        self.emit(Opcode::Mov, [Mod::Type(Ty::U32)], [r.op(), Operand::sym(name)]);
+        self.emit(
+            Opcode::Mov,
+            [Mod::Type(Ty::U32)],
+            [r.op(), Operand::sym(name)],
+        );
         Ptr::from_reg(r)
     }
 
@@ -466,7 +539,11 @@ impl KernelBuilder {
     }
     /// `bra.uni L;` (the branch is known to be non-divergent).
     pub fn bra_uni(&mut self, l: Label) {
-        self.emit(Opcode::Bra, [Mod::Flag(ptx::Flag::Uni)], [Operand::sym(l.name())]);
+        self.emit(
+            Opcode::Bra,
+            [Mod::Flag(ptx::Flag::Uni)],
+            [Operand::sym(l.name())],
+        );
     }
     /// `@p bra L;`
     pub fn bra_if(&mut self, p: Reg<Pred>, l: Label) {
@@ -480,7 +557,9 @@ impl KernelBuilder {
     }
     fn cf_check(&mut self, what: &str) {
         if self.guard.is_some() {
-            self.fail(BuildError::ControlFlow(format!("{what} inside when(): use if_ for branches")));
+            self.fail(BuildError::ControlFlow(format!(
+                "{what} inside when(): use if_ for branches"
+            )));
         }
     }
 
@@ -499,7 +578,12 @@ impl KernelBuilder {
         self.place(end);
     }
     /// `@!p bra ELSE; <then> bra END; ELSE: <else> END:`
-    pub fn if_else(&mut self, p: Reg<Pred>, then: impl FnOnce(&mut Self), else_: impl FnOnce(&mut Self)) {
+    pub fn if_else(
+        &mut self,
+        p: Reg<Pred>,
+        then: impl FnOnce(&mut Self),
+        else_: impl FnOnce(&mut Self),
+    ) {
         let (els, end) = (self.new_label(), self.new_label());
         self.bra_unless(p, els);
         then(self);
@@ -514,7 +598,10 @@ impl KernelBuilder {
     pub fn loop_(&mut self, body: impl FnOnce(&mut Self)) {
         let (head, end) = (self.new_label(), self.new_label());
         self.place(head);
-        self.loops.push(LoopLabels { cont: head, brk: end });
+        self.loops.push(LoopLabels {
+            cont: head,
+            brk: end,
+        });
         body(self);
         self.loops.pop();
         self.cf_check("loop_");
@@ -522,12 +609,19 @@ impl KernelBuilder {
         self.place(end);
     }
     /// `HEAD: p = cond; @!p bra END; <body> bra HEAD; END:`
-    pub fn while_(&mut self, cond: impl FnOnce(&mut Self) -> Reg<Pred>, body: impl FnOnce(&mut Self)) {
+    pub fn while_(
+        &mut self,
+        cond: impl FnOnce(&mut Self) -> Reg<Pred>,
+        body: impl FnOnce(&mut Self),
+    ) {
         let (head, end) = (self.new_label(), self.new_label());
         self.place(head);
         let p = cond(self);
         self.bra_unless(p, end);
-        self.loops.push(LoopLabels { cont: head, brk: end });
+        self.loops.push(LoopLabels {
+            cont: head,
+            brk: end,
+        });
         body(self);
         self.loops.pop();
         self.cf_check("while_");
@@ -665,7 +759,9 @@ impl KernelBuilder {
         let mut stmts = stmts;
         fn fix(o: &mut Operand, set: &HashSet<String>) {
             match o {
-                Operand::Sym { name, offset: 0 } if set.contains(name.as_str()) => *o = Operand::Reg(std::mem::take(name)),
+                Operand::Sym { name, offset: 0 } if set.contains(name.as_str()) => {
+                    *o = Operand::Reg(std::mem::take(name))
+                }
                 Operand::Addr { base, .. } => {
                     if let AddrBase::Sym(n) = base {
                         if set.contains(n.as_str()) {
@@ -691,7 +787,12 @@ impl KernelBuilder {
                 }
             }
         }
-        let plain: HashSet<String> = declared.iter().chain(self.raw_regs.iter()).filter(|n| !n.starts_with('%')).cloned().collect();
+        let plain: HashSet<String> = declared
+            .iter()
+            .chain(self.raw_regs.iter())
+            .filter(|n| !n.starts_with('%'))
+            .cloned()
+            .collect();
         if !plain.is_empty() {
             walk(&mut stmts, &plain);
         }
@@ -704,7 +805,10 @@ impl KernelBuilder {
             }
         }
         if !unknown.is_empty() {
-            return Err(BuildError::UnknownRegisters { regs: unknown, text: text.trim().to_string() });
+            return Err(BuildError::UnknownRegisters {
+                regs: unknown,
+                text: text.trim().to_string(),
+            });
         }
         self.raw_regs.extend(declared);
         // Guards of an enclosing `when` apply to raw instructions without their own guard.
@@ -740,7 +844,10 @@ impl KernelBuilder {
                     ty: c.decl_ty(),
                     vec: None,
                     align: None,
-                    names: vec![RegName { name: c.prefix().to_string(), count: Some(n) }],
+                    names: vec![RegName {
+                        name: c.prefix().to_string(),
+                        count: Some(n),
+                    }],
                     loc: Loc::default(),
                 }));
             }
@@ -789,16 +896,27 @@ fn check_target(f: &ptx::Function, t: &Target, need: (u32, u32)) -> Result<u32, 
     let sm = t.sm();
     let mut version = t.base_ptx().max(need.1);
     if need.0 > sm {
-        return Err(BuildError::ArchTooOld { instr: "kernel attribute/operation".into(), need: need.0, arch: t.arch.clone() });
+        return Err(BuildError::ArchTooOld {
+            instr: "kernel attribute/operation".into(),
+            need: need.0,
+            arch: t.arch.clone(),
+        });
     }
     let mut worst: Option<(u32, String)> = None;
     for ins in f.instructions() {
         let r = ptx::requirement(ins);
         if r.min_sm > sm {
-            return Err(BuildError::ArchTooOld { instr: ins.to_string(), need: r.min_sm, arch: t.arch.clone() });
+            return Err(BuildError::ArchTooOld {
+                instr: ins.to_string(),
+                need: r.min_sm,
+                arch: t.arch.clone(),
+            });
         }
         if r.arch_specific && !t.arch_specific() {
-            return Err(BuildError::NeedsArchSpecific { instr: ins.to_string(), arch: t.arch.clone() });
+            return Err(BuildError::NeedsArchSpecific {
+                instr: ins.to_string(),
+                arch: t.arch.clone(),
+            });
         }
         if r.min_ptx > version {
             version = r.min_ptx;
@@ -808,8 +926,14 @@ fn check_target(f: &ptx::Function, t: &Target, need: (u32, u32)) -> Result<u32, 
     match t.ptx {
         Some(have) => {
             if have < version {
-                let instr = worst.map(|w| w.1).unwrap_or_else(|| format!("target {}", t.arch));
-                return Err(BuildError::PtxVersionTooOld { instr, need: version, have });
+                let instr = worst
+                    .map(|w| w.1)
+                    .unwrap_or_else(|| format!("target {}", t.arch));
+                return Err(BuildError::PtxVersionTooOld {
+                    instr,
+                    need: version,
+                    have,
+                });
             }
             Ok(have)
         }
@@ -825,7 +949,10 @@ pub struct ModuleBuilder {
 
 impl ModuleBuilder {
     pub fn new(target: Target) -> ModuleBuilder {
-        ModuleBuilder { target, funcs: Vec::new() }
+        ModuleBuilder {
+            target,
+            funcs: Vec::new(),
+        }
     }
     /// A new kernel builder for this module's target (add it back with [`ModuleBuilder::add`]).
     pub fn kernel(&self, name: &str) -> KernelBuilder {
@@ -848,7 +975,10 @@ impl ModuleBuilder {
         let mut funcs = Vec::new();
         let mut names = HashSet::new();
         for mut k in self.funcs {
-            k.target = Target { arch: self.target.arch.clone(), ptx: self.target.ptx };
+            k.target = Target {
+                arch: self.target.arch.clone(),
+                ptx: self.target.ptx,
+            };
             let (f, mv, v) = k.into_parts()?;
             if !names.insert(f.name.clone()) {
                 return Err(BuildError::Duplicate(f.name));
@@ -889,12 +1019,25 @@ pub trait KernelParam {
 impl<T: Scalar> KernelParam for T {
     type Handle = Reg<T>;
     fn declare(k: &mut KernelBuilder, name: &str) -> Reg<T> {
-        k.params.push(Param { space: Space::Param, ty: T::MEM_TY, align: None, ptr: None, name: name.into(), array: None });
+        k.params.push(Param {
+            space: Space::Param,
+            ty: T::MEM_TY,
+            align: None,
+            ptr: None,
+            name: name.into(),
+            array: None,
+        });
         let r = k.reg::<T>();
         k.emit(
             Opcode::Ld,
             [Mod::Space(Space::Param), Mod::Type(T::MEM_TY)],
-            [r.op(), Operand::Addr { base: AddrBase::Sym(name.into()), offset: 0 }],
+            [
+                r.op(),
+                Operand::Addr {
+                    base: AddrBase::Sym(name.into()),
+                    offset: 0,
+                },
+            ],
         );
         r
     }
@@ -902,19 +1045,43 @@ impl<T: Scalar> KernelParam for T {
 
 fn declare_global_ptr<T: PtxType>(k: &mut KernelBuilder, name: &str, align: u32) -> GlobalPtr<T> {
     let ptr = if k.kind == FuncKind::Entry {
-        Some(PtrAttr { space: Some(Space::Global), align: Some(align.max(1)) })
+        Some(PtrAttr {
+            space: Some(Space::Global),
+            align: Some(align.max(1)),
+        })
     } else {
         None
     };
-    k.params.push(Param { space: Space::Param, ty: Ty::U64, align: None, ptr, name: name.into(), array: None });
+    k.params.push(Param {
+        space: Space::Param,
+        ty: Ty::U64,
+        align: None,
+        ptr,
+        name: name.into(),
+        array: None,
+    });
     let r = k.reg::<u64>();
     k.emit(
         Opcode::Ld,
         [Mod::Space(Space::Param), Mod::Type(Ty::U64)],
-        [r.op(), Operand::Addr { base: AddrBase::Sym(name.into()), offset: 0 }],
+        [
+            r.op(),
+            Operand::Addr {
+                base: AddrBase::Sym(name.into()),
+                offset: 0,
+            },
+        ],
     );
     let g = k.reg::<u64>();
-    k.emit(Opcode::Cvta, [Mod::Flag(ptx::Flag::To), Mod::Space(Space::Global), Mod::Type(Ty::U64)], [g.op(), r.op()]);
+    k.emit(
+        Opcode::Cvta,
+        [
+            Mod::Flag(ptx::Flag::To),
+            Mod::Space(Space::Global),
+            Mod::Type(Ty::U64),
+        ],
+        [g.op(), r.op()],
+    );
     Ptr::from_reg(g)
 }
 
@@ -928,12 +1095,25 @@ impl<T: PtxType> KernelParam for Ptr<T, Global> {
 impl<T: PtxType> KernelParam for Ptr<T, Generic> {
     type Handle = GenericPtr<T>;
     fn declare(k: &mut KernelBuilder, name: &str) -> GenericPtr<T> {
-        k.params.push(Param { space: Space::Param, ty: Ty::U64, align: None, ptr: None, name: name.into(), array: None });
+        k.params.push(Param {
+            space: Space::Param,
+            ty: Ty::U64,
+            align: None,
+            ptr: None,
+            name: name.into(),
+            array: None,
+        });
         let r = k.reg::<u64>();
         k.emit(
             Opcode::Ld,
             [Mod::Space(Space::Param), Mod::Type(Ty::U64)],
-            [r.op(), Operand::Addr { base: AddrBase::Sym(name.into()), offset: 0 }],
+            [
+                r.op(),
+                Operand::Addr {
+                    base: AddrBase::Sym(name.into()),
+                    offset: 0,
+                },
+            ],
         );
         Ptr::from_reg(r)
     }

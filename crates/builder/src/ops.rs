@@ -50,10 +50,16 @@ pub struct FMods {
 }
 impl FMods {
     pub fn rn() -> FMods {
-        FMods { rnd: Some(Rnd::Rn), ..FMods::default() }
+        FMods {
+            rnd: Some(Rnd::Rn),
+            ..FMods::default()
+        }
     }
     pub fn rnd(r: Rnd) -> FMods {
-        FMods { rnd: Some(r), ..FMods::default() }
+        FMods {
+            rnd: Some(r),
+            ..FMods::default()
+        }
     }
     pub fn ftz(mut self) -> FMods {
         self.ftz = true;
@@ -277,13 +283,22 @@ pub struct MemOpts {
 }
 impl MemOpts {
     pub fn sem(sem: Sem) -> MemOpts {
-        MemOpts { sem, ..MemOpts::default() }
+        MemOpts {
+            sem,
+            ..MemOpts::default()
+        }
     }
     pub fn cache(c: CacheOp) -> MemOpts {
-        MemOpts { cache: Some(c), ..MemOpts::default() }
+        MemOpts {
+            cache: Some(c),
+            ..MemOpts::default()
+        }
     }
     pub fn nc() -> MemOpts {
-        MemOpts { nc: true, ..MemOpts::default() }
+        MemOpts {
+            nc: true,
+            ..MemOpts::default()
+        }
     }
 }
 
@@ -435,7 +450,10 @@ impl KernelBuilder {
     pub fn addr_operand<T, S: StateSpace>(&mut self, a: impl Into<Addr<T, S>>) -> Operand {
         let a = a.into();
         match a.index {
-            None => Operand::Addr { base: AddrBase::Reg(a.ptr.base.name()), offset: a.ptr.off },
+            None => Operand::Addr {
+                base: AddrBase::Reg(a.ptr.base.name()),
+                offset: a.ptr.off,
+            },
             Some(ix) => {
                 let r = self.reg::<S::A>();
                 let half = if ix.wide { Flag::Wide } else { Flag::Lo };
@@ -444,7 +462,10 @@ impl KernelBuilder {
                     [f(half), t(ix.ty)],
                     [r.op(), ix.op, imm(ix.scale as i64), a.ptr.base.op()],
                 );
-                Operand::Addr { base: AddrBase::Reg(r.name()), offset: a.ptr.off }
+                Operand::Addr {
+                    base: AddrBase::Reg(r.name()),
+                    offset: a.ptr.off,
+                }
             }
         }
     }
@@ -485,7 +506,12 @@ impl KernelBuilder {
     }
     /// Reinterprets bits: `mov.bN d, a;` (sizes must match; checked at compile time).
     pub fn bitcast<U: PtxType, T: PtxType>(&mut self, a: Reg<T>) -> Reg<U> {
-        const { assert!(T::SIZE == U::SIZE, "bitcast between types of different sizes") };
+        const {
+            assert!(
+                T::SIZE == U::SIZE,
+                "bitcast between types of different sizes"
+            )
+        };
         let d = self.reg::<U>();
         self.emit(Opcode::Mov, [t(T::MOV_TY.bit_ty())], [d.op(), a.op()]);
         d
@@ -582,7 +608,15 @@ impl KernelBuilder {
     fn bin<T: PtxType>(&mut self, op: Opcode, mods: Vec<Mod>, d: Reg<T>, a: Operand, b: Operand) {
         self.emit(op, mods, [d.op(), a, b]);
     }
-    fn tern<T: PtxType>(&mut self, op: Opcode, mods: Vec<Mod>, d: Reg<T>, a: Operand, b: Operand, c: Operand) {
+    fn tern<T: PtxType>(
+        &mut self,
+        op: Opcode,
+        mods: Vec<Mod>,
+        d: Reg<T>,
+        a: Operand,
+        b: Operand,
+        c: Operand,
+    ) {
         self.emit(op, mods, [d.op(), a, b, c]);
     }
 
@@ -607,7 +641,13 @@ impl KernelBuilder {
     /// `add.sat.s32 d, a, b;`
     pub fn add_sat(&mut self, a: impl Src<i32>, b: impl Src<i32>) -> Reg<i32> {
         let d = self.reg();
-        self.bin(Opcode::Add, vec![f(Flag::Sat), t(Ty::S32)], d, a.operand(), b.operand());
+        self.bin(
+            Opcode::Add,
+            vec![f(Flag::Sat), t(Ty::S32)],
+            d,
+            a.operand(),
+            b.operand(),
+        );
         d
     }
     /// `sub.T d, a, b;`
@@ -634,7 +674,11 @@ impl KernelBuilder {
         d
     }
     pub fn mul_to<T: Arith>(&mut self, d: Reg<T>, a: impl Src<T>, b: impl Src<T>) {
-        let mods = if T::IS_INT { vec![f(Flag::Lo), t(T::TY)] } else { vec![t(T::TY)] };
+        let mods = if T::IS_INT {
+            vec![f(Flag::Lo), t(T::TY)]
+        } else {
+            vec![t(T::TY)]
+        };
         self.bin(Opcode::Mul, mods, d, a.operand(), b.operand());
     }
     /// `mul.rnd.ftz.sat.T d, a, b;`
@@ -648,13 +692,23 @@ impl KernelBuilder {
     /// `mul.hi.T d, a, b;`
     pub fn mul_hi<T: Int>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
-        self.bin(Opcode::Mul, vec![f(Flag::Hi), t(T::TY)], d, a.operand(), b.operand());
+        self.bin(
+            Opcode::Mul,
+            vec![f(Flag::Hi), t(T::TY)],
+            d,
+            a.operand(),
+            b.operand(),
+        );
         d
     }
     /// `mul.wide.T d, a, b;` (u32 x u32 -> u64, ...)
     pub fn mul_wide<T: Widen>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T::Wide> {
         let d = self.reg::<T::Wide>();
-        self.emit(Opcode::Mul, [f(Flag::Wide), t(T::TY)], [d.op(), a.operand(), b.operand()]);
+        self.emit(
+            Opcode::Mul,
+            [f(Flag::Wide), t(T::TY)],
+            [d.op(), a.operand(), b.operand()],
+        );
         d
     }
     /// `mad.lo.T` (integers) / `fma.rn.T` is [`KernelBuilder::fma`].
@@ -664,18 +718,41 @@ impl KernelBuilder {
         d
     }
     pub fn mad_lo_to<T: Int>(&mut self, d: Reg<T>, a: impl Src<T>, b: impl Src<T>, c: impl Src<T>) {
-        self.tern(Opcode::Mad, vec![f(Flag::Lo), t(T::TY)], d, a.operand(), b.operand(), c.operand());
+        self.tern(
+            Opcode::Mad,
+            vec![f(Flag::Lo), t(T::TY)],
+            d,
+            a.operand(),
+            b.operand(),
+            c.operand(),
+        );
     }
     /// `mad.hi.T d, a, b, c;`
     pub fn mad_hi<T: Int>(&mut self, a: impl Src<T>, b: impl Src<T>, c: impl Src<T>) -> Reg<T> {
         let d = self.reg();
-        self.tern(Opcode::Mad, vec![f(Flag::Hi), t(T::TY)], d, a.operand(), b.operand(), c.operand());
+        self.tern(
+            Opcode::Mad,
+            vec![f(Flag::Hi), t(T::TY)],
+            d,
+            a.operand(),
+            b.operand(),
+            c.operand(),
+        );
         d
     }
     /// `mad.wide.T d, a, b, c;`
-    pub fn mad_wide<T: Widen>(&mut self, a: impl Src<T>, b: impl Src<T>, c: impl Src<T::Wide>) -> Reg<T::Wide> {
+    pub fn mad_wide<T: Widen>(
+        &mut self,
+        a: impl Src<T>,
+        b: impl Src<T>,
+        c: impl Src<T::Wide>,
+    ) -> Reg<T::Wide> {
         let d = self.reg::<T::Wide>();
-        self.emit(Opcode::Mad, [f(Flag::Wide), t(T::TY)], [d.op(), a.operand(), b.operand(), c.operand()]);
+        self.emit(
+            Opcode::Mad,
+            [f(Flag::Wide), t(T::TY)],
+            [d.op(), a.operand(), b.operand(), c.operand()],
+        );
         d
     }
     /// `fma.rn.T d, a, b, c;`
@@ -685,13 +762,35 @@ impl KernelBuilder {
         d
     }
     /// `fma.rn.T d, a, b, c;` into `d` (accumulators: `k.fma_to(acc, x, y, acc)`).
-    pub fn fma_to<T: FloatLike>(&mut self, d: Reg<T>, a: impl Src<T>, b: impl Src<T>, c: impl Src<T>) {
-        self.tern(Opcode::Fma, vec![f(Flag::Rn), t(T::TY)], d, a.operand(), b.operand(), c.operand());
+    pub fn fma_to<T: FloatLike>(
+        &mut self,
+        d: Reg<T>,
+        a: impl Src<T>,
+        b: impl Src<T>,
+        c: impl Src<T>,
+    ) {
+        self.tern(
+            Opcode::Fma,
+            vec![f(Flag::Rn), t(T::TY)],
+            d,
+            a.operand(),
+            b.operand(),
+            c.operand(),
+        );
     }
     /// `fma.rnd.ftz.sat.T d, a, b, c;` (rounding defaults to `.rn` when unset).
-    pub fn fma_m<T: FloatLike>(&mut self, m: FMods, a: impl Src<T>, b: impl Src<T>, c: impl Src<T>) -> Reg<T> {
+    pub fn fma_m<T: FloatLike>(
+        &mut self,
+        m: FMods,
+        a: impl Src<T>,
+        b: impl Src<T>,
+        c: impl Src<T>,
+    ) -> Reg<T> {
         let d = self.reg();
-        let m = FMods { rnd: m.rnd.or(Some(Rnd::Rn)), ..m };
+        let m = FMods {
+            rnd: m.rnd.or(Some(Rnd::Rn)),
+            ..m
+        };
         let mut mods = m.mods();
         mods.push(t(T::TY));
         self.tern(Opcode::Fma, mods, d, a.operand(), b.operand(), c.operand());
@@ -700,7 +799,11 @@ impl KernelBuilder {
     /// Integer `div.T` / float `div.rn.T`.
     pub fn div<T: Arith>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
-        let mods = if T::IS_INT { vec![t(T::TY)] } else { vec![f(Flag::Rn), t(T::TY)] };
+        let mods = if T::IS_INT {
+            vec![t(T::TY)]
+        } else {
+            vec![f(Flag::Rn), t(T::TY)]
+        };
         self.bin(Opcode::Div, mods, d, a.operand(), b.operand());
         d
     }
@@ -708,13 +811,22 @@ impl KernelBuilder {
     pub fn div_fast(&mut self, a: impl Src<f32>, b: impl Src<f32>, full: bool) -> Reg<f32> {
         let d = self.reg();
         let fl = if full { Flag::Full } else { Flag::Approx };
-        self.bin(Opcode::Div, vec![f(fl), t(Ty::F32)], d, a.operand(), b.operand());
+        self.bin(
+            Opcode::Div,
+            vec![f(fl), t(Ty::F32)],
+            d,
+            a.operand(),
+            b.operand(),
+        );
         d
     }
     /// `div.rnd.ftz.T` for f32/f64.
     pub fn div_m<T: Float>(&mut self, m: FMods, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
-        let m = FMods { rnd: m.rnd.or(Some(Rnd::Rn)), ..m };
+        let m = FMods {
+            rnd: m.rnd.or(Some(Rnd::Rn)),
+            ..m
+        };
         let mut mods = m.mods();
         mods.push(t(T::TY));
         self.bin(Opcode::Div, mods, d, a.operand(), b.operand());
@@ -756,7 +868,13 @@ impl KernelBuilder {
     /// `copysign.T d, a, b;` (sign of `a`, magnitude of `b`).
     pub fn copysign<T: Float>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
-        self.bin(Opcode::Copysign, vec![t(T::TY)], d, a.operand(), b.operand());
+        self.bin(
+            Opcode::Copysign,
+            vec![t(T::TY)],
+            d,
+            a.operand(),
+            b.operand(),
+        );
         d
     }
 
@@ -840,19 +958,37 @@ impl KernelBuilder {
     /// `and.b32 d, a, b;` (`and.pred` on predicates)
     pub fn and<T: Logic>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
-        self.bin(Opcode::And, vec![t(T::LOGIC_TY)], d, a.operand(), b.operand());
+        self.bin(
+            Opcode::And,
+            vec![t(T::LOGIC_TY)],
+            d,
+            a.operand(),
+            b.operand(),
+        );
         d
     }
     /// `or.b32 d, a, b;`
     pub fn or<T: Logic>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
-        self.bin(Opcode::Or, vec![t(T::LOGIC_TY)], d, a.operand(), b.operand());
+        self.bin(
+            Opcode::Or,
+            vec![t(T::LOGIC_TY)],
+            d,
+            a.operand(),
+            b.operand(),
+        );
         d
     }
     /// `xor.b32 d, a, b;`
     pub fn xor<T: Logic>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
-        self.bin(Opcode::Xor, vec![t(T::LOGIC_TY)], d, a.operand(), b.operand());
+        self.bin(
+            Opcode::Xor,
+            vec![t(T::LOGIC_TY)],
+            d,
+            a.operand(),
+            b.operand(),
+        );
         d
     }
     /// `not.b32 d, a;`
@@ -870,44 +1006,108 @@ impl KernelBuilder {
     /// `shl.bN d, a, n;`
     pub fn shl<T: Bits>(&mut self, a: impl Src<T>, n: impl Src<u32>) -> Reg<T> {
         let d = self.reg();
-        self.bin(Opcode::Shl, vec![t(T::LOGIC_TY)], d, a.operand(), n.operand());
+        self.bin(
+            Opcode::Shl,
+            vec![t(T::LOGIC_TY)],
+            d,
+            a.operand(),
+            n.operand(),
+        );
         d
     }
     /// `shr.T d, a, n;` (arithmetic for signed types, logical otherwise)
     pub fn shr<T: Bits>(&mut self, a: impl Src<T>, n: impl Src<u32>) -> Reg<T> {
         let d = self.reg();
-        let ty = if T::TY.is_signed() || T::TY.kind() == ptx::TyKind::Unsigned { T::TY } else { T::LOGIC_TY };
+        let ty = if T::TY.is_signed() || T::TY.kind() == ptx::TyKind::Unsigned {
+            T::TY
+        } else {
+            T::LOGIC_TY
+        };
         self.bin(Opcode::Shr, vec![t(ty)], d, a.operand(), n.operand());
         d
     }
     /// `shf.{l,r}.{wrap,clamp}.b32 d, lo, hi, n;` (funnel shift)
-    pub fn shf<T: Bits32>(&mut self, left: bool, clamp: bool, lo: impl Src<T>, hi: impl Src<T>, n: impl Src<u32>) -> Reg<T> {
+    pub fn shf<T: Bits32>(
+        &mut self,
+        left: bool,
+        clamp: bool,
+        lo: impl Src<T>,
+        hi: impl Src<T>,
+        n: impl Src<u32>,
+    ) -> Reg<T> {
         let d = self.reg();
         let dir = if left { Flag::L } else { Flag::R };
         let mode = if clamp { Flag::Clamp } else { Flag::Wrap };
-        self.tern(Opcode::Shf, vec![f(dir), f(mode), t(Ty::B32)], d, lo.operand(), hi.operand(), n.operand());
+        self.tern(
+            Opcode::Shf,
+            vec![f(dir), f(mode), t(Ty::B32)],
+            d,
+            lo.operand(),
+            hi.operand(),
+            n.operand(),
+        );
         d
     }
     /// `bfe.T d, a, pos, len;` (sign-extending for signed `T`)
-    pub fn bfe<T: Bits3264>(&mut self, a: impl Src<T>, pos: impl Src<u32>, len: impl Src<u32>) -> Reg<T> {
+    pub fn bfe<T: Bits3264>(
+        &mut self,
+        a: impl Src<T>,
+        pos: impl Src<u32>,
+        len: impl Src<u32>,
+    ) -> Reg<T> {
         let d = self.reg();
         let ty = match T::TY.kind() {
             ptx::TyKind::Bits => Ty::unsigned_of(T::SIZE).unwrap_or(Ty::U32),
             _ => T::TY,
         };
-        self.tern(Opcode::Bfe, vec![t(ty)], d, a.operand(), pos.operand(), len.operand());
+        self.tern(
+            Opcode::Bfe,
+            vec![t(ty)],
+            d,
+            a.operand(),
+            pos.operand(),
+            len.operand(),
+        );
         d
     }
     /// `bfi.bN d, a, b, pos, len;` (insert bits of `a` into `b`)
-    pub fn bfi<T: Bits3264>(&mut self, a: impl Src<T>, b: impl Src<T>, pos: impl Src<u32>, len: impl Src<u32>) -> Reg<T> {
+    pub fn bfi<T: Bits3264>(
+        &mut self,
+        a: impl Src<T>,
+        b: impl Src<T>,
+        pos: impl Src<u32>,
+        len: impl Src<u32>,
+    ) -> Reg<T> {
         let d = self.reg();
-        self.emit(Opcode::Bfi, [t(T::LOGIC_TY)], [d.op(), a.operand(), b.operand(), pos.operand(), len.operand()]);
+        self.emit(
+            Opcode::Bfi,
+            [t(T::LOGIC_TY)],
+            [
+                d.op(),
+                a.operand(),
+                b.operand(),
+                pos.operand(),
+                len.operand(),
+            ],
+        );
         d
     }
     /// `prmt.b32 d, a, b, sel;`
-    pub fn prmt<T: Bits32>(&mut self, a: impl Src<T>, b: impl Src<T>, sel: impl Src<u32>) -> Reg<T> {
+    pub fn prmt<T: Bits32>(
+        &mut self,
+        a: impl Src<T>,
+        b: impl Src<T>,
+        sel: impl Src<u32>,
+    ) -> Reg<T> {
         let d = self.reg();
-        self.tern(Opcode::Prmt, vec![t(Ty::B32)], d, a.operand(), b.operand(), sel.operand());
+        self.tern(
+            Opcode::Prmt,
+            vec![t(Ty::B32)],
+            d,
+            a.operand(),
+            b.operand(),
+            sel.operand(),
+        );
         d
     }
     /// `popc.bN d, a;`
@@ -944,9 +1144,25 @@ impl KernelBuilder {
         d
     }
     /// `lop3.b32 d, a, b, c, lut;`
-    pub fn lop3<T: Bits32>(&mut self, a: impl Src<T>, b: impl Src<T>, c: impl Src<T>, lut: u8) -> Reg<T> {
+    pub fn lop3<T: Bits32>(
+        &mut self,
+        a: impl Src<T>,
+        b: impl Src<T>,
+        c: impl Src<T>,
+        lut: u8,
+    ) -> Reg<T> {
         let d = self.reg();
-        self.emit(Opcode::Lop3, [t(Ty::B32)], [d.op(), a.operand(), b.operand(), c.operand(), imm(lut as i64)]);
+        self.emit(
+            Opcode::Lop3,
+            [t(Ty::B32)],
+            [
+                d.op(),
+                a.operand(),
+                b.operand(),
+                c.operand(),
+                imm(lut as i64),
+            ],
+        );
         d
     }
 
@@ -956,7 +1172,11 @@ impl KernelBuilder {
     /// `setp.cmp.T p, a, b;`
     pub fn setp<T: Cmp>(&mut self, cmp: CmpOp, a: impl Src<T>, b: impl Src<T>) -> Reg<Pred> {
         let d = self.reg();
-        self.emit(Opcode::Setp, [f(cmp.flag()), t(T::TY)], [d.op(), a.operand(), b.operand()]);
+        self.emit(
+            Opcode::Setp,
+            [f(cmp.flag()), t(T::TY)],
+            [d.op(), a.operand(), b.operand()],
+        );
         d
     }
     pub fn lt<T: Cmp>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<Pred> {
@@ -980,7 +1200,14 @@ impl KernelBuilder {
     /// `selp.T d, a, b, p;` (`p ? a : b`)
     pub fn selp<T: Scalar>(&mut self, a: impl Src<T>, b: impl Src<T>, p: Reg<Pred>) -> Reg<T> {
         let d = self.reg();
-        self.tern(Opcode::Selp, vec![t(T::MOV_TY)], d, a.operand(), b.operand(), p.op());
+        self.tern(
+            Opcode::Selp,
+            vec![t(T::MOV_TY)],
+            d,
+            a.operand(),
+            b.operand(),
+            p.op(),
+        );
         d
     }
 
@@ -998,7 +1225,10 @@ impl KernelBuilder {
     /// `cvt[.rnd].D.S d, a;` with C-like default rounding: `.rn` into floats (when narrowing or
     /// from integers), `.rzi` float -> integer, none otherwise.
     pub fn cvt<D: CvtTy, S: CvtTy>(&mut self, a: Reg<S>) -> Reg<D> {
-        let m = CvtMods { rnd: Self::default_cvt_rnd(D::TY, S::TY), ..CvtMods::default() };
+        let m = CvtMods {
+            rnd: Self::default_cvt_rnd(D::TY, S::TY),
+            ..CvtMods::default()
+        };
         self.cvt_m(m, a)
     }
     /// `cvt.mods.D.S d, a;` with explicit modifiers.
@@ -1013,69 +1243,125 @@ impl KernelBuilder {
     /// `cvt.rn.bf16x2.f32 d, hi, lo;` (`hi` lands in the upper half)
     pub fn cvt_bf16x2(&mut self, hi: Reg<f32>, lo: Reg<f32>) -> Reg<Bf16x2> {
         let d = self.reg();
-        self.bin(Opcode::Cvt, vec![f(Flag::Rn), t(Ty::Bf16x2), t(Ty::F32)], d, hi.op(), lo.op());
+        self.bin(
+            Opcode::Cvt,
+            vec![f(Flag::Rn), t(Ty::Bf16x2), t(Ty::F32)],
+            d,
+            hi.op(),
+            lo.op(),
+        );
         d
     }
     /// `cvt.rn.f16x2.f32 d, hi, lo;`
     pub fn cvt_f16x2(&mut self, hi: Reg<f32>, lo: Reg<f32>) -> Reg<F16x2> {
         let d = self.reg();
-        self.bin(Opcode::Cvt, vec![f(Flag::Rn), t(Ty::F16x2), t(Ty::F32)], d, hi.op(), lo.op());
+        self.bin(
+            Opcode::Cvt,
+            vec![f(Flag::Rn), t(Ty::F16x2), t(Ty::F32)],
+            d,
+            hi.op(),
+            lo.op(),
+        );
         d
     }
     /// `cvt.rn.satfinite.e4m3x2.f32 d, hi, lo;` (sm_89)
     pub fn cvt_e4m3x2(&mut self, hi: Reg<f32>, lo: Reg<f32>) -> Reg<E4m3x2> {
         let d = self.reg();
-        self.bin(Opcode::Cvt, vec![f(Flag::Rn), f(Flag::Satfinite), t(Ty::E4m3x2), t(Ty::F32)], d, hi.op(), lo.op());
+        self.bin(
+            Opcode::Cvt,
+            vec![f(Flag::Rn), f(Flag::Satfinite), t(Ty::E4m3x2), t(Ty::F32)],
+            d,
+            hi.op(),
+            lo.op(),
+        );
         d
     }
     /// `cvt.rn.satfinite.e5m2x2.f32 d, hi, lo;` (sm_89)
     pub fn cvt_e5m2x2(&mut self, hi: Reg<f32>, lo: Reg<f32>) -> Reg<E5m2x2> {
         let d = self.reg();
-        self.bin(Opcode::Cvt, vec![f(Flag::Rn), f(Flag::Satfinite), t(Ty::E5m2x2), t(Ty::F32)], d, hi.op(), lo.op());
+        self.bin(
+            Opcode::Cvt,
+            vec![f(Flag::Rn), f(Flag::Satfinite), t(Ty::E5m2x2), t(Ty::F32)],
+            d,
+            hi.op(),
+            lo.op(),
+        );
         d
     }
     /// `cvt.rn.satfinite.e4m3x2.f16x2 d, a;` (sm_89)
     pub fn cvt_e4m3x2_from_f16x2(&mut self, a: Reg<F16x2>) -> Reg<E4m3x2> {
         let d = self.reg();
-        self.emit(Opcode::Cvt, [f(Flag::Rn), f(Flag::Satfinite), t(Ty::E4m3x2), t(Ty::F16x2)], [d.op(), a.op()]);
+        self.emit(
+            Opcode::Cvt,
+            [f(Flag::Rn), f(Flag::Satfinite), t(Ty::E4m3x2), t(Ty::F16x2)],
+            [d.op(), a.op()],
+        );
         d
     }
     /// `cvt.rn.f16x2.e4m3x2 d, a;` (sm_89)
     pub fn cvt_f16x2_from_e4m3x2(&mut self, a: Reg<E4m3x2>) -> Reg<F16x2> {
         let d = self.reg();
-        self.emit(Opcode::Cvt, [f(Flag::Rn), t(Ty::F16x2), t(Ty::E4m3x2)], [d.op(), a.op()]);
+        self.emit(
+            Opcode::Cvt,
+            [f(Flag::Rn), t(Ty::F16x2), t(Ty::E4m3x2)],
+            [d.op(), a.op()],
+        );
         d
     }
     /// `cvt.rn.f16x2.e5m2x2 d, a;` (sm_89)
     pub fn cvt_f16x2_from_e5m2x2(&mut self, a: Reg<E5m2x2>) -> Reg<F16x2> {
         let d = self.reg();
-        self.emit(Opcode::Cvt, [f(Flag::Rn), t(Ty::F16x2), t(Ty::E5m2x2)], [d.op(), a.op()]);
+        self.emit(
+            Opcode::Cvt,
+            [f(Flag::Rn), t(Ty::F16x2), t(Ty::E5m2x2)],
+            [d.op(), a.op()],
+        );
         d
     }
     /// `cvt.rna.tf32.f32 d, a;`
     pub fn cvt_tf32(&mut self, a: Reg<f32>) -> Reg<Tf32> {
         let d = self.reg();
-        self.emit(Opcode::Cvt, [f(Flag::Rna), t(Ty::Tf32), t(Ty::F32)], [d.op(), a.op()]);
+        self.emit(
+            Opcode::Cvt,
+            [f(Flag::Rna), t(Ty::Tf32), t(Ty::F32)],
+            [d.op(), a.op()],
+        );
         d
     }
     /// `cvta.to.global.u64 d, a;`
     pub fn cvta_to_global<T>(&mut self, a: GenericPtr<T>) -> GlobalPtr<T> {
         let d = self.reg::<u64>();
-        self.emit(Opcode::Cvta, [f(Flag::To), sp(Space::Global), t(Ty::U64)], [d.op(), a.reg().op()]);
+        self.emit(
+            Opcode::Cvta,
+            [f(Flag::To), sp(Space::Global), t(Ty::U64)],
+            [d.op(), a.reg().op()],
+        );
         Ptr::from_reg(d).add_bytes(a.byte_offset())
     }
     /// `cvta.global.u64 d, a;` (global -> generic)
     pub fn cvta_global<T>(&mut self, a: GlobalPtr<T>) -> GenericPtr<T> {
         let d = self.reg::<u64>();
-        self.emit(Opcode::Cvta, [sp(Space::Global), t(Ty::U64)], [d.op(), a.reg().op()]);
+        self.emit(
+            Opcode::Cvta,
+            [sp(Space::Global), t(Ty::U64)],
+            [d.op(), a.reg().op()],
+        );
         Ptr::from_reg(d).add_bytes(a.byte_offset())
     }
     /// Shared -> generic: `cvt.u64.u32` + `cvta.shared.u64`.
     pub fn cvta_shared<T>(&mut self, a: SharedPtr<T>) -> GenericPtr<T> {
         let w = self.reg::<u64>();
-        self.emit(Opcode::Cvt, [t(Ty::U64), t(Ty::U32)], [w.op(), a.reg().op()]);
+        self.emit(
+            Opcode::Cvt,
+            [t(Ty::U64), t(Ty::U32)],
+            [w.op(), a.reg().op()],
+        );
         let d = self.reg::<u64>();
-        self.emit(Opcode::Cvta, [sp(Space::Shared), t(Ty::U64)], [d.op(), w.op()]);
+        self.emit(
+            Opcode::Cvta,
+            [sp(Space::Shared), t(Ty::U64)],
+            [d.op(), w.op()],
+        );
         Ptr::from_reg(d).add_bytes(a.byte_offset())
     }
 
@@ -1113,7 +1399,9 @@ impl KernelBuilder {
         if matches!(n, 2 | 4 | 8) {
             true
         } else {
-            self.fail(BuildError::Invalid(format!("vector width {n}: ld/st take .v2, .v4 or .v8")));
+            self.fail(BuildError::Invalid(format!(
+                "vector width {n}: ld/st take .v2, .v4 or .v8"
+            )));
             false
         }
     }
@@ -1123,10 +1411,18 @@ impl KernelBuilder {
         self.ld_with(MemOpts::default(), a)
     }
     /// `ld{.sem.scope}.space{.nc}{.cop}{.evict}.T d, [addr];`
-    pub fn ld_with<T: Scalar, S: StateSpace>(&mut self, o: MemOpts, a: impl Into<Addr<T, S>>) -> Reg<T> {
+    pub fn ld_with<T: Scalar, S: StateSpace>(
+        &mut self,
+        o: MemOpts,
+        a: impl Into<Addr<T, S>>,
+    ) -> Reg<T> {
         let addr = self.addr_operand(a);
         let d = self.reg::<T>();
-        self.emit(Opcode::Ld, Self::mem_mods::<S>(o, None, T::MEM_TY), [d.op(), addr]);
+        self.emit(
+            Opcode::Ld,
+            Self::mem_mods::<S>(o, None, T::MEM_TY),
+            [d.op(), addr],
+        );
         d
     }
     /// `ld.global.nc.T d, [addr];`
@@ -1134,15 +1430,26 @@ impl KernelBuilder {
         self.ld_with(MemOpts::nc(), a)
     }
     /// `ld.space.vN.T {d0, ..}, [addr];`
-    pub fn ld_v<T: Scalar, S: StateSpace, const N: usize>(&mut self, a: impl Into<Addr<T, S>>) -> [Reg<T>; N] {
+    pub fn ld_v<T: Scalar, S: StateSpace, const N: usize>(
+        &mut self,
+        a: impl Into<Addr<T, S>>,
+    ) -> [Reg<T>; N] {
         self.ld_v_with(MemOpts::default(), a)
     }
     /// Vector load with options.
-    pub fn ld_v_with<T: Scalar, S: StateSpace, const N: usize>(&mut self, o: MemOpts, a: impl Into<Addr<T, S>>) -> [Reg<T>; N] {
+    pub fn ld_v_with<T: Scalar, S: StateSpace, const N: usize>(
+        &mut self,
+        o: MemOpts,
+        a: impl Into<Addr<T, S>>,
+    ) -> [Reg<T>; N] {
         let addr = self.addr_operand(a);
         let d: [Reg<T>; N] = self.regs();
         if self.check_vec(N) {
-            self.emit(Opcode::Ld, Self::mem_mods::<S>(o, Some(N), T::MEM_TY), [vec_op(&d), addr]);
+            self.emit(
+                Opcode::Ld,
+                Self::mem_mods::<S>(o, Some(N), T::MEM_TY),
+                [vec_op(&d), addr],
+            );
         }
         d
     }
@@ -1151,25 +1458,51 @@ impl KernelBuilder {
         self.st_with(MemOpts::default(), a, v)
     }
     /// `st{.sem.scope}.space{.cop}.T [addr], v;`
-    pub fn st_with<T: Scalar, S: StateSpace>(&mut self, o: MemOpts, a: impl Into<Addr<T, S>>, v: Reg<T>) {
+    pub fn st_with<T: Scalar, S: StateSpace>(
+        &mut self,
+        o: MemOpts,
+        a: impl Into<Addr<T, S>>,
+        v: Reg<T>,
+    ) {
         let addr = self.addr_operand(a);
-        self.emit(Opcode::St, Self::mem_mods::<S>(o, None, T::MEM_TY), [addr, v.op()]);
+        self.emit(
+            Opcode::St,
+            Self::mem_mods::<S>(o, None, T::MEM_TY),
+            [addr, v.op()],
+        );
     }
     /// `st.space.vN.T [addr], {v0, ..};`
-    pub fn st_v<T: Scalar, S: StateSpace, const N: usize>(&mut self, a: impl Into<Addr<T, S>>, v: [Reg<T>; N]) {
+    pub fn st_v<T: Scalar, S: StateSpace, const N: usize>(
+        &mut self,
+        a: impl Into<Addr<T, S>>,
+        v: [Reg<T>; N],
+    ) {
         self.st_v_with(MemOpts::default(), a, v)
     }
     /// Vector store with options.
-    pub fn st_v_with<T: Scalar, S: StateSpace, const N: usize>(&mut self, o: MemOpts, a: impl Into<Addr<T, S>>, v: [Reg<T>; N]) {
+    pub fn st_v_with<T: Scalar, S: StateSpace, const N: usize>(
+        &mut self,
+        o: MemOpts,
+        a: impl Into<Addr<T, S>>,
+        v: [Reg<T>; N],
+    ) {
         let addr = self.addr_operand(a);
         if self.check_vec(N) {
-            self.emit(Opcode::St, Self::mem_mods::<S>(o, Some(N), T::MEM_TY), [addr, vec_op(&v)]);
+            self.emit(
+                Opcode::St,
+                Self::mem_mods::<S>(o, Some(N), T::MEM_TY),
+                [addr, vec_op(&v)],
+            );
         }
     }
     /// `prefetch.global.L2::evict_last [addr];` (`last = false`: `L2::evict_normal`; sm_80)
     pub fn prefetch_l2<T>(&mut self, a: GlobalPtr<T>, last: bool) {
         let addr = self.addr_operand(a);
-        let e = if last { Flag::L2EvictLast } else { Flag::L2EvictNormal };
+        let e = if last {
+            Flag::L2EvictLast
+        } else {
+            Flag::L2EvictNormal
+        };
         self.require(80, 74);
         self.emit(Opcode::Prefetch, [sp(Space::Global), f(e)], [addr]);
     }
@@ -1177,7 +1510,11 @@ impl KernelBuilder {
     // =========================================================================================
     // atomics
 
-    fn atom_mods<T: AtomTy, S: StateSpace>(op: Option<AtomOp>, sem: Option<AtomSem>, scope: Option<Scope>) -> Vec<Mod> {
+    fn atom_mods<T: AtomTy, S: StateSpace>(
+        op: Option<AtomOp>,
+        sem: Option<AtomSem>,
+        scope: Option<Scope>,
+    ) -> Vec<Mod> {
         let mut m = Vec::new();
         if let Some(s) = sem {
             m.push(f(s.flag()));
@@ -1201,7 +1538,12 @@ impl KernelBuilder {
         m
     }
     /// `atom.space.op.T d, [addr], v;`
-    pub fn atom<T: AtomTy, S: StateSpace>(&mut self, op: AtomOp, a: impl Into<Addr<T, S>>, v: impl Src<T>) -> Reg<T> {
+    pub fn atom<T: AtomTy, S: StateSpace>(
+        &mut self,
+        op: AtomOp,
+        a: impl Into<Addr<T, S>>,
+        v: impl Src<T>,
+    ) -> Reg<T> {
         self.atom_with(op, None, None, a, v)
     }
     /// `atom{.sem}{.scope}.space.op.T d, [addr], v;`
@@ -1215,19 +1557,36 @@ impl KernelBuilder {
     ) -> Reg<T> {
         let addr = self.addr_operand(a);
         let d = self.reg::<T>();
-        self.emit(Opcode::Atom, Self::atom_mods::<T, S>(Some(op), sem, scope), [d.op(), addr, v.operand()]);
+        self.emit(
+            Opcode::Atom,
+            Self::atom_mods::<T, S>(Some(op), sem, scope),
+            [d.op(), addr, v.operand()],
+        );
         d
     }
     /// `atom.space.add.T d, [addr], v;`
-    pub fn atom_add<T: AtomTy, S: StateSpace>(&mut self, a: impl Into<Addr<T, S>>, v: impl Src<T>) -> Reg<T> {
+    pub fn atom_add<T: AtomTy, S: StateSpace>(
+        &mut self,
+        a: impl Into<Addr<T, S>>,
+        v: impl Src<T>,
+    ) -> Reg<T> {
         self.atom(AtomOp::Add, a, v)
     }
     /// `atom.space.exch.bN d, [addr], v;`
-    pub fn atom_exch<T: AtomTy, S: StateSpace>(&mut self, a: impl Into<Addr<T, S>>, v: impl Src<T>) -> Reg<T> {
+    pub fn atom_exch<T: AtomTy, S: StateSpace>(
+        &mut self,
+        a: impl Into<Addr<T, S>>,
+        v: impl Src<T>,
+    ) -> Reg<T> {
         self.atom(AtomOp::Exch, a, v)
     }
     /// `atom{.sem}{.scope}.space.cas.bN d, [addr], cmp, new;`
-    pub fn atom_cas<T: AtomTy, S: StateSpace>(&mut self, a: impl Into<Addr<T, S>>, cmp: impl Src<T>, new: impl Src<T>) -> Reg<T> {
+    pub fn atom_cas<T: AtomTy, S: StateSpace>(
+        &mut self,
+        a: impl Into<Addr<T, S>>,
+        cmp: impl Src<T>,
+        new: impl Src<T>,
+    ) -> Reg<T> {
         self.atom_cas_with(None, None, a, cmp, new)
     }
     /// `atom.cas` with ordering and scope.
@@ -1241,11 +1600,20 @@ impl KernelBuilder {
     ) -> Reg<T> {
         let addr = self.addr_operand(a);
         let d = self.reg::<T>();
-        self.emit(Opcode::Atom, Self::atom_mods::<T, S>(None, sem, scope), [d.op(), addr, cmp.operand(), new.operand()]);
+        self.emit(
+            Opcode::Atom,
+            Self::atom_mods::<T, S>(None, sem, scope),
+            [d.op(), addr, cmp.operand(), new.operand()],
+        );
         d
     }
     /// `red.space.op.T [addr], v;`
-    pub fn red<T: AtomTy, S: StateSpace>(&mut self, op: AtomOp, a: impl Into<Addr<T, S>>, v: impl Src<T>) {
+    pub fn red<T: AtomTy, S: StateSpace>(
+        &mut self,
+        op: AtomOp,
+        a: impl Into<Addr<T, S>>,
+        v: impl Src<T>,
+    ) {
         self.red_with(op, None, None, a, v)
     }
     /// `red{.sem}{.scope}.space.op.T [addr], v;`
@@ -1258,7 +1626,11 @@ impl KernelBuilder {
         v: impl Src<T>,
     ) {
         let addr = self.addr_operand(a);
-        self.emit(Opcode::Red, Self::atom_mods::<T, S>(Some(op), sem, scope), [addr, v.operand()]);
+        self.emit(
+            Opcode::Red,
+            Self::atom_mods::<T, S>(Some(op), sem, scope),
+            [addr, v.operand()],
+        );
     }
     /// `red.space.add.T [addr], v;`
     pub fn red_add<T: AtomTy, S: StateSpace>(&mut self, a: impl Into<Addr<T, S>>, v: impl Src<T>) {
@@ -1278,11 +1650,19 @@ impl KernelBuilder {
     }
     /// `bar.sync id, count;` (named barrier over `count` threads)
     pub fn bar_sync_count(&mut self, id: impl Src<u32>, count: impl Src<u32>) {
-        self.emit(Opcode::Bar, [f(Flag::Sync)], [id.operand(), count.operand()]);
+        self.emit(
+            Opcode::Bar,
+            [f(Flag::Sync)],
+            [id.operand(), count.operand()],
+        );
     }
     /// `bar.arrive id, count;`
     pub fn bar_arrive(&mut self, id: impl Src<u32>, count: impl Src<u32>) {
-        self.emit(Opcode::Bar, [f(Flag::Arrive)], [id.operand(), count.operand()]);
+        self.emit(
+            Opcode::Bar,
+            [f(Flag::Arrive)],
+            [id.operand(), count.operand()],
+        );
     }
     /// `barrier.sync id;` (non-`.aligned` form, sm_70)
     pub fn barrier_sync(&mut self, id: impl Src<u32>) {
@@ -1290,19 +1670,31 @@ impl KernelBuilder {
     }
     /// `barrier.sync id, count;`
     pub fn barrier_sync_count(&mut self, id: impl Src<u32>, count: impl Src<u32>) {
-        self.emit(Opcode::Barrier, [f(Flag::Sync)], [id.operand(), count.operand()]);
+        self.emit(
+            Opcode::Barrier,
+            [f(Flag::Sync)],
+            [id.operand(), count.operand()],
+        );
     }
     /// `bar.red.popc.u32 d, id, p;` (count of threads with `p`)
     pub fn bar_red_popc(&mut self, id: impl Src<u32>, p: Reg<Pred>) -> Reg<u32> {
         let d = self.reg();
-        self.emit(Opcode::Bar, [f(Flag::Red), f(Flag::Popc), t(Ty::U32)], [d.op(), id.operand(), p.op()]);
+        self.emit(
+            Opcode::Bar,
+            [f(Flag::Red), f(Flag::Popc), t(Ty::U32)],
+            [d.op(), id.operand(), p.op()],
+        );
         d
     }
     /// `bar.red.and.pred d, id, p;` (`and = false`: `.or`)
     pub fn bar_red_pred(&mut self, and: bool, id: impl Src<u32>, p: Reg<Pred>) -> Reg<Pred> {
         let d = self.reg();
         let op = if and { Flag::And } else { Flag::Or };
-        self.emit(Opcode::Bar, [f(Flag::Red), f(op), t(Ty::Pred)], [d.op(), id.operand(), p.op()]);
+        self.emit(
+            Opcode::Bar,
+            [f(Flag::Red), f(op), t(Ty::Pred)],
+            [d.op(), id.operand(), p.op()],
+        );
         d
     }
     /// `bar.warp.sync mask;`
@@ -1324,18 +1716,33 @@ impl KernelBuilder {
     }
     /// `fence.proxy.async.shared::cta;` (generic-proxy writes visible to TMA/wgmma; sm_90)
     pub fn fence_proxy_async(&mut self) {
-        self.emit(Opcode::Fence, [f(Flag::Proxy), f(Flag::Async), sp(Space::SharedCta)], []);
+        self.emit(
+            Opcode::Fence,
+            [f(Flag::Proxy), f(Flag::Async), sp(Space::SharedCta)],
+            [],
+        );
     }
     /// `fence.mbarrier_init.release.cluster;` (sm_90)
     pub fn fence_mbarrier_init(&mut self) {
-        self.emit(Opcode::Fence, [f(Flag::MbarrierInit), f(Flag::Release), f(Flag::Cluster)], []);
+        self.emit(
+            Opcode::Fence,
+            [f(Flag::MbarrierInit), f(Flag::Release), f(Flag::Cluster)],
+            [],
+        );
     }
 
     // =========================================================================================
     // warp-level
 
     /// `shfl.sync.mode.b32 d, a, b, c, mask;`
-    pub fn shfl_sync<T: Word32>(&mut self, mode: ShflMode, a: Reg<T>, b: impl Src<u32>, c: impl Src<u32>, mask: impl Src<u32>) -> Reg<T> {
+    pub fn shfl_sync<T: Word32>(
+        &mut self,
+        mode: ShflMode,
+        a: Reg<T>,
+        b: impl Src<u32>,
+        c: impl Src<u32>,
+        mask: impl Src<u32>,
+    ) -> Reg<T> {
         let d = self.reg();
         let m = match mode {
             ShflMode::Up => Flag::Up,
@@ -1343,7 +1750,11 @@ impl KernelBuilder {
             ShflMode::Bfly => Flag::Bfly,
             ShflMode::Idx => Flag::Idx,
         };
-        self.emit(Opcode::Shfl, [f(Flag::Sync), f(m), t(Ty::B32)], [d.op(), a.op(), b.operand(), c.operand(), mask.operand()]);
+        self.emit(
+            Opcode::Shfl,
+            [f(Flag::Sync), f(m), t(Ty::B32)],
+            [d.op(), a.op(), b.operand(), c.operand(), mask.operand()],
+        );
         d
     }
     /// `shfl.sync.bfly.b32 d, a, lane_mask, 31, 0xffffffff;`
@@ -1364,7 +1775,11 @@ impl KernelBuilder {
     }
     fn vote(&mut self, mode: Flag, p: Reg<Pred>, mask: impl Src<u32>) -> Reg<Pred> {
         let d = self.reg();
-        self.emit(Opcode::Vote, [f(Flag::Sync), f(mode), t(Ty::Pred)], [d.op(), p.op(), mask.operand()]);
+        self.emit(
+            Opcode::Vote,
+            [f(Flag::Sync), f(mode), t(Ty::Pred)],
+            [d.op(), p.op(), mask.operand()],
+        );
         d
     }
     /// `vote.sync.all.pred d, p, mask;`
@@ -1382,7 +1797,11 @@ impl KernelBuilder {
     /// `vote.sync.ballot.b32 d, p, mask;`
     pub fn vote_ballot(&mut self, p: Reg<Pred>, mask: impl Src<u32>) -> Reg<u32> {
         let d = self.reg();
-        self.emit(Opcode::Vote, [f(Flag::Sync), f(Flag::Ballot), t(Ty::B32)], [d.op(), p.op(), mask.operand()]);
+        self.emit(
+            Opcode::Vote,
+            [f(Flag::Sync), f(Flag::Ballot), t(Ty::B32)],
+            [d.op(), p.op(), mask.operand()],
+        );
         d
     }
     /// `redux.sync.op.T d, a, mask;` (sm_80; `and/or/xor` use `.b32`)
@@ -1396,23 +1815,39 @@ impl KernelBuilder {
             ReduxOp::Or => (Flag::Or, Ty::B32),
             ReduxOp::Xor => (Flag::Xor, Ty::B32),
         };
-        self.emit(Opcode::Redux, [f(Flag::Sync), f(fl), t(ty)], [d.op(), a.op(), mask.operand()]);
+        self.emit(
+            Opcode::Redux,
+            [f(Flag::Sync), f(fl), t(ty)],
+            [d.op(), a.op(), mask.operand()],
+        );
         d
     }
     /// `match.any.sync.bN d, a, mask;` (lanes holding the same value)
     pub fn match_any<T: Bits3264>(&mut self, a: Reg<T>, mask: impl Src<u32>) -> Reg<u32> {
         let d = self.reg();
-        self.emit(Opcode::Match, [f(Flag::Any), f(Flag::Sync), t(T::LOGIC_TY)], [d.op(), a.op(), mask.operand()]);
+        self.emit(
+            Opcode::Match,
+            [f(Flag::Any), f(Flag::Sync), t(T::LOGIC_TY)],
+            [d.op(), a.op(), mask.operand()],
+        );
         d
     }
     /// `match.all.sync.bN d|p, a, mask;`
-    pub fn match_all<T: Bits3264>(&mut self, a: Reg<T>, mask: impl Src<u32>) -> (Reg<u32>, Reg<Pred>) {
+    pub fn match_all<T: Bits3264>(
+        &mut self,
+        a: Reg<T>,
+        mask: impl Src<u32>,
+    ) -> (Reg<u32>, Reg<Pred>) {
         let d = self.reg();
         let p = self.reg();
         self.emit(
             Opcode::Match,
             [f(Flag::All), f(Flag::Sync), t(T::LOGIC_TY)],
-            [Operand::Pair(Box::new(d.op()), Box::new(p.op())), a.op(), mask.operand()],
+            [
+                Operand::Pair(Box::new(d.op()), Box::new(p.op())),
+                a.op(),
+                mask.operand(),
+            ],
         );
         (d, p)
     }
@@ -1425,7 +1860,14 @@ impl KernelBuilder {
     /// `elect.sync _|p, mask;` (true in exactly one active lane; sm_90)
     pub fn elect_sync(&mut self, mask: impl Src<u32>) -> Reg<Pred> {
         let p = self.reg();
-        self.emit(Opcode::Elect, [f(Flag::Sync)], [Operand::Pair(Box::new(Operand::Sink), Box::new(p.op())), mask.operand()]);
+        self.emit(
+            Opcode::Elect,
+            [f(Flag::Sync)],
+            [
+                Operand::Pair(Box::new(Operand::Sink), Box::new(p.op())),
+                mask.operand(),
+            ],
+        );
         p
     }
 
@@ -1433,32 +1875,68 @@ impl KernelBuilder {
     // tensor cores
 
     /// `mma.sync.aligned.mMnNkK.row.col.D.A.B.C {d}, {a}, {b}, {c};`
-    pub fn mma<S: MmaShape>(&mut self, a: [Reg<S::A>; 4], b: [Reg<S::B>; 2], c: [Reg<S::C>; 4]) -> [Reg<S::C>; 4] {
+    pub fn mma<S: MmaShape>(
+        &mut self,
+        a: [Reg<S::A>; 4],
+        b: [Reg<S::B>; 2],
+        c: [Reg<S::C>; 4],
+    ) -> [Reg<S::C>; 4] {
         let d = self.regs();
         self.mma_to::<S>(d, a, b, c);
         d
     }
     /// `mma` into existing accumulators (`d` may equal `c`).
-    pub fn mma_to<S: MmaShape>(&mut self, d: [Reg<S::C>; 4], a: [Reg<S::A>; 4], b: [Reg<S::B>; 2], c: [Reg<S::C>; 4]) {
+    pub fn mma_to<S: MmaShape>(
+        &mut self,
+        d: [Reg<S::C>; 4],
+        a: [Reg<S::A>; 4],
+        b: [Reg<S::B>; 2],
+        c: [Reg<S::C>; 4],
+    ) {
         let (m, n, k) = S::SHAPE;
-        let mut mods = vec![f(Flag::Sync), f(Flag::Aligned), Mod::Shape { m, n, k: Some(k) }, f(Flag::Row), f(Flag::Col)];
+        let mut mods = vec![
+            f(Flag::Sync),
+            f(Flag::Aligned),
+            Mod::Shape { m, n, k: Some(k) },
+            f(Flag::Row),
+            f(Flag::Col),
+        ];
         mods.extend(S::TYPES.iter().map(|x| t(*x)));
-        self.emit(Opcode::Mma, mods, [vec_op(&d), vec_op(&a), vec_op(&b), vec_op(&c)]);
+        self.emit(
+            Opcode::Mma,
+            mods,
+            [vec_op(&d), vec_op(&a), vec_op(&b), vec_op(&c)],
+        );
     }
     fn x_count(&mut self, n: usize, what: &str) -> Option<u8> {
         if matches!(n, 1 | 2 | 4) {
             Some(n as u8)
         } else {
-            self.fail(BuildError::Invalid(format!("{what}: .x{n} (need 1, 2 or 4 matrices)")));
+            self.fail(BuildError::Invalid(format!(
+                "{what}: .x{n} (need 1, 2 or 4 matrices)"
+            )));
             None
         }
     }
     /// `ldmatrix.sync.aligned.m8n8.xN{.trans}.shared.b16 {d..}, [addr];`
-    pub fn ldmatrix<T: Word32, U, const N: usize>(&mut self, a: impl Into<Addr<U, Shared>>, trans: bool) -> [Reg<T>; N] {
+    pub fn ldmatrix<T: Word32, U, const N: usize>(
+        &mut self,
+        a: impl Into<Addr<U, Shared>>,
+        trans: bool,
+    ) -> [Reg<T>; N] {
         let addr = self.addr_operand(a);
         let d: [Reg<T>; N] = self.regs();
         if let Some(x) = self.x_count(N, "ldmatrix") {
-            let mut mods = vec![f(Flag::Sync), f(Flag::Aligned), Mod::Shape { m: 8, n: 8, k: None }, Mod::X(x)];
+            let mut mods = vec![
+                f(Flag::Sync),
+                f(Flag::Aligned),
+                Mod::Shape {
+                    m: 8,
+                    n: 8,
+                    k: None,
+                },
+                Mod::X(x),
+            ];
             if trans {
                 mods.push(f(Flag::Trans));
             }
@@ -1468,10 +1946,24 @@ impl KernelBuilder {
         d
     }
     /// `stmatrix.sync.aligned.m8n8.xN{.trans}.shared.b16 [addr], {v..};` (sm_90)
-    pub fn stmatrix<T: Word32, U, const N: usize>(&mut self, a: impl Into<Addr<U, Shared>>, v: [Reg<T>; N], trans: bool) {
+    pub fn stmatrix<T: Word32, U, const N: usize>(
+        &mut self,
+        a: impl Into<Addr<U, Shared>>,
+        v: [Reg<T>; N],
+        trans: bool,
+    ) {
         let addr = self.addr_operand(a);
         if let Some(x) = self.x_count(N, "stmatrix") {
-            let mut mods = vec![f(Flag::Sync), f(Flag::Aligned), Mod::Shape { m: 8, n: 8, k: None }, Mod::X(x)];
+            let mut mods = vec![
+                f(Flag::Sync),
+                f(Flag::Aligned),
+                Mod::Shape {
+                    m: 8,
+                    n: 8,
+                    k: None,
+                },
+                Mod::X(x),
+            ];
             if trans {
                 mods.push(f(Flag::Trans));
             }
@@ -1485,11 +1977,19 @@ impl KernelBuilder {
     }
     /// `wgmma.commit_group.sync.aligned;`
     pub fn wgmma_commit_group(&mut self) {
-        self.emit(Opcode::WgmmaCommitGroup, [f(Flag::Sync), f(Flag::Aligned)], []);
+        self.emit(
+            Opcode::WgmmaCommitGroup,
+            [f(Flag::Sync), f(Flag::Aligned)],
+            [],
+        );
     }
     /// `wgmma.wait_group.sync.aligned n;`
     pub fn wgmma_wait_group(&mut self, n: u32) {
-        self.emit(Opcode::WgmmaWaitGroup, [f(Flag::Sync), f(Flag::Aligned)], [imm(n as i64)]);
+        self.emit(
+            Opcode::WgmmaWaitGroup,
+            [f(Flag::Sync), f(Flag::Aligned)],
+            [imm(n as i64)],
+        );
     }
     /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.I.I {d..}, adesc, bdesc, scale_d, 1, 1, ta, tb;`
     /// with shared-memory descriptors for A and B; `d` holds `N/2` f32 accumulators.
@@ -1504,14 +2004,25 @@ impl KernelBuilder {
         trans_a: bool,
         trans_b: bool,
     ) {
-        if n == 0 || n > 256 || n % 8 != 0 || d.len() != n as usize / 2 {
+        if n == 0 || n > 256 || n & 7 != 0 || d.len() != n as usize / 2 {
             self.fail(BuildError::Invalid(format!(
                 "wgmma m64n{n}k16: N must be a multiple of 8 in 8..=256 with N/2 accumulators (got {})",
                 d.len()
             )));
             return;
         }
-        let mods = [f(Flag::Sync), f(Flag::Aligned), Mod::Shape { m: 64, n, k: Some(16) }, t(Ty::F32), t(I::TY), t(I::TY)];
+        let mods = [
+            f(Flag::Sync),
+            f(Flag::Aligned),
+            Mod::Shape {
+                m: 64,
+                n,
+                k: Some(16),
+            },
+            t(Ty::F32),
+            t(I::TY),
+            t(I::TY),
+        ];
         self.emit(
             Opcode::WgmmaMmaAsync,
             mods,
@@ -1532,21 +2043,41 @@ impl KernelBuilder {
     // asynchronous copies
 
     /// `cp.async.{ca,cg}.shared.global [dst], [src], bytes;` (bytes 4, 8 or 16; `.cg` when 16)
-    pub fn cp_async<U, V>(&mut self, dst: impl Into<Addr<U, Shared>>, src: impl Into<Addr<V, Global>>, bytes: u32) {
+    pub fn cp_async<U, V>(
+        &mut self,
+        dst: impl Into<Addr<U, Shared>>,
+        src: impl Into<Addr<V, Global>>,
+        bytes: u32,
+    ) {
         if !matches!(bytes, 4 | 8 | 16) {
-            self.fail(BuildError::Invalid(format!("cp.async copies 4, 8 or 16 bytes, not {bytes}")));
+            self.fail(BuildError::Invalid(format!(
+                "cp.async copies 4, 8 or 16 bytes, not {bytes}"
+            )));
             return;
         }
         let d = self.addr_operand(dst);
         let s = self.addr_operand(src);
         let c = if bytes == 16 { Flag::Cg } else { Flag::Ca };
-        self.emit(Opcode::CpAsync, [f(c), sp(Space::Shared), sp(Space::Global)], [d, s, imm(bytes as i64)]);
+        self.emit(
+            Opcode::CpAsync,
+            [f(c), sp(Space::Shared), sp(Space::Global)],
+            [d, s, imm(bytes as i64)],
+        );
     }
     /// `cp.async.cg.shared.global [dst], [src], 16, src_size;` (zero-fills beyond `src_size`)
-    pub fn cp_async_zfill<U, V>(&mut self, dst: impl Into<Addr<U, Shared>>, src: impl Into<Addr<V, Global>>, src_size: impl Src<u32>) {
+    pub fn cp_async_zfill<U, V>(
+        &mut self,
+        dst: impl Into<Addr<U, Shared>>,
+        src: impl Into<Addr<V, Global>>,
+        src_size: impl Src<u32>,
+    ) {
         let d = self.addr_operand(dst);
         let s = self.addr_operand(src);
-        self.emit(Opcode::CpAsync, [f(Flag::Cg), sp(Space::Shared), sp(Space::Global)], [d, s, imm(16), src_size.operand()]);
+        self.emit(
+            Opcode::CpAsync,
+            [f(Flag::Cg), sp(Space::Shared), sp(Space::Global)],
+            [d, s, imm(16), src_size.operand()],
+        );
     }
     /// `cp.async.commit_group;`
     pub fn cp_async_commit_group(&mut self) {
@@ -1573,42 +2104,90 @@ impl KernelBuilder {
         let m = self.addr_operand(mbar);
         self.emit(
             Opcode::CpAsyncBulk,
-            [sp(Space::SharedCluster), sp(Space::Global), f(Flag::CompleteTxBytes)],
+            [
+                sp(Space::SharedCluster),
+                sp(Space::Global),
+                f(Flag::CompleteTxBytes),
+            ],
             [d, s, bytes.operand(), m],
         );
     }
     /// `cp.async.bulk.global.shared::cta.bulk_group [dst], [src], bytes;` (sm_90)
-    pub fn cp_async_bulk_s2g<U, V>(&mut self, dst: impl Into<Addr<U, Global>>, src: impl Into<Addr<V, Shared>>, bytes: impl Src<u32>) {
+    pub fn cp_async_bulk_s2g<U, V>(
+        &mut self,
+        dst: impl Into<Addr<U, Global>>,
+        src: impl Into<Addr<V, Shared>>,
+        bytes: impl Src<u32>,
+    ) {
         let d = self.addr_operand(dst);
         let s = self.addr_operand(src);
-        self.emit(Opcode::CpAsyncBulk, [sp(Space::Global), sp(Space::SharedCta), f(Flag::BulkGroup)], [d, s, bytes.operand()]);
+        self.emit(
+            Opcode::CpAsyncBulk,
+            [sp(Space::Global), sp(Space::SharedCta), f(Flag::BulkGroup)],
+            [d, s, bytes.operand()],
+        );
     }
     /// `cp.async.bulk.tensor.Nd.shared::cluster.global.tile.mbarrier::complete_tx::bytes [dst], [tmap, {c..}], [mbar];`
-    pub fn cp_async_bulk_tensor_g2s<U>(&mut self, dst: impl Into<Addr<U, Shared>>, tmap: Reg<u64>, coords: &[Reg<i32>], mbar: SharedPtr<u64>) {
+    pub fn cp_async_bulk_tensor_g2s<U>(
+        &mut self,
+        dst: impl Into<Addr<U, Shared>>,
+        tmap: Reg<u64>,
+        coords: &[Reg<i32>],
+        mbar: SharedPtr<u64>,
+    ) {
         if coords.is_empty() || coords.len() > 5 {
-            self.fail(BuildError::Invalid(format!("cp.async.bulk.tensor takes 1..=5 coordinates, not {}", coords.len())));
+            self.fail(BuildError::Invalid(format!(
+                "cp.async.bulk.tensor takes 1..=5 coordinates, not {}",
+                coords.len()
+            )));
             return;
         }
         let d = self.addr_operand(dst);
         let m = self.addr_operand(mbar);
-        let ta = Operand::TensorAddr { base: AddrBase::Reg(tmap.name()), coords: coords.iter().map(|c| c.op()).collect() };
+        let ta = Operand::TensorAddr {
+            base: AddrBase::Reg(tmap.name()),
+            coords: coords.iter().map(|c| c.op()).collect(),
+        };
         self.emit(
             Opcode::CpAsyncBulkTensor,
-            [Mod::Dim(coords.len() as u8), sp(Space::SharedCluster), sp(Space::Global), f(Flag::Tile), f(Flag::CompleteTxBytes)],
+            [
+                Mod::Dim(coords.len() as u8),
+                sp(Space::SharedCluster),
+                sp(Space::Global),
+                f(Flag::Tile),
+                f(Flag::CompleteTxBytes),
+            ],
             [d, ta, m],
         );
     }
     /// `cp.async.bulk.tensor.Nd.global.shared::cta.tile.bulk_group [tmap, {c..}], [src];`
-    pub fn cp_async_bulk_tensor_s2g<U>(&mut self, tmap: Reg<u64>, coords: &[Reg<i32>], src: impl Into<Addr<U, Shared>>) {
+    pub fn cp_async_bulk_tensor_s2g<U>(
+        &mut self,
+        tmap: Reg<u64>,
+        coords: &[Reg<i32>],
+        src: impl Into<Addr<U, Shared>>,
+    ) {
         if coords.is_empty() || coords.len() > 5 {
-            self.fail(BuildError::Invalid(format!("cp.async.bulk.tensor takes 1..=5 coordinates, not {}", coords.len())));
+            self.fail(BuildError::Invalid(format!(
+                "cp.async.bulk.tensor takes 1..=5 coordinates, not {}",
+                coords.len()
+            )));
             return;
         }
         let s = self.addr_operand(src);
-        let ta = Operand::TensorAddr { base: AddrBase::Reg(tmap.name()), coords: coords.iter().map(|c| c.op()).collect() };
+        let ta = Operand::TensorAddr {
+            base: AddrBase::Reg(tmap.name()),
+            coords: coords.iter().map(|c| c.op()).collect(),
+        };
         self.emit(
             Opcode::CpAsyncBulkTensor,
-            [Mod::Dim(coords.len() as u8), sp(Space::Global), sp(Space::SharedCta), f(Flag::Tile), f(Flag::BulkGroup)],
+            [
+                Mod::Dim(coords.len() as u8),
+                sp(Space::Global),
+                sp(Space::SharedCta),
+                f(Flag::Tile),
+                f(Flag::BulkGroup),
+            ],
             [ta, s],
         );
     }
@@ -1628,7 +2207,11 @@ impl KernelBuilder {
     /// `mbarrier.init.shared.b64 [bar], count;`
     pub fn mbarrier_init(&mut self, bar: SharedPtr<u64>, count: impl Src<u32>) {
         let a = self.addr_operand(bar);
-        self.emit(Opcode::MbarrierInit, [sp(Space::Shared), t(Ty::B64)], [a, count.operand()]);
+        self.emit(
+            Opcode::MbarrierInit,
+            [sp(Space::Shared), t(Ty::B64)],
+            [a, count.operand()],
+        );
     }
     /// `mbarrier.inval.shared.b64 [bar];`
     pub fn mbarrier_inval(&mut self, bar: SharedPtr<u64>) {
@@ -1639,14 +2222,26 @@ impl KernelBuilder {
     pub fn mbarrier_arrive(&mut self, bar: SharedPtr<u64>) -> Reg<u64> {
         let a = self.addr_operand(bar);
         let d = self.reg();
-        self.emit(Opcode::MbarrierArrive, [sp(Space::Shared), t(Ty::B64)], [d.op(), a]);
+        self.emit(
+            Opcode::MbarrierArrive,
+            [sp(Space::Shared), t(Ty::B64)],
+            [d.op(), a],
+        );
         d
     }
     /// `mbarrier.arrive.expect_tx.shared::cta.b64 state, [bar], tx;` (sm_90)
-    pub fn mbarrier_arrive_expect_tx(&mut self, bar: SharedPtr<u64>, tx: impl Src<u32>) -> Reg<u64> {
+    pub fn mbarrier_arrive_expect_tx(
+        &mut self,
+        bar: SharedPtr<u64>,
+        tx: impl Src<u32>,
+    ) -> Reg<u64> {
         let a = self.addr_operand(bar);
         let d = self.reg();
-        self.emit(Opcode::MbarrierArrive, [f(Flag::ExpectTx), sp(Space::SharedCta), t(Ty::B64)], [d.op(), a, tx.operand()]);
+        self.emit(
+            Opcode::MbarrierArrive,
+            [f(Flag::ExpectTx), sp(Space::SharedCta), t(Ty::B64)],
+            [d.op(), a, tx.operand()],
+        );
         d
     }
     /// `mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [bar], tx;` (sm_90)
@@ -1654,7 +2249,12 @@ impl KernelBuilder {
         let a = self.addr_operand(bar);
         self.emit(
             Opcode::MbarrierExpectTx,
-            [f(Flag::Relaxed), f(Flag::Cta), sp(Space::SharedCta), t(Ty::B64)],
+            [
+                f(Flag::Relaxed),
+                f(Flag::Cta),
+                sp(Space::SharedCta),
+                t(Ty::B64),
+            ],
             [a, tx.operand()],
         );
     }
@@ -1662,14 +2262,26 @@ impl KernelBuilder {
     pub fn mbarrier_test_wait(&mut self, bar: SharedPtr<u64>, state: Reg<u64>) -> Reg<Pred> {
         let a = self.addr_operand(bar);
         let p = self.reg();
-        self.emit(Opcode::MbarrierTestWait, [sp(Space::Shared), t(Ty::B64)], [p.op(), a, state.op()]);
+        self.emit(
+            Opcode::MbarrierTestWait,
+            [sp(Space::Shared), t(Ty::B64)],
+            [p.op(), a, state.op()],
+        );
         p
     }
     /// `mbarrier.try_wait.parity.shared::cta.b64 p, [bar], parity;` (sm_90)
-    pub fn mbarrier_try_wait_parity(&mut self, bar: SharedPtr<u64>, parity: impl Src<u32>) -> Reg<Pred> {
+    pub fn mbarrier_try_wait_parity(
+        &mut self,
+        bar: SharedPtr<u64>,
+        parity: impl Src<u32>,
+    ) -> Reg<Pred> {
         let a = self.addr_operand(bar);
         let p = self.reg();
-        self.emit(Opcode::MbarrierTryWait, [f(Flag::Parity), sp(Space::SharedCta), t(Ty::B64)], [p.op(), a, parity.operand()]);
+        self.emit(
+            Opcode::MbarrierTryWait,
+            [f(Flag::Parity), sp(Space::SharedCta), t(Ty::B64)],
+            [p.op(), a, parity.operand()],
+        );
         p
     }
     /// Spins on [`KernelBuilder::mbarrier_try_wait_parity`] until the phase completes
@@ -1686,11 +2298,19 @@ impl KernelBuilder {
 
     /// `setmaxnreg.inc.sync.aligned.u32 n;` (sm_90a)
     pub fn setmaxnreg_inc(&mut self, n: u32) {
-        self.emit(Opcode::Setmaxnreg, [f(Flag::Inc), f(Flag::Sync), f(Flag::Aligned), t(Ty::U32)], [imm(n as i64)]);
+        self.emit(
+            Opcode::Setmaxnreg,
+            [f(Flag::Inc), f(Flag::Sync), f(Flag::Aligned), t(Ty::U32)],
+            [imm(n as i64)],
+        );
     }
     /// `setmaxnreg.dec.sync.aligned.u32 n;` (sm_90a)
     pub fn setmaxnreg_dec(&mut self, n: u32) {
-        self.emit(Opcode::Setmaxnreg, [f(Flag::Dec), f(Flag::Sync), f(Flag::Aligned), t(Ty::U32)], [imm(n as i64)]);
+        self.emit(
+            Opcode::Setmaxnreg,
+            [f(Flag::Dec), f(Flag::Sync), f(Flag::Aligned), t(Ty::U32)],
+            [imm(n as i64)],
+        );
     }
     /// `griddepcontrol.wait;` (sm_90)
     pub fn griddepcontrol_wait(&mut self) {
@@ -1703,13 +2323,21 @@ impl KernelBuilder {
     /// `mapa.shared::cluster.u32 d, a, rank;` (address of the same variable in CTA `rank`)
     pub fn mapa<T>(&mut self, a: SharedPtr<T>, rank: impl Src<u32>) -> Ptr<T, SharedCluster> {
         let d = self.reg::<u32>();
-        self.emit(Opcode::Mapa, [sp(Space::SharedCluster), t(Ty::U32)], [d.op(), a.reg().op(), rank.operand()]);
+        self.emit(
+            Opcode::Mapa,
+            [sp(Space::SharedCluster), t(Ty::U32)],
+            [d.op(), a.reg().op(), rank.operand()],
+        );
         Ptr::from_reg(d).add_bytes(a.byte_offset())
     }
     /// `getctarank.shared::cluster.u32 d, a;`
     pub fn getctarank<T>(&mut self, a: Ptr<T, SharedCluster>) -> Reg<u32> {
         let d = self.reg::<u32>();
-        self.emit(Opcode::Getctarank, [sp(Space::SharedCluster), t(Ty::U32)], [d.op(), a.reg().op()]);
+        self.emit(
+            Opcode::Getctarank,
+            [sp(Space::SharedCluster), t(Ty::U32)],
+            [d.op(), a.reg().op()],
+        );
         d
     }
     /// `barrier.cluster.arrive;` (sm_90)

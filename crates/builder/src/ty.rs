@@ -24,8 +24,14 @@ pub enum RegClass {
 }
 
 impl RegClass {
-    pub const ALL: [RegClass; 6] =
-        [RegClass::Pred, RegClass::B16, RegClass::B32, RegClass::F32, RegClass::B64, RegClass::F64];
+    pub const ALL: [RegClass; 6] = [
+        RegClass::Pred,
+        RegClass::B16,
+        RegClass::B32,
+        RegClass::F32,
+        RegClass::B64,
+        RegClass::F64,
+    ];
     /// Register name prefix (`%r`, `%rd`, ...).
     pub fn prefix(self) -> &'static str {
         match self {
@@ -54,7 +60,14 @@ impl RegClass {
     /// Splits a builder register name (`%rd12`) into its class and number.
     pub fn parse_name(name: &str) -> Option<(RegClass, u32)> {
         // Longest prefixes first: `%rd`/`%rs` before `%r`, `%fd` before `%f`.
-        for c in [RegClass::B64, RegClass::B16, RegClass::F64, RegClass::B32, RegClass::F32, RegClass::Pred] {
+        for c in [
+            RegClass::B64,
+            RegClass::B16,
+            RegClass::F64,
+            RegClass::B32,
+            RegClass::F32,
+            RegClass::Pred,
+        ] {
             if let Some(rest) = name.strip_prefix(c.prefix()) {
                 if !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit()) {
                     return rest.parse().ok().map(|n| (c, n));
@@ -278,7 +291,10 @@ impl<T> std::hash::Hash for Reg<T> {
 
 impl<T: PtxType> Reg<T> {
     pub(crate) fn new(id: u32) -> Reg<T> {
-        Reg { id, _t: PhantomData }
+        Reg {
+            id,
+            _t: PhantomData,
+        }
     }
     /// The PTX name (`%r3`), for use in [`crate::KernelBuilder::raw`] text.
     pub fn name(&self) -> String {
@@ -291,12 +307,20 @@ impl<T: PtxType> Reg<T> {
     /// The same register viewed as another type of the same register class (`i32` <-> `u32`,
     /// `B32` <-> `Bf16x2`, ...): no instruction, checked at compile time.
     pub fn reinterpret<U: PtxType>(self) -> Reg<U> {
-        const { assert!(T::CLASS as u8 == U::CLASS as u8, "reinterpret needs the same register class") };
+        const {
+            assert!(
+                T::CLASS as u8 == U::CLASS as u8,
+                "reinterpret needs the same register class"
+            )
+        };
         Reg::new(self.id)
     }
     /// A type-erased view (for calls).
     pub fn any(&self) -> AnyReg {
-        AnyReg { name: self.name(), mem_ty: T::MEM_TY }
+        AnyReg {
+            name: self.name(),
+            mem_ty: T::MEM_TY,
+        }
     }
 }
 
@@ -348,9 +372,29 @@ macro_rules! int_src {
     )*)*};
 }
 int_src! {
-    u16 => u16, B16;
-    u32 => u32, B32;
-    u64 => u64, B64;
+    u16 => u16;
+    u32 => u32;
+    u64 => u64;
+}
+
+/// An untyped-bits immediate for [`B16`]/[`B32`]/[`B64`] operands (`k.and(bits, BitsImm(0xff))`).
+/// Plain Rust integers only stand for their own type so that `k.mov(1u32)` infers `Reg<u32>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BitsImm(pub u64);
+impl Src<B16> for BitsImm {
+    fn operand(&self) -> Operand {
+        uint_imm(self.0 & 0xffff)
+    }
+}
+impl Src<B32> for BitsImm {
+    fn operand(&self) -> Operand {
+        uint_imm(self.0 & 0xffff_ffff)
+    }
+}
+impl Src<B64> for BitsImm {
+    fn operand(&self) -> Operand {
+        uint_imm(self.0)
+    }
 }
 macro_rules! sint_src {
     ($($rust:ty => $t:ty),*) => {$(
@@ -440,7 +484,11 @@ pub type GenericPtr<T> = Ptr<T, Generic>;
 impl<T, S: StateSpace> Ptr<T, S> {
     /// Wraps an address register.
     pub fn from_reg(r: Reg<S::A>) -> Self {
-        Ptr { base: r, off: 0, _t: PhantomData }
+        Ptr {
+            base: r,
+            off: 0,
+            _t: PhantomData,
+        }
     }
     /// The base address register (without the constant offset).
     pub fn reg(&self) -> Reg<S::A> {
@@ -452,11 +500,19 @@ impl<T, S: StateSpace> Ptr<T, S> {
     }
     /// Adds a constant byte offset (no instruction).
     pub fn add_bytes(self, bytes: i64) -> Self {
-        Ptr { base: self.base, off: self.off + bytes, _t: PhantomData }
+        Ptr {
+            base: self.base,
+            off: self.off + bytes,
+            _t: PhantomData,
+        }
     }
     /// Reinterprets the pointee type.
     pub fn cast<U>(self) -> Ptr<U, S> {
-        Ptr { base: self.base, off: self.off, _t: PhantomData }
+        Ptr {
+            base: self.base,
+            off: self.off,
+            _t: PhantomData,
+        }
     }
 }
 
@@ -470,7 +526,10 @@ impl<T: PtxType, S: StateSpace> Ptr<T, S> {
     pub fn offset<I: Index<S::A>>(self, i: I) -> Addr<T, S> {
         let mut ix = i.index();
         ix.scale = T::SIZE;
-        Addr { ptr: self, index: Some(ix) }
+        Addr {
+            ptr: self,
+            index: Some(ix),
+        }
     }
 }
 
@@ -492,32 +551,62 @@ pub struct IndexVal {
 
 impl Index<u64> for Reg<u32> {
     fn index(&self) -> IndexVal {
-        IndexVal { op: self.op(), ty: Ty::U32, wide: true, scale: 1 }
+        IndexVal {
+            op: self.op(),
+            ty: Ty::U32,
+            wide: true,
+            scale: 1,
+        }
     }
 }
 impl Index<u64> for Reg<i32> {
     fn index(&self) -> IndexVal {
-        IndexVal { op: self.op(), ty: Ty::S32, wide: true, scale: 1 }
+        IndexVal {
+            op: self.op(),
+            ty: Ty::S32,
+            wide: true,
+            scale: 1,
+        }
     }
 }
 impl Index<u64> for Reg<u64> {
     fn index(&self) -> IndexVal {
-        IndexVal { op: self.op(), ty: Ty::U64, wide: false, scale: 1 }
+        IndexVal {
+            op: self.op(),
+            ty: Ty::U64,
+            wide: false,
+            scale: 1,
+        }
     }
 }
 impl Index<u64> for Reg<i64> {
     fn index(&self) -> IndexVal {
-        IndexVal { op: self.op(), ty: Ty::S64, wide: false, scale: 1 }
+        IndexVal {
+            op: self.op(),
+            ty: Ty::S64,
+            wide: false,
+            scale: 1,
+        }
     }
 }
 impl Index<u32> for Reg<u32> {
     fn index(&self) -> IndexVal {
-        IndexVal { op: self.op(), ty: Ty::U32, wide: false, scale: 1 }
+        IndexVal {
+            op: self.op(),
+            ty: Ty::U32,
+            wide: false,
+            scale: 1,
+        }
     }
 }
 impl Index<u32> for Reg<i32> {
     fn index(&self) -> IndexVal {
-        IndexVal { op: self.op(), ty: Ty::S32, wide: false, scale: 1 }
+        IndexVal {
+            op: self.op(),
+            ty: Ty::S32,
+            wide: false,
+            scale: 1,
+        }
     }
 }
 
@@ -529,20 +618,29 @@ pub struct Addr<T, S: StateSpace> {
 
 impl<T, S: StateSpace> Clone for Addr<T, S> {
     fn clone(&self) -> Self {
-        Addr { ptr: self.ptr, index: self.index.clone() }
+        Addr {
+            ptr: self.ptr,
+            index: self.index.clone(),
+        }
     }
 }
 
 impl<T, S: StateSpace> From<Ptr<T, S>> for Addr<T, S> {
     fn from(p: Ptr<T, S>) -> Self {
-        Addr { ptr: p, index: None }
+        Addr {
+            ptr: p,
+            index: None,
+        }
     }
 }
 
 impl<T, S: StateSpace> Addr<T, S> {
     /// Reinterprets the pointee type (a runtime index keeps the scale of the original type).
     pub fn cast<U>(self) -> Addr<U, S> {
-        Addr { ptr: self.ptr.cast(), index: self.index }
+        Addr {
+            ptr: self.ptr.cast(),
+            index: self.index,
+        }
     }
 }
 

@@ -35,7 +35,16 @@ fn sink_common(k: &mut KernelBuilder) {
     let i = k.global_index_x();
     let lane = k.lane_id();
     let warp = k.warp_id();
-    let _ = (k.tid_y(), k.tid_z(), k.ntid_y(), k.ctaid_z(), k.nctaid_x(), k.nctaid_y(), k.clock64(), k.globaltimer());
+    let _ = (
+        k.tid_y(),
+        k.tid_z(),
+        k.ntid_y(),
+        k.ctaid_z(),
+        k.nctaid_x(),
+        k.nctaid_y(),
+        k.clock64(),
+        k.globaltimer(),
+    );
     let _ = k.sreg(SReg::Smid);
     let _ = k.sreg(SReg::LanemaskLt);
 
@@ -100,7 +109,16 @@ fn sink_common(k: &mut KernelBuilder) {
     let frc = k.rcp(fc);
     let fsq = k.sqrt(frc);
     let mut acc = fsq;
-    for func in [ApproxFn::Ex2, ApproxFn::Lg2, ApproxFn::Rcp, ApproxFn::Sqrt, ApproxFn::Rsqrt, ApproxFn::Sin, ApproxFn::Cos, ApproxFn::Tanh] {
+    for func in [
+        ApproxFn::Ex2,
+        ApproxFn::Lg2,
+        ApproxFn::Rcp,
+        ApproxFn::Sqrt,
+        ApproxFn::Rsqrt,
+        ApproxFn::Sin,
+        ApproxFn::Cos,
+        ApproxFn::Tanh,
+    ] {
         let v = k.approx(func, func == ApproxFn::Ex2, acc);
         acc = k.add(acc, v);
     }
@@ -145,8 +163,21 @@ fn sink_common(k: &mut KernelBuilder) {
     let c6 = k.cvt::<u16, u64>(c5);
     let c7 = k.cvt::<u8, u16>(c6);
     let c8 = k.cvt::<u32, u8>(b8);
-    let c9 = k.cvt_m::<i32, f32>(CvtMods { rnd: Some(CvtRnd::Rni), sat: false, ..CvtMods::default() }, c4);
-    let c10 = k.cvt_m::<f32, f32>(CvtMods { rnd: Some(CvtRnd::Rmi), ..CvtMods::default() }, c4);
+    let c9 = k.cvt_m::<i32, f32>(
+        CvtMods {
+            rnd: Some(CvtRnd::Rni),
+            sat: false,
+            ..CvtMods::default()
+        },
+        c4,
+    );
+    let c10 = k.cvt_m::<f32, f32>(
+        CvtMods {
+            rnd: Some(CvtRnd::Rmi),
+            ..CvtMods::default()
+        },
+        c4,
+    );
     let c11 = k.cvt::<f32, Bf16>(hb);
     let _ = (c7, c9, c10, c11);
     let c8 = k.add(c8, c9.cast_helper());
@@ -186,7 +217,13 @@ fn sink_common(k: &mut KernelBuilder) {
     let la = k.ld_with(MemOpts::sem(Sem::Acquire(Scope::Gpu)), ai.offset(lv));
     let lr = k.ld_with(MemOpts::sem(Sem::Relaxed(Scope::Sys)), ai.offset(la));
     let lnc = k.ld_nc(ai.offset(lr));
-    let le = k.ld_with(MemOpts { evict: Some(Evict::Last), ..MemOpts::default() }, ai.offset(lnc));
+    let le = k.ld_with(
+        MemOpts {
+            evict: Some(Evict::Last),
+            ..MemOpts::default()
+        },
+        ai.offset(lnc),
+    );
     let lca = k.ld_with(MemOpts::cache(CacheOp::Ca), ai.offset(le));
     let llu = k.ld_with(MemOpts::cache(CacheOp::Lu), ai.offset(lca));
     let lcv = k.ld_with(MemOpts::cache(CacheOp::Cv), ai.offset(llu));
@@ -228,7 +265,13 @@ fn sink_common(k: &mut KernelBuilder) {
     let a64c = k.atom_cas(a64, a64v, 0);
     k.red_add(a, af);
     k.red(AtomOp::Or, ai, at);
-    k.red_with(AtomOp::Add, Some(AtomSem::Release), Some(Scope::Gpu), a64, a64c);
+    k.red_with(
+        AtomOp::Add,
+        Some(AtomSem::Release),
+        Some(Scope::Gpu),
+        a64,
+        a64c,
+    );
     let sat = k.atom_add(sm2.cast::<u32>().offset(lane), 1);
     k.red_add(sm.offset(lane), e);
     // barriers / fences
@@ -259,7 +302,14 @@ fn sink_common(k: &mut KernelBuilder) {
     let vu = k.vote_uni(vy, 0xffff_ffff);
     let vb = k.vote_ballot(vu, 0xffff_ffff);
     let mut red_acc = vb;
-    for op in [ReduxOp::Add, ReduxOp::Min, ReduxOp::Max, ReduxOp::And, ReduxOp::Or, ReduxOp::Xor] {
+    for op in [
+        ReduxOp::Add,
+        ReduxOp::Min,
+        ReduxOp::Max,
+        ReduxOp::And,
+        ReduxOp::Or,
+        ReduxOp::Xor,
+    ] {
         red_acc = k.redux(op, red_acc, 0xffff_ffff);
     }
     let rs = k.redux(ReduxOp::Max, si, 0xffff_ffff);
@@ -308,9 +358,12 @@ fn sink_common(k: &mut KernelBuilder) {
         k.break_if(big);
     });
     let cnt2 = k.mov(0u32);
-    k.while_(|k| k.lt(cnt2, 10), |k| {
-        k.add_to(cnt2, cnt2, 1);
-    });
+    k.while_(
+        |k| k.lt(cnt2, 10),
+        |k| {
+            k.add_to(cnt2, cnt2, 1);
+        },
+    );
     k.loop_(|k| {
         k.add_to(cnt2, cnt2, 3);
         let stop = k.ge(cnt2, 40);
@@ -387,7 +440,10 @@ fn kitchen_sink_sm80() {
     let mut k = KernelBuilder::new("sink80", Target::sm80());
     sink_common(&mut k);
     let m = k.finish().unwrap();
-    assert_eq!(m.version, 74, "L2::evict_last / L1::evict_last need PTX 7.4");
+    assert_eq!(
+        m.version, 74,
+        "L2::evict_last / L1::evict_last need PTX 7.4"
+    );
     check(&m, "sm_80");
 }
 
@@ -427,7 +483,9 @@ fn sink_common_fp8(k: &mut KernelBuilder) {
 #[test]
 fn kitchen_sink_sm90a() {
     let mut k = KernelBuilder::new("sink90a", Target::sm90a());
-    k.cluster_dims(&[2, 1, 1]).explicit_cluster().reqntid(&[128]);
+    k.cluster_dims(&[2, 1, 1])
+        .explicit_cluster()
+        .reqntid(&[128]);
     let a = k.param::<GlobalPtr<f32>>("a");
     let tmap = k.param_tensormap("tmap");
     let i = k.global_index_x();

@@ -6,10 +6,18 @@ use ptx::Module;
 /// Prints, parses back (must be equal), validates and assembles `m` for `arch`.
 pub fn check(m: &Module, arch: &str) {
     let text = ptx::print(m);
-    let back = ptx::parse(&text).unwrap_or_else(|e| panic!("printed PTX does not parse: {e}\n{text}"));
+    let back =
+        ptx::parse(&text).unwrap_or_else(|e| panic!("printed PTX does not parse: {e}\n{text}"));
     assert_eq!(&back, m, "parse(print(m)) != m\n{text}");
     let errs = ptx::validate::validate_errors(m);
-    assert!(errs.is_empty(), "validator errors:\n{}\n{text}", errs.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n"));
+    assert!(
+        errs.is_empty(),
+        "validator errors:\n{}\n{text}",
+        errs.iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     assemble(&text, arch);
 }
 
@@ -22,12 +30,20 @@ pub fn assemble(text: &str, arch: &str) {
     match ptx::ptxas::assemble(text, arch, &Default::default()) {
         Ok(r) => {
             for k in &r.kernels {
-                assert_eq!(k.spill_stores_bytes + k.spill_loads_bytes, 0, "{} spills on {arch}", k.name);
+                assert_eq!(
+                    k.spill_stores_bytes + k.spill_loads_bytes,
+                    0,
+                    "{} spills on {arch}",
+                    k.name
+                );
             }
         }
         Err(e) => {
-            let numbered: String =
-                text.lines().enumerate().map(|(i, l)| format!("{:4} {l}\n", i + 1)).collect();
+            let numbered: String = text
+                .lines()
+                .enumerate()
+                .map(|(i, l)| format!("{:4} {l}\n", i + 1))
+                .collect();
             panic!("ptxas {arch} failed: {e}\n{numbered}");
         }
     }
