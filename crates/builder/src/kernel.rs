@@ -493,6 +493,56 @@ impl KernelBuilder {
         );
         Ptr::from_reg(r)
     }
+    /// A per-thread `.local .align A .T localN[len];` array and its address
+    /// (`mov.u64 %rd, localN;`).
+    pub fn local_array<T: Scalar>(&mut self, len: u64, align: u32) -> Ptr<T, Local> {
+        let name = format!("local{}", self.smem_count);
+        self.smem_count += 1;
+        self.claim_name(&name);
+        self.locals.push(Statement::Var(VarDecl {
+            linkage: None,
+            space: Space::Local,
+            align: Some(align.max(T::SIZE)),
+            vec: None,
+            ty: T::MEM_TY,
+            name: name.clone(),
+            dims: vec![Some(len)],
+            init: None,
+            loc: Loc::default(),
+        }));
+        let r = self.reg::<u64>();
+        self.emit(
+            Opcode::Mov,
+            [Mod::Type(Ty::U64)],
+            [r.op(), Operand::sym(name)],
+        );
+        Ptr::from_reg(r)
+    }
+
+    /// A module-scope constant table `.const .align A .T name[n] = {..};` (u32 values) and its
+    /// address (`mov.u64 %rd, name;`), read with `k.ld(ptr.offset(i))`.
+    pub fn const_table_u32(&mut self, name: &str, values: &[u32]) -> Ptr<u32, Const> {
+        self.claim_name(name);
+        self.module_vars.push(VarDecl {
+            linkage: None,
+            space: Space::Const,
+            align: Some(4),
+            vec: None,
+            ty: Ty::U32,
+            name: name.to_string(),
+            dims: vec![Some(values.len() as u64)],
+            init: Some(values.iter().map(|v| ptx::Init::Int(*v as i128)).collect()),
+            loc: Loc::default(),
+        });
+        let r = self.reg::<u64>();
+        self.emit(
+            Opcode::Mov,
+            [Mod::Type(Ty::U64)],
+            [r.op(), Operand::sym(name)],
+        );
+        Ptr::from_reg(r)
+    }
+
     /// The dynamic shared memory window (`.extern .shared .align A .b8 dyn_smem[];` at module
     /// scope), typed as `T`.
     pub fn dynamic_shared<T: Scalar>(&mut self, align: u32) -> SharedPtr<T> {

@@ -1395,6 +1395,13 @@ impl KernelBuilder {
         m.push(t(ty));
         m
     }
+    /// Requirements of `ld`/`st` forms the opcode table does not know.
+    fn mem_need<S: StateSpace>(&mut self, o: MemOpts) {
+        if S::SPACE == Some(Space::Local) && o.sem == Sem::Volatile {
+            // ptxas: "ld/st with .local.volatile requires PTX ISA 9.1"
+            self.require(0, 91);
+        }
+    }
     fn check_vec(&mut self, n: usize) -> bool {
         if matches!(n, 2 | 4 | 8) {
             true
@@ -1416,6 +1423,7 @@ impl KernelBuilder {
         o: MemOpts,
         a: impl Into<Addr<T, S>>,
     ) -> Reg<T> {
+        self.mem_need::<S>(o);
         let addr = self.addr_operand(a);
         let d = self.reg::<T>();
         self.emit(
@@ -1442,6 +1450,7 @@ impl KernelBuilder {
         o: MemOpts,
         a: impl Into<Addr<T, S>>,
     ) -> [Reg<T>; N] {
+        self.mem_need::<S>(o);
         let addr = self.addr_operand(a);
         let d: [Reg<T>; N] = self.regs();
         if self.check_vec(N) {
@@ -1464,6 +1473,7 @@ impl KernelBuilder {
         a: impl Into<Addr<T, S>>,
         v: Reg<T>,
     ) {
+        self.mem_need::<S>(o);
         let addr = self.addr_operand(a);
         self.emit(
             Opcode::St,
@@ -1486,6 +1496,7 @@ impl KernelBuilder {
         a: impl Into<Addr<T, S>>,
         v: [Reg<T>; N],
     ) {
+        self.mem_need::<S>(o);
         let addr = self.addr_operand(a);
         if self.check_vec(N) {
             self.emit(

@@ -184,3 +184,19 @@ fn kernel_attributes_and_registers() {
     );
     check(&m, "sm_90a");
 }
+
+#[test]
+fn local_and_const_spaces() {
+    let mut k = KernelBuilder::new("spaces", Target::sm80());
+    let out = k.param::<GlobalPtr<u32>>("out");
+    let t = k.tid_x();
+    let tab = k.const_table_u32("table", &[1, 2, 3, 5, 8]);
+    let loc = k.local_array::<u32>(8, 16);
+    let i = k.and(t, 3);
+    let v = k.ld(tab.offset(i));
+    k.st(loc.offset(i), v);
+    let w = k.ld_with(MemOpts::sem(Sem::Volatile), loc.offset(i));
+    k.st(out.offset(t), w);
+    let m = k.finish().unwrap();
+    check(&m, "sm_80");
+}
