@@ -75,13 +75,13 @@ pub fn transpose_tiled(t: Target) -> Result<Module, BuildError> {
     let xin = k.lt(x, cols);
     k.unroll(TILE / ROWS, |k, s| {
         let j = s * ROWS;
-        let y = k.add(y0, j);
+        let y = if j == 0 { y0 } else { k.add(y0, j) };
         let yin = k.lt(y, rows);
         let ok = k.and(xin, yin);
         k.if_(ok, |k| {
             let src = k.mad_lo(y, cols, x);
             let v = k.ld(input.offset(src));
-            let r = k.add(ty, j);
+            let r = if j == 0 { ty } else { k.add(ty, j) };
             let dst = k.mad_lo(r, TILE + 1, tx);
             k.st(tile.offset(dst), v);
         });
@@ -93,11 +93,11 @@ pub fn transpose_tiled(t: Target) -> Result<Module, BuildError> {
     let oxin = k.lt(ox, rows);
     k.unroll(TILE / ROWS, |k, s| {
         let j = s * ROWS;
-        let oy = k.add(oy0, j);
+        let oy = if j == 0 { oy0 } else { k.add(oy0, j) };
         let oyin = k.lt(oy, cols);
         let ok = k.and(oxin, oyin);
         k.if_(ok, |k| {
-            let c = k.add(ty, j);
+            let c = if j == 0 { ty } else { k.add(ty, j) };
             let src = k.mad_lo(tx, TILE + 1, c);
             let v = k.ld(tile.offset(src));
             let dst = k.mad_lo(oy, rows, ox);
