@@ -8,7 +8,7 @@ use crate::isa::Opcode;
 use crate::lexer::{Lexer, Tok, Token};
 use crate::mods::Mod;
 use crate::types::{Space, Ty};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 /// A parse error with its position and the source line it points into.
@@ -41,6 +41,7 @@ pub fn parse(text: &str) -> Result<Module, ParseError> {
         lex: Lexer::new(text),
         peeked: None,
         f64_ctx: false,
+        depth: 0,
     };
     p.module()
 }
@@ -52,6 +53,7 @@ pub fn parse_statements(text: &str) -> Result<Vec<Statement>, ParseError> {
         lex: Lexer::new(text),
         peeked: None,
         f64_ctx: false,
+        depth: 0,
     };
     let mut out = Vec::new();
     loop {
@@ -70,7 +72,13 @@ struct Parser<'a> {
     peeked: Option<Token<'a>>,
     /// Decimal float literals in the current instruction are f64 (else f32).
     f64_ctx: bool,
+    /// Nesting depth of blocks / braces / `!` operands (bounded so bad input cannot overflow
+    /// the stack).
+    depth: u32,
 }
+
+/// The deepest nesting of `{ }` blocks, vector braces or initialisers the parser accepts.
+const MAX_DEPTH: u32 = 256;
 
 type PResult<T> = Result<T, ParseError>;
 
@@ -343,6 +351,12 @@ impl<'a> Parser<'a> {
         Ok(out)
     }
     fn init_into(&mut self, out: &mut Vec<Init>) -> PResult<()> {
+        self.enter()?;
+        let r = self.init_into_inner(out);
+        self.depth -= 1;
+        r
+    }
+    fn init_into_inner(&mut self, out: &mut Vec<Init>) -> PResult<()> {
         if self.eat_punct(b'{')? {
             if self.eat_punct(b'}')? {
                 return Ok(());
@@ -623,7 +637,10 @@ impl<'a> Parser<'a> {
         match t.tok {
             Tok::Punct(b'{') => {
                 self.next()?;
-                Ok(Some(Statement::Block(self.block_body()?)))
+                self.enter()?;
+                let b = self.block_body();
+                self.depth -= 1;
+                Ok(Some(Statement::Block(b?)))
             }
             Tok::Punct(b';') => {
                 self.next()?;
@@ -884,6 +901,23 @@ impl<'a> Parser<'a> {
     }
 
     fn operand1(&mut self) -> PResult<Operand> {
+        self.enter()?;
+        let r = self.operand1_inner();
+        self.depth -= 1;
+        r
+    }
+
+    /// Counts one level of nesting; errors past [`MAX_DEPTH`].
+    fn enter(&mut self) -> PResult<()> {
+        if self.depth >= MAX_DEPTH {
+            let t = self.peek()?;
+            return Err(self.err(&t, format!("nesting deeper than {MAX_DEPTH} levels")));
+        }
+        self.depth += 1;
+        Ok(())
+    }
+
+    fn operand1_inner(&mut self) -> PResult<Operand> {
         let t = self.next()?;
         match t.tok {
             Tok::Punct(b'{') => {
@@ -1006,8 +1040,8 @@ impl<'a> Parser<'a> {
 
 /// Registers declared without a `%` prefix are parsed as symbols; turn them into registers.
 fn resolve_plain_regs(body: &mut [Statement]) {
-    let mut plain: HashSet<String> = HashSet::new();
-    fn collect(b: &[Statement], set: &mut HashSet<String>) {
+    let mut plain = PlainRegs::default();
+    fn collect(b: &[Statement], set: &mut PlainRegs) {
         for s in b {
             match s {
                 Statement::Reg(d) => {
@@ -1015,12 +1049,12 @@ fn resolve_plain_regs(body: &mut [Statement]) {
                         if !n.name.starts_with('%') {
                             match n.count {
                                 None => {
-                                    set.insert(n.name.clone());
+                                    set.exact.insert(n.name.clone());
                                 }
                                 Some(c) => {
-                                    for i in 0..c {
-                                        set.insert(format!("{}{}", n.name, i));
-                                    }
+                                    // Kept as a range: `r<4294967295>` must not be expanded.
+                                    let e = set.ranges.entry(n.name.clone()).or_insert(0);
+                                    *e = (*e).max(c);
                                 }
                             }
                         }
@@ -1032,10 +1066,10 @@ fn resolve_plain_regs(body: &mut [Statement]) {
         }
     }
     collect(body, &mut plain);
-    if plain.is_empty() {
+    if plain.exact.is_empty() && plain.ranges.is_empty() {
         return;
     }
-    fn fix(o: &mut Operand, set: &HashSet<String>) {
+    fn fix(o: &mut Operand, set: &PlainRegs) {
         match o {
             Operand::Sym { name, offset: 0 } if set.contains(name.as_str()) => {
                 *o = Operand::Reg(std::mem::take(name))
@@ -1056,7 +1090,7 @@ fn resolve_plain_regs(body: &mut [Statement]) {
             _ => {}
         }
     }
-    fn walk(b: &mut [Statement], set: &HashSet<String>) {
+    fn walk(b: &mut [Statement], set: &PlainRegs) {
         for s in b {
             match s {
                 Statement::Instr(i) => {
@@ -1068,6 +1102,37 @@ fn resolve_plain_regs(body: &mut [Statement]) {
         }
     }
     walk(body, &plain);
+}
+
+/// Names declared by `.reg` without a `%` prefix: single names and `name<N>` ranges.
+#[derive(Default)]
+struct PlainRegs {
+    exact: HashSet<String>,
+    ranges: HashMap<String, u32>,
+}
+
+impl PlainRegs {
+    fn contains(&self, name: &str) -> bool {
+        if self.exact.contains(name) {
+            return true;
+        }
+        let digits = name
+            .bytes()
+            .rev()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
+        if digits == 0 {
+            return false;
+        }
+        let (prefix, num) = name.split_at(name.len() - digits);
+        if num.len() > 1 && num.starts_with('0') {
+            return false;
+        }
+        match (self.ranges.get(prefix), num.parse::<u64>()) {
+            (Some(&c), Ok(n)) => n < c as u64,
+            _ => false,
+        }
+    }
 }
 
 fn describe(t: &Tok) -> String {
