@@ -259,6 +259,7 @@ fn to_i64(t: Ty, bits: u64) -> i64 {
 /// `D = A * B + C` for the whole warp. `a`, `b`, `c` are the fragment registers (as many as
 /// [`MmaSpec::frag_counts`] says; missing ones read as zero) and `d` receives the D fragment
 /// (extra entries are left alone). Register values are raw bits, zero-extended.
+#[allow(clippy::needless_range_loop)]
 pub fn mma_sync(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mut [Lanes]) {
     let (m, n, k) = (spec.m as usize, spec.n as usize, spec.k as usize);
     let (na, nb, nc, nd) = {

@@ -310,6 +310,7 @@ fn rounding_and_nan() {
     an[0] = 0x7E00 | (one << 16); // NaN in A[0][0]
     mma_sync(&s, &[&an, &a, &a, &a], &[&b; 2], &[&c; 4], &mut d);
     // row 0 of D is NaN (lanes 0..4, registers 0 and 1), row 8 is not
+    #[allow(clippy::needless_range_loop)]
     for lane in 0..4 {
         assert_eq!(d[0][lane], 0x7FFF_FFFF);
         assert_eq!(d[1][lane], 0x7FFF_FFFF);
