@@ -66,6 +66,11 @@ pub struct Warp {
     pub state: WarpState,
     /// Per-lane return addresses of device-function calls.
     pub stack: Vec<Vec<u32>>,
+    /// wgmma results not yet committed to a group / committed but not yet waited for.
+    pub wg_open: Vec<(u32, Lanes)>,
+    pub wg_groups: std::collections::VecDeque<Vec<(u32, Lanes)>>,
+    /// Registers per thread requested with setmaxnreg (0 = not set).
+    pub maxnreg: u32,
 }
 
 /// A waiter on a CTA barrier.
@@ -98,6 +103,22 @@ pub struct Cta {
     pub total_threads: u32,
     /// The first live warp index to resume at (round-robin).
     pub next_warp: usize,
+    /// mbarrier objects by shared-memory offset.
+    pub mbars: std::collections::HashMap<u32, crate::hopper::Mbarrier>,
+    /// Asynchronous copies that complete on an mbarrier, landed when the barrier is observed.
+    pending_tma: Vec<PendingCopy>,
+}
+
+/// A bulk copy into shared memory that completes on an mbarrier.
+struct PendingCopy {
+    mbar: u32,
+    bytes: u32,
+    kind: PendingKind,
+}
+
+enum PendingKind {
+    Tensor { desc: Box<crate::hopper::TensorMapDesc>, coords: Vec<i64>, smem: u64 },
+    Bulk { src: u64, sspace: MSpace, dst: u64 },
 }
 
 /// A fault before it is given its site.
@@ -160,6 +181,9 @@ impl Cta {
                 lane_ops: 0,
                 state: WarpState::Runnable,
                 stack: Vec::new(),
+                wg_open: Vec::new(),
+                wg_groups: std::collections::VecDeque::new(),
+                maxnreg: 0,
             });
         }
         Cta {
@@ -171,6 +195,8 @@ impl Cta {
             exited_threads: 0,
             total_threads: n,
             next_warp: 0,
+            mbars: Default::default(),
+            pending_tma: Vec::new(),
         }
     }
 
@@ -1254,6 +1280,155 @@ impl Cta {
                     }
                 }
             }
+            Op::Wgmma(op) => self.wgmma(wi, op, m)?,
+            Op::WgmmaCommit => {
+                let w = &mut self.warps[wi];
+                let g = std::mem::take(&mut w.wg_open);
+                w.wg_groups.push_back(g);
+            }
+            Op::WgmmaWait { n } => {
+                let w = &mut self.warps[wi];
+                while w.wg_groups.len() > *n as usize {
+                    if let Some(g) = w.wg_groups.pop_front() {
+                        for (slot, v) in g {
+                            w.regs[slot as usize] = v;
+                        }
+                    }
+                }
+            }
+            Op::Setmaxnreg { inc: _, n } => {
+                self.warps[wi].maxnreg = *n;
+                let total: u64 = self.warps.iter().map(|w| w.maxnreg as u64 * 32).sum();
+                if total > 65536 {
+                    return Err(FaultKind::Other(format!(
+                        "setmaxnreg: the CTA's warps ask for {total} registers; an SM has 65536"
+                    )));
+                }
+            }
+            Op::MbarInit { addr, off, count } => {
+                for l in lanes_of(m) {
+                    let key = self.mbar_key(wi, *addr, *off, l)?;
+                    let c = self.warps[wi].regs[*count as usize][l] as u32;
+                    self.mbars.insert(key, crate::hopper::Mbarrier::init(c));
+                }
+            }
+            Op::MbarInval { addr, off } => {
+                for l in lanes_of(m) {
+                    let key = self.mbar_key(wi, *addr, *off, l)?;
+                    self.mbars.remove(&key);
+                }
+            }
+            Op::MbarArrive { d, addr, off, count, tx, drop, remote: _ } => {
+                for l in lanes_of(m) {
+                    let key = self.mbar_key(wi, *addr, *off, l)?;
+                    let regs = &self.warps[wi].regs;
+                    let c = if *count != NONE { regs[*count as usize][l] as u32 } else { 1 };
+                    let t = if *tx != NONE { Some(regs[*tx as usize][l] as u32) } else { None };
+                    let mb = self.mbars.get_mut(&key).ok_or_else(|| uninit(key))?;
+                    if let Some(t) = t {
+                        mb.expect_tx(t);
+                    }
+                    let token = mb.arrive(c, *drop);
+                    self.warps[wi].regs[*d as usize][l] = token;
+                }
+            }
+            Op::MbarTx { addr, off, bytes, complete } => {
+                for l in lanes_of(m) {
+                    let key = self.mbar_key(wi, *addr, *off, l)?;
+                    let b = self.warps[wi].regs[*bytes as usize][l] as u32;
+                    let mb = self.mbars.get_mut(&key).ok_or_else(|| uninit(key))?;
+                    if *complete {
+                        mb.complete_tx(b);
+                    } else {
+                        mb.expect_tx(b);
+                    }
+                }
+            }
+            Op::MbarWait { d, addr, off, arg, parity } => {
+                let mut all_done = true;
+                for l in lanes_of(m) {
+                    let key = self.mbar_key(wi, *addr, *off, l)?;
+                    self.land_copies(ctx, wi, key)?;
+                    let x = self.warps[wi].regs[*arg as usize][l];
+                    let mb = self.mbars.get(&key).ok_or_else(|| uninit(key))?;
+                    let done = if *parity { mb.parity_done(x as u32) } else { mb.token_done(x) };
+                    all_done &= done;
+                    self.warps[wi].regs[*d as usize][l] = done as u64;
+                }
+                if !all_done {
+                    // A waiting warp gives the others (the producer) a turn.
+                    return Ok(Flow::Yield);
+                }
+            }
+            Op::MbarPending { d, state: _ } => {
+                let w = &mut self.warps[wi];
+                for l in lanes_of(m) {
+                    w.regs[*d as usize][l] = 0;
+                }
+            }
+            Op::Bulk { dst, doff, dspace, src, soff, sspace, size, mbar } => {
+                for l in lanes_of(m) {
+                    let regs = &self.warps[wi].regs;
+                    let da = regs[*dst as usize][l].wrapping_add(*doff as u64);
+                    let sa = regs[*src as usize][l].wrapping_add(*soff as u64);
+                    let n = regs[*size as usize][l] as u32;
+                    if n % 16 != 0 {
+                        return Err(FaultKind::Other(format!("cp.async.bulk size {n} is not a multiple of 16")));
+                    }
+                    match mbar {
+                        Some((ma, mo)) => {
+                            let key = self.mbar_key(wi, *ma, *mo, l)?;
+                            let dsh = self.shared_offset(*dspace, da);
+                            self.pending_tma.push(PendingCopy { mbar: key, bytes: n, kind: PendingKind::Bulk { src: sa, sspace: *sspace, dst: dsh } });
+                        }
+                        None => self.copy_bytes(ctx, wi, *dspace, da, *sspace, sa, n, l)?,
+                    }
+                }
+            }
+            Op::BulkTensor { load, smem, soff, tmap, toff, tspace, coords, mbar } => {
+                for l in lanes_of(m) {
+                    let ta = self.warps[wi].regs[*tmap as usize][l].wrapping_add(*toff as u64);
+                    let mut raw = [0u8; 128];
+                    for (k, chunk) in raw.chunks_mut(8).enumerate() {
+                        let loc = self.locate(ctx, *tspace, ta + 8 * k as u64, 8, l, prog.local_bytes)?;
+                        chunk.copy_from_slice(&self.load(ctx, wi, &loc, 8, Ordering::Relaxed).to_le_bytes());
+                    }
+                    let desc = crate::hopper::TensorMapDesc::from_bytes(&raw).map_err(FaultKind::Other)?;
+                    let cs: Vec<i64> = coords.iter().map(|c| self.warps[wi].regs[*c as usize][l] as u32 as i32 as i64).collect();
+                    let sa = self.warps[wi].regs[*smem as usize][l].wrapping_add(*soff as u64);
+                    let sa = self.shared_offset(MSpace::Generic, sa);
+                    if *load {
+                        let (ma, mo) = mbar.unwrap_or((ZERO, 0));
+                        let key = self.mbar_key(wi, ma, mo, l)?;
+                        let bytes = desc.box_bytes() as u32;
+                        self.pending_tma.push(PendingCopy { mbar: key, bytes, kind: PendingKind::Tensor { desc: Box::new(desc), coords: cs, smem: sa } });
+                    } else {
+                        let es = desc.dtype.size();
+                        let mut err = None;
+                        desc.for_each(&cs, |o, g| {
+                            if err.is_some() {
+                                return;
+                            }
+                            if let Some(g) = g {
+                                let s_addr = desc.swizzle.apply(sa + o) as usize;
+                                if s_addr + es as usize > self.shared.len() {
+                                    err = Some(FaultKind::OutOfBounds { space: "shared", addr: s_addr as u64, size: es });
+                                    return;
+                                }
+                                let v = read_le(&self.shared[s_addr..s_addr + es as usize]);
+                                match ctx.mem.find(g, es as u64) {
+                                    Some(a) => a.write(g - a.base, es, v, Ordering::Relaxed),
+                                    None => err = Some(FaultKind::OutOfBounds { space: "global", addr: g, size: es }),
+                                }
+                            }
+                        });
+                        if let Some(e) = err {
+                            LAST_LANE.with(|c| c.set(l as u32));
+                            return Err(e);
+                        }
+                    }
+                }
+            }
             Op::CpAsync { dst, doff, src, soff, size, src_size, dspace } => {
                 for l in lanes_of(m) {
                     let w = &self.warps[wi];
@@ -1277,5 +1452,189 @@ impl Cta {
             }
         }
         Ok(Flow::Next)
+    }
+}
+
+fn uninit(key: u32) -> FaultKind {
+    FaultKind::Other(format!("mbarrier at shared offset {key:#x} used before mbarrier.init"))
+}
+
+impl Cta {
+    /// Shared-memory offset of an address in `space` (generic addresses in the shared window are
+    /// translated; plain shared addresses are already offsets).
+    fn shared_offset(&self, space: MSpace, a: u64) -> u64 {
+        if space == MSpace::Generic && (SHARED_WINDOW..SHARED_WINDOW + (1 << 32)).contains(&a) {
+            a - SHARED_WINDOW
+        } else {
+            a
+        }
+    }
+
+    fn mbar_key(&self, wi: usize, addr: u32, off: i64, lane: usize) -> Result<u32, FaultKind> {
+        let a = self.warps[wi].regs[addr as usize][lane].wrapping_add(off as u64);
+        let o = self.shared_offset(MSpace::Generic, a);
+        if o % 8 != 0 || o + 8 > self.shared.len() as u64 {
+            LAST_LANE.with(|c| c.set(lane as u32));
+            return Err(FaultKind::OutOfBounds { space: "shared (mbarrier)", addr: a, size: 8 });
+        }
+        Ok(o as u32)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_bytes(&mut self, ctx: &LaunchCtx, wi: usize, dspace: MSpace, da: u64, sspace: MSpace, sa: u64, n: u32, lane: usize) -> Result<(), FaultKind> {
+        let lb = ctx.prog.local_bytes;
+        let mut k = 0u32;
+        while k < n {
+            let c = if (da + k as u64) % 8 == 0 && (sa + k as u64) % 8 == 0 && k + 8 <= n { 8 } else { 1 };
+            let sl = self.locate(ctx, sspace, sa + k as u64, c, lane, lb)?;
+            let v = self.load(ctx, wi, &sl, c, Ordering::Relaxed);
+            let dl = self.locate(ctx, dspace, da + k as u64, c, lane, lb)?;
+            self.store(wi, &dl, c, v, Ordering::Relaxed);
+            k += c;
+        }
+        Ok(())
+    }
+
+    /// Lands the asynchronous copies that complete on mbarrier `key`.
+    fn land_copies(&mut self, ctx: &LaunchCtx, wi: usize, key: u32) -> Result<(), FaultKind> {
+        if !self.pending_tma.iter().any(|p| p.mbar == key) {
+            return Ok(());
+        }
+        let (mine, rest): (Vec<PendingCopy>, Vec<PendingCopy>) = std::mem::take(&mut self.pending_tma).into_iter().partition(|p| p.mbar == key);
+        self.pending_tma = rest;
+        for p in mine {
+            match p.kind {
+                PendingKind::Bulk { src, sspace, dst } => self.copy_bytes(ctx, wi, MSpace::Shared, dst, sspace, src, p.bytes, 0)?,
+                PendingKind::Tensor { desc, coords, smem } => {
+                    let es = desc.dtype.size();
+                    let fill = if desc.oob_nan { u64::MAX } else { 0 };
+                    let mut err = None;
+                    let shared = &mut self.shared;
+                    desc.for_each(&coords, |o, g| {
+                        if err.is_some() {
+                            return;
+                        }
+                        let v = match g {
+                            Some(g) => match ctx.mem.find(g, es as u64) {
+                                Some(a) => a.read(g - a.base, es, Ordering::Relaxed),
+                                None => {
+                                    err = Some(FaultKind::OutOfBounds { space: "global (TMA)", addr: g, size: es });
+                                    return;
+                                }
+                            },
+                            None => fill,
+                        };
+                        let s_addr = desc.swizzle.apply(smem + o) as usize;
+                        if s_addr + es as usize > shared.len() {
+                            err = Some(FaultKind::OutOfBounds { space: "shared (TMA)", addr: s_addr as u64, size: es });
+                            return;
+                        }
+                        write_le(&mut shared[s_addr..s_addr + es as usize], v);
+                    });
+                    if let Some(e) = err {
+                        return Err(e);
+                    }
+                }
+            }
+            if let Some(mb) = self.mbars.get_mut(&p.mbar) {
+                mb.complete_tx(p.bytes);
+            } else {
+                return Err(uninit(p.mbar));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one input element from shared memory.
+    fn smem_elem(&self, addr: u64, es: u64) -> Result<u64, FaultKind> {
+        let a = addr as usize;
+        if a + es as usize > self.shared.len() {
+            return Err(FaultKind::OutOfBounds { space: "shared (wgmma operand)", addr, size: es as u32 });
+        }
+        Ok(read_le(&self.shared[a..a + es as usize]))
+    }
+
+    /// `wgmma.mma_async` for this warp's 16-row slice of the 64-row tile; results go to the
+    /// warp's open group and reach the registers at `wgmma.wait_group`.
+    fn wgmma(&mut self, wi: usize, op: &WgmmaOp, m: u32) -> Result<(), FaultKind> {
+        use crate::hopper::{acc_pos, elem_f64, esize, MatrixDesc};
+        let spec = &op.spec;
+        let (n, k) = (spec.n as usize, spec.k as usize);
+        let (ea, eb) = (esize(spec.aty), esize(spec.bty));
+        let wr = (self.warps[wi].id % 4) as usize;
+        let l0 = m.trailing_zeros().min(31) as usize;
+        // A: 16 x k for this warp.
+        let mut a = vec![0f64; 16 * k];
+        if spec.a_regs {
+            let w = &self.warps[wi];
+            let per = (4 / ea) as usize;
+            for lane in 0..32 {
+                for i in 0..(4 * per) {
+                    let (r, kk) = spec.a_frag_pos(lane, i);
+                    let reg = w.regs[op.a[i / per] as usize][lane];
+                    let bits = (reg >> ((i % per) as u64 * ea * 8)) & ((1u64 << (ea * 8)) - 1);
+                    a[r * k + kk] = elem_f64(spec.aty, bits);
+                }
+            }
+        } else {
+            let d = MatrixDesc::decode(self.warps[wi].regs[op.a_desc as usize][l0]);
+            for r in 0..16 {
+                let row = (16 * wr + r) as u64;
+                for kk in 0..k {
+                    let addr = if op.trans_a { d.addr(kk as u64, row, ea) } else { d.addr(row, kk as u64, ea) };
+                    a[r * k + kk] = elem_f64(spec.aty, self.smem_elem(addr, ea)?);
+                }
+            }
+        }
+        if op.neg_a {
+            a.iter_mut().for_each(|x| *x = -*x);
+        }
+        let d = MatrixDesc::decode(self.warps[wi].regs[op.b_desc as usize][l0]);
+        let mut b = vec![0f64; n * k];
+        for col in 0..n {
+            for kk in 0..k {
+                let addr = if op.trans_b { d.addr(kk as u64, col as u64, eb) } else { d.addr(col as u64, kk as u64, eb) };
+                b[col * k + kk] = elem_f64(spec.bty, self.smem_elem(addr, eb)?);
+            }
+        }
+        if op.neg_b {
+            b.iter_mut().for_each(|x| *x = -*x);
+        }
+        let w = &mut self.warps[wi];
+        // Current accumulator values: newest pending result, else the register file.
+        let current = |w: &Warp, slot: u32| -> Lanes {
+            if let Some((_, v)) = w.wg_open.iter().rev().find(|(s, _)| *s == slot) {
+                return *v;
+            }
+            for g in w.wg_groups.iter().rev() {
+                if let Some((_, v)) = g.iter().rev().find(|(s, _)| *s == slot) {
+                    return *v;
+                }
+            }
+            w.regs[slot as usize]
+        };
+        let scale = w.regs[op.scale_d as usize];
+        let mut outs: Vec<Lanes> = op.d.iter().map(|&s| current(w, s)).collect();
+        for lane in lanes_of(m) {
+            let acc = scale[lane] & 1 != 0;
+            for (i, out) in outs.iter_mut().enumerate() {
+                let (r, c) = acc_pos(lane, i);
+                let mut sum = 0f64;
+                for kk in 0..k {
+                    sum += a[r * k + kk] * b[c * k + kk];
+                }
+                if spec.dty == Ty::S32 {
+                    let prev = if acc { out[lane] as u32 as i32 as i64 } else { 0 };
+                    out[lane] = (prev.wrapping_add(sum as i64)) as i32 as u32 as u64;
+                } else {
+                    let prev = if acc { f32::from_bits(out[lane] as u32) as f64 } else { 0.0 };
+                    out[lane] = ((sum + prev) as f32).to_bits() as u64;
+                }
+            }
+        }
+        for (slot, v) in op.d.iter().zip(outs) {
+            w.wg_open.push((*slot, v));
+        }
+        Ok(())
     }
 }

@@ -13,6 +13,7 @@ pub mod alu;
 pub mod error;
 pub mod exec;
 pub mod fp;
+pub mod hopper;
 pub mod launch;
 pub mod memory;
 pub mod mma;

@@ -156,6 +156,38 @@ pub enum Op {
     Ldmatrix { count: u32, trans: bool, ds: Vec<u32>, addr: u32, off: i64, space: MSpace },
     Stmatrix { count: u32, trans: bool, srcs: Vec<u32>, addr: u32, off: i64, space: MSpace },
     CpAsync { dst: u32, doff: i64, src: u32, soff: i64, size: u32, src_size: u32, dspace: MSpace },
+    Wgmma(Box<WgmmaOp>),
+    WgmmaCommit,
+    WgmmaWait { n: u32 },
+    MbarInit { addr: u32, off: i64, count: u32 },
+    MbarInval { addr: u32, off: i64 },
+    /// arrive / arrive_drop / arrive.expect_tx (count and tx are slots or NONE).
+    MbarArrive { d: u32, addr: u32, off: i64, count: u32, tx: u32, drop: bool, remote: bool },
+    MbarTx { addr: u32, off: i64, bytes: u32, complete: bool },
+    MbarWait { d: u32, addr: u32, off: i64, arg: u32, parity: bool },
+    MbarPending { d: u32, state: u32 },
+    /// cp.async.bulk (non-tensor): `size` bytes; `mbar` completes on arrival when set.
+    Bulk { dst: u32, doff: i64, dspace: MSpace, src: u32, soff: i64, sspace: MSpace, size: u32, mbar: Option<(u32, i64)> },
+    /// cp.async.bulk.tensor load (global -> shared) or store (shared -> global).
+    BulkTensor { load: bool, smem: u32, soff: i64, tmap: u32, toff: i64, tspace: MSpace, coords: Vec<u32>, mbar: Option<(u32, i64)> },
+    Setmaxnreg { inc: bool, n: u32 },
+}
+
+/// A decoded `wgmma.mma_async`.
+#[derive(Clone, Debug)]
+pub struct WgmmaOp {
+    pub spec: crate::hopper::WgmmaSpec,
+    pub d: Vec<u32>,
+    /// A descriptor slot, or A fragment registers.
+    pub a_desc: u32,
+    pub a: Vec<u32>,
+    pub b_desc: u32,
+    /// Predicate slot: accumulate into D when true.
+    pub scale_d: u32,
+    pub neg_a: bool,
+    pub neg_b: bool,
+    pub trans_a: bool,
+    pub trans_b: bool,
 }
 
 /// One decoded instruction with its guard and source position.
@@ -1233,13 +1265,139 @@ impl<'a> Decoder<'a> {
                 let _ = last;
                 return Ok(());
             }
-            O::WgmmaFence | O::WgmmaCommitGroup | O::WgmmaWaitGroup | O::WgmmaMmaAsync | O::Setmaxnreg
-            | O::MbarrierInit | O::MbarrierInval | O::MbarrierArrive | O::MbarrierArriveDrop | O::MbarrierExpectTx
-            | O::MbarrierCompleteTx | O::MbarrierTestWait | O::MbarrierTryWait | O::MbarrierPendingCount
-            | O::CpAsyncBulk | O::CpAsyncBulkTensor | O::CpAsyncBulkCommitGroup | O::CpAsyncBulkWaitGroup
-            | O::CpAsyncBulkPrefetchTensor | O::CpReduceAsyncBulk | O::CpReduceAsyncBulkTensor | O::StAsync
-            | O::RedAsync | O::CpAsyncMbarrierArrive | O::Mapa | O::Getctarank | O::BarrierCluster => {
-                return Err(self.err(ins, "Hopper instruction not yet supported by the emulator"))
+            O::WgmmaFence | O::CpAsyncBulkCommitGroup | O::CpAsyncBulkWaitGroup | O::CpAsyncBulkPrefetchTensor => Op::Nop,
+            O::WgmmaCommitGroup => Op::WgmmaCommit,
+            O::WgmmaWaitGroup => {
+                let n = match arg(0)? {
+                    Operand::Imm(i) => i.bits() as u32,
+                    _ => return Err(self.err(ins, "wgmma.wait_group needs an immediate")),
+                };
+                Op::WgmmaWait { n }
+            }
+            O::WgmmaMmaAsync => {
+                let spec = crate::hopper::WgmmaSpec::from_instruction(ins).map_err(|e| self.err(ins, e))?;
+                let d = self.vec_dsts(ins, arg(0)?)?;
+                if d.len() != spec.d_regs() {
+                    return Err(self.err(ins, format!("wgmma m64n{} needs {} accumulator registers, got {}", spec.n, spec.d_regs(), d.len())));
+                }
+                let (a_desc, av) = if spec.a_regs {
+                    let v = self.vec_srcs(ins, arg(1)?)?;
+                    if v.len() != 4 {
+                        return Err(self.err(ins, "wgmma A from registers needs 4 registers"));
+                    }
+                    (NONE, v)
+                } else {
+                    (self.src(ins, arg(1)?)?, Vec::new())
+                };
+                let b_desc = self.src(ins, arg(2)?)?;
+                let scale_d = match a.get(3) {
+                    Some(o) => self.src(ins, o)?,
+                    None => self.konst(1),
+                };
+                let imm = |i: usize, default: i64| -> i64 {
+                    match a.get(i) {
+                        Some(Operand::Imm(ptx::Imm::Int(v))) => *v,
+                        _ => default,
+                    }
+                };
+                let (neg_a, neg_b) = (imm(4, 1) == -1, imm(5, 1) == -1);
+                let (trans_a, trans_b) = if spec.a_regs { (false, imm(6, 0) == 1) } else { (imm(6, 0) == 1, imm(7, 0) == 1) };
+                Op::Wgmma(Box::new(WgmmaOp { spec, d, a_desc, a: av, b_desc, scale_d, neg_a, neg_b, trans_a, trans_b }))
+            }
+            O::Setmaxnreg => {
+                let n = match arg(0)? {
+                    Operand::Imm(i) => i.bits() as u32,
+                    _ => return Err(self.err(ins, "setmaxnreg needs an immediate")),
+                };
+                if !(24..=256).contains(&n) || n % 8 != 0 {
+                    return Err(self.err(ins, "setmaxnreg count must be a multiple of 8 in 24..256"));
+                }
+                Op::Setmaxnreg { inc: ins.has(Flag::Inc), n }
+            }
+            O::MbarrierInit => {
+                let (addr, off, _) = self.addr(ins, arg(0)?)?;
+                let count = self.src(ins, arg(1)?)?;
+                Op::MbarInit { addr, off, count }
+            }
+            O::MbarrierInval => {
+                let (addr, off, _) = self.addr(ins, arg(0)?)?;
+                Op::MbarInval { addr, off }
+            }
+            O::MbarrierArrive | O::MbarrierArriveDrop => {
+                let d = self.dst(ins, arg(0)?)?;
+                let (addr, off, _) = self.addr(ins, arg(1)?)?;
+                let extra = match a.get(2) {
+                    Some(o) => self.src(ins, o)?,
+                    None => NONE,
+                };
+                let (count, tx) = if ins.has(Flag::ExpectTx) { (NONE, extra) } else { (extra, NONE) };
+                let remote = ins.mods.contains(&Mod::Space(Space::SharedCluster));
+                Op::MbarArrive { d, addr, off, count, tx, drop: ins.op == O::MbarrierArriveDrop, remote }
+            }
+            O::MbarrierExpectTx | O::MbarrierCompleteTx => {
+                let (addr, off, _) = self.addr(ins, arg(0)?)?;
+                let bytes = self.src(ins, arg(1)?)?;
+                Op::MbarTx { addr, off, bytes, complete: ins.op == O::MbarrierCompleteTx }
+            }
+            O::MbarrierTestWait | O::MbarrierTryWait => {
+                let d = self.dst(ins, arg(0)?)?;
+                let (addr, off, _) = self.addr(ins, arg(1)?)?;
+                let x = self.src(ins, arg(2)?)?;
+                Op::MbarWait { d, addr, off, arg: x, parity: ins.has(Flag::Parity) }
+            }
+            O::MbarrierPendingCount => {
+                let d = self.dst(ins, arg(0)?)?;
+                let st = self.src(ins, arg(1)?)?;
+                Op::MbarPending { d, state: st }
+            }
+            O::CpAsyncBulk => {
+                let sp: Vec<Space> = ins.spaces().collect();
+                let to_ms = |s: Option<&Space>| match s {
+                    Some(Space::Global) => MSpace::Global,
+                    Some(x) if x.is_shared() => MSpace::Shared,
+                    _ => MSpace::Generic,
+                };
+                let (dspace, sspace) = (to_ms(sp.first()), to_ms(sp.get(1)));
+                let (dst, doff, _) = self.addr(ins, arg(0)?)?;
+                let (src, soff, _) = self.addr(ins, arg(1)?)?;
+                let size = self.src(ins, arg(2)?)?;
+                let mbar = if ins.has(Flag::CompleteTxBytes) {
+                    let (m, mo, _) = self.addr(ins, arg(3)?)?;
+                    Some((m, mo))
+                } else {
+                    None
+                };
+                Op::Bulk { dst, doff, dspace, src, soff, sspace, size, mbar }
+            }
+            O::CpAsyncBulkTensor => {
+                if ins.has(Flag::Im2col) {
+                    return Err(self.err(ins, "im2col tensor copies are not supported by the emulator"));
+                }
+                let first_global = ins.space() == Some(Space::Global);
+                let (load, t_idx, s_idx) = if first_global { (false, 0, 1) } else { (true, 1, 0) };
+                let (smem, soff, _) = self.addr(ins, arg(s_idx)?)?;
+                let (tmap, toff, tspace, coords) = match arg(t_idx)? {
+                    Operand::TensorAddr { base, coords } => {
+                        let (slot, off, sp) = self.addr(ins, &Operand::Addr { base: base.clone(), offset: 0 })?;
+                        let cs = coords.iter().map(|c| self.src(ins, c)).collect::<Result<Vec<_>, _>>()?;
+                        (slot, off, sp.unwrap_or(MSpace::Generic), cs)
+                    }
+                    _ => return Err(self.err(ins, "expected [tensorMap, {coords}]")),
+                };
+                let mbar = if load {
+                    let (m, mo, _) = self.addr(ins, arg(2)?)?;
+                    Some((m, mo))
+                } else {
+                    None
+                };
+                if ins.has(Flag::MulticastCluster) {
+                    return Err(self.err(ins, "TMA multicast needs cluster launches, which the emulator does not support yet"));
+                }
+                Op::BulkTensor { load, smem, soff, tmap, toff, tspace, coords, mbar }
+            }
+            O::CpReduceAsyncBulk | O::CpReduceAsyncBulkTensor | O::StAsync | O::RedAsync | O::CpAsyncMbarrierArrive
+            | O::Mapa | O::Getctarank | O::BarrierCluster => {
+                return Err(self.err(ins, "cluster / distributed-shared-memory instruction not yet supported by the emulator"))
             }
             _ => {
                 let f = alu::int_fn(ins).ok_or_else(|| self.err(ins, "operation/type combination not supported"))?;

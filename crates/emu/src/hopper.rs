@@ -1,0 +1,397 @@
+//! Hopper-class asynchronous machinery: `wgmma` shared-memory matrix descriptors and the
+//! warpgroup MMA itself, `mbarrier` objects with transaction counts and phases, and tensor maps
+//! for `cp.async.bulk.tensor` (TMA).
+//!
+//! Asynchrony is modelled so that incorrect programs see what hardware may show them:
+//! `wgmma.mma_async` results sit in a per-warp pending set until `wgmma.wait_group` retires their
+//! group (reading the accumulator registers earlier yields the stale values), and TMA copies that
+//! complete on an mbarrier land in shared memory only when a thread observes that barrier
+//! (`mbarrier.try_wait` / `test_wait`), so reading the tile before waiting reads stale data.
+
+use crate::fp;
+use ptx::Ty;
+
+/// Swizzle modes of descriptors and tensor maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Swizzle {
+    None,
+    B32,
+    B64,
+    B128,
+}
+
+impl Swizzle {
+    /// Descriptor bits 62-63: 0 none, 1 128B, 2 64B, 3 32B.
+    pub fn from_desc(bits: u64) -> Swizzle {
+        match (bits >> 62) & 3 {
+            1 => Swizzle::B128,
+            2 => Swizzle::B64,
+            3 => Swizzle::B32,
+            _ => Swizzle::None,
+        }
+    }
+    /// Row pitch of a swizzle atom in bytes (16 for no swizzle: one core-matrix row).
+    pub fn width(self) -> u64 {
+        match self {
+            Swizzle::None => 16,
+            Swizzle::B32 => 32,
+            Swizzle::B64 => 64,
+            Swizzle::B128 => 128,
+        }
+    }
+    /// Applies the swizzle to an absolute shared-memory byte address: the 16-byte chunk index
+    /// (bits 4..) is XORed with the row index within the repeating 8-row pattern (bits 7..).
+    pub fn apply(self, addr: u64) -> u64 {
+        let bits = match self {
+            Swizzle::None => return addr,
+            Swizzle::B32 => 1,
+            Swizzle::B64 => 2,
+            Swizzle::B128 => 3,
+        };
+        let mask = (1u64 << bits) - 1;
+        addr ^ (((addr >> 7) & mask) << 4)
+    }
+}
+
+/// A decoded wgmma shared-memory matrix descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatrixDesc {
+    pub start: u64,
+    pub lbo: u64,
+    pub sbo: u64,
+    pub base_offset: u64,
+    pub swizzle: Swizzle,
+}
+
+impl MatrixDesc {
+    pub fn decode(d: u64) -> MatrixDesc {
+        MatrixDesc {
+            start: (d & 0x3fff) << 4,
+            lbo: ((d >> 16) & 0x3fff) << 4,
+            sbo: ((d >> 32) & 0x3fff) << 4,
+            base_offset: (d >> 49) & 7,
+            swizzle: Swizzle::from_desc(d),
+        }
+    }
+    pub fn encode(&self) -> u64 {
+        let sw = match self.swizzle {
+            Swizzle::None => 0u64,
+            Swizzle::B128 => 1,
+            Swizzle::B64 => 2,
+            Swizzle::B32 => 3,
+        };
+        ((self.start >> 4) & 0x3fff) | (((self.lbo >> 4) & 0x3fff) << 16) | (((self.sbo >> 4) & 0x3fff) << 32)
+            | ((self.base_offset & 7) << 49)
+            | (sw << 62)
+    }
+
+    /// Shared-memory byte address of element (`row`, `col`) of an operand whose rows are the
+    /// strided ("outer") dimension in 8-row core-matrix groups and whose `col` runs along the
+    /// contiguous dimension (`esize` bytes per element).
+    ///
+    /// K-major operand (A: row = m, col = k; B: row = n, col = k), or MN-major with the roles
+    /// swapped (row = k, col = m/n). Layout: 8-row groups are `sbo` apart; within a group rows are
+    /// one swizzle width apart (16 bytes without swizzle); the contiguous dimension continues in
+    /// the next chunk of width bytes at `lbo`. Swizzling is applied to the absolute address.
+    pub fn addr(&self, row: u64, col: u64, esize: u64) -> u64 {
+        let w = self.swizzle.width();
+        let cb = col * esize;
+        let linear = self.start + (row / 8) * self.sbo + (row % 8) * w + (cb / w) * self.lbo + cb % w;
+        self.swizzle.apply(linear)
+    }
+}
+
+/// Element width in bytes of a wgmma/mma input type.
+pub fn esize(t: Ty) -> u64 {
+    match t {
+        Ty::E4m3 | Ty::E5m2 | Ty::S8 | Ty::U8 => 1,
+        Ty::F16 | Ty::Bf16 => 2,
+        _ => 4,
+    }
+}
+
+/// Decodes one input element to f64 (exact for all supported types).
+pub fn elem_f64(t: Ty, bits: u64) -> f64 {
+    match t {
+        Ty::F16 => fp::f16_to_f32(bits as u16) as f64,
+        Ty::Bf16 => fp::bf16_to_f32(bits as u16) as f64,
+        Ty::E4m3 => fp::e4m3_to_f32(bits as u8) as f64,
+        Ty::E5m2 => fp::e5m2_to_f32(bits as u8) as f64,
+        Ty::Tf32 => f32::from_bits((bits as u32) & !0x1fff) as f64,
+        Ty::S8 => bits as u8 as i8 as f64,
+        Ty::U8 => bits as u8 as f64,
+        _ => f32::from_bits(bits as u32) as f64,
+    }
+}
+
+/// Static description of a `wgmma.mma_async` instruction.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WgmmaSpec {
+    pub n: u32,
+    pub k: u32,
+    pub dty: Ty,
+    pub aty: Ty,
+    pub bty: Ty,
+    /// A comes from registers (else from a shared-memory descriptor).
+    pub a_regs: bool,
+}
+
+impl WgmmaSpec {
+    pub fn from_instruction(ins: &ptx::Instruction) -> Result<WgmmaSpec, String> {
+        let (m, n, k) = match ins.shape() {
+            Some(ptx::Mod::Shape { m, n, k: Some(k) }) => (m as u32, n as u32, k as u32),
+            _ => return Err("wgmma needs a .mMnNkK shape".into()),
+        };
+        let tys: Vec<Ty> = ins.types().collect();
+        if m != 64 || tys.len() != 3 {
+            return Err("wgmma needs shape m64nNkK and .dtype.atype.btype".into());
+        }
+        let (dty, aty, bty) = (tys[0], tys[1], tys[2]);
+        let want_k = match aty {
+            Ty::F16 | Ty::Bf16 => 16,
+            Ty::E4m3 | Ty::E5m2 | Ty::S8 | Ty::U8 => 32,
+            Ty::Tf32 => 8,
+            _ => return Err(format!("wgmma input type .{aty} is not supported")),
+        };
+        if k != want_k || n % 8 != 0 || !(8..=256).contains(&n) {
+            return Err(format!("wgmma shape m64n{n}k{k} is not valid for .{aty}"));
+        }
+        if dty != Ty::F32 && !(dty == Ty::S32 && matches!(aty, Ty::S8 | Ty::U8)) {
+            return Err(format!("wgmma accumulator .{dty} is not supported by the emulator (use .f32)"));
+        }
+        let a_regs = matches!(ins.args.get(1), Some(ptx::Operand::Vec(_)));
+        Ok(WgmmaSpec { n, k, dty, aty, bty, a_regs })
+    }
+
+    /// Accumulator registers per thread.
+    pub fn d_regs(&self) -> usize {
+        (self.n / 2) as usize
+    }
+    /// A-fragment registers per thread when A comes from registers.
+    pub fn a_regs_count(&self) -> usize {
+        4
+    }
+
+    /// Row (0..16 within the warp's slice) and k of element `i` of lane `lane`'s A fragment.
+    pub fn a_frag_pos(&self, lane: usize, i: usize) -> (usize, usize) {
+        let (g, q) = (lane >> 2, lane & 3);
+        if esize(self.aty) == 2 {
+            (g + 8 * ((i >> 1) & 1), 2 * q + (i & 1) + 8 * (i >> 2))
+        } else {
+            (g + 8 * ((i >> 2) & 1), 4 * q + (i & 3) + 16 * (i >> 3))
+        }
+    }
+}
+
+/// `(row within the warp's 16-row slice, column)` of accumulator register `i` of lane `lane`.
+pub fn acc_pos(lane: usize, i: usize) -> (usize, usize) {
+    let (g, q) = (lane >> 2, lane & 3);
+    (g + 8 * ((i >> 1) & 1), 8 * (i >> 2) + 2 * q + (i & 1))
+}
+
+/// An mbarrier object (kept beside shared memory, keyed by its shared address).
+#[derive(Clone, Debug, Default)]
+pub struct Mbarrier {
+    pub expected: u32,
+    pub pending: u32,
+    pub tx: i64,
+    /// Number of completed phases (the current phase's parity is `phase & 1`).
+    pub phase: u32,
+}
+
+impl Mbarrier {
+    pub fn init(count: u32) -> Mbarrier {
+        Mbarrier { expected: count, pending: count, tx: 0, phase: 0 }
+    }
+    fn maybe_complete(&mut self) {
+        if self.pending == 0 && self.tx <= 0 {
+            self.phase = self.phase.wrapping_add(1);
+            self.pending = self.expected;
+            self.tx = 0;
+        }
+    }
+    /// Arrives `count` times; returns the state token (the phase arrived on).
+    pub fn arrive(&mut self, count: u32, drop: bool) -> u64 {
+        let token = self.phase as u64;
+        if drop {
+            self.expected = self.expected.saturating_sub(count);
+        }
+        self.pending = self.pending.saturating_sub(count);
+        self.maybe_complete();
+        token
+    }
+    pub fn expect_tx(&mut self, bytes: u32) {
+        self.tx += bytes as i64;
+    }
+    pub fn complete_tx(&mut self, bytes: u32) {
+        self.tx -= bytes as i64;
+        self.maybe_complete();
+    }
+    /// Has the phase with this parity completed (the current phase has the other parity)?
+    pub fn parity_done(&self, parity: u32) -> bool {
+        (self.phase & 1) != (parity & 1)
+    }
+    /// Has the phase named by a state token completed?
+    pub fn token_done(&self, token: u64) -> bool {
+        self.phase as u64 != token
+    }
+}
+
+/// Element types of tensor maps (values of `CUtensorMapDataType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum TmaType {
+    U8 = 0,
+    U16 = 1,
+    U32 = 2,
+    I32 = 3,
+    U64 = 4,
+    I64 = 5,
+    F16 = 6,
+    F32 = 7,
+    F64 = 8,
+    Bf16 = 9,
+}
+
+impl TmaType {
+    pub fn size(self) -> u32 {
+        match self {
+            TmaType::U8 => 1,
+            TmaType::U16 | TmaType::F16 | TmaType::Bf16 => 2,
+            TmaType::U32 | TmaType::I32 | TmaType::F32 => 4,
+            _ => 8,
+        }
+    }
+    pub fn from_code(c: u8) -> Option<TmaType> {
+        Some(match c {
+            0 => TmaType::U8,
+            1 => TmaType::U16,
+            2 => TmaType::U32,
+            3 => TmaType::I32,
+            4 => TmaType::U64,
+            5 => TmaType::I64,
+            6 => TmaType::F16,
+            7 => TmaType::F32,
+            8 => TmaType::F64,
+            9 => TmaType::Bf16,
+            _ => return None,
+        })
+    }
+}
+
+/// The emulator's 128-byte tensor-map object: the parameters of `cuTensorMapEncodeTiled`, in a
+/// layout of our own (the driver's is opaque). `runtime::TensorMap` encodes into it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorMapDesc {
+    pub dtype: TmaType,
+    pub rank: u32,
+    pub global_address: u64,
+    pub dims: [u32; 5],
+    /// Byte strides of dimensions 1..rank (dimension 0 is contiguous).
+    pub strides: [u64; 4],
+    pub box_dims: [u32; 5],
+    pub elem_strides: [u32; 5],
+    pub swizzle: Swizzle,
+    /// Fill out-of-bounds elements with NaN (else zero).
+    pub oob_nan: bool,
+}
+
+const MAGIC: u32 = 0x4d54_5850; // "PXTM"
+
+impl TensorMapDesc {
+    pub fn to_bytes(&self) -> [u8; 128] {
+        let mut b = [0u8; 128];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4] = self.dtype as u8;
+        b[5] = self.rank as u8;
+        b[6] = match self.swizzle {
+            Swizzle::None => 0,
+            Swizzle::B32 => 1,
+            Swizzle::B64 => 2,
+            Swizzle::B128 => 3,
+        };
+        b[7] = self.oob_nan as u8;
+        b[8..16].copy_from_slice(&self.global_address.to_le_bytes());
+        for i in 0..5 {
+            b[16 + 4 * i..20 + 4 * i].copy_from_slice(&self.dims[i].to_le_bytes());
+            b[36 + 4 * i..40 + 4 * i].copy_from_slice(&self.box_dims[i].to_le_bytes());
+            b[56 + 4 * i..60 + 4 * i].copy_from_slice(&self.elem_strides[i].to_le_bytes());
+        }
+        for i in 0..4 {
+            b[80 + 8 * i..88 + 8 * i].copy_from_slice(&self.strides[i].to_le_bytes());
+        }
+        b
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Result<TensorMapDesc, String> {
+        if b.len() < 112 || u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != MAGIC {
+            return Err("not a ptxforge tensor map (encode it with runtime::TensorMap)".into());
+        }
+        let u32at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let u64at = |o: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[o..o + 8]);
+            u64::from_le_bytes(x)
+        };
+        let mut d = TensorMapDesc {
+            dtype: TmaType::from_code(b[4]).ok_or("bad tensor map data type")?,
+            rank: b[5] as u32,
+            global_address: u64at(8),
+            dims: [0; 5],
+            strides: [0; 4],
+            box_dims: [0; 5],
+            elem_strides: [0; 5],
+            swizzle: match b[6] {
+                1 => Swizzle::B32,
+                2 => Swizzle::B64,
+                3 => Swizzle::B128,
+                _ => Swizzle::None,
+            },
+            oob_nan: b[7] != 0,
+        };
+        if !(1..=5).contains(&d.rank) {
+            return Err(format!("tensor map rank {} (must be 1..5)", d.rank));
+        }
+        for i in 0..5 {
+            d.dims[i] = u32at(16 + 4 * i);
+            d.box_dims[i] = u32at(36 + 4 * i);
+            d.elem_strides[i] = u32at(56 + 4 * i);
+        }
+        for i in 0..4 {
+            d.strides[i] = u64at(80 + 8 * i);
+        }
+        Ok(d)
+    }
+
+    /// Bytes of one box.
+    pub fn box_bytes(&self) -> u64 {
+        (0..self.rank as usize).map(|i| self.box_dims[i] as u64).product::<u64>() * self.dtype.size() as u64
+    }
+
+    /// Visits every element of the box at `coords`: (shared byte offset within the box before
+    /// swizzling, global address or None when out of bounds).
+    pub fn for_each(&self, coords: &[i64], mut f: impl FnMut(u64, Option<u64>)) {
+        let r = self.rank as usize;
+        let es = self.dtype.size() as u64;
+        let total: u64 = (0..r).map(|i| self.box_dims[i] as u64).product();
+        let mut idx = [0u64; 5];
+        for lin in 0..total {
+            let mut rem = lin;
+            for i in 0..r {
+                idx[i] = rem % self.box_dims[i] as u64;
+                rem /= self.box_dims[i] as u64;
+            }
+            let mut inb = true;
+            let mut ga = self.global_address;
+            for i in 0..r {
+                let c = coords.get(i).copied().unwrap_or(0) + idx[i] as i64;
+                if c < 0 || c >= self.dims[i] as i64 {
+                    inb = false;
+                    break;
+                }
+                ga += if i == 0 { c as u64 * es } else { c as u64 * self.strides[i - 1] };
+            }
+            f(lin * es, if inb { Some(ga) } else { None });
+        }
+    }
+}
