@@ -11,6 +11,7 @@
 //! kernel on `other` can dereference — the P2P pattern of expert-parallel communication kernels.
 
 mod device;
+pub mod runner;
 mod stream;
 
 pub use device::{Backend, Buffer, Device, DeviceInfo, DeviceProps, Function, Module, Pod, SmPartition};

@@ -24,6 +24,8 @@ pub struct LaunchConfig {
     pub timeout: Option<Duration>,
     /// Stop after this many warp-instructions (emulator hang detection).
     pub max_warp_instructions: Option<u64>,
+    /// Incremented as CTAs complete (progress bars).
+    pub progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl LaunchConfig {
@@ -37,6 +39,7 @@ impl LaunchConfig {
             sm_budget: None,
             timeout: None,
             max_warp_instructions: None,
+            progress: None,
         }
     }
     pub fn grid3(grid: [u32; 3], block: [u32; 3]) -> LaunchConfig {
@@ -157,6 +160,7 @@ impl Stream {
         if let Some(n) = cfg.max_warp_instructions {
             opts.max_warp_instructions = n;
         }
+        opts.progress = cfg.progress.clone();
         self.enqueue(Box::new(move |s: &StreamInner| {
             if s.state.lock().map(|st| st.error.is_some()).unwrap_or(true) {
                 return; // sticky error: skip further work

@@ -1,0 +1,856 @@
+//! Run one kernel from a PTX file with arguments given as text — the engine behind
+//! `ptxforge run` and the corpus tests.
+//!
+//! An argument spec is one of
+//! * `in:PATH.npy` — a device buffer initialised from a `.npy` file (its address is passed),
+//! * `out:DTYPE:COUNT` — a zero-initialised buffer of COUNT elements of DTYPE
+//!   (`u8 i8 u16 i16 u32 i32 u64 i64 f16 bf16 f32 f64`),
+//! * `u32:V`, `i32:V`, `u64:V`, `i64:V`, `f32:V`, `f64:V` — a scalar passed by value.
+//!
+//! [`run`] loads the module, builds the buffers, launches, waits and reads every buffer back.
+//! Argument count and sizes are checked against the kernel's parameters by the runtime
+//! ([`crate::Function::pack_args`]). [`Manifest`] and [`apply_check`] implement the corpus
+//! test-case format of `docs/TOOLS.md` (reference: `scripts/corpus/interp-check.py`).
+
+use crate::{Arg, Buffer, Device, LaunchConfig, Module, RuntimeError};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Errors of the runner: bad specs, unreadable files, runtime failures, failed checks.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("argument spec `{spec}`: {msg}")]
+    Spec { spec: String, msg: String },
+    #[error("{path}: {msg}")]
+    Npy { path: String, msg: String },
+    #[error("{0}")]
+    Runtime(#[from] RuntimeError),
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type Result<T> = std::result::Result<T, RunError>;
+
+/// Element types of buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    U8,
+    I8,
+    U16,
+    I16,
+    U32,
+    I32,
+    U64,
+    I64,
+    F16,
+    Bf16,
+    F32,
+    F64,
+}
+
+impl DType {
+    pub const ALL: [DType; 12] = [
+        DType::U8,
+        DType::I8,
+        DType::U16,
+        DType::I16,
+        DType::U32,
+        DType::I32,
+        DType::U64,
+        DType::I64,
+        DType::F16,
+        DType::Bf16,
+        DType::F32,
+        DType::F64,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::U8 => "u8",
+            DType::I8 => "i8",
+            DType::U16 => "u16",
+            DType::I16 => "i16",
+            DType::U32 => "u32",
+            DType::I32 => "i32",
+            DType::U64 => "u64",
+            DType::I64 => "i64",
+            DType::F16 => "f16",
+            DType::Bf16 => "bf16",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name() == s)
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            DType::U8 | DType::I8 => 1,
+            DType::U16 | DType::I16 | DType::F16 | DType::Bf16 => 2,
+            DType::U32 | DType::I32 | DType::F32 => 4,
+            DType::U64 | DType::I64 | DType::F64 => 8,
+        }
+    }
+
+    /// The numpy type string a buffer of this type is saved as (16-bit floats as `uint16`
+    /// bit patterns, since numpy has no bf16 and tools disagree on f16).
+    pub fn npy_descr(self) -> &'static str {
+        match self {
+            DType::U8 => "|u1",
+            DType::I8 => "|i1",
+            DType::U16 | DType::F16 | DType::Bf16 => "<u2",
+            DType::I16 => "<i2",
+            DType::U32 => "<u4",
+            DType::I32 => "<i4",
+            DType::U64 => "<u8",
+            DType::I64 => "<i8",
+            DType::F32 => "<f4",
+            DType::F64 => "<f8",
+        }
+    }
+
+    /// Element `i` of raw little-endian data as f64 (16-bit floats decoded by their type).
+    pub fn decode_f64(self, data: &[u8], i: usize) -> f64 {
+        let s = self.size();
+        let b = &data[i * s..(i + 1) * s];
+        match self {
+            DType::U8 => b[0] as f64,
+            DType::I8 => b[0] as i8 as f64,
+            DType::U16 => u16::from_le_bytes([b[0], b[1]]) as f64,
+            DType::I16 => i16::from_le_bytes([b[0], b[1]]) as f64,
+            DType::F16 => half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(),
+            DType::Bf16 => half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(),
+            DType::U32 => u32::from_le_bytes(b.try_into().unwrap_or_default()) as f64,
+            DType::I32 => i32::from_le_bytes(b.try_into().unwrap_or_default()) as f64,
+            DType::F32 => f32::from_le_bytes(b.try_into().unwrap_or_default()) as f64,
+            DType::U64 => u64::from_le_bytes(b.try_into().unwrap_or_default()) as f64,
+            DType::I64 => i64::from_le_bytes(b.try_into().unwrap_or_default()) as f64,
+            DType::F64 => f64::from_le_bytes(b.try_into().unwrap_or_default()),
+        }
+    }
+
+    /// Element `i` as an exact integer (floats by their bit pattern, unsigned).
+    pub fn decode_int(self, data: &[u8], i: usize) -> i128 {
+        let s = self.size();
+        let b = &data[i * s..(i + 1) * s];
+        let mut a = [0u8; 8];
+        a[..s].copy_from_slice(b);
+        let u = u64::from_le_bytes(a);
+        match self {
+            DType::I8 => u as u8 as i8 as i128,
+            DType::I16 => u as u16 as i16 as i128,
+            DType::I32 => u as u32 as i32 as i128,
+            DType::I64 => u as i64 as i128,
+            _ => u as i128,
+        }
+    }
+
+    pub fn is_int(self) -> bool {
+        !matches!(self, DType::F16 | DType::Bf16 | DType::F32 | DType::F64)
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A host array: element type, shape and raw little-endian data.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostArray {
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub data: Vec<u8>,
+}
+
+impl HostArray {
+    pub fn len(&self) -> usize {
+        self.data.len() / self.dtype.size()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+    pub fn get_f64(&self, i: usize) -> f64 {
+        self.dtype.decode_f64(&self.data, i)
+    }
+}
+
+/// Reads a `.npy` file (C order, little endian, numeric dtypes; `bool` reads as u8).
+pub fn read_npy(path: &Path) -> Result<HostArray> {
+    let err = |msg: String| RunError::Npy {
+        path: path.display().to_string(),
+        msg,
+    };
+    let bytes = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+    parse_npy(&bytes).map_err(err)
+}
+
+/// Parses `.npy` bytes.
+pub fn parse_npy(bytes: &[u8]) -> std::result::Result<HostArray, String> {
+    let header =
+        npyz::NpyHeader::from_reader(bytes).map_err(|e| format!("not a .npy file: {e}"))?;
+    let file = npyz::NpyFile::with_header(header, std::io::empty());
+    let ts = match file.dtype() {
+        npyz::DType::Plain(ts) => ts,
+        d => {
+            return Err(format!(
+                "unsupported dtype {} (structured arrays are not supported)",
+                d.descr()
+            ))
+        }
+    };
+    let size = ts.num_bytes().unwrap_or(0);
+    let big = ts.endianness() == npyz::Endianness::Big && size > 1;
+    let dtype = match (ts.type_char(), size) {
+        (npyz::TypeChar::Uint, 1) | (npyz::TypeChar::Bool, 1) => DType::U8,
+        (npyz::TypeChar::Int, 1) => DType::I8,
+        (npyz::TypeChar::Uint, 2) => DType::U16,
+        (npyz::TypeChar::Int, 2) => DType::I16,
+        (npyz::TypeChar::Uint, 4) => DType::U32,
+        (npyz::TypeChar::Int, 4) => DType::I32,
+        (npyz::TypeChar::Uint, 8) => DType::U64,
+        (npyz::TypeChar::Int, 8) => DType::I64,
+        (npyz::TypeChar::Float, 2) => DType::F16,
+        (npyz::TypeChar::Float, 4) => DType::F32,
+        (npyz::TypeChar::Float, 8) => DType::F64,
+        _ => return Err(format!("unsupported dtype `{ts}`")),
+    };
+    let shape = file.shape().to_vec();
+    if shape.len() > 1 && file.order() == npyz::Order::Fortran {
+        return Err(
+            "Fortran-order arrays are not supported (save with np.ascontiguousarray)".into(),
+        );
+    }
+    let n = file.len() as usize;
+    let nbytes = n * size;
+    if bytes.len() < nbytes {
+        return Err(format!(
+            "truncated: {n} elements of {size} bytes declared, file has {} bytes",
+            bytes.len()
+        ));
+    }
+    // The data is the last `nbytes` bytes of the file (numpy writes nothing after it).
+    let mut data = bytes[bytes.len() - nbytes..].to_vec();
+    if big {
+        for c in data.chunks_exact_mut(size) {
+            c.reverse();
+        }
+    }
+    Ok(HostArray { dtype, shape, data })
+}
+
+/// Writes a `.npy` file (16-bit floats as uint16 bit patterns).
+pub fn write_npy(path: &Path, a: &HostArray) -> Result<()> {
+    let err = |msg: String| RunError::Npy {
+        path: path.display().to_string(),
+        msg,
+    };
+    let mut out = Vec::with_capacity(a.data.len() + 128);
+    encode_npy(&mut out, a).map_err(|e| err(e.to_string()))?;
+    std::fs::write(path, out).map_err(|e| err(e.to_string()))
+}
+
+fn encode_npy(out: &mut Vec<u8>, a: &HostArray) -> std::io::Result<()> {
+    fn go<T: npyz::Serialize + Copy>(
+        out: &mut Vec<u8>,
+        descr: &str,
+        shape: &[u64],
+        vals: impl Iterator<Item = T>,
+    ) -> std::io::Result<()> {
+        use npyz::WriterBuilder;
+        let ts: npyz::TypeStr = descr
+            .parse()
+            .map_err(|e| std::io::Error::other(format!("{e}")))?;
+        let mut w = npyz::WriteOptions::new()
+            .dtype(npyz::DType::Plain(ts))
+            .shape(shape)
+            .writer(std::io::Cursor::new(out))
+            .begin_nd()?;
+        for v in vals {
+            w.push(&v)?;
+        }
+        w.finish()
+    }
+    let d = a.dtype;
+    let descr = d.npy_descr();
+    let s = d.size();
+    let c = a.data.chunks_exact(s);
+    let shape: Vec<u64> = if a.shape.iter().product::<u64>() as usize == a.len() {
+        a.shape.clone()
+    } else {
+        vec![a.len() as u64]
+    };
+    match d {
+        DType::U8 => go(out, descr, &shape, a.data.iter().copied()),
+        DType::I8 => go(out, descr, &shape, a.data.iter().map(|&b| b as i8)),
+        DType::U16 | DType::F16 | DType::Bf16 => go(
+            out,
+            descr,
+            &shape,
+            c.map(|b| u16::from_le_bytes([b[0], b[1]])),
+        ),
+        DType::I16 => go(
+            out,
+            descr,
+            &shape,
+            c.map(|b| i16::from_le_bytes([b[0], b[1]])),
+        ),
+        DType::U32 => go(
+            out,
+            descr,
+            &shape,
+            c.map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        ),
+        DType::I32 => go(
+            out,
+            descr,
+            &shape,
+            c.map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        ),
+        DType::F32 => go(
+            out,
+            descr,
+            &shape,
+            c.map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        ),
+        DType::U64 => go(
+            out,
+            descr,
+            &shape,
+            c.map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default())),
+        ),
+        DType::I64 => go(
+            out,
+            descr,
+            &shape,
+            c.map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default())),
+        ),
+        DType::F64 => go(
+            out,
+            descr,
+            &shape,
+            c.map(|b| f64::from_le_bytes(b.try_into().unwrap_or_default())),
+        ),
+    }
+}
+
+/// One kernel argument, as given on the command line.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ArgSpec {
+    /// A buffer initialised from a `.npy` file.
+    In(PathBuf),
+    /// A zero-initialised buffer.
+    Out { dtype: DType, count: usize },
+    /// A value.
+    Scalar(Arg),
+}
+
+impl ArgSpec {
+    /// Parses `in:PATH`, `out:DTYPE:COUNT` or `TYPE:VALUE`; relative `in:` paths are taken
+    /// relative to `base` when given.
+    pub fn parse(spec: &str, base: Option<&Path>) -> Result<ArgSpec> {
+        let bad = |msg: String| RunError::Spec {
+            spec: spec.to_string(),
+            msg,
+        };
+        let (kind, rest) = spec.split_once(':').ok_or_else(|| {
+            bad("expected KIND:VALUE (in:FILE.npy, out:DTYPE:COUNT, u32:V, ...)".into())
+        })?;
+        let int_err = |e: std::num::ParseIntError| bad(format!("bad integer: {e}"));
+        let float_err = |e: std::num::ParseFloatError| bad(format!("bad number: {e}"));
+        Ok(match kind {
+            "in" => {
+                if rest.is_empty() {
+                    return Err(bad("missing file name".into()));
+                }
+                let p = PathBuf::from(rest);
+                ArgSpec::In(match base {
+                    Some(b) if p.is_relative() => b.join(p),
+                    _ => p,
+                })
+            }
+            "out" => {
+                let (d, n) = rest
+                    .split_once(':')
+                    .ok_or_else(|| bad("expected out:DTYPE:COUNT".into()))?;
+                let dtype = DType::parse(d).ok_or_else(|| {
+                    bad(format!(
+                        "unknown dtype `{d}` (one of {})",
+                        DType::ALL.map(|d| d.name()).join(" ")
+                    ))
+                })?;
+                let count = parse_u64(n).map_err(int_err)? as usize;
+                ArgSpec::Out { dtype, count }
+            }
+            "u32" => ArgSpec::Scalar(Arg::U32(
+                parse_u64(rest)
+                    .map_err(int_err)?
+                    .try_into()
+                    .map_err(|_| bad("out of range for u32".into()))?,
+            )),
+            "i32" => ArgSpec::Scalar(Arg::I32(
+                parse_i64(rest)
+                    .map_err(int_err)?
+                    .try_into()
+                    .map_err(|_| bad("out of range for i32".into()))?,
+            )),
+            "u64" => ArgSpec::Scalar(Arg::U64(parse_u64(rest).map_err(int_err)?)),
+            "i64" => ArgSpec::Scalar(Arg::I64(parse_i64(rest).map_err(int_err)?)),
+            "f32" => ArgSpec::Scalar(Arg::F32(rest.trim().parse::<f32>().map_err(float_err)?)),
+            "f64" => ArgSpec::Scalar(Arg::F64(rest.trim().parse::<f64>().map_err(float_err)?)),
+            _ => {
+                return Err(bad(format!(
+                    "unknown kind `{kind}` (in, out, u32, i32, u64, i64, f32, f64)"
+                )))
+            }
+        })
+    }
+}
+
+fn parse_u64(s: &str) -> std::result::Result<u64, std::num::ParseIntError> {
+    let s = s.trim();
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    }
+}
+
+fn parse_i64(s: &str) -> std::result::Result<i64, std::num::ParseIntError> {
+    let s = s.trim();
+    if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        return u64::from_str_radix(h, 16).map(|v| v as i64);
+    }
+    s.parse()
+}
+
+/// Parses `X[,Y[,Z]]` (missing dimensions are 1).
+pub fn parse_dim3(s: &str) -> Result<[u32; 3]> {
+    let bad = |msg: &str| RunError::Spec {
+        spec: s.to_string(),
+        msg: msg.to_string(),
+    };
+    let parts: Vec<&str> = s.split([',', 'x']).collect();
+    if parts.is_empty() || parts.len() > 3 {
+        return Err(bad("expected X[,Y[,Z]]"));
+    }
+    let mut d = [1u32; 3];
+    for (i, p) in parts.iter().enumerate() {
+        d[i] = p
+            .trim()
+            .parse()
+            .map_err(|_| bad("expected X[,Y[,Z]] of positive integers"))?;
+        if d[i] == 0 {
+            return Err(bad("dimensions must be positive"));
+        }
+    }
+    Ok(d)
+}
+
+/// How `out:` buffers start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OutInit {
+    /// Zero-filled (what the corpus manifests assume).
+    #[default]
+    Zero,
+    /// Every byte set to this value (to catch elements a kernel should write but does not).
+    Poison(u8),
+}
+
+/// Everything needed for one launch.
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    /// PTX source text.
+    pub ptx: String,
+    pub entry: String,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    /// Dynamic shared memory bytes.
+    pub shared: u32,
+    pub args: Vec<ArgSpec>,
+    pub out_init: OutInit,
+    pub timeout: Option<Duration>,
+    /// Incremented as CTAs complete.
+    pub progress: Option<Arc<AtomicU64>>,
+}
+
+impl RunSpec {
+    pub fn ctas(&self) -> u64 {
+        self.grid.iter().map(|&x| x as u64).product()
+    }
+}
+
+/// The result of a launch.
+#[derive(Debug)]
+pub struct RunOutput {
+    /// Per argument: the buffer contents after the launch (None for scalars).
+    pub buffers: Vec<Option<HostArray>>,
+    pub stats: Option<emu::LaunchStats>,
+    /// Wall time of the launch including the wait, seconds.
+    pub seconds: f64,
+}
+
+/// Loads, builds buffers, launches on `device`, waits and reads all buffers back.
+pub fn run(device: &Device, spec: &RunSpec) -> Result<RunOutput> {
+    let module = Module::load_ptx(device, &spec.ptx)?;
+    let func = module.function(&spec.entry)?;
+    // Host data first (file errors before any device work).
+    let mut hosts: Vec<Option<HostArray>> = Vec::with_capacity(spec.args.len());
+    for a in &spec.args {
+        hosts.push(match a {
+            ArgSpec::In(p) => Some(read_npy(p)?),
+            ArgSpec::Out { dtype, count } => {
+                let fill = match spec.out_init {
+                    OutInit::Zero => 0u8,
+                    OutInit::Poison(b) => b,
+                };
+                let n = count
+                    .checked_mul(dtype.size())
+                    .ok_or_else(|| RunError::Other(format!("out:{dtype}:{count} is too large")))?;
+                Some(HostArray {
+                    dtype: *dtype,
+                    shape: vec![*count as u64],
+                    data: vec![fill; n],
+                })
+            }
+            ArgSpec::Scalar(_) => None,
+        });
+    }
+    let mut bufs: Vec<Option<Buffer<u8>>> = Vec::with_capacity(hosts.len());
+    let mut args = Vec::with_capacity(hosts.len());
+    for (a, h) in spec.args.iter().zip(&hosts) {
+        match (a, h) {
+            (ArgSpec::Scalar(v), _) => {
+                args.push(*v);
+                bufs.push(None);
+            }
+            (_, Some(h)) => {
+                let b = device.alloc::<u8>(h.data.len())?;
+                if !h.data.iter().all(|&x| x == 0) {
+                    b.copy_from_bytes(&h.data)?;
+                }
+                args.push(Arg::Ptr(b.device_ptr()));
+                bufs.push(Some(b));
+            }
+            (_, None) => return Err(RunError::Other("internal: buffer without host data".into())),
+        }
+    }
+    let mut cfg = LaunchConfig::grid3(spec.grid, spec.block).shared(spec.shared);
+    cfg.timeout = spec.timeout;
+    cfg.progress = spec.progress.clone();
+    let stream = device.stream(0);
+    let t0 = std::time::Instant::now();
+    stream.launch(&func, &cfg, &args)?;
+    stream.synchronize()?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let stats = stream.last_stats();
+    let mut buffers = Vec::with_capacity(hosts.len());
+    for (h, b) in hosts.into_iter().zip(&bufs) {
+        buffers.push(match (h, b) {
+            (Some(mut h), Some(b)) => {
+                h.data = b.to_bytes()?;
+                Some(h)
+            }
+            _ => None,
+        });
+    }
+    Ok(RunOutput {
+        buffers,
+        stats,
+        seconds,
+    })
+}
+
+/// A corpus test case (`tests-data/corpus/<target>/<kernel>.json`; see docs/TOOLS.md).
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct Manifest {
+    pub ptx: String,
+    pub entry: String,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    #[serde(default)]
+    pub shared: u32,
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub checks: Vec<Check>,
+    #[serde(default)]
+    pub description: String,
+}
+
+/// One output check of a manifest.
+#[derive(Clone, Debug, serde::Deserialize)]
+pub struct Check {
+    /// Index into the arguments.
+    pub arg: usize,
+    /// Expected contents (`.npy`, relative to the manifest).
+    pub expect: String,
+    #[serde(default)]
+    pub rtol: f64,
+    #[serde(default)]
+    pub atol: f64,
+    #[serde(default)]
+    pub exact: bool,
+    /// Bit-pattern decoding of the output: `bf16`, `f16` or `e4m3`.
+    #[serde(default)]
+    pub decode: Option<String>,
+}
+
+impl Manifest {
+    /// The launch this manifest describes (`dir` is the manifest's directory).
+    pub fn run_spec(&self, dir: &Path) -> Result<RunSpec> {
+        let ptx_path = dir.join(&self.ptx);
+        let ptx = std::fs::read_to_string(&ptx_path)
+            .map_err(|e| RunError::Other(format!("{}: {e}", ptx_path.display())))?;
+        let args = self
+            .args
+            .iter()
+            .map(|a| ArgSpec::parse(a, Some(dir)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RunSpec {
+            ptx,
+            entry: self.entry.clone(),
+            grid: self.grid,
+            block: self.block,
+            shared: self.shared,
+            args,
+            out_init: OutInit::Zero,
+            timeout: None,
+            progress: None,
+        })
+    }
+}
+
+/// Decodes an e4m3 (fn: no infinities, 0x7f/0xff NaN) bit pattern.
+pub fn e4m3_to_f64(b: u8) -> f64 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let e = ((b >> 3) & 0xf) as i32;
+    let m = (b & 7) as f64;
+    if e == 0xf && b & 7 == 7 {
+        return f64::NAN;
+    }
+    if e == 0 {
+        sign * m / 8.0 * 2f64.powi(-6)
+    } else {
+        sign * (1.0 + m / 8.0) * 2f64.powi(e - 7)
+    }
+}
+
+/// The outcome of one check: elements that failed, out of how many, and the first failure.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CheckResult {
+    pub arg: usize,
+    pub total: usize,
+    pub mismatches: usize,
+    /// First failing element: (index, got, expected).
+    pub first: Option<(usize, f64, f64)>,
+    /// Elements accepted because they still hold the poison pattern where 0 is expected.
+    pub untouched: usize,
+}
+
+impl CheckResult {
+    pub fn ok(&self) -> bool {
+        self.mismatches == 0
+    }
+}
+
+impl std::fmt::Display for CheckResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "arg {}: {}/{} mismatches",
+            self.arg, self.mismatches, self.total
+        )?;
+        if let Some((i, g, e)) = self.first {
+            write!(f, ", first at [{i}]: got {g:?} expected {e:?}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Applies a check to an output buffer (semantics of `apply_check` in
+/// `scripts/corpus/interp-check.py`). With `poison = Some(byte)`, elements whose bytes all
+/// still equal the poison byte and whose expectation is 0 count as untouched, not as failures
+/// (kernels with masked tails leave them unwritten).
+pub fn apply_check(
+    ck: &Check,
+    out: &HostArray,
+    expect: &HostArray,
+    poison: Option<u8>,
+) -> std::result::Result<CheckResult, String> {
+    let n = out.len();
+    if expect.len() != n {
+        return Err(format!(
+            "arg {}: output has {n} elements, expectation {} has {}",
+            ck.arg,
+            ck.expect,
+            expect.len()
+        ));
+    }
+    let s = out.dtype.size();
+    let mut r = CheckResult {
+        arg: ck.arg,
+        total: n,
+        ..Default::default()
+    };
+    let decode = ck.decode.as_deref();
+    let get: Box<dyn Fn(usize) -> f64 + '_> = match decode {
+        None => Box::new(|i| out.get_f64(i)),
+        Some("bf16") if s == 2 => Box::new(|i| {
+            half::bf16::from_bits(u16::from_le_bytes([out.data[2 * i], out.data[2 * i + 1]]))
+                .to_f64()
+        }),
+        Some("f16") if s == 2 => Box::new(|i| {
+            half::f16::from_bits(u16::from_le_bytes([out.data[2 * i], out.data[2 * i + 1]]))
+                .to_f64()
+        }),
+        Some("e4m3") if s == 1 => Box::new(|i| e4m3_to_f64(out.data[i])),
+        Some(d) => {
+            return Err(format!(
+                "arg {}: cannot decode a {} buffer as `{d}`",
+                ck.arg, out.dtype
+            ))
+        }
+    };
+    let int_exact = ck.exact && expect.dtype.is_int();
+    for i in 0..n {
+        let ok = if int_exact {
+            out.dtype.decode_int(&out.data, i) == expect.dtype.decode_int(&expect.data, i)
+        } else {
+            let (g, e) = (get(i), expect.get_f64(i));
+            if ck.exact {
+                g == e
+            } else {
+                (g - e).abs() <= ck.atol + ck.rtol * e.abs()
+            }
+        };
+        if ok {
+            continue;
+        }
+        if let Some(p) = poison {
+            if out.data[i * s..(i + 1) * s].iter().all(|&b| b == p) && expect.get_f64(i) == 0.0 {
+                r.untouched += 1;
+                continue;
+            }
+        }
+        r.mismatches += 1;
+        if r.first.is_none() {
+            r.first = Some((i, get(i), expect.get_f64(i)));
+        }
+    }
+    Ok(r)
+}
+
+/// Runs a manifest's checks on the buffers of a run. Returns one result per check.
+pub fn check_outputs(
+    m: &Manifest,
+    dir: &Path,
+    out: &RunOutput,
+    poison: Option<u8>,
+) -> Result<Vec<CheckResult>> {
+    let mut v = Vec::new();
+    for ck in &m.checks {
+        let buf = out
+            .buffers
+            .get(ck.arg)
+            .and_then(|b| b.as_ref())
+            .ok_or_else(|| {
+                RunError::Other(format!(
+                    "check of argument {}: not a buffer argument",
+                    ck.arg
+                ))
+            })?;
+        let exp = read_npy(&dir.join(&ck.expect))?;
+        v.push(apply_check(ck, buf, &exp, poison).map_err(RunError::Other)?);
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn npy_round_trip() {
+        let a = HostArray {
+            dtype: DType::F32,
+            shape: vec![2, 2],
+            data: [1.0f32, 2.0, -3.5, 4.25]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+        };
+        let mut v = Vec::new();
+        encode_npy(&mut v, &a).unwrap();
+        assert_eq!(parse_npy(&v).unwrap(), a);
+        let b = HostArray {
+            dtype: DType::Bf16,
+            shape: vec![2],
+            data: vec![0x80, 0x3f, 0, 0x40],
+        };
+        let mut v = Vec::new();
+        encode_npy(&mut v, &b).unwrap();
+        let back = parse_npy(&v).unwrap();
+        assert_eq!(back.dtype, DType::U16);
+        assert_eq!(back.data, b.data);
+    }
+
+    #[test]
+    fn arg_specs() {
+        assert_eq!(
+            ArgSpec::parse("u32:7", None).unwrap(),
+            ArgSpec::Scalar(Arg::U32(7))
+        );
+        assert_eq!(
+            ArgSpec::parse("i32:-7", None).unwrap(),
+            ArgSpec::Scalar(Arg::I32(-7))
+        );
+        assert_eq!(
+            ArgSpec::parse("u64:0x10", None).unwrap(),
+            ArgSpec::Scalar(Arg::U64(16))
+        );
+        assert_eq!(
+            ArgSpec::parse("f32:1e-05", None).unwrap(),
+            ArgSpec::Scalar(Arg::F32(1e-5))
+        );
+        assert_eq!(
+            ArgSpec::parse("out:bf16:8", None).unwrap(),
+            ArgSpec::Out {
+                dtype: DType::Bf16,
+                count: 8
+            }
+        );
+        assert_eq!(
+            ArgSpec::parse("in:x.npy", Some(Path::new("/d"))).unwrap(),
+            ArgSpec::In(PathBuf::from("/d/x.npy"))
+        );
+        for bad in [
+            "u32:-1",
+            "i32:3000000000",
+            "out:f8:3",
+            "out:f32",
+            "q:1",
+            "f32:abc",
+            "nocolon",
+            "in:",
+        ] {
+            assert!(ArgSpec::parse(bad, None).is_err(), "{bad}");
+        }
+        assert_eq!(parse_dim3("4,2").unwrap(), [4, 2, 1]);
+        assert!(parse_dim3("0").is_err());
+        assert!(parse_dim3("1,2,3,4").is_err());
+    }
+
+    #[test]
+    fn e4m3_decode() {
+        assert_eq!(e4m3_to_f64(0x38), 1.0);
+        assert_eq!(e4m3_to_f64(0x7e), 448.0);
+        assert_eq!(e4m3_to_f64(0xfe), -448.0);
+        assert_eq!(e4m3_to_f64(0x01), 2f64.powi(-9));
+        assert!(e4m3_to_f64(0x7f).is_nan());
+    }
+}
