@@ -80,32 +80,113 @@ macro_rules! by_int {
     };
 }
 
-macro_rules! i_add { ($T:ty, $U:ty, $n:tt) => { w2!($T, $U, |a, b| a.wrapping_add(b)) }; }
-macro_rules! i_sub { ($T:ty, $U:ty, $n:tt) => { w2!($T, $U, |a, b| a.wrapping_sub(b)) }; }
-macro_rules! i_add_sat { ($T:ty, $U:ty, $n:tt) => { w2!($T, $U, |a, b| a.saturating_add(b)) }; }
-macro_rules! i_sub_sat { ($T:ty, $U:ty, $n:tt) => { w2!($T, $U, |a, b| a.saturating_sub(b)) }; }
-macro_rules! i_mul_lo { ($T:ty, $U:ty, $n:tt) => { w2!($T, $U, |a, b| a.wrapping_mul(b)) }; }
+macro_rules! i_add {
+    ($T:ty, $U:ty, $n:tt) => {
+        w2!($T, $U, |a, b| a.wrapping_add(b))
+    };
+}
+macro_rules! i_sub {
+    ($T:ty, $U:ty, $n:tt) => {
+        w2!($T, $U, |a, b| a.wrapping_sub(b))
+    };
+}
+macro_rules! i_add_sat {
+    ($T:ty, $U:ty, $n:tt) => {
+        w2!($T, $U, |a, b| a.saturating_add(b))
+    };
+}
+macro_rules! i_sub_sat {
+    ($T:ty, $U:ty, $n:tt) => {
+        w2!($T, $U, |a, b| a.saturating_sub(b))
+    };
+}
+macro_rules! i_mul_lo {
+    ($T:ty, $U:ty, $n:tt) => {
+        w2!($T, $U, |a, b| a.wrapping_mul(b))
+    };
+}
 macro_rules! i_mul_hi {
-    ($T:ty, $U:ty, $n:tt) => { w2!($T, $U, |a, b| ((a as i128 * b as i128) >> $n) as $T) };
+    ($T:ty, $U:ty, $n:tt) => {
+        w2!($T, $U, |a, b| ((a as i128 * b as i128) >> $n) as $T)
+    };
 }
 macro_rules! i_mul_wide {
-    ($T:ty, $U:ty, $n:tt) => { w2!($T, u64, |a, b| ((a as i128 * b as i128) as u64) & (u64::MAX >> (64 - (2 * $n).min(64)))) };
+    ($T:ty, $U:ty, $n:tt) => {
+        w2!($T, u64, |a, b| ((a as i128 * b as i128) as u64)
+            & (u64::MAX >> (64 - (2 * $n).min(64))))
+    };
 }
-macro_rules! i_mad_lo { ($T:ty, $U:ty, $n:tt) => { w3!($T, $U, |a, b, c| a.wrapping_mul(b).wrapping_add(c)) }; }
+macro_rules! i_mad_lo {
+    ($T:ty, $U:ty, $n:tt) => {
+        w3!($T, $U, |a, b, c| a.wrapping_mul(b).wrapping_add(c))
+    };
+}
 macro_rules! i_mad_hi {
-    ($T:ty, $U:ty, $n:tt) => { w3!($T, $U, |a, b, c| (((a as i128 * b as i128) >> $n) as $T).wrapping_add(c)) };
+    ($T:ty, $U:ty, $n:tt) => {
+        w3!($T, $U, |a, b, c| (((a as i128 * b as i128) >> $n) as $T)
+            .wrapping_add(c))
+    };
 }
-macro_rules! i_min { ($T:ty, $U:ty, $n:tt) => { w2!($T, $U, |a, b| if a < b { a } else { b }) }; }
-macro_rules! i_max { ($T:ty, $U:ty, $n:tt) => { w2!($T, $U, |a, b| if a > b { a } else { b }) }; }
-macro_rules! i_abs { ($T:ty, $U:ty, $n:tt) => { w1!($T, $U, |a| if a < (0 as $T) { (0 as $T).wrapping_sub(a) } else { a }) }; }
-macro_rules! i_neg { ($T:ty, $U:ty, $n:tt) => { w1!($T, $U, |a| (0 as $T).wrapping_sub(a)) }; }
-macro_rules! i_and { ($T:ty, $U:ty, $n:tt) => { w2!($U, $U, |a, b| a & b) }; }
-macro_rules! i_or { ($T:ty, $U:ty, $n:tt) => { w2!($U, $U, |a, b| a | b) }; }
-macro_rules! i_xor { ($T:ty, $U:ty, $n:tt) => { w2!($U, $U, |a, b| a ^ b) }; }
-macro_rules! i_not { ($T:ty, $U:ty, $n:tt) => { w1!($U, $U, |a| !a) }; }
-macro_rules! i_cnot { ($T:ty, $U:ty, $n:tt) => { w1!($U, $U, |a| (a == 0) as $U) }; }
+macro_rules! i_min {
+    ($T:ty, $U:ty, $n:tt) => {
+        w2!($T, $U, |a, b| if a < b { a } else { b })
+    };
+}
+macro_rules! i_max {
+    ($T:ty, $U:ty, $n:tt) => {
+        w2!($T, $U, |a, b| if a > b { a } else { b })
+    };
+}
+macro_rules! i_abs {
+    ($T:ty, $U:ty, $n:tt) => {
+        w1!($T, $U, |a| if a < (0 as $T) {
+            (0 as $T).wrapping_sub(a)
+        } else {
+            a
+        })
+    };
+}
+macro_rules! i_neg {
+    ($T:ty, $U:ty, $n:tt) => {
+        w1!($T, $U, |a| (0 as $T).wrapping_sub(a))
+    };
+}
+macro_rules! i_and {
+    ($T:ty, $U:ty, $n:tt) => {
+        w2!($U, $U, |a, b| a & b)
+    };
+}
+macro_rules! i_or {
+    ($T:ty, $U:ty, $n:tt) => {
+        w2!($U, $U, |a, b| a | b)
+    };
+}
+macro_rules! i_xor {
+    ($T:ty, $U:ty, $n:tt) => {
+        w2!($U, $U, |a, b| a ^ b)
+    };
+}
+macro_rules! i_not {
+    ($T:ty, $U:ty, $n:tt) => {
+        w1!($U, $U, |a| !a)
+    };
+}
+macro_rules! i_cnot {
+    ($T:ty, $U:ty, $n:tt) => {
+        w1!($U, $U, |a| (a == 0) as $U)
+    };
+}
 macro_rules! i_shl {
-    ($T:ty, $U:ty, $n:tt) => { r3!(|a, b, c| { let s = b as u32; if s >= $n { 0 } else { ((a as $U) << s) as u64 } }) };
+    ($T:ty, $U:ty, $n:tt) => {
+        r3!(|a, b, c| {
+            let s = b as u32;
+            if s >= $n {
+                0
+            } else {
+                ((a as $U) << s) as u64
+            }
+        })
+    };
 }
 macro_rules! i_shr {
     ($T:ty, $U:ty, $n:tt) => {
@@ -124,15 +205,31 @@ macro_rules! i_shr {
         })
     };
 }
-macro_rules! i_popc { ($T:ty, $U:ty, $n:tt) => { w1!($U, u32, |a| a.count_ones()) }; }
-macro_rules! i_clz { ($T:ty, $U:ty, $n:tt) => { w1!($U, u32, |a| a.leading_zeros()) }; }
-macro_rules! i_brev { ($T:ty, $U:ty, $n:tt) => { w1!($U, $U, |a| a.reverse_bits()) }; }
+macro_rules! i_popc {
+    ($T:ty, $U:ty, $n:tt) => {
+        w1!($U, u32, |a| a.count_ones())
+    };
+}
+macro_rules! i_clz {
+    ($T:ty, $U:ty, $n:tt) => {
+        w1!($U, u32, |a| a.leading_zeros())
+    };
+}
+macro_rules! i_brev {
+    ($T:ty, $U:ty, $n:tt) => {
+        w1!($U, $U, |a| a.reverse_bits())
+    };
+}
 macro_rules! i_bfind {
     ($T:ty, $U:ty, $n:tt) => {
         w1!($T, u32, |a| {
             // Signed: position of the most significant bit that differs from the sign bit.
             let v = if a < (0 as $T) { !a } else { a } as $U;
-            if v == 0 { u32::MAX } else { $n - 1 - v.leading_zeros() }
+            if v == 0 {
+                u32::MAX
+            } else {
+                $n - 1 - v.leading_zeros()
+            }
         })
     };
 }
@@ -140,7 +237,11 @@ macro_rules! i_bfind_shiftamt {
     ($T:ty, $U:ty, $n:tt) => {
         w1!($T, u32, |a| {
             let v = if a < (0 as $T) { !a } else { a } as $U;
-            if v == 0 { u32::MAX } else { v.leading_zeros() }
+            if v == 0 {
+                u32::MAX
+            } else {
+                v.leading_zeros()
+            }
         })
     };
 }
@@ -151,11 +252,19 @@ macro_rules! i_bfe {
             let len = (c & 0xff) as u32;
             let v = a as $U as u64;
             let signed = <$T>::MIN != (0 as $T);
-            let msb = if len == 0 { 0 } else { (pos + len - 1).min($n - 1) };
+            let msb = if len == 0 {
+                0
+            } else {
+                (pos + len - 1).min($n - 1)
+            };
             let sbit = if signed && len > 0 { (v >> msb) & 1 } else { 0 };
             let mut d: u64 = 0;
             for i in 0..$n as u32 {
-                let bit = if i < len && pos + i < $n { (v >> (pos + i)) & 1 } else { sbit };
+                let bit = if i < len && pos + i < $n {
+                    (v >> (pos + i)) & 1
+                } else {
+                    sbit
+                };
                 d |= bit << i;
             }
             (d as $U) as u64
@@ -181,10 +290,18 @@ pub fn int_fn(ins: &Instruction) -> Option<WFn> {
         Mul if ins.has(Flag::Hi) => by_int!(ty, i_mul_hi),
         Mul => by_int!(ty, i_mul_lo),
         Mad if ins.has(Flag::Wide) => match ty {
-            Ty::U16 => Some(r3!(|a, b, c| ((a as u16 as u32) * (b as u16 as u32)).wrapping_add(c as u32) as u64)),
-            Ty::S16 => Some(r3!(|a, b, c| ((a as i16 as i32) * (b as i16 as i32)).wrapping_add(c as i32) as u32 as u64)),
-            Ty::U32 => Some(r3!(|a, b, c| ((a as u32 as u64) * (b as u32 as u64)).wrapping_add(c))),
-            Ty::S32 => Some(r3!(|a, b, c| ((a as i32 as i64) * (b as i32 as i64)).wrapping_add(c as i64) as u64)),
+            Ty::U16 => Some(r3!(|a, b, c| ((a as u16 as u32) * (b as u16 as u32))
+                .wrapping_add(c as u32)
+                as u64)),
+            Ty::S16 => Some(r3!(|a, b, c| ((a as i16 as i32) * (b as i16 as i32))
+                .wrapping_add(c as i32) as u32
+                as u64)),
+            Ty::U32 => Some(r3!(
+                |a, b, c| ((a as u32 as u64) * (b as u32 as u64)).wrapping_add(c)
+            )),
+            Ty::S32 => Some(r3!(|a, b, c| ((a as i32 as i64) * (b as i32 as i64))
+                .wrapping_add(c as i64)
+                as u64)),
             _ => None,
         },
         Mad if ins.has(Flag::Hi) => by_int!(ty, i_mad_hi),
@@ -212,29 +329,48 @@ pub fn int_fn(ins: &Instruction) -> Option<WFn> {
         Bfe => by_int!(ty, i_bfe),
         Bfi => None, // four sources: handled by the decoder as a special op
         Mul24 if ins.has(Flag::Hi) => match ty {
-            Ty::U32 => Some(r3!(|a, b, c| ((((a as u32 & 0xff_ffff) as u64) * ((b as u32 & 0xff_ffff) as u64)) >> 16) as u32 as u64)),
+            Ty::U32 => Some(r3!(|a, b, c| ((((a as u32 & 0xff_ffff) as u64)
+                * ((b as u32 & 0xff_ffff) as u64))
+                >> 16) as u32 as u64)),
             Ty::S32 => Some(r3!(|a, b, c| ((sx24(a) * sx24(b)) >> 16) as u32 as u64)),
             _ => None,
         },
         Mul24 => match ty {
-            Ty::U32 => Some(r3!(|a, b, c| ((a as u32 & 0xff_ffff).wrapping_mul(b as u32 & 0xff_ffff)) as u64)),
+            Ty::U32 => Some(r3!(|a, b, c| ((a as u32 & 0xff_ffff)
+                .wrapping_mul(b as u32 & 0xff_ffff))
+                as u64)),
             Ty::S32 => Some(r3!(|a, b, c| (sx24(a).wrapping_mul(sx24(b))) as u32 as u64)),
             _ => None,
         },
         Mad24 if !ins.has(Flag::Hi) => match ty {
-            Ty::U32 => Some(r3!(|a, b, c| ((a as u32 & 0xff_ffff).wrapping_mul(b as u32 & 0xff_ffff)).wrapping_add(c as u32) as u64)),
-            Ty::S32 => Some(r3!(|a, b, c| (sx24(a).wrapping_mul(sx24(b)) as u32).wrapping_add(c as u32) as u64)),
+            Ty::U32 => Some(r3!(|a, b, c| ((a as u32 & 0xff_ffff)
+                .wrapping_mul(b as u32 & 0xff_ffff))
+            .wrapping_add(c as u32) as u64)),
+            Ty::S32 => Some(r3!(|a, b, c| (sx24(a).wrapping_mul(sx24(b)) as u32)
+                .wrapping_add(c as u32)
+                as u64)),
             _ => None,
         },
         Sad => match ty {
-            Ty::U32 => Some(r3!(|a, b, c| ((a as u32).abs_diff(b as u32)).wrapping_add(c as u32) as u64)),
-            Ty::S32 => Some(r3!(|a, b, c| ((a as i32).abs_diff(b as i32)).wrapping_add(c as u32) as u64)),
+            Ty::U32 => Some(r3!(
+                |a, b, c| ((a as u32).abs_diff(b as u32)).wrapping_add(c as u32) as u64
+            )),
+            Ty::S32 => Some(r3!(
+                |a, b, c| ((a as i32).abs_diff(b as i32)).wrapping_add(c as u32) as u64
+            )),
             Ty::U64 => Some(r3!(|a, b, c| a.abs_diff(b).wrapping_add(c))),
             Ty::S64 => Some(r3!(|a, b, c| (a as i64).abs_diff(b as i64).wrapping_add(c))),
             _ => None,
         },
         Prmt => {
-            if ins.mods.iter().any(|m| matches!(m, ptx::Mod::Flag(Flag::F4e | Flag::B4e | Flag::Rc8 | Flag::Ecl | Flag::Ecr | Flag::Rc16))) {
+            if ins.mods.iter().any(|m| {
+                matches!(
+                    m,
+                    ptx::Mod::Flag(
+                        Flag::F4e | Flag::B4e | Flag::Rc8 | Flag::Ecl | Flag::Ecr | Flag::Rc16
+                    )
+                )
+            }) {
                 None
             } else {
                 Some(r3!(|a, b, c| prmt(a as u32, b as u32, c as u32) as u64))
@@ -243,10 +379,18 @@ pub fn int_fn(ins: &Instruction) -> Option<WFn> {
         Dp4a => {
             let tys: Vec<Ty> = ins.types().collect();
             match (tys.first(), tys.get(1)) {
-                (Some(Ty::U32), Some(Ty::U32)) => Some(r3!(|a, b, c| dp4a(a as u32, b as u32, c as u32, false, false) as u64)),
-                (Some(Ty::S32), Some(Ty::S32)) => Some(r3!(|a, b, c| dp4a(a as u32, b as u32, c as u32, true, true) as u64)),
-                (Some(Ty::U32), Some(Ty::S32)) => Some(r3!(|a, b, c| dp4a(a as u32, b as u32, c as u32, false, true) as u64)),
-                (Some(Ty::S32), Some(Ty::U32)) => Some(r3!(|a, b, c| dp4a(a as u32, b as u32, c as u32, true, false) as u64)),
+                (Some(Ty::U32), Some(Ty::U32)) => Some(r3!(|a, b, c| dp4a(
+                    a as u32, b as u32, c as u32, false, false
+                ) as u64)),
+                (Some(Ty::S32), Some(Ty::S32)) => Some(r3!(|a, b, c| dp4a(
+                    a as u32, b as u32, c as u32, true, true
+                ) as u64)),
+                (Some(Ty::U32), Some(Ty::S32)) => Some(r3!(|a, b, c| dp4a(
+                    a as u32, b as u32, c as u32, false, true
+                ) as u64)),
+                (Some(Ty::S32), Some(Ty::U32)) => Some(r3!(|a, b, c| dp4a(
+                    a as u32, b as u32, c as u32, true, false
+                ) as u64)),
                 _ => None,
             }
         }
@@ -265,7 +409,15 @@ pub fn prmt(a: u32, b: u32, c: u32) -> u32 {
     for i in 0..4 {
         let sel = (c >> (4 * i)) & 0xf;
         let byte = bytes[(sel & 7) as usize];
-        let v = if sel & 8 != 0 { if byte & 0x80 != 0 { 0xff } else { 0 } } else { byte };
+        let v = if sel & 8 != 0 {
+            if byte & 0x80 != 0 {
+                0xff
+            } else {
+                0
+            }
+        } else {
+            byte
+        };
         d |= (v as u32) << (8 * i);
     }
     d
@@ -300,7 +452,11 @@ pub fn bfi(a: u64, b: u64, pos: u64, len: u64, bits: u32) -> u64 {
 
 /// `shf.{l,r}.{wrap,clamp}.b32 d, a, b, c`: funnel shift of {b:a}.
 pub fn shf(a: u64, b: u64, c: u64, left: bool, wrap: bool) -> u64 {
-    let n = if wrap { (c as u32) & 31 } else { (c as u32).min(32) };
+    let n = if wrap {
+        (c as u32) & 31
+    } else {
+        (c as u32).min(32)
+    };
     let v = ((b as u32 as u64) << 32) | a as u32 as u64;
     if left {
         ((v << n) >> 32) as u32 as u64
@@ -322,7 +478,9 @@ pub fn lop3(a: u32, b: u32, c: u32, lut: u8) -> u32 {
 /// Integer comparison for `setp`/`set`: returns a WFn producing 0/1.
 pub fn int_cmp(ty: Ty, cmp: Flag) -> Option<WFn> {
     macro_rules! c {
-        ($op:tt) => { by_int!(ty, cmp_int, $op) };
+        ($op:tt) => {
+            by_int!(ty, cmp_int, $op)
+        };
     }
     let unsigned_view = |t: Ty| match t {
         Ty::S8 => Ty::U8,
@@ -346,7 +504,9 @@ pub fn int_cmp(ty: Ty, cmp: Flag) -> Option<WFn> {
     }
 }
 
-/// Float comparisons on f32 / f64 (f16 and bf16 are widened by the decoder first).
+/// Float comparisons on f32 / f64 / f16 / bf16. The unordered forms are written as negated
+/// ordered comparisons on purpose: they must be true when either operand is NaN.
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
 pub fn float_cmp(ty: Ty, cmp: Flag) -> Option<WFn> {
     macro_rules! fc {
         ($conv:expr, |$a:ident, $b:ident| $e:expr) => {{
@@ -464,7 +624,11 @@ pub fn set_result(float: bool) -> WFn {
 /// `slct.dtype.s32 d, a, b, c` / `slct.dtype.f32`: a if c >= 0 else b.
 pub fn slct(float: bool) -> WFn {
     if float {
-        r3!(|a, b, c| if f32::from_bits(c as u32) >= 0.0 { a } else { b })
+        r3!(|a, b, c| if f32::from_bits(c as u32) >= 0.0 {
+            a
+        } else {
+            b
+        })
     } else {
         r3!(|a, b, c| if (c as u32 as i32) >= 0 { a } else { b })
     }

@@ -37,9 +37,17 @@ impl fmt::Display for FaultSite {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, serde::Serialize)]
 pub enum FaultKind {
     #[error("out-of-bounds {space} access of {size} bytes at address {addr:#x}")]
-    OutOfBounds { space: &'static str, addr: u64, size: u32 },
+    OutOfBounds {
+        space: &'static str,
+        addr: u64,
+        size: u32,
+    },
     #[error("misaligned {space} access of {size} bytes at address {addr:#x}")]
-    Misaligned { space: &'static str, addr: u64, size: u32 },
+    Misaligned {
+        space: &'static str,
+        addr: u64,
+        size: u32,
+    },
     #[error("integer division by zero")]
     DivideByZero,
     #[error("trap instruction executed")]
@@ -58,9 +66,17 @@ pub enum FaultKind {
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum EmuError {
     #[error("{kind} in {site}")]
-    Fault { kind: FaultKind, site: Box<FaultSite> },
+    Fault {
+        kind: FaultKind,
+        site: Box<FaultSite>,
+    },
     #[error("kernel `{kernel}`: unsupported instruction at PTX line {line}: `{text}`: {why}")]
-    Unsupported { kernel: String, line: u32, text: String, why: String },
+    Unsupported {
+        kernel: String,
+        line: u32,
+        text: String,
+        why: String,
+    },
     #[error("kernel `{kernel}`: {msg}")]
     Decode { kernel: String, msg: String },
     #[error("no kernel named `{0}` in the module")]

@@ -117,8 +117,16 @@ struct PendingCopy {
 }
 
 enum PendingKind {
-    Tensor { desc: Box<crate::hopper::TensorMapDesc>, coords: Vec<i64>, smem: u64 },
-    Bulk { src: u64, sspace: MSpace, dst: u64 },
+    Tensor {
+        desc: Box<crate::hopper::TensorMapDesc>,
+        coords: Vec<i64>,
+        smem: u64,
+    },
+    Bulk {
+        src: u64,
+        sspace: MSpace,
+        dst: u64,
+    },
 }
 
 /// A fault before it is given its site.
@@ -128,7 +136,6 @@ pub struct Fault {
     pub lane: u32,
     pub pc: u32,
 }
-
 
 #[inline]
 fn lanes_of(mut m: u32) -> impl Iterator<Item = usize> {
@@ -164,7 +171,11 @@ impl Cta {
         }
         for w in 0..nwarps {
             let lanes = (n - w * 32).min(32);
-            let exists = if lanes == 32 { u32::MAX } else { (1u32 << lanes) - 1 };
+            let exists = if lanes == 32 {
+                u32::MAX
+            } else {
+                (1u32 << lanes) - 1
+            };
             warps.push(Warp {
                 id: w,
                 regs: proto.clone(),
@@ -257,13 +268,23 @@ impl Cta {
             .map(|w| format!("warp {} at instruction {}", w.id, w.group_pc))
             .collect();
         let w = self.warps.iter().find(|w| w.state != WarpState::Exited);
-        let (warp, pc, lane) = w.map(|w| (w.id, w.group_pc, w.live.trailing_zeros())).unwrap_or((0, 0, 0));
+        let (warp, pc, lane) = w
+            .map(|w| (w.id, w.group_pc, w.live.trailing_zeros()))
+            .unwrap_or((0, 0, 0));
         let msg = if parts.is_empty() {
-            format!("warp-synchronous instruction waits for lanes that never arrive; {}", stuck.join(", "))
+            format!(
+                "warp-synchronous instruction waits for lanes that never arrive; {}",
+                stuck.join(", ")
+            )
         } else {
             format!("{}; waiting: {}", parts.join("; "), stuck.join(", "))
         };
-        Fault { kind: FaultKind::BarrierDeadlock(msg), warp, lane, pc }
+        Fault {
+            kind: FaultKind::BarrierDeadlock(msg),
+            warp,
+            lane,
+            pc,
+        }
     }
 
     /// Releases barriers whose expected count is met counting exited threads. Returns whether any
@@ -276,7 +297,11 @@ impl Cta {
                 continue;
             }
             let exp = b.expected.unwrap_or(self.total_threads);
-            let counted = if b.expected.is_none() { b.arrived + self.exited_threads } else { b.arrived };
+            let counted = if b.expected.is_none() {
+                b.arrived + self.exited_threads
+            } else {
+                b.arrived
+            };
             if counted >= exp {
                 self.release(i);
                 any = true;
@@ -357,10 +382,21 @@ impl Cta {
                 match Cta::regroup(w) {
                     Ok(true) => {}
                     Ok(false) => {
-                        w.state = if w.live == 0 { WarpState::Exited } else { WarpState::Blocked };
+                        w.state = if w.live == 0 {
+                            WarpState::Exited
+                        } else {
+                            WarpState::Blocked
+                        };
                         return Ok(n);
                     }
-                    Err(k) => return Err(Fault { kind: k, warp: w.id, lane: w.parked.trailing_zeros(), pc: w.group_pc }),
+                    Err(k) => {
+                        return Err(Fault {
+                            kind: k,
+                            warp: w.id,
+                            lane: w.parked.trailing_zeros(),
+                            pc: w.group_pc,
+                        })
+                    }
                 }
             }
             let pc = w.group_pc;
@@ -383,19 +419,28 @@ impl Cta {
                 Ok(Flow::Blocked) => {
                     let w = &mut self.warps[wi];
                     if w.live & !w.blocked & !w.parked == 0 {
-                        w.state = if w.live == 0 { WarpState::Exited } else { WarpState::Blocked };
+                        w.state = if w.live == 0 {
+                            WarpState::Exited
+                        } else {
+                            WarpState::Blocked
+                        };
                         return Ok(n);
                     }
                 }
                 Err(kind) => {
                     let w = &self.warps[wi];
                     let lane = match &kind {
-                        FaultKind::OutOfBounds { .. } | FaultKind::Misaligned { .. } | FaultKind::DivideByZero => {
-                            LAST_LANE.with(|c| c.get())
-                        }
+                        FaultKind::OutOfBounds { .. }
+                        | FaultKind::Misaligned { .. }
+                        | FaultKind::DivideByZero => LAST_LANE.with(|c| c.get()),
                         _ => m.trailing_zeros().min(31),
                     };
-                    return Err(Fault { kind, warp: w.id, lane, pc });
+                    return Err(Fault {
+                        kind,
+                        warp: w.id,
+                        lane,
+                        pc,
+                    });
                 }
             }
         }
@@ -425,20 +470,46 @@ enum Loc {
 
 impl Cta {
     #[inline]
-    fn locate(&self, ctx: &LaunchCtx, space: MSpace, addr: u64, size: u32, lane: usize, local_bytes: u32) -> Result<Loc, FaultKind> {
+    fn locate(
+        &self,
+        ctx: &LaunchCtx,
+        space: MSpace,
+        addr: u64,
+        size: u32,
+        lane: usize,
+        local_bytes: u32,
+    ) -> Result<Loc, FaultKind> {
         let fault = |space: &'static str| {
             LAST_LANE.with(|c| c.set(lane as u32));
             FaultKind::OutOfBounds { space, addr, size }
         };
-        if size > 1 && addr % size as u64 != 0 {
+        if size > 1 && !addr.is_multiple_of(size as u64) {
             LAST_LANE.with(|c| c.set(lane as u32));
-            return Err(FaultKind::Misaligned { space: space.name(), addr, size });
+            return Err(FaultKind::Misaligned {
+                space: space.name(),
+                addr,
+                size,
+            });
         }
         let space = if space == MSpace::Generic {
             if (SHARED_WINDOW..SHARED_WINDOW + (1 << 32)).contains(&addr) {
-                return self.locate(ctx, MSpace::Shared, addr - SHARED_WINDOW, size, lane, local_bytes);
+                return self.locate(
+                    ctx,
+                    MSpace::Shared,
+                    addr - SHARED_WINDOW,
+                    size,
+                    lane,
+                    local_bytes,
+                );
             } else if (LOCAL_WINDOW..LOCAL_WINDOW + (1 << 32)).contains(&addr) {
-                return self.locate(ctx, MSpace::Local, addr - LOCAL_WINDOW, size, lane, local_bytes);
+                return self.locate(
+                    ctx,
+                    MSpace::Local,
+                    addr - LOCAL_WINDOW,
+                    size,
+                    lane,
+                    local_bytes,
+                );
             }
             MSpace::Global
         } else {
@@ -450,7 +521,10 @@ impl Cta {
                 None => Err(fault("global")),
             },
             MSpace::Shared => {
-                if addr.checked_add(size as u64).is_some_and(|e| e <= self.shared.len() as u64) {
+                if addr
+                    .checked_add(size as u64)
+                    .is_some_and(|e| e <= self.shared.len() as u64)
+                {
                     Ok(Loc::Shared(addr as usize))
                 } else {
                     Err(fault("shared"))
@@ -640,7 +714,7 @@ impl Cta {
             SReg::Nsmid => ctx.nsm as u64,
             SReg::Gridid => ctx.launch_id,
             SReg::Clock => w.executed as u32 as u64,
-            SReg::ClockHi => (w.executed >> 32) as u64,
+            SReg::ClockHi => w.executed >> 32,
             SReg::Clock64 => w.executed,
             SReg::Globaltimer | SReg::GlobaltimerLo | SReg::GlobaltimerHi => {
                 let ns = ctx.start.elapsed().as_nanos() as u64;
@@ -674,13 +748,33 @@ impl Cta {
             Op::Alu { f, d, a, b, c } => {
                 let w = &mut self.warps[wi];
                 let mut out = [0u64; 32];
-                f(&mut out, &w.regs[*a as usize], &w.regs[*b as usize], &w.regs[*c as usize]);
+                f(
+                    &mut out,
+                    &w.regs[*a as usize],
+                    &w.regs[*b as usize],
+                    &w.regs[*c as usize],
+                );
                 Cta::write_masked(w, *d, m, &out);
             }
-            Op::Float { op, ty, mode, d, a, b, c } => {
+            Op::Float {
+                op,
+                ty,
+                mode,
+                d,
+                a,
+                b,
+                c,
+            } => {
                 let w = &mut self.warps[wi];
                 for l in lanes_of(m) {
-                    let v = fp::fop(*op, *ty, *mode, w.regs[*a as usize][l], w.regs[*b as usize][l], w.regs[*c as usize][l]);
+                    let v = fp::fop(
+                        *op,
+                        *ty,
+                        *mode,
+                        w.regs[*a as usize][l],
+                        w.regs[*b as usize][l],
+                        w.regs[*c as usize][l],
+                    );
                     w.regs[*d as usize][l] = v;
                 }
             }
@@ -704,7 +798,11 @@ impl Cta {
                     let v = if ty.is_signed() {
                         let bits = ty.bits();
                         let (x, y) = (sext(x, bits) as i64, sext(y, bits) as i64);
-                        (if *rem { x.wrapping_rem(y) } else { x.wrapping_div(y) }) as u64
+                        (if *rem {
+                            x.wrapping_rem(y)
+                        } else {
+                            x.wrapping_div(y)
+                        }) as u64
                     } else {
                         let (x, y) = (x & mk, y & mk);
                         if *rem {
@@ -716,19 +814,45 @@ impl Cta {
                     w.regs[*d as usize][l] = v & mk;
                 }
             }
-            Op::Bfi { bits, d, a, b, c, e } => {
+            Op::Bfi {
+                bits,
+                d,
+                a,
+                b,
+                c,
+                e,
+            } => {
                 let w = &mut self.warps[wi];
                 for l in lanes_of(m) {
                     let r = &w.regs;
-                    let v = crate::alu::bfi(r[*a as usize][l], r[*b as usize][l], r[*c as usize][l], r[*e as usize][l], *bits);
+                    let v = crate::alu::bfi(
+                        r[*a as usize][l],
+                        r[*b as usize][l],
+                        r[*c as usize][l],
+                        r[*e as usize][l],
+                        *bits,
+                    );
                     w.regs[*d as usize][l] = v;
                 }
             }
-            Op::Shf { left, wrap, d, a, b, c } => {
+            Op::Shf {
+                left,
+                wrap,
+                d,
+                a,
+                b,
+                c,
+            } => {
                 let w = &mut self.warps[wi];
                 for l in lanes_of(m) {
                     let r = &w.regs;
-                    let v = crate::alu::shf(r[*a as usize][l], r[*b as usize][l], r[*c as usize][l], *left, *wrap);
+                    let v = crate::alu::shf(
+                        r[*a as usize][l],
+                        r[*b as usize][l],
+                        r[*c as usize][l],
+                        *left,
+                        *wrap,
+                    );
                     w.regs[*d as usize][l] = v;
                 }
             }
@@ -736,7 +860,12 @@ impl Cta {
                 let w = &mut self.warps[wi];
                 for l in lanes_of(m) {
                     let r = &w.regs;
-                    let v = crate::alu::lop3(r[*a as usize][l] as u32, r[*b as usize][l] as u32, r[*c as usize][l] as u32, *lut);
+                    let v = crate::alu::lop3(
+                        r[*a as usize][l] as u32,
+                        r[*b as usize][l] as u32,
+                        r[*c as usize][l] as u32,
+                        *lut,
+                    );
                     w.regs[*d as usize][l] = v as u64;
                 }
             }
@@ -763,7 +892,11 @@ impl Cta {
             }
             Op::Cvta { dir, d, a, bits } => {
                 let w = &mut self.warps[wi];
-                let mk = if *bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+                let mk = if *bits >= 64 {
+                    u64::MAX
+                } else {
+                    (1u64 << bits) - 1
+                };
                 for l in lanes_of(m) {
                     let x = w.regs[*a as usize][l];
                     let v = match dir {
@@ -773,7 +906,11 @@ impl Cta {
                     w.regs[*d as usize][l] = v & mk;
                 }
             }
-            Op::Pack { part_bits, d, parts } => {
+            Op::Pack {
+                part_bits,
+                d,
+                parts,
+            } => {
                 let w = &mut self.warps[wi];
                 let pm = reg_mask(*part_bits as u8);
                 for l in lanes_of(m) {
@@ -800,15 +937,27 @@ impl Cta {
                     self.warps[wi].regs[*d as usize][l] = v;
                 }
             }
-            Op::Ld { space, elem, sext: sx, ds, addr, off, ord } => {
+            Op::Ld {
+                space,
+                elem,
+                sext: sx,
+                ds,
+                addr,
+                off,
+                ord,
+            } => {
                 let total = elem * ds.len() as u32;
                 let o = load_ord(*ord);
                 for l in lanes_of(m) {
                     let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
                     // Vector accesses must be aligned to their full size.
-                    if total > *elem && base % total as u64 != 0 {
+                    if total > *elem && !base.is_multiple_of(total as u64) {
                         LAST_LANE.with(|c| c.set(l as u32));
-                        return Err(FaultKind::Misaligned { space: space.name(), addr: base, size: total });
+                        return Err(FaultKind::Misaligned {
+                            space: space.name(),
+                            addr: base,
+                            size: total,
+                        });
                     }
                     let mut vals = [0u64; 8];
                     for k in 0..ds.len() {
@@ -819,19 +968,34 @@ impl Cta {
                     let w = &mut self.warps[wi];
                     for (k, d) in ds.iter().enumerate() {
                         let rb = prog.reg_bits[*d as usize];
-                        let v = if *sx { sext(vals[k], elem * 8) & reg_mask(rb) } else { vals[k] };
+                        let v = if *sx {
+                            sext(vals[k], elem * 8) & reg_mask(rb)
+                        } else {
+                            vals[k]
+                        };
                         w.regs[*d as usize][l] = v;
                     }
                 }
             }
-            Op::St { space, elem, srcs, addr, off, ord } => {
+            Op::St {
+                space,
+                elem,
+                srcs,
+                addr,
+                off,
+                ord,
+            } => {
                 let total = elem * srcs.len() as u32;
                 let o = store_ord(*ord);
                 for l in lanes_of(m) {
                     let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
-                    if total > *elem && base % total as u64 != 0 {
+                    if total > *elem && !base.is_multiple_of(total as u64) {
                         LAST_LANE.with(|c| c.set(l as u32));
-                        return Err(FaultKind::Misaligned { space: space.name(), addr: base, size: total });
+                        return Err(FaultKind::Misaligned {
+                            space: space.name(),
+                            addr: base,
+                            size: total,
+                        });
                     }
                     for (k, s) in srcs.iter().enumerate() {
                         let a = base + (k as u32 * elem) as u64;
@@ -841,16 +1005,30 @@ impl Cta {
                     }
                 }
             }
-            Op::Atom { space, op, ty, d, addr, off, b, c, ord } => {
+            Op::Atom {
+                space,
+                op,
+                ty,
+                d,
+                addr,
+                off,
+                b,
+                c,
+                ord,
+            } => {
                 let size = ty.size();
                 let o = rmw_ord(*ord);
                 for l in lanes_of(m) {
                     let a = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
                     let loc = self.locate(ctx, *space, a, size, l, prog.local_bytes)?;
-                    let (bv, cv) = (self.warps[wi].regs[*b as usize][l], self.warps[wi].regs[*c as usize][l]);
+                    let (bv, cv) = (
+                        self.warps[wi].regs[*b as usize][l],
+                        self.warps[wi].regs[*c as usize][l],
+                    );
                     let old = match loc {
                         // SAFETY: allocation kept alive by the launch's memory snapshot.
-                        Loc::Global(al, off) => unsafe { &*al }.rmw(off, size, o, |old| atom_apply(*op, *ty, old, bv, cv)),
+                        Loc::Global(al, off) => unsafe { &*al }
+                            .rmw(off, size, o, |old| atom_apply(*op, *ty, old, bv, cv)),
                         _ => {
                             let old = self.load(ctx, wi, &loc, size, Ordering::Relaxed);
                             let new = atom_apply(*op, *ty, old, bv, cv) & crate::memory::mask(size);
@@ -886,7 +1064,10 @@ impl Cta {
                 for l in lanes_of(m) {
                     let i = w.regs[*idx as usize][l] as usize;
                     let t = *targets.get(i).ok_or_else(|| {
-                        FaultKind::Other(format!("brx.idx index {i} out of range ({} targets)", targets.len()))
+                        FaultKind::Other(format!(
+                            "brx.idx index {i} out of range ({} targets)",
+                            targets.len()
+                        ))
                     })?;
                     w.pc[l] = t;
                 }
@@ -907,7 +1088,9 @@ impl Cta {
                 }
                 for l in lanes_of(m) {
                     if w.stack[l].len() >= 1024 {
-                        return Err(FaultKind::Other("call stack deeper than 1024 frames".into()));
+                        return Err(FaultKind::Other(
+                            "call stack deeper than 1024 frames".into(),
+                        ));
                     }
                     w.stack[l].push(w.group_pc + 1);
                 }
@@ -1000,7 +1183,14 @@ impl Cta {
             Op::Yield => return Ok(Flow::Yield),
             Op::Nop => {}
             Op::Fence => std::sync::atomic::fence(Ordering::SeqCst),
-            Op::Bar { kind, id, count, d, p, pneg } => {
+            Op::Bar {
+                kind,
+                id,
+                count,
+                d,
+                p,
+                pneg,
+            } => {
                 if m == 0 {
                     return Ok(Flow::Next);
                 }
@@ -1008,9 +1198,15 @@ impl Cta {
                 let l0 = m.trailing_zeros() as usize;
                 let bid = w.regs[*id as usize][l0] as usize;
                 if bid >= 16 {
-                    return Err(FaultKind::Other(format!("barrier id {bid} out of range (0..15)")));
+                    return Err(FaultKind::Other(format!(
+                        "barrier id {bid} out of range (0..15)"
+                    )));
                 }
-                let cnt = if *count != NONE { Some(w.regs[*count as usize][l0] as u32) } else { None };
+                let cnt = if *count != NONE {
+                    Some(w.regs[*count as usize][l0] as u32)
+                } else {
+                    None
+                };
                 let nthreads = m.count_ones();
                 let (mut popc, mut all, mut any) = (0u32, true, false);
                 if *p != NONE {
@@ -1059,7 +1255,11 @@ impl Cta {
                 }
                 let exp = self.barriers[bid].expected.unwrap_or(self.total_threads);
                 let counted = self.barriers[bid].arrived
-                    + if self.barriers[bid].expected.is_none() { self.exited_threads } else { 0 };
+                    + if self.barriers[bid].expected.is_none() {
+                        self.exited_threads
+                    } else {
+                        0
+                    };
                 if counted >= exp {
                     self.release(bid);
                 }
@@ -1075,7 +1275,15 @@ impl Cta {
                     return Ok(Flow::Stay);
                 }
             }
-            Op::Shfl { mode, d, p, a, b, c, mask } => {
+            Op::Shfl {
+                mode,
+                d,
+                p,
+                a,
+                b,
+                c,
+                mask,
+            } => {
                 let w = &mut self.warps[wi];
                 let l0 = m.trailing_zeros().min(31) as usize;
                 let member = w.regs[*mask as usize][l0] as u32;
@@ -1102,7 +1310,11 @@ impl Cta {
                             (j, j <= max_lane)
                         }
                     };
-                    let j = if pval && (0..32).contains(&j) { j as usize } else { l };
+                    let j = if pval && (0..32).contains(&j) {
+                        j as usize
+                    } else {
+                        l
+                    };
                     out[l] = src[j];
                     pout[l] = pval as u64;
                 }
@@ -1111,7 +1323,13 @@ impl Cta {
                     Cta::write_masked(w, *p, m, &pout);
                 }
             }
-            Op::Vote { mode, d, a, aneg, mask } => {
+            Op::Vote {
+                mode,
+                d,
+                a,
+                aneg,
+                mask,
+            } => {
                 let w = &mut self.warps[wi];
                 let l0 = m.trailing_zeros().min(31) as usize;
                 let member = w.regs[*mask as usize][l0] as u32;
@@ -1129,7 +1347,13 @@ impl Cta {
                 };
                 Cta::write_masked(w, *d, m, &[v; 32]);
             }
-            Op::Redux { op, signed, d, a, mask } => {
+            Op::Redux {
+                op,
+                signed,
+                d,
+                a,
+                mask,
+            } => {
                 let w = &mut self.warps[wi];
                 let l0 = m.trailing_zeros().min(31) as usize;
                 let member = w.regs[*mask as usize][l0] as u32;
@@ -1150,7 +1374,14 @@ impl Cta {
                 };
                 Cta::write_masked(w, *d, m, &[v as u64; 32]);
             }
-            Op::Match { all, bits, d, p, a, mask } => {
+            Op::Match {
+                all,
+                bits,
+                d,
+                p,
+                a,
+                mask,
+            } => {
                 let w = &mut self.warps[wi];
                 let l0 = m.trailing_zeros().min(31) as usize;
                 let member = w.regs[*mask as usize][l0] as u32;
@@ -1163,7 +1394,9 @@ impl Cta {
                 let mut out = [0u64; 32];
                 let mut pout = [0u64; 32];
                 for l in lanes_of(m) {
-                    let same: u32 = lanes_of(part).filter(|&k| vals[k] & mk == vals[l] & mk).fold(0, |x, k| x | 1 << k);
+                    let same: u32 = lanes_of(part)
+                        .filter(|&k| vals[k] & mk == vals[l] & mk)
+                        .fold(0, |x, k| x | 1 << k);
                     if *all {
                         let ok = same == part;
                         out[l] = if ok { part as u64 } else { 0 };
@@ -1216,7 +1449,14 @@ impl Cta {
                     Cta::write_masked(w, *s, m, &outs[k]);
                 }
             }
-            Op::Ldmatrix { count, trans, ds, addr, off, space } => {
+            Op::Ldmatrix {
+                count,
+                trans,
+                ds,
+                addr,
+                off,
+                space,
+            } => {
                 {
                     let w = &mut self.warps[wi];
                     if w.group != w.live && Cta::sync_wait(w, w.exists) {
@@ -1227,10 +1467,18 @@ impl Cta {
                 for mat in 0..*count as usize {
                     for row in 0..8usize {
                         let src_lane = mat * 8 + row;
-                        let ra = self.warps[wi].regs[*addr as usize][src_lane].wrapping_add(*off as u64);
+                        let ra =
+                            self.warps[wi].regs[*addr as usize][src_lane].wrapping_add(*off as u64);
                         let mut rowv = [0u64; 8];
                         for (e, rv) in rowv.iter_mut().enumerate() {
-                            let loc = self.locate(ctx, *space, ra + 2 * e as u64, 2, src_lane, prog.local_bytes)?;
+                            let loc = self.locate(
+                                ctx,
+                                *space,
+                                ra + 2 * e as u64,
+                                2,
+                                src_lane,
+                                prog.local_bytes,
+                            )?;
                             *rv = self.load(ctx, wi, &loc, 2, Ordering::Relaxed);
                         }
                         for q in 0..4usize {
@@ -1254,7 +1502,14 @@ impl Cta {
                     Cta::write_masked(w, *dslot, m, &out[k]);
                 }
             }
-            Op::Stmatrix { count, trans, srcs, addr, off, space } => {
+            Op::Stmatrix {
+                count,
+                trans,
+                srcs,
+                addr,
+                off,
+                space,
+            } => {
                 {
                     let w = &mut self.warps[wi];
                     if w.group != w.live && Cta::sync_wait(w, w.exists) {
@@ -1265,7 +1520,8 @@ impl Cta {
                     let vals = self.warps[wi].regs[srcs[mat] as usize];
                     for row in 0..8usize {
                         let dst_lane = mat * 8 + row;
-                        let ra = self.warps[wi].regs[*addr as usize][dst_lane].wrapping_add(*off as u64);
+                        let ra =
+                            self.warps[wi].regs[*addr as usize][dst_lane].wrapping_add(*off as u64);
                         for col in 0..8usize {
                             let v = if !*trans {
                                 let lane = row * 4 + col / 2;
@@ -1274,7 +1530,14 @@ impl Cta {
                                 let lane = col * 4 + row / 2;
                                 (vals[lane] >> (16 * (row % 2))) & 0xffff
                             };
-                            let loc = self.locate(ctx, *space, ra + 2 * col as u64, 2, dst_lane, prog.local_bytes)?;
+                            let loc = self.locate(
+                                ctx,
+                                *space,
+                                ra + 2 * col as u64,
+                                2,
+                                dst_lane,
+                                prog.local_bytes,
+                            )?;
                             self.store(wi, &loc, 2, v, Ordering::Relaxed);
                         }
                     }
@@ -1318,12 +1581,28 @@ impl Cta {
                     self.mbars.remove(&key);
                 }
             }
-            Op::MbarArrive { d, addr, off, count, tx, drop, remote: _ } => {
+            Op::MbarArrive {
+                d,
+                addr,
+                off,
+                count,
+                tx,
+                drop,
+                remote: _,
+            } => {
                 for l in lanes_of(m) {
                     let key = self.mbar_key(wi, *addr, *off, l)?;
                     let regs = &self.warps[wi].regs;
-                    let c = if *count != NONE { regs[*count as usize][l] as u32 } else { 1 };
-                    let t = if *tx != NONE { Some(regs[*tx as usize][l] as u32) } else { None };
+                    let c = if *count != NONE {
+                        regs[*count as usize][l] as u32
+                    } else {
+                        1
+                    };
+                    let t = if *tx != NONE {
+                        Some(regs[*tx as usize][l] as u32)
+                    } else {
+                        None
+                    };
                     let mb = self.mbars.get_mut(&key).ok_or_else(|| uninit(key))?;
                     if let Some(t) = t {
                         mb.expect_tx(t);
@@ -1332,7 +1611,12 @@ impl Cta {
                     self.warps[wi].regs[*d as usize][l] = token;
                 }
             }
-            Op::MbarTx { addr, off, bytes, complete } => {
+            Op::MbarTx {
+                addr,
+                off,
+                bytes,
+                complete,
+            } => {
                 for l in lanes_of(m) {
                     let key = self.mbar_key(wi, *addr, *off, l)?;
                     let b = self.warps[wi].regs[*bytes as usize][l] as u32;
@@ -1344,14 +1628,24 @@ impl Cta {
                     }
                 }
             }
-            Op::MbarWait { d, addr, off, arg, parity } => {
+            Op::MbarWait {
+                d,
+                addr,
+                off,
+                arg,
+                parity,
+            } => {
                 let mut all_done = true;
                 for l in lanes_of(m) {
                     let key = self.mbar_key(wi, *addr, *off, l)?;
                     self.land_copies(ctx, wi, key)?;
                     let x = self.warps[wi].regs[*arg as usize][l];
                     let mb = self.mbars.get(&key).ok_or_else(|| uninit(key))?;
-                    let done = if *parity { mb.parity_done(x as u32) } else { mb.token_done(x) };
+                    let done = if *parity {
+                        mb.parity_done(x as u32)
+                    } else {
+                        mb.token_done(x)
+                    };
                     all_done &= done;
                     self.warps[wi].regs[*d as usize][l] = done as u64;
                 }
@@ -1366,42 +1660,85 @@ impl Cta {
                     w.regs[*d as usize][l] = 0;
                 }
             }
-            Op::Bulk { dst, doff, dspace, src, soff, sspace, size, mbar } => {
+            Op::Bulk {
+                dst,
+                doff,
+                dspace,
+                src,
+                soff,
+                sspace,
+                size,
+                mbar,
+            } => {
                 for l in lanes_of(m) {
                     let regs = &self.warps[wi].regs;
                     let da = regs[*dst as usize][l].wrapping_add(*doff as u64);
                     let sa = regs[*src as usize][l].wrapping_add(*soff as u64);
                     let n = regs[*size as usize][l] as u32;
-                    if n % 16 != 0 {
-                        return Err(FaultKind::Other(format!("cp.async.bulk size {n} is not a multiple of 16")));
+                    if !n.is_multiple_of(16) {
+                        return Err(FaultKind::Other(format!(
+                            "cp.async.bulk size {n} is not a multiple of 16"
+                        )));
                     }
                     match mbar {
                         Some((ma, mo)) => {
                             let key = self.mbar_key(wi, *ma, *mo, l)?;
                             let dsh = self.shared_offset(*dspace, da);
-                            self.pending_tma.push(PendingCopy { mbar: key, bytes: n, kind: PendingKind::Bulk { src: sa, sspace: *sspace, dst: dsh } });
+                            self.pending_tma.push(PendingCopy {
+                                mbar: key,
+                                bytes: n,
+                                kind: PendingKind::Bulk {
+                                    src: sa,
+                                    sspace: *sspace,
+                                    dst: dsh,
+                                },
+                            });
                         }
                         None => self.copy_bytes(ctx, wi, *dspace, da, *sspace, sa, n, l)?,
                     }
                 }
             }
-            Op::BulkTensor { load, smem, soff, tmap, toff, tspace, coords, mbar } => {
+            Op::BulkTensor {
+                load,
+                smem,
+                soff,
+                tmap,
+                toff,
+                tspace,
+                coords,
+                mbar,
+            } => {
                 for l in lanes_of(m) {
                     let ta = self.warps[wi].regs[*tmap as usize][l].wrapping_add(*toff as u64);
                     let mut raw = [0u8; 128];
                     for (k, chunk) in raw.chunks_mut(8).enumerate() {
-                        let loc = self.locate(ctx, *tspace, ta + 8 * k as u64, 8, l, prog.local_bytes)?;
-                        chunk.copy_from_slice(&self.load(ctx, wi, &loc, 8, Ordering::Relaxed).to_le_bytes());
+                        let loc =
+                            self.locate(ctx, *tspace, ta + 8 * k as u64, 8, l, prog.local_bytes)?;
+                        chunk.copy_from_slice(
+                            &self.load(ctx, wi, &loc, 8, Ordering::Relaxed).to_le_bytes(),
+                        );
                     }
-                    let desc = crate::hopper::TensorMapDesc::from_bytes(&raw).map_err(FaultKind::Other)?;
-                    let cs: Vec<i64> = coords.iter().map(|c| self.warps[wi].regs[*c as usize][l] as u32 as i32 as i64).collect();
+                    let desc =
+                        crate::hopper::TensorMapDesc::from_bytes(&raw).map_err(FaultKind::Other)?;
+                    let cs: Vec<i64> = coords
+                        .iter()
+                        .map(|c| self.warps[wi].regs[*c as usize][l] as u32 as i32 as i64)
+                        .collect();
                     let sa = self.warps[wi].regs[*smem as usize][l].wrapping_add(*soff as u64);
                     let sa = self.shared_offset(MSpace::Generic, sa);
                     if *load {
                         let (ma, mo) = mbar.unwrap_or((ZERO, 0));
                         let key = self.mbar_key(wi, ma, mo, l)?;
                         let bytes = desc.box_bytes() as u32;
-                        self.pending_tma.push(PendingCopy { mbar: key, bytes, kind: PendingKind::Tensor { desc: Box::new(desc), coords: cs, smem: sa } });
+                        self.pending_tma.push(PendingCopy {
+                            mbar: key,
+                            bytes,
+                            kind: PendingKind::Tensor {
+                                desc: Box::new(desc),
+                                coords: cs,
+                                smem: sa,
+                            },
+                        });
                     } else {
                         let es = desc.dtype.size();
                         let mut err = None;
@@ -1412,13 +1749,23 @@ impl Cta {
                             if let Some(g) = g {
                                 let s_addr = desc.swizzle.apply(sa + o) as usize;
                                 if s_addr + es as usize > self.shared.len() {
-                                    err = Some(FaultKind::OutOfBounds { space: "shared", addr: s_addr as u64, size: es });
+                                    err = Some(FaultKind::OutOfBounds {
+                                        space: "shared",
+                                        addr: s_addr as u64,
+                                        size: es,
+                                    });
                                     return;
                                 }
                                 let v = read_le(&self.shared[s_addr..s_addr + es as usize]);
                                 match ctx.mem.find(g, es as u64) {
                                     Some(a) => a.write(g - a.base, es, v, Ordering::Relaxed),
-                                    None => err = Some(FaultKind::OutOfBounds { space: "global", addr: g, size: es }),
+                                    None => {
+                                        err = Some(FaultKind::OutOfBounds {
+                                            space: "global",
+                                            addr: g,
+                                            size: es,
+                                        })
+                                    }
                                 }
                             }
                         });
@@ -1429,7 +1776,15 @@ impl Cta {
                     }
                 }
             }
-            Op::CpAsync { dst, doff, src, soff, size, src_size, dspace } => {
+            Op::CpAsync {
+                dst,
+                doff,
+                src,
+                soff,
+                size,
+                src_size,
+                dspace,
+            } => {
                 for l in lanes_of(m) {
                     let w = &self.warps[wi];
                     let da = w.regs[*dst as usize][l].wrapping_add(*doff as u64);
@@ -1439,8 +1794,21 @@ impl Cta {
                     while k < *size {
                         let chunk = if k + 4 <= *size { 4 } else { 1 };
                         let v = if k < n_src {
-                            let loc = self.locate(ctx, MSpace::Global, sa + k as u64, chunk.min(n_src - k).max(1), l, 0)?;
-                            self.load(ctx, wi, &loc, chunk.min(n_src - k).max(1), Ordering::Relaxed)
+                            let loc = self.locate(
+                                ctx,
+                                MSpace::Global,
+                                sa + k as u64,
+                                chunk.min(n_src - k).max(1),
+                                l,
+                                0,
+                            )?;
+                            self.load(
+                                ctx,
+                                wi,
+                                &loc,
+                                chunk.min(n_src - k).max(1),
+                                Ordering::Relaxed,
+                            )
                         } else {
                             0
                         };
@@ -1456,7 +1824,9 @@ impl Cta {
 }
 
 fn uninit(key: u32) -> FaultKind {
-    FaultKind::Other(format!("mbarrier at shared offset {key:#x} used before mbarrier.init"))
+    FaultKind::Other(format!(
+        "mbarrier at shared offset {key:#x} used before mbarrier.init"
+    ))
 }
 
 impl Cta {
@@ -1473,19 +1843,40 @@ impl Cta {
     fn mbar_key(&self, wi: usize, addr: u32, off: i64, lane: usize) -> Result<u32, FaultKind> {
         let a = self.warps[wi].regs[addr as usize][lane].wrapping_add(off as u64);
         let o = self.shared_offset(MSpace::Generic, a);
-        if o % 8 != 0 || o + 8 > self.shared.len() as u64 {
+        if !o.is_multiple_of(8) || o + 8 > self.shared.len() as u64 {
             LAST_LANE.with(|c| c.set(lane as u32));
-            return Err(FaultKind::OutOfBounds { space: "shared (mbarrier)", addr: a, size: 8 });
+            return Err(FaultKind::OutOfBounds {
+                space: "shared (mbarrier)",
+                addr: a,
+                size: 8,
+            });
         }
         Ok(o as u32)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn copy_bytes(&mut self, ctx: &LaunchCtx, wi: usize, dspace: MSpace, da: u64, sspace: MSpace, sa: u64, n: u32, lane: usize) -> Result<(), FaultKind> {
+    fn copy_bytes(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        dspace: MSpace,
+        da: u64,
+        sspace: MSpace,
+        sa: u64,
+        n: u32,
+        lane: usize,
+    ) -> Result<(), FaultKind> {
         let lb = ctx.prog.local_bytes;
         let mut k = 0u32;
         while k < n {
-            let c = if (da + k as u64) % 8 == 0 && (sa + k as u64) % 8 == 0 && k + 8 <= n { 8 } else { 1 };
+            let c = if (da + k as u64).is_multiple_of(8)
+                && (sa + k as u64).is_multiple_of(8)
+                && k + 8 <= n
+            {
+                8
+            } else {
+                1
+            };
             let sl = self.locate(ctx, sspace, sa + k as u64, c, lane, lb)?;
             let v = self.load(ctx, wi, &sl, c, Ordering::Relaxed);
             let dl = self.locate(ctx, dspace, da + k as u64, c, lane, lb)?;
@@ -1500,11 +1891,16 @@ impl Cta {
         if !self.pending_tma.iter().any(|p| p.mbar == key) {
             return Ok(());
         }
-        let (mine, rest): (Vec<PendingCopy>, Vec<PendingCopy>) = std::mem::take(&mut self.pending_tma).into_iter().partition(|p| p.mbar == key);
+        let (mine, rest): (Vec<PendingCopy>, Vec<PendingCopy>) =
+            std::mem::take(&mut self.pending_tma)
+                .into_iter()
+                .partition(|p| p.mbar == key);
         self.pending_tma = rest;
         for p in mine {
             match p.kind {
-                PendingKind::Bulk { src, sspace, dst } => self.copy_bytes(ctx, wi, MSpace::Shared, dst, sspace, src, p.bytes, 0)?,
+                PendingKind::Bulk { src, sspace, dst } => {
+                    self.copy_bytes(ctx, wi, MSpace::Shared, dst, sspace, src, p.bytes, 0)?
+                }
                 PendingKind::Tensor { desc, coords, smem } => {
                     let es = desc.dtype.size();
                     let fill = if desc.oob_nan { u64::MAX } else { 0 };
@@ -1518,7 +1914,11 @@ impl Cta {
                             Some(g) => match ctx.mem.find(g, es as u64) {
                                 Some(a) => a.read(g - a.base, es, Ordering::Relaxed),
                                 None => {
-                                    err = Some(FaultKind::OutOfBounds { space: "global (TMA)", addr: g, size: es });
+                                    err = Some(FaultKind::OutOfBounds {
+                                        space: "global (TMA)",
+                                        addr: g,
+                                        size: es,
+                                    });
                                     return;
                                 }
                             },
@@ -1526,7 +1926,11 @@ impl Cta {
                         };
                         let s_addr = desc.swizzle.apply(smem + o) as usize;
                         if s_addr + es as usize > shared.len() {
-                            err = Some(FaultKind::OutOfBounds { space: "shared (TMA)", addr: s_addr as u64, size: es });
+                            err = Some(FaultKind::OutOfBounds {
+                                space: "shared (TMA)",
+                                addr: s_addr as u64,
+                                size: es,
+                            });
                             return;
                         }
                         write_le(&mut shared[s_addr..s_addr + es as usize], v);
@@ -1549,7 +1953,11 @@ impl Cta {
     fn smem_elem(&self, addr: u64, es: u64) -> Result<u64, FaultKind> {
         let a = addr as usize;
         if a + es as usize > self.shared.len() {
-            return Err(FaultKind::OutOfBounds { space: "shared (wgmma operand)", addr, size: es as u32 });
+            return Err(FaultKind::OutOfBounds {
+                space: "shared (wgmma operand)",
+                addr,
+                size: es as u32,
+            });
         }
         Ok(read_le(&self.shared[a..a + es as usize]))
     }
@@ -1581,7 +1989,11 @@ impl Cta {
             for r in 0..16 {
                 let row = (16 * wr + r) as u64;
                 for kk in 0..k {
-                    let addr = if op.trans_a { d.addr(kk as u64, row, ea) } else { d.addr(row, kk as u64, ea) };
+                    let addr = if op.trans_a {
+                        d.addr(kk as u64, row, ea)
+                    } else {
+                        d.addr(row, kk as u64, ea)
+                    };
                     a[r * k + kk] = elem_f64(spec.aty, self.smem_elem(addr, ea)?);
                 }
             }
@@ -1593,7 +2005,11 @@ impl Cta {
         let mut b = vec![0f64; n * k];
         for col in 0..n {
             for kk in 0..k {
-                let addr = if op.trans_b { d.addr(kk as u64, col as u64, eb) } else { d.addr(col as u64, kk as u64, eb) };
+                let addr = if op.trans_b {
+                    d.addr(kk as u64, col as u64, eb)
+                } else {
+                    d.addr(col as u64, kk as u64, eb)
+                };
                 b[col * k + kk] = elem_f64(spec.bty, self.smem_elem(addr, eb)?);
             }
         }
@@ -1624,10 +2040,18 @@ impl Cta {
                     sum += a[r * k + kk] * b[c * k + kk];
                 }
                 if spec.dty == Ty::S32 {
-                    let prev = if acc { out[lane] as u32 as i32 as i64 } else { 0 };
+                    let prev = if acc {
+                        out[lane] as u32 as i32 as i64
+                    } else {
+                        0
+                    };
                     out[lane] = (prev.wrapping_add(sum as i64)) as i32 as u32 as u64;
                 } else {
-                    let prev = if acc { f32::from_bits(out[lane] as u32) as f64 } else { 0.0 };
+                    let prev = if acc {
+                        f32::from_bits(out[lane] as u32) as f64
+                    } else {
+                        0.0
+                    };
                     out[lane] = ((sum + prev) as f32).to_bits() as u64;
                 }
             }

@@ -80,7 +80,9 @@ impl MatrixDesc {
             Swizzle::B64 => 2,
             Swizzle::B32 => 3,
         };
-        ((self.start >> 4) & 0x3fff) | (((self.lbo >> 4) & 0x3fff) << 16) | (((self.sbo >> 4) & 0x3fff) << 32)
+        ((self.start >> 4) & 0x3fff)
+            | (((self.lbo >> 4) & 0x3fff) << 16)
+            | (((self.sbo >> 4) & 0x3fff) << 32)
             | ((self.base_offset & 7) << 49)
             | (sw << 62)
     }
@@ -96,7 +98,8 @@ impl MatrixDesc {
     pub fn addr(&self, row: u64, col: u64, esize: u64) -> u64 {
         let w = self.swizzle.width();
         let cb = col * esize;
-        let linear = self.start + (row / 8) * self.sbo + (row % 8) * w + (cb / w) * self.lbo + cb % w;
+        let linear =
+            self.start + (row / 8) * self.sbo + (row % 8) * w + (cb / w) * self.lbo + cb % w;
         self.swizzle.apply(linear)
     }
 }
@@ -157,10 +160,19 @@ impl WgmmaSpec {
             return Err(format!("wgmma shape m64n{n}k{k} is not valid for .{aty}"));
         }
         if dty != Ty::F32 && !(dty == Ty::S32 && matches!(aty, Ty::S8 | Ty::U8)) {
-            return Err(format!("wgmma accumulator .{dty} is not supported by the emulator (use .f32)"));
+            return Err(format!(
+                "wgmma accumulator .{dty} is not supported by the emulator (use .f32)"
+            ));
         }
         let a_regs = matches!(ins.args.get(1), Some(ptx::Operand::Vec(_)));
-        Ok(WgmmaSpec { n, k, dty, aty, bty, a_regs })
+        Ok(WgmmaSpec {
+            n,
+            k,
+            dty,
+            aty,
+            bty,
+            a_regs,
+        })
     }
 
     /// Accumulator registers per thread.
@@ -201,7 +213,12 @@ pub struct Mbarrier {
 
 impl Mbarrier {
     pub fn init(count: u32) -> Mbarrier {
-        Mbarrier { expected: count, pending: count, tx: 0, phase: 0 }
+        Mbarrier {
+            expected: count,
+            pending: count,
+            tx: 0,
+            phase: 0,
+        }
     }
     fn maybe_complete(&mut self) {
         if self.pending == 0 && self.tx <= 0 {
@@ -365,7 +382,10 @@ impl TensorMapDesc {
 
     /// Bytes of one box.
     pub fn box_bytes(&self) -> u64 {
-        (0..self.rank as usize).map(|i| self.box_dims[i] as u64).product::<u64>() * self.dtype.size() as u64
+        (0..self.rank as usize)
+            .map(|i| self.box_dims[i] as u64)
+            .product::<u64>()
+            * self.dtype.size() as u64
     }
 
     /// Visits every element of the box at `coords`: (shared byte offset within the box before
@@ -389,7 +409,11 @@ impl TensorMapDesc {
                     inb = false;
                     break;
                 }
-                ga += if i == 0 { c as u64 * es } else { c as u64 * self.strides[i - 1] };
+                ga += if i == 0 {
+                    c as u64 * es
+                } else {
+                    c as u64 * self.strides[i - 1]
+                };
             }
             f(lin * es, if inb { Some(ga) } else { None });
         }

@@ -41,9 +41,14 @@ pub struct LaunchOptions {
 
 impl Default for LaunchOptions {
     fn default() -> Self {
-        let timeout = std::env::var("PTXFORGE_EMU_TIMEOUT_S").ok().and_then(|s| s.parse().ok()).unwrap_or(600);
+        let timeout = std::env::var("PTXFORGE_EMU_TIMEOUT_S")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(600);
         LaunchOptions {
-            threads: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2),
+            threads: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2),
             max_warp_instructions: u64::MAX,
             timeout: Duration::from_secs(timeout),
             progress: None,
@@ -76,11 +81,19 @@ pub fn max_shared_per_block(sm: u32) -> u32 {
 }
 
 /// Runs a decoded kernel over a grid.
-pub fn launch(prog: Arc<Program>, mem: MemMap, params: Vec<u8>, cfg: &LaunchConfig, opts: &LaunchOptions) -> Result<LaunchStats, EmuError> {
+pub fn launch(
+    prog: Arc<Program>,
+    mem: MemMap,
+    params: Vec<u8>,
+    cfg: &LaunchConfig,
+    opts: &LaunchOptions,
+) -> Result<LaunchStats, EmuError> {
     let threads = cfg.block.iter().product::<u32>();
     let ctas_total = cfg.grid.iter().map(|&x| x as u64).product::<u64>();
     if threads == 0 || threads > 1024 {
-        return Err(EmuError::Launch(format!("block of {threads} threads (must be 1..=1024)")));
+        return Err(EmuError::Launch(format!(
+            "block of {threads} threads (must be 1..=1024)"
+        )));
     }
     if cfg.block[2] > 64 {
         return Err(EmuError::Launch("block z dimension above 64".into()));
@@ -93,16 +106,25 @@ pub fn launch(prog: Arc<Program>, mem: MemMap, params: Vec<u8>, cfg: &LaunchConf
     }
     if let Some(r) = prog.reqntid {
         if r != cfg.block {
-            return Err(EmuError::Launch(format!("kernel requires block {:?} (.reqntid), launched with {:?}", r, cfg.block)));
+            return Err(EmuError::Launch(format!(
+                "kernel requires block {:?} (.reqntid), launched with {:?}",
+                r, cfg.block
+            )));
         }
     }
     if let Some(mx) = prog.maxntid {
         if threads > mx.iter().product::<u32>() {
-            return Err(EmuError::Launch(format!("block of {threads} threads exceeds .maxntid {mx:?}")));
+            return Err(EmuError::Launch(format!(
+                "block of {threads} threads exceeds .maxntid {mx:?}"
+            )));
         }
     }
     if params.len() < prog.param_bytes as usize {
-        return Err(EmuError::Launch(format!("{} parameter bytes given, kernel needs {}", params.len(), prog.param_bytes)));
+        return Err(EmuError::Launch(format!(
+            "{} parameter bytes given, kernel needs {}",
+            params.len(),
+            prog.param_bytes
+        )));
     }
     if cfg.sms == 0 {
         return Err(EmuError::Launch("SM budget of 0".into()));
@@ -147,13 +169,18 @@ pub fn launch(prog: Arc<Program>, mem: MemMap, params: Vec<u8>, cfg: &LaunchConf
     std::thread::scope(|s| {
         for w in 0..nworkers {
             let ctx = &ctx;
-            let (next, abort, executed, lane_ops, first_err, sm_used, max_res) =
-                (&next, &abort, &executed, &lane_ops, &first_err, &sm_used, &max_res);
+            let (next, abort, executed, lane_ops, first_err, sm_used, max_res) = (
+                &next, &abort, &executed, &lane_ops, &first_err, &sm_used, &max_res,
+            );
             s.spawn(move || {
                 let mut resident: Vec<(Cta, u32)> = Vec::new();
                 let mut idle_rounds = 0u32;
                 let slot_base = w as u32 * per_worker;
-                let mut free_slots: Vec<u32> = (0..per_worker).rev().map(|i| slot_base + i).filter(|&g| g < capacity).collect();
+                let mut free_slots: Vec<u32> = (0..per_worker)
+                    .rev()
+                    .map(|i| slot_base + i)
+                    .filter(|&g| g < capacity)
+                    .collect();
                 let fail = |e: EmuError| {
                     abort.store(true, Ordering::Relaxed);
                     let mut g = first_err.lock().unwrap_or_else(|p| p.into_inner());
@@ -166,12 +193,20 @@ pub fn launch(prog: Arc<Program>, mem: MemMap, params: Vec<u8>, cfg: &LaunchConf
                         return;
                     }
                     // Admit: always keep two resident; more when the resident ones stall.
-                    let want = if resident.len() < 2 || idle_rounds >= 4 { 1 } else { 0 };
+                    let want = if resident.len() < 2 || idle_rounds >= 4 {
+                        1
+                    } else {
+                        0
+                    };
                     if want > 0 && !free_slots.is_empty() {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         if i < ctas_total {
                             let g = cfg.grid;
-                            let id = [(i % g[0] as u64) as u32, ((i / g[0] as u64) % g[1] as u64) as u32, (i / (g[0] as u64 * g[1] as u64)) as u32];
+                            let id = [
+                                (i % g[0] as u64) as u32,
+                                ((i / g[0] as u64) % g[1] as u64) as u32,
+                                (i / (g[0] as u64 * g[1] as u64)) as u32,
+                            ];
                             let slot = free_slots.pop().unwrap_or(slot_base);
                             let sm = slot % cfg.sms;
                             sm_used[sm as usize].store(1, Ordering::Relaxed);
@@ -191,14 +226,19 @@ pub fn launch(prog: Arc<Program>, mem: MemMap, params: Vec<u8>, cfg: &LaunchConf
                         match r {
                             Ok(n) => {
                                 let total = executed.fetch_add(n, Ordering::Relaxed) + n;
-                                if total > opts.max_warp_instructions || ctx.start.elapsed() > opts.timeout {
+                                if total > opts.max_warp_instructions
+                                    || ctx.start.elapsed() > opts.timeout
+                                {
                                     let why = if total > opts.max_warp_instructions {
                                         format!("{} warp-instructions", opts.max_warp_instructions)
                                     } else {
                                         format!("{:.0} s", opts.timeout.as_secs_f64())
                                     };
                                     let cta = &resident[k].0;
-                                    let wp = cta.warps.iter().find(|w| w.state != crate::exec::WarpState::Exited);
+                                    let wp = cta
+                                        .warps
+                                        .iter()
+                                        .find(|w| w.state != crate::exec::WarpState::Exited);
                                     let f = Fault {
                                         kind: FaultKind::Hang(why),
                                         warp: wp.map(|w| w.id).unwrap_or(0),
@@ -244,7 +284,12 @@ pub fn launch(prog: Arc<Program>, mem: MemMap, params: Vec<u8>, cfg: &LaunchConf
         warp_instructions: executed.load(Ordering::Relaxed),
         lane_instructions: lane_ops.load(Ordering::Relaxed),
         seconds: start.elapsed().as_secs_f64(),
-        sms_used: sm_used.iter().enumerate().filter(|(_, v)| v.load(Ordering::Relaxed) != 0).map(|(i, _)| cfg.sm_offset + i as u32).collect(),
+        sms_used: sm_used
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.load(Ordering::Relaxed) != 0)
+            .map(|(i, _)| cfg.sm_offset + i as u32)
+            .collect(),
         max_resident: max_res.load(Ordering::Relaxed),
     })
 }
@@ -264,6 +309,12 @@ fn site_error(ctx: &LaunchCtx, cta: &Cta, f: Fault) -> EmuError {
         .unwrap_or((0, String::new()));
     EmuError::Fault {
         kind: f.kind,
-        site: Box::new(FaultSite { kernel: prog.name.clone(), cta: cta.id, thread, line, instruction }),
+        site: Box::new(FaultSite {
+            kernel: prog.name.clone(),
+            cta: cta.id,
+            thread,
+            line,
+            instruction,
+        }),
     }
 }

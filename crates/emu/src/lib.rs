@@ -1,6 +1,6 @@
 //! `emu`: a CPU emulator for PTX kernels with SIMT semantics — the default ptxforge backend.
 //!
-//! Data flow: a [`ptx::Module`] is loaded ([`Emulator::load`]): module-scope `.global`/`.const`
+//! Data flow: a [`ptx::Module`] is loaded ([`LoadedModule::load`]): module-scope `.global`/`.const`
 //! variables are allocated and initialised, then each kernel is decoded once into a
 //! [`program::Program`] (register slots, constant slots, resolved labels, per-instruction
 //! semantics). [`launch::launch`] runs a grid of CTAs of warps over host threads; warps execute
@@ -9,7 +9,11 @@
 //! and every fault comes back as a typed [`EmuError`] naming kernel, CTA, thread, PTX line and
 //! address.
 
+// Lane- and element-indexed loops mirror the SIMT and PTX-spec index arithmetic they implement.
+#![allow(clippy::needless_range_loop)]
+
 pub mod alu;
+pub mod bench;
 pub mod error;
 pub mod exec;
 pub mod fp;
@@ -42,7 +46,11 @@ pub struct LoadedModule {
 
 impl LoadedModule {
     /// Loads a module: allocates and initialises its global and const variables.
-    pub fn load(mem: &GlobalMemory, module: ptx::Module, device: u32) -> Result<LoadedModule, EmuError> {
+    pub fn load(
+        mem: &GlobalMemory,
+        module: ptx::Module,
+        device: u32,
+    ) -> Result<LoadedModule, EmuError> {
         let mut symbols = HashMap::new();
         let mut allocations = Vec::new();
         for v in module.globals() {
@@ -59,11 +67,15 @@ impl LoadedModule {
                                 ptx::Init::F32(b) => *b as u64,
                                 ptx::Init::F64(b) => *b,
                                 ptx::Init::Sym { name, offset, .. } => match symbols.get(name) {
-                                    Some(program::SymAddr::Global(addr)) => addr.wrapping_add(*offset as u64),
+                                    Some(program::SymAddr::Global(addr)) => {
+                                        addr.wrapping_add(*offset as u64)
+                                    }
                                     _ => {
                                         return Err(EmuError::Decode {
                                             kernel: v.name.clone(),
-                                            msg: format!("initialiser refers to unknown symbol `{name}`"),
+                                            msg: format!(
+                                                "initialiser refers to unknown symbol `{name}`"
+                                            ),
                                         })
                                     }
                                 },
@@ -79,7 +91,12 @@ impl LoadedModule {
                 _ => {}
             }
         }
-        Ok(LoadedModule { module, symbols, allocations, kernels: Default::default() })
+        Ok(LoadedModule {
+            module,
+            symbols,
+            allocations,
+            kernels: Default::default(),
+        })
     }
 
     /// The decoded kernel (decoded once, then cached).

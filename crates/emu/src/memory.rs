@@ -28,8 +28,16 @@ pub struct Allocation {
 impl Allocation {
     fn new(base: u64, size: u64, device: u32) -> Allocation {
         let n = size.div_ceil(8) as usize;
-        let words = (0..n).map(|_| AtomicU64::new(0)).collect::<Vec<_>>().into_boxed_slice();
-        Allocation { base, size, device, words }
+        let words = (0..n)
+            .map(|_| AtomicU64::new(0))
+            .collect::<Vec<_>>()
+            .into_boxed_slice();
+        Allocation {
+            base,
+            size,
+            device,
+            words,
+        }
     }
 
     /// Reads `size` (1, 2, 4, 8) bytes at byte offset `off` (naturally aligned).
@@ -69,7 +77,11 @@ impl Allocation {
     pub fn rmw(&self, off: u64, size: u32, ord: Ordering, f: impl Fn(u64) -> u64) -> u64 {
         let word = &self.words[(off >> 3) as usize];
         let sh = (off & 7) * 8;
-        let m = if size == 8 { u64::MAX } else { mask(size) << sh };
+        let m = if size == 8 {
+            u64::MAX
+        } else {
+            mask(size) << sh
+        };
         let mut cur = word.load(Ordering::Relaxed);
         loop {
             let old = (cur & m) >> sh;
@@ -94,7 +106,7 @@ impl Allocation {
         let mut i = 0usize;
         while i < data.len() {
             let a = off + i as u64;
-            if a % 8 == 0 && i + 8 <= data.len() {
+            if a.is_multiple_of(8) && i + 8 <= data.len() {
                 let mut w = [0u8; 8];
                 w.copy_from_slice(&data[i..i + 8]);
                 self.words[(a >> 3) as usize].store(u64::from_le_bytes(w), Ordering::Relaxed);
@@ -108,7 +120,9 @@ impl Allocation {
 
     /// Fills bytes with a repeating pattern.
     pub fn fill(&self, off: u64, len: u64, pattern: &[u8]) {
-        let data: Vec<u8> = (0..len as usize).map(|i| pattern[i % pattern.len()]).collect();
+        let data: Vec<u8> = (0..len as usize)
+            .map(|i| pattern[i % pattern.len()])
+            .collect();
         self.write_bytes(off, &data);
     }
 }
@@ -161,15 +175,25 @@ impl MemMap {
 
 impl GlobalMemory {
     pub fn new() -> GlobalMemory {
-        GlobalMemory { inner: RwLock::new(MemInner { next: GLOBAL_BASE, map: Arc::new(Vec::new()) }) }
+        GlobalMemory {
+            inner: RwLock::new(MemInner {
+                next: GLOBAL_BASE,
+                map: Arc::new(Vec::new()),
+            }),
+        }
     }
 
     /// Allocates `size` bytes (zeroed) owned by `device`, 256-byte aligned.
     pub fn alloc(&self, size: u64, device: u32) -> Result<Arc<Allocation>, EmuError> {
         if size > (1 << 36) {
-            return Err(EmuError::Memory(format!("allocation of {size} bytes exceeds the emulator's 64 GiB limit")));
+            return Err(EmuError::Memory(format!(
+                "allocation of {size} bytes exceeds the emulator's 64 GiB limit"
+            )));
         }
-        let mut g = self.inner.write().map_err(|_| EmuError::Memory("memory lock poisoned".into()))?;
+        let mut g = self
+            .inner
+            .write()
+            .map_err(|_| EmuError::Memory("memory lock poisoned".into()))?;
         let base = g.next;
         g.next = (base + size.max(1) + GUARD).div_ceil(256) * 256;
         let a = Arc::new(Allocation::new(base, size, device));
@@ -182,13 +206,16 @@ impl GlobalMemory {
     /// Removes an allocation from the address space (kernels launched later fault on it).
     pub fn free(&self, base: u64) {
         if let Ok(mut g) = self.inner.write() {
-            let v: Vec<Arc<Allocation>> = g.map.iter().filter(|a| a.base != base).cloned().collect();
+            let v: Vec<Arc<Allocation>> =
+                g.map.iter().filter(|a| a.base != base).cloned().collect();
             g.map = Arc::new(v);
         }
     }
 
     pub fn snapshot(&self) -> MemMap {
         let g = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        MemMap { allocs: g.map.clone() }
+        MemMap {
+            allocs: g.map.clone(),
+        }
     }
 }

@@ -8,8 +8,14 @@ use crate::alu::{self, WFn};
 use crate::error::EmuError;
 use crate::fp::{self, CvtSpec, FMode, FOp};
 use crate::mma::MmaSpec;
-use ptx::{AddrBase, Flag, Function, Imm, Instruction, Mod, Module, Opcode, Operand, SReg, Space, Statement, Ty};
+use ptx::{
+    AddrBase, Flag, Function, Imm, Instruction, Mod, Module, Opcode, Operand, SReg, Space,
+    Statement, Ty,
+};
 use std::collections::HashMap;
+
+/// (local offset, size) of each parameter of a device function.
+type ParamSlots = Vec<(u32, u32)>;
 
 /// Slot 0 always holds zero in every lane.
 pub const ZERO: u32 = 0;
@@ -109,68 +115,296 @@ pub enum CvtaDir {
 #[derive(Clone, Debug)]
 pub enum Op {
     /// Pure lane-wise ALU op.
-    Alu { f: WFn, d: u32, a: u32, b: u32, c: u32 },
+    Alu {
+        f: WFn,
+        d: u32,
+        a: u32,
+        b: u32,
+        c: u32,
+    },
     /// Float op through the exact software float unit.
-    Float { op: FOp, ty: Ty, mode: FMode, d: u32, a: u32, b: u32, c: u32 },
-    Cvt { spec: CvtSpec, d: u32, a: u32, b: u32 },
+    Float {
+        op: FOp,
+        ty: Ty,
+        mode: FMode,
+        d: u32,
+        a: u32,
+        b: u32,
+        c: u32,
+    },
+    Cvt {
+        spec: CvtSpec,
+        d: u32,
+        a: u32,
+        b: u32,
+    },
     /// Integer division/remainder (faults on a zero divisor in an active lane).
-    IntDiv { ty: Ty, rem: bool, d: u32, a: u32, b: u32 },
-    Bfi { bits: u32, d: u32, a: u32, b: u32, c: u32, e: u32 },
-    Shf { left: bool, wrap: bool, d: u32, a: u32, b: u32, c: u32 },
-    Lop3 { lut: u8, d: u32, a: u32, b: u32, c: u32 },
-    Testp { kind: fp::TestpKind, ty: Ty, d: u32, a: u32 },
-    Isspacep { space: MSpace, d: u32, a: u32 },
-    Cvta { dir: CvtaDir, d: u32, a: u32, bits: u32 },
+    IntDiv {
+        ty: Ty,
+        rem: bool,
+        d: u32,
+        a: u32,
+        b: u32,
+    },
+    Bfi {
+        bits: u32,
+        d: u32,
+        a: u32,
+        b: u32,
+        c: u32,
+        e: u32,
+    },
+    Shf {
+        left: bool,
+        wrap: bool,
+        d: u32,
+        a: u32,
+        b: u32,
+        c: u32,
+    },
+    Lop3 {
+        lut: u8,
+        d: u32,
+        a: u32,
+        b: u32,
+        c: u32,
+    },
+    Testp {
+        kind: fp::TestpKind,
+        ty: Ty,
+        d: u32,
+        a: u32,
+    },
+    Isspacep {
+        space: MSpace,
+        d: u32,
+        a: u32,
+    },
+    Cvta {
+        dir: CvtaDir,
+        d: u32,
+        a: u32,
+        bits: u32,
+    },
     /// mov of a vector into one register (`mov.b64 d, {a, b}`): parts low first.
-    Pack { part_bits: u32, d: u32, parts: Vec<u32> },
+    Pack {
+        part_bits: u32,
+        d: u32,
+        parts: Vec<u32>,
+    },
     /// mov of one register into a vector of registers.
-    Unpack { part_bits: u32, ds: Vec<u32>, a: u32 },
-    SReg { d: u32, r: SReg },
-    Ld { space: MSpace, elem: u32, sext: bool, ds: Vec<u32>, addr: u32, off: i64, ord: Ord },
-    St { space: MSpace, elem: u32, srcs: Vec<u32>, addr: u32, off: i64, ord: Ord },
-    Atom { space: MSpace, op: AtomOp, ty: Ty, d: u32, addr: u32, off: i64, b: u32, c: u32, ord: Ord },
-    Bra { target: u32 },
-    BrxIdx { idx: u32, targets: Vec<u32> },
-    Bar { kind: BarKind, id: u32, count: u32, d: u32, p: u32, pneg: bool },
-    Shfl { mode: ShflMode, d: u32, p: u32, a: u32, b: u32, c: u32, mask: u32 },
-    Vote { mode: VoteMode, d: u32, a: u32, aneg: bool, mask: u32 },
-    Redux { op: ReduxOp, signed: bool, d: u32, a: u32, mask: u32 },
-    Match { all: bool, bits: u32, d: u32, p: u32, a: u32, mask: u32 },
-    Activemask { d: u32 },
-    Elect { d: u32, p: u32, mask: u32 },
+    Unpack {
+        part_bits: u32,
+        ds: Vec<u32>,
+        a: u32,
+    },
+    SReg {
+        d: u32,
+        r: SReg,
+    },
+    Ld {
+        space: MSpace,
+        elem: u32,
+        sext: bool,
+        ds: Vec<u32>,
+        addr: u32,
+        off: i64,
+        ord: Ord,
+    },
+    St {
+        space: MSpace,
+        elem: u32,
+        srcs: Vec<u32>,
+        addr: u32,
+        off: i64,
+        ord: Ord,
+    },
+    Atom {
+        space: MSpace,
+        op: AtomOp,
+        ty: Ty,
+        d: u32,
+        addr: u32,
+        off: i64,
+        b: u32,
+        c: u32,
+        ord: Ord,
+    },
+    Bra {
+        target: u32,
+    },
+    BrxIdx {
+        idx: u32,
+        targets: Vec<u32>,
+    },
+    Bar {
+        kind: BarKind,
+        id: u32,
+        count: u32,
+        d: u32,
+        p: u32,
+        pneg: bool,
+    },
+    Shfl {
+        mode: ShflMode,
+        d: u32,
+        p: u32,
+        a: u32,
+        b: u32,
+        c: u32,
+        mask: u32,
+    },
+    Vote {
+        mode: VoteMode,
+        d: u32,
+        a: u32,
+        aneg: bool,
+        mask: u32,
+    },
+    Redux {
+        op: ReduxOp,
+        signed: bool,
+        d: u32,
+        a: u32,
+        mask: u32,
+    },
+    Match {
+        all: bool,
+        bits: u32,
+        d: u32,
+        p: u32,
+        a: u32,
+        mask: u32,
+    },
+    Activemask {
+        d: u32,
+    },
+    Elect {
+        d: u32,
+        p: u32,
+        mask: u32,
+    },
     /// `bar.warp.sync mask`
-    WarpSync { mask: u32 },
+    WarpSync {
+        mask: u32,
+    },
     Fence,
     Exit,
     /// Call a device function: push the return address per lane and jump.
-    Call { target: u32 },
+    Call {
+        target: u32,
+    },
     /// Return from a device function (exits the thread at the outermost level).
     Ret,
     /// Per-lane copy between local-memory parameter slots (call arguments / return values).
-    LocalCopy { dst: u32, src: u32, bytes: u32 },
+    LocalCopy {
+        dst: u32,
+        src: u32,
+        bytes: u32,
+    },
     Trap,
     /// Yield hint (`nanosleep`): ends the warp's time slice.
     Yield,
     Nop,
-    Mma { spec: Box<MmaSpec>, d: Vec<u32>, a: Vec<u32>, b: Vec<u32>, c: Vec<u32> },
-    Ldmatrix { count: u32, trans: bool, ds: Vec<u32>, addr: u32, off: i64, space: MSpace },
-    Stmatrix { count: u32, trans: bool, srcs: Vec<u32>, addr: u32, off: i64, space: MSpace },
-    CpAsync { dst: u32, doff: i64, src: u32, soff: i64, size: u32, src_size: u32, dspace: MSpace },
+    Mma {
+        spec: Box<MmaSpec>,
+        d: Vec<u32>,
+        a: Vec<u32>,
+        b: Vec<u32>,
+        c: Vec<u32>,
+    },
+    Ldmatrix {
+        count: u32,
+        trans: bool,
+        ds: Vec<u32>,
+        addr: u32,
+        off: i64,
+        space: MSpace,
+    },
+    Stmatrix {
+        count: u32,
+        trans: bool,
+        srcs: Vec<u32>,
+        addr: u32,
+        off: i64,
+        space: MSpace,
+    },
+    CpAsync {
+        dst: u32,
+        doff: i64,
+        src: u32,
+        soff: i64,
+        size: u32,
+        src_size: u32,
+        dspace: MSpace,
+    },
     Wgmma(Box<WgmmaOp>),
     WgmmaCommit,
-    WgmmaWait { n: u32 },
-    MbarInit { addr: u32, off: i64, count: u32 },
-    MbarInval { addr: u32, off: i64 },
+    WgmmaWait {
+        n: u32,
+    },
+    MbarInit {
+        addr: u32,
+        off: i64,
+        count: u32,
+    },
+    MbarInval {
+        addr: u32,
+        off: i64,
+    },
     /// arrive / arrive_drop / arrive.expect_tx (count and tx are slots or NONE).
-    MbarArrive { d: u32, addr: u32, off: i64, count: u32, tx: u32, drop: bool, remote: bool },
-    MbarTx { addr: u32, off: i64, bytes: u32, complete: bool },
-    MbarWait { d: u32, addr: u32, off: i64, arg: u32, parity: bool },
-    MbarPending { d: u32, state: u32 },
+    MbarArrive {
+        d: u32,
+        addr: u32,
+        off: i64,
+        count: u32,
+        tx: u32,
+        drop: bool,
+        remote: bool,
+    },
+    MbarTx {
+        addr: u32,
+        off: i64,
+        bytes: u32,
+        complete: bool,
+    },
+    MbarWait {
+        d: u32,
+        addr: u32,
+        off: i64,
+        arg: u32,
+        parity: bool,
+    },
+    MbarPending {
+        d: u32,
+        state: u32,
+    },
     /// cp.async.bulk (non-tensor): `size` bytes; `mbar` completes on arrival when set.
-    Bulk { dst: u32, doff: i64, dspace: MSpace, src: u32, soff: i64, sspace: MSpace, size: u32, mbar: Option<(u32, i64)> },
+    Bulk {
+        dst: u32,
+        doff: i64,
+        dspace: MSpace,
+        src: u32,
+        soff: i64,
+        sspace: MSpace,
+        size: u32,
+        mbar: Option<(u32, i64)>,
+    },
     /// cp.async.bulk.tensor load (global -> shared) or store (shared -> global).
-    BulkTensor { load: bool, smem: u32, soff: i64, tmap: u32, toff: i64, tspace: MSpace, coords: Vec<u32>, mbar: Option<(u32, i64)> },
-    Setmaxnreg { inc: bool, n: u32 },
+    BulkTensor {
+        load: bool,
+        smem: u32,
+        soff: i64,
+        tmap: u32,
+        toff: i64,
+        tspace: MSpace,
+        coords: Vec<u32>,
+        mbar: Option<(u32, i64)>,
+    },
+    Setmaxnreg {
+        inc: bool,
+        n: u32,
+    },
 }
 
 /// A decoded `wgmma.mma_async`.
@@ -308,7 +542,11 @@ impl<'a> Decoder<'a> {
     }
 
     fn declare(&mut self, d: &ptx::RegDecl) {
-        let bits = if d.ty == Ty::Pred { 1 } else { (d.ty.size() * 8).min(64) as u8 };
+        let bits = if d.ty == Ty::Pred {
+            1
+        } else {
+            (d.ty.size() * 8).min(64) as u8
+        };
         for n in &d.names {
             match n.count {
                 None => {
@@ -322,7 +560,10 @@ impl<'a> Decoder<'a> {
                 Some(c) => {
                     for i in 0..c {
                         let s = self.new_slot(bits);
-                        self.scopes.last_mut().unwrap().insert(format!("{}{}", n.name, i), s);
+                        self.scopes
+                            .last_mut()
+                            .unwrap()
+                            .insert(format!("{}{}", n.name, i), s);
                     }
                 }
             }
@@ -350,13 +591,17 @@ impl<'a> Decoder<'a> {
     /// A source operand as a register slot (immediates and symbols become constant slots).
     fn src(&mut self, ins: &Instruction, o: &Operand) -> Result<u32, EmuError> {
         match o {
-            Operand::Reg(r) => self.lookup(r).ok_or_else(|| self.err(ins, format!("undeclared register `{r}`"))),
+            Operand::Reg(r) => self
+                .lookup(r)
+                .ok_or_else(|| self.err(ins, format!("undeclared register `{r}`"))),
             Operand::Imm(i) => Ok(self.konst(i.bits())),
             Operand::Sym { name, offset } => {
                 let (a, _) = self.sym_value(ins, name)?;
                 Ok(self.konst(a.wrapping_add(*offset as u64)))
             }
-            Operand::SReg(_) | Operand::Not(_) => Err(self.err(ins, "internal: operand needs materialising")),
+            Operand::SReg(_) | Operand::Not(_) => {
+                Err(self.err(ins, "internal: operand needs materialising"))
+            }
             Operand::Sink => Ok(self.new_slot(64)),
             _ => Err(self.err(ins, format!("unexpected operand {o:?}"))),
         }
@@ -365,7 +610,9 @@ impl<'a> Decoder<'a> {
     /// A destination operand.
     fn dst(&mut self, ins: &Instruction, o: &Operand) -> Result<u32, EmuError> {
         match o {
-            Operand::Reg(r) => self.lookup(r).ok_or_else(|| self.err(ins, format!("undeclared register `{r}`"))),
+            Operand::Reg(r) => self
+                .lookup(r)
+                .ok_or_else(|| self.err(ins, format!("undeclared register `{r}`"))),
             Operand::Sink => Ok(self.new_slot(64)),
             _ => Err(self.err(ins, format!("bad destination {o:?}"))),
         }
@@ -385,17 +632,32 @@ impl<'a> Decoder<'a> {
     }
 
     /// An address operand `[base+off]` -> (slot, offset, space implied by a symbol base).
-    fn addr(&mut self, ins: &Instruction, o: &Operand) -> Result<(u32, i64, Option<MSpace>), EmuError> {
+    fn addr(
+        &mut self,
+        ins: &Instruction,
+        o: &Operand,
+    ) -> Result<(u32, i64, Option<MSpace>), EmuError> {
         match o {
-            Operand::Addr { base: AddrBase::Reg(r), offset } => {
-                let s = self.lookup(r).ok_or_else(|| self.err(ins, format!("undeclared register `{r}`")))?;
+            Operand::Addr {
+                base: AddrBase::Reg(r),
+                offset,
+            } => {
+                let s = self
+                    .lookup(r)
+                    .ok_or_else(|| self.err(ins, format!("undeclared register `{r}`")))?;
                 Ok((s, *offset, None))
             }
-            Operand::Addr { base: AddrBase::Sym(n), offset } => {
+            Operand::Addr {
+                base: AddrBase::Sym(n),
+                offset,
+            } => {
                 let (a, sp) = self.sym_value(ins, n)?;
                 Ok((ZERO, (a as i64).wrapping_add(*offset), Some(sp)))
             }
-            Operand::Addr { base: AddrBase::Imm(a), offset } => Ok((ZERO, (*a as i64).wrapping_add(*offset), None)),
+            Operand::Addr {
+                base: AddrBase::Imm(a),
+                offset,
+            } => Ok((ZERO, (*a as i64).wrapping_add(*offset), None)),
             // Some compilers pass a plain register where an address is expected (cp.async.bulk).
             Operand::Reg(_) => Ok((self.src(ins, o)?, 0, None)),
             _ => Err(self.err(ins, format!("expected an address, found {o:?}"))),
@@ -435,13 +697,22 @@ impl<'a> Decoder<'a> {
     }
 
     fn push(&mut self, op: Op, ins: &Instruction, guard: (u32, bool)) {
-        self.prog.insts.push(Inst { op, guard: guard.0, guard_neg: guard.1, src: self.prog.source.len() as u32 });
+        self.prog.insts.push(Inst {
+            op,
+            guard: guard.0,
+            guard_neg: guard.1,
+            src: self.prog.source.len() as u32,
+        });
         self.prog.source.push(ins.clone());
     }
 
     /// Makes every source operand a plain register: special registers and negated predicates
     /// are materialised into temporaries by extra instructions.
-    fn materialise(&mut self, ins: &Instruction, guard: (u32, bool)) -> Result<Instruction, EmuError> {
+    fn materialise(
+        &mut self,
+        ins: &Instruction,
+        guard: (u32, bool),
+    ) -> Result<Instruction, EmuError> {
         let mut out = ins.clone();
         let nd = ins.op.info().dsts as usize;
         for (i, a) in out.args.iter_mut().enumerate() {
@@ -453,7 +724,12 @@ impl<'a> Decoder<'a> {
         Ok(out)
     }
 
-    fn materialise_operand(&mut self, ins: &Instruction, a: &mut Operand, guard: (u32, bool)) -> Result<(), EmuError> {
+    fn materialise_operand(
+        &mut self,
+        ins: &Instruction,
+        a: &mut Operand,
+        guard: (u32, bool),
+    ) -> Result<(), EmuError> {
         match a {
             Operand::SReg(r) => {
                 let t = self.new_slot(64);
@@ -463,9 +739,21 @@ impl<'a> Decoder<'a> {
             }
             Operand::Not(inner) => {
                 if let Operand::Reg(r) = inner.as_ref() {
-                    let s = self.lookup(r).ok_or_else(|| self.err(ins, format!("undeclared register `{r}`")))?;
+                    let s = self
+                        .lookup(r)
+                        .ok_or_else(|| self.err(ins, format!("undeclared register `{r}`")))?;
                     let t = self.new_slot(1);
-                    self.push(Op::Alu { f: alu::pred_not(), d: t, a: s, b: ZERO, c: ZERO }, ins, guard);
+                    self.push(
+                        Op::Alu {
+                            f: alu::pred_not(),
+                            d: t,
+                            a: s,
+                            b: ZERO,
+                            c: ZERO,
+                        },
+                        ins,
+                        guard,
+                    );
                     *a = Operand::Reg(self.temp_name(t));
                 }
             }
@@ -488,7 +776,11 @@ impl<'a> Decoder<'a> {
 
 /// Decodes one kernel of a module. `globals` maps module-scope variables to their addresses
 /// (allocated by the loader).
-pub fn decode(module: &Module, kernel: &str, globals: &HashMap<String, SymAddr>) -> Result<Program, EmuError> {
+pub fn decode(
+    module: &Module,
+    kernel: &str,
+    globals: &HashMap<String, SymAddr>,
+) -> Result<Program, EmuError> {
     let f = module
         .entries()
         .find(|f| f.name == kernel)
@@ -504,7 +796,12 @@ pub fn decode(module: &Module, kernel: &str, globals: &HashMap<String, SymAddr>)
         let align = p.alignment().max(1) as u32;
         off = off.div_ceil(align) * align;
         let size = p.size_bytes() as u32;
-        params.push(ParamSlot { name: p.name.clone(), ty: p.ty, offset: off, size });
+        params.push(ParamSlot {
+            name: p.name.clone(),
+            ty: p.ty,
+            offset: off,
+            size,
+        });
         param_syms.insert(p.name.clone(), off);
         off += size;
     }
@@ -564,8 +861,15 @@ pub fn decode(module: &Module, kernel: &str, globals: &HashMap<String, SymAddr>)
     d.layout_shared(body);
     d.block(body)?;
     // The kernel ends: falling off the end exits.
-    d.prog.insts.push(Inst { op: Op::Exit, guard: NONE, guard_neg: false, src: d.prog.source.len() as u32 });
-    d.prog.source.push(Instruction::new(Opcode::Exit, vec![], vec![]));
+    d.prog.insts.push(Inst {
+        op: Op::Exit,
+        guard: NONE,
+        guard_neg: false,
+        src: d.prog.source.len() as u32,
+    });
+    d.prog
+        .source
+        .push(Instruction::new(Opcode::Exit, vec![], vec![]));
     d.resolve_labels(kernel)?;
     d.decode_functions()?;
     Ok(d.prog)
@@ -589,9 +893,12 @@ impl<'a> Decoder<'a> {
             })?;
             let body = f.body.as_ref().ok_or_else(|| EmuError::Decode {
                 kernel: self.f.name.clone(),
-                msg: format!("function `{name}` is only declared (external functions are not supported)"),
+                msg: format!(
+                    "function `{name}` is only declared (external functions are not supported)"
+                ),
             })?;
-            self.funcs.insert(name.clone(), self.prog.insts.len() as u32);
+            self.funcs
+                .insert(name.clone(), self.prog.insts.len() as u32);
             self.scopes = vec![HashMap::new()];
             self.labels.clear();
             self.in_func = true;
@@ -603,7 +910,12 @@ impl<'a> Decoder<'a> {
             }
             self.block(body)?;
             let ret = Instruction::new(Opcode::Ret, vec![], vec![]);
-            self.prog.insts.push(Inst { op: Op::Ret, guard: NONE, guard_neg: false, src: self.prog.source.len() as u32 });
+            self.prog.insts.push(Inst {
+                op: Op::Ret,
+                guard: NONE,
+                guard_neg: false,
+                src: self.prog.source.len() as u32,
+            });
             self.prog.source.push(ret);
             self.resolve_labels(&name)?;
         }
@@ -618,8 +930,15 @@ impl<'a> Decoder<'a> {
     }
 
     /// Parameter slots of a device function (allocated once per function).
-    fn func_slots(&mut self, name: &str, ins: &Instruction) -> Result<(Vec<(u32, u32)>, Vec<(u32, u32)>), EmuError> {
-        let f = self.module.function(name).ok_or_else(|| self.err(ins, format!("call to unknown function `{name}`")))?;
+    fn func_slots(
+        &mut self,
+        name: &str,
+        ins: &Instruction,
+    ) -> Result<(ParamSlots, ParamSlots), EmuError> {
+        let f = self
+            .module
+            .function(name)
+            .ok_or_else(|| self.err(ins, format!("call to unknown function `{name}`")))?;
         if f.kind == ptx::FuncKind::Entry {
             return Err(self.err(ins, "calling a kernel entry is not allowed"));
         }
@@ -644,27 +963,31 @@ impl<'a> Decoder<'a> {
     }
 
     fn resolve_labels(&mut self, kernel: &str) -> Result<(), EmuError> {
-    let d = self;
-    let fixups = std::mem::take(&mut d.fixups);
-    for (i, labels) in fixups {
-        let mut pcs = Vec::new();
-        for l in &labels {
-            let targets = if let Some(t) = d.tables.get(l) { t.clone() } else { vec![l.clone()] };
-            for t in targets {
-                let pc = *d.labels.get(&t).ok_or_else(|| EmuError::Decode {
-                    kernel: kernel.to_string(),
-                    msg: format!("branch to unknown label `{t}`"),
-                })?;
-                pcs.push(pc);
+        let d = self;
+        let fixups = std::mem::take(&mut d.fixups);
+        for (i, labels) in fixups {
+            let mut pcs = Vec::new();
+            for l in &labels {
+                let targets = if let Some(t) = d.tables.get(l) {
+                    t.clone()
+                } else {
+                    vec![l.clone()]
+                };
+                for t in targets {
+                    let pc = *d.labels.get(&t).ok_or_else(|| EmuError::Decode {
+                        kernel: kernel.to_string(),
+                        msg: format!("branch to unknown label `{t}`"),
+                    })?;
+                    pcs.push(pc);
+                }
+            }
+            match &mut d.prog.insts[i].op {
+                Op::Bra { target } => *target = pcs[0],
+                Op::BrxIdx { targets, .. } => *targets = pcs,
+                _ => {}
             }
         }
-        match &mut d.prog.insts[i].op {
-            Op::Bra { target } => *target = pcs[0],
-            Op::BrxIdx { targets, .. } => *targets = pcs,
-            _ => {}
-        }
-    }
-    Ok(())
+        Ok(())
     }
 }
 
@@ -758,7 +1081,9 @@ impl<'a> Decoder<'a> {
     fn instruction(&mut self, ins0: &Instruction) -> Result<(), EmuError> {
         let guard = match &ins0.guard {
             Some(g) => {
-                let s = self.lookup(&g.reg).ok_or_else(|| self.err(ins0, format!("undeclared guard `{}`", g.reg)))?;
+                let s = self
+                    .lookup(&g.reg)
+                    .ok_or_else(|| self.err(ins0, format!("undeclared guard `{}`", g.reg)))?;
                 (s, g.negated)
             }
             None => (NONE, false),
@@ -781,45 +1106,86 @@ impl<'a> Decoder<'a> {
                 match (arg(0)?, arg(1)?) {
                     (Operand::Vec(ds), src) => {
                         let src = self.src(ins, src)?;
-                        let ds = ds.iter().map(|x| self.dst(ins, x)).collect::<Result<Vec<_>, _>>()?;
+                        let ds = ds
+                            .iter()
+                            .map(|x| self.dst(ins, x))
+                            .collect::<Result<Vec<_>, _>>()?;
                         let part_bits = t.bits() / ds.len() as u32;
-                        Op::Unpack { part_bits, ds, a: src }
+                        Op::Unpack {
+                            part_bits,
+                            ds,
+                            a: src,
+                        }
                     }
                     (dst, Operand::Vec(parts)) => {
                         let d = self.dst(ins, dst)?;
-                        let parts = parts.iter().map(|x| self.src(ins, x)).collect::<Result<Vec<_>, _>>()?;
+                        let parts = parts
+                            .iter()
+                            .map(|x| self.src(ins, x))
+                            .collect::<Result<Vec<_>, _>>()?;
                         let part_bits = t.bits() / parts.len() as u32;
-                        Op::Pack { part_bits, d, parts }
+                        Op::Pack {
+                            part_bits,
+                            d,
+                            parts,
+                        }
                     }
                     (dst, src) => {
                         let d = self.dst(ins, dst)?;
                         let s = self.src(ins, src)?;
-                        Op::Alu { f: alu::mov(if t == Ty::Pred { 1 } else { t.size() }), d, a: s, b: ZERO, c: ZERO }
+                        Op::Alu {
+                            f: alu::mov(if t == Ty::Pred { 1 } else { t.size() }),
+                            d,
+                            a: s,
+                            b: ZERO,
+                            c: ZERO,
+                        }
                     }
                 }
             }
             O::Ld | O::Ldu => {
-                let t = ins.last_ty().ok_or_else(|| self.err(ins, "ld without type"))?;
+                let t = ins
+                    .last_ty()
+                    .ok_or_else(|| self.err(ins, "ld without type"))?;
                 let ds = self.vec_dsts(ins, arg(0)?)?;
                 let (addr, off, sym_space) = self.addr(ins, arg(1)?)?;
                 let space = self.resolve_space(ins, sym_space);
                 if t == Ty::B128 {
                     return Err(self.err(ins, "128-bit scalar loads are not supported"));
                 }
-                Op::Ld { space, elem: elem_size(t), sext: t.is_signed(), ds, addr, off, ord: self.ord_of(ins) }
+                Op::Ld {
+                    space,
+                    elem: elem_size(t),
+                    sext: t.is_signed(),
+                    ds,
+                    addr,
+                    off,
+                    ord: self.ord_of(ins),
+                }
             }
             O::St => {
-                let t = ins.last_ty().ok_or_else(|| self.err(ins, "st without type"))?;
+                let t = ins
+                    .last_ty()
+                    .ok_or_else(|| self.err(ins, "st without type"))?;
                 let (addr, off, sym_space) = self.addr(ins, arg(0)?)?;
                 let srcs = self.vec_srcs(ins, arg(1)?)?;
                 let space = self.resolve_space(ins, sym_space);
                 if space == MSpace::Param {
                     return Err(self.err(ins, "stores to the parameter space are not supported"));
                 }
-                Op::St { space, elem: elem_size(t), srcs, addr, off, ord: self.ord_of(ins) }
+                Op::St {
+                    space,
+                    elem: elem_size(t),
+                    srcs,
+                    addr,
+                    off,
+                    ord: self.ord_of(ins),
+                }
             }
             O::Atom | O::Red => {
-                let t = ins.last_ty().ok_or_else(|| self.err(ins, "atom without type"))?;
+                let t = ins
+                    .last_ty()
+                    .ok_or_else(|| self.err(ins, "atom without type"))?;
                 let aop = [
                     (Flag::Add, AtomOp::Add),
                     (Flag::Min, AtomOp::Min),
@@ -839,31 +1205,91 @@ impl<'a> Decoder<'a> {
                 if ins.vec_width().is_some() {
                     return Err(self.err(ins, "vector atomics are not supported"));
                 }
-                let (d, rest) = if ins.op == O::Atom { (self.dst(ins, arg(0)?)?, 1) } else { (NONE, 0) };
+                let (d, rest) = if ins.op == O::Atom {
+                    (self.dst(ins, arg(0)?)?, 1)
+                } else {
+                    (NONE, 0)
+                };
                 let (addr, off, sym_space) = self.addr(ins, arg(rest)?)?;
                 let b = self.src(ins, arg(rest + 1)?)?;
-                let c = if aop == AtomOp::Cas { self.src(ins, arg(rest + 2)?)? } else { ZERO };
+                let c = if aop == AtomOp::Cas {
+                    self.src(ins, arg(rest + 2)?)?
+                } else {
+                    ZERO
+                };
                 let space = self.resolve_space(ins, sym_space);
                 let ord = match self.ord_of(ins) {
                     Ord::Relaxed if !ins.has(Flag::Relaxed) => Ord::Relaxed,
                     o => o,
                 };
-                Op::Atom { space, op: aop, ty: t, d, addr, off, b, c, ord }
+                Op::Atom {
+                    space,
+                    op: aop,
+                    ty: t,
+                    d,
+                    addr,
+                    off,
+                    b,
+                    c,
+                    ord,
+                }
             }
-            O::Add | O::Sub | O::Mul | O::Mad | O::Fma | O::Min | O::Max | O::Neg | O::Abs | O::Div | O::Rcp
-            | O::Sqrt | O::Rsqrt | O::Sin | O::Cos | O::Lg2 | O::Ex2 | O::Tanh | O::Copysign
+            O::Add
+            | O::Sub
+            | O::Mul
+            | O::Mad
+            | O::Fma
+            | O::Min
+            | O::Max
+            | O::Neg
+            | O::Abs
+            | O::Div
+            | O::Rcp
+            | O::Sqrt
+            | O::Rsqrt
+            | O::Sin
+            | O::Cos
+            | O::Lg2
+            | O::Ex2
+            | O::Tanh
+            | O::Copysign
                 if ty.is_some_and(|t| t.is_float()) =>
             {
                 let t = ty.unwrap_or(Ty::F32);
                 let d = self.dst(ins, arg(0)?)?;
-                let s: Vec<u32> = a[1..].iter().map(|x| self.src(ins, x)).collect::<Result<_, _>>()?;
+                let s: Vec<u32> = a[1..]
+                    .iter()
+                    .map(|x| self.src(ins, x))
+                    .collect::<Result<_, _>>()?;
                 let get = |i: usize| s.get(i).copied().unwrap_or(ZERO);
                 let plain = !ins.mods.iter().any(|m| {
-                    matches!(m, Mod::Flag(Flag::Rz | Flag::Rm | Flag::Rp | Flag::Ftz | Flag::Sat | Flag::Relu | Flag::NaN | Flag::Xorsign))
+                    matches!(
+                        m,
+                        Mod::Flag(
+                            Flag::Rz
+                                | Flag::Rm
+                                | Flag::Rp
+                                | Flag::Ftz
+                                | Flag::Sat
+                                | Flag::Relu
+                                | Flag::NaN
+                                | Flag::Xorsign
+                        )
+                    )
                 });
                 if t == Ty::F32 && plain {
                     if let Some(f) = alu::f32_fast(ins.op) {
-                        self.push(Op::Alu { f, d, a: get(0), b: get(1), c: get(2) }, ins0, guard);
+                        self.push(
+                            Op::Alu {
+                                f,
+                                d,
+                                a: get(0),
+                                b: get(1),
+                                c: get(2),
+                            },
+                            ins0,
+                            guard,
+                        );
                         return Ok(());
                     }
                 }
@@ -887,82 +1313,210 @@ impl<'a> Decoder<'a> {
                     O::Tanh => FOp::Tanh,
                     _ => FOp::Copysign,
                 };
-                Op::Float { op: fop, ty: t, mode: FMode::from_instruction(ins), d, a: get(0), b: get(1), c: get(2) }
+                Op::Float {
+                    op: fop,
+                    ty: t,
+                    mode: FMode::from_instruction(ins),
+                    d,
+                    a: get(0),
+                    b: get(1),
+                    c: get(2),
+                }
             }
             O::Div | O::Rem => {
                 let t = ty.ok_or_else(|| self.err(ins, "div without type"))?;
                 let d = self.dst(ins, arg(0)?)?;
                 let (x, y) = (self.src(ins, arg(1)?)?, self.src(ins, arg(2)?)?);
-                Op::IntDiv { ty: t, rem: ins.op == O::Rem, d, a: x, b: y }
+                Op::IntDiv {
+                    ty: t,
+                    rem: ins.op == O::Rem,
+                    d,
+                    a: x,
+                    b: y,
+                }
             }
             O::Bfi => {
                 let t = ty.ok_or_else(|| self.err(ins, "bfi without type"))?;
                 let d = self.dst(ins, arg(0)?)?;
-                let s: Vec<u32> = a[1..5.min(a.len())].iter().map(|x| self.src(ins, x)).collect::<Result<_, _>>()?;
+                let s: Vec<u32> = a[1..5.min(a.len())]
+                    .iter()
+                    .map(|x| self.src(ins, x))
+                    .collect::<Result<_, _>>()?;
                 if s.len() != 4 {
                     return Err(self.err(ins, "bfi needs four sources"));
                 }
-                Op::Bfi { bits: t.bits(), d, a: s[0], b: s[1], c: s[2], e: s[3] }
+                Op::Bfi {
+                    bits: t.bits(),
+                    d,
+                    a: s[0],
+                    b: s[1],
+                    c: s[2],
+                    e: s[3],
+                }
             }
             O::Shf => {
                 let d = self.dst(ins, arg(0)?)?;
-                let (x, y, z) = (self.src(ins, arg(1)?)?, self.src(ins, arg(2)?)?, self.src(ins, arg(3)?)?);
-                Op::Shf { left: ins.has(Flag::L), wrap: ins.has(Flag::Wrap), d, a: x, b: y, c: z }
+                let (x, y, z) = (
+                    self.src(ins, arg(1)?)?,
+                    self.src(ins, arg(2)?)?,
+                    self.src(ins, arg(3)?)?,
+                );
+                Op::Shf {
+                    left: ins.has(Flag::L),
+                    wrap: ins.has(Flag::Wrap),
+                    d,
+                    a: x,
+                    b: y,
+                    c: z,
+                }
             }
             O::Lop3 => {
                 let d = self.dst(ins, arg(0)?)?;
-                let (x, y, z) = (self.src(ins, arg(1)?)?, self.src(ins, arg(2)?)?, self.src(ins, arg(3)?)?);
+                let (x, y, z) = (
+                    self.src(ins, arg(1)?)?,
+                    self.src(ins, arg(2)?)?,
+                    self.src(ins, arg(3)?)?,
+                );
                 let lut = match arg(4)? {
                     Operand::Imm(i) => i.bits() as u8,
                     _ => return Err(self.err(ins, "lop3 needs an immediate LUT")),
                 };
-                Op::Lop3 { lut, d, a: x, b: y, c: z }
+                Op::Lop3 {
+                    lut,
+                    d,
+                    a: x,
+                    b: y,
+                    c: z,
+                }
             }
             O::Setp | O::Set => {
                 let tys: Vec<Ty> = ins.types().collect();
-                let cmp_ty = *tys.last().ok_or_else(|| self.err(ins, "setp without type"))?;
+                let cmp_ty = *tys
+                    .last()
+                    .ok_or_else(|| self.err(ins, "setp without type"))?;
                 let cmp = ins
                     .mods
                     .iter()
                     .find_map(|m| match m {
                         Mod::Flag(
-                            f @ (Flag::Eq | Flag::Ne | Flag::Lt | Flag::Le | Flag::Gt | Flag::Ge | Flag::Lo | Flag::Ls
-                            | Flag::Hi | Flag::Hs | Flag::Equ | Flag::Neu | Flag::Ltu | Flag::Leu | Flag::Gtu
-                            | Flag::Geu | Flag::Num | Flag::Nan),
+                            f @ (Flag::Eq
+                            | Flag::Ne
+                            | Flag::Lt
+                            | Flag::Le
+                            | Flag::Gt
+                            | Flag::Ge
+                            | Flag::Lo
+                            | Flag::Ls
+                            | Flag::Hi
+                            | Flag::Hs
+                            | Flag::Equ
+                            | Flag::Neu
+                            | Flag::Ltu
+                            | Flag::Leu
+                            | Flag::Gtu
+                            | Flag::Geu
+                            | Flag::Num
+                            | Flag::Nan),
                         ) => Some(*f),
                         _ => None,
                     })
                     .ok_or_else(|| self.err(ins, "comparison operator missing"))?;
-                let f = if cmp_ty.is_float() { alu::float_cmp(cmp_ty, cmp) } else { alu::int_cmp(cmp_ty, cmp) };
+                let f = if cmp_ty.is_float() {
+                    alu::float_cmp(cmp_ty, cmp)
+                } else {
+                    alu::int_cmp(cmp_ty, cmp)
+                };
                 let f = f.ok_or_else(|| self.err(ins, "unsupported comparison type"))?;
-                let combine = [Flag::And, Flag::Or, Flag::Xor].into_iter().find(|f| ins.has(*f));
+                let combine = [Flag::And, Flag::Or, Flag::Xor]
+                    .into_iter()
+                    .find(|f| ins.has(*f));
                 let (d0, d1) = match arg(0)? {
                     Operand::Pair(p, q) => (self.dst(ins, p)?, Some(self.dst(ins, q)?)),
                     o => (self.dst(ins, o)?, None),
                 };
                 let x = self.src(ins, arg(1)?)?;
                 let y = self.src(ins, arg(2)?)?;
-                let c = if combine.is_some() { self.src(ins, arg(3)?)? } else { ZERO };
+                let c = if combine.is_some() {
+                    self.src(ins, arg(3)?)?
+                } else {
+                    ZERO
+                };
                 let t = self.new_slot(1);
-                self.push(Op::Alu { f, d: t, a: x, b: y, c: ZERO }, ins0, guard);
+                self.push(
+                    Op::Alu {
+                        f,
+                        d: t,
+                        a: x,
+                        b: y,
+                        c: ZERO,
+                    },
+                    ins0,
+                    guard,
+                );
                 let comb = combine.unwrap_or(Flag::Rn);
                 if ins.op == O::Set {
                     let t2 = self.new_slot(1);
-                    self.push(Op::Alu { f: alu::bool_combine(comb, false), d: t2, a: t, b: c, c: ZERO }, ins0, guard);
+                    self.push(
+                        Op::Alu {
+                            f: alu::bool_combine(comb, false),
+                            d: t2,
+                            a: t,
+                            b: c,
+                            c: ZERO,
+                        },
+                        ins0,
+                        guard,
+                    );
                     let float = tys.first() == Some(&Ty::F32);
-                    Op::Alu { f: alu::set_result(float), d: d0, a: t2, b: ZERO, c: ZERO }
+                    Op::Alu {
+                        f: alu::set_result(float),
+                        d: d0,
+                        a: t2,
+                        b: ZERO,
+                        c: ZERO,
+                    }
                 } else {
                     if let Some(q) = d1 {
-                        self.push(Op::Alu { f: alu::bool_combine(comb, true), d: q, a: t, b: c, c: ZERO }, ins0, guard);
+                        self.push(
+                            Op::Alu {
+                                f: alu::bool_combine(comb, true),
+                                d: q,
+                                a: t,
+                                b: c,
+                                c: ZERO,
+                            },
+                            ins0,
+                            guard,
+                        );
                     }
-                    Op::Alu { f: alu::bool_combine(comb, false), d: d0, a: t, b: c, c: ZERO }
+                    Op::Alu {
+                        f: alu::bool_combine(comb, false),
+                        d: d0,
+                        a: t,
+                        b: c,
+                        c: ZERO,
+                    }
                 }
             }
             O::Selp | O::Slct => {
                 let d = self.dst(ins, arg(0)?)?;
-                let (x, y, z) = (self.src(ins, arg(1)?)?, self.src(ins, arg(2)?)?, self.src(ins, arg(3)?)?);
-                let f = if ins.op == O::Selp { alu::selp() } else { alu::slct(ins.last_ty() == Some(Ty::F32)) };
-                Op::Alu { f, d, a: x, b: y, c: z }
+                let (x, y, z) = (
+                    self.src(ins, arg(1)?)?,
+                    self.src(ins, arg(2)?)?,
+                    self.src(ins, arg(3)?)?,
+                );
+                let f = if ins.op == O::Selp {
+                    alu::selp()
+                } else {
+                    alu::slct(ins.last_ty() == Some(Ty::F32))
+                };
+                Op::Alu {
+                    f,
+                    d,
+                    a: x,
+                    b: y,
+                    c: z,
+                }
             }
             O::Cvt => {
                 let spec = CvtSpec::from_instruction(ins).map_err(|e| self.err(ins, e))?;
@@ -972,7 +1526,12 @@ impl<'a> Decoder<'a> {
                     Some(o) => self.src(ins, o)?,
                     None => ZERO,
                 };
-                Op::Cvt { spec, d, a: x, b: y }
+                Op::Cvt {
+                    spec,
+                    d,
+                    a: x,
+                    b: y,
+                }
             }
             O::Cvta => {
                 let d = self.dst(ins, arg(0)?)?;
@@ -988,19 +1547,32 @@ impl<'a> Decoder<'a> {
                 } else {
                     return Err(self.err(ins, "cvta for this state space is not supported"));
                 };
-                let dir = if ins.has(Flag::To) { CvtaDir::FromGeneric(window) } else { CvtaDir::ToGeneric(window) };
+                let dir = if ins.has(Flag::To) {
+                    CvtaDir::FromGeneric(window)
+                } else {
+                    CvtaDir::ToGeneric(window)
+                };
                 Op::Cvta { dir, d, a: x, bits }
             }
             O::Isspacep => {
                 let d = self.dst(ins, arg(0)?)?;
                 let x = self.src(ins, arg(1)?)?;
-                Op::Isspacep { space: self.space_of(ins), d, a: x }
+                Op::Isspacep {
+                    space: self.space_of(ins),
+                    d,
+                    a: x,
+                }
             }
             O::Testp => {
                 let kind = fp::TestpKind::from_instruction(ins).map_err(|e| self.err(ins, e))?;
                 let d = self.dst(ins, arg(0)?)?;
                 let x = self.src(ins, arg(1)?)?;
-                Op::Testp { kind, ty: ty.unwrap_or(Ty::F32), d, a: x }
+                Op::Testp {
+                    kind,
+                    ty: ty.unwrap_or(Ty::F32),
+                    d,
+                    a: x,
+                }
             }
             O::Bra => {
                 let l = match arg(0)? {
@@ -1017,7 +1589,10 @@ impl<'a> Decoder<'a> {
                     _ => return Err(self.err(ins, "brx.idx needs a .branchtargets label")),
                 };
                 self.fixups.push((self.prog.insts.len(), vec![l]));
-                Op::BrxIdx { idx, targets: Vec::new() }
+                Op::BrxIdx {
+                    idx,
+                    targets: Vec::new(),
+                }
             }
             O::Exit => Op::Exit,
             O::Ret => {
@@ -1030,11 +1605,19 @@ impl<'a> Decoder<'a> {
             O::Trap | O::Brkpt => Op::Trap,
             O::Nanosleep => Op::Yield,
             O::Membar | O::Fence => Op::Fence,
-            O::Prefetch | O::Prefetchu | O::Discard | O::Applypriority | O::Griddepcontrol => Op::Nop,
+            O::Prefetch | O::Prefetchu | O::Discard | O::Applypriority | O::Griddepcontrol => {
+                Op::Nop
+            }
             O::CpAsyncCommitGroup | O::CpAsyncWaitGroup | O::CpAsyncWaitAll => Op::Nop,
             O::Createpolicy => {
                 let d = self.dst(ins, arg(0)?)?;
-                Op::Alu { f: alu::mov(8), d, a: ZERO, b: ZERO, c: ZERO }
+                Op::Alu {
+                    f: alu::mov(8),
+                    d,
+                    a: ZERO,
+                    b: ZERO,
+                    c: ZERO,
+                }
             }
             O::Bar | O::Barrier => {
                 let kind = if ins.has(Flag::Red) {
@@ -1065,13 +1648,28 @@ impl<'a> Decoder<'a> {
                         x => (x, false),
                     };
                     let p = self.src(ins, po)?;
-                    let count = if n_rest == 2 { self.src(ins, &a[base + 1])? } else { NONE };
+                    let count = if n_rest == 2 {
+                        self.src(ins, &a[base + 1])?
+                    } else {
+                        NONE
+                    };
                     (count, p, neg)
                 } else {
-                    let count = if n_rest >= 1 { self.src(ins, &a[base + 1])? } else { NONE };
+                    let count = if n_rest >= 1 {
+                        self.src(ins, &a[base + 1])?
+                    } else {
+                        NONE
+                    };
                     (count, NONE, false)
                 };
-                Op::Bar { kind, id, count, d, p, pneg }
+                Op::Bar {
+                    kind,
+                    id,
+                    count,
+                    d,
+                    p,
+                    pneg,
+                }
             }
             O::BarWarpSync => {
                 let m = self.src(ins, arg(0)?)?;
@@ -1098,7 +1696,15 @@ impl<'a> Decoder<'a> {
                     Some(o) => self.src(ins, o)?,
                     None => self.konst(0xffff_ffff),
                 };
-                Op::Shfl { mode, d, p, a: x, b, c, mask }
+                Op::Shfl {
+                    mode,
+                    d,
+                    p,
+                    a: x,
+                    b,
+                    c,
+                    mask,
+                }
             }
             O::Vote => {
                 let mode = if ins.has(Flag::Ballot) {
@@ -1121,7 +1727,13 @@ impl<'a> Decoder<'a> {
                     Some(o) => self.src(ins, o)?,
                     None => self.konst(0xffff_ffff),
                 };
-                Op::Vote { mode, d, a: x, aneg, mask }
+                Op::Vote {
+                    mode,
+                    d,
+                    a: x,
+                    aneg,
+                    mask,
+                }
             }
             O::Redux => {
                 let rop = [
@@ -1143,7 +1755,13 @@ impl<'a> Decoder<'a> {
                 let d = self.dst(ins, arg(0)?)?;
                 let x = self.src(ins, arg(1)?)?;
                 let mask = self.src(ins, arg(2)?)?;
-                Op::Redux { op: rop, signed: t.is_signed(), d, a: x, mask }
+                Op::Redux {
+                    op: rop,
+                    signed: t.is_signed(),
+                    d,
+                    a: x,
+                    mask,
+                }
             }
             O::Match => {
                 let (d, p) = match arg(0)? {
@@ -1152,9 +1770,18 @@ impl<'a> Decoder<'a> {
                 };
                 let x = self.src(ins, arg(1)?)?;
                 let mask = self.src(ins, arg(2)?)?;
-                Op::Match { all: ins.has(Flag::All), bits: ty.map(|t| t.bits()).unwrap_or(32), d, p, a: x, mask }
+                Op::Match {
+                    all: ins.has(Flag::All),
+                    bits: ty.map(|t| t.bits()).unwrap_or(32),
+                    d,
+                    p,
+                    a: x,
+                    mask,
+                }
             }
-            O::Activemask => Op::Activemask { d: self.dst(ins, arg(0)?)? },
+            O::Activemask => Op::Activemask {
+                d: self.dst(ins, arg(0)?)?,
+            },
             O::Elect => {
                 let (d, p) = match arg(0)? {
                     Operand::Pair(x, y) => (self.dst(ins, x)?, self.dst(ins, y)?),
@@ -1176,7 +1803,13 @@ impl<'a> Decoder<'a> {
                         format!("fragment register counts must be A {na}, B {nb}, C {nc}, D {nd}"),
                     ));
                 }
-                Op::Mma { spec: Box::new(spec), d, a: x, b: y, c: z }
+                Op::Mma {
+                    spec: Box::new(spec),
+                    d,
+                    a: x,
+                    b: y,
+                    c: z,
+                }
             }
             O::Ldmatrix | O::Stmatrix => {
                 let count = ins.x_count().unwrap_or(1) as u32;
@@ -1189,16 +1822,35 @@ impl<'a> Decoder<'a> {
                     let ds = self.vec_dsts(ins, arg(0)?)?;
                     let (addr, off, _) = self.addr(ins, arg(1)?)?;
                     if ds.len() != count as usize {
-                        return Err(self.err(ins, format!(".x{count} needs {count} destination registers")));
+                        return Err(self.err(
+                            ins,
+                            format!(".x{count} needs {count} destination registers"),
+                        ));
                     }
-                    Op::Ldmatrix { count, trans, ds, addr, off, space }
+                    Op::Ldmatrix {
+                        count,
+                        trans,
+                        ds,
+                        addr,
+                        off,
+                        space,
+                    }
                 } else {
                     let (addr, off, _) = self.addr(ins, arg(0)?)?;
                     let srcs = self.vec_srcs(ins, arg(1)?)?;
                     if srcs.len() != count as usize {
-                        return Err(self.err(ins, format!(".x{count} needs {count} source registers")));
+                        return Err(
+                            self.err(ins, format!(".x{count} needs {count} source registers"))
+                        );
                     }
-                    Op::Stmatrix { count, trans, srcs, addr, off, space }
+                    Op::Stmatrix {
+                        count,
+                        trans,
+                        srcs,
+                        addr,
+                        off,
+                        space,
+                    }
                 }
             }
             O::CpAsync => {
@@ -1212,25 +1864,43 @@ impl<'a> Decoder<'a> {
                     return Err(self.err(ins, "cp.async size must be 4, 8 or 16"));
                 }
                 let src_size = match a.get(3) {
-                    Some(Operand::Imm(Imm::Int(_))) | Some(Operand::Reg(_)) if !ins.has(Flag::L2CacheHint) || a.len() == 5 => {
+                    Some(Operand::Imm(Imm::Int(_))) | Some(Operand::Reg(_))
+                        if !ins.has(Flag::L2CacheHint) || a.len() == 5 =>
+                    {
                         self.src(ins, &a[3])?
                     }
                     _ => self.konst(size as u64),
                 };
-                Op::CpAsync { dst, doff, src, soff, size, src_size, dspace: MSpace::Shared }
+                Op::CpAsync {
+                    dst,
+                    doff,
+                    src,
+                    soff,
+                    size,
+                    src_size,
+                    dspace: MSpace::Shared,
+                }
             }
             O::Call => {
                 // call{.uni} [(rets),] func[, (args)]
                 let mut it = a.iter();
                 let mut rets: Vec<Operand> = Vec::new();
-                let mut first = it.next().ok_or_else(|| self.err(ins, "call without target"))?;
+                let mut first = it
+                    .next()
+                    .ok_or_else(|| self.err(ins, "call without target"))?;
                 if let Operand::List(r) = first {
                     rets = r.clone();
-                    first = it.next().ok_or_else(|| self.err(ins, "call without target"))?;
+                    first = it
+                        .next()
+                        .ok_or_else(|| self.err(ins, "call without target"))?;
                 }
                 let name = match first {
                     Operand::Sym { name, .. } => name.clone(),
-                    _ => return Err(self.err(ins, "indirect calls are not supported by the emulator")),
+                    _ => {
+                        return Err(
+                            self.err(ins, "indirect calls are not supported by the emulator")
+                        )
+                    }
                 };
                 let args: Vec<Operand> = match it.next() {
                     Some(Operand::List(v)) => v.clone(),
@@ -1238,7 +1908,10 @@ impl<'a> Decoder<'a> {
                     None => Vec::new(),
                 };
                 if it.next().is_some() {
-                    return Err(self.err(ins, "indirect calls with prototypes are not supported by the emulator"));
+                    return Err(self.err(
+                        ins,
+                        "indirect calls with prototypes are not supported by the emulator",
+                    ));
                 }
                 let (rslots, aslots) = self.func_slots(&name, ins)?;
                 if rslots.len() != rets.len() || aslots.len() != args.len() {
@@ -1246,26 +1919,63 @@ impl<'a> Decoder<'a> {
                 }
                 for (o, (dst, size)) in args.iter().zip(&aslots) {
                     let src = match o {
-                        Operand::Sym { name, .. } => *self.local_syms.get(name).ok_or_else(|| self.err(ins, format!("call argument `{name}` is not a .param variable")))?,
+                        Operand::Sym { name, .. } => {
+                            *self.local_syms.get(name).ok_or_else(|| {
+                                self.err(
+                                    ins,
+                                    format!("call argument `{name}` is not a .param variable"),
+                                )
+                            })?
+                        }
                         _ => return Err(self.err(ins, "call arguments must be .param variables")),
                     };
-                    self.push(Op::LocalCopy { dst: *dst, src, bytes: *size }, ins0, guard);
+                    self.push(
+                        Op::LocalCopy {
+                            dst: *dst,
+                            src,
+                            bytes: *size,
+                        },
+                        ins0,
+                        guard,
+                    );
                 }
                 self.call_fixups.push((self.prog.insts.len(), name.clone()));
                 self.push(Op::Call { target: u32::MAX }, ins0, guard);
                 let mut last = None;
                 for (o, (src, size)) in rets.iter().zip(&rslots) {
                     let dst = match o {
-                        Operand::Sym { name, .. } => *self.local_syms.get(name).ok_or_else(|| self.err(ins, format!("call result `{name}` is not a .param variable")))?,
+                        Operand::Sym { name, .. } => {
+                            *self.local_syms.get(name).ok_or_else(|| {
+                                self.err(
+                                    ins,
+                                    format!("call result `{name}` is not a .param variable"),
+                                )
+                            })?
+                        }
                         _ => return Err(self.err(ins, "call results must be .param variables")),
                     };
-                    last = Some(Op::LocalCopy { dst, src: *src, bytes: *size });
-                    self.push(Op::LocalCopy { dst, src: *src, bytes: *size }, ins0, guard);
+                    last = Some(Op::LocalCopy {
+                        dst,
+                        src: *src,
+                        bytes: *size,
+                    });
+                    self.push(
+                        Op::LocalCopy {
+                            dst,
+                            src: *src,
+                            bytes: *size,
+                        },
+                        ins0,
+                        guard,
+                    );
                 }
                 let _ = last;
                 return Ok(());
             }
-            O::WgmmaFence | O::CpAsyncBulkCommitGroup | O::CpAsyncBulkWaitGroup | O::CpAsyncBulkPrefetchTensor => Op::Nop,
+            O::WgmmaFence
+            | O::CpAsyncBulkCommitGroup
+            | O::CpAsyncBulkWaitGroup
+            | O::CpAsyncBulkPrefetchTensor => Op::Nop,
             O::WgmmaCommitGroup => Op::WgmmaCommit,
             O::WgmmaWaitGroup => {
                 let n = match arg(0)? {
@@ -1275,10 +1985,19 @@ impl<'a> Decoder<'a> {
                 Op::WgmmaWait { n }
             }
             O::WgmmaMmaAsync => {
-                let spec = crate::hopper::WgmmaSpec::from_instruction(ins).map_err(|e| self.err(ins, e))?;
+                let spec = crate::hopper::WgmmaSpec::from_instruction(ins)
+                    .map_err(|e| self.err(ins, e))?;
                 let d = self.vec_dsts(ins, arg(0)?)?;
                 if d.len() != spec.d_regs() {
-                    return Err(self.err(ins, format!("wgmma m64n{} needs {} accumulator registers, got {}", spec.n, spec.d_regs(), d.len())));
+                    return Err(self.err(
+                        ins,
+                        format!(
+                            "wgmma m64n{} needs {} accumulator registers, got {}",
+                            spec.n,
+                            spec.d_regs(),
+                            d.len()
+                        ),
+                    ));
                 }
                 let (a_desc, av) = if spec.a_regs {
                     let v = self.vec_srcs(ins, arg(1)?)?;
@@ -1301,8 +2020,23 @@ impl<'a> Decoder<'a> {
                     }
                 };
                 let (neg_a, neg_b) = (imm(4, 1) == -1, imm(5, 1) == -1);
-                let (trans_a, trans_b) = if spec.a_regs { (false, imm(6, 0) == 1) } else { (imm(6, 0) == 1, imm(7, 0) == 1) };
-                Op::Wgmma(Box::new(WgmmaOp { spec, d, a_desc, a: av, b_desc, scale_d, neg_a, neg_b, trans_a, trans_b }))
+                let (trans_a, trans_b) = if spec.a_regs {
+                    (false, imm(6, 0) == 1)
+                } else {
+                    (imm(6, 0) == 1, imm(7, 0) == 1)
+                };
+                Op::Wgmma(Box::new(WgmmaOp {
+                    spec,
+                    d,
+                    a_desc,
+                    a: av,
+                    b_desc,
+                    scale_d,
+                    neg_a,
+                    neg_b,
+                    trans_a,
+                    trans_b,
+                }))
             }
             O::Setmaxnreg => {
                 let n = match arg(0)? {
@@ -1310,9 +2044,14 @@ impl<'a> Decoder<'a> {
                     _ => return Err(self.err(ins, "setmaxnreg needs an immediate")),
                 };
                 if !(24..=256).contains(&n) || n % 8 != 0 {
-                    return Err(self.err(ins, "setmaxnreg count must be a multiple of 8 in 24..256"));
+                    return Err(
+                        self.err(ins, "setmaxnreg count must be a multiple of 8 in 24..256")
+                    );
                 }
-                Op::Setmaxnreg { inc: ins.has(Flag::Inc), n }
+                Op::Setmaxnreg {
+                    inc: ins.has(Flag::Inc),
+                    n,
+                }
             }
             O::MbarrierInit => {
                 let (addr, off, _) = self.addr(ins, arg(0)?)?;
@@ -1330,20 +2069,43 @@ impl<'a> Decoder<'a> {
                     Some(o) => self.src(ins, o)?,
                     None => NONE,
                 };
-                let (count, tx) = if ins.has(Flag::ExpectTx) { (NONE, extra) } else { (extra, NONE) };
+                let (count, tx) = if ins.has(Flag::ExpectTx) {
+                    (NONE, extra)
+                } else {
+                    (extra, NONE)
+                };
                 let remote = ins.mods.contains(&Mod::Space(Space::SharedCluster));
-                Op::MbarArrive { d, addr, off, count, tx, drop: ins.op == O::MbarrierArriveDrop, remote }
+                Op::MbarArrive {
+                    d,
+                    addr,
+                    off,
+                    count,
+                    tx,
+                    drop: ins.op == O::MbarrierArriveDrop,
+                    remote,
+                }
             }
             O::MbarrierExpectTx | O::MbarrierCompleteTx => {
                 let (addr, off, _) = self.addr(ins, arg(0)?)?;
                 let bytes = self.src(ins, arg(1)?)?;
-                Op::MbarTx { addr, off, bytes, complete: ins.op == O::MbarrierCompleteTx }
+                Op::MbarTx {
+                    addr,
+                    off,
+                    bytes,
+                    complete: ins.op == O::MbarrierCompleteTx,
+                }
             }
             O::MbarrierTestWait | O::MbarrierTryWait => {
                 let d = self.dst(ins, arg(0)?)?;
                 let (addr, off, _) = self.addr(ins, arg(1)?)?;
                 let x = self.src(ins, arg(2)?)?;
-                Op::MbarWait { d, addr, off, arg: x, parity: ins.has(Flag::Parity) }
+                Op::MbarWait {
+                    d,
+                    addr,
+                    off,
+                    arg: x,
+                    parity: ins.has(Flag::Parity),
+                }
             }
             O::MbarrierPendingCount => {
                 let d = self.dst(ins, arg(0)?)?;
@@ -1367,19 +2129,44 @@ impl<'a> Decoder<'a> {
                 } else {
                     None
                 };
-                Op::Bulk { dst, doff, dspace, src, soff, sspace, size, mbar }
+                Op::Bulk {
+                    dst,
+                    doff,
+                    dspace,
+                    src,
+                    soff,
+                    sspace,
+                    size,
+                    mbar,
+                }
             }
             O::CpAsyncBulkTensor => {
                 if ins.has(Flag::Im2col) {
-                    return Err(self.err(ins, "im2col tensor copies are not supported by the emulator"));
+                    return Err(self.err(
+                        ins,
+                        "im2col tensor copies are not supported by the emulator",
+                    ));
                 }
                 let first_global = ins.space() == Some(Space::Global);
-                let (load, t_idx, s_idx) = if first_global { (false, 0, 1) } else { (true, 1, 0) };
+                let (load, t_idx, s_idx) = if first_global {
+                    (false, 0, 1)
+                } else {
+                    (true, 1, 0)
+                };
                 let (smem, soff, _) = self.addr(ins, arg(s_idx)?)?;
                 let (tmap, toff, tspace, coords) = match arg(t_idx)? {
                     Operand::TensorAddr { base, coords } => {
-                        let (slot, off, sp) = self.addr(ins, &Operand::Addr { base: base.clone(), offset: 0 })?;
-                        let cs = coords.iter().map(|c| self.src(ins, c)).collect::<Result<Vec<_>, _>>()?;
+                        let (slot, off, sp) = self.addr(
+                            ins,
+                            &Operand::Addr {
+                                base: base.clone(),
+                                offset: 0,
+                            },
+                        )?;
+                        let cs = coords
+                            .iter()
+                            .map(|c| self.src(ins, c))
+                            .collect::<Result<Vec<_>, _>>()?;
                         (slot, off, sp.unwrap_or(MSpace::Generic), cs)
                     }
                     _ => return Err(self.err(ins, "expected [tensorMap, {coords}]")),
@@ -1393,17 +2180,43 @@ impl<'a> Decoder<'a> {
                 if ins.has(Flag::MulticastCluster) {
                     return Err(self.err(ins, "TMA multicast needs cluster launches, which the emulator does not support yet"));
                 }
-                Op::BulkTensor { load, smem, soff, tmap, toff, tspace, coords, mbar }
+                Op::BulkTensor {
+                    load,
+                    smem,
+                    soff,
+                    tmap,
+                    toff,
+                    tspace,
+                    coords,
+                    mbar,
+                }
             }
-            O::CpReduceAsyncBulk | O::CpReduceAsyncBulkTensor | O::StAsync | O::RedAsync | O::CpAsyncMbarrierArrive
-            | O::Mapa | O::Getctarank | O::BarrierCluster => {
-                return Err(self.err(ins, "cluster / distributed-shared-memory instruction not yet supported by the emulator"))
-            }
+            O::CpReduceAsyncBulk
+            | O::CpReduceAsyncBulkTensor
+            | O::StAsync
+            | O::RedAsync
+            | O::CpAsyncMbarrierArrive
+            | O::Mapa
+            | O::Getctarank
+            | O::BarrierCluster => return Err(self.err(
+                ins,
+                "cluster / distributed-shared-memory instruction not yet supported by the emulator",
+            )),
             _ => {
-                let f = alu::int_fn(ins).ok_or_else(|| self.err(ins, "operation/type combination not supported"))?;
+                let f = alu::int_fn(ins)
+                    .ok_or_else(|| self.err(ins, "operation/type combination not supported"))?;
                 let d = self.dst(ins, arg(0)?)?;
-                let s: Vec<u32> = a[1..].iter().map(|x| self.src(ins, x)).collect::<Result<_, _>>()?;
-                Op::Alu { f, d, a: s.first().copied().unwrap_or(ZERO), b: s.get(1).copied().unwrap_or(ZERO), c: s.get(2).copied().unwrap_or(ZERO) }
+                let s: Vec<u32> = a[1..]
+                    .iter()
+                    .map(|x| self.src(ins, x))
+                    .collect::<Result<_, _>>()?;
+                Op::Alu {
+                    f,
+                    d,
+                    a: s.first().copied().unwrap_or(ZERO),
+                    b: s.get(1).copied().unwrap_or(ZERO),
+                    c: s.get(2).copied().unwrap_or(ZERO),
+                }
             }
         };
         self.push(op, ins0, guard);
