@@ -817,29 +817,34 @@ impl<'a> Parser<'a> {
                 format!("expected an instruction, found {}", describe(&t.tok)),
             ));
         };
-        let mut parts: Vec<(&'a str, Token<'a>)> = vec![(first, t)];
+        // Dotted parts on the stack (no allocation per instruction).
+        const MAX_MODS: usize = 24;
+        let mut buf: [(&'a str, Token<'a>); MAX_MODS] = [(first, t); MAX_MODS];
+        let mut np = 1;
         loop {
             let d = self.peek()?;
             match d.tok {
                 Tok::Dot(s) if !d.spaced => {
+                    if np == MAX_MODS {
+                        return Err(self.err(&d, format!("more than {} modifiers", MAX_MODS - 1)));
+                    }
                     self.next()?;
-                    parts.push((s, d));
+                    buf[np] = (s, d);
+                    np += 1;
                 }
                 _ => break,
             }
         }
-        // Longest dotted prefix that names an opcode.
+        let parts = &buf[..np];
+        // Longest dotted prefix that names an opcode. Unspaced parts are contiguous in the
+        // source, so each candidate name is a slice of it (no allocation).
+        let base = self.text.as_ptr() as usize;
+        let start = first.as_ptr() as usize - base;
         let mut op = None;
-        let mut name = String::new();
         for k in (1..=parts.len().min(Opcode::MAX_PARTS)).rev() {
-            name.clear();
-            for (i, (p, _)) in parts[..k].iter().enumerate() {
-                if i > 0 {
-                    name.push('.');
-                }
-                name.push_str(p);
-            }
-            if let Some(o) = Opcode::from_name(&name) {
+            let last = parts[k - 1].0;
+            let end = last.as_ptr() as usize - base + last.len();
+            if let Some(o) = self.text.get(start..end).and_then(Opcode::from_name) {
                 op = Some((o, k));
                 break;
             }
