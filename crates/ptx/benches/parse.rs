@@ -69,7 +69,7 @@ fn main() {
         };
         println!("{what:8} wall best {w:7.1} MB/s  median {wm:7.1} MB/s | cpu median {c} MB/s");
     };
-    let mut measure = |what: &str, f: &mut dyn FnMut()| {
+    let measure = |what: &str, f: &mut dyn FnMut()| {
         f(); // warm-up
         let (mut wall, mut cpu) = (Vec::new(), Vec::new());
         for _ in 0..runs {
