@@ -1,5 +1,6 @@
 //! Devices, typed buffers, modules and functions.
 
+use crate::storage::{EmuMem, Storage};
 use crate::stream::Stream;
 use crate::{Result, RuntimeError};
 use emu::{GlobalMemory, LoadedModule};
@@ -46,6 +47,8 @@ pub(crate) struct DeviceInner {
     pub props: DeviceProps,
     pub streams: Mutex<Vec<std::sync::Weak<crate::stream::StreamInner>>>,
     pub default_stream: OnceLock<Stream>,
+    /// The CUDA context (CUDA devices only).
+    pub cuda: Option<Arc<crate::cuda::Ctx>>,
 }
 
 /// A device: an emulated GPU, or a real one through the CUDA driver.
@@ -84,16 +87,43 @@ impl Device {
                     },
                     streams: Mutex::new(Vec::new()),
                     default_stream: OnceLock::new(),
+                    cuda: None,
                 }),
             })
             .clone()
     }
 
-    /// CUDA device `index`, through libcuda loaded at run time.
+    /// CUDA device `index`, through libcuda loaded at run time (the same object on every call).
+    /// Without a driver or GPU this is [`RuntimeError::CudaUnavailable`] saying why.
     pub fn cuda(index: u32) -> Result<Device> {
-        Err(RuntimeError::CudaUnavailable(format!(
-            "device {index}: this build has no CUDA driver backend enabled"
-        )))
+        static REG: OnceLock<Mutex<HashMap<u32, Device>>> = OnceLock::new();
+        crate::cuda::driver()?;
+        let mut reg = REG.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(d) = reg.get(&index) {
+            return Ok(d.clone());
+        }
+        let (ctx, props) = crate::cuda::Ctx::open(index)?;
+        let d = Device {
+            inner: Arc::new(DeviceInner {
+                backend: Backend::Cuda,
+                index,
+                props,
+                streams: Mutex::new(Vec::new()),
+                default_stream: OnceLock::new(),
+                cuda: Some(ctx),
+            }),
+        };
+        reg.insert(index, d.clone());
+        Ok(d)
+    }
+
+    /// Number of CUDA devices (0 when there is no driver or GPU).
+    pub fn cuda_count() -> u32 {
+        crate::cuda::driver().map(|d| d.devices.max(0) as u32).unwrap_or(0)
+    }
+
+    pub(crate) fn cuda_ctx(&self) -> Option<&Arc<crate::cuda::Ctx>> {
+        self.inner.cuda.as_ref()
     }
 
     /// Parses `emu`, `emu:3`, `cuda`, `cuda:1`.
@@ -113,8 +143,19 @@ impl Device {
     /// is present. The second element explains why CUDA is absent, if it is.
     pub fn list() -> (Vec<DeviceInfo>, Option<String>) {
         let d = Device::emu(0);
-        let v = vec![DeviceInfo { backend: Backend::Emu, index: 0, props: d.props().clone() }];
-        let why = Device::cuda(0).err().map(|e| e.to_string());
+        let mut v = vec![DeviceInfo { backend: Backend::Emu, index: 0, props: d.props().clone() }];
+        let mut why = None;
+        match crate::cuda::driver() {
+            Ok(drv) => {
+                for i in 0..drv.devices.max(0) as u32 {
+                    match Device::cuda(i) {
+                        Ok(c) => v.push(DeviceInfo { backend: Backend::Cuda, index: i, props: c.props().clone() }),
+                        Err(e) => why = Some(e.to_string()),
+                    }
+                }
+            }
+            Err(e) => why = Some(e.to_string()),
+        }
         (v, why)
     }
 
@@ -133,9 +174,12 @@ impl Device {
 
     /// Allocates `len` elements (zeroed).
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<Buffer<T>> {
-        let bytes = (len * T::SIZE) as u64;
-        let a = emu_memory().alloc(bytes, self.inner.index)?;
-        Ok(Buffer { device: self.clone(), alloc: a, len, _t: PhantomData })
+        let bytes = len * T::SIZE;
+        let mem = match &self.inner.cuda {
+            Some(ctx) => Storage::Cuda(crate::cuda::memory::DevMem::alloc(ctx, bytes)?),
+            None => Storage::Emu(EmuMem { alloc: emu_memory().alloc(bytes as u64, self.inner.index)?, owned: true }),
+        };
+        Ok(Buffer { device: self.clone(), mem, len, _t: PhantomData })
     }
 
     /// Allocates and fills from host data.
@@ -207,10 +251,10 @@ pod!(u8, "u8"; i8, "i8"; u16, "u16"; i16, "i16"; u32, "u32"; i32, "i32"; u64, "u
 
 /// Typed device memory.
 pub struct Buffer<T: Pod> {
-    device: Device,
-    alloc: Arc<emu::Allocation>,
-    len: usize,
-    _t: PhantomData<T>,
+    pub(crate) device: Device,
+    pub(crate) mem: Storage,
+    pub(crate) len: usize,
+    pub(crate) _t: PhantomData<T>,
 }
 
 impl<T: Pod> Buffer<T> {
@@ -225,7 +269,7 @@ impl<T: Pod> Buffer<T> {
     }
     /// The device address (for kernel arguments).
     pub fn device_ptr(&self) -> u64 {
-        self.alloc.base
+        self.mem.ptr()
     }
     /// A pointer to this buffer that kernels on `other` can use (peer access over NVLink on
     /// GPUs; the unified address space on the emulator).
@@ -233,7 +277,11 @@ impl<T: Pod> Buffer<T> {
         if other.backend() != self.device.backend() {
             return Err(RuntimeError::Buffer("peer access across backends".into()));
         }
-        Ok(self.alloc.base)
+        if let (Some(mine), Some(theirs)) = (self.device.cuda_ctx(), other.cuda_ctx()) {
+            // Unified virtual addressing: the same address, once `other` may access our memory.
+            theirs.enable_peer_access(mine)?;
+        }
+        Ok(self.mem.ptr())
     }
     /// Copies host data in (waits for queued work on the device first).
     pub fn copy_from_host(&self, data: &[T]) -> Result<()> {
@@ -245,21 +293,20 @@ impl<T: Pod> Buffer<T> {
         for x in data {
             x.to_bytes(&mut bytes);
         }
-        self.alloc.write_bytes(0, &bytes);
-        Ok(())
+        self.mem.write(0, &bytes)
     }
     /// Copies the whole buffer out (waits for queued work on the device first).
     pub fn to_vec(&self) -> Result<Vec<T>> {
         self.device.quiesce();
         let mut bytes = vec![0u8; self.len * T::SIZE];
-        self.alloc.read_bytes(0, &mut bytes);
+        self.mem.read(0, &mut bytes)?;
         Ok(bytes.chunks_exact(T::SIZE).map(T::from_bytes).collect())
     }
     /// Raw bytes of the buffer.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         self.device.quiesce();
         let mut bytes = vec![0u8; self.len * T::SIZE];
-        self.alloc.read_bytes(0, &mut bytes);
+        self.mem.read(0, &mut bytes)?;
         Ok(bytes)
     }
     /// Copies raw bytes in.
@@ -268,42 +315,67 @@ impl<T: Pod> Buffer<T> {
             return Err(RuntimeError::Buffer("too many bytes for the buffer".into()));
         }
         self.device.quiesce();
-        self.alloc.write_bytes(0, data);
-        Ok(())
+        self.mem.write(0, data)
     }
     /// Sets every element to `v`.
     pub fn fill(&self, v: T) -> Result<()> {
         self.device.quiesce();
         let mut pat = Vec::new();
         v.to_bytes(&mut pat);
-        self.alloc.fill(0, (self.len * T::SIZE) as u64, &pat);
-        Ok(())
+        self.mem.fill(self.len * T::SIZE, &pat)
     }
 }
 
-impl<T: Pod> Drop for Buffer<T> {
-    fn drop(&mut self) {
-        emu_memory().free(self.alloc.base);
-    }
-}
 
 /// A module loaded on a device.
 #[derive(Clone)]
 pub struct Module {
     pub(crate) device: Device,
     pub(crate) loaded: Arc<LoadedModule>,
+    /// The module loaded through the driver (CUDA devices).
+    pub(crate) cuda: Option<Arc<crate::cuda::module::CuModule>>,
 }
 
 impl Module {
     /// Loads a module from IR.
     pub fn load(device: &Device, module: &ptx::Module) -> Result<Module> {
+        if device.cuda_ctx().is_some() {
+            return Module::load_ptx(device, &ptx::print(module));
+        }
         let loaded = LoadedModule::load(emu_memory(), module.clone(), device.index())?;
-        Ok(Module { device: device.clone(), loaded: Arc::new(loaded) })
+        Ok(Module { device: device.clone(), loaded: Arc::new(loaded), cuda: None })
     }
     /// Loads a module from PTX text.
     pub fn load_ptx(device: &Device, text: &str) -> Result<Module> {
+        Module::load_ptx_with(device, text, &crate::JitOptions::default())
+    }
+    /// Loads PTX text with JIT options (CUDA: max registers, optimisation level, target, cubin
+    /// cache; JIT errors name the PTX line). The emulator ignores the options.
+    pub fn load_ptx_with(device: &Device, text: &str, opts: &crate::JitOptions) -> Result<Module> {
         let m = ptx::parse(text)?;
-        Module::load(device, &m)
+        let Some(ctx) = device.cuda_ctx() else {
+            return Module::load(device, &m);
+        };
+        let cm = crate::cuda::module::CuModule::load_ptx(ctx, device.props().sm_version, text, opts)?;
+        Module::with_cuda(device, m, cm)
+    }
+    /// Loads a cubin assembled offline (e.g. `ptx::ptxas::assemble`) for the kernels of `ir`.
+    /// On the emulator the IR runs instead.
+    pub fn load_cubin(device: &Device, ir: &ptx::Module, cubin: &[u8]) -> Result<Module> {
+        let Some(ctx) = device.cuda_ctx() else {
+            return Module::load(device, ir);
+        };
+        let cm = crate::cuda::module::CuModule::load_cubin(ctx, cubin)?;
+        Module::with_cuda(device, ir.clone(), cm)
+    }
+    fn with_cuda(device: &Device, ir: ptx::Module, cm: crate::cuda::module::CuModule) -> Result<Module> {
+        // The IR (parameter lists) lives in an emulator module; its globals are never touched.
+        let loaded = LoadedModule::load(emu_memory(), ir, device.index())?;
+        Ok(Module { device: device.clone(), loaded: Arc::new(loaded), cuda: Some(Arc::new(cm)) })
+    }
+    /// The driver JIT's info log (registers, spills) when this module was compiled on CUDA.
+    pub fn jit_log(&self) -> Option<&str> {
+        self.cuda.as_ref().map(|c| c.info_log.as_str())
     }
     pub fn ir(&self) -> &ptx::Module {
         &self.loaded.module
@@ -357,5 +429,17 @@ impl Function {
     }
     pub fn device(&self) -> &Device {
         &self.module.device
+    }
+    /// Byte offset of each parameter in the buffer [`Function::pack_args`] builds.
+    pub fn param_offsets(&self) -> Vec<usize> {
+        let mut off = 0usize;
+        let mut v = Vec::with_capacity(self.params.len());
+        for p in &self.params {
+            let align = p.alignment().max(1) as usize;
+            off = off.div_ceil(align) * align;
+            v.push(off);
+            off += p.size_bytes() as usize;
+        }
+        v
     }
 }

@@ -10,12 +10,22 @@
 //! Emulated devices share one unified address space, so `buffer.peer_ptr(&other)` is a pointer a
 //! kernel on `other` can dereference — the P2P pattern of expert-parallel communication kernels.
 
+mod cuda;
 mod device;
+mod graph;
+mod partition;
 pub mod runner;
+mod storage;
 mod stream;
+pub mod tensor_map;
 
 pub use device::{Backend, Buffer, Device, DeviceInfo, DeviceProps, Function, Module, Pod, SmPartition};
 pub use stream::{Event, LaunchConfig, Stream};
+pub use cuda::module::JitOptions;
+pub use graph::Graph;
+pub use partition::{sms_used, Partition, PartitionKind};
+pub use storage::IpcHandle;
+pub use tensor_map::TensorMap;
 
 /// Runtime errors.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -36,6 +46,8 @@ pub enum RuntimeError {
     Buffer(String),
     #[error("launch: {0}")]
     Launch(String),
+    #[error("tensor map: {0}")]
+    TensorMap(String),
 }
 
 pub type Result<T> = std::result::Result<T, RuntimeError>;

@@ -26,6 +26,8 @@ pub struct LaunchConfig {
     pub max_warp_instructions: Option<u64>,
     /// Incremented as CTAs complete (progress bars).
     pub progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    /// Cooperative launch (`CU_LAUNCH_ATTRIBUTE_COOPERATIVE`: all CTAs co-resident).
+    pub cooperative: bool,
 }
 
 impl LaunchConfig {
@@ -40,7 +42,16 @@ impl LaunchConfig {
             timeout: None,
             max_warp_instructions: None,
             progress: None,
+            cooperative: false,
         }
+    }
+    /// A persistent kernel on an SM budget: one CTA per budgeted SM (grid = `p.count`).
+    pub fn persistent(p: SmPartition, block: u32) -> LaunchConfig {
+        LaunchConfig::linear(p.count, block).budget(p)
+    }
+    pub fn cooperative(mut self) -> Self {
+        self.cooperative = true;
+        self
     }
     pub fn grid3(grid: [u32; 3], block: [u32; 3]) -> LaunchConfig {
         LaunchConfig { grid, block, ..LaunchConfig::linear(1, 1) }
@@ -66,6 +77,12 @@ pub(crate) struct StreamInner {
     state: Mutex<State>,
     cv: Condvar,
     pub priority: i32,
+    /// The CUDA stream (CUDA devices; the error if creating it failed).
+    pub(crate) cuda: Option<std::result::Result<crate::cuda::launch::CuStream, RuntimeError>>,
+    /// SM range launches default to (streams of a `Partition`).
+    pub(crate) default_budget: Option<SmPartition>,
+    /// Launches recorded while capturing a graph (emulator).
+    pub(crate) capture: Mutex<Option<Vec<crate::graph::Recorded>>>,
 }
 
 #[derive(Default)]
@@ -79,14 +96,32 @@ struct State {
 /// An ordered queue of work on one device.
 #[derive(Clone)]
 pub struct Stream {
-    device: Device,
-    inner: Arc<StreamInner>,
+    pub(crate) device: Device,
+    pub(crate) inner: Arc<StreamInner>,
 }
 
 impl Stream {
     pub(crate) fn new(device: &Device, priority: i32) -> Stream {
+        let cuda = device.cuda_ctx().map(|c| crate::cuda::launch::CuStream::new(c, priority));
+        Stream::with_parts(device, priority, cuda, None)
+    }
+
+    pub(crate) fn with_parts(
+        device: &Device,
+        priority: i32,
+        cuda: Option<Result<crate::cuda::launch::CuStream>>,
+        default_budget: Option<SmPartition>,
+    ) -> Stream {
         let (tx, rx) = channel::<Job>();
-        let inner = Arc::new(StreamInner { tx: Mutex::new(Some(tx)), state: Mutex::new(State::default()), cv: Condvar::new(), priority });
+        let inner = Arc::new(StreamInner {
+            tx: Mutex::new(Some(tx)),
+            state: Mutex::new(State::default()),
+            cv: Condvar::new(),
+            priority,
+            cuda,
+            default_budget,
+            capture: Mutex::new(None),
+        });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
             .name(format!("ptxforge-stream-{}", device.index()))
@@ -130,10 +165,15 @@ impl Stream {
         if !f.device().same(&self.device) {
             return Err(RuntimeError::Launch(format!("kernel `{}` was loaded on another device", f.name)));
         }
+        // Emulator graph capture records the launch (CUDA captures in the driver).
+        if let (None, Some(rec)) = (&self.inner.cuda, self.inner.capture.lock().unwrap_or_else(|p| p.into_inner()).as_mut()) {
+            f.pack_args(args)?;
+            rec.push(crate::graph::Recorded { f: f.clone(), cfg: cfg.clone(), args: args.to_vec() });
+            return Ok(());
+        }
         let params = f.pack_args(args)?;
-        let prog = f.module.loaded.kernel(&f.name)?;
         let props = self.device.props();
-        let part = cfg.sm_budget.unwrap_or(SmPartition { offset: 0, count: props.sms });
+        let part = cfg.sm_budget.or(self.inner.default_budget).unwrap_or(SmPartition { offset: 0, count: props.sms });
         if part.count == 0 || part.offset + part.count > props.sms {
             return Err(RuntimeError::Launch(format!(
                 "SM budget {}..{} does not fit the device's {} SMs",
@@ -142,6 +182,14 @@ impl Stream {
                 props.sms
             )));
         }
+        if let Some(cs) = &self.inner.cuda {
+            // CUDA: the budget is advisory on a plain stream (the hardware scheduler places CTAs)
+            // and enforced by the green context on a partition's stream; see docs/CUDA.md.
+            let cs = cs.as_ref().map_err(|e| e.clone())?;
+            let cm = f.module.cuda.as_ref().ok_or_else(|| RuntimeError::Launch(format!("kernel `{}` has no CUDA module", f.name)))?;
+            return cs.launch(cm, &f.name, &f.param_offsets(), &params, cfg);
+        }
+        let prog = f.module.loaded.kernel(&f.name)?;
         if cfg.cluster != [1, 1, 1] {
             return Err(RuntimeError::Launch("cluster launches are not supported by the emulator yet".into()));
         }
@@ -177,7 +225,42 @@ impl Stream {
 
     /// Waits for everything queued so far; returns (and clears) the first error.
     pub fn synchronize(&self) -> Result<()> {
+        if let Some(cs) = &self.inner.cuda {
+            sync_inner(&self.inner)?;
+            return cs.as_ref().map_err(|e| e.clone())?.synchronize();
+        }
         sync_inner(&self.inner)
+    }
+
+    /// The SM range launches on this stream default to (streams of a [`crate::Partition`]).
+    pub fn default_budget(&self) -> Option<SmPartition> {
+        self.inner.default_budget
+    }
+
+    /// Queues a host-to-device copy; returns before it runs (ordered with this stream's launches).
+    /// On CUDA the data goes through a pinned staging buffer and `cuMemcpyHtoDAsync`.
+    pub fn copy_to_device<T: crate::Pod>(&self, dst: &crate::Buffer<T>, data: &[T]) -> Result<()> {
+        if data.len() > dst.len() {
+            return Err(RuntimeError::Buffer(format!("copy of {} elements into a buffer of {}", data.len(), dst.len())));
+        }
+        let mut bytes = Vec::with_capacity(data.len() * T::SIZE);
+        for x in data {
+            x.to_bytes(&mut bytes);
+        }
+        if let Some(cs) = &self.inner.cuda {
+            return cs.as_ref().map_err(|e| e.clone())?.copy_htod_async(dst.device_ptr(), &bytes);
+        }
+        let addr = dst.device_ptr();
+        self.enqueue(Box::new(move |s: &StreamInner| {
+            let mem = crate::device::emu_memory().snapshot();
+            match mem.find(addr, bytes.len() as u64) {
+                Some(a) => a.write_bytes(addr - a.base, &bytes),
+                None => {
+                    let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+                    st.error.get_or_insert(RuntimeError::Buffer("async copy into a freed buffer".into()));
+                }
+            }
+        }))
     }
 
     /// Statistics of the most recent completed launch.
@@ -187,7 +270,11 @@ impl Stream {
 
     /// Records an event that completes when all work queued before it has run.
     pub fn record(&self) -> Result<Event> {
-        let ev = Event { inner: Arc::new((Mutex::new(None), Condvar::new())) };
+        if let Some(cs) = &self.inner.cuda {
+            let e = crate::cuda::launch::CuEvent::record(cs.as_ref().map_err(|e| e.clone())?)?;
+            return Ok(Event { inner: Arc::new((Mutex::new(None), Condvar::new())), cuda: Some(Arc::new(e)) });
+        }
+        let ev = Event { inner: Arc::new((Mutex::new(None), Condvar::new())), cuda: None };
         let e2 = ev.clone();
         self.enqueue(Box::new(move |_| {
             let (m, cv) = &*e2.inner;
@@ -199,6 +286,9 @@ impl Stream {
 
     /// Makes later work on this stream wait for `ev`.
     pub fn wait_event(&self, ev: &Event) -> Result<()> {
+        if let (Some(cs), Some(ce)) = (&self.inner.cuda, &ev.cuda) {
+            return ce.wait_on(cs.as_ref().map_err(|e| e.clone())?);
+        }
         let e2 = ev.clone();
         self.enqueue(Box::new(move |_| {
             e2.synchronize();
@@ -230,11 +320,17 @@ pub(crate) fn wait_inner(s: &StreamInner, take: bool) -> Result<()> {
 #[derive(Clone)]
 pub struct Event {
     inner: Arc<(Mutex<Option<Instant>>, Condvar)>,
+    cuda: Option<Arc<crate::cuda::launch::CuEvent>>,
 }
 
 impl Event {
     /// Blocks until the event completes; returns when it did.
     pub fn synchronize(&self) -> Instant {
+        if let Some(e) = &self.cuda {
+            let _ = e.synchronize();
+            let mut g = self.inner.0.lock().unwrap_or_else(|p| p.into_inner());
+            return *g.get_or_insert_with(Instant::now);
+        }
         let (m, cv) = &*self.inner;
         let mut g = m.lock().unwrap_or_else(|p| p.into_inner());
         loop {
@@ -245,10 +341,18 @@ impl Event {
         }
     }
     pub fn is_complete(&self) -> bool {
+        if let Some(e) = &self.cuda {
+            return e.is_complete();
+        }
         self.inner.0.lock().map(|g| g.is_some()).unwrap_or(false)
     }
     /// Time from `start` to this event (both synchronised).
     pub fn elapsed_since(&self, start: &Event) -> Duration {
+        if let (Some(a), Some(b)) = (&start.cuda, &self.cuda) {
+            if let Ok(ms) = b.elapsed_ms(a) {
+                return Duration::from_secs_f64(ms.max(0.0) as f64 / 1e3);
+            }
+        }
         let a = start.synchronize();
         let b = self.synchronize();
         b.saturating_duration_since(a)

@@ -1,0 +1,156 @@
+//! Green contexts (CUDA 12.4+): a hard split of a device's SMs into a communication partition
+//! and a compute partition, each with its own context and streams.
+
+use super::launch::{cuda_priority, CuStream, RawStream};
+use super::{check, guarded, version_text, Ctx};
+use crate::{Result, RuntimeError};
+use cudarc::driver::sys;
+use std::sync::{Arc, Mutex};
+
+/// A green context holding a fixed set of SMs.
+pub(crate) struct GreenCtx {
+    pub green: sys::CUgreenCtx,
+    /// The `CUcontext` view of the green context (for cuCtxSetCurrent and module loads).
+    pub ctx: sys::CUcontext,
+    /// SMs the driver actually granted (rounded up to the architecture's granularity).
+    pub sms: u32,
+    pub dev: Arc<Ctx>,
+}
+
+// SAFETY: green context handles are thread-agnostic driver handles.
+unsafe impl Send for GreenCtx {}
+// SAFETY: see above.
+unsafe impl Sync for GreenCtx {}
+
+impl Drop for GreenCtx {
+    fn drop(&mut self) {
+        // SAFETY: destroys the green context created in `split`, exactly once (streams and modules
+        // that referenced it hold an Arc to it, so they are gone).
+        unsafe {
+            sys::cuGreenCtxDestroy(self.green);
+        }
+        let _ = self.dev.bind();
+    }
+}
+
+/// Driver 12.4 introduced green contexts.
+pub(crate) const MIN_DRIVER: i32 = 12040;
+
+/// Splits the device's SMs: `comm_sms` (rounded up by the driver) for communication, the rest
+/// for compute. Returns (comm, compute).
+pub(crate) fn split(dev: &Arc<Ctx>, comm_sms: u32) -> Result<(Arc<GreenCtx>, Arc<GreenCtx>)> {
+    if dev.driver_version < MIN_DRIVER {
+        return Err(RuntimeError::Cuda(format!(
+            "green contexts need driver 12.4+, this one is {}",
+            version_text(dev.driver_version)
+        )));
+    }
+    dev.bind()?;
+    guarded(
+        "green contexts",
+        || -> Result<(Arc<GreenCtx>, Arc<GreenCtx>)> {
+            // SAFETY: CUdevResource is a plain C struct; zeroed is a valid "empty" value that the
+            // driver overwrites. All pointers below are to locals that outlive each call.
+            unsafe {
+                let mut all: sys::CUdevResource = std::mem::zeroed();
+                check(
+                    sys::cuDeviceGetDevResource(
+                        dev.dev,
+                        &mut all,
+                        sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
+                    ),
+                    "cuDeviceGetDevResource(SM)",
+                )?;
+                let mut comm: sys::CUdevResource = std::mem::zeroed();
+                let mut rest: sys::CUdevResource = std::mem::zeroed();
+                let mut groups = 1u32;
+                check(
+                    sys::cuDevSmResourceSplitByCount(
+                        &mut comm,
+                        &mut groups,
+                        &all,
+                        &mut rest,
+                        0,
+                        comm_sms.max(1),
+                    ),
+                    "cuDevSmResourceSplitByCount",
+                )?;
+                if groups != 1 {
+                    return Err(RuntimeError::Cuda(format!(
+                        "cannot carve {comm_sms} SMs out of the device"
+                    )));
+                }
+                let comm = make(dev, &mut comm)?;
+                let rest = make(dev, &mut rest)?;
+                Ok((Arc::new(comm), Arc::new(rest)))
+            }
+        },
+    )?
+}
+
+/// Creates a green context from one SM resource.
+///
+/// # Safety
+/// `res` must be an SM resource produced by the driver for `dev`.
+unsafe fn make(dev: &Arc<Ctx>, res: &mut sys::CUdevResource) -> Result<GreenCtx> {
+    let sms = res.__bindgen_anon_1.sm.smCount;
+    let mut desc = std::ptr::null_mut();
+    check(
+        sys::cuDevResourceGenerateDesc(&mut desc, res, 1),
+        "cuDevResourceGenerateDesc",
+    )?;
+    let mut green = std::ptr::null_mut();
+    check(
+        sys::cuGreenCtxCreate(
+            &mut green,
+            desc,
+            dev.dev,
+            sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as u32,
+        ),
+        "cuGreenCtxCreate",
+    )?;
+    let mut ctx = std::ptr::null_mut();
+    if let Err(e) = check(sys::cuCtxFromGreenCtx(&mut ctx, green), "cuCtxFromGreenCtx") {
+        sys::cuGreenCtxDestroy(green);
+        return Err(e);
+    }
+    Ok(GreenCtx {
+        green,
+        ctx,
+        sms,
+        dev: dev.clone(),
+    })
+}
+
+/// A stream whose kernels run only on the green context's SMs.
+pub(crate) fn stream(g: &Arc<GreenCtx>, priority: i32) -> Result<CuStream> {
+    let p = cuda_priority(g.ctx, priority)?;
+    let raw = if g.dev.driver_version >= 12050 {
+        let mut s = std::ptr::null_mut();
+        guarded("cuGreenCtxStreamCreate", || {
+            // SAFETY: live green context; out-pointer to a local.
+            check(
+                unsafe {
+                    sys::cuGreenCtxStreamCreate(
+                        &mut s,
+                        g.green,
+                        sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                        p,
+                    )
+                },
+                "cuGreenCtxStreamCreate",
+            )
+        })??;
+        RawStream(s)
+    } else {
+        // 12.4: a stream created while the green context's CUcontext is current belongs to it.
+        RawStream::create(g.ctx, p)?
+    };
+    Ok(CuStream {
+        raw,
+        ctx: g.ctx,
+        dev: g.dev.clone(),
+        _green: Some(g.clone()),
+        keep: Mutex::new(Vec::new()),
+    })
+}

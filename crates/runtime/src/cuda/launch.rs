@@ -1,0 +1,348 @@
+//! Streams, events, graphs and kernel launches (`cuLaunchKernelEx`).
+
+use super::memory::Pinned;
+use super::module::CuModule;
+use super::{check, green::GreenCtx, Ctx};
+use crate::{LaunchConfig, Result, RuntimeError};
+use cudarc::driver::sys;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+/// Dynamic shared memory above this needs `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
+const DEFAULT_DYNAMIC_SHARED_LIMIT: u32 = 48 * 1024;
+
+/// A bare `CUstream` (destroyed on drop).
+pub(crate) struct RawStream(pub sys::CUstream);
+
+// SAFETY: stream handles may be used from any thread (the driver API is thread-safe).
+unsafe impl Send for RawStream {}
+// SAFETY: see above; the handle itself is immutable.
+unsafe impl Sync for RawStream {}
+
+impl RawStream {
+    /// A non-blocking stream in `ctx` with a CUDA priority (lower number = higher priority).
+    pub fn create(ctx: sys::CUcontext, cuda_priority: i32) -> Result<RawStream> {
+        // SAFETY: `ctx` is a live context handle owned by the caller.
+        check(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent")?;
+        let mut s = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local.
+        check(
+            unsafe {
+                sys::cuStreamCreateWithPriority(
+                    &mut s,
+                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                    cuda_priority,
+                )
+            },
+            "cuStreamCreateWithPriority",
+        )?;
+        Ok(RawStream(s))
+    }
+}
+
+impl Drop for RawStream {
+    fn drop(&mut self) {
+        // SAFETY: destroys the stream created in `create`, exactly once (work still queued on it
+        // completes first, per the driver's semantics).
+        unsafe {
+            sys::cuStreamDestroy_v2(self.0);
+        }
+    }
+}
+
+/// Maps the runtime's priority (higher = favoured) into the context's CUDA range.
+pub(crate) fn cuda_priority(ctx: sys::CUcontext, p: i32) -> Result<i32> {
+    // SAFETY: `ctx` is live; out-pointers to locals.
+    let (mut least, mut greatest) = (0, 0);
+    unsafe {
+        check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+        check(
+            sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest),
+            "cuCtxGetStreamPriorityRange",
+        )?;
+    }
+    Ok((-p).clamp(greatest.min(least), least.max(greatest)))
+}
+
+/// A stream of a device (in its primary context, or in a green context of a partition).
+pub(crate) struct CuStream {
+    pub raw: RawStream,
+    /// The context launches on this stream run in.
+    pub ctx: sys::CUcontext,
+    pub dev: Arc<Ctx>,
+    /// Keeps the partition's green context alive while the stream exists.
+    pub _green: Option<Arc<GreenCtx>>,
+    /// Staging buffers of async copies, released at the next synchronize.
+    pub keep: Mutex<Vec<Pinned>>,
+}
+
+// SAFETY: the raw handles are thread-agnostic driver handles; mutable state is behind a Mutex.
+unsafe impl Send for CuStream {}
+// SAFETY: see above.
+unsafe impl Sync for CuStream {}
+
+impl CuStream {
+    pub fn new(dev: &Arc<Ctx>, priority: i32) -> Result<CuStream> {
+        let p = cuda_priority(dev.ctx, priority)?;
+        Ok(CuStream {
+            raw: RawStream::create(dev.ctx, p)?,
+            ctx: dev.ctx,
+            dev: dev.clone(),
+            _green: None,
+            keep: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn bind(&self) -> Result<()> {
+        // SAFETY: `ctx` is the primary context (retained by `dev`) or a green context kept alive
+        // by `green`.
+        check(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: live stream handle.
+        let r = check(
+            unsafe { sys::cuStreamSynchronize(self.raw.0) },
+            "cuStreamSynchronize",
+        );
+        self.keep.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        r
+    }
+
+    /// Queues a host-to-device copy through a pinned staging buffer; returns at once.
+    pub fn copy_htod_async(&self, dst: u64, data: &[u8]) -> Result<()> {
+        let mut pinned = Pinned::new(&self.dev, data.len())?;
+        pinned.as_mut_slice()[..data.len()].copy_from_slice(data);
+        self.bind()?;
+        // SAFETY: the pinned buffer stays alive in `keep` until the stream is synchronised.
+        check(
+            unsafe { sys::cuMemcpyHtoDAsync_v2(dst, pinned.as_ptr(), data.len(), self.raw.0) },
+            "cuMemcpyHtoDAsync",
+        )?;
+        self.keep
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(pinned);
+        Ok(())
+    }
+
+    /// Launches `name` from `module` with packed parameters laid out per `offsets`.
+    pub fn launch(
+        &self,
+        module: &CuModule,
+        name: &str,
+        offsets: &[usize],
+        packed: &[u8],
+        cfg: &LaunchConfig,
+    ) -> Result<()> {
+        let f = module.function(self.ctx, name)?;
+        self.bind()?;
+        if cfg.shared_bytes > DEFAULT_DYNAMIC_SHARED_LIMIT {
+            // SAFETY: `f` is a live function handle of the current context.
+            check(
+                unsafe {
+                    sys::cuFuncSetAttribute(
+                        f,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        cfg.shared_bytes as i32,
+                    )
+                },
+                "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+            )?;
+        }
+        let mut attrs: Vec<sys::CUlaunchAttribute> = Vec::new();
+        if cfg.cluster != [1, 1, 1] {
+            // SAFETY: CUlaunchAttribute is a plain C struct/union; all-zero is a valid value.
+            let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            a.value.clusterDim.x = cfg.cluster[0];
+            a.value.clusterDim.y = cfg.cluster[1];
+            a.value.clusterDim.z = cfg.cluster[2];
+            attrs.push(a);
+        }
+        if cfg.cooperative {
+            // SAFETY: as above.
+            let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+            a.value.cooperative = 1;
+            attrs.push(a);
+        }
+        let lc = sys::CUlaunchConfig {
+            gridDimX: cfg.grid[0],
+            gridDimY: cfg.grid[1],
+            gridDimZ: cfg.grid[2],
+            blockDimX: cfg.block[0],
+            blockDimY: cfg.block[1],
+            blockDimZ: cfg.block[2],
+            sharedMemBytes: cfg.shared_bytes,
+            hStream: self.raw.0,
+            attrs: if attrs.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                attrs.as_mut_ptr()
+            },
+            numAttrs: attrs.len() as u32,
+        };
+        // One pointer per kernel parameter, into the packed parameter buffer.
+        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(offsets.len());
+        for &o in offsets {
+            if o > packed.len() {
+                return Err(RuntimeError::Launch(
+                    "parameter offset outside the packed buffer".into(),
+                ));
+            }
+            ptrs.push(packed[o..].as_ptr() as *mut c_void);
+        }
+        // SAFETY: `lc`, `attrs` and `ptrs` outlive the call; each pointer addresses the bytes of
+        // one parameter, whose size and alignment `Function::pack_args` checked against the IR.
+        // The driver copies the parameter values before returning.
+        check(
+            unsafe { sys::cuLaunchKernelEx(&lc, f, ptrs.as_mut_ptr(), std::ptr::null_mut()) },
+            &format!("cuLaunchKernelEx(`{name}`)"),
+        )
+    }
+}
+
+/// A timing event.
+pub(crate) struct CuEvent {
+    pub ev: sys::CUevent,
+    _dev: Arc<Ctx>,
+}
+
+// SAFETY: event handles are thread-agnostic driver handles.
+unsafe impl Send for CuEvent {}
+// SAFETY: see above.
+unsafe impl Sync for CuEvent {}
+
+impl CuEvent {
+    /// Creates an event and records it on `s`.
+    pub fn record(s: &CuStream) -> Result<CuEvent> {
+        s.bind()?;
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; then records on a live stream.
+        unsafe {
+            check(
+                sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DEFAULT as u32),
+                "cuEventCreate",
+            )?;
+            let e = CuEvent {
+                ev,
+                _dev: s.dev.clone(),
+            };
+            check(sys::cuEventRecord(ev, s.raw.0), "cuEventRecord")?;
+            Ok(e)
+        }
+    }
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: live event handle.
+        check(
+            unsafe { sys::cuEventSynchronize(self.ev) },
+            "cuEventSynchronize",
+        )
+    }
+    pub fn is_complete(&self) -> bool {
+        // SAFETY: live event handle.
+        unsafe { sys::cuEventQuery(self.ev) == sys::CUresult::CUDA_SUCCESS }
+    }
+    /// Milliseconds from `start` to `self`.
+    pub fn elapsed_ms(&self, start: &CuEvent) -> Result<f32> {
+        self.synchronize()?;
+        start.synchronize()?;
+        let mut ms = 0f32;
+        // SAFETY: both events are live and complete; out-pointer to a local.
+        check(
+            unsafe { sys::cuEventElapsedTime(&mut ms, start.ev, self.ev) },
+            "cuEventElapsedTime",
+        )?;
+        Ok(ms)
+    }
+    /// Makes `s` wait for this event.
+    pub fn wait_on(&self, s: &CuStream) -> Result<()> {
+        s.bind()?;
+        // SAFETY: live stream and event handles.
+        check(
+            unsafe { sys::cuStreamWaitEvent(s.raw.0, self.ev, 0) },
+            "cuStreamWaitEvent",
+        )
+    }
+}
+
+impl Drop for CuEvent {
+    fn drop(&mut self) {
+        // SAFETY: destroys the event created in `record`, exactly once.
+        unsafe {
+            sys::cuEventDestroy_v2(self.ev);
+        }
+    }
+}
+
+/// An instantiated CUDA graph captured from a stream.
+pub(crate) struct CuGraph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    _dev: Arc<Ctx>,
+}
+
+// SAFETY: graph handles are thread-agnostic driver handles; launching is thread-safe.
+unsafe impl Send for CuGraph {}
+// SAFETY: see above.
+unsafe impl Sync for CuGraph {}
+
+impl CuGraph {
+    pub fn begin_capture(s: &CuStream) -> Result<()> {
+        s.bind()?;
+        // SAFETY: live stream handle.
+        check(
+            unsafe {
+                sys::cuStreamBeginCapture_v2(
+                    s.raw.0,
+                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                )
+            },
+            "cuStreamBeginCapture",
+        )
+    }
+    pub fn end_capture(s: &CuStream) -> Result<CuGraph> {
+        s.bind()?;
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; the stream is capturing.
+        check(
+            unsafe { sys::cuStreamEndCapture(s.raw.0, &mut graph) },
+            "cuStreamEndCapture",
+        )?;
+        let mut exec = std::ptr::null_mut();
+        // SAFETY: `graph` was just created by the capture; out-pointer to a local.
+        let r = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
+        if let Err(e) = check(r, "cuGraphInstantiateWithFlags") {
+            // SAFETY: the graph is ours and not instantiated.
+            unsafe {
+                sys::cuGraphDestroy(graph);
+            }
+            return Err(e);
+        }
+        Ok(CuGraph {
+            graph,
+            exec,
+            _dev: s.dev.clone(),
+        })
+    }
+    pub fn launch(&self, s: &CuStream) -> Result<()> {
+        s.bind()?;
+        // SAFETY: live executable graph and stream.
+        check(
+            unsafe { sys::cuGraphLaunch(self.exec, s.raw.0) },
+            "cuGraphLaunch",
+        )
+    }
+}
+
+impl Drop for CuGraph {
+    fn drop(&mut self) {
+        // SAFETY: destroys the handles created in `end_capture`, exactly once.
+        unsafe {
+            sys::cuGraphExecDestroy(self.exec);
+            sys::cuGraphDestroy(self.graph);
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! Device memory (`cuMemAlloc`), pinned host staging, copies through the device's copy stream,
+//! and IPC handles.
+
+use super::{check, launch::RawStream, Ctx};
+use crate::{Result, RuntimeError};
+use cudarc::driver::sys;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Host<->device copies go through a pinned buffer of at most this size, chunk by chunk.
+const STAGING_CHUNK: usize = 8 << 20;
+
+/// Page-locked host memory (`cuMemHostAlloc`), the source/target of async copies.
+pub(crate) struct Pinned {
+    ptr: *mut c_void,
+    bytes: usize,
+}
+
+// SAFETY: the pointer is an exclusively owned host allocation; moving it between threads is fine.
+unsafe impl Send for Pinned {}
+
+impl Pinned {
+    pub fn new(ctx: &Ctx, bytes: usize) -> Result<Pinned> {
+        ctx.bind()?;
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; portable pinned memory of `bytes` (>= 1) bytes.
+        check(
+            unsafe { sys::cuMemHostAlloc(&mut ptr, bytes.max(1), sys::CU_MEMHOSTALLOC_PORTABLE) },
+            "cuMemHostAlloc",
+        )?;
+        Ok(Pinned {
+            ptr,
+            bytes: bytes.max(1),
+        })
+    }
+    pub fn as_ptr(&self) -> *mut c_void {
+        self.ptr
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` points to `bytes` bytes owned by self, and &mut self makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.bytes) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: frees the allocation made in `new`, exactly once.
+        unsafe {
+            sys::cuMemFreeHost(self.ptr);
+        }
+    }
+}
+
+fn copy_stream(ctx: &Ctx) -> Result<sys::CUstream> {
+    if let Some(s) = ctx.copy_stream.get() {
+        return Ok(s.0);
+    }
+    let s = RawStream::create(ctx.ctx, 0)?;
+    // A racing thread may have set it first; ours is then dropped (destroyed).
+    let _ = ctx.copy_stream.set(s);
+    Ok(ctx
+        .copy_stream
+        .get()
+        .map(|s| s.0)
+        .unwrap_or(std::ptr::null_mut()))
+}
+
+/// A device allocation (owned, or opened from another process's IPC handle).
+pub(crate) struct DevMem {
+    pub ptr: u64,
+    pub bytes: usize,
+    pub ctx: Arc<Ctx>,
+    ipc: bool,
+}
+
+impl DevMem {
+    /// `cuMemAlloc` of `bytes`, zeroed.
+    pub fn alloc(ctx: &Arc<Ctx>, bytes: usize) -> Result<DevMem> {
+        ctx.bind()?;
+        let mut ptr = 0;
+        // SAFETY: out-pointer to a local; then a memset within the new allocation.
+        unsafe {
+            check(sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)), "cuMemAlloc")?;
+            let m = DevMem {
+                ptr,
+                bytes,
+                ctx: ctx.clone(),
+                ipc: false,
+            };
+            check(sys::cuMemsetD8_v2(ptr, 0, bytes.max(1)), "cuMemsetD8")?;
+            Ok(m)
+        }
+    }
+
+    /// Maps another process's allocation (`cuIpcOpenMemHandle`).
+    pub fn open_ipc(ctx: &Arc<Ctx>, handle: &[u8; 64], bytes: usize) -> Result<DevMem> {
+        ctx.bind()?;
+        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+        for (d, s) in h.reserved.iter_mut().zip(handle) {
+            *d = *s as std::ffi::c_char;
+        }
+        let mut ptr = 0;
+        // SAFETY: out-pointer to a local; the handle is passed by value.
+        check(
+            unsafe {
+                sys::cuIpcOpenMemHandle_v2(
+                    &mut ptr,
+                    h,
+                    sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+                )
+            },
+            "cuIpcOpenMemHandle (handles cannot be opened in the process that created them)",
+        )?;
+        Ok(DevMem {
+            ptr,
+            bytes,
+            ctx: ctx.clone(),
+            ipc: true,
+        })
+    }
+
+    /// `cuIpcGetMemHandle` for this allocation.
+    pub fn ipc_handle(&self) -> Result<[u8; 64]> {
+        if self.ipc {
+            return Err(RuntimeError::Buffer(
+                "an IPC-opened buffer cannot be exported again".into(),
+            ));
+        }
+        self.ctx.bind()?;
+        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: out-pointer to a local; `ptr` is the base of a cuMemAlloc allocation.
+        check(
+            unsafe { sys::cuIpcGetMemHandle(&mut h, self.ptr) },
+            "cuIpcGetMemHandle",
+        )?;
+        let mut out = [0u8; 64];
+        for (d, s) in out.iter_mut().zip(h.reserved) {
+            *d = s as u8;
+        }
+        Ok(out)
+    }
+
+    /// Copies `data` to byte offset `off`, after all queued work (as the emulator does).
+    pub fn write(&self, off: usize, data: &[u8]) -> Result<()> {
+        if off + data.len() > self.bytes {
+            return Err(RuntimeError::Buffer(
+                "write past the end of the buffer".into(),
+            ));
+        }
+        self.ctx.synchronize()?;
+        let s = copy_stream(&self.ctx)?;
+        let mut g = self.ctx.staging.lock().unwrap_or_else(|p| p.into_inner());
+        let pinned = staging(&self.ctx, &mut g, data.len())?;
+        let mut o = off;
+        for chunk in data.chunks(STAGING_CHUNK) {
+            pinned.as_mut_slice()[..chunk.len()].copy_from_slice(chunk);
+            // SAFETY: the pinned buffer holds `chunk.len()` valid bytes and outlives the copy
+            // (we synchronise the stream before touching it again); the range is in bounds.
+            unsafe {
+                check(
+                    sys::cuMemcpyHtoDAsync_v2(self.ptr + o as u64, pinned.as_ptr(), chunk.len(), s),
+                    "cuMemcpyHtoDAsync",
+                )?;
+                check(sys::cuStreamSynchronize(s), "cuStreamSynchronize")?;
+            }
+            o += chunk.len();
+        }
+        Ok(())
+    }
+
+    /// Copies bytes from offset `off` into `out`, after all queued work.
+    pub fn read(&self, off: usize, out: &mut [u8]) -> Result<()> {
+        if off + out.len() > self.bytes {
+            return Err(RuntimeError::Buffer(
+                "read past the end of the buffer".into(),
+            ));
+        }
+        self.ctx.synchronize()?;
+        let s = copy_stream(&self.ctx)?;
+        let mut g = self.ctx.staging.lock().unwrap_or_else(|p| p.into_inner());
+        let pinned = staging(&self.ctx, &mut g, out.len())?;
+        let mut o = off;
+        for chunk in out.chunks_mut(STAGING_CHUNK) {
+            // SAFETY: the pinned buffer has room for `chunk.len()` bytes; we synchronise before
+            // reading it; the device range is in bounds.
+            unsafe {
+                check(
+                    sys::cuMemcpyDtoHAsync_v2(pinned.as_ptr(), self.ptr + o as u64, chunk.len(), s),
+                    "cuMemcpyDtoHAsync",
+                )?;
+                check(sys::cuStreamSynchronize(s), "cuStreamSynchronize")?;
+            }
+            chunk.copy_from_slice(&pinned.as_mut_slice()[..chunk.len()]);
+            o += chunk.len();
+        }
+        Ok(())
+    }
+
+    /// Repeats `pattern` over the whole allocation.
+    pub fn fill(&self, pattern: &[u8]) -> Result<()> {
+        self.ctx.synchronize()?;
+        let n = self.bytes / pattern.len().max(1);
+        // SAFETY: each memset covers `n` elements of the pattern size, within the allocation.
+        let r = unsafe {
+            match pattern.len() {
+                1 => Some(sys::cuMemsetD8_v2(self.ptr, pattern[0], n)),
+                2 => Some(sys::cuMemsetD16_v2(
+                    self.ptr,
+                    u16::from_le_bytes([pattern[0], pattern[1]]),
+                    n,
+                )),
+                4 => Some(sys::cuMemsetD32_v2(
+                    self.ptr,
+                    u32::from_le_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]),
+                    n,
+                )),
+                _ => None,
+            }
+        };
+        match r {
+            Some(r) => check(r, "cuMemset"),
+            None => {
+                let data: Vec<u8> = pattern
+                    .iter()
+                    .copied()
+                    .cycle()
+                    .take(n * pattern.len())
+                    .collect();
+                self.write(0, &data)
+            }
+        }
+    }
+}
+
+fn staging<'a>(ctx: &Ctx, slot: &'a mut Option<Pinned>, want: usize) -> Result<&'a mut Pinned> {
+    let want = want.clamp(1, STAGING_CHUNK);
+    if !matches!(slot, Some(p) if p.bytes >= want) {
+        *slot = None;
+        *slot = Some(Pinned::new(
+            ctx,
+            want.next_power_of_two().min(STAGING_CHUNK),
+        )?);
+    }
+    slot.as_mut()
+        .ok_or_else(|| RuntimeError::Buffer("no staging buffer".into()))
+}
+
+impl Drop for DevMem {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_err() {
+            return;
+        }
+        // SAFETY: frees/unmaps the allocation this object owns, exactly once.
+        unsafe {
+            if self.ipc {
+                sys::cuIpcCloseMemHandle(self.ptr);
+            } else {
+                sys::cuMemFree_v2(self.ptr);
+            }
+        }
+    }
+}

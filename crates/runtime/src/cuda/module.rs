@@ -1,0 +1,472 @@
+//! Module loading: PTX through the driver JIT (with error logs mapped to PTX lines), cubins, and
+//! an on-disk cubin cache keyed by a hash of PTX + target + options + driver.
+
+use super::{check, err_text, CUresult, Ctx};
+use crate::{Result, RuntimeError};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+/// Options for compiling PTX on a device (the emulator ignores them).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct JitOptions {
+    /// `CU_JIT_MAX_REGISTERS`.
+    pub max_registers: Option<u32>,
+    /// `CU_JIT_OPTIMIZATION_LEVEL` (0-4; the driver's default is 4).
+    pub opt_level: Option<u32>,
+    /// `CU_JIT_TARGET`, e.g. `"sm_90a"` (default: the device's own target).
+    pub target: Option<String>,
+    /// `CU_JIT_GENERATE_LINE_INFO`.
+    pub line_info: bool,
+    /// Use the on-disk cubin cache (`$PTXFORGE_CACHE`, default `~/.cache/ptxforge`); `None`
+    /// follows the environment (`PTXFORGE_CACHE=off` disables it).
+    pub cache: Option<bool>,
+}
+
+const LOG_BYTES: usize = 64 * 1024;
+
+/// `sm_90a` -> the `CUjit_target` value (90 + 0x10000 for arch-specific targets).
+fn jit_target(t: &str) -> Result<usize> {
+    let s = t
+        .trim()
+        .trim_start_matches("sm_")
+        .trim_start_matches("compute_");
+    let (num, accel) = match s.strip_suffix('a') {
+        Some(n) => (n, true),
+        None => (s.strip_suffix('f').unwrap_or(s), false),
+    };
+    let n: usize = num
+        .parse()
+        .map_err(|_| RuntimeError::Cuda(format!("JIT target `{t}`: expected sm_XY or sm_XYa")))?;
+    Ok(n + if accel { 0x10000 } else { 0 })
+}
+
+/// JIT option arrays; the log buffers must outlive the driver call they are passed to.
+struct JitArgs {
+    keys: Vec<sys::CUjit_option>,
+    vals: Vec<*mut c_void>,
+    info: Vec<u8>,
+    error: Vec<u8>,
+}
+
+impl JitArgs {
+    fn new(o: &JitOptions) -> Result<Box<JitArgs>> {
+        use sys::CUjit_option as J;
+        let mut a = Box::new(JitArgs {
+            keys: Vec::new(),
+            vals: Vec::new(),
+            info: vec![0; LOG_BYTES],
+            error: vec![0; LOG_BYTES],
+        });
+        let info = a.info.as_mut_ptr() as *mut c_void;
+        let error = a.error.as_mut_ptr() as *mut c_void;
+        let mut push = |k: J, v: usize| {
+            a.keys.push(k);
+            a.vals.push(v as *mut c_void);
+        };
+        push(J::CU_JIT_INFO_LOG_BUFFER, info as usize);
+        push(J::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, LOG_BYTES - 1);
+        push(J::CU_JIT_ERROR_LOG_BUFFER, error as usize);
+        push(J::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, LOG_BYTES - 1);
+        push(J::CU_JIT_LOG_VERBOSE, 1);
+        if let Some(r) = o.max_registers {
+            push(J::CU_JIT_MAX_REGISTERS, r as usize);
+        }
+        if let Some(l) = o.opt_level {
+            push(J::CU_JIT_OPTIMIZATION_LEVEL, l.min(4) as usize);
+        }
+        if let Some(t) = &o.target {
+            push(J::CU_JIT_TARGET, jit_target(t)?);
+        }
+        if o.line_info {
+            push(J::CU_JIT_GENERATE_LINE_INFO, 1);
+        }
+        Ok(a)
+    }
+    fn log(buf: &[u8]) -> String {
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).trim().to_string()
+    }
+    fn info_log(&self) -> String {
+        JitArgs::log(&self.info)
+    }
+    fn error_log(&self) -> String {
+        JitArgs::log(&self.error)
+    }
+}
+
+/// Formats a JIT failure: each ptxas error with its PTX line and source text, else the raw log.
+pub(crate) fn format_jit_error(what: &str, code: &str, log: &str, ptx_text: &str) -> String {
+    use ptx::ptxas::Severity;
+    let diags = ptx::ptxas::parse_diagnostics(log, ptx_text);
+    let errs: Vec<_> = diags
+        .iter()
+        .filter(|d| matches!(d.severity, Severity::Error | Severity::Fatal))
+        .collect();
+    let mut msg = format!("{what} failed with {code}");
+    for d in &errs {
+        match d.line {
+            Some(l) => {
+                msg += &format!("\n  PTX line {l}: {}", d.message);
+                if let Some(src) = &d.source_line {
+                    msg += &format!("\n    {l:>5} | {src}");
+                }
+            }
+            None => msg += &format!("\n  {}", d.message),
+        }
+    }
+    if errs.is_empty() {
+        if log.trim().is_empty() {
+            msg += " (the JIT wrote no log)";
+        } else {
+            msg += &format!("\n  JIT log:\n{}", log.trim());
+        }
+    }
+    msg
+}
+
+fn jit_error(what: &str, r: CUresult, log: &str, ptx_text: &str) -> RuntimeError {
+    RuntimeError::Cuda(format_jit_error(what, &err_text(r), log, ptx_text))
+}
+
+/// 128-bit FNV-1a (stable across builds and platforms, unlike `DefaultHasher`).
+pub(crate) fn fnv128(parts: &[&[u8]]) -> u128 {
+    const PRIME: u128 = 0x0000000001000000000000000000013B;
+    let mut h: u128 = 0x6c62272e07bb014262b821756295c58d;
+    for p in parts {
+        for &b in (p.len() as u64).to_le_bytes().iter().chain(p.iter()) {
+            h ^= b as u128;
+            h = h.wrapping_mul(PRIME);
+        }
+    }
+    h
+}
+
+/// The cubin cache directory, or None when disabled.
+pub(crate) fn cache_dir() -> Option<PathBuf> {
+    match std::env::var("PTXFORGE_CACHE") {
+        Ok(v) if matches!(v.as_str(), "off" | "0" | "none" | "") => None,
+        Ok(v) => Some(PathBuf::from(v)),
+        Err(_) => {
+            let base = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+            Some(base.join("ptxforge"))
+        }
+    }
+}
+
+/// The cache file for `ptx` compiled with `opts` for a device of `sm_version` under `driver`.
+pub(crate) fn cache_key(ptx: &str, sm_version: u32, driver: i32, opts: &JitOptions) -> String {
+    let o = format!("{opts:?}");
+    let h = fnv128(&[
+        b"ptxforge-cubin-v1",
+        &sm_version.to_le_bytes(),
+        &driver.to_le_bytes(),
+        o.as_bytes(),
+        ptx.as_bytes(),
+    ]);
+    format!("{h:032x}.cubin")
+}
+
+/// A module: its image (cubin, or PTX text when not cached), loaded lazily into each context
+/// (the primary one, and green contexts of partitions) that launches from it.
+pub(crate) struct CuModule {
+    dev: Arc<Ctx>,
+    image: Vec<u8>,
+    is_ptx: bool,
+    ptx_text: String,
+    opts: JitOptions,
+    loaded: Mutex<Vec<(usize, usize)>>,
+    funcs: Mutex<HashMap<(usize, String), usize>>,
+    /// JIT info log (register/shared usage) of the compilation, when there was one.
+    pub info_log: String,
+    pub from_cache: bool,
+}
+
+impl CuModule {
+    /// Compiles PTX text (through the cubin cache when enabled) and loads it in the device's
+    /// primary context.
+    pub fn load_ptx(
+        dev: &Arc<Ctx>,
+        sm_version: u32,
+        text: &str,
+        opts: &JitOptions,
+    ) -> Result<CuModule> {
+        let use_cache = opts.cache.unwrap_or(true);
+        let dir = if use_cache { cache_dir() } else { None };
+        let mut m = CuModule {
+            dev: dev.clone(),
+            image: Vec::new(),
+            is_ptx: false,
+            ptx_text: text.to_string(),
+            opts: opts.clone(),
+            loaded: Mutex::new(Vec::new()),
+            funcs: Mutex::new(HashMap::new()),
+            info_log: String::new(),
+            from_cache: false,
+        };
+        match dir {
+            Some(dir) => {
+                let path = dir.join(cache_key(text, sm_version, dev.driver_version, opts));
+                if let Ok(bytes) = std::fs::read(&path) {
+                    m.image = bytes;
+                    m.from_cache = true;
+                } else {
+                    let (cubin, info) = link_ptx(dev, text, opts)?;
+                    m.image = cubin;
+                    m.info_log = info;
+                    // Best effort: a read-only cache only costs a recompile next time.
+                    if std::fs::create_dir_all(&dir).is_ok() {
+                        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                        if std::fs::write(&tmp, &m.image).is_ok() {
+                            let _ = std::fs::rename(&tmp, &path);
+                        }
+                    }
+                }
+            }
+            None => {
+                let mut img = text.as_bytes().to_vec();
+                img.push(0);
+                m.image = img;
+                m.is_ptx = true;
+            }
+        }
+        let info = m.load_in(dev.ctx)?;
+        if m.info_log.is_empty() {
+            m.info_log = info;
+        }
+        Ok(m)
+    }
+
+    /// Loads a cubin (e.g. assembled offline with `ptx::ptxas::assemble`).
+    pub fn load_cubin(dev: &Arc<Ctx>, cubin: &[u8]) -> Result<CuModule> {
+        let m = CuModule {
+            dev: dev.clone(),
+            image: cubin.to_vec(),
+            is_ptx: false,
+            ptx_text: String::new(),
+            opts: JitOptions::default(),
+            loaded: Mutex::new(Vec::new()),
+            funcs: Mutex::new(HashMap::new()),
+            info_log: String::new(),
+            from_cache: false,
+        };
+        m.load_in(dev.ctx)?;
+        Ok(m)
+    }
+
+    /// `cuModuleLoadDataEx` of the image in `ctx`; returns the JIT info log.
+    fn load_in(&self, ctx: sys::CUcontext) -> Result<String> {
+        // SAFETY: `ctx` is the device's primary context or a live green context.
+        check(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent")?;
+        let mut a = JitArgs::new(&self.opts)?;
+        let mut module = std::ptr::null_mut();
+        let (n, keys, vals) = if self.is_ptx {
+            (
+                a.keys.len() as u32,
+                a.keys.as_mut_ptr(),
+                a.vals.as_mut_ptr(),
+            )
+        } else {
+            (0, std::ptr::null_mut(), std::ptr::null_mut())
+        };
+        // SAFETY: the image is a NUL-terminated PTX string or a complete cubin owned by self; the
+        // option arrays have `n` entries and the log buffers they point to live in `a`.
+        let r = unsafe {
+            sys::cuModuleLoadDataEx(
+                &mut module,
+                self.image.as_ptr() as *const c_void,
+                n,
+                keys,
+                vals,
+            )
+        };
+        if r != CUresult::CUDA_SUCCESS {
+            let what = if self.is_ptx {
+                "PTX JIT (cuModuleLoadDataEx)"
+            } else {
+                "cubin load (cuModuleLoadDataEx)"
+            };
+            return Err(jit_error(what, r, &a.error_log(), &self.ptx_text));
+        }
+        self.loaded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((ctx as usize, module as usize));
+        Ok(a.info_log())
+    }
+
+    /// The kernel `name` as loaded in `ctx` (loading the module there on first use).
+    pub fn function(&self, ctx: sys::CUcontext, name: &str) -> Result<sys::CUfunction> {
+        let key = (ctx as usize, name.to_string());
+        if let Some(&f) = self
+            .funcs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Ok(f as sys::CUfunction);
+        }
+        let find =
+            |l: &Vec<(usize, usize)>| l.iter().find(|(c, _)| *c == ctx as usize).map(|&(_, m)| m);
+        let loaded = find(&self.loaded.lock().unwrap_or_else(|p| p.into_inner()));
+        let m = match loaded {
+            Some(m) => m,
+            None => {
+                self.load_in(ctx)?;
+                find(&self.loaded.lock().unwrap_or_else(|p| p.into_inner()))
+                    .ok_or_else(|| RuntimeError::Cuda("module load did not register".into()))?
+            }
+        };
+        let cname = CString::new(name)
+            .map_err(|_| RuntimeError::Launch("kernel name contains NUL".into()))?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: `m` is a module loaded in `ctx`; out-pointer to a local; NUL-terminated name.
+        check(
+            unsafe { sys::cuModuleGetFunction(&mut f, m as sys::CUmodule, cname.as_ptr()) },
+            &format!("cuModuleGetFunction(`{name}`)"),
+        )?;
+        self.funcs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, f as usize);
+        Ok(f)
+    }
+}
+
+impl Drop for CuModule {
+    fn drop(&mut self) {
+        for &(ctx, m) in self
+            .loaded
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            // SAFETY: unloads modules this object loaded, each once, with their context current.
+            unsafe {
+                if sys::cuCtxSetCurrent(ctx as sys::CUcontext) == CUresult::CUDA_SUCCESS {
+                    sys::cuModuleUnload(m as sys::CUmodule);
+                }
+            }
+        }
+        let _ = self.dev.bind();
+    }
+}
+
+/// Compiles PTX to a cubin with the driver's linker (`cuLinkCreate`/`AddData`/`Complete`).
+fn link_ptx(dev: &Ctx, text: &str, opts: &JitOptions) -> Result<(Vec<u8>, String)> {
+    dev.bind()?;
+    let mut a = JitArgs::new(opts)?;
+    let src = CString::new(text)
+        .map_err(|_| RuntimeError::Cuda("PTX text contains a NUL byte".into()))?;
+    let name = CString::new("module.ptx").unwrap_or_default();
+    let mut state = std::ptr::null_mut();
+    // SAFETY: the option arrays have matching lengths; log buffers live in `a` until destroy.
+    check(
+        unsafe {
+            sys::cuLinkCreate_v2(
+                a.keys.len() as u32,
+                a.keys.as_mut_ptr(),
+                a.vals.as_mut_ptr(),
+                &mut state,
+            )
+        },
+        "cuLinkCreate",
+    )?;
+    let bytes = src.as_bytes_with_nul();
+    // SAFETY: `state` is live; the PTX buffer is NUL-terminated and `bytes.len()` long.
+    let r = unsafe {
+        sys::cuLinkAddData_v2(
+            state,
+            sys::CUjitInputType::CU_JIT_INPUT_PTX,
+            bytes.as_ptr() as *mut c_void,
+            bytes.len(),
+            name.as_ptr(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    let result = if r != CUresult::CUDA_SUCCESS {
+        Err(jit_error(
+            "PTX JIT (cuLinkAddData)",
+            r,
+            &a.error_log(),
+            text,
+        ))
+    } else {
+        let mut cubin = std::ptr::null_mut();
+        let mut size = 0usize;
+        // SAFETY: `state` is live; out-pointers to locals.
+        let r = unsafe { sys::cuLinkComplete(state, &mut cubin, &mut size) };
+        if r != CUresult::CUDA_SUCCESS || cubin.is_null() {
+            Err(jit_error(
+                "PTX link (cuLinkComplete)",
+                r,
+                &a.error_log(),
+                text,
+            ))
+        } else {
+            // SAFETY: the driver owns `size` bytes at `cubin` until cuLinkDestroy; we copy them.
+            Ok((
+                unsafe { std::slice::from_raw_parts(cubin as *const u8, size) }.to_vec(),
+                a.info_log(),
+            ))
+        }
+    };
+    // SAFETY: destroys the link state created above, exactly once.
+    unsafe {
+        sys::cuLinkDestroy(state);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jit_log_maps_to_ptx_lines() {
+        let ptx = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n    bogus.u32 %r1, 1;\n    ret;\n}\n";
+        let log = "ptxas application ptx input, line 6; error   : Unknown instruction 'bogus'\nptxas fatal   : Ptx assembly aborted due to errors";
+        let m = format_jit_error("PTX JIT", "CUDA_ERROR_INVALID_PTX", log, ptx);
+        assert!(m.contains("PTX line 6: Unknown instruction 'bogus'"), "{m}");
+        assert!(m.contains("| bogus.u32 %r1, 1;"), "{m}");
+        assert!(m.contains("CUDA_ERROR_INVALID_PTX"), "{m}");
+        let raw = format_jit_error("PTX JIT", "CUDA_ERROR_INVALID_PTX", "something odd", ptx);
+        assert!(raw.contains("something odd"), "{raw}");
+    }
+
+    #[test]
+    fn cache_keys_depend_on_everything() {
+        let o = JitOptions::default();
+        let k = cache_key("ptx", 90, 12080, &o);
+        assert_eq!(k, cache_key("ptx", 90, 12080, &o));
+        assert_ne!(k, cache_key("ptx2", 90, 12080, &o));
+        assert_ne!(k, cache_key("ptx", 80, 12080, &o));
+        assert_ne!(k, cache_key("ptx", 90, 12090, &o));
+        assert_ne!(
+            k,
+            cache_key(
+                "ptx",
+                90,
+                12080,
+                &JitOptions {
+                    max_registers: Some(64),
+                    ..o.clone()
+                }
+            )
+        );
+        assert!(k.ends_with(".cubin") && k.len() == 32 + 6);
+    }
+
+    #[test]
+    fn jit_targets() {
+        assert_eq!(jit_target("sm_90a").unwrap(), 0x10000 + 90);
+        assert_eq!(jit_target("sm_80").unwrap(), 80);
+        assert!(jit_target("hopper").is_err());
+    }
+}

@@ -1,0 +1,75 @@
+//! `cuTensorMapEncodeTiled`.
+
+use super::check;
+use crate::tensor_map::{Interleave, L2Promotion, OobFill, Swizzle, TensorDataType, TensorMap};
+use crate::Result;
+use cudarc::driver::sys;
+
+pub(crate) fn encode_tiled(t: &TensorMap) -> Result<[u8; 128]> {
+    use sys::CUtensorMapDataType as D;
+    let dt = match t.data_type {
+        TensorDataType::U8 => D::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        TensorDataType::U16 => D::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+        TensorDataType::U32 => D::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+        TensorDataType::I32 => D::CU_TENSOR_MAP_DATA_TYPE_INT32,
+        TensorDataType::U64 => D::CU_TENSOR_MAP_DATA_TYPE_UINT64,
+        TensorDataType::I64 => D::CU_TENSOR_MAP_DATA_TYPE_INT64,
+        TensorDataType::F16 => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        TensorDataType::F32 => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+        TensorDataType::F64 => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT64,
+        TensorDataType::BF16 => D::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        TensorDataType::F32Ftz => D::CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ,
+        TensorDataType::TF32 => D::CU_TENSOR_MAP_DATA_TYPE_TFLOAT32,
+        TensorDataType::TF32Ftz => D::CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ,
+    };
+    let il = match t.interleave {
+        Interleave::None => sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+        Interleave::B16 => sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_16B,
+        Interleave::B32 => sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_32B,
+    };
+    let sw = match t.swizzle {
+        Swizzle::None => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        Swizzle::B32 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_32B,
+        Swizzle::B64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+        Swizzle::B128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+    };
+    let l2 = match t.l2_promotion {
+        L2Promotion::None => sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_NONE,
+        L2Promotion::B64 => sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_64B,
+        L2Promotion::B128 => sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        L2Promotion::B256 => sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+    };
+    let oob = match t.oob_fill {
+        OobFill::None => sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        OobFill::NanRequestZeroFma => {
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA
+        }
+    };
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    // SAFETY: the arrays have rank (strides: rank-1) entries, as `validate` checked, and outlive
+    // the call; the descriptor is written into `map`.
+    check(
+        unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut map,
+                dt,
+                t.rank() as u32,
+                t.global_address as *mut std::ffi::c_void,
+                t.global_dims.as_ptr(),
+                t.global_strides.as_ptr(),
+                t.box_dims.as_ptr(),
+                t.element_strides.as_ptr(),
+                il,
+                sw,
+                l2,
+                oob,
+            )
+        },
+        "cuTensorMapEncodeTiled",
+    )?;
+    let mut out = [0u8; 128];
+    for (i, w) in map.opaque.iter().enumerate() {
+        out[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+    }
+    Ok(out)
+}

@@ -1,0 +1,256 @@
+//! TMA tensor maps: the parameters of `cuTensorMapEncodeTiled`, validated with the driver's
+//! rules. `encode_cuda` produces the 128-byte descriptor on CUDA; the emulator reads the plain
+//! struct (TMA emulation comes with the Hopper work).
+
+use crate::{Result, RuntimeError};
+
+/// `CUtensorMapDataType`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum TensorDataType {
+    U8,
+    U16,
+    U32,
+    I32,
+    U64,
+    I64,
+    F16,
+    F32,
+    F64,
+    BF16,
+    F32Ftz,
+    TF32,
+    TF32Ftz,
+}
+
+impl TensorDataType {
+    pub fn size_bytes(self) -> u64 {
+        use TensorDataType::*;
+        match self {
+            U8 => 1,
+            U16 | F16 | BF16 => 2,
+            U32 | I32 | F32 | F32Ftz | TF32 | TF32Ftz => 4,
+            U64 | I64 | F64 => 8,
+        }
+    }
+    pub fn is_float(self) -> bool {
+        use TensorDataType::*;
+        matches!(self, F16 | F32 | F64 | BF16 | F32Ftz | TF32 | TF32Ftz)
+    }
+}
+
+/// `CUtensorMapInterleave`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Interleave {
+    None,
+    B16,
+    B32,
+}
+
+/// `CUtensorMapSwizzle`: the shared-memory swizzle span.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Swizzle {
+    None,
+    B32,
+    B64,
+    B128,
+}
+
+impl Swizzle {
+    pub fn span_bytes(self) -> Option<u64> {
+        match self {
+            Swizzle::None => None,
+            Swizzle::B32 => Some(32),
+            Swizzle::B64 => Some(64),
+            Swizzle::B128 => Some(128),
+        }
+    }
+}
+
+/// `CUtensorMapL2promotion`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum L2Promotion {
+    None,
+    B64,
+    B128,
+    B256,
+}
+
+/// `CUtensorMapFloatOOBfill`: what out-of-bounds elements read as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum OobFill {
+    /// Zeros.
+    None,
+    /// NaN that makes FMA produce zero (floating-point types only).
+    NanRequestZeroFma,
+}
+
+/// A tiled tensor map (`cuTensorMapEncodeTiled` parameters). The rank is `global_dims.len()`;
+/// `global_strides` has rank-1 entries (bytes; dimension 0 is contiguous).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct TensorMap {
+    pub data_type: TensorDataType,
+    pub global_address: u64,
+    pub global_dims: Vec<u64>,
+    pub global_strides: Vec<u64>,
+    pub box_dims: Vec<u32>,
+    pub element_strides: Vec<u32>,
+    pub interleave: Interleave,
+    pub swizzle: Swizzle,
+    pub l2_promotion: L2Promotion,
+    pub oob_fill: OobFill,
+}
+
+fn err(msg: String) -> RuntimeError {
+    RuntimeError::TensorMap(msg)
+}
+
+impl TensorMap {
+    /// A dense row-major tensor (strides from the dims), element strides 1, no interleave or
+    /// swizzle, 128-byte L2 promotion, zero OOB fill.
+    pub fn tiled(
+        data_type: TensorDataType,
+        global_address: u64,
+        global_dims: &[u64],
+        box_dims: &[u32],
+    ) -> TensorMap {
+        let mut strides = Vec::new();
+        let mut s = data_type.size_bytes();
+        for d in global_dims.iter().take(global_dims.len().saturating_sub(1)) {
+            s *= d;
+            strides.push(s);
+        }
+        TensorMap {
+            data_type,
+            global_address,
+            global_dims: global_dims.to_vec(),
+            global_strides: strides,
+            box_dims: box_dims.to_vec(),
+            element_strides: vec![1; global_dims.len()],
+            interleave: Interleave::None,
+            swizzle: Swizzle::None,
+            l2_promotion: L2Promotion::B128,
+            oob_fill: OobFill::None,
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.global_dims.len()
+    }
+
+    /// Checks the rules `cuTensorMapEncodeTiled` enforces, with a message naming the field.
+    pub fn validate(&self) -> Result<()> {
+        let r = self.rank();
+        let min_rank = if self.interleave == Interleave::None {
+            1
+        } else {
+            3
+        };
+        if !(min_rank..=5).contains(&r) {
+            return Err(err(format!(
+                "rank {r}: must be {min_rank}..=5{}",
+                if min_rank == 3 {
+                    " with interleave"
+                } else {
+                    ""
+                }
+            )));
+        }
+        if self.global_strides.len() != r - 1 {
+            return Err(err(format!(
+                "{} global strides given, rank {r} needs {}",
+                self.global_strides.len(),
+                r - 1
+            )));
+        }
+        if self.box_dims.len() != r || self.element_strides.len() != r {
+            return Err(err(format!(
+                "box dims ({}) and element strides ({}) must both have rank {r} entries",
+                self.box_dims.len(),
+                self.element_strides.len()
+            )));
+        }
+        let addr_align = if self.interleave == Interleave::B32 {
+            32
+        } else {
+            16
+        };
+        if !self.global_address.is_multiple_of(addr_align) {
+            return Err(err(format!(
+                "global address {:#x} must be {addr_align}-byte aligned",
+                self.global_address
+            )));
+        }
+        for (i, &d) in self.global_dims.iter().enumerate() {
+            if d == 0 || d > 1 << 32 {
+                return Err(err(format!("global dim {i} = {d}: must be 1..=2^32")));
+            }
+        }
+        let stride_align = if self.interleave == Interleave::B32 {
+            32
+        } else {
+            16
+        };
+        let esize = self.data_type.size_bytes();
+        let mut prev = esize * self.global_dims[0];
+        for (i, &s) in self.global_strides.iter().enumerate() {
+            if !s.is_multiple_of(stride_align) {
+                return Err(err(format!(
+                    "global stride {i} = {s} bytes: must be a multiple of {stride_align}"
+                )));
+            }
+            if s >= 1 << 40 {
+                return Err(err(format!(
+                    "global stride {i} = {s} bytes: must be below 2^40"
+                )));
+            }
+            if s < prev && self.interleave == Interleave::None {
+                return Err(err(format!("global stride {i} = {s} bytes is smaller than the {prev} bytes of the dimensions inside it")));
+            }
+            prev = s * self.global_dims[i + 1];
+        }
+        for (i, &b) in self.box_dims.iter().enumerate() {
+            if b == 0 || b > 256 {
+                return Err(err(format!("box dim {i} = {b}: must be 1..=256")));
+            }
+        }
+        for (i, &e) in self.element_strides.iter().enumerate() {
+            if e == 0 || e > 8 {
+                return Err(err(format!("element stride {i} = {e}: must be 1..=8")));
+            }
+        }
+        if self.interleave == Interleave::None {
+            let inner = self.box_dims[0] as u64 * esize;
+            if !inner.is_multiple_of(16) {
+                return Err(err(format!(
+                    "box dim 0 spans {inner} bytes: must be a multiple of 16 without interleave"
+                )));
+            }
+            if let Some(span) = self.swizzle.span_bytes() {
+                if inner > span {
+                    return Err(err(format!("box dim 0 spans {inner} bytes: must be at most the {span}-byte swizzle span")));
+                }
+            }
+        } else if self.interleave == Interleave::B32 && self.swizzle != Swizzle::B32 {
+            return Err(err("32-byte interleave requires the 32-byte swizzle".into()));
+        }
+        if self.oob_fill == OobFill::NanRequestZeroFma && !self.data_type.is_float() {
+            return Err(err(format!(
+                "NaN OOB fill needs a floating-point type, not {:?}",
+                self.data_type
+            )));
+        }
+        Ok(())
+    }
+
+    /// Bytes one box occupies in shared memory.
+    pub fn box_bytes(&self) -> u64 {
+        self.box_dims.iter().map(|&b| b as u64).product::<u64>() * self.data_type.size_bytes()
+    }
+
+    /// Encodes the 128-byte `CUtensorMap` with `cuTensorMapEncodeTiled` (needs a CUDA driver).
+    pub fn encode_cuda(&self) -> Result<[u8; 128]> {
+        self.validate()?;
+        crate::cuda::driver()?;
+        crate::cuda::tensor_map::encode_tiled(self)
+    }
+}
