@@ -1,0 +1,68 @@
+//! Inter-node transport. Dispatch and combine kernels move data across nodes with one-sided puts
+//! into ring buffers that live in the receiving rank's memory. A [`Transport`] hands out the
+//! addresses a kernel may write through for a remote rank (the RDMA-registered window of that
+//! rank) and classifies links; byte counting happens on the device (per link class counters).
+//!
+//! [`InProcessTransport`] emulates several nodes inside one process: every emulated device shares
+//! the emulator's unified address space, so the "remote window" of a rank on another node is
+//! simply its buffer address. Kernels write through it directly (no host proxy thread): the put
+//! is a sequence of stores followed by a release store of the ring's tail counter, exactly the
+//! ordering an RDMA write + atomic/fenced flag update gives on InfiniBand.
+
+use runtime::{Buffer, Device};
+use serde::Serialize;
+
+/// Which physical link a transfer uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum LinkClass {
+    /// Same rank (no link).
+    Local,
+    /// Same node, other GPU (NVLink).
+    IntraNode,
+    /// Other node (InfiniBand / RDMA).
+    InterNode,
+}
+
+/// One-sided access to remote ranks' communication windows.
+pub trait Transport: Send + Sync {
+    fn ranks(&self) -> u32;
+    fn gpus_per_node(&self) -> u32;
+    fn node_of(&self, rank: u32) -> u32 {
+        rank / self.gpus_per_node()
+    }
+    /// The link between two ranks.
+    fn link(&self, src: u32, dst: u32) -> LinkClass {
+        if src == dst {
+            LinkClass::Local
+        } else if self.node_of(src) == self.node_of(dst) {
+            LinkClass::IntraNode
+        } else {
+            LinkClass::InterNode
+        }
+    }
+    /// Address through which a kernel running on rank `src` puts into `buf` (owned by rank
+    /// `dst`) on another node.
+    fn remote_ptr(&self, src: u32, dst: u32, buf: &Buffer<u8>) -> runtime::Result<u64>;
+    fn name(&self) -> &'static str;
+}
+
+/// Several nodes emulated in one process (see the module docs).
+pub struct InProcessTransport {
+    pub devices: Vec<Device>,
+    pub gpus_per_node: u32,
+}
+
+impl Transport for InProcessTransport {
+    fn ranks(&self) -> u32 {
+        self.devices.len() as u32
+    }
+    fn gpus_per_node(&self) -> u32 {
+        self.gpus_per_node
+    }
+    fn remote_ptr(&self, src: u32, _dst: u32, buf: &Buffer<u8>) -> runtime::Result<u64> {
+        buf.peer_ptr(&self.devices[src as usize])
+    }
+    fn name(&self) -> &'static str {
+        "in-process (unified address space, direct remote stores)"
+    }
+}
