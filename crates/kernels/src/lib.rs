@@ -1,0 +1,63 @@
+//! `kernels`: the compute half of the DeepSeek-V3 FP8 recipe, written with the typed PTX builder.
+//!
+//! This crate owns the library kernels (generators `fn(Target, &Shape) -> ptx::Module`), their
+//! typed host API over runtime buffers (shape/layout validation, configuration choice, a module
+//! cache keyed by (kernel, target, config, device)), f64 CPU references, and the one
+//! [`registry()`] that the CLI (`ptxforge kernels|emit|gemm|bench`) and the test suite iterate.
+//!
+//! - [`quant`]: FP8 E4M3 quantisation (1x128 per token group, 128x128 per weight block, power-of-two
+//!   and UE8M0 scales), dequantisation, and the transposing 1x128 -> 128x1 re-tiling.
+//! - [`gemm`]: `mma.sync` GEMMs, D = A x B^T ("NT"): BF16 (m16n8k16) and FP8 block-scaled
+//!   (m16n8k32 e4m3, promotion of every 128-wide K block into FP32 with sa*sb), normal, MoE
+//!   contiguous-grouped and masked-grouped; plus the un-promoted ablation kernel.
+//! - [`tile`]: the small typed tile helpers kernels are written with (swizzled shared tiles,
+//!   fragments, `cp.async` tile loads).
+//! - [`reference`]: f64 CPU references and error metrics.
+//! - [`registry`]: [`KernelInfo`] for every kernel.
+//! - [`host`]: module cache and target choice shared by the host wrappers.
+
+pub mod gemm;
+pub mod host;
+pub mod quant;
+pub mod reference;
+pub mod registry;
+pub mod tile;
+
+pub use gemm::{
+    gemm_bf16_nt, gemm_fp8_nt, gemm_fp8_nt_unpromoted, grouped_gemm_bf16_contiguous,
+    grouped_gemm_bf16_masked, grouped_gemm_fp8_contiguous, grouped_gemm_fp8_masked, GemmConfig,
+    OutTy,
+};
+pub use quant::{
+    dequantize_fp8_1x128, quantize_fp8_128x128, quantize_fp8_1x128, quantize_fp8_1x128_ue8m0,
+    requantize_fp8_1x128_to_128x1_t, QuantSrc, ScaleMode,
+};
+pub use registry::{registry, CheckReport, KernelInfo, ParamInfo, Shape};
+
+/// Errors of the kernel library. Bad shapes and layouts are reported, never panicked on.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("{kernel}: {msg}")]
+    Shape { kernel: String, msg: String },
+    #[error("{kernel}: target {arch} is not supported (supported: {supported})")]
+    Target {
+        kernel: String,
+        arch: String,
+        supported: String,
+    },
+    #[error("building PTX: {0}")]
+    Build(#[from] builder::BuildError),
+    #[error(transparent)]
+    Runtime(#[from] runtime::RuntimeError),
+    #[error("unknown kernel `{0}` (see `ptxforge kernels`)")]
+    Unknown(String),
+}
+
+pub type Result<T> = std::result::Result<T, KernelError>;
+
+pub(crate) fn shape_err<T>(kernel: &str, msg: impl Into<String>) -> Result<T> {
+    Err(KernelError::Shape {
+        kernel: kernel.to_string(),
+        msg: msg.into(),
+    })
+}

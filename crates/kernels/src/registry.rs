@@ -1,0 +1,866 @@
+//! The one registry of library kernels. Each [`KernelInfo`] carries the name, parameters in
+//! launch order, the launch-shape rule, the supported targets, the generator
+//! ([`KernelInfo::generate`]), and [`KernelInfo::check`]: the typed host wrapper run on fresh
+//! random inputs against the CPU reference. `ptxforge kernels|emit|gemm`, the ptxas test and the
+//! emulator test iterate this list.
+
+use crate::gemm::{self, GemmConfig, GemmSpec, InTy, Layout, OutTy};
+use crate::quant::{self, ScaleMode};
+use crate::reference::{self as r, rel_fro};
+use crate::{shape_err, Result};
+use builder::Target;
+use half::bf16;
+use rand::Rng;
+use runtime::{Buffer, Device, Pod, Stream};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// Problem shape: GEMMs use (m, n, k, groups); quantisers use m = tokens/rows, k = hidden/cols.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Shape {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub groups: usize,
+}
+
+impl Shape {
+    pub const fn new(m: usize, n: usize, k: usize) -> Shape {
+        Shape { m, n, k, groups: 1 }
+    }
+    pub const fn grouped(m: usize, n: usize, k: usize, groups: usize) -> Shape {
+        Shape { m, n, k, groups }
+    }
+}
+
+/// One kernel parameter.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ParamInfo {
+    pub name: &'static str,
+    pub ty: &'static str,
+}
+
+/// What a registered kernel is.
+#[derive(Clone, Debug)]
+pub enum Kind {
+    Quant1x128 { bf16: bool, mode: ScaleMode },
+    Quant128x128 { bf16: bool, mode: ScaleMode },
+    Dequant { bf16: bool },
+    RequantT,
+    Gemm(GemmSpec),
+}
+
+/// A registered kernel.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct KernelInfo {
+    pub name: String,
+    pub summary: String,
+    pub params: Vec<ParamInfo>,
+    /// The launch-shape rule, as text.
+    pub launch: String,
+    pub targets: &'static [&'static str],
+    /// The typed host wrapper that launches it.
+    pub host: &'static str,
+    /// Shapes the test suite runs on the emulator.
+    pub test_shapes: Vec<Shape>,
+    #[serde(skip)]
+    pub kind: Kind,
+}
+
+/// Result of [`KernelInfo::check`].
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CheckReport {
+    pub kernel: String,
+    pub shape: Shape,
+    /// Bit-exact kernels: number of differing output elements (0 = pass).
+    pub mismatches: usize,
+    /// Relative Frobenius error against the f64 reference (GEMMs).
+    pub rel_err: f64,
+    /// Tolerance `rel_err` is held to (0 for exact kernels).
+    pub tolerance: f64,
+    pub pass: bool,
+    /// Wall time of the launch (synchronised).
+    pub seconds: f64,
+    pub flops: f64,
+    /// Emulated lane-instructions of the launch (emulator only).
+    pub lane_instructions: Option<u64>,
+}
+
+fn p(v: &[(&'static str, &'static str)]) -> Vec<ParamInfo> {
+    v.iter().map(|&(name, ty)| ParamInfo { name, ty }).collect()
+}
+
+/// Every library kernel.
+pub fn registry() -> &'static [KernelInfo] {
+    static R: OnceLock<Vec<KernelInfo>> = OnceLock::new();
+    R.get_or_init(build)
+}
+
+/// Looks a kernel up by name.
+pub fn find(name: &str) -> Result<&'static KernelInfo> {
+    registry()
+        .iter()
+        .find(|k| k.name == name)
+        .ok_or_else(|| crate::KernelError::Unknown(name.to_string()))
+}
+
+fn build() -> Vec<KernelInfo> {
+    let mut v = Vec::new();
+    let qshapes = vec![
+        Shape::new(5, 0, 128),
+        Shape::new(33, 0, 384),
+        Shape::new(64, 0, 1024),
+    ];
+    for bf in [true, false] {
+        for mode in [ScaleMode::Float, ScaleMode::Pow2, ScaleMode::Ue8m0] {
+            let src = if bf { "bf16*" } else { "f32*" };
+            let s = if mode == ScaleMode::Ue8m0 {
+                "u8*"
+            } else {
+                "f32*"
+            };
+            v.push(KernelInfo {
+                name: quant::quant_1x128_name(bf, mode),
+                summary: format!(
+                    "FP8 1x128 quantisation of {} activations, {:?} scales",
+                    &src[..src.len() - 1],
+                    mode
+                ),
+                params: p(&[
+                    ("x", src),
+                    ("q", "e4m3*"),
+                    ("s", s),
+                    ("groups", "u32"),
+                    ("groups_per_row", "u32"),
+                    ("s_pitch", "u32"),
+                ]),
+                launch: "groups = tokens*hidden/128; grid = ceil(groups/16), block = 256".into(),
+                targets: quant::QUANT_TARGETS,
+                host: if mode == ScaleMode::Ue8m0 {
+                    "quantize_fp8_1x128_ue8m0"
+                } else {
+                    "quantize_fp8_1x128"
+                },
+                test_shapes: qshapes.clone(),
+                kind: Kind::Quant1x128 { bf16: bf, mode },
+            });
+        }
+        for mode in [ScaleMode::Float, ScaleMode::Pow2] {
+            let src = if bf { "bf16*" } else { "f32*" };
+            v.push(KernelInfo {
+                name: quant::quant_128x128_name(bf, mode),
+                summary: format!(
+                    "FP8 128x128 block quantisation of {} weights, {:?} scales",
+                    &src[..src.len() - 1],
+                    mode
+                ),
+                params: p(&[
+                    ("x", src),
+                    ("q", "e4m3*"),
+                    ("s", "f32*"),
+                    ("rows", "u32"),
+                    ("cols", "u32"),
+                ]),
+                launch: "grid = (cols/128, ceil(rows/128)), block = 256".into(),
+                targets: quant::QUANT_TARGETS,
+                host: "quantize_fp8_128x128",
+                test_shapes: vec![Shape::new(128, 0, 128), Shape::new(200, 0, 256)],
+                kind: Kind::Quant128x128 { bf16: bf, mode },
+            });
+        }
+        v.push(KernelInfo {
+            name: quant::dequant_name(bf),
+            summary: format!(
+                "FP8 1x128 dequantisation to {}",
+                if bf { "bf16" } else { "f32" }
+            ),
+            params: p(&[
+                ("q", "e4m3*"),
+                ("s", "f32*"),
+                ("out", if bf { "bf16*" } else { "f32*" }),
+                ("groups", "u32"),
+            ]),
+            launch: "groups = tokens*hidden/128; grid = ceil(groups/16), block = 256".into(),
+            targets: quant::QUANT_TARGETS,
+            host: "dequantize_fp8_1x128",
+            test_shapes: qshapes.clone(),
+            kind: Kind::Dequant { bf16: bf },
+        });
+    }
+    v.push(KernelInfo {
+        name: quant::REQUANT_T_NAME.into(),
+        summary:
+            "re-tile 1x128 FP8 activations [T,H] into transposed 128x1 FP8 [H,T] (backward pass)"
+                .into(),
+        params: p(&[
+            ("q", "e4m3*"),
+            ("s", "f32*"),
+            ("qt", "e4m3*"),
+            ("st", "f32*"),
+            ("tokens", "u32"),
+            ("hidden", "u32"),
+        ]),
+        launch: "grid = (hidden/128, tokens/128), block = 128".into(),
+        targets: quant::QUANT_TARGETS,
+        host: "requantize_fp8_1x128_to_128x1_t",
+        test_shapes: vec![Shape::new(128, 0, 128), Shape::new(256, 0, 384)],
+        kind: Kind::RequantT,
+    });
+    let gshapes = vec![Shape::new(100, 128, 128), Shape::new(130, 256, 384)];
+    let mut gemm = |s: GemmSpec, summary: &str, host: &'static str, shapes: Vec<Shape>| {
+        v.push(KernelInfo {
+            name: s.name.clone(),
+            summary: format!("{summary} (tile {})", s.cfg.tag()),
+            params: s
+                .params()
+                .iter()
+                .map(|&(name, ty)| ParamInfo { name, ty })
+                .collect(),
+            launch: s.launch_rule(),
+            targets: s.targets(),
+            host,
+            test_shapes: shapes,
+            kind: Kind::Gemm(s),
+        })
+    };
+    use gemm::spec;
+    for cfg in [GemmConfig::BIG, GemmConfig::SMALL] {
+        gemm(
+            spec(InTy::Bf16, OutTy::Bf16, Layout::Normal, false, cfg),
+            "BF16 GEMM D = A B^T, bf16 out",
+            "gemm_bf16_nt",
+            gshapes.clone(),
+        );
+    }
+    gemm(
+        spec(
+            InTy::Bf16,
+            OutTy::F32,
+            Layout::Normal,
+            true,
+            GemmConfig::SMALL,
+        ),
+        "BF16 GEMM D = A B^T + C, f32 C/D",
+        "gemm_bf16_nt",
+        vec![Shape::new(70, 64, 136), Shape::new(64, 200, 256)],
+    );
+    for cfg in [GemmConfig::BIG_FP8, GemmConfig::MID] {
+        gemm(
+            spec(InTy::Fp8, OutTy::Bf16, Layout::Normal, false, cfg),
+            "FP8 block-scaled GEMM (1x128 x 128x128 scales, promotion every 128 K), bf16 out",
+            "gemm_fp8_nt",
+            vec![
+                Shape::new(100, 128, 256),
+                Shape::new(130, 256, 512),
+                Shape::new(16, 128, 1024),
+            ],
+        );
+    }
+    gemm(
+        spec(InTy::Fp8Unpromoted, OutTy::F32, Layout::Normal, false, GemmConfig::MID),
+        "ablation: FP8 GEMM with per-tensor scales, one f16 tensor-core accumulator over all K, no promotion",
+        "gemm_fp8_nt_unpromoted",
+        vec![Shape::new(64, 128, 256)],
+    );
+    let contiguous = vec![Shape::grouped(384, 128, 256, 3)];
+    let masked = vec![Shape::grouped(96, 128, 256, 3)];
+    gemm(
+        spec(
+            InTy::Fp8,
+            OutTy::Bf16,
+            Layout::Contiguous,
+            false,
+            GemmConfig::MID,
+        ),
+        "MoE grouped FP8 GEMM, contiguous layout (m_indices, -1 = padding row -> 0)",
+        "grouped_gemm_fp8_contiguous",
+        contiguous.clone(),
+    );
+    gemm(
+        spec(
+            InTy::Fp8,
+            OutTy::Bf16,
+            Layout::Masked,
+            false,
+            GemmConfig::MID,
+        ),
+        "MoE grouped FP8 GEMM, masked layout ([G, m_max, K], masked_m rows per group)",
+        "grouped_gemm_fp8_masked",
+        masked.clone(),
+    );
+    gemm(
+        spec(
+            InTy::Bf16,
+            OutTy::Bf16,
+            Layout::Contiguous,
+            false,
+            GemmConfig::MID,
+        ),
+        "MoE grouped BF16 GEMM, contiguous layout",
+        "grouped_gemm_bf16_contiguous",
+        contiguous,
+    );
+    gemm(
+        spec(
+            InTy::Bf16,
+            OutTy::Bf16,
+            Layout::Masked,
+            false,
+            GemmConfig::MID,
+        ),
+        "MoE grouped BF16 GEMM, masked layout",
+        "grouped_gemm_bf16_masked",
+        masked,
+    );
+    v
+}
+
+// ---------------------------------------------------------------------------------------------
+// generation and checking
+
+/// Poison patterns: outputs are filled with these before a launch so unwritten elements fail.
+const POISON_U8: u8 = 0xff; // e4m3 NaN
+fn poison_bf16() -> bf16 {
+    bf16::from_bits(0x7fc1)
+}
+
+fn upload<T: Pod>(dev: &Device, v: &[T]) -> Result<Buffer<T>> {
+    Ok(dev.upload(v)?)
+}
+fn poisoned<T: Pod>(dev: &Device, len: usize, v: T) -> Result<Buffer<T>> {
+    let b = dev.alloc::<T>(len.max(1))?;
+    b.fill(v)?;
+    Ok(b)
+}
+
+fn count_diff<T: PartialEq>(a: &[T], b: &[T]) -> usize {
+    a.iter().zip(b).filter(|(x, y)| x != y).count() + a.len().abs_diff(b.len())
+}
+
+fn f32_bits_diff(a: &[f32], b: &[f32]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
+/// Quantises f32 rows 1x128 on the host (for GEMM inputs).
+pub fn host_quant_rows(x: &[f32], rows: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
+    quant::ref_quant_1x128(x, rows, k, ScaleMode::Float)
+}
+
+/// Quantises B [groups*n, k] per 128x128 block on the host (per group; n % 128 == 0).
+pub fn host_quant_blocks(w: &[f32], rows: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
+    quant::ref_quant_128x128(w, rows, k, ScaleMode::Float)
+}
+
+impl KernelInfo {
+    /// Generates the kernel's module for `t` (the shape only selects sizes baked in, if any).
+    pub fn generate(&self, t: &Target, _shape: &Shape) -> Result<ptx::Module> {
+        match &self.kind {
+            Kind::Quant1x128 { bf16, mode } => quant::gen_quant_1x128(t, *bf16, *mode),
+            Kind::Quant128x128 { bf16, mode } => quant::gen_quant_128x128(t, *bf16, *mode),
+            Kind::Dequant { bf16 } => quant::gen_dequant_1x128(t, *bf16),
+            Kind::RequantT => quant::gen_requant_t(t),
+            Kind::Gemm(s) => gemm::gen_gemm(t, s),
+        }
+    }
+
+    /// FLOPs of one launch at `s` (2mnk for GEMMs, 0 for memory-bound kernels).
+    pub fn flops(&self, s: &Shape) -> f64 {
+        match &self.kind {
+            Kind::Gemm(g) => {
+                let rows = if g.layout == Layout::Masked {
+                    s.m * s.groups
+                } else {
+                    s.m
+                };
+                2.0 * rows as f64 * s.n as f64 * s.k as f64
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// Runs the host wrapper on fresh random inputs (seeded) and compares with the CPU reference:
+    /// bit-exact for quantisation, relative Frobenius error for GEMMs. Outputs are poisoned first.
+    pub fn check(&self, stream: &Stream, s: &Shape, seed: u64) -> Result<CheckReport> {
+        let dev = stream.device().clone();
+        let mut rg = r::rng(seed);
+        let mut rep = CheckReport {
+            kernel: self.name.clone(),
+            shape: *s,
+            mismatches: 0,
+            rel_err: 0.0,
+            tolerance: 0.0,
+            pass: false,
+            seconds: 0.0,
+            flops: self.flops(s),
+            lane_instructions: None,
+        };
+        let t0 = Instant::now();
+        let sync = |t0: Instant| -> Result<f64> {
+            stream.synchronize()?;
+            Ok(t0.elapsed().as_secs_f64())
+        };
+        match &self.kind {
+            Kind::Quant1x128 { bf16: bf, mode } => {
+                let (t, h) = (s.m, s.k);
+                let x = r::random_activations(&mut rg, t * h, h);
+                let xr: Vec<f32> = if *bf {
+                    x.iter().map(|v| bf16::from_f32(*v).to_f32()).collect()
+                } else {
+                    x.clone()
+                };
+                let (qw, sw) = quant::ref_quant_1x128(&xr, t, h, *mode);
+                let mut q = poisoned(&dev, t * h, POISON_U8)?;
+                let got_q;
+                if *mode == ScaleMode::Ue8m0 {
+                    let pitch = quant::ue8m0_pitch(h);
+                    let mut sb = poisoned(&dev, t * pitch, 0xaau8)?;
+                    if *bf {
+                        let xb = upload(
+                            &dev,
+                            &x.iter().map(|v| bf16::from_f32(*v)).collect::<Vec<_>>(),
+                        )?;
+                        quant::quantize_fp8_1x128_ue8m0(stream, &xb, &mut q, &mut sb, t, h)?;
+                        stream.synchronize()?;
+                    } else {
+                        let xb = upload(&dev, &x)?;
+                        quant::quantize_fp8_1x128_ue8m0(stream, &xb, &mut q, &mut sb, t, h)?;
+                        stream.synchronize()?;
+                    }
+                    rep.seconds = sync(t0)?;
+                    got_q = q.to_vec()?;
+                    let sv = sb.to_vec()?;
+                    let gpr = h / 128;
+                    for tok in 0..t {
+                        for g in 0..gpr {
+                            let want = (sw[tok * gpr + g].to_bits() >> 23) as u8;
+                            rep.mismatches += (sv[tok * pitch + g] != want) as usize;
+                        }
+                    }
+                } else {
+                    let mut sb = poisoned(&dev, t * h / 128, f32::NAN)?;
+                    if *bf {
+                        let xb = upload(
+                            &dev,
+                            &x.iter().map(|v| bf16::from_f32(*v)).collect::<Vec<_>>(),
+                        )?;
+                        quant::quantize_fp8_1x128(stream, &xb, &mut q, &mut sb, t, h, *mode)?;
+                        stream.synchronize()?;
+                    } else {
+                        let xb = upload(&dev, &x)?;
+                        quant::quantize_fp8_1x128(stream, &xb, &mut q, &mut sb, t, h, *mode)?;
+                        stream.synchronize()?;
+                    }
+                    rep.seconds = sync(t0)?;
+                    got_q = q.to_vec()?;
+                    rep.mismatches += f32_bits_diff(&sb.to_vec()?, &sw);
+                }
+                rep.mismatches += count_diff(&got_q[..t * h], &qw);
+            }
+            Kind::Quant128x128 { bf16: bf, mode } => {
+                let (rows, cols) = (s.m, s.k);
+                let x: Vec<f32> = (0..rows * cols)
+                    .map(|_| rg.gen_range(-2.0f32..2.0))
+                    .collect();
+                let xr: Vec<f32> = if *bf {
+                    x.iter().map(|v| bf16::from_f32(*v).to_f32()).collect()
+                } else {
+                    x.clone()
+                };
+                let (qw, sw) = quant::ref_quant_128x128(&xr, rows, cols, *mode);
+                let mut q = poisoned(&dev, rows * cols, POISON_U8)?;
+                let mut sb = poisoned(&dev, sw.len(), f32::NAN)?;
+                if *bf {
+                    let xb = upload(
+                        &dev,
+                        &x.iter().map(|v| bf16::from_f32(*v)).collect::<Vec<_>>(),
+                    )?;
+                    quant::quantize_fp8_128x128(stream, &xb, &mut q, &mut sb, rows, cols, *mode)?;
+                    stream.synchronize()?;
+                } else {
+                    let xb = upload(&dev, &x)?;
+                    quant::quantize_fp8_128x128(stream, &xb, &mut q, &mut sb, rows, cols, *mode)?;
+                    stream.synchronize()?;
+                }
+                rep.seconds = sync(t0)?;
+                rep.mismatches = count_diff(&q.to_vec()?[..rows * cols], &qw)
+                    + f32_bits_diff(&sb.to_vec()?, &sw);
+            }
+            Kind::Dequant { bf16: bf } => {
+                let (t, h) = (s.m, s.k);
+                let x = r::random_activations(&mut rg, t * h, h);
+                let (qv, sv) = quant::ref_quant_1x128(&x, t, h, ScaleMode::Float);
+                let want = quant::ref_dequant_1x128(&qv, &sv, t, h);
+                let (qb, sb) = (upload(&dev, &qv)?, upload(&dev, &sv)?);
+                if *bf {
+                    let mut out = poisoned(&dev, t * h, poison_bf16())?;
+                    quant::dequantize_fp8_1x128(stream, &qb, &sb, &mut out, t, h)?;
+                    rep.seconds = sync(t0)?;
+                    let got = out.to_vec()?;
+                    rep.mismatches = (0..t * h)
+                        .filter(|&i| got[i].to_bits() != emu::fp::f32_to_bf16_rn(want[i]))
+                        .count();
+                } else {
+                    let mut out = poisoned(&dev, t * h, f32::NAN)?;
+                    quant::dequantize_fp8_1x128(stream, &qb, &sb, &mut out, t, h)?;
+                    rep.seconds = sync(t0)?;
+                    rep.mismatches = f32_bits_diff(&out.to_vec()?[..t * h], &want);
+                }
+            }
+            Kind::RequantT => {
+                let (t, h) = (s.m, s.k);
+                let x = r::random_activations(&mut rg, t * h, h);
+                let (qv, sv) = quant::ref_quant_1x128(&x, t, h, ScaleMode::Float);
+                let (qtw, stw) = quant::ref_requant_t(&qv, &sv, t, h);
+                let (qb, sb) = (upload(&dev, &qv)?, upload(&dev, &sv)?);
+                let mut qt = poisoned(&dev, t * h, POISON_U8)?;
+                let mut st = poisoned(&dev, t * h / 128, f32::NAN)?;
+                quant::requantize_fp8_1x128_to_128x1_t(stream, &qb, &sb, &mut qt, &mut st, t, h)?;
+                rep.seconds = sync(t0)?;
+                rep.mismatches =
+                    count_diff(&qt.to_vec()?[..t * h], &qtw) + f32_bits_diff(&st.to_vec()?, &stw);
+            }
+            Kind::Gemm(g) => return check_gemm(stream, self, g, s, seed),
+        }
+        rep.pass = rep.mismatches == 0;
+        rep.lane_instructions = stream.last_stats().map(|st| st.lane_instructions);
+        Ok(rep)
+    }
+}
+
+fn bf16_round(v: &[f32]) -> (Vec<bf16>, Vec<f64>) {
+    let b: Vec<bf16> = v.iter().map(|x| bf16::from_f32(*x)).collect();
+    let f = b.iter().map(|x| x.to_f32() as f64).collect();
+    (b, f)
+}
+
+/// Random contiguous-layout row assignment: `groups` experts with random counts, each padded
+/// to 128 rows, total `m` rows (m % 128 == 0, one segment per 128 rows).
+pub fn random_m_indices(rg: &mut impl Rng, m: usize, groups: usize) -> Vec<i32> {
+    let mut idx = Vec::with_capacity(m);
+    for seg in 0..m / 128 {
+        let e = (seg % groups.max(1)) as i32;
+        let valid = rg.gen_range(1..=128);
+        idx.extend((0..128).map(|i| if i < valid { e } else { -1 }));
+    }
+    idx
+}
+
+/// Runs a GEMM kernel on random inputs against the f64 reference (signed inputs with per-row
+/// magnitudes and outliers; all-positive inputs for the ablation kernel).
+pub fn check_gemm(
+    stream: &Stream,
+    info: &KernelInfo,
+    g: &GemmSpec,
+    s: &Shape,
+    seed: u64,
+) -> Result<CheckReport> {
+    check_gemm_with(stream, info, g, s, seed, g.input == InTy::Fp8Unpromoted)
+}
+
+/// [`check_gemm`] choosing the input distribution: `positive` = uniform [0, 1) (sums grow with K).
+pub fn check_gemm_with(
+    stream: &Stream,
+    info: &KernelInfo,
+    g: &GemmSpec,
+    s: &Shape,
+    seed: u64,
+    positive: bool,
+) -> Result<CheckReport> {
+    let mut rg = r::rng(seed);
+    let (m, n, k, groups) = (s.m, s.n, s.k, s.groups.max(1));
+    // rows of A / D and of B over all groups
+    let a_rows = if g.layout == Layout::Masked {
+        groups * m
+    } else {
+        m
+    };
+    let b_groups = if g.layout == Layout::Normal {
+        1
+    } else {
+        groups
+    };
+    let lo = if positive { 0.0f32 } else { -1.0 };
+    let a: Vec<f32> = if lo == 0.0 {
+        (0..a_rows * k).map(|_| rg.gen_range(0.0f32..1.0)).collect()
+    } else {
+        r::random_activations(&mut rg, a_rows * k, k)
+    };
+    let b: Vec<f32> = (0..b_groups * n * k)
+        .map(|_| rg.gen_range(lo..1.0))
+        .collect();
+    let m_idx: Vec<i32> = match g.layout {
+        Layout::Contiguous => random_m_indices(&mut rg, m, groups),
+        Layout::Masked => (0..groups).map(|_| rg.gen_range(0..=m) as i32).collect(),
+        Layout::Normal => Vec::new(),
+    };
+    // f64 operands as the kernel sees them (after bf16 rounding / fp8 quantisation)
+    let (a_dev_bf, b_dev_bf, a64, b64, qa, qb);
+    let mut scale_pt = 1f32;
+    match g.input {
+        InTy::Bf16 => {
+            let (ab, af) = bf16_round(&a);
+            let (bb, bf) = bf16_round(&b);
+            (a_dev_bf, b_dev_bf, a64, b64) = (Some(ab), Some(bb), af, bf);
+            qa = None;
+            qb = None;
+        }
+        InTy::Fp8 => {
+            let (q1, s1) = host_quant_rows(&a, a_rows, k);
+            let (q2, s2) = host_quant_blocks(&b, b_groups * n, k);
+            a64 = r::dequant_rows_f64(&q1, &s1, a_rows, k);
+            b64 = r::dequant_blocks_f64(&q2, &s2, b_groups * n, k);
+            (a_dev_bf, b_dev_bf) = (None, None);
+            qa = Some((q1, s1));
+            qb = Some((q2, s2));
+        }
+        InTy::Fp8Unpromoted => {
+            // per-tensor scales
+            let amax_a = a.iter().fold(0f32, |x, v| x.max(v.abs()));
+            let amax_b = b.iter().fold(0f32, |x, v| x.max(v.abs()));
+            let (sa, ia) = crate::tile::fp8_scale_host(amax_a, ScaleMode::Float);
+            let (sb, ib) = crate::tile::fp8_scale_host(amax_b, ScaleMode::Float);
+            let q1: Vec<u8> = a
+                .iter()
+                .map(|v| emu::fp::f32_to_e4m3(v * ia, true))
+                .collect();
+            let q2: Vec<u8> = b
+                .iter()
+                .map(|v| emu::fp::f32_to_e4m3(v * ib, true))
+                .collect();
+            a64 = q1
+                .iter()
+                .map(|&x| emu::fp::e4m3_to_f32(x) as f64 * sa as f64)
+                .collect();
+            b64 = q2
+                .iter()
+                .map(|&x| emu::fp::e4m3_to_f32(x) as f64 * sb as f64)
+                .collect();
+            scale_pt = sa * sb;
+            (a_dev_bf, b_dev_bf) = (None, None);
+            qa = Some((q1, vec![]));
+            qb = Some((q2, vec![]));
+        }
+    }
+    let c: Vec<f32> = if g.add_c {
+        (0..m * n).map(|_| rg.gen_range(-1.0f32..1.0)).collect()
+    } else {
+        Vec::new()
+    };
+    // reference (per group)
+    let mut want = vec![0f64; a_rows * n];
+    let mut valid = vec![true; a_rows * n];
+    match g.layout {
+        Layout::Normal => {
+            want = r::gemm_nt_f64(&a64, &b64, m, n, k);
+            for (w, cv) in want.iter_mut().zip(&c) {
+                *w += *cv as f64;
+            }
+        }
+        Layout::Contiguous => {
+            for row in 0..m {
+                let e = m_idx[row];
+                for j in 0..n {
+                    want[row * n + j] = if e < 0 {
+                        0.0
+                    } else {
+                        let br = &b64[(e as usize * n + j) * k..][..k];
+                        a64[row * k..(row + 1) * k]
+                            .iter()
+                            .zip(br)
+                            .map(|(x, y)| x * y)
+                            .sum()
+                    };
+                }
+            }
+        }
+        Layout::Masked => {
+            for gi in 0..groups {
+                for i in 0..m {
+                    let row = gi * m + i;
+                    for j in 0..n {
+                        if i >= m_idx[gi] as usize {
+                            valid[row * n + j] = false;
+                            continue;
+                        }
+                        let br = &b64[(gi * n + j) * k..][..k];
+                        want[row * n + j] = a64[row * k..(row + 1) * k]
+                            .iter()
+                            .zip(br)
+                            .map(|(x, y)| x * y)
+                            .sum();
+                    }
+                }
+            }
+        }
+    }
+    // device buffers
+    let dv = DevIn {
+        a_bf: a_dev_bf,
+        b_bf: b_dev_bf,
+        qa,
+        qb,
+        idx: m_idx,
+        c,
+        scale_pt,
+    };
+    let (got, seconds) = if g.out == OutTy::F32 {
+        run_device::<f32>(stream, info, g, s, &dv, a_rows, f32::NAN)?
+    } else {
+        run_device::<bf16>(stream, info, g, s, &dv, a_rows, poison_bf16())?
+    };
+
+    let (gv, wv): (Vec<f64>, Vec<f64>) = got
+        .iter()
+        .zip(&want)
+        .zip(&valid)
+        .filter(|(_, &ok)| ok)
+        .map(|((g, w), _)| (*g, *w))
+        .unzip();
+    let nan = gv.iter().any(|x| x.is_nan());
+    let rel = if nan {
+        f64::INFINITY
+    } else {
+        rel_fro(&gv, &wv)
+    };
+    // bf16 output rounding alone gives ~2^-9 relative error per element.
+    let tol = match (g.input, g.out) {
+        (InTy::Fp8Unpromoted, _) => 5e-2,
+        (_, OutTy::Bf16) => 3e-3,
+        (_, OutTy::F32) => 1e-5,
+    };
+    Ok(CheckReport {
+        kernel: info.name.clone(),
+        shape: *s,
+        mismatches: if nan {
+            gv.iter().filter(|x| x.is_nan()).count()
+        } else {
+            0
+        },
+        rel_err: rel,
+        tolerance: tol,
+        pass: rel <= tol,
+        seconds,
+        flops: info.flops(s),
+        lane_instructions: stream.last_stats().map(|st| st.lane_instructions),
+    })
+}
+
+struct DevIn {
+    a_bf: Option<Vec<bf16>>,
+    b_bf: Option<Vec<bf16>>,
+    qa: Option<(Vec<u8>, Vec<f32>)>,
+    qb: Option<(Vec<u8>, Vec<f32>)>,
+    idx: Vec<i32>,
+    c: Vec<f32>,
+    scale_pt: f32,
+}
+
+/// Output types the checker reads back.
+trait OutVal: gemm::GemmOut {
+    fn to_f64(self) -> f64;
+    fn from_f32(v: f32) -> Self;
+}
+impl OutVal for f32 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+impl OutVal for bf16 {
+    fn to_f64(self) -> f64 {
+        self.to_f32() as f64
+    }
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+fn run_device<O: OutVal>(
+    stream: &Stream,
+    info: &KernelInfo,
+    g: &GemmSpec,
+    s: &Shape,
+    dv: &DevIn,
+    a_rows: usize,
+    poison: O,
+) -> Result<(Vec<f64>, f64)> {
+    let dev = stream.device().clone();
+    let (m, n, k, groups) = (s.m, s.n, s.k, s.groups.max(1));
+    let mut d = poisoned(&dev, a_rows * n, poison)?;
+    let idx_buf = if dv.idx.is_empty() {
+        None
+    } else {
+        Some(upload(&dev, &dv.idx)?)
+    };
+    let cb = if g.add_c {
+        Some(upload(
+            &dev,
+            &dv.c.iter().map(|x| O::from_f32(*x)).collect::<Vec<O>>(),
+        )?)
+    } else {
+        None
+    };
+    let t0;
+    match g.input {
+        InTy::Bf16 => {
+            let (ab, bb) = (
+                upload(&dev, dv.a_bf.as_deref().unwrap_or(&[]))?,
+                upload(&dev, dv.b_bf.as_deref().unwrap_or(&[]))?,
+            );
+            t0 = Instant::now();
+            match (g.layout, &idx_buf) {
+                (Layout::Normal, _) => {
+                    gemm::gemm_bf16_with::<O>(stream, g, &ab, &bb, cb.as_ref(), &mut d, m, n, k)?
+                }
+                (Layout::Contiguous, Some(ib)) => gemm::grouped_bf16_contiguous_with(
+                    stream, g, &ab, &bb, &mut d, ib, m, n, k, groups,
+                )?,
+                (Layout::Masked, Some(ib)) => gemm::grouped_bf16_masked_with(
+                    stream, g, &ab, &bb, &mut d, ib, groups, m, n, k,
+                )?,
+                _ => return shape_err(&info.name, "missing index vector"),
+            }
+        }
+        InTy::Fp8 => {
+            let ((q1, s1), (q2, s2)) = (
+                dv.qa.clone().unwrap_or_default(),
+                dv.qb.clone().unwrap_or_default(),
+            );
+            let (ab, sab, bb, sbb) = (
+                upload(&dev, &q1)?,
+                upload(&dev, &s1)?,
+                upload(&dev, &q2)?,
+                upload(&dev, &s2)?,
+            );
+            t0 = Instant::now();
+            match (g.layout, &idx_buf) {
+                (Layout::Normal, _) => {
+                    gemm::gemm_fp8_with::<O>(stream, g, &ab, &sab, &bb, &sbb, &mut d, m, n, k)?
+                }
+                (Layout::Contiguous, Some(ib)) => gemm::grouped_fp8_contiguous_with(
+                    stream, g, &ab, &sab, &bb, &sbb, &mut d, ib, m, n, k, groups,
+                )?,
+                (Layout::Masked, Some(ib)) => gemm::grouped_fp8_masked_with(
+                    stream, g, &ab, &sab, &bb, &sbb, &mut d, ib, groups, m, n, k,
+                )?,
+                _ => return shape_err(&info.name, "missing index vector"),
+            }
+        }
+        InTy::Fp8Unpromoted => {
+            let (ab, bb) = (
+                upload(&dev, &dv.qa.clone().unwrap_or_default().0)?,
+                upload(&dev, &dv.qb.clone().unwrap_or_default().0)?,
+            );
+            t0 = Instant::now();
+            gemm::gemm_fp8_unpromoted_with::<O>(stream, g, &ab, &bb, dv.scale_pt, &mut d, m, n, k)?;
+        }
+    }
+    stream.synchronize()?;
+    let secs = t0.elapsed().as_secs_f64();
+    Ok((d.to_vec()?.into_iter().map(|x| x.to_f64()).collect(), secs))
+}

@@ -1,0 +1,69 @@
+//! BF16 and FP8 GEMMs (normal and grouped) on the emulator against the f64 reference.
+
+use kernels::registry::{registry, Kind, Shape};
+use kernels::{gemm, KernelInfo};
+
+fn run(info: &KernelInfo, shapes: &[Shape], dev: u32) {
+    let stream = runtime::Device::emu(dev).default_stream();
+    for (i, s) in shapes.iter().enumerate() {
+        let t = std::time::Instant::now();
+        let rep = info
+            .check(&stream, s, 7 + i as u64)
+            .unwrap_or_else(|e| panic!("{}: {e}", info.name));
+        eprintln!(
+            "{:<40} {:>4}x{:>4}x{:>5} g{}: rel err {:.2e} (tol {:.0e}), {:.2}s",
+            info.name,
+            s.m,
+            s.n,
+            s.k,
+            s.groups,
+            rep.rel_err,
+            rep.tolerance,
+            t.elapsed().as_secs_f64()
+        );
+        assert!(
+            rep.pass,
+            "{} {s:?}: rel err {} > {}",
+            info.name, rep.rel_err, rep.tolerance
+        );
+    }
+}
+
+fn gemms(f: impl Fn(&gemm::GemmSpec) -> bool) -> Vec<&'static KernelInfo> {
+    registry()
+        .iter()
+        .filter(|k| matches!(&k.kind, Kind::Gemm(g) if f(g)))
+        .collect()
+}
+
+#[test]
+fn bf16_gemms() {
+    for info in gemms(|g| g.input == gemm::InTy::Bf16 && g.layout == gemm::Layout::Normal) {
+        run(info, &info.test_shapes, 61);
+    }
+}
+
+#[test]
+fn fp8_gemms() {
+    for info in gemms(|g| g.input == gemm::InTy::Fp8 && g.layout == gemm::Layout::Normal) {
+        run(info, &info.test_shapes, 62);
+    }
+}
+
+#[test]
+fn grouped_gemms() {
+    for info in gemms(|g| g.layout != gemm::Layout::Normal) {
+        run(info, &info.test_shapes, 63);
+    }
+}
+
+#[test]
+fn shape_errors() {
+    let dev = runtime::Device::emu(63);
+    let stream = dev.default_stream();
+    let a = dev.alloc::<u8>(128 * 128).unwrap();
+    let s = dev.alloc::<f32>(128).unwrap();
+    let mut d = dev.alloc::<half::bf16>(128 * 128).unwrap();
+    let e = kernels::gemm_fp8_nt(&stream, &a, &s, &a, &s, &mut d, 128, 100, 128).unwrap_err();
+    assert!(e.to_string().contains("multiples of 128"), "{e}");
+}
