@@ -65,7 +65,14 @@ pub struct EpConfig {
 }
 
 impl EpConfig {
-    pub fn new(ranks: u32, gpus_per_node: u32, experts: u32, hidden: u32, topk: u32, max_tokens: u32) -> EpConfig {
+    pub fn new(
+        ranks: u32,
+        gpus_per_node: u32,
+        experts: u32,
+        hidden: u32,
+        topk: u32,
+        max_tokens: u32,
+    ) -> EpConfig {
         EpConfig {
             ranks,
             gpus_per_node,
@@ -99,7 +106,11 @@ impl EpConfig {
             return cfg_err(format!("num_sms {} must be even and >= 2", c.num_sms));
         }
         if c.sm_offset + c.num_sms > 132 {
-            return cfg_err(format!("SMs {}..{} exceed 132", c.sm_offset, c.sm_offset + c.num_sms));
+            return cfg_err(format!(
+                "SMs {}..{} exceed 132",
+                c.sm_offset,
+                c.sm_offset + c.num_sms
+            ));
         }
         if c.hidden == 0 || c.hidden % 128 != 0 {
             return cfg_err(format!("hidden {} must be a multiple of 128", c.hidden));
@@ -113,7 +124,12 @@ impl EpConfig {
         Ok(())
     }
     pub fn layout_cfg(&self) -> LayoutCfg {
-        LayoutCfg { experts: self.experts, ranks: self.ranks, gpus_per_node: self.gpus_per_node, topk: self.topk }
+        LayoutCfg {
+            experts: self.experts,
+            ranks: self.ranks,
+            gpus_per_node: self.gpus_per_node,
+            topk: self.topk,
+        }
     }
     /// Bytes of the metadata block of a dispatch record (header, top-k indices, weights, slots).
     pub fn meta_bytes(&self) -> u32 {
@@ -140,7 +156,8 @@ impl EpConfig {
         16 + 2 * self.hidden
     }
     fn slot_bytes(&self) -> u32 {
-        self.record_bytes(Payload::Bf16).max(self.combine_record_bytes())
+        self.record_bytes(Payload::Bf16)
+            .max(self.combine_record_bytes())
     }
     fn chan_tokens(&self) -> u32 {
         self.max_tokens.div_ceil(self.channels())
@@ -150,7 +167,10 @@ impl EpConfig {
         self.nodes() * self.chan_tokens()
     }
     fn ring_bytes(&self) -> u64 {
-        (self.nodes() + self.gpus_per_node) as u64 * self.channels() as u64 * self.ring_slots as u64 * self.slot_bytes() as u64
+        (self.nodes() + self.gpus_per_node) as u64
+            * self.channels() as u64
+            * self.ring_slots as u64
+            * self.slot_bytes() as u64
     }
     fn counter_words(&self) -> u32 {
         2 * (self.nodes() + self.gpus_per_node) * self.channels()
@@ -158,7 +178,16 @@ impl EpConfig {
     fn key(&self, p: Payload, what: &str) -> String {
         format!(
             "{what}-{}-{}-{}-{}-{}-{}-{}-{}-{}-{:?}",
-            self.ranks, self.gpus_per_node, self.experts, self.hidden, self.topk, self.max_tokens, self.num_sms, self.ring_slots, self.chunk, p
+            self.ranks,
+            self.gpus_per_node,
+            self.experts,
+            self.hidden,
+            self.topk,
+            self.max_tokens,
+            self.num_sms,
+            self.ring_slots,
+            self.chunk,
+            p
         )
     }
 }
@@ -167,8 +196,15 @@ impl EpConfig {
 // kernel generation
 
 /// Role codes written into error records.
-pub const ROLES: [&str; 7] =
-    ["dispatch sender", "dispatch forwarder", "dispatch receiver", "combine sender", "combine forwarder", "combine receiver", "coordinator"];
+pub const ROLES: [&str; 7] = [
+    "dispatch sender",
+    "dispatch forwarder",
+    "dispatch receiver",
+    "combine sender",
+    "combine forwarder",
+    "combine receiver",
+    "coordinator",
+];
 
 struct Common {
     lane: Reg<u32>,
@@ -226,7 +262,15 @@ fn copy4(k: &mut KernelBuilder, lane: Reg<u32>, dst: Reg<u64>, src: Reg<u64>, by
     });
 }
 /// Timeout check inside a wait loop: past the deadline, record and trap.
-fn check_timeout(k: &mut KernelBuilder, c: &Common, start: Reg<u64>, role: u32, head: Reg<u32>, tail: Reg<u32>, expected: Reg<u32>) {
+fn check_timeout(
+    k: &mut KernelBuilder,
+    c: &Common,
+    start: Reg<u64>,
+    role: u32,
+    head: Reg<u32>,
+    tail: Reg<u32>,
+    expected: Reg<u32>,
+) {
     let now = k.globaltimer();
     let el = k.sub(now, start);
     let late = k.gt(el, c.timeout);
@@ -284,14 +328,28 @@ impl Ctr {
 }
 
 /// Address of counter `base + src * C + chan` in the counter block at `blk`.
-fn ctr_addr(k: &mut KernelBuilder, blk: Reg<u64>, base: u32, src: Reg<u32>, chan: Reg<u32>, channels: u32) -> Reg<u64> {
+fn ctr_addr(
+    k: &mut KernelBuilder,
+    blk: Reg<u64>,
+    base: u32,
+    src: Reg<u32>,
+    chan: Reg<u32>,
+    channels: u32,
+) -> Reg<u64> {
     let i = k.mad_lo(src, channels, chan);
     let i2 = k.add(i, base);
     idx_addr(k, blk, i2, 4)
 }
 
 /// Address of ring slot `(src, chan, pos % S)` in the ring region starting at `region`.
-fn slot_addr(k: &mut KernelBuilder, cfg: &EpConfig, region: Reg<u64>, src: Reg<u32>, chan: Reg<u32>, pos: Reg<u32>) -> Reg<u64> {
+fn slot_addr(
+    k: &mut KernelBuilder,
+    cfg: &EpConfig,
+    region: Reg<u64>,
+    src: Reg<u32>,
+    chan: Reg<u32>,
+    pos: Reg<u32>,
+) -> Reg<u64> {
     let s = cfg.ring_slots;
     let i = k.mad_lo(src, cfg.channels(), chan);
     let p = k.rem(pos, s);
@@ -301,7 +359,14 @@ fn slot_addr(k: &mut KernelBuilder, cfg: &EpConfig, region: Reg<u64>, src: Reg<u
 
 /// Producer side: waits until the ring at `cnt_blk` (head counter `head_a`) has room for record
 /// number `tail`.
-fn wait_space(k: &mut KernelBuilder, c: &Common, cfg: &EpConfig, head_a: Reg<u64>, tail: Reg<u32>, role: u32) {
+fn wait_space(
+    k: &mut KernelBuilder,
+    c: &Common,
+    cfg: &EpConfig,
+    head_a: Reg<u64>,
+    tail: Reg<u32>,
+    role: u32,
+) {
     let start = k.globaltimer();
     let s = cfg.ring_slots;
     k.loop_(|k| {
@@ -315,7 +380,14 @@ fn wait_space(k: &mut KernelBuilder, c: &Common, cfg: &EpConfig, head_a: Reg<u64
 }
 
 /// Publishes `tail` (and `fin`) to `tail_a` when `(tail % chunk == 0) || fin`.
-fn publish(k: &mut KernelBuilder, c: &Common, tail_a: Reg<u64>, tail: Reg<u32>, fin: bool, chunk: u32) {
+fn publish(
+    k: &mut KernelBuilder,
+    c: &Common,
+    tail_a: Reg<u64>,
+    tail: Reg<u32>,
+    fin: bool,
+    chunk: u32,
+) {
     k.bar_warp_sync(0xffff_ffffu32);
     let l0 = k.eq(c.lane, 0u32);
     if fin {
@@ -346,11 +418,30 @@ fn common(k: &mut KernelBuilder, cfg: &EpConfig) -> (Common, Reg<u32>, Reg<u32>)
     let odd = k.and(cta, 1u32);
     let node = k.div(rank, cfg.gpus_per_node);
     let local = k.rem(rank, cfg.gpus_per_node);
-    (Common { lane, rank, chan, node, local, err, timeout, ws_tab, cnt_tab }, warp, odd)
+    (
+        Common {
+            lane,
+            rank,
+            chan,
+            node,
+            local,
+            err,
+            timeout,
+            ws_tab,
+            cnt_tab,
+        },
+        warp,
+        odd,
+    )
 }
 
 /// Token range of this channel: `[c*T/C, (c+1)*T/C)`.
-fn chan_range(k: &mut KernelBuilder, chan: Reg<u32>, ntok: Reg<u32>, channels: u32) -> (Reg<u32>, Reg<u32>) {
+fn chan_range(
+    k: &mut KernelBuilder,
+    chan: Reg<u32>,
+    ntok: Reg<u32>,
+    channels: u32,
+) -> (Reg<u32>, Reg<u32>) {
     let a = k.mul(chan, ntok);
     let t0 = k.div(a, channels);
     let b = k.add(a, ntok);
@@ -360,7 +451,15 @@ fn chan_range(k: &mut KernelBuilder, chan: Reg<u32>, ntok: Reg<u32>, channels: u
 
 /// Consumer polling: every lane `< nsrc` acquires its source's tail; returns (avail mask, all
 /// finished-and-drained predicate) for the warp.
-fn poll(k: &mut KernelBuilder, c: &Common, blk: Reg<u64>, base: u32, nsrc: u32, channels: u32, head: Reg<u32>) -> (Reg<u32>, Reg<Pred>, Reg<u32>) {
+fn poll(
+    k: &mut KernelBuilder,
+    c: &Common,
+    blk: Reg<u64>,
+    base: u32,
+    nsrc: u32,
+    channels: u32,
+    head: Reg<u32>,
+) -> (Reg<u32>, Reg<Pred>, Reg<u32>) {
     let is_src = k.lt(c.lane, nsrc);
     let raw = k.mov(0x8000_0000u32);
     k.if_(is_src, |k| {
@@ -393,8 +492,17 @@ pub fn dispatch_kernel(t: &Target, cfg: &EpConfig, p: Payload) -> Result<ptx::Mo
     cfg.validate()?;
     let (nn, gg, cc, kk) = (cfg.nodes(), cfg.gpus_per_node, cfg.channels(), cfg.topk);
     let el = cfg.local_experts();
-    let ctr = Ctr { n: nn, g: gg, c: cc };
-    let (meta, pay, sc, rec) = (cfg.meta_bytes(), cfg.payload_bytes(p), cfg.scale_bytes(p), cfg.record_bytes(p));
+    let ctr = Ctr {
+        n: nn,
+        g: gg,
+        c: cc,
+    };
+    let (meta, pay, sc, rec) = (
+        cfg.meta_bytes(),
+        cfg.payload_bytes(p),
+        cfg.scale_bytes(p),
+        cfg.record_bytes(p),
+    );
     let nvl_off = nn as u64 * cc as u64 * cfg.ring_slots as u64 * cfg.slot_bytes() as u64;
     let fmax = cfg.fmax();
     let mut kb = KernelBuilder::new("ep_dispatch", t.clone());
@@ -703,7 +811,11 @@ pub fn dispatch_kernel(t: &Target, cfg: &EpConfig, p: Payload) -> Result<ptx::Mo
         k.if_(l0, |k| {
             let one = k.mov(1u32);
             k.fence(AtomSem::AcqRel, Scope::Sys);
-            k.st_with::<u32, Global>(MemOpts::sem(Sem::Release(Scope::Gpu)), done.offset(c.chan), one);
+            k.st_with::<u32, Global>(
+                MemOpts::sem(Sem::Release(Scope::Gpu)),
+                done.offset(c.chan),
+                one,
+            );
         });
     });
 
@@ -746,9 +858,19 @@ fn acc_add(k: &mut KernelBuilder, acc: Reg<f32>, v: Reg<f32>) {
 /// The combine kernel (reverse path of [`dispatch_kernel`]).
 pub fn combine_kernel(t: &Target, cfg: &EpConfig) -> Result<ptx::Module> {
     cfg.validate()?;
-    let (nn, gg, cc, kk, hh) = (cfg.nodes(), cfg.gpus_per_node, cfg.channels(), cfg.topk, cfg.hidden);
+    let (nn, gg, cc, kk, hh) = (
+        cfg.nodes(),
+        cfg.gpus_per_node,
+        cfg.channels(),
+        cfg.topk,
+        cfg.hidden,
+    );
     let el = cfg.local_experts();
-    let ctr = Ctr { n: nn, g: gg, c: cc };
+    let ctr = Ctr {
+        n: nn,
+        g: gg,
+        c: cc,
+    };
     let row_bytes = 2 * hh;
     let words = hh / 2;
     let crec = cfg.combine_record_bytes();
@@ -1021,7 +1143,11 @@ pub fn combine_kernel(t: &Target, cfg: &EpConfig) -> Result<ptx::Module> {
         k.if_(l0, |k| {
             let one = k.mov(1u32);
             k.fence(AtomSem::AcqRel, Scope::Sys);
-            k.st_with::<u32, Global>(MemOpts::sem(Sem::Release(Scope::Gpu)), done.offset(c.chan), one);
+            k.st_with::<u32, Global>(
+                MemOpts::sem(Sem::Release(Scope::Gpu)),
+                done.offset(c.chan),
+                one,
+            );
         });
     });
 
@@ -1030,7 +1156,10 @@ pub fn combine_kernel(t: &Target, cfg: &EpConfig) -> Result<ptx::Module> {
     k.if_(is_coord, |k| {
         let start = k.globaltimer();
         k.loop_(|k| {
-            let v = k.ld_with::<u32, Global>(MemOpts::sem(Sem::Acquire(Scope::Gpu)), done.offset(c.chan));
+            let v = k.ld_with::<u32, Global>(
+                MemOpts::sem(Sem::Acquire(Scope::Gpu)),
+                done.offset(c.chan),
+            );
             let ok = k.ne(v, 0u32);
             k.break_if(ok);
             let z = k.mov(0u32);
@@ -1146,15 +1275,28 @@ fn pad128(n: u32) -> u32 {
 
 impl EpGroup {
     /// Allocates the communication buffers of every rank of `devices` (rank = index).
-    pub fn new(cfg: EpConfig, devices: Vec<Device>, transport: Box<dyn Transport>) -> Result<EpGroup> {
+    pub fn new(
+        cfg: EpConfig,
+        devices: Vec<Device>,
+        transport: Box<dyn Transport>,
+    ) -> Result<EpGroup> {
         cfg.validate()?;
-        if devices.len() != cfg.ranks as usize || transport.ranks() != cfg.ranks || transport.gpus_per_node() != cfg.gpus_per_node {
-            return cfg_err(format!("{} devices / transport of {} ranks for a group of {}", devices.len(), transport.ranks(), cfg.ranks));
+        if devices.len() != cfg.ranks as usize
+            || transport.ranks() != cfg.ranks
+            || transport.gpus_per_node() != cfg.gpus_per_node
+        {
+            return cfg_err(format!(
+                "{} devices / transport of {} ranks for a group of {}",
+                devices.len(),
+                transport.ranks(),
+                cfg.ranks
+            ));
         }
         let cnt_bytes = (cfg.counter_words() as u64 * 4).div_ceil(256) * 256;
         let total = cnt_bytes + cfg.ring_bytes();
         let mut ws = Vec::new();
-        let (mut err, mut bytes, mut done, mut streams) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut err, mut bytes, mut done, mut streams) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for d in &devices {
             ws.push(d.alloc::<u8>(total as usize)?);
             err.push(d.alloc::<u32>(8)?);
@@ -1176,12 +1318,27 @@ impl EpGroup {
             }
             tabs.push((d.upload(&wt)?, d.upload(&ct)?));
         }
-        Ok(EpGroup { cfg, devices, streams, transport, ws, tabs, err, bytes, done, cnt_bytes, last: CommStats::default() })
+        Ok(EpGroup {
+            cfg,
+            devices,
+            streams,
+            transport,
+            ws,
+            tabs,
+            err,
+            bytes,
+            done,
+            cnt_bytes,
+            last: CommStats::default(),
+        })
     }
 
     fn launch_cfg(&self) -> LaunchConfig {
         LaunchConfig::linear(self.cfg.num_sms, 64)
-            .budget(SmPartition { offset: self.cfg.sm_offset, count: self.cfg.num_sms })
+            .budget(SmPartition {
+                offset: self.cfg.sm_offset,
+                count: self.cfg.num_sms,
+            })
             .timeout(self.cfg.timeout * 3 + Duration::from_secs(60))
     }
 
@@ -1220,7 +1377,10 @@ impl EpGroup {
         if let Some(e) = first {
             return Err(e);
         }
-        let mut st = CommStats { seconds: t0.elapsed().as_secs_f64(), ..Default::default() };
+        let mut st = CommStats {
+            seconds: t0.elapsed().as_secs_f64(),
+            ..Default::default()
+        };
         let mut sms = std::collections::BTreeSet::new();
         for &r in ranks {
             let b = self.bytes[r].to_vec()?;
@@ -1264,7 +1424,11 @@ impl EpGroup {
             return Err(EpError::Shape(format!("need inputs for {r_n} ranks")));
         }
         let p = x[0].payload();
-        let (h, kk, el) = (cfg.hidden as usize, cfg.topk as usize, cfg.local_experts() as usize);
+        let (h, kk, el) = (
+            cfg.hidden as usize,
+            cfg.topk as usize,
+            cfg.local_experts() as usize,
+        );
         let mut ntoks = Vec::new();
         for r in 0..r_n {
             if x[r].payload() != p {
@@ -1273,11 +1437,17 @@ impl EpGroup {
             let (_, _, xb) = x[r].ptrs();
             let rowb = cfg.payload_bytes(p) as usize;
             if xb % rowb != 0 {
-                return Err(EpError::Shape(format!("rank {r}: x of {xb} bytes is not a multiple of a {rowb}-byte row")));
+                return Err(EpError::Shape(format!(
+                    "rank {r}: x of {xb} bytes is not a multiple of a {rowb}-byte row"
+                )));
             }
             let t = xb / rowb;
-            if t > cfg.max_tokens as usize || topk_idx[r].len() < t * kk || topk_w[r].len() < t * kk {
-                return Err(EpError::Shape(format!("rank {r}: {t} tokens (max {}), topk buffers too small", cfg.max_tokens)));
+            if t > cfg.max_tokens as usize || topk_idx[r].len() < t * kk || topk_w[r].len() < t * kk
+            {
+                return Err(EpError::Shape(format!(
+                    "rank {r}: {t} tokens (max {}), topk buffers too small",
+                    cfg.max_tokens
+                )));
             }
             if let XRef::Fp8(_, s) = &x[r] {
                 if s.len() < t * h / 128 {
@@ -1293,10 +1463,18 @@ impl EpGroup {
             let lc = cfg.layout_cfg();
             let mut lays = Vec::new();
             for r in 0..r_n {
-                lays.push(get_dispatch_layout(&self.streams[r], topk_idx[r], ntoks[r], &lc)?);
+                lays.push(get_dispatch_layout(
+                    &self.streams[r],
+                    topk_idx[r],
+                    ntoks[r],
+                    &lc,
+                )?);
             }
             // count exchange ("notify"): tokens_per_expert of every source rank
-            let per_exp: Vec<Vec<u32>> = lays.iter().map(|l| l.tokens_per_expert.to_vec()).collect::<std::result::Result<_, _>>()?;
+            let per_exp: Vec<Vec<u32>> = lays
+                .iter()
+                .map(|l| l.tokens_per_expert.to_vec())
+                .collect::<std::result::Result<_, _>>()?;
             let mut hs = Vec::new();
             for (d, lay) in lays.into_iter().enumerate() {
                 let mut counts = vec![0u32; el];
@@ -1353,7 +1531,10 @@ impl EpGroup {
         }
         for r in 0..r_n {
             if hs[r].num_tokens != ntoks[r] {
-                return Err(EpError::Shape(format!("rank {r}: cached handle has {} tokens, input {}", hs[r].num_tokens, ntoks[r])));
+                return Err(EpError::Shape(format!(
+                    "rank {r}: cached handle has {} tokens, input {}",
+                    hs[r].num_tokens, ntoks[r]
+                )));
             }
         }
         self.reset()?;
@@ -1378,10 +1559,19 @@ impl EpGroup {
             outs.push(o);
         }
         let f: Vec<_> = (0..r_n)
-            .map(|r| kutil::function(&self.devices[r], "ep_dispatch", &cfg.key(p, "dispatch"), |t| dispatch_kernel(t, &cfg, p)))
+            .map(|r| {
+                kutil::function(
+                    &self.devices[r],
+                    "ep_dispatch",
+                    &cfg.key(p, "dispatch"),
+                    |t| dispatch_kernel(t, &cfg, p),
+                )
+            })
             .collect::<Result<_>>()?;
         let lc = self.launch_cfg();
-        let ranks: Vec<usize> = only.map(|o| o.to_vec()).unwrap_or_else(|| (0..r_n).collect());
+        let ranks: Vec<usize> = only
+            .map(|o| o.to_vec())
+            .unwrap_or_else(|| (0..r_n).collect());
         for &r in &ranks {
             let (xp, sp, _) = x[r].ptrs();
             let hd = &hs[r];
@@ -1420,22 +1610,39 @@ impl EpGroup {
     /// home ranks, reduced at the forwarder and at home; `weighted` multiplies each row by its
     /// top-k weight (`row_w[r]`, e.g. the dispatch's `recv_w`: forward); `None` sums the rows
     /// (backward of dispatch).
-    pub fn combine(&mut self, y: &[&Buffer<half::bf16>], row_w: Option<&[&Buffer<f32>]>, handle: &Handle) -> Result<Vec<CombineOut>> {
+    pub fn combine(
+        &mut self,
+        y: &[&Buffer<half::bf16>],
+        row_w: Option<&[&Buffer<f32>]>,
+        handle: &Handle,
+    ) -> Result<Vec<CombineOut>> {
         let cfg = self.cfg.clone();
         let r_n = cfg.ranks as usize;
         let h = cfg.hidden as usize;
         if y.len() != r_n || handle.ranks.len() != r_n {
-            return Err(EpError::Shape(format!("need {r_n} ranks of rows and a handle of this group")));
+            return Err(EpError::Shape(format!(
+                "need {r_n} ranks of rows and a handle of this group"
+            )));
         }
         for r in 0..r_n {
             if y[r].len() < handle.ranks[r].m_pad * h {
-                return Err(EpError::Shape(format!("rank {r}: {} rows needed", handle.ranks[r].m_pad)));
+                return Err(EpError::Shape(format!(
+                    "rank {r}: {} rows needed",
+                    handle.ranks[r].m_pad
+                )));
             }
         }
         let t0 = Instant::now();
         self.reset()?;
         let f: Vec<_> = (0..r_n)
-            .map(|r| kutil::function(&self.devices[r], "ep_combine", &cfg.key(Payload::Bf16, "combine"), |t| combine_kernel(t, &cfg)))
+            .map(|r| {
+                kutil::function(
+                    &self.devices[r],
+                    "ep_combine",
+                    &cfg.key(Payload::Bf16, "combine"),
+                    |t| combine_kernel(t, &cfg),
+                )
+            })
             .collect::<Result<_>>()?;
         let lc = self.launch_cfg();
         let mut outs = Vec::new();
@@ -1448,13 +1655,17 @@ impl EpGroup {
         }
         if let Some(w) = row_w {
             if w.len() != r_n || (0..r_n).any(|r| w[r].len() < handle.ranks[r].m_pad) {
-                return Err(EpError::Shape("row weights must cover every rank's rows".into()));
+                return Err(EpError::Shape(
+                    "row weights must cover every rank's rows".into(),
+                ));
             }
         }
         let weighted = row_w.is_some();
         for r in 0..r_n {
             let hd = &handle.ranks[r];
-            let w = row_w.map(|w| w[r].device_ptr()).unwrap_or(y[r].device_ptr());
+            let w = row_w
+                .map(|w| w[r].device_ptr())
+                .unwrap_or(y[r].device_ptr());
             let args = vec![
                 runtime::Arg::U32(r as u32),
                 (&self.tabs[r].0).into(),
@@ -1481,4 +1692,23 @@ impl EpGroup {
         self.finish(&ranks, t0)?;
         Ok(outs)
     }
+}
+
+/// CPU 1x128 FP8 quantisation with power-of-two scales (`scale = 2^ceil(log2(amax / 448))`):
+/// returns E4M3 bytes `[T, H]` and scales `[T, H/128]`.
+pub fn quantize_1x128_ref(x: &[f32], hidden: usize) -> (Vec<u8>, Vec<f32>) {
+    let mut q = Vec::with_capacity(x.len());
+    let mut s = Vec::with_capacity(x.len() / 128);
+    for blk in x.chunks(128) {
+        let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let sc = if amax == 0.0 {
+            1.0
+        } else {
+            (amax / 448.0).log2().ceil().exp2()
+        };
+        s.push(sc);
+        q.extend(blk.iter().map(|&v| emu::fp::f32_to_e4m3(v / sc, true)));
+    }
+    debug_assert_eq!(q.len() % hidden.max(1), 0);
+    (q, s)
 }

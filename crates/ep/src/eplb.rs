@@ -48,7 +48,13 @@ fn pack(weights: &[f64], bins: usize) -> Vec<usize> {
 
 /// Computes a plan for `loads` (one per logical expert) over `replicas` physical experts,
 /// `groups` expert groups, `nodes` nodes and `gpus` GPUs in total.
-pub fn rebalance(loads: &[f64], replicas: usize, groups: usize, nodes: usize, gpus: usize) -> Result<EplbPlan> {
+pub fn rebalance(
+    loads: &[f64],
+    replicas: usize,
+    groups: usize,
+    nodes: usize,
+    gpus: usize,
+) -> Result<EplbPlan> {
     let e = loads.len();
     if e == 0 || replicas < e {
         return cfg_err(format!("{replicas} replicas for {e} experts"));
@@ -65,14 +71,19 @@ pub fn rebalance(loads: &[f64], replicas: usize, groups: usize, nodes: usize, gp
     let hier = groups % nodes == 0 && (e / groups) * (groups / nodes) <= replicas / nodes;
     let (groups, nodes) = if hier { (groups, nodes) } else { (1, 1) };
     let gsize = e / groups;
-    let gl: Vec<f64> = (0..groups).map(|g| loads[g * gsize..(g + 1) * gsize].iter().sum()).collect();
+    let gl: Vec<f64> = (0..groups)
+        .map(|g| loads[g * gsize..(g + 1) * gsize].iter().sum())
+        .collect();
     let gnode = pack(&gl, nodes);
     let phys_per_node = replicas / nodes;
     let gpus_per_node = gpus / nodes;
     let mut phy2log = vec![0usize; replicas];
     let mut replica_count = vec![0usize; e];
     for n in 0..nodes {
-        let experts: Vec<usize> = (0..groups).filter(|&g| gnode[g] == n).flat_map(|g| g * gsize..(g + 1) * gsize).collect();
+        let experts: Vec<usize> = (0..groups)
+            .filter(|&g| gnode[g] == n)
+            .flat_map(|g| g * gsize..(g + 1) * gsize)
+            .collect();
         let mut cnt = vec![1usize; experts.len()];
         for _ in experts.len()..phys_per_node {
             let mut best = 0;
@@ -105,7 +116,12 @@ pub fn rebalance(loads: &[f64], replicas: usize, groups: usize, nodes: usize, gp
     for (p, &l) in phy2log.iter().enumerate() {
         log2phy[l].push(p);
     }
-    Ok(EplbPlan { phy2log, log2phy, replica_count, hierarchical: hier })
+    Ok(EplbPlan {
+        phy2log,
+        log2phy,
+        replica_count,
+        hierarchical: hier,
+    })
 }
 
 impl EplbPlan {

@@ -26,7 +26,12 @@ fn cache() -> &'static Mutex<HashMap<Key, Function>> {
 }
 
 /// The loaded kernel `name` for `config` on `dev`, generated with `gen` on a miss.
-pub fn function(dev: &Device, name: &str, config: &str, gen: impl FnOnce(&Target) -> Result<ptx::Module>) -> Result<Function> {
+pub fn function(
+    dev: &Device,
+    name: &str,
+    config: &str,
+    gen: impl FnOnce(&Target) -> Result<ptx::Module>,
+) -> Result<Function> {
     let key: Key = (name.to_string(), config.to_string(), dev.index());
     if let Some(f) = cache().lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(f.clone());
@@ -34,7 +39,10 @@ pub fn function(dev: &Device, name: &str, config: &str, gen: impl FnOnce(&Target
     let m = gen(&target_for(dev))?;
     let module = Module::load(dev, &m)?;
     let f = module.function(name)?;
-    cache().lock().unwrap_or_else(|p| p.into_inner()).insert(key, f.clone());
+    cache()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, f.clone());
     Ok(f)
 }
 

@@ -30,10 +30,16 @@ impl LayoutCfg {
             return cfg_err(format!("{} ranks (1..=64 supported)", c.ranks));
         }
         if c.gpus_per_node == 0 || c.ranks % c.gpus_per_node != 0 {
-            return cfg_err(format!("{} ranks do not split into nodes of {}", c.ranks, c.gpus_per_node));
+            return cfg_err(format!(
+                "{} ranks do not split into nodes of {}",
+                c.ranks, c.gpus_per_node
+            ));
         }
         if c.experts == 0 || c.experts % c.ranks != 0 {
-            return cfg_err(format!("{} experts do not split over {} ranks", c.experts, c.ranks));
+            return cfg_err(format!(
+                "{} experts do not split over {} ranks",
+                c.experts, c.ranks
+            ));
         }
         if c.topk == 0 || c.topk > 32 {
             return cfg_err("topk must be 1..=32");
@@ -47,7 +53,10 @@ impl LayoutCfg {
         self.experts / self.ranks
     }
     fn key(&self) -> String {
-        format!("{}-{}-{}-{}", self.experts, self.ranks, self.gpus_per_node, self.topk)
+        format!(
+            "{}-{}-{}-{}",
+            self.experts, self.ranks, self.gpus_per_node, self.topk
+        )
     }
 }
 
@@ -169,10 +178,20 @@ impl LayoutBufs {
 }
 
 /// Computes the layout of `topk_idx` (`[T, topk]`, on the stream's device).
-pub fn get_dispatch_layout(stream: &Stream, topk_idx: &Buffer<i32>, num_tokens: usize, c: &LayoutCfg) -> Result<LayoutBufs> {
+pub fn get_dispatch_layout(
+    stream: &Stream,
+    topk_idx: &Buffer<i32>,
+    num_tokens: usize,
+    c: &LayoutCfg,
+) -> Result<LayoutBufs> {
     c.validate()?;
     if topk_idx.len() < num_tokens * c.topk as usize {
-        return Err(EpError::Shape(format!("topk_idx has {} entries, need {}x{}", topk_idx.len(), num_tokens, c.topk)));
+        return Err(EpError::Shape(format!(
+            "topk_idx has {} entries, need {}x{}",
+            topk_idx.len(),
+            num_tokens,
+            c.topk
+        )));
     }
     let dev = stream.device();
     let fl = kutil::function(dev, "ep_layout", &c.key(), |t| layout_kernel(t, c))?;
@@ -190,9 +209,20 @@ pub fn get_dispatch_layout(stream: &Stream, topk_idx: &Buffer<i32>, num_tokens: 
         stream.launch(
             &fl,
             &LaunchConfig::linear(t.div_ceil(128), 128),
-            &runtime::args![topk_idx, t, &b.tokens_per_rank, &b.tokens_per_node, &b.tokens_per_expert, &b.token_in_rank],
+            &runtime::args![
+                topk_idx,
+                t,
+                &b.tokens_per_rank,
+                &b.tokens_per_node,
+                &b.tokens_per_expert,
+                &b.token_in_rank
+            ],
         )?;
-        stream.launch(&fs, &LaunchConfig::linear(c.experts.div_ceil(64), 64), &runtime::args![topk_idx, t, &b.slots])?;
+        stream.launch(
+            &fs,
+            &LaunchConfig::linear(c.experts.div_ceil(64), 64),
+            &runtime::args![topk_idx, t, &b.slots],
+        )?;
         stream.synchronize()?;
     }
     Ok(b)

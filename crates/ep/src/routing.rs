@@ -33,7 +33,10 @@ impl RoutingCfg {
     pub fn validate(&self) -> Result<()> {
         let c = self;
         if c.experts == 0 || c.groups == 0 || c.experts % c.groups != 0 {
-            return cfg_err(format!("{} experts do not split into {} groups", c.experts, c.groups));
+            return cfg_err(format!(
+                "{} experts do not split into {} groups",
+                c.experts, c.groups
+            ));
         }
         if c.groups > 32 {
             return cfg_err("at most 32 expert groups");
@@ -42,10 +45,18 @@ impl RoutingCfg {
             return cfg_err("group scores need at least 2 experts per group");
         }
         if c.topk_groups == 0 || c.topk_groups > c.groups {
-            return cfg_err(format!("topk_groups {} not in 1..={}", c.topk_groups, c.groups));
+            return cfg_err(format!(
+                "topk_groups {} not in 1..={}",
+                c.topk_groups, c.groups
+            ));
         }
         if c.topk == 0 || c.topk > c.topk_groups * (c.experts / c.groups) {
-            return cfg_err(format!("top-{} does not fit in {} groups of {} experts", c.topk, c.topk_groups, c.experts / c.groups));
+            return cfg_err(format!(
+                "top-{} does not fit in {} groups of {} experts",
+                c.topk,
+                c.topk_groups,
+                c.experts / c.groups
+            ));
         }
         if !c.scaling.is_finite() {
             return cfg_err("scaling must be finite");
@@ -53,7 +64,14 @@ impl RoutingCfg {
         Ok(())
     }
     fn key(&self) -> String {
-        format!("{}-{}-{}-{}-{:08x}", self.experts, self.groups, self.topk_groups, self.topk, self.scaling.to_bits())
+        format!(
+            "{}-{}-{}-{}-{:08x}",
+            self.experts,
+            self.groups,
+            self.topk_groups,
+            self.topk,
+            self.scaling.to_bits()
+        )
     }
 }
 
@@ -180,9 +198,19 @@ pub fn route_kernel(t: &Target, c: &RoutingCfg) -> Result<ptx::Module> {
 /// CPU reference with the same arithmetic and tie rule as [`route_kernel`].
 pub fn route_ref(logits: &[f32], bias: &[f32], c: &RoutingCfg) -> Result<RoutingOut> {
     c.validate()?;
-    let (e_n, g_n, eg, kk) = (c.experts as usize, c.groups as usize, (c.experts / c.groups) as usize, c.topk as usize);
+    let (e_n, g_n, eg, kk) = (
+        c.experts as usize,
+        c.groups as usize,
+        (c.experts / c.groups) as usize,
+        c.topk as usize,
+    );
     if logits.len() % e_n != 0 || bias.len() != e_n {
-        return Err(EpError::Shape(format!("logits {} / bias {} for {} experts", logits.len(), bias.len(), e_n)));
+        return Err(EpError::Shape(format!(
+            "logits {} / bias {} for {} experts",
+            logits.len(),
+            bias.len(),
+            e_n
+        )));
     }
     let t_n = logits.len() / e_n;
     let mut idx = Vec::with_capacity(t_n * kk);
@@ -221,7 +249,11 @@ pub fn route_ref(logits: &[f32], bias: &[f32], c: &RoutingCfg) -> Result<Routing
         for _ in 0..kk {
             let (mut best, mut bi) = (f32::NEG_INFINITY, 0usize);
             for (e, &v) in b.iter().enumerate() {
-                let v = if mask >> (e / eg) & 1 != 0 { v } else { f32::NEG_INFINITY };
+                let v = if mask >> (e / eg) & 1 != 0 {
+                    v
+                } else {
+                    f32::NEG_INFINITY
+                };
                 if v > best {
                     best = v;
                     bi = e;
@@ -245,11 +277,21 @@ pub struct RoutingBufs {
 }
 
 /// Runs the routing kernel on `stream` for `logits` `[T, E]` already on the device.
-pub fn route(stream: &Stream, logits: &Buffer<f32>, bias: &Buffer<f32>, c: &RoutingCfg) -> Result<RoutingBufs> {
+pub fn route(
+    stream: &Stream,
+    logits: &Buffer<f32>,
+    bias: &Buffer<f32>,
+    c: &RoutingCfg,
+) -> Result<RoutingBufs> {
     c.validate()?;
     let dev: &Device = stream.device();
     if logits.len() % c.experts as usize != 0 || bias.len() != c.experts as usize {
-        return Err(EpError::Shape(format!("logits {} / bias {} for {} experts", logits.len(), bias.len(), c.experts)));
+        return Err(EpError::Shape(format!(
+            "logits {} / bias {} for {} experts",
+            logits.len(),
+            bias.len(),
+            c.experts
+        )));
     }
     let t_n = logits.len() / c.experts as usize;
     let f = kutil::function(dev, "ep_route", &c.key(), |t| route_kernel(t, c))?;
@@ -260,7 +302,11 @@ pub fn route(stream: &Stream, logits: &Buffer<f32>, bias: &Buffer<f32>, c: &Rout
     if t_n > 0 {
         let block = 128u32;
         let grid = (t_n as u32).div_ceil(block);
-        stream.launch(&f, &LaunchConfig::linear(grid, block), &runtime::args![logits, bias, &scratch, &gscr, &idx, &weights, t_n as u32])?;
+        stream.launch(
+            &f,
+            &LaunchConfig::linear(grid, block),
+            &runtime::args![logits, bias, &scratch, &gscr, &idx, &weights, t_n as u32],
+        )?;
         stream.synchronize()?;
     }
     Ok(RoutingBufs { idx, weights })

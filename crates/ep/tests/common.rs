@@ -5,7 +5,16 @@ use ep::transport::InProcessTransport;
 use rand::{Rng, SeedableRng};
 use runtime::Device;
 
-pub fn group(base: u32, nodes: u32, gpn: u32, experts: u32, hidden: u32, topk: u32, max_tokens: u32, num_sms: u32) -> EpGroup {
+pub fn group(
+    base: u32,
+    nodes: u32,
+    gpn: u32,
+    experts: u32,
+    hidden: u32,
+    topk: u32,
+    max_tokens: u32,
+    num_sms: u32,
+) -> EpGroup {
     let ranks = nodes * gpn;
     let devs: Vec<Device> = (0..ranks).map(|i| Device::emu(base + i)).collect();
     let mut cfg = EpConfig::new(ranks, gpn, experts, hidden, topk, max_tokens);
@@ -13,13 +22,24 @@ pub fn group(base: u32, nodes: u32, gpn: u32, experts: u32, hidden: u32, topk: u
     cfg.ring_slots = 4;
     cfg.chunk = 2;
     cfg.timeout = std::time::Duration::from_secs(20);
-    let tr = InProcessTransport { devices: devs.clone(), gpus_per_node: gpn };
+    let tr = InProcessTransport {
+        devices: devs.clone(),
+        gpus_per_node: gpn,
+    };
     EpGroup::new(cfg, devs, Box::new(tr)).unwrap()
 }
 
 /// Random distinct experts per token; `mode` 0: uniform, 1: all to expert 0 (+ -1 pads),
 /// 2: never to rank `skip`.
-pub fn routing(rng: &mut rand::rngs::StdRng, t: usize, k: usize, experts: usize, mode: u32, epr: usize, skip: usize) -> (Vec<i32>, Vec<f32>) {
+pub fn routing(
+    rng: &mut rand::rngs::StdRng,
+    t: usize,
+    k: usize,
+    experts: usize,
+    mode: u32,
+    epr: usize,
+    skip: usize,
+) -> (Vec<i32>, Vec<f32>) {
     let mut idx = Vec::new();
     let mut w = Vec::new();
     for _ in 0..t {
