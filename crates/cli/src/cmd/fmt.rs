@@ -1,11 +1,52 @@
-//! placeholder verb, filled in by its crate's work.
+//! `ptxforge fmt FILE.ptx [-o OUT] [--json]`: parse a PTX file and print it back, formatted.
+
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+
 #[derive(clap::Args)]
 pub struct Args {
-    /// Emit JSON.
+    /// The PTX file to format.
+    pub file: PathBuf,
+    /// Write the formatted text here instead of stdout.
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Emit a JSON summary (`{"file", "ok", "functions", "instructions"}`) instead of the text.
     #[arg(long)]
     pub json: bool,
 }
 
-pub fn run(_a: Args) -> anyhow::Result<()> {
-    anyhow::bail!("this verb is not built yet")
+pub fn run(a: Args) -> Result<()> {
+    let file = a.file.display().to_string();
+    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {file}"))?;
+    let m = match ptx::parse(&text) {
+        Ok(m) => m,
+        Err(e) => {
+            if a.json {
+                let j = serde_json::json!({
+                    "file": file,
+                    "ok": false,
+                    "error": { "line": e.line, "col": e.col, "message": e.message },
+                });
+                println!("{j}");
+            }
+            anyhow::bail!("{file}:{}:{}: {}", e.line, e.col, e.message);
+        }
+    };
+    let printed = ptx::print(&m);
+    if let Some(out) = &a.output {
+        std::fs::write(out, &printed).with_context(|| format!("writing {}", out.display()))?;
+    }
+    if a.json {
+        let instructions: usize = m.functions().map(|f| f.instructions().len()).sum();
+        let j = serde_json::json!({
+            "file": file,
+            "ok": true,
+            "functions": m.functions().count(),
+            "instructions": instructions,
+        });
+        println!("{j}");
+    } else if a.output.is_none() {
+        print!("{printed}");
+    }
+    Ok(())
 }
