@@ -76,6 +76,9 @@ pub struct CheckReport {
     pub mismatches: usize,
     /// Relative Frobenius error against the f64 reference (GEMMs).
     pub rel_err: f64,
+    /// Relative Frobenius error against the reference rounded to the output type (isolates the
+    /// kernel's accumulation error from the final bf16 rounding; equals `rel_err` for f32 out).
+    pub rel_err_rounded: f64,
     /// Tolerance `rel_err` is held to (0 for exact kernels).
     pub tolerance: f64,
     pub pass: bool,
@@ -391,6 +394,7 @@ impl KernelInfo {
             shape: *s,
             mismatches: 0,
             rel_err: 0.0,
+            rel_err_rounded: 0.0,
             tolerance: 0.0,
             pass: false,
             seconds: 0.0,
@@ -617,11 +621,12 @@ pub fn check_gemm_with(
             qb = Some((q2, s2));
         }
         InTy::Fp8Unpromoted => {
-            // per-tensor scales
-            let amax_a = a.iter().fold(0f32, |x, v| x.max(v.abs()));
-            let amax_b = b.iter().fold(0f32, |x, v| x.max(v.abs()));
-            let (sa, ia) = crate::tile::fp8_scale_host(amax_a, ScaleMode::Float);
-            let (sb, ib) = crate::tile::fp8_scale_host(amax_b, ScaleMode::Float);
+            // per-tensor scales mapping amax to 2 (not 448): the f16 accumulator must not
+            // overflow (a sum of K products of magnitude <= 4)
+            let amax_a = a.iter().fold(0f32, |x, v| x.max(v.abs())).max(1e-4);
+            let amax_b = b.iter().fold(0f32, |x, v| x.max(v.abs())).max(1e-4);
+            let (sa, sb) = (amax_a / 2.0, amax_b / 2.0);
+            let (ia, ib) = (1.0 / sa, 1.0 / sb);
             let q1: Vec<u8> = a
                 .iter()
                 .map(|v| emu::fp::f32_to_e4m3(v * ia, true))
@@ -725,6 +730,16 @@ pub fn check_gemm_with(
     } else {
         rel_fro(&gv, &wv)
     };
+    let rounded: Vec<f64> = if g.out == OutTy::Bf16 {
+        wv.iter().map(|w| bf16::from_f64(*w).to_f64()).collect()
+    } else {
+        wv.clone()
+    };
+    let rel_rounded = if nan {
+        f64::INFINITY
+    } else {
+        rel_fro(&gv, &rounded)
+    };
     // bf16 output rounding alone gives ~2^-9 relative error per element.
     let tol = match (g.input, g.out) {
         (InTy::Fp8Unpromoted, _) => 5e-2,
@@ -740,8 +755,9 @@ pub fn check_gemm_with(
             0
         },
         rel_err: rel,
+        rel_err_rounded: rel_rounded,
         tolerance: tol,
-        pass: rel <= tol,
+        pass: rel <= tol && (g.input == InTy::Fp8Unpromoted || rel_rounded <= 1e-3),
         seconds,
         flops: info.flops(s),
         lane_instructions: stream.last_stats().map(|st| st.lane_instructions),
@@ -825,6 +841,7 @@ fn run_device<O: OutVal>(
                 )?,
                 _ => return shape_err(&info.name, "missing index vector"),
             }
+            stream.synchronize()?; // before the inputs are dropped
         }
         InTy::Fp8 => {
             let ((q1, s1), (q2, s2)) = (
@@ -850,6 +867,7 @@ fn run_device<O: OutVal>(
                 )?,
                 _ => return shape_err(&info.name, "missing index vector"),
             }
+            stream.synchronize()?; // before the inputs are dropped
         }
         InTy::Fp8Unpromoted => {
             let (ab, bb) = (
@@ -858,6 +876,7 @@ fn run_device<O: OutVal>(
             );
             t0 = Instant::now();
             gemm::gemm_fp8_unpromoted_with::<O>(stream, g, &ab, &bb, dv.scale_pt, &mut d, m, n, k)?;
+            stream.synchronize()?;
         }
     }
     stream.synchronize()?;

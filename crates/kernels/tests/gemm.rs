@@ -11,7 +11,7 @@ fn run(info: &KernelInfo, shapes: &[Shape], dev: u32) {
             .check(&stream, s, 7 + i as u64)
             .unwrap_or_else(|e| panic!("{}: {e}", info.name));
         eprintln!(
-            "{:<40} {:>4}x{:>4}x{:>5} g{}: rel err {:.2e} (tol {:.0e}), {:.2}s",
+            "{:<40} {:>4}x{:>4}x{:>5} g{}: rel err {:.2e} (tol {:.0e}), vs out-rounded ref {:.2e}, {:.2}s",
             info.name,
             s.m,
             s.n,
@@ -19,6 +19,7 @@ fn run(info: &KernelInfo, shapes: &[Shape], dev: u32) {
             s.groups,
             rep.rel_err,
             rep.tolerance,
+            rep.rel_err_rounded,
             t.elapsed().as_secs_f64()
         );
         assert!(
