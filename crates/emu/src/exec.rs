@@ -21,12 +21,17 @@ pub struct LaunchCtx {
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub dyn_shared: u32,
+    /// Cluster dimensions ([1,1,1] for unclustered launches).
+    pub cluster: [u32; 3],
     pub nsm: u32,
     pub launch_id: u64,
     pub start: std::time::Instant,
 }
 
 impl LaunchCtx {
+    pub fn cluster_size(&self) -> u32 {
+        self.cluster[0] * self.cluster[1] * self.cluster[2]
+    }
     pub fn threads_per_cta(&self) -> u32 {
         self.block[0] * self.block[1] * self.block[2]
     }
@@ -107,7 +112,35 @@ pub struct Cta {
     pub mbars: std::collections::HashMap<u32, crate::hopper::Mbarrier>,
     /// Asynchronous copies that complete on an mbarrier, landed when the barrier is observed.
     pending_tma: Vec<PendingCopy>,
+    /// Rank of this CTA in its cluster.
+    pub rank: u32,
+    /// The other CTAs' shared state while this CTA runs (indexed by rank; own slot unused).
+    pub peers: Vec<PeerMem>,
+    /// The cluster barrier, shared by the CTAs of a cluster (all run on one host thread).
+    pub cluster_bar: std::rc::Rc<std::cell::RefCell<ClusterBarrier>>,
+    /// Phase each warp waits for at `barrier.cluster.wait`.
+    cluster_wait: Vec<u64>,
 }
+
+/// Shared memory, mbarriers and pending copies of a CTA, lent to its cluster siblings.
+#[derive(Default)]
+pub struct PeerMem {
+    pub shared: Vec<u8>,
+    pub mbars: std::collections::HashMap<u32, crate::hopper::Mbarrier>,
+    pending: Vec<PendingCopy>,
+}
+
+/// State of `barrier.cluster`.
+#[derive(Default, Debug)]
+pub struct ClusterBarrier {
+    pub arrived: u32,
+    pub phase: u64,
+    pub threads: u32,
+}
+
+/// Bit position of the cluster rank in a `shared::cluster` address (`mapa`): rank+1 is stored
+/// there so plain shared offsets (rank bits 0) mean "this CTA".
+pub const CLUSTER_RANK_SHIFT: u32 = 24;
 
 /// A bulk copy into shared memory that completes on an mbarrier.
 struct PendingCopy {
@@ -208,7 +241,27 @@ impl Cta {
             next_warp: 0,
             mbars: Default::default(),
             pending_tma: Vec::new(),
+            rank: 0,
+            peers: Vec::new(),
+            cluster_bar: Default::default(),
+            cluster_wait: vec![0; nwarps as usize],
         }
+    }
+
+    /// Lends this CTA's shared memory, mbarriers and pending copies to a running cluster peer.
+    pub fn take_mem(&mut self) -> PeerMem {
+        PeerMem {
+            shared: std::mem::take(&mut self.shared),
+            mbars: std::mem::take(&mut self.mbars),
+            pending: std::mem::take(&mut self.pending_tma),
+        }
+    }
+
+    /// Takes the lent state back.
+    pub fn put_mem(&mut self, p: PeerMem) {
+        self.shared = p.shared;
+        self.mbars = p.mbars;
+        self.pending_tma = p.pending;
     }
 
     pub fn done(&self) -> bool {
@@ -416,6 +469,7 @@ impl Cta {
                     self.warps[wi].group_pc += 1;
                     return Ok(n);
                 }
+                Ok(Flow::Spin) => return Ok(n),
                 Ok(Flow::Blocked) => {
                     let w = &mut self.warps[wi];
                     if w.live & !w.blocked & !w.parked == 0 {
@@ -454,6 +508,8 @@ thread_local! {
 }
 
 enum Flow {
+    /// Stay at this instruction and end the warp's slice (a spinning wait).
+    Spin,
     Next,
     Stay,
     Yield,
@@ -464,6 +520,8 @@ enum Flow {
 enum Loc {
     Global(*const crate::memory::Allocation, u64),
     Shared(usize),
+    /// Shared memory of another CTA of the cluster (rank, offset).
+    Peer(usize, usize),
     Local(usize),
     Param(usize),
 }
@@ -521,13 +579,22 @@ impl Cta {
                 None => Err(fault("global")),
             },
             MSpace::Shared => {
-                if addr
-                    .checked_add(size as u64)
-                    .is_some_and(|e| e <= self.shared.len() as u64)
-                {
-                    Ok(Loc::Shared(addr as usize))
+                let (peer, off) = self.split_rank(addr);
+                let len = match peer {
+                    Some(r) => self.peers.get(r).map(|p| p.shared.len()).unwrap_or(0),
+                    None => self.shared.len(),
+                } as u64;
+                if off.checked_add(size as u64).is_some_and(|e| e <= len) {
+                    Ok(match peer {
+                        Some(r) => Loc::Peer(r, off as usize),
+                        None => Loc::Shared(off as usize),
+                    })
                 } else {
-                    Err(fault("shared"))
+                    Err(fault(if peer.is_some() {
+                        "shared::cluster"
+                    } else {
+                        "shared"
+                    }))
                 }
             }
             MSpace::Local => {
@@ -554,6 +621,7 @@ impl Cta {
             // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
             Loc::Global(a, off) => unsafe { &*a }.read(off, size, ord),
             Loc::Shared(o) => read_le(&self.shared[o..o + size as usize]),
+            Loc::Peer(r, o) => read_le(&self.peers[r].shared[o..o + size as usize]),
             Loc::Local(o) => read_le(&self.warps[wi].local[o..o + size as usize]),
             Loc::Param(o) => read_le(&ctx.params[o..o + size as usize]),
         }
@@ -565,6 +633,7 @@ impl Cta {
             // SAFETY: as in `load`.
             Loc::Global(a, off) => unsafe { &*a }.write(off, size, v, ord),
             Loc::Shared(o) => write_le(&mut self.shared[o..o + size as usize], v),
+            Loc::Peer(r, o) => write_le(&mut self.peers[r].shared[o..o + size as usize], v),
             Loc::Local(o) => write_le(&mut self.warps[wi].local[o..o + size as usize], v),
             Loc::Param(_) => {}
         }
@@ -729,13 +798,13 @@ impl Cta {
             SReg::LanemaskLe => (1u64 << (lane + 1)) - 1,
             SReg::LanemaskGt => (!((1u64 << (lane + 1)) - 1)) & 0xffff_ffff,
             SReg::LanemaskGe => (!((1u64 << lane) - 1)) & 0xffff_ffff,
-            SReg::ClusterId(d) => self.id[d as usize] as u64,
-            SReg::Nclusterid(d) => ctx.grid[d as usize] as u64,
-            SReg::ClusterCtaid(_) => 0,
-            SReg::ClusterNctaid(_) => 1,
-            SReg::ClusterCtarank => 0,
-            SReg::ClusterNctarank => 1,
-            SReg::IsExplicitCluster => 0,
+            SReg::ClusterId(d) => (self.id[d as usize] / ctx.cluster[d as usize]) as u64,
+            SReg::Nclusterid(d) => (ctx.grid[d as usize] / ctx.cluster[d as usize]) as u64,
+            SReg::ClusterCtaid(d) => (self.id[d as usize] % ctx.cluster[d as usize]) as u64,
+            SReg::ClusterNctaid(d) => ctx.cluster[d as usize] as u64,
+            SReg::ClusterCtarank => self.rank as u64,
+            SReg::ClusterNctarank => ctx.cluster_size() as u64,
+            SReg::IsExplicitCluster => (ctx.cluster_size() > 1) as u64,
             SReg::DynamicSmemSize => ctx.dyn_shared as u64,
             SReg::TotalSmemSize | SReg::AggrSmemSize => ctx.shared_bytes() as u64,
             SReg::Envreg(_) => 0,
@@ -1543,6 +1612,53 @@ impl Cta {
                     }
                 }
             }
+            Op::Mapa { generic, d, a, b } => {
+                let w = &mut self.warps[wi];
+                for l in lanes_of(m) {
+                    let x = w.regs[*a as usize][l];
+                    let off = if *generic {
+                        x.wrapping_sub(SHARED_WINDOW)
+                    } else {
+                        x
+                    };
+                    let off = off & ((1 << CLUSTER_RANK_SHIFT) - 1);
+                    let r = w.regs[*b as usize][l] & 0xffff;
+                    let v = ((r + 1) << CLUSTER_RANK_SHIFT) | off;
+                    w.regs[*d as usize][l] = if *generic {
+                        v + SHARED_WINDOW
+                    } else {
+                        v & 0xffff_ffff
+                    };
+                }
+            }
+            Op::Getctarank { d, a } => {
+                let rank = self.rank as u64;
+                let w = &mut self.warps[wi];
+                for l in lanes_of(m) {
+                    let x = w.regs[*a as usize][l];
+                    let x = if x >= SHARED_WINDOW {
+                        x - SHARED_WINDOW
+                    } else {
+                        x
+                    };
+                    let r = x >> CLUSTER_RANK_SHIFT;
+                    w.regs[*d as usize][l] = if r == 0 { rank } else { r - 1 };
+                }
+            }
+            Op::ClusterArrive => {
+                let mut cb = self.cluster_bar.borrow_mut();
+                self.cluster_wait[wi] = cb.phase + 1;
+                cb.arrived += m.count_ones();
+                if cb.arrived >= cb.threads {
+                    cb.arrived = 0;
+                    cb.phase += 1;
+                }
+            }
+            Op::ClusterWait => {
+                if self.cluster_bar.borrow().phase < self.cluster_wait[wi] {
+                    return Ok(Flow::Spin);
+                }
+            }
             Op::Wgmma(op) => self.wgmma(wi, op, m)?,
             Op::WgmmaCommit => {
                 let w = &mut self.warps[wi];
@@ -1591,7 +1707,7 @@ impl Cta {
                 remote: _,
             } => {
                 for l in lanes_of(m) {
-                    let key = self.mbar_key(wi, *addr, *off, l)?;
+                    let (peer, key) = self.mbar_key_any(wi, *addr, *off, l)?;
                     let regs = &self.warps[wi].regs;
                     let c = if *count != NONE {
                         regs[*count as usize][l] as u32
@@ -1603,7 +1719,11 @@ impl Cta {
                     } else {
                         None
                     };
-                    let mb = self.mbars.get_mut(&key).ok_or_else(|| uninit(key))?;
+                    let mb = self
+                        .mbar_home(peer)
+                        .0
+                        .get_mut(&key)
+                        .ok_or_else(|| uninit(key))?;
                     if let Some(t) = t {
                         mb.expect_tx(t);
                     }
@@ -1707,6 +1827,7 @@ impl Cta {
                 tspace,
                 coords,
                 mbar,
+                cta_mask,
             } => {
                 for l in lanes_of(m) {
                     let ta = self.warps[wi].regs[*tmap as usize][l].wrapping_add(*toff as u64);
@@ -1725,20 +1846,38 @@ impl Cta {
                         .map(|c| self.warps[wi].regs[*c as usize][l] as u32 as i32 as i64)
                         .collect();
                     let sa = self.warps[wi].regs[*smem as usize][l].wrapping_add(*soff as u64);
-                    let sa = self.shared_offset(MSpace::Generic, sa);
+                    let sa = self.split_rank(self.shared_offset(MSpace::Generic, sa)).1;
                     if *load {
                         let (ma, mo) = mbar.unwrap_or((ZERO, 0));
                         let key = self.mbar_key(wi, ma, mo, l)?;
                         let bytes = desc.box_bytes() as u32;
-                        self.pending_tma.push(PendingCopy {
-                            mbar: key,
-                            bytes,
-                            kind: PendingKind::Tensor {
-                                desc: Box::new(desc),
-                                coords: cs,
-                                smem: sa,
-                            },
-                        });
+                        // Multicast: the same box lands at the same offsets in every CTA named by
+                        // the mask and completes on each one's mbarrier at the same offset.
+                        let mask = if *cta_mask != NONE {
+                            self.warps[wi].regs[*cta_mask as usize][l] as u32 & 0xffff
+                        } else {
+                            1 << self.rank
+                        };
+                        for r in 0..16usize {
+                            if mask >> r & 1 == 0 {
+                                continue;
+                            }
+                            let peer = if r as u32 == self.rank { None } else { Some(r) };
+                            if peer.is_some_and(|p| p >= self.peers.len()) {
+                                return Err(FaultKind::Other(format!(
+                                    "TMA multicast to CTA rank {r} outside the cluster"
+                                )));
+                            }
+                            self.mbar_home(peer).1.push(PendingCopy {
+                                mbar: key,
+                                bytes,
+                                kind: PendingKind::Tensor {
+                                    desc: Box::new(desc.clone()),
+                                    coords: cs.clone(),
+                                    smem: sa,
+                                },
+                            });
+                        }
                     } else {
                         let es = desc.dtype.size();
                         let mut err = None;
@@ -1840,9 +1979,65 @@ impl Cta {
         }
     }
 
+    /// Splits a shared-space address into (peer rank if it names another CTA, offset).
+    fn split_rank(&self, addr: u64) -> (Option<usize>, u64) {
+        let r = addr >> CLUSTER_RANK_SHIFT;
+        let off = addr & ((1 << CLUSTER_RANK_SHIFT) - 1);
+        if r == 0 || r - 1 == self.rank as u64 {
+            (None, off)
+        } else {
+            (Some((r - 1) as usize), off)
+        }
+    }
+
+    /// The mbarrier table and pending-copy list of this CTA or of a cluster peer.
+    #[allow(clippy::type_complexity)]
+    fn mbar_home(
+        &mut self,
+        peer: Option<usize>,
+    ) -> (
+        &mut std::collections::HashMap<u32, crate::hopper::Mbarrier>,
+        &mut Vec<PendingCopy>,
+    ) {
+        match peer {
+            Some(r) if r < self.peers.len() => {
+                let p = &mut self.peers[r];
+                (&mut p.mbars, &mut p.pending)
+            }
+            _ => (&mut self.mbars, &mut self.pending_tma),
+        }
+    }
+
+    /// Like `mbar_key` but for addresses that may name a cluster peer's mbarrier.
+    fn mbar_key_any(
+        &self,
+        wi: usize,
+        addr: u32,
+        off: i64,
+        lane: usize,
+    ) -> Result<(Option<usize>, u32), FaultKind> {
+        let a = self.warps[wi].regs[addr as usize][lane].wrapping_add(off as u64);
+        let o = self.shared_offset(MSpace::Generic, a);
+        let (peer, o) = self.split_rank(o);
+        let len = match peer {
+            Some(r) => self.peers.get(r).map(|p| p.shared.len()).unwrap_or(0),
+            None => self.shared.len(),
+        };
+        if !o.is_multiple_of(8) || o + 8 > len as u64 {
+            LAST_LANE.with(|c| c.set(lane as u32));
+            return Err(FaultKind::OutOfBounds {
+                space: "shared::cluster (mbarrier)",
+                addr: a,
+                size: 8,
+            });
+        }
+        Ok((peer, o as u32))
+    }
+
     fn mbar_key(&self, wi: usize, addr: u32, off: i64, lane: usize) -> Result<u32, FaultKind> {
         let a = self.warps[wi].regs[addr as usize][lane].wrapping_add(off as u64);
         let o = self.shared_offset(MSpace::Generic, a);
+        let o = self.split_rank(o).1;
         if !o.is_multiple_of(8) || o + 8 > self.shared.len() as u64 {
             LAST_LANE.with(|c| c.set(lane as u32));
             return Err(FaultKind::OutOfBounds {

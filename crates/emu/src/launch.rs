@@ -24,6 +24,24 @@ pub struct LaunchConfig {
     pub sm_offset: u32,
     /// SMs the device has (`%nsmid`).
     pub device_sms: u32,
+    /// Cluster dimensions ([1,1,1] when not clustered). The CTAs of a cluster are co-resident,
+    /// share distributed shared memory and run on one host thread.
+    pub cluster: [u32; 3],
+}
+
+impl LaunchConfig {
+    /// A 1-D launch on the whole of a 132-SM device.
+    pub fn linear(grid: u32, block: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid: [grid, 1, 1],
+            block: [block, 1, 1],
+            shared_bytes: 0,
+            sms: 132,
+            sm_offset: 0,
+            device_sms: 132,
+            cluster: [1, 1, 1],
+        }
+    }
 }
 
 /// Execution limits and host resources of a launch.
@@ -129,6 +147,13 @@ pub fn launch(
     if cfg.sms == 0 {
         return Err(EmuError::Launch("SM budget of 0".into()));
     }
+    let csize: u32 = cfg.cluster.iter().product();
+    if csize == 0 || csize > 16 || (0..3).any(|d| cfg.grid[d] % cfg.cluster[d].max(1) != 0) {
+        return Err(EmuError::Launch(format!(
+            "cluster {:?} must have 1..=16 CTAs and divide the grid {:?}",
+            cfg.cluster, cfg.grid
+        )));
+    }
     let ctx = LaunchCtx {
         prog: prog.clone(),
         mem,
@@ -136,6 +161,7 @@ pub fn launch(
         grid: cfg.grid,
         block: cfg.block,
         dyn_shared: cfg.shared_bytes,
+        cluster: cfg.cluster,
         nsm: cfg.device_sms,
         launch_id: NEXT_LAUNCH.fetch_add(1, Ordering::Relaxed),
         start: Instant::now(),
@@ -153,7 +179,18 @@ pub fn launch(
     if smem > 0 {
         per_sm = per_sm.min((228 * 1024) / smem.max(1));
     }
-    let capacity = (cfg.sms as u64 * per_sm.max(1) as u64).min(ctas_total) as u32;
+    // Work is admitted a cluster at a time (a cluster of 1 for plain launches).
+    let cluster = cfg.cluster;
+    let csize = csize as u64;
+    let units_total = ctas_total / csize;
+    let cgrid = [
+        cfg.grid[0] / cluster[0],
+        cfg.grid[1] / cluster[1],
+        cfg.grid[2] / cluster[2],
+    ];
+    let capacity = ((cfg.sms as u64 * per_sm.max(1) as u64) / csize)
+        .max(1)
+        .min(units_total) as u32;
     let nworkers = (opts.threads.max(1) as u64).min(capacity as u64) as usize;
     let per_worker = capacity.div_ceil(nworkers as u32);
 
@@ -173,7 +210,7 @@ pub fn launch(
                 &next, &abort, &executed, &lane_ops, &first_err, &sm_used, &max_res,
             );
             s.spawn(move || {
-                let mut resident: Vec<(Cta, u32)> = Vec::new();
+                let mut resident: Vec<(Vec<Cta>, u32)> = Vec::new();
                 let mut idle_rounds = 0u32;
                 let slot_base = w as u32 * per_worker;
                 let mut free_slots: Vec<u32> = (0..per_worker)
@@ -193,25 +230,46 @@ pub fn launch(
                         return;
                     }
                     // Admit: always keep two resident; more when the resident ones stall.
-                    let want = if resident.len() < 2 || idle_rounds >= 4 {
-                        1
-                    } else {
-                        0
-                    };
-                    if want > 0 && !free_slots.is_empty() {
+                    let want = resident.len() < 2 || idle_rounds >= 4;
+                    if want && !free_slots.is_empty() {
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i < ctas_total {
-                            let g = cfg.grid;
-                            let id = [
-                                (i % g[0] as u64) as u32,
-                                ((i / g[0] as u64) % g[1] as u64) as u32,
-                                (i / (g[0] as u64 * g[1] as u64)) as u32,
+                        if i < units_total {
+                            let cid = [
+                                (i % cgrid[0] as u64) as u32,
+                                ((i / cgrid[0] as u64) % cgrid[1] as u64) as u32,
+                                (i / (cgrid[0] as u64 * cgrid[1] as u64)) as u32,
                             ];
                             let slot = free_slots.pop().unwrap_or(slot_base);
-                            let sm = slot % cfg.sms;
-                            sm_used[sm as usize].store(1, Ordering::Relaxed);
-                            resident.push((Cta::new(ctx, id, cfg.sm_offset + sm), slot));
-                            max_res.fetch_max(resident.len() as u32, Ordering::Relaxed);
+                            let bar = std::rc::Rc::new(std::cell::RefCell::new(
+                                crate::exec::ClusterBarrier {
+                                    threads: threads * csize as u32,
+                                    ..Default::default()
+                                },
+                            ));
+                            let mut group = Vec::with_capacity(csize as usize);
+                            for rank in 0..csize as u32 {
+                                let (x, y, z) = (
+                                    rank % cluster[0],
+                                    (rank / cluster[0]) % cluster[1],
+                                    rank / (cluster[0] * cluster[1]),
+                                );
+                                let id = [
+                                    cid[0] * cluster[0] + x,
+                                    cid[1] * cluster[1] + y,
+                                    cid[2] * cluster[2] + z,
+                                ];
+                                let sm = (slot * csize as u32 + rank) % cfg.sms;
+                                sm_used[sm as usize].store(1, Ordering::Relaxed);
+                                let mut cta = Cta::new(ctx, id, cfg.sm_offset + sm);
+                                cta.rank = rank;
+                                cta.cluster_bar = bar.clone();
+                                group.push(cta);
+                            }
+                            resident.push((group, slot));
+                            max_res.fetch_max(
+                                (resident.len() as u64 * csize) as u32,
+                                Ordering::Relaxed,
+                            );
                             idle_rounds = 0;
                         }
                     }
@@ -222,48 +280,64 @@ pub fn launch(
                     let mut k = 0;
                     while k < resident.len() {
                         let budget = 4096;
-                        let r = resident[k].0.run(ctx, budget);
-                        match r {
-                            Ok(n) => {
-                                let total = executed.fetch_add(n, Ordering::Relaxed) + n;
-                                if total > opts.max_warp_instructions
-                                    || ctx.start.elapsed() > opts.timeout
-                                {
-                                    let why = if total > opts.max_warp_instructions {
-                                        format!("{} warp-instructions", opts.max_warp_instructions)
-                                    } else {
-                                        format!("{:.0} s", opts.timeout.as_secs_f64())
-                                    };
-                                    let cta = &resident[k].0;
-                                    let wp = cta
-                                        .warps
-                                        .iter()
-                                        .find(|w| w.state != crate::exec::WarpState::Exited);
-                                    let f = Fault {
-                                        kind: FaultKind::Hang(why),
-                                        warp: wp.map(|w| w.id).unwrap_or(0),
-                                        lane: wp.map(|w| w.live.trailing_zeros()).unwrap_or(0),
-                                        pc: wp.map(|w| w.group_pc).unwrap_or(0),
-                                    };
-                                    fail(site_error(ctx, cta, f));
-                                    return;
-                                }
-                                if resident[k].0.done() {
-                                    let (cta, slot) = resident.swap_remove(k);
-                                    let ops: u64 = cta.warps.iter().map(|w| w.lane_ops).sum();
-                                    lane_ops.fetch_add(ops, Ordering::Relaxed);
-                                    free_slots.push(slot);
-                                    finished = true;
-                                    if let Some(p) = &opts.progress {
-                                        p.fetch_add(1, Ordering::Relaxed);
-                                    }
-                                    continue;
+                        let mut total_n = 0u64;
+                        let group = &mut resident[k].0;
+                        let mut failure = None;
+                        for c in 0..group.len() {
+                            if group[c].done() {
+                                continue;
+                            }
+                            lend_peers(group, c);
+                            let r = group[c].run(ctx, budget);
+                            return_peers(group, c);
+                            match r {
+                                Ok(n) => total_n += n,
+                                Err(f) => {
+                                    failure = Some(site_error(ctx, &group[c], f));
+                                    break;
                                 }
                             }
-                            Err(f) => {
-                                fail(site_error(ctx, &resident[k].0, f));
-                                return;
+                        }
+                        if let Some(e) = failure {
+                            fail(e);
+                            return;
+                        }
+                        let total = executed.fetch_add(total_n, Ordering::Relaxed) + total_n;
+                        if total > opts.max_warp_instructions || ctx.start.elapsed() > opts.timeout
+                        {
+                            let why = if total > opts.max_warp_instructions {
+                                format!("{} warp-instructions", opts.max_warp_instructions)
+                            } else {
+                                format!("{:.0} s", opts.timeout.as_secs_f64())
+                            };
+                            let cta = group.iter().find(|c| !c.done()).unwrap_or(&group[0]);
+                            let wp = cta
+                                .warps
+                                .iter()
+                                .find(|w| w.state != crate::exec::WarpState::Exited);
+                            let f = Fault {
+                                kind: FaultKind::Hang(why),
+                                warp: wp.map(|w| w.id).unwrap_or(0),
+                                lane: wp.map(|w| w.live.trailing_zeros()).unwrap_or(0),
+                                pc: wp.map(|w| w.group_pc).unwrap_or(0),
+                            };
+                            fail(site_error(ctx, cta, f));
+                            return;
+                        }
+                        if group.iter().all(|c| c.done()) {
+                            let (group, slot) = resident.swap_remove(k);
+                            let ops: u64 = group
+                                .iter()
+                                .flat_map(|c| c.warps.iter())
+                                .map(|w| w.lane_ops)
+                                .sum();
+                            lane_ops.fetch_add(ops, Ordering::Relaxed);
+                            free_slots.push(slot);
+                            finished = true;
+                            if let Some(p) = &opts.progress {
+                                p.fetch_add(csize, Ordering::Relaxed);
                             }
+                            continue;
                         }
                         k += 1;
                     }
@@ -316,5 +390,35 @@ fn site_error(ctx: &LaunchCtx, cta: &Cta, f: Fault) -> EmuError {
             line,
             instruction,
         }),
+    }
+}
+
+/// Moves the shared state of every other CTA of the cluster into `group[c].peers` so the
+/// running CTA can reach distributed shared memory and remote mbarriers.
+fn lend_peers(group: &mut [Cta], c: usize) {
+    if group.len() == 1 {
+        return;
+    }
+    let mut peers: Vec<crate::exec::PeerMem> = Vec::with_capacity(group.len());
+    for (j, other) in group.iter_mut().enumerate() {
+        if j == c {
+            peers.push(Default::default());
+        } else {
+            peers.push(other.take_mem());
+        }
+    }
+    group[c].peers = peers;
+}
+
+/// Gives the lent shared state back to its owners.
+fn return_peers(group: &mut [Cta], c: usize) {
+    if group.len() == 1 {
+        return;
+    }
+    let peers = std::mem::take(&mut group[c].peers);
+    for (j, p) in peers.into_iter().enumerate() {
+        if j != c {
+            group[j].put_mem(p);
+        }
     }
 }

@@ -400,11 +400,26 @@ pub enum Op {
         tspace: MSpace,
         coords: Vec<u32>,
         mbar: Option<(u32, i64)>,
+        /// Multicast destination CTAs (bit per cluster rank); 0 = this CTA only.
+        cta_mask: u32,
     },
     Setmaxnreg {
         inc: bool,
         n: u32,
     },
+    /// `mapa`: address of the same shared location in CTA `b` of the cluster.
+    Mapa {
+        generic: bool,
+        d: u32,
+        a: u32,
+        b: u32,
+    },
+    Getctarank {
+        d: u32,
+        a: u32,
+    },
+    ClusterArrive,
+    ClusterWait,
 }
 
 /// A decoded `wgmma.mma_async`.
@@ -2177,9 +2192,11 @@ impl<'a> Decoder<'a> {
                 } else {
                     None
                 };
-                if ins.has(Flag::MulticastCluster) {
-                    return Err(self.err(ins, "TMA multicast needs cluster launches, which the emulator does not support yet"));
-                }
+                let cta_mask = if ins.has(Flag::MulticastCluster) {
+                    self.src(ins, arg(3)?)?
+                } else {
+                    NONE
+                };
                 Op::BulkTensor {
                     load,
                     smem,
@@ -2189,19 +2206,42 @@ impl<'a> Decoder<'a> {
                     tspace,
                     coords,
                     mbar,
+                    cta_mask,
                 }
             }
             O::CpReduceAsyncBulk
             | O::CpReduceAsyncBulkTensor
             | O::StAsync
             | O::RedAsync
-            | O::CpAsyncMbarrierArrive
-            | O::Mapa
-            | O::Getctarank
-            | O::BarrierCluster => return Err(self.err(
-                ins,
-                "cluster / distributed-shared-memory instruction not yet supported by the emulator",
-            )),
+            | O::CpAsyncMbarrierArrive => {
+                return Err(self.err(ins, "instruction not yet supported by the emulator"))
+            }
+            O::Mapa => {
+                let d = self.dst(ins, arg(0)?)?;
+                let x = self.src(ins, arg(1)?)?;
+                let r = self.src(ins, arg(2)?)?;
+                let generic = !ins.spaces().any(|s| s.is_shared());
+                Op::Mapa {
+                    generic,
+                    d,
+                    a: x,
+                    b: r,
+                }
+            }
+            O::Getctarank => {
+                let d = self.dst(ins, arg(0)?)?;
+                let x = self.src(ins, arg(1)?)?;
+                Op::Getctarank { d, a: x }
+            }
+            O::BarrierCluster => {
+                if ins.has(Flag::Arrive) {
+                    Op::ClusterArrive
+                } else if ins.has(Flag::Wait) {
+                    Op::ClusterWait
+                } else {
+                    return Err(self.err(ins, "barrier.cluster needs .arrive or .wait"));
+                }
+            }
             _ => {
                 let f = alu::int_fn(ins)
                     .ok_or_else(|| self.err(ins, "operation/type combination not supported"))?;

@@ -4,7 +4,15 @@ use emu::{launch, GlobalMemory, LaunchConfig, LaunchOptions, LoadedModule};
 use std::sync::Arc;
 
 fn cfg(grid: u32, block: u32) -> LaunchConfig {
-    LaunchConfig { grid: [grid, 1, 1], block: [block, 1, 1], shared_bytes: 0, sms: 132, sm_offset: 0, device_sms: 132 }
+    LaunchConfig {
+        grid: [grid, 1, 1],
+        block: [block, 1, 1],
+        shared_bytes: 0,
+        sms: 132,
+        sm_offset: 0,
+        device_sms: 132,
+        cluster: [1, 1, 1],
+    }
 }
 
 const VADD: &str = r#"
@@ -58,13 +66,30 @@ fn vector_add_matches_reference() {
     let n = 1000usize;
     let a: Vec<f32> = (0..n).map(|i| (i as f32) * 0.37 - 11.0).collect();
     let b: Vec<f32> = (0..n).map(|i| 3.0 / (i as f32 + 1.0)).collect();
-    let (ba, bb, bc) = (mem.alloc(4 * n as u64, 0).unwrap(), mem.alloc(4 * n as u64, 0).unwrap(), mem.alloc(4 * n as u64, 0).unwrap());
-    ba.write_bytes(0, &a.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>());
-    bb.write_bytes(0, &b.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>());
+    let (ba, bb, bc) = (
+        mem.alloc(4 * n as u64, 0).unwrap(),
+        mem.alloc(4 * n as u64, 0).unwrap(),
+        mem.alloc(4 * n as u64, 0).unwrap(),
+    );
+    ba.write_bytes(
+        0,
+        &a.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
+    );
+    bb.write_bytes(
+        0,
+        &b.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
+    );
     bc.fill(0, 4 * n as u64, &[0xff]);
     let p = params(&[(ba.base, 8), (bb.base, 8), (bc.base, 8), (n as u64, 4)]);
     let k = m.kernel("vadd").unwrap();
-    let st = launch(k, mem.snapshot(), p, &cfg(8, 128), &LaunchOptions::default()).unwrap();
+    let st = launch(
+        k,
+        mem.snapshot(),
+        p,
+        &cfg(8, 128),
+        &LaunchOptions::default(),
+    )
+    .unwrap();
     let mut out = vec![0u8; 4 * n];
     bc.read_bytes(0, &mut out);
     for i in 0..n {
@@ -80,12 +105,29 @@ fn out_of_bounds_store_is_reported() {
     let mem = GlobalMemory::new();
     let m = LoadedModule::load(&mem, ptx::parse(VADD).unwrap(), 0).unwrap();
     let n = 64u64;
-    let (ba, bb, bc) = (mem.alloc(4 * n, 0).unwrap(), mem.alloc(4 * n, 0).unwrap(), mem.alloc(4 * 10, 0).unwrap());
+    let (ba, bb, bc) = (
+        mem.alloc(4 * n, 0).unwrap(),
+        mem.alloc(4 * n, 0).unwrap(),
+        mem.alloc(4 * 10, 0).unwrap(),
+    );
     let p = params(&[(ba.base, 8), (bb.base, 8), (bc.base, 8), (n, 4)]);
-    let e = launch(m.kernel("vadd").unwrap(), mem.snapshot(), p, &cfg(1, 64), &LaunchOptions::default()).unwrap_err();
+    let e = launch(
+        m.kernel("vadd").unwrap(),
+        mem.snapshot(),
+        p,
+        &cfg(1, 64),
+        &LaunchOptions::default(),
+    )
+    .unwrap_err();
     let s = e.to_string();
-    assert!(matches!(e.fault(), Some(emu::FaultKind::OutOfBounds { .. })), "{s}");
-    assert!(s.contains("vadd") && s.contains("thread (10,0,0)") && s.contains("st.global.f32"), "{s}");
+    assert!(
+        matches!(e.fault(), Some(emu::FaultKind::OutOfBounds { .. })),
+        "{s}"
+    );
+    assert!(
+        s.contains("vadd") && s.contains("thread (10,0,0)") && s.contains("st.global.f32"),
+        "{s}"
+    );
     let _ = Arc::new(());
 }
 
@@ -149,7 +191,14 @@ fn device_function_calls_with_divergence() {
     let out = mem.alloc(4 * 64, 0).unwrap();
     out.fill(0, 256, &[0xff]);
     let p = params(&[(out.base, 8)]);
-    launch(m.kernel("calls").unwrap(), mem.snapshot(), p, &cfg(1, 64), &LaunchOptions::default()).unwrap();
+    launch(
+        m.kernel("calls").unwrap(),
+        mem.snapshot(),
+        p,
+        &cfg(1, 64),
+        &LaunchOptions::default(),
+    )
+    .unwrap();
     let mut b = vec![0u8; 256];
     out.read_bytes(0, &mut b);
     for t in 0..64u32 {

@@ -22,6 +22,7 @@ fn run(body: &str, params: &[u64], block: u32, shared: u32) -> Result<(), EmuErr
         sms: 132,
         sm_offset: 0,
         device_sms: 132,
+        cluster: [1, 1, 1],
     };
     launch(
         m.kernel("k")?,
@@ -50,6 +51,7 @@ fn misaligned_global_access() {
         sms: 132,
         sm_offset: 0,
         device_sms: 132,
+        cluster: [1, 1, 1],
     };
     let e = launch(
         m.kernel("k").unwrap(),

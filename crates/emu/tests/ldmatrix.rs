@@ -128,6 +128,7 @@ fn case(x: u32, trans: bool) {
         sms: 1,
         sm_offset: 0,
         device_sms: 132,
+        cluster: [1, 1, 1],
     };
     launch(
         m.kernel("lm").unwrap(),

@@ -103,6 +103,7 @@ fn tma_tile_with_swizzle_and_oob_fill() {
         sms: 1,
         sm_offset: 0,
         device_sms: 132,
+        cluster: [1, 1, 1],
     };
     launch(
         m.kernel("tma").unwrap(),

@@ -167,6 +167,7 @@ fn run_case(n: usize, fp8: bool, sw: Sw, seed: u64) {
         sms: 1,
         sm_offset: 0,
         device_sms: 132,
+        cluster: [1, 1, 1],
     };
     launch(
         m.kernel("wg").unwrap(),

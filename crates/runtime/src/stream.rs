@@ -190,9 +190,6 @@ impl Stream {
             return cs.launch(cm, &f.name, &f.param_offsets(), &params, cfg);
         }
         let prog = f.module.loaded.kernel(&f.name)?;
-        if cfg.cluster != [1, 1, 1] {
-            return Err(RuntimeError::Launch("cluster launches are not supported by the emulator yet".into()));
-        }
         let ecfg = emu::LaunchConfig {
             grid: cfg.grid,
             block: cfg.block,
@@ -200,6 +197,7 @@ impl Stream {
             sms: part.count,
             sm_offset: part.offset,
             device_sms: props.sms,
+            cluster: cfg.cluster,
         };
         let mut opts = emu::LaunchOptions::default();
         if let Some(t) = cfg.timeout {
