@@ -1,5 +1,5 @@
 // shared helpers (included with `mod common;`)
-#![allow(dead_code)]
+#![allow(dead_code, clippy::too_many_arguments)]
 use ep::comm::{EpConfig, EpGroup};
 use ep::transport::InProcessTransport;
 use rand::{Rng, SeedableRng};

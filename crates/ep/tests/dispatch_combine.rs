@@ -1,3 +1,4 @@
+#![allow(clippy::too_many_arguments, clippy::needless_range_loop, clippy::useless_vec)]
 //! Hierarchical dispatch + combine on emulated nodes. Devices 120..
 mod common;
 use common::*;

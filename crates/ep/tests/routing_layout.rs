@@ -118,7 +118,7 @@ fn eplb_balances_skewed_loads() {
             }
         })
         .collect();
-    for (groups, nodes) in [(8usize, 2usize), (3 * 0 + 1, 1)] {
+    for (groups, nodes) in [(8usize, 2usize), (1, 1)] {
         let p = rebalance(&loads, 80, groups, nodes, 8).unwrap();
         assert!(p.replica_count.iter().all(|&c| c >= 1));
         assert_eq!(p.replica_count.iter().sum::<usize>(), 80);
