@@ -21,6 +21,7 @@
 
 pub mod gemm;
 pub mod host;
+pub mod hopper;
 pub mod quant;
 pub mod reference;
 pub mod registry;

@@ -318,6 +318,20 @@ fn build() -> Vec<KernelInfo> {
     v
 }
 
+/// A [`KernelInfo`] for any GEMM spec (registered or not), for [`check_gemm`] and the CLI.
+pub fn gemm_info(s: &GemmSpec) -> KernelInfo {
+    KernelInfo {
+        name: s.name.clone(),
+        summary: format!("GEMM (tile {})", s.cfg.tag()),
+        params: s.params().iter().map(|&(name, ty)| ParamInfo { name, ty }).collect(),
+        launch: s.launch_rule(),
+        targets: s.targets(),
+        host: "",
+        test_shapes: Vec::new(),
+        kind: Kind::Gemm(s.clone()),
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // generation and checking
 

@@ -1,0 +1,527 @@
+//! The sm_90a GEMM generator: persistent, warp-specialised, TMA + mbarrier pipeline + wgmma.
+//!
+//! CTA = `math_wgs` math warpgroups (64 rows of the BM = 64 * math_wgs tile each) + one TMA
+//! producer warpgroup (the last one). Roles get their registers with `setmaxnreg` (producer 40,
+//! math 232 by default). The grid is persistent (at most one CTA per SM); every CTA walks the
+//! output tiles `blockIdx.x, blockIdx.x + gridDim.x, ...` in a rasterised order (groups of
+//! [`RASTER_GROUP`] M-blocks sweep N together, so a B tile is reused from L2 by neighbouring
+//! CTAs and the A rows of a group stay hot). Producer and consumers walk the same sequence.
+//!
+//! Per K block (128 bytes of K: 128 e4m3 or 64 bf16) and stage of the `stages`-deep ring:
+//! the producer waits on `empty[s]`, arrives on `full[s]` with the transaction bytes and issues
+//! two 2-D TMA loads (A box [128 B, BM] and B box [128 B, BN], 128-byte swizzle); the math
+//! warpgroups wait on `full[s]`, issue 4 `wgmma` (m64nBNk32 e4m3 or m64nBNk16 bf16, K-major
+//! SW128 descriptors advanced by 32 bytes), wait for them, release `empty[s]`, and (FP8)
+//! promote: `acc += tmp * (sa[row] * sb[nblock])` with the per-row 1x128 scales of A and the
+//! 128x128 block scales of B, read from global memory before waiting on the stage.
+//! BN need not divide 128 (any multiple of 8 up to 256): a tile then straddles two or three B
+//! scale blocks, chosen per 8-column accumulator chunk.
+//!
+//! Epilogue: direct `st.global.b32` of bf16x2 pairs from the accumulator registers, guarded
+//! by the M/N bounds (and the grouped layouts' row rules). stmatrix + TMA store is the
+//! DeepGEMM choice; direct stores are simpler and let the producer run ahead into the next tile
+//! meanwhile.
+//!
+//! Multicast (`multicast_a`, cluster of 2 along N): CTA pairs share the M block; each CTA loads
+//! half of the A box and multicasts it to both, and consumers release the stage on both CTAs'
+//! `empty` barriers. The emulator does not launch clusters yet, so this path is only assembled
+//! (ptxas) by the tests.
+
+use super::{HIn, HLayout, HopperSpec};
+use crate::{shape_err, Result};
+use builder::hopper::Swizzle;
+use builder::*;
+
+/// M-blocks per rasterisation group.
+pub const RASTER_GROUP: u32 = 8;
+/// Bytes of K per pipeline stage (one 128-byte swizzle row).
+pub const BK_BYTES: u32 = 128;
+
+/// Generates the kernel of `spec` for `t` (sm_90a only).
+pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
+    crate::host::check_target(&spec.name(), t, super::TARGETS)?;
+    spec.validate()?;
+    let name = spec.name();
+    let fp8 = spec.input == HIn::Fp8;
+    let wgs = spec.math_wgs;
+    let bm = spec.bm();
+    let bn = spec.bn;
+    let stages = spec.stages;
+    let threads = spec.threads();
+    let cluster = if spec.multicast_a { 2u32 } else { 1 };
+
+    let mut k = KernelBuilder::new(&name, t.clone());
+    k.maxntid(&[threads, 1, 1]).minnctapersm(1);
+    if cluster > 1 {
+        k.cluster_dims(&[cluster, 1, 1]);
+    }
+    let tmap_a = k.param_tensormap_ptr("tmap_a");
+    let tmap_b = k.param_tensormap_ptr("tmap_b");
+    let (sa, sb) = if fp8 {
+        (
+            Some(k.param_ptr_aligned::<f32>("sa", 4)),
+            Some(k.param_ptr_aligned::<f32>("sb", 4)),
+        )
+    } else {
+        (None, None)
+    };
+    let d = k.param_ptr_aligned::<u16>("d", 4);
+    let idx = match spec.layout {
+        HLayout::Normal => None,
+        HLayout::Contiguous => Some(k.param_ptr_aligned::<i32>("m_indices", 4)),
+        HLayout::Masked => Some(k.param_ptr_aligned::<i32>("masked_m", 4)),
+    };
+    let m = k.param::<u32>(if spec.layout == HLayout::Masked {
+        "m_max"
+    } else {
+        "m"
+    });
+    let n = k.param::<u32>("n");
+    let kdim = k.param::<u32>("k");
+    let groups = k.param::<u32>("groups");
+
+    // ---- shared memory: per stage A [BM x 128 B] and B [BN x 128 B] (SW128), then barriers
+    let mut lay = SmemLayout::new(&mut k);
+    let a_tile0 = lay.tile(bm, BK_BYTES, Swizzle::B128);
+    let b_tile0 = lay.tile(bn, BK_BYTES, Swizzle::B128);
+    let stage_bytes = lay.used().div_ceil(1024) * 1024;
+    lay.reserve(stage_bytes * (stages - 1), 1024);
+    let pipe = Pipeline::new(&mut lay, stages);
+    let tx_bytes = (bm + bn) * BK_BYTES;
+    let smem_base = a_tile0.base.reg();
+
+    let tid = k.tid_x();
+    let wg = k.warpgroup_index();
+    let is_leader = k.eq(tid, 0u32);
+    // full: one producer arrival (+ tx); empty: every math thread of the cluster's CTAs
+    pipe.init(&mut k, is_leader, 1, 128 * wgs * cluster);
+    if cluster > 1 {
+        k.barrier_cluster_arrive();
+        k.barrier_cluster_wait();
+    }
+
+    // ---- tile scheduler (identical in both roles)
+    let num_m = {
+        let x = k.add(m, bm - 1);
+        k.div(x, bm)
+    };
+    let num_n = {
+        let x = k.add(n, bn - 1);
+        k.div(x, bn)
+    };
+    let per_group_tiles = k.mul(num_m, num_n);
+    let num_tiles = if spec.layout == HLayout::Masked {
+        k.mul(per_group_tiles, groups)
+    } else {
+        per_group_tiles
+    };
+    let num_kb = k.div(kdim, BK_BYTES / spec.input.esize());
+    let sb_kb = k.shr(kdim, 7u32); // K/128 scale blocks
+    let n_blocks = k.shr(n, 7u32); // N/128 scale blocks per group
+    let cta = k.ctaid_x();
+    let ncta = k.nctaid_x();
+
+    // Decodes a linear tile id into (group, m0 (row in A/D), n0 (column), rows valid (bound)).
+    struct TileCoord {
+        grp: Reg<u32>,
+        m0: Reg<u32>,
+        n0: Reg<u32>,
+        /// First row index past this tile's group (rows >= this are not written).
+        row_end: Reg<u32>,
+        /// Row of this tile's rows within its group (for B-group lookup in masked layout).
+        skip: Reg<Pred>,
+    }
+    let decode = |k: &mut KernelBuilder, tile: Reg<u32>| -> TileCoord {
+        let (grp, t) = if spec.layout == HLayout::Masked {
+            let g = k.div(tile, per_group_tiles);
+            let r = k.rem(tile, per_group_tiles);
+            (g, r)
+        } else {
+            (k.mov(0u32), tile)
+        };
+        let per = k.mul(num_n, RASTER_GROUP);
+        let gi = k.div(t, per);
+        let first_m = k.mul(gi, RASTER_GROUP);
+        let left = k.sub(num_m, first_m);
+        let gsz = k.min(left, RASTER_GROUP);
+        let r = k.rem(t, per);
+        let mb = {
+            let x = k.rem(r, gsz);
+            k.add(first_m, x)
+        };
+        let nb = k.div(r, gsz);
+        let mloc = k.mul(mb, bm);
+        let n0 = k.mul(nb, bn);
+        match spec.layout {
+            HLayout::Normal => {
+                let f = k.mov(0u32);
+                let skip = k.ne(f, 0u32);
+                TileCoord {
+                    grp,
+                    m0: mloc,
+                    n0,
+                    row_end: m,
+                    skip,
+                }
+            }
+            HLayout::Masked => {
+                let idx = idx.expect("masked layout has masked_m");
+                let valid = k.ld(idx.offset(grp));
+                let valid = k.bitcast::<u32, i32>(valid);
+                let valid = k.min(valid, m);
+                let skip = k.ge(mloc, valid);
+                let base = k.mul(grp, m);
+                let m0 = k.add(base, mloc);
+                let row_end = k.add(base, valid);
+                TileCoord {
+                    grp,
+                    m0,
+                    n0,
+                    row_end,
+                    skip,
+                }
+            }
+            HLayout::Contiguous => {
+                // the expert of the 128-row segment holding m0 (-1: all padding)
+                let idx = idx.expect("contiguous layout has m_indices");
+                let e = k.ld(idx.offset(mloc));
+                let pad = k.lt(e, 0i32);
+                let e0 = k.max(e, 0i32);
+                let grp = k.bitcast::<u32, i32>(e0);
+                TileCoord {
+                    grp,
+                    m0: mloc,
+                    n0,
+                    row_end: m,
+                    skip: pad,
+                }
+            }
+        }
+    };
+
+    let budget = RegBudget {
+        producer: spec.producer_regs,
+        consumer: spec.consumer_regs,
+    };
+    let is_producer = k.eq(wg, wgs);
+    let rank = if cluster > 1 {
+        Some(k.cluster_ctarank())
+    } else {
+        None
+    };
+
+    k.warp_specialize(
+        is_producer,
+        budget,
+        // ------------------------------------------------------------------ TMA producer
+        |k| {
+            let wt = k.warpgroup_thread();
+            let one = k.eq(wt, 0u32);
+            k.if_(one, |k| {
+                let st = PipeState::new(k);
+                k.for_range(cta, num_tiles, ncta, |k, tile| {
+                    let tc = decode(k, tile);
+                    k.if_not(tc.skip, |k| {
+                        let brow = if spec.layout == HLayout::Normal {
+                            tc.n0
+                        } else {
+                            k.mad_lo(tc.grp, n, tc.n0)
+                        };
+                        let brow = k.bitcast::<i32, u32>(brow);
+                        let arow = k.bitcast::<i32, u32>(tc.m0);
+                        k.for_range(0u32, num_kb, 1u32, |k, kb| {
+                            pipe.producer_acquire(k, &st);
+                            let bar = pipe.producer_commit_tx(k, &st, tx_bytes);
+                            let sbase = k.mad_lo(st.stage, stage_bytes, smem_base);
+                            let a_t = a_tile0.rebase(sbase);
+                            let b_t = b_tile0.rebase(sbase);
+                            let kx = k.mul(kb, BK_BYTES / spec.input.esize());
+                            let kx = k.bitcast::<i32, u32>(kx);
+                            match rank {
+                                None => k.tma_load_2d(a_t.base, tmap_a, kx, arow, bar),
+                                Some(r) => {
+                                    // each CTA of the pair loads half of the A box and
+                                    // multicasts it to both
+                                    let half = (bm / 2) as i32;
+                                    let ri = k.bitcast::<i32, u32>(r);
+                                    let off = k.mul(ri, half);
+                                    let row = k.add(arow, off);
+                                    let sm = k.mul(r, bm / 2 * BK_BYTES);
+                                    let dst = k.add(a_t.base.reg(), sm);
+                                    let dst = SharedPtr::<u8>::from_reg(dst)
+                                        .add_bytes(a_t.base.byte_offset());
+                                    let mask = k.mov(3u16);
+                                    k.tma_load_2d_multicast(dst, tmap_a, kx, row, bar, mask);
+                                }
+                            }
+                            k.tma_load_2d(b_t.base, tmap_b, kx, brow, bar);
+                            st.advance(k, stages);
+                        });
+                    });
+                });
+            });
+        },
+        // ------------------------------------------------------------------ math warpgroups
+        |k| {
+            let wt = k.warpgroup_thread();
+            let warp = k.shr(wt, 5u32);
+            let lane = k.and(wt, 31u32);
+            let g = k.shr(lane, 2u32);
+            let q = k.and(lane, 3u32);
+            let nacc = (bn / 2) as usize;
+            let acc = k.reg_vec::<f32>(nacc);
+            let tmp = if fp8 {
+                k.reg_vec::<f32>(nacc)
+            } else {
+                Vec::new()
+            };
+            let zero = k.mov(0u32);
+            let p_false = k.ne(zero, 0u32);
+            let p_true = k.eq(zero, 0u32);
+            // this thread's rows within the tile: 64*wg + 16*warp + g (+8)
+            let row_in_tile = {
+                let x = k.mul(wg, 64u32);
+                let y = k.mad_lo(warp, 16u32, x);
+                k.add(y, g)
+            };
+            let a_row_off = k.mul(wg, 64 * BK_BYTES);
+            let st = PipeState::new(k);
+            k.for_range(cta, num_tiles, ncta, |k, tile| {
+                let tc = decode(k, tile);
+                let r0 = k.add(tc.m0, row_in_tile);
+                let r1 = k.add(r0, 8u32);
+                let col0 = k.mad_lo(q, 2u32, tc.n0);
+                k.if_else(
+                    tc.skip,
+                    |k| {
+                        // contiguous-layout padding segment: write zeros; masked: nothing
+                        if spec.layout == HLayout::Contiguous {
+                            let z = k.mov(0.0f32);
+                            store_tile(k, spec, d, n, r0, r1, col0, tc.row_end, None, &vec![z; nacc]);
+                        }
+                    },
+                    |k| {
+                        let (sa_p0, sa_p1, sb_base, rem) = if fp8 {
+                            let (sa, sb) = (sa.unwrap(), sb.unwrap());
+                            // clamp rows for the scale reads (rows past M are not stored)
+                            let last = k.sub(tc.row_end, 1u32);
+                            let c0 = k.min(r0, last);
+                            let c1 = k.min(r1, last);
+                            let o0 = k.mul(c0, sb_kb);
+                            let o1 = k.mul(c1, sb_kb);
+                            let p0 = k.addr(sa.offset(o0));
+                            let p1 = k.addr(sa.offset(o1));
+                            let nb0 = k.shr(tc.n0, 7u32);
+                            let gb = k.mad_lo(tc.grp, n_blocks, nb0);
+                            let ob = k.mul(gb, sb_kb);
+                            let pb = k.addr(sb.offset(ob));
+                            let rem = k.and(tc.n0, 127u32);
+                            for r in &acc {
+                                k.mov_to(*r, 0.0f32);
+                            }
+                            (Some(p0), Some(p1), Some((pb, nb0)), Some(rem))
+                        } else {
+                            (None, None, None, None)
+                        };
+                        k.for_range(0u32, num_kb, 1u32, |k, kb| {
+                            // scales first (global latency overlaps the barrier wait)
+                            let scales = if fp8 {
+                                let s0 = k.ld_nc(sa_p0.unwrap().offset(kb));
+                                let s1 = k.ld_nc(sa_p1.unwrap().offset(kb));
+                                let (pb, nb0) = sb_base.unwrap();
+                                let mut sbs = Vec::new();
+                                for i in 0..spec.b_scale_blocks() {
+                                    // clamp the block index to N/128 - 1
+                                    let lastb = k.sub(n_blocks, 1u32);
+                                    let bi = k.add(nb0, i);
+                                    let bi = k.min(bi, lastb);
+                                    let di = k.sub(bi, nb0);
+                                    let off = k.mad_lo(di, sb_kb, kb);
+                                    sbs.push(k.ld_nc(pb.offset(off)));
+                                }
+                                Some((s0, s1, sbs))
+                            } else {
+                                None
+                            };
+                            pipe.consumer_wait(k, &st);
+                            let sbase = k.mad_lo(st.stage, stage_bytes, smem_base);
+                            let a_t = a_tile0.rebase(sbase);
+                            let b_t = b_tile0.rebase(sbase);
+                            let a_base = k.add(a_t.base.reg(), a_row_off);
+                            let a_t = SmemTile {
+                                base: SharedPtr::from_reg(a_base)
+                                    .add_bytes(a_t.base.byte_offset()),
+                                rows: 64,
+                                ..a_t
+                            };
+                            let adesc = k.tile_desc(&a_t, 0, 0);
+                            let bdesc = k.tile_desc(&b_t, 0, 0);
+                            let first_kb = if fp8 { None } else { Some(k.ne(kb, 0u32)) };
+                            k.wgmma_fence();
+                            for kk in 0..4u32 {
+                                let (ad, bd) = if kk == 0 {
+                                    (adesc, bdesc)
+                                } else {
+                                    (k.desc_add(adesc, 32 * kk), k.desc_add(bdesc, 32 * kk))
+                                };
+                                if fp8 {
+                                    let sd = if kk == 0 { p_false } else { p_true };
+                                    k.wgmma_mma_async_fp8(
+                                        bn as u16,
+                                        &tmp,
+                                        ad,
+                                        bd,
+                                        sd,
+                                        Fp8::E4m3,
+                                        Fp8::E4m3,
+                                    );
+                                } else {
+                                    let sd = if kk == 0 { first_kb.unwrap() } else { p_true };
+                                    k.wgmma_mma_async::<Bf16>(
+                                        bn as u16, &acc, ad, bd, sd, false, false,
+                                    );
+                                }
+                            }
+                            k.wgmma_commit_group();
+                            k.wgmma_wait_group(0);
+                            match rank {
+                                None => pipe.consumer_release(k, &st),
+                                Some(_) => {
+                                    pipe.consumer_release_cluster(k, &st, 0u32);
+                                    pipe.consumer_release_cluster(k, &st, 1u32);
+                                }
+                            }
+                            if let Some((s0, s1, sbs)) = scales {
+                                promote(k, spec, &acc, &tmp, s0, s1, &sbs, rem.unwrap());
+                            }
+                            st.advance(k, stages);
+                        });
+                        store_tile(k, spec, d, n, r0, r1, col0, tc.row_end, idx, &acc);
+                    },
+                );
+            });
+        },
+    );
+    if cluster > 1 {
+        // keep both CTAs' shared memory alive until remote arrivals are done
+        k.barrier_cluster_arrive();
+        k.barrier_cluster_wait();
+    }
+    let _ = lay;
+    k.finish().map_err(Into::into)
+}
+
+/// FP8 promotion: `acc[i] += tmp[i] * sa(row(i)) * sb(block(col(i)))`.
+#[allow(clippy::too_many_arguments)]
+fn promote(
+    k: &mut KernelBuilder,
+    spec: &HopperSpec,
+    acc: &[Reg<f32>],
+    tmp: &[Reg<f32>],
+    s0: Reg<f32>,
+    s1: Reg<f32>,
+    sbs: &[Reg<f32>],
+    rem: Reg<u32>,
+) {
+    let bn = spec.bn;
+    for j in 0..bn / 8 {
+        // which B scale block holds columns n0 + 8j .. +7 (n0 % 128 = rem)
+        let sb = if sbs.len() == 1 {
+            sbs[0]
+        } else if bn % 128 == 0 {
+            sbs[(8 * j / 128) as usize]
+        } else {
+            let mut cur = sbs[0];
+            for (i, s) in sbs.iter().enumerate().skip(1) {
+                let bound = 128 * i as i64 - 8 * j as i64;
+                if bound <= 0 {
+                    cur = *s;
+                } else {
+                    let p = k.ge(rem, bound as u32);
+                    cur = k.selp(*s, cur, p);
+                }
+            }
+            cur
+        };
+        let f0 = k.mul(s0, sb);
+        let f1 = k.mul(s1, sb);
+        for i in 0..4usize {
+            let r = 4 * j as usize + i;
+            let f = if i < 2 { f0 } else { f1 };
+            k.fma_to(acc[r], tmp[r], f, acc[r]);
+        }
+    }
+}
+
+/// Epilogue: bf16x2 stores of rows r0 / r1, columns col0 + 8j (+1), bounded by N, `row_end`
+/// and (contiguous layout) `m_indices[row] >= 0` (padding rows get zeros).
+#[allow(clippy::too_many_arguments)]
+fn store_tile(
+    k: &mut KernelBuilder,
+    spec: &HopperSpec,
+    d: GlobalPtr<u16>,
+    n: Reg<u32>,
+    r0: Reg<u32>,
+    r1: Reg<u32>,
+    col0: Reg<u32>,
+    row_end: Reg<u32>,
+    idx: Option<GlobalPtr<i32>>,
+    acc: &[Reg<f32>],
+) {
+    for (half, row) in [r0, r1].into_iter().enumerate() {
+        let ok = k.lt(row, row_end);
+        k.if_(ok, |k| {
+            let zero_row = if spec.layout == HLayout::Contiguous {
+                let e = k.ld(idx.unwrap().offset(row));
+                Some(k.lt(e, 0i32))
+            } else {
+                None
+            };
+            let base = k.mul(row, n);
+            let base = k.add(base, col0);
+            let rowp = k.addr(d.offset(base));
+            let z = k.mov(0.0f32);
+            for j in 0..spec.bn / 8 {
+                let col = k.add(col0, 8 * j);
+                let inb = k.lt(col, n);
+                let (a, b) = (acc[(4 * j + 2 * half as u32) as usize], acc[(4 * j + 2 * half as u32 + 1) as usize]);
+                let (a, b) = match zero_row {
+                    Some(p) => (k.selp(z, a, p), k.selp(z, b, p)),
+                    None => (a, b),
+                };
+                let v = k.cvt_bf16x2(b, a);
+                let pj = rowp.cast::<Bf16x2>().add_bytes(16 * j as i64);
+                k.when(inb, |k| k.st(pj, v));
+            }
+        });
+    }
+}
+
+/// Checks a spec (typed error, never a panic).
+pub(crate) fn validate(spec: &HopperSpec) -> Result<()> {
+    let name = spec.name();
+    if !(1..=2).contains(&spec.math_wgs) {
+        return shape_err(&name, "1 or 2 math warpgroups");
+    }
+    if spec.bn == 0 || spec.bn > 256 || spec.bn % 8 != 0 {
+        return shape_err(&name, format!("BN = {}: a multiple of 8 in 8..=256", spec.bn));
+    }
+    if spec.input == HIn::Fp8 && spec.bn % 16 != 0 && spec.bn > 128 {
+        return shape_err(&name, "FP8 BN above 128 must be a multiple of 16");
+    }
+    if spec.stages < 2 {
+        return shape_err(&name, "at least 2 stages");
+    }
+    if spec.shared_bytes() > 227 * 1024 {
+        return shape_err(
+            &name,
+            format!("{} bytes of shared memory (> 227 KiB)", spec.shared_bytes()),
+        );
+    }
+    let budget = RegBudget {
+        producer: spec.producer_regs,
+        consumer: spec.consumer_regs,
+    };
+    budget.check(1, spec.math_wgs)?;
+    Ok(())
+}
