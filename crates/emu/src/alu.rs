@@ -599,7 +599,7 @@ pub fn f32_fast(op: Opcode) -> Option<WFn> {
         Opcode::Add => r3!(|a, b, c| canon(fl(a) + fl(b))),
         Opcode::Sub => r3!(|a, b, c| canon(fl(a) - fl(b))),
         Opcode::Mul => r3!(|a, b, c| canon(fl(a) * fl(b))),
-        Opcode::Fma | Opcode::Mad => r3!(|a, b, c| canon(fl(a).mul_add(fl(b), fl(c)))),
+        Opcode::Fma | Opcode::Mad => fma_lanes(),
         Opcode::Neg => r3!(|a, b, c| (a as u32 ^ 0x8000_0000) as u64),
         Opcode::Abs => r3!(|a, b, c| (a as u32 & 0x7fff_ffff) as u64),
         _ => return None,
@@ -632,4 +632,256 @@ pub fn slct(float: bool) -> WFn {
     } else {
         r3!(|a, b, c| if (c as u32 as i32) >= 0 { a } else { b })
     }
+}
+
+/// Lane-wise f32 fused multiply-add. Uses the hardware FMA unit when the host has one
+/// (detected at run time): `f32::mul_add` is a slow software routine on baseline x86-64.
+fn fma_lanes() -> WFn {
+    #[inline(always)]
+    fn one(a: u64, b: u64, c: u64) -> u64 {
+        let r =
+            f32::from_bits(a as u32).mul_add(f32::from_bits(b as u32), f32::from_bits(c as u32));
+        if r.is_nan() {
+            0x7fff_ffff
+        } else {
+            r.to_bits() as u64
+        }
+    }
+    fn soft(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
+        for i in 0..32 {
+            o[i] = one(x[i], y[i], z[i]);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "fma")]
+        fn hw_impl(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
+            for i in 0..32 {
+                o[i] = one(x[i], y[i], z[i]);
+            }
+        }
+        fn hw(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
+            // SAFETY: `hw` is only selected below when the CPU reports FMA support.
+            unsafe { hw_impl(o, x, y, z) }
+        }
+        if std::is_x86_feature_detected!("fma") {
+            return hw;
+        }
+    }
+    soft
+}
+
+#[inline(always)]
+fn f32_canon(r: f32) -> u64 {
+    if r.is_nan() {
+        0x7fff_ffff
+    } else {
+        r.to_bits() as u64
+    }
+}
+
+#[inline(always)]
+fn flush(x: f32) -> f32 {
+    if x.is_subnormal() {
+        f32::from_bits(x.to_bits() & 0x8000_0000)
+    } else {
+        x
+    }
+}
+
+macro_rules! f32_un {
+    ($ftz:expr, |$x:ident| $e:expr) => {{
+        fn f(o: &mut Lanes, a: &Lanes, _: &Lanes, _: &Lanes) {
+            for i in 0..32 {
+                let mut $x = f32::from_bits(a[i] as u32);
+                if $ftz {
+                    $x = flush($x);
+                }
+                let r: f32 = $e;
+                o[i] = f32_canon(if $ftz { flush(r) } else { r });
+            }
+        }
+        f as WFn
+    }};
+}
+macro_rules! f32_bin {
+    ($ftz:expr, |$x:ident, $y:ident| $e:expr) => {{
+        fn f(o: &mut Lanes, a: &Lanes, b: &Lanes, _: &Lanes) {
+            for i in 0..32 {
+                let mut $x = f32::from_bits(a[i] as u32);
+                let mut $y = f32::from_bits(b[i] as u32);
+                if $ftz {
+                    $x = flush($x);
+                    $y = flush($y);
+                }
+                let r: f32 = $e;
+                o[i] = f32_canon(if $ftz { flush(r) } else { r });
+            }
+        }
+        f as WFn
+    }};
+}
+
+fn pmin(a: f32, b: f32) -> f32 {
+    if a.is_nan() {
+        b
+    } else if b.is_nan() || a < b {
+        a
+    } else if b < a {
+        b
+    } else if a.is_sign_negative() {
+        a
+    } else {
+        b
+    }
+}
+fn pmax(a: f32, b: f32) -> f32 {
+    if a.is_nan() {
+        b
+    } else if b.is_nan() || a > b {
+        a
+    } else if b > a {
+        b
+    } else if a.is_sign_positive() {
+        a
+    } else {
+        b
+    }
+}
+
+/// Fast f32 paths for division, min/max and the special functions in round-to-nearest (with or
+/// without `.ftz`). Approximate functions are computed in f64 and rounded once — within (and
+/// usually far better than) the PTX bounds; `div.rn`, `rcp.rn` and `sqrt.rn` are the IEEE
+/// operations. Everything else goes through `fp::fop`.
+pub fn f32_special(op: Opcode, ftz: bool) -> Option<WFn> {
+    macro_rules! both {
+        (un |$x:ident| $e:expr) => {
+            if ftz {
+                f32_un!(true, |$x| $e)
+            } else {
+                f32_un!(false, |$x| $e)
+            }
+        };
+        (bin |$x:ident, $y:ident| $e:expr) => {
+            if ftz {
+                f32_bin!(true, |$x, $y| $e)
+            } else {
+                f32_bin!(false, |$x, $y| $e)
+            }
+        };
+    }
+    Some(match op {
+        Opcode::Div => both!(bin | x, y | x / y),
+        Opcode::Min => both!(bin | x, y | pmin(x, y)),
+        Opcode::Max => both!(bin | x, y | pmax(x, y)),
+        Opcode::Add => both!(bin | x, y | x + y),
+        Opcode::Sub => both!(bin | x, y | x - y),
+        Opcode::Mul => both!(bin | x, y | x * y),
+        Opcode::Rcp => both!(un | x | 1.0 / x),
+        Opcode::Sqrt => both!(un | x | x.sqrt()),
+        Opcode::Rsqrt => both!(un | x | (1.0 / (x as f64).sqrt()) as f32),
+        Opcode::Ex2 => both!(un | x | (x as f64).exp2() as f32),
+        Opcode::Lg2 => both!(un | x | (x as f64).log2() as f32),
+        Opcode::Sin => both!(un | x | (x as f64).sin() as f32),
+        Opcode::Cos => both!(un | x | (x as f64).cos() as f32),
+        Opcode::Tanh => both!(un | x | (x as f64).tanh() as f32),
+        _ => return None,
+    })
+}
+
+/// f32 -> bf16 bits, round to nearest even; NaN becomes the canonical 0x7fff.
+#[inline(always)]
+pub fn bf16_rn(x: f32) -> u64 {
+    if x.is_nan() {
+        return 0x7fff;
+    }
+    let u = x.to_bits();
+    ((u + 0x7fff + ((u >> 16) & 1)) >> 16) as u64
+}
+
+/// f32 -> e4m3 bits with `.satfinite`, round to nearest even; NaN becomes 0x7f.
+#[inline(always)]
+pub fn e4m3_satfinite(x: f32) -> u64 {
+    if x.is_nan() {
+        return 0x7f;
+    }
+    let s = ((x.to_bits() >> 24) & 0x80) as u64;
+    let a = x.abs();
+    if a >= 448.0 {
+        return s | 0x7e;
+    }
+    if a < 0.015625 {
+        // Subnormal range: multiples of 2^-9 (8 means the smallest normal, code 0x08).
+        return s | (a * 512.0).round_ties_even() as u64;
+    }
+    let u = a.to_bits();
+    let r = u + 0x7_ffff + ((u >> 20) & 1);
+    let e = ((r >> 23) as i64 - 127 + 7) as u64;
+    let m = ((r >> 20) & 7) as u64;
+    s | ((e << 3) | m).min(0x7e)
+}
+
+/// Fast paths for the hottest conversions (those compilers emit in inner loops and epilogues).
+/// `None` means: use the exact general routine.
+pub fn cvt_fast(spec: &crate::fp::CvtSpec) -> Option<WFn> {
+    use crate::fp::Rnd;
+    let rn = matches!(spec.rnd, None | Some(Rnd::Rn));
+    let plain = !spec.ftz && !spec.sat && !spec.relu && spec.irnd.is_none();
+    if !plain {
+        // Only the satfinite e4m3 pack below tolerates a modifier.
+        if !(spec.satfinite && !spec.ftz && !spec.sat && !spec.relu && rn) {
+            return None;
+        }
+    }
+    Some(match (spec.dst, spec.src) {
+        (Ty::Bf16x2, Ty::F32) if rn && !spec.satfinite => {
+            r3!(|a, b, c| (bf16_rn(f32::from_bits(a as u32)) << 16)
+                | bf16_rn(f32::from_bits(b as u32)))
+        }
+        (Ty::Bf16, Ty::F32) if rn && !spec.satfinite => {
+            r3!(|a, b, c| bf16_rn(f32::from_bits(a as u32)))
+        }
+        (Ty::F32, Ty::Bf16) if !spec.satfinite => r3!(|a, b, c| {
+            let v = (a as u32 & 0xffff) << 16;
+            (if f32::from_bits(v).is_nan() {
+                v | 0x0040_0000
+            } else {
+                v
+            }) as u64
+        }),
+        (Ty::E4m3x2, Ty::F32) if spec.satfinite && rn => {
+            r3!(|a, b, c| (e4m3_satfinite(f32::from_bits(a as u32)) << 8)
+                | e4m3_satfinite(f32::from_bits(b as u32)))
+        }
+        (Ty::F32, Ty::F16) if !spec.satfinite => r3!(|a, b, c| {
+            let h = half::f16::from_bits(a as u16);
+            let v = h.to_f32().to_bits();
+            (if h.is_nan() { v | 0x0040_0000 } else { v }) as u64
+        }),
+        (Ty::U64 | Ty::B64, Ty::U32 | Ty::B32) | (Ty::U32 | Ty::B32, Ty::U16 | Ty::B16)
+            if !spec.satfinite =>
+        {
+            r3!(|a, b, c| a)
+        }
+        (Ty::S64, Ty::S32) if !spec.satfinite => r3!(|a, b, c| a as u32 as i32 as i64 as u64),
+        (Ty::U64 | Ty::S64, Ty::S32) if !spec.satfinite => {
+            r3!(|a, b, c| a as u32 as i32 as i64 as u64)
+        }
+        (Ty::S32, Ty::S16) if !spec.satfinite => {
+            r3!(|a, b, c| a as u16 as i16 as i32 as u32 as u64)
+        }
+        (Ty::U32 | Ty::S32 | Ty::B32, Ty::U64 | Ty::S64 | Ty::B64) if !spec.satfinite => {
+            r3!(|a, b, c| a & 0xffff_ffff)
+        }
+        (Ty::U16 | Ty::S16 | Ty::B16, Ty::U32 | Ty::S32 | Ty::B32) if !spec.satfinite => {
+            r3!(|a, b, c| a & 0xffff)
+        }
+        (Ty::F32, Ty::S32) if rn && !spec.satfinite => {
+            r3!(|a, b, c| (a as u32 as i32 as f32).to_bits() as u64)
+        }
+        (Ty::F32, Ty::U32) if rn && !spec.satfinite => {
+            r3!(|a, b, c| (a as u32 as f32).to_bits() as u64)
+        }
+        _ => return None,
+    })
 }

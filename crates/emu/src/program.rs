@@ -1308,6 +1308,44 @@ impl<'a> Decoder<'a> {
                         return Ok(());
                     }
                 }
+                // Round-to-nearest f32 with or without .ftz: fast, exact or within bounds.
+                let only_ftz = !ins.mods.iter().any(|m| {
+                    matches!(
+                        m,
+                        Mod::Flag(
+                            Flag::Rz
+                                | Flag::Rm
+                                | Flag::Rp
+                                | Flag::Sat
+                                | Flag::Relu
+                                | Flag::NaN
+                                | Flag::Xorsign
+                        )
+                    )
+                });
+                if t == Ty::F32
+                    && only_ftz
+                    && !(ins.op == O::Div
+                        && !ins
+                            .mods
+                            .iter()
+                            .any(|m| matches!(m, Mod::Flag(Flag::Rn | Flag::Full | Flag::Approx))))
+                {
+                    if let Some(f) = alu::f32_special(ins.op, ins.has(Flag::Ftz)) {
+                        self.push(
+                            Op::Alu {
+                                f,
+                                d,
+                                a: get(0),
+                                b: get(1),
+                                c: get(2),
+                            },
+                            ins0,
+                            guard,
+                        );
+                        return Ok(());
+                    }
+                }
                 let fop = match ins.op {
                     O::Add => FOp::Add,
                     O::Sub => FOp::Sub,
@@ -1541,6 +1579,20 @@ impl<'a> Decoder<'a> {
                     Some(o) => self.src(ins, o)?,
                     None => ZERO,
                 };
+                if let Some(f) = alu::cvt_fast(&spec) {
+                    self.push(
+                        Op::Alu {
+                            f,
+                            d,
+                            a: x,
+                            b: y,
+                            c: ZERO,
+                        },
+                        ins0,
+                        guard,
+                    );
+                    return Ok(());
+                }
                 Op::Cvt {
                     spec,
                     d,
