@@ -23,6 +23,12 @@ enum Verb {
     Schedule(cmd::schedule::Args),
     /// Simulate a training step of an MoE model on a cluster.
     Sim(cmd::sim::Args),
+    /// Launch one kernel from a PTX file with .npy inputs and outputs.
+    Run(cmd::run::Args),
+    /// List the devices (emulated, and CUDA when a driver is present).
+    Devices(cmd::devices::Args),
+    /// Benchmarks (`bench emu`: emulator throughput).
+    Bench(cmd::bench::Args),
 }
 
 fn main() {
@@ -32,6 +38,9 @@ fn main() {
         Verb::Check(a) => cmd::check::run(a),
         Verb::Schedule(a) => cmd::schedule::run(a),
         Verb::Sim(a) => cmd::sim::run(a),
+        Verb::Run(a) => cmd::run::run(a),
+        Verb::Devices(a) => cmd::devices::run(a),
+        Verb::Bench(a) => cmd::bench::run(a),
     };
     if let Err(e) = result {
         // One line, non-zero exit: the contract every verb follows.

@@ -25,7 +25,7 @@ pub enum RunError {
     Spec { spec: String, msg: String },
     #[error("{path}: {msg}")]
     Npy { path: String, msg: String },
-    #[error("{0}")]
+    #[error(transparent)]
     Runtime(#[from] RuntimeError),
     #[error("{0}")]
     Other(String),
@@ -499,6 +499,7 @@ pub struct RunOutput {
 pub fn run(device: &Device, spec: &RunSpec) -> Result<RunOutput> {
     let module = Module::load_ptx(device, &spec.ptx)?;
     let func = module.function(&spec.entry)?;
+    check_kinds(&func, &spec.args)?;
     // Host data first (file errors before any device work).
     let mut hosts: Vec<Option<HostArray>> = Vec::with_capacity(spec.args.len());
     for a in &spec.args {
@@ -564,6 +565,47 @@ pub fn run(device: &Device, spec: &RunSpec) -> Result<RunOutput> {
         stats,
         seconds,
     })
+}
+
+/// Catches a float given for an integer parameter and vice versa (sizes and count are checked
+/// by [`crate::Function::pack_args`]; untyped `.b` parameters take anything).
+fn check_kinds(func: &crate::Function, args: &[ArgSpec]) -> Result<()> {
+    if args.len() != func.params.len() {
+        return Ok(()); // pack_args reports the count
+    }
+    for (i, (a, p)) in args.iter().zip(&func.params).enumerate() {
+        let given_float = match a {
+            ArgSpec::Scalar(Arg::F32(_) | Arg::F64(_)) => true,
+            ArgSpec::Scalar(_) | ArgSpec::In(_) | ArgSpec::Out { .. } => false,
+        };
+        let kind = p.ty.kind();
+        let mismatch = match kind {
+            ptx::TyKind::Float => !given_float,
+            ptx::TyKind::Signed | ptx::TyKind::Unsigned => given_float,
+            _ => false,
+        };
+        if mismatch && p.array.is_none() {
+            let what = match a {
+                ArgSpec::In(_) | ArgSpec::Out { .. } => "a buffer address".to_string(),
+                ArgSpec::Scalar(v) => format!("{v:?}"),
+            };
+            return Err(RuntimeError::Args {
+                kernel: func.name.clone(),
+                msg: format!(
+                    "argument {i} (`{}`): {what} given, parameter is .{} ({})",
+                    p.name,
+                    p.ty,
+                    if kind == ptx::TyKind::Float {
+                        "a float"
+                    } else {
+                        "an integer"
+                    }
+                ),
+            }
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// A corpus test case (`tests-data/corpus/<target>/<kernel>.json`; see docs/TOOLS.md).

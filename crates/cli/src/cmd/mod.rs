@@ -3,3 +3,6 @@ pub mod schedule;
 pub mod sim;
 pub mod check;
 pub mod fmt;
+pub mod bench;
+pub mod devices;
+pub mod run;

@@ -1,0 +1,213 @@
+//! `ptxforge run KERNEL.ptx --entry NAME --grid X[,Y[,Z]] --block X[,Y[,Z]] [--shared BYTES]
+//! --arg SPEC... [--save INDEX=PATH.npy]... [--device emu] [--stats] [--json] [--timeout SECS]`:
+//! launch one kernel from any compiler's PTX with buffers from/to `.npy` files
+//! (engine: `runtime::runner`).
+
+use anyhow::{bail, Context, Result};
+use runtime::runner::{self, ArgSpec, RunSpec};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The PTX file.
+    pub file: PathBuf,
+    /// Kernel (`.entry`) to launch; may be omitted when the module has exactly one.
+    #[arg(long)]
+    pub entry: Option<String>,
+    /// Grid dimensions, X[,Y[,Z]].
+    #[arg(long)]
+    pub grid: String,
+    /// Block dimensions, X[,Y[,Z]].
+    #[arg(long)]
+    pub block: String,
+    /// Dynamic shared memory bytes.
+    #[arg(long, default_value_t = 0)]
+    pub shared: u32,
+    /// Kernel arguments in order: `in:FILE.npy`, `out:DTYPE:COUNT` (zero-filled; DTYPE one of
+    /// u8 i8 u16 i16 u32 i32 u64 i64 f16 bf16 f32 f64), `u32:V`, `i32:V`, `u64:V`, `i64:V`,
+    /// `f32:V`, `f64:V`.
+    #[arg(long = "arg", allow_hyphen_values = true)]
+    pub args: Vec<String>,
+    /// Save argument INDEX's buffer after the launch: `INDEX=PATH.npy` (16-bit floats as uint16).
+    #[arg(long)]
+    pub save: Vec<String>,
+    /// Device: emu[:N] or cuda[:N].
+    #[arg(long, default_value = "emu")]
+    pub device: String,
+    /// Print launch statistics (CTAs, instructions, time, lane-instructions/s).
+    #[arg(long)]
+    pub stats: bool,
+    /// Emit one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Stop the kernel after this many seconds (hang detection).
+    #[arg(long)]
+    pub timeout: Option<f64>,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let file = a.file.display().to_string();
+    let ptx = std::fs::read_to_string(&a.file).with_context(|| format!("reading {file}"))?;
+    let entry = match &a.entry {
+        Some(e) => e.clone(),
+        None => {
+            let m = ptx::parse(&ptx)
+                .map_err(|e| anyhow::anyhow!("{file}:{}:{}: {}", e.line, e.col, e.message))?;
+            let names: Vec<String> = m.entries().map(|f| f.name.clone()).collect();
+            match names.as_slice() {
+                [one] => one.clone(),
+                [] => bail!("{file}: no .entry kernel in the module"),
+                _ => bail!(
+                    "{file}: several kernels ({}); choose one with --entry",
+                    names.join(", ")
+                ),
+            }
+        }
+    };
+    let grid = runner::parse_dim3(&a.grid)
+        .map_err(flat)
+        .context("--grid")?;
+    let block = runner::parse_dim3(&a.block)
+        .map_err(flat)
+        .context("--block")?;
+    let args = a
+        .args
+        .iter()
+        .map(|s| ArgSpec::parse(s, None))
+        .collect::<runtime::runner::Result<Vec<_>>>()
+        .map_err(flat)?;
+    let mut saves = Vec::new();
+    for s in &a.save {
+        let (i, p) = s
+            .split_once('=')
+            .with_context(|| format!("--save `{s}`: expected INDEX=PATH.npy"))?;
+        let i: usize = i
+            .trim()
+            .parse()
+            .with_context(|| format!("--save `{s}`: bad index `{i}`"))?;
+        match args.get(i) {
+            None => bail!(
+                "--save `{s}`: argument {i} does not exist ({} arguments given)",
+                args.len()
+            ),
+            Some(ArgSpec::Scalar(_)) => {
+                bail!("--save `{s}`: argument {i} is a scalar, not a buffer")
+            }
+            Some(_) => saves.push((i, PathBuf::from(p))),
+        }
+    }
+    if let Some(t) = a.timeout {
+        if !(t > 0.0 && t.is_finite()) {
+            bail!("--timeout must be a positive number of seconds");
+        }
+    }
+    let device = runtime::Device::from_name(&a.device).map_err(flat)?;
+    let progress = Arc::new(AtomicU64::new(0));
+    let spec = RunSpec {
+        ptx,
+        entry: entry.clone(),
+        grid,
+        block,
+        shared: a.shared,
+        args,
+        out_init: runner::OutInit::Zero,
+        timeout: a.timeout.map(Duration::from_secs_f64),
+        progress: Some(progress.clone()),
+    };
+    let out = with_progress(spec.ctas(), &progress, a.json, || {
+        runner::run(&device, &spec)
+    })
+    .map_err(flat)?;
+    let mut saved = Vec::new();
+    for (i, p) in &saves {
+        let Some(Some(buf)) = out.buffers.get(*i) else {
+            bail!("argument {i} has no buffer")
+        };
+        runner::write_npy(p, buf).map_err(flat)?;
+        saved.push(serde_json::json!({"arg": i, "path": p.display().to_string(), "dtype": buf.dtype, "count": buf.len()}));
+    }
+    let st = out.stats.clone().unwrap_or_default();
+    let rate = st.lane_instructions as f64 / st.seconds.max(1e-9);
+    if a.json {
+        let j = serde_json::json!({
+            "file": file,
+            "entry": entry,
+            "device": a.device,
+            "grid": grid,
+            "block": block,
+            "shared": a.shared,
+            "ok": true,
+            "seconds": out.seconds,
+            "stats": {
+                "ctas": st.ctas,
+                "warp_instructions": st.warp_instructions,
+                "lane_instructions": st.lane_instructions,
+                "seconds": st.seconds,
+                "lane_instructions_per_s": rate,
+            },
+            "saved": saved,
+        });
+        println!("{j}");
+        return Ok(());
+    }
+    for (i, p) in &saves {
+        println!("saved argument {i} to {}", p.display());
+    }
+    if a.stats {
+        println!(
+            "{entry}: {} CTAs, {} warp-instructions, {} lane-instructions, {:.3} s, {:.3e} lane-instr/s",
+            st.ctas, st.warp_instructions, st.lane_instructions, st.seconds, rate
+        );
+    } else if saves.is_empty() {
+        println!("{entry}: ok ({} CTAs, {:.3} s)", st.ctas, out.seconds);
+    }
+    Ok(())
+}
+
+/// One line: the error's own message (which already includes its causes), without the chain
+/// `{:#}` would repeat.
+fn flat<E: std::fmt::Display>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
+}
+
+/// Runs `f` while a progress bar on stderr follows the completed-CTA counter (drawn only when
+/// stderr is a terminal and the launch takes a while).
+fn with_progress<T>(total: u64, counter: &Arc<AtomicU64>, quiet: bool, f: impl FnOnce() -> T) -> T {
+    if quiet {
+        return f();
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let (c, d) = (counter.clone(), done.clone());
+    let h = std::thread::spawn(move || {
+        // Short launches print nothing.
+        for _ in 0..5 {
+            if d.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let bar = indicatif::ProgressBar::with_draw_target(
+            Some(total),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} CTAs ({per_sec}, eta {eta})",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        while !d.load(Ordering::Relaxed) {
+            bar.set_position(c.load(Ordering::Relaxed));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        bar.set_position(c.load(Ordering::Relaxed));
+        bar.finish_and_clear();
+    });
+    let r = f();
+    done.store(true, Ordering::Relaxed);
+    let _ = h.join();
+    r
+}
