@@ -29,6 +29,12 @@ enum Verb {
     Devices(cmd::devices::Args),
     /// Benchmarks (`bench emu`: emulator throughput).
     Bench(cmd::bench::Args),
+    /// List the library kernels (parameters in launch order, launch-shape rule, targets).
+    Kernels(cmd::kernels::Args),
+    /// Print a library kernel's PTX.
+    Emit(cmd::emit::Args),
+    /// Run a library GEMM on random inputs against the f64 reference.
+    Gemm(cmd::gemm::Args),
 }
 
 fn main() {
@@ -41,6 +47,9 @@ fn main() {
         Verb::Run(a) => cmd::run::run(a),
         Verb::Devices(a) => cmd::devices::run(a),
         Verb::Bench(a) => cmd::bench::run(a),
+        Verb::Kernels(a) => cmd::kernels::run(a),
+        Verb::Emit(a) => cmd::emit::run(a),
+        Verb::Gemm(a) => cmd::gemm::run(a),
     };
     if let Err(e) = result {
         // One line, non-zero exit: the contract every verb follows.

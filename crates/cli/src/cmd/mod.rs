@@ -6,3 +6,7 @@ pub mod fmt;
 pub mod bench;
 pub mod devices;
 pub mod run;
+pub mod bench_gemm;
+pub mod emit;
+pub mod gemm;
+pub mod kernels;

@@ -1,0 +1,105 @@
+//! `ptxforge gemm`: runs a library GEMM (BF16 or FP8, optionally MoE-grouped) on random inputs,
+//! checks it against the f64 reference and reports error and time (TFLOP/s on a GPU).
+
+use anyhow::{bail, Result};
+use kernels::gemm::{choose_config, spec, InTy, Layout};
+use kernels::registry::{check_gemm, gemm_info, CheckReport};
+use kernels::{OutTy, Shape};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long)]
+    pub m: usize,
+    #[arg(long)]
+    pub n: usize,
+    #[arg(long)]
+    pub k: usize,
+    /// bf16 | fp8
+    #[arg(long, default_value = "fp8")]
+    pub dtype: String,
+    /// MoE groups (experts); with --layout.
+    #[arg(long, default_value_t = 1)]
+    pub groups: usize,
+    /// contiguous (m = all rows, multiple of 128) | masked (m = rows per group)
+    #[arg(long)]
+    pub layout: Option<String>,
+    /// emu[:N] | cuda[:N]
+    #[arg(long, default_value = "emu")]
+    pub device: String,
+    /// Fail (non-zero exit) when the error exceeds the kernel's tolerance.
+    #[arg(long)]
+    pub check: bool,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs one GEMM problem and returns its report.
+pub fn run_one(
+    dev: &runtime::Device,
+    dtype: &str,
+    layout: Option<&str>,
+    s: Shape,
+    seed: u64,
+) -> Result<CheckReport> {
+    let input = match dtype {
+        "bf16" => InTy::Bf16,
+        "fp8" => InTy::Fp8,
+        d => bail!("--dtype {d}: use bf16 or fp8"),
+    };
+    let layout = match layout {
+        None => Layout::Normal,
+        Some("contiguous") => Layout::Contiguous,
+        Some("masked") => Layout::Masked,
+        Some(l) => bail!("--layout {l}: use contiguous or masked"),
+    };
+    let rows = if layout == Layout::Masked {
+        s.m * s.groups
+    } else {
+        s.m
+    };
+    let cfg = choose_config(input, layout, rows, s.n, dev.props().sms);
+    let sp = spec(input, OutTy::Bf16, layout, false, cfg);
+    let info = gemm_info(&sp);
+    Ok(check_gemm(&dev.default_stream(), &info, &sp, &s, seed)?)
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let dev = runtime::Device::from_name(&a.device)?;
+    let s = Shape::grouped(a.m, a.n, a.k, a.groups);
+    let r = run_one(&dev, &a.dtype, a.layout.as_deref(), s, a.seed)?;
+    let tflops = r.flops / r.seconds / 1e12;
+    if a.json {
+        let mut v = serde_json::to_value(&r)?;
+        v["tflops"] = serde_json::json!(tflops);
+        v["device"] = serde_json::json!(dev.props().name);
+        println!("{v}");
+    } else {
+        println!(
+            "{} m={} n={} k={} groups={} on {}: rel err {:.3e} (vs bf16-rounded ref {:.3e}, tol {:.0e}) {}, {:.3} s, {:.3} TFLOP/s{}",
+            r.kernel,
+            a.m,
+            a.n,
+            a.k,
+            a.groups,
+            dev.props().name,
+            r.rel_err,
+            r.rel_err_rounded,
+            r.tolerance,
+            if r.pass { "PASS" } else { "FAIL" },
+            r.seconds,
+            tflops,
+            r.lane_instructions.map(|l| format!(", {:.3} emulated lane-instructions/FLOP", l as f64 / r.flops)).unwrap_or_default()
+        );
+    }
+    if a.check && !r.pass {
+        bail!(
+            "{}: relative error {:.3e} exceeds {:.0e}",
+            r.kernel,
+            r.rel_err,
+            r.tolerance
+        );
+    }
+    Ok(())
+}
