@@ -35,6 +35,8 @@ enum Verb {
     Emit(cmd::emit::Args),
     /// Run a library GEMM on random inputs against the f64 reference.
     Gemm(cmd::gemm::Args),
+    /// One MoE layer step (route, dispatch, grouped FP8 GEMMs, combine) across devices.
+    Moe(cmd::moe::Args),
 }
 
 fn main() {
@@ -44,6 +46,7 @@ fn main() {
         Verb::Check(a) => cmd::check::run(a),
         Verb::Schedule(a) => cmd::schedule::run(a),
         Verb::Sim(a) => cmd::sim::run(a),
+        Verb::Moe(a) => cmd::moe::run(a),
         Verb::Run(a) => cmd::run::run(a),
         Verb::Devices(a) => cmd::devices::run(a),
         Verb::Bench(a) => cmd::bench::run(a),

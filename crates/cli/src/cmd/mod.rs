@@ -6,6 +6,7 @@ pub mod fmt;
 pub mod bench;
 pub mod devices;
 pub mod run;
+pub mod moe;
 pub mod bench_gemm;
 pub mod emit;
 pub mod gemm;
