@@ -36,15 +36,21 @@
 //!   raw PTX, finish) and [`ModuleBuilder`];
 //! - [`ops`]: the instruction families (arithmetic, bits, setp/selp, cvt, ld/st, atomics,
 //!   barriers/fences, warp-level, mma/ldmatrix/wgmma, cp.async(.bulk), mbarrier, cluster);
+//! - [`hopper`]: warpgroup roles with register budgets, wgmma descriptors and the FP8 form,
+//!   swizzled shared tiles, tensor-map parameters / TMA, the mbarrier pipeline state;
 //! - [`examples`]: `vector_add`, `warp_reduce_sum`, `transpose_tiled`.
 
 pub mod error;
 pub mod examples;
+pub mod hopper;
 pub mod kernel;
 pub mod ops;
 pub mod ty;
 
 pub use error::BuildError;
+pub use hopper::{
+    Fp8, MatrixDesc, PipeState, Pipeline, RegBudget, SmemLayout, SmemTile, Swizzle as SmemSwizzle,
+};
 pub use kernel::{KernelBuilder, KernelParam, ModuleBuilder, RetSlot, Target};
 pub use ops::*;
 pub use ptx::SReg;

@@ -247,6 +247,61 @@ impl TensorMap {
         self.box_dims.iter().map(|&b| b as u64).product::<u64>() * self.data_type.size_bytes()
     }
 
+    /// Encodes the 128-byte tensor-map object the emulator's TMA reads
+    /// (`emu::hopper::TensorMapDesc::to_bytes`). Kernels take tensor maps either by value
+    /// (`.param .align 64 .b8 tmap[128]`) or, as the library kernels do, through a global-memory
+    /// pointer to these 128 bytes (a `u64` parameter): upload the bytes of `encode_emu` on the
+    /// emulator or `encode_cuda` on CUDA into a 64-byte-aligned buffer and pass its address.
+    pub fn encode_emu(&self) -> Result<[u8; 128]> {
+        use emu::hopper::{Swizzle as ES, TensorMapDesc, TmaType};
+        self.validate()?;
+        let dtype = match self.data_type {
+            TensorDataType::U8 => TmaType::U8,
+            TensorDataType::U16 => TmaType::U16,
+            TensorDataType::U32 => TmaType::U32,
+            TensorDataType::I32 => TmaType::I32,
+            TensorDataType::U64 => TmaType::U64,
+            TensorDataType::I64 => TmaType::I64,
+            TensorDataType::F16 => TmaType::F16,
+            TensorDataType::F32 | TensorDataType::F32Ftz => TmaType::F32,
+            TensorDataType::F64 => TmaType::F64,
+            TensorDataType::BF16 => TmaType::Bf16,
+            t => return Err(err(format!("{t:?} tensor maps are not emulated"))),
+        };
+        if self.interleave != Interleave::None {
+            return Err(err("interleaved tensor maps are not emulated".into()));
+        }
+        let r = self.rank();
+        let mut d = TensorMapDesc {
+            dtype,
+            rank: r as u32,
+            global_address: self.global_address,
+            dims: [1; 5],
+            strides: [0; 4],
+            box_dims: [1; 5],
+            elem_strides: [1; 5],
+            swizzle: match self.swizzle {
+                Swizzle::None => ES::None,
+                Swizzle::B32 => ES::B32,
+                Swizzle::B64 => ES::B64,
+                Swizzle::B128 => ES::B128,
+            },
+            oob_nan: self.oob_fill == OobFill::NanRequestZeroFma,
+        };
+        for i in 0..r {
+            if self.global_dims[i] > u32::MAX as u64 {
+                return Err(err(format!("global dim {i} does not fit 32 bits")));
+            }
+            d.dims[i] = self.global_dims[i] as u32;
+            d.box_dims[i] = self.box_dims[i];
+            d.elem_strides[i] = self.element_strides[i];
+        }
+        for (i, s) in self.global_strides.iter().enumerate() {
+            d.strides[i] = *s;
+        }
+        Ok(d.to_bytes())
+    }
+
     /// Encodes the 128-byte `CUtensorMap` with `cuTensorMapEncodeTiled` (needs a CUDA driver).
     pub fn encode_cuda(&self) -> Result<[u8; 128]> {
         self.validate()?;

@@ -297,7 +297,18 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                         // contiguous-layout padding segment: write zeros; masked: nothing
                         if spec.layout == HLayout::Contiguous {
                             let z = k.mov(0.0f32);
-                            store_tile(k, spec, d, n, r0, r1, col0, tc.row_end, None, &vec![z; nacc]);
+                            store_tile(
+                                k,
+                                spec,
+                                d,
+                                n,
+                                r0,
+                                r1,
+                                col0,
+                                tc.row_end,
+                                idx,
+                                &vec![z; nacc],
+                            );
                         }
                     },
                     |k| {
@@ -349,8 +360,7 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                             let b_t = b_tile0.rebase(sbase);
                             let a_base = k.add(a_t.base.reg(), a_row_off);
                             let a_t = SmemTile {
-                                base: SharedPtr::from_reg(a_base)
-                                    .add_bytes(a_t.base.byte_offset()),
+                                base: SharedPtr::from_reg(a_base).add_bytes(a_t.base.byte_offset()),
                                 rows: 64,
                                 ..a_t
                             };
@@ -484,7 +494,10 @@ fn store_tile(
             for j in 0..spec.bn / 8 {
                 let col = k.add(col0, 8 * j);
                 let inb = k.lt(col, n);
-                let (a, b) = (acc[(4 * j + 2 * half as u32) as usize], acc[(4 * j + 2 * half as u32 + 1) as usize]);
+                let (a, b) = (
+                    acc[(4 * j + 2 * half as u32) as usize],
+                    acc[(4 * j + 2 * half as u32 + 1) as usize],
+                );
                 let (a, b) = match zero_row {
                     Some(p) => (k.selp(z, a, p), k.selp(z, b, p)),
                     None => (a, b),
@@ -504,7 +517,10 @@ pub(crate) fn validate(spec: &HopperSpec) -> Result<()> {
         return shape_err(&name, "1 or 2 math warpgroups");
     }
     if spec.bn == 0 || spec.bn > 256 || spec.bn % 8 != 0 {
-        return shape_err(&name, format!("BN = {}: a multiple of 8 in 8..=256", spec.bn));
+        return shape_err(
+            &name,
+            format!("BN = {}: a multiple of 8 in 8..=256", spec.bn),
+        );
     }
     if spec.input == HIn::Fp8 && spec.bn % 16 != 0 && spec.bn > 128 {
         return shape_err(&name, "FP8 BN above 128 must be a multiple of 16");

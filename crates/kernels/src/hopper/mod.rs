@@ -19,7 +19,6 @@
 pub mod gemm;
 
 use crate::{shape_err, Result};
-use builder::Target;
 use half::bf16;
 use runtime::tensor_map::{Swizzle as TSwizzle, TensorDataType};
 use runtime::{args, Backend, Buffer, LaunchConfig, Stream, TensorMap};
@@ -71,6 +70,9 @@ pub struct HopperSpec {
     pub multicast_a: bool,
     pub producer_regs: u32,
     pub consumer_regs: u32,
+    /// Upper bound on the persistent grid (0: one CTA per SM). Not part of the kernel; tests
+    /// use it to make each CTA walk several tiles.
+    pub max_ctas: u32,
 }
 
 impl HopperSpec {
@@ -85,6 +87,7 @@ impl HopperSpec {
             multicast_a: false,
             producer_regs: 40,
             consumer_regs: 232,
+            max_ctas: 0,
         };
         s.stages = s.max_stages().clamp(2, 8);
         s
@@ -96,6 +99,10 @@ impl HopperSpec {
     }
     pub fn with_stages(mut self, s: u32) -> HopperSpec {
         self.stages = s;
+        self
+    }
+    pub fn with_max_ctas(mut self, n: u32) -> HopperSpec {
+        self.max_ctas = n;
         self
     }
     pub fn with_multicast(mut self, on: bool) -> HopperSpec {
@@ -268,18 +275,29 @@ fn launch_hopper(
     let name = s.name();
     let dev = stream.device();
     let f = crate::host::function(dev, &name, &name, |t| gen_hopper_gemm(t, s))?;
-    let ta = tmap(dev.backend(), s.input, a_ptr, l.a_rows, k, s.bm() / if s.multicast_a { 2 } else { 1 })?;
+    let ta = tmap(
+        dev.backend(),
+        s.input,
+        a_ptr,
+        l.a_rows,
+        k,
+        s.bm() / if s.multicast_a { 2 } else { 1 },
+    )?;
     let tb = tmap(dev.backend(), s.input, b_ptr, l.b_rows, k, s.bn)?;
     let mut bytes = ta.to_vec();
     bytes.extend_from_slice(&tb);
     let maps = dev.upload(&bytes)?;
     let base = maps.device_ptr();
-    let sms = dev.props().sms.max(1) as usize;
+    let mut sms = dev.props().sms.max(1) as usize;
+    if s.max_ctas > 0 {
+        sms = sms.min(s.max_ctas as usize);
+    }
     let mut grid = l.tiles.min(sms).max(1);
     if s.multicast_a {
         grid = grid.div_ceil(2) * 2;
     }
-    let mut cfg = LaunchConfig::grid3([grid as u32, 1, 1], [s.threads(), 1, 1]).shared(s.shared_bytes());
+    let mut cfg =
+        LaunchConfig::grid3([grid as u32, 1, 1], [s.threads(), 1, 1]).shared(s.shared_bytes());
     if s.multicast_a {
         cfg.cluster = [2, 1, 1];
     }
@@ -418,7 +436,13 @@ pub fn gemm_bf16_nt(
     n: usize,
     k: usize,
 ) -> Result<()> {
-    let s = choose_spec(HIn::Bf16, HLayout::Normal, m, n, stream.device().props().sms);
+    let s = choose_spec(
+        HIn::Bf16,
+        HLayout::Normal,
+        m,
+        n,
+        stream.device().props().sms,
+    );
     gemm_bf16_nt_with(stream, &s, a, b, d, m, n, k)
 }
 
@@ -482,7 +506,13 @@ pub fn grouped_gemm_fp8_contiguous(
     k: usize,
     groups: usize,
 ) -> Result<()> {
-    let s = choose_spec(HIn::Fp8, HLayout::Contiguous, m, n, stream.device().props().sms);
+    let s = choose_spec(
+        HIn::Fp8,
+        HLayout::Contiguous,
+        m,
+        n,
+        stream.device().props().sms,
+    );
     grouped_fp8_contiguous_with(stream, &s, a, sa, b, sb, d, m_indices, m, n, k, groups)
 }
 
