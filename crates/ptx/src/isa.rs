@@ -168,6 +168,8 @@ pub fn requirement(ins: &Instruction) -> Requirement {
         Opcode::Mma => {
             let at = ins.types().nth(1);
             match (ins.shape(), at) {
+                // f16 accumulators with FP8 inputs arrived in PTX 8.7.
+                _ if fp8 && ins.types().next() == Some(Ty::F16) => need(89, 87),
                 _ if fp8 => need(89, 84),
                 // m8n8k4 .f16 (Volta)
                 (
@@ -218,7 +220,9 @@ pub fn requirement(ins: &Instruction) -> Requirement {
             let dst = ins.ty();
             let src = ins.types().nth(1);
             if fp8 {
-                need(89, 78);
+                // PTX 7.8 introduced the forms for sm_90; sm_89 needs 8.1. The table has one
+                // answer per instruction, so it asks for 8.1 (valid on both targets).
+                need(89, 81);
             }
             if bf16 {
                 if dst == Some(Ty::F32) && src == Some(Ty::Bf16) {
