@@ -48,6 +48,8 @@ pub enum Kind {
     Dequant { bf16: bool },
     RequantT,
     Gemm(GemmSpec),
+    /// sm_90a TMA/wgmma GEMMs ([`crate::hopper`]).
+    Hopper(crate::hopper::HopperSpec),
 }
 
 /// A registered kernel.
@@ -315,6 +317,7 @@ fn build() -> Vec<KernelInfo> {
         "grouped_gemm_bf16_masked",
         masked,
     );
+    v.extend(crate::hopper::registry::registry_entries());
     v
 }
 
@@ -380,6 +383,7 @@ impl KernelInfo {
             Kind::Dequant { bf16 } => quant::gen_dequant_1x128(t, *bf16),
             Kind::RequantT => quant::gen_requant_t(t),
             Kind::Gemm(s) => gemm::gen_gemm(t, s),
+            Kind::Hopper(s) => crate::hopper::gen_hopper_gemm(t, s),
         }
     }
 
@@ -394,6 +398,7 @@ impl KernelInfo {
                 };
                 2.0 * rows as f64 * s.n as f64 * s.k as f64
             }
+            Kind::Hopper(h) => crate::hopper::registry::flops(h, s),
             _ => 0.0,
         }
     }
@@ -541,6 +546,7 @@ impl KernelInfo {
                     count_diff(&qt.to_vec()?[..t * h], &qtw) + f32_bits_diff(&st.to_vec()?, &stw);
             }
             Kind::Gemm(g) => return check_gemm(stream, self, g, s, seed),
+            Kind::Hopper(h) => return crate::hopper::registry::check(stream, self, h, s, seed),
         }
         rep.pass = rep.mismatches == 0;
         rep.lane_instructions = stream.last_stats().map(|st| st.lane_instructions);

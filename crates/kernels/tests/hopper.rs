@@ -391,3 +391,24 @@ fn grouped_fp8_gemms_match_reference_on_the_emulator() {
         (row as i32) < masked[g]
     });
 }
+
+#[test]
+fn registered_hopper_kernels_pass_their_checks() {
+    let st = stream();
+    let mut n = 0;
+    for info in kernels::registry()
+        .iter()
+        .filter(|k| matches!(k.kind, kernels::registry::Kind::Hopper(_)))
+    {
+        for (i, s) in info.test_shapes.iter().enumerate() {
+            let rep = info.check(&st, s, 500 + i as u64).unwrap();
+            eprintln!(
+                "{:<44} {:?}: rel {:.2e} (rounded {:.2e}), {} mismatches, {:.2}s",
+                info.name, s, rep.rel_err, rep.rel_err_rounded, rep.mismatches, rep.seconds
+            );
+            assert!(rep.pass, "{} {s:?}: {rep:?}", info.name);
+            n += 1;
+        }
+    }
+    assert!(n >= 6);
+}

@@ -17,6 +17,7 @@
 //! block N is chosen to fill the SMs ([`choose_spec`], non-powers of two included).
 
 pub mod gemm;
+pub mod registry;
 
 use crate::{shape_err, Result};
 use half::bf16;
