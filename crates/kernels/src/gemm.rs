@@ -829,6 +829,10 @@ pub fn gemm_fp8_nt(
     n: usize,
     k: usize,
 ) -> Result<()> {
+    // sm_90a: the persistent TMA/wgmma kernel (crate::hopper)
+    if crate::hopper::available(stream) {
+        return crate::hopper::gemm_fp8_nt(stream, a, sa, b, sb, d, m, n, k);
+    }
     let cfg = choose_config(InTy::Fp8, Layout::Normal, m, n, stream.device().props().sms);
     let s = spec(InTy::Fp8, OutTy::Bf16, Layout::Normal, false, cfg);
     gemm_fp8_with(stream, &s, a, sa, b, sb, d, m, n, k)
