@@ -234,15 +234,29 @@ fn elem(regs: &[&Lanes], t: Ty, lane: usize, i: usize) -> u64 {
     }
 }
 
+/// Decoded values of every 8-bit float code (e4m3, then e5m2), built once: fragment decoding is
+/// on the emulator's hot path.
+fn fp8_table() -> &'static [[f64; 256]; 2] {
+    static T: std::sync::OnceLock<[[f64; 256]; 2]> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = [[0f64; 256]; 2];
+        for c in 0..256usize {
+            t[0][c] = fp::e4m3_to_f32(c as u8) as f64;
+            t[1][c] = fp::e5m2_to_f32(c as u8) as f64;
+        }
+        t
+    })
+}
+
 fn to_f64(t: Ty, bits: u64) -> f64 {
     match t {
-        Ty::F16 => fp::f16_to_f32(bits as u16) as f64,
-        Ty::Bf16 => fp::bf16_to_f32(bits as u16) as f64,
+        Ty::F16 => half::f16::from_bits(bits as u16).to_f64(),
+        Ty::Bf16 => f32::from_bits(((bits as u32) & 0xffff) << 16) as f64,
         Ty::Tf32 => f32::from_bits((bits as u32) & !0x1FFF) as f64,
         Ty::F32 => f32::from_bits(bits as u32) as f64,
         Ty::F64 => f64::from_bits(bits),
-        Ty::E4m3 => fp::e4m3_to_f32(bits as u8) as f64,
-        Ty::E5m2 => fp::e5m2_to_f32(bits as u8) as f64,
+        Ty::E4m3 => fp8_table()[0][bits as u8 as usize],
+        Ty::E5m2 => fp8_table()[1][bits as u8 as usize],
         _ => 0.0,
     }
 }
@@ -279,24 +293,33 @@ pub fn mma_sync(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mu
             let (r, col) = spec.a_pos(lane, i);
             let bits = elem(a, spec.aty, lane, i);
             if r < m && col < k {
-                am[r * k + col] = to_f64(spec.aty, bits);
-                ai[r * k + col] = to_i64(spec.aty, bits);
+                if int {
+                    ai[r * k + col] = to_i64(spec.aty, bits);
+                } else {
+                    am[r * k + col] = to_f64(spec.aty, bits);
+                }
             }
         }
         for i in 0..nb {
             let (kk, col) = spec.b_pos(lane, i);
             let bits = elem(b, spec.bty, lane, i);
             if kk < k && col < n {
-                bm[kk * n + col] = to_f64(spec.bty, bits);
-                bi[kk * n + col] = to_i64(spec.bty, bits);
+                if int {
+                    bi[kk * n + col] = to_i64(spec.bty, bits);
+                } else {
+                    bm[col * k + kk] = to_f64(spec.bty, bits);
+                }
             }
         }
         for i in 0..nc {
             let (r, col) = spec.c_pos(lane, i);
             let bits = elem(c, spec.cty, lane, i);
             if r < m && col < n {
-                cm[r * n + col] = to_f64(spec.cty, bits);
-                ci[r * n + col] = to_i64(spec.cty, bits);
+                if int {
+                    ci[r * n + col] = to_i64(spec.cty, bits);
+                } else {
+                    cm[r * n + col] = to_f64(spec.cty, bits);
+                }
             }
         }
     }
@@ -324,7 +347,7 @@ pub fn mma_sync(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mu
                 // f64 products are not exact: fused multiply-add steps from C, in k order
                 let mut s = cm[r * n + col];
                 for kk in 0..k {
-                    s = am[r * k + kk].mul_add(bm[kk * n + col], s);
+                    s = am[r * k + kk].mul_add(bm[col * k + kk], s);
                 }
                 if s.is_nan() {
                     s = f64::from_bits(0x7FFF_FFFF_FFFF_FFFF);
@@ -332,8 +355,9 @@ pub fn mma_sync(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mu
                 s.to_bits()
             } else {
                 let mut s = 0f64;
+                let (ar, bc) = (&am[r * k..r * k + k], &bm[col * k..col * k + k]);
                 for kk in 0..k {
-                    s += am[r * k + kk] * bm[kk * n + col];
+                    s += ar[kk] * bc[kk];
                 }
                 s += cm[r * n + col];
                 round_to(spec.dty, s)
@@ -354,6 +378,15 @@ pub fn mma_sync(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mu
 
 /// Rounds an f64 to the D type (nearest even; NaN -> canonical NaN).
 fn round_to(t: Ty, x: f64) -> u64 {
+    if t == Ty::F32 {
+        // f64 -> f32 `as` rounds to nearest even (one rounding); NaN is canonicalised.
+        let f = x as f32;
+        return if f.is_nan() {
+            0x7FFF_FFFF
+        } else {
+            f.to_bits() as u64
+        };
+    }
     let spec = fp::CvtSpec::new(t, Ty::F64).rnd(fp::Rnd::Rn);
     if x.is_nan() {
         return match t {
