@@ -573,7 +573,9 @@ mod tests {
         assert_eq!((v >> 32) & 0x3fff, 64);
         assert_eq!(v >> 62, 1);
         assert_eq!(MatrixDesc::k_major(Swizzle::B128, 64).sbo, 1024);
-        assert_eq!(Swizzle::B128.apply(128 + 16), 128 + 32);
+        // Row 1, chunk 1 -> chunk 1 ^ 1 = 0; row 2, chunk 1 -> chunk 3.
+        assert_eq!(Swizzle::B128.apply(128 + 16), 128);
+        assert_eq!(Swizzle::B128.apply(256 + 16), 256 + 48);
     }
 
     #[test]
