@@ -1532,23 +1532,38 @@ impl Cta {
                         return Ok(Flow::Stay);
                     }
                 }
-                let mut out = vec![[0u64; 32]; *count as usize];
+                let mut out = [[0u64; 32]; 4];
                 for mat in 0..*count as usize {
                     for row in 0..8usize {
                         let src_lane = mat * 8 + row;
                         let ra =
                             self.warps[wi].regs[*addr as usize][src_lane].wrapping_add(*off as u64);
                         let mut rowv = [0u64; 8];
-                        for (e, rv) in rowv.iter_mut().enumerate() {
-                            let loc = self.locate(
-                                ctx,
-                                *space,
-                                ra + 2 * e as u64,
-                                2,
-                                src_lane,
-                                prog.local_bytes,
-                            )?;
-                            *rv = self.load(ctx, wi, &loc, 2, Ordering::Relaxed);
+                        // Rows are 16 contiguous, 16-byte-aligned bytes: locate the whole row
+                        // once (which checks bounds and alignment) and read it directly.
+                        let loc = self.locate(ctx, *space, ra, 16, src_lane, prog.local_bytes);
+                        match loc {
+                            Ok(Loc::Shared(o)) => {
+                                for (e, rv) in rowv.iter_mut().enumerate() {
+                                    *rv = u16::from_le_bytes([
+                                        self.shared[o + 2 * e],
+                                        self.shared[o + 2 * e + 1],
+                                    ]) as u64;
+                                }
+                            }
+                            _ => {
+                                for (e, rv) in rowv.iter_mut().enumerate() {
+                                    let loc = self.locate(
+                                        ctx,
+                                        *space,
+                                        ra + 2 * e as u64,
+                                        2,
+                                        src_lane,
+                                        prog.local_bytes,
+                                    )?;
+                                    *rv = self.load(ctx, wi, &loc, 2, Ordering::Relaxed);
+                                }
+                            }
                         }
                         for q in 0..4usize {
                             if !*trans {

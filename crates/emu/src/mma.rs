@@ -282,12 +282,16 @@ pub fn mma_sync(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mu
     };
     let int = is_i8(spec.aty);
     // scatter fragments into dense matrices
-    let mut am = vec![0f64; m * k];
-    let mut bm = vec![0f64; k * n];
-    let mut cm = vec![0f64; m * n];
-    let mut ai = vec![0i64; m * k];
-    let mut bi = vec![0i64; k * n];
-    let mut ci = vec![0i64; m * n];
+    // Fixed-size scratch (largest supported shape: m16 n8 k32) keeps the hot path allocation-free.
+    if m * k > 512 || k * n > 256 || m * n > 128 {
+        return;
+    }
+    let mut am = [0f64; 512];
+    let mut bm = [0f64; 256];
+    let mut cm = [0f64; 128];
+    let mut ai = [0i64; 512];
+    let mut bi = [0i64; 256];
+    let mut ci = [0i64; 128];
     for lane in 0..32 {
         for i in 0..na {
             let (r, col) = spec.a_pos(lane, i);
