@@ -219,6 +219,16 @@ fn fp8_gemm_matches_reference_on_the_emulator() {
     run_fp8(&base.with_stages(2).with_max_ctas(3), 384, 256, 256, 7);
     // one math warpgroup (BM 64)
     run_fp8(&base.with_math_wgs(1).with_stages(2), 64, 128, 256, 5);
+    // cluster of 2 along N sharing the A tile through TMA multicast (one and several tiles
+    // per CTA pair)
+    run_fp8(&base.with_multicast(true), 256, 256, 512, 8);
+    run_fp8(
+        &base.with_multicast(true).with_max_ctas(2),
+        256,
+        512,
+        256,
+        9,
+    );
 }
 
 #[test]

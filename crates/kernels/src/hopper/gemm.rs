@@ -24,8 +24,9 @@
 //!
 //! Multicast (`multicast_a`, cluster of 2 along N): CTA pairs share the M block; each CTA loads
 //! half of the A box and multicasts it to both, and consumers release the stage on both CTAs'
-//! `empty` barriers. The emulator does not launch clusters yet, so this path is only assembled
-//! (ptxas) by the tests.
+//! `empty` barriers. The tile decoder rasterises over N-pairs so the two CTAs of a cluster always
+//! work on the same M block (N must give an even number of tiles). Tested on the emulator
+//! (clusters, distributed shared memory, TMA multicast) and assembled by ptxas.
 
 use super::{HIn, HLayout, HopperSpec};
 use crate::{shape_err, Result};
@@ -139,7 +140,17 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
         } else {
             (k.mov(0u32), tile)
         };
-        let per = k.mul(num_n, RASTER_GROUP);
+        // With a cluster of 2 along N, tiles 2p and 2p+1 are the two halves of N-pair p and
+        // share their M block (the multicast A tile): rasterise over pairs, then pick the half.
+        let (t, half, pairs_n) = if cluster > 1 {
+            let h = k.and(t, 1u32);
+            let tp = k.shr(t, 1u32);
+            let pn = k.shr(num_n, 1u32);
+            (tp, Some(h), pn)
+        } else {
+            (t, None, num_n)
+        };
+        let per = k.mul(pairs_n, RASTER_GROUP);
         let gi = k.div(t, per);
         let first_m = k.mul(gi, RASTER_GROUP);
         let left = k.sub(num_m, first_m);
@@ -150,6 +161,10 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
             k.add(first_m, x)
         };
         let nb = k.div(r, gsz);
+        let nb = match half {
+            Some(h) => k.mad_lo(nb, 2u32, h),
+            None => nb,
+        };
         let mloc = k.mul(mb, bm);
         let n0 = k.mul(nb, bn);
         match spec.layout {

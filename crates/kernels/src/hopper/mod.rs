@@ -274,6 +274,12 @@ fn launch_hopper(
 ) -> Result<()> {
     let s = l.spec;
     let name = s.name();
+    if s.multicast_a && n.div_ceil(s.bn as usize) % 2 != 0 {
+        return crate::shape_err(
+            &name,
+            format!("the cluster-of-2 multicast kernel pairs N tiles: N = {n} gives an odd number of {}-wide tiles", s.bn),
+        );
+    }
     let dev = stream.device();
     let f = crate::host::function(dev, &name, &name, |t| gen_hopper_gemm(t, s))?;
     let ta = tmap(
