@@ -210,3 +210,81 @@ fn wgmma_every_swizzle_and_n() {
         }
     }
 }
+
+/// Reading the accumulator between `wgmma.mma_async` and `wgmma.wait_group` sees the old value;
+/// after the wait it sees the product.
+#[test]
+fn wgmma_result_is_not_visible_before_wait() {
+    let text = r#".version 8.0
+.target sm_90a
+.address_size 64
+.shared .align 1024 .b8 tile[4096];
+.visible .entry stale(.param .u64 out)
+{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<8>;
+    .reg .f32 %f<8>;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    // A = B = all ones in bf16 (0x3F80) over the whole 4 KiB tile.
+    mov.u32 %r2, 0x3F803F80;
+    shl.b32 %r3, %r1, 2;
+    mov.u32 %r4, tile;
+    add.u32 %r5, %r4, %r3;
+    st.shared.u32 [%r5], %r2;
+    st.shared.u32 [%r5+512], %r2;
+    st.shared.u32 [%r5+1024], %r2;
+    st.shared.u32 [%r5+1536], %r2;
+    st.shared.u32 [%r5+2048], %r2;
+    st.shared.u32 [%r5+2560], %r2;
+    st.shared.u32 [%r5+3072], %r2;
+    st.shared.u32 [%r5+3584], %r2;
+    bar.sync 0;
+    mov.f32 %f0, 0f40E00000;        // 7.0
+    mov.f32 %f1, 0f40E00000;
+    mov.f32 %f2, 0f40E00000;
+    mov.f32 %f3, 0f40E00000;
+    // no swizzle: LBO 128, SBO 256 (fields >> 4)
+    mov.b64 %rd2, 0x0000001000080000;
+    mov.b64 %rd3, 0x0000001000080000;
+    wgmma.fence.sync.aligned;
+    wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%f0, %f1, %f2, %f3}, %rd2, %rd3, 1, 1, 1, 0, 0;
+    wgmma.commit_group.sync.aligned;
+    mov.f32 %f4, %f0;               // read before the wait: stale
+    wgmma.wait_group.sync.aligned 0;
+    mov.f32 %f5, %f0;               // after the wait: 7 + 16
+    mul.wide.u32 %rd4, %r1, 8;
+    add.s64 %rd5, %rd1, %rd4;
+    st.global.v2.f32 [%rd5], {%f4, %f5};
+    ret;
+}
+"#;
+    let mem = GlobalMemory::new();
+    let m = LoadedModule::load(&mem, ptx::parse(text).unwrap(), 0).unwrap();
+    let out = mem.alloc(128 * 8, 0).unwrap();
+    out.fill(0, 1024, &[0xff]);
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [128, 1, 1],
+        shared_bytes: 0,
+        sms: 1,
+        sm_offset: 0,
+        device_sms: 132,
+        cluster: [1, 1, 1],
+    };
+    launch(
+        m.kernel("stale").unwrap(),
+        mem.snapshot(),
+        out.base.to_le_bytes().to_vec(),
+        &cfg,
+        &LaunchOptions::default(),
+    )
+    .unwrap();
+    let mut b = vec![0u8; 1024];
+    out.read_bytes(0, &mut b);
+    for t in 0..128usize {
+        let before = f32::from_le_bytes(b[8 * t..8 * t + 4].try_into().unwrap());
+        let after = f32::from_le_bytes(b[8 * t + 4..8 * t + 8].try_into().unwrap());
+        assert_eq!((before, after), (7.0, 23.0), "thread {t}");
+    }
+}
