@@ -560,10 +560,14 @@ impl<'a> CostModel<'a> {
             BlockKind::Head => h * 2.0 + m.vocab as f64 * 2.0 / 8.0,
             BlockKind::Dense => attn + 2.0 * h + a * h + m.dense_intermediate as f64 * (4.0 + a),
             BlockKind::Moe | BlockKind::Mtp => {
-                // Per routed/shared expert copy: FP8 input with scales, SwiGLU input (BF16);
-                // the SwiGLU output is recomputed.
+                // Per routed/shared expert copy: FP8 input with 1x128 scales, and the SwiGLU
+                // input (gate and up outputs) also cached in FP8 with 1x128 scales while the
+                // SwiGLU output is recomputed (V3 report, section 3.3.2, "Low-Precision Storage").
                 let n = (m.top_k + m.shared_experts) as f64;
-                attn + 2.0 * h + a * h + n * (a * h + h / 32.0 + m.expert_intermediate as f64 * 4.0)
+                let inter = m.expert_intermediate as f64;
+                attn + 2.0 * h
+                    + a * h
+                    + n * (a * h + h / 32.0 + 2.0 * inter * a + 2.0 * inter / 32.0)
             }
         }
     }
