@@ -1323,14 +1323,12 @@ impl<'a> Decoder<'a> {
                         )
                     )
                 });
-                if t == Ty::F32
-                    && only_ftz
-                    && !(ins.op == O::Div
-                        && !ins
-                            .mods
-                            .iter()
-                            .any(|m| matches!(m, Mod::Flag(Flag::Rn | Flag::Full | Flag::Approx))))
-                {
+                // `div.f32` without .rn/.full/.approx is left to the exact unit.
+                let div_mode = ins
+                    .mods
+                    .iter()
+                    .any(|m| matches!(m, Mod::Flag(Flag::Rn | Flag::Full | Flag::Approx)));
+                if t == Ty::F32 && only_ftz && (ins.op != O::Div || div_mode) {
                     if let Some(f) = alu::f32_special(ins.op, ins.has(Flag::Ftz)) {
                         self.push(
                             Op::Alu {

@@ -96,7 +96,7 @@ fn case(x: u32, trans: bool) {
             }
         }
     }
-    let mut rows = vec![0u32; 32];
+    let mut rows = [0u32; 32];
     for (l, ro) in rows.iter_mut().enumerate() {
         let (i, r) = (l / 8, l % 8);
         // Lanes beyond the matrices still pass valid addresses.
