@@ -65,6 +65,10 @@ pub struct Args {
     /// Experts whose weight gradients are checked in full against the f64 reference.
     #[arg(long, default_value_t = 2)]
     pub check_experts: usize,
+    /// Grouped FP8 GEMM kernel: `mma` (mma.sync, any sm_89+) or `wgmma` (the sm_90a persistent
+    /// TMA/wgmma kernel; needs an sm_90a target).
+    #[arg(long, default_value = "mma")]
+    pub gemm: String,
     #[arg(long)]
     pub json: bool,
     /// Write a Chrome/Perfetto trace (host timestamps of each device's kernels per stream).
@@ -116,8 +120,8 @@ fn quant_blocks(w: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>, Vec<
     (q, s, deq)
 }
 
-fn transpose(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0f32; rows * cols];
+fn transpose<T: Copy + Default>(w: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let mut t = vec![T::default(); rows * cols];
     for r in 0..rows {
         for c in 0..cols {
             t[c * rows + r] = w[r * cols + c];
@@ -313,6 +317,30 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         ev: Mutex::new(Vec::new()),
     };
     let compute_sms = 132 - a.num_sms;
+    let wgmma = match a.gemm.as_str() {
+        "mma" => false,
+        "wgmma" => true,
+        o => bail!("unknown --gemm `{o}` (mma, wgmma)"),
+    };
+    #[allow(clippy::too_many_arguments)]
+    let grouped = |st: &runtime::Stream,
+                   a: &Buffer<u8>,
+                   sa: &Buffer<f32>,
+                   b: &Buffer<u8>,
+                   sb: &Buffer<f32>,
+                   d: &mut Buffer<bf16>,
+                   mi: &Buffer<i32>,
+                   m: usize,
+                   n: usize,
+                   k: usize,
+                   gr: usize|
+     -> kernels::Result<()> {
+        if wgmma {
+            kernels::hopper::grouped_gemm_fp8_contiguous(st, a, sa, b, sb, d, mi, m, n, k, gr)
+        } else {
+            kernels::grouped_gemm_fp8_contiguous(st, a, sa, b, sb, d, mi, m, n, k, gr)
+        }
+    };
     let note = |name: &str, secs: f64| eprintln!("[moe] {name:<40} {secs:>8.2} s");
 
     // ---- inputs and weights
@@ -355,8 +383,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 let e = r * el + le;
                 let w1 = quant_blocks(&w1s[e], 2 * i_n, h);
                 let w2 = quant_blocks(&w2s[e], h, i_n);
-                let w1t = quant_blocks(&transpose(&w1s[e], 2 * i_n, h), h, 2 * i_n);
-                let w2t = quant_blocks(&transpose(&w2s[e], h, i_n), i_n, h);
+                // W^T's 128x128 blocks are W's blocks transposed: transpose bytes and scales
+                let w1t = (
+                    transpose(&w1.0, 2 * i_n, h),
+                    transpose(&w1.1, 2 * i_n / 128, h / 128),
+                );
+                let w2t = (
+                    transpose(&w2.0, h, i_n),
+                    transpose(&w2.1, h / 128, i_n / 128),
+                );
                 ((w1, w2), ((w1t.0, w1t.1), (w2t.0, w2t.1)))
             })
             .collect())
@@ -471,7 +506,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         let ts = Instant::now();
         let mut d1 = dev.alloc::<bf16>(m * 2 * i_n)?;
-        kernels::grouped_gemm_fp8_contiguous(
+        grouped(
             &stm,
             &o.recv_x,
             &o.recv_scales,
@@ -509,7 +544,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let mut sa2 = dev.alloc::<f32>(m * i_n / 128)?;
         kernels::quantize_fp8_1x128(&stm, &ab, &mut a2, &mut sa2, m, i_n, ScaleMode::Pow2)?;
         let mut d2 = dev.alloc::<bf16>(m * h)?;
-        kernels::grouped_gemm_fp8_contiguous(
+        grouped(
             &stm,
             &a2,
             &sa2,
@@ -604,7 +639,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let mut dys = dev.alloc::<f32>(m * h / 128)?;
         kernels::quantize_fp8_1x128(&stm, &dyb, &mut dyq, &mut dys, m, h, ScaleMode::Pow2)?;
         let mut dh = dev.alloc::<bf16>(m * i_n)?;
-        kernels::grouped_gemm_fp8_contiguous(
+        grouped(
             &stm,
             &dyq,
             &dys,
@@ -646,7 +681,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let mut gs = dev.alloc::<f32>(m * 2 * i_n / 128)?;
         kernels::quantize_fp8_1x128(&stm, &gb, &mut gq, &mut gs, m, 2 * i_n, ScaleMode::Pow2)?;
         let mut dxe = dev.alloc::<bf16>(m * h)?;
-        kernels::grouped_gemm_fp8_contiguous(
+        grouped(
             &stm,
             &gq,
             &gs,
