@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 mod cmd;
 
 #[derive(Parser)]
-#[command(name = "ptxforge", version, about = "PTX-level GPU programming toolkit")]
+#[command(
+    name = "ptxforge",
+    version,
+    about = "PTX-level GPU programming toolkit"
+)]
 struct Cli {
     #[command(subcommand)]
     verb: Verb,

@@ -176,5 +176,8 @@ fn float_for_integer_parameter() {
     args[i] = "f32:64".into();
     let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
     let err = one_line_error(&ptxforge(&args));
-    assert!(err.contains("argument 6") && err.contains("an integer"), "{err}");
+    assert!(
+        err.contains("argument 6") && err.contains("an integer"),
+        "{err}"
+    );
 }

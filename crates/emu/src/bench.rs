@@ -186,7 +186,8 @@ pub fn bench_alu(o: &BenchOptions) -> Result<Throughput, EmuError> {
         shared_bytes: 0,
         sms: 132,
         sm_offset: 0,
-        device_sms: 132, cluster: [1, 1, 1]
+        device_sms: 132,
+        cluster: [1, 1, 1],
     };
     let lo = opts(o.threads);
     let s = launch(
@@ -263,7 +264,8 @@ pub fn bench_gemm(o: &BenchOptions) -> Result<(Throughput, GemmCompare), EmuErro
         shared_bytes: 8192,
         sms: 132,
         sm_offset: 0,
-        device_sms: 132, cluster: [1, 1, 1]
+        device_sms: 132,
+        cluster: [1, 1, 1],
     };
     let lo = opts(o.threads);
     let t = Instant::now();

@@ -148,7 +148,10 @@ pub fn launch(
         return Err(EmuError::Launch("SM budget of 0".into()));
     }
     let csize: u32 = cfg.cluster.iter().product();
-    if csize == 0 || csize > 16 || (0..3).any(|d| !cfg.grid[d].is_multiple_of(cfg.cluster[d].max(1))) {
+    if csize == 0
+        || csize > 16
+        || (0..3).any(|d| !cfg.grid[d].is_multiple_of(cfg.cluster[d].max(1)))
+    {
         return Err(EmuError::Launch(format!(
             "cluster {:?} must have 1..=16 CTAs and divide the grid {:?}",
             cfg.cluster, cfg.grid

@@ -14,7 +14,11 @@
 
 // `is_multiple_of` needs Rust 1.87; the workspace supports 1.80. Rank loops index several
 // parallel per-rank vectors at once.
-#![allow(clippy::manual_is_multiple_of, clippy::needless_range_loop, clippy::useless_vec)]
+#![allow(
+    clippy::manual_is_multiple_of,
+    clippy::needless_range_loop,
+    clippy::useless_vec
+)]
 
 pub mod comm;
 pub mod eplb;

@@ -1,4 +1,8 @@
-#![allow(clippy::too_many_arguments, clippy::needless_range_loop, clippy::useless_vec)]
+#![allow(
+    clippy::too_many_arguments,
+    clippy::needless_range_loop,
+    clippy::useless_vec
+)]
 //! Hierarchical dispatch + combine on emulated nodes. Devices 120..
 mod common;
 use common::*;

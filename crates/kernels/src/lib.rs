@@ -17,11 +17,16 @@
 //! - [`host`]: module cache and target choice shared by the host wrappers.
 
 // `is_multiple_of` needs Rust 1.87 (workspace MSRV 1.80); fragment loops index several arrays.
-#![allow(clippy::manual_is_multiple_of, clippy::needless_range_loop, clippy::too_many_arguments, clippy::useless_vec)]
+#![allow(
+    clippy::manual_is_multiple_of,
+    clippy::needless_range_loop,
+    clippy::too_many_arguments,
+    clippy::useless_vec
+)]
 
 pub mod gemm;
-pub mod host;
 pub mod hopper;
+pub mod host;
 pub mod quant;
 pub mod reference;
 pub mod registry;

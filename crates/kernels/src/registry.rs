@@ -43,9 +43,17 @@ pub struct ParamInfo {
 /// What a registered kernel is.
 #[derive(Clone, Debug)]
 pub enum Kind {
-    Quant1x128 { bf16: bool, mode: ScaleMode },
-    Quant128x128 { bf16: bool, mode: ScaleMode },
-    Dequant { bf16: bool },
+    Quant1x128 {
+        bf16: bool,
+        mode: ScaleMode,
+    },
+    Quant128x128 {
+        bf16: bool,
+        mode: ScaleMode,
+    },
+    Dequant {
+        bf16: bool,
+    },
     RequantT,
     Gemm(GemmSpec),
     /// sm_90a TMA/wgmma GEMMs ([`crate::hopper`]).
@@ -326,7 +334,11 @@ pub fn gemm_info(s: &GemmSpec) -> KernelInfo {
     KernelInfo {
         name: s.name.clone(),
         summary: format!("GEMM (tile {})", s.cfg.tag()),
-        params: s.params().iter().map(|&(name, ty)| ParamInfo { name, ty }).collect(),
+        params: s
+            .params()
+            .iter()
+            .map(|&(name, ty)| ParamInfo { name, ty })
+            .collect(),
         launch: s.launch_rule(),
         targets: s.targets(),
         host: "",

@@ -9,7 +9,11 @@ use runtime::Arg;
 
 fn npy(dir: &std::path::Path, name: &str, dtype: DType, data: Vec<u8>, len: usize) -> ArgSpec {
     let p = dir.join(format!("{name}.npy"));
-    let a = HostArray { dtype, shape: vec![len as u64], data };
+    let a = HostArray {
+        dtype,
+        shape: vec![len as u64],
+        data,
+    };
     runner::write_npy(&p, &a).unwrap();
     ArgSpec::In(p)
 }
@@ -26,15 +30,32 @@ fn emitted_fp8_gemm_through_the_runner_matches_the_host_api() {
     // host API
     let dev = runtime::Device::emu(65);
     let stream = dev.default_stream();
-    let (ab, sab, bb, sbb) = (dev.upload(&qa).unwrap(), dev.upload(&sa).unwrap(), dev.upload(&qb).unwrap(), dev.upload(&sb).unwrap());
+    let (ab, sab, bb, sbb) = (
+        dev.upload(&qa).unwrap(),
+        dev.upload(&sa).unwrap(),
+        dev.upload(&qb).unwrap(),
+        dev.upload(&sb).unwrap(),
+    );
     let mut d = dev.alloc::<bf16>(m * n).unwrap();
     kernels::gemm_fp8_nt(&stream, &ab, &sab, &bb, &sbb, &mut d, m, n, k).unwrap();
     stream.synchronize().unwrap();
     let want: Vec<u16> = d.to_vec().unwrap().iter().map(|x| x.to_bits()).collect();
 
     // the same kernel as PTX text through the runner
-    let cfg = kernels::gemm::choose_config(kernels::gemm::InTy::Fp8, kernels::gemm::Layout::Normal, m, n, dev.props().sms);
-    let spec = kernels::gemm::spec(kernels::gemm::InTy::Fp8, kernels::OutTy::Bf16, kernels::gemm::Layout::Normal, false, cfg);
+    let cfg = kernels::gemm::choose_config(
+        kernels::gemm::InTy::Fp8,
+        kernels::gemm::Layout::Normal,
+        m,
+        n,
+        dev.props().sms,
+    );
+    let spec = kernels::gemm::spec(
+        kernels::gemm::InTy::Fp8,
+        kernels::OutTy::Bf16,
+        kernels::gemm::Layout::Normal,
+        false,
+        cfg,
+    );
     let text = ptx::print(&kernels::gemm::gen_gemm(&builder::Target::sm90a(), &spec).unwrap());
     let dir = std::env::temp_dir().join(format!("kernels-runner-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -44,7 +65,10 @@ fn emitted_fp8_gemm_through_the_runner_matches_the_host_api() {
         npy(&dir, "sa", DType::F32, f32b(&sa), sa.len()),
         npy(&dir, "b", DType::U8, qb.clone(), qb.len()),
         npy(&dir, "sb", DType::F32, f32b(&sb), sb.len()),
-        ArgSpec::Out { dtype: DType::Bf16, count: m * n },
+        ArgSpec::Out {
+            dtype: DType::Bf16,
+            count: m * n,
+        },
         ArgSpec::Scalar(Arg::U32(m as u32)),
         ArgSpec::Scalar(Arg::U32(n as u32)),
         ArgSpec::Scalar(Arg::U32(k as u32)),
@@ -52,7 +76,11 @@ fn emitted_fp8_gemm_through_the_runner_matches_the_host_api() {
     let rs = RunSpec {
         ptx: text,
         entry: spec.name.clone(),
-        grid: [n.div_ceil(cfg.bn as usize) as u32, m.div_ceil(cfg.bm as usize) as u32, 1],
+        grid: [
+            n.div_ceil(cfg.bn as usize) as u32,
+            m.div_ceil(cfg.bm as usize) as u32,
+            1,
+        ],
         block: [cfg.threads(), 1, 1],
         shared: cfg.shared_bytes(),
         args,
@@ -62,7 +90,11 @@ fn emitted_fp8_gemm_through_the_runner_matches_the_host_api() {
     };
     let out = runner::run(&runtime::Device::emu(66), &rs).unwrap();
     let got = out.buffers[4].as_ref().unwrap();
-    let got: Vec<u16> = got.data.chunks(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+    let got: Vec<u16> = got
+        .data
+        .chunks(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
     assert_eq!(got, want);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -98,7 +98,10 @@ impl Device {
     pub fn cuda(index: u32) -> Result<Device> {
         static REG: OnceLock<Mutex<HashMap<u32, Device>>> = OnceLock::new();
         crate::cuda::driver()?;
-        let mut reg = REG.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|p| p.into_inner());
+        let mut reg = REG
+            .get_or_init(|| Mutex::new(HashMap::new()))
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if let Some(d) = reg.get(&index) {
             return Ok(d.clone());
         }
@@ -119,7 +122,9 @@ impl Device {
 
     /// Number of CUDA devices (0 when there is no driver or GPU).
     pub fn cuda_count() -> u32 {
-        crate::cuda::driver().map(|d| d.devices.max(0) as u32).unwrap_or(0)
+        crate::cuda::driver()
+            .map(|d| d.devices.max(0) as u32)
+            .unwrap_or(0)
     }
 
     pub(crate) fn cuda_ctx(&self) -> Option<&Arc<crate::cuda::Ctx>> {
@@ -129,13 +134,19 @@ impl Device {
     /// Parses `emu`, `emu:3`, `cuda`, `cuda:1`.
     pub fn from_name(s: &str) -> Result<Device> {
         let (kind, idx) = match s.split_once(':') {
-            Some((k, i)) => (k, i.parse::<u32>().map_err(|_| RuntimeError::NoDevice(s.to_string()))?),
+            Some((k, i)) => (
+                k,
+                i.parse::<u32>()
+                    .map_err(|_| RuntimeError::NoDevice(s.to_string()))?,
+            ),
             None => (s, 0),
         };
         match kind {
             "emu" => Ok(Device::emu(idx)),
             "cuda" => Device::cuda(idx),
-            _ => Err(RuntimeError::NoDevice(format!("`{s}` (use emu[:N] or cuda[:N])"))),
+            _ => Err(RuntimeError::NoDevice(format!(
+                "`{s}` (use emu[:N] or cuda[:N])"
+            ))),
         }
     }
 
@@ -143,13 +154,21 @@ impl Device {
     /// is present. The second element explains why CUDA is absent, if it is.
     pub fn list() -> (Vec<DeviceInfo>, Option<String>) {
         let d = Device::emu(0);
-        let mut v = vec![DeviceInfo { backend: Backend::Emu, index: 0, props: d.props().clone() }];
+        let mut v = vec![DeviceInfo {
+            backend: Backend::Emu,
+            index: 0,
+            props: d.props().clone(),
+        }];
         let mut why = None;
         match crate::cuda::driver() {
             Ok(drv) => {
                 for i in 0..drv.devices.max(0) as u32 {
                     match Device::cuda(i) {
-                        Ok(c) => v.push(DeviceInfo { backend: Backend::Cuda, index: i, props: c.props().clone() }),
+                        Ok(c) => v.push(DeviceInfo {
+                            backend: Backend::Cuda,
+                            index: i,
+                            props: c.props().clone(),
+                        }),
                         Err(e) => why = Some(e.to_string()),
                     }
                 }
@@ -177,9 +196,17 @@ impl Device {
         let bytes = len * T::SIZE;
         let mem = match &self.inner.cuda {
             Some(ctx) => Storage::Cuda(crate::cuda::memory::DevMem::alloc(ctx, bytes)?),
-            None => Storage::Emu(EmuMem { alloc: emu_memory().alloc(bytes as u64, self.inner.index)?, owned: true }),
+            None => Storage::Emu(EmuMem {
+                alloc: emu_memory().alloc(bytes as u64, self.inner.index)?,
+                owned: true,
+            }),
         };
-        Ok(Buffer { device: self.clone(), mem, len, _t: PhantomData })
+        Ok(Buffer {
+            device: self.clone(),
+            mem,
+            len,
+            _t: PhantomData,
+        })
     }
 
     /// Allocates and fills from host data.
@@ -191,7 +218,10 @@ impl Device {
 
     /// The device's default stream.
     pub fn default_stream(&self) -> Stream {
-        self.inner.default_stream.get_or_init(|| Stream::new(self, 0)).clone()
+        self.inner
+            .default_stream
+            .get_or_init(|| Stream::new(self, 0))
+            .clone()
     }
 
     /// A new stream; higher `priority` streams are favoured where the backend supports it.
@@ -286,7 +316,11 @@ impl<T: Pod> Buffer<T> {
     /// Copies host data in (waits for queued work on the device first).
     pub fn copy_from_host(&self, data: &[T]) -> Result<()> {
         if data.len() > self.len {
-            return Err(RuntimeError::Buffer(format!("copy of {} elements into a buffer of {}", data.len(), self.len)));
+            return Err(RuntimeError::Buffer(format!(
+                "copy of {} elements into a buffer of {}",
+                data.len(),
+                self.len
+            )));
         }
         self.device.quiesce();
         let mut bytes = Vec::with_capacity(data.len() * T::SIZE);
@@ -326,7 +360,6 @@ impl<T: Pod> Buffer<T> {
     }
 }
 
-
 /// A module loaded on a device.
 #[derive(Clone)]
 pub struct Module {
@@ -343,7 +376,11 @@ impl Module {
             return Module::load_ptx(device, &ptx::print(module));
         }
         let loaded = LoadedModule::load(emu_memory(), module.clone(), device.index())?;
-        Ok(Module { device: device.clone(), loaded: Arc::new(loaded), cuda: None })
+        Ok(Module {
+            device: device.clone(),
+            loaded: Arc::new(loaded),
+            cuda: None,
+        })
     }
     /// Loads a module from PTX text.
     pub fn load_ptx(device: &Device, text: &str) -> Result<Module> {
@@ -356,7 +393,8 @@ impl Module {
         let Some(ctx) = device.cuda_ctx() else {
             return Module::load(device, &m);
         };
-        let cm = crate::cuda::module::CuModule::load_ptx(ctx, device.props().sm_version, text, opts)?;
+        let cm =
+            crate::cuda::module::CuModule::load_ptx(ctx, device.props().sm_version, text, opts)?;
         Module::with_cuda(device, m, cm)
     }
     /// Loads a cubin assembled offline (e.g. `ptx::ptxas::assemble`) for the kernels of `ir`.
@@ -368,10 +406,18 @@ impl Module {
         let cm = crate::cuda::module::CuModule::load_cubin(ctx, cubin)?;
         Module::with_cuda(device, ir.clone(), cm)
     }
-    fn with_cuda(device: &Device, ir: ptx::Module, cm: crate::cuda::module::CuModule) -> Result<Module> {
+    fn with_cuda(
+        device: &Device,
+        ir: ptx::Module,
+        cm: crate::cuda::module::CuModule,
+    ) -> Result<Module> {
         // The IR (parameter lists) lives in an emulator module; its globals are never touched.
         let loaded = LoadedModule::load(emu_memory(), ir, device.index())?;
-        Ok(Module { device: device.clone(), loaded: Arc::new(loaded), cuda: Some(Arc::new(cm)) })
+        Ok(Module {
+            device: device.clone(),
+            loaded: Arc::new(loaded),
+            cuda: Some(Arc::new(cm)),
+        })
     }
     /// The driver JIT's info log (registers, spills) when this module was compiled on CUDA.
     pub fn jit_log(&self) -> Option<&str> {
@@ -387,8 +433,15 @@ impl Module {
             .module
             .entries()
             .find(|f| f.name == name)
-            .ok_or_else(|| RuntimeError::Args { kernel: name.to_string(), msg: "no such kernel in the module".into() })?;
-        Ok(Function { module: self.clone(), name: name.to_string(), params: f.params.clone() })
+            .ok_or_else(|| RuntimeError::Args {
+                kernel: name.to_string(),
+                msg: "no such kernel in the module".into(),
+            })?;
+        Ok(Function {
+            module: self.clone(),
+            name: name.to_string(),
+            params: f.params.clone(),
+        })
     }
 }
 
@@ -407,7 +460,11 @@ impl Function {
         if args.len() != self.params.len() {
             return Err(RuntimeError::Args {
                 kernel: self.name.clone(),
-                msg: format!("{} arguments given, kernel takes {}", args.len(), self.params.len()),
+                msg: format!(
+                    "{} arguments given, kernel takes {}",
+                    args.len(),
+                    self.params.len()
+                ),
             });
         }
         let mut buf = Vec::new();
@@ -416,7 +473,12 @@ impl Function {
             if a.size() != size {
                 return Err(RuntimeError::Args {
                     kernel: self.name.clone(),
-                    msg: format!("argument {i} (`{}`): {} bytes given, parameter is .{} ({size} bytes)", p.name, a.size(), p.ty),
+                    msg: format!(
+                        "argument {i} (`{}`): {} bytes given, parameter is .{} ({size} bytes)",
+                        p.name,
+                        a.size(),
+                        p.ty
+                    ),
                 });
             }
             let align = p.alignment().max(1) as usize;

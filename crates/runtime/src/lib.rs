@@ -19,12 +19,14 @@ mod storage;
 mod stream;
 pub mod tensor_map;
 
-pub use device::{Backend, Buffer, Device, DeviceInfo, DeviceProps, Function, Module, Pod, SmPartition};
-pub use stream::{Event, LaunchConfig, Stream};
 pub use cuda::module::JitOptions;
+pub use device::{
+    Backend, Buffer, Device, DeviceInfo, DeviceProps, Function, Module, Pod, SmPartition,
+};
 pub use graph::Graph;
 pub use partition::{sms_used, Partition, PartitionKind};
 pub use storage::IpcHandle;
+pub use stream::{Event, LaunchConfig, Stream};
 pub use tensor_map::TensorMap;
 
 /// Runtime errors.

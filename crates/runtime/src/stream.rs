@@ -54,7 +54,11 @@ impl LaunchConfig {
         self
     }
     pub fn grid3(grid: [u32; 3], block: [u32; 3]) -> LaunchConfig {
-        LaunchConfig { grid, block, ..LaunchConfig::linear(1, 1) }
+        LaunchConfig {
+            grid,
+            block,
+            ..LaunchConfig::linear(1, 1)
+        }
     }
     pub fn shared(mut self, bytes: u32) -> Self {
         self.shared_bytes = bytes;
@@ -102,7 +106,9 @@ pub struct Stream {
 
 impl Stream {
     pub(crate) fn new(device: &Device, priority: i32) -> Stream {
-        let cuda = device.cuda_ctx().map(|c| crate::cuda::launch::CuStream::new(c, priority));
+        let cuda = device
+            .cuda_ctx()
+            .map(|c| crate::cuda::launch::CuStream::new(c, priority));
         Stream::with_parts(device, priority, cuda, None)
     }
 
@@ -135,8 +141,16 @@ impl Stream {
                 }
             })
             .ok();
-        device.inner.streams.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(&inner));
-        Stream { device: device.clone(), inner }
+        device
+            .inner
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::downgrade(&inner));
+        Stream {
+            device: device.clone(),
+            inner,
+        }
     }
 
     pub fn device(&self) -> &Device {
@@ -163,17 +177,37 @@ impl Stream {
     /// execution errors surface at `synchronize`.
     pub fn launch(&self, f: &Function, cfg: &LaunchConfig, args: &[Arg]) -> Result<()> {
         if !f.device().same(&self.device) {
-            return Err(RuntimeError::Launch(format!("kernel `{}` was loaded on another device", f.name)));
+            return Err(RuntimeError::Launch(format!(
+                "kernel `{}` was loaded on another device",
+                f.name
+            )));
         }
         // Emulator graph capture records the launch (CUDA captures in the driver).
-        if let (None, Some(rec)) = (&self.inner.cuda, self.inner.capture.lock().unwrap_or_else(|p| p.into_inner()).as_mut()) {
+        if let (None, Some(rec)) = (
+            &self.inner.cuda,
+            self.inner
+                .capture
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_mut(),
+        ) {
             f.pack_args(args)?;
-            rec.push(crate::graph::Recorded { f: f.clone(), cfg: cfg.clone(), args: args.to_vec() });
+            rec.push(crate::graph::Recorded {
+                f: f.clone(),
+                cfg: cfg.clone(),
+                args: args.to_vec(),
+            });
             return Ok(());
         }
         let params = f.pack_args(args)?;
         let props = self.device.props();
-        let part = cfg.sm_budget.or(self.inner.default_budget).unwrap_or(SmPartition { offset: 0, count: props.sms });
+        let part = cfg
+            .sm_budget
+            .or(self.inner.default_budget)
+            .unwrap_or(SmPartition {
+                offset: 0,
+                count: props.sms,
+            });
         if part.count == 0 || part.offset + part.count > props.sms {
             return Err(RuntimeError::Launch(format!(
                 "SM budget {}..{} does not fit the device's {} SMs",
@@ -186,7 +220,9 @@ impl Stream {
             // CUDA: the budget is advisory on a plain stream (the hardware scheduler places CTAs)
             // and enforced by the green context on a partition's stream; see docs/CUDA.md.
             let cs = cs.as_ref().map_err(|e| e.clone())?;
-            let cm = f.module.cuda.as_ref().ok_or_else(|| RuntimeError::Launch(format!("kernel `{}` has no CUDA module", f.name)))?;
+            let cm = f.module.cuda.as_ref().ok_or_else(|| {
+                RuntimeError::Launch(format!("kernel `{}` has no CUDA module", f.name))
+            })?;
             return cs.launch(cm, &f.name, &f.param_offsets(), &params, cfg);
         }
         let prog = f.module.loaded.kernel(&f.name)?;
@@ -239,14 +275,21 @@ impl Stream {
     /// On CUDA the data goes through a pinned staging buffer and `cuMemcpyHtoDAsync`.
     pub fn copy_to_device<T: crate::Pod>(&self, dst: &crate::Buffer<T>, data: &[T]) -> Result<()> {
         if data.len() > dst.len() {
-            return Err(RuntimeError::Buffer(format!("copy of {} elements into a buffer of {}", data.len(), dst.len())));
+            return Err(RuntimeError::Buffer(format!(
+                "copy of {} elements into a buffer of {}",
+                data.len(),
+                dst.len()
+            )));
         }
         let mut bytes = Vec::with_capacity(data.len() * T::SIZE);
         for x in data {
             x.to_bytes(&mut bytes);
         }
         if let Some(cs) = &self.inner.cuda {
-            return cs.as_ref().map_err(|e| e.clone())?.copy_htod_async(dst.device_ptr(), &bytes);
+            return cs
+                .as_ref()
+                .map_err(|e| e.clone())?
+                .copy_htod_async(dst.device_ptr(), &bytes);
         }
         let addr = dst.device_ptr();
         self.enqueue(Box::new(move |s: &StreamInner| {
@@ -255,7 +298,9 @@ impl Stream {
                 Some(a) => a.write_bytes(addr - a.base, &bytes),
                 None => {
                     let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
-                    st.error.get_or_insert(RuntimeError::Buffer("async copy into a freed buffer".into()));
+                    st.error.get_or_insert(RuntimeError::Buffer(
+                        "async copy into a freed buffer".into(),
+                    ));
                 }
             }
         }))
@@ -263,16 +308,26 @@ impl Stream {
 
     /// Statistics of the most recent completed launch.
     pub fn last_stats(&self) -> Option<emu::LaunchStats> {
-        self.inner.state.lock().ok().and_then(|s| s.last_stats.clone())
+        self.inner
+            .state
+            .lock()
+            .ok()
+            .and_then(|s| s.last_stats.clone())
     }
 
     /// Records an event that completes when all work queued before it has run.
     pub fn record(&self) -> Result<Event> {
         if let Some(cs) = &self.inner.cuda {
             let e = crate::cuda::launch::CuEvent::record(cs.as_ref().map_err(|e| e.clone())?)?;
-            return Ok(Event { inner: Arc::new((Mutex::new(None), Condvar::new())), cuda: Some(Arc::new(e)) });
+            return Ok(Event {
+                inner: Arc::new((Mutex::new(None), Condvar::new())),
+                cuda: Some(Arc::new(e)),
+            });
         }
-        let ev = Event { inner: Arc::new((Mutex::new(None), Condvar::new())), cuda: None };
+        let ev = Event {
+            inner: Arc::new((Mutex::new(None), Condvar::new())),
+            cuda: None,
+        };
         let e2 = ev.clone();
         self.enqueue(Box::new(move |_| {
             let (m, cv) = &*e2.inner;

@@ -56,7 +56,12 @@ fn cta_spinning_on_another_ctas_flag_completes() {
     let v = 0x1234_5678u32 ^ (std::process::id());
     // Launch CTA 1 first in the order: grid of 2, both resident.
     let s = dev.default_stream();
-    s.launch(&f, &LaunchConfig::linear(2, 32).timeout(Duration::from_secs(60)), &args![&flag, &data, &out, v]).unwrap();
+    s.launch(
+        &f,
+        &LaunchConfig::linear(2, 32).timeout(Duration::from_secs(60)),
+        &args![&flag, &data, &out, v],
+    )
+    .unwrap();
     s.synchronize().unwrap();
     assert_eq!(out.to_vec().unwrap()[0], v);
 }
@@ -106,11 +111,21 @@ fn device_writes_peer_buffer_while_peer_waits() {
     let cfg = LaunchConfig::linear(1, 32).timeout(Duration::from_secs(60));
     // Device 1 starts waiting first.
     let s1 = d1.stream(0);
-    s1.launch(&m1.function("consumer").unwrap(), &cfg, &args![&flag, &data, &out]).unwrap();
+    s1.launch(
+        &m1.function("consumer").unwrap(),
+        &cfg,
+        &args![&flag, &data, &out],
+    )
+    .unwrap();
     std::thread::sleep(Duration::from_millis(50));
     let s0 = d0.stream(0);
     let (fp, dp) = (flag.peer_ptr(&d0).unwrap(), data.peer_ptr(&d0).unwrap());
-    s0.launch(&m0.function("producer").unwrap(), &cfg, &args![runtime::Arg::Ptr(fp), runtime::Arg::Ptr(dp), v]).unwrap();
+    s0.launch(
+        &m0.function("producer").unwrap(),
+        &cfg,
+        &args![runtime::Arg::Ptr(fp), runtime::Arg::Ptr(dp), v],
+    )
+    .unwrap();
     s0.synchronize().unwrap();
     s1.synchronize().unwrap();
     assert_eq!(out.to_vec().unwrap()[0], v);
@@ -140,9 +155,13 @@ fn barrier_never_reached_is_a_diagnostic() {
     let f = m.function("deadlock").unwrap();
     let out = dev.alloc::<u32>(1).unwrap();
     let s = dev.stream(0);
-    s.launch(&f, &LaunchConfig::linear(1, 64), &args![&out]).unwrap();
+    s.launch(&f, &LaunchConfig::linear(1, 64), &args![&out])
+        .unwrap();
     let e = s.synchronize().unwrap_err().to_string();
-    assert!(e.contains("barrier deadlock") && e.contains("deadlock") && e.contains("CTA (0,0,0)"), "{e}");
+    assert!(
+        e.contains("barrier deadlock") && e.contains("deadlock") && e.contains("CTA (0,0,0)"),
+        "{e}"
+    );
     assert!(e.contains("PTX line"), "{e}");
 }
 
@@ -172,7 +191,10 @@ fn kernel_waiting_forever_is_stopped() {
     cfg.max_warp_instructions = Some(200_000);
     s.launch(&f, &cfg, &args![&flag]).unwrap();
     let e = s.synchronize().unwrap_err().to_string();
-    assert!(e.contains("budget") && e.contains("hang") && e.contains("PTX line"), "{e}");
+    assert!(
+        e.contains("budget") && e.contains("hang") && e.contains("PTX line"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -182,7 +204,10 @@ fn budgeted_launch_stays_on_its_sms() {
     let f = m.function("smid").unwrap();
     let out = dev.alloc::<u32>(200).unwrap();
     let s = dev.stream(0);
-    let cfg = LaunchConfig::linear(200, 32).budget(SmPartition { offset: 112, count: 20 });
+    let cfg = LaunchConfig::linear(200, 32).budget(SmPartition {
+        offset: 112,
+        count: 20,
+    });
     s.launch(&f, &cfg, &args![&out]).unwrap();
     s.synchronize().unwrap();
     let v = out.to_vec().unwrap();

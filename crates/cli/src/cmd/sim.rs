@@ -62,13 +62,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             cfg.schedule
         );
         if let Some(p) = &a.svg {
-            std::fs::write(p, sim::plot::svg(&sw, &title)?).with_context(|| format!("writing {p}"))?;
+            std::fs::write(p, sim::plot::svg(&sw, &title)?)
+                .with_context(|| format!("writing {p}"))?;
         }
         if let Some(p) = &a.png {
-            std::fs::write(p, sim::plot::png(&sw, &title)?).with_context(|| format!("writing {p}"))?;
+            std::fs::write(p, sim::plot::png(&sw, &title)?)
+                .with_context(|| format!("writing {p}"))?;
         }
         if a.json {
-            println!("{}", serde_json::to_string_pretty(&json!({"config": cfg, "sweep": sw}))?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&json!({"config": cfg, "sweep": sw}))?
+            );
         } else {
             print!("{}", sw.text());
         }
@@ -80,12 +85,19 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let s = sim::run(&cfg)?;
     if let Some(p) = &a.trace {
         let rank = a.rank.unwrap_or(s.report.critical_rank);
-        let t = sim::trace::rank_trace(&s, rank)
-            .ok_or_else(|| anyhow::anyhow!("--rank {rank}: the pipeline has {} ranks", cfg.parallelism.pp))?;
+        let t = sim::trace::rank_trace(&s, rank).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--rank {rank}: the pipeline has {} ranks",
+                cfg.parallelism.pp
+            )
+        })?;
         std::fs::write(p, serde_json::to_vec(&t)?).with_context(|| format!("writing {p}"))?;
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&json!({"config": cfg, "report": s.report}))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({"config": cfg, "report": s.report}))?
+        );
     } else {
         print!("{}", s.report.text());
     }
