@@ -275,6 +275,9 @@ fn to_i64(t: Ty, bits: u64) -> i64 {
 /// (extra entries are left alone). Register values are raw bits, zero-extended.
 #[allow(clippy::needless_range_loop)]
 pub fn mma_sync(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mut [Lanes]) {
+    if mma_fast(spec, a, b, c, d) {
+        return;
+    }
     let (m, n, k) = (spec.m as usize, spec.n as usize, spec.k as usize);
     let (na, nb, nc, nd) = {
         let per = |rows: usize, cols: usize| rows * cols / 32;
@@ -399,4 +402,92 @@ fn round_to(t: Ty, x: f64) -> u64 {
         };
     }
     fp::cvt(&spec, x.to_bits(), 0)
+}
+
+/// Fast path for the shapes GEMM kernels live on: m16n8k16 bf16/f16 and m16n8k32 e4m3/e5m2
+/// with f32 C/D. Same semantics as the general path (exact products summed in f64 in k order,
+/// plus C, rounded once), with the fragment layouts written out instead of looked up per element.
+/// Returns false when the instruction is not one of these forms.
+fn mma_fast(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mut [Lanes]) -> bool {
+    if spec.m != 16 || spec.n != 8 || spec.cty != Ty::F32 || spec.dty != Ty::F32 {
+        return false;
+    }
+    let wide = match (spec.aty, spec.bty, spec.k) {
+        (Ty::Bf16 | Ty::F16, Ty::Bf16 | Ty::F16, 16) => true,
+        (Ty::E4m3 | Ty::E5m2, Ty::E4m3 | Ty::E5m2, 32) => false,
+        _ => return false,
+    };
+    if a.len() < 4 || b.len() < 2 || c.len() < 4 || d.len() < 4 {
+        return false;
+    }
+    let k = spec.k as usize;
+    // A: 16 rows x k, B transposed: 8 cols x k.
+    let mut am = [0f64; 16 * 32];
+    let mut bt = [0f64; 8 * 32];
+    let dec16 = |t: Ty, v: u64| -> f64 {
+        if t == Ty::Bf16 {
+            f32::from_bits(((v as u32) & 0xffff) << 16) as f64
+        } else {
+            half::f16::from_bits(v as u16).to_f64()
+        }
+    };
+    let tab = fp8_table();
+    let dec8 = |t: Ty, v: u64| -> f64 { tab[(t == Ty::E5m2) as usize][(v & 0xff) as usize] };
+    for lane in 0..32 {
+        let (g, q) = (lane >> 2, lane & 3);
+        if wide {
+            // a_r holds elements 2r (low) and 2r+1: row g + 8*(r&1), col 2q + 8*(r>>1) (+0/1).
+            for r in 0..4 {
+                let v = a[r][lane];
+                let row = g + 8 * (r & 1);
+                let col = 2 * q + 8 * (r >> 1);
+                am[row * k + col] = dec16(spec.aty, v);
+                am[row * k + col + 1] = dec16(spec.aty, v >> 16);
+            }
+            // b_r: k = 2q + 8r (+0/1), n = g.
+            for r in 0..2 {
+                let v = b[r][lane];
+                let kk = 2 * q + 8 * r;
+                bt[g * k + kk] = dec16(spec.bty, v);
+                bt[g * k + kk + 1] = dec16(spec.bty, v >> 16);
+            }
+        } else {
+            // a_r holds bytes 4r..4r+3: row g + 8*(r&1), col 4q + 16*(r>>1) (+0..3).
+            for r in 0..4 {
+                let v = a[r][lane];
+                let row = g + 8 * (r & 1);
+                let col = 4 * q + 16 * (r >> 1);
+                for j in 0..4 {
+                    am[row * k + col + j] = dec8(spec.aty, v >> (8 * j));
+                }
+            }
+            // b_r: k = 4q + 16r (+0..3), n = g.
+            for r in 0..2 {
+                let v = b[r][lane];
+                let kk = 4 * q + 16 * r;
+                for j in 0..4 {
+                    bt[g * k + kk + j] = dec8(spec.bty, v >> (8 * j));
+                }
+            }
+        }
+    }
+    for lane in 0..32 {
+        let (g, q) = (lane >> 2, lane & 3);
+        for i in 0..4 {
+            let (row, col) = (g + 8 * (i >> 1), 2 * q + (i & 1));
+            let (ar, bc) = (&am[row * k..row * k + k], &bt[col * k..col * k + k]);
+            let mut sum = 0f64;
+            for kk in 0..k {
+                sum += ar[kk] * bc[kk];
+            }
+            sum += f32::from_bits(c[i][lane] as u32) as f64;
+            let f = sum as f32;
+            d[i][lane] = if f.is_nan() {
+                0x7FFF_FFFF
+            } else {
+                f.to_bits() as u64
+            };
+        }
+    }
+    true
 }
