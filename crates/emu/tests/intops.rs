@@ -155,7 +155,7 @@ fn integer_and_bit_ops_match_reference() {
             (a as u32).wrapping_mul(b as u32) as u64
         }),
         ("mul.hi.u32 %r10, %r1, %r2;", |a, b, _| {
-            ((a as u32 as u64 * b as u32 as u64) >> 32) as u64
+            (a as u32 as u64 * b as u32 as u64) >> 32
         }),
         ("mul.hi.s32 %r10, %r1, %r2;", |a, b, _| {
             ((a as i32 as i64 * b as i32 as i64) >> 32) as u32 as u64
