@@ -26,6 +26,8 @@ pub struct LaunchCtx {
     pub nsm: u32,
     pub launch_id: u64,
     pub start: std::time::Instant,
+    /// Where device `printf` output goes (stdout when `None`).
+    pub printf: Option<Arc<std::sync::Mutex<String>>>,
 }
 
 impl LaunchCtx {
@@ -1232,6 +1234,36 @@ impl Cta {
                     w.local.copy_within(s..s + n, d);
                 }
             }
+            Op::Vprintf { fmt, args, ret } => {
+                let lb = prog.local_bytes as usize;
+                let mut text = String::new();
+                for l in lanes_of(m) {
+                    let slot = |off: u32| -> u64 {
+                        let o = l * lb + off as usize;
+                        read_le(&self.warps[wi].local[o..o + 8])
+                    };
+                    let (fp, ap) = (slot(*fmt), slot(*args));
+                    let fmt_s = self.read_cstr(ctx, wi, fp, l)?;
+                    let out = self.format_printf(ctx, wi, &fmt_s, ap, l)?;
+                    if *ret != NONE {
+                        let o = l * lb + *ret as usize;
+                        write_le(&mut self.warps[wi].local[o..o + 4], out.len() as u64);
+                    }
+                    text.push_str(&out);
+                }
+                match &ctx.printf {
+                    Some(sink) => sink
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push_str(&text),
+                    None => {
+                        use std::io::Write;
+                        let mut so = std::io::stdout().lock();
+                        let _ = so.write_all(text.as_bytes());
+                        let _ = so.flush();
+                    }
+                }
+            }
             Op::Exit => {
                 let w = &mut self.warps[wi];
                 let gone = m;
@@ -2270,5 +2302,152 @@ impl Cta {
             w.wg_open.push((*slot, v));
         }
         Ok(())
+    }
+}
+
+impl Cta {
+    /// Reads a NUL-terminated string (at most 4 KiB) at a generic address.
+    fn read_cstr(
+        &self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        addr: u64,
+        lane: usize,
+    ) -> Result<String, FaultKind> {
+        let mut bytes = Vec::new();
+        for i in 0..4096u64 {
+            let loc = self.locate(
+                ctx,
+                MSpace::Generic,
+                addr + i,
+                1,
+                lane,
+                ctx.prog.local_bytes,
+            )?;
+            let b = self.load(ctx, wi, &loc, 1, Ordering::Relaxed) as u8;
+            if b == 0 {
+                return Ok(String::from_utf8_lossy(&bytes).into_owned());
+            }
+            bytes.push(b);
+        }
+        Err(FaultKind::Other(
+            "printf format string longer than 4096 bytes or not terminated".into(),
+        ))
+    }
+
+    /// Formats CUDA `printf` arguments: each argument is aligned to its size in the argument
+    /// buffer (ints 4 bytes, `l`/`ll` ints, doubles and pointers 8 bytes).
+    fn format_printf(
+        &self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        fmt: &str,
+        args: u64,
+        lane: usize,
+    ) -> Result<String, FaultKind> {
+        let lb = ctx.prog.local_bytes;
+        let mut off = 0u64;
+        let mut next = |this: &Self, size: u64| -> Result<u64, FaultKind> {
+            off = off.div_ceil(size) * size;
+            let loc = this.locate(ctx, MSpace::Generic, args + off, size as u32, lane, lb)?;
+            off += size;
+            Ok(this.load(ctx, wi, &loc, size as u32, Ordering::Relaxed))
+        };
+        let mut out = String::new();
+        let mut it = fmt.chars().peekable();
+        while let Some(ch) = it.next() {
+            if ch != '%' {
+                out.push(ch);
+                continue;
+            }
+            let mut spec = String::new();
+            let mut long = 0;
+            let conv = loop {
+                match it.next() {
+                    Some(c @ ('-' | '+' | ' ' | '#' | '0'..='9' | '.')) => spec.push(c),
+                    Some('l') => long += 1,
+                    Some('h' | 'z' | 'j' | 't') => {}
+                    Some(c) => break c,
+                    None => break '\0',
+                }
+            };
+            let left = spec.starts_with('-');
+            let zero = spec
+                .trim_start_matches(['-', '+', ' ', '#'])
+                .starts_with('0');
+            let body = spec.trim_start_matches(['-', '+', ' ', '#', '0']);
+            let (w, p) = match body.split_once('.') {
+                Some((w, p)) => (
+                    w.parse::<usize>().unwrap_or(0),
+                    Some(p.parse::<usize>().unwrap_or(0)),
+                ),
+                None => (body.parse::<usize>().unwrap_or(0), None),
+            };
+            let int_size = if long > 0 { 8 } else { 4 };
+            let s = match conv {
+                '%' => "%".to_string(),
+                'd' | 'i' => {
+                    let v = next(self, int_size)?;
+                    if int_size == 8 {
+                        (v as i64).to_string()
+                    } else {
+                        (v as u32 as i32).to_string()
+                    }
+                }
+                'u' => next(self, int_size)?.to_string(),
+                'x' => format!("{:x}", next(self, int_size)?),
+                'X' => format!("{:X}", next(self, int_size)?),
+                'o' => format!("{:o}", next(self, int_size)?),
+                'c' => char::from_u32(next(self, 4)? as u32)
+                    .unwrap_or('?')
+                    .to_string(),
+                'p' => format!("{:#x}", next(self, 8)?),
+                's' => {
+                    let ptr = next(self, 8)?;
+                    self.read_cstr(ctx, wi, ptr, lane)?
+                }
+                'f' | 'F' => format!("{:.*}", p.unwrap_or(6), f64::from_bits(next(self, 8)?)),
+                'e' | 'E' => {
+                    let v = f64::from_bits(next(self, 8)?);
+                    let t = format!("{:.*e}", p.unwrap_or(6), v);
+                    // C writes at least two exponent digits with a sign.
+                    let t = match t.split_once('e') {
+                        Some((m, e)) => {
+                            let (sign, digits) = if let Some(d) = e.strip_prefix('-') {
+                                ('-', d)
+                            } else {
+                                ('+', e)
+                            };
+                            format!("{m}e{sign}{digits:0>2}")
+                        }
+                        None => t,
+                    };
+                    if conv == 'E' {
+                        t.to_uppercase()
+                    } else {
+                        t
+                    }
+                }
+                'g' | 'G' => format!("{}", f64::from_bits(next(self, 8)?)),
+                other => format!("%{spec}{other}"),
+            };
+            let pad = w.saturating_sub(s.chars().count());
+            if left {
+                out.push_str(&s);
+                out.extend(std::iter::repeat_n(' ', pad));
+            } else if zero && !matches!(conv, 's' | 'c') {
+                let (sign, digits) = match s.strip_prefix('-') {
+                    Some(d) => ("-", d),
+                    None => ("", s.as_str()),
+                };
+                out.push_str(sign);
+                out.extend(std::iter::repeat_n('0', pad));
+                out.push_str(digits);
+            } else {
+                out.extend(std::iter::repeat_n(' ', pad));
+                out.push_str(&s);
+            }
+        }
+        Ok(out)
     }
 }

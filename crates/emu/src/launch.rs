@@ -55,6 +55,8 @@ pub struct LaunchOptions {
     pub timeout: Duration,
     /// Incremented as CTAs finish (for progress bars).
     pub progress: Option<Arc<AtomicU64>>,
+    /// Collects device `printf` output instead of writing it to stdout.
+    pub printf: Option<Arc<Mutex<String>>>,
 }
 
 impl Default for LaunchOptions {
@@ -70,6 +72,7 @@ impl Default for LaunchOptions {
             max_warp_instructions: u64::MAX,
             timeout: Duration::from_secs(timeout),
             progress: None,
+            printf: None,
         }
     }
 }
@@ -168,6 +171,7 @@ pub fn launch(
         nsm: cfg.device_sms,
         launch_id: NEXT_LAUNCH.fetch_add(1, Ordering::Relaxed),
         start: Instant::now(),
+        printf: opts.printf.clone(),
     };
     let smem = ctx.shared_bytes();
     let limit = max_shared_per_block(prog.target_sm);

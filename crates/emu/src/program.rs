@@ -302,6 +302,13 @@ pub enum Op {
         src: u32,
         bytes: u32,
     },
+    /// CUDA's device-side `printf` (`vprintf(format, args)`): the two arguments and the result
+    /// live in local-memory parameter slots.
+    Vprintf {
+        fmt: u32,
+        args: u32,
+        ret: u32,
+    },
     Trap,
     /// Yield hint (`nanosleep`): ends the warp's time slice.
     Yield,
@@ -1977,6 +1984,44 @@ impl<'a> Decoder<'a> {
                         ins,
                         "indirect calls with prototypes are not supported by the emulator",
                     ));
+                }
+                let local_of = |this: &Self, o: &Operand| -> Result<u32, EmuError> {
+                    match o {
+                        Operand::Sym { name, .. } => {
+                            this.local_syms.get(name).copied().ok_or_else(|| {
+                                this.err(
+                                    ins,
+                                    format!("call operand `{name}` is not a .param variable"),
+                                )
+                            })
+                        }
+                        _ => Err(this.err(ins, "call operands must be .param variables")),
+                    }
+                };
+                let declared_only = self
+                    .module
+                    .function(&name)
+                    .is_some_and(|f| f.body.is_none());
+                if name == "vprintf" && declared_only {
+                    if args.len() != 2 {
+                        return Err(self.err(ins, "vprintf takes (format, args)"));
+                    }
+                    let fmt = local_of(self, &args[0])?;
+                    let argp = local_of(self, &args[1])?;
+                    let ret = match rets.first() {
+                        Some(o) => local_of(self, o)?,
+                        None => NONE,
+                    };
+                    self.push(
+                        Op::Vprintf {
+                            fmt,
+                            args: argp,
+                            ret,
+                        },
+                        ins0,
+                        guard,
+                    );
+                    return Ok(());
                 }
                 let (rslots, aslots) = self.func_slots(&name, ins)?;
                 if rslots.len() != rets.len() || aslots.len() != args.len() {
