@@ -754,6 +754,13 @@ impl Cta {
         }
     }
 
+    /// `.aligned` warp-wide instructions (mma, ldmatrix, stmatrix) need every live lane of the
+    /// warp: park the current group until the rest arrive. Returns true when parked.
+    fn wait_converged(&mut self, wi: usize) -> bool {
+        let w = &mut self.warps[wi];
+        w.group != w.live && Cta::sync_wait(w, w.exists)
+    }
+
     /// Lanes of a `.sync` member mask that are not here yet: when non-empty, park this group.
     fn sync_wait(w: &mut Warp, member: u32) -> bool {
         let missing = member & w.live & !w.group;
@@ -1532,21 +1539,30 @@ impl Cta {
                 }
             }
             Op::Mma { spec, d, a, b, c } => {
+                // mma.sync.aligned needs the whole warp converged.
+                if self.wait_converged(wi) {
+                    return Ok(Flow::Stay);
+                }
                 let w = &mut self.warps[wi];
-                if m != w.group || w.group != w.live {
-                    // mma.sync.aligned needs the whole warp converged.
-                    if Cta::sync_wait(w, w.exists) {
-                        return Ok(Flow::Stay);
+                // Fragments have at most 4 registers each (decode checked the counts): gather
+                // references on the stack, no allocation on this hot path.
+                const Z: Lanes = [0; 32];
+                let (mut ar, mut br, mut cr) = ([&Z; 8], [&Z; 8], [&Z; 8]);
+                for (dst, src) in [(&mut ar, a), (&mut br, b), (&mut cr, c)] {
+                    for (k, s) in src.iter().take(8).enumerate() {
+                        dst[k] = &w.regs[*s as usize];
                     }
                 }
-                let mut outs = vec![[0u64; 32]; d.len()];
-                {
-                    let ar: Vec<&Lanes> = a.iter().map(|s| &w.regs[*s as usize]).collect();
-                    let br: Vec<&Lanes> = b.iter().map(|s| &w.regs[*s as usize]).collect();
-                    let cr: Vec<&Lanes> = c.iter().map(|s| &w.regs[*s as usize]).collect();
-                    crate::mma::mma_sync(spec, &ar, &br, &cr, &mut outs);
-                }
-                for (k, s) in d.iter().enumerate() {
+                let mut outs = [[0u64; 32]; 8];
+                let nd = d.len().min(8);
+                crate::mma::mma_sync(
+                    spec,
+                    &ar[..a.len().min(8)],
+                    &br[..b.len().min(8)],
+                    &cr[..c.len().min(8)],
+                    &mut outs[..nd],
+                );
+                for (k, s) in d.iter().take(nd).enumerate() {
                     Cta::write_masked(w, *s, m, &outs[k]);
                 }
             }
@@ -1558,11 +1574,8 @@ impl Cta {
                 off,
                 space,
             } => {
-                {
-                    let w = &mut self.warps[wi];
-                    if w.group != w.live && Cta::sync_wait(w, w.exists) {
-                        return Ok(Flow::Stay);
-                    }
+                if self.wait_converged(wi) {
+                    return Ok(Flow::Stay);
                 }
                 let mut out = [[0u64; 32]; 4];
                 for mat in 0..*count as usize {
@@ -1626,11 +1639,8 @@ impl Cta {
                 off,
                 space,
             } => {
-                {
-                    let w = &mut self.warps[wi];
-                    if w.group != w.live && Cta::sync_wait(w, w.exists) {
-                        return Ok(Flow::Stay);
-                    }
+                if self.wait_converged(wi) {
+                    return Ok(Flow::Stay);
                 }
                 for mat in 0..*count as usize {
                     let vals = self.warps[wi].regs[srcs[mat] as usize];
