@@ -1556,6 +1556,8 @@ impl EpGroup {
                 m_pad: hs[r].m_pad,
             };
             o.recv_src.fill(-1)?;
+            // padding rows hold zeros (the weight-gradient GEMMs read whole 128-row segments)
+            o.recv_x.fill(0)?;
             outs.push(o);
         }
         let f: Vec<_> = (0..r_n)

@@ -95,6 +95,8 @@ struct State {
     done: u64,
     error: Option<RuntimeError>,
     last_stats: Option<emu::LaunchStats>,
+    /// Union of the SMs every emulated launch on this stream ran on.
+    sms_touched: std::collections::BTreeSet<u32>,
 }
 
 /// An ordered queue of work on one device.
@@ -251,7 +253,10 @@ impl Stream {
             let r = emu::launch(prog, mem, params, &ecfg, &opts);
             let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
             match r {
-                Ok(stats) => st.last_stats = Some(stats),
+                Ok(stats) => {
+                    st.sms_touched.extend(stats.sms_used.iter().copied());
+                    st.last_stats = Some(stats)
+                }
                 Err(e) => st.error = Some(e.into()),
             }
         }))
@@ -264,6 +269,25 @@ impl Stream {
             return cs.as_ref().map_err(|e| e.clone())?.synchronize();
         }
         sync_inner(&self.inner)
+    }
+
+    /// SMs kernels launched here should size their grids for: the partition's count on a
+    /// partition's stream, else the device's SM count.
+    pub fn sm_count(&self) -> u32 {
+        self.inner
+            .default_budget
+            .map(|p| p.count)
+            .unwrap_or_else(|| self.device.props().sms)
+    }
+
+    /// Emulator: the union of the SMs every launch on this stream has run on so far (sorted;
+    /// empty on CUDA, where `sms_used` probes placement instead).
+    pub fn sms_touched(&self) -> Vec<u32> {
+        self.inner
+            .state
+            .lock()
+            .map(|s| s.sms_touched.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     /// The SM range launches on this stream default to (streams of a [`crate::Partition`]).

@@ -1,18 +1,36 @@
-//! `ptxforge moe`: one MoE layer step, forward and backward, across emulated (or CUDA) devices
-//! with expert-parallel communication from crate `ep` and FP8 kernels from crate `kernels`.
+//! `ptxforge moe`: one MoE layer step (64 routed experts + 1 shared expert by default), forward
+//! and backward, across emulated (or CUDA) devices, with expert-parallel communication from
+//! crate `ep` and FP8 kernels from crate `kernels`. Every step below is a device kernel; the host
+//! only moves scalars, adds the shared expert's output to the combined one, and checks.
 //!
-//! Forward: route (device, bit-exact vs CPU) -> quantise 1x128 (device kernel, bit-exact vs CPU)
-//! -> dispatch (FP8 payload) -> grouped FP8 GEMM gate/up -> SwiGLU (host) -> quantise (device) ->
-//! grouped FP8 GEMM down -> weighted combine (BF16).
-//! Backward: combine^T = cached dispatch of dY (BF16) -> quantise (device) -> grouped FP8 dgrad
-//! through down (W_down^T, 128x128 blocks) -> SwiGLU backward (host) -> quantise (device) ->
-//! grouped FP8 dgrad through gate/up (W_gate/up^T) -> dispatch^T = combine weighted by the top-k
-//! weights -> dX. Weight gradients: per expert BF16 GEMMs over the token dimension (f32 out).
+//! Each device is split into a communication partition (`--num-sms`, the top SMs) and a compute
+//! partition (the rest, `Device::partition`). Communication runs on its own streams while the
+//! compute kernels run on the compute partition's stream, so they overlap:
 //!
-//! Every device runs its part of a phase on its own host thread and stream (concurrently).
-//! Checks against an f64 CPU reference (FP8 rounding of x, weights, the SwiGLU output, dY and
-//! dG/dU modelled): a random sample of tokens per rank (all their expert paths) for the output
-//! and dX, and a random sample of experts (all their rows) for every weight gradient.
+//! ```text
+//! forward   route+quantise | dispatch (fp8)           || shared expert fwd
+//!                          | routed experts fwd: gemm gate/up -> swiglu+quant -> gemm down
+//!                          | combine (bf16, weighted)  -> Y = combine + shared
+//! backward  cached dispatch of dY (= combine^T)      || shared expert dgrad + wgrad
+//!           routed dgrad: quant dY -> gemm down^T -> swiglu bwd (+quant) -> gemm gate/up^T
+//!           combine of dX_e (= dispatch^T, weighted) || routed wgrad (k-grouped FP8 GEMMs)
+//!           dX = combine + shared dX
+//! ```
+//!
+//! Weight gradients use DeepGEMM's k-grouped FP8 wgrad: both operands quantised 1x128 along the
+//! token dimension (`quantize_fp8_1x128_t`, and the 1x128 -> 128x1 re-tiling of the cached FP8
+//! input), one GEMM over all local experts' token segments, FP32 out. The shared expert is
+//! replicated on every rank (its gradient is each rank's partial; the data-parallel all-reduce
+//! is a host sum here).
+//!
+//! Checks against an f64 CPU reference with the FP8 roundings of the device path modelled (x,
+//! weights 128x128, SwiGLU output, dY and dG/dU 1x128, wgrad operands 1x128 along tokens): a
+//! random sample of tokens per rank (every routed path plus the shared one) for Y and dX, a
+//! random sample of routed experts (all their rows) and one rank's shared-expert partial for
+//! the weight gradients. `--sequential` runs the overlapped pairs one after the other (compare
+//! the wall times).
+#[path = "moe_kstub.rs"]
+mod kx;
 use anyhow::{anyhow, bail, Context};
 use ep::comm::{EpConfig, EpGroup, XRef};
 use ep::routing::{route, RoutingCfg};
@@ -22,7 +40,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kernels::ScaleMode;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use runtime::{Buffer, Device};
+use runtime::{Buffer, Device, Stream};
 use serde_json::{json, Value};
 use std::sync::Mutex;
 use std::time::Instant;
@@ -53,26 +71,28 @@ pub struct Args {
     pub groups: Option<u32>,
     #[arg(long)]
     pub topk_groups: Option<u32>,
-    /// SMs for dispatch/combine (even).
+    /// Shared experts (0 or 1; same intermediate size as the routed ones, as in V3).
+    #[arg(long, default_value_t = 1)]
+    pub shared: u32,
+    /// SMs for dispatch/combine (even); compute kernels get the rest of the device.
     #[arg(long, default_value_t = 20)]
     pub num_sms: u32,
+    /// Run communication and compute one after the other instead of overlapped.
+    #[arg(long)]
+    pub sequential: bool,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Tokens per rank checked against the f64 reference (all their expert paths, forward
     /// output and dX); 0 = all.
     #[arg(long, default_value_t = 32)]
     pub check_tokens: usize,
-    /// Experts whose weight gradients are checked in full against the f64 reference.
+    /// Routed experts whose weight gradients are checked in full against the f64 reference.
     #[arg(long, default_value_t = 2)]
     pub check_experts: usize,
     /// Grouped FP8 GEMM kernel: `mma` (mma.sync, any sm_89+) or `wgmma` (the sm_90a persistent
     /// TMA/wgmma kernel; needs an sm_90a target).
     #[arg(long, default_value = "mma")]
     pub gemm: String,
-    /// Weight-gradient GEMMs: `bf16` (f32 out) or `fp8` (A 1x128 along tokens, B 128x128
-    /// blocks, BF16 out).
-    #[arg(long, default_value = "bf16")]
-    pub wgrad: String,
     #[arg(long)]
     pub json: bool,
     /// Write a Chrome/Perfetto trace (host timestamps of each device's kernels per stream).
@@ -105,11 +125,7 @@ fn quant_blocks(w: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>, Vec<
                     amax = amax.max(w[r * cols + c].abs());
                 }
             }
-            s[i * bc + j] = if amax == 0.0 {
-                1.0
-            } else {
-                (amax / 448.0).log2().ceil().exp2()
-            };
+            s[i * bc + j] = pow2_scale(amax);
         }
     }
     let mut q = vec![0u8; rows * cols];
@@ -122,6 +138,14 @@ fn quant_blocks(w: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>, Vec<
         }
     }
     (q, s, deq)
+}
+
+fn pow2_scale(amax: f32) -> f32 {
+    if amax == 0.0 {
+        1.0
+    } else {
+        (amax / 448.0).log2().ceil().exp2()
+    }
 }
 
 fn transpose<T: Copy + Default>(w: &[T], rows: usize, cols: usize) -> Vec<T> {
@@ -142,6 +166,24 @@ fn fp8_row(v: &[f32]) -> Vec<f32> {
         .collect()
 }
 
+/// In place: FP8 1x128 quantisation along the rows of `v` `[rows, cols]` (every column's
+/// 128-row blocks share a scale, `mode` as in the device quantisers: scale = amax/448, rounded
+/// up to a power of two for `Pow2`; values multiplied by 1/scale) and back: the "128x1"
+/// operands of the wgrad GEMMs.
+fn fp8_cols(v: &mut [f32], rows: usize, cols: usize, mode: ScaleMode) {
+    for b in 0..rows.div_ceil(128) {
+        let rs = b * 128..((b + 1) * 128).min(rows);
+        for c in 0..cols {
+            let amax = rs.clone().fold(0f32, |a, r| a.max(v[r * cols + c].abs()));
+            let (sc, inv) = kernels::tile::fp8_scale_host(amax, mode);
+            for r in rs.clone() {
+                let q = emu::fp::f32_to_e4m3(v[r * cols + c] * inv, true);
+                v[r * cols + c] = emu::fp::e4m3_to_f32(q) * sc;
+            }
+        }
+    }
+}
+
 fn silu(x: f64) -> f64 {
     x / (1.0 + (-x).exp())
 }
@@ -151,20 +193,49 @@ fn dsilu(x: f64) -> f64 {
     sg * (1.0 + x * (1.0 - sg))
 }
 
+fn bf(x: f64) -> f32 {
+    bf16::from_f64(x).to_f32()
+}
+
 fn bytes_to_bf16(b: &[u8]) -> Vec<bf16> {
     b.chunks_exact(2)
         .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
         .collect()
 }
 
-/// Max |got - want| and max |want| accumulated into `acc`.
-fn err_acc(acc: &mut (f64, f64), got: f64, want: f64) {
-    acc.0 = acc.0.max((got - want).abs());
-    acc.1 = acc.1.max(want.abs());
+/// Error accumulator: max |got - want|, max |want|, sum (got - want)^2, sum want^2.
+#[derive(Clone, Copy, Default)]
+struct Err {
+    max_err: f64,
+    max_ref: f64,
+    ss_err: f64,
+    ss_ref: f64,
 }
 
-fn rel(acc: (f64, f64)) -> f64 {
-    acc.0 / acc.1.max(1e-30)
+impl Err {
+    fn add(&mut self, got: f64, want: f64) {
+        let d = got - want;
+        self.max_err = self.max_err.max(d.abs());
+        self.max_ref = self.max_ref.max(want.abs());
+        self.ss_err += d * d;
+        self.ss_ref += want * want;
+    }
+    fn merge(self, o: Err) -> Err {
+        Err {
+            max_err: self.max_err.max(o.max_err),
+            max_ref: self.max_ref.max(o.max_ref),
+            ss_err: self.ss_err + o.ss_err,
+            ss_ref: self.ss_ref + o.ss_ref,
+        }
+    }
+    /// max |err| / max |ref|
+    fn rel(&self) -> f64 {
+        self.max_err / self.max_ref.max(1e-30)
+    }
+    /// ||err||_F / ||ref||_F
+    fn fro(&self) -> f64 {
+        (self.ss_err / self.ss_ref.max(1e-300)).sqrt()
+    }
 }
 
 /// Host-timestamp trace of kernel spans (Chrome trace events).
@@ -174,15 +245,28 @@ struct Trace {
 }
 
 impl Trace {
-    fn span(&self, name: &str, dev: usize, stream: &str, start: Instant) {
+    fn span(&self, name: &str, dev: usize, stream: &str, start: Instant, end: Instant) {
         let ts = start.duration_since(self.t0).as_secs_f64() * 1e6;
-        let dur = start.elapsed().as_secs_f64() * 1e6;
+        let dur = end.duration_since(start).as_secs_f64() * 1e6;
         if let Ok(mut v) = self.ev.lock() {
             v.push(
                 json!({"name": name, "ph": "X", "ts": ts, "dur": dur, "pid": dev, "tid": stream}),
             );
         }
     }
+}
+
+fn progress(len: usize, phase: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len as u64);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{spinner} {msg:<44} [{bar:20}] {pos}/{len} devices {elapsed}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb.set_message(phase.to_string());
+    pb.enable_steady_tick(std::time::Duration::from_millis(200));
+    pb
 }
 
 /// Runs `f(r)` for every rank on its own host thread (each device's stream is its own emulator
@@ -192,15 +276,7 @@ fn per_rank<T: Send>(
     phase: &str,
     f: impl Fn(usize) -> anyhow::Result<T> + Sync,
 ) -> anyhow::Result<Vec<T>> {
-    let pb = ProgressBar::new(ranks as u64);
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{spinner} {msg:<34} [{bar:20}] {pos}/{len} devices {elapsed}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    pb.set_message(phase.to_string());
-    pb.enable_steady_tick(std::time::Duration::from_millis(200));
+    let pb = progress(ranks, phase);
     let res: Vec<anyhow::Result<T>> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..ranks)
             .map(|r| {
@@ -223,13 +299,407 @@ fn per_rank<T: Send>(
     res.into_iter().collect()
 }
 
-/// One rank's forward state kept for the backward pass and the checks.
-struct Fwd {
-    /// `[m_pad, 2I]` gate|up GEMM output.
-    gu: Vec<bf16>,
-    /// `[m_pad, I]` SwiGLU output (f32, before FP8 quantisation).
-    act: Vec<f32>,
+/// Wall-clock span of one side of an overlapped pair.
+#[derive(Clone, Copy)]
+struct Span {
+    start: Instant,
+    end: Instant,
+}
+
+impl Span {
+    fn secs(&self) -> f64 {
+        self.end.duration_since(self.start).as_secs_f64()
+    }
+    /// Seconds both spans were running.
+    fn overlap(&self, o: &Span) -> f64 {
+        let s = self.start.max(o.start);
+        let e = self.end.min(o.end);
+        if e > s {
+            e.duration_since(s).as_secs_f64()
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Runs `comm` (communication kernels of every rank) and `compute` (compute-partition kernels
+/// of every rank) concurrently, or one after the other with `sequential`.
+fn overlapped<A: Send, B>(
+    sequential: bool,
+    comm: impl FnOnce() -> A + Send,
+    compute: impl FnOnce() -> B,
+) -> (A, B, Span, Span) {
+    let timed = |f: &mut dyn FnMut()| {
+        let start = Instant::now();
+        f();
+        Span {
+            start,
+            end: Instant::now(),
+        }
+    };
+    if sequential {
+        let (mut a, mut b) = (None, None);
+        let mut comm = Some(comm);
+        let mut compute = Some(compute);
+        let sa = timed(&mut || a = comm.take().map(|f| f()));
+        let sb = timed(&mut || b = compute.take().map(|f| f()));
+        return (a.expect("ran"), b.expect("ran"), sa, sb);
+    }
+    std::thread::scope(|s| {
+        let h = s.spawn(move || {
+            let start = Instant::now();
+            let a = comm();
+            (
+                a,
+                Span {
+                    start,
+                    end: Instant::now(),
+                },
+            )
+        });
+        let start = Instant::now();
+        let b = compute();
+        let sb = Span {
+            start,
+            end: Instant::now(),
+        };
+        let (a, sa) = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        (a, b, sa, sb)
+    })
+}
+
+/// One MLP's FP8 weights on a device: W_gate|up `[G, 2I, H]`, W_down `[G, H, I]` and their
+/// transposes (128x128 blocks, scales `[G, rows/128, cols/128]`).
+struct MlpW {
+    b1: Buffer<u8>,
+    sb1: Buffer<f32>,
+    b2: Buffer<u8>,
+    sb2: Buffer<f32>,
+    b1t: Buffer<u8>,
+    sb1t: Buffer<f32>,
+    b2t: Buffer<u8>,
+    sb2t: Buffer<f32>,
+}
+
+/// Host-side FP8 weights of one expert: (W1, W2) quantised (bytes, scales, dequantised), and
+/// the transposes' (bytes, scales).
+struct ExpertQ {
+    w1: (Vec<u8>, Vec<f32>, Vec<f32>),
+    w2: (Vec<u8>, Vec<f32>, Vec<f32>),
+    w1t: (Vec<u8>, Vec<f32>),
+    w2t: (Vec<u8>, Vec<f32>),
+}
+
+fn quant_expert(w1: &[f32], w2: &[f32], h: usize, i_n: usize) -> ExpertQ {
+    let w1 = quant_blocks(w1, 2 * i_n, h);
+    let w2 = quant_blocks(w2, h, i_n);
+    // W^T's 128x128 blocks are W's blocks transposed: transpose bytes and scales
+    let w1t = (
+        transpose(&w1.0, 2 * i_n, h),
+        transpose(&w1.1, 2 * i_n / 128, h / 128),
+    );
+    let w2t = (
+        transpose(&w2.0, h, i_n),
+        transpose(&w2.1, h / 128, i_n / 128),
+    );
+    ExpertQ { w1, w2, w1t, w2t }
+}
+
+fn upload_mlp(dev: &Device, ex: &[&ExpertQ]) -> anyhow::Result<MlpW> {
+    let cat =
+        |f: &dyn Fn(&ExpertQ) -> &[u8]| ex.iter().flat_map(|e| f(e).to_vec()).collect::<Vec<u8>>();
+    let catf = |f: &dyn Fn(&ExpertQ) -> &[f32]| {
+        ex.iter().flat_map(|e| f(e).to_vec()).collect::<Vec<f32>>()
+    };
+    Ok(MlpW {
+        b1: dev.upload(&cat(&|e| &e.w1.0))?,
+        sb1: dev.upload(&catf(&|e| &e.w1.1))?,
+        b2: dev.upload(&cat(&|e| &e.w2.0))?,
+        sb2: dev.upload(&catf(&|e| &e.w2.1))?,
+        b1t: dev.upload(&cat(&|e| &e.w1t.0))?,
+        sb1t: dev.upload(&catf(&|e| &e.w1t.1))?,
+        b2t: dev.upload(&cat(&|e| &e.w2t.0))?,
+        sb2t: dev.upload(&catf(&|e| &e.w2t.1))?,
+    })
+}
+
+/// Forward state of one MLP (routed experts of a rank, or the shared expert) kept for backward.
+struct MlpFwd {
+    /// `[m, 2I]` gate|up GEMM output (the SwiGLU input, cached for backward).
+    gu: Buffer<bf16>,
+    /// `[m, H]`
     y: Buffer<bf16>,
+}
+
+/// Dgrad results of one MLP, and what its wgrad needs.
+struct MlpDgrad {
+    /// `[m, H]` (unweighted; combine applies the top-k weights).
+    dx: Buffer<bf16>,
+    /// `[m, H]` the MLP's output gradient (unweighted).
+    dy: Buffer<bf16>,
+    /// `[m, 2I]` row weight x dGate|dUp.
+    dgu_w: Buffer<bf16>,
+    /// `[m, I]` row weight x recomputed SwiGLU output.
+    act_w: Buffer<bf16>,
+}
+
+/// The device side of one MLP (grouped over `groups` experts, rows in the contiguous layout).
+struct Mlp {
+    h: usize,
+    i_n: usize,
+    wgmma: bool,
+}
+
+impl Mlp {
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        st: &Stream,
+        a: &Buffer<u8>,
+        sa: &Buffer<f32>,
+        b: &Buffer<u8>,
+        sb: &Buffer<f32>,
+        mi: &Buffer<i32>,
+        m: usize,
+        n: usize,
+        k: usize,
+        groups: usize,
+    ) -> anyhow::Result<Buffer<bf16>> {
+        let mut d = st.device().alloc::<bf16>(m * n)?;
+        if self.wgmma {
+            kernels::hopper::grouped_gemm_fp8_contiguous(
+                st, a, sa, b, sb, &mut d, mi, m, n, k, groups,
+            )?;
+        } else {
+            kernels::grouped_gemm_fp8_contiguous(st, a, sa, b, sb, &mut d, mi, m, n, k, groups)?;
+        }
+        Ok(d)
+    }
+
+    /// gate/up GEMM -> SwiGLU fused with 1x128 quantisation -> down GEMM.
+    fn fwd(
+        &self,
+        st: &Stream,
+        x: (&Buffer<u8>, &Buffer<f32>),
+        w: &MlpW,
+        mi: &Buffer<i32>,
+        m: usize,
+        groups: usize,
+    ) -> anyhow::Result<MlpFwd> {
+        let (h, i_n, dev) = (self.h, self.i_n, st.device());
+        let gu = self.gemm(st, x.0, x.1, &w.b1, &w.sb1, mi, m, 2 * i_n, h, groups)?;
+        let mut aq = dev.alloc::<u8>(m * i_n)?;
+        let mut asc = dev.alloc::<f32>(m * i_n / 128)?;
+        kx::swiglu_fwd_fp8(st, &gu, mi, &mut aq, &mut asc, m, i_n)?;
+        let y = self.gemm(st, &aq, &asc, &w.b2, &w.sb2, mi, m, h, i_n, groups)?;
+        st.synchronize()?;
+        Ok(MlpFwd { gu, y })
+    }
+
+    /// quantise dY -> dgrad through down -> SwiGLU backward (+ quantise) -> dgrad through gate/up.
+    #[allow(clippy::too_many_arguments)]
+    fn dgrad(
+        &self,
+        st: &Stream,
+        dy: Buffer<bf16>,
+        f: &MlpFwd,
+        row_w: &Buffer<f32>,
+        w: &MlpW,
+        mi: &Buffer<i32>,
+        m: usize,
+        groups: usize,
+    ) -> anyhow::Result<MlpDgrad> {
+        let (h, i_n, dev) = (self.h, self.i_n, st.device());
+        let mut dyq = dev.alloc::<u8>(m * h)?;
+        let mut dys = dev.alloc::<f32>(m * h / 128)?;
+        kernels::quantize_fp8_1x128(st, &dy, &mut dyq, &mut dys, m, h, ScaleMode::Pow2)?;
+        // dH [m, I] = dY [m, H] x (W_down^T [I, H])^T
+        let dh = self.gemm(st, &dyq, &dys, &w.b2t, &w.sb2t, mi, m, i_n, h, groups)?;
+        let mut gq = dev.alloc::<u8>(m * 2 * i_n)?;
+        let mut gs = dev.alloc::<f32>(m * 2 * i_n / 128)?;
+        let mut dgu_w = dev.alloc::<bf16>(m * 2 * i_n)?;
+        let mut act_w = dev.alloc::<bf16>(m * i_n)?;
+        kx::swiglu_bwd(
+            st, &f.gu, &dh, row_w, mi, &mut gq, &mut gs, &mut dgu_w, &mut act_w, m, i_n,
+        )?;
+        // dX [m, H] = dGU [m, 2I] x (W_gu^T [H, 2I])^T
+        let dx = self.gemm(st, &gq, &gs, &w.b1t, &w.sb1t, mi, m, h, 2 * i_n, groups)?;
+        st.synchronize()?;
+        Ok(MlpDgrad {
+            dx,
+            dy,
+            dgu_w,
+            act_w,
+        })
+    }
+
+    /// k-grouped FP8 wgrad: dW_down[g] = dY^T (w act), dW_gu[g] = (w dGU)^T X over each group's
+    /// token segment `k_starts[g]..k_starts[g+1]`; returns (dW_gu `[G, 2I, H]`, dW_down
+    /// `[G, H, I]`) in f32.
+    #[allow(clippy::too_many_arguments)]
+    fn wgrad(
+        &self,
+        st: &Stream,
+        d: &MlpDgrad,
+        x: (&Buffer<u8>, &Buffer<f32>),
+        mi: &Buffer<i32>,
+        k_starts: &Buffer<i32>,
+        m: usize,
+        groups: usize,
+    ) -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+        let (h, i_n, dev) = (self.h, self.i_n, st.device());
+        let tq = |v: &Buffer<bf16>, cols: usize| -> anyhow::Result<(Buffer<u8>, Buffer<f32>)> {
+            let mut q = dev.alloc::<u8>(cols * m)?;
+            let mut s = dev.alloc::<f32>(cols * m / 128)?;
+            kx::quantize_fp8_1x128_t(st, v, Some(mi), &mut q, &mut s, m, cols)?;
+            Ok((q, s))
+        };
+        let (dyt, dyts) = tq(&d.dy, h)?;
+        let (actt, actts) = tq(&d.act_w, i_n)?;
+        let mut dw2 = dev.alloc::<f32>(groups * h * i_n)?;
+        kx::wgrad_fp8_kgrouped(
+            st, &dyt, &dyts, &actt, &actts, k_starts, &mut dw2, h, i_n, m, groups,
+        )?;
+        let (dgt, dgts) = tq(&d.dgu_w, 2 * i_n)?;
+        let mut xt = dev.alloc::<u8>(h * m)?;
+        let mut xts = dev.alloc::<f32>(h * m / 128)?;
+        kernels::requantize_fp8_1x128_to_128x1_t(st, x.0, x.1, &mut xt, &mut xts, m, h)?;
+        let mut dw1 = dev.alloc::<f32>(groups * 2 * i_n * h)?;
+        kx::wgrad_fp8_kgrouped(
+            st,
+            &dgt,
+            &dgts,
+            &xt,
+            &xts,
+            k_starts,
+            &mut dw1,
+            2 * i_n,
+            h,
+            m,
+            groups,
+        )?;
+        st.synchronize()?;
+        Ok((dw1.to_vec()?, dw2.to_vec()?))
+    }
+}
+
+/// Gate and up pre-activations of one token row through W_gate|up `[2I, H]`: f64 products,
+/// stored in BF16 as the device stores the GEMM output.
+fn gate_up(xr: &[f32], w1: &[f32], h: usize, i_n: usize) -> (Vec<f64>, Vec<f64>) {
+    let dot = |r: usize| -> f64 {
+        let wr = &w1[r * h..(r + 1) * h];
+        bf(xr.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64).sum()) as f64
+    };
+    (
+        (0..i_n).map(dot).collect(),
+        (i_n..2 * i_n).map(dot).collect(),
+    )
+}
+
+/// dH = dY W_down (`w2` `[H, I]`): f64 products, stored in BF16 as the device stores it.
+fn down_t(dyq: &[f64], w2: &[f32], h: usize, i_n: usize) -> Vec<f64> {
+    let mut dh = vec![0f64; i_n];
+    for c in 0..h {
+        let wr = &w2[c * i_n..(c + 1) * i_n];
+        for j in 0..i_n {
+            dh[j] += dyq[c] * wr[j] as f64;
+        }
+    }
+    dh.iter().map(|&v| bf(v) as f64).collect()
+}
+
+/// One token through one expert (weight `wk`): adds its output to `y` and its input gradient to
+/// `dx` (FP8 roundings of the device path: SwiGLU output and dG|dU 1x128; `dyq` is the token's
+/// dY after BF16 and 1x128 FP8).
+#[allow(clippy::too_many_arguments)]
+fn ref_path(
+    xr: &[f32],
+    dyq: &[f64],
+    wk: f64,
+    (w1, w2): (&[f32], &[f32]),
+    h: usize,
+    i_n: usize,
+    y: &mut [f64],
+    dx: &mut [f64],
+) {
+    let (gt, up) = gate_up(xr, w1, h, i_n);
+    let act: Vec<f32> = (0..i_n).map(|j| (silu(gt[j]) * up[j]) as f32).collect();
+    let actq = fp8_row(&act);
+    for (c, yc) in y.iter_mut().enumerate() {
+        let wr = &w2[c * i_n..(c + 1) * i_n];
+        let acc: f64 = (0..i_n).map(|j| actq[j] as f64 * wr[j] as f64).sum();
+        *yc += wk * acc;
+    }
+    let dh = down_t(dyq, w2, h, i_n);
+    let mut dgu = vec![0f32; 2 * i_n];
+    for j in 0..i_n {
+        dgu[j] = (dh[j] * up[j] * dsilu(gt[j])) as f32;
+        dgu[i_n + j] = (dh[j] * silu(gt[j])) as f32;
+    }
+    let dguq = fp8_row(&dgu);
+    for (j, &d) in dguq.iter().enumerate() {
+        let wr = &w1[j * h..(j + 1) * h];
+        for c in 0..h {
+            dx[c] += wk * d as f64 * wr[c] as f64;
+        }
+    }
+}
+
+/// One row of an MLP's wgrad input: (x dequantised `[H]`, dY as BF16 values `[H]`, row weight).
+type WRow<'a> = (&'a [f32], Vec<f32>, f64);
+
+/// f64 weight gradients of one MLP over `rows` (one 128-aligned token segment, in order):
+/// dW_down = dY^T (w act), dW_gu = (w dGU)^T X, with the device path's operand roundings
+/// (BF16 storage, then 1x128 FP8 along the tokens). Returns (dW_gu `[2I, H]`, dW_down `[H, I]`).
+fn ref_wgrad(
+    rows: &[WRow],
+    (w1, w2): (&[f32], &[f32]),
+    h: usize,
+    i_n: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let n = rows.len().div_ceil(128) * 128;
+    let (mut a2, mut b2) = (vec![0f32; n * h], vec![0f32; n * i_n]);
+    let (mut a1, mut b1) = (vec![0f32; n * 2 * i_n], vec![0f32; n * h]);
+    for (r, (xr, dyb, wk)) in rows.iter().enumerate() {
+        let dyq: Vec<f64> = fp8_row(dyb).iter().map(|&v| v as f64).collect();
+        let (gt, up) = gate_up(xr, w1, h, i_n);
+        let dh = down_t(&dyq, w2, h, i_n);
+        a2[r * h..(r + 1) * h].copy_from_slice(dyb);
+        b1[r * h..(r + 1) * h].copy_from_slice(xr);
+        for j in 0..i_n {
+            b2[r * i_n + j] = bf(wk * silu(gt[j]) * up[j]);
+            a1[r * 2 * i_n + j] = bf(wk * dh[j] * up[j] * dsilu(gt[j]));
+            a1[r * 2 * i_n + i_n + j] = bf(wk * dh[j] * silu(gt[j]));
+        }
+    }
+    // dY, act, dG|dU: the Pow2 transposing quantiser; X: the 1x128 -> 128x1 re-tiling of the
+    // cached FP8 input (Float scales)
+    fp8_cols(&mut a2, n, h, ScaleMode::Pow2);
+    fp8_cols(&mut b2, n, i_n, ScaleMode::Pow2);
+    fp8_cols(&mut a1, n, 2 * i_n, ScaleMode::Pow2);
+    fp8_cols(&mut b1, n, h, ScaleMode::Float);
+    let (mut dw1, mut dw2) = (vec![0f64; 2 * i_n * h], vec![0f64; h * i_n]);
+    for r in 0..rows.len() {
+        for c in 0..h {
+            let a = a2[r * h + c] as f64;
+            if a != 0.0 {
+                let br = &b2[r * i_n..(r + 1) * i_n];
+                for (d, &b) in dw2[c * i_n..(c + 1) * i_n].iter_mut().zip(br) {
+                    *d += a * b as f64;
+                }
+            }
+        }
+        for j in 0..2 * i_n {
+            let a = a1[r * 2 * i_n + j] as f64;
+            if a != 0.0 {
+                let br = &b1[r * h..(r + 1) * h];
+                for (d, &b) in dw1[j * h..(j + 1) * h].iter_mut().zip(br) {
+                    *d += a * b as f64;
+                }
+            }
+        }
+    }
+    (dw1, dw2)
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -276,6 +746,22 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     ov!(topk_groups, topk_groups);
     let ranks = s.nodes * s.gpn;
     let rn = ranks as usize;
+    let (h, e_n, i_n, t_n, kk) = (
+        s.hidden as usize,
+        s.experts as usize,
+        s.inter as usize,
+        s.tokens as usize,
+        s.topk as usize,
+    );
+    if h % 128 != 0 || i_n % 128 != 0 || t_n % 128 != 0 || e_n % rn != 0 {
+        bail!(
+            "hidden, intermediate and tokens must be multiples of 128 and experts a multiple of the ranks"
+        );
+    }
+    if a.shared > 1 {
+        bail!("--shared is 0 or 1");
+    }
+    let shared = a.shared == 1;
     let devices: Vec<Device> = match a.device.as_str() {
         "emu" => (0..ranks).map(|i| Device::emu(1000 + i)).collect(),
         "cuda" => (0..ranks)
@@ -284,18 +770,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .context("--device cuda")?,
         o => bail!("unknown --device `{o}` (emu, cuda)"),
     };
-    let (h, e_n, i_n, t_n, kk) = (
-        s.hidden as usize,
-        s.experts as usize,
-        s.inter as usize,
-        s.tokens as usize,
-        s.topk as usize,
-    );
-    if h % 128 != 0 || i_n % 128 != 0 || e_n % rn != 0 {
-        bail!(
-            "hidden and intermediate must be multiples of 128 and experts a multiple of the ranks"
-        );
-    }
+    let wgmma = match a.gemm.as_str() {
+        "mma" => false,
+        "wgmma" => true,
+        o => bail!("unknown --gemm `{o}` (mma, wgmma)"),
+    };
     let el = e_n / rn;
     let rc = RoutingCfg {
         experts: s.experts,
@@ -305,9 +784,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         scaling: 2.5,
     };
     rc.validate()?;
+    // communication partition (top `num_sms` SMs) and compute partition (the rest) per device
+    let parts = devices
+        .iter()
+        .map(|d| d.partition(a.num_sms))
+        .collect::<Result<Vec<_>, _>>()
+        .context("splitting the devices' SMs")?;
+    let cs: Vec<Stream> = parts
+        .iter()
+        .map(|p| p.1.stream())
+        .collect::<Result<_, _>>()?;
+    let compute_sms = parts[0].1.sms().count;
     let mut cfg = EpConfig::new(ranks, s.gpn, s.experts, s.hidden, s.topk, s.tokens);
     cfg.num_sms = a.num_sms;
-    cfg.sm_offset = 132 - a.num_sms;
+    cfg.sm_offset = parts[0].0.sms().offset;
     let tr = InProcessTransport {
         devices: devices.clone(),
         gpus_per_node: s.gpn,
@@ -320,37 +810,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         t0: t_all,
         ev: Mutex::new(Vec::new()),
     };
-    let compute_sms = 132 - a.num_sms;
-    let wgmma = match a.gemm.as_str() {
-        "mma" => false,
-        "wgmma" => true,
-        o => bail!("unknown --gemm `{o}` (mma, wgmma)"),
-    };
-    let fp8_wgrad = match a.wgrad.as_str() {
-        "bf16" => false,
-        "fp8" => true,
-        o => bail!("unknown --wgrad `{o}` (bf16, fp8)"),
-    };
-    #[allow(clippy::too_many_arguments)]
-    let grouped = |st: &runtime::Stream,
-                   a: &Buffer<u8>,
-                   sa: &Buffer<f32>,
-                   b: &Buffer<u8>,
-                   sb: &Buffer<f32>,
-                   d: &mut Buffer<bf16>,
-                   mi: &Buffer<i32>,
-                   m: usize,
-                   n: usize,
-                   k: usize,
-                   gr: usize|
-     -> kernels::Result<()> {
-        if wgmma {
-            kernels::hopper::grouped_gemm_fp8_contiguous(st, a, sa, b, sb, d, mi, m, n, k, gr)
-        } else {
-            kernels::grouped_gemm_fp8_contiguous(st, a, sa, b, sb, d, mi, m, n, k, gr)
-        }
-    };
-    let note = |name: &str, secs: f64| eprintln!("[moe] {name:<40} {secs:>8.2} s");
+    let mlp = Mlp { h, i_n, wgmma };
+    let note = |name: &str, secs: f64| eprintln!("[moe] {name:<52} {secs:>8.2} s");
 
     // ---- inputs and weights
     let t0 = Instant::now();
@@ -365,14 +826,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         })
         .collect();
     let bias: Vec<f32> = (0..e_n).map(|_| rng.gen_range(-0.05f32..0.05)).collect();
-    let w1s: Vec<Vec<f32>> = (0..e_n)
+    let n_w = e_n + shared as usize;
+    let w1s: Vec<Vec<f32>> = (0..n_w)
         .map(|_| {
             (0..2 * i_n * h)
                 .map(|_| rng.gen_range(-0.05f32..0.05))
                 .collect()
         })
         .collect();
-    let w2s: Vec<Vec<f32>> = (0..e_n)
+    let w2s: Vec<Vec<f32>> = (0..n_w)
         .map(|_| {
             (0..h * i_n)
                 .map(|_| rng.gen_range(-0.05f32..0.05))
@@ -382,33 +844,40 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let gys: Vec<Vec<f32>> = (0..rn)
         .map(|_| (0..t_n * h).map(|_| rng.gen_range(-1.0f32..1.0)).collect())
         .collect();
-    // 128x128 FP8 weights (W and W^T: the same blocks, transposed) per expert, quantised on the
-    // host by the rank that owns the expert.
-    type Wq = ((Vec<u8>, Vec<f32>, Vec<f32>), (Vec<u8>, Vec<f32>, Vec<f32>));
-    type WqT = ((Vec<u8>, Vec<f32>), (Vec<u8>, Vec<f32>));
-    let wq: Vec<Vec<(Wq, WqT)>> = per_rank(rn, "quantise weights 128x128 (host)", |r| {
-        Ok((0..el)
-            .map(|le| {
-                let e = r * el + le;
-                let w1 = quant_blocks(&w1s[e], 2 * i_n, h);
-                let w2 = quant_blocks(&w2s[e], h, i_n);
-                // W^T's 128x128 blocks are W's blocks transposed: transpose bytes and scales
-                let w1t = (
-                    transpose(&w1.0, 2 * i_n, h),
-                    transpose(&w1.1, 2 * i_n / 128, h / 128),
-                );
-                let w2t = (
-                    transpose(&w2.0, h, i_n),
-                    transpose(&w2.1, h / 128, i_n / 128),
-                );
-                ((w1, w2), ((w1t.0, w1t.1), (w2t.0, w2t.1)))
-            })
-            .collect())
-    })?;
-    let w_deq = |e: usize| -> (&Vec<f32>, &Vec<f32>) {
-        let q = &wq[e / el][e % el].0;
-        (&q.0 .2, &q.1 .2)
+    // 128x128 FP8 weights (W and W^T) per expert, quantised on the host by the rank that owns
+    // the expert; the shared expert (index e_n) by every rank
+    let wq: Vec<ExpertQ> = {
+        let per: Vec<Vec<ExpertQ>> = per_rank(rn, "quantise weights 128x128 (host)", |r| {
+            let mut v: Vec<ExpertQ> = (0..el)
+                .map(|le| quant_expert(&w1s[r * el + le], &w2s[r * el + le], h, i_n))
+                .collect();
+            if shared && r == 0 {
+                v.push(quant_expert(&w1s[e_n], &w2s[e_n], h, i_n));
+            }
+            Ok(v)
+        })?;
+        let mut all: Vec<ExpertQ> = Vec::new();
+        let mut sh = None;
+        for (r, mut v) in per.into_iter().enumerate() {
+            if shared && r == 0 {
+                sh = v.pop();
+            }
+            all.extend(v);
+        }
+        all.extend(sh);
+        all
     };
+    let w_deq = |e: usize| -> (&[f32], &[f32]) { (&wq[e].w1.2, &wq[e].w2.2) };
+    let wdev: Vec<(MlpW, Option<MlpW>)> = per_rank(rn, "upload weights", |r| {
+        let mine: Vec<&ExpertQ> = (0..el).map(|le| &wq[r * el + le]).collect();
+        let routed = upload_mlp(&devices[r], &mine)?;
+        let sh = if shared {
+            Some(upload_mlp(&devices[r], &[&wq[e_n]])?)
+        } else {
+            None
+        };
+        Ok((routed, sh))
+    })?;
     note(
         "inputs + weight quantisation (host)",
         t0.elapsed().as_secs_f64(),
@@ -417,17 +886,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     // ---- route (device) + quantise (device), checked bit-exact against the CPU
     let t0 = Instant::now();
     let rq = per_rank(rn, "route + quantise (device)", |r| {
-        let st = devices[r].stream(0);
+        let st = &cs[r];
         let ts = Instant::now();
         let lb = devices[r].upload(&logits[r])?;
         let bb = devices[r].upload(&bias)?;
-        let out = route(&st, &lb, &bb, &rc)?;
+        let out = route(st, &lb, &bb, &rc)?;
         let xb = devices[r].upload(&xs[r])?;
         let mut q = devices[r].alloc::<u8>(t_n * h)?;
         let mut sc = devices[r].alloc::<f32>(t_n * h / 128)?;
-        kernels::quantize_fp8_1x128(&st, &xb, &mut q, &mut sc, t_n, h, ScaleMode::Pow2)?;
+        kernels::quantize_fp8_1x128(st, &xb, &mut q, &mut sc, t_n, h, ScaleMode::Pow2)?;
         st.synchronize()?;
-        trace.span("route+quantise_1x128", r, "compute", ts);
+        trace.span("route+quantise_1x128", r, "compute", ts, Instant::now());
         let rf = ep::routing::route_ref(&logits[r], &bias, &rc)?;
         let got = out.idx.to_vec()?;
         if got[..t_n * kk] != rf.idx[..] {
@@ -461,28 +930,59 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let secs = t0.elapsed().as_secs_f64();
     note("route + quantise (device)", secs);
     rows.push(json!({"phase": "route + quantise 1x128 (device)", "seconds": secs, "intra_bytes": 0, "inter_bytes": 0,
-        "max_err": 0.0, "check": "routing idx and FP8 bytes/scales bit-exact vs CPU", "ok": quant_ok, "comm_sms": 0, "compute_sms": 132}));
+        "max_err": 0.0, "check": "routing idx and FP8 bytes/scales bit-exact vs CPU", "ok": quant_ok, "comm_sms": 0, "compute_sms": compute_sms}));
+    // the shared expert's rows: every local token, one group, weight 1
+    let sh_aux: Vec<(Buffer<i32>, Buffer<f32>, Buffer<i32>)> = (0..rn)
+        .map(|r| -> anyhow::Result<_> {
+            let d = &devices[r];
+            Ok((
+                d.upload(&vec![0i32; t_n])?,
+                d.upload(&vec![1f32; t_n])?,
+                d.upload(&[0i32, t_n as i32])?,
+            ))
+        })
+        .collect::<Result<_, _>>()?;
 
-    // ---- dispatch (FP8)
-    let t0 = Instant::now();
+    // ---- dispatch (FP8) || shared expert forward
     let xr: Vec<XRef> = (0..rn).map(|r| XRef::Fp8(&q_b[r], &s_b[r])).collect();
-    let (outs, handle) = g.dispatch(
-        &xr,
-        &idx_b.iter().collect::<Vec<_>>(),
-        &w_b.iter().collect::<Vec<_>>(),
-        None,
-    )?;
+    let (disp, sh_fwd, sp_c, sp_x) = overlapped(
+        a.sequential,
+        || {
+            g.dispatch(
+                &xr,
+                &idx_b.iter().collect::<Vec<_>>(),
+                &w_b.iter().collect::<Vec<_>>(),
+                None,
+            )
+            .map(|r| (r, g.last.clone()))
+        },
+        || {
+            per_rank(rn, "shared expert fwd (|| dispatch)", |r| {
+                let Some(w) = &wdev[r].1 else { return Ok(None) };
+                let ts = Instant::now();
+                let f = mlp.fwd(&cs[r], (&q_b[r], &s_b[r]), w, &sh_aux[r].0, t_n, 1)?;
+                trace.span("shared expert fwd", r, "compute", ts, Instant::now());
+                Ok(Some(f))
+            })
+        },
+    );
+    let ((outs, handle), st_disp) = disp?;
+    let sh_fwd = sh_fwd?;
     let handle = handle.context("dispatch returned no handle")?;
-    let st = g.last.clone();
     for r in 0..rn {
-        trace.span("ep_dispatch (fp8)", r, "comm", t0);
+        trace.span("ep_dispatch (fp8)", r, "comm", sp_c.start, sp_c.end);
     }
+    let mut comm_sms_all = st_disp.sms_used.clone();
     let rb8 = g.cfg.record_bytes(ep::Payload::Fp8) as f64;
     let rb16 = g.cfg.record_bytes(ep::Payload::Bf16) as f64;
-    let saved = (st.inter_node_bytes + st.intra_node_bytes) as f64 / rb8 * (rb16 - rb8);
-    note("dispatch (fp8)", st.seconds);
-    rows.push(json!({"phase": "dispatch (fp8)", "seconds": st.seconds, "intra_bytes": st.intra_node_bytes, "inter_bytes": st.inter_node_bytes,
-        "fp8_saved_bytes": saved, "max_err": 0.0, "comm_sms": st.max_sms_per_rank, "compute_sms": compute_sms}));
+    let saved = (st_disp.inter_node_bytes + st_disp.intra_node_bytes) as f64 / rb8 * (rb16 - rb8);
+    note("dispatch (fp8)", sp_c.secs());
+    note("shared expert fwd (overlapped with dispatch)", sp_x.secs());
+    let mut overlaps = vec![("dispatch || shared expert fwd", sp_c, sp_x)];
+    rows.push(json!({"phase": "dispatch (fp8)", "seconds": sp_c.secs(), "intra_bytes": st_disp.intra_node_bytes, "inter_bytes": st_disp.inter_node_bytes,
+        "fp8_saved_bytes": saved, "max_err": 0.0, "comm_sms": st_disp.max_sms_per_rank, "compute_sms": 0}));
+    rows.push(json!({"phase": "  || shared expert fwd (gemm, swiglu+quant, gemm)", "seconds": sp_x.secs(), "intra_bytes": 0, "inter_bytes": 0,
+        "max_err": 0.0, "comm_sms": 0, "compute_sms": compute_sms}));
     let srcs: Vec<Vec<i32>> = outs
         .iter()
         .map(|o| o.recv_src.to_vec())
@@ -491,113 +991,78 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .iter()
         .map(|o| o.recv_w.to_vec())
         .collect::<Result<_, _>>()?;
+    let kst: Vec<Buffer<i32>> = (0..rn)
+        .map(|r| {
+            let o = &outs[r];
+            let mut k: Vec<i32> = o.expert_base.iter().map(|&b| b as i32).collect();
+            k.push(o.m_pad as i32);
+            devices[r].upload(&k)
+        })
+        .collect::<Result<_, _>>()?;
 
-    // ---- experts: grouped FP8 GEMM gate/up, SwiGLU (host), quantise (device), grouped FP8 down
+    // ---- routed experts: grouped FP8 GEMM gate/up -> SwiGLU + quantise -> grouped FP8 down
     let t0 = Instant::now();
-    let fwd: Vec<Fwd> = per_rank(rn, "experts fwd (grouped fp8 gemm x2)", |r| {
-        let dev = &devices[r];
-        let stm = dev.stream(0);
+    let fwd: Vec<Option<MlpFwd>> = per_rank(rn, "routed experts fwd (fp8 gemm x2, swiglu)", |r| {
         let o = &outs[r];
-        let m = o.m_pad;
-        let cat = |f: &dyn Fn(usize) -> Vec<u8>| (0..el).flat_map(f).collect::<Vec<u8>>();
-        let catf = |f: &dyn Fn(usize) -> Vec<f32>| (0..el).flat_map(f).collect::<Vec<f32>>();
-        let w = &wq[r];
-        let b1 = dev.upload(&cat(&|le| w[le].0 .0 .0.clone()))?;
-        let sb1 = dev.upload(&catf(&|le| w[le].0 .0 .1.clone()))?;
-        let b2 = dev.upload(&cat(&|le| w[le].0 .1 .0.clone()))?;
-        let sb2 = dev.upload(&catf(&|le| w[le].0 .1 .1.clone()))?;
-        if m == 0 {
-            return Ok(Fwd {
-                gu: vec![],
-                act: vec![],
-                y: dev.alloc::<bf16>(1)?,
-            });
+        if o.m_pad == 0 {
+            return Ok(None);
         }
         let ts = Instant::now();
-        let mut d1 = dev.alloc::<bf16>(m * 2 * i_n)?;
-        grouped(
-            &stm,
-            &o.recv_x,
-            &o.recv_scales,
-            &b1,
-            &sb1,
-            &mut d1,
+        let f = mlp.fwd(
+            &cs[r],
+            (&o.recv_x, &o.recv_scales),
+            &wdev[r].0,
             &o.m_indices,
-            m,
-            2 * i_n,
-            h,
+            o.m_pad,
             el,
         )?;
-        stm.synchronize()?;
         trace.span(
-            &format!("grouped_fp8 gate/up {m}x{}x{h}", 2 * i_n),
+            &format!("routed experts fwd {} rows", o.m_pad),
             r,
             "compute",
             ts,
+            Instant::now(),
         );
-        let gu = d1.to_vec()?;
-        let mut act = vec![0f32; m * i_n];
-        for row in 0..m {
-            if o.m_indices_host[row] < 0 {
-                continue;
-            }
-            for j in 0..i_n {
-                let gt = gu[row * 2 * i_n + j].to_f32() as f64;
-                let up = gu[row * 2 * i_n + i_n + j].to_f32() as f64;
-                act[row * i_n + j] = (silu(gt) * up) as f32;
-            }
-        }
-        let ts = Instant::now();
-        let ab = dev.upload(&act)?;
-        let mut a2 = dev.alloc::<u8>(m * i_n)?;
-        let mut sa2 = dev.alloc::<f32>(m * i_n / 128)?;
-        kernels::quantize_fp8_1x128(&stm, &ab, &mut a2, &mut sa2, m, i_n, ScaleMode::Pow2)?;
-        let mut d2 = dev.alloc::<bf16>(m * h)?;
-        grouped(
-            &stm,
-            &a2,
-            &sa2,
-            &b2,
-            &sb2,
-            &mut d2,
-            &o.m_indices,
-            m,
-            h,
-            i_n,
-            el,
-        )?;
-        stm.synchronize()?;
-        trace.span(
-            &format!("quant+grouped_fp8 down {m}x{h}x{i_n}"),
-            r,
-            "compute",
-            ts,
-        );
-        Ok(Fwd { gu, act, y: d2 })
+        Ok(Some(f))
     })?;
     let secs = t0.elapsed().as_secs_f64();
-    note("experts fwd", secs);
+    note("routed experts fwd", secs);
     let m_pads: Vec<usize> = outs.iter().map(|o| o.m_pad).collect();
-    rows.push(json!({"phase": "experts fwd (grouped fp8 gemm x2, swiglu host)", "seconds": secs, "intra_bytes": 0, "inter_bytes": 0,
+    rows.push(json!({"phase": "routed experts fwd (grouped fp8 gemm, swiglu+quant, gemm)", "seconds": secs, "intra_bytes": 0, "inter_bytes": 0,
         "max_err": 0.0, "comm_sms": 0, "compute_sms": compute_sms, "rows_per_rank": m_pads}));
 
-    // ---- combine (weighted, BF16)
+    // ---- combine (weighted, BF16); Y = combine + shared expert output
     let t0 = Instant::now();
     let rw: Vec<&Buffer<f32>> = outs.iter().map(|o| &o.recv_w).collect();
-    let comb = g.combine(
-        &fwd.iter().map(|f| &f.y).collect::<Vec<_>>(),
-        Some(&rw),
-        &handle,
-    )?;
+    let empty: Vec<Buffer<bf16>> = (0..rn)
+        .map(|r| devices[r].alloc::<bf16>(1))
+        .collect::<Result<_, _>>()?;
+    let ys: Vec<&Buffer<bf16>> = (0..rn)
+        .map(|r| fwd[r].as_ref().map(|f| &f.y).unwrap_or(&empty[r]))
+        .collect();
+    let comb = g.combine(&ys, Some(&rw), &handle)?;
     let st_comb = g.last.clone();
+    comm_sms_all.extend(st_comb.sms_used.iter().copied());
     for r in 0..rn {
-        trace.span("ep_combine (bf16, weighted)", r, "comm", t0);
+        trace.span("ep_combine (bf16, weighted)", r, "comm", t0, Instant::now());
     }
     note("combine (bf16)", st_comb.seconds);
-    let comb_h: Vec<Vec<bf16>> = comb.iter().map(|c| c.to_vec()).collect::<Result<_, _>>()?;
+    // Y = combine + shared expert (one BF16 rounding of the exact sum)
+    let add_shared = |v: Vec<bf16>, part: Option<&Buffer<bf16>>| -> anyhow::Result<Vec<f32>> {
+        let p = match part {
+            Some(b) => Some(b.to_vec()?),
+            None => None,
+        };
+        Ok(v.iter()
+            .enumerate()
+            .map(|(i, a)| bf(a.to_f64() + p.as_ref().map_or(0.0, |p| p[i].to_f64())))
+            .collect())
+    };
+    let y_tot: Vec<Vec<f32>> = (0..rn)
+        .map(|r| add_shared(comb[r].to_vec()?, sh_fwd[r].as_ref().map(|f| &f.y)))
+        .collect::<Result<_, _>>()?;
 
-    // ---- backward: combine^T = cached dispatch of dY (BF16)
-    let t0 = Instant::now();
+    // ---- backward: cached dispatch of dY (= combine^T, BF16) || shared expert backward
     let gyb: Vec<Buffer<bf16>> = (0..rn)
         .map(|r| {
             devices[r].upload(
@@ -609,221 +1074,167 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         })
         .collect::<Result<_, _>>()?;
     let xr: Vec<XRef> = gyb.iter().map(XRef::Bf16).collect();
-    let (gouts, _) = g.dispatch(
-        &xr,
-        &idx_b.iter().collect::<Vec<_>>(),
-        &w_b.iter().collect::<Vec<_>>(),
-        Some(&handle),
-    )?;
-    let st_bd = g.last.clone();
-    for r in 0..rn {
-        trace.span("ep_dispatch cached (bf16, dY)", r, "comm", t0);
-    }
-    note("bwd: combine^T = cached dispatch", st_bd.seconds);
-
-    // ---- backward experts: dgrad (grouped FP8) + SwiGLU backward (host) + wgrad (BF16)
-    let t0 = Instant::now();
-    type Bwd = (Buffer<bf16>, Vec<Vec<f32>>, Vec<Vec<f32>>, f64, f64);
-    let bwd: Vec<Bwd> = per_rank(rn, "experts bwd (dgrad fp8 x2, wgrad bf16)", |r| {
-        let dev = &devices[r];
-        let stm = dev.stream(0);
-        let o = &outs[r];
-        let f = &fwd[r];
-        let m = o.m_pad;
-        if m == 0 {
-            return Ok((dev.alloc::<bf16>(1)?, vec![], vec![], 0.0, 0.0));
-        }
-        let dy = bytes_to_bf16(&gouts[r].recv_x.to_bytes()?);
-        let cat = |f: &dyn Fn(usize) -> Vec<u8>| (0..el).flat_map(f).collect::<Vec<u8>>();
-        let catf = |f: &dyn Fn(usize) -> Vec<f32>| (0..el).flat_map(f).collect::<Vec<f32>>();
-        let w = &wq[r];
-        let b1t = dev.upload(&cat(&|le| w[le].1 .0 .0.clone()))?;
-        let sb1t = dev.upload(&catf(&|le| w[le].1 .0 .1.clone()))?;
-        let b2t = dev.upload(&cat(&|le| w[le].1 .1 .0.clone()))?;
-        let sb2t = dev.upload(&catf(&|le| w[le].1 .1 .1.clone()))?;
-        // dgrad through down: dH [m, I] = dY [m, H] x (W_down^T [I, H])^T
-        let ts = Instant::now();
-        let dyb = dev.upload(&dy)?;
-        let mut dyq = dev.alloc::<u8>(m * h)?;
-        let mut dys = dev.alloc::<f32>(m * h / 128)?;
-        kernels::quantize_fp8_1x128(&stm, &dyb, &mut dyq, &mut dys, m, h, ScaleMode::Pow2)?;
-        let mut dh = dev.alloc::<bf16>(m * i_n)?;
-        grouped(
-            &stm,
-            &dyq,
-            &dys,
-            &b2t,
-            &sb2t,
-            &mut dh,
-            &o.m_indices,
-            m,
-            i_n,
-            h,
-            el,
-        )?;
-        stm.synchronize()?;
-        trace.span(
-            &format!("quant+grouped_fp8 dgrad down {m}x{i_n}x{h}"),
-            r,
-            "compute",
-            ts,
-        );
-        let dhh = dh.to_vec()?;
-        // SwiGLU backward (host): dG = dH * up * silu'(g), dU = dH * silu(g)
-        let mut dgu = vec![0f32; m * 2 * i_n];
-        for row in 0..m {
-            if o.m_indices_host[row] < 0 {
-                continue;
-            }
-            for j in 0..i_n {
-                let gt = f.gu[row * 2 * i_n + j].to_f32() as f64;
-                let up = f.gu[row * 2 * i_n + i_n + j].to_f32() as f64;
-                let d = dhh[row * i_n + j].to_f32() as f64;
-                dgu[row * 2 * i_n + j] = (d * up * dsilu(gt)) as f32;
-                dgu[row * 2 * i_n + i_n + j] = (d * silu(gt)) as f32;
-            }
-        }
-        // dgrad through gate/up: dX_e [m, H] = dGU [m, 2I] x (W_gu^T [H, 2I])^T
-        let ts = Instant::now();
-        let gb = dev.upload(&dgu)?;
-        let mut gq = dev.alloc::<u8>(m * 2 * i_n)?;
-        let mut gs = dev.alloc::<f32>(m * 2 * i_n / 128)?;
-        kernels::quantize_fp8_1x128(&stm, &gb, &mut gq, &mut gs, m, 2 * i_n, ScaleMode::Pow2)?;
-        let mut dxe = dev.alloc::<bf16>(m * h)?;
-        grouped(
-            &stm,
-            &gq,
-            &gs,
-            &b1t,
-            &sb1t,
-            &mut dxe,
-            &o.m_indices,
-            m,
-            h,
-            2 * i_n,
-            el,
-        )?;
-        stm.synchronize()?;
-        trace.span(
-            &format!("quant+grouped_fp8 dgrad gate/up {m}x{h}x{}", 2 * i_n),
-            r,
-            "compute",
-            ts,
-        );
-        // wgrad (BF16 GEMMs over each expert's rows, f32 out); the top-k weight of a row
-        // scales its dY (the combine is weighted): dW_down = (w dY)^T act, dW_gu = (w dGU)^T X
-        let ts = Instant::now();
-        let xrow = {
-            let b = o.recv_x.to_bytes()?;
-            let sc = o.recv_scales.to_vec()?;
-            (0..m * h)
-                .map(|i| emu::fp::e4m3_to_f32(b[i]) * sc[i / 128])
-                .collect::<Vec<f32>>()
-        };
-        let rw = &rws[r];
-        let (mut dw1s, mut dw2s) = (Vec::new(), Vec::new());
-        for le in 0..el {
-            let cnt = o.counts[le] as usize;
-            if cnt == 0 {
-                dw1s.push(vec![0f32; 2 * i_n * h]);
-                dw2s.push(vec![0f32; h * i_n]);
-                continue;
-            }
-            let base = o.expert_base[le] as usize;
-            let me = cnt.div_ceil(128) * 128;
-            // transposed operands [*, me] (padding rows are zero)
-            let tr = |width: usize, v: &dyn Fn(usize, usize) -> f32| {
-                let mut t = vec![bf16::ZERO; width * me];
-                for i in 0..cnt {
-                    let row = base + i;
-                    if o.m_indices_host[row] < 0 {
-                        continue;
-                    }
-                    for c in 0..width {
-                        t[c * me + i] = bf16::from_f32(v(row, c));
-                    }
-                }
-                t
-            };
-            let a_dy = tr(h, &|row, c| rw[row] * dy[row * h + c].to_f32());
-            let b_act = tr(i_n, &|row, j| f.act[row * i_n + j]);
-            let a_dg = tr(2 * i_n, &|row, j| rw[row] * dgu[row * 2 * i_n + j]);
-            let b_x = tr(h, &|row, c| xrow[row * h + c]);
-            let (ady, bact, adg, bx) = (
-                dev.upload(&a_dy)?,
-                dev.upload(&b_act)?,
-                dev.upload(&a_dg)?,
-                dev.upload(&b_x)?,
-            );
-            if fp8_wgrad {
-                // FP8: A (w dY)^T / (w dGU)^T 1x128 along the tokens, B act^T / X^T 128x128
-                // blocks; one-group contiguous GEMM (the mma.sync kernel), BF16 out
-                let fp8 = |a: &Buffer<bf16>,
-                           ar: usize,
-                           b: &Buffer<bf16>,
-                           br: usize|
-                 -> anyhow::Result<Vec<f32>> {
-                    let mut aq = dev.alloc::<u8>(ar * me)?;
-                    let mut asc = dev.alloc::<f32>(ar * me / 128)?;
-                    kernels::quantize_fp8_1x128(
-                        &stm,
-                        a,
-                        &mut aq,
-                        &mut asc,
-                        ar,
-                        me,
-                        ScaleMode::Pow2,
-                    )?;
-                    let mut bq = dev.alloc::<u8>(br * me)?;
-                    let mut bsc = dev.alloc::<f32>(br.div_ceil(128) * me / 128)?;
-                    kernels::quantize_fp8_128x128(
-                        &stm,
-                        b,
-                        &mut bq,
-                        &mut bsc,
-                        br,
-                        me,
-                        ScaleMode::Pow2,
-                    )?;
-                    let mi = dev.upload(&vec![0i32; ar])?;
-                    let mut d = dev.alloc::<bf16>(ar * br)?;
-                    grouped(&stm, &aq, &asc, &bq, &bsc, &mut d, &mi, ar, br, me, 1)?;
-                    stm.synchronize()?;
-                    Ok(d.to_vec()?.iter().map(|v| v.to_f32()).collect())
+    let (bdisp, sh_bwd, sp_c, sp_x) = overlapped(
+        a.sequential,
+        || {
+            g.dispatch(
+                &xr,
+                &idx_b.iter().collect::<Vec<_>>(),
+                &w_b.iter().collect::<Vec<_>>(),
+                Some(&handle),
+            )
+            .map(|r| (r.0, g.last.clone()))
+        },
+        || {
+            per_rank(rn, "shared expert bwd (|| dispatch of dY)", |r| {
+                let (Some(w), Some(f)) = (&wdev[r].1, &sh_fwd[r]) else {
+                    return Ok(None);
                 };
-                dw2s.push(fp8(&ady, h, &bact, i_n)?);
-                dw1s.push(fp8(&adg, 2 * i_n, &bx, h)?);
-            } else {
-                let mut dw2 = dev.alloc::<f32>(h * i_n)?;
-                let mut dw1 = dev.alloc::<f32>(2 * i_n * h)?;
-                kernels::gemm_bf16_nt(&stm, &ady, &bact, None, &mut dw2, h, i_n, me)?;
-                kernels::gemm_bf16_nt(&stm, &adg, &bx, None, &mut dw1, 2 * i_n, h, me)?;
-                stm.synchronize()?;
-                dw2s.push(dw2.to_vec()?);
-                dw1s.push(dw1.to_vec()?);
-            }
-        }
-        trace.span("wgrad bf16 gemms (per expert)", r, "compute", ts);
-        Ok((dxe, dw1s, dw2s, 0.0, 0.0))
-    })?;
-    let secs = t0.elapsed().as_secs_f64();
-    note("experts bwd", secs);
-
-    // ---- dispatch^T = combine of dX_e weighted by the top-k weights
-    let t0 = Instant::now();
-    let gx = g.combine(
-        &bwd.iter().map(|b| &b.0).collect::<Vec<_>>(),
-        Some(&rw),
-        &handle,
-    )?;
-    let st_bc = g.last.clone();
+                let ts = Instant::now();
+                let dy = devices[r].alloc::<bf16>(t_n * h)?;
+                dy.copy_from_bytes(&gyb[r].to_bytes()?)?;
+                let (mi, ones, ks) = &sh_aux[r];
+                let d = mlp.dgrad(&cs[r], dy, f, ones, w, mi, t_n, 1)?;
+                let dw = mlp.wgrad(&cs[r], &d, (&q_b[r], &s_b[r]), mi, ks, t_n, 1)?;
+                trace.span(
+                    "shared expert dgrad+wgrad",
+                    r,
+                    "compute",
+                    ts,
+                    Instant::now(),
+                );
+                Ok(Some((d.dx, dw)))
+            })
+        },
+    );
+    let (gouts, st_bd) = bdisp?;
+    let sh_bwd = sh_bwd?;
+    comm_sms_all.extend(st_bd.sms_used.iter().copied());
     for r in 0..rn {
-        trace.span("ep_combine (bf16, dX)", r, "comm", t0);
+        trace.span(
+            "ep_dispatch cached (bf16, dY)",
+            r,
+            "comm",
+            sp_c.start,
+            sp_c.end,
+        );
     }
-    note("bwd: dispatch^T = combine", st_bc.seconds);
-    let gx_h: Vec<Vec<bf16>> = gx.iter().map(|c| c.to_vec()).collect::<Result<_, _>>()?;
+    note("bwd: combine^T = cached dispatch", sp_c.secs());
+    note("bwd: shared expert dgrad+wgrad (overlapped)", sp_x.secs());
+    overlaps.push(("cached dispatch of dY || shared expert bwd", sp_c, sp_x));
+    let bd_secs = sp_c.secs();
+    let shb_secs = sp_x.secs();
 
-    // ---- f64 reference: sampled tokens (forward output and dX, every expert path)
+    // ---- routed dgrad: quantise dY -> down^T -> SwiGLU backward -> gate/up^T
+    let t0 = Instant::now();
+    let dgr: Vec<Option<MlpDgrad>> =
+        per_rank(rn, "routed experts dgrad (fp8 gemm x2, swiglu bwd)", |r| {
+            let (o, Some(f)) = (&outs[r], &fwd[r]) else {
+                return Ok(None);
+            };
+            let ts = Instant::now();
+            let dy = devices[r].upload(&bytes_to_bf16(&gouts[r].recv_x.to_bytes()?))?;
+            let d = mlp.dgrad(
+                &cs[r],
+                dy,
+                f,
+                &o.recv_w,
+                &wdev[r].0,
+                &o.m_indices,
+                o.m_pad,
+                el,
+            )?;
+            trace.span("routed experts dgrad", r, "compute", ts, Instant::now());
+            Ok(Some(d))
+        })?;
+    let dgrad_secs = t0.elapsed().as_secs_f64();
+    note("bwd: routed experts dgrad", dgrad_secs);
+
+    // ---- dispatch^T = combine of dX_e weighted by the top-k weights || routed wgrad
+    let dxs: Vec<&Buffer<bf16>> = (0..rn)
+        .map(|r| dgr[r].as_ref().map(|d| &d.dx).unwrap_or(&empty[r]))
+        .collect();
+    let (bcomb, wg, sp_c, sp_x) = overlapped(
+        a.sequential,
+        || {
+            g.combine(&dxs, Some(&rw), &handle)
+                .map(|r| (r, g.last.clone()))
+        },
+        || {
+            per_rank(rn, "routed wgrad, k-grouped fp8 (|| combine)", |r| {
+                let (o, Some(d)) = (&outs[r], &dgr[r]) else {
+                    return Ok((Vec::new(), Vec::new()));
+                };
+                let ts = Instant::now();
+                let dw = mlp.wgrad(
+                    &cs[r],
+                    d,
+                    (&o.recv_x, &o.recv_scales),
+                    &o.m_indices,
+                    &kst[r],
+                    o.m_pad,
+                    el,
+                )?;
+                trace.span(
+                    "routed wgrad (k-grouped fp8)",
+                    r,
+                    "compute",
+                    ts,
+                    Instant::now(),
+                );
+                Ok(dw)
+            })
+        },
+    );
+    let (gx, st_bc) = bcomb?;
+    let wg = wg?;
+    comm_sms_all.extend(st_bc.sms_used.iter().copied());
+    for r in 0..rn {
+        trace.span("ep_combine (bf16, dX)", r, "comm", sp_c.start, sp_c.end);
+    }
+    note("bwd: dispatch^T = combine", sp_c.secs());
+    note("bwd: routed wgrad (overlapped with combine)", sp_x.secs());
+    overlaps.push(("combine of dX || routed wgrad", sp_c, sp_x));
+    let bc_secs = sp_c.secs();
+    let wg_secs = sp_x.secs();
+    let dx_tot: Vec<Vec<f32>> = (0..rn)
+        .map(|r| add_shared(gx[r].to_vec()?, sh_bwd[r].as_ref().map(|b| &b.0)))
+        .collect::<Result<_, _>>()?;
+    // the replicated shared expert's gradient: sum of the ranks' partials (data-parallel
+    // all-reduce, on the host)
+    let sh_dw_sum: Option<(Vec<f32>, Vec<f32>)> = if shared {
+        let mut s1 = vec![0f32; 2 * i_n * h];
+        let mut s2 = vec![0f32; h * i_n];
+        for b in sh_bwd.iter().flatten() {
+            s1.iter_mut().zip(&b.1 .0).for_each(|(a, v)| *a += v);
+            s2.iter_mut().zip(&b.1 .1).for_each(|(a, v)| *a += v);
+        }
+        Some((s1, s2))
+    } else {
+        None
+    };
+
+    // ---- SM placement: communication and compute never shared an SM
+    comm_sms_all.sort_unstable();
+    comm_sms_all.dedup();
+    let mut comp_sms: Vec<u32> = cs.iter().flat_map(|s| s.sms_touched()).collect();
+    comp_sms.sort_unstable();
+    comp_sms.dedup();
+    let disjoint = comm_sms_all
+        .iter()
+        .all(|s| comp_sms.binary_search(s).is_err());
+    let comm_max = [
+        st_disp.max_sms_per_rank,
+        st_comb.max_sms_per_rank,
+        st_bd.max_sms_per_rank,
+        st_bc.max_sms_per_rank,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    let placement_ok = disjoint && comm_max <= a.num_sms as usize;
+
+    // ---- f64 reference: sampled tokens (Y and dX through every routed path and the shared one)
     let t0 = Instant::now();
     let samples: Vec<Vec<usize>> = (0..rn)
         .map(|_| {
@@ -838,7 +1249,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .collect();
     let tok_err = per_rank(rn, "f64 reference (sampled tokens)", |r| {
         let (idx, w) = &routed[r];
-        let (mut ey, mut ex) = ((0f64, 0f64), (0f64, 0f64));
+        let (mut ey, mut ex) = (Err::default(), Err::default());
         for &t in &samples[r] {
             let xr = &xq[r][t * h..(t + 1) * h];
             let dyq: Vec<f64> = fp8_row(
@@ -854,176 +1265,155 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             let mut dx = vec![0f64; h];
             for k in 0..kk {
                 let e = idx[t * kk + k] as usize;
-                let wk = w[t * kk + k] as f64;
-                let (w1, w2) = w_deq(e);
-                let (mut gt, mut up) = (vec![0f64; i_n], vec![0f64; i_n]);
-                for j in 0..i_n {
-                    let (r1, r2) = (
-                        &w1[j * h..(j + 1) * h],
-                        &w1[(i_n + j) * h..(i_n + j + 1) * h],
-                    );
-                    let (mut a1, mut a2) = (0f64, 0f64);
-                    for c in 0..h {
-                        a1 += xr[c] as f64 * r1[c] as f64;
-                        a2 += xr[c] as f64 * r2[c] as f64;
-                    }
-                    gt[j] = a1;
-                    up[j] = a2;
-                }
-                let act: Vec<f32> = (0..i_n).map(|j| (silu(gt[j]) * up[j]) as f32).collect();
-                let actq = fp8_row(&act);
-                for c in 0..h {
-                    let wr = &w2[c * i_n..(c + 1) * i_n];
-                    let acc: f64 = (0..i_n).map(|j| actq[j] as f64 * wr[j] as f64).sum();
-                    y[c] += wk * acc;
-                }
-                // backward of this path: dH = dY W_down, SwiGLU bwd, dX_e = dG W_g + dU W_u
-                let mut dh = vec![0f64; i_n];
-                for c in 0..h {
-                    let wr = &w2[c * i_n..(c + 1) * i_n];
-                    for j in 0..i_n {
-                        dh[j] += dyq[c] * wr[j] as f64;
-                    }
-                }
-                let mut dgu = vec![0f32; 2 * i_n];
-                for j in 0..i_n {
-                    dgu[j] = (dh[j] * up[j] * dsilu(gt[j])) as f32;
-                    dgu[i_n + j] = (dh[j] * silu(gt[j])) as f32;
-                }
-                let dguq = fp8_row(&dgu);
-                for (j, &d) in dguq.iter().enumerate() {
-                    let wr = &w1[j * h..(j + 1) * h];
-                    for c in 0..h {
-                        dx[c] += wk * d as f64 * wr[c] as f64;
-                    }
-                }
+                ref_path(
+                    xr,
+                    &dyq,
+                    w[t * kk + k] as f64,
+                    w_deq(e),
+                    h,
+                    i_n,
+                    &mut y,
+                    &mut dx,
+                );
+            }
+            if shared {
+                ref_path(xr, &dyq, 1.0, w_deq(e_n), h, i_n, &mut y, &mut dx);
             }
             for c in 0..h {
-                err_acc(&mut ey, comb_h[r][t * h + c].to_f32() as f64, y[c]);
-                err_acc(&mut ex, gx_h[r][t * h + c].to_f32() as f64, dx[c]);
+                ey.add(y_tot[r][t * h + c] as f64, y[c]);
+                ex.add(dx_tot[r][t * h + c] as f64, dx[c]);
             }
         }
         Ok((ey, ex))
     })?;
-    let (mut ey, mut ex) = ((0f64, 0f64), (0f64, 0f64));
+    let (mut ey, mut ex) = (Err::default(), Err::default());
     for (a1, a2) in &tok_err {
-        ey = (ey.0.max(a1.0), ey.1.max(a1.1));
-        ex = (ex.0.max(a2.0), ex.1.max(a2.1));
+        ey = ey.merge(*a1);
+        ex = ex.merge(*a2);
     }
 
-    // ---- f64 reference: weight gradients of sampled experts (all their rows, on every rank
-    // they are not replicated: expert e lives on rank e / el)
+    // ---- f64 reference: weight gradients of sampled routed experts (all their rows; expert e
+    // lives on rank e / el) and of one rank's shared-expert partial (all its tokens)
     let mut eids: Vec<usize> = (0..e_n).collect();
     eids.shuffle(&mut rng);
     eids.truncate(a.check_experts.min(e_n));
     eids.sort_unstable();
-    let w_err = per_rank(eids.len(), "f64 reference (sampled experts' dW)", |i| {
-        let e = eids[i];
-        let (r, le) = (e / el, e % el);
-        let o = &outs[r];
-        let (w1, w2) = w_deq(e);
-        let (mut dw1, mut dw2) = (vec![0f64; 2 * i_n * h], vec![0f64; h * i_n]);
-        let base = o.expert_base[le] as usize;
-        for row in base..base + o.counts[le] as usize {
-            let src = srcs[r][row];
-            if src < 0 {
-                continue;
-            }
-            let (sr, t) = ((src >> 24) as usize, (src & 0xff_ffff) as usize);
-            let wk = rws[r][row] as f64;
-            let xr = &xq[sr][t * h..(t + 1) * h];
-            let dyb: Vec<f64> = gys[sr][t * h..(t + 1) * h]
+    let sh_rank = rng.gen_range(0..rn);
+    let mut jobs: Vec<Option<usize>> = eids.iter().map(|&e| Some(e)).collect();
+    if shared {
+        jobs.push(None);
+    }
+    let w_err = per_rank(jobs.len(), "f64 reference (sampled dW)", |i| {
+        let dy_of = |sr: usize, t: usize| -> Vec<f32> {
+            gys[sr][t * h..(t + 1) * h]
                 .iter()
-                .map(|&v| bf16::from_f32(v).to_f32() as f64)
-                .collect();
-            let dyq: Vec<f64> = fp8_row(&dyb.iter().map(|&v| v as f32).collect::<Vec<_>>())
-                .iter()
-                .map(|&v| v as f64)
-                .collect();
-            let (mut gt, mut up) = (vec![0f64; i_n], vec![0f64; i_n]);
-            for j in 0..i_n {
-                let (r1, r2) = (
-                    &w1[j * h..(j + 1) * h],
-                    &w1[(i_n + j) * h..(i_n + j + 1) * h],
-                );
-                let (mut a1, mut a2) = (0f64, 0f64);
-                for c in 0..h {
-                    a1 += xr[c] as f64 * r1[c] as f64;
-                    a2 += xr[c] as f64 * r2[c] as f64;
-                }
-                gt[j] = a1;
-                up[j] = a2;
+                .map(|&v| bf16::from_f32(v).to_f32())
+                .collect()
+        };
+        let (rws_, got1, got2, e): (Vec<WRow>, &[f32], &[f32], usize) = match jobs[i] {
+            Some(e) => {
+                let (r, le) = (e / el, e % el);
+                let o = &outs[r];
+                let base = o.expert_base[le] as usize;
+                let rows: Vec<WRow> = (base..base + o.counts[le] as usize)
+                    .map(|row| {
+                        let src = srcs[r][row];
+                        let (sr, t) = ((src >> 24) as usize, (src & 0xff_ffff) as usize);
+                        (
+                            &xq[sr][t * h..(t + 1) * h],
+                            dy_of(sr, t),
+                            rws[r][row] as f64,
+                        )
+                    })
+                    .collect();
+                let (g1, g2) = &wg[r];
+                (
+                    rows,
+                    &g1[le * 2 * i_n * h..(le + 1) * 2 * i_n * h],
+                    &g2[le * h * i_n..(le + 1) * h * i_n],
+                    e,
+                )
             }
-            let mut dh = vec![0f64; i_n];
-            for c in 0..h {
-                let wr = &w2[c * i_n..(c + 1) * i_n];
-                for j in 0..i_n {
-                    dh[j] += dyq[c] * wr[j] as f64;
-                }
+            None => {
+                let rows: Vec<WRow> = (0..t_n)
+                    .map(|t| (&xq[sh_rank][t * h..(t + 1) * h], dy_of(sh_rank, t), 1.0))
+                    .collect();
+                let Some((_, (g1, g2))) = &sh_bwd[sh_rank] else {
+                    bail!("no shared-expert gradient on rank {sh_rank}")
+                };
+                (rows, &g1[..], &g2[..], e_n)
             }
-            let act: Vec<f64> = (0..i_n).map(|j| silu(gt[j]) * up[j]).collect();
-            for c in 0..h {
-                let s = wk * dyb[c];
-                let dr = &mut dw2[c * i_n..(c + 1) * i_n];
-                for j in 0..i_n {
-                    dr[j] += s * act[j];
-                }
-            }
-            for j in 0..i_n {
-                let dg = wk * dh[j] * up[j] * dsilu(gt[j]);
-                let du = wk * dh[j] * silu(gt[j]);
-                let (ga, ua) = dw1.split_at_mut(i_n * h);
-                let (gr, ur) = (&mut ga[j * h..(j + 1) * h], &mut ua[j * h..(j + 1) * h]);
-                for c in 0..h {
-                    gr[c] += dg * xr[c] as f64;
-                    ur[c] += du * xr[c] as f64;
-                }
-            }
+        };
+        let (dw1, dw2) = ref_wgrad(&rws_, w_deq(e), h, i_n);
+        let (mut e1, mut e2) = (Err::default(), Err::default());
+        for (gv, wv) in got1.iter().zip(&dw1) {
+            e1.add(*gv as f64, *wv);
         }
-        let (mut e1, mut e2) = ((0f64, 0f64), (0f64, 0f64));
-        let (g1, g2) = (&bwd[r].1[le], &bwd[r].2[le]);
-        for (gv, wv) in g1.iter().zip(&dw1) {
-            err_acc(&mut e1, *gv as f64, *wv);
-        }
-        for (gv, wv) in g2.iter().zip(&dw2) {
-            err_acc(&mut e2, *gv as f64, *wv);
+        for (gv, wv) in got2.iter().zip(&dw2) {
+            e2.add(*gv as f64, *wv);
         }
         Ok((e1, e2))
     })?;
-    let (mut e1, mut e2) = ((0f64, 0f64), (0f64, 0f64));
-    for (a1, a2) in &w_err {
-        e1 = (e1.0.max(a1.0), e1.1.max(a1.1));
-        e2 = (e2.0.max(a2.0), e2.1.max(a2.1));
+    let (mut e1, mut e2) = (Err::default(), Err::default());
+    for (a1, a2) in &w_err[..eids.len()] {
+        e1 = e1.merge(*a1);
+        e2 = e2.merge(*a2);
     }
+    let (es1, es2) = w_err.get(eids.len()).copied().unwrap_or_default();
     let ref_secs = t0.elapsed().as_secs_f64();
     note("f64 reference (sampled)", ref_secs);
 
-    // tolerances: max |err| / max |ref| over the checked values
-    // (FP8 wgrad quantises act^T / X^T in 128x128 blocks along the tokens: coarser, 0.1)
-    let (tol_y, tol_dx, tol_dw) = (0.03, 0.05, if fp8_wgrad { 0.1 } else { 0.03 });
-    let (ry, rx, r1, r2) = (rel(ey), rel(ex), rel(e1), rel(e2));
-    let (ok_y, ok_dx, ok_dw) = (ry <= tol_y, rx <= tol_dx, r1 <= tol_dw && r2 <= tol_dw);
+    // Y and dX: max |err| / max |ref| over the checked values. Weight gradients:
+    // ||err||_F / ||ref||_F (the max-based ratio is reported too). The reference models the
+    // device path's roundings (FP8 of x, weights, SwiGLU output, dY, dG|dU; BF16 storage of the
+    // GEMM outputs; the wgrad operands' FP8 along tokens), so what is left is f32-vs-f64
+    // accumulation and the rare rounding-boundary flip it causes.
+    let (tol_y, tol_dx, tol_dw) = (0.02, 0.02, 0.01);
+    let (ry, rx) = (ey.rel(), ex.rel());
+    let (r1, r2, rs1, rs2) = (e1.fro(), e2.fro(), es1.fro(), es2.fro());
+    let ok_y = ry <= tol_y;
+    let ok_dx = rx <= tol_dx;
+    let ok_dw = r1 <= tol_dw && r2 <= tol_dw && rs1 <= tol_dw && rs2 <= tol_dw;
     let ntok: usize = samples.iter().map(|v| v.len()).sum();
-    rows.push(json!({"phase": "combine (bf16, weighted)", "seconds": st_comb.seconds, "intra_bytes": st_comb.intra_node_bytes, "inter_bytes": st_comb.inter_node_bytes,
-        "max_err": ey.0, "max_rel_err": ry, "tolerance": tol_y, "ok": ok_y,
-        "check": format!("output Y vs f64 reference, {ntok} sampled tokens (all expert paths)"),
-        "comm_sms": st_comb.max_sms_per_rank, "compute_sms": compute_sms}));
-    rows.push(json!({"phase": "bwd: combine^T = dispatch (bf16, cached)", "seconds": st_bd.seconds, "intra_bytes": st_bd.intra_node_bytes, "inter_bytes": st_bd.inter_node_bytes,
-        "max_err": 0.0, "comm_sms": st_bd.max_sms_per_rank, "compute_sms": compute_sms}));
-    rows.push(json!({"phase": "bwd experts (dgrad fp8 x2, swiglu bwd host, wgrad bf16)", "seconds": secs, "intra_bytes": 0, "inter_bytes": 0,
-        "max_err": e1.0.max(e2.0), "max_rel_err": r1.max(r2), "tolerance": tol_dw, "ok": ok_dw,
+    let ov_json: Vec<Value> = overlaps
+        .iter()
+        .map(|(n, c, x)| json!({"pair": n, "comm_seconds": c.secs(), "compute_seconds": x.secs(), "concurrent_seconds": c.overlap(x)}))
+        .collect();
+    let concurrent: f64 = overlaps.iter().map(|(_, c, x)| c.overlap(x)).sum();
+    rows.push(json!({"phase": "combine (bf16, weighted) + shared", "seconds": st_comb.seconds, "intra_bytes": st_comb.intra_node_bytes, "inter_bytes": st_comb.inter_node_bytes,
+        "max_err": ey.max_err, "max_rel_err": ry, "tolerance": tol_y, "ok": ok_y,
+        "check": format!("output Y vs f64 reference, {ntok} sampled tokens (all routed paths + shared)"),
+        "comm_sms": st_comb.max_sms_per_rank, "compute_sms": 0}));
+    rows.push(json!({"phase": "bwd: combine^T = dispatch (bf16, cached)", "seconds": bd_secs, "intra_bytes": st_bd.intra_node_bytes, "inter_bytes": st_bd.inter_node_bytes,
+        "max_err": 0.0, "comm_sms": st_bd.max_sms_per_rank, "compute_sms": 0}));
+    rows.push(json!({"phase": "  || shared expert dgrad + wgrad", "seconds": shb_secs, "intra_bytes": 0, "inter_bytes": 0,
+        "max_err": es1.max_err.max(es2.max_err), "max_rel_err": rs1.max(rs2), "max_abs_over_max_ref": es1.rel().max(es2.rel()), "tolerance": tol_dw, "ok": shared.then_some(rs1 <= tol_dw && rs2 <= tol_dw),
+        "check": format!("shared dW_gate/up, dW_down partial of rank {sh_rank} (all {t_n} tokens) vs f64"),
+        "comm_sms": 0, "compute_sms": compute_sms}));
+    rows.push(json!({"phase": "bwd: routed dgrad (fp8 gemm x2, swiglu bwd)", "seconds": dgrad_secs, "intra_bytes": 0, "inter_bytes": 0,
+        "max_err": 0.0, "comm_sms": 0, "compute_sms": compute_sms}));
+    rows.push(json!({"phase": "bwd: dispatch^T = combine (bf16, weighted) + shared", "seconds": bc_secs, "intra_bytes": st_bc.intra_node_bytes, "inter_bytes": st_bc.inter_node_bytes,
+        "max_err": ex.max_err, "max_rel_err": rx, "tolerance": tol_dx, "ok": ok_dx,
+        "check": format!("dX vs f64 reference, {ntok} sampled tokens"),
+        "comm_sms": st_bc.max_sms_per_rank, "compute_sms": 0}));
+    rows.push(json!({"phase": "  || routed wgrad (k-grouped fp8, f32 out)", "seconds": wg_secs, "intra_bytes": 0, "inter_bytes": 0,
+        "max_err": e1.max_err.max(e2.max_err), "max_rel_err": r1.max(r2), "max_abs_over_max_ref": e1.rel().max(e2.rel()), "tolerance": tol_dw, "ok": r1 <= tol_dw && r2 <= tol_dw,
         "check": format!("dW_gate/up, dW_down of experts {eids:?} (all rows) vs f64 reference"),
         "dw_gate_up_rel_err": r1, "dw_down_rel_err": r2, "comm_sms": 0, "compute_sms": compute_sms}));
-    rows.push(json!({"phase": "bwd: dispatch^T = combine (bf16, weighted)", "seconds": st_bc.seconds, "intra_bytes": st_bc.intra_node_bytes, "inter_bytes": st_bc.inter_node_bytes,
-        "max_err": ex.0, "max_rel_err": rx, "tolerance": tol_dx, "ok": ok_dx,
-        "check": format!("dX vs f64 reference, {ntok} sampled tokens"),
-        "comm_sms": st_bc.max_sms_per_rank, "compute_sms": compute_sms}));
+    rows.push(json!({"phase": "SM placement (comm vs compute partitions)", "seconds": concurrent, "intra_bytes": 0, "inter_bytes": 0, "max_err": 0.0,
+        "ok": placement_ok, "check": format!("comm kernels on SMs {:?}..{:?} (<= {} per rank), compute on {:?}..{:?}, disjoint: {disjoint}; seconds = comm and compute concurrent",
+            comm_sms_all.first(), comm_sms_all.last(), a.num_sms, comp_sms.first(), comp_sms.last()),
+        "comm_sms": comm_max, "compute_sms": comp_sms.len()}));
     rows.push(json!({"phase": "f64 reference (sampled)", "seconds": ref_secs, "intra_bytes": 0, "inter_bytes": 0, "max_err": 0.0, "comm_sms": 0, "compute_sms": 0}));
 
-    let ok = quant_ok && ok_y && ok_dx && ok_dw;
-    let report = json!({"ranks": ranks, "nodes": s.nodes, "hidden": h, "experts": e_n, "intermediate": i_n, "tokens_per_rank": t_n,
-        "topk": kk, "num_sms": a.num_sms, "phases": rows, "sampled_tokens_per_rank": samples.first().map(|v| v.len()).unwrap_or(0),
-        "sampled_experts": eids, "forward_rel_err": ry, "dx_rel_err": rx, "dw_gate_up_rel_err": r1, "dw_down_rel_err": r2,
+    let ok = quant_ok && ok_y && ok_dx && ok_dw && placement_ok;
+    let report = json!({"ranks": ranks, "nodes": s.nodes, "hidden": h, "experts": e_n, "shared_experts": a.shared, "intermediate": i_n, "tokens_per_rank": t_n,
+        "topk": kk, "num_sms": a.num_sms, "compute_sms": compute_sms, "sequential": a.sequential, "phases": rows, "overlap": ov_json,
+        "sampled_tokens_per_rank": samples.first().map(|v| v.len()).unwrap_or(0),
+        "sampled_experts": eids, "shared_checked_rank": sh_rank, "forward_rel_err": ry, "dx_rel_err": rx, "dw_gate_up_rel_err": r1, "dw_down_rel_err": r2,
+        "shared_dw_gate_up_rel_err": rs1, "shared_dw_down_rel_err": rs2,
+        "shared_dw_sum_norm": sh_dw_sum.as_ref().map(|(a, b)| a.iter().chain(b).map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt()),
+        "comm_sms_used": comm_sms_all, "compute_sms_used": comp_sms.len(),
         "tolerance": {"y": tol_y, "dx": tol_dx, "dw": tol_dw}, "ok": ok, "total_seconds": t_all.elapsed().as_secs_f64()});
     if let Some(p) = &a.trace {
         let ev = trace.ev.lock().map(|v| v.clone()).unwrap_or_default();
@@ -1062,14 +1452,22 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     .unwrap_or("")
             );
         }
+        for (n, c, x) in &overlaps {
+            println!(
+                "overlap {n:<44} comm {:>7.2} s, compute {:>7.2} s, concurrent {:>7.2} s",
+                c.secs(),
+                x.secs(),
+                c.overlap(x)
+            );
+        }
         println!(
-            "checks (max|err|/max|ref|): Y {ry:.3e} (tol {tol_y}), dX {rx:.3e} (tol {tol_dx}), dW_gate/up {r1:.3e}, dW_down {r2:.3e} (tol {tol_dw}); \
-             {ntok} sampled tokens, experts {eids:?}; total {:.1} s",
+            "checks: Y {ry:.3e} (max|err|/max|ref|, tol {tol_y}), dX {rx:.3e} (tol {tol_dx}); ||err||/||ref||: dW_gate/up {r1:.3e}, dW_down {r2:.3e}, \
+             shared dW {rs1:.3e}/{rs2:.3e} (tol {tol_dw}); {ntok} sampled tokens, experts {eids:?}; SM partitions disjoint: {disjoint}; total {:.1} s",
             t_all.elapsed().as_secs_f64()
         );
     }
     if !ok {
-        bail!("MoE step outside tolerance (Y {ry:.3e}, dX {rx:.3e}, dW {r1:.3e}/{r2:.3e})");
+        bail!("MoE step failed its checks (Y {ry:.3e}, dX {rx:.3e}, dW {r1:.3e}/{r2:.3e}, shared dW {rs1:.3e}/{rs2:.3e}, SM partitions disjoint {disjoint})");
     }
     Ok(())
 }
