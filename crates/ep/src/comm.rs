@@ -519,6 +519,7 @@ pub fn dispatch_kernel(t: &Target, cfg: &EpConfig, p: Payload) -> Result<ptx::Mo
     let recv_sc = k.param::<GlobalPtr<u8>>("recv_scales").reg();
     let recv_w = k.param::<GlobalPtr<f32>>("recv_w");
     let recv_src = k.param::<GlobalPtr<i32>>("recv_src");
+    let recv_k = k.param::<GlobalPtr<i32>>("recv_k");
     let offs = k.param::<GlobalPtr<i32>>("offs");
     let fwd_list = k.param::<GlobalPtr<i32>>("fwd_list");
     let fwd_count = k.param::<GlobalPtr<u32>>("fwd_count");
@@ -794,6 +795,8 @@ pub fn dispatch_kernel(t: &Target, cfg: &EpConfig, p: Payload) -> Result<ptx::Mo
                         let v2 = k.or(v, tok);
                         let vi = k.bitcast::<i32, u32>(v2);
                         k.st(recv_src.offset(ru), vi);
+                        let ki = k.bitcast::<i32, u32>(i);
+                        k.st(recv_k.offset(ru), ki);
                     });
                 });
             });
@@ -1209,6 +1212,8 @@ pub struct DispatchOut {
     pub recv_w: Buffer<f32>,
     /// `src_rank << 24 | src_token` per row (-1 in padding).
     pub recv_src: Buffer<i32>,
+    /// Which of its token's top-k slots each row is (-1 in padding).
+    pub recv_k: Buffer<i32>,
     /// Local expert of each row, -1 for padding (the contiguous grouped GEMM's `m_indices`).
     pub m_indices: Buffer<i32>,
     pub m_indices_host: Vec<i32>,
@@ -1549,6 +1554,7 @@ impl EpGroup {
                 recv_scales: dev.alloc(m * (h / 128))?,
                 recv_w: dev.alloc(m)?,
                 recv_src: dev.alloc(m)?,
+                recv_k: dev.alloc(m)?,
                 m_indices: dev.upload(&hs[r].m_indices_host)?,
                 m_indices_host: hs[r].m_indices_host.clone(),
                 counts: hs[r].counts.clone(),
@@ -1556,6 +1562,7 @@ impl EpGroup {
                 m_pad: hs[r].m_pad,
             };
             o.recv_src.fill(-1)?;
+            o.recv_k.fill(-1)?;
             // padding rows hold zeros (the weight-gradient GEMMs read whole 128-row segments)
             o.recv_x.fill(0)?;
             outs.push(o);
@@ -1595,6 +1602,7 @@ impl EpGroup {
                 (&o.recv_scales).into(),
                 (&o.recv_w).into(),
                 (&o.recv_src).into(),
+                (&o.recv_k).into(),
                 (&hd.offs).into(),
                 (&hd.fwd_list).into(),
                 (&hd.fwd_count).into(),

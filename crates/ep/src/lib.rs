@@ -7,6 +7,8 @@
 //!   per-(token, k) slot of each copy inside its expert's segment.
 //! - [`eplb`]: the expert load balancer (hierarchical and global policies).
 //! - [`transport`]: the inter-node [`transport::Transport`] trait and its in-process emulation.
+//! - [`grad`]: gate backward: per-(token, k) weight gradients put back to the home ranks, and
+//!   the routing backward to the logits.
 //! - [`comm`]: [`comm::EpGroup`] (ring buffers, counters, error buffers of all ranks), hierarchical
 //!   dispatch and combine kernels, handles, typed timeouts.
 //!
@@ -22,6 +24,7 @@
 
 pub mod comm;
 pub mod eplb;
+pub mod grad;
 pub mod kutil;
 pub mod layout;
 pub mod routing;

@@ -63,7 +63,7 @@ impl RoutingCfg {
         }
         Ok(())
     }
-    fn key(&self) -> String {
+    pub(crate) fn key(&self) -> String {
         format!(
             "{}-{}-{}-{}-{:08x}",
             self.experts,

@@ -1,6 +1,7 @@
-//! Every kernel of the crate assembles with ptxas (sm_90a and sm_80) without spills.
+//! Every kernel of the crate (routing, layout, dispatch, combine, gate backward) assembles with ptxas (sm_90a and sm_80) without spills.
 use builder::Target;
 use ep::comm::{combine_kernel, dispatch_kernel, EpConfig, Payload};
+use ep::grad::{route_bwd_kernel, topk_grad_kernel};
 use ep::layout::{layout_kernel, slots_kernel, LayoutCfg};
 use ep::routing::{route_kernel, RoutingCfg};
 
@@ -39,6 +40,8 @@ fn kernels_assemble_without_spills() {
                 dispatch_kernel(&t, &cfg, Payload::Bf16).unwrap(),
             ),
             ("ep_combine", combine_kernel(&t, &cfg).unwrap()),
+            ("ep_topk_grad", topk_grad_kernel(&t, 1024, 8, 4).unwrap()),
+            ("ep_route_bwd", route_bwd_kernel(&t, &rc).unwrap()),
         ];
         for (name, m) in mods {
             let text = ptx::print(&m);
