@@ -53,6 +53,11 @@ pub enum Layout {
     Contiguous,
     /// MoE masked: [G, M_max, *], `masked_m` i32 [G]; grid.z = G.
     Masked,
+    /// MoE weight gradient, groups along K: `k_starts` i32 [G+1] (multiples of 128),
+    /// D [G, M, N] with D[g] = A[:, K_g] x B[:, K_g]^T over K_g = [k_starts[g], k_starts[g+1]);
+    /// A and B both carry 1x128 scales along K (sa [M, K/128], sb [N, K/128]); grid.z = G.
+    /// FP8 only.
+    KGrouped,
 }
 
 /// CTA tile configuration.
@@ -158,6 +163,7 @@ impl GemmSpec {
             Layout::Normal => {}
             Layout::Contiguous => p.push(("m_indices", "i32*")),
             Layout::Masked => p.push(("masked_m", "i32*")),
+            Layout::KGrouped => p.push(("k_starts", "i32*")),
         }
         if self.input == InTy::Fp8Unpromoted {
             p.push(("scale", "f32"));
@@ -177,7 +183,7 @@ impl GemmSpec {
     /// The launch-shape rule, as text.
     pub fn launch_rule(&self) -> String {
         let c = &self.cfg;
-        let z = if self.layout == Layout::Masked {
+        let z = if matches!(self.layout, Layout::Masked | Layout::KGrouped) {
             "G"
         } else {
             "1"
@@ -213,7 +219,14 @@ pub fn gen_gemm(t: &Target, spec: &GemmSpec) -> Result<ptx::Module> {
             format!("invalid tile configuration {}", c.tag()),
         );
     }
-    if spec.input != InTy::Bf16 && 128 % c.bn != 0 {
+    if spec.layout == Layout::KGrouped && spec.input != InTy::Fp8 {
+        return shape_err(
+            &spec.name,
+            "the K-grouped layout is FP8 (1x128 scales on both operands) only",
+        );
+    }
+    // (K-grouped B scales are per row, so any BN works there)
+    if spec.input != InTy::Bf16 && spec.layout != Layout::KGrouped && 128 % c.bn != 0 {
         return shape_err(
             &spec.name,
             "FP8 tiles need BN dividing 128 (one B scale per tile)",
@@ -255,6 +268,7 @@ fn declare(k: &mut KernelBuilder, spec: &GemmSpec) -> Params {
         Layout::Normal => None,
         Layout::Contiguous => Some(k.param_ptr_aligned::<i32>("m_indices", 4)),
         Layout::Masked => Some(k.param_ptr_aligned::<i32>("masked_m", 4)),
+        Layout::KGrouped => Some(k.param_ptr_aligned::<i32>("k_starts", 4)),
     };
     let scale = (spec.input == InTy::Fp8Unpromoted).then(|| k.param::<f32>("scale"));
     let m = k.param::<u32>(if spec.layout == Layout::Masked {
@@ -323,6 +337,8 @@ where
     let mut c_ptr = p.c;
     let (mut sa, mut sb) = (p.sa, p.sb);
     let mut m_eff = p.m;
+    // K extent of this CTA in bytes (the row pitch stays k_bytes)
+    let mut k_ext = k_bytes;
     let out_bytes: u32 = if spec.out == OutTy::Bf16 { 2 } else { 4 };
     let nk_bytes = k.mul(p.n, k_bytes); // bytes of one expert's B
     match spec.layout {
@@ -362,6 +378,28 @@ where
                 sb = Some(offset_wide(&mut k, sbp.cast(), eu, sbs).cast());
             }
         }
+        Layout::KGrouped => {
+            let g = k.ctaid_z();
+            let ksp = p.idx.unwrap_or(p.a.cast());
+            let ks0 = k.ld_nc(ksp.offset(g));
+            let g1 = k.add(g, 1u32);
+            let ks1 = k.ld_nc(ksp.offset(g1));
+            let ks0: Reg<u32> = ks0.reinterpret();
+            let ks1: Reg<u32> = ks1.reinterpret();
+            k_ext = k.sub(ks1, ks0); // e4m3: bytes = elements
+            let one = k.mov(1u32);
+            a = offset_wide(&mut k, a, ks0, one);
+            b = offset_wide(&mut k, b, ks0, one);
+            let kb0 = k.shr(ks0, 7u32);
+            let four = k.mov(4u32);
+            if let (Some(sap), Some(sbp)) = (sa, sb) {
+                sa = Some(offset_wide(&mut k, sap.cast(), kb0, four).cast());
+                sb = Some(offset_wide(&mut k, sbp.cast(), kb0, four).cast());
+            }
+            let mn = k.mul(p.m, p.n);
+            let ob = k.mul(mn, out_bytes);
+            d = offset_wide(&mut k, d, g, ob);
+        }
     }
     let m_last = k.sub(m_eff, 1u32);
     let n_last = k.sub(p.n, 1u32);
@@ -392,13 +430,13 @@ where
     let stage_bytes = (cfg.bm + cfg.bn) * ROW_BYTES;
     let smem_base = smem.reg();
     let smem_end = k.add(smem_base, stage_bytes * cfg.stages);
-    let ktiles = k.add(k_bytes, 127u32);
+    let ktiles = k.add(k_ext, 127u32);
     let ktiles = k.shr(ktiles, 7u32);
     // load K tile `kt` into the stage at `ws`
     let load_tile = |k: &mut KernelBuilder, ws: Reg<u32>, kt: Reg<u32>| {
         let koff = k.shl(kt, 7u32);
         let kc = k.add(koff, ch16);
-        let k_ok = k.lt(kc, k_bytes);
+        let k_ok = k.lt(kc, k_ext);
         let koff64: Reg<u64> = k.cvt(koff);
         let dst = k.add(ws, dst0);
         for (i, &(src, ok)) in a_src.iter().chain(b_src.iter()).enumerate() {
@@ -494,11 +532,26 @@ where
     } else {
         Vec::new()
     };
-    let sb_row = if spec.input == InTy::Fp8 {
+    let per_col_sb = spec.layout == Layout::KGrouped;
+    let sb_row = if spec.input == InTy::Fp8 && !per_col_sb {
         let nb = k.shr(n0, 7u32);
         Some(k.mul(nb, kb_count))
     } else {
         None
+    };
+    // K-grouped: B scales per accumulator column (sb [N, K/128]). This thread's columns are
+    // col0 + 8 ni + {0, 1}; their scales sit kb_count floats apart.
+    let sb_cols = match (per_col_sb, sb) {
+        (true, Some(sbp)) => {
+            let c0 = k.mad_lo(wn, wn_cols, n0);
+            let c0 = k.mad_lo(q4, 2u32, c0);
+            let ci = k.mul(c0, kb_count);
+            let base = k.addr(sbp.offset(ci));
+            let stride = k.mul_wide(kb_count, 4u32);
+            let stride8 = k.shl(stride, 3u32);
+            Some((base, stride, stride8))
+        }
+        _ => None,
     };
 
     // ---- prologue: STAGES-1 tiles in flight
@@ -529,6 +582,7 @@ where
         advance(k, ws);
         // fp8: this K block's scales
         let mut srow = Vec::new();
+        let mut scol = Vec::new();
         if let (Some(sap), Some(sbp), Some(sbr)) = (sa, sb, sb_row) {
             let sbi = k.add(sbr, kt);
             let sbv = k.ld_nc(sbp.offset(sbi));
@@ -536,6 +590,24 @@ where
                 let i = k.add(r, kt);
                 let v = k.ld_nc(sap.offset(i));
                 srow.push(k.mul(v, sbv));
+            }
+        }
+        if let (Some(sap), Some((base, stride, stride8))) = (sa, sb_cols) {
+            for &r in &sa_rows {
+                let i = k.add(r, kt);
+                srow.push(k.ld_nc(sap.offset(i)));
+            }
+            let kt4 = k.mul_wide(kt, 4u32);
+            let mut cur = k.add(base.reg(), kt4);
+            for ni in 0..ni_n {
+                let v0 = k.ld_nc(GlobalPtr::<f32>::from_reg(cur));
+                let c1 = k.add(cur, stride);
+                let v1 = k.ld_nc(GlobalPtr::<f32>::from_reg(c1));
+                scol.push(v0);
+                scol.push(v1);
+                if ni + 1 < ni_n {
+                    cur = k.add(cur, stride8);
+                }
             }
         }
         let a_base = k.add(rs, a_row_off);
@@ -581,7 +653,11 @@ where
                 for ni in 0..ni_n as usize {
                     let i = mi * ni_n as usize + ni;
                     for e in 0..4 {
-                        let s = srow[mi * 2 + e / 2];
+                        let s = if per_col_sb {
+                            k.mul(srow[mi * 2 + e / 2], scol[ni * 2 + e % 2])
+                        } else {
+                            srow[mi * 2 + e / 2]
+                        };
                         k.fma_to(acc[i][e], frag[i][e], s, acc[i][e]);
                     }
                 }
@@ -686,9 +762,15 @@ pub fn gemm_name(input: InTy, out: OutTy, layout: Layout, add_c: bool, cfg: &Gem
         (Layout::Contiguous, _) => "grouped_gemm_fp8_contiguous",
         (Layout::Masked, InTy::Bf16) => "grouped_gemm_bf16_masked",
         (Layout::Masked, _) => "grouped_gemm_fp8_masked",
+        (Layout::KGrouped, _) => "wgrad_fp8_kgrouped",
     };
     let addc = if add_c { "_addc" } else { "" };
-    let o = if out == OutTy::F32 { "_f32out" } else { "" };
+    // (the K-grouped weight-gradient GEMM is F32-out by definition: no suffix)
+    let o = if out == OutTy::F32 && layout != Layout::KGrouped {
+        "_f32out"
+    } else {
+        ""
+    };
     format!("{base}{addc}{o}_{}x{}", cfg.bm, cfg.bn)
 }
 
@@ -1272,5 +1354,111 @@ pub fn grouped_bf16_masked_with<O: GemmOut>(
         s,
         grid(&s.cfg, m_max, n, groups),
         args![a, b, &*d, masked_m, m_max as u32, n as u32, k as u32],
+    )
+}
+
+/// Checks a K-grouped split: `groups + 1` offsets, `k_starts[0] = 0`, non-decreasing, multiples
+/// of 128, `k_starts[groups] <= ktot`.
+pub fn check_k_starts(kernel: &str, ks: &[i32], groups: usize, ktot: usize) -> Result<()> {
+    if ks.len() < groups + 1 {
+        return shape_err(
+            kernel,
+            format!(
+                "k_starts holds {} offsets, needs groups + 1 = {}",
+                ks.len(),
+                groups + 1
+            ),
+        );
+    }
+    if ks[0] != 0 {
+        return shape_err(kernel, format!("k_starts[0] = {} must be 0", ks[0]));
+    }
+    for g in 0..groups {
+        let (a, b) = (ks[g], ks[g + 1]);
+        if b < a || b % 128 != 0 {
+            return shape_err(
+                kernel,
+                format!("k_starts[{}] = {b}: offsets must be non-decreasing multiples of 128 (k_starts[{g}] = {a})", g + 1),
+            );
+        }
+    }
+    if ks[groups] as usize > ktot {
+        return shape_err(
+            kernel,
+            format!("k_starts[{groups}] = {} exceeds ktot = {ktot}", ks[groups]),
+        );
+    }
+    Ok(())
+}
+
+/// K-grouped FP8 weight-gradient GEMM (DeepGEMM's `k_grouped_wgrad_gemm_fp8_fp8_fp32_nt`): for
+/// every group g, D[g] [m, n] (f32) = sum over k in [k_starts[g], k_starts[g+1]) of
+/// A[:, k] B[:, k], with A [m, ktot] e4m3 + sa [m, ktot/128] and B [n, ktot] e4m3 +
+/// sb [n, ktot/128] (1x128 scales along K on both operands: the `quantize_fp8_1x128_t` outputs of
+/// the token-major tensors) and FP32 promotion of every 128-wide K block
+/// (`acc = fma(frag, sa[row] * sb[col], acc)`). D is [groups, m, n]; an empty group writes zeros.
+/// `k_starts` (i32 [groups + 1]) is validated on the host ([`check_k_starts`]); n and ktot must be
+/// multiples of 128, m is arbitrary.
+#[allow(clippy::too_many_arguments)]
+pub fn wgrad_fp8_kgrouped(
+    stream: &Stream,
+    a: &Buffer<u8>,
+    sa: &Buffer<f32>,
+    b: &Buffer<u8>,
+    sb: &Buffer<f32>,
+    k_starts: &Buffer<i32>,
+    d: &mut Buffer<f32>,
+    m: usize,
+    n: usize,
+    ktot: usize,
+    groups: usize,
+) -> Result<()> {
+    let cfg = choose_config(
+        InTy::Fp8,
+        Layout::KGrouped,
+        m * groups.max(1),
+        n,
+        stream.device().props().sms,
+    );
+    let s = spec(InTy::Fp8, OutTy::F32, Layout::KGrouped, false, cfg);
+    wgrad_fp8_kgrouped_with(stream, &s, a, sa, b, sb, k_starts, d, m, n, ktot, groups)
+}
+
+/// [`wgrad_fp8_kgrouped`] with an explicit spec.
+#[allow(clippy::too_many_arguments)]
+pub fn wgrad_fp8_kgrouped_with(
+    stream: &Stream,
+    s: &GemmSpec,
+    a: &Buffer<u8>,
+    sa: &Buffer<f32>,
+    b: &Buffer<u8>,
+    sb: &Buffer<f32>,
+    k_starts: &Buffer<i32>,
+    d: &mut Buffer<f32>,
+    m: usize,
+    n: usize,
+    ktot: usize,
+    groups: usize,
+) -> Result<()> {
+    check_spec(s, InTy::Fp8, Layout::KGrouped, OutTy::F32)?;
+    check_mnk(&s.name, true, m, n, ktot)?;
+    if groups > 65535 {
+        return shape_err(&s.name, format!("groups = {groups} exceeds grid.z (65535)"));
+    }
+    need(&s.name, "a", a, m * ktot)?;
+    need(&s.name, "sa", sa, m * ktot / 128)?;
+    need(&s.name, "b", b, n * ktot)?;
+    need(&s.name, "sb", sb, n * ktot / 128)?;
+    need(&s.name, "k_starts", k_starts, groups + 1)?;
+    need(&s.name, "d", d, groups * m * n)?;
+    check_k_starts(&s.name, &k_starts.to_vec()?, groups, ktot)?;
+    if groups == 0 || m == 0 {
+        return Ok(());
+    }
+    launch(
+        stream,
+        s,
+        grid(&s.cfg, m, n, groups),
+        args![a, sa, b, sb, &*d, k_starts, m as u32, n as u32, ktot as u32],
     )
 }

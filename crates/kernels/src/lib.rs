@@ -10,6 +10,9 @@
 //! - [`gemm`]: `mma.sync` GEMMs, D = A x B^T ("NT"): BF16 (m16n8k16) and FP8 block-scaled
 //!   (m16n8k32 e4m3, promotion of every 128-wide K block into FP32 with sa*sb), normal, MoE
 //!   contiguous-grouped and masked-grouped; plus the un-promoted ablation kernel.
+//! - [`moe`]: MoE expert-layer kernels: SwiGLU forward fused with FP8 1x128 quantisation,
+//!   SwiGLU backward (FP8 dGU for dgrad, weighted bf16 dGU and activation for wgrad), and the
+//!   transposing 1x128 ("128x1") quantiser feeding the K-grouped weight-gradient GEMM.
 //! - [`tile`]: the small typed tile helpers kernels are written with (swizzled shared tiles,
 //!   fragments, `cp.async` tile loads).
 //! - [`reference`]: f64 CPU references and error metrics.
@@ -27,6 +30,7 @@
 pub mod gemm;
 pub mod hopper;
 pub mod host;
+pub mod moe;
 pub mod quant;
 pub mod reference;
 pub mod registry;
@@ -34,9 +38,10 @@ pub mod tile;
 
 pub use gemm::{
     gemm_bf16_nt, gemm_fp8_nt, gemm_fp8_nt_unpromoted, grouped_gemm_bf16_contiguous,
-    grouped_gemm_bf16_masked, grouped_gemm_fp8_contiguous, grouped_gemm_fp8_masked, GemmConfig,
-    OutTy,
+    grouped_gemm_bf16_masked, grouped_gemm_fp8_contiguous, grouped_gemm_fp8_masked,
+    wgrad_fp8_kgrouped, GemmConfig, OutTy,
 };
+pub use moe::{quantize_fp8_1x128_t, swiglu_bwd, swiglu_fwd_fp8};
 pub use quant::{
     dequantize_fp8_1x128, quantize_fp8_128x128, quantize_fp8_1x128, quantize_fp8_1x128_ue8m0,
     requantize_fp8_1x128_to_128x1_t, QuantSrc, ScaleMode,

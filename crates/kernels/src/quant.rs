@@ -50,7 +50,12 @@ impl QuantSrc for f32 {
 }
 
 /// Loads 8 consecutive source elements starting at word index `w` (16 bytes for bf16, 2x16 for f32).
-fn load8(k: &mut KernelBuilder, x: GlobalPtr<B32>, w: Reg<u32>, bf: bool) -> [Reg<f32>; 8] {
+pub(crate) fn load8(
+    k: &mut KernelBuilder,
+    x: GlobalPtr<B32>,
+    w: Reg<u32>,
+    bf: bool,
+) -> [Reg<f32>; 8] {
     let p = k.addr(x.offset(w));
     if bf {
         let v: [Reg<B32>; 4] = k.ld_v_with(MemOpts::nc(), p);
@@ -68,7 +73,7 @@ fn load8(k: &mut KernelBuilder, x: GlobalPtr<B32>, w: Reg<u32>, bf: bool) -> [Re
 }
 
 /// Quantises 8 values with `inv` into two e4m3x4 words.
-fn quant8(k: &mut KernelBuilder, v: &[Reg<f32>], inv: Reg<f32>) -> [Reg<B32>; 2] {
+pub(crate) fn quant8(k: &mut KernelBuilder, v: &[Reg<f32>], inv: Reg<f32>) -> [Reg<B32>; 2] {
     let s: Vec<Reg<f32>> = v.iter().map(|&x| mul_rn(k, x, inv)).collect();
     [
         f32x4_to_e4m3x4(k, [s[0], s[1], s[2], s[3]]),
@@ -352,7 +357,7 @@ pub fn gen_requant_t(t: &Target) -> Result<ptx::Module> {
 // ---------------------------------------------------------------------------------------------
 // host wrappers
 
-fn need<T: Pod>(kernel: &str, what: &str, b: &Buffer<T>, len: usize) -> Result<()> {
+pub(crate) fn need<T: Pod>(kernel: &str, what: &str, b: &Buffer<T>, len: usize) -> Result<()> {
     if b.len() < len {
         return shape_err(
             kernel,

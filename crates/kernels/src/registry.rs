@@ -55,6 +55,12 @@ pub enum Kind {
         bf16: bool,
     },
     RequantT,
+    /// SwiGLU forward fused with FP8 1x128 quantisation ([`crate::moe`]).
+    SwigluFwd,
+    /// SwiGLU backward: FP8 dGU, weighted bf16 dGU and activation ([`crate::moe`]).
+    SwigluBwd,
+    /// Transposing 1x128 ("128x1") quantiser of bf16 [m, C] into [C, m] ([`crate::moe`]).
+    QuantT,
     Gemm(GemmSpec),
     /// sm_90a TMA/wgmma GEMMs ([`crate::hopper`]).
     Hopper(crate::hopper::HopperSpec),
@@ -219,6 +225,61 @@ fn build() -> Vec<KernelInfo> {
         test_shapes: vec![Shape::new(128, 0, 128), Shape::new(256, 0, 384)],
         kind: Kind::RequantT,
     });
+    v.push(KernelInfo {
+        name: crate::moe::SWIGLU_FWD_NAME.into(),
+        summary: "MoE SwiGLU forward act = silu(gate) * up from gu [m, 2I] bf16, fused FP8 1x128 quantisation (pow2 scales; padding rows -> 0, scale 1)".into(),
+        params: p(&[
+            ("gu", "bf16*"),
+            ("m_indices", "i32*"),
+            ("act_q", "e4m3*"),
+            ("act_s", "f32*"),
+            ("groups", "u32"),
+            ("groups_per_row", "u32"),
+        ]),
+        launch: "groups = m*I/128; grid = ceil(groups/16), block = 256".into(),
+        targets: crate::moe::MOE_TARGETS,
+        host: "swiglu_fwd_fp8",
+        test_shapes: vec![Shape::new(256, 0, 256), Shape::new(37, 0, 384)],
+        kind: Kind::SwigluFwd,
+    });
+    v.push(KernelInfo {
+        name: crate::moe::SWIGLU_BWD_NAME.into(),
+        summary: "MoE SwiGLU backward: dGU = [dG | dU] FP8 1x128 (pow2) for dgrad, row_w * dGU and row_w * act in bf16 for wgrad".into(),
+        params: p(&[
+            ("gu", "bf16*"),
+            ("dh", "bf16*"),
+            ("row_w", "f32*"),
+            ("m_indices", "i32*"),
+            ("dgu_q", "e4m3*"),
+            ("dgu_s", "f32*"),
+            ("dgu_w", "bf16*"),
+            ("act_w", "bf16*"),
+            ("groups", "u32"),
+            ("groups_per_row", "u32"),
+        ]),
+        launch: "groups = m*I/128; grid = ceil(groups/16), block = 256".into(),
+        targets: crate::moe::MOE_TARGETS,
+        host: "swiglu_bwd",
+        test_shapes: vec![Shape::new(256, 0, 256), Shape::new(37, 0, 384)],
+        kind: Kind::SwigluBwd,
+    });
+    v.push(KernelInfo {
+        name: crate::moe::QUANT_T_NAME.into(),
+        summary: "FP8 transposed 1x128 quantisation x [m, C] bf16 -> q [C, m], pow2 scales [C, m/128] (128x1 tiles for the K-grouped wgrad GEMM; m_indices < 0 rows count as 0)".into(),
+        params: p(&[
+            ("x", "bf16*"),
+            ("m_indices", "i32* (0 = none)"),
+            ("q", "e4m3*"),
+            ("s", "f32*"),
+            ("m", "u32"),
+            ("c", "u32"),
+        ]),
+        launch: "grid = (c/128, m/128), block = 128, 32 KiB static shared".into(),
+        targets: crate::moe::MOE_TARGETS,
+        host: "quantize_fp8_1x128_t",
+        test_shapes: vec![Shape::new(256, 0, 256), Shape::new(128, 0, 384)],
+        kind: Kind::QuantT,
+    });
     let gshapes = vec![Shape::new(100, 128, 128), Shape::new(130, 256, 384)];
     let mut gemm = |s: GemmSpec, summary: &str, host: &'static str, shapes: Vec<Shape>| {
         v.push(KernelInfo {
@@ -325,6 +386,30 @@ fn build() -> Vec<KernelInfo> {
         "grouped_gemm_bf16_masked",
         masked,
     );
+    gemm(
+        spec(
+            InTy::Fp8,
+            OutTy::F32,
+            Layout::KGrouped,
+            false,
+            GemmConfig::MID,
+        ),
+        "MoE weight-gradient FP8 GEMM, groups along K (k_starts), 1x128 scales on both operands, f32 out [G, M, N]",
+        "wgrad_fp8_kgrouped",
+        vec![Shape::grouped(128, 256, 384, 3)],
+    );
+    gemm(
+        spec(
+            InTy::Fp8,
+            OutTy::F32,
+            Layout::KGrouped,
+            false,
+            GemmConfig::BIG_FP8,
+        ),
+        "MoE weight-gradient FP8 GEMM, groups along K (k_starts), 1x128 scales on both operands, f32 out [G, M, N]",
+        "wgrad_fp8_kgrouped",
+        vec![Shape::grouped(200, 128, 512, 4)],
+    );
     v.extend(crate::hopper::registry::registry_entries());
     v
 }
@@ -394,6 +479,9 @@ impl KernelInfo {
             Kind::Quant128x128 { bf16, mode } => quant::gen_quant_128x128(t, *bf16, *mode),
             Kind::Dequant { bf16 } => quant::gen_dequant_1x128(t, *bf16),
             Kind::RequantT => quant::gen_requant_t(t),
+            Kind::SwigluFwd => crate::moe::gen_swiglu_fwd(t),
+            Kind::SwigluBwd => crate::moe::gen_swiglu_bwd(t),
+            Kind::QuantT => crate::moe::gen_quant_t(t),
             Kind::Gemm(s) => gemm::gen_gemm(t, s),
             Kind::Hopper(s) => crate::hopper::gen_hopper_gemm(t, s),
         }
@@ -408,6 +496,7 @@ impl KernelInfo {
                 } else {
                     s.m
                 };
+                // (K-grouped: k is ktot, an upper bound of the summed group lengths)
                 2.0 * rows as f64 * s.n as f64 * s.k as f64
             }
             Kind::Hopper(h) => crate::hopper::registry::flops(h, s),
@@ -557,6 +646,20 @@ impl KernelInfo {
                 rep.mismatches =
                     count_diff(&qt.to_vec()?[..t * h], &qtw) + f32_bits_diff(&st.to_vec()?, &stw);
             }
+            Kind::SwigluFwd | Kind::SwigluBwd | Kind::QuantT => {
+                let c = match self.kind {
+                    Kind::SwigluFwd => crate::moe::check_swiglu_fwd(stream, s.m, s.k, seed)?,
+                    Kind::SwigluBwd => crate::moe::check_swiglu_bwd(stream, s.m, s.k, seed)?,
+                    _ => crate::moe::check_quant_t(stream, s.m, s.k, true, seed)?,
+                };
+                rep.mismatches = c.mismatches;
+                rep.rel_err = c.rel_fro;
+                rep.rel_err_rounded = c.worst;
+                rep.seconds = c.seconds;
+                rep.pass = c.mismatches == 0;
+                rep.lane_instructions = c.lane_instructions;
+                return Ok(rep);
+            }
             Kind::Gemm(g) => return check_gemm(stream, self, g, s, seed),
             Kind::Hopper(h) => return crate::hopper::registry::check(stream, self, h, s, seed),
         }
@@ -605,6 +708,9 @@ pub fn check_gemm_with(
     seed: u64,
     positive: bool,
 ) -> Result<CheckReport> {
+    if g.layout == Layout::KGrouped {
+        return check_wgrad(stream, info, g, s, seed, None);
+    }
     let mut rg = r::rng(seed);
     let (m, n, k, groups) = (s.m, s.n, s.k, s.groups.max(1));
     // rows of A / D and of B over all groups
@@ -630,7 +736,7 @@ pub fn check_gemm_with(
     let m_idx: Vec<i32> = match g.layout {
         Layout::Contiguous => random_m_indices(&mut rg, m, groups),
         Layout::Masked => (0..groups).map(|_| rg.gen_range(0..=m) as i32).collect(),
-        Layout::Normal => Vec::new(),
+        Layout::Normal | Layout::KGrouped => Vec::new(),
     };
     // f64 operands as the kernel sees them (after bf16 rounding / fp8 quantisation)
     let (a_dev_bf, b_dev_bf, a64, b64, qa, qb);
@@ -713,6 +819,7 @@ pub fn check_gemm_with(
                 }
             }
         }
+        Layout::KGrouped => {} // checked by check_wgrad
         Layout::Masked => {
             for gi in 0..groups {
                 for i in 0..m {
@@ -914,4 +1021,107 @@ fn run_device<O: OutVal>(
     stream.synchronize()?;
     let secs = t0.elapsed().as_secs_f64();
     Ok((d.to_vec()?.into_iter().map(|x| x.to_f64()).collect(), secs))
+}
+
+/// Random K split: `groups` non-decreasing offsets (multiples of 128, zero-length groups
+/// possible) covering all of `ktot` or all but its last 128-block.
+pub fn random_k_starts(rg: &mut impl Rng, ktot: usize, groups: usize) -> Vec<i32> {
+    let kb = ktot / 128;
+    let used = if kb > 1 && rg.gen_range(0..2) == 0 {
+        kb - 1
+    } else {
+        kb
+    };
+    let mut cuts: Vec<usize> = (0..groups.saturating_sub(1))
+        .map(|_| rg.gen_range(0..=used))
+        .collect();
+    cuts.sort_unstable();
+    let mut ks = vec![0i32];
+    ks.extend(cuts.iter().map(|&c| (c * 128) as i32));
+    if groups > 0 {
+        ks.push((used * 128) as i32);
+    }
+    ks
+}
+
+/// Runs the K-grouped weight-gradient GEMM on random FP8 operands (1x128 power-of-two scales
+/// along K on both, A rows with their own magnitudes) with the split `k_starts` (random when
+/// `None`) against the f64 product of the dequantised operands, group by group. D is poisoned
+/// first; empty groups must be exactly zero. Tolerance: relative Frobenius error 1e-5.
+pub fn check_wgrad(
+    stream: &Stream,
+    info: &KernelInfo,
+    g: &GemmSpec,
+    s: &Shape,
+    seed: u64,
+    k_starts: Option<&[i32]>,
+) -> Result<CheckReport> {
+    let dev = stream.device().clone();
+    let mut rg = r::rng(seed);
+    let (m, n, kt, groups) = (s.m, s.n, s.k, s.groups);
+    let ks: Vec<i32> = match k_starts {
+        Some(v) => v.to_vec(),
+        None => random_k_starts(&mut rg, kt, groups),
+    };
+    let a = r::random_activations(&mut rg, m * kt, kt);
+    let b: Vec<f32> = (0..n * kt).map(|_| rg.gen_range(-1.0f32..1.0)).collect();
+    let (qa, sa) = quant::ref_quant_1x128(&a, m, kt, ScaleMode::Pow2);
+    let (qb, sb) = quant::ref_quant_1x128(&b, n, kt, ScaleMode::Pow2);
+    let a64 = r::dequant_rows_f64(&qa, &sa, m, kt);
+    let b64 = r::dequant_rows_f64(&qb, &sb, n, kt);
+    let mut want = vec![0f64; groups * m * n];
+    for gi in 0..groups {
+        let (k0, k1) = (ks[gi] as usize, ks[gi + 1] as usize);
+        for i in 0..m {
+            for j in 0..n {
+                want[(gi * m + i) * n + j] =
+                    (k0..k1).map(|k| a64[i * kt + k] * b64[j * kt + k]).sum();
+            }
+        }
+    }
+    let (ab, sab, bb, sbb, kb) = (
+        upload(&dev, &qa)?,
+        upload(&dev, &sa)?,
+        upload(&dev, &qb)?,
+        upload(&dev, &sb)?,
+        upload(&dev, &ks)?,
+    );
+    let mut d = poisoned(&dev, groups * m * n, f32::NAN)?;
+    let t0 = Instant::now();
+    gemm::wgrad_fp8_kgrouped_with(
+        stream, g, &ab, &sab, &bb, &sbb, &kb, &mut d, m, n, kt, groups,
+    )?;
+    stream.synchronize()?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let got: Vec<f64> = d.to_vec()?[..groups * m * n]
+        .iter()
+        .map(|&x| x as f64)
+        .collect();
+    let mut mismatches = got.iter().filter(|x| x.is_nan()).count();
+    for gi in 0..groups {
+        if ks[gi] == ks[gi + 1] {
+            mismatches += got[gi * m * n..(gi + 1) * m * n]
+                .iter()
+                .filter(|&&x| x != 0.0)
+                .count();
+        }
+    }
+    let rel = if mismatches > 0 && got.iter().any(|x| x.is_nan()) {
+        f64::INFINITY
+    } else {
+        rel_fro(&got, &want)
+    };
+    let tol = 1e-5;
+    Ok(CheckReport {
+        kernel: info.name.clone(),
+        shape: *s,
+        mismatches,
+        rel_err: rel,
+        rel_err_rounded: rel,
+        tolerance: tol,
+        pass: mismatches == 0 && rel <= tol,
+        seconds,
+        flops: 2.0 * m as f64 * n as f64 * ks.last().copied().unwrap_or(0) as f64,
+        lane_instructions: stream.last_stats().map(|st| st.lane_instructions),
+    })
 }
