@@ -864,8 +864,8 @@ pub fn check_swiglu_bwd(stream: &Stream, m: usize, i: usize, seed: u64) -> Resul
     })
 }
 
-/// Runs [`quantize_fp8_1x128_t`] (with random padding rows holding garbage when `with_idx`)
-/// against [`ref_quant_t`]: bit-exact.
+/// Runs [`quantize_fp8_1x128_t`] (with random padding rows holding garbage when `with_idx`, and
+/// for m >= 256 an all-padding last 128-row block) against [`ref_quant_t`]: bit-exact.
 pub fn check_quant_t(
     stream: &Stream,
     m: usize,
@@ -875,11 +875,15 @@ pub fn check_quant_t(
 ) -> Result<MoeCheck> {
     let dev = stream.device().clone();
     let mut rg = r::rng(seed);
-    let idx = if with_idx {
+    let mut idx = if with_idx {
         random_pad_indices(&mut rg, m)
     } else {
         vec![0; m]
     };
+    if with_idx && m >= 256 {
+        // one all-padding 128-row block: its scales must be 1.0
+        idx[m - 128..].fill(-1);
+    }
     let x = random_bf16_rows(&mut rg, m, c, &idx);
     let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
     let (qw, sw) = ref_quant_t(&xf, with_idx.then_some(&idx[..]), m, c);
