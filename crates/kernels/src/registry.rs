@@ -1045,7 +1045,7 @@ pub fn random_k_starts(rg: &mut impl Rng, ktot: usize, groups: usize) -> Vec<i32
 }
 
 /// Runs the K-grouped weight-gradient GEMM on random FP8 operands (1x128 power-of-two scales
-/// along K on both, A rows with their own magnitudes) with the split `k_starts` (random when
+/// along K on both, every row of A and of B with its own magnitude) with the split `k_starts` (random when
 /// `None`) against the f64 product of the dequantised operands, group by group. D is poisoned
 /// first; empty groups must be exactly zero. Tolerance: relative Frobenius error 1e-5.
 pub fn check_wgrad(
@@ -1064,7 +1064,9 @@ pub fn check_wgrad(
         None => random_k_starts(&mut rg, kt, groups),
     };
     let a = r::random_activations(&mut rg, m * kt, kt);
-    let b: Vec<f32> = (0..n * kt).map(|_| rg.gen_range(-1.0f32..1.0)).collect();
+    // per-row magnitudes on both operands, so the scales differ per row of A and per row
+    // (= output column) of B
+    let b = r::random_activations(&mut rg, n * kt, kt);
     let (qa, sa) = quant::ref_quant_1x128(&a, m, kt, ScaleMode::Pow2);
     let (qb, sb) = quant::ref_quant_1x128(&b, n, kt, ScaleMode::Pow2);
     let a64 = r::dequant_rows_f64(&qa, &sa, m, kt);
