@@ -1,4 +1,7 @@
-//! Quantisation kernels on the emulator: bit-exact against the same-rounding CPU references.
+//! Quantisation kernels (and the other non-GEMM registry kernels) on the emulator: bit-exact
+//! against the same-rounding CPU references; the MoE SwiGLU kernels, whose f32 math uses
+//! ex2.approx, are held to the element bounds of `kernels::moe` instead (mismatches = elements
+//! outside them).
 
 use kernels::registry::{registry, Kind};
 
