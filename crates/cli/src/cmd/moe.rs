@@ -29,8 +29,6 @@
 //! random sample of routed experts (all their rows) and one rank's shared-expert partial for
 //! the weight gradients. `--sequential` runs the overlapped pairs one after the other (compare
 //! the wall times).
-#[path = "moe_kstub.rs"]
-mod kx;
 use anyhow::{anyhow, bail, Context};
 use ep::comm::{EpConfig, EpGroup, XRef};
 use ep::routing::{route, RoutingCfg};
@@ -193,8 +191,10 @@ fn dsilu(x: f64) -> f64 {
     sg * (1.0 + x * (1.0 - sg))
 }
 
+/// BF16 storage of a value the device holds in f32 (`cvt.rn.bf16.f32`: round to f32 first;
+/// `half`'s direct f64 -> bf16 conversion does not round f32 ties to even the same way).
 fn bf(x: f64) -> f32 {
-    bf16::from_f64(x).to_f32()
+    bf16::from_f32(x as f32).to_f32()
 }
 
 fn bytes_to_bf16(b: &[u8]) -> Vec<bf16> {
@@ -423,6 +423,17 @@ fn upload_mlp(dev: &Device, ex: &[&ExpertQ]) -> anyhow::Result<MlpW> {
     })
 }
 
+/// One rank's gate state kept for backward.
+struct GateState {
+    /// `[T, E]` f32 logits (device).
+    logits: Buffer<f32>,
+    logits_h: Vec<f32>,
+    /// `[H, T]` X^T in BF16 (the gate wgrad's operand).
+    xt: Buffer<bf16>,
+    /// `[H, E]` W_gate^T in BF16 (the gate dgrad's operand).
+    wgate_t: Buffer<bf16>,
+}
+
 /// Forward state of one MLP (routed experts of a rank, or the shared expert) kept for backward.
 struct MlpFwd {
     /// `[m, 2I]` gate|up GEMM output (the SwiGLU input, cached for backward).
@@ -490,7 +501,7 @@ impl Mlp {
         let gu = self.gemm(st, x.0, x.1, &w.b1, &w.sb1, mi, m, 2 * i_n, h, groups)?;
         let mut aq = dev.alloc::<u8>(m * i_n)?;
         let mut asc = dev.alloc::<f32>(m * i_n / 128)?;
-        kx::swiglu_fwd_fp8(st, &gu, mi, &mut aq, &mut asc, m, i_n)?;
+        kernels::swiglu_fwd_fp8(st, &gu, mi, &mut aq, &mut asc, m, i_n)?;
         let y = self.gemm(st, &aq, &asc, &w.b2, &w.sb2, mi, m, h, i_n, groups)?;
         st.synchronize()?;
         Ok(MlpFwd { gu, y })
@@ -519,7 +530,7 @@ impl Mlp {
         let mut gs = dev.alloc::<f32>(m * 2 * i_n / 128)?;
         let mut dgu_w = dev.alloc::<bf16>(m * 2 * i_n)?;
         let mut act_w = dev.alloc::<bf16>(m * i_n)?;
-        kx::swiglu_bwd(
+        kernels::swiglu_bwd(
             st, &f.gu, &dh, row_w, mi, &mut gq, &mut gs, &mut dgu_w, &mut act_w, m, i_n,
         )?;
         // dX [m, H] = dGU [m, 2I] x (W_gu^T [H, 2I])^T
@@ -551,13 +562,13 @@ impl Mlp {
         let tq = |v: &Buffer<bf16>, cols: usize| -> anyhow::Result<(Buffer<u8>, Buffer<f32>)> {
             let mut q = dev.alloc::<u8>(cols * m)?;
             let mut s = dev.alloc::<f32>(cols * m / 128)?;
-            kx::quantize_fp8_1x128_t(st, v, Some(mi), &mut q, &mut s, m, cols)?;
+            kernels::quantize_fp8_1x128_t(st, v, Some(mi), &mut q, &mut s, m, cols)?;
             Ok((q, s))
         };
         let (dyt, dyts) = tq(&d.dy, h)?;
         let (actt, actts) = tq(&d.act_w, i_n)?;
         let mut dw2 = dev.alloc::<f32>(groups * h * i_n)?;
-        kx::wgrad_fp8_kgrouped(
+        kernels::wgrad_fp8_kgrouped(
             st, &dyt, &dyts, &actt, &actts, k_starts, &mut dw2, h, i_n, m, groups,
         )?;
         let (dgt, dgts) = tq(&d.dgu_w, 2 * i_n)?;
@@ -565,7 +576,7 @@ impl Mlp {
         let mut xts = dev.alloc::<f32>(h * m / 128)?;
         kernels::requantize_fp8_1x128_to_128x1_t(st, x.0, x.1, &mut xt, &mut xts, m, h)?;
         let mut dw1 = dev.alloc::<f32>(groups * 2 * i_n * h)?;
-        kx::wgrad_fp8_kgrouped(
+        kernels::wgrad_fp8_kgrouped(
             st,
             &dgt,
             &dgts,
@@ -610,7 +621,7 @@ fn down_t(dyq: &[f64], w2: &[f32], h: usize, i_n: usize) -> Vec<f64> {
 
 /// One token through one expert (weight `wk`): adds its output to `y` and its input gradient to
 /// `dx` (FP8 roundings of the device path: SwiGLU output and dG|dU 1x128; `dyq` is the token's
-/// dY after BF16 and 1x128 FP8).
+/// dY after BF16 and 1x128 FP8); returns the path's unweighted output.
 #[allow(clippy::too_many_arguments)]
 fn ref_path(
     xr: &[f32],
@@ -621,13 +632,15 @@ fn ref_path(
     i_n: usize,
     y: &mut [f64],
     dx: &mut [f64],
-) {
+) -> Vec<f64> {
     let (gt, up) = gate_up(xr, w1, h, i_n);
     let act: Vec<f32> = (0..i_n).map(|j| (silu(gt[j]) * up[j]) as f32).collect();
     let actq = fp8_row(&act);
+    let mut yp = vec![0f64; h];
     for (c, yc) in y.iter_mut().enumerate() {
         let wr = &w2[c * i_n..(c + 1) * i_n];
         let acc: f64 = (0..i_n).map(|j| actq[j] as f64 * wr[j] as f64).sum();
+        yp[c] = acc;
         *yc += wk * acc;
     }
     let dh = down_t(dyq, w2, h, i_n);
@@ -643,6 +656,7 @@ fn ref_path(
             dx[c] += wk * d as f64 * wr[c] as f64;
         }
     }
+    yp
 }
 
 /// One row of an MLP's wgrad input: (x dequantised `[H]`, dY as BF16 values `[H]`, row weight).
@@ -818,13 +832,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let xs: Vec<Vec<f32>> = (0..rn)
         .map(|_| (0..t_n * h).map(|_| rng.gen_range(-1.0f32..1.0)).collect())
         .collect();
-    let logits: Vec<Vec<f32>> = (0..rn)
-        .map(|_| {
-            (0..t_n * e_n)
-                .map(|_| rng.gen_range(-3.0f32..3.0))
-                .collect()
-        })
+    // the gate (router) weight, BF16 (DeepSeek keeps the gate out of FP8)
+    let wgate: Vec<bf16> = (0..e_n * h)
+        .map(|_| bf16::from_f32(rng.gen_range(-0.1f32..0.1)))
         .collect();
+    let wgate_t = transpose(&wgate, e_n, h);
     let bias: Vec<f32> = (0..e_n).map(|_| rng.gen_range(-0.05f32..0.05)).collect();
     let n_w = e_n + shared as usize;
     let w1s: Vec<Vec<f32>> = (0..n_w)
@@ -888,7 +900,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rq = per_rank(rn, "route + quantise (device)", |r| {
         let st = &cs[r];
         let ts = Instant::now();
-        let lb = devices[r].upload(&logits[r])?;
+        // gate: logits [T, E] = X (BF16) W_gate^T, f32 out
+        let xbf: Vec<bf16> = xs[r].iter().map(|&v| bf16::from_f32(v)).collect();
+        let xb16 = devices[r].upload(&xbf)?;
+        let xt16 = devices[r].upload(&transpose(&xbf, t_n, h))?;
+        let wgb = devices[r].upload(&wgate)?;
+        let wgtb = devices[r].upload(&wgate_t)?;
+        let mut lb = devices[r].alloc::<f32>(t_n * e_n)?;
+        kernels::gemm_bf16_nt(st, &xb16, &wgb, None, &mut lb, t_n, e_n, h)?;
         let bb = devices[r].upload(&bias)?;
         let out = route(st, &lb, &bb, &rc)?;
         let xb = devices[r].upload(&xs[r])?;
@@ -896,8 +915,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         let mut sc = devices[r].alloc::<f32>(t_n * h / 128)?;
         kernels::quantize_fp8_1x128(st, &xb, &mut q, &mut sc, t_n, h, ScaleMode::Pow2)?;
         st.synchronize()?;
-        trace.span("route+quantise_1x128", r, "compute", ts, Instant::now());
-        let rf = ep::routing::route_ref(&logits[r], &bias, &rc)?;
+        trace.span(
+            "gate gemm + route + quantise_1x128",
+            r,
+            "compute",
+            ts,
+            Instant::now(),
+        );
+        let lh = lb.to_vec()?;
+        let rf = ep::routing::route_ref(&lh, &bias, &rc)?;
         let got = out.idx.to_vec()?;
         if got[..t_n * kk] != rf.idx[..] {
             bail!("routing differs from the CPU reference");
@@ -909,7 +935,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             .map(|i| emu::fp::e4m3_to_f32(qd[i]) * sd[i / 128])
             .collect();
         let w = out.weights.to_vec()?;
-        Ok((out.idx, out.weights, q, sc, got, w, xq, quant_ok))
+        let gate = GateState {
+            logits: lb,
+            logits_h: lh,
+            xt: xt16,
+            wgate_t: wgtb,
+        };
+        Ok((out.idx, out.weights, q, sc, got, w, xq, quant_ok, gate))
     })?;
     let mut idx_b = Vec::new();
     let mut w_b = Vec::new();
@@ -918,7 +950,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut routed = Vec::new();
     let mut xq = Vec::new();
     let mut quant_ok = true;
-    for (ib, wb, q, sc, got, w, x, ok) in rq {
+    let mut gates = Vec::new();
+    for (ib, wb, q, sc, got, w, x, ok, gate) in rq {
+        gates.push(gate);
         idx_b.push(ib);
         w_b.push(wb);
         q_b.push(q);
@@ -928,9 +962,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         quant_ok &= ok;
     }
     let secs = t0.elapsed().as_secs_f64();
-    note("route + quantise (device)", secs);
-    rows.push(json!({"phase": "route + quantise 1x128 (device)", "seconds": secs, "intra_bytes": 0, "inter_bytes": 0,
-        "max_err": 0.0, "check": "routing idx and FP8 bytes/scales bit-exact vs CPU", "ok": quant_ok, "comm_sms": 0, "compute_sms": compute_sms}));
+    note("gate gemm + route + quantise (device)", secs);
+    rows.push(json!({"phase": "gate gemm (bf16) + route + quantise 1x128", "seconds": secs, "intra_bytes": 0, "inter_bytes": 0,
+        "max_err": 0.0, "check": "routing idx (on the device logits) and FP8 bytes/scales bit-exact vs CPU", "ok": quant_ok, "comm_sms": 0, "compute_sms": compute_sms}));
     // the shared expert's rows: every local token, one group, weight 1
     let sh_aux: Vec<(Buffer<i32>, Buffer<f32>, Buffer<i32>)> = (0..rn)
         .map(|r| -> anyhow::Result<_> {
@@ -1126,29 +1160,59 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let shb_secs = sp_x.secs();
 
     // ---- routed dgrad: quantise dY -> down^T -> SwiGLU backward -> gate/up^T
-    let t0 = Instant::now();
-    let dgr: Vec<Option<MlpDgrad>> =
-        per_rank(rn, "routed experts dgrad (fp8 gemm x2, swiglu bwd)", |r| {
-            let (o, Some(f)) = (&outs[r], &fwd[r]) else {
-                return Ok(None);
-            };
-            let ts = Instant::now();
-            let dy = devices[r].upload(&bytes_to_bf16(&gouts[r].recv_x.to_bytes()?))?;
-            let d = mlp.dgrad(
-                &cs[r],
-                dy,
-                f,
-                &o.recv_w,
-                &wdev[r].0,
-                &o.m_indices,
-                o.m_pad,
-                el,
-            )?;
-            trace.span("routed experts dgrad", r, "compute", ts, Instant::now());
-            Ok(Some(d))
-        })?;
-    let dgrad_secs = t0.elapsed().as_secs_f64();
-    note("bwd: routed experts dgrad", dgrad_secs);
+    //      || dL/dw[t, k] = <dY_t, y_tk> on the expert side, put back to the home ranks
+    let ys: Vec<&Buffer<bf16>> = (0..rn)
+        .map(|r| fwd[r].as_ref().map(|f| &f.y).unwrap_or(&empty[r]))
+        .collect();
+    let ntoks = vec![t_n; rn];
+    let (tg, dgr, sp_c, sp_x) = overlapped(
+        a.sequential,
+        || {
+            g.topk_weight_grad(
+                &ys,
+                &gouts.iter().map(|o| &o.recv_x).collect::<Vec<_>>(),
+                &outs,
+                &ntoks,
+            )
+        },
+        || {
+            per_rank(rn, "routed experts dgrad (|| top-k weight grads)", |r| {
+                let (o, Some(f)) = (&outs[r], &fwd[r]) else {
+                    return Ok(None);
+                };
+                let ts = Instant::now();
+                let dy = devices[r].upload(&bytes_to_bf16(&gouts[r].recv_x.to_bytes()?))?;
+                let d = mlp.dgrad(
+                    &cs[r],
+                    dy,
+                    f,
+                    &o.recv_w,
+                    &wdev[r].0,
+                    &o.m_indices,
+                    o.m_pad,
+                    el,
+                )?;
+                trace.span("routed experts dgrad", r, "compute", ts, Instant::now());
+                Ok(Some(d))
+            })
+        },
+    );
+    let tg = tg?;
+    let dgr: Vec<Option<MlpDgrad>> = dgr?;
+    for r in 0..rn {
+        trace.span(
+            "ep_topk_grad (put to home)",
+            r,
+            "comm",
+            sp_c.start,
+            sp_c.end,
+        );
+    }
+    let dgrad_secs = sp_x.secs();
+    let tg_secs = sp_c.secs();
+    note("bwd: top-k weight grads (comm SMs)", tg_secs);
+    note("bwd: routed experts dgrad (overlapped)", dgrad_secs);
+    overlaps.push(("top-k weight grads || routed dgrad", sp_c, sp_x));
 
     // ---- dispatch^T = combine of dX_e weighted by the top-k weights || routed wgrad
     let dxs: Vec<&Buffer<bf16>> = (0..rn)
@@ -1161,13 +1225,45 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 .map(|r| (r, g.last.clone()))
         },
         || {
-            per_rank(rn, "routed wgrad, k-grouped fp8 (|| combine)", |r| {
+            per_rank(rn, "gate bwd + routed wgrad (|| combine)", |r| {
+                let (st, gs) = (&cs[r], &gates[r]);
+                let ts = Instant::now();
+                // gate: routing backward, dX_gate = dlogits W_gate, dW_gate = dlogits^T X
+                let rg =
+                    ep::grad::route_backward(st, &gs.logits, &idx_b[r], &w_b[r], &tg.dw[r], &rc)?;
+                let mut dxg = devices[r].alloc::<f32>(t_n * h)?;
+                kernels::gemm_bf16_nt(
+                    st,
+                    &rg.dlogits_bf16,
+                    &gs.wgate_t,
+                    None,
+                    &mut dxg,
+                    t_n,
+                    h,
+                    e_n,
+                )?;
+                let mut dwg = devices[r].alloc::<f32>(e_n * h)?;
+                kernels::gemm_bf16_nt(st, &rg.dlogits_t_bf16, &gs.xt, None, &mut dwg, e_n, h, t_n)?;
+                st.synchronize()?;
+                trace.span(
+                    "gate bwd (route bwd + bf16 gemm x2)",
+                    r,
+                    "compute",
+                    ts,
+                    Instant::now(),
+                );
+                let gate = (
+                    rg.dlogits.to_vec()?,
+                    rg.dlogits_t_bf16.to_vec()?,
+                    dxg.to_vec()?,
+                    dwg.to_vec()?,
+                );
                 let (o, Some(d)) = (&outs[r], &dgr[r]) else {
-                    return Ok((Vec::new(), Vec::new()));
+                    return Ok(((Vec::new(), Vec::new()), gate));
                 };
                 let ts = Instant::now();
                 let dw = mlp.wgrad(
-                    &cs[r],
+                    st,
                     d,
                     (&o.recv_x, &o.recv_scales),
                     &o.m_indices,
@@ -1182,24 +1278,43 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     ts,
                     Instant::now(),
                 );
-                Ok(dw)
+                Ok((dw, gate))
             })
         },
     );
     let (gx, st_bc) = bcomb?;
-    let wg = wg?;
+    #[allow(clippy::type_complexity)]
+    let (wg, gate_bwd): (
+        Vec<(Vec<f32>, Vec<f32>)>,
+        Vec<(Vec<f32>, Vec<bf16>, Vec<f32>, Vec<f32>)>,
+    ) = wg?.into_iter().unzip();
     comm_sms_all.extend(st_bc.sms_used.iter().copied());
     for r in 0..rn {
         trace.span("ep_combine (bf16, dX)", r, "comm", sp_c.start, sp_c.end);
     }
     note("bwd: dispatch^T = combine", sp_c.secs());
-    note("bwd: routed wgrad (overlapped with combine)", sp_x.secs());
-    overlaps.push(("combine of dX || routed wgrad", sp_c, sp_x));
+    note("bwd: gate bwd + routed wgrad (overlapped)", sp_x.secs());
+    overlaps.push(("combine of dX || gate bwd + routed wgrad", sp_c, sp_x));
     let bc_secs = sp_c.secs();
     let wg_secs = sp_x.secs();
+    // dX = combine + shared expert + gate path (f32), one BF16 rounding of the sum
     let dx_tot: Vec<Vec<f32>> = (0..rn)
-        .map(|r| add_shared(gx[r].to_vec()?, sh_bwd[r].as_ref().map(|b| &b.0)))
+        .map(|r| -> anyhow::Result<Vec<f32>> {
+            let v = add_shared(gx[r].to_vec()?, sh_bwd[r].as_ref().map(|b| &b.0))?;
+            Ok(v.iter()
+                .zip(&gate_bwd[r].2)
+                .map(|(a, b)| bf(*a as f64 + *b as f64))
+                .collect())
+        })
         .collect::<Result<_, _>>()?;
+    // the gate weight's gradient: sum of the ranks' partials (data-parallel all-reduce, host)
+    let mut dwg_sum = vec![0f64; e_n * h];
+    for gb in &gate_bwd {
+        dwg_sum
+            .iter_mut()
+            .zip(&gb.3)
+            .for_each(|(a, v)| *a += *v as f64);
+    }
     // the replicated shared expert's gradient: sum of the ranks' partials (data-parallel
     // all-reduce, on the host)
     let sh_dw_sum: Option<(Vec<f32>, Vec<f32>)> = if shared {
@@ -1249,23 +1364,33 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .collect();
     let tok_err = per_rank(rn, "f64 reference (sampled tokens)", |r| {
         let (idx, w) = &routed[r];
-        let (mut ey, mut ex) = (Err::default(), Err::default());
+        let (mut ey, mut ex, mut el_, mut ed) = (
+            Err::default(),
+            Err::default(),
+            Err::default(),
+            Err::default(),
+        );
+        let lg = &gates[r].logits_h;
         for &t in &samples[r] {
             let xr = &xq[r][t * h..(t + 1) * h];
-            let dyq: Vec<f64> = fp8_row(
-                &gys[r][t * h..(t + 1) * h]
-                    .iter()
-                    .map(|&v| bf16::from_f32(v).to_f32())
-                    .collect::<Vec<_>>(),
-            )
-            .iter()
-            .map(|&v| v as f64)
-            .collect();
+            // gate logits: BF16 x and W_gate, f64 sums
+            for e in 0..e_n {
+                let want: f64 = (0..h)
+                    .map(|c| bf(xs[r][t * h + c] as f64) as f64 * wgate[e * h + c].to_f64())
+                    .sum();
+                el_.add(lg[t * e_n + e] as f64, want);
+            }
+            let dyb: Vec<f32> = gys[r][t * h..(t + 1) * h]
+                .iter()
+                .map(|&v| bf16::from_f32(v).to_f32())
+                .collect();
+            let dyq: Vec<f64> = fp8_row(&dyb).iter().map(|&v| v as f64).collect();
             let mut y = vec![0f64; h];
             let mut dx = vec![0f64; h];
+            let mut dw = vec![0f32; kk];
             for k in 0..kk {
                 let e = idx[t * kk + k] as usize;
-                ref_path(
+                let yp = ref_path(
                     xr,
                     &dyq,
                     w[t * kk + k] as f64,
@@ -1275,21 +1400,72 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     &mut y,
                     &mut dx,
                 );
+                // dL/dw_tk = <dY_t, y_tk> (y_tk stored in BF16 on the device)
+                dw[k] = (0..h)
+                    .map(|c| dyb[c] as f64 * bf(yp[c]) as f64)
+                    .sum::<f64>() as f32;
             }
             if shared {
                 ref_path(xr, &dyq, 1.0, w_deq(e_n), h, i_n, &mut y, &mut dx);
+            }
+            // routing backward (on the device's logits and selection) and the gate's dX
+            let dl = ep::grad::route_backward_ref(
+                &lg[t * e_n..(t + 1) * e_n],
+                &idx[t * kk..(t + 1) * kk],
+                &w[t * kk..(t + 1) * kk],
+                &dw,
+                &rc,
+            );
+            for e in 0..e_n {
+                ed.add(gate_bwd[r].0[t * e_n + e] as f64, dl[e]);
+                let d = bf(dl[e]) as f64;
+                if d != 0.0 {
+                    for c in 0..h {
+                        dx[c] += d * wgate[e * h + c].to_f64();
+                    }
+                }
             }
             for c in 0..h {
                 ey.add(y_tot[r][t * h + c] as f64, y[c]);
                 ex.add(dx_tot[r][t * h + c] as f64, dx[c]);
             }
         }
-        Ok((ey, ex))
+        Ok((ey, ex, el_, ed))
     })?;
-    let (mut ey, mut ex) = (Err::default(), Err::default());
-    for (a1, a2) in &tok_err {
+    let (mut ey, mut ex, mut elg, mut edl) = (
+        Err::default(),
+        Err::default(),
+        Err::default(),
+        Err::default(),
+    );
+    for (a1, a2, a3, a4) in &tok_err {
         ey = ey.merge(*a1);
         ex = ex.merge(*a2);
+        elg = elg.merge(*a3);
+        edl = edl.merge(*a4);
+    }
+    // dW_gate = sum over ranks of dlogits^T X: the GEMM stage checked in f64 on the device's
+    // BF16 dlogits (themselves checked above on the sampled tokens) and BF16 X, all tokens
+    let dwg_parts = per_rank(rn, "f64 reference (dW_gate)", |r| {
+        let dlt = &gate_bwd[r].1;
+        let mut part = vec![0f64; e_n * h];
+        for e in 0..e_n {
+            for t in 0..t_n {
+                let d = dlt[e * t_n + t].to_f64();
+                if d != 0.0 {
+                    let pr = &mut part[e * h..(e + 1) * h];
+                    for (c, p) in pr.iter_mut().enumerate() {
+                        *p += d * bf(xs[r][t * h + c] as f64) as f64;
+                    }
+                }
+            }
+        }
+        Ok(part)
+    })?;
+    let mut edwg = Err::default();
+    for i in 0..e_n * h {
+        let want: f64 = dwg_parts.iter().map(|p| p[i]).sum();
+        edwg.add(dwg_sum[i], want);
     }
 
     // ---- f64 reference: weight gradients of sampled routed experts (all their rows; expert e
@@ -1373,29 +1549,47 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let (r1, r2, rs1, rs2) = (e1.fro(), e2.fro(), es1.fro(), es2.fro());
     let ok_y = ry <= tol_y;
     let ok_dx = rx <= tol_dx;
-    let ok_dw = r1 <= tol_dw && r2 <= tol_dw && rs1 <= tol_dw && rs2 <= tol_dw;
+    let ok_dw = r1 <= tol_dw && r2 <= tol_dw && (!shared || (rs1 <= tol_dw && rs2 <= tol_dw));
+    // gate: logits and dW_gate are BF16-input GEMMs with f32 accumulation checked against f64 on
+    // the same inputs; dlogits carry the top-k weight gradients' BF16 expert outputs
+    let (tol_lg, tol_dl, tol_dwg) = (1e-4, 0.02, 1e-4);
+    let (rlg, rdl, rdwg) = (elg.rel(), edl.rel(), edwg.fro());
+    let ok_gate = rlg <= tol_lg && rdl <= tol_dl && rdwg <= tol_dwg;
     let ntok: usize = samples.iter().map(|v| v.len()).sum();
     let ov_json: Vec<Value> = overlaps
         .iter()
         .map(|(n, c, x)| json!({"pair": n, "comm_seconds": c.secs(), "compute_seconds": x.secs(), "concurrent_seconds": c.overlap(x)}))
         .collect();
     let concurrent: f64 = overlaps.iter().map(|(_, c, x)| c.overlap(x)).sum();
+    rows.push(json!({"phase": "gate logits (bf16 gemm, f32 out)", "seconds": 0.0, "intra_bytes": 0, "inter_bytes": 0,
+        "max_err": elg.max_err, "max_rel_err": rlg, "tolerance": tol_lg, "ok": rlg <= tol_lg,
+        "check": format!("logits of {ntok} sampled tokens vs f64"), "comm_sms": 0, "compute_sms": compute_sms}));
     rows.push(json!({"phase": "combine (bf16, weighted) + shared", "seconds": st_comb.seconds, "intra_bytes": st_comb.intra_node_bytes, "inter_bytes": st_comb.inter_node_bytes,
         "max_err": ey.max_err, "max_rel_err": ry, "tolerance": tol_y, "ok": ok_y,
         "check": format!("output Y vs f64 reference, {ntok} sampled tokens (all routed paths + shared)"),
         "comm_sms": st_comb.max_sms_per_rank, "compute_sms": 0}));
     rows.push(json!({"phase": "bwd: combine^T = dispatch (bf16, cached)", "seconds": bd_secs, "intra_bytes": st_bd.intra_node_bytes, "inter_bytes": st_bd.inter_node_bytes,
         "max_err": 0.0, "comm_sms": st_bd.max_sms_per_rank, "compute_sms": 0}));
-    rows.push(json!({"phase": "  || shared expert dgrad + wgrad", "seconds": shb_secs, "intra_bytes": 0, "inter_bytes": 0,
-        "max_err": es1.max_err.max(es2.max_err), "max_rel_err": rs1.max(rs2), "max_abs_over_max_ref": es1.rel().max(es2.rel()), "tolerance": tol_dw, "ok": shared.then_some(rs1 <= tol_dw && rs2 <= tol_dw),
+    if shared {
+        rows.push(json!({"phase": "  || shared expert dgrad + wgrad", "seconds": shb_secs, "intra_bytes": 0, "inter_bytes": 0,
+        "max_err": es1.max_err.max(es2.max_err), "max_rel_err": rs1.max(rs2), "max_abs_over_max_ref": es1.rel().max(es2.rel()), "tolerance": tol_dw, "ok": rs1 <= tol_dw && rs2 <= tol_dw,
         "check": format!("shared dW_gate/up, dW_down partial of rank {sh_rank} (all {t_n} tokens) vs f64"),
         "comm_sms": 0, "compute_sms": compute_sms}));
-    rows.push(json!({"phase": "bwd: routed dgrad (fp8 gemm x2, swiglu bwd)", "seconds": dgrad_secs, "intra_bytes": 0, "inter_bytes": 0,
+    }
+    rows.push(json!({"phase": "bwd: top-k weight grads <dY, y> put to home", "seconds": tg_secs, "intra_bytes": tg.intra_node_bytes, "inter_bytes": tg.inter_node_bytes,
+        "max_err": edl.max_err, "max_rel_err": rdl, "tolerance": tol_dl, "ok": rdl <= tol_dl,
+        "check": format!("dlogits (routing backward of the weight grads) of {ntok} sampled tokens vs f64"),
+        "comm_sms": a.num_sms, "compute_sms": 0}));
+    rows.push(json!({"phase": "  || routed dgrad (fp8 gemm x2, swiglu bwd)", "seconds": dgrad_secs, "intra_bytes": 0, "inter_bytes": 0,
         "max_err": 0.0, "comm_sms": 0, "compute_sms": compute_sms}));
     rows.push(json!({"phase": "bwd: dispatch^T = combine (bf16, weighted) + shared", "seconds": bc_secs, "intra_bytes": st_bc.intra_node_bytes, "inter_bytes": st_bc.inter_node_bytes,
         "max_err": ex.max_err, "max_rel_err": rx, "tolerance": tol_dx, "ok": ok_dx,
         "check": format!("dX vs f64 reference, {ntok} sampled tokens"),
         "comm_sms": st_bc.max_sms_per_rank, "compute_sms": 0}));
+    rows.push(json!({"phase": "  || gate bwd: dW_gate (all ranks summed)", "seconds": 0.0, "intra_bytes": 0, "inter_bytes": 0,
+        "max_err": edwg.max_err, "max_rel_err": rdwg, "tolerance": tol_dwg, "ok": rdwg <= tol_dwg,
+        "check": "dW_gate = sum_r dlogits_r^T X_r (the device's BF16 dlogits) vs f64, every element".to_string(),
+        "comm_sms": 0, "compute_sms": compute_sms}));
     rows.push(json!({"phase": "  || routed wgrad (k-grouped fp8, f32 out)", "seconds": wg_secs, "intra_bytes": 0, "inter_bytes": 0,
         "max_err": e1.max_err.max(e2.max_err), "max_rel_err": r1.max(r2), "max_abs_over_max_ref": e1.rel().max(e2.rel()), "tolerance": tol_dw, "ok": r1 <= tol_dw && r2 <= tol_dw,
         "check": format!("dW_gate/up, dW_down of experts {eids:?} (all rows) vs f64 reference"),
@@ -1406,15 +1600,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "comm_sms": comm_max, "compute_sms": comp_sms.len()}));
     rows.push(json!({"phase": "f64 reference (sampled)", "seconds": ref_secs, "intra_bytes": 0, "inter_bytes": 0, "max_err": 0.0, "comm_sms": 0, "compute_sms": 0}));
 
-    let ok = quant_ok && ok_y && ok_dx && ok_dw && placement_ok;
+    let ok = quant_ok && ok_y && ok_dx && ok_dw && ok_gate && placement_ok;
     let report = json!({"ranks": ranks, "nodes": s.nodes, "hidden": h, "experts": e_n, "shared_experts": a.shared, "intermediate": i_n, "tokens_per_rank": t_n,
         "topk": kk, "num_sms": a.num_sms, "compute_sms": compute_sms, "sequential": a.sequential, "phases": rows, "overlap": ov_json,
         "sampled_tokens_per_rank": samples.first().map(|v| v.len()).unwrap_or(0),
         "sampled_experts": eids, "shared_checked_rank": sh_rank, "forward_rel_err": ry, "dx_rel_err": rx, "dw_gate_up_rel_err": r1, "dw_down_rel_err": r2,
         "shared_dw_gate_up_rel_err": rs1, "shared_dw_down_rel_err": rs2,
+        "logits_rel_err": rlg, "dlogits_rel_err": rdl, "dw_gate_rel_err": rdwg,
         "shared_dw_sum_norm": sh_dw_sum.as_ref().map(|(a, b)| a.iter().chain(b).map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt()),
         "comm_sms_used": comm_sms_all, "compute_sms_used": comp_sms.len(),
-        "tolerance": {"y": tol_y, "dx": tol_dx, "dw": tol_dw}, "ok": ok, "total_seconds": t_all.elapsed().as_secs_f64()});
+        "tolerance": {"y": tol_y, "dx": tol_dx, "dw": tol_dw, "logits": tol_lg, "dlogits": tol_dl, "dw_gate": tol_dwg}, "ok": ok, "total_seconds": t_all.elapsed().as_secs_f64()});
     if let Some(p) = &a.trace {
         let ev = trace.ev.lock().map(|v| v.clone()).unwrap_or_default();
         std::fs::write(p, serde_json::to_string(&json!({"traceEvents": ev}))?)
@@ -1462,12 +1657,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         println!(
             "checks: Y {ry:.3e} (max|err|/max|ref|, tol {tol_y}), dX {rx:.3e} (tol {tol_dx}); ||err||/||ref||: dW_gate/up {r1:.3e}, dW_down {r2:.3e}, \
-             shared dW {rs1:.3e}/{rs2:.3e} (tol {tol_dw}); {ntok} sampled tokens, experts {eids:?}; SM partitions disjoint: {disjoint}; total {:.1} s",
+             shared dW {rs1:.3e}/{rs2:.3e} (tol {tol_dw}); gate: logits {rlg:.1e}, dlogits {rdl:.3e}, dW_gate {rdwg:.1e}; {ntok} sampled tokens, experts {eids:?}; SM partitions disjoint: {disjoint}; total {:.1} s",
             t_all.elapsed().as_secs_f64()
         );
     }
     if !ok {
-        bail!("MoE step failed its checks (Y {ry:.3e}, dX {rx:.3e}, dW {r1:.3e}/{r2:.3e}, shared dW {rs1:.3e}/{rs2:.3e}, SM partitions disjoint {disjoint})");
+        bail!("MoE step failed its checks (Y {ry:.3e}, dX {rx:.3e}, dW {r1:.3e}/{r2:.3e}, shared dW {rs1:.3e}/{rs2:.3e}, \
+               logits {rlg:.1e}, dlogits {rdl:.3e}, dW_gate {rdwg:.1e}, SM partitions disjoint {disjoint})");
     }
     Ok(())
 }
