@@ -1347,13 +1347,21 @@ impl EpGroup {
             .timeout(self.cfg.timeout * 3 + Duration::from_secs(60))
     }
 
+    /// Zeroes every rank's counters, error and byte records, ordered on the rank's
+    /// communication stream (host operations here never wait for the compute streams: dispatch
+    /// and combine overlap the compute kernels).
     fn reset(&self) -> Result<()> {
         let zeros = vec![0u8; self.cnt_bytes as usize];
         for r in 0..self.devices.len() {
-            self.ws[r].copy_from_bytes(&zeros)?;
-            self.err[r].fill(0)?;
-            self.bytes[r].fill(0)?;
-            self.done[r].fill(0)?;
+            let st = &self.streams[r];
+            st.copy_to_device(&self.ws[r], &zeros)?;
+            st.fill(&self.err[r], 0)?;
+            st.fill(&self.bytes[r], 0)?;
+            st.fill(&self.done[r], 0)?;
+        }
+        // peers write into these counters: every rank's reset lands before any launch
+        for st in &self.streams {
+            st.synchronize()?;
         }
         Ok(())
     }
@@ -1367,7 +1375,7 @@ impl EpGroup {
             }
         }
         for &r in ranks {
-            let e = self.err[r].to_vec()?;
+            let e = self.streams[r].read(&self.err[r])?;
             if e[0] != 0 {
                 return Err(EpError::Timeout {
                     rank: e[1],
@@ -1388,7 +1396,7 @@ impl EpGroup {
         };
         let mut sms = std::collections::BTreeSet::new();
         for &r in ranks {
-            let b = self.bytes[r].to_vec()?;
+            let b = self.streams[r].read(&self.bytes[r])?;
             st.inter_node_bytes += b[0];
             st.intra_node_bytes += b[1];
             if let Some(s) = self.streams[r].last_stats() {
@@ -1478,7 +1486,8 @@ impl EpGroup {
             // count exchange ("notify"): tokens_per_expert of every source rank
             let per_exp: Vec<Vec<u32>> = lays
                 .iter()
-                .map(|l| l.tokens_per_expert.to_vec())
+                .enumerate()
+                .map(|(r, l)| self.streams[r].read(&l.tokens_per_expert))
                 .collect::<std::result::Result<_, _>>()?;
             let mut hs = Vec::new();
             for (d, lay) in lays.into_iter().enumerate() {
@@ -1508,12 +1517,13 @@ impl EpGroup {
                 let fmax = cfg.fmax() as usize;
                 let cc = cfg.channels() as usize;
                 let g = cfg.gpus_per_node as usize;
-                let tk = topk_idx[d].to_vec()?;
+                let st = &self.streams[d];
+                let tk = st.read(topk_idx[d])?;
                 hs.push(RankHandle {
                     num_tokens: ntoks[d],
-                    topk_idx: dev.upload(&tk)?,
+                    topk_idx: st.upload(&tk)?,
                     slots: lay.slots,
-                    offs: dev.upload(&offs)?,
+                    offs: st.upload(&offs)?,
                     fwd_list: dev.alloc((cc * fmax * 2).max(1))?,
                     fwd_count: dev.alloc(cc)?,
                     rcv_list: dev.alloc((g * cc * fmax * kk).max(1))?,
@@ -1547,24 +1557,25 @@ impl EpGroup {
         for r in 0..r_n {
             let dev = &self.devices[r];
             let m = hs[r].m_pad.max(1);
-            hs[r].fwd_count.fill(0)?;
-            hs[r].rcv_count.fill(0)?;
+            let st = &self.streams[r];
+            st.fill(&hs[r].fwd_count, 0)?;
+            st.fill(&hs[r].rcv_count, 0)?;
             let o = DispatchOut {
                 recv_x: dev.alloc(m * cfg.payload_bytes(p) as usize)?,
                 recv_scales: dev.alloc(m * (h / 128))?,
                 recv_w: dev.alloc(m)?,
                 recv_src: dev.alloc(m)?,
                 recv_k: dev.alloc(m)?,
-                m_indices: dev.upload(&hs[r].m_indices_host)?,
+                m_indices: st.upload(&hs[r].m_indices_host)?,
                 m_indices_host: hs[r].m_indices_host.clone(),
                 counts: hs[r].counts.clone(),
                 expert_base: hs[r].expert_base.clone(),
                 m_pad: hs[r].m_pad,
             };
-            o.recv_src.fill(-1)?;
-            o.recv_k.fill(-1)?;
+            st.fill(&o.recv_src, -1)?;
+            st.fill(&o.recv_k, -1)?;
             // padding rows hold zeros (the weight-gradient GEMMs read whole 128-row segments)
-            o.recv_x.fill(0)?;
+            st.fill(&o.recv_x, 0)?;
             outs.push(o);
         }
         let f: Vec<_> = (0..r_n)

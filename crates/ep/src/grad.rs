@@ -30,7 +30,9 @@ const ROWS_PER_CTA: u32 = 4;
 /// `topk` (`gpn` GPUs per node for the byte counters).
 pub fn topk_grad_kernel(t: &Target, h: u32, topk: u32, gpn: u32) -> Result<ptx::Module> {
     if h == 0 || h % 64 != 0 {
-        return Err(EpError::Config(format!("hidden {h} must be a multiple of 64")));
+        return Err(EpError::Config(format!(
+            "hidden {h} must be a multiple of 64"
+        )));
     }
     let mut k = KernelBuilder::new("ep_topk_grad", t.clone());
     let y = k.param::<GlobalPtr<u32>>("y");
@@ -149,8 +151,12 @@ impl EpGroup {
         let mut dw = Vec::new();
         for r in 0..r_n {
             let b = self.devices[r].alloc::<u8>((num_tokens[r] * kk * 4).max(4))?;
-            b.fill(0xff)?; // NaN poison: every (token, k) must be written
+            self.streams[r].fill(&b, 0xff)?; // NaN poison: every (token, k) must be written
             dw.push(b);
+        }
+        // every home buffer is poisoned before any rank puts into it
+        for r in 0..r_n {
+            self.streams[r].synchronize()?;
         }
         let key = format!("h{h}_k{kk}_g{}", cfg.gpus_per_node);
         let mut counters = Vec::new();
@@ -170,9 +176,10 @@ impl EpGroup {
                     _ => b.peer_ptr(dev)?,
                 });
             }
-            let tab = dev.upload(&tab)?;
+            let st = &self.streams[r];
+            let tab = st.upload(&tab)?;
             let bytes = dev.alloc::<u64>(2)?;
-            bytes.fill(0)?;
+            st.fill(&bytes, 0)?;
             let rows = outs[r].m_pad as u32;
             let lc = LaunchConfig::linear(rows.div_ceil(ROWS_PER_CTA), 32 * ROWS_PER_CTA).budget(
                 runtime::SmPartition {
@@ -200,7 +207,7 @@ impl EpGroup {
         for r in 0..r_n {
             self.streams[r].synchronize()?;
             if let Some((_, b)) = &counters[r] {
-                let v = b.to_vec()?;
+                let v = self.streams[r].read(b)?;
                 inter += v[0];
                 intra += v[1];
             }

@@ -203,7 +203,7 @@ pub fn get_dispatch_layout(
         token_in_rank: dev.alloc((num_tokens * c.ranks as usize).max(1))?,
         slots: dev.alloc((num_tokens * c.topk as usize).max(1))?,
     };
-    b.slots.fill(-1)?;
+    stream.fill(&b.slots, -1)?;
     if num_tokens > 0 {
         let t = num_tokens as u32;
         stream.launch(

@@ -871,13 +871,7 @@ pub fn gemm_bf16_nt<O: GemmOut>(
     n: usize,
     k: usize,
 ) -> Result<()> {
-    let cfg = choose_config(
-        InTy::Bf16,
-        Layout::Normal,
-        m,
-        n,
-        stream.device().props().sms,
-    );
+    let cfg = choose_config(InTy::Bf16, Layout::Normal, m, n, stream.sm_count());
     let s = spec(InTy::Bf16, O::OUT, Layout::Normal, c.is_some(), cfg);
     check_mnk(&s.name, false, m, n, k)?;
     need(&s.name, "a", a, m * k)?;
@@ -915,7 +909,7 @@ pub fn gemm_fp8_nt(
     if crate::hopper::available(stream) {
         return crate::hopper::gemm_fp8_nt(stream, a, sa, b, sb, d, m, n, k);
     }
-    let cfg = choose_config(InTy::Fp8, Layout::Normal, m, n, stream.device().props().sms);
+    let cfg = choose_config(InTy::Fp8, Layout::Normal, m, n, stream.sm_count());
     let s = spec(InTy::Fp8, OutTy::Bf16, Layout::Normal, false, cfg);
     gemm_fp8_with(stream, &s, a, sa, b, sb, d, m, n, k)
 }
@@ -1093,13 +1087,7 @@ pub fn grouped_gemm_fp8_contiguous(
     k: usize,
     groups: usize,
 ) -> Result<()> {
-    let cfg = choose_config(
-        InTy::Fp8,
-        Layout::Contiguous,
-        m,
-        n,
-        stream.device().props().sms,
-    );
+    let cfg = choose_config(InTy::Fp8, Layout::Contiguous, m, n, stream.sm_count());
     let s = spec(InTy::Fp8, OutTy::Bf16, Layout::Contiguous, false, cfg);
     grouped_fp8_contiguous_with(stream, &s, a, sa, b, sb, d, m_indices, m, n, k, groups)
 }
@@ -1169,13 +1157,7 @@ pub fn grouped_gemm_bf16_contiguous(
     k: usize,
     groups: usize,
 ) -> Result<()> {
-    let cfg = choose_config(
-        InTy::Bf16,
-        Layout::Contiguous,
-        m,
-        n,
-        stream.device().props().sms,
-    );
+    let cfg = choose_config(InTy::Bf16, Layout::Contiguous, m, n, stream.sm_count());
     let s = spec(InTy::Bf16, OutTy::Bf16, Layout::Contiguous, false, cfg);
     grouped_bf16_contiguous_with(stream, &s, a, b, d, m_indices, m, n, k, groups)
 }
@@ -1257,7 +1239,7 @@ pub fn grouped_gemm_fp8_masked(
         Layout::Masked,
         m_max * groups,
         n,
-        stream.device().props().sms,
+        stream.sm_count(),
     );
     let s = spec(InTy::Fp8, OutTy::Bf16, Layout::Masked, false, cfg);
     grouped_fp8_masked_with(stream, &s, a, sa, b, sb, d, masked_m, groups, m_max, n, k)
@@ -1323,7 +1305,7 @@ pub fn grouped_gemm_bf16_masked(
         Layout::Masked,
         m_max * groups,
         n,
-        stream.device().props().sms,
+        stream.sm_count(),
     );
     let s = spec(InTy::Bf16, OutTy::Bf16, Layout::Masked, false, cfg);
     grouped_bf16_masked_with(stream, &s, a, b, d, masked_m, groups, m_max, n, k)
@@ -1418,7 +1400,7 @@ pub fn wgrad_fp8_kgrouped(
         Layout::KGrouped,
         m * groups.max(1),
         n,
-        stream.device().props().sms,
+        stream.sm_count(),
     );
     let s = spec(InTy::Fp8, OutTy::F32, Layout::KGrouped, false, cfg);
     wgrad_fp8_kgrouped_with(stream, &s, a, sa, b, sb, k_starts, d, m, n, ktot, groups)

@@ -330,6 +330,93 @@ impl Stream {
         }))
     }
 
+    /// Queues setting every element of `dst` to `v`, ordered with this stream's work (no wait on
+    /// the device's other streams). CUDA: waits for this stream, then a synchronous memset.
+    pub fn fill<T: crate::Pod>(&self, dst: &crate::Buffer<T>, v: T) -> Result<()> {
+        let mut pat = Vec::new();
+        v.to_bytes(&mut pat);
+        let bytes = dst.len() * T::SIZE;
+        if self.inner.cuda.is_some() {
+            self.synchronize()?;
+            return dst.mem.fill(bytes, &pat);
+        }
+        let addr = dst.device_ptr();
+        self.enqueue(Box::new(move |s: &StreamInner| {
+            let mem = crate::device::emu_memory().snapshot();
+            match mem.find(addr, bytes as u64) {
+                Some(a) => {
+                    let mut buf = Vec::with_capacity(bytes);
+                    while buf.len() < bytes {
+                        buf.extend_from_slice(&pat);
+                    }
+                    buf.truncate(bytes);
+                    a.write_bytes(addr - a.base, &buf)
+                }
+                None => {
+                    let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+                    st.error
+                        .get_or_insert(RuntimeError::Buffer("fill of a freed buffer".into()));
+                }
+            }
+        }))
+    }
+
+    /// Allocates a buffer on this stream's device and queues the copy of `data` into it.
+    pub fn upload<T: crate::Pod>(&self, data: &[T]) -> Result<crate::Buffer<T>> {
+        let b = self.device.alloc::<T>(data.len())?;
+        self.copy_to_device(&b, data)?;
+        Ok(b)
+    }
+
+    /// Waits for this stream only, then copies `src` out: the stream-ordered read that does not
+    /// wait for the device's other streams (a communication kernel on another stream keeps
+    /// running).
+    pub fn read<T: crate::Pod>(&self, src: &crate::Buffer<T>) -> Result<Vec<T>> {
+        self.synchronize()?;
+        let mut bytes = vec![0u8; src.len() * T::SIZE];
+        src.mem.read(0, &mut bytes)?;
+        Ok(bytes.chunks_exact(T::SIZE).map(T::from_bytes).collect())
+    }
+
+    /// Stream-ordered copy of `src`'s bytes into `dst` (`dst` at least as large; the element
+    /// types may differ, e.g. BF16 rows received as bytes). Emulator: queued; CUDA: waits for this
+    /// stream and copies through the host.
+    pub fn copy_bytes<A: crate::Pod, B: crate::Pod>(
+        &self,
+        src: &crate::Buffer<A>,
+        dst: &crate::Buffer<B>,
+    ) -> Result<()> {
+        let n = src.len() * A::SIZE;
+        if n > dst.len() * B::SIZE {
+            return Err(RuntimeError::Buffer(format!(
+                "copy of {n} bytes into a buffer of {}",
+                dst.len() * B::SIZE
+            )));
+        }
+        if self.inner.cuda.is_some() {
+            self.synchronize()?;
+            let mut bytes = vec![0u8; n];
+            src.mem.read(0, &mut bytes)?;
+            return dst.mem.write(0, &bytes);
+        }
+        let (sa, da) = (src.device_ptr(), dst.device_ptr());
+        self.enqueue(Box::new(move |s: &StreamInner| {
+            let mem = crate::device::emu_memory().snapshot();
+            match (mem.find(sa, n as u64), mem.find(da, n as u64)) {
+                (Some(a), Some(b)) => {
+                    let mut bytes = vec![0u8; n];
+                    a.read_bytes(sa - a.base, &mut bytes);
+                    b.write_bytes(da - b.base, &bytes);
+                }
+                _ => {
+                    let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+                    st.error
+                        .get_or_insert(RuntimeError::Buffer("copy with a freed buffer".into()));
+                }
+            }
+        }))
+    }
+
     /// Statistics of the most recent completed launch.
     pub fn last_stats(&self) -> Option<emu::LaunchStats> {
         self.inner

@@ -225,6 +225,51 @@ W:
 }
 
 #[test]
+fn stream_ordered_host_ops_do_not_wait_for_other_streams() {
+    // A kernel on the comm stream spins until the compute stream's queued fill sets the flag;
+    // the compute stream's upload, read and byte copy must complete meanwhile (device-wide
+    // `Buffer` copies would wait for the spinning kernel and deadlock).
+    const WAIT: &str = r#"
+.visible .entry waiter(.param .u64 flag)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [flag];
+W:
+    ld.acquire.gpu.global.u32 %r1, [%rd1];
+    setp.eq.u32 %p1, %r1, 0;
+    @%p1 bra W;
+    ret;
+}
+"#;
+    let dev = Device::emu(27);
+    let (comm, compute) = dev.partition(8).unwrap();
+    let m = Module::load_ptx(&dev, &format!("{HEADER}{WAIT}")).unwrap();
+    let cs = comm.stream().unwrap();
+    let ks = compute.stream().unwrap();
+    let flag = ks.upload(&[0u32]).unwrap();
+    ks.synchronize().unwrap();
+    let cfg = LaunchConfig::linear(1, 32).timeout(Duration::from_secs(60));
+    cs.launch(&m.function("waiter").unwrap(), &cfg, &args![&flag])
+        .unwrap();
+    let data: Vec<u16> = (0..64).map(|i| (i * 977 % 65521) as u16).collect();
+    let a = ks.upload(&data).unwrap();
+    let b = dev.alloc::<u8>(128).unwrap();
+    ks.fill(&b, 0xee).unwrap();
+    ks.copy_bytes(&a, &b).unwrap();
+    let got = ks.read(&b).unwrap();
+    let want: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(got, want);
+    let c = dev.alloc::<u32>(5).unwrap();
+    ks.fill(&c, 0xdead_beef).unwrap();
+    assert_eq!(ks.read(&c).unwrap(), vec![0xdead_beef; 5]);
+    assert!(ks.copy_bytes(&a, &c).is_err()); // 128 bytes do not fit in 20
+    ks.fill(&flag, 1).unwrap();
+    cs.synchronize().unwrap();
+}
+
+#[test]
 fn async_copies_and_events_on_the_emulator() {
     let dev = Device::emu(25);
     let buf = dev.alloc::<u32>(8).unwrap();

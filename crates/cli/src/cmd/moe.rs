@@ -197,12 +197,6 @@ fn bf(x: f64) -> f32 {
     bf16::from_f32(x as f32).to_f32()
 }
 
-fn bytes_to_bf16(b: &[u8]) -> Vec<bf16> {
-    b.chunks_exact(2)
-        .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
-        .collect()
-}
-
 /// Error accumulator: max |got - want|, max |want|, sum (got - want)^2, sum want^2.
 #[derive(Clone, Copy, Default)]
 struct Err {
@@ -590,7 +584,7 @@ impl Mlp {
             groups,
         )?;
         st.synchronize()?;
-        Ok((dw1.to_vec()?, dw2.to_vec()?))
+        Ok((st.read(&dw1)?, st.read(&dw2)?))
     }
 }
 
@@ -1126,7 +1120,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 };
                 let ts = Instant::now();
                 let dy = devices[r].alloc::<bf16>(t_n * h)?;
-                dy.copy_from_bytes(&gyb[r].to_bytes()?)?;
+                cs[r].copy_bytes(&gyb[r], &dy)?;
                 let (mi, ones, ks) = &sh_aux[r];
                 let d = mlp.dgrad(&cs[r], dy, f, ones, w, mi, t_n, 1)?;
                 let dw = mlp.wgrad(&cs[r], &d, (&q_b[r], &s_b[r]), mi, ks, t_n, 1)?;
@@ -1181,7 +1175,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     return Ok(None);
                 };
                 let ts = Instant::now();
-                let dy = devices[r].upload(&bytes_to_bf16(&gouts[r].recv_x.to_bytes()?))?;
+                let dy = devices[r].alloc::<bf16>(o.m_pad * h)?;
+                cs[r].copy_bytes(&gouts[r].recv_x, &dy)?;
                 let d = mlp.dgrad(
                     &cs[r],
                     dy,
@@ -1253,10 +1248,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     Instant::now(),
                 );
                 let gate = (
-                    rg.dlogits.to_vec()?,
-                    rg.dlogits_t_bf16.to_vec()?,
-                    dxg.to_vec()?,
-                    dwg.to_vec()?,
+                    st.read(&rg.dlogits)?,
+                    st.read(&rg.dlogits_t_bf16)?,
+                    st.read(&dxg)?,
+                    st.read(&dwg)?,
                 );
                 let (o, Some(d)) = (&outs[r], &dgr[r]) else {
                     return Ok(((Vec::new(), Vec::new()), gate));

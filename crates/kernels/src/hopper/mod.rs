@@ -295,7 +295,8 @@ fn launch_hopper(
     bytes.extend_from_slice(&tb);
     let maps = dev.upload(&bytes)?;
     let base = maps.device_ptr();
-    let mut sms = dev.props().sms.max(1) as usize;
+    // persistent grid: one CTA per SM of the stream's partition (the whole device otherwise)
+    let mut sms = stream.sm_count().max(1) as usize;
     if s.max_ctas > 0 {
         sms = sms.min(s.max_ctas as usize);
     }
@@ -381,7 +382,7 @@ pub fn gemm_fp8_nt(
     n: usize,
     k: usize,
 ) -> Result<()> {
-    let s = choose_spec(HIn::Fp8, HLayout::Normal, m, n, stream.device().props().sms);
+    let s = choose_spec(HIn::Fp8, HLayout::Normal, m, n, stream.sm_count());
     gemm_fp8_nt_with(stream, &s, a, sa, b, sb, d, m, n, k)
 }
 
@@ -443,13 +444,7 @@ pub fn gemm_bf16_nt(
     n: usize,
     k: usize,
 ) -> Result<()> {
-    let s = choose_spec(
-        HIn::Bf16,
-        HLayout::Normal,
-        m,
-        n,
-        stream.device().props().sms,
-    );
+    let s = choose_spec(HIn::Bf16, HLayout::Normal, m, n, stream.sm_count());
     gemm_bf16_nt_with(stream, &s, a, b, d, m, n, k)
 }
 
@@ -513,13 +508,7 @@ pub fn grouped_gemm_fp8_contiguous(
     k: usize,
     groups: usize,
 ) -> Result<()> {
-    let s = choose_spec(
-        HIn::Fp8,
-        HLayout::Contiguous,
-        m,
-        n,
-        stream.device().props().sms,
-    );
+    let s = choose_spec(HIn::Fp8, HLayout::Contiguous, m, n, stream.sm_count());
     grouped_fp8_contiguous_with(stream, &s, a, sa, b, sb, d, m_indices, m, n, k, groups)
 }
 
@@ -596,7 +585,7 @@ pub fn grouped_gemm_fp8_masked(
         HLayout::Masked,
         m_max * groups,
         n,
-        stream.device().props().sms,
+        stream.sm_count(),
     );
     grouped_fp8_masked_with(stream, &s, a, sa, b, sb, d, masked_m, groups, m_max, n, k)
 }
