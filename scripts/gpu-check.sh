@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU check: on a machine with an NVIDIA GPU and driver (no CUDA toolkit needed), builds in
 # release and runs (1) the runtime tests on the CUDA device, (2) every cargo test whose name
-# contains `cuda` in every crate (library kernels against their CPU references), (3) the
-# benchmarks that exist. Prints a table at the end; full logs go to $OUT (or target/gpu-check).
+# contains `cuda` in every crate (library kernels against their CPU references), (3) a small
+# `ptxforge moe --device cuda`, (4) the benchmarks that exist. Prints a table at the end; full logs go to $OUT (or target/gpu-check).
 # Budget: under 8 minutes on one H200 (each step has a timeout).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +30,9 @@ step devices 30 cargo run --release -q -p ptxforge-cli -- devices
 step runtime-cuda 120 cargo test --release -p runtime -- --nocapture --test-threads=1
 # Every other crate: the tests tagged for CUDA (name contains `cuda`).
 step cuda-tagged 150 cargo test --release --workspace --exclude runtime -- cuda --nocapture
+# The main job on the GPU (one rank per GPU present: one here), small enough for the budget.
+step moe-cuda 120 ./target/release/ptxforge moe --device cuda --nodes 1 --gpus-per-node 1 \
+  --experts 8 --hidden 1024 --intermediate 512 --tokens 512 --topk 2 --groups 2 --topk-groups 1 --check-tokens 64
 # Benchmarks that exist (harness=false benches run once, quickly, in test mode).
 step benches 120 cargo bench --workspace --no-fail-fast -- --test
 
