@@ -17,10 +17,15 @@
 //! BN need not divide 128 (any multiple of 8 up to 256): a tile then straddles two or three B
 //! scale blocks, chosen per 8-column accumulator chunk.
 //!
-//! Epilogue: direct `st.global.b32` of bf16x2 pairs from the accumulator registers, guarded
-//! by the M/N bounds (and the grouped layouts' row rules). stmatrix + TMA store is the
-//! DeepGEMM choice; direct stores are simpler and let the producer run ahead into the next tile
-//! meanwhile.
+//! Epilogue (normal and contiguous layouts, DeepGEMM's choice): each math warpgroup converts its
+//! 64 x BN accumulators to BF16 (contiguous padding rows zeroed), writes them into its own
+//! shared staging buffer with `stmatrix.x4` (the accumulator fragment is the `stmatrix` m8n8
+//! fragment), fences the generic proxy against the async proxy, and one thread issues a 2-D TMA
+//! tensor store (`cp.async.bulk.tensor.2d.global.shared::cta.bulk_group`) that the tensor map
+//! clips to M x N. The store runs while the warpgroup starts the next tile; the staging buffer is
+//! reused only after `cp.async.bulk.wait_group.read 0` and a warpgroup barrier (named barrier
+//! 1 + warpgroup). Masked layout: direct `st.global.b32` of bf16x2 pairs guarded by the row
+//! bound, since rows past `masked_m[g]` must stay untouched (a TMA box would overwrite them).
 //!
 //! Multicast (`multicast_a`, cluster of 2 along N): CTA pairs share the M block; each CTA loads
 //! half of the A box and multicasts it to both, and consumers release the stage on both CTAs'
@@ -58,6 +63,11 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
     }
     let tmap_a = k.param_tensormap_ptr("tmap_a");
     let tmap_b = k.param_tensormap_ptr("tmap_b");
+    let tmap_d = if spec.tma_store() {
+        Some(k.param_tensormap_ptr("tmap_d"))
+    } else {
+        None
+    };
     let (sa, sb) = if fp8 {
         (
             Some(k.param_ptr_aligned::<f32>("sa", 4)),
@@ -88,6 +98,12 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
     let stage_bytes = lay.used().div_ceil(1024) * 1024;
     lay.reserve(stage_bytes * (stages - 1), 1024);
     let pipe = Pipeline::new(&mut lay, stages);
+    // epilogue staging: one 64 x BN bf16 buffer per math warpgroup
+    let d_stage = if spec.tma_store() {
+        Some(lay.array::<u8>(spec.epilogue_bytes(), 1024))
+    } else {
+        None
+    };
     let tx_bytes = (bm + bn) * BK_BYTES;
     let smem_base = a_tile0.base.reg();
 
@@ -301,6 +317,30 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
             };
             let a_row_off = k.mul(wg, 64 * BK_BYTES);
             let st = PipeState::new(k);
+            let epi = |k: &mut KernelBuilder,
+                       tc: &TileCoord,
+                       r0: Reg<u32>,
+                       r1: Reg<u32>,
+                       col0: Reg<u32>,
+                       vals: &[Reg<f32>]| match (tmap_d, d_stage) {
+                (Some(tm), Some(buf)) => {
+                    let lanes = StoreLanes { wg, wt, warp, lane };
+                    store_tile_tma(
+                        k,
+                        spec,
+                        tm,
+                        buf,
+                        lanes,
+                        tc.m0,
+                        tc.n0,
+                        [r0, r1],
+                        tc.row_end,
+                        idx,
+                        vals,
+                    )
+                }
+                _ => store_tile(k, spec, d, n, r0, r1, col0, tc.row_end, idx, vals),
+            };
             k.for_range(cta, num_tiles, ncta, |k, tile| {
                 let tc = decode(k, tile);
                 let r0 = k.add(tc.m0, row_in_tile);
@@ -312,18 +352,7 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                         // contiguous-layout padding segment: write zeros; masked: nothing
                         if spec.layout == HLayout::Contiguous {
                             let z = k.mov(0.0f32);
-                            store_tile(
-                                k,
-                                spec,
-                                d,
-                                n,
-                                r0,
-                                r1,
-                                col0,
-                                tc.row_end,
-                                idx,
-                                &vec![z; nacc],
-                            );
+                            epi(k, &tc, r0, r1, col0, &vec![z; nacc]);
                         }
                     },
                     |k| {
@@ -421,10 +450,15 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                             }
                             st.advance(k, stages);
                         });
-                        store_tile(k, spec, d, n, r0, r1, col0, tc.row_end, idx, &acc);
+                        epi(k, &tc, r0, r1, col0, &acc);
                     },
                 );
             });
+            if spec.tma_store() {
+                // the last tile's TMA store must finish before the CTA's shared memory goes
+                let one = k.eq(wt, 0u32);
+                k.if_(one, |k| k.cp_async_bulk_wait_group(0, false));
+            }
         },
     );
     if cluster > 1 {
@@ -523,6 +557,122 @@ fn store_tile(
             }
         });
     }
+}
+
+/// A math thread's place in its warpgroup (for the TMA-store epilogue).
+#[derive(Clone, Copy)]
+struct StoreLanes {
+    wg: Reg<u32>,
+    wt: Reg<u32>,
+    warp: Reg<u32>,
+    lane: Reg<u32>,
+}
+
+/// TMA-store epilogue of one warpgroup's 64 x BN tile (rows `m0 + 64*wg ..`, columns `n0 ..`):
+/// wait until the previous store has read the staging buffer, `stmatrix` the BF16 values
+/// (contiguous layout: padding rows as zeros), fence the async proxy, and one thread stores the
+/// box through `tmap_d` (clipped to the tensor's M x N).
+#[allow(clippy::too_many_arguments)]
+fn store_tile_tma(
+    k: &mut KernelBuilder,
+    spec: &HopperSpec,
+    tmap_d: Reg<u64>,
+    stage: SharedPtr<u8>,
+    l: StoreLanes,
+    m0: Reg<u32>,
+    n0: Reg<u32>,
+    rows: [Reg<u32>; 2],
+    row_end: Reg<u32>,
+    idx: Option<GlobalPtr<i32>>,
+    acc: &[Reg<f32>],
+) {
+    let pitch = spec.bn * 2;
+    let leader = k.eq(l.wt, 0u32);
+    let bar_id = k.add(l.wg, 1u32);
+    k.if_(leader, |k| k.cp_async_bulk_wait_group(0, true));
+    k.bar_sync_count(bar_id, 128u32);
+    // BF16 pairs; contiguous padding rows (m_indices < 0) become zeros
+    let z = k.mov(0.0f32);
+    let zero_row: Vec<Option<Reg<Pred>>> = rows
+        .iter()
+        .map(|&r| {
+            if spec.layout == HLayout::Contiguous {
+                let last = k.sub(row_end, 1u32);
+                let rc = k.min(r, last);
+                let e = k.ld(idx.expect("contiguous layout has m_indices").offset(rc));
+                Some(k.lt(e, 0i32))
+            } else {
+                None
+            }
+        })
+        .collect();
+    let chunks = spec.bn / 8;
+    let words: Vec<[Reg<Bf16x2>; 2]> = (0..chunks)
+        .map(|j| {
+            let mut w = Vec::new();
+            for half in 0..2usize {
+                let (a, b) = (
+                    acc[(4 * j + 2 * half as u32) as usize],
+                    acc[(4 * j + 2 * half as u32 + 1) as usize],
+                );
+                let (a, b) = match zero_row[half] {
+                    Some(p) => (k.selp(z, a, p), k.selp(z, b, p)),
+                    None => (a, b),
+                };
+                w.push(k.cvt_bf16x2(b, a));
+            }
+            [w[0], w[1]]
+        })
+        .collect();
+    // this warpgroup's buffer; lane -> row address of matrix i = lane / 8 (x4: i&1 = row half,
+    // i>>1 = chunk j or j+1; x2: lanes 0..15)
+    let wg_off = k.mul(l.wg, 64 * pitch);
+    let base = k.add(stage.reg(), wg_off);
+    let i = k.shr(l.lane, 3u32);
+    let r = k.and(l.lane, 7u32);
+    let hi = k.and(i, 1u32);
+    let row = {
+        let x = k.mul(l.warp, 16u32);
+        let y = k.mad_lo(hi, 8u32, x);
+        k.add(y, r)
+    };
+    let row_b = k.mul(row, pitch);
+    let chunk1 = k.shr(i, 1u32);
+    let lane_x4 = {
+        let c = k.mul(chunk1, 16u32);
+        let x = k.add(row_b, c);
+        k.add(base, x)
+    };
+    let lane_x2 = k.add(base, row_b);
+    let mut j = 0;
+    while j < chunks {
+        let (ju, off) = (j as usize, stage.byte_offset() + 16 * j as i64);
+        if j + 1 < chunks {
+            let a = SharedPtr::<u8>::from_reg(lane_x4).add_bytes(off);
+            let v = [
+                words[ju][0],
+                words[ju][1],
+                words[ju + 1][0],
+                words[ju + 1][1],
+            ];
+            k.stmatrix(a, v, false);
+            j += 2;
+        } else {
+            let a = SharedPtr::<u8>::from_reg(lane_x2).add_bytes(off);
+            k.stmatrix(a, [words[ju][0], words[ju][1]], false);
+            j += 1;
+        }
+    }
+    k.fence_proxy_async();
+    k.bar_sync_count(bar_id, 128u32);
+    k.if_(leader, |k| {
+        let row0 = k.mad_lo(l.wg, 64u32, m0);
+        let c0 = k.bitcast::<i32, u32>(n0);
+        let c1 = k.bitcast::<i32, u32>(row0);
+        let src = SharedPtr::<u8>::from_reg(base).add_bytes(stage.byte_offset());
+        k.cp_async_bulk_tensor_s2g(tmap_d, &[c0, c1], src);
+        k.cp_async_bulk_commit_group();
+    });
 }
 
 /// Checks a spec (typed error, never a panic).

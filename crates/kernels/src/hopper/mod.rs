@@ -6,9 +6,10 @@
 //!
 //! Host API: the same interfaces as the `mma.sync` kernels in [`crate::gemm`] ([`gemm_fp8_nt`],
 //! [`gemm_bf16_nt`], [`grouped_gemm_fp8_contiguous`], [`grouped_gemm_fp8_masked`]).
-//! The wrappers build the two tensor maps (A and B as 2-D row-major byte/bf16 tensors, 128-byte
-//! swizzle, zero OOB fill), upload them into one 256-byte device buffer and pass its addresses
-//! (`tmap_a`, `tmap_b` are `u64` parameters pointing at global memory: the emulator reads
+//! The wrappers build the tensor maps (A and B as 2-D row-major byte/bf16 tensors, 128-byte
+//! swizzle, zero OOB fill; D, for the TMA-store epilogue, bf16 with a BN x 64 box, no swizzle),
+//! upload them into one device buffer and pass their addresses
+//! (`tmap_a`, `tmap_b`, `tmap_d` are `u64` parameters pointing at global memory: the emulator reads
 //! `emu::hopper::TensorMapDesc` bytes from `runtime::TensorMap::encode_emu`, CUDA the driver's
 //! `CUtensorMap` from `encode_cuda`). The wrappers synchronise the stream before returning (the
 //! tensor-map buffer is freed then).
@@ -120,11 +121,30 @@ impl HopperSpec {
         ((self.bm() + self.bn) * gemm::BK_BYTES).div_ceil(1024) * 1024
     }
     fn max_stages(&self) -> u32 {
-        (227 * 1024 - 256) / self.stage_bytes()
+        let epi = if self.tma_store() {
+            self.epilogue_bytes() + 1024
+        } else {
+            0
+        };
+        (227 * 1024 - 256 - epi) / self.stage_bytes()
+    }
+    /// True when the epilogue goes through `stmatrix` + TMA store (normal and contiguous
+    /// layouts; the masked layout stores directly so rows past `masked_m` stay untouched).
+    pub fn tma_store(&self) -> bool {
+        self.layout != HLayout::Masked
+    }
+    /// Shared staging of the TMA-store epilogue: BM x BN bf16.
+    pub fn epilogue_bytes(&self) -> u32 {
+        self.bm() * self.bn * 2
     }
     /// Dynamic shared memory of a launch.
     pub fn shared_bytes(&self) -> u32 {
-        self.stage_bytes() * self.stages + 16 * self.stages
+        let pipe = self.stage_bytes() * self.stages + 16 * self.stages;
+        if self.tma_store() {
+            pipe.div_ceil(1024) * 1024 + self.epilogue_bytes()
+        } else {
+            pipe
+        }
     }
     /// B scale blocks (128 columns each) one BN tile can touch.
     pub fn b_scale_blocks(&self) -> u32 {
@@ -152,6 +172,9 @@ impl HopperSpec {
     /// Parameters in launch order: (name, type).
     pub fn params(&self) -> Vec<(&'static str, &'static str)> {
         let mut p = vec![("tmap_a", "tensormap*"), ("tmap_b", "tensormap*")];
+        if self.tma_store() {
+            p.push(("tmap_d", "tensormap*"));
+        }
         if self.input == HIn::Fp8 {
             p.push(("sa", "f32*"));
             p.push(("sb", "f32*"));
@@ -293,6 +316,20 @@ fn launch_hopper(
     let tb = tmap(dev.backend(), s.input, b_ptr, l.b_rows, k, s.bn)?;
     let mut bytes = ta.to_vec();
     bytes.extend_from_slice(&tb);
+    if s.tma_store() {
+        // D [m, n] bf16, box BN x 64 (one math warpgroup's rows), no swizzle, clipped at M x N
+        let mut t = TensorMap::tiled(
+            TensorDataType::BF16,
+            d.device_ptr(),
+            &[n as u64, m as u64],
+            &[s.bn, 64],
+        );
+        t.swizzle = TSwizzle::None;
+        bytes.extend_from_slice(&match dev.backend() {
+            Backend::Emu => t.encode_emu()?,
+            _ => t.encode_cuda()?,
+        });
+    }
     let maps = dev.upload(&bytes)?;
     let base = maps.device_ptr();
     // persistent grid: one CTA per SM of the stream's partition (the whole device otherwise)
@@ -310,6 +347,9 @@ fn launch_hopper(
         cfg.cluster = [2, 1, 1];
     }
     let mut v = args![base, base + 128];
+    if s.tma_store() {
+        v.push(runtime::Arg::U64(base + 256));
+    }
     if let Some((sa, sb)) = scales {
         v.extend(args![sa, sb]);
     }
