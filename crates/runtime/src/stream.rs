@@ -331,14 +331,16 @@ impl Stream {
     }
 
     /// Queues setting every element of `dst` to `v`, ordered with this stream's work (no wait on
-    /// the device's other streams). CUDA: waits for this stream, then a synchronous memset.
+    /// the device's other streams). CUDA: `cuMemsetD8/16/32Async` on this stream.
     pub fn fill<T: crate::Pod>(&self, dst: &crate::Buffer<T>, v: T) -> Result<()> {
         let mut pat = Vec::new();
         v.to_bytes(&mut pat);
         let bytes = dst.len() * T::SIZE;
-        if self.inner.cuda.is_some() {
-            self.synchronize()?;
-            return dst.mem.fill(bytes, &pat);
+        if let Some(cs) = &self.inner.cuda {
+            return cs
+                .as_ref()
+                .map_err(|e| e.clone())?
+                .memset_async(dst.device_ptr(), bytes, &pat);
         }
         let addr = dst.device_ptr();
         self.enqueue(Box::new(move |s: &StreamInner| {
@@ -372,15 +374,22 @@ impl Stream {
     /// wait for the device's other streams (a communication kernel on another stream keeps
     /// running).
     pub fn read<T: crate::Pod>(&self, src: &crate::Buffer<T>) -> Result<Vec<T>> {
-        self.synchronize()?;
         let mut bytes = vec![0u8; src.len() * T::SIZE];
-        src.mem.read(0, &mut bytes)?;
+        if let Some(cs) = &self.inner.cuda {
+            sync_inner(&self.inner)?;
+            cs.as_ref()
+                .map_err(|e| e.clone())?
+                .copy_dtoh(&mut bytes, src.device_ptr())?;
+        } else {
+            self.synchronize()?;
+            src.mem.read(0, &mut bytes)?;
+        }
         Ok(bytes.chunks_exact(T::SIZE).map(T::from_bytes).collect())
     }
 
     /// Stream-ordered copy of `src`'s bytes into `dst` (`dst` at least as large; the element
-    /// types may differ, e.g. BF16 rows received as bytes). Emulator: queued; CUDA: waits for this
-    /// stream and copies through the host.
+    /// types may differ, e.g. BF16 rows received as bytes). Emulator: queued; CUDA:
+    /// `cuMemcpyDtoDAsync` on this stream.
     pub fn copy_bytes<A: crate::Pod, B: crate::Pod>(
         &self,
         src: &crate::Buffer<A>,
@@ -393,11 +402,12 @@ impl Stream {
                 dst.len() * B::SIZE
             )));
         }
-        if self.inner.cuda.is_some() {
-            self.synchronize()?;
-            let mut bytes = vec![0u8; n];
-            src.mem.read(0, &mut bytes)?;
-            return dst.mem.write(0, &bytes);
+        if let Some(cs) = &self.inner.cuda {
+            return cs.as_ref().map_err(|e| e.clone())?.copy_dtod_async(
+                dst.device_ptr(),
+                src.device_ptr(),
+                n,
+            );
         }
         let (sa, da) = (src.device_ptr(), dst.device_ptr());
         self.enqueue(Box::new(move |s: &StreamInner| {

@@ -224,39 +224,50 @@ W:
     cs.synchronize().unwrap();
 }
 
-#[test]
-fn stream_ordered_host_ops_do_not_wait_for_other_streams() {
-    // A kernel on the comm stream spins until the compute stream's queued fill sets the flag;
-    // the compute stream's upload, read and byte copy must complete meanwhile (device-wide
-    // `Buffer` copies would wait for the spinning kernel and deadlock).
+/// A kernel on the comm partition's stream spins until the compute partition's stream queues a
+/// fill that sets the flag; the compute stream's upload, read and byte copy must complete
+/// meanwhile (device-wide `Buffer` copies would wait for the spinning kernel). The spin is
+/// bounded (it then records 0xbad instead of the flag) so a wrong implementation fails instead
+/// of hanging.
+pub(crate) fn stream_ordered_ops(dev: &Device) {
     const WAIT: &str = r#"
-.visible .entry waiter(.param .u64 flag)
+.visible .entry waiter(.param .u64 flag, .param .u64 out)
 {
-    .reg .pred %p<2>;
-    .reg .b32 %r<2>;
-    .reg .b64 %rd<2>;
+    .reg .pred %p<3>;
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<3>;
     ld.param.u64 %rd1, [flag];
+    ld.param.u64 %rd2, [out];
+    mov.u32 %r3, 0;
 W:
     ld.acquire.gpu.global.u32 %r1, [%rd1];
+    add.u32 %r3, %r3, 1;
+    setp.gt.u32 %p2, %r3, 50000000;
+    @%p2 bra GIVEUP;
     setp.eq.u32 %p1, %r1, 0;
     @%p1 bra W;
+    st.global.u32 [%rd2], %r1;
+    ret;
+GIVEUP:
+    st.global.u32 [%rd2], 2989;
     ret;
 }
 "#;
-    let dev = Device::emu(27);
     let (comm, compute) = dev.partition(8).unwrap();
-    let m = Module::load_ptx(&dev, &format!("{HEADER}{WAIT}")).unwrap();
+    let m = Module::load_ptx(dev, &format!("{HEADER}{WAIT}")).unwrap();
     let cs = comm.stream().unwrap();
     let ks = compute.stream().unwrap();
     let flag = ks.upload(&[0u32]).unwrap();
+    let out = ks.upload(&[0u32]).unwrap();
     ks.synchronize().unwrap();
     let cfg = LaunchConfig::linear(1, 32).timeout(Duration::from_secs(60));
-    cs.launch(&m.function("waiter").unwrap(), &cfg, &args![&flag])
+    cs.launch(&m.function("waiter").unwrap(), &cfg, &args![&flag, &out])
         .unwrap();
     let data: Vec<u16> = (0..64).map(|i| (i * 977 % 65521) as u16).collect();
     let a = ks.upload(&data).unwrap();
     let b = dev.alloc::<u8>(128).unwrap();
     ks.fill(&b, 0xee).unwrap();
+    assert_eq!(ks.read(&b).unwrap(), vec![0xee; 128]);
     ks.copy_bytes(&a, &b).unwrap();
     let got = ks.read(&b).unwrap();
     let want: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -266,7 +277,18 @@ W:
     assert_eq!(ks.read(&c).unwrap(), vec![0xdead_beef; 5]);
     assert!(ks.copy_bytes(&a, &c).is_err()); // 128 bytes do not fit in 20
     ks.fill(&flag, 1).unwrap();
+    ks.synchronize().unwrap();
     cs.synchronize().unwrap();
+    assert_eq!(
+        cs.read(&out).unwrap(),
+        vec![1],
+        "the waiter gave up: the fill never landed"
+    );
+}
+
+#[test]
+fn stream_ordered_host_ops_do_not_wait_for_other_streams() {
+    stream_ordered_ops(&Device::emu(27));
 }
 
 #[test]
@@ -466,6 +488,12 @@ mod cuda {
         s.copy_to_device(&buf, &[3u32; 16]).unwrap();
         s.synchronize().unwrap();
         assert_eq!(buf.to_vec().unwrap()[15], 3);
+    }
+
+    #[test]
+    fn cuda_stream_ordered_host_ops() {
+        let Some(dev) = gpu() else { return };
+        super::stream_ordered_ops(&dev);
     }
 
     #[test]

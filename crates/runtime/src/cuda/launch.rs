@@ -127,6 +127,67 @@ impl CuStream {
         Ok(())
     }
 
+    /// Queues `cuMemsetD8/16/32Async` of `bytes` at `dst` with a 1-, 2- or 4-byte pattern.
+    pub fn memset_async(&self, dst: u64, bytes: usize, pattern: &[u8]) -> Result<()> {
+        self.bind()?;
+        let n = bytes / pattern.len().max(1);
+        // SAFETY: `dst .. dst + bytes` lies inside one live allocation (the caller's buffer);
+        // the stream handle is live.
+        let r = unsafe {
+            match pattern.len() {
+                1 => sys::cuMemsetD8Async(dst, pattern[0], n, self.raw.0),
+                2 => sys::cuMemsetD16Async(
+                    dst,
+                    u16::from_le_bytes([pattern[0], pattern[1]]),
+                    n,
+                    self.raw.0,
+                ),
+                4 => sys::cuMemsetD32Async(
+                    dst,
+                    u32::from_le_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]),
+                    n,
+                    self.raw.0,
+                ),
+                _ => {
+                    let data: Vec<u8> = pattern.iter().copied().cycle().take(bytes).collect();
+                    return self.copy_htod_async(dst, &data);
+                }
+            }
+        };
+        check(r, "cuMemsetAsync")
+    }
+
+    /// Queues a device-to-device copy of `bytes` (`cuMemcpyDtoDAsync`).
+    pub fn copy_dtod_async(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: both ranges lie inside live allocations (checked by the caller); live stream.
+        check(
+            unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.raw.0) },
+            "cuMemcpyDtoDAsync",
+        )
+    }
+
+    /// Waits for this stream, then copies `out.len()` bytes from `src` through a pinned buffer
+    /// on this stream (no context-wide synchronisation: other streams keep running).
+    pub fn copy_dtoh(&self, out: &mut [u8], src: u64) -> Result<()> {
+        self.synchronize()?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let mut pinned = Pinned::new(&self.dev, out.len())?;
+        // SAFETY: the pinned buffer holds `out.len()` bytes and is read only after the stream
+        // has been synchronised; the device range is in bounds (checked by the caller).
+        unsafe {
+            check(
+                sys::cuMemcpyDtoHAsync_v2(pinned.as_ptr(), src, out.len(), self.raw.0),
+                "cuMemcpyDtoHAsync",
+            )?;
+            check(sys::cuStreamSynchronize(self.raw.0), "cuStreamSynchronize")?;
+        }
+        out.copy_from_slice(&pinned.as_mut_slice()[..out.len()]);
+        Ok(())
+    }
+
     /// Launches `name` from `module` with packed parameters laid out per `offsets`.
     pub fn launch(
         &self,
