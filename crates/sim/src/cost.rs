@@ -550,12 +550,15 @@ impl<'a> CostModel<'a> {
         } else {
             2.0
         };
+        // The attention output is the input of the output projection and is needed by the
+        // attention backward too; V3 caches it once in its 12-bit E5M6 format (report section
+        // 3.3.2), BF16 without FP8 training.
+        let e5m6 = if a == 1.0 { 1.5 } else { 2.0 };
         let attn = 2.0 * h
             + a * h
             + 2.0 * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim) as f64
-            + 2.0 * hd * m.v_head_dim as f64
-            + 4.0 * hd
-            + a * hd * m.v_head_dim as f64;
+            + e5m6 * hd * m.v_head_dim as f64
+            + 4.0 * hd;
         match kind {
             BlockKind::Head => h * 2.0 + m.vocab as f64 * 2.0 / 8.0,
             BlockKind::Dense => attn + 2.0 * h + a * h + m.dense_intermediate as f64 * (4.0 + a),
