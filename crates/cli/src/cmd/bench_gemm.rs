@@ -34,8 +34,15 @@ pub const SHAPES: &[(usize, usize, usize, usize, f64)] = &[
 ];
 
 fn torch_tflops(dtype: &str, s: &Shape, contiguous: bool) -> Option<f64> {
-    let script =
+    // the checkout this binary was built in, else `scripts/` under the working directory (a
+    // binary carried to a GPU machine runs from the repository root there)
+    let built =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench_torch.py");
+    let script = if built.exists() {
+        built
+    } else {
+        std::path::PathBuf::from("scripts/bench_torch.py")
+    };
     let out = std::process::Command::new("python3")
         .arg(script)
         .args([
