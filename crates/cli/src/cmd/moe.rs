@@ -1007,8 +1007,30 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     note("dispatch (fp8)", sp_c.secs());
     note("shared expert fwd (overlapped with dispatch)", sp_x.secs());
     let mut overlaps = vec![("dispatch || shared expert fwd", sp_c, sp_x)];
+    // node-limited saving: one inter-node record per (token, destination node other than home),
+    // versus one per (token, expert on another node) without the forwarding hop
+    let (mut node_copies, mut expert_copies) = (0u64, 0u64);
+    for (r, (idx, _)) in routed.iter().enumerate() {
+        let home = r / s.gpn as usize;
+        for t in 0..t_n {
+            let mut nodes = std::collections::BTreeSet::new();
+            for &e in &idx[t * kk..(t + 1) * kk] {
+                let node = (e as usize / el) / s.gpn as usize;
+                if node != home {
+                    nodes.insert(node);
+                    expert_copies += 1;
+                }
+            }
+            node_copies += nodes.len() as u64;
+        }
+    }
+    let inter_expected = node_copies * rb8 as u64;
+    let inter_ok = st_disp.inter_node_bytes == inter_expected;
     rows.push(json!({"phase": "dispatch (fp8)", "seconds": sp_c.secs(), "intra_bytes": st_disp.intra_node_bytes, "inter_bytes": st_disp.inter_node_bytes,
-        "fp8_saved_bytes": saved, "max_err": 0.0, "comm_sms": st_disp.max_sms_per_rank, "compute_sms": 0}));
+        "fp8_saved_bytes": saved, "max_err": 0.0, "comm_sms": st_disp.max_sms_per_rank, "compute_sms": 0, "ok": inter_ok,
+        "check": format!("inter-node bytes = {node_copies} (token, node) records x {rb8} B = {inter_expected}; \
+            one record per (token, expert) would be {expert_copies} records ({} B)", expert_copies * rb8 as u64),
+        "inter_node_records": node_copies, "inter_node_records_without_node_limit": expert_copies}));
     rows.push(json!({"phase": "  || shared expert fwd (gemm, swiglu+quant, gemm)", "seconds": sp_x.secs(), "intra_bytes": 0, "inter_bytes": 0,
         "max_err": 0.0, "comm_sms": 0, "compute_sms": compute_sms}));
     let srcs: Vec<Vec<i32>> = outs
@@ -1595,7 +1617,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "comm_sms": comm_max, "compute_sms": comp_sms.len()}));
     rows.push(json!({"phase": "f64 reference (sampled)", "seconds": ref_secs, "intra_bytes": 0, "inter_bytes": 0, "max_err": 0.0, "comm_sms": 0, "compute_sms": 0}));
 
-    let ok = quant_ok && ok_y && ok_dx && ok_dw && ok_gate && placement_ok;
+    let ok = quant_ok && inter_ok && ok_y && ok_dx && ok_dw && ok_gate && placement_ok;
     let report = json!({"ranks": ranks, "nodes": s.nodes, "hidden": h, "experts": e_n, "shared_experts": a.shared, "intermediate": i_n, "tokens_per_rank": t_n,
         "topk": kk, "num_sms": a.num_sms, "compute_sms": compute_sms, "sequential": a.sequential, "phases": rows, "overlap": ov_json,
         "sampled_tokens_per_rank": samples.first().map(|v| v.len()).unwrap_or(0),
@@ -1652,7 +1674,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         println!(
             "checks: Y {ry:.3e} (max|err|/max|ref|, tol {tol_y}), dX {rx:.3e} (tol {tol_dx}); ||err||/||ref||: dW_gate/up {r1:.3e}, dW_down {r2:.3e}, \
-             shared dW {rs1:.3e}/{rs2:.3e} (tol {tol_dw}); gate: logits {rlg:.1e}, dlogits {rdl:.3e}, dW_gate {rdwg:.1e}; {ntok} sampled tokens, experts {eids:?}; SM partitions disjoint: {disjoint}; total {:.1} s",
+             shared dW {rs1:.3e}/{rs2:.3e} (tol {tol_dw}); inter-node dispatch {node_copies} records (per-expert copies would be {expert_copies}): {inter_ok}; gate: logits {rlg:.1e}, dlogits {rdl:.3e}, dW_gate {rdwg:.1e}; {ntok} sampled tokens, experts {eids:?}; SM partitions disjoint: {disjoint}; total {:.1} s",
             t_all.elapsed().as_secs_f64()
         );
     }
