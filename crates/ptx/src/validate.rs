@@ -1084,6 +1084,7 @@ impl<'a> FnCheck<'a> {
                 self.check_value(i, &a[1], n, Want::T(Ty::B32), "source");
             }
             Mma => self.mma(i, &tys),
+            WgmmaMmaAsync => self.wgmma(i, &tys),
             _ => {}
         }
     }
@@ -1241,6 +1242,135 @@ impl<'a> FnCheck<'a> {
                         bad.join(", ")
                     ),
                 );
+            }
+        }
+    }
+}
+
+impl FnCheck<'_> {
+    /// `wgmma.mma_async.sync.aligned.m64nNkK.dtype.atype.btype d, a, b-desc, scale-d, ...`:
+    /// the shape for the input type, the accumulator count (N/2 f32 or s32 registers, N/4 b32
+    /// for f16), A as a 64-bit descriptor or 4 b32 registers, B a 64-bit descriptor, scale-d a
+    /// predicate or an immediate.
+    fn wgmma(&mut self, i: &Instruction, tys: &[Ty]) {
+        let Some(Mod::Shape { m, n, k: Some(k) }) = i.shape() else {
+            return;
+        };
+        if tys.len() < 2 {
+            return;
+        }
+        let (dt, at) = (tys[0], tys[1]);
+        let want_k = match at {
+            Ty::F16 | Ty::Bf16 => Some(16),
+            Ty::Tf32 => Some(8),
+            Ty::E4m3 | Ty::E5m2 | Ty::S8 | Ty::U8 => Some(32),
+            _ => None,
+        };
+        let shape = format!("m{m}n{n}k{k}");
+        let n_ok = if matches!(at, Ty::S8 | Ty::U8) {
+            n % 8 == 0 && (8..=256).contains(&n) && (n <= 24 || n % 16 == 0)
+        } else {
+            n % 8 == 0 && (8..=256).contains(&n)
+        };
+        if m != 64 || want_k.is_some_and(|w| w != k) || !n_ok {
+            self.diag(
+                DiagKind::MmaFragment,
+                i.loc,
+                format!(
+                    "wgmma .{shape} is not a shape of .{at} inputs (m64nNk{}, N a multiple of 8 up to 256)",
+                    want_k.unwrap_or(k)
+                ),
+            );
+            return;
+        }
+        let (nd, dty) = match dt {
+            Ty::F16 => ((n / 4) as usize, Ty::B32),
+            Ty::S32 => ((n / 2) as usize, Ty::S32),
+            _ => ((n / 2) as usize, Ty::F32),
+        };
+        let regs = |o: &Operand| -> Vec<Operand> {
+            match o {
+                Operand::Vec(v) => v.clone(),
+                other => vec![other.clone()],
+            }
+        };
+        let bad_ty = |s: &mut Self, label: &str, elems: &[Operand], want: Ty| {
+            let bad: Vec<String> = elems
+                .iter()
+                .filter_map(|e| match e {
+                    Operand::Reg(r) => s
+                        .lookup(r)
+                        .filter(|info| !compatible(info.ty, want))
+                        .map(|info| format!("`{r}` (.{})", info.ty)),
+                    _ => None,
+                })
+                .collect();
+            if !bad.is_empty() {
+                s.diag(
+                    DiagKind::MmaFragment,
+                    i.loc,
+                    format!(
+                        "wgmma .{shape}: {label} needs .{want} registers, found {}",
+                        bad.join(", ")
+                    ),
+                );
+            }
+        };
+        if let Some(d) = i.args.first() {
+            let e = regs(d);
+            if e.len() != nd {
+                self.diag(
+                    DiagKind::MmaFragment,
+                    i.loc,
+                    format!(
+                        "wgmma .{shape} .{dt}: accumulator D needs {nd} registers, found {}",
+                        e.len()
+                    ),
+                );
+            } else {
+                bad_ty(self, "accumulator D", &e, dty);
+            }
+        }
+        // A: a descriptor (64-bit register) or a register fragment of 4 x b32
+        if let Some(a) = i.args.get(1) {
+            match a {
+                Operand::Vec(v) if v.len() != 4 => self.diag(
+                    DiagKind::MmaFragment,
+                    i.loc,
+                    format!(
+                        "wgmma .{shape}: A from registers needs 4 registers, found {}",
+                        v.len()
+                    ),
+                ),
+                Operand::Vec(v) => bad_ty(self, "A", v, Ty::B32),
+                other => bad_ty(
+                    self,
+                    "the A descriptor",
+                    std::slice::from_ref(other),
+                    Ty::B64,
+                ),
+            }
+        }
+        if let Some(b) = i.args.get(2) {
+            if matches!(b, Operand::Vec(_)) {
+                self.diag(
+                    DiagKind::MmaFragment,
+                    i.loc,
+                    format!("wgmma .{shape}: B must be a shared-memory matrix descriptor (.b64)"),
+                );
+            } else {
+                bad_ty(self, "the B descriptor", std::slice::from_ref(b), Ty::B64);
+            }
+        }
+        if let Some(Operand::Reg(r)) = i.args.get(3) {
+            if let Some(info) = self.lookup(r) {
+                if info.ty != Ty::Pred {
+                    self.diag(
+                        DiagKind::MmaFragment,
+                        i.loc,
+                        format!("wgmma .{shape}: scale-d must be a predicate or an immediate, `{r}` is .{}", info.ty),
+                    );
+                }
             }
         }
     }

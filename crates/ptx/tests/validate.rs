@@ -264,6 +264,48 @@ fn mma_fragments() {
 }
 
 #[test]
+fn wgmma_operands() {
+    let d32: Vec<String> = (0..32).map(|i| format!("%f{}", i % 16)).collect();
+    let d = format!("{{{}}}", d32.join(", "));
+    let ok = format!(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {d}, %rd1, %rd2, %p1, 1, 1, 0, 1;"
+    );
+    clean(&check(&ok));
+    // Triton's form: b32 accumulators, an immediate scale-d; FP8 k32 and register A
+    let bits = format!(
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {}, %rd1, %rd2, 1, 1, 1;",
+        d.replace("%f", "%r")
+    );
+    clean(&check(&bits));
+    let reg_a = format!("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {d}, {{%r1, %r2, %r3, %r4}}, %rd2, %p1, 1, 1, 1;");
+    clean(&check(&reg_a));
+    // 16 accumulators for N = 64 (needs 32)
+    let short: Vec<String> = (0..16).map(|i| format!("%f{i}")).collect();
+    let bad_d = format!(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {{{}}}, %rd1, %rd2, %p1, 1, 1, 0, 1;",
+        short.join(", ")
+    );
+    expect(&check(&bad_d), DiagKind::MmaFragment, 1);
+    // K must be 32 for e4m3; N a multiple of 8
+    let bad_k =
+        format!("wgmma.mma_async.sync.aligned.m64n64k16.f32.e4m3.e4m3 {d}, %rd1, %rd2, 1, 1, 1;");
+    expect(&check(&bad_k), DiagKind::MmaFragment, 1);
+    let bad_n = "wgmma.mma_async.sync.aligned.m64n12k16.f32.bf16.bf16 {%f1, %f2, %f3, %f4, %f5, %f6}, %rd1, %rd2, %p1, 1, 1, 0, 1;";
+    expect(&check(bad_n), DiagKind::MmaFragment, 1);
+    // descriptors are 64-bit, scale-d a predicate
+    let bad_desc = format!(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {d}, %rd1, %r2, %p1, 1, 1, 0, 1;"
+    );
+    expect(&check(&bad_desc), DiagKind::MmaFragment, 1);
+    let bad_scale = format!(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {d}, %rd1, %rd2, %r1, 1, 1, 0, 1;"
+    );
+    expect(&check(&bad_scale), DiagKind::MmaFragment, 1);
+    let bad_a = format!("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {d}, {{%r1, %r2}}, %rd2, %p1, 1, 1, 1;");
+    expect(&check(&bad_a), DiagKind::MmaFragment, 1);
+}
+
+#[test]
 fn guard_must_be_predicate() {
     expect(&check("@%r1 bra $L;\n$L:"), DiagKind::GuardNotPredicate, 1);
     expect(&check("@%nope ret;"), DiagKind::UndeclaredRegister, 1);
