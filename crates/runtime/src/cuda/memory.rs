@@ -74,21 +74,66 @@ pub(crate) struct DevMem {
 }
 
 impl DevMem {
-    /// `cuMemAlloc` of `bytes`, zeroed.
+    /// `cuMemAlloc` of `bytes`, zeroed before this returns.
+    ///
+    /// The zeroing runs on the device's (non-blocking) copy stream, which is then synchronised:
+    /// the synchronous `cuMemsetD8` runs on the legacy NULL stream and returns before it completes
+    /// (memsets of device memory are asynchronous with respect to the host), and the runtime's
+    /// streams are all `CU_STREAM_NON_BLOCKING`, so they do not wait for the NULL stream: a copy or
+    /// launch queued on a stream right after `alloc` could run before the zeroing and then be
+    /// overwritten by it. Synchronising only the copy stream (not the context) keeps `alloc`
+    /// from waiting on kernels of other streams (a spinning communication kernel).
     pub fn alloc(ctx: &Arc<Ctx>, bytes: usize) -> Result<DevMem> {
         ctx.bind()?;
         let mut ptr = 0;
-        // SAFETY: out-pointer to a local; then a memset within the new allocation.
+        // SAFETY: out-pointer to a local.
+        check(
+            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)) },
+            "cuMemAlloc",
+        )?;
+        let m = DevMem {
+            ptr,
+            bytes,
+            ctx: ctx.clone(),
+            ipc: false,
+        };
+        m.memset_now(&[0])?;
+        Ok(m)
+    }
+
+    /// Sets the whole allocation to `pattern` (1, 2 or 4 bytes) on the copy stream and waits for
+    /// that stream only.
+    fn memset_now(&self, pattern: &[u8]) -> Result<()> {
+        let s = copy_stream(&self.ctx)?;
+        self.ctx.bind()?;
+        let len = self.bytes.max(1);
+        let n = len / pattern.len().max(1);
+        // SAFETY: `n` elements of the pattern's size lie within the allocation; `s` is the live
+        // copy stream of this allocation's context, which is current.
         unsafe {
-            check(sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)), "cuMemAlloc")?;
-            let m = DevMem {
-                ptr,
-                bytes,
-                ctx: ctx.clone(),
-                ipc: false,
+            let r = match pattern.len() {
+                1 => sys::cuMemsetD8Async(self.ptr, pattern[0], n, s),
+                2 => sys::cuMemsetD16Async(
+                    self.ptr,
+                    u16::from_le_bytes([pattern[0], pattern[1]]),
+                    n,
+                    s,
+                ),
+                4 => sys::cuMemsetD32Async(
+                    self.ptr,
+                    u32::from_le_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]),
+                    n,
+                    s,
+                ),
+                _ => {
+                    return Err(RuntimeError::Buffer(format!(
+                        "memset pattern of {} bytes",
+                        pattern.len()
+                    )))
+                }
             };
-            check(sys::cuMemsetD8_v2(ptr, 0, bytes.max(1)), "cuMemsetD8")?;
-            Ok(m)
+            check(r, "cuMemsetAsync")?;
+            check(sys::cuStreamSynchronize(s), "cuStreamSynchronize")
         }
     }
 
@@ -196,39 +241,25 @@ impl DevMem {
         Ok(())
     }
 
-    /// Repeats `pattern` over the whole allocation.
+    /// Repeats `pattern` over the whole allocation (after all queued work, like `write`).
+    /// 1-, 2- and 4-byte patterns are memsets on the copy stream, waited for before returning
+    /// (see [`DevMem::alloc`] for why not the synchronous `cuMemsetD*`).
     pub fn fill(&self, pattern: &[u8]) -> Result<()> {
         self.ctx.synchronize()?;
-        let n = self.bytes / pattern.len().max(1);
-        // SAFETY: each memset covers `n` elements of the pattern size, within the allocation.
-        let r = unsafe {
-            match pattern.len() {
-                1 => Some(sys::cuMemsetD8_v2(self.ptr, pattern[0], n)),
-                2 => Some(sys::cuMemsetD16_v2(
-                    self.ptr,
-                    u16::from_le_bytes([pattern[0], pattern[1]]),
-                    n,
-                )),
-                4 => Some(sys::cuMemsetD32_v2(
-                    self.ptr,
-                    u32::from_le_bytes([pattern[0], pattern[1], pattern[2], pattern[3]]),
-                    n,
-                )),
-                _ => None,
+        if matches!(pattern.len(), 1 | 2 | 4) {
+            if self.bytes == 0 {
+                return Ok(());
             }
-        };
-        match r {
-            Some(r) => check(r, "cuMemset"),
-            None => {
-                let data: Vec<u8> = pattern
-                    .iter()
-                    .copied()
-                    .cycle()
-                    .take(n * pattern.len())
-                    .collect();
-                self.write(0, &data)
-            }
+            return self.memset_now(pattern);
         }
+        let n = self.bytes / pattern.len().max(1);
+        let data: Vec<u8> = pattern
+            .iter()
+            .copied()
+            .cycle()
+            .take(n * pattern.len())
+            .collect();
+        self.write(0, &data)
     }
 }
 
