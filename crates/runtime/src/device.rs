@@ -229,30 +229,40 @@ impl Device {
         Stream::new(self, priority)
     }
 
+    fn live_streams(&self) -> Vec<Arc<crate::stream::StreamInner>> {
+        let mut g = self.inner.streams.lock().unwrap_or_else(|p| p.into_inner());
+        g.retain(|w| w.strong_count() > 0);
+        g.iter().filter_map(|w| w.upgrade()).collect()
+    }
+
     /// Waits for all work queued on this device's streams without consuming their errors
     /// (host copies use this; errors belong to the stream that ran the failing launch).
+    /// CUDA: every live stream is synchronised, including partitions' green-context streams,
+    /// which the primary context's `cuCtxSynchronize` (in the copy itself) does not cover.
     pub(crate) fn quiesce(&self) {
-        let streams: Vec<_> = {
-            let g = self.inner.streams.lock().unwrap_or_else(|p| p.into_inner());
-            g.iter().filter_map(|w| w.upgrade()).collect()
-        };
-        for s in streams {
+        for s in self.live_streams() {
             let _ = crate::stream::wait_inner(&s, false);
+            if let Some(Ok(cs)) = &s.cuda {
+                let _ = cs.synchronize();
+            }
         }
     }
 
-    /// Waits for all work queued on this device's streams. Returns the first launch error.
+    /// Waits for all work queued on this device's streams (CUDA: each stream, green-context
+    /// ones included, then the primary context). Returns the first launch error.
     pub fn synchronize(&self) -> Result<()> {
-        let streams: Vec<_> = {
-            let g = self.inner.streams.lock().unwrap_or_else(|p| p.into_inner());
-            g.iter().filter_map(|w| w.upgrade()).collect()
-        };
         let mut first = Ok(());
-        for s in streams {
-            let r = crate::stream::sync_inner(&s);
+        for s in self.live_streams() {
+            let mut r = crate::stream::sync_inner(&s);
+            if let (Ok(()), Some(Ok(cs))) = (&r, &s.cuda) {
+                r = cs.synchronize();
+            }
             if first.is_ok() {
                 first = r;
             }
+        }
+        if let (Ok(()), Some(ctx)) = (&first, self.cuda_ctx()) {
+            first = ctx.synchronize();
         }
         first
     }
