@@ -5,7 +5,37 @@ use crate::tensor_map::{Interleave, L2Promotion, OobFill, Swizzle, TensorDataTyp
 use crate::Result;
 use cudarc::driver::sys;
 
+/// `cuTensorMapEncodeTiled` may answer `CUDA_ERROR_INVALID_CONTEXT` on a thread with no
+/// current context (a fresh rank thread whose first driver call is the encode): bind the
+/// primary context of the device the tensor lives on (device 0 if the driver cannot tell).
+fn ensure_context(addr: u64) -> Result<()> {
+    let mut cur: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: out-pointer to a local.
+    if unsafe { sys::cuCtxGetCurrent(&mut cur) } == sys::CUresult::CUDA_SUCCESS && !cur.is_null() {
+        return Ok(());
+    }
+    let mut ordinal: std::ffi::c_int = 0;
+    // SAFETY: DEVICE_ORDINAL writes one int into the out-pointer; an unknown address is an
+    // error code, not a fault.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            &mut ordinal as *mut std::ffi::c_int as *mut std::ffi::c_void,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            addr,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS || ordinal < 0 {
+        ordinal = 0;
+    }
+    let d = crate::Device::cuda(ordinal as u32)?;
+    match d.cuda_ctx() {
+        Some(c) => c.bind(),
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn encode_tiled(t: &TensorMap) -> Result<[u8; 128]> {
+    ensure_context(t.global_address)?;
     use sys::CUtensorMapDataType as D;
     let dt = match t.data_type {
         TensorDataType::U8 => D::CU_TENSOR_MAP_DATA_TYPE_UINT8,
