@@ -43,6 +43,35 @@ fn jit_target(t: &str) -> Result<usize> {
     Ok(n + if accel { 0x10000 } else { 0 })
 }
 
+/// The `.target` of PTX text (`sm_90a` in `.target sm_90a` or `.target sm_90a, debug`).
+pub(crate) fn ptx_target(text: &str) -> Option<&str> {
+    text.lines()
+        .map(|l| l.split("//").next().unwrap_or("").trim())
+        .find_map(|l| l.strip_prefix(".target"))
+        .and_then(|rest| rest.split([',', ' ', '\t']).find(|t| !t.is_empty()))
+}
+
+/// The JIT options a module is compiled with: `opts`, plus `CU_JIT_TARGET` = the PTX's own
+/// architecture-specific target (`sm_90a`) when none is given and it matches the device.
+/// Without an explicit target the JIT compiles for the context's target (`sm_90` on a
+/// CC 9.0 device), and `sm_90a`-only instructions (`wgmma`, `setmaxnreg`) in PTX that declares
+/// `.target sm_90a` are then at the mercy of the driver's inference.
+pub(crate) fn effective_jit_options(opts: &JitOptions, ptx: &str, sm_version: u32) -> JitOptions {
+    let mut o = opts.clone();
+    if o.target.is_none() {
+        if let Some(t) = ptx_target(ptx) {
+            let arch_specific = t
+                .strip_prefix("sm_")
+                .and_then(|v| v.strip_suffix('a'))
+                .and_then(|v| v.parse::<u32>().ok());
+            if arch_specific == Some(sm_version) {
+                o.target = Some(t.to_string());
+            }
+        }
+    }
+    o
+}
+
 /// JIT option arrays; the log buffers must outlive the driver call they are passed to.
 struct JitArgs {
     keys: Vec<sys::CUjit_option>,
@@ -197,12 +226,13 @@ impl CuModule {
     ) -> Result<CuModule> {
         let use_cache = opts.cache.unwrap_or(true);
         let dir = if use_cache { cache_dir() } else { None };
+        let jit = effective_jit_options(opts, text, sm_version);
         let mut m = CuModule {
             dev: dev.clone(),
             image: Vec::new(),
             is_ptx: false,
             ptx_text: text.to_string(),
-            opts: opts.clone(),
+            opts: jit.clone(),
             loaded: Mutex::new(Vec::new()),
             funcs: Mutex::new(HashMap::new()),
             info_log: String::new(),
@@ -215,7 +245,7 @@ impl CuModule {
                     m.image = bytes;
                     m.from_cache = true;
                 } else {
-                    let (cubin, info) = link_ptx(dev, text, opts)?;
+                    let (cubin, info) = link_ptx(dev, text, &jit)?;
                     m.image = cubin;
                     m.info_log = info;
                     // Best effort: a read-only cache only costs a recompile next time.
@@ -466,7 +496,86 @@ mod tests {
     #[test]
     fn jit_targets() {
         assert_eq!(jit_target("sm_90a").unwrap(), 0x10000 + 90);
+        assert_eq!(
+            jit_target("sm_90a").unwrap(),
+            sys::CUjit_target::CU_TARGET_COMPUTE_90A as usize
+        );
+        assert_eq!(
+            jit_target("sm_90").unwrap(),
+            sys::CUjit_target::CU_TARGET_COMPUTE_90 as usize
+        );
         assert_eq!(jit_target("sm_80").unwrap(), 80);
         assert!(jit_target("hopper").is_err());
+    }
+
+    #[test]
+    fn jit_option_arrays_pass_values_by_value_and_logs_by_pointer() {
+        use sys::CUjit_option as J;
+        let a = JitArgs::new(&JitOptions {
+            max_registers: Some(128),
+            opt_level: Some(9),
+            target: Some("sm_90a".into()),
+            line_info: true,
+            cache: None,
+        })
+        .unwrap();
+        assert_eq!(a.keys.len(), a.vals.len());
+        let val = |k: J| {
+            let i = a.keys.iter().position(|&x| x == k).expect("option present");
+            a.vals[i] as usize
+        };
+        // Log buffers: pointers into the owned buffers, sizes leave room for the NUL.
+        assert_eq!(val(J::CU_JIT_INFO_LOG_BUFFER), a.info.as_ptr() as usize);
+        assert_eq!(val(J::CU_JIT_ERROR_LOG_BUFFER), a.error.as_ptr() as usize);
+        assert_eq!(val(J::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES), LOG_BYTES - 1);
+        assert_eq!(val(J::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES), LOG_BYTES - 1);
+        assert!(a.info.len() >= LOG_BYTES && a.error.len() >= LOG_BYTES);
+        // Scalars travel in the pointer slot itself.
+        assert_eq!(val(J::CU_JIT_MAX_REGISTERS), 128);
+        assert_eq!(val(J::CU_JIT_OPTIMIZATION_LEVEL), 4);
+        assert_eq!(
+            val(J::CU_JIT_TARGET),
+            sys::CUjit_target::CU_TARGET_COMPUTE_90A as usize
+        );
+        assert_eq!(val(J::CU_JIT_GENERATE_LINE_INFO), 1);
+        // Without options only the log plumbing is passed.
+        let d = JitArgs::new(&JitOptions::default()).unwrap();
+        assert_eq!(d.keys.len(), 5);
+        assert!(!d.keys.contains(&J::CU_JIT_TARGET));
+        assert!(JitArgs::new(&JitOptions {
+            target: Some("volta".into()),
+            ..Default::default()
+        })
+        .is_err());
+    }
+
+    #[test]
+    fn arch_specific_ptx_gets_an_explicit_jit_target() {
+        let ptx = "// generated\n.version 8.0\n.target sm_90a // wgmma\n.address_size 64\n";
+        assert_eq!(ptx_target(ptx), Some("sm_90a"));
+        assert_eq!(
+            ptx_target(".version 8.0\n.target sm_80, debug\n"),
+            Some("sm_80")
+        );
+        assert_eq!(ptx_target(".version 8.0\n"), None);
+        let o = JitOptions::default();
+        assert_eq!(
+            effective_jit_options(&o, ptx, 90).target.as_deref(),
+            Some("sm_90a")
+        );
+        // Another device, a portable target, or an explicit choice: left alone.
+        assert_eq!(effective_jit_options(&o, ptx, 100).target, None);
+        assert_eq!(
+            effective_jit_options(&o, ".target sm_90\n", 90).target,
+            None
+        );
+        let explicit = JitOptions {
+            target: Some("sm_90".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            effective_jit_options(&explicit, ptx, 90).target.as_deref(),
+            Some("sm_90")
+        );
     }
 }
