@@ -8,9 +8,6 @@ use cudarc::driver::sys;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-/// Dynamic shared memory above this needs `CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`.
-const DEFAULT_DYNAMIC_SHARED_LIMIT: u32 = 48 * 1024;
-
 /// A bare `CUstream` (destroyed on drop).
 pub(crate) struct RawStream(pub sys::CUstream);
 
@@ -80,6 +77,71 @@ pub(crate) struct CuStream {
 unsafe impl Send for CuStream {}
 // SAFETY: see above.
 unsafe impl Sync for CuStream {}
+
+/// Checks a launch's shape before it reaches the driver (clusters must tile the grid).
+pub(crate) fn check_launch_shape(cfg: &LaunchConfig) -> Result<()> {
+    if cfg.grid.contains(&0) || cfg.block.contains(&0) {
+        return Err(RuntimeError::Launch(format!(
+            "empty launch: grid {:?}, block {:?}",
+            cfg.grid, cfg.block
+        )));
+    }
+    if cfg.cluster.contains(&0) {
+        return Err(RuntimeError::Launch(format!(
+            "cluster dims {:?} must all be at least 1",
+            cfg.cluster
+        )));
+    }
+    for i in 0..3 {
+        if !cfg.grid[i].is_multiple_of(cfg.cluster[i]) {
+            return Err(RuntimeError::Launch(format!(
+                "grid {:?} is not a multiple of the cluster dims {:?}",
+                cfg.grid, cfg.cluster
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The `CUlaunchAttribute`s for `cfg`: the cluster shape when clustered, cooperative when asked.
+pub(crate) fn launch_attributes(cfg: &LaunchConfig) -> Vec<sys::CUlaunchAttribute> {
+    let mut attrs: Vec<sys::CUlaunchAttribute> = Vec::new();
+    if cfg.cluster != [1, 1, 1] {
+        // SAFETY: CUlaunchAttribute is a plain C struct/union; all-zero is a valid value.
+        let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        a.value.clusterDim.x = cfg.cluster[0];
+        a.value.clusterDim.y = cfg.cluster[1];
+        a.value.clusterDim.z = cfg.cluster[2];
+        attrs.push(a);
+    }
+    if cfg.cooperative {
+        // SAFETY: as above.
+        let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        a.value.cooperative = 1;
+        attrs.push(a);
+    }
+    attrs
+}
+
+/// The packed parameter bytes copied into 8-byte-aligned storage for `kernelParams`: a pointer
+/// at byte offset `o` of the storage is then as aligned as the IR layout made `o` (up to 8),
+/// which a `Vec<u8>` does not promise. Every offset must lie within the packed bytes.
+pub(crate) fn param_storage(offsets: &[usize], packed: &[u8]) -> Result<Vec<u64>> {
+    if offsets.iter().any(|&o| o > packed.len()) {
+        return Err(RuntimeError::Launch(
+            "parameter offset outside the packed buffer".into(),
+        ));
+    }
+    let mut storage = vec![0u64; packed.len().div_ceil(8).max(1)];
+    for (w, chunk) in storage.iter_mut().zip(packed.chunks(8)) {
+        let mut b = [0u8; 8];
+        b[..chunk.len()].copy_from_slice(chunk);
+        *w = u64::from_le_bytes(b);
+    }
+    Ok(storage)
+}
 
 impl CuStream {
     pub fn new(dev: &Arc<Ctx>, priority: i32) -> Result<CuStream> {
@@ -197,38 +259,11 @@ impl CuStream {
         packed: &[u8],
         cfg: &LaunchConfig,
     ) -> Result<()> {
+        check_launch_shape(cfg)?;
         let f = module.function(self.ctx, name)?;
         self.bind()?;
-        if cfg.shared_bytes > DEFAULT_DYNAMIC_SHARED_LIMIT {
-            // SAFETY: `f` is a live function handle of the current context.
-            check(
-                unsafe {
-                    sys::cuFuncSetAttribute(
-                        f,
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        cfg.shared_bytes as i32,
-                    )
-                },
-                "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
-            )?;
-        }
-        let mut attrs: Vec<sys::CUlaunchAttribute> = Vec::new();
-        if cfg.cluster != [1, 1, 1] {
-            // SAFETY: CUlaunchAttribute is a plain C struct/union; all-zero is a valid value.
-            let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            a.value.clusterDim.x = cfg.cluster[0];
-            a.value.clusterDim.y = cfg.cluster[1];
-            a.value.clusterDim.z = cfg.cluster[2];
-            attrs.push(a);
-        }
-        if cfg.cooperative {
-            // SAFETY: as above.
-            let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-            a.value.cooperative = 1;
-            attrs.push(a);
-        }
+        module.prepare_launch(f, cfg)?;
+        let mut attrs = launch_attributes(cfg);
         let lc = sys::CUlaunchConfig {
             gridDimX: cfg.grid[0],
             gridDimY: cfg.grid[1],
@@ -245,21 +280,31 @@ impl CuStream {
             },
             numAttrs: attrs.len() as u32,
         };
-        // One pointer per kernel parameter, into the packed parameter buffer.
-        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(offsets.len());
-        for &o in offsets {
-            if o > packed.len() {
-                return Err(RuntimeError::Launch(
-                    "parameter offset outside the packed buffer".into(),
-                ));
-            }
-            ptrs.push(packed[o..].as_ptr() as *mut c_void);
-        }
-        // SAFETY: `lc`, `attrs` and `ptrs` outlive the call; each pointer addresses the bytes of
-        // one parameter, whose size and alignment `Function::pack_args` checked against the IR.
-        // The driver copies the parameter values before returning.
+        // One pointer per kernel parameter, into an 8-byte-aligned copy of the packed buffer.
+        let mut storage = param_storage(offsets, packed)?;
+        let base = storage.as_mut_ptr() as *mut u8;
+        let mut ptrs: Vec<*mut c_void> = offsets
+            .iter()
+            // SAFETY: `param_storage` checked every offset is within the packed bytes, which
+            // `storage` holds (rounded up to whole words).
+            .map(|&o| unsafe { base.add(o) } as *mut c_void)
+            .collect();
+        // SAFETY: `lc`, `attrs`, `storage` and `ptrs` outlive the call; each pointer addresses
+        // the bytes of one parameter, whose size and alignment `Function::pack_args` checked
+        // against the IR. The driver copies the parameter values before returning.
         check(
-            unsafe { sys::cuLaunchKernelEx(&lc, f, ptrs.as_mut_ptr(), std::ptr::null_mut()) },
+            unsafe {
+                sys::cuLaunchKernelEx(
+                    &lc,
+                    f,
+                    if ptrs.is_empty() {
+                        std::ptr::null_mut()
+                    } else {
+                        ptrs.as_mut_ptr()
+                    },
+                    std::ptr::null_mut(),
+                )
+            },
             &format!("cuLaunchKernelEx(`{name}`)"),
         )
     }
@@ -405,5 +450,80 @@ impl Drop for CuGraph {
             sys::cuGraphExecDestroy(self.exec);
             sys::cuGraphDestroy(self.graph);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_attributes_encode_cluster_and_cooperative() {
+        assert!(launch_attributes(&LaunchConfig::linear(4, 32)).is_empty());
+        let mut cfg = LaunchConfig::grid3([8, 2, 1], [128, 1, 1]).cooperative();
+        cfg.cluster = [2, 2, 1];
+        let a = launch_attributes(&cfg);
+        assert_eq!(a.len(), 2);
+        assert_eq!(
+            a[0].id,
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        );
+        // SAFETY: reading the union members written above.
+        unsafe {
+            assert_eq!(
+                (
+                    a[0].value.clusterDim.x,
+                    a[0].value.clusterDim.y,
+                    a[0].value.clusterDim.z
+                ),
+                (2, 2, 1)
+            );
+            assert_eq!(a[1].value.cooperative, 1);
+        }
+        assert_eq!(
+            a[1].id,
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        );
+        // The driver's layout: 4-byte id, 4 bytes of padding, a 64-byte value union.
+        assert_eq!(std::mem::size_of::<sys::CUlaunchAttribute>(), 72);
+    }
+
+    #[test]
+    fn launch_shapes_are_checked() {
+        let mut cfg = LaunchConfig::grid3([6, 1, 1], [64, 1, 1]);
+        assert!(check_launch_shape(&cfg).is_ok());
+        cfg.cluster = [4, 1, 1];
+        let e = check_launch_shape(&cfg).unwrap_err().to_string();
+        assert!(e.contains("not a multiple of the cluster"), "{e}");
+        cfg.cluster = [2, 1, 1];
+        assert!(check_launch_shape(&cfg).is_ok());
+        cfg.cluster = [0, 1, 1];
+        assert!(check_launch_shape(&cfg).is_err());
+        assert!(check_launch_shape(&LaunchConfig::linear(0, 32)).is_err());
+    }
+
+    #[test]
+    fn kernel_params_point_at_aligned_copies_of_each_value() {
+        // .u8 a, .u64 b, .u32 c, .u16 d (offsets 0, 8, 16, 20) as Function::pack_args lays out.
+        let mut packed = vec![7u8, 0, 0, 0, 0, 0, 0, 0];
+        packed.extend_from_slice(&0x1122_3344_5566_7788u64.to_le_bytes());
+        packed.extend_from_slice(&0xdead_beefu32.to_le_bytes());
+        packed.extend_from_slice(&0xabcdu16.to_le_bytes());
+        let offsets = [0usize, 8, 16, 20];
+        let storage = param_storage(&offsets, &packed).unwrap();
+        let base = storage.as_ptr() as *const u8;
+        assert_eq!(base as usize % 8, 0);
+        // SAFETY: every offset plus its size is within the storage (22 bytes in 3 words).
+        unsafe {
+            assert_eq!(*base, 7);
+            assert_eq!(
+                (base.add(8) as *const u64).read(),
+                0x1122_3344_5566_7788u64.to_le()
+            );
+            assert_eq!((base.add(16) as *const u32).read(), 0xdead_beefu32.to_le());
+            assert_eq!((base.add(20) as *const u16).read(), 0xabcdu16.to_le());
+        }
+        assert!(param_storage(&[40], &packed).is_err());
+        assert_eq!(param_storage(&[], &[]).unwrap().len(), 1);
     }
 }

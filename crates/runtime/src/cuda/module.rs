@@ -2,6 +2,7 @@
 //! an on-disk cubin cache keyed by a hash of PTX + target + options + driver.
 
 use super::{check, err_text, CUresult, Ctx};
+use crate::LaunchConfig;
 use crate::{Result, RuntimeError};
 use cudarc::driver::sys;
 use std::collections::HashMap;
@@ -210,9 +211,32 @@ pub(crate) struct CuModule {
     opts: JitOptions,
     loaded: Mutex<Vec<(usize, usize)>>,
     funcs: Mutex<HashMap<(usize, String), usize>>,
+    /// Per function handle: (static shared bytes, dynamic shared limit set so far, whether
+    /// non-portable cluster sizes were allowed).
+    launch_attrs: Mutex<HashMap<usize, FuncAttrs>>,
     /// JIT info log (register/shared usage) of the compilation, when there was one.
     pub info_log: String,
     pub from_cache: bool,
+}
+
+#[derive(Clone, Copy, Default)]
+struct FuncAttrs {
+    static_shared: u32,
+    dynamic_limit: u32,
+    non_portable_clusters: bool,
+}
+
+/// Without opting in, a CTA may use at most this much shared memory (static + dynamic).
+const DEFAULT_SHARED_LIMIT: u32 = 48 * 1024;
+/// Cluster sizes above this need `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`.
+const PORTABLE_CLUSTER_SIZE: u32 = 8;
+
+/// Whether a launch with `dynamic` bytes of dynamic shared memory on a kernel with
+/// `static_shared` bytes of static shared memory needs `MAX_DYNAMIC_SHARED_SIZE_BYTES` raised
+/// (to `dynamic`) above the current `limit`: the default limit is 48 KiB minus the static size,
+/// so the opt-in is needed whenever the total exceeds 48 KiB.
+pub(crate) fn needs_dynamic_shared_optin(static_shared: u32, dynamic: u32, limit: u32) -> bool {
+    static_shared as u64 + dynamic as u64 > DEFAULT_SHARED_LIMIT as u64 && dynamic > limit
 }
 
 impl CuModule {
@@ -235,6 +259,7 @@ impl CuModule {
             opts: jit.clone(),
             loaded: Mutex::new(Vec::new()),
             funcs: Mutex::new(HashMap::new()),
+            launch_attrs: Mutex::new(HashMap::new()),
             info_log: String::new(),
             from_cache: false,
         };
@@ -281,6 +306,7 @@ impl CuModule {
             opts: JitOptions::default(),
             loaded: Mutex::new(Vec::new()),
             funcs: Mutex::new(HashMap::new()),
+            launch_attrs: Mutex::new(HashMap::new()),
             info_log: String::new(),
             from_cache: false,
         };
@@ -364,6 +390,76 @@ impl CuModule {
             .unwrap_or_else(|p| p.into_inner())
             .insert(key, f as usize);
         Ok(f)
+    }
+
+    /// Function attributes a launch of `f` with `cfg` needs, set once per function (the context
+    /// of `f` must be current): `MAX_DYNAMIC_SHARED_SIZE_BYTES` when static + dynamic shared
+    /// memory exceeds 48 KiB (raised only, so concurrent launches with different sizes never
+    /// lower it under each other), and `NON_PORTABLE_CLUSTER_SIZE_ALLOWED` for clusters of more
+    /// than 8 CTAs.
+    pub fn prepare_launch(&self, f: sys::CUfunction, cfg: &LaunchConfig) -> Result<()> {
+        let cluster: u64 = cfg.cluster.iter().map(|&c| c as u64).product();
+        let non_portable = cluster > PORTABLE_CLUSTER_SIZE as u64;
+        if cfg.shared_bytes == 0 && !non_portable {
+            return Ok(());
+        }
+        let mut attrs = self.launch_attrs.lock().unwrap_or_else(|p| p.into_inner());
+        let a = match attrs.get(&(f as usize)) {
+            Some(a) => *a,
+            None => {
+                let mut v = 0;
+                // SAFETY: live function handle; out-pointer to a local.
+                check(
+                    unsafe {
+                        sys::cuFuncGetAttribute(
+                            &mut v,
+                            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                            f,
+                        )
+                    },
+                    "cuFuncGetAttribute(SHARED_SIZE_BYTES)",
+                )?;
+                FuncAttrs {
+                    static_shared: v.max(0) as u32,
+                    dynamic_limit: DEFAULT_SHARED_LIMIT.saturating_sub(v.max(0) as u32),
+                    non_portable_clusters: false,
+                }
+            }
+        };
+        let mut a2 = a;
+        if needs_dynamic_shared_optin(a.static_shared, cfg.shared_bytes, a.dynamic_limit) {
+            // SAFETY: live function handle of the current context.
+            check(
+                unsafe {
+                    sys::cuFuncSetAttribute(
+                        f,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        cfg.shared_bytes as i32,
+                    )
+                },
+                &format!(
+                    "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES = {} + {} static)",
+                    cfg.shared_bytes, a.static_shared
+                ),
+            )?;
+            a2.dynamic_limit = cfg.shared_bytes;
+        }
+        if non_portable && !a.non_portable_clusters {
+            // SAFETY: as above.
+            check(
+                unsafe {
+                    sys::cuFuncSetAttribute(
+                        f,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                        1,
+                    )
+                },
+                "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)",
+            )?;
+            a2.non_portable_clusters = true;
+        }
+        attrs.insert(f as usize, a2);
+        Ok(())
     }
 }
 
@@ -577,5 +673,17 @@ mod tests {
             effective_jit_options(&explicit, ptx, 90).target.as_deref(),
             Some("sm_90")
         );
+    }
+
+    #[test]
+    fn dynamic_shared_optin_rule() {
+        // Under 48 KiB in total: no opt-in.
+        assert!(!needs_dynamic_shared_optin(0, 48 * 1024, 48 * 1024));
+        assert!(!needs_dynamic_shared_optin(16 * 1024, 32 * 1024, 32 * 1024));
+        // Over 48 KiB in total, even with dynamic below 48 KiB (static shared counts).
+        assert!(needs_dynamic_shared_optin(0, 48 * 1024 + 1, 48 * 1024));
+        assert!(needs_dynamic_shared_optin(40 * 1024, 16 * 1024, 8 * 1024));
+        // Already raised at least that far: nothing to do (the limit only grows).
+        assert!(!needs_dynamic_shared_optin(0, 100 * 1024, 200 * 1024));
     }
 }
