@@ -296,7 +296,8 @@ impl Stream {
     }
 
     /// Queues a host-to-device copy; returns before it runs (ordered with this stream's launches).
-    /// On CUDA the data goes through a pinned staging buffer and `cuMemcpyHtoDAsync`.
+    /// On CUDA: `cuMemcpyHtoDAsync` from a copy of `data` that the stream keeps until its next
+    /// `synchronize`.
     pub fn copy_to_device<T: crate::Pod>(&self, dst: &crate::Buffer<T>, data: &[T]) -> Result<()> {
         if data.len() > dst.len() {
             return Err(RuntimeError::Buffer(format!(
@@ -313,7 +314,7 @@ impl Stream {
             return cs
                 .as_ref()
                 .map_err(|e| e.clone())?
-                .copy_htod_async(dst.device_ptr(), &bytes);
+                .copy_htod_async(dst.device_ptr(), bytes);
         }
         let addr = dst.device_ptr();
         self.enqueue(Box::new(move |s: &StreamInner| {

@@ -1,6 +1,5 @@
 //! Streams, events, graphs and kernel launches (`cuLaunchKernelEx`).
 
-use super::memory::Pinned;
 use super::module::CuModule;
 use super::{check, green::GreenCtx, Ctx};
 use crate::{LaunchConfig, Result, RuntimeError};
@@ -69,14 +68,28 @@ pub(crate) struct CuStream {
     pub dev: Arc<Ctx>,
     /// Keeps the partition's green context alive while the stream exists.
     pub _green: Option<Arc<GreenCtx>>,
-    /// Staging buffers of async copies, released at the next synchronize.
-    pub keep: Mutex<Vec<Pinned>>,
+    /// Host sources of queued async copies, released at the next synchronize.
+    pub keep: Mutex<Vec<Vec<u8>>>,
 }
 
 // SAFETY: the raw handles are thread-agnostic driver handles; mutable state is behind a Mutex.
 unsafe impl Send for CuStream {}
 // SAFETY: see above.
 unsafe impl Sync for CuStream {}
+
+impl Drop for CuStream {
+    fn drop(&mut self) {
+        // `raw` (destroyed next) may be dropped on a thread that never bound the device.
+        let _ = self.dev.bind();
+        // Copies may still read `keep`, which is freed right after: wait for them.
+        if !self.keep.get_mut().map(|k| k.is_empty()).unwrap_or(true) {
+            // SAFETY: live stream handle.
+            unsafe {
+                sys::cuStreamSynchronize(self.raw.0);
+            }
+        }
+    }
+}
 
 /// Checks a launch's shape before it reaches the driver (clusters must tile the grid).
 pub(crate) fn check_launch_shape(cfg: &LaunchConfig) -> Result<()> {
@@ -172,29 +185,50 @@ impl CuStream {
         r
     }
 
-    /// Queues a host-to-device copy through a pinned staging buffer; returns at once.
-    pub fn copy_htod_async(&self, dst: u64, data: &[u8]) -> Result<()> {
-        let mut pinned = Pinned::new(&self.dev, data.len())?;
-        pinned.as_mut_slice()[..data.len()].copy_from_slice(data);
+    /// Queues a host-to-device copy ordered with this stream's work; returns at once.
+    ///
+    /// The source is ordinary (pageable) memory, kept alive in `keep` until the stream's next
+    /// `synchronize` (the driver stages pageable sources through its own pinned buffers and may
+    /// do so after returning). Not a pinned buffer per copy: it would have to be freed later,
+    /// and `cuMemFreeHost` (like `cuMemHostAlloc`) implicitly synchronises the device — freeing
+    /// it while a kernel on another stream is still running (a communication kernel spinning
+    /// on a flag) would block until that kernel ends, which is exactly what stream-ordered
+    /// copies exist to avoid.
+    pub fn copy_htod_async(&self, dst: u64, data: Vec<u8>) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
         self.bind()?;
-        // SAFETY: the pinned buffer stays alive in `keep` until the stream is synchronised.
+        // SAFETY: `data` is moved into `keep` below and stays alive (its heap buffer does not
+        // move) until the stream has been synchronised; the device range is in bounds (checked
+        // by the caller); live stream of the current context.
         check(
-            unsafe { sys::cuMemcpyHtoDAsync_v2(dst, pinned.as_ptr(), data.len(), self.raw.0) },
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    dst,
+                    data.as_ptr() as *const c_void,
+                    data.len(),
+                    self.raw.0,
+                )
+            },
             "cuMemcpyHtoDAsync",
         )?;
         self.keep
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(pinned);
+            .push(data);
         Ok(())
     }
 
     /// Queues `cuMemsetD8/16/32Async` of `bytes` at `dst` with a 1-, 2- or 4-byte pattern.
     pub fn memset_async(&self, dst: u64, bytes: usize, pattern: &[u8]) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
         self.bind()?;
         let n = bytes / pattern.len().max(1);
         // SAFETY: `dst .. dst + bytes` lies inside one live allocation (the caller's buffer);
-        // the stream handle is live.
+        // the stream handle is live and belongs to the current context.
         let r = unsafe {
             match pattern.len() {
                 1 => sys::cuMemsetD8Async(dst, pattern[0], n, self.raw.0),
@@ -212,7 +246,7 @@ impl CuStream {
                 ),
                 _ => {
                     let data: Vec<u8> = pattern.iter().copied().cycle().take(bytes).collect();
-                    return self.copy_htod_async(dst, &data);
+                    return self.copy_htod_async(dst, data);
                 }
             }
         };
@@ -221,6 +255,9 @@ impl CuStream {
 
     /// Queues a device-to-device copy of `bytes` (`cuMemcpyDtoDAsync`).
     pub fn copy_dtod_async(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
         self.bind()?;
         // SAFETY: both ranges lie inside live allocations (checked by the caller); live stream.
         check(
@@ -229,25 +266,30 @@ impl CuStream {
         )
     }
 
-    /// Waits for this stream, then copies `out.len()` bytes from `src` through a pinned buffer
-    /// on this stream (no context-wide synchronisation: other streams keep running).
+    /// Waits for this stream, then copies `out.len()` bytes from `src` on this stream (no
+    /// context-wide synchronisation: other streams keep running). The destination is the
+    /// caller's memory, filled before this returns (the stream is synchronised after the copy);
+    /// no pinned buffer is allocated or freed (see [`CuStream::copy_htod_async`]).
     pub fn copy_dtoh(&self, out: &mut [u8], src: u64) -> Result<()> {
         self.synchronize()?;
         if out.is_empty() {
             return Ok(());
         }
-        let mut pinned = Pinned::new(&self.dev, out.len())?;
-        // SAFETY: the pinned buffer holds `out.len()` bytes and is read only after the stream
-        // has been synchronised; the device range is in bounds (checked by the caller).
+        self.bind()?;
+        // SAFETY: `out` has room for `out.len()` bytes and is only read after the stream has
+        // been synchronised; the device range is in bounds (checked by the caller).
         unsafe {
             check(
-                sys::cuMemcpyDtoHAsync_v2(pinned.as_ptr(), src, out.len(), self.raw.0),
+                sys::cuMemcpyDtoHAsync_v2(
+                    out.as_mut_ptr() as *mut c_void,
+                    src,
+                    out.len(),
+                    self.raw.0,
+                ),
                 "cuMemcpyDtoHAsync",
             )?;
-            check(sys::cuStreamSynchronize(self.raw.0), "cuStreamSynchronize")?;
+            check(sys::cuStreamSynchronize(self.raw.0), "cuStreamSynchronize")
         }
-        out.copy_from_slice(&pinned.as_mut_slice()[..out.len()]);
-        Ok(())
     }
 
     /// Launches `name` from `module` with packed parameters laid out per `offsets`.
