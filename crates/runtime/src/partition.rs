@@ -103,7 +103,7 @@ impl Device {
                 part(compute, PartitionKind::Emulated, 0, None),
             ));
         };
-        match green::split(ctx, comm_sms) {
+        match green::split(ctx, self.props().sm_version, sms, comm_sms) {
             Ok((c, r)) => {
                 let comm = SmPartition {
                     offset: 0,

@@ -36,13 +36,42 @@ impl Drop for GreenCtx {
 /// Driver 12.4 introduced green contexts.
 pub(crate) const MIN_DRIVER: i32 = 12040;
 
-/// Splits the device's SMs: `comm_sms` (rounded up by the driver) for communication, the rest
-/// for compute. Returns (comm, compute).
-pub(crate) fn split(dev: &Arc<Ctx>, comm_sms: u32) -> Result<(Arc<GreenCtx>, Arc<GreenCtx>)> {
+/// The SM-count rules of `cuDevSmResourceSplitByCount` per architecture, as (minimum,
+/// multiple) — NVIDIA's guideline: CC 6.x 1 SM; 7.x at least 2, a multiple of 2; 8.x at least 4,
+/// a multiple of 2; 9.0+ at least 8, a multiple of 8.
+pub(crate) fn split_granularity(sm_version: u32) -> (u32, u32) {
+    match sm_version {
+        0..=69 => (1, 1),
+        70..=79 => (2, 2),
+        80..=89 => (4, 2),
+        _ => (8, 8),
+    }
+}
+
+/// `comm_sms` rounded up to the architecture's split granularity.
+pub(crate) fn round_comm_sms(comm_sms: u32, sm_version: u32) -> u32 {
+    let (min, mult) = split_granularity(sm_version);
+    comm_sms.max(min).div_ceil(mult) * mult
+}
+
+/// Splits the device's SMs: `comm_sms` (rounded up to the architecture's granularity, e.g. a
+/// multiple of 8 on Hopper) for communication, the rest for compute. Returns (comm, compute).
+pub(crate) fn split(
+    dev: &Arc<Ctx>,
+    sm_version: u32,
+    total_sms: u32,
+    comm_sms: u32,
+) -> Result<(Arc<GreenCtx>, Arc<GreenCtx>)> {
     if dev.driver_version < MIN_DRIVER {
         return Err(RuntimeError::Cuda(format!(
             "green contexts need driver 12.4+, this one is {}",
             version_text(dev.driver_version)
+        )));
+    }
+    let want = round_comm_sms(comm_sms, sm_version);
+    if want >= total_sms {
+        return Err(RuntimeError::Cuda(format!(
+            "{comm_sms} SMs round up to {want} (the sm_{sm_version} split granularity), leaving none of the {total_sms} for compute"
         )));
     }
     dev.bind()?;
@@ -71,13 +100,17 @@ pub(crate) fn split(dev: &Arc<Ctx>, comm_sms: u32) -> Result<(Arc<GreenCtx>, Arc
                         &all,
                         &mut rest,
                         0,
-                        comm_sms.max(1),
+                        want,
                     ),
-                    "cuDevSmResourceSplitByCount",
+                    &format!("cuDevSmResourceSplitByCount(minCount = {want})"),
                 )?;
-                if groups != 1 {
+                let (got, left) = (
+                    comm.__bindgen_anon_1.sm.smCount,
+                    rest.__bindgen_anon_1.sm.smCount,
+                );
+                if groups != 1 || got < comm_sms || left == 0 {
                     return Err(RuntimeError::Cuda(format!(
-                        "cannot carve {comm_sms} SMs out of the device"
+                        "cannot carve {comm_sms} SMs out of the device's {total_sms}: the driver made {groups} group(s) of {got} SMs, {left} left"
                     )));
                 }
                 let comm = make(dev, &mut comm)?;
@@ -153,4 +186,26 @@ pub(crate) fn stream(g: &Arc<GreenCtx>, priority: i32) -> Result<CuStream> {
         _green: Some(g.clone()),
         keep: Mutex::new(Vec::new()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comm_sms_round_to_the_split_granularity() {
+        // Hopper: at least 8, a multiple of 8.
+        assert_eq!(round_comm_sms(1, 90), 8);
+        assert_eq!(round_comm_sms(8, 90), 8);
+        assert_eq!(round_comm_sms(16, 90), 16);
+        assert_eq!(round_comm_sms(20, 90), 24);
+        assert_eq!(round_comm_sms(20, 100), 24);
+        // Ampere: at least 4, a multiple of 2.
+        assert_eq!(round_comm_sms(3, 80), 4);
+        assert_eq!(round_comm_sms(5, 86), 6);
+        // Volta/Turing: at least 2, a multiple of 2.
+        assert_eq!(round_comm_sms(1, 75), 2);
+        assert_eq!(round_comm_sms(3, 70), 4);
+        assert_eq!(round_comm_sms(3, 61), 3);
+    }
 }
