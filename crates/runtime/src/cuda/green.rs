@@ -24,8 +24,8 @@ unsafe impl Sync for GreenCtx {}
 
 impl Drop for GreenCtx {
     fn drop(&mut self) {
-        // SAFETY: destroys the green context created in `split`, exactly once (streams and modules
-        // that referenced it hold an Arc to it, so they are gone).
+        // SAFETY: destroys the green context created in `split`, exactly once (streams, events
+        // and module loads in it hold an Arc to it, so they are gone).
         unsafe {
             sys::cuGreenCtxDestroy(self.green);
         }
@@ -179,11 +179,13 @@ pub(crate) fn stream(g: &Arc<GreenCtx>, priority: i32) -> Result<CuStream> {
         // 12.4: a stream created while the green context's CUcontext is current belongs to it.
         RawStream::create(g.ctx, p)?
     };
+    // Do not leave the green context current on this thread (see `CuStream::enter`).
+    g.dev.bind()?;
     Ok(CuStream {
         raw,
         ctx: g.ctx,
         dev: g.dev.clone(),
-        _green: Some(g.clone()),
+        green: Some(g.clone()),
         keep: Mutex::new(Vec::new()),
     })
 }

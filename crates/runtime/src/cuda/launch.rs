@@ -67,7 +67,7 @@ pub(crate) struct CuStream {
     pub ctx: sys::CUcontext,
     pub dev: Arc<Ctx>,
     /// Keeps the partition's green context alive while the stream exists.
-    pub _green: Option<Arc<GreenCtx>>,
+    pub green: Option<Arc<GreenCtx>>,
     /// Host sources of queued async copies, released at the next synchronize.
     pub keep: Mutex<Vec<Vec<u8>>>,
 }
@@ -76,6 +76,17 @@ pub(crate) struct CuStream {
 unsafe impl Send for CuStream {}
 // SAFETY: see above.
 unsafe impl Sync for CuStream {}
+
+/// See [`CuStream::enter`].
+pub(crate) struct CtxGuard<'a>(&'a CuStream);
+
+impl Drop for CtxGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.green.is_some() {
+            let _ = self.0.dev.bind();
+        }
+    }
+}
 
 impl Drop for CuStream {
     fn drop(&mut self) {
@@ -163,7 +174,7 @@ impl CuStream {
             raw: RawStream::create(dev.ctx, p)?,
             ctx: dev.ctx,
             dev: dev.clone(),
-            _green: None,
+            green: None,
             keep: Mutex::new(Vec::new()),
         })
     }
@@ -174,8 +185,17 @@ impl CuStream {
         check(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
     }
 
-    pub fn synchronize(&self) -> Result<()> {
+    /// Makes this stream's context current until the guard drops. A green context is then
+    /// replaced by the device's primary context again: the driver documents that a green
+    /// context may be current to only one thread at a time, so it is never left current on a
+    /// thread (ptxforge drives a device from several host threads).
+    pub fn enter(&self) -> Result<CtxGuard<'_>> {
         self.bind()?;
+        Ok(CtxGuard(self))
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        let _cx = self.enter()?;
         // SAFETY: live stream handle.
         let r = check(
             unsafe { sys::cuStreamSynchronize(self.raw.0) },
@@ -198,7 +218,7 @@ impl CuStream {
         if data.is_empty() {
             return Ok(());
         }
-        self.bind()?;
+        let _cx = self.enter()?;
         // SAFETY: `data` is moved into `keep` below and stays alive (its heap buffer does not
         // move) until the stream has been synchronised; the device range is in bounds (checked
         // by the caller); live stream of the current context.
@@ -225,7 +245,7 @@ impl CuStream {
         if bytes == 0 {
             return Ok(());
         }
-        self.bind()?;
+        let _cx = self.enter()?;
         let n = bytes / pattern.len().max(1);
         // SAFETY: `dst .. dst + bytes` lies inside one live allocation (the caller's buffer);
         // the stream handle is live and belongs to the current context.
@@ -258,7 +278,7 @@ impl CuStream {
         if bytes == 0 {
             return Ok(());
         }
-        self.bind()?;
+        let _cx = self.enter()?;
         // SAFETY: both ranges lie inside live allocations (checked by the caller); live stream.
         check(
             unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, self.raw.0) },
@@ -275,7 +295,7 @@ impl CuStream {
         if out.is_empty() {
             return Ok(());
         }
-        self.bind()?;
+        let _cx = self.enter()?;
         // SAFETY: `out` has room for `out.len()` bytes and is only read after the stream has
         // been synchronised; the device range is in bounds (checked by the caller).
         unsafe {
@@ -302,8 +322,8 @@ impl CuStream {
         cfg: &LaunchConfig,
     ) -> Result<()> {
         check_launch_shape(cfg)?;
-        let f = module.function(self.ctx, name)?;
-        self.bind()?;
+        let _cx = self.enter()?;
+        let f = module.function(self.ctx, self.green.as_ref(), name)?;
         module.prepare_launch(f, cfg)?;
         let mut attrs = launch_attributes(cfg);
         let lc = sys::CUlaunchConfig {
@@ -355,7 +375,9 @@ impl CuStream {
 /// A timing event.
 pub(crate) struct CuEvent {
     pub ev: sys::CUevent,
-    _dev: Arc<Ctx>,
+    dev: Arc<Ctx>,
+    /// An event recorded on a partition's stream belongs to its green context: keep it alive.
+    _green: Option<Arc<GreenCtx>>,
 }
 
 // SAFETY: event handles are thread-agnostic driver handles.
@@ -366,9 +388,9 @@ unsafe impl Sync for CuEvent {}
 impl CuEvent {
     /// Creates an event and records it on `s`.
     pub fn record(s: &CuStream) -> Result<CuEvent> {
-        s.bind()?;
+        let _cx = s.enter()?;
         let mut ev = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local; then records on a live stream.
+        // SAFETY: out-pointer to a local; then records on a live stream of the current context.
         unsafe {
             check(
                 sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DEFAULT as u32),
@@ -376,13 +398,20 @@ impl CuEvent {
             )?;
             let e = CuEvent {
                 ev,
-                _dev: s.dev.clone(),
+                dev: s.dev.clone(),
+                _green: s.green.clone(),
             };
             check(sys::cuEventRecord(ev, s.raw.0), "cuEventRecord")?;
             Ok(e)
         }
     }
+    /// Event queries and waits work with any context of the device current; bind the primary
+    /// one so a thread that never touched the device has one.
+    fn bind_any(&self) -> Result<()> {
+        self.dev.bind()
+    }
     pub fn synchronize(&self) -> Result<()> {
+        self.bind_any()?;
         // SAFETY: live event handle.
         check(
             unsafe { sys::cuEventSynchronize(self.ev) },
@@ -390,6 +419,9 @@ impl CuEvent {
         )
     }
     pub fn is_complete(&self) -> bool {
+        if self.bind_any().is_err() {
+            return false;
+        }
         // SAFETY: live event handle.
         unsafe { sys::cuEventQuery(self.ev) == sys::CUresult::CUDA_SUCCESS }
     }
@@ -407,8 +439,9 @@ impl CuEvent {
     }
     /// Makes `s` wait for this event.
     pub fn wait_on(&self, s: &CuStream) -> Result<()> {
-        s.bind()?;
-        // SAFETY: live stream and event handles.
+        let _cx = s.enter()?;
+        // SAFETY: live stream and event handles (the event may belong to another context of
+        // the device; cuStreamWaitEvent accepts that).
         check(
             unsafe { sys::cuStreamWaitEvent(s.raw.0, self.ev, 0) },
             "cuStreamWaitEvent",
@@ -418,6 +451,7 @@ impl CuEvent {
 
 impl Drop for CuEvent {
     fn drop(&mut self) {
+        let _ = self.bind_any();
         // SAFETY: destroys the event created in `record`, exactly once.
         unsafe {
             sys::cuEventDestroy_v2(self.ev);
@@ -439,7 +473,7 @@ unsafe impl Sync for CuGraph {}
 
 impl CuGraph {
     pub fn begin_capture(s: &CuStream) -> Result<()> {
-        s.bind()?;
+        let _cx = s.enter()?;
         // SAFETY: live stream handle.
         check(
             unsafe {
@@ -452,7 +486,7 @@ impl CuGraph {
         )
     }
     pub fn end_capture(s: &CuStream) -> Result<CuGraph> {
-        s.bind()?;
+        let _cx = s.enter()?;
         let mut graph = std::ptr::null_mut();
         // SAFETY: out-pointer to a local; the stream is capturing.
         check(
@@ -476,7 +510,7 @@ impl CuGraph {
         })
     }
     pub fn launch(&self, s: &CuStream) -> Result<()> {
-        s.bind()?;
+        let _cx = s.enter()?;
         // SAFETY: live executable graph and stream.
         check(
             unsafe { sys::cuGraphLaunch(self.exec, s.raw.0) },
@@ -487,6 +521,7 @@ impl CuGraph {
 
 impl Drop for CuGraph {
     fn drop(&mut self) {
+        let _ = self._dev.bind();
         // SAFETY: destroys the handles created in `end_capture`, exactly once.
         unsafe {
             sys::cuGraphExecDestroy(self.exec);

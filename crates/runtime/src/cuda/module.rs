@@ -1,6 +1,7 @@
 //! Module loading: PTX through the driver JIT (with error logs mapped to PTX lines), cubins, and
 //! an on-disk cubin cache keyed by a hash of PTX + target + options + driver.
 
+use super::green::GreenCtx;
 use super::{check, err_text, CUresult, Ctx};
 use crate::LaunchConfig;
 use crate::{Result, RuntimeError};
@@ -209,7 +210,8 @@ pub(crate) struct CuModule {
     is_ptx: bool,
     ptx_text: String,
     opts: JitOptions,
-    loaded: Mutex<Vec<(usize, usize)>>,
+    /// (context, module) pairs; green contexts are kept alive until their module is unloaded.
+    loaded: Mutex<Vec<Loaded>>,
     funcs: Mutex<HashMap<(usize, String), usize>>,
     /// Per function handle: (static shared bytes, dynamic shared limit set so far, whether
     /// non-portable cluster sizes were allowed).
@@ -217,6 +219,12 @@ pub(crate) struct CuModule {
     /// JIT info log (register/shared usage) of the compilation, when there was one.
     pub info_log: String,
     pub from_cache: bool,
+}
+
+struct Loaded {
+    ctx: usize,
+    module: usize,
+    _green: Option<Arc<GreenCtx>>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -289,7 +297,7 @@ impl CuModule {
                 m.is_ptx = true;
             }
         }
-        let info = m.load_in(dev.ctx)?;
+        let info = m.load_in(dev.ctx, None)?;
         if m.info_log.is_empty() {
             m.info_log = info;
         }
@@ -310,13 +318,14 @@ impl CuModule {
             info_log: String::new(),
             from_cache: false,
         };
-        m.load_in(dev.ctx)?;
+        m.load_in(dev.ctx, None)?;
         Ok(m)
     }
 
-    /// `cuModuleLoadDataEx` of the image in `ctx`; returns the JIT info log.
-    fn load_in(&self, ctx: sys::CUcontext) -> Result<String> {
-        // SAFETY: `ctx` is the device's primary context or a live green context.
+    /// `cuModuleLoadDataEx` of the image in `ctx` (`green` is the green context `ctx` views, if
+    /// any: held until the module is unloaded); returns the JIT info log.
+    fn load_in(&self, ctx: sys::CUcontext, green: Option<&Arc<GreenCtx>>) -> Result<String> {
+        // SAFETY: `ctx` is the device's primary context or a live green context (`green`).
         check(unsafe { sys::cuCtxSetCurrent(ctx) }, "cuCtxSetCurrent")?;
         let mut a = JitArgs::new(&self.opts)?;
         let mut module = std::ptr::null_mut();
@@ -351,28 +360,34 @@ impl CuModule {
         self.loaded
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push((ctx as usize, module as usize));
+            .push(Loaded {
+                ctx: ctx as usize,
+                module: module as usize,
+                _green: green.cloned(),
+            });
         Ok(a.info_log())
     }
 
-    /// The kernel `name` as loaded in `ctx` (loading the module there on first use).
-    pub fn function(&self, ctx: sys::CUcontext, name: &str) -> Result<sys::CUfunction> {
+    /// The kernel `name` as loaded in `ctx` (loading the module there on first use; `green` is
+    /// the green context `ctx` belongs to, if any).
+    pub fn function(
+        &self,
+        ctx: sys::CUcontext,
+        green: Option<&Arc<GreenCtx>>,
+        name: &str,
+    ) -> Result<sys::CUfunction> {
         let key = (ctx as usize, name.to_string());
-        if let Some(&f) = self
-            .funcs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-        {
+        // Held throughout, so two threads do not load the module twice into one context.
+        let mut funcs = self.funcs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&f) = funcs.get(&key) {
             return Ok(f as sys::CUfunction);
         }
-        let find =
-            |l: &Vec<(usize, usize)>| l.iter().find(|(c, _)| *c == ctx as usize).map(|&(_, m)| m);
+        let find = |l: &Vec<Loaded>| l.iter().find(|x| x.ctx == ctx as usize).map(|x| x.module);
         let loaded = find(&self.loaded.lock().unwrap_or_else(|p| p.into_inner()));
         let m = match loaded {
             Some(m) => m,
             None => {
-                self.load_in(ctx)?;
+                self.load_in(ctx, green)?;
                 find(&self.loaded.lock().unwrap_or_else(|p| p.into_inner()))
                     .ok_or_else(|| RuntimeError::Cuda("module load did not register".into()))?
             }
@@ -380,15 +395,16 @@ impl CuModule {
         let cname = CString::new(name)
             .map_err(|_| RuntimeError::Launch("kernel name contains NUL".into()))?;
         let mut f = std::ptr::null_mut();
-        // SAFETY: `m` is a module loaded in `ctx`; out-pointer to a local; NUL-terminated name.
+        // SAFETY: `ctx` is live; `m` is a module loaded in it; out-pointer to a local;
+        // NUL-terminated name.
         check(
-            unsafe { sys::cuModuleGetFunction(&mut f, m as sys::CUmodule, cname.as_ptr()) },
+            unsafe {
+                check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+                sys::cuModuleGetFunction(&mut f, m as sys::CUmodule, cname.as_ptr())
+            },
             &format!("cuModuleGetFunction(`{name}`)"),
         )?;
-        self.funcs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, f as usize);
+        funcs.insert(key, f as usize);
         Ok(f)
     }
 
@@ -465,16 +481,17 @@ impl CuModule {
 
 impl Drop for CuModule {
     fn drop(&mut self) {
-        for &(ctx, m) in self
+        for l in self
             .loaded
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
         {
-            // SAFETY: unloads modules this object loaded, each once, with their context current.
+            // SAFETY: unloads modules this object loaded, each once, with their context current;
+            // a green context is still alive (its Arc in `l` is dropped after this loop).
             unsafe {
-                if sys::cuCtxSetCurrent(ctx as sys::CUcontext) == CUresult::CUDA_SUCCESS {
-                    sys::cuModuleUnload(m as sys::CUmodule);
+                if sys::cuCtxSetCurrent(l.ctx as sys::CUcontext) == CUresult::CUDA_SUCCESS {
+                    sys::cuModuleUnload(l.module as sys::CUmodule);
                 }
             }
         }
