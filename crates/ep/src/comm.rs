@@ -1338,6 +1338,23 @@ impl EpGroup {
         })
     }
 
+    /// Runs the communication kernels on `streams` (one per rank, on that rank's device), e.g.
+    /// the streams of each device's communication partition (`Device::partition`): on CUDA with
+    /// green contexts that is what confines dispatch/combine to their SMs; on the emulator the
+    /// launches' own SM budget does it either way.
+    pub fn use_streams(&mut self, streams: Vec<Stream>) -> Result<()> {
+        if streams.len() != self.devices.len()
+            || streams
+                .iter()
+                .zip(&self.devices)
+                .any(|(s, d)| !s.device().same(d))
+        {
+            return cfg_err("need one stream per rank, on that rank's device");
+        }
+        self.streams = streams;
+        Ok(())
+    }
+
     fn launch_cfg(&self) -> LaunchConfig {
         LaunchConfig::linear(self.cfg.num_sms, 64)
             .budget(SmPartition {

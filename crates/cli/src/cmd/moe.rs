@@ -811,6 +811,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         gpus_per_node: s.gpn,
     };
     let mut g = EpGroup::new(cfg, devices.clone(), Box::new(tr))?;
+    g.use_streams(
+        parts
+            .iter()
+            .map(|p| p.0.stream())
+            .collect::<Result<_, _>>()?,
+    )?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
     let mut rows = Vec::new();
     let t_all = Instant::now();
