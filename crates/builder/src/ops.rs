@@ -1725,6 +1725,23 @@ impl KernelBuilder {
     pub fn fence(&mut self, sem: AtomSem, scope: Scope) {
         self.emit(Opcode::Fence, [f(sem.flag()), f(scope.flag())], []);
     }
+    /// `fence.proxy.tensormap::generic.acquire.sys [map], 128;` (sm_90): a tensor map in global
+    /// memory that the host wrote through the generic proxy becomes visible to the tensor-map
+    /// proxy of this thread's TMA instructions (CUDA programming guide, "Usage of a modified
+    /// tensor map"); one thread per CTA, followed by a CTA barrier.
+    pub fn fence_proxy_tensormap_acquire(&mut self, map: Reg<u64>) {
+        let a = self.addr_operand(GenericPtr::<u8>::from_reg(map));
+        self.emit(
+            Opcode::Fence,
+            [
+                f(Flag::Proxy),
+                f(Flag::TensormapGeneric),
+                f(Flag::Acquire),
+                f(Flag::Sys),
+            ],
+            [a, imm(128)],
+        );
+    }
     /// `fence.proxy.async.shared::cta;` (generic-proxy writes visible to TMA/wgmma; sm_90)
     pub fn fence_proxy_async(&mut self) {
         self.emit(

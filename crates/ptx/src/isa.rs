@@ -77,7 +77,7 @@ opcodes! {
     // barriers and fences
     Bar "bar" 0 0 3 20 10; Barrier "barrier" 0 0 3 20 60; BarWarpSync "bar.warp.sync" 0 1 1 30 60;
     BarrierCluster "barrier.cluster" 0 0 0 90 78; Membar "membar" 0 0 0 20 14;
-    Fence "fence" 0 0 0 70 60;
+    Fence "fence" 0 0 2 70 60;
     // warp-level
     Shfl "shfl" 1 3 4 30 30; Vote "vote" 1 1 2 20 12; Match "match" 1 2 2 70 60;
     Redux "redux" 1 2 2 80 70; Activemask "activemask" 1 0 0 30 62; Elect "elect" 1 1 1 90 80;

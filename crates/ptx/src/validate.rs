@@ -539,6 +539,22 @@ impl<'a> FnCheck<'a> {
             self.symbols_and_labels(i);
             return;
         }
+        // only `fence.proxy.tensormap::generic.acquire` takes operands: `[map], 128`
+        if i.op == Opcode::Fence {
+            let want = if i.has(Flag::TensormapGeneric) && i.has(Flag::Acquire) {
+                2
+            } else {
+                0
+            };
+            if n != want {
+                self.diag(
+                    DiagKind::OperandCount,
+                    loc,
+                    format!("this `fence` form takes {want} operands, found {n}"),
+                );
+                return;
+            }
+        }
         for d in i.dsts() {
             if matches!(
                 d,

@@ -306,6 +306,24 @@ fn wgmma_operands() {
 }
 
 #[test]
+fn fence_operands() {
+    clean(&check(
+        "fence.proxy.tensormap::generic.acquire.sys [%rd1], 128;",
+    ));
+    clean(&check("fence.acq_rel.gpu;"));
+    expect(
+        &check("fence.acq_rel.gpu [%rd1], 128;"),
+        DiagKind::OperandCount,
+        1,
+    );
+    expect(
+        &check("fence.proxy.tensormap::generic.acquire.sys [%rd1];"),
+        DiagKind::OperandCount,
+        1,
+    );
+}
+
+#[test]
 fn guard_must_be_predicate() {
     expect(&check("@%r1 bra $L;\n$L:"), DiagKind::GuardNotPredicate, 1);
     expect(&check("@%nope ret;"), DiagKind::UndeclaredRegister, 1);

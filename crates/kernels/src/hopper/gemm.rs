@@ -17,6 +17,9 @@
 //! BN need not divide 128 (any multiple of 8 up to 256): a tile then straddles two or three B
 //! scale blocks, chosen per 8-column accumulator chunk.
 //!
+//! Tensor maps arrive as pointers into global memory written by host copies, so every thread
+//! that issues TMA through one first executes `fence.proxy.tensormap::generic.acquire.sys`.
+//!
 //! Epilogue (normal and contiguous layouts, DeepGEMM's choice): each math warpgroup converts its
 //! 64 x BN accumulators to BF16 (contiguous padding rows zeroed), writes them into its own
 //! shared staging buffer with `stmatrix.x4` (the accumulator fragment is the `stmatrix` m8n8
@@ -249,6 +252,10 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
             let wt = k.warpgroup_thread();
             let one = k.eq(wt, 0u32);
             k.if_(one, |k| {
+                // the maps were written by host copies: acquire them for the tensor-map proxy
+                // in the thread that issues the TMA loads
+                k.fence_proxy_tensormap_acquire(tmap_a);
+                k.fence_proxy_tensormap_acquire(tmap_b);
                 let st = PipeState::new(k);
                 k.for_range(cta, num_tiles, ncta, |k, tile| {
                     let tc = decode(k, tile);
@@ -316,6 +323,11 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                 k.add(y, g)
             };
             let a_row_off = k.mul(wg, 64 * BK_BYTES);
+            if let Some(tm) = tmap_d {
+                // each warpgroup's leader issues its TMA stores through tmap_d
+                let lead = k.eq(wt, 0u32);
+                k.if_(lead, |k| k.fence_proxy_tensormap_acquire(tm));
+            }
             let st = PipeState::new(k);
             let epi = |k: &mut KernelBuilder,
                        tc: &TileCoord,
