@@ -471,15 +471,25 @@ fn mma_fast(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mut [L
             }
         }
     }
+    // All 128 outputs accumulate together, k outer: each output still adds its products in
+    // increasing k order (the general path's semantics, bit for bit), and the 8 columns of a row
+    // are independent sums the compiler can vectorise (a per-output loop is a dependent chain).
+    let mut sums = [0f64; 16 * 8];
+    for kk in 0..k {
+        let bk: [f64; 8] = std::array::from_fn(|col| bt[col * k + kk]);
+        for row in 0..16 {
+            let av = am[row * k + kk];
+            let sr = &mut sums[row * 8..row * 8 + 8];
+            for col in 0..8 {
+                sr[col] += av * bk[col];
+            }
+        }
+    }
     for lane in 0..32 {
         let (g, q) = (lane >> 2, lane & 3);
         for i in 0..4 {
             let (row, col) = (g + 8 * (i >> 1), 2 * q + (i & 1));
-            let (ar, bc) = (&am[row * k..row * k + k], &bt[col * k..col * k + k]);
-            let mut sum = 0f64;
-            for kk in 0..k {
-                sum += ar[kk] * bc[kk];
-            }
+            let mut sum = sums[row * 8 + col];
             sum += f32::from_bits(c[i][lane] as u32) as f64;
             let f = sum as f32;
             d[i][lane] = if f.is_nan() {
