@@ -122,6 +122,9 @@ pub struct Cta {
     pub cluster_bar: std::rc::Rc<std::cell::RefCell<ClusterBarrier>>,
     /// Phase each warp waits for at `barrier.cluster.wait`.
     cluster_wait: Vec<u64>,
+    /// The global allocation of the last global access: (base, size, allocation). Accesses of a
+    /// warp instruction mostly hit one buffer; this skips the search over all allocations.
+    gcache: std::cell::Cell<(u64, u64, *const crate::memory::Allocation)>,
 }
 
 /// Shared memory, mbarriers and pending copies of a CTA, lent to its cluster siblings.
@@ -233,6 +236,7 @@ impl Cta {
             });
         }
         Cta {
+            gcache: std::cell::Cell::new((0, 0, std::ptr::null())),
             id,
             sm,
             warps,
@@ -576,10 +580,26 @@ impl Cta {
             space
         };
         match space {
-            MSpace::Global => match ctx.mem.find(addr, size as u64) {
-                Some(a) => Ok(Loc::Global(Arc::as_ptr(a), addr - a.base)),
-                None => Err(fault("global")),
-            },
+            MSpace::Global => {
+                let (base, len, ptr) = self.gcache.get();
+                if !ptr.is_null()
+                    && addr >= base
+                    && addr
+                        .checked_add(size as u64)
+                        .is_some_and(|e| e <= base + len)
+                {
+                    return Ok(Loc::Global(ptr, addr - base));
+                }
+                match ctx.mem.find(addr, size as u64) {
+                    Some(a) => {
+                        // the pointer stays valid for the launch: `ctx.mem` holds the Arc, and a
+                        // Cta lives within one launch
+                        self.gcache.set((a.base, a.size, Arc::as_ptr(a)));
+                        Ok(Loc::Global(Arc::as_ptr(a), addr - a.base))
+                    }
+                    None => Err(fault("global")),
+                }
+            }
             MSpace::Shared => {
                 let (peer, off) = self.split_rank(addr);
                 let len = match peer {
