@@ -635,8 +635,11 @@ pub fn f32_to_e4m3(x: f32, satfinite: bool) -> u8 {
 }
 
 /// e4m3 -> f32 (exact). `S.1111.111` is NaN (f32 canonical NaN with the sign kept).
+/// Table-driven: the 256 results of the exact float unit, built once.
 pub fn e4m3_to_f32(x: u8) -> f32 {
-    f32::from_bits(widen(E4M3, F32, x as u64) as u32)
+    static T: std::sync::OnceLock<[u32; 256]> = std::sync::OnceLock::new();
+    let t = T.get_or_init(|| std::array::from_fn(|i| widen(E4M3, F32, i as u64) as u32));
+    f32::from_bits(t[x as usize])
 }
 
 /// f32 -> e5m2 (round to nearest even). With `satfinite`, ±Inf and overflow clamp to ±57344;
@@ -645,9 +648,11 @@ pub fn f32_to_e5m2(x: f32, satfinite: bool) -> u8 {
     encode(E5M2, decode(F32, x.to_bits() as u64), Rnd::Rn, satfinite) as u8
 }
 
-/// e5m2 -> f32 (exact, NaN payload kept and quieted).
+/// e5m2 -> f32 (exact, NaN payload kept and quieted). Table-driven like [`e4m3_to_f32`].
 pub fn e5m2_to_f32(x: u8) -> f32 {
-    f32::from_bits(widen(E5M2, F32, x as u64) as u32)
+    static T: std::sync::OnceLock<[u32; 256]> = std::sync::OnceLock::new();
+    let t = T.get_or_init(|| std::array::from_fn(|i| widen(E5M2, F32, i as u64) as u32));
+    f32::from_bits(t[x as usize])
 }
 
 /// bf16 -> f32 (exact; NaN payload kept and quieted).
