@@ -71,20 +71,21 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
     } else {
         None
     };
-    let (sa, sb) = if fp8 {
-        (
-            Some(k.param_ptr_aligned::<f32>("sa", 4)),
-            Some(k.param_ptr_aligned::<f32>("sb", 4)),
-        )
+    let scale_params = if fp8 {
+        Some((
+            k.param_ptr_aligned::<f32>("sa", 4),
+            k.param_ptr_aligned::<f32>("sb", 4),
+        ))
     } else {
-        (None, None)
+        None
     };
     let d = k.param_ptr_aligned::<u16>("d", 4);
-    let idx = match spec.layout {
-        HLayout::Normal => None,
-        HLayout::Contiguous => Some(k.param_ptr_aligned::<i32>("m_indices", 4)),
-        HLayout::Masked => Some(k.param_ptr_aligned::<i32>("masked_m", 4)),
+    let rows = match spec.layout {
+        HLayout::Normal => Rows::Normal,
+        HLayout::Contiguous => Rows::Contiguous(k.param_ptr_aligned::<i32>("m_indices", 4)),
+        HLayout::Masked => Rows::Masked(k.param_ptr_aligned::<i32>("masked_m", 4)),
     };
+    let m_indices = rows.m_indices();
     let m = k.param::<u32>(if spec.layout == HLayout::Masked {
         "m_max"
     } else {
@@ -186,8 +187,8 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
         };
         let mloc = k.mul(mb, bm);
         let n0 = k.mul(nb, bn);
-        match spec.layout {
-            HLayout::Normal => {
+        match rows {
+            Rows::Normal => {
                 let f = k.mov(0u32);
                 let skip = k.ne(f, 0u32);
                 TileCoord {
@@ -198,8 +199,7 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                     skip,
                 }
             }
-            HLayout::Masked => {
-                let idx = idx.expect("masked layout has masked_m");
+            Rows::Masked(idx) => {
                 let valid = k.ld(idx.offset(grp));
                 let valid = k.bitcast::<u32, i32>(valid);
                 let valid = k.min(valid, m);
@@ -215,9 +215,8 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                     skip,
                 }
             }
-            HLayout::Contiguous => {
+            Rows::Contiguous(idx) => {
                 // the expert of the 128-row segment holding m0 (-1: all padding)
-                let idx = idx.expect("contiguous layout has m_indices");
                 let e = k.ld(idx.offset(mloc));
                 let pad = k.lt(e, 0i32);
                 let e0 = k.max(e, 0i32);
@@ -347,11 +346,11 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                         tc.n0,
                         [r0, r1],
                         tc.row_end,
-                        idx,
+                        m_indices,
                         vals,
                     )
                 }
-                _ => store_tile(k, spec, d, n, r0, r1, col0, tc.row_end, idx, vals),
+                _ => store_tile(k, spec, d, n, r0, r1, col0, tc.row_end, m_indices, vals),
             };
             k.for_range(cta, num_tiles, ncta, |k, tile| {
                 let tc = decode(k, tile);
@@ -368,8 +367,7 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                         }
                     },
                     |k| {
-                        let (sa_p0, sa_p1, sb_base, rem) = if fp8 {
-                            let (sa, sb) = (sa.unwrap(), sb.unwrap());
+                        let sp = if let Some((sa, sb)) = scale_params {
                             // clamp rows for the scale reads (rows past M are not stored)
                             let last = k.sub(tc.row_end, 1u32);
                             let c0 = k.min(r0, last);
@@ -386,16 +384,28 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                             for r in &acc {
                                 k.mov_to(*r, 0.0f32);
                             }
-                            (Some(p0), Some(p1), Some((pb, nb0)), Some(rem))
+                            Some(ScalePtrs {
+                                p0,
+                                p1,
+                                pb,
+                                nb0,
+                                rem,
+                            })
                         } else {
-                            (None, None, None, None)
+                            None
                         };
                         k.for_range(0u32, num_kb, 1u32, |k, kb| {
                             // scales first (global latency overlaps the barrier wait)
-                            let scales = if fp8 {
-                                let s0 = k.ld_nc(sa_p0.unwrap().offset(kb));
-                                let s1 = k.ld_nc(sa_p1.unwrap().offset(kb));
-                                let (pb, nb0) = sb_base.unwrap();
+                            let scales = if let Some(ScalePtrs {
+                                p0,
+                                p1,
+                                pb,
+                                nb0,
+                                rem,
+                            }) = sp
+                            {
+                                let s0 = k.ld_nc(p0.offset(kb));
+                                let s1 = k.ld_nc(p1.offset(kb));
                                 let mut sbs = Vec::new();
                                 for i in 0..spec.b_scale_blocks() {
                                     // clamp the block index to N/128 - 1
@@ -406,7 +416,7 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                                     let off = k.mad_lo(di, sb_kb, kb);
                                     sbs.push(k.ld_nc(pb.offset(off)));
                                 }
-                                Some((s0, s1, sbs))
+                                Some((s0, s1, sbs, rem))
                             } else {
                                 None
                             };
@@ -422,7 +432,9 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                             };
                             let adesc = k.tile_desc(&a_t, 0, 0);
                             let bdesc = k.tile_desc(&b_t, 0, 0);
-                            let first_kb = if fp8 { None } else { Some(k.ne(kb, 0u32)) };
+                            // scale-d of the block's first wgmma: FP8 starts a fresh fragment
+                            // every K block; BF16 accumulates from the second block on
+                            let sd0 = if fp8 { p_false } else { k.ne(kb, 0u32) };
                             k.wgmma_fence();
                             for kk in 0..4u32 {
                                 let (ad, bd) = if kk == 0 {
@@ -431,7 +443,7 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                                     (k.desc_add(adesc, 32 * kk), k.desc_add(bdesc, 32 * kk))
                                 };
                                 if fp8 {
-                                    let sd = if kk == 0 { p_false } else { p_true };
+                                    let sd = if kk == 0 { sd0 } else { p_true };
                                     k.wgmma_mma_async_fp8(
                                         bn as u16,
                                         &tmp,
@@ -442,7 +454,7 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                                         Fp8::E4m3,
                                     );
                                 } else {
-                                    let sd = if kk == 0 { first_kb.unwrap() } else { p_true };
+                                    let sd = if kk == 0 { sd0 } else { p_true };
                                     k.wgmma_mma_async::<Bf16>(
                                         bn as u16, &acc, ad, bd, sd, false, false,
                                     );
@@ -457,8 +469,8 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                                     pipe.consumer_release_cluster(k, &st, 1u32);
                                 }
                             }
-                            if let Some((s0, s1, sbs)) = scales {
-                                promote(k, spec, &acc, &tmp, s0, s1, &sbs, rem.unwrap());
+                            if let Some((s0, s1, sbs, rem)) = scales {
+                                promote(k, spec, &acc, &tmp, s0, s1, &sbs, rem);
                             }
                             st.advance(k, stages);
                         });
@@ -536,17 +548,18 @@ fn store_tile(
     r1: Reg<u32>,
     col0: Reg<u32>,
     row_end: Reg<u32>,
-    idx: Option<GlobalPtr<i32>>,
+    m_indices: Option<GlobalPtr<i32>>,
     acc: &[Reg<f32>],
 ) {
     for (half, row) in [r0, r1].into_iter().enumerate() {
         let ok = k.lt(row, row_end);
         k.if_(ok, |k| {
-            let zero_row = if spec.layout == HLayout::Contiguous {
-                let e = k.ld(idx.unwrap().offset(row));
-                Some(k.lt(e, 0i32))
-            } else {
-                None
+            let zero_row = match m_indices {
+                Some(p) => {
+                    let e = k.ld(p.offset(row));
+                    Some(k.lt(e, 0i32))
+                }
+                None => None,
             };
             let base = k.mul(row, n);
             let base = k.add(base, col0);
@@ -569,6 +582,35 @@ fn store_tile(
             }
         });
     }
+}
+
+/// The row-layout parameter of a spec: none, contiguous `m_indices` or masked `masked_m`.
+#[derive(Clone, Copy)]
+enum Rows {
+    Normal,
+    Contiguous(GlobalPtr<i32>),
+    Masked(GlobalPtr<i32>),
+}
+
+impl Rows {
+    /// `m_indices` of the contiguous layout (padding rows are written as zeros).
+    fn m_indices(self) -> Option<GlobalPtr<i32>> {
+        match self {
+            Rows::Contiguous(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+/// Per-tile scale pointers of the FP8 kernels: A's 1x128 scales of rows r0 / r1, B's block
+/// scales from block `nb0`, and the tile's column offset inside its first B block.
+#[derive(Clone, Copy)]
+struct ScalePtrs {
+    p0: GlobalPtr<f32>,
+    p1: GlobalPtr<f32>,
+    pb: GlobalPtr<f32>,
+    nb0: Reg<u32>,
+    rem: Reg<u32>,
 }
 
 /// A math thread's place in its warpgroup (for the TMA-store epilogue).
@@ -595,7 +637,7 @@ fn store_tile_tma(
     n0: Reg<u32>,
     rows: [Reg<u32>; 2],
     row_end: Reg<u32>,
-    idx: Option<GlobalPtr<i32>>,
+    m_indices: Option<GlobalPtr<i32>>,
     acc: &[Reg<f32>],
 ) {
     let pitch = spec.bn * 2;
@@ -608,14 +650,12 @@ fn store_tile_tma(
     let zero_row: Vec<Option<Reg<Pred>>> = rows
         .iter()
         .map(|&r| {
-            if spec.layout == HLayout::Contiguous {
+            m_indices.map(|p| {
                 let last = k.sub(row_end, 1u32);
                 let rc = k.min(r, last);
-                let e = k.ld(idx.expect("contiguous layout has m_indices").offset(rc));
-                Some(k.lt(e, 0i32))
-            } else {
-                None
-            }
+                let e = k.ld(p.offset(rc));
+                k.lt(e, 0i32)
+            })
         })
         .collect();
     let chunks = spec.bn / 8;
