@@ -563,6 +563,15 @@ impl<'a> Decoder<'a> {
         self.scopes.iter().rev().find_map(|s| s.get(name).copied())
     }
 
+    /// The innermost register scope (the function scope is always there; recreated if not).
+    fn innermost(&mut self) -> &mut HashMap<String, u32> {
+        if self.scopes.is_empty() {
+            self.scopes.push(HashMap::new());
+        }
+        let i = self.scopes.len() - 1;
+        &mut self.scopes[i]
+    }
+
     fn declare(&mut self, d: &ptx::RegDecl) {
         let bits = if d.ty == Ty::Pred {
             1
@@ -577,15 +586,12 @@ impl<'a> Decoder<'a> {
                     for _ in 1..lanes {
                         self.new_slot(bits);
                     }
-                    self.scopes.last_mut().unwrap().insert(n.name.clone(), s);
+                    self.innermost().insert(n.name.clone(), s);
                 }
                 Some(c) => {
                     for i in 0..c {
                         let s = self.new_slot(bits);
-                        self.scopes
-                            .last_mut()
-                            .unwrap()
-                            .insert(format!("{}{}", n.name, i), s);
+                        self.innermost().insert(format!("{}{}", n.name, i), s);
                     }
                 }
             }

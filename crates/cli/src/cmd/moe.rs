@@ -110,40 +110,15 @@ struct Shape {
     topk_groups: u32,
 }
 
-/// 128x128 block FP8 quantisation of `w` `[rows, cols]` (power-of-two scales):
-/// (bytes, scales, dequantised values).
+/// 128x128 block FP8 quantisation of `w` `[rows, cols]` with power-of-two scales (the library's
+/// CPU quantiser): (bytes, scales, dequantised values).
 fn quant_blocks(w: &[f32], rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
-    let (br, bc) = (rows.div_ceil(128), cols / 128);
-    let mut s = vec![1f32; br * bc];
-    for i in 0..br {
-        for j in 0..bc {
-            let mut amax = 0f32;
-            for r in i * 128..((i + 1) * 128).min(rows) {
-                for c in j * 128..(j + 1) * 128 {
-                    amax = amax.max(w[r * cols + c].abs());
-                }
-            }
-            s[i * bc + j] = pow2_scale(amax);
-        }
-    }
-    let mut q = vec![0u8; rows * cols];
-    let mut deq = vec![0f32; rows * cols];
-    for r in 0..rows {
-        for c in 0..cols {
-            let sc = s[(r / 128) * bc + c / 128];
-            q[r * cols + c] = emu::fp::f32_to_e4m3(w[r * cols + c] / sc, true);
-            deq[r * cols + c] = emu::fp::e4m3_to_f32(q[r * cols + c]) * sc;
-        }
-    }
+    let (q, s) = kernels::quant::ref_quant_128x128(w, rows, cols, ScaleMode::Pow2);
+    let bc = cols / 128;
+    let deq = (0..rows * cols)
+        .map(|i| emu::fp::e4m3_to_f32(q[i]) * s[(i / cols / 128) * bc + (i % cols) / 128])
+        .collect();
     (q, s, deq)
-}
-
-fn pow2_scale(amax: f32) -> f32 {
-    if amax == 0.0 {
-        1.0
-    } else {
-        (amax / 448.0).log2().ceil().exp2()
-    }
 }
 
 fn transpose<T: Copy + Default>(w: &[T], rows: usize, cols: usize) -> Vec<T> {
@@ -316,6 +291,19 @@ impl Span {
     }
 }
 
+/// Runs `f` and the wall-clock span it took.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, Span) {
+    let start = Instant::now();
+    let v = f();
+    (
+        v,
+        Span {
+            start,
+            end: Instant::now(),
+        },
+    )
+}
+
 /// Runs `comm` (communication kernels of every rank) and `compute` (compute-partition kernels
 /// of every rank) concurrently, or one after the other with `sequential`.
 fn overlapped<A: Send, B>(
@@ -323,40 +311,15 @@ fn overlapped<A: Send, B>(
     comm: impl FnOnce() -> A + Send,
     compute: impl FnOnce() -> B,
 ) -> (A, B, Span, Span) {
-    let timed = |f: &mut dyn FnMut()| {
-        let start = Instant::now();
-        f();
-        Span {
-            start,
-            end: Instant::now(),
-        }
-    };
     if sequential {
-        let (mut a, mut b) = (None, None);
-        let mut comm = Some(comm);
-        let mut compute = Some(compute);
-        let sa = timed(&mut || a = comm.take().map(|f| f()));
-        let sb = timed(&mut || b = compute.take().map(|f| f()));
-        return (a.expect("ran"), b.expect("ran"), sa, sb);
+        let (a, sa) = timed(comm);
+        let (b, sb) = timed(compute);
+        return (a, b, sa, sb);
     }
     std::thread::scope(|s| {
-        let h = s.spawn(move || {
-            let start = Instant::now();
-            let a = comm();
-            (
-                a,
-                Span {
-                    start,
-                    end: Instant::now(),
-                },
-            )
-        });
-        let start = Instant::now();
-        let b = compute();
-        let sb = Span {
-            start,
-            end: Instant::now(),
-        };
+        let h = s.spawn(move || timed(comm));
+        let (b, sb) = timed(compute);
+        // a panic on the communication thread is re-raised here, as if it were this thread's
         let (a, sa) = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
         (a, b, sa, sb)
     })
@@ -761,6 +724,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         s.tokens as usize,
         s.topk as usize,
     );
+    if rn == 0 {
+        bail!("--nodes and --gpus-per-node must be at least 1");
+    }
     if h % 128 != 0 || i_n % 128 != 0 || t_n % 128 != 0 || e_n % rn != 0 {
         bail!(
             "hidden, intermediate and tokens must be multiples of 128 and experts a multiple of the ranks"
