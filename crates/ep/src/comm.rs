@@ -844,7 +844,8 @@ pub fn dispatch_kernel(t: &Target, cfg: &EpConfig, p: Payload) -> Result<ptx::Mo
     Ok(kb.finish()?)
 }
 
-fn bf16_lo_hi(k: &mut KernelBuilder, w: Reg<u32>) -> (Reg<f32>, Reg<f32>) {
+/// The two BF16 halves of a b32 word as f32 (low, high); exact.
+pub(crate) fn bf16_lo_hi(k: &mut KernelBuilder, w: Reg<u32>) -> (Reg<f32>, Reg<f32>) {
     let lo = k.shl(w, 16u32);
     let hi = k.and(w, 0xffff_0000u32);
     (k.bitcast::<f32, u32>(lo), k.bitcast::<f32, u32>(hi))

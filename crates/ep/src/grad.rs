@@ -14,7 +14,7 @@
 //!   experts and 0 elsewhere (the balancing bias and the group limit only select). Writes the
 //!   logits gradient as f32 `[T, E]`, BF16 `[T, E]` and BF16 `[E, T]` (the operands of the gate's
 //!   dgrad and wgrad GEMMs).
-use crate::comm::{DispatchOut, EpGroup};
+use crate::comm::{bf16_lo_hi, DispatchOut, EpGroup};
 use crate::kutil::{self, sigmoid};
 use crate::routing::RoutingCfg;
 use crate::transport::LinkClass;
@@ -60,8 +60,8 @@ pub fn topk_grad_kernel(t: &Target, h: u32, topk: u32, gpn: u32) -> Result<ptx::
                 let wi = k.add(base, w);
                 let a = k.ld(y.offset(wi));
                 let b = k.ld(dy.offset(wi));
-                let (a0, a1) = bf16_pair(k, a);
-                let (b0, b1) = bf16_pair(k, b);
+                let (a0, a1) = bf16_lo_hi(k, a);
+                let (b0, b1) = bf16_lo_hi(k, b);
                 let p = k.fma(a0, b0, acc);
                 let p2 = k.fma(a1, b1, p);
                 k.mov_to(acc, p2);
@@ -97,12 +97,6 @@ pub fn topk_grad_kernel(t: &Target, h: u32, topk: u32, gpn: u32) -> Result<ptx::
         });
     });
     Ok(k.finish()?)
-}
-
-fn bf16_pair(k: &mut KernelBuilder, w: Reg<u32>) -> (Reg<f32>, Reg<f32>) {
-    let lo = k.shl(w, 16u32);
-    let hi = k.and(w, 0xffff_0000u32);
-    (k.bitcast::<f32, u32>(lo), k.bitcast::<f32, u32>(hi))
 }
 
 /// Result of [`EpGroup::topk_weight_grad`].
@@ -353,27 +347,43 @@ pub fn route_backward(
 }
 
 /// CPU reference of [`route_backward`] (f64 from the same f32 inputs): `dlogits` `[T, E]`.
+/// Every top-k index must be a valid expert and the buffers must hold `T * topk` entries.
 pub fn route_backward_ref(
     logits: &[f32],
     idx: &[i32],
     w: &[f32],
     dw: &[f32],
     c: &RoutingCfg,
-) -> Vec<f64> {
+) -> Result<Vec<f64>> {
+    c.validate()?;
     let (e_n, kk) = (c.experts as usize, c.topk as usize);
     let t_n = logits.len() / e_n;
+    if idx.len() < t_n * kk || w.len() < t_n * kk || dw.len() < t_n * kk {
+        return Err(EpError::Shape(format!(
+            "top-k buffers for {t_n} tokens x {kk} too small"
+        )));
+    }
+    let experts: Vec<usize> = idx[..t_n * kk]
+        .iter()
+        .map(|&e| {
+            usize::try_from(e)
+                .ok()
+                .filter(|&e| e < e_n)
+                .ok_or_else(|| EpError::Shape(format!("top-k index {e} is not an expert of {e_n}")))
+        })
+        .collect::<Result<_>>()?;
     let mut out = vec![0f64; t_n * e_n];
     for t in 0..t_n {
         let sg = |e: usize| 1.0 / (1.0 + (-(logits[t * e_n + e] as f64)).exp());
-        let s: f64 = (0..kk).map(|j| sg(idx[t * kk + j] as usize)).sum();
+        let sel = &experts[t * kk..(t + 1) * kk];
+        let s: f64 = sel.iter().map(|&e| sg(e)).sum();
         let a: f64 = (0..kk)
             .map(|j| dw[t * kk + j] as f64 * w[t * kk + j] as f64)
             .sum();
-        for j in 0..kk {
-            let e = idx[t * kk + j] as usize;
+        for (j, &e) in sel.iter().enumerate() {
             let ds = (c.scaling as f64 * dw[t * kk + j] as f64 - a) / s;
             out[t * e_n + e] = ds * sg(e) * (1.0 - sg(e));
         }
     }
-    out
+    Ok(out)
 }

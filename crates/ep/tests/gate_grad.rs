@@ -139,7 +139,10 @@ fn route_backward_matches_f64() {
     )
     .unwrap();
     let (idx, w) = (out.idx.to_vec().unwrap(), out.weights.to_vec().unwrap());
-    let want = route_backward_ref(&logits, &idx, &w, &dw, &c);
+    let want = route_backward_ref(&logits, &idx, &w, &dw, &c).unwrap();
+    let mut bad = idx.clone();
+    bad[5] = -1;
+    assert!(route_backward_ref(&logits, &bad, &w, &dw, &c).is_err());
     let got = g.dlogits.to_vec().unwrap();
     let gb = g.dlogits_bf16.to_vec().unwrap();
     let gt = g.dlogits_t_bf16.to_vec().unwrap();

@@ -1404,7 +1404,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 &w[t * kk..(t + 1) * kk],
                 &dw,
                 &rc,
-            );
+            )?;
             for e in 0..e_n {
                 ed.add(gate_bwd[r].0[t * e_n + e] as f64, dl[e]);
                 let d = bf(dl[e]) as f64;
