@@ -404,13 +404,22 @@ impl<'a> FnCheck<'a> {
             .copied()
     }
 
+    /// The innermost scope (the function scope is always there; recreated if not).
+    fn innermost(&mut self) -> &mut Scope {
+        if self.scopes.is_empty() {
+            self.scopes.push(Scope::default());
+        }
+        let i = self.scopes.len() - 1;
+        &mut self.scopes[i]
+    }
+
     fn declare(&mut self, d: &RegDecl) {
         let info = RegInfo {
             ty: d.ty,
             vec: d.vec,
         };
         for n in &d.names {
-            let scope = self.scopes.last().expect("scope");
+            let scope = self.innermost();
             let dup = match n.count {
                 None => scope.lookup(&n.name).is_some(),
                 Some(c) => {
@@ -435,7 +444,7 @@ impl<'a> FnCheck<'a> {
                     format!("register `{shown}` declared twice in the same scope"),
                 );
             }
-            let scope = self.scopes.last_mut().expect("scope");
+            let scope = self.innermost();
             match n.count {
                 None => {
                     scope.exact.insert(n.name.clone(), info);
