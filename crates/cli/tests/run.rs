@@ -181,3 +181,98 @@ fn float_for_integer_parameter() {
         "{err}"
     );
 }
+
+/// `ptxforge run --banks` on the transpose example: both kernels transpose exactly (vs the host
+/// transpose of pseudo-random inputs, every element checked); the
+/// unpadded tile's column read is the one 32-way-conflicting line, the padded tile has none.
+#[test]
+fn bank_profile_finds_the_transpose_conflict() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let file = root.join("examples/ptx/transpose_smem.ptx");
+    let text = std::fs::read_to_string(&file).unwrap();
+    if ptx::ptxas::find_ptxas().is_some() {
+        let rep = ptx::ptxas::assemble(&text, "sm_80", &Default::default()).unwrap();
+        for e in ["transpose_naive", "transpose_padded"] {
+            let k = rep.kernel(e).expect("kernel in ptxas report");
+            assert_eq!(k.spill_stores_bytes + k.spill_loads_bytes, 0, "{e}");
+        }
+    }
+    let n = 64usize;
+    let dir = std::env::temp_dir().join(format!("ptxforge-banks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input: Vec<f32> = (0..n * n)
+        .map(|i| ((i as u64 * 2654435761) % 1000) as f32 / 7.0 - 60.0)
+        .collect();
+    let inp = dir.join("in.npy");
+    runner::write_npy(
+        &inp,
+        &runner::HostArray {
+            dtype: runner::DType::F32,
+            shape: vec![(n * n) as u64],
+            data: input.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        },
+    )
+    .unwrap();
+    let mut conflicts = Vec::new();
+    for e in ["transpose_naive", "transpose_padded"] {
+        let out = dir.join(format!("{e}.npy"));
+        let o = ptxforge(&[
+            "run",
+            file.to_str().unwrap(),
+            "--entry",
+            e,
+            "--grid",
+            "2,2",
+            "--block",
+            "32,8",
+            "--arg",
+            &format!("in:{}", inp.display()),
+            "--arg",
+            "out:f32:4096",
+            "--arg",
+            "u32:64",
+            "--save",
+            &format!("1={}", out.display()),
+            "--banks",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let got = runner::read_npy(&out).unwrap();
+        let got: Vec<f32> = got
+            .data
+            .chunks(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        for r in 0..n {
+            for c in 0..n {
+                assert_eq!(got[c * n + r], input[r * n + c], "{e} ({r}, {c})");
+            }
+        }
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let b = &j["stats"]["banks"];
+        // 4 CTAs x 8 warps x (4 stores + 4 loads)
+        assert_eq!(b["total"]["requests"], 256, "{b}");
+        conflicts.push((
+            b["total"]["wavefronts"].as_u64().unwrap() - b["total"]["ideal"].as_u64().unwrap(),
+            b["lines"][0].clone(),
+        ));
+    }
+    let (naive, worst) = &conflicts[0];
+    assert_eq!(
+        *naive,
+        128 * 31,
+        "128 column reads, 31 extra wavefronts each"
+    );
+    assert!(worst["instruction"]
+        .as_str()
+        .unwrap()
+        .starts_with("ld.shared.f32"));
+    let line = worst["line"].as_u64().unwrap() as usize;
+    assert!(text
+        .lines()
+        .nth(line - 1)
+        .unwrap()
+        .contains("ld.shared.f32"));
+    assert_eq!(conflicts[1].0, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

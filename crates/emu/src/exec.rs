@@ -28,6 +28,8 @@ pub struct LaunchCtx {
     pub start: std::time::Instant,
     /// Where device `printf` output goes (stdout when `None`).
     pub printf: Option<Arc<std::sync::Mutex<String>>>,
+    /// Count shared-memory wavefronts per instruction ([`crate::banks`]).
+    pub bank_profile: bool,
 }
 
 impl LaunchCtx {
@@ -125,6 +127,8 @@ pub struct Cta {
     /// The global allocation of the last global access: (base, size, allocation). Accesses of a
     /// warp instruction mostly hit one buffer; this skips the search over all allocations.
     gcache: std::cell::Cell<(u64, u64, *const crate::memory::Allocation)>,
+    /// Shared-memory bank profile of this CTA (when the launch profiles banks).
+    pub banks: Option<Box<crate::banks::BankProfile>>,
 }
 
 /// Shared memory, mbarriers and pending copies of a CTA, lent to its cluster siblings.
@@ -237,6 +241,7 @@ impl Cta {
         }
         Cta {
             gcache: std::cell::Cell::new((0, 0, std::ptr::null())),
+            banks: ctx.bank_profile.then(Default::default),
             id,
             sm,
             warps,
@@ -662,6 +667,17 @@ impl Cta {
     }
 }
 
+/// The shared-window address of an access in `space`, if it goes to shared memory.
+fn shared_window_addr(space: MSpace, a: u64) -> Option<u64> {
+    match space {
+        MSpace::Shared => Some(a),
+        MSpace::Generic if (SHARED_WINDOW..SHARED_WINDOW + (1 << 32)).contains(&a) => {
+            Some(a - SHARED_WINDOW)
+        }
+        _ => None,
+    }
+}
+
 #[inline]
 fn read_le(b: &[u8]) -> u64 {
     let mut x = [0u8; 8];
@@ -1046,6 +1062,9 @@ impl Cta {
             } => {
                 let total = elem * ds.len() as u32;
                 let o = load_ord(*ord);
+                if self.banks.is_some() {
+                    self.profile_lanes(wi, inst.src, m, *space, (*addr, *off), total);
+                }
                 for l in lanes_of(m) {
                     let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
                     // Vector accesses must be aligned to their full size.
@@ -1085,6 +1104,9 @@ impl Cta {
             } => {
                 let total = elem * srcs.len() as u32;
                 let o = store_ord(*ord);
+                if self.banks.is_some() {
+                    self.profile_lanes(wi, inst.src, m, *space, (*addr, *off), total);
+                }
                 for l in lanes_of(m) {
                     let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
                     if total > *elem && !base.is_multiple_of(total as u64) {
@@ -1116,6 +1138,9 @@ impl Cta {
             } => {
                 let size = ty.size();
                 let o = rmw_ord(*ord);
+                if self.banks.is_some() {
+                    self.profile_lanes(wi, inst.src, m, *space, (*addr, *off), size);
+                }
                 for l in lanes_of(m) {
                     let a = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
                     let loc = self.locate(ctx, *space, a, size, l, prog.local_bytes)?;
@@ -1597,6 +1622,9 @@ impl Cta {
                 if self.wait_converged(wi) {
                     return Ok(Flow::Stay);
                 }
+                if self.banks.is_some() {
+                    self.profile_matrices(wi, inst.src, *count, *space, *addr, *off);
+                }
                 let mut out = [[0u64; 32]; 4];
                 for mat in 0..*count as usize {
                     for row in 0..8usize {
@@ -1661,6 +1689,9 @@ impl Cta {
             } => {
                 if self.wait_converged(wi) {
                     return Ok(Flow::Stay);
+                }
+                if self.banks.is_some() {
+                    self.profile_matrices(wi, inst.src, *count, *space, *addr, *off);
                 }
                 for mat in 0..*count as usize {
                     let vals = self.warps[wi].regs[srcs[mat] as usize];
@@ -2001,6 +2032,9 @@ impl Cta {
                 src_size,
                 dspace,
             } => {
+                if self.banks.is_some() {
+                    self.profile_lanes(wi, inst.src, m, *dspace, (*dst, *doff), *size);
+                }
                 for l in lanes_of(m) {
                     let w = &self.warps[wi];
                     let da = w.regs[*dst as usize][l].wrapping_add(*doff as u64);
@@ -2048,6 +2082,57 @@ fn uninit(key: u32) -> FaultKind {
 impl Cta {
     /// Shared-memory offset of an address in `space` (generic addresses in the shared window are
     /// translated; plain shared addresses are already offsets).
+    /// Profiles a per-lane `ld`/`st`/`atom`/`cp.async` request of `bytes` per lane at
+    /// `reg[lane] + off` (lanes whose address is not in shared memory are left out).
+    fn profile_lanes(
+        &mut self,
+        wi: usize,
+        src: u32,
+        m: u32,
+        space: MSpace,
+        (reg, off): (u32, i64),
+        bytes: u32,
+    ) {
+        let Some(b) = self.banks.as_mut() else { return };
+        let regs = &self.warps[wi].regs[reg as usize];
+        let acc: Vec<crate::banks::Access> = lanes_of(m)
+            .filter_map(|l| {
+                shared_window_addr(space, regs[l].wrapping_add(off as u64)).map(|addr| {
+                    crate::banks::Access {
+                        lane: l as u8,
+                        addr,
+                        bytes,
+                    }
+                })
+            })
+            .collect();
+        b.record(src, &acc);
+    }
+
+    /// Profiles an `ldmatrix`/`stmatrix` request of `count` matrices (row addresses from lanes
+    /// `8*mat + row`).
+    fn profile_matrices(
+        &mut self,
+        wi: usize,
+        src: u32,
+        count: u32,
+        space: MSpace,
+        reg: u32,
+        off: i64,
+    ) {
+        let Some(b) = self.banks.as_mut() else { return };
+        let regs = &self.warps[wi].regs[reg as usize];
+        let rows: Vec<[u64; 8]> = (0..count as usize)
+            .map(|mat| {
+                std::array::from_fn(|r| {
+                    let a = regs[mat * 8 + r].wrapping_add(off as u64);
+                    shared_window_addr(space, a).unwrap_or(a)
+                })
+            })
+            .collect();
+        b.record_matrices(src, &rows);
+    }
+
     fn shared_offset(&self, space: MSpace, a: u64) -> u64 {
         if space == MSpace::Generic && (SHARED_WINDOW..SHARED_WINDOW + (1 << 32)).contains(&a) {
             a - SHARED_WINDOW

@@ -57,6 +57,9 @@ pub struct LaunchOptions {
     pub progress: Option<Arc<AtomicU64>>,
     /// Collects device `printf` output instead of writing it to stdout.
     pub printf: Option<Arc<Mutex<String>>>,
+    /// Counts shared-memory wavefronts and bank conflicts per instruction
+    /// ([`LaunchStats::banks`]). Default: on when `PTXFORGE_EMU_BANKS=1`.
+    pub bank_profile: bool,
 }
 
 impl Default for LaunchOptions {
@@ -73,6 +76,7 @@ impl Default for LaunchOptions {
             timeout: Duration::from_secs(timeout),
             progress: None,
             printf: None,
+            bank_profile: std::env::var("PTXFORGE_EMU_BANKS").is_ok_and(|v| v == "1"),
         }
     }
 }
@@ -87,6 +91,9 @@ pub struct LaunchStats {
     /// Distinct SMs that ran at least one CTA.
     pub sms_used: Vec<u32>,
     pub max_resident: u32,
+    /// Shared-memory bank profile (when [`LaunchOptions::bank_profile`] is set).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub banks: Option<crate::banks::BankReport>,
 }
 
 /// Per-SM limits of the emulated target.
@@ -172,6 +179,7 @@ pub fn launch(
         launch_id: NEXT_LAUNCH.fetch_add(1, Ordering::Relaxed),
         start: Instant::now(),
         printf: opts.printf.clone(),
+        bank_profile: opts.bank_profile,
     };
     let smem = ctx.shared_bytes();
     let limit = max_shared_per_block(prog.target_sm);
@@ -205,6 +213,7 @@ pub fn launch(
     let abort = AtomicBool::new(false);
     let executed = AtomicU64::new(0);
     let lane_ops = AtomicU64::new(0);
+    let banks = Mutex::new(crate::banks::BankProfile::default());
     let first_err: Mutex<Option<EmuError>> = Mutex::new(None);
     let sm_used: Vec<AtomicU32> = (0..cfg.sms).map(|_| AtomicU32::new(0)).collect();
     let max_res = AtomicU32::new(0);
@@ -216,6 +225,7 @@ pub fn launch(
             let (next, abort, executed, lane_ops, first_err, sm_used, max_res) = (
                 &next, &abort, &executed, &lane_ops, &first_err, &sm_used, &max_res,
             );
+            let banks = &banks;
             s.spawn(move || {
                 let mut resident: Vec<(Vec<Cta>, u32)> = Vec::new();
                 let mut idle_rounds = 0u32;
@@ -339,6 +349,11 @@ pub fn launch(
                                 .map(|w| w.lane_ops)
                                 .sum();
                             lane_ops.fetch_add(ops, Ordering::Relaxed);
+                            for c in group.iter() {
+                                if let Some(b) = &c.banks {
+                                    banks.lock().unwrap_or_else(|p| p.into_inner()).merge(b);
+                                }
+                            }
                             free_slots.push(slot);
                             finished = true;
                             if let Some(p) = &opts.progress {
@@ -372,6 +387,12 @@ pub fn launch(
             .map(|(i, _)| cfg.sm_offset + i as u32)
             .collect(),
         max_resident: max_res.load(Ordering::Relaxed),
+        banks: opts.bank_profile.then(|| {
+            banks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .report(&ctx.prog)
+        }),
     })
 }
 

@@ -13,6 +13,7 @@
 #![allow(clippy::needless_range_loop)]
 
 pub mod alu;
+pub mod banks;
 pub mod bench;
 pub mod error;
 pub mod exec;

@@ -430,3 +430,60 @@ fn registered_hopper_kernels_pass_their_checks() {
     }
     assert!(n >= 6);
 }
+
+/// A prepared launch ([`hopper::HopperPlan`]) runs again with refilled inputs, on another
+/// stream too, and gives each time the reference of the data then in the buffers.
+#[test]
+fn fp8_plan_relaunches_with_new_inputs() {
+    let st = stream();
+    let dev = st.device().clone();
+    let (m, n, k) = (100usize, 256usize, 256usize);
+    let s = HopperSpec::new(HIn::Fp8, HLayout::Normal, 128).with_stages(3);
+    let inputs = |seed: u64| {
+        let mut rg = r::rng(seed);
+        let a = r::random_activations(&mut rg, m * k, k);
+        let b: Vec<f32> = (0..n * k).map(|_| rg.gen_range(-1.0f32..1.0)).collect();
+        let (qa, sa) = host_quant_rows(&a, m, k);
+        let (qb, sb) = host_quant_blocks(&b, n, k);
+        let want = r::gemm_nt_f64(
+            &r::dequant_rows_f64(&qa, &sa, m, k),
+            &r::dequant_blocks_f64(&qb, &sb, n, k),
+            m,
+            n,
+            k,
+        );
+        (qa, sa, qb, sb, want)
+    };
+    let (qa, sa, qb, sb, want1) = inputs(31);
+    let (a_b, sa_b, b_b, sb_b) = (
+        dev.upload(&qa).unwrap(),
+        dev.upload(&sa).unwrap(),
+        dev.upload(&qb).unwrap(),
+        dev.upload(&sb).unwrap(),
+    );
+    let d = poison(&dev, m * n);
+    let plan = hopper::plan_fp8_nt(&st, &s, &a_b, &sa_b, &b_b, &sb_b, &d, m, n, k).unwrap();
+    assert_eq!(plan.name(), s.name());
+    plan.launch(&st).unwrap();
+    st.synchronize().unwrap();
+    compare("plan, first inputs", &d.to_vec().unwrap(), &want1, |_| true);
+    // new data in the same buffers, output poisoned again, launched on a second stream
+    let (qa, sa, qb, sb, want2) = inputs(32);
+    a_b.copy_from_host(&qa).unwrap();
+    sa_b.copy_from_host(&sa).unwrap();
+    b_b.copy_from_host(&qb).unwrap();
+    sb_b.copy_from_host(&sb).unwrap();
+    d.fill(bf16::from_bits(0x7fc1)).unwrap();
+    let st2 = dev.stream(0);
+    plan.launch(&st2).unwrap();
+    st2.synchronize().unwrap();
+    compare("plan, second inputs", &d.to_vec().unwrap(), &want2, |_| {
+        true
+    });
+    drop(plan);
+    // an empty problem plans to nothing and launching it is a no-op
+    let empty = hopper::plan_fp8_nt(&st, &s, &a_b, &sa_b, &b_b, &sb_b, &d, 0, n, k).unwrap();
+    empty.launch(&st).unwrap();
+    // bad shapes are typed errors at planning time
+    assert!(hopper::plan_fp8_nt(&st, &s, &a_b, &sa_b, &b_b, &sb_b, &d, m, 100, k).is_err());
+}

@@ -87,6 +87,7 @@ fn emitted_fp8_gemm_through_the_runner_matches_the_host_api() {
         out_init: OutInit::Poison(0xff),
         timeout: None,
         progress: None,
+        banks: false,
     };
     let out = runner::run(&runtime::Device::emu(66), &rs).unwrap();
     let got = out.buffers[4].as_ref().unwrap();

@@ -477,6 +477,8 @@ pub struct RunSpec {
     pub timeout: Option<Duration>,
     /// Incremented as CTAs complete.
     pub progress: Option<Arc<AtomicU64>>,
+    /// Emulator: count shared-memory bank conflicts per PTX line (`stats.banks`).
+    pub banks: bool,
 }
 
 impl RunSpec {
@@ -545,6 +547,7 @@ pub fn run(device: &Device, spec: &RunSpec) -> Result<RunOutput> {
     cfg.timeout = spec.timeout;
     cfg.progress = spec.progress.clone();
     let stream = device.stream(0);
+    stream.set_bank_profile(spec.banks);
     let t0 = std::time::Instant::now();
     stream.launch(&func, &cfg, &args)?;
     stream.synchronize()?;
@@ -663,6 +666,7 @@ impl Manifest {
             out_init: OutInit::Zero,
             timeout: None,
             progress: None,
+            banks: false,
         })
     }
 }

@@ -87,6 +87,8 @@ pub(crate) struct StreamInner {
     pub(crate) default_budget: Option<SmPartition>,
     /// Launches recorded while capturing a graph (emulator).
     pub(crate) capture: Mutex<Option<Vec<crate::graph::Recorded>>>,
+    /// Emulator launches on this stream count shared-memory bank conflicts.
+    bank_profile: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -129,6 +131,7 @@ impl Stream {
             cuda,
             default_budget,
             capture: Mutex::new(None),
+            bank_profile: Default::default(),
         });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
@@ -155,6 +158,10 @@ impl Stream {
         }
     }
 
+    /// True when both handles are the same stream.
+    pub fn same(&self, other: &Stream) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
     pub fn device(&self) -> &Device {
         &self.device
     }
@@ -245,6 +252,10 @@ impl Stream {
             opts.max_warp_instructions = n;
         }
         opts.progress = cfg.progress.clone();
+        opts.bank_profile |= self
+            .inner
+            .bank_profile
+            .load(std::sync::atomic::Ordering::Relaxed);
         self.enqueue(Box::new(move |s: &StreamInner| {
             if s.state.lock().map(|st| st.error.is_some()).unwrap_or(true) {
                 return; // sticky error: skip further work
@@ -426,6 +437,16 @@ impl Stream {
                 }
             }
         }))
+    }
+
+    /// Emulator only: later launches on this stream count shared-memory wavefronts and bank
+    /// conflicts per PTX instruction, reported in [`emu::LaunchStats::banks`] of
+    /// [`Stream::last_stats`] (the model is described in [`emu::banks`]). Also on for every
+    /// stream when `PTXFORGE_EMU_BANKS=1`. CUDA streams ignore it (use Nsight Compute there).
+    pub fn set_bank_profile(&self, on: bool) {
+        self.inner
+            .bank_profile
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Statistics of the most recent completed launch.

@@ -22,6 +22,10 @@ pub struct Args {
     pub filter: Option<String>,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// With `--check` on the emulator: count shared-memory wavefronts and bank conflicts of each
+    /// kernel's (last) launch, with the most conflicting PTX lines.
+    #[arg(long)]
+    pub banks: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -52,6 +56,12 @@ fn check(a: &Args, reg: &[kernels::KernelInfo]) -> Result<()> {
     let dev = runtime::Device::from_name(&a.device)?;
     let arch = kernels::host::target_for(&dev).arch;
     let st = dev.stream(0);
+    if a.banks {
+        if dev.backend() != runtime::Backend::Emu {
+            bail!("--banks needs the emulator (on a GPU, use Nsight Compute)");
+        }
+        st.set_bank_profile(true);
+    }
     let mut rows = Vec::new();
     let (mut failed, mut ran, mut skipped) = (0usize, 0usize, 0usize);
     if !a.json {
@@ -74,6 +84,11 @@ fn check(a: &Args, reg: &[kernels::KernelInfo]) -> Result<()> {
             match k.check(&st, s, a.seed) {
                 Ok(r) => {
                     failed += (!r.pass) as usize;
+                    let banks = if a.banks {
+                        st.last_stats().and_then(|s| s.banks)
+                    } else {
+                        None
+                    };
                     if !a.json {
                         println!(
                             "{:<46} {:>18} {:>10.2e} {:>10.1e} {:>9} {:>9.2}  {}",
@@ -85,8 +100,15 @@ fn check(a: &Args, reg: &[kernels::KernelInfo]) -> Result<()> {
                             r.seconds * 1e3,
                             if r.pass { "yes" } else { "NO" }
                         );
+                        if let Some(b) = &banks {
+                            super::print_banks(b, 3);
+                        }
                     }
-                    rows.push(serde_json::to_value(&r)?);
+                    let mut v = serde_json::to_value(&r)?;
+                    if let Some(b) = banks {
+                        v["banks"] = serde_json::to_value(b)?;
+                    }
+                    rows.push(v);
                 }
                 Err(e) => {
                     failed += 1;

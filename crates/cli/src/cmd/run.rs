@@ -46,6 +46,9 @@ pub struct Args {
     /// Stop the kernel after this many seconds (hang detection).
     #[arg(long)]
     pub timeout: Option<f64>,
+    /// Emulator: count shared-memory wavefronts and bank conflicts per PTX line.
+    #[arg(long)]
+    pub banks: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -116,7 +119,11 @@ pub fn run(a: Args) -> Result<()> {
         out_init: runner::OutInit::Zero,
         timeout: a.timeout.map(Duration::from_secs_f64),
         progress: Some(progress.clone()),
+        banks: a.banks,
     };
+    if a.banks && device.backend() != runtime::Backend::Emu {
+        bail!("--banks needs the emulator (on a GPU, use Nsight Compute)");
+    }
     let out = with_progress(spec.ctas(), &progress, a.json, || {
         runner::run(&device, &spec)
     })
@@ -147,6 +154,7 @@ pub fn run(a: Args) -> Result<()> {
                 "lane_instructions": st.lane_instructions,
                 "seconds": st.seconds,
                 "lane_instructions_per_s": rate,
+                "banks": st.banks,
             },
             "saved": saved,
         });
@@ -163,6 +171,9 @@ pub fn run(a: Args) -> Result<()> {
         );
     } else if saves.is_empty() {
         println!("{entry}: ok ({} CTAs, {:.3} s)", st.ctas, out.seconds);
+    }
+    if let Some(b) = &st.banks {
+        super::print_banks(b, 10);
     }
     Ok(())
 }

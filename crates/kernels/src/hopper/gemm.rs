@@ -23,9 +23,12 @@
 //! Epilogue (normal and contiguous layouts, DeepGEMM's choice): each math warpgroup converts its
 //! 64 x BN accumulators to BF16 (contiguous padding rows zeroed), writes them into its own
 //! shared staging buffer with `stmatrix.x4` (the accumulator fragment is the `stmatrix` m8n8
-//! fragment), fences the generic proxy against the async proxy, and one thread issues a 2-D TMA
-//! tensor store (`cp.async.bulk.tensor.2d.global.shared::cta.bulk_group`) that the tensor map
-//! clips to M x N. The store runs while the warpgroup starts the next tile; the staging buffer is
+//! fragment), fences the generic proxy against the async proxy, and one thread issues 2-D TMA
+//! tensor stores (`cp.async.bulk.tensor.2d.global.shared::cta.bulk_group`) that the tensor map
+//! clips to M x N. The staging buffer is split into column panels as wide as the largest TMA
+//! swizzle span dividing a BN row (128, 64 or 32 bytes; DeepGEMM's choice), each stored with that
+//! swizzle by its own TMA box, so `stmatrix` writes are free of bank conflicts (checked by the
+//! emulator's bank profiler in `kernels/tests/banks.rs`). The store runs while the warpgroup starts the next tile; the staging buffer is
 //! reused only after `cp.async.bulk.wait_group.read 0` and a warpgroup barrier (named barrier
 //! 1 + warpgroup). Masked layout: direct `st.global.b32` of bf16x2 pairs guarded by the row
 //! bound, since rows past `masked_m[g]` must stay untouched (a TMA box would overwrite them).
@@ -640,7 +643,6 @@ fn store_tile_tma(
     m_indices: Option<GlobalPtr<i32>>,
     acc: &[Reg<f32>],
 ) {
-    let pitch = spec.bn * 2;
     let leader = k.eq(l.wt, 0u32);
     let bar_id = k.add(l.wg, 1u32);
     k.if_(leader, |k| k.cp_async_bulk_wait_group(0, true));
@@ -676,9 +678,16 @@ fn store_tile_tma(
             [w[0], w[1]]
         })
         .collect();
-    // this warpgroup's buffer; lane -> row address of matrix i = lane / 8 (x4: i&1 = row half,
-    // i>>1 = chunk j or j+1; x2: lanes 0..15)
-    let wg_off = k.mul(l.wg, 64 * pitch);
+    // This warpgroup's buffer is BN*2/W column panels, each 64 rows x W bytes (W = panel width)
+    // with W's TMA swizzle: 16-byte chunk c of row r sits at r*W + 16*(c ^ f(r)), f(r) = the
+    // row's bits above the 128-byte line (r % 8 for 128 B, (r/2) % 4 for 64 B, (r/4) % 2 for
+    // 32 B, 0 without swizzle). A `stmatrix` phase writes 8 rows x 16 bytes; swizzled, those land
+    // in 8 distinct 16-byte bank groups (unswizzled rows BN*2 bytes apart would all share one).
+    // lane -> row address of matrix i = lane / 8 (x4: i&1 = row half, i>>1 = chunk j or j+1;
+    // x2: lanes 0..15, chunk j)
+    let w = spec.epilogue_panel_bytes();
+    let cpp = w / 16; // chunks per panel
+    let wg_off = k.mul(l.wg, 64 * spec.bn * 2);
     let base = k.add(stage.reg(), wg_off);
     let i = k.shr(l.lane, 3u32);
     let r = k.and(l.lane, 7u32);
@@ -688,19 +697,47 @@ fn store_tile_tma(
         let y = k.mad_lo(hi, 8u32, x);
         k.add(y, r)
     };
-    let row_b = k.mul(row, pitch);
-    let chunk1 = k.shr(i, 1u32);
-    let lane_x4 = {
-        let c = k.mul(chunk1, 16u32);
-        let x = k.add(row_b, c);
-        k.add(base, x)
+    let row_base = {
+        let rb = k.mul(row, w);
+        k.add(base, rb)
     };
-    let lane_x2 = k.add(base, row_b);
+    // f(r): 0..cpp-1
+    let f = match w {
+        128 => k.and(row, 7u32),
+        64 => {
+            let x = k.shr(row, 1u32);
+            k.and(x, 3u32)
+        }
+        32 => {
+            let x = k.shr(row, 2u32);
+            k.and(x, 1u32)
+        }
+        _ => k.mov(0u32),
+    };
+    // x4: this lane's matrix is chunk j + c1 (j even). With cpp even that chunk is in j's panel
+    // at (j % cpp) ^ c1 before the swizzle; with one chunk per panel it is the next panel.
+    let c1 = k.shr(i, 1u32);
+    let (g4, row_base4) = if cpp == 1 {
+        let off = k.mul(c1, 64 * w);
+        (f, k.add(row_base, off))
+    } else {
+        (k.xor(f, c1), row_base)
+    };
     let mut j = 0;
     while j < chunks {
-        let (ju, off) = (j as usize, stage.byte_offset() + 16 * j as i64);
-        if j + 1 < chunks {
-            let a = SharedPtr::<u8>::from_reg(lane_x4).add_bytes(off);
+        let ju = j as usize;
+        let panel_off = stage.byte_offset() + ((j / cpp) * 64 * w) as i64;
+        let x4 = j + 1 < chunks;
+        let (g, rb) = if x4 { (g4, row_base4) } else { (f, row_base) };
+        let sw = if cpp == 1 {
+            rb
+        } else {
+            let c = k.xor(g, j % cpp);
+            let c = k.shl(c, 4u32);
+            k.add(rb, c)
+        };
+        let a = SharedPtr::<u8>::from_reg(sw).add_bytes(panel_off);
+        if x4 {
             let v = [
                 words[ju][0],
                 words[ju][1],
@@ -710,7 +747,6 @@ fn store_tile_tma(
             k.stmatrix(a, v, false);
             j += 2;
         } else {
-            let a = SharedPtr::<u8>::from_reg(lane_x2).add_bytes(off);
             k.stmatrix(a, [words[ju][0], words[ju][1]], false);
             j += 1;
         }
@@ -719,10 +755,15 @@ fn store_tile_tma(
     k.bar_sync_count(bar_id, 128u32);
     k.if_(leader, |k| {
         let row0 = k.mad_lo(l.wg, 64u32, m0);
-        let c0 = k.bitcast::<i32, u32>(n0);
         let c1 = k.bitcast::<i32, u32>(row0);
-        let src = SharedPtr::<u8>::from_reg(base).add_bytes(stage.byte_offset());
-        k.cp_async_bulk_tensor_s2g(tmap_d, &[c0, c1], src);
+        // one box per panel; a panel wholly right of N is clipped away by the tensor map
+        for p in 0..spec.bn * 2 / w {
+            let col = k.add(n0, p * w / 2);
+            let c0 = k.bitcast::<i32, u32>(col);
+            let src = SharedPtr::<u8>::from_reg(base)
+                .add_bytes(stage.byte_offset() + (p * 64 * w) as i64);
+            k.cp_async_bulk_tensor_s2g(tmap_d, &[c0, c1], src);
+        }
         k.cp_async_bulk_commit_group();
     });
 }
