@@ -67,13 +67,8 @@ fn run(profile: bool) -> emu::LaunchStats {
     let m = LoadedModule::load(&mem, ptx::parse(KERNEL).unwrap(), 0).unwrap();
     let src = mem.alloc(512, 0).unwrap();
     let cfg = LaunchConfig {
-        grid: [1, 1, 1],
-        block: [32, 1, 1],
-        shared_bytes: 0,
         sms: 1,
-        sm_offset: 0,
-        device_sms: 132,
-        cluster: [1, 1, 1],
+        ..LaunchConfig::linear(1, 32)
     };
     let opts = LaunchOptions {
         bank_profile: profile,

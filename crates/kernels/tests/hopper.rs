@@ -160,9 +160,15 @@ fn poison(dev: &Device, len: usize) -> runtime::Buffer<bf16> {
     b
 }
 
-fn run_fp8(s: &HopperSpec, m: usize, n: usize, k: usize, seed: u64) {
-    let st = stream();
-    let dev = st.device().clone();
+/// Random FP8 operands (1x128-scaled activations, 128x128-scaled weights) and the f64 product
+/// of their dequantised values.
+#[allow(clippy::type_complexity)]
+fn fp8_inputs(
+    m: usize,
+    n: usize,
+    k: usize,
+    seed: u64,
+) -> (Vec<u8>, Vec<f32>, Vec<u8>, Vec<f32>, Vec<f64>) {
     let mut rg = r::rng(seed);
     let a = r::random_activations(&mut rg, m * k, k);
     let b: Vec<f32> = (0..n * k).map(|_| rg.gen_range(-1.0f32..1.0)).collect();
@@ -175,6 +181,13 @@ fn run_fp8(s: &HopperSpec, m: usize, n: usize, k: usize, seed: u64) {
         n,
         k,
     );
+    (qa, sa, qb, sb, want)
+}
+
+fn run_fp8(s: &HopperSpec, m: usize, n: usize, k: usize, seed: u64) {
+    let st = stream();
+    let dev = st.device().clone();
+    let (qa, sa, qb, sb, want) = fp8_inputs(m, n, k, seed);
     let (qa, sa, qb, sb) = (
         dev.upload(&qa).unwrap(),
         dev.upload(&sa).unwrap(),
@@ -236,18 +249,7 @@ fn fp8_gemm_host_api_picks_a_spec_and_rejects_bad_shapes() {
     let st = stream();
     let dev = st.device().clone();
     let (m, n, k) = (96, 128, 256);
-    let mut rg = r::rng(7);
-    let a = r::random_activations(&mut rg, m * k, k);
-    let b: Vec<f32> = (0..n * k).map(|_| rg.gen_range(-1.0f32..1.0)).collect();
-    let (qa, sa) = host_quant_rows(&a, m, k);
-    let (qb, sb) = host_quant_blocks(&b, n, k);
-    let want = r::gemm_nt_f64(
-        &r::dequant_rows_f64(&qa, &sa, m, k),
-        &r::dequant_blocks_f64(&qb, &sb, n, k),
-        m,
-        n,
-        k,
-    );
+    let (qa, sa, qb, sb, want) = fp8_inputs(m, n, k, 7);
     let (qa, sa, qb, sb) = (
         dev.upload(&qa).unwrap(),
         dev.upload(&sa).unwrap(),
@@ -439,21 +441,7 @@ fn fp8_plan_relaunches_with_new_inputs() {
     let dev = st.device().clone();
     let (m, n, k) = (100usize, 256usize, 256usize);
     let s = HopperSpec::new(HIn::Fp8, HLayout::Normal, 128).with_stages(3);
-    let inputs = |seed: u64| {
-        let mut rg = r::rng(seed);
-        let a = r::random_activations(&mut rg, m * k, k);
-        let b: Vec<f32> = (0..n * k).map(|_| rg.gen_range(-1.0f32..1.0)).collect();
-        let (qa, sa) = host_quant_rows(&a, m, k);
-        let (qb, sb) = host_quant_blocks(&b, n, k);
-        let want = r::gemm_nt_f64(
-            &r::dequant_rows_f64(&qa, &sa, m, k),
-            &r::dequant_blocks_f64(&qb, &sb, n, k),
-            m,
-            n,
-            k,
-        );
-        (qa, sa, qb, sb, want)
-    };
+    let inputs = |seed: u64| fp8_inputs(m, n, k, seed);
     let (qa, sa, qb, sb, want1) = inputs(31);
     let (a_b, sa_b, b_b, sb_b) = (
         dev.upload(&qa).unwrap(),
