@@ -78,6 +78,10 @@ pub struct Warp {
     /// wgmma results not yet committed to a group / committed but not yet waited for.
     pub wg_open: Vec<(u32, Lanes)>,
     pub wg_groups: std::collections::VecDeque<Vec<(u32, Lanes)>>,
+    /// 16-byte shared-memory chunks the open / committed wgmma groups read (parallel to
+    /// `wg_open` / `wg_groups`): held in [`Cta::wg_lock`] until `wgmma.wait_group` retires them.
+    pub wg_reads_open: Vec<u32>,
+    pub wg_read_groups: std::collections::VecDeque<Vec<u32>>,
     /// Registers per thread requested with setmaxnreg (0 = not set).
     pub maxnreg: u32,
 }
@@ -129,6 +133,10 @@ pub struct Cta {
     gcache: std::cell::Cell<(u64, u64, *const crate::memory::Allocation)>,
     /// Shared-memory bank profile of this CTA (when the launch profiles banks).
     pub banks: Option<Box<crate::banks::BankProfile>>,
+    /// Per 16-byte shared-memory chunk: how many in-flight wgmma groups read it (empty until
+    /// the first wgmma). A TMA write into a held chunk is a write-after-read race on hardware:
+    /// the stage was released before the wgmma reading it completed.
+    wg_lock: Vec<u16>,
 }
 
 /// Shared memory, mbarriers and pending copies of a CTA, lent to its cluster siblings.
@@ -236,12 +244,15 @@ impl Cta {
                 stack: Vec::new(),
                 wg_open: Vec::new(),
                 wg_groups: std::collections::VecDeque::new(),
+                wg_reads_open: Vec::new(),
+                wg_read_groups: std::collections::VecDeque::new(),
                 maxnreg: 0,
             });
         }
         Cta {
             gcache: std::cell::Cell::new((0, 0, std::ptr::null())),
             banks: ctx.bank_profile.then(Default::default),
+            wg_lock: Vec::new(),
             id,
             sm,
             warps,
@@ -1772,6 +1783,8 @@ impl Cta {
                 let w = &mut self.warps[wi];
                 let g = std::mem::take(&mut w.wg_open);
                 w.wg_groups.push_back(g);
+                let r = std::mem::take(&mut w.wg_reads_open);
+                w.wg_read_groups.push_back(r);
             }
             Op::WgmmaWait { n } => {
                 let w = &mut self.warps[wi];
@@ -1779,6 +1792,13 @@ impl Cta {
                     if let Some(g) = w.wg_groups.pop_front() {
                         for (slot, v) in g {
                             w.regs[slot as usize] = v;
+                        }
+                    }
+                    if let Some(r) = w.wg_read_groups.pop_front() {
+                        for c in r {
+                            if let Some(x) = self.wg_lock.get_mut(c as usize) {
+                                *x = x.saturating_sub(1);
+                            }
                         }
                     }
                 }
@@ -1838,6 +1858,11 @@ impl Cta {
                     let token = mb.arrive(c, *drop);
                     self.warps[wi].regs[*d as usize][l] = token;
                 }
+                // The arriving warp yields: the waiters (a producer waiting for a released
+                // stage) run right away, as they would concurrently on hardware, instead of
+                // after this warp has run ahead. This is what lets the wgmma operand check see
+                // a stage released before the wgmma reading it completed.
+                return Ok(Flow::Yield);
             }
             Op::MbarTx {
                 addr,
@@ -1912,6 +1937,10 @@ impl Cta {
                         Some((ma, mo)) => {
                             let key = self.mbar_key(wi, *ma, *mo, l)?;
                             let dsh = self.shared_offset(*dspace, da);
+                            let (peer, off) = self.split_rank(dsh);
+                            if peer.is_none_or(|r| r as u32 == self.rank) {
+                                self.check_wgmma_war(off, n as u64, "cp.async.bulk")?;
+                            }
                             self.pending_tma.push(PendingCopy {
                                 mbar: key,
                                 bytes: n,
@@ -1966,6 +1995,9 @@ impl Cta {
                         } else {
                             1 << self.rank
                         };
+                        if mask >> self.rank & 1 != 0 {
+                            self.check_wgmma_war(sa, desc.box_bytes(), "cp.async.bulk.tensor")?;
+                        }
                         for r in 0..16usize {
                             if mask >> r & 1 == 0 {
                                 continue;
@@ -2307,6 +2339,39 @@ impl Cta {
     }
 
     /// Reads one input element from shared memory.
+    /// An asynchronous copy is about to write shared bytes [start, start + len): none of them may
+    /// be an operand of a wgmma group that has not been retired by `wgmma.wait_group`.
+    fn check_wgmma_war(&self, start: u64, len: u64, what: &str) -> Result<(), FaultKind> {
+        if self.wg_lock.is_empty() || len == 0 {
+            return Ok(());
+        }
+        let (c0, c1) = ((start / 16) as usize, (start + len).div_ceil(16) as usize);
+        let hit = (c0..c1.min(self.wg_lock.len())).find(|&c| self.wg_lock[c] > 0);
+        match hit {
+            None => Ok(()),
+            Some(c) => {
+                let warps: Vec<String> = self
+                    .warps
+                    .iter()
+                    .filter(|w| {
+                        w.wg_reads_open.contains(&(c as u32))
+                            || w.wg_read_groups.iter().any(|g| g.contains(&(c as u32)))
+                    })
+                    .map(|w| w.id.to_string())
+                    .collect();
+                Err(FaultKind::Other(format!(
+                    "{what} writes shared memory [{start:#x}, {:#x}) while wgmma operands at \
+                     {:#x} are still being read by warp(s) {} (not yet retired by \
+                     wgmma.wait_group): the stage was released before the wgmma reading it \
+                     completed",
+                    start + len,
+                    c * 16,
+                    warps.join(", ")
+                )))
+            }
+        }
+    }
+
     fn smem_elem(&self, addr: u64, es: u64) -> Result<u64, FaultKind> {
         let a = addr as usize;
         if a + es as usize > self.shared.len() {
@@ -2328,6 +2393,15 @@ impl Cta {
         let (ea, eb) = (esize(spec.aty), esize(spec.bty));
         let wr = (self.warps[wi].id % 4) as usize;
         let l0 = m.trailing_zeros().min(31) as usize;
+        // 16-byte chunks of shared memory this wgmma reads (consecutive repeats skipped here,
+        // the rest deduplicated below)
+        let mut chunks: Vec<u32> = Vec::new();
+        let mut note = |addr: u64| {
+            let c = (addr / 16) as u32;
+            if chunks.last() != Some(&c) {
+                chunks.push(c);
+            }
+        };
         // A: 16 x k for this warp.
         let mut a = vec![0f64; 16 * k];
         if spec.a_regs {
@@ -2351,6 +2425,7 @@ impl Cta {
                     } else {
                         d.addr(row, kk as u64, ea)
                     };
+                    note(addr);
                     a[r * k + kk] = elem_f64(spec.aty, self.smem_elem(addr, ea)?);
                 }
             }
@@ -2367,12 +2442,24 @@ impl Cta {
                 } else {
                     d.addr(col as u64, kk as u64, eb)
                 };
+                note(addr);
                 b[col * k + kk] = elem_f64(spec.bty, self.smem_elem(addr, eb)?);
             }
         }
         if op.neg_b {
             b.iter_mut().for_each(|x| *x = -*x);
         }
+        chunks.sort_unstable();
+        chunks.dedup();
+        if self.wg_lock.is_empty() {
+            self.wg_lock = vec![0; self.shared.len().div_ceil(16)];
+        }
+        for &c in &chunks {
+            if let Some(x) = self.wg_lock.get_mut(c as usize) {
+                *x = x.saturating_add(1);
+            }
+        }
+        self.warps[wi].wg_reads_open.extend_from_slice(&chunks);
         let w = &mut self.warps[wi];
         // Current accumulator values: newest pending result, else the register file.
         let current = |w: &Warp, slot: u32| -> Lanes {

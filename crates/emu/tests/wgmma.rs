@@ -288,3 +288,78 @@ fn wgmma_result_is_not_visible_before_wait() {
         assert_eq!((before, after), (7.0, 23.0), "thread {t}");
     }
 }
+
+/// A bulk copy into shared memory that a committed-but-unwaited wgmma still reads is a
+/// write-after-read race on hardware (the stage was released too early): the emulator stops
+/// with a diagnostic naming the copy and the reading warps. Waiting first is fine, and so is a
+/// copy into bytes the wgmma does not read.
+#[test]
+fn async_copy_over_inflight_wgmma_operands_is_a_race() {
+    let kernel = |before_copy: &str, dst_off: u32| {
+        format!(
+            r#".version 8.0
+.target sm_90a
+.address_size 64
+.shared .align 1024 .b8 tile[8192];
+.shared .align 8 .b64 bar;
+.visible .entry race(.param .u64 src)
+{{
+    .reg .pred %p<4>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<8>;
+    .reg .f32 %f<8>;
+    ld.param.u64 %rd1, [src];
+    mov.u32 %r1, %tid.x;
+    setp.eq.u32 %p1, %r1, 0;
+    @%p1 mbarrier.init.shared::cta.b64 [bar], 1;
+    bar.sync 0;
+    // m64n8k16 bf16, A and B from the first 4 KiB (no swizzle: LBO 128, SBO 256)
+    mov.b64 %rd2, 0x0000001000080000;
+    mov.b64 %rd3, 0x0000001000080000;
+    wgmma.fence.sync.aligned;
+    wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {{%f0, %f1, %f2, %f3}}, %rd2, %rd3, 0, 1, 1, 0, 0;
+    wgmma.commit_group.sync.aligned;
+    {before_copy}
+    bar.sync 0;
+    mov.u32 %r2, tile;
+    add.u32 %r2, %r2, {dst_off};
+    @%p1 mbarrier.arrive.expect_tx.shared::cta.b64 %rd4, [bar], 256;
+    @%p1 cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%r2], [%rd1], 256, [bar];
+WAIT:
+    mbarrier.try_wait.parity.shared::cta.b64 %p2, [bar], 0;
+    @!%p2 bra WAIT;
+    wgmma.wait_group.sync.aligned 0;
+    ret;
+}}
+"#
+        )
+    };
+    let run = |text: String| {
+        let mem = GlobalMemory::new();
+        let m = LoadedModule::load(&mem, ptx::parse(&text).unwrap(), 0).unwrap();
+        let src = mem.alloc(256, 0).unwrap();
+        let cfg = LaunchConfig {
+            sms: 1,
+            ..LaunchConfig::linear(1, 128)
+        };
+        launch(
+            m.kernel("race").unwrap(),
+            mem.snapshot(),
+            src.base.to_le_bytes().to_vec(),
+            &cfg,
+            &LaunchOptions::default(),
+        )
+    };
+    // copy into the operands while the group is in flight
+    let e = run(kernel("", 0)).expect_err("race must be reported");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("cp.async.bulk") && msg.contains("still being read by warp(s)"),
+        "{msg}"
+    );
+    assert!(msg.contains("race"), "names the kernel: {msg}");
+    // wait for the wgmma first: fine
+    run(kernel("wgmma.wait_group.sync.aligned 0;", 0)).unwrap();
+    // a copy into bytes the wgmma does not read (past the 4 KiB it reads): fine
+    run(kernel("", 6144)).unwrap();
+}

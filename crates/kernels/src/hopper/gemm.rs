@@ -11,9 +11,13 @@
 //! the producer waits on `empty[s]`, arrives on `full[s]` with the transaction bytes and issues
 //! two 2-D TMA loads (A box [128 B, BM] and B box [128 B, BN], 128-byte swizzle); the math
 //! warpgroups wait on `full[s]`, issue 4 `wgmma` (m64nBNk32 e4m3 or m64nBNk16 bf16, K-major
-//! SW128 descriptors advanced by 32 bytes), wait for them, release `empty[s]`, and (FP8)
-//! promote: `acc += tmp * (sa[row] * sb[nblock])` with the per-row 1x128 scales of A and the
-//! 128x128 block scales of B, read from global memory before waiting on the stage.
+//! SW128 descriptors advanced by 32 bytes) as one group. FP8 waits for the group, releases
+//! `empty[s]` and promotes; BF16 accumulates in the wgmma registers and keeps one group in
+//! flight (`wgmma.wait_group 1`), releasing the previous block's stage once its group is done
+//! (the emulator stops with a diagnostic if a TMA write lands on operands of a group still in
+//! flight, so releasing too early fails the tests). FP8 promotion:
+//! `acc += tmp * (sa[row] * sb[nblock])` with the per-row 1x128 scales of A and the 128x128
+//! block scales of B, read from global memory before waiting on the stage.
 //! BN need not divide 128 (any multiple of 8 up to 256): a tile then straddles two or three B
 //! scale blocks, chosen per 8-column accumulator chunk.
 //!
@@ -331,6 +335,15 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                 k.if_(lead, |k| k.fence_proxy_tensormap_acquire(tm));
             }
             let st = PipeState::new(k);
+            // the stage of the previous K block (BF16 releases it one block late)
+            let prev = PipeState::new(k);
+            let release = |k: &mut KernelBuilder, s: &PipeState| match rank {
+                None => pipe.consumer_release(k, s),
+                Some(_) => {
+                    pipe.consumer_release_cluster(k, s, 0u32);
+                    pipe.consumer_release_cluster(k, s, 1u32);
+                }
+            };
             let epi = |k: &mut KernelBuilder,
                        tc: &TileCoord,
                        r0: Reg<u32>,
@@ -464,19 +477,27 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                                 }
                             }
                             k.wgmma_commit_group();
-                            k.wgmma_wait_group(0);
-                            match rank {
-                                None => pipe.consumer_release(k, &st),
-                                Some(_) => {
-                                    pipe.consumer_release_cluster(k, &st, 0u32);
-                                    pipe.consumer_release_cluster(k, &st, 1u32);
-                                }
+                            if fp8 {
+                                // promotion needs this block's products: wait, release, promote
+                                k.wgmma_wait_group(0);
+                                release(k, &st);
+                            } else {
+                                // BF16 keeps one group in flight: once the previous block's
+                                // group has completed, its stage goes back to the producer
+                                k.wgmma_wait_group(1);
+                                let later = k.ne(kb, 0u32);
+                                k.if_(later, |k| release(k, &prev));
+                                k.mov_to(prev.stage, st.stage);
                             }
                             if let Some((s0, s1, sbs, rem)) = scales {
                                 promote(k, spec, &acc, &tmp, s0, s1, &sbs, rem);
                             }
                             st.advance(k, stages);
                         });
+                        if !fp8 {
+                            k.wgmma_wait_group(0);
+                            release(k, &prev);
+                        }
                         epi(k, &tc, r0, r1, col0, &acc);
                     },
                 );
