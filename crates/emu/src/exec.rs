@@ -145,6 +145,7 @@ pub struct PeerMem {
     pub shared: Vec<u8>,
     pub mbars: std::collections::HashMap<u32, crate::hopper::Mbarrier>,
     pending: Vec<PendingCopy>,
+    wg_lock: Vec<u16>,
 }
 
 /// State of `barrier.cluster`.
@@ -276,6 +277,7 @@ impl Cta {
             shared: std::mem::take(&mut self.shared),
             mbars: std::mem::take(&mut self.mbars),
             pending: std::mem::take(&mut self.pending_tma),
+            wg_lock: std::mem::take(&mut self.wg_lock),
         }
     }
 
@@ -284,6 +286,7 @@ impl Cta {
         self.shared = p.shared;
         self.mbars = p.mbars;
         self.pending_tma = p.pending;
+        self.wg_lock = p.wg_lock;
     }
 
     pub fn done(&self) -> bool {
@@ -1858,11 +1861,15 @@ impl Cta {
                     let token = mb.arrive(c, *drop);
                     self.warps[wi].regs[*d as usize][l] = token;
                 }
-                // The arriving warp yields: the waiters (a producer waiting for a released
-                // stage) run right away, as they would concurrently on hardware, instead of
-                // after this warp has run ahead. This is what lets the wgmma operand check see
-                // a stage released before the wgmma reading it completed.
-                return Ok(Flow::Yield);
+                // A plain arrive (a consumer releasing a stage) yields: the waiters (a producer
+                // blocked on the released stage) run right away, as they would concurrently on
+                // hardware, instead of after this warp has run ahead. This is what lets the
+                // wgmma operand check see a stage released before the wgmma reading it
+                // completed. Producers' `expect_tx` arrives do not yield, so they run ahead and
+                // keep the ring full, as a TMA producer does.
+                if *tx == NONE {
+                    return Ok(Flow::Yield);
+                }
             }
             Op::MbarTx {
                 addr,
@@ -1938,9 +1945,8 @@ impl Cta {
                             let key = self.mbar_key(wi, *ma, *mo, l)?;
                             let dsh = self.shared_offset(*dspace, da);
                             let (peer, off) = self.split_rank(dsh);
-                            if peer.is_none_or(|r| r as u32 == self.rank) {
-                                self.check_wgmma_war(off, n as u64, "cp.async.bulk")?;
-                            }
+                            let peer = peer.filter(|&r| r as u32 != self.rank);
+                            self.check_wgmma_war(peer, off, n as u64, "cp.async.bulk")?;
                             self.pending_tma.push(PendingCopy {
                                 mbar: key,
                                 bytes: n,
@@ -1995,8 +2001,14 @@ impl Cta {
                         } else {
                             1 << self.rank
                         };
-                        if mask >> self.rank & 1 != 0 {
-                            self.check_wgmma_war(sa, desc.box_bytes(), "cp.async.bulk.tensor")?;
+                        for r in (0..16u32).filter(|r| mask >> r & 1 != 0) {
+                            let peer = (r != self.rank).then_some(r as usize);
+                            self.check_wgmma_war(
+                                peer,
+                                sa,
+                                desc.box_bytes(),
+                                "cp.async.bulk.tensor",
+                            )?;
                         }
                         for r in 0..16usize {
                             if mask >> r & 1 == 0 {
@@ -2339,18 +2351,34 @@ impl Cta {
     }
 
     /// Reads one input element from shared memory.
-    /// An asynchronous copy is about to write shared bytes [start, start + len): none of them may
-    /// be an operand of a wgmma group that has not been retired by `wgmma.wait_group`.
-    fn check_wgmma_war(&self, start: u64, len: u64, what: &str) -> Result<(), FaultKind> {
-        if self.wg_lock.is_empty() || len == 0 {
+    /// An asynchronous copy is about to write shared bytes [start, start + len) of this CTA (or
+    /// of cluster peer `peer`): none of them may be an operand of a wgmma group that has not
+    /// been retired by `wgmma.wait_group`.
+    fn check_wgmma_war(
+        &self,
+        peer: Option<usize>,
+        start: u64,
+        len: u64,
+        what: &str,
+    ) -> Result<(), FaultKind> {
+        let lock = match peer {
+            None => &self.wg_lock,
+            Some(r) => match self.peers.get(r) {
+                Some(p) => &p.wg_lock,
+                None => return Ok(()),
+            },
+        };
+        if lock.is_empty() || len == 0 {
             return Ok(());
         }
         let (c0, c1) = ((start / 16) as usize, (start + len).div_ceil(16) as usize);
-        let hit = (c0..c1.min(self.wg_lock.len())).find(|&c| self.wg_lock[c] > 0);
-        match hit {
-            None => Ok(()),
-            Some(c) => {
-                let warps: Vec<String> = self
+        let Some(c) = (c0..c1.min(lock.len())).find(|&c| lock[c] > 0) else {
+            return Ok(());
+        };
+        let readers = match peer {
+            Some(r) => format!("warps of cluster CTA rank {r}"),
+            None => {
+                let ids: Vec<String> = self
                     .warps
                     .iter()
                     .filter(|w| {
@@ -2359,17 +2387,16 @@ impl Cta {
                     })
                     .map(|w| w.id.to_string())
                     .collect();
-                Err(FaultKind::Other(format!(
-                    "{what} writes shared memory [{start:#x}, {:#x}) while wgmma operands at \
-                     {:#x} are still being read by warp(s) {} (not yet retired by \
-                     wgmma.wait_group): the stage was released before the wgmma reading it \
-                     completed",
-                    start + len,
-                    c * 16,
-                    warps.join(", ")
-                )))
+                format!("warp(s) {}", ids.join(", "))
             }
-        }
+        };
+        Err(FaultKind::Other(format!(
+            "{what} writes shared memory [{start:#x}, {:#x}) while wgmma operands at {:#x} are \
+             still being read by {readers} (not yet retired by wgmma.wait_group): the stage was \
+             released before the wgmma reading it completed",
+            start + len,
+            c * 16,
+        )))
     }
 
     fn smem_elem(&self, addr: u64, es: u64) -> Result<u64, FaultKind> {
