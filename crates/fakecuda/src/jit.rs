@@ -63,12 +63,10 @@ impl JitOpts {
                 k if k == J::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES as u32 => is = Some((v, i)),
                 k if k == J::CU_JIT_ERROR_LOG_BUFFER as u32 => eb = Some(v),
                 k if k == J::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES as u32 => es = Some((v, i)),
-                k if k == J::CU_JIT_OPTIMIZATION_LEVEL as u32 => {
-                    if v > 4 {
-                        return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, || {
-                            format!("CU_JIT_OPTIMIZATION_LEVEL {v} (0..=4)")
-                        }));
-                    }
+                k if k == J::CU_JIT_OPTIMIZATION_LEVEL as u32 && v > 4 => {
+                    return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, || {
+                        format!("CU_JIT_OPTIMIZATION_LEVEL {v} (0..=4)")
+                    }));
                 }
                 k if k == J::CU_JIT_TARGET as u32 => {
                     let (num, arch) = ((v & 0xffff) as u32, v & 0x10000 != 0);
@@ -79,12 +77,10 @@ impl JitOpts {
                     }
                     o.target = Some((num, arch));
                 }
-                k if k == J::CU_JIT_MAX_REGISTERS as u32 => {
-                    if v == 0 || v > 255 {
-                        return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, || {
-                            format!("CU_JIT_MAX_REGISTERS {v}")
-                        }));
-                    }
+                k if k == J::CU_JIT_MAX_REGISTERS as u32 && (v == 0 || v > 255) => {
+                    return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, || {
+                        format!("CU_JIT_MAX_REGISTERS {v}")
+                    }));
                 }
                 k if k > J::CU_JIT_NUM_OPTIONS as u32 => {
                     return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, || {

@@ -166,9 +166,8 @@ fn attribute(a: u32, dev: u32) -> Res<i32> {
         32
     } else if is(A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK)
         || is(A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)
+        || is(A::CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY)
     {
-        65536
-    } else if is(A::CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY) {
         65536
     } else if is(A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE) {
         1_980_000
@@ -180,10 +179,6 @@ fn attribute(a: u32, dev: u32) -> Res<i32> {
         50 << 20
     } else if is(A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) {
         0x18 + dev as i32
-    } else if is(A::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID) || is(A::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID) {
-        0
-    } else if is(A::CU_DEVICE_ATTRIBUTE_INTEGRATED) || is(A::CU_DEVICE_ATTRIBUTE_TCC_DRIVER) {
-        0
     } else if is(A::CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT) {
         3
     } else if is(A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)
@@ -553,7 +548,7 @@ fn memset(dst: CUdeviceptr, pattern: Vec<u8>, n: usize, s: CUstream) -> Res {
         return Ok(());
     }
     let len = n * pattern.len();
-    if dst % pattern.len() as u64 != 0 {
+    if !dst.is_multiple_of(pattern.len() as u64) {
         return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, || {
             format!(
                 "memset of {}-byte elements at unaligned {dst:#x}",
@@ -718,9 +713,8 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
         let (text, cubin) = match unsafe { jit::image_text(image) } {
             Ok(t) => t,
             Err((code, log)) => {
-                eprint!("{log}");
                 o.write_error(&log);
-                return Err(code);
+                return Err(fail(code, || log));
             }
         };
         let checked = if cubin {
@@ -1122,10 +1116,9 @@ pub unsafe extern "C" fn cuLaunchKernelEx(
             let warps = threads.div_ceil(32);
             let per_sm = (64 / warps.max(1)).clamp(1, 32);
             let smem = st as u64 + dynamic as u64;
-            let per_sm = if smem > 0 {
-                per_sm.min((228 * 1024 / smem).max(1))
-            } else {
-                per_sm
+            let per_sm = match (228 * 1024u64).checked_div(smem) {
+                Some(q) => per_sm.min(q.max(1)),
+                None => per_sm,
             };
             if ctas > per_sm * ctx.sm_count as u64 {
                 return Err(fail(

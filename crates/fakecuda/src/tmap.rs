@@ -84,7 +84,7 @@ pub(crate) fn encode(a: &Args) -> Res<[u8; 128]> {
         return Err(bad(format!("rank {r} (must be {min_rank}..=5)")));
     }
     let align = if interleave == 32 { 32 } else { 16 };
-    if a.addr % align != 0 {
+    if !a.addr.is_multiple_of(align) {
         return Err(bad(format!(
             "global address {:#x} is not {align}-byte aligned",
             a.addr
@@ -97,7 +97,7 @@ pub(crate) fn encode(a: &Args) -> Res<[u8; 128]> {
     }
     let mut inner = a.dims[0] * esize;
     for (i, &s) in a.strides.iter().enumerate() {
-        if s % align != 0 || s >= 1 << 40 {
+        if !s.is_multiple_of(align) || s >= 1 << 40 {
             return Err(bad(format!(
                 "globalStrides[{i}] = {s} (must be a multiple of {align} below 2^40)"
             )));
@@ -116,7 +116,7 @@ pub(crate) fn encode(a: &Args) -> Res<[u8; 128]> {
     }
     let inner_bytes = a.box_dims[0] as u64 * esize;
     if interleave == 0 {
-        if inner_bytes % 16 != 0 {
+        if !inner_bytes.is_multiple_of(16) {
             return Err(bad(format!(
                 "boxDim[0] * element size = {inner_bytes} bytes (must be a multiple of 16)"
             )));

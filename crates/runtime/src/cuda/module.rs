@@ -271,7 +271,7 @@ impl CuModule {
             info_log: String::new(),
             from_cache: false,
         };
-        match dir {
+        match &dir {
             Some(dir) => {
                 let path = dir.join(cache_key(text, sm_version, dev.driver_version, opts));
                 if let Ok(bytes) = std::fs::read(&path) {
@@ -282,7 +282,7 @@ impl CuModule {
                     m.image = cubin;
                     m.info_log = info;
                     // Best effort: a read-only cache only costs a recompile next time.
-                    if std::fs::create_dir_all(&dir).is_ok() {
+                    if std::fs::create_dir_all(dir).is_ok() {
                         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
                         if std::fs::write(&tmp, &m.image).is_ok() {
                             let _ = std::fs::rename(&tmp, &path);
@@ -297,7 +297,28 @@ impl CuModule {
                 m.is_ptx = true;
             }
         }
-        let info = m.load_in(dev.ctx, None)?;
+        let info = match m.load_in(dev.ctx, None) {
+            // A cached cubin the driver cannot load (written by another driver build, a
+            // different GPU of the same compute capability, or truncated): recompile from the PTX
+            // and replace it, instead of failing on every run until someone clears the cache.
+            Err(e) if m.from_cache => {
+                let (cubin, info) = link_ptx(dev, text, &jit).map_err(|e2| {
+                    RuntimeError::Cuda(format!("{e2} (after the cached cubin failed: {e})"))
+                })?;
+                m.image = cubin;
+                m.info_log = info;
+                m.from_cache = false;
+                if let Some(dir) = &dir {
+                    let path = dir.join(cache_key(text, sm_version, dev.driver_version, opts));
+                    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                    if std::fs::write(&tmp, &m.image).is_ok() {
+                        let _ = std::fs::rename(&tmp, &path);
+                    }
+                }
+                m.load_in(dev.ctx, None)?
+            }
+            r => r?,
+        };
         if m.info_log.is_empty() {
             m.info_log = info;
         }
