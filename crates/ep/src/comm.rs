@@ -275,20 +275,19 @@ fn check_timeout(
     let el = k.sub(now, start);
     let late = k.gt(el, c.timeout);
     k.if_(late, |k| {
-        let l0 = k.eq(c.lane, 0u32);
-        k.if_(l0, |k| {
-            let old = k.atom_cas(c.err, 0u32, 1u32);
-            let won = k.eq(old, 0u32);
-            k.if_(won, |k| {
-                k.st(c.err.at(1), c.rank);
-                k.st(c.err.at(2), c.chan);
-                let r = k.mov(role);
-                k.st(c.err.at(3), r);
-                k.st(c.err.at(4), head);
-                k.st(c.err.at(5), tail);
-                k.st(c.err.at(6), expected);
-                k.fence(AtomSem::AcqRel, Scope::Sys);
-            });
+        // Every late lane competes for the record (not just lane 0: the lanes waiting here
+        // need not include it, and a trap without a record reaches the host as a bare trap).
+        let old = k.atom_cas(c.err, 0u32, 1u32);
+        let won = k.eq(old, 0u32);
+        k.if_(won, |k| {
+            k.st(c.err.at(1), c.rank);
+            k.st(c.err.at(2), c.chan);
+            let r = k.mov(role);
+            k.st(c.err.at(3), r);
+            k.st(c.err.at(4), head);
+            k.st(c.err.at(5), tail);
+            k.st(c.err.at(6), expected);
+            k.fence(AtomSem::AcqRel, Scope::Sys);
         });
         k.trap();
     });
