@@ -122,34 +122,46 @@ fn ptxforge_runs_on_the_fake_cuda_driver() {
         "{kernels}"
     );
 
-    let moe = run(
-        &f,
-        &[
-            "moe",
-            "--device",
-            "cuda",
-            "--nodes",
-            "1",
-            "--gpus-per-node",
-            "2",
-            "--experts",
-            "8",
-            "--hidden",
-            "512",
-            "--intermediate",
-            "256",
-            "--tokens",
-            "128",
-            "--topk",
-            "2",
-            "--groups",
-            "2",
-            "--topk-groups",
-            "1",
-            "--check-tokens",
-            "16",
-        ],
-    );
-    assert!(moe.contains("SM partitions disjoint: true"), "{moe}");
-    assert!(!moe.lines().any(|l| l.trim_end().ends_with(" no")), "{moe}");
+    // the main job with each grouped-GEMM kernel: mma.sync, and the sm_90a TMA/wgmma one
+    // (tensor maps encoded by the driver, clusters off, persistent grid on the compute partition)
+    for gemm in ["mma", "wgmma"] {
+        let moe = run(
+            &f,
+            &[
+                "moe",
+                "--gemm",
+                gemm,
+                "--device",
+                "cuda",
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                "2",
+                "--experts",
+                "8",
+                "--hidden",
+                "512",
+                "--intermediate",
+                "256",
+                "--tokens",
+                "128",
+                "--topk",
+                "2",
+                "--groups",
+                "2",
+                "--topk-groups",
+                "1",
+                "--check-tokens",
+                "16",
+            ],
+        );
+        assert!(
+            moe.contains("SM partitions disjoint: true"),
+            "{gemm}: {moe}"
+        );
+        assert!(
+            !moe.lines().any(|l| l.trim_end().ends_with(" no")),
+            "{gemm}: {moe}"
+        );
+    }
 }
