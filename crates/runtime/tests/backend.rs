@@ -7,6 +7,10 @@ use runtime::{
 };
 use std::time::Duration;
 
+#[path = "support/fakecuda.rs"]
+mod fakecuda_support;
+use fakecuda_support::FakeCuda;
+
 const HEADER: &str = ".version 8.0\n.target sm_90\n.address_size 64\n";
 
 const ADD: &str = r#"
@@ -655,84 +659,4 @@ fn cuda_tests_pass_on_the_fake_driver() {
     assert!(text.contains("7 passed"), "{text}");
     assert!(!text.contains("skip: CUDA tests need"), "{text}");
     assert!(text.contains("partition: GreenContext"), "{text}");
-}
-
-/// A temporary directory holding the fake driver (`crates/fakecuda`) as `libcuda.so` and
-/// `libcuda.so.1`, plus a cubin cache, removed on drop. `None` (with a note) off Linux or when
-/// `PTXFORGE_TEST_CUDA=1` already selects a real driver.
-struct FakeCuda {
-    dir: std::path::PathBuf,
-}
-
-impl FakeCuda {
-    fn new(tag: &str) -> Option<FakeCuda> {
-        if !cfg!(target_os = "linux") {
-            eprintln!("skip: the fake driver is built for Linux only");
-            return None;
-        }
-        if std::env::var("PTXFORGE_TEST_CUDA").as_deref() == Ok("1") {
-            eprintln!("skip: PTXFORGE_TEST_CUDA=1 (a real driver is expected)");
-            return None;
-        }
-        let lib = fake_lib();
-        let dir =
-            std::env::temp_dir().join(format!("ptxforge-fakecuda-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("cache")).expect("temp dir");
-        for name in ["libcuda.so", "libcuda.so.1"] {
-            std::fs::copy(&lib, dir.join(name)).expect("copy the fake driver");
-        }
-        Some(FakeCuda { dir })
-    }
-
-    /// `cmd` set up to load the fake driver.
-    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
-        let mut c = std::process::Command::new(program);
-        let mut path = self.dir.as_os_str().to_owned();
-        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-            path.push(":");
-            path.push(old);
-        }
-        c.env("LD_LIBRARY_PATH", path)
-            .env("PTXFORGE_TEST_CUDA", "1")
-            .env("PTXFORGE_CACHE", self.dir.join("cache"))
-            .env_remove("PTXFORGE_NO_CUDA");
-        c
-    }
-}
-
-impl Drop for FakeCuda {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// The fake driver's cdylib: next to this test's profile directory (`cargo test --workspace`
-/// builds it with every other target), else built now with `cargo build -p fakecuda` into a
-/// separate target directory (the outer cargo may hold the lock of this one).
-fn fake_lib() -> std::path::PathBuf {
-    const NAME: &str = "libptxforge_fakecuda.so";
-    let exe = std::env::current_exe().expect("test executable path");
-    // <target>/<profile>/deps/<test>-<hash>
-    let profile = exe.parent().and_then(|d| d.parent()).expect("profile dir");
-    let lib = profile.join(NAME);
-    if lib.exists() {
-        return lib;
-    }
-    let target = profile.join("fakecuda-build");
-    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
-    eprintln!(
-        "note: {} missing; building the fake driver into {}",
-        lib.display(),
-        target.display()
-    );
-    let st = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "-p", "fakecuda", "--manifest-path"])
-        .arg(&manifest)
-        .arg("--target-dir")
-        .arg(&target)
-        .status()
-        .expect("run cargo build -p fakecuda");
-    assert!(st.success(), "cargo build -p fakecuda failed");
-    target.join("debug").join(NAME)
 }
