@@ -36,7 +36,7 @@ if command -v cargo >/dev/null; then
   BACKEND=(cargo test --release -p runtime --test backend --)
   BENCH=(cargo run --release -q -p kernels --example bench_hopper --)
 elif [ -x .gpu/bin/ptxforge ]; then
-  echo "no cargo: running the binaries of .gpu/ (commit $(cat .gpu/COMMIT 2>/dev/null))" | tee -a "$LOG/summary.log"
+  echo "no cargo: running the binaries of .gpu/ (commit $(cat .gpu/COMMIT 2>/dev/null); $(cat .gpu/GLIBC 2>/dev/null); here $(ldd --version 2>&1 | head -1))" | tee -a "$LOG/summary.log"
   PF=(.gpu/bin/ptxforge)
   BACKEND=(.gpu/bin/runtime-backend-tests)
   BENCH=(.gpu/bin/bench_hopper)

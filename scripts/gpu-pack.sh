@@ -26,6 +26,10 @@ cp "$backend" .gpu/bin/runtime-backend-tests
 strip .gpu/bin/* 2>/dev/null || true
 git rev-parse HEAD > .gpu/COMMIT
 du -sh .gpu/bin/*
+# the binaries link glibc dynamically (libcuda is dlopen'ed): the GPU image's glibc must be at
+# least the newest version they reference (gpu-check.sh prints the image's)
+need=$(objdump -T .gpu/bin/* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -Vu | tail -1)
+echo "needs ${need:-GLIBC (unknown)}; built with $(ldd --version | head -1)" | tee .gpu/GLIBC
 total=$(( $(du -sb .gpu | cut -f1) + $(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1) ))
 echo "carry size with the working tree: $((total / 1048576)) MiB (limit 64)"
 [ "$total" -lt $((62 * 1048576)) ] || { echo "too large to carry"; exit 1; }
