@@ -11,7 +11,7 @@ DEV="${DEV:-cuda:0}"
 timeout 300 cargo build --release -p kernels --example bench_hopper -p ptxforge-cli 2>&1 | tail -3
 for dt in fp8 bf16; do
   echo "== hopper kernels ($dt)" | tee -a "$LOG/summary.log"
-  timeout 300 cargo run --release -q -p kernels --example bench_hopper -- "$DEV" "$dt" 10 2>&1 | tee -a "$LOG/summary.log"
+  timeout 300 cargo run --release -q -p kernels --example bench_hopper -- "$DEV" "$dt" 10 sweep 2>&1 | tee -a "$LOG/summary.log"
 done
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   echo "== cuBLAS via torch" | tee -a "$LOG/summary.log"

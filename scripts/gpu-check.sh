@@ -54,8 +54,8 @@ step moe-cuda 120 "${PF[@]}" moe --device cuda --nodes 1 --gpus-per-node 1 \
   --experts 8 --hidden 1024 --intermediate 512 --tokens 512 --topk 2 --groups 2 --topk-groups 1 --check-tokens 64
 # Benchmarks: the Hopper kernels on the DeepGEMM table, and the host API's GEMM table beside
 # cuBLAS (scripts/bench_torch.py).
-step bench-hopper-fp8 120 "${BENCH[@]}" cuda:0 fp8 10
-step bench-hopper-bf16 120 "${BENCH[@]}" cuda:0 bf16 10
+step bench-hopper-fp8 120 "${BENCH[@]}" cuda:0 fp8 10 sweep
+step bench-hopper-bf16 120 "${BENCH[@]}" cuda:0 bf16 10 sweep
 step bench-gemm 120 "${PF[@]}" bench gemm --device cuda:0 --dtype fp8
 
 echo
