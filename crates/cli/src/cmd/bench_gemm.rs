@@ -20,6 +20,9 @@ pub struct GemmArgs {
     pub scale: usize,
     #[arg(long)]
     pub json: bool,
+    /// auto (sm_90a TMA/wgmma kernels on a CUDA sm_90a GPU, mma.sync elsewhere) | mma | wgmma
+    #[arg(long, default_value = "auto")]
+    pub kernel: String,
 }
 
 /// (m, n, k, groups, published H800 TFLOP/s) from DeepGEMM's README table.
@@ -90,7 +93,7 @@ pub fn run(a: GemmArgs) -> Result<()> {
             "bench gemm: {}x{}x{} groups {} ...",
             s.m, s.n, s.k, s.groups
         );
-        let rep = super::gemm::run_one(&dev, &a.dtype, layout, s, 1)?;
+        let rep = super::gemm::run_one(&dev, &a.dtype, layout, &a.kernel, s, 1)?;
         let tflops = rep.flops / rep.seconds / 1e12;
         let torch = if emu {
             None

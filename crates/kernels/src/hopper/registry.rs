@@ -12,8 +12,7 @@ use rand::Rng;
 use runtime::Stream;
 use std::time::Instant;
 
-/// The registered Hopper kernels (the cluster-multicast variant is not listed: the emulator does
-/// not launch clusters yet; `tests/hopper.rs` assembles it).
+/// The registered Hopper kernels.
 pub fn registry_entries() -> Vec<KernelInfo> {
     let fp8_shapes = vec![Shape::new(128, 128, 256), Shape::new(200, 256, 512)];
     let list: Vec<(HopperSpec, &str, &'static str, Vec<Shape>)> = vec![
@@ -36,6 +35,12 @@ pub fn registry_entries() -> Vec<KernelInfo> {
             vec![Shape::new(64, 128, 256)],
         ),
         (
+            HopperSpec::new(HIn::Fp8, HLayout::Normal, 128).with_multicast(true),
+            "sm_90a FP8 block-scaled GEMM, clusters of 2 along N sharing the A tile by TMA multicast",
+            "hopper::gemm_fp8_nt_with",
+            vec![Shape::new(256, 256, 512)],
+        ),
+        (
             HopperSpec::new(HIn::Bf16, HLayout::Normal, 128),
             "sm_90a BF16 GEMM (wgmma bf16, FP32 accumulate), bf16 out",
             "hopper::gemm_bf16_nt",
@@ -55,21 +60,32 @@ pub fn registry_entries() -> Vec<KernelInfo> {
         ),
     ];
     list.into_iter()
-        .map(|(s, summary, host, shapes)| KernelInfo {
-            name: s.name(),
-            summary: summary.to_string(),
-            params: s
-                .params()
-                .into_iter()
-                .map(|(name, ty)| ParamInfo { name, ty })
-                .collect(),
-            launch: s.launch_rule(),
-            targets: super::TARGETS,
-            host,
-            test_shapes: shapes,
-            kind: Kind::Hopper(s),
-        })
+        .map(|(s, summary, host, shapes)| info(s, summary, host, shapes))
         .collect()
+}
+
+/// The [`KernelInfo`] of a Hopper spec (for [`KernelInfo::check`] on any configuration, e.g.
+/// the one [`super::choose_spec`] picks for a shape).
+pub fn info(
+    s: HopperSpec,
+    summary: &str,
+    host: &'static str,
+    test_shapes: Vec<Shape>,
+) -> KernelInfo {
+    KernelInfo {
+        name: s.name(),
+        summary: summary.to_string(),
+        params: s
+            .params()
+            .into_iter()
+            .map(|(name, ty)| ParamInfo { name, ty })
+            .collect(),
+        launch: s.launch_rule(),
+        targets: super::TARGETS,
+        host,
+        test_shapes,
+        kind: Kind::Hopper(s),
+    }
 }
 
 /// FLOPs of one launch.
