@@ -5,4 +5,7 @@ cd "$(dirname "$0")/.."
 if [ -x scripts/setup-ptxas.sh ]; then
   scripts/setup-ptxas.sh
 fi
+# the fake CUDA driver (a cdylib, which `cargo test` does not build as such) for the tests that
+# run the CUDA backend on it; they would otherwise build it into a separate target directory
+cargo build -p fakecuda
 cargo test --workspace --all-targets -- --test-threads="${TEST_THREADS:-2}"
