@@ -6,7 +6,7 @@
 //!
 //! # How results are computed
 //! All finite operands are decoded into an exact value `(-1)^s * (m + f) * 2^e` with an integer
-//! significand `m: u128` and a "sticky" flag for `f > 0` ([`Exact`]). Addition, multiplication,
+//! significand `m: u128` and a "sticky" flag for `f > 0` (`Exact`). Addition, multiplication,
 //! fused multiply-add, division and square root are carried out exactly (or with a sticky bit
 //! far below the target precision) and rounded **once** to the destination format in the requested
 //! rounding mode. This makes `add/sub/mul/fma/div.rn|rz|rm|rp`, `sqrt.rn...`, `rcp.rn...` and

@@ -24,7 +24,7 @@ pub struct LaunchConfig {
     pub sm_offset: u32,
     /// SMs the device has (`%nsmid`).
     pub device_sms: u32,
-    /// Cluster dimensions ([1,1,1] when not clustered). The CTAs of a cluster are co-resident,
+    /// Cluster dimensions (`[1,1,1]` when not clustered). The CTAs of a cluster are co-resident,
     /// share distributed shared memory and run on one host thread.
     pub cluster: [u32; 3],
 }

@@ -1,4 +1,4 @@
-//! `mma.sync` GEMMs, D = A x B^T ("NT": A [M,K], B [N,K], both K-contiguous), one generator for
+//! `mma.sync` GEMMs, D = A x B^T ("NT": A `[M,K]`, B `[N,K]`, both K-contiguous), one generator for
 //! every variant:
 //!
 //! - BF16 (`mma.m16n8k16.bf16`, FP32 accumulate, BF16 or F32 out, optional + C);
@@ -49,14 +49,14 @@ pub enum OutTy {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Layout {
     Normal,
-    /// MoE contiguous: `m_indices` i32 [M].
+    /// MoE contiguous: `m_indices` i32 `[M]`.
     Contiguous,
-    /// MoE masked: [G, M_max, *], `masked_m` i32 [G]; grid.z = G.
+    /// MoE masked: `[G, M_max, *]`, `masked_m` i32 `[G]`; grid.z = G.
     Masked,
-    /// MoE weight gradient, groups along K: `k_starts` i32 [G+1] (multiples of 128),
-    /// D [G, M, N] with D[g] = A[:, K_g] x B[:, K_g]^T over K_g = [k_starts[g], k_starts[g+1]);
-    /// A and B both carry 1x128 scales along K (sa [M, K/128], sb [N, K/128]); grid.z = G.
-    /// FP8 only.
+    /// MoE weight gradient, groups along K: `k_starts` i32 `[G+1]` (multiples of 128),
+    /// D `[G, M, N]` with `D[g] = A[:, K_g] x B[:, K_g]^T`
+    /// over `K_g = [k_starts[g], k_starts[g+1])`; A and B both carry 1x128 scales along K
+    /// (sa [M, K/128], sb [N, K/128]); grid.z = G. FP8 only.
     KGrouped,
 }
 
@@ -1218,7 +1218,7 @@ fn check_masked<O: GemmOut>(
 }
 
 /// MoE masked grouped FP8 GEMM: A [groups, m_max, k], sa [groups, m_max, k/128], B [groups, n, k],
-/// sb [groups, n/128, k/128], D [groups, m_max, n]; only the first masked_m[g] rows of group g
+/// sb [groups, n/128, k/128], D [groups, m_max, n]; only the first `masked_m[g]` rows of group g
 /// are computed and written.
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm_fp8_masked(
@@ -1374,7 +1374,7 @@ pub fn check_k_starts(kernel: &str, ks: &[i32], groups: usize, ktot: usize) -> R
 }
 
 /// K-grouped FP8 weight-gradient GEMM (DeepGEMM's `k_grouped_wgrad_gemm_fp8_fp8_fp32_nt`): for
-/// every group g, D[g] [m, n] (f32) = sum over k in [k_starts[g], k_starts[g+1]) of
+/// every group g, `D[g]` `[m, n]` (f32) = sum over k in `[k_starts[g], k_starts[g+1])` of
 /// A[:, k] B[:, k], with A [m, ktot] e4m3 + sa [m, ktot/128] and B [n, ktot] e4m3 +
 /// sb [n, ktot/128] (1x128 scales along K on both operands: the `quantize_fp8_1x128_t` outputs of
 /// the token-major tensors) and FP32 promotion of every 128-wide K block

@@ -15,8 +15,8 @@
 //!   transposing 1x128 ("128x1") quantiser feeding the K-grouped weight-gradient GEMM.
 //! - [`tile`]: the small typed tile helpers kernels are written with (swizzled shared tiles,
 //!   fragments, `cp.async` tile loads).
-//! - [`reference`]: f64 CPU references and error metrics.
-//! - [`registry`]: [`KernelInfo`] for every kernel.
+//! - [`mod@reference`]: f64 CPU references and error metrics.
+//! - [`mod@registry`]: [`KernelInfo`] for every kernel.
 //! - [`host`]: module cache and target choice shared by the host wrappers.
 
 // `is_multiple_of` needs Rust 1.87 (workspace MSRV 1.80); fragment loops index several arrays.

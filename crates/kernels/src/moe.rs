@@ -5,7 +5,7 @@
 //!   quantised 1x128 into e4m3 act_q [m, I] + power-of-two scales act_s [m, I/128] (the input of
 //!   the down-projection GEMM). 16 lanes per 128-value group, 8 values each (16-byte loads of
 //!   gate and up), amax by `shfl.bfly`.
-//! - `swiglu_bwd_fp8`: from gu, dh [m, I] and the routing weight row_w [m]:
+//! - `swiglu_bwd_fp8`: from gu, dh `[m, I]` and the routing weight row_w `[m]`:
 //!   dG = dh * up * silu'(gate), dU = dh * silu(gate); writes dGU = [dG | dU] quantised 1x128
 //!   (dgrad GEMM input), row_w * dGU in bf16 (weight-gradient input) and the recomputed,
 //!   weighted activation row_w * silu(gate) * up in bf16 (input of dW_down). Same team layout,
@@ -384,7 +384,7 @@ fn check_mi(kernel: &str, m: usize, i: usize) -> Result<usize> {
 }
 
 /// SwiGLU forward fused with FP8 1x128 quantisation: gu [m, 2I] bf16 (gate columns 0..I, up
-/// columns I..2I), m_indices [m] (< 0 = padding row) -> act_q [m, I] e4m3 and power-of-two
+/// columns I..2I), m_indices `[m]` (< 0 = padding row) -> act_q `[m, I]` e4m3 and power-of-two
 /// scales act_s [m, I/128] of act = silu(gate) * up (f32). Padding rows: bytes 0, scales 1.0.
 pub fn swiglu_fwd_fp8(
     stream: &Stream,
@@ -421,8 +421,8 @@ pub fn swiglu_fwd_fp8(
     Ok(())
 }
 
-/// SwiGLU backward. Inputs gu [m, 2I] bf16, dh [m, I] bf16 (gradient of act), row_w [m] f32
-/// (routing weight of each row), m_indices [m]. With s = sigmoid(g):
+/// SwiGLU backward. Inputs gu [m, 2I] bf16, dh `[m, I]` bf16 (gradient of act), row_w `[m]` f32
+/// (routing weight of each row), m_indices `[m]`. With s = sigmoid(g):
 /// dG = dh * u * s * (1 + g (1 - s)), dU = dh * silu(g). Outputs:
 /// dgu_q [m, 2I] e4m3 + dgu_s [m, 2I/128] = 1x128 power-of-two quantisation of [dG | dU]
 /// (unweighted), dgu_w [m, 2I] bf16 = row_w * [dG | dU], act_w [m, I] bf16 = row_w * silu(g) * u.
@@ -475,8 +475,8 @@ pub fn swiglu_bwd(
 }
 
 /// Transposed 1x128 quantisation ("128x1 tiles"): x [m, c] bf16 row-major ->
-/// q [c, m] e4m3 with q[col][row] = e4m3(x[row][col] / s[col][row/128]) and power-of-two scales
-/// s [c, m/128] from the amax of x[128b .. 128b+128][col]. Rows with m_indices < 0 count as
+/// q `[c, m]` e4m3 with `q[col][row] = e4m3(x[row][col] / s[col][row/128])` and power-of-two scales
+/// s `[c, m/128]` from the amax of `x[128b .. 128b+128][col]`. Rows with m_indices < 0 count as
 /// zeros (their x is never used). m and c must be multiples of 128.
 pub fn quantize_fp8_1x128_t(
     stream: &Stream,

@@ -5,7 +5,7 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// D[m][n] = sum_k A[m][k] * B[n][k] (+ C), in f64.
+/// `D[m][n] = sum_k A[m][k] * B[n][k] (+ C)`, in f64.
 pub fn gemm_nt_f64(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
     let mut d = vec![0f64; m * n];
     for i in 0..m {

@@ -1,7 +1,7 @@
 //! Schedule generators: turn (method, PP, micro-batches) into a [`Schedule`].
 //!
 //! Generators only decide *order*; they know nothing about costs. Every generated schedule is
-//! meant to pass [`crate::verify`], and the test-suite checks that it does.
+//! meant to pass [`crate::verify()`], and the test-suite checks that it does.
 
 use std::collections::VecDeque;
 

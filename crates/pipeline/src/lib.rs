@@ -1,7 +1,7 @@
 //! # pipeline — pipeline-parallel schedules as first-class objects
 //!
 //! This crate owns pipeline schedules: their model ([`Schedule`]), their generation
-//! ([`generate`]: 1F1B, ZB1P, DualPipe, DualPipeV), their verification ([`verify`]), their
+//! ([`mod@generate`]: 1F1B, ZB1P, DualPipe, DualPipeV), their verification ([`mod@verify`]), their
 //! timing ([`simulate`], [`bubble_formula`]), drawing (SVG, PNG, Chrome trace) and a real
 //! multi-threaded executor that trains a small MLP with them.
 //!

@@ -7,7 +7,7 @@
 //!   target and ISA version), read by every other layer;
 //! - [`ir`]: modules, functions, statements, instructions and operands as typed values;
 //! - [`parser`] / [`printer`]: PTX text <-> IR, with `parse(print(m)) == m`;
-//! - [`validate`]: typed diagnostics (undeclared registers, type mismatches, target checks);
+//! - [`mod@validate`]: typed diagnostics (undeclared registers, type mismatches, target checks);
 //! - [`ptxas`]: the offline `ptxas` wrapper (registers, spills, errors mapped to PTX lines).
 //!
 //! Data flow: text --parser--> [`Module`] --validate--> diagnostics; builder --> [`Module`]

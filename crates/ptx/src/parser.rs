@@ -1,4 +1,4 @@
-//! PTX text -> [`Module`]. Recursive descent over [`crate::lexer`] tokens, accepting PTX as
+//! PTX text -> [`Module`]. Recursive descent over `crate::lexer` tokens, accepting PTX as
 //! LLVM NVPTX (Triton) and nvcc write it: ISA 7.0-9.x, sm_70..sm_90a and newer names, debug
 //! directives (`.file`, `.loc`, `.section`) skipped. Every error names line, column and the
 //! offending text.

@@ -9,7 +9,7 @@ use kernels::Shape;
 
 #[derive(clap::Args)]
 pub struct GemmArgs {
-    /// emu[:N] | cuda[:N]
+    /// `emu[:N]` | `cuda[:N]`
     #[arg(long, default_value = "emu")]
     pub device: String,
     /// bf16 | fp8

@@ -24,7 +24,7 @@ pub struct Args {
     /// contiguous (m = all rows, multiple of 128) | masked (m = rows per group)
     #[arg(long)]
     pub layout: Option<String>,
-    /// emu[:N] | cuda[:N]
+    /// `emu[:N]` | `cuda[:N]`
     #[arg(long, default_value = "emu")]
     pub device: String,
     /// Fail (non-zero exit) when the error exceeds the kernel's tolerance.

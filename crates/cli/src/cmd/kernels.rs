@@ -14,7 +14,7 @@ pub struct Args {
     /// Run every kernel's test shapes against its CPU reference on `--device`.
     #[arg(long)]
     pub check: bool,
-    /// Device for `--check`: emu[:N] | cuda[:N].
+    /// Device for `--check`: `emu[:N]` | `cuda[:N]`.
     #[arg(long, default_value = "emu")]
     pub device: String,
     /// Only kernels whose name contains this (with `--check`).

@@ -501,7 +501,7 @@ impl Mlp {
         })
     }
 
-    /// k-grouped FP8 wgrad: dW_down[g] = dY^T (w act), dW_gu[g] = (w dGU)^T X over each group's
+    /// k-grouped FP8 wgrad: `dW_down[g] = dY^T (w act)`, `dW_gu[g] = (w dGU)^T X` over each group's
     /// token segment `k_starts[g]..k_starts[g+1]`; returns (dW_gu `[G, 2I, H]`, dW_down
     /// `[G, H, I]`) in f32.
     #[allow(clippy::too_many_arguments)]

@@ -17,10 +17,10 @@ pub struct Args {
     /// Kernel (`.entry`) to launch; may be omitted when the module has exactly one.
     #[arg(long)]
     pub entry: Option<String>,
-    /// Grid dimensions, X[,Y[,Z]].
+    /// Grid dimensions, `X[,Y[,Z]]`.
     #[arg(long)]
     pub grid: String,
-    /// Block dimensions, X[,Y[,Z]].
+    /// Block dimensions, `X[,Y[,Z]]`.
     #[arg(long)]
     pub block: String,
     /// Dynamic shared memory bytes.
@@ -34,7 +34,7 @@ pub struct Args {
     /// Save argument INDEX's buffer after the launch: `INDEX=PATH.npy` (16-bit floats as uint16).
     #[arg(long)]
     pub save: Vec<String>,
-    /// Device: emu[:N] or cuda[:N].
+    /// Device: `emu[:N]` or `cuda[:N]`.
     #[arg(long, default_value = "emu")]
     pub device: String,
     /// Print launch statistics (CTAs, instructions, time, lane-instructions/s).

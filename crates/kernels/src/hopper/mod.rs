@@ -54,9 +54,9 @@ impl HIn {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum HLayout {
     Normal,
-    /// MoE contiguous: `m_indices` [m], 128-row segments, -1 = padding row (written as 0).
+    /// MoE contiguous: `m_indices` `[m]`, 128-row segments, -1 = padding row (written as 0).
     Contiguous,
-    /// MoE masked: [G, m_max, *], `masked_m` [G] valid rows (rows beyond are not written).
+    /// MoE masked: `[G, m_max, *]`, `masked_m` `[G]` valid rows (rows beyond are not written).
     Masked,
 }
 
