@@ -21,7 +21,7 @@ pub struct LaunchCtx {
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub dyn_shared: u32,
-    /// Cluster dimensions ([1,1,1] for unclustered launches).
+    /// Cluster dimensions (`[1, 1, 1]` for unclustered launches).
     pub cluster: [u32; 3],
     pub nsm: u32,
     pub launch_id: u64,
@@ -79,9 +79,12 @@ pub struct Warp {
     pub wg_open: Vec<(u32, Lanes)>,
     pub wg_groups: std::collections::VecDeque<Vec<(u32, Lanes)>>,
     /// 16-byte shared-memory chunks the open / committed wgmma groups read (parallel to
-    /// `wg_open` / `wg_groups`): held in [`Cta::wg_lock`] until `wgmma.wait_group` retires them.
+    /// `wg_open` / `wg_groups`): held in `Cta::wg_lock` until `wgmma.wait_group` retires them.
     pub wg_reads_open: Vec<u32>,
     pub wg_read_groups: std::collections::VecDeque<Vec<u32>>,
+    /// wgmma instructions this warp has executed (pairs the four warps' shares of one
+    /// warpgroup-wide wgmma for the B-operand cache).
+    pub wg_seq: u64,
     /// Registers per thread requested with setmaxnreg (0 = not set).
     pub maxnreg: u32,
 }
@@ -137,6 +140,18 @@ pub struct Cta {
     /// the first wgmma). A TMA write into a held chunk is a write-after-read race on hardware:
     /// the stage was released before the wgmma reading it completed.
     wg_lock: Vec<u16>,
+    /// Per warpgroup: the B operand of its current wgmma, decoded by the first of its four warps
+    /// to execute it (a wgmma is one warpgroup-wide operation that reads B once).
+    wg_bcache: Vec<Option<BOperand>>,
+}
+
+/// A decoded wgmma B operand (k x n, transposed so a row of k is contiguous over n) and the
+/// shared-memory chunks it came from.
+struct BOperand {
+    key: (u64, u64, u32, u32, bool, bool),
+    users: u32,
+    bt: Vec<f64>,
+    chunks: Vec<u32>,
 }
 
 /// Shared memory, mbarriers and pending copies of a CTA, lent to its cluster siblings.
@@ -247,6 +262,7 @@ impl Cta {
                 wg_groups: std::collections::VecDeque::new(),
                 wg_reads_open: Vec::new(),
                 wg_read_groups: std::collections::VecDeque::new(),
+                wg_seq: 0,
                 maxnreg: 0,
             });
         }
@@ -254,6 +270,7 @@ impl Cta {
             gcache: std::cell::Cell::new((0, 0, std::ptr::null())),
             banks: ctx.bank_profile.then(Default::default),
             wg_lock: Vec::new(),
+            wg_bcache: Vec::new(),
             id,
             sm,
             warps,
@@ -2031,32 +2048,40 @@ impl Cta {
                             });
                         }
                     } else {
-                        let es = desc.dtype.size();
                         let mut err = None;
-                        desc.for_each(&cs, |o, g| {
+                        let mut buf = Vec::new();
+                        desc.for_each_run(&cs, |o, g, len| {
+                            let Some(g) = g else { return };
                             if err.is_some() {
                                 return;
                             }
-                            if let Some(g) = g {
-                                let s_addr = desc.swizzle.apply(sa + o) as usize;
-                                if s_addr + es as usize > self.shared.len() {
+                            // gather the run from (swizzled) shared memory, 16-byte pieces
+                            buf.clear();
+                            let mut done = 0u64;
+                            while done < len {
+                                let so = sa + o + done;
+                                let piece = (16 - so % 16).min(len - done);
+                                let s_addr = desc.swizzle.apply(so) as usize;
+                                let Some(src) = self.shared.get(s_addr..s_addr + piece as usize)
+                                else {
                                     err = Some(FaultKind::OutOfBounds {
                                         space: "shared",
                                         addr: s_addr as u64,
-                                        size: es,
+                                        size: piece as u32,
                                     });
                                     return;
-                                }
-                                let v = read_le(&self.shared[s_addr..s_addr + es as usize]);
-                                match ctx.mem.find(g, es as u64) {
-                                    Some(a) => a.write(g - a.base, es, v, Ordering::Relaxed),
-                                    None => {
-                                        err = Some(FaultKind::OutOfBounds {
-                                            space: "global",
-                                            addr: g,
-                                            size: es,
-                                        })
-                                    }
+                                };
+                                buf.extend_from_slice(src);
+                                done += piece;
+                            }
+                            match ctx.mem.find(g, len) {
+                                Some(a) => a.write_bytes(g - a.base, &buf),
+                                None => {
+                                    err = Some(FaultKind::OutOfBounds {
+                                        space: "global",
+                                        addr: g,
+                                        size: len as u32,
+                                    })
                                 }
                             }
                         });
@@ -2303,38 +2328,47 @@ impl Cta {
                     self.copy_bytes(ctx, wi, MSpace::Shared, dst, sspace, src, p.bytes, 0)?
                 }
                 PendingKind::Tensor { desc, coords, smem } => {
-                    let es = desc.dtype.size();
-                    let fill = if desc.oob_nan { u64::MAX } else { 0 };
+                    // out-of-bounds elements: zeros, or all-ones bytes (NaN) with NaN fill
+                    let fill = if desc.oob_nan { 0xffu8 } else { 0 };
                     let mut err = None;
                     let shared = &mut self.shared;
-                    desc.for_each(&coords, |o, g| {
+                    let mut buf = Vec::new();
+                    desc.for_each_run(&coords, |o, g, len| {
                         if err.is_some() {
                             return;
                         }
-                        let v = match g {
-                            Some(g) => match ctx.mem.find(g, es as u64) {
-                                Some(a) => a.read(g - a.base, es, Ordering::Relaxed),
+                        buf.clear();
+                        buf.resize(len as usize, fill);
+                        if let Some(g) = g {
+                            match ctx.mem.find(g, len) {
+                                Some(a) => a.read_bytes(g - a.base, &mut buf),
                                 None => {
                                     err = Some(FaultKind::OutOfBounds {
                                         space: "global (TMA)",
                                         addr: g,
-                                        size: es,
+                                        size: len as u32,
                                     });
                                     return;
                                 }
-                            },
-                            None => fill,
-                        };
-                        let s_addr = desc.swizzle.apply(smem + o) as usize;
-                        if s_addr + es as usize > shared.len() {
-                            err = Some(FaultKind::OutOfBounds {
-                                space: "shared (TMA)",
-                                addr: s_addr as u64,
-                                size: es,
-                            });
-                            return;
+                            }
                         }
-                        write_le(&mut shared[s_addr..s_addr + es as usize], v);
+                        // scatter into (swizzled) shared memory in 16-byte pieces
+                        let mut done = 0u64;
+                        while done < len {
+                            let so = smem + o + done;
+                            let piece = (16 - so % 16).min(len - done);
+                            let s_addr = desc.swizzle.apply(so) as usize;
+                            let Some(dst) = shared.get_mut(s_addr..s_addr + piece as usize) else {
+                                err = Some(FaultKind::OutOfBounds {
+                                    space: "shared (TMA)",
+                                    addr: s_addr as u64,
+                                    size: piece as u32,
+                                });
+                                return;
+                            };
+                            dst.copy_from_slice(&buf[done as usize..(done + piece) as usize]);
+                            done += piece;
+                        }
                     });
                     if let Some(e) = err {
                         return Err(e);
@@ -2460,24 +2494,50 @@ impl Cta {
         if op.neg_a {
             a.iter_mut().for_each(|x| *x = -*x);
         }
-        let d = MatrixDesc::decode(self.warps[wi].regs[op.b_desc as usize][l0]);
-        let mut b = vec![0f64; n * k];
-        for col in 0..n {
-            for kk in 0..k {
-                let addr = if op.trans_b {
-                    d.addr(kk as u64, col as u64, eb)
-                } else {
-                    d.addr(col as u64, kk as u64, eb)
-                };
-                note(addr);
-                b[col * k + kk] = elem_f64(spec.bty, self.smem_elem(addr, eb)?);
-            }
-        }
-        if op.neg_b {
-            b.iter_mut().for_each(|x| *x = -*x);
-        }
         chunks.sort_unstable();
         chunks.dedup();
+        // B: decoded once per warpgroup-wide wgmma (the first of the four warps to get here)
+        let bdesc = self.warps[wi].regs[op.b_desc as usize][l0];
+        let seq = self.warps[wi].wg_seq;
+        self.warps[wi].wg_seq += 1;
+        let key = (seq, bdesc, spec.n, spec.k, op.trans_b, op.neg_b);
+        let wgi = self.warps[wi].id as usize / 4;
+        if self.wg_bcache.len() <= wgi {
+            self.wg_bcache.resize_with(wgi + 1, || None);
+        }
+        let cached = matches!(&self.wg_bcache[wgi], Some(c) if c.key == key && c.users < 4);
+        if !cached {
+            let d = MatrixDesc::decode(bdesc);
+            let mut bt = vec![0f64; n * k];
+            let mut bchunks: Vec<u32> = Vec::new();
+            for col in 0..n {
+                for kk in 0..k {
+                    let addr = if op.trans_b {
+                        d.addr(kk as u64, col as u64, eb)
+                    } else {
+                        d.addr(col as u64, kk as u64, eb)
+                    };
+                    let c = (addr / 16) as u32;
+                    if bchunks.last() != Some(&c) {
+                        bchunks.push(c);
+                    }
+                    let v = elem_f64(spec.bty, self.smem_elem(addr, eb)?);
+                    bt[kk * n + col] = if op.neg_b { -v } else { v };
+                }
+            }
+            bchunks.sort_unstable();
+            bchunks.dedup();
+            self.wg_bcache[wgi] = Some(BOperand {
+                key,
+                users: 0,
+                bt,
+                chunks: bchunks,
+            });
+        }
+        let Some(bop) = self.wg_bcache[wgi].take() else {
+            return Err(FaultKind::Other("wgmma B operand cache".into()));
+        };
+        chunks.extend_from_slice(&bop.chunks);
         if self.wg_lock.is_empty() {
             self.wg_lock = vec![0; self.shared.len().div_ceil(16)];
         }
@@ -2485,6 +2545,23 @@ impl Cta {
             if let Some(x) = self.wg_lock.get_mut(c as usize) {
                 *x = x.saturating_add(1);
             }
+        }
+        // 16 x n products, k outer: each (row, column) sum still runs in k order from 0.0 (as a
+        // dot product would), and the column loop vectorises
+        let mut sums = vec![0f64; 16 * n];
+        for r in 0..16 {
+            let row = &mut sums[r * n..(r + 1) * n];
+            for kk in 0..k {
+                let x = a[r * k + kk];
+                let bk = &bop.bt[kk * n..(kk + 1) * n];
+                for (s, &y) in row.iter_mut().zip(bk) {
+                    *s += x * y;
+                }
+            }
+        }
+        let users = bop.users + 1;
+        if users < 4 {
+            self.wg_bcache[wgi] = Some(BOperand { users, ..bop });
         }
         self.warps[wi].wg_reads_open.extend_from_slice(&chunks);
         let w = &mut self.warps[wi];
@@ -2506,10 +2583,7 @@ impl Cta {
             let acc = scale[lane] & 1 != 0;
             for (i, out) in outs.iter_mut().enumerate() {
                 let (r, c) = acc_pos(lane, i);
-                let mut sum = 0f64;
-                for kk in 0..k {
-                    sum += a[r * k + kk] * b[c * k + kk];
-                }
+                let sum = sums[r * n + c];
                 if spec.dty == Ty::S32 {
                     let prev = if acc {
                         out[lane] as u32 as i32 as i64

@@ -388,6 +388,52 @@ impl TensorMapDesc {
             * self.dtype.size() as u64
     }
 
+    /// Visits the box at `coords` as runs along the innermost dimension: (shared byte offset
+    /// within the box before swizzling, global address of the run or None when out of bounds,
+    /// run length in bytes). In-bounds runs are contiguous in global memory; the elements are
+    /// the ones [`TensorMapDesc::for_each`] visits, in the same order.
+    pub fn for_each_run(&self, coords: &[i64], mut f: impl FnMut(u64, Option<u64>, u64)) {
+        let r = self.rank as usize;
+        let es = self.dtype.size() as u64;
+        let inner = self.box_dims[0] as u64;
+        let rows: u64 = (1..r).map(|i| self.box_dims[i] as u64).product();
+        let c0 = coords.first().copied().unwrap_or(0);
+        // in-bounds element range of a row: [lo, hi) of 0..inner
+        let lo = (-c0).clamp(0, inner as i64) as u64;
+        let hi = (self.dims[0] as i64 - c0).clamp(lo as i64, inner as i64) as u64;
+        let mut idx = [0u64; 5];
+        for row in 0..rows {
+            let mut rem = row;
+            for i in 1..r {
+                idx[i] = rem % self.box_dims[i] as u64;
+                rem /= self.box_dims[i] as u64;
+            }
+            let mut inb = true;
+            let mut ga = self.global_address;
+            for i in 1..r {
+                let c = coords.get(i).copied().unwrap_or(0) + idx[i] as i64;
+                if c < 0 || c >= self.dims[i] as i64 {
+                    inb = false;
+                    break;
+                }
+                ga += c as u64 * self.strides[i - 1];
+            }
+            let base = row * inner * es;
+            if !inb || lo == hi {
+                f(base, None, inner * es);
+                continue;
+            }
+            if lo > 0 {
+                f(base, None, lo * es);
+            }
+            let g = ga + (c0 + lo as i64) as u64 * es;
+            f(base + lo * es, Some(g), (hi - lo) * es);
+            if hi < inner {
+                f(base + hi * es, None, (inner - hi) * es);
+            }
+        }
+    }
+
     /// Visits every element of the box at `coords`: (shared byte offset within the box before
     /// swizzling, global address or None when out of bounds).
     pub fn for_each(&self, coords: &[i64], mut f: impl FnMut(u64, Option<u64>)) {
@@ -416,6 +462,60 @@ impl TensorMapDesc {
                 };
             }
             f(lin * es, if inb { Some(ga) } else { None });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// `for_each_run` visits exactly the elements of `for_each`, in order, with the same shared
+    /// offsets and global addresses (boxes of rank 1-5 straddling every edge).
+    #[test]
+    fn runs_expand_to_the_elements() {
+        let mut rg = rand::rngs::StdRng::seed_from_u64(5);
+        for _ in 0..300 {
+            let rank = rg.gen_range(1..=5u32);
+            let dtype =
+                [TmaType::U8, TmaType::Bf16, TmaType::F32, TmaType::F64][rg.gen_range(0..4)];
+            let es = dtype.size() as u64;
+            let mut d = TensorMapDesc {
+                dtype,
+                rank,
+                global_address: 1 << 20,
+                dims: [1; 5],
+                strides: [0; 4],
+                box_dims: [1; 5],
+                elem_strides: [1; 5],
+                swizzle: Swizzle::None,
+                oob_nan: false,
+            };
+            let mut stride = 0u64;
+            for i in 0..rank as usize {
+                d.dims[i] = rg.gen_range(1..40);
+                d.box_dims[i] = rg.gen_range(1..12);
+                if i == 0 {
+                    stride = d.dims[0] as u64 * es + 16 * rg.gen_range(0..3);
+                } else {
+                    d.strides[i - 1] = stride;
+                    stride *= d.dims[i] as u64 + rg.gen_range(0..2);
+                }
+            }
+            let coords: Vec<i64> = (0..rank as usize)
+                .map(|i| rg.gen_range(-(d.box_dims[i] as i64)..d.dims[i] as i64 + 2))
+                .collect();
+            let mut want = Vec::new();
+            d.for_each(&coords, |o, g| want.push((o, g)));
+            let mut got = Vec::new();
+            d.for_each_run(&coords, |o, g, len| {
+                assert_eq!(len % es, 0);
+                for e in 0..len / es {
+                    got.push((o + e * es, g.map(|g| g + e * es)));
+                }
+            });
+            assert_eq!(got, want, "{d:?} at {coords:?}");
         }
     }
 }

@@ -94,10 +94,19 @@ impl Allocation {
         }
     }
 
-    /// Copies bytes out (host side).
+    /// Copies bytes out; whole words where possible.
     pub fn read_bytes(&self, off: u64, out: &mut [u8]) {
-        for (i, b) in out.iter_mut().enumerate() {
-            *b = self.read(off + i as u64, 1, Ordering::Relaxed) as u8;
+        let mut i = 0usize;
+        while i < out.len() {
+            let a = off + i as u64;
+            if a.is_multiple_of(8) && i + 8 <= out.len() {
+                let w = self.words[(a >> 3) as usize].load(Ordering::Relaxed);
+                out[i..i + 8].copy_from_slice(&w.to_le_bytes());
+                i += 8;
+            } else {
+                out[i] = self.read(a, 1, Ordering::Relaxed) as u8;
+                i += 1;
+            }
         }
     }
 
