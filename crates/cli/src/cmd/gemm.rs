@@ -35,7 +35,7 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// auto (the sm_90a TMA/wgmma kernels on a CUDA sm_90a GPU where they cover the problem,
-    /// else mma.sync; on the emulator mma.sync, which emulates ~3.5x faster) | mma | wgmma
+    /// else mma.sync; on the emulator mma.sync, which emulates up to 2x faster) | mma | wgmma
     #[arg(long, default_value = "auto")]
     pub kernel: String,
 }
