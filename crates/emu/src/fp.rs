@@ -657,11 +657,16 @@ pub fn e5m2_to_f32(x: u8) -> f32 {
 
 /// bf16 -> f32 (exact; NaN payload kept and quieted).
 pub fn bf16_to_f32(x: u16) -> f32 {
-    // table built from the exact unit (wgmma/mma operand decoding is hot)
     static T: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
-    let t = T.get_or_init(|| {
+    widen16(&T, BF16, x)
+}
+
+/// A 16-bit format widened to f32 through a table built once from the exact unit (wgmma
+/// operand decoding is hot).
+fn widen16(t: &std::sync::OnceLock<Vec<u32>>, fmt: Fmt, x: u16) -> f32 {
+    let t = t.get_or_init(|| {
         (0..=u16::MAX)
-            .map(|i| widen(BF16, F32, i as u64) as u32)
+            .map(|i| widen(fmt, F32, i as u64) as u32)
             .collect()
     });
     f32::from_bits(t[x as usize])
@@ -675,12 +680,7 @@ pub fn f32_to_bf16_rn(x: f32) -> u16 {
 /// f16 -> f32 (exact; NaN payload kept and quieted).
 pub fn f16_to_f32(x: u16) -> f32 {
     static T: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
-    let t = T.get_or_init(|| {
-        (0..=u16::MAX)
-            .map(|i| widen(F16, F32, i as u64) as u32)
-            .collect()
-    });
-    f32::from_bits(t[x as usize])
+    widen16(&T, F16, x)
 }
 
 /// f32 -> f16, round to nearest even; overflow -> ±Inf, NaN -> `0x7FFF`.

@@ -390,8 +390,8 @@ impl TensorMapDesc {
 
     /// Visits the box at `coords` as runs along the innermost dimension: (shared byte offset
     /// within the box before swizzling, global address of the run or None when out of bounds,
-    /// run length in bytes). In-bounds runs are contiguous in global memory; the elements are
-    /// the ones [`TensorMapDesc::for_each`] visits, in the same order.
+    /// run length in bytes). In-bounds runs are contiguous in global memory; expanded, they are
+    /// the box's elements in order (innermost dimension fastest).
     pub fn for_each_run(&self, coords: &[i64], mut f: impl FnMut(u64, Option<u64>, u64)) {
         let r = self.rank as usize;
         let es = self.dtype.size() as u64;
@@ -433,37 +433,6 @@ impl TensorMapDesc {
             }
         }
     }
-
-    /// Visits every element of the box at `coords`: (shared byte offset within the box before
-    /// swizzling, global address or None when out of bounds).
-    pub fn for_each(&self, coords: &[i64], mut f: impl FnMut(u64, Option<u64>)) {
-        let r = self.rank as usize;
-        let es = self.dtype.size() as u64;
-        let total: u64 = (0..r).map(|i| self.box_dims[i] as u64).product();
-        let mut idx = [0u64; 5];
-        for lin in 0..total {
-            let mut rem = lin;
-            for i in 0..r {
-                idx[i] = rem % self.box_dims[i] as u64;
-                rem /= self.box_dims[i] as u64;
-            }
-            let mut inb = true;
-            let mut ga = self.global_address;
-            for i in 0..r {
-                let c = coords.get(i).copied().unwrap_or(0) + idx[i] as i64;
-                if c < 0 || c >= self.dims[i] as i64 {
-                    inb = false;
-                    break;
-                }
-                ga += if i == 0 {
-                    c as u64 * es
-                } else {
-                    c as u64 * self.strides[i - 1]
-                };
-            }
-            f(lin * es, if inb { Some(ga) } else { None });
-        }
-    }
 }
 
 #[cfg(test)]
@@ -471,8 +440,39 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
-    /// `for_each_run` visits exactly the elements of `for_each`, in order, with the same shared
-    /// offsets and global addresses (boxes of rank 1-5 straddling every edge).
+    /// Element-by-element reference traversal: (shared byte offset within the box before
+    /// swizzling, global address or None when out of bounds).
+    fn for_each(d: &TensorMapDesc, coords: &[i64], mut f: impl FnMut(u64, Option<u64>)) {
+        let r = d.rank as usize;
+        let es = d.dtype.size() as u64;
+        let total: u64 = (0..r).map(|i| d.box_dims[i] as u64).product();
+        let mut idx = [0u64; 5];
+        for lin in 0..total {
+            let mut rem = lin;
+            for i in 0..r {
+                idx[i] = rem % d.box_dims[i] as u64;
+                rem /= d.box_dims[i] as u64;
+            }
+            let mut inb = true;
+            let mut ga = d.global_address;
+            for i in 0..r {
+                let c = coords.get(i).copied().unwrap_or(0) + idx[i] as i64;
+                if c < 0 || c >= d.dims[i] as i64 {
+                    inb = false;
+                    break;
+                }
+                ga += if i == 0 {
+                    c as u64 * es
+                } else {
+                    c as u64 * d.strides[i - 1]
+                };
+            }
+            f(lin * es, if inb { Some(ga) } else { None });
+        }
+    }
+
+    /// `for_each_run` visits exactly the elements of the element-wise traversal, in order, with
+    /// the same shared offsets and global addresses (boxes of rank 1-5 straddling every edge).
     #[test]
     fn runs_expand_to_the_elements() {
         let mut rg = rand::rngs::StdRng::seed_from_u64(5);
@@ -507,7 +507,7 @@ mod tests {
                 .map(|i| rg.gen_range(-(d.box_dims[i] as i64)..d.dims[i] as i64 + 2))
                 .collect();
             let mut want = Vec::new();
-            d.for_each(&coords, |o, g| want.push((o, g)));
+            for_each(&d, &coords, |o, g| want.push((o, g)));
             let mut got = Vec::new();
             d.for_each_run(&coords, |o, g, len| {
                 assert_eq!(len % es, 0);
