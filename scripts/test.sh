@@ -5,7 +5,9 @@ cd "$(dirname "$0")/.."
 if [ -x scripts/setup-ptxas.sh ]; then
   scripts/setup-ptxas.sh
 fi
-# the fake CUDA driver (a cdylib, which `cargo test` does not build as such) for the tests that
-# run the CUDA backend on it; they would otherwise build it into a separate target directory
+# the fake CUDA driver (a cdylib, which `cargo test` does not build as such) and the Hopper
+# benchmark example (`--all-targets` builds examples as test harnesses) for the tests that run
+# them on the fake driver; they would otherwise build them into a separate target directory
 cargo build -p fakecuda
+cargo build -p kernels --example bench_hopper
 cargo test --workspace --all-targets -- --test-threads="${TEST_THREADS:-2}"
