@@ -560,30 +560,16 @@ pub fn plan_fp8_nt<'a>(
     need(&name, "b", b, n * k)?;
     need(&name, "sb", sb, n / 128 * (k / 128))?;
     need(&name, "d", d, m * n)?;
-    if m == 0 {
-        return Ok(HopperPlan::new(s, None));
-    }
-    let tiles = m.div_ceil(s.bm() as usize) * n.div_ceil(s.bn as usize);
-    let l = Launch {
-        spec: s,
-        a_rows: m,
-        b_rows: n,
-        tiles,
-    };
-    let p = prepare(
+    plan_normal(
         stream,
-        l,
-        a.device_ptr(),
-        b.device_ptr(),
+        s,
+        (a.device_ptr(), b.device_ptr()),
         Some((sa, sb)),
         d,
-        None,
         m,
         n,
         k,
-        1,
-    )?;
-    Ok(HopperPlan::new(s, Some(p)))
+    )
 }
 
 /// D [m, n] bf16 = A [m, k] bf16 x B [n, k]^T bf16 on sm_90a (`wgmma` bf16, FP32 accumulate).
@@ -634,29 +620,40 @@ pub fn plan_bf16_nt<'a>(
     need(&name, "a", a, m * k)?;
     need(&name, "b", b, n * k)?;
     need(&name, "d", d, m * n)?;
+    plan_normal(
+        stream,
+        s,
+        (a.device_ptr(), b.device_ptr()),
+        None,
+        d,
+        m,
+        n,
+        k,
+    )
+}
+
+/// The plan of a checked non-grouped problem (empty for m = 0).
+#[allow(clippy::too_many_arguments)]
+fn plan_normal<'a>(
+    stream: &Stream,
+    s: &HopperSpec,
+    (a_ptr, b_ptr): (u64, u64),
+    scales: Option<(&Buffer<f32>, &Buffer<f32>)>,
+    d: &Buffer<bf16>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<HopperPlan<'a>> {
     if m == 0 {
         return Ok(HopperPlan::new(s, None));
     }
-    let tiles = m.div_ceil(s.bm() as usize) * n.div_ceil(s.bn as usize);
     let l = Launch {
         spec: s,
         a_rows: m,
         b_rows: n,
-        tiles,
+        tiles: m.div_ceil(s.bm() as usize) * n.div_ceil(s.bn as usize),
     };
-    let p = prepare(
-        stream,
-        l,
-        a.device_ptr(),
-        b.device_ptr(),
-        None,
-        d,
-        None,
-        m,
-        n,
-        k,
-        1,
-    )?;
+    let p = prepare(stream, l, a_ptr, b_ptr, scales, d, None, m, n, k, 1)?;
     Ok(HopperPlan::new(s, Some(p)))
 }
 
