@@ -51,32 +51,39 @@ impl Drop for FakeCuda {
     }
 }
 
-/// The fake driver's cdylib: next to this test's profile directory (`cargo test --workspace`
-/// builds it with every other target), else built now with `cargo build -p fakecuda` into a
-/// separate target directory (the outer cargo may hold the lock of this one).
+/// The fake driver's cdylib ([`artifact`]; `scripts/test.sh` builds it before the tests).
 fn fake_lib() -> std::path::PathBuf {
-    const NAME: &str = "libptxforge_fakecuda.so";
+    artifact("libptxforge_fakecuda.so", &["-p", "fakecuda"])
+}
+
+/// A build output at `rel` under this test's profile directory (`<target>/<profile>`), or, when
+/// it is missing (`cargo test` builds neither cdylibs as such nor plain examples with
+/// `--all-targets`), built now with `cargo build ARGS` into a separate target directory (the
+/// outer cargo may hold this one's lock).
+pub fn artifact(rel: &str, args: &[&str]) -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     // <target>/<profile>/deps/<test>-<hash>
     let profile = exe.parent().and_then(|d| d.parent()).expect("profile dir");
-    let lib = profile.join(NAME);
-    if lib.exists() {
-        return lib;
+    let out = profile.join(rel);
+    if out.exists() {
+        return out;
     }
     let target = profile.join("fakecuda-build");
     let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
     eprintln!(
-        "note: {} missing; building the fake driver into {}",
-        lib.display(),
+        "note: {} missing; building it into {}",
+        out.display(),
         target.display()
     );
     let st = std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "-p", "fakecuda", "--manifest-path"])
+        .arg("build")
+        .args(args)
+        .arg("--manifest-path")
         .arg(&manifest)
         .arg("--target-dir")
         .arg(&target)
         .status()
-        .expect("run cargo build -p fakecuda");
-    assert!(st.success(), "cargo build -p fakecuda failed");
-    target.join("debug").join(NAME)
+        .expect("run cargo build");
+    assert!(st.success(), "cargo build {args:?} failed");
+    target.join("debug").join(rel)
 }
