@@ -5,45 +5,14 @@
 
 use std::process::Command;
 
-#[test]
-fn moe_small_config_passes_all_checks() {
-    let dir = std::env::temp_dir().join(format!("ptxforge-moe-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let trace = dir.join("trace.json");
+/// Runs `ptxforge ARGS` (a `moe --json` run), asserts it succeeded and reported `ok`, and returns
+/// the report.
+fn moe_ok(args: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_ptxforge"))
-        .args([
-            "moe",
-            "--nodes",
-            "2",
-            "--gpus-per-node",
-            "2",
-            "--hidden",
-            "256",
-            "--experts",
-            "16",
-            "--intermediate",
-            "128",
-            "--tokens",
-            "128",
-            "--topk",
-            "4",
-            "--groups",
-            "4",
-            "--topk-groups",
-            "2",
-            "--num-sms",
-            "4",
-            "--check-tokens",
-            "0",
-            "--check-experts",
-            "4",
-            "--json",
-            "--trace",
-        ])
-        .arg(&trace)
+        .args(args)
         .output()
         .expect("spawn ptxforge");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "exit {:?}\nstdout:\n{stdout}\nstderr:\n{}",
@@ -52,6 +21,44 @@ fn moe_small_config_passes_all_checks() {
     );
     let v: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
     assert_eq!(v["ok"], serde_json::Value::Bool(true), "{stdout}");
+    v
+}
+
+#[test]
+fn moe_small_config_passes_all_checks() {
+    let dir = std::env::temp_dir().join(format!("ptxforge-moe-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let trace = dir.join("trace.json");
+    let v = moe_ok(&[
+        "moe",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--hidden",
+        "256",
+        "--experts",
+        "16",
+        "--intermediate",
+        "128",
+        "--tokens",
+        "128",
+        "--topk",
+        "4",
+        "--groups",
+        "4",
+        "--topk-groups",
+        "2",
+        "--num-sms",
+        "4",
+        "--check-tokens",
+        "0",
+        "--check-experts",
+        "4",
+        "--json",
+        "--trace",
+        trace.to_str().expect("utf-8 temp path"),
+    ]);
     for p in v["phases"].as_array().expect("phases") {
         if let Some(ok) = p.get("ok") {
             assert_eq!(ok, &serde_json::Value::Bool(true), "phase {p}");
@@ -98,45 +105,33 @@ fn moe_small_config_passes_all_checks() {
 
 #[test]
 fn moe_sequential_without_shared_expert_passes() {
-    let out = Command::new(env!("CARGO_BIN_EXE_ptxforge"))
-        .args([
-            "moe",
-            "--nodes",
-            "1",
-            "--gpus-per-node",
-            "2",
-            "--hidden",
-            "128",
-            "--experts",
-            "8",
-            "--intermediate",
-            "128",
-            "--tokens",
-            "128",
-            "--topk",
-            "2",
-            "--groups",
-            "2",
-            "--topk-groups",
-            "1",
-            "--num-sms",
-            "2",
-            "--shared",
-            "0",
-            "--sequential",
-            "--json",
-        ])
-        .output()
-        .expect("spawn ptxforge");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_str(&stdout).expect("JSON report");
-    assert_eq!(v["ok"], serde_json::Value::Bool(true), "{stdout}");
+    let v = moe_ok(&[
+        "moe",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "2",
+        "--hidden",
+        "128",
+        "--experts",
+        "8",
+        "--intermediate",
+        "128",
+        "--tokens",
+        "128",
+        "--topk",
+        "2",
+        "--groups",
+        "2",
+        "--topk-groups",
+        "1",
+        "--num-sms",
+        "2",
+        "--shared",
+        "0",
+        "--sequential",
+        "--json",
+    ]);
     assert_eq!(v["shared_experts"], 0);
     for o in v["overlap"].as_array().expect("overlap") {
         assert_eq!(o["concurrent_seconds"].as_f64(), Some(0.0), "{o}");
