@@ -58,6 +58,8 @@ pub enum FaultKind {
     SyncMask(String),
     #[error("kernel exceeded its budget ({0}); it may be waiting forever")]
     Hang(String),
+    #[error("deadlock: no warp of any emulated device made progress for {0}")]
+    Deadlock(String),
     #[error("{0}")]
     Other(String),
 }

@@ -71,6 +71,8 @@ pub struct Warp {
     pub other_min: u32,
     pub local: Vec<u8>,
     pub executed: u64,
+    /// Emulated ns spent in `nanosleep` and waiting at CTA barriers ([`crate::clock`]).
+    pub slept: u64,
     pub lane_ops: u64,
     pub state: WarpState,
     /// Per-lane return addresses of device-function calls.
@@ -112,6 +114,12 @@ struct Barrier {
 pub struct Cta {
     pub id: [u32; 3],
     pub sm: u32,
+    /// Emulated time (ns) at which the CTA was admitted: its warps' clocks start here.
+    pub t0: u64,
+    /// Instructions that made observable progress / waits, since the worker last reset them
+    /// (a round with waits and no progress is quiet: `crate::clock`).
+    pub progress: u64,
+    pub waits: u64,
     pub warps: Vec<Warp>,
     pub shared: Vec<u8>,
     barriers: Vec<Barrier>,
@@ -255,6 +263,7 @@ impl Cta {
                 other_min: u32::MAX,
                 local: vec![0u8; prog.local_bytes as usize * 32],
                 executed: 0,
+                slept: 0,
                 lane_ops: 0,
                 state: WarpState::Runnable,
                 stack: Vec::new(),
@@ -273,6 +282,9 @@ impl Cta {
             wg_bcache: Vec::new(),
             id,
             sm,
+            t0: crate::clock::global_ns(),
+            progress: 0,
+            waits: 0,
             warps,
             shared: vec![0u8; ctx.shared_bytes() as usize],
             barriers: (0..16).map(|_| Barrier::default()).collect(),
@@ -310,6 +322,21 @@ impl Cta {
         self.warps.iter().all(|w| w.state == WarpState::Exited)
     }
 
+    /// A warp's clock (`%clock64`): admission time + instructions issued + time slept.
+    #[inline]
+    fn warp_clock(&self, w: &Warp) -> u64 {
+        self.t0 + w.executed + w.slept
+    }
+
+    /// The CTA's emulated time: its most advanced warp's clock.
+    pub fn clock(&self) -> u64 {
+        self.warps
+            .iter()
+            .map(|w| self.warp_clock(w))
+            .max()
+            .unwrap_or(self.t0)
+    }
+
     /// Runs the CTA's warps round-robin for up to `budget` warp-instructions.
     /// Returns the number executed.
     pub fn run(&mut self, ctx: &LaunchCtx, budget: u64) -> Result<u64, Fault> {
@@ -318,12 +345,14 @@ impl Cta {
         let slice = 256u64;
         while done < budget {
             let mut progressed = false;
+            let (progress0, waits0, mut ran) = (self.progress, self.waits, 0u64);
             for k in 0..nw {
                 let wi = (self.next_warp + k) % nw;
                 if self.warps[wi].state != WarpState::Runnable {
                     continue;
                 }
                 let n = self.run_warp(ctx, wi, slice)?;
+                ran += 1;
                 done += n;
                 progressed |= n > 0;
                 if done >= budget {
@@ -332,6 +361,11 @@ impl Cta {
                 }
             }
             if self.done() {
+                return Ok(done);
+            }
+            // Every warp that ran only waited and nothing changed: polling again now would see
+            // the same memory, so give the other CTAs (and devices) their turn.
+            if ran > 0 && self.progress == progress0 && self.waits - waits0 == ran {
                 return Ok(done);
             }
             if !progressed {
@@ -407,6 +441,17 @@ impl Cta {
 
     fn release(&mut self, id: usize) {
         let b = std::mem::take(&mut self.barriers[id]);
+        // Waiters leave the barrier at the latest arrival's time.
+        let latest = b
+            .waiters
+            .iter()
+            .map(|w| self.warp_clock(&self.warps[w.warp as usize]))
+            .max()
+            .unwrap_or(0);
+        for w in &b.waiters {
+            let cur = self.warp_clock(&self.warps[w.warp as usize]);
+            self.warps[w.warp as usize].slept += latest - cur;
+        }
         let val = |d_kind: u32| -> u64 {
             match d_kind {
                 0 => b.popc as u64,
@@ -504,6 +549,7 @@ impl Cta {
             n += 1;
             w.executed += 1;
             w.lane_ops += m.count_ones() as u64;
+            self.progress += (inst.progress && m != 0) as u64;
             match self.exec(ctx, wi, inst, m) {
                 Ok(Flow::Next) => self.warps[wi].group_pc += 1,
                 Ok(Flow::Stay) => {}
@@ -511,7 +557,10 @@ impl Cta {
                     self.warps[wi].group_pc += 1;
                     return Ok(n);
                 }
-                Ok(Flow::Spin) => return Ok(n),
+                Ok(Flow::Spin) => {
+                    self.waits += 1;
+                    return Ok(n);
+                }
                 Ok(Flow::Blocked) => {
                     let w = &mut self.warps[wi];
                     if w.live & !w.blocked & !w.parked == 0 {
@@ -858,11 +907,11 @@ impl Cta {
             SReg::Smid => self.sm as u64,
             SReg::Nsmid => ctx.nsm as u64,
             SReg::Gridid => ctx.launch_id,
-            SReg::Clock => w.executed as u32 as u64,
-            SReg::ClockHi => w.executed >> 32,
-            SReg::Clock64 => w.executed,
+            SReg::Clock => self.warp_clock(w) as u32 as u64,
+            SReg::ClockHi => self.warp_clock(w) >> 32,
+            SReg::Clock64 => self.warp_clock(w),
             SReg::Globaltimer | SReg::GlobaltimerLo | SReg::GlobaltimerHi => {
-                let ns = ctx.start.elapsed().as_nanos() as u64;
+                let ns = crate::clock::global_ns();
                 match r {
                     SReg::GlobaltimerLo => ns as u32 as u64,
                     SReg::GlobaltimerHi => ns >> 32,
@@ -1364,7 +1413,15 @@ impl Cta {
                     return Err(FaultKind::Trap);
                 }
             }
-            Op::Yield => return Ok(Flow::Yield),
+            Op::Sleep { t } => {
+                // `nanosleep t` suspends for up to ~t ns (PTX: at most 1 ms); the warp's clock
+                // moves on by t and its host time slice ends.
+                let w = &mut self.warps[wi];
+                let ns = lanes_of(m).map(|l| w.regs[*t as usize][l] as u32).max();
+                w.slept += u64::from(ns.unwrap_or(0).min(1_000_000));
+                self.waits += 1;
+                return Ok(Flow::Yield);
+            }
             Op::Nop => {}
             Op::Fence => std::sync::atomic::fence(Ordering::SeqCst),
             Op::Bar {
@@ -1928,6 +1985,7 @@ impl Cta {
                 }
                 if !all_done {
                     // A waiting warp gives the others (the producer) a turn.
+                    self.waits += 1;
                     return Ok(Flow::Yield);
                 }
             }

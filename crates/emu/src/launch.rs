@@ -60,6 +60,9 @@ pub struct LaunchOptions {
     /// Counts shared-memory wavefronts and bank conflicts per instruction
     /// ([`LaunchStats::banks`]). Default: on when `PTXFORGE_EMU_BANKS=1`.
     pub bank_profile: bool,
+    /// A hold on emulated time ([`crate::clock::Hold`]) that the launch releases once its
+    /// workers are on the timeline (a stream holds time while its launch is queued).
+    pub hold: Option<Arc<Mutex<Option<crate::clock::Hold>>>>,
 }
 
 impl Default for LaunchOptions {
@@ -77,6 +80,7 @@ impl Default for LaunchOptions {
             progress: None,
             printf: None,
             bank_profile: std::env::var("PTXFORGE_EMU_BANKS").is_ok_and(|v| v == "1"),
+            hold: None,
         }
     }
 }
@@ -218,15 +222,25 @@ pub fn launch(
     let sm_used: Vec<AtomicU32> = (0..cfg.sms).map(|_| AtomicU32::new(0)).collect();
     let max_res = AtomicU32::new(0);
 
+    // Every worker is on the emulated timeline before any runs; then the queued launch's hold
+    // on time can go.
+    let clocks: Vec<_> = (0..nworkers)
+        .map(|_| crate::clock::WorkerClock::join(crate::clock::Timeline::global()))
+        .collect();
+    if let Some(h) = &opts.hold {
+        h.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
     let start = Instant::now();
     std::thread::scope(|s| {
-        for w in 0..nworkers {
+        for (w, wclock) in clocks.into_iter().enumerate() {
             let ctx = &ctx;
             let (next, abort, executed, lane_ops, first_err, sm_used, max_res) = (
                 &next, &abort, &executed, &lane_ops, &first_err, &sm_used, &max_res,
             );
             let banks = &banks;
             s.spawn(move || {
+                // `wclock`: this worker's share of emulated time, published every round.
+                let mut finished_clock = 0u64;
                 let mut resident: Vec<(Vec<Cta>, u32)> = Vec::new();
                 let mut idle_rounds = 0u32;
                 let slot_base = w as u32 * per_worker;
@@ -248,6 +262,7 @@ pub fn launch(
                     }
                     // Admit: always keep two resident; more when the resident ones stall.
                     let want = resident.len() < 2 || idle_rounds >= 4;
+                    let mut admitted = false;
                     if want && !free_slots.is_empty() {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         if i < units_total {
@@ -288,9 +303,12 @@ pub fn launch(
                                 Ordering::Relaxed,
                             );
                             idle_rounds = 0;
+                            admitted = true;
                         }
                     }
                     if resident.is_empty() {
+                        // leaving pushes global time to the end of this worker's last CTA
+                        wclock.publish(finished_clock, false);
                         return;
                     }
                     let mut finished = false;
@@ -343,6 +361,9 @@ pub fn launch(
                         }
                         if group.iter().all(|c| c.done()) {
                             let (group, slot) = resident.swap_remove(k);
+                            for c in &group {
+                                finished_clock = finished_clock.max(c.clock());
+                            }
                             let ops: u64 = group
                                 .iter()
                                 .flat_map(|c| c.warps.iter())
@@ -362,6 +383,21 @@ pub fn launch(
                             continue;
                         }
                         k += 1;
+                    }
+                    let quiet = !finished && !admitted && round_quiet(&mut resident);
+                    let oldest = resident
+                        .iter()
+                        .flat_map(|(g, _)| g.iter())
+                        .filter(|c| !c.done())
+                        .map(|c| c.clock())
+                        .min();
+                    if let Some(t) = oldest {
+                        let still = wclock.publish(t, quiet);
+                        if let Some(ns) = still.filter(|&ns| ns > crate::clock::DEADLOCK_HORIZON_NS)
+                        {
+                            fail(deadlock(ctx, &resident, ns));
+                            return;
+                        }
                     }
                     if finished {
                         idle_rounds = 0;
@@ -397,6 +433,63 @@ pub fn launch(
 }
 
 static NEXT_LAUNCH: AtomicU64 = AtomicU64::new(1);
+
+/// Whether the round just run over `resident` only waited (some wait, no observable progress);
+/// resets the CTAs' counters for the next round.
+fn round_quiet(resident: &mut [(Vec<Cta>, u32)]) -> bool {
+    let (mut progress, mut waits) = (0u64, 0u64);
+    for c in resident.iter_mut().flat_map(|(g, _)| g.iter_mut()) {
+        progress += std::mem::take(&mut c.progress);
+        waits += std::mem::take(&mut c.waits);
+    }
+    progress == 0 && waits > 0
+}
+
+/// The deadlock diagnostic: every waiting warp of this worker's CTAs with its PTX line.
+fn deadlock(ctx: &LaunchCtx, resident: &[(Vec<Cta>, u32)], ns: u64) -> EmuError {
+    let line = |pc: u32| {
+        ctx.prog
+            .insts
+            .get(pc as usize)
+            .and_then(|i| ctx.prog.source.get(i.src as usize))
+            .map(|s| s.loc.line)
+            .unwrap_or(0)
+    };
+    let mut waiting = Vec::new();
+    for c in resident.iter().flat_map(|(g, _)| g.iter()) {
+        for w in c.warps.iter().filter(|w| w.live != 0) {
+            waiting.push(format!(
+                "CTA {:?} warp {} at PTX line {}",
+                c.id,
+                w.id,
+                line(w.group_pc)
+            ));
+        }
+    }
+    let shown = waiting.len().min(8);
+    let more = waiting.len() - shown;
+    let mut why = format!(
+        "{:.0} s of emulated time (every resident warp is waiting); waiting: {}",
+        ns as f64 * 1e-9,
+        waiting[..shown].join(", ")
+    );
+    if more > 0 {
+        why.push_str(&format!(" and {more} more"));
+    }
+    let (cta, wp) = resident
+        .iter()
+        .flat_map(|(g, _)| g.iter())
+        .find_map(|c| c.warps.iter().find(|w| w.live != 0).map(|w| (c, w)))
+        .map(|(c, w)| (c, Some(w)))
+        .unwrap_or((&resident[0].0[0], None));
+    let f = Fault {
+        kind: FaultKind::Deadlock(why),
+        warp: wp.map(|w| w.id).unwrap_or(0),
+        lane: wp.map(|w| w.live.trailing_zeros()).unwrap_or(0),
+        pc: wp.map(|w| w.group_pc).unwrap_or(0),
+    };
+    site_error(ctx, cta, f)
+}
 
 fn site_error(ctx: &LaunchCtx, cta: &Cta, f: Fault) -> EmuError {
     let prog = &ctx.prog;

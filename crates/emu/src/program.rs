@@ -310,8 +310,10 @@ pub enum Op {
         ret: u32,
     },
     Trap,
-    /// Yield hint (`nanosleep`): ends the warp's time slice.
-    Yield,
+    /// `nanosleep t`: advances the warp's clock by `t` ns and ends its host time slice.
+    Sleep {
+        t: u32,
+    },
     Nop,
     Mma {
         spec: Box<MmaSpec>,
@@ -455,6 +457,32 @@ pub struct Inst {
     pub guard_neg: bool,
     /// Index into [`Program::source`].
     pub src: u32,
+    /// Executing it is progress another warp could observe ([`Op::makes_progress`]).
+    pub progress: bool,
+}
+
+impl Op {
+    /// Whether executing this changes state other warps can observe: memory writes, copies,
+    /// barrier and mbarrier arrivals, exits. A round of a worker in which nothing but waiting
+    /// and none of these happened is quiet (`crate::clock`).
+    pub fn makes_progress(&self) -> bool {
+        matches!(
+            self,
+            Op::St { .. }
+                | Op::Atom { .. }
+                | Op::Stmatrix { .. }
+                | Op::Bulk { .. }
+                | Op::BulkTensor { .. }
+                | Op::CpAsync { .. }
+                | Op::MbarInit { .. }
+                | Op::MbarArrive { .. }
+                | Op::MbarTx { .. }
+                | Op::Bar { .. }
+                | Op::ClusterArrive
+                | Op::Exit
+                | Op::Vprintf { .. }
+        )
+    }
 }
 
 /// Kernel parameter layout.
@@ -726,6 +754,7 @@ impl<'a> Decoder<'a> {
 
     fn push(&mut self, op: Op, ins: &Instruction, guard: (u32, bool)) {
         self.prog.insts.push(Inst {
+            progress: op.makes_progress(),
             op,
             guard: guard.0,
             guard_neg: guard.1,
@@ -890,6 +919,7 @@ pub fn decode(
     d.block(body)?;
     // The kernel ends: falling off the end exits.
     d.prog.insts.push(Inst {
+        progress: true,
         op: Op::Exit,
         guard: NONE,
         guard_neg: false,
@@ -939,6 +969,7 @@ impl<'a> Decoder<'a> {
             self.block(body)?;
             let ret = Instruction::new(Opcode::Ret, vec![], vec![]);
             self.prog.insts.push(Inst {
+                progress: false,
                 op: Op::Ret,
                 guard: NONE,
                 guard_neg: false,
@@ -1681,7 +1712,9 @@ impl<'a> Decoder<'a> {
                 }
             }
             O::Trap | O::Brkpt => Op::Trap,
-            O::Nanosleep => Op::Yield,
+            O::Nanosleep => Op::Sleep {
+                t: self.src(ins, arg(0)?)?,
+            },
             O::Membar | O::Fence => Op::Fence,
             O::Prefetch | O::Prefetchu | O::Discard | O::Applypriority | O::Griddepcontrol => {
                 Op::Nop

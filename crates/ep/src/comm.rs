@@ -60,7 +60,10 @@ pub struct EpConfig {
     pub ring_slots: u32,
     /// Records per tail publication.
     pub chunk: u32,
-    /// Wait-loop timeout.
+    /// How long a wait loop may see no progress before it fails with [`crate::EpError::Timeout`].
+    /// Measured with `%globaltimer`: on the emulator that is emulated time, which only advances
+    /// while some emulated device makes progress (`emu::clock`), so a slow or oversubscribed
+    /// host never looks like a dead peer; on GPUs it is wall time, as in DeepEP.
     pub timeout: Duration,
 }
 
@@ -84,8 +87,16 @@ impl EpConfig {
             sm_offset: 112,
             ring_slots: 16,
             chunk: 4,
-            timeout: Duration::from_secs(20),
+            timeout: EpConfig::default_timeout(),
         }
+    }
+
+    /// The default wait-loop timeout, 20 s as on GPUs. On the emulator legitimate waits last
+    /// milliseconds of emulated time at the main job's sizes (docs/EP.md), and a dead peer is
+    /// still reported within seconds of host time: once every emulated device only waits,
+    /// emulated time fast-forwards (`emu::clock`).
+    pub const fn default_timeout() -> Duration {
+        Duration::from_secs(20)
     }
     pub fn nodes(&self) -> u32 {
         self.ranks / self.gpus_per_node.max(1)
@@ -1356,12 +1367,10 @@ impl EpGroup {
     }
 
     fn launch_cfg(&self) -> LaunchConfig {
-        LaunchConfig::linear(self.cfg.num_sms, 64)
-            .budget(SmPartition {
-                offset: self.cfg.sm_offset,
-                count: self.cfg.num_sms,
-            })
-            .timeout(self.cfg.timeout * 3 + Duration::from_secs(60))
+        LaunchConfig::linear(self.cfg.num_sms, 64).budget(SmPartition {
+            offset: self.cfg.sm_offset,
+            count: self.cfg.num_sms,
+        })
     }
 
     /// Zeroes every rank's counters, error and byte records, ordered on the rank's
@@ -1609,6 +1618,10 @@ impl EpGroup {
         let ranks: Vec<usize> = only
             .map(|o| o.to_vec())
             .unwrap_or_else(|| (0..r_n).collect());
+        // Emulated time stands still until every rank's kernel is queued (each stream then
+        // holds it until its kernel runs): the host enqueueing one rank after another is no
+        // reason for an early rank's wait loop to time out.
+        let hold = emu::clock::Hold::new();
         for &r in &ranks {
             let (xp, sp, _) = x[r].ptrs();
             let hd = &hs[r];
@@ -1640,6 +1653,7 @@ impl EpGroup {
             ];
             self.streams[r].launch(&f[r], &lc, &args)?;
         }
+        drop(hold);
         self.finish(&ranks, t0)?;
         Ok((outs, fresh.map(|ranks| Handle { ranks })))
     }
@@ -1699,6 +1713,7 @@ impl EpGroup {
             }
         }
         let weighted = row_w.is_some();
+        let hold = emu::clock::Hold::new(); // as in dispatch: until every rank's kernel is queued
         for r in 0..r_n {
             let hd = &handle.ranks[r];
             let w = row_w
@@ -1726,6 +1741,7 @@ impl EpGroup {
             ];
             self.streams[r].launch(&f[r], &lc, &args)?;
         }
+        drop(hold);
         let ranks: Vec<usize> = (0..r_n).collect();
         self.finish(&ranks, t0)?;
         Ok(outs)

@@ -21,7 +21,6 @@ pub fn group(
     cfg.num_sms = num_sms;
     cfg.ring_slots = 4;
     cfg.chunk = 2;
-    cfg.timeout = std::time::Duration::from_secs(20);
     let tr = InProcessTransport {
         devices: devs.clone(),
         gpus_per_node: gpn,

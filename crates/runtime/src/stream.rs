@@ -89,6 +89,19 @@ pub(crate) struct StreamInner {
     pub(crate) capture: Mutex<Option<Vec<crate::graph::Recorded>>>,
     /// Emulator launches on this stream count shared-memory bank conflicts.
     bank_profile: std::sync::atomic::AtomicBool,
+    /// Emulated time stands still while this stream has queued work and no kernel of it runs
+    /// (`emu::clock`): host delays before a launch are not emulated time.
+    hold: Arc<Mutex<Option<emu::clock::Hold>>>,
+}
+
+impl StreamInner {
+    /// Holds emulated time (if not held already) while work is queued.
+    fn hold_time(&self) {
+        if self.cuda.is_none() {
+            let mut h = self.hold.lock().unwrap_or_else(|p| p.into_inner());
+            h.get_or_insert_with(emu::clock::Hold::new);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -132,6 +145,7 @@ impl Stream {
             default_budget,
             capture: Mutex::new(None),
             bank_profile: Default::default(),
+            hold: Default::default(),
         });
         let weak = Arc::downgrade(&inner);
         std::thread::Builder::new()
@@ -142,6 +156,11 @@ impl Stream {
                     job(&s);
                     let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
                     st.done += 1;
+                    if st.done == st.queued {
+                        s.hold.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    } else {
+                        s.hold_time();
+                    }
                     s.cv.notify_all();
                 }
             })
@@ -174,6 +193,7 @@ impl Stream {
     fn enqueue(&self, job: Job) -> Result<()> {
         let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
         st.queued += 1;
+        self.inner.hold_time();
         drop(st);
         let tx = self.inner.tx.lock().unwrap_or_else(|p| p.into_inner());
         tx.as_ref()
@@ -252,6 +272,7 @@ impl Stream {
             opts.max_warp_instructions = n;
         }
         opts.progress = cfg.progress.clone();
+        opts.hold = Some(self.inner.hold.clone());
         opts.bank_profile |= self
             .inner
             .bank_profile

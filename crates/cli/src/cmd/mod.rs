@@ -42,3 +42,47 @@ pub fn print_banks(b: &emu::banks::BankReport, top: usize) {
         );
     }
 }
+
+/// Parses a duration flag: a number with an optional unit `ns`, `us`, `ms`, `s` (seconds when
+/// none), e.g. `50ms`, `2s`, `0.5`. Zero, negative, non-finite and absurdly large values are
+/// refused with a message.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale = match unit {
+        "" | "s" => 1.0,
+        "ms" => 1e-3,
+        "us" => 1e-6,
+        "ns" => 1e-9,
+        _ => return Err(format!("unknown unit `{unit}` (use ns, us, ms or s)")),
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (e.g. 50ms, 2s)"))?;
+    let secs = v * scale;
+    if !(secs > 0.0) || secs > 1e6 {
+        return Err(format!(
+            "`{s}` is out of range (must be above 0 and at most 1e6 s)"
+        ));
+    }
+    std::time::Duration::try_from_secs_f64(secs).map_err(|e| format!("`{s}`: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse_with_units_and_refuse_nonsense() {
+        assert_eq!(parse_duration("50ms"), Ok(Duration::from_millis(50)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        for bad in ["0", "-1s", "1e300", "nan", "5 parsecs", "ms", ""] {
+            assert!(parse_duration(bad).is_err(), "{bad} accepted");
+        }
+    }
+}

@@ -91,6 +91,13 @@ pub struct Args {
     /// TMA/wgmma kernel; needs an sm_90a target).
     #[arg(long, default_value = "mma")]
     pub gemm: String,
+    /// How long a dispatch/combine wait loop may see no progress from its peer before it fails
+    /// with a timeout naming rank, channel and role (e.g. `50ms`, `2s`, `0.5`). On the emulator
+    /// this is emulated time (`%globaltimer`, which only advances while some emulated device
+    /// makes progress), so a busy or single-core host does not trigger it; on GPUs it is wall
+    /// time. Default: the library's (`EpConfig::default_timeout`).
+    #[arg(long, value_parser = crate::cmd::parse_duration)]
+    pub comm_timeout: Option<std::time::Duration>,
     #[arg(long)]
     pub json: bool,
     /// Write a Chrome/Perfetto trace (host timestamps of each device's kernels per stream).
@@ -772,6 +779,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut cfg = EpConfig::new(ranks, s.gpn, s.experts, s.hidden, s.topk, s.tokens);
     cfg.num_sms = a.num_sms;
     cfg.sm_offset = parts[0].0.sms().offset;
+    if let Some(t) = a.comm_timeout {
+        cfg.timeout = t;
+    }
     let tr = InProcessTransport {
         devices: devices.clone(),
         gpus_per_node: s.gpn,
