@@ -142,7 +142,11 @@ impl<'t> WorkerClock<'t> {
             .iter()
             .all(|s| s.quiet_gen.load(Ordering::Acquire) == gen)
         {
-            return None;
+            // quiet, but not everyone has had a quiet round since the last step
+            return match t.quiet_since.load(Ordering::Acquire) {
+                u64::MAX => None,
+                since => Some(t.now().saturating_sub(since)),
+            };
         }
         let now = t.now();
         let since = match t.quiet_since.load(Ordering::Acquire) {
@@ -256,11 +260,12 @@ mod tests {
         assert_eq!(t.now(), 0, "b is not quiet yet");
         assert_eq!(b.publish(100, true), Some(1_000));
         assert_eq!(t.now(), 1_100);
-        // each step needs a fresh quiet round of every worker
-        assert_eq!(a.publish(100, true), None);
-        assert_eq!(a.publish(100, true), None);
+        // each step needs a fresh quiet round of every worker (the others learn how long the
+        // process has been quiescent)
+        assert_eq!(a.publish(100, true), Some(1_000));
+        assert_eq!(a.publish(100, true), Some(1_000));
         assert_eq!(b.publish(100, true), Some(2_000));
-        assert_eq!(a.publish(100, true), None);
+        assert_eq!(a.publish(100, true), Some(2_000));
         assert_eq!(b.publish(100, true), Some(4_000));
         // progress anywhere ends the stretch
         assert_eq!(b.publish(200, false), None);

@@ -73,6 +73,12 @@ pub struct Warp {
     pub executed: u64,
     /// Emulated ns spent in `nanosleep` and waiting at CTA barriers ([`crate::clock`]).
     pub slept: u64,
+    /// Hash of the values loaded since the last `nanosleep`, and at the one before: a sleep
+    /// after loads that returned the same values again is a wait on memory (polling).
+    pub poll: u64,
+    pub last_poll: u64,
+    /// The instruction this warp last waited at (for deadlock reports).
+    pub wait_pc: u32,
     pub lane_ops: u64,
     pub state: WarpState,
     /// Per-lane return addresses of device-function calls.
@@ -264,6 +270,9 @@ impl Cta {
                 local: vec![0u8; prog.local_bytes as usize * 32],
                 executed: 0,
                 slept: 0,
+                poll: 0,
+                last_poll: 0,
+                wait_pc: 0,
                 lane_ops: 0,
                 state: WarpState::Runnable,
                 stack: Vec::new(),
@@ -1171,6 +1180,8 @@ impl Cta {
                             vals[k]
                         };
                         w.regs[*d as usize][l] = v;
+                        w.poll =
+                            (w.poll.rotate_left(7) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
                     }
                 }
             }
@@ -1419,7 +1430,13 @@ impl Cta {
                 let w = &mut self.warps[wi];
                 let ns = lanes_of(m).map(|l| w.regs[*t as usize][l] as u32).max();
                 w.slept += u64::from(ns.unwrap_or(0).min(1_000_000));
-                self.waits += 1;
+                // polling: this iteration loaded something and saw what the last one saw
+                let polling = w.poll != 0 && w.poll == w.last_poll;
+                w.last_poll = std::mem::take(&mut w.poll);
+                if polling {
+                    w.wait_pc = w.group_pc;
+                    self.waits += 1;
+                }
                 return Ok(Flow::Yield);
             }
             Op::Nop => {}
@@ -1852,6 +1869,7 @@ impl Cta {
             }
             Op::ClusterWait => {
                 if self.cluster_bar.borrow().phase < self.cluster_wait[wi] {
+                    self.warps[wi].wait_pc = self.warps[wi].group_pc;
                     return Ok(Flow::Spin);
                 }
             }
@@ -1985,6 +2003,7 @@ impl Cta {
                 }
                 if !all_done {
                     // A waiting warp gives the others (the producer) a turn.
+                    self.warps[wi].wait_pc = self.warps[wi].group_pc;
                     self.waits += 1;
                     return Ok(Flow::Yield);
                 }

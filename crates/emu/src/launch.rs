@@ -221,6 +221,8 @@ pub fn launch(
     let first_err: Mutex<Option<EmuError>> = Mutex::new(None);
     let sm_used: Vec<AtomicU32> = (0..cfg.sms).map(|_| AtomicU32::new(0)).collect();
     let max_res = AtomicU32::new(0);
+    // per worker: its waiting warps, written down as a deadlock becomes likely
+    let waiting: Vec<Mutex<Vec<String>>> = (0..nworkers).map(|_| Mutex::default()).collect();
 
     // Every worker is on the emulated timeline before any runs; then the queued launch's hold
     // on time can go.
@@ -238,6 +240,7 @@ pub fn launch(
                 &next, &abort, &executed, &lane_ops, &first_err, &sm_used, &max_res,
             );
             let banks = &banks;
+            let waiting = &waiting;
             s.spawn(move || {
                 // `wclock`: this worker's share of emulated time, published every round.
                 let mut finished_clock = 0u64;
@@ -392,10 +395,14 @@ pub fn launch(
                         .map(|c| c.clock())
                         .min();
                     if let Some(t) = oldest {
-                        let still = wclock.publish(t, quiet);
-                        if let Some(ns) = still.filter(|&ns| ns > crate::clock::DEADLOCK_HORIZON_NS)
-                        {
-                            fail(deadlock(ctx, &resident, ns));
+                        let still = wclock.publish(t, quiet).unwrap_or(0);
+                        // Every worker writes down its waiting warps well before the horizon
+                        // (each fast-forward step needs a quiet round of every worker).
+                        if still > crate::clock::DEADLOCK_HORIZON_NS / 4 {
+                            note_waiting(ctx, &resident, &waiting[w]);
+                        }
+                        if still > crate::clock::DEADLOCK_HORIZON_NS {
+                            fail(deadlock(ctx, &resident, waiting, still));
                             return;
                         }
                     }
@@ -445,8 +452,8 @@ fn round_quiet(resident: &mut [(Vec<Cta>, u32)]) -> bool {
     progress == 0 && waits > 0
 }
 
-/// The deadlock diagnostic: every waiting warp of this worker's CTAs with its PTX line.
-fn deadlock(ctx: &LaunchCtx, resident: &[(Vec<Cta>, u32)], ns: u64) -> EmuError {
+/// Writes down the waiting warps of this worker's CTAs with their PTX lines.
+fn note_waiting(ctx: &LaunchCtx, resident: &[(Vec<Cta>, u32)], into: &Mutex<Vec<String>>) {
     let line = |pc: u32| {
         ctx.prog
             .insts
@@ -455,40 +462,57 @@ fn deadlock(ctx: &LaunchCtx, resident: &[(Vec<Cta>, u32)], ns: u64) -> EmuError 
             .map(|s| s.loc.line)
             .unwrap_or(0)
     };
-    let mut waiting = Vec::new();
+    let mut v = Vec::new();
     for c in resident.iter().flat_map(|(g, _)| g.iter()) {
         for w in c.warps.iter().filter(|w| w.live != 0) {
-            waiting.push(format!(
+            v.push(format!(
                 "CTA {:?} warp {} at PTX line {}",
                 c.id,
                 w.id,
-                line(w.group_pc)
+                line(w.wait_pc)
             ));
         }
     }
-    let shown = waiting.len().min(8);
-    let more = waiting.len() - shown;
+    *into.lock().unwrap_or_else(|p| p.into_inner()) = v;
+}
+
+/// The deadlock diagnostic: every waiting warp of every worker of the launch.
+fn deadlock(
+    ctx: &LaunchCtx,
+    resident: &[(Vec<Cta>, u32)],
+    waiting: &[Mutex<Vec<String>>],
+    ns: u64,
+) -> EmuError {
+    let all: Vec<String> = waiting
+        .iter()
+        .flat_map(|m| m.lock().unwrap_or_else(|p| p.into_inner()).clone())
+        .collect();
+    let shown = all.len().min(8);
     let mut why = format!(
         "{:.0} s of emulated time (every resident warp is waiting); waiting: {}",
         ns as f64 * 1e-9,
-        waiting[..shown].join(", ")
+        all[..shown].join(", ")
     );
-    if more > 0 {
-        why.push_str(&format!(" and {more} more"));
+    if all.len() > shown {
+        why.push_str(&format!(" and {} more", all.len() - shown));
     }
-    let (cta, wp) = resident
+    let first = resident
         .iter()
         .flat_map(|(g, _)| g.iter())
-        .find_map(|c| c.warps.iter().find(|w| w.live != 0).map(|w| (c, w)))
-        .map(|(c, w)| (c, Some(w)))
-        .unwrap_or((&resident[0].0[0], None));
-    let f = Fault {
-        kind: FaultKind::Deadlock(why),
-        warp: wp.map(|w| w.id).unwrap_or(0),
-        lane: wp.map(|w| w.live.trailing_zeros()).unwrap_or(0),
-        pc: wp.map(|w| w.group_pc).unwrap_or(0),
-    };
-    site_error(ctx, cta, f)
+        .find_map(|c| c.warps.iter().find(|w| w.live != 0).map(|w| (c, w)));
+    match first {
+        Some((cta, w)) => site_error(
+            ctx,
+            cta,
+            Fault {
+                kind: FaultKind::Deadlock(why),
+                warp: w.id,
+                lane: w.live.trailing_zeros(),
+                pc: w.wait_pc,
+            },
+        ),
+        None => EmuError::Launch(format!("deadlock: {why}")),
+    }
 }
 
 fn site_error(ctx: &LaunchCtx, cta: &Cta, f: Fault) -> EmuError {

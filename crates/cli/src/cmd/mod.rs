@@ -62,7 +62,7 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
         .parse()
         .map_err(|_| format!("`{s}` is not a duration (e.g. 50ms, 2s)"))?;
     let secs = v * scale;
-    if !(secs > 0.0) || secs > 1e6 {
+    if secs.is_nan() || secs <= 0.0 || secs > 1e6 {
         return Err(format!(
             "`{s}` is out of range (must be above 0 and at most 1e6 s)"
         ));
