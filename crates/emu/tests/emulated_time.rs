@@ -163,15 +163,13 @@ fn ctas_waiting_on_each_other_are_a_deadlock_reported_at_once() {
 fn an_mbarrier_phase_that_never_completes_is_a_deadlock() {
     let _serial = serial();
     // the mbarrier expects 2 arrivals; the one warp arrives once, then waits for the phase
-    let text = format!(
-        ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{{\n\
+    let text = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n\
          .shared .align 8 .b64 bar;\n.reg .pred %p<2>;\n.reg .b32 %r<4>;\n.reg .b64 %rd<4>;\n\
          mov.u32 %r1, bar;\nmbarrier.init.shared.b64 [%r1], 2;\n\
          mbarrier.arrive.shared.b64 %rd1, [%r1];\n\
-         WAIT:\nmbarrier.try_wait.shared.b64 %p1, [%r1], %rd1;\n@!%p1 bra WAIT;\nret;\n}}\n"
-    );
+         WAIT:\nmbarrier.try_wait.shared.b64 %p1, [%r1], %rd1;\n@!%p1 bra WAIT;\nret;\n}\n";
     let mem = GlobalMemory::new();
-    let m = LoadedModule::load(&mem, ptx::parse(&text).expect("parse"), 0).expect("load");
+    let m = LoadedModule::load(&mem, ptx::parse(text).expect("parse"), 0).expect("load");
     let t0 = Instant::now();
     let r = launch(
         m.kernel("k").expect("kernel"),
