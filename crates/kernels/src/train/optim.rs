@@ -61,7 +61,7 @@ impl AdamWConfig {
             && self.lr.is_finite()
             && self.eps > 0.0
             && self.weight_decay.is_finite()
-            && !matches!(self.clip, Some(c) if !(c > 0.0));
+            && self.clip.into_iter().all(|c| c > 0.0);
         if !ok {
             return shape_err(ADAMW_NAME, format!("bad hyper-parameters {self:?}"));
         }
