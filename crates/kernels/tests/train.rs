@@ -273,3 +273,65 @@ fn bad_inputs_are_typed_errors() {
     };
     is_shape_err(optim::adamw_step(&st, &bad, ps, None), "hyper-parameters");
 }
+
+/// The reductions run in a fixed order: two runs of the RMSNorm weight gradient and of the
+/// global gradient norm on the same inputs give the same bits.
+#[test]
+fn reductions_are_bitwise_reproducible() {
+    let dev = runtime::Device::emu(88);
+    let st = dev.default_stream();
+    let mut rg = kernels::reference::rng(21);
+    let (rows, h) = (100, 264);
+    let xv = kernels::reference::random_activations(&mut rg, rows * h, h);
+    let xb: Vec<bf16> = xv.iter().map(|v| bf16::from_f32(*v)).collect();
+    let x = dev.upload(&xb).unwrap();
+    let w = dev.upload(&vec![0.75f32; h]).unwrap();
+    let rstd = dev.upload(&vec![1.25f32; rows]).unwrap();
+    let spec = norm::RmsNormSpec {
+        rows,
+        hidden: h,
+        eps: 1e-6,
+    };
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let mut dx = dev.alloc::<bf16>(rows * h).unwrap();
+        let mut dw = dev.alloc::<f32>(h).unwrap();
+        dw.fill(f32::NAN).unwrap();
+        let mut ws = dev.alloc::<f32>(spec.dw_workspace_len()).unwrap();
+        let io = norm::RmsNormBwd {
+            x: &x,
+            weight: &w,
+            dy: &x,
+            rstd: &rstd,
+            dx: &mut dx,
+            dweight: &mut dw,
+            workspace: &mut ws,
+        };
+        norm::rmsnorm_bwd(&st, &spec, io).unwrap();
+        st.synchronize().unwrap();
+        runs.push(
+            dw.to_vec()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert!(runs[1].iter().all(|b| f32::from_bits(*b).is_finite()));
+    assert_eq!(runs[0], runs[1]);
+    let g = dev.upload(&xv).unwrap();
+    let mut norms = Vec::new();
+    for _ in 0..2 {
+        let mut ws = dev
+            .alloc::<f32>(optim::grad_norm_workspace(&[g.len(), g.len()]))
+            .unwrap();
+        let mut out = dev.alloc::<f32>(1).unwrap();
+        out.fill(f32::NAN).unwrap();
+        optim::grad_norm(&st, &[&g, &g], &mut ws, &mut out).unwrap();
+        st.synchronize().unwrap();
+        norms.push(out.to_vec().unwrap()[0].to_bits());
+    }
+    let want = 2f64.sqrt() * xv.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+    assert!((f64::from(f32::from_bits(norms[0])) - want).abs() < 1e-5 * want);
+    assert_eq!(norms[0], norms[1]);
+}

@@ -180,6 +180,8 @@ pub struct OpCheck {
     pub seconds: f64,
     /// Emulated lane-instructions of the last launch (emulator only).
     pub lane_instructions: Option<u64>,
+    /// Sums of (got - want)^2 and want^2 over the bounded outputs (for `rel_fro`).
+    fro: (f64, f64),
 }
 
 impl OpCheck {
@@ -193,6 +195,8 @@ impl OpCheck {
         };
         self.worst = self.worst.max(ratio);
         self.mismatches += (ratio > 1.0) as usize;
+        self.fro.0 += (got - want) * (got - want);
+        self.fro.1 += want * want;
     }
     /// Holds a bf16 output to half a bf16 ulp of `want` (x (1 + 1e-5)) plus `slack`.
     pub fn bf16(&mut self, got: bf16, want: f64, slack: f64) {
@@ -202,7 +206,11 @@ impl OpCheck {
             2f64.powi(-8) * want.abs() * (1.0 + 1e-5) + slack + 1e-30,
         );
     }
+    /// Sets the timing and statistics (and `rel_fro` from the bounded outputs, unless set).
     pub(crate) fn finish(mut self, stream: &Stream, seconds: f64) -> OpCheck {
+        if self.rel_fro == 0.0 && self.fro.1 > 0.0 {
+            self.rel_fro = (self.fro.0 / self.fro.1).sqrt();
+        }
         self.seconds = seconds;
         self.lane_instructions = stream.last_stats().map(|s| s.lane_instructions);
         self
