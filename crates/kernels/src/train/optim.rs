@@ -7,7 +7,7 @@
 //!   8 warps in order).
 //! - `grad_norm`: one CTA sums all partials (thread-strided, then the fixed tree) and writes
 //!   `sqrt(sum)` (`sqrt.rn`). Partials are laid out tensor after tensor, so the order is fixed.
-//! - `adamw_step`: one thread per element. With `c = min(1, clip / norm)` (1 without a clip):
+//! - `adamw_step`: four consecutive elements per thread (16-byte p/g, 8-byte m/v accesses). With `c = min(1, clip / norm)` (1 without a clip):
 //!   `g' = c g`, `m = b1 m + (1-b1) g'`, `v = b2 v + (1-b2) g'^2`, both rounded to bf16 and stored;
 //!   the update uses the stored (rounded) moments: `p -= lr (m bc1 / (sqrt(v bc2) + eps) + wd p)`
 //!   with `bc1 = 1/(1-b1^t)`, `bc2 = 1/(1-b2^t)` computed on the host in f64.
@@ -129,21 +129,69 @@ pub fn gen_grad_norm(t: &Target) -> Result<ptx::Module> {
     Ok(k.finish()?)
 }
 
+/// Launch-constant AdamW operands of one thread.
+struct AdamRegs {
+    lr: Reg<f32>,
+    b1: Reg<f32>,
+    b2: Reg<f32>,
+    omb1: Reg<f32>,
+    omb2: Reg<f32>,
+    eps: Reg<f32>,
+    wd: Reg<f32>,
+    bc1: Reg<f32>,
+    bc2: Reg<f32>,
+    scale: Reg<f32>,
+}
+
+/// One element's update: (p, g, m bits, v bits) -> (new p, new m bits, new v bits); the update
+/// uses the bf16-rounded moments it stores.
+fn adam_one(
+    k: &mut KernelBuilder,
+    a: &AdamRegs,
+    pv: Reg<f32>,
+    gv: Reg<f32>,
+    mh: Reg<u16>,
+    vh: Reg<u16>,
+) -> (Reg<f32>, Reg<u16>, Reg<u16>) {
+    let gg = k.mul(gv, a.scale);
+    let m0 = bf16_to_f32(k, mh);
+    let v0 = bf16_to_f32(k, vh);
+    let t = k.mul(a.omb1, gg);
+    let m1 = k.fma(a.b1, m0, t);
+    let g2 = k.mul(gg, gg);
+    let t = k.mul(a.omb2, g2);
+    let v1 = k.fma(a.b2, v0, t);
+    let mb = f32_to_bf16_bits(k, m1);
+    let vb = f32_to_bf16_bits(k, v1);
+    let mr = bf16_to_f32(k, mb);
+    let vr = bf16_to_f32(k, vb);
+    let mhat = k.mul(mr, a.bc1);
+    let vhat = k.mul(vr, a.bc2);
+    let sq = k.sqrt(vhat);
+    let den = k.add(sq, a.eps);
+    let upd = k.div(mhat, den);
+    let tu = k.fma(a.wd, pv, upd);
+    let nlr = k.neg(a.lr);
+    (k.fma(nlr, tu, pv), mb, vb)
+}
+
 /// AdamW: params (p, g, m, v, norm (0 = no clip), n, lr, beta1, beta2, eps, wd, bc1, bc2, clip);
-/// grid ceil(n/256) x 256.
+/// grid ceil(n/1024) x 256, 4 consecutive elements per thread (16-byte p/g and 8-byte m/v
+/// accesses; the last partial group element by element).
 pub fn gen_adamw(t: &Target) -> Result<ptx::Module> {
     check_target(ADAMW_NAME, t, TRAIN_TARGETS)?;
     let mut k = KernelBuilder::new(ADAMW_NAME, t.clone());
     k.reqntid(&[256]);
-    let p = k.param_ptr_aligned::<f32>("p", 4);
-    let g = k.param_ptr_aligned::<f32>("g", 4);
-    let m = k.param_ptr_aligned::<u16>("m", 2);
-    let v = k.param_ptr_aligned::<u16>("v", 2);
+    let p = k.param_ptr_aligned::<f32>("p", 16);
+    let g = k.param_ptr_aligned::<f32>("g", 16);
+    let m = k.param_ptr_aligned::<u16>("m", 8);
+    let v = k.param_ptr_aligned::<u16>("v", 8);
     let norm = k.param_ptr_aligned::<f32>("norm", 4);
     let n = k.param::<u32>("n");
     let names = ["lr", "beta1", "beta2", "eps", "wd", "bc1", "bc2", "clip"];
     let [lr, b1, b2, eps, wd, bc1, bc2, clip] = names.map(|s| k.param::<f32>(s));
-    let i = k.global_index_x();
+    let gi = k.global_index_x();
+    let i = k.shl(gi, 2u32);
     let valid = k.lt(i, n);
     k.if_(valid, |k| {
         let scale = k.mov(1f32);
@@ -154,35 +202,55 @@ pub fn gen_adamw(t: &Target) -> Result<ptx::Module> {
             let s2 = k.min(scale, c);
             k.mov_to(scale, s2);
         });
-        let gv = k.ld_nc(g.offset(i));
-        let gg = k.mul(gv, scale);
-        let mh = k.ld(m.offset(i));
-        let m0 = bf16_to_f32(k, mh);
-        let vh = k.ld(v.offset(i));
-        let v0 = bf16_to_f32(k, vh);
-        let omb1 = k.sub(1f32, b1);
-        let omb2 = k.sub(1f32, b2);
-        let a = k.mul(omb1, gg);
-        let m1 = k.fma(b1, m0, a);
-        let g2 = k.mul(gg, gg);
-        let b = k.mul(omb2, g2);
-        let v1 = k.fma(b2, v0, b);
-        let mb = f32_to_bf16_bits(k, m1);
-        let vb = f32_to_bf16_bits(k, v1);
-        k.st(m.offset(i), mb);
-        k.st(v.offset(i), vb);
-        let mr = bf16_to_f32(k, mb);
-        let vr = bf16_to_f32(k, vb);
-        let mhat = k.mul(mr, bc1);
-        let vhat = k.mul(vr, bc2);
-        let sq = k.sqrt(vhat);
-        let den = k.add(sq, eps);
-        let upd = k.div(mhat, den);
-        let pv = k.ld(p.offset(i));
-        let tu = k.fma(wd, pv, upd);
-        let nlr = k.neg(lr);
-        let p1 = k.fma(nlr, tu, pv);
-        k.st(p.offset(i), p1);
+        let (omb1, omb2) = (k.sub(1f32, b1), k.sub(1f32, b2));
+        let a = AdamRegs {
+            lr,
+            b1,
+            b2,
+            omb1,
+            omb2,
+            eps,
+            wd,
+            bc1,
+            bc2,
+            scale,
+        };
+        let i4 = k.add(i, 4u32);
+        let full = k.le(i4, n);
+        k.if_else(
+            full,
+            |k| {
+                let pv: [Reg<f32>; 4] = k.ld_v(p.offset(i));
+                let gv: [Reg<f32>; 4] = k.ld_v_with(MemOpts::nc(), g.offset(i));
+                let mw: [Reg<B32>; 2] = k.ld_v(m.offset(i).cast::<B32>());
+                let vw: [Reg<B32>; 2] = k.ld_v(v.offset(i).cast::<B32>());
+                let [m01, m23]: [[Reg<u16>; 2]; 2] = mw.map(|w| k.unpack(w));
+                let [v01, v23]: [[Reg<u16>; 2]; 2] = vw.map(|w| k.unpack(w));
+                let (mh, vh) = (
+                    [m01[0], m01[1], m23[0], m23[1]],
+                    [v01[0], v01[1], v23[0], v23[1]],
+                );
+                let r: [(Reg<f32>, Reg<u16>, Reg<u16>); 4] =
+                    std::array::from_fn(|j| adam_one(k, &a, pv[j], gv[j], mh[j], vh[j]));
+                k.st_v(p.offset(i), r.map(|x| x.0));
+                let mo: [Reg<B32>; 2] = [k.pack([r[0].1, r[1].1]), k.pack([r[2].1, r[3].1])];
+                let vo: [Reg<B32>; 2] = [k.pack([r[0].2, r[1].2]), k.pack([r[2].2, r[3].2])];
+                k.st_v(m.offset(i).cast::<B32>(), mo);
+                k.st_v(v.offset(i).cast::<B32>(), vo);
+            },
+            |k| {
+                k.for_range(i, n, 1u32, |k, e| {
+                    let pv = k.ld(p.offset(e));
+                    let gv = k.ld_nc(g.offset(e));
+                    let mh = k.ld(m.offset(e));
+                    let vh = k.ld(v.offset(e));
+                    let (p1, mb, vb) = adam_one(k, &a, pv, gv, mh, vh);
+                    k.st(p.offset(e), p1);
+                    k.st(m.offset(e), mb);
+                    k.st(v.offset(e), vb);
+                });
+            },
+        );
     });
     Ok(k.finish()?)
 }
@@ -278,7 +346,7 @@ pub fn adamw_step(
         bc2 as f32,
         clip
     ]);
-    stream.launch(&f, &LaunchConfig::linear(n.div_ceil(256) as u32, 256), &a)?;
+    stream.launch(&f, &LaunchConfig::linear(n.div_ceil(1024) as u32, 256), &a)?;
     Ok(())
 }
 

@@ -397,7 +397,7 @@ fn rest_entries() -> Vec<E> {
                 ("bc2", "f32"),
                 ("clip", "f32"),
             ],
-            launch: "grid = ceil(n/256), block = 256",
+            launch: "grid = ceil(n/1024), block = 256 (4 elements per thread)",
             host: "adamw_step",
             shapes: tensors(opt_sh()),
             kind: TrainKernel::AdamW,
