@@ -344,13 +344,19 @@ fn rest_entries() -> Vec<E> {
             kind: TrainKernel::EmbedBwd { bf16: bf },
         });
     }
+    v.extend(reduction_entries());
+    v
+}
+
+/// The cross-entropy mean and the optimiser kernels.
+fn reduction_entries() -> Vec<E> {
     let opt_sh = || vec![Shape::new(10000, 0, 0), Shape::new(300, 0, 0)];
     let tensors = |mut s: Vec<Shape>| {
         s[0].n = 3;
         s[1].n = 1;
         s
     };
-    v.extend([
+    vec![
         E {
             name: xent::MEAN_NAME,
             summary: "mean of the per-token losses over non-ignored tokens (one CTA, fixed order)",
@@ -402,6 +408,5 @@ fn rest_entries() -> Vec<E> {
             shapes: tensors(opt_sh()),
             kind: TrainKernel::AdamW,
         },
-    ]);
-    v
+    ]
 }
