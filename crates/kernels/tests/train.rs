@@ -335,3 +335,52 @@ fn reductions_are_bitwise_reproducible() {
     assert!((f64::from(f32::from_bits(norms[0])) - want).abs() < 1e-5 * want);
     assert_eq!(norms[0], norms[1]);
 }
+
+/// The fused norm's FP8 output is in the library's 1x128 format: the existing
+/// `dequantize_fp8_1x128` reads it back to within an e4m3 half-ulp (x scale) of the f64 norm.
+#[test]
+fn fused_fp8_norm_feeds_the_library_dequantiser() {
+    let dev = runtime::Device::emu(89);
+    let st = dev.default_stream();
+    let (rows, h) = (6, 256);
+    let mut rg = kernels::reference::rng(31);
+    let xv: Vec<bf16> = kernels::reference::random_activations(&mut rg, rows * h, h)
+        .into_iter()
+        .map(bf16::from_f32)
+        .collect();
+    let wv: Vec<f32> = (0..h).map(|j| 0.5 + (j % 7) as f32 * 0.125).collect();
+    let (x, w) = (dev.upload(&xv).unwrap(), dev.upload(&wv).unwrap());
+    let spec = norm::RmsNormSpec {
+        rows,
+        hidden: h,
+        eps: 1e-6,
+    };
+    let (mut q, mut s) = (
+        dev.alloc::<u8>(rows * h).unwrap(),
+        dev.alloc::<f32>(rows * 2).unwrap(),
+    );
+    let mut rs = dev.alloc::<f32>(rows).unwrap();
+    let o = norm::Fp8Out {
+        q: &mut q,
+        s: &mut s,
+        mode: ScaleMode::Pow2,
+    };
+    norm::rmsnorm_fwd_fp8(&st, &spec, &x, &w, o, &mut rs).unwrap();
+    let mut y = dev.alloc::<f32>(rows * h).unwrap();
+    y.fill(f32::NAN).unwrap();
+    kernels::dequantize_fp8_1x128(&st, &q, &s, &mut y, rows, h).unwrap();
+    st.synchronize().unwrap();
+    let (yv, sv) = (y.to_vec().unwrap(), s.to_vec().unwrap());
+    let r = norm::ref_rstd(&xv, rows, h, 1e-6);
+    for i in 0..rows * h {
+        let want = xv[i].to_f64() * r[i / h] * f64::from(wv[i % h]);
+        let sc = f64::from(sv[i / 128]);
+        let bound =
+            kernels::moe::e4m3_half_ulp(want.abs() * (1.0 + 1e-6) / sc) * sc + 1e-6 * want.abs();
+        assert!(
+            (f64::from(yv[i]) - want).abs() <= bound,
+            "{i}: {} vs {want}",
+            yv[i]
+        );
+    }
+}
