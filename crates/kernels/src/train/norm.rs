@@ -14,7 +14,7 @@
 //!   [ceil(rows/32), H]); `rmsnorm_dw_reduce` (thread per column sums the partials in block order).
 //!   The weight gradient is therefore bitwise deterministic; it is written (not accumulated).
 //!
-//! Limits: H a positive multiple of 8 (128 for FP8), rows * H < 2^32.
+//! Limits: H a positive multiple of 8 (128 for FP8), rows * H < 2^32, backward rows <= 65535 * 32.
 
 use super::*;
 use crate::host::{check_target, fp8_ptx, function};
@@ -412,6 +412,15 @@ pub fn rmsnorm_bwd(stream: &Stream, spec: &RmsNormSpec, b: RmsNormBwd<'_>) -> Re
     need(name, "dx", b.dx, rows * h)?;
     need(name, "dweight", b.dweight, h)?;
     need(name, "workspace", b.workspace, spec.dw_workspace_len())?;
+    if rows.div_ceil(DW_ROWS) > 65535 {
+        return shape_err(
+            name,
+            format!(
+                "rows = {rows}: at most {} (grid.y of the dweight partials)",
+                65535 * DW_ROWS
+            ),
+        );
+    }
     if rows == 0 {
         b.dweight.fill(0.0)?;
         return Ok(());
