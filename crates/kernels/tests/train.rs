@@ -305,6 +305,7 @@ fn reductions_are_bitwise_reproducible() {
             rstd: &rstd,
             dx: &mut dx,
             dweight: &mut dw,
+            accumulate: false,
             workspace: &mut ws,
         };
         norm::rmsnorm_bwd(&st, &spec, io).unwrap();
@@ -319,6 +320,25 @@ fn reductions_are_bitwise_reproducible() {
     }
     assert!(runs[1].iter().all(|b| f32::from_bits(*b).is_finite()));
     assert_eq!(runs[0], runs[1]);
+    // accumulate: dweight += the same gradient gives exactly twice it (sum first, then add)
+    let mut dx = dev.alloc::<bf16>(rows * h).unwrap();
+    let once: Vec<f32> = runs[0].iter().map(|b| f32::from_bits(*b)).collect();
+    let mut dw = dev.upload(&once).unwrap();
+    let mut ws = dev.alloc::<f32>(spec.dw_workspace_len()).unwrap();
+    let io = norm::RmsNormBwd {
+        x: &x,
+        weight: &w,
+        dy: &x,
+        rstd: &rstd,
+        dx: &mut dx,
+        dweight: &mut dw,
+        accumulate: true,
+        workspace: &mut ws,
+    };
+    norm::rmsnorm_bwd(&st, &spec, io).unwrap();
+    st.synchronize().unwrap();
+    let twice: Vec<f32> = once.iter().map(|v| 2.0 * v).collect();
+    assert_eq!(dw.to_vec().unwrap(), twice);
     let g = dev.upload(&xv).unwrap();
     let mut norms = Vec::new();
     for _ in 0..2 {

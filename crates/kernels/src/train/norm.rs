@@ -12,7 +12,9 @@
 //!   dx = rstd w dy - x rstd^3 dot / H); `rmsnorm_bwd_dw_partial` (grid (H/256, rows/32), thread
 //!   owns 2 columns and sums dy x rstd over its CTA's 32 rows in row order into a workspace
 //!   [ceil(rows/32), H]); `rmsnorm_dw_reduce` (thread per column sums the partials in block order).
-//!   The weight gradient is therefore bitwise deterministic; it is written (not accumulated).
+//!   The weight gradient is therefore bitwise deterministic; it is written, or with
+//!   `accumulate` added to the existing dweight after the partials are summed (gradient
+//!   accumulation over micro-batches).
 //!
 //! Limits: H a positive multiple of 8 (128 for FP8), rows * H < 2^32, backward rows <= 65535 * 32.
 
@@ -284,8 +286,8 @@ pub fn gen_rmsnorm_bwd_dw_partial(t: &Target) -> Result<ptx::Module> {
     Ok(k.finish()?)
 }
 
-/// Fixed-order column sum: params (part, dw, nparts, h); grid ceil(h/256) x 256;
-/// dw[c] = sum_p part[p][c] in p order.
+/// Fixed-order column sum: params (part, dw, nparts, h, accumulate); grid ceil(h/256) x 256;
+/// dw[c] = sum_p part[p][c] in p order (+ the old dw[c] when `accumulate` != 0).
 pub fn gen_dw_reduce(t: &Target) -> Result<ptx::Module> {
     let name = DW_REDUCE_NAME;
     check_target(name, t, TRAIN_TARGETS)?;
@@ -295,6 +297,7 @@ pub fn gen_dw_reduce(t: &Target) -> Result<ptx::Module> {
     let dw = k.param_ptr_aligned::<f32>("dw", 4);
     let nparts = k.param::<u32>("nparts");
     let h = k.param::<u32>("h");
+    let accumulate = k.param::<u32>("accumulate");
     let col = k.global_index_x();
     let valid = k.lt(col, h);
     k.if_(valid, |k| {
@@ -303,6 +306,11 @@ pub fn gen_dw_reduce(t: &Target) -> Result<ptx::Module> {
             let i = k.mad_lo(p, h, col);
             let v = k.ld_nc(part.offset(i));
             k.add_to(acc, acc, v);
+        });
+        let add = k.ne(accumulate, 0u32);
+        k.if_(add, |k| {
+            let old = k.ld(dw.offset(col));
+            k.add_to(acc, acc, old);
         });
         k.st(dw.offset(col), acc);
     });
@@ -394,8 +402,9 @@ pub struct RmsNormBwd<'a> {
     /// rstd [rows] from the forward pass.
     pub rstd: &'a Buffer<f32>,
     pub dx: &'a mut Buffer<bf16>,
-    /// dweight [H] f32 (overwritten).
+    /// dweight [H] f32: overwritten, or added to when `accumulate`.
     pub dweight: &'a mut Buffer<f32>,
+    pub accumulate: bool,
     /// f32 scratch of [`RmsNormSpec::dw_workspace_len`] elements.
     pub workspace: &'a mut Buffer<f32>,
 }
@@ -422,7 +431,9 @@ pub fn rmsnorm_bwd(stream: &Stream, spec: &RmsNormSpec, b: RmsNormBwd<'_>) -> Re
         );
     }
     if rows == 0 {
-        b.dweight.fill(0.0)?;
+        if !b.accumulate {
+            b.dweight.fill(0.0)?;
+        }
         return Ok(());
     }
     let dev = stream.device();
@@ -437,7 +448,13 @@ pub fn rmsnorm_bwd(stream: &Stream, spec: &RmsNormSpec, b: RmsNormBwd<'_>) -> Re
     stream.launch(&f, &cfg, &a)?;
     let f = function(dev, DW_REDUCE_NAME, "", gen_dw_reduce)?;
     let cfg = LaunchConfig::linear(h.div_ceil(256) as u32, 256);
-    let a = args![&*b.workspace, &*b.dweight, nparts as u32, h as u32];
+    let a = args![
+        &*b.workspace,
+        &*b.dweight,
+        nparts as u32,
+        h as u32,
+        u32::from(b.accumulate)
+    ];
     stream.launch(&f, &cfg, &a)?;
     Ok(())
 }
@@ -605,6 +622,7 @@ pub fn check_bwd(stream: &Stream, rows: usize, h: usize, seed: u64) -> Result<Op
         rstd: &rb,
         dx: &mut dx,
         dweight: &mut dw,
+        accumulate: false,
         workspace: &mut ws,
     };
     rmsnorm_bwd(stream, &spec, io)?;

@@ -224,6 +224,7 @@ fn norm_entries() -> Vec<E> {
                 ("dw", "f32*"),
                 ("nparts", "u32"),
                 ("h", "u32"),
+                ("accumulate", "u32"),
             ],
             launch: "grid = ceil(h/256), block = 256",
             host: "rmsnorm_bwd",
