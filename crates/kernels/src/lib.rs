@@ -53,7 +53,7 @@ pub use registry::{registry, CheckReport, KernelInfo, ParamInfo, Shape};
 pub use train::embed::{embed_bwd, embed_fwd, EmbedSpec, TokenBatch};
 pub use train::norm::{rmsnorm_bwd, rmsnorm_fwd, rmsnorm_fwd_fp8, RmsNormBwd, RmsNormSpec};
 pub use train::optim::{adamw_step, grad_norm, AdamWConfig, ParamState};
-pub use train::rope::{rope_apply, Positions, RopeConfig, RopeLayout, RopeTables, Yarn};
+pub use train::rope::{rope_apply, Positions, RopeConfig, RopeDir, RopeLayout, RopeTables, Yarn};
 pub use train::xent::{xent_bwd, xent_fwd, xent_mean, Labels, XentGrad, XentSpec};
 
 /// Errors of the kernel library. Bad shapes and layouts are reported, never panicked on.

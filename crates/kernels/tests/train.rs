@@ -101,11 +101,11 @@ fn rope_v3_q_layout() {
     let st = stream(85);
     ok(
         "rope fwd 4 tok x 4 heads x 64",
-        rope::check_rope(&st, 4, 4, 64, false, 12).unwrap(),
+        rope::check_rope(&st, 4, 4, 64, rope::RopeDir::Forward, 12).unwrap(),
     );
     ok(
         "rope bwd 3 tok x 2 heads x 8",
-        rope::check_rope(&st, 3, 2, 8, true, 13).unwrap(),
+        rope::check_rope(&st, 3, 2, 8, rope::RopeDir::Backward, 13).unwrap(),
     );
 }
 
@@ -250,7 +250,7 @@ fn bad_inputs_are_typed_errors() {
         col0: 2,
     };
     is_shape_err(
-        rope::rope_apply(&st, false, &mut xr, &lay, &pos, &tables),
+        rope::rope_apply(&st, rope::RopeDir::Forward, &mut xr, &lay, &pos, &tables),
         "does not fit",
     );
     // adamw: clip without a norm buffer, bad beta

@@ -31,6 +31,15 @@ use std::time::Instant;
 pub const FWD_NAME: &str = "rope_fwd_bf16";
 pub const BWD_NAME: &str = "rope_bwd_bf16";
 
+/// Which rotation [`rope_apply`] applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeDir {
+    /// Rotate the activations by +angle.
+    Forward,
+    /// Rotate the gradient by -angle (the transpose of the forward rotation).
+    Backward,
+}
+
 /// YaRN context-extension parameters (DeepSeek-V3: factor 40, original_max_pos 4096,
 /// beta_fast 32, beta_slow 1, mscale 1, mscale_all_dim 1).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -213,7 +222,8 @@ pub struct RopeLayout {
 
 /// In-place rotation: params (x, pos, cos, sin, tokens, heads, row_stride, head_stride, col0,
 /// half); grid ceil(tokens*heads*half/256) x 256.
-pub fn gen_rope(t: &Target, backward: bool) -> Result<ptx::Module> {
+pub fn gen_rope(t: &Target, dir: RopeDir) -> Result<ptx::Module> {
+    let backward = dir == RopeDir::Backward;
     let name = if backward { BWD_NAME } else { FWD_NAME };
     check_target(name, t, TRAIN_TARGETS)?;
     let mut k = KernelBuilder::new(name, t.clone());
@@ -265,13 +275,17 @@ pub fn gen_rope(t: &Target, backward: bool) -> Result<ptx::Module> {
 /// of `x` at `layout`, for each of `positions.tokens` tokens.
 pub fn rope_apply(
     stream: &Stream,
-    backward: bool,
+    dir: RopeDir,
     x: &mut Buffer<bf16>,
     layout: &RopeLayout,
     positions: &Positions,
     tables: &RopeTables,
 ) -> Result<()> {
-    let name = if backward { BWD_NAME } else { FWD_NAME };
+    let name = if dir == RopeDir::Backward {
+        BWD_NAME
+    } else {
+        FWD_NAME
+    };
     let l = layout;
     let half = tables.dim / 2;
     if l.row_stride % 2 != 0 || l.head_stride % 2 != 0 || l.col0 % 2 != 0 {
@@ -289,7 +303,7 @@ pub fn rope_apply(
     if t == 0 {
         return Ok(());
     }
-    let f = function(stream.device(), name, "", |tg| gen_rope(tg, backward))?;
+    let f = function(stream.device(), name, "", |tg| gen_rope(tg, dir))?;
     let n = t * l.heads * half;
     let cfg = LaunchConfig::linear(n.div_ceil(256) as u32, 256);
     let a = args![
@@ -317,7 +331,7 @@ pub fn check_rope(
     tokens: usize,
     heads: usize,
     dim: usize,
-    backward: bool,
+    dir: RopeDir,
     seed: u64,
 ) -> Result<OpCheck> {
     let dev = stream.device().clone();
@@ -347,7 +361,7 @@ pub fn check_rope(
         .collect();
     let mut xb = dev.upload(&x)?;
     let t0 = Instant::now();
-    rope_apply(stream, backward, &mut xb, &layout, &positions, &tables)?;
+    rope_apply(stream, dir, &mut xb, &layout, &positions, &tables)?;
     stream.synchronize()?;
     let seconds = t0.elapsed().as_secs_f64();
     let got = xb.to_vec()?;
@@ -363,7 +377,7 @@ pub fn check_rope(
             for (i, fi) in f.iter().enumerate() {
                 let ang = pos[t] as f64 * fi;
                 let (s, co) = (ang.sin() * m, ang.cos() * m);
-                let s = if backward { -s } else { s };
+                let s = if dir == RopeDir::Backward { -s } else { s };
                 let j = base + 32 + 2 * i;
                 let (a, b) = (x[j].to_f64(), x[j + 1].to_f64());
                 let mag = (a.abs() + b.abs()) * m;
