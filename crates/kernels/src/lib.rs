@@ -13,6 +13,8 @@
 //! - [`moe`]: MoE expert-layer kernels: SwiGLU forward fused with FP8 1x128 quantisation,
 //!   SwiGLU backward (FP8 dGU for dgrad, weighted bf16 dGU and activation for wgrad), and the
 //!   transposing 1x128 ("128x1") quantiser feeding the K-grouped weight-gradient GEMM.
+//! - [`train`]: the rest of a V3 training step: RMSNorm (+ fused FP8 quantisation), RoPE,
+//!   softmax cross-entropy, gradient norm + AdamW, embedding gather / scatter-add.
 //! - [`tile`]: the small typed tile helpers kernels are written with (swizzled shared tiles,
 //!   fragments, `cp.async` tile loads).
 //! - [`mod@reference`]: f64 CPU references and error metrics.
@@ -35,6 +37,7 @@ pub mod quant;
 pub mod reference;
 pub mod registry;
 pub mod tile;
+pub mod train;
 
 pub use gemm::{
     gemm_bf16_nt, gemm_fp8_nt, gemm_fp8_nt_unpromoted, grouped_gemm_bf16_contiguous,
@@ -47,6 +50,11 @@ pub use quant::{
     requantize_fp8_1x128_to_128x1_t, QuantSrc, ScaleMode,
 };
 pub use registry::{registry, CheckReport, KernelInfo, ParamInfo, Shape};
+pub use train::embed::{embed_bwd, embed_fwd, EmbedSpec, TokenBatch};
+pub use train::norm::{rmsnorm_bwd, rmsnorm_fwd, rmsnorm_fwd_fp8, RmsNormBwd, RmsNormSpec};
+pub use train::optim::{adamw_step, grad_norm, AdamWConfig, ParamState};
+pub use train::rope::{rope_apply, Positions, RopeConfig, RopeDir, RopeLayout, RopeTables, Yarn};
+pub use train::xent::{xent_bwd, xent_fwd, xent_mean, Labels, XentGrad, XentSpec};
 
 /// Errors of the kernel library. Bad shapes and layouts are reported, never panicked on.
 #[derive(Debug, thiserror::Error)]

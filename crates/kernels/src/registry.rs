@@ -64,6 +64,8 @@ pub enum Kind {
     Gemm(GemmSpec),
     /// sm_90a TMA/wgmma GEMMs ([`crate::hopper`]).
     Hopper(crate::hopper::HopperSpec),
+    /// Training-step kernels: norm, RoPE, cross-entropy, optimiser, embedding ([`crate::train`]).
+    Train(crate::train::TrainKernel),
 }
 
 /// A registered kernel.
@@ -411,6 +413,7 @@ fn build() -> Vec<KernelInfo> {
         vec![Shape::grouped(200, 128, 512, 4)],
     );
     v.extend(crate::hopper::registry::registry_entries());
+    v.extend(crate::train::entries());
     v
 }
 
@@ -484,6 +487,7 @@ impl KernelInfo {
             Kind::QuantT => crate::moe::gen_quant_t(t),
             Kind::Gemm(s) => gemm::gen_gemm(t, s),
             Kind::Hopper(s) => crate::hopper::gen_hopper_gemm(t, s),
+            Kind::Train(k) => k.generate(t),
         }
     }
 
@@ -662,6 +666,7 @@ impl KernelInfo {
             }
             Kind::Gemm(g) => return check_gemm(stream, self, g, s, seed),
             Kind::Hopper(h) => return crate::hopper::registry::check(stream, self, h, s, seed),
+            Kind::Train(k) => return crate::train::report(self, k, stream, s, seed),
         }
         rep.pass = rep.mismatches == 0;
         rep.lane_instructions = stream.last_stats().map(|st| st.lane_instructions);
