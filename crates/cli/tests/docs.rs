@@ -27,15 +27,16 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// Every block but the register table when ptxas is missing (as the ptxas tests skip), unless
+/// Every block but the register tables when ptxas is missing (as the ptxas tests skip), unless
 /// `PTXFORGE_REQUIRE_PTXAS=1`.
 #[test]
 fn every_generated_block_is_up_to_date() {
     let no_ptxas = ptx::ptxas::find_ptxas().is_none()
         && std::env::var("PTXFORGE_REQUIRE_PTXAS").as_deref() != Ok("1");
     let only = "crate-graph,kernel-checks,schedule-bubbles,schedule-json,sim-presets,ep-records";
+    // (the two register tables, kernel-registers and ep-registers, need ptxas)
     let args: &[&str] = if no_ptxas {
-        eprintln!("ptxas not found (scripts/setup-ptxas.sh): skipping the register table");
+        eprintln!("ptxas not found (scripts/setup-ptxas.sh): skipping the register tables");
         &["--check", "--only", only]
     } else {
         &["--check"]

@@ -1,7 +1,8 @@
 //! What each generated block of the documents holds, computed in-process from the libraries:
 //! the crate graph (from the crates' Cargo.toml files), kernel registers and spills per target
 //! (`kernels::registry()` through `ptxas`), the `kernels --check` list, pipeline schedule bubbles
-//! and the `schedule --json` example, the simulator presets, and the expert-parallel record sizes.
+//! and the `schedule --json` example, the simulator presets, and the expert-parallel record sizes
+//! and kernel registers.
 //!
 //! Everything here is deterministic (fixed seeds, no timings), so a block differs from the code's
 //! output only when one of them changed. The main job's (`moe`) byte counts are not generated:
@@ -49,6 +50,10 @@ pub const GENERATORS: &[Generator] = &[
     Generator {
         name: "ep-records",
         generate: ep_records,
+    },
+    Generator {
+        name: "ep-registers",
+        generate: ep_registers,
     },
 ];
 
@@ -554,5 +559,79 @@ fn ep_records(_root: &Path) -> Result<String> {
             thousands(c.combine_record_bytes() as u64)
         );
     }
+    Ok(s)
+}
+
+/// The expert-parallel kernels at the main job's default size (2 x 4 ranks, 64 experts in 8
+/// groups, top-8 of 4 groups, hidden 1024), as `crates/ep/tests/ptxas.rs` assembles them.
+fn ep_modules(t: &builder::Target) -> Result<Vec<(&'static str, &'static str, ptx::Module)>> {
+    use ep::comm::{combine_kernel, dispatch_kernel, EpConfig, Payload};
+    let cfg = EpConfig::new(8, 4, 64, 1024, 8, 512);
+    let rc = ep::routing::RoutingCfg {
+        experts: 64,
+        groups: 8,
+        topk_groups: 4,
+        topk: 8,
+        scaling: 2.5,
+    };
+    let lc = cfg.layout_cfg();
+    Ok(vec![
+        ("ep_route", "", ep::routing::route_kernel(t, &rc)?),
+        ("ep_layout", "", ep::layout::layout_kernel(t, &lc)?),
+        ("ep_slots", "", ep::layout::slots_kernel(t, &lc)?),
+        (
+            "ep_dispatch",
+            "FP8",
+            dispatch_kernel(t, &cfg, Payload::Fp8)?,
+        ),
+        (
+            "ep_dispatch",
+            "BF16",
+            dispatch_kernel(t, &cfg, Payload::Bf16)?,
+        ),
+        ("ep_combine", "", combine_kernel(t, &cfg)?),
+        (
+            "ep_topk_grad",
+            "",
+            ep::grad::topk_grad_kernel(t, 1024, 8, 4)?,
+        ),
+        ("ep_route_bwd", "", ep::grad::route_bwd_kernel(t, &rc)?),
+    ])
+}
+
+fn ep_registers(_root: &Path) -> Result<String> {
+    let version = ptx::ptxas::ptxas_version()
+        .context("ptxas is needed for the register table (scripts/setup-ptxas.sh)")?;
+    let targets = ["sm_80", "sm_90a"];
+    let mut rows: Vec<(String, Vec<String>)> = Vec::new();
+    for (i, arch) in targets.iter().enumerate() {
+        let t = builder::Target::new(arch);
+        for (j, (name, variant, m)) in ep_modules(&t)?.into_iter().enumerate() {
+            let rep = ptx::ptxas::assemble(&ptx::print(&m), arch, &Default::default())?;
+            let r = rep
+                .kernel(name)
+                .ok_or_else(|| anyhow!("ptxas reported no kernel `{name}` for {arch}"))?;
+            let spill = r.spill_stores_bytes + r.spill_loads_bytes + r.stack_frame_bytes;
+            let cell = if spill > 0 {
+                format!("{}, spills/stack {spill} B", r.registers)
+            } else {
+                r.registers.to_string()
+            };
+            if i == 0 {
+                let label = if variant.is_empty() {
+                    format!("`{name}`")
+                } else {
+                    format!("`{name}` ({variant})")
+                };
+                rows.push((label, Vec::new()));
+            }
+            rows[j].1.push(cell);
+        }
+    }
+    let mut s = format!("| kernel | {} |\n|---|---|---|\n", targets.join(" | "));
+    for (label, cells) in rows {
+        let _ = writeln!(s, "| {label} | {} |", cells.join(" | "));
+    }
+    let _ = write!(s, "\nRegisters per thread from `{version}`.");
     Ok(s)
 }
