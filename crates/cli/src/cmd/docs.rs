@@ -13,7 +13,9 @@
 //! This module owns the markers, the comparison and the rewrite; `docs/tables.rs` owns what each
 //! NAME produces, computed in-process from the libraries (and `ptxas` for registers). `--check`
 //! exits non-zero naming every document and block that differs from the code's output (with a
-//! short diff) and every generator without a block; `--write` rewrites the blocks in place.
+//! short diff) and every generator without a block; `--write` rewrites the blocks in place (only
+//! once every document parsed and every block generated). Without either flag it reports the
+//! stale blocks and exits 0.
 
 mod tables;
 
