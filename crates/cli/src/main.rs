@@ -41,6 +41,8 @@ enum Verb {
     Gemm(cmd::gemm::Args),
     /// One MoE layer step (route, dispatch, grouped FP8 GEMMs, combine) across devices.
     Moe(cmd::moe::Args),
+    /// Check (`--check`) or rewrite (`--write`) the documents' generated tables.
+    Docs(cmd::docs::Args),
 }
 
 fn main() {
@@ -57,6 +59,7 @@ fn main() {
         Verb::Kernels(a) => cmd::kernels::run(a),
         Verb::Emit(a) => cmd::emit::run(a),
         Verb::Gemm(a) => cmd::gemm::run(a),
+        Verb::Docs(a) => cmd::docs::run(a),
     };
     if let Err(e) = result {
         // One line, non-zero exit: the contract every verb follows.

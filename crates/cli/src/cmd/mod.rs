@@ -3,6 +3,7 @@ pub mod bench;
 pub mod bench_gemm;
 pub mod check;
 pub mod devices;
+pub mod docs;
 pub mod emit;
 pub mod fmt;
 pub mod gemm;
