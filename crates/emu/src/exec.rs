@@ -380,14 +380,22 @@ impl Cta {
             if !progressed {
                 // Everyone is blocked: can a barrier be released by exited threads?
                 if !self.release_ready_barriers() {
-                    return Err(self.deadlock());
+                    return Err(self.deadlock(ctx));
                 }
             }
         }
         Ok(done)
     }
 
-    fn deadlock(&self) -> Fault {
+    fn deadlock(&self, ctx: &LaunchCtx) -> Fault {
+        let line = |pc: u32| {
+            ctx.prog
+                .insts
+                .get(pc as usize)
+                .and_then(|i| ctx.prog.source.get(i.src as usize))
+                .map(|s| s.loc.line)
+                .unwrap_or(0)
+        };
         let mut parts = Vec::new();
         for (i, b) in self.barriers.iter().enumerate() {
             if b.used && !b.waiters.is_empty() {
@@ -403,7 +411,7 @@ impl Cta {
             .warps
             .iter()
             .filter(|w| w.state != WarpState::Exited)
-            .map(|w| format!("warp {} at instruction {}", w.id, w.group_pc))
+            .map(|w| format!("warp {} at PTX line {}", w.id, line(w.group_pc)))
             .collect();
         let w = self.warps.iter().find(|w| w.state != WarpState::Exited);
         let (warp, pc, lane) = w
