@@ -48,6 +48,9 @@ pub(crate) enum Op {
 pub(crate) struct Progress {
     pub m: Mutex<(u64, u64)>, // (queued, done)
     pub cv: Condvar,
+    /// Emulated time stands still while work is queued and no kernel of the stream runs (as
+    /// the runtime's emulator streams do: `emu::clock::Hold`).
+    pub hold: Arc<Mutex<Option<emu::clock::Hold>>>,
 }
 
 impl Progress {
@@ -86,9 +89,16 @@ impl Stream {
             .name(format!("fakecuda-stream-{dev}"))
             .spawn(move || {
                 while let Ok(op) = rx.recv() {
-                    run_op(d, dev, &op);
+                    run_op(d, dev, &op, Some(&p.hold));
                     let mut g = lock(&p.m);
                     g.1 += 1;
+                    let mut h = lock(&p.hold);
+                    if g.1 == g.0 {
+                        h.take();
+                    } else {
+                        h.get_or_insert_with(emu::clock::Hold::new);
+                    }
+                    drop(h);
                     p.cv.notify_all();
                 }
             })
@@ -113,7 +123,10 @@ impl Stream {
         }
         let tx = lock(&self.tx);
         let tx = tx.as_ref().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-        lock(&self.progress.m).0 += 1;
+        let mut g = lock(&self.progress.m);
+        g.0 += 1;
+        lock(&self.progress.hold).get_or_insert_with(emu::clock::Hold::new);
+        drop(g);
         tx.send(op).map_err(|_| CUresult::CUDA_ERROR_LAUNCH_FAILED)
     }
 
@@ -141,7 +154,12 @@ impl Stream {
 
 /// Runs one operation on the calling thread (a stream worker, or the caller for the legacy
 /// stream). Errors become the device's sticky error.
-pub(crate) fn run_op(d: &Driver, dev: u32, op: &Op) {
+pub(crate) fn run_op(
+    d: &Driver,
+    dev: u32,
+    op: &Op,
+    hold: Option<&Arc<Mutex<Option<emu::clock::Hold>>>>,
+) {
     let faulted = sticky(d, dev).is_err();
     let set_sticky = |e: CUresult| {
         let mut g = lock(&d.devs[dev as usize].sticky);
@@ -154,7 +172,10 @@ pub(crate) fn run_op(d: &Driver, dev: u32, op: &Op) {
         Op::Wait(ev, gen) => ev.wait_for(*gen),
         _ if faulted => {}
         Op::Launch(j) => {
-            let opts = emu::LaunchOptions::default();
+            let opts = emu::LaunchOptions {
+                hold: hold.cloned(),
+                ..Default::default()
+            };
             let r = emu::launch(
                 j.prog.clone(),
                 d.mem.snapshot(),
@@ -302,7 +323,7 @@ pub(crate) fn submit(d: &'static Driver, h: usize, op: Op) -> Res {
             for s in streams_of(d, ctx.id, true) {
                 s.drain();
             }
-            run_op(d, ctx.dev, &op);
+            run_op(d, ctx.dev, &op, None);
             Ok(())
         }
     }
