@@ -86,8 +86,11 @@ pub struct HardwareConfig {
     /// Achievable inter-node (RDMA) bandwidth per GPU per direction, GB/s.
     pub inter_node_gbps: f64,
     pub inter_node_latency_us: f64,
-    /// Bytes one communication SM can move (send + forward), GB/s.
+    /// Bytes one communication SM copies into destination buffers per second, GB/s (normal-mode
+    /// dispatch/combine: one copy per destination GPU, landing GPU included).
     pub comm_gbps_per_sm: f64,
+    /// Fixed cost of one low-latency (decode) dispatch or combine, microseconds.
+    pub ll_latency_us: f64,
 }
 
 /// How the node/GPU fan-out of a token is obtained.
@@ -188,7 +191,9 @@ pub struct Config {
     pub calibration: Calibration,
 }
 
-fn h800() -> HardwareConfig {
+/// H800 SXM with the communication parameters fitted to DeepEP's published tables (see
+/// `comm::deepep_table` and docs/SIM.md).
+pub fn h800() -> HardwareConfig {
     HardwareConfig {
         name: "H800 SXM".into(),
         sms: 132,
@@ -196,11 +201,12 @@ fn h800() -> HardwareConfig {
         tflops_fp8: 1979.0,
         hbm_gb: 80.0,
         hbm_gbps: 3350.0,
-        intra_node_gbps: 160.0,
+        intra_node_gbps: 152.0,
         intra_node_latency_us: 3.0,
-        inter_node_gbps: 50.0,
+        inter_node_gbps: 44.0,
         inter_node_latency_us: 10.0,
-        comm_gbps_per_sm: 7.5,
+        comm_gbps_per_sm: 6.1,
+        ll_latency_us: 27.0,
     }
 }
 
@@ -323,7 +329,8 @@ impl Config {
                 intra_node_latency_us: 3.0,
                 inter_node_gbps: 50.0,
                 inter_node_latency_us: 10.0,
-                comm_gbps_per_sm: 7.5,
+                comm_gbps_per_sm: 6.1,
+                ll_latency_us: 27.0,
             },
             comm: CommConfig {
                 sms: 20,
@@ -596,6 +603,7 @@ impl Config {
         fpos("hardware.comm_gbps_per_sm", h.comm_gbps_per_sm)?;
         fnonneg("hardware.intra_node_latency_us", h.intra_node_latency_us)?;
         fnonneg("hardware.inter_node_latency_us", h.inter_node_latency_us)?;
+        fnonneg("hardware.ll_latency_us", h.ll_latency_us)?;
         for (f, v) in [
             ("calibration.gemm_eff", k.gemm_eff),
             ("calibration.grouped_gemm_eff", k.grouped_gemm_eff),

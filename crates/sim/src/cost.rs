@@ -4,6 +4,7 @@
 //! legs capped by what the communication SMs can drive). Also owns the stage partition of the
 //! layers, the model FLOPs used for MFU and the per-GPU memory estimate.
 
+use crate::comm::{self, CommLoad};
 use crate::config::{Config, Precision, ScheduleKind};
 use crate::error::{Result, SimError};
 use crate::routing::{self, FanOut};
@@ -144,44 +145,44 @@ impl<'a> CostModel<'a> {
         (p.ep / p.gpus_per_node).max(1)
     }
 
-    /// Bytes per token of a payload: FP8 hidden + one f32 scale per 128 values, or BF16.
+    /// Bytes per token of one record on a link, as the `ep` kernels lay it out
+    /// ([`crate::traffic`]): FP8 dispatch (metadata + FP8 hidden + f32 scales per 128) or the
+    /// BF16 combine record.
     pub fn payload(&self, fp8: bool) -> f64 {
-        let h = self.cfg.model.hidden as f64;
+        let m = &self.cfg.model;
+        let shape = crate::traffic::EpShape {
+            ranks: self.cfg.parallelism.ep,
+            gpus_per_node: self.cfg.parallelism.gpus_per_node,
+            experts: m.routed_experts,
+            hidden: m.hidden,
+            topk: m.top_k,
+        };
         if fp8 {
-            h + (h / 128.0).ceil() * 4.0
+            shape.dispatch_record_bytes(crate::traffic::Payload::Fp8) as f64
         } else {
-            2.0 * h
+            shape.combine_record_bytes() as f64
         }
+    }
+
+    /// Bytes one GPU moves per leg for one dispatch (`fp8`) or combine of a micro-batch,
+    /// scaled by the expert imbalance (the busiest GPU sets the pace).
+    pub fn comm_load(&self, fp8: bool) -> CommLoad {
+        let t = self.tokens() * self.cfg.calibration.expert_imbalance;
+        CommLoad::normal(t, &self.fanout, self.payload(fp8))
     }
 
     pub fn comm_bytes(&self, fp8: bool) -> CommBytes {
-        let t = self.tokens() * self.cfg.calibration.expert_imbalance;
-        let pl = self.payload(fp8);
+        let l = self.comm_load(fp8);
         CommBytes {
-            ib: t * self.fanout.ib_copies * pl,
-            nvl: t * self.fanout.nvl_copies * pl,
+            ib: l.ib,
+            nvl: l.nvl,
         }
     }
 
-    /// Duration of one dispatch or combine. `None` when it cannot progress (no SMs).
+    /// Duration of one dispatch or combine (normal-mode kernels, [`crate::comm`]). `None`
+    /// when it cannot progress (no SMs).
     pub fn comm_time(&self, fp8: bool) -> Option<f64> {
-        let b = self.comm_bytes(fp8);
-        let h = &self.cfg.hardware;
-        if b.ib + b.nvl <= 0.0 {
-            return Some(0.0);
-        }
-        if self.comm_sms == 0 {
-            return None;
-        }
-        let lat = if b.ib > 0.0 {
-            h.inter_node_latency_us + h.intra_node_latency_us
-        } else {
-            h.intra_node_latency_us
-        } * 1e-6;
-        let ib = b.ib / (h.inter_node_gbps * 1e9);
-        let nvl = b.nvl / (h.intra_node_gbps * 1e9);
-        let sm = (b.ib + b.nvl) / (self.comm_sms as f64 * h.comm_gbps_per_sm * 1e9);
-        Some(lat + ib.max(nvl).max(sm))
+        comm::normal_time(&self.cfg.hardware, self.comm_sms, &self.comm_load(fp8))
     }
 
     /// Pipeline point-to-point transfer of one micro-batch's activations (or gradients).
@@ -713,7 +714,9 @@ mod tests {
     fn fp8_dispatch_payload() {
         let c = Config::v3();
         let cm = CostModel::new(&c);
-        assert_eq!(cm.payload(true), 7168.0 + 56.0 * 4.0);
-        assert_eq!(cm.payload(false), 14336.0);
+        // ep record layout: 112 B metadata (top-8) + FP8 hidden + 56 f32 scales; combine
+        // record: 16 B header + BF16 hidden.
+        assert_eq!(cm.payload(true), 112.0 + 7168.0 + 56.0 * 4.0);
+        assert_eq!(cm.payload(false), 16.0 + 14336.0);
     }
 }

@@ -7,6 +7,7 @@
 //! [`Report`], the SM-budget sweep, plots ([`plot`]) and Perfetto traces ([`trace`]).
 //! Modelling assumptions and calibration sources are in `docs/SIM.md`.
 
+pub mod comm;
 pub mod config;
 pub mod cost;
 pub mod error;
@@ -15,6 +16,7 @@ pub mod plot;
 pub mod routing;
 pub mod timeline;
 pub mod trace;
+pub mod traffic;
 
 pub use config::{Config, Precision, ScheduleKind};
 pub use error::{Result, SimError};
