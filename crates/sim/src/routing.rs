@@ -200,6 +200,33 @@ pub fn fanout_from_scores(
     acc.finish()
 }
 
+/// Fan-out of given routings: `topk_idx[r]` holds rank `r`'s `[T_r, topk]` expert indices
+/// (indices outside `0..experts` mean "no expert", as in the `ep` kernels). Every token counts,
+/// so `tokens x fan-out x record bytes` is the exact traffic ([`crate::traffic`]).
+pub fn fanout_from_indices(
+    experts: usize,
+    ep: usize,
+    gpus_per_node: usize,
+    topk: usize,
+    topk_idx: &[Vec<i32>],
+) -> FanOut {
+    let pl = Placement::raw(experts, ep, gpus_per_node);
+    let mut acc = Acc::new(pl.ep);
+    let mut chosen = Vec::with_capacity(topk);
+    for (src, idx) in topk_idx.iter().enumerate() {
+        for row in idx.chunks(topk.max(1)) {
+            chosen.clear();
+            chosen.extend(
+                row.iter()
+                    .filter(|&&e| e >= 0 && (e as usize) < experts)
+                    .map(|&e| e as usize),
+            );
+            acc.add(&pl, src, &chosen);
+        }
+    }
+    acc.finish()
+}
+
 /// Closed-form estimate: the `top_k` experts fall uniformly (with replacement) on the experts
 /// of the `top_groups` chosen groups, chosen groups uniform, groups laid out contiguously.
 pub fn estimated_fanout(m: &ModelConfig, p: &ParallelConfig) -> FanOut {
