@@ -8,6 +8,7 @@
 //! Modelling assumptions and calibration sources are in `docs/SIM.md`.
 
 pub mod comm;
+pub mod compute;
 pub mod config;
 pub mod cost;
 pub mod error;
