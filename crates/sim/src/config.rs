@@ -404,6 +404,8 @@ impl Config {
         let h = &self.hardware;
         let c = &self.comm;
         let k = &self.calibration;
+        validate_model(m)?;
+        validate_hardware(h)?;
         let pos = |field: &str, v: usize| -> Result<()> {
             if v == 0 {
                 Err(SimError::config(field, "must be at least 1"))
@@ -412,19 +414,6 @@ impl Config {
             }
         };
         for (f, v) in [
-            ("model.layers", m.layers),
-            ("model.hidden", m.hidden),
-            ("model.heads", m.heads),
-            ("model.kv_lora_rank", m.kv_lora_rank),
-            ("model.qk_nope_head_dim", m.qk_nope_head_dim),
-            ("model.v_head_dim", m.v_head_dim),
-            ("model.routed_experts", m.routed_experts),
-            ("model.top_k", m.top_k),
-            ("model.groups", m.groups),
-            ("model.top_groups", m.top_groups),
-            ("model.expert_intermediate", m.expert_intermediate),
-            ("model.vocab", m.vocab),
-            ("model.seq_len", m.seq_len),
             ("training.micro_batch_tokens", t.micro_batch_tokens),
             ("training.micro_batches", t.micro_batches),
             ("parallelism.pp", p.pp),
@@ -432,56 +421,9 @@ impl Config {
             ("parallelism.dp", p.dp),
             ("parallelism.gpus_per_node", p.gpus_per_node),
             ("parallelism.nodes", p.nodes),
-            ("hardware.sms", h.sms),
             ("comm.router_samples", c.router_samples),
         ] {
             pos(f, v)?;
-        }
-        if m.dense_layers > m.layers {
-            return Err(SimError::config(
-                "model.dense_layers",
-                format!("{} exceeds model.layers = {}", m.dense_layers, m.layers),
-            ));
-        }
-        if m.dense_layers > 0 && m.dense_intermediate == 0 {
-            return Err(SimError::config(
-                "model.dense_intermediate",
-                "must be at least 1 when dense_layers > 0",
-            ));
-        }
-        if m.top_groups > m.groups {
-            return Err(SimError::config(
-                "model.top_groups",
-                format!(
-                    "top groups ({}) must not exceed groups ({})",
-                    m.top_groups, m.groups
-                ),
-            ));
-        }
-        if !m.routed_experts.is_multiple_of(m.groups) {
-            return Err(SimError::config(
-                "model.groups",
-                format!(
-                    "must divide routed_experts ({}), got {}",
-                    m.routed_experts, m.groups
-                ),
-            ));
-        }
-        let per_group = m.routed_experts / m.groups;
-        if m.top_k > m.top_groups * per_group {
-            return Err(SimError::config(
-                "model.top_k",
-                format!(
-                    "{} experts cannot be chosen from {} groups of {} experts",
-                    m.top_k, m.top_groups, per_group
-                ),
-            ));
-        }
-        if m.top_groups < m.groups && per_group < 2 {
-            return Err(SimError::config(
-                "model.groups",
-                "group scores use the top-2 experts of a group: groups need at least 2 experts",
-            ));
         }
         if !t.micro_batch_tokens.is_multiple_of(m.seq_len) {
             return Err(SimError::config(
@@ -594,16 +536,6 @@ impl Config {
                 ))
             }
         };
-        fpos("hardware.tflops_bf16", h.tflops_bf16)?;
-        fpos("hardware.tflops_fp8", h.tflops_fp8)?;
-        fpos("hardware.hbm_gb", h.hbm_gb)?;
-        fpos("hardware.hbm_gbps", h.hbm_gbps)?;
-        fpos("hardware.intra_node_gbps", h.intra_node_gbps)?;
-        fpos("hardware.inter_node_gbps", h.inter_node_gbps)?;
-        fpos("hardware.comm_gbps_per_sm", h.comm_gbps_per_sm)?;
-        fnonneg("hardware.intra_node_latency_us", h.intra_node_latency_us)?;
-        fnonneg("hardware.inter_node_latency_us", h.inter_node_latency_us)?;
-        fnonneg("hardware.ll_latency_us", h.ll_latency_us)?;
         for (f, v) in [
             ("calibration.gemm_eff", k.gemm_eff),
             ("calibration.grouped_gemm_eff", k.grouped_gemm_eff),
@@ -632,4 +564,141 @@ impl Config {
         fnonneg("calibration.kernel_overhead_us", k.kernel_overhead_us)?;
         Ok(())
     }
+}
+
+fn positive(field: &str, v: usize) -> Result<()> {
+    if v == 0 {
+        Err(SimError::config(field, "must be at least 1"))
+    } else {
+        Ok(())
+    }
+}
+
+/// Rules of the model shape alone (shared by training and serving configurations).
+pub fn validate_model(m: &ModelConfig) -> Result<()> {
+    for (f, v) in [
+        ("model.layers", m.layers),
+        ("model.hidden", m.hidden),
+        ("model.heads", m.heads),
+        ("model.kv_lora_rank", m.kv_lora_rank),
+        ("model.qk_nope_head_dim", m.qk_nope_head_dim),
+        ("model.v_head_dim", m.v_head_dim),
+        ("model.routed_experts", m.routed_experts),
+        ("model.top_k", m.top_k),
+        ("model.groups", m.groups),
+        ("model.top_groups", m.top_groups),
+        ("model.expert_intermediate", m.expert_intermediate),
+        ("model.vocab", m.vocab),
+        ("model.seq_len", m.seq_len),
+    ] {
+        positive(f, v)?;
+    }
+    const BIG: usize = 1 << 24;
+    for (f, v) in [
+        ("model.layers", m.layers),
+        ("model.hidden", m.hidden),
+        ("model.heads", m.heads),
+        ("model.routed_experts", m.routed_experts),
+        ("model.expert_intermediate", m.expert_intermediate),
+        ("model.dense_intermediate", m.dense_intermediate),
+        ("model.q_lora_rank", m.q_lora_rank),
+        ("model.kv_lora_rank", m.kv_lora_rank),
+        ("model.vocab", m.vocab),
+    ] {
+        if v > BIG {
+            return Err(SimError::config(
+                f,
+                format!("{v} is absurdly large (limit {BIG})"),
+            ));
+        }
+    }
+    if m.dense_layers > m.layers {
+        return Err(SimError::config(
+            "model.dense_layers",
+            format!("{} exceeds model.layers = {}", m.dense_layers, m.layers),
+        ));
+    }
+    if m.dense_layers > 0 && m.dense_intermediate == 0 {
+        return Err(SimError::config(
+            "model.dense_intermediate",
+            "must be at least 1 when dense_layers > 0",
+        ));
+    }
+    if m.top_groups > m.groups {
+        return Err(SimError::config(
+            "model.top_groups",
+            format!(
+                "top groups ({}) must not exceed groups ({})",
+                m.top_groups, m.groups
+            ),
+        ));
+    }
+    if !m.routed_experts.is_multiple_of(m.groups) {
+        return Err(SimError::config(
+            "model.groups",
+            format!(
+                "must divide routed_experts ({}), got {}",
+                m.routed_experts, m.groups
+            ),
+        ));
+    }
+    let per_group = m.routed_experts / m.groups;
+    if m.top_k > m.top_groups * per_group {
+        return Err(SimError::config(
+            "model.top_k",
+            format!(
+                "{} experts cannot be chosen from {} groups of {} experts",
+                m.top_k, m.top_groups, per_group
+            ),
+        ));
+    }
+    if m.top_groups < m.groups && per_group < 2 {
+        return Err(SimError::config(
+            "model.groups",
+            "group scores use the top-2 experts of a group: groups need at least 2 experts",
+        ));
+    }
+    Ok(())
+}
+
+/// Rules of the hardware description alone.
+pub fn validate_hardware(h: &HardwareConfig) -> Result<()> {
+    positive("hardware.sms", h.sms)?;
+    if h.sms > 100_000 {
+        return Err(SimError::config(
+            "hardware.sms",
+            format!("{} SMs is absurd", h.sms),
+        ));
+    }
+    let fpos = |field: &str, v: f64| -> Result<()> {
+        if v.is_finite() && v > 0.0 {
+            Ok(())
+        } else {
+            Err(SimError::config(
+                field,
+                format!("must be a finite number > 0, got {v}"),
+            ))
+        }
+    };
+    let fnonneg = |field: &str, v: f64| -> Result<()> {
+        if v.is_finite() && v >= 0.0 {
+            Ok(())
+        } else {
+            Err(SimError::config(
+                field,
+                format!("must be a finite number >= 0, got {v}"),
+            ))
+        }
+    };
+    fpos("hardware.tflops_bf16", h.tflops_bf16)?;
+    fpos("hardware.tflops_fp8", h.tflops_fp8)?;
+    fpos("hardware.hbm_gb", h.hbm_gb)?;
+    fpos("hardware.hbm_gbps", h.hbm_gbps)?;
+    fpos("hardware.intra_node_gbps", h.intra_node_gbps)?;
+    fpos("hardware.inter_node_gbps", h.inter_node_gbps)?;
+    fpos("hardware.comm_gbps_per_sm", h.comm_gbps_per_sm)?;
+    fnonneg("hardware.intra_node_latency_us", h.intra_node_latency_us)?;
+    fnonneg("hardware.inter_node_latency_us", h.inter_node_latency_us)?;
+    fnonneg("hardware.ll_latency_us", h.ll_latency_us)?;
+    Ok(())
 }

@@ -15,6 +15,7 @@ pub mod error;
 pub mod overlap;
 pub mod plot;
 pub mod routing;
+pub mod serve;
 pub mod timeline;
 pub mod trace;
 pub mod traffic;
