@@ -7,6 +7,7 @@
 //! [`Report`], the SM-budget sweep, plots ([`plot`]) and Perfetto traces ([`trace`]).
 //! Modelling assumptions and calibration sources are in `docs/SIM.md`.
 
+pub mod calibrate;
 pub mod comm;
 pub mod compute;
 pub mod config;
