@@ -950,3 +950,109 @@ impl ServeReport {
         s
     }
 }
+
+/// One decode batch size of a sweep.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ServePoint {
+    pub batch_per_gpu: usize,
+    pub tokens_per_s_per_user: f64,
+    pub output_tokens_per_s_per_node: f64,
+    pub step_s: f64,
+    /// Whether the batch's KV cache fits in HBM.
+    pub fits_memory: bool,
+}
+
+/// Decode throughput per node against per-user speed over a range of batch sizes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ServeSweep {
+    pub points: Vec<ServePoint>,
+    pub target_tokens_per_s_per_user: f64,
+    /// The batch [`decode`] picks (none when the target is unreachable).
+    pub chosen_batch: Option<usize>,
+    /// DeepSeek's published operating point (tokens/s per user, output tokens/s per node).
+    pub published: (f64, f64),
+}
+
+/// Parse `batch=LO..HI` (inclusive).
+pub fn parse_batch_sweep(spec: &str) -> Result<(usize, usize)> {
+    let bad = |rule: &str| SimError::Sweep {
+        spec: spec.to_string(),
+        rule: rule.to_string(),
+    };
+    let range = spec
+        .strip_prefix("batch=")
+        .ok_or_else(|| bad("expected batch=LO..HI for a serving configuration"))?;
+    let (lo, hi) = range
+        .split_once("..")
+        .ok_or_else(|| bad("expected LO..HI"))?;
+    let lo: usize = lo.trim().parse().map_err(|_| bad("LO is not a number"))?;
+    let hi: usize = hi
+        .trim_start_matches('=')
+        .trim()
+        .parse()
+        .map_err(|_| bad("HI is not a number"))?;
+    if lo == 0 || lo > hi {
+        return Err(bad("need 1 <= LO <= HI"));
+    }
+    if hi - lo >= 100_000 {
+        return Err(bad("at most 100000 points"));
+    }
+    Ok((lo, hi))
+}
+
+/// Simulate decode at every batch in `lo..=hi`.
+pub fn decode_sweep(cfg: &ServeConfig, lo: usize, hi: usize) -> Result<ServeSweep> {
+    cfg.validate()?;
+    let (max_mem, _) = decode_memory_limit(cfg)?;
+    let mut points = Vec::with_capacity(hi + 1 - lo);
+    for b in lo..=hi {
+        let (_, step, _) = decode_step(cfg, b);
+        let speed = tokens_per_step(cfg) / step;
+        points.push(ServePoint {
+            batch_per_gpu: b,
+            tokens_per_s_per_user: speed,
+            output_tokens_per_s_per_node: b as f64
+                * speed
+                * cfg.decode.gpus_per_node as f64
+                * cfg.calibration.delivered_fraction,
+            step_s: step,
+            fits_memory: b <= max_mem,
+        });
+    }
+    Ok(ServeSweep {
+        points,
+        target_tokens_per_s_per_user: cfg.workload.target_tokens_per_s_per_user,
+        chosen_batch: decode(cfg).ok().map(|d| d.batch_per_gpu),
+        published: (21.0, 14_800.0),
+    })
+}
+
+impl ServeSweep {
+    pub fn text(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::from("batch/GPU  tokens/s/user  output tokens/s/node  step_ms  fits\n");
+        for p in &self.points {
+            let _ = writeln!(
+                s,
+                "{:9} {:14.2} {:21.0} {:8.2}  {}",
+                p.batch_per_gpu,
+                p.tokens_per_s_per_user,
+                p.output_tokens_per_s_per_node,
+                p.step_s * 1e3,
+                if p.fits_memory {
+                    "yes"
+                } else {
+                    "no (KV cache)"
+                }
+            );
+        }
+        if let Some(b) = self.chosen_batch {
+            let _ = writeln!(
+                s,
+                "chosen: batch {b} per GPU (largest meeting {} tokens/s per user within memory)",
+                self.target_tokens_per_s_per_user
+            );
+        }
+        s
+    }
+}
