@@ -96,7 +96,7 @@ fn num(v: &serde_json::Value, key: &str, file: &str) -> Result<f64> {
 fn gemm_row(r: &serde_json::Value, file: &str) -> Result<GemmSample> {
     let dim = |k: &str| -> Result<usize> {
         let v = num(r, k, file)?;
-        if v < 1.0 || v > 1e9 {
+        if !(1.0..=1e9).contains(&v) {
             return Err(bad(file, format!("`{k}` = {v} is not a GEMM dimension")));
         }
         Ok(v as usize)

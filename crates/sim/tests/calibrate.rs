@@ -125,10 +125,10 @@ fn calibration_recovers_known_parameters() {
 fn calibration_refuses_bad_files() {
     let f = tmp("bad.json");
     std::fs::write(&f, "{\"hello\": 1}").unwrap();
-    let e = calibrate::calibrate(&h800(), &GemmCal::h800(), &[f.clone()]).unwrap_err();
+    let e = calibrate::calibrate(&h800(), &GemmCal::h800(), std::slice::from_ref(&f)).unwrap_err();
     assert!(e.to_string().contains("bench gemm"), "{e}");
     std::fs::write(&f, "[{\"m\": 0, \"n\": 1, \"k\": 1, \"seconds\": 1}]").unwrap();
-    let e = calibrate::calibrate(&h800(), &GemmCal::h800(), &[f.clone()]).unwrap_err();
+    let e = calibrate::calibrate(&h800(), &GemmCal::h800(), std::slice::from_ref(&f)).unwrap_err();
     assert!(e.to_string().contains("`m`"), "{e}");
     let e = calibrate::calibrate(&h800(), &GemmCal::h800(), &["/nonexistent/x.json".into()])
         .unwrap_err();

@@ -16,7 +16,10 @@ fn training_step_on_100k_gpus_under_a_second() {
     let t = Instant::now();
     let r = sim::simulate(&c).unwrap();
     let secs = t.elapsed().as_secs_f64();
-    println!("100,352 GPUs: {secs:.3} s, {:.1} tokens/s/GPU", r.tokens_per_s_per_gpu);
+    println!(
+        "100,352 GPUs: {secs:.3} s, {:.1} tokens/s/GPU",
+        r.tokens_per_s_per_gpu
+    );
     assert_eq!(r.gpus, 100_352);
     assert!(secs < 1.0, "{secs} s");
     // Same per-GPU pipeline work, more data parallelism: the ZeRO-1 sync over 6272 ranks
@@ -63,5 +66,8 @@ fn hundred_point_sweeps_under_ten_seconds() {
     assert!(b.output_tokens_per_s_per_node > a.output_tokens_per_s_per_node);
     assert!(b.tokens_per_s_per_user < a.tokens_per_s_per_user);
     println!("training sweep {train:.2} s, serving sweep {serve_secs:.2} s");
-    assert!(train < 10.0 && serve_secs < 10.0, "{train} s, {serve_secs} s");
+    assert!(
+        train < 10.0 && serve_secs < 10.0,
+        "{train} s, {serve_secs} s"
+    );
 }

@@ -72,41 +72,29 @@ fn field(e: SimError) -> String {
 
 #[test]
 fn bad_serving_configurations_name_the_field() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut ServeConfig)>)> = vec![
-        ("prefill.nodes", Box::new(|c| c.prefill.nodes = 0)),
-        ("decode.nodes", Box::new(|c| c.decode.nodes = 0)),
-        (
-            "decode.nodes",
-            Box::new(|c| c.decode.nodes = usize::MAX / 4),
-        ),
-        ("prefill.units", Box::new(|c| c.prefill.units = usize::MAX)),
-        (
-            "decode.redundant_experts",
-            Box::new(|c| c.decode.redundant_experts = 31),
-        ),
-        ("prefill.comm_sms", Box::new(|c| c.prefill.comm_sms = 132)),
-        (
-            "workload.cache_hit_rate",
-            Box::new(|c| c.workload.cache_hit_rate = 1.0),
-        ),
-        (
-            "workload.avg_kv_len",
-            Box::new(|c| c.workload.avg_kv_len = f64::NAN),
-        ),
-        ("model.hidden", Box::new(|c| c.model.hidden = 0)),
-        ("model.hidden", Box::new(|c| c.model.hidden = usize::MAX)),
-        (
-            "hardware.hbm_gbps",
-            Box::new(|c| c.hardware.hbm_gbps = -1.0),
-        ),
-        (
-            "calibration.delivered_fraction",
-            Box::new(|c| c.calibration.delivered_fraction = 1.5),
-        ),
-        (
-            "prefill.tokens_per_gpu",
-            Box::new(|c| c.prefill.tokens_per_gpu = 1 << 30),
-        ),
+    type Edit = fn(&mut ServeConfig);
+    let cases: Vec<(&str, Edit)> = vec![
+        ("prefill.nodes", |c| c.prefill.nodes = 0),
+        ("decode.nodes", |c| c.decode.nodes = 0),
+        ("decode.nodes", |c| c.decode.nodes = usize::MAX / 4),
+        ("prefill.units", |c| c.prefill.units = usize::MAX),
+        ("decode.redundant_experts", |c| {
+            c.decode.redundant_experts = 31
+        }),
+        ("prefill.comm_sms", |c| c.prefill.comm_sms = 132),
+        ("workload.cache_hit_rate", |c| {
+            c.workload.cache_hit_rate = 1.0
+        }),
+        ("workload.avg_kv_len", |c| c.workload.avg_kv_len = f64::NAN),
+        ("model.hidden", |c| c.model.hidden = 0),
+        ("model.hidden", |c| c.model.hidden = usize::MAX),
+        ("hardware.hbm_gbps", |c| c.hardware.hbm_gbps = -1.0),
+        ("calibration.delivered_fraction", |c| {
+            c.calibration.delivered_fraction = 1.5
+        }),
+        ("prefill.tokens_per_gpu", |c| {
+            c.prefill.tokens_per_gpu = 1 << 30
+        }),
     ];
     for (want, f) in cases {
         let mut c = ServeConfig::v3();
