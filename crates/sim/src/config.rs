@@ -425,6 +425,27 @@ impl Config {
         ] {
             pos(f, v)?;
         }
+        for (f, v, limit) in [
+            ("training.micro_batch_tokens", t.micro_batch_tokens, 1 << 24),
+            ("training.micro_batches", t.micro_batches, 1 << 20),
+            ("parallelism.pp", p.pp, 1 << 12),
+            ("parallelism.ep", p.ep, 1 << 20),
+            ("parallelism.dp", p.dp, 1 << 24),
+            ("parallelism.gpus_per_node", p.gpus_per_node, 1 << 10),
+            ("parallelism.nodes", p.nodes, 1 << 24),
+            ("comm.router_samples", c.router_samples, 1 << 20),
+        ] {
+            at_most(f, v, limit)?;
+        }
+        if c.router_samples * m.routed_experts > 1 << 28 {
+            return Err(SimError::config(
+                "comm.router_samples",
+                format!(
+                    "{} samples x {} experts is too much routing to sample (at most 2^28)",
+                    c.router_samples, m.routed_experts
+                ),
+            ));
+        }
         if !t.micro_batch_tokens.is_multiple_of(m.seq_len) {
             return Err(SimError::config(
                 "training.micro_batch_tokens",
@@ -566,6 +587,17 @@ impl Config {
     }
 }
 
+fn at_most(field: &str, v: usize, limit: usize) -> Result<()> {
+    if v > limit {
+        Err(SimError::config(
+            field,
+            format!("{v} is beyond what the simulator accepts (at most {limit})"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 fn positive(field: &str, v: usize) -> Result<()> {
     if v == 0 {
         Err(SimError::config(field, "must be at least 1"))
@@ -593,24 +625,26 @@ pub fn validate_model(m: &ModelConfig) -> Result<()> {
     ] {
         positive(f, v)?;
     }
-    const BIG: usize = 1 << 24;
-    for (f, v) in [
-        ("model.layers", m.layers),
-        ("model.hidden", m.hidden),
-        ("model.heads", m.heads),
-        ("model.routed_experts", m.routed_experts),
-        ("model.expert_intermediate", m.expert_intermediate),
-        ("model.dense_intermediate", m.dense_intermediate),
-        ("model.q_lora_rank", m.q_lora_rank),
-        ("model.kv_lora_rank", m.kv_lora_rank),
-        ("model.vocab", m.vocab),
+    for (f, v, limit) in [
+        ("model.layers", m.layers, 10_000),
+        ("model.mtp_layers", m.mtp_layers, 100),
+        ("model.hidden", m.hidden, 1 << 20),
+        ("model.heads", m.heads, 1 << 16),
+        ("model.q_lora_rank", m.q_lora_rank, 1 << 20),
+        ("model.kv_lora_rank", m.kv_lora_rank, 1 << 20),
+        ("model.qk_nope_head_dim", m.qk_nope_head_dim, 1 << 16),
+        ("model.qk_rope_head_dim", m.qk_rope_head_dim, 1 << 16),
+        ("model.v_head_dim", m.v_head_dim, 1 << 16),
+        ("model.routed_experts", m.routed_experts, 1 << 16),
+        ("model.shared_experts", m.shared_experts, 1 << 10),
+        ("model.top_k", m.top_k, 1 << 10),
+        ("model.groups", m.groups, 1 << 16),
+        ("model.expert_intermediate", m.expert_intermediate, 1 << 22),
+        ("model.dense_intermediate", m.dense_intermediate, 1 << 22),
+        ("model.vocab", m.vocab, 1 << 24),
+        ("model.seq_len", m.seq_len, 1 << 24),
     ] {
-        if v > BIG {
-            return Err(SimError::config(
-                f,
-                format!("{v} is absurdly large (limit {BIG})"),
-            ));
-        }
+        at_most(f, v, limit)?;
     }
     if m.dense_layers > m.layers {
         return Err(SimError::config(

@@ -281,7 +281,8 @@ pub fn run_with(cfg: &Config, cm: &CostModel) -> Result<Simulation> {
         )));
     }
     let gpus = cfg.gpus();
-    let tokens_step = (cfg.training.micro_batch_tokens * cfg.training.micro_batches * p.dp) as f64;
+    let tokens_step =
+        cfg.training.micro_batch_tokens as f64 * cfg.training.micro_batches as f64 * p.dp as f64;
     let tps = tokens_step / step / gpus as f64;
     let flops = cm.model_flops_per_token();
     let peak = match cfg.training.precision {

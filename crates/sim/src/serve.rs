@@ -279,7 +279,12 @@ impl ServeConfig {
                     format!("units x GPUs per unit must be at most {MAX_GPUS}"),
                 ));
             }
-            let phys = m.routed_experts + red;
+            let Some(phys) = m.routed_experts.checked_add(red).filter(|&x| x <= 1 << 20) else {
+                return Err(SimError::config(
+                    &format!("{f}.redundant_experts"),
+                    "routed + redundant experts must be at most 2^20",
+                ));
+            };
             if !phys.is_multiple_of(unit) {
                 return Err(SimError::config(
                     &format!("{f}.redundant_experts"),

@@ -82,6 +82,9 @@ fn bad_serving_configurations_name_the_field() {
             c.decode.redundant_experts = 31
         }),
         ("prefill.comm_sms", |c| c.prefill.comm_sms = 132),
+        ("prefill.redundant_experts", |c| {
+            c.prefill.redundant_experts = usize::MAX
+        }),
         ("workload.cache_hit_rate", |c| {
             c.workload.cache_hit_rate = 1.0
         }),
