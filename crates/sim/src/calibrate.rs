@@ -314,15 +314,10 @@ pub fn calibrate(
     })
 }
 
-/// Use a profile for a training simulation: its hardware, and the GEMM efficiencies scaled by
-/// the fitted tile efficiency relative to the H800 fit.
+/// Use a profile for a training simulation: its hardware and GEMM tile model.
 pub fn apply_to_training(cfg: &mut crate::Config, p: &HardwareProfile) {
     cfg.hardware = p.hardware.clone();
-    let r = p.gemm.tile_eff / GemmCal::h800().tile_eff;
-    let k = &mut cfg.calibration;
-    k.gemm_eff = (k.gemm_eff * r).min(1.0);
-    k.grouped_gemm_eff = (k.grouped_gemm_eff * r).min(1.0);
-    k.wgrad_eff = (k.wgrad_eff * r).min(1.0);
+    cfg.calibration.gemm = p.gemm;
 }
 
 /// Use a profile for a serving simulation: its hardware and GEMM tile model.

@@ -2,6 +2,7 @@
 //! and calibration constants; the built-in presets (`v3`, `h200-node`); loading from TOML/JSON;
 //! and validation that refuses a bad configuration with the offending field and the rule.
 
+use crate::compute::GemmCal;
 use crate::error::{Result, SimError};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -158,12 +159,12 @@ impl fmt::Display for ScheduleKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Calibration {
-    /// Dense GEMM (attention projections, dense MLP) fraction of the precision's peak, all SMs.
-    pub gemm_eff: f64,
-    /// Grouped expert GEMM fraction of peak.
-    pub grouped_gemm_eff: f64,
-    /// Weight-gradient GEMMs fraction of peak (transposed re-quantized operands).
-    pub wgrad_eff: f64,
+    /// Tile model of the FP8/BF16 GEMMs (projections, MLPs, experts), fitted on DeepGEMM's
+    /// published H800 table (`compute::GemmCal::h800`).
+    pub gemm: GemmCal,
+    /// Speed of the weight-gradient GEMMs relative to the tile model (transposed 128x1
+    /// re-quantised operands, k-grouped expert GEMMs).
+    pub wgrad_rel_speed: f64,
     /// BF16 GEMMs (output head, router) fraction of the BF16 peak.
     pub bf16_gemm_eff: f64,
     /// Causal attention core (BF16) forward / backward fraction of the BF16 peak.
@@ -212,9 +213,8 @@ pub fn h800() -> HardwareConfig {
 
 fn default_calibration() -> Calibration {
     Calibration {
-        gemm_eff: 0.62,
-        grouped_gemm_eff: 0.60,
-        wgrad_eff: 0.50,
+        gemm: GemmCal::h800(),
+        wgrad_rel_speed: 0.8,
         bf16_gemm_eff: 0.70,
         attn_fwd_eff: 0.40,
         attn_bwd_eff: 0.30,
@@ -558,9 +558,9 @@ impl Config {
             }
         };
         for (f, v) in [
-            ("calibration.gemm_eff", k.gemm_eff),
-            ("calibration.grouped_gemm_eff", k.grouped_gemm_eff),
-            ("calibration.wgrad_eff", k.wgrad_eff),
+            ("calibration.gemm.tile_eff", k.gemm.tile_eff),
+            ("calibration.gemm.hbm_eff", k.gemm.hbm_eff),
+            ("calibration.wgrad_rel_speed", k.wgrad_rel_speed),
             ("calibration.bf16_gemm_eff", k.bf16_gemm_eff),
             ("calibration.attn_fwd_eff", k.attn_fwd_eff),
             ("calibration.attn_bwd_eff", k.attn_bwd_eff),
@@ -582,6 +582,8 @@ impl Config {
             ));
         }
         fnonneg("calibration.overlap_slowdown", k.overlap_slowdown)?;
+        fnonneg("calibration.gemm.tile_overhead_us", k.gemm.tile_overhead_us)?;
+        fnonneg("calibration.gemm.launch_us", k.gemm.launch_us)?;
         fnonneg("calibration.kernel_overhead_us", k.kernel_overhead_us)?;
         Ok(())
     }

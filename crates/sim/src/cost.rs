@@ -5,6 +5,7 @@
 //! layers, the model FLOPs used for MFU and the per-GPU memory estimate.
 
 use crate::comm::{self, CommLoad};
+use crate::compute::{self, Gemm};
 use crate::config::{Config, Precision, ScheduleKind};
 use crate::error::{Result, SimError};
 use crate::routing::{self, FanOut};
@@ -130,6 +131,85 @@ impl<'a> CostModel<'a> {
     fn gemm(&self, flops: f64, prec: Precision, eff: f64) -> f64 {
         flops / (self.peak(prec) * eff * self.compute_frac())
     }
+    /// One GEMM `[m, k] x [n, k]^T` in the training precision on the compute SMs
+    /// ([`compute::gemm_time`], the DeepGEMM-fitted tile model); `groups` weight matrices.
+    fn tile(&self, m: f64, n: usize, k: usize, groups: usize) -> f64 {
+        let cfg = self.cfg;
+        let g = Gemm {
+            m: m.ceil() as usize,
+            n,
+            k,
+            in_bytes: if cfg.training.precision == Precision::Fp8 {
+                1
+            } else {
+                2
+            },
+            weights: groups,
+        };
+        let sms = cfg.hardware.sms - self.comm_sms;
+        compute::gemm_time(&cfg.hardware, &cfg.calibration.gemm, sms, &g)
+    }
+    /// Forward GEMMs of `rows` rows through weight matrices `[out, in]`.
+    fn fwd_gemms(&self, rows: f64, mats: &[(usize, usize)], groups: usize) -> f64 {
+        mats.iter()
+            .map(|&(o, i)| self.tile(rows, o, i, groups))
+            .sum()
+    }
+    /// Input-gradient GEMMs: `dX [rows, in] = dY [rows, out] W`.
+    fn dgrad_gemms(&self, rows: f64, mats: &[(usize, usize)], groups: usize) -> f64 {
+        mats.iter()
+            .map(|&(o, i)| self.tile(rows, i, o, groups))
+            .sum()
+    }
+    /// Weight-gradient GEMMs: `dW [out, in] = dY^T X` over the rows (k-grouped per group).
+    fn wgrad_gemms(&self, rows: f64, mats: &[(usize, usize)], groups: usize) -> f64 {
+        let g = groups.max(1);
+        let k = (rows / g as f64).ceil().max(1.0) as usize;
+        mats.iter()
+            .map(|&(o, i)| self.tile((o * g) as f64, i, k, 1))
+            .sum::<f64>()
+            / self.cfg.calibration.wgrad_rel_speed
+    }
+    /// Attention projection weights `[out, in]` (plus the MTP input projection).
+    fn attn_mats(&self, mtp: bool) -> Vec<(usize, usize)> {
+        let m = &self.cfg.model;
+        let dqk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+        let mut v = if m.q_lora_rank > 0 {
+            vec![(m.q_lora_rank, m.hidden), (m.heads * dqk, m.q_lora_rank)]
+        } else {
+            vec![(m.heads * dqk, m.hidden)]
+        };
+        v.push((m.kv_lora_rank + m.qk_rope_head_dim, m.hidden));
+        v.push((
+            m.heads * (m.qk_nope_head_dim + m.v_head_dim),
+            m.kv_lora_rank,
+        ));
+        v.push((m.hidden, m.heads * m.v_head_dim));
+        if mtp {
+            v.push((m.hidden, 2 * m.hidden));
+        }
+        v
+    }
+    /// The up-projections the backward recomputes (q_b, kv_b).
+    fn up_mats(&self) -> Vec<(usize, usize)> {
+        let m = &self.cfg.model;
+        let mut v = vec![(
+            m.heads * (m.qk_nope_head_dim + m.v_head_dim),
+            m.kv_lora_rank,
+        )];
+        if m.q_lora_rank > 0 {
+            v.push((
+                m.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim),
+                m.q_lora_rank,
+            ));
+        }
+        v
+    }
+    /// SwiGLU MLP weights (gate+up fused, down) of intermediate size `i`.
+    fn mlp_mats(&self, i: usize) -> [(usize, usize); 2] {
+        let h = self.cfg.model.hidden;
+        [(2 * i, h), (h, i)]
+    }
     fn hbm(&self, bytes: f64) -> f64 {
         let h = &self.cfg.hardware;
         // Memory-bound kernels saturate HBM with a fraction of the SMs; treat as unscaled.
@@ -213,17 +293,6 @@ impl<'a> CostModel<'a> {
         let kv_b = m.kv_lora_rank as f64 * hd * (m.qk_nope_head_dim + m.v_head_dim) as f64;
         let o = hd * m.v_head_dim as f64 * h;
         q + kv_a + kv_b + o
-    }
-    /// Parameters of the up-projections recomputed in the backward pass.
-    fn up_proj_params(&self) -> f64 {
-        let m = &self.cfg.model;
-        let hd = m.heads as f64;
-        let q_b = if m.q_lora_rank > 0 {
-            m.q_lora_rank as f64 * hd * (m.qk_nope_head_dim + m.qk_rope_head_dim) as f64
-        } else {
-            0.0
-        };
-        q_b + m.kv_lora_rank as f64 * hd * (m.qk_nope_head_dim + m.v_head_dim) as f64
     }
     pub fn expert_params(&self) -> f64 {
         let m = &self.cfg.model;
@@ -349,26 +418,22 @@ impl<'a> CostModel<'a> {
             });
         }
 
-        // Attention: projections (FP8/BF16 GEMMs), core (BF16), memory-bound kernels.
-        let mut proj = self.attn_params();
-        if kind == BlockKind::Mtp {
-            proj += 2.0 * h * h; // MTP input projection [h_i; emb] -> h
-        }
-        let proj_f = 2.0 * t * proj;
+        // Attention: projections (tile-model GEMMs), core (BF16), memory-bound kernels.
+        let mats = self.attn_mats(kind == BlockKind::Mtp);
         let core_f = t * self.attn_core_flops_per_token();
         let attn_mem = self.hbm(t * self.mem_attn_bytes_per_token());
-        let attn_fwd = self.gemm(proj_f, prec, k.gemm_eff)
+        let attn_fwd = self.fwd_gemms(t, &mats, 1)
             + core_f / (self.peak(Precision::Bf16) * k.attn_fwd_eff * self.compute_frac())
             + attn_mem
             + oh(12.0);
-        let recompute = self.gemm(2.0 * t * self.up_proj_params(), prec, k.gemm_eff);
-        let attn_bwd = self.gemm(proj_f, prec, k.gemm_eff)
+        let recompute = self.fwd_gemms(t, &self.up_mats(), 1);
+        let attn_bwd = self.dgrad_gemms(t, &mats, 1)
             + 2.5 * core_f / (self.peak(Precision::Bf16) * k.attn_bwd_eff * self.compute_frac())
             + recompute
             + 2.0 * attn_mem
             + oh(20.0);
         let quant_t = if fp8 { 2.0 } else { 0.0 };
-        let attn_w = self.gemm(proj_f, prec, k.wgrad_eff)
+        let attn_w = self.wgrad_gemms(t, &mats, 1)
             + self.hbm(
                 t * quant_t
                     * (h + (m.q_lora_rank + m.kv_lora_rank) as f64
@@ -390,11 +455,11 @@ impl<'a> CostModel<'a> {
         };
 
         if kind == BlockKind::Dense {
-            let f = 2.0 * t * self.dense_mlp_params();
+            let dm = self.mlp_mats(m.dense_intermediate);
             let mem = self.hbm(t * self.mem_moe_bytes_per_token(true));
-            let mlp_f = self.gemm(f, prec, k.gemm_eff) + mem + oh(6.0);
-            let mlp_b = self.gemm(f, prec, k.gemm_eff) + 2.0 * mem + oh(8.0);
-            let mlp_w = self.gemm(f, prec, k.wgrad_eff)
+            let mlp_f = self.fwd_gemms(t, &dm, 1) + mem + oh(6.0);
+            let mlp_b = self.dgrad_gemms(t, &dm, 1) + 2.0 * mem + oh(8.0);
+            let mlp_w = self.wgrad_gemms(t, &dm, 1)
                 + self.hbm(t * quant_t * (h + m.dense_intermediate as f64))
                 + oh(3.0);
             return Ok(BlockCost {
@@ -414,23 +479,32 @@ impl<'a> CostModel<'a> {
             });
         }
 
-        // MoE: router (BF16), routed experts on the most loaded GPU, shared experts.
-        let routed = m.top_k as f64 * k.expert_imbalance;
-        let shared = m.shared_experts as f64;
-        let ef = 2.0 * t * self.expert_params();
+        // MoE: router (BF16), routed experts on the most loaded GPU (grouped GEMMs over its
+        // local experts), shared experts.
+        let rows = t * m.top_k as f64 * k.expert_imbalance;
+        let local = (m.routed_experts / cfg.parallelism.ep).max(1);
+        let em = self.mlp_mats(m.expert_intermediate);
+        let sm = self.mlp_mats(m.expert_intermediate * m.shared_experts);
+        let has_shared = m.shared_experts > 0;
+        let shared = |f: &dyn Fn(&[(usize, usize)]) -> f64| if has_shared { f(&sm) } else { 0.0 };
         let router_f = 2.0 * t * h * m.routed_experts as f64;
+        let router = self.gemm(router_f, Precision::Bf16, k.bf16_gemm_eff);
         let mem = self.hbm(t * self.mem_moe_bytes_per_token(false));
-        let moe_f = self.gemm(ef * (routed + shared), prec, k.grouped_gemm_eff)
-            + self.gemm(router_f, Precision::Bf16, k.bf16_gemm_eff)
+        let moe_f = self.fwd_gemms(rows, &em, local)
+            + shared(&|x| self.fwd_gemms(t, x, 1))
+            + router
             + mem
             + oh(10.0);
-        let moe_b = self.gemm(ef * (routed + shared), prec, k.grouped_gemm_eff)
-            + self.gemm(router_f, Precision::Bf16, k.bf16_gemm_eff)
+        let moe_b = self.dgrad_gemms(rows, &em, local)
+            + shared(&|x| self.dgrad_gemms(t, x, 1))
+            + router
             + 2.0 * mem
             + oh(14.0);
-        let moe_w = self.gemm(ef * (routed + shared), prec, k.wgrad_eff)
-            + self.gemm(router_f, Precision::Bf16, k.bf16_gemm_eff)
-            + self.hbm(t * quant_t * (routed + shared) * (h + m.expert_intermediate as f64))
+        let routed_shared = m.top_k as f64 * k.expert_imbalance + m.shared_experts as f64;
+        let moe_w = self.wgrad_gemms(rows, &em, local)
+            + shared(&|x| self.wgrad_gemms(t, x, 1))
+            + router
+            + self.hbm(t * quant_t * routed_shared * (h + m.expert_intermediate as f64))
             + oh(6.0);
         let (dispatch, combine, bwd_combine, bwd_dispatch) =
             if self.ep_nodes() > 1 || cfg.parallelism.ep > 1 {
