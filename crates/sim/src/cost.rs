@@ -485,24 +485,20 @@ impl<'a> CostModel<'a> {
         let local = (m.routed_experts / cfg.parallelism.ep).max(1);
         let em = self.mlp_mats(m.expert_intermediate);
         let sm = self.mlp_mats(m.expert_intermediate * m.shared_experts);
-        let has_shared = m.shared_experts > 0;
-        let shared = |f: &dyn Fn(&[(usize, usize)]) -> f64| if has_shared { f(&sm) } else { 0.0 };
+        // With no shared expert `sm` has a zero dimension and its GEMMs cost nothing.
         let router_f = 2.0 * t * h * m.routed_experts as f64;
         let router = self.gemm(router_f, Precision::Bf16, k.bf16_gemm_eff);
         let mem = self.hbm(t * self.mem_moe_bytes_per_token(false));
-        let moe_f = self.fwd_gemms(rows, &em, local)
-            + shared(&|x| self.fwd_gemms(t, x, 1))
-            + router
-            + mem
-            + oh(10.0);
+        let moe_f =
+            self.fwd_gemms(rows, &em, local) + self.fwd_gemms(t, &sm, 1) + router + mem + oh(10.0);
         let moe_b = self.dgrad_gemms(rows, &em, local)
-            + shared(&|x| self.dgrad_gemms(t, x, 1))
+            + self.dgrad_gemms(t, &sm, 1)
             + router
             + 2.0 * mem
             + oh(14.0);
         let routed_shared = m.top_k as f64 * k.expert_imbalance + m.shared_experts as f64;
         let moe_w = self.wgrad_gemms(rows, &em, local)
-            + shared(&|x| self.wgrad_gemms(t, x, 1))
+            + self.wgrad_gemms(t, &sm, 1)
             + router
             + self.hbm(t * quant_t * routed_shared * (h + m.expert_intermediate as f64))
             + oh(6.0);
