@@ -147,6 +147,16 @@ pub struct MlaDecodeCal {
     pub tflops: f64,
     /// Bytes per cached value (2: BF16).
     pub kv_bytes: f64,
+    /// Tokens per KV-cache page (FlashMLA: 64); a sequence occupies whole pages.
+    pub page_tokens: f64,
+}
+
+impl MlaDecodeCal {
+    /// Cached tokens a sequence of `kv_len` occupies (and the kernel reads): whole pages, on
+    /// average half a page more than the length.
+    pub fn paged_len(&self, kv_len: f64) -> f64 {
+        kv_len + self.page_tokens / 2.0
+    }
 }
 
 /// Time (s) of one MLA decode layer. `heads` query heads, latent `kv_rank`, RoPE `rope` dims.
@@ -159,7 +169,7 @@ pub fn mla_decode_time(
     kv_rank: f64,
     rope: f64,
 ) -> f64 {
-    let bytes = seqs * kv_len * (kv_rank + rope) * cal.kv_bytes;
+    let bytes = seqs * cal.paged_len(kv_len) * (kv_rank + rope) * cal.kv_bytes;
     // Scores over K (latent + RoPE) and the weighted sum over V (latent), per head and query.
     let flops = 2.0 * seqs * q_tokens * heads * kv_len * (2.0 * kv_rank + rope);
     (bytes / (cal.gbps * 1e9)).max(flops / (cal.tflops * 1e12))

@@ -160,6 +160,7 @@ impl ServeConfig {
                     gbps: 3000.0,
                     tflops: 580.0,
                     kv_bytes: 2.0,
+                    page_tokens: 64.0,
                 },
                 attn_prefill_eff: 0.4,
                 attn_imbalance_prefill: 1.2,
@@ -371,6 +372,10 @@ impl ServeConfig {
             ("calibration.mla_decode.gbps", c.mla_decode.gbps),
             ("calibration.mla_decode.tflops", c.mla_decode.tflops),
             ("calibration.mla_decode.kv_bytes", c.mla_decode.kv_bytes),
+            (
+                "calibration.mla_decode.page_tokens",
+                c.mla_decode.page_tokens,
+            ),
             (
                 "calibration.mem_bytes_per_token_hidden",
                 c.mem_bytes_per_token_hidden,
@@ -781,9 +786,13 @@ fn tokens_per_step(cfg: &ServeConfig) -> f64 {
 pub fn decode_memory_limit(cfg: &ServeConfig) -> Result<(usize, f64)> {
     let weights = decode_weights_gb(cfg);
     let free = cfg.hardware.hbm_gb - weights - cfg.calibration.hbm_reserve_gb;
-    let per_seq =
-        kv_bytes_per_token(cfg) * cfg.workload.avg_kv_len * cfg.calibration.attn_imbalance_decode
-            / 1e9;
+    let per_seq = kv_bytes_per_token(cfg)
+        * cfg
+            .calibration
+            .mla_decode
+            .paged_len(cfg.workload.avg_kv_len)
+        * cfg.calibration.attn_imbalance_decode
+        / 1e9;
     let n = if free > 0.0 {
         (free / per_seq).floor()
     } else {
@@ -817,7 +826,13 @@ pub fn decode_at(cfg: &ServeConfig, batch: usize, limited_by: &str) -> Result<De
             * speed
             * d.gpus_per_node as f64
             * cfg.calibration.delivered_fraction,
-        kv_cache_gb_per_gpu: batch as f64 * kv_bytes_per_token(cfg) * cfg.workload.avg_kv_len / 1e9,
+        kv_cache_gb_per_gpu: batch as f64
+            * kv_bytes_per_token(cfg)
+            * cfg
+                .calibration
+                .mla_decode
+                .paged_len(cfg.workload.avg_kv_len)
+            / 1e9,
         weights_gb_per_gpu: weights,
         max_batch_by_memory: max_mem,
         moe_layer: layer_ms(&chain),

@@ -31,9 +31,10 @@ fn mla_decode_switches_from_memory_to_compute_bound() {
         gbps: 3000.0,
         tflops: 660.0,
         kv_bytes: 2.0,
+        page_tokens: 64.0,
     };
     let (seqs, kv) = (64.0, 4096.0);
-    let bytes = seqs * kv * 576.0 * 2.0;
+    let bytes = seqs * (kv + 32.0) * 576.0 * 2.0; // half a 64-token page on average
     let t1 = compute::mla_decode_time(&cal, seqs, kv, 1.0, 16.0, 512.0, 64.0);
     assert!((t1 - bytes / 3000e9).abs() < 1e-12, "memory-bound: {t1}");
     let t2 = compute::mla_decode_time(&cal, seqs, kv, 2.0, 128.0, 512.0, 64.0);
