@@ -398,14 +398,16 @@ impl Config {
 
     /// Check every rule; the first broken one is returned with its field.
     pub fn validate(&self) -> Result<()> {
-        let m = &self.model;
-        let t = &self.training;
-        let p = &self.parallelism;
-        let h = &self.hardware;
-        let c = &self.comm;
-        let k = &self.calibration;
-        validate_model(m)?;
-        validate_hardware(h)?;
+        validate_model(&self.model)?;
+        validate_hardware(&self.hardware)?;
+        self.validate_sizes()?;
+        self.validate_layout()?;
+        validate_calibration(&self.calibration)
+    }
+
+    /// Counts that must be positive and not absurd (products stay far from overflow).
+    fn validate_sizes(&self) -> Result<()> {
+        let (m, t, p, c) = (&self.model, &self.training, &self.parallelism, &self.comm);
         let pos = |field: &str, v: usize| -> Result<()> {
             if v == 0 {
                 Err(SimError::config(field, "must be at least 1"))
@@ -446,6 +448,16 @@ impl Config {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// How the model, the batch and the parallelism fit together.
+    fn validate_layout(&self) -> Result<()> {
+        let m = &self.model;
+        let t = &self.training;
+        let p = &self.parallelism;
+        let h = &self.hardware;
+        let c = &self.comm;
         if !t.micro_batch_tokens.is_multiple_of(m.seq_len) {
             return Err(SimError::config(
                 "training.micro_batch_tokens",
@@ -537,54 +549,6 @@ impl Config {
                 ),
             ));
         }
-        let fpos = |field: &str, v: f64| -> Result<()> {
-            if v.is_finite() && v > 0.0 {
-                Ok(())
-            } else {
-                Err(SimError::config(
-                    field,
-                    format!("must be a finite number > 0, got {v}"),
-                ))
-            }
-        };
-        let fnonneg = |field: &str, v: f64| -> Result<()> {
-            if v.is_finite() && v >= 0.0 {
-                Ok(())
-            } else {
-                Err(SimError::config(
-                    field,
-                    format!("must be a finite number >= 0, got {v}"),
-                ))
-            }
-        };
-        for (f, v) in [
-            ("calibration.gemm.tile_eff", k.gemm.tile_eff),
-            ("calibration.gemm.hbm_eff", k.gemm.hbm_eff),
-            ("calibration.wgrad_rel_speed", k.wgrad_rel_speed),
-            ("calibration.bf16_gemm_eff", k.bf16_gemm_eff),
-            ("calibration.attn_fwd_eff", k.attn_fwd_eff),
-            ("calibration.attn_bwd_eff", k.attn_bwd_eff),
-            ("calibration.hbm_eff", k.hbm_eff),
-        ] {
-            fpos(f, v)?;
-            if v > 1.0 {
-                return Err(SimError::config(
-                    f,
-                    format!("a fraction of peak must be <= 1, got {v}"),
-                ));
-            }
-        }
-        fpos("calibration.expert_imbalance", k.expert_imbalance)?;
-        if k.expert_imbalance < 1.0 {
-            return Err(SimError::config(
-                "calibration.expert_imbalance",
-                format!("max/mean load is at least 1, got {}", k.expert_imbalance),
-            ));
-        }
-        fnonneg("calibration.overlap_slowdown", k.overlap_slowdown)?;
-        fnonneg("calibration.gemm.tile_overhead_us", k.gemm.tile_overhead_us)?;
-        fnonneg("calibration.gemm.launch_us", k.gemm.launch_us)?;
-        fnonneg("calibration.kernel_overhead_us", k.kernel_overhead_us)?;
         Ok(())
     }
 }
@@ -736,5 +700,58 @@ pub fn validate_hardware(h: &HardwareConfig) -> Result<()> {
     fnonneg("hardware.intra_node_latency_us", h.intra_node_latency_us)?;
     fnonneg("hardware.inter_node_latency_us", h.inter_node_latency_us)?;
     fnonneg("hardware.ll_latency_us", h.ll_latency_us)?;
+    Ok(())
+}
+
+/// Efficiencies are fractions of peak, imbalances at least 1, overheads non-negative.
+fn validate_calibration(k: &Calibration) -> Result<()> {
+    let fpos = |field: &str, v: f64| -> Result<()> {
+        if v.is_finite() && v > 0.0 {
+            Ok(())
+        } else {
+            Err(SimError::config(
+                field,
+                format!("must be a finite number > 0, got {v}"),
+            ))
+        }
+    };
+    let fnonneg = |field: &str, v: f64| -> Result<()> {
+        if v.is_finite() && v >= 0.0 {
+            Ok(())
+        } else {
+            Err(SimError::config(
+                field,
+                format!("must be a finite number >= 0, got {v}"),
+            ))
+        }
+    };
+    for (f, v) in [
+        ("calibration.gemm.tile_eff", k.gemm.tile_eff),
+        ("calibration.gemm.hbm_eff", k.gemm.hbm_eff),
+        ("calibration.wgrad_rel_speed", k.wgrad_rel_speed),
+        ("calibration.bf16_gemm_eff", k.bf16_gemm_eff),
+        ("calibration.attn_fwd_eff", k.attn_fwd_eff),
+        ("calibration.attn_bwd_eff", k.attn_bwd_eff),
+        ("calibration.hbm_eff", k.hbm_eff),
+    ] {
+        fpos(f, v)?;
+        if v > 1.0 {
+            return Err(SimError::config(
+                f,
+                format!("a fraction of peak must be <= 1, got {v}"),
+            ));
+        }
+    }
+    fpos("calibration.expert_imbalance", k.expert_imbalance)?;
+    if k.expert_imbalance < 1.0 {
+        return Err(SimError::config(
+            "calibration.expert_imbalance",
+            format!("max/mean load is at least 1, got {}", k.expert_imbalance),
+        ));
+    }
+    fnonneg("calibration.overlap_slowdown", k.overlap_slowdown)?;
+    fnonneg("calibration.gemm.tile_overhead_us", k.gemm.tile_overhead_us)?;
+    fnonneg("calibration.gemm.launch_us", k.gemm.launch_us)?;
+    fnonneg("calibration.kernel_overhead_us", k.kernel_overhead_us)?;
     Ok(())
 }

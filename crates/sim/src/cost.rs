@@ -377,49 +377,49 @@ impl<'a> CostModel<'a> {
         })
     }
 
-    /// Kernel chains of one block (micro-batch of `training.micro_batch_tokens`).
-    pub fn block(&self, kind: BlockKind, layer: usize) -> Result<BlockCost> {
-        let cfg = self.cfg;
-        let m = &cfg.model;
-        let k = &cfg.calibration;
+    /// Output head + loss (BF16 GEMMs, vocabulary-sized memory-bound loss).
+    fn head_block(&self, layer: usize) -> BlockCost {
+        let m = &self.cfg.model;
+        let k = &self.cfg.calibration;
         let t = self.tokens();
-        let prec = cfg.training.precision;
-        let fp8 = prec == Precision::Fp8;
+        let oh = |n: f64| self.overhead(n);
+        let kind = BlockKind::Head;
+        let f = 2.0 * t * self.head_params();
+        let loss_bytes = t * m.vocab as f64 * 4.0 * 3.0;
+        let fwd = self.gemm(f, Precision::Bf16, k.bf16_gemm_eff) + self.hbm(loss_bytes) + oh(4.0);
+        let bwd = self.gemm(f, Precision::Bf16, k.bf16_gemm_eff) + self.hbm(loss_bytes) + oh(3.0);
+        let w = self.gemm(f, Precision::Bf16, k.bf16_gemm_eff) + oh(1.0);
+        let kk = |name, dur| Kernel {
+            name,
+            res: Resource::Compute,
+            dur,
+            layer,
+        };
+        BlockCost {
+            kind,
+            fwd: vec![kk("head", fwd)],
+            bwd: vec![kk("head_bwd", bwd)],
+            wgrad: vec![kk("head_wgrad", w)],
+            breakdown: LayerBreakdown {
+                kind: "head".into(),
+                attn_ms: 0.0,
+                moe_gemm_ms: fwd * 1e3,
+                bwd_moe_gemm_ms: bwd * 1e3,
+                wgrad_ms: w * 1e3,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Attention forward, input-gradient and weight-gradient times of one block.
+    fn attn_times(&self, mtp: bool) -> (f64, f64, f64) {
+        let m = &self.cfg.model;
+        let k = &self.cfg.calibration;
+        let t = self.tokens();
         let h = m.hidden as f64;
         let oh = |n: f64| self.overhead(n);
-
-        if kind == BlockKind::Head {
-            let f = 2.0 * t * self.head_params();
-            let loss_bytes = t * m.vocab as f64 * 4.0 * 3.0;
-            let fwd =
-                self.gemm(f, Precision::Bf16, k.bf16_gemm_eff) + self.hbm(loss_bytes) + oh(4.0);
-            let bwd =
-                self.gemm(f, Precision::Bf16, k.bf16_gemm_eff) + self.hbm(loss_bytes) + oh(3.0);
-            let w = self.gemm(f, Precision::Bf16, k.bf16_gemm_eff) + oh(1.0);
-            let kk = |name, dur| Kernel {
-                name,
-                res: Resource::Compute,
-                dur,
-                layer,
-            };
-            return Ok(BlockCost {
-                kind,
-                fwd: vec![kk("head", fwd)],
-                bwd: vec![kk("head_bwd", bwd)],
-                wgrad: vec![kk("head_wgrad", w)],
-                breakdown: LayerBreakdown {
-                    kind: "head".into(),
-                    attn_ms: 0.0,
-                    moe_gemm_ms: fwd * 1e3,
-                    bwd_moe_gemm_ms: bwd * 1e3,
-                    wgrad_ms: w * 1e3,
-                    ..Default::default()
-                },
-            });
-        }
-
         // Attention: projections (tile-model GEMMs), core (BF16), memory-bound kernels.
-        let mats = self.attn_mats(kind == BlockKind::Mtp);
+        let mats = self.attn_mats(mtp);
         let core_f = t * self.attn_core_flops_per_token();
         let attn_mem = self.hbm(t * self.mem_attn_bytes_per_token());
         let attn_fwd = self.fwd_gemms(t, &mats, 1)
@@ -432,7 +432,11 @@ impl<'a> CostModel<'a> {
             + recompute
             + 2.0 * attn_mem
             + oh(20.0);
-        let quant_t = if fp8 { 2.0 } else { 0.0 };
+        let quant_t = if self.cfg.training.precision == Precision::Fp8 {
+            2.0
+        } else {
+            0.0
+        };
         let attn_w = self.wgrad_gemms(t, &mats, 1)
             + self.hbm(
                 t * quant_t
@@ -440,6 +444,26 @@ impl<'a> CostModel<'a> {
                         + (m.heads * m.v_head_dim) as f64),
             )
             + oh(5.0);
+
+        (attn_fwd, attn_bwd, attn_w)
+    }
+
+    /// Kernel chains of one block (micro-batch of `training.micro_batch_tokens`).
+    pub fn block(&self, kind: BlockKind, layer: usize) -> Result<BlockCost> {
+        let cfg = self.cfg;
+        let m = &cfg.model;
+        let k = &cfg.calibration;
+        let t = self.tokens();
+        let prec = cfg.training.precision;
+        let fp8 = prec == Precision::Fp8;
+        let h = m.hidden as f64;
+        let oh = |n: f64| self.overhead(n);
+
+        if kind == BlockKind::Head {
+            return Ok(self.head_block(layer));
+        }
+        let (attn_fwd, attn_bwd, attn_w) = self.attn_times(kind == BlockKind::Mtp);
+        let quant_t = if fp8 { 2.0 } else { 0.0 };
 
         let ck = |name, dur| Kernel {
             name,
