@@ -172,3 +172,37 @@ fn tables_reproduce_deepep_within_15_percent() {
     }
     assert_eq!(v["deepgemm"].as_array().unwrap().len(), 7);
 }
+
+/// A real `ptxforge moe --json` run (2 emulated nodes x 2 GPUs) is a valid calibration input:
+/// its dispatch and combine phases become samples and the fitted model reproduces them.
+#[test]
+fn calibrate_reads_a_real_moe_report() {
+    let d = dir();
+    let out = ptxforge(&[
+        "moe",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "--hidden",
+        "256",
+        "--experts",
+        "16",
+        "--intermediate",
+        "128",
+        "--tokens",
+        "128",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let f = d.join("moe.json");
+    std::fs::write(&f, &out.stdout).unwrap();
+    let p = ok_json(&["sim", "--calibrate", f.to_str().unwrap(), "--json"]);
+    assert_eq!(p["comm_samples"], 2, "{p}");
+    assert_eq!(p["gemm_samples"], 0, "{p}");
+    assert!(p["comm_rms_error"].as_f64().unwrap() < 0.05, "{p}");
+}

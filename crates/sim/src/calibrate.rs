@@ -10,8 +10,8 @@
 //!
 //! Fit: coordinate descent in log space on the squared log error of the predicted times,
 //! starting from the base hardware. GEMM rows fit `GemmCal`; communication rows fit
-//! `inter_node_gbps`, `intra_node_gbps` and `comm_gbps_per_sm` (each only when some sample
-//! exercises it: a parameter no sample depends on keeps its base value).
+//! `inter_node_gbps`, `intra_node_gbps`, `comm_gbps_per_sm` and the two latencies (each only
+//! when some sample exercises it: a parameter no sample depends on keeps its base value).
 
 use crate::comm::{self, CommLoad};
 use crate::compute::{self, Gemm, GemmCal};
@@ -250,6 +250,8 @@ fn fit_comm(base: &HardwareConfig, s: &[CommSample]) -> (HardwareConfig, f64) {
         inter_node_gbps: p[0],
         intra_node_gbps: p[1],
         comm_gbps_per_sm: p[2],
+        inter_node_latency_us: p[3],
+        intra_node_latency_us: p[4],
         ..base.clone()
     };
     let time = |h: &HardwareConfig, x: &CommSample| {
@@ -261,15 +263,20 @@ fn fit_comm(base: &HardwareConfig, s: &[CommSample]) -> (HardwareConfig, f64) {
             .map(|x| log_err(time(&h, x), x.seconds).powi(2))
             .sum::<f64>()
     };
+    let no_ib = s.iter().all(|x| x.load.ib <= 0.0);
     let fixed = [
-        s.iter().all(|x| x.load.ib <= 0.0),
+        no_ib,
         s.iter().all(|x| x.load.nvl <= 0.0),
         s.iter().all(|x| x.sms == 0),
+        no_ib,
+        s.iter().all(|x| x.load.ib > 0.0),
     ];
     let mut p = [
         base.inter_node_gbps,
         base.intra_node_gbps,
         base.comm_gbps_per_sm,
+        base.inter_node_latency_us.max(0.1),
+        base.intra_node_latency_us.max(0.1),
     ];
     descend(&mut p, &fixed, &err);
     let h = hw(&p);
