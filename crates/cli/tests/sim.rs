@@ -201,6 +201,38 @@ fn calibrate_reads_a_real_moe_report() {
     );
     let f = d.join("moe.json");
     std::fs::write(&f, &out.stdout).unwrap();
+    // The simulator's record sizes are the ones the kernels moved: the same records carry
+    // FP8 dispatch and BF16 combine bytes.
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let shape = sim::traffic::EpShape {
+        ranks: 4,
+        gpus_per_node: 2,
+        experts: 16,
+        hidden: 256,
+        topk: 8,
+    };
+    let phase = |p: &str| {
+        v["phases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["phase"].as_str().unwrap().starts_with(p))
+            .unwrap()
+            .clone()
+    };
+    let (disp, comb) = (phase("dispatch"), phase("combine"));
+    let b = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap();
+    let fp8 = shape.dispatch_record_bytes(sim::traffic::Payload::Fp8) as u64;
+    let crec = shape.combine_record_bytes() as u64;
+    let records = b(&disp, "inter_node_records");
+    assert!(records > 0);
+    assert_eq!(b(&disp, "inter_bytes"), records * fp8);
+    assert_eq!(b(&comb, "inter_bytes"), records * crec);
+    assert_eq!(b(&disp, "intra_bytes") % fp8, 0);
+    assert_eq!(
+        b(&disp, "intra_bytes") / fp8,
+        b(&comb, "intra_bytes") / crec
+    );
     let p = ok_json(&["sim", "--calibrate", f.to_str().unwrap(), "--json"]);
     assert_eq!(p["comm_samples"], 2, "{p}");
     assert_eq!(p["gemm_samples"], 0, "{p}");
