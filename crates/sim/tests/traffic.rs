@@ -1,4 +1,5 @@
-//! Traffic model = our kernels' traffic: route with the `ep` crate's reference router, run its
+//! Traffic model = our kernels' traffic: route with the `ep` crate's reference router (the
+//! simulator's router must pick the same experts), run its
 //! hierarchical dispatch (FP8 and BF16 payloads) and combine on emulated nodes, and compare the
 //! bytes the kernels counted per link class with the simulator's exact record count and with
 //! its fan-out based byte model, byte for byte.
@@ -71,6 +72,21 @@ fn run_case(c: &Case) {
             .map(|_| rng.gen_range(-4.0f32..4.0))
             .collect();
         let out = route_ref(&logits, &bias, &rc).expect("routing");
+        // The simulator's router picks the same experts as the ep crate's.
+        for (row, want) in logits
+            .chunks(c.experts as usize)
+            .zip(out.idx.chunks(c.topk as usize))
+        {
+            let got = sim::routing::route(
+                row,
+                &bias,
+                c.groups as usize,
+                c.topk_groups as usize,
+                c.topk as usize,
+            );
+            let want: Vec<usize> = want.iter().map(|&e| e as usize).collect();
+            assert_eq!(got, want, "router disagreement");
+        }
         let x: Vec<f32> = (0..t * hidden)
             .map(|_| rng.gen_range(-2.0f32..2.0))
             .collect();
