@@ -25,7 +25,8 @@ enum Verb {
     Check(cmd::check::Args),
     /// Generate, verify, time and draw a pipeline-parallel schedule.
     Schedule(cmd::schedule::Args),
-    /// Simulate a training step of an MoE model on a cluster.
+    /// Simulate a training step or a prefill/decode serving deployment of an MoE model on a
+    /// cluster; fit a hardware profile to benchmarks (--calibrate).
     Sim(cmd::sim::Args),
     /// Launch one kernel from a PTX file with .npy inputs and outputs.
     Run(cmd::run::Args),

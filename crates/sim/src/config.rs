@@ -2,6 +2,7 @@
 //! and calibration constants; the built-in presets (`v3`, `h200-node`); loading from TOML/JSON;
 //! and validation that refuses a bad configuration with the offending field and the rule.
 
+use crate::compute::GemmCal;
 use crate::error::{Result, SimError};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -86,8 +87,11 @@ pub struct HardwareConfig {
     /// Achievable inter-node (RDMA) bandwidth per GPU per direction, GB/s.
     pub inter_node_gbps: f64,
     pub inter_node_latency_us: f64,
-    /// Bytes one communication SM can move (send + forward), GB/s.
+    /// Bytes one communication SM copies into destination buffers per second, GB/s (normal-mode
+    /// dispatch/combine: one copy per destination GPU, landing GPU included).
     pub comm_gbps_per_sm: f64,
+    /// Fixed cost of one low-latency (decode) dispatch or combine, microseconds.
+    pub ll_latency_us: f64,
 }
 
 /// How the node/GPU fan-out of a token is obtained.
@@ -155,12 +159,12 @@ impl fmt::Display for ScheduleKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Calibration {
-    /// Dense GEMM (attention projections, dense MLP) fraction of the precision's peak, all SMs.
-    pub gemm_eff: f64,
-    /// Grouped expert GEMM fraction of peak.
-    pub grouped_gemm_eff: f64,
-    /// Weight-gradient GEMMs fraction of peak (transposed re-quantized operands).
-    pub wgrad_eff: f64,
+    /// Tile model of the FP8/BF16 GEMMs (projections, MLPs, experts), fitted on DeepGEMM's
+    /// published H800 table (`compute::GemmCal::h800`).
+    pub gemm: GemmCal,
+    /// Speed of the weight-gradient GEMMs relative to the tile model (transposed 128x1
+    /// re-quantised operands, k-grouped expert GEMMs).
+    pub wgrad_rel_speed: f64,
     /// BF16 GEMMs (output head, router) fraction of the BF16 peak.
     pub bf16_gemm_eff: f64,
     /// Causal attention core (BF16) forward / backward fraction of the BF16 peak.
@@ -188,7 +192,9 @@ pub struct Config {
     pub calibration: Calibration,
 }
 
-fn h800() -> HardwareConfig {
+/// H800 SXM with the communication parameters fitted to DeepEP's published tables (see
+/// `comm::deepep_table` and docs/SIM.md).
+pub fn h800() -> HardwareConfig {
     HardwareConfig {
         name: "H800 SXM".into(),
         sms: 132,
@@ -196,19 +202,19 @@ fn h800() -> HardwareConfig {
         tflops_fp8: 1979.0,
         hbm_gb: 80.0,
         hbm_gbps: 3350.0,
-        intra_node_gbps: 160.0,
+        intra_node_gbps: 152.0,
         intra_node_latency_us: 3.0,
-        inter_node_gbps: 50.0,
+        inter_node_gbps: 44.0,
         inter_node_latency_us: 10.0,
-        comm_gbps_per_sm: 7.5,
+        comm_gbps_per_sm: 6.1,
+        ll_latency_us: 27.0,
     }
 }
 
 fn default_calibration() -> Calibration {
     Calibration {
-        gemm_eff: 0.62,
-        grouped_gemm_eff: 0.60,
-        wgrad_eff: 0.50,
+        gemm: GemmCal::h800(),
+        wgrad_rel_speed: 0.8,
         bf16_gemm_eff: 0.70,
         attn_fwd_eff: 0.40,
         attn_bwd_eff: 0.30,
@@ -323,7 +329,8 @@ impl Config {
                 intra_node_latency_us: 3.0,
                 inter_node_gbps: 50.0,
                 inter_node_latency_us: 10.0,
-                comm_gbps_per_sm: 7.5,
+                comm_gbps_per_sm: 6.1,
+                ll_latency_us: 27.0,
             },
             comm: CommConfig {
                 sms: 20,
@@ -391,12 +398,16 @@ impl Config {
 
     /// Check every rule; the first broken one is returned with its field.
     pub fn validate(&self) -> Result<()> {
-        let m = &self.model;
-        let t = &self.training;
-        let p = &self.parallelism;
-        let h = &self.hardware;
-        let c = &self.comm;
-        let k = &self.calibration;
+        validate_model(&self.model)?;
+        validate_hardware(&self.hardware)?;
+        self.validate_sizes()?;
+        self.validate_layout()?;
+        validate_calibration(&self.calibration)
+    }
+
+    /// Counts that must be positive and not absurd (products stay far from overflow).
+    fn validate_sizes(&self) -> Result<()> {
+        let (m, t, p, c) = (&self.model, &self.training, &self.parallelism, &self.comm);
         let pos = |field: &str, v: usize| -> Result<()> {
             if v == 0 {
                 Err(SimError::config(field, "must be at least 1"))
@@ -405,19 +416,6 @@ impl Config {
             }
         };
         for (f, v) in [
-            ("model.layers", m.layers),
-            ("model.hidden", m.hidden),
-            ("model.heads", m.heads),
-            ("model.kv_lora_rank", m.kv_lora_rank),
-            ("model.qk_nope_head_dim", m.qk_nope_head_dim),
-            ("model.v_head_dim", m.v_head_dim),
-            ("model.routed_experts", m.routed_experts),
-            ("model.top_k", m.top_k),
-            ("model.groups", m.groups),
-            ("model.top_groups", m.top_groups),
-            ("model.expert_intermediate", m.expert_intermediate),
-            ("model.vocab", m.vocab),
-            ("model.seq_len", m.seq_len),
             ("training.micro_batch_tokens", t.micro_batch_tokens),
             ("training.micro_batches", t.micro_batches),
             ("parallelism.pp", p.pp),
@@ -425,57 +423,41 @@ impl Config {
             ("parallelism.dp", p.dp),
             ("parallelism.gpus_per_node", p.gpus_per_node),
             ("parallelism.nodes", p.nodes),
-            ("hardware.sms", h.sms),
             ("comm.router_samples", c.router_samples),
         ] {
             pos(f, v)?;
         }
-        if m.dense_layers > m.layers {
-            return Err(SimError::config(
-                "model.dense_layers",
-                format!("{} exceeds model.layers = {}", m.dense_layers, m.layers),
-            ));
+        for (f, v, limit) in [
+            ("training.micro_batch_tokens", t.micro_batch_tokens, 1 << 24),
+            ("training.micro_batches", t.micro_batches, 1 << 20),
+            ("parallelism.pp", p.pp, 1 << 12),
+            ("parallelism.ep", p.ep, 1 << 20),
+            ("parallelism.dp", p.dp, 1 << 24),
+            ("parallelism.gpus_per_node", p.gpus_per_node, 1 << 10),
+            ("parallelism.nodes", p.nodes, 1 << 24),
+            ("comm.router_samples", c.router_samples, 1 << 20),
+        ] {
+            at_most(f, v, limit)?;
         }
-        if m.dense_layers > 0 && m.dense_intermediate == 0 {
+        if c.router_samples * m.routed_experts > 1 << 28 {
             return Err(SimError::config(
-                "model.dense_intermediate",
-                "must be at least 1 when dense_layers > 0",
-            ));
-        }
-        if m.top_groups > m.groups {
-            return Err(SimError::config(
-                "model.top_groups",
+                "comm.router_samples",
                 format!(
-                    "top groups ({}) must not exceed groups ({})",
-                    m.top_groups, m.groups
+                    "{} samples x {} experts is too much routing to sample (at most 2^28)",
+                    c.router_samples, m.routed_experts
                 ),
             ));
         }
-        if !m.routed_experts.is_multiple_of(m.groups) {
-            return Err(SimError::config(
-                "model.groups",
-                format!(
-                    "must divide routed_experts ({}), got {}",
-                    m.routed_experts, m.groups
-                ),
-            ));
-        }
-        let per_group = m.routed_experts / m.groups;
-        if m.top_k > m.top_groups * per_group {
-            return Err(SimError::config(
-                "model.top_k",
-                format!(
-                    "{} experts cannot be chosen from {} groups of {} experts",
-                    m.top_k, m.top_groups, per_group
-                ),
-            ));
-        }
-        if m.top_groups < m.groups && per_group < 2 {
-            return Err(SimError::config(
-                "model.groups",
-                "group scores use the top-2 experts of a group: groups need at least 2 experts",
-            ));
-        }
+        Ok(())
+    }
+
+    /// How the model, the batch and the parallelism fit together.
+    fn validate_layout(&self) -> Result<()> {
+        let m = &self.model;
+        let t = &self.training;
+        let p = &self.parallelism;
+        let h = &self.hardware;
+        let c = &self.comm;
         if !t.micro_batch_tokens.is_multiple_of(m.seq_len) {
             return Err(SimError::config(
                 "training.micro_batch_tokens",
@@ -567,61 +549,209 @@ impl Config {
                 ),
             ));
         }
-        let fpos = |field: &str, v: f64| -> Result<()> {
-            if v.is_finite() && v > 0.0 {
-                Ok(())
-            } else {
-                Err(SimError::config(
-                    field,
-                    format!("must be a finite number > 0, got {v}"),
-                ))
-            }
-        };
-        let fnonneg = |field: &str, v: f64| -> Result<()> {
-            if v.is_finite() && v >= 0.0 {
-                Ok(())
-            } else {
-                Err(SimError::config(
-                    field,
-                    format!("must be a finite number >= 0, got {v}"),
-                ))
-            }
-        };
-        fpos("hardware.tflops_bf16", h.tflops_bf16)?;
-        fpos("hardware.tflops_fp8", h.tflops_fp8)?;
-        fpos("hardware.hbm_gb", h.hbm_gb)?;
-        fpos("hardware.hbm_gbps", h.hbm_gbps)?;
-        fpos("hardware.intra_node_gbps", h.intra_node_gbps)?;
-        fpos("hardware.inter_node_gbps", h.inter_node_gbps)?;
-        fpos("hardware.comm_gbps_per_sm", h.comm_gbps_per_sm)?;
-        fnonneg("hardware.intra_node_latency_us", h.intra_node_latency_us)?;
-        fnonneg("hardware.inter_node_latency_us", h.inter_node_latency_us)?;
-        for (f, v) in [
-            ("calibration.gemm_eff", k.gemm_eff),
-            ("calibration.grouped_gemm_eff", k.grouped_gemm_eff),
-            ("calibration.wgrad_eff", k.wgrad_eff),
-            ("calibration.bf16_gemm_eff", k.bf16_gemm_eff),
-            ("calibration.attn_fwd_eff", k.attn_fwd_eff),
-            ("calibration.attn_bwd_eff", k.attn_bwd_eff),
-            ("calibration.hbm_eff", k.hbm_eff),
-        ] {
-            fpos(f, v)?;
-            if v > 1.0 {
-                return Err(SimError::config(
-                    f,
-                    format!("a fraction of peak must be <= 1, got {v}"),
-                ));
-            }
-        }
-        fpos("calibration.expert_imbalance", k.expert_imbalance)?;
-        if k.expert_imbalance < 1.0 {
-            return Err(SimError::config(
-                "calibration.expert_imbalance",
-                format!("max/mean load is at least 1, got {}", k.expert_imbalance),
-            ));
-        }
-        fnonneg("calibration.overlap_slowdown", k.overlap_slowdown)?;
-        fnonneg("calibration.kernel_overhead_us", k.kernel_overhead_us)?;
         Ok(())
     }
+}
+
+fn at_most(field: &str, v: usize, limit: usize) -> Result<()> {
+    if v > limit {
+        Err(SimError::config(
+            field,
+            format!("{v} is beyond what the simulator accepts (at most {limit})"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+fn positive(field: &str, v: usize) -> Result<()> {
+    if v == 0 {
+        Err(SimError::config(field, "must be at least 1"))
+    } else {
+        Ok(())
+    }
+}
+
+/// Rules of the model shape alone (shared by training and serving configurations).
+pub fn validate_model(m: &ModelConfig) -> Result<()> {
+    for (f, v) in [
+        ("model.layers", m.layers),
+        ("model.hidden", m.hidden),
+        ("model.heads", m.heads),
+        ("model.kv_lora_rank", m.kv_lora_rank),
+        ("model.qk_nope_head_dim", m.qk_nope_head_dim),
+        ("model.v_head_dim", m.v_head_dim),
+        ("model.routed_experts", m.routed_experts),
+        ("model.top_k", m.top_k),
+        ("model.groups", m.groups),
+        ("model.top_groups", m.top_groups),
+        ("model.expert_intermediate", m.expert_intermediate),
+        ("model.vocab", m.vocab),
+        ("model.seq_len", m.seq_len),
+    ] {
+        positive(f, v)?;
+    }
+    for (f, v, limit) in [
+        ("model.layers", m.layers, 10_000),
+        ("model.mtp_layers", m.mtp_layers, 100),
+        ("model.hidden", m.hidden, 1 << 20),
+        ("model.heads", m.heads, 1 << 16),
+        ("model.q_lora_rank", m.q_lora_rank, 1 << 20),
+        ("model.kv_lora_rank", m.kv_lora_rank, 1 << 20),
+        ("model.qk_nope_head_dim", m.qk_nope_head_dim, 1 << 16),
+        ("model.qk_rope_head_dim", m.qk_rope_head_dim, 1 << 16),
+        ("model.v_head_dim", m.v_head_dim, 1 << 16),
+        ("model.routed_experts", m.routed_experts, 1 << 16),
+        ("model.shared_experts", m.shared_experts, 1 << 10),
+        ("model.top_k", m.top_k, 1 << 10),
+        ("model.groups", m.groups, 1 << 16),
+        ("model.expert_intermediate", m.expert_intermediate, 1 << 22),
+        ("model.dense_intermediate", m.dense_intermediate, 1 << 22),
+        ("model.vocab", m.vocab, 1 << 24),
+        ("model.seq_len", m.seq_len, 1 << 24),
+    ] {
+        at_most(f, v, limit)?;
+    }
+    if m.dense_layers > m.layers {
+        return Err(SimError::config(
+            "model.dense_layers",
+            format!("{} exceeds model.layers = {}", m.dense_layers, m.layers),
+        ));
+    }
+    if m.dense_layers > 0 && m.dense_intermediate == 0 {
+        return Err(SimError::config(
+            "model.dense_intermediate",
+            "must be at least 1 when dense_layers > 0",
+        ));
+    }
+    if m.top_groups > m.groups {
+        return Err(SimError::config(
+            "model.top_groups",
+            format!(
+                "top groups ({}) must not exceed groups ({})",
+                m.top_groups, m.groups
+            ),
+        ));
+    }
+    if !m.routed_experts.is_multiple_of(m.groups) {
+        return Err(SimError::config(
+            "model.groups",
+            format!(
+                "must divide routed_experts ({}), got {}",
+                m.routed_experts, m.groups
+            ),
+        ));
+    }
+    let per_group = m.routed_experts / m.groups;
+    if m.top_k > m.top_groups * per_group {
+        return Err(SimError::config(
+            "model.top_k",
+            format!(
+                "{} experts cannot be chosen from {} groups of {} experts",
+                m.top_k, m.top_groups, per_group
+            ),
+        ));
+    }
+    if m.top_groups < m.groups && per_group < 2 {
+        return Err(SimError::config(
+            "model.groups",
+            "group scores use the top-2 experts of a group: groups need at least 2 experts",
+        ));
+    }
+    Ok(())
+}
+
+/// Rules of the hardware description alone.
+pub fn validate_hardware(h: &HardwareConfig) -> Result<()> {
+    positive("hardware.sms", h.sms)?;
+    if h.sms > 100_000 {
+        return Err(SimError::config(
+            "hardware.sms",
+            format!("{} SMs is absurd", h.sms),
+        ));
+    }
+    let fpos = |field: &str, v: f64| -> Result<()> {
+        if v.is_finite() && v > 0.0 {
+            Ok(())
+        } else {
+            Err(SimError::config(
+                field,
+                format!("must be a finite number > 0, got {v}"),
+            ))
+        }
+    };
+    let fnonneg = |field: &str, v: f64| -> Result<()> {
+        if v.is_finite() && v >= 0.0 {
+            Ok(())
+        } else {
+            Err(SimError::config(
+                field,
+                format!("must be a finite number >= 0, got {v}"),
+            ))
+        }
+    };
+    fpos("hardware.tflops_bf16", h.tflops_bf16)?;
+    fpos("hardware.tflops_fp8", h.tflops_fp8)?;
+    fpos("hardware.hbm_gb", h.hbm_gb)?;
+    fpos("hardware.hbm_gbps", h.hbm_gbps)?;
+    fpos("hardware.intra_node_gbps", h.intra_node_gbps)?;
+    fpos("hardware.inter_node_gbps", h.inter_node_gbps)?;
+    fpos("hardware.comm_gbps_per_sm", h.comm_gbps_per_sm)?;
+    fnonneg("hardware.intra_node_latency_us", h.intra_node_latency_us)?;
+    fnonneg("hardware.inter_node_latency_us", h.inter_node_latency_us)?;
+    fnonneg("hardware.ll_latency_us", h.ll_latency_us)?;
+    Ok(())
+}
+
+/// Efficiencies are fractions of peak, imbalances at least 1, overheads non-negative.
+fn validate_calibration(k: &Calibration) -> Result<()> {
+    let fpos = |field: &str, v: f64| -> Result<()> {
+        if v.is_finite() && v > 0.0 {
+            Ok(())
+        } else {
+            Err(SimError::config(
+                field,
+                format!("must be a finite number > 0, got {v}"),
+            ))
+        }
+    };
+    let fnonneg = |field: &str, v: f64| -> Result<()> {
+        if v.is_finite() && v >= 0.0 {
+            Ok(())
+        } else {
+            Err(SimError::config(
+                field,
+                format!("must be a finite number >= 0, got {v}"),
+            ))
+        }
+    };
+    for (f, v) in [
+        ("calibration.gemm.tile_eff", k.gemm.tile_eff),
+        ("calibration.gemm.hbm_eff", k.gemm.hbm_eff),
+        ("calibration.wgrad_rel_speed", k.wgrad_rel_speed),
+        ("calibration.bf16_gemm_eff", k.bf16_gemm_eff),
+        ("calibration.attn_fwd_eff", k.attn_fwd_eff),
+        ("calibration.attn_bwd_eff", k.attn_bwd_eff),
+        ("calibration.hbm_eff", k.hbm_eff),
+    ] {
+        fpos(f, v)?;
+        if v > 1.0 {
+            return Err(SimError::config(
+                f,
+                format!("a fraction of peak must be <= 1, got {v}"),
+            ));
+        }
+    }
+    fpos("calibration.expert_imbalance", k.expert_imbalance)?;
+    if k.expert_imbalance < 1.0 {
+        return Err(SimError::config(
+            "calibration.expert_imbalance",
+            format!("max/mean load is at least 1, got {}", k.expert_imbalance),
+        ));
+    }
+    fnonneg("calibration.overlap_slowdown", k.overlap_slowdown)?;
+    fnonneg("calibration.gemm.tile_overhead_us", k.gemm.tile_overhead_us)?;
+    fnonneg("calibration.gemm.launch_us", k.gemm.launch_us)?;
+    fnonneg("calibration.kernel_overhead_us", k.kernel_overhead_us)?;
+    Ok(())
 }

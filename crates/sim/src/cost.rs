@@ -4,6 +4,8 @@
 //! legs capped by what the communication SMs can drive). Also owns the stage partition of the
 //! layers, the model FLOPs used for MFU and the per-GPU memory estimate.
 
+use crate::comm::{self, CommLoad};
+use crate::compute::{self, Gemm};
 use crate::config::{Config, Precision, ScheduleKind};
 use crate::error::{Result, SimError};
 use crate::routing::{self, FanOut};
@@ -129,6 +131,85 @@ impl<'a> CostModel<'a> {
     fn gemm(&self, flops: f64, prec: Precision, eff: f64) -> f64 {
         flops / (self.peak(prec) * eff * self.compute_frac())
     }
+    /// One GEMM `[m, k] x [n, k]^T` in the training precision on the compute SMs
+    /// ([`compute::gemm_time`], the DeepGEMM-fitted tile model); `groups` weight matrices.
+    fn tile(&self, m: f64, n: usize, k: usize, groups: usize) -> f64 {
+        let cfg = self.cfg;
+        let g = Gemm {
+            m: m.ceil() as usize,
+            n,
+            k,
+            in_bytes: if cfg.training.precision == Precision::Fp8 {
+                1
+            } else {
+                2
+            },
+            weights: groups,
+        };
+        let sms = cfg.hardware.sms - self.comm_sms;
+        compute::gemm_time(&cfg.hardware, &cfg.calibration.gemm, sms, &g)
+    }
+    /// Forward GEMMs of `rows` rows through weight matrices `[out, in]`.
+    fn fwd_gemms(&self, rows: f64, mats: &[(usize, usize)], groups: usize) -> f64 {
+        mats.iter()
+            .map(|&(o, i)| self.tile(rows, o, i, groups))
+            .sum()
+    }
+    /// Input-gradient GEMMs: `dX [rows, in] = dY [rows, out] W`.
+    fn dgrad_gemms(&self, rows: f64, mats: &[(usize, usize)], groups: usize) -> f64 {
+        mats.iter()
+            .map(|&(o, i)| self.tile(rows, i, o, groups))
+            .sum()
+    }
+    /// Weight-gradient GEMMs: `dW [out, in] = dY^T X` over the rows (k-grouped per group).
+    fn wgrad_gemms(&self, rows: f64, mats: &[(usize, usize)], groups: usize) -> f64 {
+        let g = groups.max(1);
+        let k = (rows / g as f64).ceil().max(1.0) as usize;
+        mats.iter()
+            .map(|&(o, i)| self.tile((o * g) as f64, i, k, 1))
+            .sum::<f64>()
+            / self.cfg.calibration.wgrad_rel_speed
+    }
+    /// Attention projection weights `[out, in]` (plus the MTP input projection).
+    fn attn_mats(&self, mtp: bool) -> Vec<(usize, usize)> {
+        let m = &self.cfg.model;
+        let dqk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+        let mut v = if m.q_lora_rank > 0 {
+            vec![(m.q_lora_rank, m.hidden), (m.heads * dqk, m.q_lora_rank)]
+        } else {
+            vec![(m.heads * dqk, m.hidden)]
+        };
+        v.push((m.kv_lora_rank + m.qk_rope_head_dim, m.hidden));
+        v.push((
+            m.heads * (m.qk_nope_head_dim + m.v_head_dim),
+            m.kv_lora_rank,
+        ));
+        v.push((m.hidden, m.heads * m.v_head_dim));
+        if mtp {
+            v.push((m.hidden, 2 * m.hidden));
+        }
+        v
+    }
+    /// The up-projections the backward recomputes (q_b, kv_b).
+    fn up_mats(&self) -> Vec<(usize, usize)> {
+        let m = &self.cfg.model;
+        let mut v = vec![(
+            m.heads * (m.qk_nope_head_dim + m.v_head_dim),
+            m.kv_lora_rank,
+        )];
+        if m.q_lora_rank > 0 {
+            v.push((
+                m.heads * (m.qk_nope_head_dim + m.qk_rope_head_dim),
+                m.q_lora_rank,
+            ));
+        }
+        v
+    }
+    /// SwiGLU MLP weights (gate+up fused, down) of intermediate size `i`.
+    fn mlp_mats(&self, i: usize) -> [(usize, usize); 2] {
+        let h = self.cfg.model.hidden;
+        [(2 * i, h), (h, i)]
+    }
     fn hbm(&self, bytes: f64) -> f64 {
         let h = &self.cfg.hardware;
         // Memory-bound kernels saturate HBM with a fraction of the SMs; treat as unscaled.
@@ -144,44 +225,44 @@ impl<'a> CostModel<'a> {
         (p.ep / p.gpus_per_node).max(1)
     }
 
-    /// Bytes per token of a payload: FP8 hidden + one f32 scale per 128 values, or BF16.
+    /// Bytes per token of one record on a link, as the `ep` kernels lay it out
+    /// ([`crate::traffic`]): FP8 dispatch (metadata + FP8 hidden + f32 scales per 128) or the
+    /// BF16 combine record.
     pub fn payload(&self, fp8: bool) -> f64 {
-        let h = self.cfg.model.hidden as f64;
+        let m = &self.cfg.model;
+        let shape = crate::traffic::EpShape {
+            ranks: self.cfg.parallelism.ep,
+            gpus_per_node: self.cfg.parallelism.gpus_per_node,
+            experts: m.routed_experts,
+            hidden: m.hidden,
+            topk: m.top_k,
+        };
         if fp8 {
-            h + (h / 128.0).ceil() * 4.0
+            shape.dispatch_record_bytes(crate::traffic::Payload::Fp8) as f64
         } else {
-            2.0 * h
+            shape.combine_record_bytes() as f64
         }
+    }
+
+    /// Bytes one GPU moves per leg for one dispatch (`fp8`) or combine of a micro-batch,
+    /// scaled by the expert imbalance (the busiest GPU sets the pace).
+    pub fn comm_load(&self, fp8: bool) -> CommLoad {
+        let t = self.tokens() * self.cfg.calibration.expert_imbalance;
+        CommLoad::normal(t, &self.fanout, self.payload(fp8))
     }
 
     pub fn comm_bytes(&self, fp8: bool) -> CommBytes {
-        let t = self.tokens() * self.cfg.calibration.expert_imbalance;
-        let pl = self.payload(fp8);
+        let l = self.comm_load(fp8);
         CommBytes {
-            ib: t * self.fanout.ib_copies * pl,
-            nvl: t * self.fanout.nvl_copies * pl,
+            ib: l.ib,
+            nvl: l.nvl,
         }
     }
 
-    /// Duration of one dispatch or combine. `None` when it cannot progress (no SMs).
+    /// Duration of one dispatch or combine (normal-mode kernels, [`crate::comm`]). `None`
+    /// when it cannot progress (no SMs).
     pub fn comm_time(&self, fp8: bool) -> Option<f64> {
-        let b = self.comm_bytes(fp8);
-        let h = &self.cfg.hardware;
-        if b.ib + b.nvl <= 0.0 {
-            return Some(0.0);
-        }
-        if self.comm_sms == 0 {
-            return None;
-        }
-        let lat = if b.ib > 0.0 {
-            h.inter_node_latency_us + h.intra_node_latency_us
-        } else {
-            h.intra_node_latency_us
-        } * 1e-6;
-        let ib = b.ib / (h.inter_node_gbps * 1e9);
-        let nvl = b.nvl / (h.intra_node_gbps * 1e9);
-        let sm = (b.ib + b.nvl) / (self.comm_sms as f64 * h.comm_gbps_per_sm * 1e9);
-        Some(lat + ib.max(nvl).max(sm))
+        comm::normal_time(&self.cfg.hardware, self.comm_sms, &self.comm_load(fp8))
     }
 
     /// Pipeline point-to-point transfer of one micro-batch's activations (or gradients).
@@ -212,17 +293,6 @@ impl<'a> CostModel<'a> {
         let kv_b = m.kv_lora_rank as f64 * hd * (m.qk_nope_head_dim + m.v_head_dim) as f64;
         let o = hd * m.v_head_dim as f64 * h;
         q + kv_a + kv_b + o
-    }
-    /// Parameters of the up-projections recomputed in the backward pass.
-    fn up_proj_params(&self) -> f64 {
-        let m = &self.cfg.model;
-        let hd = m.heads as f64;
-        let q_b = if m.q_lora_rank > 0 {
-            m.q_lora_rank as f64 * hd * (m.qk_nope_head_dim + m.qk_rope_head_dim) as f64
-        } else {
-            0.0
-        };
-        q_b + m.kv_lora_rank as f64 * hd * (m.qk_nope_head_dim + m.v_head_dim) as f64
     }
     pub fn expert_params(&self) -> f64 {
         let m = &self.cfg.model;
@@ -307,6 +377,77 @@ impl<'a> CostModel<'a> {
         })
     }
 
+    /// Output head + loss (BF16 GEMMs, vocabulary-sized memory-bound loss).
+    fn head_block(&self, layer: usize) -> BlockCost {
+        let m = &self.cfg.model;
+        let k = &self.cfg.calibration;
+        let t = self.tokens();
+        let oh = |n: f64| self.overhead(n);
+        let kind = BlockKind::Head;
+        let f = 2.0 * t * self.head_params();
+        let loss_bytes = t * m.vocab as f64 * 4.0 * 3.0;
+        let fwd = self.gemm(f, Precision::Bf16, k.bf16_gemm_eff) + self.hbm(loss_bytes) + oh(4.0);
+        let bwd = self.gemm(f, Precision::Bf16, k.bf16_gemm_eff) + self.hbm(loss_bytes) + oh(3.0);
+        let w = self.gemm(f, Precision::Bf16, k.bf16_gemm_eff) + oh(1.0);
+        let kk = |name, dur| Kernel {
+            name,
+            res: Resource::Compute,
+            dur,
+            layer,
+        };
+        BlockCost {
+            kind,
+            fwd: vec![kk("head", fwd)],
+            bwd: vec![kk("head_bwd", bwd)],
+            wgrad: vec![kk("head_wgrad", w)],
+            breakdown: LayerBreakdown {
+                kind: "head".into(),
+                attn_ms: 0.0,
+                moe_gemm_ms: fwd * 1e3,
+                bwd_moe_gemm_ms: bwd * 1e3,
+                wgrad_ms: w * 1e3,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Attention forward, input-gradient and weight-gradient times of one block.
+    fn attn_times(&self, mtp: bool) -> (f64, f64, f64) {
+        let m = &self.cfg.model;
+        let k = &self.cfg.calibration;
+        let t = self.tokens();
+        let h = m.hidden as f64;
+        let oh = |n: f64| self.overhead(n);
+        // Attention: projections (tile-model GEMMs), core (BF16), memory-bound kernels.
+        let mats = self.attn_mats(mtp);
+        let core_f = t * self.attn_core_flops_per_token();
+        let attn_mem = self.hbm(t * self.mem_attn_bytes_per_token());
+        let attn_fwd = self.fwd_gemms(t, &mats, 1)
+            + core_f / (self.peak(Precision::Bf16) * k.attn_fwd_eff * self.compute_frac())
+            + attn_mem
+            + oh(12.0);
+        let recompute = self.fwd_gemms(t, &self.up_mats(), 1);
+        let attn_bwd = self.dgrad_gemms(t, &mats, 1)
+            + 2.5 * core_f / (self.peak(Precision::Bf16) * k.attn_bwd_eff * self.compute_frac())
+            + recompute
+            + 2.0 * attn_mem
+            + oh(20.0);
+        let quant_t = if self.cfg.training.precision == Precision::Fp8 {
+            2.0
+        } else {
+            0.0
+        };
+        let attn_w = self.wgrad_gemms(t, &mats, 1)
+            + self.hbm(
+                t * quant_t
+                    * (h + (m.q_lora_rank + m.kv_lora_rank) as f64
+                        + (m.heads * m.v_head_dim) as f64),
+            )
+            + oh(5.0);
+
+        (attn_fwd, attn_bwd, attn_w)
+    }
+
     /// Kernel chains of one block (micro-batch of `training.micro_batch_tokens`).
     pub fn block(&self, kind: BlockKind, layer: usize) -> Result<BlockCost> {
         let cfg = self.cfg;
@@ -319,61 +460,10 @@ impl<'a> CostModel<'a> {
         let oh = |n: f64| self.overhead(n);
 
         if kind == BlockKind::Head {
-            let f = 2.0 * t * self.head_params();
-            let loss_bytes = t * m.vocab as f64 * 4.0 * 3.0;
-            let fwd =
-                self.gemm(f, Precision::Bf16, k.bf16_gemm_eff) + self.hbm(loss_bytes) + oh(4.0);
-            let bwd =
-                self.gemm(f, Precision::Bf16, k.bf16_gemm_eff) + self.hbm(loss_bytes) + oh(3.0);
-            let w = self.gemm(f, Precision::Bf16, k.bf16_gemm_eff) + oh(1.0);
-            let kk = |name, dur| Kernel {
-                name,
-                res: Resource::Compute,
-                dur,
-                layer,
-            };
-            return Ok(BlockCost {
-                kind,
-                fwd: vec![kk("head", fwd)],
-                bwd: vec![kk("head_bwd", bwd)],
-                wgrad: vec![kk("head_wgrad", w)],
-                breakdown: LayerBreakdown {
-                    kind: "head".into(),
-                    attn_ms: 0.0,
-                    moe_gemm_ms: fwd * 1e3,
-                    bwd_moe_gemm_ms: bwd * 1e3,
-                    wgrad_ms: w * 1e3,
-                    ..Default::default()
-                },
-            });
+            return Ok(self.head_block(layer));
         }
-
-        // Attention: projections (FP8/BF16 GEMMs), core (BF16), memory-bound kernels.
-        let mut proj = self.attn_params();
-        if kind == BlockKind::Mtp {
-            proj += 2.0 * h * h; // MTP input projection [h_i; emb] -> h
-        }
-        let proj_f = 2.0 * t * proj;
-        let core_f = t * self.attn_core_flops_per_token();
-        let attn_mem = self.hbm(t * self.mem_attn_bytes_per_token());
-        let attn_fwd = self.gemm(proj_f, prec, k.gemm_eff)
-            + core_f / (self.peak(Precision::Bf16) * k.attn_fwd_eff * self.compute_frac())
-            + attn_mem
-            + oh(12.0);
-        let recompute = self.gemm(2.0 * t * self.up_proj_params(), prec, k.gemm_eff);
-        let attn_bwd = self.gemm(proj_f, prec, k.gemm_eff)
-            + 2.5 * core_f / (self.peak(Precision::Bf16) * k.attn_bwd_eff * self.compute_frac())
-            + recompute
-            + 2.0 * attn_mem
-            + oh(20.0);
+        let (attn_fwd, attn_bwd, attn_w) = self.attn_times(kind == BlockKind::Mtp);
         let quant_t = if fp8 { 2.0 } else { 0.0 };
-        let attn_w = self.gemm(proj_f, prec, k.wgrad_eff)
-            + self.hbm(
-                t * quant_t
-                    * (h + (m.q_lora_rank + m.kv_lora_rank) as f64
-                        + (m.heads * m.v_head_dim) as f64),
-            )
-            + oh(5.0);
 
         let ck = |name, dur| Kernel {
             name,
@@ -389,11 +479,11 @@ impl<'a> CostModel<'a> {
         };
 
         if kind == BlockKind::Dense {
-            let f = 2.0 * t * self.dense_mlp_params();
+            let dm = self.mlp_mats(m.dense_intermediate);
             let mem = self.hbm(t * self.mem_moe_bytes_per_token(true));
-            let mlp_f = self.gemm(f, prec, k.gemm_eff) + mem + oh(6.0);
-            let mlp_b = self.gemm(f, prec, k.gemm_eff) + 2.0 * mem + oh(8.0);
-            let mlp_w = self.gemm(f, prec, k.wgrad_eff)
+            let mlp_f = self.fwd_gemms(t, &dm, 1) + mem + oh(6.0);
+            let mlp_b = self.dgrad_gemms(t, &dm, 1) + 2.0 * mem + oh(8.0);
+            let mlp_w = self.wgrad_gemms(t, &dm, 1)
                 + self.hbm(t * quant_t * (h + m.dense_intermediate as f64))
                 + oh(3.0);
             return Ok(BlockCost {
@@ -413,23 +503,28 @@ impl<'a> CostModel<'a> {
             });
         }
 
-        // MoE: router (BF16), routed experts on the most loaded GPU, shared experts.
-        let routed = m.top_k as f64 * k.expert_imbalance;
-        let shared = m.shared_experts as f64;
-        let ef = 2.0 * t * self.expert_params();
+        // MoE: router (BF16), routed experts on the most loaded GPU (grouped GEMMs over its
+        // local experts), shared experts.
+        let rows = t * m.top_k as f64 * k.expert_imbalance;
+        let local = (m.routed_experts / cfg.parallelism.ep).max(1);
+        let em = self.mlp_mats(m.expert_intermediate);
+        let sm = self.mlp_mats(m.expert_intermediate * m.shared_experts);
+        // With no shared expert `sm` has a zero dimension and its GEMMs cost nothing.
         let router_f = 2.0 * t * h * m.routed_experts as f64;
+        let router = self.gemm(router_f, Precision::Bf16, k.bf16_gemm_eff);
         let mem = self.hbm(t * self.mem_moe_bytes_per_token(false));
-        let moe_f = self.gemm(ef * (routed + shared), prec, k.grouped_gemm_eff)
-            + self.gemm(router_f, Precision::Bf16, k.bf16_gemm_eff)
-            + mem
-            + oh(10.0);
-        let moe_b = self.gemm(ef * (routed + shared), prec, k.grouped_gemm_eff)
-            + self.gemm(router_f, Precision::Bf16, k.bf16_gemm_eff)
+        let moe_f =
+            self.fwd_gemms(rows, &em, local) + self.fwd_gemms(t, &sm, 1) + router + mem + oh(10.0);
+        let moe_b = self.dgrad_gemms(rows, &em, local)
+            + self.dgrad_gemms(t, &sm, 1)
+            + router
             + 2.0 * mem
             + oh(14.0);
-        let moe_w = self.gemm(ef * (routed + shared), prec, k.wgrad_eff)
-            + self.gemm(router_f, Precision::Bf16, k.bf16_gemm_eff)
-            + self.hbm(t * quant_t * (routed + shared) * (h + m.expert_intermediate as f64))
+        let routed_shared = m.top_k as f64 * k.expert_imbalance + m.shared_experts as f64;
+        let moe_w = self.wgrad_gemms(rows, &em, local)
+            + self.wgrad_gemms(t, &sm, 1)
+            + router
+            + self.hbm(t * quant_t * routed_shared * (h + m.expert_intermediate as f64))
             + oh(6.0);
         let (dispatch, combine, bwd_combine, bwd_dispatch) =
             if self.ep_nodes() > 1 || cfg.parallelism.ep > 1 {
@@ -713,7 +808,9 @@ mod tests {
     fn fp8_dispatch_payload() {
         let c = Config::v3();
         let cm = CostModel::new(&c);
-        assert_eq!(cm.payload(true), 7168.0 + 56.0 * 4.0);
-        assert_eq!(cm.payload(false), 14336.0);
+        // ep record layout: 112 B metadata (top-8) + FP8 hidden + 56 f32 scales; combine
+        // record: 16 B header + BF16 hidden.
+        assert_eq!(cm.payload(true), 112.0 + 7168.0 + 56.0 * 4.0);
+        assert_eq!(cm.payload(false), 16.0 + 14336.0);
     }
 }

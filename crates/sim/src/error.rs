@@ -16,7 +16,7 @@ pub enum SimError {
         message: String,
     },
     /// Unknown preset name.
-    #[error("unknown preset `{0}` (known: v3, h200-node)")]
+    #[error("unknown preset or missing file `{0}` (presets: v3, h200-node, v3-serve)")]
     UnknownPreset(String),
     /// The step cannot complete: e.g. zero SMs for communication while tokens must cross GPUs.
     #[error("step cannot complete: {0}")]

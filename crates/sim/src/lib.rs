@@ -7,14 +7,20 @@
 //! [`Report`], the SM-budget sweep, plots ([`plot`]) and Perfetto traces ([`trace`]).
 //! Modelling assumptions and calibration sources are in `docs/SIM.md`.
 
+pub mod calibrate;
+pub mod comm;
+pub mod compute;
 pub mod config;
 pub mod cost;
 pub mod error;
 pub mod overlap;
 pub mod plot;
 pub mod routing;
+pub mod serve;
+pub mod serve_plot;
 pub mod timeline;
 pub mod trace;
+pub mod traffic;
 
 pub use config::{Config, Precision, ScheduleKind};
 pub use error::{Result, SimError};
@@ -275,7 +281,8 @@ pub fn run_with(cfg: &Config, cm: &CostModel) -> Result<Simulation> {
         )));
     }
     let gpus = cfg.gpus();
-    let tokens_step = (cfg.training.micro_batch_tokens * cfg.training.micro_batches * p.dp) as f64;
+    let tokens_step =
+        cfg.training.micro_batch_tokens as f64 * cfg.training.micro_batches as f64 * p.dp as f64;
     let tps = tokens_step / step / gpus as f64;
     let flops = cm.model_flops_per_token();
     let peak = match cfg.training.precision {
@@ -524,5 +531,46 @@ impl Sweep {
             let _ = writeln!(s, "at {n} SMs and below the budget is not enough");
         }
         s
+    }
+}
+
+/// A training or a serving configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AnyConfig {
+    Training(Box<Config>),
+    Serving(Box<serve::ServeConfig>),
+}
+
+/// Load a preset (`v3`, `h200-node`, `v3-serve`) or a TOML/JSON file; a file with a
+/// `workload` table is a serving configuration.
+pub fn load_any(preset_or_path: &str) -> Result<AnyConfig> {
+    if let Ok(c) = serve::ServeConfig::preset(preset_or_path) {
+        return Ok(AnyConfig::Serving(Box::new(c)));
+    }
+    if let Ok(c) = Config::preset(preset_or_path) {
+        return Ok(AnyConfig::Training(Box::new(c)));
+    }
+    let path = std::path::Path::new(preset_or_path);
+    if !path.exists() {
+        return Err(SimError::UnknownPreset(preset_or_path.to_string()));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| SimError::Parse {
+        source_name: preset_or_path.into(),
+        message: e.to_string(),
+    })?;
+    let serving = if preset_or_path.ends_with(".json") {
+        serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .is_some_and(|v| v.get("workload").is_some())
+    } else {
+        toml::from_str::<toml::Value>(&text)
+            .ok()
+            .is_some_and(|v| v.get("workload").is_some())
+    };
+    if serving {
+        serve::ServeConfig::from_str_named(&text, preset_or_path)
+            .map(|c| AnyConfig::Serving(Box::new(c)))
+    } else {
+        Config::from_str_named(&text, preset_or_path).map(|c| AnyConfig::Training(Box::new(c)))
     }
 }

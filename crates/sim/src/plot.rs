@@ -6,12 +6,12 @@ use crate::error::{Result, SimError};
 use crate::Sweep;
 use ab_glyph::{Font, FontRef, PxScale, ScaleFont};
 
-const W: f64 = 800.0;
-const H: f64 = 500.0;
-const ML: f64 = 70.0;
-const MR: f64 = 70.0;
-const MT: f64 = 50.0;
-const MB: f64 = 60.0;
+pub(crate) const W: f64 = 800.0;
+pub(crate) const H: f64 = 500.0;
+pub(crate) const ML: f64 = 70.0;
+pub(crate) const MR: f64 = 70.0;
+pub(crate) const MT: f64 = 50.0;
+pub(crate) const MB: f64 = 60.0;
 
 struct Series {
     xs: Vec<f64>,
@@ -47,7 +47,7 @@ fn series(s: &Sweep) -> Result<Series> {
     })
 }
 
-fn nice(v: f64) -> f64 {
+pub(crate) fn nice(v: f64) -> f64 {
     if v <= 0.0 {
         return 1.0;
     }
@@ -168,21 +168,42 @@ pub fn svg(s: &Sweep, title: &str) -> Result<String> {
     Ok(o)
 }
 
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
 }
 
 /// An RGB canvas.
-struct Canvas {
+pub(crate) struct Canvas {
     w: usize,
     h: usize,
     px: Vec<[f32; 3]>,
 }
 
 impl Canvas {
-    fn new(w: usize, h: usize) -> Self {
+    /// PNG bytes of the canvas.
+    pub(crate) fn encode(&self) -> Result<Vec<u8>> {
+        let c = self;
+        let mut out = Vec::new();
+        {
+            let mut enc = png::Encoder::new(&mut out, c.w as u32, c.h as u32);
+            enc.set_color(png::ColorType::Rgb);
+            enc.set_depth(png::BitDepth::Eight);
+            let io = |e: png::EncodingError| SimError::Io {
+                path: "png".into(),
+                message: e.to_string(),
+            };
+            let mut wr = enc.write_header().map_err(io)?;
+            let data: Vec<u8> =
+                c.px.iter()
+                    .flat_map(|p| p.map(|v| (v.clamp(0.0, 1.0) * 255.0).round() as u8))
+                    .collect();
+            wr.write_image_data(&data).map_err(io)?;
+        }
+        Ok(out)
+    }
+    pub(crate) fn new(w: usize, h: usize) -> Self {
         Canvas {
             w,
             h,
@@ -198,7 +219,7 @@ impl Canvas {
             p[i] = p[i] * (1.0 - a) + c[i] * a;
         }
     }
-    fn dot(&mut self, x: f64, y: f64, r: f64, c: [f32; 3]) {
+    pub(crate) fn dot(&mut self, x: f64, y: f64, r: f64, c: [f32; 3]) {
         let (x0, x1) = ((x - r - 1.0) as i64, (x + r + 1.0) as i64);
         let (y0, y1) = ((y - r - 1.0) as i64, (y + r + 1.0) as i64);
         for yy in y0..=y1 {
@@ -211,7 +232,14 @@ impl Canvas {
             }
         }
     }
-    fn line(&mut self, a: (f64, f64), b: (f64, f64), width: f64, c: [f32; 3], dash: bool) {
+    pub(crate) fn line(
+        &mut self,
+        a: (f64, f64),
+        b: (f64, f64),
+        width: f64,
+        c: [f32; 3],
+        dash: bool,
+    ) {
         let len = ((b.0 - a.0).powi(2) + (b.1 - a.1).powi(2)).sqrt();
         let n = (len * 2.0).ceil().max(1.0) as usize;
         for i in 0..=n {
@@ -223,7 +251,7 @@ impl Canvas {
         }
     }
     #[allow(clippy::too_many_arguments)]
-    fn text(
+    pub(crate) fn text(
         &mut self,
         font: &FontRef,
         s: &str,
@@ -256,7 +284,7 @@ impl Canvas {
     }
 }
 
-const FONT: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
+pub(crate) const FONT: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
 
 /// PNG bytes of the sweep plot.
 pub fn png(s: &Sweep, title: &str) -> Result<Vec<u8>> {
@@ -352,21 +380,5 @@ pub fn png(s: &Sweep, title: &str) -> Result<Vec<u8>> {
             0.0,
         );
     }
-    let mut out = Vec::new();
-    {
-        let mut enc = png::Encoder::new(&mut out, c.w as u32, c.h as u32);
-        enc.set_color(png::ColorType::Rgb);
-        enc.set_depth(png::BitDepth::Eight);
-        let io = |e: png::EncodingError| SimError::Io {
-            path: "png".into(),
-            message: e.to_string(),
-        };
-        let mut wr = enc.write_header().map_err(io)?;
-        let data: Vec<u8> =
-            c.px.iter()
-                .flat_map(|p| p.map(|v| (v.clamp(0.0, 1.0) * 255.0).round() as u8))
-                .collect();
-        wr.write_image_data(&data).map_err(io)?;
-    }
-    Ok(out)
+    c.encode()
 }

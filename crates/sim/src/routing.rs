@@ -72,7 +72,8 @@ pub fn route(
     cand.into_iter().take(top_k).map(|(_, i)| i).collect()
 }
 
-struct Placement {
+/// Where experts live: contiguous blocks of experts per EP rank, EP ranks filling nodes.
+pub struct Placement {
     experts_per_rank: usize,
     gpus_per_node: usize,
     ep: usize,
@@ -80,14 +81,20 @@ struct Placement {
 
 impl Placement {
     fn new(m: &ModelConfig, p: &ParallelConfig) -> Self {
+        Self::raw(m.routed_experts, p.ep, p.gpus_per_node)
+    }
+    /// `experts` over `ep` ranks, `gpus_per_node` ranks per node (an EP group smaller than a
+    /// node lives inside one node). Callers keep `experts >= ep >= 1`.
+    pub fn raw(experts: usize, ep: usize, gpus_per_node: usize) -> Self {
+        let ep = ep.max(1);
         Placement {
-            experts_per_rank: m.routed_experts / p.ep,
-            gpus_per_node: p.gpus_per_node.min(p.ep),
-            ep: p.ep,
+            experts_per_rank: (experts / ep).max(1),
+            gpus_per_node: gpus_per_node.clamp(1, ep),
+            ep,
         }
     }
     fn rank_of(&self, expert: usize) -> usize {
-        expert / self.experts_per_rank
+        (expert / self.experts_per_rank).min(self.ep - 1)
     }
     fn node_of(&self, rank: usize) -> usize {
         rank / self.gpus_per_node
@@ -95,7 +102,7 @@ impl Placement {
 }
 
 /// Accumulates the fan-out of routed tokens.
-struct Acc {
+pub(crate) struct Acc {
     ib: f64,
     nvl: f64,
     nodes: f64,
@@ -105,7 +112,7 @@ struct Acc {
 }
 
 impl Acc {
-    fn new(ep: usize) -> Self {
+    pub(crate) fn new(ep: usize) -> Self {
         Acc {
             ib: 0.0,
             nvl: 0.0,
@@ -115,7 +122,7 @@ impl Acc {
             recv: vec![0.0; ep],
         }
     }
-    fn add(&mut self, pl: &Placement, src: usize, experts: &[usize]) {
+    pub(crate) fn add(&mut self, pl: &Placement, src: usize, experts: &[usize]) {
         let mut ranks: Vec<usize> = experts.iter().map(|&e| pl.rank_of(e)).collect();
         ranks.sort_unstable();
         ranks.dedup();
@@ -142,7 +149,7 @@ impl Acc {
         self.gpus += ranks.len() as f64;
         self.n += 1;
     }
-    fn finish(self) -> FanOut {
+    pub(crate) fn finish(self) -> FanOut {
         let n = self.n.max(1) as f64;
         let mean = self.recv.iter().sum::<f64>() / self.recv.len().max(1) as f64;
         let max = self.recv.iter().cloned().fold(0.0, f64::max);
@@ -189,6 +196,33 @@ pub fn fanout_from_scores(
     for (t, row) in logits.iter().enumerate() {
         let chosen = route(row, bias, m.groups, m.top_groups, m.top_k);
         acc.add(&pl, t % pl.ep, &chosen);
+    }
+    acc.finish()
+}
+
+/// Fan-out of given routings: `topk_idx[r]` holds rank `r`'s `[T_r, topk]` expert indices
+/// (indices outside `0..experts` mean "no expert", as in the `ep` kernels). Every token counts,
+/// so `tokens x fan-out x record bytes` is the exact traffic ([`crate::traffic`]).
+pub fn fanout_from_indices(
+    experts: usize,
+    ep: usize,
+    gpus_per_node: usize,
+    topk: usize,
+    topk_idx: &[Vec<i32>],
+) -> FanOut {
+    let pl = Placement::raw(experts, ep, gpus_per_node);
+    let mut acc = Acc::new(pl.ep);
+    let mut chosen = Vec::with_capacity(topk);
+    for (src, idx) in topk_idx.iter().enumerate() {
+        for row in idx.chunks(topk.max(1)) {
+            chosen.clear();
+            chosen.extend(
+                row.iter()
+                    .filter(|&&e| e >= 0 && (e as usize) < experts)
+                    .map(|&e| e as usize),
+            );
+            acc.add(&pl, src, &chosen);
+        }
     }
     acc.finish()
 }

@@ -242,3 +242,44 @@ fn outputs_trace_svg_png() {
     }
     assert!(json["layers"][5].get("dispatch_ms").is_some());
 }
+
+/// Absurd sizes and values that would overflow are refused with the field named, never a panic.
+#[test]
+fn absurd_sizes_are_refused_not_panics() {
+    type Edit = fn(&mut Config);
+    let cases: Vec<(&str, Edit)> = vec![
+        ("parallelism.nodes", |c| c.parallelism.nodes = usize::MAX),
+        ("parallelism.gpus_per_node", |c| {
+            c.parallelism.gpus_per_node = usize::MAX
+        }),
+        ("parallelism.nodes", |c| c.parallelism.nodes = 0),
+        ("parallelism.pp", |c| c.parallelism.pp = usize::MAX),
+        ("training.micro_batch_tokens", |c| {
+            c.training.micro_batch_tokens = 4096 << 40
+        }),
+        ("training.micro_batches", |c| {
+            c.training.micro_batches = usize::MAX
+        }),
+        ("model.layers", |c| c.model.layers = 1_000_000_000),
+        ("model.hidden", |c| c.model.hidden = usize::MAX),
+        ("model.vocab", |c| c.model.vocab = usize::MAX),
+        ("model.heads", |c| c.model.heads = 0),
+        ("comm.router_samples", |c| {
+            c.comm.router_samples = usize::MAX
+        }),
+        ("comm.router_samples", |c| {
+            c.comm.router_samples = 1 << 20;
+            c.model.routed_experts = 512;
+        }),
+        ("hardware.sms", |c| c.hardware.sms = usize::MAX),
+        ("hardware.ll_latency_us", |c| {
+            c.hardware.ll_latency_us = f64::INFINITY
+        }),
+    ];
+    for (want, edit) in cases {
+        let mut c = Config::v3();
+        edit(&mut c);
+        let got = field_of(sim::simulate(&c).unwrap_err());
+        assert_eq!(got, want);
+    }
+}
