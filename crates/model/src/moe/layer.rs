@@ -209,13 +209,21 @@ fn check_shapes(cfg: &MoeConfig, devices: &[Device], w: &MoeWeights) -> Result<(
     );
     let n_w = e_n + cfg.shared as usize;
     let bad = if devices.len() != cfg.ranks() {
-        Some(format!("{} devices for {} ranks", devices.len(), cfg.ranks()))
+        Some(format!(
+            "{} devices for {} ranks",
+            devices.len(),
+            cfg.ranks()
+        ))
     } else if w.gate.len() != e_n * h || w.bias.len() != e_n {
         Some(format!("gate must be [{e_n}, {h}] and bias [{e_n}]"))
     } else if w.w1.len() != n_w || w.w2.len() != n_w {
         Some(format!("{n_w} experts' weights needed (routed + shared)"))
-    } else if w.w1.iter().any(|v| v.len() != 2 * i_n * h) || w.w2.iter().any(|v| v.len() != h * i_n) {
-        Some(format!("expert weights must be [{}, {h}] and [{h}, {i_n}]", 2 * i_n))
+    } else if w.w1.iter().any(|v| v.len() != 2 * i_n * h) || w.w2.iter().any(|v| v.len() != h * i_n)
+    {
+        Some(format!(
+            "expert weights must be [{}, {h}] and [{h}, {i_n}]",
+            2 * i_n
+        ))
     } else {
         None
     };
@@ -374,9 +382,12 @@ impl MoeLayer {
             })
             .collect::<std::result::Result<_, _>>()?;
         let t0 = Instant::now();
-        let routed = per_rank(rn, "routed experts fwd (fp8 gemm x2, swiglu)", progress, |r| {
-            self.dev.routed_fwd(r, &outs[r])
-        })?;
+        let routed = per_rank(
+            rn,
+            "routed experts fwd (fp8 gemm x2, swiglu)",
+            progress,
+            |r| self.dev.routed_fwd(r, &outs[r]),
+        )?;
         let routed_seconds = t0.elapsed().as_secs_f64();
         progress.note("routed experts fwd", routed_seconds);
         let mut f = Forward {
@@ -438,7 +449,8 @@ impl MoeLayer {
         dev.trace.comm_all("ep_dispatch (fp8)", rn, sp_c);
         let rb8 = group.cfg.record_bytes(Payload::Fp8) as f64;
         let rb16 = group.cfg.record_bytes(Payload::Bf16) as f64;
-        let fp8_saved = (stats.inter_node_bytes + stats.intra_node_bytes) as f64 / rb8 * (rb16 - rb8);
+        let fp8_saved =
+            (stats.inter_node_bytes + stats.intra_node_bytes) as f64 / rb8 * (rb16 - rb8);
         progress.note("dispatch (fp8)", sp_c.secs());
         progress.note("shared expert fwd (overlapped with dispatch)", sp_x.secs());
         let ds = DispatchStats {
@@ -463,7 +475,9 @@ impl MoeLayer {
             start: t0,
             end: Instant::now(),
         };
-        self.dev.trace.comm_all("ep_combine (bf16, weighted)", rn, span);
+        self.dev
+            .trace
+            .comm_all("ep_combine (bf16, weighted)", rn, span);
         progress.note("combine (bf16)", f.stats.combine.seconds);
         f.y = (0..rn)
             .map(|r| add_part(comb[r].to_vec()?, f.shared[r].as_ref().map(|s| &s.y)))
@@ -555,9 +569,13 @@ impl MoeLayer {
         );
         let (gouts, stats) = disp?;
         let shared = shared?;
-        dev.trace.comm_all("ep_dispatch cached (bf16, dY)", rn, comm);
+        dev.trace
+            .comm_all("ep_dispatch cached (bf16, dY)", rn, comm);
         progress.note("bwd: combine^T = cached dispatch", comm.secs());
-        progress.note("bwd: shared expert dgrad+wgrad (overlapped)", compute.secs());
+        progress.note(
+            "bwd: shared expert dgrad+wgrad (overlapped)",
+            compute.secs(),
+        );
         Ok((
             gouts,
             shared,
@@ -586,9 +604,12 @@ impl MoeLayer {
             dev.cfg.sequential,
             || group.topk_weight_grad(&ys, &dys, &f.outs, &ntoks),
             || {
-                per_rank(rn, "routed experts dgrad (|| top-k weight grads)", progress, |r| {
-                    dev.routed_dgrad(r, f, &gouts[r])
-                })
+                per_rank(
+                    rn,
+                    "routed experts dgrad (|| top-k weight grads)",
+                    progress,
+                    |r| dev.routed_dgrad(r, f, &gouts[r]),
+                )
             },
         );
         let tg = tg?;
@@ -699,15 +720,20 @@ fn quantise_experts(
         cfg.intermediate as usize,
         cfg.local_experts(),
     );
-    let per = per_rank(cfg.ranks(), "quantise weights 128x128 (host)", progress, |r| {
-        let mut v: Vec<ExpertQ> = (0..el)
-            .map(|le| quant_expert(&w.w1[r * el + le], &w.w2[r * el + le], h, i_n))
-            .collect();
-        if cfg.shared && r == 0 {
-            v.push(quant_expert(&w.w1[e_n], &w.w2[e_n], h, i_n));
-        }
-        Ok(v)
-    })?;
+    let per = per_rank(
+        cfg.ranks(),
+        "quantise weights 128x128 (host)",
+        progress,
+        |r| {
+            let mut v: Vec<ExpertQ> = (0..el)
+                .map(|le| quant_expert(&w.w1[r * el + le], &w.w2[r * el + le], h, i_n))
+                .collect();
+            if cfg.shared && r == 0 {
+                v.push(quant_expert(&w.w1[e_n], &w.w2[e_n], h, i_n));
+            }
+            Ok(v)
+        },
+    )?;
     let mut all: Vec<ExpertQ> = Vec::new();
     let mut sh = None;
     for (r, mut v) in per.into_iter().enumerate() {
@@ -849,7 +875,9 @@ impl Compute {
         let ts = Instant::now();
         let rd = &self.ranks[r];
         let x = (&o.recv_x, &o.recv_scales);
-        let f = self.mlp.fwd(&rd.compute, x, &rd.routed, self.expert_rows(o))?;
+        let f = self
+            .mlp
+            .fwd(&rd.compute, x, &rd.routed, self.expert_rows(o))?;
         self.span_since(&format!("routed experts fwd {} rows", o.m_pad), r, ts);
         Ok(Some(f))
     }
@@ -881,7 +909,9 @@ impl Compute {
         };
         let rd = &self.ranks[r];
         let ts = Instant::now();
-        let dy = rd.device.alloc::<bf16>(o.m_pad * self.cfg.hidden as usize)?;
+        let dy = rd
+            .device
+            .alloc::<bf16>(o.m_pad * self.cfg.hidden as usize)?;
         rd.compute.copy_bytes(&g.recv_x, &dy)?;
         let rows = self.expert_rows(o);
         let d = self
@@ -898,11 +928,30 @@ impl Compute {
         let (rd, route) = (&self.ranks[r], &f.routes[r]);
         let (st, d) = (&rd.compute, &rd.device);
         let ts = Instant::now();
-        let rg = ep::grad::route_backward(st, &route.logits, &route.idx, &route.w, dw, &c.routing())?;
+        let rg =
+            ep::grad::route_backward(st, &route.logits, &route.idx, &route.w, dw, &c.routing())?;
         let mut dxg = d.alloc::<f32>(t_n * h)?;
-        kernels::gemm_bf16_nt(st, &rg.dlogits_bf16, &rd.gate_t, None, &mut dxg, t_n, h, e_n)?;
+        kernels::gemm_bf16_nt(
+            st,
+            &rg.dlogits_bf16,
+            &rd.gate_t,
+            None,
+            &mut dxg,
+            t_n,
+            h,
+            e_n,
+        )?;
         let mut dwg = d.alloc::<f32>(e_n * h)?;
-        kernels::gemm_bf16_nt(st, &rg.dlogits_t_bf16, &route.xt, None, &mut dwg, e_n, h, t_n)?;
+        kernels::gemm_bf16_nt(
+            st,
+            &rg.dlogits_t_bf16,
+            &route.xt,
+            None,
+            &mut dwg,
+            e_n,
+            h,
+            t_n,
+        )?;
         st.synchronize()?;
         self.span_since("gate bwd (route bwd + bf16 gemm x2)", r, ts);
         Ok(GateGrad {

@@ -83,7 +83,15 @@ pub(crate) struct Mlp {
 
 impl Mlp {
     /// `D [m, n] = A [m, k] x (B[g] [n, k])^T` per row group, BF16 out.
-    fn gemm(&self, st: &Stream, a: Fp8, b: Fp8, rows: Rows, n: usize, k: usize) -> Result<Buffer<bf16>> {
+    fn gemm(
+        &self,
+        st: &Stream,
+        a: Fp8,
+        b: Fp8,
+        rows: Rows,
+        n: usize,
+        k: usize,
+    ) -> Result<Buffer<bf16>> {
         let (m, g) = (rows.m, rows.groups);
         let mut d = st.device().alloc::<bf16>(m * n)?;
         if self.wgmma {
@@ -91,7 +99,9 @@ impl Mlp {
                 st, a.0, a.1, b.0, b.1, &mut d, rows.mi, m, n, k, g,
             )?;
         } else {
-            kernels::grouped_gemm_fp8_contiguous(st, a.0, a.1, b.0, b.1, &mut d, rows.mi, m, n, k, g)?;
+            kernels::grouped_gemm_fp8_contiguous(
+                st, a.0, a.1, b.0, b.1, &mut d, rows.mi, m, n, k, g,
+            )?;
         }
         Ok(d)
     }
@@ -173,7 +183,17 @@ impl Mlp {
         kernels::requantize_fp8_1x128_to_128x1_t(st, x.0, x.1, &mut xt, &mut xts, m, h)?;
         let mut dw1 = dev.alloc::<f32>(groups * 2 * i_n * h)?;
         kernels::wgrad_fp8_kgrouped(
-            st, &dgt, &dgts, &xt, &xts, k_starts, &mut dw1, 2 * i_n, h, m, groups,
+            st,
+            &dgt,
+            &dgts,
+            &xt,
+            &xts,
+            k_starts,
+            &mut dw1,
+            2 * i_n,
+            h,
+            m,
+            groups,
         )?;
         st.synchronize()?;
         Ok((st.read(&dw1)?, st.read(&dw2)?))

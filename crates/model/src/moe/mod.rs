@@ -112,7 +112,8 @@ pub struct MoeConfig {
     pub num_sms: u32,
     /// Run communication and compute one after the other instead of overlapped.
     pub sequential: bool,
-    /// Seed of the random weights and inputs ([`StepData::random`] callers' convention).
+    /// Seed of the random weights and inputs (for [`random_step`]; the layer itself draws no
+    /// random numbers).
     pub seed: u64,
     pub gemm: GemmKind,
     /// No-progress timeout of the dispatch/combine wait loops (`EpConfig::timeout`); `None`:
@@ -221,43 +222,35 @@ pub struct MoeWeights {
     pub w2: Vec<Vec<f32>>,
 }
 
-/// One step's random data: per-rank inputs `[T, H]`, weights, per-rank output gradients.
+/// One step's per-rank inputs `[T, H]` and output gradients `[T, H]`.
 #[derive(Clone, Debug)]
 pub struct StepData {
     pub x: Vec<Vec<f32>>,
-    pub weights: MoeWeights,
     pub dy: Vec<Vec<f32>>,
 }
 
-impl StepData {
-    /// Uniform random data drawn from `rng` in a fixed order (x, gate, bias, W1s, W2s, dY), so
-    /// a seed fixes every number: x, dY in [-1, 1), gate in [-0.1, 0.1), bias in
-    /// [-0.05, 0.05), expert weights in [-0.05, 0.05).
-    pub fn random(c: &MoeConfig, rng: &mut impl Rng) -> StepData {
-        let (rn, h, e_n, i_n, t_n) = (
-            c.ranks(),
-            c.hidden as usize,
-            c.experts as usize,
-            c.intermediate as usize,
-            c.tokens as usize,
-        );
-        let mut uniform = |n: usize, a: f32| -> Vec<f32> {
-            (0..n).map(|_| rng.gen_range(-a..a)).collect()
-        };
-        let x: Vec<Vec<f32>> = (0..rn).map(|_| uniform(t_n * h, 1.0)).collect();
-        let gate = uniform(e_n * h, 0.1)
-            .into_iter()
-            .map(bf16::from_f32)
-            .collect();
-        let bias = uniform(e_n, 0.05);
-        let n_w = e_n + c.shared as usize;
-        let w1 = (0..n_w).map(|_| uniform(2 * i_n * h, 0.05)).collect();
-        let w2 = (0..n_w).map(|_| uniform(h * i_n, 0.05)).collect();
-        let dy = (0..rn).map(|_| uniform(t_n * h, 1.0)).collect();
-        StepData {
-            x,
-            weights: MoeWeights { gate, bias, w1, w2 },
-            dy,
-        }
-    }
+/// Uniform random weights and step data drawn from `rng` in a fixed order (x, gate, bias, W1s,
+/// W2s, dY), so a seed fixes every number: x, dY in [-1, 1), gate in [-0.1, 0.1), bias in
+/// [-0.05, 0.05), expert weights in [-0.05, 0.05).
+pub fn random_step(c: &MoeConfig, rng: &mut impl Rng) -> (MoeWeights, StepData) {
+    let (rn, h, e_n, i_n, t_n) = (
+        c.ranks(),
+        c.hidden as usize,
+        c.experts as usize,
+        c.intermediate as usize,
+        c.tokens as usize,
+    );
+    let mut uniform =
+        |n: usize, a: f32| -> Vec<f32> { (0..n).map(|_| rng.gen_range(-a..a)).collect() };
+    let x: Vec<Vec<f32>> = (0..rn).map(|_| uniform(t_n * h, 1.0)).collect();
+    let gate = uniform(e_n * h, 0.1)
+        .into_iter()
+        .map(bf16::from_f32)
+        .collect();
+    let bias = uniform(e_n, 0.05);
+    let n_w = e_n + c.shared as usize;
+    let w1 = (0..n_w).map(|_| uniform(2 * i_n * h, 0.05)).collect();
+    let w2 = (0..n_w).map(|_| uniform(h * i_n, 0.05)).collect();
+    let dy = (0..rn).map(|_| uniform(t_n * h, 1.0)).collect();
+    (MoeWeights { gate, bias, w1, w2 }, StepData { x, dy })
 }

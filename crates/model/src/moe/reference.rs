@@ -276,11 +276,9 @@ pub fn check(
     let tok = per_rank(rn, "f64 reference (sampled tokens)", progress, |r| {
         ctx.token_errors(r, &tokens[r])
     })?;
-    let tok = tok
-        .into_iter()
-        .fold([ErrStats::default(); 4], |a, t| {
-            [0, 1, 2, 3].map(|i| a[i].merge(t[i]))
-        });
+    let tok = tok.into_iter().fold([ErrStats::default(); 4], |a, t| {
+        [0, 1, 2, 3].map(|i| a[i].merge(t[i]))
+    });
     let dw_gate = ctx.dw_gate_errors(progress)?;
     let e_n = c.experts as usize;
     let mut experts: Vec<usize> = (0..e_n).collect();
@@ -449,12 +447,15 @@ impl Ctx<'_> {
         if self.layer.config().shared {
             jobs.push(None);
         }
-        let errs = per_rank(jobs.len(), "f64 reference (sampled dW)", progress, |i| {
-            match jobs[i] {
+        let errs = per_rank(
+            jobs.len(),
+            "f64 reference (sampled dW)",
+            progress,
+            |i| match jobs[i] {
                 Some(e) => self.routed_dw_error(e),
                 None => self.shared_dw_error(shared_rank),
-            }
-        })?;
+            },
+        )?;
         let routed = errs[..experts.len()]
             .iter()
             .fold(DwErr::default(), |a, e| (a.0.merge(e.0), a.1.merge(e.1)));
@@ -463,7 +464,11 @@ impl Ctx<'_> {
 
     fn routed_dw_error(&self, e: usize) -> Result<DwErr> {
         let c = self.layer.config();
-        let (h, i_n, el) = (c.hidden as usize, c.intermediate as usize, c.local_experts());
+        let (h, i_n, el) = (
+            c.hidden as usize,
+            c.intermediate as usize,
+            c.local_experts(),
+        );
         let (r, le) = (e / el, e % el);
         let o = &self.f.outs[r];
         let base = o.expert_base[le] as usize;
@@ -491,7 +496,13 @@ impl Ctx<'_> {
         let c = self.layer.config();
         let (h, t_n) = (c.hidden as usize, c.tokens as usize);
         let rows: Vec<WRow> = (0..t_n)
-            .map(|t| (&self.hosts[r].xq[t * h..(t + 1) * h], self.dy_bf16(r, t), 1.0))
+            .map(|t| {
+                (
+                    &self.hosts[r].xq[t * h..(t + 1) * h],
+                    self.dy_bf16(r, t),
+                    1.0,
+                )
+            })
             .collect();
         let Some((g1, g2)) = &self.b.shared_dw[r] else {
             return Err(MoeError::Check(format!(
@@ -623,7 +634,11 @@ fn ref_wgrad(
     fp8_cols(&mut b1, n, h, ScaleMode::Float);
     let (mut dw1, mut dw2) = (vec![0f64; 2 * i_n * h], vec![0f64; h * i_n]);
     for r in 0..rows.len() {
-        outer_add(&mut dw2, &a2[r * h..(r + 1) * h], &b2[r * i_n..(r + 1) * i_n]);
+        outer_add(
+            &mut dw2,
+            &a2[r * h..(r + 1) * h],
+            &b2[r * i_n..(r + 1) * i_n],
+        );
         outer_add(
             &mut dw1,
             &a1[r * 2 * i_n..(r + 1) * 2 * i_n],
