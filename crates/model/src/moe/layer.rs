@@ -372,7 +372,16 @@ impl MoeLayer {
         })?;
         let route_seconds = t0.elapsed().as_secs_f64();
         progress.note("gate gemm + route + quantise (device)", route_seconds);
-        let (outs, handle, shared, ds) = self.dispatch_x(&routes, progress)?;
+        let Dispatched {
+            outs,
+            handle,
+            shared,
+            stats,
+            comm,
+            compute,
+            fp8_saved,
+            record_bytes,
+        } = self.dispatch_x(&routes, progress)?;
         let k_starts: Vec<Buffer<i32>> = (0..rn)
             .map(|r| {
                 let o = &outs[r];
@@ -394,18 +403,18 @@ impl MoeLayer {
             y: Vec::new(),
             stats: ForwardStats {
                 route_seconds,
-                dispatch: ds.stats,
-                dispatch_span: ds.comm,
-                fp8_saved_bytes: ds.fp8_saved,
-                record_bytes_fp8: ds.record_bytes,
-                shared_span: ds.compute,
+                dispatch: stats,
+                dispatch_span: comm,
+                fp8_saved_bytes: fp8_saved,
+                record_bytes_fp8: record_bytes,
+                shared_span: compute,
                 routed_seconds,
                 rows_per_rank: outs.iter().map(|o| o.m_pad).collect(),
                 combine: CommStats::default(),
                 overlaps: vec![Overlap {
                     pair: "dispatch || shared expert fwd",
-                    comm: ds.comm,
-                    compute: ds.compute,
+                    comm,
+                    compute,
                 }],
             },
             routes,
@@ -420,11 +429,7 @@ impl MoeLayer {
     }
 
     /// Dispatch of the FP8 inputs (communication SMs) || the shared expert's forward (compute).
-    fn dispatch_x(
-        &mut self,
-        routes: &[RankRoute],
-        progress: &dyn Progress,
-    ) -> Result<(Vec<DispatchOut>, Handle, Vec<Option<MlpFwd>>, DispatchStats)> {
+    fn dispatch_x(&mut self, routes: &[RankRoute], progress: &dyn Progress) -> Result<Dispatched> {
         let (group, dev) = (&mut self.group, &self.dev);
         let rn = dev.cfg.ranks();
         let xr: Vec<XRef> = routes.iter().map(|r| XRef::Fp8(&r.q, &r.sc)).collect();
@@ -453,14 +458,16 @@ impl MoeLayer {
             (stats.inter_node_bytes + stats.intra_node_bytes) as f64 / rb8 * (rb16 - rb8);
         progress.note("dispatch (fp8)", sp_c.secs());
         progress.note("shared expert fwd (overlapped with dispatch)", sp_x.secs());
-        let ds = DispatchStats {
+        Ok(Dispatched {
+            outs,
+            handle,
+            shared,
             stats,
             comm: sp_c,
             compute: sp_x,
             fp8_saved,
             record_bytes: rb8 as u64,
-        };
-        Ok((outs, handle, shared, ds))
+        })
     }
 
     /// Combine (BF16, weighted by the top-k weights); Y = combine + shared expert output.
@@ -637,7 +644,7 @@ impl MoeLayer {
         tg: &TopkGrad,
         dgr: &[Option<MlpDgrad>],
         progress: &dyn Progress,
-    ) -> Result<(Vec<Buffer<bf16>>, Vec<(ExpertDw, GateGrad)>, Pair)> {
+    ) -> Result<(Vec<Buffer<bf16>>, Vec<RankGrads>, Pair)> {
         let (group, dev) = (&mut self.group, &self.dev);
         let rn = dev.cfg.ranks();
         let rw: Vec<&Buffer<f32>> = f.outs.iter().map(|o| &o.recv_w).collect();
@@ -678,11 +685,17 @@ impl MoeLayer {
 /// (dW_gate|up, dW_down) of one MLP (grouped over its experts), f32.
 type ExpertDw = (Vec<f32>, Vec<f32>);
 
+/// One rank's routed-expert weight gradients and gate gradients.
+type RankGrads = (ExpertDw, GateGrad);
+
 /// The shared expert's (dX `[T, H]` BF16, (dW_gate|up, dW_down) partial) on one rank.
 type SharedGrad = (Buffer<bf16>, ExpertDw);
 
-/// What a forward dispatch reports.
-struct DispatchStats {
+/// What the forward dispatch (and the shared expert beside it) produced.
+struct Dispatched {
+    outs: Vec<DispatchOut>,
+    handle: Handle,
+    shared: Vec<Option<MlpFwd>>,
     stats: CommStats,
     comm: Span,
     compute: Span,

@@ -191,7 +191,7 @@ impl MoeConfig {
                 return cfg_err(field, format!("{v} is not a positive multiple of 128"));
             }
         }
-        if self.experts == 0 || self.experts as usize % self.ranks() != 0 {
+        if self.experts == 0 || (self.experts as usize).checked_rem(self.ranks()) != Some(0) {
             return cfg_err(
                 "experts",
                 format!(

@@ -373,12 +373,12 @@ impl Ctx<'_> {
         let mut y = vec![0f64; h];
         let mut dx = vec![0f64; h];
         let mut dw = vec![0f32; kk];
-        for k in 0..kk {
+        for (k, dwk) in dw.iter_mut().enumerate() {
             let e = hr.idx[t * kk + k] as usize;
             let wk = hr.w[t * kk + k] as f64;
             let yp = ref_path(xr, &dyq, wk, self.dequantised(e)?, &mut y, &mut dx);
             // dL/dw_tk = <dY_t, y_tk> (y_tk stored in BF16 on the device)
-            dw[k] = (0..h)
+            *dwk = (0..h)
                 .map(|c| dyb[c] as f64 * bf(yp[c]) as f64)
                 .sum::<f64>() as f32;
         }
