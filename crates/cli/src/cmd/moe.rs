@@ -59,6 +59,10 @@ pub struct Args {
     /// Routed experts whose weight gradients are checked in full against the f64 reference.
     #[arg(long, default_value_t = 2)]
     pub check_experts: usize,
+    /// Forward dispatch payload: `fp8` (quantised 1x128 on the home rank, as V3) or `bf16`
+    /// (quantised 1x128 on the expert side after the dispatch).
+    #[arg(long, default_value = "fp8")]
+    pub payload: String,
     /// Grouped FP8 GEMM kernel: `mma` (mma.sync, any sm_89+) or `wgmma` (the sm_90a persistent
     /// TMA/wgmma kernel; needs an sm_90a target).
     #[arg(long, default_value = "mma")]
@@ -141,6 +145,11 @@ fn config(a: &Args) -> anyhow::Result<MoeConfig> {
     c.sequential = a.sequential;
     c.seed = a.seed;
     c.comm_timeout = a.comm_timeout;
+    c.payload = match a.payload.as_str() {
+        "fp8" => ep::Payload::Fp8,
+        "bf16" => ep::Payload::Bf16,
+        o => bail!("unknown --payload `{o}` (fp8, bf16)"),
+    };
     c.gemm = match a.gemm.as_str() {
         "mma" => GemmKind::Mma,
         "wgmma" => GemmKind::Wgmma,
@@ -240,7 +249,7 @@ impl Outcome<'_> {
     /// The forward's rows of the phase table.
     fn forward_rows(&self) -> Vec<Value> {
         let (fs, rep, compute_sms) = (&self.f.stats, self.rep, self.compute_sms);
-        let rb8 = fs.record_bytes_fp8;
+        let rb8 = fs.record_bytes;
         let (node_copies, expert_copies) = (
             rep.inter_node_records,
             rep.inter_node_records_without_node_limit,
@@ -249,7 +258,7 @@ impl Outcome<'_> {
         vec![
             json!({"phase": "gate gemm (bf16) + route + quantise 1x128", "seconds": fs.route_seconds, "intra_bytes": 0, "inter_bytes": 0,
                 "max_err": 0.0, "check": "routing idx (on the device logits) and FP8 bytes/scales bit-exact vs CPU", "ok": rep.quant_ok, "comm_sms": 0, "compute_sms": compute_sms}),
-            json!({"phase": "dispatch (fp8)", "seconds": fs.dispatch_span.secs(), "intra_bytes": d.intra_node_bytes, "inter_bytes": d.inter_node_bytes,
+            json!({"phase": format!("dispatch ({})", self.a.payload), "seconds": fs.dispatch_span.secs(), "intra_bytes": d.intra_node_bytes, "inter_bytes": d.inter_node_bytes,
                 "fp8_saved_bytes": fs.fp8_saved_bytes, "max_err": 0.0, "comm_sms": d.max_sms_per_rank, "compute_sms": 0, "ok": rep.inter_ok,
                 "check": format!("inter-node bytes = {node_copies} (token, node) records x {rb8} B = {}; \
                     one record per (token, expert) would be {expert_copies} records ({} B)", node_copies * rb8, expert_copies * rb8),

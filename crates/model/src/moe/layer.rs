@@ -2,7 +2,7 @@
 
 use super::exec::{overlapped, per_rank, Progress, Span, Trace, TraceSpan};
 use super::host::{bf, quant_expert, transpose, ExpertQ};
-use super::mlp::{Mlp, MlpDgrad, MlpFwd, MlpW, Rows};
+use super::mlp::{Fp8, Mlp, MlpDgrad, MlpFwd, MlpW, Rows};
 use super::{GemmKind, MoeConfig, MoeError, MoeWeights, Result};
 use ep::comm::{CommStats, EpConfig, EpGroup, XRef};
 use ep::grad::TopkGrad;
@@ -62,6 +62,8 @@ pub(crate) struct RankRoute {
     pub sc: Buffer<f32>,
     /// `[T, E]` f32 gate logits.
     pub logits: Buffer<f32>,
+    /// `[T, H]` X in BF16 (the gate GEMM's operand; the dispatch payload with `Payload::Bf16`).
+    xbf: Buffer<bf16>,
     /// `[H, T]` X^T in BF16 (the gate wgrad's operand).
     xt: Buffer<bf16>,
 }
@@ -81,10 +83,10 @@ pub struct ForwardStats {
     pub route_seconds: f64,
     pub dispatch: CommStats,
     pub dispatch_span: Span,
-    /// Bytes the FP8 payload saved over BF16 in the dispatch.
+    /// Bytes the FP8 payload saved over BF16 in the dispatch (0 with a BF16 payload).
     pub fp8_saved_bytes: f64,
-    /// Bytes of one FP8 dispatch record.
-    pub record_bytes_fp8: u64,
+    /// Bytes of one dispatch record (token payload, scales and metadata).
+    pub record_bytes: u64,
     /// The shared expert's forward (overlapped with the dispatch).
     pub shared_span: Span,
     pub routed_seconds: f64,
@@ -124,6 +126,8 @@ pub struct Forward {
     handle: Handle,
     shared: Vec<Option<MlpFwd>>,
     routed: Vec<Option<MlpFwd>>,
+    /// Per rank the expert-side FP8 of a BF16 dispatch payload (`None` with FP8).
+    recv_q: Vec<Option<Fp8Buf>>,
     k_starts: Vec<Buffer<i32>>,
 }
 
@@ -391,12 +395,14 @@ impl MoeLayer {
             })
             .collect::<std::result::Result<_, _>>()?;
         let t0 = Instant::now();
-        let routed = per_rank(
+        let (routed, recv_q): (Vec<_>, Vec<_>) = per_rank(
             rn,
             "routed experts fwd (fp8 gemm x2, swiglu)",
             progress,
             |r| self.dev.routed_fwd(r, &outs[r]),
-        )?;
+        )?
+        .into_iter()
+        .unzip();
         let routed_seconds = t0.elapsed().as_secs_f64();
         progress.note("routed experts fwd", routed_seconds);
         let mut f = Forward {
@@ -406,7 +412,7 @@ impl MoeLayer {
                 dispatch: stats,
                 dispatch_span: comm,
                 fp8_saved_bytes: fp8_saved,
-                record_bytes_fp8: record_bytes,
+                record_bytes,
                 shared_span: compute,
                 routed_seconds,
                 rows_per_rank: outs.iter().map(|o| o.m_pad).collect(),
@@ -422,17 +428,26 @@ impl MoeLayer {
             handle,
             shared,
             routed,
+            recv_q,
             k_starts,
         };
         self.combine_y(&mut f, progress)?;
         Ok(f)
     }
 
-    /// Dispatch of the FP8 inputs (communication SMs) || the shared expert's forward (compute).
+    /// Dispatch of the inputs (FP8 or BF16 payload; communication SMs) || the shared expert's
+    /// forward (compute).
     fn dispatch_x(&mut self, routes: &[RankRoute], progress: &dyn Progress) -> Result<Dispatched> {
         let (group, dev) = (&mut self.group, &self.dev);
         let rn = dev.cfg.ranks();
-        let xr: Vec<XRef> = routes.iter().map(|r| XRef::Fp8(&r.q, &r.sc)).collect();
+        let payload = dev.cfg.payload;
+        let xr: Vec<XRef> = routes
+            .iter()
+            .map(|r| match payload {
+                Payload::Fp8 => XRef::Fp8(&r.q, &r.sc),
+                Payload::Bf16 => XRef::Bf16(&r.xbf),
+            })
+            .collect();
         let idx: Vec<&Buffer<i32>> = routes.iter().map(|r| &r.idx).collect();
         let w: Vec<&Buffer<f32>> = routes.iter().map(|r| &r.w).collect();
         let (disp, shared, sp_c, sp_x) = overlapped(
@@ -451,12 +466,20 @@ impl MoeLayer {
         let ((outs, handle), stats) = disp?;
         let shared = shared?;
         let handle = handle.ok_or_else(|| MoeError::Shape("dispatch returned no handle".into()))?;
-        dev.trace.comm_all("ep_dispatch (fp8)", rn, sp_c);
+        let name = match payload {
+            Payload::Fp8 => "dispatch (fp8)",
+            Payload::Bf16 => "dispatch (bf16)",
+        };
+        dev.trace.comm_all(&format!("ep_{name}"), rn, sp_c);
         let rb8 = group.cfg.record_bytes(Payload::Fp8) as f64;
         let rb16 = group.cfg.record_bytes(Payload::Bf16) as f64;
-        let fp8_saved =
-            (stats.inter_node_bytes + stats.intra_node_bytes) as f64 / rb8 * (rb16 - rb8);
-        progress.note("dispatch (fp8)", sp_c.secs());
+        let fp8_saved = match payload {
+            Payload::Fp8 => {
+                (stats.inter_node_bytes + stats.intra_node_bytes) as f64 / rb8 * (rb16 - rb8)
+            }
+            Payload::Bf16 => 0.0,
+        };
+        progress.note(name, sp_c.secs());
         progress.note("shared expert fwd (overlapped with dispatch)", sp_x.secs());
         Ok(Dispatched {
             outs,
@@ -466,7 +489,7 @@ impl MoeLayer {
             comm: sp_c,
             compute: sp_x,
             fp8_saved,
-            record_bytes: rb8 as u64,
+            record_bytes: group.cfg.record_bytes(payload) as u64,
         })
     }
 
@@ -685,6 +708,16 @@ impl MoeLayer {
 /// (dW_gate|up, dW_down) of one MLP (grouped over its experts), f32.
 type ExpertDw = (Vec<f32>, Vec<f32>);
 
+/// An owned FP8 tensor: bytes and 1x128 scales.
+type Fp8Buf = (Buffer<u8>, Buffer<f32>);
+
+/// The routed experts' FP8 input: the dispatched bytes (FP8 payload) or `q`, the expert-side
+/// quantisation of a BF16 payload.
+fn expert_input<'a>(o: &'a DispatchOut, q: &'a Option<Fp8Buf>) -> Fp8<'a> {
+    q.as_ref()
+        .map_or((&o.recv_x, &o.recv_scales), |q| (&q.0, &q.1))
+}
+
 /// One rank's routed-expert weight gradients and gate gradients.
 type RankGrads = (ExpertDw, GateGrad);
 
@@ -846,6 +879,7 @@ impl Compute {
             q,
             sc,
             logits,
+            xbf: xb16,
             xt,
         })
     }
@@ -881,18 +915,36 @@ impl Compute {
 
     /// Grouped FP8 GEMM gate/up -> SwiGLU + quantise -> grouped FP8 down over the rows rank `r`
     /// received.
-    fn routed_fwd(&self, r: usize, o: &DispatchOut) -> Result<Option<MlpFwd>> {
+    fn routed_fwd(&self, r: usize, o: &DispatchOut) -> Result<(Option<MlpFwd>, Option<Fp8Buf>)> {
         if o.m_pad == 0 {
-            return Ok(None);
+            return Ok((None, None));
         }
         let ts = Instant::now();
         let rd = &self.ranks[r];
-        let x = (&o.recv_x, &o.recv_scales);
+        let q = match self.cfg.payload {
+            Payload::Fp8 => None,
+            Payload::Bf16 => Some(self.quantise_received(r, o)?),
+        };
+        let x = expert_input(o, &q);
         let f = self
             .mlp
             .fwd(&rd.compute, x, &rd.routed, self.expert_rows(o))?;
         self.span_since(&format!("routed experts fwd {} rows", o.m_pad), r, ts);
-        Ok(Some(f))
+        Ok((Some(f), q))
+    }
+
+    /// 1x128 FP8 quantisation of the BF16 rows rank `r` received (the expert-side quantisation
+    /// of a BF16 dispatch).
+    fn quantise_received(&self, r: usize, o: &DispatchOut) -> Result<Fp8Buf> {
+        let (h, m, rd) = (self.cfg.hidden as usize, o.m_pad, &self.ranks[r]);
+        let xb = rd.device.alloc::<bf16>(m * h)?;
+        rd.compute.copy_bytes(&o.recv_x, &xb)?;
+        let mut q = rd.device.alloc::<u8>(m * h)?;
+        let mut s = rd.device.alloc::<f32>(m * h / 128)?;
+        kernels::quantize_fp8_1x128(&rd.compute, &xb, &mut q, &mut s, m, h, ScaleMode::Pow2)?;
+        // `xb` is freed on return: the queued kernel must have read it
+        rd.compute.synchronize()?;
+        Ok((q, s))
     }
 
     fn shared_bwd(&self, r: usize, f: &Forward, gy: &Buffer<bf16>) -> Result<Option<SharedGrad>> {
@@ -987,7 +1039,7 @@ impl Compute {
         };
         let ts = Instant::now();
         let st = &self.ranks[r].compute;
-        let x = (&o.recv_x, &o.recv_scales);
+        let x = expert_input(o, &f.recv_q[r]);
         let dw = self
             .mlp
             .wgrad(st, d, x, self.expert_rows(o), &f.k_starts[r])?;

@@ -112,6 +112,9 @@ pub struct MoeConfig {
     pub num_sms: u32,
     /// Run communication and compute one after the other instead of overlapped.
     pub sequential: bool,
+    /// What the forward dispatch carries: FP8 (1x128 quantised on the home rank, as V3) or BF16
+    /// (quantised 1x128 on the expert side after the dispatch).
+    pub payload: ep::Payload,
     /// Seed of the random weights and inputs (for [`random_step`]; the layer itself draws no
     /// random numbers).
     pub seed: u64,
@@ -139,6 +142,7 @@ impl MoeConfig {
             shared: true,
             num_sms: 20,
             sequential: false,
+            payload: ep::Payload::Fp8,
             seed: 1,
             gemm: GemmKind::Mma,
             comm_timeout: None,

@@ -3,6 +3,8 @@
 //! The reference models the device path's roundings (FP8 of x, weights 128x128, SwiGLU output,
 //! dY and dG|dU 1x128; BF16 storage of the GEMM outputs; the wgrad operands' FP8 along tokens),
 //! so what is left is f32-vs-f64 accumulation and the rare rounding-boundary flip it causes.
+//! With a BF16 dispatch payload the routed experts' input is X rounded to BF16 and then
+//! quantised 1x128 on the expert side; the shared expert keeps the home rank's FP8 of X.
 //! Checked: routing (bit-exact vs the CPU routing on the device's logits) and the FP8 input
 //! (bit-exact); the inter-node dispatch volume (one record per (token, remote node)); for a
 //! random sample of tokens per rank (every routed path plus the shared one) the gate logits, Y,
@@ -170,10 +172,20 @@ struct RankHost {
     w: Vec<f32>,
     /// `[T, H]` the device's FP8 input, dequantised.
     xq: Vec<f32>,
+    /// `[T, H]` what the routed experts see with a BF16 dispatch payload: X rounded to BF16,
+    /// then 1x128 FP8 on the expert side (`None` with FP8: they see `xq`).
+    xq_routed: Option<Vec<f32>>,
     quant_ok: bool,
     /// Per received row: `src_rank << 24 | token`, top-k weight.
     src: Vec<i32>,
     row_w: Vec<f32>,
+}
+
+impl RankHost {
+    /// Token `t`'s input row `[h]` as the routed experts see it.
+    fn routed_row(&self, t: usize, h: usize) -> &[f32] {
+        &self.xq_routed.as_ref().unwrap_or(&self.xq)[t * h..(t + 1) * h]
+    }
 }
 
 /// Reads rank `r`'s routing and FP8 input back and checks them bit-exact against the CPU
@@ -195,11 +207,24 @@ fn rank_host(layer: &MoeLayer, f: &Forward, r: usize, x: &[f32]) -> Result<RankH
     let xq = (0..t_n * h)
         .map(|i| emu::fp::e4m3_to_f32(qd[i]) * sd[i / 128])
         .collect();
+    let xq_routed = match c.payload {
+        ep::Payload::Fp8 => None,
+        ep::Payload::Bf16 => {
+            let xb: Vec<f32> = x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+            let (q, s) = kernels::quant::ref_quant_1x128(&xb, t_n, h, ScaleMode::Pow2);
+            Some(
+                (0..t_n * h)
+                    .map(|i| emu::fp::e4m3_to_f32(q[i]) * s[i / 128])
+                    .collect(),
+            )
+        }
+    };
     Ok(RankHost {
         logits,
         idx,
         w: route.w.to_vec()?,
         xq,
+        xq_routed,
         quant_ok: qd == qr && sd == sr,
         src: f.outs[r].recv_src.to_vec()?,
         row_w: f.outs[r].recv_w.to_vec()?,
@@ -254,7 +279,7 @@ pub fn check(
         rank_host(layer, f, r, &data.x[r])
     })?;
     let (node_copies, expert_copies) = inter_node_records(layer, &hosts);
-    let inter_ok = f.stats.dispatch.inter_node_bytes == node_copies * f.stats.record_bytes_fp8;
+    let inter_ok = f.stats.dispatch.inter_node_bytes == node_copies * f.stats.record_bytes;
     let tokens: Vec<Vec<usize>> = (0..rn)
         .map(|_| {
             let mut v: Vec<usize> = (0..t_n).collect();
@@ -367,7 +392,7 @@ impl Ctx<'_> {
         let c = self.layer.config();
         let (h, e_n, kk) = (c.hidden as usize, c.experts as usize, c.topk as usize);
         let hr = &self.hosts[r];
-        let xr = &hr.xq[t * h..(t + 1) * h];
+        let (xr, xs) = (hr.routed_row(t, h), &hr.xq[t * h..(t + 1) * h]);
         let dyb = self.dy_bf16(r, t);
         let dyq: Vec<f64> = fp8_row(&dyb).iter().map(|&v| v as f64).collect();
         let mut y = vec![0f64; h];
@@ -383,7 +408,7 @@ impl Ctx<'_> {
                 .sum::<f64>() as f32;
         }
         if c.shared {
-            ref_path(xr, &dyq, 1.0, self.dequantised(e_n)?, &mut y, &mut dx);
+            ref_path(xs, &dyq, 1.0, self.dequantised(e_n)?, &mut y, &mut dx);
         }
         let dl = ep::grad::route_backward_ref(
             &hr.logits[t * e_n..(t + 1) * e_n],
@@ -477,7 +502,7 @@ impl Ctx<'_> {
             .map(|row| {
                 let src = hr.src[row];
                 let (sr, t) = ((src >> 24) as usize, (src & 0xff_ffff) as usize);
-                let xr = &self.hosts[sr].xq[t * h..(t + 1) * h];
+                let xr = self.hosts[sr].routed_row(t, h);
                 (xr, self.dy_bf16(sr, t), hr.row_w[row] as f64)
             })
             .collect();
