@@ -1,0 +1,201 @@
+//! One SwiGLU MLP on a device, grouped over experts (rows in the contiguous grouped layout):
+//! forward, dgrad and k-grouped FP8 wgrad, all device kernels from crate `kernels`.
+
+use super::host::ExpertQ;
+use super::Result;
+use half::bf16;
+use kernels::ScaleMode;
+use runtime::{Buffer, Device, Stream};
+
+/// One MLP's FP8 weights on a device: W_gate|up `[G, 2I, H]`, W_down `[G, H, I]` and their
+/// transposes (128x128 blocks, scales `[G, rows/128, cols/128]`).
+pub(crate) struct MlpW {
+    b1: Buffer<u8>,
+    sb1: Buffer<f32>,
+    b2: Buffer<u8>,
+    sb2: Buffer<f32>,
+    b1t: Buffer<u8>,
+    sb1t: Buffer<f32>,
+    b2t: Buffer<u8>,
+    sb2t: Buffer<f32>,
+}
+
+impl MlpW {
+    /// Uploads the experts `ex` (in order: group `g` is `ex[g]`) to `dev`.
+    pub fn upload(dev: &Device, ex: &[&ExpertQ]) -> Result<MlpW> {
+        let cat = |f: &dyn Fn(&ExpertQ) -> &[u8]| {
+            ex.iter().flat_map(|e| f(e).to_vec()).collect::<Vec<u8>>()
+        };
+        let catf = |f: &dyn Fn(&ExpertQ) -> &[f32]| {
+            ex.iter().flat_map(|e| f(e).to_vec()).collect::<Vec<f32>>()
+        };
+        Ok(MlpW {
+            b1: dev.upload(&cat(&|e| &e.w1.0))?,
+            sb1: dev.upload(&catf(&|e| &e.w1.1))?,
+            b2: dev.upload(&cat(&|e| &e.w2.0))?,
+            sb2: dev.upload(&catf(&|e| &e.w2.1))?,
+            b1t: dev.upload(&cat(&|e| &e.w1t.0))?,
+            sb1t: dev.upload(&catf(&|e| &e.w1t.1))?,
+            b2t: dev.upload(&cat(&|e| &e.w2t.0))?,
+            sb2t: dev.upload(&catf(&|e| &e.w2t.1))?,
+        })
+    }
+}
+
+/// The row layout an MLP runs over: `m` rows (a multiple of 128), `m_indices` `[m]` (group of
+/// each row, -1 for padding), `groups` experts.
+#[derive(Clone, Copy)]
+pub(crate) struct Rows<'a> {
+    pub mi: &'a Buffer<i32>,
+    pub m: usize,
+    pub groups: usize,
+}
+
+/// An FP8 operand: bytes and 1x128 (or 128x128) scales.
+pub(crate) type Fp8<'a> = (&'a Buffer<u8>, &'a Buffer<f32>);
+
+/// Forward state of one MLP kept for backward.
+pub(crate) struct MlpFwd {
+    /// `[m, 2I]` gate|up GEMM output (the SwiGLU input, cached for backward).
+    pub gu: Buffer<bf16>,
+    /// `[m, H]`
+    pub y: Buffer<bf16>,
+}
+
+/// Dgrad results of one MLP, and what its wgrad needs.
+pub(crate) struct MlpDgrad {
+    /// `[m, H]` (unweighted; combine applies the top-k weights).
+    pub dx: Buffer<bf16>,
+    /// `[m, H]` the MLP's output gradient (unweighted).
+    pub dy: Buffer<bf16>,
+    /// `[m, 2I]` row weight x dGate|dUp.
+    pub dgu_w: Buffer<bf16>,
+    /// `[m, I]` row weight x recomputed SwiGLU output.
+    pub act_w: Buffer<bf16>,
+}
+
+/// The device side of one MLP shape.
+pub(crate) struct Mlp {
+    pub h: usize,
+    pub i_n: usize,
+    pub wgmma: bool,
+}
+
+impl Mlp {
+    /// `D [m, n] = A [m, k] x (B[g] [n, k])^T` per row group, BF16 out.
+    fn gemm(
+        &self,
+        st: &Stream,
+        a: Fp8,
+        b: Fp8,
+        rows: Rows,
+        n: usize,
+        k: usize,
+    ) -> Result<Buffer<bf16>> {
+        let (m, g) = (rows.m, rows.groups);
+        let mut d = st.device().alloc::<bf16>(m * n)?;
+        if self.wgmma {
+            kernels::hopper::grouped_gemm_fp8_contiguous(
+                st, a.0, a.1, b.0, b.1, &mut d, rows.mi, m, n, k, g,
+            )?;
+        } else {
+            kernels::grouped_gemm_fp8_contiguous(
+                st, a.0, a.1, b.0, b.1, &mut d, rows.mi, m, n, k, g,
+            )?;
+        }
+        Ok(d)
+    }
+
+    /// gate/up GEMM -> SwiGLU fused with 1x128 quantisation -> down GEMM.
+    pub fn fwd(&self, st: &Stream, x: Fp8, w: &MlpW, rows: Rows) -> Result<MlpFwd> {
+        let (h, i_n, m, dev) = (self.h, self.i_n, rows.m, st.device());
+        let gu = self.gemm(st, x, (&w.b1, &w.sb1), rows, 2 * i_n, h)?;
+        let mut aq = dev.alloc::<u8>(m * i_n)?;
+        let mut asc = dev.alloc::<f32>(m * i_n / 128)?;
+        kernels::swiglu_fwd_fp8(st, &gu, rows.mi, &mut aq, &mut asc, m, i_n)?;
+        let y = self.gemm(st, (&aq, &asc), (&w.b2, &w.sb2), rows, h, i_n)?;
+        st.synchronize()?;
+        Ok(MlpFwd { gu, y })
+    }
+
+    /// quantise dY -> dgrad through down -> SwiGLU backward (+ quantise) -> dgrad through
+    /// gate/up. `row_w` `[m]` weighs each row's dGate|dUp and activation for the wgrad.
+    pub fn dgrad(
+        &self,
+        st: &Stream,
+        dy: Buffer<bf16>,
+        f: &MlpFwd,
+        row_w: &Buffer<f32>,
+        w: &MlpW,
+        rows: Rows,
+    ) -> Result<MlpDgrad> {
+        let (h, i_n, m, dev) = (self.h, self.i_n, rows.m, st.device());
+        let mut dyq = dev.alloc::<u8>(m * h)?;
+        let mut dys = dev.alloc::<f32>(m * h / 128)?;
+        kernels::quantize_fp8_1x128(st, &dy, &mut dyq, &mut dys, m, h, ScaleMode::Pow2)?;
+        // dH [m, I] = dY [m, H] x (W_down^T [I, H])^T
+        let dh = self.gemm(st, (&dyq, &dys), (&w.b2t, &w.sb2t), rows, i_n, h)?;
+        let mut gq = dev.alloc::<u8>(m * 2 * i_n)?;
+        let mut gs = dev.alloc::<f32>(m * 2 * i_n / 128)?;
+        let mut dgu_w = dev.alloc::<bf16>(m * 2 * i_n)?;
+        let mut act_w = dev.alloc::<bf16>(m * i_n)?;
+        kernels::swiglu_bwd(
+            st, &f.gu, &dh, row_w, rows.mi, &mut gq, &mut gs, &mut dgu_w, &mut act_w, m, i_n,
+        )?;
+        // dX [m, H] = dGU [m, 2I] x (W_gu^T [H, 2I])^T
+        let dx = self.gemm(st, (&gq, &gs), (&w.b1t, &w.sb1t), rows, h, 2 * i_n)?;
+        st.synchronize()?;
+        Ok(MlpDgrad {
+            dx,
+            dy,
+            dgu_w,
+            act_w,
+        })
+    }
+
+    /// k-grouped FP8 wgrad: `dW_down[g] = dY^T (w act)`, `dW_gu[g] = (w dGU)^T X` over each
+    /// group's token segment `k_starts[g]..k_starts[g+1]`; returns (dW_gu `[G, 2I, H]`, dW_down
+    /// `[G, H, I]`) in f32.
+    pub fn wgrad(
+        &self,
+        st: &Stream,
+        d: &MlpDgrad,
+        x: Fp8,
+        rows: Rows,
+        k_starts: &Buffer<i32>,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (h, i_n, m, groups, dev) = (self.h, self.i_n, rows.m, rows.groups, st.device());
+        let tq = |v: &Buffer<bf16>, cols: usize| -> Result<(Buffer<u8>, Buffer<f32>)> {
+            let mut q = dev.alloc::<u8>(cols * m)?;
+            let mut s = dev.alloc::<f32>(cols * m / 128)?;
+            kernels::quantize_fp8_1x128_t(st, v, Some(rows.mi), &mut q, &mut s, m, cols)?;
+            Ok((q, s))
+        };
+        let (dyt, dyts) = tq(&d.dy, h)?;
+        let (actt, actts) = tq(&d.act_w, i_n)?;
+        let mut dw2 = dev.alloc::<f32>(groups * h * i_n)?;
+        kernels::wgrad_fp8_kgrouped(
+            st, &dyt, &dyts, &actt, &actts, k_starts, &mut dw2, h, i_n, m, groups,
+        )?;
+        let (dgt, dgts) = tq(&d.dgu_w, 2 * i_n)?;
+        let mut xt = dev.alloc::<u8>(h * m)?;
+        let mut xts = dev.alloc::<f32>(h * m / 128)?;
+        kernels::requantize_fp8_1x128_to_128x1_t(st, x.0, x.1, &mut xt, &mut xts, m, h)?;
+        let mut dw1 = dev.alloc::<f32>(groups * 2 * i_n * h)?;
+        kernels::wgrad_fp8_kgrouped(
+            st,
+            &dgt,
+            &dgts,
+            &xt,
+            &xts,
+            k_starts,
+            &mut dw1,
+            2 * i_n,
+            h,
+            m,
+            groups,
+        )?;
+        st.synchronize()?;
+        Ok((st.read(&dw1)?, st.read(&dw2)?))
+    }
+}
