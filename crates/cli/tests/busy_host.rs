@@ -3,37 +3,10 @@
 //! progress, so `ptxforge moe` passes pinned to one core and beside CPU-burning threads, with
 //! results bit-identical to the idle run.
 
+mod common;
+
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-const SMALL: &[&str] = &[
-    "moe",
-    "--nodes",
-    "2",
-    "--gpus-per-node",
-    "2",
-    "--hidden",
-    "256",
-    "--experts",
-    "16",
-    "--intermediate",
-    "128",
-    "--tokens",
-    "128",
-    "--topk",
-    "4",
-    "--groups",
-    "4",
-    "--topk-groups",
-    "2",
-    "--num-sms",
-    "4",
-    "--check-tokens",
-    "0",
-    "--check-experts",
-    "4",
-    "--json",
-];
 
 /// Runs the small `moe` (behind `prefix`, e.g. `taskset -c 0`) and returns its report.
 fn run(prefix: &[&str]) -> serde_json::Value {
@@ -46,7 +19,8 @@ fn run(prefix: &[&str]) -> serde_json::Value {
         }
         None => Command::new(bin),
     };
-    let out = cmd.args(SMALL).output().expect("spawn ptxforge");
+    let args = common::small_moe(&["--check-tokens", "0", "--check-experts", "4", "--json"]);
+    let out = cmd.args(&args).output().expect("spawn ptxforge");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),

@@ -3,6 +3,8 @@
 //! and the JSON says so; communication overlaps compute on disjoint SMs (or runs sequentially
 //! with `--sequential`).
 
+mod common;
+
 use std::process::Command;
 
 /// Runs `ptxforge ARGS` (a `moe --json` run), asserts it succeeded and reported `ok`, and returns
@@ -29,28 +31,7 @@ fn moe_small_config_passes_all_checks() {
     let dir = std::env::temp_dir().join(format!("ptxforge-moe-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let trace = dir.join("trace.json");
-    let v = moe_ok(&[
-        "moe",
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "2",
-        "--hidden",
-        "256",
-        "--experts",
-        "16",
-        "--intermediate",
-        "128",
-        "--tokens",
-        "128",
-        "--topk",
-        "4",
-        "--groups",
-        "4",
-        "--topk-groups",
-        "2",
-        "--num-sms",
-        "4",
+    let args = common::small_moe(&[
         "--check-tokens",
         "0",
         "--check-experts",
@@ -59,6 +40,7 @@ fn moe_small_config_passes_all_checks() {
         "--trace",
         trace.to_str().expect("utf-8 temp path"),
     ]);
+    let v = moe_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
     for p in v["phases"].as_array().expect("phases") {
         if let Some(ok) = p.get("ok") {
             assert_eq!(ok, &serde_json::Value::Bool(true), "phase {p}");

@@ -2,6 +2,8 @@
 //! calibration from synthetic benchmark files into a profile that `--hardware` uses, the
 //! published-table reproduction, and one-line errors naming the field.
 
+mod common;
+
 use std::process::{Command, Output};
 
 fn ptxforge(args: &[&str]) -> Output {
@@ -178,22 +180,8 @@ fn tables_reproduce_deepep_within_15_percent() {
 #[test]
 fn calibrate_reads_a_real_moe_report() {
     let d = dir();
-    let out = ptxforge(&[
-        "moe",
-        "--nodes",
-        "2",
-        "--gpus-per-node",
-        "2",
-        "--hidden",
-        "256",
-        "--experts",
-        "16",
-        "--intermediate",
-        "128",
-        "--tokens",
-        "128",
-        "--json",
-    ]);
+    let args = common::small_moe(&["--json"]);
+    let out = ptxforge(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(
         out.status.success(),
         "{}",
@@ -209,7 +197,7 @@ fn calibrate_reads_a_real_moe_report() {
         gpus_per_node: 2,
         experts: 16,
         hidden: 256,
-        topk: 8,
+        topk: 4,
     };
     let phase = |p: &str| {
         v["phases"]
