@@ -388,14 +388,7 @@ impl Cta {
     }
 
     fn deadlock(&self, ctx: &LaunchCtx) -> Fault {
-        let line = |pc: u32| {
-            ctx.prog
-                .insts
-                .get(pc as usize)
-                .and_then(|i| ctx.prog.source.get(i.src as usize))
-                .map(|s| s.loc.line)
-                .unwrap_or(0)
-        };
+        let line = |pc: u32| ctx.prog.line_of(pc);
         let mut parts = Vec::new();
         for (i, b) in self.barriers.iter().enumerate() {
             if b.used && !b.waiters.is_empty() {

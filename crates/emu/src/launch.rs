@@ -454,14 +454,6 @@ fn round_quiet(resident: &mut [(Vec<Cta>, u32)]) -> bool {
 
 /// Writes down the waiting warps of this worker's CTAs with their PTX lines.
 fn note_waiting(ctx: &LaunchCtx, resident: &[(Vec<Cta>, u32)], into: &Mutex<Vec<String>>) {
-    let line = |pc: u32| {
-        ctx.prog
-            .insts
-            .get(pc as usize)
-            .and_then(|i| ctx.prog.source.get(i.src as usize))
-            .map(|s| s.loc.line)
-            .unwrap_or(0)
-    };
     let mut v = Vec::new();
     for c in resident.iter().flat_map(|(g, _)| g.iter()) {
         for w in c.warps.iter().filter(|w| w.live != 0) {
@@ -469,7 +461,7 @@ fn note_waiting(ctx: &LaunchCtx, resident: &[(Vec<Cta>, u32)], into: &Mutex<Vec<
                 "CTA {:?} warp {} at PTX line {}",
                 c.id,
                 w.id,
-                line(w.wait_pc)
+                ctx.prog.line_of(w.wait_pc)
             ));
         }
     }

@@ -519,6 +519,16 @@ pub struct Program {
     pub target_sm: u32,
 }
 
+impl Program {
+    /// The PTX source line of instruction `pc` (0 when unknown).
+    pub fn line_of(&self, pc: u32) -> u32 {
+        self.insts
+            .get(pc as usize)
+            .and_then(|i| self.source.get(i.src as usize))
+            .map_or(0, |s| s.loc.line)
+    }
+}
+
 /// Where a module-scope symbol lives.
 #[derive(Clone, Copy, Debug)]
 pub enum SymAddr {

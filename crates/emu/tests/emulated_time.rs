@@ -17,18 +17,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 const HEADER: &str = ".version 8.0\n.target sm_80\n.address_size 64\n";
 
-fn cfg(grid: u32, block: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid: [grid, 1, 1],
-        block: [block, 1, 1],
-        shared_bytes: 0,
-        sms: 132,
-        sm_offset: 0,
-        device_sms: 132,
-        cluster: [1, 1, 1],
-    }
-}
-
 /// Thread 0 of the one CTA times a loop of `n` iterations (each with a 100 ns `nanosleep`) with
 /// both clocks and stores (clock64 delta, globaltimer delta).
 fn timed_loop(n: u32) -> [u64; 2] {
@@ -53,7 +41,7 @@ fn timed_loop(n: u32) -> [u64; 2] {
         m.kernel("timed").expect("kernel"),
         mem.snapshot(),
         p,
-        &cfg(1, 64),
+        &LaunchConfig::linear(1, 64),
         &LaunchOptions::default(),
     )
     .expect("launch");
@@ -147,7 +135,7 @@ fn ctas_waiting_on_each_other_are_a_deadlock_reported_at_once() {
         m.kernel("k").expect("kernel"),
         mem.snapshot(),
         flags.base.to_le_bytes().to_vec(),
-        &cfg(2, 32),
+        &LaunchConfig::linear(2, 32),
         &LaunchOptions::default(),
     );
     // the wait loop's `nanosleep` is PTX line 17 of this module
@@ -175,7 +163,7 @@ fn an_mbarrier_phase_that_never_completes_is_a_deadlock() {
         m.kernel("k").expect("kernel"),
         mem.snapshot(),
         Vec::new(),
-        &cfg(1, 1),
+        &LaunchConfig::linear(1, 1),
         &LaunchOptions::default(),
     );
     // the `mbarrier.try_wait` is PTX line 14 of this module
