@@ -13,6 +13,8 @@
 //! - [`moe`]: MoE expert-layer kernels: SwiGLU forward fused with FP8 1x128 quantisation,
 //!   SwiGLU backward (FP8 dGU for dgrad, weighted bf16 dGU and activation for wgrad), and the
 //!   transposing 1x128 ("128x1") quantiser feeding the K-grouped weight-gradient GEMM.
+//! - [`attn`]: MLA attention: causal varlen training forward/backward (FlashAttention-2 style)
+//!   and FlashMLA-style paged decoding with split-KV, `mma.sync` BF16.
 //! - [`tile`]: the small typed tile helpers kernels are written with (swizzled shared tiles,
 //!   fragments, `cp.async` tile loads).
 //! - [`mod@reference`]: f64 CPU references and error metrics.
@@ -27,6 +29,7 @@
     clippy::useless_vec
 )]
 
+pub mod attn;
 pub mod gemm;
 pub mod hopper;
 pub mod host;

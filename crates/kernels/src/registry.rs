@@ -64,6 +64,8 @@ pub enum Kind {
     Gemm(GemmSpec),
     /// sm_90a TMA/wgmma GEMMs ([`crate::hopper`]).
     Hopper(crate::hopper::HopperSpec),
+    /// MLA attention ([`crate::attn`]).
+    Attn(crate::attn::registry::AttnKind),
 }
 
 /// A registered kernel.
@@ -411,6 +413,7 @@ fn build() -> Vec<KernelInfo> {
         vec![Shape::grouped(200, 128, 512, 4)],
     );
     v.extend(crate::hopper::registry::registry_entries());
+    v.extend(crate::attn::registry::registry_entries());
     v
 }
 
@@ -484,6 +487,7 @@ impl KernelInfo {
             Kind::QuantT => crate::moe::gen_quant_t(t),
             Kind::Gemm(s) => gemm::gen_gemm(t, s),
             Kind::Hopper(s) => crate::hopper::gen_hopper_gemm(t, s),
+            Kind::Attn(a) => crate::attn::registry::generate(a, t),
         }
     }
 
@@ -500,6 +504,7 @@ impl KernelInfo {
                 2.0 * rows as f64 * s.n as f64 * s.k as f64
             }
             Kind::Hopper(h) => crate::hopper::registry::flops(h, s),
+            Kind::Attn(a) => crate::attn::registry::flops(a, s),
             _ => 0.0,
         }
     }
@@ -662,6 +667,7 @@ impl KernelInfo {
             }
             Kind::Gemm(g) => return check_gemm(stream, self, g, s, seed),
             Kind::Hopper(h) => return crate::hopper::registry::check(stream, self, h, s, seed),
+            Kind::Attn(a) => return crate::attn::registry::check(stream, self, a, s, seed),
         }
         rep.pass = rep.mismatches == 0;
         rep.lane_instructions = stream.last_stats().map(|st| st.lane_instructions);

@@ -1,0 +1,246 @@
+//! Registry entries of the attention kernels and their checks against the f64 references
+//! (run by [`crate::registry::KernelInfo::check`] for `Kind::Attn`).
+//!
+//! Shape encoding: training kernels use `m` = longest sequence, `n` = d_v, `k` = d_qk,
+//! `groups` = batch (ragged lengths drawn from the seed, the first one = `m`, 2 heads);
+//! decoding uses `m` = longest cached length, `n` = kv_lora_rank (d_v), `k` = d_v + 64 (d_k),
+//! `groups` = batch.
+
+use super::fwd::{self, AttnShape, FwdArgs, FwdSpec};
+use super::reference::RefProblem;
+use crate::reference::{self as r, rel_fro};
+use crate::registry::{CheckReport, KernelInfo, Kind, ParamInfo, Shape};
+use crate::Result;
+use builder::Target;
+use half::bf16;
+use rand::Rng;
+use runtime::{Buffer, Device, Pod, Stream};
+use std::time::Instant;
+
+/// The attention kernel a registry entry stands for.
+#[derive(Clone, Debug)]
+pub enum AttnKind {
+    Fwd(FwdSpec),
+}
+
+fn params(v: &[(&'static str, &'static str)]) -> Vec<ParamInfo> {
+    v.iter().map(|&(name, ty)| ParamInfo { name, ty }).collect()
+}
+
+/// The registered attention kernels.
+pub fn registry_entries() -> Vec<KernelInfo> {
+    let mut v = Vec::new();
+    for (dqk, dv, shapes) in [
+        (32u32, 32u32, vec![Shape::grouped(77, 32, 32, 3)]),
+        (192, 128, vec![Shape::grouped(70, 128, 192, 2)]),
+        (256, 256, vec![Shape::grouped(40, 256, 256, 2)]),
+    ] {
+        let s = FwdSpec { d_qk: dqk, d_v: dv };
+        v.push(KernelInfo {
+            name: s.name(),
+            summary: format!(
+                "MLA attention training forward, causal varlen FlashAttention-2 (d_qk {dqk}, d_v {dv}; 64 q rows x {} keys per tile), O bf16 + LSE f32",
+                s.bn()
+            ),
+            params: params(FwdSpec::params()),
+            launch: s.launch_rule(),
+            targets: super::TARGETS,
+            host: "attn::fwd::mla_attn_fwd",
+            test_shapes: shapes,
+            kind: Kind::Attn(AttnKind::Fwd(s)),
+        });
+    }
+    v
+}
+
+/// Generates the kernel of `a` for `t`.
+pub fn generate(a: &AttnKind, t: &Target) -> Result<ptx::Module> {
+    match a {
+        AttnKind::Fwd(s) => fwd::gen_fwd(t, s),
+    }
+}
+
+/// Causal attention FLOPs of a packed batch: 2 (d_qk + d_v) per (query, visible key), per head.
+pub fn causal_flops(lens: &[usize], heads: usize, d_qk: usize, d_v: usize) -> f64 {
+    let pairs: f64 = lens.iter().map(|&n| (n * (n + 1) / 2) as f64).sum();
+    2.0 * pairs * heads as f64 * (d_qk + d_v) as f64
+}
+
+/// FLOPs of one launch at the registered shape (lengths as drawn by the check).
+pub fn flops(a: &AttnKind, s: &Shape) -> f64 {
+    match a {
+        AttnKind::Fwd(_) => causal_flops(&vec![s.m; s.groups.max(1)], CHECK_HEADS, s.k, s.n),
+    }
+}
+
+pub(crate) const CHECK_HEADS: usize = 2;
+
+/// Ragged lengths for a check: the first = `max`, the others random in [1, max].
+pub fn random_lens(rg: &mut impl Rng, max: usize, batch: usize) -> Vec<usize> {
+    (0..batch.max(1))
+        .map(|i| if i == 0 { max } else { rg.gen_range(1..=max) })
+        .collect()
+}
+
+/// bf16 values (device) and their f64 values (reference), uniform in [-amp, amp).
+pub fn random_bf16(rg: &mut impl Rng, len: usize, amp: f32) -> (Vec<bf16>, Vec<f64>) {
+    let b: Vec<bf16> = (0..len)
+        .map(|_| bf16::from_f32(rg.gen_range(-amp..amp)))
+        .collect();
+    let f = b.iter().map(|x| x.to_f64()).collect();
+    (b, f)
+}
+
+pub(crate) fn poisoned<T: Pod>(dev: &Device, len: usize, v: T) -> Result<Buffer<T>> {
+    let b = dev.alloc::<T>(len.max(1))?;
+    b.fill(v)?;
+    Ok(b)
+}
+
+pub(crate) fn nan_bf16() -> bf16 {
+    bf16::from_bits(0x7fc1)
+}
+
+fn to_f64<T: Copy + Into<f64>>(v: &[T]) -> Vec<f64> {
+    v.iter().map(|&x| x.into()).collect()
+}
+
+pub(crate) fn bf16_f64(v: &[bf16]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}
+
+/// Error summary of one output: (relative Frobenius error, NaN count).
+pub(crate) fn compare(got: &[f64], want: &[f64]) -> (f64, usize) {
+    let nans = got.iter().filter(|x| !x.is_finite()).count();
+    let rel = if nans > 0 { f64::INFINITY } else { rel_fro(got, want) };
+    (rel, nans)
+}
+
+/// A random packed training problem (inputs uploaded).
+pub(crate) struct TrainProblem {
+    pub sh: AttnShape,
+    pub p: RefProblem,
+    pub lens: Vec<usize>,
+    pub total: usize,
+    pub q: (Vec<bf16>, Vec<f64>),
+    pub k: (Vec<bf16>, Vec<f64>),
+    pub v: (Vec<bf16>, Vec<f64>),
+}
+
+impl TrainProblem {
+    pub fn random(s: &Shape, seed: u64) -> TrainProblem {
+        let mut rg = r::rng(seed);
+        let lens = random_lens(&mut rg, s.m, s.groups);
+        Self::with_lens(&mut rg, lens, s.k, s.n)
+    }
+    pub fn with_lens(rg: &mut impl Rng, lens: Vec<usize>, d_qk: usize, d_v: usize) -> TrainProblem {
+        let heads = CHECK_HEADS;
+        let mut cu = vec![0usize];
+        for &l in &lens {
+            cu.push(cu.last().unwrap_or(&0) + l);
+        }
+        let total = *cu.last().unwrap_or(&0);
+        let scale = 1.0 / (d_qk as f32).sqrt();
+        let sh = AttnShape {
+            heads,
+            d_qk,
+            d_v,
+            scale,
+            max_seqlen: lens.iter().copied().max().unwrap_or(0),
+        };
+        // |q|, |k| up to 2 so the softmax is far from uniform
+        let q = random_bf16(rg, total * heads * d_qk, 2.0);
+        let k = random_bf16(rg, total * heads * d_qk, 2.0);
+        let v = random_bf16(rg, total * heads * d_v, 1.0);
+        let p = RefProblem {
+            cu,
+            heads,
+            d_qk,
+            d_v,
+            scale: scale as f64,
+        };
+        TrainProblem {
+            sh,
+            p,
+            lens,
+            total,
+            q,
+            k,
+            v,
+        }
+    }
+    pub fn cu_i32(&self) -> Vec<i32> {
+        self.p.cu.iter().map(|&x| x as i32).collect()
+    }
+}
+
+/// Device outputs of the forward.
+pub(crate) struct FwdOut {
+    pub o: Vec<bf16>,
+    pub lse: Vec<f32>,
+    pub seconds: f64,
+}
+
+/// Runs the forward of `tp` on `stream` with poisoned outputs.
+pub(crate) fn run_fwd(stream: &Stream, tp: &TrainProblem) -> Result<FwdOut> {
+    let dev = stream.device().clone();
+    let (q, k, v) = (dev.upload(&tp.q.0)?, dev.upload(&tp.k.0)?, dev.upload(&tp.v.0)?);
+    let cu = dev.upload(&tp.cu_i32())?;
+    let mut o = poisoned(&dev, tp.total * tp.sh.heads * tp.sh.d_v, nan_bf16())?;
+    let mut lse = poisoned(&dev, tp.total * tp.sh.heads, f32::NAN)?;
+    let t0 = Instant::now();
+    fwd::mla_attn_fwd(
+        stream,
+        &tp.sh,
+        FwdArgs {
+            q: &q,
+            k: &k,
+            v: &v,
+            cu_seqlens: &cu,
+            o: &mut o,
+            lse: &mut lse,
+        },
+    )?;
+    stream.synchronize()?;
+    let seconds = t0.elapsed().as_secs_f64();
+    Ok(FwdOut {
+        o: o.to_vec()?,
+        lse: lse.to_vec()?,
+        seconds,
+    })
+}
+
+/// Checks the forward: O (bf16) relative Frobenius error <= 1e-2 and every LSE within 1e-3
+/// (absolute) of the f64 reference; NaNs (unwritten outputs) fail.
+fn check_fwd(stream: &Stream, info: &KernelInfo, s: &Shape, seed: u64) -> Result<CheckReport> {
+    let tp = TrainProblem::random(s, seed);
+    let out = run_fwd(stream, &tp)?;
+    let want = tp.p.forward(&tp.q.1, &tp.k.1, &tp.v.1);
+    let (rel, nans) = compare(&bf16_f64(&out.o), &want.o);
+    let lse = to_f64(&out.lse);
+    let bad_lse = lse
+        .iter()
+        .zip(&want.lse)
+        .filter(|(g, w)| !((*g - *w).abs() <= 1e-3))
+        .count();
+    let tol = 1e-2;
+    Ok(CheckReport {
+        kernel: info.name.clone(),
+        shape: *s,
+        mismatches: nans + bad_lse,
+        rel_err: rel,
+        rel_err_rounded: rel,
+        tolerance: tol,
+        pass: nans + bad_lse == 0 && rel <= tol,
+        seconds: out.seconds,
+        flops: causal_flops(&tp.lens, tp.sh.heads, tp.sh.d_qk, tp.sh.d_v),
+        lane_instructions: stream.last_stats().map(|st| st.lane_instructions),
+    })
+}
+
+/// Runs the check of an attention entry.
+pub fn check(stream: &Stream, info: &KernelInfo, a: &AttnKind, s: &Shape, seed: u64) -> Result<CheckReport> {
+    match a {
+        AttnKind::Fwd(_) => check_fwd(stream, info, s, seed),
+    }
+}
