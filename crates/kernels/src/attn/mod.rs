@@ -14,6 +14,7 @@
 //! - [`decode`]: absorbed-MLA decoding over a paged cache, split-KV + LSE-weighted combine.
 //! - [`reference`]: f64 CPU references; [`registry`]: registry entries and their checks.
 
+pub mod bwd;
 pub mod fwd;
 pub mod reference;
 pub mod registry;

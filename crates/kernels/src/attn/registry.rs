@@ -6,6 +6,7 @@
 //! decoding uses `m` = longest cached length, `n` = kv_lora_rank (d_v), `k` = d_v + 64 (d_k),
 //! `groups` = batch.
 
+use super::bwd::{self, BwdArgs, BwdSpec};
 use super::fwd::{self, AttnShape, FwdArgs, FwdSpec};
 use super::reference::RefProblem;
 use crate::reference::{self as r, rel_fro};
@@ -21,6 +22,9 @@ use std::time::Instant;
 #[derive(Clone, Debug)]
 pub enum AttnKind {
     Fwd(FwdSpec),
+    BwdPre,
+    BwdDkdv(BwdSpec),
+    BwdDq(BwdSpec),
 }
 
 fn params(v: &[(&'static str, &'static str)]) -> Vec<ParamInfo> {
@@ -50,6 +54,57 @@ pub fn registry_entries() -> Vec<KernelInfo> {
             kind: Kind::Attn(AttnKind::Fwd(s)),
         });
     }
+    v.push(KernelInfo {
+        name: bwd::PRE_NAME.into(),
+        summary: "MLA attention backward preprocessing: delta = rowsum(dO * O) per (token, head), f32".into(),
+        params: params(bwd::PRE_PARAMS),
+        launch: "rows = total*heads; grid = ceil(rows/8), block = 256 (one warp per row)".into(),
+        targets: super::TARGETS,
+        host: "attn::bwd::mla_attn_bwd",
+        test_shapes: vec![Shape::grouped(50, 128, 192, 2)],
+        kind: Kind::Attn(AttnKind::BwdPre),
+    });
+    for (dqk, dv, shapes) in [
+        (32u32, 32u32, vec![Shape::grouped(77, 32, 32, 3)]),
+        (192, 128, vec![Shape::grouped(70, 128, 192, 2)]),
+        (256, 256, vec![Shape::grouped(40, 256, 256, 2)]),
+    ] {
+        let s = BwdSpec { d_qk: dqk, d_v: dv };
+        v.push(KernelInfo {
+            name: s.dkdv_name(),
+            summary: format!(
+                "MLA attention backward dK/dV (d_qk {dqk}, d_v {dv}): 64 keys per CTA, 32-query tiles from the diagonal, P from the LSE, {} warp(s) per 16 keys",
+                s.splits()
+            ),
+            params: params(BwdSpec::dkdv_params()),
+            launch: format!(
+                "grid = (ceil(max_seqlen/{}), heads, batch), block = {}, dynamic shared = {} bytes",
+                bwd::BKV,
+                s.dkdv_threads(),
+                s.dkdv_shared()
+            ),
+            targets: super::TARGETS,
+            host: "attn::bwd::mla_attn_bwd",
+            test_shapes: shapes.clone(),
+            kind: Kind::Attn(AttnKind::BwdDkdv(s)),
+        });
+        v.push(KernelInfo {
+            name: s.dq_name(),
+            summary: format!(
+                "MLA attention backward dQ (d_qk {dqk}, d_v {dv}): 64 queries per CTA, 32-key tiles up to the diagonal (deterministic, no atomics)"
+            ),
+            params: params(BwdSpec::dq_params()),
+            launch: format!(
+                "grid = (ceil(max_seqlen/{}), heads, batch), block = 128, dynamic shared = {} bytes",
+                bwd::BM_DQ,
+                s.dq_shared()
+            ),
+            targets: super::TARGETS,
+            host: "attn::bwd::mla_attn_bwd",
+            test_shapes: shapes,
+            kind: Kind::Attn(AttnKind::BwdDq(s)),
+        });
+    }
     v
 }
 
@@ -57,6 +112,9 @@ pub fn registry_entries() -> Vec<KernelInfo> {
 pub fn generate(a: &AttnKind, t: &Target) -> Result<ptx::Module> {
     match a {
         AttnKind::Fwd(s) => fwd::gen_fwd(t, s),
+        AttnKind::BwdPre => bwd::gen_pre(t),
+        AttnKind::BwdDkdv(s) => bwd::gen_dkdv(t, s),
+        AttnKind::BwdDq(s) => bwd::gen_dq(t, s),
     }
 }
 
@@ -70,6 +128,10 @@ pub fn causal_flops(lens: &[usize], heads: usize, d_qk: usize, d_v: usize) -> f6
 pub fn flops(a: &AttnKind, s: &Shape) -> f64 {
     match a {
         AttnKind::Fwd(_) => causal_flops(&vec![s.m; s.groups.max(1)], CHECK_HEADS, s.k, s.n),
+        // dK/dV: S, dP, dV, dK (4 products); dQ: S, dP, dQ (3)
+        AttnKind::BwdDkdv(_) => 2.0 * causal_flops(&vec![s.m; s.groups.max(1)], CHECK_HEADS, s.k, s.n),
+        AttnKind::BwdDq(_) => 1.5 * causal_flops(&vec![s.m; s.groups.max(1)], CHECK_HEADS, s.k, s.n),
+        AttnKind::BwdPre => 0.0,
     }
 }
 
@@ -242,5 +304,118 @@ fn check_fwd(stream: &Stream, info: &KernelInfo, s: &Shape, seed: u64) -> Result
 pub fn check(stream: &Stream, info: &KernelInfo, a: &AttnKind, s: &Shape, seed: u64) -> Result<CheckReport> {
     match a {
         AttnKind::Fwd(_) => check_fwd(stream, info, s, seed),
+        _ => check_bwd(stream, info, a, s, seed),
     }
+}
+
+/// Device outputs of the backward.
+pub(crate) struct BwdOut {
+    pub dq: Vec<bf16>,
+    pub dk: Vec<bf16>,
+    pub dv: Vec<bf16>,
+    pub delta: Vec<f32>,
+    pub o: Vec<bf16>,
+    pub seconds: f64,
+}
+
+/// Runs forward then backward of `tp` with upstream gradient `dout` (outputs poisoned).
+pub(crate) fn run_bwd(stream: &Stream, tp: &TrainProblem, dout: &[bf16]) -> Result<BwdOut> {
+    let dev = stream.device().clone();
+    let (q, k, v) = (dev.upload(&tp.q.0)?, dev.upload(&tp.k.0)?, dev.upload(&tp.v.0)?);
+    let cu = dev.upload(&tp.cu_i32())?;
+    let rows = tp.total * tp.sh.heads;
+    let (nq, nv) = (rows * tp.sh.d_qk, rows * tp.sh.d_v);
+    let mut o = poisoned(&dev, nv, nan_bf16())?;
+    let mut lse = poisoned(&dev, rows, f32::NAN)?;
+    fwd::mla_attn_fwd(
+        stream,
+        &tp.sh,
+        FwdArgs { q: &q, k: &k, v: &v, cu_seqlens: &cu, o: &mut o, lse: &mut lse },
+    )?;
+    let dob = dev.upload(dout)?;
+    let mut delta = poisoned(&dev, rows, f32::NAN)?;
+    let mut dq = poisoned(&dev, nq, nan_bf16())?;
+    let mut dk = poisoned(&dev, nq, nan_bf16())?;
+    let mut dvb = poisoned(&dev, nv, nan_bf16())?;
+    stream.synchronize()?;
+    let t0 = Instant::now();
+    bwd::mla_attn_bwd(
+        stream,
+        &tp.sh,
+        BwdArgs {
+            q: &q,
+            k: &k,
+            v: &v,
+            o: &o,
+            lse: &lse,
+            dout: &dob,
+            cu_seqlens: &cu,
+            delta: &mut delta,
+            dq: &mut dq,
+            dk: &mut dk,
+            dv: &mut dvb,
+        },
+    )?;
+    stream.synchronize()?;
+    let seconds = t0.elapsed().as_secs_f64();
+    Ok(BwdOut {
+        dq: dq.to_vec()?,
+        dk: dk.to_vec()?,
+        dv: dvb.to_vec()?,
+        delta: delta.to_vec()?,
+        o: o.to_vec()?,
+        seconds,
+    })
+}
+
+/// Checks a backward kernel (the whole backward runs; the entry's own outputs are compared):
+/// the pre-pass's delta against rowsum(dO * O) of the device O (relative error <= 1e-5),
+/// dK/dV or dQ against the f64 backward (relative Frobenius error <= 2e-2 each).
+fn check_bwd(stream: &Stream, info: &KernelInfo, a: &AttnKind, s: &Shape, seed: u64) -> Result<CheckReport> {
+    let tp = TrainProblem::random(s, seed);
+    let mut rg = r::rng(seed ^ 0x5eed);
+    let dout = random_bf16(&mut rg, tp.total * tp.sh.heads * tp.sh.d_v, 1.0);
+    let out = run_bwd(stream, &tp, &dout.0)?;
+    let lane_instructions = stream.last_stats().map(|st| st.lane_instructions);
+    let (rel, nans, tol) = match a {
+        AttnKind::BwdPre => {
+            let o = bf16_f64(&out.o);
+            let want: Vec<f64> = o
+                .chunks(tp.sh.d_v)
+                .zip(dout.1.chunks(tp.sh.d_v))
+                .map(|(x, y)| x.iter().zip(y).map(|(a, b)| a * b).sum())
+                .collect();
+            let (rel, nans) = compare(&to_f64(&out.delta), &want);
+            (rel, nans, 1e-5)
+        }
+        _ => {
+            let want = tp.p.backward(&tp.q.1, &tp.k.1, &tp.v.1, &dout.1);
+            let pairs: Vec<(&[bf16], &[f64])> = match a {
+                AttnKind::BwdDq(_) => vec![(&out.dq, &want.dq)],
+                _ => vec![(&out.dk, &want.dk), (&out.dv, &want.dv)],
+            };
+            let mut worst = (0f64, 0usize);
+            for (g, w) in pairs {
+                let (r, n) = compare(&bf16_f64(g), w);
+                worst = (worst.0.max(r), worst.1 + n);
+            }
+            (worst.0, worst.1, 2e-2)
+        }
+    };
+    let flops = match a {
+        AttnKind::BwdPre => 0.0,
+        _ => 2.5 * causal_flops(&tp.lens, tp.sh.heads, tp.sh.d_qk, tp.sh.d_v),
+    };
+    Ok(CheckReport {
+        kernel: info.name.clone(),
+        shape: *s,
+        mismatches: nans,
+        rel_err: rel,
+        rel_err_rounded: rel,
+        tolerance: tol,
+        pass: nans == 0 && rel <= tol,
+        seconds: out.seconds,
+        flops,
+        lane_instructions,
+    })
 }
