@@ -15,6 +15,7 @@
 //! - [`reference`]: f64 CPU references; [`registry`]: registry entries and their checks.
 
 pub mod bwd;
+pub mod decode;
 pub mod fwd;
 pub mod reference;
 pub mod registry;
@@ -147,6 +148,20 @@ pub(crate) fn frag_addr(
         let a = k.add(a, p);
         k.add(a, row0 * ROW_BYTES)
     }
+}
+
+/// A-style lane address (rows `row0 + l7 + 8*l8`, chunk `c0 + l16`) with a runtime first chunk.
+pub(crate) fn frag_addr_rt(k: &mut KernelBuilder, ln: &Lanes, t: &Tile, row0: u32, c0: Reg<u32>) -> Reg<u32> {
+    let c = k.add(c0, ln.l16);
+    let panel = k.shr(c, 3u32);
+    let c7 = k.and(c, 7u32);
+    let x = k.xor(c7, ln.l7);
+    let x = k.shl(x, 4u32);
+    let p = k.mul(panel, t.rows * ROW_BYTES);
+    let a = k.add(t.base, ln.ra);
+    let a = k.add(a, x);
+    let a = k.add(a, p);
+    k.add(a, row0 * ROW_BYTES)
 }
 
 /// `ldmatrix.x4` of 16 rows x 2 chunks (see [`Style`]).

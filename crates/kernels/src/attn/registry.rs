@@ -7,6 +7,7 @@
 //! `groups` = batch.
 
 use super::bwd::{self, BwdArgs, BwdSpec};
+use super::decode::{self, DecodeArgs, DecodeShape, DecodeSpec};
 use super::fwd::{self, AttnShape, FwdArgs, FwdSpec};
 use super::reference::RefProblem;
 use crate::reference::{self as r, rel_fro};
@@ -25,6 +26,8 @@ pub enum AttnKind {
     BwdPre,
     BwdDkdv(BwdSpec),
     BwdDq(BwdSpec),
+    Decode(DecodeSpec),
+    Combine,
 }
 
 fn params(v: &[(&'static str, &'static str)]) -> Vec<ParamInfo> {
@@ -105,6 +108,37 @@ pub fn registry_entries() -> Vec<KernelInfo> {
             kind: Kind::Attn(AttnKind::BwdDq(s)),
         });
     }
+    for (d_v, rg, shapes) in [
+        (64u32, 1u32, vec![Shape::grouped(150, 64, 128, 3)]),
+        (512, 1, vec![Shape::grouped(100, 512, 576, 2)]),
+        (512, 4, vec![Shape::grouped(130, 512, 576, 2)]),
+    ] {
+        let s = DecodeSpec { d_v, d_rope: 64, row_groups: rg };
+        v.push(KernelInfo {
+            name: s.name(),
+            summary: format!(
+                "FlashMLA-style absorbed MLA decoding, paged cache (block 64, d_k {} = {d_v} latent + 64 rope, V = latent), {} query rows per CTA, split-KV partials f32",
+                s.d_k(),
+                16 * rg
+            ),
+            params: params(DecodeSpec::params()),
+            launch: s.launch_rule(),
+            targets: s.targets(),
+            host: "attn::decode::mla_decode",
+            test_shapes: shapes,
+            kind: Kind::Attn(AttnKind::Decode(s)),
+        });
+    }
+    v.push(KernelInfo {
+        name: decode::COMBINE_NAME.into(),
+        summary: "MLA decoding split-KV combine: LSE-weighted sum of the f32 partials -> bf16 O, f32 LSE".into(),
+        params: params(decode::COMBINE_PARAMS),
+        launch: "grid = ceil(batch*s_q*heads/8), block = 256 (one warp per row)".into(),
+        targets: super::TARGETS,
+        host: "attn::decode::mla_decode",
+        test_shapes: vec![Shape::grouped(150, 64, 128, 3)],
+        kind: Kind::Attn(AttnKind::Combine),
+    });
     v
 }
 
@@ -115,6 +149,8 @@ pub fn generate(a: &AttnKind, t: &Target) -> Result<ptx::Module> {
         AttnKind::BwdPre => bwd::gen_pre(t),
         AttnKind::BwdDkdv(s) => bwd::gen_dkdv(t, s),
         AttnKind::BwdDq(s) => bwd::gen_dq(t, s),
+        AttnKind::Decode(s) => decode::gen_decode(t, s),
+        AttnKind::Combine => decode::gen_combine(t),
     }
 }
 
@@ -131,7 +167,12 @@ pub fn flops(a: &AttnKind, s: &Shape) -> f64 {
         // dK/dV: S, dP, dV, dK (4 products); dQ: S, dP, dQ (3)
         AttnKind::BwdDkdv(_) => 2.0 * causal_flops(&vec![s.m; s.groups.max(1)], CHECK_HEADS, s.k, s.n),
         AttnKind::BwdDq(_) => 1.5 * causal_flops(&vec![s.m; s.groups.max(1)], CHECK_HEADS, s.k, s.n),
-        AttnKind::BwdPre => 0.0,
+        AttnKind::BwdPre | AttnKind::Combine => 0.0,
+        // QK^T over d_k and PV over d_v, per (row, cached token)
+        AttnKind::Decode(d) => {
+            let rows = (DECODE_S_Q * DECODE_HEADS_PER_GROUP * d.row_groups as usize) as f64;
+            2.0 * rows * (s.m * s.groups.max(1)) as f64 * (s.k + s.n) as f64
+        }
     }
 }
 
@@ -304,6 +345,11 @@ fn check_fwd(stream: &Stream, info: &KernelInfo, s: &Shape, seed: u64) -> Result
 pub fn check(stream: &Stream, info: &KernelInfo, a: &AttnKind, s: &Shape, seed: u64) -> Result<CheckReport> {
     match a {
         AttnKind::Fwd(_) => check_fwd(stream, info, s, seed),
+        AttnKind::Decode(d) => check_decode(stream, info, d, s, seed),
+        AttnKind::Combine => {
+            let d = DecodeSpec { d_v: s.n as u32, d_rope: (s.k - s.n) as u32, row_groups: 1 };
+            check_decode(stream, info, &d, s, seed)
+        }
         _ => check_bwd(stream, info, a, s, seed),
     }
 }
@@ -416,6 +462,147 @@ fn check_bwd(stream: &Stream, info: &KernelInfo, a: &AttnKind, s: &Shape, seed: 
         pass: nans == 0 && rel <= tol,
         seconds: out.seconds,
         flops,
+        lane_instructions,
+    })
+}
+
+/// Query tokens per sequence and heads per 16-row group in the decoding checks.
+pub(crate) const DECODE_S_Q: usize = 2;
+pub(crate) const DECODE_HEADS_PER_GROUP: usize = 8;
+
+/// A random paged decoding problem: lengths in [s_q, max] (the first = max), every sequence's
+/// blocks at random places of a cache with spare blocks, table entries past a sequence's end
+/// poisoned (never read).
+pub struct DecodeProblem {
+    pub sh: DecodeShape,
+    pub lens: Vec<usize>,
+    pub table: Vec<i32>,
+    pub q: (Vec<bf16>, Vec<f64>),
+    pub kv: (Vec<bf16>, Vec<f64>),
+}
+
+impl DecodeProblem {
+    pub fn random(rg: &mut impl Rng, sh0: DecodeShape, max_len: usize, batch: usize) -> DecodeProblem {
+        let mut lens = random_lens(rg, max_len, batch);
+        for l in lens.iter_mut() {
+            *l = (*l).max(sh0.s_q);
+        }
+        let max_blocks = max_len.div_ceil(64) + 1;
+        let used: usize = lens.iter().map(|l| l.div_ceil(64)).sum();
+        let num_blocks = used + 3;
+        let mut perm: Vec<i32> = (0..num_blocks as i32).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, rg.gen_range(0..=i));
+        }
+        let mut table = vec![i32::MAX; batch * max_blocks];
+        let mut next = 0;
+        for (b, l) in lens.iter().enumerate() {
+            for j in 0..l.div_ceil(64) {
+                table[b * max_blocks + j] = perm[next];
+                next += 1;
+            }
+        }
+        let sh = DecodeShape { num_blocks, max_blocks, ..sh0 };
+        let dk = sh.d_v + sh.d_rope;
+        let q = random_bf16(rg, batch * sh.s_q * sh.heads * dk, 1.0);
+        let kv = random_bf16(rg, num_blocks * 64 * dk, 1.0);
+        DecodeProblem { sh, lens, table, q, kv }
+    }
+
+    /// f64 reference (O, LSE).
+    pub fn reference(&self) -> (Vec<f64>, Vec<f64>) {
+        let dk = self.sh.d_v + self.sh.d_rope;
+        let mb = self.sh.max_blocks;
+        let kvf = |b: usize, pos: usize| -> Vec<f64> {
+            let blk = self.table[b * mb + pos / 64] as usize;
+            self.kv.1[(blk * 64 + pos % 64) * dk..][..dk].to_vec()
+        };
+        let rd = super::reference::RefDecode {
+            s_q: self.sh.s_q,
+            heads: self.sh.heads,
+            d_k: dk,
+            d_v: self.sh.d_v,
+            scale: self.sh.scale as f64,
+            kv: &kvf,
+        };
+        rd.run(&self.q.1, &self.lens)
+    }
+
+    /// Runs decoding with `spec` (outputs and workspaces poisoned): (O, LSE, seconds).
+    pub fn run(&self, stream: &Stream, spec: &DecodeSpec) -> Result<(Vec<bf16>, Vec<f32>, f64)> {
+        let dev = stream.device().clone();
+        let batch = self.lens.len();
+        let rows = batch * self.sh.s_q * self.sh.heads;
+        let splits = decode::choose_splits(&self.sh, batch, stream.sm_count());
+        let (wo, wl) = decode::workspace_len(&self.sh, batch, splits);
+        let q = dev.upload(&self.q.0)?;
+        let kv = dev.upload(&self.kv.0)?;
+        let table = dev.upload(&self.table)?;
+        let lens: Vec<i32> = self.lens.iter().map(|&l| l as i32).collect();
+        let lens = dev.upload(&lens)?;
+        let mut o_part = poisoned(&dev, wo, f32::NAN)?;
+        let mut lse_part = poisoned(&dev, wl, f32::NAN)?;
+        let mut o = poisoned(&dev, rows * self.sh.d_v, nan_bf16())?;
+        let mut lse = poisoned(&dev, rows, f32::NAN)?;
+        let t0 = Instant::now();
+        decode::mla_decode_with(
+            stream,
+            spec,
+            &self.sh,
+            DecodeArgs {
+                q: &q,
+                kv_cache: &kv,
+                block_table: &table,
+                seqlens: &lens,
+                o_part: &mut o_part,
+                lse_part: &mut lse_part,
+                o: &mut o,
+                lse: &mut lse,
+            },
+        )?;
+        stream.synchronize()?;
+        let secs = t0.elapsed().as_secs_f64();
+        Ok((o.to_vec()?, lse.to_vec()?, secs))
+    }
+}
+
+/// Checks decoding (split kernel + combine) with 3 splits: O relative Frobenius error <= 1e-2,
+/// every LSE within 1e-3 of the f64 reference.
+fn check_decode(stream: &Stream, info: &KernelInfo, d: &DecodeSpec, s: &Shape, seed: u64) -> Result<CheckReport> {
+    let mut rg = r::rng(seed);
+    let sh0 = DecodeShape {
+        heads: DECODE_HEADS_PER_GROUP * d.row_groups as usize,
+        s_q: DECODE_S_Q,
+        d_v: d.d_v as usize,
+        d_rope: d.d_rope as usize,
+        scale: 1.0 / 192f32.sqrt(),
+        num_blocks: 0,
+        max_blocks: 0,
+        num_splits: 3,
+    };
+    let dp = DecodeProblem::random(&mut rg, sh0, s.m, s.groups.max(1));
+    let (o, lse, seconds) = dp.run(stream, d)?;
+    let lane_instructions = stream.last_stats().map(|st| st.lane_instructions);
+    let (wo, wl) = dp.reference();
+    let (rel, nans) = compare(&bf16_f64(&o), &wo);
+    let bad = to_f64(&lse)
+        .iter()
+        .zip(&wl)
+        .filter(|(g, w)| !((*g - *w).abs() <= 1e-3))
+        .count();
+    let tol = 1e-2;
+    let rows = (dp.sh.s_q * dp.sh.heads) as f64;
+    let tokens: usize = dp.lens.iter().sum();
+    Ok(CheckReport {
+        kernel: info.name.clone(),
+        shape: *s,
+        mismatches: nans + bad,
+        rel_err: rel,
+        rel_err_rounded: rel,
+        tolerance: tol,
+        pass: nans + bad == 0 && rel <= tol,
+        seconds,
+        flops: 2.0 * rows * tokens as f64 * (2 * dp.sh.d_v + dp.sh.d_rope) as f64,
         lane_instructions,
     })
 }
