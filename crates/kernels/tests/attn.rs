@@ -10,7 +10,10 @@ fn emu() -> runtime::Stream {
 #[test]
 fn registered_attention_kernels_match_the_reference() {
     let st = emu();
-    for info in registry().iter().filter(|k| matches!(k.kind, Kind::Attn(_))) {
+    for info in registry()
+        .iter()
+        .filter(|k| matches!(k.kind, Kind::Attn(_)))
+    {
         for (i, s) in info.test_shapes.iter().enumerate() {
             let t0 = std::time::Instant::now();
             let rep = info.check(&st, s, 300 + i as u64).unwrap();
@@ -26,4 +29,289 @@ fn registered_attention_kernels_match_the_reference() {
             assert!(rep.pass, "{}: {rep:?}", info.name);
         }
     }
+}
+
+use half::bf16;
+use kernels::attn::decode::{self, DecodeArgs, DecodeShape, DecodeSpec};
+use kernels::attn::fwd::{self, AttnShape, FwdArgs};
+use kernels::attn::registry::{self as ar, DecodeProblem, TrainProblem};
+use kernels::reference::rng;
+use kernels::KernelError;
+
+fn assert_close(what: &str, got: &[bf16], want: &[f64], tol: f64) {
+    let g = ar::bf16_f64(got);
+    let (rel, nans) = ar::compare(&g, want);
+    eprintln!("{what}: rel {rel:.2e}");
+    assert!(
+        nans == 0 && rel <= tol,
+        "{what}: rel {rel:.2e}, {nans} non-finite"
+    );
+}
+
+/// Lengths around the tile sizes (1, 31, 32, 33, 63, 64, 65, 130) and head dims that are not
+/// powers of two (80/48: partial panels and odd fragment counts), forward and backward.
+#[test]
+fn odd_lengths_and_head_dims_forward_backward() {
+    let st = emu();
+    let lens = vec![1, 31, 32, 33, 63, 64, 65, 130];
+    for (dqk, dv) in [(80, 48), (176, 176)] {
+        let mut rg = rng(11 + dqk as u64);
+        let tp = TrainProblem::with_lens(&mut rg, lens.clone(), dqk, dv);
+        let out = ar::run_fwd(&st, &tp).unwrap();
+        let want = tp.p.forward(&tp.q.1, &tp.k.1, &tp.v.1);
+        assert_close(&format!("O {dqk}/{dv}"), &out.o, &want.o, 1e-2);
+        let lse: Vec<f64> = out.lse.iter().map(|&x| x as f64).collect();
+        assert!(lse
+            .iter()
+            .zip(&want.lse)
+            .all(|(g, w)| (g - w).abs() <= 1e-3));
+        let dout = ar::random_bf16(&mut rg, tp.total * tp.sh.heads * dv, 1.0);
+        let b = ar::run_bwd(&st, &tp, &dout.0).unwrap();
+        let wb = tp.p.backward(&tp.q.1, &tp.k.1, &tp.v.1, &dout.1);
+        assert_close(&format!("dQ {dqk}/{dv}"), &b.dq, &wb.dq, 2e-2);
+        assert_close(&format!("dK {dqk}/{dv}"), &b.dk, &wb.dk, 2e-2);
+        assert_close(&format!("dV {dqk}/{dv}"), &b.dv, &wb.dv, 2e-2);
+    }
+}
+
+/// The kernel gradients against central finite differences of the f64 forward's loss
+/// L = sum(dO * O) (independent of the reference backward's formulas), at random elements.
+#[test]
+fn gradients_match_finite_differences() {
+    let st = emu();
+    let mut rg = rng(77);
+    let tp = TrainProblem::with_lens(&mut rg, vec![20, 37], 32, 32);
+    let dout = ar::random_bf16(&mut rg, tp.total * tp.sh.heads * 32, 1.0);
+    let b = ar::run_bwd(&st, &tp, &dout.0).unwrap();
+    let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
+        let o = tp.p.forward(q, k, v).o;
+        o.iter().zip(&dout.1).map(|(a, b)| a * b).sum()
+    };
+    let h = 1e-4;
+    use rand::Rng;
+    for (which, grad) in [(0, &b.dq), (1, &b.dk), (2, &b.dv)] {
+        let gmax = grad.iter().fold(0f64, |m, x| m.max(x.to_f64().abs()));
+        for _ in 0..6 {
+            let i = rg.gen_range(0..grad.len());
+            let mut x = [tp.q.1.clone(), tp.k.1.clone(), tp.v.1.clone()];
+            x[which][i] += h;
+            let lp = loss(&x[0], &x[1], &x[2]);
+            x[which][i] -= 2.0 * h;
+            let lm = loss(&x[0], &x[1], &x[2]);
+            let fd = (lp - lm) / (2.0 * h);
+            let g = grad[i].to_f64();
+            assert!(
+                (fd - g).abs() <= 2e-2 * gmax + 1e-3,
+                "input {which} element {i}: kernel {g}, finite difference {fd}"
+            );
+        }
+    }
+}
+
+/// One query token, 20 heads (a partial 16-row tile), d_v 128 (column quarters not aligned to
+/// 64-column panels), 8 splits over short sequences (some splits empty), auto configuration.
+#[test]
+fn decode_single_token_many_splits() {
+    let st = emu();
+    let mut rg = rng(5);
+    let sh0 = DecodeShape {
+        heads: 20,
+        s_q: 1,
+        d_v: 128,
+        d_rope: 32,
+        scale: 0.1,
+        num_blocks: 0,
+        max_blocks: 0,
+        num_splits: 8,
+    };
+    let dp = DecodeProblem::random(&mut rg, sh0, 200, 3);
+    let spec = decode::choose_spec(&dp.sh, st.device().props().max_shared_per_block);
+    let (o, lse, _) = dp.run(&st, &spec).unwrap();
+    let (wo, wl) = dp.reference();
+    assert_close("decode O", &o, &wo, 1e-2);
+    for (g, w) in lse.iter().zip(&wl) {
+        assert!((*g as f64 - w).abs() <= 1e-3, "lse {g} vs {w}");
+    }
+    // the 64-row configuration on 64+ rows agrees with the 16-row one
+    let sh1 = DecodeShape {
+        heads: 40,
+        s_q: 2,
+        num_splits: 2,
+        d_v: 64,
+        d_rope: 64,
+        ..sh0
+    };
+    let dp = DecodeProblem::random(&mut rg, sh1, 150, 2);
+    let (wo, _) = dp.reference();
+    for rgs in [1, 4] {
+        let spec = DecodeSpec {
+            d_v: 64,
+            d_rope: 64,
+            row_groups: rgs,
+        };
+        let (o, _, _) = dp.run(&st, &spec).unwrap();
+        assert_close(&format!("decode O, {} rows/CTA", 16 * rgs), &o, &wo, 1e-2);
+    }
+}
+
+fn expect_shape_err(r: kernels::Result<()>, what: &str) {
+    match r {
+        Err(KernelError::Shape { msg, .. }) => {
+            assert!(msg.contains(what), "error `{msg}` should mention `{what}`")
+        }
+        other => panic!("expected a shape error about `{what}`, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_training_inputs_are_rejected_before_launch() {
+    let st = emu();
+    let dev = st.device().clone();
+    let cu = dev.upload(&[0i32, 5, 12]).unwrap();
+    let q = dev.upload(&vec![bf16::ONE; 12 * 2 * 256]).unwrap();
+    let mut o = dev.alloc::<bf16>(12 * 2 * 256).unwrap();
+    o.fill(bf16::from_bits(0x7fc1)).unwrap();
+    let mut lse = dev.alloc::<f32>(24).unwrap();
+    let sh = AttnShape {
+        heads: 2,
+        d_qk: 64,
+        d_v: 64,
+        scale: 0.125,
+        max_seqlen: 7,
+    };
+    let mut run = |sh: AttnShape, cu: &runtime::Buffer<i32>| {
+        fwd::mla_attn_fwd(
+            &st,
+            &sh,
+            FwdArgs {
+                q: &q,
+                k: &q,
+                v: &q,
+                cu_seqlens: cu,
+                o: &mut o,
+                lse: &mut lse,
+            },
+        )
+    };
+    expect_shape_err(run(AttnShape { d_qk: 40, ..sh }, &cu), "d_qk = 40");
+    expect_shape_err(run(AttnShape { d_v: 272, ..sh }, &cu), "d_v = 272");
+    expect_shape_err(run(AttnShape { d_qk: 16, ..sh }, &cu), "d_qk = 16");
+    expect_shape_err(
+        run(
+            AttnShape {
+                max_seqlen: 6,
+                ..sh
+            },
+            &cu,
+        ),
+        "length 7",
+    );
+    expect_shape_err(
+        run(
+            AttnShape {
+                max_seqlen: 1 << 21,
+                ..sh
+            },
+            &cu,
+        ),
+        "exceeds the limit",
+    );
+    expect_shape_err(
+        run(
+            AttnShape {
+                scale: f32::NAN,
+                ..sh
+            },
+            &cu,
+        ),
+        "scale",
+    );
+    let bad_cu = dev.upload(&[0i32, 9, 5]).unwrap();
+    expect_shape_err(
+        run(
+            AttnShape {
+                max_seqlen: 10,
+                ..sh
+            },
+            &bad_cu,
+        ),
+        "length -4",
+    );
+    let big_cu = dev.upload(&[0i32, 7, 40]).unwrap();
+    expect_shape_err(
+        run(
+            AttnShape {
+                max_seqlen: 40,
+                ..sh
+            },
+            &big_cu,
+        ),
+        "`q` holds",
+    );
+    // nothing was launched: O is still poisoned
+    assert!(o.to_vec().unwrap().iter().all(|x| x.is_nan()));
+}
+
+#[test]
+fn bad_decoding_inputs_are_rejected_before_launch() {
+    let st = emu();
+    let mut rg = rng(9);
+    let sh0 = DecodeShape {
+        heads: 16,
+        s_q: 1,
+        d_v: 64,
+        d_rope: 64,
+        scale: 0.1,
+        num_blocks: 0,
+        max_blocks: 0,
+        num_splits: 2,
+    };
+    let dp = DecodeProblem::random(&mut rg, sh0, 100, 2);
+    let dev = st.device().clone();
+    let q = dev.upload(&dp.q.0).unwrap();
+    let kv = dev.upload(&dp.kv.0).unwrap();
+    let lens: Vec<i32> = dp.lens.iter().map(|&l| l as i32).collect();
+    let mut o_part = dev.alloc::<f32>(1 << 16).unwrap();
+    let mut lse_part = dev.alloc::<f32>(1 << 10).unwrap();
+    let mut o = dev.alloc::<bf16>(2 * 16 * 64).unwrap();
+    o.fill(bf16::from_bits(0x7fc1)).unwrap();
+    let mut lse = dev.alloc::<f32>(32).unwrap();
+    let mut run = |sh: DecodeShape, table: &[i32], lens: &[i32]| {
+        let (t, l) = (dev.upload(table).unwrap(), dev.upload(lens).unwrap());
+        decode::mla_decode(
+            &st,
+            &sh,
+            DecodeArgs {
+                q: &q,
+                kv_cache: &kv,
+                block_table: &t,
+                seqlens: &l,
+                o_part: &mut o_part,
+                lse_part: &mut lse_part,
+                o: &mut o,
+                lse: &mut lse,
+            },
+        )
+    };
+    let mut past = dp.table.clone();
+    past[0] = dp.sh.num_blocks as i32;
+    expect_shape_err(run(dp.sh, &past, &lens), "outside the cache");
+    let mut neg = dp.table.clone();
+    neg[dp.sh.max_blocks] = -1;
+    expect_shape_err(run(dp.sh, &neg, &lens), "outside the cache");
+    let long = vec![(dp.sh.max_blocks * 64 + 1) as i32, 5];
+    expect_shape_err(run(dp.sh, &dp.table, &long), "seqlens[0]");
+    expect_shape_err(
+        run(DecodeShape { d_v: 96, ..dp.sh }, &dp.table, &lens),
+        "d_v (kv_lora_rank) = 96",
+    );
+    expect_shape_err(
+        run(DecodeShape { d_rope: 8, ..dp.sh }, &dp.table, &lens),
+        "d_rope = 8",
+    );
+    expect_shape_err(
+        run(DecodeShape { heads: 64, ..dp.sh }, &dp.table, &lens),
+        "`q` holds",
+    );
+    assert!(o.to_vec().unwrap().iter().all(|x| x.is_nan()));
 }

@@ -320,13 +320,29 @@ pub fn gen_dkdv(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     let done = k.ge(kv0, sq.len);
     k.when(done, |k| k.exit());
     let base = smem.reg();
-    let tk = Tile { base, rows: BKV, d: dqk };
+    let tk = Tile {
+        base,
+        rows: BKV,
+        d: dqk,
+    };
     let b1 = k.add(base, tile_bytes(BKV, dqk));
-    let tv = Tile { base: b1, rows: BKV, d: dv };
+    let tv = Tile {
+        base: b1,
+        rows: BKV,
+        d: dv,
+    };
     let b2 = k.add(b1, tile_bytes(BKV, dv));
-    let tq = Tile { base: b2, rows: BQ, d: dqk };
+    let tq = Tile {
+        base: b2,
+        rows: BQ,
+        d: dqk,
+    };
     let b3 = k.add(b2, tile_bytes(BQ, dqk));
-    let tdo = Tile { base: b3, rows: BQ, d: dv };
+    let tdo = Tile {
+        base: b3,
+        rows: BQ,
+        d: dv,
+    };
     let sqs = k.mul(heads, dqk * 2);
     let svs = k.mul(heads, dv * 2);
     let kvalid = k.sub(sq.len, kv0);
@@ -435,13 +451,29 @@ pub fn gen_dq(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     let done = k.ge(q0, sq.len);
     k.when(done, |k| k.exit());
     let base = smem.reg();
-    let tq = Tile { base, rows: BM_DQ, d: dqk };
+    let tq = Tile {
+        base,
+        rows: BM_DQ,
+        d: dqk,
+    };
     let b1 = k.add(base, tile_bytes(BM_DQ, dqk));
-    let tdo = Tile { base: b1, rows: BM_DQ, d: dv };
+    let tdo = Tile {
+        base: b1,
+        rows: BM_DQ,
+        d: dv,
+    };
     let b2 = k.add(b1, tile_bytes(BM_DQ, dv));
-    let tk = Tile { base: b2, rows: BN_DQ, d: dqk };
+    let tk = Tile {
+        base: b2,
+        rows: BN_DQ,
+        d: dqk,
+    };
     let b3 = k.add(b2, tile_bytes(BN_DQ, dqk));
-    let tv = Tile { base: b3, rows: BN_DQ, d: dv };
+    let tv = Tile {
+        base: b3,
+        rows: BN_DQ,
+        d: dv,
+    };
     let sqs = k.mul(heads, dqk * 2);
     let svs = k.mul(heads, dv * 2);
     let qvalid = k.sub(sq.len, q0);
@@ -454,7 +486,10 @@ pub fn gen_dq(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     let r0 = k.add(q0, wrow);
     let r0 = k.add(r0, ln.g);
     let rows = [r0, k.add(r0, 8u32)];
-    let st: Vec<(Reg<f32>, Reg<f32>)> = rows.iter().map(|&r| row_stats(&mut k, &sq, &p, r)).collect();
+    let st: Vec<(Reg<f32>, Reg<f32>)> = rows
+        .iter()
+        .map(|&r| row_stats(&mut k, &sq, &p, r))
+        .collect();
     let dq = zero_acc(&mut k, (dqk / 8) as usize);
     let s_acc = zero_acc(&mut k, (BN_DQ / 8) as usize);
     let dp = zero_acc(&mut k, (BN_DQ / 8) as usize);
@@ -478,7 +513,9 @@ pub fn gen_dq(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
         qk_tile(k, &ln, &tq, Some(wrow), &tk, dqk, BN_DQ, &s_acc);
         let kv_end = k.add(kv0, BN_DQ);
         let diag = k.gt(kv_end, q0);
-        k.if_(diag, |k| super::fwd::causal_mask(k, &s_acc, kv0, col_q, rows));
+        k.if_(diag, |k| {
+            super::fwd::causal_mask(k, &s_acc, kv0, col_q, rows)
+        });
         qk_tile(k, &ln, &tdo, Some(wrow), &tv, dv, BN_DQ, &dp);
         let get = |_n: usize, e: usize| st[e >> 1];
         p_and_ds(k, &s_acc, &dp, c, &get);
@@ -524,7 +561,13 @@ pub fn mla_attn_bwd(stream: &Stream, sh: &AttnShape, a: BwdArgs) -> Result<()> {
         total * sh.heads * sh.d_v,
         total * sh.heads,
     );
-    for (w, b, l) in [("q", a.q, rq), ("k", a.k, rq), ("v", a.v, rv), ("o", a.o, rv), ("dout", a.dout, rv)] {
+    for (w, b, l) in [
+        ("q", a.q, rq),
+        ("k", a.k, rq),
+        ("v", a.v, rv),
+        ("o", a.o, rv),
+        ("dout", a.dout, rv),
+    ] {
         need(&name, w, b, l)?;
     }
     need(&name, "lse", a.lse, rows)?;
@@ -538,7 +581,11 @@ pub fn mla_attn_bwd(stream: &Stream, sh: &AttnShape, a: BwdArgs) -> Result<()> {
     let dev = stream.device();
     let f = function(dev, PRE_NAME, "", gen_pre)?;
     let cfg = LaunchConfig::grid3([rows.div_ceil(8) as u32, 1, 1], [256, 1, 1]);
-    stream.launch(&f, &cfg, &args![a.o, a.dout, &*a.delta, rows as u32, sh.d_v as u32])?;
+    stream.launch(
+        &f,
+        &cfg,
+        &args![a.o, a.dout, &*a.delta, rows as u32, sh.d_v as u32],
+    )?;
     let (c, sc, h) = (sh.scale * LOG2E, sh.scale, sh.heads as u32);
     let f = function(dev, &name, "", |t| gen_dkdv(t, &spec))?;
     let grid = [sh.max_seqlen.div_ceil(BKV as usize) as u32, h, batch as u32];
@@ -546,15 +593,44 @@ pub fn mla_attn_bwd(stream: &Stream, sh: &AttnShape, a: BwdArgs) -> Result<()> {
     stream.launch(
         &f,
         &cfg,
-        &args![a.q, a.k, a.v, a.dout, a.lse, &*a.delta, a.cu_seqlens, &*a.dk, &*a.dv, h, c, sc],
+        &args![
+            a.q,
+            a.k,
+            a.v,
+            a.dout,
+            a.lse,
+            &*a.delta,
+            a.cu_seqlens,
+            &*a.dk,
+            &*a.dv,
+            h,
+            c,
+            sc
+        ],
     )?;
     let f = function(dev, &spec.dq_name(), "", |t| gen_dq(t, &spec))?;
-    let grid = [sh.max_seqlen.div_ceil(BM_DQ as usize) as u32, h, batch as u32];
+    let grid = [
+        sh.max_seqlen.div_ceil(BM_DQ as usize) as u32,
+        h,
+        batch as u32,
+    ];
     let cfg = LaunchConfig::grid3(grid, [128, 1, 1]).shared(spec.dq_shared());
     stream.launch(
         &f,
         &cfg,
-        &args![a.q, a.k, a.v, a.dout, a.lse, &*a.delta, a.cu_seqlens, &*a.dq, h, c, sc],
+        &args![
+            a.q,
+            a.k,
+            a.v,
+            a.dout,
+            a.lse,
+            &*a.delta,
+            a.cu_seqlens,
+            &*a.dq,
+            h,
+            c,
+            sc
+        ],
     )?;
     Ok(())
 }

@@ -57,7 +57,10 @@ impl DecodeSpec {
     }
     pub fn shared_bytes(&self) -> u32 {
         let rows = self.rows();
-        tile_bytes(rows, self.d_k()) + tile_bytes(BLOCK, self.d_k()) + tile_bytes(rows, 64) + rows * 4 * 4
+        tile_bytes(rows, self.d_k())
+            + tile_bytes(BLOCK, self.d_k())
+            + tile_bytes(rows, 64)
+            + rows * 4 * 4
     }
     /// sm_89 has 99 KiB of shared memory per block: the 64-row tile needs sm_80 / sm_90.
     pub fn targets(&self) -> &'static [&'static str] {
@@ -138,7 +141,10 @@ struct Smem {
 pub fn gen_decode(t: &Target, s: &DecodeSpec) -> Result<ptx::Module> {
     let name = s.name();
     check_target(&name, t, s.targets())?;
-    if s.d_v % 64 != 0 || s.d_v as usize > DV_MAX || s.d_rope % 16 != 0 || s.d_rope as usize > DROPE_MAX
+    if s.d_v % 64 != 0
+        || s.d_v as usize > DV_MAX
+        || s.d_rope % 16 != 0
+        || s.d_rope as usize > DROPE_MAX
         || !matches!(s.row_groups, 1 | 4)
     {
         return shape_err(&name, "d_v must be a multiple of 64 <= 512, d_rope a multiple of 16 <= 128, row_groups 1 or 4");
@@ -161,9 +167,21 @@ pub fn gen_decode(t: &Target, s: &DecodeSpec) -> Result<ptx::Module> {
     let b2 = k.add(b1, tile_bytes(BLOCK, dk));
     let b3 = k.add(b2, tile_bytes(nrows, 64));
     let sm = Smem {
-        tq: Tile { base, rows: nrows, d: dk },
-        tkv: Tile { base: b1, rows: BLOCK, d: dk },
-        tp: Tile { base: b2, rows: nrows, d: 64 },
+        tq: Tile {
+            base,
+            rows: nrows,
+            d: dk,
+        },
+        tkv: Tile {
+            base: b1,
+            rows: BLOCK,
+            d: dk,
+        },
+        tp: Tile {
+            base: b2,
+            rows: nrows,
+            d: 64,
+        },
         xch: b3,
     };
     // this CTA's blocks [j0, j1)
@@ -205,7 +223,10 @@ pub fn gen_decode(t: &Target, s: &DecodeSpec) -> Result<ptx::Module> {
     let sacc = zero_acc(&mut k, 2);
     let koff = k.mul(cw, 16 * ROW_BYTES);
     let kbase = k.add(sm.tkv.base, koff);
-    let tk = Tile { base: kbase, ..sm.tkv };
+    let tk = Tile {
+        base: kbase,
+        ..sm.tkv
+    };
     let tstride = k.mul(p.max_blocks, b);
     let kvstride = k.mov(dk * 2);
     let col_q = k.shl(ln.q, 1u32);
@@ -238,7 +259,9 @@ pub fn gen_decode(t: &Target, s: &DecodeSpec) -> Result<ptx::Module> {
         }
         k.sync_threads();
     });
-    write_partial(&mut k, &p, &sm, &ln, rg, cw, &m, &l, &oacc, rows, b, split, nv);
+    write_partial(
+        &mut k, &p, &sm, &ln, rg, cw, &m, &l, &oacc, rows, b, split, nv,
+    );
     Ok(k.finish()?)
 }
 
@@ -271,7 +294,13 @@ fn ld_b_trans_at(
 }
 
 /// `-inf` for keys past the row's causal limit or the cached length.
-fn mask_keys(k: &mut KernelBuilder, s: &[[Reg<f32>; 4]], key0: Reg<u32>, lims: &[Reg<u32>], len: Reg<u32>) {
+fn mask_keys(
+    k: &mut KernelBuilder,
+    s: &[[Reg<f32>; 4]],
+    key0: Reg<u32>,
+    lims: &[Reg<u32>],
+    len: Reg<u32>,
+) {
     for (n, a) in s.iter().enumerate() {
         for e in 0..4 {
             let key = k.add(key0, (8 * n + (e & 1)) as u32);
@@ -572,7 +601,9 @@ pub fn choose_splits(sh: &DecodeShape, batch: usize, sms: u32) -> usize {
         return sh.num_splits;
     }
     let ctas = batch * (sh.s_q * sh.heads).div_ceil(64);
-    (2 * sms as usize).div_ceil(ctas.max(1)).clamp(1, sh.max_blocks.clamp(1, MAX_SPLITS))
+    (2 * sms as usize)
+        .div_ceil(ctas.max(1))
+        .clamp(1, sh.max_blocks.clamp(1, MAX_SPLITS))
 }
 
 /// (o_part, lse_part) element counts for `batch` sequences and `splits`.
@@ -583,16 +614,31 @@ pub fn workspace_len(sh: &DecodeShape, batch: usize, splits: usize) -> (usize, u
 
 fn validate(name: &str, sh: &DecodeShape) -> Result<()> {
     if sh.d_v % 64 != 0 || sh.d_v == 0 || sh.d_v > DV_MAX {
-        return shape_err(name, format!("d_v (kv_lora_rank) = {}: must be a multiple of 64 in [64, {DV_MAX}]", sh.d_v));
+        return shape_err(
+            name,
+            format!(
+                "d_v (kv_lora_rank) = {}: must be a multiple of 64 in [64, {DV_MAX}]",
+                sh.d_v
+            ),
+        );
     }
     if sh.d_rope % 16 != 0 || sh.d_rope > DROPE_MAX {
-        return shape_err(name, format!("d_rope = {}: must be a multiple of 16 <= {DROPE_MAX}", sh.d_rope));
+        return shape_err(
+            name,
+            format!(
+                "d_rope = {}: must be a multiple of 16 <= {DROPE_MAX}",
+                sh.d_rope
+            ),
+        );
     }
     if sh.heads == 0 || sh.s_q == 0 || sh.s_q * sh.heads > 1 << 16 {
         return shape_err(name, "heads and s_q must be >= 1 with s_q*heads <= 65536");
     }
     if sh.num_splits > MAX_SPLITS {
-        return shape_err(name, format!("num_splits = {} exceeds {MAX_SPLITS}", sh.num_splits));
+        return shape_err(
+            name,
+            format!("num_splits = {} exceeds {MAX_SPLITS}", sh.num_splits),
+        );
     }
     check_scale(name, sh.scale)
 }
@@ -602,13 +648,26 @@ fn check_table(name: &str, sh: &DecodeShape, lens: &[i32], table: &[i32]) -> Res
     for (b, &len) in lens.iter().enumerate() {
         let len = len as i64;
         if len < sh.s_q as i64 || len > (sh.max_blocks * BLOCK as usize) as i64 {
-            return shape_err(name, format!("seqlens[{b}] = {len}: must be in [s_q = {}, max_blocks*64 = {}]", sh.s_q, sh.max_blocks * 64));
+            return shape_err(
+                name,
+                format!(
+                    "seqlens[{b}] = {len}: must be in [s_q = {}, max_blocks*64 = {}]",
+                    sh.s_q,
+                    sh.max_blocks * 64
+                ),
+            );
         }
         let used = (len as usize).div_ceil(BLOCK as usize);
         for j in 0..used {
             let e = table[b * sh.max_blocks + j];
             if e < 0 || e as usize >= sh.num_blocks {
-                return shape_err(name, format!("block_table[{b}][{j}] = {e} is outside the cache ({} blocks)", sh.num_blocks));
+                return shape_err(
+                    name,
+                    format!(
+                        "block_table[{b}][{j}] = {e} is outside the cache ({} blocks)",
+                        sh.num_blocks
+                    ),
+                );
             }
         }
     }
@@ -618,11 +677,18 @@ fn check_table(name: &str, sh: &DecodeShape, lens: &[i32], table: &[i32]) -> Res
 /// The kernel configuration for a device: 64 query rows per CTA when there are that many and
 /// the device has the shared memory, else 16.
 pub fn choose_spec(sh: &DecodeShape, max_shared: u32) -> DecodeSpec {
-    let big = DecodeSpec { d_v: sh.d_v as u32, d_rope: sh.d_rope as u32, row_groups: 4 };
+    let big = DecodeSpec {
+        d_v: sh.d_v as u32,
+        d_rope: sh.d_rope as u32,
+        row_groups: 4,
+    };
     if sh.s_q * sh.heads >= 64 && big.shared_bytes() <= max_shared {
         big
     } else {
-        DecodeSpec { row_groups: 1, ..big }
+        DecodeSpec {
+            row_groups: 1,
+            ..big
+        }
     }
 }
 
@@ -635,7 +701,12 @@ pub fn mla_decode(stream: &Stream, sh: &DecodeShape, a: DecodeArgs) -> Result<()
 }
 
 /// [`mla_decode`] with an explicit kernel configuration.
-pub fn mla_decode_with(stream: &Stream, spec: &DecodeSpec, sh: &DecodeShape, a: DecodeArgs) -> Result<()> {
+pub fn mla_decode_with(
+    stream: &Stream,
+    spec: &DecodeSpec,
+    sh: &DecodeShape,
+    a: DecodeArgs,
+) -> Result<()> {
     let name = spec.name();
     validate(&name, sh)?;
     if spec.d_v as usize != sh.d_v || spec.d_rope as usize != sh.d_rope {
@@ -649,7 +720,12 @@ pub fn mla_decode_with(stream: &Stream, spec: &DecodeSpec, sh: &DecodeShape, a: 
     let dk = sh.d_v + sh.d_rope;
     let rows = sh.s_q * sh.heads;
     need(&name, "q", a.q, batch * rows * dk)?;
-    need(&name, "kv_cache", a.kv_cache, sh.num_blocks * BLOCK as usize * dk)?;
+    need(
+        &name,
+        "kv_cache",
+        a.kv_cache,
+        sh.num_blocks * BLOCK as usize * dk,
+    )?;
     need(&name, "o", a.o, batch * rows * sh.d_v)?;
     need(&name, "lse", a.lse, batch * rows)?;
     let splits = choose_splits(sh, batch, stream.sm_count());
@@ -660,13 +736,30 @@ pub fn mla_decode_with(stream: &Stream, spec: &DecodeSpec, sh: &DecodeShape, a: 
         return Ok(());
     }
     let f = function(stream.device(), &name, "", |t| gen_decode(t, spec))?;
-    let grid = [splits as u32, rows.div_ceil(spec.rows() as usize) as u32, batch as u32];
+    let grid = [
+        splits as u32,
+        rows.div_ceil(spec.rows() as usize) as u32,
+        batch as u32,
+    ];
     let cfg = LaunchConfig::grid3(grid, [spec.threads(), 1, 1]).shared(spec.shared_bytes());
     let c = sh.scale * LOG2E;
     stream.launch(
         &f,
         &cfg,
-        &args![a.q, a.kv_cache, a.block_table, a.seqlens, &*a.o_part, &*a.lse_part, rows as u32, sh.heads as u32, sh.s_q as u32, sh.max_blocks as u32, splits as u32, c],
+        &args![
+            a.q,
+            a.kv_cache,
+            a.block_table,
+            a.seqlens,
+            &*a.o_part,
+            &*a.lse_part,
+            rows as u32,
+            sh.heads as u32,
+            sh.s_q as u32,
+            sh.max_blocks as u32,
+            splits as u32,
+            c
+        ],
     )?;
     let f = function(stream.device(), COMBINE_NAME, "", gen_combine)?;
     let br = batch * rows;
@@ -674,7 +767,16 @@ pub fn mla_decode_with(stream: &Stream, spec: &DecodeSpec, sh: &DecodeShape, a: 
     stream.launch(
         &f,
         &cfg,
-        &args![&*a.o_part, &*a.lse_part, &*a.o, &*a.lse, br as u32, rows as u32, splits as u32, sh.d_v as u32],
+        &args![
+            &*a.o_part,
+            &*a.lse_part,
+            &*a.o,
+            &*a.lse,
+            br as u32,
+            rows as u32,
+            splits as u32,
+            sh.d_v as u32
+        ],
     )?;
     Ok(())
 }

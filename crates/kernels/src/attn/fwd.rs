@@ -41,7 +41,9 @@ impl FwdSpec {
         }
     }
     pub fn shared_bytes(&self) -> u32 {
-        tile_bytes(BM, self.d_qk) + tile_bytes(self.bn(), self.d_qk) + tile_bytes(self.bn(), self.d_v)
+        tile_bytes(BM, self.d_qk)
+            + tile_bytes(self.bn(), self.d_qk)
+            + tile_bytes(self.bn(), self.d_v)
     }
     pub fn params() -> &'static [(&'static str, &'static str)] {
         &[
@@ -84,7 +86,10 @@ impl AttnShape {
         check_head_dim(kernel, "d_v", self.d_v)?;
         check_scale(kernel, self.scale)?;
         if self.heads == 0 || self.heads > 65535 {
-            return shape_err(kernel, format!("heads = {} must be in [1, 65535]", self.heads));
+            return shape_err(
+                kernel,
+                format!("heads = {} must be in [1, 65535]", self.heads),
+            );
         }
         Ok(())
     }
@@ -142,11 +147,23 @@ pub fn gen_fwd(t: &Target, s: &FwdSpec) -> Result<ptx::Module> {
 
     // tiles and global row addressing: row r of head h at ((start + r) * heads + h) * d * 2
     let base = smem.reg();
-    let tq = Tile { base, rows: BM, d: dqk };
+    let tq = Tile {
+        base,
+        rows: BM,
+        d: dqk,
+    };
     let kb = k.add(base, tile_bytes(BM, dqk));
-    let tk = Tile { base: kb, rows: bn, d: dqk };
+    let tk = Tile {
+        base: kb,
+        rows: bn,
+        d: dqk,
+    };
     let vb = k.add(kb, tile_bytes(bn, dqk));
-    let tv = Tile { base: vb, rows: bn, d: dv };
+    let tv = Tile {
+        base: vb,
+        rows: bn,
+        d: dv,
+    };
     let row_ptr = |k: &mut KernelBuilder, p: GlobalPtr<u8>, row: Reg<u32>, d: u32| {
         let r = k.add(start, row);
         let rh = k.mad_lo(r, heads, h);
@@ -199,10 +216,21 @@ pub fn gen_fwd(t: &Target, s: &FwdSpec) -> Result<ptx::Module> {
         pv_tile(k, &ln, &sacc, &tv, bn, dv, &oacc);
         k.sync_threads();
     });
-    epilogue(&mut k, &ln, &sm, &oacc, rows, len, |k, row| {
-        let r = k.add(start, row);
-        k.mad_lo(r, heads, h)
-    }, op, lsep, dv);
+    epilogue(
+        &mut k,
+        &ln,
+        &sm,
+        &oacc,
+        rows,
+        len,
+        |k, row| {
+            let r = k.add(start, row);
+            k.mad_lo(r, heads, h)
+        },
+        op,
+        lsep,
+        dv,
+    );
     Ok(k.finish()?)
 }
 
@@ -377,7 +405,16 @@ pub fn mla_attn_fwd(stream: &Stream, sh: &AttnShape, a: FwdArgs) -> Result<()> {
     stream.launch(
         &f,
         &cfg,
-        &args![a.q, a.k, a.v, &*a.o, &*a.lse, a.cu_seqlens, sh.heads as u32, c],
+        &args![
+            a.q,
+            a.k,
+            a.v,
+            &*a.o,
+            &*a.lse,
+            a.cu_seqlens,
+            sh.heads as u32,
+            c
+        ],
     )?;
     Ok(())
 }

@@ -151,7 +151,13 @@ pub(crate) fn frag_addr(
 }
 
 /// A-style lane address (rows `row0 + l7 + 8*l8`, chunk `c0 + l16`) with a runtime first chunk.
-pub(crate) fn frag_addr_rt(k: &mut KernelBuilder, ln: &Lanes, t: &Tile, row0: u32, c0: Reg<u32>) -> Reg<u32> {
+pub(crate) fn frag_addr_rt(
+    k: &mut KernelBuilder,
+    ln: &Lanes,
+    t: &Tile,
+    row0: u32,
+    c0: Reg<u32>,
+) -> Reg<u32> {
     let c = k.add(c0, ln.l16);
     let panel = k.shr(c, 3u32);
     let c7 = k.and(c, 7u32);
@@ -341,7 +347,11 @@ pub(crate) fn need<T: Pod>(kernel: &str, what: &str, b: &Buffer<T>, len: usize) 
 /// Validates cumulative sequence offsets (downloaded from the device: a few bytes per
 /// sequence) and returns them: `cu[0] = 0`, non-decreasing, every length <= `max_seqlen` <=
 /// [`MAX_SEQLEN`].
-pub(crate) fn check_cu_seqlens(kernel: &str, cu: &Buffer<i32>, max_seqlen: usize) -> Result<Vec<i32>> {
+pub(crate) fn check_cu_seqlens(
+    kernel: &str,
+    cu: &Buffer<i32>,
+    max_seqlen: usize,
+) -> Result<Vec<i32>> {
     if max_seqlen > MAX_SEQLEN {
         return shape_err(
             kernel,
@@ -370,7 +380,10 @@ pub(crate) fn check_cu_seqlens(kernel: &str, cu: &Buffer<i32>, max_seqlen: usize
 /// Checks a softmax scale.
 pub(crate) fn check_scale(kernel: &str, scale: f32) -> Result<()> {
     if !(scale.is_finite() && scale > 0.0) {
-        return shape_err(kernel, format!("softmax scale {scale} must be finite and > 0"));
+        return shape_err(
+            kernel,
+            format!("softmax scale {scale} must be finite and > 0"),
+        );
     }
     Ok(())
 }

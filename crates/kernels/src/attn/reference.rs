@@ -31,7 +31,14 @@ impl RefProblem {
     }
 
     /// Causal softmax probabilities of one (sequence, head): `p[i][j]`, j <= i.
-    fn probs(&self, q: &[f64], k: &[f64], s0: usize, n: usize, h: usize) -> (Vec<Vec<f64>>, Vec<f64>) {
+    fn probs(
+        &self,
+        q: &[f64],
+        k: &[f64],
+        s0: usize,
+        n: usize,
+        h: usize,
+    ) -> (Vec<Vec<f64>>, Vec<f64>) {
         let mut p = Vec::with_capacity(n);
         let mut lse = Vec::with_capacity(n);
         for i in 0..n {
@@ -100,7 +107,8 @@ impl RefProblem {
                             dq[x] += ds * k[y];
                             dk[y] += ds * q[x];
                         }
-                        let (orow, vr) = (self.at(s0 + i, h, self.d_v), self.at(s0 + j, h, self.d_v));
+                        let (orow, vr) =
+                            (self.at(s0 + i, h, self.d_v), self.at(s0 + j, h, self.d_v));
                         for (x, y) in orow.zip(vr) {
                             dv[y] += p[i][j] * dout[x];
                         }

@@ -59,7 +59,9 @@ pub fn registry_entries() -> Vec<KernelInfo> {
     }
     v.push(KernelInfo {
         name: bwd::PRE_NAME.into(),
-        summary: "MLA attention backward preprocessing: delta = rowsum(dO * O) per (token, head), f32".into(),
+        summary:
+            "MLA attention backward preprocessing: delta = rowsum(dO * O) per (token, head), f32"
+                .into(),
         params: params(bwd::PRE_PARAMS),
         launch: "rows = total*heads; grid = ceil(rows/8), block = 256 (one warp per row)".into(),
         targets: super::TARGETS,
@@ -113,7 +115,11 @@ pub fn registry_entries() -> Vec<KernelInfo> {
         (512, 1, vec![Shape::grouped(100, 512, 576, 2)]),
         (512, 4, vec![Shape::grouped(130, 512, 576, 2)]),
     ] {
-        let s = DecodeSpec { d_v, d_rope: 64, row_groups: rg };
+        let s = DecodeSpec {
+            d_v,
+            d_rope: 64,
+            row_groups: rg,
+        };
         v.push(KernelInfo {
             name: s.name(),
             summary: format!(
@@ -131,7 +137,9 @@ pub fn registry_entries() -> Vec<KernelInfo> {
     }
     v.push(KernelInfo {
         name: decode::COMBINE_NAME.into(),
-        summary: "MLA decoding split-KV combine: LSE-weighted sum of the f32 partials -> bf16 O, f32 LSE".into(),
+        summary:
+            "MLA decoding split-KV combine: LSE-weighted sum of the f32 partials -> bf16 O, f32 LSE"
+                .into(),
         params: params(decode::COMBINE_PARAMS),
         launch: "grid = ceil(batch*s_q*heads/8), block = 256 (one warp per row)".into(),
         targets: super::TARGETS,
@@ -165,8 +173,12 @@ pub fn flops(a: &AttnKind, s: &Shape) -> f64 {
     match a {
         AttnKind::Fwd(_) => causal_flops(&vec![s.m; s.groups.max(1)], CHECK_HEADS, s.k, s.n),
         // dK/dV: S, dP, dV, dK (4 products); dQ: S, dP, dQ (3)
-        AttnKind::BwdDkdv(_) => 2.0 * causal_flops(&vec![s.m; s.groups.max(1)], CHECK_HEADS, s.k, s.n),
-        AttnKind::BwdDq(_) => 1.5 * causal_flops(&vec![s.m; s.groups.max(1)], CHECK_HEADS, s.k, s.n),
+        AttnKind::BwdDkdv(_) => {
+            2.0 * causal_flops(&vec![s.m; s.groups.max(1)], CHECK_HEADS, s.k, s.n)
+        }
+        AttnKind::BwdDq(_) => {
+            1.5 * causal_flops(&vec![s.m; s.groups.max(1)], CHECK_HEADS, s.k, s.n)
+        }
         AttnKind::BwdPre | AttnKind::Combine => 0.0,
         // QK^T over d_k and PV over d_v, per (row, cached token)
         AttnKind::Decode(d) => {
@@ -176,7 +188,7 @@ pub fn flops(a: &AttnKind, s: &Shape) -> f64 {
     }
 }
 
-pub(crate) const CHECK_HEADS: usize = 2;
+pub const CHECK_HEADS: usize = 2;
 
 /// Ragged lengths for a check: the first = `max`, the others random in [1, max].
 pub fn random_lens(rg: &mut impl Rng, max: usize, batch: usize) -> Vec<usize> {
@@ -194,33 +206,45 @@ pub fn random_bf16(rg: &mut impl Rng, len: usize, amp: f32) -> (Vec<bf16>, Vec<f
     (b, f)
 }
 
-pub(crate) fn poisoned<T: Pod>(dev: &Device, len: usize, v: T) -> Result<Buffer<T>> {
+pub fn poisoned<T: Pod>(dev: &Device, len: usize, v: T) -> Result<Buffer<T>> {
     let b = dev.alloc::<T>(len.max(1))?;
     b.fill(v)?;
     Ok(b)
 }
 
-pub(crate) fn nan_bf16() -> bf16 {
+pub fn nan_bf16() -> bf16 {
     bf16::from_bits(0x7fc1)
+}
+
+/// LSE values off by more than 1e-3 (absolute) from the reference, or not finite.
+pub fn lse_mismatches(got: &[f32], want: &[f64]) -> usize {
+    got.iter()
+        .zip(want)
+        .filter(|(g, w)| !g.is_finite() || (**g as f64 - **w).abs() > 1e-3)
+        .count()
 }
 
 fn to_f64<T: Copy + Into<f64>>(v: &[T]) -> Vec<f64> {
     v.iter().map(|&x| x.into()).collect()
 }
 
-pub(crate) fn bf16_f64(v: &[bf16]) -> Vec<f64> {
+pub fn bf16_f64(v: &[bf16]) -> Vec<f64> {
     v.iter().map(|x| x.to_f64()).collect()
 }
 
 /// Error summary of one output: (relative Frobenius error, NaN count).
-pub(crate) fn compare(got: &[f64], want: &[f64]) -> (f64, usize) {
+pub fn compare(got: &[f64], want: &[f64]) -> (f64, usize) {
     let nans = got.iter().filter(|x| !x.is_finite()).count();
-    let rel = if nans > 0 { f64::INFINITY } else { rel_fro(got, want) };
+    let rel = if nans > 0 {
+        f64::INFINITY
+    } else {
+        rel_fro(got, want)
+    };
     (rel, nans)
 }
 
-/// A random packed training problem (inputs uploaded).
-pub(crate) struct TrainProblem {
+/// A random packed training problem (2 heads, scale 1/sqrt(d_qk), |q|,|k| < 2, |v| < 1).
+pub struct TrainProblem {
     pub sh: AttnShape,
     pub p: RefProblem,
     pub lens: Vec<usize>,
@@ -278,16 +302,20 @@ impl TrainProblem {
 }
 
 /// Device outputs of the forward.
-pub(crate) struct FwdOut {
+pub struct FwdOut {
     pub o: Vec<bf16>,
     pub lse: Vec<f32>,
     pub seconds: f64,
 }
 
 /// Runs the forward of `tp` on `stream` with poisoned outputs.
-pub(crate) fn run_fwd(stream: &Stream, tp: &TrainProblem) -> Result<FwdOut> {
+pub fn run_fwd(stream: &Stream, tp: &TrainProblem) -> Result<FwdOut> {
     let dev = stream.device().clone();
-    let (q, k, v) = (dev.upload(&tp.q.0)?, dev.upload(&tp.k.0)?, dev.upload(&tp.v.0)?);
+    let (q, k, v) = (
+        dev.upload(&tp.q.0)?,
+        dev.upload(&tp.k.0)?,
+        dev.upload(&tp.v.0)?,
+    );
     let cu = dev.upload(&tp.cu_i32())?;
     let mut o = poisoned(&dev, tp.total * tp.sh.heads * tp.sh.d_v, nan_bf16())?;
     let mut lse = poisoned(&dev, tp.total * tp.sh.heads, f32::NAN)?;
@@ -320,12 +348,7 @@ fn check_fwd(stream: &Stream, info: &KernelInfo, s: &Shape, seed: u64) -> Result
     let out = run_fwd(stream, &tp)?;
     let want = tp.p.forward(&tp.q.1, &tp.k.1, &tp.v.1);
     let (rel, nans) = compare(&bf16_f64(&out.o), &want.o);
-    let lse = to_f64(&out.lse);
-    let bad_lse = lse
-        .iter()
-        .zip(&want.lse)
-        .filter(|(g, w)| !((*g - *w).abs() <= 1e-3))
-        .count();
+    let bad_lse = lse_mismatches(&out.lse, &want.lse);
     let tol = 1e-2;
     Ok(CheckReport {
         kernel: info.name.clone(),
@@ -342,12 +365,22 @@ fn check_fwd(stream: &Stream, info: &KernelInfo, s: &Shape, seed: u64) -> Result
 }
 
 /// Runs the check of an attention entry.
-pub fn check(stream: &Stream, info: &KernelInfo, a: &AttnKind, s: &Shape, seed: u64) -> Result<CheckReport> {
+pub fn check(
+    stream: &Stream,
+    info: &KernelInfo,
+    a: &AttnKind,
+    s: &Shape,
+    seed: u64,
+) -> Result<CheckReport> {
     match a {
         AttnKind::Fwd(_) => check_fwd(stream, info, s, seed),
         AttnKind::Decode(d) => check_decode(stream, info, d, s, seed),
         AttnKind::Combine => {
-            let d = DecodeSpec { d_v: s.n as u32, d_rope: (s.k - s.n) as u32, row_groups: 1 };
+            let d = DecodeSpec {
+                d_v: s.n as u32,
+                d_rope: (s.k - s.n) as u32,
+                row_groups: 1,
+            };
             check_decode(stream, info, &d, s, seed)
         }
         _ => check_bwd(stream, info, a, s, seed),
@@ -355,7 +388,7 @@ pub fn check(stream: &Stream, info: &KernelInfo, a: &AttnKind, s: &Shape, seed: 
 }
 
 /// Device outputs of the backward.
-pub(crate) struct BwdOut {
+pub struct BwdOut {
     pub dq: Vec<bf16>,
     pub dk: Vec<bf16>,
     pub dv: Vec<bf16>,
@@ -365,9 +398,13 @@ pub(crate) struct BwdOut {
 }
 
 /// Runs forward then backward of `tp` with upstream gradient `dout` (outputs poisoned).
-pub(crate) fn run_bwd(stream: &Stream, tp: &TrainProblem, dout: &[bf16]) -> Result<BwdOut> {
+pub fn run_bwd(stream: &Stream, tp: &TrainProblem, dout: &[bf16]) -> Result<BwdOut> {
     let dev = stream.device().clone();
-    let (q, k, v) = (dev.upload(&tp.q.0)?, dev.upload(&tp.k.0)?, dev.upload(&tp.v.0)?);
+    let (q, k, v) = (
+        dev.upload(&tp.q.0)?,
+        dev.upload(&tp.k.0)?,
+        dev.upload(&tp.v.0)?,
+    );
     let cu = dev.upload(&tp.cu_i32())?;
     let rows = tp.total * tp.sh.heads;
     let (nq, nv) = (rows * tp.sh.d_qk, rows * tp.sh.d_v);
@@ -376,7 +413,14 @@ pub(crate) fn run_bwd(stream: &Stream, tp: &TrainProblem, dout: &[bf16]) -> Resu
     fwd::mla_attn_fwd(
         stream,
         &tp.sh,
-        FwdArgs { q: &q, k: &k, v: &v, cu_seqlens: &cu, o: &mut o, lse: &mut lse },
+        FwdArgs {
+            q: &q,
+            k: &k,
+            v: &v,
+            cu_seqlens: &cu,
+            o: &mut o,
+            lse: &mut lse,
+        },
     )?;
     let dob = dev.upload(dout)?;
     let mut delta = poisoned(&dev, rows, f32::NAN)?;
@@ -417,7 +461,13 @@ pub(crate) fn run_bwd(stream: &Stream, tp: &TrainProblem, dout: &[bf16]) -> Resu
 /// Checks a backward kernel (the whole backward runs; the entry's own outputs are compared):
 /// the pre-pass's delta against rowsum(dO * O) of the device O (relative error <= 1e-5),
 /// dK/dV or dQ against the f64 backward (relative Frobenius error <= 2e-2 each).
-fn check_bwd(stream: &Stream, info: &KernelInfo, a: &AttnKind, s: &Shape, seed: u64) -> Result<CheckReport> {
+fn check_bwd(
+    stream: &Stream,
+    info: &KernelInfo,
+    a: &AttnKind,
+    s: &Shape,
+    seed: u64,
+) -> Result<CheckReport> {
     let tp = TrainProblem::random(s, seed);
     let mut rg = r::rng(seed ^ 0x5eed);
     let dout = random_bf16(&mut rg, tp.total * tp.sh.heads * tp.sh.d_v, 1.0);
@@ -482,7 +532,12 @@ pub struct DecodeProblem {
 }
 
 impl DecodeProblem {
-    pub fn random(rg: &mut impl Rng, sh0: DecodeShape, max_len: usize, batch: usize) -> DecodeProblem {
+    pub fn random(
+        rg: &mut impl Rng,
+        sh0: DecodeShape,
+        max_len: usize,
+        batch: usize,
+    ) -> DecodeProblem {
         let mut lens = random_lens(rg, max_len, batch);
         for l in lens.iter_mut() {
             *l = (*l).max(sh0.s_q);
@@ -502,11 +557,21 @@ impl DecodeProblem {
                 next += 1;
             }
         }
-        let sh = DecodeShape { num_blocks, max_blocks, ..sh0 };
+        let sh = DecodeShape {
+            num_blocks,
+            max_blocks,
+            ..sh0
+        };
         let dk = sh.d_v + sh.d_rope;
         let q = random_bf16(rg, batch * sh.s_q * sh.heads * dk, 1.0);
         let kv = random_bf16(rg, num_blocks * 64 * dk, 1.0);
-        DecodeProblem { sh, lens, table, q, kv }
+        DecodeProblem {
+            sh,
+            lens,
+            table,
+            q,
+            kv,
+        }
     }
 
     /// f64 reference (O, LSE).
@@ -568,7 +633,13 @@ impl DecodeProblem {
 
 /// Checks decoding (split kernel + combine) with 3 splits: O relative Frobenius error <= 1e-2,
 /// every LSE within 1e-3 of the f64 reference.
-fn check_decode(stream: &Stream, info: &KernelInfo, d: &DecodeSpec, s: &Shape, seed: u64) -> Result<CheckReport> {
+fn check_decode(
+    stream: &Stream,
+    info: &KernelInfo,
+    d: &DecodeSpec,
+    s: &Shape,
+    seed: u64,
+) -> Result<CheckReport> {
     let mut rg = r::rng(seed);
     let sh0 = DecodeShape {
         heads: DECODE_HEADS_PER_GROUP * d.row_groups as usize,
@@ -585,11 +656,7 @@ fn check_decode(stream: &Stream, info: &KernelInfo, d: &DecodeSpec, s: &Shape, s
     let lane_instructions = stream.last_stats().map(|st| st.lane_instructions);
     let (wo, wl) = dp.reference();
     let (rel, nans) = compare(&bf16_f64(&o), &wo);
-    let bad = to_f64(&lse)
-        .iter()
-        .zip(&wl)
-        .filter(|(g, w)| !((*g - *w).abs() <= 1e-3))
-        .count();
+    let bad = lse_mismatches(&lse, &wl);
     let tol = 1e-2;
     let rows = (dp.sh.s_q * dp.sh.heads) as f64;
     let tokens: usize = dp.lens.iter().sum();
