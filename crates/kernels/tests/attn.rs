@@ -242,6 +242,7 @@ fn bad_training_inputs_are_rejected_before_launch() {
         run(
             AttnShape {
                 max_seqlen: 40,
+                d_qk: 256,
                 ..sh
             },
             &big_cu,
