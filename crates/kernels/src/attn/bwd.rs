@@ -547,6 +547,17 @@ pub struct BwdArgs<'a> {
 
 /// Runs the backward (three launches, deterministic): dQ, dK, dV in the layouts of Q, K, V.
 pub fn mla_attn_bwd(stream: &Stream, sh: &AttnShape, a: BwdArgs) -> Result<()> {
+    mla_attn_bwd_observed(stream, sh, a, &mut |_| {})
+}
+
+/// [`mla_attn_bwd`] calling `after(kernel name)` after each of its launches is queued
+/// (benchmarks read the emulator's per-launch statistics there).
+pub fn mla_attn_bwd_observed(
+    stream: &Stream,
+    sh: &AttnShape,
+    a: BwdArgs,
+    after: &mut dyn FnMut(&str),
+) -> Result<()> {
     let spec = BwdSpec {
         d_qk: sh.d_qk as u32,
         d_v: sh.d_v as u32,
@@ -586,6 +597,7 @@ pub fn mla_attn_bwd(stream: &Stream, sh: &AttnShape, a: BwdArgs) -> Result<()> {
         &cfg,
         &args![a.o, a.dout, &*a.delta, rows as u32, sh.d_v as u32],
     )?;
+    after(PRE_NAME);
     let (c, sc, h) = (sh.scale * LOG2E, sh.scale, sh.heads as u32);
     let f = function(dev, &name, "", |t| gen_dkdv(t, &spec))?;
     let grid = [sh.max_seqlen.div_ceil(BKV as usize) as u32, h, batch as u32];
@@ -608,6 +620,7 @@ pub fn mla_attn_bwd(stream: &Stream, sh: &AttnShape, a: BwdArgs) -> Result<()> {
             sc
         ],
     )?;
+    after(&name);
     let f = function(dev, &spec.dq_name(), "", |t| gen_dq(t, &spec))?;
     let grid = [
         sh.max_seqlen.div_ceil(BM_DQ as usize) as u32,
@@ -632,5 +645,6 @@ pub fn mla_attn_bwd(stream: &Stream, sh: &AttnShape, a: BwdArgs) -> Result<()> {
             sc
         ],
     )?;
+    after(&spec.dq_name());
     Ok(())
 }

@@ -707,6 +707,18 @@ pub fn mla_decode_with(
     sh: &DecodeShape,
     a: DecodeArgs,
 ) -> Result<()> {
+    mla_decode_observed(stream, spec, sh, a, &mut |_| {})
+}
+
+/// [`mla_decode_with`] calling `after(kernel name)` after each of its two launches is queued
+/// (benchmarks read the emulator's per-launch statistics there).
+pub fn mla_decode_observed(
+    stream: &Stream,
+    spec: &DecodeSpec,
+    sh: &DecodeShape,
+    a: DecodeArgs,
+    after: &mut dyn FnMut(&str),
+) -> Result<()> {
     let name = spec.name();
     validate(&name, sh)?;
     if spec.d_v as usize != sh.d_v || spec.d_rope as usize != sh.d_rope {
@@ -761,6 +773,7 @@ pub fn mla_decode_with(
             c
         ],
     )?;
+    after(&name);
     let f = function(stream.device(), COMBINE_NAME, "", gen_combine)?;
     let br = batch * rows;
     let cfg = LaunchConfig::grid3([br.div_ceil(8) as u32, 1, 1], [256, 1, 1]);
@@ -778,5 +791,6 @@ pub fn mla_decode_with(
             sh.d_v as u32
         ],
     )?;
+    after(COMBINE_NAME);
     Ok(())
 }
