@@ -70,13 +70,21 @@ fn rand_buf(dev: &Device, rg: &mut impl Rng, n: usize) -> Result<Buffer<bf16>> {
     Ok(dev.upload(&v)?)
 }
 
+/// A stage's timing: mean seconds, its kernels, and (emulator) lane instructions and emulator
+/// seconds summed over the launches of one run.
+struct Measured {
+    seconds: f64,
+    kernels: Vec<String>,
+    emu: Option<(u64, f64)>,
+}
+
 /// Runs `f` once to warm up, then `reps` times; returns (mean seconds, kernels, emulated lane
 /// instructions and emulator seconds summed over the launches of one run).
 fn time_stage(
     st: &Stream,
     reps: usize,
     mut f: impl FnMut(&mut dyn FnMut(&str)) -> kernels::Result<()>,
-) -> Result<(f64, Vec<String>, Option<(u64, f64)>)> {
+) -> Result<Measured> {
     f(&mut |_| {})?;
     st.synchronize()?;
     let mut names = Vec::new();
@@ -95,16 +103,19 @@ fn time_stage(
         })?;
     }
     st.synchronize()?;
-    Ok((t0.elapsed().as_secs_f64() / reps.max(1) as f64, names, emu))
+    Ok(Measured {
+        seconds: t0.elapsed().as_secs_f64() / reps.max(1) as f64,
+        kernels: names,
+        emu,
+    })
 }
 
-fn row(
-    stage: &'static str,
-    m: (f64, Vec<String>, Option<(u64, f64)>),
-    flops: f64,
-    bytes: f64,
-) -> Row {
-    let (seconds, kernels, emu) = m;
+fn row(stage: &'static str, m: Measured, flops: f64, bytes: f64) -> Row {
+    let Measured {
+        seconds,
+        kernels,
+        emu,
+    } = m;
     Row {
         stage,
         kernels,
