@@ -316,3 +316,110 @@ fn bad_decoding_inputs_are_rejected_before_launch() {
     );
     assert!(o.to_vec().unwrap().iter().all(|x| x.is_nan()));
 }
+
+/// Every attention launch (not only the last of a multi-launch call, which is all the registry
+/// bank test sees) takes the ideal number of shared wavefronts: partial panels (d = 48), the
+/// dK/dV kernel and the decoding kernel's P tile and row-max exchange included.
+#[test]
+fn every_attention_launch_is_free_of_bank_conflicts() {
+    let st = emu();
+    st.set_bank_profile(true);
+    let dev = st.device().clone();
+    let mut seen = Vec::new();
+    let mut check = |name: &str| {
+        st.synchronize().unwrap(); // launches are asynchronous
+        let b = st.last_stats().and_then(|s| s.banks).expect("bank profile");
+        assert_eq!(
+            b.total.wavefronts,
+            b.total.ideal,
+            "{name}: {:#?}",
+            &b.lines[..b.lines.len().min(3)]
+        );
+        seen.push(name.to_string());
+    };
+    let mut rg = rng(3);
+    let tp = TrainProblem::with_lens(&mut rg, vec![45, 70], 48, 80);
+    let up = |v: &[bf16]| dev.upload(v).unwrap();
+    let (q, k, v) = (up(&tp.q.0), up(&tp.k.0), up(&tp.v.0));
+    let cu = dev.upload(&tp.cu_i32()).unwrap();
+    let rows = tp.total * tp.sh.heads;
+    let (mut o, mut lse) = (
+        dev.alloc::<bf16>(rows * 80).unwrap(),
+        dev.alloc::<f32>(rows).unwrap(),
+    );
+    fwd::mla_attn_fwd(
+        &st,
+        &tp.sh,
+        FwdArgs {
+            q: &q,
+            k: &k,
+            v: &v,
+            cu_seqlens: &cu,
+            o: &mut o,
+            lse: &mut lse,
+        },
+    )
+    .unwrap();
+    check("fwd");
+    let dout = up(&ar::random_bf16(&mut rg, rows * 80, 1.0).0);
+    let mut delta = dev.alloc::<f32>(rows).unwrap();
+    let (mut dq, mut dk) = (
+        dev.alloc::<bf16>(rows * 48).unwrap(),
+        dev.alloc::<bf16>(rows * 48).unwrap(),
+    );
+    let mut dv = dev.alloc::<bf16>(rows * 80).unwrap();
+    let args = kernels::attn::bwd::BwdArgs {
+        q: &q,
+        k: &k,
+        v: &v,
+        o: &o,
+        lse: &lse,
+        dout: &dout,
+        cu_seqlens: &cu,
+        delta: &mut delta,
+        dq: &mut dq,
+        dk: &mut dk,
+        dv: &mut dv,
+    };
+    kernels::attn::bwd::mla_attn_bwd_observed(&st, &tp.sh, args, &mut check).unwrap();
+    let sh0 = DecodeShape {
+        heads: 32,
+        s_q: 2,
+        d_v: 128,
+        d_rope: 64,
+        scale: 0.1,
+        num_blocks: 0,
+        max_blocks: 0,
+        num_splits: 2,
+    };
+    let dp = DecodeProblem::random(&mut rg, sh0, 100, 2);
+    let lens: Vec<i32> = dp.lens.iter().map(|&l| l as i32).collect();
+    let (dq_, dkv) = (up(&dp.q.0), up(&dp.kv.0));
+    let (table, lens) = (dev.upload(&dp.table).unwrap(), dev.upload(&lens).unwrap());
+    let (wo, wl) = decode::workspace_len(&dp.sh, 2, 2);
+    let (mut op, mut lp) = (dev.alloc::<f32>(wo).unwrap(), dev.alloc::<f32>(wl).unwrap());
+    let (mut o2, mut l2) = (
+        dev.alloc::<bf16>(2 * 64 * 128).unwrap(),
+        dev.alloc::<f32>(128).unwrap(),
+    );
+    for rgs in [1, 4] {
+        let spec = DecodeSpec {
+            d_v: 128,
+            d_rope: 64,
+            row_groups: rgs,
+        };
+        let args = DecodeArgs {
+            q: &dq_,
+            kv_cache: &dkv,
+            block_table: &table,
+            seqlens: &lens,
+            o_part: &mut op,
+            lse_part: &mut lp,
+            o: &mut o2,
+            lse: &mut l2,
+        };
+        decode::mla_decode_observed(&st, &spec, &dp.sh, args, &mut check).unwrap();
+    }
+    st.synchronize().unwrap();
+    assert_eq!(seen.len(), 1 + 3 + 4, "{seen:?}");
+}

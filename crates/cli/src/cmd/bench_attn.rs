@@ -78,29 +78,30 @@ struct Measured {
     emu: Option<(u64, f64)>,
 }
 
-/// Runs `f` once to warm up, then `reps` times; returns (mean seconds, kernels, emulated lane
-/// instructions and emulator seconds summed over the launches of one run).
+/// Runs `f` once to warm up (synchronising after each launch to read its emulator statistics),
+/// then `reps` timed times.
 fn time_stage(
     st: &Stream,
     reps: usize,
     mut f: impl FnMut(&mut dyn FnMut(&str)) -> kernels::Result<()>,
 ) -> Result<Measured> {
-    f(&mut |_| {})?;
-    st.synchronize()?;
     let mut names = Vec::new();
     let mut emu: Option<(u64, f64)> = None;
-    let t0 = std::time::Instant::now();
-    for r in 0..reps.max(1) {
-        f(&mut |name: &str| {
-            if r == 0 {
-                names.push(name.to_string());
-                if let Some(s) = st.last_stats() {
-                    let e = emu.get_or_insert((0, 0.0));
-                    e.0 += s.lane_instructions;
-                    e.1 += s.seconds;
-                }
+    f(&mut |name: &str| {
+        names.push(name.to_string());
+        // launches are asynchronous: the statistics exist once this one has run
+        if st.synchronize().is_ok() {
+            if let Some(s) = st.last_stats() {
+                let e = emu.get_or_insert((0, 0.0));
+                e.0 += s.lane_instructions;
+                e.1 += s.seconds;
             }
-        })?;
+        }
+    })?;
+    st.synchronize()?;
+    let t0 = std::time::Instant::now();
+    for _ in 0..reps.max(1) {
+        f(&mut |_| {})?;
     }
     st.synchronize()?;
     Ok(Measured {

@@ -20,7 +20,7 @@ pub mod fwd;
 pub mod reference;
 pub mod registry;
 
-use crate::tile::{swz_reg, ROW_BYTES};
+use crate::tile::ROW_BYTES;
 use crate::{shape_err, Result};
 use builder::*;
 use runtime::{Buffer, Pod};
@@ -225,6 +225,10 @@ pub(crate) fn ld_b_trans(
 
 /// Copies a `rows` x `t.d` bf16 tile from global rows `src + r * stride` (r < `valid`; the
 /// rest are zero-filled) into panel tile `t` with `cp.async` (the caller commits).
+///
+/// Threads enumerate (row, panel, *physical* chunk): the 8 lanes of a 128-byte phase fill the 8
+/// distinct bank groups of one swizzled panel row (conflict-free even for partial panels, e.g.
+/// d = 32 or 48, whose unused chunks are skipped) and read one 128-byte span of a global row.
 pub(crate) fn load_tile(
     k: &mut KernelBuilder,
     tid: Reg<u32>,
@@ -235,13 +239,25 @@ pub(crate) fn load_tile(
     valid: Reg<u32>,
 ) {
     let cpr = t.d / 8;
-    let total = t.rows * cpr;
+    let panels = t.d.div_ceil(64);
+    let total = t.rows * panels * 8;
     let last = k.sub(valid, 1u32);
+    let pc = k.and(tid, 7u32);
+    let pc16 = k.shl(pc, 4u32);
     let mut it = 0;
     while it * nthreads < total {
         let idx = k.add(tid, it * nthreads);
-        let row = k.div(idx, cpr);
-        let c = k.rem(idx, cpr);
+        let rp = k.shr(idx, 3u32);
+        let (row, panel) = if panels == 1 {
+            (rp, None)
+        } else {
+            (k.div(rp, panels), Some(k.rem(rp, panels)))
+        };
+        let r7 = k.and(row, 7u32);
+        let mut c = k.xor(pc, r7);
+        if let Some(p) = panel {
+            c = k.mad_lo(p, 8u32, c);
+        }
         let ok = k.lt(row, valid);
         let rc = k.min(row, last);
         let off = k.mul_wide(rc, stride);
@@ -249,11 +265,11 @@ pub(crate) fn load_tile(
         let c64: Reg<u64> = k.cvt(c16);
         let s = k.add(src, off);
         let s = k.add(s, c64);
-        let panel = k.shr(c, 3u32);
-        let c7 = k.and(c, 7u32);
-        let d = swz_reg(k, row, c7);
-        let p = k.mul(panel, t.rows * ROW_BYTES);
-        let d = k.add(d, p);
+        let rb = k.shl(row, 7u32);
+        let mut d = k.add(rb, pc16);
+        if let Some(p) = panel {
+            d = k.mad_lo(p, t.rows * ROW_BYTES, d);
+        }
         let d = k.add(d, t.base);
         let sz = k.selp::<u32>(16u32, 0u32, ok);
         let copy = |k: &mut KernelBuilder| {
@@ -263,11 +279,20 @@ pub(crate) fn load_tile(
                 sz,
             )
         };
+        let mut live = None;
         if (it + 1) * nthreads > total {
-            let inside = k.lt(idx, total);
-            k.if_(inside, copy);
-        } else {
-            copy(k);
+            live = Some(k.lt(idx, total));
+        }
+        if cpr % 8 != 0 {
+            let inside = k.lt(c, cpr);
+            live = Some(match live {
+                Some(l) => k.and(l, inside),
+                None => inside,
+            });
+        }
+        match live {
+            Some(l) => k.if_(l, copy),
+            None => copy(k),
         }
         it += 1;
     }
