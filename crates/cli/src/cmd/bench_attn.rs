@@ -187,6 +187,13 @@ fn train(a: &AttnArgs, dev: &Device, st: &Stream, emu: bool) -> Result<Vec<Row>>
         scale: 1.0 / (a.d_qk as f32).sqrt(),
         max_seqlen: s,
     };
+    // (the host API runs the wgmma variant on sm_90a devices)
+    let fwd_name = kernels::attn::fwd::FwdSpec {
+        d_qk: a.d_qk as u32,
+        d_v: a.d_v as u32,
+        wgmma: kernels::host::target_for(dev).arch == "sm_90a",
+    }
+    .name();
     let fl = kernels::attn::registry::causal_flops(&vec![s; b], h, a.d_qk, a.d_v);
     let m = time_stage(st, a.reps, |after| {
         fwd::mla_attn_fwd(
@@ -201,13 +208,7 @@ fn train(a: &AttnArgs, dev: &Device, st: &Stream, emu: bool) -> Result<Vec<Row>>
                 lse: &mut lse,
             },
         )?;
-        after(
-            &kernels::attn::fwd::FwdSpec {
-                d_qk: a.d_qk as u32,
-                d_v: a.d_v as u32,
-            }
-            .name(),
-        );
+        after(&fwd_name);
         Ok(())
     })?;
     let mut fwd_row = row("train fwd", m, fl, 0.0);

@@ -14,6 +14,7 @@
 
 use super::*;
 use crate::host::{check_target, function};
+use builder::hopper::Swizzle;
 use half::bf16;
 use runtime::{args, LaunchConfig, Stream};
 
@@ -26,11 +27,30 @@ const WARPS: u32 = 4;
 pub struct FwdSpec {
     pub d_qk: u32,
     pub d_v: u32,
+    /// sm_90a variant: S = Q K^T and O += P V with `wgmma` (one warpgroup per CTA; Q, K, V
+    /// shared-memory descriptors over the same 128B-swizzled panels, P from registers)
+    pub wgmma: bool,
 }
 
 impl FwdSpec {
+    /// The `mma.sync` kernel of a head-dim pair.
+    pub fn mma(d_qk: u32, d_v: u32) -> FwdSpec {
+        FwdSpec {
+            d_qk,
+            d_v,
+            wgmma: false,
+        }
+    }
     pub fn name(&self) -> String {
-        format!("mla_attn_fwd_qk{}_v{}", self.d_qk, self.d_v)
+        let w = if self.wgmma { "_wgmma" } else { "" };
+        format!("mla_attn_fwd{w}_qk{}_v{}", self.d_qk, self.d_v)
+    }
+    pub fn targets(&self) -> &'static [&'static str] {
+        if self.wgmma {
+            &["sm_90a"]
+        } else {
+            TARGETS
+        }
     }
     /// Keys per K/V tile.
     pub fn bn(&self) -> u32 {
@@ -114,7 +134,7 @@ pub(crate) struct Softmax {
 /// Generates the forward kernel of `s` for `t`.
 pub fn gen_fwd(t: &Target, s: &FwdSpec) -> Result<ptx::Module> {
     let name = s.name();
-    check_target(&name, t, TARGETS)?;
+    check_target(&name, t, s.targets())?;
     check_head_dim(&name, "d_qk", s.d_qk as usize)?;
     check_head_dim(&name, "d_v", s.d_v as usize)?;
     let (dqk, dv, bn) = (s.d_qk, s.d_v, s.bn());
@@ -129,11 +149,14 @@ pub fn gen_fwd(t: &Target, s: &FwdSpec) -> Result<ptx::Module> {
     let cup = k.param_ptr_aligned::<i32>("cu_seqlens", 4);
     let heads = k.param::<u32>("heads");
     let c = k.param::<f32>("scale_log2");
-    let smem = k.dynamic_shared::<u8>(128);
+    // (wgmma's 128-byte swizzle repeats every 1024 bytes: tiles start on that boundary)
+    let smem = k.dynamic_shared::<u8>(if s.wgmma { 1024 } else { 128 });
     let tid = k.tid_x();
     let lane = k.and(tid, 31u32);
     let warp = k.shr(tid, 5u32);
     let ln = Lanes::new(&mut k, lane);
+    let zero = k.mov(0u32);
+    let preds = (k.ne(zero, 0u32), k.eq(zero, 0u32));
     let (bx, h, b) = (k.ctaid_x(), k.ctaid_y(), k.ctaid_z());
     let q0 = k.mul(bx, BM);
     let st = k.ld_nc(cup.offset(b));
@@ -203,17 +226,31 @@ pub fn gen_fwd(t: &Target, s: &FwdSpec) -> Result<ptx::Module> {
         load_tile(k, tid, nt, &tv, vsrc, sv, kvalid);
         k.cp_async_commit_group();
         k.cp_async_wait_group(1);
+        if s.wgmma {
+            k.fence_proxy_async(); // cp.async (generic proxy) writes -> wgmma (async proxy) reads
+        }
         k.sync_threads();
-        clear(k, &sacc);
-        qk_tile(k, &ln, &tq, Some(wrow), &tk, dqk, bn, &sacc);
+        if s.wgmma {
+            qk_wgmma(k, &tq, &tk, dqk, bn, &sacc, preds);
+        } else {
+            clear(k, &sacc);
+            qk_tile(k, &ln, &tq, Some(wrow), &tk, dqk, bn, &sacc);
+        }
         // causal mask on tiles reaching the diagonal (covers keys past the end too)
         let kv_end = k.add(kv0, bn);
         let diag = k.gt(kv_end, q0);
         k.if_(diag, |k| causal_mask(k, &sacc, kv0, col_q, rows));
         online_softmax(k, &sm, &sacc, &oacc, c);
         k.cp_async_wait_group(0);
+        if s.wgmma {
+            k.fence_proxy_async();
+        }
         k.sync_threads();
-        pv_tile(k, &ln, &sacc, &tv, bn, dv, &oacc);
+        if s.wgmma {
+            pv_wgmma(k, &sacc, &tv, bn, dv, &oacc, preds.1);
+        } else {
+            pv_tile(k, &ln, &sacc, &tv, bn, dv, &oacc);
+        }
         k.sync_threads();
     });
     epilogue(
@@ -255,6 +292,70 @@ pub(crate) fn qk_tile(
             k.mma_to::<Mma>(acc[i1], a, [b[2], b[3]], acc[i1]);
         }
     }
+}
+
+/// wgmma descriptor of panel tile `t` at row 0, 16-element k-step `ks` (K-major: 32 bytes per
+/// step inside a 64-column panel), or, for an MN-major (transposed) operand, at k rows
+/// `16 * ks` (`mn_major`). 8-row groups 1024 bytes apart (SBO), panels `rows * 128` (LBO).
+fn panel_desc(k: &mut KernelBuilder, t: &Tile, ks: u32, mn_major: bool) -> Reg<u64> {
+    let start = if mn_major {
+        ks * 16 * ROW_BYTES
+    } else {
+        (ks / 4) * t.rows * ROW_BYTES + (ks % 4) * 32
+    };
+    let d = MatrixDesc {
+        start,
+        lbo: t.rows * ROW_BYTES,
+        sbo: 8 * ROW_BYTES,
+        swizzle: Swizzle::B128,
+    };
+    k.matrix_desc(t.base, d)
+}
+
+/// S = Q K^T for the warpgroup's 64 rows with `wgmma m64n{bn}k16` over `d` (`preds` = (false,
+/// true): the first k-step overwrites the accumulators).
+fn qk_wgmma(
+    k: &mut KernelBuilder,
+    tq: &Tile,
+    tk: &Tile,
+    d: u32,
+    bn: u32,
+    acc: &[[Reg<f32>; 4]],
+    preds: (Reg<Pred>, Reg<Pred>),
+) {
+    let flat: Vec<Reg<f32>> = acc.iter().flatten().copied().collect();
+    k.wgmma_fence();
+    for ks in 0..d / 16 {
+        let a = panel_desc(k, tq, ks, false);
+        let b = panel_desc(k, tk, ks, false);
+        let scale_d = if ks == 0 { preds.0 } else { preds.1 };
+        k.wgmma_mma_async::<Bf16>(bn as u16, &flat, a, b, scale_d, false, false);
+    }
+    k.wgmma_commit_group();
+    k.wgmma_wait_group(0);
+}
+
+/// O += P V with `wgmma m64n{dv}k16`: P from the S accumulators (registers), V an MN-major
+/// descriptor over its [key][column] panels.
+fn pv_wgmma(
+    k: &mut KernelBuilder,
+    p: &[[Reg<f32>; 4]],
+    tv: &Tile,
+    bn: u32,
+    dv: u32,
+    o: &[[Reg<f32>; 4]],
+    always: Reg<Pred>,
+) {
+    let flat: Vec<Reg<f32>> = o.iter().flatten().copied().collect();
+    k.wgmma_fence();
+    for kk in 0..bn / 16 {
+        let a = acc_to_a(k, p[2 * kk as usize], p[2 * kk as usize + 1]);
+        let a: [Reg<B32>; 4] = a.map(|x| x.reinterpret());
+        let b = panel_desc(k, tv, kk, true);
+        k.wgmma_mma_async_rs::<Bf16>(dv as u16, &flat, a, b, always, true);
+    }
+    k.wgmma_commit_group();
+    k.wgmma_wait_group(0);
 }
 
 /// `-inf` where key `kv0 + 8 n + 2q + e` > query row (rows[0] for e < 2, rows[1] otherwise).
@@ -376,10 +477,19 @@ fn epilogue(
 
 /// Runs the forward: O and LSE for every token of every sequence (`cu_seqlens` [batch+1],
 /// validated on the host before launch).
+///
+/// On an sm_90a device this runs the `wgmma` variant, elsewhere the `mma.sync` one.
 pub fn mla_attn_fwd(stream: &Stream, sh: &AttnShape, a: FwdArgs) -> Result<()> {
+    let wgmma = crate::host::target_for(stream.device()).arch == "sm_90a";
+    mla_attn_fwd_with(stream, sh, a, wgmma)
+}
+
+/// [`mla_attn_fwd`] choosing the variant (`wgmma` needs an sm_90a device).
+pub fn mla_attn_fwd_with(stream: &Stream, sh: &AttnShape, a: FwdArgs, wgmma: bool) -> Result<()> {
     let spec = FwdSpec {
         d_qk: sh.d_qk as u32,
         d_v: sh.d_v as u32,
+        wgmma,
     };
     let name = spec.name();
     sh.validate(&name)?;

@@ -37,21 +37,35 @@ fn params(v: &[(&'static str, &'static str)]) -> Vec<ParamInfo> {
 /// The registered attention kernels.
 pub fn registry_entries() -> Vec<KernelInfo> {
     let mut v = Vec::new();
-    for (dqk, dv, shapes) in [
+    let fwd_cases = [
         (32u32, 32u32, vec![Shape::grouped(77, 32, 32, 3)]),
         (192, 128, vec![Shape::grouped(70, 128, 192, 2)]),
         (256, 256, vec![Shape::grouped(40, 256, 256, 2)]),
-    ] {
-        let s = FwdSpec { d_qk: dqk, d_v: dv };
+    ];
+    for (wgmma, (dqk, dv, shapes)) in fwd_cases
+        .iter()
+        .map(|c| (false, c.clone()))
+        .chain(fwd_cases.iter().map(|c| (true, c.clone())))
+    {
+        let s = FwdSpec {
+            d_qk: dqk,
+            d_v: dv,
+            wgmma,
+        };
+        let how = if wgmma {
+            "sm_90a wgmma m64 (Q/K/V by 128B-swizzle descriptors, P from registers)"
+        } else {
+            "mma.sync"
+        };
         v.push(KernelInfo {
             name: s.name(),
             summary: format!(
-                "MLA attention training forward, causal varlen FlashAttention-2 (d_qk {dqk}, d_v {dv}; 64 q rows x {} keys per tile), O bf16 + LSE f32",
+                "MLA attention training forward, causal varlen FlashAttention-2, {how} (d_qk {dqk}, d_v {dv}; 64 q rows x {} keys per tile), O bf16 + LSE f32",
                 s.bn()
             ),
             params: params(FwdSpec::params()),
             launch: s.launch_rule(),
-            targets: super::TARGETS,
+            targets: s.targets(),
             host: "attn::fwd::mla_attn_fwd",
             test_shapes: shapes,
             kind: Kind::Attn(AttnKind::Fwd(s)),
@@ -309,7 +323,7 @@ pub struct FwdOut {
 }
 
 /// Runs the forward of `tp` on `stream` with poisoned outputs.
-pub fn run_fwd(stream: &Stream, tp: &TrainProblem) -> Result<FwdOut> {
+pub fn run_fwd(stream: &Stream, tp: &TrainProblem, wgmma: bool) -> Result<FwdOut> {
     let dev = stream.device().clone();
     let (q, k, v) = (
         dev.upload(&tp.q.0)?,
@@ -320,7 +334,7 @@ pub fn run_fwd(stream: &Stream, tp: &TrainProblem) -> Result<FwdOut> {
     let mut o = poisoned(&dev, tp.total * tp.sh.heads * tp.sh.d_v, nan_bf16())?;
     let mut lse = poisoned(&dev, tp.total * tp.sh.heads, f32::NAN)?;
     let t0 = Instant::now();
-    fwd::mla_attn_fwd(
+    fwd::mla_attn_fwd_with(
         stream,
         &tp.sh,
         FwdArgs {
@@ -331,6 +345,7 @@ pub fn run_fwd(stream: &Stream, tp: &TrainProblem) -> Result<FwdOut> {
             o: &mut o,
             lse: &mut lse,
         },
+        wgmma,
     )?;
     stream.synchronize()?;
     let seconds = t0.elapsed().as_secs_f64();
@@ -343,9 +358,15 @@ pub fn run_fwd(stream: &Stream, tp: &TrainProblem) -> Result<FwdOut> {
 
 /// Checks the forward: O (bf16) relative Frobenius error <= 1e-2 and every LSE within 1e-3
 /// (absolute) of the f64 reference; NaNs (unwritten outputs) fail.
-fn check_fwd(stream: &Stream, info: &KernelInfo, s: &Shape, seed: u64) -> Result<CheckReport> {
+fn check_fwd(
+    stream: &Stream,
+    info: &KernelInfo,
+    f: &FwdSpec,
+    s: &Shape,
+    seed: u64,
+) -> Result<CheckReport> {
     let tp = TrainProblem::random(s, seed);
-    let out = run_fwd(stream, &tp)?;
+    let out = run_fwd(stream, &tp, f.wgmma)?;
     let want = tp.p.forward(&tp.q.1, &tp.k.1, &tp.v.1);
     let (rel, nans) = compare(&bf16_f64(&out.o), &want.o);
     let bad_lse = lse_mismatches(&out.lse, &want.lse);
@@ -373,7 +394,7 @@ pub fn check(
     seed: u64,
 ) -> Result<CheckReport> {
     match a {
-        AttnKind::Fwd(_) => check_fwd(stream, info, s, seed),
+        AttnKind::Fwd(f) => check_fwd(stream, info, f, s, seed),
         AttnKind::Decode(d) => check_decode(stream, info, d, s, seed),
         AttnKind::Combine => {
             let d = DecodeSpec {
