@@ -137,6 +137,41 @@ struct Smem {
     xch: Reg<u32>,
 }
 
+/// This warp's place in the CTA and its running softmax state.
+struct Warp {
+    ln: Lanes,
+    /// row group and column quarter
+    rg: Reg<u32>,
+    cw: Reg<u32>,
+    /// lane q == 0 (one lane per accumulator row)
+    q0: Reg<Pred>,
+    /// this row group's `[4][16]` f32 exchange area, and this lane's byte offsets in it of
+    /// rows g and g + 8 (warp cw's column at `xrg + 64 cw`)
+    xrg: Reg<u32>,
+    ro: [Reg<u32>; 2],
+    /// running row max (log2 units) and this warp's partial row sums
+    m: [Reg<f32>; 2],
+    l: [Reg<f32>; 2],
+    /// O accumulators of this warp's column quarter (`nv` n-tiles)
+    o: Vec<[Reg<f32>; 4]>,
+    nv: u32,
+}
+
+impl Warp {
+    /// Each of the 4 column warps' values of this lane's row `h` from the exchange area.
+    fn gather(&self, k: &mut KernelBuilder, h: usize) -> [Reg<f32>; 4] {
+        let a = k.add(self.xrg, self.ro[h]);
+        std::array::from_fn(|w| k.ld(SharedPtr::<f32>::from_reg(a).add_bytes((w * 64) as i64)))
+    }
+    /// Publishes this warp's value of row `h` (lanes q == 0).
+    fn publish(&self, k: &mut KernelBuilder, h: usize, v: Reg<f32>) {
+        let wo = k.shl(self.cw, 6u32);
+        let a = k.add(self.xrg, wo);
+        let a = k.add(a, self.ro[h]);
+        k.when(self.q0, |k| k.st(SharedPtr::<f32>::from_reg(a), v));
+    }
+}
+
 /// Generates the decoding kernel of `s`.
 pub fn gen_decode(t: &Target, s: &DecodeSpec) -> Result<ptx::Module> {
     let name = s.name();
@@ -216,10 +251,25 @@ pub fn gen_decode(t: &Target, s: &DecodeSpec) -> Result<ptx::Module> {
             k.add(base_lim, tok)
         })
         .collect();
-    let m = [k.mov(f32::NEG_INFINITY), k.mov(f32::NEG_INFINITY)];
-    let l = [k.mov(0f32), k.mov(0f32)];
     let nv = dv / 32; // n-tiles per column warp
-    let oacc = zero_acc(&mut k, nv as usize);
+    let q0 = k.eq(ln.q, 0u32);
+    let rgo = k.mul(rg, 256u32);
+    let xrg = k.add(sm.xch, rgo);
+    let ro0 = k.shl(ln.g, 2u32);
+    let ro = [ro0, k.add(ro0, 32u32)];
+    let w = Warp {
+        rg,
+        cw,
+        q0,
+        xrg,
+        ro,
+        m: [k.mov(f32::NEG_INFINITY), k.mov(f32::NEG_INFINITY)],
+        l: [k.mov(0f32), k.mov(0f32)],
+        o: zero_acc(&mut k, nv as usize),
+        nv,
+        ln,
+    };
+    let ln = &w.ln;
     let sacc = zero_acc(&mut k, 2);
     let koff = k.mul(cw, 16 * ROW_BYTES);
     let kbase = k.add(sm.tkv.base, koff);
@@ -243,25 +293,24 @@ pub fn gen_decode(t: &Target, s: &DecodeSpec) -> Result<ptx::Module> {
         k.cp_async_wait_group(0);
         k.sync_threads();
         clear(k, &sacc);
-        super::fwd::qk_tile(k, &ln, &sm.tq, Some(wrow), &tk, dk, 16, &sacc);
+        super::fwd::qk_tile(k, ln, &sm.tq, Some(wrow), &tk, dk, 16, &sacc);
         let key0 = k.mad_lo(cw, 16u32, kv0);
         let key0 = k.add(key0, col_q);
         mask_keys(k, &sacc, key0, &lims, len);
-        block_softmax(k, &sm, &ln, rg, cw, &sacc, &m, &l, &oacc, p.c);
+        block_softmax(k, &sm, &w, &sacc, p.c);
         k.sync_threads();
         // O[:, quarter cw] += P V (V = the first d_v columns of the same block)
         for kk in 0..BLOCK / 16 {
-            let a = ld_x4(k, &ln, &sm.tp, Some(wrow), 0, 2 * kk, Style::A, false);
-            let bq = ld_b_trans_at(k, &ln, &sm.tkv, 16 * kk, cq, nv);
+            let a = ld_x4(k, ln, &sm.tp, Some(wrow), 0, 2 * kk, Style::A, false);
+            let bq = ld_b_trans_at(k, ln, &sm.tkv, 16 * kk, cq, nv);
             for (n, bb) in bq.iter().enumerate() {
-                k.mma_to::<Mma>(oacc[n], a, *bb, oacc[n]);
+                k.mma_to::<Mma>(w.o[n], a, *bb, w.o[n]);
             }
         }
         k.sync_threads();
     });
-    write_partial(
-        &mut k, &p, &sm, &ln, rg, cw, &m, &l, &oacc, rows, b, split, nv,
-    );
+    let bs = k.mad_lo(b, p.splits, split); // partial rows of (b, split) start at bs * rows
+    write_partial(&mut k, &p, &w, rows, bs);
     Ok(k.finish()?)
 }
 
@@ -315,55 +364,31 @@ fn mask_keys(
 
 /// Online softmax of one block across the 4 column warps of a row group: warp maxima through
 /// shared memory, P (bf16) into the P tile, O and the per-warp partial sums rescaled.
-#[allow(clippy::too_many_arguments)]
-fn block_softmax(
-    k: &mut KernelBuilder,
-    sm: &Smem,
-    ln: &Lanes,
-    rg: Reg<u32>,
-    cw: Reg<u32>,
-    s: &[[Reg<f32>; 4]],
-    m: &[Reg<f32>; 2],
-    l: &[Reg<f32>; 2],
-    o: &[[Reg<f32>; 4]],
-    c: Reg<f32>,
-) {
-    let q0 = k.eq(ln.q, 0u32);
-    // xch[rg][cw][row]
-    let rgo = k.mul(rg, 256u32);
-    let xrg = k.add(sm.xch, rgo);
-    let mut mx_all = Vec::new();
-    for h in 0..2u32 {
+fn block_softmax(k: &mut KernelBuilder, sm: &Smem, w: &Warp, s: &[[Reg<f32>; 4]], c: Reg<f32>) {
+    for h in 0..2usize {
         let mut mx = k.mov(f32::NEG_INFINITY);
         for a in s {
-            mx = k.max(mx, a[2 * h as usize]);
-            mx = k.max(mx, a[2 * h as usize + 1]);
+            mx = k.max(mx, a[2 * h]);
+            mx = k.max(mx, a[2 * h + 1]);
         }
         let mx = quad_reduce(k, mx, true);
-        let row = k.add(ln.g, 8 * h);
-        let ro = k.shl(row, 2u32);
-        let wo = k.shl(cw, 6u32);
-        let a = k.add(xrg, wo);
-        let a = k.add(a, ro);
-        k.when(q0, |k| k.st(SharedPtr::<f32>::from_reg(a), mx));
-        mx_all.push(ro);
+        w.publish(k, h, mx);
     }
     k.sync_threads();
     for h in 0..2usize {
-        let mut mx = k.mov(f32::NEG_INFINITY);
-        for w in 0..4u32 {
-            let a = k.add(xrg, mx_all[h]);
-            let v = k.ld(SharedPtr::<f32>::from_reg(a).add_bytes((w * 64) as i64));
-            mx = k.max(mx, v);
+        let all = w.gather(k, h);
+        let mut mx = all[0];
+        for v in &all[1..] {
+            mx = k.max(mx, *v);
         }
         let mx = k.mul(mx, c);
-        let mnew = k.max(m[h], mx);
+        let mnew = k.max(w.m[h], mx);
         // a row with nothing visible yet keeps m = -inf: exponentiate against 0 instead
         let none = k.eq(mnew, f32::NEG_INFINITY);
         let muse = k.selp(0f32, mnew, none);
-        let dm = k.sub(m[h], muse);
+        let dm = k.sub(w.m[h], muse);
         let alpha = k.ex2(dm);
-        k.mov_to(m[h], mnew);
+        k.mov_to(w.m[h], mnew);
         let neg = k.neg(muse);
         let mut sum = k.mov(0f32);
         for a in s {
@@ -374,74 +399,54 @@ fn block_softmax(
                 sum = k.add(sum, pv);
             }
         }
-        k.fma_to(l[h], l[h], alpha, sum);
-        for a in o {
+        k.fma_to(w.l[h], w.l[h], alpha, sum);
+        for a in &w.o {
             k.mul_to(a[2 * h], a[2 * h], alpha);
             k.mul_to(a[2 * h + 1], a[2 * h + 1], alpha);
         }
     }
     // P (bf16) -> P tile rows 16rg + g + 8h, columns 16cw + 8n + 2q
-    let wrow = k.mul(rg, 16u32);
+    let wrow = k.mul(w.rg, 16u32);
+    let q4 = k.shl(w.ln.q, 2u32);
     for h in 0..2u32 {
-        let r = k.add(wrow, ln.g);
+        let r = k.add(wrow, w.ln.g);
         let r = k.add(r, 8 * h);
         for (n, a) in s.iter().enumerate() {
-            let chunk = k.mad_lo(cw, 2u32, n as u32);
+            let chunk = k.mad_lo(w.cw, 2u32, n as u32);
             let off = crate::tile::swz_reg(k, r, chunk);
-            let q4 = k.shl(ln.q, 2u32);
             let off = k.add(off, q4);
             let addr = k.add(sm.tp.base, off);
-            let w = k.cvt_bf16x2(a[2 * h as usize + 1], a[2 * h as usize]);
-            k.st(SharedPtr::<Bf16x2>::from_reg(addr), w);
+            let v = k.cvt_bf16x2(a[2 * h as usize + 1], a[2 * h as usize]);
+            k.st(SharedPtr::<Bf16x2>::from_reg(addr), v);
         }
     }
 }
 
-/// Final per-split output: partial row sums summed over the 4 column warps, O / l (f32) and
-/// LSE (natural log; -inf and O = 0 for rows that saw no key in this split).
-#[allow(clippy::too_many_arguments)]
+/// Final per-split output (partial rows from `bs * rows`): row sums over the 4 column warps,
+/// O / l (f32) and LSE (natural log; -inf and O = 0 for rows that saw no key in this split).
 fn write_partial(
     k: &mut KernelBuilder,
     p: &DecParams,
-    sm: &Smem,
-    ln: &Lanes,
-    rg: Reg<u32>,
-    cw: Reg<u32>,
-    m: &[Reg<f32>; 2],
-    l: &[Reg<f32>; 2],
-    o: &[[Reg<f32>; 4]],
+    w: &Warp,
     rows: [Reg<u32>; 2],
-    b: Reg<u32>,
-    split: Reg<u32>,
-    nv: u32,
+    bs: Reg<u32>,
 ) {
-    let q0 = k.eq(ln.q, 0u32);
-    let rgo = k.mul(rg, 256u32);
-    let xrg = k.add(sm.xch, rgo);
-    let wo = k.shl(cw, 6u32);
     k.sync_threads();
-    let mut ros = Vec::new();
-    for h in 0..2u32 {
-        let ls = quad_reduce(k, l[h as usize], false);
-        let row = k.add(ln.g, 8 * h);
-        let ro = k.shl(row, 2u32);
-        let a = k.add(xrg, wo);
-        let a = k.add(a, ro);
-        k.when(q0, |k| k.st(SharedPtr::<f32>::from_reg(a), ls));
-        ros.push(ro);
+    for h in 0..2usize {
+        let ls = quad_reduce(k, w.l[h], false);
+        w.publish(k, h, ls);
     }
     k.sync_threads();
-    // partial row index: (b * splits + split) * rows + r
-    let bs = k.mad_lo(b, p.splits, split);
-    let cbase = k.mul(cw, nv * 8);
-    let col = k.shl(ln.q, 1u32);
+    let cbase = k.mul(w.cw, w.nv * 8);
+    let col = k.shl(w.ln.q, 1u32);
     let col = k.add(col, cbase);
+    let w0 = k.eq(w.cw, 0u32);
+    let lse_lane = k.and(w0, w.q0);
     for h in 0..2usize {
-        let a = k.add(xrg, ros[h]);
-        let mut lt = k.mov(0f32);
-        for w in 0..4u32 {
-            let v = k.ld(SharedPtr::<f32>::from_reg(a).add_bytes((w * 64) as i64));
-            lt = k.add(lt, v);
+        let all = w.gather(k, h);
+        let mut lt = all[0];
+        for v in &all[1..] {
+            lt = k.add(lt, *v);
         }
         let ok = k.lt(rows[h], p.rows);
         let pr = k.mad_lo(bs, p.rows, rows[h]);
@@ -449,21 +454,19 @@ fn write_partial(
         let inv = k.rcp(lt);
         let inv = k.selp(0f32, inv, empty);
         k.if_(ok, |k| {
-            let e = k.mul(pr, nv * 32); // f32 elements per row = d_v = 32 nv
+            let e = k.mul(pr, w.nv * 32); // f32 elements per row = d_v = 32 nv
             let e = k.add(e, col);
-            for (n, acc) in o.iter().enumerate() {
+            for (n, acc) in w.o.iter().enumerate() {
                 let v0 = k.mul(acc[2 * h], inv);
                 let v1 = k.mul(acc[2 * h + 1], inv);
                 let en = k.add(e, (8 * n) as u32);
                 k.st_v(p.o_part.offset(en), [v0, v1]);
             }
             let lg = k.lg2(lt);
-            let s = k.add(m[h], lg);
+            let s = k.add(w.m[h], lg);
             let lse = k.mul(s, std::f32::consts::LN_2);
             let lse = k.selp(f32::NEG_INFINITY, lse, empty);
-            let w0 = k.eq(cw, 0u32);
-            let wq = k.and(w0, q0);
-            k.when(wq, |k| k.st(p.lse_part.offset(pr), lse));
+            k.when(lse_lane, |k| k.st(p.lse_part.offset(pr), lse));
         });
     }
 }
