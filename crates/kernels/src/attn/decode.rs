@@ -143,12 +143,8 @@ struct Warp {
     /// row group and column quarter
     rg: Reg<u32>,
     cw: Reg<u32>,
-    /// lane q == 0 (one lane per accumulator row)
-    q0: Reg<Pred>,
-    /// this row group's `[4][16]` f32 exchange area, and this lane's byte offsets in it of
-    /// rows g and g + 8 (warp cw's column at `xrg + 64 cw`)
-    xrg: Reg<u32>,
-    ro: [Reg<u32>; 2],
+    /// the `[row_groups][4][16]` f32 exchange area
+    xch: Reg<u32>,
     /// running row max (log2 units) and this warp's partial row sums
     m: [Reg<f32>; 2],
     l: [Reg<f32>; 2],
@@ -158,17 +154,35 @@ struct Warp {
 }
 
 impl Warp {
-    /// Each of the 4 column warps' values of this lane's row `h` from the exchange area.
-    fn gather(&self, k: &mut KernelBuilder, h: usize) -> [Reg<f32>; 4] {
-        let a = k.add(self.xrg, self.ro[h]);
-        std::array::from_fn(|w| k.ld(SharedPtr::<f32>::from_reg(a).add_bytes((w * 64) as i64)))
+    /// Address of row `h` of this lane (row g + 8h) in warp column 0 of this row group's
+    /// exchange area (recomputed at each use: fewer registers live across the block loop).
+    fn xaddr(&self, k: &mut KernelBuilder, h: usize) -> Reg<u32> {
+        let a = k.mad_lo(self.rg, 256u32, self.xch);
+        let a = k.mad_lo(self.ln.g, 4u32, a);
+        k.add(a, 32 * h as u32)
+    }
+    /// The 4 column warps' values of this lane's row `h` from the exchange area, folded with
+    /// `f` as they are loaded (max or sum).
+    fn fold(
+        &self,
+        k: &mut KernelBuilder,
+        h: usize,
+        f: impl Fn(&mut KernelBuilder, Reg<f32>, Reg<f32>) -> Reg<f32>,
+    ) -> Reg<f32> {
+        let a = self.xaddr(k, h);
+        let mut acc = k.ld(SharedPtr::<f32>::from_reg(a));
+        for w in 1..4 {
+            let v = k.ld(SharedPtr::<f32>::from_reg(a).add_bytes(w * 64));
+            acc = f(k, acc, v);
+        }
+        acc
     }
     /// Publishes this warp's value of row `h` (lanes q == 0).
     fn publish(&self, k: &mut KernelBuilder, h: usize, v: Reg<f32>) {
-        let wo = k.shl(self.cw, 6u32);
-        let a = k.add(self.xrg, wo);
-        let a = k.add(a, self.ro[h]);
-        k.when(self.q0, |k| k.st(SharedPtr::<f32>::from_reg(a), v));
+        let a = self.xaddr(k, h);
+        let a = k.mad_lo(self.cw, 64u32, a);
+        let q0 = k.eq(self.ln.q, 0u32);
+        k.when(q0, |k| k.st(SharedPtr::<f32>::from_reg(a), v));
     }
 }
 
@@ -252,17 +266,10 @@ pub fn gen_decode(t: &Target, s: &DecodeSpec) -> Result<ptx::Module> {
         })
         .collect();
     let nv = dv / 32; // n-tiles per column warp
-    let q0 = k.eq(ln.q, 0u32);
-    let rgo = k.mul(rg, 256u32);
-    let xrg = k.add(sm.xch, rgo);
-    let ro0 = k.shl(ln.g, 2u32);
-    let ro = [ro0, k.add(ro0, 32u32)];
     let w = Warp {
         rg,
         cw,
-        q0,
-        xrg,
-        ro,
+        xch: sm.xch,
         m: [k.mov(f32::NEG_INFINITY), k.mov(f32::NEG_INFINITY)],
         l: [k.mov(0f32), k.mov(0f32)],
         o: zero_acc(&mut k, nv as usize),
@@ -376,11 +383,7 @@ fn block_softmax(k: &mut KernelBuilder, sm: &Smem, w: &Warp, s: &[[Reg<f32>; 4]]
     }
     k.sync_threads();
     for h in 0..2usize {
-        let all = w.gather(k, h);
-        let mut mx = all[0];
-        for v in &all[1..] {
-            mx = k.max(mx, *v);
-        }
+        let mx = w.fold(k, h, |k, a, b| k.max(a, b));
         let mx = k.mul(mx, c);
         let mnew = k.max(w.m[h], mx);
         // a row with nothing visible yet keeps m = -inf: exponentiate against 0 instead
@@ -407,13 +410,13 @@ fn block_softmax(k: &mut KernelBuilder, sm: &Smem, w: &Warp, s: &[[Reg<f32>; 4]]
     }
     // P (bf16) -> P tile rows 16rg + g + 8h, columns 16cw + 8n + 2q
     let wrow = k.mul(w.rg, 16u32);
-    let q4 = k.shl(w.ln.q, 2u32);
     for h in 0..2u32 {
         let r = k.add(wrow, w.ln.g);
         let r = k.add(r, 8 * h);
         for (n, a) in s.iter().enumerate() {
             let chunk = k.mad_lo(w.cw, 2u32, n as u32);
             let off = crate::tile::swz_reg(k, r, chunk);
+            let q4 = k.shl(w.ln.q, 2u32);
             let off = k.add(off, q4);
             let addr = k.add(sm.tp.base, off);
             let v = k.cvt_bf16x2(a[2 * h as usize + 1], a[2 * h as usize]);
@@ -440,14 +443,8 @@ fn write_partial(
     let cbase = k.mul(w.cw, w.nv * 8);
     let col = k.shl(w.ln.q, 1u32);
     let col = k.add(col, cbase);
-    let w0 = k.eq(w.cw, 0u32);
-    let lse_lane = k.and(w0, w.q0);
     for h in 0..2usize {
-        let all = w.gather(k, h);
-        let mut lt = all[0];
-        for v in &all[1..] {
-            lt = k.add(lt, *v);
-        }
+        let lt = w.fold(k, h, |k, a, b| k.add(a, b));
         let ok = k.lt(rows[h], p.rows);
         let pr = k.mad_lo(bs, p.rows, rows[h]);
         let empty = k.eq(lt, 0f32);
@@ -466,6 +463,9 @@ fn write_partial(
             let s = k.add(w.m[h], lg);
             let lse = k.mul(s, std::f32::consts::LN_2);
             let lse = k.selp(f32::NEG_INFINITY, lse, empty);
+            let w0 = k.eq(w.cw, 0u32);
+            let q0 = k.eq(w.ln.q, 0u32);
+            let lse_lane = k.and(w0, q0);
             k.when(lse_lane, |k| k.st(p.lse_part.offset(pr), lse));
         });
     }

@@ -131,16 +131,79 @@ pub(crate) struct Softmax {
     pub l: [Reg<f32>; 2],
 }
 
+/// Everything one forward CTA's tile loop works with.
+struct FwdCtx {
+    s: FwdSpec,
+    ln: Lanes,
+    tid: Reg<u32>,
+    tq: Tile,
+    tk: Tile,
+    tv: Tile,
+    kp: GlobalPtr<u8>,
+    vp: GlobalPtr<u8>,
+    /// sequence start (token), length, head, heads
+    start: Reg<u32>,
+    len: Reg<u32>,
+    h: Reg<u32>,
+    heads: Reg<u32>,
+    q0: Reg<u32>,
+    /// this warp's first row in the Q tile, and this lane's two sequence rows
+    wrow: Reg<u32>,
+    rows: [Reg<u32>; 2],
+    col_q: Reg<u32>,
+    /// scale * log2(e)
+    c: Reg<f32>,
+    /// (false, true) predicates for wgmma's scale-d
+    preds: (Reg<Pred>, Reg<Pred>),
+    sm: Softmax,
+    o: Vec<[Reg<f32>; 4]>,
+    s_acc: Vec<[Reg<f32>; 4]>,
+}
+
+impl FwdCtx {
+    /// Global address of sequence row `row` of tensor `p` (`[total, heads, d]` bf16).
+    fn row_ptr(&self, k: &mut KernelBuilder, p: GlobalPtr<u8>, row: Reg<u32>, d: u32) -> Reg<u64> {
+        let r = k.add(self.start, row);
+        let rh = k.mad_lo(r, self.heads, self.h);
+        wide_off(k, p.reg(), rh, d * 2)
+    }
+    /// Issues the `cp.async` copy of key tile `j` of K (`v = false`) or V into its buffer and
+    /// commits a group (an empty one when `j` is past the last tile, to keep group counts uniform).
+    fn issue(&self, k: &mut KernelBuilder, j: Reg<u32>, ntiles: Reg<u32>, v: bool) {
+        let (p, t) = if v {
+            (self.vp, &self.tv)
+        } else {
+            (self.kp, &self.tk)
+        };
+        let live = k.lt(j, ntiles);
+        k.if_(live, |k| {
+            let kv0 = k.mul(j, self.s.bn());
+            let valid = k.sub(self.len, kv0);
+            let src = self.row_ptr(k, p, kv0, t.d);
+            let stride = k.mul(self.heads, t.d * 2);
+            load_tile(k, self.tid, WARPS * 32, t, src, stride, valid);
+        });
+        k.cp_async_commit_group();
+    }
+    /// Waits until at most `n` copy groups are pending and makes the tiles visible to every
+    /// warp (and to wgmma's async proxy).
+    fn arrive(&self, k: &mut KernelBuilder, n: u32) {
+        k.cp_async_wait_group(n);
+        if self.s.wgmma {
+            k.fence_proxy_async(); // cp.async (generic proxy) writes -> wgmma (async proxy) reads
+        }
+        k.sync_threads();
+    }
+}
+
 /// Generates the forward kernel of `s` for `t`.
 pub fn gen_fwd(t: &Target, s: &FwdSpec) -> Result<ptx::Module> {
     let name = s.name();
     check_target(&name, t, s.targets())?;
     check_head_dim(&name, "d_qk", s.d_qk as usize)?;
     check_head_dim(&name, "d_v", s.d_v as usize)?;
-    let (dqk, dv, bn) = (s.d_qk, s.d_v, s.bn());
-    let nt = WARPS * 32;
     let mut k = KernelBuilder::new(&name, t.clone());
-    k.reqntid(&[nt]);
+    k.reqntid(&[WARPS * 32]);
     let qp = k.param_ptr_aligned::<u8>("q", 16);
     let kp = k.param_ptr_aligned::<u8>("k", 16);
     let vp = k.param_ptr_aligned::<u8>("v", 16);
@@ -149,12 +212,44 @@ pub fn gen_fwd(t: &Target, s: &FwdSpec) -> Result<ptx::Module> {
     let cup = k.param_ptr_aligned::<i32>("cu_seqlens", 4);
     let heads = k.param::<u32>("heads");
     let c = k.param::<f32>("scale_log2");
+    let cx = prologue(&mut k, s, [qp, kp, vp], cup, heads, c);
+    // key tiles up to the CTA's last row (causal); K/V of tile 0 are in flight
+    let bn = s.bn();
+    let qe = k.add(cx.q0, BM);
+    let kend = k.min(qe, cx.len);
+    let ntiles = k.add(kend, bn - 1);
+    let ntiles = k.div(ntiles, bn);
+    let zero = k.mov(0u32);
+    cx.issue(&mut k, zero, ntiles, false);
+    cx.issue(&mut k, zero, ntiles, true);
+    k.for_range(0u32, ntiles, 1u32, |k, j| fwd_tile(k, &cx, j, ntiles));
+    let out_row = |k: &mut KernelBuilder, row: Reg<u32>| {
+        let r = k.add(cx.start, row);
+        k.mad_lo(r, cx.heads, cx.h)
+    };
+    epilogue(
+        &mut k, &cx.ln, &cx.sm, &cx.o, cx.rows, cx.len, out_row, op, lsep, s.d_v,
+    );
+    Ok(k.finish()?)
+}
+
+/// CTA setup: sequence bounds (exits past the end), shared tiles, the Q tile's copy (one
+/// commit group), per-lane rows, accumulators.
+fn prologue(
+    k: &mut KernelBuilder,
+    s: &FwdSpec,
+    [qp, kp, vp]: [GlobalPtr<u8>; 3],
+    cup: GlobalPtr<i32>,
+    heads: Reg<u32>,
+    c: Reg<f32>,
+) -> FwdCtx {
+    let (dqk, dv, bn) = (s.d_qk, s.d_v, s.bn());
     // (wgmma's 128-byte swizzle repeats every 1024 bytes: tiles start on that boundary)
     let smem = k.dynamic_shared::<u8>(if s.wgmma { 1024 } else { 128 });
     let tid = k.tid_x();
     let lane = k.and(tid, 31u32);
     let warp = k.shr(tid, 5u32);
-    let ln = Lanes::new(&mut k, lane);
+    let ln = Lanes::new(k, lane);
     let zero = k.mov(0u32);
     let preds = (k.ne(zero, 0u32), k.eq(zero, 0u32));
     let (bx, h, b) = (k.ctaid_x(), k.ctaid_y(), k.ctaid_z());
@@ -167,108 +262,90 @@ pub fn gen_fwd(t: &Target, s: &FwdSpec) -> Result<ptx::Module> {
     let len = k.sub(en, start);
     let done = k.ge(q0, len);
     k.when(done, |k| k.exit());
-
-    // tiles and global row addressing: row r of head h at ((start + r) * heads + h) * d * 2
     let base = smem.reg();
-    let tq = Tile {
-        base,
-        rows: BM,
-        d: dqk,
-    };
     let kb = k.add(base, tile_bytes(BM, dqk));
-    let tk = Tile {
-        base: kb,
-        rows: bn,
-        d: dqk,
-    };
     let vb = k.add(kb, tile_bytes(bn, dqk));
-    let tv = Tile {
-        base: vb,
-        rows: bn,
-        d: dv,
-    };
-    let row_ptr = |k: &mut KernelBuilder, p: GlobalPtr<u8>, row: Reg<u32>, d: u32| {
-        let r = k.add(start, row);
-        let rh = k.mad_lo(r, heads, h);
-        wide_off(k, p.reg(), rh, d * 2)
-    };
-    let sq = k.mul(heads, dqk * 2);
-    let sv = k.mul(heads, dv * 2);
-    let qsrc = row_ptr(&mut k, qp, q0, dqk);
-    let qvalid = k.sub(len, q0);
-    load_tile(&mut k, tid, nt, &tq, qsrc, sq, qvalid);
-    k.cp_async_commit_group();
-
-    // this lane's two query rows
     let wrow = k.mul(warp, 16u32);
     let r0 = k.add(q0, wrow);
     let r0 = k.add(r0, ln.g);
     let rows = [r0, k.add(r0, 8u32)];
-    let sm = Softmax {
-        m: [k.mov(f32::NEG_INFINITY), k.mov(f32::NEG_INFINITY)],
-        l: [k.mov(0f32), k.mov(0f32)],
-    };
-    let oacc = zero_acc(&mut k, (dv / 8) as usize);
-    let sacc = zero_acc(&mut k, (bn / 8) as usize);
-    // key tiles up to the CTA's last row (causal)
-    let qe = k.add(q0, BM);
-    let kend = k.min(qe, len);
-    let ntiles = k.add(kend, bn - 1);
-    let ntiles = k.div(ntiles, bn);
     let col_q = k.shl(ln.q, 1u32);
-    k.for_range(0u32, ntiles, 1u32, |k, j| {
-        let kv0 = k.mul(j, bn);
-        let kvalid = k.sub(len, kv0);
-        let ksrc = row_ptr(k, kp, kv0, dqk);
-        load_tile(k, tid, nt, &tk, ksrc, sq, kvalid);
-        k.cp_async_commit_group();
-        let vsrc = row_ptr(k, vp, kv0, dv);
-        load_tile(k, tid, nt, &tv, vsrc, sv, kvalid);
-        k.cp_async_commit_group();
-        k.cp_async_wait_group(1);
-        if s.wgmma {
-            k.fence_proxy_async(); // cp.async (generic proxy) writes -> wgmma (async proxy) reads
-        }
-        k.sync_threads();
-        if s.wgmma {
-            qk_wgmma(k, &tq, &tk, dqk, bn, &sacc, preds);
-        } else {
-            clear(k, &sacc);
-            qk_tile(k, &ln, &tq, Some(wrow), &tk, dqk, bn, &sacc);
-        }
-        // causal mask on tiles reaching the diagonal (covers keys past the end too)
-        let kv_end = k.add(kv0, bn);
-        let diag = k.gt(kv_end, q0);
-        k.if_(diag, |k| causal_mask(k, &sacc, kv0, col_q, rows));
-        online_softmax(k, &sm, &sacc, &oacc, c);
-        k.cp_async_wait_group(0);
-        if s.wgmma {
-            k.fence_proxy_async();
-        }
-        k.sync_threads();
-        if s.wgmma {
-            pv_wgmma(k, &sacc, &tv, bn, dv, &oacc, preds.1);
-        } else {
-            pv_tile(k, &ln, &sacc, &tv, bn, dv, &oacc);
-        }
-        k.sync_threads();
-    });
-    epilogue(
-        &mut k,
-        &ln,
-        &sm,
-        &oacc,
-        rows,
-        len,
-        |k, row| {
-            let r = k.add(start, row);
-            k.mad_lo(r, heads, h)
+    let cx = FwdCtx {
+        s: *s,
+        tid,
+        tq: Tile {
+            base,
+            rows: BM,
+            d: dqk,
         },
-        op,
-        lsep,
-        dv,
-    );
-    Ok(k.finish()?)
+        tk: Tile {
+            base: kb,
+            rows: bn,
+            d: dqk,
+        },
+        tv: Tile {
+            base: vb,
+            rows: bn,
+            d: dv,
+        },
+        kp,
+        vp,
+        start,
+        len,
+        h,
+        heads,
+        q0,
+        wrow,
+        rows,
+        col_q,
+        c,
+        preds,
+        sm: Softmax {
+            m: [k.mov(f32::NEG_INFINITY), k.mov(f32::NEG_INFINITY)],
+            l: [k.mov(0f32), k.mov(0f32)],
+        },
+        o: zero_acc(k, (dv / 8) as usize),
+        s_acc: zero_acc(k, (bn / 8) as usize),
+        ln,
+    };
+    let qsrc = cx.row_ptr(k, qp, q0, dqk);
+    let qvalid = k.sub(len, q0);
+    let sq = k.mul(heads, dqk * 2);
+    load_tile(k, tid, WARPS * 32, &cx.tq, qsrc, sq, qvalid);
+    k.cp_async_commit_group();
+    cx
+}
+
+/// One key tile `j`: S = Q K_j, then K_{j+1}'s copy starts (overlapping the softmax and PV),
+/// then O += P V_j, then V_{j+1}'s copy starts (overlapping the next S). Pending groups at
+/// entry: [K_j, V_j] (plus Q at j = 0).
+fn fwd_tile(k: &mut KernelBuilder, cx: &FwdCtx, j: Reg<u32>, ntiles: Reg<u32>) {
+    let (dqk, dv, bn) = (cx.s.d_qk, cx.s.d_v, cx.s.bn());
+    let (ln, sacc, oacc) = (&cx.ln, &cx.s_acc, &cx.o);
+    cx.arrive(k, 1); // K_j (and Q) landed
+    if cx.s.wgmma {
+        qk_wgmma(k, &cx.tq, &cx.tk, dqk, bn, sacc, cx.preds);
+    } else {
+        clear(k, sacc);
+        qk_tile(k, ln, &cx.tq, Some(cx.wrow), &cx.tk, dqk, bn, sacc);
+    }
+    k.sync_threads(); // every warp is done with K_j
+    let next = k.add(j, 1u32);
+    cx.issue(k, next, ntiles, false);
+    // causal mask on tiles reaching the diagonal (covers keys past the end too)
+    let kv0 = k.mul(j, bn);
+    let kv_end = k.add(kv0, bn);
+    let diag = k.gt(kv_end, cx.q0);
+    k.if_(diag, |k| causal_mask(k, sacc, kv0, cx.col_q, cx.rows));
+    online_softmax(k, &cx.sm, sacc, oacc, cx.c);
+    cx.arrive(k, 1); // V_j landed (K_{j+1} may still be in flight)
+    if cx.s.wgmma {
+        pv_wgmma(k, sacc, &cx.tv, bn, dv, oacc, cx.preds.1);
+    } else {
+        pv_tile(k, ln, sacc, &cx.tv, bn, dv, oacc);
+    }
+    k.sync_threads(); // every warp is done with V_j
+    cx.issue(k, next, ntiles, true);
 }
 
 /// `acc[n-tile] += A(rows) x B(keys)^T` over `d` for a 16-row warp slice of `ta` (rows at
