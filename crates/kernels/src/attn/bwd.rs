@@ -291,6 +291,45 @@ fn store_rows(
     }
 }
 
+/// (query, lse * log2 e, delta) of this lane's accumulator columns `q0 + 8n + 2q + e` of a
+/// transposed score tile; queries past the end get lse = +inf (P = 0).
+fn column_stats(
+    k: &mut KernelBuilder,
+    sq: &Seq,
+    p: &BwdParams,
+    q0: Reg<u32>,
+    col_q: Reg<u32>,
+) -> Vec<(Reg<u32>, Reg<f32>, Reg<f32>)> {
+    let mut stats = Vec::new();
+    for n in 0..BQ / 8 {
+        for e in 0..2u32 {
+            let qc = k.add(q0, col_q);
+            let qc = k.add(qc, 8 * n + e);
+            let (l2, d) = row_stats(k, sq, p, qc);
+            let past = k.ge(qc, sq.len);
+            let l2 = k.selp(f32::INFINITY, l2, past);
+            stats.push((qc, l2, d));
+        }
+    }
+    stats
+}
+
+/// Causal mask of a transposed (keys x queries) score tile: `-inf` where the query precedes the key.
+fn mask_transposed(
+    k: &mut KernelBuilder,
+    st: &[[Reg<f32>; 4]],
+    stats: &[(Reg<u32>, Reg<f32>, Reg<f32>)],
+    krows: [Reg<u32>; 2],
+) {
+    for (n, a) in st.iter().enumerate() {
+        for e in 0..4 {
+            let bad = k.lt(stats[2 * n + (e & 1)].0, krows[e >> 1]);
+            let v = k.selp(f32::NEG_INFINITY, a[e], bad);
+            k.mov_to(a[e], v);
+        }
+    }
+}
+
 /// Generates the dK/dV kernel.
 pub fn gen_dkdv(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     let name = s.dkdv_name();
@@ -319,30 +358,11 @@ pub fn gen_dkdv(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     let kv0 = k.mul(bx, BKV);
     let done = k.ge(kv0, sq.len);
     k.when(done, |k| k.exit());
-    let base = smem.reg();
-    let tk = Tile {
-        base,
-        rows: BKV,
-        d: dqk,
-    };
-    let b1 = k.add(base, tile_bytes(BKV, dqk));
-    let tv = Tile {
-        base: b1,
-        rows: BKV,
-        d: dv,
-    };
-    let b2 = k.add(b1, tile_bytes(BKV, dv));
-    let tq = Tile {
-        base: b2,
-        rows: BQ,
-        d: dqk,
-    };
-    let b3 = k.add(b2, tile_bytes(BQ, dqk));
-    let tdo = Tile {
-        base: b3,
-        rows: BQ,
-        d: dv,
-    };
+    let [tk, tv, tq, tdo] = tiles(
+        &mut k,
+        smem.reg(),
+        [(BKV, dqk), (BKV, dv), (BQ, dqk), (BQ, dv)],
+    );
     let sqs = k.mul(heads, dqk * 2);
     let svs = k.mul(heads, dv * 2);
     let kvalid = k.sub(sq.len, kv0);
@@ -373,31 +393,13 @@ pub fn gen_dkdv(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
         let src = sq.ptr(k, p.dout, q0, dv);
         load_tile(k, tid, nt, &tdo, src, svs, qvalid);
         k.cp_async_commit_group();
-        // per-column (query) statistics of this lane
-        let mut stats = Vec::new();
-        for n in 0..BQ / 8 {
-            for e in 0..2u32 {
-                let qc = k.add(q0, col_q);
-                let qc = k.add(qc, 8 * n + e);
-                let (l2, d) = row_stats(k, &sq, &p, qc);
-                // masked: query before the key, or past the end (P = 0 through lse = +inf)
-                let past = k.ge(qc, sq.len);
-                let l2 = k.selp(f32::INFINITY, l2, past);
-                stats.push((qc, l2, d));
-            }
-        }
+        let stats = column_stats(k, &sq, &p, q0, col_q);
         k.cp_async_wait_group(0);
         k.sync_threads();
         clear(k, &st);
         clear(k, &dpt);
         qk_tile(k, &ln, &tk, Some(wrow), &tq, dqk, BQ, &st);
-        for (n, a) in st.iter().enumerate() {
-            for e in 0..4 {
-                let bad = k.lt(stats[2 * n + (e & 1)].0, krows[e >> 1]);
-                let v = k.selp(f32::NEG_INFINITY, a[e], bad);
-                k.mov_to(a[e], v);
-            }
-        }
+        mask_transposed(k, &st, &stats, krows);
         qk_tile(k, &ln, &tv, Some(wrow), &tdo, dv, BQ, &dpt);
         let get = |n: usize, e: usize| {
             let s = stats[2 * n + (e & 1)];
@@ -450,30 +452,11 @@ pub fn gen_dq(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     let q0 = k.mul(bx, BM_DQ);
     let done = k.ge(q0, sq.len);
     k.when(done, |k| k.exit());
-    let base = smem.reg();
-    let tq = Tile {
-        base,
-        rows: BM_DQ,
-        d: dqk,
-    };
-    let b1 = k.add(base, tile_bytes(BM_DQ, dqk));
-    let tdo = Tile {
-        base: b1,
-        rows: BM_DQ,
-        d: dv,
-    };
-    let b2 = k.add(b1, tile_bytes(BM_DQ, dv));
-    let tk = Tile {
-        base: b2,
-        rows: BN_DQ,
-        d: dqk,
-    };
-    let b3 = k.add(b2, tile_bytes(BN_DQ, dqk));
-    let tv = Tile {
-        base: b3,
-        rows: BN_DQ,
-        d: dv,
-    };
+    let [tq, tdo, tk, tv] = tiles(
+        &mut k,
+        smem.reg(),
+        [(BM_DQ, dqk), (BM_DQ, dv), (BN_DQ, dqk), (BN_DQ, dv)],
+    );
     let sqs = k.mul(heads, dqk * 2);
     let svs = k.mul(heads, dv * 2);
     let qvalid = k.sub(sq.len, q0);

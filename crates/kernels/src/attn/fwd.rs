@@ -262,9 +262,7 @@ fn prologue(
     let len = k.sub(en, start);
     let done = k.ge(q0, len);
     k.when(done, |k| k.exit());
-    let base = smem.reg();
-    let kb = k.add(base, tile_bytes(BM, dqk));
-    let vb = k.add(kb, tile_bytes(bn, dqk));
+    let [tq, tk, tv] = tiles(k, smem.reg(), [(BM, dqk), (bn, dqk), (bn, dv)]);
     let wrow = k.mul(warp, 16u32);
     let r0 = k.add(q0, wrow);
     let r0 = k.add(r0, ln.g);
@@ -273,21 +271,9 @@ fn prologue(
     let cx = FwdCtx {
         s: *s,
         tid,
-        tq: Tile {
-            base,
-            rows: BM,
-            d: dqk,
-        },
-        tk: Tile {
-            base: kb,
-            rows: bn,
-            d: dqk,
-        },
-        tv: Tile {
-            base: vb,
-            rows: bn,
-            d: dv,
-        },
+        tq,
+        tk,
+        tv,
         kp,
         vp,
         start,

@@ -49,6 +49,21 @@ pub(crate) struct Tile {
     pub d: u32,
 }
 
+/// Consecutive panel tiles of `(rows, d)` from `base` (each a multiple of 1024 bytes, so a
+/// 1024-aligned base keeps every tile 1024-aligned).
+pub(crate) fn tiles<const N: usize>(
+    k: &mut KernelBuilder,
+    base: Reg<u32>,
+    dims: [(u32, u32); N],
+) -> [Tile; N] {
+    let mut off = 0;
+    dims.map(|(rows, d)| {
+        let b = if off == 0 { base } else { k.add(base, off) };
+        off += tile_bytes(rows, d);
+        Tile { base: b, rows, d }
+    })
+}
+
 /// Per-lane constants of the fragment loaders.
 pub(crate) struct Lanes {
     /// g = lane / 4 (accumulator row), q = lane % 4 (accumulator column pair)
