@@ -253,6 +253,8 @@ fn bad_training_inputs_are_rejected_before_launch() {
         ),
         "`q` holds",
     );
+    let many = dev.upload(&vec![0i32; 70_000]).unwrap();
+    expect_shape_err(run(sh, &many), "at most 65535");
     // nothing was launched: O is still poisoned
     assert!(o.to_vec().unwrap().iter().all(|x| x.is_nan()));
 }

@@ -547,7 +547,7 @@ pub fn mla_attn_bwd_observed(
     };
     let name = spec.dkdv_name();
     sh.validate(&name)?;
-    let cu = check_cu_seqlens(&name, a.cu_seqlens, sh.max_seqlen)?;
+    let cu = check_cu_seqlens(&name, a.cu_seqlens, sh.max_seqlen, sh.heads)?;
     let total = *cu.last().unwrap_or(&0) as usize;
     let batch = cu.len() - 1;
     let (rq, rv, rows) = (

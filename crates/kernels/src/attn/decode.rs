@@ -744,6 +744,12 @@ pub fn mla_decode_observed(
     need(&name, "o", a.o, batch * rows * sh.d_v)?;
     need(&name, "lse", a.lse, batch * rows)?;
     let splits = choose_splits(sh, batch, stream.sm_count());
+    if batch > 65535 || (batch * splits * rows).saturating_mul(sh.d_v) >= 1 << 32 {
+        return shape_err(
+            &name,
+            format!("batch {batch} x {splits} splits x {rows} rows is too large for one launch"),
+        );
+    }
     let (wo, wl) = workspace_len(sh, batch, splits);
     need(&name, "o_part", a.o_part, wo)?;
     need(&name, "lse_part", a.lse_part, wl)?;

@@ -556,7 +556,7 @@ pub fn mla_attn_fwd_with(stream: &Stream, sh: &AttnShape, a: FwdArgs, wgmma: boo
     };
     let name = spec.name();
     sh.validate(&name)?;
-    let cu = check_cu_seqlens(&name, a.cu_seqlens, sh.max_seqlen)?;
+    let cu = check_cu_seqlens(&name, a.cu_seqlens, sh.max_seqlen, sh.heads)?;
     let total = *cu.last().unwrap_or(&0) as usize;
     let batch = cu.len() - 1;
     need(&name, "q", a.q, total * sh.heads * sh.d_qk)?;

@@ -386,11 +386,12 @@ pub(crate) fn need<T: Pod>(kernel: &str, what: &str, b: &Buffer<T>, len: usize) 
 
 /// Validates cumulative sequence offsets (downloaded from the device: a few bytes per
 /// sequence) and returns them: `cu[0] = 0`, non-decreasing, every length <= `max_seqlen` <=
-/// [`MAX_SEQLEN`].
+/// [`MAX_SEQLEN`], at most 65535 sequences (grid z), total * heads < 2^31 (row indices).
 pub(crate) fn check_cu_seqlens(
     kernel: &str,
     cu: &Buffer<i32>,
     max_seqlen: usize,
+    heads: usize,
 ) -> Result<Vec<i32>> {
     if max_seqlen > MAX_SEQLEN {
         return shape_err(
@@ -405,6 +406,12 @@ pub(crate) fn check_cu_seqlens(
             "cu_seqlens must hold batch+1 >= 2 offsets starting at 0",
         );
     }
+    if v.len() - 1 > 65535 {
+        return shape_err(
+            kernel,
+            format!("{} sequences: at most 65535 per launch", v.len() - 1),
+        );
+    }
     for (i, w) in v.windows(2).enumerate() {
         let len = w[1] as i64 - w[0] as i64;
         if len < 0 || len as usize > max_seqlen {
@@ -413,6 +420,13 @@ pub(crate) fn check_cu_seqlens(
                 format!("sequence {i} has length {len}: must be in [0, max_seqlen = {max_seqlen}]"),
             );
         }
+    }
+    let total = *v.last().unwrap_or(&0) as usize;
+    if total.saturating_mul(heads) >= 1 << 31 {
+        return shape_err(
+            kernel,
+            format!("total tokens {total} x heads {heads} exceeds 2^31 rows"),
+        );
     }
     Ok(v)
 }
