@@ -48,13 +48,13 @@ fn assert_close(what: &str, got: &[bf16], want: &[f64], tol: f64) {
     );
 }
 
-/// Lengths around the tile sizes (1, 31, 32, 33, 63, 64, 65, 130) and head dims that are not
+/// Lengths around the tile sizes (1, 31, 32, 33, 63, 64, 65, 130, and an empty sequence) and head dims that are not
 /// powers of two (80/48: partial panels and odd fragment counts), forward (both variants) and
 /// backward.
 #[test]
 fn odd_lengths_and_head_dims_forward_backward() {
     let st = emu();
-    let lens = vec![1, 31, 32, 33, 63, 64, 65, 130];
+    let lens = vec![1, 31, 32, 0, 33, 63, 64, 65, 130];
     for (dqk, dv) in [(80, 48), (176, 176)] {
         let mut rg = rng(11 + dqk as u64);
         let tp = TrainProblem::with_lens(&mut rg, lens.clone(), dqk, dv);
