@@ -430,3 +430,48 @@ fn every_attention_launch_is_free_of_bank_conflicts() {
     st.synchronize().unwrap();
     assert_eq!(seen.len(), 1 + 3 + 4, "{seen:?}");
 }
+
+/// Every training kernel over a grid of head-dim pairs (d_qk, d_v in {32, 64, 112, 144, 176,
+/// 208, 256}) x every target assembles with ptxas without spills (490 kernels, ~2 minutes on
+/// 2 cores: run with `--ignored`; the registered pairs are checked by tests/ptxas.rs).
+#[test]
+#[ignore]
+fn head_dim_sweep_assembles_without_spills() {
+    use kernels::attn::{bwd, fwd};
+    if ptx::ptxas::find_ptxas().is_none() {
+        eprintln!("ptxas not found: skipping");
+        return;
+    }
+    let ds = [32u32, 64, 112, 144, 176, 208, 256];
+    let mut failures = Vec::new();
+    for &dqk in &ds {
+        for &dv in &ds {
+            for arch in ["sm_80", "sm_89", "sm_90a"] {
+                let t = builder::Target::new(arch);
+                let bs = bwd::BwdSpec { d_qk: dqk, d_v: dv };
+                let mut specs = vec![fwd::FwdSpec::mma(dqk, dv)];
+                if arch == "sm_90a" {
+                    specs.push(fwd::FwdSpec {
+                        wgmma: true,
+                        ..specs[0]
+                    });
+                }
+                let mut mods: Vec<(String, ptx::Module)> = specs
+                    .iter()
+                    .map(|s| (s.name(), fwd::gen_fwd(&t, s).unwrap()))
+                    .collect();
+                mods.push((bs.dkdv_name(), bwd::gen_dkdv(&t, &bs).unwrap()));
+                mods.push((bs.dq_name(), bwd::gen_dq(&t, &bs).unwrap()));
+                for (name, m) in mods {
+                    let rep =
+                        ptx::ptxas::assemble(&ptx::print(&m), arch, &Default::default()).unwrap();
+                    let k = rep.kernel(&name).cloned().unwrap_or_default();
+                    if k.spill_stores_bytes + k.spill_loads_bytes + k.stack_frame_bytes > 0 {
+                        failures.push(format!("{name} {arch}: {k:?}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -3,7 +3,7 @@
 //!
 //! 1. `mla_attn_bwd_pre`: `delta[row] = sum_c dO[row, c] * O[row, c]` (one warp per (token, head)).
 //! 2. `mla_attn_bwd_dkdv_*`: a CTA per (64-key tile, head, sequence) keeps K and V in shared
-//!    memory and loops over the 32-row query tiles at or after the diagonal: S^T = K Q^T,
+//!    memory and loops over the 32-row (16 when d_qk + d_v > 256) query tiles at or after the diagonal: S^T = K Q^T,
 //!    P^T = 2^(S^T c - lse), dP^T = V dO^T, dS^T = P^T (dP^T - delta); dV += P^T dO and
 //!    dK += dS^T Q accumulate in registers (warp = 16 keys; with `d_qk + d_v` > 320 the
 //!    accumulator columns are split over 2 warps per key group, S^T and dP^T recomputed by both).
@@ -18,9 +18,8 @@ use crate::host::{check_target, function};
 use half::bf16;
 use runtime::{args, LaunchConfig, Stream};
 
-/// Keys per dK/dV CTA (4 key groups of 16) and queries per tile of its loop.
+/// Keys per dK/dV CTA (4 key groups of 16).
 pub const BKV: u32 = 64;
-pub const BQ: u32 = 32;
 /// Query rows per dQ CTA (4 warps x 16) and keys per tile of its loop.
 pub const BM_DQ: u32 = 64;
 pub const BN_DQ: u32 = 32;
@@ -47,12 +46,23 @@ impl BwdSpec {
             1
         }
     }
+    /// Queries per tile of the dK/dV loop: 16 when d_qk + d_v > 256 (the transposed score,
+    /// dP and per-column statistics registers shrink by half next to the large dK/dV
+    /// accumulators; ptxas spills some pairs at 32), else 32.
+    pub fn bq(&self) -> u32 {
+        if self.d_qk + self.d_v > 256 {
+            16
+        } else {
+            32
+        }
+    }
     pub fn dkdv_threads(&self) -> u32 {
         4 * self.splits() * 32
     }
     pub fn dkdv_shared(&self) -> u32 {
         let (q, v) = (self.d_qk, self.d_v);
-        tile_bytes(BKV, q) + tile_bytes(BKV, v) + tile_bytes(BQ, q) + tile_bytes(BQ, v)
+        let bq = self.bq();
+        tile_bytes(BKV, q) + tile_bytes(BKV, v) + tile_bytes(bq, q) + tile_bytes(bq, v)
     }
     pub fn dq_shared(&self) -> u32 {
         let (q, v) = (self.d_qk, self.d_v);
@@ -299,9 +309,10 @@ fn column_stats(
     p: &BwdParams,
     q0: Reg<u32>,
     col_q: Reg<u32>,
+    bq: u32,
 ) -> Vec<(Reg<u32>, Reg<f32>, Reg<f32>)> {
     let mut stats = Vec::new();
-    for n in 0..BQ / 8 {
+    for n in 0..bq / 8 {
         for e in 0..2u32 {
             let qc = k.add(q0, col_q);
             let qc = k.add(qc, 8 * n + e);
@@ -336,10 +347,11 @@ pub fn gen_dkdv(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     check_target(&name, t, TARGETS)?;
     check_head_dim(&name, "d_qk", s.d_qk as usize)?;
     check_head_dim(&name, "d_v", s.d_v as usize)?;
-    let (dqk, dv, sp) = (s.d_qk, s.d_v, s.splits());
+    let (dqk, dv, sp, bq) = (s.d_qk, s.d_v, s.splits(), s.bq());
     let nt = s.dkdv_threads();
     let mut k = KernelBuilder::new(&name, t.clone());
     k.reqntid(&[nt]);
+    k.maxnreg(255); // (without it ptxas trades registers for small spills on some head dims)
     let p = declare_common(&mut k);
     let dkp = k.param_ptr_aligned::<u8>("dk", 4);
     let dvp = k.param_ptr_aligned::<u8>("dv", 4);
@@ -361,7 +373,7 @@ pub fn gen_dkdv(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     let [tk, tv, tq, tdo] = tiles(
         &mut k,
         smem.reg(),
-        [(BKV, dqk), (BKV, dv), (BQ, dqk), (BQ, dv)],
+        [(BKV, dqk), (BKV, dv), (bq, dqk), (bq, dv)],
     );
     let sqs = k.mul(heads, dqk * 2);
     let svs = k.mul(heads, dv * 2);
@@ -379,28 +391,28 @@ pub fn gen_dkdv(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     let (nk, nv) = (dqk / 8 / sp, dv / 8 / sp);
     let dk = zero_acc(&mut k, nk as usize);
     let dva = zero_acc(&mut k, nv as usize);
-    let st = zero_acc(&mut k, (BQ / 8) as usize);
-    let dpt = zero_acc(&mut k, (BQ / 8) as usize);
+    let st = zero_acc(&mut k, (bq / 8) as usize);
+    let dpt = zero_acc(&mut k, (bq / 8) as usize);
     let col_q = k.shl(ln.q, 1u32);
-    let it0 = k.div(kv0, BQ);
-    let iend = k.add(sq.len, BQ - 1);
-    let iend = k.div(iend, BQ);
+    let it0 = k.div(kv0, bq);
+    let iend = k.add(sq.len, bq - 1);
+    let iend = k.div(iend, bq);
     k.for_range(it0, iend, 1u32, |k, it| {
-        let q0 = k.mul(it, BQ);
+        let q0 = k.mul(it, bq);
         let qvalid = k.sub(sq.len, q0);
         let src = sq.ptr(k, p.q, q0, dqk);
         load_tile(k, tid, nt, &tq, src, sqs, qvalid);
         let src = sq.ptr(k, p.dout, q0, dv);
         load_tile(k, tid, nt, &tdo, src, svs, qvalid);
         k.cp_async_commit_group();
-        let stats = column_stats(k, &sq, &p, q0, col_q);
+        let stats = column_stats(k, &sq, &p, q0, col_q, bq);
         k.cp_async_wait_group(0);
         k.sync_threads();
         clear(k, &st);
         clear(k, &dpt);
-        qk_tile(k, &ln, &tk, Some(wrow), &tq, dqk, BQ, &st);
+        qk_tile(k, &ln, &tk, Some(wrow), &tq, dqk, bq, &st);
         mask_transposed(k, &st, &stats, krows);
-        qk_tile(k, &ln, &tv, Some(wrow), &tdo, dv, BQ, &dpt);
+        qk_tile(k, &ln, &tv, Some(wrow), &tdo, dv, bq, &dpt);
         let get = |n: usize, e: usize| {
             let s = stats[2 * n + (e & 1)];
             (s.1, s.2)
@@ -437,6 +449,7 @@ pub fn gen_dq(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     let nt = 128;
     let mut k = KernelBuilder::new(&name, t.clone());
     k.reqntid(&[nt]);
+    k.maxnreg(255); // (without it ptxas trades registers for small spills on some head dims)
     let p = declare_common(&mut k);
     let dqp = k.param_ptr_aligned::<u8>("dq", 4);
     let heads = k.param::<u32>("heads");

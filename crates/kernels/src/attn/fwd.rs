@@ -204,6 +204,7 @@ pub fn gen_fwd(t: &Target, s: &FwdSpec) -> Result<ptx::Module> {
     check_head_dim(&name, "d_v", s.d_v as usize)?;
     let mut k = KernelBuilder::new(&name, t.clone());
     k.reqntid(&[WARPS * 32]);
+    k.maxnreg(255); // (without it ptxas trades registers for small spills on some head dims)
     let qp = k.param_ptr_aligned::<u8>("q", 16);
     let kp = k.param_ptr_aligned::<u8>("k", 16);
     let vp = k.param_ptr_aligned::<u8>("v", 16);

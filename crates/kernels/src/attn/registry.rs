@@ -92,7 +92,8 @@ pub fn registry_entries() -> Vec<KernelInfo> {
         v.push(KernelInfo {
             name: s.dkdv_name(),
             summary: format!(
-                "MLA attention backward dK/dV (d_qk {dqk}, d_v {dv}): 64 keys per CTA, 32-query tiles from the diagonal, P from the LSE, {} warp(s) per 16 keys",
+                "MLA attention backward dK/dV (d_qk {dqk}, d_v {dv}): 64 keys per CTA, {}-query tiles from the diagonal, P from the LSE, {} warp(s) per 16 keys",
+                s.bq(),
                 s.splits()
             ),
             params: params(BwdSpec::dkdv_params()),
