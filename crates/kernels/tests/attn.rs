@@ -475,3 +475,42 @@ fn head_dim_sweep_assembles_without_spills() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Every decoding configuration over d_v in {64, 128, 192, 256, 384, 512} x d_rope in {0, 16,
+/// 64, 128} x {16, 64} rows per CTA x its targets assembles without spills (the 64-row variant
+/// takes d_rope multiples of 64 only, and is refused otherwise): 112 kernels, ~10 s.
+#[test]
+fn decode_dim_sweep_assembles_without_spills() {
+    if ptx::ptxas::find_ptxas().is_none() {
+        eprintln!("ptxas not found: skipping");
+        return;
+    }
+    let mut failures = Vec::new();
+    for d_v in [64u32, 128, 192, 256, 384, 512] {
+        for d_rope in [0u32, 16, 64, 128] {
+            for row_groups in [1u32, 4] {
+                let s = DecodeSpec {
+                    d_v,
+                    d_rope,
+                    row_groups,
+                };
+                for arch in s.targets() {
+                    let m = match decode::gen_decode(&builder::Target::new(arch), &s) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            assert!(row_groups == 4 && d_rope % 64 != 0, "{e}");
+                            continue;
+                        }
+                    };
+                    let rep =
+                        ptx::ptxas::assemble(&ptx::print(&m), arch, &Default::default()).unwrap();
+                    let k = rep.kernel(&s.name()).cloned().unwrap_or_default();
+                    if k.spill_stores_bytes + k.spill_loads_bytes + k.stack_frame_bytes > 0 {
+                        failures.push(format!("{} {arch}: {k:?}", s.name()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -198,10 +198,16 @@ pub fn gen_decode(t: &Target, s: &DecodeSpec) -> Result<ptx::Module> {
     {
         return shape_err(&name, "d_v must be a multiple of 64 <= 512, d_rope a multiple of 16 <= 128, row_groups 1 or 4");
     }
+    if s.row_groups == 4 && s.d_rope % 64 != 0 {
+        // (at the 128-register cap of 512 threads, partial 64-column panels spill on sm_90a)
+        return shape_err(&name, "the 64-row variant needs d_rope a multiple of 64");
+    }
     let (dk, dv, nrows) = (s.d_k(), s.d_v, s.rows());
     let nt = s.threads();
     let mut k = KernelBuilder::new(&name, t.clone());
     k.reqntid(&[nt]);
+    // the whole register file for one CTA (ptxas otherwise aims at 2 CTAs per SM and spills)
+    k.maxnreg((65536 / nt).min(255));
     let p = declare(&mut k);
     let smem = k.dynamic_shared::<u8>(128);
     let tid = k.tid_x();
@@ -677,15 +683,15 @@ fn check_table(name: &str, sh: &DecodeShape, lens: &[i32], table: &[i32]) -> Res
     Ok(())
 }
 
-/// The kernel configuration for a device: 64 query rows per CTA when there are that many and
-/// the device has the shared memory, else 16.
+/// The kernel configuration for a device: 64 query rows per CTA when there are that many, the
+/// RoPE width is a multiple of 64 and the device has the shared memory, else 16.
 pub fn choose_spec(sh: &DecodeShape, max_shared: u32) -> DecodeSpec {
     let big = DecodeSpec {
         d_v: sh.d_v as u32,
         d_rope: sh.d_rope as u32,
         row_groups: 4,
     };
-    if sh.s_q * sh.heads >= 64 && big.shared_bytes() <= max_shared {
+    if sh.s_q * sh.heads >= 64 && sh.d_rope % 64 == 0 && big.shared_bytes() <= max_shared {
         big
     } else {
         DecodeSpec {
@@ -724,6 +730,16 @@ pub fn mla_decode_observed(
 ) -> Result<()> {
     let name = spec.name();
     validate(&name, sh)?;
+    let max_shared = stream.device().props().max_shared_per_block;
+    if spec.shared_bytes() > max_shared {
+        return shape_err(
+            &name,
+            format!(
+                "needs {} bytes of shared memory, the device has {max_shared}",
+                spec.shared_bytes()
+            ),
+        );
+    }
     if spec.d_v as usize != sh.d_v || spec.d_rope as usize != sh.d_rope {
         return shape_err(&name, "kernel configuration does not match the shape");
     }
