@@ -153,16 +153,22 @@ pub(crate) fn frag_addr(
         let a = k.add(a, xs[((c0 % 8) / 2) as usize]);
         k.add(a, off)
     } else {
+        // the pair straddles chunks c0, c0 + 1, possibly two panels: per-lane panel arithmetic
         let c = k.add(cl, c0);
-        let panel = k.shr(c, 3u32);
-        let c7 = k.and(c, 7u32);
-        let x = k.xor(c7, ln.l7);
-        let x = k.shl(x, 4u32);
-        let p = k.mul(panel, t.rows * ROW_BYTES);
-        let a = k.add(a, x);
-        let a = k.add(a, p);
+        let off = chunk_off(k, ln, t, c);
+        let a = k.add(a, off);
         k.add(a, row0 * ROW_BYTES)
     }
+}
+
+/// Byte offset of this lane's chunk `c` (a full chunk index along `d`) in a panel tile row:
+/// its panel's base plus the swizzled position (rows are multiples of 8 plus `l7`).
+fn chunk_off(k: &mut KernelBuilder, ln: &Lanes, t: &Tile, c: Reg<u32>) -> Reg<u32> {
+    let panel = k.shr(c, 3u32);
+    let c7 = k.and(c, 7u32);
+    let x = k.xor(c7, ln.l7);
+    let x = k.shl(x, 4u32);
+    k.mad_lo(panel, t.rows * ROW_BYTES, x)
 }
 
 /// A-style lane address (rows `row0 + l7 + 8*l8`, chunk `c0 + l16`) with a runtime first chunk.
@@ -174,14 +180,9 @@ pub(crate) fn frag_addr_rt(
     c0: Reg<u32>,
 ) -> Reg<u32> {
     let c = k.add(c0, ln.l16);
-    let panel = k.shr(c, 3u32);
-    let c7 = k.and(c, 7u32);
-    let x = k.xor(c7, ln.l7);
-    let x = k.shl(x, 4u32);
-    let p = k.mul(panel, t.rows * ROW_BYTES);
+    let off = chunk_off(k, ln, t, c);
     let a = k.add(t.base, ln.ra);
-    let a = k.add(a, x);
-    let a = k.add(a, p);
+    let a = k.add(a, off);
     k.add(a, row0 * ROW_BYTES)
 }
 
