@@ -78,6 +78,35 @@ fn odd_lengths_and_head_dims_forward_backward() {
     }
 }
 
+/// MLA's decoupled RoPE key passed once for all heads (`k_rope` `[total, r]`, K without it):
+/// forward (both variants) and backward against the reference with the key broadcast to every
+/// head; 192 = 128 + 64 (V3) and 80 = 32 + 48 (the two sources share a 64-column panel).
+#[test]
+fn shared_rope_key_matches_the_broadcast_reference() {
+    let st = emu();
+    for (dqk, dv, rope) in [(192, 128, 64), (80, 48, 48)] {
+        let mut rg = rng(21 + dqk as u64);
+        let tp = TrainProblem::with_lens(&mut rg, vec![37, 70, 1], dqk, dv).with_shared_rope(rope);
+        let want = tp.p.forward(&tp.q.1, &tp.k.1, &tp.v.1);
+        for wgmma in [false, true] {
+            let out = ar::run_fwd(&st, &tp, wgmma).unwrap();
+            assert_close(
+                &format!("O {dqk}/{dv} kr{rope} wgmma {wgmma}"),
+                &out.o,
+                &want.o,
+                1e-2,
+            );
+            assert_eq!(ar::lse_mismatches(&out.lse, &want.lse), 0);
+        }
+        let dout = ar::random_bf16(&mut rg, tp.total * tp.sh.heads * dv, 1.0);
+        let b = ar::run_bwd(&st, &tp, &dout.0).unwrap();
+        let wb = tp.p.backward(&tp.q.1, &tp.k.1, &tp.v.1, &dout.1);
+        assert_close(&format!("dQ kr{rope}"), &b.dq, &wb.dq, 2e-2);
+        assert_close(&format!("dK kr{rope}"), &b.dk, &wb.dk, 2e-2);
+        assert_close(&format!("dV kr{rope}"), &b.dv, &wb.dv, 2e-2);
+    }
+}
+
 /// The kernel gradients against central finite differences of the f64 forward's loss
 /// L = sum(dO * O) (independent of the reference backward's formulas), at random elements.
 #[test]
@@ -182,6 +211,7 @@ fn bad_training_inputs_are_rejected_before_launch() {
         d_v: 64,
         scale: 0.125,
         max_seqlen: 7,
+        k_rope: 0,
     };
     let mut run = |sh: AttnShape, cu: &runtime::Buffer<i32>| {
         fwd::mla_attn_fwd(
@@ -190,6 +220,7 @@ fn bad_training_inputs_are_rejected_before_launch() {
             FwdArgs {
                 q: &q,
                 k: &q,
+                k_rope: None,
                 v: &q,
                 cu_seqlens: cu,
                 o: &mut o,
@@ -360,6 +391,7 @@ fn every_attention_launch_is_free_of_bank_conflicts() {
         FwdArgs {
             q: &q,
             k: &k,
+            k_rope: None,
             v: &v,
             cu_seqlens: &cu,
             o: &mut o,
@@ -378,6 +410,7 @@ fn every_attention_launch_is_free_of_bank_conflicts() {
     let args = kernels::attn::bwd::BwdArgs {
         q: &q,
         k: &k,
+        k_rope: None,
         v: &v,
         o: &o,
         lse: &lse,
@@ -448,7 +481,7 @@ fn head_dim_sweep_assembles_without_spills() {
         for &dv in &ds {
             for arch in ["sm_80", "sm_89", "sm_90a"] {
                 let t = builder::Target::new(arch);
-                let bs = bwd::BwdSpec { d_qk: dqk, d_v: dv };
+                let bs = bwd::BwdSpec::new(dqk, dv);
                 let mut specs = vec![fwd::FwdSpec::mma(dqk, dv)];
                 if arch == "sm_90a" {
                     specs.push(fwd::FwdSpec {

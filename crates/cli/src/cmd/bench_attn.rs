@@ -186,12 +186,14 @@ fn train(a: &AttnArgs, dev: &Device, st: &Stream, emu: bool) -> Result<Vec<Row>>
         d_v: a.d_v,
         scale: 1.0 / (a.d_qk as f32).sqrt(),
         max_seqlen: s,
+        k_rope: 0,
     };
     // (the host API runs the wgmma variant on sm_90a devices)
     let fwd_name = kernels::attn::fwd::FwdSpec {
         d_qk: a.d_qk as u32,
         d_v: a.d_v as u32,
         wgmma: kernels::host::target_for(dev).arch == "sm_90a",
+        k_rope: 0,
     }
     .name();
     let fl = kernels::attn::registry::causal_flops(&vec![s; b], h, a.d_qk, a.d_v);
@@ -202,6 +204,7 @@ fn train(a: &AttnArgs, dev: &Device, st: &Stream, emu: bool) -> Result<Vec<Row>>
             FwdArgs {
                 q: &q,
                 k: &k,
+                k_rope: None,
                 v: &v,
                 cu_seqlens: &cu,
                 o: &mut o,
@@ -216,6 +219,7 @@ fn train(a: &AttnArgs, dev: &Device, st: &Stream, emu: bool) -> Result<Vec<Row>>
         let args = BwdArgs {
             q: &q,
             k: &k,
+            k_rope: None,
             v: &v,
             o: &o,
             lse: &lse,

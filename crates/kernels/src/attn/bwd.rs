@@ -29,14 +29,26 @@ pub const BN_DQ: u32 = 32;
 pub struct BwdSpec {
     pub d_qk: u32,
     pub d_v: u32,
+    /// shared RoPE key width (see [`super::fwd::FwdSpec::k_rope`]); 0 = K concatenated
+    pub k_rope: u32,
 }
 
 impl BwdSpec {
+    /// The kernels of a head-dim pair with K concatenated per head.
+    pub fn new(d_qk: u32, d_v: u32) -> BwdSpec {
+        BwdSpec {
+            d_qk,
+            d_v,
+            k_rope: 0,
+        }
+    }
     pub fn dkdv_name(&self) -> String {
-        format!("mla_attn_bwd_dkdv_qk{}_v{}", self.d_qk, self.d_v)
+        let r = rope_tag(self.k_rope);
+        format!("mla_attn_bwd_dkdv_qk{}_v{}{r}", self.d_qk, self.d_v)
     }
     pub fn dq_name(&self) -> String {
-        format!("mla_attn_bwd_dq_qk{}_v{}", self.d_qk, self.d_v)
+        let r = rope_tag(self.k_rope);
+        format!("mla_attn_bwd_dq_qk{}_v{}{r}", self.d_qk, self.d_v)
     }
     /// Column splits of the dK/dV accumulators (keeps them within the register file).
     pub fn splits(&self) -> u32 {
@@ -72,6 +84,7 @@ impl BwdSpec {
         &[
             ("q", "bf16*"),
             ("k", "bf16*"),
+            ("k_rope", "bf16* (k_rope > 0)"),
             ("v", "bf16*"),
             ("dout", "bf16*"),
             ("lse", "f32*"),
@@ -88,6 +101,7 @@ impl BwdSpec {
         &[
             ("q", "bf16*"),
             ("k", "bf16*"),
+            ("k_rope", "bf16* (k_rope > 0)"),
             ("v", "bf16*"),
             ("dout", "bf16*"),
             ("lse", "f32*"),
@@ -194,7 +208,7 @@ impl Seq {
 /// Parameters shared by the dK/dV and dQ kernels.
 struct BwdParams {
     q: GlobalPtr<u8>,
-    k: GlobalPtr<u8>,
+    k: KSrc,
     v: GlobalPtr<u8>,
     dout: GlobalPtr<u8>,
     lse: GlobalPtr<f32>,
@@ -202,10 +216,14 @@ struct BwdParams {
     cu: GlobalPtr<i32>,
 }
 
-fn declare_common(k: &mut KernelBuilder) -> BwdParams {
+fn declare_common(k: &mut KernelBuilder, rope: u32) -> BwdParams {
     BwdParams {
         q: k.param_ptr_aligned::<u8>("q", 16),
-        k: k.param_ptr_aligned::<u8>("k", 16),
+        k: KSrc {
+            k: k.param_ptr_aligned::<u8>("k", 16),
+            k_rope: k.param_ptr_aligned::<u8>("k_rope", 16),
+            rope,
+        },
         v: k.param_ptr_aligned::<u8>("v", 16),
         dout: k.param_ptr_aligned::<u8>("dout", 16),
         lse: k.param_ptr_aligned::<f32>("lse", 4),
@@ -347,12 +365,13 @@ pub fn gen_dkdv(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     check_target(&name, t, TARGETS)?;
     check_head_dim(&name, "d_qk", s.d_qk as usize)?;
     check_head_dim(&name, "d_v", s.d_v as usize)?;
+    check_k_rope(&name, s.d_qk as usize, s.k_rope as usize)?;
     let (dqk, dv, sp, bq) = (s.d_qk, s.d_v, s.splits(), s.bq());
     let nt = s.dkdv_threads();
     let mut k = KernelBuilder::new(&name, t.clone());
     k.reqntid(&[nt]);
     k.maxnreg(255); // (without it ptxas trades registers for small spills on some head dims)
-    let p = declare_common(&mut k);
+    let p = declare_common(&mut k, s.k_rope);
     let dkp = k.param_ptr_aligned::<u8>("dk", 4);
     let dvp = k.param_ptr_aligned::<u8>("dv", 4);
     let heads = k.param::<u32>("heads");
@@ -378,8 +397,8 @@ pub fn gen_dkdv(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     let sqs = k.mul(heads, dqk * 2);
     let svs = k.mul(heads, dv * 2);
     let kvalid = k.sub(sq.len, kv0);
-    let src = sq.ptr(&mut k, p.k, kv0, dqk);
-    load_tile(&mut k, tid, nt, &tk, src, sqs, kvalid);
+    let tok0 = k.add(sq.start, kv0);
+    load_k(&mut k, tid, nt, &tk, &p.k, (tok0, heads, sq.h), kvalid);
     let src = sq.ptr(&mut k, p.v, kv0, dv);
     load_tile(&mut k, tid, nt, &tv, src, svs, kvalid);
     k.cp_async_commit_group();
@@ -445,12 +464,13 @@ pub fn gen_dq(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     check_target(&name, t, TARGETS)?;
     check_head_dim(&name, "d_qk", s.d_qk as usize)?;
     check_head_dim(&name, "d_v", s.d_v as usize)?;
+    check_k_rope(&name, s.d_qk as usize, s.k_rope as usize)?;
     let (dqk, dv) = (s.d_qk, s.d_v);
     let nt = 128;
     let mut k = KernelBuilder::new(&name, t.clone());
     k.reqntid(&[nt]);
     k.maxnreg(255); // (without it ptxas trades registers for small spills on some head dims)
-    let p = declare_common(&mut k);
+    let p = declare_common(&mut k, s.k_rope);
     let dqp = k.param_ptr_aligned::<u8>("dq", 4);
     let heads = k.param::<u32>("heads");
     let c = k.param::<f32>("scale_log2");
@@ -497,8 +517,8 @@ pub fn gen_dq(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     k.for_range(0u32, ntiles, 1u32, |k, j| {
         let kv0 = k.mul(j, BN_DQ);
         let kvalid = k.sub(sq.len, kv0);
-        let src = sq.ptr(k, p.k, kv0, dqk);
-        load_tile(k, tid, nt, &tk, src, sqs, kvalid);
+        let tok0 = k.add(sq.start, kv0);
+        load_k(k, tid, nt, &tk, &p.k, (tok0, heads, sq.h), kvalid);
         let src = sq.ptr(k, p.v, kv0, dv);
         load_tile(k, tid, nt, &tv, src, svs, kvalid);
         k.cp_async_commit_group();
@@ -527,6 +547,10 @@ pub fn gen_dq(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
 pub struct BwdArgs<'a> {
     pub q: &'a Buffer<bf16>,
     pub k: &'a Buffer<bf16>,
+    /// the shared RoPE key (with `AttnShape::k_rope > 0`); dK stays per head
+    /// `[total, heads, d_qk]`: the shared key's gradient is the sum over heads of its last
+    /// `k_rope` columns
+    pub k_rope: Option<&'a Buffer<bf16>>,
     pub v: &'a Buffer<bf16>,
     /// forward output and its log-sum-exp
     pub o: &'a Buffer<bf16>,
@@ -557,6 +581,7 @@ pub fn mla_attn_bwd_observed(
     let spec = BwdSpec {
         d_qk: sh.d_qk as u32,
         d_v: sh.d_v as u32,
+        k_rope: sh.k_rope as u32,
     };
     let name = spec.dkdv_name();
     sh.validate(&name)?;
@@ -570,13 +595,13 @@ pub fn mla_attn_bwd_observed(
     );
     for (w, b, l) in [
         ("q", a.q, rq),
-        ("k", a.k, rq),
         ("v", a.v, rv),
         ("o", a.o, rv),
         ("dout", a.dout, rv),
     ] {
         need(&name, w, b, l)?;
     }
+    check_k_buffers(&name, a.k, a.k_rope, (total, sh.heads, sh.d_qk, sh.k_rope))?;
     need(&name, "lse", a.lse, rows)?;
     need(&name, "delta", a.delta, rows)?;
     need(&name, "dq", a.dq, rq)?;
@@ -604,6 +629,7 @@ pub fn mla_attn_bwd_observed(
         &args![
             a.q,
             a.k,
+            a.k_rope.unwrap_or(a.k),
             a.v,
             a.dout,
             a.lse,
@@ -630,6 +656,7 @@ pub fn mla_attn_bwd_observed(
         &args![
             a.q,
             a.k,
+            a.k_rope.unwrap_or(a.k),
             a.v,
             a.dout,
             a.lse,

@@ -30,6 +30,9 @@ pub struct FwdSpec {
     /// sm_90a variant: S = Q K^T and O += P V with `wgmma` (one warpgroup per CTA; Q, K, V
     /// shared-memory descriptors over the same 128B-swizzled panels, P from registers)
     pub wgmma: bool,
+    /// width of a RoPE key shared by all heads (`k_rope` `[total, k_rope]`, K then holds the
+    /// other `d_qk - k_rope` columns per head); 0 = K concatenated per head
+    pub k_rope: u32,
 }
 
 impl FwdSpec {
@@ -39,11 +42,13 @@ impl FwdSpec {
             d_qk,
             d_v,
             wgmma: false,
+            k_rope: 0,
         }
     }
     pub fn name(&self) -> String {
         let w = if self.wgmma { "_wgmma" } else { "" };
-        format!("mla_attn_fwd{w}_qk{}_v{}", self.d_qk, self.d_v)
+        let r = rope_tag(self.k_rope);
+        format!("mla_attn_fwd{w}_qk{}_v{}{r}", self.d_qk, self.d_v)
     }
     pub fn targets(&self) -> &'static [&'static str] {
         if self.wgmma {
@@ -69,6 +74,7 @@ impl FwdSpec {
         &[
             ("q", "bf16*"),
             ("k", "bf16*"),
+            ("k_rope", "bf16* (k_rope > 0)"),
             ("v", "bf16*"),
             ("o", "bf16*"),
             ("lse", "f32*"),
@@ -98,6 +104,9 @@ pub struct AttnShape {
     pub scale: f32,
     /// longest sequence of the batch (bounds the grid)
     pub max_seqlen: usize,
+    /// width of MLA's decoupled RoPE key when it is passed once for all heads (`k_rope`
+    /// `[total, k_rope]`, K `[total, heads, d_qk - k_rope]`); 0 = K concatenated per head
+    pub k_rope: usize,
 }
 
 impl AttnShape {
@@ -119,6 +128,8 @@ impl AttnShape {
 pub struct FwdArgs<'a> {
     pub q: &'a Buffer<bf16>,
     pub k: &'a Buffer<bf16>,
+    /// the shared RoPE key (with `AttnShape::k_rope > 0`)
+    pub k_rope: Option<&'a Buffer<bf16>>,
     pub v: &'a Buffer<bf16>,
     pub cu_seqlens: &'a Buffer<i32>,
     pub o: &'a mut Buffer<bf16>,
@@ -139,7 +150,7 @@ struct FwdCtx {
     tq: Tile,
     tk: Tile,
     tv: Tile,
-    kp: GlobalPtr<u8>,
+    ks: KSrc,
     vp: GlobalPtr<u8>,
     /// sequence start (token), length, head, heads
     start: Reg<u32>,
@@ -170,18 +181,20 @@ impl FwdCtx {
     /// Issues the `cp.async` copy of key tile `j` of K (`v = false`) or V into its buffer and
     /// commits a group (an empty one when `j` is past the last tile, to keep group counts uniform).
     fn issue(&self, k: &mut KernelBuilder, j: Reg<u32>, ntiles: Reg<u32>, v: bool) {
-        let (p, t) = if v {
-            (self.vp, &self.tv)
-        } else {
-            (self.kp, &self.tk)
-        };
         let live = k.lt(j, ntiles);
         k.if_(live, |k| {
             let kv0 = k.mul(j, self.s.bn());
             let valid = k.sub(self.len, kv0);
-            let src = self.row_ptr(k, p, kv0, t.d);
-            let stride = k.mul(self.heads, t.d * 2);
-            load_tile(k, self.tid, WARPS * 32, t, src, stride, valid);
+            if v {
+                let t = &self.tv;
+                let src = self.row_ptr(k, self.vp, kv0, t.d);
+                let stride = k.mul(self.heads, t.d * 2);
+                load_tile(k, self.tid, WARPS * 32, t, src, stride, valid);
+            } else {
+                let tok0 = k.add(self.start, kv0);
+                let at = (tok0, self.heads, self.h);
+                load_k(k, self.tid, WARPS * 32, &self.tk, &self.ks, at, valid);
+            }
         });
         k.cp_async_commit_group();
     }
@@ -202,18 +215,25 @@ pub fn gen_fwd(t: &Target, s: &FwdSpec) -> Result<ptx::Module> {
     check_target(&name, t, s.targets())?;
     check_head_dim(&name, "d_qk", s.d_qk as usize)?;
     check_head_dim(&name, "d_v", s.d_v as usize)?;
+    check_k_rope(&name, s.d_qk as usize, s.k_rope as usize)?;
     let mut k = KernelBuilder::new(&name, t.clone());
     k.reqntid(&[WARPS * 32]);
     k.maxnreg(255); // (without it ptxas trades registers for small spills on some head dims)
     let qp = k.param_ptr_aligned::<u8>("q", 16);
     let kp = k.param_ptr_aligned::<u8>("k", 16);
+    let krp = k.param_ptr_aligned::<u8>("k_rope", 16);
     let vp = k.param_ptr_aligned::<u8>("v", 16);
     let op = k.param_ptr_aligned::<u8>("o", 4);
     let lsep = k.param_ptr_aligned::<f32>("lse", 4);
     let cup = k.param_ptr_aligned::<i32>("cu_seqlens", 4);
     let heads = k.param::<u32>("heads");
     let c = k.param::<f32>("scale_log2");
-    let cx = prologue(&mut k, s, [qp, kp, vp], cup, heads, c);
+    let ks = KSrc {
+        k: kp,
+        k_rope: krp,
+        rope: s.k_rope,
+    };
+    let cx = prologue(&mut k, s, (qp, ks, vp), cup, heads, c);
     // key tiles up to the CTA's last row (causal); K/V of tile 0 are in flight
     let bn = s.bn();
     let qe = k.add(cx.q0, BM);
@@ -239,7 +259,7 @@ pub fn gen_fwd(t: &Target, s: &FwdSpec) -> Result<ptx::Module> {
 fn prologue(
     k: &mut KernelBuilder,
     s: &FwdSpec,
-    [qp, kp, vp]: [GlobalPtr<u8>; 3],
+    (qp, ks, vp): (GlobalPtr<u8>, KSrc, GlobalPtr<u8>),
     cup: GlobalPtr<i32>,
     heads: Reg<u32>,
     c: Reg<f32>,
@@ -275,7 +295,7 @@ fn prologue(
         tq,
         tk,
         tv,
-        kp,
+        ks,
         vp,
         start,
         len,
@@ -554,6 +574,7 @@ pub fn mla_attn_fwd_with(stream: &Stream, sh: &AttnShape, a: FwdArgs, wgmma: boo
         d_qk: sh.d_qk as u32,
         d_v: sh.d_v as u32,
         wgmma,
+        k_rope: sh.k_rope as u32,
     };
     let name = spec.name();
     sh.validate(&name)?;
@@ -561,7 +582,8 @@ pub fn mla_attn_fwd_with(stream: &Stream, sh: &AttnShape, a: FwdArgs, wgmma: boo
     let total = *cu.last().unwrap_or(&0) as usize;
     let batch = cu.len() - 1;
     need(&name, "q", a.q, total * sh.heads * sh.d_qk)?;
-    need(&name, "k", a.k, total * sh.heads * sh.d_qk)?;
+    let kdims = (total, sh.heads, sh.d_qk, sh.k_rope);
+    check_k_buffers(&name, a.k, a.k_rope, kdims)?;
     need(&name, "v", a.v, total * sh.heads * sh.d_v)?;
     need(&name, "o", a.o, total * sh.heads * sh.d_v)?;
     need(&name, "lse", a.lse, total * sh.heads)?;
@@ -582,6 +604,7 @@ pub fn mla_attn_fwd_with(stream: &Stream, sh: &AttnShape, a: FwdArgs, wgmma: boo
         &args![
             a.q,
             a.k,
+            a.k_rope.unwrap_or(a.k),
             a.v,
             &*a.o,
             &*a.lse,

@@ -254,32 +254,62 @@ pub(crate) fn load_tile(
     stride: Reg<u32>,
     valid: Reg<u32>,
 ) {
-    let cpr = t.d / 8;
-    let panels = t.d.div_ceil(64);
-    let total = t.rows * panels * 8;
-    let last = k.sub(valid, 1u32);
+    let rows = RowSrc { src, stride, valid };
+    load_tile_cols(k, tid, nthreads, t, rows, 0..t.d / 8);
+}
+
+/// Global rows feeding a tile: row r at `src + r * stride` for r < `valid` (zeros after).
+#[derive(Clone, Copy)]
+pub(crate) struct RowSrc {
+    pub src: Reg<u64>,
+    pub stride: Reg<u32>,
+    pub valid: Reg<u32>,
+}
+
+/// [`load_tile`] of the 16-byte chunks `cols` of each row only, chunk c read from
+/// `src + (c - cols.start) * 16` (a tile filled from two tensors, e.g. K = [k_nope | k_rope]).
+pub(crate) fn load_tile_cols(
+    k: &mut KernelBuilder,
+    tid: Reg<u32>,
+    nthreads: u32,
+    t: &Tile,
+    rs: RowSrc,
+    cols: std::ops::Range<u32>,
+) {
+    let (p0, p1) = (cols.start / 8, cols.end.div_ceil(8));
+    let np = p1 - p0;
+    let total = t.rows * np * 8;
+    let last = k.sub(rs.valid, 1u32);
     let pc = k.and(tid, 7u32);
     let pc16 = k.shl(pc, 4u32);
+    let partial = cols.start % 8 != 0 || cols.end % 8 != 0;
     let mut it = 0;
     while it * nthreads < total {
         let idx = k.add(tid, it * nthreads);
         let rp = k.shr(idx, 3u32);
-        let (row, panel) = if panels == 1 {
+        let (row, panel) = if np == 1 {
             (rp, None)
         } else {
-            (k.div(rp, panels), Some(k.rem(rp, panels)))
+            (k.div(rp, np), Some(k.rem(rp, np)))
+        };
+        let panel = match panel {
+            Some(p) if p0 > 0 => Some(k.add(p, p0)),
+            Some(p) => Some(p),
+            None if p0 > 0 => Some(k.mov(p0)),
+            None => None,
         };
         let r7 = k.and(row, 7u32);
         let mut c = k.xor(pc, r7);
         if let Some(p) = panel {
             c = k.mad_lo(p, 8u32, c);
         }
-        let ok = k.lt(row, valid);
+        let ok = k.lt(row, rs.valid);
         let rc = k.min(row, last);
-        let off = k.mul_wide(rc, stride);
-        let c16 = k.shl(c, 4u32);
+        let off = k.mul_wide(rc, rs.stride);
+        let cs = k.sub(c, cols.start);
+        let c16 = k.shl(cs, 4u32);
         let c64: Reg<u64> = k.cvt(c16);
-        let s = k.add(src, off);
+        let s = k.add(rs.src, off);
         let s = k.add(s, c64);
         let rb = k.shl(row, 7u32);
         let mut d = k.add(rb, pc16);
@@ -299,8 +329,10 @@ pub(crate) fn load_tile(
         if (it + 1) * nthreads > total {
             live = Some(k.lt(idx, total));
         }
-        if cpr % 8 != 0 {
-            let inside = k.lt(c, cpr);
+        if partial {
+            let lo = k.ge(c, cols.start);
+            let hi = k.lt(c, cols.end);
+            let inside = k.and(lo, hi);
             live = Some(match live {
                 Some(l) => k.and(l, inside),
                 None => inside,
@@ -312,6 +344,79 @@ pub(crate) fn load_tile(
         }
         it += 1;
     }
+}
+
+/// Where K comes from: `[total, heads, d_qk]` (`rope == 0`), or `[total, heads, d_qk - rope]`
+/// plus one RoPE key `[total, rope]` shared by all heads (MLA's decoupled key, not broadcast).
+#[derive(Clone, Copy)]
+pub(crate) struct KSrc {
+    pub k: GlobalPtr<u8>,
+    pub k_rope: GlobalPtr<u8>,
+    pub rope: u32,
+}
+
+/// Copies K rows of tokens `tok0..` (`valid` of them, zeros after) of head `h` into tile `t`.
+pub(crate) fn load_k(
+    k: &mut KernelBuilder,
+    tid: Reg<u32>,
+    nthreads: u32,
+    t: &Tile,
+    ks: &KSrc,
+    (tok0, heads, h): (Reg<u32>, Reg<u32>, Reg<u32>),
+    valid: Reg<u32>,
+) {
+    let d_nope = t.d - ks.rope;
+    let rh = k.mad_lo(tok0, heads, h);
+    let src = wide_off(k, ks.k.reg(), rh, d_nope * 2);
+    let stride = k.mul(heads, d_nope * 2);
+    let rows = RowSrc { src, stride, valid };
+    load_tile_cols(k, tid, nthreads, t, rows, 0..d_nope / 8);
+    if ks.rope > 0 {
+        let src = wide_off(k, ks.k_rope.reg(), tok0, ks.rope * 2);
+        let stride = k.mov(ks.rope * 2);
+        let rows = RowSrc { src, stride, valid };
+        load_tile_cols(k, tid, nthreads, t, rows, d_nope / 8..t.d / 8);
+    }
+}
+
+/// Name suffix of a shared-RoPE-key kernel.
+pub(crate) fn rope_tag(rope: u32) -> String {
+    if rope == 0 {
+        String::new()
+    } else {
+        format!("_kr{rope}")
+    }
+}
+
+/// `k` / `k_rope` buffer checks of a training call: element counts for `total` tokens, and
+/// `k_rope` present exactly when `sh_rope > 0`.
+pub(crate) fn check_k_buffers(
+    kernel: &str,
+    k: &Buffer<half::bf16>,
+    k_rope: Option<&Buffer<half::bf16>>,
+    (total, heads, d_qk, rope): (usize, usize, usize, usize),
+) -> Result<()> {
+    check_k_rope(kernel, d_qk, rope)?;
+    need(kernel, "k", k, total * heads * (d_qk - rope))?;
+    match (rope, k_rope) {
+        (0, None) => Ok(()),
+        (0, Some(_)) => shape_err(kernel, "`k_rope` given but the shape's k_rope is 0"),
+        (_, None) => shape_err(kernel, "the shape's k_rope > 0 needs the `k_rope` buffer"),
+        (r, Some(b)) => need(kernel, "k_rope", b, total * r),
+    }
+}
+
+/// Checks a shared-RoPE-key width against d_qk (0 = K concatenated per head).
+pub(crate) fn check_k_rope(kernel: &str, d_qk: usize, rope: usize) -> Result<()> {
+    if rope % 16 != 0 || (rope > 0 && rope + 16 > d_qk) {
+        return shape_err(
+            kernel,
+            format!(
+                "k_rope = {rope}: a multiple of 16 leaving d_qk - k_rope >= 16 (d_qk = {d_qk})"
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// Max (`max = true`) or sum over the 4 lanes of a quad (the lanes sharing an accumulator row).

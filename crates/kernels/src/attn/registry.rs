@@ -37,12 +37,16 @@ fn params(v: &[(&'static str, &'static str)]) -> Vec<ParamInfo> {
 /// The registered attention kernels.
 pub fn registry_entries() -> Vec<KernelInfo> {
     let mut v = Vec::new();
-    let fwd_cases = [
-        (32u32, 32u32, vec![Shape::grouped(77, 32, 32, 3)]),
-        (192, 128, vec![Shape::grouped(70, 128, 192, 2)]),
-        (256, 256, vec![Shape::grouped(40, 256, 256, 2)]),
+    // (d_qk, d_v, shared RoPE key width, shapes): V3's 192/128 both with K concatenated and
+    // with its 64-wide RoPE key passed once for all heads
+    let cases = [
+        (32u32, 32u32, 0u32, vec![Shape::grouped(77, 32, 32, 3)]),
+        (192, 128, 0, vec![Shape::grouped(70, 128, 192, 2)]),
+        (192, 128, 64, vec![Shape::grouped(45, 128, 192, 2)]),
+        (256, 256, 0, vec![Shape::grouped(40, 256, 256, 2)]),
     ];
-    for (wgmma, (dqk, dv, shapes)) in fwd_cases
+    let fwd_cases = &cases;
+    for (wgmma, (dqk, dv, rope, shapes)) in fwd_cases
         .iter()
         .map(|c| (false, c.clone()))
         .chain(fwd_cases.iter().map(|c| (true, c.clone())))
@@ -51,6 +55,7 @@ pub fn registry_entries() -> Vec<KernelInfo> {
             d_qk: dqk,
             d_v: dv,
             wgmma,
+            k_rope: rope,
         };
         let how = if wgmma {
             "sm_90a wgmma m64 (Q/K/V by 128B-swizzle descriptors, P from registers)"
@@ -60,7 +65,8 @@ pub fn registry_entries() -> Vec<KernelInfo> {
         v.push(KernelInfo {
             name: s.name(),
             summary: format!(
-                "MLA attention training forward, causal varlen FlashAttention-2, {how} (d_qk {dqk}, d_v {dv}; 64 q rows x {} keys per tile), O bf16 + LSE f32",
+                "MLA attention training forward, causal varlen FlashAttention-2, {how} (d_qk {dqk}, d_v {dv}{}; 64 q rows x {} keys per tile), O bf16 + LSE f32",
+                rope_note(rope),
                 s.bn()
             ),
             params: params(FwdSpec::params()),
@@ -83,16 +89,17 @@ pub fn registry_entries() -> Vec<KernelInfo> {
         test_shapes: vec![Shape::grouped(50, 128, 192, 2)],
         kind: Kind::Attn(AttnKind::BwdPre),
     });
-    for (dqk, dv, shapes) in [
-        (32u32, 32u32, vec![Shape::grouped(77, 32, 32, 3)]),
-        (192, 128, vec![Shape::grouped(70, 128, 192, 2)]),
-        (256, 256, vec![Shape::grouped(40, 256, 256, 2)]),
-    ] {
-        let s = BwdSpec { d_qk: dqk, d_v: dv };
+    for (dqk, dv, rope, shapes) in cases {
+        let s = BwdSpec {
+            d_qk: dqk,
+            d_v: dv,
+            k_rope: rope,
+        };
         v.push(KernelInfo {
             name: s.dkdv_name(),
             summary: format!(
-                "MLA attention backward dK/dV (d_qk {dqk}, d_v {dv}): 64 keys per CTA, {}-query tiles from the diagonal, P from the LSE, {} warp(s) per 16 keys",
+                "MLA attention backward dK/dV (d_qk {dqk}, d_v {dv}{}): 64 keys per CTA, {}-query tiles from the diagonal, P from the LSE, {} warp(s) per 16 keys",
+                rope_note(rope),
                 s.bq(),
                 s.splits()
             ),
@@ -111,7 +118,8 @@ pub fn registry_entries() -> Vec<KernelInfo> {
         v.push(KernelInfo {
             name: s.dq_name(),
             summary: format!(
-                "MLA attention backward dQ (d_qk {dqk}, d_v {dv}): 64 queries per CTA, 32-key tiles up to the diagonal (deterministic, no atomics)"
+                "MLA attention backward dQ (d_qk {dqk}, d_v {dv}{}): 64 queries per CTA, 32-key tiles up to the diagonal (deterministic, no atomics)",
+                rope_note(rope)
             ),
             params: params(BwdSpec::dq_params()),
             launch: format!(
@@ -163,6 +171,14 @@ pub fn registry_entries() -> Vec<KernelInfo> {
         kind: Kind::Attn(AttnKind::Combine),
     });
     v
+}
+
+fn rope_note(rope: u32) -> String {
+    if rope == 0 {
+        String::new()
+    } else {
+        format!(", RoPE key [total, {rope}] shared by the heads")
+    }
 }
 
 /// Generates the kernel of `a` for `t`.
@@ -265,7 +281,10 @@ pub struct TrainProblem {
     pub lens: Vec<usize>,
     pub total: usize,
     pub q: (Vec<bf16>, Vec<f64>),
+    /// device K (`[total, heads, d_qk - k_rope]`) and the reference's per-head K
     pub k: (Vec<bf16>, Vec<f64>),
+    /// the shared RoPE key `[total, k_rope]` (with `sh.k_rope > 0`)
+    pub k_rope: Option<Vec<bf16>>,
     pub v: (Vec<bf16>, Vec<f64>),
 }
 
@@ -289,6 +308,7 @@ impl TrainProblem {
             d_v,
             scale,
             max_seqlen: lens.iter().copied().max().unwrap_or(0),
+            k_rope: 0,
         };
         // |q|, |k| up to 2 so the softmax is far from uniform
         let q = random_bf16(rg, total * heads * d_qk, 2.0);
@@ -308,8 +328,36 @@ impl TrainProblem {
             total,
             q,
             k,
+            k_rope: None,
             v,
         }
+    }
+    /// The same problem with MLA's RoPE key shared by the heads: head 0's last `rope` key
+    /// columns become `k_rope` `[total, rope]`, the device K keeps the other columns per head,
+    /// and the reference K broadcasts the shared part to every head (`rope` 0: unchanged).
+    pub fn with_shared_rope(mut self, rope: usize) -> TrainProblem {
+        if rope == 0 {
+            return self;
+        }
+        let (h, d) = (self.sh.heads, self.sh.d_qk);
+        let nope = d - rope;
+        let shared: Vec<bf16> = (0..self.total)
+            .flat_map(|t| self.k.0[t * h * d + nope..][..rope].to_vec())
+            .collect();
+        let mut dev = Vec::with_capacity(self.total * h * nope);
+        let mut reference = Vec::with_capacity(self.total * h * d);
+        for t in 0..self.total {
+            for hh in 0..h {
+                let row = &self.k.0[(t * h + hh) * d..][..d];
+                dev.extend_from_slice(&row[..nope]);
+                reference.extend(row[..nope].iter().map(|x| x.to_f64()));
+                reference.extend(shared[t * rope..][..rope].iter().map(|x| x.to_f64()));
+            }
+        }
+        self.k = (dev, reference);
+        self.k_rope = Some(shared);
+        self.sh.k_rope = rope;
+        self
     }
     pub fn cu_i32(&self) -> Vec<i32> {
         self.p.cu.iter().map(|&x| x as i32).collect()
@@ -331,6 +379,10 @@ pub fn run_fwd(stream: &Stream, tp: &TrainProblem, wgmma: bool) -> Result<FwdOut
         dev.upload(&tp.k.0)?,
         dev.upload(&tp.v.0)?,
     );
+    let kr = match &tp.k_rope {
+        Some(x) => Some(dev.upload(x)?),
+        None => None,
+    };
     let cu = dev.upload(&tp.cu_i32())?;
     let mut o = poisoned(&dev, tp.total * tp.sh.heads * tp.sh.d_v, nan_bf16())?;
     let mut lse = poisoned(&dev, tp.total * tp.sh.heads, f32::NAN)?;
@@ -341,6 +393,7 @@ pub fn run_fwd(stream: &Stream, tp: &TrainProblem, wgmma: bool) -> Result<FwdOut
         FwdArgs {
             q: &q,
             k: &k,
+            k_rope: kr.as_ref(),
             v: &v,
             cu_seqlens: &cu,
             o: &mut o,
@@ -366,7 +419,7 @@ fn check_fwd(
     s: &Shape,
     seed: u64,
 ) -> Result<CheckReport> {
-    let tp = TrainProblem::random(s, seed);
+    let tp = TrainProblem::random(s, seed).with_shared_rope(f.k_rope as usize);
     let out = run_fwd(stream, &tp, f.wgmma)?;
     let want = tp.p.forward(&tp.q.1, &tp.k.1, &tp.v.1);
     let (rel, nans) = compare(&bf16_f64(&out.o), &want.o);
@@ -427,6 +480,10 @@ pub fn run_bwd(stream: &Stream, tp: &TrainProblem, dout: &[bf16]) -> Result<BwdO
         dev.upload(&tp.k.0)?,
         dev.upload(&tp.v.0)?,
     );
+    let kr = match &tp.k_rope {
+        Some(x) => Some(dev.upload(x)?),
+        None => None,
+    };
     let cu = dev.upload(&tp.cu_i32())?;
     let rows = tp.total * tp.sh.heads;
     let (nq, nv) = (rows * tp.sh.d_qk, rows * tp.sh.d_v);
@@ -438,6 +495,7 @@ pub fn run_bwd(stream: &Stream, tp: &TrainProblem, dout: &[bf16]) -> Result<BwdO
         FwdArgs {
             q: &q,
             k: &k,
+            k_rope: kr.as_ref(),
             v: &v,
             cu_seqlens: &cu,
             o: &mut o,
@@ -457,6 +515,7 @@ pub fn run_bwd(stream: &Stream, tp: &TrainProblem, dout: &[bf16]) -> Result<BwdO
         BwdArgs {
             q: &q,
             k: &k,
+            k_rope: kr.as_ref(),
             v: &v,
             o: &o,
             lse: &lse,
@@ -490,7 +549,11 @@ fn check_bwd(
     s: &Shape,
     seed: u64,
 ) -> Result<CheckReport> {
-    let tp = TrainProblem::random(s, seed);
+    let rope = match a {
+        AttnKind::BwdDkdv(b) | AttnKind::BwdDq(b) => b.k_rope as usize,
+        _ => 0,
+    };
+    let tp = TrainProblem::random(s, seed).with_shared_rope(rope);
     let mut rg = r::rng(seed ^ 0x5eed);
     let dout = random_bf16(&mut rg, tp.total * tp.sh.heads * tp.sh.d_v, 1.0);
     let out = run_bwd(stream, &tp, &dout.0)?;
