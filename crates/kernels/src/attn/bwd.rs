@@ -3,14 +3,16 @@
 //!
 //! 1. `mla_attn_bwd_pre`: `delta[row] = sum_c dO[row, c] * O[row, c]` (one warp per (token, head)).
 //! 2. `mla_attn_bwd_dkdv_*`: a CTA per (64-key tile, head, sequence) keeps K and V in shared
-//!    memory and loops over the 32-row (16 when d_qk + d_v > 256) query tiles at or after the diagonal: S^T = K Q^T,
+//!    memory and loops over the 32-row (16 when d_qk + d_v > 256) query tiles at or after the
+//!    diagonal: S^T = K Q^T,
 //!    P^T = 2^(S^T c - lse), dP^T = V dO^T, dS^T = P^T (dP^T - delta); dV += P^T dO and
 //!    dK += dS^T Q accumulate in registers (warp = 16 keys; with `d_qk + d_v` > 320 the
 //!    accumulator columns are split over 2 warps per key group, S^T and dP^T recomputed by both).
 //! 3. `mla_attn_bwd_dq_*`: a CTA per 64-row query tile keeps Q and dO in shared memory and loops
 //!    over 32-key tiles up to the diagonal: dQ += dS K in registers.
 //!
-//! Layouts as the forward; `delta` is an f32 `[total, heads]` workspace.
+//! Layouts as the forward (the shared RoPE key too; dK stays per head); `delta` is an f32
+//! `[total, heads]` workspace.
 
 use super::fwd::{qk_tile, AttnShape};
 use super::*;

@@ -3,12 +3,15 @@
 //!
 //! Layouts (row = token of the packed batch): Q, K `[total, heads, d_qk]`, V `[total, heads,
 //! d_v]`, O `[total, heads, d_v]` (bf16), LSE `[total, heads]` (f32, natural log of
-//! `sum_j exp(scale * q.k_j)`).
+//! `sum_j exp(scale * q.k_j)`). With a shared RoPE key (`k_rope` = r > 0), K is
+//! `[total, heads, d_qk - r]` and the last r columns of every head's key come from
+//! `k_rope` `[total, r]`.
 //!
 //! Tiling: a CTA of 4 warps owns 64 query rows of one (sequence, head), 16 per warp; Q stays in
 //! shared memory (fragments re-read with `ldmatrix`, so `d_qk` = 256 fits the registers), K/V
-//! tiles of `BN` keys (64, or 32 when `d_v` > 128) stream through shared memory with `cp.async`
-//! (V's copy overlaps S = Q K^T). Scores live only in registers: the online softmax (base 2,
+//! tiles of `BN` keys (64, or 32 when `d_v` > 128) stream through single shared buffers with
+//! `cp.async`, the next tile's K copy overlapping this tile's softmax and PV and its V copy
+//! overlapping the next S = Q K^T. Scores live only in registers: the online softmax (base 2,
 //! `ex2.approx`) rescales the O accumulators, and P is re-packed from the S accumulators into
 //! A fragments for O += P V. The causal mask is applied only on tiles that reach the diagonal.
 
