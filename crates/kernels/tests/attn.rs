@@ -176,14 +176,16 @@ fn decode_single_token_many_splits() {
     };
     let dp = DecodeProblem::random(&mut rg, sh1, 150, 2);
     let (wo, _) = dp.reference();
-    for rgs in [1, 4] {
+    for (rgs, stages) in [(1, 1), (4, 1), (1, 2), (4, 2)] {
         let spec = DecodeSpec {
             d_v: 64,
             d_rope: 64,
             row_groups: rgs,
+            stages,
         };
         let (o, _, _) = dp.run(&st, &spec).unwrap();
-        assert_close(&format!("decode O, {} rows/CTA", 16 * rgs), &o, &wo, 1e-2);
+        let what = format!("decode O, {} rows/CTA, {stages} stage(s)", 16 * rgs);
+        assert_close(&what, &o, &wo, 1e-2);
     }
 }
 
@@ -442,11 +444,12 @@ fn every_attention_launch_is_free_of_bank_conflicts() {
         dev.alloc::<bf16>(2 * 64 * 128).unwrap(),
         dev.alloc::<f32>(128).unwrap(),
     );
-    for rgs in [1, 4] {
+    for (rgs, stages) in [(1, 1), (4, 2)] {
         let spec = DecodeSpec {
             d_v: 128,
             d_rope: 64,
             row_groups: rgs,
+            stages,
         };
         let args = DecodeArgs {
             q: &dq_,
@@ -521,11 +524,12 @@ fn decode_dim_sweep_assembles_without_spills() {
     let mut failures = Vec::new();
     for d_v in [64u32, 128, 192, 256, 384, 512] {
         for d_rope in [0u32, 16, 64, 128] {
-            for row_groups in [1u32, 4] {
+            for (row_groups, stages) in [(1u32, 1u32), (4, 1), (1, 2), (4, 2)] {
                 let s = DecodeSpec {
                     d_v,
                     d_rope,
                     row_groups,
+                    stages,
                 };
                 for arch in s.targets() {
                     let m = match decode::gen_decode(&builder::Target::new(arch), &s) {

@@ -35,6 +35,9 @@ pub struct DecodeSpec {
     pub d_rope: u32,
     /// 16-row groups per CTA (1 or 4)
     pub row_groups: u32,
+    /// cache blocks in flight per CTA: 1, or 2 (the next block's copy overlaps this block's
+    /// math; needs sm_90's shared memory for d_k = 576)
+    pub stages: u32,
 }
 
 impl DecodeSpec {
@@ -42,8 +45,9 @@ impl DecodeSpec {
         self.d_v + self.d_rope
     }
     pub fn name(&self) -> String {
+        let st = if self.stages == 2 { "_s2" } else { "" };
         format!(
-            "mla_decode_v{}_r{}_m{}",
+            "mla_decode_v{}_r{}_m{}{st}",
             self.d_v,
             self.d_rope,
             16 * self.row_groups
@@ -58,16 +62,18 @@ impl DecodeSpec {
     pub fn shared_bytes(&self) -> u32 {
         let rows = self.rows();
         tile_bytes(rows, self.d_k())
-            + tile_bytes(BLOCK, self.d_k())
+            + self.stages * tile_bytes(BLOCK, self.d_k())
             + tile_bytes(rows, 64)
             + rows * 4 * 4
     }
-    /// sm_89 has 99 KiB of shared memory per block: the 64-row tile needs sm_80 / sm_90.
+    /// The targets whose per-block shared memory holds the CTA's tiles (sm_89 99 KiB, sm_80
+    /// 163 KiB, sm_90 227 KiB; none past that).
     pub fn targets(&self) -> &'static [&'static str] {
-        if self.shared_bytes() > 99 * 1024 {
-            &["sm_80", "sm_90a"]
-        } else {
-            TARGETS
+        match self.shared_bytes() {
+            b if b <= 99 * 1024 => TARGETS,
+            b if b <= 163 * 1024 => &["sm_80", "sm_90a"],
+            b if b <= 227 * 1024 => &["sm_90a"],
+            _ => &[],
         }
     }
     pub fn params() -> &'static [(&'static str, &'static str)] {
@@ -195,6 +201,7 @@ pub fn gen_decode(t: &Target, s: &DecodeSpec) -> Result<ptx::Module> {
         || s.d_rope % 16 != 0
         || s.d_rope as usize > DROPE_MAX
         || !matches!(s.row_groups, 1 | 4)
+        || !matches!(s.stages, 1 | 2)
     {
         return shape_err(&name, "d_v must be a multiple of 64 <= 512, d_rope a multiple of 16 <= 128, row_groups 1 or 4");
     }
@@ -219,7 +226,7 @@ pub fn gen_decode(t: &Target, s: &DecodeSpec) -> Result<ptx::Module> {
     let (split, rt, b) = (k.ctaid_x(), k.ctaid_y(), k.ctaid_z());
     let base = smem.reg();
     let b1 = k.add(base, tile_bytes(nrows, dk));
-    let b2 = k.add(b1, tile_bytes(BLOCK, dk));
+    let b2 = k.add(b1, s.stages * tile_bytes(BLOCK, dk));
     let b3 = k.add(b2, tile_bytes(nrows, 64));
     let sm = Smem {
         tq: Tile {
@@ -285,28 +292,26 @@ pub fn gen_decode(t: &Target, s: &DecodeSpec) -> Result<ptx::Module> {
     let ln = &w.ln;
     let sacc = zero_acc(&mut k, 2);
     let koff = k.mul(cw, 16 * ROW_BYTES);
-    let kbase = k.add(sm.tkv.base, koff);
-    let tk = Tile {
-        base: kbase,
-        ..sm.tkv
-    };
     let tstride = k.mul(p.max_blocks, b);
     let kvstride = k.mov(dk * 2);
     let col_q = k.shl(ln.q, 1u32);
     let cq = k.mul(cw, nv); // first chunk of this warp's column quarter
-    k.for_range(j0, j1, 1u32, |k, j| {
+                            // copies cache block j into the stage at `dst` (the caller commits)
+    let copy = |k: &mut KernelBuilder, j: Reg<u32>, dst: &Tile| {
         let ti = k.add(tstride, j);
         let phys = k.ld_nc(p.table.offset(ti));
         let phys: Reg<u32> = phys.reinterpret();
         let src = wide_off(k, p.kv.reg(), phys, BLOCK * dk * 2);
         let kv0 = k.shl(j, 6u32);
         let kvalid = k.sub(len, kv0);
-        load_tile(k, tid, nt, &sm.tkv, src, kvstride, kvalid);
-        k.cp_async_commit_group();
-        k.cp_async_wait_group(0);
-        k.sync_threads();
+        load_tile(k, tid, nt, dst, src, kvstride, kvalid);
+    };
+    // S, mask, softmax and O += P V for the block j resident in `tkv`
+    // (`tk`: this warp's 16 keys of the block)
+    let compute = |k: &mut KernelBuilder, j: Reg<u32>, tkv: &Tile, tk: &Tile| {
         clear(k, &sacc);
-        super::fwd::qk_tile(k, ln, &sm.tq, Some(wrow), &tk, dk, 16, &sacc);
+        super::fwd::qk_tile(k, ln, &sm.tq, Some(wrow), tk, dk, 16, &sacc);
+        let kv0 = k.shl(j, 6u32);
         let key0 = k.mad_lo(cw, 16u32, kv0);
         let key0 = k.add(key0, col_q);
         mask_keys(k, &sacc, key0, &lims, len);
@@ -315,13 +320,55 @@ pub fn gen_decode(t: &Target, s: &DecodeSpec) -> Result<ptx::Module> {
         // O[:, quarter cw] += P V (V = the first d_v columns of the same block)
         for kk in 0..BLOCK / 16 {
             let a = ld_x4(k, ln, &sm.tp, Some(wrow), 0, 2 * kk, Style::A, false);
-            let bq = ld_b_trans_at(k, ln, &sm.tkv, 16 * kk, cq, nv);
+            let bq = ld_b_trans_at(k, ln, tkv, 16 * kk, cq, nv);
             for (n, bb) in bq.iter().enumerate() {
                 k.mma_to::<Mma>(w.o[n], a, *bb, w.o[n]);
             }
         }
         k.sync_threads();
-    });
+    };
+    if s.stages == 1 {
+        let kb = k.add(sm.tkv.base, koff);
+        let tk = Tile { base: kb, ..sm.tkv };
+        k.for_range(j0, j1, 1u32, |k, j| {
+            copy(k, j, &sm.tkv);
+            k.cp_async_commit_group();
+            k.cp_async_wait_group(0);
+            k.sync_threads();
+            compute(k, j, &sm.tkv, &tk);
+        });
+    } else {
+        // blocks alternate between the two stages (`cur` holds this block's stage base);
+        // block j + 1's copy overlaps block j's math
+        let cur = k.mov(sm.tkv.base);
+        let sum = k.add(sm.tkv.base, sm.tkv.base);
+        let sum = k.add(sum, tile_bytes(BLOCK, dk)); // base0 + base1
+        let issue = |k: &mut KernelBuilder, j: Reg<u32>, dst: Reg<u32>| {
+            let live = k.lt(j, j1);
+            let t = Tile {
+                base: dst,
+                ..sm.tkv
+            };
+            k.if_(live, |k| copy(k, j, &t));
+            k.cp_async_commit_group();
+        };
+        issue(&mut k, j0, cur);
+        k.for_range(j0, j1, 1u32, |k, j| {
+            let next = k.add(j, 1u32);
+            let other = k.sub(sum, cur);
+            issue(k, next, other);
+            k.cp_async_wait_group(1); // block j (and Q) landed; block j + 1 in flight
+            k.sync_threads();
+            let cur_t = Tile {
+                base: cur,
+                ..sm.tkv
+            };
+            let kb = k.add(cur, koff);
+            let tk = Tile { base: kb, ..sm.tkv };
+            compute(k, j, &cur_t, &tk);
+            k.mov_to(cur, other);
+        });
+    }
     let bs = k.mad_lo(b, p.splits, split); // partial rows of (b, split) start at bs * rows
     write_partial(&mut k, &p, &w, rows, bs);
     Ok(k.finish()?)
@@ -684,20 +731,28 @@ fn check_table(name: &str, sh: &DecodeShape, lens: &[i32], table: &[i32]) -> Res
 }
 
 /// The kernel configuration for a device: 64 query rows per CTA when there are that many, the
-/// RoPE width is a multiple of 64 and the device has the shared memory, else 16.
+/// RoPE width is a multiple of 64 and the device has the shared memory, else 16; two cache
+/// blocks in flight when the shared memory allows.
 pub fn choose_spec(sh: &DecodeShape, max_shared: u32) -> DecodeSpec {
     let big = DecodeSpec {
         d_v: sh.d_v as u32,
         d_rope: sh.d_rope as u32,
         row_groups: 4,
+        stages: 1,
     };
-    if sh.s_q * sh.heads >= 64 && sh.d_rope % 64 == 0 && big.shared_bytes() <= max_shared {
+    let s = if sh.s_q * sh.heads >= 64 && sh.d_rope % 64 == 0 && big.shared_bytes() <= max_shared {
         big
     } else {
         DecodeSpec {
             row_groups: 1,
             ..big
         }
+    };
+    let two = DecodeSpec { stages: 2, ..s };
+    if two.shared_bytes() <= max_shared {
+        two
+    } else {
+        s
     }
 }
 

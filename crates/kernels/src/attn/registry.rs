@@ -133,22 +133,27 @@ pub fn registry_entries() -> Vec<KernelInfo> {
             kind: Kind::Attn(AttnKind::BwdDq(s)),
         });
     }
-    for (d_v, rg, shapes) in [
-        (64u32, 1u32, vec![Shape::grouped(150, 64, 128, 3)]),
-        (512, 1, vec![Shape::grouped(100, 512, 576, 2)]),
-        (512, 4, vec![Shape::grouped(130, 512, 576, 2)]),
+    for (d_v, rg, stages, shapes) in [
+        (64u32, 1u32, 1u32, vec![Shape::grouped(150, 64, 128, 3)]),
+        (64, 1, 2, vec![Shape::grouped(150, 64, 128, 3)]),
+        (512, 1, 1, vec![Shape::grouped(100, 512, 576, 2)]),
+        (512, 1, 2, vec![Shape::grouped(100, 512, 576, 2)]),
+        (512, 4, 1, vec![Shape::grouped(130, 512, 576, 2)]),
+        (512, 4, 2, vec![Shape::grouped(130, 512, 576, 2)]),
     ] {
         let s = DecodeSpec {
             d_v,
             d_rope: 64,
             row_groups: rg,
+            stages,
         };
         v.push(KernelInfo {
             name: s.name(),
             summary: format!(
-                "FlashMLA-style absorbed MLA decoding, paged cache (block 64, d_k {} = {d_v} latent + 64 rope, V = latent), {} query rows per CTA, split-KV partials f32",
+                "FlashMLA-style absorbed MLA decoding, paged cache (block 64, d_k {} = {d_v} latent + 64 rope, V = latent), {} query rows per CTA, {} cache block(s) in flight, split-KV partials f32",
                 s.d_k(),
-                16 * rg
+                16 * rg,
+                stages
             ),
             params: params(DecodeSpec::params()),
             launch: s.launch_rule(),
@@ -455,6 +460,7 @@ pub fn check(
                 d_v: s.n as u32,
                 d_rope: (s.k - s.n) as u32,
                 row_groups: 1,
+                stages: 1,
             };
             check_decode(stream, info, &d, s, seed)
         }
