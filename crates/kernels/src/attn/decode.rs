@@ -203,175 +203,244 @@ pub fn gen_decode(t: &Target, s: &DecodeSpec) -> Result<ptx::Module> {
         || !matches!(s.row_groups, 1 | 4)
         || !matches!(s.stages, 1 | 2)
     {
-        return shape_err(&name, "d_v must be a multiple of 64 <= 512, d_rope a multiple of 16 <= 128, row_groups 1 or 4");
+        return shape_err(&name, "d_v must be a multiple of 64 <= 512, d_rope a multiple of 16 <= 128, row_groups 1 or 4, stages 1 or 2");
     }
     if s.row_groups == 4 && s.d_rope % 64 != 0 {
         // (at the 128-register cap of 512 threads, partial 64-column panels spill on sm_90a)
         return shape_err(&name, "the 64-row variant needs d_rope a multiple of 64");
     }
-    let (dk, dv, nrows) = (s.d_k(), s.d_v, s.rows());
     let nt = s.threads();
     let mut k = KernelBuilder::new(&name, t.clone());
     k.reqntid(&[nt]);
     // the whole register file for one CTA (ptxas otherwise aims at 2 CTAs per SM and spills)
     k.maxnreg((65536 / nt).min(255));
     let p = declare(&mut k);
-    let smem = k.dynamic_shared::<u8>(128);
-    let tid = k.tid_x();
-    let lane = k.and(tid, 31u32);
-    let warp = k.shr(tid, 5u32);
-    let rg = k.shr(warp, 2u32);
-    let cw = k.and(warp, 3u32);
-    let ln = Lanes::new(&mut k, lane);
-    let (split, rt, b) = (k.ctaid_x(), k.ctaid_y(), k.ctaid_z());
-    let base = smem.reg();
-    let b1 = k.add(base, tile_bytes(nrows, dk));
-    let b2 = k.add(b1, s.stages * tile_bytes(BLOCK, dk));
-    let b3 = k.add(b2, tile_bytes(nrows, 64));
-    let sm = Smem {
-        tq: Tile {
-            base,
-            rows: nrows,
-            d: dk,
-        },
-        tkv: Tile {
-            base: b1,
-            rows: BLOCK,
-            d: dk,
-        },
-        tp: Tile {
-            base: b2,
-            rows: nrows,
-            d: 64,
-        },
-        xch: b3,
-    };
-    // this CTA's blocks [j0, j1)
-    let len = k.ld_nc(p.lens.offset(b));
-    let len: Reg<u32> = len.reinterpret();
-    let nblk = k.add(len, BLOCK - 1);
-    let nblk = k.shr(nblk, 6u32);
-    let bps = k.add(nblk, p.splits);
-    let bps = k.sub(bps, 1u32);
-    let bps = k.div(bps, p.splits);
-    let j0 = k.mul(split, bps);
-    let j1 = k.add(j0, bps);
-    let j1 = k.min(j1, nblk);
-    // query rows
-    let r_first = k.mul(rt, nrows);
-    let qrow0 = k.mad_lo(b, p.rows, r_first);
-    let qsrc = wide_off(&mut k, p.q.reg(), qrow0, dk * 2);
-    let qvalid = k.sub(p.rows, r_first);
-    let qstride = k.mov(dk * 2);
-    load_tile(&mut k, tid, nt, &sm.tq, qsrc, qstride, qvalid);
-    k.cp_async_commit_group();
-    let wrow = k.mul(rg, 16u32);
-    let r0 = k.add(r_first, wrow);
-    let r0 = k.add(r0, ln.g);
-    let rows = [r0, k.add(r0, 8u32)];
-    // causal limit per row: key <= len - s_q + token(row)
-    let base_lim = k.sub(len, p.s_q);
-    let lims: Vec<Reg<u32>> = rows
-        .iter()
-        .map(|&r| {
-            let tok = k.div(r, p.heads);
-            k.add(base_lim, tok)
-        })
-        .collect();
-    let nv = dv / 32; // n-tiles per column warp
-    let w = Warp {
-        rg,
-        cw,
-        xch: sm.xch,
-        m: [k.mov(f32::NEG_INFINITY), k.mov(f32::NEG_INFINITY)],
-        l: [k.mov(0f32), k.mov(0f32)],
-        o: zero_acc(&mut k, nv as usize),
-        nv,
-        ln,
-    };
-    let ln = &w.ln;
-    let sacc = zero_acc(&mut k, 2);
-    let koff = k.mul(cw, 16 * ROW_BYTES);
-    let tstride = k.mul(p.max_blocks, b);
-    let kvstride = k.mov(dk * 2);
-    let col_q = k.shl(ln.q, 1u32);
-    let cq = k.mul(cw, nv); // first chunk of this warp's column quarter
-                            // copies cache block j into the stage at `dst` (the caller commits)
-    let copy = |k: &mut KernelBuilder, j: Reg<u32>, dst: &Tile| {
-        let ti = k.add(tstride, j);
+    let cx = DecCta::setup(&mut k, s, &p);
+    if s.stages == 1 {
+        cx.one_stage(&mut k);
+    } else {
+        cx.two_stages(&mut k);
+    }
+    let bs = k.mad_lo(cx.b, p.splits, cx.split); // partial rows of (b, split) start at bs * rows
+    write_partial(&mut k, &p, &cx.w, cx.rows, bs);
+    Ok(k.finish()?)
+}
+
+/// One decoding CTA: its tiles, block range, rows and per-warp state.
+struct DecCta<'a> {
+    s: DecodeSpec,
+    p: &'a DecParams,
+    sm: Smem,
+    w: Warp,
+    tid: Reg<u32>,
+    b: Reg<u32>,
+    split: Reg<u32>,
+    len: Reg<u32>,
+    /// this CTA's blocks [j0, j1)
+    j0: Reg<u32>,
+    j1: Reg<u32>,
+    wrow: Reg<u32>,
+    rows: [Reg<u32>; 2],
+    /// causal limit per row: key <= len - s_q + token(row)
+    lims: Vec<Reg<u32>>,
+    sacc: Vec<[Reg<f32>; 4]>,
+    /// this warp's key-row byte offset, table row, row stride, column pair, first V chunk
+    koff: Reg<u32>,
+    tstride: Reg<u32>,
+    kvstride: Reg<u32>,
+    col_q: Reg<u32>,
+    cq: Reg<u32>,
+}
+
+impl<'a> DecCta<'a> {
+    fn setup(k: &mut KernelBuilder, s: &DecodeSpec, p: &'a DecParams) -> DecCta<'a> {
+        let (dk, dv, nrows, nt) = (s.d_k(), s.d_v, s.rows(), s.threads());
+        let smem = k.dynamic_shared::<u8>(128);
+        let tid = k.tid_x();
+        let lane = k.and(tid, 31u32);
+        let warp = k.shr(tid, 5u32);
+        let rg = k.shr(warp, 2u32);
+        let cw = k.and(warp, 3u32);
+        let ln = Lanes::new(k, lane);
+        let (split, rt, b) = (k.ctaid_x(), k.ctaid_y(), k.ctaid_z());
+        let base = smem.reg();
+        let b1 = k.add(base, tile_bytes(nrows, dk));
+        let b2 = k.add(b1, s.stages * tile_bytes(BLOCK, dk));
+        let b3 = k.add(b2, tile_bytes(nrows, 64));
+        let sm = Smem {
+            tq: Tile {
+                base,
+                rows: nrows,
+                d: dk,
+            },
+            tkv: Tile {
+                base: b1,
+                rows: BLOCK,
+                d: dk,
+            },
+            tp: Tile {
+                base: b2,
+                rows: nrows,
+                d: 64,
+            },
+            xch: b3,
+        };
+        let len = k.ld_nc(p.lens.offset(b));
+        let len: Reg<u32> = len.reinterpret();
+        let nblk = k.add(len, BLOCK - 1);
+        let nblk = k.shr(nblk, 6u32);
+        let bps = k.add(nblk, p.splits);
+        let bps = k.sub(bps, 1u32);
+        let bps = k.div(bps, p.splits);
+        let j0 = k.mul(split, bps);
+        let j1 = k.add(j0, bps);
+        let j1 = k.min(j1, nblk);
+        // query rows
+        let r_first = k.mul(rt, nrows);
+        let qrow0 = k.mad_lo(b, p.rows, r_first);
+        let qsrc = wide_off(k, p.q.reg(), qrow0, dk * 2);
+        let qvalid = k.sub(p.rows, r_first);
+        let qstride = k.mov(dk * 2);
+        load_tile(k, tid, nt, &sm.tq, qsrc, qstride, qvalid);
+        k.cp_async_commit_group();
+        let wrow = k.mul(rg, 16u32);
+        let r0 = k.add(r_first, wrow);
+        let r0 = k.add(r0, ln.g);
+        let rows = [r0, k.add(r0, 8u32)];
+        let base_lim = k.sub(len, p.s_q);
+        let lims: Vec<Reg<u32>> = rows
+            .iter()
+            .map(|&r| {
+                let tok = k.div(r, p.heads);
+                k.add(base_lim, tok)
+            })
+            .collect();
+        let nv = dv / 32; // n-tiles per column warp
+        let w = Warp {
+            rg,
+            cw,
+            xch: sm.xch,
+            m: [k.mov(f32::NEG_INFINITY), k.mov(f32::NEG_INFINITY)],
+            l: [k.mov(0f32), k.mov(0f32)],
+            o: zero_acc(k, nv as usize),
+            nv,
+            ln,
+        };
+        let sacc = zero_acc(k, 2);
+        let koff = k.mul(cw, 16 * ROW_BYTES);
+        let tstride = k.mul(p.max_blocks, b);
+        let kvstride = k.mov(dk * 2);
+        let col_q = k.shl(w.ln.q, 1u32);
+        let cq = k.mul(cw, nv);
+        DecCta {
+            s: *s,
+            p,
+            sm,
+            w,
+            tid,
+            b,
+            split,
+            len,
+            j0,
+            j1,
+            wrow,
+            rows,
+            lims,
+            sacc,
+            koff,
+            tstride,
+            kvstride,
+            col_q,
+            cq,
+        }
+    }
+
+    /// Copies cache block j into the stage `dst` (the caller commits).
+    fn copy(&self, k: &mut KernelBuilder, j: Reg<u32>, dst: &Tile) {
+        let p = self.p;
+        let ti = k.add(self.tstride, j);
         let phys = k.ld_nc(p.table.offset(ti));
         let phys: Reg<u32> = phys.reinterpret();
-        let src = wide_off(k, p.kv.reg(), phys, BLOCK * dk * 2);
+        let src = wide_off(k, p.kv.reg(), phys, BLOCK * self.s.d_k() * 2);
         let kv0 = k.shl(j, 6u32);
-        let kvalid = k.sub(len, kv0);
-        load_tile(k, tid, nt, dst, src, kvstride, kvalid);
-    };
-    // S, mask, softmax and O += P V for the block j resident in `tkv`
-    // (`tk`: this warp's 16 keys of the block)
-    let compute = |k: &mut KernelBuilder, j: Reg<u32>, tkv: &Tile, tk: &Tile| {
-        clear(k, &sacc);
-        super::fwd::qk_tile(k, ln, &sm.tq, Some(wrow), tk, dk, 16, &sacc);
+        let kvalid = k.sub(self.len, kv0);
+        load_tile(
+            k,
+            self.tid,
+            self.s.threads(),
+            dst,
+            src,
+            self.kvstride,
+            kvalid,
+        );
+    }
+
+    /// S, mask, softmax and O += P V for block j resident in `tkv` (`tk`: this warp's 16 keys).
+    fn compute(&self, k: &mut KernelBuilder, j: Reg<u32>, tkv: &Tile, tk: &Tile) {
+        let (w, sm, sacc) = (&self.w, &self.sm, &self.sacc);
+        let ln = &w.ln;
+        clear(k, sacc);
+        super::fwd::qk_tile(k, ln, &sm.tq, Some(self.wrow), tk, self.s.d_k(), 16, sacc);
         let kv0 = k.shl(j, 6u32);
-        let key0 = k.mad_lo(cw, 16u32, kv0);
-        let key0 = k.add(key0, col_q);
-        mask_keys(k, &sacc, key0, &lims, len);
-        block_softmax(k, &sm, &w, &sacc, p.c);
+        let key0 = k.mad_lo(w.cw, 16u32, kv0);
+        let key0 = k.add(key0, self.col_q);
+        mask_keys(k, sacc, key0, &self.lims, self.len);
+        block_softmax(k, sm, w, sacc, self.p.c);
         k.sync_threads();
         // O[:, quarter cw] += P V (V = the first d_v columns of the same block)
         for kk in 0..BLOCK / 16 {
-            let a = ld_x4(k, ln, &sm.tp, Some(wrow), 0, 2 * kk, Style::A, false);
-            let bq = ld_b_trans_at(k, ln, tkv, 16 * kk, cq, nv);
+            let a = ld_x4(k, ln, &sm.tp, Some(self.wrow), 0, 2 * kk, Style::A, false);
+            let bq = ld_b_trans_at(k, ln, tkv, 16 * kk, self.cq, w.nv);
             for (n, bb) in bq.iter().enumerate() {
                 k.mma_to::<Mma>(w.o[n], a, *bb, w.o[n]);
             }
         }
         k.sync_threads();
-    };
-    if s.stages == 1 {
-        let kb = k.add(sm.tkv.base, koff);
-        let tk = Tile { base: kb, ..sm.tkv };
-        k.for_range(j0, j1, 1u32, |k, j| {
-            copy(k, j, &sm.tkv);
+    }
+
+    /// One block in flight: copy, wait, compute.
+    fn one_stage(&self, k: &mut KernelBuilder) {
+        let kb = k.add(self.sm.tkv.base, self.koff);
+        let tk = Tile {
+            base: kb,
+            ..self.sm.tkv
+        };
+        k.for_range(self.j0, self.j1, 1u32, |k, j| {
+            self.copy(k, j, &self.sm.tkv);
             k.cp_async_commit_group();
             k.cp_async_wait_group(0);
             k.sync_threads();
-            compute(k, j, &sm.tkv, &tk);
+            self.compute(k, j, &self.sm.tkv, &tk);
         });
-    } else {
-        // blocks alternate between the two stages (`cur` holds this block's stage base);
-        // block j + 1's copy overlaps block j's math
-        let cur = k.mov(sm.tkv.base);
-        let sum = k.add(sm.tkv.base, sm.tkv.base);
-        let sum = k.add(sum, tile_bytes(BLOCK, dk)); // base0 + base1
+    }
+
+    /// Two stages: blocks alternate between them (`cur` holds this block's stage base) and
+    /// block j + 1's copy overlaps block j's math.
+    fn two_stages(&self, k: &mut KernelBuilder) {
+        let tkv = self.sm.tkv;
+        let cur = k.mov(tkv.base);
+        let sum = k.add(tkv.base, tkv.base);
+        let sum = k.add(sum, tile_bytes(BLOCK, tkv.d)); // base0 + base1
         let issue = |k: &mut KernelBuilder, j: Reg<u32>, dst: Reg<u32>| {
-            let live = k.lt(j, j1);
-            let t = Tile {
-                base: dst,
-                ..sm.tkv
-            };
-            k.if_(live, |k| copy(k, j, &t));
+            let live = k.lt(j, self.j1);
+            let t = Tile { base: dst, ..tkv };
+            k.if_(live, |k| self.copy(k, j, &t));
             k.cp_async_commit_group();
         };
-        issue(&mut k, j0, cur);
-        k.for_range(j0, j1, 1u32, |k, j| {
+        issue(k, self.j0, cur);
+        k.for_range(self.j0, self.j1, 1u32, |k, j| {
             let next = k.add(j, 1u32);
             let other = k.sub(sum, cur);
             issue(k, next, other);
             k.cp_async_wait_group(1); // block j (and Q) landed; block j + 1 in flight
             k.sync_threads();
-            let cur_t = Tile {
-                base: cur,
-                ..sm.tkv
-            };
-            let kb = k.add(cur, koff);
-            let tk = Tile { base: kb, ..sm.tkv };
-            compute(k, j, &cur_t, &tk);
+            let cur_t = Tile { base: cur, ..tkv };
+            let kb = k.add(cur, self.koff);
+            let tk = Tile { base: kb, ..tkv };
+            self.compute(k, j, &cur_t, &tk);
             k.mov_to(cur, other);
         });
     }
-    let bs = k.mad_lo(b, p.splits, split); // partial rows of (b, split) start at bs * rows
-    write_partial(&mut k, &p, &w, rows, bs);
-    Ok(k.finish()?)
 }
 
 /// [`ld_b_trans`] from a warp-dependent first chunk `c0` (general panel addressing).

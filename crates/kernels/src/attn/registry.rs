@@ -133,6 +133,13 @@ pub fn registry_entries() -> Vec<KernelInfo> {
             kind: Kind::Attn(AttnKind::BwdDq(s)),
         });
     }
+    v.extend(decode_entries());
+    v
+}
+
+/// The registered decoding kernels and the combine kernel.
+fn decode_entries() -> Vec<KernelInfo> {
+    let mut v = Vec::new();
     for (d_v, rg, stages, shapes) in [
         (64u32, 1u32, 1u32, vec![Shape::grouped(150, 64, 128, 3)]),
         (64, 1, 2, vec![Shape::grouped(150, 64, 128, 3)]),
