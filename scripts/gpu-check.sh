@@ -3,7 +3,8 @@
 # runtime tests on the CUDA device (PTXFORGE_TEST_CUDA=1), (2) every library kernel's test shapes
 # against its CPU reference on the GPU (`ptxforge kernels --check --device cuda`), (3) a small
 # `ptxforge moe --device cuda`, (4) the Hopper GEMM benchmark (DeepGEMM shapes) and `ptxforge
-# bench gemm` (which times cuBLAS through PyTorch on the same shapes when torch is there). Prints a
+# bench gemm` (which times cuBLAS through PyTorch on the same shapes when torch is there), (5)
+# `ptxforge bench attn` (MLA attention training and decoding, beside torch SDPA). Prints a
 # table at the end; full logs go to $OUT (or target/gpu-check). Budget: under 8 minutes on one
 # H200 (each step has a timeout).
 #
@@ -57,6 +58,9 @@ step moe-cuda 120 "${PF[@]}" moe --device cuda --nodes 1 --gpus-per-node 1 \
 step bench-hopper-fp8 120 "${BENCH[@]}" cuda:0 fp8 10 sweep
 step bench-hopper-bf16 120 "${BENCH[@]}" cuda:0 bf16 10 sweep
 step bench-gemm 120 "${PF[@]}" bench gemm --device cuda:0 --dtype fp8
+# MLA attention: training fwd/bwd (2 x 4096 tokens, 16 heads, 192/128) beside torch SDPA, and
+# paged decoding (64 x 4096 cached tokens, 128 heads, 512 + 64) in TFLOP/s and GB/s.
+step bench-attn 120 "${PF[@]}" bench attn --device cuda:0
 
 echo
 printf '%-18s %-10s %s\n' STEP STATUS TIME | tee -a "$LOG/summary.log"

@@ -2067,6 +2067,52 @@ impl KernelBuilder {
         );
     }
 
+    /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.I.I {d..}, {a0..a3}, bdesc, scale_d, 1, 1, tb;`
+    /// with A from registers (each warp's 16 rows in the `mma.m16n8k16` A-fragment layout) and
+    /// B from a shared-memory descriptor; `d` holds `N/2` f32 accumulators.
+    pub fn wgmma_mma_async_rs<I: WgmmaIn>(
+        &mut self,
+        n: u16,
+        d: &[Reg<f32>],
+        a: [Reg<B32>; 4],
+        b_desc: Reg<u64>,
+        scale_d: Reg<Pred>,
+        trans_b: bool,
+    ) {
+        if n == 0 || n > 256 || n & 7 != 0 || d.len() != n as usize / 2 {
+            self.fail(BuildError::Invalid(format!(
+                "wgmma m64n{n}k16: N must be a multiple of 8 in 8..=256 with N/2 accumulators (got {})",
+                d.len()
+            )));
+            return;
+        }
+        let mods = [
+            f(Flag::Sync),
+            f(Flag::Aligned),
+            Mod::Shape {
+                m: 64,
+                n,
+                k: Some(16),
+            },
+            t(Ty::F32),
+            t(I::TY),
+            t(I::TY),
+        ];
+        self.emit(
+            Opcode::WgmmaMmaAsync,
+            mods,
+            [
+                vec_op(d),
+                vec_op(&a),
+                b_desc.op(),
+                scale_d.op(),
+                imm(1),
+                imm(1),
+                imm(trans_b as i64),
+            ],
+        );
+    }
+
     // =========================================================================================
     // asynchronous copies
 

@@ -15,6 +15,8 @@
 //!   transposing 1x128 ("128x1") quantiser feeding the K-grouped weight-gradient GEMM.
 //! - [`train`]: the rest of a V3 training step: RMSNorm (+ fused FP8 quantisation), RoPE,
 //!   softmax cross-entropy, gradient norm + AdamW, embedding gather / scatter-add.
+//! - [`attn`]: MLA attention: causal varlen training forward/backward (FlashAttention-2 style)
+//!   and FlashMLA-style paged decoding with split-KV, `mma.sync` BF16.
 //! - [`tile`]: the small typed tile helpers kernels are written with (swizzled shared tiles,
 //!   fragments, `cp.async` tile loads).
 //! - [`mod@reference`]: f64 CPU references and error metrics.
@@ -29,6 +31,7 @@
     clippy::useless_vec
 )]
 
+pub mod attn;
 pub mod gemm;
 pub mod hopper;
 pub mod host;

@@ -66,6 +66,8 @@ pub enum Kind {
     Hopper(crate::hopper::HopperSpec),
     /// Training-step kernels: norm, RoPE, cross-entropy, optimiser, embedding ([`crate::train`]).
     Train(crate::train::TrainKernel),
+    /// MLA attention ([`crate::attn`]).
+    Attn(crate::attn::registry::AttnKind),
 }
 
 /// A registered kernel.
@@ -414,6 +416,7 @@ fn build() -> Vec<KernelInfo> {
     );
     v.extend(crate::hopper::registry::registry_entries());
     v.extend(crate::train::entries());
+    v.extend(crate::attn::registry::registry_entries());
     v
 }
 
@@ -488,6 +491,7 @@ impl KernelInfo {
             Kind::Gemm(s) => gemm::gen_gemm(t, s),
             Kind::Hopper(s) => crate::hopper::gen_hopper_gemm(t, s),
             Kind::Train(k) => k.generate(t),
+            Kind::Attn(a) => crate::attn::registry::generate(a, t),
         }
     }
 
@@ -504,6 +508,7 @@ impl KernelInfo {
                 2.0 * rows as f64 * s.n as f64 * s.k as f64
             }
             Kind::Hopper(h) => crate::hopper::registry::flops(h, s),
+            Kind::Attn(a) => crate::attn::registry::flops(a, s),
             _ => 0.0,
         }
     }
@@ -667,6 +672,7 @@ impl KernelInfo {
             Kind::Gemm(g) => return check_gemm(stream, self, g, s, seed),
             Kind::Hopper(h) => return crate::hopper::registry::check(stream, self, h, s, seed),
             Kind::Train(k) => return crate::train::report(self, k, stream, s, seed),
+            Kind::Attn(a) => return crate::attn::registry::check(stream, self, a, s, seed),
         }
         rep.pass = rep.mismatches == 0;
         rep.lane_instructions = stream.last_stats().map(|st| st.lane_instructions);

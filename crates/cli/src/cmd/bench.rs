@@ -15,6 +15,8 @@ pub enum Target {
     Emu(EmuArgs),
     /// DeepGEMM shape table: library GEMMs (vs cuBLAS via PyTorch on a GPU; emulated cost on emu).
     Gemm(super::bench_gemm::GemmArgs),
+    /// MLA attention: training forward/backward and paged decoding.
+    Attn(super::bench_attn::AttnArgs),
 }
 
 #[derive(clap::Args)]
@@ -36,6 +38,7 @@ pub struct EmuArgs {
 pub fn run(a: Args) -> Result<()> {
     match a.target {
         Target::Gemm(g) => super::bench_gemm::run(g),
+        Target::Attn(a) => super::bench_attn::run(a),
         Target::Emu(e) => {
             let o = emu::bench::BenchOptions {
                 threads: e.threads,

@@ -1,5 +1,6 @@
 //! One module per verb.
 pub mod bench;
+pub mod bench_attn;
 pub mod bench_gemm;
 pub mod check;
 pub mod devices;
