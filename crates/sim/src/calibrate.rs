@@ -7,6 +7,12 @@
 //! - `ptxforge moe --json`: an object with `ranks`, `num_sms` and `phases`; every phase whose
 //!   name starts with `dispatch` or `combine` and that moved bytes is one normal-mode sample
 //!   (`seconds`, `inter_bytes`, `intra_bytes` summed over ranks).
+//! - `ptxforge bench attn --json`: an array of rows with a `stage` (`train fwd`, `train bwd`,
+//!   `decode`), `flops`, `bytes` and `seconds`. Training rows give the attention efficiencies
+//!   against the BF16 peak (the backward row counts 3.5x the forward's FLOPs, the recomputed
+//!   scores included; the simulator's backward model counts 2.5x, so its efficiency is 2.5/3.5
+//!   of the row's); decode rows give the FlashMLA-class decode model's bandwidth (rows the
+//!   base model calls memory-bound) or its compute rate (the others). Medians over rows.
 //!
 //! Fit: coordinate descent in log space on the squared log error of the predicted times,
 //! starting from the base hardware. GEMM rows fit `GemmCal`; communication rows fit
@@ -14,7 +20,7 @@
 //! when some sample exercises it: a parameter no sample depends on keeps its base value).
 
 use crate::comm::{self, CommLoad};
-use crate::compute::{self, Gemm, GemmCal};
+use crate::compute::{self, Gemm, GemmCal, MlaDecodeCal};
 use crate::config::HardwareConfig;
 use crate::error::{Result, SimError};
 use serde::{Deserialize, Serialize};
@@ -32,6 +38,21 @@ pub struct HardwareProfile {
     /// Root-mean-square relative error of the fitted model on its samples.
     pub gemm_rms_error: f64,
     pub comm_rms_error: f64,
+    /// Attention efficiencies from `bench attn` (absent: the configuration's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn: Option<AttnCal>,
+    /// The MLA decode model from `bench attn`'s decode rows (absent: the configuration's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla_decode: Option<MlaDecodeCal>,
+}
+
+/// Attention efficiencies of a profile (fractions of the BF16 peak), as the training model and
+/// the serving prefill model use them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttnCal {
+    pub fwd_eff: f64,
+    pub bwd_eff: f64,
 }
 
 impl HardwareProfile {
@@ -72,11 +93,28 @@ pub struct CommSample {
     pub seconds: f64,
 }
 
+/// One `bench attn` row: FLOPs (as the row counts them), bytes and seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnSample {
+    pub stage: AttnStage,
+    pub flops: f64,
+    pub bytes: f64,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttnStage {
+    TrainFwd,
+    TrainBwd,
+    Decode,
+}
+
 /// Samples read from benchmark files.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Samples {
     pub gemm: Vec<GemmSample>,
     pub comm: Vec<CommSample>,
+    pub attn: Vec<AttnSample>,
 }
 
 fn bad(file: &str, message: impl Into<String>) -> SimError {
@@ -151,6 +189,77 @@ fn moe_rows(v: &serde_json::Value, file: &str, out: &mut Samples) -> Result<()> 
     Ok(())
 }
 
+fn attn_row(r: &serde_json::Value, file: &str) -> Result<AttnSample> {
+    let stage = match r["stage"].as_str().unwrap_or("") {
+        "train fwd" => AttnStage::TrainFwd,
+        "train bwd" => AttnStage::TrainBwd,
+        "decode" => AttnStage::Decode,
+        other => return Err(bad(file, format!("unknown attention stage `{other}`"))),
+    };
+    let s = AttnSample {
+        stage,
+        flops: num(r, "flops", file)?,
+        bytes: num(r, "bytes", file)?,
+        seconds: num(r, "seconds", file)?,
+    };
+    if s.seconds <= 0.0 || s.flops <= 0.0 {
+        return Err(bad(file, "an attention row with no time or no FLOPs"));
+    }
+    Ok(s)
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
+/// Attention efficiencies from training rows (both stages needed; a missing one keeps `base`).
+fn fit_attn(hw: &HardwareConfig, base: AttnCal, s: &[AttnSample]) -> Option<AttnCal> {
+    let peak = hw.tflops_bf16 * 1e12;
+    let eff = |st: AttnStage, scale: f64| {
+        median(
+            s.iter()
+                .filter(|x| x.stage == st)
+                .map(|x| scale * x.flops / x.seconds / peak)
+                .collect(),
+        )
+    };
+    let fwd = eff(AttnStage::TrainFwd, 1.0);
+    let bwd = eff(AttnStage::TrainBwd, 2.5 / 3.5);
+    (fwd.is_some() || bwd.is_some()).then(|| AttnCal {
+        fwd_eff: fwd.unwrap_or(base.fwd_eff),
+        bwd_eff: bwd.unwrap_or(base.bwd_eff),
+    })
+}
+
+/// The decode model from decode rows: rows the base model calls memory-bound set the
+/// bandwidth, the others the compute rate.
+fn fit_decode(base: &MlaDecodeCal, s: &[AttnSample]) -> Option<MlaDecodeCal> {
+    let rows: Vec<&AttnSample> = s.iter().filter(|x| x.stage == AttnStage::Decode).collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let mem_bound =
+        |x: &&&AttnSample| x.bytes / (base.gbps * 1e9) >= x.flops / (base.tflops * 1e12);
+    let gbps = median(
+        rows.iter()
+            .filter(mem_bound)
+            .map(|x| x.bytes / x.seconds / 1e9)
+            .collect(),
+    );
+    let tflops = median(
+        rows.iter()
+            .filter(|x| !mem_bound(x))
+            .map(|x| x.flops / x.seconds / 1e12)
+            .collect(),
+    );
+    Some(MlaDecodeCal {
+        gbps: gbps.unwrap_or(base.gbps),
+        tflops: tflops.unwrap_or(base.tflops),
+        ..*base
+    })
+}
+
 /// Read one benchmark file's samples into `out`.
 pub fn read_file(path: &str, out: &mut Samples) -> Result<()> {
     let text = std::fs::read_to_string(path).map_err(|e| bad(path, e.to_string()))?;
@@ -159,7 +268,11 @@ pub fn read_file(path: &str, out: &mut Samples) -> Result<()> {
     match &v {
         serde_json::Value::Array(rows) => {
             for r in rows {
-                out.gemm.push(gemm_row(r, path)?);
+                if r.get("stage").is_some() {
+                    out.attn.push(attn_row(r, path)?);
+                } else {
+                    out.gemm.push(gemm_row(r, path)?);
+                }
             }
             Ok(())
         }
@@ -300,17 +413,33 @@ pub fn calibrate(
     for f in files {
         read_file(f, &mut s)?;
     }
-    if s.gemm.is_empty() && s.comm.is_empty() {
+    if s.gemm.is_empty() && s.comm.is_empty() && s.attn.is_empty() {
         return Err(SimError::config(
             "calibrate",
-            "the files hold no GEMM row and no dispatch/combine phase that moved bytes",
+            "the files hold no GEMM row, no dispatch/combine phase that moved bytes and no \
+             attention row",
         ));
     }
     let (mut hw, comm_err) = fit_comm(base, &s.comm);
     let (gemm, gemm_err) = fit_gemm(&hw, base_gemm, &s.gemm);
     hw.name = format!("{} (calibrated)", base.name);
     crate::config::validate_hardware(&hw)?;
+    let train = crate::Config::v3().calibration;
+    let attn = fit_attn(
+        &hw,
+        AttnCal {
+            fwd_eff: train.attn_fwd_eff,
+            bwd_eff: train.attn_bwd_eff,
+        },
+        &s.attn,
+    );
+    let mla_decode = fit_decode(
+        &crate::serve::ServeConfig::v3().calibration.mla_decode,
+        &s.attn,
+    );
     Ok(HardwareProfile {
+        attn,
+        mla_decode,
         hardware: hw,
         gemm,
         sources: files.to_vec(),
@@ -325,10 +454,20 @@ pub fn calibrate(
 pub fn apply_to_training(cfg: &mut crate::Config, p: &HardwareProfile) {
     cfg.hardware = p.hardware.clone();
     cfg.calibration.gemm = p.gemm;
+    if let Some(a) = p.attn {
+        cfg.calibration.attn_fwd_eff = a.fwd_eff;
+        cfg.calibration.attn_bwd_eff = a.bwd_eff;
+    }
 }
 
 /// Use a profile for a serving simulation: its hardware and GEMM tile model.
 pub fn apply_to_serving(cfg: &mut crate::serve::ServeConfig, p: &HardwareProfile) {
     cfg.hardware = p.hardware.clone();
     cfg.calibration.gemm = p.gemm;
+    if let Some(a) = p.attn {
+        cfg.calibration.attn_prefill_eff = a.fwd_eff;
+    }
+    if let Some(d) = p.mla_decode {
+        cfg.calibration.mla_decode = d;
+    }
 }

@@ -135,3 +135,69 @@ fn calibration_refuses_bad_files() {
     assert!(e.to_string().contains("/nonexistent/x.json"), "{e}");
     assert!(calibrate::calibrate(&h800(), &GemmCal::h800(), &[]).is_err());
 }
+
+/// `ptxforge bench attn --json` rows (training forward/backward, decode) generated from known
+/// efficiencies and decode rates give them back, and the profile changes the simulations.
+#[test]
+fn calibration_reads_attention_rows() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    let hw = h800();
+    let peak = hw.tflops_bf16 * 1e12;
+    let (fwd_eff, bwd_eff, gbps, tflops) = (0.31, 0.22, 2100.0, 410.0);
+    let mut rows = Vec::new();
+    for _ in 0..5 {
+        let fl = rng.gen_range(1e11..1e13);
+        let n = 1.0 + rng.gen_range(-0.01..0.01);
+        rows.push(json!({"stage": "train fwd", "flops": fl, "bytes": 0.0,
+                         "seconds": n * fl / (fwd_eff * peak)}));
+        // the bench counts 3.5x the forward FLOPs in the backward; the model 2.5x
+        rows.push(
+            json!({"stage": "train bwd", "flops": 3.5 * fl, "bytes": 0.0,
+                         "seconds": n * 2.5 * fl / (bwd_eff * peak)}),
+        );
+        // memory-bound decode (few query heads x tokens) and compute-bound decode
+        let bytes = rng.gen_range(1e8..1e10);
+        rows.push(
+            json!({"stage": "decode", "flops": bytes * 0.5, "bytes": bytes,
+                         "seconds": n * bytes / (gbps * 1e9)}),
+        );
+        let fl = rng.gen_range(1e12..1e13);
+        rows.push(json!({"stage": "decode", "flops": fl, "bytes": fl / 1000.0,
+                         "seconds": n * fl / (tflops * 1e12)}));
+    }
+    let f = tmp("attn.json");
+    std::fs::write(&f, serde_json::to_string(&rows).unwrap()).unwrap();
+    let p = calibrate::calibrate(&hw, &GemmCal::h800(), std::slice::from_ref(&f)).unwrap();
+    let a = p.attn.expect("attention efficiencies fitted");
+    let d = p.mla_decode.expect("decode model fitted");
+    let near = |x: f64, t: f64| (x / t - 1.0).abs() < 0.02;
+    assert!(
+        near(a.fwd_eff, fwd_eff) && near(a.bwd_eff, bwd_eff),
+        "{a:?}"
+    );
+    assert!(near(d.gbps, gbps) && near(d.tflops, tflops), "{d:?}");
+    // the profile round-trips through TOML and reaches both simulations
+    let back = HardwareProfile::from_toml(&p.to_toml(), "profile").unwrap();
+    assert_eq!(back, p);
+    let mut cfg = sim::Config::v3();
+    let before = sim::simulate(&cfg).unwrap().step_time_s;
+    calibrate::apply_to_training(&mut cfg, &back);
+    assert_eq!(cfg.calibration.attn_fwd_eff, a.fwd_eff);
+    let after = sim::simulate(&cfg).unwrap().step_time_s;
+    assert!(
+        after > before,
+        "lower attention efficiency must slow the step"
+    );
+    let mut sc = sim::serve::ServeConfig::v3();
+    calibrate::apply_to_serving(&mut sc, &back);
+    assert_eq!(sc.calibration.mla_decode.gbps, d.gbps);
+    assert_eq!(sc.calibration.attn_prefill_eff, a.fwd_eff);
+    // an unknown stage is an error naming it
+    std::fs::write(
+        &f,
+        "[{\"stage\": \"train sideways\", \"flops\": 1, \"bytes\": 0, \"seconds\": 1}]",
+    )
+    .unwrap();
+    let e = calibrate::calibrate(&hw, &GemmCal::h800(), std::slice::from_ref(&f)).unwrap_err();
+    assert!(e.to_string().contains("train sideways"), "{e}");
+}

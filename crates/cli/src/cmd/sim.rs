@@ -98,6 +98,8 @@ fn tables(a: &Args) -> anyhow::Result<()> {
             comm_samples: 0,
             gemm_rms_error: 0.0,
             comm_rms_error: 0.0,
+            attn: None,
+            mla_decode: None,
         },
     };
     let ep = sim::comm::deepep_table(&hw.hardware, &sim::comm::DeepEpBench::default());
