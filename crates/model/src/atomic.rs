@@ -91,7 +91,7 @@ fn sync_dir(path: &Path) {
 /// Checks, before any work, that `path` can be written: its directory exists and accepts a new
 /// file (a probe is created and removed), and `path` itself is not a directory.
 pub fn preflight(path: &Path) -> Result<(), IoError> {
-    let not = |m: &str| std::io::Error::new(std::io::ErrorKind::Other, m.to_string());
+    let not = |m: &str| std::io::Error::other(m.to_string());
     if path.is_dir() {
         return Err(IoError::new("checking", path, not("is a directory")));
     }
@@ -135,7 +135,7 @@ mod tests {
         // the writer fails half way: the old file must be intact and no temporary left
         let r = write_with(&p, |w| {
             w.write_all(b"new, half")?;
-            Err(std::io::Error::new(std::io::ErrorKind::Other, "disk full"))
+            Err(std::io::Error::other("disk full"))
         });
         assert!(r.is_err());
         assert_eq!(std::fs::read(&p).unwrap(), b"old contents");

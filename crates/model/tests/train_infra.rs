@@ -311,7 +311,7 @@ fn eval_batches_use_every_token_once() {
 #[test]
 fn npy_token_files() {
     let d = scratch("npy");
-    let ids: Vec<i32> = (0..600).map(|i| (i * 31 % 300) as i32).collect();
+    let ids: Vec<i32> = (0..600).map(|i| i * 31 % 300).collect();
     let raw: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
     let p = d.join("t.npy");
     std::fs::write(&p, npy::encode("<i4", &[20, 30], &raw)).unwrap();

@@ -27,12 +27,12 @@ impl Errs {
         }
     }
     fn positive_multiple(&mut self, field: &str, v: u32, of: u32, why: &str) {
-        self.ensure(v > 0 && v % of == 0, field, || {
+        self.ensure(v > 0 && v.is_multiple_of(of), field, || {
             format!("{v} is not a positive multiple of {of} ({why})")
         });
     }
     fn head_dim(&mut self, field: &str, v: u32) {
-        self.ensure(v % 16 == 0 && (32..=256).contains(&v), field, || {
+        self.ensure(v.is_multiple_of(16) && (32..=256).contains(&v), field, || {
             format!("{v} must be a multiple of 16 in 32..=256 (the attention kernels' head dims)")
         });
     }
@@ -69,7 +69,7 @@ fn model_sizes(c: &TrainConfig, e: &mut Errs) {
         e.positive_multiple("model.dense_intermediate", m.dense_intermediate, 128, fp8);
     }
     e.ensure(
-        m.heads > 0 && m.hidden % m.heads.max(1) == 0,
+        m.heads > 0 && m.hidden.is_multiple_of(m.heads.max(1)),
         "model.heads",
         || format!("{} heads do not divide hidden {}", m.heads, m.hidden),
     );
@@ -111,7 +111,7 @@ fn experts(c: &TrainConfig, e: &mut Errs) {
         format!("{} is not 0 or 1", m.shared_experts)
     });
     let ep = c.parallel.ep.max(1);
-    e.ensure(m.routed_experts % ep == 0, "model.routed_experts", || {
+    e.ensure(m.routed_experts.is_multiple_of(ep), "model.routed_experts", || {
         format!("{} experts are not divisible by EP {ep}", m.routed_experts)
     });
     e.ensure(
@@ -120,7 +120,7 @@ fn experts(c: &TrainConfig, e: &mut Errs) {
         || format!("top-{} of {} experts", m.topk, m.routed_experts),
     );
     e.ensure(
-        m.groups > 0 && m.routed_experts % m.groups.max(1) == 0,
+        m.groups > 0 && m.routed_experts.is_multiple_of(m.groups.max(1)),
         "model.groups",
         || {
             format!(
@@ -146,7 +146,7 @@ fn experts(c: &TrainConfig, e: &mut Errs) {
 
 fn parallel(c: &TrainConfig, e: &mut Errs) {
     let p = &c.parallel;
-    e.ensure(p.pp >= 2 && p.pp % 2 == 0, "parallel.pp", || {
+    e.ensure(p.pp >= 2 && p.pp.is_multiple_of(2), "parallel.pp", || {
         format!("{} must be even and at least 2 (DualPipeV)", p.pp)
     });
     e.ensure(p.ep >= 1, "parallel.ep", || "must be at least 1".into());
@@ -160,12 +160,12 @@ fn parallel(c: &TrainConfig, e: &mut Errs) {
         )
     });
     e.ensure(
-        p.comm_sms >= 2 && p.comm_sms % 2 == 0,
+        p.comm_sms >= 2 && p.comm_sms.is_multiple_of(2),
         "parallel.comm_sms",
         || format!("{} must be even and at least 2", p.comm_sms),
     );
     let chunks = 2 * p.pp.max(1);
-    e.ensure(c.model.layers % chunks == 0, "model.layers", || {
+    e.ensure(c.model.layers.is_multiple_of(chunks), "model.layers", || {
         format!(
             "{} layers do not split into the {chunks} DualPipeV stages of pp {} (2 per device)",
             c.model.layers, p.pp
@@ -190,7 +190,7 @@ fn training(c: &TrainConfig, e: &mut Errs) {
         },
     );
     let per_rank = t.seq_len as u64 * (t.micro_batch / ep) as u64;
-    e.ensure(per_rank > 0 && per_rank % 128 == 0, "train.seq_len", || {
+    e.ensure(per_rank > 0 && per_rank.is_multiple_of(128), "train.seq_len", || {
         format!(
             "seq_len x micro_batch / ep = {per_rank} tokens per EP rank is not a multiple of 128 \
              (FP8 1x128 activation blocks along tokens)"
