@@ -331,13 +331,16 @@ pub fn decode(bytes: &[u8], what: &str) -> Result<Checkpoint, CheckpointError> {
     let data_start = PREFIX + header_len as usize;
     let header: Header = serde_json::from_slice(&bytes[PREFIX..data_start])
         .map_err(|e| corrupt(format!("header: {e}")))?;
-    let need: u64 = header.tensors.iter().map(|t| t.bytes).sum();
+    let need = header
+        .tensors
+        .iter()
+        .try_fold(0u64, |a, t| a.checked_add(t.bytes));
     let have = (body - data_start) as u64;
-    if need > have {
+    let Some(need) = need.filter(|&n| n <= have) else {
         return Err(truncated(format!(
-            "tensors need {need} data bytes, the file holds {have}"
+            "the tensors need more than the {have} data bytes the file holds"
         )));
-    }
+    };
     let mut crc = [0u8; 4];
     crc.copy_from_slice(&bytes[body..]);
     if crc32fast::hash(&bytes[..body]) != u32::from_le_bytes(crc) {

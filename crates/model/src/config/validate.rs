@@ -32,9 +32,15 @@ impl Errs {
         });
     }
     fn head_dim(&mut self, field: &str, v: u32) {
-        self.ensure(v.is_multiple_of(16) && (32..=256).contains(&v), field, || {
-            format!("{v} must be a multiple of 16 in 32..=256 (the attention kernels' head dims)")
-        });
+        self.ensure(
+            v.is_multiple_of(16) && (32..=256).contains(&v),
+            field,
+            || {
+                format!(
+                    "{v} must be a multiple of 16 in 32..=256 (the attention kernels' head dims)"
+                )
+            },
+        );
     }
     fn unit(&mut self, field: &str, v: f32, lo: f32, hi: f32) {
         self.ensure(v.is_finite() && v >= lo && v < hi, field, || {
@@ -111,9 +117,11 @@ fn experts(c: &TrainConfig, e: &mut Errs) {
         format!("{} is not 0 or 1", m.shared_experts)
     });
     let ep = c.parallel.ep.max(1);
-    e.ensure(m.routed_experts.is_multiple_of(ep), "model.routed_experts", || {
-        format!("{} experts are not divisible by EP {ep}", m.routed_experts)
-    });
+    e.ensure(
+        m.routed_experts.is_multiple_of(ep),
+        "model.routed_experts",
+        || format!("{} experts are not divisible by EP {ep}", m.routed_experts),
+    );
     e.ensure(
         m.topk >= 1 && m.topk <= m.routed_experts,
         "model.topk",
@@ -165,12 +173,16 @@ fn parallel(c: &TrainConfig, e: &mut Errs) {
         || format!("{} must be even and at least 2", p.comm_sms),
     );
     let chunks = 2 * p.pp.max(1);
-    e.ensure(c.model.layers.is_multiple_of(chunks), "model.layers", || {
-        format!(
-            "{} layers do not split into the {chunks} DualPipeV stages of pp {} (2 per device)",
-            c.model.layers, p.pp
-        )
-    });
+    e.ensure(
+        c.model.layers.is_multiple_of(chunks),
+        "model.layers",
+        || {
+            format!(
+                "{} layers do not split into the {chunks} DualPipeV stages of pp {} (2 per device)",
+                c.model.layers, p.pp
+            )
+        },
+    );
 }
 
 fn training(c: &TrainConfig, e: &mut Errs) {
@@ -190,12 +202,16 @@ fn training(c: &TrainConfig, e: &mut Errs) {
         },
     );
     let per_rank = t.seq_len as u64 * (t.micro_batch / ep) as u64;
-    e.ensure(per_rank > 0 && per_rank.is_multiple_of(128), "train.seq_len", || {
-        format!(
+    e.ensure(
+        per_rank > 0 && per_rank.is_multiple_of(128),
+        "train.seq_len",
+        || {
+            format!(
             "seq_len x micro_batch / ep = {per_rank} tokens per EP rank is not a multiple of 128 \
              (FP8 1x128 activation blocks along tokens)"
         )
-    });
+        },
+    );
     let min = 2 * p.pp.max(1);
     e.ensure(
         t.micro_batches >= min && t.micro_batches % 2 == 0,
