@@ -203,6 +203,10 @@ fn unigram_entropy_matches_hand_computation() {
     assert!((e.bits - 2.0).abs() < 1e-12 && (e.nats - 4f64.ln()).abs() < 1e-12);
     // one symbol: 0
     assert_eq!(data::unigram_entropy(&[5; 10]).nats, 0.0);
+    // cross-entropy of "ac" under "aab" with add-one smoothing over 4 ids: p(a) = 3/7, p(c) = 1/7
+    let x = data::unigram_cross_entropy(&[0, 0, 1], &[0, 2], 4);
+    let want = -((3.0f64 / 7.0).ln() + (1.0f64 / 7.0).ln()) / 2.0;
+    assert!((x.nats - want).abs() < 1e-15, "{} vs {want}", x.nats);
 }
 
 #[test]
@@ -222,6 +226,19 @@ fn builtin_corpus_splits_per_document() {
         e.bits > 3.5 && e.bits < 6.0,
         "unigram entropy {} bits",
         e.bits
+    );
+    let x = data::unigram_cross_entropy(&s.train, &s.valid, c.vocab);
+    assert!(
+        x.nats > e.nats - 0.2 && x.nats < e.nats + 0.5,
+        "{x:?} vs {e:?}"
+    );
+    assert_eq!(c.fingerprint(), data::builtin_corpus().fingerprint());
+    let mut other = c.clone();
+    other.docs[0][0] ^= 1;
+    assert_ne!(other.fingerprint(), c.fingerprint());
+    println!(
+        "validation cross-entropy under the training unigram: {:.4} bits = {:.4} nats",
+        x.bits, x.nats
     );
     println!(
         "built-in corpus: {} bytes, train {}, valid {}, unigram entropy {:.4} bits = {:.4} nats",

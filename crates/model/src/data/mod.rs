@@ -209,5 +209,50 @@ pub fn unigram_entropy(tokens: &[u32]) -> Entropy {
     }
 }
 
+/// Cross-entropy of `eval` under the unigram distribution of `fit` with add-one (Laplace)
+/// smoothing over `vocab` ids: the validation loss of the best context-free predictor trained
+/// on `fit` (finite even for ids `fit` never contains). Ids `>= vocab` count as unseen.
+pub fn unigram_cross_entropy(fit: &[u32], eval: &[u32], vocab: u32) -> Entropy {
+    let mut counts = vec![0u64; vocab as usize];
+    for &t in fit {
+        if let Some(c) = counts.get_mut(t as usize) {
+            *c += 1;
+        }
+    }
+    let total = fit.len() as f64 + vocab as f64;
+    let nats = eval
+        .iter()
+        .map(|&t| {
+            let c = counts.get(t as usize).copied().unwrap_or(0) as f64 + 1.0;
+            -(c / total).ln()
+        })
+        .sum::<f64>()
+        / eval.len().max(1) as f64;
+    Entropy {
+        nats,
+        bits: nats / std::f64::consts::LN_2,
+    }
+}
+
+impl Corpus {
+    /// FNV-1a 64 (hex) of the token stream and document boundaries, for a checkpoint's meta
+    /// (resuming on other data can then be detected).
+    pub fn fingerprint(&self) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |v: u64| {
+            for b in v.to_le_bytes() {
+                h ^= b as u64;
+                h = h.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        };
+        eat(self.vocab as u64);
+        for d in &self.docs {
+            eat(d.len() as u64);
+            d.iter().for_each(|&t| eat(t as u64));
+        }
+        format!("{h:016x}")
+    }
+}
+
 mod sampler;
 pub use sampler::{eval_batches, Batch, Sampler, SamplerState};
