@@ -1,11 +1,12 @@
 //! The loss curve: training loss per step, validation loss at its steps, and an optional
-//! horizontal reference (the corpus's unigram entropy), as a hand-written SVG (with axes,
-//! ticks, labels and a legend) and as a PNG (the same geometry drawn with antialiased lines;
-//! no text, since the PNG encoder has no font: the SVG carries the labels). Both are written
-//! atomically. The workspace has no `plotters`; `png` is already a dependency of `sim` and
-//! `pipeline`.
+//! horizontal reference (the corpus's unigram entropy), as a hand-written SVG and as a PNG
+//! drawn on an RGB canvas (antialiased lines, text rendered with `ab_glyph` from the DejaVu
+//! Sans font in `assets/fonts`), both with axes, ticks, labels and a legend, both written
+//! atomically. The workspace has no `plotters`; `png` and `ab_glyph` are already dependencies
+//! of `sim`.
 
 use crate::atomic::IoError;
+use ab_glyph::{Font, FontRef, PxScale, ScaleFont};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -121,27 +122,63 @@ impl LossCurve {
         Ok(o)
     }
 
-    /// PNG bytes of the plot (axes, grid, curves, reference line; no text).
+    /// PNG bytes of the plot (the SVG's content, same geometry).
     pub fn png(&self) -> Result<Vec<u8>, PlotError> {
         let f = self.frame()?;
+        let font = FontRef::try_from_slice(FONT).map_err(|e| PlotError::Png(e.to_string()))?;
         let mut c = Canvas::new(W as usize, H as usize);
-        let grey = [0.85, 0.85, 0.85];
+        let (grey, black, dim) = ([0.85; 3], [0.0; 3], [0.33; 3]);
+        let ((bx, by), (ex, ey)) = (f.px(f.x0, f.y0), f.px(f.x1, f.y1));
         for x in ticks(f.x0, f.x1) {
-            c.line(f.px(x, f.y0), f.px(x, f.y1), 1.0, grey);
+            let (px, _) = f.px(x, f.y0);
+            c.line((px, ey), (px, by), 1.0, grey);
+            c.text(
+                &font,
+                &fmt_tick(x),
+                (px, by + 16.0),
+                style(12.0, black, 0.5),
+            );
         }
         for y in ticks(f.y0, f.y1) {
-            c.line(f.px(f.x0, y), f.px(f.x1, y), 1.0, grey);
+            let (_, py) = f.px(f.x0, y);
+            c.line((bx, py), (ex, py), 1.0, grey);
+            c.text(
+                &font,
+                &fmt_tick(y),
+                (bx - 6.0, py + 4.0),
+                style(12.0, black, 1.0),
+            );
         }
-        let black = [0.0, 0.0, 0.0];
-        c.line(f.px(f.x0, f.y0), f.px(f.x1, f.y0), 1.5, black);
-        c.line(f.px(f.x0, f.y0), f.px(f.x0, f.y1), 1.5, black);
-        if let Some((_, v)) = &self.reference {
-            c.line(f.px(f.x0, *v), f.px(f.x1, *v), 1.5, [0.47, 0.47, 0.47]);
+        c.line((bx, by), (ex, by), 1.5, black);
+        c.line((bx, by), (bx, ey), 1.5, black);
+        c.text(&font, &self.title, (W / 2.0, 24.0), style(15.0, black, 0.5));
+        c.text(
+            &font,
+            "step",
+            ((bx + ex) / 2.0, H - 12.0),
+            style(12.0, black, 0.5),
+        );
+        c.text(
+            &font,
+            "loss (nats/token)",
+            (8.0, TOP - 10.0),
+            style(12.0, black, 0.0),
+        );
+        if let Some((label, v)) = &self.reference {
+            let (a, b) = (f.px(f.x0, *v), f.px(f.x1, *v));
+            c.line(a, b, 1.5, [0.47; 3]);
+            c.text(
+                &font,
+                &format!("{label} ({v:.3})"),
+                (b.0 - 4.0, b.1 - 5.0),
+                style(12.0, dim, 1.0),
+            );
         }
-        for (pts, color) in [
-            (&self.train, [0.12, 0.37, 0.75]),
-            (&self.valid, [0.75, 0.22, 0.17]),
-        ] {
+        let series = [
+            (&self.train, TRAIN_RGB, "train", 0.0),
+            (&self.valid, VALID_RGB, "validation", 18.0),
+        ];
+        for (pts, color, name, dy) in series {
             for w in pts.windows(2) {
                 c.line(
                     f.px(w[0].0 as f64, w[0].1),
@@ -154,6 +191,9 @@ impl LossCurve {
                 let (x, y) = f.px(p.0 as f64, p.1);
                 c.dot(x, y, 2.5, color);
             }
+            let (lx, ly) = (W - RIGHT - 150.0, TOP + 15.0 + dy);
+            c.line((lx, ly), (lx + 24.0, ly), 2.0, color);
+            c.text(&font, name, (lx + 30.0, ly + 4.0), style(12.0, black, 0.0));
         }
         c.encode()
     }
@@ -225,7 +265,28 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// An RGB canvas with antialiased round-capped lines.
+const FONT: &[u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
+/// Curve colours of the PNG (the SVG's `#1f5fbf` and `#c0392b`).
+const TRAIN_RGB: [f32; 3] = [0.12, 0.37, 0.75];
+const VALID_RGB: [f32; 3] = [0.75, 0.22, 0.17];
+
+/// How a text is drawn: size in pixels, colour, horizontal anchor (0 left, 0.5 centre, 1 right).
+#[derive(Clone, Copy)]
+struct Style {
+    size: f32,
+    color: [f32; 3],
+    anchor: f64,
+}
+
+const fn style(size: f32, color: [f32; 3], anchor: f64) -> Style {
+    Style {
+        size,
+        color,
+        anchor,
+    }
+}
+
+/// An RGB canvas with antialiased round-capped lines and text.
 struct Canvas {
     w: usize,
     h: usize,
@@ -266,6 +327,30 @@ impl Canvas {
         for i in 0..=n {
             let t = i as f64 / n as f64;
             self.dot(a.0 + t * (b.0 - a.0), a.1 + t * (b.1 - a.1), width / 2.0, c);
+        }
+    }
+    /// `s` with its baseline at `y`, horizontally anchored at `x` (0 left, 0.5 centre, 1 right).
+    fn text(&mut self, font: &FontRef, s: &str, (x, y): (f64, f64), st: Style) {
+        let (c, anchor) = (st.color, st.anchor);
+        let scale = PxScale::from(st.size);
+        let sf = font.as_scaled(scale);
+        let width: f32 = s.chars().map(|ch| sf.h_advance(font.glyph_id(ch))).sum();
+        let mut pen = x as f32 - width * anchor as f32;
+        for ch in s.chars() {
+            let id = font.glyph_id(ch);
+            let g = id.with_scale_and_position(scale, ab_glyph::point(pen, y as f32));
+            if let Some(o) = font.outline_glyph(g) {
+                let bb = o.px_bounds();
+                o.draw(|gx, gy, cov| {
+                    self.blend(
+                        bb.min.x as i64 + gx as i64,
+                        bb.min.y as i64 + gy as i64,
+                        c,
+                        cov,
+                    )
+                });
+            }
+            pen += sf.h_advance(id);
         }
     }
     fn encode(&self) -> Result<Vec<u8>, PlotError> {
