@@ -144,6 +144,31 @@ fn inconsistent_configs_name_the_field() {
 }
 
 #[test]
+fn example_config_is_the_default() {
+    let p =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/train/default.toml");
+    assert_eq!(TrainConfig::load(&p).unwrap(), TrainConfig::default());
+}
+
+#[test]
+fn fingerprint_is_pinned() {
+    // the canonical form must not drift between builds (checkpoints would stop loading): a
+    // shape spelled out here, independent of the default preset, has this fingerprint forever
+    let mut c = TrainConfig::default();
+    (c.model.hidden, c.model.layers, c.model.routed_experts) = (256, 8, 16);
+    (c.parallel.pp, c.parallel.ep, c.parallel.nodes) = (2, 2, 1);
+    assert_eq!(c.shape().len(), 27);
+    assert_eq!(c.shape()["model.route_scaling"], serde_json::json!(2.5));
+    assert_eq!(c.shape()["model.norm_eps"].to_string(), "1e-6");
+    assert_eq!(c.fingerprint(), PINNED);
+}
+
+/// FNV-1a 64 of the canonical text, computed independently (Python) from
+/// `{"model.dense_intermediate":256,...,"model.norm_eps":1e-6,...,"parallel.pp":2}`. Adding a
+/// shape field changes every fingerprint (old checkpoints are then refused): update it then.
+const PINNED: &str = "9833d22d407ba9bb";
+
+#[test]
 fn fingerprint_covers_the_shape_only() {
     let c = TrainConfig::default();
     let f = c.fingerprint();

@@ -277,9 +277,14 @@ impl TrainConfig {
     /// records and compares field by field.
     pub fn shape(&self) -> BTreeMap<String, serde_json::Value> {
         let mut out = BTreeMap::new();
+        // through text, not `to_value`: an f32 then reads as its shortest decimal (1e-6), not
+        // as its f64 widening (9.999999974752427e-7), in the fingerprint and in messages
+        let value = |t: serde_json::Result<String>| {
+            t.and_then(|t| serde_json::from_str::<serde_json::Value>(&t))
+        };
         for (sec, v) in [
-            ("model", serde_json::to_value(&self.model)),
-            ("parallel", serde_json::to_value(&self.parallel)),
+            ("model", value(serde_json::to_string(&self.model))),
+            ("parallel", value(serde_json::to_string(&self.parallel))),
         ] {
             if let Ok(serde_json::Value::Object(m)) = v {
                 for (k, v) in m {
