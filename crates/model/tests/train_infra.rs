@@ -168,6 +168,41 @@ fn fingerprint_is_pinned() {
 /// shape field changes every fingerprint (old checkpoints are then refused): update it then.
 const PINNED: &str = "9833d22d407ba9bb";
 
+/// Every (pp, micro-batches) the configuration accepts is a DualPipeV schedule the `pipeline`
+/// crate generates and verifies (2 stages per device). The configuration is stricter than the
+/// generator (it also refuses odd PP and odd micro-batch counts, as issue 14 asks).
+#[test]
+fn accepted_pipeline_shapes_schedule() {
+    use pipeline::{generate, verify, Method};
+    let mut accepted = 0;
+    for pp in 1..=6u32 {
+        for mb in 1..=14u32 {
+            let mut c = TrainConfig::default();
+            (
+                c.parallel.pp,
+                c.parallel.ep,
+                c.parallel.nodes,
+                c.parallel.devices_per_node,
+            ) = (pp, 1, pp, 1);
+            (c.model.layers, c.train.micro_batches, c.train.micro_batch) = (2 * pp, mb, 1);
+            let ok = c.validate().is_ok();
+            if ok {
+                accepted += 1;
+                let s = generate(Method::DualPipeV, 2 * pp as usize, mb as usize).unwrap();
+                verify(&s).unwrap();
+            }
+            let generator = generate(Method::DualPipeV, 2 * pp as usize, mb as usize).is_ok();
+            assert!(!ok || generator, "pp {pp}, micro-batches {mb}");
+            assert_eq!(
+                ok,
+                pp % 2 == 0 && mb % 2 == 0 && mb >= 2 * pp,
+                "pp {pp}, micro-batches {mb}"
+            );
+        }
+    }
+    assert!(accepted >= 6);
+}
+
 #[test]
 fn fingerprint_covers_the_shape_only() {
     let c = TrainConfig::default();
