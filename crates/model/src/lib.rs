@@ -13,6 +13,7 @@
 //! - [`checkpoint`]: the self-describing, checksummed checkpoint format, written atomically.
 //! - [`plot`]: the loss curve as SVG and PNG.
 //! - [`trace`]: Chrome/Perfetto trace files (kernels on device, stream and SM-partition tracks).
+//! - [`guard`]: non-finite detection naming step, layer and tensor.
 //! - [`atomic`]: write-to-temp-then-rename, shared by everything above that writes a file.
 //!
 //! See `docs/ARCHITECTURE.md`, `docs/EP.md` and `docs/TRAIN.md`.
@@ -21,6 +22,7 @@ pub mod atomic;
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod guard;
 pub mod moe;
 pub mod plot;
 pub mod trace;
