@@ -108,7 +108,10 @@ fn inconsistent_configs_name_the_field() {
         ),
         (|c| c.train.seq_len = 96, &["train.seq_len"]),
         (|c| c.train.micro_batch = 6, &["train.micro_batch"]),
-        (|c| c.parallel.nodes = 1, &["parallel.nodes"]),
+        (
+            |c| c.parallel.nodes = 1,
+            &["parallel.nodes", "parallel.ep_nodes"],
+        ),
         (|c| c.model.mtp_depth = 2, &["model.mtp_depth"]),
         (|c| c.train.adam_beta2 = 1.0, &["train.adam_beta2"]),
         (
@@ -116,6 +119,9 @@ fn inconsistent_configs_name_the_field() {
             &["train.lr.peak", "train.lr.min"],
         ),
         (|c| c.model.q_lora_rank = 40, &["model.q_lora_rank"]),
+        (|c| c.model.groups = 8, &["model.groups"]), // 1 expert per group
+        (|c| c.parallel.ep_nodes = 3, &["parallel.ep_nodes"]),
+        (|c| c.parallel.ep_nodes = 4, &["parallel.ep_nodes"]), // more than the 2 nodes
     ];
     for (i, (edit, want)) in cases.iter().enumerate() {
         let mut c = TrainConfig::default();
@@ -131,7 +137,7 @@ fn inconsistent_configs_name_the_field() {
             assert!(e.to_string().contains(f), "case {i}: {e}");
         }
     }
-    // a consistent non-default shape: PP 4 x EP 2 x DP 2 on 4 nodes x 4 devices, 8 layers
+    // a consistent non-default shape: PP 4 x EP 2 (over 2 nodes) x DP 2 on 4 nodes x 4, 8 layers
     let mut c = TrainConfig::default();
     (
         c.parallel.pp,
@@ -141,6 +147,85 @@ fn inconsistent_configs_name_the_field() {
     ) = (4, 2, 2, 4);
     (c.model.layers, c.train.micro_batches, c.train.micro_batch) = (8, 8, 2);
     c.validate().unwrap();
+}
+
+/// Every device has exactly one (dp, pp, ep) role; an EP group spans `ep_nodes` nodes; the two
+/// pipeline ranks of a group of EP ranks share a node.
+#[test]
+fn placement_is_a_bijection_and_spans_nodes() {
+    let c = TrainConfig::default();
+    let p = c.placement();
+    let want: Vec<(u32, u32, u32)> = (0..8)
+        .map(|d| (d / 4, (d % 4) / 2, (d / 4) * 2 + d % 2))
+        .collect();
+    let got: Vec<(u32, u32, u32)> = p.iter().map(|r| (r.node, r.pp, r.ep)).collect();
+    assert_eq!(
+        got, want,
+        "default: pp rank = local / 2, EP over both nodes"
+    );
+    let mut c = TrainConfig::default();
+    (
+        c.parallel.pp,
+        c.parallel.ep,
+        c.parallel.dp,
+        c.parallel.nodes,
+    ) = (4, 2, 2, 4);
+    (c.model.layers, c.train.micro_batches, c.train.micro_batch) = (8, 8, 2);
+    c.validate().unwrap();
+    let p = c.placement();
+    assert_eq!(p.len(), 16);
+    let mut roles: Vec<(u32, u32, u32)> = p.iter().map(|r| (r.dp, r.pp, r.ep)).collect();
+    roles.sort();
+    roles.dedup();
+    assert_eq!(roles.len(), 16);
+    for (i, r) in p.iter().enumerate() {
+        assert_eq!(
+            (r.device, r.device / 4, r.device % 4),
+            (i as u32, r.node, r.local)
+        );
+        let group: Vec<u32> = p
+            .iter()
+            .filter(|o| (o.dp, o.pp) == (r.dp, r.pp))
+            .map(|o| o.node)
+            .collect();
+        let mut nodes = group.clone();
+        nodes.dedup();
+        assert_eq!(
+            nodes.len(),
+            2,
+            "EP group of {r:?} spans ep_nodes = 2 nodes: {group:?}"
+        );
+    }
+}
+
+/// Whatever `TrainConfig::validate` accepts, the MoE layer's own validation accepts too (the
+/// trainer never fails late on a size the configuration let through).
+#[test]
+fn accepted_configs_make_valid_moe_layers() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut accepted = 0;
+    for _ in 0..4000 {
+        let mut c = TrainConfig::default();
+        let m = &mut c.model;
+        m.routed_experts = [4, 6, 8, 16, 32, 64][rng.gen_range(0..6)];
+        m.groups = [1, 2, 3, 4, 8, 16, 64][rng.gen_range(0..7)];
+        m.topk_groups = rng.gen_range(1..=4);
+        m.topk = rng.gen_range(1..=8);
+        m.hidden = [128, 256][rng.gen_range(0..2)];
+        m.expert_intermediate = [128, 256][rng.gen_range(0..2)];
+        let p = &mut c.parallel;
+        (p.ep, p.ep_nodes) = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (8, 2)][rng.gen_range(0..6)];
+        p.devices_per_node = (p.ep / p.ep_nodes) * 2;
+        p.nodes = p.ep_nodes;
+        c.train.micro_batch = p.ep * [1, 2][rng.gen_range(0..2)];
+        if c.validate().is_ok() {
+            accepted += 1;
+            let moe = c.moe_config();
+            moe.validate().unwrap_or_else(|e| panic!("{c:?}: {e}"));
+            assert_eq!(moe.ranks() as u32, c.parallel.ep);
+        }
+    }
+    assert!(accepted > 100, "{accepted} accepted");
 }
 
 #[test]
@@ -156,8 +241,13 @@ fn fingerprint_is_pinned() {
     // shape spelled out here, independent of the default preset, has this fingerprint forever
     let mut c = TrainConfig::default();
     (c.model.hidden, c.model.layers, c.model.routed_experts) = (256, 8, 16);
-    (c.parallel.pp, c.parallel.ep, c.parallel.nodes) = (2, 2, 1);
-    assert_eq!(c.shape().len(), 27);
+    (
+        c.parallel.pp,
+        c.parallel.ep,
+        c.parallel.ep_nodes,
+        c.parallel.nodes,
+    ) = (2, 2, 1, 1);
+    assert_eq!(c.shape().len(), 28);
     assert_eq!(c.shape()["model.route_scaling"], serde_json::json!(2.5));
     assert_eq!(c.shape()["model.norm_eps"].to_string(), "1e-6");
     assert_eq!(c.fingerprint(), PINNED);
@@ -166,7 +256,7 @@ fn fingerprint_is_pinned() {
 /// FNV-1a 64 of the canonical text, computed independently (Python) from
 /// `{"model.dense_intermediate":256,...,"model.norm_eps":1e-6,...,"parallel.pp":2}`. Adding a
 /// shape field changes every fingerprint (old checkpoints are then refused): update it then.
-const PINNED: &str = "9833d22d407ba9bb";
+const PINNED: &str = "cce6260fa12f0c1a";
 
 /// Every (pp, micro-batches) the configuration accepts is a DualPipeV schedule the `pipeline`
 /// crate generates and verifies (2 stages per device). The configuration is stricter than the
@@ -178,12 +268,8 @@ fn accepted_pipeline_shapes_schedule() {
     for pp in 1..=6u32 {
         for mb in 1..=14u32 {
             let mut c = TrainConfig::default();
-            (
-                c.parallel.pp,
-                c.parallel.ep,
-                c.parallel.nodes,
-                c.parallel.devices_per_node,
-            ) = (pp, 1, pp, 1);
+            (c.parallel.pp, c.parallel.ep, c.parallel.ep_nodes) = (pp, 1, 1);
+            (c.parallel.nodes, c.parallel.devices_per_node) = (pp, 1);
             (c.model.layers, c.train.micro_batches, c.train.micro_batch) = (2 * pp, mb, 1);
             let ok = c.validate().is_ok();
             if ok {

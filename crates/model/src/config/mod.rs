@@ -7,7 +7,10 @@
 //!
 //! The default preset and the reasoning behind its sizes are in `docs/TRAIN.md`.
 
+mod placement;
 mod validate;
+
+pub use placement::DeviceRole;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -124,6 +127,8 @@ pub struct ParallelConfig {
     pub pp: u32,
     /// Expert-parallel ranks within one pipeline stage.
     pub ep: u32,
+    /// Nodes one EP group spans (`ep / ep_nodes` devices on each; see [`DeviceRole`]).
+    pub ep_nodes: u32,
     /// Data-parallel (ZeRO-1) replicas.
     pub dp: u32,
     pub nodes: u32,
@@ -216,11 +221,12 @@ impl Default for TrainingConfig {
 }
 
 impl Default for ParallelConfig {
-    /// PP 2 x EP 4 x DP 1 on 2 nodes x 4 devices.
+    /// PP 2 x EP 4 (over 2 nodes) x DP 1 on 2 nodes x 4 devices.
     fn default() -> Self {
         ParallelConfig {
             pp: 2,
             ep: 4,
+            ep_nodes: 2,
             dp: 1,
             nodes: 2,
             devices_per_node: 4,

@@ -137,6 +137,14 @@ fn experts(c: &TrainConfig, e: &mut Errs) {
             )
         },
     );
+    let per_group = m.routed_experts / m.groups.max(1);
+    e.ensure(m.groups <= 32 && per_group >= 2, "model.groups", || {
+        format!(
+            "{} groups of {per_group} experts: at most 32 groups of at least 2 (group scores \
+             sum each group's top 2)",
+            m.groups
+        )
+    });
     e.ensure(
         m.topk_groups >= 1 && m.topk_groups <= m.groups,
         "model.topk_groups",
@@ -167,6 +175,21 @@ fn parallel(c: &TrainConfig, e: &mut Errs) {
             p.nodes, p.devices_per_node
         )
     });
+    let span = p.ep_nodes.max(1);
+    e.ensure(
+        p.ep_nodes >= 1
+            && p.ep.is_multiple_of(span)
+            && p.nodes.is_multiple_of(span)
+            && p.devices_per_node.is_multiple_of((p.ep / span).max(1)),
+        "parallel.ep_nodes",
+        || {
+            format!(
+                "an EP group of {} over {} nodes needs ep and nodes divisible by it and \
+                 devices_per_node {} divisible by ep / ep_nodes",
+                p.ep, p.ep_nodes, p.devices_per_node
+            )
+        },
+    );
     e.ensure(
         p.comm_sms >= 2 && p.comm_sms.is_multiple_of(2),
         "parallel.comm_sms",
