@@ -1,12 +1,28 @@
 //! `model`: layers of a DeepSeek-V3-shaped model built only from device kernels (crate
 //! `kernels`) and expert-parallel communication (crate `ep`), run through `runtime` on emulated
-//! devices or GPUs.
+//! devices or GPUs, and the infrastructure of the trainer that will compose them.
 //!
 //! - [`moe`]: the MoE layer (gate + group-limited routing, FP8 dispatch/combine on a
 //!   communication SM partition overlapped with the shared expert, grouped FP8 expert GEMMs,
 //!   backward through the same kernels) and its f64 host reference. `ptxforge moe` is a thin
 //!   caller of it.
+//! - [`config`]: the training job's configuration ([`config::TrainConfig`]: model sizes,
+//!   training, parallelism, device), loaded from TOML/JSON and validated before any work.
+//! - [`data`]: the byte-level corpus shipped in the binary, `--data` files (text or `.npy`),
+//!   the train/validation split, the seeded batch sampler and the unigram entropy.
+//! - [`checkpoint`]: the self-describing, checksummed checkpoint format, written atomically.
+//! - [`plot`]: the loss curve as SVG and PNG.
+//! - [`trace`]: Chrome/Perfetto trace files (kernels on device, stream and SM-partition tracks).
+//! - [`guard`]: non-finite detection naming step, layer and tensor.
+//! - [`atomic`]: write-to-temp-then-rename, shared by everything above that writes a file.
 //!
-//! See `docs/ARCHITECTURE.md` and `docs/EP.md`.
+//! See `docs/ARCHITECTURE.md`, `docs/EP.md` and `docs/TRAIN.md`.
 
+pub mod atomic;
+pub mod checkpoint;
+pub mod config;
+pub mod data;
+pub mod guard;
 pub mod moe;
+pub mod plot;
+pub mod trace;

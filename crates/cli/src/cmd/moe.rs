@@ -221,17 +221,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Chrome/Perfetto trace of the layer's spans (microseconds since `t0`).
+/// Chrome/Perfetto trace of the layer's spans (microseconds since `t0`), written atomically.
 fn write_trace(p: &std::path::Path, t0: Instant, spans: &[TraceSpan]) -> anyhow::Result<()> {
-    let ev: Vec<Value> = spans
-        .iter()
-        .map(|s| {
-            let ts = s.span.start.duration_since(t0).as_secs_f64() * 1e6;
-            json!({"name": s.name, "ph": "X", "ts": ts, "dur": s.span.secs() * 1e6, "pid": s.device, "tid": s.stream})
-        })
-        .collect();
-    std::fs::write(p, serde_json::to_string(&json!({"traceEvents": ev}))?)
-        .with_context(|| format!("writing {}", p.display()))
+    Ok(model::trace::Trace::from_spans(t0, spans).write(p)?)
 }
 
 /// Everything the report is made of.
