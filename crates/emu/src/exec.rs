@@ -30,6 +30,8 @@ pub struct LaunchCtx {
     pub printf: Option<Arc<std::sync::Mutex<String>>>,
     /// Count shared-memory wavefronts per instruction ([`crate::banks`]).
     pub bank_profile: bool,
+    /// Tensor-core numerics of float `mma`/`wgmma` ([`crate::tc_numerics`]).
+    pub numerics: crate::Numerics,
 }
 
 impl LaunchCtx {
@@ -1631,8 +1633,10 @@ impl Cta {
                 }
                 let mut outs = [[0u64; 32]; 8];
                 let nd = d.len().min(8);
-                crate::mma::mma_sync(
+                let model = ctx.numerics.model(prog.target_sm, spec.aty);
+                crate::mma::mma_sync_with(
                     spec,
+                    model.as_ref(),
                     &ar[..a.len().min(8)],
                     &br[..b.len().min(8)],
                     &cr[..c.len().min(8)],
@@ -1798,7 +1802,10 @@ impl Cta {
                     return Ok(Flow::Spin);
                 }
             }
-            Op::Wgmma(op) => self.wgmma(wi, op, m)?,
+            Op::Wgmma(op) => {
+                let model = ctx.numerics.model(ctx.prog.target_sm, op.spec.aty);
+                self.wgmma(wi, op, m, model)?
+            }
             Op::WgmmaCommit => {
                 let w = &mut self.warps[wi];
                 let g = std::mem::take(&mut w.wg_open);
@@ -2447,7 +2454,13 @@ impl Cta {
 
     /// `wgmma.mma_async` for this warp's 16-row slice of the 64-row tile; results go to the
     /// warp's open group and reach the registers at `wgmma.wait_group`.
-    fn wgmma(&mut self, wi: usize, op: &WgmmaOp, m: u32) -> Result<(), FaultKind> {
+    fn wgmma(
+        &mut self,
+        wi: usize,
+        op: &WgmmaOp,
+        m: u32,
+        model: Option<crate::tc_numerics::TcModel>,
+    ) -> Result<(), FaultKind> {
         use crate::hopper::{acc_pos, elem_f64, esize, MatrixDesc};
         let spec = &op.spec;
         let (n, k) = (spec.n as usize, spec.k as usize);
@@ -2546,6 +2559,15 @@ impl Cta {
                 *x = x.saturating_add(1);
             }
         }
+        let users = bop.users + 1;
+        if let Some(model) = model {
+            self.warps[wi].wg_reads_open.extend_from_slice(&chunks);
+            self.wgmma_model(wi, op, m, &model, &a, &bop.bt);
+            if users < 4 {
+                self.wg_bcache[wgi] = Some(BOperand { users, ..bop });
+            }
+            return Ok(());
+        }
         // 16 x n products, k outer: each (row, column) sum still runs in k order from 0.0 (as a
         // dot product would), and the column loop vectorises
         let mut sums = vec![0f64; 16 * n];
@@ -2559,26 +2581,13 @@ impl Cta {
                 }
             }
         }
-        let users = bop.users + 1;
         if users < 4 {
             self.wg_bcache[wgi] = Some(BOperand { users, ..bop });
         }
         self.warps[wi].wg_reads_open.extend_from_slice(&chunks);
         let w = &mut self.warps[wi];
-        // Current accumulator values: newest pending result, else the register file.
-        let current = |w: &Warp, slot: u32| -> Lanes {
-            if let Some((_, v)) = w.wg_open.iter().rev().find(|(s, _)| *s == slot) {
-                return *v;
-            }
-            for g in w.wg_groups.iter().rev() {
-                if let Some((_, v)) = g.iter().rev().find(|(s, _)| *s == slot) {
-                    return *v;
-                }
-            }
-            w.regs[slot as usize]
-        };
         let scale = w.regs[op.scale_d as usize];
-        let mut outs: Vec<Lanes> = op.d.iter().map(|&s| current(w, s)).collect();
+        let mut outs: Vec<Lanes> = op.d.iter().map(|&s| wg_current(w, s)).collect();
         for lane in lanes_of(m) {
             let acc = scale[lane] & 1 != 0;
             for (i, out) in outs.iter_mut().enumerate() {
@@ -2608,7 +2617,60 @@ impl Cta {
     }
 }
 
+/// Current value of accumulator register `slot`: the newest pending wgmma result, else the
+/// register file.
+fn wg_current(w: &Warp, slot: u32) -> Lanes {
+    if let Some((_, v)) = w.wg_open.iter().rev().find(|(s, _)| *s == slot) {
+        return *v;
+    }
+    for g in w.wg_groups.iter().rev() {
+        if let Some((_, v)) = g.iter().rev().find(|(s, _)| *s == slot) {
+            return *v;
+        }
+    }
+    w.regs[slot as usize]
+}
+
 impl Cta {
+    /// The f32 accumulation of a wgmma under a hardware model: the accumulator (or 0 when
+    /// `scale-d` is false) is the C of the model's first block, so it is aligned and truncated
+    /// together with the products as on the tensor core.
+    fn wgmma_model(
+        &mut self,
+        wi: usize,
+        op: &WgmmaOp,
+        m: u32,
+        model: &crate::tc_numerics::TcModel,
+        a: &[f64],
+        bt: &[f64],
+    ) {
+        use crate::hopper::acc_pos;
+        let (n, k) = (op.spec.n as usize, op.spec.k as usize);
+        let w = &mut self.warps[wi];
+        let scale = w.regs[op.scale_d as usize];
+        let mut outs: Vec<Lanes> = op.d.iter().map(|&s| wg_current(w, s)).collect();
+        // C tile of this warp's 16 rows (lanes outside `m` keep their registers)
+        let mut acc = vec![0f64; 16 * n];
+        for lane in lanes_of(m) {
+            if scale[lane] & 1 != 0 {
+                for (i, out) in outs.iter().enumerate() {
+                    let (r, c) = acc_pos(lane, i);
+                    acc[r * n + c] = f32::from_bits(out[lane] as u32) as f64;
+                }
+            }
+        }
+        crate::tc_numerics::tile(model, a, bt, k, n, &mut acc);
+        for lane in lanes_of(m) {
+            for (i, out) in outs.iter_mut().enumerate() {
+                let (r, c) = acc_pos(lane, i);
+                out[lane] = (acc[r * n + c] as f32).to_bits() as u64;
+            }
+        }
+        for (slot, v) in op.d.iter().zip(outs) {
+            w.wg_open.push((*slot, v));
+        }
+    }
+
     /// Reads a NUL-terminated string (at most 4 KiB) at a generic address.
     fn read_cstr(
         &self,

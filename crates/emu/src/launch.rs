@@ -60,6 +60,9 @@ pub struct LaunchOptions {
     /// Counts shared-memory wavefronts and bank conflicts per instruction
     /// ([`LaunchStats::banks`]). Default: on when `PTXFORGE_EMU_BANKS=1`.
     pub bank_profile: bool,
+    /// Tensor-core numerics of `mma`/`wgmma` float forms. Default: `PTXFORGE_TC_NUMERICS`
+    /// (`exact` | `hw`), else the kernel target's hardware model.
+    pub numerics: crate::Numerics,
 }
 
 impl Default for LaunchOptions {
@@ -77,6 +80,7 @@ impl Default for LaunchOptions {
             progress: None,
             printf: None,
             bank_profile: std::env::var("PTXFORGE_EMU_BANKS").is_ok_and(|v| v == "1"),
+            numerics: crate::Numerics::from_env(),
         }
     }
 }
@@ -180,6 +184,7 @@ pub fn launch(
         start: Instant::now(),
         printf: opts.printf.clone(),
         bank_profile: opts.bank_profile,
+        numerics: opts.numerics,
     };
     let smem = ctx.shared_bytes();
     let limit = max_shared_per_block(prog.target_sm);

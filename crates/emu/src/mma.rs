@@ -20,7 +20,11 @@
 //! | m8n8k4    | f64                          | f64              |
 //!
 //! # Numerics
-//! Float forms: every product of two inputs is exact in f64 (at most 2*11 significand bits for
+//! [`mma_sync_with`] with a model applies the tensor-core numerics of an architecture
+//! ([`crate::tc_numerics`]: blocks of products aligned to the largest exponent, truncated, summed
+//! and rounded toward zero); the emulator uses the kernel target's model unless a launch asks for
+//! [`crate::Numerics::Exact`]. The exact mode ([`mma_sync`], or no model):
+//! float forms: every product of two inputs is exact in f64 (at most 2*11 significand bits for
 //! f16/tf32, 2*8 for bf16, 2*4 for fp8). The products are summed in f64 in increasing `k` order,
 //! C is added, and the result is rounded once (nearest even) to the D type. PTX does not fix the
 //! accumulation order or intermediate precision of `mma`, so this is one admissible result; for
@@ -30,6 +34,7 @@
 //! Integer forms are exact; D wraps modulo 2^32 or, with `.satfinite`, clamps to the s32 range.
 
 use crate::fp;
+use crate::tc_numerics::{self as tc, TcModel};
 use crate::Lanes;
 use ptx::{Flag, Instruction, Mod, Opcode, Ty};
 
@@ -273,9 +278,21 @@ fn to_i64(t: Ty, bits: u64) -> i64 {
 /// `D = A * B + C` for the whole warp. `a`, `b`, `c` are the fragment registers (as many as
 /// [`MmaSpec::frag_counts`] says; missing ones read as zero) and `d` receives the D fragment
 /// (extra entries are left alone). Register values are raw bits, zero-extended.
-#[allow(clippy::needless_range_loop)]
 pub fn mma_sync(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mut [Lanes]) {
-    if mma_fast(spec, a, b, c, d) {
+    mma_sync_with(spec, None, a, b, c, d)
+}
+
+/// [`mma_sync`] under tensor-core numerics `model` ([`crate::tc_numerics`]); `None` is the exact
+/// mode. Integer and f64 forms ignore the model (they are exact either way).
+pub fn mma_sync_with(
+    spec: &MmaSpec,
+    model: Option<&TcModel>,
+    a: &[&Lanes],
+    b: &[&Lanes],
+    c: &[&Lanes],
+    d: &mut [Lanes],
+) {
+    if mma_fast(spec, model, a, b, c, d) {
         return;
     }
     let (m, n, k) = (spec.m as usize, spec.n as usize, spec.k as usize);
@@ -360,6 +377,10 @@ pub fn mma_sync(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mu
                     s = f64::from_bits(0x7FFF_FFFF_FFFF_FFFF);
                 }
                 s.to_bits()
+            } else if let Some(model) = model {
+                let (ar, bc) = (&am[r * k..r * k + k], &bm[col * k..col * k + k]);
+                let x = tc::dot(model, ar, bc, cm[r * n + col] as f32);
+                round_to(spec.dty, x as f64)
             } else {
                 let mut s = 0f64;
                 let (ar, bc) = (&am[r * k..r * k + k], &bm[col * k..col * k + k]);
@@ -408,7 +429,14 @@ fn round_to(t: Ty, x: f64) -> u64 {
 /// with f32 C/D. Same semantics as the general path (exact products summed in f64 in k order,
 /// plus C, rounded once), with the fragment layouts written out instead of looked up per element.
 /// Returns false when the instruction is not one of these forms.
-fn mma_fast(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mut [Lanes]) -> bool {
+fn mma_fast(
+    spec: &MmaSpec,
+    model: Option<&TcModel>,
+    a: &[&Lanes],
+    b: &[&Lanes],
+    c: &[&Lanes],
+    d: &mut [Lanes],
+) -> bool {
     if spec.m != 16 || spec.n != 8 || spec.cty != Ty::F32 || spec.dty != Ty::F32 {
         return false;
     }
@@ -470,6 +498,27 @@ fn mma_fast(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mut [L
                 }
             }
         }
+    }
+    if let Some(model) = model {
+        for lane in 0..32 {
+            let (g, q) = (lane >> 2, lane & 3);
+            for i in 0..4 {
+                let (row, col) = (g + 8 * (i >> 1), 2 * q + (i & 1));
+                let cv = f32::from_bits(c[i][lane] as u32);
+                let x = tc::dot(
+                    model,
+                    &am[row * k..row * k + k],
+                    &bt[col * k..col * k + k],
+                    cv,
+                );
+                d[i][lane] = if x.is_nan() {
+                    0x7FFF_FFFF
+                } else {
+                    x.to_bits() as u64
+                };
+            }
+        }
+        return true;
     }
     // All 128 outputs accumulate together, k outer: each output still adds its products in
     // increasing k order (the general path's semantics, bit for bit), and the 8 columns of a row
