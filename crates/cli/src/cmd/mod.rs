@@ -42,3 +42,9 @@ pub fn print_banks(b: &emu::banks::BankReport, top: usize) {
         );
     }
 }
+
+/// Parses a `--numerics` flag (`exact` | `hw`); `None` when the flag is absent.
+pub fn parse_numerics(s: Option<&str>) -> anyhow::Result<Option<emu::Numerics>> {
+    s.map(|v| emu::Numerics::parse(v).map_err(|e| anyhow::anyhow!("--numerics: {e}")))
+        .transpose()
+}
