@@ -353,7 +353,8 @@ mod tests {
         assert_eq!(round_rz(x, 23), 1.0 + 2f32.powi(-23));
         assert_eq!(round_rz(-x, 23), -(1.0 + 2f32.powi(-23)));
         assert_eq!(round_rz(1e300, 23), f32::MAX);
-        assert_eq!(round_rz(1.0 + 2f64.powi(-12), 13), 1.0);
+        assert_eq!(round_rz(1.0 + 2f64.powi(-14), 13), 1.0);
+        assert_eq!(round_rz(1.0 + 2f64.powi(-13), 13), 1.0 + 2f32.powi(-13));
         assert_eq!(round_rz(2f64.powi(-149) * 1.9, 23), 2f32.powi(-149));
     }
 }
