@@ -42,8 +42,13 @@ fn unpromoted_error_grows_with_k() {
         errs[1].0 > 3.0 * errs[0].0,
         "unpromoted error did not grow with K: {errs:?}"
     );
+    // DeepSeek-V3 reports ~2% at K = 4096 without promotion: the same order of magnitude
     assert!(
-        errs[1].1 < errs[1].0 / 2.0,
+        errs[1].0 > 1e-2,
+        "unpromoted error at K = 4096 below 1%: {errs:?}"
+    );
+    assert!(
+        errs[1].1 < kernels::registry::fp8_f32_tolerance(),
         "promoted error too large: {errs:?}"
     );
 }
