@@ -260,9 +260,9 @@ fn decode_exact(t: Ty, bits: u64) -> Option<(bool, i128, i32)> {
         return None; // e4m3 NaN (S.1111.111); e4m3 has no infinities
     }
     let (sig, exp) = if e == 0 {
-        (f, 1 - bias - fbits as i32)
+        (f, 1 - bias - fbits)
     } else {
-        (f | (1 << fbits), e - bias - fbits as i32)
+        (f | (1 << fbits), e - bias - fbits)
     };
     Some((neg, sig, exp))
 }

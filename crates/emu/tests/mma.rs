@@ -402,20 +402,20 @@ fn hw_models_through_fragments() {
                 vec![[0u64; 32]; nb],
                 vec![[0u64; 32]; nc],
             );
-            for r in 0..m {
-                for kk in 0..k {
+            for (r, (arow, crow)) in am.iter().zip(&cm).enumerate() {
+                for (kk, &bits) in arow.iter().enumerate() {
                     let (lane, slot) = a_home(&s, r, kk);
-                    put(&mut a, s.aty, lane, slot, am[r][kk]);
+                    put(&mut a, s.aty, lane, slot, bits);
                 }
-                for cc in 0..n {
+                for (cc, &bits) in crow.iter().enumerate() {
                     let (lane, slot) = c_home(&s, r, cc);
-                    put(&mut c, s.cty, lane, slot, cm[r][cc]);
+                    put(&mut c, s.cty, lane, slot, bits);
                 }
             }
-            for cc in 0..n {
-                for kk in 0..k {
+            for (cc, bcol) in bm.iter().enumerate() {
+                for (kk, &bits) in bcol.iter().enumerate() {
                     let (lane, slot) = b_home(&s, kk, cc);
-                    put(&mut b, s.bty, lane, slot, bm[cc][kk]);
+                    put(&mut b, s.bty, lane, slot, bits);
                 }
             }
             let mut d = vec![[0xDEAD_BEEFu64; 32]; nd];
