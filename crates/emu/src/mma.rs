@@ -500,17 +500,26 @@ fn mma_fast(
         }
     }
     if let Some(model) = model {
+        // B k-major (row kk = B[kk][0..8]) and C as a 16 x 8 tile, for `tc::tile`
+        let mut bk = [0f64; 32 * 8];
+        for col in 0..8 {
+            for kk in 0..k {
+                bk[kk * 8 + col] = bt[col * k + kk];
+            }
+        }
+        let mut acc = [0f64; 16 * 8];
         for lane in 0..32 {
             let (g, q) = (lane >> 2, lane & 3);
             for i in 0..4 {
                 let (row, col) = (g + 8 * (i >> 1), 2 * q + (i & 1));
-                let cv = f32::from_bits(c[i][lane] as u32);
-                let x = tc::dot(
-                    model,
-                    &am[row * k..row * k + k],
-                    &bt[col * k..col * k + k],
-                    cv,
-                );
+                acc[row * 8 + col] = f32::from_bits(c[i][lane] as u32) as f64;
+            }
+        }
+        tc::tile(model, &am[..16 * k], &bk[..k * 8], k, 8, &mut acc);
+        for lane in 0..32 {
+            let (g, q) = (lane >> 2, lane & 3);
+            for i in 0..4 {
+                let x = acc[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)] as f32;
                 d[i][lane] = if x.is_nan() {
                     0x7FFF_FFFF
                 } else {

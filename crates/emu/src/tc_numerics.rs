@@ -207,25 +207,106 @@ pub fn dot(m: &TcModel, a: &[f64], b: &[f64], c: f32) -> f32 {
 
 /// Accumulates a `rows x cols` tile of dot products under model `m`: `acc[r * cols + c]` is the
 /// C of output (r, c) on entry and its D on exit. `a` is `rows x k` (row-major) and `bt` is
-/// `k x cols` (row kk holds B[kk][..]). The emulator's mma and wgmma paths call this.
+/// `k x cols` (row kk holds B[kk][..]). The emulator's mma and wgmma paths call this; groups of
+/// [`GROUP`] columns go through [`group`] (same results as [`dot`], laid out so the column loops
+/// vectorise), the remainder through [`dot`]'s block sum.
 pub fn tile(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
-    let rows = acc.len() / cols.max(1);
+    if cols == 0 {
+        return;
+    }
+    let rows = acc.len() / cols;
     let mut prods = [0f64; 64];
     for r in 0..rows {
         let ar = &a[r * k..(r + 1) * k];
-        for c in 0..cols {
-            let mut x = acc[r * cols + c];
+        let row = &mut acc[r * cols..(r + 1) * cols];
+        let mut c0 = 0;
+        while c0 + GROUP <= cols {
+            let x: &mut [f64; GROUP] = (&mut row[c0..c0 + GROUP])
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("slice of GROUP elements"));
+            group(m, ar, &bt[c0..], cols, x);
+            c0 += GROUP;
+        }
+        for (c, x) in row.iter_mut().enumerate().skip(c0) {
             let mut k0 = 0;
             while k0 < k {
                 let n = m.block.min(k - k0).min(64);
                 for i in 0..n {
                     prods[i] = ar[k0 + i] * bt[(k0 + i) * cols + c];
                 }
-                x = block_sum(m, &prods[..n], x);
+                *x = block_sum(m, &prods[..n], *x);
                 k0 += n;
             }
-            acc[r * cols + c] = x;
         }
+    }
+}
+
+/// Columns [`group`] handles at once.
+pub const GROUP: usize = 8;
+
+/// Biased f64 exponent field (0 for zero; every value here is zero, normal or special in f64).
+fn bexp(x: f64) -> u64 {
+    (x.to_bits() >> 52) & 0x7ff
+}
+
+/// One row of [`tile`] for `GROUP` adjacent columns: `bt[kk * stride + c]` is B[kk][c] and `x`
+/// holds the accumulators. Same arithmetic as [`block_sum`] (exact products, alignment by a
+/// power-of-two scale, truncation by the float-to-integer conversion, exact integer sum, one
+/// rounding toward zero), column-parallel.
+fn group(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP]) {
+    let k = ar.len();
+    let f = m.align_frac as u64;
+    let mut prods = [[0f64; GROUP]; 64];
+    let mut k0 = 0;
+    while k0 < k {
+        let n = m.block.min(k - k0).min(64);
+        let mut emax = [0u64; GROUP];
+        for c in 0..GROUP {
+            emax[c] = bexp(x[c]);
+        }
+        for j in 0..n {
+            let av = ar[k0 + j];
+            let br = &bt[(k0 + j) * stride..(k0 + j) * stride + GROUP];
+            let pj = &mut prods[j];
+            for c in 0..GROUP {
+                pj[c] = av * br[c];
+                emax[c] = emax[c].max(bexp(pj[c]));
+            }
+        }
+        // 2^(F - e) and 2^(e - F) for the largest exponent e of each column; columns that are
+        // all zero, hold a special or fall outside the scalable range take the scalar path
+        let mut up = [0f64; GROUP];
+        let mut down = [0f64; GROUP];
+        let mut odd = false;
+        for c in 0..GROUP {
+            let ok = emax[c] > f && emax[c] != 0x7ff;
+            odd |= !ok;
+            up[c] = f64::from_bits(((2046 + f).saturating_sub(emax[c]) & 0x7ff) << 52);
+            down[c] = f64::from_bits((emax[c].saturating_sub(f) & 0x7ff) << 52);
+        }
+        if odd {
+            let mut col = [0f64; 64];
+            for c in 0..GROUP {
+                for j in 0..n {
+                    col[j] = prods[j][c];
+                }
+                x[c] = block_sum(m, &col[..n], x[c]);
+            }
+        } else {
+            let mut s = [0i64; GROUP];
+            for c in 0..GROUP {
+                s[c] = (x[c] * up[c]) as i64;
+            }
+            for pj in &prods[..n] {
+                for c in 0..GROUP {
+                    s[c] += (pj[c] * up[c]) as i64;
+                }
+            }
+            for c in 0..GROUP {
+                x[c] = round_rz(s[c] as f64 * down[c], m.out_frac) as f64;
+            }
+        }
+        k0 += n;
     }
 }
 
