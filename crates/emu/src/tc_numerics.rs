@@ -220,7 +220,9 @@ pub fn tile(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut
         let ar = &a[r * k..(r + 1) * k];
         let row = &mut acc[r * cols..(r + 1) * cols];
         let mut c0 = 0;
-        while c0 + GROUP <= cols {
+        // the column-parallel path sums aligned terms (< 2^(F+1)) of up to 33 terms in i32
+        let grouped = m.block <= 32 && m.align_frac <= 24;
+        while grouped && c0 + GROUP <= cols {
             let x: &mut [f64; GROUP] = (&mut row[c0..c0 + GROUP])
                 .try_into()
                 .unwrap_or_else(|_| unreachable!("slice of GROUP elements"));
@@ -256,50 +258,66 @@ fn bexp(x: f64) -> u64 {
 fn group(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP]) {
     let k = ar.len();
     let f = m.align_frac as u64;
-    let mut prods = [[0f64; GROUP]; 64];
+    let brow = |kk: usize| -> &[f64] { &bt[kk * stride..kk * stride + GROUP] };
     let mut k0 = 0;
     while k0 < k {
-        let n = m.block.min(k - k0).min(64);
-        let mut emax = [0u64; GROUP];
+        let n = m.block.min(k - k0);
+        // pass 1: the largest magnitude of each column (its exponent is the largest exponent;
+        // `>` keeps NaN out, the plain sum `chk` turns non-finite when any term is NaN or
+        // infinite). Products are recomputed in pass 2: cheaper than storing them.
+        let mut big = [0f64; GROUP];
+        let mut chk = [0f64; GROUP];
         for c in 0..GROUP {
-            emax[c] = bexp(x[c]);
+            big[c] = x[c].abs();
+            chk[c] = x[c];
         }
-        for j in 0..n {
-            let av = ar[k0 + j];
-            let br = &bt[(k0 + j) * stride..(k0 + j) * stride + GROUP];
-            let pj = &mut prods[j];
+        for j in k0..k0 + n {
+            let (av, br) = (ar[j], brow(j));
             for c in 0..GROUP {
-                pj[c] = av * br[c];
-                emax[c] = emax[c].max(bexp(pj[c]));
+                let p = av * br[c];
+                let a = p.abs();
+                big[c] = if a > big[c] { a } else { big[c] };
+                chk[c] += p;
             }
         }
+        let mut emax = [0u64; GROUP];
+        for c in 0..GROUP {
+            emax[c] = if chk[c].is_finite() {
+                bexp(big[c])
+            } else {
+                0x7ff
+            };
+        }
         // 2^(F - e) and 2^(e - F) for the largest exponent e of each column; columns that are
-        // all zero, hold a special or fall outside the scalable range take the scalar path
+        // all zero or hold a special take the scalar path
         let mut up = [0f64; GROUP];
         let mut down = [0f64; GROUP];
         let mut odd = false;
         for c in 0..GROUP {
-            let ok = emax[c] > f && emax[c] != 0x7ff;
-            odd |= !ok;
+            odd |= emax[c] <= f || emax[c] == 0x7ff;
             up[c] = f64::from_bits(((2046 + f).saturating_sub(emax[c]) & 0x7ff) << 52);
             down[c] = f64::from_bits((emax[c].saturating_sub(f) & 0x7ff) << 52);
         }
         if odd {
             let mut col = [0f64; 64];
             for c in 0..GROUP {
-                for j in 0..n {
-                    col[j] = prods[j][c];
+                let n = n.min(64);
+                for (jj, p) in col[..n].iter_mut().enumerate() {
+                    *p = ar[k0 + jj] * brow(k0 + jj)[c];
                 }
                 x[c] = block_sum(m, &col[..n], x[c]);
             }
         } else {
-            let mut s = [0i64; GROUP];
+            // pass 2: aligned, truncated (float-to-integer conversion) and summed exactly
+            // (each aligned term is below 2^(F+1) <= 2^25, so 33 of them fit an i32)
+            let mut s = [0i32; GROUP];
             for c in 0..GROUP {
-                s[c] = (x[c] * up[c]) as i64;
+                s[c] = (x[c] * up[c]) as i32;
             }
-            for pj in &prods[..n] {
+            for j in k0..k0 + n {
+                let (av, br) = (ar[j], brow(j));
                 for c in 0..GROUP {
-                    s[c] += (pj[c] * up[c]) as i64;
+                    s[c] += (av * br[c] * up[c]) as i32;
                 }
             }
             for c in 0..GROUP {
