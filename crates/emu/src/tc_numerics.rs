@@ -220,7 +220,7 @@ pub fn tile(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut
         let ar = &a[r * k..(r + 1) * k];
         let row = &mut acc[r * cols..(r + 1) * cols];
         let mut c0 = 0;
-        // the column-parallel path sums aligned terms (< 2^(F+1)) of up to 33 terms in i32
+        // the column-parallel path sums up to 33 aligned terms (< 2^(F+1)) exactly in f64
         let grouped = m.block <= 32 && m.align_frac <= 24;
         while grouped && c0 + GROUP <= cols {
             let x: &mut [f64; GROUP] = (&mut row[c0..c0 + GROUP])
@@ -240,6 +240,20 @@ pub fn tile(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut
                 k0 += n;
             }
         }
+    }
+}
+
+/// `y` truncated toward zero, for |y| < 2^51, with plain f64 arithmetic (vectorises, unlike
+/// `trunc` and the saturating float-to-integer casts on baseline x86-64): adding and
+/// subtracting 1.5 * 2^52 rounds to the nearest integer; one step back toward zero where that
+/// rounded away from it.
+fn trunc_small(y: f64) -> f64 {
+    const MAGIC: f64 = 6755399441055744.0; // 1.5 * 2^52
+    let r = (y + MAGIC) - MAGIC;
+    if r.abs() > y.abs() {
+        r - 1f64.copysign(y)
+    } else {
+        r
     }
 }
 
@@ -309,19 +323,19 @@ fn group(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP
             }
         } else {
             // pass 2: aligned, truncated (float-to-integer conversion) and summed exactly
-            // (each aligned term is below 2^(F+1) <= 2^25, so 33 of them fit an i32)
-            let mut s = [0i32; GROUP];
+            // (aligned terms are below 2^(F+1) <= 2^25, so the f64 sum of 33 of them is exact)
+            let mut s = [0f64; GROUP];
             for c in 0..GROUP {
-                s[c] = (x[c] * up[c]) as i32;
+                s[c] = trunc_small(x[c] * up[c]);
             }
             for j in k0..k0 + n {
                 let (av, br) = (ar[j], brow(j));
                 for c in 0..GROUP {
-                    s[c] += (av * br[c] * up[c]) as i32;
+                    s[c] += trunc_small(av * br[c] * up[c]);
                 }
             }
             for c in 0..GROUP {
-                x[c] = round_rz(s[c] as f64 * down[c], m.out_frac) as f64;
+                x[c] = round_rz(s[c] * down[c], m.out_frac) as f64;
             }
         }
         k0 += n;
