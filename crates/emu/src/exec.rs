@@ -2116,6 +2116,9 @@ impl Cta {
                     let da = w.regs[*dst as usize][l].wrapping_add(*doff as u64);
                     let sa = w.regs[*src as usize][l].wrapping_add(*soff as u64);
                     let n_src = (w.regs[*src_size as usize][l] as u32).min(*size);
+                    if self.cp_async_row(ctx, wi, l, (*dspace, da), sa, n_src, *size) {
+                        continue;
+                    }
                     let mut k = 0u32;
                     while k < *size {
                         let chunk = if k + 4 <= *size { 4 } else { 1 };
@@ -2146,6 +2149,46 @@ impl Cta {
             }
         }
         Ok(Flow::Next)
+    }
+}
+
+impl Cta {
+    /// One lane's `cp.async` in the common case, as one row: aligned addresses, global source
+    /// copied whole (or not at all: zero fill), destination in this CTA's shared memory. Returns
+    /// false (nothing done) for anything else, including faulting addresses: the per-chunk path
+    /// then runs with its exact semantics and diagnostics. Same bytes as that path.
+    fn cp_async_row(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        lane: usize,
+        (dspace, da): (MSpace, u64),
+        sa: u64,
+        n_src: u32,
+        size: u32,
+    ) -> bool {
+        let aligned = da.is_multiple_of(size as u64) && sa.is_multiple_of(size as u64);
+        if size > 16 || !aligned || (n_src != size && n_src != 0) {
+            return false;
+        }
+        let Ok(Loc::Shared(o)) = self.locate(ctx, dspace, da, size, lane, 0) else {
+            return false;
+        };
+        let mut row = [0u8; 16];
+        if n_src == size {
+            let Ok(Loc::Global(a, off)) = self.locate(ctx, MSpace::Global, sa, size, lane, 0)
+            else {
+                return false;
+            };
+            let step = size.min(8);
+            for i in (0..size).step_by(step as usize) {
+                let loc = Loc::Global(a, off + i as u64);
+                let v = self.load(ctx, wi, &loc, step, Ordering::Relaxed);
+                row[i as usize..(i + step) as usize].copy_from_slice(&v.to_le_bytes()[..step as usize]);
+            }
+        }
+        self.shared[o..o + size as usize].copy_from_slice(&row[..size as usize]);
+        true
     }
 }
 

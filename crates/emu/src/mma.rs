@@ -427,8 +427,8 @@ fn round_to(t: Ty, x: f64) -> u64 {
 
 /// Fast path for the shapes GEMM kernels live on: m16n8k16 bf16/f16 and m16n8k32 e4m3/e5m2
 /// with f32 C/D. Same semantics as the general path (exact products summed in f64 in k order,
-/// plus C, rounded once), with the fragment layouts written out instead of looked up per element.
-/// Returns false when the instruction is not one of these forms.
+/// plus C, rounded once; or the hardware model), with the fragment layouts written out instead
+/// of looked up per element. Returns false when the instruction is not one of these forms.
 fn mma_fast(
     spec: &MmaSpec,
     model: Option<&TcModel>,
@@ -440,18 +440,27 @@ fn mma_fast(
     if spec.m != 16 || spec.n != 8 || spec.cty != Ty::F32 || spec.dty != Ty::F32 {
         return false;
     }
-    let wide = match (spec.aty, spec.bty, spec.k) {
-        (Ty::Bf16 | Ty::F16, Ty::Bf16 | Ty::F16, 16) => true,
-        (Ty::E4m3 | Ty::E5m2, Ty::E4m3 | Ty::E5m2, 32) => false,
-        _ => return false,
-    };
     if a.len() < 4 || b.len() < 2 || c.len() < 4 || d.len() < 4 {
         return false;
     }
-    let k = spec.k as usize;
-    // A: 16 rows x k, B transposed: 8 cols x k.
-    let mut am = [0f64; 16 * 32];
-    let mut bt = [0f64; 8 * 32];
+    match (spec.aty, spec.bty, spec.k) {
+        (Ty::Bf16 | Ty::F16, Ty::Bf16 | Ty::F16, 16) => {
+            let (am, bk) = decode16(spec, a, b);
+            tile_out(model, am.as_flattened(), bk.as_flattened(), 16, c, d);
+        }
+        (Ty::E4m3 | Ty::E5m2, Ty::E4m3 | Ty::E5m2, 32) => {
+            let (am, bk) = decode8(spec, a, b);
+            tile_out(model, am.as_flattened(), bk.as_flattened(), 32, c, d);
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// A (16 x 16, row-major) and B (16 x 8, k-major) of an m16n8k16 16-bit-input mma.
+fn decode16(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes]) -> ([[f64; 16]; 16], [[f64; 8]; 16]) {
+    let mut am = [[0f64; 16]; 16];
+    let mut bk = [[0f64; 8]; 16];
     let dec16 = |t: Ty, v: u64| -> f64 {
         if t == Ty::Bf16 {
             f32::from_bits(((v as u32) & 0xffff) << 16) as f64
@@ -459,55 +468,71 @@ fn mma_fast(
             half::f16::from_bits(v as u16).to_f64()
         }
     };
-    let tab = fp8_table();
-    let dec8 = |t: Ty, v: u64| -> f64 { tab[(t == Ty::E5m2) as usize][(v & 0xff) as usize] };
     for lane in 0..32 {
         let (g, q) = (lane >> 2, lane & 3);
-        if wide {
-            // a_r holds elements 2r (low) and 2r+1: row g + 8*(r&1), col 2q + 8*(r>>1) (+0/1).
-            for r in 0..4 {
-                let v = a[r][lane];
-                let row = g + 8 * (r & 1);
-                let col = 2 * q + 8 * (r >> 1);
-                am[row * k + col] = dec16(spec.aty, v);
-                am[row * k + col + 1] = dec16(spec.aty, v >> 16);
+        // a_r holds elements 2r (low) and 2r+1: row g + 8*(r&1), col 2q + 8*(r>>1) (+0/1).
+        for r in 0..4 {
+            let v = a[r][lane];
+            let row = &mut am[g + 8 * (r & 1)];
+            let col = 2 * q + 8 * (r >> 1);
+            row[col] = dec16(spec.aty, v);
+            row[col + 1] = dec16(spec.aty, v >> 16);
+        }
+        // b_r: k = 2q + 8r (+0/1), n = g.
+        for r in 0..2 {
+            let v = b[r][lane];
+            let kk = 2 * q + 8 * r;
+            bk[kk][g] = dec16(spec.bty, v);
+            bk[kk + 1][g] = dec16(spec.bty, v >> 16);
+        }
+    }
+    (am, bk)
+}
+
+/// A (16 x 32, row-major) and B (32 x 8, k-major) of an m16n8k32 8-bit-float mma.
+fn decode8(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes]) -> ([[f64; 32]; 16], [[f64; 8]; 32]) {
+    let mut am = [[0f64; 32]; 16];
+    let mut bk = [[0f64; 8]; 32];
+    let tab = fp8_table();
+    let (ta, tb) = (
+        &tab[(spec.aty == Ty::E5m2) as usize],
+        &tab[(spec.bty == Ty::E5m2) as usize],
+    );
+    for lane in 0..32 {
+        let (g, q) = (lane >> 2, lane & 3);
+        // a_r holds bytes 4r..4r+3: row g + 8*(r&1), col 4q + 16*(r>>1) (+0..3).
+        for r in 0..4 {
+            let v = a[r][lane];
+            let row = &mut am[g + 8 * (r & 1)];
+            let col = 4 * q + 16 * (r >> 1);
+            for j in 0..4 {
+                row[col + j] = ta[((v >> (8 * j)) & 0xff) as usize];
             }
-            // b_r: k = 2q + 8r (+0/1), n = g.
-            for r in 0..2 {
-                let v = b[r][lane];
-                let kk = 2 * q + 8 * r;
-                bt[g * k + kk] = dec16(spec.bty, v);
-                bt[g * k + kk + 1] = dec16(spec.bty, v >> 16);
-            }
-        } else {
-            // a_r holds bytes 4r..4r+3: row g + 8*(r&1), col 4q + 16*(r>>1) (+0..3).
-            for r in 0..4 {
-                let v = a[r][lane];
-                let row = g + 8 * (r & 1);
-                let col = 4 * q + 16 * (r >> 1);
-                for j in 0..4 {
-                    am[row * k + col + j] = dec8(spec.aty, v >> (8 * j));
-                }
-            }
-            // b_r: k = 4q + 16r (+0..3), n = g.
-            for r in 0..2 {
-                let v = b[r][lane];
-                let kk = 4 * q + 16 * r;
-                for j in 0..4 {
-                    bt[g * k + kk + j] = dec8(spec.bty, v >> (8 * j));
-                }
+        }
+        // b_r: k = 4q + 16r (+0..3), n = g.
+        for r in 0..2 {
+            let v = b[r][lane];
+            let kk = 4 * q + 16 * r;
+            for j in 0..4 {
+                bk[kk + j][g] = tb[((v >> (8 * j)) & 0xff) as usize];
             }
         }
     }
+    (am, bk)
+}
+
+/// D (16 x 8, f32 fragment) = A (16 x k) * B (k x 8, k-major) + C under `model` (exact: each
+/// output's products summed in f64 in k order from 0.0, plus C, rounded once to nearest).
+fn tile_out(
+    model: Option<&TcModel>,
+    am: &[f64],
+    bk: &[f64],
+    k: usize,
+    c: &[&Lanes],
+    d: &mut [Lanes],
+) {
+    let mut acc = [0f64; 16 * 8];
     if let Some(model) = model {
-        // B k-major (row kk = B[kk][0..8]) and C as a 16 x 8 tile, for `tc::tile`
-        let mut bk = [0f64; 32 * 8];
-        for col in 0..8 {
-            for kk in 0..k {
-                bk[kk * 8 + col] = bt[col * k + kk];
-            }
-        }
-        let mut acc = [0f64; 16 * 8];
         for lane in 0..32 {
             let (g, q) = (lane >> 2, lane & 3);
             for i in 0..4 {
@@ -515,47 +540,40 @@ fn mma_fast(
                 acc[row * 8 + col] = f32::from_bits(c[i][lane] as u32) as f64;
             }
         }
-        tc::tile(model, &am[..16 * k], &bk[..k * 8], k, 8, &mut acc);
+        tc::tile(model, am, bk, k, 8, &mut acc);
+    } else {
+        // Two rows at a time, k inner: 16 independent k-order sums stay in registers and the
+        // column loops vectorise.
+        for r in (0..16).step_by(2) {
+            let (a0, a1) = (&am[r * k..(r + 1) * k], &am[(r + 1) * k..(r + 2) * k]);
+            let (mut s0, mut s1) = ([0f64; 8], [0f64; 8]);
+            for kk in 0..k {
+                let b: &[f64] = &bk[kk * 8..kk * 8 + 8];
+                for col in 0..8 {
+                    s0[col] += a0[kk] * b[col];
+                    s1[col] += a1[kk] * b[col];
+                }
+            }
+            acc[r * 8..r * 8 + 8].copy_from_slice(&s0);
+            acc[(r + 1) * 8..(r + 2) * 8].copy_from_slice(&s1);
+        }
         for lane in 0..32 {
             let (g, q) = (lane >> 2, lane & 3);
             for i in 0..4 {
-                let x = acc[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)] as f32;
-                d[i][lane] = if x.is_nan() {
-                    0x7FFF_FFFF
-                } else {
-                    x.to_bits() as u64
-                };
-            }
-        }
-        return true;
-    }
-    // All 128 outputs accumulate together, k outer: each output still adds its products in
-    // increasing k order (the general path's semantics, bit for bit), and the 8 columns of a row
-    // are independent sums the compiler can vectorise (a per-output loop is a dependent chain).
-    let mut sums = [0f64; 16 * 8];
-    for kk in 0..k {
-        let bk: [f64; 8] = std::array::from_fn(|col| bt[col * k + kk]);
-        for row in 0..16 {
-            let av = am[row * k + kk];
-            let sr = &mut sums[row * 8..row * 8 + 8];
-            for col in 0..8 {
-                sr[col] += av * bk[col];
+                let (row, col) = (g + 8 * (i >> 1), 2 * q + (i & 1));
+                acc[row * 8 + col] += f32::from_bits(c[i][lane] as u32) as f64;
             }
         }
     }
     for lane in 0..32 {
         let (g, q) = (lane >> 2, lane & 3);
         for i in 0..4 {
-            let (row, col) = (g + 8 * (i >> 1), 2 * q + (i & 1));
-            let mut sum = sums[row * 8 + col];
-            sum += f32::from_bits(c[i][lane] as u32) as f64;
-            let f = sum as f32;
-            d[i][lane] = if f.is_nan() {
+            let x = acc[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)] as f32;
+            d[i][lane] = if x.is_nan() {
                 0x7FFF_FFFF
             } else {
-                f.to_bits() as u64
+                x.to_bits() as u64
             };
         }
     }
-    true
 }

@@ -443,3 +443,68 @@ fn hw_models_through_fragments() {
         }
     }
 }
+
+/// Exact mode, bit for bit, on inputs whose sums round (random fractions, wide exponent
+/// spread): D is the f64 sum of the products in increasing k order from 0.0, plus C, rounded
+/// once to f32 (the documented semantics; the fast paths must not reorder the sum).
+#[test]
+fn exact_mode_is_the_k_order_f64_sum() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for s in forms() {
+        if s.dty != Ty::F32 || matches!(s.aty, Ty::S8 | Ty::U8 | Ty::F64) {
+            continue;
+        }
+        let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
+        for _ in 0..5 {
+            let am: Vec<Vec<u64>> = (0..m)
+                .map(|_| (0..k).map(|_| rand_bits(s.aty, &mut rng)).collect())
+                .collect();
+            let bm: Vec<Vec<u64>> = (0..n)
+                .map(|_| (0..k).map(|_| rand_bits(s.bty, &mut rng)).collect())
+                .collect();
+            let cm: Vec<Vec<u64>> = (0..m)
+                .map(|_| (0..n).map(|_| rand_bits(s.cty, &mut rng)).collect())
+                .collect();
+            let (na, nb, nc, nd) = s.frag_counts();
+            let (mut a, mut b, mut c) = (
+                vec![[0u64; 32]; na],
+                vec![[0u64; 32]; nb],
+                vec![[0u64; 32]; nc],
+            );
+            for (r, (arow, crow)) in am.iter().zip(&cm).enumerate() {
+                for (kk, &bits) in arow.iter().enumerate() {
+                    let (lane, slot) = a_home(&s, r, kk);
+                    put(&mut a, s.aty, lane, slot, bits);
+                }
+                for (cc, &bits) in crow.iter().enumerate() {
+                    let (lane, slot) = c_home(&s, r, cc);
+                    put(&mut c, s.cty, lane, slot, bits);
+                }
+            }
+            for (cc, bcol) in bm.iter().enumerate() {
+                for (kk, &bits) in bcol.iter().enumerate() {
+                    let (lane, slot) = b_home(&s, kk, cc);
+                    put(&mut b, s.bty, lane, slot, bits);
+                }
+            }
+            let mut d = vec![[0xDEAD_BEEFu64; 32]; nd];
+            let ar: Vec<&Lanes> = a.iter().collect();
+            let br: Vec<&Lanes> = b.iter().collect();
+            let cr: Vec<&Lanes> = c.iter().collect();
+            mma_sync(&s, &ar, &br, &cr, &mut d);
+            for r in 0..m {
+                for cc in 0..n {
+                    let mut sum = 0f64;
+                    for kk in 0..k {
+                        sum += emu::hopper::elem_f64(s.aty, am[r][kk])
+                            * emu::hopper::elem_f64(s.bty, bm[cc][kk]);
+                    }
+                    sum += decode_d(s.cty, cm[r][cc]);
+                    let want = (sum as f32).to_bits() as u64;
+                    let (lane, slot) = c_home(&s, r, cc);
+                    assert_eq!(get(&d, s.dty, lane, slot), want, "{s:?} D[{r}][{cc}]");
+                }
+            }
+        }
+    }
+}
