@@ -2184,7 +2184,8 @@ impl Cta {
             for i in (0..size).step_by(step as usize) {
                 let loc = Loc::Global(a, off + i as u64);
                 let v = self.load(ctx, wi, &loc, step, Ordering::Relaxed);
-                row[i as usize..(i + step) as usize].copy_from_slice(&v.to_le_bytes()[..step as usize]);
+                row[i as usize..(i + step) as usize]
+                    .copy_from_slice(&v.to_le_bytes()[..step as usize]);
             }
         }
         self.shared[o..o + size as usize].copy_from_slice(&row[..size as usize]);

@@ -521,6 +521,49 @@ fn decode8(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes]) -> ([[f64; 32]; 16], [[f6
     (am, bk)
 }
 
+/// The exact products of a 16 x 8 tile: `acc[r * 8 + c]` = sum over k in increasing order,
+/// from 0.0, of `am[r * k + kk] * bk[kk * 8 + c]` (f64, no fused multiply-add). Two rows at a
+/// time, k inner: 16 independent k-order sums stay in registers and the column loops vectorise.
+#[inline(always)]
+fn exact_rows(am: &[f64], bk: &[f64], k: usize, acc: &mut [f64; 128]) {
+    for r in (0..16).step_by(2) {
+        let (a0, a1) = (&am[r * k..(r + 1) * k], &am[(r + 1) * k..(r + 2) * k]);
+        let (mut s0, mut s1) = ([0f64; 8], [0f64; 8]);
+        for kk in 0..k {
+            let b: &[f64] = &bk[kk * 8..kk * 8 + 8];
+            for col in 0..8 {
+                s0[col] += a0[kk] * b[col];
+                s1[col] += a1[kk] * b[col];
+            }
+        }
+        acc[r * 8..r * 8 + 8].copy_from_slice(&s0);
+        acc[(r + 1) * 8..(r + 2) * 8].copy_from_slice(&s1);
+    }
+}
+
+type ExactFn = fn(&[f64], &[f64], usize, &mut [f64; 128]);
+
+/// [`exact_rows`] compiled for AVX2 when the CPU has it (checked at run time), else the
+/// baseline build. Both compute the same IEEE operations in the same order (Rust never
+/// contracts to fused multiply-adds), so the bits agree (tested).
+fn exact_dispatch() -> ExactFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        fn avx2_impl(am: &[f64], bk: &[f64], k: usize, acc: &mut [f64; 128]) {
+            exact_rows(am, bk, k, acc)
+        }
+        fn avx2(am: &[f64], bk: &[f64], k: usize, acc: &mut [f64; 128]) {
+            // SAFETY: `avx2` is only selected below when the CPU reports AVX2 support.
+            unsafe { avx2_impl(am, bk, k, acc) }
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            return avx2;
+        }
+    }
+    exact_rows
+}
+
 /// D (16 x 8, f32 fragment) = A (16 x k) * B (k x 8, k-major) + C under `model` (exact: each
 /// output's products summed in f64 in k order from 0.0, plus C, rounded once to nearest).
 fn tile_out(
@@ -542,21 +585,7 @@ fn tile_out(
         }
         tc::tile(model, am, bk, k, 8, &mut acc);
     } else {
-        // Two rows at a time, k inner: 16 independent k-order sums stay in registers and the
-        // column loops vectorise.
-        for r in (0..16).step_by(2) {
-            let (a0, a1) = (&am[r * k..(r + 1) * k], &am[(r + 1) * k..(r + 2) * k]);
-            let (mut s0, mut s1) = ([0f64; 8], [0f64; 8]);
-            for kk in 0..k {
-                let b: &[f64] = &bk[kk * 8..kk * 8 + 8];
-                for col in 0..8 {
-                    s0[col] += a0[kk] * b[col];
-                    s1[col] += a1[kk] * b[col];
-                }
-            }
-            acc[r * 8..r * 8 + 8].copy_from_slice(&s0);
-            acc[(r + 1) * 8..(r + 2) * 8].copy_from_slice(&s1);
-        }
+        exact_dispatch()(am, bk, k, &mut acc);
         for lane in 0..32 {
             let (g, q) = (lane >> 2, lane & 3);
             for i in 0..4 {
@@ -574,6 +603,30 @@ fn tile_out(
             } else {
                 x.to_bits() as u64
             };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// The dispatched (AVX2 where available) exact tile equals the baseline build bit for bit.
+    #[test]
+    fn exact_rows_dispatch_matches_baseline() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for k in [16usize, 32] {
+            let am: Vec<f64> = (0..16 * k)
+                .map(|_| rng.gen_range(-1.0..1.0) * 2f64.powi(rng.gen_range(-20..20)))
+                .collect();
+            let bk: Vec<f64> = (0..8 * k)
+                .map(|_| rng.gen_range(-1.0..1.0) * 2f64.powi(rng.gen_range(-20..20)))
+                .collect();
+            let (mut x, mut y) = ([f64::NAN; 128], [f64::NAN; 128]);
+            exact_dispatch()(&am, &bk, k, &mut x);
+            exact_rows(&am, &bk, k, &mut y);
+            assert_eq!(x.map(f64::to_bits), y.map(f64::to_bits), "k = {k}");
         }
     }
 }

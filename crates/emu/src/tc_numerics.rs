@@ -151,6 +151,7 @@ fn exponent(x: f64) -> i32 {
 }
 
 /// Rounds toward zero to an FP32 with `frac` fraction bits (finite results stay finite).
+#[inline(always)]
 pub fn round_rz(x: f64, frac: u32) -> f32 {
     if x == 0.0 {
         return 0.0;
@@ -211,6 +212,46 @@ pub fn dot(m: &TcModel, a: &[f64], b: &[f64], c: f32) -> f32 {
 /// [`GROUP`] columns go through [`group`] (same results as [`dot`], laid out so the column loops
 /// vectorise), the remainder through [`dot`]'s block sum.
 pub fn tile(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
+    tile_with(group_dispatch(), m, a, bt, k, cols, acc)
+}
+
+/// [`tile`] with the column groups compiled for the baseline target only (no AVX2): the
+/// fallback the tests compare the dispatched version with.
+pub fn tile_baseline(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
+    tile_with(group, m, a, bt, k, cols, acc)
+}
+
+/// The signature of [`group`].
+type GroupFn = fn(&TcModel, &[f64], &[f64], usize, &mut [f64; GROUP]);
+
+/// [`group`] compiled for AVX2 when the CPU has it (checked at run time), else the baseline.
+fn group_dispatch() -> GroupFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        fn avx2_impl(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP]) {
+            group(m, ar, bt, stride, x)
+        }
+        fn avx2(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP]) {
+            // SAFETY: `avx2` is only selected below when the CPU reports AVX2 support.
+            unsafe { avx2_impl(m, ar, bt, stride, x) }
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            return avx2;
+        }
+    }
+    group
+}
+
+fn tile_with(
+    group: GroupFn,
+    m: &TcModel,
+    a: &[f64],
+    bt: &[f64],
+    k: usize,
+    cols: usize,
+    acc: &mut [f64],
+) {
     if cols == 0 {
         return;
     }
@@ -247,6 +288,7 @@ pub fn tile(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut
 /// `trunc` and the saturating float-to-integer casts on baseline x86-64): adding and
 /// subtracting 1.5 * 2^52 rounds to the nearest integer; one step back toward zero where that
 /// rounded away from it.
+#[inline(always)]
 fn trunc_small(y: f64) -> f64 {
     const MAGIC: f64 = 6755399441055744.0; // 1.5 * 2^52
     let r = (y + MAGIC) - MAGIC;
@@ -261,6 +303,7 @@ fn trunc_small(y: f64) -> f64 {
 pub const GROUP: usize = 8;
 
 /// Biased f64 exponent field (0 for zero; every value here is zero, normal or special in f64).
+#[inline(always)]
 fn bexp(x: f64) -> u64 {
     (x.to_bits() >> 52) & 0x7ff
 }
@@ -269,6 +312,7 @@ fn bexp(x: f64) -> u64 {
 /// holds the accumulators. Same arithmetic as [`block_sum`] (exact products, alignment by a
 /// power-of-two scale, truncation by the float-to-integer conversion, exact integer sum, one
 /// rounding toward zero), column-parallel.
+#[inline(always)]
 fn group(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP]) {
     let k = ar.len();
     let f = m.align_frac as u64;

@@ -191,7 +191,7 @@ fn specials_propagate() {
 /// tiles with a column remainder (cols not a multiple of 8); with NaN/infinity it equals `dot`.
 #[test]
 fn tile_matches_reference() {
-    use emu::tc_numerics::tile;
+    use emu::tc_numerics::{tile, tile_baseline};
     let mut rng = StdRng::seed_from_u64(99);
     let forms = [
         (Ty::F16, 16),
@@ -229,7 +229,16 @@ fn tile_matches_reference() {
             bf[7] = f64::NAN;
             bf[11] = f64::INFINITY;
             let mut acc: Vec<f64> = c.iter().map(|&x| f32::from_bits(x) as f64).collect();
+            // the baseline (no AVX2) build of the same code gives the same bits
+            let mut base = acc.clone();
             tile(&m, &af, &bf, k, cols, &mut acc);
+            tile_baseline(&m, &af, &bf, k, cols, &mut base);
+            let bits = |v: &[f64]| v.iter().map(|x| (*x as f32).to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&acc),
+                bits(&base),
+                "sm_{sm} {t}: dispatched vs baseline"
+            );
             for r in 0..rows {
                 for col in 0..cols {
                     let got = (acc[r * cols + col] as f32).to_bits();
