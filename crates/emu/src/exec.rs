@@ -2508,18 +2508,12 @@ impl Cta {
         use crate::hopper::{acc_pos, elem_f64, esize, MatrixDesc};
         let spec = &op.spec;
         let (n, k) = (spec.n as usize, spec.k as usize);
-        let (ea, eb) = (esize(spec.aty), esize(spec.bty));
+        let ea = esize(spec.aty);
         let wr = (self.warps[wi].id % 4) as usize;
         let l0 = m.trailing_zeros().min(31) as usize;
         // 16-byte chunks of shared memory this wgmma reads (consecutive repeats skipped here,
         // the rest deduplicated below)
         let mut chunks: Vec<u32> = Vec::new();
-        let mut note = |addr: u64| {
-            let c = (addr / 16) as u32;
-            if chunks.last() != Some(&c) {
-                chunks.push(c);
-            }
-        };
         // A: 16 x k for this warp.
         let mut a = vec![0f64; 16 * k];
         if spec.a_regs {
@@ -2534,19 +2528,15 @@ impl Cta {
                 }
             }
         } else {
-            let d = MatrixDesc::decode(self.warps[wi].regs[op.a_desc as usize][l0]);
-            for r in 0..16 {
-                let row = (16 * wr + r) as u64;
-                for kk in 0..k {
-                    let addr = if op.trans_a {
-                        d.addr(kk as u64, row, ea)
-                    } else {
-                        d.addr(row, kk as u64, ea)
-                    };
-                    note(addr);
-                    a[r * k + kk] = elem_f64(spec.aty, self.smem_elem(addr, ea)?);
-                }
-            }
+            let rd = OperandRead {
+                desc: MatrixDesc::decode(self.warps[wi].regs[op.a_desc as usize][l0]),
+                trans: op.trans_a,
+                o0: 16 * wr as u64,
+                no: 16,
+                k,
+                ty: spec.aty,
+            };
+            self.wg_operand(&rd, &mut chunks, |r, kk, v| a[r * k + kk] = v)?;
         }
         if op.neg_a {
             a.iter_mut().for_each(|x| *x = -*x);
@@ -2564,24 +2554,20 @@ impl Cta {
         }
         let cached = matches!(&self.wg_bcache[wgi], Some(c) if c.key == key && c.users < 4);
         if !cached {
-            let d = MatrixDesc::decode(bdesc);
+            let rd = OperandRead {
+                desc: MatrixDesc::decode(bdesc),
+                trans: op.trans_b,
+                o0: 0,
+                no: n,
+                k,
+                ty: spec.bty,
+            };
             let mut bt = vec![0f64; n * k];
             let mut bchunks: Vec<u32> = Vec::new();
-            for col in 0..n {
-                for kk in 0..k {
-                    let addr = if op.trans_b {
-                        d.addr(kk as u64, col as u64, eb)
-                    } else {
-                        d.addr(col as u64, kk as u64, eb)
-                    };
-                    let c = (addr / 16) as u32;
-                    if bchunks.last() != Some(&c) {
-                        bchunks.push(c);
-                    }
-                    let v = elem_f64(spec.bty, self.smem_elem(addr, eb)?);
-                    bt[kk * n + col] = if op.neg_b { -v } else { v };
-                }
-            }
+            let neg = op.neg_b;
+            self.wg_operand(&rd, &mut bchunks, |col, kk, v| {
+                bt[kk * n + col] = if neg { -v } else { v }
+            })?;
             bchunks.sort_unstable();
             bchunks.dedup();
             self.wg_bcache[wgi] = Some(BOperand {
@@ -2615,16 +2601,7 @@ impl Cta {
         // 16 x n products, k outer: each (row, column) sum still runs in k order from 0.0 (as a
         // dot product would), and the column loop vectorises
         let mut sums = vec![0f64; 16 * n];
-        for r in 0..16 {
-            let row = &mut sums[r * n..(r + 1) * n];
-            for kk in 0..k {
-                let x = a[r * k + kk];
-                let bk = &bop.bt[kk * n..(kk + 1) * n];
-                for (s, &y) in row.iter_mut().zip(bk) {
-                    *s += x * y;
-                }
-            }
-        }
+        crate::mma::rows_k_order_dispatch()(&a, &bop.bt, k, n, &mut sums);
         if users < 4 {
             self.wg_bcache[wgi] = Some(BOperand { users, ..bop });
         }
@@ -2657,6 +2634,100 @@ impl Cta {
         for (slot, v) in op.d.iter().zip(outs) {
             w.wg_open.push((*slot, v));
         }
+        Ok(())
+    }
+}
+
+/// One wgmma shared-memory operand to decode: `no` rows of A (or columns of B) from `o0`, each
+/// with `k` elements, laid out as `desc` describes (`trans`: MN-major).
+struct OperandRead {
+    desc: crate::hopper::MatrixDesc,
+    trans: bool,
+    o0: u64,
+    no: usize,
+    k: usize,
+    ty: Ty,
+}
+
+/// Decodes one wgmma input element, as [`crate::hopper::elem_f64`] does (tested): fp8 through
+/// the 256-entry tables of `mma`, bf16 by shifting into an f32 (the 256 KiB table of
+/// `fp::bf16_to_f32` misses the cache when operands are decoded in bulk).
+#[inline]
+fn wg_decode(ty: Ty, bits: u64) -> f64 {
+    match ty {
+        Ty::Bf16 => {
+            let f = f32::from_bits(((bits as u32) & 0xffff) << 16);
+            if f.is_nan() {
+                f32::from_bits(f.to_bits() | 0x0040_0000) as f64 // quieted, payload kept
+            } else {
+                f as f64
+            }
+        }
+        Ty::E4m3 => crate::mma::fp8_table()[0][(bits & 0xff) as usize],
+        Ty::E5m2 => crate::mma::fp8_table()[1][(bits & 0xff) as usize],
+        _ => crate::hopper::elem_f64(ty, bits),
+    }
+}
+
+impl Cta {
+    /// Decodes operand `rd`, calling `put(o, kk, value)` for every element (o relative to
+    /// `rd.o0`) and recording the 16-byte shared chunks it reads in `chunks` (sorted, deduped).
+    /// K-major operands are read a 16-byte chunk at a time (elements contiguous along k;
+    /// swizzling moves whole chunks); MN-major operands and incomplete or out-of-bounds chunks
+    /// go element by element, with the per-element diagnostics.
+    fn wg_operand(
+        &self,
+        rd: &OperandRead,
+        chunks: &mut Vec<u32>,
+        mut put: impl FnMut(usize, usize, f64),
+    ) -> Result<(), FaultKind> {
+        let es = crate::hopper::esize(rd.ty);
+        let per = (16 / es) as usize;
+        // (outer index, k index) of element i of the chunk starting at (o, kk)
+        let (inner, outer) = if rd.trans {
+            (rd.no, rd.k)
+        } else {
+            (rd.k, rd.no)
+        };
+        let addr = |o: usize, kk: usize| {
+            let (row, col) = if rd.trans {
+                (kk as u64, rd.o0 + o as u64)
+            } else {
+                (rd.o0 + o as u64, kk as u64)
+            };
+            rd.desc.addr(row, col, es)
+        };
+        for x in 0..outer {
+            let mut y = 0;
+            while y < inner {
+                let n = per.min(inner - y);
+                let at = |i: usize| if rd.trans { (y + i, x) } else { (x, y + i) };
+                let base = addr(at(0).0, at(0).1) as usize;
+                // (MN-major operands, untested by the layout tests here, stay per element)
+                if !rd.trans && n == per && base % 16 == 0 && base + 16 <= self.shared.len() {
+                    chunks.push((base / 16) as u32);
+                    let mut row = [0u8; 16];
+                    row.copy_from_slice(&self.shared[base..base + 16]);
+                    let row = u128::from_le_bytes(row);
+                    let mask = (1u128 << (8 * es)) - 1;
+                    for i in 0..per {
+                        let bits = ((row >> (8 * es as usize * i)) & mask) as u64;
+                        let (o, kk) = at(i);
+                        put(o, kk, wg_decode(rd.ty, bits));
+                    }
+                } else {
+                    for i in 0..n {
+                        let (o, kk) = at(i);
+                        let a = addr(o, kk);
+                        chunks.push((a / 16) as u32);
+                        put(o, kk, wg_decode(rd.ty, self.smem_elem(a, es)?));
+                    }
+                }
+                y += n;
+            }
+        }
+        chunks.sort_unstable();
+        chunks.dedup();
         Ok(())
     }
 }
@@ -2858,5 +2929,22 @@ impl Cta {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bulk wgmma decoder agrees with `hopper::elem_f64` on every bf16, e4m3 and e5m2 code
+    /// (bit patterns of the f64, NaN payloads included).
+    #[test]
+    fn wg_decode_matches_elem_f64() {
+        for (ty, codes) in [(Ty::Bf16, 1u64 << 16), (Ty::E4m3, 256), (Ty::E5m2, 256)] {
+            for bits in 0..codes {
+                let want = crate::hopper::elem_f64(ty, bits).to_bits();
+                assert_eq!(wg_decode(ty, bits).to_bits(), want, "{ty} {bits:#x}");
+            }
+        }
     }
 }

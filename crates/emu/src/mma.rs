@@ -241,7 +241,7 @@ fn elem(regs: &[&Lanes], t: Ty, lane: usize, i: usize) -> u64 {
 
 /// Decoded values of every 8-bit float code (e4m3, then e5m2), built once: fragment decoding is
 /// on the emulator's hot path.
-fn fp8_table() -> &'static [[f64; 256]; 2] {
+pub(crate) fn fp8_table() -> &'static [[f64; 256]; 2] {
     static T: std::sync::OnceLock<[[f64; 256]; 2]> = std::sync::OnceLock::new();
     T.get_or_init(|| {
         let mut t = [[0f64; 256]; 2];
@@ -607,6 +607,40 @@ fn tile_out(
     }
 }
 
+/// `sums[r * n + c]` += the products `a[r * k + kk] * bt[kk * n + c]` in increasing kk order
+/// (wgmma's exact path: `sums` starts at 0.0, so each output is its k-order f64 sum).
+#[inline(always)]
+fn rows_k_order(a: &[f64], bt: &[f64], k: usize, n: usize, sums: &mut [f64]) {
+    for (r, row) in sums.chunks_mut(n).enumerate() {
+        for kk in 0..k {
+            let x = a[r * k + kk];
+            for (s, &y) in row.iter_mut().zip(&bt[kk * n..(kk + 1) * n]) {
+                *s += x * y;
+            }
+        }
+    }
+}
+
+/// [`rows_k_order`] compiled for AVX2 when the CPU has it (checked at run time), else the
+/// baseline build (same operations in the same order: the same bits).
+pub(crate) fn rows_k_order_dispatch() -> fn(&[f64], &[f64], usize, usize, &mut [f64]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        fn avx2_impl(a: &[f64], bt: &[f64], k: usize, n: usize, sums: &mut [f64]) {
+            rows_k_order(a, bt, k, n, sums)
+        }
+        fn avx2(a: &[f64], bt: &[f64], k: usize, n: usize, sums: &mut [f64]) {
+            // SAFETY: `avx2` is only selected below when the CPU reports AVX2 support.
+            unsafe { avx2_impl(a, bt, k, n, sums) }
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            return avx2;
+        }
+    }
+    rows_k_order
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -627,6 +661,12 @@ mod tests {
             exact_dispatch()(&am, &bk, k, &mut x);
             exact_rows(&am, &bk, k, &mut y);
             assert_eq!(x.map(f64::to_bits), y.map(f64::to_bits), "k = {k}");
+            // the wgmma kernel too (n = 24 columns)
+            let bt: Vec<f64> = (0..24 * k).map(|i| bk[i % (8 * k)] * 1.5).collect();
+            let (mut x, mut y) = (vec![0f64; 16 * 24], vec![0f64; 16 * 24]);
+            rows_k_order_dispatch()(&am, &bt, k, 24, &mut x);
+            rows_k_order(&am, &bt, k, 24, &mut y);
+            assert_eq!(x, y, "wgmma rows, k = {k}");
         }
     }
 }
