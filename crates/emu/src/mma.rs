@@ -543,8 +543,8 @@ fn exact_rows(am: &[f64], bk: &[f64], k: usize, acc: &mut [f64; 128]) {
 
 type ExactFn = fn(&[f64], &[f64], usize, &mut [f64; 128]);
 
-/// [`exact_rows`] compiled for AVX2 when the CPU has it (checked at run time), else the
-/// baseline build. Both compute the same IEEE operations in the same order (Rust never
+/// [`exact_rows`] compiled for AVX-512F or AVX2 when the CPU has them (checked at run time),
+/// else the baseline build. Both compute the same IEEE operations in the same order (Rust never
 /// contracts to fused multiply-adds), so the bits agree (tested).
 fn exact_dispatch() -> ExactFn {
     #[cfg(target_arch = "x86_64")]
@@ -556,6 +556,17 @@ fn exact_dispatch() -> ExactFn {
         fn avx2(am: &[f64], bk: &[f64], k: usize, acc: &mut [f64; 128]) {
             // SAFETY: `avx2` is only selected below when the CPU reports AVX2 support.
             unsafe { avx2_impl(am, bk, k, acc) }
+        }
+        #[target_feature(enable = "avx512f")]
+        fn avx512_impl(am: &[f64], bk: &[f64], k: usize, acc: &mut [f64; 128]) {
+            exact_rows(am, bk, k, acc)
+        }
+        fn avx512(am: &[f64], bk: &[f64], k: usize, acc: &mut [f64; 128]) {
+            // SAFETY: `avx512` is only selected below when the CPU reports AVX-512F support.
+            unsafe { avx512_impl(am, bk, k, acc) }
+        }
+        if std::is_x86_feature_detected!("avx512f") {
+            return avx512;
         }
         if std::is_x86_feature_detected!("avx2") {
             return avx2;
@@ -621,8 +632,8 @@ fn rows_k_order(a: &[f64], bt: &[f64], k: usize, n: usize, sums: &mut [f64]) {
     }
 }
 
-/// [`rows_k_order`] compiled for AVX2 when the CPU has it (checked at run time), else the
-/// baseline build (same operations in the same order: the same bits).
+/// [`rows_k_order`] compiled for AVX-512F or AVX2 when the CPU has them (checked at run time),
+/// else the baseline build (same operations in the same order: the same bits).
 pub(crate) fn rows_k_order_dispatch() -> fn(&[f64], &[f64], usize, usize, &mut [f64]) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -633,6 +644,17 @@ pub(crate) fn rows_k_order_dispatch() -> fn(&[f64], &[f64], usize, usize, &mut [
         fn avx2(a: &[f64], bt: &[f64], k: usize, n: usize, sums: &mut [f64]) {
             // SAFETY: `avx2` is only selected below when the CPU reports AVX2 support.
             unsafe { avx2_impl(a, bt, k, n, sums) }
+        }
+        #[target_feature(enable = "avx512f")]
+        fn avx512_impl(a: &[f64], bt: &[f64], k: usize, n: usize, sums: &mut [f64]) {
+            rows_k_order(a, bt, k, n, sums)
+        }
+        fn avx512(a: &[f64], bt: &[f64], k: usize, n: usize, sums: &mut [f64]) {
+            // SAFETY: `avx512` is only selected below when the CPU reports AVX-512F support.
+            unsafe { avx512_impl(a, bt, k, n, sums) }
+        }
+        if std::is_x86_feature_detected!("avx512f") {
+            return avx512;
         }
         if std::is_x86_feature_detected!("avx2") {
             return avx2;

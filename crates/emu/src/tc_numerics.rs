@@ -215,7 +215,7 @@ pub fn tile(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut
     tile_with(group_dispatch(), m, a, bt, k, cols, acc)
 }
 
-/// [`tile`] with the column groups compiled for the baseline target only (no AVX2): the
+/// [`tile`] with the column groups compiled for the baseline target only (no AVX): the
 /// fallback the tests compare the dispatched version with.
 pub fn tile_baseline(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
     tile_with(group, m, a, bt, k, cols, acc)
@@ -224,7 +224,8 @@ pub fn tile_baseline(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, 
 /// The signature of [`group`].
 type GroupFn = fn(&TcModel, &[f64], &[f64], usize, &mut [f64; GROUP]);
 
-/// [`group`] compiled for AVX2 when the CPU has it (checked at run time), else the baseline.
+/// [`group`] compiled for AVX-512F or AVX2 when the CPU has them (checked at run time), else
+/// the baseline build.
 fn group_dispatch() -> GroupFn {
     #[cfg(target_arch = "x86_64")]
     {
@@ -235,6 +236,17 @@ fn group_dispatch() -> GroupFn {
         fn avx2(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP]) {
             // SAFETY: `avx2` is only selected below when the CPU reports AVX2 support.
             unsafe { avx2_impl(m, ar, bt, stride, x) }
+        }
+        #[target_feature(enable = "avx512f")]
+        fn avx512_impl(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP]) {
+            group(m, ar, bt, stride, x)
+        }
+        fn avx512(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP]) {
+            // SAFETY: `avx512` is only selected below when the CPU reports AVX-512F support.
+            unsafe { avx512_impl(m, ar, bt, stride, x) }
+        }
+        if std::is_x86_feature_detected!("avx512f") {
+            return avx512;
         }
         if std::is_x86_feature_detected!("avx2") {
             return avx2;
