@@ -390,8 +390,14 @@ fn group(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP
                     s[c] += trunc_small(av * br[c] * up[c]);
                 }
             }
+            // round toward zero, branch-free (`round_rz` for finite, non-NaN values: the sums
+            // here are never -0.0, and a too-large value steps back from infinity to MAX)
+            let keep = !((1u32 << (23 - m.out_frac.min(23))) - 1);
             for c in 0..GROUP {
-                x[c] = round_rz(s[c] * down[c], m.out_frac) as f64;
+                let v = s[c] * down[c];
+                let f = v as f32;
+                let away = ((f as f64).abs() > v.abs()) as u32;
+                x[c] = f32::from_bits((f.to_bits() - away) & keep) as f64;
             }
         }
         k0 += n;
