@@ -322,13 +322,21 @@ fn bexp(x: f64) -> u64 {
 
 /// One row of [`tile`] for `GROUP` adjacent columns: `bt[kk * stride + c]` is B[kk][c] and `x`
 /// holds the accumulators. Same arithmetic as [`block_sum`] (exact products, alignment by a
-/// power-of-two scale, truncation by the float-to-integer conversion, exact integer sum, one
-/// rounding toward zero), column-parallel.
+/// power-of-two scale, truncation toward zero, exact sum, one rounding toward zero),
+/// column-parallel.
 #[inline(always)]
 fn group(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP]) {
     let k = ar.len();
     let f = m.align_frac as u64;
     let brow = |kk: usize| -> &[f64] { &bt[kk * stride..kk * stride + GROUP] };
+    // rows k0..k0+n of B for this group, as fixed-size arrays (no per-element bounds checks)
+    let rows = |k0: usize, n: usize| {
+        ar[k0..k0 + n].iter().zip(
+            bt[k0 * stride..]
+                .chunks(stride)
+                .map(|r| <&[f64; GROUP]>::try_from(&r[..GROUP])),
+        )
+    };
     let mut k0 = 0;
     while k0 < k {
         let n = m.block.min(k - k0);
@@ -341,8 +349,8 @@ fn group(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP
             big[c] = x[c].abs();
             chk[c] = x[c];
         }
-        for j in k0..k0 + n {
-            let (av, br) = (ar[j], brow(j));
+        for (&av, br) in rows(k0, n) {
+            let Ok(br) = br else { break };
             for c in 0..GROUP {
                 let p = av * br[c];
                 let a = p.abs();
@@ -384,8 +392,8 @@ fn group(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP
             for c in 0..GROUP {
                 s[c] = trunc_small(x[c] * up[c]);
             }
-            for j in k0..k0 + n {
-                let (av, br) = (ar[j], brow(j));
+            for (&av, br) in rows(k0, n) {
+                let Ok(br) = br else { break };
                 for c in 0..GROUP {
                     s[c] += trunc_small(av * br[c] * up[c]);
                 }
