@@ -2116,7 +2116,7 @@ impl Cta {
                     let da = w.regs[*dst as usize][l].wrapping_add(*doff as u64);
                     let sa = w.regs[*src as usize][l].wrapping_add(*soff as u64);
                     let n_src = (w.regs[*src_size as usize][l] as u32).min(*size);
-                    if self.cp_async_row(ctx, wi, l, (*dspace, da), sa, n_src, *size) {
+                    if self.cp_async_row(ctx, wi, l, (*dspace, da), (sa, n_src), *size) {
                         continue;
                     }
                     let mut k = 0u32;
@@ -2163,8 +2163,7 @@ impl Cta {
         wi: usize,
         lane: usize,
         (dspace, da): (MSpace, u64),
-        sa: u64,
-        n_src: u32,
+        (sa, n_src): (u64, u32),
         size: u32,
     ) -> bool {
         let aligned = da.is_multiple_of(size as u64) && sa.is_multiple_of(size as u64);
@@ -2704,7 +2703,11 @@ impl Cta {
                 let at = |i: usize| if rd.trans { (y + i, x) } else { (x, y + i) };
                 let base = addr(at(0).0, at(0).1) as usize;
                 // (MN-major operands, untested by the layout tests here, stay per element)
-                if !rd.trans && n == per && base % 16 == 0 && base + 16 <= self.shared.len() {
+                if !rd.trans
+                    && n == per
+                    && base.is_multiple_of(16)
+                    && base + 16 <= self.shared.len()
+                {
                     chunks.push((base / 16) as u32);
                     let mut row = [0u8; 16];
                     row.copy_from_slice(&self.shared[base..base + 16]);
