@@ -103,6 +103,14 @@ pub struct TcModel {
     pub out_frac: u32,
 }
 
+impl TcModel {
+    /// The block size the implementations use: `block` within 1..=64 (a hand-built model with
+    /// 0 or more than 64 would otherwise not terminate or overflow the scratch space).
+    pub fn block_len(&self) -> usize {
+        self.block.clamp(1, 64)
+    }
+}
+
 /// The model of target `sm` for input type `aty`; `None` for integer and f64 forms (exact).
 ///
 /// | target        | f16 / bf16          | tf32               | e4m3 / e5m2            |
@@ -165,8 +173,8 @@ pub fn round_rz(x: f64, frac: u32) -> f32 {
     f32::from_bits(f.to_bits() & !((1u32 << drop) - 1))
 }
 
-/// One block: `terms` (exact products) plus `c`, as the model adds them; `scratch` holds the
-/// aligned terms. Returns the block result (an FP32 value with `out_frac` fraction bits).
+/// One block: `terms` (exact products) plus `c`, as the model adds them. Returns the block
+/// result (an FP32 value with `out_frac` fraction bits).
 fn block_sum(m: &TcModel, terms: &[f64], c: f64) -> f64 {
     let mut emax = i32::MIN;
     let mut special = !c.is_finite();
@@ -196,8 +204,8 @@ fn block_sum(m: &TcModel, terms: &[f64], c: f64) -> f64 {
 pub fn dot(m: &TcModel, a: &[f64], b: &[f64], c: f32) -> f32 {
     let mut acc = c as f64;
     let mut prods = [0f64; 64];
-    for (ac, bc) in a.chunks(m.block).zip(b.chunks(m.block)) {
-        let n = ac.len().min(64);
+    for (ac, bc) in a.chunks(m.block_len()).zip(b.chunks(m.block_len())) {
+        let n = ac.len();
         for i in 0..n {
             prods[i] = ac[i] * bc[i];
         }
@@ -274,7 +282,7 @@ fn tile_with(
         let row = &mut acc[r * cols..(r + 1) * cols];
         let mut c0 = 0;
         // the column-parallel path sums up to 33 aligned terms (< 2^(F+1)) exactly in f64
-        let grouped = m.block <= 32 && m.align_frac <= 24;
+        let grouped = m.block_len() <= 32 && m.align_frac <= 24;
         while grouped && c0 + GROUP <= cols {
             let x: &mut [f64; GROUP] = (&mut row[c0..c0 + GROUP])
                 .try_into()
@@ -285,7 +293,7 @@ fn tile_with(
         for (c, x) in row.iter_mut().enumerate().skip(c0) {
             let mut k0 = 0;
             while k0 < k {
-                let n = m.block.min(k - k0).min(64);
+                let n = m.block_len().min(k - k0);
                 for i in 0..n {
                     prods[i] = ar[k0 + i] * bt[(k0 + i) * cols + c];
                 }
@@ -339,7 +347,7 @@ fn group(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP
     };
     let mut k0 = 0;
     while k0 < k {
-        let n = m.block.min(k - k0);
+        let n = m.block_len().min(k - k0);
         // pass 1: the largest magnitude of each column (its exponent is the largest exponent;
         // `>` keeps NaN out, the plain sum `chk` turns non-finite when any term is NaN or
         // infinite). Products are recomputed in pass 2: cheaper than storing them.
@@ -483,7 +491,7 @@ fn reference_round(sum: i128, lsb: i32, frac: u32) -> u32 {
 /// `None` when an input is NaN or infinite (those blocks follow IEEE f64, tested separately).
 pub fn reference_dot(m: &TcModel, aty: Ty, bty: Ty, a: &[u64], b: &[u64], c: u32) -> Option<u32> {
     let mut acc = c;
-    for (ac, bc) in a.chunks(m.block).zip(b.chunks(m.block)) {
+    for (ac, bc) in a.chunks(m.block_len()).zip(b.chunks(m.block_len())) {
         let mut terms = vec![decode_exact(Ty::F32, acc as u64)?];
         for (&x, &y) in ac.iter().zip(bc) {
             let (na, sa, ea) = decode_exact(aty, x)?;
@@ -528,6 +536,23 @@ mod tests {
         assert!(Numerics::parse("fast").is_err());
         assert_eq!(Numerics::Exact.model(90, Ty::Bf16), None);
         assert_eq!(Numerics::Hardware.model(90, Ty::S8), None);
+    }
+
+    /// Hand-built models with a block of 0 or more than 64 terminate (blocks clamp to 1..=64).
+    #[test]
+    fn degenerate_blocks_are_clamped() {
+        let a = [1.5f64; 70];
+        for block in [0, 65, 1000] {
+            let m = TcModel {
+                block,
+                align_frac: 23,
+                out_frac: 23,
+            };
+            assert_eq!(dot(&m, &a, &a, 0.0), 70.0 * 2.25, "block {block}");
+            let mut acc = [0f64; 8];
+            tile(&m, &a[..70], &[1.5f64; 70 * 8], 70, 8, &mut acc);
+            assert_eq!(acc, [70.0 * 2.25; 8], "block {block}");
+        }
     }
 
     #[test]
