@@ -2,6 +2,9 @@
 //! and backward (routed + shared experts, gate), every check against the f64 reference must pass
 //! and the JSON says so; communication overlaps compute on disjoint SMs (or runs sequentially
 //! with `--sequential`).
+//!
+//! Numerics: the default (hardware tensor-core models); the command's tolerances (2e-2 / 1e-2
+//! on the FP8 expert GEMMs, 1e-4 on the gate) hold under them (this test passes under both).
 
 mod common;
 

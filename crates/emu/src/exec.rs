@@ -30,6 +30,8 @@ pub struct LaunchCtx {
     pub printf: Option<Arc<std::sync::Mutex<String>>>,
     /// Count shared-memory wavefronts per instruction ([`crate::banks`]).
     pub bank_profile: bool,
+    /// Tensor-core numerics of float `mma`/`wgmma` ([`crate::tc_numerics`]).
+    pub numerics: crate::Numerics,
 }
 
 impl LaunchCtx {
@@ -1706,8 +1708,10 @@ impl Cta {
                 }
                 let mut outs = [[0u64; 32]; 8];
                 let nd = d.len().min(8);
-                crate::mma::mma_sync(
+                let model = ctx.numerics.model(prog.target_sm, spec.aty);
+                crate::mma::mma_sync_with(
                     spec,
+                    model.as_ref(),
                     &ar[..a.len().min(8)],
                     &br[..b.len().min(8)],
                     &cr[..c.len().min(8)],
@@ -1874,7 +1878,10 @@ impl Cta {
                     return Ok(Flow::Spin);
                 }
             }
-            Op::Wgmma(op) => self.wgmma(wi, op, m)?,
+            Op::Wgmma(op) => {
+                let model = ctx.numerics.model(ctx.prog.target_sm, op.spec.aty);
+                self.wgmma(wi, op, m, model)?
+            }
             Op::WgmmaCommit => {
                 let w = &mut self.warps[wi];
                 let g = std::mem::take(&mut w.wg_open);
@@ -2187,6 +2194,9 @@ impl Cta {
                     let da = w.regs[*dst as usize][l].wrapping_add(*doff as u64);
                     let sa = w.regs[*src as usize][l].wrapping_add(*soff as u64);
                     let n_src = (w.regs[*src_size as usize][l] as u32).min(*size);
+                    if self.cp_async_row(ctx, wi, l, (*dspace, da), (sa, n_src), *size) {
+                        continue;
+                    }
                     let mut k = 0u32;
                     while k < *size {
                         let chunk = if k + 4 <= *size { 4 } else { 1 };
@@ -2217,6 +2227,46 @@ impl Cta {
             }
         }
         Ok(Flow::Next)
+    }
+}
+
+impl Cta {
+    /// One lane's `cp.async` in the common case, as one row: aligned addresses, global source
+    /// copied whole (or not at all: zero fill), destination in this CTA's shared memory. Returns
+    /// false (nothing done) for anything else, including faulting addresses: the per-chunk path
+    /// then runs with its exact semantics and diagnostics. Same bytes as that path.
+    fn cp_async_row(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        lane: usize,
+        (dspace, da): (MSpace, u64),
+        (sa, n_src): (u64, u32),
+        size: u32,
+    ) -> bool {
+        let aligned = da.is_multiple_of(size as u64) && sa.is_multiple_of(size as u64);
+        if size > 16 || !aligned || (n_src != size && n_src != 0) {
+            return false;
+        }
+        let Ok(Loc::Shared(o)) = self.locate(ctx, dspace, da, size, lane, 0) else {
+            return false;
+        };
+        let mut row = [0u8; 16];
+        if n_src == size {
+            let Ok(Loc::Global(a, off)) = self.locate(ctx, MSpace::Global, sa, size, lane, 0)
+            else {
+                return false;
+            };
+            let step = size.min(8);
+            for i in (0..size).step_by(step as usize) {
+                let loc = Loc::Global(a, off + i as u64);
+                let v = self.load(ctx, wi, &loc, step, Ordering::Relaxed);
+                row[i as usize..(i + step) as usize]
+                    .copy_from_slice(&v.to_le_bytes()[..step as usize]);
+            }
+        }
+        self.shared[o..o + size as usize].copy_from_slice(&row[..size as usize]);
+        true
     }
 }
 
@@ -2525,22 +2575,22 @@ impl Cta {
 
     /// `wgmma.mma_async` for this warp's 16-row slice of the 64-row tile; results go to the
     /// warp's open group and reach the registers at `wgmma.wait_group`.
-    fn wgmma(&mut self, wi: usize, op: &WgmmaOp, m: u32) -> Result<(), FaultKind> {
+    fn wgmma(
+        &mut self,
+        wi: usize,
+        op: &WgmmaOp,
+        m: u32,
+        model: Option<crate::tc_numerics::TcModel>,
+    ) -> Result<(), FaultKind> {
         use crate::hopper::{acc_pos, elem_f64, esize, MatrixDesc};
         let spec = &op.spec;
         let (n, k) = (spec.n as usize, spec.k as usize);
-        let (ea, eb) = (esize(spec.aty), esize(spec.bty));
+        let ea = esize(spec.aty);
         let wr = (self.warps[wi].id % 4) as usize;
         let l0 = m.trailing_zeros().min(31) as usize;
         // 16-byte chunks of shared memory this wgmma reads (consecutive repeats skipped here,
         // the rest deduplicated below)
         let mut chunks: Vec<u32> = Vec::new();
-        let mut note = |addr: u64| {
-            let c = (addr / 16) as u32;
-            if chunks.last() != Some(&c) {
-                chunks.push(c);
-            }
-        };
         // A: 16 x k for this warp.
         let mut a = vec![0f64; 16 * k];
         if spec.a_regs {
@@ -2555,19 +2605,15 @@ impl Cta {
                 }
             }
         } else {
-            let d = MatrixDesc::decode(self.warps[wi].regs[op.a_desc as usize][l0]);
-            for r in 0..16 {
-                let row = (16 * wr + r) as u64;
-                for kk in 0..k {
-                    let addr = if op.trans_a {
-                        d.addr(kk as u64, row, ea)
-                    } else {
-                        d.addr(row, kk as u64, ea)
-                    };
-                    note(addr);
-                    a[r * k + kk] = elem_f64(spec.aty, self.smem_elem(addr, ea)?);
-                }
-            }
+            let rd = OperandRead {
+                desc: MatrixDesc::decode(self.warps[wi].regs[op.a_desc as usize][l0]),
+                trans: op.trans_a,
+                o0: 16 * wr as u64,
+                no: 16,
+                k,
+                ty: spec.aty,
+            };
+            self.wg_operand(&rd, &mut chunks, |r, kk, v| a[r * k + kk] = v)?;
         }
         if op.neg_a {
             a.iter_mut().for_each(|x| *x = -*x);
@@ -2585,24 +2631,20 @@ impl Cta {
         }
         let cached = matches!(&self.wg_bcache[wgi], Some(c) if c.key == key && c.users < 4);
         if !cached {
-            let d = MatrixDesc::decode(bdesc);
+            let rd = OperandRead {
+                desc: MatrixDesc::decode(bdesc),
+                trans: op.trans_b,
+                o0: 0,
+                no: n,
+                k,
+                ty: spec.bty,
+            };
             let mut bt = vec![0f64; n * k];
             let mut bchunks: Vec<u32> = Vec::new();
-            for col in 0..n {
-                for kk in 0..k {
-                    let addr = if op.trans_b {
-                        d.addr(kk as u64, col as u64, eb)
-                    } else {
-                        d.addr(col as u64, kk as u64, eb)
-                    };
-                    let c = (addr / 16) as u32;
-                    if bchunks.last() != Some(&c) {
-                        bchunks.push(c);
-                    }
-                    let v = elem_f64(spec.bty, self.smem_elem(addr, eb)?);
-                    bt[kk * n + col] = if op.neg_b { -v } else { v };
-                }
-            }
+            let neg = op.neg_b;
+            self.wg_operand(&rd, &mut bchunks, |col, kk, v| {
+                bt[kk * n + col] = if neg { -v } else { v }
+            })?;
             bchunks.sort_unstable();
             bchunks.dedup();
             self.wg_bcache[wgi] = Some(BOperand {
@@ -2624,39 +2666,26 @@ impl Cta {
                 *x = x.saturating_add(1);
             }
         }
+        let users = bop.users + 1;
+        if let Some(model) = model {
+            self.warps[wi].wg_reads_open.extend_from_slice(&chunks);
+            self.wgmma_model(wi, op, m, &model, &a, &bop.bt);
+            if users < 4 {
+                self.wg_bcache[wgi] = Some(BOperand { users, ..bop });
+            }
+            return Ok(());
+        }
         // 16 x n products, k outer: each (row, column) sum still runs in k order from 0.0 (as a
         // dot product would), and the column loop vectorises
         let mut sums = vec![0f64; 16 * n];
-        for r in 0..16 {
-            let row = &mut sums[r * n..(r + 1) * n];
-            for kk in 0..k {
-                let x = a[r * k + kk];
-                let bk = &bop.bt[kk * n..(kk + 1) * n];
-                for (s, &y) in row.iter_mut().zip(bk) {
-                    *s += x * y;
-                }
-            }
-        }
-        let users = bop.users + 1;
+        crate::mma::rows_k_order_dispatch()(&a, &bop.bt, k, n, &mut sums);
         if users < 4 {
             self.wg_bcache[wgi] = Some(BOperand { users, ..bop });
         }
         self.warps[wi].wg_reads_open.extend_from_slice(&chunks);
         let w = &mut self.warps[wi];
-        // Current accumulator values: newest pending result, else the register file.
-        let current = |w: &Warp, slot: u32| -> Lanes {
-            if let Some((_, v)) = w.wg_open.iter().rev().find(|(s, _)| *s == slot) {
-                return *v;
-            }
-            for g in w.wg_groups.iter().rev() {
-                if let Some((_, v)) = g.iter().rev().find(|(s, _)| *s == slot) {
-                    return *v;
-                }
-            }
-            w.regs[slot as usize]
-        };
         let scale = w.regs[op.scale_d as usize];
-        let mut outs: Vec<Lanes> = op.d.iter().map(|&s| current(w, s)).collect();
+        let mut outs: Vec<Lanes> = op.d.iter().map(|&s| wg_current(w, s)).collect();
         for lane in lanes_of(m) {
             let acc = scale[lane] & 1 != 0;
             for (i, out) in outs.iter_mut().enumerate() {
@@ -2686,7 +2715,158 @@ impl Cta {
     }
 }
 
+/// One wgmma shared-memory operand to decode: `no` rows of A (or columns of B) from `o0`, each
+/// with `k` elements, laid out as `desc` describes (`trans`: MN-major).
+struct OperandRead {
+    desc: crate::hopper::MatrixDesc,
+    trans: bool,
+    o0: u64,
+    no: usize,
+    k: usize,
+    ty: Ty,
+}
+
+/// Decodes one wgmma input element, as [`crate::hopper::elem_f64`] does (tested): fp8 through
+/// the 256-entry tables of `mma`, bf16 by shifting into an f32 (the 256 KiB table of
+/// `fp::bf16_to_f32` misses the cache when operands are decoded in bulk).
+#[inline]
+fn wg_decode(ty: Ty, bits: u64) -> f64 {
+    match ty {
+        Ty::Bf16 => {
+            let f = f32::from_bits(((bits as u32) & 0xffff) << 16);
+            if f.is_nan() {
+                f32::from_bits(f.to_bits() | 0x0040_0000) as f64 // quieted, payload kept
+            } else {
+                f as f64
+            }
+        }
+        Ty::E4m3 => crate::mma::fp8_table()[0][(bits & 0xff) as usize],
+        Ty::E5m2 => crate::mma::fp8_table()[1][(bits & 0xff) as usize],
+        _ => crate::hopper::elem_f64(ty, bits),
+    }
+}
+
 impl Cta {
+    /// Decodes operand `rd`, calling `put(o, kk, value)` for every element (o relative to
+    /// `rd.o0`) and recording the 16-byte shared chunks it reads in `chunks` (sorted, deduped).
+    /// K-major operands are read a 16-byte chunk at a time (elements contiguous along k;
+    /// swizzling moves whole chunks); MN-major operands and incomplete or out-of-bounds chunks
+    /// go element by element, with the per-element diagnostics.
+    fn wg_operand(
+        &self,
+        rd: &OperandRead,
+        chunks: &mut Vec<u32>,
+        mut put: impl FnMut(usize, usize, f64),
+    ) -> Result<(), FaultKind> {
+        let es = crate::hopper::esize(rd.ty);
+        let per = (16 / es) as usize;
+        // (outer index, k index) of element i of the chunk starting at (o, kk)
+        let (inner, outer) = if rd.trans {
+            (rd.no, rd.k)
+        } else {
+            (rd.k, rd.no)
+        };
+        let addr = |o: usize, kk: usize| {
+            let (row, col) = if rd.trans {
+                (kk as u64, rd.o0 + o as u64)
+            } else {
+                (rd.o0 + o as u64, kk as u64)
+            };
+            rd.desc.addr(row, col, es)
+        };
+        for x in 0..outer {
+            let mut y = 0;
+            while y < inner {
+                let n = per.min(inner - y);
+                let at = |i: usize| if rd.trans { (y + i, x) } else { (x, y + i) };
+                let base = addr(at(0).0, at(0).1) as usize;
+                // (MN-major operands, untested by the layout tests here, stay per element)
+                if !rd.trans
+                    && n == per
+                    && base.is_multiple_of(16)
+                    && base + 16 <= self.shared.len()
+                {
+                    chunks.push((base / 16) as u32);
+                    let mut row = [0u8; 16];
+                    row.copy_from_slice(&self.shared[base..base + 16]);
+                    let row = u128::from_le_bytes(row);
+                    let mask = (1u128 << (8 * es)) - 1;
+                    for i in 0..per {
+                        let bits = ((row >> (8 * es as usize * i)) & mask) as u64;
+                        let (o, kk) = at(i);
+                        put(o, kk, wg_decode(rd.ty, bits));
+                    }
+                } else {
+                    for i in 0..n {
+                        let (o, kk) = at(i);
+                        let a = addr(o, kk);
+                        chunks.push((a / 16) as u32);
+                        put(o, kk, wg_decode(rd.ty, self.smem_elem(a, es)?));
+                    }
+                }
+                y += n;
+            }
+        }
+        chunks.sort_unstable();
+        chunks.dedup();
+        Ok(())
+    }
+}
+
+/// Current value of accumulator register `slot`: the newest pending wgmma result, else the
+/// register file.
+fn wg_current(w: &Warp, slot: u32) -> Lanes {
+    if let Some((_, v)) = w.wg_open.iter().rev().find(|(s, _)| *s == slot) {
+        return *v;
+    }
+    for g in w.wg_groups.iter().rev() {
+        if let Some((_, v)) = g.iter().rev().find(|(s, _)| *s == slot) {
+            return *v;
+        }
+    }
+    w.regs[slot as usize]
+}
+
+impl Cta {
+    /// The f32 accumulation of a wgmma under a hardware model: the accumulator (or 0 when
+    /// `scale-d` is false) is the C of the model's first block, so it is aligned and truncated
+    /// together with the products as on the tensor core.
+    fn wgmma_model(
+        &mut self,
+        wi: usize,
+        op: &WgmmaOp,
+        m: u32,
+        model: &crate::tc_numerics::TcModel,
+        a: &[f64],
+        bt: &[f64],
+    ) {
+        use crate::hopper::acc_pos;
+        let (n, k) = (op.spec.n as usize, op.spec.k as usize);
+        let w = &mut self.warps[wi];
+        let scale = w.regs[op.scale_d as usize];
+        let mut outs: Vec<Lanes> = op.d.iter().map(|&s| wg_current(w, s)).collect();
+        // C tile of this warp's 16 rows (lanes outside `m` keep their registers)
+        let mut acc = vec![0f64; 16 * n];
+        for lane in lanes_of(m) {
+            if scale[lane] & 1 != 0 {
+                for (i, out) in outs.iter().enumerate() {
+                    let (r, c) = acc_pos(lane, i);
+                    acc[r * n + c] = f32::from_bits(out[lane] as u32) as f64;
+                }
+            }
+        }
+        crate::tc_numerics::tile(model, a, bt, k, n, &mut acc);
+        for lane in lanes_of(m) {
+            for (i, out) in outs.iter_mut().enumerate() {
+                let (r, c) = acc_pos(lane, i);
+                out[lane] = (acc[r * n + c] as f32).to_bits() as u64;
+            }
+        }
+        for (slot, v) in op.d.iter().zip(outs) {
+            w.wg_open.push((*slot, v));
+        }
+    }
+
     /// Reads a NUL-terminated string (at most 4 KiB) at a generic address.
     fn read_cstr(
         &self,
@@ -2830,5 +3010,22 @@ impl Cta {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bulk wgmma decoder agrees with `hopper::elem_f64` on every bf16, e4m3 and e5m2 code
+    /// (bit patterns of the f64, NaN payloads included).
+    #[test]
+    fn wg_decode_matches_elem_f64() {
+        for (ty, codes) in [(Ty::Bf16, 1u64 << 16), (Ty::E4m3, 256), (Ty::E5m2, 256)] {
+            for bits in 0..codes {
+                let want = crate::hopper::elem_f64(ty, bits).to_bits();
+                assert_eq!(wg_decode(ty, bits).to_bits(), want, "{ty} {bits:#x}");
+            }
+        }
     }
 }

@@ -656,6 +656,7 @@ pub fn e5m2_to_f32(x: u8) -> f32 {
 }
 
 /// bf16 -> f32 (exact; NaN payload kept and quieted).
+#[inline]
 pub fn bf16_to_f32(x: u16) -> f32 {
     static T: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
     widen16(&T, BF16, x)
@@ -678,6 +679,7 @@ pub fn f32_to_bf16_rn(x: f32) -> u16 {
 }
 
 /// f16 -> f32 (exact; NaN payload kept and quieted).
+#[inline]
 pub fn f16_to_f32(x: u16) -> f32 {
     static T: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
     widen16(&T, F16, x)

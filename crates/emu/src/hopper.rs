@@ -114,6 +114,7 @@ pub fn esize(t: Ty) -> u64 {
 }
 
 /// Decodes one input element to f64 (exact for all supported types).
+#[inline]
 pub fn elem_f64(t: Ty, bits: u64) -> f64 {
     match t {
         Ty::F16 => fp::f16_to_f32(bits as u16) as f64,

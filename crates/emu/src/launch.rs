@@ -63,6 +63,9 @@ pub struct LaunchOptions {
     /// A hold on emulated time ([`crate::clock::Hold`]) that the launch releases once its
     /// workers are on the timeline (a stream holds time while its launch is queued).
     pub hold: Option<Arc<Mutex<Option<crate::clock::Hold>>>>,
+    /// Tensor-core numerics of `mma`/`wgmma` float forms. Default: `PTXFORGE_TC_NUMERICS`
+    /// (`exact` | `hw`), else the kernel target's hardware model.
+    pub numerics: crate::Numerics,
 }
 
 impl Default for LaunchOptions {
@@ -81,6 +84,7 @@ impl Default for LaunchOptions {
             printf: None,
             bank_profile: std::env::var("PTXFORGE_EMU_BANKS").is_ok_and(|v| v == "1"),
             hold: None,
+            numerics: crate::Numerics::from_env(),
         }
     }
 }
@@ -184,6 +188,7 @@ pub fn launch(
         start: Instant::now(),
         printf: opts.printf.clone(),
         bank_profile: opts.bank_profile,
+        numerics: opts.numerics,
     };
     let smem = ctx.shared_bytes();
     let limit = max_shared_per_block(prog.target_sm);

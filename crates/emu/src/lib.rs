@@ -24,11 +24,13 @@ pub mod launch;
 pub mod memory;
 pub mod mma;
 pub mod program;
+pub mod tc_numerics;
 
 pub use error::{EmuError, FaultKind, FaultSite};
 pub use launch::{launch, LaunchConfig, LaunchOptions, LaunchStats};
 pub use memory::{Allocation, GlobalMemory, MemMap};
 pub use program::Program;
+pub use tc_numerics::Numerics;
 
 /// The values of one register across the 32 lanes of a warp (raw bits, zero-extended).
 pub type Lanes = [u64; 32];

@@ -20,7 +20,11 @@
 //! | m8n8k4    | f64                          | f64              |
 //!
 //! # Numerics
-//! Float forms: every product of two inputs is exact in f64 (at most 2*11 significand bits for
+//! [`mma_sync_with`] with a model applies the tensor-core numerics of an architecture
+//! ([`crate::tc_numerics`]: blocks of products aligned to the largest exponent, truncated, summed
+//! and rounded toward zero); the emulator uses the kernel target's model unless a launch asks for
+//! [`crate::Numerics::Exact`]. The exact mode ([`mma_sync`], or no model):
+//! float forms: every product of two inputs is exact in f64 (at most 2*11 significand bits for
 //! f16/tf32, 2*8 for bf16, 2*4 for fp8). The products are summed in f64 in increasing `k` order,
 //! C is added, and the result is rounded once (nearest even) to the D type. PTX does not fix the
 //! accumulation order or intermediate precision of `mma`, so this is one admissible result; for
@@ -30,6 +34,7 @@
 //! Integer forms are exact; D wraps modulo 2^32 or, with `.satfinite`, clamps to the s32 range.
 
 use crate::fp;
+use crate::tc_numerics::{self as tc, TcModel};
 use crate::Lanes;
 use ptx::{Flag, Instruction, Mod, Opcode, Ty};
 
@@ -236,7 +241,7 @@ fn elem(regs: &[&Lanes], t: Ty, lane: usize, i: usize) -> u64 {
 
 /// Decoded values of every 8-bit float code (e4m3, then e5m2), built once: fragment decoding is
 /// on the emulator's hot path.
-fn fp8_table() -> &'static [[f64; 256]; 2] {
+pub(crate) fn fp8_table() -> &'static [[f64; 256]; 2] {
     static T: std::sync::OnceLock<[[f64; 256]; 2]> = std::sync::OnceLock::new();
     T.get_or_init(|| {
         let mut t = [[0f64; 256]; 2];
@@ -273,9 +278,21 @@ fn to_i64(t: Ty, bits: u64) -> i64 {
 /// `D = A * B + C` for the whole warp. `a`, `b`, `c` are the fragment registers (as many as
 /// [`MmaSpec::frag_counts`] says; missing ones read as zero) and `d` receives the D fragment
 /// (extra entries are left alone). Register values are raw bits, zero-extended.
-#[allow(clippy::needless_range_loop)]
 pub fn mma_sync(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mut [Lanes]) {
-    if mma_fast(spec, a, b, c, d) {
+    mma_sync_with(spec, None, a, b, c, d)
+}
+
+/// [`mma_sync`] under tensor-core numerics `model` ([`crate::tc_numerics`]); `None` is the exact
+/// mode. Integer and f64 forms ignore the model (they are exact either way).
+pub fn mma_sync_with(
+    spec: &MmaSpec,
+    model: Option<&TcModel>,
+    a: &[&Lanes],
+    b: &[&Lanes],
+    c: &[&Lanes],
+    d: &mut [Lanes],
+) {
+    if mma_fast(spec, model, a, b, c, d) {
         return;
     }
     let (m, n, k) = (spec.m as usize, spec.n as usize, spec.k as usize);
@@ -360,6 +377,10 @@ pub fn mma_sync(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mu
                     s = f64::from_bits(0x7FFF_FFFF_FFFF_FFFF);
                 }
                 s.to_bits()
+            } else if let Some(model) = model {
+                let (ar, bc) = (&am[r * k..r * k + k], &bm[col * k..col * k + k]);
+                let x = tc::dot(model, ar, bc, cm[r * n + col] as f32);
+                round_to(spec.dty, x as f64)
             } else {
                 let mut s = 0f64;
                 let (ar, bc) = (&am[r * k..r * k + k], &bm[col * k..col * k + k]);
@@ -406,24 +427,40 @@ fn round_to(t: Ty, x: f64) -> u64 {
 
 /// Fast path for the shapes GEMM kernels live on: m16n8k16 bf16/f16 and m16n8k32 e4m3/e5m2
 /// with f32 C/D. Same semantics as the general path (exact products summed in f64 in k order,
-/// plus C, rounded once), with the fragment layouts written out instead of looked up per element.
-/// Returns false when the instruction is not one of these forms.
-fn mma_fast(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mut [Lanes]) -> bool {
+/// plus C, rounded once; or the hardware model), with the fragment layouts written out instead
+/// of looked up per element. Returns false when the instruction is not one of these forms.
+fn mma_fast(
+    spec: &MmaSpec,
+    model: Option<&TcModel>,
+    a: &[&Lanes],
+    b: &[&Lanes],
+    c: &[&Lanes],
+    d: &mut [Lanes],
+) -> bool {
     if spec.m != 16 || spec.n != 8 || spec.cty != Ty::F32 || spec.dty != Ty::F32 {
         return false;
     }
-    let wide = match (spec.aty, spec.bty, spec.k) {
-        (Ty::Bf16 | Ty::F16, Ty::Bf16 | Ty::F16, 16) => true,
-        (Ty::E4m3 | Ty::E5m2, Ty::E4m3 | Ty::E5m2, 32) => false,
-        _ => return false,
-    };
     if a.len() < 4 || b.len() < 2 || c.len() < 4 || d.len() < 4 {
         return false;
     }
-    let k = spec.k as usize;
-    // A: 16 rows x k, B transposed: 8 cols x k.
-    let mut am = [0f64; 16 * 32];
-    let mut bt = [0f64; 8 * 32];
+    match (spec.aty, spec.bty, spec.k) {
+        (Ty::Bf16 | Ty::F16, Ty::Bf16 | Ty::F16, 16) => {
+            let (am, bk) = decode16(spec, a, b);
+            tile_out(model, am.as_flattened(), bk.as_flattened(), 16, c, d);
+        }
+        (Ty::E4m3 | Ty::E5m2, Ty::E4m3 | Ty::E5m2, 32) => {
+            let (am, bk) = decode8(spec, a, b);
+            tile_out(model, am.as_flattened(), bk.as_flattened(), 32, c, d);
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// A (16 x 16, row-major) and B (16 x 8, k-major) of an m16n8k16 16-bit-input mma.
+fn decode16(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes]) -> ([[f64; 16]; 16], [[f64; 8]; 16]) {
+    let mut am = [[0f64; 16]; 16];
+    let mut bk = [[0f64; 8]; 16];
     let dec16 = |t: Ty, v: u64| -> f64 {
         if t == Ty::Bf16 {
             f32::from_bits(((v as u32) & 0xffff) << 16) as f64
@@ -431,73 +468,227 @@ fn mma_fast(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes], c: &[&Lanes], d: &mut [L
             half::f16::from_bits(v as u16).to_f64()
         }
     };
-    let tab = fp8_table();
-    let dec8 = |t: Ty, v: u64| -> f64 { tab[(t == Ty::E5m2) as usize][(v & 0xff) as usize] };
     for lane in 0..32 {
         let (g, q) = (lane >> 2, lane & 3);
-        if wide {
-            // a_r holds elements 2r (low) and 2r+1: row g + 8*(r&1), col 2q + 8*(r>>1) (+0/1).
-            for r in 0..4 {
-                let v = a[r][lane];
-                let row = g + 8 * (r & 1);
-                let col = 2 * q + 8 * (r >> 1);
-                am[row * k + col] = dec16(spec.aty, v);
-                am[row * k + col + 1] = dec16(spec.aty, v >> 16);
+        // a_r holds elements 2r (low) and 2r+1: row g + 8*(r&1), col 2q + 8*(r>>1) (+0/1).
+        for r in 0..4 {
+            let v = a[r][lane];
+            let row = &mut am[g + 8 * (r & 1)];
+            let col = 2 * q + 8 * (r >> 1);
+            row[col] = dec16(spec.aty, v);
+            row[col + 1] = dec16(spec.aty, v >> 16);
+        }
+        // b_r: k = 2q + 8r (+0/1), n = g.
+        for r in 0..2 {
+            let v = b[r][lane];
+            let kk = 2 * q + 8 * r;
+            bk[kk][g] = dec16(spec.bty, v);
+            bk[kk + 1][g] = dec16(spec.bty, v >> 16);
+        }
+    }
+    (am, bk)
+}
+
+/// A (16 x 32, row-major) and B (32 x 8, k-major) of an m16n8k32 8-bit-float mma.
+fn decode8(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes]) -> ([[f64; 32]; 16], [[f64; 8]; 32]) {
+    let mut am = [[0f64; 32]; 16];
+    let mut bk = [[0f64; 8]; 32];
+    let tab = fp8_table();
+    let (ta, tb) = (
+        &tab[(spec.aty == Ty::E5m2) as usize],
+        &tab[(spec.bty == Ty::E5m2) as usize],
+    );
+    for lane in 0..32 {
+        let (g, q) = (lane >> 2, lane & 3);
+        // a_r holds bytes 4r..4r+3: row g + 8*(r&1), col 4q + 16*(r>>1) (+0..3).
+        for r in 0..4 {
+            let v = a[r][lane];
+            let row = &mut am[g + 8 * (r & 1)];
+            let col = 4 * q + 16 * (r >> 1);
+            for j in 0..4 {
+                row[col + j] = ta[((v >> (8 * j)) & 0xff) as usize];
             }
-            // b_r: k = 2q + 8r (+0/1), n = g.
-            for r in 0..2 {
-                let v = b[r][lane];
-                let kk = 2 * q + 8 * r;
-                bt[g * k + kk] = dec16(spec.bty, v);
-                bt[g * k + kk + 1] = dec16(spec.bty, v >> 16);
-            }
-        } else {
-            // a_r holds bytes 4r..4r+3: row g + 8*(r&1), col 4q + 16*(r>>1) (+0..3).
-            for r in 0..4 {
-                let v = a[r][lane];
-                let row = g + 8 * (r & 1);
-                let col = 4 * q + 16 * (r >> 1);
-                for j in 0..4 {
-                    am[row * k + col + j] = dec8(spec.aty, v >> (8 * j));
-                }
-            }
-            // b_r: k = 4q + 16r (+0..3), n = g.
-            for r in 0..2 {
-                let v = b[r][lane];
-                let kk = 4 * q + 16 * r;
-                for j in 0..4 {
-                    bt[g * k + kk + j] = dec8(spec.bty, v >> (8 * j));
-                }
+        }
+        // b_r: k = 4q + 16r (+0..3), n = g.
+        for r in 0..2 {
+            let v = b[r][lane];
+            let kk = 4 * q + 16 * r;
+            for j in 0..4 {
+                bk[kk + j][g] = tb[((v >> (8 * j)) & 0xff) as usize];
             }
         }
     }
-    // All 128 outputs accumulate together, k outer: each output still adds its products in
-    // increasing k order (the general path's semantics, bit for bit), and the 8 columns of a row
-    // are independent sums the compiler can vectorise (a per-output loop is a dependent chain).
-    let mut sums = [0f64; 16 * 8];
-    for kk in 0..k {
-        let bk: [f64; 8] = std::array::from_fn(|col| bt[col * k + kk]);
-        for row in 0..16 {
-            let av = am[row * k + kk];
-            let sr = &mut sums[row * 8..row * 8 + 8];
+    (am, bk)
+}
+
+/// The exact products of a 16 x 8 tile: `acc[r * 8 + c]` = sum over k in increasing order,
+/// from 0.0, of `am[r * k + kk] * bk[kk * 8 + c]` (f64, no fused multiply-add). Two rows at a
+/// time, k inner: 16 independent k-order sums stay in registers and the column loops vectorise.
+#[inline(always)]
+fn exact_rows(am: &[f64], bk: &[f64], k: usize, acc: &mut [f64; 128]) {
+    for r in (0..16).step_by(2) {
+        let (a0, a1) = (&am[r * k..(r + 1) * k], &am[(r + 1) * k..(r + 2) * k]);
+        let (mut s0, mut s1) = ([0f64; 8], [0f64; 8]);
+        for kk in 0..k {
+            let b: &[f64] = &bk[kk * 8..kk * 8 + 8];
             for col in 0..8 {
-                sr[col] += av * bk[col];
+                s0[col] += a0[kk] * b[col];
+                s1[col] += a1[kk] * b[col];
+            }
+        }
+        acc[r * 8..r * 8 + 8].copy_from_slice(&s0);
+        acc[(r + 1) * 8..(r + 2) * 8].copy_from_slice(&s1);
+    }
+}
+
+type ExactFn = fn(&[f64], &[f64], usize, &mut [f64; 128]);
+
+/// [`exact_rows`] compiled for AVX-512F or AVX2 when the CPU has them (checked at run time),
+/// else the baseline build. Both compute the same IEEE operations in the same order (Rust never
+/// contracts to fused multiply-adds), so the bits agree (tested).
+fn exact_dispatch() -> ExactFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        fn avx2_impl(am: &[f64], bk: &[f64], k: usize, acc: &mut [f64; 128]) {
+            exact_rows(am, bk, k, acc)
+        }
+        fn avx2(am: &[f64], bk: &[f64], k: usize, acc: &mut [f64; 128]) {
+            // SAFETY: `avx2` is only selected below when the CPU reports AVX2 support.
+            unsafe { avx2_impl(am, bk, k, acc) }
+        }
+        #[target_feature(enable = "avx512f")]
+        fn avx512_impl(am: &[f64], bk: &[f64], k: usize, acc: &mut [f64; 128]) {
+            exact_rows(am, bk, k, acc)
+        }
+        fn avx512(am: &[f64], bk: &[f64], k: usize, acc: &mut [f64; 128]) {
+            // SAFETY: `avx512` is only selected below when the CPU reports AVX-512F support.
+            unsafe { avx512_impl(am, bk, k, acc) }
+        }
+        if std::is_x86_feature_detected!("avx512f") {
+            return avx512;
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            return avx2;
+        }
+    }
+    exact_rows
+}
+
+/// D (16 x 8, f32 fragment) = A (16 x k) * B (k x 8, k-major) + C under `model` (exact: each
+/// output's products summed in f64 in k order from 0.0, plus C, rounded once to nearest).
+fn tile_out(
+    model: Option<&TcModel>,
+    am: &[f64],
+    bk: &[f64],
+    k: usize,
+    c: &[&Lanes],
+    d: &mut [Lanes],
+) {
+    let mut acc = [0f64; 16 * 8];
+    if let Some(model) = model {
+        for lane in 0..32 {
+            let (g, q) = (lane >> 2, lane & 3);
+            for i in 0..4 {
+                let (row, col) = (g + 8 * (i >> 1), 2 * q + (i & 1));
+                acc[row * 8 + col] = f32::from_bits(c[i][lane] as u32) as f64;
+            }
+        }
+        tc::tile(model, am, bk, k, 8, &mut acc);
+    } else {
+        exact_dispatch()(am, bk, k, &mut acc);
+        for lane in 0..32 {
+            let (g, q) = (lane >> 2, lane & 3);
+            for i in 0..4 {
+                let (row, col) = (g + 8 * (i >> 1), 2 * q + (i & 1));
+                acc[row * 8 + col] += f32::from_bits(c[i][lane] as u32) as f64;
             }
         }
     }
     for lane in 0..32 {
         let (g, q) = (lane >> 2, lane & 3);
         for i in 0..4 {
-            let (row, col) = (g + 8 * (i >> 1), 2 * q + (i & 1));
-            let mut sum = sums[row * 8 + col];
-            sum += f32::from_bits(c[i][lane] as u32) as f64;
-            let f = sum as f32;
-            d[i][lane] = if f.is_nan() {
+            let x = acc[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)] as f32;
+            d[i][lane] = if x.is_nan() {
                 0x7FFF_FFFF
             } else {
-                f.to_bits() as u64
+                x.to_bits() as u64
             };
         }
     }
-    true
+}
+
+/// `sums[r * n + c]` += the products `a[r * k + kk] * bt[kk * n + c]` in increasing kk order
+/// (wgmma's exact path: `sums` starts at 0.0, so each output is its k-order f64 sum).
+#[inline(always)]
+fn rows_k_order(a: &[f64], bt: &[f64], k: usize, n: usize, sums: &mut [f64]) {
+    for (r, row) in sums.chunks_mut(n).enumerate() {
+        for kk in 0..k {
+            let x = a[r * k + kk];
+            for (s, &y) in row.iter_mut().zip(&bt[kk * n..(kk + 1) * n]) {
+                *s += x * y;
+            }
+        }
+    }
+}
+
+/// [`rows_k_order`] compiled for AVX-512F or AVX2 when the CPU has them (checked at run time),
+/// else the baseline build (same operations in the same order: the same bits).
+pub(crate) fn rows_k_order_dispatch() -> fn(&[f64], &[f64], usize, usize, &mut [f64]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        fn avx2_impl(a: &[f64], bt: &[f64], k: usize, n: usize, sums: &mut [f64]) {
+            rows_k_order(a, bt, k, n, sums)
+        }
+        fn avx2(a: &[f64], bt: &[f64], k: usize, n: usize, sums: &mut [f64]) {
+            // SAFETY: `avx2` is only selected below when the CPU reports AVX2 support.
+            unsafe { avx2_impl(a, bt, k, n, sums) }
+        }
+        #[target_feature(enable = "avx512f")]
+        fn avx512_impl(a: &[f64], bt: &[f64], k: usize, n: usize, sums: &mut [f64]) {
+            rows_k_order(a, bt, k, n, sums)
+        }
+        fn avx512(a: &[f64], bt: &[f64], k: usize, n: usize, sums: &mut [f64]) {
+            // SAFETY: `avx512` is only selected below when the CPU reports AVX-512F support.
+            unsafe { avx512_impl(a, bt, k, n, sums) }
+        }
+        if std::is_x86_feature_detected!("avx512f") {
+            return avx512;
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            return avx2;
+        }
+    }
+    rows_k_order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// The dispatched (AVX2 where available) exact tile equals the baseline build bit for bit.
+    #[test]
+    fn exact_rows_dispatch_matches_baseline() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for k in [16usize, 32] {
+            let am: Vec<f64> = (0..16 * k)
+                .map(|_| rng.gen_range(-1.0..1.0) * 2f64.powi(rng.gen_range(-20..20)))
+                .collect();
+            let bk: Vec<f64> = (0..8 * k)
+                .map(|_| rng.gen_range(-1.0..1.0) * 2f64.powi(rng.gen_range(-20..20)))
+                .collect();
+            let (mut x, mut y) = ([f64::NAN; 128], [f64::NAN; 128]);
+            exact_dispatch()(&am, &bk, k, &mut x);
+            exact_rows(&am, &bk, k, &mut y);
+            assert_eq!(x.map(f64::to_bits), y.map(f64::to_bits), "k = {k}");
+            // the wgmma kernel too (n = 24 columns)
+            let bt: Vec<f64> = (0..24 * k).map(|i| bk[i % (8 * k)] * 1.5).collect();
+            let (mut x, mut y) = (vec![0f64; 16 * 24], vec![0f64; 16 * 24]);
+            rows_k_order_dispatch()(&am, &bt, k, 24, &mut x);
+            rows_k_order(&am, &bt, k, 24, &mut y);
+            assert_eq!(x, y, "wgmma rows, k = {k}");
+        }
+    }
 }

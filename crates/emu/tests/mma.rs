@@ -2,9 +2,15 @@
 //! element it computes which lane / element slot holds it (the inverse of the PTX fragment
 //! tables), scatters random asymmetric matrices into fragments that way, runs the warp-wide
 //! `mma_sync`, gathers D the same way and compares with a plain f64 / i64 matrix product.
+//!
+//! Numerics: the layout tests call `mma_sync`, the exact mode. Their integer-valued inputs make
+//! every sum exact, so the hardware models would give the same bits; the exact mode keeps the
+//! f64 reference independent of [`emu::tc_numerics`]. `hw_models_through_fragments` runs the
+//! hardware models through the same fragment layouts against the slow integer reference.
 
 use emu::fp;
-use emu::mma::{mma_sync, MmaSpec};
+use emu::mma::{mma_sync, mma_sync_with, MmaSpec};
+use emu::tc_numerics::{model_for, reference_dot};
 use emu::Lanes;
 use ptx::Ty;
 use rand::rngs::StdRng;
@@ -360,4 +366,145 @@ fn short_fragments_do_not_panic() {
     let mut d = vec![[0u64; 32]; 1];
     mma_sync(&s, &[&z], &[], &[], &mut d);
     assert_eq!(d[0], [0u64; 32]);
+}
+
+/// Random bits of a finite value of `t` with a random fraction and a modest exponent spread.
+fn rand_bits(t: Ty, rng: &mut StdRng) -> u64 {
+    let v = rng.gen_range(-4.0..4.0) * 2f64.powi(rng.gen_range(-4..4));
+    encode(t, v, rng)
+}
+
+/// Every float form under the sm_80, sm_89 and sm_90 models, through the fragment layouts:
+/// D (gathered) equals the slow integer model of `tc_numerics` per element (an f16 D is the
+/// model's FP32 result rounded to nearest).
+#[test]
+fn hw_models_through_fragments() {
+    let mut rng = StdRng::seed_from_u64(7);
+    for s in forms() {
+        if matches!(s.aty, Ty::S8 | Ty::U8 | Ty::F64) {
+            continue;
+        }
+        for sm in [80, 89, 90] {
+            let model = model_for(sm, s.aty).unwrap();
+            let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
+            let am: Vec<Vec<u64>> = (0..m)
+                .map(|_| (0..k).map(|_| rand_bits(s.aty, &mut rng)).collect())
+                .collect();
+            let bm: Vec<Vec<u64>> = (0..n)
+                .map(|_| (0..k).map(|_| rand_bits(s.bty, &mut rng)).collect())
+                .collect();
+            let cm: Vec<Vec<u64>> = (0..m)
+                .map(|_| (0..n).map(|_| rand_bits(s.cty, &mut rng)).collect())
+                .collect();
+            let (na, nb, nc, nd) = s.frag_counts();
+            let (mut a, mut b, mut c) = (
+                vec![[0u64; 32]; na],
+                vec![[0u64; 32]; nb],
+                vec![[0u64; 32]; nc],
+            );
+            for (r, (arow, crow)) in am.iter().zip(&cm).enumerate() {
+                for (kk, &bits) in arow.iter().enumerate() {
+                    let (lane, slot) = a_home(&s, r, kk);
+                    put(&mut a, s.aty, lane, slot, bits);
+                }
+                for (cc, &bits) in crow.iter().enumerate() {
+                    let (lane, slot) = c_home(&s, r, cc);
+                    put(&mut c, s.cty, lane, slot, bits);
+                }
+            }
+            for (cc, bcol) in bm.iter().enumerate() {
+                for (kk, &bits) in bcol.iter().enumerate() {
+                    let (lane, slot) = b_home(&s, kk, cc);
+                    put(&mut b, s.bty, lane, slot, bits);
+                }
+            }
+            let mut d = vec![[0xDEAD_BEEFu64; 32]; nd];
+            let ar: Vec<&Lanes> = a.iter().collect();
+            let br: Vec<&Lanes> = b.iter().collect();
+            let cr: Vec<&Lanes> = c.iter().collect();
+            mma_sync_with(&s, Some(&model), &ar, &br, &cr, &mut d);
+            for r in 0..m {
+                for cc in 0..n {
+                    let c32 = decode_d(s.cty, cm[r][cc]) as f32;
+                    let want = reference_dot(&model, s.aty, s.bty, &am[r], &bm[cc], c32.to_bits())
+                        .unwrap();
+                    let want = match s.dty {
+                        Ty::F16 => half::f16::from_f32(f32::from_bits(want)).to_bits() as u64,
+                        _ => want as u64,
+                    };
+                    let (lane, slot) = c_home(&s, r, cc);
+                    assert_eq!(
+                        get(&d, s.dty, lane, slot),
+                        want,
+                        "sm_{sm} {s:?} D[{r}][{cc}]"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Exact mode, bit for bit, on inputs whose sums round (random fractions, wide exponent
+/// spread): D is the f64 sum of the products in increasing k order from 0.0, plus C, rounded
+/// once to f32 (the documented semantics; the fast paths must not reorder the sum).
+#[test]
+fn exact_mode_is_the_k_order_f64_sum() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for s in forms() {
+        if s.dty != Ty::F32 || matches!(s.aty, Ty::S8 | Ty::U8 | Ty::F64) {
+            continue;
+        }
+        let (m, n, k) = (s.m as usize, s.n as usize, s.k as usize);
+        for _ in 0..5 {
+            let am: Vec<Vec<u64>> = (0..m)
+                .map(|_| (0..k).map(|_| rand_bits(s.aty, &mut rng)).collect())
+                .collect();
+            let bm: Vec<Vec<u64>> = (0..n)
+                .map(|_| (0..k).map(|_| rand_bits(s.bty, &mut rng)).collect())
+                .collect();
+            let cm: Vec<Vec<u64>> = (0..m)
+                .map(|_| (0..n).map(|_| rand_bits(s.cty, &mut rng)).collect())
+                .collect();
+            let (na, nb, nc, nd) = s.frag_counts();
+            let (mut a, mut b, mut c) = (
+                vec![[0u64; 32]; na],
+                vec![[0u64; 32]; nb],
+                vec![[0u64; 32]; nc],
+            );
+            for (r, (arow, crow)) in am.iter().zip(&cm).enumerate() {
+                for (kk, &bits) in arow.iter().enumerate() {
+                    let (lane, slot) = a_home(&s, r, kk);
+                    put(&mut a, s.aty, lane, slot, bits);
+                }
+                for (cc, &bits) in crow.iter().enumerate() {
+                    let (lane, slot) = c_home(&s, r, cc);
+                    put(&mut c, s.cty, lane, slot, bits);
+                }
+            }
+            for (cc, bcol) in bm.iter().enumerate() {
+                for (kk, &bits) in bcol.iter().enumerate() {
+                    let (lane, slot) = b_home(&s, kk, cc);
+                    put(&mut b, s.bty, lane, slot, bits);
+                }
+            }
+            let mut d = vec![[0xDEAD_BEEFu64; 32]; nd];
+            let ar: Vec<&Lanes> = a.iter().collect();
+            let br: Vec<&Lanes> = b.iter().collect();
+            let cr: Vec<&Lanes> = c.iter().collect();
+            mma_sync(&s, &ar, &br, &cr, &mut d);
+            for r in 0..m {
+                for cc in 0..n {
+                    let mut sum = 0f64;
+                    for kk in 0..k {
+                        sum += emu::hopper::elem_f64(s.aty, am[r][kk])
+                            * emu::hopper::elem_f64(s.bty, bm[cc][kk]);
+                    }
+                    sum += decode_d(s.cty, cm[r][cc]);
+                    let want = (sum as f32).to_bits() as u64;
+                    let (lane, slot) = c_home(&s, r, cc);
+                    assert_eq!(get(&d, s.dty, lane, slot), want, "{s:?} D[{r}][{cc}]");
+                }
+            }
+        }
+    }
 }

@@ -4,8 +4,15 @@
 //! (core matrices / swizzle atoms, XOR swizzle of 16-byte chunks), the kernel copies that image
 //! into shared memory, runs one wgmma and stores its accumulator registers; the host maps the
 //! registers back with the accumulator fragment layout and compares with an f64 product.
+//!
+//! Numerics: the layout cases use small integers (every sum exact), so they hold under both
+//! numerics and run with the default (the sm_90 hardware model). `hw_model_with_accumulator`
+//! uses random fractions and a non-zero accumulator and compares with the slow integer model of
+//! `emu::tc_numerics` for sm_90.
 
-use emu::{launch, GlobalMemory, LaunchConfig, LaunchOptions, LoadedModule};
+use emu::hopper::elem_f64;
+use emu::tc_numerics::{model_for, reference_dot};
+use emu::{launch, GlobalMemory, LaunchConfig, LaunchOptions, LoadedModule, Numerics};
 use rand::{Rng, SeedableRng};
 
 #[derive(Clone, Copy, Debug)]
@@ -45,9 +52,17 @@ fn desc(start: usize, lbo: usize, sbo: usize, sw: Sw) -> u64 {
         | (code << 62)
 }
 
-fn kernel(n: usize, ty: &str, k: usize) -> String {
+/// One wgmma kernel; with `init` every accumulator starts at that value and scale-d is 1.
+fn kernel(n: usize, ty: &str, k: usize, init: Option<f32>) -> String {
     let regs = n / 2;
     let list: Vec<String> = (0..regs).map(|i| format!("%f{i}")).collect();
+    let mut inits = String::new();
+    if let Some(x) = init {
+        for i in 0..regs {
+            inits.push_str(&format!("    mov.b32 %f{i}, 0f{:08X};\n", x.to_bits()));
+        }
+    }
+    let scale_d = init.is_some() as u32;
     let mut stores = String::new();
     for i in 0..regs {
         stores.push_str(&format!("    st.global.f32 [%rd5+{}], %f{i};\n", 4 * i));
@@ -86,8 +101,8 @@ DONE:
     bar.sync 0;
     fence.proxy.async.shared::cta;
     setp.ne.u32 %p2, %r2, 1000;
-    wgmma.fence.sync.aligned;
-    wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ty}.{ty} {{{list}}}, %rd2, %rd3, 0, 1, 1;
+{inits}    wgmma.fence.sync.aligned;
+    wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ty}.{ty} {{{list}}}, %rd2, %rd3, {scale_d}, 1, 1;
     wgmma.commit_group.sync.aligned;
     wgmma.wait_group.sync.aligned 0;
     mul.wide.u32 %rd8, %r2, {rb};
@@ -100,7 +115,19 @@ DONE:
     )
 }
 
+/// Values of a case: small integers (exact sums, compared with f64) or random fractions with an
+/// accumulator start value (compared with the sm_90 model).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Vals {
+    Ints,
+    Model(f32),
+}
+
 fn run_case(n: usize, fp8: bool, sw: Sw, seed: u64) {
+    run_case_with(n, fp8, sw, seed, Vals::Ints)
+}
+
+fn run_case_with(n: usize, fp8: bool, sw: Sw, seed: u64, vals: Vals) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let (k, es) = if fp8 { (32usize, 1usize) } else { (16, 2) };
     let kbytes = k * es;
@@ -117,9 +144,9 @@ fn run_case(n: usize, fp8: bool, sw: Sw, seed: u64) {
     let b_bytes = n.div_ceil(8) * sbo.max(256);
     let total = (b_start + b_bytes).div_ceil(4) * 4;
     let mut img = vec![0u8; total];
-    // Small integers: exact in every format and in f32 accumulation.
-    let mut a = vec![0f64; 64 * k];
-    let mut b = vec![0f64; n * k];
+    // raw encodings, K-major
+    let mut a = vec![0u64; 64 * k];
+    let mut b = vec![0u64; n * k];
     let enc = |v: f64| -> u64 {
         if fp8 {
             emu::fp::f32_to_e4m3(v as f32, true) as u64
@@ -129,25 +156,36 @@ fn run_case(n: usize, fp8: bool, sw: Sw, seed: u64) {
     };
     for r in 0..64 {
         for kk in 0..k {
-            let v = rng.gen_range(-4i32..=4) as f64 + if kk % 3 == 0 { 0.5 } else { 0.0 };
-            a[r * k + kk] = v;
+            let v = match vals {
+                Vals::Ints => rng.gen_range(-4i32..=4) as f64 + if kk % 3 == 0 { 0.5 } else { 0.0 },
+                Vals::Model(_) => rng.gen_range(-4.0..4.0),
+            };
             let bits = enc(v);
+            a[r * k + kk] = bits;
             let off = place(sw, r, kk * es, sbo, lbo);
             img[off..off + es].copy_from_slice(&bits.to_le_bytes()[..es]);
         }
     }
     for c in 0..n {
         for kk in 0..k {
-            let v = rng.gen_range(-3i32..=3) as f64 * if c % 2 == 0 { 1.0 } else { 2.0 };
-            b[c * k + kk] = v;
+            let v = match vals {
+                Vals::Ints => rng.gen_range(-3i32..=3) as f64 * if c % 2 == 0 { 1.0 } else { 2.0 },
+                Vals::Model(_) => rng.gen_range(-4.0..4.0) * 2f64.powi(rng.gen_range(-6..3)),
+            };
             let bits = enc(v);
+            b[c * k + kk] = bits;
             let off = b_start + place(sw, c, kk * es, sbo, lbo);
             img[off..off + es].copy_from_slice(&bits.to_le_bytes()[..es]);
         }
     }
     let _ = kbytes;
     let mem = GlobalMemory::new();
-    let text = kernel(n, if fp8 { "e4m3" } else { "bf16" }, k);
+    let ty = if fp8 { ptx::Ty::E4m3 } else { ptx::Ty::Bf16 };
+    let init = match vals {
+        Vals::Ints => None,
+        Vals::Model(x) => Some(x),
+    };
+    let text = kernel(n, if fp8 { "e4m3" } else { "bf16" }, k, init);
     let m = LoadedModule::load(&mem, ptx::parse(&text).unwrap(), 0).unwrap();
     let gimg = mem.alloc(total as u64, 0).unwrap();
     gimg.write_bytes(0, &img);
@@ -169,14 +207,14 @@ fn run_case(n: usize, fp8: bool, sw: Sw, seed: u64) {
         device_sms: 132,
         cluster: [1, 1, 1],
     };
-    launch(
-        m.kernel("wg").unwrap(),
-        mem.snapshot(),
-        p,
-        &cfg,
-        &LaunchOptions::default(),
-    )
-    .unwrap();
+    let opts = LaunchOptions {
+        numerics: match vals {
+            Vals::Ints => LaunchOptions::default().numerics,
+            Vals::Model(_) => Numerics::Hardware,
+        },
+        ..LaunchOptions::default()
+    };
+    launch(m.kernel("wg").unwrap(), mem.snapshot(), p, &cfg, &opts).unwrap();
     let mut raw = vec![0u8; 128 * n / 2 * 4];
     out.read_bytes(0, &mut raw);
     // Accumulator layout: thread t, w = t>>5, register i:
@@ -187,7 +225,18 @@ fn run_case(n: usize, fp8: bool, sw: Sw, seed: u64) {
         for i in 0..n / 2 {
             let row = 16 * w + g + 8 * ((i >> 1) & 1);
             let col = 8 * (i >> 2) + 2 * q + (i & 1);
-            let want: f64 = (0..k).map(|kk| a[row * k + kk] * b[col * k + kk]).sum();
+            let ar = &a[row * k..(row + 1) * k];
+            let bc = &b[col * k..(col + 1) * k];
+            let want = match vals {
+                Vals::Ints => (0..k)
+                    .map(|kk| elem_f64(ty, ar[kk]) * elem_f64(ty, bc[kk]))
+                    .sum::<f64>(),
+                Vals::Model(c) => {
+                    let m = model_for(90, ty).unwrap();
+                    let bits = reference_dot(&m, ty, ty, ar, bc, c.to_bits()).unwrap();
+                    f32::from_bits(bits) as f64
+                }
+            };
             let off = 4 * (t * n / 2 + i);
             let got = f32::from_le_bytes(raw[off..off + 4].try_into().unwrap()) as f64;
             assert_eq!(
@@ -362,4 +411,15 @@ WAIT:
     run(kernel("wgmma.wait_group.sync.aligned 0;", 0)).unwrap();
     // a copy into bytes the wgmma does not read (past the 4 KiB it reads): fine
     run(kernel("", 6144)).unwrap();
+}
+
+/// The sm_90 model through wgmma: random fractions (truncation matters) and a non-zero
+/// accumulator (scale-d = 1: C is aligned and truncated with the products), bf16 and e4m3.
+#[test]
+fn hw_model_with_accumulator() {
+    for (i, fp8) in [false, true].into_iter().enumerate() {
+        for (j, c) in [0.3f32, -17.25, 1e-3].into_iter().enumerate() {
+            run_case_with(16, fp8, Sw::B128, 100 + (3 * i + j) as u64, Vals::Model(c));
+        }
+    }
 }

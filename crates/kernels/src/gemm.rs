@@ -5,8 +5,10 @@
 //! - FP8 block-scaled (`mma.m16n8k32.e4m3`): A with 1x128 scales sa [M, K/128], B with 128x128
 //!   scales sb [N/128, K/128]; each 128-wide K block is accumulated by the tensor core into a fresh
 //!   fragment, then promoted into the FP32 accumulator with `fma(frag, sa*sb, acc)` (N_C = 128);
-//! - the un-promoted ablation: one f16 tensor-core accumulator over all of K (a stand-in for the
-//!   ~14-bit FP8 accumulator of Hopper) and per-tensor scales applied at the end;
+//! - the un-promoted ablation: one FP32 tensor-core accumulator over all of K (`mma ... .f32.e4m3`
+//!   with C = D at every step), per-tensor scales applied at the end. On Ada/Hopper that
+//!   accumulator keeps only 13 fraction bits (the emulator's hardware numerics model it, see
+//!   `emu::tc_numerics`), so the error grows with K; under exact numerics it does not;
 //! - MoE grouped layouts: contiguous (rows of all experts concatenated, segments padded to 128,
 //!   `m_indices[row]` = expert or -1 for padding rows, which are written as zeros) and masked
 //!   ([G, M_max, K], `masked_m[g]` valid rows; rows beyond are not written).
@@ -235,10 +237,7 @@ pub fn gen_gemm(t: &Target, spec: &GemmSpec) -> Result<ptx::Module> {
     match spec.input {
         InTy::Bf16 => build::<M16N8K16Bf16>(t, spec),
         InTy::Fp8 => build::<M16N8K32E4m3>(t, spec),
-        // e4m3 mma with f16 accumulators needs PTX ISA 8.7 (the builder's table does not refine it)
-        InTy::Fp8Unpromoted => {
-            build::<M16N8K32E4m3>(&t.clone().with_ptx(t.ptx.unwrap_or(0).max(87)), spec)
-        }
+        InTy::Fp8Unpromoted => build::<M16N8K32E4m3>(t, spec),
     }
 }
 
@@ -497,19 +496,6 @@ where
     } else {
         Vec::new()
     };
-    let acc16: Vec<[Reg<u32>; 2]> = if spec.input == InTy::Fp8Unpromoted {
-        (0..nacc)
-            .map(|_| {
-                let r: [Reg<u32>; 2] = k.regs();
-                for x in r {
-                    k.mov_to(x, 0u32);
-                }
-                r
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
     // fp8: rows of this thread's accumulators (clamped) for the sa loads
     let g4 = k.shr(lane, 2u32);
     let q4 = k.and(lane, 3u32);
@@ -615,11 +601,20 @@ where
         for ks in 0..4usize {
             let aa = k.add(a_base, ca[ks]);
             let bb = k.add(b_base, cb[ks]);
-            let af: Vec<[Reg<S::A>; 4]> =
-                (0..mi_n).map(|mi| k.ldmatrix::<S::A, u8, 4>(SharedPtr::<u8>::from_reg(aa).add_bytes((mi * 16 * ROW_BYTES) as i64), false)).collect();
+            let af: Vec<[Reg<S::A>; 4]> = (0..mi_n)
+                .map(|mi| {
+                    k.ldmatrix::<S::A, u8, 4>(
+                        SharedPtr::<u8>::from_reg(aa).add_bytes((mi * 16 * ROW_BYTES) as i64),
+                        false,
+                    )
+                })
+                .collect();
             let mut bf: Vec<[Reg<S::B>; 2]> = Vec::new();
             for j in 0..ni_n / 2 {
-                let r = k.ldmatrix::<S::B, u8, 4>(SharedPtr::<u8>::from_reg(bb).add_bytes((j * 16 * ROW_BYTES) as i64), false);
+                let r = k.ldmatrix::<S::B, u8, 4>(
+                    SharedPtr::<u8>::from_reg(bb).add_bytes((j * 16 * ROW_BYTES) as i64),
+                    false,
+                );
                 bf.push([r[0], r[1]]);
                 bf.push([r[2], r[3]]);
             }
@@ -628,21 +623,14 @@ where
                     let i = mi * ni_n as usize + ni;
                     match spec.input {
                         InTy::Bf16 => k.mma_to::<S>(acc[i], af[mi], bf[ni], acc[i]),
-                        InTy::Fp8 => k.mma_to::<S>(frag[i], af[mi], bf[ni], if ks == 0 { zero } else { frag[i] }),
-                        InTy::Fp8Unpromoted => {
-                            let (d, a4, b2) = (acc16[i], af[mi], bf[ni]);
-                            k.raw(format!(
-                                "mma.sync.aligned.m16n8k32.row.col.f16.e4m3.e4m3.f16 {{{d0}, {d1}}}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {{{d0}, {d1}}};",
-                                d0 = d[0].name(),
-                                d1 = d[1].name(),
-                                a0 = a4[0].name(),
-                                a1 = a4[1].name(),
-                                a2 = a4[2].name(),
-                                a3 = a4[3].name(),
-                                b0 = b2[0].name(),
-                                b1 = b2[1].name()
-                            ));
-                        }
+                        InTy::Fp8 => k.mma_to::<S>(
+                            frag[i],
+                            af[mi],
+                            bf[ni],
+                            if ks == 0 { zero } else { frag[i] },
+                        ),
+                        // one FP32 tensor-core accumulator over all of K (no promotion)
+                        InTy::Fp8Unpromoted => k.mma_to::<S>(acc[i], af[mi], bf[ni], acc[i]),
                     }
                 }
             }
@@ -670,13 +658,9 @@ where
     // ---- epilogue
     if spec.input == InTy::Fp8Unpromoted {
         let sc = p.scale.unwrap_or(zero[0]);
-        for (i, h) in acc16.iter().enumerate() {
-            for (r, &w) in h.iter().enumerate() {
-                let [lo, hi]: [Reg<F16>; 2] = k.unpack(w);
-                let lo = k.cvt::<f32, F16>(lo);
-                let hi = k.cvt::<f32, F16>(hi);
-                k.mul_to(acc[i][2 * r], lo, sc);
-                k.mul_to(acc[i][2 * r + 1], hi, sc);
+        for a in &acc {
+            for &x in a {
+                k.mul_to(x, x, sc);
             }
         }
     }
@@ -979,7 +963,8 @@ pub fn gemm_bf16_with<O: GemmOut>(
 }
 
 /// Ablation: FP8 GEMM with per-tensor scales (D = scale * A x B^T, f32 out) accumulated in one
-/// f16 tensor-core accumulator over all of K, without promotion. Shows the error growing with K.
+/// FP32 tensor-core accumulator over all of K, without promotion. Under the Hopper/Ada hardware
+/// numerics (13-bit accumulation) the error grows with K.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_fp8_nt_unpromoted(
     stream: &Stream,

@@ -1,12 +1,17 @@
 //! Without promotion (one limited-precision tensor-core accumulator over all of K) the error
 //! grows with K; with DeepSeek's per-128 promotion into FP32 it does not.
+//!
+//! Numerics: hardware (the sm_90 FP8 model, 13-bit truncating accumulation), set explicitly:
+//! the effect exists only there; under exact numerics an FP32 accumulator does not lose bits.
 
 use kernels::gemm::{spec, GemmConfig, InTy, Layout, OutTy};
 use kernels::registry::{check_gemm_with, find, Shape};
 
 #[test]
 fn unpromoted_error_grows_with_k() {
-    let stream = runtime::Device::emu(64).default_stream();
+    let dev = runtime::Device::emu(64);
+    dev.set_numerics(Some(emu::Numerics::Hardware));
+    let stream = dev.default_stream();
     let unp = find("gemm_fp8_nt_unpromoted_f32out_64x128").unwrap();
     let kernels::registry::Kind::Gemm(us) = &unp.kind else {
         unreachable!()
@@ -37,8 +42,13 @@ fn unpromoted_error_grows_with_k() {
         errs[1].0 > 3.0 * errs[0].0,
         "unpromoted error did not grow with K: {errs:?}"
     );
+    // DeepSeek-V3 reports ~2% at K = 4096 without promotion: the same order of magnitude
     assert!(
-        errs[1].1 < errs[1].0 / 2.0,
+        errs[1].0 > 1e-2,
+        "unpromoted error at K = 4096 below 1%: {errs:?}"
+    );
+    assert!(
+        errs[1].1 < kernels::registry::fp8_f32_tolerance(),
         "promoted error too large: {errs:?}"
     );
 }

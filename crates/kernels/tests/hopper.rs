@@ -6,6 +6,11 @@
 //! - emulator runs: outputs (poisoned first) match the f64 reference of the dequantised inputs
 //!   across small shapes, BN values (including non-powers of two), 1 or 2 math warpgroups, and
 //!   the MoE contiguous / masked groupings.
+//!
+//! Numerics: the emulator's default, the sm_90 hardware model (what the GPU computes); the
+//! checker's tolerances hold under it (1e-2 relative, and against the bf16-rounded reference
+//! 1e-3 for BF16 or `registry::fp8_f32_tolerance()` for the 13-bit FP8 accumulation). Exact
+//! mode would only tighten the errors.
 
 use half::bf16;
 use kernels::hopper::{self, HIn, HLayout, HopperSpec};

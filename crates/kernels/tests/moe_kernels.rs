@@ -232,7 +232,17 @@ fn moe_wgrad_pipeline_end_to_end() {
         2 * inter
     );
     assert!(got.iter().all(|v| v.is_finite()), "non-finite output");
-    assert!(rel_q <= 1e-5, "rel err vs dequantised operands {rel_q}");
+    // exact tensor-core sums agree to FP32 level; the hardware model (13-bit FP8 accumulation,
+    // what the GPU computes) within the checker's FP8 tolerance
+    let tol = if kernels::registry::exact_tc(&st) {
+        1e-5
+    } else {
+        kernels::registry::fp8_f32_tolerance()
+    };
+    assert!(
+        rel_q <= tol,
+        "rel err vs dequantised operands {rel_q} > {tol}"
+    );
     assert!(rel < 0.08, "rel err vs bf16 tensors {rel}");
 }
 

@@ -88,6 +88,7 @@ fn emitted_fp8_gemm_through_the_runner_matches_the_host_api() {
         timeout: None,
         progress: None,
         banks: false,
+        numerics: None,
     };
     let out = runner::run(&runtime::Device::emu(66), &rs).unwrap();
     let got = out.buffers[4].as_ref().unwrap();

@@ -49,6 +49,9 @@ pub(crate) struct DeviceInner {
     pub default_stream: OnceLock<Stream>,
     /// The CUDA context (CUDA devices only).
     pub cuda: Option<Arc<crate::cuda::Ctx>>,
+    /// Emulator tensor-core numerics set with [`Device::set_numerics`] (None: the environment's
+    /// `PTXFORGE_TC_NUMERICS`, else the kernel target's hardware model).
+    pub numerics: Mutex<Option<emu::Numerics>>,
 }
 
 /// A device: an emulated GPU, or a real one through the CUDA driver.
@@ -88,6 +91,7 @@ impl Device {
                     streams: Mutex::new(Vec::new()),
                     default_stream: OnceLock::new(),
                     cuda: None,
+                    numerics: Mutex::new(None),
                 }),
             })
             .clone()
@@ -114,6 +118,7 @@ impl Device {
                 streams: Mutex::new(Vec::new()),
                 default_stream: OnceLock::new(),
                 cuda: Some(ctx),
+                numerics: Mutex::new(None),
             }),
         };
         reg.insert(index, d.clone());
@@ -189,6 +194,27 @@ impl Device {
     }
     pub fn same(&self, other: &Device) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Emulator: the tensor-core numerics of later launches on this device that do not set
+    /// [`crate::LaunchConfig::numerics`] (`None`: `PTXFORGE_TC_NUMERICS`, else the hardware model
+    /// of the kernel's target). Emulated devices are process-wide, so this affects every user of
+    /// the device. Real GPUs ignore it.
+    pub fn set_numerics(&self, n: Option<emu::Numerics>) {
+        *self
+            .inner
+            .numerics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = n;
+    }
+
+    /// The numerics set with [`Device::set_numerics`], if any.
+    pub fn numerics(&self) -> Option<emu::Numerics> {
+        *self
+            .inner
+            .numerics
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Allocates `len` elements (zeroed).

@@ -479,6 +479,9 @@ pub struct RunSpec {
     pub progress: Option<Arc<AtomicU64>>,
     /// Emulator: count shared-memory bank conflicts per PTX line (`stats.banks`).
     pub banks: bool,
+    /// Emulator tensor-core numerics (None: the device's setting, else `PTXFORGE_TC_NUMERICS`,
+    /// else the hardware model of the kernel's target).
+    pub numerics: Option<emu::Numerics>,
 }
 
 impl RunSpec {
@@ -546,6 +549,7 @@ pub fn run(device: &Device, spec: &RunSpec) -> Result<RunOutput> {
     let mut cfg = LaunchConfig::grid3(spec.grid, spec.block).shared(spec.shared);
     cfg.timeout = spec.timeout;
     cfg.progress = spec.progress.clone();
+    cfg.numerics = spec.numerics;
     let stream = device.stream(0);
     stream.set_bank_profile(spec.banks);
     let t0 = std::time::Instant::now();
@@ -667,6 +671,7 @@ impl Manifest {
             timeout: None,
             progress: None,
             banks: false,
+            numerics: None,
         })
     }
 }

@@ -28,6 +28,9 @@ pub struct LaunchConfig {
     pub progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
     /// Cooperative launch (`CU_LAUNCH_ATTRIBUTE_COOPERATIVE`: all CTAs co-resident).
     pub cooperative: bool,
+    /// Emulator tensor-core numerics for this launch (None: the device's setting, see
+    /// [`crate::Device::set_numerics`]). Real GPUs ignore it.
+    pub numerics: Option<emu::Numerics>,
 }
 
 impl LaunchConfig {
@@ -43,6 +46,7 @@ impl LaunchConfig {
             max_warp_instructions: None,
             progress: None,
             cooperative: false,
+            numerics: None,
         }
     }
     /// A persistent kernel on an SM budget: one CTA per budgeted SM (grid = `p.count`).
@@ -70,6 +74,11 @@ impl LaunchConfig {
     }
     pub fn timeout(mut self, t: Duration) -> Self {
         self.timeout = Some(t);
+        self
+    }
+    /// Emulator tensor-core numerics for this launch.
+    pub fn numerics(mut self, n: emu::Numerics) -> Self {
+        self.numerics = Some(n);
         self
     }
 }
@@ -273,6 +282,9 @@ impl Stream {
         }
         opts.progress = cfg.progress.clone();
         opts.hold = Some(self.inner.hold.clone());
+        if let Some(n) = cfg.numerics.or_else(|| self.device.numerics()) {
+            opts.numerics = n;
+        }
         opts.bank_profile |= self
             .inner
             .bank_profile

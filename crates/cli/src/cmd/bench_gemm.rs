@@ -93,7 +93,7 @@ pub fn run(a: GemmArgs) -> Result<()> {
             "bench gemm: {}x{}x{} groups {} ...",
             s.m, s.n, s.k, s.groups
         );
-        let rep = super::gemm::run_one(&dev, &a.dtype, layout, &a.kernel, s, 1)?;
+        let rep = super::gemm::run_one(&dev, &a.dtype, layout, &a.kernel, s, 1, false)?;
         let tflops = rep.flops / rep.seconds / 1e12;
         let torch = if emu {
             None

@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 use kernels::gemm::{choose_config, spec, InTy, Layout};
 use kernels::hopper::{self, HIn, HLayout};
-use kernels::registry::{check_gemm, gemm_info, CheckReport};
+use kernels::registry::{check_gemm_with, gemm_info, CheckReport};
 use kernels::{OutTy, Shape};
 
 #[derive(clap::Args)]
@@ -38,6 +38,27 @@ pub struct Args {
     /// else mma.sync; on the emulator mma.sync, which emulates up to 2x faster) | mma | wgmma
     #[arg(long, default_value = "auto")]
     pub kernel: String,
+    /// FP8 only: the un-promoted ablation (one FP32 tensor-core accumulator over all of K,
+    /// per-tensor scales, f32 out; all-positive inputs) instead of DeepSeek's per-128 promotion.
+    #[arg(long)]
+    pub no_promotion: bool,
+    /// All-positive inputs, uniform in [0, 1) (sums grow with K, as in the ablation).
+    #[arg(long)]
+    pub positive: bool,
+    /// Emulator tensor-core numerics: `hw` (the model of the kernel's target architecture) or
+    /// `exact` (products summed exactly, rounded once). Default: `PTXFORGE_TC_NUMERICS`, else hw.
+    #[arg(long)]
+    pub numerics: Option<String>,
+}
+
+/// The un-promoted FP8 ablation kernel on all-positive inputs.
+fn run_unpromoted(dev: &runtime::Device, s: Shape, seed: u64) -> Result<CheckReport> {
+    let info = kernels::registry::find("gemm_fp8_nt_unpromoted_f32out_64x128")?;
+    let kernels::registry::Kind::Gemm(sp) = &info.kind else {
+        bail!("{}: not a GEMM kernel", info.name);
+    };
+    let stream = dev.default_stream();
+    Ok(check_gemm_with(&stream, info, sp, &s, seed, true)?)
 }
 
 /// Runs one GEMM problem with `kernel` (auto | mma | wgmma) and returns its report.
@@ -48,6 +69,7 @@ pub fn run_one(
     kernel: &str,
     s: Shape,
     seed: u64,
+    positive: bool,
 ) -> Result<CheckReport> {
     let input = match dtype {
         "bf16" => InTy::Bf16,
@@ -103,13 +125,31 @@ pub fn run_one(
     let cfg = choose_config(input, layout, rows, s.n, dev.props().sms);
     let sp = spec(input, OutTy::Bf16, layout, false, cfg);
     let info = gemm_info(&sp);
-    Ok(check_gemm(&stream, &info, &sp, &s, seed)?)
+    Ok(check_gemm_with(&stream, &info, &sp, &s, seed, positive)?)
 }
 
 pub fn run(a: Args) -> Result<()> {
     let dev = runtime::Device::from_name(&a.device)?;
+    if let Some(n) = super::parse_numerics(a.numerics.as_deref())? {
+        dev.set_numerics(Some(n));
+    }
     let s = Shape::grouped(a.m, a.n, a.k, a.groups);
-    let r = run_one(&dev, &a.dtype, a.layout.as_deref(), &a.kernel, s, a.seed)?;
+    let r = if a.no_promotion {
+        if a.dtype != "fp8" || a.layout.is_some() || a.groups != 1 || a.kernel == "wgmma" {
+            bail!("--no-promotion is the FP8 mma.sync ablation: --dtype fp8, no --layout/--groups");
+        }
+        run_unpromoted(&dev, s, a.seed)?
+    } else {
+        run_one(
+            &dev,
+            &a.dtype,
+            a.layout.as_deref(),
+            &a.kernel,
+            s,
+            a.seed,
+            a.positive,
+        )?
+    };
     let tflops = r.flops / r.seconds / 1e12;
     if a.json {
         let mut v = serde_json::to_value(&r)?;
@@ -118,7 +158,7 @@ pub fn run(a: Args) -> Result<()> {
         println!("{v}");
     } else {
         println!(
-            "{} m={} n={} k={} groups={} on {}: rel err {:.3e} (vs bf16-rounded ref {:.3e}, tol {:.0e}) {}, {:.3} s, {:.3} TFLOP/s{}",
+            "{} m={} n={} k={} groups={} on {}: rel err {:.3e} (vs bf16-rounded ref {:.3e}, tol {:.0e}; element-wise max {:.3e}, mean {:.3e}) {}, {:.3} s, {:.3} TFLOP/s{}",
             r.kernel,
             a.m,
             a.n,
@@ -128,6 +168,8 @@ pub fn run(a: Args) -> Result<()> {
             r.rel_err,
             r.rel_err_rounded,
             r.tolerance,
+            r.max_rel_err,
+            r.mean_rel_err,
             if r.pass { "PASS" } else { "FAIL" },
             r.seconds,
             tflops,

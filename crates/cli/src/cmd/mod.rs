@@ -45,6 +45,12 @@ pub fn print_banks(b: &emu::banks::BankReport, top: usize) {
     }
 }
 
+/// Parses a `--numerics` flag (`exact` | `hw`); `None` when the flag is absent.
+pub fn parse_numerics(s: Option<&str>) -> anyhow::Result<Option<emu::Numerics>> {
+    s.map(|v| emu::Numerics::parse(v).map_err(|e| anyhow::anyhow!("--numerics: {e}")))
+        .transpose()
+}
+
 /// Parses a duration flag: a number with an optional unit `ns`, `us`, `ms`, `s` (seconds when
 /// none), e.g. `50ms`, `2s`, `0.5`. Zero, negative, non-finite and absurdly large values are
 /// refused with a message.

@@ -49,6 +49,10 @@ pub struct Args {
     /// Emulator: count shared-memory wavefronts and bank conflicts per PTX line.
     #[arg(long)]
     pub banks: bool,
+    /// Emulator tensor-core numerics: `hw` (the model of the kernel's target architecture) or
+    /// `exact` (products summed exactly, rounded once). Default: `PTXFORGE_TC_NUMERICS`, else hw.
+    #[arg(long)]
+    pub numerics: Option<String>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -120,6 +124,7 @@ pub fn run(a: Args) -> Result<()> {
         timeout: a.timeout.map(Duration::from_secs_f64),
         progress: Some(progress.clone()),
         banks: a.banks,
+        numerics: super::parse_numerics(a.numerics.as_deref())?,
     };
     if a.banks && device.backend() != runtime::Backend::Emu {
         bail!("--banks needs the emulator (on a GPU, use Nsight Compute)");

@@ -230,14 +230,24 @@ pub fn check(
     let rel = rel_fro(&gv, &wv);
     let rel_rounded = rel_fro(&gv, &wr);
     let tolerance = 1e-2;
+    // accumulation error against the bf16-rounded reference: FP8 under 13-bit tensor-core
+    // accumulation (hardware models, GPUs) gets the FP8 tolerance
+    let rounded_tol = if !crate::registry::exact_tc(stream) && s.input == HIn::Fp8 {
+        crate::registry::fp8_f32_tolerance()
+    } else {
+        1e-3
+    };
+    let (max_rel_err, mean_rel_err) = crate::registry::elem_rel(&gv, &wv);
     Ok(CheckReport {
         kernel: info.name.clone(),
         shape: *sh,
         mismatches,
         rel_err: rel,
         rel_err_rounded: rel_rounded,
+        max_rel_err,
+        mean_rel_err,
         tolerance,
-        pass: mismatches == 0 && rel <= tolerance && rel_rounded <= 1e-3,
+        pass: mismatches == 0 && rel <= tolerance && rel_rounded <= rounded_tol,
         seconds,
         flops: flops(s, sh),
         lane_instructions: stream.last_stats().map(|st| st.lane_instructions),
