@@ -118,7 +118,10 @@ fn hopper_ptx_matches_snapshot() {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     let valid = want.values().filter(|v| *v != "invalid").count();
-    assert!(valid >= 100, "snapshot holds only {valid} valid configurations");
+    assert!(
+        valid >= 100,
+        "snapshot holds only {valid} valid configurations"
+    );
     let mut diffs = Vec::new();
     for (k, v) in &got {
         match want.get(k) {
