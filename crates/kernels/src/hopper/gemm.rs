@@ -43,13 +43,22 @@
 //! work on the same M block (N must give an even number of tiles). Tested on the emulator
 //! (clusters, distributed shared memory, TMA multicast) and assembled by ptxas.
 //!
-//! Structure (one role per function; the kernel-wide values travel in a [`Gemm`] context):
-//! [`gen_hopper_gemm`] declares the parameters ([`Params`]), lays out shared memory ([`Smem`]),
-//! initialises the barriers and the tile scheduler ([`sched::Sched`], which also decodes a tile
-//! id into a [`sched::TileCoord`]) and splits the CTA into the two roles: [`producer::run`]
-//! (the TMA loads of each K block) and [`math::run`] (per tile: FP8 scale pointers, the K loop of
-//! `wgmma` groups, stage releases, promotion), which hands each finished tile to
-//! [`epilogue::store`] (TMA-store through `stmatrix` staging, or direct masked stores).
+//! Structure (one role per function; the kernel-wide values travel in a `Gemm` context of
+//! spec, parameters, shared-memory layout, scheduler, warpgroup and cluster rank):
+//! - `gen_hopper_gemm` (this file): declares the parameters (`Params::declare`), lays out
+//!   shared memory (`Smem::layout`: stage ring, barriers, epilogue staging), initialises the
+//!   barriers and the scheduler, and splits the CTA into the two roles with `setmaxnreg`;
+//! - `sched`: tile and K-block counts (`Sched::new`) and the decoding of a linear tile id into
+//!   group, rows, columns and skip flag (`Sched::decode`: rasterisation, then per-layout rows);
+//! - `producer`: the TMA thread (`run`, per tile `load_tile`, per stage `load_k_block`, and the
+//!   multicast half-box load `load_a_multicast`);
+//! - `math`: a math thread's registers (`MathThread`), the tile loop (`run`, `one_tile`), one
+//!   K block (`k_block`: scales, wait, `issue_wgmma`, `release`, `promote`) and FP8 scales
+//!   (`scale_ptrs`, `load_scales`);
+//! - `epilogue`: `store` picks the TMA-store path (`bf16_words`, `stmatrix_tile` with
+//!   `lane_rows`, then TMA boxes) or direct stores (`store_direct`, masked layout).
+//!
+//! `tests/hopper_ptx_snapshot.rs` pins the emitted PTX of every configuration (a hash each).
 
 mod epilogue;
 mod math;
