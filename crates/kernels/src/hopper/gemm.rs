@@ -43,7 +43,8 @@
 //! work on the same M block (N must give an even number of tiles). Tested on the emulator
 //! (clusters, distributed shared memory, TMA multicast) and assembled by ptxas.
 
-use super::{HIn, HLayout, HopperSpec};
+use super::HopperSpec;
+use crate::gemm::{InTy, Layout};
 use crate::{shape_err, Result};
 use builder::hopper::Swizzle;
 use builder::*;
@@ -58,7 +59,7 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
     crate::host::check_target(&spec.name(), t, super::TARGETS)?;
     spec.validate()?;
     let name = spec.name();
-    let fp8 = spec.input == HIn::Fp8;
+    let fp8 = spec.input == InTy::Fp8;
     let wgs = spec.math_wgs;
     let bm = spec.bm();
     let bn = spec.bn;
@@ -88,12 +89,13 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
     };
     let d = k.param_ptr_aligned::<u16>("d", 4);
     let rows = match spec.layout {
-        HLayout::Normal => Rows::Normal,
-        HLayout::Contiguous => Rows::Contiguous(k.param_ptr_aligned::<i32>("m_indices", 4)),
-        HLayout::Masked => Rows::Masked(k.param_ptr_aligned::<i32>("masked_m", 4)),
+        Layout::Normal => Rows::Normal,
+        Layout::Contiguous => Rows::Contiguous(k.param_ptr_aligned::<i32>("m_indices", 4)),
+        Layout::Masked => Rows::Masked(k.param_ptr_aligned::<i32>("masked_m", 4)),
+        Layout::KGrouped => return shape_err(&name, "no K-grouped Hopper kernel"),
     };
     let m_indices = rows.m_indices();
-    let m = k.param::<u32>(if spec.layout == HLayout::Masked {
+    let m = k.param::<u32>(if spec.layout == Layout::Masked {
         "m_max"
     } else {
         "m"
@@ -138,7 +140,7 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
         k.div(x, bn)
     };
     let per_group_tiles = k.mul(num_m, num_n);
-    let num_tiles = if spec.layout == HLayout::Masked {
+    let num_tiles = if spec.layout == Layout::Masked {
         k.mul(per_group_tiles, groups)
     } else {
         per_group_tiles
@@ -160,7 +162,7 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
         skip: Reg<Pred>,
     }
     let decode = |k: &mut KernelBuilder, tile: Reg<u32>| -> TileCoord {
-        let (grp, t) = if spec.layout == HLayout::Masked {
+        let (grp, t) = if spec.layout == Layout::Masked {
             let g = k.div(tile, per_group_tiles);
             let r = k.rem(tile, per_group_tiles);
             (g, r)
@@ -266,7 +268,7 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                 k.for_range(cta, num_tiles, ncta, |k, tile| {
                     let tc = decode(k, tile);
                     k.if_not(tc.skip, |k| {
-                        let brow = if spec.layout == HLayout::Normal {
+                        let brow = if spec.layout == Layout::Normal {
                             tc.n0
                         } else {
                             k.mad_lo(tc.grp, n, tc.n0)
@@ -377,7 +379,7 @@ pub fn gen_hopper_gemm(t: &Target, spec: &HopperSpec) -> Result<ptx::Module> {
                     tc.skip,
                     |k| {
                         // contiguous-layout padding segment: write zeros; masked: nothing
-                        if spec.layout == HLayout::Contiguous {
+                        if spec.layout == Layout::Contiguous {
                             let z = k.mov(0.0f32);
                             epi(k, &tc, r0, r1, col0, &vec![z; nacc]);
                         }
@@ -792,6 +794,12 @@ fn store_tile_tma(
 /// Checks a spec (typed error, never a panic).
 pub(crate) fn validate(spec: &HopperSpec) -> Result<()> {
     let name = spec.name();
+    if spec.input == InTy::Fp8Unpromoted || spec.layout == Layout::KGrouped {
+        return shape_err(
+            &name,
+            "the Hopper kernels take BF16 or promoted FP8 in the normal, contiguous or masked layout",
+        );
+    }
     if !(1..=2).contains(&spec.math_wgs) {
         return shape_err(&name, "1 or 2 math warpgroups");
     }
@@ -801,7 +809,7 @@ pub(crate) fn validate(spec: &HopperSpec) -> Result<()> {
             format!("BN = {}: a multiple of 8 in 8..=256", spec.bn),
         );
     }
-    if spec.input == HIn::Fp8 && spec.bn % 16 != 0 && spec.bn > 128 {
+    if spec.input == InTy::Fp8 && spec.bn % 16 != 0 && spec.bn > 128 {
         return shape_err(&name, "FP8 BN above 128 must be a multiple of 16");
     }
     if spec.stages < 2 {
