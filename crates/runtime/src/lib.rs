@@ -14,6 +14,7 @@ mod cuda;
 mod device;
 mod graph;
 mod partition;
+pub mod module_cache;
 pub mod runner;
 mod storage;
 mod stream;
