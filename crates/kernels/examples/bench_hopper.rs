@@ -208,7 +208,11 @@ fn main() -> Res<()> {
             return Ok(());
         }
     };
-    let input = if dtype == "bf16" { InTy::Bf16 } else { InTy::Fp8 };
+    let input = if dtype == "bf16" {
+        InTy::Bf16
+    } else {
+        InTy::Fp8
+    };
     let st = dev.default_stream();
     let sms = dev.props().sms;
     for (si, &(m, n, k, published)) in shapes.iter().enumerate() {

@@ -17,12 +17,12 @@
 //! [`crate::tile`], fragments come from `ldmatrix.x4`. The epilogue writes straight from the
 //! accumulator registers (bf16x2 / f32x2 stores).
 
+use crate::gemm_api::{GemmBufs, GemmProblem, OutBuf, Scales};
 use crate::host::{check_target, function};
 use crate::tile::ROW_BYTES;
 use crate::{shape_err, Result};
 use builder::*;
 use half::bf16;
-use crate::gemm_api::{GemmBufs, GemmProblem, OutBuf, Scales};
 use runtime::{args, Buffer, LaunchConfig, Pod, Stream};
 
 /// Targets of the BF16 kernels and of the FP8 kernels.
@@ -761,7 +761,7 @@ fn store_pair(k: &mut KernelBuilder, p: GlobalPtr<u8>, out: OutTy, v0: Reg<f32>,
 }
 
 // ---------------------------------------------------------------------------------------------
-// specs, configuration choice and host wrappers
+// specs, configuration choice and the launch behind `crate::gemm()`
 
 /// The registered name of a GEMM variant.
 pub fn gemm_name(input: InTy, out: OutTy, layout: Layout, add_c: bool, cfg: &GemmConfig) -> String {
@@ -980,4 +980,3 @@ pub fn check_k_starts(kernel: &str, ks: &[i32], groups: usize, ktot: usize) -> R
     }
     Ok(())
 }
-

@@ -95,7 +95,11 @@ impl GemmProblem {
             m,
             n,
             k,
-            groups: if s.layout == Layout::Normal { 1 } else { groups },
+            groups: if s.layout == Layout::Normal {
+                1
+            } else {
+                groups
+            },
             add_c: s.add_c,
             kernel: KernelChoice::MmaSync(s.cfg),
         }
@@ -109,7 +113,11 @@ impl GemmProblem {
             m,
             n,
             k,
-            groups: if s.layout == Layout::Normal { 1 } else { groups },
+            groups: if s.layout == Layout::Normal {
+                1
+            } else {
+                groups
+            },
             add_c: false,
             kernel: KernelChoice::Wgmma(*s),
         }
@@ -390,7 +398,9 @@ pub struct GemmRun {
 pub fn resolve(stream: &Stream, p: &GemmProblem) -> Resolved {
     let sms = stream.sm_count();
     match p.kernel {
-        KernelChoice::MmaSync(cfg) => Resolved::MmaSync(spec(p.input, p.out, p.layout, p.add_c, cfg)),
+        KernelChoice::MmaSync(cfg) => {
+            Resolved::MmaSync(spec(p.input, p.out, p.layout, p.add_c, cfg))
+        }
         KernelChoice::Wgmma(s) => Resolved::Wgmma(s),
         KernelChoice::Auto
             if p.input == InTy::Fp8
@@ -442,7 +452,10 @@ pub fn gemm(stream: &Stream, p: &GemmProblem, bufs: GemmBufs<'_>) -> Result<Gemm
 
 fn need(kernel: &str, what: &str, have: usize, len: usize) -> Result<()> {
     if have < len {
-        return shape_err(kernel, format!("`{what}` holds {have} elements, needs {len}"));
+        return shape_err(
+            kernel,
+            format!("`{what}` holds {have} elements, needs {len}"),
+        );
     }
     Ok(())
 }
@@ -480,7 +493,10 @@ fn check_kind(kernel: &str, p: &GemmProblem) -> Result<()> {
         return shape_err(kernel, "the K-grouped GEMM is FP8 in, F32 out");
     }
     if p.input == InTy::Fp8Unpromoted && p.layout != Layout::Normal {
-        return shape_err(kernel, "the un-promoted ablation has the normal layout only");
+        return shape_err(
+            kernel,
+            "the un-promoted ablation has the normal layout only",
+        );
     }
     if p.layout != Layout::Normal && p.groups > 65535 {
         return shape_err(kernel, format!("groups = {} exceeds 65535", p.groups));

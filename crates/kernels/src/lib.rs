@@ -24,7 +24,7 @@
 //!   fragments, `cp.async` tile loads).
 //! - [`mod@reference`]: f64 CPU references and error metrics.
 //! - [`mod@registry`]: [`KernelInfo`] for every kernel.
-//! - [`host`]: module cache and target choice shared by the host wrappers.
+//! - [`host`]: target choice and access to the shared module cache (`runtime::module_cache`).
 
 // `is_multiple_of` needs Rust 1.87 (workspace MSRV 1.80); fragment loops index several arrays.
 #![allow(

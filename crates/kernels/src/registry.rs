@@ -80,7 +80,7 @@ pub struct KernelInfo {
     /// The launch-shape rule, as text.
     pub launch: String,
     pub targets: &'static [&'static str],
-    /// The typed host wrapper that launches it.
+    /// The host call that launches it (for GEMMs: how to reach it through `kernels::gemm`).
     pub host: &'static str,
     /// Shapes the test suite runs on the emulator.
     pub test_shapes: Vec<Shape>,
@@ -962,7 +962,10 @@ fn run_device<O: OutVal>(
         None
     };
     let p = GemmProblem::for_mma_sync(g, m, n, k, groups);
-    let (qa, qb) = (dv.qa.clone().unwrap_or_default(), dv.qb.clone().unwrap_or_default());
+    let (qa, qb) = (
+        dv.qa.clone().unwrap_or_default(),
+        dv.qb.clone().unwrap_or_default(),
+    );
     let (ab, bb, qab, qbb, sab, sbb) = (
         upload(&dev, dv.a_bf.as_deref().unwrap_or(&[]))?,
         upload(&dev, dv.b_bf.as_deref().unwrap_or(&[]))?,

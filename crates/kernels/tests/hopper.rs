@@ -9,9 +9,9 @@
 
 use half::bf16;
 use kernels::hopper::{self, HopperSpec};
-use kernels::{GemmBufs, GemmProblem, InTy, Layout};
 use kernels::reference as r;
 use kernels::registry::{host_quant_blocks, host_quant_rows};
+use kernels::{GemmBufs, GemmProblem, InTy, Layout};
 use rand::Rng;
 use runtime::{Device, Stream};
 
@@ -262,7 +262,10 @@ fn fp8_gemm_host_api_picks_a_spec_and_rejects_bad_shapes() {
     let bufs = GemmBufs::new(&qa, &qb, &d).scales(&sa, &sb);
     let run = kernels::gemm(&st, &GemmProblem::new(InTy::Fp8, m, n, k), bufs).unwrap();
     // Auto on the emulator's sm_90a target: the Hopper kernel, synchronised
-    assert!(run.kernel.starts_with("hopper_gemm_fp8_nt") && run.synchronised, "{run:?}");
+    assert!(
+        run.kernel.starts_with("hopper_gemm_fp8_nt") && run.synchronised,
+        "{run:?}"
+    );
     compare(
         "gemm_fp8_nt (hopper, chosen spec)",
         &d.to_vec().unwrap(),

@@ -13,8 +13,8 @@
 mod cuda;
 mod device;
 mod graph;
-mod partition;
 pub mod module_cache;
+mod partition;
 pub mod runner;
 mod storage;
 mod stream;

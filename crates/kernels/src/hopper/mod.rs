@@ -23,11 +23,11 @@
 pub mod gemm;
 pub mod registry;
 
+use crate::gemm::{InTy, Layout, OutTy};
+use crate::gemm_api::{GemmBufs, GemmProblem, Scales};
 use crate::{shape_err, Result};
 use half::bf16;
 use runtime::tensor_map::{Swizzle as TSwizzle, TensorDataType};
-use crate::gemm::{InTy, Layout, OutTy};
-use crate::gemm_api::{GemmBufs, GemmProblem, Scales};
 use runtime::{args, Backend, Buffer, LaunchConfig, Stream, TensorMap};
 
 pub use gemm::gen_hopper_gemm;

@@ -156,7 +156,7 @@ pub fn check(
                 // (no K-grouped Hopper kernel: `crate::gemm` rejects the spec)
                 Layout::Normal | Layout::KGrouped => {
                     t0 = Instant::now();
-                    crate::gemm(stream, &problem, fp8.clone())?;
+                    crate::gemm(stream, &problem, fp8)?;
                 }
                 Layout::Contiguous => {
                     let idx = crate::registry::random_m_indices(&mut rg, m, groups);
