@@ -5,10 +5,25 @@
 //! The module owns the problem-level checks (operand types and buffer sizes, index vectors) and
 //! the kernel choice; each backend owns its shape rules and its launch.
 //!
-//! ```ignore
-//! let p = GemmProblem::new(InTy::Fp8, m, n, k).contiguous(groups);
-//! let run = kernels::gemm(&stream, &p, GemmBufs::new(&a, &b, &mut d).scales(&sa, &sb).index(&m_indices))?;
-//! println!("{}", run.kernel);
+//! ```no_run
+//! use kernels::{GemmBufs, GemmProblem, InTy};
+//! use runtime::{Buffer, Stream};
+//!
+//! /// A MoE contiguous grouped FP8 GEMM: D [m, n] = A [m, k] x B[group of row] [n, k]^T.
+//! fn grouped(
+//!     stream: &Stream,
+//!     (a, sa): (&Buffer<u8>, &Buffer<f32>),
+//!     (b, sb): (&Buffer<u8>, &Buffer<f32>),
+//!     m_indices: &Buffer<i32>,
+//!     d: &mut Buffer<half::bf16>,
+//!     (m, n, k, groups): (usize, usize, usize, usize),
+//! ) -> kernels::Result<()> {
+//!     let p = GemmProblem::new(InTy::Fp8, m, n, k).contiguous(groups);
+//!     let bufs = GemmBufs::new(a, b, d).scales(sa, sb).index(m_indices);
+//!     let run = kernels::gemm(stream, &p, bufs)?;
+//!     println!("ran {}", run.kernel);
+//!     Ok(())
+//! }
 //! ```
 
 use crate::gemm::{choose_config, spec, GemmConfig, GemmSpec, InTy, Layout, OutTy};
