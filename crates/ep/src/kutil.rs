@@ -1,49 +1,22 @@
-//! Small helpers shared by the kernels of this crate: the target of a device, a module cache,
+//! Small helpers shared by the kernels of this crate: access to the shared module cache,
 //! the sigmoid both the kernel and the CPU reference compute bit-identically, and launch helpers.
 
 use crate::Result;
 use builder::{ApproxFn, FMods, KernelBuilder, Reg, Target};
-use runtime::{Device, Function, Module};
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use runtime::{Device, Function};
 
 /// `log2(e)` as f32 (the constant the sigmoid kernel multiplies by).
 pub const LOG2E: f32 = std::f32::consts::LOG2_E;
 
-/// The target kernels are generated for on `dev` (emulator: sm_90a).
-pub fn target_for(dev: &Device) -> Target {
-    match dev.props().sm_version {
-        90 => Target::sm90a(),
-        v => Target::new(&format!("sm_{v}")),
-    }
-}
-
-type Key = (String, String, u32);
-
-fn cache() -> &'static Mutex<HashMap<Key, Function>> {
-    static C: OnceLock<Mutex<HashMap<Key, Function>>> = OnceLock::new();
-    C.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// The loaded kernel `name` for `config` on `dev`, generated with `gen` on a miss.
+/// The loaded kernel `name` for `config` on `dev` from the module cache shared with `kernels`
+/// ([`runtime::module_cache`]), generated with `gen` on a miss.
 pub fn function(
     dev: &Device,
     name: &str,
     config: &str,
     gen: impl FnOnce(&Target) -> Result<ptx::Module>,
 ) -> Result<Function> {
-    let key: Key = (name.to_string(), config.to_string(), dev.index());
-    if let Some(f) = cache().lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-        return Ok(f.clone());
-    }
-    let m = gen(&target_for(dev))?;
-    let module = Module::load(dev, &m)?;
-    let f = module.function(name)?;
-    cache()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(key, f.clone());
-    Ok(f)
+    runtime::module_cache::function(dev, name, config, |arch| gen(&Target::new(arch)))
 }
 
 /// `s = 1 / (1 + 2^(x * -log2 e))` with `mul.rn`, `ex2.approx` (no ftz), `add.rn`, `div.rn`.

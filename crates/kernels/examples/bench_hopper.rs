@@ -16,7 +16,8 @@
 //! or a failure to run it exits non-zero.
 
 use half::bf16;
-use kernels::hopper::{self, HIn, HLayout, HopperSpec};
+use kernels::hopper::{self, HopperSpec};
+use kernels::{GemmBufs, GemmProblem, InTy, Layout};
 use rand::Rng;
 use runtime::runner::e4m3_to_f64;
 use runtime::{Buffer, Device, Stream};
@@ -44,10 +45,10 @@ enum Operands {
     },
 }
 
-fn operands(dev: &Device, input: HIn, m: usize, n: usize, k: usize, seed: u64) -> Res<Operands> {
+fn operands(dev: &Device, input: InTy, m: usize, n: usize, k: usize, seed: u64) -> Res<Operands> {
     let mut rg = kernels::reference::rng(seed);
     Ok(match input {
-        HIn::Fp8 => {
+        InTy::Fp8 | InTy::Fp8Unpromoted => {
             // e4m3 with exponents around 1 (|x| in [2^-3, 2^1)), random signs and mantissas
             let mut e4m3 = |len: usize| -> Vec<u8> {
                 (0..len)
@@ -71,7 +72,7 @@ fn operands(dev: &Device, input: HIn, m: usize, n: usize, k: usize, seed: u64) -
                 host: (a, sa, b, sb),
             }
         }
-        HIn::Bf16 => {
+        InTy::Bf16 => {
             let mut bf = |len: usize| -> Vec<bf16> {
                 (0..len)
                     .map(|_| bf16::from_f32(rg.gen_range(-1.0f32..1.0)))
@@ -98,13 +99,15 @@ fn time_spec(
     k: usize,
     iters: usize,
 ) -> Res<f64> {
-    let plan = match o {
+    let p = GemmProblem::for_wgmma(spec, m, n, k, 1);
+    let bufs = match o {
         Operands::Fp8 {
             dev: (a, sa, b, sb),
             ..
-        } => hopper::plan_fp8_nt(st, spec, a, sa, b, sb, d, m, n, k)?,
-        Operands::Bf16 { dev: (a, b), .. } => hopper::plan_bf16_nt(st, spec, a, b, d, m, n, k)?,
+        } => GemmBufs::new(a, b, d).scales(sa, sb),
+        Operands::Bf16 { dev: (a, b), .. } => GemmBufs::new(a, b, d),
     };
+    let plan = hopper::plan(st, spec, &p, &bufs)?;
     time_plan(st, &plan, iters)
 }
 
@@ -152,8 +155,8 @@ fn spot_check(o: &Operands, d: &Buffer<bf16>, m: usize, n: usize, k: usize) -> R
     Ok(worst)
 }
 
-fn candidates(input: HIn, m: usize, n: usize, sms: u32) -> Vec<HopperSpec> {
-    let chosen = hopper::choose_spec(input, HLayout::Normal, m, n, sms);
+fn candidates(input: InTy, m: usize, n: usize, sms: u32) -> Vec<HopperSpec> {
+    let chosen = hopper::choose_spec(input, Layout::Normal, m, n, sms);
     let mut v = vec![chosen];
     let mut push = |s: HopperSpec| {
         if s.validate().is_ok() && !v.iter().any(|x| x.name() == s.name()) {
@@ -161,8 +164,8 @@ fn candidates(input: HIn, m: usize, n: usize, sms: u32) -> Vec<HopperSpec> {
         }
     };
     let wgs = chosen.math_wgs;
-    push(HopperSpec::new(input, HLayout::Normal, 128).with_math_wgs(wgs));
-    for s in [chosen, HopperSpec::new(input, HLayout::Normal, 128)] {
+    push(HopperSpec::new(input, Layout::Normal, 128).with_math_wgs(wgs));
+    for s in [chosen, HopperSpec::new(input, Layout::Normal, 128)] {
         // the cluster-of-2 kernel pairs N tiles
         if wgs == 2 && n.div_ceil(s.bn as usize).is_multiple_of(2) {
             push(s.with_math_wgs(2).with_multicast(true));
@@ -205,7 +208,11 @@ fn main() -> Res<()> {
             return Ok(());
         }
     };
-    let input = if dtype == "bf16" { HIn::Bf16 } else { HIn::Fp8 };
+    let input = if dtype == "bf16" {
+        InTy::Bf16
+    } else {
+        InTy::Fp8
+    };
     let st = dev.default_stream();
     let sms = dev.props().sms;
     for (si, &(m, n, k, published)) in shapes.iter().enumerate() {
@@ -214,7 +221,7 @@ fn main() -> Res<()> {
         let specs = if sweep {
             candidates(input, m, n, sms)
         } else {
-            vec![hopper::choose_spec(input, HLayout::Normal, m, n, sms)]
+            vec![hopper::choose_spec(input, Layout::Normal, m, n, sms)]
         };
         let mut rows = Vec::new();
         let mut check = None;
@@ -246,7 +253,7 @@ fn main() -> Res<()> {
                 "{name:<44} {m:>5}x{n:>6}x{k:>6}: {tflops:8.1} TFLOP/s ({:.1} us){}{}{mark}",
                 secs * 1e6,
                 if i == 0 { " [chosen]" } else { "" },
-                if input == HIn::Fp8 && published.is_finite() {
+                if input == InTy::Fp8 && published.is_finite() {
                     format!(", DeepGEMM H800 {published}")
                 } else {
                     String::new()

@@ -19,25 +19,36 @@
 //! [`crate::tile`], fragments come from `ldmatrix.x4`. The epilogue writes straight from the
 //! accumulator registers (bf16x2 / f32x2 stores).
 
+use crate::gemm_api::{GemmBufs, GemmProblem, OutBuf, Scales};
 use crate::host::{check_target, function};
 use crate::tile::ROW_BYTES;
 use crate::{shape_err, Result};
 use builder::*;
 use half::bf16;
-use runtime::{args, Arg, Buffer, LaunchConfig, Pod, Stream};
+use runtime::{args, Buffer, LaunchConfig, Pod, Stream};
 
 /// Targets of the BF16 kernels and of the FP8 kernels.
 pub const BF16_TARGETS: &[&str] = &["sm_80", "sm_89", "sm_90a"];
 pub const FP8_TARGETS: &[&str] = &["sm_89", "sm_90a"];
 
-/// Input precision.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Input precision, shared by both backends (the Hopper kernels take `Bf16` and `Fp8`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum InTy {
     Bf16,
     /// e4m3 with fine-grained scales and per-128 promotion.
     Fp8,
     /// e4m3, f16 tensor-core accumulation over all of K, per-tensor scale (ablation).
     Fp8Unpromoted,
+}
+
+impl InTy {
+    /// Bytes per input element.
+    pub fn esize(self) -> u32 {
+        match self {
+            InTy::Bf16 => 2,
+            InTy::Fp8 | InTy::Fp8Unpromoted => 1,
+        }
+    }
 }
 
 /// Output element type.
@@ -47,8 +58,8 @@ pub enum OutTy {
     F32,
 }
 
-/// Row layout of A / D.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Row layout of A / D, shared by both backends (the Hopper kernels: all but `KGrouped`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum Layout {
     Normal,
     /// MoE contiguous: `m_indices` i32 `[M]`.
@@ -734,7 +745,7 @@ fn store_pair(k: &mut KernelBuilder, p: GlobalPtr<u8>, out: OutTy, v0: Reg<f32>,
 }
 
 // ---------------------------------------------------------------------------------------------
-// specs, configuration choice and host wrappers
+// specs, configuration choice and the launch behind `crate::gemm()`
 
 /// The registered name of a GEMM variant.
 pub fn gemm_name(input: InTy, out: OutTy, layout: Layout, add_c: bool, cfg: &GemmConfig) -> String {
@@ -773,12 +784,20 @@ pub fn spec(input: InTy, out: OutTy, layout: Layout, add_c: bool, cfg: GemmConfi
 /// Output element types of the GEMMs.
 pub trait GemmOut: Pod {
     const OUT: OutTy;
+    /// `b` as a C / D operand of [`crate::gemm()`].
+    fn out_buf(b: &Buffer<Self>) -> OutBuf<'_>;
 }
 impl GemmOut for bf16 {
     const OUT: OutTy = OutTy::Bf16;
+    fn out_buf(b: &Buffer<Self>) -> OutBuf<'_> {
+        OutBuf::Bf16(b)
+    }
 }
 impl GemmOut for f32 {
     const OUT: OutTy = OutTy::F32;
+    fn out_buf(b: &Buffer<Self>) -> OutBuf<'_> {
+        OutBuf::F32(b)
+    }
 }
 
 /// The tile configuration the host API picks for an (m, n) problem on a device with `sms` SMs:
@@ -794,16 +813,6 @@ pub fn choose_config(input: InTy, layout: Layout, m: usize, n: usize, sms: u32) 
         (_, _) if !big => GemmConfig::MID,
         _ => GemmConfig::BIG_FP8,
     }
-}
-
-fn need<T: Pod>(kernel: &str, what: &str, b: &Buffer<T>, len: usize) -> Result<()> {
-    if b.len() < len {
-        return shape_err(
-            kernel,
-            format!("`{what}` holds {} elements, needs {len}", b.len()),
-        );
-    }
-    Ok(())
 }
 
 fn check_mnk(kernel: &str, fp8: bool, rows: usize, n: usize, k: usize) -> Result<()> {
@@ -828,10 +837,58 @@ fn check_mnk(kernel: &str, fp8: bool, rows: usize, n: usize, k: usize) -> Result
     Ok(())
 }
 
-fn launch(stream: &Stream, s: &GemmSpec, grid: [u32; 3], args: Vec<Arg>) -> Result<()> {
+/// Checks `p` against the `mma.sync` kernel `s` and its shape rules, then enqueues it
+/// (asynchronous; nothing is launched for an empty problem). Called by [`crate::gemm()`].
+pub(crate) fn run(stream: &Stream, s: &GemmSpec, p: &GemmProblem, b: &GemmBufs<'_>) -> Result<()> {
+    if (s.input, s.out, s.layout, s.add_c) != (p.input, p.out, p.layout, p.add_c) {
+        return shape_err(
+            &s.name,
+            format!(
+                "kernel spec does not match the problem ({:?}, {:?}, {:?} out, add_c {})",
+                p.input, p.layout, p.out, p.add_c
+            ),
+        );
+    }
+    check_mnk(&s.name, p.input != InTy::Bf16, p.total_rows(), p.n, p.k)?;
+    if p.layout == Layout::Contiguous && 128 % s.cfg.bm != 0 {
+        return shape_err(&s.name, "contiguous layout needs BM dividing 128");
+    }
+    crate::gemm_api::check(&s.name, p, b)?;
+    if p.m == 0 || (p.layout != Layout::Normal && p.groups == 0) {
+        return Ok(());
+    }
+    // arguments in the order of [`GemmSpec::params`]
+    let mut v = vec![b.a.arg()];
+    let scales = match b.scales {
+        Scales::Block { sa, sb } => Some((sa, sb)),
+        _ => None,
+    };
+    if let Some((sa, _)) = scales {
+        v.push(sa.into());
+    }
+    v.push(b.b.arg());
+    if let Some((_, sb)) = scales {
+        v.push(sb.into());
+    }
+    if let Some(c) = b.c {
+        v.push(c.arg());
+    }
+    v.push(b.d.arg());
+    if let Some(i) = b.index {
+        v.push(i.into());
+    }
+    if let Scales::Tensor(x) = b.scales {
+        v.push(x.into());
+    }
+    v.extend(args![p.m as u32, p.n as u32, p.k as u32]);
+    let z = match p.layout {
+        Layout::Normal | Layout::Contiguous => 1,
+        Layout::Masked | Layout::KGrouped => p.groups,
+    };
     let f = function(stream.device(), &s.name, &s.cfg.tag(), |t| gen_gemm(t, s))?;
-    let cfg = LaunchConfig::grid3(grid, [s.cfg.threads(), 1, 1]).shared(s.cfg.shared_bytes());
-    stream.launch(&f, &cfg, &args)?;
+    let cfg = LaunchConfig::grid3(grid(&s.cfg, p.m, p.n, z), [s.cfg.threads(), 1, 1])
+        .shared(s.cfg.shared_bytes());
+    stream.launch(&f, &cfg, &v)?;
     Ok(())
 }
 
@@ -841,188 +898,6 @@ fn grid(cfg: &GemmConfig, rows: usize, n: usize, z: usize) -> [u32; 3] {
         rows.div_ceil(cfg.bm as usize) as u32,
         z as u32,
     ]
-}
-
-/// D [m, n] = A [m, k] x B [n, k]^T (+ C [m, n]) in BF16 with FP32 accumulation; D (and C) bf16 or f32.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_bf16_nt<O: GemmOut>(
-    stream: &Stream,
-    a: &Buffer<bf16>,
-    b: &Buffer<bf16>,
-    c: Option<&Buffer<O>>,
-    d: &mut Buffer<O>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    let cfg = choose_config(InTy::Bf16, Layout::Normal, m, n, stream.sm_count());
-    let s = spec(InTy::Bf16, O::OUT, Layout::Normal, c.is_some(), cfg);
-    check_mnk(&s.name, false, m, n, k)?;
-    need(&s.name, "a", a, m * k)?;
-    need(&s.name, "b", b, n * k)?;
-    need(&s.name, "d", d, m * n)?;
-    if let Some(c) = c {
-        need(&s.name, "c", c, m * n)?;
-    }
-    if m == 0 {
-        return Ok(());
-    }
-    let mut v = args![a, b];
-    if let Some(c) = c {
-        v.push(c.into());
-    }
-    v.extend(args![&*d, m as u32, n as u32, k as u32]);
-    launch(stream, &s, grid(&cfg, m, n, 1), v)
-}
-
-/// D [m, n] bf16 = A [m, k] e4m3 (scales sa [m, k/128]) x B [n, k] e4m3 (scales sb [n/128, k/128])^T,
-/// with FP32 promotion every 128 K. n and k must be multiples of 128; m is arbitrary.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_fp8_nt(
-    stream: &Stream,
-    a: &Buffer<u8>,
-    sa: &Buffer<f32>,
-    b: &Buffer<u8>,
-    sb: &Buffer<f32>,
-    d: &mut Buffer<bf16>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    // sm_90a: the persistent TMA/wgmma kernel (crate::hopper)
-    if crate::hopper::available(stream) {
-        return crate::hopper::gemm_fp8_nt(stream, a, sa, b, sb, d, m, n, k);
-    }
-    let cfg = choose_config(InTy::Fp8, Layout::Normal, m, n, stream.sm_count());
-    let s = spec(InTy::Fp8, OutTy::Bf16, Layout::Normal, false, cfg);
-    gemm_fp8_with(stream, &s, a, sa, b, sb, d, m, n, k)
-}
-
-/// [`gemm_fp8_nt`] with an explicit kernel spec (tests and benchmarks pick the tile).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_fp8_with<O: GemmOut>(
-    stream: &Stream,
-    s: &GemmSpec,
-    a: &Buffer<u8>,
-    sa: &Buffer<f32>,
-    b: &Buffer<u8>,
-    sb: &Buffer<f32>,
-    d: &mut Buffer<O>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    check_mnk(&s.name, true, m, n, k)?;
-    check_spec(s, InTy::Fp8, Layout::Normal, O::OUT)?;
-    need(&s.name, "a", a, m * k)?;
-    need(&s.name, "sa", sa, m * k / 128)?;
-    need(&s.name, "b", b, n * k)?;
-    need(&s.name, "sb", sb, n / 128 * k / 128)?;
-    need(&s.name, "d", d, m * n)?;
-    if m == 0 {
-        return Ok(());
-    }
-    launch(
-        stream,
-        s,
-        grid(&s.cfg, m, n, 1),
-        args![a, sa, b, sb, &*d, m as u32, n as u32, k as u32],
-    )
-}
-
-/// [`gemm_bf16_nt`] with an explicit spec (no C).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_bf16_with<O: GemmOut>(
-    stream: &Stream,
-    s: &GemmSpec,
-    a: &Buffer<bf16>,
-    b: &Buffer<bf16>,
-    c: Option<&Buffer<O>>,
-    d: &mut Buffer<O>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    check_mnk(&s.name, false, m, n, k)?;
-    need(&s.name, "a", a, m * k)?;
-    need(&s.name, "b", b, n * k)?;
-    need(&s.name, "d", d, m * n)?;
-    if s.add_c != c.is_some() || s.out != O::OUT {
-        return shape_err(&s.name, "C operand / output type do not match the kernel");
-    }
-    if m == 0 {
-        return Ok(());
-    }
-    let mut v = args![a, b];
-    if let Some(c) = c {
-        need(&s.name, "c", c, m * n)?;
-        v.push(c.into());
-    }
-    v.extend(args![&*d, m as u32, n as u32, k as u32]);
-    launch(stream, s, grid(&s.cfg, m, n, 1), v)
-}
-
-/// Ablation: FP8 GEMM with per-tensor scales (D = scale * A x B^T, f32 out) accumulated in one
-/// FP32 tensor-core accumulator over all of K, without promotion. Under the Hopper/Ada hardware
-/// numerics (13-bit accumulation) the error grows with K.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_fp8_nt_unpromoted(
-    stream: &Stream,
-    a: &Buffer<u8>,
-    b: &Buffer<u8>,
-    scale: f32,
-    d: &mut Buffer<f32>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    let s = spec(
-        InTy::Fp8Unpromoted,
-        OutTy::F32,
-        Layout::Normal,
-        false,
-        GemmConfig::MID,
-    );
-    gemm_fp8_unpromoted_with(stream, &s, a, b, scale, d, m, n, k)
-}
-
-/// [`gemm_fp8_nt_unpromoted`] with an explicit spec.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_fp8_unpromoted_with<O: GemmOut>(
-    stream: &Stream,
-    s: &GemmSpec,
-    a: &Buffer<u8>,
-    b: &Buffer<u8>,
-    scale: f32,
-    d: &mut Buffer<O>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    check_mnk(&s.name, true, m, n, k)?;
-    check_spec(s, InTy::Fp8Unpromoted, Layout::Normal, O::OUT)?;
-    need(&s.name, "a", a, m * k)?;
-    need(&s.name, "b", b, n * k)?;
-    need(&s.name, "d", d, m * n)?;
-    if m == 0 {
-        return Ok(());
-    }
-    launch(
-        stream,
-        s,
-        grid(&s.cfg, m, n, 1),
-        args![a, b, &*d, scale, m as u32, n as u32, k as u32],
-    )
-}
-
-fn check_spec(s: &GemmSpec, input: InTy, layout: Layout, out: OutTy) -> Result<()> {
-    if s.input != input || s.layout != layout || s.out != out || s.add_c {
-        return shape_err(
-            &s.name,
-            format!("kernel spec does not match the call ({input:?}, {layout:?}, {out:?} out)"),
-        );
-    }
-    Ok(())
 }
 
 /// Checks a contiguous-layout index vector: segments of 128 rows, each one expert (< groups)
@@ -1054,274 +929,6 @@ pub fn check_m_indices(kernel: &str, idx: &[i32], m: usize, groups: usize) -> Re
         }
     }
     Ok(())
-}
-
-/// MoE contiguous grouped FP8 GEMM: A [m, k] (rows of all experts, segments padded to 128),
-/// sa [m, k/128], B [groups, n, k], sb [groups, n/128, k/128], D [m, n] bf16 (padding rows = 0).
-#[allow(clippy::too_many_arguments)]
-pub fn grouped_gemm_fp8_contiguous(
-    stream: &Stream,
-    a: &Buffer<u8>,
-    sa: &Buffer<f32>,
-    b: &Buffer<u8>,
-    sb: &Buffer<f32>,
-    d: &mut Buffer<bf16>,
-    m_indices: &Buffer<i32>,
-    m: usize,
-    n: usize,
-    k: usize,
-    groups: usize,
-) -> Result<()> {
-    let cfg = choose_config(InTy::Fp8, Layout::Contiguous, m, n, stream.sm_count());
-    let s = spec(InTy::Fp8, OutTy::Bf16, Layout::Contiguous, false, cfg);
-    grouped_fp8_contiguous_with(stream, &s, a, sa, b, sb, d, m_indices, m, n, k, groups)
-}
-
-fn check_contiguous<O: GemmOut>(
-    s: &GemmSpec,
-    input: InTy,
-    d: &Buffer<O>,
-    m_indices: &Buffer<i32>,
-    m: usize,
-    n: usize,
-    k: usize,
-    groups: usize,
-) -> Result<()> {
-    check_spec(s, input, Layout::Contiguous, O::OUT)?;
-    check_mnk(&s.name, input != InTy::Bf16, m, n, k)?;
-    if 128 % s.cfg.bm != 0 {
-        return shape_err(&s.name, "contiguous layout needs BM dividing 128");
-    }
-    need(&s.name, "d", d, m * n)?;
-    need(&s.name, "m_indices", m_indices, m)?;
-    check_m_indices(&s.name, &m_indices.to_vec()?, m, groups)
-}
-
-/// [`grouped_gemm_fp8_contiguous`] with an explicit spec.
-#[allow(clippy::too_many_arguments)]
-pub fn grouped_fp8_contiguous_with<O: GemmOut>(
-    stream: &Stream,
-    s: &GemmSpec,
-    a: &Buffer<u8>,
-    sa: &Buffer<f32>,
-    b: &Buffer<u8>,
-    sb: &Buffer<f32>,
-    d: &mut Buffer<O>,
-    m_indices: &Buffer<i32>,
-    m: usize,
-    n: usize,
-    k: usize,
-    groups: usize,
-) -> Result<()> {
-    check_contiguous(s, InTy::Fp8, d, m_indices, m, n, k, groups)?;
-    need(&s.name, "a", a, m * k)?;
-    need(&s.name, "sa", sa, m * k / 128)?;
-    need(&s.name, "b", b, groups * n * k)?;
-    need(&s.name, "sb", sb, groups * (n / 128) * (k / 128))?;
-    if m == 0 {
-        return Ok(());
-    }
-    launch(
-        stream,
-        s,
-        grid(&s.cfg, m, n, 1),
-        args![a, sa, b, sb, &*d, m_indices, m as u32, n as u32, k as u32],
-    )
-}
-
-/// MoE contiguous grouped BF16 GEMM (layout as [`grouped_gemm_fp8_contiguous`], no scales).
-#[allow(clippy::too_many_arguments)]
-pub fn grouped_gemm_bf16_contiguous(
-    stream: &Stream,
-    a: &Buffer<bf16>,
-    b: &Buffer<bf16>,
-    d: &mut Buffer<bf16>,
-    m_indices: &Buffer<i32>,
-    m: usize,
-    n: usize,
-    k: usize,
-    groups: usize,
-) -> Result<()> {
-    let cfg = choose_config(InTy::Bf16, Layout::Contiguous, m, n, stream.sm_count());
-    let s = spec(InTy::Bf16, OutTy::Bf16, Layout::Contiguous, false, cfg);
-    grouped_bf16_contiguous_with(stream, &s, a, b, d, m_indices, m, n, k, groups)
-}
-
-/// [`grouped_gemm_bf16_contiguous`] with an explicit spec.
-#[allow(clippy::too_many_arguments)]
-pub fn grouped_bf16_contiguous_with<O: GemmOut>(
-    stream: &Stream,
-    s: &GemmSpec,
-    a: &Buffer<bf16>,
-    b: &Buffer<bf16>,
-    d: &mut Buffer<O>,
-    m_indices: &Buffer<i32>,
-    m: usize,
-    n: usize,
-    k: usize,
-    groups: usize,
-) -> Result<()> {
-    check_contiguous(s, InTy::Bf16, d, m_indices, m, n, k, groups)?;
-    need(&s.name, "a", a, m * k)?;
-    need(&s.name, "b", b, groups * n * k)?;
-    if m == 0 {
-        return Ok(());
-    }
-    launch(
-        stream,
-        s,
-        grid(&s.cfg, m, n, 1),
-        args![a, b, &*d, m_indices, m as u32, n as u32, k as u32],
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-fn check_masked<O: GemmOut>(
-    s: &GemmSpec,
-    input: InTy,
-    d: &Buffer<O>,
-    masked_m: &Buffer<i32>,
-    groups: usize,
-    m_max: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    check_spec(s, input, Layout::Masked, O::OUT)?;
-    check_mnk(&s.name, input != InTy::Bf16, m_max, n, k)?;
-    need(&s.name, "d", d, groups * m_max * n)?;
-    need(&s.name, "masked_m", masked_m, groups)?;
-    if let Some((g, &c)) = masked_m
-        .to_vec()?
-        .iter()
-        .enumerate()
-        .take(groups)
-        .find(|(_, &c)| c < 0 || c as usize > m_max)
-    {
-        return shape_err(&s.name, format!("masked_m[{g}] = {c} outside 0..={m_max}"));
-    }
-    Ok(())
-}
-
-/// MoE masked grouped FP8 GEMM: A [groups, m_max, k], sa [groups, m_max, k/128], B [groups, n, k],
-/// sb [groups, n/128, k/128], D [groups, m_max, n]; only the first `masked_m[g]` rows of group g
-/// are computed and written.
-#[allow(clippy::too_many_arguments)]
-pub fn grouped_gemm_fp8_masked(
-    stream: &Stream,
-    a: &Buffer<u8>,
-    sa: &Buffer<f32>,
-    b: &Buffer<u8>,
-    sb: &Buffer<f32>,
-    d: &mut Buffer<bf16>,
-    masked_m: &Buffer<i32>,
-    groups: usize,
-    m_max: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    let cfg = choose_config(
-        InTy::Fp8,
-        Layout::Masked,
-        m_max * groups,
-        n,
-        stream.sm_count(),
-    );
-    let s = spec(InTy::Fp8, OutTy::Bf16, Layout::Masked, false, cfg);
-    grouped_fp8_masked_with(stream, &s, a, sa, b, sb, d, masked_m, groups, m_max, n, k)
-}
-
-/// [`grouped_gemm_fp8_masked`] with an explicit spec.
-#[allow(clippy::too_many_arguments)]
-pub fn grouped_fp8_masked_with<O: GemmOut>(
-    stream: &Stream,
-    s: &GemmSpec,
-    a: &Buffer<u8>,
-    sa: &Buffer<f32>,
-    b: &Buffer<u8>,
-    sb: &Buffer<f32>,
-    d: &mut Buffer<O>,
-    masked_m: &Buffer<i32>,
-    groups: usize,
-    m_max: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    check_masked(s, InTy::Fp8, d, masked_m, groups, m_max, n, k)?;
-    need(&s.name, "a", a, groups * m_max * k)?;
-    need(&s.name, "sa", sa, groups * m_max * k / 128)?;
-    need(&s.name, "b", b, groups * n * k)?;
-    need(&s.name, "sb", sb, groups * (n / 128) * (k / 128))?;
-    if groups == 0 || m_max == 0 {
-        return Ok(());
-    }
-    launch(
-        stream,
-        s,
-        grid(&s.cfg, m_max, n, groups),
-        args![
-            a,
-            sa,
-            b,
-            sb,
-            &*d,
-            masked_m,
-            m_max as u32,
-            n as u32,
-            k as u32
-        ],
-    )
-}
-
-/// MoE masked grouped BF16 GEMM (layout as [`grouped_gemm_fp8_masked`], no scales).
-#[allow(clippy::too_many_arguments)]
-pub fn grouped_gemm_bf16_masked(
-    stream: &Stream,
-    a: &Buffer<bf16>,
-    b: &Buffer<bf16>,
-    d: &mut Buffer<bf16>,
-    masked_m: &Buffer<i32>,
-    groups: usize,
-    m_max: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    let cfg = choose_config(
-        InTy::Bf16,
-        Layout::Masked,
-        m_max * groups,
-        n,
-        stream.sm_count(),
-    );
-    let s = spec(InTy::Bf16, OutTy::Bf16, Layout::Masked, false, cfg);
-    grouped_bf16_masked_with(stream, &s, a, b, d, masked_m, groups, m_max, n, k)
-}
-
-/// [`grouped_gemm_bf16_masked`] with an explicit spec.
-#[allow(clippy::too_many_arguments)]
-pub fn grouped_bf16_masked_with<O: GemmOut>(
-    stream: &Stream,
-    s: &GemmSpec,
-    a: &Buffer<bf16>,
-    b: &Buffer<bf16>,
-    d: &mut Buffer<O>,
-    masked_m: &Buffer<i32>,
-    groups: usize,
-    m_max: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    check_masked(s, InTy::Bf16, d, masked_m, groups, m_max, n, k)?;
-    need(&s.name, "a", a, groups * m_max * k)?;
-    need(&s.name, "b", b, groups * n * k)?;
-    if groups == 0 || m_max == 0 {
-        return Ok(());
-    }
-    launch(
-        stream,
-        s,
-        grid(&s.cfg, m_max, n, groups),
-        args![a, b, &*d, masked_m, m_max as u32, n as u32, k as u32],
-    )
 }
 
 /// Checks a K-grouped split: `groups + 1` offsets, `k_starts[0] = 0`, non-decreasing, multiples
@@ -1356,76 +963,4 @@ pub fn check_k_starts(kernel: &str, ks: &[i32], groups: usize, ktot: usize) -> R
         );
     }
     Ok(())
-}
-
-/// K-grouped FP8 weight-gradient GEMM (DeepGEMM's `k_grouped_wgrad_gemm_fp8_fp8_fp32_nt`): for
-/// every group g, `D[g]` `[m, n]` (f32) = sum over k in `[k_starts[g], k_starts[g+1])` of
-/// A[:, k] B[:, k], with A [m, ktot] e4m3 + sa [m, ktot/128] and B [n, ktot] e4m3 +
-/// sb [n, ktot/128] (1x128 scales along K on both operands: the `quantize_fp8_1x128_t` outputs of
-/// the token-major tensors) and FP32 promotion of every 128-wide K block
-/// (`acc = fma(frag, sa[row] * sb[col], acc)`). D is [groups, m, n]; an empty group writes zeros.
-/// `k_starts` (i32 [groups + 1]) is validated on the host ([`check_k_starts`]); n and ktot must be
-/// multiples of 128, m is arbitrary.
-#[allow(clippy::too_many_arguments)]
-pub fn wgrad_fp8_kgrouped(
-    stream: &Stream,
-    a: &Buffer<u8>,
-    sa: &Buffer<f32>,
-    b: &Buffer<u8>,
-    sb: &Buffer<f32>,
-    k_starts: &Buffer<i32>,
-    d: &mut Buffer<f32>,
-    m: usize,
-    n: usize,
-    ktot: usize,
-    groups: usize,
-) -> Result<()> {
-    let cfg = choose_config(
-        InTy::Fp8,
-        Layout::KGrouped,
-        m * groups.max(1),
-        n,
-        stream.sm_count(),
-    );
-    let s = spec(InTy::Fp8, OutTy::F32, Layout::KGrouped, false, cfg);
-    wgrad_fp8_kgrouped_with(stream, &s, a, sa, b, sb, k_starts, d, m, n, ktot, groups)
-}
-
-/// [`wgrad_fp8_kgrouped`] with an explicit spec.
-#[allow(clippy::too_many_arguments)]
-pub fn wgrad_fp8_kgrouped_with(
-    stream: &Stream,
-    s: &GemmSpec,
-    a: &Buffer<u8>,
-    sa: &Buffer<f32>,
-    b: &Buffer<u8>,
-    sb: &Buffer<f32>,
-    k_starts: &Buffer<i32>,
-    d: &mut Buffer<f32>,
-    m: usize,
-    n: usize,
-    ktot: usize,
-    groups: usize,
-) -> Result<()> {
-    check_spec(s, InTy::Fp8, Layout::KGrouped, OutTy::F32)?;
-    check_mnk(&s.name, true, m, n, ktot)?;
-    if groups > 65535 {
-        return shape_err(&s.name, format!("groups = {groups} exceeds grid.z (65535)"));
-    }
-    need(&s.name, "a", a, m * ktot)?;
-    need(&s.name, "sa", sa, m * ktot / 128)?;
-    need(&s.name, "b", b, n * ktot)?;
-    need(&s.name, "sb", sb, n * ktot / 128)?;
-    need(&s.name, "k_starts", k_starts, groups + 1)?;
-    need(&s.name, "d", d, groups * m * n)?;
-    check_k_starts(&s.name, &k_starts.to_vec()?, groups, ktot)?;
-    if groups == 0 || m == 0 {
-        return Ok(());
-    }
-    launch(
-        stream,
-        s,
-        grid(&s.cfg, m, n, groups),
-        args![a, sa, b, sb, &*d, k_starts, m as u32, n as u32, ktot as u32],
-    )
 }

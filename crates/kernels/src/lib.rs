@@ -7,7 +7,10 @@
 //!
 //! - [`quant`]: FP8 E4M3 quantisation (1x128 per token group, 128x128 per weight block, power-of-two
 //!   and UE8M0 scales), dequantisation, and the transposing 1x128 -> 128x1 re-tiling.
-//! - [`gemm`]: `mma.sync` GEMMs, D = A x B^T ("NT"): BF16 (m16n8k16) and FP8 block-scaled
+//! - [`gemm()`] ([`gemm_api`]): the one GEMM entry point: a [`GemmProblem`] (input type, layout,
+//!   shapes, output, C, kernel choice) and its [`GemmBufs`], run by the `mma.sync` or the
+//!   Hopper kernel.
+//! - [`mod@gemm`]: `mma.sync` GEMMs, D = A x B^T ("NT"): BF16 (m16n8k16) and FP8 block-scaled
 //!   (m16n8k32 e4m3, promotion of every 128-wide K block into FP32 with sa*sb), normal, MoE
 //!   contiguous-grouped and masked-grouped; plus the un-promoted ablation kernel.
 //! - [`moe`]: MoE expert-layer kernels: SwiGLU forward fused with FP8 1x128 quantisation,
@@ -21,7 +24,7 @@
 //!   fragments, `cp.async` tile loads).
 //! - [`mod@reference`]: f64 CPU references and error metrics.
 //! - [`mod@registry`]: [`KernelInfo`] for every kernel.
-//! - [`host`]: module cache and target choice shared by the host wrappers.
+//! - [`host`]: target choice and access to the shared module cache (`runtime::module_cache`).
 
 // `is_multiple_of` needs Rust 1.87 (workspace MSRV 1.80); fragment loops index several arrays.
 #![allow(
@@ -33,6 +36,7 @@
 
 pub mod attn;
 pub mod gemm;
+pub mod gemm_api;
 pub mod hopper;
 pub mod host;
 pub mod moe;
@@ -42,10 +46,9 @@ pub mod registry;
 pub mod tile;
 pub mod train;
 
-pub use gemm::{
-    gemm_bf16_nt, gemm_fp8_nt, gemm_fp8_nt_unpromoted, grouped_gemm_bf16_contiguous,
-    grouped_gemm_bf16_masked, grouped_gemm_fp8_contiguous, grouped_gemm_fp8_masked,
-    wgrad_fp8_kgrouped, GemmConfig, OutTy,
+pub use gemm::{GemmConfig, InTy, Layout, OutTy};
+pub use gemm_api::{
+    gemm, GemmBufs, GemmProblem, GemmRun, KernelChoice, Operand, OutBuf, Resolved, Scales,
 };
 pub use moe::{quantize_fp8_1x128_t, swiglu_bwd, swiglu_fwd_fp8};
 pub use quant::{

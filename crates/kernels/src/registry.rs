@@ -5,9 +5,10 @@
 //! emulator test iterate this list.
 
 use crate::gemm::{self, GemmConfig, GemmSpec, InTy, Layout, OutTy};
+use crate::gemm_api::{GemmBufs, GemmProblem};
 use crate::quant::{self, ScaleMode};
 use crate::reference::{self as r, rel_fro};
-use crate::{shape_err, Result};
+use crate::Result;
 use builder::Target;
 use half::bf16;
 use rand::Rng;
@@ -79,7 +80,7 @@ pub struct KernelInfo {
     /// The launch-shape rule, as text.
     pub launch: String,
     pub targets: &'static [&'static str],
-    /// The typed host wrapper that launches it.
+    /// The host call that launches it (for GEMMs: how to reach it through `kernels::gemm`).
     pub host: &'static str,
     /// Shapes the test suite runs on the emulator.
     pub test_shapes: Vec<Shape>,
@@ -289,7 +290,7 @@ fn build() -> Vec<KernelInfo> {
         kind: Kind::QuantT,
     });
     let gshapes = vec![Shape::new(100, 128, 128), Shape::new(130, 256, 384)];
-    let mut gemm = |s: GemmSpec, summary: &str, host: &'static str, shapes: Vec<Shape>| {
+    let mut gemm = |s: GemmSpec, summary: &str, shapes: Vec<Shape>| {
         v.push(KernelInfo {
             name: s.name.clone(),
             summary: format!("{summary} (tile {})", s.cfg.tag()),
@@ -300,7 +301,7 @@ fn build() -> Vec<KernelInfo> {
                 .collect(),
             launch: s.launch_rule(),
             targets: s.targets(),
-            host,
+            host: crate::gemm_api::host_call(s.layout, false),
             test_shapes: shapes,
             kind: Kind::Gemm(s),
         })
@@ -310,7 +311,6 @@ fn build() -> Vec<KernelInfo> {
         gemm(
             spec(InTy::Bf16, OutTy::Bf16, Layout::Normal, false, cfg),
             "BF16 GEMM D = A B^T, bf16 out",
-            "gemm_bf16_nt",
             gshapes.clone(),
         );
     }
@@ -323,14 +323,12 @@ fn build() -> Vec<KernelInfo> {
             GemmConfig::SMALL,
         ),
         "BF16 GEMM D = A B^T + C, f32 C/D",
-        "gemm_bf16_nt",
         vec![Shape::new(70, 64, 136), Shape::new(64, 200, 256)],
     );
     for cfg in [GemmConfig::BIG_FP8, GemmConfig::MID] {
         gemm(
             spec(InTy::Fp8, OutTy::Bf16, Layout::Normal, false, cfg),
             "FP8 block-scaled GEMM (1x128 x 128x128 scales, promotion every 128 K), bf16 out",
-            "gemm_fp8_nt",
             vec![
                 Shape::new(100, 128, 256),
                 Shape::new(130, 256, 512),
@@ -341,7 +339,6 @@ fn build() -> Vec<KernelInfo> {
     gemm(
         spec(InTy::Fp8Unpromoted, OutTy::F32, Layout::Normal, false, GemmConfig::MID),
         "ablation: FP8 GEMM with per-tensor scales, one f16 tensor-core accumulator over all K, no promotion",
-        "gemm_fp8_nt_unpromoted",
         vec![Shape::new(64, 128, 256)],
     );
     let contiguous = vec![Shape::grouped(384, 128, 256, 3)];
@@ -355,7 +352,6 @@ fn build() -> Vec<KernelInfo> {
             GemmConfig::MID,
         ),
         "MoE grouped FP8 GEMM, contiguous layout (m_indices, -1 = padding row -> 0)",
-        "grouped_gemm_fp8_contiguous",
         contiguous.clone(),
     );
     gemm(
@@ -367,7 +363,6 @@ fn build() -> Vec<KernelInfo> {
             GemmConfig::MID,
         ),
         "MoE grouped FP8 GEMM, masked layout ([G, m_max, K], masked_m rows per group)",
-        "grouped_gemm_fp8_masked",
         masked.clone(),
     );
     gemm(
@@ -379,7 +374,6 @@ fn build() -> Vec<KernelInfo> {
             GemmConfig::MID,
         ),
         "MoE grouped BF16 GEMM, contiguous layout",
-        "grouped_gemm_bf16_contiguous",
         contiguous,
     );
     gemm(
@@ -391,7 +385,6 @@ fn build() -> Vec<KernelInfo> {
             GemmConfig::MID,
         ),
         "MoE grouped BF16 GEMM, masked layout",
-        "grouped_gemm_bf16_masked",
         masked,
     );
     gemm(
@@ -403,7 +396,6 @@ fn build() -> Vec<KernelInfo> {
             GemmConfig::MID,
         ),
         "MoE weight-gradient FP8 GEMM, groups along K (k_starts), 1x128 scales on both operands, f32 out [G, M, N]",
-        "wgrad_fp8_kgrouped",
         vec![Shape::grouped(128, 256, 384, 3)],
     );
     gemm(
@@ -415,7 +407,6 @@ fn build() -> Vec<KernelInfo> {
             GemmConfig::BIG_FP8,
         ),
         "MoE weight-gradient FP8 GEMM, groups along K (k_starts), 1x128 scales on both operands, f32 out [G, M, N]",
-        "wgrad_fp8_kgrouped",
         vec![Shape::grouped(200, 128, 512, 4)],
     );
     v.extend(crate::hopper::registry::registry_entries());
@@ -436,7 +427,7 @@ pub fn gemm_info(s: &GemmSpec) -> KernelInfo {
             .collect(),
         launch: s.launch_rule(),
         targets: s.targets(),
-        host: "",
+        host: crate::gemm_api::host_call(s.layout, false),
         test_shapes: Vec::new(),
         kind: Kind::Gemm(s.clone()),
     }
@@ -896,9 +887,9 @@ pub fn check_gemm_with(
         scale_pt,
     };
     let (got, seconds) = if g.out == OutTy::F32 {
-        run_device::<f32>(stream, info, g, s, &dv, a_rows, f32::NAN)?
+        run_device::<f32>(stream, g, s, &dv, a_rows, f32::NAN)?
     } else {
-        run_device::<bf16>(stream, info, g, s, &dv, a_rows, poison_bf16())?
+        run_device::<bf16>(stream, g, s, &dv, a_rows, poison_bf16())?
     };
 
     let (gv, wv): (Vec<f64>, Vec<f64>) = got
@@ -1003,7 +994,6 @@ impl OutVal for bf16 {
 
 fn run_device<O: OutVal>(
     stream: &Stream,
-    info: &KernelInfo,
     g: &GemmSpec,
     s: &Shape,
     dv: &DevIn,
@@ -1012,7 +1002,7 @@ fn run_device<O: OutVal>(
 ) -> Result<(Vec<f64>, f64)> {
     let dev = stream.device().clone();
     let (m, n, k, groups) = (s.m, s.n, s.k, s.groups.max(1));
-    let mut d = poisoned(&dev, a_rows * n, poison)?;
+    let d = poisoned(&dev, a_rows * n, poison)?;
     let idx_buf = if dv.idx.is_empty() {
         None
     } else {
@@ -1026,64 +1016,32 @@ fn run_device<O: OutVal>(
     } else {
         None
     };
-    let t0;
-    match g.input {
-        InTy::Bf16 => {
-            let (ab, bb) = (
-                upload(&dev, dv.a_bf.as_deref().unwrap_or(&[]))?,
-                upload(&dev, dv.b_bf.as_deref().unwrap_or(&[]))?,
-            );
-            t0 = Instant::now();
-            match (g.layout, &idx_buf) {
-                (Layout::Normal, _) => {
-                    gemm::gemm_bf16_with::<O>(stream, g, &ab, &bb, cb.as_ref(), &mut d, m, n, k)?
-                }
-                (Layout::Contiguous, Some(ib)) => gemm::grouped_bf16_contiguous_with(
-                    stream, g, &ab, &bb, &mut d, ib, m, n, k, groups,
-                )?,
-                (Layout::Masked, Some(ib)) => gemm::grouped_bf16_masked_with(
-                    stream, g, &ab, &bb, &mut d, ib, groups, m, n, k,
-                )?,
-                _ => return shape_err(&info.name, "missing index vector"),
-            }
-            stream.synchronize()?; // before the inputs are dropped
-        }
-        InTy::Fp8 => {
-            let ((q1, s1), (q2, s2)) = (
-                dv.qa.clone().unwrap_or_default(),
-                dv.qb.clone().unwrap_or_default(),
-            );
-            let (ab, sab, bb, sbb) = (
-                upload(&dev, &q1)?,
-                upload(&dev, &s1)?,
-                upload(&dev, &q2)?,
-                upload(&dev, &s2)?,
-            );
-            t0 = Instant::now();
-            match (g.layout, &idx_buf) {
-                (Layout::Normal, _) => {
-                    gemm::gemm_fp8_with::<O>(stream, g, &ab, &sab, &bb, &sbb, &mut d, m, n, k)?
-                }
-                (Layout::Contiguous, Some(ib)) => gemm::grouped_fp8_contiguous_with(
-                    stream, g, &ab, &sab, &bb, &sbb, &mut d, ib, m, n, k, groups,
-                )?,
-                (Layout::Masked, Some(ib)) => gemm::grouped_fp8_masked_with(
-                    stream, g, &ab, &sab, &bb, &sbb, &mut d, ib, groups, m, n, k,
-                )?,
-                _ => return shape_err(&info.name, "missing index vector"),
-            }
-            stream.synchronize()?; // before the inputs are dropped
-        }
-        InTy::Fp8Unpromoted => {
-            let (ab, bb) = (
-                upload(&dev, &dv.qa.clone().unwrap_or_default().0)?,
-                upload(&dev, &dv.qb.clone().unwrap_or_default().0)?,
-            );
-            t0 = Instant::now();
-            gemm::gemm_fp8_unpromoted_with::<O>(stream, g, &ab, &bb, dv.scale_pt, &mut d, m, n, k)?;
-            stream.synchronize()?;
-        }
+    let p = GemmProblem::for_mma_sync(g, m, n, k, groups);
+    let (qa, qb) = (
+        dv.qa.clone().unwrap_or_default(),
+        dv.qb.clone().unwrap_or_default(),
+    );
+    let (ab, bb, qab, qbb, sab, sbb) = (
+        upload(&dev, dv.a_bf.as_deref().unwrap_or(&[]))?,
+        upload(&dev, dv.b_bf.as_deref().unwrap_or(&[]))?,
+        upload(&dev, &qa.0)?,
+        upload(&dev, &qb.0)?,
+        upload(&dev, &qa.1)?,
+        upload(&dev, &qb.1)?,
+    );
+    let mut bufs = match g.input {
+        InTy::Bf16 => GemmBufs::new(&ab, &bb, O::out_buf(&d)),
+        InTy::Fp8 => GemmBufs::new(&qab, &qbb, O::out_buf(&d)).scales(&sab, &sbb),
+        InTy::Fp8Unpromoted => GemmBufs::new(&qab, &qbb, O::out_buf(&d)).tensor_scale(dv.scale_pt),
+    };
+    if let Some(c) = &cb {
+        bufs = bufs.c(O::out_buf(c));
     }
+    if let Some(ib) = &idx_buf {
+        bufs = bufs.index(ib);
+    }
+    let t0 = Instant::now();
+    crate::gemm(stream, &p, bufs)?;
     stream.synchronize()?;
     let secs = t0.elapsed().as_secs_f64();
     Ok((d.to_vec()?.into_iter().map(|x| x.to_f64()).collect(), secs))
@@ -1154,11 +1112,11 @@ pub fn check_wgrad(
         upload(&dev, &sb)?,
         upload(&dev, &ks)?,
     );
-    let mut d = poisoned(&dev, groups * m * n, f32::NAN)?;
+    let d = poisoned(&dev, groups * m * n, f32::NAN)?;
     let t0 = Instant::now();
-    gemm::wgrad_fp8_kgrouped_with(
-        stream, g, &ab, &sab, &bb, &sbb, &kb, &mut d, m, n, kt, groups,
-    )?;
+    let p = GemmProblem::for_mma_sync(g, m, n, kt, groups);
+    let bufs = GemmBufs::new(&ab, &bb, &d).scales(&sab, &sbb).index(&kb);
+    crate::gemm(stream, &p, bufs)?;
     stream.synchronize()?;
     let seconds = t0.elapsed().as_secs_f64();
     let got: Vec<f64> = d.to_vec()?[..groups * m * n]

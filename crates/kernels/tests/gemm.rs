@@ -80,7 +80,9 @@ fn shape_errors() {
     let stream = dev.default_stream();
     let a = dev.alloc::<u8>(128 * 128).unwrap();
     let s = dev.alloc::<f32>(128).unwrap();
-    let mut d = dev.alloc::<half::bf16>(128 * 128).unwrap();
-    let e = kernels::gemm_fp8_nt(&stream, &a, &s, &a, &s, &mut d, 128, 100, 128).unwrap_err();
+    let d = dev.alloc::<half::bf16>(128 * 128).unwrap();
+    let p = kernels::GemmProblem::new(kernels::InTy::Fp8, 128, 100, 128);
+    let bufs = kernels::GemmBufs::new(&a, &a, &d).scales(&s, &s);
+    let e = kernels::gemm(&stream, &p, bufs).unwrap_err();
     assert!(e.to_string().contains("multiples of 128"), "{e}");
 }

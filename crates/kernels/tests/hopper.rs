@@ -13,23 +13,24 @@
 //! mode would only tighten the errors.
 
 use half::bf16;
-use kernels::hopper::{self, HIn, HLayout, HopperSpec};
+use kernels::hopper::{self, HopperSpec};
 use kernels::reference as r;
 use kernels::registry::{host_quant_blocks, host_quant_rows};
+use kernels::{GemmBufs, GemmProblem, InTy, Layout};
 use rand::Rng;
 use runtime::{Device, Stream};
 
 fn sass_specs() -> Vec<HopperSpec> {
     vec![
-        HopperSpec::new(HIn::Fp8, HLayout::Normal, 128),
-        HopperSpec::new(HIn::Fp8, HLayout::Normal, 112),
-        HopperSpec::new(HIn::Fp8, HLayout::Normal, 160),
-        HopperSpec::new(HIn::Fp8, HLayout::Normal, 128).with_math_wgs(1),
-        HopperSpec::new(HIn::Fp8, HLayout::Normal, 128).with_multicast(true),
-        HopperSpec::new(HIn::Fp8, HLayout::Contiguous, 128),
-        HopperSpec::new(HIn::Fp8, HLayout::Masked, 128),
-        HopperSpec::new(HIn::Bf16, HLayout::Normal, 128),
-        HopperSpec::new(HIn::Bf16, HLayout::Normal, 256),
+        HopperSpec::new(InTy::Fp8, Layout::Normal, 128),
+        HopperSpec::new(InTy::Fp8, Layout::Normal, 112),
+        HopperSpec::new(InTy::Fp8, Layout::Normal, 160),
+        HopperSpec::new(InTy::Fp8, Layout::Normal, 128).with_math_wgs(1),
+        HopperSpec::new(InTy::Fp8, Layout::Normal, 128).with_multicast(true),
+        HopperSpec::new(InTy::Fp8, Layout::Contiguous, 128),
+        HopperSpec::new(InTy::Fp8, Layout::Masked, 128),
+        HopperSpec::new(InTy::Bf16, Layout::Normal, 128),
+        HopperSpec::new(InTy::Bf16, Layout::Normal, 256),
     ]
 }
 
@@ -71,7 +72,7 @@ fn sass_uses_gmma_without_spills_and_setmaxnreg_holds() {
                 String::new()
             }
         };
-        let want = if s.input == HIn::Fp8 {
+        let want = if s.input == InTy::Fp8 {
             "QGMMA"
         } else {
             "HGMMA"
@@ -117,16 +118,16 @@ fn sass_uses_gmma_without_spills_and_setmaxnreg_holds() {
 fn bad_specs_are_typed_errors() {
     let t = builder::Target::sm90a();
     for s in [
-        HopperSpec::new(HIn::Fp8, HLayout::Normal, 12),
-        HopperSpec::new(HIn::Fp8, HLayout::Normal, 264),
-        HopperSpec::new(HIn::Fp8, HLayout::Normal, 128).with_stages(1),
-        HopperSpec::new(HIn::Fp8, HLayout::Normal, 128).with_stages(20),
+        HopperSpec::new(InTy::Fp8, Layout::Normal, 12),
+        HopperSpec::new(InTy::Fp8, Layout::Normal, 264),
+        HopperSpec::new(InTy::Fp8, Layout::Normal, 128).with_stages(1),
+        HopperSpec::new(InTy::Fp8, Layout::Normal, 128).with_stages(20),
     ] {
         assert!(hopper::gen_hopper_gemm(&t, &s).is_err(), "{s:?}");
     }
     assert!(hopper::gen_hopper_gemm(
         &builder::Target::sm80(),
-        &HopperSpec::new(HIn::Fp8, HLayout::Normal, 128)
+        &HopperSpec::new(InTy::Fp8, Layout::Normal, 128)
     )
     .is_err());
 }
@@ -199,9 +200,10 @@ fn run_fp8(s: &HopperSpec, m: usize, n: usize, k: usize, seed: u64) {
         dev.upload(&qb).unwrap(),
         dev.upload(&sb).unwrap(),
     );
-    let mut d = poison(&dev, m * n);
+    let d = poison(&dev, m * n);
     let t0 = std::time::Instant::now();
-    hopper::gemm_fp8_nt_with(&st, s, &qa, &sa, &qb, &sb, &mut d, m, n, k).unwrap();
+    let bufs = GemmBufs::new(&qa, &qb, &d).scales(&sa, &sb);
+    kernels::gemm(&st, &GemmProblem::for_wgmma(s, m, n, k, 1), bufs).unwrap();
     let name = format!(
         "{} m{m} n{n} k{k} ({:.1}s)",
         s.name(),
@@ -212,20 +214,20 @@ fn run_fp8(s: &HopperSpec, m: usize, n: usize, k: usize, seed: u64) {
 
 #[test]
 fn fp8_gemm_matches_reference_on_the_emulator() {
-    let base = HopperSpec::new(HIn::Fp8, HLayout::Normal, 128).with_stages(3);
+    let base = HopperSpec::new(InTy::Fp8, Layout::Normal, 128).with_stages(3);
     run_fp8(&base, 128, 128, 256, 1);
     // ragged M (TMA zero fill, guarded stores), more K blocks than stages, several tiles
     run_fp8(&base, 200, 256, 512, 2);
     // non-power-of-two BN straddling B scale blocks; N not a multiple of BN
     run_fp8(
-        &HopperSpec::new(HIn::Fp8, HLayout::Normal, 96).with_stages(2),
+        &HopperSpec::new(InTy::Fp8, Layout::Normal, 96).with_stages(2),
         128,
         256,
         256,
         3,
     );
     run_fp8(
-        &HopperSpec::new(HIn::Fp8, HLayout::Normal, 144).with_stages(4),
+        &HopperSpec::new(InTy::Fp8, Layout::Normal, 144).with_stages(4),
         130,
         256,
         384,
@@ -261,8 +263,14 @@ fn fp8_gemm_host_api_picks_a_spec_and_rejects_bad_shapes() {
         dev.upload(&qb).unwrap(),
         dev.upload(&sb).unwrap(),
     );
-    let mut d = poison(&dev, m * n);
-    hopper::gemm_fp8_nt(&st, &qa, &sa, &qb, &sb, &mut d, m, n, k).unwrap();
+    let d = poison(&dev, m * n);
+    let bufs = GemmBufs::new(&qa, &qb, &d).scales(&sa, &sb);
+    let run = kernels::gemm(&st, &GemmProblem::new(InTy::Fp8, m, n, k), bufs).unwrap();
+    // Auto on the emulator's sm_90a target: the Hopper kernel, synchronised
+    assert!(
+        run.kernel.starts_with("hopper_gemm_fp8_nt") && run.synchronised,
+        "{run:?}"
+    );
     compare(
         "gemm_fp8_nt (hopper, chosen spec)",
         &d.to_vec().unwrap(),
@@ -270,10 +278,11 @@ fn fp8_gemm_host_api_picks_a_spec_and_rejects_bad_shapes() {
         |_| true,
     );
     // bad shapes: typed errors
-    assert!(hopper::gemm_fp8_nt(&st, &qa, &sa, &qb, &sb, &mut d, m, 100, k).is_err());
-    assert!(hopper::gemm_fp8_nt(&st, &qa, &sa, &qb, &sb, &mut d, m * 4, n, k).is_err());
+    let fp8 = |m, n| kernels::gemm(&st, &GemmProblem::new(InTy::Fp8, m, n, k), bufs);
+    assert!(fp8(m, 100).is_err());
+    assert!(fp8(m * 4, n).is_err());
     // the chooser fills the SMs: 4096 x 7168 on 132 SMs picks a BN that is not a power of two
-    let s = hopper::choose_spec(HIn::Fp8, HLayout::Normal, 4096, 7168, 132);
+    let s = hopper::choose_spec(InTy::Fp8, Layout::Normal, 4096, 7168, 132);
     eprintln!("4096x7168 on 132 SMs: {}", s.name());
     assert!(s.validate().is_ok());
 }
@@ -284,13 +293,13 @@ fn bf16_gemm_matches_reference_on_the_emulator() {
     let dev = st.device().clone();
     for (s, m, n, k) in [
         (
-            HopperSpec::new(HIn::Bf16, HLayout::Normal, 128).with_stages(3),
+            HopperSpec::new(InTy::Bf16, Layout::Normal, 128).with_stages(3),
             128,
             128,
             256,
         ),
         (
-            HopperSpec::new(HIn::Bf16, HLayout::Normal, 80).with_stages(2),
+            HopperSpec::new(InTy::Bf16, Layout::Normal, 80).with_stages(2),
             150,
             160,
             192,
@@ -298,7 +307,7 @@ fn bf16_gemm_matches_reference_on_the_emulator() {
         // BN 40: an odd number of 8-column chunks (the epilogue's stmatrix.x2 tail); the last N
         // tile is clipped by the TMA store (104 = 2 * 40 + 24)
         (
-            HopperSpec::new(HIn::Bf16, HLayout::Normal, 40).with_stages(2),
+            HopperSpec::new(InTy::Bf16, Layout::Normal, 40).with_stages(2),
             100,
             104,
             128,
@@ -319,8 +328,9 @@ fn bf16_gemm_matches_reference_on_the_emulator() {
             k,
         );
         let (ab, bb) = (dev.upload(&a).unwrap(), dev.upload(&b).unwrap());
-        let mut d = poison(&dev, m * n);
-        hopper::gemm_bf16_nt_with(&st, &s, &ab, &bb, &mut d, m, n, k).unwrap();
+        let d = poison(&dev, m * n);
+        let bufs = GemmBufs::new(&ab, &bb, &d);
+        kernels::gemm(&st, &GemmProblem::for_wgmma(&s, m, n, k, 1), bufs).unwrap();
         compare(
             &format!("{} m{m} n{n} k{k}", s.name()),
             &d.to_vec().unwrap(),
@@ -373,12 +383,10 @@ fn grouped_fp8_gemms_match_reference_on_the_emulator() {
         dev.upload(&sa).unwrap(),
         dev.upload(&idx).unwrap(),
     );
-    let mut d = poison(&dev, m * n);
-    let s = HopperSpec::new(HIn::Fp8, HLayout::Contiguous, 128).with_stages(3);
-    hopper::grouped_fp8_contiguous_with(
-        &st, &s, &qad, &sad, &qbd, &sbd, &mut d, &idd, m, n, k, groups,
-    )
-    .unwrap();
+    let d = poison(&dev, m * n);
+    let s = HopperSpec::new(InTy::Fp8, Layout::Contiguous, 128).with_stages(3);
+    let bufs = GemmBufs::new(&qad, &qbd, &d).scales(&sad, &sbd).index(&idd);
+    kernels::gemm(&st, &GemmProblem::for_wgmma(&s, m, n, k, groups), bufs).unwrap();
     compare(&s.name(), &d.to_vec().unwrap(), &want, |_| true);
 
     // masked: [G, m_max, k] with valid rows 70, 0, 128
@@ -405,12 +413,10 @@ fn grouped_fp8_gemms_match_reference_on_the_emulator() {
         dev.upload(&sa).unwrap(),
         dev.upload(&masked).unwrap(),
     );
-    let mut d = poison(&dev, groups * m_max * n);
-    let s = HopperSpec::new(HIn::Fp8, HLayout::Masked, 128).with_stages(3);
-    hopper::grouped_fp8_masked_with(
-        &st, &s, &qad, &sad, &qbd, &sbd, &mut d, &mm, groups, m_max, n, k,
-    )
-    .unwrap();
+    let d = poison(&dev, groups * m_max * n);
+    let s = HopperSpec::new(InTy::Fp8, Layout::Masked, 128).with_stages(3);
+    let bufs = GemmBufs::new(&qad, &qbd, &d).scales(&sad, &sbd).index(&mm);
+    kernels::gemm(&st, &GemmProblem::for_wgmma(&s, m_max, n, k, groups), bufs).unwrap();
     compare(&s.name(), &d.to_vec().unwrap(), &want, |i| {
         let (g, row) = (i / (m_max * n), (i / n) % m_max);
         (row as i32) < masked[g]
@@ -445,7 +451,7 @@ fn fp8_plan_relaunches_with_new_inputs() {
     let st = stream();
     let dev = st.device().clone();
     let (m, n, k) = (100usize, 256usize, 256usize);
-    let s = HopperSpec::new(HIn::Fp8, HLayout::Normal, 128).with_stages(3);
+    let s = HopperSpec::new(InTy::Fp8, Layout::Normal, 128).with_stages(3);
     let inputs = |seed: u64| fp8_inputs(m, n, k, seed);
     let (qa, sa, qb, sb, want1) = inputs(31);
     let (a_b, sa_b, b_b, sb_b) = (
@@ -455,7 +461,8 @@ fn fp8_plan_relaunches_with_new_inputs() {
         dev.upload(&sb).unwrap(),
     );
     let d = poison(&dev, m * n);
-    let plan = hopper::plan_fp8_nt(&st, &s, &a_b, &sa_b, &b_b, &sb_b, &d, m, n, k).unwrap();
+    let bufs = GemmBufs::new(&a_b, &b_b, &d).scales(&sa_b, &sb_b);
+    let plan = hopper::plan(&st, &s, &GemmProblem::for_wgmma(&s, m, n, k, 1), &bufs).unwrap();
     assert_eq!(plan.name(), s.name());
     plan.launch(&st).unwrap();
     st.synchronize().unwrap();
@@ -475,8 +482,8 @@ fn fp8_plan_relaunches_with_new_inputs() {
     });
     drop(plan);
     // an empty problem plans to nothing and launching it is a no-op
-    let empty = hopper::plan_fp8_nt(&st, &s, &a_b, &sa_b, &b_b, &sb_b, &d, 0, n, k).unwrap();
+    let empty = hopper::plan(&st, &s, &GemmProblem::for_wgmma(&s, 0, n, k, 1), &bufs).unwrap();
     empty.launch(&st).unwrap();
     // bad shapes are typed errors at planning time
-    assert!(hopper::plan_fp8_nt(&st, &s, &a_b, &sa_b, &b_b, &sb_b, &d, m, 100, k).is_err());
+    assert!(hopper::plan(&st, &s, &GemmProblem::for_wgmma(&s, m, 100, k, 1), &bufs).is_err());
 }

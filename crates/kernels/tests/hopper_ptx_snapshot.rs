@@ -14,7 +14,8 @@
 //! PTXFORGE_BLESS=1 cargo test -p kernels --test hopper_ptx_snapshot
 //! ```
 
-use kernels::hopper::{self, HIn, HLayout, HopperSpec};
+use kernels::gemm::{InTy, Layout};
+use kernels::hopper::{self, HopperSpec};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -33,8 +34,8 @@ fn specs() -> Vec<HopperSpec> {
     let mut v = Vec::new();
     let mut bns: Vec<u32> = (1..=16).map(|i| 16 * i).collect();
     bns.extend([8, 24, 40, 56, 72, 88, 104, 120, 136, 200]);
-    for input in [HIn::Fp8, HIn::Bf16] {
-        for layout in [HLayout::Normal, HLayout::Contiguous, HLayout::Masked] {
+    for input in [InTy::Fp8, InTy::Bf16] {
+        for layout in [Layout::Normal, Layout::Contiguous, Layout::Masked] {
             for &bn in &bns {
                 for wgs in [1, 2] {
                     let s = HopperSpec::new(input, layout, bn).with_math_wgs(wgs);
@@ -50,20 +51,20 @@ fn specs() -> Vec<HopperSpec> {
         }
     }
     // stage counts the emulator tests and benchmarks set
-    v.push(HopperSpec::new(HIn::Fp8, HLayout::Normal, 96).with_stages(2));
-    v.push(HopperSpec::new(HIn::Fp8, HLayout::Normal, 144).with_stages(4));
+    v.push(HopperSpec::new(InTy::Fp8, Layout::Normal, 96).with_stages(2));
+    v.push(HopperSpec::new(InTy::Fp8, Layout::Normal, 144).with_stages(4));
     v.push(
-        HopperSpec::new(HIn::Fp8, HLayout::Normal, 128)
+        HopperSpec::new(InTy::Fp8, Layout::Normal, 128)
             .with_stages(3)
             .with_multicast(true),
     );
     v.push(
-        HopperSpec::new(HIn::Fp8, HLayout::Normal, 128)
+        HopperSpec::new(InTy::Fp8, Layout::Normal, 128)
             .with_math_wgs(1)
             .with_stages(2),
     );
-    v.push(HopperSpec::new(HIn::Bf16, HLayout::Normal, 80).with_stages(2));
-    v.push(HopperSpec::new(HIn::Bf16, HLayout::Normal, 40).with_stages(2));
+    v.push(HopperSpec::new(InTy::Bf16, Layout::Normal, 80).with_stages(2));
+    v.push(HopperSpec::new(InTy::Bf16, Layout::Normal, 40).with_stages(2));
     // every registered Hopper kernel
     for info in kernels::registry::registry() {
         if let kernels::registry::Kind::Hopper(s) = &info.kind {

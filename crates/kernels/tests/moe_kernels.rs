@@ -179,22 +179,11 @@ fn moe_wgrad_pipeline_end_to_end() {
     kernels::quantize_fp8_1x128_t(&st, &xb, Some(&ib), &mut bq, &mut bsc, t, h).unwrap();
     let ks: Vec<i32> = vec![0, 128, 384, 512];
     let kb = dev.upload(&ks).unwrap();
-    let mut d = dev.alloc::<f32>(experts * 2 * inter * h).unwrap();
+    let d = dev.alloc::<f32>(experts * 2 * inter * h).unwrap();
     d.fill(f32::NAN).unwrap();
-    kernels::wgrad_fp8_kgrouped(
-        &st,
-        &aq,
-        &asc,
-        &bq,
-        &bsc,
-        &kb,
-        &mut d,
-        2 * inter,
-        h,
-        t,
-        experts,
-    )
-    .unwrap();
+    let p = kernels::GemmProblem::new(InTy::Fp8, 2 * inter, h, t).k_grouped(experts);
+    let bufs = kernels::GemmBufs::new(&aq, &bq, &d).scales(&asc, &bsc);
+    kernels::gemm(&st, &p, bufs.index(&kb)).unwrap();
     st.synchronize().unwrap();
     let dwv = dw.to_vec().unwrap();
     let got: Vec<f64> = d.to_vec().unwrap().iter().map(|&v| v as f64).collect();
@@ -264,7 +253,8 @@ fn shape_errors_are_typed() {
     // wgrad: bad k_starts
     let a = dev.alloc::<u8>(128 * 256).unwrap();
     let sa = dev.alloc::<f32>(256).unwrap();
-    let mut d = dev.alloc::<f32>(2 * 128 * 128).unwrap();
+    let d = dev.alloc::<f32>(2 * 128 * 128).unwrap();
+    let p = kernels::GemmProblem::new(InTy::Fp8, 128, 128, 256).k_grouped(2);
     for (ks, want) in [
         (vec![0, 100, 256], "multiples of 128"),
         (vec![0, 256, 128], "non-decreasing"),
@@ -273,8 +263,8 @@ fn shape_errors_are_typed() {
         (vec![0, 128], "needs"),
     ] {
         let kb = dev.upload(&ks).unwrap();
-        let e = kernels::wgrad_fp8_kgrouped(&st, &a, &sa, &a, &sa, &kb, &mut d, 128, 128, 256, 2)
-            .unwrap_err();
+        let bufs = kernels::GemmBufs::new(&a, &a, &d).scales(&sa, &sa);
+        let e = kernels::gemm(&st, &p, bufs.index(&kb)).unwrap_err();
         assert!(e.to_string().contains(want), "{ks:?}: {e}");
     }
 }
@@ -282,12 +272,13 @@ fn shape_errors_are_typed() {
 /// The registry lists the four new kernels with FP8 targets and their host wrappers.
 #[test]
 fn registry_lists_the_moe_kernels() {
+    let kgrouped = kernels::gemm_api::host_call(Layout::KGrouped, false);
     for (name, host) in [
         (moe::SWIGLU_FWD_NAME, "swiglu_fwd_fp8"),
         (moe::SWIGLU_BWD_NAME, "swiglu_bwd"),
         (moe::QUANT_T_NAME, "quantize_fp8_1x128_t"),
-        ("wgrad_fp8_kgrouped_64x128", "wgrad_fp8_kgrouped"),
-        ("wgrad_fp8_kgrouped_128x64", "wgrad_fp8_kgrouped"),
+        ("wgrad_fp8_kgrouped_64x128", kgrouped),
+        ("wgrad_fp8_kgrouped_128x64", kgrouped),
     ] {
         let k = registry::find(name).unwrap();
         assert_eq!(k.host, host);

@@ -36,8 +36,10 @@ fn emitted_fp8_gemm_through_the_runner_matches_the_host_api() {
         dev.upload(&qb).unwrap(),
         dev.upload(&sb).unwrap(),
     );
-    let mut d = dev.alloc::<bf16>(m * n).unwrap();
-    kernels::gemm_fp8_nt(&stream, &ab, &sab, &bb, &sbb, &mut d, m, n, k).unwrap();
+    let d = dev.alloc::<bf16>(m * n).unwrap();
+    let p = kernels::GemmProblem::new(kernels::InTy::Fp8, m, n, k);
+    let bufs = kernels::GemmBufs::new(&ab, &bb, &d).scales(&sab, &sbb);
+    kernels::gemm(&stream, &p, bufs).unwrap();
     stream.synchronize().unwrap();
     let want: Vec<u16> = d.to_vec().unwrap().iter().map(|x| x.to_bits()).collect();
 

@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Result};
 use kernels::gemm::{choose_config, spec, InTy, Layout};
-use kernels::hopper::{self, HIn, HLayout};
+use kernels::hopper;
 use kernels::registry::{check_gemm_with, gemm_info, CheckReport};
 use kernels::{OutTy, Shape};
 
@@ -106,20 +106,8 @@ pub fn run_one(
         k => bail!("--kernel {k}: use auto, mma or wgmma"),
     };
     if wgmma {
-        let (hin, hl) = (
-            if input == InTy::Fp8 {
-                HIn::Fp8
-            } else {
-                HIn::Bf16
-            },
-            match layout {
-                Layout::Contiguous => HLayout::Contiguous,
-                Layout::Masked => HLayout::Masked,
-                _ => HLayout::Normal,
-            },
-        );
-        let hs = hopper::choose_spec(hin, hl, rows, s.n, stream.sm_count());
-        let info = hopper::registry::info(hs, "chosen for the shape", "hopper", vec![s]);
+        let hs = hopper::choose_spec(input, layout, rows, s.n, stream.sm_count());
+        let info = hopper::registry::info(hs, "chosen for the shape", vec![s]);
         return Ok(hopper::registry::check(&stream, &info, &hs, &s, seed)?);
     }
     let cfg = choose_config(input, layout, rows, s.n, dev.props().sms);

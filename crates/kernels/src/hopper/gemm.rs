@@ -65,7 +65,8 @@ mod math;
 mod producer;
 mod sched;
 
-use super::{HIn, HLayout, HopperSpec};
+use super::HopperSpec;
+use crate::gemm::{InTy, Layout};
 use crate::{shape_err, Result};
 use builder::hopper::Swizzle;
 use builder::*;
@@ -143,7 +144,7 @@ struct Gemm<'a> {
 
 impl Gemm<'_> {
     fn fp8(&self) -> bool {
-        self.spec.input == HIn::Fp8
+        self.spec.input == InTy::Fp8
     }
     /// Elements of K per pipeline stage.
     fn bk(&self) -> u32 {
@@ -187,7 +188,7 @@ impl Params {
         } else {
             None
         };
-        let scales = if spec.input == HIn::Fp8 {
+        let scales = if spec.input == InTy::Fp8 {
             Some((
                 k.param_ptr_aligned::<f32>("sa", 4),
                 k.param_ptr_aligned::<f32>("sb", 4),
@@ -197,11 +198,12 @@ impl Params {
         };
         let d = k.param_ptr_aligned::<u16>("d", 4);
         let rows = match spec.layout {
-            HLayout::Normal => Rows::Normal,
-            HLayout::Contiguous => Rows::Contiguous(k.param_ptr_aligned::<i32>("m_indices", 4)),
-            HLayout::Masked => Rows::Masked(k.param_ptr_aligned::<i32>("masked_m", 4)),
+            // K-grouped: refused by `validate` before anything is declared
+            Layout::Normal | Layout::KGrouped => Rows::Normal,
+            Layout::Contiguous => Rows::Contiguous(k.param_ptr_aligned::<i32>("m_indices", 4)),
+            Layout::Masked => Rows::Masked(k.param_ptr_aligned::<i32>("masked_m", 4)),
         };
-        let m = k.param::<u32>(if spec.layout == HLayout::Masked {
+        let m = k.param::<u32>(if spec.layout == Layout::Masked {
             "m_max"
         } else {
             "m"
@@ -285,6 +287,12 @@ impl Smem {
 /// Checks a spec (typed error, never a panic).
 pub(crate) fn validate(spec: &HopperSpec) -> Result<()> {
     let name = spec.name();
+    if spec.input == InTy::Fp8Unpromoted || spec.layout == Layout::KGrouped {
+        return shape_err(
+            &name,
+            "the Hopper kernels take BF16 or promoted FP8 in the normal, contiguous or masked layout",
+        );
+    }
     if !(1..=2).contains(&spec.math_wgs) {
         return shape_err(&name, "1 or 2 math warpgroups");
     }
@@ -294,7 +302,7 @@ pub(crate) fn validate(spec: &HopperSpec) -> Result<()> {
             format!("BN = {}: a multiple of 8 in 8..=256", spec.bn),
         );
     }
-    if spec.input == HIn::Fp8 && spec.bn % 16 != 0 && spec.bn > 128 {
+    if spec.input == InTy::Fp8 && spec.bn % 16 != 0 && spec.bn > 128 {
         return shape_err(&name, "FP8 BN above 128 must be a multiple of 16");
     }
     if spec.stages < 2 {

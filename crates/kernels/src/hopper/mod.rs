@@ -4,17 +4,18 @@
 //! 128-wide K block with the 1x128 (A) and 128x128 (B) scales; BF16 output. See [`gemm`] for the
 //! kernel structure and [`HopperSpec`] for the knobs.
 //!
-//! Host API: the same interfaces as the `mma.sync` kernels in [`crate::gemm`] ([`gemm_fp8_nt`],
-//! [`gemm_bf16_nt`], [`grouped_gemm_fp8_contiguous`], [`grouped_gemm_fp8_masked`]).
-//! The wrappers build the tensor maps (A and B as 2-D row-major byte/bf16 tensors, 128-byte
+//! Host API: [`crate::gemm()`] with [`crate::KernelChoice::Wgmma`] (or `Auto` for FP8 normal
+//! GEMMs on sm_90a), or [`plan`] for repeated launches; problem and buffers are the same
+//! [`crate::GemmProblem`] / [`crate::GemmBufs`] as for the `mma.sync` kernels.
+//! The host side builds the tensor maps (A and B as 2-D row-major byte/bf16 tensors, 128-byte
 //! swizzle, zero OOB fill; D, for the TMA-store epilogue, bf16 with a box of one staging panel x 64 rows, swizzled like the
 //! panel: [`HopperSpec::epilogue_panel_bytes`]),
 //! upload them into one device buffer and pass their addresses
 //! (`tmap_a`, `tmap_b`, `tmap_d` are `u64` parameters pointing at global memory: the emulator reads
 //! `emu::hopper::TensorMapDesc` bytes from `runtime::TensorMap::encode_emu`, CUDA the driver's
-//! `CUtensorMap` from `encode_cuda`). The wrappers synchronise the stream before returning (the
-//! tensor-map buffer is freed then); [`plan_fp8_nt`] / [`plan_bf16_nt`] prepare a launch once
-//! for asynchronous repeated launches ([`HopperPlan`]).
+//! `CUtensorMap` from `encode_cuda`). [`crate::gemm()`] synchronises the stream before returning
+//! (the tensor-map buffer is freed then); [`plan`] prepares a launch once for asynchronous
+//! repeated launches ([`HopperPlan`]).
 //!
 //! Shapes: n and k multiples of 128 (FP8; BF16: k multiple of 64, n multiple of 8), any m; the
 //! block N is chosen to fill the SMs ([`choose_spec`], non-powers of two included).
@@ -22,6 +23,8 @@
 pub mod gemm;
 pub mod registry;
 
+use crate::gemm::{InTy, Layout, OutTy};
+use crate::gemm_api::{GemmBufs, GemmProblem, Scales};
 use crate::{shape_err, Result};
 use half::bf16;
 use runtime::tensor_map::{Swizzle as TSwizzle, TensorDataType};
@@ -32,39 +35,11 @@ pub use gemm::gen_hopper_gemm;
 /// The only target: `wgmma` and `setmaxnreg` need sm_90a.
 pub const TARGETS: &[&str] = &["sm_90a"];
 
-/// Input precision of a Hopper GEMM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum HIn {
-    /// e4m3 with 1x128 / 128x128 scales, promotion every 128 K.
-    Fp8,
-    /// bf16, FP32 accumulation in the wgmma accumulators.
-    Bf16,
-}
-
-impl HIn {
-    pub fn esize(self) -> u32 {
-        match self {
-            HIn::Fp8 => 1,
-            HIn::Bf16 => 2,
-        }
-    }
-}
-
-/// Row layout (as in [`crate::gemm::Layout`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-pub enum HLayout {
-    Normal,
-    /// MoE contiguous: `m_indices` `[m]`, 128-row segments, -1 = padding row (written as 0).
-    Contiguous,
-    /// MoE masked: `[G, m_max, *]`, `masked_m` `[G]` valid rows (rows beyond are not written).
-    Masked,
-}
-
 /// Everything that selects one generated Hopper kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct HopperSpec {
-    pub input: HIn,
-    pub layout: HLayout,
+    pub input: InTy,
+    pub layout: Layout,
     /// Block N: a multiple of 8 up to 256 (not necessarily a power of two).
     pub bn: u32,
     /// Math warpgroups (BM = 64 per warpgroup).
@@ -81,7 +56,7 @@ pub struct HopperSpec {
 
 impl HopperSpec {
     /// BM 128 (2 math warpgroups), the given BN, as many stages as fit (at most 8), no multicast.
-    pub fn new(input: HIn, layout: HLayout, bn: u32) -> HopperSpec {
+    pub fn new(input: InTy, layout: Layout, bn: u32) -> HopperSpec {
         let mut s = HopperSpec {
             input,
             layout,
@@ -133,7 +108,7 @@ impl HopperSpec {
     /// True when the epilogue goes through `stmatrix` + TMA store (normal and contiguous
     /// layouts; the masked layout stores directly so rows past `masked_m` stay untouched).
     pub fn tma_store(&self) -> bool {
-        self.layout != HLayout::Masked
+        self.layout != Layout::Masked
     }
     /// Shared staging of the TMA-store epilogue: BM x BN bf16.
     pub fn epilogue_bytes(&self) -> u32 {
@@ -172,12 +147,14 @@ impl HopperSpec {
     /// Canonical kernel name, e.g. `hopper_gemm_fp8_nt_128x112_s6`.
     pub fn name(&self) -> String {
         let base = match (self.layout, self.input) {
-            (HLayout::Normal, HIn::Fp8) => "hopper_gemm_fp8_nt",
-            (HLayout::Normal, HIn::Bf16) => "hopper_gemm_bf16_nt",
-            (HLayout::Contiguous, HIn::Fp8) => "hopper_grouped_gemm_fp8_contiguous",
-            (HLayout::Contiguous, HIn::Bf16) => "hopper_grouped_gemm_bf16_contiguous",
-            (HLayout::Masked, HIn::Fp8) => "hopper_grouped_gemm_fp8_masked",
-            (HLayout::Masked, HIn::Bf16) => "hopper_grouped_gemm_bf16_masked",
+            (Layout::Normal, InTy::Fp8) => "hopper_gemm_fp8_nt",
+            (Layout::Normal, InTy::Bf16) => "hopper_gemm_bf16_nt",
+            (Layout::Contiguous, InTy::Fp8) => "hopper_grouped_gemm_fp8_contiguous",
+            (Layout::Contiguous, InTy::Bf16) => "hopper_grouped_gemm_bf16_contiguous",
+            (Layout::Masked, InTy::Fp8) => "hopper_grouped_gemm_fp8_masked",
+            (Layout::Masked, InTy::Bf16) => "hopper_grouped_gemm_bf16_masked",
+            // no such kernel ([`HopperSpec::validate`] rejects it); named for its error
+            _ => "hopper_gemm_unsupported",
         };
         let mc = if self.multicast_a { "_mc2" } else { "" };
         format!("{base}_{}x{}_s{}{mc}", self.bm(), self.bn, self.stages)
@@ -188,18 +165,18 @@ impl HopperSpec {
         if self.tma_store() {
             p.push(("tmap_d", "tensormap*"));
         }
-        if self.input == HIn::Fp8 {
+        if self.input == InTy::Fp8 {
             p.push(("sa", "f32*"));
             p.push(("sb", "f32*"));
         }
         p.push(("d", "bf16*"));
         match self.layout {
-            HLayout::Normal => {}
-            HLayout::Contiguous => p.push(("m_indices", "i32*")),
-            HLayout::Masked => p.push(("masked_m", "i32*")),
+            Layout::Normal | Layout::KGrouped => {}
+            Layout::Contiguous => p.push(("m_indices", "i32*")),
+            Layout::Masked => p.push(("masked_m", "i32*")),
         }
         p.push((
-            if self.layout == HLayout::Masked {
+            if self.layout == Layout::Masked {
                 "m_max"
             } else {
                 "m"
@@ -218,7 +195,7 @@ impl HopperSpec {
             self.shared_bytes(),
             self.bm(),
             self.bn,
-            if self.layout == HLayout::Masked { "*G" } else { "" }
+            if self.layout == Layout::Masked { "*G" } else { "" }
         )
     }
     /// Checks the configuration.
@@ -229,15 +206,15 @@ impl HopperSpec {
 
 /// Block-N candidates (multiples of 16 from 64 to 160 for FP8, whose math warpgroups hold 2*BN
 /// accumulators per thread; up to 256 for BF16).
-fn bn_candidates(input: HIn) -> Vec<u32> {
-    let max = if input == HIn::Fp8 { 160 } else { 256 };
+fn bn_candidates(input: InTy) -> Vec<u32> {
+    let max = if input == InTy::Fp8 { 160 } else { 256 };
     (4..=max / 16).map(|i| 16 * i).collect()
 }
 
 /// Picks BM (64 for m <= 64, else 128) and the block N that needs the fewest waves over `sms`
 /// SMs, preferring the largest BN among equals (DeepGEMM's heuristic in spirit).
-pub fn choose_spec(input: HIn, layout: HLayout, m: usize, n: usize, sms: u32) -> HopperSpec {
-    let wgs = if m <= 64 && layout == HLayout::Normal {
+pub fn choose_spec(input: InTy, layout: Layout, m: usize, n: usize, sms: u32) -> HopperSpec {
+    let wgs = if m <= 64 && layout == Layout::Normal {
         1
     } else {
         2
@@ -246,7 +223,7 @@ pub fn choose_spec(input: HIn, layout: HLayout, m: usize, n: usize, sms: u32) ->
     let sms = sms.max(1) as usize;
     let mut best: Option<(usize, usize, u32)> = None;
     for bn in bn_candidates(input) {
-        if input == HIn::Fp8 && (n % 128 != 0) {
+        if input == InTy::Fp8 && (n % 128 != 0) {
             break;
         }
         let tiles = m.div_ceil(bm) * n.div_ceil(bn as usize);
@@ -269,15 +246,15 @@ pub fn available(stream: &Stream) -> bool {
 
 fn tmap(
     dev_backend: Backend,
-    input: HIn,
+    input: InTy,
     addr: u64,
     rows: usize,
     cols: usize,
     box_rows: u32,
 ) -> Result<[u8; 128]> {
     let (dt, box_cols) = match input {
-        HIn::Fp8 => (TensorDataType::U8, 128u32),
-        HIn::Bf16 => (TensorDataType::BF16, 64u32),
+        InTy::Bf16 => (TensorDataType::BF16, 64u32),
+        InTy::Fp8 | InTy::Fp8Unpromoted => (TensorDataType::U8, 128u32),
     };
     let mut t = TensorMap::tiled(dt, addr, &[cols as u64, rows as u64], &[box_cols, box_rows]);
     t.swizzle = TSwizzle::B128;
@@ -303,7 +280,7 @@ struct Prepared {
     _maps: Buffer<u8>,
 }
 
-/// A Hopper GEMM launch prepared once ([`plan_fp8_nt`], [`plan_bf16_nt`]): shapes checked,
+/// A Hopper GEMM launch prepared once ([`plan`]): shapes checked,
 /// kernel loaded, tensor maps encoded and uploaded, grid and arguments fixed. [`HopperPlan::launch`]
 /// only enqueues the kernel — no host copy, no synchronisation — so repeated launches with the
 /// same buffers (benchmarks timed with events, CUDA graph capture, a training step's fixed
@@ -335,7 +312,7 @@ impl HopperPlan<'_> {
         }
         Ok(())
     }
-    fn run_sync(self, stream: &Stream) -> Result<()> {
+    pub(crate) fn run_sync(self, stream: &Stream) -> Result<()> {
         self.launch(stream)?;
         stream.synchronize()?;
         Ok(())
@@ -367,20 +344,9 @@ impl<'a> HopperPlan<'a> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn prepare(
-    stream: &Stream,
-    l: Launch<'_>,
-    a_ptr: u64,
-    b_ptr: u64,
-    scales: Option<(&Buffer<f32>, &Buffer<f32>)>,
-    d: &Buffer<bf16>,
-    idx: Option<&Buffer<i32>>,
-    m: usize,
-    n: usize,
-    k: usize,
-    groups: usize,
-) -> Result<Prepared> {
+/// Loads the kernel, uploads the tensor maps and packs the arguments of a checked problem.
+fn prepare(stream: &Stream, l: Launch<'_>, p: &GemmProblem, b: &GemmBufs<'_>) -> Result<Prepared> {
+    let (m, n, k) = (p.m, p.n, p.k);
     let s = l.spec;
     let name = s.name();
     if s.multicast_a && n.div_ceil(s.bn as usize) % 2 != 0 {
@@ -394,12 +360,12 @@ fn prepare(
     let ta = tmap(
         dev.backend(),
         s.input,
-        a_ptr,
+        b.a.device_ptr(),
         l.a_rows,
         k,
         s.bm() / if s.multicast_a { 2 } else { 1 },
     )?;
-    let tb = tmap(dev.backend(), s.input, b_ptr, l.b_rows, k, s.bn)?;
+    let tb = tmap(dev.backend(), s.input, b.b.device_ptr(), l.b_rows, k, s.bn)?;
     let mut bytes = ta.to_vec();
     bytes.extend_from_slice(&tb);
     if s.tma_store() {
@@ -408,7 +374,7 @@ fn prepare(
         let panel = s.epilogue_panel_bytes();
         let mut t = TensorMap::tiled(
             TensorDataType::BF16,
-            d.device_ptr(),
+            b.d.device_ptr(),
             &[n as u64, m as u64],
             &[panel / 2, 64],
         );
@@ -443,14 +409,14 @@ fn prepare(
     if s.tma_store() {
         v.push(runtime::Arg::U64(base + 256));
     }
-    if let Some((sa, sb)) = scales {
+    if let Scales::Block { sa, sb } = b.scales {
         v.extend(args![sa, sb]);
     }
-    v.push(d.into());
-    if let Some(i) = idx {
+    v.push(b.d.arg());
+    if let Some(i) = b.index {
         v.push(i.into());
     }
-    v.extend(args![m as u32, n as u32, k as u32, groups as u32]);
+    v.extend(args![m as u32, n as u32, k as u32, p.groups as u32]);
     Ok(Prepared {
         f,
         cfg,
@@ -459,30 +425,20 @@ fn prepare(
     })
 }
 
-fn need<T: runtime::Pod>(kernel: &str, what: &str, b: &Buffer<T>, len: usize) -> Result<()> {
-    if b.len() < len {
-        return shape_err(
-            kernel,
-            format!("`{what}` holds {} elements, needs {len}", b.len()),
-        );
-    }
-    Ok(())
-}
-
-fn check_nk(kernel: &str, input: HIn, rows: usize, n: usize, k: usize) -> Result<()> {
+fn check_nk(kernel: &str, input: InTy, rows: usize, n: usize, k: usize) -> Result<()> {
     let ok = match input {
-        HIn::Fp8 => n > 0 && k > 0 && n % 128 == 0 && k % 128 == 0,
-        HIn::Bf16 => n > 0 && k > 0 && n % 8 == 0 && k % 64 == 0,
+        InTy::Bf16 => n > 0 && k > 0 && n % 8 == 0 && k % 64 == 0,
+        _ => n > 0 && k > 0 && n % 128 == 0 && k % 128 == 0,
     };
     if !ok {
         return shape_err(
             kernel,
             format!(
                 "n = {n}, k = {k}: {}",
-                if input == HIn::Fp8 {
-                    "FP8 Hopper GEMMs need n and k multiples of 128"
-                } else {
+                if input == InTy::Bf16 {
                     "BF16 Hopper GEMMs need n a multiple of 8 and k of 64"
+                } else {
+                    "FP8 Hopper GEMMs need n and k multiples of 128"
                 }
             ),
         );
@@ -493,324 +449,45 @@ fn check_nk(kernel: &str, input: HIn, rows: usize, n: usize, k: usize) -> Result
     Ok(())
 }
 
-fn check_spec(s: &HopperSpec, input: HIn, layout: HLayout) -> Result<()> {
-    if s.input != input || s.layout != layout {
+/// Prepares the Hopper kernel `s` for the problem `p` ([`HopperPlan`]): checks the spec
+/// against the problem (input, layout, BF16 output, no C), the shapes and the buffers, loads
+/// the kernel and uploads its tensor maps. [`crate::gemm()`] runs a plan once and synchronises;
+/// benchmarks and fixed-shape loops launch one plan many times.
+pub fn plan<'a>(
+    stream: &Stream,
+    s: &HopperSpec,
+    p: &GemmProblem,
+    b: &GemmBufs<'a>,
+) -> Result<HopperPlan<'a>> {
+    let name = s.name();
+    if s.input != p.input || s.layout != p.layout || p.out != OutTy::Bf16 || p.add_c {
         return shape_err(
-            &s.name(),
-            format!("kernel spec does not match the call ({input:?}, {layout:?})"),
+            &name,
+            format!(
+                "kernel spec does not match the problem ({:?}, {:?}, {:?} out, add_c {}): the Hopper kernels are BF16-out without C",
+                p.input, p.layout, p.out, p.add_c
+            ),
         );
     }
-    s.validate()
-}
-
-/// D [m, n] bf16 = A [m, k] e4m3 (scales sa [m, k/128]) x B [n, k] e4m3 (scales sb
-/// [n/128, k/128])^T on sm_90a (same interface as [`crate::gemm::gemm_fp8_nt`]).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_fp8_nt(
-    stream: &Stream,
-    a: &Buffer<u8>,
-    sa: &Buffer<f32>,
-    b: &Buffer<u8>,
-    sb: &Buffer<f32>,
-    d: &mut Buffer<bf16>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    let s = choose_spec(HIn::Fp8, HLayout::Normal, m, n, stream.sm_count());
-    gemm_fp8_nt_with(stream, &s, a, sa, b, sb, d, m, n, k)
-}
-
-/// [`gemm_fp8_nt`] with an explicit spec.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_fp8_nt_with(
-    stream: &Stream,
-    s: &HopperSpec,
-    a: &Buffer<u8>,
-    sa: &Buffer<f32>,
-    b: &Buffer<u8>,
-    sb: &Buffer<f32>,
-    d: &mut Buffer<bf16>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    plan_fp8_nt(stream, s, a, sa, b, sb, d, m, n, k)?.run_sync(stream)
-}
-
-/// [`gemm_fp8_nt_with`] prepared once, launched any number of times ([`HopperPlan`]).
-#[allow(clippy::too_many_arguments)]
-pub fn plan_fp8_nt<'a>(
-    stream: &Stream,
-    s: &HopperSpec,
-    a: &'a Buffer<u8>,
-    sa: &'a Buffer<f32>,
-    b: &'a Buffer<u8>,
-    sb: &'a Buffer<f32>,
-    d: &'a Buffer<bf16>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<HopperPlan<'a>> {
-    let name = s.name();
-    check_spec(s, HIn::Fp8, HLayout::Normal)?;
-    check_nk(&name, HIn::Fp8, m, n, k)?;
-    need(&name, "a", a, m * k)?;
-    need(&name, "sa", sa, m * k / 128)?;
-    need(&name, "b", b, n * k)?;
-    need(&name, "sb", sb, n / 128 * (k / 128))?;
-    need(&name, "d", d, m * n)?;
-    plan_normal(
-        stream,
-        s,
-        (a.device_ptr(), b.device_ptr()),
-        Some((sa, sb)),
-        d,
-        m,
-        n,
-        k,
-    )
-}
-
-/// D [m, n] bf16 = A [m, k] bf16 x B [n, k]^T bf16 on sm_90a (`wgmma` bf16, FP32 accumulate).
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_bf16_nt(
-    stream: &Stream,
-    a: &Buffer<bf16>,
-    b: &Buffer<bf16>,
-    d: &mut Buffer<bf16>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    let s = choose_spec(HIn::Bf16, HLayout::Normal, m, n, stream.sm_count());
-    gemm_bf16_nt_with(stream, &s, a, b, d, m, n, k)
-}
-
-/// [`gemm_bf16_nt`] with an explicit spec.
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_bf16_nt_with(
-    stream: &Stream,
-    s: &HopperSpec,
-    a: &Buffer<bf16>,
-    b: &Buffer<bf16>,
-    d: &mut Buffer<bf16>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    plan_bf16_nt(stream, s, a, b, d, m, n, k)?.run_sync(stream)
-}
-
-/// [`gemm_bf16_nt_with`] prepared once, launched any number of times ([`HopperPlan`]).
-#[allow(clippy::too_many_arguments)]
-pub fn plan_bf16_nt<'a>(
-    stream: &Stream,
-    s: &HopperSpec,
-    a: &'a Buffer<bf16>,
-    b: &'a Buffer<bf16>,
-    d: &'a Buffer<bf16>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<HopperPlan<'a>> {
-    let name = s.name();
-    check_spec(s, HIn::Bf16, HLayout::Normal)?;
-    check_nk(&name, HIn::Bf16, m, n, k)?;
-    need(&name, "a", a, m * k)?;
-    need(&name, "b", b, n * k)?;
-    need(&name, "d", d, m * n)?;
-    plan_normal(
-        stream,
-        s,
-        (a.device_ptr(), b.device_ptr()),
-        None,
-        d,
-        m,
-        n,
-        k,
-    )
-}
-
-/// The plan of a checked non-grouped problem (empty for m = 0).
-#[allow(clippy::too_many_arguments)]
-fn plan_normal<'a>(
-    stream: &Stream,
-    s: &HopperSpec,
-    (a_ptr, b_ptr): (u64, u64),
-    scales: Option<(&Buffer<f32>, &Buffer<f32>)>,
-    d: &Buffer<bf16>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<HopperPlan<'a>> {
-    if m == 0 {
+    s.validate()?;
+    check_nk(&name, p.input, p.total_rows(), p.n, p.k)?;
+    crate::gemm_api::check(&name, p, b)?;
+    if p.m == 0 || p.groups == 0 {
         return Ok(HopperPlan::new(s, None));
     }
-    let l = Launch {
-        spec: s,
-        a_rows: m,
-        b_rows: n,
-        tiles: m.div_ceil(s.bm() as usize) * n.div_ceil(s.bn as usize),
-    };
-    let p = prepare(stream, l, a_ptr, b_ptr, scales, d, None, m, n, k, 1)?;
-    Ok(HopperPlan::new(s, Some(p)))
-}
-
-/// MoE contiguous grouped FP8 GEMM on sm_90a (interface of
-/// [`crate::gemm::grouped_gemm_fp8_contiguous`]): A [m, k] (segments of 128 rows, one expert
-/// each, -1 padding rows written as 0), B [groups, n, k], sb [groups, n/128, k/128].
-#[allow(clippy::too_many_arguments)]
-pub fn grouped_gemm_fp8_contiguous(
-    stream: &Stream,
-    a: &Buffer<u8>,
-    sa: &Buffer<f32>,
-    b: &Buffer<u8>,
-    sb: &Buffer<f32>,
-    d: &mut Buffer<bf16>,
-    m_indices: &Buffer<i32>,
-    m: usize,
-    n: usize,
-    k: usize,
-    groups: usize,
-) -> Result<()> {
-    let s = choose_spec(HIn::Fp8, HLayout::Contiguous, m, n, stream.sm_count());
-    grouped_fp8_contiguous_with(stream, &s, a, sa, b, sb, d, m_indices, m, n, k, groups)
-}
-
-/// [`grouped_gemm_fp8_contiguous`] with an explicit spec.
-#[allow(clippy::too_many_arguments)]
-pub fn grouped_fp8_contiguous_with(
-    stream: &Stream,
-    s: &HopperSpec,
-    a: &Buffer<u8>,
-    sa: &Buffer<f32>,
-    b: &Buffer<u8>,
-    sb: &Buffer<f32>,
-    d: &mut Buffer<bf16>,
-    m_indices: &Buffer<i32>,
-    m: usize,
-    n: usize,
-    k: usize,
-    groups: usize,
-) -> Result<()> {
-    let name = s.name();
-    check_spec(s, HIn::Fp8, HLayout::Contiguous)?;
-    check_nk(&name, HIn::Fp8, m, n, k)?;
-    need(&name, "m_indices", m_indices, m)?;
-    crate::gemm::check_m_indices(&name, &m_indices.to_vec()?, m, groups)?;
-    need(&name, "a", a, m * k)?;
-    need(&name, "sa", sa, m * k / 128)?;
-    need(&name, "b", b, groups * n * k)?;
-    need(&name, "sb", sb, groups * (n / 128) * (k / 128))?;
-    need(&name, "d", d, m * n)?;
-    if m == 0 || groups == 0 {
-        return Ok(());
-    }
+    let (m, n) = (p.m, p.n);
     let tiles = m.div_ceil(s.bm() as usize) * n.div_ceil(s.bn as usize);
+    let (a_rows, b_rows, tiles) = match p.layout {
+        Layout::Masked => (p.groups * m, p.groups * n, tiles * p.groups),
+        Layout::Contiguous => (m, p.groups * n, tiles),
+        _ => (m, n, tiles),
+    };
     let l = Launch {
         spec: s,
-        a_rows: m,
-        b_rows: groups * n,
+        a_rows,
+        b_rows,
         tiles,
     };
-    let p = prepare(
-        stream,
-        l,
-        a.device_ptr(),
-        b.device_ptr(),
-        Some((sa, sb)),
-        d,
-        Some(m_indices),
-        m,
-        n,
-        k,
-        groups,
-    )?;
-    HopperPlan::new(s, Some(p)).run_sync(stream)
-}
-
-/// MoE masked grouped FP8 GEMM on sm_90a (interface of
-/// [`crate::gemm::grouped_gemm_fp8_masked`]): A [groups, m_max, k], D [groups, m_max, n];
-/// rows at or beyond `masked_m[g]` are not written.
-#[allow(clippy::too_many_arguments)]
-pub fn grouped_gemm_fp8_masked(
-    stream: &Stream,
-    a: &Buffer<u8>,
-    sa: &Buffer<f32>,
-    b: &Buffer<u8>,
-    sb: &Buffer<f32>,
-    d: &mut Buffer<bf16>,
-    masked_m: &Buffer<i32>,
-    groups: usize,
-    m_max: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    let s = choose_spec(
-        HIn::Fp8,
-        HLayout::Masked,
-        m_max * groups,
-        n,
-        stream.sm_count(),
-    );
-    grouped_fp8_masked_with(stream, &s, a, sa, b, sb, d, masked_m, groups, m_max, n, k)
-}
-
-/// [`grouped_gemm_fp8_masked`] with an explicit spec.
-#[allow(clippy::too_many_arguments)]
-pub fn grouped_fp8_masked_with(
-    stream: &Stream,
-    s: &HopperSpec,
-    a: &Buffer<u8>,
-    sa: &Buffer<f32>,
-    b: &Buffer<u8>,
-    sb: &Buffer<f32>,
-    d: &mut Buffer<bf16>,
-    masked_m: &Buffer<i32>,
-    groups: usize,
-    m_max: usize,
-    n: usize,
-    k: usize,
-) -> Result<()> {
-    let name = s.name();
-    check_spec(s, HIn::Fp8, HLayout::Masked)?;
-    check_nk(&name, HIn::Fp8, groups * m_max, n, k)?;
-    need(&name, "masked_m", masked_m, groups)?;
-    if let Some((g, v)) = masked_m.to_vec()?[..groups]
-        .iter()
-        .enumerate()
-        .find(|(_, v)| **v < 0 || **v as usize > m_max)
-    {
-        return shape_err(&name, format!("masked_m[{g}] = {v} outside 0..={m_max}"));
-    }
-    need(&name, "a", a, groups * m_max * k)?;
-    need(&name, "sa", sa, groups * m_max * k / 128)?;
-    need(&name, "b", b, groups * n * k)?;
-    need(&name, "sb", sb, groups * (n / 128) * (k / 128))?;
-    need(&name, "d", d, groups * m_max * n)?;
-    if groups == 0 || m_max == 0 {
-        return Ok(());
-    }
-    let tiles = m_max.div_ceil(s.bm() as usize) * n.div_ceil(s.bn as usize) * groups;
-    let l = Launch {
-        spec: s,
-        a_rows: groups * m_max,
-        b_rows: groups * n,
-        tiles,
-    };
-    let p = prepare(
-        stream,
-        l,
-        a.device_ptr(),
-        b.device_ptr(),
-        Some((sa, sb)),
-        d,
-        Some(masked_m),
-        m_max,
-        n,
-        k,
-        groups,
-    )?;
-    HopperPlan::new(s, Some(p)).run_sync(stream)
+    let prepared = prepare(stream, l, p, b)?;
+    Ok(HopperPlan::new(s, Some(prepared)))
 }

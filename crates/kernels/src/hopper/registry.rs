@@ -1,7 +1,9 @@
 //! Registry entries of the Hopper GEMMs and their checks against the f64 reference (run by
 //! [`crate::registry::KernelInfo::check`] for `Kind::Hopper`).
 
-use super::{HIn, HLayout, HopperSpec};
+use super::HopperSpec;
+use crate::gemm::{InTy, Layout};
+use crate::gemm_api::{GemmBufs, GemmProblem};
 use crate::reference::{self as r, rel_fro};
 use crate::registry::{
     host_quant_blocks, host_quant_rows, CheckReport, KernelInfo, Kind, ParamInfo, Shape,
@@ -15,63 +17,51 @@ use std::time::Instant;
 /// The registered Hopper kernels.
 pub fn registry_entries() -> Vec<KernelInfo> {
     let fp8_shapes = vec![Shape::new(128, 128, 256), Shape::new(200, 256, 512)];
-    let list: Vec<(HopperSpec, &str, &'static str, Vec<Shape>)> = vec![
+    let list: Vec<(HopperSpec, &str, Vec<Shape>)> = vec![
         (
-            HopperSpec::new(HIn::Fp8, HLayout::Normal, 128),
+            HopperSpec::new(InTy::Fp8, Layout::Normal, 128),
             "sm_90a FP8 block-scaled GEMM: persistent, TMA producer (40 regs) + 2 math warpgroups (232), mbarrier ring, wgmma e4m3, promotion every 128 K, bf16 out",
-            "hopper::gemm_fp8_nt",
             fp8_shapes.clone(),
         ),
         (
-            HopperSpec::new(HIn::Fp8, HLayout::Normal, 112),
+            HopperSpec::new(InTy::Fp8, Layout::Normal, 112),
             "sm_90a FP8 block-scaled GEMM with a non-power-of-two block N",
-            "hopper::gemm_fp8_nt",
             vec![Shape::new(130, 256, 384)],
         ),
         (
-            HopperSpec::new(HIn::Fp8, HLayout::Normal, 128).with_math_wgs(1),
+            HopperSpec::new(InTy::Fp8, Layout::Normal, 128).with_math_wgs(1),
             "sm_90a FP8 block-scaled GEMM, one math warpgroup (BM 64, small M)",
-            "hopper::gemm_fp8_nt",
             vec![Shape::new(64, 128, 256)],
         ),
         (
-            HopperSpec::new(HIn::Fp8, HLayout::Normal, 128).with_multicast(true),
+            HopperSpec::new(InTy::Fp8, Layout::Normal, 128).with_multicast(true),
             "sm_90a FP8 block-scaled GEMM, clusters of 2 along N sharing the A tile by TMA multicast",
-            "hopper::gemm_fp8_nt_with",
             vec![Shape::new(256, 256, 512)],
         ),
         (
-            HopperSpec::new(HIn::Bf16, HLayout::Normal, 128),
+            HopperSpec::new(InTy::Bf16, Layout::Normal, 128),
             "sm_90a BF16 GEMM (wgmma bf16, FP32 accumulate), bf16 out",
-            "hopper::gemm_bf16_nt",
             vec![Shape::new(128, 128, 256)],
         ),
         (
-            HopperSpec::new(HIn::Fp8, HLayout::Contiguous, 128),
+            HopperSpec::new(InTy::Fp8, Layout::Contiguous, 128),
             "sm_90a MoE grouped FP8 GEMM, contiguous layout (m_indices, -1 = padding row -> 0)",
-            "hopper::grouped_gemm_fp8_contiguous",
             vec![Shape::grouped(384, 128, 256, 3)],
         ),
         (
-            HopperSpec::new(HIn::Fp8, HLayout::Masked, 128),
+            HopperSpec::new(InTy::Fp8, Layout::Masked, 128),
             "sm_90a MoE grouped FP8 GEMM, masked layout ([G, m_max, K], masked_m rows per group)",
-            "hopper::grouped_gemm_fp8_masked",
             vec![Shape::grouped(96, 128, 256, 3)],
         ),
     ];
     list.into_iter()
-        .map(|(s, summary, host, shapes)| info(s, summary, host, shapes))
+        .map(|(s, summary, shapes)| info(s, summary, shapes))
         .collect()
 }
 
 /// The [`KernelInfo`] of a Hopper spec (for [`KernelInfo::check`] on any configuration, e.g.
 /// the one [`super::choose_spec`] picks for a shape).
-pub fn info(
-    s: HopperSpec,
-    summary: &str,
-    host: &'static str,
-    test_shapes: Vec<Shape>,
-) -> KernelInfo {
+pub fn info(s: HopperSpec, summary: &str, test_shapes: Vec<Shape>) -> KernelInfo {
     KernelInfo {
         name: s.name(),
         summary: summary.to_string(),
@@ -82,7 +72,7 @@ pub fn info(
             .collect(),
         launch: s.launch_rule(),
         targets: super::TARGETS,
-        host,
+        host: crate::gemm_api::host_call(s.layout, true),
         test_shapes,
         kind: Kind::Hopper(s),
     }
@@ -90,7 +80,7 @@ pub fn info(
 
 /// FLOPs of one launch.
 pub fn flops(s: &HopperSpec, sh: &Shape) -> f64 {
-    let rows = if s.layout == HLayout::Masked {
+    let rows = if s.layout == Layout::Masked {
         sh.m * sh.groups.max(1)
     } else {
         sh.m
@@ -112,27 +102,28 @@ pub fn check(
     let mut rg = r::rng(seed);
     let (m, n, k) = (sh.m, sh.n, sh.k);
     let groups = sh.groups.max(1);
-    let a_rows = if s.layout == HLayout::Masked {
+    let a_rows = if s.layout == Layout::Masked {
         groups * m
     } else {
         m
     };
-    let b_rows = if s.layout == HLayout::Normal {
+    let b_rows = if s.layout == Layout::Normal {
         n
     } else {
         groups * n
     };
     let poison = bf16::from_bits(0x7fc1);
     let d_len = a_rows * n;
-    let mut d = dev.alloc::<bf16>(d_len.max(1))?;
+    let d = dev.alloc::<bf16>(d_len.max(1))?;
     d.fill(poison)?;
     // which rows are written, and with which B group
     let mut row_group: Vec<Option<usize>> = vec![Some(0); a_rows];
     let mut zero_rows = vec![false; a_rows];
+    let problem = GemmProblem::for_wgmma(s, m, n, k, groups);
     let t0;
     let (a64, b64);
     match s.input {
-        HIn::Bf16 => {
+        InTy::Bf16 => {
             let a: Vec<bf16> = (0..a_rows * k)
                 .map(|_| bf16::from_f32(rg.gen_range(-1.0f32..1.0)))
                 .collect();
@@ -143,9 +134,9 @@ pub fn check(
             b64 = b.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
             let (ab, bb) = (dev.upload(&a)?, dev.upload(&b)?);
             t0 = Instant::now();
-            super::gemm_bf16_nt_with(stream, s, &ab, &bb, &mut d, m, n, k)?;
+            crate::gemm(stream, &problem, GemmBufs::new(&ab, &bb, &d))?;
         }
-        HIn::Fp8 => {
+        InTy::Fp8 | InTy::Fp8Unpromoted => {
             let a = r::random_activations(&mut rg, a_rows * k, k);
             let b: Vec<f32> = (0..b_rows * k)
                 .map(|_| rg.gen_range(-1.0f32..1.0))
@@ -160,12 +151,14 @@ pub fn check(
                 dev.upload(&qb)?,
                 dev.upload(&sb)?,
             );
+            let fp8 = GemmBufs::new(&qa, &qb, &d).scales(&sa, &sb);
             match s.layout {
-                HLayout::Normal => {
+                // (no K-grouped Hopper kernel: `crate::gemm` rejects the spec)
+                Layout::Normal | Layout::KGrouped => {
                     t0 = Instant::now();
-                    super::gemm_fp8_nt_with(stream, s, &qa, &sa, &qb, &sb, &mut d, m, n, k)?;
+                    crate::gemm(stream, &problem, fp8)?;
                 }
-                HLayout::Contiguous => {
+                Layout::Contiguous => {
                     let idx = crate::registry::random_m_indices(&mut rg, m, groups);
                     for (row, e) in idx.iter().enumerate() {
                         if *e < 0 {
@@ -177,11 +170,9 @@ pub fn check(
                     }
                     let ib = dev.upload(&idx)?;
                     t0 = Instant::now();
-                    super::grouped_fp8_contiguous_with(
-                        stream, s, &qa, &sa, &qb, &sb, &mut d, &ib, m, n, k, groups,
-                    )?;
+                    crate::gemm(stream, &problem, fp8.index(&ib))?;
                 }
-                HLayout::Masked => {
+                Layout::Masked => {
                     let mm: Vec<i32> = (0..groups).map(|_| rg.gen_range(0..=m) as i32).collect();
                     for (row, rg_) in row_group.iter_mut().enumerate() {
                         let g = row / m;
@@ -189,9 +180,7 @@ pub fn check(
                     }
                     let mb = dev.upload(&mm)?;
                     t0 = Instant::now();
-                    super::grouped_fp8_masked_with(
-                        stream, s, &qa, &sa, &qb, &sb, &mut d, &mb, groups, m, n, k,
-                    )?;
+                    crate::gemm(stream, &problem, fp8.index(&mb))?;
                 }
             }
         }
@@ -232,7 +221,7 @@ pub fn check(
     let tolerance = 1e-2;
     // accumulation error against the bf16-rounded reference: FP8 under 13-bit tensor-core
     // accumulation (hardware models, GPUs) gets the FP8 tolerance
-    let rounded_tol = if !crate::registry::exact_tc(stream) && s.input == HIn::Fp8 {
+    let rounded_tol = if !crate::registry::exact_tc(stream) && s.input == InTy::Fp8 {
         crate::registry::fp8_f32_tolerance()
     } else {
         1e-3

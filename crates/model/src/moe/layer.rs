@@ -8,7 +8,7 @@ use ep::comm::{CommStats, EpConfig, EpGroup, XRef};
 use ep::grad::TopkGrad;
 use ep::{DispatchOut, Handle, InProcessTransport, Payload};
 use half::bf16;
-use kernels::ScaleMode;
+use kernels::{GemmBufs, GemmProblem, InTy, OutTy, ScaleMode};
 use runtime::{Buffer, Device, Stream};
 use std::time::Instant;
 
@@ -864,8 +864,9 @@ impl Compute {
         let xbf: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
         let xb16 = d.upload(&xbf)?;
         let xt = d.upload(&transpose(&xbf, t_n, h))?;
-        let mut logits = d.alloc::<f32>(t_n * e_n)?;
-        kernels::gemm_bf16_nt(st, &xb16, &rd.gate, None, &mut logits, t_n, e_n, h)?;
+        let logits = d.alloc::<f32>(t_n * e_n)?;
+        let p = GemmProblem::new(InTy::Bf16, t_n, e_n, h).out(OutTy::F32);
+        kernels::gemm(st, &p, GemmBufs::new(&xb16, &rd.gate, &logits))?;
         let out = ep::routing::route(st, &logits, &rd.bias, &c.routing())?;
         let xb = d.upload(x)?;
         let mut q = d.alloc::<u8>(t_n * h)?;
@@ -995,28 +996,12 @@ impl Compute {
         let ts = Instant::now();
         let rg =
             ep::grad::route_backward(st, &route.logits, &route.idx, &route.w, dw, &c.routing())?;
-        let mut dxg = d.alloc::<f32>(t_n * h)?;
-        kernels::gemm_bf16_nt(
-            st,
-            &rg.dlogits_bf16,
-            &rd.gate_t,
-            None,
-            &mut dxg,
-            t_n,
-            h,
-            e_n,
-        )?;
-        let mut dwg = d.alloc::<f32>(e_n * h)?;
-        kernels::gemm_bf16_nt(
-            st,
-            &rg.dlogits_t_bf16,
-            &route.xt,
-            None,
-            &mut dwg,
-            e_n,
-            h,
-            t_n,
-        )?;
+        let dxg = d.alloc::<f32>(t_n * h)?;
+        let p = GemmProblem::new(InTy::Bf16, t_n, h, e_n).out(OutTy::F32);
+        kernels::gemm(st, &p, GemmBufs::new(&rg.dlogits_bf16, &rd.gate_t, &dxg))?;
+        let dwg = d.alloc::<f32>(e_n * h)?;
+        let p = GemmProblem::new(InTy::Bf16, e_n, h, t_n).out(OutTy::F32);
+        kernels::gemm(st, &p, GemmBufs::new(&rg.dlogits_t_bf16, &route.xt, &dwg))?;
         st.synchronize()?;
         self.span_since("gate bwd (route bwd + bf16 gemm x2)", r, ts);
         Ok(GateGrad {

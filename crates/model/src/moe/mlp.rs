@@ -4,7 +4,7 @@
 use super::host::ExpertQ;
 use super::Result;
 use half::bf16;
-use kernels::ScaleMode;
+use kernels::{hopper, GemmBufs, GemmProblem, InTy, KernelChoice, Layout, ScaleMode};
 use runtime::{Buffer, Device, Stream};
 
 /// One MLP's FP8 weights on a device: W_gate|up `[G, 2I, H]`, W_down `[G, H, I]` and their
@@ -93,16 +93,14 @@ impl Mlp {
         k: usize,
     ) -> Result<Buffer<bf16>> {
         let (m, g) = (rows.m, rows.groups);
-        let mut d = st.device().alloc::<bf16>(m * n)?;
+        let d = st.device().alloc::<bf16>(m * n)?;
+        let mut p = GemmProblem::new(InTy::Fp8, m, n, k).contiguous(g);
         if self.wgmma {
-            kernels::hopper::grouped_gemm_fp8_contiguous(
-                st, a.0, a.1, b.0, b.1, &mut d, rows.mi, m, n, k, g,
-            )?;
-        } else {
-            kernels::grouped_gemm_fp8_contiguous(
-                st, a.0, a.1, b.0, b.1, &mut d, rows.mi, m, n, k, g,
-            )?;
+            let spec = hopper::choose_spec(InTy::Fp8, Layout::Contiguous, m, n, st.sm_count());
+            p = p.kernel(KernelChoice::Wgmma(spec));
         }
+        let bufs = GemmBufs::new(a.0, b.0, &d).scales(a.1, b.1).index(rows.mi);
+        kernels::gemm(st, &p, bufs)?;
         Ok(d)
     }
 
@@ -173,28 +171,18 @@ impl Mlp {
         };
         let (dyt, dyts) = tq(&d.dy, h)?;
         let (actt, actts) = tq(&d.act_w, i_n)?;
-        let mut dw2 = dev.alloc::<f32>(groups * h * i_n)?;
-        kernels::wgrad_fp8_kgrouped(
-            st, &dyt, &dyts, &actt, &actts, k_starts, &mut dw2, h, i_n, m, groups,
-        )?;
+        let dw2 = dev.alloc::<f32>(groups * h * i_n)?;
+        let p = GemmProblem::new(InTy::Fp8, h, i_n, m).k_grouped(groups);
+        let bufs = GemmBufs::new(&dyt, &actt, &dw2).scales(&dyts, &actts);
+        kernels::gemm(st, &p, bufs.index(k_starts))?;
         let (dgt, dgts) = tq(&d.dgu_w, 2 * i_n)?;
         let mut xt = dev.alloc::<u8>(h * m)?;
         let mut xts = dev.alloc::<f32>(h * m / 128)?;
         kernels::requantize_fp8_1x128_to_128x1_t(st, x.0, x.1, &mut xt, &mut xts, m, h)?;
-        let mut dw1 = dev.alloc::<f32>(groups * 2 * i_n * h)?;
-        kernels::wgrad_fp8_kgrouped(
-            st,
-            &dgt,
-            &dgts,
-            &xt,
-            &xts,
-            k_starts,
-            &mut dw1,
-            2 * i_n,
-            h,
-            m,
-            groups,
-        )?;
+        let dw1 = dev.alloc::<f32>(groups * 2 * i_n * h)?;
+        let p = GemmProblem::new(InTy::Fp8, 2 * i_n, h, m).k_grouped(groups);
+        let bufs = GemmBufs::new(&dgt, &xt, &dw1).scales(&dgts, &xts);
+        kernels::gemm(st, &p, bufs.index(k_starts))?;
         st.synchronize()?;
         Ok((st.read(&dw1)?, st.read(&dw2)?))
     }

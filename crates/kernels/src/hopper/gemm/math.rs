@@ -4,7 +4,7 @@
 
 use super::sched::TileCoord;
 use super::{epilogue, Gemm, BK_BYTES};
-use crate::hopper::HLayout;
+use crate::hopper::Layout;
 use builder::*;
 
 /// A math thread's registers: its place in the warpgroup, accumulators (and FP8's per-block
@@ -110,7 +110,7 @@ fn one_tile(k: &mut KernelBuilder, g: &Gemm, m: &MathThread, tile: Reg<u32>) {
     k.if_else(
         tc.skip,
         |k| {
-            if g.spec.layout == HLayout::Contiguous {
+            if g.spec.layout == Layout::Contiguous {
                 let z = k.mov(0.0f32);
                 epilogue::store(k, g, m, &tt, &vec![z; m.acc.len()]);
             }

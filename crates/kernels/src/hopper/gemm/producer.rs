@@ -3,7 +3,7 @@
 
 use super::sched::TileCoord;
 use super::{Gemm, BK_BYTES};
-use crate::hopper::HLayout;
+use crate::hopper::Layout;
 use builder::*;
 
 /// The producer role (after `setmaxnreg.dec`).
@@ -26,7 +26,7 @@ pub(super) fn run(k: &mut KernelBuilder, g: &Gemm) {
 
 /// All K blocks of one tile: A rows from `m0`, B rows from the tile's group and `n0`.
 fn load_tile(k: &mut KernelBuilder, g: &Gemm, st: &PipeState, tc: &TileCoord) {
-    let brow = if g.spec.layout == HLayout::Normal {
+    let brow = if g.spec.layout == Layout::Normal {
         tc.n0
     } else {
         k.mad_lo(tc.grp, g.p.n, tc.n0)

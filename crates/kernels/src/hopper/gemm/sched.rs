@@ -3,7 +3,7 @@
 //! [`RASTER_GROUP`] M-blocks; over N-pairs with multicast).
 
 use super::{cluster_size, Gemm, Params, Rows, RASTER_GROUP};
-use crate::hopper::{HLayout, HopperSpec};
+use crate::hopper::{HopperSpec, Layout};
 use builder::*;
 
 /// Tile and K-block counts, and this CTA's walk `cta, cta + ncta, .. < num_tiles`.
@@ -47,7 +47,7 @@ impl Sched {
             k.div(x, bn)
         };
         let per_group_tiles = k.mul(num_m, num_n);
-        let num_tiles = if spec.layout == HLayout::Masked {
+        let num_tiles = if spec.layout == Layout::Masked {
             k.mul(per_group_tiles, p.groups)
         } else {
             per_group_tiles
@@ -67,7 +67,7 @@ impl Sched {
 
     /// Decodes linear tile id `tile` (both roles walk the same ids).
     pub fn decode(&self, k: &mut KernelBuilder, g: &Gemm, tile: Reg<u32>) -> TileCoord {
-        let (grp, t) = if g.spec.layout == HLayout::Masked {
+        let (grp, t) = if g.spec.layout == Layout::Masked {
             let gi = k.div(tile, self.per_group_tiles);
             let r = k.rem(tile, self.per_group_tiles);
             (gi, r)
