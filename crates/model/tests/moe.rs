@@ -26,9 +26,17 @@ fn small(seed: u64) -> MoeConfig {
     }
 }
 
+/// The devices, with exact tensor-core numerics: the f64 reference models every FP8 and BF16
+/// rounding of the device path but sums each block of products exactly, so these all-token
+/// checks hold the layer to that model. The hardware models (the emulator's default) are
+/// exercised by the `ptxforge moe` CLI tests, whose sampled checks they pass.
 fn devices(c: &MoeConfig, base: u32) -> Vec<Device> {
     (0..c.ranks() as u32)
-        .map(|i| Device::emu(base + i))
+        .map(|i| {
+            let d = Device::emu(base + i);
+            d.set_numerics(Some(emu::Numerics::Exact));
+            d
+        })
         .collect()
 }
 
