@@ -27,7 +27,7 @@
 //! threads that write device memory directly (not through a stream) while a kernel polls it are
 //! outside this model.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Emulated time after which a process in which nothing but waiting happens is a deadlock.
@@ -54,6 +54,11 @@ pub(crate) struct Timeline {
     quiet_gen: AtomicU64,
     /// Every active worker and hold.
     workers: Mutex<Vec<Arc<Slot>>>,
+    /// Fast-forward also needs a host thread waiting for the devices ([`HostWait`]); set by
+    /// drivers whose host may enqueue more work at any moment ([`gate_fast_forward_on_host_waits`]).
+    gated: AtomicBool,
+    /// Host threads inside a synchronising call.
+    host_waits: AtomicUsize,
 }
 
 static TIMELINE: Timeline = Timeline::new();
@@ -71,7 +76,15 @@ impl Timeline {
             quiet_since: AtomicU64::new(u64::MAX),
             quiet_gen: AtomicU64::new(0),
             workers: Mutex::new(Vec::new()),
+            gated: AtomicBool::new(false),
+            host_waits: AtomicUsize::new(0),
         }
+    }
+
+    /// Whether quiescence may turn into a fast-forward step: the host cannot add work that
+    /// would end it (ungated, or some host thread waits for the devices).
+    fn may_fast_forward(&self) -> bool {
+        !self.gated.load(Ordering::Acquire) || self.host_waits.load(Ordering::Acquire) > 0
     }
 
     fn join(&self) -> Arc<Slot> {
@@ -134,7 +147,7 @@ impl<'t> WorkerClock<'t> {
             .store(if quiet { gen } else { NOT_QUIET }, Ordering::Release);
         let min = ws.iter().map(|s| s.clock.load(Ordering::Acquire)).min();
         t.floor.fetch_max(min.unwrap_or(clock), Ordering::AcqRel);
-        if !quiet {
+        if !quiet || !t.may_fast_forward() {
             t.quiet_since.store(u64::MAX, Ordering::Release);
             return None;
         }
@@ -209,6 +222,35 @@ impl Drop for Hold {
     }
 }
 
+/// Makes fast-forward on quiescence wait until some host thread waits for the devices
+/// ([`HostWait`]). For a driver (the fake CUDA driver) whose host enqueues launches one device
+/// at a time with no [`Hold`] around them: a kernel already waiting for a peer whose launch the
+/// host has not issued yet is quiet, but the peer is coming. While the host is outside a
+/// synchronising call, global time still advances with the workers' clocks; it only never
+/// jumps.
+pub fn gate_fast_forward_on_host_waits() {
+    Timeline::global().gated.store(true, Ordering::Release);
+}
+
+/// A host thread inside a synchronising call (stream, context or event synchronise): while one
+/// exists the host adds no work from that thread, so quiescence may fast-forward global time.
+#[derive(Debug)]
+pub struct HostWait(());
+
+impl HostWait {
+    /// Marks the calling host thread as waiting for the devices until the value is dropped.
+    pub fn begin() -> HostWait {
+        Timeline::global().host_waits.fetch_add(1, Ordering::AcqRel);
+        HostWait(())
+    }
+}
+
+impl Drop for HostWait {
+    fn drop(&mut self) {
+        Timeline::global().host_waits.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,5 +321,24 @@ mod tests {
         std::mem::forget(h);
         // b's quiet round while held still counts: no step was taken since
         assert_eq!(a.publish(100, true), Some(1_000));
+    }
+
+    #[test]
+    fn a_gated_timeline_fast_forwards_only_while_the_host_waits() {
+        let t = Timeline::new();
+        t.gated.store(true, Ordering::Release);
+        let a = WorkerClock::join(&t);
+        assert_eq!(
+            a.publish(100, true),
+            None,
+            "the host may still enqueue the peer"
+        );
+        assert_eq!(a.publish(200, true), None);
+        assert_eq!(t.now(), 200, "time still follows the worker's clock");
+        t.host_waits.fetch_add(1, Ordering::AcqRel); // the host synchronises
+        assert_eq!(a.publish(200, true), Some(1_000));
+        assert_eq!(t.now(), 1_200);
+        t.host_waits.fetch_sub(1, Ordering::AcqRel);
+        assert_eq!(a.publish(1_200, true), None);
     }
 }

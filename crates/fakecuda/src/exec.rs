@@ -142,6 +142,7 @@ impl Stream {
 
     /// Waits for everything queued so far.
     pub fn drain(&self) {
+        let _waiting = emu::clock::HostWait::begin();
         let target = lock(&self.progress.m).0;
         self.progress.wait_for(target);
     }
@@ -323,6 +324,8 @@ pub(crate) fn submit(d: &'static Driver, h: usize, op: Op) -> Res {
             for s in streams_of(d, ctx.id, true) {
                 s.drain();
             }
+            // the calling thread runs the operation: it adds no work meanwhile
+            let _waiting = emu::clock::HostWait::begin();
             run_op(d, ctx.dev, &op, None);
             Ok(())
         }

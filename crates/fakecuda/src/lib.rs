@@ -1452,6 +1452,7 @@ pub unsafe extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
         let d = drv()?;
         let ev = event_of(d, e)?;
         let gen = lock(&ev.st).recorded;
+        let _waiting = emu::clock::HostWait::begin();
         ev.wait_for(gen);
         sticky(d, ev.dev)
     })

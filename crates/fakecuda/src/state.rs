@@ -163,7 +163,12 @@ pub(crate) fn init(flags: u32) -> Res {
             "cuInit flags must be 0".into()
         }));
     }
-    DRIVER.get_or_init(Driver::new);
+    DRIVER.get_or_init(|| {
+        // The host enqueues a collective's kernels one device at a time: quiescence may only
+        // fast-forward emulated time while the host waits in a synchronising call.
+        emu::clock::gate_fast_forward_on_host_waits();
+        Driver::new()
+    });
     INITIALISED.store(true, Ordering::Release);
     Ok(())
 }

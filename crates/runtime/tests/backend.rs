@@ -494,6 +494,38 @@ mod cuda {
         assert_eq!(buf.to_vec().unwrap()[15], 3);
     }
 
+    /// A copy's host source must outlive the copy even when another thread synchronises the
+    /// stream meanwhile (`to_vec` synchronises every stream of the device): the sources queued
+    /// after that synchronisation began stay alive.
+    #[test]
+    fn cuda_async_copy_sources_survive_concurrent_synchronisation() {
+        let Some(dev) = gpu() else { return };
+        let s = dev.stream(0);
+        let n = 4096usize;
+        let bufs: Vec<_> = (0..48).map(|_| dev.alloc::<u32>(n).unwrap()).collect();
+        let other = dev.upload(&[1u32; 64]).unwrap();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let pattern = |i: usize, j: usize| (i as u32).wrapping_mul(0x9e37_79b9) ^ j as u32;
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    assert_eq!(other.to_vec().unwrap()[63], 1);
+                }
+            });
+            for (i, b) in bufs.iter().enumerate() {
+                let v: Vec<u32> = (0..n).map(|j| pattern(i, j)).collect();
+                s.copy_to_device(b, &v).unwrap();
+            }
+            s.synchronize().unwrap();
+            done.store(true, std::sync::atomic::Ordering::Release);
+        });
+        for (i, b) in bufs.iter().enumerate() {
+            let v = b.to_vec().unwrap();
+            let bad = (0..n).find(|&j| v[j] != pattern(i, j));
+            assert_eq!(bad, None, "buffer {i}: a copy read a freed host source");
+        }
+    }
+
     #[test]
     fn cuda_stream_ordered_host_ops() {
         let Some(dev) = gpu() else { return };
@@ -656,7 +688,7 @@ fn cuda_tests_pass_on_the_fake_driver() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("7 passed"), "{text}");
+    assert!(text.contains("8 passed"), "{text}");
     assert!(!text.contains("skip: CUDA tests need"), "{text}");
     assert!(text.contains("partition: GreenContext"), "{text}");
 }

@@ -186,7 +186,7 @@ pub(crate) fn stream(g: &Arc<GreenCtx>, priority: i32) -> Result<CuStream> {
         ctx: g.ctx,
         dev: g.dev.clone(),
         green: Some(g.clone()),
-        keep: Mutex::new(Vec::new()),
+        keep: Mutex::new((0, Vec::new())),
     })
 }
 

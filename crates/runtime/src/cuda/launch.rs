@@ -68,14 +68,18 @@ pub(crate) struct CuStream {
     pub dev: Arc<Ctx>,
     /// Keeps the partition's green context alive while the stream exists.
     pub green: Option<Arc<GreenCtx>>,
-    /// Host sources of queued async copies, released at the next synchronize.
-    pub keep: Mutex<Vec<Vec<u8>>>,
+    /// Host sources of queued async copies, numbered in queue order (with the next number),
+    /// released by the first synchronize that began after they were queued.
+    pub keep: Mutex<KeptSources>,
 }
 
 // SAFETY: the raw handles are thread-agnostic driver handles; mutable state is behind a Mutex.
 unsafe impl Send for CuStream {}
 // SAFETY: see above.
 unsafe impl Sync for CuStream {}
+
+/// The next copy's number and the sources still in flight with their numbers.
+pub(crate) type KeptSources = (u64, Vec<(u64, Vec<u8>)>);
 
 /// See [`CuStream::enter`].
 pub(crate) struct CtxGuard<'a>(&'a CuStream);
@@ -93,7 +97,7 @@ impl Drop for CuStream {
         // `raw` (destroyed next) may be dropped on a thread that never bound the device.
         let _ = self.dev.bind();
         // Copies may still read `keep`, which is freed right after: wait for them.
-        if !self.keep.get_mut().map(|k| k.is_empty()).unwrap_or(true) {
+        if !self.keep.get_mut().map(|k| k.1.is_empty()).unwrap_or(true) {
             // SAFETY: live stream handle.
             unsafe {
                 sys::cuStreamSynchronize(self.raw.0);
@@ -175,7 +179,7 @@ impl CuStream {
             ctx: dev.ctx,
             dev: dev.clone(),
             green: None,
-            keep: Mutex::new(Vec::new()),
+            keep: Mutex::new((0, Vec::new())),
         })
     }
 
@@ -196,12 +200,20 @@ impl CuStream {
 
     pub fn synchronize(&self) -> Result<()> {
         let _cx = self.enter()?;
+        // Only the sources queued before this synchronisation began are done with: another
+        // host thread may queue a copy on this stream meanwhile (`Device::quiesce` synchronises
+        // every stream of a device), and its source must outlive that copy.
+        let done = self.keep.lock().unwrap_or_else(|p| p.into_inner()).0;
         // SAFETY: live stream handle.
         let r = check(
             unsafe { sys::cuStreamSynchronize(self.raw.0) },
             "cuStreamSynchronize",
         );
-        self.keep.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.keep
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .retain(|(seq, _)| *seq >= done);
         r
     }
 
@@ -233,10 +245,10 @@ impl CuStream {
             },
             "cuMemcpyHtoDAsync",
         )?;
-        self.keep
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(data);
+        let mut keep = self.keep.lock().unwrap_or_else(|p| p.into_inner());
+        let seq = keep.0;
+        keep.0 += 1;
+        keep.1.push((seq, data));
         Ok(())
     }
 
