@@ -6,6 +6,9 @@
 //!   communication SM partition overlapped with the shared expert, grouped FP8 expert GEMMs,
 //!   backward through the same kernels) and its f64 host reference. `ptxforge moe` is a thin
 //!   caller of it.
+//! - [`params`]: every parameter's name, shape, kind and deterministic initial value (the
+//!   one list the device model, the reference trainer and checkpoints share).
+//! - [`stage`]: the contract between the pipeline executor and one pipeline stage's layers.
 //! - [`config`]: the training job's configuration ([`config::TrainConfig`]: model sizes,
 //!   training, parallelism, device), loaded from TOML/JSON and validated before any work.
 //! - [`data`]: the byte-level corpus shipped in the binary, `--data` files (text or `.npy`),
@@ -24,5 +27,44 @@ pub mod config;
 pub mod data;
 pub mod guard;
 pub mod moe;
+pub mod params;
 pub mod plot;
+pub mod stage;
 pub mod trace;
+
+/// Errors of the trainer and of the model's stages: each names what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Data(#[from] data::DataError),
+    #[error(transparent)]
+    Checkpoint(#[from] checkpoint::CheckpointError),
+    #[error(transparent)]
+    Plot(#[from] plot::PlotError),
+    #[error(transparent)]
+    Io(#[from] atomic::IoError),
+    #[error(transparent)]
+    Param(#[from] params::ParamError),
+    #[error("non-finite value: {0}")]
+    NonFinite(#[from] guard::NonFinite),
+    #[error("MoE layer {layer}: {source}")]
+    Moe {
+        layer: usize,
+        #[source]
+        source: moe::MoeError,
+    },
+    #[error(transparent)]
+    Kernel(#[from] kernels::KernelError),
+    #[error(transparent)]
+    Runtime(#[from] runtime::RuntimeError),
+    #[error(transparent)]
+    Pipeline(#[from] pipeline::ScheduleError),
+    #[error("shape: {0}")]
+    Shape(String),
+    #[error("{0}: a worker thread panicked")]
+    Panicked(String),
+    #[error("not supported: {0}")]
+    Unsupported(String),
+}
