@@ -7,8 +7,37 @@
 //! Inside the stage each EP rank owns `micro_batch / ep` whole sequences (attention, norms and
 //! the dense FFN are data-parallel over the ranks; the MoE layers dispatch tokens across them).
 
+use crate::config::TrainConfig;
 use crate::params::Params;
 use runtime::{Buffer, Device};
+use std::ops::Range;
+
+/// Which part of the model a stage holds and where it runs. With DualPipeV over `pp` pipeline
+/// ranks there are `2 pp` stages; pipeline rank `r` holds stages `r` and `2 pp - 1 - r` (the two
+/// legs of the V), both on its EP group.
+#[derive(Clone)]
+pub struct StageSpec {
+    /// Position along the chain, `0..stages`.
+    pub index: usize,
+    pub stages: usize,
+    /// Decoder layers of this stage (global indices).
+    pub layers: Range<usize>,
+    /// The pipeline rank (EP group) running it.
+    pub pp_rank: usize,
+    /// The EP group's devices, EP rank order.
+    pub devices: Vec<Device>,
+    /// The whole job's configuration (model sizes, micro-batch, comm SMs, ...).
+    pub config: TrainConfig,
+}
+
+impl StageSpec {
+    pub fn is_first(&self) -> bool {
+        self.index == 0
+    }
+    pub fn is_last(&self) -> bool {
+        self.index + 1 == self.stages
+    }
+}
 
 /// Activations (forward) or their gradients (backward) at a stage boundary: per EP rank of the
 /// stage, `[tokens_r, hidden]` f32 (BF16-representable values) in that rank's device memory.
@@ -68,6 +97,9 @@ pub trait Stage: Send {
     /// stage. Returns the gradient of the stage's input (`None` for the first stage) and
     /// records this micro-batch's parameter gradients apart from the others'.
     fn backward(&mut self, mb: usize, dy: Option<Boundary>) -> StageResult<Option<Boundary>>;
+
+    /// Drops what the forward of micro-batch `mb` kept (a forward-only pass: evaluation).
+    fn discard(&mut self, mb: usize);
 
     /// d(step loss)/d(summed micro-batch loss) for the next backward passes: 1 / (labelled
     /// tokens of the step).
