@@ -8,6 +8,8 @@ fi
 # the fake CUDA driver (a cdylib, which `cargo test` does not build as such) and the Hopper
 # benchmark example (`--all-targets` builds examples as test harnesses) for the tests that run
 # them on the fake driver; they would otherwise build them into a separate target directory
+# tests that need ptxas fail (instead of skipping) when it is missing
+export PTXFORGE_REQUIRE_PTXAS=1
 cargo build -p fakecuda
 cargo build -p kernels --example bench_hopper
 cargo test --workspace --all-targets -- --test-threads="${TEST_THREADS:-2}"

@@ -276,3 +276,20 @@ fn bank_profile_finds_the_transpose_conflict() {
     assert_eq!(conflicts[1].0, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `PTXAS` naming a missing file is an error naming it, not a silent fallback to another ptxas.
+#[test]
+fn check_with_ptxas_pointing_at_a_missing_file_is_an_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ptxforge"))
+        .args(["check", "gemm_bf16.ptx"])
+        .current_dir(corpus())
+        .env("PTXAS", "/nonexistent/ptxas")
+        .output()
+        .expect("spawn ptxforge");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("PTXAS=/nonexistent/ptxas names no file"),
+        "{err}"
+    );
+}

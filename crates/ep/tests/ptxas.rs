@@ -7,8 +7,7 @@ use ep::routing::{route_kernel, RoutingCfg};
 
 #[test]
 fn kernels_assemble_without_spills() {
-    if ptx::ptxas::find_ptxas().is_none() {
-        println!("ptxas not found (run scripts/setup-ptxas.sh): skipping");
+    if ptx::ptxas::ptxas_for_tests("ep kernels").is_none() {
         return;
     }
     let cfg = EpConfig::new(8, 4, 64, 1024, 8, 512);

@@ -518,8 +518,7 @@ fn head_dim_sweep_assembles_without_spills() {
 /// takes d_rope multiples of 64 only, and is refused otherwise): 112 kernels, ~10 s.
 #[test]
 fn decode_dim_sweep_assembles_without_spills() {
-    if ptx::ptxas::find_ptxas().is_none() {
-        eprintln!("ptxas not found: skipping");
+    if ptx::ptxas::ptxas_for_tests("attention decode sweep").is_none() {
         return;
     }
     let mut failures = Vec::new();

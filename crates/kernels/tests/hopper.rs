@@ -36,8 +36,7 @@ fn sass_specs() -> Vec<HopperSpec> {
 
 #[test]
 fn sass_uses_gmma_without_spills_and_setmaxnreg_holds() {
-    if ptx::ptxas::find_ptxas().is_none() {
-        eprintln!("ptxas not found (scripts/setup-ptxas.sh): skipping");
+    if ptx::ptxas::ptxas_for_tests("hopper SASS").is_none() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("ptxforge-hopper-sass-{}", std::process::id()));

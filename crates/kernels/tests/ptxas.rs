@@ -4,8 +4,7 @@ use kernels::registry;
 
 #[test]
 fn every_kernel_assembles_without_spills() {
-    if ptx::ptxas::find_ptxas().is_none() {
-        eprintln!("ptxas not found (scripts/setup-ptxas.sh): skipping");
+    if ptx::ptxas::ptxas_for_tests("library kernels").is_none() {
         return;
     }
     let mut failures = Vec::new();

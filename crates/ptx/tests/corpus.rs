@@ -93,8 +93,7 @@ fn corpus_round_trips_and_validates() {
 
 #[test]
 fn corpus_printed_text_assembles() {
-    let Some(_) = ptx::ptxas::find_ptxas() else {
-        println!("ptxas not found (run scripts/setup-ptxas.sh): skipping corpus assembly");
+    let Some(_) = ptx::ptxas::ptxas_for_tests("corpus assembly") else {
         return;
     };
     let files = corpus_files();

@@ -23,8 +23,7 @@ pub fn check(m: &Module, arch: &str) {
 
 /// Assembles with ptxas when available; asserts success and 0 spills.
 pub fn assemble(text: &str, arch: &str) {
-    if ptx::ptxas::find_ptxas().is_none() {
-        eprintln!("ptxas not found (run scripts/setup-ptxas.sh): skipping assembly for {arch}");
+    if ptx::ptxas::ptxas_for_tests(&format!("assembly for {arch}")).is_none() {
         return;
     }
     match ptx::ptxas::assemble(text, arch, &Default::default()) {

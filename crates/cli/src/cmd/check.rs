@@ -70,11 +70,14 @@ pub fn run(a: Args) -> Result<()> {
             if !a.no_ptxas {
                 match ptxas::find_ptxas() {
                     None => {
+                        let why = ptxas::tool_not_found("ptxas", "PTXAS");
+                        if let ptxas::PtxasError::EnvMissing { .. } = why {
+                            // an explicit PTXAS that does not exist is an error, not a fallback
+                            return Err(why.into());
+                        }
                         ptxas_status = "not found".into();
                         if !a.json {
-                            println!(
-                                "ptxas not found (run scripts/setup-ptxas.sh or set PTXAS): own checks only"
-                            );
+                            println!("{why}: own checks only");
                         }
                     }
                     Some(_) => match ptxas::assemble(&text, &arch, &PtxasOptions::default()) {
