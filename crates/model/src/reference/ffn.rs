@@ -201,9 +201,8 @@ mod tests {
     fn ffn_agrees_with_the_moe_layer_reference() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let (h, i_n, n) = (128, 128, 150);
-        let mut u = |len: usize, a: f32| -> Vec<f32> {
-            (0..len).map(|_| rng.gen_range(-a..a)).collect()
-        };
+        let mut u =
+            |len: usize, a: f32| -> Vec<f32> { (0..len).map(|_| rng.gen_range(-a..a)).collect() };
         let (w1, w2) = (u(2 * i_n * h, 0.05), u(h * i_n, 0.05));
         let (x, dy) = (u(n * h, 1.0), u(n * h, 1.0));
         let wk: Vec<f64> = u(n, 1.0).iter().map(|&v| 0.6 + v as f64 * 0.5).collect();
@@ -212,7 +211,9 @@ mod tests {
             rd: Round(true),
         };
         let fw = FfnW::new(&w1, &w2, h, i_n, true);
-        let xq: Vec<f32> = (0..n).flat_map(|t| fp8_row(&x[t * h..(t + 1) * h])).collect();
+        let xq: Vec<f32> = (0..n)
+            .flat_map(|t| fp8_row(&x[t * h..(t + 1) * h]))
+            .collect();
         let xin = Mat {
             rows: n,
             cols: h,
@@ -237,17 +238,23 @@ mod tests {
         );
         let mut rows: Vec<WRow> = Vec::new();
         for t in 0..n {
-            let dyb: Vec<f32> = dy[t * h..(t + 1) * h].iter().map(|&v| bf(v as f64) as f32).collect();
+            let dyb: Vec<f32> = dy[t * h..(t + 1) * h]
+                .iter()
+                .map(|&v| bf(v as f64) as f32)
+                .collect();
             let dyq: Vec<f64> = fp8_row(&dyb).iter().map(|&v| v as f64).collect();
             let (mut yr, mut dxr) = (vec![0.0; h], vec![0.0; h]);
             let xr = &xq[t * h..(t + 1) * h];
             let yp = ref_path(xr, &dyq, wk[t], (&w1d, &w2d), &mut yr, &mut dxr);
-            let dw_ref: f64 = (0..h).map(|c| dyb[c] as f64 * bf(yp[c]) as f64).sum();
+            let dw_ref: f64 = (0..h).map(|c| dyb[c] as f64 * bf(yp[c])).sum();
             for c in 0..h {
                 assert!((y.row(t)[c] - yr[c]).abs() <= 1e-12, "y[{t},{c}]");
                 assert!((dx.row(t)[c] - dxr[c]).abs() <= 1e-12, "dx[{t},{c}]");
             }
-            assert!((dwk[t] - dw_ref).abs() <= 1e-12 * (1.0 + dw_ref.abs()), "dw[{t}]");
+            assert!(
+                (dwk[t] - dw_ref).abs() <= 1e-12 * (1.0 + dw_ref.abs()),
+                "dw[{t}]"
+            );
             rows.push((xr, dyb, wk[t]));
         }
         let (dw1, dw2) = ref_wgrad(&rows, (&w1d, &w2d), h, i_n);

@@ -32,9 +32,7 @@ mod tensor;
 
 pub use attn::rope;
 pub use moe::{route, RouteCfg};
-pub use optim::{
-    adamw_step, bias_update, grad_norm, train_steps, AdamHyper, AdamState, RefRun,
-};
+pub use optim::{adamw_step, bias_update, grad_norm, train_steps, AdamHyper, AdamState, RefRun};
 
 use crate::config::ModelConfig;
 use crate::data::IGNORE_INDEX;
@@ -255,14 +253,17 @@ fn check_config(m: &ModelConfig, opts: &RefOptions) -> Result<(), RefError> {
             return bad(f, "must be positive".into());
         }
     }
-    if m.qk_rope_head_dim % 2 != 0 {
+    if !m.qk_rope_head_dim.is_multiple_of(2) {
         return bad("model.qk_rope_head_dim", "RoPE needs an even dim".into());
     }
     if m.dense_layers > m.layers {
         return bad("model.dense_layers", "exceeds model.layers".into());
     }
     if !(m.norm_eps > 0.0 && m.rope_theta > 0.0) {
-        return bad("model.norm_eps", "norm_eps and rope_theta must be positive".into());
+        return bad(
+            "model.norm_eps",
+            "norm_eps and rope_theta must be positive".into(),
+        );
     }
     let moe = m.dense_layers < m.layers;
     if moe {
@@ -316,7 +317,10 @@ fn batch(m: &ModelConfig, seq_len: usize, i: usize, mb: &MicroBatch) -> Result<B
         let t0 = b.ids.len();
         for (pos, (&id, &l)) in inp.iter().zip(lab).enumerate() {
             if id < 0 || id as u32 >= m.vocab {
-                return err(format!("rank {r} token {pos}: id {id} not in 0..{}", m.vocab));
+                return err(format!(
+                    "rank {r} token {pos}: id {id} not in 0..{}",
+                    m.vocab
+                ));
             }
             if l != IGNORE_INDEX && (l < 0 || l as u32 >= m.vocab) {
                 return err(format!("rank {r} token {pos}: label {l} not a token id"));

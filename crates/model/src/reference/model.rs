@@ -84,10 +84,7 @@ impl Model {
             head: Linear::new(p.get("head")?, vocab, h, rd),
             nparams: p.specs.len(),
             lens: p.specs.iter().map(|s| s.len()).collect(),
-            pr: Prec {
-                fp8: o.fp8,
-                rd,
-            },
+            pr: Prec { fp8: o.fp8, rd },
         })
     }
 }

@@ -41,7 +41,7 @@ impl RouteCfg {
     pub fn validate(&self) -> Result<(), RefError> {
         let c = self;
         let bad = |field: &'static str, msg: String| Err(RefError::Config { field, msg });
-        if c.groups == 0 || c.experts % c.groups != 0 || c.experts / c.groups < 2 {
+        if c.groups == 0 || !c.experts.is_multiple_of(c.groups) || c.experts / c.groups < 2 {
             return bad(
                 "model.groups",
                 format!(
@@ -177,7 +177,8 @@ pub(crate) fn forward(w: &MoeW, f: &Mat, ranks: &[Range<usize>], pr: Prec) -> (M
     sig.data.iter_mut().for_each(|v| *v = sigmoid(*v));
     let mut xin = Mat::zeros(n, f.cols);
     for t in 0..n {
-        xin.row_mut(t).copy_from_slice(&ffn::q_row(f.row(t), pr.fp8));
+        xin.row_mut(t)
+            .copy_from_slice(&ffn::q_row(f.row(t), pr.fp8));
     }
     let mut segs = vec![Segment::default(); e_n];
     let (mut sel, mut wts) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -270,13 +271,13 @@ pub(crate) fn backward(w: &MoeW, c: &MoeCache, dy: &Mat, pr: Prec) -> (Mat, MoeG
     // routing weights w_k = scaling s_k / S: ds_j = (scaling dw_j - sum_k dw_k w_k) / S, then
     // through the sigmoid
     let mut dlogits = Mat::zeros(n, e_n);
-    for t in 0..n {
+    for (t, dwt) in dw.iter().enumerate() {
         let r = RouteRow {
             sig: c.sig.row(t),
             sel: &c.sel[t],
             wts: &c.wts[t],
         };
-        r.dlogits(&dw[t], w.rc.scaling, dlogits.row_mut(t));
+        r.dlogits(dwt, w.rc.scaling, dlogits.row_mut(t));
     }
     let mut gate = vec![0.0; e_n * h];
     let dxg = w.gate.backward(&dlogits, &c.fr, &mut gate);

@@ -112,10 +112,7 @@ pub fn adamw_step(
     let c = h.clip.map_or(1.0, |clip| (clip / norm).min(1.0));
     st.step += 1;
     let t = st.step as i32;
-    let (bc1, bc2) = (
-        1.0 / (1.0 - h.beta1.powi(t)),
-        1.0 / (1.0 - h.beta2.powi(t)),
-    );
+    let (bc1, bc2) = (1.0 / (1.0 - h.beta1.powi(t)), 1.0 / (1.0 - h.beta2.powi(t)));
     let store = |x: f64| {
         if h.bf16_moments {
             bf16::from_f32(x as f32).to_f64()

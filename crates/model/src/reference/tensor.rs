@@ -193,8 +193,8 @@ pub(crate) fn rmsnorm(x: &Mat, w: &[f64], eps: f64) -> (Mat, Vec<f64>) {
 pub(crate) fn rmsnorm_bwd(dy: &Mat, x: &Mat, w: &[f64], rstd: &[f64], dw: &mut [f64]) -> Mat {
     let n = x.cols as f64;
     let mut dx = Mat::zeros(x.rows, x.cols);
-    for r in 0..x.rows {
-        let (xr, dyr, rs) = (x.row(r), dy.row(r), rstd[r]);
+    for (r, &rs) in rstd.iter().enumerate() {
+        let (xr, dyr) = (x.row(r), dy.row(r));
         let mut s = 0.0;
         for c in 0..x.cols {
             s += w[c] * dyr[c] * xr[c];
