@@ -536,6 +536,10 @@ fn bad_input_is_refused_naming_what_is_wrong() {
     assert!(e.to_string().contains("model.dense_intermediate"), "{e}");
     // without FP8 the same sizes are fine
     forward(&odd, SEQ, &Params::init(&odd, 1), &mbs, &ex).unwrap();
+    let mut mtp = m.clone();
+    mtp.mtp_depth = 1;
+    let e = forward(&mtp, SEQ, &Params::init(&mtp, 1), &mbs, &ex).unwrap_err();
+    assert!(e.to_string().contains("model.mtp_depth"), "{e}");
     let mut g = m.clone();
     g.topk_groups = 5;
     assert!(forward(&g, SEQ, &Params::init(&g, 1), &mbs, &ex)

@@ -263,6 +263,7 @@ mod tests {
             (e / b.iter().map(|v| v * v).sum::<f64>()).sqrt()
         };
         let (r1, r2) = (rel(&g.w1, &dw1), rel(&g.w2, &dw2));
+        println!("wgrad vs moe::reference: rel Frobenius {r1:.1e} (w1), {r2:.1e} (w2)");
         assert!(r1 < 1e-3 && r2 < 1e-3, "wgrad rel errors {r1:e} {r2:e}");
     }
 }

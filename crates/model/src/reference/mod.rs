@@ -256,6 +256,12 @@ fn check_config(m: &ModelConfig, opts: &RefOptions) -> Result<(), RefError> {
     if !m.qk_rope_head_dim.is_multiple_of(2) {
         return bad("model.qk_rope_head_dim", "RoPE needs an even dim".into());
     }
+    if m.mtp_depth != 0 {
+        return bad(
+            "model.mtp_depth",
+            "the reference has no MTP module (0 only)".into(),
+        );
+    }
     if m.dense_layers > m.layers {
         return bad("model.dense_layers", "exceeds model.layers".into());
     }

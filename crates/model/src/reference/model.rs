@@ -321,6 +321,7 @@ impl Model {
                 }
                 df
             }
+            // `layer_forward` builds the cache from the same variant of `lw.ffn`
             _ => unreachable!("a layer's cache has the kind of its weights"),
         };
         let mut dfn = rmsnorm_bwd(&df, &c.x1, &lw.ffn_norm, &c.f_rstd, &mut g[lw.idx[8]]);
