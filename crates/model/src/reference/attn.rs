@@ -289,3 +289,151 @@ fn head_backward(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernels::attn::reference::RefProblem;
+    use kernels::RopeConfig;
+    use rand::{Rng, SeedableRng};
+
+    /// The rotation is the RoPE kernel's convention: interleaved pairs, `inv_freq` and the
+    /// (cos, sin) tables of `kernels::train::rope` (f32 tables: f32 agreement).
+    #[test]
+    fn rope_is_the_kernel_librarys_convention() {
+        let rc = RopeConfig {
+            dim: 16,
+            theta: 10000.0,
+            yarn: None,
+        };
+        let (cos, sin) = rc.tables(64).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+        for pos in [0usize, 1, 7, 63] {
+            let x: Vec<f64> = (0..16).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let mut got = x.clone();
+            rope(&mut got, pos, 10000.0, false);
+            for i in 0..8 {
+                let (c, s) = (cos[pos * 8 + i] as f64, sin[pos * 8 + i] as f64);
+                let want = [
+                    x[2 * i] * c - x[2 * i + 1] * s,
+                    x[2 * i] * s + x[2 * i + 1] * c,
+                ];
+                assert!((got[2 * i] - want[0]).abs() < 1e-6, "pos {pos} pair {i}");
+                assert!(
+                    (got[2 * i + 1] - want[1]).abs() < 1e-6,
+                    "pos {pos} pair {i}"
+                );
+            }
+        }
+    }
+
+    /// The attention core (per-head causal softmax, P V, and its backward with the RoPE key
+    /// shared by the heads) agrees with the attention kernels' f64 reference run on per-head
+    /// keys `[k_nope_h | k_rope]`.
+    #[test]
+    fn attention_core_agrees_with_the_kernel_librarys_reference() {
+        let d = AttnDims {
+            nh: 2,
+            dn: 32,
+            dr: 16,
+            dv: 32,
+            kvl: 0,
+            eps: 1e-6,
+            theta: 10000.0,
+        };
+        let (n, lens) = (20, [12usize, 8]);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut mat = |r, c| Mat {
+            rows: r,
+            cols: c,
+            data: (0..r * c).map(|_| rng.gen_range(-1.0..1.0)).collect(),
+        };
+        let (q, kv, kr, dout) = (
+            mat(n, d.nh * d.qd()),
+            mat(n, d.nh * d.kvd()),
+            mat(n, d.dr),
+            mat(n, d.nh * d.dv),
+        );
+        let seqs = [0..12, 12..20];
+        let mut o = Mat::zeros(n, d.nh * d.dv);
+        let mut p = Vec::new();
+        for s in &seqs {
+            for h in 0..d.nh {
+                p.push(head_forward(&d, h, s.clone(), (&q, &kv, &kr), &mut o));
+            }
+        }
+        // the kernel reference's layouts: q, k [row, head, 48], v [row, head, 32]
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for t in 0..n {
+            for h in 0..d.nh {
+                k.extend(key(&d, &kv, &kr, h, t));
+                v.extend_from_slice(&kv.row(t)[h * d.kvd() + d.dn..(h + 1) * d.kvd()]);
+            }
+        }
+        let rp = RefProblem {
+            cu: vec![0, lens[0], lens[0] + lens[1]],
+            heads: d.nh,
+            d_qk: d.qd(),
+            d_v: d.dv,
+            scale: 1.0 / (d.qd() as f64).sqrt(),
+        };
+        let want = rp.forward(&q.data, &k, &v);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12 * (1.0 + b.abs());
+        assert!(o.data.iter().zip(&want.o).all(|(a, b)| close(*a, *b)));
+        let empty = Mat::zeros(0, 0);
+        let c = AttnCache {
+            ar: empty.clone(),
+            cq_raw: empty.clone(),
+            cq_rstd: Vec::new(),
+            cqr: empty.clone(),
+            ckv: empty.clone(),
+            kv_rstd: Vec::new(),
+            ckvr: empty,
+            q,
+            kv,
+            kr,
+            p,
+            or: o.clone(),
+        };
+        let (mut dq, mut dkv, mut dkr) = (
+            Mat::zeros(n, d.nh * d.qd()),
+            Mat::zeros(n, d.nh * d.kvd()),
+            Mat::zeros(n, d.dr),
+        );
+        for (si, s) in seqs.iter().enumerate() {
+            for h in 0..d.nh {
+                let pr = &c.p[si * d.nh + h];
+                head_backward(
+                    &d,
+                    h,
+                    s.clone(),
+                    &c,
+                    (pr, &o, &dout),
+                    (&mut dq, &mut dkv, &mut dkr),
+                );
+            }
+        }
+        let wb = rp.backward(&c.q.data, &k, &v, &dout.data);
+        assert!(dq.data.iter().zip(&wb.dq).all(|(a, b)| close(*a, *b)), "dq");
+        for t in 0..n {
+            let mut kr_sum = vec![0.0; d.dr];
+            for h in 0..d.nh {
+                let base = (t * d.nh + h) * d.qd();
+                let row = &dkv.row(t)[h * d.kvd()..(h + 1) * d.kvd()];
+                for j in 0..d.dn {
+                    assert!(close(row[j], wb.dk[base + j]), "dk_nope[{t}, {h}, {j}]");
+                }
+                for j in 0..d.dv {
+                    assert!(close(row[d.dn + j], wb.dv[(t * d.nh + h) * d.dv + j]), "dv");
+                }
+                for (j, s) in kr_sum.iter_mut().enumerate() {
+                    *s += wb.dk[base + d.dn + j];
+                }
+            }
+            assert!(
+                dkr.row(t).iter().zip(&kr_sum).all(|(a, b)| close(*a, *b)),
+                "dk_rope"
+            );
+        }
+    }
+}
