@@ -11,11 +11,11 @@
 //! forward, dgrad and wgrad, power-of-two scales: weights 128x128, the input, the SwiGLU output,
 //! dY and dG|dU 1x128 per token, the wgrad operands along the tokens (128x1 blocks of each
 //! GEMM's token segment; the cached input re-tiled with exact scales) — the scheme of
-//! `model::moe` and `model::moe::reference` (see [`ffn`]). (`bf16`): BF16 copies of the
+//! `model::moe` and `model::moe::reference` (see `reference/ffn.rs`). (`bf16`): BF16 copies of the
 //! embedding and of the BF16-GEMM weights (attention projections, MoE gate, head), BF16 GEMM
 //! operands and stored outputs, q/k/v/o of the attention, the residual stream and its gradient
 //! at layer boundaries, the norms' input gradients, the FFN's BF16 intermediates (see
-//! [`attn`], [`model`]). Not modelled: f32 accumulation and f32 elementwise math (all f64
+//! `reference/attn.rs`, `reference/model.rs`). Not modelled: f32 accumulation and f32 elementwise math (all f64
 //! here), the attention kernel's BF16 P, any rounding of logits or gate logits (f32).
 //!
 //! - [`loss_and_grads`]: one step's loss, every parameter's gradient, the expert loads.
