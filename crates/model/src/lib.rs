@@ -8,6 +8,8 @@
 //!   caller of it.
 //! - [`params`]: every parameter's name, shape, kind and deterministic initial value (the
 //!   one list the device model, the reference trainer and checkpoints share).
+//! - [`reference`](mod@reference): the independent f64 reference trainer (plain host loops, the device path's
+//!   FP8/BF16 roundings modelled on request): step loss, every gradient, AdamW, bias update.
 //! - [`stage`]: the contract between the pipeline executor and one pipeline stage's layers.
 //! - [`config`]: the training job's configuration ([`config::TrainConfig`]: model sizes,
 //!   training, parallelism, device), loaded from TOML/JSON and validated before any work.
@@ -29,6 +31,7 @@ pub mod guard;
 pub mod moe;
 pub mod params;
 pub mod plot;
+pub mod reference;
 pub mod stage;
 pub mod trace;
 

@@ -29,7 +29,7 @@
 //! f32); the weights and all intermediates stay on the devices.
 
 mod exec;
-mod host;
+pub(crate) mod host;
 mod layer;
 mod mlp;
 pub mod reference;

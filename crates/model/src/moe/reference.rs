@@ -587,7 +587,7 @@ fn down_t(dyq: &[f64], w2: &[f32], i_n: usize) -> Vec<f64> {
 /// `y` and its input gradient to `dx` (FP8 roundings of the device path: SwiGLU output and
 /// dG|dU 1x128; `dyq` is the token's dY after BF16 and 1x128 FP8); returns the path's
 /// unweighted output.
-fn ref_path(
+pub(crate) fn ref_path(
     xr: &[f32],
     dyq: &[f64],
     wk: f64,
@@ -624,13 +624,13 @@ fn ref_path(
 }
 
 /// One row of an MLP's wgrad input: (x dequantised `[H]`, dY as BF16 values `[H]`, row weight).
-type WRow<'a> = (&'a [f32], Vec<f32>, f64);
+pub(crate) type WRow<'a> = (&'a [f32], Vec<f32>, f64);
 
 /// f64 weight gradients of one MLP (`(w1, w2)`: `[2I, H]`, `[H, I]`) over `rows` (one token
 /// segment, in order): dW_down = dY^T (w act), dW_gu = (w dGU)^T X, with the device path's
 /// operand roundings (BF16 storage, then 1x128 FP8 along the tokens). Returns (dW_gu
 /// `[2I, H]`, dW_down `[H, I]`).
-fn ref_wgrad(
+pub(crate) fn ref_wgrad(
     rows: &[WRow],
     (w1, w2): (&[f32], &[f32]),
     h: usize,
