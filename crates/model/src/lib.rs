@@ -9,6 +9,8 @@
 //! - [`params`]: every parameter's name, shape, kind and deterministic initial value (the
 //!   one list the device model, the reference trainer and checkpoints share).
 //! - [`stage`]: the contract between the pipeline executor and one pipeline stage's layers.
+//! - [`train`]: the trainer: DualPipeV executor over `Stage` objects, device AdamW, the step,
+//!   evaluation, checkpoints (bit-exact resume), loss curve and step trace.
 //! - [`config`]: the training job's configuration ([`config::TrainConfig`]: model sizes,
 //!   training, parallelism, device), loaded from TOML/JSON and validated before any work.
 //! - [`data`]: the byte-level corpus shipped in the binary, `--data` files (text or `.npy`),
@@ -31,6 +33,7 @@ pub mod params;
 pub mod plot;
 pub mod stage;
 pub mod trace;
+pub mod train;
 
 /// Errors of the trainer and of the model's stages: each names what failed.
 #[derive(Debug, thiserror::Error)]
