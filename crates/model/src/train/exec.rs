@@ -291,10 +291,7 @@ fn secs(t0: Instant) -> f64 {
 type Leg<'a> = &'a mut (dyn Stage + 'static);
 
 /// Per pipeline rank its two stages: `[stage r, stage 2n-1-r]` (`dir` 0 and 1).
-fn split_legs<'a>(
-    stages: &'a mut [Box<dyn Stage>],
-    n: usize,
-) -> Vec<[Leg<'a>; 2]> {
+fn split_legs<'a>(stages: &'a mut [Box<dyn Stage>], n: usize) -> Vec<[Leg<'a>; 2]> {
     let (down, up) = stages.split_at_mut(n);
     down.iter_mut()
         .zip(up.iter_mut().rev())
@@ -455,7 +452,10 @@ impl Rank<'_> {
             });
             let rb = c2.run(&mut **lb, b, ib, pair);
             let ra = h.join().unwrap_or_else(|_| {
-                Err(TrainError::Panicked(format!("pipeline rank {} pass {a:?}", self.rank)))
+                Err(TrainError::Panicked(format!(
+                    "pipeline rank {} pass {a:?}",
+                    self.rank
+                )))
             });
             (ra, rb)
         });
@@ -575,8 +575,10 @@ impl PassCtx<'_> {
         if let Some((b, to, grad)) = sent {
             let start = secs(self.t0);
             let b = self.ex.transfer(b, s, to)?;
-            out.spans
-                .push(self.ex.span(SpanKind::Transfer, s, p.mb, start, secs(self.t0)));
+            out.spans.push(
+                self.ex
+                    .span(SpanKind::Transfer, s, p.mb, start, secs(self.t0)),
+            );
             let key = Key {
                 grad,
                 stage: to,

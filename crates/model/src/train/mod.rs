@@ -142,9 +142,13 @@ impl Trainer {
             .collect::<Result<Vec<_>, _>>()?;
         // a fresh sampler validates the training split against the batch shape
         let t = &cfg.train;
-        let sampler =
-            data::Sampler::new(&split.train, t.seq_len as usize, t.micro_batch as usize, t.seed)?
-                .state();
+        let sampler = data::Sampler::new(
+            &split.train,
+            t.seq_len as usize,
+            t.micro_batch as usize,
+            t.seed,
+        )?
+        .state();
         Ok(Trainer {
             corpus_fingerprint: data.fingerprint(),
             cfg,
@@ -343,8 +347,11 @@ impl Trainer {
     /// `options.eval_batches` batches), forward only; recorded on the loss curve.
     pub fn evaluate(&mut self) -> Result<f64, TrainError> {
         let t = &self.cfg.train;
-        let mut batches =
-            data::eval_batches(&self.split.valid, t.seq_len as usize, t.micro_batch as usize)?;
+        let mut batches = data::eval_batches(
+            &self.split.valid,
+            t.seq_len as usize,
+            t.micro_batch as usize,
+        )?;
         if let Some(n) = self.options.eval_batches {
             batches.truncate(n.max(1));
         }

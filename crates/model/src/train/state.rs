@@ -77,10 +77,7 @@ impl Trainer {
             .into());
         }
         let words: [u64; 3] = ck.rng.as_slice().try_into().map_err(|_| {
-            tensor_err(
-                "rng",
-                format!("{} sampler words, expected 3", ck.rng.len()),
-            )
+            tensor_err("rng", format!("{} sampler words, expected 3", ck.rng.len()))
         })?;
         let mut params = self.params.clone();
         for (spec, data) in params.specs.iter().zip(params.data.iter_mut()) {
@@ -110,7 +107,10 @@ impl Trainer {
 fn f32_tensor(ck: &Checkpoint, name: &str, n: usize) -> Result<Vec<f32>, TrainError> {
     match ck.params.get(name).map(|t| &t.data) {
         Some(TensorData::F32(v)) if v.len() == n => Ok(v.clone()),
-        Some(TensorData::F32(v)) => Err(tensor_err(name, format!("{} values, expected {n}", v.len()))),
+        Some(TensorData::F32(v)) => Err(tensor_err(
+            name,
+            format!("{} values, expected {n}", v.len()),
+        )),
         Some(_) => Err(tensor_err(name, "not f32".into())),
         None => Err(tensor_err(name, "missing from the checkpoint".into())),
     }
@@ -119,9 +119,10 @@ fn f32_tensor(ck: &Checkpoint, name: &str, n: usize) -> Result<Vec<f32>, TrainEr
 fn bf16_tensor(ck: &Checkpoint, name: &str, n: usize) -> Result<Vec<bf16>, TrainError> {
     match ck.optimizer.get(name).map(|t| &t.data) {
         Some(TensorData::Bf16(v)) if v.len() == n => Ok(v.clone()),
-        Some(TensorData::Bf16(v)) => {
-            Err(tensor_err(name, format!("{} values, expected {n}", v.len())))
-        }
+        Some(TensorData::Bf16(v)) => Err(tensor_err(
+            name,
+            format!("{} values, expected {n}", v.len()),
+        )),
         Some(_) => Err(tensor_err(name, "not bf16".into())),
         None => Err(tensor_err(name, "missing from the checkpoint".into())),
     }
