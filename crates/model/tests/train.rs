@@ -394,7 +394,7 @@ fn corpus() -> data::Corpus {
     c
 }
 
-fn factory(ctl: Arc<Ctl>) -> impl Fn(StageSpec, &Params) -> StageResult<Box<dyn Stage>> + Sync {
+fn factory(ctl: Arc<Ctl>) -> impl Fn(StageSpec, &Params) -> StageResult<Box<dyn Stage>> {
     move |spec, p| Ok(Box::new(Mock::new(spec, p, ctl.clone())) as Box<dyn Stage>)
 }
 
@@ -535,7 +535,7 @@ fn overlapped_forward_and_backward_run_concurrently() {
     let ov = timing::overlap(&out.spans);
     assert_eq!(ov.pairs, pairs_in_schedule);
     // each pair's F and B spans intersect
-    let mut by_pair: BTreeMap<usize, Vec<&timing::Span>> = BTreeMap::new();
+    let mut by_pair: BTreeMap<(usize, usize), Vec<&timing::Span>> = BTreeMap::new();
     for s in out
         .spans
         .iter()
@@ -548,7 +548,7 @@ fn overlapped_forward_and_backward_run_concurrently() {
     for (p, v) in &by_pair {
         assert_eq!(v.len(), 2);
         let both = v[0].end.min(v[1].end) - v[0].start.max(v[1].start);
-        assert!(both > 0.0, "pair {p}: {v:?}");
+        assert!(both > 0.0, "pair {p:?}: {v:?}");
         assert_ne!(v[0].kind, v[1].kind);
     }
     assert!(ov.ratio > 0.5, "{ov:?}");

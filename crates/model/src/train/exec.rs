@@ -441,7 +441,7 @@ impl Rank<'_> {
         }
         let (ia, ib) = (self.input(a)?, self.input(b)?);
         let (c1, c2) = (self.pass_ctx(), self.pass_ctx());
-        let pair = Some(self.rank * 1_000_000 + k);
+        let pair = Some((self.rank, k));
         let [l0, l1] = legs;
         let (la, lb) = if a.dir == 0 { (l0, l1) } else { (l1, l0) };
         let abort = self.abort;
@@ -534,7 +534,7 @@ impl PassCtx<'_> {
         stage: &mut dyn Stage,
         p: &Pass,
         input: Option<Boundary>,
-        pair: Option<usize>,
+        pair: Option<(usize, usize)>,
     ) -> Result<PassOut, TrainError> {
         let s = self
             .ex

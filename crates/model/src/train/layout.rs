@@ -91,7 +91,7 @@ pub fn stage_params(spec: &StageSpec, specs: &[ParamSpec]) -> Vec<usize> {
 /// Micro-batch `index` from a sampled batch: its sequences split evenly over `ep` ranks in
 /// order (rank `r` gets rows `r * b/ep ..`).
 pub fn micro_batch(index: usize, b: &Batch, ep: usize) -> Result<MicroBatch, TrainError> {
-    if ep == 0 || b.batch % ep != 0 {
+    if ep == 0 || !b.batch.is_multiple_of(ep) {
         return Err(TrainError::Shape(format!(
             "{} sequences do not split over {ep} EP ranks",
             b.batch

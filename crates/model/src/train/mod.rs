@@ -34,7 +34,7 @@ use std::time::Instant;
 use timing::{Overlap, Phases, Span, SpanKind};
 
 /// Makes the stage object of one stage spec, loaded with `params`.
-pub type StageFactory = dyn Fn(StageSpec, &Params) -> Result<Box<dyn Stage>, TrainError> + Sync;
+pub type StageFactory = dyn Fn(StageSpec, &Params) -> Result<Box<dyn Stage>, TrainError>;
 
 /// The device model's stage factory.
 ///

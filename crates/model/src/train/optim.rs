@@ -44,6 +44,14 @@ pub struct StepHyper {
     pub step: u32,
 }
 
+/// One parameter's AdamW moments (BF16, as stored on the device).
+pub struct Moments {
+    /// Index into [`Params`].
+    pub index: usize,
+    pub m: Vec<bf16>,
+    pub v: Vec<bf16>,
+}
+
 /// AdamW state of every AdamW parameter, grouped per stage on that stage's device.
 pub struct Optimizer {
     groups: Vec<Group>,
@@ -143,12 +151,16 @@ impl Optimizer {
         Ok(())
     }
 
-    /// Every AdamW parameter's moments: (parameter index, m, v).
-    pub fn moments(&self) -> Result<Vec<(usize, Vec<bf16>, Vec<bf16>)>, TrainError> {
+    /// Every AdamW parameter's moments.
+    pub fn moments(&self) -> Result<Vec<Moments>, TrainError> {
         let mut out = Vec::new();
         for g in &self.groups {
             for s in &g.slots {
-                out.push((s.index, g.stream.read(&s.m)?, g.stream.read(&s.v)?));
+                out.push(Moments {
+                    index: s.index,
+                    m: g.stream.read(&s.m)?,
+                    v: g.stream.read(&s.v)?,
+                });
             }
         }
         Ok(out)

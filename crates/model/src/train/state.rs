@@ -41,9 +41,9 @@ impl Trainer {
             };
             ck.params.insert(spec.name.clone(), t);
         }
-        for (i, m, v) in self.opt.moments()? {
-            let spec = &self.params.specs[i];
-            for (suffix, d) in [("adam_m", m), ("adam_v", v)] {
+        for mo in self.opt.moments()? {
+            let spec = &self.params.specs[mo.index];
+            for (suffix, d) in [("adam_m", mo.m), ("adam_v", mo.v)] {
                 let t = Tensor {
                     shape: spec.shape.clone(),
                     data: TensorData::Bf16(d),

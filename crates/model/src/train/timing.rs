@@ -46,8 +46,9 @@ pub struct Span {
     pub mb: usize,
     pub start: f64,
     pub end: f64,
-    /// The overlapped F&B op it belongs to (both passes carry the same id).
-    pub pair: Option<usize>,
+    /// The overlapped F&B op it belongs to, as (pipeline rank, op index): both passes of the
+    /// op carry it.
+    pub pair: Option<(usize, usize)>,
 }
 
 impl Span {
@@ -96,7 +97,7 @@ pub fn phases(spans: &[Span]) -> Phases {
 
 /// The overlap achieved by the overlapped F&B ops among `spans`.
 pub fn overlap(spans: &[Span]) -> Overlap {
-    let mut by_pair: std::collections::BTreeMap<usize, Vec<&Span>> = Default::default();
+    let mut by_pair: std::collections::BTreeMap<(usize, usize), Vec<&Span>> = Default::default();
     for s in spans.iter().filter(|s| s.kind != SpanKind::Transfer) {
         if let Some(p) = s.pair {
             by_pair.entry(p).or_default().push(s);
