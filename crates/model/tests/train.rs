@@ -685,6 +685,14 @@ fn a_nan_gradient_stops_the_run_naming_step_layer_and_tensor() {
         before,
         "the good checkpoint is intact"
     );
+    // the failed step advanced nothing: retrying it gives the uninterrupted run's step 2
+    ctl.poison.store(false, Ordering::SeqCst);
+    let retry = t.step().expect("step 1 again");
+    let mut clean = trainer(&cfg, &Arc::new(Ctl::default()), 520, true);
+    clean.step().expect("step 0");
+    let want = clean.step().expect("step 1");
+    assert_eq!(retry.loss.to_bits(), want.loss.to_bits());
+    assert_eq!(t.params(), clean.params());
 }
 
 #[test]

@@ -129,6 +129,7 @@ impl Executor {
         stages: &mut [Box<dyn Stage>],
         mbs: &[MicroBatch],
     ) -> Result<ExecOut, TrainError> {
+        self.check_shape(stages, mbs)?;
         let t0 = Instant::now();
         let mut spans = Vec::new();
         let mut losses = vec![0.0; mbs.len()];
@@ -141,7 +142,8 @@ impl Executor {
                 let start = secs(t0);
                 let dx = stages[s].backward(mb.index, dy.take())?;
                 spans.push(self.span(SpanKind::Backward, s, mb.index, start, secs(t0)));
-                if let (Some(dx), true) = (dx, s > 0) {
+                if s > 0 {
+                    let dx = dx.ok_or_else(|| no_input_grad(s))?;
                     let start = secs(t0);
                     dy = Some(self.transfer(dx, s, s - 1)?);
                     spans.push(self.span(SpanKind::Transfer, s, mb.index, start, secs(t0)));
@@ -198,6 +200,25 @@ impl Executor {
         r
     }
 
+    /// The stages and micro-batches the schedule was built for, indices `0..n` in order.
+    fn check_shape(&self, stages: &[Box<dyn Stage>], mbs: &[MicroBatch]) -> Result<(), TrainError> {
+        if stages.len() != self.stages() || mbs.len() != self.schedule.chunks {
+            return Err(TrainError::Shape(format!(
+                "{} stages and {} micro-batches for a schedule of {} stages and {} chunks",
+                stages.len(),
+                mbs.len(),
+                self.stages(),
+                self.schedule.chunks
+            )));
+        }
+        if mbs.iter().enumerate().any(|(i, m)| m.index != i) {
+            return Err(TrainError::Shape(
+                "micro-batch indices must be 0..n in order".into(),
+            ));
+        }
+        Ok(())
+    }
+
     fn span(&self, kind: SpanKind, stage: usize, mb: usize, start: f64, end: f64) -> Span {
         Span {
             kind,
@@ -216,21 +237,8 @@ impl Executor {
         stages: &mut [Box<dyn Stage>],
         mbs: &[MicroBatch],
     ) -> Result<ExecOut, TrainError> {
+        self.check_shape(stages, mbs)?;
         let n = self.schedule.num_ranks();
-        if stages.len() != 2 * n || mbs.len() != self.schedule.chunks {
-            return Err(TrainError::Shape(format!(
-                "{} stages and {} micro-batches for a schedule of {} stages and {} chunks",
-                stages.len(),
-                mbs.len(),
-                2 * n,
-                self.schedule.chunks
-            )));
-        }
-        if mbs.iter().enumerate().any(|(i, m)| m.index != i) {
-            return Err(TrainError::Shape(
-                "micro-batch indices must be 0..n in order".into(),
-            ));
-        }
         let t0 = Instant::now();
         let abort = AtomicBool::new(false);
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| channel::<Msg>()).unzip();
@@ -281,6 +289,12 @@ fn wrong_output(s: usize, last: bool) -> TrainError {
     } else {
         format!("stage {s} is not the last stage but its forward returned a loss")
     })
+}
+
+fn no_input_grad(s: usize) -> TrainError {
+    TrainError::Shape(format!(
+        "stage {s} is not the first stage but its backward returned no input gradient"
+    ))
 }
 
 fn secs(t0: Instant) -> f64 {
@@ -563,9 +577,10 @@ impl PassCtx<'_> {
                     (_, last) => return Err(wrong_output(s, last)),
                 }
             }
-            PassKind::B | PassKind::I => match stage.backward(p.mb, input)? {
-                Some(dx) if s > 0 => (SpanKind::Backward, Some((dx, s - 1, true))),
-                _ => (SpanKind::Backward, None),
+            PassKind::B | PassKind::I => match (stage.backward(p.mb, input)?, s > 0) {
+                (Some(dx), true) => (SpanKind::Backward, Some((dx, s - 1, true))),
+                (None, true) => return Err(no_input_grad(s)),
+                (_, false) => (SpanKind::Backward, None),
             },
             PassKind::W => return Ok(out),
         };

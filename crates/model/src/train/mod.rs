@@ -212,11 +212,30 @@ impl Trainer {
     }
 
     /// One optimizer step. On error (a stage failure, a non-finite loss or gradient) nothing
-    /// of the trainer's state advances and no file is written: the last checkpoint stays the
-    /// last good one.
+    /// of the trainer's state advances, the stages drop what the step left in them, and no file
+    /// is written: the last checkpoint stays the last good one.
     pub fn step(&mut self) -> Result<StepReport, TrainError> {
         let t0 = Instant::now();
         let (mbs, next_sampler) = self.sample()?;
+        let r = self.run_step(&mbs, t0);
+        if r.is_err() {
+            for s in &mut self.stages {
+                mbs.iter().for_each(|m| s.discard(m.index));
+                // the partial gradients and loads of the failed step; a second error is moot
+                let _ = s.take_grads();
+            }
+            return r;
+        }
+        self.sampler = next_sampler;
+        self.step += 1;
+        r.map(|mut rep| {
+            rep.step = self.step;
+            self.train_curve.push((self.step as u32, rep.loss));
+            rep
+        })
+    }
+
+    fn run_step(&mut self, mbs: &[MicroBatch], t0: Instant) -> Result<StepReport, TrainError> {
         let labelled: usize = mbs.iter().map(MicroBatch::labelled).sum();
         if labelled == 0 {
             return Err(TrainError::Shape("a step without labelled tokens".into()));
@@ -225,23 +244,23 @@ impl Trainer {
             s.set_loss_scale(1.0 / labelled as f32);
         }
         let out = if self.options.pipelined {
-            self.exec.run_pipelined(&mut self.stages, &mbs)?
+            self.exec.run_pipelined(&mut self.stages, mbs)?
         } else {
-            self.exec.run_unpipelined(&mut self.stages, &mbs)?
+            self.exec.run_unpipelined(&mut self.stages, mbs)?
         };
         let loss = out.losses.iter().sum::<f64>() / labelled as f64;
-        let site = |tensor: String| Site {
-            step: self.step,
-            layer: None,
-            tensor,
-        };
         for (i, l) in out.losses.iter().enumerate() {
-            check_finite(|| site(format!("loss of micro-batch {i}")), &[*l as f32])?;
+            let site = || Site {
+                step: self.step,
+                layer: None,
+                tensor: format!("loss of micro-batch {i}"),
+            };
+            check_finite(site, &[*l as f32])?;
         }
         let opt_start = out.t0.elapsed().as_secs_f64();
         let grad_norm = self.apply_update()?;
-        let mut spans = out.spans;
         let opt_end = out.t0.elapsed().as_secs_f64();
+        let mut spans = out.spans;
         spans.extend((0..self.stages.len()).map(|s| Span {
             kind: SpanKind::Optimizer,
             rank: self.exec.rank_of(s),
@@ -251,10 +270,6 @@ impl Trainer {
             end: opt_end,
             pair: None,
         }));
-        let lr = self.cfg.lr_at(self.step as u32);
-        self.sampler = next_sampler;
-        self.step += 1;
-        self.train_curve.push((self.step as u32, loss));
         let mut phases = timing::phases(&spans);
         phases.optimizer = opt_end - opt_start;
         phases.pipeline_wall = out.wall;
@@ -263,9 +278,9 @@ impl Trainer {
         self.last_spans = spans;
         let tokens = self.cfg.tokens_per_step();
         Ok(StepReport {
-            step: self.step,
+            step: self.step + 1,
             loss,
-            lr,
+            lr: self.cfg.lr_at(self.step as u32),
             grad_norm,
             tokens,
             labelled: labelled as u64,
