@@ -14,7 +14,10 @@
 //! Boundaries move between stages over channels: the producing thread copies each EP rank's
 //! buffer to the receiving stage's device of the same EP rank (allocated there, a stream copy on
 //! that device; no copy when both stages sit on the same devices, as stages `pp - 1` and `pp`
-//! do) and sends it to the receiving rank. A failing pass sets a shared abort flag; every wait
+//! do) and sends it to the receiving rank. The copy runs on its own stream, so a stage must
+//! return boundary buffers whose contents are complete (the kernels writing them synchronised):
+//! the executor cannot wait for the stage's streams without also waiting for the other pass of
+//! an overlapped pair on the same devices. A failing pass sets a shared abort flag; every wait
 //! polls it, so the other ranks stop instead of waiting forever.
 //!
 //! An overlapped op receives both inputs, then runs its forward and its backward on two host
@@ -25,17 +28,14 @@
 //! pipelined step is bit-identical to the unpipelined one.
 
 use super::timing::{Span, SpanKind};
+use super::worker::{AbortOnPanic, Leg, Msg, Rank, RankOut};
 use crate::stage::{Boundary, MicroBatch, Stage, StageOut, StageSpec};
 use crate::TrainError;
-use pipeline::{Method, Pass, PassKind, Schedule, ScheduleError};
+use pipeline::{Method, Schedule, ScheduleError};
 use runtime::{Device, Stream};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
-use std::time::{Duration, Instant};
-
-/// How often a waiting rank checks whether another rank failed.
-const POLL: Duration = Duration::from_millis(5);
+use std::sync::mpsc::channel;
+use std::time::Instant;
 
 /// What one executed step produced.
 pub struct ExecOut {
@@ -56,7 +56,7 @@ pub struct Executor {
     streams: Vec<Vec<Stream>>,
 }
 
-fn exec_err(msg: String) -> TrainError {
+pub(super) fn exec_err(msg: String) -> TrainError {
     TrainError::Pipeline(ScheduleError::Exec(msg))
 }
 
@@ -87,7 +87,12 @@ impl Executor {
     }
 
     /// Moves `b` (stage `from`'s output) onto the devices of stage `to`.
-    fn transfer(&self, b: Boundary, from: usize, to: usize) -> Result<Boundary, TrainError> {
+    pub(super) fn transfer(
+        &self,
+        b: Boundary,
+        from: usize,
+        to: usize,
+    ) -> Result<Boundary, TrainError> {
         let (dst, streams) = (&self.devices[to], &self.streams[to]);
         if b.ranks.len() != dst.len() {
             return Err(TrainError::Shape(format!(
@@ -219,7 +224,14 @@ impl Executor {
         Ok(())
     }
 
-    fn span(&self, kind: SpanKind, stage: usize, mb: usize, start: f64, end: f64) -> Span {
+    pub(super) fn span(
+        &self,
+        kind: SpanKind,
+        stage: usize,
+        mb: usize,
+        start: f64,
+        end: f64,
+    ) -> Span {
         Span {
             kind,
             rank: self.rank_of(stage),
@@ -249,16 +261,7 @@ impl Executor {
                 .zip(legs.drain(..))
                 .enumerate()
                 .map(|(rank, (rx, legs))| {
-                    let mut w = Rank {
-                        ex: self,
-                        rank,
-                        mbs,
-                        tx: txs.clone(),
-                        rx,
-                        inbox: HashMap::new(),
-                        abort: &abort,
-                        t0,
-                    };
+                    let mut w = Rank::new(self, rank, mbs, (txs.clone(), rx), &abort, t0);
                     sc.spawn(move || {
                         let _guard = AbortOnPanic(w.abort);
                         let r = w.run(legs);
@@ -283,7 +286,7 @@ impl Executor {
     }
 }
 
-fn wrong_output(s: usize, last: bool) -> TrainError {
+pub(super) fn wrong_output(s: usize, last: bool) -> TrainError {
     TrainError::Shape(if last {
         format!("stage {s} is the last stage but its forward returned activations, not a loss")
     } else {
@@ -291,18 +294,15 @@ fn wrong_output(s: usize, last: bool) -> TrainError {
     })
 }
 
-fn no_input_grad(s: usize) -> TrainError {
+pub(super) fn no_input_grad(s: usize) -> TrainError {
     TrainError::Shape(format!(
         "stage {s} is not the first stage but its backward returned no input gradient"
     ))
 }
 
-fn secs(t0: Instant) -> f64 {
+pub(super) fn secs(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64()
 }
-
-/// A stage as one pipeline thread borrows it.
-type Leg<'a> = &'a mut (dyn Stage + 'static);
 
 /// Per pipeline rank its two stages: `[stage r, stage 2n-1-r]` (`dir` 0 and 1).
 fn split_legs<'a>(stages: &'a mut [Box<dyn Stage>], n: usize) -> Vec<[Leg<'a>; 2]> {
@@ -351,257 +351,8 @@ fn collect(
     })
 }
 
-const ABORTED: &str = "stopped: another pipeline rank failed";
+pub(super) const ABORTED: &str = "stopped: another pipeline rank failed";
 
 fn is_abort(e: &TrainError) -> bool {
     matches!(e, TrainError::Pipeline(ScheduleError::Exec(m)) if m == ABORTED)
-}
-
-/// Sets the abort flag when a rank thread unwinds, so its peers stop waiting for it.
-struct AbortOnPanic<'a>(&'a AtomicBool);
-
-impl Drop for AbortOnPanic<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.0.store(true, Ordering::SeqCst);
-        }
-    }
-}
-
-/// What crosses between ranks: an activation for (`stage`, `mb`) or the gradient of stage
-/// `stage`'s output for `mb`.
-struct Msg {
-    key: Key,
-    b: Boundary,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct Key {
-    grad: bool,
-    stage: usize,
-    mb: usize,
-}
-
-struct RankOut {
-    losses: Vec<(usize, f64)>,
-    spans: Vec<Span>,
-}
-
-/// One pipeline rank's worker.
-struct Rank<'a> {
-    ex: &'a Executor,
-    rank: usize,
-    mbs: &'a [MicroBatch],
-    tx: Vec<Sender<Msg>>,
-    rx: Receiver<Msg>,
-    inbox: HashMap<Key, Boundary>,
-    abort: &'a AtomicBool,
-    t0: Instant,
-}
-
-/// What one pass produced, to be sent on by the thread that ran it.
-struct PassOut {
-    loss: Option<(usize, f64)>,
-    spans: Vec<Span>,
-}
-
-impl Rank<'_> {
-    fn run(&mut self, mut legs: [Leg<'_>; 2]) -> Result<RankOut, TrainError> {
-        let mut out = RankOut {
-            losses: Vec::new(),
-            spans: Vec::new(),
-        };
-        let ops = self.ex.schedule.ranks[self.rank].clone();
-        for (k, op) in ops.iter().enumerate() {
-            let outs = match op.passes.as_slice() {
-                [p] => {
-                    let input = self.input(p)?;
-                    let leg = &mut *legs[p.dir.min(1)];
-                    vec![self.pass_ctx().run(leg, p, input, None)?]
-                }
-                [f, b] => self.overlapped(&mut legs, (f, b), k)?,
-                _ => return Err(exec_err(format!("rank {} op {k} is empty", self.rank))),
-            };
-            for o in outs {
-                out.losses.extend(o.loss);
-                out.spans.extend(o.spans);
-            }
-        }
-        Ok(out)
-    }
-
-    fn pass_ctx(&self) -> PassCtx<'_> {
-        PassCtx {
-            ex: self.ex,
-            rank: self.rank,
-            mbs: self.mbs,
-            tx: self.tx.clone(),
-            t0: self.t0,
-        }
-    }
-
-    /// Runs a forward and a backward of different stages concurrently on two threads.
-    fn overlapped(
-        &mut self,
-        legs: &mut [Leg<'_>; 2],
-        (a, b): (&Pass, &Pass),
-        k: usize,
-    ) -> Result<Vec<PassOut>, TrainError> {
-        if a.dir == b.dir || a.dir > 1 || b.dir > 1 {
-            return Err(exec_err(format!(
-                "rank {} op {k}: overlapped passes {a:?} and {b:?} need the two different stages",
-                self.rank
-            )));
-        }
-        let (ia, ib) = (self.input(a)?, self.input(b)?);
-        let (c1, c2) = (self.pass_ctx(), self.pass_ctx());
-        let pair = Some((self.rank, k));
-        let [l0, l1] = legs;
-        let (la, lb) = if a.dir == 0 { (l0, l1) } else { (l1, l0) };
-        let abort = self.abort;
-        let (ra, rb) = std::thread::scope(|sc| {
-            let h = sc.spawn(move || {
-                let _g = AbortOnPanic(abort);
-                c1.run(&mut **la, a, ia, pair)
-            });
-            let rb = c2.run(&mut **lb, b, ib, pair);
-            let ra = h.join().unwrap_or_else(|_| {
-                Err(TrainError::Panicked(format!(
-                    "pipeline rank {} pass {a:?}",
-                    self.rank
-                )))
-            });
-            (ra, rb)
-        });
-        Ok(vec![ra?, rb?])
-    }
-
-    /// The input a pass needs: `None` for a first-stage forward and a last-stage backward, a
-    /// W pass or an input from a neighbour (waited for).
-    fn input(&mut self, p: &Pass) -> Result<Option<Boundary>, TrainError> {
-        let stage = self.stage_of(p)?;
-        let last = self.ex.stages() - 1;
-        let key = match p.kind {
-            PassKind::F if stage == 0 => return Ok(None),
-            PassKind::F => Key {
-                grad: false,
-                stage,
-                mb: p.mb,
-            },
-            PassKind::B | PassKind::I if stage == last => return Ok(None),
-            PassKind::B | PassKind::I => Key {
-                grad: true,
-                stage,
-                mb: p.mb,
-            },
-            PassKind::W => return Ok(None),
-        };
-        self.wait(key).map(Some)
-    }
-
-    fn stage_of(&self, p: &Pass) -> Result<usize, TrainError> {
-        self.ex
-            .schedule
-            .locate(self.rank, p.dir)
-            .map(|(_, s)| s)
-            .ok_or_else(|| exec_err(format!("rank {}: pass {p:?} has no stage", self.rank)))
-    }
-
-    fn wait(&mut self, key: Key) -> Result<Boundary, TrainError> {
-        loop {
-            if let Some(b) = self.inbox.remove(&key) {
-                return Ok(b);
-            }
-            if self.abort.load(Ordering::SeqCst) {
-                return Err(exec_err(ABORTED.into()));
-            }
-            match self.rx.recv_timeout(POLL) {
-                Ok(m) => {
-                    self.inbox.insert(m.key, m.b);
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(exec_err(format!(
-                        "rank {} never received {key:?}: every sender is gone",
-                        self.rank
-                    )))
-                }
-            }
-        }
-    }
-}
-
-/// What a pass's thread needs (cloned per thread of an overlapped op).
-struct PassCtx<'a> {
-    ex: &'a Executor,
-    rank: usize,
-    mbs: &'a [MicroBatch],
-    tx: Vec<Sender<Msg>>,
-    t0: Instant,
-}
-
-impl PassCtx<'_> {
-    /// Runs `p` on `stage` with its input, then moves its output to the neighbour stage's
-    /// devices and sends it there.
-    fn run(
-        &self,
-        stage: &mut dyn Stage,
-        p: &Pass,
-        input: Option<Boundary>,
-        pair: Option<(usize, usize)>,
-    ) -> Result<PassOut, TrainError> {
-        let s = self
-            .ex
-            .schedule
-            .locate(self.rank, p.dir)
-            .map(|(_, s)| s)
-            .ok_or_else(|| exec_err(format!("rank {}: pass {p:?} has no stage", self.rank)))?;
-        let mut out = PassOut {
-            loss: None,
-            spans: Vec::new(),
-        };
-        let last = s + 1 == self.ex.stages();
-        let start = secs(self.t0);
-        let (kind, sent) = match p.kind {
-            PassKind::F => {
-                let mb = self
-                    .mbs
-                    .get(p.mb)
-                    .ok_or_else(|| exec_err(format!("no micro-batch {}", p.mb)))?;
-                match (stage.forward(mb, input)?, last) {
-                    (StageOut::Loss(l), true) => {
-                        out.loss = Some((p.mb, l));
-                        (SpanKind::Forward, None)
-                    }
-                    (StageOut::Hidden(b), false) => (SpanKind::Forward, Some((b, s + 1, false))),
-                    (_, last) => return Err(wrong_output(s, last)),
-                }
-            }
-            PassKind::B | PassKind::I => match (stage.backward(p.mb, input)?, s > 0) {
-                (Some(dx), true) => (SpanKind::Backward, Some((dx, s - 1, true))),
-                (None, true) => return Err(no_input_grad(s)),
-                (_, false) => (SpanKind::Backward, None),
-            },
-            PassKind::W => return Ok(out),
-        };
-        let mut span = self.ex.span(kind, s, p.mb, start, secs(self.t0));
-        span.pair = pair;
-        out.spans.push(span);
-        if let Some((b, to, grad)) = sent {
-            let start = secs(self.t0);
-            let b = self.ex.transfer(b, s, to)?;
-            out.spans.push(
-                self.ex
-                    .span(SpanKind::Transfer, s, p.mb, start, secs(self.t0)),
-            );
-            let key = Key {
-                grad,
-                stage: to,
-                mb: p.mb,
-            };
-            // a closed receiver means that rank already failed; its error is reported
-            let _ = self.tx[self.ex.rank_of(to)].send(Msg { key, b });
-        }
-        Ok(out)
-    }
 }

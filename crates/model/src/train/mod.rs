@@ -7,7 +7,8 @@
 //! The trainer only knows the `Stage` trait. `ptxforge train` passes
 //! [`device_stage_factory`] (the device model); tests pass host mocks.
 //!
-//! - [`exec`]: the pipelined and unpipelined executors and the boundary transfers.
+//! - [`exec`]: the pipelined and unpipelined executors and the boundary transfers
+//!   (`worker`: one pipeline rank's thread).
 //! - [`optim`]: device AdamW (FP32 master weights, BF16 moments), global-norm clip, biases.
 //! - [`layout`]: devices, stage specs, parameter ownership, micro-batch splitting.
 //! - [`timing`]: spans, per-phase sums, overlap, the trace of a step.
@@ -18,6 +19,7 @@ pub mod layout;
 pub mod optim;
 mod state;
 pub mod timing;
+mod worker;
 
 use crate::config::TrainConfig;
 use crate::data::{self, Corpus, Entropy, SamplerState, Split};
