@@ -110,3 +110,66 @@ pub fn micro_batch(index: usize, b: &Batch, ep: usize) -> Result<MicroBatch, Tra
         labels,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::specs;
+
+    #[test]
+    fn the_default_job_folds_four_stages_onto_two_ranks_and_owns_each_parameter_once() {
+        let cfg = TrainConfig::default();
+        let devices = job_devices(&cfg, 9000).unwrap();
+        let st = stage_specs(&cfg, &devices).unwrap();
+        let ranks: Vec<usize> = st.iter().map(|s| s.pp_rank).collect();
+        assert_eq!(ranks, [0, 1, 1, 0]);
+        let layers: Vec<_> = st.iter().map(|s| s.layers.clone()).collect();
+        assert_eq!(layers, [0..1, 1..2, 2..3, 3..4]);
+        for s in &st {
+            // the EP group of the placement, in EP rank order
+            let want: Vec<u32> = (0..4)
+                .map(|ep| {
+                    let r = cfg
+                        .placement()
+                        .into_iter()
+                        .find(|r| r.pp as usize == s.pp_rank && r.ep == ep);
+                    9000 + r.unwrap().device
+                })
+                .collect();
+            let got: Vec<u32> = s.devices.iter().map(|d| d.index()).collect();
+            assert_eq!(got, want, "stage {}", s.index);
+        }
+        let all = specs(&cfg.model);
+        let mut count = vec![0; all.len()];
+        for s in &st {
+            stage_params(s, &all)
+                .into_iter()
+                .for_each(|i| count[i] += 1);
+        }
+        assert!(count.iter().all(|&c| c == 1), "{count:?}");
+        assert!(
+            stage_params(&st[0], &all).contains(&0),
+            "embed on the first stage"
+        );
+        assert!(
+            stage_params(&st[3], &all).contains(&(all.len() - 1)),
+            "head on the last"
+        );
+    }
+
+    #[test]
+    fn a_batch_splits_over_the_ep_ranks_in_order() {
+        let b = Batch {
+            batch: 4,
+            seq_len: 2,
+            inputs: (0..8).collect(),
+            labels: (10..18).collect(),
+            chunks: vec![Some(0); 4],
+        };
+        let mb = micro_batch(3, &b, 2).unwrap();
+        assert_eq!(mb.index, 3);
+        assert_eq!(mb.inputs, [vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        assert_eq!(mb.labels, [vec![10, 11, 12, 13], vec![14, 15, 16, 17]]);
+        assert!(micro_batch(0, &b, 3).is_err());
+    }
+}

@@ -154,3 +154,40 @@ pub fn trace(spans: &[Span], devices: &[Vec<Device>]) -> Trace {
     t.device_names = named;
     t
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(kind: SpanKind, start: f64, end: f64, pair: Option<(usize, usize)>) -> Span {
+        Span {
+            kind,
+            rank: 0,
+            stage: 0,
+            mb: 0,
+            start,
+            end,
+            pair,
+        }
+    }
+
+    #[test]
+    fn overlap_is_the_concurrent_share_of_the_paired_time() {
+        let spans = [
+            // pair A: F 0..4, B 1..3 -> concurrent 2 of 4
+            span(SpanKind::Forward, 0.0, 4.0, Some((0, 1))),
+            span(SpanKind::Backward, 1.0, 3.0, Some((0, 1))),
+            // pair B: disjoint, 0 of 2
+            span(SpanKind::Forward, 5.0, 6.0, Some((1, 4))),
+            span(SpanKind::Backward, 6.0, 7.0, Some((1, 4))),
+            // a transfer of a pair and an unpaired pass do not count
+            span(SpanKind::Transfer, 0.0, 9.0, Some((0, 1))),
+            span(SpanKind::Forward, 0.0, 9.0, None),
+        ];
+        let o = overlap(&spans);
+        assert_eq!((o.pairs, o.concurrent, o.paired), (2, 2.0, 6.0));
+        assert!((o.ratio - 1.0 / 3.0).abs() < 1e-12);
+        let p = phases(&spans);
+        assert_eq!((p.forward, p.backward, p.transfer), (14.0, 3.0, 9.0));
+    }
+}
