@@ -153,6 +153,40 @@ fn write_plot(t: &Trainer, path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Steps up to `train.steps`, evaluating and saving every `eval_every` steps and at the end;
+/// returns the step reports and the validation losses as JSON.
+fn train_loop(t: &mut Trainer, a: &Args, cfg: &TrainConfig) -> Result<(Vec<Value>, Vec<Value>)> {
+    let mut steps: Vec<Value> = Vec::new();
+    let mut valid: Vec<Value> = Vec::new();
+    let first = t.steps_done();
+    while t.steps_done() < cfg.train.steps as u64 {
+        let r = t.step()?;
+        if r.step == first + 1 {
+            if let Some(p) = &a.trace {
+                t.trace().write(p)?;
+            }
+        }
+        if !a.json {
+            println!("{}", step_line(&r));
+        }
+        steps.push(serde_json::to_value(&r)?);
+        let last = t.steps_done() == cfg.train.steps as u64;
+        if r.step.is_multiple_of(cfg.train.eval_every as u64) || last {
+            let v = t.evaluate()?;
+            t.save(&a.save)?;
+            if !a.json {
+                println!(
+                    "step {:>4}  validation loss {v:.4}  (saved {})",
+                    r.step,
+                    a.save.display()
+                );
+            }
+            valid.push(json!({"step": r.step, "loss": v}));
+        }
+    }
+    Ok((steps, valid))
+}
+
 pub fn run(a: Args) -> Result<()> {
     let cfg = resolve_config(
         a.config.as_deref(),
@@ -188,36 +222,12 @@ pub fn run(a: Args) -> Result<()> {
             cross.nats
         );
     }
-    let mut steps: Vec<Value> = Vec::new();
-    let mut valid: Vec<Value> = Vec::new();
-    let first = t.steps_done();
-    while t.steps_done() < cfg.train.steps as u64 {
-        let r = t.step()?;
-        if r.step == first + 1 {
-            if let Some(p) = &a.trace {
-                t.trace().write(p)?;
-            }
-        }
-        if !a.json {
-            println!("{}", step_line(&r));
-        }
-        steps.push(serde_json::to_value(&r)?);
-        let last = t.steps_done() == cfg.train.steps as u64;
-        if r.step.is_multiple_of(cfg.train.eval_every as u64) || last {
-            let v = t.evaluate()?;
-            t.save(&a.save)?;
-            if !a.json {
-                println!(
-                    "step {:>4}  validation loss {v:.4}  (saved {})",
-                    r.step,
-                    a.save.display()
-                );
-            }
-            valid.push(json!({"step": r.step, "loss": v}));
-        }
-    }
+    let (steps, valid) = train_loop(&mut t, &a, &cfg)?;
     if let Some(p) = &a.plot {
         write_plot(&t, p)?;
+        if !a.json {
+            println!("loss curve: {}", p.display());
+        }
     }
     if a.json {
         let out = json!({
