@@ -654,6 +654,9 @@ fn training_lowers_the_loss_and_moves_the_biases_by_the_load_rule() {
     t.loss_curve()
         .write_svg(&dir.join("loss.svg"))
         .expect("svg");
+    t.loss_curve()
+        .write_png(&dir.join("loss.png"))
+        .expect("png");
     let tr = t.trace();
     let devs: std::collections::BTreeSet<usize> =
         tr.events.iter().map(|e| e.track.device).collect();

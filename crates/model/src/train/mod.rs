@@ -263,10 +263,11 @@ impl Trainer {
         let grad_norm = self.apply_update()?;
         let opt_end = out.t0.elapsed().as_secs_f64();
         let mut spans = out.spans;
-        spans.extend((0..self.stages.len()).map(|s| Span {
+        // one optimizer span per pipeline rank, on its devices (those of stage `rank`)
+        spans.extend((0..self.exec.schedule.num_ranks()).map(|r| Span {
             kind: SpanKind::Optimizer,
-            rank: self.exec.rank_of(s),
-            stage: s,
+            rank: r,
+            stage: r,
             mb: 0,
             start: opt_start,
             end: opt_end,

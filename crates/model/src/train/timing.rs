@@ -128,7 +128,7 @@ pub fn trace(spans: &[Span], devices: &[Vec<Device>]) -> Trace {
             continue;
         };
         let name = match s.kind {
-            SpanKind::Optimizer => format!("optimizer stage {}", s.stage),
+            SpanKind::Optimizer => "optimizer".to_string(),
             k => format!("{}{} stage {}", k.letter(), s.mb, s.stage),
         };
         for d in ds {
