@@ -44,6 +44,9 @@ enum Verb {
     Moe(cmd::moe::Args),
     /// Check (`--check`) or rewrite (`--write`) the documents' generated tables.
     Docs(cmd::docs::Args),
+    /// Train the DeepSeek-V3-shaped model (DualPipeV x EP, FP8): loss per step, validation,
+    /// checkpoints, loss curve, trace.
+    Train(cmd::train::Args),
 }
 
 fn main() {
@@ -61,6 +64,7 @@ fn main() {
         Verb::Emit(a) => cmd::emit::run(a),
         Verb::Gemm(a) => cmd::gemm::run(a),
         Verb::Docs(a) => cmd::docs::run(a),
+        Verb::Train(a) => cmd::train::run(a),
     };
     if let Err(e) = result {
         // One line, non-zero exit: the contract every verb follows.

@@ -11,6 +11,8 @@
 //! - [`reference`](mod@reference): the independent f64 reference trainer (plain host loops, the device path's
 //!   FP8/BF16 roundings modelled on request): step loss, every gradient, AdamW, bias update.
 //! - [`stage`]: the contract between the pipeline executor and one pipeline stage's layers.
+//! - [`train`]: the trainer: DualPipeV executor over `Stage` objects, device AdamW, the step,
+//!   evaluation, checkpoints (bit-exact resume), loss curve and step trace.
 //! - [`config`]: the training job's configuration ([`config::TrainConfig`]: model sizes,
 //!   training, parallelism, device), loaded from TOML/JSON and validated before any work.
 //! - [`data`]: the byte-level corpus shipped in the binary, `--data` files (text or `.npy`),
@@ -34,6 +36,7 @@ pub mod plot;
 pub mod reference;
 pub mod stage;
 pub mod trace;
+pub mod train;
 
 /// Errors of the trainer and of the model's stages: each names what failed.
 #[derive(Debug, thiserror::Error)]

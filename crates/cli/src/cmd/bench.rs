@@ -1,4 +1,4 @@
-//! `ptxforge bench <TARGET>`: benchmarks. `emu`: emulator throughput (ALU-bound kernel, the
+//! `ptxforge bench <TARGET>`: benchmarks. `train`: training steps (tokens/s, phases). `emu`: emulator throughput (ALU-bound kernel, the
 //! corpus mma.sync GEMM) and a 512³ bf16 GEMM against a naive CPU reference (`emu::bench`).
 
 use anyhow::Result;
@@ -17,6 +17,8 @@ pub enum Target {
     Gemm(super::bench_gemm::GemmArgs),
     /// MLA attention: training forward/backward and paged decoding.
     Attn(super::bench_attn::AttnArgs),
+    /// Training steps of `ptxforge train`: tokens/s and the per-phase breakdown.
+    Train(super::train::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -39,6 +41,7 @@ pub fn run(a: Args) -> Result<()> {
     match a.target {
         Target::Gemm(g) => super::bench_gemm::run(g),
         Target::Attn(a) => super::bench_attn::run(a),
+        Target::Train(t) => super::train::bench(t),
         Target::Emu(e) => {
             let o = emu::bench::BenchOptions {
                 threads: e.threads,

@@ -13,6 +13,7 @@ pub mod moe;
 pub mod run;
 pub mod schedule;
 pub mod sim;
+pub mod train;
 
 /// Shared-memory wavefronts of a launch and its `top` most conflicting lines.
 pub fn print_banks(b: &emu::banks::BankReport, top: usize) {

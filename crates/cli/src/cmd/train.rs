@@ -1,0 +1,294 @@
+//! `ptxforge train`: trains the V3-shaped model of a `--config` (default preset otherwise)
+//! with `model::train::Trainer`, and `ptxforge bench train`: a few steps' tokens/s and phase
+//! times. A thin layer: it resolves the configuration and every output path before any work
+//! (a bad field or an unwritable path fails at once), then prints per step, evaluates every
+//! `--eval-every` steps (saving the checkpoint then), and at the end writes the checkpoint,
+//! the loss curve and the JSON report.
+
+use anyhow::{bail, Context, Result};
+use model::config::{DeviceKind, TrainConfig};
+use model::data::{self, Corpus};
+use model::train::{StepReport, TrainOptions, Trainer};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args, Clone)]
+pub struct Args {
+    /// Optimizer steps in all (a resumed run continues up to this count).
+    #[arg(long)]
+    pub steps: Option<u32>,
+    /// Job configuration (.toml or .json; missing fields take the default preset).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Training text or `.npy` token ids (default: the built-in corpus).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// `emu` or `cuda` (default: the configuration's `device`).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Continue from this checkpoint (same model and parallel shape, same data).
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Checkpoint written at every evaluation and at the end (atomically).
+    #[arg(long, default_value = "train.ckpt")]
+    pub save: PathBuf,
+    /// Evaluate (and save) every N steps (default: the configuration's `train.eval_every`).
+    #[arg(long)]
+    pub eval_every: Option<u32>,
+    /// Validation batches per evaluation (default: the whole validation split).
+    #[arg(long)]
+    pub eval_batches: Option<usize>,
+    /// Loss curve, `.svg` or `.png`.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Perfetto trace of the run's first step.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Run the micro-batches unpipelined (reference order) instead of DualPipeV.
+    #[arg(long)]
+    pub unpipelined: bool,
+    /// Emit one JSON object at the end instead of the per-step lines.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Job configuration (.toml or .json; default preset otherwise).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Steps timed (after one warm-up step).
+    #[arg(long, default_value_t = 3)]
+    pub steps: u32,
+    /// `emu` or `cuda`.
+    #[arg(long)]
+    pub device: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The configuration with the flags applied, validated (every bad field named).
+fn resolve_config(
+    path: Option<&Path>,
+    steps: Option<u32>,
+    eval_every: Option<u32>,
+    device: Option<&str>,
+) -> Result<TrainConfig> {
+    let mut cfg = match path {
+        Some(p) => TrainConfig::load(p).with_context(|| format!("--config {}", p.display()))?,
+        None => TrainConfig::default(),
+    };
+    if let Some(s) = steps {
+        cfg.train.steps = s;
+    }
+    if let Some(e) = eval_every {
+        cfg.train.eval_every = e;
+    }
+    cfg.device = match device {
+        None => cfg.device,
+        Some("emu") => DeviceKind::Emu,
+        Some("cuda") => DeviceKind::Cuda,
+        Some(o) => bail!("--device: unknown device `{o}` (emu, cuda)"),
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Every output path writable and the resumed checkpoint compatible, before any work.
+fn preflight(a: &Args, cfg: &TrainConfig) -> Result<()> {
+    model::checkpoint::preflight(&a.save)
+        .with_context(|| format!("--save {}", a.save.display()))?;
+    if let Some(p) = &a.plot {
+        match p.extension().and_then(|e| e.to_str()) {
+            Some("svg" | "png") => {}
+            _ => bail!("--plot {}: the file must end in .svg or .png", p.display()),
+        }
+        model::atomic::preflight(p).with_context(|| format!("--plot {}", p.display()))?;
+    }
+    if let Some(p) = &a.trace {
+        model::atomic::preflight(p).with_context(|| format!("--trace {}", p.display()))?;
+    }
+    if let Some(r) = &a.resume {
+        let ck = model::checkpoint::load(r).with_context(|| format!("--resume {}", r.display()))?;
+        ck.check_config(cfg)
+            .with_context(|| format!("--resume {}", r.display()))?;
+    }
+    Ok(())
+}
+
+fn corpus(data: Option<&Path>, cfg: &TrainConfig) -> Result<Corpus> {
+    Ok(match data {
+        Some(p) => data::load_file(p, cfg.model.vocab)
+            .with_context(|| format!("--data {}", p.display()))?,
+        None => data::builtin_corpus(),
+    })
+}
+
+fn step_line(r: &StepReport) -> String {
+    let p = &r.phases;
+    format!(
+        "step {:>4}  loss {:.4}  lr {:.2e}  |g| {:.3}  {:>7.0} tok/s  fwd {:.2}s bwd {:.2}s \
+         copy {:.2}s opt {:.2}s  F&B overlap {:.0}%  comm/compute {:.3}",
+        r.step,
+        r.loss,
+        r.lr,
+        r.grad_norm,
+        r.tokens_per_s,
+        p.forward,
+        p.backward,
+        p.transfer,
+        p.optimizer,
+        100.0 * r.overlap.ratio,
+        r.comm_compute
+    )
+}
+
+fn write_plot(t: &Trainer, path: &Path) -> Result<()> {
+    let c = t.loss_curve();
+    if path.extension().and_then(|e| e.to_str()) == Some("png") {
+        c.write_png(path)?;
+    } else {
+        c.write_svg(path)?;
+    }
+    Ok(())
+}
+
+/// Steps up to `train.steps`, evaluating and saving every `eval_every` steps and at the end;
+/// returns the step reports and the validation losses as JSON.
+fn train_loop(t: &mut Trainer, a: &Args, cfg: &TrainConfig) -> Result<(Vec<Value>, Vec<Value>)> {
+    let mut steps: Vec<Value> = Vec::new();
+    let mut valid: Vec<Value> = Vec::new();
+    let first = t.steps_done();
+    while t.steps_done() < cfg.train.steps as u64 {
+        let r = t.step()?;
+        if r.step == first + 1 {
+            if let Some(p) = &a.trace {
+                t.trace().write(p)?;
+            }
+        }
+        if !a.json {
+            println!("{}", step_line(&r));
+        }
+        steps.push(serde_json::to_value(&r)?);
+        let last = t.steps_done() == cfg.train.steps as u64;
+        if r.step.is_multiple_of(cfg.train.eval_every as u64) || last {
+            let v = t.evaluate()?;
+            t.save(&a.save)?;
+            if !a.json {
+                println!(
+                    "step {:>4}  validation loss {v:.4}  (saved {})",
+                    r.step,
+                    a.save.display()
+                );
+            }
+            valid.push(json!({"step": r.step, "loss": v}));
+        }
+    }
+    Ok((steps, valid))
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let cfg = resolve_config(
+        a.config.as_deref(),
+        a.steps,
+        a.eval_every,
+        a.device.as_deref(),
+    )?;
+    preflight(&a, &cfg)?;
+    let corpus = corpus(a.data.as_deref(), &cfg)?;
+    let opts = TrainOptions {
+        pipelined: !a.unpipelined,
+        eval_batches: a.eval_batches,
+        ..TrainOptions::default()
+    };
+    let factory = model::train::device_stage_factory();
+    let mut t = Trainer::new(cfg.clone(), &corpus, &*factory, opts)?;
+    if let Some(r) = &a.resume {
+        t.resume(r)
+            .with_context(|| format!("--resume {}", r.display()))?;
+    }
+    let split = t.split();
+    let h = t.entropy();
+    let cross = data::unigram_cross_entropy(&split.train, &split.valid, corpus.vocab);
+    if !a.json {
+        println!(
+            "{}: {} training / {} validation tokens; unigram entropy {:.4} nats ({:.4} bits), \
+             validation under the training unigram {:.4} nats",
+            corpus.name,
+            split.train.len(),
+            split.valid.len(),
+            h.nats,
+            h.bits,
+            cross.nats
+        );
+    }
+    let (steps, valid) = train_loop(&mut t, &a, &cfg)?;
+    if let Some(p) = &a.plot {
+        write_plot(&t, p)?;
+        if !a.json {
+            println!("loss curve: {}", p.display());
+        }
+    }
+    if a.json {
+        let out = json!({
+            "steps": steps,
+            "valid": valid,
+            "unigram_entropy_nats": h.nats,
+            "unigram_cross_entropy_nats": cross.nats,
+            "checkpoint": a.save.display().to_string(),
+        });
+        println!("{out}");
+    }
+    Ok(())
+}
+
+/// `ptxforge bench train`: one warm-up step, then the mean of `steps` timed ones.
+pub fn bench(a: BenchArgs) -> Result<()> {
+    if a.steps == 0 {
+        bail!("--steps: at least one timed step is needed");
+    }
+    let cfg = resolve_config(
+        a.config.as_deref(),
+        Some(a.steps + 1),
+        None,
+        a.device.as_deref(),
+    )?;
+    let factory = model::train::device_stage_factory();
+    let mut t = Trainer::new(
+        cfg,
+        &data::builtin_corpus(),
+        &*factory,
+        TrainOptions::default(),
+    )?;
+    t.step()?;
+    let rs = (0..a.steps)
+        .map(|_| t.step())
+        .collect::<Result<Vec<_>, _>>()?;
+    let n = rs.len() as f64;
+    let mean = |f: &dyn Fn(&StepReport) -> f64| rs.iter().map(f).sum::<f64>() / n;
+    let out = json!({
+        "steps": rs.len(),
+        "tokens_per_step": rs[0].tokens,
+        "tokens_per_s": mean(&|r| r.tokens_per_s),
+        "step_seconds": mean(&|r| r.phases.step_wall),
+        "forward_seconds": mean(&|r| r.phases.forward),
+        "backward_seconds": mean(&|r| r.phases.backward),
+        "transfer_seconds": mean(&|r| r.phases.transfer),
+        "optimizer_seconds": mean(&|r| r.phases.optimizer),
+        "overlap": mean(&|r| r.overlap.ratio),
+        "comm_compute": mean(&|r| r.comm_compute),
+    });
+    if a.json {
+        println!("{out}");
+    } else {
+        for r in &rs {
+            println!("{}", step_line(r));
+        }
+        println!(
+            "mean: {:.0} tokens/s, {:.3} s per step",
+            out["tokens_per_s"].as_f64().unwrap_or(0.0),
+            out["step_seconds"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}
