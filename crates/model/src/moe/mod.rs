@@ -29,9 +29,9 @@
 //! f32); the weights and all intermediates stay on the devices.
 
 mod exec;
-mod host;
+pub(crate) mod host;
 mod layer;
-mod mlp;
+pub(crate) mod mlp;
 pub mod reference;
 
 pub use exec::{Progress, ProgressPhase, Quiet, Span, TraceSpan};
