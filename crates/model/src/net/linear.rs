@@ -17,6 +17,9 @@ pub(crate) type Result<T> = std::result::Result<T, TrainError>;
 pub(crate) struct Ctx {
     pub dev: Device,
     pub st: Stream,
+    /// Fill every buffer allocated here with NaN first (tests: an output a kernel fails to
+    /// write shows up).
+    pub poison: bool,
 }
 
 impl Ctx {
@@ -24,15 +27,24 @@ impl Ctx {
         Ctx {
             dev: dev.clone(),
             st: dev.default_stream(),
+            poison: false,
         }
     }
 
     pub fn bf(&self, n: usize) -> Result<Buffer<bf16>> {
-        Ok(self.dev.alloc::<bf16>(n.max(1))?)
+        let b = self.dev.alloc::<bf16>(n.max(1))?;
+        if self.poison {
+            self.st.fill(&b, bf16::NAN)?;
+        }
+        Ok(b)
     }
 
     pub fn f32(&self, n: usize) -> Result<Buffer<f32>> {
-        Ok(self.dev.alloc::<f32>(n.max(1))?)
+        let b = self.dev.alloc::<f32>(n.max(1))?;
+        if self.poison {
+            self.st.fill(&b, f32::NAN)?;
+        }
+        Ok(b)
     }
 
     /// `x [rows, cols]` (bf16 or f32) transposed to bf16 `[cols, rows]`.

@@ -183,7 +183,8 @@ impl DeviceStage {
     /// Builds the stage: checks `spec` and `params` against the model, uploads (and quantises)
     /// the stage's parameters, builds each MoE layer over `spec.devices`.
     pub fn new(spec: StageSpec, params: &Params) -> std::result::Result<DeviceStage, TrainError> {
-        spec.config.validate()?;
+        // the stage needs the model's sizes, not a whole job's layout: its own checks (and the
+        // kernels' and the MoE layer's) name what does not fit
         let d = Dims::new(&spec)?;
         load::check_params(&spec.config.model, params)?;
         let cx: Vec<Ctx> = spec.devices.iter().map(Ctx::new).collect();
@@ -211,6 +212,12 @@ impl DeviceStage {
     /// The stage's description.
     pub fn spec(&self) -> &StageSpec {
         &self.spec
+    }
+
+    /// Fill every buffer the stage allocates itself with NaN before a kernel writes it (a test
+    /// aid: an output left unwritten shows up as NaN).
+    pub fn set_poison(&mut self, on: bool) {
+        self.cx.iter_mut().for_each(|c| c.poison = on);
     }
 
     /// Tokens each EP rank holds per micro-batch.

@@ -1,0 +1,131 @@
+//! The embedding (a first stage without layers) and the head (a last stage without layers).
+
+use super::*;
+
+#[test]
+fn embedding_and_head_match_the_reference_as_stages() {
+    let c = tiny();
+    let p = params(&c, 21);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(22);
+    let mb = micro_batch(&mut rng, 0);
+    let ids: Vec<i32> = mb.inputs.concat();
+    let labels: Vec<i32> = mb.labels.concat();
+
+    // embedding: the rows of the BF16 table, and the scatter-add of dy
+    let s = spec(&c, 0, 2, 0..0, 130);
+    let devs = s.devices.clone();
+    let mut st = stage(s, &p);
+    let StageOut::Hidden(x) = st.forward(&mb, None).unwrap() else {
+        panic!("the first of two stages returns activations")
+    };
+    let dy = bf_values(&mut rng, N * 128, 1.0);
+    assert!(st.backward(0, Some(boundary(&devs, &dy))).unwrap().is_none());
+    let (g, _) = st.take_grads().unwrap();
+    let dyf: Vec<f64> = dy.iter().map(|&v| f64::from(v)).collect();
+    let want = run(&RefRun {
+        m: &c.model,
+        p: &p,
+        layers: 0..0,
+        seq: SEQ,
+        t: T,
+        ids: Some(&ids),
+        x: None,
+        labels: None,
+        dy: Some(&dyf),
+        loss_scale: 1.0,
+    });
+    assert_eq!(read(&x), want.y, "the gather is a bit-exact copy of BF16 rows");
+    assert_eq!(g.len(), 1);
+    // f32 sums of at most a few BF16 rows per id (measured ~1e-8)
+    let e = rel(&g[0].1.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(), &want.grads["embed"]);
+    assert!(g[0].0 == "embed" && e < 1e-6, "{}: {e:.3e}", g[0].0);
+
+    // head: summed loss, dx, final norm and head gradients, with a loss scale
+    let s = spec(&c, 1, 2, 2..2, 140);
+    let devs = s.devices.clone();
+    let mut st = stage(s, &p);
+    let scale = 1.0 / mb.labelled() as f32;
+    st.set_loss_scale(scale);
+    let xv = bf_values(&mut rng, N * 128, 2.0);
+    let StageOut::Loss(loss) = st.forward(&mb, Some(boundary(&devs, &xv))).unwrap() else {
+        panic!("the last stage returns the loss")
+    };
+    let dx = st.backward(0, None).unwrap().unwrap();
+    let (g, load) = st.take_grads().unwrap();
+    assert!(load.is_empty());
+    let xf: Vec<f64> = xv.iter().map(|&v| f64::from(v)).collect();
+    let want = run(&RefRun {
+        m: &c.model,
+        p: &p,
+        layers: 2..2,
+        seq: SEQ,
+        t: T,
+        ids: None,
+        x: Some(&xf),
+        labels: Some(&labels),
+        dy: None,
+        loss_scale: f64::from(scale),
+    });
+    let el = (loss - want.loss).abs() / want.loss;
+    let edx = rel(&read(&dx), &want.dx);
+    eprintln!("head: loss {loss:.6} vs {:.6} (rel {el:.2e}), dx rel {edx:.2e}", want.loss);
+    // BF16 normed input and head, f32 logits: the summed loss to 1e-4, dx to BF16 level
+    assert!(el < 1e-4 && edx < 1e-2, "loss {el:.3e}, dx {edx:.3e}");
+    check_grads(&g, &want, &|_| 1e-2);
+}
+
+#[test]
+fn bad_inputs_are_refused_with_clear_errors() {
+    let c = tiny();
+    let p = params(&c, 31);
+    let s = spec(&c, 0, 2, 0..0, 150);
+    let devs = s.devices.clone();
+    let mut st = stage(s.clone(), &p);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(32);
+    let mut mb = micro_batch(&mut rng, 0);
+    mb.inputs[1].pop();
+    let msg = |r: Result<(), TrainError>| match r {
+        Err(e) => e.to_string(),
+        Ok(()) => panic!("accepted"),
+    };
+    let m = msg(st.forward(&mb, None).map(|_| ()));
+    assert!(m.contains("inputs") && m.contains("128 token ids"), "{m}");
+    // an id outside the vocabulary
+    let mut mb = micro_batch(&mut rng, 0);
+    mb.inputs[0][5] = 300;
+    let m = msg(st.forward(&mb, None).map(|_| ()));
+    assert!(m.contains("300") && m.contains("vocabulary"), "{m}");
+    // backward without a forward
+    let m = msg(st.backward(3, None).map(|_| ()));
+    assert!(m.contains("micro-batch 3") && m.contains("without its forward"), "{m}");
+    // a middle stage given a boundary of the wrong size
+    let mid = spec(&c, 1, 3, 0..1, 160);
+    let mdevs = mid.devices.clone();
+    let mut ms = stage(mid, &p);
+    let short = Boundary {
+        ranks: mdevs.iter().map(|d| d.upload(&vec![0.5f32; 100]).unwrap()).collect(),
+    };
+    let m = msg(ms.forward(&micro_batch(&mut rng, 0), Some(short)).map(|_| ()));
+    assert!(m.contains("forward input") && m.contains("[128, 128]"), "{m}");
+    let _ = devs;
+    // parameters of the wrong shape, at construction and at load
+    let mut bad = p.clone();
+    let i = bad.index("layers.0.attn.wq_b").unwrap();
+    bad.specs[i].shape = vec![96, 16];
+    bad.data[i].truncate(96 * 16);
+    let m = match DeviceStage::new(s, &bad) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("accepted"),
+    };
+    assert!(m.contains("layers.0.attn.wq_b") && m.contains("[96, 16]"), "{m}");
+    let m = msg(st.load_params(&bad));
+    assert!(m.contains("layers.0.attn.wq_b"), "{m}");
+    // a micro-batch size the EP group cannot split
+    let mut c3 = tiny();
+    c3.train.micro_batch = 3;
+    let m = match DeviceStage::new(spec(&c3, 0, 1, 0..2, 170), &p) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("accepted"),
+    };
+    assert!(m.contains("micro_batch = 3"), "{m}");
+}
