@@ -190,7 +190,10 @@ fn check_grads(got: &NamedGrads, want: &RefOut, tol: &dyn Fn(&str) -> f64) -> (S
     let mut worst = (String::new(), 0.0);
     let mut bad = Vec::new();
     for (name, g) in got {
-        let w = want.grads.get(name).unwrap_or_else(|| panic!("{name}: no reference"));
+        let w = want
+            .grads
+            .get(name)
+            .unwrap_or_else(|| panic!("{name}: no reference"));
         let gd: Vec<f64> = g.iter().map(|&v| f64::from(v)).collect();
         let e = rel(&gd, w);
         eprintln!("  {name:<34} rel {e:.2e}");
@@ -262,7 +265,11 @@ fn each_layer_kind_matches_the_reference_as_a_stage() {
         assert_eq!(load.len(), moe as usize, "{load:?}");
         if let Some((l, counts)) = load.first() {
             assert_eq!(*l, 1);
-            assert_eq!(counts.iter().sum::<u64>(), (N * 2) as u64, "top-2 of every token");
+            assert_eq!(
+                counts.iter().sum::<u64>(),
+                (N * 2) as u64,
+                "top-2 of every token"
+            );
         }
     }
 }

@@ -237,9 +237,7 @@ pub fn transpose_bf16<T: Elem>(
     if n == 0 {
         return Ok(());
     }
-    let f = function(stream.device(), name, "", |t| {
-        gen_transpose(t, T::IS_BF16)
-    })?;
+    let f = function(stream.device(), name, "", |t| gen_transpose(t, T::IS_BF16))?;
     let a = args![x, &*out, rows as u32, cols as u32];
     stream.launch(&f, &linear(n), &a)?;
     Ok(())

@@ -374,7 +374,12 @@ fn ops_entries() -> Vec<E> {
         E {
             name: ops::ADD_NAME,
             summary: "out = bf16(a + b), bf16 operands (residual adds)",
-            params: &[("a", "bf16*"), ("b", "bf16*"), ("out", "bf16*"), ("n", "u32")],
+            params: &[
+                ("a", "bf16*"),
+                ("b", "bf16*"),
+                ("out", "bf16*"),
+                ("n", "u32"),
+            ],
             launch: ELEM,
             host: "bf16_add",
             shapes: ew(),
@@ -400,7 +405,8 @@ fn ops_entries() -> Vec<E> {
         },
         E {
             name: ops::HEAD_SUM_NAME,
-            summary: "per-head column slices summed over heads in order (MLA dK_nope, shared dK_rope)",
+            summary:
+                "per-head column slices summed over heads in order (MLA dK_nope, shared dK_rope)",
             params: &[
                 ("x", "bf16*"),
                 ("out", "bf16*"),
@@ -423,7 +429,12 @@ fn ops_entries() -> Vec<E> {
         v.push(E {
             name: ops::transpose_name(bf),
             summary: "out [cols, rows] = bf16(x [rows, cols])^T (weight-gradient operands)",
-            params: &[("x", "bf16*|f32*"), ("out", "bf16*"), ("rows", "u32"), ("cols", "u32")],
+            params: &[
+                ("x", "bf16*|f32*"),
+                ("out", "bf16*"),
+                ("rows", "u32"),
+                ("cols", "u32"),
+            ],
             launch: "grid = ceil(rows*cols/256), block = 256 (thread per output)",
             host: "transpose_bf16",
             shapes: vec![Shape::new(37, 0, 24), Shape::new(128, 0, 256)],

@@ -8,7 +8,7 @@
 //! `k [T, heads, nope]`, `k_rope [T, rope]`, `v [T, heads, v]`); the gradients are put back into
 //! the parameters' own row order on the host (a permutation).
 
-use super::linear::{rows_of, Ctx, Lin, Result};
+use super::linear::{rows_of, Ctx, Lin, Result, WithGrads};
 use super::Dims;
 use half::bf16;
 use kernels::attn::bwd::{mla_attn_bwd, BwdArgs};
@@ -191,10 +191,24 @@ pub(crate) fn forward(
     let cq_raw = w.wq_a.fwd(cx, &a, t, None)?;
     let (cq, r2) = norm_fwd(cx, &cq_raw, &w.q_norm, (t, d.ql, d.eps))?;
     let mut q = w.wq_b.fwd(cx, &cq, t, None)?;
-    rope_apply(&cx.st, RopeDir::Forward, &mut q, &q_layout(d), &c.pos, &c.rope)?;
+    rope_apply(
+        &cx.st,
+        RopeDir::Forward,
+        &mut q,
+        &q_layout(d),
+        &c.pos,
+        &c.rope,
+    )?;
     let ckv = w.wc.fwd(cx, &a, t, None)?;
     let mut kr = w.wr.fwd(cx, &a, t, None)?;
-    rope_apply(&cx.st, RopeDir::Forward, &mut kr, &k_layout(d), &c.pos, &c.rope)?;
+    rope_apply(
+        &cx.st,
+        RopeDir::Forward,
+        &mut kr,
+        &k_layout(d),
+        &c.pos,
+        &c.rope,
+    )?;
     let (ckvn, r3) = norm_fwd(cx, &ckv, &w.kv_norm, (t, d.kvl, d.eps))?;
     let k = w.wk.fwd(cx, &ckvn, t, None)?;
     let v = w.wv.fwd(cx, &ckvn, t, None)?;
@@ -258,7 +272,14 @@ fn core_bwd(
         dv: &mut dv,
     };
     mla_attn_bwd(&cx.st, &shape(d), args)?;
-    rope_apply(&cx.st, RopeDir::Backward, &mut dq, &q_layout(d), &c.pos, &c.rope)?;
+    rope_apply(
+        &cx.st,
+        RopeDir::Backward,
+        &mut dq,
+        &q_layout(d),
+        &c.pos,
+        &c.rope,
+    )?;
     let per_head = HeadSum {
         rows: t,
         w: d.dn,
@@ -282,7 +303,14 @@ fn core_bwd(
     };
     let mut dkr = cx.bf(shared.output_len())?;
     ops::head_sum(&cx.st, &shared, &dk, &mut dkr)?;
-    rope_apply(&cx.st, RopeDir::Backward, &mut dkr, &k_layout(d), &c.pos, &c.rope)?;
+    rope_apply(
+        &cx.st,
+        RopeDir::Backward,
+        &mut dkr,
+        &k_layout(d),
+        &c.pos,
+        &c.rope,
+    )?;
     cx.sync()?;
     Ok([dq, dk_nope, dkr, dv])
 }
@@ -296,7 +324,7 @@ pub(crate) fn backward(
     d: &Dims,
     s: &AttnAct,
     dx1: &Buffer<bf16>,
-) -> Result<(Buffer<bf16>, Vec<(&'static str, Vec<f32>)>)> {
+) -> Result<WithGrads> {
     let t = d.t;
     let d_o = w.wo.dgrad(cx, dx1, t, None)?;
     let g_wo = w.wo.wgrad(cx, dx1, &s.o, t)?;

@@ -9,7 +9,7 @@
 //!   exact).
 
 use super::attn::{norm_bwd, norm_fwd};
-use super::linear::{Ctx, Result};
+use super::linear::{Ctx, Result, WithGrads};
 use super::Dims;
 use crate::moe::host::quant_expert;
 use crate::moe::mlp::{Mlp, MlpFwd, MlpW, Rows};
@@ -97,13 +97,7 @@ pub(crate) fn dense_forward(
         .map_err(|e| moe_err(layer, e))?;
     let x2 = cx.add(&x1, &mf.y, t * h)?;
     cx.sync()?;
-    let act = DenseAct {
-        x1,
-        r,
-        fq,
-        fs,
-        mf,
-    };
+    let act = DenseAct { x1, r, fq, fs, mf };
     Ok((x2, act))
 }
 
@@ -115,7 +109,7 @@ pub(crate) fn dense_backward(
     layer: usize,
     s: &DenseAct,
     dx2: &Buffer<bf16>,
-) -> Result<(Buffer<bf16>, Vec<(&'static str, Vec<f32>)>)> {
+) -> Result<WithGrads> {
     let (t, h) = (d.t, d.h);
     let dy = cx.bf(t * h)?;
     cx.st.copy_bytes(dx2, &dy)?;
@@ -172,9 +166,7 @@ pub(crate) fn moe_forward(
         rs.push(rstd);
     }
     let fwd = moe.forward(&fs, &Quiet).map_err(|e| moe_err(l, e))?;
-    let counts = fwd
-        .expert_counts(d.experts)
-        .map_err(|e| moe_err(l, e))?;
+    let counts = fwd.expert_counts(d.experts).map_err(|e| moe_err(l, e))?;
     let mut x2 = Vec::new();
     for (r, cx) in cxs.iter().enumerate() {
         let y = upload_bf16(cx, &fwd.y[r])?;
@@ -184,8 +176,17 @@ pub(crate) fn moe_forward(
     Ok((x2, MoeAct { x1, r: rs, fwd }, counts))
 }
 
-/// MoE backward from every rank's `dx2`: per rank `dx1`, per rank the `ffn_norm` gradient, and
-/// the layer's gradients.
+/// What an MoE backward returns.
+pub(crate) struct MoeBwd {
+    /// Per rank the input gradient `dx1`.
+    pub dx: Vec<Buffer<bf16>>,
+    /// Per rank the `ffn_norm` gradient.
+    pub norm: Vec<Vec<f32>>,
+    /// The layer's gradients.
+    pub layer: Backward,
+}
+
+/// MoE backward from every rank's `dx2`.
 pub(crate) fn moe_backward(
     cxs: &[Ctx],
     norms: &[&Buffer<f32>],
@@ -193,11 +194,13 @@ pub(crate) fn moe_backward(
     d: &Dims,
     s: &MoeAct,
     dx2: &[Buffer<bf16>],
-) -> Result<(Vec<Buffer<bf16>>, Vec<Vec<f32>>, Backward)> {
+) -> Result<MoeBwd> {
     let (moe, l) = layer;
     let (t, h) = (d.t, d.h);
     let dys = dx2.iter().map(download_f32).collect::<Result<Vec<_>>>()?;
-    let b = moe.backward(&s.fwd, &dys, &Quiet).map_err(|e| moe_err(l, e))?;
+    let b = moe
+        .backward(&s.fwd, &dys, &Quiet)
+        .map_err(|e| moe_err(l, e))?;
     let mut dx1 = Vec::new();
     let mut g_norm = Vec::new();
     for (r, cx) in cxs.iter().enumerate() {
@@ -207,5 +210,9 @@ pub(crate) fn moe_backward(
         cx.sync()?;
         g_norm.push(g);
     }
-    Ok((dx1, g_norm, b))
+    Ok(MoeBwd {
+        dx: dx1,
+        norm: g_norm,
+        layer: b,
+    })
 }

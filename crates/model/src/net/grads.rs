@@ -75,8 +75,10 @@ impl MbGrads {
                         w2[le * n2..(le + 1) * n2].to_vec(),
                     ),
                 };
-                self.reduced.insert(format!("layers.{l}.moe.experts.{e}.w1"), g1);
-                self.reduced.insert(format!("layers.{l}.moe.experts.{e}.w2"), g2);
+                self.reduced
+                    .insert(format!("layers.{l}.moe.experts.{e}.w1"), g1);
+                self.reduced
+                    .insert(format!("layers.{l}.moe.experts.{e}.w2"), g2);
             }
         }
         Ok(())

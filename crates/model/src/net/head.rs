@@ -2,7 +2,7 @@
 //! the output head and the summed cross-entropy (last stage), forward and backward.
 
 use super::attn::{norm_bwd, norm_fwd};
-use super::linear::{Ctx, Lin, Result};
+use super::linear::{Ctx, Lin, Result, WithGrads};
 use super::Dims;
 use half::bf16;
 use kernels::train::ops;
@@ -124,7 +124,7 @@ pub(crate) fn head_backward(
     d: &Dims,
     s: &HeadAct,
     scale: f32,
-) -> Result<(Buffer<bf16>, Vec<(&'static str, Vec<f32>)>)> {
+) -> Result<WithGrads> {
     let (t, v) = (d.t, d.vocab);
     let mut dl = cx.f32(t * v)?;
     let g = XentGrad::Mean { dmean: scale };

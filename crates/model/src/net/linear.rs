@@ -13,6 +13,12 @@ use runtime::{Buffer, Device, Stream};
 
 pub(crate) type Result<T> = std::result::Result<T, TrainError>;
 
+/// A block's weight gradients on one rank: (parameter name suffix, f32 values).
+pub(crate) type Grads = Vec<(&'static str, Vec<f32>)>;
+
+/// A backward's input gradient and weight gradients on one rank.
+pub(crate) type WithGrads = (Buffer<bf16>, Grads);
+
 /// One EP rank's device and the stream the stage's kernels run on.
 pub(crate) struct Ctx {
     pub dev: Device,

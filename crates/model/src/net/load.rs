@@ -60,12 +60,7 @@ pub(crate) fn moe_weights(d: &Dims, p: &Params, l: usize) -> Result<MoeWeights> 
         w1.push(layer_param(p, l, &format!("{n}.w1"))?.to_vec());
         w2.push(layer_param(p, l, &format!("{n}.w2"))?.to_vec());
     }
-    Ok(MoeWeights {
-        gate,
-        bias,
-        w1,
-        w2,
-    })
+    Ok(MoeWeights { gate, bias, w1, w2 })
 }
 
 fn attn_all(cxs: &[Ctx], d: &Dims, p: &Params, l: usize) -> Result<Vec<AttnW>> {
@@ -117,12 +112,7 @@ pub(crate) fn build_layers(
 }
 
 /// Re-uploads every layer's weights (MoE: re-quantised through [`MoeLayer::set_weights`]).
-pub(crate) fn reload_layers(
-    layers: &mut [Layer],
-    cxs: &[Ctx],
-    d: &Dims,
-    p: &Params,
-) -> Result<()> {
+pub(crate) fn reload_layers(layers: &mut [Layer], cxs: &[Ctx], d: &Dims, p: &Params) -> Result<()> {
     for layer in layers {
         let l = layer.index;
         layer.attn = attn_all(cxs, d, p, l)?;
@@ -138,13 +128,11 @@ pub(crate) fn reload_layers(
     Ok(())
 }
 
+/// Per rank the embedding (first stage) and the head (last stage).
+pub(crate) type Ends = (Option<Vec<EmbedW>>, Option<Vec<HeadW>>);
+
 /// The embedding (first stage) and head (last stage) of every rank.
-pub(crate) fn ends(
-    spec: &StageSpec,
-    cxs: &[Ctx],
-    d: &Dims,
-    p: &Params,
-) -> Result<(Option<Vec<EmbedW>>, Option<Vec<HeadW>>)> {
+pub(crate) fn ends(spec: &StageSpec, cxs: &[Ctx], d: &Dims, p: &Params) -> Result<Ends> {
     let embed = match spec.is_first() {
         true => {
             let t = p.get("embed")?;

@@ -75,7 +75,7 @@ impl Dims {
         let (m, tr) = (&spec.config.model, &spec.config.train);
         let ep = spec.devices.len();
         let bad = |msg: String| Err(TrainError::Shape(msg));
-        if ep == 0 || tr.micro_batch as usize % ep != 0 {
+        if ep == 0 || !(tr.micro_batch as usize).is_multiple_of(ep) {
             return bad(format!(
                 "devices: {ep} EP ranks must divide micro_batch = {}",
                 tr.micro_batch
@@ -89,7 +89,7 @@ impl Dims {
         }
         let seq = tr.seq_len as usize;
         let t = seq * tr.micro_batch as usize / ep;
-        if t == 0 || t % 128 != 0 {
+        if t == 0 || !t.is_multiple_of(128) {
             return bad(format!(
                 "tokens per EP rank (seq_len x micro_batch / ep) = {t}: must be a positive multiple of 128"
             ));
@@ -139,13 +139,19 @@ pub(crate) struct Layer {
 
 enum FfnAct {
     Dense(Vec<DenseAct>),
-    Moe(MoeAct),
+    Moe(Box<MoeAct>),
 }
+
+/// A layer's saved state on every rank.
+type LayerAct = (Vec<AttnAct>, FfnAct);
+
+/// A layer forward's output per rank, its saved state, and (MoE) the per-expert token counts.
+type LayerOut = (Vec<Buffer<bf16>>, LayerAct, Option<Vec<u64>>);
 
 /// What one micro-batch's forward keeps.
 struct MbAct {
     embed: Option<Vec<TokenBatch>>,
-    layers: Vec<(Vec<AttnAct>, FfnAct)>,
+    layers: Vec<LayerAct>,
     head: Option<Vec<HeadAct>>,
 }
 
@@ -244,7 +250,7 @@ impl DeviceStage {
     }
 
     /// Per rank the BF16 residual stream from a boundary (`what`: for messages).
-    fn from_boundary(&self, b: Option<Boundary>, what: &str) -> Result<Vec<Buffer<bf16>>> {
+    fn boundary_in(&self, b: Option<Boundary>, what: &str) -> Result<Vec<Buffer<bf16>>> {
         let n = self.d.t * self.d.h;
         let b = b.ok_or_else(|| TrainError::Shape(format!("{what}: no boundary given")))?;
         if b.ranks.len() != self.cx.len() || b.ranks.iter().any(|r| r.len() < n) {
@@ -270,7 +276,7 @@ impl DeviceStage {
         Ok(out)
     }
 
-    fn to_boundary(&self, xs: &[Buffer<bf16>]) -> Result<Boundary> {
+    fn boundary_out(&self, xs: &[Buffer<bf16>]) -> Result<Boundary> {
         let n = self.d.t * self.d.h;
         let mut ranks = Vec::new();
         for (cx, x) in self.cx.iter().zip(xs) {
@@ -282,11 +288,7 @@ impl DeviceStage {
         Ok(Boundary { ranks })
     }
 
-    fn layer_forward(
-        &mut self,
-        li: usize,
-        xs: Vec<Buffer<bf16>>,
-    ) -> Result<(Vec<Buffer<bf16>>, (Vec<AttnAct>, FfnAct), Option<Vec<u64>>)> {
+    fn layer_forward(&mut self, li: usize, xs: Vec<Buffer<bf16>>) -> Result<LayerOut> {
         let d = &self.d;
         let layer = &mut self.layers[li];
         let mut x1 = Vec::new();
@@ -310,9 +312,8 @@ impl DeviceStage {
             }
             Ffn::Moe { norms, layer } => {
                 let nr: Vec<&Buffer<f32>> = norms.iter().collect();
-                let (x2, ma, counts) =
-                    ffn::moe_forward(&self.cx, &nr, (layer.as_mut(), l), d, x1)?;
-                Ok((x2, (aa, FfnAct::Moe(ma)), Some(counts)))
+                let (x2, ma, counts) = ffn::moe_forward(&self.cx, &nr, (layer.as_mut(), l), d, x1)?;
+                Ok((x2, (aa, FfnAct::Moe(Box::new(ma))), Some(counts)))
             }
         }
     }
@@ -337,7 +338,7 @@ impl DeviceStage {
                 }
                 (xs, Some(bs))
             }
-            None => (self.from_boundary(x, "forward input")?, None),
+            None => (self.boundary_in(x, "forward input")?, None),
         };
         let mut layers = Vec::new();
         let mut loads = Vec::new();
@@ -354,13 +355,14 @@ impl DeviceStage {
                 let mut loss = 0f64;
                 let mut ha = Vec::new();
                 for (r, x) in xs.into_iter().enumerate() {
-                    let (l, a) = head::head_forward(&self.cx[r], &hw[r], &self.d, x, &mb.labels[r])?;
+                    let (l, a) =
+                        head::head_forward(&self.cx[r], &hw[r], &self.d, x, &mb.labels[r])?;
                     loss += l;
                     ha.push(a);
                 }
                 (StageOut::Loss(loss), Some(ha))
             }
-            None => (StageOut::Hidden(self.to_boundary(&xs)?), None),
+            None => (StageOut::Hidden(self.boundary_out(&xs)?), None),
         };
         self.grads.add_loads(mb.index, loads);
         self.acts.insert(
@@ -377,7 +379,7 @@ impl DeviceStage {
     fn layer_backward(
         &mut self,
         li: usize,
-        act: &(Vec<AttnAct>, FfnAct),
+        act: &LayerAct,
         dx2: Vec<Buffer<bf16>>,
         g: &mut grads::MbGrads,
     ) -> Result<Vec<Buffer<bf16>>> {
@@ -396,12 +398,12 @@ impl DeviceStage {
             }
             (Ffn::Moe { norms, layer }, FfnAct::Moe(ma)) => {
                 let nr: Vec<&Buffer<f32>> = norms.iter().collect();
-                let (dx, gn, b) = ffn::moe_backward(&self.cx, &nr, (layer.as_mut(), l), d, ma, &dx2)?;
-                for (r, gv) in gn.into_iter().enumerate() {
+                let b = ffn::moe_backward(&self.cx, &nr, (layer.as_mut(), l), d, ma, &dx2)?;
+                for (r, gv) in b.norm.into_iter().enumerate() {
                     g.add_rank(l, r, vec![("ffn_norm", gv)]);
                 }
-                g.add_moe(l, d, &b)?;
-                dx
+                g.add_moe(l, d, &b.layer)?;
+                b.dx
             }
             _ => {
                 return Err(TrainError::Shape(format!(
@@ -411,7 +413,14 @@ impl DeviceStage {
         };
         let mut out = Vec::new();
         for (r, dy) in dx1.iter().enumerate() {
-            let (dx, gs) = attn::backward(&self.cx[r], &layer.attn[r], &self.consts[r], d, &act.0[r], dy)?;
+            let (dx, gs) = attn::backward(
+                &self.cx[r],
+                &layer.attn[r],
+                &self.consts[r],
+                d,
+                &act.0[r],
+                dy,
+            )?;
             g.add_rank(l, r, gs);
             out.push(dx);
         }
@@ -427,13 +436,14 @@ impl DeviceStage {
             (Some(hw), Some(ha)) => {
                 let mut out = Vec::new();
                 for (r, cx) in self.cx.iter().enumerate() {
-                    let (dx, gs) = head::head_backward(cx, &hw[r], &self.d, &ha[r], self.loss_scale)?;
+                    let (dx, gs) =
+                        head::head_backward(cx, &hw[r], &self.d, &ha[r], self.loss_scale)?;
                     g.add_global(r, gs);
                     out.push(dx);
                 }
                 out
             }
-            _ => self.from_boundary(dy, "backward gradient")?,
+            _ => self.boundary_in(dy, "backward gradient")?,
         };
         for li in (0..self.layers.len()).rev() {
             dxs = self.layer_backward(li, &act.layers[li], dxs, &mut g)?;
@@ -446,7 +456,7 @@ impl DeviceStage {
                 }
                 None
             }
-            _ => Some(self.to_boundary(&dxs)?),
+            _ => Some(self.boundary_out(&dxs)?),
         };
         self.grads.finish(index, g)?;
         Ok(out)

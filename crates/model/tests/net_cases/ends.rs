@@ -19,7 +19,10 @@ fn embedding_and_head_match_the_reference_as_stages() {
         panic!("the first of two stages returns activations")
     };
     let dy = bf_values(&mut rng, N * 128, 1.0);
-    assert!(st.backward(0, Some(boundary(&devs, &dy))).unwrap().is_none());
+    assert!(st
+        .backward(0, Some(boundary(&devs, &dy)))
+        .unwrap()
+        .is_none());
     let (g, _) = st.take_grads().unwrap();
     let dyf: Vec<f64> = dy.iter().map(|&v| f64::from(v)).collect();
     let want = run(&RefRun {
@@ -34,10 +37,17 @@ fn embedding_and_head_match_the_reference_as_stages() {
         dy: Some(&dyf),
         loss_scale: 1.0,
     });
-    assert_eq!(read(&x), want.y, "the gather is a bit-exact copy of BF16 rows");
+    assert_eq!(
+        read(&x),
+        want.y,
+        "the gather is a bit-exact copy of BF16 rows"
+    );
     assert_eq!(g.len(), 1);
     // f32 sums of at most a few BF16 rows per id (measured ~1e-8)
-    let e = rel(&g[0].1.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(), &want.grads["embed"]);
+    let e = rel(
+        &g[0].1.iter().map(|&v| f64::from(v)).collect::<Vec<_>>(),
+        &want.grads["embed"],
+    );
     assert!(g[0].0 == "embed" && e < 1e-6, "{}: {e:.3e}", g[0].0);
 
     // head: summed loss, dx, final norm and head gradients, with a loss scale
@@ -68,7 +78,10 @@ fn embedding_and_head_match_the_reference_as_stages() {
     });
     let el = (loss - want.loss).abs() / want.loss;
     let edx = rel(&read(&dx), &want.dx);
-    eprintln!("head: loss {loss:.6} vs {:.6} (rel {el:.2e}), dx rel {edx:.2e}", want.loss);
+    eprintln!(
+        "head: loss {loss:.6} vs {:.6} (rel {el:.2e}), dx rel {edx:.2e}",
+        want.loss
+    );
     // BF16 normed input and head, f32 logits: the summed loss to 1e-4, dx to BF16 level
     assert!(el < 1e-4 && edx < 1e-2, "loss {el:.3e}, dx {edx:.3e}");
     check_grads(&g, &want, &|_| 1e-2);
@@ -97,16 +110,27 @@ fn bad_inputs_are_refused_with_clear_errors() {
     assert!(m.contains("300") && m.contains("vocabulary"), "{m}");
     // backward without a forward
     let m = msg(st.backward(3, None).map(|_| ()));
-    assert!(m.contains("micro-batch 3") && m.contains("without its forward"), "{m}");
+    assert!(
+        m.contains("micro-batch 3") && m.contains("without its forward"),
+        "{m}"
+    );
     // a middle stage given a boundary of the wrong size
     let mid = spec(&c, 1, 3, 0..1, 160);
     let mdevs = mid.devices.clone();
     let mut ms = stage(mid, &p);
     let short = Boundary {
-        ranks: mdevs.iter().map(|d| d.upload(&vec![0.5f32; 100]).unwrap()).collect(),
+        ranks: mdevs
+            .iter()
+            .map(|d| d.upload(&vec![0.5f32; 100]).unwrap())
+            .collect(),
     };
-    let m = msg(ms.forward(&micro_batch(&mut rng, 0), Some(short)).map(|_| ()));
-    assert!(m.contains("forward input") && m.contains("[128, 128]"), "{m}");
+    let m = msg(ms
+        .forward(&micro_batch(&mut rng, 0), Some(short))
+        .map(|_| ()));
+    assert!(
+        m.contains("forward input") && m.contains("[128, 128]"),
+        "{m}"
+    );
     let _ = devs;
     // parameters of the wrong shape, at construction and at load
     let mut bad = p.clone();
@@ -117,7 +141,10 @@ fn bad_inputs_are_refused_with_clear_errors() {
         Err(e) => e.to_string(),
         Ok(_) => panic!("accepted"),
     };
-    assert!(m.contains("layers.0.attn.wq_b") && m.contains("[96, 16]"), "{m}");
+    assert!(
+        m.contains("layers.0.attn.wq_b") && m.contains("[96, 16]"),
+        "{m}"
+    );
     let m = msg(st.load_params(&bad));
     assert!(m.contains("layers.0.attn.wq_b"), "{m}");
     // a micro-batch size the EP group cannot split

@@ -40,9 +40,15 @@ fn whole_model_forward_backward_matches_the_reference() {
     let el = (loss - want.loss).abs() / want.loss;
     eprintln!("loss {loss:.6} vs {:.6}: rel {el:.2e}", want.loss);
     // every parameter of the model but the route biases has a gradient
-    let n_params = p.specs.iter().filter(|s| s.kind != ParamKind::RouteBias).count();
+    let n_params = p
+        .specs
+        .iter()
+        .filter(|s| s.kind != ParamKind::RouteBias)
+        .count();
     assert_eq!(g.len(), n_params);
-    assert!(g.iter().zip(p.specs.iter().filter(|s| s.kind != ParamKind::RouteBias))
+    assert!(g
+        .iter()
+        .zip(p.specs.iter().filter(|s| s.kind != ParamKind::RouteBias))
         .all(|((n, v), s)| *n == s.name && v.len() == s.len()));
     // the loss through two layers of BF16/FP8 storage (measured ~1e-5)
     assert!(el < 1e-3, "loss rel error {el:.3e}");
@@ -93,7 +99,10 @@ fn micro_batch_gradients_sum_in_index_order_whatever_the_backward_order() {
     }
     for (k, (n, g)) in g01.iter().enumerate() {
         let (a, b) = (&single[0][k].1, &single[1][k].1);
-        let sum_ok = g.iter().zip(a.iter().zip(b)).all(|(s, (x, y))| s.to_bits() == (x + y).to_bits());
+        let sum_ok = g
+            .iter()
+            .zip(a.iter().zip(b))
+            .all(|(s, (x, y))| s.to_bits() == (x + y).to_bits());
         assert!(sum_ok, "{n}: not g(mb 0) + g(mb 1)");
     }
     // the two micro-batches' gradients differ (the check above is not vacuous)
@@ -101,3 +110,30 @@ fn micro_batch_gradients_sum_in_index_order_whatever_the_backward_order() {
     assert!(a.iter().zip(&b).all(|(x, y)| x != y));
 }
 
+#[test]
+fn load_params_replaces_every_weight() {
+    let c = tiny();
+    let (p1, p2) = (params(&c, 61), params(&c, 62));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(63);
+    let mb = micro_batch(&mut rng, 0);
+    let step = |st: &mut DeviceStage| {
+        let StageOut::Loss(l) = st.forward(&mb, None).unwrap() else {
+            panic!("loss")
+        };
+        st.backward(0, None).unwrap();
+        (l, st.take_grads().unwrap().0)
+    };
+    let mut loaded = stage(spec(&c, 0, 1, 0..2, 230), &p1);
+    let (l1, _) = step(&mut loaded);
+    loaded.load_params(&p2).unwrap();
+    let (l2, g2) = step(&mut loaded);
+    let (lf, gf) = step(&mut stage(spec(&c, 0, 1, 0..2, 232), &p2));
+    assert_ne!(l1, l2);
+    assert_eq!(l2.to_bits(), lf.to_bits(), "reloaded vs fresh loss");
+    for ((n, a), (_, b)) in g2.iter().zip(&gf) {
+        assert!(
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{n}"
+        );
+    }
+}

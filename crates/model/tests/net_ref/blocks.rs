@@ -131,8 +131,8 @@ pub fn rms_bwd(
 ) -> (Vec<f64>, Vec<f64>) {
     let mut dx = vec![0f64; n * h];
     let mut dw = vec![0f64; h];
-    for t in 0..n {
-        let (r, o) = (rs[t], t * h);
+    for (t, &r) in rs.iter().enumerate().take(n) {
+        let o = t * h;
         let dot: f64 = (0..h).map(|c| w[c] * dy[o + c] * x[o + c]).sum();
         for c in 0..h {
             dx[o + c] = r * w[c] * dy[o + c] - x[o + c] * r * r * r * dot / h as f64;
@@ -273,7 +273,12 @@ impl LayerW {
             wkvb: gb("attn.wkv_b"),
             wo: gb("attn.wo"),
             dense: (!moe).then(|| {
-                FfnW::load(p, &format!("layers.{l}.ffn"), h, m.dense_intermediate as usize)
+                FfnW::load(
+                    p,
+                    &format!("layers.{l}.ffn"),
+                    h,
+                    m.dense_intermediate as usize,
+                )
             }),
             gate: if moe { gb("moe.gate") } else { Vec::new() },
             bias: if moe {

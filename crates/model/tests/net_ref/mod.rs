@@ -95,22 +95,14 @@ pub fn run(r: &RefRun) -> RefOut {
         }
         grads.insert("embed".into(), ge);
     }
-    RefOut {
-        y,
-        loss,
-        dx,
-        grads,
-    }
+    RefOut { y, loss, dx, grads }
 }
 
+/// The head's (summed loss, dx, gradients).
+type HeadRef = (f64, Vec<f64>, Vec<(String, Vec<f64>)>);
+
 /// Final norm, head, summed cross-entropy and its backward (gradient scaled by `scale`).
-fn head(
-    d: &Dm,
-    p: &Params,
-    x: &[f64],
-    labels: &[i32],
-    scale: f64,
-) -> (f64, Vec<f64>, Vec<(String, Vec<f64>)>) {
+fn head(d: &Dm, p: &Params, x: &[f64], labels: &[i32], scale: f64) -> HeadRef {
     let n = labels.len();
     let (fw, hw) = (get(p, "final_norm"), bfv(&get(p, "head")));
     let (hn, rs) = rms(x, &fw, n, d.h, d.eps);

@@ -71,8 +71,12 @@ fn attn_fwd(d: &Dm, w: &LayerW, x: &[f64], n: usize) -> (Vec<f64>, AttnS) {
     let q = bfv(&q);
     let kva = bfv(&mm_nt(&a, &w.wkva, n, d.kvl + d.dr, h));
     let w_kva = d.kvl + d.dr;
-    let ckv: Vec<f64> = (0..n).flat_map(|t| kva[t * w_kva..t * w_kva + d.kvl].to_vec()).collect();
-    let mut kr: Vec<f64> = (0..n).flat_map(|t| kva[t * w_kva + d.kvl..(t + 1) * w_kva].to_vec()).collect();
+    let ckv: Vec<f64> = (0..n)
+        .flat_map(|t| kva[t * w_kva..t * w_kva + d.kvl].to_vec())
+        .collect();
+    let mut kr: Vec<f64> = (0..n)
+        .flat_map(|t| kva[t * w_kva + d.kvl..(t + 1) * w_kva].to_vec())
+        .collect();
     rope(d, &mut kr, d.dr, 1, d.dr, 0, 1.0);
     let kr = bfv(&kr);
     let (ckvn, r3) = rms(&ckv, &w.kvn, n, d.kvl, d.eps);
@@ -266,22 +270,35 @@ fn ffn_bwd(d: &Dm, w: &FfnW, c: &FfnC, dy: &[f64], rw: &[f64]) -> (Vec<f64>, Vec
         }
     }
     let dx = bfv(&mm_nn(&fp8_rows(&dgu, n, 2 * i), &w.w1, n, 2 * i, h));
-    let dgu_w = bfv(&(0..n * 2 * i).map(|k| dgu[k] * rw[k / (2 * i)]).collect::<Vec<_>>());
+    let dgu_w = bfv(&(0..n * 2 * i)
+        .map(|k| dgu[k] * rw[k / (2 * i)])
+        .collect::<Vec<_>>());
     let act_w = bfv(&(0..n * i).map(|k| c.act[k] * rw[k / i]).collect::<Vec<_>>());
     let p2 = ScaleMode::Pow2;
-    let dw2 = mm_tn(&fp8_cols(dy, n, h, p2), &fp8_cols(&act_w, n, i, p2), n, h, i);
+    let dw2 = mm_tn(
+        &fp8_cols(dy, n, h, p2),
+        &fp8_cols(&act_w, n, i, p2),
+        n,
+        h,
+        i,
+    );
     let xt = fp8_cols(&c.xq, n, h, ScaleMode::Float);
     let dw1 = mm_tn(&fp8_cols(&dgu_w, n, 2 * i, p2), &xt, n, 2 * i, h);
     (dx, dw1, dw2)
 }
 
 fn rows_of(v: &[f64], rows: &[usize], c: usize) -> Vec<f64> {
-    rows.iter().flat_map(|&t| v[t * c..(t + 1) * c].to_vec()).collect()
+    rows.iter()
+        .flat_map(|&t| v[t * c..(t + 1) * c].to_vec())
+        .collect()
 }
 
 fn moe_fwd(d: &Dm, w: &LayerW, f: &[f64], n: usize) -> (Vec<f64>, FfnS) {
     let (h, e_n, kk) = (d.h, d.experts, d.m.topk as usize);
-    let logits: Vec<f32> = mm_nt(f, &w.gate, n, e_n, h).iter().map(|&v| v as f32).collect();
+    let logits: Vec<f32> = mm_nt(f, &w.gate, n, e_n, h)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
     let rc = ep::RoutingCfg {
         experts: e_n as u32,
         groups: d.m.groups,
@@ -290,7 +307,10 @@ fn moe_fwd(d: &Dm, w: &LayerW, f: &[f64], n: usize) -> (Vec<f64>, FfnS) {
         scaling: d.m.route_scaling,
     };
     let rt = ep::routing::route_ref(&logits, &w.bias, &rc).unwrap();
-    let s: Vec<f64> = logits.iter().map(|&l| 1.0 / (1.0 + (-(l as f64)).exp())).collect();
+    let s: Vec<f64> = logits
+        .iter()
+        .map(|&l| 1.0 / (1.0 + (-(l as f64)).exp()))
+        .collect();
     let mut wts = vec![0f64; n * kk];
     for t in 0..n {
         let sel = &rt.idx[t * kk..(t + 1) * kk];
@@ -308,9 +328,9 @@ fn moe_fwd(d: &Dm, w: &LayerW, f: &[f64], n: usize) -> (Vec<f64>, FfnS) {
     let mut comb = vec![0f64; n * h];
     let mut caches = Vec::new();
     let mut ys = Vec::new();
-    for e in 0..e_n {
-        let (y, c) = ffn_fwd(d, &w.experts[e], &rows_of(f, &rows[e], h), rows[e].len());
-        for (ri, &t) in rows[e].iter().enumerate() {
+    for (e, re) in rows.iter().enumerate() {
+        let (y, c) = ffn_fwd(d, &w.experts[e], &rows_of(f, re, h), re.len());
+        for (ri, &t) in re.iter().enumerate() {
             let k = (0..kk).find(|&k| rt.idx[t * kk + k] as usize == e).unwrap();
             for c in 0..h {
                 comb[t * h + c] += wts[t * kk + k] * y[ri * h + c];
@@ -340,7 +360,16 @@ fn moe_fwd(d: &Dm, w: &LayerW, f: &[f64], n: usize) -> (Vec<f64>, FfnS) {
 }
 
 fn moe_bwd(d: &Dm, w: &LayerW, st: &FfnS, f: &[f64], dy: &[f64], n: usize) -> (Vec<f64>, Grads) {
-    let FfnS::Moe { rows, caches, ys, shared, idx, s, w: wts } = st else {
+    let FfnS::Moe {
+        rows,
+        caches,
+        ys,
+        shared,
+        idx,
+        s,
+        w: wts,
+    } = st
+    else {
         unreachable!("moe state")
     };
     let (h, e_n, kk) = (d.h, d.experts, d.m.topk as usize);
@@ -374,7 +403,9 @@ fn moe_bwd(d: &Dm, w: &LayerW, st: &FfnS, f: &[f64], dy: &[f64], n: usize) -> (V
     for t in 0..n {
         let sel: Vec<usize> = (0..kk).map(|k| idx[t * kk + k] as usize).collect();
         let sum: f64 = sel.iter().map(|&e| s[t * e_n + e]).sum();
-        let dot: f64 = (0..kk).map(|k| dldw[t * kk + k] * s[t * e_n + sel[k]]).sum();
+        let dot: f64 = (0..kk)
+            .map(|k| dldw[t * kk + k] * s[t * e_n + sel[k]])
+            .sum();
         for (k, &e) in sel.iter().enumerate() {
             let se = s[t * e_n + e];
             let ds = sc / sum * (dldw[t * kk + k] - dot / sum);
