@@ -3,6 +3,7 @@
 //! (`cvt.rn`).
 //!
 //! - `bf16_add`: `out = bf16(a + b)` (residual adds and gradient sums of the residual stream).
+//! - `f32_add`: `out = a + b` in f32 (fixed-order gradient accumulation).
 //! - `cvt_f32_bf16` / `cvt_bf16_f32`: precision changes at stage boundaries.
 //! - `transpose_{bf16,f32}_bf16`: `out [cols, rows] = x [rows, cols]^T` as BF16 (the operands of
 //!   the weight-gradient GEMMs `dW = dY^T X`, which take both operands K-contiguous).
@@ -20,6 +21,7 @@ use runtime::{args, LaunchConfig};
 use std::time::Instant;
 
 pub const ADD_NAME: &str = "bf16_add";
+pub const ADD_F32_NAME: &str = "f32_add";
 pub const CVT_TO_BF16_NAME: &str = "cvt_f32_bf16";
 pub const CVT_TO_F32_NAME: &str = "cvt_bf16_f32";
 pub const HEAD_SUM_NAME: &str = "head_sum_bf16";
@@ -70,6 +72,26 @@ pub fn gen_add(t: &Target) -> Result<ptx::Module> {
         let y = load_any(k, b, gi, true);
         let s = k.add(x, y);
         store_bf16(k, out, gi, s);
+    });
+    Ok(k.finish()?)
+}
+
+/// `f32_add`: params (a, b, out, n).
+pub fn gen_add_f32(t: &Target) -> Result<ptx::Module> {
+    check_target(ADD_F32_NAME, t, TRAIN_TARGETS)?;
+    let mut k = KernelBuilder::new(ADD_F32_NAME, t.clone());
+    k.reqntid(&[BLOCK]);
+    let a = k.param_ptr_aligned::<f32>("a", 4);
+    let b = k.param_ptr_aligned::<f32>("b", 4);
+    let out = k.param_ptr_aligned::<f32>("out", 4);
+    let n = k.param::<u32>("n");
+    let gi = k.global_index_x();
+    let valid = k.lt(gi, n);
+    k.if_(valid, |k| {
+        let x = k.ld_nc(a.offset(gi));
+        let y = k.ld_nc(b.offset(gi));
+        let s = k.add(x, y);
+        k.st(out.offset(gi), s);
     });
     Ok(k.finish()?)
 }
@@ -181,6 +203,26 @@ pub fn bf16_add(
         return Ok(());
     }
     let f = function(stream.device(), ADD_NAME, "", gen_add)?;
+    stream.launch(&f, &linear(n), &args![a, b, &*out, n as u32])?;
+    Ok(())
+}
+
+/// `out = a + b` (f32, round to nearest even) over `n` elements.
+pub fn f32_add(
+    stream: &Stream,
+    a: &Buffer<f32>,
+    b: &Buffer<f32>,
+    out: &mut Buffer<f32>,
+    n: usize,
+) -> Result<()> {
+    need(ADD_F32_NAME, "a", a, n)?;
+    need(ADD_F32_NAME, "b", b, n)?;
+    need(ADD_F32_NAME, "out", out, n)?;
+    fits_u32(ADD_F32_NAME, n)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let f = function(stream.device(), ADD_F32_NAME, "", gen_add_f32)?;
     stream.launch(&f, &linear(n), &args![a, b, &*out, n as u32])?;
     Ok(())
 }
@@ -313,8 +355,9 @@ fn random_bf16(rg: &mut impl Rng, n: usize) -> Vec<bf16> {
         .collect()
 }
 
-/// `bf16_add` and both conversions on random inputs (outputs poisoned): the sum within half a
-/// bf16 ulp of the f64 sum, the conversions bit-exact against the f64 rounding.
+/// `bf16_add`, `f32_add` and both conversions on random inputs (outputs poisoned): the bf16 sum
+/// within half a bf16 ulp of the f64 sum, the f32 sum within half an f32 ulp, the conversions
+/// bit-exact against the f64 rounding.
 pub fn check_elementwise(stream: &Stream, n: usize, seed: u64) -> Result<OpCheck> {
     let dev = stream.device().clone();
     let mut rg = r::rng(seed);
@@ -324,18 +367,29 @@ pub fn check_elementwise(stream: &Stream, n: usize, seed: u64) -> Result<OpCheck
     let mut sum = poisoned(&dev, n, POISON_BF16)?;
     let mut tob = poisoned(&dev, n, POISON_BF16)?;
     let mut tof = poisoned(&dev, n, f32::NAN)?;
+    let yf: Vec<f32> = (0..n).map(|_| rg.gen_range(-3.0f32..3.0)).collect();
+    let yb = dev.upload(&yf)?;
+    let mut sumf = poisoned(&dev, n, f32::NAN)?;
     let t0 = Instant::now();
+    f32_add(stream, &xb, &yb, &mut sumf, n)?;
     bf16_add(stream, &ab, &bb, &mut sum, n)?;
     cvt_f32_bf16(stream, &xb, &mut tob, n)?;
     cvt_bf16_f32(stream, &ab, &mut tof, n)?;
     stream.synchronize()?;
     let seconds = t0.elapsed().as_secs_f64();
     let (sum, tob, tof) = (sum.to_vec()?, tob.to_vec()?, tof.to_vec()?);
+    let sumf = sumf.to_vec()?;
     let mut c = OpCheck::default();
     for i in 0..n {
         c.bf16(sum[i], a[i].to_f64() + b[i].to_f64(), 0.0);
         c.bf16(tob[i], f64::from(xf[i]), 0.0);
         c.bound(f64::from(tof[i]), a[i].to_f64(), 1e-300);
+        let want = f64::from(xf[i]) + f64::from(yf[i]);
+        c.bound(
+            f64::from(sumf[i]),
+            want,
+            want.abs() * 2f64.powi(-24) * (1.0 + 1e-9) + 1e-30,
+        );
     }
     Ok(c.finish(stream, seconds))
 }

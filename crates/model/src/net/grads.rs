@@ -1,9 +1,11 @@
 //! A stage's parameter gradients: one record per micro-batch (replicated parameters summed
 //! over the EP ranks in rank order, expert weights from their owning rank), reduced over the
 //! micro-batches in index order by [`GradStore::take`], so the result does not depend on the
-//! order the backward passes ran in. The sums are f32, in a fixed order.
+//! order the backward passes ran in. The sums are f32 additions in a fixed order, run by the
+//! `f32_add` kernel on the stage's first device (the host only moves the gradients there and
+//! back).
 
-use super::linear::Result;
+use super::linear::{Ctx, Result};
 use super::Dims;
 use crate::moe::Backward;
 use crate::params::{specs, ParamKind};
@@ -19,8 +21,37 @@ pub(crate) struct MbGrads {
     reduced: BTreeMap<String, Vec<f32>>,
 }
 
-fn add_into(acc: &mut [f32], v: &[f32]) {
-    acc.iter_mut().zip(v).for_each(|(a, b)| *a += b);
+/// `acc += v` (f32) on `cx`'s device.
+fn add_into(cx: &Ctx, acc: &mut Vec<f32>, v: &[f32]) -> Result<()> {
+    let n = acc.len();
+    if v.len() != n {
+        return Err(TrainError::Shape(format!(
+            "gradient sum: {} values added to {n}",
+            v.len()
+        )));
+    }
+    let (a, b) = (cx.dev.upload(acc)?, cx.dev.upload(v)?);
+    let mut o = cx.f32(n)?;
+    kernels::train::ops::f32_add(&cx.st, &a, &b, &mut o, n)?;
+    cx.sync()?;
+    *acc = o.to_vec()?;
+    acc.truncate(n);
+    Ok(())
+}
+
+/// The sum of `parts` in order (f32, on the device); `None` for no parts.
+fn sum_in_order<'a>(
+    cx: &Ctx,
+    mut parts: impl Iterator<Item = &'a Vec<f32>>,
+) -> Result<Option<Vec<f32>>> {
+    let Some(first) = parts.next() else {
+        return Ok(None);
+    };
+    let mut acc = first.clone();
+    for v in parts {
+        add_into(cx, &mut acc, v)?;
+    }
+    Ok(Some(acc))
 }
 
 impl MbGrads {
@@ -44,13 +75,14 @@ impl MbGrads {
 
     /// The MoE layer `l`'s gradients: the gate's and the shared expert's partials summed over
     /// ranks in rank order, each routed expert's from the rank that owns it.
-    pub fn add_moe(&mut self, l: usize, d: &Dims, b: &Backward) -> Result<()> {
-        let mut gate = vec![0f32; d.experts * d.h];
-        for g in &b.gate {
-            add_into(&mut gate, &g.dw);
-        }
+    pub fn add_moe(&mut self, cx: &Ctx, l: usize, d: &Dims, b: &Backward) -> Result<()> {
+        let gate = sum_in_order(cx, b.gate.iter().map(|g| &g.dw))?;
+        let gate = gate.unwrap_or_else(|| vec![0f32; d.experts * d.h]);
         self.reduced.insert(format!("layers.{l}.moe.gate"), gate);
-        if let Some((w1, w2)) = b.shared_dw_sum() {
+        let shared: Vec<&(Vec<f32>, Vec<f32>)> = b.shared_dw.iter().flatten().collect();
+        let w1 = sum_in_order(cx, shared.iter().map(|s| &s.0))?;
+        let w2 = sum_in_order(cx, shared.iter().map(|s| &s.1))?;
+        if let (Some(w1), Some(w2)) = (w1, w2) {
             self.reduced.insert(format!("layers.{l}.moe.shared.w1"), w1);
             self.reduced.insert(format!("layers.{l}.moe.shared.w2"), w2);
         }
@@ -87,6 +119,8 @@ impl MbGrads {
 
 /// Every finished micro-batch's gradients and expert loads since the last [`GradStore::take`].
 pub(crate) struct GradStore {
+    /// Where the sums run (the stage's first device).
+    cx: Ctx,
     /// The stage's gradient parameters in `params::specs` order, with their lengths.
     names: Vec<(String, usize)>,
     per_mb: BTreeMap<usize, BTreeMap<String, Vec<f32>>>,
@@ -106,6 +140,7 @@ impl GradStore {
             .map(|s| (s.name.clone(), s.len()))
             .collect();
         GradStore {
+            cx: Ctx::new(&spec.devices[0]),
             names,
             per_mb: BTreeMap::new(),
             loads: BTreeMap::new(),
@@ -128,11 +163,7 @@ impl GradStore {
         }
         let mut out = g.reduced;
         for (name, ranks) in g.per_rank {
-            let mut it = ranks.into_values();
-            let mut acc = it.next().unwrap_or_default();
-            for v in it {
-                add_into(&mut acc, &v);
-            }
+            let acc = sum_in_order(&self.cx, ranks.values())?.unwrap_or_default();
             out.insert(name, acc);
         }
         for (name, len) in &self.names {
@@ -160,21 +191,14 @@ impl GradStore {
 
     /// The gradients summed over micro-batches in index order, and the summed expert loads;
     /// clears both.
-    pub fn take(&mut self) -> (NamedGrads, ExpertLoad) {
+    pub fn take(&mut self) -> Result<(NamedGrads, ExpertLoad)> {
         let per_mb = std::mem::take(&mut self.per_mb);
-        let grads = self
-            .names
-            .iter()
-            .map(|(name, len)| {
-                let mut acc = vec![0f32; *len];
-                for g in per_mb.values() {
-                    if let Some(v) = g.get(name) {
-                        add_into(&mut acc, v);
-                    }
-                }
-                (name.clone(), acc)
-            })
-            .collect();
+        let mut grads = Vec::new();
+        for (name, len) in &self.names {
+            let parts = per_mb.values().filter_map(|g| g.get(name));
+            let acc = sum_in_order(&self.cx, parts)?.unwrap_or_else(|| vec![0f32; *len]);
+            grads.push((name.clone(), acc));
+        }
         let mut loads: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
         for l in std::mem::take(&mut self.loads).into_values() {
             for (layer, c) in l {
@@ -182,6 +206,6 @@ impl GradStore {
                 acc.iter_mut().zip(&c).for_each(|(a, b)| *a += b);
             }
         }
-        (grads, loads.into_iter().collect())
+        Ok((grads, loads.into_iter().collect()))
     }
 }

@@ -19,8 +19,9 @@
 //!
 //! Host work is limited to moving data: uploads of parameters (rounded to BF16 or quantised to
 //! FP8 as the kernels read them), the MoE layer's host-tensor interface, permutations of
-//! gradient rows, and the fixed-order f32 sums of the gradients over ranks and micro-batches
-//! (the data-parallel all-reduce and the gradient accumulation) in [`grads`].
+//! gradient rows, and moving gradients to the stage's first device, whose `f32_add` kernel
+//! sums them over ranks and micro-batches in a fixed order (the data-parallel all-reduce and
+//! the gradient accumulation, [`grads`]).
 
 mod attn;
 mod ffn;
@@ -402,7 +403,7 @@ impl DeviceStage {
                 for (r, gv) in b.norm.into_iter().enumerate() {
                     g.add_rank(l, r, vec![("ffn_norm", gv)]);
                 }
-                g.add_moe(l, d, &b.layer)?;
+                g.add_moe(&self.cx[0], l, d, &b.layer)?;
                 b.dx
             }
             _ => {
@@ -486,7 +487,7 @@ impl Stage for DeviceStage {
     }
 
     fn take_grads(&mut self) -> StageResult<(NamedGrads, ExpertLoad)> {
-        Ok(self.grads.take())
+        self.grads.take()
     }
 
     fn load_params(&mut self, p: &Params) -> StageResult<()> {
