@@ -137,3 +137,44 @@ fn load_params_replaces_every_weight() {
         );
     }
 }
+
+/// Two MoE layers in one stage (two `MoeLayer`s, each with its EP group and SM partition, on
+/// the same devices), driven through `Box<dyn Stage>` as the pipeline executor holds it.
+#[test]
+fn two_moe_layers_on_the_same_devices_match_the_reference() {
+    let mut c = tiny();
+    c.model.layers = 3;
+    let p = params(&c, 71);
+    let s = spec(&c, 1, 3, 1..3, 240);
+    let devs = s.devices.clone();
+    let mut st: Box<dyn Stage> = Box::new(stage(s, &p));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(72);
+    let x = bf_values(&mut rng, N * 128, 1.0);
+    let dy = bf_values(&mut rng, N * 128, 1.0);
+    let mb = micro_batch(&mut rng, 0);
+    let StageOut::Hidden(y) = st.forward(&mb, Some(boundary(&devs, &x))).unwrap() else {
+        panic!("activations")
+    };
+    let dx = st.backward(0, Some(boundary(&devs, &dy))).unwrap().unwrap();
+    let (g, load) = st.take_grads().unwrap();
+    let xf: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+    let dyf: Vec<f64> = dy.iter().map(|&v| f64::from(v)).collect();
+    let want = run(&RefRun {
+        m: &c.model,
+        p: &p,
+        layers: 1..3,
+        seq: SEQ,
+        t: T,
+        ids: None,
+        x: Some(&xf),
+        labels: None,
+        dy: Some(&dyf),
+        loss_scale: 1.0,
+    });
+    let (ey, edx) = (rel(&read(&y), &want.y), rel(&read(&dx), &want.dx));
+    eprintln!("two MoE layers: output rel {ey:.2e}, input gradient rel {edx:.2e}");
+    assert!(ey < 1e-2 && edx < 2e-2, "y {ey:.3e}, dx {edx:.3e}");
+    check_grads(&g, &want, &|n| 2.0 * grad_tol(n));
+    let layers: Vec<usize> = load.iter().map(|l| l.0).collect();
+    assert_eq!(layers, vec![1, 2]);
+}
