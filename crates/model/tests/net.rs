@@ -195,6 +195,12 @@ fn check_grads(got: &NamedGrads, want: &RefOut, tol: &dyn Fn(&str) -> f64) -> (S
             .get(name)
             .unwrap_or_else(|| panic!("{name}: no reference"));
         let gd: Vec<f64> = g.iter().map(|&v| f64::from(v)).collect();
+        if w.iter().all(|&v| v == 0.0) {
+            // a path cut by a zeroed weight: exactly zero on the device too
+            assert!(gd.iter().all(|&v| v == 0.0), "{name}: the reference is 0");
+            eprintln!("  {name:<34} 0 (as the reference)");
+            continue;
+        }
         let e = rel(&gd, w);
         eprintln!("  {name:<34} rel {e:.2e}");
         if e > tol(name) {
@@ -270,6 +276,64 @@ fn each_layer_kind_matches_the_reference_as_a_stage() {
                 (N * 2) as u64,
                 "top-2 of every token"
             );
+        }
+    }
+}
+
+/// The attention block alone (the FFN's `w2` zeroed: the FFN adds exactly 0) and the dense FFN
+/// block alone (`wo` zeroed), on small inputs (rms 0.03) so the block's own output dominates.
+#[test]
+fn attention_and_dense_ffn_blocks_in_isolation() {
+    let c = tiny();
+    for (zero, dev) in [("layers.0.ffn.w2", 180), ("layers.0.attn.wo", 190)] {
+        let mut p = params(&c, 81);
+        p.get_mut(zero).unwrap().iter_mut().for_each(|v| *v = 0.0);
+        let s = spec(&c, 1, 3, 0..1, dev);
+        let devs = s.devices.clone();
+        let mut st = stage(s, &p);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(82);
+        let x = bf_values(&mut rng, N * 128, 0.05);
+        let dy = bf_values(&mut rng, N * 128, 1.0);
+        let mb = micro_batch(&mut rng, 0);
+        let StageOut::Hidden(y) = st.forward(&mb, Some(boundary(&devs, &x))).unwrap() else {
+            panic!("activations")
+        };
+        let dx = st.backward(0, Some(boundary(&devs, &dy))).unwrap().unwrap();
+        let (g, _) = st.take_grads().unwrap();
+        let xf: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+        let dyf: Vec<f64> = dy.iter().map(|&v| f64::from(v)).collect();
+        let want = run(&RefRun {
+            m: &c.model,
+            p: &p,
+            layers: 0..1,
+            seq: SEQ,
+            t: T,
+            ids: None,
+            x: Some(&xf),
+            labels: None,
+            dy: Some(&dyf),
+            loss_scale: 1.0,
+        });
+        // the block's own output and input gradient (the residual paths subtracted)
+        let minus = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(u, v)| u - v).collect::<Vec<_>>();
+        let ey = rel(&minus(&read(&y), &xf), &minus(&want.y, &xf));
+        let edx = rel(&minus(&read(&dx), &dyf), &minus(&want.dx, &dyf));
+        eprintln!("{zero} = 0: block output rel {ey:.2e}, block input gradient rel {edx:.2e}");
+        if zero.contains("ffn") {
+            // attention alone: the kernel's BF16 probabilities (not modelled), measured 3.8e-3
+            // and 6.1e-3; ffn.w2's gradient reads the FFN of an attention-dominated input,
+            // where those differences flip FP8 roundings (measured 2.5e-2)
+            assert!(
+                ey < 1e-2 && edx < 1.5e-2,
+                "attention: y {ey:.3e}, dx {edx:.3e}"
+            );
+            check_grads(&g, &want, &|n| 2.0 * grad_tol(n));
+        } else {
+            // the FP8 FFN alone: every rounding modelled, output and input gradient match bit
+            // for bit, its weight gradients to f32 accumulation (measured 2e-8..1.3e-7)
+            assert!(ey == 0.0 && edx == 0.0, "FFN: y {ey:.3e}, dx {edx:.3e}");
+            let tol = |n: &str| if n.contains("ffn") { 1e-6 } else { grad_tol(n) };
+            check_grads(&g, &want, &tol);
         }
     }
 }
