@@ -114,6 +114,17 @@ fn bad_inputs_are_refused_with_clear_errors() {
         m.contains("micro-batch 3") && m.contains("without its forward"),
         "{m}"
     );
+    // a forward run twice, a backward after discard
+    let ok = micro_batch(&mut rng, 0);
+    st.forward(&ok, None).unwrap();
+    let m = msg(st.forward(&ok, None).map(|_| ()));
+    assert!(
+        m.contains("micro-batch 0") && m.contains("already ran"),
+        "{m}"
+    );
+    st.discard(0);
+    let m = msg(st.backward(0, None).map(|_| ()));
+    assert!(m.contains("without its forward"), "{m}");
     // a middle stage given a boundary of the wrong size
     let mid = spec(&c, 1, 3, 0..1, 160);
     let mdevs = mid.devices.clone();
