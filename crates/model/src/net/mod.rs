@@ -262,13 +262,13 @@ impl DeviceStage {
                 self.d.h
             )));
         }
+        if let Some(r) = (0..b.ranks.len()).find(|&r| !b.ranks[r].device().same(&self.cx[r].dev)) {
+            return Err(TrainError::Shape(format!(
+                "{what}: rank {r}'s buffer is not on the stage's device {r}"
+            )));
+        }
         let mut out = Vec::new();
         for (cx, r) in self.cx.iter().zip(&b.ranks) {
-            if !r.device().same(&cx.dev) {
-                return Err(TrainError::Shape(format!(
-                    "{what}: a rank's buffer is not on the stage's device"
-                )));
-            }
             let mut x = cx.bf(n)?;
             ops::cvt_f32_bf16(&cx.st, r, &mut x, n)?;
             cx.sync()?;

@@ -142,7 +142,15 @@ fn bad_inputs_are_refused_with_clear_errors() {
         m.contains("forward input") && m.contains("[128, 128]"),
         "{m}"
     );
-    let _ = devs;
+    // ... or one on other devices
+    let elsewhere = boundary(&devs, &vec![0.5f32; N * 128]);
+    let m = msg(ms
+        .forward(&micro_batch(&mut rng, 0), Some(elsewhere))
+        .map(|_| ()));
+    assert!(
+        m.contains("rank 0's buffer is not on the stage's device"),
+        "{m}"
+    );
     // parameters of the wrong shape, at construction and at load
     let mut bad = p.clone();
     let i = bad.index("layers.0.attn.wq_b").unwrap();
