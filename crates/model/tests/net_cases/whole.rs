@@ -50,11 +50,11 @@ fn whole_model_forward_backward_matches_the_reference() {
         .iter()
         .zip(p.specs.iter().filter(|s| s.kind != ParamKind::RouteBias))
         .all(|((n, v), s)| *n == s.name && v.len() == s.len()));
-    // the loss through two layers of BF16/FP8 storage (measured ~1e-5)
-    assert!(el < 1e-3, "loss rel error {el:.3e}");
-    // two layers deep the BF16/FP8 rounding flips compound: bounds twice the layer tests'
-    // (measured: BF16 parameters 4e-3..1.4e-2, FFN/MoE 1.6e-2..3.2e-2)
-    let (name, worst) = check_grads(&g, &want, &|n| 2.0 * grad_tol(n));
+    // the forward is modelled rounding for rounding (measured 4e-8)
+    assert!(el < 1e-6, "loss rel error {el:.3e}");
+    // two layers deep (see `deep_tol`)
+    // (measured: BF16 parameters 7e-4..6e-3, FFN/MoE 1.5e-3..1.2e-2)
+    let (name, worst) = check_grads(&g, &want, &deep_tol);
     eprintln!("worst gradient: {name} {worst:.2e}");
     assert_eq!(load.len(), 1);
     assert_eq!(load[0].1.iter().sum::<u64>(), (N * 2) as u64);
@@ -173,8 +173,9 @@ fn two_moe_layers_on_the_same_devices_match_the_reference() {
     });
     let (ey, edx) = (rel(&read(&y), &want.y), rel(&read(&dx), &want.dx));
     eprintln!("two MoE layers: output rel {ey:.2e}, input gradient rel {edx:.2e}");
-    assert!(ey < 1e-2 && edx < 2e-2, "y {ey:.3e}, dx {edx:.3e}");
-    check_grads(&g, &want, &|n| 2.0 * grad_tol(n));
+    // measured 4.5e-4 (an FP8 flip in layer 2 fed by layer 1's forward), 2.3e-3
+    assert!(ey < 2e-3 && edx < 1e-2, "y {ey:.3e}, dx {edx:.3e}");
+    check_grads(&g, &want, &deep_tol);
     let layers: Vec<usize> = load.iter().map(|l| l.0).collect();
     assert_eq!(layers, vec![1, 2]);
 }

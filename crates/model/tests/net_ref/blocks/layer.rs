@@ -59,6 +59,31 @@ fn dsilu(g: f64) -> f64 {
     s * (1.0 + g * (1.0 - s))
 }
 
+/// One query row's attention output as the kernel forms it: key tiles of `bn` in order, an
+/// online softmax (running max, rescaled sums), the probabilities rounded to BF16 for the
+/// `P V` product while the normaliser sums them unrounded. `sc`: the row's scaled scores.
+fn flash_row(sc: &[f64], bn: usize, dv: usize, v: impl Fn(usize, usize) -> f64) -> Vec<f64> {
+    let (mut m, mut l) = (f64::NEG_INFINITY, 0f64);
+    let mut acc = vec![0f64; dv];
+    for t0 in (0..sc.len()).step_by(bn) {
+        let tile = &sc[t0..(t0 + bn).min(sc.len())];
+        let mnew = tile.iter().cloned().fold(m, f64::max);
+        let alpha = (m - mnew).exp();
+        l *= alpha;
+        acc.iter_mut().for_each(|a| *a *= alpha);
+        for (jj, &s) in tile.iter().enumerate() {
+            let p = (s - mnew).exp();
+            l += p;
+            let pb = bfr(p);
+            for (c, a) in acc.iter_mut().enumerate() {
+                *a += pb * v(t0 + jj, c);
+            }
+        }
+        m = mnew;
+    }
+    acc.iter().map(|a| a / l).collect()
+}
+
 fn attn_fwd(d: &Dm, w: &LayerW, x: &[f64], n: usize) -> (Vec<f64>, AttnS) {
     let (h, dqk) = (d.h, d.dqk());
     let (a, r1) = rms(x, &w.an, n, h, d.eps);
@@ -84,6 +109,7 @@ fn attn_fwd(d: &Dm, w: &LayerW, x: &[f64], n: usize) -> (Vec<f64>, AttnS) {
     let kvw = d.dn + d.dv;
     let kv = bfv(&mm_nt(&ckvn, &w.wkvb, n, d.nh * kvw, d.kvl));
     let scale = 1.0 / (dqk as f64).sqrt();
+    let bn = kernels::attn::fwd::FwdSpec::mma(dqk as u32, d.dv as u32).bn() as usize;
     let mut o = vec![0f64; n * d.nh * d.dv];
     let mut ps = Vec::new();
     for s0 in (0..n).step_by(d.seq) {
@@ -103,13 +129,11 @@ fn attn_fwd(d: &Dm, w: &LayerW, x: &[f64], n: usize) -> (Vec<f64>, AttnS) {
                 let mx = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = sc.iter().map(|v| (v - mx).exp()).sum();
                 for j in 0..=i {
-                    let pij = (sc[j] - mx).exp() / z;
-                    pm[i * d.seq + j] = pij;
-                    for c in 0..d.dv {
-                        o[(s0 + i) * d.nh * d.dv + hh * d.dv + c] +=
-                            pij * kv[(s0 + j) * d.nh * kvw + hh * kvw + d.dn + c];
-                    }
+                    pm[i * d.seq + j] = (sc[j] - mx).exp() / z;
                 }
+                let v = |j: usize, c: usize| kv[(s0 + j) * d.nh * kvw + hh * kvw + d.dn + c];
+                let oi = flash_row(&sc, bn, d.dv, v);
+                o[(s0 + i) * d.nh * d.dv + hh * d.dv..][..d.dv].copy_from_slice(&oi);
             }
             ps.push(pm);
         }
