@@ -3,13 +3,12 @@
 use super::*;
 
 #[test]
-fn embedding_and_head_match_the_reference_as_stages() {
+fn embedding_matches_the_reference_as_a_stage() {
     let c = tiny();
     let p = params(&c, 21);
     let mut rng = rand::rngs::StdRng::seed_from_u64(22);
     let mb = micro_batch(&mut rng, 0);
     let ids: Vec<i32> = mb.inputs.concat();
-    let labels: Vec<i32> = mb.labels.concat();
 
     // embedding: the rows of the BF16 table, and the scatter-add of dy
     let s = spec(&c, 0, 2, 0..0, 130);
@@ -49,7 +48,15 @@ fn embedding_and_head_match_the_reference_as_stages() {
         &want.grads["embed"],
     );
     assert!(g[0].0 == "embed" && e < 1e-6, "{}: {e:.3e}", g[0].0);
+}
 
+#[test]
+fn head_matches_the_reference_as_a_stage() {
+    let c = tiny();
+    let p = params(&c, 21);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(23);
+    let mb = micro_batch(&mut rng, 0);
+    let labels: Vec<i32> = mb.labels.concat();
     // head: summed loss, dx, final norm and head gradients, with a loss scale
     let s = spec(&c, 1, 2, 2..2, 140);
     let devs = s.devices.clone();
@@ -88,19 +95,13 @@ fn embedding_and_head_match_the_reference_as_stages() {
 }
 
 #[test]
-fn bad_inputs_are_refused_with_clear_errors() {
+fn bad_micro_batches_are_refused_with_clear_errors() {
     let c = tiny();
     let p = params(&c, 31);
-    let s = spec(&c, 0, 2, 0..0, 150);
-    let devs = s.devices.clone();
-    let mut st = stage(s.clone(), &p);
+    let mut st = stage(spec(&c, 0, 2, 0..0, 155), &p);
     let mut rng = rand::rngs::StdRng::seed_from_u64(32);
     let mut mb = micro_batch(&mut rng, 0);
     mb.inputs[1].pop();
-    let msg = |r: Result<(), TrainError>| match r {
-        Err(e) => e.to_string(),
-        Ok(()) => panic!("accepted"),
-    };
     let m = msg(st.forward(&mb, None).map(|_| ()));
     assert!(m.contains("inputs") && m.contains("128 token ids"), "{m}");
     // an id outside the vocabulary
@@ -125,6 +126,23 @@ fn bad_inputs_are_refused_with_clear_errors() {
     st.discard(0);
     let m = msg(st.backward(0, None).map(|_| ()));
     assert!(m.contains("without its forward"), "{m}");
+}
+
+fn msg(r: Result<(), TrainError>) -> String {
+    match r {
+        Err(e) => e.to_string(),
+        Ok(()) => panic!("accepted"),
+    }
+}
+
+#[test]
+fn bad_boundaries_and_parameters_are_refused_with_clear_errors() {
+    let c = tiny();
+    let p = params(&c, 31);
+    let s = spec(&c, 0, 2, 0..0, 150);
+    let devs = s.devices.clone();
+    let mut st = stage(s.clone(), &p);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(33);
     // a middle stage given a boundary of the wrong size
     let mid = spec(&c, 1, 3, 0..1, 160);
     let mdevs = mid.devices.clone();
