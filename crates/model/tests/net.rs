@@ -4,11 +4,13 @@
 //! order whatever order their backward passes ran in; bad inputs refused with clear errors.
 //!
 //! Tolerances (relative Frobenius error per tensor, `||got - want|| / ||want||`): the reference
-//! rounds where the device stores (BF16 activations and weights, the FFN's FP8 quantisation
-//! points, the attention kernel's tiled online softmax with BF16 probabilities), so each layer's
-//! forward matches bit for bit; what is left is the attention backward kernel's BF16 P and dS
-//! (not modelled) and f32-vs-f64 accumulation. Measured values are printed by each test; the
-//! bounds (`layer_tol`, `deep_tol`, and at each assertion) state them and their reason.
+//! rounds where the device stores (BF16 activations, weights and GEMM outputs, including the
+//! GEMMs that add a BF16 C; the FFN's FP8 quantisation points; the attention kernels' tiled
+//! online softmax with BF16 P and BF16 dS), so each layer's forward and the dense layer's input
+//! gradient match bit for bit; what is left is f32-vs-f64 accumulation and the rounding flips
+//! it causes, which FP8 quantisation amplifies several layers deep. Measured values are
+//! printed by each test; the bounds (`layer_tol`, `deep_tol`, and at each assertion) state
+//! them and their reason.
 
 mod net_ref;
 
@@ -221,27 +223,29 @@ fn fp8_side(name: &str) -> bool {
     name.contains("ffn") || name.contains("moe.")
 }
 
-/// Gradient bounds one layer deep (measured x ~2.5). The reference models every rounding of the
-/// forward (the layer outputs match bit for bit) but not the attention backward kernel's BF16
-/// P and dS: the attention parameters' gradients differ by 2e-3..4.3e-3 (bound 1e-2), the FP8
-/// side sees only the exact forward and the exact incoming gradient: 1e-8..2.5e-5 (bound 1e-4).
+/// Gradient bounds one layer deep (measured x ~4). The reference models every rounding of the
+/// forward and of the backward's BF16 storage (each layer's output and the dense layer's input
+/// gradient match bit for bit); what is left is f32-vs-f64 accumulation and the rounding flips
+/// it causes, largest in the attention backward (its dS and P are BF16 MMA operands): the
+/// attention parameters' gradients differ by 1e-8..2e-4 (bound 1e-3), the FP8 side by
+/// 1e-8..2.5e-5 (bound 1e-4).
 fn layer_tol(name: &str) -> f64 {
     if fp8_side(name) {
         1e-4
     } else {
-        1e-2
+        1e-3
     }
 }
 
 /// Gradient bounds several layers deep: a lower layer's FFN dgrad quantises (FP8 1x128) an
-/// incoming gradient that carries the attention backward's BF16 differences, and each rounding
-/// flip moves an element by an e4m3 step (6e-2): measured up to 1.2e-2 on the FP8 side (bound
-/// 3e-2) and 7.2e-3 elsewhere (bound 2e-2).
+/// incoming gradient that carries the upper layers' rounding flips, and each FP8 flip moves an
+/// element by an e4m3 step (6e-2): measured up to 1.05e-2 on the FP8 side (bound 3e-2) and
+/// 5e-3 elsewhere (bound 1.5e-2).
 fn deep_tol(name: &str) -> f64 {
     if fp8_side(name) {
         3e-2
     } else {
-        2e-2
+        1.5e-2
     }
 }
 
@@ -280,9 +284,9 @@ fn each_layer_kind_matches_the_reference_as_a_stage() {
         });
         let (ey, edx) = (rel(&read(&y), &want.y), rel(&read(&dx), &want.dx));
         eprintln!("  output rel {ey:.2e}, input gradient rel {edx:.2e}");
-        // the output bit for bit (measured 0); the input gradient through the attention
-        // backward's BF16 P and dS (measured 5.4e-4..5.9e-4)
-        assert!(ey < 1e-6 && edx < 2e-3, "y {ey:.3e}, dx {edx:.3e}");
+        // the output bit for bit (measured 0), the input gradient bit for bit (dense) or
+        // within the MoE backward's f32 accumulation flips (2e-5)
+        assert!(ey < 1e-6 && edx < 1e-4, "y {ey:.3e}, dx {edx:.3e}");
         check_grads(&g, &want, &layer_tol);
         let moe = layers.start >= c.model.dense_layers as usize;
         assert_eq!(load.len(), moe as usize, "{load:?}");
@@ -337,21 +341,16 @@ fn attention_and_dense_ffn_blocks_in_isolation() {
         let edx = rel(&minus(&read(&dx), &dyf), &minus(&want.dx, &dyf));
         eprintln!("{zero} = 0: block output rel {ey:.2e}, block input gradient rel {edx:.2e}");
         if zero.contains("ffn") {
-            // attention alone: the output within f32-vs-f64 flips of the BF16 P (measured
-            // 5.2e-4), the input gradient through the backward's BF16 P and dS (6.1e-3);
-            // ffn.w2's gradient reads the FFN of an attention-dominated input, where those
-            // flips cross FP8 rounding boundaries (5.8e-3)
+            // attention alone, on small inputs so it dominates: the output within the f32
+            // rounding flips of the BF16 P (measured 5.2e-4), the input gradient 1.2e-3, the
+            // attention parameters' gradients up to 8.5e-4 (bound 3e-3); ffn.w2's gradient
+            // reads the FFN of an attention-dominated input, where those flips cross FP8
+            // rounding boundaries (5.8e-3)
             assert!(
-                ey < 2e-3 && edx < 1.5e-2,
+                ey < 2e-3 && edx < 5e-3,
                 "attention: y {ey:.3e}, dx {edx:.3e}"
             );
-            let tol = |n: &str| {
-                if fp8_side(n) {
-                    deep_tol(n)
-                } else {
-                    layer_tol(n)
-                }
-            };
+            let tol = |n: &str| if fp8_side(n) { deep_tol(n) } else { 3e-3 };
             check_grads(&g, &want, &tol);
         } else {
             // the FP8 FFN alone: every rounding modelled, output and input gradient match bit

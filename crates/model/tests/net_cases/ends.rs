@@ -89,9 +89,10 @@ fn head_matches_the_reference_as_a_stage() {
         "head: loss {loss:.6} vs {:.6} (rel {el:.2e}), dx rel {edx:.2e}",
         want.loss
     );
-    // BF16 normed input and head, f32 logits: the summed loss to 1e-4, dx to BF16 level
-    assert!(el < 1e-4 && edx < 1e-2, "loss {el:.3e}, dx {edx:.3e}");
-    check_grads(&g, &want, &|_| 1e-2);
+    // the roundings modelled: the loss 1.5e-7, dx 4.2e-5, gradients 2.4e-5..3.4e-5 (f32
+    // accumulation and the rounding flips it causes)
+    assert!(el < 1e-6 && edx < 2e-4, "loss {el:.3e}, dx {edx:.3e}");
+    check_grads(&g, &want, &|_| 2e-4);
 }
 
 #[test]

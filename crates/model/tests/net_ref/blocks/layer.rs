@@ -184,13 +184,16 @@ fn core_bwd(d: &Dm, s: &AttnS, dout: &[f64], n: usize) -> (Vec<f64>, Vec<f64>, V
                         doi.iter().zip(vj).map(|(a, b)| a * b).sum()
                     })
                     .collect();
-                let rowdot: f64 = (0..=i).map(|j| pm[i * d.seq + j] * dp[j]).sum();
+                // as the kernel: delta from the stored (BF16) O, P and dS rounded to BF16 as
+                // MMA operands, the softmax scale applied to the dQ/dK accumulators
+                let oi = &s.o[(s0 + i) * d.nh * d.dv + hh * d.dv..][..d.dv];
+                let delta: f64 = doi.iter().zip(oi).map(|(a, b)| a * b).sum();
                 for j in 0..=i {
                     let pij = pm[i * d.seq + j];
                     for c in 0..d.dv {
-                        dv[(s0 + j) * d.nh * d.dv + hh * d.dv + c] += pij * doi[c];
+                        dv[(s0 + j) * d.nh * d.dv + hh * d.dv + c] += bfr(pij) * doi[c];
                     }
-                    let ds = pij * (dp[j] - rowdot) * scale;
+                    let ds = bfr(pij * (dp[j] - delta)) * scale;
                     for c in 0..dqk {
                         dq[(s0 + i) * d.nh * dqk + hh * dqk + c] += ds * kfull(j, c);
                         dk[(s0 + j) * d.nh * dqk + hh * dqk + c] +=
@@ -229,7 +232,20 @@ fn attn_bwd(d: &Dm, w: &LayerW, s: &AttnS, dx1: &[f64], n: usize) -> (Vec<f64>, 
     let dout = bfv(&mm_nn(dx1, &w.wo, n, h, d.nh * d.dv));
     let g_wo = mm_tn(dx1, &s.o, n, h, d.nh * d.dv);
     let (dq, dkv, dkr) = core_bwd(d, s, &dout, n);
-    let dckvn = bfv(&mm_nn(&dkv, &w.wkvb, n, d.nh * kvw, d.kvl));
+    // the device's two GEMMs, the second adding the first's BF16 result as C
+    let part = |keep: &dyn Fn(usize) -> bool, v: &[f64], width: usize| -> Vec<f64> {
+        v.iter()
+            .enumerate()
+            .map(|(i, &x)| if keep(i % width) { x } else { 0.0 })
+            .collect()
+    };
+    let dk_only = part(&|c| c % kvw < d.dn, &dkv, d.nh * kvw);
+    let dv_only = part(&|c| c % kvw >= d.dn, &dkv, d.nh * kvw);
+    let dckvn = bfv(&mm_nn(&dk_only, &w.wkvb, n, d.nh * kvw, d.kvl));
+    let dckvn = bfv(&add(
+        &mm_nn(&dv_only, &w.wkvb, n, d.nh * kvw, d.kvl),
+        &dckvn,
+    ));
     let g_wkvb = mm_tn(&dkv, &s.ckvn, n, d.nh * kvw, d.kvl);
     let (dckv, g_kvn) = rms_bwd(&s.ckv, &w.kvn, &dckvn, &s.r3, n, d.kvl);
     let dckv = bfv(&dckv);
@@ -245,10 +261,11 @@ fn attn_bwd(d: &Dm, w: &LayerW, s: &AttnS, dx1: &[f64], n: usize) -> (Vec<f64>, 
             r
         })
         .collect();
-    let da = bfv(&add(
-        &mm_nn(&dkva, &w.wkva, n, w_kva, h),
-        &mm_nn(&dcqr, &w.wqa, n, d.ql, h),
-    ));
+    let dc_only = part(&|c| c < d.kvl, &dkva, w_kva);
+    let dr_only = part(&|c| c >= d.kvl, &dkva, w_kva);
+    let da = bfv(&mm_nn(&dc_only, &w.wkva, n, w_kva, h));
+    let da = bfv(&add(&mm_nn(&dr_only, &w.wkva, n, w_kva, h), &da));
+    let da = bfv(&add(&mm_nn(&dcqr, &w.wqa, n, d.ql, h), &da));
     let g_wkva = mm_tn(&dkva, &s.a, n, w_kva, h);
     let g_wqa = mm_tn(&dcqr, &s.a, n, d.ql, h);
     let (dxn, g_an) = rms_bwd(&s.x, &w.an, &da, &s.r1, n, h);
