@@ -14,7 +14,7 @@
 //! - [`attn`]: the MLA block (norms, projections, RoPE, the attention kernels).
 //! - [`ffn`]: the dense FP8 FFN (the MoE layer's MLP over one group) and the MoE block.
 //! - [`head`]: embedding, final norm + head + cross-entropy.
-//! - [`load`]: parameter checks and uploads.
+//! - [`load`]: parameter checks and uploads; [`dims`]: the sizes, checked against the stage.
 //! - [`grads`]: per micro-batch gradients and their fixed-order reductions.
 //!
 //! Host work is limited to moving data: uploads of parameters (rounded to BF16 or quantised to
@@ -24,6 +24,7 @@
 //! the gradient accumulation, [`grads`]).
 
 mod attn;
+mod dims;
 mod ffn;
 mod grads;
 mod head;
@@ -38,6 +39,7 @@ use crate::stage::{
 };
 use crate::TrainError;
 use attn::{AttnAct, AttnConst, AttnW};
+pub(crate) use dims::Dims;
 use ffn::{DenseAct, DenseW, MoeAct};
 use grads::GradStore;
 use half::bf16;
@@ -47,78 +49,6 @@ use kernels::{Positions, RopeConfig, RopeTables, TokenBatch};
 use linear::{Ctx, Result};
 use runtime::{Buffer, Device};
 use std::collections::BTreeMap;
-
-/// The sizes every block reads.
-#[derive(Clone, Debug)]
-pub(crate) struct Dims {
-    pub h: usize,
-    pub nh: usize,
-    pub dn: usize,
-    pub dr: usize,
-    pub dv: usize,
-    pub ql: usize,
-    pub kvl: usize,
-    /// Dense FFN and expert intermediate sizes.
-    pub di: usize,
-    pub ei: usize,
-    pub eps: f32,
-    /// Tokens per rank and sequence length.
-    pub t: usize,
-    pub seq: usize,
-    pub vocab: usize,
-    pub experts: usize,
-    pub shared: bool,
-    pub dense_layers: usize,
-}
-
-impl Dims {
-    fn new(spec: &StageSpec) -> Result<Dims> {
-        let (m, tr) = (&spec.config.model, &spec.config.train);
-        let ep = spec.devices.len();
-        let bad = |msg: String| Err(TrainError::Shape(msg));
-        if ep == 0 || !(tr.micro_batch as usize).is_multiple_of(ep) {
-            return bad(format!(
-                "devices: {ep} EP ranks must divide micro_batch = {}",
-                tr.micro_batch
-            ));
-        }
-        if spec.layers.end > m.layers as usize {
-            return bad(format!(
-                "layers {:?} beyond the model's {}",
-                spec.layers, m.layers
-            ));
-        }
-        let seq = tr.seq_len as usize;
-        let t = seq * tr.micro_batch as usize / ep;
-        if t == 0 || !t.is_multiple_of(128) {
-            return bad(format!(
-                "tokens per EP rank (seq_len x micro_batch / ep) = {t}: must be a positive multiple of 128"
-            ));
-        }
-        Ok(dims_of(m, t, seq))
-    }
-}
-
-fn dims_of(m: &ModelConfig, t: usize, seq: usize) -> Dims {
-    Dims {
-        h: m.hidden as usize,
-        nh: m.heads as usize,
-        dn: m.qk_nope_head_dim as usize,
-        dr: m.qk_rope_head_dim as usize,
-        dv: m.v_head_dim as usize,
-        ql: m.q_lora_rank as usize,
-        kvl: m.kv_lora_rank as usize,
-        di: m.dense_intermediate as usize,
-        ei: m.expert_intermediate as usize,
-        eps: m.norm_eps,
-        t,
-        seq,
-        vocab: m.vocab as usize,
-        experts: m.routed_experts as usize,
-        shared: m.shared_experts > 0,
-        dense_layers: m.dense_layers as usize,
-    }
-}
 
 /// The FFN half of a layer.
 pub(crate) enum Ffn {

@@ -193,4 +193,15 @@ fn bad_boundaries_and_parameters_are_refused_with_clear_errors() {
         Ok(_) => panic!("accepted"),
     };
     assert!(m.contains("micro_batch = 3"), "{m}");
+    // an EP group of another size than parallel.ep
+    let mut one = spec(&c, 0, 1, 0..2, 175);
+    one.devices.truncate(1);
+    let m = match DeviceStage::new(one, &p) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("accepted"),
+    };
+    assert!(
+        m.contains("1 devices") && m.contains("parallel.ep = 2"),
+        "{m}"
+    );
 }
