@@ -29,10 +29,12 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
+    /// The rank's context with a stream of its own (two stages on one device, as DualPipeV
+    /// places them, then do not share a queue).
     pub fn new(dev: &Device) -> Ctx {
         Ctx {
             dev: dev.clone(),
-            st: dev.default_stream(),
+            st: dev.stream(0),
             poison: false,
         }
     }
