@@ -21,7 +21,10 @@
 //! FP8 as the kernels read them), the MoE layer's host-tensor interface, permutations of
 //! gradient rows, and moving gradients to the stage's first device, whose `f32_add` kernel
 //! sums them over ranks and micro-batches in a fixed order (the data-parallel all-reduce and
-//! the gradient accumulation, [`grads`]).
+//! the gradient accumulation, [`grads`]). Host arithmetic that remains: the per-expert token
+//! histogram of the routed indices, the sum of the ranks' losses (one f64 per rank), and what
+//! `MoeLayer` itself does on the host (it adds the shared expert's output to the combined one
+//! and the gate path's input gradient to the experts').
 
 mod attn;
 mod dims;
