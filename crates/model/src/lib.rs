@@ -6,6 +6,8 @@
 //!   communication SM partition overlapped with the shared expert, grouped FP8 expert GEMMs,
 //!   backward through the same kernels) and its f64 host reference. `ptxforge moe` is a thin
 //!   caller of it.
+//! - [`net`]: the device implementation of one pipeline stage ([`net::DeviceStage`]): MLA
+//!   attention, dense FP8 FFN, MoE layers, embedding and head, forward and backward.
 //! - [`params`]: every parameter's name, shape, kind and deterministic initial value (the
 //!   one list the device model, the reference trainer and checkpoints share).
 //! - [`reference`](mod@reference): the independent f64 reference trainer (plain host loops, the device path's
@@ -31,6 +33,7 @@ pub mod config;
 pub mod data;
 pub mod guard;
 pub mod moe;
+pub mod net;
 pub mod params;
 pub mod plot;
 pub mod reference;

@@ -1,8 +1,9 @@
 //! The non-attention kernels of a DeepSeek-V3-shaped training step, written with the typed PTX
 //! builder: [`norm`] (RMSNorm forward/backward, forward fused with FP8 1x128 quantisation),
 //! [`rope`] (decoupled RoPE, interleaved pairs, YaRN tables), [`xent`] (softmax cross-entropy
-//! over the vocabulary), [`optim`] (global gradient norm and AdamW with BF16 moments) and
-//! [`embed`] (embedding gather and its deterministic scatter-add backward).
+//! over the vocabulary), [`optim`] (global gradient norm and AdamW with BF16 moments),
+//! [`embed`] (embedding gather and its deterministic scatter-add backward) and [`ops`]
+//! (residual adds, precision changes, transposes and MLA's per-head slicing/summing).
 //!
 //! This module owns what they share: the warp/CTA reduction helpers, the vector load/store
 //! helpers, the [`OpCheck`] outcome of a check against the f64 references, and the registry
@@ -14,6 +15,7 @@
 
 pub mod embed;
 pub mod norm;
+pub mod ops;
 pub mod optim;
 pub mod rope;
 pub mod xent;

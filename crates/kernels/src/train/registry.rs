@@ -6,7 +6,7 @@
 //! k = rope dim; xent m = tokens, k = vocab; optim m = elements (split over n tensors for the
 //! norm); embed m = tokens, n = vocabulary, k = H.
 
-use super::{embed, norm, optim, rope, xent, OpCheck, TRAIN_TARGETS};
+use super::{embed, norm, ops, optim, rope, xent, OpCheck, TRAIN_TARGETS};
 use crate::quant::QUANT_TARGETS;
 use crate::registry::{CheckReport, KernelInfo, Kind, ParamInfo, Shape};
 use crate::{Result, ScaleMode};
@@ -30,6 +30,11 @@ pub enum TrainKernel {
     AdamW,
     EmbedFwd { bf16: bool },
     EmbedBwd { bf16: bool },
+    Add,
+    AddF32,
+    Cvt { to_bf16: bool },
+    Transpose { bf16: bool },
+    HeadSum,
 }
 
 impl TrainKernel {
@@ -51,6 +56,11 @@ impl TrainKernel {
             AdamW => optim::gen_adamw(t),
             EmbedFwd { bf16 } => embed::gen_embed_fwd(t, bf16),
             EmbedBwd { bf16 } => embed::gen_embed_bwd(t, bf16),
+            Add => ops::gen_add(t),
+            AddF32 => ops::gen_add_f32(t),
+            Cvt { to_bf16 } => ops::gen_cvt(t, to_bf16),
+            Transpose { bf16 } => ops::gen_transpose(t, bf16),
+            HeadSum => ops::gen_head_sum(t),
         }
     }
 
@@ -67,6 +77,9 @@ impl TrainKernel {
             GradSumsq | GradNorm | AdamW => optim::check_step(st, s.m, s.n, seed),
             EmbedFwd { bf16 } => embed::check_fwd(st, s.m, s.n, s.k, bf16, seed),
             EmbedBwd { bf16 } => embed::check_bwd(st, s.m, s.n, s.k, bf16, seed),
+            Add | AddF32 | Cvt { .. } => ops::check_elementwise(st, s.m, seed),
+            Transpose { bf16 } => ops::check_transpose(st, s.m, s.k, bf16, seed),
+            HeadSum => ops::check_head_sum(st, s.m, s.n, s.k, seed),
         }
     }
 }
@@ -349,6 +362,96 @@ fn rest_entries() -> Vec<E> {
         });
     }
     v.extend(reduction_entries());
+    v.extend(ops_entries());
+    v
+}
+
+/// The element-wise and re-layout kernels of [`ops`] (shapes: element-wise m = elements;
+/// transpose m = rows, k = cols; head sum m = rows, n = heads, k = head dim).
+fn ops_entries() -> Vec<E> {
+    const CVT_P: &[(&str, &str)] = &[("x", "f32*|bf16*"), ("out", "bf16*|f32*"), ("n", "u32")];
+    const ELEM: &str = "grid = ceil(n/256), block = 256 (thread per element)";
+    let ew = || vec![Shape::new(1000, 0, 0), Shape::new(77, 0, 0)];
+    let mut v = vec![
+        E {
+            name: ops::ADD_NAME,
+            summary: "out = bf16(a + b), bf16 operands (residual adds)",
+            params: &[
+                ("a", "bf16*"),
+                ("b", "bf16*"),
+                ("out", "bf16*"),
+                ("n", "u32"),
+            ],
+            launch: ELEM,
+            host: "bf16_add",
+            shapes: ew(),
+            kind: TrainKernel::Add,
+        },
+        E {
+            name: ops::ADD_F32_NAME,
+            summary: "out = a + b in f32 (fixed-order gradient accumulation)",
+            params: &[("a", "f32*"), ("b", "f32*"), ("out", "f32*"), ("n", "u32")],
+            launch: ELEM,
+            host: "f32_add",
+            shapes: ew(),
+            kind: TrainKernel::AddF32,
+        },
+        E {
+            name: ops::CVT_TO_BF16_NAME,
+            summary: "f32 -> bf16 (cvt.rn)",
+            params: CVT_P,
+            launch: ELEM,
+            host: "cvt_f32_bf16",
+            shapes: ew(),
+            kind: TrainKernel::Cvt { to_bf16: true },
+        },
+        E {
+            name: ops::CVT_TO_F32_NAME,
+            summary: "bf16 -> f32 (exact)",
+            params: CVT_P,
+            launch: ELEM,
+            host: "cvt_bf16_f32",
+            shapes: ew(),
+            kind: TrainKernel::Cvt { to_bf16: false },
+        },
+        E {
+            name: ops::HEAD_SUM_NAME,
+            summary:
+                "per-head column slices summed over heads in order (MLA dK_nope, shared dK_rope)",
+            params: &[
+                ("x", "bf16*"),
+                ("out", "bf16*"),
+                ("rows", "u32"),
+                ("w", "u32"),
+                ("groups", "u32"),
+                ("row_in", "u32"),
+                ("blk", "u32"),
+                ("off", "u32"),
+                ("nsum", "u32"),
+                ("sstride", "u32"),
+            ],
+            launch: "grid = ceil(rows*groups*w/256), block = 256 (thread per output)",
+            host: "head_sum",
+            shapes: vec![Shape::new(37, 3, 48), Shape::new(8, 16, 192)],
+            kind: TrainKernel::HeadSum,
+        },
+    ];
+    for bf in [true, false] {
+        v.push(E {
+            name: ops::transpose_name(bf),
+            summary: "out [cols, rows] = bf16(x [rows, cols])^T (weight-gradient operands)",
+            params: &[
+                ("x", "bf16*|f32*"),
+                ("out", "bf16*"),
+                ("rows", "u32"),
+                ("cols", "u32"),
+            ],
+            launch: "grid = ceil(rows*cols/256), block = 256 (thread per output)",
+            host: "transpose_bf16",
+            shapes: vec![Shape::new(37, 0, 24), Shape::new(128, 0, 256)],
+            kind: TrainKernel::Transpose { bf16: bf },
+        });
+    }
     v
 }
 

@@ -131,6 +131,28 @@ pub struct Forward {
     k_starts: Vec<Buffer<i32>>,
 }
 
+impl Forward {
+    /// Tokens routed to each expert (all ranks' top-k selections), `[E]`: the load the
+    /// aux-loss-free bias update balances.
+    pub fn expert_counts(&self, experts: usize) -> Result<Vec<u64>> {
+        let mut c = vec![0u64; experts];
+        for route in &self.routes {
+            for e in route.idx.to_vec()? {
+                let slot = usize::try_from(e).ok().and_then(|e| c.get_mut(e));
+                match slot {
+                    Some(n) => *n += 1,
+                    None => {
+                        return Err(MoeError::Shape(format!(
+                            "routed expert index {e} outside [0, {experts})"
+                        )))
+                    }
+                }
+            }
+        }
+        Ok(c)
+    }
+}
+
 /// One rank's gate gradients.
 #[derive(Clone, Debug)]
 pub struct GateGrad {
@@ -301,6 +323,36 @@ impl MoeLayer {
 
     pub fn config(&self) -> &MoeConfig {
         &self.dev.cfg
+    }
+
+    /// Replaces the weights (after an optimizer step): re-quantises the experts (128x128 FP8,
+    /// W and W^T) and re-uploads them with the gate and the bias. The EP group, the SM
+    /// partitions and the row layouts are kept.
+    pub fn set_weights(&mut self, weights: MoeWeights, progress: &dyn Progress) -> Result<()> {
+        let cfg = &self.dev.cfg;
+        let devices: Vec<Device> = self.dev.ranks.iter().map(|r| r.device.clone()).collect();
+        check_shapes(cfg, &devices, &weights)?;
+        let experts = quantise_experts(cfg, &weights, progress)?;
+        let (h, e_n, el) = (
+            cfg.hidden as usize,
+            cfg.experts as usize,
+            cfg.local_experts(),
+        );
+        let gate_t = transpose(&weights.gate, e_n, h);
+        for (r, rd) in self.dev.ranks.iter_mut().enumerate() {
+            let d = &rd.device;
+            let mine: Vec<&ExpertQ> = experts[r * el..(r + 1) * el].iter().collect();
+            rd.routed = MlpW::upload(d, &mine)?;
+            if rd.shared.is_some() {
+                rd.shared = Some(MlpW::upload(d, &[&experts[e_n]])?);
+            }
+            rd.gate = d.upload(&weights.gate)?;
+            rd.gate_t = d.upload(&gate_t)?;
+            rd.bias = d.upload(&weights.bias)?;
+        }
+        self.experts = experts;
+        self.weights = weights;
+        Ok(())
     }
 
     /// The FP32 master weights the layer was built from.

@@ -31,7 +31,7 @@
 mod exec;
 pub(crate) mod host;
 mod layer;
-mod mlp;
+pub(crate) mod mlp;
 pub mod reference;
 
 pub use exec::{Progress, ProgressPhase, Quiet, Span, TraceSpan};

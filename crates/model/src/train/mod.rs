@@ -40,15 +40,8 @@ pub type StageFactory = dyn Fn(StageSpec, &Params) -> Result<Box<dyn Stage>, Tra
 
 /// The device model's stage factory.
 ///
-/// LEAD: replace the body with
-/// `Box::new(|spec, p| Ok(Box::new(crate::net::DeviceStage::new(spec, p)?) as Box<dyn Stage>))`
-/// once `model::net::DeviceStage` is merged.
 pub fn device_stage_factory() -> Box<StageFactory> {
-    Box::new(|_spec, _params| {
-        Err(TrainError::Unsupported(
-            "device stages not merged yet".into(),
-        ))
-    })
+    Box::new(|spec, p| Ok(Box::new(crate::net::DeviceStage::new(spec, p)?) as Box<dyn Stage>))
 }
 
 /// Trainer options that are not part of the job's configuration.
