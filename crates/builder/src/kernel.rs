@@ -1063,11 +1063,15 @@ impl ModuleBuilder {
 pub trait KernelParam {
     /// What the kernel body gets: a register or a pointer.
     type Handle;
+    /// The `.param` type the kernel declares (`.u64` for pointers), which
+    /// [`crate::TypedKernel`] checks a module's signature against.
+    const PARAM_TY: Ty;
     fn declare(k: &mut KernelBuilder, name: &str) -> Self::Handle;
 }
 
 impl<T: Scalar> KernelParam for T {
     type Handle = Reg<T>;
+    const PARAM_TY: Ty = T::MEM_TY;
     fn declare(k: &mut KernelBuilder, name: &str) -> Reg<T> {
         k.params.push(Param {
             space: Space::Param,
@@ -1137,6 +1141,7 @@ fn declare_global_ptr<T: PtxType>(k: &mut KernelBuilder, name: &str, align: u32)
 
 impl<T: PtxType> KernelParam for Ptr<T, Global> {
     type Handle = GlobalPtr<T>;
+    const PARAM_TY: Ty = Ty::U64;
     fn declare(k: &mut KernelBuilder, name: &str) -> GlobalPtr<T> {
         declare_global_ptr(k, name, T::SIZE)
     }
@@ -1144,6 +1149,7 @@ impl<T: PtxType> KernelParam for Ptr<T, Global> {
 
 impl<T: PtxType> KernelParam for Ptr<T, Generic> {
     type Handle = GenericPtr<T>;
+    const PARAM_TY: Ty = Ty::U64;
     fn declare(k: &mut KernelBuilder, name: &str) -> GenericPtr<T> {
         k.params.push(Param {
             space: Space::Param,

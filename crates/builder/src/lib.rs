@@ -38,6 +38,8 @@
 //!   barriers/fences, warp-level, mma/ldmatrix/wgmma, cp.async(.bulk), mbarrier, cluster);
 //! - [`hopper`]: warpgroup roles with register budgets, wgmma descriptors and the FP8 form,
 //!   swizzled shared tiles, tensor-map parameters / TMA, the mbarrier pipeline state;
+//! - [`typed`]: [`TypedBuilder`] / [`TypedKernel`], kernels whose parameter list is a Rust type
+//!   (launched with `runtime::Stream::launch_typed`);
 //! - [`examples`]: `vector_add`, `warp_reduce_sum`, `transpose_tiled`.
 
 pub mod error;
@@ -46,6 +48,7 @@ pub mod hopper;
 pub mod kernel;
 pub mod ops;
 pub mod ty;
+pub mod typed;
 
 pub use error::BuildError;
 pub use hopper::{
@@ -55,3 +58,7 @@ pub use kernel::{KernelBuilder, KernelParam, ModuleBuilder, RetSlot, Target};
 pub use ops::*;
 pub use ptx::SReg;
 pub use ty::*;
+pub use typed::{Append, ParamList, TypedBuilder, TypedKernel};
+/// The PTX IR module type every builder produces (`ptx::Module`), under a name that does not
+/// clash with `runtime::Module` (a module loaded on a device).
+pub use ptx::Module as PtxModule;

@@ -517,6 +517,23 @@ impl Function {
                     ),
                 });
             }
+            // A byte-array parameter (`.b8 p[8]`) takes any argument of its size.
+            let fits = match p.array {
+                Some(_) => p.ty.kind() == ptx::TyKind::Bits,
+                None => a.fits(p.ty),
+            };
+            if !fits {
+                return Err(RuntimeError::Args {
+                    kernel: self.name.clone(),
+                    msg: format!(
+                        "argument {i} (`{}`): {} given, parameter is .{} (no implicit \
+                         conversion: pass exactly that kind)",
+                        p.name,
+                        a.kind_name(),
+                        p.ty
+                    ),
+                });
+            }
             let align = p.alignment().max(1) as usize;
             while buf.len() % align != 0 {
                 buf.push(0);
