@@ -56,9 +56,9 @@ pub use hopper::{
 };
 pub use kernel::{KernelBuilder, KernelParam, ModuleBuilder, RetSlot, Target};
 pub use ops::*;
-pub use ptx::SReg;
-pub use ty::*;
-pub use typed::{Append, ParamList, TypedBuilder, TypedKernel};
 /// The PTX IR module type every builder produces (`ptx::Module`), under a name that does not
 /// clash with `runtime::Module` (a module loaded on a device).
 pub use ptx::Module as PtxModule;
+pub use ptx::SReg;
+pub use ty::*;
+pub use typed::{Append, ParamList, TypedBuilder, TypedKernel};

@@ -273,7 +273,15 @@ mod tests {
         let (mut k, _n) = k.param::<i32>("n");
         k.ret();
         let t: TypedKernel<(GlobalPtr<f32>, GlobalPtr<u32>, i32)> = k.finish().unwrap();
-        let tys: Vec<_> = t.module().entries().next().unwrap().params.iter().map(|p| p.ty).collect();
+        let tys: Vec<_> = t
+            .module()
+            .entries()
+            .next()
+            .unwrap()
+            .params
+            .iter()
+            .map(|p| p.ty)
+            .collect();
         assert_eq!(tys, vec![ptx::Ty::U64, ptx::Ty::U64, ptx::Ty::S32]);
     }
 

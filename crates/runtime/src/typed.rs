@@ -108,10 +108,7 @@ impl Module {
                 msg: e.to_string(),
             }
         })?;
-        Ok(TypedFunction {
-            f,
-            _p: PhantomData,
-        })
+        Ok(TypedFunction { f, _p: PhantomData })
     }
 }
 

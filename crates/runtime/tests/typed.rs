@@ -40,7 +40,10 @@ fn typed_saxpy_matches_f64_reference() {
     let got = s.read(&yb).unwrap();
     for i in 0..n {
         let want = a as f64 * xs[i] as f64 + ys[i] as f64;
-        assert!((got[i] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "y[{i}]");
+        assert!(
+            (got[i] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
+            "y[{i}]"
+        );
     }
     assert!(s.read(&tail).unwrap().iter().all(|v| v.is_nan()));
     // The raw-pointer escape reaches the same kernel.
@@ -60,7 +63,10 @@ fn dynamic_args_need_exact_integer_kinds() {
     let e = f.pack_args(&args![&b, &b, 1.0f32, 4i32]).unwrap_err();
     let msg = e.to_string();
     assert!(matches!(e, RuntimeError::Args { .. }), "{e}");
-    assert!(msg.contains("`n`") && msg.contains("i32") && msg.contains(".u32"), "{msg}");
+    assert!(
+        msg.contains("`n`") && msg.contains("i32") && msg.contains(".u32"),
+        "{msg}"
+    );
     // u32 bits for the `.f32` parameter `a`: rejected too.
     let msg = f
         .pack_args(&args![&b, &b, 1u32, 4u32])
@@ -68,8 +74,13 @@ fn dynamic_args_need_exact_integer_kinds() {
         .to_string();
     assert!(msg.contains("`a`") && msg.contains(".f32"), "{msg}");
     // A u64 for a pointer parameter (`.u64`) and the exact kinds are accepted.
-    f.pack_args(&[Arg::U64(b.device_ptr()), Arg::from(&b), 1.0f32.into(), 4u32.into()])
-        .unwrap();
+    f.pack_args(&[
+        Arg::U64(b.device_ptr()),
+        Arg::from(&b),
+        1.0f32.into(),
+        4u32.into(),
+    ])
+    .unwrap();
     // Launch checks the same way (before queueing anything).
     let s = dev.stream(0);
     let cfg = LaunchConfig::linear(1, 32);
@@ -101,6 +112,9 @@ fn typed_function_checks_the_loaded_signature() {
         "saxpy",
     );
     let e = wrong.unwrap_err().to_string();
-    assert!(e.contains("`n`") && e.contains(".u32") && e.contains(".s32"), "{e}");
+    assert!(
+        e.contains("`n`") && e.contains(".u32") && e.contains(".s32"),
+        "{e}"
+    );
     assert!(dev.load_kernel(&k).is_ok());
 }
