@@ -64,6 +64,14 @@ pub enum RuntimeError {
 
 pub type Result<T> = std::result::Result<T, RuntimeError>;
 
+// The Rust snippets of the README and docs/BUILDER.md compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/BUILDER.md")]
+struct BuilderDocDoctests;
+
 /// A kernel argument, passed by value. Launches check each argument's kind against the PTX
 /// parameter it is passed for ([`Arg::fits`]): integers must match the parameter's signedness
 /// and width exactly (`.u32` takes [`Arg::U32`], never an `i32`), floats their type; untyped
