@@ -42,14 +42,15 @@ pub fn main() -> Result<(), Box<dyn Error>> {
         &problem,
         GemmBufs::new(&a_buf, &b_buf, &d).scales(&sa_buf, &sb_buf),
     )?;
-    let family = match &run.resolved {
-        Resolved::Wgmma(_) => "wgmma (Hopper)",
-        Resolved::MmaSync(_) => "mma.sync",
-    };
     println!(
-        "ran {} [{family}], synchronised: {}",
-        run.kernel, run.synchronised
+        "ran {} ({}), synchronised: {}",
+        run.kernel,
+        run.config(),
+        run.synchronised
     );
+    if matches!(run.resolved, Resolved::Wgmma(_)) != run.synchronised {
+        return Err("the Hopper kernel (and only it) synchronises the stream".into());
+    }
     let got: Vec<f64> = stream.read(&d)?.iter().map(|v| v.to_f64()).collect();
 
     let want = gemm_nt_f64(

@@ -235,6 +235,30 @@ struct FnCheck<'a> {
     diags: Vec<Diagnostic>,
 }
 
+/// Why an immediate cannot be an operand of type `want` (as ptxas rejects it): an integer
+/// literal for a `.f32`/`.f64` operand (`add.f32 %f1, %f2, 1;`: write `0f3F800000` or `1.0`),
+/// or a float literal for a signed/unsigned integer operand. Bit types take either (`mov.b32
+/// %r1, 0f3F800000;`).
+fn imm_kind_mismatch(imm: &Imm, want: Ty) -> Option<String> {
+    let int = matches!(imm, Imm::Int(_) | Imm::U64(_));
+    if int && matches!(want, Ty::F32 | Ty::F64) {
+        let v = match imm {
+            Imm::Int(v) => v.to_string(),
+            Imm::U64(v) => v.to_string(),
+            _ => String::new(),
+        };
+        return Some(format!(
+            "integer immediate `{v}` where a .{want} is expected (write a float literal, e.g. `{v}.0` or `0f...`)"
+        ));
+    }
+    if !int && matches!(want.kind(), TyKind::Signed | TyKind::Unsigned) {
+        return Some(format!(
+            "float immediate where a .{want} integer is expected"
+        ));
+    }
+    None
+}
+
 /// Is an operand of register type `have` acceptable where the instruction wants `want`?
 fn compatible(have: Ty, want: Ty) -> bool {
     if have == want {
@@ -825,6 +849,14 @@ impl<'a> FnCheck<'a> {
             Operand::Not(x) => return self.check(i, x, Want::T(Ty::Pred), what),
             Operand::Imm(imm) => {
                 if want_ty == Ty::Pred {
+                    return;
+                }
+                if let Some(why) = imm_kind_mismatch(imm, want_ty) {
+                    self.diag(
+                        DiagKind::TypeMismatch,
+                        i.loc,
+                        format!("{what} of `{}`: {why}", i.op.name()),
+                    );
                     return;
                 }
                 if let (Imm::F64(_), 4) | (Imm::F32(_), 8) = (imm, want_ty.size()) {
