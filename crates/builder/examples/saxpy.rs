@@ -7,8 +7,11 @@ use builder::*;
 use runtime::{Device, LaunchConfig};
 use std::error::Error;
 
+/// The kernel's signature: its parameter types, in order.
+type Saxpy = TypedKernel<(GlobalPtr<f32>, GlobalPtr<f32>, f32, u32)>;
+
 /// The kernel: one thread per element, `y[i] = fma(a, x[i], y[i])` for `i < n`.
-fn saxpy(t: Target) -> Result<TypedKernel<(GlobalPtr<f32>, GlobalPtr<f32>, f32, u32)>, BuildError> {
+fn saxpy(t: Target) -> Result<Saxpy, BuildError> {
     let k = KernelBuilder::new("saxpy", t).typed();
     let (k, x) = k.param::<GlobalPtr<f32>>("x");
     let (k, y) = k.param::<GlobalPtr<f32>>("y");

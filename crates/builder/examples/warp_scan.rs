@@ -7,9 +7,12 @@ use builder::*;
 use runtime::{Device, LaunchConfig};
 use std::error::Error;
 
+/// The kernel's signature: its parameter types, in order.
+type WarpScan = TypedKernel<(GlobalPtr<u32>, GlobalPtr<u32>)>;
+
 /// `out[i] = sum(x[w*32 ..= i])` for warp `w = i / 32`; launch exactly `n` threads
 /// (`n` a multiple of 32).
-fn warp_scan(t: Target) -> Result<TypedKernel<(GlobalPtr<u32>, GlobalPtr<u32>)>, BuildError> {
+fn warp_scan(t: Target) -> Result<WarpScan, BuildError> {
     let k = KernelBuilder::new("warp_scan", t).typed();
     let (k, x) = k.param::<GlobalPtr<u32>>("x");
     let (mut k, out) = k.param::<GlobalPtr<u32>>("out");
