@@ -7,13 +7,13 @@ use builder::*;
 use runtime::{Device, LaunchConfig};
 use std::error::Error;
 
-const BLOCK: u32 = 256;
+pub const BLOCK: u32 = 256;
 
 /// The kernel's signature: its parameter types, in order.
-type BlockSum = TypedKernel<(GlobalPtr<f32>, GlobalPtr<f32>, u32)>;
+pub type BlockSum = TypedKernel<(GlobalPtr<f32>, GlobalPtr<f32>, u32)>;
 
 /// `partial[ctaid.x] = sum(x[ctaid.x*256 .. +256])` (elements past `n` count as 0).
-fn block_sum(t: Target) -> Result<BlockSum, BuildError> {
+pub fn block_sum(t: Target) -> Result<BlockSum, BuildError> {
     let k = KernelBuilder::new("block_sum", t).typed();
     let (k, x) = k.param::<GlobalPtr<f32>>("x");
     let (k, partial) = k.param::<GlobalPtr<f32>>("partial");

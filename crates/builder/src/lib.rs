@@ -38,12 +38,15 @@
 //!   barriers/fences, warp-level, mma/ldmatrix/wgmma, cp.async(.bulk), mbarrier, cluster);
 //! - [`hopper`]: warpgroup roles with register budgets, wgmma descriptors and the FP8 form,
 //!   swizzled shared tiles, tensor-map parameters / TMA, the mbarrier pipeline state;
+//! - [`mod@expr`]: [`ExprScope`] / [`Ex`], operators on registers and immediates emitting the
+//!   same one instruction per operation as the methods;
 //! - [`typed`]: [`TypedBuilder`] / [`TypedKernel`], kernels whose parameter list is a Rust type
 //!   (launched with `runtime::Stream::launch_typed`);
 //! - [`examples`]: `vector_add`, `warp_reduce_sum`, `transpose_tiled`.
 
 pub mod error;
 pub mod examples;
+pub mod expr;
 pub mod hopper;
 pub mod kernel;
 pub mod ops;
@@ -51,6 +54,7 @@ pub mod ty;
 pub mod typed;
 
 pub use error::BuildError;
+pub use expr::{Ex, ExPtr, ExprScope};
 pub use hopper::{
     Fp8, MatrixDesc, PipeState, Pipeline, RegBudget, SmemLayout, SmemTile, Swizzle as SmemSwizzle,
 };
