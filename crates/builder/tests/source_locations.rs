@@ -63,3 +63,32 @@ fn annotated_print_shows_locations_and_keeps_lines() {
     // The annotated text is still PTX that parses to the same module.
     assert_eq!(ptx::parse(&ann).unwrap(), *kernel.module());
 }
+
+/// Validator diagnostics of builder-made kernels name the printed-PTX line and the Rust line.
+#[test]
+fn validator_diagnostics_name_both_lines() {
+    let mut k = KernelBuilder::new("bad_imm", Target::sm80());
+    let x = k.param::<f32>("x");
+    let out = k.param::<GlobalPtr<f32>>("out");
+    let y = k.reg::<f32>();
+    let line = line!() + 1;
+    k.emit(
+        ptx::Opcode::Add,
+        [ptx::Mod::Type(ptx::Ty::F32)],
+        [y.op(), x.op(), ptx::Operand::Imm(ptx::Imm::Int(1))],
+    );
+    k.st(out, y);
+    let m = k.finish().unwrap();
+    let diags = ptx::validate::validate(&m);
+    let d = diags.iter().find(|d| d.is_error()).expect("an error");
+    let text = ptx::print(&m);
+    let ptx_line = text
+        .lines()
+        .position(|l| l.trim_start().starts_with("add.f32"))
+        .unwrap()
+        + 1;
+    assert_eq!(d.line as usize, ptx_line, "{d}");
+    let here = format!("{}:{line}", file!());
+    assert_eq!(d.rust.as_deref(), Some(here.as_str()), "{d}");
+    assert!(d.to_string().contains(&here), "{d}");
+}

@@ -115,6 +115,9 @@ pub struct Diagnostic {
     /// The function it was found in (`None` for module-level findings).
     pub function: Option<String>,
     pub message: String,
+    /// `file:line` of the Rust builder call that emitted the instruction (builder-made modules).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rust: Option<String>,
 }
 
 impl Diagnostic {
@@ -129,7 +132,11 @@ impl fmt::Display for Diagnostic {
             f,
             "{}:{}: {}: {}",
             self.line, self.col, self.severity, self.message
-        )
+        )?;
+        if let Some(r) = &self.rust {
+            write!(f, " (emitted at {r})")?;
+        }
+        Ok(())
     }
 }
 
@@ -327,6 +334,7 @@ impl<'a> FnCheck<'a> {
             col: loc.col,
             function: Some(self.f.name.clone()),
             message,
+            rust: loc.rust_location(),
         });
     }
 
