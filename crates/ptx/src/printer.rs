@@ -12,7 +12,7 @@ pub fn print(m: &Module) -> String {
     s
 }
 
-/// Sets `loc.line` of every instruction to its 1-based line in [`print`]`(m)`, so that
+/// Sets `loc.line` of every instruction to its 1-based line in [`print()`]`(m)`, so that
 /// diagnostics about a module that was built rather than parsed (emulator faults, validator
 /// messages) name the line of its printed text. The printed text is unchanged.
 pub fn number_lines(m: &mut Module) {
@@ -28,8 +28,8 @@ pub fn number_lines(m: &mut Module) {
     }
 }
 
-/// [`print`] with the Rust source location of each builder-emitted instruction appended as a
-/// comment (`add.f32 %f3, %f1, %f2; // src/kernel.rs:42`). Lines are the same as in [`print`].
+/// [`print()`] with the Rust source location of each builder-emitted instruction appended as a
+/// comment (`add.f32 %f3, %f1, %f2; // src/kernel.rs:42`). Lines are the same as in [`print()`].
 pub fn print_annotated(m: &Module) -> String {
     let text = print(m);
     let instrs: Vec<&Instruction> = m.functions().flat_map(|f| f.instructions()).collect();
