@@ -461,6 +461,7 @@ def kernels() -> list[Kernel]:
 # Compilation + writing
 # =============================================================================================
 
+PTX_KIND = {".u32": "u32", ".s32": "i32", ".u64": "u64", ".s64": "i64", ".f32": "f32", ".f64": "f64"}
 ARG_TY = {"*fp32": "f32", "*fp16": "f16", "*bf16": "bf16", "*fp8e4nv": "u8", "*i32": "i32", "*u8": "u8",
           "i32": "i32", "u32": "u32", "i64": "i64", "u64": "u64", "fp32": "f32"}
 
@@ -515,7 +516,12 @@ def write_case(k: Kernel, tdir: Path, ptx: str, meta, triton_version: str):
         else:
             assert ARG_TY[ty] == a.ty, (k.name, nme, ty, a.ty)
             v = a.value
-            args.append(f"{a.ty}:{repr(float(v)) if a.ty.startswith('f') else int(v)}")
+            # ptxforge launches check a scalar's kind against the PTX parameter exactly, and
+            # Triton declares 32-bit integer arguments `.u32` whatever their Triton type.
+            kind = PTX_KIND.get(params[i], a.ty)
+            if kind == "u32":
+                assert 0 <= int(v) < 2**32, (k.name, nme, v)
+            args.append(f"{kind}:{repr(float(v)) if kind.startswith('f') else int(v)}")
     # Trailing params Triton appends (global_scratch, profile_scratch in 3.x): pass null.
     extra = params[len(args):]
     if len(params) < len(args) or any(p != ".u64" for p in extra):

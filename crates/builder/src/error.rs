@@ -31,6 +31,9 @@ pub enum BuildError {
     /// `break_`/`continue_` outside a loop, branches inside `when`, ...
     #[error("control flow misuse: {0}")]
     ControlFlow(String),
+    /// A typed kernel's parameter list differs from its signature type.
+    #[error("kernel signature: {0}")]
+    Signature(String),
     /// An operand combination the PTX ISA does not allow (vector width, fragment count, ...).
     #[error("invalid operation: {0}")]
     Invalid(String),

@@ -157,6 +157,7 @@ pub struct SmemLayout {
 
 impl SmemLayout {
     /// Starts at the `dyn_smem` window (declared 1024-byte aligned for 128B-swizzled tiles).
+    #[track_caller]
     pub fn new(k: &mut KernelBuilder) -> SmemLayout {
         SmemLayout {
             base: k.dynamic_shared::<u8>(1024),
@@ -172,6 +173,7 @@ impl SmemLayout {
         self.off
     }
     /// Reserves `bytes` at `align`; returns the byte offset from the base.
+    #[track_caller]
     pub fn reserve(&mut self, bytes: u32, align: u32) -> u32 {
         let a = align.max(1);
         self.off = self.off.div_ceil(a) * a;
@@ -180,6 +182,7 @@ impl SmemLayout {
         o
     }
     /// A swizzled tile (`row_bytes` must be a multiple of the swizzle width).
+    #[track_caller]
     pub fn tile(&mut self, rows: u32, row_bytes: u32, swizzle: Swizzle) -> SmemTile {
         let o = self.reserve(rows * row_bytes, swizzle.align());
         SmemTile {
@@ -190,11 +193,13 @@ impl SmemLayout {
         }
     }
     /// `n` elements of `T` (e.g. scales).
+    #[track_caller]
     pub fn array<T: PtxType>(&mut self, n: u32, align: u32) -> SharedPtr<T> {
         let o = self.reserve(n * T::SIZE, align.max(T::SIZE));
         self.base.add_bytes(o as i64).cast()
     }
     /// `n` mbarriers (8 bytes each).
+    #[track_caller]
     pub fn barriers(&mut self, n: u32) -> SharedPtr<u64> {
         self.array::<u64>(n, 8)
     }
@@ -261,6 +266,7 @@ pub struct PipeState {
 
 impl PipeState {
     /// Stage 0, phase 0.
+    #[track_caller]
     pub fn new(k: &mut KernelBuilder) -> PipeState {
         PipeState {
             stage: k.mov(0u32),
@@ -268,6 +274,7 @@ impl PipeState {
         }
     }
     /// Next stage; the phase flips when the ring wraps.
+    #[track_caller]
     pub fn advance(&self, k: &mut KernelBuilder, stages: u32) {
         k.add_to(self.stage, self.stage, 1u32);
         let wrap = k.eq(self.stage, stages);
@@ -301,6 +308,7 @@ impl Pipeline {
     /// Initialises every barrier (`full` expects `producer_arrivals`, `empty`
     /// `consumer_arrivals`) from the threads where `leader` holds, then
     /// `fence.mbarrier_init` + a CTA barrier so every thread sees them.
+    #[track_caller]
     pub fn init(
         &self,
         k: &mut KernelBuilder,
@@ -317,19 +325,23 @@ impl Pipeline {
         });
         k.sync_threads();
     }
+    #[track_caller]
     fn bar(k: &mut KernelBuilder, base: SharedPtr<u64>, st: &PipeState) -> SharedPtr<u64> {
         let a = k.mad_lo(st.stage, 8u32, base.reg());
         SharedPtr::from_reg(a).add_bytes(base.byte_offset())
     }
     /// `full[stage]` (the barrier TMA loads of this stage complete on).
+    #[track_caller]
     pub fn full_bar(&self, k: &mut KernelBuilder, st: &PipeState) -> SharedPtr<u64> {
         Self::bar(k, self.full, st)
     }
     /// `empty[stage]`.
+    #[track_caller]
     pub fn empty_bar(&self, k: &mut KernelBuilder, st: &PipeState) -> SharedPtr<u64> {
         Self::bar(k, self.empty, st)
     }
     /// Producer: waits until the consumers released this stage.
+    #[track_caller]
     pub fn producer_acquire(&self, k: &mut KernelBuilder, st: &PipeState) {
         let b = self.empty_bar(k, st);
         let par = k.xor(st.phase, 1u32);
@@ -337,6 +349,7 @@ impl Pipeline {
     }
     /// Producer (one thread): arrives on `full[stage]` announcing `bytes` of transactions; returns
     /// the barrier for the TMA copies.
+    #[track_caller]
     pub fn producer_commit_tx(
         &self,
         k: &mut KernelBuilder,
@@ -348,18 +361,21 @@ impl Pipeline {
         b
     }
     /// Consumer: waits until this stage's data has landed.
+    #[track_caller]
     pub fn consumer_wait(&self, k: &mut KernelBuilder, st: &PipeState) {
         let b = self.full_bar(k, st);
         k.mbarrier_wait_parity(b, st.phase);
     }
     /// Consumer: releases this stage to the producer (one arrival from each calling thread;
     /// size `consumer_arrivals` of [`Pipeline::init`] accordingly).
+    #[track_caller]
     pub fn consumer_release(&self, k: &mut KernelBuilder, st: &PipeState) {
         let b = self.empty_bar(k, st);
         k.mbarrier_arrive(b);
     }
     /// Consumer: releases this stage on the `empty` barrier of CTA `rank` of the cluster
     /// (`mapa` + `mbarrier.arrive.shared::cluster`), for multicast pipelines.
+    #[track_caller]
     pub fn consumer_release_cluster(
         &self,
         k: &mut KernelBuilder,
@@ -384,11 +400,13 @@ impl Pipeline {
 
 impl KernelBuilder {
     /// `%tid.x >> 7`: the warpgroup of this thread.
+    #[track_caller]
     pub fn warpgroup_index(&mut self) -> Reg<u32> {
         let t = self.tid_x();
         self.shr(t, 7u32)
     }
     /// `%tid.x & 127`: the thread's index within its warpgroup.
+    #[track_caller]
     pub fn warpgroup_thread(&mut self) -> Reg<u32> {
         let t = self.tid_x();
         self.and(t, 127u32)
@@ -396,6 +414,7 @@ impl KernelBuilder {
     /// Warp specialisation: threads where `is_producer` holds run `producer` after
     /// `setmaxnreg.dec budget.producer`, the others run `consumer` after
     /// `setmaxnreg.inc budget.consumer`. `is_producer` must be uniform per warpgroup.
+    #[track_caller]
     pub fn warp_specialize(
         &mut self,
         is_producer: Reg<Pred>,
@@ -425,6 +444,7 @@ impl KernelBuilder {
 
     /// A wgmma descriptor for the shared byte address `addr` with the constants of `d`
     /// (`d.start` is added to `addr`): `cvt.u64.u32`, `shr`, `and`, `or`.
+    #[track_caller]
     pub fn matrix_desc(&mut self, addr: Reg<u32>, d: MatrixDesc) -> Reg<u64> {
         let a = if d.start != 0 {
             self.add(addr, d.start)
@@ -439,6 +459,7 @@ impl KernelBuilder {
     }
     /// The descriptor of a tile as a K-major operand starting at row `row` (a multiple of 8)
     /// and K byte `kbyte` (within one swizzle row, or at a slab boundary).
+    #[track_caller]
     pub fn tile_desc(&mut self, t: &SmemTile, row: u32, kbyte: u32) -> Reg<u64> {
         let d = t.desc();
         let w = t.swizzle.width();
@@ -447,6 +468,7 @@ impl KernelBuilder {
         self.matrix_desc(base, MatrixDesc { start: off, ..d })
     }
     /// Advances a descriptor by `bytes` (a multiple of 16) along its start address.
+    #[track_caller]
     pub fn desc_add(&mut self, desc: Reg<u64>, bytes: u32) -> Reg<u64> {
         self.add(desc, (bytes as u64 >> 4) as i64 as u64)
     }
@@ -454,6 +476,7 @@ impl KernelBuilder {
     /// `wgmma.mma_async.sync.aligned.m64nNk32.f32.A.B {d..}, adesc, bdesc, scale_d, 1, 1;` —
     /// the FP8 form (both operands K-major from shared memory; `d` holds `N/2` f32).
     #[allow(clippy::too_many_arguments)]
+    #[track_caller]
     pub fn wgmma_mma_async_fp8(
         &mut self,
         n: u16,
@@ -503,11 +526,13 @@ impl KernelBuilder {
     /// `emu::hopper::TensorMapDesc` on the emulator). Returns the generic address TMA
     /// instructions take. (Use [`KernelBuilder::param_tensormap`] for a by-value
     /// `.param .b8 [128]` map.)
+    #[track_caller]
     pub fn param_tensormap_ptr(&mut self, name: &str) -> Reg<u64> {
         self.param::<u64>(name)
     }
 
     /// 2-D TMA load of box `(c0, c1)` of `tmap` into `dst`, completing on `bar`.
+    #[track_caller]
     pub fn tma_load_2d(
         &mut self,
         dst: SharedPtr<u8>,
@@ -523,6 +548,7 @@ impl KernelBuilder {
 
     /// 2-D TMA load multicast to the CTAs of the cluster in `mask` (same shared offset and
     /// barrier offset in each): `cp.async.bulk.tensor.2d...multicast::cluster`.
+    #[track_caller]
     pub fn tma_load_2d_multicast(
         &mut self,
         dst: SharedPtr<u8>,

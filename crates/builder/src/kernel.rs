@@ -170,12 +170,14 @@ impl KernelBuilder {
     // errors and requirements
 
     /// Records the first user mistake; [`KernelBuilder::finish`] reports it.
+    #[track_caller]
     pub(crate) fn fail(&mut self, e: BuildError) {
         if self.error.is_none() {
             self.error = Some(e);
         }
     }
     /// Raises the minimum (sm, ptx) beyond what the opcode table says.
+    #[track_caller]
     pub(crate) fn require(&mut self, sm: u32, ptx: u32) {
         self.need = (self.need.0.max(sm), self.need.1.max(ptx));
     }
@@ -184,6 +186,7 @@ impl KernelBuilder {
     // registers
 
     /// Allocates a fresh register of type `T` (declared automatically).
+    #[track_caller]
     pub fn reg<T: PtxType>(&mut self) -> Reg<T> {
         let c = T::CLASS.index();
         let id = self.counts[c];
@@ -191,10 +194,12 @@ impl KernelBuilder {
         Reg::new(id)
     }
     /// Allocates `N` fresh registers (fragments, vector loads).
+    #[track_caller]
     pub fn regs<T: PtxType, const N: usize>(&mut self) -> [Reg<T>; N] {
         std::array::from_fn(|_| self.reg::<T>())
     }
     /// Allocates `n` fresh registers.
+    #[track_caller]
     pub fn reg_vec<T: PtxType>(&mut self, n: usize) -> Vec<Reg<T>> {
         (0..n).map(|_| self.reg::<T>()).collect()
     }
@@ -213,6 +218,7 @@ impl KernelBuilder {
 
     /// Appends one instruction (under the active [`KernelBuilder::when`] guard, if any).
     /// The low-level door to any instruction the typed API does not cover.
+    #[track_caller]
     pub fn emit(
         &mut self,
         op: Opcode,
@@ -221,9 +227,11 @@ impl KernelBuilder {
     ) {
         let mut ins = Instruction::new(op, mods.into_iter().collect(), args.into_iter().collect());
         ins.guard = self.guard.clone();
+        ins.loc.rust = Some(std::panic::Location::caller());
         self.body.push(Statement::Instr(ins));
     }
     /// Appends one instruction with an explicit guard (`@p` / `@!p`).
+    #[track_caller]
     pub fn emit_guarded(
         &mut self,
         guard: Reg<Pred>,
@@ -237,14 +245,17 @@ impl KernelBuilder {
             negated,
             reg: guard.name(),
         });
+        ins.loc.rust = Some(std::panic::Location::caller());
         self.body.push(Statement::Instr(ins));
     }
     /// Appends a statement as is (labels, declarations). Registers are not checked.
+    #[track_caller]
     pub fn push_statement(&mut self, s: Statement) {
         self.body.push(s);
     }
 
     /// Runs `f` with every emitted instruction predicated on `p` (`@p op ...;`), without branches.
+    #[track_caller]
     pub fn when(&mut self, p: Reg<Pred>, f: impl FnOnce(&mut Self)) {
         self.with_guard(
             Guard {
@@ -255,6 +266,7 @@ impl KernelBuilder {
         )
     }
     /// Like [`KernelBuilder::when`] with `@!p`.
+    #[track_caller]
     pub fn when_not(&mut self, p: Reg<Pred>, f: impl FnOnce(&mut Self)) {
         self.with_guard(
             Guard {
@@ -264,6 +276,7 @@ impl KernelBuilder {
             f,
         )
     }
+    #[track_caller]
     fn with_guard(&mut self, g: Guard, f: impl FnOnce(&mut Self)) {
         if self.guard.is_some() {
             self.fail(BuildError::ControlFlow(
@@ -279,26 +292,31 @@ impl KernelBuilder {
     // attributes
 
     /// `.reqntid x[, y[, z]]`
+    #[track_caller]
     pub fn reqntid(&mut self, dims: &[u32]) -> &mut Self {
         self.directives.push(PerfDirective::Reqntid(dims.to_vec()));
         self
     }
     /// `.maxntid x[, y[, z]]`
+    #[track_caller]
     pub fn maxntid(&mut self, dims: &[u32]) -> &mut Self {
         self.directives.push(PerfDirective::Maxntid(dims.to_vec()));
         self
     }
     /// `.maxnreg n`
+    #[track_caller]
     pub fn maxnreg(&mut self, n: u32) -> &mut Self {
         self.directives.push(PerfDirective::Maxnreg(n));
         self
     }
     /// `.minnctapersm n`
+    #[track_caller]
     pub fn minnctapersm(&mut self, n: u32) -> &mut Self {
         self.directives.push(PerfDirective::Minnctapersm(n));
         self
     }
     /// `.reqnctapercluster x[, y[, z]]` (sm_90).
+    #[track_caller]
     pub fn cluster_dims(&mut self, dims: &[u32]) -> &mut Self {
         self.require(90, 78);
         self.directives
@@ -306,12 +324,14 @@ impl KernelBuilder {
         self
     }
     /// `.explicitcluster` (sm_90).
+    #[track_caller]
     pub fn explicit_cluster(&mut self) -> &mut Self {
         self.require(90, 78);
         self.directives.push(PerfDirective::ExplicitCluster);
         self
     }
     /// `.maxclusterrank n` (sm_90).
+    #[track_caller]
     pub fn max_cluster_rank(&mut self, n: u32) -> &mut Self {
         self.require(90, 78);
         self.directives.push(PerfDirective::Maxclusterrank(n));
@@ -321,6 +341,7 @@ impl KernelBuilder {
     // -----------------------------------------------------------------------------------------
     // parameters
 
+    #[track_caller]
     fn claim_name(&mut self, name: &str) {
         if !self.names.insert(name.to_string()) {
             self.fail(BuildError::Duplicate(name.to_string()));
@@ -329,12 +350,14 @@ impl KernelBuilder {
 
     /// Declares a parameter and loads it: `k.param::<u32>("n")` gives a `Reg<u32>`,
     /// `k.param::<GlobalPtr<f32>>("a")` a global pointer (`ld.param.u64` + `cvta.to.global`).
+    #[track_caller]
     pub fn param<P: KernelParam>(&mut self, name: &str) -> P::Handle {
         self.claim_name(name);
         P::declare(self, name)
     }
 
     /// A global pointer parameter with an explicit `.align` (e.g. 16 for vectorised access).
+    #[track_caller]
     pub fn param_ptr_aligned<T: PtxType>(&mut self, name: &str, align: u32) -> GlobalPtr<T> {
         self.claim_name(name);
         declare_global_ptr(self, name, align)
@@ -342,6 +365,7 @@ impl KernelBuilder {
 
     /// A `CUtensorMap` kernel parameter (`.param .align 64 .b8 name[128]`); returns its
     /// generic address for `cp.async.bulk.tensor` (`mov.b64 %rd, name;`).
+    #[track_caller]
     pub fn param_tensormap(&mut self, name: &str) -> Reg<u64> {
         self.claim_name(name);
         self.params.push(Param {
@@ -363,6 +387,7 @@ impl KernelBuilder {
 
     /// Declares a `.func` return value `(.param .T name)`; write it with
     /// [`KernelBuilder::set_ret`].
+    #[track_caller]
     pub fn ret_param<T: Scalar>(&mut self, name: &str) -> RetSlot<T> {
         self.claim_name(name);
         self.rets.push(Param {
@@ -379,6 +404,7 @@ impl KernelBuilder {
         }
     }
     /// `st.param.T [ret], v;`
+    #[track_caller]
     pub fn set_ret<T: Scalar>(&mut self, slot: &RetSlot<T>, v: Reg<T>) {
         self.emit(
             Opcode::St,
@@ -395,6 +421,7 @@ impl KernelBuilder {
 
     /// Calls a `.func` of the same module with the calling-convention block
     /// `{ .param ...; st.param ...; call.uni (rets), f, (args); ld.param ...; }`.
+    #[track_caller]
     pub fn call(&mut self, func: &str, rets: &[AnyReg], args: &[AnyReg]) {
         let n = self.call_count;
         self.call_count += 1;
@@ -415,6 +442,7 @@ impl KernelBuilder {
                 ],
             );
             st.guard = self.guard.clone();
+            st.loc.rust = Some(std::panic::Location::caller());
             block.push(Statement::Instr(st));
             arg_names.push(Operand::sym(pn));
         }
@@ -434,6 +462,7 @@ impl KernelBuilder {
         }
         let mut call = Instruction::new(Opcode::Call, vec![Mod::Flag(ptx::Flag::Uni)], cargs);
         call.guard = self.guard.clone();
+        call.loc.rust = Some(std::panic::Location::caller());
         block.push(Statement::Instr(call));
         for (r, rn) in rets.iter().zip(ret_names) {
             let Operand::Sym { name, .. } = rn else {
@@ -451,6 +480,7 @@ impl KernelBuilder {
                 ],
             );
             ld.guard = self.guard.clone();
+            ld.loc.rust = Some(std::panic::Location::caller());
             block.push(Statement::Instr(ld));
         }
         self.body.push(Statement::Block(block));
@@ -461,12 +491,14 @@ impl KernelBuilder {
 
     /// A static shared array `.shared .align A .T smemN[len];` and its address
     /// (`mov.u32 %r, smemN;`).
+    #[track_caller]
     pub fn shared_array<T: Scalar>(&mut self, len: u64, align: u32) -> SharedPtr<T> {
         let name = format!("smem{}", self.smem_count);
         self.smem_count += 1;
         self.shared_array_named(&name, len, align)
     }
     /// [`KernelBuilder::shared_array`] with a chosen name.
+    #[track_caller]
     pub fn shared_array_named<T: Scalar>(
         &mut self,
         name: &str,
@@ -495,6 +527,7 @@ impl KernelBuilder {
     }
     /// A per-thread `.local .align A .T localN[len];` array and its address
     /// (`mov.u64 %rd, localN;`).
+    #[track_caller]
     pub fn local_array<T: Scalar>(&mut self, len: u64, align: u32) -> Ptr<T, Local> {
         let name = format!("local{}", self.smem_count);
         self.smem_count += 1;
@@ -521,6 +554,7 @@ impl KernelBuilder {
 
     /// A module-scope constant table `.const .align A .T name[n] = {..};` (u32 values) and its
     /// address (`mov.u64 %rd, name;`), read with `k.ld(ptr.offset(i))`.
+    #[track_caller]
     pub fn const_table_u32(&mut self, name: &str, values: &[u32]) -> Ptr<u32, Const> {
         self.claim_name(name);
         self.module_vars.push(VarDecl {
@@ -545,6 +579,7 @@ impl KernelBuilder {
 
     /// The dynamic shared memory window (`.extern .shared .align A .b8 dyn_smem[];` at module
     /// scope), typed as `T`.
+    #[track_caller]
     pub fn dynamic_shared<T: Scalar>(&mut self, align: u32) -> SharedPtr<T> {
         let name = "dyn_smem";
         if let Some(v) = self.module_vars.iter_mut().find(|v| v.name == name) {
@@ -575,19 +610,23 @@ impl KernelBuilder {
     // control flow
 
     /// A fresh, not yet placed label.
+    #[track_caller]
     pub fn new_label(&mut self) -> Label {
         self.labels += 1;
         Label(self.labels)
     }
     /// Places a label here.
+    #[track_caller]
     pub fn place(&mut self, l: Label) {
         self.body.push(Statement::Label(l.name(), Loc::default()));
     }
     /// `bra L;` (guarded by an active `when`).
+    #[track_caller]
     pub fn bra(&mut self, l: Label) {
         self.emit(Opcode::Bra, [], [Operand::sym(l.name())]);
     }
     /// `bra.uni L;` (the branch is known to be non-divergent).
+    #[track_caller]
     pub fn bra_uni(&mut self, l: Label) {
         self.emit(
             Opcode::Bra,
@@ -596,15 +635,18 @@ impl KernelBuilder {
         );
     }
     /// `@p bra L;`
+    #[track_caller]
     pub fn bra_if(&mut self, p: Reg<Pred>, l: Label) {
         self.cf_check("bra_if");
         self.emit_guarded(p, false, Opcode::Bra, [], [Operand::sym(l.name())]);
     }
     /// `@!p bra L;`
+    #[track_caller]
     pub fn bra_unless(&mut self, p: Reg<Pred>, l: Label) {
         self.cf_check("bra_unless");
         self.emit_guarded(p, true, Opcode::Bra, [], [Operand::sym(l.name())]);
     }
+    #[track_caller]
     fn cf_check(&mut self, what: &str) {
         if self.guard.is_some() {
             self.fail(BuildError::ControlFlow(format!(
@@ -614,6 +656,7 @@ impl KernelBuilder {
     }
 
     /// `@!p bra END; <then> END:`
+    #[track_caller]
     pub fn if_(&mut self, p: Reg<Pred>, then: impl FnOnce(&mut Self)) {
         let end = self.new_label();
         self.bra_unless(p, end);
@@ -621,6 +664,7 @@ impl KernelBuilder {
         self.place(end);
     }
     /// `@p bra END; <then> END:` — runs `then` when `p` is false.
+    #[track_caller]
     pub fn if_not(&mut self, p: Reg<Pred>, then: impl FnOnce(&mut Self)) {
         let end = self.new_label();
         self.bra_if(p, end);
@@ -628,6 +672,7 @@ impl KernelBuilder {
         self.place(end);
     }
     /// `@!p bra ELSE; <then> bra END; ELSE: <else> END:`
+    #[track_caller]
     pub fn if_else(
         &mut self,
         p: Reg<Pred>,
@@ -645,6 +690,7 @@ impl KernelBuilder {
     }
     /// An endless loop `HEAD: <body> bra HEAD; END:`; leave it with [`KernelBuilder::break_`] /
     /// [`KernelBuilder::break_if`].
+    #[track_caller]
     pub fn loop_(&mut self, body: impl FnOnce(&mut Self)) {
         let (head, end) = (self.new_label(), self.new_label());
         self.place(head);
@@ -659,6 +705,7 @@ impl KernelBuilder {
         self.place(end);
     }
     /// `HEAD: p = cond; @!p bra END; <body> bra HEAD; END:`
+    #[track_caller]
     pub fn while_(
         &mut self,
         cond: impl FnOnce(&mut Self) -> Reg<Pred>,
@@ -680,6 +727,7 @@ impl KernelBuilder {
     }
     /// A runtime counted loop `for (i = start; i < end; i += step)` (ascending, `setp.lt`).
     /// [`KernelBuilder::continue_`] jumps to the increment.
+    #[track_caller]
     pub fn for_range<T: Int>(
         &mut self,
         start: impl Src<T>,
@@ -702,11 +750,13 @@ impl KernelBuilder {
         self.place(brk);
     }
     /// Compile-time unrolled repetition: calls `f(k, i)` for `i in 0..n`.
+    #[track_caller]
     pub fn unroll(&mut self, n: u32, mut f: impl FnMut(&mut Self, u32)) {
         for i in 0..n {
             f(self, i);
         }
     }
+    #[track_caller]
     fn innermost(&mut self, what: &str) -> Option<LoopLabels> {
         let l = self.loops.last().copied();
         if l.is_none() {
@@ -715,30 +765,35 @@ impl KernelBuilder {
         l
     }
     /// Leaves the innermost structured loop.
+    #[track_caller]
     pub fn break_(&mut self) {
         if let Some(l) = self.innermost("break_") {
             self.bra(l.brk);
         }
     }
     /// `@p bra END` of the innermost loop.
+    #[track_caller]
     pub fn break_if(&mut self, p: Reg<Pred>) {
         if let Some(l) = self.innermost("break_if") {
             self.bra_if(p, l.brk);
         }
     }
     /// Jumps to the next iteration of the innermost loop.
+    #[track_caller]
     pub fn continue_(&mut self) {
         if let Some(l) = self.innermost("continue_") {
             self.bra(l.cont);
         }
     }
     /// `@p bra CONTINUE` of the innermost loop.
+    #[track_caller]
     pub fn continue_if(&mut self, p: Reg<Pred>) {
         if let Some(l) = self.innermost("continue_if") {
             self.bra_if(p, l.cont);
         }
     }
     /// Emits a `{ ... }` scope block around `f`.
+    #[track_caller]
     pub fn block(&mut self, f: impl FnOnce(&mut Self)) {
         let outer = std::mem::take(&mut self.body);
         self.stack.push(outer);
@@ -753,12 +808,14 @@ impl KernelBuilder {
     /// Raw PTX statements, parsed with [`ptx::parse_statements`]. Registers it uses must be
     /// builder registers (write them with `{reg}` / [`Reg::name`]) or declared by the raw text;
     /// otherwise [`KernelBuilder::finish`] reports [`BuildError::UnknownRegisters`].
+    #[track_caller]
     pub fn raw(&mut self, text: impl AsRef<str>) {
         if let Err(e) = self.try_raw(text) {
             self.fail(e);
         }
     }
     /// [`KernelBuilder::raw`] reporting its error immediately.
+    #[track_caller]
     pub fn try_raw(&mut self, text: impl AsRef<str>) -> Result<(), BuildError> {
         let text = text.as_ref();
         let stmts = ptx::parse_statements(text)?;
@@ -863,9 +920,11 @@ impl KernelBuilder {
         self.raw_regs.extend(declared);
         // Guards of an enclosing `when` apply to raw instructions without their own guard.
         let guard = self.guard.clone();
+        let caller = std::panic::Location::caller();
         for mut s in stmts {
-            if let (Statement::Instr(i), Some(g)) = (&mut s, &guard) {
-                if i.guard.is_none() {
+            if let Statement::Instr(i) = &mut s {
+                i.loc.rust = Some(caller);
+                if let (None, Some(g)) = (&i.guard, &guard) {
                     i.guard = Some(g.clone());
                 }
             }
@@ -1013,6 +1072,7 @@ impl ModuleBuilder {
         KernelBuilder::func(name, self.target.clone())
     }
     /// Adds a finished kernel or function body.
+    #[track_caller]
     pub fn add(&mut self, k: KernelBuilder) -> &mut Self {
         self.funcs.push(k);
         self
@@ -1055,6 +1115,8 @@ impl ModuleBuilder {
             }
         }
         m.items.extend(funcs.into_iter().map(Item::Func));
+        // Diagnostics name the line of the printed module (the emitting Rust call rides along).
+        ptx::printer::number_lines(&mut m);
         Ok(m)
     }
 }
@@ -1063,11 +1125,16 @@ impl ModuleBuilder {
 pub trait KernelParam {
     /// What the kernel body gets: a register or a pointer.
     type Handle;
+    /// The `.param` type the kernel declares (`.u64` for pointers), which
+    /// [`crate::TypedKernel`] checks a module's signature against.
+    const PARAM_TY: Ty;
     fn declare(k: &mut KernelBuilder, name: &str) -> Self::Handle;
 }
 
 impl<T: Scalar> KernelParam for T {
     type Handle = Reg<T>;
+    const PARAM_TY: Ty = T::MEM_TY;
+    #[track_caller]
     fn declare(k: &mut KernelBuilder, name: &str) -> Reg<T> {
         k.params.push(Param {
             space: Space::Param,
@@ -1093,6 +1160,7 @@ impl<T: Scalar> KernelParam for T {
     }
 }
 
+#[track_caller]
 fn declare_global_ptr<T: PtxType>(k: &mut KernelBuilder, name: &str, align: u32) -> GlobalPtr<T> {
     let ptr = if k.kind == FuncKind::Entry {
         Some(PtrAttr {
@@ -1137,6 +1205,8 @@ fn declare_global_ptr<T: PtxType>(k: &mut KernelBuilder, name: &str, align: u32)
 
 impl<T: PtxType> KernelParam for Ptr<T, Global> {
     type Handle = GlobalPtr<T>;
+    const PARAM_TY: Ty = Ty::U64;
+    #[track_caller]
     fn declare(k: &mut KernelBuilder, name: &str) -> GlobalPtr<T> {
         declare_global_ptr(k, name, T::SIZE)
     }
@@ -1144,6 +1214,8 @@ impl<T: PtxType> KernelParam for Ptr<T, Global> {
 
 impl<T: PtxType> KernelParam for Ptr<T, Generic> {
     type Handle = GenericPtr<T>;
+    const PARAM_TY: Ty = Ty::U64;
+    #[track_caller]
     fn declare(k: &mut KernelBuilder, name: &str) -> GenericPtr<T> {
         k.params.push(Param {
             space: Space::Param,

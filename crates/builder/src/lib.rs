@@ -38,20 +38,31 @@
 //!   barriers/fences, warp-level, mma/ldmatrix/wgmma, cp.async(.bulk), mbarrier, cluster);
 //! - [`hopper`]: warpgroup roles with register budgets, wgmma descriptors and the FP8 form,
 //!   swizzled shared tiles, tensor-map parameters / TMA, the mbarrier pipeline state;
+//! - [`mod@expr`]: [`ExprScope`] / [`Ex`], operators on registers and immediates emitting the
+//!   same one instruction per operation as the methods;
+//! - [`typed`]: [`TypedBuilder`] / [`TypedKernel`], kernels whose parameter list is a Rust type
+//!   (launched with `runtime::Stream::launch_typed`);
 //! - [`examples`]: `vector_add`, `warp_reduce_sum`, `transpose_tiled`.
 
 pub mod error;
 pub mod examples;
+pub mod expr;
 pub mod hopper;
 pub mod kernel;
 pub mod ops;
 pub mod ty;
+pub mod typed;
 
 pub use error::BuildError;
+pub use expr::{Ex, ExPtr, ExprScope};
 pub use hopper::{
     Fp8, MatrixDesc, PipeState, Pipeline, RegBudget, SmemLayout, SmemTile, Swizzle as SmemSwizzle,
 };
 pub use kernel::{KernelBuilder, KernelParam, ModuleBuilder, RetSlot, Target};
 pub use ops::*;
+/// The PTX IR module type every builder produces (`ptx::Module`), under a name that does not
+/// clash with `runtime::Module` (a module loaded on a device).
+pub use ptx::Module as PtxModule;
 pub use ptx::SReg;
 pub use ty::*;
+pub use typed::{Append, ParamList, TypedBuilder, TypedKernel};

@@ -447,6 +447,7 @@ impl KernelBuilder {
     // addresses
 
     /// Materialises a lazy address into an `[reg+off]` operand (one `mad` when indexed).
+    #[track_caller]
     pub fn addr_operand<T, S: StateSpace>(&mut self, a: impl Into<Addr<T, S>>) -> Operand {
         let a = a.into();
         match a.index {
@@ -470,6 +471,7 @@ impl KernelBuilder {
         }
     }
     /// Materialises a lazy address into a pointer register (`mad.wide`), for reuse.
+    #[track_caller]
     pub fn addr<T, S: StateSpace>(&mut self, a: impl Into<Addr<T, S>>) -> Ptr<T, S> {
         let a = a.into();
         match a.index {
@@ -491,20 +493,24 @@ impl KernelBuilder {
     // moves and special registers
 
     /// `mov.T d, a;`
+    #[track_caller]
     pub fn mov<T: PtxType>(&mut self, a: impl Src<T>) -> Reg<T> {
         let d = self.reg::<T>();
         self.mov_to(d, a);
         d
     }
     /// `mov.T d, a;` into an existing register (loop-carried values, accumulators).
+    #[track_caller]
     pub fn mov_to<T: PtxType>(&mut self, d: Reg<T>, a: impl Src<T>) {
         self.emit(Opcode::Mov, [t(T::MOV_TY)], [d.op(), a.operand()]);
     }
     /// Same as [`KernelBuilder::mov`]: a constant in a register.
+    #[track_caller]
     pub fn imm<T: PtxType>(&mut self, v: impl Src<T>) -> Reg<T> {
         self.mov(v)
     }
     /// Reinterprets bits: `mov.bN d, a;` (sizes must match; checked at compile time).
+    #[track_caller]
     pub fn bitcast<U: PtxType, T: PtxType>(&mut self, a: Reg<T>) -> Reg<U> {
         const {
             assert!(
@@ -517,6 +523,7 @@ impl KernelBuilder {
         d
     }
     /// Packs `N` narrow registers into one: `mov.b32 d, {lo, hi};` (first element lowest).
+    #[track_caller]
     pub fn pack<D: PtxType, S: PtxType, const N: usize>(&mut self, parts: [Reg<S>; N]) -> Reg<D> {
         const { assert!(S::SIZE * N as u32 == D::SIZE, "pack: sizes do not add up") };
         let d = self.reg::<D>();
@@ -524,6 +531,7 @@ impl KernelBuilder {
         d
     }
     /// Splits a register into `N` narrow ones: `mov.b32 {lo, hi}, a;`.
+    #[track_caller]
     pub fn unpack<D: PtxType, S: PtxType, const N: usize>(&mut self, a: Reg<S>) -> [Reg<D>; N] {
         const { assert!(D::SIZE * N as u32 == S::SIZE, "unpack: sizes do not add up") };
         let d: [Reg<D>; N] = self.regs();
@@ -531,58 +539,73 @@ impl KernelBuilder {
         d
     }
     /// `mov.u32 d, %sreg;` for any 32-bit special register.
+    #[track_caller]
     pub fn sreg(&mut self, s: SReg) -> Reg<u32> {
         let d = self.reg::<u32>();
         self.emit(Opcode::Mov, [t(Ty::U32)], [d.op(), Operand::SReg(s)]);
         d
     }
     /// `mov.u64 d, %sreg;` (`%clock64`, `%globaltimer`, `%gridid`).
+    #[track_caller]
     pub fn sreg64(&mut self, s: SReg) -> Reg<u64> {
         let d = self.reg::<u64>();
         self.emit(Opcode::Mov, [t(Ty::U64)], [d.op(), Operand::SReg(s)]);
         d
     }
+    #[track_caller]
     pub fn tid_x(&mut self) -> Reg<u32> {
         self.sreg(SReg::Tid(0))
     }
+    #[track_caller]
     pub fn tid_y(&mut self) -> Reg<u32> {
         self.sreg(SReg::Tid(1))
     }
+    #[track_caller]
     pub fn tid_z(&mut self) -> Reg<u32> {
         self.sreg(SReg::Tid(2))
     }
+    #[track_caller]
     pub fn ntid_x(&mut self) -> Reg<u32> {
         self.sreg(SReg::Ntid(0))
     }
+    #[track_caller]
     pub fn ntid_y(&mut self) -> Reg<u32> {
         self.sreg(SReg::Ntid(1))
     }
+    #[track_caller]
     pub fn ctaid_x(&mut self) -> Reg<u32> {
         self.sreg(SReg::Ctaid(0))
     }
+    #[track_caller]
     pub fn ctaid_y(&mut self) -> Reg<u32> {
         self.sreg(SReg::Ctaid(1))
     }
+    #[track_caller]
     pub fn ctaid_z(&mut self) -> Reg<u32> {
         self.sreg(SReg::Ctaid(2))
     }
+    #[track_caller]
     pub fn nctaid_x(&mut self) -> Reg<u32> {
         self.sreg(SReg::Nctaid(0))
     }
+    #[track_caller]
     pub fn nctaid_y(&mut self) -> Reg<u32> {
         self.sreg(SReg::Nctaid(1))
     }
     /// `%laneid`
+    #[track_caller]
     pub fn lane_id(&mut self) -> Reg<u32> {
         self.sreg(SReg::Laneid)
     }
     /// Warp index inside the CTA: `tid.x >> 5` (two instructions). For the hardware slot use
     /// `sreg(SReg::Warpid)`.
+    #[track_caller]
     pub fn warp_id(&mut self) -> Reg<u32> {
         let t = self.tid_x();
         self.shr(t, 5u32)
     }
     /// `ctaid.x * ntid.x + tid.x` (three `mov`s and one `mad.lo.u32`).
+    #[track_caller]
     pub fn global_index_x(&mut self) -> Reg<u32> {
         let c = self.ctaid_x();
         let n = self.ntid_x();
@@ -590,14 +613,17 @@ impl KernelBuilder {
         self.mad_lo(c, n, t)
     }
     /// `%clock64`
+    #[track_caller]
     pub fn clock64(&mut self) -> Reg<u64> {
         self.sreg64(SReg::Clock64)
     }
     /// `%globaltimer`
+    #[track_caller]
     pub fn globaltimer(&mut self) -> Reg<u64> {
         self.sreg64(SReg::Globaltimer)
     }
     /// `%cluster_ctarank` (sm_90)
+    #[track_caller]
     pub fn cluster_ctarank(&mut self) -> Reg<u32> {
         self.sreg(SReg::ClusterCtarank)
     }
@@ -605,9 +631,11 @@ impl KernelBuilder {
     // =========================================================================================
     // arithmetic
 
+    #[track_caller]
     fn bin<T: PtxType>(&mut self, op: Opcode, mods: Vec<Mod>, d: Reg<T>, a: Operand, b: Operand) {
         self.emit(op, mods, [d.op(), a, b]);
     }
+    #[track_caller]
     fn tern<T: PtxType>(
         &mut self,
         op: Opcode,
@@ -621,16 +649,19 @@ impl KernelBuilder {
     }
 
     /// `add.T d, a, b;`
+    #[track_caller]
     pub fn add<T: Arith>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.add_to(d, a, b);
         d
     }
     /// `add.T d, a, b;` into `d`.
+    #[track_caller]
     pub fn add_to<T: Arith>(&mut self, d: Reg<T>, a: impl Src<T>, b: impl Src<T>) {
         self.bin(Opcode::Add, vec![t(T::TY)], d, a.operand(), b.operand());
     }
     /// `add.rnd.ftz.sat.T d, a, b;`
+    #[track_caller]
     pub fn add_m<T: FloatLike>(&mut self, m: FMods, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         let mut mods = m.mods();
@@ -639,6 +670,7 @@ impl KernelBuilder {
         d
     }
     /// `add.sat.s32 d, a, b;`
+    #[track_caller]
     pub fn add_sat(&mut self, a: impl Src<i32>, b: impl Src<i32>) -> Reg<i32> {
         let d = self.reg();
         self.bin(
@@ -651,15 +683,18 @@ impl KernelBuilder {
         d
     }
     /// `sub.T d, a, b;`
+    #[track_caller]
     pub fn sub<T: Arith>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.sub_to(d, a, b);
         d
     }
+    #[track_caller]
     pub fn sub_to<T: Arith>(&mut self, d: Reg<T>, a: impl Src<T>, b: impl Src<T>) {
         self.bin(Opcode::Sub, vec![t(T::TY)], d, a.operand(), b.operand());
     }
     /// `sub.rnd.ftz.sat.T d, a, b;`
+    #[track_caller]
     pub fn sub_m<T: FloatLike>(&mut self, m: FMods, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         let mut mods = m.mods();
@@ -668,11 +703,13 @@ impl KernelBuilder {
         d
     }
     /// `mul.lo.T` for integers, `mul.T` for floats.
+    #[track_caller]
     pub fn mul<T: Arith>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.mul_to(d, a, b);
         d
     }
+    #[track_caller]
     pub fn mul_to<T: Arith>(&mut self, d: Reg<T>, a: impl Src<T>, b: impl Src<T>) {
         let mods = if T::IS_INT {
             vec![f(Flag::Lo), t(T::TY)]
@@ -682,6 +719,7 @@ impl KernelBuilder {
         self.bin(Opcode::Mul, mods, d, a.operand(), b.operand());
     }
     /// `mul.rnd.ftz.sat.T d, a, b;`
+    #[track_caller]
     pub fn mul_m<T: FloatLike>(&mut self, m: FMods, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         let mut mods = m.mods();
@@ -690,6 +728,7 @@ impl KernelBuilder {
         d
     }
     /// `mul.hi.T d, a, b;`
+    #[track_caller]
     pub fn mul_hi<T: Int>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.bin(
@@ -702,6 +741,7 @@ impl KernelBuilder {
         d
     }
     /// `mul.wide.T d, a, b;` (u32 x u32 -> u64, ...)
+    #[track_caller]
     pub fn mul_wide<T: Widen>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T::Wide> {
         let d = self.reg::<T::Wide>();
         self.emit(
@@ -712,11 +752,13 @@ impl KernelBuilder {
         d
     }
     /// `mad.lo.T` (integers) / `fma.rn.T` is [`KernelBuilder::fma`].
+    #[track_caller]
     pub fn mad_lo<T: Int>(&mut self, a: impl Src<T>, b: impl Src<T>, c: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.mad_lo_to(d, a, b, c);
         d
     }
+    #[track_caller]
     pub fn mad_lo_to<T: Int>(&mut self, d: Reg<T>, a: impl Src<T>, b: impl Src<T>, c: impl Src<T>) {
         self.tern(
             Opcode::Mad,
@@ -728,6 +770,7 @@ impl KernelBuilder {
         );
     }
     /// `mad.hi.T d, a, b, c;`
+    #[track_caller]
     pub fn mad_hi<T: Int>(&mut self, a: impl Src<T>, b: impl Src<T>, c: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.tern(
@@ -741,6 +784,7 @@ impl KernelBuilder {
         d
     }
     /// `mad.wide.T d, a, b, c;`
+    #[track_caller]
     pub fn mad_wide<T: Widen>(
         &mut self,
         a: impl Src<T>,
@@ -756,12 +800,14 @@ impl KernelBuilder {
         d
     }
     /// `fma.rn.T d, a, b, c;`
+    #[track_caller]
     pub fn fma<T: FloatLike>(&mut self, a: impl Src<T>, b: impl Src<T>, c: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.fma_to(d, a, b, c);
         d
     }
     /// `fma.rn.T d, a, b, c;` into `d` (accumulators: `k.fma_to(acc, x, y, acc)`).
+    #[track_caller]
     pub fn fma_to<T: FloatLike>(
         &mut self,
         d: Reg<T>,
@@ -779,6 +825,7 @@ impl KernelBuilder {
         );
     }
     /// `fma.rnd.ftz.sat.T d, a, b, c;` (rounding defaults to `.rn` when unset).
+    #[track_caller]
     pub fn fma_m<T: FloatLike>(
         &mut self,
         m: FMods,
@@ -797,6 +844,7 @@ impl KernelBuilder {
         d
     }
     /// Integer `div.T` / float `div.rn.T`.
+    #[track_caller]
     pub fn div<T: Arith>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         let mods = if T::IS_INT {
@@ -808,6 +856,7 @@ impl KernelBuilder {
         d
     }
     /// `div.approx.f32` / `div.full.f32` (`full = true`).
+    #[track_caller]
     pub fn div_fast(&mut self, a: impl Src<f32>, b: impl Src<f32>, full: bool) -> Reg<f32> {
         let d = self.reg();
         let fl = if full { Flag::Full } else { Flag::Approx };
@@ -821,6 +870,7 @@ impl KernelBuilder {
         d
     }
     /// `div.rnd.ftz.T` for f32/f64.
+    #[track_caller]
     pub fn div_m<T: Float>(&mut self, m: FMods, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         let m = FMods {
@@ -833,39 +883,46 @@ impl KernelBuilder {
         d
     }
     /// `rem.T d, a, b;`
+    #[track_caller]
     pub fn rem<T: Int>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.bin(Opcode::Rem, vec![t(T::TY)], d, a.operand(), b.operand());
         d
     }
     /// `min.T d, a, b;`
+    #[track_caller]
     pub fn min<T: Arith>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.bin(Opcode::Min, vec![t(T::TY)], d, a.operand(), b.operand());
         d
     }
     /// `max.T d, a, b;`
+    #[track_caller]
     pub fn max<T: Arith>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.max_to(d, a, b);
         d
     }
+    #[track_caller]
     pub fn max_to<T: Arith>(&mut self, d: Reg<T>, a: impl Src<T>, b: impl Src<T>) {
         self.bin(Opcode::Max, vec![t(T::TY)], d, a.operand(), b.operand());
     }
     /// `abs.T d, a;`
+    #[track_caller]
     pub fn abs<T: Signed>(&mut self, a: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.emit(Opcode::Abs, [t(T::TY)], [d.op(), a.operand()]);
         d
     }
     /// `neg.T d, a;`
+    #[track_caller]
     pub fn neg<T: Signed>(&mut self, a: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.emit(Opcode::Neg, [t(T::TY)], [d.op(), a.operand()]);
         d
     }
     /// `copysign.T d, a, b;` (sign of `a`, magnitude of `b`).
+    #[track_caller]
     pub fn copysign<T: Float>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.bin(
@@ -881,18 +938,21 @@ impl KernelBuilder {
     // ---------------------------------------------------------------- float math
 
     /// `rcp.rn.T` (IEEE).
+    #[track_caller]
     pub fn rcp<T: Float>(&mut self, a: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.emit(Opcode::Rcp, [f(Flag::Rn), t(T::TY)], [d.op(), a.operand()]);
         d
     }
     /// `sqrt.rn.T` (IEEE).
+    #[track_caller]
     pub fn sqrt<T: Float>(&mut self, a: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.emit(Opcode::Sqrt, [f(Flag::Rn), t(T::TY)], [d.op(), a.operand()]);
         d
     }
     /// `<fn>.approx[.ftz].f32 d, a;` (`tanh` ignores `ftz`).
+    #[track_caller]
     pub fn approx(&mut self, func: ApproxFn, ftz: bool, a: impl Src<f32>) -> Reg<f32> {
         let d = self.reg();
         let op = match func {
@@ -914,38 +974,47 @@ impl KernelBuilder {
         d
     }
     /// `ex2.approx.ftz.f32`
+    #[track_caller]
     pub fn ex2(&mut self, a: impl Src<f32>) -> Reg<f32> {
         self.approx(ApproxFn::Ex2, true, a)
     }
     /// `lg2.approx.ftz.f32`
+    #[track_caller]
     pub fn lg2(&mut self, a: impl Src<f32>) -> Reg<f32> {
         self.approx(ApproxFn::Lg2, true, a)
     }
     /// `rcp.approx.ftz.f32`
+    #[track_caller]
     pub fn rcp_approx(&mut self, a: impl Src<f32>) -> Reg<f32> {
         self.approx(ApproxFn::Rcp, true, a)
     }
     /// `sqrt.approx.ftz.f32`
+    #[track_caller]
     pub fn sqrt_approx(&mut self, a: impl Src<f32>) -> Reg<f32> {
         self.approx(ApproxFn::Sqrt, true, a)
     }
     /// `rsqrt.approx.ftz.f32`
+    #[track_caller]
     pub fn rsqrt(&mut self, a: impl Src<f32>) -> Reg<f32> {
         self.approx(ApproxFn::Rsqrt, true, a)
     }
     /// `sin.approx.ftz.f32`
+    #[track_caller]
     pub fn sin(&mut self, a: impl Src<f32>) -> Reg<f32> {
         self.approx(ApproxFn::Sin, true, a)
     }
     /// `cos.approx.ftz.f32`
+    #[track_caller]
     pub fn cos(&mut self, a: impl Src<f32>) -> Reg<f32> {
         self.approx(ApproxFn::Cos, true, a)
     }
     /// `tanh.approx.f32` (sm_75)
+    #[track_caller]
     pub fn tanh(&mut self, a: impl Src<f32>) -> Reg<f32> {
         self.approx(ApproxFn::Tanh, false, a)
     }
     /// `testp.op.T p, a;` with `op` one of `Flag::{Finite, Infinite, Number, Notanumber, Normal, Subnormal}`.
+    #[track_caller]
     pub fn testp<T: Float>(&mut self, op: Flag, a: Reg<T>) -> Reg<Pred> {
         let d = self.reg();
         self.emit(Opcode::Testp, [f(op), t(T::TY)], [d.op(), a.op()]);
@@ -956,6 +1025,7 @@ impl KernelBuilder {
     // bit manipulation
 
     /// `and.b32 d, a, b;` (`and.pred` on predicates)
+    #[track_caller]
     pub fn and<T: Logic>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.bin(
@@ -968,6 +1038,7 @@ impl KernelBuilder {
         d
     }
     /// `or.b32 d, a, b;`
+    #[track_caller]
     pub fn or<T: Logic>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.bin(
@@ -980,6 +1051,7 @@ impl KernelBuilder {
         d
     }
     /// `xor.b32 d, a, b;`
+    #[track_caller]
     pub fn xor<T: Logic>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.bin(
@@ -992,18 +1064,21 @@ impl KernelBuilder {
         d
     }
     /// `not.b32 d, a;`
+    #[track_caller]
     pub fn not<T: Logic>(&mut self, a: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.emit(Opcode::Not, [t(T::LOGIC_TY)], [d.op(), a.operand()]);
         d
     }
     /// `cnot.b32 d, a;`
+    #[track_caller]
     pub fn cnot<T: Bits>(&mut self, a: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.emit(Opcode::Cnot, [t(T::LOGIC_TY)], [d.op(), a.operand()]);
         d
     }
     /// `shl.bN d, a, n;`
+    #[track_caller]
     pub fn shl<T: Bits>(&mut self, a: impl Src<T>, n: impl Src<u32>) -> Reg<T> {
         let d = self.reg();
         self.bin(
@@ -1016,6 +1091,7 @@ impl KernelBuilder {
         d
     }
     /// `shr.T d, a, n;` (arithmetic for signed types, logical otherwise)
+    #[track_caller]
     pub fn shr<T: Bits>(&mut self, a: impl Src<T>, n: impl Src<u32>) -> Reg<T> {
         let d = self.reg();
         let ty = if T::TY.is_signed() || T::TY.kind() == ptx::TyKind::Unsigned {
@@ -1027,6 +1103,7 @@ impl KernelBuilder {
         d
     }
     /// `shf.{l,r}.{wrap,clamp}.b32 d, lo, hi, n;` (funnel shift)
+    #[track_caller]
     pub fn shf<T: Bits32>(
         &mut self,
         left: bool,
@@ -1049,6 +1126,7 @@ impl KernelBuilder {
         d
     }
     /// `bfe.T d, a, pos, len;` (sign-extending for signed `T`)
+    #[track_caller]
     pub fn bfe<T: Bits3264>(
         &mut self,
         a: impl Src<T>,
@@ -1071,6 +1149,7 @@ impl KernelBuilder {
         d
     }
     /// `bfi.bN d, a, b, pos, len;` (insert bits of `a` into `b`)
+    #[track_caller]
     pub fn bfi<T: Bits3264>(
         &mut self,
         a: impl Src<T>,
@@ -1093,6 +1172,7 @@ impl KernelBuilder {
         d
     }
     /// `prmt.b32 d, a, b, sel;`
+    #[track_caller]
     pub fn prmt<T: Bits32>(
         &mut self,
         a: impl Src<T>,
@@ -1111,24 +1191,28 @@ impl KernelBuilder {
         d
     }
     /// `popc.bN d, a;`
+    #[track_caller]
     pub fn popc<T: Bits3264>(&mut self, a: impl Src<T>) -> Reg<u32> {
         let d = self.reg();
         self.emit(Opcode::Popc, [t(T::LOGIC_TY)], [d.op(), a.operand()]);
         d
     }
     /// `clz.bN d, a;`
+    #[track_caller]
     pub fn clz<T: Bits3264>(&mut self, a: impl Src<T>) -> Reg<u32> {
         let d = self.reg();
         self.emit(Opcode::Clz, [t(T::LOGIC_TY)], [d.op(), a.operand()]);
         d
     }
     /// `brev.bN d, a;`
+    #[track_caller]
     pub fn brev<T: Bits3264>(&mut self, a: impl Src<T>) -> Reg<T> {
         let d = self.reg();
         self.emit(Opcode::Brev, [t(T::LOGIC_TY)], [d.op(), a.operand()]);
         d
     }
     /// `bfind[.shiftamt].T d, a;`
+    #[track_caller]
     pub fn bfind<T: Bits3264>(&mut self, a: impl Src<T>, shiftamt: bool) -> Reg<u32> {
         let d = self.reg();
         let ty = match T::TY.kind() {
@@ -1144,6 +1228,7 @@ impl KernelBuilder {
         d
     }
     /// `lop3.b32 d, a, b, c, lut;`
+    #[track_caller]
     pub fn lop3<T: Bits32>(
         &mut self,
         a: impl Src<T>,
@@ -1170,6 +1255,7 @@ impl KernelBuilder {
     // comparison and selection
 
     /// `setp.cmp.T p, a, b;`
+    #[track_caller]
     pub fn setp<T: Cmp>(&mut self, cmp: CmpOp, a: impl Src<T>, b: impl Src<T>) -> Reg<Pred> {
         let d = self.reg();
         self.emit(
@@ -1179,25 +1265,32 @@ impl KernelBuilder {
         );
         d
     }
+    #[track_caller]
     pub fn lt<T: Cmp>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<Pred> {
         self.setp(CmpOp::Lt, a, b)
     }
+    #[track_caller]
     pub fn le<T: Cmp>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<Pred> {
         self.setp(CmpOp::Le, a, b)
     }
+    #[track_caller]
     pub fn gt<T: Cmp>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<Pred> {
         self.setp(CmpOp::Gt, a, b)
     }
+    #[track_caller]
     pub fn ge<T: Cmp>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<Pred> {
         self.setp(CmpOp::Ge, a, b)
     }
+    #[track_caller]
     pub fn eq<T: Cmp>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<Pred> {
         self.setp(CmpOp::Eq, a, b)
     }
+    #[track_caller]
     pub fn ne<T: Cmp>(&mut self, a: impl Src<T>, b: impl Src<T>) -> Reg<Pred> {
         self.setp(CmpOp::Ne, a, b)
     }
     /// `selp.T d, a, b, p;` (`p ? a : b`)
+    #[track_caller]
     pub fn selp<T: Scalar>(&mut self, a: impl Src<T>, b: impl Src<T>, p: Reg<Pred>) -> Reg<T> {
         let d = self.reg();
         self.tern(
@@ -1224,6 +1317,7 @@ impl KernelBuilder {
     }
     /// `cvt[.rnd].D.S d, a;` with C-like default rounding: `.rn` into floats (when narrowing or
     /// from integers), `.rzi` float -> integer, none otherwise.
+    #[track_caller]
     pub fn cvt<D: CvtTy, S: CvtTy>(&mut self, a: Reg<S>) -> Reg<D> {
         let m = CvtMods {
             rnd: Self::default_cvt_rnd(D::TY, S::TY),
@@ -1232,6 +1326,7 @@ impl KernelBuilder {
         self.cvt_m(m, a)
     }
     /// `cvt.mods.D.S d, a;` with explicit modifiers.
+    #[track_caller]
     pub fn cvt_m<D: CvtTy, S: CvtTy>(&mut self, m: CvtMods, a: Reg<S>) -> Reg<D> {
         let d = self.reg::<D>();
         let mut mods = m.mods();
@@ -1241,6 +1336,7 @@ impl KernelBuilder {
         d
     }
     /// `cvt.rn.bf16x2.f32 d, hi, lo;` (`hi` lands in the upper half)
+    #[track_caller]
     pub fn cvt_bf16x2(&mut self, hi: Reg<f32>, lo: Reg<f32>) -> Reg<Bf16x2> {
         let d = self.reg();
         self.bin(
@@ -1253,6 +1349,7 @@ impl KernelBuilder {
         d
     }
     /// `cvt.rn.f16x2.f32 d, hi, lo;`
+    #[track_caller]
     pub fn cvt_f16x2(&mut self, hi: Reg<f32>, lo: Reg<f32>) -> Reg<F16x2> {
         let d = self.reg();
         self.bin(
@@ -1265,6 +1362,7 @@ impl KernelBuilder {
         d
     }
     /// `cvt.rn.satfinite.e4m3x2.f32 d, hi, lo;` (sm_89)
+    #[track_caller]
     pub fn cvt_e4m3x2(&mut self, hi: Reg<f32>, lo: Reg<f32>) -> Reg<E4m3x2> {
         let d = self.reg();
         self.bin(
@@ -1277,6 +1375,7 @@ impl KernelBuilder {
         d
     }
     /// `cvt.rn.satfinite.e5m2x2.f32 d, hi, lo;` (sm_89)
+    #[track_caller]
     pub fn cvt_e5m2x2(&mut self, hi: Reg<f32>, lo: Reg<f32>) -> Reg<E5m2x2> {
         let d = self.reg();
         self.bin(
@@ -1289,6 +1388,7 @@ impl KernelBuilder {
         d
     }
     /// `cvt.rn.satfinite.e4m3x2.f16x2 d, a;` (sm_89)
+    #[track_caller]
     pub fn cvt_e4m3x2_from_f16x2(&mut self, a: Reg<F16x2>) -> Reg<E4m3x2> {
         let d = self.reg();
         self.emit(
@@ -1299,6 +1399,7 @@ impl KernelBuilder {
         d
     }
     /// `cvt.rn.f16x2.e4m3x2 d, a;` (sm_89)
+    #[track_caller]
     pub fn cvt_f16x2_from_e4m3x2(&mut self, a: Reg<E4m3x2>) -> Reg<F16x2> {
         let d = self.reg();
         self.emit(
@@ -1309,6 +1410,7 @@ impl KernelBuilder {
         d
     }
     /// `cvt.rn.f16x2.e5m2x2 d, a;` (sm_89)
+    #[track_caller]
     pub fn cvt_f16x2_from_e5m2x2(&mut self, a: Reg<E5m2x2>) -> Reg<F16x2> {
         let d = self.reg();
         self.emit(
@@ -1319,6 +1421,7 @@ impl KernelBuilder {
         d
     }
     /// `cvt.rna.tf32.f32 d, a;`
+    #[track_caller]
     pub fn cvt_tf32(&mut self, a: Reg<f32>) -> Reg<Tf32> {
         let d = self.reg();
         self.emit(
@@ -1329,6 +1432,7 @@ impl KernelBuilder {
         d
     }
     /// `cvta.to.global.u64 d, a;`
+    #[track_caller]
     pub fn cvta_to_global<T>(&mut self, a: GenericPtr<T>) -> GlobalPtr<T> {
         let d = self.reg::<u64>();
         self.emit(
@@ -1339,6 +1443,7 @@ impl KernelBuilder {
         Ptr::from_reg(d).add_bytes(a.byte_offset())
     }
     /// `cvta.global.u64 d, a;` (global -> generic)
+    #[track_caller]
     pub fn cvta_global<T>(&mut self, a: GlobalPtr<T>) -> GenericPtr<T> {
         let d = self.reg::<u64>();
         self.emit(
@@ -1349,6 +1454,7 @@ impl KernelBuilder {
         Ptr::from_reg(d).add_bytes(a.byte_offset())
     }
     /// Shared -> generic: `cvt.u64.u32` + `cvta.shared.u64`.
+    #[track_caller]
     pub fn cvta_shared<T>(&mut self, a: SharedPtr<T>) -> GenericPtr<T> {
         let w = self.reg::<u64>();
         self.emit(
@@ -1396,12 +1502,14 @@ impl KernelBuilder {
         m
     }
     /// Requirements of `ld`/`st` forms the opcode table does not know.
+    #[track_caller]
     fn mem_need<S: StateSpace>(&mut self, o: MemOpts) {
         if S::SPACE == Some(Space::Local) && o.sem == Sem::Volatile {
             // ptxas: "ld/st with .local.volatile requires PTX ISA 9.1"
             self.require(0, 91);
         }
     }
+    #[track_caller]
     fn check_vec(&mut self, n: usize) -> bool {
         if matches!(n, 2 | 4 | 8) {
             true
@@ -1414,10 +1522,12 @@ impl KernelBuilder {
     }
 
     /// `ld.space.T d, [addr];`
+    #[track_caller]
     pub fn ld<T: Scalar, S: StateSpace>(&mut self, a: impl Into<Addr<T, S>>) -> Reg<T> {
         self.ld_with(MemOpts::default(), a)
     }
     /// `ld{.sem.scope}.space{.nc}{.cop}{.evict}.T d, [addr];`
+    #[track_caller]
     pub fn ld_with<T: Scalar, S: StateSpace>(
         &mut self,
         o: MemOpts,
@@ -1434,10 +1544,12 @@ impl KernelBuilder {
         d
     }
     /// `ld.global.nc.T d, [addr];`
+    #[track_caller]
     pub fn ld_nc<T: Scalar>(&mut self, a: impl Into<Addr<T, Global>>) -> Reg<T> {
         self.ld_with(MemOpts::nc(), a)
     }
     /// `ld.space.vN.T {d0, ..}, [addr];`
+    #[track_caller]
     pub fn ld_v<T: Scalar, S: StateSpace, const N: usize>(
         &mut self,
         a: impl Into<Addr<T, S>>,
@@ -1445,6 +1557,7 @@ impl KernelBuilder {
         self.ld_v_with(MemOpts::default(), a)
     }
     /// Vector load with options.
+    #[track_caller]
     pub fn ld_v_with<T: Scalar, S: StateSpace, const N: usize>(
         &mut self,
         o: MemOpts,
@@ -1463,10 +1576,12 @@ impl KernelBuilder {
         d
     }
     /// `st.space.T [addr], v;`
+    #[track_caller]
     pub fn st<T: Scalar, S: StateSpace>(&mut self, a: impl Into<Addr<T, S>>, v: Reg<T>) {
         self.st_with(MemOpts::default(), a, v)
     }
     /// `st{.sem.scope}.space{.cop}.T [addr], v;`
+    #[track_caller]
     pub fn st_with<T: Scalar, S: StateSpace>(
         &mut self,
         o: MemOpts,
@@ -1482,6 +1597,7 @@ impl KernelBuilder {
         );
     }
     /// `st.space.vN.T [addr], {v0, ..};`
+    #[track_caller]
     pub fn st_v<T: Scalar, S: StateSpace, const N: usize>(
         &mut self,
         a: impl Into<Addr<T, S>>,
@@ -1490,6 +1606,7 @@ impl KernelBuilder {
         self.st_v_with(MemOpts::default(), a, v)
     }
     /// Vector store with options.
+    #[track_caller]
     pub fn st_v_with<T: Scalar, S: StateSpace, const N: usize>(
         &mut self,
         o: MemOpts,
@@ -1507,6 +1624,7 @@ impl KernelBuilder {
         }
     }
     /// `prefetch.global.L2::evict_last [addr];` (`last = false`: `L2::evict_normal`; sm_80)
+    #[track_caller]
     pub fn prefetch_l2<T>(&mut self, a: GlobalPtr<T>, last: bool) {
         let addr = self.addr_operand(a);
         let e = if last {
@@ -1549,6 +1667,7 @@ impl KernelBuilder {
         m
     }
     /// `atom.space.op.T d, [addr], v;`
+    #[track_caller]
     pub fn atom<T: AtomTy, S: StateSpace>(
         &mut self,
         op: AtomOp,
@@ -1558,6 +1677,7 @@ impl KernelBuilder {
         self.atom_with(op, None, None, a, v)
     }
     /// `atom{.sem}{.scope}.space.op.T d, [addr], v;`
+    #[track_caller]
     pub fn atom_with<T: AtomTy, S: StateSpace>(
         &mut self,
         op: AtomOp,
@@ -1576,6 +1696,7 @@ impl KernelBuilder {
         d
     }
     /// `atom.space.add.T d, [addr], v;`
+    #[track_caller]
     pub fn atom_add<T: AtomTy, S: StateSpace>(
         &mut self,
         a: impl Into<Addr<T, S>>,
@@ -1584,6 +1705,7 @@ impl KernelBuilder {
         self.atom(AtomOp::Add, a, v)
     }
     /// `atom.space.exch.bN d, [addr], v;`
+    #[track_caller]
     pub fn atom_exch<T: AtomTy, S: StateSpace>(
         &mut self,
         a: impl Into<Addr<T, S>>,
@@ -1592,6 +1714,7 @@ impl KernelBuilder {
         self.atom(AtomOp::Exch, a, v)
     }
     /// `atom{.sem}{.scope}.space.cas.bN d, [addr], cmp, new;`
+    #[track_caller]
     pub fn atom_cas<T: AtomTy, S: StateSpace>(
         &mut self,
         a: impl Into<Addr<T, S>>,
@@ -1601,6 +1724,7 @@ impl KernelBuilder {
         self.atom_cas_with(None, None, a, cmp, new)
     }
     /// `atom.cas` with ordering and scope.
+    #[track_caller]
     pub fn atom_cas_with<T: AtomTy, S: StateSpace>(
         &mut self,
         sem: Option<AtomSem>,
@@ -1619,6 +1743,7 @@ impl KernelBuilder {
         d
     }
     /// `red.space.op.T [addr], v;`
+    #[track_caller]
     pub fn red<T: AtomTy, S: StateSpace>(
         &mut self,
         op: AtomOp,
@@ -1628,6 +1753,7 @@ impl KernelBuilder {
         self.red_with(op, None, None, a, v)
     }
     /// `red{.sem}{.scope}.space.op.T [addr], v;`
+    #[track_caller]
     pub fn red_with<T: AtomTy, S: StateSpace>(
         &mut self,
         op: AtomOp,
@@ -1644,6 +1770,7 @@ impl KernelBuilder {
         );
     }
     /// `red.space.add.T [addr], v;`
+    #[track_caller]
     pub fn red_add<T: AtomTy, S: StateSpace>(&mut self, a: impl Into<Addr<T, S>>, v: impl Src<T>) {
         self.red(AtomOp::Add, a, v)
     }
@@ -1652,14 +1779,17 @@ impl KernelBuilder {
     // barriers and fences
 
     /// `bar.sync 0;` (`__syncthreads()`)
+    #[track_caller]
     pub fn sync_threads(&mut self) {
         self.bar_sync(0u32);
     }
     /// `bar.sync id;`
+    #[track_caller]
     pub fn bar_sync(&mut self, id: impl Src<u32>) {
         self.emit(Opcode::Bar, [f(Flag::Sync)], [id.operand()]);
     }
     /// `bar.sync id, count;` (named barrier over `count` threads)
+    #[track_caller]
     pub fn bar_sync_count(&mut self, id: impl Src<u32>, count: impl Src<u32>) {
         self.emit(
             Opcode::Bar,
@@ -1668,6 +1798,7 @@ impl KernelBuilder {
         );
     }
     /// `bar.arrive id, count;`
+    #[track_caller]
     pub fn bar_arrive(&mut self, id: impl Src<u32>, count: impl Src<u32>) {
         self.emit(
             Opcode::Bar,
@@ -1676,10 +1807,12 @@ impl KernelBuilder {
         );
     }
     /// `barrier.sync id;` (non-`.aligned` form, sm_70)
+    #[track_caller]
     pub fn barrier_sync(&mut self, id: impl Src<u32>) {
         self.emit(Opcode::Barrier, [f(Flag::Sync)], [id.operand()]);
     }
     /// `barrier.sync id, count;`
+    #[track_caller]
     pub fn barrier_sync_count(&mut self, id: impl Src<u32>, count: impl Src<u32>) {
         self.emit(
             Opcode::Barrier,
@@ -1688,6 +1821,7 @@ impl KernelBuilder {
         );
     }
     /// `bar.red.popc.u32 d, id, p;` (count of threads with `p`)
+    #[track_caller]
     pub fn bar_red_popc(&mut self, id: impl Src<u32>, p: Reg<Pred>) -> Reg<u32> {
         let d = self.reg();
         self.emit(
@@ -1698,6 +1832,7 @@ impl KernelBuilder {
         d
     }
     /// `bar.red.and.pred d, id, p;` (`and = false`: `.or`)
+    #[track_caller]
     pub fn bar_red_pred(&mut self, and: bool, id: impl Src<u32>, p: Reg<Pred>) -> Reg<Pred> {
         let d = self.reg();
         let op = if and { Flag::And } else { Flag::Or };
@@ -1709,10 +1844,12 @@ impl KernelBuilder {
         d
     }
     /// `bar.warp.sync mask;`
+    #[track_caller]
     pub fn bar_warp_sync(&mut self, mask: impl Src<u32>) {
         self.emit(Opcode::BarWarpSync, [], [mask.operand()]);
     }
     /// `membar.{cta,gl,sys};`
+    #[track_caller]
     pub fn membar(&mut self, level: MembarLevel) {
         let fl = match level {
             MembarLevel::Cta => Flag::Cta,
@@ -1722,6 +1859,7 @@ impl KernelBuilder {
         self.emit(Opcode::Membar, [f(fl)], []);
     }
     /// `fence.{sc,acq_rel}.scope;`
+    #[track_caller]
     pub fn fence(&mut self, sem: AtomSem, scope: Scope) {
         self.emit(Opcode::Fence, [f(sem.flag()), f(scope.flag())], []);
     }
@@ -1729,6 +1867,7 @@ impl KernelBuilder {
     /// memory that the host wrote through the generic proxy becomes visible to the tensor-map
     /// proxy of this thread's TMA instructions (CUDA programming guide, "Usage of a modified
     /// tensor map"); one thread per CTA, followed by a CTA barrier.
+    #[track_caller]
     pub fn fence_proxy_tensormap_acquire(&mut self, map: Reg<u64>) {
         let a = self.addr_operand(GenericPtr::<u8>::from_reg(map));
         self.emit(
@@ -1743,6 +1882,7 @@ impl KernelBuilder {
         );
     }
     /// `fence.proxy.async.shared::cta;` (generic-proxy writes visible to TMA/wgmma; sm_90)
+    #[track_caller]
     pub fn fence_proxy_async(&mut self) {
         self.emit(
             Opcode::Fence,
@@ -1751,6 +1891,7 @@ impl KernelBuilder {
         );
     }
     /// `fence.mbarrier_init.release.cluster;` (sm_90)
+    #[track_caller]
     pub fn fence_mbarrier_init(&mut self) {
         self.emit(
             Opcode::Fence,
@@ -1763,6 +1904,7 @@ impl KernelBuilder {
     // warp-level
 
     /// `shfl.sync.mode.b32 d, a, b, c, mask;`
+    #[track_caller]
     pub fn shfl_sync<T: Word32>(
         &mut self,
         mode: ShflMode,
@@ -1786,21 +1928,26 @@ impl KernelBuilder {
         d
     }
     /// `shfl.sync.bfly.b32 d, a, lane_mask, 31, 0xffffffff;`
+    #[track_caller]
     pub fn shfl_bfly<T: Word32>(&mut self, a: Reg<T>, lane_mask: impl Src<u32>) -> Reg<T> {
         self.shfl_sync(ShflMode::Bfly, a, lane_mask, 31u32, 0xffff_ffffu32)
     }
     /// `shfl.sync.down.b32 d, a, delta, 31, 0xffffffff;`
+    #[track_caller]
     pub fn shfl_down<T: Word32>(&mut self, a: Reg<T>, delta: impl Src<u32>) -> Reg<T> {
         self.shfl_sync(ShflMode::Down, a, delta, 31u32, 0xffff_ffffu32)
     }
     /// `shfl.sync.up.b32 d, a, delta, 0, 0xffffffff;`
+    #[track_caller]
     pub fn shfl_up<T: Word32>(&mut self, a: Reg<T>, delta: impl Src<u32>) -> Reg<T> {
         self.shfl_sync(ShflMode::Up, a, delta, 0u32, 0xffff_ffffu32)
     }
     /// `shfl.sync.idx.b32 d, a, lane, 31, 0xffffffff;`
+    #[track_caller]
     pub fn shfl_idx<T: Word32>(&mut self, a: Reg<T>, lane: impl Src<u32>) -> Reg<T> {
         self.shfl_sync(ShflMode::Idx, a, lane, 31u32, 0xffff_ffffu32)
     }
+    #[track_caller]
     fn vote(&mut self, mode: Flag, p: Reg<Pred>, mask: impl Src<u32>) -> Reg<Pred> {
         let d = self.reg();
         self.emit(
@@ -1811,18 +1958,22 @@ impl KernelBuilder {
         d
     }
     /// `vote.sync.all.pred d, p, mask;`
+    #[track_caller]
     pub fn vote_all(&mut self, p: Reg<Pred>, mask: impl Src<u32>) -> Reg<Pred> {
         self.vote(Flag::All, p, mask)
     }
     /// `vote.sync.any.pred d, p, mask;`
+    #[track_caller]
     pub fn vote_any(&mut self, p: Reg<Pred>, mask: impl Src<u32>) -> Reg<Pred> {
         self.vote(Flag::Any, p, mask)
     }
     /// `vote.sync.uni.pred d, p, mask;`
+    #[track_caller]
     pub fn vote_uni(&mut self, p: Reg<Pred>, mask: impl Src<u32>) -> Reg<Pred> {
         self.vote(Flag::Uni, p, mask)
     }
     /// `vote.sync.ballot.b32 d, p, mask;`
+    #[track_caller]
     pub fn vote_ballot(&mut self, p: Reg<Pred>, mask: impl Src<u32>) -> Reg<u32> {
         let d = self.reg();
         self.emit(
@@ -1833,6 +1984,7 @@ impl KernelBuilder {
         d
     }
     /// `redux.sync.op.T d, a, mask;` (sm_80; `and/or/xor` use `.b32`)
+    #[track_caller]
     pub fn redux<T: ReduxTy>(&mut self, op: ReduxOp, a: Reg<T>, mask: impl Src<u32>) -> Reg<T> {
         let d = self.reg();
         let (fl, ty) = match op {
@@ -1851,6 +2003,7 @@ impl KernelBuilder {
         d
     }
     /// `match.any.sync.bN d, a, mask;` (lanes holding the same value)
+    #[track_caller]
     pub fn match_any<T: Bits3264>(&mut self, a: Reg<T>, mask: impl Src<u32>) -> Reg<u32> {
         let d = self.reg();
         self.emit(
@@ -1861,6 +2014,7 @@ impl KernelBuilder {
         d
     }
     /// `match.all.sync.bN d|p, a, mask;`
+    #[track_caller]
     pub fn match_all<T: Bits3264>(
         &mut self,
         a: Reg<T>,
@@ -1880,12 +2034,14 @@ impl KernelBuilder {
         (d, p)
     }
     /// `activemask.b32 d;`
+    #[track_caller]
     pub fn activemask(&mut self) -> Reg<u32> {
         let d = self.reg();
         self.emit(Opcode::Activemask, [t(Ty::B32)], [d.op()]);
         d
     }
     /// `elect.sync _|p, mask;` (true in exactly one active lane; sm_90)
+    #[track_caller]
     pub fn elect_sync(&mut self, mask: impl Src<u32>) -> Reg<Pred> {
         let p = self.reg();
         self.emit(
@@ -1903,6 +2059,7 @@ impl KernelBuilder {
     // tensor cores
 
     /// `mma.sync.aligned.mMnNkK.row.col.D.A.B.C {d}, {a}, {b}, {c};`
+    #[track_caller]
     pub fn mma<S: MmaShape>(
         &mut self,
         a: [Reg<S::A>; 4],
@@ -1914,6 +2071,7 @@ impl KernelBuilder {
         d
     }
     /// `mma` into existing accumulators (`d` may equal `c`).
+    #[track_caller]
     pub fn mma_to<S: MmaShape>(
         &mut self,
         d: [Reg<S::C>; 4],
@@ -1936,6 +2094,7 @@ impl KernelBuilder {
             [vec_op(&d), vec_op(&a), vec_op(&b), vec_op(&c)],
         );
     }
+    #[track_caller]
     fn x_count(&mut self, n: usize, what: &str) -> Option<u8> {
         if matches!(n, 1 | 2 | 4) {
             Some(n as u8)
@@ -1947,6 +2106,7 @@ impl KernelBuilder {
         }
     }
     /// `ldmatrix.sync.aligned.m8n8.xN{.trans}.shared.b16 {d..}, [addr];`
+    #[track_caller]
     pub fn ldmatrix<T: Word32, U, const N: usize>(
         &mut self,
         a: impl Into<Addr<U, Shared>>,
@@ -1974,6 +2134,7 @@ impl KernelBuilder {
         d
     }
     /// `stmatrix.sync.aligned.m8n8.xN{.trans}.shared.b16 [addr], {v..};` (sm_90)
+    #[track_caller]
     pub fn stmatrix<T: Word32, U, const N: usize>(
         &mut self,
         a: impl Into<Addr<U, Shared>>,
@@ -2000,10 +2161,12 @@ impl KernelBuilder {
         }
     }
     /// `wgmma.fence.sync.aligned;` (sm_90a)
+    #[track_caller]
     pub fn wgmma_fence(&mut self) {
         self.emit(Opcode::WgmmaFence, [f(Flag::Sync), f(Flag::Aligned)], []);
     }
     /// `wgmma.commit_group.sync.aligned;`
+    #[track_caller]
     pub fn wgmma_commit_group(&mut self) {
         self.emit(
             Opcode::WgmmaCommitGroup,
@@ -2012,6 +2175,7 @@ impl KernelBuilder {
         );
     }
     /// `wgmma.wait_group.sync.aligned n;`
+    #[track_caller]
     pub fn wgmma_wait_group(&mut self, n: u32) {
         self.emit(
             Opcode::WgmmaWaitGroup,
@@ -2022,6 +2186,7 @@ impl KernelBuilder {
     /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.I.I {d..}, adesc, bdesc, scale_d, 1, 1, ta, tb;`
     /// with shared-memory descriptors for A and B; `d` holds `N/2` f32 accumulators.
     #[allow(clippy::too_many_arguments)]
+    #[track_caller]
     pub fn wgmma_mma_async<I: WgmmaIn>(
         &mut self,
         n: u16,
@@ -2070,6 +2235,7 @@ impl KernelBuilder {
     /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.I.I {d..}, {a0..a3}, bdesc, scale_d, 1, 1, tb;`
     /// with A from registers (each warp's 16 rows in the `mma.m16n8k16` A-fragment layout) and
     /// B from a shared-memory descriptor; `d` holds `N/2` f32 accumulators.
+    #[track_caller]
     pub fn wgmma_mma_async_rs<I: WgmmaIn>(
         &mut self,
         n: u16,
@@ -2117,6 +2283,7 @@ impl KernelBuilder {
     // asynchronous copies
 
     /// `cp.async.{ca,cg}.shared.global [dst], [src], bytes;` (bytes 4, 8 or 16; `.cg` when 16)
+    #[track_caller]
     pub fn cp_async<U, V>(
         &mut self,
         dst: impl Into<Addr<U, Shared>>,
@@ -2139,6 +2306,7 @@ impl KernelBuilder {
         );
     }
     /// `cp.async.cg.shared.global [dst], [src], 16, src_size;` (zero-fills beyond `src_size`)
+    #[track_caller]
     pub fn cp_async_zfill<U, V>(
         &mut self,
         dst: impl Into<Addr<U, Shared>>,
@@ -2154,18 +2322,22 @@ impl KernelBuilder {
         );
     }
     /// `cp.async.commit_group;`
+    #[track_caller]
     pub fn cp_async_commit_group(&mut self) {
         self.emit(Opcode::CpAsyncCommitGroup, [], []);
     }
     /// `cp.async.wait_group n;`
+    #[track_caller]
     pub fn cp_async_wait_group(&mut self, n: u32) {
         self.emit(Opcode::CpAsyncWaitGroup, [], [imm(n as i64)]);
     }
     /// `cp.async.wait_all;`
+    #[track_caller]
     pub fn cp_async_wait_all(&mut self) {
         self.emit(Opcode::CpAsyncWaitAll, [], []);
     }
     /// `cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], bytes, [mbar];` (sm_90)
+    #[track_caller]
     pub fn cp_async_bulk_g2s<U, V>(
         &mut self,
         dst: impl Into<Addr<U, Shared>>,
@@ -2187,6 +2359,7 @@ impl KernelBuilder {
         );
     }
     /// `cp.async.bulk.global.shared::cta.bulk_group [dst], [src], bytes;` (sm_90)
+    #[track_caller]
     pub fn cp_async_bulk_s2g<U, V>(
         &mut self,
         dst: impl Into<Addr<U, Global>>,
@@ -2202,6 +2375,7 @@ impl KernelBuilder {
         );
     }
     /// `cp.async.bulk.tensor.Nd.shared::cluster.global.tile.mbarrier::complete_tx::bytes [dst], [tmap, {c..}], [mbar];`
+    #[track_caller]
     pub fn cp_async_bulk_tensor_g2s<U>(
         &mut self,
         dst: impl Into<Addr<U, Shared>>,
@@ -2235,6 +2409,7 @@ impl KernelBuilder {
         );
     }
     /// `cp.async.bulk.tensor.Nd.global.shared::cta.tile.bulk_group [tmap, {c..}], [src];`
+    #[track_caller]
     pub fn cp_async_bulk_tensor_s2g<U>(
         &mut self,
         tmap: Reg<u64>,
@@ -2266,10 +2441,12 @@ impl KernelBuilder {
         );
     }
     /// `cp.async.bulk.commit_group;`
+    #[track_caller]
     pub fn cp_async_bulk_commit_group(&mut self) {
         self.emit(Opcode::CpAsyncBulkCommitGroup, [], []);
     }
     /// `cp.async.bulk.wait_group{.read} n;`
+    #[track_caller]
     pub fn cp_async_bulk_wait_group(&mut self, n: u32, read: bool) {
         let mods = if read { vec![f(Flag::Read)] } else { vec![] };
         self.emit(Opcode::CpAsyncBulkWaitGroup, mods, [imm(n as i64)]);
@@ -2279,6 +2456,7 @@ impl KernelBuilder {
     // mbarrier
 
     /// `mbarrier.init.shared.b64 [bar], count;`
+    #[track_caller]
     pub fn mbarrier_init(&mut self, bar: SharedPtr<u64>, count: impl Src<u32>) {
         let a = self.addr_operand(bar);
         self.emit(
@@ -2288,11 +2466,13 @@ impl KernelBuilder {
         );
     }
     /// `mbarrier.inval.shared.b64 [bar];`
+    #[track_caller]
     pub fn mbarrier_inval(&mut self, bar: SharedPtr<u64>) {
         let a = self.addr_operand(bar);
         self.emit(Opcode::MbarrierInval, [sp(Space::Shared), t(Ty::B64)], [a]);
     }
     /// `mbarrier.arrive.shared.b64 state, [bar];`
+    #[track_caller]
     pub fn mbarrier_arrive(&mut self, bar: SharedPtr<u64>) -> Reg<u64> {
         let a = self.addr_operand(bar);
         let d = self.reg();
@@ -2304,6 +2484,7 @@ impl KernelBuilder {
         d
     }
     /// `mbarrier.arrive.expect_tx.shared::cta.b64 state, [bar], tx;` (sm_90)
+    #[track_caller]
     pub fn mbarrier_arrive_expect_tx(
         &mut self,
         bar: SharedPtr<u64>,
@@ -2319,6 +2500,7 @@ impl KernelBuilder {
         d
     }
     /// `mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [bar], tx;` (sm_90)
+    #[track_caller]
     pub fn mbarrier_expect_tx(&mut self, bar: SharedPtr<u64>, tx: impl Src<u32>) {
         let a = self.addr_operand(bar);
         self.emit(
@@ -2333,6 +2515,7 @@ impl KernelBuilder {
         );
     }
     /// `mbarrier.test_wait.shared.b64 p, [bar], state;`
+    #[track_caller]
     pub fn mbarrier_test_wait(&mut self, bar: SharedPtr<u64>, state: Reg<u64>) -> Reg<Pred> {
         let a = self.addr_operand(bar);
         let p = self.reg();
@@ -2344,6 +2527,7 @@ impl KernelBuilder {
         p
     }
     /// `mbarrier.try_wait.parity.shared::cta.b64 p, [bar], parity;` (sm_90)
+    #[track_caller]
     pub fn mbarrier_try_wait_parity(
         &mut self,
         bar: SharedPtr<u64>,
@@ -2360,6 +2544,7 @@ impl KernelBuilder {
     }
     /// Spins on [`KernelBuilder::mbarrier_try_wait_parity`] until the phase completes
     /// (`L: try_wait; @!p bra L;`).
+    #[track_caller]
     pub fn mbarrier_wait_parity(&mut self, bar: SharedPtr<u64>, parity: impl Src<u32>) {
         let head = self.new_label();
         self.place(head);
@@ -2371,6 +2556,7 @@ impl KernelBuilder {
     // Hopper miscellany and control
 
     /// `setmaxnreg.inc.sync.aligned.u32 n;` (sm_90a)
+    #[track_caller]
     pub fn setmaxnreg_inc(&mut self, n: u32) {
         self.emit(
             Opcode::Setmaxnreg,
@@ -2379,6 +2565,7 @@ impl KernelBuilder {
         );
     }
     /// `setmaxnreg.dec.sync.aligned.u32 n;` (sm_90a)
+    #[track_caller]
     pub fn setmaxnreg_dec(&mut self, n: u32) {
         self.emit(
             Opcode::Setmaxnreg,
@@ -2387,14 +2574,17 @@ impl KernelBuilder {
         );
     }
     /// `griddepcontrol.wait;` (sm_90)
+    #[track_caller]
     pub fn griddepcontrol_wait(&mut self) {
         self.emit(Opcode::Griddepcontrol, [f(Flag::Wait)], []);
     }
     /// `griddepcontrol.launch_dependents;` (sm_90)
+    #[track_caller]
     pub fn griddepcontrol_launch_dependents(&mut self) {
         self.emit(Opcode::Griddepcontrol, [f(Flag::LaunchDependents)], []);
     }
     /// `mapa.shared::cluster.u32 d, a, rank;` (address of the same variable in CTA `rank`)
+    #[track_caller]
     pub fn mapa<T>(&mut self, a: SharedPtr<T>, rank: impl Src<u32>) -> Ptr<T, SharedCluster> {
         let d = self.reg::<u32>();
         self.emit(
@@ -2405,6 +2595,7 @@ impl KernelBuilder {
         Ptr::from_reg(d).add_bytes(a.byte_offset())
     }
     /// `getctarank.shared::cluster.u32 d, a;`
+    #[track_caller]
     pub fn getctarank<T>(&mut self, a: Ptr<T, SharedCluster>) -> Reg<u32> {
         let d = self.reg::<u32>();
         self.emit(
@@ -2415,30 +2606,37 @@ impl KernelBuilder {
         d
     }
     /// `barrier.cluster.arrive;` (sm_90)
+    #[track_caller]
     pub fn barrier_cluster_arrive(&mut self) {
         self.emit(Opcode::BarrierCluster, [f(Flag::Arrive)], []);
     }
     /// `barrier.cluster.wait;` (sm_90)
+    #[track_caller]
     pub fn barrier_cluster_wait(&mut self) {
         self.emit(Opcode::BarrierCluster, [f(Flag::Wait)], []);
     }
     /// `nanosleep.u32 ns;`
+    #[track_caller]
     pub fn nanosleep(&mut self, ns: impl Src<u32>) {
         self.emit(Opcode::Nanosleep, [t(Ty::U32)], [ns.operand()]);
     }
     /// `trap;`
+    #[track_caller]
     pub fn trap(&mut self) {
         self.emit(Opcode::Trap, [], []);
     }
     /// `exit;`
+    #[track_caller]
     pub fn exit(&mut self) {
         self.emit(Opcode::Exit, [], []);
     }
     /// `ret;`
+    #[track_caller]
     pub fn ret(&mut self) {
         self.emit(Opcode::Ret, [], []);
     }
     /// `brkpt;`
+    #[track_caller]
     pub fn brkpt(&mut self) {
         self.emit(Opcode::Brkpt, [], []);
     }

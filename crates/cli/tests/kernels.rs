@@ -115,3 +115,32 @@ fn gemm_runs_each_kernel_family_and_rejects_bad_requests() {
         assert!(err.contains(msg), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn emit_annotate_names_the_rust_builder_calls() {
+    let run = |annotate: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ptxforge"));
+        c.args(["emit", "swiglu_fwd_fp8", "--arch", "sm_90a"]);
+        if annotate {
+            c.arg("--annotate");
+        }
+        let out = c.output().expect("spawn ptxforge");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (plain, ann) = (run(false), run(true));
+    assert_eq!(plain.lines().count(), ann.lines().count());
+    let annotated: Vec<&str> = ann.lines().filter(|l| l.contains(" // ")).collect();
+    assert!(!annotated.is_empty(), "{ann}");
+    for l in &annotated {
+        let loc = l.rsplit(" // ").next().unwrap_or("");
+        assert!(loc.contains(".rs:"), "{l}");
+    }
+    for (p, a) in plain.lines().zip(ann.lines()) {
+        assert!(a.starts_with(p), "{a}");
+    }
+}

@@ -13,6 +13,9 @@ pub struct FaultSite {
     pub line: u32,
     /// The instruction text.
     pub instruction: String,
+    /// `file:line` of the Rust builder call that emitted the instruction (builder-made kernels).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rust: Option<String>,
 }
 
 impl fmt::Display for FaultSite {
@@ -29,7 +32,11 @@ impl fmt::Display for FaultSite {
             self.thread[2],
             self.line,
             self.instruction
-        )
+        )?;
+        if let Some(r) = &self.rust {
+            write!(f, " (emitted at {r})")?;
+        }
+        Ok(())
     }
 }
 

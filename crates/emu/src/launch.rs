@@ -517,12 +517,12 @@ fn site_error(ctx: &LaunchCtx, cta: &Cta, f: Fault) -> EmuError {
     let t = f.warp * 32 + f.lane;
     let b = ctx.block;
     let thread = [t % b[0], (t / b[0]) % b[1], t / (b[0] * b[1])];
-    let (line, instruction) = prog
+    let (line, instruction, rust) = prog
         .insts
         .get(f.pc as usize)
         .and_then(|i| prog.source.get(i.src as usize))
-        .map(|s| (s.loc.line, s.to_string()))
-        .unwrap_or((0, String::new()));
+        .map(|s| (s.loc.line, s.to_string(), s.loc.rust_location()))
+        .unwrap_or((0, String::new(), None));
     EmuError::Fault {
         kind: f.kind,
         site: Box::new(FaultSite {
@@ -531,6 +531,7 @@ fn site_error(ctx: &LaunchCtx, cta: &Cta, f: Fault) -> EmuError {
             thread,
             line,
             instruction,
+            rust,
         }),
     }
 }

@@ -396,7 +396,7 @@ pub enum Resolved {
     Wgmma(HopperSpec),
 }
 
-/// What ran.
+/// What ran: the kernel's name and, in [`GemmRun::resolved`], its full configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GemmRun {
     /// Registered kernel name (e.g. `gemm_fp8_nt_128x64`, `hopper_gemm_fp8_nt_128x112_s6`).
@@ -407,6 +407,24 @@ pub struct GemmRun {
     /// True when the call waited for the stream (the Hopper kernels do, to free their tensor
     /// maps; the `mma.sync` kernels return after enqueueing).
     pub synchronised: bool,
+}
+
+impl GemmRun {
+    /// The kernel family and its tile configuration in one line, e.g.
+    /// `mma.sync 128x64_w2x2_s3` or `wgmma BM128 BN112 stages 6 math-warpgroups 2`.
+    pub fn config(&self) -> String {
+        match &self.resolved {
+            Resolved::MmaSync(s) => format!("mma.sync {}", s.cfg.tag()),
+            Resolved::Wgmma(s) => format!(
+                "wgmma BM{} BN{} stages {} math-warpgroups {}{}",
+                s.bm(),
+                s.bn,
+                s.stages,
+                s.math_wgs,
+                if s.multicast_a { " multicast-A" } else { "" }
+            ),
+        }
+    }
 }
 
 /// The kernel `Auto` (or an explicit choice) resolves to for `p` on `stream`.
@@ -438,11 +456,24 @@ pub fn resolve(stream: &Stream, p: &GemmProblem) -> Resolved {
 }
 
 /// Runs the GEMM `p` on `stream`: checks the problem and the buffers (a typed error before any
-/// launch), picks the kernel ([`KernelChoice::Auto`]: see there), generates and loads it on
-/// first use (module cache), and launches it. The `mma.sync` kernels are enqueued
-/// asynchronously; the Hopper kernels synchronise the stream before returning (their tensor
-/// maps live in a buffer freed then; [`hopper::plan`] prepares asynchronous repeated launches).
-/// Reading the index vector for validation is a synchronous device read.
+/// launch), picks the kernel, generates and loads it on first use (module cache), launches it,
+/// and returns what ran ([`GemmRun`]: kernel name, configuration, whether it synchronised).
+///
+/// Which kernel [`KernelChoice::Auto`] picks:
+///
+/// | device | FP8 in, BF16 out, normal layout | everything else |
+/// |---|---|---|
+/// | sm_90a target ([`hopper::available`]): H100/H200, **and the emulator** (an sm_90a part) | Hopper `wgmma` kernel ([`hopper::choose_spec`]) | `mma.sync` ([`choose_config`]) |
+/// | sm_80 / sm_89 / sm_90 (non-`a`) | `mma.sync` | `mma.sync` |
+///
+/// Pass [`KernelChoice::MmaSync`] (e.g. `GemmProblem::kernel(KernelChoice::MmaSync(cfg))`) to
+/// run the `mma.sync` kernel on an sm_90a device.
+///
+/// Synchronisation: the `mma.sync` kernels are enqueued and the call returns (asynchronous, like
+/// a launch; errors surface at the next synchronising call); the Hopper kernels synchronise the
+/// stream before returning (their tensor maps live in a buffer freed then; [`hopper::plan`]
+/// prepares asynchronous repeated launches), reported as [`GemmRun::synchronised`]. Reading the
+/// index vector of a grouped layout for validation is a synchronous device read.
 pub fn gemm(stream: &Stream, p: &GemmProblem, bufs: GemmBufs<'_>) -> Result<GemmRun> {
     let resolved = resolve(stream, p);
     let kernel = match &resolved {

@@ -45,6 +45,10 @@ fn auto_bf16_with_c_runs_mma_sync_against_the_reference() {
         "{run:?}"
     );
     assert!(run.launched && !run.synchronised);
+    let Resolved::MmaSync(spec) = &run.resolved else {
+        unreachable!()
+    };
+    assert_eq!(run.config(), format!("mma.sync {}", spec.cfg.tag()));
     let got: Vec<f64> = d.to_vec().unwrap().iter().map(|&x| x as f64).collect();
     let err = rel_fro(&got, &want);
     assert!(err < 1e-5, "rel err {err}");

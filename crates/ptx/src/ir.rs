@@ -6,11 +6,32 @@ use crate::isa::Opcode;
 use crate::mods::{Flag, Mod};
 use crate::types::{Space, Ty};
 
-/// A source position (1-based line and column). Equality ignores it on purpose.
+/// A source position (1-based line and column of the PTX text). Equality ignores it on purpose.
+///
+/// Instructions a `builder` method emitted also remember the Rust call that emitted them
+/// (`rust`, from `#[track_caller]`); for builder-made modules `line` is the line of the
+/// instruction in `print(&module)` (see [`crate::printer::number_lines`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Loc {
     pub line: u32,
     pub col: u32,
+    /// The Rust source location that emitted this instruction (builder-made modules).
+    pub rust: Option<&'static std::panic::Location<'static>>,
+}
+
+impl Loc {
+    /// A PTX text position without a Rust location.
+    pub fn at(line: u32, col: u32) -> Loc {
+        Loc {
+            line,
+            col,
+            rust: None,
+        }
+    }
+    /// `file:line` of the Rust call that emitted the instruction, if known.
+    pub fn rust_location(&self) -> Option<String> {
+        self.rust.map(|l| format!("{}:{}", l.file(), l.line()))
+    }
 }
 
 impl PartialEq for Loc {

@@ -338,10 +338,7 @@ impl<'a> Parser<'a> {
             name,
             dims,
             init,
-            loc: Loc {
-                line: t.line,
-                col: t.col,
-            },
+            loc: Loc::at(t.line, t.col),
         })
     }
 
@@ -514,10 +511,7 @@ impl<'a> Parser<'a> {
             params,
             directives,
             body,
-            loc: Loc {
-                line: t.line,
-                col: t.col,
-            },
+            loc: Loc::at(t.line, t.col),
         })
     }
 
@@ -673,10 +667,7 @@ impl<'a> Parser<'a> {
                 let reg = self.ident()?.to_string();
                 let mut ins = self.instruction()?;
                 ins.guard = Some(Guard { negated, reg });
-                ins.loc = Loc {
-                    line: t.line,
-                    col: t.col,
-                };
+                ins.loc = Loc::at(t.line, t.col);
                 Ok(Some(Statement::Instr(ins)))
             }
             Tok::Ident(name) => {
@@ -730,19 +721,13 @@ impl<'a> Parser<'a> {
                         _ => {
                             return Ok(Some(Statement::Label(
                                 name.to_string(),
-                                Loc {
-                                    line: t.line,
-                                    col: t.col,
-                                },
+                                Loc::at(t.line, t.col),
                             )))
                         }
                     }
                 }
                 let mut ins = self.instruction_from(t)?;
-                ins.loc = Loc {
-                    line: t.line,
-                    col: t.col,
-                };
+                ins.loc = Loc::at(t.line, t.col);
                 Ok(Some(Statement::Instr(ins)))
             }
             _ => Err(self.err(
@@ -797,10 +782,7 @@ impl<'a> Parser<'a> {
             vec,
             align,
             names,
-            loc: Loc {
-                line: start.line,
-                col: start.col,
-            },
+            loc: Loc::at(start.line, start.col),
         })
     }
 
@@ -889,10 +871,7 @@ impl<'a> Parser<'a> {
             op,
             mods,
             args,
-            loc: Loc {
-                line: t.line,
-                col: t.col,
-            },
+            loc: Loc::at(t.line, t.col),
         })
     }
 

@@ -115,6 +115,9 @@ pub struct Diagnostic {
     /// The function it was found in (`None` for module-level findings).
     pub function: Option<String>,
     pub message: String,
+    /// `file:line` of the Rust builder call that emitted the instruction (builder-made modules).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rust: Option<String>,
 }
 
 impl Diagnostic {
@@ -129,7 +132,11 @@ impl fmt::Display for Diagnostic {
             f,
             "{}:{}: {}: {}",
             self.line, self.col, self.severity, self.message
-        )
+        )?;
+        if let Some(r) = &self.rust {
+            write!(f, " (emitted at {r})")?;
+        }
+        Ok(())
     }
 }
 
@@ -235,6 +242,30 @@ struct FnCheck<'a> {
     diags: Vec<Diagnostic>,
 }
 
+/// Why an immediate cannot be an operand of type `want` (as ptxas rejects it): an integer
+/// literal for a `.f32`/`.f64` operand (`add.f32 %f1, %f2, 1;`: write `0f3F800000` or `1.0`),
+/// or a float literal for a signed/unsigned integer operand. Bit types take either (`mov.b32
+/// %r1, 0f3F800000;`).
+fn imm_kind_mismatch(imm: &Imm, want: Ty) -> Option<String> {
+    let int = matches!(imm, Imm::Int(_) | Imm::U64(_));
+    if int && matches!(want, Ty::F32 | Ty::F64) {
+        let v = match imm {
+            Imm::Int(v) => v.to_string(),
+            Imm::U64(v) => v.to_string(),
+            _ => String::new(),
+        };
+        return Some(format!(
+            "integer immediate `{v}` where a .{want} is expected (write a float literal, e.g. `{v}.0` or `0f...`)"
+        ));
+    }
+    if !int && matches!(want.kind(), TyKind::Signed | TyKind::Unsigned) {
+        return Some(format!(
+            "float immediate where a .{want} integer is expected"
+        ));
+    }
+    None
+}
+
 /// Is an operand of register type `have` acceptable where the instruction wants `want`?
 fn compatible(have: Ty, want: Ty) -> bool {
     if have == want {
@@ -303,6 +334,7 @@ impl<'a> FnCheck<'a> {
             col: loc.col,
             function: Some(self.f.name.clone()),
             message,
+            rust: loc.rust_location(),
         });
     }
 
@@ -825,6 +857,14 @@ impl<'a> FnCheck<'a> {
             Operand::Not(x) => return self.check(i, x, Want::T(Ty::Pred), what),
             Operand::Imm(imm) => {
                 if want_ty == Ty::Pred {
+                    return;
+                }
+                if let Some(why) = imm_kind_mismatch(imm, want_ty) {
+                    self.diag(
+                        DiagKind::TypeMismatch,
+                        i.loc,
+                        format!("{what} of `{}`: {why}", i.op.name()),
+                    );
                     return;
                 }
                 if let (Imm::F64(_), 4) | (Imm::F32(_), 8) = (imm, want_ty.size()) {

@@ -494,3 +494,42 @@ fn diagnostics_serialise_and_display() {
     assert_eq!(j["severity"], "error");
     assert_eq!(j["function"], "k");
 }
+
+#[test]
+fn integer_immediate_in_float_instruction() {
+    let d = check("add.f32 %f1, %f2, 1;");
+    expect(&d, DiagKind::TypeMismatch, 1);
+    assert!(d[0].message.contains("integer immediate `1`"), "{d:#?}");
+    expect(
+        &check("mov.f32 %f1, 0f3F800000;\nsetp.lt.f32 %p1, %f1, 0;"),
+        DiagKind::TypeMismatch,
+        2,
+    );
+    expect(
+        &check("fma.rn.f32 %f1, %f2, 2, %f3;"),
+        DiagKind::TypeMismatch,
+        1,
+    );
+}
+
+#[test]
+fn float_immediate_in_integer_instruction() {
+    expect(
+        &check("add.u32 %r1, %r2, 0f3F800000;"),
+        DiagKind::TypeMismatch,
+        1,
+    );
+    expect(&check("add.s32 %r1, %r2, 1.5;"), DiagKind::TypeMismatch, 1);
+}
+
+#[test]
+fn matching_immediates_and_bit_types_are_clean() {
+    clean(&check(
+        "add.f32 %f1, %f2, 0f3F800000;
+add.f32 %f1, %f2, 1.5;
+add.u32 %r1, %r2, 7;
+mov.b32 %r1, 0f3F800000;
+mov.b32 %r1, 7;
+setp.lt.f32 %p1, %f1, 0f00000000;",
+    ));
+}

@@ -250,8 +250,23 @@ impl Device {
             .clone()
     }
 
-    /// A new stream; higher `priority` streams are favoured where the backend supports it.
+    /// A new stream with scheduling priority `priority`. The argument is a **priority, not a
+    /// stream number**: every call creates a new stream; `0` is the normal priority and higher
+    /// values are favoured (CUDA: mapped to `-priority`, clamped to the context's stream
+    /// priority range, so 1 or more is "high" on current GPUs; the emulator records it but
+    /// runs every stream on its own host thread). Same as [`Device::stream_with_priority`].
     pub fn stream(&self, priority: i32) -> Stream {
+        Stream::new(self, priority)
+    }
+
+    /// A new stream of normal priority (0).
+    pub fn new_stream(&self) -> Stream {
+        Stream::new(self, 0)
+    }
+
+    /// A new stream with scheduling priority `priority` (0 normal, higher favoured; see
+    /// [`Device::stream`]).
+    pub fn stream_with_priority(&self, priority: i32) -> Stream {
         Stream::new(self, priority)
     }
 
@@ -513,6 +528,23 @@ impl Function {
                         "argument {i} (`{}`): {} bytes given, parameter is .{} ({size} bytes)",
                         p.name,
                         a.size(),
+                        p.ty
+                    ),
+                });
+            }
+            // A byte-array parameter (`.b8 p[8]`) takes any argument of its size.
+            let fits = match p.array {
+                Some(_) => p.ty.kind() == ptx::TyKind::Bits,
+                None => a.fits(p.ty),
+            };
+            if !fits {
+                return Err(RuntimeError::Args {
+                    kernel: self.name.clone(),
+                    msg: format!(
+                        "argument {i} (`{}`): {} given, parameter is .{} (no implicit \
+                         conversion: pass exactly that kind)",
+                        p.name,
+                        a.kind_name(),
                         p.ty
                     ),
                 });

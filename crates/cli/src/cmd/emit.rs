@@ -1,4 +1,5 @@
-//! `ptxforge emit NAME [--arch sm_90a] [--shape m,n,k]`: prints a library kernel's PTX.
+//! `ptxforge emit NAME [--arch sm_90a] [--shape m,n,k] [--annotate]`: prints a library kernel's
+//! PTX (with `--annotate`, each instruction followed by the Rust builder call that emitted it).
 
 use anyhow::{bail, Result};
 
@@ -15,6 +16,10 @@ pub struct Args {
     /// Emit JSON ({name, arch, ptx}).
     #[arg(long)]
     pub json: bool,
+    /// Append the Rust source location (`// file.rs:line`) of the builder call that emitted
+    /// each instruction; line numbers stay those of the plain output.
+    #[arg(long)]
+    pub annotate: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -35,7 +40,11 @@ pub fn run(a: Args) -> Result<()> {
         shape = kernels::Shape::new(v[0], v[1], v[2]);
     }
     let m = info.generate(&builder::Target::new(&a.arch), &shape)?;
-    let text = ptx::print(&m);
+    let text = if a.annotate {
+        ptx::printer::print_annotated(&m)
+    } else {
+        ptx::print(&m)
+    };
     if a.json {
         println!(
             "{}",
