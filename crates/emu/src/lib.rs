@@ -24,12 +24,14 @@ pub mod launch;
 pub mod memory;
 pub mod mma;
 pub mod program;
+pub mod sanitize;
 pub mod tc_numerics;
 
 pub use error::{EmuError, FaultKind, FaultSite};
 pub use launch::{launch, LaunchConfig, LaunchOptions, LaunchStats};
 pub use memory::{Allocation, GlobalMemory, MemMap};
 pub use program::Program;
+pub use sanitize::{Findings, Report, Tool, Tools};
 pub use tc_numerics::Numerics;
 
 /// The values of one register across the 32 lanes of a warp (raw bits, zero-extended).
@@ -89,6 +91,8 @@ impl LoadedModule {
                         bytes.truncate(size as usize);
                         a.write_bytes(0, &bytes);
                     }
+                    // module variables are initialised (zeros when no initialiser is given)
+                    a.mark_written(0, size);
                     symbols.insert(v.name.clone(), program::SymAddr::Global(a.base));
                     allocations.push(a);
                 }

@@ -1,0 +1,190 @@
+//! Where the interpreter calls the sanitizers (only in sanitized launches): per-lane memory
+//! accesses of `ld`/`st`/`atom`/`cp.async`/`ldmatrix`/`stmatrix`, classified into shared and
+//! global memory, and the synchronising instructions.
+
+use super::cta::Kind;
+use super::{code, Report, Tool};
+use crate::exec::{Cta, LaunchCtx};
+use crate::memory::{LOCAL_WINDOW, SHARED_WINDOW};
+use crate::program::MSpace;
+
+impl Cta {
+    /// The accesses of `bytes` bytes per lane at `reg[lane] + off` by the lanes in `m`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn san_lanes(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        m: u32,
+        space: MSpace,
+        (reg, off): (u32, i64),
+        bytes: u32,
+        kind: Kind,
+    ) {
+        let pc = self.warps[wi].group_pc;
+        let addrs = self.warps[wi].regs[reg as usize];
+        for l in 0..32 {
+            if m >> l & 1 != 0 {
+                let a = addrs[l].wrapping_add(off as u64);
+                self.san_one(ctx, wi, l, pc, space, a, bytes, kind);
+            }
+        }
+    }
+
+    /// The row accesses of an `ldmatrix`/`stmatrix` of `count` matrices (16 bytes per row, row
+    /// addresses from lanes `8 * mat + row`).
+    pub(crate) fn san_matrix(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        (count, space): (u32, MSpace),
+        (reg, off): (u32, i64),
+        kind: Kind,
+    ) {
+        let m = if count >= 4 {
+            u32::MAX
+        } else {
+            (1u32 << (8 * count)) - 1
+        };
+        self.san_lanes(ctx, wi, m, space, (reg, off), 16, kind);
+        if let Some(s) = self.san.as_mut() {
+            s.warp_converged(wi);
+        }
+    }
+
+    /// One lane's access of `size` bytes at `addr` in `space`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn san_one(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        lane: usize,
+        pc: u32,
+        space: MSpace,
+        addr: u64,
+        size: u32,
+        kind: Kind,
+    ) {
+        let shared = match space {
+            MSpace::Shared => Some(addr),
+            MSpace::Generic if (SHARED_WINDOW..SHARED_WINDOW + (1 << 32)).contains(&addr) => {
+                Some(addr - SHARED_WINDOW)
+            }
+            MSpace::Generic if (LOCAL_WINDOW..LOCAL_WINDOW + (1 << 32)).contains(&addr) => {
+                return
+            }
+            MSpace::Generic | MSpace::Global => None,
+            MSpace::Local | MSpace::Param => return,
+        };
+        if let Some(sa) = shared {
+            let (peer, o) = self.split_rank(sa);
+            let fits = o.checked_add(size as u64).is_some_and(|e| e <= self.shared.len() as u64);
+            if peer.is_none() && fits {
+                if let Some(s) = self.san.as_mut() {
+                    s.shared_access(ctx, wi, lane, pc, o, size, kind);
+                }
+            }
+            return;
+        }
+        self.san_global(ctx, wi, lane, pc, addr, size, kind);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn san_global(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        lane: usize,
+        pc: u32,
+        addr: u64,
+        size: u32,
+        kind: Kind,
+    ) {
+        let (Some(ls), Some(a)) = (ctx.san.as_ref(), ctx.mem.find(addr, size as u64)) else {
+            return;
+        };
+        let tid = wi as u32 * 32 + lane as u32;
+        let id = self.id;
+        if ls.tools.initcheck && kind != Kind::Write {
+            if let Some(b) = a.first_unwritten(addr - a.base, size as u64) {
+                ls.push((code::INIT, pc, 1), || Report {
+                    tool: Tool::Initcheck,
+                    kind: "read of uninitialized global memory".into(),
+                    kernel: ctx.prog.name.clone(),
+                    cta: id,
+                    accesses: vec![super::access(ctx, id, "read", pc, tid)],
+                    space: Some("global".into()),
+                    addr: Some(a.base + b),
+                    size,
+                    detail: format!(
+                        "nothing (host copy, fill, or kernel store) wrote this byte of the \
+                         {}-byte allocation at {:#x} before",
+                        a.size, a.base
+                    ),
+                });
+            }
+        }
+        let Some(g) = &ls.global else { return };
+        let strong = ls.info.get(pc as usize).is_some_and(|i| i.strong);
+        if kind == Kind::Atomic || strong {
+            self.san_synced(ctx);
+        } else {
+            g.access(id, tid, pc, addr, size, kind == Kind::Write);
+        }
+    }
+
+    /// This CTA synchronises with other CTAs (fence, global atomic, strong access, cluster
+    /// barrier): its global accesses are trusted.
+    pub(crate) fn san_synced(&mut self, ctx: &LaunchCtx) {
+        let Some(s) = self.san.as_mut() else { return };
+        if !s.synced {
+            s.synced = true;
+            if let Some(g) = ctx.san.as_ref().and_then(|l| l.global.as_ref()) {
+                g.mark_synced(self.id);
+            }
+        }
+    }
+
+    /// A `.sync` warp operation with member-mask register `mask` executed by lanes `m`.
+    pub(crate) fn san_warp_sync(&mut self, ctx: &LaunchCtx, wi: usize, m: u32, mask: u32) {
+        if self.san.is_none() {
+            return;
+        }
+        let w = &self.warps[wi];
+        let masks = w.regs[mask as usize];
+        let op = super::sync::WarpOp {
+            m,
+            masks: &masks,
+            exists: w.exists,
+            live: w.live,
+            pc: w.group_pc,
+        };
+        if let Some(s) = self.san.as_mut() {
+            s.warp_sync(ctx, wi, &op);
+        }
+    }
+
+    /// `cp.async`: each lane writes `size` bytes of shared memory and reads its `src_size`
+    /// (at most `size`) bytes of global memory.
+    pub(crate) fn san_cp_async(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        m: u32,
+        (dspace, dst, doff): (MSpace, u32, i64),
+        (src, soff, src_size): (u32, i64, u32),
+        size: u32,
+    ) {
+        self.san_lanes(ctx, wi, m, dspace, (dst, doff), size, Kind::Write);
+        let pc = self.warps[wi].group_pc;
+        let regs = &self.warps[wi].regs;
+        let (sa, ns) = (regs[src as usize], regs[src_size as usize]);
+        for l in 0..32 {
+            let n = (ns[l] as u32).min(size);
+            if m >> l & 1 != 0 && n > 0 {
+                let a = sa[l].wrapping_add(soff as u64);
+                self.san_one(ctx, wi, l, pc, MSpace::Global, a, n, Kind::Read);
+            }
+        }
+    }
+}
