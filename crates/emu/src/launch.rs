@@ -107,6 +107,9 @@ pub struct LaunchStats {
     /// Shared-memory bank profile (when [`LaunchOptions::bank_profile`] is set).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub banks: Option<crate::banks::BankReport>,
+    /// The sanitizers that checked this launch (and found nothing), when any ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sanitized: Option<crate::sanitize::Tools>,
 }
 
 /// Per-SM limits of the emulated target.
@@ -455,6 +458,7 @@ pub fn launch(
                 .unwrap_or_else(|p| p.into_inner())
                 .report(&ctx.prog)
         }),
+        sanitized: opts.sanitize.any().then_some(opts.sanitize),
     })
 }
 

@@ -94,3 +94,13 @@ mod tests {
         }
     }
 }
+
+/// `--sanitize LIST` (None when the flag is absent).
+pub fn parse_sanitize(s: Option<&str>) -> anyhow::Result<Option<emu::Tools>> {
+    match s {
+        None => Ok(None),
+        Some(s) => emu::Tools::parse(s)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("--sanitize: {e}")),
+    }
+}
