@@ -1186,7 +1186,7 @@ impl Cta {
                     self.profile_lanes(wi, inst.src, m, *space, (*addr, *off), total);
                 }
                 if self.san.is_some() {
-                    self.san_lanes(ctx, wi, m, *space, (*addr, *off), total, SanKind::Read);
+                    self.san_lanes(ctx, wi, m, (*space, *addr, *off), total, SanKind::Read);
                 }
                 for l in lanes_of(m) {
                     let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
@@ -1233,7 +1233,7 @@ impl Cta {
                     self.profile_lanes(wi, inst.src, m, *space, (*addr, *off), total);
                 }
                 if self.san.is_some() {
-                    self.san_lanes(ctx, wi, m, *space, (*addr, *off), total, SanKind::Write);
+                    self.san_lanes(ctx, wi, m, (*space, *addr, *off), total, SanKind::Write);
                 }
                 for l in lanes_of(m) {
                     let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
@@ -1270,7 +1270,7 @@ impl Cta {
                     self.profile_lanes(wi, inst.src, m, *space, (*addr, *off), size);
                 }
                 if self.san.is_some() {
-                    self.san_lanes(ctx, wi, m, *space, (*addr, *off), size, SanKind::Atomic);
+                    self.san_lanes(ctx, wi, m, (*space, *addr, *off), size, SanKind::Atomic);
                 }
                 for l in lanes_of(m) {
                     let a = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
@@ -2045,7 +2045,8 @@ impl Cta {
                     self.warps[wi].regs[*d as usize][l] = token;
                     if let (Some(s), None) = (self.san.as_mut(), peer) {
                         let pc = self.warps[wi].group_pc;
-                        s.mbar_arrive(ctx, wi, l, pc, key, (c, pending), (phase, after));
+                        let who = crate::sanitize::cta::Who { wi, lane: l, pc };
+                        s.mbar_arrive(ctx, who, key, (c, pending), (phase, after));
                     }
                 }
                 // A plain arrive (a consumer releasing a stage) yields: the waiters (a producer
@@ -2280,7 +2281,14 @@ impl Cta {
                     self.profile_lanes(wi, inst.src, m, *dspace, (*dst, *doff), *size);
                 }
                 if self.san.is_some() {
-                    self.san_cp_async(ctx, wi, m, (*dspace, *dst, *doff), (*src, *soff, *src_size), *size);
+                    self.san_cp_async(
+                        ctx,
+                        wi,
+                        m,
+                        (*dspace, *dst, *doff),
+                        (*src, *soff, *src_size),
+                        *size,
+                    );
                 }
                 for l in lanes_of(m) {
                     let w = &self.warps[wi];

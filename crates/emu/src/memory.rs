@@ -59,7 +59,11 @@ impl Allocation {
         while b < end {
             let (w, sh) = ((b / 64) as usize, b % 64);
             let n = (64 - sh).min(end - b);
-            let m = if n == 64 { u64::MAX } else { ((1u64 << n) - 1) << sh };
+            let m = if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << sh
+            };
             bits[w].fetch_or(m, Ordering::Relaxed);
             b += n;
         }

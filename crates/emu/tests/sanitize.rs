@@ -1,9 +1,7 @@
 //! The sanitizers on planted bugs: each kernel has exactly one bug, reported exactly once by the
 //! right tool at the PTX line(s) marked `// @` in its body; the fixed variants report nothing.
 
-use emu::{
-    launch, EmuError, GlobalMemory, LaunchConfig, LaunchOptions, LoadedModule, Tool, Tools,
-};
+use emu::{launch, EmuError, GlobalMemory, LaunchConfig, LaunchOptions, LoadedModule, Tool, Tools};
 use std::collections::BTreeSet;
 
 /// Buffer p0: 1024 bytes written by the host (random). Buffer p1: 1024 bytes, only the first
@@ -41,7 +39,9 @@ fn run(body: &str, grid: u32, block: u32) -> (String, Result<(), EmuError>) {
 fn planted(body: &str, grid: u32, block: u32, tool: Tool) {
     let (text, r) = run(body, grid, block);
     let e = r.expect_err("the planted bug was not found");
-    let f = e.findings().unwrap_or_else(|| panic!("not a sanitizer report: {e}"));
+    let f = e
+        .findings()
+        .unwrap_or_else(|| panic!("not a sanitizer report: {e}"));
     assert_eq!(f.reports.len(), 1, "{f}");
     let rep = &f.reports[0];
     assert_eq!(rep.tool, tool, "{f}");
@@ -193,7 +193,12 @@ fn init_shared_read_before_any_write() {
 
 #[test]
 fn init_global_never_written() {
-    planted("ld.global.u32 %r7, [%rd2+512]; // @", 1, 32, Tool::Initcheck);
+    planted(
+        "ld.global.u32 %r7, [%rd2+512]; // @",
+        1,
+        32,
+        Tool::Initcheck,
+    );
     clean("ld.global.u32 %r7, [%rd2+508];", 1, 32);
 }
 
@@ -341,7 +346,12 @@ fn sync_mbarrier_phase_never_completes() {
 
 #[test]
 fn mem_out_of_bounds_global_store() {
-    planted("st.global.u32 [%rd1+1024], %r1; // @", 1, 32, Tool::Memcheck);
+    planted(
+        "st.global.u32 [%rd1+1024], %r1; // @",
+        1,
+        32,
+        Tool::Memcheck,
+    );
 }
 
 #[test]

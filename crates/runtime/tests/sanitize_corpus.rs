@@ -36,7 +36,11 @@ fn corpus_kernels_are_sanitizer_clean() {
         let t0 = std::time::Instant::now();
         match runner::run(&dev, &spec) {
             Ok(out) => {
-                println!("  clean {} ({:.2} s)", p.display(), t0.elapsed().as_secs_f64());
+                println!(
+                    "  clean {} ({:.2} s)",
+                    p.display(),
+                    t0.elapsed().as_secs_f64()
+                );
                 let st = out.stats.as_ref().expect("emulator stats");
                 assert_eq!(st.sanitized, Some(emu::Tools::ALL), "{}", p.display());
                 for r in runner::check_outputs(&m, dir, &out, None).unwrap() {
@@ -48,7 +52,11 @@ fn corpus_kernels_are_sanitizer_clean() {
             Err(e) => failures.push(format!("{}: {e}", p.display())),
         }
     }
-    println!("{} corpus kernels, {} failures", files.len(), failures.len());
+    println!(
+        "{} corpus kernels, {} failures",
+        files.len(),
+        failures.len()
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 

@@ -35,6 +35,22 @@ impl Kind {
     }
 }
 
+/// Who accesses: lane `lane` of warp `wi`, at instruction `pc`.
+#[derive(Clone, Copy, Debug)]
+pub struct Who {
+    pub wi: usize,
+    pub lane: usize,
+    pub pc: u32,
+}
+
+/// An access of `size` bytes at `addr` (a shared offset or a global address).
+#[derive(Clone, Copy, Debug)]
+pub struct Span {
+    pub addr: u64,
+    pub size: u32,
+    pub kind: Kind,
+}
+
 /// One recorded shared access: `mask` bits 0..4 are the bytes of the granule, bit 4 atomic;
 /// mask 0 means none.
 #[derive(Clone, Copy, Default)]
@@ -145,19 +161,11 @@ impl CtaSan {
         })
     }
 
-    /// A shared-memory access of `size` bytes at offset `off` by lane `lane` of warp `wi`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn shared_access(
-        &mut self,
-        ctx: &LaunchCtx,
-        wi: usize,
-        lane: usize,
-        pc: u32,
-        off: u64,
-        size: u32,
-        kind: Kind,
-    ) {
+    /// A shared-memory access (`sp.addr`: the offset in this CTA's shared memory).
+    pub fn shared_access(&mut self, ctx: &LaunchCtx, who: Who, sp: Span) {
         let Some(ls) = ctx.san.as_ref() else { return };
+        let Who { wi, lane, pc } = who;
+        let (off, size, kind) = (sp.addr, sp.size, sp.kind);
         if self.init {
             if kind != Kind::Write {
                 if let Some(b) = self.first_unwritten(off, size as u64) {
@@ -185,7 +193,7 @@ impl CtaSan {
                 let lo = off.max(g * 4) - g * 4;
                 let hi = (off + size as u64).min(g * 4 + 4) - g * 4;
                 let bytes = (((1u32 << hi) - 1) & !((1u32 << lo) - 1)) as u8;
-                self.race_granule(ctx, wi, lane, pc, g, bytes, kind);
+                self.race_granule(ctx, who, (g, bytes), kind);
                 g += 1;
             }
         }
@@ -207,17 +215,9 @@ impl CtaSan {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn race_granule(
-        &mut self,
-        ctx: &LaunchCtx,
-        wi: usize,
-        lane: usize,
-        pc: u32,
-        g: u64,
-        bytes: u8,
-        kind: Kind,
-    ) {
+    /// The race check of granule `g` (bytes `bytes` of it).
+    fn race_granule(&mut self, ctx: &LaunchCtx, who: Who, (g, bytes): (u64, u8), kind: Kind) {
+        let Who { wi, lane, pc } = who;
         let Some(cell) = self.shadow.get(g as usize).copied() else {
             return;
         };
@@ -229,9 +229,7 @@ impl CtaSan {
             lane: lane as u8,
             mask: bytes | if atomic { 0x10 } else { 0 },
         };
-        let conflicts = |p: Acc| {
-            p.mask & bytes & 0xf != 0 && !(atomic && p.mask & 0x10 != 0)
-        };
+        let conflicts = |p: Acc| p.mask & bytes & 0xf != 0 && !(atomic && p.mask & 0x10 != 0);
         let w_race = conflicts(cell.w) && !self.ordered(cell.w, wi, lane, pc);
         if w_race {
             let what = if kind == Kind::Read {
@@ -277,8 +275,7 @@ impl CtaSan {
             space: Some("shared".into()),
             addr: Some(addr),
             size: 1,
-            detail: "no barrier, mbarrier or warp synchronisation orders the two accesses"
-                .into(),
+            detail: "no barrier, mbarrier or warp synchronisation orders the two accesses".into(),
         });
     }
 }

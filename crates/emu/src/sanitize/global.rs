@@ -56,7 +56,10 @@ impl Default for GlobalRaces {
 impl GlobalRaces {
     /// CTA `cta` synchronises with other CTAs: its accesses are not reported.
     pub fn mark_synced(&self, cta: [u32; 3]) {
-        self.synced.lock().unwrap_or_else(|p| p.into_inner()).insert(cta);
+        self.synced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(cta);
     }
 
     /// A plain global access of `size` bytes at `addr` by thread `tid` of `cta` at `pc`.
@@ -100,7 +103,9 @@ impl GlobalRaces {
         }
         let mut c = self.cands.lock().unwrap_or_else(|p| p.into_inner());
         for f in found {
-            let v = c.entry((f.0.pc.min(f.1.pc), f.0.pc.max(f.1.pc))).or_default();
+            let v = c
+                .entry((f.0.pc.min(f.1.pc), f.0.pc.max(f.1.pc)))
+                .or_default();
             if v.len() < PER_PAIR {
                 v.push(f);
             }
@@ -110,7 +115,11 @@ impl GlobalRaces {
     /// Turns the candidates whose CTAs never synchronised into reports: one per pair of
     /// instructions and per address (a read-modify-write race is one report, not three).
     pub fn report(&self, ls: &LaunchSan, ctx: &LaunchCtx) {
-        let synced = self.synced.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let synced = self
+            .synced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let cands = std::mem::take(&mut *self.cands.lock().unwrap_or_else(|p| p.into_inner()));
         let mut all: Vec<Cand> = cands
             .into_values()
@@ -129,21 +138,23 @@ impl GlobalRaces {
                 (true, true) => "write-write",
                 _ => "read-write",
             };
-            ls.push((code::GLOBAL_RACE, a.pc.min(b.pc), a.pc.max(b.pc)), || Report {
-                tool: Tool::Racecheck,
-                kind: format!("global-memory {kind} race between CTAs"),
-                kernel: ctx.prog.name.clone(),
-                cta: a.cta,
-                accesses: vec![
-                    super::access(ctx, a.cta, what(a_writes), a.pc, a.tid),
-                    super::access(ctx, b.cta, what(b_writes), b.pc, b.tid),
-                ],
-                space: Some("global".into()),
-                addr: Some(addr),
-                size: 1,
-                detail: "plain accesses of two CTAs, at least one a write, with no atomic, \
+            ls.push((code::GLOBAL_RACE, a.pc.min(b.pc), a.pc.max(b.pc)), || {
+                Report {
+                    tool: Tool::Racecheck,
+                    kind: format!("global-memory {kind} race between CTAs"),
+                    kernel: ctx.prog.name.clone(),
+                    cta: a.cta,
+                    accesses: vec![
+                        super::access(ctx, a.cta, what(a_writes), a.pc, a.tid),
+                        super::access(ctx, b.cta, what(b_writes), b.pc, b.tid),
+                    ],
+                    space: Some("global".into()),
+                    addr: Some(addr),
+                    size: 1,
+                    detail: "plain accesses of two CTAs, at least one a write, with no atomic, \
                          fence or strong access in either CTA to order them"
-                    .into(),
+                        .into(),
+                }
             });
         }
     }

@@ -2,7 +2,7 @@
 //! accesses of `ld`/`st`/`atom`/`cp.async`/`ldmatrix`/`stmatrix`, classified into shared and
 //! global memory, and the synchronising instructions.
 
-use super::cta::Kind;
+use super::cta::{Kind, Span, Who};
 use super::{code, Report, Tool};
 use crate::exec::{Cta, LaunchCtx};
 use crate::memory::{LOCAL_WINDOW, SHARED_WINDOW};
@@ -10,23 +10,26 @@ use crate::program::MSpace;
 
 impl Cta {
     /// The accesses of `bytes` bytes per lane at `reg[lane] + off` by the lanes in `m`.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn san_lanes(
         &mut self,
         ctx: &LaunchCtx,
         wi: usize,
         m: u32,
-        space: MSpace,
-        (reg, off): (u32, i64),
+        (space, reg, off): (MSpace, u32, i64),
         bytes: u32,
         kind: Kind,
     ) {
         let pc = self.warps[wi].group_pc;
         let addrs = self.warps[wi].regs[reg as usize];
-        for l in 0..32 {
-            if m >> l & 1 != 0 {
-                let a = addrs[l].wrapping_add(off as u64);
-                self.san_one(ctx, wi, l, pc, space, a, bytes, kind);
+        for lane in 0..32 {
+            if m >> lane & 1 != 0 {
+                let addr = addrs[lane].wrapping_add(off as u64);
+                let sp = Span {
+                    addr,
+                    size: bytes,
+                    kind,
+                };
+                self.san_one(ctx, Who { wi, lane, pc }, space, sp);
             }
         }
     }
@@ -46,60 +49,44 @@ impl Cta {
         } else {
             (1u32 << (8 * count)) - 1
         };
-        self.san_lanes(ctx, wi, m, space, (reg, off), 16, kind);
+        self.san_lanes(ctx, wi, m, (space, reg, off), 16, kind);
         if let Some(s) = self.san.as_mut() {
             s.warp_converged(wi);
         }
     }
 
-    /// One lane's access of `size` bytes at `addr` in `space`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn san_one(
-        &mut self,
-        ctx: &LaunchCtx,
-        wi: usize,
-        lane: usize,
-        pc: u32,
-        space: MSpace,
-        addr: u64,
-        size: u32,
-        kind: Kind,
-    ) {
+    /// One lane's access `sp` in `space`.
+    pub(crate) fn san_one(&mut self, ctx: &LaunchCtx, who: Who, space: MSpace, sp: Span) {
+        let (addr, size) = (sp.addr, sp.size);
         let shared = match space {
             MSpace::Shared => Some(addr),
             MSpace::Generic if (SHARED_WINDOW..SHARED_WINDOW + (1 << 32)).contains(&addr) => {
                 Some(addr - SHARED_WINDOW)
             }
-            MSpace::Generic if (LOCAL_WINDOW..LOCAL_WINDOW + (1 << 32)).contains(&addr) => {
-                return
-            }
+            MSpace::Generic if (LOCAL_WINDOW..LOCAL_WINDOW + (1 << 32)).contains(&addr) => return,
             MSpace::Generic | MSpace::Global => None,
             MSpace::Local | MSpace::Param => return,
         };
         if let Some(sa) = shared {
             let (peer, o) = self.split_rank(sa);
-            let fits = o.checked_add(size as u64).is_some_and(|e| e <= self.shared.len() as u64);
+            let fits = o
+                .checked_add(size as u64)
+                .is_some_and(|e| e <= self.shared.len() as u64);
             if peer.is_none() && fits {
                 if let Some(s) = self.san.as_mut() {
-                    s.shared_access(ctx, wi, lane, pc, o, size, kind);
+                    s.shared_access(ctx, who, Span { addr: o, ..sp });
                 }
             }
             return;
         }
-        self.san_global(ctx, wi, lane, pc, addr, size, kind);
+        self.san_global(ctx, who, sp);
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn san_global(
-        &mut self,
-        ctx: &LaunchCtx,
-        wi: usize,
-        lane: usize,
-        pc: u32,
-        addr: u64,
-        size: u32,
-        kind: Kind,
-    ) {
+    /// A global access: initcheck against the allocation's written-bitmap, then the race table
+    /// (or, for atomics and strong accesses, the CTA counts as synchronising).
+    fn san_global(&mut self, ctx: &LaunchCtx, who: Who, sp: Span) {
+        let Who { wi, lane, pc } = who;
+        let (addr, size, kind) = (sp.addr, sp.size, sp.kind);
         let (Some(ls), Some(a)) = (ctx.san.as_ref(), ctx.mem.find(addr, size as u64)) else {
             return;
         };
@@ -175,15 +162,19 @@ impl Cta {
         (src, soff, src_size): (u32, i64, u32),
         size: u32,
     ) {
-        self.san_lanes(ctx, wi, m, dspace, (dst, doff), size, Kind::Write);
+        self.san_lanes(ctx, wi, m, (dspace, dst, doff), size, Kind::Write);
         let pc = self.warps[wi].group_pc;
         let regs = &self.warps[wi].regs;
         let (sa, ns) = (regs[src as usize], regs[src_size as usize]);
-        for l in 0..32 {
-            let n = (ns[l] as u32).min(size);
-            if m >> l & 1 != 0 && n > 0 {
-                let a = sa[l].wrapping_add(soff as u64);
-                self.san_one(ctx, wi, l, pc, MSpace::Global, a, n, Kind::Read);
+        for lane in 0..32 {
+            let n = (ns[lane] as u32).min(size);
+            if m >> lane & 1 != 0 && n > 0 {
+                let sp = Span {
+                    addr: sa[lane].wrapping_add(soff as u64),
+                    size: n,
+                    kind: Kind::Read,
+                };
+                self.san_one(ctx, Who { wi, lane, pc }, MSpace::Global, sp);
             }
         }
     }

@@ -211,7 +211,8 @@ impl LaunchSan {
                 None => rest = Some(e),
             }
         }
-        let reports = std::mem::take(&mut self.sink.lock().unwrap_or_else(|p| p.into_inner()).reports);
+        let reports =
+            std::mem::take(&mut self.sink.lock().unwrap_or_else(|p| p.into_inner()).reports);
         if reports.is_empty() {
             return rest;
         }

@@ -124,6 +124,10 @@ impl fmt::Display for Findings {
         if let Some(e) = &self.fault {
             writeln!(f, "========= the launch also failed: {e}")?;
         }
-        write!(f, "========= ERROR SUMMARY: {} error(s)", self.reports.len())
+        write!(
+            f,
+            "========= ERROR SUMMARY: {} error(s)",
+            self.reports.len()
+        )
     }
 }

@@ -17,7 +17,14 @@ pub struct BarArrival {
 }
 
 impl CtaSan {
-    fn sync_report(&self, ctx: &LaunchCtx, key: (u8, u32), kind: &str, r: SyncSite, detail: String) {
+    fn sync_report(
+        &self,
+        ctx: &LaunchCtx,
+        key: (u8, u32),
+        kind: &str,
+        r: SyncSite,
+        detail: String,
+    ) {
         let Some(ls) = ctx.san.as_ref() else { return };
         ls.push((key.0, key.1, 0), || Report {
             tool: Tool::Synccheck,
@@ -157,17 +164,15 @@ impl CtaSan {
 
     /// An arrival of `count` on the mbarrier at `key` that had `pending` arrivals outstanding in
     /// phase `phase` (`after`: its phase afterwards).
-    #[allow(clippy::too_many_arguments)]
     pub fn mbar_arrive(
         &mut self,
         ctx: &LaunchCtx,
-        wi: usize,
-        lane: usize,
-        pc: u32,
+        who: super::cta::Who,
         key: u32,
         (count, pending): (u32, u32),
         (phase, after): (u32, u32),
     ) {
+        let super::cta::Who { wi, lane, pc } = who;
         if self.sync && count > pending {
             let site = SyncSite {
                 what: "arrive",
@@ -195,7 +200,11 @@ impl CtaSan {
     /// A wait on the mbarrier at `key` succeeded (its phase is now `phase`): acquire.
     pub fn mbar_acquire(&mut self, wi: usize, key: u32, phase: u32) {
         self.mbar_phase(key, phase);
-        let done = self.mbars.get(&key).map(|m| m.done.clone()).unwrap_or_default();
+        let done = self
+            .mbars
+            .get(&key)
+            .map(|m| m.done.clone())
+            .unwrap_or_default();
         join(&mut self.vc[wi], &done);
     }
 
