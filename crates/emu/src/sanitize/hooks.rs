@@ -133,6 +133,7 @@ impl Cta {
     }
 
     /// A `.sync` warp operation with member-mask register `mask` executed by lanes `m`.
+    #[inline]
     pub(crate) fn san_warp_sync(&mut self, ctx: &LaunchCtx, wi: usize, m: u32, mask: u32) {
         if self.san.is_none() {
             return;
