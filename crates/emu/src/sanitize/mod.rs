@@ -308,3 +308,21 @@ pub(crate) fn access(ctx: &LaunchCtx, cta: [u32; 3], what: &str, pc: u32, tid: u
         instruction,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Tools;
+
+    #[test]
+    fn tool_lists_parse_and_typos_are_refused() {
+        assert_eq!(Tools::parse("all"), Ok(Tools::ALL));
+        assert_eq!(Tools::parse(""), Ok(Tools::NONE));
+        assert_eq!(Tools::parse("none"), Ok(Tools::NONE));
+        let t = Tools::parse("racecheck, initcheck").unwrap();
+        assert!(t.racecheck && t.initcheck && !t.memcheck && !t.synccheck);
+        assert!(Tools::parse("racechek").unwrap_err().contains("racechek"));
+        for bits in 0..16u8 {
+            assert_eq!(Tools::from_bits(bits).bits(), bits);
+        }
+    }
+}
