@@ -1193,17 +1193,22 @@ impl Cta {
                     // Vector accesses must be aligned to their full size.
                     if total > *elem && !base.is_multiple_of(total as u64) {
                         LAST_LANE.with(|c| c.set(l as u32));
-                        return Err(FaultKind::Misaligned {
+                        let f = FaultKind::Misaligned {
                             space: space.name(),
                             addr: base,
                             size: total,
-                        });
+                        };
+                        self.memcheck(ctx, wi, l, f)?;
+                        continue;
                     }
                     let mut vals = [0u64; 8];
                     for k in 0..ds.len() {
                         let a = base + (k as u32 * elem) as u64;
-                        let loc = self.locate(ctx, *space, a, *elem, l, prog.local_bytes)?;
-                        vals[k] = self.load(ctx, wi, &loc, *elem, o);
+                        match self.locate(ctx, *space, a, *elem, l, prog.local_bytes) {
+                            Ok(loc) => vals[k] = self.load(ctx, wi, &loc, *elem, o),
+                            // memcheck reported it: the element reads 0
+                            Err(f) => self.memcheck(ctx, wi, l, f)?,
+                        }
                     }
                     let w = &mut self.warps[wi];
                     for (k, d) in ds.iter().enumerate() {
@@ -1239,17 +1244,24 @@ impl Cta {
                     let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
                     if total > *elem && !base.is_multiple_of(total as u64) {
                         LAST_LANE.with(|c| c.set(l as u32));
-                        return Err(FaultKind::Misaligned {
+                        let f = FaultKind::Misaligned {
                             space: space.name(),
                             addr: base,
                             size: total,
-                        });
+                        };
+                        self.memcheck(ctx, wi, l, f)?;
+                        continue;
                     }
                     for (k, s) in srcs.iter().enumerate() {
                         let a = base + (k as u32 * elem) as u64;
-                        let loc = self.locate(ctx, *space, a, *elem, l, prog.local_bytes)?;
-                        let v = self.warps[wi].regs[*s as usize][l];
-                        self.store(wi, &loc, *elem, v, o);
+                        match self.locate(ctx, *space, a, *elem, l, prog.local_bytes) {
+                            Ok(loc) => {
+                                let v = self.warps[wi].regs[*s as usize][l];
+                                self.store(wi, &loc, *elem, v, o);
+                            }
+                            // memcheck reported it: the store is dropped
+                            Err(f) => self.memcheck(ctx, wi, l, f)?,
+                        }
                     }
                 }
             }
@@ -1274,7 +1286,13 @@ impl Cta {
                 }
                 for l in lanes_of(m) {
                     let a = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
-                    let loc = self.locate(ctx, *space, a, size, l, prog.local_bytes)?;
+                    let loc = match self.locate(ctx, *space, a, size, l, prog.local_bytes) {
+                        Ok(loc) => loc,
+                        Err(f) => {
+                            self.memcheck(ctx, wi, l, f)?;
+                            continue;
+                        }
+                    };
                     let (bv, cv) = (
                         self.warps[wi].regs[*b as usize][l],
                         self.warps[wi].regs[*c as usize][l],

@@ -363,3 +363,20 @@ fn mem_misaligned_global_load() {
 fn mem_out_of_bounds_shared_load() {
     planted("ld.shared.u32 %r7, [%r4+4096]; // @", 1, 32, Tool::Memcheck);
 }
+
+#[test]
+fn memcheck_reports_every_bad_instruction_and_goes_on() {
+    let (text, r) = run(
+        "st.global.u32 [%rd1+1024], %r1;\nld.global.u32 %r7, [%rd1+2];\n\
+         atom.global.add.u32 %r8, [%rd1+4096], 1;\nld.shared.u32 %r7, [%r4+4096];",
+        2,
+        32,
+    );
+    let e = r.expect_err("bad accesses were not found");
+    let f = e.findings().unwrap_or_else(|| panic!("{e}"));
+    let lines: Vec<u32> = f.reports.iter().map(|r| r.accesses[0].line).collect();
+    let first = text.lines().position(|l| l.contains("+1024")).unwrap() as u32 + 1;
+    assert_eq!(lines, vec![first, first + 1, first + 2, first + 3], "{f}");
+    assert!(f.reports.iter().all(|r| r.tool == Tool::Memcheck), "{f}");
+    assert!(f.fault.is_none(), "{f}");
+}

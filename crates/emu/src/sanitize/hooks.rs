@@ -4,6 +4,7 @@
 
 use super::cta::{Kind, Span, Who};
 use super::{code, Report, Tool};
+use crate::error::FaultKind;
 use crate::exec::{Cta, LaunchCtx};
 use crate::memory::{LOCAL_WINDOW, SHARED_WINDOW};
 use crate::program::MSpace;
@@ -58,6 +59,9 @@ impl Cta {
     /// One lane's access `sp` in `space`.
     pub(crate) fn san_one(&mut self, ctx: &LaunchCtx, who: Who, space: MSpace, sp: Span) {
         let (addr, size) = (sp.addr, sp.size);
+        if size.is_power_of_two() && !addr.is_multiple_of(size as u64) {
+            return; // misaligned: memcheck's (the access itself faults)
+        }
         let shared = match space {
             MSpace::Shared => Some(addr),
             MSpace::Generic if (SHARED_WINDOW..SHARED_WINDOW + (1 << 32)).contains(&addr) => {
@@ -178,5 +182,44 @@ impl Cta {
                 self.san_one(ctx, Who { wi, lane, pc }, MSpace::Global, sp);
             }
         }
+    }
+
+    /// memcheck: an out-of-bounds or misaligned `ld`/`st`/`atom` of lane `lane` is reported and
+    /// skipped (loads read 0, stores are dropped) so the launch goes on and later bad accesses
+    /// are reported too. Without memcheck (or for other faults) the fault is returned as is.
+    #[cold]
+    pub(crate) fn memcheck(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        lane: usize,
+        f: FaultKind,
+    ) -> Result<(), FaultKind> {
+        let Some(ls) = ctx.san.as_ref().filter(|s| s.tools.memcheck) else {
+            return Err(f);
+        };
+        let (space, addr, size, kind) = match &f {
+            FaultKind::OutOfBounds { space, addr, size } => {
+                (*space, *addr, *size, "out-of-bounds access")
+            }
+            FaultKind::Misaligned { space, addr, size } => {
+                (*space, *addr, *size, "misaligned access")
+            }
+            _ => return Err(f),
+        };
+        let (pc, id) = (self.warps[wi].group_pc, self.id);
+        let tid = wi as u32 * 32 + lane as u32;
+        ls.push((code::MEM, pc, 0), || Report {
+            tool: Tool::Memcheck,
+            kind: kind.into(),
+            kernel: ctx.prog.name.clone(),
+            cta: id,
+            accesses: vec![super::access(ctx, id, "access", pc, tid)],
+            space: Some(space.into()),
+            addr: Some(addr),
+            size,
+            detail: format!("{f}; the access was skipped and the launch went on"),
+        });
+        Ok(())
     }
 }

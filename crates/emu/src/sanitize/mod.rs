@@ -141,6 +141,7 @@ pub(crate) mod code {
     pub const SYNC_MASK: u8 = 5;
     pub const MBAR_OVERFLOW: u8 = 6;
     pub const GLOBAL_RACE: u8 = 7;
+    pub const MEM: u8 = 8;
 }
 
 /// At most this many reports per launch (the rest are counted, not kept).
