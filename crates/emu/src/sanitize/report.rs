@@ -82,8 +82,9 @@ impl fmt::Display for Report {
         if let (Some(space), Some(addr)) = (&self.space, self.addr) {
             writeln!(
                 f,
-                "=========     address {addr:#x} ({space}), {} bytes",
-                self.size
+                "=========     address {addr:#x} ({space}), {} byte{}",
+                self.size,
+                if self.size == 1 { "" } else { "s" }
             )?;
         }
         if !self.detail.is_empty() {
