@@ -57,6 +57,7 @@ impl LoadedModule {
         module: ptx::Module,
         device: u32,
     ) -> Result<LoadedModule, EmuError> {
+        let module = with_source_lines(module);
         let mut symbols = HashMap::new();
         let mut allocations = Vec::new();
         for v in module.globals() {
@@ -117,4 +118,15 @@ impl LoadedModule {
         g.insert(name.to_string(), p.clone());
         Ok(p)
     }
+}
+
+/// Sanitizer reports name PTX lines, which a module built in-process (the kernel library) does
+/// not have: when the process sanitizes by default, such a module is printed and parsed back,
+/// so its lines are those of `ptx::print` (what `ptxforge emit` shows). Otherwise, or if the
+/// text does not parse back, the module is used as it is.
+fn with_source_lines(module: ptx::Module) -> ptx::Module {
+    if !sanitize::process_default().any() || module.functions().any(|f| f.loc.line != 0) {
+        return module;
+    }
+    ptx::parse(&ptx::print(&module)).unwrap_or(module)
 }

@@ -380,3 +380,42 @@ fn memcheck_reports_every_bad_instruction_and_goes_on() {
     assert!(f.reports.iter().all(|r| r.tool == Tool::Memcheck), "{f}");
     assert!(f.fault.is_none(), "{f}");
 }
+
+/// A module built in-process has no source lines; with the sanitizers on by default it gets the
+/// lines of `ptx::print` (what `ptxforge emit` shows), so reports still name a line.
+#[test]
+fn in_process_modules_are_reported_with_printed_lines() {
+    emu::sanitize::set_process_default(Tools::ALL);
+    let text = ".version 8.0\n.target sm_90\n.address_size 64\n.shared .align 4 .b8 sm[4];\n\
+        .visible .entry k()\n{\n.reg .pred %p<2>;\n.reg .b32 %r<4>;\nmov.u32 %r1, %tid.x;\n\
+        mov.u32 %r2, sm;\nsetp.eq.u32 %p1, %r1, 0;\n@%p1 st.shared.u32 [%r2], %r1;\n\
+        ld.shared.u32 %r3, [%r2];\nret;\n}\n";
+    let mut m = ptx::parse(text).unwrap();
+    for item in m.items.iter_mut() {
+        if let ptx::Item::Func(f) = item {
+            f.loc = Default::default();
+            for st in f.body.iter_mut().flatten() {
+                if let ptx::Statement::Instr(i) = st {
+                    i.loc = Default::default();
+                }
+            }
+        }
+    }
+    let printed = ptx::print(&m);
+    let line = |needle: &str| printed.lines().position(|l| l.contains(needle)).unwrap() as u32 + 1;
+    let mem = GlobalMemory::new();
+    let lm = LoadedModule::load(&mem, m, 0).unwrap();
+    let cfg = LaunchConfig::linear(1, 32);
+    let e = launch(
+        lm.kernel("k").unwrap(),
+        mem.snapshot(),
+        vec![],
+        &cfg,
+        &Default::default(),
+    )
+    .unwrap_err();
+    let f = e.findings().unwrap_or_else(|| panic!("{e}"));
+    let got: BTreeSet<u32> = f.reports[0].accesses.iter().map(|a| a.line).collect();
+    let want: BTreeSet<u32> = [line("st.shared.u32"), line("ld.shared.u32")].into();
+    assert_eq!(got, want, "{f}\n{printed}");
+}
