@@ -91,6 +91,23 @@ fn run_sanitize_reports_and_exit_status() {
     assert_eq!(o.status.code(), Some(0), "{out}");
     assert!(out.contains("ERROR SUMMARY: 0 errors"), "{out}");
 
+    // the environment variable alone turns them on
+    let o = Command::new(env!("CARGO_BIN_EXE_ptxforge"))
+        .args([
+            "run",
+            racy.to_str().unwrap(),
+            "--grid",
+            "2",
+            "--block",
+            "64",
+        ])
+        .args(["--arg", "out:u32:4"])
+        .env("PTXFORGE_SANITIZE", "racecheck")
+        .output()
+        .expect("spawn ptxforge");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ERROR SUMMARY: 2 error(s)"));
+
     let o = run(&fixed, &["--sanitize", "memchek"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown sanitizer `memchek`"));
