@@ -96,6 +96,9 @@ pub enum EmuError {
     Memory(String),
     #[error(transparent)]
     Parse(#[from] ptx::ParseError),
+    /// A sanitized launch found something ([`crate::sanitize`]).
+    #[error("{0}")]
+    Sanitizer(Box<crate::sanitize::Findings>),
 }
 
 impl EmuError {
@@ -103,6 +106,14 @@ impl EmuError {
     pub fn fault(&self) -> Option<&FaultKind> {
         match self {
             EmuError::Fault { kind, .. } => Some(kind),
+            _ => None,
+        }
+    }
+
+    /// The sanitizer findings, when this error is a sanitized launch's report.
+    pub fn findings(&self) -> Option<&crate::sanitize::Findings> {
+        match self {
+            EmuError::Sanitizer(f) => Some(f),
             _ => None,
         }
     }

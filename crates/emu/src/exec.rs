@@ -8,6 +8,7 @@ use crate::error::FaultKind;
 use crate::fp;
 use crate::memory::{MemMap, LOCAL_WINDOW, SHARED_WINDOW};
 use crate::program::*;
+use crate::sanitize::cta::Kind as SanKind;
 use crate::Lanes;
 use ptx::{SReg, Ty};
 use std::sync::atomic::Ordering;
@@ -32,6 +33,8 @@ pub struct LaunchCtx {
     pub bank_profile: bool,
     /// Tensor-core numerics of float `mma`/`wgmma` ([`crate::tc_numerics`]).
     pub numerics: crate::Numerics,
+    /// Sanitizer state of a sanitized launch ([`crate::sanitize`]).
+    pub san: Option<crate::sanitize::LaunchSan>,
 }
 
 impl LaunchCtx {
@@ -159,6 +162,8 @@ pub struct Cta {
     /// Per warpgroup: the B operand of its current wgmma, decoded by the first of its four warps
     /// to execute it (a wgmma is one warpgroup-wide operation that reads B once).
     wg_bcache: Vec<Option<BOperand>>,
+    /// Sanitizer state of this CTA (sanitized launches only).
+    pub san: Option<Box<crate::sanitize::cta::CtaSan>>,
 }
 
 /// A decoded wgmma B operand (k x n, transposed so a row of k is contiguous over n) and the
@@ -286,7 +291,16 @@ impl Cta {
                 maxnreg: 0,
             });
         }
+        let shared = ctx.shared_bytes() as usize;
         Cta {
+            san: ctx.san.as_ref().map(|_| {
+                Box::new(crate::sanitize::cta::CtaSan::new(
+                    ctx,
+                    id,
+                    nwarps as usize,
+                    shared,
+                ))
+            }),
             gcache: std::cell::Cell::new((0, 0, std::ptr::null())),
             banks: ctx.bank_profile.then(Default::default),
             wg_lock: Vec::new(),
@@ -297,7 +311,7 @@ impl Cta {
             progress: 0,
             waits: 0,
             warps,
-            shared: vec![0u8; ctx.shared_bytes() as usize],
+            shared: vec![0u8; shared],
             barriers: (0..16).map(|_| Barrier::default()).collect(),
             exited_threads: 0,
             total_threads: n,
@@ -402,15 +416,23 @@ impl Cta {
                 ));
             }
         }
+        // where a warp waits: its parked lanes' .sync instruction, else its last group's pc
+        let at = |w: &Warp| {
+            if w.parked != 0 {
+                w.pc[w.parked.trailing_zeros() as usize]
+            } else {
+                w.group_pc
+            }
+        };
         let stuck: Vec<String> = self
             .warps
             .iter()
             .filter(|w| w.state != WarpState::Exited)
-            .map(|w| format!("warp {} at PTX line {}", w.id, line(w.group_pc)))
+            .map(|w| format!("warp {} at PTX line {}", w.id, line(at(w))))
             .collect();
         let w = self.warps.iter().find(|w| w.state != WarpState::Exited);
         let (warp, pc, lane) = w
-            .map(|w| (w.id, w.group_pc, w.live.trailing_zeros()))
+            .map(|w| (w.id, at(w), w.live.trailing_zeros()))
             .unwrap_or((0, 0, 0));
         let msg = if parts.is_empty() {
             format!(
@@ -453,6 +475,10 @@ impl Cta {
 
     fn release(&mut self, id: usize) {
         let b = std::mem::take(&mut self.barriers[id]);
+        if let Some(s) = self.san.as_mut() {
+            let warps: Vec<u32> = b.waiters.iter().map(|w| w.warp).collect();
+            s.bar_release(id, &warps);
+        }
         // Waiters leave the barrier at the latest arrival's time.
         let latest = b
             .waiters
@@ -542,12 +568,14 @@ impl Cta {
                         return Ok(n);
                     }
                     Err(k) => {
+                        // the parked lanes wait at the .sync instruction: name it
+                        let lane = w.parked.trailing_zeros().min(31);
                         return Err(Fault {
                             kind: k,
                             warp: w.id,
-                            lane: w.parked.trailing_zeros(),
-                            pc: w.group_pc,
-                        })
+                            lane,
+                            pc: w.pc[lane as usize],
+                        });
                     }
                 }
             }
@@ -1157,22 +1185,30 @@ impl Cta {
                 if self.banks.is_some() {
                     self.profile_lanes(wi, inst.src, m, *space, (*addr, *off), total);
                 }
+                if self.san.is_some() {
+                    self.san_lanes(ctx, wi, m, (*space, *addr, *off), total, SanKind::Read);
+                }
                 for l in lanes_of(m) {
                     let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
                     // Vector accesses must be aligned to their full size.
                     if total > *elem && !base.is_multiple_of(total as u64) {
                         LAST_LANE.with(|c| c.set(l as u32));
-                        return Err(FaultKind::Misaligned {
+                        let f = FaultKind::Misaligned {
                             space: space.name(),
                             addr: base,
                             size: total,
-                        });
+                        };
+                        self.memcheck(ctx, wi, l, f)?;
+                        continue;
                     }
                     let mut vals = [0u64; 8];
                     for k in 0..ds.len() {
                         let a = base + (k as u32 * elem) as u64;
-                        let loc = self.locate(ctx, *space, a, *elem, l, prog.local_bytes)?;
-                        vals[k] = self.load(ctx, wi, &loc, *elem, o);
+                        match self.locate(ctx, *space, a, *elem, l, prog.local_bytes) {
+                            Ok(loc) => vals[k] = self.load(ctx, wi, &loc, *elem, o),
+                            // memcheck reported it: the element reads 0
+                            Err(f) => self.memcheck(ctx, wi, l, f)?,
+                        }
                     }
                     let w = &mut self.warps[wi];
                     for (k, d) in ds.iter().enumerate() {
@@ -1201,21 +1237,31 @@ impl Cta {
                 if self.banks.is_some() {
                     self.profile_lanes(wi, inst.src, m, *space, (*addr, *off), total);
                 }
+                if self.san.is_some() {
+                    self.san_lanes(ctx, wi, m, (*space, *addr, *off), total, SanKind::Write);
+                }
                 for l in lanes_of(m) {
                     let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
                     if total > *elem && !base.is_multiple_of(total as u64) {
                         LAST_LANE.with(|c| c.set(l as u32));
-                        return Err(FaultKind::Misaligned {
+                        let f = FaultKind::Misaligned {
                             space: space.name(),
                             addr: base,
                             size: total,
-                        });
+                        };
+                        self.memcheck(ctx, wi, l, f)?;
+                        continue;
                     }
                     for (k, s) in srcs.iter().enumerate() {
                         let a = base + (k as u32 * elem) as u64;
-                        let loc = self.locate(ctx, *space, a, *elem, l, prog.local_bytes)?;
-                        let v = self.warps[wi].regs[*s as usize][l];
-                        self.store(wi, &loc, *elem, v, o);
+                        match self.locate(ctx, *space, a, *elem, l, prog.local_bytes) {
+                            Ok(loc) => {
+                                let v = self.warps[wi].regs[*s as usize][l];
+                                self.store(wi, &loc, *elem, v, o);
+                            }
+                            // memcheck reported it: the store is dropped
+                            Err(f) => self.memcheck(ctx, wi, l, f)?,
+                        }
                     }
                 }
             }
@@ -1235,9 +1281,18 @@ impl Cta {
                 if self.banks.is_some() {
                     self.profile_lanes(wi, inst.src, m, *space, (*addr, *off), size);
                 }
+                if self.san.is_some() {
+                    self.san_lanes(ctx, wi, m, (*space, *addr, *off), size, SanKind::Atomic);
+                }
                 for l in lanes_of(m) {
                     let a = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
-                    let loc = self.locate(ctx, *space, a, size, l, prog.local_bytes)?;
+                    let loc = match self.locate(ctx, *space, a, size, l, prog.local_bytes) {
+                        Ok(loc) => loc,
+                        Err(f) => {
+                            self.memcheck(ctx, wi, l, f)?;
+                            continue;
+                        }
+                    };
                     let (bv, cv) = (
                         self.warps[wi].regs[*b as usize][l],
                         self.warps[wi].regs[*c as usize][l],
@@ -1443,7 +1498,12 @@ impl Cta {
                 return Ok(Flow::Yield);
             }
             Op::Nop => {}
-            Op::Fence => std::sync::atomic::fence(Ordering::SeqCst),
+            Op::Fence => {
+                std::sync::atomic::fence(Ordering::SeqCst);
+                if self.san.is_some() {
+                    self.san_synced(ctx);
+                }
+            }
             Op::Bar {
                 kind,
                 id,
@@ -1479,6 +1539,17 @@ impl Cta {
                     }
                 }
                 let group_pc = w.group_pc;
+                if let Some(s) = self.san.as_mut() {
+                    let a = crate::sanitize::BarArrival {
+                        wi,
+                        lanes: m,
+                        live: w.live,
+                        bid,
+                        count: cnt,
+                        pc: group_pc,
+                    };
+                    s.bar_arrive(ctx, &a);
+                }
                 let b = &mut self.barriers[bid];
                 if b.waiters.is_empty() && b.arrived == 0 {
                     b.popc = 0;
@@ -1535,6 +1606,7 @@ impl Cta {
                 if Cta::sync_wait(w, member & w.exists) {
                     return Ok(Flow::Stay);
                 }
+                self.san_warp_sync(ctx, wi, m, *mask);
             }
             Op::Shfl {
                 mode,
@@ -1551,6 +1623,8 @@ impl Cta {
                 if Cta::sync_wait(w, member & w.exists) {
                     return Ok(Flow::Stay);
                 }
+                self.san_warp_sync(ctx, wi, m, *mask);
+                let w = &mut self.warps[wi];
                 let src = w.regs[*a as usize];
                 let mut out = [0u64; 32];
                 let mut pout = [0u64; 32];
@@ -1597,6 +1671,8 @@ impl Cta {
                 if Cta::sync_wait(w, member & w.exists) {
                     return Ok(Flow::Stay);
                 }
+                self.san_warp_sync(ctx, wi, m, *mask);
+                let w = &mut self.warps[wi];
                 let pm = pred_mask(&w.regs[*a as usize]) ^ if *aneg { u32::MAX } else { 0 };
                 let part = m & member;
                 let ballot = pm & part;
@@ -1621,6 +1697,8 @@ impl Cta {
                 if Cta::sync_wait(w, member & w.exists) {
                     return Ok(Flow::Stay);
                 }
+                self.san_warp_sync(ctx, wi, m, *mask);
+                let w = &mut self.warps[wi];
                 let part = m & member;
                 let vals = lanes_of(part).map(|l| w.regs[*a as usize][l] as u32);
                 let v: u32 = match (op, signed) {
@@ -1649,6 +1727,8 @@ impl Cta {
                 if Cta::sync_wait(w, member & w.exists) {
                     return Ok(Flow::Stay);
                 }
+                self.san_warp_sync(ctx, wi, m, *mask);
+                let w = &mut self.warps[wi];
                 let part = m & member;
                 let mk = reg_mask(*bits as u8);
                 let vals = w.regs[*a as usize];
@@ -1677,6 +1757,7 @@ impl Cta {
                 Cta::write_masked(w, *d, m, &[g; 32]);
             }
             Op::Elect { d, p, mask } => {
+                self.san_warp_sync(ctx, wi, m, *mask);
                 let w = &mut self.warps[wi];
                 let l0 = m.trailing_zeros().min(31) as usize;
                 let member = w.regs[*mask as usize][l0] as u32;
@@ -1734,6 +1815,9 @@ impl Cta {
                 }
                 if self.banks.is_some() {
                     self.profile_matrices(wi, inst.src, *count, *space, *addr, *off);
+                }
+                if self.san.is_some() {
+                    self.san_matrix(ctx, wi, (*count, *space), (*addr, *off), SanKind::Read);
                 }
                 let mut out = [[0u64; 32]; 4];
                 for mat in 0..*count as usize {
@@ -1803,6 +1887,9 @@ impl Cta {
                 if self.banks.is_some() {
                     self.profile_matrices(wi, inst.src, *count, *space, *addr, *off);
                 }
+                if self.san.is_some() {
+                    self.san_matrix(ctx, wi, (*count, *space), (*addr, *off), SanKind::Write);
+                }
                 for mat in 0..*count as usize {
                     let vals = self.warps[wi].regs[srcs[mat] as usize];
                     for row in 0..8usize {
@@ -1864,6 +1951,12 @@ impl Cta {
                 }
             }
             Op::ClusterArrive => {
+                if self.san.is_some() {
+                    self.san_synced(ctx);
+                }
+                if let Some(s) = self.san.as_mut() {
+                    s.cluster_arrive(wi);
+                }
                 let mut cb = self.cluster_bar.borrow_mut();
                 self.cluster_wait[wi] = cb.phase + 1;
                 cb.arrived += m.count_ones();
@@ -1876,6 +1969,9 @@ impl Cta {
                 if self.cluster_bar.borrow().phase < self.cluster_wait[wi] {
                     self.warps[wi].wait_pc = self.warps[wi].group_pc;
                     return Ok(Flow::Spin);
+                }
+                if let Some(s) = self.san.as_mut() {
+                    s.cluster_acquire(wi);
                 }
             }
             Op::Wgmma(op) => {
@@ -1920,6 +2016,9 @@ impl Cta {
                     let key = self.mbar_key(wi, *addr, *off, l)?;
                     let c = self.warps[wi].regs[*count as usize][l] as u32;
                     self.mbars.insert(key, crate::hopper::Mbarrier::init(c));
+                    if let Some(s) = self.san.as_mut() {
+                        s.mbar_init(key);
+                    }
                 }
             }
             Op::MbarInval { addr, off } => {
@@ -1958,8 +2057,15 @@ impl Cta {
                     if let Some(t) = t {
                         mb.expect_tx(t);
                     }
+                    let (pending, phase) = (mb.pending, mb.phase);
                     let token = mb.arrive(c, *drop);
+                    let after = mb.phase;
                     self.warps[wi].regs[*d as usize][l] = token;
+                    if let (Some(s), None) = (self.san.as_mut(), peer) {
+                        let pc = self.warps[wi].group_pc;
+                        let who = crate::sanitize::cta::Who { wi, lane: l, pc };
+                        s.mbar_arrive(ctx, who, key, (c, pending), (phase, after));
+                    }
                 }
                 // A plain arrive (a consumer releasing a stage) yields: the waiters (a producer
                 // blocked on the released stage) run right away, as they would concurrently on
@@ -2008,6 +2114,9 @@ impl Cta {
                     };
                     all_done &= done;
                     self.warps[wi].regs[*d as usize][l] = done as u64;
+                    if let (Some(s), true) = (self.san.as_mut(), done) {
+                        s.mbar_acquire(wi, key, mb.phase);
+                    }
                 }
                 if !all_done {
                     // A waiting warp gives the others (the producer) a turn.
@@ -2189,6 +2298,16 @@ impl Cta {
                 if self.banks.is_some() {
                     self.profile_lanes(wi, inst.src, m, *dspace, (*dst, *doff), *size);
                 }
+                if self.san.is_some() {
+                    self.san_cp_async(
+                        ctx,
+                        wi,
+                        m,
+                        (*dspace, *dst, *doff),
+                        (*src, *soff, *src_size),
+                        *size,
+                    );
+                }
                 for l in lanes_of(m) {
                     let w = &self.warps[wi];
                     let da = w.regs[*dst as usize][l].wrapping_add(*doff as u64);
@@ -2339,7 +2458,7 @@ impl Cta {
     }
 
     /// Splits a shared-space address into (peer rank if it names another CTA, offset).
-    fn split_rank(&self, addr: u64) -> (Option<usize>, u64) {
+    pub(crate) fn split_rank(&self, addr: u64) -> (Option<usize>, u64) {
         let r = addr >> CLUSTER_RANK_SHIFT;
         let off = addr & ((1 << CLUSTER_RANK_SHIFT) - 1);
         if r == 0 || r - 1 == self.rank as u64 {
@@ -2435,6 +2554,9 @@ impl Cta {
             let v = self.load(ctx, wi, &sl, c, Ordering::Relaxed);
             let dl = self.locate(ctx, dspace, da + k as u64, c, lane, lb)?;
             self.store(wi, &dl, c, v, Ordering::Relaxed);
+            if let (Some(s), Loc::Shared(o)) = (self.san.as_mut(), &dl) {
+                s.mark_written(*o as u64, c as u64);
+            }
             k += c;
         }
         Ok(())
@@ -2460,6 +2582,7 @@ impl Cta {
                     let fill = if desc.oob_nan { 0xffu8 } else { 0 };
                     let mut err = None;
                     let shared = &mut self.shared;
+                    let san = &mut self.san;
                     let mut buf = Vec::new();
                     desc.for_each_run(&coords, |o, g, len| {
                         if err.is_some() {
@@ -2495,6 +2618,9 @@ impl Cta {
                                 return;
                             };
                             dst.copy_from_slice(&buf[done as usize..(done + piece) as usize]);
+                            if let Some(s) = san.as_mut() {
+                                s.mark_written(s_addr as u64, piece);
+                            }
                             done += piece;
                         }
                     });

@@ -66,6 +66,10 @@ pub struct LaunchOptions {
     /// Tensor-core numerics of `mma`/`wgmma` float forms. Default: `PTXFORGE_TC_NUMERICS`
     /// (`exact` | `hw`), else the kernel target's hardware model.
     pub numerics: crate::Numerics,
+    /// Sanitizer tools ([`crate::sanitize`]); a launch that finds something fails with
+    /// [`EmuError::Sanitizer`]. Default: [`crate::sanitize::process_default`]
+    /// (`PTXFORGE_SANITIZE`).
+    pub sanitize: crate::sanitize::Tools,
 }
 
 impl Default for LaunchOptions {
@@ -85,6 +89,7 @@ impl Default for LaunchOptions {
             bank_profile: std::env::var("PTXFORGE_EMU_BANKS").is_ok_and(|v| v == "1"),
             hold: None,
             numerics: crate::Numerics::from_env(),
+            sanitize: crate::sanitize::process_default(),
         }
     }
 }
@@ -102,6 +107,9 @@ pub struct LaunchStats {
     /// Shared-memory bank profile (when [`LaunchOptions::bank_profile`] is set).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub banks: Option<crate::banks::BankReport>,
+    /// The sanitizers that checked this launch (and found nothing), when any ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sanitized: Option<crate::sanitize::Tools>,
 }
 
 /// Per-SM limits of the emulated target.
@@ -189,6 +197,10 @@ pub fn launch(
         printf: opts.printf.clone(),
         bank_profile: opts.bank_profile,
         numerics: opts.numerics,
+        san: opts
+            .sanitize
+            .any()
+            .then(|| crate::sanitize::LaunchSan::new(opts.sanitize, &prog)),
     };
     let smem = ctx.shared_bytes();
     let limit = max_shared_per_block(prog.target_sm);
@@ -420,7 +432,12 @@ pub fn launch(
             });
         }
     });
-    if let Some(e) = first_err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+    let err = first_err.into_inner().unwrap_or_else(|p| p.into_inner());
+    let err = match &ctx.san {
+        Some(s) => s.finish(&ctx, err),
+        None => err,
+    };
+    if let Some(e) = err {
         return Err(e);
     }
     Ok(LaunchStats {
@@ -441,6 +458,7 @@ pub fn launch(
                 .unwrap_or_else(|p| p.into_inner())
                 .report(&ctx.prog)
         }),
+        sanitized: opts.sanitize.any().then_some(opts.sanitize),
     })
 }
 

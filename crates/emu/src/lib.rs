@@ -24,12 +24,14 @@ pub mod launch;
 pub mod memory;
 pub mod mma;
 pub mod program;
+pub mod sanitize;
 pub mod tc_numerics;
 
 pub use error::{EmuError, FaultKind, FaultSite};
 pub use launch::{launch, LaunchConfig, LaunchOptions, LaunchStats};
 pub use memory::{Allocation, GlobalMemory, MemMap};
 pub use program::Program;
+pub use sanitize::{Findings, Report, Tool, Tools};
 pub use tc_numerics::Numerics;
 
 /// The values of one register across the 32 lanes of a warp (raw bits, zero-extended).
@@ -55,6 +57,7 @@ impl LoadedModule {
         module: ptx::Module,
         device: u32,
     ) -> Result<LoadedModule, EmuError> {
+        let module = with_source_lines(module);
         let mut symbols = HashMap::new();
         let mut allocations = Vec::new();
         for v in module.globals() {
@@ -89,6 +92,8 @@ impl LoadedModule {
                         bytes.truncate(size as usize);
                         a.write_bytes(0, &bytes);
                     }
+                    // module variables are initialised (zeros when no initialiser is given)
+                    a.mark_written(0, size);
                     symbols.insert(v.name.clone(), program::SymAddr::Global(a.base));
                     allocations.push(a);
                 }
@@ -113,4 +118,15 @@ impl LoadedModule {
         g.insert(name.to_string(), p.clone());
         Ok(p)
     }
+}
+
+/// Sanitizer reports name PTX lines, which a module built in-process (the kernel library) does
+/// not have: when the process sanitizes by default, such a module is printed and parsed back,
+/// so its lines are those of `ptx::print` (what `ptxforge emit` shows). Otherwise, or if the
+/// text does not parse back, the module is used as it is.
+fn with_source_lines(module: ptx::Module) -> ptx::Module {
+    if !sanitize::process_default().any() || module.functions().any(|f| f.loc.line != 0) {
+        return module;
+    }
+    ptx::parse(&ptx::print(&module)).unwrap_or(module)
 }

@@ -23,21 +23,58 @@ pub struct Allocation {
     pub size: u64,
     pub device: u32,
     words: Box<[AtomicU64]>,
+    /// `initcheck`: one bit per byte, set when the byte is written (host copies, fills, kernel
+    /// stores and atomics). Only allocations made while tracking was on have it.
+    written: Option<Box<[AtomicU64]>>,
 }
 
 impl Allocation {
-    fn new(base: u64, size: u64, device: u32) -> Allocation {
-        let n = size.div_ceil(8) as usize;
-        let words = (0..n)
-            .map(|_| AtomicU64::new(0))
-            .collect::<Vec<_>>()
-            .into_boxed_slice();
+    fn new(base: u64, size: u64, device: u32, track: bool) -> Allocation {
+        let zeros = |n: usize| {
+            (0..n)
+                .map(|_| AtomicU64::new(0))
+                .collect::<Vec<_>>()
+                .into_boxed_slice()
+        };
         Allocation {
             base,
             size,
             device,
-            words,
+            words: zeros(size.div_ceil(8) as usize),
+            written: track.then(|| zeros(size.div_ceil(64) as usize)),
         }
+    }
+
+    /// Whether this allocation records which bytes were written (`initcheck`).
+    pub fn tracks_writes(&self) -> bool {
+        self.written.is_some()
+    }
+
+    /// Marks bytes [off, off+len) written (no-op unless tracked).
+    #[inline]
+    pub fn mark_written(&self, off: u64, len: u64) {
+        let Some(bits) = &self.written else { return };
+        let end = (off + len).min(self.size);
+        let mut b = off;
+        while b < end {
+            let (w, sh) = ((b / 64) as usize, b % 64);
+            let n = (64 - sh).min(end - b);
+            let m = if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << sh
+            };
+            bits[w].fetch_or(m, Ordering::Relaxed);
+            b += n;
+        }
+    }
+
+    /// The first byte of [off, off+len) nothing has written (None when all were written or the
+    /// allocation is not tracked).
+    pub fn first_unwritten(&self, off: u64, len: u64) -> Option<u64> {
+        let bits = self.written.as_ref()?;
+        (off..(off + len).min(self.size))
+            .find(|b| bits[(b / 64) as usize].load(Ordering::Relaxed) >> (b % 64) & 1 == 0)
     }
 
     /// Reads `size` (1, 2, 4, 8) bytes at byte offset `off` (naturally aligned).
@@ -54,6 +91,9 @@ impl Allocation {
     /// Writes `size` (1, 2, 4, 8) bytes at byte offset `off` (naturally aligned).
     #[inline]
     pub fn write(&self, off: u64, size: u32, val: u64, ord: Ordering) {
+        if self.written.is_some() {
+            self.mark_written(off, size as u64);
+        }
         let word = &self.words[(off >> 3) as usize];
         if size == 8 {
             word.store(val, ord);
@@ -75,6 +115,9 @@ impl Allocation {
     /// Atomic read-modify-write of `size` (4 or 8; 2 for f16 packs) bytes; returns the old value.
     #[inline]
     pub fn rmw(&self, off: u64, size: u32, ord: Ordering, f: impl Fn(u64) -> u64) -> u64 {
+        if self.written.is_some() {
+            self.mark_written(off, size as u64);
+        }
         let word = &self.words[(off >> 3) as usize];
         let sh = (off & 7) * 8;
         let m = if size == 8 {
@@ -112,6 +155,7 @@ impl Allocation {
 
     /// Copies bytes in (host side); whole words where possible.
     pub fn write_bytes(&self, off: u64, data: &[u8]) {
+        self.mark_written(off, data.len() as u64);
         let mut i = 0usize;
         while i < data.len() {
             let a = off + i as u64;
@@ -149,6 +193,9 @@ pub(crate) fn mask(size: u32) -> u64 {
 #[derive(Default)]
 pub struct GlobalMemory {
     inner: RwLock<MemInner>,
+    /// New allocations record which bytes are written (for `initcheck`); also on when the
+    /// process default sanitizers include initcheck ([`crate::sanitize::process_default`]).
+    track_writes: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -189,7 +236,13 @@ impl GlobalMemory {
                 next: GLOBAL_BASE,
                 map: Arc::new(Vec::new()),
             }),
+            track_writes: Default::default(),
         }
+    }
+
+    /// Makes later allocations record which bytes are written (`initcheck` of global memory).
+    pub fn set_track_writes(&self, on: bool) {
+        self.track_writes.store(on, Ordering::Relaxed);
     }
 
     /// Allocates `size` bytes (zeroed) owned by `device`, 256-byte aligned.
@@ -205,7 +258,9 @@ impl GlobalMemory {
             .map_err(|_| EmuError::Memory("memory lock poisoned".into()))?;
         let base = g.next;
         g.next = (base + size.max(1) + GUARD).div_ceil(256) * 256;
-        let a = Arc::new(Allocation::new(base, size, device));
+        let track = self.track_writes.load(Ordering::Relaxed)
+            || crate::sanitize::process_default().initcheck;
+        let a = Arc::new(Allocation::new(base, size, device, track));
         let mut v: Vec<Arc<Allocation>> = g.map.as_ref().clone();
         v.push(a.clone());
         g.map = Arc::new(v);

@@ -222,10 +222,12 @@ impl Device {
         let bytes = len * T::SIZE;
         let mem = match &self.inner.cuda {
             Some(ctx) => Storage::Cuda(crate::cuda::memory::DevMem::alloc(ctx, bytes)?),
-            None => Storage::Emu(EmuMem {
-                alloc: emu_memory().alloc(bytes as u64, self.inner.index)?,
-                owned: true,
-            }),
+            None => {
+                let alloc = emu_memory().alloc(bytes as u64, self.inner.index)?;
+                // zero-filled by contract (cuMemsetD8 on CUDA): written, for initcheck
+                alloc.mark_written(0, bytes as u64);
+                Storage::Emu(EmuMem { alloc, owned: true })
+            }
         };
         Ok(Buffer {
             device: self.clone(),

@@ -31,6 +31,10 @@ pub struct LaunchConfig {
     /// Emulator tensor-core numerics for this launch (None: the device's setting, see
     /// [`crate::Device::set_numerics`]). Real GPUs ignore it.
     pub numerics: Option<emu::Numerics>,
+    /// Emulator sanitizers for this launch (None: the process default, `PTXFORGE_SANITIZE`; see
+    /// [`emu::sanitize`]). A launch that finds something fails with `EmuError::Sanitizer`,
+    /// surfacing at `synchronize`. Real GPUs ignore it (use compute-sanitizer there).
+    pub sanitize: Option<emu::Tools>,
 }
 
 impl LaunchConfig {
@@ -47,6 +51,7 @@ impl LaunchConfig {
             progress: None,
             cooperative: false,
             numerics: None,
+            sanitize: None,
         }
     }
     /// A persistent kernel on an SM budget: one CTA per budgeted SM (grid = `p.count`).
@@ -284,6 +289,9 @@ impl Stream {
         opts.hold = Some(self.inner.hold.clone());
         if let Some(n) = cfg.numerics.or_else(|| self.device.numerics()) {
             opts.numerics = n;
+        }
+        if let Some(t) = cfg.sanitize {
+            opts.sanitize = t;
         }
         opts.bank_profile |= self
             .inner

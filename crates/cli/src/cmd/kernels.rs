@@ -26,6 +26,10 @@ pub struct Args {
     /// kernel's (last) launch, with the most conflicting PTX lines.
     #[arg(long)]
     pub banks: bool,
+    /// With `--check` on the emulator: run the sanitizers (comma-separated memcheck, racecheck,
+    /// initcheck, synccheck, or `all`) on every launch; a report fails that kernel's check.
+    #[arg(long)]
+    pub sanitize: Option<String>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -53,7 +57,15 @@ pub fn run(a: Args) -> Result<()> {
 }
 
 fn check(a: &Args, reg: &[kernels::KernelInfo]) -> Result<()> {
+    let tools = super::parse_sanitize(a.sanitize.as_deref())?;
+    if let Some(t) = tools {
+        // before any allocation: global initcheck needs the allocations' written-bitmaps
+        emu::sanitize::set_process_default(t);
+    }
     let dev = runtime::Device::from_name(&a.device)?;
+    if tools.is_some() && dev.backend() != runtime::Backend::Emu {
+        bail!("--sanitize needs the emulator (on a GPU, use compute-sanitizer)");
+    }
     let arch = kernels::host::target_for(&dev).arch;
     let st = dev.stream(0);
     if a.banks {

@@ -79,6 +79,16 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     std::time::Duration::try_from_secs_f64(secs).map_err(|e| format!("`{s}`: {e}"))
 }
 
+/// `--sanitize LIST` (None when the flag is absent).
+pub fn parse_sanitize(s: Option<&str>) -> anyhow::Result<Option<emu::Tools>> {
+    match s {
+        None => Ok(None),
+        Some(s) => emu::Tools::parse(s)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("--sanitize: {e}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_duration;

@@ -1,7 +1,8 @@
 //! `ptxforge run KERNEL.ptx --entry NAME --grid X[,Y[,Z]] --block X[,Y[,Z]] [--shared BYTES]
-//! --arg SPEC... [--save INDEX=PATH.npy]... [--device emu] [--stats] [--json] [--timeout SECS]`:
-//! launch one kernel from any compiler's PTX with buffers from/to `.npy` files
-//! (engine: `runtime::runner`).
+//! --arg SPEC... [--save INDEX=PATH.npy]... [--device emu] [--stats] [--json] [--timeout SECS]
+//! [--sanitize TOOLS]`: launch one kernel from any compiler's PTX with buffers from/to `.npy`
+//! files (engine: `runtime::runner`). With `--sanitize`, the emulator's compute-sanitizer checks
+//! run (`emu::sanitize`); their reports are printed and the exit status is 1 when any was found.
 
 use anyhow::{bail, Context, Result};
 use runtime::runner::{self, ArgSpec, RunSpec};
@@ -53,6 +54,10 @@ pub struct Args {
     /// `exact` (products summed exactly, rounded once). Default: `PTXFORGE_TC_NUMERICS`, else hw.
     #[arg(long)]
     pub numerics: Option<String>,
+    /// Emulator sanitizers: a comma-separated list of memcheck, racecheck, initcheck,
+    /// synccheck, or `all` (docs/RELIABILITY.md). Exit status 1 when anything is reported.
+    #[arg(long)]
+    pub sanitize: Option<String>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -111,7 +116,15 @@ pub fn run(a: Args) -> Result<()> {
             bail!("--timeout must be a positive number of seconds");
         }
     }
+    let tools = super::parse_sanitize(a.sanitize.as_deref())?;
+    if let Some(t) = tools {
+        // before any allocation: global initcheck needs the allocations' written-bitmaps
+        emu::sanitize::set_process_default(t);
+    }
     let device = runtime::Device::from_name(&a.device).map_err(flat)?;
+    if tools.is_some() && device.backend() != runtime::Backend::Emu {
+        bail!("--sanitize needs the emulator (on a GPU, use compute-sanitizer)");
+    }
     let progress = Arc::new(AtomicU64::new(0));
     let spec = RunSpec {
         ptx,
@@ -131,8 +144,13 @@ pub fn run(a: Args) -> Result<()> {
     }
     let out = with_progress(spec.ctas(), &progress, a.json, || {
         runner::run(&device, &spec)
-    })
-    .map_err(flat)?;
+    });
+    let out = match out {
+        Err(runner::RunError::Runtime(runtime::RuntimeError::Emu(emu::EmuError::Sanitizer(f)))) => {
+            return sanitizer_failure(&f, a.json, &file, &entry)
+        }
+        r => r.map_err(flat)?,
+    };
     let mut saved = Vec::new();
     for (i, p) in &saves {
         let Some(Some(buf)) = out.buffers.get(*i) else {
@@ -163,6 +181,10 @@ pub fn run(a: Args) -> Result<()> {
             },
             "saved": saved,
         });
+        let mut j = j;
+        if let Some(t) = tools {
+            j["sanitizer"] = serde_json::json!({"tools": t, "reports": [], "errors": 0});
+        }
         println!("{j}");
         return Ok(());
     }
@@ -180,7 +202,29 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(b) = &st.banks {
         super::print_banks(b, 10);
     }
+    if tools.is_some() {
+        println!("========= ERROR SUMMARY: 0 errors");
+    }
     Ok(())
+}
+
+/// Prints a sanitized launch's reports (text, or one JSON object) and fails the command.
+fn sanitizer_failure(f: &emu::Findings, json: bool, file: &str, entry: &str) -> Result<()> {
+    if json {
+        let j = serde_json::json!({
+            "file": file,
+            "entry": entry,
+            "ok": false,
+            "sanitizer": {"reports": f.reports, "errors": f.reports.len(), "fault": f.fault},
+        });
+        println!("{j}");
+    } else {
+        println!("{f}");
+    }
+    bail!(
+        "sanitizer: {} error(s) in kernel `{entry}`",
+        f.reports.len()
+    )
 }
 
 /// One line: the error's own message (which already includes its causes), without the chain
