@@ -297,12 +297,17 @@ impl Stream {
             .inner
             .bank_profile
             .load(std::sync::atomic::Ordering::Relaxed);
+        let name = f.name.clone();
         self.enqueue(Box::new(move |s: &StreamInner| {
             if s.state.lock().map(|st| st.error.is_some()).unwrap_or(true) {
                 return; // sticky error: skip further work
             }
             let mem = crate::device::emu_memory().snapshot();
+            let t0 = crate::profile::enabled().then(std::time::Instant::now);
             let r = emu::launch(prog, mem, params, &ecfg, &opts);
+            if let Some(t0) = t0 {
+                crate::profile::record(&name, t0.elapsed());
+            }
             let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
             match r {
                 Ok(stats) => {

@@ -35,9 +35,9 @@ pub struct Args {
     /// Evaluate (and save) every N steps (default: the configuration's `train.eval_every`).
     #[arg(long)]
     pub eval_every: Option<u32>,
-    /// Validation batches per evaluation (default: the whole validation split).
-    #[arg(long)]
-    pub eval_batches: Option<usize>,
+    /// Validation batches per evaluation (0: the whole validation split).
+    #[arg(long, default_value_t = 8)]
+    pub eval_batches: usize,
     /// Loss curve, `.svg` or `.png`.
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -47,6 +47,10 @@ pub struct Args {
     /// Run the micro-batches unpipelined (reference order) instead of DualPipeV.
     #[arg(long)]
     pub unpipelined: bool,
+    /// Stop after this step, evaluating and saving the checkpoint, as an interruption after a
+    /// save would (the learning-rate schedule stays that of `train.steps`; `--resume` goes on).
+    #[arg(long)]
+    pub stop_after: Option<u32>,
     /// Emit one JSON object at the end instead of the per-step lines.
     #[arg(long)]
     pub json: bool,
@@ -159,7 +163,10 @@ fn train_loop(t: &mut Trainer, a: &Args, cfg: &TrainConfig) -> Result<(Vec<Value
     let mut steps: Vec<Value> = Vec::new();
     let mut valid: Vec<Value> = Vec::new();
     let first = t.steps_done();
-    while t.steps_done() < cfg.train.steps as u64 {
+    let end = a
+        .stop_after
+        .map_or(cfg.train.steps, |n| n.min(cfg.train.steps)) as u64;
+    while t.steps_done() < end {
         let r = t.step()?;
         if r.step == first + 1 {
             if let Some(p) = &a.trace {
@@ -170,7 +177,7 @@ fn train_loop(t: &mut Trainer, a: &Args, cfg: &TrainConfig) -> Result<(Vec<Value
             println!("{}", step_line(&r));
         }
         steps.push(serde_json::to_value(&r)?);
-        let last = t.steps_done() == cfg.train.steps as u64;
+        let last = t.steps_done() == end;
         if r.step.is_multiple_of(cfg.train.eval_every as u64) || last {
             let v = t.evaluate()?;
             t.save(&a.save)?;
@@ -198,7 +205,7 @@ pub fn run(a: Args) -> Result<()> {
     let corpus = corpus(a.data.as_deref(), &cfg)?;
     let opts = TrainOptions {
         pipelined: !a.unpipelined,
-        eval_batches: a.eval_batches,
+        eval_batches: (a.eval_batches > 0).then_some(a.eval_batches),
         ..TrainOptions::default()
     };
     let factory = model::train::device_stage_factory();
@@ -229,17 +236,46 @@ pub fn run(a: Args) -> Result<()> {
             println!("loss curve: {}", p.display());
         }
     }
+    let last = valid.last().and_then(|v| v["loss"].as_f64());
     if a.json {
         let out = json!({
             "steps": steps,
             "valid": valid,
             "unigram_entropy_nats": h.nats,
             "unigram_cross_entropy_nats": cross.nats,
+            "below_unigram": last.map(|l| l < h.nats.min(cross.nats)),
             "checkpoint": a.save.display().to_string(),
         });
         println!("{out}");
+    } else if let Some(l) = last {
+        let bar = h.nats.min(cross.nats);
+        let verdict = if l < bar { "below" } else { "NOT below" };
+        println!(
+            "final validation loss {l:.4} nats: {verdict} the unigram bound {bar:.4} \
+             (a context-free model's best)"
+        );
     }
+    print_profile(a.json);
     Ok(())
+}
+
+/// With `PTXFORGE_PROFILE=1`: the emulated kernels' launches and host time (to stderr).
+fn print_profile(json: bool) {
+    let rows = runtime::profile::rows();
+    if rows.is_empty() || json {
+        return;
+    }
+    let total: f64 = rows.iter().map(|r| r.seconds).sum();
+    eprintln!("kernel host time (PTXFORGE_PROFILE=1; concurrent launches overlap): {total:.2} s");
+    for r in rows.iter().take(25) {
+        eprintln!(
+            "  {:>8.3} s {:>5.1}% {:>7} launches  {}",
+            r.seconds,
+            100.0 * r.seconds / total.max(1e-12),
+            r.launches,
+            r.kernel
+        );
+    }
 }
 
 /// `ptxforge bench train`: one warm-up step, then the mean of `steps` timed ones.

@@ -26,7 +26,7 @@ use crate::data::{self, Corpus, Entropy, SamplerState, Split};
 use crate::guard::{check_finite, Site};
 use crate::params::Params;
 use crate::plot::LossCurve;
-use crate::stage::{MicroBatch, Stage, StageSpec};
+use crate::stage::{ExpertLoad, MicroBatch, Stage, StageSpec};
 use crate::trace::Trace;
 use crate::TrainError;
 use exec::Executor;
@@ -206,6 +206,33 @@ impl Trainer {
         Ok((mbs, s.state()))
     }
 
+    /// The micro-batches the next [`Trainer::step`] will train on (the sampler does not move).
+    pub fn peek_batches(&self) -> Result<Vec<MicroBatch>, TrainError> {
+        Ok(self.sample()?.0)
+    }
+
+    /// The next step's loss and gradients (`[params::specs]` order; `None` for parameters
+    /// without a gradient, the route biases) without applying them: the sampler, parameters
+    /// and optimizer do not move (a gradient check against `model::reference`).
+    pub fn gradients(&mut self) -> Result<(f64, Vec<Option<Vec<f32>>>), TrainError> {
+        let (mbs, _) = self.sample()?;
+        let labelled: usize = mbs.iter().map(MicroBatch::labelled).sum();
+        if labelled == 0 {
+            return Err(TrainError::Shape("a step without labelled tokens".into()));
+        }
+        for s in &mut self.stages {
+            s.set_loss_scale(1.0 / labelled as f32);
+        }
+        let out = if self.options.pipelined {
+            self.exec.run_pipelined(&mut self.stages, &mbs)?
+        } else {
+            self.exec.run_unpipelined(&mut self.stages, &mbs)?
+        };
+        let loss = out.losses.iter().sum::<f64>() / labelled as f64;
+        let (grads, _) = self.collect_grads()?;
+        Ok((loss, grads))
+    }
+
     /// One optimizer step. On error (a stage failure, a non-finite loss or gradient) nothing
     /// of the trainer's state advances, the stages drop what the step left in them, and no file
     /// is written: the last checkpoint stays the last good one.
@@ -290,16 +317,7 @@ impl Trainer {
     /// Takes and checks every stage's gradients, runs AdamW on the devices, updates the
     /// biases and reloads the stages; returns the global gradient norm.
     fn apply_update(&mut self) -> Result<f32, TrainError> {
-        let mut grads: Vec<Option<Vec<f32>>> = vec![None; self.params.specs.len()];
-        let mut loads: Vec<(usize, Vec<u64>)> = Vec::new();
-        for (s, stage) in self.stages.iter_mut().enumerate() {
-            let (named, load) = stage.take_grads()?;
-            for (name, g) in named {
-                let i = self.params.index(&name)?;
-                place_grad(&self.params, &self.owners[s], s, i, g, &mut grads)?;
-            }
-            loads.extend(load);
-        }
+        let (grads, loads) = self.collect_grads()?;
         for (i, spec) in self.params.specs.iter().enumerate() {
             if !optim::is_adamw(spec.kind) {
                 continue;
@@ -331,6 +349,21 @@ impl Trainer {
             s.load_params(&self.params)?;
         }
         Ok(norm)
+    }
+
+    /// Every stage's gradients placed by parameter index, and the expert loads.
+    fn collect_grads(&mut self) -> Result<(Vec<Option<Vec<f32>>>, ExpertLoad), TrainError> {
+        let mut grads: Vec<Option<Vec<f32>>> = vec![None; self.params.specs.len()];
+        let mut loads: ExpertLoad = Vec::new();
+        for (s, stage) in self.stages.iter_mut().enumerate() {
+            let (named, load) = stage.take_grads()?;
+            for (name, g) in named {
+                let i = self.params.index(&name)?;
+                place_grad(&self.params, &self.owners[s], s, i, g, &mut grads)?;
+            }
+            loads.extend(load);
+        }
+        Ok((grads, loads))
     }
 
     fn update_biases(&mut self, loads: &[(usize, Vec<u64>)]) -> Result<(), TrainError> {
