@@ -62,6 +62,17 @@ pub enum FaultKind {
     Deadlock(String),
     #[error("{0}")]
     Other(String),
+    #[error(
+        "call stack overflow: call {depth} deep (to `{callee}`) needs {need} bytes of stack per \
+         thread, more than the limit of {limit} (emu::LaunchOptions::stack_bytes, \
+         PTXFORGE_EMU_STACK_BYTES)"
+    )]
+    StackOverflow {
+        callee: String,
+        depth: u32,
+        need: u64,
+        limit: u64,
+    },
 }
 
 /// Errors from loading or launching a kernel on the emulator.

@@ -27,7 +27,7 @@ pub mod program;
 pub mod tc_numerics;
 
 pub use error::{EmuError, FaultKind, FaultSite};
-pub use launch::{launch, LaunchConfig, LaunchOptions, LaunchStats};
+pub use launch::{launch, LaunchConfig, LaunchOptions, LaunchStats, DEFAULT_STACK_BYTES};
 pub use memory::{Allocation, GlobalMemory, MemMap};
 pub use program::Program;
 pub use tc_numerics::Numerics;
