@@ -1325,6 +1325,18 @@ impl Cta {
             Op::Call(site) => return self.exec_call(ctx, wi, site, m),
             Op::Ret => return Ok(self.exec_ret(ctx, wi, m)),
             Op::CallRet(copies) => self.exec_call_ret(ctx, wi, copies, m)?,
+            Op::Carry(op) => {
+                let w = &mut self.warps[wi];
+                let dm = reg_mask(prog.reg_bits[op.d as usize]);
+                for l in lanes_of(m) {
+                    let r = |s: u32| w.regs[s as usize][l];
+                    let (d, cf) = op.eval(r(op.a), r(op.b), r(op.c), r(op.cc));
+                    w.regs[op.d as usize][l] = d & dm;
+                    if op.cout {
+                        w.regs[op.cc as usize][l] = cf;
+                    }
+                }
+            }
             Op::Vprintf { fmt, args, ret } => {
                 let mut text = String::new();
                 for l in lanes_of(m) {

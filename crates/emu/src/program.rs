@@ -15,7 +15,9 @@ use ptx::{
 use std::collections::HashMap;
 
 mod call;
+mod carry;
 pub use call::{CallSite, ParamCopy, Place};
+pub use carry::{CarryKind, CarryOp};
 
 /// Slot 0 always holds zero in every lane.
 pub const ZERO: u32 = 0;
@@ -297,6 +299,8 @@ pub enum Op {
     Ret,
     /// After a call returns: copy the callee's return values out of its (popped) frame.
     CallRet(Box<Vec<ParamCopy>>),
+    /// Integer arithmetic reading and/or writing the carry flag `CC.CF`.
+    Carry(CarryOp),
     /// CUDA's device-side `printf` (`vprintf(format, args)`): the two arguments and the result
     /// live in local-memory parameter variables.
     Vprintf {
@@ -558,6 +562,8 @@ struct Decoder<'a> {
     func_info: HashMap<String, call::FuncInfo>,
     /// The device function being decoded (None: the kernel).
     current: Option<String>,
+    /// The slot of the carry flag `CC.CF` (allocated on first use).
+    cc_slot: Option<u32>,
 }
 
 fn elem_size(t: Ty) -> u32 {
@@ -932,6 +938,7 @@ pub fn decode(
         frame: None,
         func_info: HashMap::new(),
         current: None,
+        cc_slot: None,
     };
     d.new_slot(64); // ZERO
     d.layout_shared(body);
@@ -1092,6 +1099,10 @@ impl<'a> Decoder<'a> {
             None => (NONE, false),
         };
         let ins = &self.materialise(ins0, guard)?;
+        if let Some(op) = self.carry(ins)? {
+            self.push(op, ins0, guard);
+            return Ok(());
+        }
         let a = &ins.args;
         let arg = |i: usize| -> Result<&Operand, EmuError> {
             a.get(i).ok_or_else(|| EmuError::Unsupported {
