@@ -1576,7 +1576,12 @@ impl<'a> Decoder<'a> {
                     Some(o) => self.src(ins, o)?,
                     None => ZERO,
                 };
-                if let Some(f) = alu::cvt_fast(&spec) {
+                // A signed result narrower than its register is sign-extended to the whole
+                // register (`cvt.s16.s8` into a .b32 gives 0xffffffc2 for -62): the general
+                // path does that; the fast paths zero-extend.
+                let widen = spec.dst.is_signed()
+                    && u32::from(self.prog.reg_bits[d as usize]) > spec.dst.bits();
+                if let Some(f) = alu::cvt_fast(&spec).filter(|_| !widen) {
                     self.push(
                         Op::Alu {
                             f,
