@@ -1012,7 +1012,11 @@ impl Cta {
                 let w = &mut self.warps[wi];
                 let dm = reg_mask(prog.reg_bits[*d as usize]);
                 // signed results fill a wider register with their sign
-                let sx = if spec.dst.is_signed() { spec.dst.bits() } else { 64 };
+                let sx = if spec.dst.is_signed() {
+                    spec.dst.bits()
+                } else {
+                    64
+                };
                 for l in lanes_of(m) {
                     let v = fp::cvt(spec, w.regs[*a as usize][l], w.regs[*b as usize][l]);
                     w.regs[*d as usize][l] = sext(v, sx) & dm;

@@ -141,9 +141,18 @@ fn run_rec(depths: &[u32], opts: &LaunchOptions) -> Result<(Vec<[u64; 3]>, Vec<u
     let mut rng = rand::rngs::StdRng::seed_from_u64(n as u64 * 7 + 1);
     let xs: Vec<u64> = (0..n).map(|_| rng.gen()).collect();
     let pin = mem.alloc(8 * n as u64, 0).unwrap();
-    pin.write_bytes(0, &xs.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>());
+    pin.write_bytes(
+        0,
+        &xs.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
+    );
     let pd = mem.alloc(4 * n as u64, 0).unwrap();
-    pd.write_bytes(0, &depths.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>());
+    pd.write_bytes(
+        0,
+        &depths
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<_>>(),
+    );
     let pout = mem.alloc(24 * n as u64, 0).unwrap();
     pout.fill(0, 24 * n as u64, &[0xa5]);
     let mut p = Vec::new();
@@ -212,7 +221,10 @@ fn recursion_past_the_stack_limit_is_a_fault_naming_the_limit() {
         }
         other => panic!("expected a stack overflow, got {other:?}: {text}"),
     }
-    assert!(text.contains("stack_bytes") && text.contains("16384"), "{text}");
+    assert!(
+        text.contains("stack_bytes") && text.contains("16384"),
+        "{text}"
+    );
     // The same depth fits a larger limit.
     let opts = LaunchOptions {
         stack_bytes: 64 * 1024,
@@ -334,7 +346,13 @@ fn mutual_recursion_and_forward_declaration() {
     let mem = GlobalMemory::new();
     let m = LoadedModule::load(&mem, ptx::parse(MUTUAL).unwrap(), 0).unwrap();
     let pin = mem.alloc(4 * n as u64, 0).unwrap();
-    pin.write_bytes(0, &seeds.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>());
+    pin.write_bytes(
+        0,
+        &seeds
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<_>>(),
+    );
     let pout = mem.alloc(4 * n as u64, 0).unwrap();
     pout.fill(0, 4 * n as u64, &[0xa5]);
     let mut p = Vec::new();
@@ -342,7 +360,14 @@ fn mutual_recursion_and_forward_declaration() {
         p.extend_from_slice(&b.to_le_bytes());
     }
     let k = m.kernel("m").unwrap();
-    launch(k, mem.snapshot(), p, &cfg(n as u32), &LaunchOptions::default()).unwrap();
+    launch(
+        k,
+        mem.snapshot(),
+        p,
+        &cfg(n as u32),
+        &LaunchOptions::default(),
+    )
+    .unwrap();
     let mut raw = vec![0u8; 4 * n];
     pout.read_bytes(0, &mut raw);
     for i in 0..n {

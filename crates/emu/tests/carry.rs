@@ -31,7 +31,10 @@ fn run(text: &str, ins: [&[u64]; 4], nout: usize) -> Vec<Vec<u64>> {
     let mut keep = Vec::new();
     for v in ins {
         let b = mem.alloc((N * 8) as u64, 0).unwrap();
-        b.write_bytes(0, &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>());
+        b.write_bytes(
+            0,
+            &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
+        );
         p.extend_from_slice(&b.base.to_le_bytes());
         keep.push(b);
     }
@@ -128,7 +131,7 @@ fn reference(form: Form, ty: &str, a: u64, b: u64, c: u64, cin: u64) -> (u64, u6
             let d = (a as u128).wrapping_sub(sub) & mask as u128;
             return (d as u64, (sub > a as u128) as u64);
         }
-        Form::MadLo => (a as u128 * b as u128 & mask as u128) + c as u128 + cin as u128,
+        Form::MadLo => ((a as u128 * b as u128) & mask as u128) + c as u128 + cin as u128,
         Form::MadHi => {
             let hi = if signed {
                 ((sx(a) * sx(b)) >> w) as u128 & mask as u128
@@ -144,9 +147,17 @@ fn reference(form: Form, ty: &str, a: u64, b: u64, c: u64, cin: u64) -> (u64, u6
 #[test]
 fn every_carry_form_matches_u128_reference() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
-    let edge = [0u64, 1, 0x7fff_ffff, 0x8000_0000, 0xffff_ffff, u64::MAX, 1 << 63];
+    let edge = [
+        0u64,
+        1,
+        0x7fff_ffff,
+        0x8000_0000,
+        0xffff_ffff,
+        u64::MAX,
+        1 << 63,
+    ];
     let gen = |i: usize, rng: &mut rand::rngs::StdRng| -> u64 {
-        if i % 4 == 0 {
+        if i.is_multiple_of(4) {
             edge[rng.gen_range(0..edge.len())]
         } else {
             rng.gen()
@@ -225,7 +236,7 @@ fn multiword_add_sub_mul_chains_match_u128() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let edge = [0u64, u64::MAX, 1 << 63, 0xffff_ffff];
     let rnd = |i: usize, rng: &mut rand::rngs::StdRng| {
-        if i % 5 == 0 {
+        if i.is_multiple_of(5) {
             edge[rng.gen_range(0..4)]
         } else {
             rng.gen()
@@ -274,13 +285,25 @@ fn multiword_add_sub_mul_chains_match_u128() {
         let y = (v[3][i] as u128) << 64 | v[2][i] as u128;
         let pair = |lo: u64, hi: u64| (hi as u128) << 64 | lo as u128;
         let g = &got[i];
-        assert_eq!(pair(g[0], g[1]), x.wrapping_add(y), "128-bit add, thread {i}");
-        assert_eq!(pair(g[2], g[3]), x.wrapping_sub(y), "128-bit sub, thread {i}");
+        assert_eq!(
+            pair(g[0], g[1]),
+            x.wrapping_add(y),
+            "128-bit add, thread {i}"
+        );
+        assert_eq!(
+            pair(g[2], g[3]),
+            x.wrapping_sub(y),
+            "128-bit sub, thread {i}"
+        );
         assert_eq!(
             pair(g[4], g[5]),
             v[0][i] as u128 * v[2][i] as u128,
             "64x64 multiply, thread {i}"
         );
-        assert_eq!(pair(g[6], g[7]), x.wrapping_add(y), "u64-limb add, thread {i}");
+        assert_eq!(
+            pair(g[6], g[7]),
+            x.wrapping_add(y),
+            "u64-limb add, thread {i}"
+        );
     }
 }

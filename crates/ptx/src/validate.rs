@@ -911,7 +911,10 @@ impl<'a> FnCheck<'a> {
         }
         let name = i.op.name();
         let why = if !matches!(i.op, Add | Sub | Mad | Addc | Subc | Madc) {
-            Some((DiagKind::BadOperand, format!("`.cc` is not allowed on `{name}`")))
+            Some((
+                DiagKind::BadOperand,
+                format!("`.cc` is not allowed on `{name}`"),
+            ))
         } else if !matches!(t, Ty::U32 | Ty::S32 | Ty::U64 | Ty::S64) {
             Some((
                 DiagKind::TypeMismatch,

@@ -500,9 +500,29 @@ fn carry_flag_forms() {
     clean(&check(
         "add.cc.u32 %r1, %r2, %r3;\naddc.cc.s32 %r1, %r2, %r3;\nsub.cc.u64 %rd1, %rd2, %rd3;\nsubc.s64 %rd1, %rd2, %rd3;\nmad.lo.cc.u32 %r1, %r2, %r3, %r4;\nmadc.hi.cc.s64 %rd1, %rd2, %rd3, %rd4;",
     ));
-    expect(&check("add.cc.f32 %f1, %f2, %f3;"), DiagKind::TypeMismatch, 1);
-    expect(&check("addc.u16 %rs1, %rs2, %rs3;"), DiagKind::TypeMismatch, 1);
-    expect(&check("mad.cc.u32 %r1, %r2, %r3, %r4;"), DiagKind::BadOperand, 1);
-    expect(&check("madc.u32 %r1, %r2, %r3, %r4;"), DiagKind::BadOperand, 1);
-    expect(&check("mul.lo.cc.u32 %r1, %r2, %r3;"), DiagKind::BadOperand, 1);
+    expect(
+        &check("add.cc.f32 %f1, %f2, %f3;"),
+        DiagKind::TypeMismatch,
+        1,
+    );
+    expect(
+        &check("addc.u16 %rs1, %rs2, %rs3;"),
+        DiagKind::TypeMismatch,
+        1,
+    );
+    expect(
+        &check("mad.cc.u32 %r1, %r2, %r3, %r4;"),
+        DiagKind::BadOperand,
+        1,
+    );
+    expect(
+        &check("madc.u32 %r1, %r2, %r3, %r4;"),
+        DiagKind::BadOperand,
+        1,
+    );
+    expect(
+        &check("mul.lo.cc.u32 %r1, %r2, %r3;"),
+        DiagKind::BadOperand,
+        1,
+    );
 }

@@ -220,10 +220,18 @@ impl<'a> Decoder<'a> {
                 ),
             ));
         }
-        if let Some(p) = f.rets.iter().chain(&f.params).find(|p| p.space == Space::Reg) {
+        if let Some(p) = f
+            .rets
+            .iter()
+            .chain(&f.params)
+            .find(|p| p.space == Space::Reg)
+        {
             return Err(self.err(
                 ins,
-                format!("`.reg` parameter `{}` is not supported by the emulator", p.name),
+                format!(
+                    "`.reg` parameter `{}` is not supported by the emulator",
+                    p.name
+                ),
             ));
         }
         let layout = param_layout(f);

@@ -105,7 +105,11 @@ impl CarryOp {
     #[inline]
     pub fn eval(&self, a: u64, b: u64, c: u64, cf: u64) -> (u64, u64) {
         let w = if self.wide { 64 } else { 32 };
-        let mask: u128 = if self.wide { u64::MAX as u128 } else { 0xffff_ffff };
+        let mask: u128 = if self.wide {
+            u64::MAX as u128
+        } else {
+            0xffff_ffff
+        };
         let (a, b, c) = (a as u128 & mask, b as u128 & mask, c as u128 & mask);
         let cin = if self.cin { (cf & 1) as u128 } else { 0 };
         let sum = match self.kind {
