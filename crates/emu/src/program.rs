@@ -564,6 +564,8 @@ struct Decoder<'a> {
     current: Option<String>,
     /// The slot of the carry flag `CC.CF` (allocated on first use).
     cc_slot: Option<u32>,
+    /// Registers of the `.reg` parameters of device functions (see `call`).
+    reg_params: HashMap<String, Vec<Option<u32>>>,
 }
 
 fn elem_size(t: Ty) -> u32 {
@@ -939,6 +941,7 @@ pub fn decode(
         func_info: HashMap::new(),
         current: None,
         cc_slot: None,
+        reg_params: HashMap::new(),
     };
     d.new_slot(64); // ZERO
     d.layout_shared(body);

@@ -126,7 +126,16 @@ fn cfg(block: u32) -> LaunchConfig {
     LaunchConfig::linear(1, block)
 }
 
+/// The validator and (when installed) ptxas accept the test PTX; it prints and parses back.
 fn check_ptxas(text: &str) {
+    let m = ptx::parse(text).unwrap();
+    let diags = ptx::validate(&m);
+    assert!(diags.iter().all(|d| !d.is_error()), "validator: {diags:#?}");
+    assert_eq!(
+        ptx::parse(&ptx::print(&m)).unwrap(),
+        m,
+        "parse(print(m)) != m"
+    );
     if ptx::ptxas::ptxas_for_tests("calls test PTX").is_some() {
         ptx::ptxas::assemble(text, "sm_80", &Default::default())
             .unwrap_or_else(|e| panic!("ptxas rejects the test PTX: {e}"));
@@ -374,5 +383,93 @@ fn mutual_recursion_and_forward_declaration() {
         let got = u32::from_le_bytes(raw[4 * i..][..4].try_into().unwrap());
         let d = (i & 63) as u32;
         assert_eq!(got, even(d, seeds[i]).wrapping_add(d), "thread {i}");
+    }
+}
+
+/// `.reg` parameters and return value; the recursive call swaps two parameters.
+const REG_PARAMS: &str = r#"
+.version 8.0
+.target sm_80
+.address_size 64
+
+.func (.reg .b64 %ret) mix(.reg .b32 %n, .reg .b32 %a, .reg .b32 %b)
+{
+    .reg .pred %p;
+    .reg .b32 %t;
+    .reg .b64 %x;
+    .reg .b64 %y;
+    setp.eq.u32 %p, %n, 0;
+    @%p bra BASE;
+    add.s32 %t, %n, -1;
+    call (%x), mix, (%t, %b, %a);
+    cvt.u64.u32 %y, %a;
+    mad.lo.s64 %ret, %x, 31, %y;
+    ret;
+BASE:
+    mul.wide.u32 %ret, %a, 1000;
+    cvt.u64.u32 %y, %b;
+    add.s64 %ret, %ret, %y;
+    ret;
+}
+
+.visible .entry r(.param .u64 pout, .param .u64 pin)
+{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<8>;
+    ld.param.u64 %rd1, [pout];
+    ld.param.u64 %rd2, [pin];
+    mov.u32 %r1, %tid.x;
+    mul.wide.u32 %rd3, %r1, 8;
+    add.s64 %rd4, %rd2, %rd3;
+    ld.global.v2.u32 {%r2, %r3}, [%rd4];
+    rem.u32 %r4, %r1, 50;
+    call (%rd5), mix, (%r4, %r2, %r3);
+    add.s64 %rd6, %rd1, %rd3;
+    st.global.u64 [%rd6], %rd5;
+    ret;
+}
+"#;
+
+fn mix(n: u32, a: u32, b: u32) -> u64 {
+    if n == 0 {
+        return (a as u64 * 1000).wrapping_add(b as u64);
+    }
+    mix(n - 1, b, a).wrapping_mul(31).wrapping_add(a as u64)
+}
+
+#[test]
+fn reg_parameters_and_return_values_per_invocation() {
+    check_ptxas(REG_PARAMS);
+    let n = 64usize;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+    let ab: Vec<u32> = (0..2 * n).map(|_| rng.gen()).collect();
+    let mem = GlobalMemory::new();
+    let m = LoadedModule::load(&mem, ptx::parse(REG_PARAMS).unwrap(), 0).unwrap();
+    let pin = mem.alloc(8 * n as u64, 0).unwrap();
+    pin.write_bytes(
+        0,
+        &ab.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
+    );
+    let pout = mem.alloc(8 * n as u64, 0).unwrap();
+    pout.fill(0, 8 * n as u64, &[0xa5]);
+    let mut p = Vec::new();
+    for b in [pout.base, pin.base] {
+        p.extend_from_slice(&b.to_le_bytes());
+    }
+    let k = m.kernel("r").unwrap();
+    launch(
+        k,
+        mem.snapshot(),
+        p,
+        &cfg(n as u32),
+        &LaunchOptions::default(),
+    )
+    .unwrap();
+    let mut raw = vec![0u8; 8 * n];
+    pout.read_bytes(0, &mut raw);
+    for i in 0..n {
+        let got = u64::from_le_bytes(raw[8 * i..][..8].try_into().unwrap());
+        let want = mix(i as u32 % 50, ab[2 * i], ab[2 * i + 1]);
+        assert_eq!(got, want, "thread {i}");
     }
 }

@@ -156,6 +156,16 @@ impl Cta {
             });
             st.sp = base + site.frame_bytes;
             w.regs[site.frame_slot as usize][l] = fb;
+            // `.reg` arguments: all read before any is written (a recursive call may pass its
+            // own parameters in another order).
+            let vals: Vec<u64> = site
+                .reg_args
+                .iter()
+                .map(|&(s, _)| w.regs[s as usize][l])
+                .collect();
+            for (&(_, d), v) in site.reg_args.iter().zip(vals) {
+                w.regs[d as usize][l] = v & reg_mask(ctx.prog.reg_bits[d as usize]);
+            }
         }
         let w = &mut self.warps[wi];
         if m == w.group {
@@ -189,9 +199,16 @@ impl Cta {
                 continue;
             };
             if let Op::Call(site) = &prog.insts[fr.call_pc as usize].op {
+                // `.reg` return values are read before the callee's registers are restored
+                let vals: Vec<u64> = (site.reg_rets.iter())
+                    .map(|&(s, _)| w.regs[s as usize][l])
+                    .collect();
                 let st = &mut w.calls[l];
                 for &s in site.save.iter().rev() {
                     w.regs[s as usize][l] = st.saved.pop().unwrap_or(0);
+                }
+                for (&(_, d), v) in site.reg_rets.iter().zip(vals) {
+                    w.regs[d as usize][l] = v & reg_mask(prog.reg_bits[d as usize]);
                 }
             }
             w.calls[l].sp = fr.base;

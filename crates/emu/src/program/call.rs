@@ -45,6 +45,10 @@ pub struct CallSite {
     /// Registers saved at the call and restored at the return (recursive callees only).
     pub save: Vec<u32>,
     pub args: Vec<ParamCopy>,
+    /// `.reg` arguments: (caller source slot, callee parameter register), copied in parallel.
+    pub reg_args: Vec<(u32, u32)>,
+    /// `.reg` return values: (callee return register, caller destination), copied at `ret`.
+    pub reg_rets: Vec<(u32, u32)>,
 }
 
 /// The frame of the device function being decoded.
@@ -83,17 +87,25 @@ pub(super) struct FuncInfo {
 }
 
 /// Frame offsets and sizes of a function's return values, then its parameters (every call site
-/// and the function body use this one layout).
-fn param_layout(f: &Function) -> Vec<(u32, u32)> {
-    let mut fr = Frame::new(NONE);
+/// and the function body use this one layout); `None` for `.reg` parameters, which live in
+/// registers.
+fn param_layout(f: &Function, fr: &mut Frame) -> Vec<Option<(u32, u32)>> {
     f.rets
         .iter()
         .chain(&f.params)
         .map(|p| {
             let size = p.size_bytes() as u32;
-            (fr.alloc(&p.name, size, p.alignment() as u32), size)
+            (p.space != Space::Reg).then(|| (fr.alloc(&p.name, size, p.alignment() as u32), size))
         })
         .collect()
+}
+
+fn reg_bits_of(t: Ty) -> u8 {
+    if t == Ty::Pred {
+        1
+    } else {
+        (t.size() * 8).min(64) as u8
+    }
 }
 
 /// The callee of `call{.uni} [(rets),] func[, (args)]` and its operands.
@@ -220,23 +232,7 @@ impl<'a> Decoder<'a> {
                 ),
             ));
         }
-        if let Some(p) = f
-            .rets
-            .iter()
-            .chain(&f.params)
-            .find(|p| p.space == Space::Reg)
-        {
-            return Err(self.err(
-                ins,
-                format!(
-                    "`.reg` parameter `{}` is not supported by the emulator",
-                    p.name
-                ),
-            ));
-        }
-        let layout = param_layout(f);
-        let (rl, pl) = layout.split_at(f.rets.len());
-        if rl.len() != c.rets.len() || pl.len() != c.args.len() {
+        if f.rets.len() != c.rets.len() || f.params.len() != c.args.len() {
             return Err(self.err(
                 ins,
                 format!(
@@ -244,43 +240,82 @@ impl<'a> Decoder<'a> {
                     c.name,
                     c.rets.len(),
                     c.args.len(),
-                    rl.len(),
-                    pl.len()
+                    f.rets.len(),
+                    f.params.len()
                 ),
             ));
         }
-        let copies = |this: &Self, ops: &[Operand], lay: &[(u32, u32)], what: &str| {
-            ops.iter()
-                .zip(lay)
-                .map(|(o, &(callee_off, bytes))| {
-                    Ok(ParamCopy {
-                        caller: this.place_of(ins, o, what)?,
-                        callee_off,
-                        bytes,
-                    })
-                })
-                .collect::<Result<Vec<_>, EmuError>>()
-        };
-        let args = copies(self, &c.args, pl, "argument")?;
-        let rets = copies(self, &c.rets, rl, "result")?;
+        let (site, rets) = self.call_site(ins, f, &c)?;
         self.call_fixups
             .push((self.prog.insts.len(), self.current.clone(), c.name.clone()));
         if !self.func_info.contains_key(&c.name) && !self.pending.contains(&c.name) {
             self.pending.push(c.name.clone());
         }
-        let site = CallSite {
-            target: u32::MAX,
-            callee: c.name,
-            frame_bytes: 0,
-            frame_slot: NONE,
-            save: Vec::new(),
-            args,
-        };
         self.push(Op::Call(Box::new(site)), ins0, guard);
         if !rets.is_empty() {
             self.push(Op::CallRet(Box::new(rets)), ins0, guard);
         }
         Ok(())
+    }
+
+    /// The call site's argument copies, and the copies of `.param` return values after it.
+    fn call_site(
+        &mut self,
+        ins: &Instruction,
+        f: &Function,
+        c: &CallOperands,
+    ) -> Result<(CallSite, Vec<ParamCopy>), EmuError> {
+        let layout = param_layout(f, &mut Frame::new(NONE));
+        let regs = self.reg_param_slots(f);
+        let nr = f.rets.len();
+        let mut site = CallSite {
+            target: u32::MAX,
+            callee: c.name.clone(),
+            frame_bytes: 0,
+            frame_slot: NONE,
+            save: Vec::new(),
+            args: Vec::new(),
+            reg_args: Vec::new(),
+            reg_rets: Vec::new(),
+        };
+        let mut rets = Vec::new();
+        for (k, o) in c.rets.iter().chain(&c.args).enumerate() {
+            let what = if k < nr { "result" } else { "argument" };
+            match (layout[k], regs[k]) {
+                (_, Some(r)) if k < nr => site.reg_rets.push((r, self.dst(ins, o)?)),
+                (_, Some(r)) => site.reg_args.push((self.src(ins, o)?, r)),
+                (Some((callee_off, bytes)), None) => {
+                    let pc = ParamCopy {
+                        caller: self.place_of(ins, o, what)?,
+                        callee_off,
+                        bytes,
+                    };
+                    if k < nr {
+                        rets.push(pc);
+                    } else {
+                        site.args.push(pc);
+                    }
+                }
+                (None, None) => return Err(self.err(ins, "internal: parameter without a place")),
+            }
+        }
+        Ok((site, rets))
+    }
+
+    /// The registers of a function's `.reg` return values and parameters (`None` for `.param`
+    /// ones), in declaration order: allocated at the first call, declared in its body.
+    fn reg_param_slots(&mut self, f: &Function) -> Vec<Option<u32>> {
+        if let Some(v) = self.reg_params.get(&f.name) {
+            return v.clone();
+        }
+        let v: Vec<Option<u32>> = f
+            .rets
+            .iter()
+            .chain(&f.params)
+            .map(|p| (p.space == Space::Reg).then(|| self.new_slot(reg_bits_of(p.ty))))
+            .collect();
+        self.reg_params.insert(f.name.clone(), v.clone());
+        v
     }
 
     /// CUDA's `vprintf(format, args)`, executed by the emulator itself.
@@ -328,8 +363,12 @@ impl<'a> Decoder<'a> {
         self.in_func = true;
         self.current = Some(name.to_string());
         let mut fr = Frame::new(self.new_slot(64));
-        for p in f.rets.iter().chain(&f.params) {
-            fr.alloc(&p.name, p.size_bytes() as u32, p.alignment() as u32);
+        param_layout(f, &mut fr);
+        let reg_params = self.reg_param_slots(f);
+        for (p, r) in f.rets.iter().chain(&f.params).zip(&reg_params) {
+            if let Some(r) = r {
+                self.scopes[0].insert(p.name.clone(), *r);
+            }
         }
         f.walk(&mut |s| {
             if let Statement::Var(v) = s {
@@ -356,6 +395,7 @@ impl<'a> Decoder<'a> {
         let consts: std::collections::HashSet<u32> = self.consts.values().copied().collect();
         let regs = (first_reg..self.prog.nregs)
             .filter(|s| !consts.contains(s))
+            .chain(reg_params.iter().flatten().copied())
             .collect();
         let info = FuncInfo {
             entry,
