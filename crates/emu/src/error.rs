@@ -63,16 +63,10 @@ pub enum FaultKind {
     #[error("{0}")]
     Other(String),
     #[error(
-        "call stack overflow: call {depth} deep (to `{callee}`) needs {need} bytes of stack per \
-         thread, more than the limit of {limit} (emu::LaunchOptions::stack_bytes, \
-         PTXFORGE_EMU_STACK_BYTES)"
+        "call stack overflow: a call {depth} deep needs more than the {limit}-byte stack per \
+         thread (emu::LaunchOptions::stack_bytes, PTXFORGE_EMU_STACK_BYTES)"
     )]
-    StackOverflow {
-        callee: String,
-        depth: u32,
-        need: u64,
-        limit: u64,
-    },
+    StackOverflow { depth: u32, limit: u32 },
 }
 
 /// Errors from loading or launching a kernel on the emulator.

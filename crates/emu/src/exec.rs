@@ -726,12 +726,8 @@ impl Cta {
             MSpace::Local => {
                 if addr + size as u64 <= local_bytes as u64 {
                     Ok(Loc::Local(lane * local_bytes as usize + addr as usize))
-                } else if addr >= STACK_BASE
-                    && addr.saturating_add(size as u64) - STACK_BASE <= ctx.stack_bytes as u64
-                {
-                    Ok(Loc::Stack(lane, (addr - STACK_BASE) as usize))
                 } else {
-                    Err(fault("local"))
+                    call::locate_stack(ctx, addr, size, lane)
                 }
             }
             MSpace::Param => {
@@ -753,11 +749,7 @@ impl Cta {
             Loc::Shared(o) => read_le(&self.shared[o..o + size as usize]),
             Loc::Peer(r, o) => read_le(&self.peers[r].shared[o..o + size as usize]),
             Loc::Local(o) => read_le(&self.warps[wi].local[o..o + size as usize]),
-            Loc::Stack(l, o) => self.warps[wi]
-                .calls
-                .get(l)
-                .and_then(|s| s.mem_at(o, size as usize))
-                .map_or(0, read_le),
+            Loc::Stack(l, o) => call::stack_load(&self.warps[wi], l, o, size),
             Loc::Param(o) => read_le(&ctx.params[o..o + size as usize]),
         }
     }
@@ -1331,43 +1323,8 @@ impl Cta {
             Op::Call(site) => return self.exec_call(ctx, wi, site, m),
             Op::Ret => return Ok(self.exec_ret(ctx, wi, m)),
             Op::CallRet(copies) => self.exec_call_ret(ctx, wi, copies, m)?,
-            Op::Carry(op) => {
-                let w = &mut self.warps[wi];
-                let dm = reg_mask(prog.reg_bits[op.d as usize]);
-                for l in lanes_of(m) {
-                    let r = |s: u32| w.regs[s as usize][l];
-                    let (d, cf) = op.eval(r(op.a), r(op.b), r(op.c), r(op.cc));
-                    w.regs[op.d as usize][l] = d & dm;
-                    if op.cout {
-                        w.regs[op.cc as usize][l] = cf;
-                    }
-                }
-            }
-            Op::Vprintf { fmt, args, ret } => {
-                let mut text = String::new();
-                for l in lanes_of(m) {
-                    let fp = self.place_read(ctx, wi, l, *fmt, 8)?;
-                    let ap = self.place_read(ctx, wi, l, *args, 8)?;
-                    let fmt_s = self.read_cstr(ctx, wi, fp, l)?;
-                    let out = self.format_printf(ctx, wi, &fmt_s, ap, l)?;
-                    if let Some(r) = ret {
-                        self.place_write(ctx, wi, l, *r, 4, out.len() as u64)?;
-                    }
-                    text.push_str(&out);
-                }
-                match &ctx.printf {
-                    Some(sink) => sink
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push_str(&text),
-                    None => {
-                        use std::io::Write;
-                        let mut so = std::io::stdout().lock();
-                        let _ = so.write_all(text.as_bytes());
-                        let _ = so.flush();
-                    }
-                }
-            }
+            Op::Carry(op) => self.exec_carry(ctx, wi, op, m),
+            Op::Vprintf { fmt, args, ret } => self.exec_vprintf(ctx, wi, (*fmt, *args, *ret), m)?,
             Op::Exit => {
                 let w = &mut self.warps[wi];
                 let gone = m;

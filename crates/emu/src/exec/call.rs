@@ -32,6 +32,8 @@ struct CallFrame {
 }
 
 /// `n` bytes of lane `l`'s stack memory at offset `o` (grown on demand).
+#[cold]
+#[inline(never)]
 pub(super) fn stack_mem(w: &mut Warp, l: usize, o: usize, n: u32) -> &mut [u8] {
     let st = &mut stacks(w)[l];
     let end = o + n as usize;
@@ -39,6 +41,37 @@ pub(super) fn stack_mem(w: &mut Warp, l: usize, o: usize, n: u32) -> &mut [u8] {
         st.mem.resize(end, 0);
     }
     &mut st.mem[o..end]
+}
+
+/// A local-memory access above the kernel's static local memory: the lane's call stack.
+#[cold]
+#[inline(never)]
+pub(super) fn locate_stack(
+    ctx: &LaunchCtx,
+    addr: u64,
+    size: u32,
+    lane: usize,
+) -> Result<Loc, FaultKind> {
+    let end = addr.saturating_add(size as u64);
+    if addr >= STACK_BASE && end - STACK_BASE <= ctx.stack_bytes as u64 {
+        return Ok(Loc::Stack(lane, (addr - STACK_BASE) as usize));
+    }
+    LAST_LANE.with(|c| c.set(lane as u32));
+    Err(FaultKind::OutOfBounds {
+        space: "local",
+        addr,
+        size,
+    })
+}
+
+/// Reads `n` bytes of lane `l`'s stack memory at offset `o` (zero where never written).
+#[cold]
+#[inline(never)]
+pub(super) fn stack_load(w: &Warp, l: usize, o: usize, n: u32) -> u64 {
+    w.calls
+        .get(l)
+        .and_then(|s| s.mem_at(o, n as usize))
+        .map_or(0, read_le)
 }
 
 impl LaneStack {
@@ -116,6 +149,7 @@ impl Cta {
 
     /// `call`: a new frame per lane in `m`, arguments copied in, a recursive callee's registers
     /// saved, then the jump.
+    #[inline(never)]
     pub(super) fn exec_call(
         &mut self,
         ctx: &LaunchCtx,
@@ -131,10 +165,8 @@ impl Cta {
             if need > ctx.stack_bytes as u64 {
                 LAST_LANE.with(|c| c.set(l as u32));
                 return Err(FaultKind::StackOverflow {
-                    callee: site.callee.clone(),
                     depth: st.frames.len() as u32 + 1,
-                    need,
-                    limit: ctx.stack_bytes as u64,
+                    limit: ctx.stack_bytes,
                 });
             }
             let fb = STACK_BASE + base as u64;
@@ -187,6 +219,7 @@ impl Cta {
 
     /// `ret`: pops each lane's frame (restoring a recursive callee's registers); lanes without
     /// a frame (the kernel's own `ret`) exit.
+    #[inline(never)]
     pub(super) fn exec_ret(&mut self, ctx: &LaunchCtx, wi: usize, m: u32) -> Flow {
         let prog = &*ctx.prog;
         let w = &mut self.warps[wi];
@@ -245,6 +278,7 @@ impl Cta {
 
     /// After a call returned: copies the return values out of the popped frame (it starts at
     /// the lane's stack pointer) into the caller's `.param` variables.
+    #[inline(never)]
     pub(super) fn exec_call_ret(
         &mut self,
         ctx: &LaunchCtx,
@@ -288,6 +322,60 @@ impl Cta {
     ) -> Result<(), FaultKind> {
         let a = self.place_addr(wi, lane, p);
         write_le(self.local_slice(ctx, wi, lane, a, n)?, v);
+        Ok(())
+    }
+}
+
+impl Cta {
+    /// Carry-flag arithmetic (kept out of line: the executor's main match stays small).
+    #[inline(never)]
+    pub(super) fn exec_carry(&mut self, ctx: &LaunchCtx, wi: usize, op: &CarryOp, m: u32) {
+        let w = &mut self.warps[wi];
+        let dm = reg_mask(ctx.prog.reg_bits[op.d as usize]);
+        for l in lanes_of(m) {
+            let r = |s: u32| w.regs[s as usize][l];
+            let (d, cf) = op.eval(r(op.a), r(op.b), r(op.c), r(op.cc));
+            w.regs[op.d as usize][l] = d & dm;
+            if op.cout {
+                w.regs[op.cc as usize][l] = cf;
+            }
+        }
+    }
+}
+
+impl Cta {
+    /// CUDA's `vprintf(format, args)` for the lanes in `m` (out of line: rare).
+    #[inline(never)]
+    pub(super) fn exec_vprintf(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        (fmt, args, ret): (Place, Place, Option<Place>),
+        m: u32,
+    ) -> Result<(), FaultKind> {
+        let mut text = String::new();
+        for l in lanes_of(m) {
+            let fp = self.place_read(ctx, wi, l, fmt, 8)?;
+            let ap = self.place_read(ctx, wi, l, args, 8)?;
+            let fmt_s = self.read_cstr(ctx, wi, fp, l)?;
+            let out = self.format_printf(ctx, wi, &fmt_s, ap, l)?;
+            if let Some(r) = ret {
+                self.place_write(ctx, wi, l, r, 4, out.len() as u64)?;
+            }
+            text.push_str(&out);
+        }
+        match &ctx.printf {
+            Some(sink) => sink
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push_str(&text),
+            None => {
+                use std::io::Write;
+                let mut so = std::io::stdout().lock();
+                let _ = so.write_all(text.as_bytes());
+                let _ = so.flush();
+            }
+        }
         Ok(())
     }
 }
