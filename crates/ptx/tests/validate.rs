@@ -526,3 +526,35 @@ fn carry_flag_forms() {
         1,
     );
 }
+
+#[test]
+fn forward_declaration_does_not_shadow_the_definition() {
+    let text = ".version 8.0
+.target sm_80
+.address_size 64
+.func (.param .b32 rv) f(.param .b32 x);
+.visible .entry k()
+{
+.reg .b32 %r<2>;
+{
+.param .b32 param0;
+st.param.b32 [param0], 1;
+.param .b32 retval0;
+call.uni (retval0), f, (param0);
+ld.param.b32 %r1, [retval0];
+}
+ret;
+}
+.func (.param .b32 rv) f(.param .b32 x)
+{
+.reg .b32 %r<2>;
+ld.param.b32 %r1, [x];
+st.param.b32 [rv], %r1;
+ret;
+}
+";
+    let m = ptx::parse(text).unwrap();
+    let f = m.function("f").unwrap();
+    assert!(f.body.is_some(), "the definition, not the declaration");
+    clean(&validate(&m));
+}
