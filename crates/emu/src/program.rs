@@ -293,7 +293,7 @@ pub enum Op {
     Fence,
     Exit,
     /// Call a device function: a new frame per lane (arguments copied in, registers of a
-    /// recursive callee saved), then jump ([`call`](self::call)).
+    /// recursive callee saved), then jump.
     Call(Box<CallSite>),
     /// Return from a device function (exits the thread at the outermost level).
     Ret,
