@@ -69,6 +69,11 @@ pub enum FaultKind {
     Deadlock(String),
     #[error("{0}")]
     Other(String),
+    #[error(
+        "call stack overflow: a call {depth} deep needs more than the {limit}-byte stack per \
+         thread (emu::LaunchOptions::stack_bytes, PTXFORGE_EMU_STACK_BYTES)"
+    )]
+    StackOverflow { depth: u32, limit: u32 },
 }
 
 /// Errors from loading or launching a kernel on the emulator.

@@ -14,6 +14,9 @@ use ptx::{SReg, Ty};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+mod call;
+pub use call::{LaneStack, STACK_BASE};
+
 /// Everything a launch shares between its CTAs (read-only during the launch).
 pub struct LaunchCtx {
     pub prog: Arc<Program>,
@@ -35,6 +38,8 @@ pub struct LaunchCtx {
     pub numerics: crate::Numerics,
     /// Sanitizer state of a sanitized launch ([`crate::sanitize`]).
     pub san: Option<crate::sanitize::LaunchSan>,
+    /// Call-stack bytes per thread ([`crate::LaunchOptions::stack_bytes`]).
+    pub stack_bytes: u32,
 }
 
 impl LaunchCtx {
@@ -86,8 +91,8 @@ pub struct Warp {
     pub wait_pc: u32,
     pub lane_ops: u64,
     pub state: WarpState,
-    /// Per-lane return addresses of device-function calls.
-    pub stack: Vec<Vec<u32>>,
+    /// Per-lane call stacks of device-function calls (empty until the first call).
+    pub calls: Vec<LaneStack>,
     /// wgmma results not yet committed to a group / committed but not yet waited for.
     pub wg_open: Vec<(u32, Lanes)>,
     pub wg_groups: std::collections::VecDeque<Vec<(u32, Lanes)>>,
@@ -282,7 +287,7 @@ impl Cta {
                 wait_pc: 0,
                 lane_ops: 0,
                 state: WarpState::Runnable,
-                stack: Vec::new(),
+                calls: Vec::new(),
                 wg_open: Vec::new(),
                 wg_groups: std::collections::VecDeque::new(),
                 wg_reads_open: Vec::new(),
@@ -654,6 +659,8 @@ enum Loc {
     /// Shared memory of another CTA of the cluster (rank, offset).
     Peer(usize, usize),
     Local(usize),
+    /// A lane's call stack (lane, offset above [`STACK_BASE`]).
+    Stack(usize, usize),
     Param(usize),
 }
 
@@ -748,7 +755,7 @@ impl Cta {
                 if addr + size as u64 <= local_bytes as u64 {
                     Ok(Loc::Local(lane * local_bytes as usize + addr as usize))
                 } else {
-                    Err(fault("local"))
+                    call::locate_stack(ctx, addr, size, lane)
                 }
             }
             MSpace::Param => {
@@ -770,6 +777,7 @@ impl Cta {
             Loc::Shared(o) => read_le(&self.shared[o..o + size as usize]),
             Loc::Peer(r, o) => read_le(&self.peers[r].shared[o..o + size as usize]),
             Loc::Local(o) => read_le(&self.warps[wi].local[o..o + size as usize]),
+            Loc::Stack(l, o) => call::stack_load(&self.warps[wi], l, o, size),
             Loc::Param(o) => read_le(&ctx.params[o..o + size as usize]),
         }
     }
@@ -782,6 +790,7 @@ impl Cta {
             Loc::Shared(o) => write_le(&mut self.shared[o..o + size as usize], v),
             Loc::Peer(r, o) => write_le(&mut self.peers[r].shared[o..o + size as usize], v),
             Loc::Local(o) => write_le(&mut self.warps[wi].local[o..o + size as usize], v),
+            Loc::Stack(l, o) => write_le(call::stack_mem(&mut self.warps[wi], l, o, size), v),
             Loc::Param(_) => {}
         }
     }
@@ -931,6 +940,13 @@ impl Cta {
         true
     }
 
+    /// Lanes exited: groups parked at a `.sync` instruction waiting for them look again (exited
+    /// lanes of a member mask count as arrived, as on hardware); a group still missing live
+    /// lanes parks again.
+    fn lanes_exited(w: &mut Warp) {
+        w.parked = 0;
+    }
+
     fn sreg(&self, ctx: &LaunchCtx, w: &Warp, r: SReg, lane: usize) -> u64 {
         let t = w.id * 32 + lane as u32;
         let b = ctx.block;
@@ -1015,9 +1031,15 @@ impl Cta {
             Op::Cvt { spec, d, a, b } => {
                 let w = &mut self.warps[wi];
                 let dm = reg_mask(prog.reg_bits[*d as usize]);
+                // signed results fill a wider register with their sign
+                let sx = if spec.dst.is_signed() {
+                    spec.dst.bits()
+                } else {
+                    64
+                };
                 for l in lanes_of(m) {
                     let v = fp::cvt(spec, w.regs[*a as usize][l], w.regs[*b as usize][l]);
-                    w.regs[*d as usize][l] = v & dm;
+                    w.regs[*d as usize][l] = sext(v, sx) & dm;
                 }
             }
             Op::IntDiv { ty, rem, d, a, b } => {
@@ -1353,124 +1375,20 @@ impl Cta {
                 let _ = g;
                 return Ok(Flow::Stay);
             }
-            Op::Call { target } => {
-                let w = &mut self.warps[wi];
-                if w.stack.is_empty() {
-                    w.stack = vec![Vec::new(); 32];
-                }
-                for l in lanes_of(m) {
-                    if w.stack[l].len() >= 1024 {
-                        return Err(FaultKind::Other(
-                            "call stack deeper than 1024 frames".into(),
-                        ));
-                    }
-                    w.stack[l].push(w.group_pc + 1);
-                }
-                if m == w.group {
-                    w.group_pc = *target;
-                    return Ok(Flow::Stay);
-                }
-                if m != 0 {
-                    for l in lanes_of(m) {
-                        w.pc[l] = *target;
-                    }
-                    for l in lanes_of(w.group & !m) {
-                        w.pc[l] = w.group_pc + 1;
-                    }
-                    w.group = 0;
-                    return Ok(Flow::Stay);
-                }
-            }
-            Op::Ret => {
-                let w = &mut self.warps[wi];
-                let mut gone = 0u32;
-                let mut target = None;
-                let mut same = true;
-                for l in lanes_of(m) {
-                    match w.stack.get_mut(l).and_then(|s| s.pop()) {
-                        Some(pc) => {
-                            w.pc[l] = pc;
-                            match target {
-                                None => target = Some(pc),
-                                Some(t) if t != pc => same = false,
-                                _ => {}
-                            }
-                        }
-                        None => gone |= 1 << l,
-                    }
-                }
-                if gone != 0 {
-                    w.live &= !gone;
-                    self.exited_threads += gone.count_ones();
-                }
-                let w = &mut self.warps[wi];
-                if gone == 0 && same && m == w.group {
-                    if let Some(t) = target {
-                        w.group_pc = t;
-                        return Ok(Flow::Stay);
-                    }
-                }
-                for l in lanes_of(w.group & !m) {
-                    w.pc[l] = w.group_pc + 1;
-                }
-                // Lanes in m carry their own return pcs: keep regroup from overwriting them.
-                let returning = m & !gone;
-                w.group &= !m;
-                for l in lanes_of(w.group) {
-                    w.pc[l] = w.group_pc + 1;
-                }
-                w.group = 0;
-                let _ = returning;
-                if gone != 0 {
-                    self.release_ready_barriers();
-                }
-                return Ok(Flow::Stay);
-            }
-            Op::LocalCopy { dst, src, bytes } => {
-                let lb = prog.local_bytes as usize;
-                let w = &mut self.warps[wi];
-                for l in lanes_of(m) {
-                    let base = l * lb;
-                    let (d, s, n) = (base + *dst as usize, base + *src as usize, *bytes as usize);
-                    w.local.copy_within(s..s + n, d);
-                }
-            }
-            Op::Vprintf { fmt, args, ret } => {
-                let lb = prog.local_bytes as usize;
-                let mut text = String::new();
-                for l in lanes_of(m) {
-                    let slot = |off: u32| -> u64 {
-                        let o = l * lb + off as usize;
-                        read_le(&self.warps[wi].local[o..o + 8])
-                    };
-                    let (fp, ap) = (slot(*fmt), slot(*args));
-                    let fmt_s = self.read_cstr(ctx, wi, fp, l)?;
-                    let out = self.format_printf(ctx, wi, &fmt_s, ap, l)?;
-                    if *ret != NONE {
-                        let o = l * lb + *ret as usize;
-                        write_le(&mut self.warps[wi].local[o..o + 4], out.len() as u64);
-                    }
-                    text.push_str(&out);
-                }
-                match &ctx.printf {
-                    Some(sink) => sink
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push_str(&text),
-                    None => {
-                        use std::io::Write;
-                        let mut so = std::io::stdout().lock();
-                        let _ = so.write_all(text.as_bytes());
-                        let _ = so.flush();
-                    }
-                }
-            }
+            Op::Call(site) => return self.exec_call(ctx, wi, site, m),
+            Op::Ret => return Ok(self.exec_ret(ctx, wi, m)),
+            Op::CallRet(copies) => self.exec_call_ret(ctx, wi, copies, m)?,
+            Op::Carry(op) => self.exec_carry(ctx, wi, op, m),
+            Op::Vprintf { fmt, args, ret } => self.exec_vprintf(ctx, wi, (*fmt, *args, *ret), m)?,
             Op::Exit => {
                 let w = &mut self.warps[wi];
                 let gone = m;
                 w.live &= !gone;
                 w.group &= !gone;
                 self.exited_threads += gone.count_ones();
+                if gone != 0 {
+                    Cta::lanes_exited(w);
+                }
                 if w.group != 0 {
                     return Ok(Flow::Next);
                 }

@@ -70,7 +70,20 @@ pub struct LaunchOptions {
     /// [`EmuError::Sanitizer`]. Default: [`crate::sanitize::process_default`]
     /// (`PTXFORGE_SANITIZE`).
     pub sanitize: crate::sanitize::Tools,
+    /// Call-stack bytes per thread, like CUDA's `cudaLimitStackSize`: device-function frames
+    /// (parameters, return values, `.local` variables) plus the registers a recursive call
+    /// saves (8 bytes each). A call past it stops the launch with
+    /// [`crate::FaultKind::StackOverflow`]. Default: `PTXFORGE_EMU_STACK_BYTES`, else
+    /// [`DEFAULT_STACK_BYTES`]. Host memory grows with the stack actually used, not the limit.
+    pub stack_bytes: u32,
 }
+
+/// Largest call-stack limit (the stack lives in the upper half of the 32-bit local window).
+const STACK_LIMIT_MAX: u32 = 1 << 30;
+
+/// Default call-stack limit per thread (512 KiB: recursion about 1,500 deep for a function
+/// with 40 registers and a 64-byte frame).
+pub const DEFAULT_STACK_BYTES: u32 = 512 * 1024;
 
 impl Default for LaunchOptions {
     fn default() -> Self {
@@ -90,6 +103,10 @@ impl Default for LaunchOptions {
             hold: None,
             numerics: crate::Numerics::from_env(),
             sanitize: crate::sanitize::process_default(),
+            stack_bytes: std::env::var("PTXFORGE_EMU_STACK_BYTES")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(DEFAULT_STACK_BYTES),
         }
     }
 }
@@ -201,6 +218,7 @@ pub fn launch(
             .sanitize
             .any()
             .then(|| crate::sanitize::LaunchSan::new(opts.sanitize, &prog)),
+        stack_bytes: opts.stack_bytes.min(STACK_LIMIT_MAX),
     };
     let smem = ctx.shared_bytes();
     let limit = max_shared_per_block(prog.target_sm);

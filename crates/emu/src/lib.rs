@@ -28,7 +28,7 @@ pub mod sanitize;
 pub mod tc_numerics;
 
 pub use error::{EmuError, FaultKind, FaultSite};
-pub use launch::{launch, LaunchConfig, LaunchOptions, LaunchStats};
+pub use launch::{launch, LaunchConfig, LaunchOptions, LaunchStats, DEFAULT_STACK_BYTES};
 pub use memory::{Allocation, GlobalMemory, MemMap};
 pub use program::Program;
 pub use sanitize::{Findings, Report, Tool, Tools};

@@ -14,8 +14,10 @@ use ptx::{
 };
 use std::collections::HashMap;
 
-/// (local offset, size) of each parameter of a device function.
-type ParamSlots = Vec<(u32, u32)>;
+mod call;
+mod carry;
+pub use call::{CallSite, ParamCopy, Place};
+pub use carry::{CarryKind, CarryOp};
 
 /// Slot 0 always holds zero in every lane.
 pub const ZERO: u32 = 0;
@@ -290,24 +292,21 @@ pub enum Op {
     },
     Fence,
     Exit,
-    /// Call a device function: push the return address per lane and jump.
-    Call {
-        target: u32,
-    },
+    /// Call a device function: a new frame per lane (arguments copied in, registers of a
+    /// recursive callee saved), then jump.
+    Call(Box<CallSite>),
     /// Return from a device function (exits the thread at the outermost level).
     Ret,
-    /// Per-lane copy between local-memory parameter slots (call arguments / return values).
-    LocalCopy {
-        dst: u32,
-        src: u32,
-        bytes: u32,
-    },
+    /// After a call returns: copy the callee's return values out of its (popped) frame.
+    CallRet(Box<Vec<ParamCopy>>),
+    /// Integer arithmetic reading and/or writing the carry flag `CC.CF`.
+    Carry(CarryOp),
     /// CUDA's device-side `printf` (`vprintf(format, args)`): the two arguments and the result
-    /// live in local-memory parameter slots.
+    /// live in local-memory parameter variables.
     Vprintf {
-        fmt: u32,
-        args: u32,
-        ret: u32,
+        fmt: Place,
+        args: Place,
+        ret: Option<Place>,
     },
     Trap,
     /// `nanosleep t`: advances the warp's clock by `t` ns and ends its host time slice.
@@ -552,15 +551,21 @@ struct Decoder<'a> {
     shared_syms: HashMap<String, u32>,
     local_syms: HashMap<String, u32>,
     param_syms: HashMap<String, u32>,
-    /// Device functions: entry pc once decoded (u32::MAX while pending).
-    funcs: HashMap<String, u32>,
     pending: Vec<String>,
-    /// Call fixups: (inst index, function name).
-    call_fixups: Vec<(usize, String)>,
+    /// Call sites: (inst index, caller (None: the kernel), callee).
+    call_fixups: Vec<(usize, Option<String>, String)>,
     /// Are we decoding a `.func` body (ret returns) or the kernel (ret exits)?
     in_func: bool,
-    /// Parameter variables of the function being decoded (name -> local offset).
-    func_params: HashMap<String, (u32, u32)>,
+    /// The frame of the device function being decoded (None in the kernel).
+    frame: Option<call::Frame>,
+    /// Decoded device functions.
+    func_info: HashMap<String, call::FuncInfo>,
+    /// The device function being decoded (None: the kernel).
+    current: Option<String>,
+    /// The slot of the carry flag `CC.CF` (allocated on first use).
+    cc_slot: Option<u32>,
+    /// Registers of the `.reg` parameters of device functions (see `call`).
+    reg_params: HashMap<String, Vec<Option<u32>>>,
 }
 
 fn elem_size(t: Ty) -> u32 {
@@ -661,6 +666,10 @@ impl<'a> Decoder<'a> {
                 .lookup(r)
                 .ok_or_else(|| self.err(ins, format!("undeclared register `{r}`"))),
             Operand::Imm(i) => Ok(self.konst(i.bits())),
+            Operand::Sym { name, offset } if self.frame_off(name).is_some() => {
+                let off = self.frame_off(name).unwrap_or(0) as i64 + *offset;
+                Ok(self.frame_addr(ins, off))
+            }
             Operand::Sym { name, offset } => {
                 let (a, _) = self.sym_value(ins, name)?;
                 Ok(self.konst(a.wrapping_add(*offset as u64)))
@@ -712,6 +721,13 @@ impl<'a> Decoder<'a> {
                     .lookup(r)
                     .ok_or_else(|| self.err(ins, format!("undeclared register `{r}`")))?;
                 Ok((s, *offset, None))
+            }
+            Operand::Addr {
+                base: AddrBase::Sym(n),
+                offset,
+            } if self.frame_off(n).is_some() => {
+                let (slot, off) = self.frame_place(n).unwrap_or((ZERO, 0));
+                Ok((slot, off as i64 + *offset, Some(MSpace::Local)))
             }
             Operand::Addr {
                 base: AddrBase::Sym(n),
@@ -918,11 +934,14 @@ pub fn decode(
         shared_syms: HashMap::new(),
         local_syms: HashMap::new(),
         param_syms,
-        funcs: HashMap::new(),
         pending: Vec::new(),
         call_fixups: Vec::new(),
         in_func: false,
-        func_params: HashMap::new(),
+        frame: None,
+        func_info: HashMap::new(),
+        current: None,
+        cc_slot: None,
+        reg_params: HashMap::new(),
     };
     d.new_slot(64); // ZERO
     d.layout_shared(body);
@@ -949,86 +968,6 @@ impl<'a> Decoder<'a> {
         let off = self.prog.local_bytes.div_ceil(align) * align;
         self.prog.local_bytes = (off + size).div_ceil(8) * 8;
         off
-    }
-
-    /// Decodes every device function reachable through `call`, then patches call targets.
-    fn decode_functions(&mut self) -> Result<(), EmuError> {
-        while let Some(name) = self.pending.pop() {
-            let module = self.module;
-            let f = module.function(&name).ok_or_else(|| EmuError::Decode {
-                kernel: self.f.name.clone(),
-                msg: format!("call to unknown function `{name}`"),
-            })?;
-            let body = f.body.as_ref().ok_or_else(|| EmuError::Decode {
-                kernel: self.f.name.clone(),
-                msg: format!(
-                    "function `{name}` is only declared (external functions are not supported)"
-                ),
-            })?;
-            self.funcs
-                .insert(name.clone(), self.prog.insts.len() as u32);
-            self.scopes = vec![HashMap::new()];
-            self.labels.clear();
-            self.in_func = true;
-            // The function's own parameter names resolve to its parameter slots.
-            for p in f.rets.iter().chain(&f.params) {
-                let (off, size) = self.func_params[&format!("{name}\u{0}{}", p.name)];
-                let _ = size;
-                self.local_syms.insert(p.name.clone(), off);
-            }
-            self.block(body)?;
-            let ret = Instruction::new(Opcode::Ret, vec![], vec![]);
-            self.prog.insts.push(Inst {
-                progress: false,
-                op: Op::Ret,
-                guard: NONE,
-                guard_neg: false,
-                src: self.prog.source.len() as u32,
-            });
-            self.prog.source.push(ret);
-            self.resolve_labels(&name)?;
-        }
-        let fix = std::mem::take(&mut self.call_fixups);
-        for (i, name) in fix {
-            let pc = self.funcs[&name];
-            if let Op::Call { target } = &mut self.prog.insts[i].op {
-                *target = pc;
-            }
-        }
-        Ok(())
-    }
-
-    /// Parameter slots of a device function (allocated once per function).
-    fn func_slots(
-        &mut self,
-        name: &str,
-        ins: &Instruction,
-    ) -> Result<(ParamSlots, ParamSlots), EmuError> {
-        let f = self
-            .module
-            .function(name)
-            .ok_or_else(|| self.err(ins, format!("call to unknown function `{name}`")))?;
-        if f.kind == ptx::FuncKind::Entry {
-            return Err(self.err(ins, "calling a kernel entry is not allowed"));
-        }
-        let (rets, params) = (f.rets.clone(), f.params.clone());
-        let slot = |p: &ptx::Param, this: &mut Self| -> (u32, u32) {
-            let key = format!("{name}\u{0}{}", p.name);
-            if let Some(&s) = this.func_params.get(&key) {
-                return s;
-            }
-            let size = p.size_bytes() as u32;
-            let off = this.alloc_local(size, p.alignment() as u32);
-            this.func_params.insert(key, (off, size));
-            (off, size)
-        };
-        let r: Vec<(u32, u32)> = rets.iter().map(|p| slot(p, self)).collect();
-        let a: Vec<(u32, u32)> = params.iter().map(|p| slot(p, self)).collect();
-        if !self.funcs.contains_key(name) {
-            self.funcs.insert(name.to_string(), u32::MAX);
-            self.pending.push(name.to_string());
-        }
-        Ok((r, a))
     }
 
     fn resolve_labels(&mut self, kernel: &str) -> Result<(), EmuError> {
@@ -1136,10 +1075,15 @@ impl<'a> Decoder<'a> {
                     self.tables.insert(label.clone(), targets.clone());
                 }
                 Statement::Var(v) if v.space == Space::Param => {
-                    // Call-site argument / return variables live in per-thread local memory.
+                    // Call-site argument / return variables live in per-thread local memory:
+                    // the kernel's static local memory, or the frame of a device function.
                     let align = v.align.unwrap_or(v.ty.size());
-                    let off = self.alloc_local(v.size_bytes() as u32, align);
-                    self.local_syms.insert(v.name.clone(), off);
+                    if let Some(fr) = &mut self.frame {
+                        fr.alloc(&v.name, v.size_bytes() as u32, align);
+                    } else {
+                        let off = self.alloc_local(v.size_bytes() as u32, align);
+                        self.local_syms.insert(v.name.clone(), off);
+                    }
                 }
                 Statement::Var(_) | Statement::Pragma(_) | Statement::CallPrototype { .. } => {}
             }
@@ -1158,6 +1102,10 @@ impl<'a> Decoder<'a> {
             None => (NONE, false),
         };
         let ins = &self.materialise(ins0, guard)?;
+        if let Some(op) = self.carry(ins)? {
+            self.push(op, ins0, guard);
+            return Ok(());
+        }
         let a = &ins.args;
         let arg = |i: usize| -> Result<&Operand, EmuError> {
             a.get(i).ok_or_else(|| EmuError::Unsupported {
@@ -1631,7 +1579,12 @@ impl<'a> Decoder<'a> {
                     Some(o) => self.src(ins, o)?,
                     None => ZERO,
                 };
-                if let Some(f) = alu::cvt_fast(&spec) {
+                // A signed result narrower than its register is sign-extended to the whole
+                // register (`cvt.s16.s8` into a .b32 gives 0xffffffc2 for -62): the general
+                // path does that; the fast paths zero-extend.
+                let widen = spec.dst.is_signed()
+                    && u32::from(self.prog.reg_bits[d as usize]) > spec.dst.bits();
+                if let Some(f) = alu::cvt_fast(&spec).filter(|_| !widen) {
                     self.push(
                         Op::Alu {
                             f,
@@ -2002,135 +1955,7 @@ impl<'a> Decoder<'a> {
                     dspace: MSpace::Shared,
                 }
             }
-            O::Call => {
-                // call{.uni} [(rets),] func[, (args)]
-                let mut it = a.iter();
-                let mut rets: Vec<Operand> = Vec::new();
-                let mut first = it
-                    .next()
-                    .ok_or_else(|| self.err(ins, "call without target"))?;
-                if let Operand::List(r) = first {
-                    rets = r.clone();
-                    first = it
-                        .next()
-                        .ok_or_else(|| self.err(ins, "call without target"))?;
-                }
-                let name = match first {
-                    Operand::Sym { name, .. } => name.clone(),
-                    _ => {
-                        return Err(
-                            self.err(ins, "indirect calls are not supported by the emulator")
-                        )
-                    }
-                };
-                let args: Vec<Operand> = match it.next() {
-                    Some(Operand::List(v)) => v.clone(),
-                    Some(_) => return Err(self.err(ins, "malformed call arguments")),
-                    None => Vec::new(),
-                };
-                if it.next().is_some() {
-                    return Err(self.err(
-                        ins,
-                        "indirect calls with prototypes are not supported by the emulator",
-                    ));
-                }
-                let local_of = |this: &Self, o: &Operand| -> Result<u32, EmuError> {
-                    match o {
-                        Operand::Sym { name, .. } => {
-                            this.local_syms.get(name).copied().ok_or_else(|| {
-                                this.err(
-                                    ins,
-                                    format!("call operand `{name}` is not a .param variable"),
-                                )
-                            })
-                        }
-                        _ => Err(this.err(ins, "call operands must be .param variables")),
-                    }
-                };
-                let declared_only = self
-                    .module
-                    .function(&name)
-                    .is_some_and(|f| f.body.is_none());
-                if name == "vprintf" && declared_only {
-                    if args.len() != 2 {
-                        return Err(self.err(ins, "vprintf takes (format, args)"));
-                    }
-                    let fmt = local_of(self, &args[0])?;
-                    let argp = local_of(self, &args[1])?;
-                    let ret = match rets.first() {
-                        Some(o) => local_of(self, o)?,
-                        None => NONE,
-                    };
-                    self.push(
-                        Op::Vprintf {
-                            fmt,
-                            args: argp,
-                            ret,
-                        },
-                        ins0,
-                        guard,
-                    );
-                    return Ok(());
-                }
-                let (rslots, aslots) = self.func_slots(&name, ins)?;
-                if rslots.len() != rets.len() || aslots.len() != args.len() {
-                    return Err(self.err(ins, format!("call to `{name}` passes {} results / {} arguments, function has {} / {}", rets.len(), args.len(), rslots.len(), aslots.len())));
-                }
-                for (o, (dst, size)) in args.iter().zip(&aslots) {
-                    let src = match o {
-                        Operand::Sym { name, .. } => {
-                            *self.local_syms.get(name).ok_or_else(|| {
-                                self.err(
-                                    ins,
-                                    format!("call argument `{name}` is not a .param variable"),
-                                )
-                            })?
-                        }
-                        _ => return Err(self.err(ins, "call arguments must be .param variables")),
-                    };
-                    self.push(
-                        Op::LocalCopy {
-                            dst: *dst,
-                            src,
-                            bytes: *size,
-                        },
-                        ins0,
-                        guard,
-                    );
-                }
-                self.call_fixups.push((self.prog.insts.len(), name.clone()));
-                self.push(Op::Call { target: u32::MAX }, ins0, guard);
-                let mut last = None;
-                for (o, (src, size)) in rets.iter().zip(&rslots) {
-                    let dst = match o {
-                        Operand::Sym { name, .. } => {
-                            *self.local_syms.get(name).ok_or_else(|| {
-                                self.err(
-                                    ins,
-                                    format!("call result `{name}` is not a .param variable"),
-                                )
-                            })?
-                        }
-                        _ => return Err(self.err(ins, "call results must be .param variables")),
-                    };
-                    last = Some(Op::LocalCopy {
-                        dst,
-                        src: *src,
-                        bytes: *size,
-                    });
-                    self.push(
-                        Op::LocalCopy {
-                            dst,
-                            src: *src,
-                            bytes: *size,
-                        },
-                        ins0,
-                        guard,
-                    );
-                }
-                let _ = last;
-                return Ok(());
-            }
+            O::Call => return self.call(ins, ins0, guard),
             O::WgmmaFence
             | O::CpAsyncBulkCommitGroup
             | O::CpAsyncBulkWaitGroup

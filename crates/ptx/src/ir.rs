@@ -103,8 +103,18 @@ impl Module {
     pub fn entries(&self) -> impl Iterator<Item = &Function> {
         self.functions().filter(|f| f.kind == FuncKind::Entry)
     }
+    /// The function named `name`: its definition (the one with a body) when the module has
+    /// one, so a forward declaration earlier in the module never shadows it; else the
+    /// declaration.
     pub fn function(&self, name: &str) -> Option<&Function> {
-        self.functions().find(|f| f.name == name)
+        let mut decl = None;
+        for f in self.functions().filter(|f| f.name == name) {
+            if f.body.is_some() {
+                return Some(f);
+            }
+            decl = decl.or(Some(f));
+        }
+        decl
     }
     pub fn globals(&self) -> impl Iterator<Item = &VarDecl> {
         self.items.iter().filter_map(|i| match i {

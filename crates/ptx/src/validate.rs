@@ -942,6 +942,42 @@ impl<'a> FnCheck<'a> {
         }
     }
 
+    /// Carry-flag arithmetic (`add.cc`, `addc`, `sub.cc`, `subc`, `mad.cc`, `madc`): only on
+    /// .u32/.s32/.u64/.s64; `mad`/`madc` need `.lo` or `.hi`; no `.sat`.
+    fn carry_form(&mut self, i: &Instruction, t: Ty) {
+        use Opcode::*;
+        if !(i.has(Flag::Cc) || matches!(i.op, Addc | Subc | Madc)) {
+            return;
+        }
+        let name = i.op.name();
+        let why = if !matches!(i.op, Add | Sub | Mad | Addc | Subc | Madc) {
+            Some((
+                DiagKind::BadOperand,
+                format!("`.cc` is not allowed on `{name}`"),
+            ))
+        } else if !matches!(t, Ty::U32 | Ty::S32 | Ty::U64 | Ty::S64) {
+            Some((
+                DiagKind::TypeMismatch,
+                format!("`{name}` with the carry flag needs .u32, .s32, .u64 or .s64, not .{t}"),
+            ))
+        } else if matches!(i.op, Mad | Madc) && !(i.has(Flag::Lo) || i.has(Flag::Hi)) {
+            Some((
+                DiagKind::BadOperand,
+                format!("`{name}` with the carry flag needs .lo or .hi"),
+            ))
+        } else if i.has(Flag::Sat) || i.has(Flag::Wide) {
+            Some((
+                DiagKind::BadOperand,
+                format!("`{name}` with the carry flag takes no .sat or .wide"),
+            ))
+        } else {
+            None
+        };
+        if let Some((kind, msg)) = why {
+            self.diag(kind, i.loc, msg);
+        }
+    }
+
     fn require_addr(&mut self, i: &Instruction, o: &Operand) {
         if !matches!(o, Operand::Addr { .. } | Operand::TensorAddr { .. }) {
             self.diag(
@@ -957,6 +993,7 @@ impl<'a> FnCheck<'a> {
         let a = &i.args;
         let tys: Vec<Ty> = i.types().collect();
         let Some(&t) = tys.first() else { return };
+        self.carry_form(i, t);
         let all = |s: &mut Self, w: Want| {
             for (k, o) in a.iter().enumerate() {
                 s.check(

@@ -533,3 +533,67 @@ mov.b32 %r1, 7;
 setp.lt.f32 %p1, %f1, 0f00000000;",
     ));
 }
+
+#[test]
+fn carry_flag_forms() {
+    clean(&check(
+        "add.cc.u32 %r1, %r2, %r3;\naddc.cc.s32 %r1, %r2, %r3;\nsub.cc.u64 %rd1, %rd2, %rd3;\nsubc.s64 %rd1, %rd2, %rd3;\nmad.lo.cc.u32 %r1, %r2, %r3, %r4;\nmadc.hi.cc.s64 %rd1, %rd2, %rd3, %rd4;",
+    ));
+    expect(
+        &check("add.cc.f32 %f1, %f2, %f3;"),
+        DiagKind::TypeMismatch,
+        1,
+    );
+    expect(
+        &check("addc.u16 %rs1, %rs2, %rs3;"),
+        DiagKind::TypeMismatch,
+        1,
+    );
+    expect(
+        &check("mad.cc.u32 %r1, %r2, %r3, %r4;"),
+        DiagKind::BadOperand,
+        1,
+    );
+    expect(
+        &check("madc.u32 %r1, %r2, %r3, %r4;"),
+        DiagKind::BadOperand,
+        1,
+    );
+    expect(
+        &check("mul.lo.cc.u32 %r1, %r2, %r3;"),
+        DiagKind::BadOperand,
+        1,
+    );
+}
+
+#[test]
+fn forward_declaration_does_not_shadow_the_definition() {
+    let text = ".version 8.0
+.target sm_80
+.address_size 64
+.func (.param .b32 rv) f(.param .b32 x);
+.visible .entry k()
+{
+.reg .b32 %r<2>;
+{
+.param .b32 param0;
+st.param.b32 [param0], 1;
+.param .b32 retval0;
+call.uni (retval0), f, (param0);
+ld.param.b32 %r1, [retval0];
+}
+ret;
+}
+.func (.param .b32 rv) f(.param .b32 x)
+{
+.reg .b32 %r<2>;
+ld.param.b32 %r1, [x];
+st.param.b32 [rv], %r1;
+ret;
+}
+";
+    let m = ptx::parse(text).unwrap();
+    let f = m.function("f").unwrap();
+    assert!(f.body.is_some(), "the definition, not the declaration");
+    clean(&validate(&m));
+}

@@ -1,0 +1,457 @@
+//! Decoding device-function calls. PTX registers, parameters, return values and `.local`
+//! variables are function-scoped: every invocation has its own. The decoder gives each device
+//! function
+//!
+//! - a *frame*: its return values and parameters (at fixed offsets, the layout every call site
+//!   agrees on), its `.local` variables (nvcc's `__local_depot`) and the `.param` variables of
+//!   its own call sites, addressed relative to a per-lane frame-base register; the executor
+//!   pushes a frame per call on the lane's stack ([`crate::exec`]'s `call` module);
+//! - its own register slots (decoded once); a *recursive* function (one that can reach itself
+//!   through calls) has them saved at each call and restored at its return, so the caller's
+//!   values survive. Calls to non-recursive functions save nothing (their registers are dead
+//!   whenever they are called).
+//!
+//! The kernel's own `.local` and call-site `.param` variables stay in static local memory.
+
+use super::*;
+
+/// A per-lane local-memory place: the value of register `base` (a frame base; [`ZERO`] for the
+/// kernel's static local memory) plus `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub base: u32,
+    pub off: u32,
+}
+
+/// A parameter or return value copied between a caller's `.param` variable and the callee's
+/// frame.
+#[derive(Clone, Copy, Debug)]
+pub struct ParamCopy {
+    pub caller: Place,
+    /// Offset in the callee's frame.
+    pub callee_off: u32,
+    pub bytes: u32,
+}
+
+/// A decoded `call`.
+#[derive(Clone, Debug)]
+pub struct CallSite {
+    pub target: u32,
+    pub callee: String,
+    /// Bytes of the callee's frame (a multiple of 16).
+    pub frame_bytes: u32,
+    /// The callee's frame-base register.
+    pub frame_slot: u32,
+    /// Registers saved at the call and restored at the return (recursive callees only).
+    pub save: Vec<u32>,
+    pub args: Vec<ParamCopy>,
+    /// `.reg` arguments: (caller source slot, callee parameter register), copied in parallel.
+    pub reg_args: Vec<(u32, u32)>,
+    /// `.reg` return values: (callee return register, caller destination), copied at `ret`.
+    pub reg_rets: Vec<(u32, u32)>,
+}
+
+/// The frame of the device function being decoded.
+pub(super) struct Frame {
+    pub slot: u32,
+    pub syms: HashMap<String, u32>,
+    pub size: u32,
+}
+
+impl Frame {
+    fn new(slot: u32) -> Frame {
+        Frame {
+            slot,
+            syms: HashMap::new(),
+            size: 0,
+        }
+    }
+
+    /// Places variable `name` in the frame; returns its offset.
+    pub fn alloc(&mut self, name: &str, size: u32, align: u32) -> u32 {
+        let align = align.max(1);
+        let off = self.size.div_ceil(align) * align;
+        self.size = off + size;
+        self.syms.insert(name.to_string(), off);
+        off
+    }
+}
+
+/// A decoded device function.
+pub(super) struct FuncInfo {
+    entry: u32,
+    frame_slot: u32,
+    frame_bytes: u32,
+    /// Its register slots (constants excluded).
+    regs: Vec<u32>,
+}
+
+/// Frame offsets and sizes of a function's return values, then its parameters (every call site
+/// and the function body use this one layout); `None` for `.reg` parameters, which live in
+/// registers.
+fn param_layout(f: &Function, fr: &mut Frame) -> Vec<Option<(u32, u32)>> {
+    f.rets
+        .iter()
+        .chain(&f.params)
+        .map(|p| {
+            let size = p.size_bytes() as u32;
+            (p.space != Space::Reg).then(|| (fr.alloc(&p.name, size, p.alignment() as u32), size))
+        })
+        .collect()
+}
+
+fn reg_bits_of(t: Ty) -> u8 {
+    if t == Ty::Pred {
+        1
+    } else {
+        (t.size() * 8).min(64) as u8
+    }
+}
+
+/// The callee of `call{.uni} [(rets),] func[, (args)]` and its operands.
+struct CallOperands {
+    name: String,
+    rets: Vec<Operand>,
+    args: Vec<Operand>,
+}
+
+impl<'a> Decoder<'a> {
+    /// Frame offset of a symbol of the current device function.
+    pub(super) fn frame_off(&self, name: &str) -> Option<u32> {
+        self.frame.as_ref()?.syms.get(name).copied()
+    }
+
+    /// (frame-base register, offset) of a symbol of the current device function.
+    pub(super) fn frame_place(&self, name: &str) -> Option<(u32, u32)> {
+        let fr = self.frame.as_ref()?;
+        fr.syms.get(name).map(|&o| (fr.slot, o))
+    }
+
+    /// A register holding the local address frame base + `off` (a frame symbol as a value).
+    pub(super) fn frame_addr(&mut self, ins: &Instruction, off: i64) -> u32 {
+        let base = self.frame.as_ref().map_or(ZERO, |f| f.slot);
+        let k = self.konst(off as u64);
+        let t = self.new_slot(64);
+        let add = Instruction::new(Opcode::Add, vec![Mod::Type(Ty::U64)], vec![]);
+        let f = alu::int_fn(&add).unwrap_or_else(|| alu::mov(8));
+        self.push(
+            Op::Alu {
+                f,
+                d: t,
+                a: base,
+                b: k,
+                c: ZERO,
+            },
+            ins,
+            (NONE, false),
+        );
+        t
+    }
+
+    /// The place of a `.param` variable named by a call operand.
+    fn place_of(&self, ins: &Instruction, o: &Operand, what: &str) -> Result<Place, EmuError> {
+        let Operand::Sym { name, offset } = o else {
+            return Err(self.err(ins, format!("call {what}s must be .param variables")));
+        };
+        let (base, off) = match self.frame_place(name) {
+            Some(p) => p,
+            None => match self.local_syms.get(name) {
+                Some(&o) if !self.in_func => (ZERO, o),
+                _ => {
+                    return Err(self.err(
+                        ins,
+                        format!("call {what} `{name}` is not a .param variable"),
+                    ))
+                }
+            },
+        };
+        Ok(Place {
+            base,
+            off: (off as i64 + offset) as u32,
+        })
+    }
+
+    fn call_operands(&self, ins: &Instruction) -> Result<CallOperands, EmuError> {
+        let mut it = ins.args.iter();
+        let mut rets = Vec::new();
+        let mut first = it
+            .next()
+            .ok_or_else(|| self.err(ins, "call without target"))?;
+        if let Operand::List(r) = first {
+            rets = r.clone();
+            first = it
+                .next()
+                .ok_or_else(|| self.err(ins, "call without target"))?;
+        }
+        let Operand::Sym { name, .. } = first else {
+            return Err(self.err(ins, "indirect calls are not supported by the emulator"));
+        };
+        let args = match it.next() {
+            Some(Operand::List(v)) => v.clone(),
+            Some(_) => return Err(self.err(ins, "malformed call arguments")),
+            None => Vec::new(),
+        };
+        if it.next().is_some() {
+            return Err(self.err(
+                ins,
+                "indirect calls with prototypes are not supported by the emulator",
+            ));
+        }
+        Ok(CallOperands {
+            name: name.clone(),
+            rets,
+            args,
+        })
+    }
+
+    /// `call`: copies the arguments into a new frame and jumps; the return values are copied out
+    /// by an `Op::CallRet` right after.
+    pub(super) fn call(
+        &mut self,
+        ins: &Instruction,
+        ins0: &Instruction,
+        guard: (u32, bool),
+    ) -> Result<(), EmuError> {
+        let c = self.call_operands(ins)?;
+        let module = self.module;
+        let f = module
+            .function(&c.name)
+            .ok_or_else(|| self.err(ins, format!("call to unknown function `{}`", c.name)))?;
+        if f.kind == ptx::FuncKind::Entry {
+            return Err(self.err(ins, "calling a kernel entry is not allowed"));
+        }
+        if f.body.is_none() && c.name == "vprintf" {
+            return self.vprintf(ins, ins0, guard, &c);
+        }
+        if f.body.is_none() {
+            return Err(self.err(
+                ins,
+                format!(
+                    "function `{}` is only declared (external functions are not supported)",
+                    c.name
+                ),
+            ));
+        }
+        if f.rets.len() != c.rets.len() || f.params.len() != c.args.len() {
+            return Err(self.err(
+                ins,
+                format!(
+                    "call to `{}` passes {} results / {} arguments, function has {} / {}",
+                    c.name,
+                    c.rets.len(),
+                    c.args.len(),
+                    f.rets.len(),
+                    f.params.len()
+                ),
+            ));
+        }
+        let (site, rets) = self.call_site(ins, f, &c)?;
+        self.call_fixups
+            .push((self.prog.insts.len(), self.current.clone(), c.name.clone()));
+        if !self.func_info.contains_key(&c.name) && !self.pending.contains(&c.name) {
+            self.pending.push(c.name.clone());
+        }
+        self.push(Op::Call(Box::new(site)), ins0, guard);
+        if !rets.is_empty() {
+            self.push(Op::CallRet(Box::new(rets)), ins0, guard);
+        }
+        Ok(())
+    }
+
+    /// The call site's argument copies, and the copies of `.param` return values after it.
+    fn call_site(
+        &mut self,
+        ins: &Instruction,
+        f: &Function,
+        c: &CallOperands,
+    ) -> Result<(CallSite, Vec<ParamCopy>), EmuError> {
+        let layout = param_layout(f, &mut Frame::new(NONE));
+        let regs = self.reg_param_slots(f);
+        let nr = f.rets.len();
+        let mut site = CallSite {
+            target: u32::MAX,
+            callee: c.name.clone(),
+            frame_bytes: 0,
+            frame_slot: NONE,
+            save: Vec::new(),
+            args: Vec::new(),
+            reg_args: Vec::new(),
+            reg_rets: Vec::new(),
+        };
+        let mut rets = Vec::new();
+        for (k, o) in c.rets.iter().chain(&c.args).enumerate() {
+            let what = if k < nr { "result" } else { "argument" };
+            match (layout[k], regs[k]) {
+                (_, Some(r)) if k < nr => site.reg_rets.push((r, self.dst(ins, o)?)),
+                (_, Some(r)) => site.reg_args.push((self.src(ins, o)?, r)),
+                (Some((callee_off, bytes)), None) => {
+                    let pc = ParamCopy {
+                        caller: self.place_of(ins, o, what)?,
+                        callee_off,
+                        bytes,
+                    };
+                    if k < nr {
+                        rets.push(pc);
+                    } else {
+                        site.args.push(pc);
+                    }
+                }
+                (None, None) => return Err(self.err(ins, "internal: parameter without a place")),
+            }
+        }
+        Ok((site, rets))
+    }
+
+    /// The registers of a function's `.reg` return values and parameters (`None` for `.param`
+    /// ones), in declaration order: allocated at the first call, declared in its body.
+    fn reg_param_slots(&mut self, f: &Function) -> Vec<Option<u32>> {
+        if let Some(v) = self.reg_params.get(&f.name) {
+            return v.clone();
+        }
+        let v: Vec<Option<u32>> = f
+            .rets
+            .iter()
+            .chain(&f.params)
+            .map(|p| (p.space == Space::Reg).then(|| self.new_slot(reg_bits_of(p.ty))))
+            .collect();
+        self.reg_params.insert(f.name.clone(), v.clone());
+        v
+    }
+
+    /// CUDA's `vprintf(format, args)`, executed by the emulator itself.
+    fn vprintf(
+        &mut self,
+        ins: &Instruction,
+        ins0: &Instruction,
+        guard: (u32, bool),
+        c: &CallOperands,
+    ) -> Result<(), EmuError> {
+        if c.args.len() != 2 {
+            return Err(self.err(ins, "vprintf takes (format, args)"));
+        }
+        let fmt = self.place_of(ins, &c.args[0], "argument")?;
+        let args = self.place_of(ins, &c.args[1], "argument")?;
+        let ret = match c.rets.first() {
+            Some(o) => Some(self.place_of(ins, o, "result")?),
+            None => None,
+        };
+        self.push(Op::Vprintf { fmt, args, ret }, ins0, guard);
+        Ok(())
+    }
+
+    /// Decodes one device function body after the kernel.
+    fn decode_function(&mut self, name: &str) -> Result<(), EmuError> {
+        let module = self.module;
+        let decode_err = |msg: String| EmuError::Decode {
+            kernel: self.f.name.clone(),
+            msg,
+        };
+        let f = module
+            .function(name)
+            .ok_or_else(|| decode_err(format!("call to unknown function `{name}`")))?;
+        let body = f.body.as_ref().ok_or_else(|| {
+            decode_err(format!(
+                "function `{name}` is only declared (external functions are not supported)"
+            ))
+        })?;
+        let entry = self.prog.insts.len() as u32;
+        let first_reg = self.prog.nregs;
+        self.scopes = vec![HashMap::new()];
+        self.labels.clear();
+        self.tables.clear();
+        self.local_syms.clear();
+        self.in_func = true;
+        self.current = Some(name.to_string());
+        let mut fr = Frame::new(self.new_slot(64));
+        param_layout(f, &mut fr);
+        let reg_params = self.reg_param_slots(f);
+        for (p, r) in f.rets.iter().chain(&f.params).zip(&reg_params) {
+            if let Some(r) = r {
+                self.scopes[0].insert(p.name.clone(), *r);
+            }
+        }
+        f.walk(&mut |s| {
+            if let Statement::Var(v) = s {
+                if v.space == Space::Local {
+                    let align = v.align.unwrap_or(v.ty.size());
+                    fr.alloc(&v.name, v.size_bytes() as u32, align);
+                }
+            }
+        });
+        self.frame = Some(fr);
+        self.block(body)?;
+        self.prog.insts.push(Inst {
+            progress: false,
+            op: Op::Ret,
+            guard: NONE,
+            guard_neg: false,
+            src: self.prog.source.len() as u32,
+        });
+        self.prog
+            .source
+            .push(Instruction::new(Opcode::Ret, vec![], vec![]));
+        self.resolve_labels(name)?;
+        let fr = self.frame.take().unwrap_or_else(|| Frame::new(NONE));
+        let consts: std::collections::HashSet<u32> = self.consts.values().copied().collect();
+        let regs = (first_reg..self.prog.nregs)
+            .filter(|s| !consts.contains(s))
+            .chain(reg_params.iter().flatten().copied())
+            .collect();
+        let info = FuncInfo {
+            entry,
+            frame_slot: fr.slot,
+            frame_bytes: fr.size.div_ceil(16) * 16,
+            regs,
+        };
+        self.func_info.insert(name.to_string(), info);
+        Ok(())
+    }
+
+    /// Decodes every device function reachable through `call`, then completes the call sites
+    /// (target, frame, registers to save for recursive callees).
+    pub(super) fn decode_functions(&mut self) -> Result<(), EmuError> {
+        while let Some(name) = self.pending.pop() {
+            if !self.func_info.contains_key(&name) {
+                self.decode_function(&name)?;
+            }
+        }
+        let edges: Vec<(Option<String>, String)> = self
+            .call_fixups
+            .iter()
+            .map(|(_, a, b)| (a.clone(), b.clone()))
+            .collect();
+        let recursive = |g: &str| -> bool {
+            // does g reach g?
+            let mut seen = std::collections::HashSet::new();
+            let mut todo = vec![g.to_string()];
+            while let Some(x) = todo.pop() {
+                for (a, b) in &edges {
+                    if a.as_deref() == Some(x.as_str()) {
+                        if b == g {
+                            return true;
+                        }
+                        if seen.insert(b.clone()) {
+                            todo.push(b.clone());
+                        }
+                    }
+                }
+            }
+            false
+        };
+        let fix = std::mem::take(&mut self.call_fixups);
+        for (i, _, name) in &fix {
+            let rec = recursive(name);
+            let info = &self.func_info[name];
+            if let Op::Call(site) = &mut self.prog.insts[*i].op {
+                site.target = info.entry;
+                site.frame_slot = info.frame_slot;
+                site.frame_bytes = info.frame_bytes;
+                site.save = if rec { info.regs.clone() } else { Vec::new() };
+            }
+        }
+        self.call_fixups = fix;
+        self.in_func = false;
+        self.current = None;
+        Ok(())
+    }
+}
