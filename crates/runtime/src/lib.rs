@@ -13,9 +13,9 @@
 mod cuda;
 mod device;
 mod graph;
-pub mod profile;
 pub mod module_cache;
 mod partition;
+pub mod profile;
 pub mod runner;
 mod storage;
 mod stream;

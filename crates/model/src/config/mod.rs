@@ -199,13 +199,13 @@ impl Default for LrSchedule {
 }
 
 impl Default for TrainingConfig {
-    /// 4 micro-batches of 2 sequences of 128 bytes per step (1024 tokens), 20 steps.
+    /// 4 micro-batches of 2 sequences of 128 bytes per step (1024 tokens), 30 steps.
     fn default() -> Self {
         TrainingConfig {
             seq_len: 128,
             micro_batch: 2,
             micro_batches: 4,
-            steps: 20,
+            steps: 30,
             lr: LrSchedule::default(),
             adam_beta1: 0.9,
             adam_beta2: 0.95,
