@@ -35,6 +35,10 @@ use serde::Serialize;
 use std::time::Instant;
 use timing::{Overlap, Phases, Span, SpanKind};
 
+/// Per parameter ([`crate::params::specs`] order) its step gradient, `None` for parameters
+/// without one (the route biases).
+pub type StepGrads = Vec<Option<Vec<f32>>>;
+
 /// Makes the stage object of one stage spec, loaded with `params`.
 pub type StageFactory = dyn Fn(StageSpec, &Params) -> Result<Box<dyn Stage>, TrainError>;
 
@@ -214,7 +218,7 @@ impl Trainer {
     /// The next step's loss and gradients (`[params::specs]` order; `None` for parameters
     /// without a gradient, the route biases) without applying them: the sampler, parameters
     /// and optimizer do not move (a gradient check against `model::reference`).
-    pub fn gradients(&mut self) -> Result<(f64, Vec<Option<Vec<f32>>>), TrainError> {
+    pub fn gradients(&mut self) -> Result<(f64, StepGrads), TrainError> {
         let (mbs, _) = self.sample()?;
         let labelled: usize = mbs.iter().map(MicroBatch::labelled).sum();
         if labelled == 0 {
@@ -352,8 +356,8 @@ impl Trainer {
     }
 
     /// Every stage's gradients placed by parameter index, and the expert loads.
-    fn collect_grads(&mut self) -> Result<(Vec<Option<Vec<f32>>>, ExpertLoad), TrainError> {
-        let mut grads: Vec<Option<Vec<f32>>> = vec![None; self.params.specs.len()];
+    fn collect_grads(&mut self) -> Result<(StepGrads, ExpertLoad), TrainError> {
+        let mut grads: StepGrads = vec![None; self.params.specs.len()];
         let mut loads: ExpertLoad = Vec::new();
         for (s, stage) in self.stages.iter_mut().enumerate() {
             let (named, load) = stage.take_grads()?;
