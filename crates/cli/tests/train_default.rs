@@ -2,7 +2,7 @@
 //! PP 2 x EP 2 over 2 nodes x 2 emulated devices, DualPipeV, FP8 expert/FFN GEMMs, 30 steps)
 //! learns: its final validation loss ends below the corpus's unigram bound (the best a
 //! context-free model can do), the loss falls, and it writes its checkpoint, loss curve and
-//! trace. About 3 minutes on 2 idle cores (the release build takes 2 min 43 s; docs/TRAIN.md).
+//! trace (every kernel of the first step on its device, stream and SM partition). About 3 minutes on 2 idle cores (the release build takes 2 min 43 s; docs/TRAIN.md).
 
 use std::process::Command;
 
@@ -54,6 +54,24 @@ fn the_default_run_learns_below_the_unigram_entropy() {
     assert!(svg_text.starts_with("<svg") || svg_text.starts_with("<?xml"));
     let t: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace")).expect("json");
-    assert!(t["traceEvents"].as_array().is_some_and(|e| !e.is_empty()));
+    let ev = t["traceEvents"].as_array().expect("traceEvents");
+    // every kernel of the first step on its device, stream and SM partition: dispatch on the
+    // 20-SM communication partition (the top SMs), the expert GEMMs on the compute partition
+    let on = |kernel: &str, part: &str| {
+        ev.iter().any(|e| {
+            e["name"].as_str().is_some_and(|n| n.starts_with(kernel))
+                && e["tid"].as_str().is_some_and(|t| t.ends_with(part))
+        })
+    };
+    assert!(
+        on("ep_dispatch", "[SMs 112..131]"),
+        "no dispatch on the comm SMs"
+    );
+    assert!(
+        on("grouped_gemm_fp8", "[SMs 0..111]"),
+        "no expert GEMM on the compute SMs"
+    );
+    assert!(on("mla_attn_fwd", "]"), "no attention kernel");
+    assert!(ev.iter().any(|e| e["name"].as_str() == Some("optimizer")));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,12 +1,14 @@
 //! Per-kernel host-time profile of emulator launches: with `PTXFORGE_PROFILE=1` (or
 //! [`enable`]) every emulated launch adds its wall time to its kernel's row, and [`rows`] lists
-//! the totals, slowest first (`ptxforge train`/`bench` print them). Off, it costs one relaxed
+//! the totals, slowest first (`ptxforge train` prints them). Between [`start_capture`] and
+//! [`stop_capture`] every emulated launch is also kept as a [`KernelSpan`] (kernel, device,
+//! stream, SM range, host start and end): the kernels of a trace. Off, both cost one relaxed
 //! atomic load per launch.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// 0: not decided yet, 1: off, 2: on.
 static STATE: AtomicU8 = AtomicU8::new(0);
@@ -29,8 +31,52 @@ pub fn enabled() -> bool {
     }
 }
 
-/// Adds one launch of `kernel` that took `d` of host time.
+/// One emulated launch, for traces.
+#[derive(Clone, Debug)]
+pub struct KernelSpan {
+    pub kernel: String,
+    /// `Device::index` of the launching device.
+    pub device: u32,
+    /// The stream's process-unique number.
+    pub stream: u64,
+    /// SM range `(offset, count)` the launch was confined to (a partition's, or the device's).
+    pub sms: (u32, u32),
+    pub start: Instant,
+    pub end: Instant,
+}
+
+static CAPTURING: AtomicBool = AtomicBool::new(false);
+static SPANS: Mutex<Vec<KernelSpan>> = Mutex::new(Vec::new());
+
+/// Starts keeping every emulated launch as a [`KernelSpan`] (drops earlier ones).
+pub fn start_capture() {
+    SPANS.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    CAPTURING.store(true, Ordering::Relaxed);
+}
+
+/// Stops capturing and returns the spans kept since [`start_capture`], in completion order.
+pub fn stop_capture() -> Vec<KernelSpan> {
+    CAPTURING.store(false, Ordering::Relaxed);
+    std::mem::take(&mut *SPANS.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Whether launches are being captured.
+pub fn capturing() -> bool {
+    CAPTURING.load(Ordering::Relaxed)
+}
+
+/// Keeps `s` while capturing.
+pub fn record_span(s: KernelSpan) {
+    if capturing() {
+        SPANS.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+    }
+}
+
+/// Adds one launch of `kernel` that took `d` of host time (when profiling is on).
 pub fn record(kernel: &str, d: Duration) {
+    if !enabled() {
+        return;
+    }
     let mut g = ROWS.lock().unwrap_or_else(|p| p.into_inner());
     let row = g
         .get_or_insert_with(HashMap::new)
@@ -70,6 +116,7 @@ mod tests {
 
     #[test]
     fn rows_sum_launches_per_kernel_slowest_first() {
+        enable();
         record("a", Duration::from_millis(3));
         record("b", Duration::from_millis(10));
         record("a", Duration::from_millis(4));
@@ -80,5 +127,30 @@ mod tests {
         let ia = r.iter().position(|r| r.kernel == "a").unwrap();
         let ib = r.iter().position(|r| r.kernel == "b").unwrap();
         assert!(ib < ia, "b took longer");
+    }
+}
+
+#[cfg(test)]
+mod capture_tests {
+    use super::*;
+
+    #[test]
+    fn spans_are_kept_only_while_capturing() {
+        let span = |k: &str| KernelSpan {
+            kernel: k.into(),
+            device: 1,
+            stream: 7,
+            sms: (0, 4),
+            start: Instant::now(),
+            end: Instant::now(),
+        };
+        record_span(span("before"));
+        start_capture();
+        record_span(span("during"));
+        let got = stop_capture();
+        record_span(span("after"));
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].kernel, "during");
+        assert!(stop_capture().is_empty());
     }
 }

@@ -106,7 +106,12 @@ pub(crate) struct StreamInner {
     /// Emulated time stands still while this stream has queued work and no kernel of it runs
     /// (`emu::clock`): host delays before a launch are not emulated time.
     hold: Arc<Mutex<Option<emu::clock::Hold>>>,
+    /// Process-unique number (the stream's track in kernel traces, `profile::KernelSpan`).
+    pub(crate) id: u64,
 }
+
+/// The next stream's `id`.
+static NEXT_STREAM_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl StreamInner {
     /// Holds emulated time (if not held already) while work is queued.
@@ -157,6 +162,7 @@ impl Stream {
             priority,
             cuda,
             default_budget,
+            id: NEXT_STREAM_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             capture: Mutex::new(None),
             bank_profile: Default::default(),
             hold: Default::default(),
@@ -298,15 +304,25 @@ impl Stream {
             .bank_profile
             .load(std::sync::atomic::Ordering::Relaxed);
         let name = f.name.clone();
+        let device = self.device.index();
         self.enqueue(Box::new(move |s: &StreamInner| {
             if s.state.lock().map(|st| st.error.is_some()).unwrap_or(true) {
                 return; // sticky error: skip further work
             }
             let mem = crate::device::emu_memory().snapshot();
-            let t0 = crate::profile::enabled().then(std::time::Instant::now);
+            let t0 = (crate::profile::enabled() || crate::profile::capturing())
+                .then(std::time::Instant::now);
             let r = emu::launch(prog, mem, params, &ecfg, &opts);
             if let Some(t0) = t0 {
                 crate::profile::record(&name, t0.elapsed());
+                crate::profile::record_span(crate::profile::KernelSpan {
+                    kernel: name,
+                    device,
+                    stream: s.id,
+                    sms: (ecfg.sm_offset, ecfg.sms),
+                    start: t0,
+                    end: std::time::Instant::now(),
+                });
             }
             let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
             match r {

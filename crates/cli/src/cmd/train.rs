@@ -167,7 +167,8 @@ fn train_loop(t: &mut Trainer, a: &Args, cfg: &TrainConfig) -> Result<(Vec<Value
         .stop_after
         .map_or(cfg.train.steps, |n| n.min(cfg.train.steps)) as u64;
     while t.steps_done() < end {
-        let r = t.step()?;
+        let traced = a.trace.is_some() && t.steps_done() == first;
+        let r = if traced { t.step_traced()? } else { t.step()? };
         if r.step == first + 1 {
             if let Some(p) = &a.trace {
                 t.trace().write(p)?;

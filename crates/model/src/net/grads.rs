@@ -128,7 +128,7 @@ pub(crate) struct GradStore {
 }
 
 impl GradStore {
-    pub fn new(spec: &StageSpec) -> GradStore {
+    pub fn new(spec: &StageSpec) -> Result<GradStore> {
         let names = specs(&spec.config.model)
             .into_iter()
             .filter(|s| s.kind != ParamKind::RouteBias)
@@ -139,12 +139,12 @@ impl GradStore {
             })
             .map(|s| (s.name.clone(), s.len()))
             .collect();
-        GradStore {
-            cx: Ctx::new(&spec.devices[0]),
+        Ok(GradStore {
+            cx: Ctx::new(&spec.devices[0], spec.config.parallel.comm_sms)?,
             names,
             per_mb: BTreeMap::new(),
             loads: BTreeMap::new(),
-        }
+        })
     }
 
     pub fn begin(&self) -> MbGrads {

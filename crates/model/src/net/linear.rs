@@ -30,13 +30,14 @@ pub(crate) struct Ctx {
 
 impl Ctx {
     /// The rank's context with a stream of its own (two stages on one device, as DualPipeV
-    /// places them, then do not share a queue).
-    pub fn new(dev: &Device) -> Ctx {
-        Ctx {
+    /// places them, then do not share a queue) on the device's compute partition: the top
+    /// `comm_sms` SMs stay free for dispatch/combine, as V3 reserves them.
+    pub fn new(dev: &Device, comm_sms: u32) -> Result<Ctx> {
+        Ok(Ctx {
             dev: dev.clone(),
-            st: dev.stream(0),
+            st: dev.partition(comm_sms)?.1.stream()?,
             poison: false,
-        }
+        })
     }
 
     pub fn bf(&self, n: usize) -> Result<Buffer<bf16>> {

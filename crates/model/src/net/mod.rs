@@ -127,14 +127,19 @@ impl DeviceStage {
         // kernels' and the MoE layer's) name what does not fit
         let d = Dims::new(&spec)?;
         load::check_params(&spec.config.model, params)?;
-        let cx: Vec<Ctx> = spec.devices.iter().map(Ctx::new).collect();
+        let comm = spec.config.parallel.comm_sms;
+        let cx: Vec<Ctx> = spec
+            .devices
+            .iter()
+            .map(|dev| Ctx::new(dev, comm))
+            .collect::<Result<_>>()?;
         let consts = cx
             .iter()
             .map(|c| rank_consts(c, &spec.config.model, &d))
             .collect::<Result<_>>()?;
         let layers = load::build_layers(&spec, &cx, &d, params)?;
         let (embed, head) = load::ends(&spec, &cx, &d, params)?;
-        let grads = GradStore::new(&spec);
+        let grads = GradStore::new(&spec)?;
         Ok(DeviceStage {
             spec,
             d,

@@ -105,6 +105,10 @@ pub struct Trainer {
     train_curve: Vec<(u32, f64)>,
     valid_curve: Vec<(u32, f64)>,
     last_spans: Vec<Span>,
+    /// When the last step's pipeline started (the origin of `last_spans`).
+    last_t0: Option<Instant>,
+    /// The kernels of the last [`Trainer::step_traced`].
+    last_kernels: Vec<runtime::profile::KernelSpan>,
 }
 
 impl Trainer {
@@ -164,6 +168,8 @@ impl Trainer {
             train_curve: Vec::new(),
             valid_curve: Vec::new(),
             last_spans: Vec::new(),
+            last_t0: None,
+            last_kernels: Vec::new(),
         })
     }
 
@@ -237,6 +243,15 @@ impl Trainer {
         Ok((loss, grads))
     }
 
+    /// [`Trainer::step`] with every emulated kernel launch of the step kept for
+    /// [`Trainer::trace`] (device, stream, SM partition, host time).
+    pub fn step_traced(&mut self) -> Result<StepReport, TrainError> {
+        runtime::profile::start_capture();
+        let r = self.step();
+        self.last_kernels = runtime::profile::stop_capture();
+        r
+    }
+
     /// One optimizer step. On error (a stage failure, a non-finite loss or gradient) nothing
     /// of the trainer's state advances, the stages drop what the step left in them, and no file
     /// is written: the last checkpoint stays the last good one.
@@ -283,6 +298,7 @@ impl Trainer {
             };
             check_finite(site, &[*l as f32])?;
         }
+        self.last_t0 = Some(out.t0);
         let opt_start = out.t0.elapsed().as_secs_f64();
         let grad_norm = self.apply_update()?;
         let opt_end = out.t0.elapsed().as_secs_f64();
@@ -446,7 +462,11 @@ impl Trainer {
     /// The last step's timeline as a trace (every pass on each device of its stage).
     pub fn trace(&self) -> Trace {
         let devices: Vec<_> = self.stages.iter().map(|s| s.devices().to_vec()).collect();
-        timing::trace(&self.last_spans, &devices)
+        let mut t = timing::trace(&self.last_spans, &devices);
+        if let Some(t0) = self.last_t0 {
+            timing::add_kernels(&mut t, t0, &self.last_kernels);
+        }
+        t
     }
 
     /// The last step's spans.

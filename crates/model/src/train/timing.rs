@@ -155,6 +155,26 @@ pub fn trace(spans: &[Span], devices: &[Vec<Device>]) -> Trace {
     t
 }
 
+/// Adds every captured kernel launch to `t` on its device's track: the stream (`stream N`) and
+/// its SM range (`SMs a..b`, the communication or compute partition), host time since `t0`.
+pub fn add_kernels(
+    t: &mut Trace,
+    t0: std::time::Instant,
+    kernels: &[runtime::profile::KernelSpan],
+) {
+    for k in kernels {
+        let (off, n) = k.sms;
+        let track = Track {
+            device: k.device as usize,
+            stream: format!("stream {}", k.stream),
+            partition: Some(format!("SMs {off}..{}", off + n.max(1) - 1)),
+        };
+        let start = k.start.saturating_duration_since(t0).as_secs_f64() * 1e6;
+        let dur = k.end.saturating_duration_since(k.start).as_secs_f64() * 1e6;
+        t.push(&k.kernel, track, start, dur);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
