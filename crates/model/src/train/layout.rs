@@ -127,7 +127,7 @@ mod tests {
         assert_eq!(layers, [0..1, 1..2, 2..3, 3..4]);
         for s in &st {
             // the EP group of the placement, in EP rank order
-            let want: Vec<u32> = (0..4)
+            let want: Vec<u32> = (0..cfg.parallel.ep)
                 .map(|ep| {
                     let r = cfg
                         .placement()
