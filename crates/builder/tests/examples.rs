@@ -10,6 +10,11 @@ mod block_reduce;
 #[path = "../examples/warp_scan.rs"]
 mod warp_scan;
 
+#[path = "../examples/mma_gemm.rs"]
+mod mma_gemm;
+
+mod common;
+
 #[test]
 fn saxpy_example() {
     saxpy::main().unwrap();
@@ -34,4 +39,16 @@ fn block_reduce_in_expression_style_is_the_same_ptx() {
     let expr = block_reduce::block_sum_expr(Target::sm80()).unwrap();
     let methods = block_reduce::block_sum(Target::sm80()).unwrap();
     assert_eq!(ptx::print(expr.module()), ptx::print(methods.module()));
+}
+
+#[test]
+fn mma_gemm_example() {
+    mma_gemm::main().unwrap();
+}
+
+/// The GEMM example passes the validator and ptxas (0 spills) for sm_80.
+#[test]
+fn mma_gemm_example_assembles() {
+    let k = mma_gemm::mma_gemm(builder::Target::sm80()).unwrap();
+    common::check(k.module(), "sm_80");
 }
