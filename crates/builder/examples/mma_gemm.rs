@@ -51,7 +51,12 @@ struct TileAt {
 
 /// The warp's fragments of one k16 step and the two n8 `mma`s into `acc`.
 /// `fa`/`fb` point at this lane's first A / B word of the step (row `g`, word `tg`).
-fn mma_step(k: &mut KernelBuilder, fa: SharedPtr<Bf16x2>, fb: SharedPtr<Bf16x2>, acc: &[[Reg<f32>; 4]; 2]) {
+fn mma_step(
+    k: &mut KernelBuilder,
+    fa: SharedPtr<Bf16x2>,
+    fb: SharedPtr<Bf16x2>,
+    acc: &[[Reg<f32>; 4]; 2],
+) {
     let r8 = (8 * ROW_WORDS) as i64;
     let a = [
         k.ld(fa),
@@ -76,7 +81,10 @@ pub fn mma_gemm(t: Target) -> Result<MmaGemm, BuildError> {
     let (mut k, kdim) = kb.param::<u32>("k");
     k.reqntid(&[THREADS]);
     let words = (TILE * ROW_WORDS) as u64;
-    let (sa, sb) = (k.shared_array::<Bf16x2>(words, 16), k.shared_array::<Bf16x2>(words, 16));
+    let (sa, sb) = (
+        k.shared_array::<Bf16x2>(words, 16),
+        k.shared_array::<Bf16x2>(words, 16),
+    );
     let tid = k.tid_x();
     let (warp, lane) = (k.shr(tid, 5u32), k.and(tid, 31u32));
     let (g, tg) = (k.shr(lane, 2u32), k.and(lane, 3u32));
@@ -92,11 +100,18 @@ pub fn mma_gemm(t: Target) -> Result<MmaGemm, BuildError> {
     let (fa, fb) = (k.addr(sa.offset(ia)), k.addr(sb.offset(ib)));
     let acc: [[Reg<f32>; 4]; 2] = [[(); 4]; 2].map(|r| r.map(|_| k.mov(0.0f32)));
     k.for_range(0u32, kw, TILE / 2, |k, kw0| {
-        let at = TileAt { tid, row0: m0, kw0, kw };
+        let at = TileAt {
+            tid,
+            row0: m0,
+            kw0,
+            kw,
+        };
         load_tile(k, a.cast(), sa, at);
         load_tile(k, b.cast(), sb, TileAt { row0: n0, ..at });
         k.bar_sync(0u32);
-        k.unroll(TILE / 16, |k, s| mma_step(k, fa.at(8 * s as i64), fb.at(8 * s as i64), &acc));
+        k.unroll(TILE / 16, |k, s| {
+            mma_step(k, fa.at(8 * s as i64), fb.at(8 * s as i64), &acc)
+        });
         k.bar_sync(0u32);
     });
     // c fragment: (row g, cols 2tg, 2tg+1) in acc[j][0..2], row g+8 in acc[j][2..4].
@@ -122,7 +137,9 @@ pub fn main() -> Result<(), Box<dyn Error>> {
     let (m, n, kd) = (64usize, 96usize, 128usize);
     let mut rng = rand::rngs::StdRng::from_entropy();
     let mut rand_bf16 = |len: usize| -> Vec<bf16> {
-        (0..len).map(|_| bf16::from_f32(rng.gen_range(-1.0f32..1.0))).collect()
+        (0..len)
+            .map(|_| bf16::from_f32(rng.gen_range(-1.0f32..1.0)))
+            .collect()
     };
     let (a, b) = (rand_bf16(m * kd), rand_bf16(n * kd));
 

@@ -13,6 +13,9 @@ mod warp_scan;
 #[path = "../examples/mma_gemm.rs"]
 mod mma_gemm;
 
+#[path = "../examples/tma_wgmma.rs"]
+mod tma_wgmma;
+
 mod common;
 
 #[test]
@@ -51,4 +54,16 @@ fn mma_gemm_example() {
 fn mma_gemm_example_assembles() {
     let k = mma_gemm::mma_gemm(builder::Target::sm80()).unwrap();
     common::check(k.module(), "sm_80");
+}
+
+#[test]
+fn tma_wgmma_example() {
+    tma_wgmma::main().unwrap();
+}
+
+/// The producer/consumer example passes the validator and ptxas (0 spills) for sm_90a.
+#[test]
+fn tma_wgmma_example_assembles() {
+    let k = tma_wgmma::tma_wgmma(builder::Target::sm90a()).unwrap();
+    common::check(k.module(), "sm_90a");
 }

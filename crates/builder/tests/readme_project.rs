@@ -24,7 +24,10 @@ fn fenced_block(text: &str, heading: &str, lang: &str) -> String {
 }
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 #[test]
@@ -35,7 +38,10 @@ fn new_project_from_the_readme_builds_and_runs() {
     let section = "## Using ptxforge as a Rust library";
     let deps = fenced_block(&readme, section, "toml");
     let main_rs = fenced_block(&readme, section, "rust");
-    assert!(deps.contains("../ptxforge/"), "README dependency block changed:\n{deps}");
+    assert!(
+        deps.contains("../ptxforge/"),
+        "README dependency block changed:\n{deps}"
+    );
     let deps = deps.replace("../ptxforge/", &format!("{}/", root.display()));
 
     let dir = std::env::temp_dir().join(format!("ptxforge-readme-{}", std::process::id()));
