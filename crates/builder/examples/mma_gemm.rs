@@ -161,7 +161,7 @@ pub fn main() -> Result<(), Box<dyn Error>> {
                 .map(|p| a[i * kd + p].to_f64() * b[j * kd + p].to_f64())
                 .sum();
             let got = c[i * n + j] as f64;
-            if !((got - want).abs() <= 1e-4 * (kd as f64).sqrt()) {
+            if got.is_nan() || (got - want).abs() > 1e-4 * (kd as f64).sqrt() {
                 return Err(format!("c[{i}][{j}] = {got}, expected {want}").into());
             }
         }
