@@ -7,7 +7,8 @@
 //! memory (32-bit words, rows padded to 20 words so fragment reads are bank-conflict free),
 //! then each warp runs 2 x 2 `mma`s per K step on its 16 x 16 quarter.
 //!
-//! `cargo run --example mma_gemm -p builder`. Exits nonzero on a mismatch.
+//! `cargo run --example mma_gemm -p builder` (emulator; `PTXFORGE_DEVICE=cuda` for a GPU).
+//! Exits nonzero on a mismatch.
 
 use builder::*;
 use rand::{Rng, SeedableRng};
@@ -133,6 +134,11 @@ pub fn mma_gemm(t: Target) -> Result<MmaGemm, BuildError> {
     k.finish()
 }
 
+/// `emu` (default) or the device named by `PTXFORGE_DEVICE` (`cuda`, `cuda:1`, `emu:3`).
+fn device() -> runtime::Result<Device> {
+    Device::from_name(&std::env::var("PTXFORGE_DEVICE").unwrap_or_else(|_| "emu".into()))
+}
+
 pub fn main() -> Result<(), Box<dyn Error>> {
     let (m, n, kd) = (64usize, 96usize, 128usize);
     let mut rng = rand::rngs::StdRng::from_entropy();
@@ -143,7 +149,7 @@ pub fn main() -> Result<(), Box<dyn Error>> {
     };
     let (a, b) = (rand_bf16(m * kd), rand_bf16(n * kd));
 
-    let dev = Device::emu(0);
+    let dev = device()?;
     let f = dev.load_kernel(&mma_gemm(Target::sm80())?)?;
     let (a_buf, b_buf) = (dev.upload(&a)?, dev.upload(&b)?);
     let c_buf = dev.upload(&vec![f32::NAN; m * n])?; // poisoned: every element must be written

@@ -12,7 +12,8 @@
 //! `a` is 64 x K and `b` 64 x K, both row-major (K-major operands); `c` is 64 x 64 row-major.
 //! The tensor maps are passed as device addresses of 128-byte map objects (`u64` parameters).
 //!
-//! `cargo run --example tma_wgmma -p builder` (the emulator is an sm_90a part). Exits nonzero on
+//! `cargo run --example tma_wgmma -p builder` (the emulator is an sm_90a part;
+//! `PTXFORGE_DEVICE=cuda` for an sm_90a GPU, which is not tested here). Exits nonzero on
 //! a mismatch.
 
 use builder::*;
@@ -173,6 +174,11 @@ fn map(dev: &Device, addr: u64, rows: u32, cols: u32) -> runtime::Result<[u8; 12
     }
 }
 
+/// `emu` (default) or the device named by `PTXFORGE_DEVICE` (`cuda`, `cuda:1`, `emu:3`).
+fn device() -> runtime::Result<Device> {
+    Device::from_name(&std::env::var("PTXFORGE_DEVICE").unwrap_or_else(|_| "emu".into()))
+}
+
 pub fn main() -> Result<(), Box<dyn Error>> {
     let kd = 4 * BK as usize; // 4 K blocks: the 2-stage ring wraps twice
     let mut rng = rand::rngs::StdRng::from_entropy();
@@ -184,7 +190,7 @@ pub fn main() -> Result<(), Box<dyn Error>> {
     let (m, n) = (M as usize, N as usize);
     let (a, b) = (rand_bf16(m * kd), rand_bf16(n * kd));
 
-    let dev = Device::emu(0);
+    let dev = device()?;
     let f = dev.load_kernel(&tma_wgmma(Target::sm90a())?)?;
     let (a_buf, b_buf) = (dev.upload(&a)?, dev.upload(&b)?);
     let c_buf = dev.upload(&vec![f32::NAN; m * n])?; // poisoned: every element must be written
