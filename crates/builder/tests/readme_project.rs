@@ -5,7 +5,7 @@
 //!
 //! Ignored by default: it compiles the emulator and its dependencies from scratch at the
 //! README's `opt-level = 3` (measured: 258 s from scratch on two shared cores, 1.6 s on a rerun,
-as the build directory is kept). Run it with
+//! as the build directory is kept). Run it with
 //! `cargo test -p builder --test readme_project -- --ignored --nocapture`; the build goes to
 //! `target/readme-project` so a rerun is incremental. Needs no network: the workspace crates
 //! are path dependencies and the others come from Cargo's local cache (`--offline`, with this
