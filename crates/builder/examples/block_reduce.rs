@@ -31,9 +31,9 @@ pub fn block_sum(t: Target) -> Result<BlockSum, BuildError> {
     k.bar_sync(0u32);
     k.unroll(BLOCK.trailing_zeros(), |k, j| {
         let s = BLOCK >> (j + 1);
+        let other = k.add(tid, s);
         let active = k.lt(tid, s);
         k.if_(active, |k| {
-            let other = k.add(tid, s);
             let (a, b) = (k.ld(sm.offset(tid)), k.ld(sm.offset(other)));
             let sum = k.add(a, b);
             k.st(sm.offset(tid), sum);
@@ -42,9 +42,34 @@ pub fn block_sum(t: Target) -> Result<BlockSum, BuildError> {
     });
     let first = k.eq(tid, 0u32);
     k.if_(first, |k| {
-        let total = k.ld(sm);
         let cta = k.ctaid_x();
+        let total = k.ld(sm);
         k.st(partial.offset(cta), total);
+    });
+    k.finish()
+}
+
+/// The same kernel in the expression style (`builder::expr`): the same PTX, instruction for
+/// instruction (the test `block_reduce_in_expression_style_is_the_same_ptx` checks it).
+pub fn block_sum_expr(t: Target) -> Result<BlockSum, BuildError> {
+    let k = KernelBuilder::new("block_sum", t).typed();
+    let (k, x) = k.param::<GlobalPtr<f32>>("x");
+    let (k, partial) = k.param::<GlobalPtr<f32>>("partial");
+    let (mut k, n) = k.param::<u32>("n");
+    k.reqntid(&[BLOCK]);
+    let sm = k.shared_array::<f32>(BLOCK as u64, 4);
+    k.expr(|e| {
+        let (x, partial, sm) = (e.ptr(x), e.ptr(partial), e.ptr(sm));
+        let (tid, i, v) = (e.tid_x(), e.global_index_x(), e.imm(0.0f32));
+        e.if_(i.lt(n), || e.assign(v, x.get(i)));
+        sm.set(tid, v);
+        e.sync_threads();
+        for s in (1..=BLOCK.trailing_zeros()).map(|j| BLOCK >> j) {
+            let other = tid + s;
+            e.if_(tid.lt(s), || sm.set(tid, sm.get(tid) + sm.get(other)));
+            e.sync_threads();
+        }
+        e.if_(tid.eq(0u32), || partial.set(e.ctaid_x(), sm.get_at(0)));
     });
     k.finish()
 }

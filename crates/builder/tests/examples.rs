@@ -10,6 +10,14 @@ mod block_reduce;
 #[path = "../examples/warp_scan.rs"]
 mod warp_scan;
 
+#[path = "../examples/mma_gemm.rs"]
+mod mma_gemm;
+
+#[path = "../examples/tma_wgmma.rs"]
+mod tma_wgmma;
+
+mod common;
+
 #[test]
 fn saxpy_example() {
     saxpy::main().unwrap();
@@ -25,38 +33,37 @@ fn warp_scan_example() {
     warp_scan::main().unwrap();
 }
 
-/// The block reduction of the example written with the expression layer (`builder::expr`):
-/// the same PTX, instruction for instruction.
+/// The block reduction written with the expression layer (`builder::expr`, 13 lines of kernel
+/// body in `block_reduce::block_sum_expr`) is the same PTX as the method-call style, instruction
+/// for instruction.
 #[test]
 fn block_reduce_in_expression_style_is_the_same_ptx() {
-    use block_reduce::BLOCK;
-    use builder::*;
-    let k = KernelBuilder::new("block_sum", Target::sm80()).typed();
-    let (k, x) = k.param::<GlobalPtr<f32>>("x");
-    let (k, partial) = k.param::<GlobalPtr<f32>>("partial");
-    let (mut k, n) = k.param::<u32>("n");
-    k.reqntid(&[BLOCK]);
-    let sm = k.shared_array::<f32>(BLOCK as u64, 4);
-    k.expr(|e| {
-        let (x, partial, sm) = (e.ptr(x), e.ptr(partial), e.ptr(sm));
-        let (tid, i, v) = (e.tid_x(), e.global_index_x(), e.imm(0.0f32));
-        e.if_(i.lt(n), || e.assign(v, x.get(i)));
-        sm.set(tid, v);
-        e.sync_threads();
-        for j in 1..=BLOCK.trailing_zeros() {
-            let s = BLOCK >> j;
-            e.if_(tid.lt(s), || {
-                let other = tid + s;
-                sm.set(tid, sm.get(tid) + sm.get(other));
-            });
-            e.sync_threads();
-        }
-        e.if_(tid.eq(0u32), || {
-            let total = sm.get_at(0);
-            partial.set(e.ctaid_x(), total);
-        });
-    });
-    let expr = k.finish().unwrap();
+    use builder::Target;
+    let expr = block_reduce::block_sum_expr(Target::sm80()).unwrap();
     let methods = block_reduce::block_sum(Target::sm80()).unwrap();
     assert_eq!(ptx::print(expr.module()), ptx::print(methods.module()));
+}
+
+#[test]
+fn mma_gemm_example() {
+    mma_gemm::main().unwrap();
+}
+
+/// The GEMM example passes the validator and ptxas (0 spills) for sm_80.
+#[test]
+fn mma_gemm_example_assembles() {
+    let k = mma_gemm::mma_gemm(builder::Target::sm80()).unwrap();
+    common::check(k.module(), "sm_80");
+}
+
+#[test]
+fn tma_wgmma_example() {
+    tma_wgmma::main().unwrap();
+}
+
+/// The producer/consumer example passes the validator and ptxas (0 spills) for sm_90a.
+#[test]
+fn tma_wgmma_example_assembles() {
+    let k = tma_wgmma::tma_wgmma(builder::Target::sm90a()).unwrap();
+    common::check(k.module(), "sm_90a");
 }
