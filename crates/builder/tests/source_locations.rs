@@ -45,6 +45,35 @@ fn fault_names_rust_file_line_and_ptx_line() {
     assert_eq!(site.rust.as_deref(), Some(here.as_str()));
 }
 
+/// Sanitizer reports of builder-made kernels name the Rust call too: memcheck on the same
+/// out-of-bounds store reports it (and lets the launch finish) with the `st` call's file:line.
+#[test]
+fn sanitizer_report_names_rust_file_and_line() {
+    let (kernel, st_line) = faulting_kernel();
+    let dev = Device::emu(42);
+    let f = dev.load_kernel(&kernel).unwrap();
+    let buf = dev.alloc::<f32>(32).unwrap();
+    let s = dev.stream(0);
+    let mut cfg = LaunchConfig::linear(1, 32);
+    cfg.sanitize = Some(emu::Tools::parse("memcheck").unwrap());
+    s.launch_typed(&f, &cfg, (&buf,)).unwrap();
+    let err = s.synchronize().unwrap_err();
+    let here = format!("{}:{st_line}", file!());
+    let runtime::RuntimeError::Emu(e) = &err else {
+        panic!("not an emulator error: {err}");
+    };
+    let findings = e
+        .findings()
+        .unwrap_or_else(|| panic!("not a sanitizer report: {err}"));
+    let a = &findings.reports[0].accesses[0];
+    assert_eq!(a.rust.as_deref(), Some(here.as_str()), "{err}");
+    assert!(a.line > 0, "{err}");
+    assert!(
+        err.to_string().contains(&format!("(emitted at {here})")),
+        "{err}"
+    );
+}
+
 #[test]
 fn annotated_print_shows_locations_and_keeps_lines() {
     let (kernel, st_line) = faulting_kernel();

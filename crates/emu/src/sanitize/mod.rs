@@ -288,6 +288,7 @@ fn fault_access(site: &FaultSite) -> Access {
         thread: site.thread,
         line: site.line,
         instruction: site.instruction.clone(),
+        rust: site.rust.clone(),
     }
 }
 
@@ -295,18 +296,17 @@ fn fault_access(site: &FaultSite) -> Access {
 pub(crate) fn access(ctx: &LaunchCtx, cta: [u32; 3], what: &str, pc: u32, tid: u32) -> Access {
     let b = ctx.block;
     let prog = &ctx.prog;
-    let instruction = prog
+    let src = prog
         .insts
         .get(pc as usize)
-        .and_then(|i| prog.source.get(i.src as usize))
-        .map(|s| s.to_string())
-        .unwrap_or_default();
+        .and_then(|i| prog.source.get(i.src as usize));
     Access {
         what: what.into(),
         cta,
         thread: [tid % b[0], (tid / b[0]) % b[1], tid / (b[0] * b[1])],
         line: prog.line_of(pc),
-        instruction,
+        instruction: src.map(|s| s.to_string()).unwrap_or_default(),
+        rust: src.and_then(|s| s.loc.rust_location()),
     }
 }
 

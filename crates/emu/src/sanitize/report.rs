@@ -40,6 +40,10 @@ pub struct Access {
     /// 1-based PTX source line (0 if unknown).
     pub line: u32,
     pub instruction: String,
+    /// The Rust `file:line` of the builder call that emitted the instruction (builder-made
+    /// kernels).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rust: Option<String>,
 }
 
 /// One finding.
@@ -75,8 +79,20 @@ impl fmt::Display for Report {
             let (t, ac) = (a.thread, a.cta);
             writeln!(
                 f,
-                "=========     {:<9} by thread ({},{},{}) of CTA ({},{},{}) at PTX line {}: `{}`",
-                a.what, t[0], t[1], t[2], ac[0], ac[1], ac[2], a.line, a.instruction
+                "=========     {:<9} by thread ({},{},{}) of CTA ({},{},{}) at PTX line {}: `{}`{}",
+                a.what,
+                t[0],
+                t[1],
+                t[2],
+                ac[0],
+                ac[1],
+                ac[2],
+                a.line,
+                a.instruction,
+                a.rust
+                    .as_ref()
+                    .map(|r| format!(" (emitted at {r})"))
+                    .unwrap_or_default()
             )?;
         }
         if let (Some(space), Some(addr)) = (&self.space, self.addr) {
