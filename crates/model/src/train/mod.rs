@@ -226,18 +226,7 @@ impl Trainer {
     /// and optimizer do not move (a gradient check against `model::reference`).
     pub fn gradients(&mut self) -> Result<(f64, StepGrads), TrainError> {
         let (mbs, _) = self.sample()?;
-        let labelled: usize = mbs.iter().map(MicroBatch::labelled).sum();
-        if labelled == 0 {
-            return Err(TrainError::Shape("a step without labelled tokens".into()));
-        }
-        for s in &mut self.stages {
-            s.set_loss_scale(1.0 / labelled as f32);
-        }
-        let out = if self.options.pipelined {
-            self.exec.run_pipelined(&mut self.stages, &mbs)?
-        } else {
-            self.exec.run_unpipelined(&mut self.stages, &mbs)?
-        };
+        let (out, labelled) = self.forward_backward(&mbs)?;
         let loss = out.losses.iter().sum::<f64>() / labelled as f64;
         let (grads, _) = self.collect_grads()?;
         Ok((loss, grads))
@@ -276,7 +265,12 @@ impl Trainer {
         })
     }
 
-    fn run_step(&mut self, mbs: &[MicroBatch], t0: Instant) -> Result<StepReport, TrainError> {
+    /// Sets the stages' loss scale (1 / labelled tokens) and runs every micro-batch forward
+    /// and backward, pipelined or not; returns the executor's output and the labelled count.
+    fn forward_backward(
+        &mut self,
+        mbs: &[MicroBatch],
+    ) -> Result<(exec::ExecOut, usize), TrainError> {
         let labelled: usize = mbs.iter().map(MicroBatch::labelled).sum();
         if labelled == 0 {
             return Err(TrainError::Shape("a step without labelled tokens".into()));
@@ -289,6 +283,11 @@ impl Trainer {
         } else {
             self.exec.run_unpipelined(&mut self.stages, mbs)?
         };
+        Ok((out, labelled))
+    }
+
+    fn run_step(&mut self, mbs: &[MicroBatch], t0: Instant) -> Result<StepReport, TrainError> {
+        let (out, labelled) = self.forward_backward(mbs)?;
         let loss = out.losses.iter().sum::<f64>() / labelled as f64;
         for (i, l) in out.losses.iter().enumerate() {
             let site = || Site {
