@@ -1,9 +1,14 @@
 //! `ptxforge`: one binary, one verb per job. Each verb lives in `cmd/<verb>.rs` with its own
 //! clap `Args` and a `run` function; this file only dispatches. Every verb takes `--json` and
-//! exits non-zero with a one-line reason on failure.
+//! exits non-zero with a one-line reason on standard error on failure; with `--json` it also
+//! prints a JSON error object on standard output (`out::json_error`), argument errors included.
+//! All printing goes through `out` (a closed pipe or a full disk never panics).
 
 use clap::{Parser, Subcommand};
 
+// First: its `println!`/`print!`/`eprintln!` shadow std's in every module declared after it.
+#[macro_use]
+mod out;
 mod cmd;
 
 #[derive(Parser)]
@@ -49,27 +54,83 @@ enum Verb {
     Train(cmd::train::Args),
 }
 
+impl Verb {
+    /// The verb's name and whether it was given `--json`.
+    fn name_and_json(&self) -> (&'static str, bool) {
+        match self {
+            Verb::Fmt(a) => ("fmt", a.json),
+            Verb::Check(a) => ("check", a.json),
+            Verb::Schedule(a) => ("schedule", a.json),
+            Verb::Sim(a) => ("sim", a.json),
+            Verb::Run(a) => ("run", a.json),
+            Verb::Devices(a) => ("devices", a.json),
+            Verb::Bench(a) => ("bench", a.target.json()),
+            Verb::Kernels(a) => ("kernels", a.json),
+            Verb::Emit(a) => ("emit", a.json),
+            Verb::Gemm(a) => ("gemm", a.json),
+            Verb::Moe(a) => ("moe", a.json),
+            Verb::Docs(a) => ("docs", a.json),
+            Verb::Train(a) => ("train", a.json),
+        }
+    }
+
+    fn run(self) -> anyhow::Result<()> {
+        match self {
+            Verb::Fmt(a) => cmd::fmt::run(a),
+            Verb::Check(a) => cmd::check::run(a),
+            Verb::Schedule(a) => cmd::schedule::run(a),
+            Verb::Sim(a) => cmd::sim::run(a),
+            Verb::Moe(a) => cmd::moe::run(a),
+            Verb::Run(a) => cmd::run::run(a),
+            Verb::Devices(a) => cmd::devices::run(a),
+            Verb::Bench(a) => cmd::bench::run(a),
+            Verb::Kernels(a) => cmd::kernels::run(a),
+            Verb::Emit(a) => cmd::emit::run(a),
+            Verb::Gemm(a) => cmd::gemm::run(a),
+            Verb::Docs(a) => cmd::docs::run(a),
+            Verb::Train(a) => cmd::train::run(a),
+        }
+    }
+}
+
 fn main() {
-    let cli = Cli::parse();
-    let result = match cli.verb {
-        Verb::Fmt(a) => cmd::fmt::run(a),
-        Verb::Check(a) => cmd::check::run(a),
-        Verb::Schedule(a) => cmd::schedule::run(a),
-        Verb::Sim(a) => cmd::sim::run(a),
-        Verb::Moe(a) => cmd::moe::run(a),
-        Verb::Run(a) => cmd::run::run(a),
-        Verb::Devices(a) => cmd::devices::run(a),
-        Verb::Bench(a) => cmd::bench::run(a),
-        Verb::Kernels(a) => cmd::kernels::run(a),
-        Verb::Emit(a) => cmd::emit::run(a),
-        Verb::Gemm(a) => cmd::gemm::run(a),
-        Verb::Docs(a) => cmd::docs::run(a),
-        Verb::Train(a) => cmd::train::run(a),
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => bad_arguments(e),
     };
-    if let Err(e) = result {
+    let (verb, json) = cli.verb.name_and_json();
+    if let Err(e) = cli.verb.run() {
         // One line, non-zero exit: the contract every verb follows.
         let msg = format!("{e:#}").replace('\n', " ");
+        if json && !out::is_reported(&e) {
+            println!("{}", out::json_error(verb, &msg, Some(&e)));
+        }
+        out::finish();
         eprintln!("ptxforge: error: {msg}");
         std::process::exit(1);
     }
+    out::finish();
+}
+
+/// A command line clap refuses: with `--json` anywhere in it, the JSON error object too.
+fn bad_arguments(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    let help = matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    );
+    if !help && std::env::args().any(|a| a == "--json") {
+        let verb = std::env::args().nth(1).unwrap_or_default();
+        let text = e.render().to_string();
+        let msg = text
+            .lines()
+            .next()
+            .unwrap_or("bad arguments")
+            .trim_start_matches("error: ");
+        println!("{}", out::json_error(&verb, msg, None));
+        out::finish();
+    }
+    e.exit()
 }

@@ -79,7 +79,9 @@ impl Device {
         let sms = self.props().sms;
         if comm_sms == 0 || comm_sms >= sms {
             return Err(RuntimeError::Launch(format!(
-                "cannot give {comm_sms} of {sms} SMs to communication (need 1..{sms})"
+                "cannot give {comm_sms} of {sms} SMs to communication (at least 1 and at most {}, \
+                 leaving compute at least one)",
+                sms.saturating_sub(1)
             )));
         }
         let part = |sms: SmPartition, kind: PartitionKind, priority, green| Partition {

@@ -251,9 +251,16 @@ pub fn write_npy(path: &Path, a: &HostArray) -> Result<()> {
         path: path.display().to_string(),
         msg,
     };
-    let mut out = Vec::with_capacity(a.data.len() + 128);
-    encode_npy(&mut out, a).map_err(|e| err(e.to_string()))?;
+    let out = npy_bytes(a).map_err(|e| err(e.to_string()))?;
     std::fs::write(path, out).map_err(|e| err(e.to_string()))
+}
+
+/// The bytes of `a` as a `.npy` file (what [`write_npy`] writes), for callers that write files
+/// their own way (the CLI writes them atomically).
+pub fn npy_bytes(a: &HostArray) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(a.data.len() + 128);
+    encode_npy(&mut out, a)?;
+    Ok(out)
 }
 
 fn encode_npy(out: &mut Vec<u8>, a: &HostArray) -> std::io::Result<()> {

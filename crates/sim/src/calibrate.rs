@@ -70,10 +70,7 @@ impl HardwareProfile {
     }
 
     pub fn load(path: &str) -> Result<HardwareProfile> {
-        let text = std::fs::read_to_string(path).map_err(|e| SimError::Parse {
-            source_name: path.into(),
-            message: e.to_string(),
-        })?;
+        let text = crate::read_config_file(path)?;
         Self::from_toml(&text, path)
     }
 }

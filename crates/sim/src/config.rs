@@ -376,12 +376,8 @@ impl Config {
     pub fn load(preset_or_path: &str) -> Result<Config> {
         match Self::preset(preset_or_path) {
             Ok(c) => Ok(c),
-            Err(_) if std::path::Path::new(preset_or_path).exists() => {
-                let text =
-                    std::fs::read_to_string(preset_or_path).map_err(|e| SimError::Parse {
-                        source_name: preset_or_path.into(),
-                        message: e.to_string(),
-                    })?;
+            Err(_) if crate::is_file_name(preset_or_path) => {
+                let text = crate::read_config_file(preset_or_path)?;
                 Self::from_str_named(&text, preset_or_path)
             }
             Err(e) => Err(e),

@@ -15,9 +15,12 @@ pub enum SimError {
         source_name: String,
         message: String,
     },
-    /// Unknown preset name.
-    #[error("unknown preset or missing file `{0}` (presets: v3, h200-node, v3-serve)")]
+    /// Unknown preset name (not a path either).
+    #[error("unknown preset `{0}` (presets: v3, h200-node, v3-serve; or a .toml/.json file)")]
     UnknownPreset(String),
+    /// A configuration or profile file that does not exist.
+    #[error("configuration file `{0}` not found")]
+    FileNotFound(String),
     /// The step cannot complete: e.g. zero SMs for communication while tokens must cross GPUs.
     #[error("step cannot complete: {0}")]
     CannotComplete(String),

@@ -550,14 +550,10 @@ pub fn load_any(preset_or_path: &str) -> Result<AnyConfig> {
     if let Ok(c) = Config::preset(preset_or_path) {
         return Ok(AnyConfig::Training(Box::new(c)));
     }
-    let path = std::path::Path::new(preset_or_path);
-    if !path.exists() {
+    if !is_file_name(preset_or_path) {
         return Err(SimError::UnknownPreset(preset_or_path.to_string()));
     }
-    let text = std::fs::read_to_string(path).map_err(|e| SimError::Parse {
-        source_name: preset_or_path.into(),
-        message: e.to_string(),
-    })?;
+    let text = read_config_file(preset_or_path)?;
     let serving = if preset_or_path.ends_with(".json") {
         serde_json::from_str::<serde_json::Value>(&text)
             .ok()
@@ -573,4 +569,25 @@ pub fn load_any(preset_or_path: &str) -> Result<AnyConfig> {
     } else {
         Config::from_str_named(&text, preset_or_path).map(|c| AnyConfig::Training(Box::new(c)))
     }
+}
+
+/// Whether a `--config` value names a file rather than a preset: it exists, contains a path
+/// separator or ends in `.toml`/`.json` (a missing one is then "not found", not "unknown preset").
+pub(crate) fn is_file_name(preset_or_path: &str) -> bool {
+    let path = std::path::Path::new(preset_or_path);
+    path.exists()
+        || preset_or_path.contains(std::path::MAIN_SEPARATOR)
+        || path.extension().is_some_and(|e| e == "toml" || e == "json")
+}
+
+/// Reads a configuration or profile file: a missing file is [`SimError::FileNotFound`], any
+/// other failure (permissions, invalid UTF-8) a [`SimError::Parse`] naming the file.
+pub fn read_config_file(path: &str) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => SimError::FileNotFound(path.to_string()),
+        _ => SimError::Parse {
+            source_name: path.into(),
+            message: e.to_string(),
+        },
+    })
 }

@@ -37,6 +37,18 @@ pub struct EmuArgs {
     pub json: bool,
 }
 
+impl Target {
+    /// Whether the benchmark was given `--json`.
+    pub fn json(&self) -> bool {
+        match self {
+            Target::Emu(e) => e.json,
+            Target::Gemm(g) => g.json,
+            Target::Attn(a) => a.json,
+            Target::Train(t) => t.json,
+        }
+    }
+}
+
 pub fn run(a: Args) -> Result<()> {
     match a.target {
         Target::Gemm(g) => super::bench_gemm::run(g),

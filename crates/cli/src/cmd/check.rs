@@ -35,7 +35,7 @@ struct Diag {
 
 pub fn run(a: Args) -> Result<()> {
     let file = a.file.display().to_string();
-    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {file}"))?;
+    let text = crate::out::read_text(&a.file)?;
     let mut diags: Vec<Diag> = Vec::new();
     let mut kernels = Vec::new();
     let mut ptxas_status = "skipped".to_string();
@@ -162,6 +162,9 @@ pub fn run(a: Args) -> Result<()> {
         if errors == 0 {
             println!("{file}: ok ({arch}, {warnings} warnings, ptxas {ptxas_status})");
         }
+    }
+    if errors > 0 && a.json {
+        return Err(crate::out::reported(format!("{file}: {errors} error(s)")));
     }
     if errors > 0 {
         anyhow::bail!("{file}: {errors} error(s)");

@@ -177,7 +177,7 @@ pub fn run(a: Args) -> Result<()> {
     // Written only once every document parsed and every block generated.
     if a.write {
         for (doc, path, new) in changed {
-            std::fs::write(&path, new).with_context(|| format!("writing {}", path.display()))?;
+            crate::out::write(&path, new.as_bytes())?;
             out.written.push(doc);
         }
     }

@@ -1,6 +1,6 @@
 //! `ptxforge fmt FILE.ptx [-o OUT] [--json]`: parse a PTX file and print it back, formatted.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -17,7 +17,10 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let file = a.file.display().to_string();
-    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {file}"))?;
+    if let Some(out) = &a.output {
+        crate::out::preflight("-o", out)?;
+    }
+    let text = crate::out::read_text(&a.file)?;
     let m = match ptx::parse(&text) {
         Ok(m) => m,
         Err(e) => {
@@ -29,12 +32,16 @@ pub fn run(a: Args) -> Result<()> {
                 });
                 println!("{j}");
             }
-            anyhow::bail!("{file}:{}:{}: {}", e.line, e.col, e.message);
+            let msg = format!("{file}:{}:{}: {}", e.line, e.col, e.message);
+            if a.json {
+                return Err(crate::out::reported(msg));
+            }
+            anyhow::bail!(msg);
         }
     };
     let printed = ptx::print(&m);
     if let Some(out) = &a.output {
-        std::fs::write(out, &printed).with_context(|| format!("writing {}", out.display()))?;
+        crate::out::write(out, printed.as_bytes())?;
     }
     if a.json {
         let instructions: usize = m.functions().map(|f| f.instructions().len()).sum();

@@ -171,8 +171,13 @@ fn devices(kind: &str, ranks: u32) -> anyhow::Result<Vec<Device>> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    if let Some(p) = &a.trace {
+        crate::out::preflight("--trace", p)?;
+    }
     let cfg = config(&a)?;
     let devices = devices(&a.device, cfg.ranks() as u32)?;
+    // before the inputs are made: a bad --num-sms fails at once
+    model::moe::check_devices(&cfg, &devices).context("--num-sms")?;
     let t_all = Instant::now();
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
     let t0 = Instant::now();

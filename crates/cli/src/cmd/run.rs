@@ -62,7 +62,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let file = a.file.display().to_string();
-    let ptx = std::fs::read_to_string(&a.file).with_context(|| format!("reading {file}"))?;
+    let ptx = crate::out::read_text(&a.file)?;
     let entry = match &a.entry {
         Some(e) => e.clone(),
         None => {
@@ -108,7 +108,11 @@ pub fn run(a: Args) -> Result<()> {
             Some(ArgSpec::Scalar(_)) => {
                 bail!("--save `{s}`: argument {i} is a scalar, not a buffer")
             }
-            Some(_) => saves.push((i, PathBuf::from(p))),
+            Some(_) => {
+                let p = PathBuf::from(p);
+                crate::out::preflight("--save", &p)?;
+                saves.push((i, p));
+            }
         }
     }
     if let Some(t) = a.timeout {
@@ -149,14 +153,16 @@ pub fn run(a: Args) -> Result<()> {
         Err(runner::RunError::Runtime(runtime::RuntimeError::Emu(emu::EmuError::Sanitizer(f)))) => {
             return sanitizer_failure(&f, a.json, &file, &entry)
         }
-        r => r.map_err(flat)?,
+        Err(e) => return Err(launch_error(e, &spec)),
+        Ok(o) => o,
     };
     let mut saved = Vec::new();
     for (i, p) in &saves {
         let Some(Some(buf)) = out.buffers.get(*i) else {
             bail!("argument {i} has no buffer")
         };
-        runner::write_npy(p, buf).map_err(flat)?;
+        let bytes = runner::npy_bytes(buf).with_context(|| format!("encoding {}", p.display()))?;
+        crate::out::write(p, &bytes)?;
         saved.push(serde_json::json!({"arg": i, "path": p.display().to_string(), "dtype": buf.dtype, "count": buf.len()}));
     }
     let st = out.stats.clone().unwrap_or_default();
@@ -221,10 +227,71 @@ fn sanitizer_failure(f: &emu::Findings, json: bool, file: &str, entry: &str) -> 
     } else {
         println!("{f}");
     }
-    bail!(
+    let msg = format!(
         "sanitizer: {} error(s) in kernel `{entry}`",
         f.reports.len()
+    );
+    if json {
+        return Err(crate::out::reported(msg));
+    }
+    bail!(msg)
+}
+
+/// A failed launch's error; a shared-memory fault of a kernel that declares `extern .shared`
+/// arrays, launched without `--shared`, says that dynamic shared memory is what is missing.
+fn launch_error(e: runner::RunError, spec: &RunSpec) -> anyhow::Error {
+    let shared_fault = matches!(
+        &e,
+        runner::RunError::Runtime(runtime::RuntimeError::Emu(emu::EmuError::Fault {
+            kind: emu::FaultKind::OutOfBounds {
+                space: "shared",
+                ..
+            },
+            ..
+        }))
+    );
+    let names = if shared_fault && spec.shared == 0 {
+        extern_shared(&spec.ptx, &spec.entry)
+    } else {
+        Vec::new()
+    };
+    if names.is_empty() {
+        return flat(e);
+    }
+    anyhow::anyhow!(
+        "{e} (the kernel uses dynamic shared memory, `extern .shared` {}, but the launch gave \
+         none: pass its size in bytes with --shared)",
+        names.join(", ")
     )
+}
+
+/// The unsized (`extern .shared`) arrays the module and the entry declare.
+fn extern_shared(ptx: &str, entry: &str) -> Vec<String> {
+    fn walk(b: &[ptx::Statement], out: &mut Vec<String>) {
+        for s in b {
+            match s {
+                ptx::Statement::Var(v) if is_dynamic_shared(v) => out.push(v.name.clone()),
+                ptx::Statement::Block(b) => walk(b, out),
+                _ => {}
+            }
+        }
+    }
+    let Ok(m) = ptx::parse(ptx) else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = m
+        .globals()
+        .filter(|v| is_dynamic_shared(v))
+        .map(|v| v.name.clone())
+        .collect();
+    if let Some(body) = m.function(entry).and_then(|f| f.body.as_deref()) {
+        walk(body, &mut out);
+    }
+    out
+}
+
+fn is_dynamic_shared(v: &ptx::VarDecl) -> bool {
+    v.space.is_shared() && v.dims.iter().any(|d| d.is_none())
 }
 
 /// One line: the error's own message (which already includes its causes), without the chain

@@ -2,7 +2,7 @@
 //! pipeline-parallel schedule. All the work lives in the `pipeline` crate; this file maps
 //! flags onto it and prints.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use pipeline::{Costs, Method, Report};
 
 #[derive(clap::Args)]
@@ -67,22 +67,26 @@ pub fn run(a: Args) -> Result<()> {
         p2p: a.p2p,
     };
     costs.validate()?;
+    for (flag, p) in [("--svg", &a.svg), ("--png", &a.png), ("--trace", &a.trace)] {
+        if let Some(p) = p {
+            crate::out::preflight(flag, p)?;
+        }
+    }
     if a.sweep {
         return run_sweep(method, &a, &costs);
     }
     let schedule = pipeline::generate(method, a.pp, a.chunks)?;
     let mut report = Report::new(&schedule, &costs)?;
     if let Some(p) = &a.svg {
-        std::fs::write(p, pipeline::draw::svg(&report))
-            .with_context(|| format!("writing {}", p.display()))?;
+        crate::out::write(p, pipeline::draw::svg(&report).as_bytes())?;
     }
     if let Some(p) = &a.png {
         let bytes = pipeline::draw::png(&report)?;
-        std::fs::write(p, bytes).with_context(|| format!("writing {}", p.display()))?;
+        crate::out::write(p, &bytes)?;
     }
     if let Some(p) = &a.trace {
         let t = serde_json::to_string(&pipeline::draw::chrome_trace(&report))?;
-        std::fs::write(p, t).with_context(|| format!("writing {}", p.display()))?;
+        crate::out::write(p, t.as_bytes())?;
     }
     let exec = if a.execute {
         Some(pipeline::exec::check_against_reference(

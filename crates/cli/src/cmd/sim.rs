@@ -1,7 +1,7 @@
 //! `ptxforge sim`: simulate a training step or a prefill/decode serving deployment of an MoE
 //! model on a cluster, fit a hardware profile to benchmark files, or print the reproduction of
 //! DeepEP's and DeepGEMM's published tables (crate `sim`).
-use anyhow::{bail, Context};
+use anyhow::bail;
 use serde_json::json;
 use sim::calibrate::{self, HardwareProfile};
 use sim::serve::{self, ServeConfig};
@@ -55,6 +55,16 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    for (flag, p) in [
+        ("--svg", &a.svg),
+        ("--png", &a.png),
+        ("--trace", &a.trace),
+        ("--out", &a.out),
+    ] {
+        if let Some(p) = p {
+            crate::out::preflight(flag, std::path::Path::new(p))?;
+        }
+    }
     if a.tables {
         return tables(&a);
     }
@@ -141,7 +151,7 @@ fn run_calibrate(a: &Args) -> anyhow::Result<()> {
     let text = p.to_toml();
     match &a.out {
         Some(path) => {
-            std::fs::write(path, &text).with_context(|| format!("writing {path}"))?;
+            crate::out::write(path.as_ref(), text.as_bytes())?;
             eprintln!(
                 "profile written to {path}: {} GEMM samples (rms error {:.1}%), {} dispatch/combine samples (rms error {:.1}%)",
                 p.gemm_samples,
@@ -165,10 +175,10 @@ fn write_plots(
     png: impl Fn() -> sim::Result<Vec<u8>>,
 ) -> anyhow::Result<()> {
     if let Some(p) = &a.svg {
-        std::fs::write(p, svg()?).with_context(|| format!("writing {p}"))?;
+        crate::out::write(p.as_ref(), svg()?.as_bytes())?;
     }
     if let Some(p) = &a.png {
-        std::fs::write(p, png()?).with_context(|| format!("writing {p}"))?;
+        crate::out::write(p.as_ref(), &png()?)?;
     }
     Ok(())
 }
@@ -285,7 +295,7 @@ fn run_training(a: &Args, mut cfg: Config) -> anyhow::Result<()> {
                 cfg.parallelism.pp
             )
         })?;
-        std::fs::write(p, serde_json::to_vec(&t)?).with_context(|| format!("writing {p}"))?;
+        crate::out::write(p.as_ref(), &serde_json::to_vec(&t)?)?;
     }
     if a.json {
         println!(

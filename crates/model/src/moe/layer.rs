@@ -227,6 +227,26 @@ fn add_part(v: Vec<bf16>, part: Option<&Buffer<bf16>>) -> Result<Vec<f32>> {
         .collect())
 }
 
+/// Checks against the devices (before any work on them): `num_sms` must leave every device at
+/// least one SM for the compute partition. [`MoeLayer::new`] runs it too.
+pub fn check_devices(cfg: &MoeConfig, devices: &[Device]) -> Result<()> {
+    let Some(sms) = devices.iter().map(|d| d.props().sms).min() else {
+        return Ok(());
+    };
+    if cfg.num_sms >= sms {
+        return Err(MoeError::Config {
+            field: "num_sms",
+            msg: format!(
+                "{} SMs for communication leave none for compute: the devices have {sms} SMs, \
+                 so at most {}",
+                cfg.num_sms,
+                sms - 1
+            ),
+        });
+    }
+    Ok(())
+}
+
 fn check_shapes(cfg: &MoeConfig, devices: &[Device], w: &MoeWeights) -> Result<()> {
     let (h, e_n, i_n) = (
         cfg.hidden as usize,
@@ -267,6 +287,7 @@ impl MoeLayer {
     ) -> Result<MoeLayer> {
         cfg.validate()?;
         check_shapes(&cfg, &devices, &weights)?;
+        check_devices(&cfg, &devices)?;
         // communication partition (top `num_sms` SMs) and compute partition (the rest)
         let parts = devices
             .iter()

@@ -36,7 +36,8 @@ pub mod reference;
 
 pub use exec::{Progress, ProgressPhase, Quiet, Span, TraceSpan};
 pub use layer::{
-    Backward, BackwardStats, Forward, ForwardStats, GateGrad, MoeLayer, Overlap, Placement,
+    check_devices, Backward, BackwardStats, Forward, ForwardStats, GateGrad, MoeLayer, Overlap,
+    Placement,
 };
 pub use reference::{check, CheckConfig, CheckReport, ErrStats, Tolerances};
 
