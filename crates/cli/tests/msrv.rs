@@ -1,6 +1,6 @@
 //! Issue 20 item 8: the workspace's declared `rust-version` is no lower than what any locked
 //! dependency declares (their sources in Cargo's registry cache say so). That the workspace's
-//! own code builds with the declared toolchain is `scripts/msrv.sh` (run by `scripts/test.sh`);
+//! own code builds with the declared toolchain is checked by `scripts/msrv.sh` (run by hand);
 //! docs/RELIABILITY.md says how the version was found.
 
 use std::path::{Path, PathBuf};

@@ -207,7 +207,9 @@ fn config_files_round_trip_and_missing_fields_are_named() {
     ));
     // a file name that does not exist is "not found", not an unknown preset
     for missing in ["no-such-config.toml", "no/such/dir/c.json"] {
-        let e = sim::load_any(missing).err().expect("missing file accepted");
+        let Err(e) = sim::load_any(missing) else {
+            panic!("{missing}: a missing file accepted")
+        };
         assert!(matches!(e, SimError::FileNotFound(_)), "{e}");
         assert!(e.to_string().contains("not found"), "{e}");
         assert!(matches!(
