@@ -581,13 +581,25 @@ pub(crate) fn is_file_name(preset_or_path: &str) -> bool {
 }
 
 /// Reads a configuration or profile file: a missing file is [`SimError::FileNotFound`], any
-/// other failure (permissions, invalid UTF-8) a [`SimError::Parse`] naming the file.
+/// other failure (permissions, invalid UTF-8, located by line) a [`SimError::Parse`] naming
+/// the file.
 pub fn read_config_file(path: &str) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| match e.kind() {
+    let bytes = std::fs::read(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => SimError::FileNotFound(path.to_string()),
         _ => SimError::Parse {
             source_name: path.into(),
             message: e.to_string(),
         },
+    })?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count();
+        SimError::Parse {
+            source_name: path.into(),
+            message: format!(
+                "line {line}: invalid UTF-8 (byte 0x{:02x})",
+                e.as_bytes()[at]
+            ),
+        }
     })
 }

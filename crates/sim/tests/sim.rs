@@ -217,6 +217,17 @@ fn config_files_round_trip_and_missing_fields_are_named() {
             Err(SimError::FileNotFound(_))
         ));
     }
+    // a file that is not UTF-8 is located by line
+    let p = std::env::temp_dir().join(format!("sim-latin1-{}.toml", std::process::id()));
+    std::fs::write(&p, b"# ok\n# caf\xe9\n").unwrap();
+    let Err(e) = sim::load_any(p.to_str().unwrap()) else {
+        panic!("a Latin-1 file accepted")
+    };
+    let _ = std::fs::remove_file(&p);
+    assert!(
+        e.to_string().contains("line 2: invalid UTF-8 (byte 0xe9)"),
+        "{e}"
+    );
 }
 
 #[test]
