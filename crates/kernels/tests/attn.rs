@@ -551,3 +551,46 @@ fn decode_dim_sweep_assembles_without_spills() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The sm_90a forward (TMA ring + wgmma) at the ends of the head-dim range, odd dims and the
+/// shared RoPE key assembles without spills, and its PTX loads through TMA (no `cp.async`).
+#[test]
+fn wgmma_forward_assembles_without_spills() {
+    if ptx::ptxas::ptxas_for_tests("attention wgmma forward").is_none() {
+        return;
+    }
+    let t = builder::Target::new("sm_90a");
+    let mut failures = Vec::new();
+    for (d_qk, d_v, k_rope) in [
+        (32, 32, 0),
+        (32, 256, 0),
+        (256, 32, 0),
+        (256, 256, 0),
+        (80, 48, 0),
+        (80, 48, 48),
+        (176, 176, 0),
+        (192, 128, 64),
+    ] {
+        let s = fwd::FwdSpec {
+            d_qk,
+            d_v,
+            wgmma: true,
+            k_rope,
+        };
+        let text = ptx::print(&fwd::gen_fwd(&t, &s).unwrap());
+        assert!(text.contains("cp.async.bulk.tensor.2d"), "{}", s.name());
+        assert!(!text.contains("cp.async.ca") && !text.contains("cp.async.cg"));
+        let rep = ptx::ptxas::assemble(&text, "sm_90a", &Default::default()).unwrap();
+        let k = rep.kernel(&s.name()).cloned().unwrap_or_default();
+        eprintln!(
+            "{} regs {} smem {}",
+            s.name(),
+            k.registers,
+            s.shared_bytes()
+        );
+        if k.spill_stores_bytes + k.spill_loads_bytes + k.stack_frame_bytes > 0 {
+            failures.push(format!("{}: {k:?}", s.name()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

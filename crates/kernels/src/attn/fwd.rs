@@ -17,7 +17,6 @@
 
 use super::*;
 use crate::host::{check_target, function};
-use builder::hopper::Swizzle;
 use half::bf16;
 use runtime::{args, LaunchConfig, Stream};
 
@@ -69,11 +68,18 @@ impl FwdSpec {
         }
     }
     pub fn shared_bytes(&self) -> u32 {
+        if self.wgmma {
+            return super::fwd90::Layout90::new(self).total();
+        }
         tile_bytes(BM, self.d_qk)
             + tile_bytes(self.bn(), self.d_qk)
             + tile_bytes(self.bn(), self.d_v)
     }
-    pub fn params() -> &'static [(&'static str, &'static str)] {
+    /// Parameters in launch order: (name, type).
+    pub fn params(&self) -> &'static [(&'static str, &'static str)] {
+        if self.wgmma {
+            return super::fwd90::PARAMS;
+        }
         &[
             ("q", "bf16*"),
             ("k", "bf16*"),
@@ -89,7 +95,11 @@ impl FwdSpec {
     pub fn launch_rule(&self) -> String {
         format!(
             "grid = (ceil(max_seqlen/{BM}), heads, batch), block = {}, dynamic shared = {} bytes",
-            WARPS * 32,
+            if self.wgmma {
+                super::fwd90::THREADS
+            } else {
+                WARPS * 32
+            },
             self.shared_bytes()
         )
     }
@@ -167,8 +177,6 @@ struct FwdCtx {
     col_q: Reg<u32>,
     /// scale * log2(e)
     c: Reg<f32>,
-    /// (false, true) predicates for wgmma's scale-d
-    preds: (Reg<Pred>, Reg<Pred>),
     sm: Softmax,
     o: Vec<[Reg<f32>; 4]>,
     s_acc: Vec<[Reg<f32>; 4]>,
@@ -202,12 +210,9 @@ impl FwdCtx {
         k.cp_async_commit_group();
     }
     /// Waits until at most `n` copy groups are pending and makes the tiles visible to every
-    /// warp (and to wgmma's async proxy).
+    /// warp.
     fn arrive(&self, k: &mut KernelBuilder, n: u32) {
         k.cp_async_wait_group(n);
-        if self.s.wgmma {
-            k.fence_proxy_async(); // cp.async (generic proxy) writes -> wgmma (async proxy) reads
-        }
         k.sync_threads();
     }
 }
@@ -219,6 +224,9 @@ pub fn gen_fwd(t: &Target, s: &FwdSpec) -> Result<ptx::Module> {
     check_head_dim(&name, "d_qk", s.d_qk as usize)?;
     check_head_dim(&name, "d_v", s.d_v as usize)?;
     check_k_rope(&name, s.d_qk as usize, s.k_rope as usize)?;
+    if s.wgmma {
+        return super::fwd90::gen(t, s);
+    }
     let mut k = KernelBuilder::new(&name, t.clone());
     k.reqntid(&[WARPS * 32]);
     k.maxnreg(255); // (without it ptxas trades registers for small spills on some head dims)
@@ -268,14 +276,11 @@ fn prologue(
     c: Reg<f32>,
 ) -> FwdCtx {
     let (dqk, dv, bn) = (s.d_qk, s.d_v, s.bn());
-    // (wgmma's 128-byte swizzle repeats every 1024 bytes: tiles start on that boundary)
-    let smem = k.dynamic_shared::<u8>(if s.wgmma { 1024 } else { 128 });
+    let smem = k.dynamic_shared::<u8>(128);
     let tid = k.tid_x();
     let lane = k.and(tid, 31u32);
     let warp = k.shr(tid, 5u32);
     let ln = Lanes::new(k, lane);
-    let zero = k.mov(0u32);
-    let preds = (k.ne(zero, 0u32), k.eq(zero, 0u32));
     let (bx, h, b) = (k.ctaid_x(), k.ctaid_y(), k.ctaid_z());
     let q0 = k.mul(bx, BM);
     let st = k.ld_nc(cup.offset(b));
@@ -309,7 +314,6 @@ fn prologue(
         rows,
         col_q,
         c,
-        preds,
         sm: Softmax {
             m: [k.mov(f32::NEG_INFINITY), k.mov(f32::NEG_INFINITY)],
             l: [k.mov(0f32), k.mov(0f32)],
@@ -333,12 +337,8 @@ fn fwd_tile(k: &mut KernelBuilder, cx: &FwdCtx, j: Reg<u32>, ntiles: Reg<u32>) {
     let (dqk, dv, bn) = (cx.s.d_qk, cx.s.d_v, cx.s.bn());
     let (ln, sacc, oacc) = (&cx.ln, &cx.s_acc, &cx.o);
     cx.arrive(k, 1); // K_j (and Q) landed
-    if cx.s.wgmma {
-        qk_wgmma(k, &cx.tq, &cx.tk, dqk, bn, sacc, cx.preds);
-    } else {
-        clear(k, sacc);
-        qk_tile(k, ln, &cx.tq, Some(cx.wrow), &cx.tk, dqk, bn, sacc);
-    }
+    clear(k, sacc);
+    qk_tile(k, ln, &cx.tq, Some(cx.wrow), &cx.tk, dqk, bn, sacc);
     k.sync_threads(); // every warp is done with K_j
     let next = k.add(j, 1u32);
     cx.issue(k, next, ntiles, false);
@@ -349,11 +349,7 @@ fn fwd_tile(k: &mut KernelBuilder, cx: &FwdCtx, j: Reg<u32>, ntiles: Reg<u32>) {
     k.if_(diag, |k| causal_mask(k, sacc, kv0, cx.col_q, cx.rows));
     online_softmax(k, &cx.sm, sacc, oacc, cx.c);
     cx.arrive(k, 1); // V_j landed (K_{j+1} may still be in flight)
-    if cx.s.wgmma {
-        pv_wgmma(k, sacc, &cx.tv, bn, dv, oacc, cx.preds.1);
-    } else {
-        pv_tile(k, ln, sacc, &cx.tv, bn, dv, oacc);
-    }
+    pv_tile(k, ln, sacc, &cx.tv, bn, dv, oacc);
     k.sync_threads(); // every warp is done with V_j
     cx.issue(k, next, ntiles, true);
 }
@@ -381,70 +377,6 @@ pub(crate) fn qk_tile(
     }
 }
 
-/// wgmma descriptor of panel tile `t` at row 0, 16-element k-step `ks` (K-major: 32 bytes per
-/// step inside a 64-column panel), or, for an MN-major (transposed) operand, at k rows
-/// `16 * ks` (`mn_major`). 8-row groups 1024 bytes apart (SBO), panels `rows * 128` (LBO).
-fn panel_desc(k: &mut KernelBuilder, t: &Tile, ks: u32, mn_major: bool) -> Reg<u64> {
-    let start = if mn_major {
-        ks * 16 * ROW_BYTES
-    } else {
-        (ks / 4) * t.rows * ROW_BYTES + (ks % 4) * 32
-    };
-    let d = MatrixDesc {
-        start,
-        lbo: t.rows * ROW_BYTES,
-        sbo: 8 * ROW_BYTES,
-        swizzle: Swizzle::B128,
-    };
-    k.matrix_desc(t.base, d)
-}
-
-/// S = Q K^T for the warpgroup's 64 rows with `wgmma m64n{bn}k16` over `d` (`preds` = (false,
-/// true): the first k-step overwrites the accumulators).
-fn qk_wgmma(
-    k: &mut KernelBuilder,
-    tq: &Tile,
-    tk: &Tile,
-    d: u32,
-    bn: u32,
-    acc: &[[Reg<f32>; 4]],
-    preds: (Reg<Pred>, Reg<Pred>),
-) {
-    let flat: Vec<Reg<f32>> = acc.iter().flatten().copied().collect();
-    k.wgmma_fence();
-    for ks in 0..d / 16 {
-        let a = panel_desc(k, tq, ks, false);
-        let b = panel_desc(k, tk, ks, false);
-        let scale_d = if ks == 0 { preds.0 } else { preds.1 };
-        k.wgmma_mma_async::<Bf16>(bn as u16, &flat, a, b, scale_d, false, false);
-    }
-    k.wgmma_commit_group();
-    k.wgmma_wait_group(0);
-}
-
-/// O += P V with `wgmma m64n{dv}k16`: P from the S accumulators (registers), V an MN-major
-/// descriptor over its [key][column] panels.
-fn pv_wgmma(
-    k: &mut KernelBuilder,
-    p: &[[Reg<f32>; 4]],
-    tv: &Tile,
-    bn: u32,
-    dv: u32,
-    o: &[[Reg<f32>; 4]],
-    always: Reg<Pred>,
-) {
-    let flat: Vec<Reg<f32>> = o.iter().flatten().copied().collect();
-    k.wgmma_fence();
-    for kk in 0..bn / 16 {
-        let a = acc_to_a(k, p[2 * kk as usize], p[2 * kk as usize + 1]);
-        let a: [Reg<B32>; 4] = a.map(|x| x.reinterpret());
-        let b = panel_desc(k, tv, kk, true);
-        k.wgmma_mma_async_rs::<Bf16>(dv as u16, &flat, a, b, always, true);
-    }
-    k.wgmma_commit_group();
-    k.wgmma_wait_group(0);
-}
-
 /// `-inf` where key `kv0 + 8 n + 2q + e` > query row (rows[0] for e < 2, rows[1] otherwise).
 pub(crate) fn causal_mask(
     k: &mut KernelBuilder,
@@ -466,7 +398,7 @@ pub(crate) fn causal_mask(
 
 /// Online softmax of one tile: new row max (of `s * c`), P = 2^(s c - m) in place of S, the
 /// O accumulators and the per-lane partial row sums rescaled by 2^(m_old - m_new).
-fn online_softmax(
+pub(super) fn online_softmax(
     k: &mut KernelBuilder,
     sm: &Softmax,
     s: &[[Reg<f32>; 4]],
@@ -524,7 +456,7 @@ pub(crate) fn pv_tile(
 
 /// O = acc / l (bf16) and LSE = (m + log2 l) ln 2 for this lane's valid rows; `out_row(row)`
 /// gives the global (token, head) row index.
-fn epilogue(
+pub(super) fn epilogue(
     k: &mut KernelBuilder,
     ln: &Lanes,
     sm: &Softmax,
@@ -571,7 +503,9 @@ pub fn mla_attn_fwd(stream: &Stream, sh: &AttnShape, a: FwdArgs) -> Result<()> {
     mla_attn_fwd_with(stream, sh, a, wgmma)
 }
 
-/// [`mla_attn_fwd`] choosing the variant (`wgmma` needs an sm_90a device).
+/// [`mla_attn_fwd`] choosing the variant (`wgmma` needs an sm_90a device). The `mma.sync`
+/// launch is asynchronous; the `wgmma` one synchronises the stream before returning (its
+/// tensor maps live in a buffer freed then).
 pub fn mla_attn_fwd_with(stream: &Stream, sh: &AttnShape, a: FwdArgs, wgmma: bool) -> Result<()> {
     let spec = FwdSpec {
         d_qk: sh.d_qk as u32,
@@ -592,6 +526,9 @@ pub fn mla_attn_fwd_with(stream: &Stream, sh: &AttnShape, a: FwdArgs, wgmma: boo
     need(&name, "lse", a.lse, total * sh.heads)?;
     if total == 0 || sh.max_seqlen == 0 {
         return Ok(());
+    }
+    if wgmma {
+        return super::fwd90::launch(stream, &spec, sh, a, (total, batch));
     }
     let f = function(stream.device(), &name, "", |t| gen_fwd(t, &spec))?;
     let grid = [

@@ -17,6 +17,7 @@
 pub mod bwd;
 pub mod decode;
 pub mod fwd;
+pub mod fwd90;
 pub mod reference;
 pub mod registry;
 

@@ -69,7 +69,7 @@ pub fn registry_entries() -> Vec<KernelInfo> {
                 rope_note(rope),
                 s.bn()
             ),
-            params: params(FwdSpec::params()),
+            params: params(s.params()),
             launch: s.launch_rule(),
             targets: s.targets(),
             host: "attn::fwd::mla_attn_fwd",
