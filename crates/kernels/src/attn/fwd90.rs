@@ -384,7 +384,7 @@ fn tile(k: &mut KernelBuilder, cta: &Cta, m: &Math, j: Reg<u32>) {
 /// wgmma descriptor at byte `start` of a 128B-swizzled panel tile of `rows` rows: 8-row
 /// groups 1024 bytes apart (SBO), panels `rows * 128` apart (LBO; the MN-major operand's
 /// next 64 columns).
-fn panel_desc(k: &mut KernelBuilder, base: Reg<u32>, rows: u32, start: u32) -> Reg<u64> {
+pub(super) fn panel_desc(k: &mut KernelBuilder, base: Reg<u32>, rows: u32, start: u32) -> Reg<u64> {
     let d = MatrixDesc {
         start,
         lbo: rows * ROW_BYTES,

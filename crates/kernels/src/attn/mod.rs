@@ -15,6 +15,7 @@
 //! - [`reference`]: f64 CPU references; [`registry`]: registry entries and their checks.
 
 pub mod bwd;
+pub mod bwd90;
 pub mod decode;
 pub mod fwd;
 pub mod fwd90;
