@@ -473,10 +473,10 @@ fn every_attention_launch_is_free_of_bank_conflicts() {
 }
 
 /// Every training kernel over a grid of head-dim pairs (d_qk, d_v in {32, 64, 112, 144, 176,
-/// 208, 256}) x every target assembles with ptxas without spills (490 kernels, ~2 minutes on
+/// 208, 256}) x every target assembles with ptxas without spills (588 kernels, ~3 minutes on
 /// 2 cores: run with `--ignored`; the registered pairs are checked by tests/ptxas.rs).
 #[test]
-#[ignore = "490 ptxas runs (~2 min on 2 cores): cargo test -p kernels --test attn -- --ignored"]
+#[ignore = "588 ptxas runs (~3 min on 2 cores): cargo test -p kernels --test attn -- --ignored"]
 fn head_dim_sweep_assembles_without_spills() {
     use kernels::attn::{bwd, fwd};
     // run only on request, so a missing ptxas is a failure, not a skip
@@ -502,8 +502,14 @@ fn head_dim_sweep_assembles_without_spills() {
                     .iter()
                     .map(|s| (s.name(), fwd::gen_fwd(&t, s).unwrap()))
                     .collect();
-                mods.push((bs.dkdv_name(), bwd::gen_dkdv(&t, &bs).unwrap()));
-                mods.push((bs.dq_name(), bwd::gen_dq(&t, &bs).unwrap()));
+                let mut bspecs = vec![bs];
+                if arch == "sm_90a" {
+                    bspecs.push(bwd::BwdSpec { wgmma: true, ..bs });
+                }
+                for bs in bspecs {
+                    mods.push((bs.dkdv_name(), bwd::gen_dkdv(&t, &bs).unwrap()));
+                    mods.push((bs.dq_name(), bwd::gen_dq(&t, &bs).unwrap()));
+                }
                 for (name, m) in mods {
                     let rep =
                         ptx::ptxas::assemble(&ptx::print(&m), arch, &Default::default()).unwrap();
