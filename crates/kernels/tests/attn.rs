@@ -70,11 +70,14 @@ fn odd_lengths_and_head_dims_forward_backward() {
             assert_eq!(ar::lse_mismatches(&out.lse, &want.lse), 0);
         }
         let dout = ar::random_bf16(&mut rg, tp.total * tp.sh.heads * dv, 1.0);
-        let b = ar::run_bwd(&st, &tp, &dout.0).unwrap();
         let wb = tp.p.backward(&tp.q.1, &tp.k.1, &tp.v.1, &dout.1);
-        assert_close(&format!("dQ {dqk}/{dv}"), &b.dq, &wb.dq, 2e-2);
-        assert_close(&format!("dK {dqk}/{dv}"), &b.dk, &wb.dk, 2e-2);
-        assert_close(&format!("dV {dqk}/{dv}"), &b.dv, &wb.dv, 2e-2);
+        for wgmma in [false, true] {
+            let b = ar::run_bwd(&st, &tp, &dout.0, wgmma).unwrap();
+            let w = format!("{dqk}/{dv} wgmma {wgmma}");
+            assert_close(&format!("dQ {w}"), &b.dq, &wb.dq, 2e-2);
+            assert_close(&format!("dK {w}"), &b.dk, &wb.dk, 2e-2);
+            assert_close(&format!("dV {w}"), &b.dv, &wb.dv, 2e-2);
+        }
     }
 }
 
@@ -99,11 +102,13 @@ fn shared_rope_key_matches_the_broadcast_reference() {
             assert_eq!(ar::lse_mismatches(&out.lse, &want.lse), 0);
         }
         let dout = ar::random_bf16(&mut rg, tp.total * tp.sh.heads * dv, 1.0);
-        let b = ar::run_bwd(&st, &tp, &dout.0).unwrap();
         let wb = tp.p.backward(&tp.q.1, &tp.k.1, &tp.v.1, &dout.1);
-        assert_close(&format!("dQ kr{rope}"), &b.dq, &wb.dq, 2e-2);
-        assert_close(&format!("dK kr{rope}"), &b.dk, &wb.dk, 2e-2);
-        assert_close(&format!("dV kr{rope}"), &b.dv, &wb.dv, 2e-2);
+        for wgmma in [false, true] {
+            let b = ar::run_bwd(&st, &tp, &dout.0, wgmma).unwrap();
+            assert_close(&format!("dQ kr{rope} wgmma {wgmma}"), &b.dq, &wb.dq, 2e-2);
+            assert_close(&format!("dK kr{rope} wgmma {wgmma}"), &b.dk, &wb.dk, 2e-2);
+            assert_close(&format!("dV kr{rope} wgmma {wgmma}"), &b.dv, &wb.dv, 2e-2);
+        }
     }
 }
 
@@ -115,7 +120,7 @@ fn gradients_match_finite_differences() {
     let mut rg = rng(77);
     let tp = TrainProblem::with_lens(&mut rg, vec![20, 37], 32, 32);
     let dout = ar::random_bf16(&mut rg, tp.total * tp.sh.heads * 32, 1.0);
-    let b = ar::run_bwd(&st, &tp, &dout.0).unwrap();
+    let b = ar::run_bwd(&st, &tp, &dout.0, false).unwrap();
     let loss = |q: &[f64], k: &[f64], v: &[f64]| -> f64 {
         let o = tp.p.forward(q, k, v).o;
         o.iter().zip(&dout.1).map(|(a, b)| a * b).sum()
@@ -468,10 +473,10 @@ fn every_attention_launch_is_free_of_bank_conflicts() {
 }
 
 /// Every training kernel over a grid of head-dim pairs (d_qk, d_v in {32, 64, 112, 144, 176,
-/// 208, 256}) x every target assembles with ptxas without spills (490 kernels, ~2 minutes on
+/// 208, 256}) x every target assembles with ptxas without spills (588 kernels, ~3 minutes on
 /// 2 cores: run with `--ignored`; the registered pairs are checked by tests/ptxas.rs).
 #[test]
-#[ignore = "490 ptxas runs (~2 min on 2 cores): cargo test -p kernels --test attn -- --ignored"]
+#[ignore = "588 ptxas runs (~3 min on 2 cores): cargo test -p kernels --test attn -- --ignored"]
 fn head_dim_sweep_assembles_without_spills() {
     use kernels::attn::{bwd, fwd};
     // run only on request, so a missing ptxas is a failure, not a skip
@@ -497,8 +502,14 @@ fn head_dim_sweep_assembles_without_spills() {
                     .iter()
                     .map(|s| (s.name(), fwd::gen_fwd(&t, s).unwrap()))
                     .collect();
-                mods.push((bs.dkdv_name(), bwd::gen_dkdv(&t, &bs).unwrap()));
-                mods.push((bs.dq_name(), bwd::gen_dq(&t, &bs).unwrap()));
+                let mut bspecs = vec![bs];
+                if arch == "sm_90a" {
+                    bspecs.push(bwd::BwdSpec { wgmma: true, ..bs });
+                }
+                for bs in bspecs {
+                    mods.push((bs.dkdv_name(), bwd::gen_dkdv(&t, &bs).unwrap()));
+                    mods.push((bs.dq_name(), bwd::gen_dq(&t, &bs).unwrap()));
+                }
                 for (name, m) in mods {
                     let rep =
                         ptx::ptxas::assemble(&ptx::print(&m), arch, &Default::default()).unwrap();
@@ -546,6 +557,68 @@ fn decode_dim_sweep_assembles_without_spills() {
                         failures.push(format!("{} {arch}: {k:?}", s.name()));
                     }
                 }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The sm_90a kernels (forward: TMA ring + wgmma; backward dK/dV and dQ: wgmma) at the ends
+/// of the head-dim range, odd dims and the shared RoPE key assemble without spills, and the
+/// forward loads through TMA (no `cp.async`).
+#[test]
+fn wgmma_kernels_assemble_without_spills() {
+    if ptx::ptxas::ptxas_for_tests("attention wgmma forward").is_none() {
+        return;
+    }
+    let t = builder::Target::new("sm_90a");
+    let mut failures = Vec::new();
+    for (d_qk, d_v, k_rope) in [
+        (32, 32, 0),
+        (32, 256, 0),
+        (256, 32, 0),
+        (256, 256, 0),
+        (80, 48, 0),
+        (80, 48, 48),
+        (176, 176, 0),
+        (192, 128, 64),
+    ] {
+        let s = fwd::FwdSpec {
+            d_qk,
+            d_v,
+            wgmma: true,
+            k_rope,
+        };
+        let text = ptx::print(&fwd::gen_fwd(&t, &s).unwrap());
+        assert!(text.contains("cp.async.bulk.tensor.2d"), "{}", s.name());
+        assert!(!text.contains("cp.async.ca") && !text.contains("cp.async.cg"));
+        let rep = ptx::ptxas::assemble(&text, "sm_90a", &Default::default()).unwrap();
+        let k = rep.kernel(&s.name()).cloned().unwrap_or_default();
+        eprintln!(
+            "{} regs {} smem {}",
+            s.name(),
+            k.registers,
+            s.shared_bytes()
+        );
+        if k.spill_stores_bytes + k.spill_loads_bytes + k.stack_frame_bytes > 0 {
+            failures.push(format!("{}: {k:?}", s.name()));
+        }
+        let b = kernels::attn::bwd::BwdSpec {
+            d_qk,
+            d_v,
+            k_rope,
+            wgmma: true,
+        };
+        use kernels::attn::bwd::{gen_dkdv, gen_dq};
+        for (name, m) in [
+            (b.dkdv_name(), gen_dkdv(&t, &b).unwrap()),
+            (b.dq_name(), gen_dq(&t, &b).unwrap()),
+        ] {
+            let rep = ptx::ptxas::assemble(&ptx::print(&m), "sm_90a", &Default::default()).unwrap();
+            let k = rep.kernel(&name).cloned().unwrap_or_default();
+            eprintln!("{name} regs {}", k.registers);
+            if k.spill_stores_bytes + k.spill_loads_bytes + k.stack_frame_bytes > 0 {
+                failures.push(format!("{name}: {k:?}"));
             }
         }
     }

@@ -33,6 +33,8 @@ pub struct BwdSpec {
     pub d_v: u32,
     /// shared RoPE key width (see [`super::fwd::FwdSpec::k_rope`]); 0 = K concatenated
     pub k_rope: u32,
+    /// sm_90a variant: every product as a warpgroup `wgmma` ([`super::bwd90`])
+    pub wgmma: bool,
 }
 
 impl BwdSpec {
@@ -42,15 +44,27 @@ impl BwdSpec {
             d_qk,
             d_v,
             k_rope: 0,
+            wgmma: false,
         }
     }
-    pub fn dkdv_name(&self) -> String {
+    fn tag(&self) -> String {
+        let w = if self.wgmma { "_wgmma" } else { "" };
         let r = rope_tag(self.k_rope);
-        format!("mla_attn_bwd_dkdv_qk{}_v{}{r}", self.d_qk, self.d_v)
+        format!("{w}_qk{}_v{}{r}", self.d_qk, self.d_v)
+    }
+    pub fn dkdv_name(&self) -> String {
+        format!("mla_attn_bwd_dkdv{}", self.tag())
     }
     pub fn dq_name(&self) -> String {
-        let r = rope_tag(self.k_rope);
-        format!("mla_attn_bwd_dq_qk{}_v{}{r}", self.d_qk, self.d_v)
+        format!("mla_attn_bwd_dq{}", self.tag())
+    }
+    /// Targets of the dK/dV and dQ kernels (`wgmma`: sm_90a only).
+    pub fn targets(&self) -> &'static [&'static str] {
+        if self.wgmma {
+            &["sm_90a"]
+        } else {
+            TARGETS
+        }
     }
     /// Column splits of the dK/dV accumulators (keeps them within the register file).
     pub fn splits(&self) -> u32 {
@@ -173,15 +187,15 @@ pub fn gen_pre(t: &Target) -> Result<ptx::Module> {
 }
 
 /// Common kernel prologue: (start, len, head) of this CTA's sequence.
-struct Seq {
-    start: Reg<u32>,
-    len: Reg<u32>,
-    h: Reg<u32>,
-    heads: Reg<u32>,
+pub(super) struct Seq {
+    pub start: Reg<u32>,
+    pub len: Reg<u32>,
+    pub h: Reg<u32>,
+    pub heads: Reg<u32>,
 }
 
 impl Seq {
-    fn load(k: &mut KernelBuilder, cup: GlobalPtr<i32>, heads: Reg<u32>) -> Seq {
+    pub(super) fn load(k: &mut KernelBuilder, cup: GlobalPtr<i32>, heads: Reg<u32>) -> Seq {
         let (h, b) = (k.ctaid_y(), k.ctaid_z());
         let st = k.ld_nc(cup.offset(b));
         let b1 = k.add(b, 1u32);
@@ -197,28 +211,34 @@ impl Seq {
         }
     }
     /// (token, head) row index of sequence row `r`.
-    fn row(&self, k: &mut KernelBuilder, r: Reg<u32>) -> Reg<u32> {
+    pub(super) fn row(&self, k: &mut KernelBuilder, r: Reg<u32>) -> Reg<u32> {
         let t = k.add(self.start, r);
         k.mad_lo(t, self.heads, self.h)
     }
-    fn ptr(&self, k: &mut KernelBuilder, p: GlobalPtr<u8>, r: Reg<u32>, d: u32) -> Reg<u64> {
+    pub(super) fn ptr(
+        &self,
+        k: &mut KernelBuilder,
+        p: GlobalPtr<u8>,
+        r: Reg<u32>,
+        d: u32,
+    ) -> Reg<u64> {
         let gr = self.row(k, r);
         wide_off(k, p.reg(), gr, d * 2)
     }
 }
 
 /// Parameters shared by the dK/dV and dQ kernels.
-struct BwdParams {
-    q: GlobalPtr<u8>,
-    k: KSrc,
-    v: GlobalPtr<u8>,
-    dout: GlobalPtr<u8>,
-    lse: GlobalPtr<f32>,
-    delta: GlobalPtr<f32>,
-    cu: GlobalPtr<i32>,
+pub(super) struct BwdParams {
+    pub q: GlobalPtr<u8>,
+    pub k: KSrc,
+    pub v: GlobalPtr<u8>,
+    pub dout: GlobalPtr<u8>,
+    pub lse: GlobalPtr<f32>,
+    pub delta: GlobalPtr<f32>,
+    pub cu: GlobalPtr<i32>,
 }
 
-fn declare_common(k: &mut KernelBuilder, rope: u32) -> BwdParams {
+pub(super) fn declare_common(k: &mut KernelBuilder, rope: u32) -> BwdParams {
     BwdParams {
         q: k.param_ptr_aligned::<u8>("q", 16),
         k: KSrc {
@@ -235,7 +255,12 @@ fn declare_common(k: &mut KernelBuilder, rope: u32) -> BwdParams {
 }
 
 /// `lse * log2(e)` and `delta` of sequence row `r` (clamped to the sequence).
-fn row_stats(k: &mut KernelBuilder, sq: &Seq, p: &BwdParams, r: Reg<u32>) -> (Reg<f32>, Reg<f32>) {
+pub(super) fn row_stats(
+    k: &mut KernelBuilder,
+    sq: &Seq,
+    p: &BwdParams,
+    r: Reg<u32>,
+) -> (Reg<f32>, Reg<f32>) {
     let last = k.sub(sq.len, 1u32);
     let rc = k.min(r, last);
     let gr = sq.row(k, rc);
@@ -247,7 +272,7 @@ fn row_stats(k: &mut KernelBuilder, sq: &Seq, p: &BwdParams, r: Reg<u32>) -> (Re
 
 /// P = 2^(s c - lse2) and dS = P (dP - delta) in place (`s` -> P, `dp` -> dS), with
 /// `stats(n, e)` the (lse2, delta) of element e of n-tile n.
-fn p_and_ds(
+pub(super) fn p_and_ds(
     k: &mut KernelBuilder,
     s: &[[Reg<f32>; 4]],
     dp: &[[Reg<f32>; 4]],
@@ -289,7 +314,7 @@ fn acc_times_tile(
 
 /// Stores 16 rows x `acc.len()*8` columns (starting at column `col0`) of `acc * scale` as bf16
 /// into rows `row_ptr(r)` for this lane's rows `rows` when `< len`.
-fn store_rows(
+pub(super) fn store_rows(
     k: &mut KernelBuilder,
     ln: &Lanes,
     acc: &[[Reg<f32>; 4]],
@@ -323,7 +348,7 @@ fn store_rows(
 
 /// (query, lse * log2 e, delta) of this lane's accumulator columns `q0 + 8n + 2q + e` of a
 /// transposed score tile; queries past the end get lse = +inf (P = 0).
-fn column_stats(
+pub(super) fn column_stats(
     k: &mut KernelBuilder,
     sq: &Seq,
     p: &BwdParams,
@@ -346,7 +371,7 @@ fn column_stats(
 }
 
 /// Causal mask of a transposed (keys x queries) score tile: `-inf` where the query precedes the key.
-fn mask_transposed(
+pub(super) fn mask_transposed(
     k: &mut KernelBuilder,
     st: &[[Reg<f32>; 4]],
     stats: &[(Reg<u32>, Reg<f32>, Reg<f32>)],
@@ -361,13 +386,21 @@ fn mask_transposed(
     }
 }
 
+/// Target, head dims and RoPE width of a backward spec.
+fn check_spec(name: &str, t: &Target, s: &BwdSpec) -> Result<()> {
+    check_target(name, t, s.targets())?;
+    check_head_dim(name, "d_qk", s.d_qk as usize)?;
+    check_head_dim(name, "d_v", s.d_v as usize)?;
+    check_k_rope(name, s.d_qk as usize, s.k_rope as usize)
+}
+
 /// Generates the dK/dV kernel.
 pub fn gen_dkdv(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     let name = s.dkdv_name();
-    check_target(&name, t, TARGETS)?;
-    check_head_dim(&name, "d_qk", s.d_qk as usize)?;
-    check_head_dim(&name, "d_v", s.d_v as usize)?;
-    check_k_rope(&name, s.d_qk as usize, s.k_rope as usize)?;
+    check_spec(&name, t, s)?;
+    if s.wgmma {
+        return super::bwd90::gen_dkdv(t, s);
+    }
     let (dqk, dv, sp, bq) = (s.d_qk, s.d_v, s.splits(), s.bq());
     let nt = s.dkdv_threads();
     let mut k = KernelBuilder::new(&name, t.clone());
@@ -463,10 +496,10 @@ pub fn gen_dkdv(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
 /// Generates the dQ kernel.
 pub fn gen_dq(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     let name = s.dq_name();
-    check_target(&name, t, TARGETS)?;
-    check_head_dim(&name, "d_qk", s.d_qk as usize)?;
-    check_head_dim(&name, "d_v", s.d_v as usize)?;
-    check_k_rope(&name, s.d_qk as usize, s.k_rope as usize)?;
+    check_spec(&name, t, s)?;
+    if s.wgmma {
+        return super::bwd90::gen_dq(t, s);
+    }
     let (dqk, dv) = (s.d_qk, s.d_v);
     let nt = 128;
     let mut k = KernelBuilder::new(&name, t.clone());
@@ -574,16 +607,33 @@ pub fn mla_attn_bwd(stream: &Stream, sh: &AttnShape, a: BwdArgs) -> Result<()> {
 
 /// [`mla_attn_bwd`] calling `after(kernel name)` after each of its launches is queued
 /// (benchmarks read the emulator's per-launch statistics there).
+///
+/// On an sm_90a device the dK/dV and dQ launches are the `wgmma` kernels, elsewhere the
+/// `mma.sync` ones.
 pub fn mla_attn_bwd_observed(
     stream: &Stream,
     sh: &AttnShape,
     a: BwdArgs,
     after: &mut dyn FnMut(&str),
 ) -> Result<()> {
+    let wgmma = crate::host::target_for(stream.device()).arch == "sm_90a";
+    mla_attn_bwd_with(stream, sh, a, wgmma, after)
+}
+
+/// [`mla_attn_bwd_observed`] choosing the dK/dV and dQ variant (`wgmma` needs an sm_90a
+/// device).
+pub fn mla_attn_bwd_with(
+    stream: &Stream,
+    sh: &AttnShape,
+    a: BwdArgs,
+    wgmma: bool,
+    after: &mut dyn FnMut(&str),
+) -> Result<()> {
     let spec = BwdSpec {
         d_qk: sh.d_qk as u32,
         d_v: sh.d_v as u32,
         k_rope: sh.k_rope as u32,
+        wgmma,
     };
     let name = spec.dkdv_name();
     sh.validate(&name)?;

@@ -1,22 +1,28 @@
 //! MLA attention: the training forward/backward (FlashAttention-2 style, causal, variable
 //! lengths through cumulative offsets) and FlashMLA-style decoding against a paged latent KV
-//! cache, all `mma.sync.m16n8k16` BF16 with FP32 accumulation.
+//! cache, `mma.sync.m16n8k16` BF16 with FP32 accumulation, and sm_90a training kernels with
+//! `wgmma` (the forward loading through TMA).
 //!
 //! This module owns the shared-tile layout and fragment loaders the attention kernels share:
 //! a tile of `rows` x `d` bf16 lives in shared memory as `ceil(d/64)` *panels* of `rows` 128-byte
 //! rows (64 columns each), every panel with the XOR swizzle of [`crate::tile`] (16-byte chunk `c`
 //! of row `r` at chunk `c ^ (r & 7)`), so `ldmatrix` phases and `cp.async` rows are
-//! conflict-free for any head dimension that is a multiple of 16.
+//! conflict-free for any head dimension that is a multiple of 16. The same panels are the
+//! 128B-swizzle canonical layout of `wgmma` descriptors and of TMA boxes of 64 columns.
 //!
 //! - [`fwd`]: training forward (O, per-row log-sum-exp).
 //! - [`bwd`]: training backward (D = rowsum(dO*O), then dK/dV per key tile, then dQ per query
 //!   tile: deterministic, no atomics).
+//! - [`fwd90`], [`bwd90`]: the sm_90a forward (TMA + mbarrier ring, wgmma) and backward
+//!   (wgmma) kernels, selected by the same host calls on an sm_90a device.
 //! - [`decode`]: absorbed-MLA decoding over a paged cache, split-KV + LSE-weighted combine.
 //! - [`reference`]: f64 CPU references; [`registry`]: registry entries and their checks.
 
 pub mod bwd;
+pub mod bwd90;
 pub mod decode;
 pub mod fwd;
+pub mod fwd90;
 pub mod reference;
 pub mod registry;
 

@@ -58,7 +58,7 @@ pub fn registry_entries() -> Vec<KernelInfo> {
             k_rope: rope,
         };
         let how = if wgmma {
-            "sm_90a wgmma m64 (Q/K/V by 128B-swizzle descriptors, P from registers)"
+            "sm_90a TMA + 2-stage mbarrier ring (producer warp) and wgmma m64 (Q/K/V by 128B-swizzle descriptors, P from registers)"
         } else {
             "mma.sync"
         };
@@ -69,7 +69,7 @@ pub fn registry_entries() -> Vec<KernelInfo> {
                 rope_note(rope),
                 s.bn()
             ),
-            params: params(FwdSpec::params()),
+            params: params(s.params()),
             launch: s.launch_rule(),
             targets: s.targets(),
             host: "attn::fwd::mla_attn_fwd",
@@ -89,19 +89,26 @@ pub fn registry_entries() -> Vec<KernelInfo> {
         test_shapes: vec![Shape::grouped(50, 128, 192, 2)],
         kind: Kind::Attn(AttnKind::BwdPre),
     });
-    for (dqk, dv, rope, shapes) in cases {
+    let bwd_cases = cases
+        .iter()
+        .map(|c| (false, c.clone()))
+        .chain(cases.iter().map(|c| (true, c.clone())));
+    for (wgmma, (dqk, dv, rope, shapes)) in bwd_cases {
         let s = BwdSpec {
             d_qk: dqk,
             d_v: dv,
             k_rope: rope,
+            wgmma,
         };
+        let how = if wgmma { ", sm_90a wgmma" } else { "" };
         v.push(KernelInfo {
             name: s.dkdv_name(),
             summary: format!(
-                "MLA attention backward dK/dV (d_qk {dqk}, d_v {dv}{}): 64 keys per CTA, {}-query tiles from the diagonal, P from the LSE, {} warp(s) per 16 keys",
+                "MLA attention backward dK/dV (d_qk {dqk}, d_v {dv}{}{how}): 64 keys per CTA, {}-query tiles from the diagonal, P from the LSE, {} {} per 16 keys",
                 rope_note(rope),
                 s.bq(),
-                s.splits()
+                s.splits(),
+                if wgmma { "warpgroup(s) (dK/dV columns split)" } else { "warp(s)" }
             ),
             params: params(BwdSpec::dkdv_params()),
             launch: format!(
@@ -110,7 +117,7 @@ pub fn registry_entries() -> Vec<KernelInfo> {
                 s.dkdv_threads(),
                 s.dkdv_shared()
             ),
-            targets: super::TARGETS,
+            targets: s.targets(),
             host: "attn::bwd::mla_attn_bwd",
             test_shapes: shapes.clone(),
             kind: Kind::Attn(AttnKind::BwdDkdv(s)),
@@ -118,7 +125,7 @@ pub fn registry_entries() -> Vec<KernelInfo> {
         v.push(KernelInfo {
             name: s.dq_name(),
             summary: format!(
-                "MLA attention backward dQ (d_qk {dqk}, d_v {dv}{}): 64 queries per CTA, 32-key tiles up to the diagonal (deterministic, no atomics)",
+                "MLA attention backward dQ (d_qk {dqk}, d_v {dv}{}{how}): 64 queries per CTA, 32-key tiles up to the diagonal (deterministic, no atomics)",
                 rope_note(rope)
             ),
             params: params(BwdSpec::dq_params()),
@@ -127,7 +134,7 @@ pub fn registry_entries() -> Vec<KernelInfo> {
                 bwd::BM_DQ,
                 s.dq_shared()
             ),
-            targets: super::TARGETS,
+            targets: s.targets(),
             host: "attn::bwd::mla_attn_bwd",
             test_shapes: shapes,
             kind: Kind::Attn(AttnKind::BwdDq(s)),
@@ -488,8 +495,9 @@ pub struct BwdOut {
     pub seconds: f64,
 }
 
-/// Runs forward then backward of `tp` with upstream gradient `dout` (outputs poisoned).
-pub fn run_bwd(stream: &Stream, tp: &TrainProblem, dout: &[bf16]) -> Result<BwdOut> {
+/// Runs forward then backward of `tp` with upstream gradient `dout` (outputs poisoned); the
+/// backward's dK/dV and dQ kernels are the `wgmma` ones when `wgmma`.
+pub fn run_bwd(stream: &Stream, tp: &TrainProblem, dout: &[bf16], wgmma: bool) -> Result<BwdOut> {
     let dev = stream.device().clone();
     let (q, k, v) = (
         dev.upload(&tp.q.0)?,
@@ -525,7 +533,7 @@ pub fn run_bwd(stream: &Stream, tp: &TrainProblem, dout: &[bf16]) -> Result<BwdO
     let mut dvb = poisoned(&dev, nv, nan_bf16())?;
     stream.synchronize()?;
     let t0 = Instant::now();
-    bwd::mla_attn_bwd(
+    bwd::mla_attn_bwd_with(
         stream,
         &tp.sh,
         BwdArgs {
@@ -542,6 +550,8 @@ pub fn run_bwd(stream: &Stream, tp: &TrainProblem, dout: &[bf16]) -> Result<BwdO
             dk: &mut dk,
             dv: &mut dvb,
         },
+        wgmma,
+        &mut |_| {},
     )?;
     stream.synchronize()?;
     let seconds = t0.elapsed().as_secs_f64();
@@ -565,14 +575,14 @@ fn check_bwd(
     s: &Shape,
     seed: u64,
 ) -> Result<CheckReport> {
-    let rope = match a {
-        AttnKind::BwdDkdv(b) | AttnKind::BwdDq(b) => b.k_rope as usize,
-        _ => 0,
+    let (rope, wgmma) = match a {
+        AttnKind::BwdDkdv(b) | AttnKind::BwdDq(b) => (b.k_rope as usize, b.wgmma),
+        _ => (0, false),
     };
     let tp = TrainProblem::random(s, seed).with_shared_rope(rope);
     let mut rg = r::rng(seed ^ 0x5eed);
     let dout = random_bf16(&mut rg, tp.total * tp.sh.heads * tp.sh.d_v, 1.0);
-    let out = run_bwd(stream, &tp, &dout.0)?;
+    let out = run_bwd(stream, &tp, &dout.0, wgmma)?;
     let lane_instructions = stream.last_stats().map(|st| st.lane_instructions);
     let (rel, nans, tol) = match a {
         AttnKind::BwdPre => {
