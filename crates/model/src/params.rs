@@ -98,7 +98,13 @@ fn mtp_specs(m: &ModelConfig, out: &mut Vec<ParamSpec>) {
     let h = m.hidden as usize;
     out.push(spec("mtp.hnorm", &[h], ParamKind::Norm, None, false));
     out.push(spec("mtp.enorm", &[h], ParamKind::Norm, None, false));
-    out.push(spec("mtp.proj", &[h, 2 * h], ParamKind::Matrix, None, false));
+    out.push(spec(
+        "mtp.proj",
+        &[h, 2 * h],
+        ParamKind::Matrix,
+        None,
+        false,
+    ));
     block_specs(m, "mtp.", None, true, out);
     out.push(spec("mtp.norm", &[h], ParamKind::Norm, None, false));
 }

@@ -14,8 +14,8 @@ use model::config::{ModelConfig, TrainConfig};
 use model::data::IGNORE_INDEX;
 use model::params::{ParamKind, Params};
 use model::reference::{
-    adamw_step, bias_update, forward, loss_and_grads, loss_and_grads_mtp, rope, route, train_steps, AdamHyper,
-    AdamState, RefError, RefOptions, RouteCfg,
+    adamw_step, bias_update, forward, loss_and_grads, loss_and_grads_mtp, rope, route, train_steps,
+    AdamHyper, AdamState, RefError, RefOptions, RouteCfg,
 };
 use model::stage::MicroBatch;
 use rand::rngs::StdRng;
@@ -255,14 +255,20 @@ fn mtp_gradients_match_central_finite_differences() {
             let an = step.grads64[i][j];
             let err = (fd - an).abs() / (an.abs() + 1e-3 * gmax);
             worst = worst.max(err);
-            assert!(err < 1e-4, "{name}[{j}]: fd {fd:e}, gradient {an:e} (err {err:e})");
+            assert!(
+                err < 1e-4,
+                "{name}[{j}]: fd {fd:e}, gradient {an:e} (err {err:e})"
+            );
         }
     }
     // without the MTP weight the main model's own parameters see only the main loss
     let plain = loss_and_grads_mtp(&m, SEQ, &p, &mbs, &ex, 0.0).unwrap();
     assert_eq!(plain.loss, step.loss);
     let i = p.index("layers.0.ffn.w1").unwrap();
-    assert_ne!(plain.grads64[i], step.grads64[i], "the MTP loss reaches the main layers");
+    assert_ne!(
+        plain.grads64[i], step.grads64[i],
+        "the MTP loss reaches the main layers"
+    );
     let i = p.index("mtp.proj").unwrap();
     assert!(plain.grads64[i].iter().all(|&g| g == 0.0));
     println!(

@@ -483,7 +483,8 @@ impl DeviceStage {
         };
         let (mut loss, mut acts) = (0f64, Vec::new());
         for (r, cx) in self.cx.iter().enumerate() {
-            let (l, a) = mtp::forward(cx, &m.w[r], &self.consts[r], &self.d, &xs[r], &mb.labels[r])?;
+            let (l, a) =
+                mtp::forward(cx, &m.w[r], &self.consts[r], &self.d, &xs[r], &mb.labels[r])?;
             loss += l;
             acts.push(a);
         }

@@ -54,7 +54,11 @@ pub(crate) struct MtpW {
 fn half_cols(w: &[f32], rows: usize, half: usize, second: bool) -> Vec<f32> {
     let off = if second { half } else { 0 };
     (0..rows)
-        .flat_map(|r| w[r * 2 * half + off..r * 2 * half + off + half].iter().copied())
+        .flat_map(|r| {
+            w[r * 2 * half + off..r * 2 * half + off + half]
+                .iter()
+                .copied()
+        })
         .collect()
 }
 
@@ -185,7 +189,11 @@ pub(crate) fn backward(
         ("mtp.enorm".into(), g_en),
         ("mtp.proj".into(), join_cols(&g_ph, &g_pe, h, h)),
     ];
-    g.extend(ag.into_iter().chain(fg).map(|(n, v)| (format!("mtp.{n}"), v)));
+    g.extend(
+        ag.into_iter()
+            .chain(fg)
+            .map(|(n, v)| (format!("mtp.{n}"), v)),
+    );
     for (n, v) in hg {
         let name = if n == "head" { "head" } else { "mtp.norm" };
         g.push((name.to_string(), v));

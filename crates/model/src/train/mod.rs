@@ -328,7 +328,9 @@ impl Trainer {
             };
             check_finite(site, &[*l as f32])?;
         }
-        Ok(Some(per.iter().map(|(_, l)| l).sum::<f64>() / labelled as f64))
+        Ok(Some(
+            per.iter().map(|(_, l)| l).sum::<f64>() / labelled as f64,
+        ))
     }
 
     fn run_step(&mut self, mbs: &[MicroBatch], t0: Instant) -> Result<StepReport, TrainError> {
@@ -451,7 +453,9 @@ impl Trainer {
     ) -> Result<(), TrainError> {
         let name = &self.params.specs[i].name;
         let owner = grads[i].as_mut().ok_or_else(|| {
-            TrainError::Shape(format!("stage {s} returned a part of {name}, its owner none"))
+            TrainError::Shape(format!(
+                "stage {s} returned a part of {name}, its owner none"
+            ))
         })?;
         if owner.len() != g.len() {
             return Err(TrainError::Shape(format!(

@@ -128,14 +128,7 @@ impl MtpW {
 
     /// Backward: adds the module's gradients (and its parts of `head` and `embed`) to `g`;
     /// returns the gradient of the main model's last residual stream `x` (BF16 when modelled).
-    pub fn backward(
-        &self,
-        md: &Model,
-        c: MtpCache,
-        x: &Mat,
-        b: &Batch,
-        g: &mut [Vec<f64>],
-    ) -> Mat {
+    pub fn backward(&self, md: &Model, c: MtpCache, x: &Mat, b: &Batch, g: &mut [Vec<f64>]) -> Mat {
         let (rd, h) = (md.pr.rd, md.h);
         let [ih, ie, ip, inorm] = self.idx;
         let dyn_ = md.head.backward(&c.dlogits, &c.yn, &mut g[md.i_head]);
