@@ -306,4 +306,25 @@ mod tests {
             .sqrt();
         assert!((sd - 0.02).abs() < 0.001, "embedding sd {sd}");
     }
+
+    #[test]
+    fn the_mtp_module_appends_its_parameters_and_leaves_the_rest_unchanged() {
+        let m = ModelConfig::default();
+        let mtp = ModelConfig {
+            mtp_depth: 1,
+            ..m.clone()
+        };
+        let (p, q) = (Params::init(&m, 3), Params::init(&mtp, 3));
+        let n = p.specs.len();
+        assert_eq!(&q.specs[..n], &p.specs[..]);
+        assert_eq!(&q.data[..n], &p.data[..], "the main model's initial values");
+        let names: Vec<&str> = q.specs[n..].iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names[..3], ["mtp.hnorm", "mtp.enorm", "mtp.proj"]);
+        assert_eq!(names.last(), Some(&"mtp.norm"));
+        assert!(names.contains(&"mtp.attn.wkv_b") && names.contains(&"mtp.ffn.w2"));
+        let h = m.hidden as usize;
+        assert_eq!(q.specs[n + 2].shape, vec![h, 2 * h]);
+        assert!(q.specs[n..].iter().all(|s| s.layer.is_none()));
+        assert!(q.index("mtp.ffn.w1").map(|i| q.specs[i].fp8).unwrap_or(false));
+    }
 }

@@ -16,6 +16,8 @@
 //! - [`head`]: embedding, final norm + head + cross-entropy.
 //! - [`load`]: parameter checks and uploads; [`dims`]: the sizes, checked against the stage.
 //! - [`grads`]: per micro-batch gradients and their fixed-order reductions.
+//! - [`mtp`]: the 1-depth MTP module of the last stage (`model.mtp_depth = 1`), with the shared
+//!   embedding's copy and the shared head.
 //!
 //! Host work is limited to moving data: uploads of parameters (rounded to BF16 or quantised to
 //! FP8 as the kernels read them), the MoE layer's host-tensor interface, permutations of
