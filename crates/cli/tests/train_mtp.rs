@@ -1,7 +1,7 @@
 //! `ptxforge train` with the MTP module switched on by `--config` (`model.mtp_depth = 1`): the
 //! step line prints the MTP loss after the main one, `--json` rows carry `mtp_loss`, and a
-//! `--resume` continues the MTP run. Tiny run: 4 layers, 2 x 128 tokens per micro-batch, one
-//! evaluation batch.
+//! `--resume` continues the MTP run. Tiny run: the default model with MTP on PP 2 x EP 1, one
+//! 128-token sequence per micro-batch, one evaluation batch.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -28,8 +28,9 @@ fn an_mtp_run_prints_and_reports_the_mtp_loss() {
     let cfg = dir.join("mtp.toml");
     std::fs::write(
         &cfg,
-        "[model]\nmtp_depth = 1\n\n[train]\nmicro_batch = 2\nmicro_batches = 4\nsteps = 2\n\
-         mtp_loss_weight = 0.3\n",
+        "[model]\nmtp_depth = 1\n\n[train]\nmicro_batch = 1\nmicro_batches = 4\nsteps = 2\n\
+         mtp_loss_weight = 0.3\n\n[parallel]\nep = 1\nep_nodes = 1\nnodes = 1\n\
+         devices_per_node = 2\n",
     )
     .expect("write");
     let (cfg, save) = (cfg.to_str().unwrap(), dir.join("mtp.ckpt"));

@@ -501,9 +501,9 @@ impl DeviceStage {
         &self,
         r: usize,
         act: &MbAct,
-        (dx, gs): (Buffer<bf16>, Vec<(&'static str, Vec<f32>)>),
-    ) -> Result<(Buffer<bf16>, Vec<(String, Vec<f32>)>)> {
-        let mut out: Vec<(String, Vec<f32>)> =
+        (dx, gs): linear::WithGrads,
+    ) -> Result<(Buffer<bf16>, mtp::NamedRankGrads)> {
+        let mut out: mtp::NamedRankGrads =
             gs.into_iter().map(|(n, v)| (n.to_string(), v)).collect();
         let (Some(m), Some(ma)) = (&self.mtp, &act.mtp) else {
             return Ok((dx, out));
