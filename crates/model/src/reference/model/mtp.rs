@@ -54,10 +54,9 @@ fn shifted(b: &Batch) -> (Vec<usize>, Vec<i32>) {
     let n = b.labels.len();
     let ids = b.labels.iter().map(|&l| l.max(0) as usize).collect();
     let mut tgt = vec![IGNORE_INDEX; n];
-    for s in &b.seqs {
-        for i in s.start..s.end.saturating_sub(1) {
-            tgt[i] = b.labels[i + 1];
-        }
+    for s in b.seqs.iter().filter(|s| s.end > s.start) {
+        // inside a sequence the target at i is the label at i + 1; its last token has none
+        tgt[s.start..s.end - 1].copy_from_slice(&b.labels[s.start + 1..s.end]);
     }
     (ids, tgt)
 }
