@@ -325,6 +325,9 @@ mod tests {
         let h = m.hidden as usize;
         assert_eq!(q.specs[n + 2].shape, vec![h, 2 * h]);
         assert!(q.specs[n..].iter().all(|s| s.layer.is_none()));
-        assert!(q.index("mtp.ffn.w1").map(|i| q.specs[i].fp8).unwrap_or(false));
+        assert!(q
+            .index("mtp.ffn.w1")
+            .map(|i| q.specs[i].fp8)
+            .unwrap_or(false));
     }
 }
