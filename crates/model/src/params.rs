@@ -25,7 +25,13 @@
 //! layers.{l}.moe.shared.w1, .w2          the shared expert (shared_experts = 1)
 //! final_norm                             [H]
 //! head                                   [vocab, H]
+//! mtp.hnorm, mtp.enorm                   [H]                   MTP (model.mtp_depth = 1):
+//! mtp.proj                               [H, 2H]               M of [hnorm(h) ; enorm(emb)]
+//! mtp.attn_norm, mtp.attn.*, mtp.ffn_norm, mtp.ffn.w1, mtp.ffn.w2   its block (dense FFN)
+//! mtp.norm                               [H]                   before the shared head
 //! ```
+//!
+//! The MTP module (`layer: None`) shares `embed` and `head` with the main model.
 
 use crate::config::ModelConfig;
 
@@ -48,7 +54,7 @@ pub struct ParamSpec {
     pub name: String,
     pub shape: Vec<usize>,
     pub kind: ParamKind,
-    /// Decoder layer (`None`: embedding, final norm, head).
+    /// Decoder layer (`None`: embedding, final norm, head, the MTP module).
     pub layer: Option<usize>,
     /// Used by an FP8 GEMM (dense FFN and expert weights: quantised 128x128 on the device).
     pub fp8: bool,
@@ -68,19 +74,49 @@ impl ParamSpec {
 }
 
 /// Every parameter of `m`, in the canonical order (embedding, layers in order, final norm,
-/// head): the order of checkpoints, gradient norms and fixed-order reductions.
+/// head, then the MTP module's): the order of checkpoints, gradient norms and fixed-order
+/// reductions.
 pub fn specs(m: &ModelConfig) -> Vec<ParamSpec> {
     let (h, v) = (m.hidden as usize, m.vocab as usize);
     let mut out = vec![spec("embed", &[v, h], ParamKind::Embedding, None, false)];
     for l in 0..m.layers as usize {
-        layer_specs(m, l, &mut out);
+        let dense = l < m.dense_layers as usize;
+        block_specs(m, &format!("layers.{l}."), Some(l), dense, &mut out);
     }
     out.push(spec("final_norm", &[h], ParamKind::Norm, None, false));
     out.push(spec("head", &[v, h], ParamKind::Matrix, None, false));
+    if m.mtp_depth >= 1 {
+        mtp_specs(m, &mut out);
+    }
     out
 }
 
-fn layer_specs(m: &ModelConfig, l: usize, out: &mut Vec<ParamSpec>) {
+/// The 1-depth MTP module: its two input norms, the projection `M [H, 2H]` (columns `0..H`
+/// read the normed hidden state, `H..2H` the normed embedding), one block with a dense FFN,
+/// and the norm before the shared head.
+fn mtp_specs(m: &ModelConfig, out: &mut Vec<ParamSpec>) {
+    let h = m.hidden as usize;
+    out.push(spec("mtp.hnorm", &[h], ParamKind::Norm, None, false));
+    out.push(spec("mtp.enorm", &[h], ParamKind::Norm, None, false));
+    out.push(spec(
+        "mtp.proj",
+        &[h, 2 * h],
+        ParamKind::Matrix,
+        None,
+        false,
+    ));
+    block_specs(m, "mtp.", None, true, out);
+    out.push(spec("mtp.norm", &[h], ParamKind::Norm, None, false));
+}
+
+/// One decoder block's parameters named `{prefix}{suffix}` (a layer, or the MTP block).
+fn block_specs(
+    m: &ModelConfig,
+    prefix: &str,
+    layer: Option<usize>,
+    dense: bool,
+    out: &mut Vec<ParamSpec>,
+) {
     let h = m.hidden as usize;
     let (nh, nope, rope, vd) = (
         m.heads as usize,
@@ -89,9 +125,9 @@ fn layer_specs(m: &ModelConfig, l: usize, out: &mut Vec<ParamSpec>) {
         m.v_head_dim as usize,
     );
     let (ql, kvl) = (m.q_lora_rank as usize, m.kv_lora_rank as usize);
-    let p = |n: &str| format!("layers.{l}.{n}");
+    let p = |n: &str| format!("{prefix}{n}");
     let mut push = |n: String, shape: &[usize], kind, fp8| {
-        out.push(spec(&n, shape, kind, Some(l), fp8));
+        out.push(spec(&n, shape, kind, layer, fp8));
     };
     use ParamKind::*;
     push(p("attn_norm"), &[h], Norm, false);
@@ -103,7 +139,7 @@ fn layer_specs(m: &ModelConfig, l: usize, out: &mut Vec<ParamSpec>) {
     push(p("attn.wkv_b"), &[nh * (nope + vd), kvl], Matrix, false);
     push(p("attn.wo"), &[h, nh * vd], Matrix, false);
     push(p("ffn_norm"), &[h], Norm, false);
-    if l < m.dense_layers as usize {
+    if dense {
         let i = m.dense_intermediate as usize;
         push(p("ffn.w1"), &[2 * i, h], Matrix, true);
         push(p("ffn.w2"), &[h, i], Matrix, true);
@@ -269,5 +305,29 @@ mod tests {
             / p.data[0].len() as f64)
             .sqrt();
         assert!((sd - 0.02).abs() < 0.001, "embedding sd {sd}");
+    }
+
+    #[test]
+    fn the_mtp_module_appends_its_parameters_and_leaves_the_rest_unchanged() {
+        let m = ModelConfig::default();
+        let mtp = ModelConfig {
+            mtp_depth: 1,
+            ..m.clone()
+        };
+        let (p, q) = (Params::init(&m, 3), Params::init(&mtp, 3));
+        let n = p.specs.len();
+        assert_eq!(&q.specs[..n], &p.specs[..]);
+        assert_eq!(&q.data[..n], &p.data[..], "the main model's initial values");
+        let names: Vec<&str> = q.specs[n..].iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names[..3], ["mtp.hnorm", "mtp.enorm", "mtp.proj"]);
+        assert_eq!(names.last(), Some(&"mtp.norm"));
+        assert!(names.contains(&"mtp.attn.wkv_b") && names.contains(&"mtp.ffn.w2"));
+        let h = m.hidden as usize;
+        assert_eq!(q.specs[n + 2].shape, vec![h, 2 * h]);
+        assert!(q.specs[n..].iter().all(|s| s.layer.is_none()));
+        assert!(q
+            .index("mtp.ffn.w1")
+            .map(|i| q.specs[i].fp8)
+            .unwrap_or(false));
     }
 }

@@ -114,4 +114,11 @@ pub trait Stage: Send {
     /// Loads (uploads, re-quantises) the stage's parameters from `p` (after an optimizer step,
     /// and at start or resume).
     fn load_params(&mut self, p: &Params) -> StageResult<()>;
+
+    /// The last stage with an MTP module (`model.mtp_depth = 1`): each micro-batch's summed
+    /// MTP cross-entropy (nats) of the forwards since the last call, by micro-batch index;
+    /// clears them (a discarded forward's is dropped). Stages without one return nothing.
+    fn take_mtp_losses(&mut self) -> Vec<(usize, f64)> {
+        Vec::new()
+    }
 }

@@ -14,8 +14,8 @@ use model::config::{ModelConfig, TrainConfig};
 use model::data::IGNORE_INDEX;
 use model::params::{ParamKind, Params};
 use model::reference::{
-    adamw_step, bias_update, forward, loss_and_grads, rope, route, train_steps, AdamHyper,
-    AdamState, RefError, RefOptions, RouteCfg,
+    adamw_step, bias_update, forward, loss_and_grads, loss_and_grads_mtp, rope, route, train_steps,
+    AdamHyper, AdamState, RefError, RefOptions, RouteCfg,
 };
 use model::stage::MicroBatch;
 use rand::rngs::StdRng;
@@ -207,6 +207,74 @@ fn gradients_match_central_finite_differences_for_every_parameter_tensor() {
         t0.elapsed().as_secs_f64()
     );
     assert!(checked >= 9 * (checked + skipped) / 10, "too many skipped");
+}
+
+/// The MTP module (`mtp_depth = 1`: one dense layer + the MTP block, weight 0.3): every
+/// parameter tensor's gradient of `loss + 0.3 mtp_loss` (the shared embedding and head
+/// included) against central finite differences of the exact forward; the MTP loss only moves
+/// the shared and `mtp.*` parameters' gradients.
+#[test]
+fn mtp_gradients_match_central_finite_differences() {
+    let t0 = Instant::now();
+    let mut m = tiny();
+    (m.layers, m.mtp_depth) = (1, 1);
+    let w = 0.3;
+    let mut rng = StdRng::seed_from_u64(21);
+    let p = params(&m, 7);
+    let mbs = batches(&mut rng, 2, 2, 1);
+    let ids: Vec<usize> = mbs[0]
+        .inputs
+        .iter()
+        .chain(&mbs[0].labels)
+        .flatten()
+        .filter(|&&v| v >= 0)
+        .map(|&v| v as usize)
+        .collect();
+    let ex = RefOptions::EXACT;
+    let step = loss_and_grads_mtp(&m, SEQ, &p, &mbs, &ex, w).unwrap();
+    let base = forward(&m, SEQ, &p, &mbs, &ex).unwrap();
+    let mtp = base.mtp_loss.expect("an MTP loss");
+    assert_eq!(step.mtp_loss, Some(mtp));
+    assert!(mtp > 4.0 && mtp < 7.0, "MTP loss {mtp} (~ln 256 at init)");
+    let objective = |f: &model::reference::RefForward| f.loss + w * f.mtp_loss.unwrap();
+    let mut worst = 0f64;
+    for i in 0..p.specs.len() {
+        let name = p.specs[i].name.clone();
+        let gmax = step.grads64[i].iter().fold(0f64, |a, g| a.max(g.abs()));
+        assert!(gmax > 0.0, "{name}: all-zero gradient");
+        for j in sample(&mut rng, &p, i, &ids, 3) {
+            let v = p.data[i][j];
+            let h = 1e-3 * v.abs().max(0.05);
+            let (mut pp, mut pm) = (p.clone(), p.clone());
+            pp.data[i][j] = v + h;
+            pm.data[i][j] = v - h;
+            let fp = forward(&m, SEQ, &pp, &mbs, &ex).unwrap();
+            let fm = forward(&m, SEQ, &pm, &mbs, &ex).unwrap();
+            let dh = pp.data[i][j] as f64 - pm.data[i][j] as f64;
+            let fd = (objective(&fp) - objective(&fm)) / dh;
+            let an = step.grads64[i][j];
+            let err = (fd - an).abs() / (an.abs() + 1e-3 * gmax);
+            worst = worst.max(err);
+            assert!(
+                err < 1e-4,
+                "{name}[{j}]: fd {fd:e}, gradient {an:e} (err {err:e})"
+            );
+        }
+    }
+    // without the MTP weight the main model's own parameters see only the main loss
+    let plain = loss_and_grads_mtp(&m, SEQ, &p, &mbs, &ex, 0.0).unwrap();
+    assert_eq!(plain.loss, step.loss);
+    let i = p.index("layers.0.ffn.w1").unwrap();
+    assert_ne!(
+        plain.grads64[i], step.grads64[i],
+        "the MTP loss reaches the main layers"
+    );
+    let i = p.index("mtp.proj").unwrap();
+    assert!(plain.grads64[i].iter().all(|&g| g == 0.0));
+    println!(
+        "MTP: every tensor checked, worst {worst:.2e}, {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
 }
 
 #[test]
@@ -538,7 +606,11 @@ fn bad_input_is_refused_naming_what_is_wrong() {
     forward(&odd, SEQ, &Params::init(&odd, 1), &mbs, &ex).unwrap();
     let mut mtp = m.clone();
     mtp.mtp_depth = 1;
-    let e = forward(&mtp, SEQ, &Params::init(&mtp, 1), &mbs, &ex).unwrap_err();
+    // an MTP model's gradients need the MTP loss weight (loss_and_grads_mtp)
+    let e = loss_and_grads(&mtp, SEQ, &Params::init(&mtp, 1), &mbs, &ex).unwrap_err();
+    assert!(e.to_string().contains("model.mtp_depth"), "{e}");
+    mtp.mtp_depth = 2;
+    let e = forward(&mtp, SEQ, &Params::init(&m, 1), &mbs, &ex).unwrap_err();
     assert!(e.to_string().contains("model.mtp_depth"), "{e}");
     let mut g = m.clone();
     g.topk_groups = 5;

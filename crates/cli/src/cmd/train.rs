@@ -130,8 +130,12 @@ fn corpus(data: Option<&Path>, cfg: &TrainConfig) -> Result<Corpus> {
 
 fn step_line(r: &StepReport) -> String {
     let p = &r.phases;
+    // with an MTP module (model.mtp_depth = 1) its loss follows the main one
+    let mtp = r
+        .mtp_loss
+        .map_or(String::new(), |m| format!("  mtp {m:.4}"));
     format!(
-        "step {:>4}  loss {:.4}  lr {:.2e}  |g| {:.3}  {:>7.0} tok/s  fwd {:.2}s bwd {:.2}s \
+        "step {:>4}  loss {:.4}{mtp}  lr {:.2e}  |g| {:.3}  {:>7.0} tok/s  fwd {:.2}s bwd {:.2}s \
          copy {:.2}s opt {:.2}s  F&B overlap {:.0}%  comm/compute {:.3}",
         r.step,
         r.loss,

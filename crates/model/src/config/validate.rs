@@ -71,7 +71,8 @@ fn model_sizes(c: &TrainConfig, e: &mut Errs) {
     let fp8 = "FP8 GEMM blocks of 128";
     e.positive_multiple("model.hidden", m.hidden, 128, fp8);
     e.positive_multiple("model.expert_intermediate", m.expert_intermediate, 128, fp8);
-    if m.dense_layers > 0 {
+    // the MTP block's FFN is dense too
+    if m.dense_layers > 0 || m.mtp_depth > 0 {
         e.positive_multiple("model.dense_intermediate", m.dense_intermediate, 128, fp8);
     }
     e.ensure(
@@ -99,7 +100,10 @@ fn model_sizes(c: &TrainConfig, e: &mut Errs) {
         )
     });
     e.ensure(m.mtp_depth <= 1, "model.mtp_depth", || {
-        format!("{} is not 0 or 1", m.mtp_depth)
+        format!(
+            "{} is not 0 or 1 (one MTP module, as V3, is the deepest built)",
+            m.mtp_depth
+        )
     });
     e.positive("model.rope_theta", m.rope_theta);
     e.positive("model.norm_eps", m.norm_eps);

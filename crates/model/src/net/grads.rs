@@ -22,7 +22,7 @@ pub(crate) struct MbGrads {
 }
 
 /// `acc += v` (f32) on `cx`'s device.
-fn add_into(cx: &Ctx, acc: &mut Vec<f32>, v: &[f32]) -> Result<()> {
+pub(crate) fn add_into(cx: &Ctx, acc: &mut Vec<f32>, v: &[f32]) -> Result<()> {
     let n = acc.len();
     if v.len() != n {
         return Err(TrainError::Shape(format!(
@@ -70,6 +70,13 @@ impl MbGrads {
     pub fn add_global(&mut self, r: usize, g: Vec<(&'static str, Vec<f32>)>) {
         for (s, v) in g {
             self.put(s.to_string(), r, v);
+        }
+    }
+
+    /// Rank `r`'s partials named in full (the MTP module's, `model::net::mtp`).
+    pub fn add_named(&mut self, r: usize, g: Vec<(String, Vec<f32>)>) {
+        for (s, v) in g {
+            self.put(s, r, v);
         }
     }
 
@@ -134,7 +141,10 @@ impl GradStore {
             .filter(|s| s.kind != ParamKind::RouteBias)
             .filter(|s| match s.layer {
                 Some(l) => spec.layers.contains(&l),
-                None if s.name == "embed" => spec.is_first(),
+                // the MTP module on the last stage reads the shared embedding too
+                None if s.name == "embed" => {
+                    spec.is_first() || (spec.is_last() && spec.config.model.mtp_depth > 0)
+                }
                 None => spec.is_last(),
             })
             .map(|s| (s.name.clone(), s.len()))

@@ -16,6 +16,8 @@
 //! - [`head`]: embedding, final norm + head + cross-entropy.
 //! - [`load`]: parameter checks and uploads; [`dims`]: the sizes, checked against the stage.
 //! - [`grads`]: per micro-batch gradients and their fixed-order reductions.
+//! - [`mtp`]: the 1-depth MTP module of the last stage (`model.mtp_depth = 1`), with the shared
+//!   embedding's copy and the shared head.
 //!
 //! Host work is limited to moving data: uploads of parameters (rounded to BF16 or quantised to
 //! FP8 as the kernels read them), the MoE layer's host-tensor interface, permutations of
@@ -33,6 +35,7 @@ mod grads;
 mod head;
 mod linear;
 mod load;
+mod mtp;
 
 use crate::config::ModelConfig;
 use crate::moe::MoeLayer;
@@ -87,6 +90,7 @@ struct MbAct {
     embed: Option<Vec<TokenBatch>>,
     layers: Vec<LayerAct>,
     head: Option<Vec<HeadAct>>,
+    mtp: Option<Vec<mtp::MtpAct>>,
 }
 
 /// One pipeline stage on its EP group's devices (see the module docs).
@@ -98,6 +102,8 @@ pub struct DeviceStage {
     embed: Option<Vec<EmbedW>>,
     layers: Vec<Layer>,
     head: Option<Vec<HeadW>>,
+    /// The MTP module (last stage, `model.mtp_depth = 1`).
+    mtp: Option<mtp::Mtp>,
     loss_scale: f32,
     acts: BTreeMap<usize, MbAct>,
     grads: GradStore,
@@ -140,6 +146,7 @@ impl DeviceStage {
         let layers = load::build_layers(&spec, &cx, &d, params)?;
         let (embed, head) = load::ends(&spec, &cx, &d, params)?;
         let grads = GradStore::new(&spec)?;
+        let mtp = build_mtp(&spec, &cx, &d, params)?;
         Ok(DeviceStage {
             spec,
             d,
@@ -148,6 +155,7 @@ impl DeviceStage {
             embed,
             layers,
             head,
+            mtp,
             loss_scale: 1.0,
             acts: BTreeMap::new(),
             grads,
@@ -289,6 +297,7 @@ impl DeviceStage {
                 loads.push((self.layers[li].index, c));
             }
         }
+        let mtp_act = self.mtp_forward(mb, &xs)?;
         let (out, head) = match &self.head {
             Some(hw) => {
                 let mut loss = 0f64;
@@ -310,6 +319,7 @@ impl DeviceStage {
                 embed,
                 layers,
                 head,
+                mtp: mtp_act,
             },
         );
         Ok(out)
@@ -377,7 +387,8 @@ impl DeviceStage {
                 for (r, cx) in self.cx.iter().enumerate() {
                     let (dx, gs) =
                         head::head_backward(cx, &hw[r], &self.d, &ha[r], self.loss_scale)?;
-                    g.add_global(r, gs);
+                    let (dx, gs) = self.mtp_backward(r, &act, (dx, gs))?;
+                    g.add_named(r, gs);
                     out.push(dx);
                 }
                 out
@@ -417,6 +428,9 @@ impl Stage for DeviceStage {
 
     fn discard(&mut self, mb: usize) {
         self.acts.remove(&mb);
+        if let Some(m) = &mut self.mtp {
+            m.losses.remove(&mb);
+        }
         self.grads.drop_loads(mb);
     }
 
@@ -434,6 +448,90 @@ impl Stage for DeviceStage {
         let (embed, head) = load::ends(&self.spec, &self.cx, &self.d, p)?;
         self.embed = embed;
         self.head = head;
+        if let Some(m) = &mut self.mtp {
+            m.w = mtp::load_all(&self.cx, &self.d, self.spec.config.model.layers as usize, p)?;
+        }
         Ok(())
     }
+
+    fn take_mtp_losses(&mut self) -> Vec<(usize, f64)> {
+        match &mut self.mtp {
+            Some(m) => std::mem::take(&mut m.losses).into_iter().collect(),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// The MTP module of the last stage when the model has one.
+fn build_mtp(spec: &StageSpec, cx: &[Ctx], d: &Dims, p: &Params) -> Result<Option<mtp::Mtp>> {
+    let m = &spec.config.model;
+    if !spec.is_last() || m.mtp_depth == 0 {
+        return Ok(None);
+    }
+    let weight = spec.config.train.mtp_loss_weight;
+    Ok(Some(mtp::Mtp::build(cx, d, m.layers as usize, weight, p)?))
+}
+
+impl DeviceStage {
+    /// The MTP forward of every rank from the main model's last hidden states (last stage
+    /// with MTP; else nothing): records the micro-batch's summed MTP loss.
+    fn mtp_forward(
+        &mut self,
+        mb: &MicroBatch,
+        xs: &[Buffer<bf16>],
+    ) -> Result<Option<Vec<mtp::MtpAct>>> {
+        let Some(m) = &mut self.mtp else {
+            return Ok(None);
+        };
+        let (mut loss, mut acts) = (0f64, Vec::new());
+        for (r, cx) in self.cx.iter().enumerate() {
+            let (l, a) =
+                mtp::forward(cx, &m.w[r], &self.consts[r], &self.d, &xs[r], &mb.labels[r])?;
+            loss += l;
+            acts.push(a);
+        }
+        m.losses.insert(mb.index, loss);
+        Ok(Some(acts))
+    }
+
+    /// Rank `r`'s head backward output `(dx, grads)` with the MTP module's backward added:
+    /// `dx + dx_mtp` (BF16), the two heads' gradients summed (main first), the `mtp.*` and
+    /// `embed` gradients appended. Without MTP the input, renamed.
+    fn mtp_backward(
+        &self,
+        r: usize,
+        act: &MbAct,
+        (dx, gs): linear::WithGrads,
+    ) -> Result<(Buffer<bf16>, mtp::NamedRankGrads)> {
+        let mut out: mtp::NamedRankGrads =
+            gs.into_iter().map(|(n, v)| (n.to_string(), v)).collect();
+        let (Some(m), Some(ma)) = (&self.mtp, &act.mtp) else {
+            return Ok((dx, out));
+        };
+        let cx = &self.cx[r];
+        let scale = m.weight * self.loss_scale;
+        let (dxm, gm) = mtp::backward(cx, &m.w[r], &self.consts[r], &self.d, &ma[r], scale)?;
+        let sum = cx.add(&dx, &dxm, self.d.t * self.d.h)?;
+        cx.sync()?;
+        for (n, v) in gm {
+            match out.iter_mut().find(|(o, _)| *o == n) {
+                Some((_, acc)) => *acc = mtp::add_grads(cx, acc, &v)?,
+                None => out.push((n, v)),
+            }
+        }
+        Ok((sum, out))
+    }
+}
+
+/// `a + b` (f32, in that order) by the `f32_add` kernel on `dev`'s compute partition (`comm_sms`
+/// left to communication): the trainer's sum of a shared parameter's gradient parts (the MTP
+/// module's embedding gradient).
+pub fn add_on_device(
+    dev: &Device,
+    comm_sms: u32,
+    a: &[f32],
+    b: &[f32],
+) -> std::result::Result<Vec<f32>, TrainError> {
+    let cx = Ctx::new(dev, comm_sms)?;
+    mtp::add_grads(&cx, a, b)
 }

@@ -95,6 +95,12 @@ pub struct RefStep {
     pub grads: Params,
     /// Per MoE layer (global index) the tokens routed to each expert, all micro-batches.
     pub expert_load: ExpertLoad,
+    /// With an MTP module: its cross-entropy summed over every micro-batch / labelled tokens
+    /// of the step (the main loss's count, V3's normalisation); the gradients are those of
+    /// `loss + mtp_weight x mtp_loss`.
+    pub mtp_loss: Option<f64>,
+    /// Each micro-batch's summed MTP cross-entropy (empty without MTP).
+    pub per_microbatch_mtp_loss: Vec<f64>,
 }
 
 /// A forward pass of the reference.
@@ -109,6 +115,8 @@ pub struct RefForward {
     /// Per micro-batch: for each MoE layer in order, each token row in order, its selected
     /// experts (selection order), concatenated.
     pub routes: Vec<Vec<usize>>,
+    /// With an MTP module: its summed cross-entropy / labelled tokens (see [`RefStep`]).
+    pub mtp_loss: Option<f64>,
 }
 
 /// The step loss of `mbs` (sequences of `seq_len` tokens) under parameters `p`, forward only.
@@ -119,19 +127,22 @@ pub fn forward(
     mbs: &[MicroBatch],
     opts: &RefOptions,
 ) -> Result<RefForward, RefError> {
-    let (model, batches, labelled) = prepare(m, seq_len, p, mbs, opts)?;
+    let (model, batches, labelled) = prepare(m, seq_len, p, mbs, opts, 0.0)?;
     let res = run_all(&model, &batches, 1.0 / labelled as f64, false)?;
     let per: Vec<f64> = res.iter().map(|r| r.loss).collect();
+    let mtp = (m.mtp_depth > 0).then(|| res.iter().map(|r| r.mtp_loss).sum::<f64>());
     Ok(RefForward {
         loss: per.iter().sum::<f64>() / labelled as f64,
         labelled,
+        mtp_loss: mtp.map(|s| s / labelled as f64),
         per_microbatch_loss: per,
         token_losses: res.iter().map(|r| r.token_losses.clone()).collect(),
         routes: res.into_iter().map(|r| r.routes).collect(),
     })
 }
 
-/// The step loss and every parameter's gradient of `mbs` under `p`.
+/// The step loss and every parameter's gradient of `mbs` under `p` (a model without MTP:
+/// [`loss_and_grads_mtp`] takes the MTP loss weight).
 pub fn loss_and_grads(
     m: &ModelConfig,
     seq_len: usize,
@@ -139,7 +150,26 @@ pub fn loss_and_grads(
     mbs: &[MicroBatch],
     opts: &RefOptions,
 ) -> Result<RefStep, RefError> {
-    let (model, batches, labelled) = prepare(m, seq_len, p, mbs, opts)?;
+    if m.mtp_depth > 0 {
+        return Err(RefError::Config {
+            field: "model.mtp_depth",
+            msg: "an MTP model needs its loss weight: use loss_and_grads_mtp".into(),
+        });
+    }
+    loss_and_grads_mtp(m, seq_len, p, mbs, opts, 0.0)
+}
+
+/// [`loss_and_grads`] of a model with or without an MTP module: the gradients are those of
+/// `loss + mtp_weight x mtp_loss` (`train.mtp_loss_weight`; unused without MTP).
+pub fn loss_and_grads_mtp(
+    m: &ModelConfig,
+    seq_len: usize,
+    p: &Params,
+    mbs: &[MicroBatch],
+    opts: &RefOptions,
+    mtp_weight: f64,
+) -> Result<RefStep, RefError> {
+    let (model, batches, labelled) = prepare(m, seq_len, p, mbs, opts, mtp_weight)?;
     let res = run_all(&model, &batches, 1.0 / labelled as f64, true)?;
     let mut grads64: Vec<Vec<f64>> = p.data.iter().map(|d| vec![0.0; d.len()]).collect();
     let mut load: ExpertLoad = Vec::new();
@@ -157,6 +187,10 @@ pub fn loss_and_grads(
         }
     }
     let per: Vec<f64> = res.iter().map(|r| r.loss).collect();
+    let per_mtp: Vec<f64> = match m.mtp_depth {
+        0 => Vec::new(),
+        _ => res.iter().map(|r| r.mtp_loss).collect(),
+    };
     let grads = Params {
         specs: p.specs.clone(),
         data: grads64
@@ -171,6 +205,8 @@ pub fn loss_and_grads(
         grads64,
         grads,
         expert_load: load,
+        mtp_loss: (!per_mtp.is_empty()).then(|| per_mtp.iter().sum::<f64>() / labelled as f64),
+        per_microbatch_mtp_loss: per_mtp,
     })
 }
 
@@ -209,6 +245,7 @@ fn prepare(
     p: &Params,
     mbs: &[MicroBatch],
     opts: &RefOptions,
+    mtp_weight: f64,
 ) -> Result<(Model, Vec<Batch>, usize), RefError> {
     check_config(m, opts)?;
     let want = specs(m);
@@ -232,7 +269,7 @@ fn prepare(
     if labelled == 0 {
         return Err(RefError::NoLabels);
     }
-    Ok((Model::new(m, p, opts)?, batches, labelled))
+    Ok((Model::new(m, p, opts, mtp_weight)?, batches, labelled))
 }
 
 fn check_config(m: &ModelConfig, opts: &RefOptions) -> Result<(), RefError> {
@@ -256,10 +293,10 @@ fn check_config(m: &ModelConfig, opts: &RefOptions) -> Result<(), RefError> {
     if !m.qk_rope_head_dim.is_multiple_of(2) {
         return bad("model.qk_rope_head_dim", "RoPE needs an even dim".into());
     }
-    if m.mtp_depth != 0 {
+    if m.mtp_depth > 1 {
         return bad(
             "model.mtp_depth",
-            "the reference has no MTP module (0 only)".into(),
+            format!("{} is not 0 or 1 (one MTP module at most)", m.mtp_depth),
         );
     }
     if m.dense_layers > m.layers {
@@ -282,7 +319,7 @@ fn check_config(m: &ModelConfig, opts: &RefOptions) -> Result<(), RefError> {
         }
     }
     let mut ffn_dims = vec![("model.hidden", m.hidden)];
-    if m.dense_layers > 0 {
+    if m.dense_layers > 0 || m.mtp_depth > 0 {
         ffn_dims.push(("model.dense_intermediate", m.dense_intermediate));
     }
     if moe {

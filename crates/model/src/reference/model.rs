@@ -16,6 +16,8 @@ use crate::config::ModelConfig;
 use crate::params::Params;
 use std::ops::Range;
 
+mod mtp;
+
 /// One micro-batch flattened: token rows rank by rank, each rank's sequences in order.
 pub(crate) struct Batch {
     pub ids: Vec<usize>,
@@ -49,9 +51,15 @@ pub(crate) struct Model {
     layers: Vec<LayerW>,
     final_norm: Vec<f64>,
     head: Linear,
-    nparams: usize,
+    /// Indices of `head` and `final_norm` (the MTP module's parameters follow them).
+    i_head: usize,
+    i_final_norm: usize,
     lens: Vec<usize>,
     pr: Prec,
+    /// The MTP module (`model.mtp_depth = 1`).
+    mtp: Option<mtp::MtpW>,
+    /// Its loss weight (`train.mtp_loss_weight`).
+    mtp_weight: f64,
 }
 
 fn f64s(v: &[f32]) -> Vec<f64> {
@@ -59,7 +67,13 @@ fn f64s(v: &[f32]) -> Vec<f64> {
 }
 
 impl Model {
-    pub fn new(m: &ModelConfig, p: &Params, o: &RefOptions) -> Result<Model, RefError> {
+    /// The model of `p`; `mtp_weight` weighs the MTP loss in the gradients (MTP models only).
+    pub fn new(
+        m: &ModelConfig,
+        p: &Params,
+        o: &RefOptions,
+        mtp_weight: f64,
+    ) -> Result<Model, RefError> {
         let rd = Round(o.bf16);
         let (h, vocab) = (m.hidden as usize, m.vocab as usize);
         let d = AttnDims {
@@ -82,16 +96,35 @@ impl Model {
             layers,
             final_norm: f64s(p.get("final_norm")?),
             head: Linear::new(p.get("head")?, vocab, h, rd),
-            nparams: p.specs.len(),
+            i_head: p.index("head")?,
+            i_final_norm: p.index("final_norm")?,
             lens: p.specs.iter().map(|s| s.len()).collect(),
             pr: Prec { fp8: o.fp8, rd },
+            mtp: match m.mtp_depth {
+                0 => None,
+                _ => Some(mtp::MtpW::new(m, p, o)?),
+            },
+            mtp_weight,
         })
     }
 }
 
 fn layer(m: &ModelConfig, p: &Params, l: usize, o: &RefOptions) -> Result<LayerW, RefError> {
+    let dense = l < m.dense_layers as usize;
+    block(m, p, &format!("layers.{l}."), dense, o)
+}
+
+/// A decoder block's weights from the parameters named `{prefix}{suffix}` (dense: `ffn.*`,
+/// else `moe.*`).
+fn block(
+    m: &ModelConfig,
+    p: &Params,
+    prefix: &str,
+    dense: bool,
+    o: &RefOptions,
+) -> Result<LayerW, RefError> {
     let rd = Round(o.bf16);
-    let name = |n: &str| format!("layers.{l}.{n}");
+    let name = |n: &str| format!("{prefix}{n}");
     let get = |n: &str| p.get(&name(n));
     let idx = |n: &str| p.index(&name(n));
     let lin = |n: &str, out: usize, inp: usize| -> Result<Linear, RefError> {
@@ -132,7 +165,7 @@ fn layer(m: &ModelConfig, p: &Params, l: usize, o: &RefOptions) -> Result<LayerW
     let ffn_w = |a: &str, b: &str, i: usize| -> Result<FfnW, RefError> {
         Ok(FfnW::new(get(a)?, get(b)?, h, i, o.fp8))
     };
-    let (ffn, ffn_idx) = if l < m.dense_layers as usize {
+    let (ffn, ffn_idx) = if dense {
         let i = m.dense_intermediate as usize;
         let w = ffn_w("ffn.w1", "ffn.w2", i)?;
         (FfnW2::Dense(w), vec![idx("ffn.w1")?, idx("ffn.w2")?])
@@ -198,8 +231,11 @@ pub(crate) struct MbResult {
     pub routes: Vec<usize>,
     /// Per MoE layer (global index) tokens per expert.
     pub loads: Vec<(usize, Vec<u64>)>,
-    /// Gradients of `scale x loss` in parameter order (with `backward`).
+    /// Gradients of `scale x (loss + mtp_weight x mtp_loss)` in parameter order (with
+    /// `backward`).
     pub grads: Option<Vec<Vec<f64>>>,
+    /// The summed MTP cross-entropy (nats; 0 without an MTP module).
+    pub mtp_loss: f64,
 }
 
 impl Model {
@@ -222,15 +258,24 @@ impl Model {
             caches.push(c);
             x = x2;
         }
+        let mtp = self.mtp.as_ref().map(|w| {
+            let c = w.forward(self, &x, b, scale * self.mtp_weight);
+            (w, c)
+        });
+        let mtp_loss = mtp.as_ref().map_or(0.0, |(_, c)| c.loss);
         let (xf, rstd) = rmsnorm(&x, &self.final_norm, self.eps);
         let (xfr, logits) = self.head.forward(&xf);
         let (loss, token_losses, dlogits) = cross_entropy(&logits, &b.labels, scale);
         let grads = backward.then(|| {
             let mut g: Vec<Vec<f64>> = self.lens.iter().map(|&n| vec![0.0; n]).collect();
-            let (ih, inorm) = (self.nparams - 1, self.nparams - 2);
+            let (ih, inorm) = (self.i_head, self.i_final_norm);
             let dxf = self.head.backward(&dlogits, &xfr, &mut g[ih]);
             let mut dx = rmsnorm_bwd(&dxf, &x, &self.final_norm, &rstd, &mut g[inorm]);
             rd.in_place(&mut dx);
+            if let Some((w, c)) = mtp {
+                dx.add_assign(&w.backward(self, c, &x, b, &mut g));
+                rd.in_place(&mut dx);
+            }
             for (lw, c) in self.layers.iter().zip(caches).rev() {
                 dx = self.layer_backward(lw, c, dx, b, &mut g);
             }
@@ -245,6 +290,7 @@ impl Model {
             routes,
             loads,
             grads,
+            mtp_loss,
         }
     }
 

@@ -7,7 +7,7 @@
 //! kernel does); then the aux-loss-free bias update
 //! `bias_e += speed * sign(mean_load - load_e)`. The arithmetic is f64 (the kernel's is f32).
 
-use super::{loss_and_grads, RefError, RefOptions};
+use super::{loss_and_grads_mtp, RefError, RefOptions};
 use crate::config::TrainConfig;
 use crate::params::{ParamKind, Params};
 use crate::stage::{ExpertLoad, MicroBatch};
@@ -192,7 +192,8 @@ pub fn train_steps(
     let (mut losses, mut grad_norms) = (Vec::new(), Vec::new());
     for step in 0..steps {
         let mbs = batches(step);
-        let r = loss_and_grads(&cfg.model, cfg.train.seq_len as usize, &p, &mbs, opts)?;
+        let w = f64::from(cfg.train.mtp_loss_weight);
+        let r = loss_and_grads_mtp(&cfg.model, cfg.train.seq_len as usize, &p, &mbs, opts, w)?;
         let h = AdamHyper::of(cfg, step);
         grad_norms.push(adamw_step(&mut p, &r.grads64, &mut st, &h)?);
         bias_update(&mut p, &r.expert_load, cfg.train.bias_update_speed as f64)?;

@@ -86,6 +86,11 @@ pub struct StepReport {
     pub overlap: Overlap,
     /// Transfer seconds / (forward + backward) seconds.
     pub comm_compute: f64,
+    /// With an MTP module (`model.mtp_depth = 1`): the MTP cross-entropy summed over the
+    /// micro-batches / labelled tokens of the step (V3's normalisation, the same count as
+    /// `loss`); the step minimises `loss + train.mtp_loss_weight * mtp_loss`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtp_loss: Option<f64>,
 }
 
 /// The training run.
@@ -109,6 +114,8 @@ pub struct Trainer {
     last_t0: Option<Instant>,
     /// The kernels of the last [`Trainer::step_traced`].
     last_kernels: Vec<runtime::profile::KernelSpan>,
+    /// The MTP loss of the last forward-backward (with an MTP module).
+    last_mtp_loss: Option<f64>,
 }
 
 impl Trainer {
@@ -170,6 +177,7 @@ impl Trainer {
             last_spans: Vec::new(),
             last_t0: None,
             last_kernels: Vec::new(),
+            last_mtp_loss: None,
         })
     }
 
@@ -232,6 +240,12 @@ impl Trainer {
         Ok((loss, grads))
     }
 
+    /// The MTP loss (see [`StepReport::mtp_loss`]) of the last [`Trainer::step`] or
+    /// [`Trainer::gradients`]; `None` without an MTP module.
+    pub fn last_mtp_loss(&self) -> Option<f64> {
+        self.last_mtp_loss
+    }
+
     /// [`Trainer::step`] with every emulated kernel launch of the step kept for
     /// [`Trainer::trace`] (device, stream, SM partition, host time).
     pub fn step_traced(&mut self) -> Result<StepReport, TrainError> {
@@ -278,12 +292,45 @@ impl Trainer {
         for s in &mut self.stages {
             s.set_loss_scale(1.0 / labelled as f32);
         }
+        self.last_mtp_loss = None;
         let out = if self.options.pipelined {
             self.exec.run_pipelined(&mut self.stages, mbs)?
         } else {
             self.exec.run_unpipelined(&mut self.stages, mbs)?
         };
+        self.last_mtp_loss = self.mtp_loss(mbs.len(), labelled)?;
         Ok((out, labelled))
+    }
+
+    /// The step's MTP loss from the stages' per-micro-batch sums (summed in index order, so
+    /// any schedule gives the same bits), checked finite; `None` without an MTP module.
+    fn mtp_loss(&mut self, mbs: usize, labelled: usize) -> Result<Option<f64>, TrainError> {
+        if self.cfg.model.mtp_depth == 0 {
+            return Ok(None);
+        }
+        let mut per: Vec<(usize, f64)> = self
+            .stages
+            .iter_mut()
+            .flat_map(|s| s.take_mtp_losses())
+            .collect();
+        per.sort_by_key(|(i, _)| *i);
+        if per.len() != mbs || per.iter().enumerate().any(|(k, (i, _))| k != *i) {
+            return Err(TrainError::Shape(format!(
+                "MTP: {} micro-batch losses for {mbs} micro-batches",
+                per.len()
+            )));
+        }
+        for (i, l) in &per {
+            let site = || Site {
+                step: self.step,
+                layer: None,
+                tensor: format!("MTP loss of micro-batch {i}"),
+            };
+            check_finite(site, &[*l as f32])?;
+        }
+        Ok(Some(
+            per.iter().map(|(_, l)| l).sum::<f64>() / labelled as f64,
+        ))
     }
 
     fn run_step(&mut self, mbs: &[MicroBatch], t0: Instant) -> Result<StepReport, TrainError> {
@@ -330,6 +377,7 @@ impl Trainer {
             comm_compute: phases.transfer / (phases.forward + phases.backward).max(1e-12),
             phases,
             overlap,
+            mtp_loss: self.last_mtp_loss,
         })
     }
 
@@ -374,15 +422,51 @@ impl Trainer {
     fn collect_grads(&mut self) -> Result<(StepGrads, ExpertLoad), TrainError> {
         let mut grads: StepGrads = vec![None; self.params.specs.len()];
         let mut loads: ExpertLoad = Vec::new();
+        let mut shared = Vec::new();
         for (s, stage) in self.stages.iter_mut().enumerate() {
             let (named, load) = stage.take_grads()?;
             for (name, g) in named {
                 let i = self.params.index(&name)?;
+                if self.cfg.model.mtp_depth > 0 && name == "embed" && !self.owners[s].contains(&i) {
+                    shared.push((s, i, g)); // the MTP module's part of the shared embedding
+                    continue;
+                }
                 place_grad(&self.params, &self.owners[s], s, i, g, &mut grads)?;
             }
             loads.extend(load);
         }
+        for (s, i, g) in shared {
+            self.add_shared_grad(s, i, g, &mut grads)?;
+        }
         Ok((grads, loads))
+    }
+
+    /// Adds stage `s`'s part `g` of the shared parameter `i` (MTP: the embedding) to its
+    /// owner's gradient, owner's first, on stage `s`'s first device (under DualPipeV the last
+    /// stage shares the first stage's devices).
+    fn add_shared_grad(
+        &self,
+        s: usize,
+        i: usize,
+        g: Vec<f32>,
+        grads: &mut StepGrads,
+    ) -> Result<(), TrainError> {
+        let name = &self.params.specs[i].name;
+        let owner = grads[i].as_mut().ok_or_else(|| {
+            TrainError::Shape(format!(
+                "stage {s} returned a part of {name}, its owner none"
+            ))
+        })?;
+        if owner.len() != g.len() {
+            return Err(TrainError::Shape(format!(
+                "stage {s}: its part of {name} has {} values, the owner's {}",
+                g.len(),
+                owner.len()
+            )));
+        }
+        let dev = &self.stages[s].devices()[0];
+        *owner = crate::net::add_on_device(dev, self.cfg.parallel.comm_sms, owner, &g)?;
+        Ok(())
     }
 
     fn update_biases(&mut self, loads: &[(usize, Vec<u64>)]) -> Result<(), TrainError> {
