@@ -149,22 +149,10 @@ pub fn launch(
     cfg: &LaunchConfig,
     opts: &LaunchOptions,
 ) -> Result<LaunchStats, EmuError> {
+    // products in u64 first: a block of 134217729x32 must not wrap to 32 threads
+    crate::limits::check_shape(cfg.grid, cfg.block)?;
     let threads = cfg.block.iter().product::<u32>();
     let ctas_total = cfg.grid.iter().map(|&x| x as u64).product::<u64>();
-    if threads == 0 || threads > 1024 {
-        return Err(EmuError::Launch(format!(
-            "block of {threads} threads (must be 1..=1024)"
-        )));
-    }
-    if cfg.block[2] > 64 {
-        return Err(EmuError::Launch("block z dimension above 64".into()));
-    }
-    if ctas_total == 0 {
-        return Err(EmuError::Launch("empty grid".into()));
-    }
-    if cfg.grid[1] > 65535 || cfg.grid[2] > 65535 {
-        return Err(EmuError::Launch("grid y/z dimension above 65535".into()));
-    }
     if let Some(r) = prog.reqntid {
         if r != cfg.block {
             return Err(EmuError::Launch(format!(
@@ -276,7 +264,7 @@ pub fn launch(
             );
             let banks = &banks;
             let waiting = &waiting;
-            s.spawn(move || {
+            s.spawn(move || guarded(abort, first_err, move || {
                 // `wclock`: this worker's share of emulated time, published every round.
                 let mut finished_clock = 0u64;
                 let mut resident: Vec<(Vec<Cta>, u32)> = Vec::new();
@@ -447,7 +435,7 @@ pub fn launch(
                         idle_rounds += 1;
                     }
                 }
-            });
+            }));
         }
     });
     let err = first_err.into_inner().unwrap_or_else(|p| p.into_inner());
@@ -481,6 +469,17 @@ pub fn launch(
 }
 
 static NEXT_LAUNCH: AtomicU64 = AtomicU64::new(1);
+
+/// Runs a worker's body; a panic in it (an emulator bug) becomes the launch's error and stops
+/// the other workers, instead of unwinding out of the launch and leaving whoever waits for it
+/// (a stream, `synchronize`) waiting forever.
+fn guarded(abort: &AtomicBool, first_err: &Mutex<Option<EmuError>>, body: impl FnOnce()) {
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        abort.store(true, Ordering::Relaxed);
+        let mut g = first_err.lock().unwrap_or_else(|p| p.into_inner());
+        g.get_or_insert(EmuError::Internal(crate::error::panic_message(&*p)));
+    }
+}
 
 /// Whether the round just run over `resident` only waited (some wait, no observable progress);
 /// resets the CTAs' counters for the next round.
@@ -598,6 +597,27 @@ fn return_peers(group: &mut [Cta], c: usize) {
     for (j, p) in peers.into_iter().enumerate() {
         if j != c {
             group[j].put_mem(p);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panic in a worker (an emulator bug) stops the launch's other workers and becomes its
+    /// error; the scope around the workers returns normally.
+    #[test]
+    fn a_worker_panic_becomes_the_launch_error() {
+        let abort = AtomicBool::new(false);
+        let first_err = Mutex::new(None);
+        std::thread::scope(|s| {
+            s.spawn(|| guarded(&abort, &first_err, || panic!("planted panic {}", 7)));
+        });
+        assert!(abort.load(Ordering::Relaxed));
+        match first_err.into_inner().unwrap() {
+            Some(EmuError::Internal(m)) => assert!(m.contains("planted panic 7"), "{m}"),
+            e => panic!("{e:?}"),
         }
     }
 }
