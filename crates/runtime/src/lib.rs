@@ -16,6 +16,7 @@ mod graph;
 pub mod module_cache;
 mod partition;
 pub mod profile;
+pub mod limits;
 pub mod runner;
 mod storage;
 mod stream;

@@ -193,6 +193,8 @@ pub fn read_npy(path: &Path) -> Result<HostArray> {
 
 /// Parses `.npy` bytes.
 pub fn parse_npy(bytes: &[u8]) -> std::result::Result<HostArray, String> {
+    // before npyz, whose header parsing multiplies the shape without checking
+    check_npy_shape(bytes)?;
     let header =
         npyz::NpyHeader::from_reader(bytes).map_err(|e| format!("not a .npy file: {e}"))?;
     let file = npyz::NpyFile::with_header(header, std::io::empty());
@@ -255,6 +257,34 @@ pub fn parse_npy(bytes: &[u8]) -> std::result::Result<HostArray, String> {
         }
     }
     Ok(HostArray { dtype, shape, data })
+}
+
+/// Refuses a header whose shape's element count overflows or exceeds the buffer limit (at 8
+/// bytes per element, the widest dtype), reading the `'shape': (...)` entry of the header text.
+fn check_npy_shape(bytes: &[u8]) -> std::result::Result<(), String> {
+    let Some(end) = npy_header_len(bytes) else {
+        return Ok(()); // npyz reports the malformed file
+    };
+    let header = String::from_utf8_lossy(&bytes[..end.min(bytes.len())]);
+    let Some(at) = header.find("'shape'") else {
+        return Ok(());
+    };
+    let tuple = header[at..].split(['(', ')']).nth(1).unwrap_or("");
+    let mut elements = 1u64;
+    for d in tuple.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let d: u64 = d
+            .trim_end_matches('L')
+            .parse()
+            .map_err(|_| format!("shape ({tuple}): `{d}` is not a dimension"))?;
+        elements = elements.saturating_mul(d);
+    }
+    if elements.saturating_mul(8) > crate::limits::MAX_BUFFER_BYTES {
+        return Err(format!(
+            "shape ({tuple}) exceeds the {} GiB buffer limit",
+            crate::limits::MAX_BUFFER_BYTES >> 30
+        ));
+    }
+    Ok(())
 }
 
 /// The length of a `.npy` file's preamble and header (magic, version, header length field and
@@ -407,10 +437,8 @@ impl ArgSpec {
                     ))
                 })?;
                 let count = parse_u64(n).map_err(int_err)?;
-                if count
-                    .checked_mul(dtype.size() as u64)
-                    .map_or(true, |b| b > crate::limits::MAX_BUFFER_BYTES)
-                {
+                let bytes = count.checked_mul(dtype.size() as u64);
+                if !matches!(bytes, Some(b) if b <= crate::limits::MAX_BUFFER_BYTES) {
                     return Err(bad(format!(
                         "{count} elements of {dtype} exceed the {} GiB buffer limit",
                         crate::limits::MAX_BUFFER_BYTES >> 30
@@ -536,8 +564,7 @@ pub struct RunOutput {
 /// Loads, builds buffers, launches on `device`, waits and reads all buffers back.
 pub fn run(device: &Device, spec: &RunSpec) -> Result<RunOutput> {
     refuse_invalid(&spec.ptx)?;
-    crate::limits::check_launch(spec.grid, spec.block, spec.shared)
-        .map_err(|e| RunError::Other(e.to_string()))?;
+    crate::limits::check_launch(spec.grid, spec.block, spec.shared)?;
     let module = Module::load_ptx(device, &spec.ptx)?;
     let func = module.function(&spec.entry)?;
     check_kinds(&func, &spec.args)?;
