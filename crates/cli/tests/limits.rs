@@ -205,6 +205,15 @@ fn flag_values_are_bounded() {
     let k = kernel("timeout", "", "");
     run_fails(&k, "1", "32", &["--timeout", "1e300"], &["--timeout", "at most 1e6"]);
     fails_with(&["bench", "gemm", "--scale", "0"], &["--scale 0"]);
+    fails_with(
+        &["bench", "attn", "--seqlen", "18446744073709551615"],
+        &["--seqlen 18446744073709551615", "limit of 1048576"],
+    );
+    fails_with(
+        &["bench", "attn", "--decode-batch", "4096", "--decode-len", "1048576"],
+        &["operands would hold", "limit of 4294967296"],
+    );
+    fails_with(&["bench", "attn", "--reps", "0"], &["--reps 0"]);
     fails_with(&["bench", "emu", "--size", "4294967232"], &["GEMM size 4294967232", "4096"]);
     fails_with(
         &["gemm", "--m", "128", "--n", "128", "--k", "128", "--groups", "0"],
@@ -218,6 +227,12 @@ fn flag_values_are_bounded() {
         &["schedule", "1f1b", "--chunks", "1000000000"],
         &["1000000000 micro-batches", "65536"],
     );
+    // a 1024-rank timeline would be a 12,000 x 42,000-pixel PNG
+    fails_with(
+        &["schedule", "1f1b", "--pp", "1024", "--chunks", "1", "--png", "big.png"],
+        &["PNG of", "above the limit of 67108864 pixels"],
+    );
+    assert!(!dir().join("big.png").exists());
     fails_with(
         &["schedule", "1f1b", "--f", "1e300", "--b", "1e300", "--fb", "1e300"],
         &["invalid costs: f = ", "must be between 0 and 1e9"],
