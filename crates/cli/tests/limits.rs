@@ -29,7 +29,12 @@ fn fails_with(args: &[&str], needles: &[&str]) {
         "{args:?} succeeded: {}",
         String::from_utf8_lossy(&o.stdout)
     );
-    assert_eq!(o.status.code(), Some(1), "{args:?}: exit {:?}: {err}", o.status);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{args:?}: exit {:?}: {err}",
+        o.status
+    );
     assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     for n in needles {
         assert!(err.contains(n), "{args:?}: `{n}` not in: {err}");
@@ -113,8 +118,20 @@ fn wrapping_addresses_fault_with_the_address() {
 #[test]
 fn launch_shapes_are_checked_in_64_bits() {
     let k = kernel("shape", "", "");
-    run_fails(&k, "1", "134217729,32", &[], &["134217729x32x1", "4294967328 threads", "1..=1024"]);
-    run_fails(&k, "2147483648", "32", &[], &["grid x dimension 2147483648", "2147483647"]);
+    run_fails(
+        &k,
+        "1",
+        "134217729,32",
+        &[],
+        &["134217729x32x1", "4294967328 threads", "1..=1024"],
+    );
+    run_fails(
+        &k,
+        "2147483648",
+        "32",
+        &[],
+        &["grid x dimension 2147483648", "2147483647"],
+    );
     run_fails(&k, "1,65536", "32", &[], &["grid y/z", "65535"]);
     // static + dynamic shared memory must not wrap to a small size
     let s = kernel(
@@ -122,20 +139,60 @@ fn launch_shapes_are_checked_in_64_bits() {
         ".extern .shared .align 16 .b8 dyn[];\n.shared .align 16 .b8 st[1024];",
         "mov.u64 %rd1, dyn;",
     );
-    run_fails(&s, "1", "32", &["--shared", "4294967040"], &["dynamic shared memory", "227 KiB"]);
+    run_fails(
+        &s,
+        "1",
+        "32",
+        &["--shared", "4294967040"],
+        &["dynamic shared memory", "227 KiB"],
+    );
 }
 
 /// Sizes declared in the PTX are checked against the emulator's limits before any allocation.
 #[test]
 fn declared_sizes_are_bounded() {
-    let r = kernel("regs", ".visible .func f()\n{\n.reg .b32 %x<100000000>;\nret;\n}", "");
-    run_fails(&r, "1", "32", &[], &["registers declared", "100000000", "65536"]);
-    let l = kernel("local_big", "", ".local .b8 big[4294967312];\nmov.u64 %rd1, big;");
-    run_fails(&l, "1", "32", &[], &[".local bytes per thread", "4294967312", "524288"]);
-    let s = kernel("shared_big", ".shared .b8 sm[4294967312];", "mov.u64 %rd1, sm;");
+    let r = kernel(
+        "regs",
+        ".visible .func f()\n{\n.reg .b32 %x<100000000>;\nret;\n}",
+        "",
+    );
+    run_fails(
+        &r,
+        "1",
+        "32",
+        &[],
+        &["registers declared", "100000000", "65536"],
+    );
+    let l = kernel(
+        "local_big",
+        "",
+        ".local .b8 big[4294967312];\nmov.u64 %rd1, big;",
+    );
+    run_fails(
+        &l,
+        "1",
+        "32",
+        &[],
+        &[".local bytes per thread", "4294967312", "524288"],
+    );
+    let s = kernel(
+        "shared_big",
+        ".shared .b8 sm[4294967312];",
+        "mov.u64 %rd1, sm;",
+    );
     run_fails(&s, "1", "32", &[], &[".shared variables", "4294967312"]);
-    let g = kernel("global_big", ".global .b8 gm[1099511627776];", "mov.u64 %rd1, gm;");
-    run_fails(&g, "1", "32", &[], &["allocation of 1099511627776 bytes", "limit"]);
+    let g = kernel(
+        "global_big",
+        ".global .b8 gm[1099511627776];",
+        "mov.u64 %rd1, gm;",
+    );
+    run_fails(
+        &g,
+        "1",
+        "32",
+        &[],
+        &["allocation of 1099511627776 bytes", "limit"],
+    );
     let o = kernel("outs", "", "");
     run_fails(
         &o,
@@ -150,7 +207,10 @@ fn declared_sizes_are_bounded() {
 #[test]
 fn oversized_counts_and_alignments_are_parse_errors() {
     let r = kernel("reg_u32", "", ".reg .b32 %q<4294967296>;");
-    fails_with(&["fmt", &r], &["register count 4294967296 does not fit in 32 bits"]);
+    fails_with(
+        &["fmt", &r],
+        &["register count 4294967296 does not fit in 32 bits"],
+    );
     run_fails(&r, "1", "32", &[], &["register count 4294967296"]);
     let a = kernel("align3", ".global .align 3 .b32 g;", "");
     fails_with(&["fmt", &a], &[".align 3 is not a power of two"]);
@@ -168,7 +228,10 @@ fn run_refuses_what_check_refuses() {
     );
     let o = ptxforge(&["check", "--no-ptxas", &k]);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(!o.status.success() && out.contains("read-only .const space"), "{out}");
+    assert!(
+        !o.status.success() && out.contains("read-only .const space"),
+        "{out}"
+    );
     run_fails(&k, "1", "32", &[], &["does not validate", "const"]);
 }
 
@@ -191,32 +254,68 @@ fn npy_headers_must_match_the_data() {
         format!("in:{name}")
     };
     let short = npy("short.npy", "64,", 64 * 4 - 16);
-    run_fails(&k, "1", "32", &["--arg", &short], &["short.npy", "256 bytes of data", "holds 240 bytes"]);
+    run_fails(
+        &k,
+        "1",
+        "32",
+        &["--arg", &short],
+        &["short.npy", "256 bytes of data", "holds 240 bytes"],
+    );
     let huge = npy("huge.npy", "4611686018427387905, 4", 16);
-    run_fails(&k, "1", "32", &["--arg", &huge], &["huge.npy", "exceeds the 64 GiB buffer limit"]);
+    run_fails(
+        &k,
+        "1",
+        "32",
+        &["--arg", &huge],
+        &["huge.npy", "exceeds the 64 GiB buffer limit"],
+    );
     // a shape whose byte count (not element count) passes 2^64
     let wide = npy("wide.npy", "2305843009213693953,", 16);
-    run_fails(&k, "1", "32", &["--arg", &wide], &["wide.npy", "exceeds the 64 GiB buffer limit"]);
+    run_fails(
+        &k,
+        "1",
+        "32",
+        &["--arg", &wide],
+        &["wide.npy", "exceeds the 64 GiB buffer limit"],
+    );
 }
 
 /// Durations and sizes from flags: no overflow, no division by zero, no unbounded request.
 #[test]
 fn flag_values_are_bounded() {
     let k = kernel("timeout", "", "");
-    run_fails(&k, "1", "32", &["--timeout", "1e300"], &["--timeout", "at most 1e6"]);
+    run_fails(
+        &k,
+        "1",
+        "32",
+        &["--timeout", "1e300"],
+        &["--timeout", "at most 1e6"],
+    );
     fails_with(&["bench", "gemm", "--scale", "0"], &["--scale 0"]);
     fails_with(
         &["bench", "attn", "--seqlen", "18446744073709551615"],
         &["--seqlen 18446744073709551615", "limit of 1048576"],
     );
     fails_with(
-        &["bench", "attn", "--decode-batch", "4096", "--decode-len", "1048576"],
+        &[
+            "bench",
+            "attn",
+            "--decode-batch",
+            "4096",
+            "--decode-len",
+            "1048576",
+        ],
         &["operands would hold", "limit of 4294967296"],
     );
     fails_with(&["bench", "attn", "--reps", "0"], &["--reps 0"]);
-    fails_with(&["bench", "emu", "--size", "4294967232"], &["GEMM size 4294967232", "4096"]);
     fails_with(
-        &["gemm", "--m", "128", "--n", "128", "--k", "128", "--groups", "0"],
+        &["bench", "emu", "--size", "4294967232"],
+        &["GEMM size 4294967232", "4096"],
+    );
+    fails_with(
+        &[
+            "gemm", "--m", "128", "--n", "128", "--k", "128", "--groups", "0",
+        ],
         &["--groups 0"],
     );
     fails_with(
@@ -229,12 +328,16 @@ fn flag_values_are_bounded() {
     );
     // a 1024-rank timeline would be a 12,000 x 42,000-pixel PNG
     fails_with(
-        &["schedule", "1f1b", "--pp", "1024", "--chunks", "1", "--png", "big.png"],
+        &[
+            "schedule", "1f1b", "--pp", "1024", "--chunks", "1", "--png", "big.png",
+        ],
         &["PNG of", "above the limit of 67108864 pixels"],
     );
     assert!(!dir().join("big.png").exists());
     fails_with(
-        &["schedule", "1f1b", "--f", "1e300", "--b", "1e300", "--fb", "1e300"],
+        &[
+            "schedule", "1f1b", "--f", "1e300", "--b", "1e300", "--fb", "1e300",
+        ],
         &["invalid costs: f = ", "must be between 0 and 1e9"],
     );
 }
@@ -244,20 +347,31 @@ fn flag_values_are_bounded() {
 #[test]
 fn unsupported_gemm_shapes_are_refused() {
     fails_with(
-        &["gemm", "--m", "128", "--n", "128", "--k", "100", "--dtype", "fp8"],
+        &[
+            "gemm", "--m", "128", "--n", "128", "--k", "100", "--dtype", "fp8",
+        ],
         &["FP8 GEMMs need n and k multiples of 128", "k = 100"],
     );
     fails_with(
         &[
-            "gemm", "--m", "200", "--n", "128", "--k", "128", "--groups", "2", "--layout",
+            "gemm",
+            "--m",
+            "200",
+            "--n",
+            "128",
+            "--k",
+            "128",
+            "--groups",
+            "2",
+            "--layout",
             "contiguous",
         ],
         &["m = 200 must be a multiple of 128"],
     );
     fails_with(
         &[
-            "gemm", "--m", "128", "--n", "128", "--k", "128", "--dtype", "fp8", "--kernel",
-            "mma", "--groups", "3",
+            "gemm", "--m", "128", "--n", "128", "--k", "128", "--dtype", "fp8", "--kernel", "mma",
+            "--groups", "3",
         ],
         &["--groups 3 needs --layout"],
     );

@@ -141,8 +141,35 @@ pub fn max_shared_per_block(sm: u32) -> u32 {
     }
 }
 
-/// Runs a decoded kernel over a grid.
+/// Runs a decoded kernel over a grid. A panic in the emulator (a bug, in a worker thread or
+/// here) becomes the launch's error, [`EmuError::Internal`]: the other workers stop at once
+/// ([`StopOnPanic`]) and whoever waits for the launch gets an answer.
 pub fn launch(
+    prog: Arc<Program>,
+    mem: MemMap,
+    params: Vec<u8>,
+    cfg: &LaunchConfig,
+    opts: &LaunchOptions,
+) -> Result<LaunchStats, EmuError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        launch_workers(prog, mem, params, cfg, opts)
+    }))
+    .unwrap_or_else(|p| Err(EmuError::Internal(crate::error::panic_message(&*p))))
+}
+
+/// Sets the launch's abort flag when a worker unwinds from a panic, so the other workers stop
+/// and the scope (which then re-raises the panic for [`launch`] to catch) ends at once.
+struct StopOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+fn launch_workers(
     prog: Arc<Program>,
     mem: MemMap,
     params: Vec<u8>,
@@ -264,7 +291,8 @@ pub fn launch(
             );
             let banks = &banks;
             let waiting = &waiting;
-            s.spawn(move || guarded(abort, first_err, move || {
+            s.spawn(move || {
+                let _stop = StopOnPanic(abort);
                 // `wclock`: this worker's share of emulated time, published every round.
                 let mut finished_clock = 0u64;
                 let mut resident: Vec<(Vec<Cta>, u32)> = Vec::new();
@@ -435,7 +463,7 @@ pub fn launch(
                         idle_rounds += 1;
                     }
                 }
-            }));
+            });
         }
     });
     let err = first_err.into_inner().unwrap_or_else(|p| p.into_inner());
@@ -469,17 +497,6 @@ pub fn launch(
 }
 
 static NEXT_LAUNCH: AtomicU64 = AtomicU64::new(1);
-
-/// Runs a worker's body; a panic in it (an emulator bug) becomes the launch's error and stops
-/// the other workers, instead of unwinding out of the launch and leaving whoever waits for it
-/// (a stream, `synchronize`) waiting forever.
-fn guarded(abort: &AtomicBool, first_err: &Mutex<Option<EmuError>>, body: impl FnOnce()) {
-    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
-        abort.store(true, Ordering::Relaxed);
-        let mut g = first_err.lock().unwrap_or_else(|p| p.into_inner());
-        g.get_or_insert(EmuError::Internal(crate::error::panic_message(&*p)));
-    }
-}
 
 /// Whether the round just run over `resident` only waited (some wait, no observable progress);
 /// resets the CTAs' counters for the next round.
@@ -605,19 +622,28 @@ fn return_peers(group: &mut [Cta], c: usize) {
 mod tests {
     use super::*;
 
-    /// A panic in a worker (an emulator bug) stops the launch's other workers and becomes its
-    /// error; the scope around the workers returns normally.
+    /// A panic in one worker stops the others (which would otherwise spin until the timeout)
+    /// and surfaces as the panic `launch` turns into [`EmuError::Internal`].
     #[test]
-    fn a_worker_panic_becomes_the_launch_error() {
+    fn a_worker_panic_stops_the_other_workers() {
         let abort = AtomicBool::new(false);
-        let first_err = Mutex::new(None);
-        std::thread::scope(|s| {
-            s.spawn(|| guarded(&abort, &first_err, || panic!("planted panic {}", 7)));
-        });
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let _stop = StopOnPanic(&abort);
+                    panic!("planted panic {}", 7);
+                });
+                s.spawn(|| {
+                    let t0 = Instant::now();
+                    while !abort.load(Ordering::Relaxed) {
+                        assert!(t0.elapsed() < Duration::from_secs(60), "not stopped");
+                        std::thread::yield_now();
+                    }
+                });
+            })
+        }));
+        let p = r.unwrap_err();
+        assert_eq!(crate::error::panic_message(&*p), "planted panic 7");
         assert!(abort.load(Ordering::Relaxed));
-        match first_err.into_inner().unwrap() {
-            Some(EmuError::Internal(m)) => assert!(m.contains("planted panic 7"), "{m}"),
-            e => panic!("{e:?}"),
-        }
     }
 }

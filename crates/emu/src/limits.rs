@@ -38,9 +38,7 @@ pub fn check_function(f: &Function) -> Result<(), EmuError> {
     f.walk(&mut |s| match s {
         Statement::Reg(d) => {
             for n in &d.names {
-                let k = n
-                    .count
-                    .map_or(d.vec.unwrap_or(1) as u64, u64::from);
+                let k = n.count.map_or(d.vec.unwrap_or(1) as u64, u64::from);
                 regs = regs.saturating_add(k);
             }
         }
@@ -65,7 +63,10 @@ pub fn check_function(f: &Function) -> Result<(), EmuError> {
         if v > limit {
             return Err(too_big(
                 &f.name,
-                format!("{field}: {} exceeds the emulator's limit of {limit}", show(v)),
+                format!(
+                    "{field}: {} exceeds the emulator's limit of {limit}",
+                    show(v)
+                ),
             ));
         }
     }

@@ -844,20 +844,29 @@ fn check_mnk(kernel: &str, fp8: bool, rows: usize, n: usize, k: usize) -> Result
 /// kernel in errors.
 pub fn check_shape(kernel: &str, p: &GemmProblem) -> Result<()> {
     if p.layout != Layout::Normal && p.groups == 0 {
-        return shape_err(kernel, "groups = 0: grouped layouts need at least one group");
+        return shape_err(
+            kernel,
+            "groups = 0: grouped layouts need at least one group",
+        );
     }
     let rows = match p.layout {
         Layout::Masked => p.m.checked_mul(p.groups),
         _ => Some(p.m),
     };
     let Some(rows) = rows else {
-        return shape_err(kernel, format!("m = {} x groups = {} overflows", p.m, p.groups));
+        return shape_err(
+            kernel,
+            format!("m = {} x groups = {} overflows", p.m, p.groups),
+        );
     };
     check_mnk(kernel, p.input != InTy::Bf16, rows, p.n, p.k)?;
     if p.layout == Layout::Contiguous && p.m % 128 != 0 {
         return shape_err(
             kernel,
-            format!("contiguous layout: m = {} must be a multiple of 128 (pad each expert's rows)", p.m),
+            format!(
+                "contiguous layout: m = {} must be a multiple of 128 (pad each expert's rows)",
+                p.m
+            ),
         );
     }
     Ok(())

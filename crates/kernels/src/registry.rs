@@ -745,9 +745,13 @@ const CHECK_BYTES_PER_ELEMENT: u64 = 32;
 pub fn check_host_memory(kernel: &str, p: &GemmProblem) -> Result<()> {
     let (m, n, k) = (p.m as u64, p.n as u64, p.k as u64);
     let g = p.groups.max(1) as u64;
-    let elements = [m.checked_mul(g).and_then(|r| r.checked_mul(k)), g.checked_mul(n).and_then(|b| b.checked_mul(k)), m.checked_mul(g).and_then(|r| r.checked_mul(n))]
-        .into_iter()
-        .try_fold(0u64, |acc, e| acc.checked_add(e?));
+    let elements = [
+        m.checked_mul(g).and_then(|r| r.checked_mul(k)),
+        g.checked_mul(n).and_then(|b| b.checked_mul(k)),
+        m.checked_mul(g).and_then(|r| r.checked_mul(n)),
+    ]
+    .into_iter()
+    .try_fold(0u64, |acc, e| acc.checked_add(e?));
     let need = elements.and_then(|e| e.checked_mul(CHECK_BYTES_PER_ELEMENT));
     let avail = emu::limits::available_memory();
     match (need, avail) {

@@ -170,10 +170,10 @@ impl VarDecl {
     /// Total size in bytes (0 for unsized arrays).
     pub fn size_bytes(&self) -> u64 {
         // saturating: dimensions from the source may overflow; callers compare with limits
-        self.dims
-            .iter()
-            .map(|d| d.unwrap_or(0))
-            .fold(self.ty.size() as u64 * self.vec.unwrap_or(1) as u64, u64::saturating_mul)
+        self.dims.iter().map(|d| d.unwrap_or(0)).fold(
+            self.ty.size() as u64 * self.vec.unwrap_or(1) as u64,
+            u64::saturating_mul,
+        )
     }
 }
 

@@ -151,8 +151,12 @@ impl<'a> Parser<'a> {
     fn int_u32(&mut self, what: &str) -> PResult<u32> {
         let t = self.peek()?;
         let v = self.int()?;
-        u32::try_from(v)
-            .map_err(|_| self.err(&t, format!("{what} {v} does not fit in 32 bits (at most {})", u32::MAX)))
+        u32::try_from(v).map_err(|_| {
+            self.err(
+                &t,
+                format!("{what} {v} does not fit in 32 bits (at most {})", u32::MAX),
+            )
+        })
     }
     /// An `.align` value: a power of two that fits in 32 bits.
     fn align(&mut self) -> PResult<u32> {

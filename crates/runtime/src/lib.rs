@@ -13,10 +13,10 @@
 mod cuda;
 mod device;
 mod graph;
+pub mod limits;
 pub mod module_cache;
 mod partition;
 pub mod profile;
-pub mod limits;
 pub mod runner;
 mod storage;
 mod stream;

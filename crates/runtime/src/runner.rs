@@ -292,7 +292,10 @@ fn check_npy_shape(bytes: &[u8]) -> std::result::Result<(), String> {
 fn npy_header_len(bytes: &[u8]) -> Option<usize> {
     let field = if *bytes.get(6)? == 1 { 2 } else { 4 };
     let raw = bytes.get(8..8 + field)?;
-    let len = raw.iter().rev().fold(0usize, |acc, &b| (acc << 8) | b as usize);
+    let len = raw
+        .iter()
+        .rev()
+        .fold(0usize, |acc, &b| (acc << 8) | b as usize);
     Some(8 + field + len)
 }
 

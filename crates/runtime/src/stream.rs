@@ -178,9 +178,10 @@ impl Stream {
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&s)));
                     let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
                     if let Err(p) = r {
-                        st.error.get_or_insert(RuntimeError::Emu(emu::EmuError::Internal(
-                            emu::error::panic_message(&*p),
-                        )));
+                        st.error
+                            .get_or_insert(RuntimeError::Emu(emu::EmuError::Internal(
+                                emu::error::panic_message(&*p),
+                            )));
                     }
                     st.done += 1;
                     if st.done == st.queued {
@@ -637,7 +638,10 @@ mod tests {
         s.enqueue(Box::new(|_: &StreamInner| panic!("planted worker panic")))
             .unwrap();
         let e = s.synchronize().unwrap_err().to_string();
-        assert!(e.contains("internal emulator error") && e.contains("planted worker panic"), "{e}");
+        assert!(
+            e.contains("internal emulator error") && e.contains("planted worker panic"),
+            "{e}"
+        );
         s.synchronize().unwrap();
     }
 }
