@@ -142,8 +142,9 @@ pub fn max_shared_per_block(sm: u32) -> u32 {
 }
 
 /// Runs a decoded kernel over a grid. A panic in the emulator (a bug, in a worker thread or
-/// here) becomes the launch's error, [`EmuError::Internal`]: the other workers stop at once
-/// ([`StopOnPanic`]) and whoever waits for the launch gets an answer.
+/// here) becomes the launch's error, [`EmuError::Internal`] with the panic's message: the
+/// other workers stop at once ([`StopOnPanic`]) and whoever waits for the launch gets an
+/// answer.
 pub fn launch(
     prog: Arc<Program>,
     mem: MemMap,
@@ -158,7 +159,7 @@ pub fn launch(
 }
 
 /// Sets the launch's abort flag when a worker unwinds from a panic, so the other workers stop
-/// and the scope (which then re-raises the panic for [`launch`] to catch) ends at once.
+/// and the scope joins them (and records the panic as the launch's error) at once.
 struct StopOnPanic<'a>(&'a AtomicBool);
 
 impl Drop for StopOnPanic<'_> {
@@ -284,6 +285,7 @@ fn launch_workers(
     }
     let start = Instant::now();
     std::thread::scope(|s| {
+        let mut workers = Vec::with_capacity(nworkers);
         for (w, wclock) in clocks.into_iter().enumerate() {
             let ctx = &ctx;
             let (next, abort, executed, lane_ops, first_err, sm_used, max_res) = (
@@ -291,7 +293,7 @@ fn launch_workers(
             );
             let banks = &banks;
             let waiting = &waiting;
-            s.spawn(move || {
+            workers.push(s.spawn(move || {
                 let _stop = StopOnPanic(abort);
                 // `wclock`: this worker's share of emulated time, published every round.
                 let mut finished_clock = 0u64;
@@ -463,7 +465,14 @@ fn launch_workers(
                         idle_rounds += 1;
                     }
                 }
-            });
+            }));
+        }
+        // joined here, a worker's panic is this launch's error (with the panic's message)
+        for h in workers {
+            if let Err(p) = h.join() {
+                let mut g = first_err.lock().unwrap_or_else(|p| p.into_inner());
+                g.get_or_insert(EmuError::Internal(crate::error::panic_message(&*p)));
+            }
         }
     });
     let err = first_err.into_inner().unwrap_or_else(|p| p.into_inner());
@@ -623,26 +632,24 @@ mod tests {
     use super::*;
 
     /// A panic in one worker stops the others (which would otherwise spin until the timeout)
-    /// and surfaces as the panic `launch` turns into [`EmuError::Internal`].
+    /// and its join gives the panic's message, which `launch` records as [`EmuError::Internal`].
     #[test]
     fn a_worker_panic_stops_the_other_workers() {
         let abort = AtomicBool::new(false);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            std::thread::scope(|s| {
-                s.spawn(|| {
-                    let _stop = StopOnPanic(&abort);
-                    panic!("planted panic {}", 7);
-                });
-                s.spawn(|| {
-                    let t0 = Instant::now();
-                    while !abort.load(Ordering::Relaxed) {
-                        assert!(t0.elapsed() < Duration::from_secs(60), "not stopped");
-                        std::thread::yield_now();
-                    }
-                });
-            })
-        }));
-        let p = r.unwrap_err();
+        let p = std::thread::scope(|s| {
+            let h = s.spawn(|| {
+                let _stop = StopOnPanic(&abort);
+                panic!("planted panic {}", 7);
+            });
+            s.spawn(|| {
+                let t0 = Instant::now();
+                while !abort.load(Ordering::Relaxed) {
+                    assert!(t0.elapsed() < Duration::from_secs(60), "not stopped");
+                    std::thread::yield_now();
+                }
+            });
+            h.join().unwrap_err()
+        });
         assert_eq!(crate::error::panic_message(&*p), "planted panic 7");
         assert!(abort.load(Ordering::Relaxed));
     }
