@@ -219,12 +219,16 @@ pub fn cpu_gemm(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> 
     c
 }
 
+/// Largest benchmark GEMM size (4096³ is 10^11 multiply-adds: hours on the emulator, and the
+/// operands stay far from the host's memory).
+pub const MAX_GEMM_SIZE: u32 = 4096;
+
 /// Runs the corpus mma.sync GEMM kernel on a size³ GEMM and the CPU reference.
 pub fn bench_gemm(o: &BenchOptions) -> Result<(Throughput, GemmCompare), EmuError> {
     let sz = o.gemm_size;
-    if sz == 0 || !sz.is_multiple_of(64) {
+    if sz == 0 || !sz.is_multiple_of(64) || sz > MAX_GEMM_SIZE {
         return Err(bench_err(format!(
-            "GEMM size {sz} is not a positive multiple of 64"
+            "GEMM size {sz} is not a positive multiple of 64 up to {MAX_GEMM_SIZE}"
         )));
     }
     let n = sz as usize;

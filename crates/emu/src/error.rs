@@ -101,6 +101,10 @@ pub enum EmuError {
     Memory(String),
     #[error(transparent)]
     Parse(#[from] ptx::ParseError),
+    /// The emulator itself failed (a panic in a worker thread, caught): a bug in the emulator,
+    /// reported as this launch's error.
+    #[error("internal emulator error (please report): {0}")]
+    Internal(String),
     /// A sanitized launch found something ([`crate::sanitize`]).
     #[error("{0}")]
     Sanitizer(Box<crate::sanitize::Findings>),
@@ -122,4 +126,12 @@ impl EmuError {
             _ => None,
         }
     }
+}
+
+/// The message of a caught panic's payload (`panic!` with a string or a format).
+pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-string payload".into())
 }

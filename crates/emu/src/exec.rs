@@ -51,7 +51,8 @@ impl LaunchCtx {
     }
     pub fn shared_bytes(&self) -> u32 {
         if self.prog.uses_dyn_shared || self.dyn_shared > 0 {
-            self.prog.dyn_shared_offset + self.dyn_shared
+            // saturating: static + a huge dynamic size must fail the limit check, not wrap
+            self.prog.dyn_shared_offset.saturating_add(self.dyn_shared)
         } else {
             self.prog.static_shared
         }
@@ -752,14 +753,16 @@ impl Cta {
                 }
             }
             MSpace::Local => {
-                if addr + size as u64 <= local_bytes as u64 {
+                // checked: a negative offset wraps to a huge address, which must fault (or
+                // reach the stack window), never index another lane's local memory
+                if crate::memory::fits(addr, size as u64, local_bytes as u64) {
                     Ok(Loc::Local(lane * local_bytes as usize + addr as usize))
                 } else {
                     call::locate_stack(ctx, addr, size, lane)
                 }
             }
             MSpace::Param => {
-                if addr + size as u64 <= ctx.params.len() as u64 {
+                if crate::memory::fits(addr, size as u64, ctx.params.len() as u64) {
                     Ok(Loc::Param(addr as usize))
                 } else {
                     Err(fault("param"))
@@ -2924,7 +2927,7 @@ impl Cta {
             let loc = self.locate(
                 ctx,
                 MSpace::Generic,
-                addr + i,
+                addr.wrapping_add(i),
                 1,
                 lane,
                 ctx.prog.local_bytes,

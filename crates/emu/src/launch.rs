@@ -141,7 +141,10 @@ pub fn max_shared_per_block(sm: u32) -> u32 {
     }
 }
 
-/// Runs a decoded kernel over a grid.
+/// Runs a decoded kernel over a grid. A panic in the emulator (a bug, in a worker thread or
+/// here) becomes the launch's error, [`EmuError::Internal`] with the panic's message: the
+/// other workers stop at once ([`StopOnPanic`]) and whoever waits for the launch gets an
+/// answer.
 pub fn launch(
     prog: Arc<Program>,
     mem: MemMap,
@@ -149,22 +152,35 @@ pub fn launch(
     cfg: &LaunchConfig,
     opts: &LaunchOptions,
 ) -> Result<LaunchStats, EmuError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        launch_workers(prog, mem, params, cfg, opts)
+    }))
+    .unwrap_or_else(|p| Err(EmuError::Internal(crate::error::panic_message(&*p))))
+}
+
+/// Sets the launch's abort flag when a worker unwinds from a panic, so the other workers stop
+/// and the scope joins them (and records the panic as the launch's error) at once.
+struct StopOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+fn launch_workers(
+    prog: Arc<Program>,
+    mem: MemMap,
+    params: Vec<u8>,
+    cfg: &LaunchConfig,
+    opts: &LaunchOptions,
+) -> Result<LaunchStats, EmuError> {
+    // products in u64 first: a block of 134217729x32 must not wrap to 32 threads
+    crate::limits::check_shape(cfg.grid, cfg.block)?;
     let threads = cfg.block.iter().product::<u32>();
     let ctas_total = cfg.grid.iter().map(|&x| x as u64).product::<u64>();
-    if threads == 0 || threads > 1024 {
-        return Err(EmuError::Launch(format!(
-            "block of {threads} threads (must be 1..=1024)"
-        )));
-    }
-    if cfg.block[2] > 64 {
-        return Err(EmuError::Launch("block z dimension above 64".into()));
-    }
-    if ctas_total == 0 {
-        return Err(EmuError::Launch("empty grid".into()));
-    }
-    if cfg.grid[1] > 65535 || cfg.grid[2] > 65535 {
-        return Err(EmuError::Launch("grid y/z dimension above 65535".into()));
-    }
     if let Some(r) = prog.reqntid {
         if r != cfg.block {
             return Err(EmuError::Launch(format!(
@@ -269,6 +285,7 @@ pub fn launch(
     }
     let start = Instant::now();
     std::thread::scope(|s| {
+        let mut workers = Vec::with_capacity(nworkers);
         for (w, wclock) in clocks.into_iter().enumerate() {
             let ctx = &ctx;
             let (next, abort, executed, lane_ops, first_err, sm_used, max_res) = (
@@ -276,7 +293,8 @@ pub fn launch(
             );
             let banks = &banks;
             let waiting = &waiting;
-            s.spawn(move || {
+            workers.push(s.spawn(move || {
+                let _stop = StopOnPanic(abort);
                 // `wclock`: this worker's share of emulated time, published every round.
                 let mut finished_clock = 0u64;
                 let mut resident: Vec<(Vec<Cta>, u32)> = Vec::new();
@@ -447,7 +465,14 @@ pub fn launch(
                         idle_rounds += 1;
                     }
                 }
-            });
+            }));
+        }
+        // joined here, a worker's panic is this launch's error (with the panic's message)
+        for h in workers {
+            if let Err(p) = h.join() {
+                let mut g = first_err.lock().unwrap_or_else(|p| p.into_inner());
+                g.get_or_insert(EmuError::Internal(crate::error::panic_message(&*p)));
+            }
         }
     });
     let err = first_err.into_inner().unwrap_or_else(|p| p.into_inner());
@@ -599,5 +624,33 @@ fn return_peers(group: &mut [Cta], c: usize) {
         if j != c {
             group[j].put_mem(p);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panic in one worker stops the others (which would otherwise spin until the timeout)
+    /// and its join gives the panic's message, which `launch` records as [`EmuError::Internal`].
+    #[test]
+    fn a_worker_panic_stops_the_other_workers() {
+        let abort = AtomicBool::new(false);
+        let p = std::thread::scope(|s| {
+            let h = s.spawn(|| {
+                let _stop = StopOnPanic(&abort);
+                panic!("planted panic {}", 7);
+            });
+            s.spawn(|| {
+                let t0 = Instant::now();
+                while !abort.load(Ordering::Relaxed) {
+                    assert!(t0.elapsed() < Duration::from_secs(60), "not stopped");
+                    std::thread::yield_now();
+                }
+            });
+            h.join().unwrap_err()
+        });
+        assert_eq!(crate::error::panic_message(&*p), "planted panic 7");
+        assert!(abort.load(Ordering::Relaxed));
     }
 }

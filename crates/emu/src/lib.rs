@@ -21,6 +21,7 @@ pub mod exec;
 pub mod fp;
 pub mod hopper;
 pub mod launch;
+pub mod limits;
 pub mod memory;
 pub mod mma;
 pub mod program;
@@ -57,6 +58,7 @@ impl LoadedModule {
         module: ptx::Module,
         device: u32,
     ) -> Result<LoadedModule, EmuError> {
+        limits::check_module(&module)?;
         let module = with_source_lines(module);
         let mut symbols = HashMap::new();
         let mut allocations = Vec::new();

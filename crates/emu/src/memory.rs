@@ -180,6 +180,13 @@ impl Allocation {
     }
 }
 
+/// Whether an access of `size` bytes at offset `off` lies within `len` bytes, computed without
+/// wrapping (an offset near 2^64, e.g. a negative one, never fits).
+#[inline]
+pub(crate) fn fits(off: u64, size: u64, len: u64) -> bool {
+    off.checked_add(size).is_some_and(|end| end <= len)
+}
+
 #[inline]
 pub(crate) fn mask(size: u32) -> u64 {
     if size >= 8 {
@@ -221,7 +228,8 @@ impl MemMap {
             return None;
         }
         let a = &v[i - 1];
-        if addr + size <= a.base + a.size {
+        // checked: an address near 2^64 must not wrap into the allocation
+        if fits(addr - a.base, size, a.size) {
             Some(a)
         } else {
             None
@@ -247,11 +255,7 @@ impl GlobalMemory {
 
     /// Allocates `size` bytes (zeroed) owned by `device`, 256-byte aligned.
     pub fn alloc(&self, size: u64, device: u32) -> Result<Arc<Allocation>, EmuError> {
-        if size > (1 << 36) {
-            return Err(EmuError::Memory(format!(
-                "allocation of {size} bytes exceeds the emulator's 64 GiB limit"
-            )));
-        }
+        crate::limits::check_alloc(size)?;
         let mut g = self
             .inner
             .write()

@@ -837,6 +837,41 @@ fn check_mnk(kernel: &str, fp8: bool, rows: usize, n: usize, k: usize) -> Result
     Ok(())
 }
 
+/// The shape rules of the `mma.sync` kernels for the problem `p`, checked before any buffer,
+/// reference or launch work: n and k (multiples of 128 for FP8, of 8 for BF16), the row count
+/// (computed without overflow), at least one group in the grouped layouts, the contiguous
+/// layout's 128-row padding and the K-grouped layout's 128-wide K blocks. `kernel` names the
+/// kernel in errors.
+pub fn check_shape(kernel: &str, p: &GemmProblem) -> Result<()> {
+    if p.layout != Layout::Normal && p.groups == 0 {
+        return shape_err(
+            kernel,
+            "groups = 0: grouped layouts need at least one group",
+        );
+    }
+    let rows = match p.layout {
+        Layout::Masked => p.m.checked_mul(p.groups),
+        _ => Some(p.m),
+    };
+    let Some(rows) = rows else {
+        return shape_err(
+            kernel,
+            format!("m = {} x groups = {} overflows", p.m, p.groups),
+        );
+    };
+    check_mnk(kernel, p.input != InTy::Bf16, rows, p.n, p.k)?;
+    if p.layout == Layout::Contiguous && p.m % 128 != 0 {
+        return shape_err(
+            kernel,
+            format!(
+                "contiguous layout: m = {} must be a multiple of 128 (pad each expert's rows)",
+                p.m
+            ),
+        );
+    }
+    Ok(())
+}
+
 /// Checks `p` against the `mma.sync` kernel `s` and its shape rules, then enqueues it
 /// (asynchronous; nothing is launched for an empty problem). Called by [`crate::gemm()`].
 pub(crate) fn run(stream: &Stream, s: &GemmSpec, p: &GemmProblem, b: &GemmBufs<'_>) -> Result<()> {
@@ -849,7 +884,7 @@ pub(crate) fn run(stream: &Stream, s: &GemmSpec, p: &GemmProblem, b: &GemmBufs<'
             ),
         );
     }
-    check_mnk(&s.name, p.input != InTy::Bf16, p.total_rows(), p.n, p.k)?;
+    check_shape(&s.name, p)?;
     if p.layout == Layout::Contiguous && 128 % s.cfg.bm != 0 {
         return shape_err(&s.name, "contiguous layout needs BM dividing 128");
     }

@@ -736,6 +736,38 @@ pub fn check_gemm(
     check_gemm_with(stream, info, g, s, seed, g.input == InTy::Fp8Unpromoted)
 }
 
+/// Host bytes per operand or output element a reference check holds (f32 inputs, their f64
+/// and quantised copies, the device read-back and the f64 reference).
+const CHECK_BYTES_PER_ELEMENT: u64 = 32;
+
+/// Refuses a check whose operands and reference would not fit the host memory available now
+/// (the emulator's device memory is host memory too), before anything is allocated.
+pub fn check_host_memory(kernel: &str, p: &GemmProblem) -> Result<()> {
+    let (m, n, k) = (p.m as u64, p.n as u64, p.k as u64);
+    let g = p.groups.max(1) as u64;
+    let elements = [
+        m.checked_mul(g).and_then(|r| r.checked_mul(k)),
+        g.checked_mul(n).and_then(|b| b.checked_mul(k)),
+        m.checked_mul(g).and_then(|r| r.checked_mul(n)),
+    ]
+    .into_iter()
+    .try_fold(0u64, |acc, e| acc.checked_add(e?));
+    let need = elements.and_then(|e| e.checked_mul(CHECK_BYTES_PER_ELEMENT));
+    let avail = emu::limits::available_memory();
+    match (need, avail) {
+        (None, _) => crate::shape_err(kernel, "problem size overflows"),
+        (Some(b), Some(a)) if b > a => crate::shape_err(
+            kernel,
+            format!(
+                "m = {m}, n = {n}, k = {k}, groups = {g}: the check needs about {} MiB of host memory, {} MiB are available",
+                b >> 20,
+                a >> 20
+            ),
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// [`check_gemm`] choosing the input distribution: `positive` = uniform [0, 1) (sums grow with K).
 pub fn check_gemm_with(
     stream: &Stream,
@@ -745,6 +777,10 @@ pub fn check_gemm_with(
     seed: u64,
     positive: bool,
 ) -> Result<CheckReport> {
+    // the shape rules and the host memory first: the reference code below assumes both
+    let p = GemmProblem::for_mma_sync(g, s.m, s.n, s.k, s.groups);
+    gemm::check_shape(&info.name, &p)?;
+    check_host_memory(&info.name, &p)?;
     if g.layout == Layout::KGrouped {
         return check_wgrad(stream, info, g, s, seed, None);
     }

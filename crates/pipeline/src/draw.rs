@@ -285,6 +285,12 @@ pub fn png(r: &Report) -> Result<Vec<u8>, ScheduleError> {
     let font = FontRef::try_from_slice(FONT)
         .map_err(|e| ScheduleError::Invalid(format!("embedded font unreadable: {e}")))?;
     let (w, h) = (sc.width.ceil() as usize, sc.height.ceil() as usize);
+    let limit = crate::limits::MAX_PICTURE_PIXELS;
+    if !matches!(w.checked_mul(h), Some(px) if px <= limit) {
+        return Err(ScheduleError::Invalid(format!(
+            "a PNG of {w}x{h} pixels is above the limit of {limit} pixels (draw it as SVG)"
+        )));
+    }
     let mut cv = Canvas {
         w,
         h,

@@ -64,6 +64,21 @@ pub fn check_request(method: Method, pp: usize, chunks: usize) -> Result<(), Sch
     if chunks == 0 {
         return bad("at least one micro-batch is needed".into());
     }
+    use crate::limits::{MAX_CHUNKS, MAX_PASSES, MAX_PP};
+    if pp > MAX_PP {
+        return bad(format!("PP = {pp} is above the limit of {MAX_PP}"));
+    }
+    if chunks > MAX_CHUNKS {
+        return bad(format!(
+            "{chunks} micro-batches are above the limit of {MAX_CHUNKS}"
+        ));
+    }
+    if pp * chunks > MAX_PASSES {
+        return bad(format!(
+            "PP x micro-batches = {} is above the limit of {MAX_PASSES} passes",
+            pp * chunks
+        ));
+    }
     match method {
         Method::OneFOneB | Method::Zb1p => Ok(()),
         Method::DualPipe => {

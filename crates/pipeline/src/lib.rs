@@ -20,6 +20,7 @@ pub mod draw;
 pub mod error;
 pub mod exec;
 pub mod generate;
+pub mod limits;
 pub mod report;
 pub mod schedule;
 pub mod timing;

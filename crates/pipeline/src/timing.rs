@@ -53,9 +53,11 @@ impl Costs {
             ("p2p", self.p2p),
         ];
         for (n, v) in all {
-            if !v.is_finite() || v < 0.0 {
+            // bounded: sums of huge costs would overflow to inf in the timeline
+            if !(0.0..=crate::limits::MAX_COST).contains(&v) {
                 return Err(ScheduleError::BadCosts(format!(
-                    "{n} = {v} must be finite and >= 0"
+                    "{n} = {v} must be between 0 and {:e}",
+                    crate::limits::MAX_COST
                 )));
             }
         }

@@ -169,8 +169,11 @@ pub struct VarDecl {
 impl VarDecl {
     /// Total size in bytes (0 for unsized arrays).
     pub fn size_bytes(&self) -> u64 {
-        let elems: u64 = self.dims.iter().map(|d| d.unwrap_or(0)).product();
-        elems * self.ty.size() as u64 * self.vec.unwrap_or(1) as u64
+        // saturating: dimensions from the source may overflow; callers compare with limits
+        self.dims.iter().map(|d| d.unwrap_or(0)).fold(
+            self.ty.size() as u64 * self.vec.unwrap_or(1) as u64,
+            u64::saturating_mul,
+        )
     }
 }
 
@@ -217,7 +220,7 @@ pub struct Param {
 
 impl Param {
     pub fn size_bytes(&self) -> u64 {
-        self.ty.size() as u64 * self.array.unwrap_or(1)
+        (self.ty.size() as u64).saturating_mul(self.array.unwrap_or(1))
     }
     pub fn alignment(&self) -> u64 {
         self.align.map(u64::from).unwrap_or(self.ty.size() as u64)

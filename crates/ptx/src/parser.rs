@@ -146,6 +146,27 @@ impl<'a> Parser<'a> {
             )),
         }
     }
+    /// An integer that must fit in `u32` (register counts, alignments, directive values):
+    /// larger values are an error naming `what`, never truncated.
+    fn int_u32(&mut self, what: &str) -> PResult<u32> {
+        let t = self.peek()?;
+        let v = self.int()?;
+        u32::try_from(v).map_err(|_| {
+            self.err(
+                &t,
+                format!("{what} {v} does not fit in 32 bits (at most {})", u32::MAX),
+            )
+        })
+    }
+    /// An `.align` value: a power of two that fits in 32 bits.
+    fn align(&mut self) -> PResult<u32> {
+        let t = self.peek()?;
+        let a = self.int_u32(".align")?;
+        if !a.is_power_of_two() {
+            return Err(self.err(&t, format!(".align {a} is not a power of two")));
+        }
+        Ok(a)
+    }
     /// Skips `.loc`/`.file` lines and `.section` blocks.
     fn skip_debug(&mut self) -> PResult<bool> {
         let t = self.peek()?;
@@ -213,7 +234,7 @@ impl<'a> Parser<'a> {
                         m.target.options.push(self.ident()?.to_string());
                     }
                 }
-                Tok::Dot("address_size") => m.address_size = self.int()? as u32,
+                Tok::Dot("address_size") => m.address_size = self.int_u32(".address_size")?,
                 Tok::Dot("pragma") => {
                     self.strings()?;
                 }
@@ -293,7 +314,7 @@ impl<'a> Parser<'a> {
             match t.tok {
                 Tok::Dot("align") => {
                     self.next()?;
-                    align = Some(self.int()? as u32);
+                    align = Some(self.align()?);
                 }
                 Tok::Dot("ptr") => {
                     self.next()?;
@@ -447,19 +468,19 @@ impl<'a> Parser<'a> {
                 }
                 Tok::Dot("minnctapersm") => {
                     self.next()?;
-                    PerfDirective::Minnctapersm(self.int()? as u32)
+                    PerfDirective::Minnctapersm(self.int_u32(".minnctapersm")?)
                 }
                 Tok::Dot("maxnctapersm") => {
                     self.next()?;
-                    PerfDirective::Maxnctapersm(self.int()? as u32)
+                    PerfDirective::Maxnctapersm(self.int_u32(".maxnctapersm")?)
                 }
                 Tok::Dot("maxnreg") => {
                     self.next()?;
-                    PerfDirective::Maxnreg(self.int()? as u32)
+                    PerfDirective::Maxnreg(self.int_u32(".maxnreg")?)
                 }
                 Tok::Dot("maxclusterrank") => {
                     self.next()?;
-                    PerfDirective::Maxclusterrank(self.int()? as u32)
+                    PerfDirective::Maxclusterrank(self.int_u32(".maxclusterrank")?)
                 }
                 Tok::Dot("explicitcluster") => {
                     self.next()?;
@@ -516,9 +537,9 @@ impl<'a> Parser<'a> {
     }
 
     fn int_list(&mut self) -> PResult<Vec<u32>> {
-        let mut v = vec![self.int()? as u32];
+        let mut v = vec![self.int_u32("dimension")?];
         while self.eat_punct(b',')? {
-            v.push(self.int()? as u32);
+            v.push(self.int_u32("dimension")?);
         }
         Ok(v)
     }
@@ -558,7 +579,7 @@ impl<'a> Parser<'a> {
             match d.tok {
                 Tok::Dot("align") => {
                     self.next()?;
-                    let a = self.int()? as u32;
+                    let a = self.align()?;
                     match &mut ptr {
                         Some(p) => p.align = Some(a),
                         None => align = Some(a),
@@ -744,7 +765,7 @@ impl<'a> Parser<'a> {
             match d.tok {
                 Tok::Dot("align") => {
                     self.next()?;
-                    align = Some(self.int()? as u32);
+                    align = Some(self.align()?);
                 }
                 Tok::Dot(s) if matches!(Mod::parse(s), Some(Mod::Vec(_))) => {
                     self.next()?;
@@ -765,7 +786,7 @@ impl<'a> Parser<'a> {
         loop {
             let name = self.ident()?.to_string();
             let count = if self.eat_punct(b'<')? {
-                let n = self.int()? as u32;
+                let n = self.int_u32("register count")?;
                 self.expect_punct(b'>')?;
                 Some(n)
             } else {

@@ -13,6 +13,7 @@
 mod cuda;
 mod device;
 mod graph;
+pub mod limits;
 pub mod module_cache;
 mod partition;
 pub mod profile;

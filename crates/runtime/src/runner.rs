@@ -193,6 +193,8 @@ pub fn read_npy(path: &Path) -> Result<HostArray> {
 
 /// Parses `.npy` bytes.
 pub fn parse_npy(bytes: &[u8]) -> std::result::Result<HostArray, String> {
+    // before npyz, whose header parsing multiplies the shape without checking
+    check_npy_shape(bytes)?;
     let header =
         npyz::NpyHeader::from_reader(bytes).map_err(|e| format!("not a .npy file: {e}"))?;
     let file = npyz::NpyFile::with_header(header, std::io::empty());
@@ -227,22 +229,74 @@ pub fn parse_npy(bytes: &[u8]) -> std::result::Result<HostArray, String> {
             "Fortran-order arrays are not supported (save with np.ascontiguousarray)".into(),
         );
     }
-    let n = file.len() as usize;
-    let nbytes = n * size;
-    if bytes.len() < nbytes {
+    // checked: a shape whose product wraps must not become a small accepted array
+    let nbytes = shape
+        .iter()
+        .try_fold(size as u64, |acc, &d| acc.checked_mul(d))
+        .filter(|&b| b <= crate::limits::MAX_BUFFER_BYTES)
+        .ok_or_else(|| {
+            format!(
+                "shape {shape:?} of {size}-byte elements exceeds the {} GiB buffer limit",
+                crate::limits::MAX_BUFFER_BYTES >> 30
+            )
+        })? as usize;
+    let n = nbytes / size.max(1);
+    // The data follows the header (numpy writes nothing after it): exactly `nbytes` bytes.
+    let header_len = npy_header_len(bytes).ok_or("not a .npy file: bad header length")?;
+    let held = bytes.len().saturating_sub(header_len);
+    if held != nbytes {
         return Err(format!(
-            "truncated: {n} elements of {size} bytes declared, file has {} bytes",
-            bytes.len()
+            "the header declares {n} elements of {size} bytes ({nbytes} bytes of data), the file \
+             holds {held} bytes after its {header_len}-byte header"
         ));
     }
-    // The data is the last `nbytes` bytes of the file (numpy writes nothing after it).
-    let mut data = bytes[bytes.len() - nbytes..].to_vec();
+    let mut data = bytes[header_len..].to_vec();
     if big {
         for c in data.chunks_exact_mut(size) {
             c.reverse();
         }
     }
     Ok(HostArray { dtype, shape, data })
+}
+
+/// Refuses a header whose shape's element count overflows or exceeds the buffer limit (at 8
+/// bytes per element, the widest dtype), reading the `'shape': (...)` entry of the header text.
+fn check_npy_shape(bytes: &[u8]) -> std::result::Result<(), String> {
+    let Some(end) = npy_header_len(bytes) else {
+        return Ok(()); // npyz reports the malformed file
+    };
+    let header = String::from_utf8_lossy(&bytes[..end.min(bytes.len())]);
+    let Some(at) = header.find("'shape'") else {
+        return Ok(());
+    };
+    let tuple = header[at..].split(['(', ')']).nth(1).unwrap_or("");
+    let mut elements = 1u64;
+    for d in tuple.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let d: u64 = d
+            .trim_end_matches('L')
+            .parse()
+            .map_err(|_| format!("shape ({tuple}): `{d}` is not a dimension"))?;
+        elements = elements.saturating_mul(d);
+    }
+    if elements.saturating_mul(8) > crate::limits::MAX_BUFFER_BYTES {
+        return Err(format!(
+            "shape ({tuple}) exceeds the {} GiB buffer limit",
+            crate::limits::MAX_BUFFER_BYTES >> 30
+        ));
+    }
+    Ok(())
+}
+
+/// The length of a `.npy` file's preamble and header (magic, version, header length field and
+/// the header text), from the version's length field (2 bytes in version 1, else 4).
+fn npy_header_len(bytes: &[u8]) -> Option<usize> {
+    let field = if *bytes.get(6)? == 1 { 2 } else { 4 };
+    let raw = bytes.get(8..8 + field)?;
+    let len = raw
+        .iter()
+        .rev()
+        .fold(0usize, |acc, &b| (acc << 8) | b as usize);
+    Some(8 + field + len)
 }
 
 /// Writes a `.npy` file (16-bit floats as uint16 bit patterns).
@@ -392,8 +446,18 @@ impl ArgSpec {
                         DType::ALL.map(|d| d.name()).join(" ")
                     ))
                 })?;
-                let count = parse_u64(n).map_err(int_err)? as usize;
-                ArgSpec::Out { dtype, count }
+                let count = parse_u64(n).map_err(int_err)?;
+                let bytes = count.checked_mul(dtype.size() as u64);
+                if !matches!(bytes, Some(b) if b <= crate::limits::MAX_BUFFER_BYTES) {
+                    return Err(bad(format!(
+                        "{count} elements of {dtype} exceed the {} GiB buffer limit",
+                        crate::limits::MAX_BUFFER_BYTES >> 30
+                    )));
+                }
+                ArgSpec::Out {
+                    dtype,
+                    count: count as usize,
+                }
             }
             "u32" => ArgSpec::Scalar(Arg::U32(
                 parse_u64(rest)
@@ -509,6 +573,8 @@ pub struct RunOutput {
 
 /// Loads, builds buffers, launches on `device`, waits and reads all buffers back.
 pub fn run(device: &Device, spec: &RunSpec) -> Result<RunOutput> {
+    refuse_invalid(&spec.ptx)?;
+    crate::limits::check_launch(spec.grid, spec.block, spec.shared)?;
     let module = Module::load_ptx(device, &spec.ptx)?;
     let func = module.function(&spec.entry)?;
     check_kinds(&func, &spec.args)?;
@@ -579,6 +645,21 @@ pub fn run(device: &Device, spec: &RunSpec) -> Result<RunOutput> {
         stats,
         seconds,
     })
+}
+
+/// Refuses a module the validator rejects (what `ptxforge check` reports as errors), e.g. a
+/// store to the read-only `.const` space, which the emulator would otherwise run.
+fn refuse_invalid(ptx: &str) -> Result<()> {
+    let m = ptx::parse(ptx).map_err(RuntimeError::from)?;
+    let errs = ptx::validate::validate_errors(&m);
+    match errs.first() {
+        None => Ok(()),
+        Some(first) => Err(RunError::Other(format!(
+            "the PTX does not validate ({} error(s), as `ptxforge check` reports); first: line {}",
+            errs.len(),
+            first
+        ))),
+    }
 }
 
 /// Catches a float given for an integer parameter and vice versa (sizes and count are checked

@@ -173,8 +173,16 @@ impl Stream {
             .spawn(move || {
                 while let Ok(job) = rx.recv() {
                     let Some(s) = weak.upgrade() else { return };
-                    job(&s);
+                    // A panicking job must still count as done (else `synchronize` waits
+                    // forever); its panic becomes the stream's error.
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&s)));
                     let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Err(p) = r {
+                        st.error
+                            .get_or_insert(RuntimeError::Emu(emu::EmuError::Internal(
+                                emu::error::panic_message(&*p),
+                            )));
+                    }
                     st.done += 1;
                     if st.done == st.queued {
                         s.hold.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -614,5 +622,26 @@ impl Event {
         let a = start.synchronize();
         let b = self.synchronize();
         b.saturating_duration_since(a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A job that panics (an emulator bug) is reported by `synchronize`, which returns instead
+    /// of waiting forever, and the stream keeps working for later launches' bookkeeping.
+    #[test]
+    fn a_panicking_job_is_an_error_not_a_hang() {
+        let dev = Device::emu(0);
+        let s = dev.stream(0);
+        s.enqueue(Box::new(|_: &StreamInner| panic!("planted worker panic")))
+            .unwrap();
+        let e = s.synchronize().unwrap_err().to_string();
+        assert!(
+            e.contains("internal emulator error") && e.contains("planted worker panic"),
+            "{e}"
+        );
+        s.synchronize().unwrap();
     }
 }

@@ -657,6 +657,11 @@ pub fn validate_model(m: &ModelConfig) -> Result<()> {
     Ok(())
 }
 
+/// Smallest and largest value of a hardware rate, size or latency (TFLOP/s, GB, GB/s, us):
+/// nine orders of magnitude either side of today's GPUs keep every derived time finite.
+pub const HARDWARE_MIN: f64 = 1e-6;
+pub const HARDWARE_MAX: f64 = 1e9;
+
 /// Rules of the hardware description alone.
 pub fn validate_hardware(h: &HardwareConfig) -> Result<()> {
     positive("hardware.sms", h.sms)?;
@@ -666,23 +671,25 @@ pub fn validate_hardware(h: &HardwareConfig) -> Result<()> {
             format!("{} SMs is absurd", h.sms),
         ));
     }
+    // bounded on both sides: a rate of 1e-300 or a latency of 1e300 gives times that overflow
+    // to inf (or print as 300-digit numbers) instead of an answer
     let fpos = |field: &str, v: f64| -> Result<()> {
-        if v.is_finite() && v > 0.0 {
+        if (HARDWARE_MIN..=HARDWARE_MAX).contains(&v) {
             Ok(())
         } else {
             Err(SimError::config(
                 field,
-                format!("must be a finite number > 0, got {v}"),
+                format!("must be between {HARDWARE_MIN:e} and {HARDWARE_MAX:e}, got {v}"),
             ))
         }
     };
     let fnonneg = |field: &str, v: f64| -> Result<()> {
-        if v.is_finite() && v >= 0.0 {
+        if (0.0..=HARDWARE_MAX).contains(&v) {
             Ok(())
         } else {
             Err(SimError::config(
                 field,
-                format!("must be a finite number >= 0, got {v}"),
+                format!("must be between 0 and {HARDWARE_MAX:e}, got {v}"),
             ))
         }
     };

@@ -233,6 +233,8 @@ impl ServeConfig {
             ("prefill.gpus_per_node", p.gpus_per_node),
             ("prefill.tokens_per_gpu", p.tokens_per_gpu),
             ("prefill.micro_batches", p.micro_batches),
+            ("prefill.units", p.units),
+            ("decode.units", d.units),
             ("decode.nodes", d.nodes),
             ("decode.gpus_per_node", d.gpus_per_node),
             ("decode.micro_batches", d.micro_batches),

@@ -98,6 +98,12 @@ fn bad_serving_configurations_name_the_field() {
         ("prefill.tokens_per_gpu", |c| {
             c.prefill.tokens_per_gpu = 1 << 30
         }),
+        // parse, but make no sense: no decode GPUs, times that overflow toward inf
+        ("decode.units", |c| c.decode.units = 0),
+        ("hardware.tflops_fp8", |c| c.hardware.tflops_fp8 = 1e-300),
+        ("hardware.inter_node_latency_us", |c| {
+            c.hardware.inter_node_latency_us = 1e300
+        }),
     ];
     for (want, f) in cases {
         let mut c = ServeConfig::v3();

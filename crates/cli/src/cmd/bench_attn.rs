@@ -293,7 +293,47 @@ fn decode_row(a: &AttnArgs, dev: &Device, st: &Stream, emu: bool) -> Result<Row>
     Ok(row("decode", m, flops, bytes))
 }
 
+/// Largest elements of one operand (2^32: 16 GiB of f32), so the products below stay far from
+/// overflow and the request from the host's memory.
+const MAX_OPERAND_ELEMENTS: u128 = 1 << 32;
+
+/// Bounds every size flag (each field, then the operands' element counts in 128 bits) before
+/// anything is allocated; `--reps` must be at least 1.
+fn check_sizes(a: &AttnArgs) -> Result<()> {
+    for (flag, v, limit) in [
+        ("--batch", a.batch, 4096),
+        ("--seqlen", a.seqlen, 1 << 20),
+        ("--heads", a.heads, 1024),
+        ("--decode-batch", a.decode_batch, 4096),
+        ("--decode-len", a.decode_len, 1 << 20),
+        ("--decode-heads", a.decode_heads, 1024),
+        ("--d-qk", Some(a.d_qk), 1024),
+        ("--d-v", Some(a.d_v), 1024),
+        ("--s-q", Some(a.s_q), 1024),
+        ("--kv-rank", Some(a.kv_rank), 4096),
+    ] {
+        if let Some(v) = v.filter(|&v| v > limit) {
+            anyhow::bail!("{flag} {v} is above the limit of {limit}");
+        }
+    }
+    if a.reps == 0 {
+        anyhow::bail!("--reps 0: at least one timed repetition");
+    }
+    let w = |v: Option<usize>| v.unwrap_or(4096) as u128;
+    let train = w(a.batch) * w(a.seqlen) * w(a.heads) * a.d_qk.max(a.d_v) as u128;
+    let decode = w(a.decode_batch) * w(a.decode_len) * (a.kv_rank as u128 + 64);
+    if train.max(decode) > MAX_OPERAND_ELEMENTS {
+        anyhow::bail!(
+            "the operands would hold {} elements, above the limit of {MAX_OPERAND_ELEMENTS} \
+             (reduce --batch/--seqlen/--heads or --decode-batch/--decode-len)",
+            train.max(decode)
+        );
+    }
+    Ok(())
+}
+
 pub fn run(a: AttnArgs) -> Result<()> {
+    check_sizes(&a)?;
     let dev = Device::from_name(&a.device)?;
     let emu = dev.backend() == runtime::Backend::Emu;
     let st = dev.stream(0);

@@ -69,6 +69,9 @@ fn torch_tflops(dtype: &str, s: &Shape, contiguous: bool) -> Option<f64> {
 }
 
 pub fn run(a: GemmArgs) -> Result<()> {
+    if a.scale == 0 {
+        anyhow::bail!("--scale 0: the scale-down divisor must be at least 1");
+    }
     let dev = runtime::Device::from_name(&a.device)?;
     let emu = dev.backend() == runtime::Backend::Emu;
     let mut rows = Vec::new();

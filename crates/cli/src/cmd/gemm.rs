@@ -121,6 +121,12 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(n) = super::parse_numerics(a.numerics.as_deref())? {
         dev.set_numerics(Some(n));
     }
+    if a.groups == 0 {
+        bail!("--groups 0: a grouped GEMM has at least one group");
+    }
+    if a.groups > 1 && a.layout.is_none() {
+        bail!("--groups {} needs --layout contiguous or masked", a.groups);
+    }
     let s = Shape::grouped(a.m, a.n, a.k, a.groups);
     let r = if a.no_promotion {
         if a.dtype != "fp8" || a.layout.is_some() || a.groups != 1 || a.kernel == "wgmma" {

@@ -156,6 +156,7 @@ fn config(a: &Args) -> anyhow::Result<MoeConfig> {
         o => bail!("unknown --gemm `{o}` (mma, wgmma)"),
     };
     c.validate()?;
+    c.check_memory()?;
     Ok(c)
 }
 

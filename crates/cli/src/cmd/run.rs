@@ -11,6 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Largest `--timeout` (about 11.6 days), as for every duration flag (`super::parse_duration`).
+const MAX_TIMEOUT_S: f64 = 1e6;
+
 #[derive(clap::Args)]
 pub struct Args {
     /// The PTX file.
@@ -116,8 +119,9 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     if let Some(t) = a.timeout {
-        if !(t > 0.0 && t.is_finite()) {
-            bail!("--timeout must be a positive number of seconds");
+        // bounded: `Duration::from_secs_f64(1e300)` would panic
+        if !(t > 0.0 && t <= MAX_TIMEOUT_S) {
+            bail!("--timeout {t}: must be above 0 and at most {MAX_TIMEOUT_S:e} seconds");
         }
     }
     let tools = super::parse_sanitize(a.sanitize.as_deref())?;

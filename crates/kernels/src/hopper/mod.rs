@@ -425,6 +425,39 @@ fn prepare(stream: &Stream, l: Launch<'_>, p: &GemmProblem, b: &GemmBufs<'_>) ->
     })
 }
 
+/// The Hopper kernels' shape rules for `p`, checked before any buffer, reference or launch
+/// work: at least one group in the grouped layouts, the row count (without overflow), n and k
+/// ([`check_nk`]) and the contiguous layout's 128-row padding.
+pub fn check_shape(kernel: &str, p: &GemmProblem) -> Result<()> {
+    if p.layout != Layout::Normal && p.groups == 0 {
+        return shape_err(
+            kernel,
+            "groups = 0: grouped layouts need at least one group",
+        );
+    }
+    let rows = match p.layout {
+        Layout::Masked => p.m.checked_mul(p.groups),
+        _ => Some(p.m),
+    };
+    let Some(rows) = rows else {
+        return shape_err(
+            kernel,
+            format!("m = {} x groups = {} overflows", p.m, p.groups),
+        );
+    };
+    check_nk(kernel, p.input, rows, p.n, p.k)?;
+    if p.layout == Layout::Contiguous && p.m % 128 != 0 {
+        return shape_err(
+            kernel,
+            format!(
+                "contiguous layout: m = {} must be a multiple of 128 (pad each expert's rows)",
+                p.m
+            ),
+        );
+    }
+    Ok(())
+}
+
 fn check_nk(kernel: &str, input: InTy, rows: usize, n: usize, k: usize) -> Result<()> {
     let ok = match input {
         InTy::Bf16 => n > 0 && k > 0 && n % 8 == 0 && k % 64 == 0,
@@ -470,7 +503,7 @@ pub fn plan<'a>(
         );
     }
     s.validate()?;
-    check_nk(&name, p.input, p.total_rows(), p.n, p.k)?;
+    check_shape(&name, p)?;
     crate::gemm_api::check(&name, p, b)?;
     if p.m == 0 || p.groups == 0 {
         return Ok(HopperPlan::new(s, None));

@@ -98,6 +98,10 @@ pub fn check(
     sh: &Shape,
     seed: u64,
 ) -> Result<CheckReport> {
+    // the shape rules and the host memory first: the reference code below assumes both
+    let p = GemmProblem::for_wgmma(s, sh.m, sh.n, sh.k, sh.groups);
+    super::check_shape(&info.name, &p)?;
+    crate::registry::check_host_memory(&info.name, &p)?;
     let dev = stream.device().clone();
     let mut rg = r::rng(seed);
     let (m, n, k) = (sh.m, sh.n, sh.k);

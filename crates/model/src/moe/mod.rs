@@ -80,6 +80,17 @@ fn cfg_err<T>(field: &'static str, msg: impl Into<String>) -> Result<T> {
     })
 }
 
+/// Limits of [`MoeConfig::validate`] (docs/RELIABILITY.md, "Limits"): each rank is an
+/// emulated device with its own threads, and every size multiplies into buffers.
+pub const MAX_NODES: u32 = 64;
+pub const MAX_GPUS_PER_NODE: u32 = 16;
+/// Hidden and intermediate sizes (V3: 7168 and 2048).
+pub const MAX_HIDDEN: u32 = 1 << 16;
+/// Tokens per rank (V3: 4096).
+pub const MAX_TOKENS: u32 = 1 << 20;
+/// Routed experts (V3: 256).
+pub const MAX_EXPERTS: u32 = 4096;
+
 /// Which grouped FP8 GEMM kernel the experts use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmKind {
@@ -164,7 +175,51 @@ impl MoeConfig {
     }
 
     pub fn ranks(&self) -> usize {
-        (self.nodes * self.gpus_per_node) as usize
+        // in usize: two u32 factors cannot overflow it on a 64-bit host
+        self.nodes as usize * self.gpus_per_node as usize
+    }
+
+    /// About how many bytes of host memory a step needs (the emulator's device memory is host
+    /// memory too): every expert's weights with their FP8 copies and gradients (the shared
+    /// expert once per rank), and per rank the activations, dispatched tokens and expert
+    /// intermediates of forward and backward, with the f64 reference's share. An estimate to
+    /// refuse hopeless configurations up front, within a factor of about 2.
+    pub fn host_bytes(&self) -> u128 {
+        let (h, i, t, k) = (
+            self.hidden as u128,
+            self.intermediate as u128,
+            self.tokens as u128,
+            self.topk as u128,
+        );
+        let ranks = self.ranks() as u128;
+        let experts = self.experts as u128 + if self.shared { ranks } else { 0 };
+        let weights = experts * 3 * i * h * 13;
+        let activations = ranks * t * (h * 48 + k * (h * 16 + i * 24));
+        weights + activations
+    }
+
+    /// Refuses a configuration whose step would not fit the host memory available now, saying
+    /// what it needs (e.g. `--config v3`: hundreds of GiB).
+    pub fn check_memory(&self) -> Result<()> {
+        let need = self.host_bytes();
+        match emu::limits::available_memory() {
+            Some(avail) if need > avail as u128 => cfg_err(
+                "memory",
+                format!(
+                    "this configuration needs about {} GiB of host memory (weights, FP8 copies and \
+                     gradients of {} experts of {}x{}, activations of {} ranks x {} tokens); {} GiB \
+                     are available: use fewer experts, tokens or ranks, or a smaller hidden size",
+                    need >> 30,
+                    self.experts,
+                    self.hidden,
+                    self.intermediate,
+                    self.ranks(),
+                    self.tokens,
+                    avail >> 30
+                ),
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// Routed experts per rank.
@@ -186,6 +241,18 @@ impl MoeConfig {
     pub fn validate(&self) -> Result<()> {
         if self.nodes == 0 || self.gpus_per_node == 0 {
             return cfg_err("nodes", "nodes and gpus_per_node must be at least 1");
+        }
+        for (field, v, limit) in [
+            ("nodes", self.nodes, MAX_NODES),
+            ("gpus_per_node", self.gpus_per_node, MAX_GPUS_PER_NODE),
+            ("hidden", self.hidden, MAX_HIDDEN),
+            ("intermediate", self.intermediate, MAX_HIDDEN),
+            ("tokens", self.tokens, MAX_TOKENS),
+            ("experts", self.experts, MAX_EXPERTS),
+        ] {
+            if v > limit {
+                return cfg_err(field, format!("{v} is above the limit of {limit}"));
+            }
         }
         for (field, v) in [
             ("hidden", self.hidden),
