@@ -71,8 +71,13 @@ fn run(base: u32, single_device: bool, steps: usize) -> (StepGrads, Vec<f64>, Pa
         single_device,
         ..TrainOptions::default()
     };
-    let mut t = Trainer::new(config(), &data::builtin_corpus(), &*device_stage_factory(), opts)
-        .expect("trainer");
+    let mut t = Trainer::new(
+        config(),
+        &data::builtin_corpus(),
+        &*device_stage_factory(),
+        opts,
+    )
+    .expect("trainer");
     let (_, g) = t.gradients().expect("gradients");
     let losses = (0..steps).map(|_| t.step().expect("step").loss).collect();
     (g, losses, t.params().clone())

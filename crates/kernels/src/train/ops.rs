@@ -634,13 +634,18 @@ pub fn check_topk_slots(
     let dev = stream.device().clone();
     let mut rg = r::rng(seed);
     let rows = tokens * topk;
-    let slots: Vec<i32> = (0..rows)
-        .map(|_| rg.gen_range(-1..topk as i32))
+    let slots: Vec<i32> = (0..rows).map(|_| rg.gen_range(-1..topk as i32)).collect();
+    let parts: Vec<Vec<bf16>> = (0..topk)
+        .map(|_| random_bf16(&mut rg, tokens * h))
         .collect();
-    let parts: Vec<Vec<bf16>> = (0..topk).map(|_| random_bf16(&mut rg, tokens * h)).collect();
-    let w: Vec<f32> = (0..tokens * topk).map(|_| rg.gen_range(0.0f32..2.5)).collect();
+    let w: Vec<f32> = (0..tokens * topk)
+        .map(|_| rg.gen_range(0.0f32..2.5))
+        .collect();
     let (sb, wb) = (dev.upload(&slots)?, dev.upload(&w)?);
-    let pb = parts.iter().map(|p| dev.upload(p)).collect::<std::result::Result<Vec<_>, _>>()?;
+    let pb = parts
+        .iter()
+        .map(|p| dev.upload(p))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
     let mut masks = Vec::new();
     let mut acc = poisoned(&dev, tokens * h, f32::NAN)?;
     let t0 = Instant::now();

@@ -1185,11 +1185,7 @@ impl Compute {
     /// per-slot combines summed in slot order, weighted by the home rank's top-k weights.
     fn combined_f32(&self, c: Combined, routes: &[RankRoute]) -> Result<Vec<Buffer<f32>>> {
         let cfg = &self.cfg;
-        let (h, t_n, kk) = (
-            cfg.hidden as usize,
-            cfg.tokens as usize,
-            cfg.topk as usize,
-        );
+        let (h, t_n, kk) = (cfg.hidden as usize, cfg.tokens as usize, cfg.topk as usize);
         let n = t_n * h;
         let mut out = Vec::new();
         for (r, rd) in self.ranks.iter().enumerate() {

@@ -8,11 +8,11 @@ use super::linear::{Ctx, Result};
 use super::{Dims, Ffn, Layer};
 use crate::config::ModelConfig;
 use crate::moe::{MoeConfig, MoeLayer, MoeWeights, Quiet};
-use runtime::Device;
 use crate::params::{specs, Params};
 use crate::stage::StageSpec;
 use crate::TrainError;
 use half::bf16;
+use runtime::Device;
 
 /// `p` holds exactly the model's parameters, each with its shape.
 pub(crate) fn check_params(m: &ModelConfig, p: &Params) -> Result<()> {
