@@ -178,7 +178,7 @@ pub struct Backward {
     pub routed_dw: Vec<(Vec<f32>, Vec<f32>)>,
     /// Per rank, per wgrad chunk of its tokens (token order), the shared expert's
     /// (dW_gate|up, dW_down) partial.
-    pub shared_dw: Vec<Option<Vec<(Vec<f32>, Vec<f32>)>>>,
+    pub shared_dw: Vec<Option<Vec<ExpertDw>>>,
     pub gate: Vec<GateGrad>,
     pub stats: BackwardStats,
 }
@@ -760,7 +760,7 @@ impl MoeLayer {
 }
 
 /// (dW_gate|up, dW_down) of one MLP (grouped over its experts), f32.
-type ExpertDw = (Vec<f32>, Vec<f32>);
+pub type ExpertDw = (Vec<f32>, Vec<f32>);
 
 /// An owned FP8 tensor: bytes and 1x128 scales.
 type Fp8Buf = (Buffer<u8>, Buffer<f32>);

@@ -37,7 +37,8 @@ pub mod reference;
 
 pub use exec::{Progress, ProgressPhase, Quiet, Span, TraceSpan};
 pub use layer::{
-    Backward, BackwardStats, Forward, ForwardStats, GateGrad, MoeLayer, Overlap, Placement,
+    Backward, BackwardStats, ExpertDw, Forward, ForwardStats, GateGrad, MoeLayer, Overlap,
+    Placement,
 };
 pub use reference::{check, CheckConfig, CheckReport, ErrStats, Tolerances};
 
@@ -222,7 +223,7 @@ impl MoeConfig {
             return cfg_err("num_sms", "communication needs at least one SM");
         }
         let chunks = self.wgrad_chunks.max(1);
-        if self.wgrad_chunks == 0 || self.tokens % (128 * chunks) != 0 {
+        if self.wgrad_chunks == 0 || !self.tokens.is_multiple_of(128 * chunks) {
             return cfg_err(
                 "wgrad_chunks",
                 format!(
