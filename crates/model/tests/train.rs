@@ -403,6 +403,7 @@ fn trainer(cfg: &TrainConfig, ctl: &Arc<Ctl>, emu_base: u32, pipelined: bool) ->
         pipelined,
         emu_base,
         eval_batches: Some(2),
+        ..TrainOptions::default()
     };
     Trainer::new(cfg.clone(), &corpus(), &factory(ctl.clone()), opts).expect("trainer")
 }

@@ -10,6 +10,11 @@
 //! - `head_sum_bf16`: `out[t, g*w + c] = bf16(sum_{s<nsum} x[t*row_in + g*blk + off + c +
 //!   s*sstride])` summed in `s` order: extracts per-head column slices (MLA's `dK_nope` from the
 //!   attention backward's per-head dK) and sums them over heads (the shared RoPE key's gradient).
+//! - `topk_slot_mask`: `out[r] = 1` where `slot[r] == k`, else 0 (the expert side of a per-slot
+//!   MoE combine: each combine then carries exactly one of a token's top-k rows).
+//! - `topk_slot_acc`: `acc[t, c] = w[t, k] * part[t, c] (+ acc[t, c] for k > 0)` in f32 (fma):
+//!   the home side of a per-slot MoE combine, summing a token's expert outputs in slot order
+//!   whatever ranks they came from.
 //!
 //! Limits: every element count < 2^32 - 4096.
 
@@ -25,6 +30,8 @@ pub const ADD_F32_NAME: &str = "f32_add";
 pub const CVT_TO_BF16_NAME: &str = "cvt_f32_bf16";
 pub const CVT_TO_F32_NAME: &str = "cvt_bf16_f32";
 pub const HEAD_SUM_NAME: &str = "head_sum_bf16";
+pub const SLOT_MASK_NAME: &str = "topk_slot_mask";
+pub const SLOT_ACC_NAME: &str = "topk_slot_acc";
 
 /// Name of the transpose reading bf16 (`bf`) or f32.
 pub fn transpose_name(bf: bool) -> &'static str {
@@ -184,6 +191,57 @@ pub fn gen_head_sum(t: &Target) -> Result<ptx::Module> {
     Ok(k.finish()?)
 }
 
+/// `topk_slot_mask`: params (slot, out, k, n).
+pub fn gen_slot_mask(t: &Target) -> Result<ptx::Module> {
+    check_target(SLOT_MASK_NAME, t, TRAIN_TARGETS)?;
+    let mut k = KernelBuilder::new(SLOT_MASK_NAME, t.clone());
+    k.reqntid(&[BLOCK]);
+    let slot = k.param_ptr_aligned::<i32>("slot", 4);
+    let out = k.param_ptr_aligned::<f32>("out", 4);
+    let kk = k.param::<i32>("k");
+    let n = k.param::<u32>("n");
+    let gi = k.global_index_x();
+    let valid = k.lt(gi, n);
+    k.if_(valid, |k| {
+        let s = k.ld_nc(slot.offset(gi));
+        let hit = k.eq(s, kk);
+        let v = k.selp(1f32, 0f32, hit);
+        k.st(out.offset(gi), v);
+    });
+    Ok(k.finish()?)
+}
+
+/// `topk_slot_acc`: params (part, w, acc, k, topk, h, n); `n = tokens * h`.
+pub fn gen_slot_acc(t: &Target) -> Result<ptx::Module> {
+    check_target(SLOT_ACC_NAME, t, TRAIN_TARGETS)?;
+    let mut k = KernelBuilder::new(SLOT_ACC_NAME, t.clone());
+    k.reqntid(&[BLOCK]);
+    let part = k.param_ptr_aligned::<u16>("part", 2);
+    let w = k.param_ptr_aligned::<f32>("w", 4);
+    let acc = k.param_ptr_aligned::<f32>("acc", 4);
+    let slot = k.param::<u32>("k");
+    let topk = k.param::<u32>("topk");
+    let h = k.param::<u32>("h");
+    let n = k.param::<u32>("n");
+    let gi = k.global_index_x();
+    let valid = k.lt(gi, n);
+    k.if_(valid, |k| {
+        let t = k.div(gi, h);
+        let wi = k.mad_lo(t, topk, slot);
+        let wv = k.ld_nc(w.offset(wi));
+        let p = load_any(k, part, gi, true);
+        let prev = k.mov(0f32);
+        let later = k.ne(slot, 0u32);
+        k.if_(later, |k| {
+            let a = k.ld(acc.offset(gi));
+            k.mov_to(prev, a);
+        });
+        let v = k.fma(wv, p, prev);
+        k.st(acc.offset(gi), v);
+    });
+    Ok(k.finish()?)
+}
+
 // ---------------------------------------------------------------------------------------------
 // host wrappers
 
@@ -224,6 +282,77 @@ pub fn f32_add(
     }
     let f = function(stream.device(), ADD_F32_NAME, "", gen_add_f32)?;
     stream.launch(&f, &linear(n), &args![a, b, &*out, n as u32])?;
+    Ok(())
+}
+
+/// `out[r] = 1.0` where `slot[r] == k`, else `0.0`, over `n` rows (padding rows, slot -1,
+/// get 0).
+pub fn topk_slot_mask(
+    stream: &Stream,
+    slot: &Buffer<i32>,
+    out: &mut Buffer<f32>,
+    k: u32,
+    n: usize,
+) -> Result<()> {
+    need(SLOT_MASK_NAME, "slot", slot, n)?;
+    need(SLOT_MASK_NAME, "out", out, n)?;
+    fits_u32(SLOT_MASK_NAME, n)?;
+    let Ok(k) = i32::try_from(k) else {
+        return shape_err(SLOT_MASK_NAME, format!("k = {k} does not fit an i32"));
+    };
+    if n == 0 {
+        return Ok(());
+    }
+    let f = function(stream.device(), SLOT_MASK_NAME, "", gen_slot_mask)?;
+    stream.launch(&f, &linear(n), &args![slot, &*out, k, n as u32])?;
+    Ok(())
+}
+
+/// Shapes of one [`topk_slot_acc`] call: `tokens x h` elements, slot `k` of `topk`.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotAcc {
+    pub tokens: usize,
+    pub h: usize,
+    pub k: usize,
+    pub topk: usize,
+}
+
+/// `acc[t, c] = fma(w[t, k], part[t, c], k > 0 ? acc[t, c] : 0)` (f32) over `tokens x h`:
+/// called for `k = 0, 1, ..., topk - 1` it sums a token's weighted top-k rows in slot order.
+pub fn topk_slot_acc(
+    stream: &Stream,
+    part: &Buffer<bf16>,
+    w: &Buffer<f32>,
+    acc: &mut Buffer<f32>,
+    s: SlotAcc,
+) -> Result<()> {
+    let (Some(n), Some(nw)) = (s.tokens.checked_mul(s.h), s.tokens.checked_mul(s.topk)) else {
+        return shape_err(SLOT_ACC_NAME, "tokens x h or tokens x topk overflows");
+    };
+    if s.k >= s.topk || s.h == 0 {
+        return shape_err(
+            SLOT_ACC_NAME,
+            format!("slot k = {} must be < topk = {} and h > 0", s.k, s.topk),
+        );
+    }
+    need(SLOT_ACC_NAME, "part", part, n)?;
+    need(SLOT_ACC_NAME, "w", w, nw)?;
+    need(SLOT_ACC_NAME, "acc", acc, n)?;
+    fits_u32(SLOT_ACC_NAME, n.max(nw))?;
+    if n == 0 {
+        return Ok(());
+    }
+    let f = function(stream.device(), SLOT_ACC_NAME, "", gen_slot_acc)?;
+    let a = args![
+        part,
+        w,
+        &*acc,
+        s.k as u32,
+        s.topk as u32,
+        s.h as u32,
+        n as u32
+    ];
+    stream.launch(&f, &linear(n), &a)?;
     Ok(())
 }
 
@@ -487,6 +616,63 @@ pub fn check_head_sum(
             let mag: f64 = (0..heads).map(|h| at(t, h, nope + j).abs()).sum();
             let slack = heads as f64 * 2f64.powi(-24) * mag;
             c.bf16(o2[t * (d - nope) + j], want, slack);
+        }
+    }
+    Ok(c.finish(stream, seconds))
+}
+
+/// `topk_slot_mask` on random slots (padding -1 included) and `topk_slot_acc` over every slot of
+/// random BF16 rows and f32 weights (outputs poisoned with NaN: slot 0 must not read the
+/// accumulator): the mask exact, the slot-order sum within `topk` f32 roundings of the f64 sum.
+pub fn check_topk_slots(
+    stream: &Stream,
+    tokens: usize,
+    h: usize,
+    topk: usize,
+    seed: u64,
+) -> Result<OpCheck> {
+    let dev = stream.device().clone();
+    let mut rg = r::rng(seed);
+    let rows = tokens * topk;
+    let slots: Vec<i32> = (0..rows).map(|_| rg.gen_range(-1..topk as i32)).collect();
+    let parts: Vec<Vec<bf16>> = (0..topk)
+        .map(|_| random_bf16(&mut rg, tokens * h))
+        .collect();
+    let w: Vec<f32> = (0..tokens * topk)
+        .map(|_| rg.gen_range(0.0f32..2.5))
+        .collect();
+    let (sb, wb) = (dev.upload(&slots)?, dev.upload(&w)?);
+    let pb = parts
+        .iter()
+        .map(|p| dev.upload(p))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut masks = Vec::new();
+    let mut acc = poisoned(&dev, tokens * h, f32::NAN)?;
+    let t0 = Instant::now();
+    for k in 0..topk {
+        let mut m = poisoned(&dev, rows, f32::NAN)?;
+        topk_slot_mask(stream, &sb, &mut m, k as u32, rows)?;
+        masks.push(m);
+        let s = SlotAcc { tokens, h, k, topk };
+        topk_slot_acc(stream, &pb[k], &wb, &mut acc, s)?;
+    }
+    stream.synchronize()?;
+    let seconds = t0.elapsed().as_secs_f64();
+    let mut c = OpCheck::default();
+    for (k, m) in masks.iter().enumerate() {
+        for (got, &s) in m.to_vec()?.iter().zip(&slots) {
+            let want = if s == k as i32 { 1.0 } else { 0.0 };
+            c.bound(f64::from(*got), want, 0.0);
+        }
+    }
+    let acc = acc.to_vec()?;
+    for t in 0..tokens {
+        for j in 0..h {
+            let term = |k: usize| f64::from(w[t * topk + k]) * parts[k][t * h + j].to_f64();
+            let want: f64 = (0..topk).map(term).sum();
+            let mag: f64 = (0..topk).map(|k| term(k).abs()).sum();
+            let bound = topk as f64 * 2f64.powi(-24) * mag * (1.0 + 1e-9) + 1e-30;
+            c.bound(f64::from(acc[t * h + j]), want, bound);
         }
     }
     Ok(c.finish(stream, seconds))

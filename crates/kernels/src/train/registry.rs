@@ -35,6 +35,8 @@ pub enum TrainKernel {
     Cvt { to_bf16: bool },
     Transpose { bf16: bool },
     HeadSum,
+    TopkSlotMask,
+    TopkSlotAcc,
 }
 
 impl TrainKernel {
@@ -61,6 +63,8 @@ impl TrainKernel {
             Cvt { to_bf16 } => ops::gen_cvt(t, to_bf16),
             Transpose { bf16 } => ops::gen_transpose(t, bf16),
             HeadSum => ops::gen_head_sum(t),
+            TopkSlotMask => ops::gen_slot_mask(t),
+            TopkSlotAcc => ops::gen_slot_acc(t),
         }
     }
 
@@ -80,6 +84,7 @@ impl TrainKernel {
             Add | AddF32 | Cvt { .. } => ops::check_elementwise(st, s.m, seed),
             Transpose { bf16 } => ops::check_transpose(st, s.m, s.k, bf16, seed),
             HeadSum => ops::check_head_sum(st, s.m, s.n, s.k, seed),
+            TopkSlotMask | TopkSlotAcc => ops::check_topk_slots(st, s.m, s.k, s.n, seed),
         }
     }
 }
@@ -367,7 +372,8 @@ fn rest_entries() -> Vec<E> {
 }
 
 /// The element-wise and re-layout kernels of [`ops`] (shapes: element-wise m = elements;
-/// transpose m = rows, k = cols; head sum m = rows, n = heads, k = head dim).
+/// transpose m = rows, k = cols; head sum m = rows, n = heads, k = head dim; top-k slot kernels
+/// m = tokens, n = topk, k = h).
 fn ops_entries() -> Vec<E> {
     const CVT_P: &[(&str, &str)] = &[("x", "f32*|bf16*"), ("out", "bf16*|f32*"), ("n", "u32")];
     const ELEM: &str = "grid = ceil(n/256), block = 256 (thread per element)";
@@ -434,6 +440,32 @@ fn ops_entries() -> Vec<E> {
             host: "head_sum",
             shapes: vec![Shape::new(37, 3, 48), Shape::new(8, 16, 192)],
             kind: TrainKernel::HeadSum,
+        },
+        E {
+            name: ops::SLOT_MASK_NAME,
+            summary: "out[r] = (slot[r] == k) as f32 (per-slot MoE combine, expert side)",
+            params: &[("slot", "i32*"), ("out", "f32*"), ("k", "i32"), ("n", "u32")],
+            launch: ELEM,
+            host: "topk_slot_mask",
+            shapes: vec![Shape::new(37, 2, 24), Shape::new(128, 8, 128)],
+            kind: TrainKernel::TopkSlotMask,
+        },
+        E {
+            name: ops::SLOT_ACC_NAME,
+            summary: "acc[t, c] = fma(w[t, k], part[t, c], k > 0 ? acc : 0): top-k sum in slot order (per-slot MoE combine, home side)",
+            params: &[
+                ("part", "bf16*"),
+                ("w", "f32*"),
+                ("acc", "f32*"),
+                ("k", "u32"),
+                ("topk", "u32"),
+                ("h", "u32"),
+                ("n", "u32"),
+            ],
+            launch: "grid = ceil(tokens*h/256), block = 256 (thread per element)",
+            host: "topk_slot_acc",
+            shapes: vec![Shape::new(37, 2, 24), Shape::new(128, 8, 128)],
+            kind: TrainKernel::TopkSlotAcc,
         },
     ];
     for bf in [true, false] {

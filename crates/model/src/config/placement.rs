@@ -71,6 +71,9 @@ impl TrainConfig {
             shared: m.shared_experts == 1,
             num_sms: p.comm_sms,
             seed: t.seed,
+            // a token's expert outputs summed in slot order on its home rank: the sum does
+            // not depend on where the experts are (bit identity with a single-device run)
+            slot_combine: true,
             ..MoeConfig::small()
         }
     }

@@ -1,13 +1,14 @@
 //! [`MoeLayer`]: the weights on the devices, the EP group, and the forward/backward phases.
 
 use super::exec::{overlapped, per_rank, Progress, Span, Trace, TraceSpan};
-use super::host::{bf, quant_expert, transpose, ExpertQ};
+use super::host::{quant_expert, transpose, ExpertQ};
 use super::mlp::{Fp8, Mlp, MlpDgrad, MlpFwd, MlpW, Rows};
 use super::{GemmKind, MoeConfig, MoeError, MoeWeights, Result};
 use ep::comm::{CommStats, EpConfig, EpGroup, XRef};
 use ep::grad::TopkGrad;
 use ep::{DispatchOut, Handle, InProcessTransport, Payload};
 use half::bf16;
+use kernels::train::ops;
 use kernels::{GemmBufs, GemmProblem, InTy, OutTy, ScaleMode};
 use runtime::{Buffer, Device, Stream};
 use std::time::Instant;
@@ -24,7 +25,7 @@ struct RankDev {
     gate_t: Buffer<bf16>,
     bias: Buffer<f32>,
     /// The shared expert's row layout: every local token in one group (`m_indices` 0), weight
-    /// 1, k-segments `[0, T]`.
+    /// 1, wgrad k-segments `[0, T/c, 2T/c, .., T]` (`c = wgrad_chunks`).
     sh_mi: Buffer<i32>,
     sh_ones: Buffer<f32>,
     sh_ks: Buffer<i32>,
@@ -64,8 +65,8 @@ pub(crate) struct RankRoute {
     pub logits: Buffer<f32>,
     /// `[T, H]` X in BF16 (the gate GEMM's operand; the dispatch payload with `Payload::Bf16`).
     xbf: Buffer<bf16>,
-    /// `[H, T]` X^T in BF16 (the gate wgrad's operand).
-    xt: Buffer<bf16>,
+    /// Per wgrad chunk `[H, T/c]` X^T in BF16 (the gate wgrad's operand).
+    xt: Vec<Buffer<bf16>>,
 }
 
 /// A communication/compute pair that ran concurrently (unless `sequential`).
@@ -129,6 +130,8 @@ pub struct Forward {
     /// Per rank the expert-side FP8 of a BF16 dispatch payload (`None` with FP8).
     recv_q: Vec<Option<Fp8Buf>>,
     k_starts: Vec<Buffer<i32>>,
+    /// With `slot_combine`: per top-k slot, per rank the `[m_pad]` row mask of that slot.
+    slot_masks: Vec<Vec<Buffer<f32>>>,
 }
 
 impl Forward {
@@ -161,8 +164,9 @@ pub struct GateGrad {
     pub dlogits_t: Vec<bf16>,
     /// `[T, H]` f32 input gradient through the gate.
     pub dx: Vec<f32>,
-    /// `[E, H]` f32 this rank's partial of dW_gate.
-    pub dw: Vec<f32>,
+    /// Per wgrad chunk of this rank's tokens (`MoeConfig::wgrad_chunks`, token order) the
+    /// `[E, H]` f32 partial of dW_gate.
+    pub dw: Vec<Vec<f32>>,
 }
 
 /// A backward's gradients.
@@ -172,29 +176,33 @@ pub struct Backward {
     /// Per rank (dW_gate|up `[E_local, 2I, H]`, dW_down `[E_local, H, I]`) f32; empty when the
     /// rank received no rows.
     pub routed_dw: Vec<(Vec<f32>, Vec<f32>)>,
-    /// Per rank the shared expert's (dW_gate|up, dW_down) partial.
-    pub shared_dw: Vec<Option<(Vec<f32>, Vec<f32>)>>,
+    /// Per rank, per wgrad chunk of its tokens (token order), the shared expert's
+    /// (dW_gate|up, dW_down) partial.
+    pub shared_dw: Vec<Option<Vec<ExpertDw>>>,
     pub gate: Vec<GateGrad>,
     pub stats: BackwardStats,
 }
 
 impl Backward {
-    /// dW_gate: the ranks' f32 partials summed in f64 in rank order (the data-parallel
-    /// all-reduce, on the host).
+    /// dW_gate: the ranks' (and chunks') f32 partials summed in f64 in rank order (the
+    /// data-parallel all-reduce, on the host; a check aid: the trainer sums on the device).
     pub fn dw_gate_sum(&self) -> Vec<f64> {
-        let mut s = vec![0f64; self.gate.first().map_or(0, |g| g.dw.len())];
-        for g in &self.gate {
-            s.iter_mut().zip(&g.dw).for_each(|(a, v)| *a += *v as f64);
+        let parts: Vec<&Vec<f32>> = self.gate.iter().flat_map(|g| &g.dw).collect();
+        let mut s = vec![0f64; parts.first().map_or(0, |d| d.len())];
+        for d in parts {
+            s.iter_mut().zip(d).for_each(|(a, v)| *a += *v as f64);
         }
         s
     }
 
-    /// The replicated shared expert's gradient: the ranks' partials summed in f32 (host).
+    /// The replicated shared expert's gradient: the ranks' (and chunks') partials summed in f32
+    /// (host; a check aid: the trainer sums on the device).
     pub fn shared_dw_sum(&self) -> Option<(Vec<f32>, Vec<f32>)> {
-        let first = self.shared_dw.iter().flatten().next()?;
+        let parts: Vec<&(Vec<f32>, Vec<f32>)> = self.shared_dw.iter().flatten().flatten().collect();
+        let first = parts.first()?;
         let mut s1 = vec![0f32; first.0.len()];
         let mut s2 = vec![0f32; first.1.len()];
-        for b in self.shared_dw.iter().flatten() {
+        for b in parts {
             s1.iter_mut().zip(&b.0).for_each(|(a, v)| *a += v);
             s2.iter_mut().zip(&b.1).for_each(|(a, v)| *a += v);
         }
@@ -213,18 +221,6 @@ pub struct Placement {
     pub comm_max_per_rank: usize,
     /// Disjoint and no rank's communication used more than `num_sms` SMs.
     pub ok: bool,
-}
-
-/// `v` (BF16) plus an optional BF16 part, one BF16 rounding of the exact sum.
-fn add_part(v: Vec<bf16>, part: Option<&Buffer<bf16>>) -> Result<Vec<f32>> {
-    let p = match part {
-        Some(b) => Some(b.to_vec()?),
-        None => None,
-    };
-    Ok(v.iter()
-        .enumerate()
-        .map(|(i, a)| bf(a.to_f64() + p.as_ref().map_or(0.0, |p| p[i].to_f64())))
-        .collect())
 }
 
 /// Checks against the devices (before any work on them): `num_sms` must leave every device at
@@ -503,6 +499,7 @@ impl MoeLayer {
             routed,
             recv_q,
             k_starts,
+            slot_masks: Vec::new(),
         };
         self.combine_y(&mut f, progress)?;
         Ok(f)
@@ -566,14 +563,18 @@ impl MoeLayer {
         })
     }
 
-    /// Combine (BF16, weighted by the top-k weights); Y = combine + shared expert output.
+    /// Combine (BF16, weighted by the top-k weights; per top-k slot with `slot_combine`);
+    /// Y = combine + shared expert output, summed in f32 on the device, one BF16 rounding.
     fn combine_y(&mut self, f: &mut Forward, progress: &dyn Progress) -> Result<()> {
         let rn = self.dev.cfg.ranks();
         let t0 = Instant::now();
+        if self.dev.cfg.slot_combine {
+            f.slot_masks = self.dev.slot_masks(&f.outs)?;
+        }
         let rw: Vec<&Buffer<f32>> = f.outs.iter().map(|o| &o.recv_w).collect();
         let ys = self.dev.outputs(&f.routed);
-        let comb = self.group.combine(&ys, Some(&rw), &f.handle)?;
-        f.stats.combine = self.group.last.clone();
+        let (comb, stats) = combine_rows(&mut self.group, &ys, &rw, &f.slot_masks, &f.handle)?;
+        f.stats.combine = stats;
         let span = Span {
             start: t0,
             end: Instant::now(),
@@ -582,8 +583,12 @@ impl MoeLayer {
             .trace
             .comm_all("ep_combine (bf16, weighted)", rn, span);
         progress.note("combine (bf16)", f.stats.combine.seconds);
+        let acc = self.dev.combined_f32(comb, &f.routes)?;
         f.y = (0..rn)
-            .map(|r| add_part(comb[r].to_vec()?, f.shared[r].as_ref().map(|s| &s.y)))
+            .map(|r| {
+                let sh = f.shared[r].as_ref().map(|s| &s.y);
+                self.dev.finish_sum(r, &acc[r], sh, None)
+            })
             .collect::<Result<_>>()?;
         Ok(())
     }
@@ -607,17 +612,18 @@ impl MoeLayer {
         let (gouts, shared, p1) = self.dispatch_dy(f, &gyb, progress)?;
         let (tg, dgr, p2) = self.topk_grad_and_dgrad(f, &gouts, progress)?;
         let (gx, wg, p3) = self.combine_dx_and_wgrad(f, &tg, &dgr, progress)?;
-        let (routed_dw, gate): (Vec<_>, Vec<GateGrad>) = wg.into_iter().unzip();
-        // dX = combine + shared expert + gate path (f32), one BF16 rounding of the sum
-        let dx = (0..rn)
-            .map(|r| -> Result<Vec<f32>> {
-                let v = add_part(gx[r].to_vec()?, shared[r].as_ref().map(|b| &b.0))?;
-                Ok(v.iter()
-                    .zip(&gate[r].dx)
-                    .map(|(a, b)| bf(*a as f64 + *b as f64))
-                    .collect())
-            })
-            .collect::<Result<_>>()?;
+        let acc = self.dev.combined_f32(gx, &f.routes)?;
+        let mut routed_dw = Vec::new();
+        let mut gate = Vec::new();
+        let mut dx = Vec::new();
+        // dX = combine + shared expert + gate path, summed in f32 in that order on the
+        // device, one BF16 rounding
+        for (r, (dw, (g, gdx))) in wg.into_iter().enumerate() {
+            let sh = shared[r].as_ref().map(|b| &b.0);
+            dx.push(self.dev.finish_sum(r, &acc[r], sh, Some(&gdx))?);
+            routed_dw.push(dw);
+            gate.push(g);
+        }
         let overlaps = vec![
             p1.overlap("cached dispatch of dY || shared expert bwd"),
             p2.overlap("top-k weight grads || routed dgrad"),
@@ -740,7 +746,7 @@ impl MoeLayer {
         tg: &TopkGrad,
         dgr: &[Option<MlpDgrad>],
         progress: &dyn Progress,
-    ) -> Result<(Vec<Buffer<bf16>>, Vec<RankGrads>, Pair)> {
+    ) -> Result<(Combined, Vec<RankGrads>, Pair)> {
         let (group, dev) = (&mut self.group, &self.dev);
         let rn = dev.cfg.ranks();
         let rw: Vec<&Buffer<f32>> = f.outs.iter().map(|o| &o.recv_w).collect();
@@ -749,11 +755,7 @@ impl MoeLayer {
             .collect();
         let (comb, wg, comm, compute) = overlapped(
             dev.cfg.sequential,
-            || {
-                group
-                    .combine(&dxs, Some(&rw), &f.handle)
-                    .map(|r| (r, group.last.clone()))
-            },
+            || combine_rows(group, &dxs, &rw, &f.slot_masks, &f.handle),
             || {
                 per_rank(rn, "gate bwd + routed wgrad (|| combine)", progress, |r| {
                     let gate = dev.gate_bwd(r, f, &tg.dw[r])?;
@@ -779,7 +781,7 @@ impl MoeLayer {
 }
 
 /// (dW_gate|up, dW_down) of one MLP (grouped over its experts), f32.
-type ExpertDw = (Vec<f32>, Vec<f32>);
+pub type ExpertDw = (Vec<f32>, Vec<f32>);
 
 /// An owned FP8 tensor: bytes and 1x128 scales.
 type Fp8Buf = (Buffer<u8>, Buffer<f32>);
@@ -791,11 +793,48 @@ fn expert_input<'a>(o: &'a DispatchOut, q: &'a Option<Fp8Buf>) -> Fp8<'a> {
         .map_or((&o.recv_x, &o.recv_scales), |q| (&q.0, &q.1))
 }
 
-/// One rank's routed-expert weight gradients and gate gradients.
-type RankGrads = (ExpertDw, GateGrad);
+/// One rank's routed-expert weight gradients, gate gradients and `[T, H]` f32 gate-path dX.
+type RankGrads = (ExpertDw, (GateGrad, Buffer<f32>));
 
-/// The shared expert's (dX `[T, H]` BF16, (dW_gate|up, dW_down) partial) on one rank.
-type SharedGrad = (Buffer<bf16>, ExpertDw);
+/// The shared expert's (dX `[T, H]` BF16, per wgrad chunk (dW_gate|up, dW_down) partials) on
+/// one rank.
+type SharedGrad = (Buffer<bf16>, Vec<ExpertDw>);
+
+/// What a combine produced: one weighted combine, or one unweighted combine per top-k slot.
+enum Combined {
+    One(Vec<Buffer<bf16>>),
+    Slots(Vec<Vec<Buffer<bf16>>>),
+}
+
+/// `rows` combined to their home ranks: weighted by `rw` in one combine, or (`masks` given:
+/// per top-k slot, per rank the row mask) one combine per slot.
+fn combine_rows(
+    group: &mut EpGroup,
+    rows: &[&Buffer<bf16>],
+    rw: &[&Buffer<f32>],
+    masks: &[Vec<Buffer<f32>>],
+    handle: &Handle,
+) -> Result<(Combined, CommStats)> {
+    if masks.is_empty() {
+        let c = group.combine(rows, Some(rw), handle)?;
+        return Ok((Combined::One(c), group.last.clone()));
+    }
+    let mut stats = CommStats::default();
+    let mut out = Vec::new();
+    for m in masks {
+        let mr: Vec<&Buffer<f32>> = m.iter().collect();
+        out.push(group.combine(rows, Some(&mr), handle)?);
+        let l = &group.last;
+        stats.seconds += l.seconds;
+        stats.inter_node_bytes += l.inter_node_bytes;
+        stats.intra_node_bytes += l.intra_node_bytes;
+        stats.sms_used.extend(&l.sms_used);
+        stats.max_sms_per_rank = stats.max_sms_per_rank.max(l.max_sms_per_rank);
+    }
+    stats.sms_used.sort_unstable();
+    stats.sms_used.dedup();
+    Ok((Combined::Slots(out), stats))
+}
 
 /// What the forward dispatch (and the shared expert beside it) produced.
 struct Dispatched {
@@ -865,6 +904,12 @@ fn quantise_experts(
     Ok(all)
 }
 
+/// `[0, T/c, 2T/c, .., T]`: the token segments of `c` wgrad chunks.
+fn chunk_starts(t_n: usize, c: usize) -> Vec<i32> {
+    let c = c.max(1);
+    (0..=c).map(|i| (i * t_n / c) as i32).collect()
+}
+
 /// Uploads each rank's experts, the shared expert, the gate and the shared expert's row layout.
 fn upload_ranks(
     cfg: &MoeConfig,
@@ -906,7 +951,7 @@ fn upload_ranks(
                 bias: d.upload(&w.bias)?,
                 sh_mi: d.upload(&vec![0i32; t_n])?,
                 sh_ones: d.upload(&vec![1f32; t_n])?,
-                sh_ks: d.upload(&[0i32, t_n as i32])?,
+                sh_ks: d.upload(&chunk_starts(t_n, cfg.wgrad_chunks as usize))?,
                 empty: d.alloc::<bf16>(1)?,
             })
         })
@@ -936,7 +981,11 @@ impl Compute {
         let ts = Instant::now();
         let xbf: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
         let xb16 = d.upload(&xbf)?;
-        let xt = d.upload(&transpose(&xbf, t_n, h))?;
+        let tc = t_n / c.wgrad_chunks.max(1) as usize;
+        let xt = xbf
+            .chunks(tc * h)
+            .map(|x| d.upload(&transpose(x, tc, h)))
+            .collect::<std::result::Result<_, _>>()?;
         let logits = d.alloc::<f32>(t_n * e_n)?;
         let p = GemmProblem::new(InTy::Bf16, t_n, e_n, h).out(OutTy::F32);
         kernels::gemm(st, &p, GemmBufs::new(&xb16, &rd.gate, &logits))?;
@@ -1036,7 +1085,22 @@ impl Compute {
         let d = self.mlp.dgrad(&rd.compute, dy, sf, &rd.sh_ones, w, rows)?;
         let route = &f.routes[r];
         let x = (&route.q, &route.sc);
-        let dw = self.mlp.wgrad(&rd.compute, &d, x, rows, &rd.sh_ks)?;
+        // one k-group per wgrad chunk: the chunks' partials come out apart
+        let chunks = c.wgrad_chunks.max(1) as usize;
+        let wrows = Rows {
+            groups: chunks,
+            ..rows
+        };
+        let (dw1, dw2) = self.mlp.wgrad(&rd.compute, &d, x, wrows, &rd.sh_ks)?;
+        let (n1, n2) = (dw1.len() / chunks, dw2.len() / chunks);
+        let dw = (0..chunks)
+            .map(|i| {
+                (
+                    dw1[i * n1..(i + 1) * n1].to_vec(),
+                    dw2[i * n2..(i + 1) * n2].to_vec(),
+                )
+            })
+            .collect();
         self.span_since("shared expert dgrad+wgrad", r, ts);
         Ok(Some((d.dx, dw)))
     }
@@ -1060,8 +1124,9 @@ impl Compute {
         Ok(Some(d))
     }
 
-    /// Routing backward, dX_gate = dlogits W_gate, dW_gate = dlogits^T X (BF16 GEMMs, f32 out).
-    fn gate_bwd(&self, r: usize, f: &Forward, dw: &Buffer<u8>) -> Result<GateGrad> {
+    /// Routing backward, dX_gate = dlogits W_gate, dW_gate = dlogits^T X per wgrad chunk (BF16
+    /// GEMMs, f32 out); also returns dX_gate on the device.
+    fn gate_bwd(&self, r: usize, f: &Forward, dw: &Buffer<u8>) -> Result<(GateGrad, Buffer<f32>)> {
         let c = &self.cfg;
         let (h, e_n, t_n) = (c.hidden as usize, c.experts as usize, c.tokens as usize);
         let (rd, route) = (&self.ranks[r], &f.routes[r]);
@@ -1072,17 +1137,130 @@ impl Compute {
         let dxg = d.alloc::<f32>(t_n * h)?;
         let p = GemmProblem::new(InTy::Bf16, t_n, h, e_n).out(OutTy::F32);
         kernels::gemm(st, &p, GemmBufs::new(&rg.dlogits_bf16, &rd.gate_t, &dxg))?;
-        let dwg = d.alloc::<f32>(e_n * h)?;
-        let p = GemmProblem::new(InTy::Bf16, e_n, h, t_n).out(OutTy::F32);
-        kernels::gemm(st, &p, GemmBufs::new(&rg.dlogits_t_bf16, &route.xt, &dwg))?;
         st.synchronize()?;
+        let dlogits_t = st.read(&rg.dlogits_t_bf16)?;
+        let dw = self.gate_wgrad(r, &dlogits_t, &rg.dlogits_t_bf16, &route.xt)?;
         self.span_since("gate bwd (route bwd + bf16 gemm x2)", r, ts);
-        Ok(GateGrad {
+        let g = GateGrad {
             dlogits: st.read(&rg.dlogits)?,
-            dlogits_t: st.read(&rg.dlogits_t_bf16)?,
+            dlogits_t,
             dx: st.read(&dxg)?,
-            dw: st.read(&dwg)?,
-        })
+            dw,
+        };
+        Ok((g, dxg))
+    }
+
+    /// dW_gate `[E, H]` per wgrad chunk: `dlogits^T [E, T/c] x (X^T [H, T/c])^T`. With one
+    /// chunk the device's `dlt` is the operand; with more, each chunk's columns of the host
+    /// copy `dlt_host` are uploaded as its own operand.
+    fn gate_wgrad(
+        &self,
+        r: usize,
+        dlt_host: &[bf16],
+        dlt: &Buffer<bf16>,
+        xt: &[Buffer<bf16>],
+    ) -> Result<Vec<Vec<f32>>> {
+        let c = &self.cfg;
+        let (h, e_n, t_n) = (c.hidden as usize, c.experts as usize, c.tokens as usize);
+        let (st, d) = (&self.ranks[r].compute, &self.ranks[r].device);
+        let tc = t_n / xt.len().max(1);
+        let mut out = Vec::new();
+        for (i, x) in xt.iter().enumerate() {
+            let dwg = d.alloc::<f32>(e_n * h)?;
+            let p = GemmProblem::new(InTy::Bf16, e_n, h, tc).out(OutTy::F32);
+            if xt.len() == 1 {
+                kernels::gemm(st, &p, GemmBufs::new(dlt, x, &dwg))?;
+            } else {
+                let cols: Vec<bf16> = (0..e_n)
+                    .flat_map(|e| dlt_host[e * t_n + i * tc..e * t_n + (i + 1) * tc].to_vec())
+                    .collect();
+                let a = d.upload(&cols)?;
+                kernels::gemm(st, &p, GemmBufs::new(&a, x, &dwg))?;
+                // `a` is freed on return: the queued GEMM must have read it
+                st.synchronize()?;
+            }
+            out.push(st.read(&dwg)?);
+        }
+        Ok(out)
+    }
+
+    /// With `slot_combine`: per top-k slot, per rank the mask of the rows of that slot.
+    fn slot_masks(&self, outs: &[DispatchOut]) -> Result<Vec<Vec<Buffer<f32>>>> {
+        let mut all = Vec::new();
+        for k in 0..self.cfg.topk {
+            let mut per = Vec::new();
+            for (rd, o) in self.ranks.iter().zip(outs) {
+                let mut m = rd.device.alloc::<f32>(o.m_pad.max(1))?;
+                ops::topk_slot_mask(&rd.compute, &o.recv_k, &mut m, k, o.m_pad)?;
+                per.push(m);
+            }
+            all.push(per);
+        }
+        for rd in &self.ranks {
+            rd.compute.synchronize()?;
+        }
+        Ok(all)
+    }
+
+    /// Per rank the combined rows as f32 `[T, H]`: the one combine's BF16 values, or the
+    /// per-slot combines summed in slot order, weighted by the home rank's top-k weights.
+    fn combined_f32(&self, c: Combined, routes: &[RankRoute]) -> Result<Vec<Buffer<f32>>> {
+        let cfg = &self.cfg;
+        let (h, t_n, kk) = (cfg.hidden as usize, cfg.tokens as usize, cfg.topk as usize);
+        let n = t_n * h;
+        let mut out = Vec::new();
+        for (r, rd) in self.ranks.iter().enumerate() {
+            let mut acc = rd.device.alloc::<f32>(n)?;
+            match &c {
+                Combined::One(v) => ops::cvt_bf16_f32(&rd.compute, &v[r], &mut acc, n)?,
+                Combined::Slots(v) => {
+                    for (k, part) in v.iter().enumerate() {
+                        let s = ops::SlotAcc {
+                            tokens: t_n,
+                            h,
+                            k,
+                            topk: kk,
+                        };
+                        ops::topk_slot_acc(&rd.compute, &part[r], &routes[r].w, &mut acc, s)?;
+                    }
+                }
+            }
+            rd.compute.synchronize()?;
+            out.push(acc);
+        }
+        Ok(out)
+    }
+
+    /// `bf16(acc + part + extra)` summed in f32 in that order on rank `r`'s compute stream
+    /// (`part`, `extra` optional), downloaded as f32 values.
+    fn finish_sum(
+        &self,
+        r: usize,
+        acc: &Buffer<f32>,
+        part: Option<&Buffer<bf16>>,
+        extra: Option<&Buffer<f32>>,
+    ) -> Result<Vec<f32>> {
+        let n = self.cfg.tokens as usize * self.cfg.hidden as usize;
+        let (st, d) = (&self.ranks[r].compute, &self.ranks[r].device);
+        let mut sum: Option<Buffer<f32>> = None;
+        if let Some(p) = part {
+            let mut pf = d.alloc::<f32>(n)?;
+            ops::cvt_bf16_f32(st, p, &mut pf, n)?;
+            let mut o = d.alloc::<f32>(n)?;
+            ops::f32_add(st, acc, &pf, &mut o, n)?;
+            st.synchronize()?;
+            sum = Some(o);
+        }
+        if let Some(e) = extra {
+            let mut o = d.alloc::<f32>(n)?;
+            ops::f32_add(st, sum.as_ref().unwrap_or(acc), e, &mut o, n)?;
+            st.synchronize()?;
+            sum = Some(o);
+        }
+        let mut out = d.alloc::<bf16>(n)?;
+        ops::cvt_f32_bf16(st, sum.as_ref().unwrap_or(acc), &mut out, n)?;
+        st.synchronize()?;
+        Ok(out.to_vec()?[..n].iter().map(|v| v.to_f32()).collect())
     }
 
     /// k-grouped FP8 wgrad of the routed experts of rank `r` (empty when it received no rows).

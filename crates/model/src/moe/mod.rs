@@ -1,6 +1,7 @@
 //! The DeepSeek-V3 MoE layer (routed experts + an optional shared expert), forward and backward,
-//! across expert-parallel ranks (one device each). Every step is a device kernel; the host only
-//! moves scalars, adds the shared expert's output to the combined one, and checks.
+//! across expert-parallel ranks (one device each). Every step is a device kernel (the sums of
+//! the combined, shared-expert and gate-path tensors too: `f32_add` and conversions on the
+//! compute stream); the host moves tensors and scalars and checks.
 //!
 //! Each device is split into a communication partition (`num_sms`, the top SMs) and a compute
 //! partition (the rest, `Device::partition`). Communication runs on its own streams while the
@@ -36,7 +37,8 @@ pub mod reference;
 
 pub use exec::{Progress, ProgressPhase, Quiet, Span, TraceSpan};
 pub use layer::{
-    check_devices, Backward, BackwardStats, Forward, ForwardStats, GateGrad, MoeLayer, Overlap,
+    check_devices, Backward, BackwardStats, ExpertDw, Forward, ForwardStats, GateGrad, MoeLayer,
+    Overlap,
     Placement,
 };
 pub use reference::{check, CheckConfig, CheckReport, ErrStats, Tolerances};
@@ -134,6 +136,16 @@ pub struct MoeConfig {
     /// No-progress timeout of the dispatch/combine wait loops (`EpConfig::timeout`); `None`:
     /// the library's default.
     pub comm_timeout: Option<Duration>,
+    /// Combine one top-k slot at a time (`topk` combines, each carrying exactly one of a token's
+    /// rows, unweighted) and sum a token's weighted expert outputs on its home rank in slot order
+    /// (`kernels::train::ops::topk_slot_acc`): the sum no longer depends on which ranks hold
+    /// the experts (the one-combine path sums each rank's, then each node's, partials in BF16).
+    pub slot_combine: bool,
+    /// The replicated weights' (gate, shared expert) gradients are computed per chunk of
+    /// `tokens / wgrad_chunks` tokens of each rank, in token order, and returned apart
+    /// ([`GateGrad::dw`], [`Backward::shared_dw`]): an EP-1 layer over `n x T` tokens with `n`
+    /// chunks reduces in the order of an EP-`n` layer's ranks.
+    pub wgrad_chunks: u32,
 }
 
 impl MoeConfig {
@@ -158,6 +170,8 @@ impl MoeConfig {
             seed: 1,
             gemm: GemmKind::Mma,
             comm_timeout: None,
+            slot_combine: false,
+            wgrad_chunks: 1,
         }
     }
 
@@ -275,6 +289,16 @@ impl MoeConfig {
         }
         if self.num_sms == 0 {
             return cfg_err("num_sms", "communication needs at least one SM");
+        }
+        let chunks = self.wgrad_chunks.max(1);
+        if self.wgrad_chunks == 0 || !self.tokens.is_multiple_of(128 * chunks) {
+            return cfg_err(
+                "wgrad_chunks",
+                format!(
+                    "{} chunks of the {} tokens per rank must be positive multiples of 128 tokens",
+                    self.wgrad_chunks, self.tokens
+                ),
+            );
         }
         self.routing().validate()?;
         Ok(())

@@ -529,9 +529,9 @@ impl Ctx<'_> {
                 )
             })
             .collect();
-        let Some((g1, g2)) = &self.b.shared_dw[r] else {
+        let Some([(g1, g2)]) = self.b.shared_dw[r].as_deref() else {
             return Err(MoeError::Check(format!(
-                "no shared-expert gradient on rank {r}"
+                "no shared-expert gradient of one chunk on rank {r} (wgrad_chunks must be 1)"
             )));
         };
         Ok(dw_error(

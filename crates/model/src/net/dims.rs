@@ -27,6 +27,10 @@ pub(crate) struct Dims {
     pub experts: usize,
     pub shared: bool,
     pub dense_layers: usize,
+    /// All `ep > 1` EP ranks of the stage name one device (the single-device run): the ranks'
+    /// token slices run there one after the other and each MoE layer is one EP-1 layer over
+    /// all of them (see `net`'s module docs).
+    pub one_device: bool,
 }
 
 impl Dims {
@@ -59,7 +63,9 @@ impl Dims {
                 "tokens per EP rank (seq_len x micro_batch / ep) = {t}: must be a positive multiple of 128"
             ));
         }
-        Ok(dims_of(m, t, seq))
+        let mut d = dims_of(m, t, seq);
+        d.one_device = ep > 1 && spec.devices.iter().all(|x| x.same(&spec.devices[0]));
+        Ok(d)
     }
 }
 
@@ -81,5 +87,6 @@ fn dims_of(m: &ModelConfig, t: usize, seq: usize) -> Dims {
         experts: m.routed_experts as usize,
         shared: m.shared_experts > 0,
         dense_layers: m.dense_layers as usize,
+        one_device: false,
     }
 }

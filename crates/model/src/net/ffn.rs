@@ -147,6 +147,25 @@ fn upload_bf16(cx: &Ctx, v: &[f32]) -> Result<Buffer<bf16>> {
     Ok(cx.dev.upload(&b)?)
 }
 
+/// The stage ranks' host tensors as the MoE layer's ranks: the same, or (one device: an EP-1
+/// layer) all ranks' tokens concatenated in rank order.
+fn to_layer(v: Vec<Vec<f32>>, layer_ranks: usize) -> Vec<Vec<f32>> {
+    if layer_ranks == v.len() {
+        return v;
+    }
+    vec![v.concat()]
+}
+
+/// The MoE layer's per-rank host tensors as the stage's `ranks` slices (the inverse of
+/// [`to_layer`]).
+fn from_layer(v: &[Vec<f32>], ranks: usize) -> Vec<&[f32]> {
+    if v.len() == ranks {
+        return v.iter().map(Vec::as_slice).collect();
+    }
+    let all = v.first().map_or(&[][..], Vec::as_slice);
+    all.chunks(all.len() / ranks.max(1)).collect()
+}
+
 /// MoE forward of every rank's `x1`: per rank `x2`, the state, the per-expert token counts.
 pub(crate) fn moe_forward(
     cxs: &[Ctx],
@@ -165,11 +184,14 @@ pub(crate) fn moe_forward(
         fs.push(download_f32(&f)?);
         rs.push(rstd);
     }
-    let fwd = moe.forward(&fs, &Quiet).map_err(|e| moe_err(l, e))?;
+    let fwd = moe
+        .forward(&to_layer(fs, moe.config().ranks()), &Quiet)
+        .map_err(|e| moe_err(l, e))?;
     let counts = fwd.expert_counts(d.experts).map_err(|e| moe_err(l, e))?;
+    let ys = from_layer(&fwd.y, cxs.len());
     let mut x2 = Vec::new();
     for (r, cx) in cxs.iter().enumerate() {
-        let y = upload_bf16(cx, &fwd.y[r])?;
+        let y = upload_bf16(cx, ys[r])?;
         x2.push(cx.add(&x1[r], &y, t * h)?);
         cx.sync()?;
     }
@@ -199,12 +221,13 @@ pub(crate) fn moe_backward(
     let (t, h) = (d.t, d.h);
     let dys = dx2.iter().map(download_f32).collect::<Result<Vec<_>>>()?;
     let b = moe
-        .backward(&s.fwd, &dys, &Quiet)
+        .backward(&s.fwd, &to_layer(dys, moe.config().ranks()), &Quiet)
         .map_err(|e| moe_err(l, e))?;
+    let dxs = from_layer(&b.dx, cxs.len());
     let mut dx1 = Vec::new();
     let mut g_norm = Vec::new();
     for (r, cx) in cxs.iter().enumerate() {
-        let df = upload_bf16(cx, &b.dx[r])?;
+        let df = upload_bf16(cx, dxs[r])?;
         let (dxn, g) = norm_bwd(cx, (&s.x1[r], norms[r], &df, &s.r[r]), (t, h, d.eps))?;
         dx1.push(cx.add(&dx2[r], &dxn, t * h)?);
         cx.sync()?;

@@ -81,12 +81,13 @@ impl MbGrads {
     }
 
     /// The MoE layer `l`'s gradients: the gate's and the shared expert's partials summed over
-    /// ranks in rank order, each routed expert's from the rank that owns it.
+    /// ranks in rank order (and over each rank's wgrad chunks in token order: an EP-1 layer
+    /// with `ep` chunks sums like `ep` ranks), each routed expert's from the rank that owns it.
     pub fn add_moe(&mut self, cx: &Ctx, l: usize, d: &Dims, b: &Backward) -> Result<()> {
-        let gate = sum_in_order(cx, b.gate.iter().map(|g| &g.dw))?;
+        let gate = sum_in_order(cx, b.gate.iter().flat_map(|g| &g.dw))?;
         let gate = gate.unwrap_or_else(|| vec![0f32; d.experts * d.h]);
         self.reduced.insert(format!("layers.{l}.moe.gate"), gate);
-        let shared: Vec<&(Vec<f32>, Vec<f32>)> = b.shared_dw.iter().flatten().collect();
+        let shared: Vec<&(Vec<f32>, Vec<f32>)> = b.shared_dw.iter().flatten().flatten().collect();
         let w1 = sum_in_order(cx, shared.iter().map(|s| &s.0))?;
         let w2 = sum_in_order(cx, shared.iter().map(|s| &s.1))?;
         if let (Some(w1), Some(w2)) = (w1, w2) {

@@ -7,11 +7,12 @@ use super::head::{EmbedW, HeadW};
 use super::linear::{Ctx, Result};
 use super::{Dims, Ffn, Layer};
 use crate::config::ModelConfig;
-use crate::moe::{MoeLayer, MoeWeights, Quiet};
+use crate::moe::{MoeConfig, MoeLayer, MoeWeights, Quiet};
 use crate::params::{specs, Params};
 use crate::stage::StageSpec;
 use crate::TrainError;
 use half::bf16;
+use runtime::Device;
 
 /// `p` holds exactly the model's parameters, each with its shape.
 pub(crate) fn check_params(m: &ModelConfig, p: &Params) -> Result<()> {
@@ -82,6 +83,22 @@ fn norms(cxs: &[Ctx], p: &Params, l: usize) -> Result<Vec<runtime::Buffer<f32>>>
     cxs.iter().map(|cx| Ok(cx.dev.upload(n)?)).collect()
 }
 
+/// The MoE layers' configuration and devices: the job's EP group, or on one device
+/// (`Dims::one_device`) one EP-1 layer over all `ep` ranks' tokens whose replicated weights'
+/// gradients come in `ep` chunks (the EP ranks' reduction order).
+fn moe_group(spec: &StageSpec, d: &Dims) -> (MoeConfig, Vec<Device>) {
+    let mut cfg = spec.config.moe_config();
+    if !d.one_device {
+        return (cfg, spec.devices.clone());
+    }
+    let ep = spec.devices.len() as u32;
+    cfg.nodes = 1;
+    cfg.gpus_per_node = 1;
+    cfg.tokens *= ep;
+    cfg.wgrad_chunks = ep;
+    (cfg, spec.devices[..1].to_vec())
+}
+
 /// Builds every layer of the stage (MoE layers over the stage's devices).
 pub(crate) fn build_layers(
     spec: &StageSpec,
@@ -94,8 +111,8 @@ pub(crate) fn build_layers(
         let ffn = if l < d.dense_layers {
             Ffn::Dense(dense_all(cxs, d, p, l)?)
         } else {
-            let cfg = spec.config.moe_config();
-            let layer = MoeLayer::new(cfg, spec.devices.clone(), moe_weights(d, p, l)?, &Quiet)
+            let (cfg, devices) = moe_group(spec, d);
+            let layer = MoeLayer::new(cfg, devices, moe_weights(d, p, l)?, &Quiet)
                 .map_err(|e| moe_err(l, e))?;
             Ffn::Moe {
                 norms: norms(cxs, p, l)?,

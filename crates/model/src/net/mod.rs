@@ -24,9 +24,13 @@
 //! gradient rows, and moving gradients to the stage's first device, whose `f32_add` kernel
 //! sums them over ranks and micro-batches in a fixed order (the data-parallel all-reduce and
 //! the gradient accumulation, [`grads`]). Host arithmetic that remains: the per-expert token
-//! histogram of the routed indices, the sum of the ranks' losses (one f64 per rank), and what
-//! `MoeLayer` itself does on the host (it adds the shared expert's output to the combined one
-//! and the gate path's input gradient to the experts').
+//! histogram of the routed indices and the sum of the ranks' losses (one f64 per rank).
+//!
+//! One device: when every EP rank of the stage names the same device (`ep > 1`; the trainer's
+//! single-device run), the ranks' token slices run there one after the other and each MoE
+//! layer is one EP-1 layer over all the ranks' tokens (concatenated in rank order) with
+//! `wgrad_chunks = ep`, so every reduction keeps the parallel run's order and the result is
+//! bit-identical to it (docs/TRAIN.md, *Single-device run*).
 
 mod attn;
 mod dims;

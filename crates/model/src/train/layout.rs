@@ -28,6 +28,25 @@ pub fn job_devices(cfg: &TrainConfig, emu_base: u32) -> Result<Vec<Device>, Trai
     }
 }
 
+/// The single-device run of the job: every one of its `pp x ep x dp` device slots is the same
+/// device (emulated `emu_base`, or CUDA device 0), so every stage and every expert runs there
+/// (`net::DeviceStage` then runs each EP rank's tokens in turn and its MoE layers as EP 1; the
+/// result is bit-identical to the parallel run's).
+pub fn single_device(cfg: &TrainConfig, emu_base: u32) -> Result<Vec<Device>, TrainError> {
+    let d = match cfg.device {
+        DeviceKind::Emu => Device::emu(emu_base),
+        DeviceKind::Cuda => {
+            if Device::cuda_count() == 0 {
+                return Err(TrainError::Unsupported(
+                    "device: the single-device run needs a CUDA device, none found".into(),
+                ));
+            }
+            Device::cuda(0)?
+        }
+    };
+    Ok(vec![d; cfg.devices() as usize])
+}
+
 /// The stage specs of a validated configuration over `devices` (global index order, as
 /// [`TrainConfig::placement`] numbers them). Data parallelism (dp > 1) is not supported.
 pub fn stage_specs(cfg: &TrainConfig, devices: &[Device]) -> Result<Vec<StageSpec>, TrainError> {

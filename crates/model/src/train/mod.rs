@@ -57,6 +57,9 @@ pub struct TrainOptions {
     pub emu_base: u32,
     /// Validation batches per evaluation (`None`: the whole validation split).
     pub eval_batches: Option<usize>,
+    /// Run every stage and every expert on one device ([`layout::single_device`]): the
+    /// reference run the parallel one is bit-identical to.
+    pub single_device: bool,
 }
 
 impl Default for TrainOptions {
@@ -65,6 +68,7 @@ impl Default for TrainOptions {
             pipelined: true,
             emu_base: 0,
             eval_batches: None,
+            single_device: false,
         }
     }
 }
@@ -136,7 +140,10 @@ impl Trainer {
         }
         let split = data.split(cfg.train.seq_len as usize)?;
         let entropy = data::unigram_entropy(&split.train);
-        let devices = layout::job_devices(&cfg, options.emu_base)?;
+        let devices = match options.single_device {
+            true => layout::single_device(&cfg, options.emu_base)?,
+            false => layout::job_devices(&cfg, options.emu_base)?,
+        };
         let specs = layout::stage_specs(&cfg, &devices)?;
         let params = Params::init(&cfg.model, cfg.train.seed);
         let owners: Vec<Vec<usize>> = specs

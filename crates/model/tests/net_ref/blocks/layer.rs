@@ -380,13 +380,13 @@ fn moe_fwd(d: &Dm, w: &LayerW, f: &[f64], n: usize) -> (Vec<f64>, FfnS) {
         caches.push(c);
         ys.push(y);
     }
-    let comb = bfv(&comb);
+    // the device sums the weighted top-k outputs and the shared expert's in f32, one rounding
     let (y, shared) = match &w.shared {
         Some(sw) => {
             let (ysh, c) = ffn_fwd(d, sw, f, n);
             (bfv(&add(&comb, &ysh)), Some(c))
         }
-        None => (comb, None),
+        None => (bfv(&comb), None),
     };
     let st = FfnS::Moe {
         rows,
@@ -432,10 +432,11 @@ fn moe_bwd(d: &Dm, w: &LayerW, st: &FfnS, f: &[f64], dy: &[f64], n: usize) -> (V
         g.push((format!("moe.experts.{e}.w1"), dw1));
         g.push((format!("moe.experts.{e}.w2"), dw2));
     }
-    let mut dxf = bfv(&dxr);
+    // combine + shared expert + gate path summed in f32 on the device, one rounding (below)
+    let mut dxf = dxr;
     if let (Some(sw), Some(c)) = (&w.shared, shared) {
         let (dx, dw1, dw2) = ffn_bwd(d, sw, c, dy, &vec![1.0; n]);
-        dxf = bfv(&add(&dxf, &dx));
+        dxf = add(&dxf, &dx);
         g.push(("moe.shared.w1".into(), dw1));
         g.push(("moe.shared.w2".into(), dw2));
     }
