@@ -175,7 +175,7 @@ pub fn round_rz(x: f64, frac: u32) -> f32 {
 
 /// One block: `terms` (exact products) plus `c`, as the model adds them. Returns the block
 /// result (an FP32 value with `out_frac` fraction bits).
-fn block_sum(m: &TcModel, terms: &[f64], c: f64) -> f64 {
+pub(crate) fn block_sum(m: &TcModel, terms: &[f64], c: f64) -> f64 {
     let mut emax = i32::MIN;
     let mut special = !c.is_finite();
     for &t in terms.iter().chain(std::iter::once(&c)) {
@@ -220,6 +220,39 @@ pub fn dot(m: &TcModel, a: &[f64], b: &[f64], c: f32) -> f32 {
 /// [`GROUP`] columns go through [`group`] (same results as [`dot`], laid out so the column loops
 /// vectorise), the remainder through [`dot`]'s block sum.
 pub fn tile(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
+    let fast = crate::tc_simd::fast_group();
+    match fast {
+        Some(g) if all_finite(a) && all_finite(&bt[..bt.len().min(k * cols)]) && all_finite(acc) => {
+            tile_with(g, m, a, bt, k, cols, acc)
+        }
+        _ => tile_with(group_dispatch(), m, a, bt, k, cols, acc),
+    }
+}
+
+/// Whether every value is finite (the SIMD group kernel's precondition), without branching
+/// per element: a NaN or infinity makes `x - x` NaN.
+fn all_finite(v: &[f64]) -> bool {
+    let mut z = [0f64; 4];
+    let mut it = v.chunks_exact(4);
+    for c in &mut it {
+        for i in 0..4 {
+            z[i] += c[i] - c[i];
+        }
+    }
+    let tail: f64 = it.remainder().iter().map(|x| x - x).sum();
+    (z[0] + z[1] + z[2] + z[3] + tail) == 0.0
+}
+
+/// [`tile`] with the column groups of the portable kernel (no hand-written SIMD), dispatched
+/// to the AVX-512F / AVX2 builds of the same code: the oracle the SIMD kernel is checked with.
+pub fn tile_portable(
+    m: &TcModel,
+    a: &[f64],
+    bt: &[f64],
+    k: usize,
+    cols: usize,
+    acc: &mut [f64],
+) {
     tile_with(group_dispatch(), m, a, bt, k, cols, acc)
 }
 
@@ -319,6 +352,29 @@ fn trunc_small(y: f64) -> f64 {
     }
 }
 
+/// The portable group kernel (for the SIMD kernel's fallbacks).
+pub(crate) fn group_portable(
+    m: &TcModel,
+    ar: &[f64],
+    bt: &[f64],
+    stride: usize,
+    x: &mut [f64; GROUP],
+) {
+    group(m, ar, bt, stride, x)
+}
+
+/// The branch-free rounding of [`group`] (toward zero to an FP32 with `frac` fraction bits) for
+/// finite, exact sums that are never -0.0.
+#[inline(always)]
+pub(crate) fn round_group(x: &mut [f64], frac: u32) {
+    let keep = !((1u32 << (23 - frac.min(23))) - 1);
+    for v in x.iter_mut() {
+        let f = *v as f32;
+        let away = ((f as f64).abs() > v.abs()) as u32;
+        *v = f32::from_bits((f.to_bits() - away) & keep) as f64;
+    }
+}
+
 /// Columns [`group`] handles at once.
 pub const GROUP: usize = 8;
 
@@ -408,13 +464,10 @@ fn group(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP
             }
             // round toward zero, branch-free (`round_rz` for finite, non-NaN values: the sums
             // here are never -0.0, and a too-large value steps back from infinity to MAX)
-            let keep = !((1u32 << (23 - m.out_frac.min(23))) - 1);
             for c in 0..GROUP {
-                let v = s[c] * down[c];
-                let f = v as f32;
-                let away = ((f as f64).abs() > v.abs()) as u32;
-                x[c] = f32::from_bits((f.to_bits() - away) & keep) as f64;
+                x[c] = s[c] * down[c];
             }
+            round_group(x, m.out_frac);
         }
         k0 += n;
     }
