@@ -220,10 +220,10 @@ pub fn dot(m: &TcModel, a: &[f64], b: &[f64], c: f32) -> f32 {
 /// [`GROUP`] columns go through [`group`] (same results as [`dot`], laid out so the column loops
 /// vectorise), the remainder through [`dot`]'s block sum.
 pub fn tile(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
-    let fast = crate::tc_simd::fast_group();
+    let fast = crate::tc_simd::fast_tile();
     match fast {
-        Some(g) if all_finite(a) && all_finite(&bt[..bt.len().min(k * cols)]) && all_finite(acc) => {
-            tile_with(g, m, a, bt, k, cols, acc)
+        Some(t) if all_finite(a) && all_finite(&bt[..bt.len().min(k * cols)]) && all_finite(acc) => {
+            t(m, a, bt, k, cols, acc)
         }
         _ => tile_with(group_dispatch(), m, a, bt, k, cols, acc),
     }
@@ -309,7 +309,6 @@ fn tile_with(
         return;
     }
     let rows = acc.len() / cols;
-    let mut prods = [0f64; 64];
     for r in 0..rows {
         let ar = &a[r * k..(r + 1) * k];
         let row = &mut acc[r * cols..(r + 1) * cols];
@@ -323,16 +322,30 @@ fn tile_with(
             group(m, ar, &bt[c0..], cols, x);
             c0 += GROUP;
         }
-        for (c, x) in row.iter_mut().enumerate().skip(c0) {
-            let mut k0 = 0;
-            while k0 < k {
-                let n = m.block_len().min(k - k0);
-                for i in 0..n {
-                    prods[i] = ar[k0 + i] * bt[(k0 + i) * cols + c];
-                }
-                *x = block_sum(m, &prods[..n], *x);
-                k0 += n;
+        scalar_cols(m, ar, bt, cols, c0, row);
+    }
+}
+
+/// Columns `c0..` of one row of [`tile`] (`row` = the whole row), one output at a time.
+pub(crate) fn scalar_cols(
+    m: &TcModel,
+    ar: &[f64],
+    bt: &[f64],
+    cols: usize,
+    c0: usize,
+    row: &mut [f64],
+) {
+    let k = ar.len();
+    let mut prods = [0f64; 64];
+    for (c, x) in row.iter_mut().enumerate().skip(c0) {
+        let mut k0 = 0;
+        while k0 < k {
+            let n = m.block_len().min(k - k0);
+            for i in 0..n {
+                prods[i] = ar[k0 + i] * bt[(k0 + i) * cols + c];
             }
+            *x = block_sum(m, &prods[..n], *x);
+            k0 += n;
         }
     }
 }
@@ -350,17 +363,6 @@ fn trunc_small(y: f64) -> f64 {
     } else {
         r
     }
-}
-
-/// The portable group kernel (for the SIMD kernel's fallbacks).
-pub(crate) fn group_portable(
-    m: &TcModel,
-    ar: &[f64],
-    bt: &[f64],
-    stride: usize,
-    x: &mut [f64; GROUP],
-) {
-    group(m, ar, bt, stride, x)
 }
 
 /// The branch-free rounding of [`group`] (toward zero to an FP32 with `frac` fraction bits) for
