@@ -222,7 +222,9 @@ pub fn dot(m: &TcModel, a: &[f64], b: &[f64], c: f32) -> f32 {
 pub fn tile(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
     let fast = crate::tc_simd::fast_tile();
     match fast {
-        Some(t) if all_finite(a) && all_finite(&bt[..bt.len().min(k * cols)]) && all_finite(acc) => {
+        Some(t)
+            if all_finite(a) && all_finite(&bt[..bt.len().min(k * cols)]) && all_finite(acc) =>
+        {
             t(m, a, bt, k, cols, acc)
         }
         _ => tile_with(group_dispatch(), m, a, bt, k, cols, acc),
@@ -245,14 +247,7 @@ fn all_finite(v: &[f64]) -> bool {
 
 /// [`tile`] with the column groups of the portable kernel (no hand-written SIMD), dispatched
 /// to the AVX-512F / AVX2 builds of the same code: the oracle the SIMD kernel is checked with.
-pub fn tile_portable(
-    m: &TcModel,
-    a: &[f64],
-    bt: &[f64],
-    k: usize,
-    cols: usize,
-    acc: &mut [f64],
-) {
+pub fn tile_portable(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
     tile_with(group_dispatch(), m, a, bt, k, cols, acc)
 }
 

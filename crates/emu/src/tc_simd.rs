@@ -56,7 +56,14 @@ mod x86 {
             && bt.len() >= k * cols
     }
 
-    pub(super) fn tile_avx2(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
+    pub(super) fn tile_avx2(
+        m: &TcModel,
+        a: &[f64],
+        bt: &[f64],
+        k: usize,
+        cols: usize,
+        acc: &mut [f64],
+    ) {
         if !supported(m, a, bt, k, cols, acc) {
             return tile_portable(m, a, bt, k, cols, acc);
         }
@@ -65,7 +72,14 @@ mod x86 {
         unsafe { tile_avx2_impl(m, a, bt, k, cols, acc) }
     }
 
-    pub(super) fn tile_vl(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
+    pub(super) fn tile_vl(
+        m: &TcModel,
+        a: &[f64],
+        bt: &[f64],
+        k: usize,
+        cols: usize,
+        acc: &mut [f64],
+    ) {
         if !supported(m, a, bt, k, cols, acc) {
             return tile_portable(m, a, bt, k, cols, acc);
         }
@@ -75,19 +89,40 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2")]
-    unsafe fn tile_avx2_impl(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
+    unsafe fn tile_avx2_impl(
+        m: &TcModel,
+        a: &[f64],
+        bt: &[f64],
+        k: usize,
+        cols: usize,
+        acc: &mut [f64],
+    ) {
         tile_rows(m, a, bt, k, cols, acc)
     }
 
     #[target_feature(enable = "avx2,avx512f,avx512vl")]
-    unsafe fn tile_vl_impl(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
+    unsafe fn tile_vl_impl(
+        m: &TcModel,
+        a: &[f64],
+        bt: &[f64],
+        k: usize,
+        cols: usize,
+        acc: &mut [f64],
+    ) {
         tile_rows(m, a, bt, k, cols, acc)
     }
 
     /// Row pairs (an odd last row alone) x full column groups through the kernel; remainder
     /// columns through the portable scalar code.
     #[inline(always)]
-    unsafe fn tile_rows(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
+    unsafe fn tile_rows(
+        m: &TcModel,
+        a: &[f64],
+        bt: &[f64],
+        k: usize,
+        cols: usize,
+        acc: &mut [f64],
+    ) {
         let rows = acc.len() / cols;
         let full = cols / GROUP * GROUP;
         let mut r = 0;
@@ -178,17 +213,18 @@ mod x86 {
         }
         let f = m.align_frac as i64;
         let mut sc = [([_mm256_setzero_pd(); 2], [_mm256_setzero_pd(); 2]); R];
+        let mut tiny = _mm256_setzero_si256();
         for r in 0..R {
-            match scales(big[r], f) {
-                Some(s) => sc[r] = s,
-                None => {
-                    // rare: the portable block sums of every output of this block
-                    for (rr, xr) in xs.iter_mut().enumerate() {
-                        scalar_block(m, n, a[rr], b, stride, xr);
-                    }
-                    return;
-                }
+            let (up, down, t) = scales(big[r], f);
+            sc[r] = (up, down);
+            tiny = _mm256_or_si256(tiny, t);
+        }
+        if _mm256_movemask_epi8(tiny) != 0 {
+            // rare: the portable block sums of every output of this block
+            for (rr, xr) in xs.iter_mut().enumerate() {
+                scalar_block(m, n, a[rr], b, stride, xr);
             }
+            return;
         }
         // pass 2: aligned, truncated, summed in 32-bit integers (exact, see module docs)
         let mut s = [[_mm_setzero_si128(); 2]; R];
@@ -208,33 +244,32 @@ mod x86 {
                 }
             }
         }
+        let mut ok = _mm256_castsi256_pd(_mm256_set1_epi64x(-1));
         for r in 0..R {
             for h in 0..2 {
-                let v = _mm256_mul_pd(_mm256_cvtepi32_pd(s[r][h]), sc[r].1[h]);
-                xs[r][h] = round_rz(v, m.out_frac);
+                xs[r][h] = _mm256_mul_pd(_mm256_cvtepi32_pd(s[r][h]), sc[r].1[h]);
+                ok = _mm256_and_pd(ok, in_range(xs[r][h]));
             }
         }
+        round_rz(xs, m.out_frac, _mm256_movemask_pd(ok) == 0xf);
     }
-
     /// Two 4-lane halves of the 8 columns.
     type Pair = [__m256d; 2];
 
     /// 2^(F - e) and 2^(e - F) per column from the largest magnitudes `big`, for biased
-    /// exponents e. An all-zero column (e = 0) gets the scales of e = F + 1 (its terms and sum
-    /// are zero whatever the scale). `None` when a column's largest non-zero term is below
-    /// 2^(F - 1022) (not reachable from tensor-core inputs, handled by the portable code).
+    /// exponents e, and a mask of the columns whose largest non-zero term is below 2^(F - 1022)
+    /// (not reachable from tensor-core inputs; the caller then runs the portable code). An
+    /// all-zero column (e = 0) gets the scales of e = F + 1 (its terms and sum are zero
+    /// whatever the scale).
     #[inline(always)]
-    unsafe fn scales(big: Pair, f: i64) -> Option<(Pair, Pair)> {
+    unsafe fn scales(big: Pair, f: i64) -> (Pair, Pair, __m256i) {
         let zero = _mm256_setzero_si256();
         let lo = _mm256_set1_epi64x(f + 1);
-        let mut up = big;
-        let mut down = big;
+        let (mut up, mut down, mut tiny) = (big, big, zero);
         for h in 0..2 {
             let e = _mm256_srli_epi64::<52>(_mm256_castpd_si256(big[h]));
-            let tiny = _mm256_and_si256(_mm256_cmpgt_epi64(e, zero), _mm256_cmpgt_epi64(lo, e));
-            if _mm256_movemask_epi8(tiny) != 0 {
-                return None;
-            }
+            let t = _mm256_and_si256(_mm256_cmpgt_epi64(e, zero), _mm256_cmpgt_epi64(lo, e));
+            tiny = _mm256_or_si256(tiny, t);
             // exponents are below 2^11: the 32-bit max of the low halves is the 64-bit max
             let e = _mm256_max_epi32(e, lo);
             let u = _mm256_sub_epi64(_mm256_set1_epi64x(2046 + f), e);
@@ -242,28 +277,39 @@ mod x86 {
             let d = _mm256_sub_epi64(e, _mm256_set1_epi64x(f));
             down[h] = _mm256_castsi256_pd(_mm256_slli_epi64::<52>(d));
         }
-        Some((up, down))
+        (up, down, tiny)
     }
 
-    /// Rounds exact f64 values toward zero to FP32 values with `frac` fraction bits: a mask of
-    /// the significand when every lane is zero or in the normal FP32 range, else the portable
-    /// per-lane rounding.
+    /// All-ones lanes where `v` is zero or its magnitude is in the normal FP32 range.
     #[inline(always)]
-    unsafe fn round_rz(v: __m256d, frac: u32) -> __m256d {
+    unsafe fn in_range(v: __m256d) -> __m256d {
         let abs = _mm256_and_pd(v, _mm256_castsi256_pd(_mm256_set1_epi64x(i64::MAX)));
         let lo = _mm256_cmp_pd::<_CMP_GE_OQ>(abs, _mm256_set1_pd(f32::MIN_POSITIVE as f64));
         let hi = _mm256_cmp_pd::<_CMP_LT_OQ>(abs, _mm256_set1_pd(2f64.powi(128)));
         let zero = _mm256_cmp_pd::<_CMP_EQ_OQ>(abs, _mm256_setzero_pd());
-        let ok = _mm256_or_pd(_mm256_and_pd(lo, hi), zero);
-        if _mm256_movemask_pd(ok) == 0xf {
+        _mm256_or_pd(_mm256_and_pd(lo, hi), zero)
+    }
+
+    /// Rounds exact f64 values toward zero to FP32 values with `frac` fraction bits: a mask of
+    /// the significand when every lane is zero or in the normal FP32 range (`all_in_range`),
+    /// else the portable per-lane rounding.
+    #[inline(always)]
+    unsafe fn round_rz<const R: usize>(xs: &mut [Pair; R], frac: u32, all_in_range: bool) {
+        if all_in_range {
             let keep = !((1u64 << (52 - frac)) - 1);
+            let keep = _mm256_castsi256_pd(_mm256_set1_epi64x(keep as i64));
             // +0 for a zero sum (the integer sum converts to +0.0; the scale is positive)
-            return _mm256_and_pd(v, _mm256_castsi256_pd(_mm256_set1_epi64x(keep as i64)));
+            for x in xs.iter_mut().flatten() {
+                *x = _mm256_and_pd(*x, keep);
+            }
+            return;
         }
-        let mut l = [0f64; 4];
-        _mm256_storeu_pd(l.as_mut_ptr(), v);
-        round_group(&mut l, frac);
-        _mm256_loadu_pd(l.as_ptr())
+        for x in xs.iter_mut().flatten() {
+            let mut l = [0f64; 4];
+            _mm256_storeu_pd(l.as_mut_ptr(), *x);
+            round_group(&mut l, frac);
+            *x = _mm256_loadu_pd(l.as_ptr());
+        }
     }
 
     /// The portable block sums of one row's 8 outputs (the rare `scales` fallback).
@@ -365,7 +411,11 @@ mod tests {
             let t = forms[mi % forms.len()];
             for trial in 0..40 {
                 let (rows, k) = (4, [16, 32, 64, 7][trial % 4]);
-                let cols = if trial % 5 == 4 { 21 } else { 8 * (1 + trial % 3) };
+                let cols = if trial % 5 == 4 {
+                    21
+                } else {
+                    8 * (1 + trial % 3)
+                };
                 let mut a: Vec<f64> = (0..rows * k).map(|_| value(t, &mut rng)).collect();
                 let mut b: Vec<f64> = (0..k * cols).map(|_| value(t, &mut rng)).collect();
                 a[k..2 * k].iter_mut().for_each(|v| *v = 0.0); // row 1 all zero
