@@ -27,6 +27,7 @@ pub mod mma;
 pub mod program;
 pub mod sanitize;
 pub mod tc_numerics;
+mod tc_simd;
 
 pub use error::{EmuError, FaultKind, FaultSite};
 pub use launch::{launch, LaunchConfig, LaunchOptions, LaunchStats, DEFAULT_STACK_BYTES};

@@ -459,15 +459,27 @@ fn mma_fast(
 
 /// A (16 x 16, row-major) and B (16 x 8, k-major) of an m16n8k16 16-bit-input mma.
 fn decode16(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes]) -> ([[f64; 16]; 16], [[f64; 8]; 16]) {
+    let bf = |v: u64| f32::from_bits(((v as u32) & 0xffff) << 16) as f64;
+    let hf = |v: u64| half::f16::from_bits(v as u16).to_f64();
+    // one monomorphic loop per type pair (no per-element type test)
+    match (spec.aty == Ty::Bf16, spec.bty == Ty::Bf16) {
+        (true, true) => decode16_with(a, b, bf, bf),
+        (true, false) => decode16_with(a, b, bf, hf),
+        (false, true) => decode16_with(a, b, hf, bf),
+        (false, false) => decode16_with(a, b, hf, hf),
+    }
+}
+
+/// [`decode16`] with the element decoders of A and B.
+#[inline(always)]
+fn decode16_with(
+    a: &[&Lanes],
+    b: &[&Lanes],
+    da: impl Fn(u64) -> f64,
+    db: impl Fn(u64) -> f64,
+) -> ([[f64; 16]; 16], [[f64; 8]; 16]) {
     let mut am = [[0f64; 16]; 16];
     let mut bk = [[0f64; 8]; 16];
-    let dec16 = |t: Ty, v: u64| -> f64 {
-        if t == Ty::Bf16 {
-            f32::from_bits(((v as u32) & 0xffff) << 16) as f64
-        } else {
-            half::f16::from_bits(v as u16).to_f64()
-        }
-    };
     for lane in 0..32 {
         let (g, q) = (lane >> 2, lane & 3);
         // a_r holds elements 2r (low) and 2r+1: row g + 8*(r&1), col 2q + 8*(r>>1) (+0/1).
@@ -475,15 +487,15 @@ fn decode16(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes]) -> ([[f64; 16]; 16], [[f
             let v = a[r][lane];
             let row = &mut am[g + 8 * (r & 1)];
             let col = 2 * q + 8 * (r >> 1);
-            row[col] = dec16(spec.aty, v);
-            row[col + 1] = dec16(spec.aty, v >> 16);
+            row[col] = da(v);
+            row[col + 1] = da(v >> 16);
         }
         // b_r: k = 2q + 8r (+0/1), n = g.
         for r in 0..2 {
             let v = b[r][lane];
             let kk = 2 * q + 8 * r;
-            bk[kk][g] = dec16(spec.bty, v);
-            bk[kk + 1][g] = dec16(spec.bty, v >> 16);
+            bk[kk][g] = db(v);
+            bk[kk + 1][g] = db(v >> 16);
         }
     }
     (am, bk)

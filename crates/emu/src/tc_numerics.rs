@@ -175,7 +175,7 @@ pub fn round_rz(x: f64, frac: u32) -> f32 {
 
 /// One block: `terms` (exact products) plus `c`, as the model adds them. Returns the block
 /// result (an FP32 value with `out_frac` fraction bits).
-fn block_sum(m: &TcModel, terms: &[f64], c: f64) -> f64 {
+pub(crate) fn block_sum(m: &TcModel, terms: &[f64], c: f64) -> f64 {
     let mut emax = i32::MIN;
     let mut special = !c.is_finite();
     for &t in terms.iter().chain(std::iter::once(&c)) {
@@ -220,6 +220,26 @@ pub fn dot(m: &TcModel, a: &[f64], b: &[f64], c: f32) -> f32 {
 /// [`GROUP`] columns go through [`group`] (same results as [`dot`], laid out so the column loops
 /// vectorise), the remainder through [`dot`]'s block sum.
 pub fn tile(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
+    let fast = crate::tc_simd::fast_tile();
+    match fast {
+        Some(t)
+            if all_finite(a) && all_finite(&bt[..bt.len().min(k * cols)]) && all_finite(acc) =>
+        {
+            t(m, a, bt, k, cols, acc)
+        }
+        _ => tile_with(group_dispatch(), m, a, bt, k, cols, acc),
+    }
+}
+
+/// Whether every value is finite (the SIMD tile kernel's precondition); no early exit, so
+/// the loop vectorises.
+fn all_finite(v: &[f64]) -> bool {
+    v.iter().fold(true, |ok, x| ok & x.is_finite())
+}
+
+/// [`tile`] with the column groups of the portable kernel (no hand-written SIMD), dispatched
+/// to the AVX-512F / AVX2 builds of the same code: the oracle the SIMD kernel is checked with.
+pub fn tile_portable(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
     tile_with(group_dispatch(), m, a, bt, k, cols, acc)
 }
 
@@ -276,7 +296,6 @@ fn tile_with(
         return;
     }
     let rows = acc.len() / cols;
-    let mut prods = [0f64; 64];
     for r in 0..rows {
         let ar = &a[r * k..(r + 1) * k];
         let row = &mut acc[r * cols..(r + 1) * cols];
@@ -290,16 +309,30 @@ fn tile_with(
             group(m, ar, &bt[c0..], cols, x);
             c0 += GROUP;
         }
-        for (c, x) in row.iter_mut().enumerate().skip(c0) {
-            let mut k0 = 0;
-            while k0 < k {
-                let n = m.block_len().min(k - k0);
-                for i in 0..n {
-                    prods[i] = ar[k0 + i] * bt[(k0 + i) * cols + c];
-                }
-                *x = block_sum(m, &prods[..n], *x);
-                k0 += n;
+        scalar_cols(m, ar, bt, cols, c0, row);
+    }
+}
+
+/// Columns `c0..` of one row of [`tile`] (`row` = the whole row), one output at a time.
+pub(crate) fn scalar_cols(
+    m: &TcModel,
+    ar: &[f64],
+    bt: &[f64],
+    cols: usize,
+    c0: usize,
+    row: &mut [f64],
+) {
+    let k = ar.len();
+    let mut prods = [0f64; 64];
+    for (c, x) in row.iter_mut().enumerate().skip(c0) {
+        let mut k0 = 0;
+        while k0 < k {
+            let n = m.block_len().min(k - k0);
+            for i in 0..n {
+                prods[i] = ar[k0 + i] * bt[(k0 + i) * cols + c];
             }
+            *x = block_sum(m, &prods[..n], *x);
+            k0 += n;
         }
     }
 }
@@ -316,6 +349,18 @@ fn trunc_small(y: f64) -> f64 {
         r - 1f64.copysign(y)
     } else {
         r
+    }
+}
+
+/// The branch-free rounding of [`group`] (toward zero to an FP32 with `frac` fraction bits) for
+/// finite, exact sums that are never -0.0.
+#[inline(always)]
+pub(crate) fn round_group(x: &mut [f64], frac: u32) {
+    let keep = !((1u32 << (23 - frac.min(23))) - 1);
+    for v in x.iter_mut() {
+        let f = *v as f32;
+        let away = ((f as f64).abs() > v.abs()) as u32;
+        *v = f32::from_bits((f.to_bits() - away) & keep) as f64;
     }
 }
 
@@ -408,13 +453,10 @@ fn group(m: &TcModel, ar: &[f64], bt: &[f64], stride: usize, x: &mut [f64; GROUP
             }
             // round toward zero, branch-free (`round_rz` for finite, non-NaN values: the sums
             // here are never -0.0, and a too-large value steps back from infinity to MAX)
-            let keep = !((1u32 << (23 - m.out_frac.min(23))) - 1);
             for c in 0..GROUP {
-                let v = s[c] * down[c];
-                let f = v as f32;
-                let away = ((f as f64).abs() > v.abs()) as u32;
-                x[c] = f32::from_bits((f.to_bits() - away) & keep) as f64;
+                x[c] = s[c] * down[c];
             }
+            round_group(x, m.out_frac);
         }
         k0 += n;
     }
