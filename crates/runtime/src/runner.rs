@@ -191,10 +191,11 @@ pub fn read_npy(path: &Path) -> Result<HostArray> {
     parse_npy(&bytes).map_err(err)
 }
 
-/// Parses `.npy` bytes.
+/// Parses `.npy` bytes: the data must be exactly what the header declares.
 pub fn parse_npy(bytes: &[u8]) -> std::result::Result<HostArray, String> {
-    let header =
-        npyz::NpyHeader::from_reader(bytes).map_err(|e| format!("not a .npy file: {e}"))?;
+    let data_start = npy_preflight(bytes)?;
+    let header = npyz::NpyHeader::from_reader(&bytes[..data_start])
+        .map_err(|e| format!("not a .npy file: {e}"))?;
     let file = npyz::NpyFile::with_header(header, std::io::empty());
     let ts = match file.dtype() {
         npyz::DType::Plain(ts) => ts,
@@ -227,22 +228,118 @@ pub fn parse_npy(bytes: &[u8]) -> std::result::Result<HostArray, String> {
             "Fortran-order arrays are not supported (save with np.ascontiguousarray)".into(),
         );
     }
-    let n = file.len() as usize;
-    let nbytes = n * size;
-    if bytes.len() < nbytes {
-        return Err(format!(
-            "truncated: {n} elements of {size} bytes declared, file has {} bytes",
-            bytes.len()
-        ));
-    }
-    // The data is the last `nbytes` bytes of the file (numpy writes nothing after it).
-    let mut data = bytes[bytes.len() - nbytes..].to_vec();
+    let n = file.len();
+    let have = bytes.len() - data_start;
+    let nbytes = usize::try_from(n)
+        .ok()
+        .and_then(|n| n.checked_mul(size))
+        .filter(|&b| b == have)
+        .ok_or_else(|| {
+            format!(
+                "the header declares {n} elements of {size} bytes, the file has {have} bytes \
+                 of data after the header"
+            )
+        })?;
+    let mut data = bytes[data_start..data_start + nbytes].to_vec();
     if big {
         for c in data.chunks_exact_mut(size) {
             c.reverse();
         }
     }
     Ok(HostArray { dtype, shape, data })
+}
+
+/// Checks what `npyz` trusts before it reads a header: the magic, a header length that lies
+/// within the file (npyz allocates it as given, up to 4 GiB), and a shape whose element count
+/// fits in 64 bits (npyz multiplies the dimensions unchecked). Returns where the data starts.
+fn npy_preflight(bytes: &[u8]) -> std::result::Result<usize, String> {
+    if !bytes.starts_with(b"\x93NUMPY") {
+        return Err("not a .npy file (no \\x93NUMPY magic)".into());
+    }
+    let (len, pre) = match bytes.get(6) {
+        Some(1) => (
+            bytes
+                .get(8..10)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize),
+            10,
+        ),
+        Some(2 | 3) => (
+            bytes
+                .get(8..12)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize),
+            12,
+        ),
+        Some(v) => return Err(format!("unsupported .npy format version {v}")),
+        None => (None, 0),
+    };
+    let end = len
+        .and_then(|l| l.checked_add(pre))
+        .filter(|&e| e <= bytes.len())
+        .ok_or_else(|| {
+            format!(
+                "truncated: the header runs past the end of the file ({} bytes)",
+                bytes.len()
+            )
+        })?;
+    let header = String::from_utf8_lossy(&bytes[pre..end]);
+    npy_check_nesting(&header)?;
+    npy_check_shape(&header)?;
+    Ok(end)
+}
+
+/// The deepest bracket nesting a header may have: numpy writes `{'shape': (2, 3)}` (2) for
+/// the plain dtypes read here.
+const NPY_MAX_NESTING: usize = 4;
+
+/// Refuses headers that nest brackets deeper than [`NPY_MAX_NESTING`]: npyz's literal parser
+/// backtracks exponentially on unclosed nested brackets (found by fuzzing: 19 `[` took
+/// minutes).
+fn npy_check_nesting(header: &str) -> std::result::Result<(), String> {
+    let mut depth = 0usize;
+    for c in header.chars() {
+        match c {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        if depth > NPY_MAX_NESTING {
+            return Err(format!(
+                "the header nests brackets deeper than {NPY_MAX_NESTING} (not a numpy header \
+                 of a plain array)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Finds the header's `'shape'` tuple (or list) and checks that its element count fits in 64
+/// bits; a zero dimension counts as 1, since npyz also multiplies the other dimensions alone.
+fn npy_check_shape(header: &str) -> std::result::Result<(), String> {
+    let keys: Vec<usize> = ["'shape'", "\"shape\""]
+        .iter()
+        .flat_map(|k| header.match_indices(k).map(|(i, k)| i + k.len()))
+        .collect();
+    let [at] = keys[..] else {
+        return Err("the header must name 'shape' exactly once".into());
+    };
+    let dims = header[at..]
+        .trim_start()
+        .strip_prefix(':')
+        .map(str::trim_start)
+        .and_then(|r| r.strip_prefix('(').or_else(|| r.strip_prefix('[')))
+        .and_then(|r| r.split_once([')', ']']))
+        .map(|(dims, _)| dims)
+        .ok_or("the header's 'shape' is not a tuple")?;
+    let mut count = 1u64;
+    for d in dims.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let d: u64 = d
+            .parse()
+            .map_err(|_| format!("the header's 'shape' has a bad dimension `{d}`"))?;
+        count = count
+            .checked_mul(d.max(1))
+            .ok_or("the header's 'shape' has more elements than fit in 64 bits")?;
+    }
+    Ok(())
 }
 
 /// Writes a `.npy` file (16-bit floats as uint16 bit patterns).
@@ -256,7 +353,8 @@ pub fn write_npy(path: &Path, a: &HostArray) -> Result<()> {
     std::fs::write(path, out).map_err(|e| err(e.to_string()))
 }
 
-fn encode_npy(out: &mut Vec<u8>, a: &HostArray) -> std::io::Result<()> {
+/// Appends `a` as `.npy` bytes to `out` (what [`write_npy`] writes).
+pub fn encode_npy(out: &mut Vec<u8>, a: &HostArray) -> std::io::Result<()> {
     fn go<T: npyz::Serialize + Copy>(
         out: &mut Vec<u8>,
         descr: &str,
@@ -450,6 +548,41 @@ pub fn parse_dim3(s: &str) -> Result<[u32; 3]> {
         }
     }
     Ok(d)
+}
+
+/// Parses `--save INDEX=PATH.npy` against the parsed argument list: the index must name a
+/// buffer argument (`in:` or `out:`), not a scalar.
+pub fn parse_save(spec: &str, args: &[ArgSpec]) -> Result<(usize, PathBuf)> {
+    let bad = |msg: String| RunError::Other(format!("--save `{spec}`: {msg}"));
+    let (i, p) = spec
+        .split_once('=')
+        .ok_or_else(|| bad("expected INDEX=PATH.npy".into()))?;
+    let i: usize = i
+        .trim()
+        .parse()
+        .map_err(|_| bad(format!("bad index `{i}`")))?;
+    if p.is_empty() {
+        return Err(bad("missing file name".into()));
+    }
+    match args.get(i) {
+        None => Err(bad(format!(
+            "argument {i} does not exist ({} arguments given)",
+            args.len()
+        ))),
+        Some(ArgSpec::Scalar(_)) => Err(bad(format!("argument {i} is a scalar, not a buffer"))),
+        Some(_) => Ok((i, PathBuf::from(p))),
+    }
+}
+
+/// Checks a `--timeout` in seconds: positive, finite and representable as a [`Duration`].
+pub fn parse_timeout(secs: f64) -> Result<Duration> {
+    if !(secs > 0.0 && secs.is_finite()) {
+        return Err(RunError::Other(format!(
+            "--timeout must be a positive number of seconds (got {secs})"
+        )));
+    }
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| RunError::Other(format!("--timeout {secs}: too large")))
 }
 
 /// How `out:` buffers start.

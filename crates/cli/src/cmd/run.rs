@@ -91,31 +91,13 @@ pub fn run(a: Args) -> Result<()> {
         .map(|s| ArgSpec::parse(s, None))
         .collect::<runtime::runner::Result<Vec<_>>>()
         .map_err(flat)?;
-    let mut saves = Vec::new();
-    for s in &a.save {
-        let (i, p) = s
-            .split_once('=')
-            .with_context(|| format!("--save `{s}`: expected INDEX=PATH.npy"))?;
-        let i: usize = i
-            .trim()
-            .parse()
-            .with_context(|| format!("--save `{s}`: bad index `{i}`"))?;
-        match args.get(i) {
-            None => bail!(
-                "--save `{s}`: argument {i} does not exist ({} arguments given)",
-                args.len()
-            ),
-            Some(ArgSpec::Scalar(_)) => {
-                bail!("--save `{s}`: argument {i} is a scalar, not a buffer")
-            }
-            Some(_) => saves.push((i, PathBuf::from(p))),
-        }
-    }
-    if let Some(t) = a.timeout {
-        if !(t > 0.0 && t.is_finite()) {
-            bail!("--timeout must be a positive number of seconds");
-        }
-    }
+    let saves = a
+        .save
+        .iter()
+        .map(|s| runner::parse_save(s, &args))
+        .collect::<runtime::runner::Result<Vec<_>>>()
+        .map_err(flat)?;
+    let timeout = a.timeout.map(runner::parse_timeout).transpose().map_err(flat)?;
     let tools = super::parse_sanitize(a.sanitize.as_deref())?;
     if let Some(t) = tools {
         // before any allocation: global initcheck needs the allocations' written-bitmaps
@@ -134,7 +116,7 @@ pub fn run(a: Args) -> Result<()> {
         shared: a.shared,
         args,
         out_init: runner::OutInit::Zero,
-        timeout: a.timeout.map(Duration::from_secs_f64),
+        timeout,
         progress: Some(progress.clone()),
         banks: a.banks,
         numerics: super::parse_numerics(a.numerics.as_deref())?,

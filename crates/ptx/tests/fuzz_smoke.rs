@@ -1,0 +1,53 @@
+//! The `ptx_text` fuzz target's entry function (`fuzz/src/ptx_text.rs`: parse, validate, print,
+//! `parse(print(m)) == m`) over its seed corpus — every PTX file of the repository — and the
+//! inputs the fuzzer found (`tests/fuzz/ptx_text/`), so CI exercises the target on stable.
+//! The fuzzer itself: docs/RELIABILITY.md ("Fuzzing").
+
+#[path = "../../../fuzz/src/ptx_text.rs"]
+mod ptx_text;
+
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Files under `dir` (recursively) whose name ends with `ext` (any file when `ext` is empty).
+fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.to_string_lossy().ends_with(ext) {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn seed_corpus_passes_the_oracles() {
+    let r = root();
+    let mut seeds = files(&r.join("tests-data/corpus"), ".ptx");
+    seeds.extend(files(&r.join("examples/ptx"), ".ptx"));
+    assert!(seeds.len() >= 29, "{} seeds", seeds.len());
+    for p in &seeds {
+        let data = std::fs::read(p).unwrap();
+        ptx_text::check(&data);
+        // A truncated file is the most common broken input.
+        ptx_text::check(&data[..data.len() / 2]);
+    }
+}
+
+#[test]
+fn fuzzer_findings_pass_the_oracles() {
+    let found = files(&root().join("crates/ptx/tests/fuzz/ptx_text"), "");
+    for p in &found {
+        ptx_text::check(&std::fs::read(p).unwrap());
+    }
+}
