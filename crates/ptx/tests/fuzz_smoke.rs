@@ -1,7 +1,8 @@
 //! The `ptx_text` fuzz target's entry function (`fuzz/src/ptx_text.rs`: parse, validate, print,
-//! `parse(print(m)) == m`) over its seed corpus — every PTX file of the repository — and the
-//! inputs the fuzzer found (`tests/fuzz/ptx_text/`), so CI exercises the target on stable.
-//! The fuzzer itself: docs/RELIABILITY.md ("Fuzzing").
+//! `parse(print(m)) == m`) over its seed corpus — every PTX file of the repository — so CI
+//! exercises the target on stable. The fuzzer has found nothing in this target so far; an
+//! input it finds goes to `tests/fuzz/ptx_text/` (seeded by `scripts/fuzz.sh`) with a named
+//! test here. The fuzzer itself: docs/RELIABILITY.md ("Fuzzing").
 
 #[path = "../../../fuzz/src/ptx_text.rs"]
 mod ptx_text;
@@ -38,16 +39,13 @@ fn seed_corpus_passes_the_oracles() {
     assert!(seeds.len() >= 29, "{} seeds", seeds.len());
     for p in &seeds {
         let data = std::fs::read(p).unwrap();
+        // Real kernels must parse, or the round-trip oracles would not run on them.
+        let text = String::from_utf8(data.clone()).unwrap();
+        if let Err(e) = ptx::parse(&text) {
+            panic!("{}: {e}", p.display());
+        }
         ptx_text::check(&data);
         // A truncated file is the most common broken input.
         ptx_text::check(&data[..data.len() / 2]);
-    }
-}
-
-#[test]
-fn fuzzer_findings_pass_the_oracles() {
-    let found = files(&root().join("crates/ptx/tests/fuzz/ptx_text"), "");
-    for p in &found {
-        ptx_text::check(&std::fs::read(p).unwrap());
     }
 }

@@ -97,7 +97,11 @@ pub fn run(a: Args) -> Result<()> {
         .map(|s| runner::parse_save(s, &args))
         .collect::<runtime::runner::Result<Vec<_>>>()
         .map_err(flat)?;
-    let timeout = a.timeout.map(runner::parse_timeout).transpose().map_err(flat)?;
+    let timeout = a
+        .timeout
+        .map(runner::parse_timeout)
+        .transpose()
+        .map_err(flat)?;
     let tools = super::parse_sanitize(a.sanitize.as_deref())?;
     if let Some(t) = tools {
         // before any allocation: global initcheck needs the allocations' written-bitmaps
