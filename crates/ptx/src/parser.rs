@@ -1153,7 +1153,11 @@ fn describe(t: &Tok) -> String {
 
 fn parse_version(s: &str) -> Option<u32> {
     let (a, b) = s.split_once('.')?;
-    Some(a.parse::<u32>().ok()? * 10 + b.parse::<u32>().ok()?)
+    // checked: `.version 4294967295.8` must be an error, not a panic or a wrapped version
+    a.parse::<u32>()
+        .ok()?
+        .checked_mul(10)?
+        .checked_add(b.parse::<u32>().ok()?)
 }
 
 /// Parses an unsigned integer literal (decimal, hex, octal, binary, optional `U`).

@@ -191,12 +191,11 @@ pub fn read_npy(path: &Path) -> Result<HostArray> {
     parse_npy(&bytes).map_err(err)
 }
 
-/// Parses `.npy` bytes.
+/// Parses `.npy` bytes: the data must be exactly what the header declares.
 pub fn parse_npy(bytes: &[u8]) -> std::result::Result<HostArray, String> {
-    // before npyz, whose header parsing multiplies the shape without checking
-    check_npy_shape(bytes)?;
-    let header =
-        npyz::NpyHeader::from_reader(bytes).map_err(|e| format!("not a .npy file: {e}"))?;
+    let data_start = npy_preflight(bytes)?;
+    let header = npyz::NpyHeader::from_reader(&bytes[..data_start])
+        .map_err(|e| format!("not a .npy file: {e}"))?;
     let file = npyz::NpyFile::with_header(header, std::io::empty());
     let ts = match file.dtype() {
         npyz::DType::Plain(ts) => ts,
@@ -240,17 +239,16 @@ pub fn parse_npy(bytes: &[u8]) -> std::result::Result<HostArray, String> {
                 crate::limits::MAX_BUFFER_BYTES >> 30
             )
         })? as usize;
-    let n = nbytes / size.max(1);
     // The data follows the header (numpy writes nothing after it): exactly `nbytes` bytes.
-    let header_len = npy_header_len(bytes).ok_or("not a .npy file: bad header length")?;
-    let held = bytes.len().saturating_sub(header_len);
+    let held = bytes.len() - data_start;
     if held != nbytes {
         return Err(format!(
-            "the header declares {n} elements of {size} bytes ({nbytes} bytes of data), the file \
-             holds {held} bytes after its {header_len}-byte header"
+            "the header declares {} elements of {size} bytes ({nbytes} bytes of data), the file \
+             has {held} bytes of data after the header",
+            nbytes / size.max(1)
         ));
     }
-    let mut data = bytes[header_len..].to_vec();
+    let mut data = bytes[data_start..].to_vec();
     if big {
         for c in data.chunks_exact_mut(size) {
             c.reverse();
@@ -259,44 +257,97 @@ pub fn parse_npy(bytes: &[u8]) -> std::result::Result<HostArray, String> {
     Ok(HostArray { dtype, shape, data })
 }
 
-/// Refuses a header whose shape's element count overflows or exceeds the buffer limit (at 8
-/// bytes per element, the widest dtype), reading the `'shape': (...)` entry of the header text.
-fn check_npy_shape(bytes: &[u8]) -> std::result::Result<(), String> {
-    let Some(end) = npy_header_len(bytes) else {
-        return Ok(()); // npyz reports the malformed file
-    };
-    let header = String::from_utf8_lossy(&bytes[..end.min(bytes.len())]);
-    let Some(at) = header.find("'shape'") else {
-        return Ok(());
-    };
-    let tuple = header[at..].split(['(', ')']).nth(1).unwrap_or("");
-    let mut elements = 1u64;
-    for d in tuple.split(',').map(str::trim).filter(|d| !d.is_empty()) {
-        let d: u64 = d
-            .trim_end_matches('L')
-            .parse()
-            .map_err(|_| format!("shape ({tuple}): `{d}` is not a dimension"))?;
-        elements = elements.saturating_mul(d);
+/// Checks what `npyz` trusts before it reads a header: the magic, a header length that lies
+/// within the file (npyz allocates it as given, up to 4 GiB), and a shape whose element count
+/// fits in 64 bits (npyz multiplies the dimensions unchecked). Returns where the data starts.
+fn npy_preflight(bytes: &[u8]) -> std::result::Result<usize, String> {
+    if !bytes.starts_with(b"\x93NUMPY") {
+        return Err("not a .npy file (no \\x93NUMPY magic)".into());
     }
-    if elements.saturating_mul(8) > crate::limits::MAX_BUFFER_BYTES {
-        return Err(format!(
-            "shape ({tuple}) exceeds the {} GiB buffer limit",
-            crate::limits::MAX_BUFFER_BYTES >> 30
-        ));
+    let (len, pre) = match bytes.get(6) {
+        Some(1) => (
+            bytes
+                .get(8..10)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize),
+            10,
+        ),
+        Some(2 | 3) => (
+            bytes
+                .get(8..12)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize),
+            12,
+        ),
+        Some(v) => return Err(format!("unsupported .npy format version {v}")),
+        None => (None, 0),
+    };
+    let end = len
+        .and_then(|l| l.checked_add(pre))
+        .filter(|&e| e <= bytes.len())
+        .ok_or_else(|| {
+            format!(
+                "truncated: the header runs past the end of the file ({} bytes)",
+                bytes.len()
+            )
+        })?;
+    let header = String::from_utf8_lossy(&bytes[pre..end]);
+    npy_check_nesting(&header)?;
+    npy_check_shape(&header)?;
+    Ok(end)
+}
+
+/// The deepest bracket nesting a header may have: numpy writes `{'shape': (2, 3)}` (2) for
+/// the plain dtypes read here.
+const NPY_MAX_NESTING: usize = 4;
+
+/// Refuses headers that nest brackets deeper than [`NPY_MAX_NESTING`]: npyz's literal parser
+/// backtracks exponentially on unclosed nested brackets (found by fuzzing: 19 `[` took
+/// minutes).
+fn npy_check_nesting(header: &str) -> std::result::Result<(), String> {
+    let mut depth = 0usize;
+    for c in header.chars() {
+        match c {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        if depth > NPY_MAX_NESTING {
+            return Err(format!(
+                "the header nests brackets deeper than {NPY_MAX_NESTING} (not a numpy header \
+                 of a plain array)"
+            ));
+        }
     }
     Ok(())
 }
 
-/// The length of a `.npy` file's preamble and header (magic, version, header length field and
-/// the header text), from the version's length field (2 bytes in version 1, else 4).
-fn npy_header_len(bytes: &[u8]) -> Option<usize> {
-    let field = if *bytes.get(6)? == 1 { 2 } else { 4 };
-    let raw = bytes.get(8..8 + field)?;
-    let len = raw
+/// Finds the header's `'shape'` tuple (or list) and checks that its element count fits in 64
+/// bits; a zero dimension counts as 1, since npyz also multiplies the other dimensions alone.
+fn npy_check_shape(header: &str) -> std::result::Result<(), String> {
+    let keys: Vec<usize> = ["'shape'", "\"shape\""]
         .iter()
-        .rev()
-        .fold(0usize, |acc, &b| (acc << 8) | b as usize);
-    Some(8 + field + len)
+        .flat_map(|k| header.match_indices(k).map(|(i, k)| i + k.len()))
+        .collect();
+    let [at] = keys[..] else {
+        return Err("the header must name 'shape' exactly once".into());
+    };
+    let dims = header[at..]
+        .trim_start()
+        .strip_prefix(':')
+        .map(str::trim_start)
+        .and_then(|r| r.strip_prefix('(').or_else(|| r.strip_prefix('[')))
+        .and_then(|r| r.split_once([')', ']']))
+        .map(|(dims, _)| dims)
+        .ok_or("the header's 'shape' is not a tuple")?;
+    let mut count = 1u64;
+    for d in dims.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let d: u64 = d
+            .parse()
+            .map_err(|_| format!("the header's 'shape' has a bad dimension `{d}`"))?;
+        count = count
+            .checked_mul(d.max(1))
+            .ok_or("the header's 'shape' has more elements than fit in 64 bits")?;
+    }
+    Ok(())
 }
 
 /// Writes a `.npy` file (16-bit floats as uint16 bit patterns).
@@ -317,7 +368,8 @@ pub fn npy_bytes(a: &HostArray) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
-fn encode_npy(out: &mut Vec<u8>, a: &HostArray) -> std::io::Result<()> {
+/// Appends `a` as `.npy` bytes to `out` (what [`write_npy`] writes).
+pub fn encode_npy(out: &mut Vec<u8>, a: &HostArray) -> std::io::Result<()> {
     fn go<T: npyz::Serialize + Copy>(
         out: &mut Vec<u8>,
         descr: &str,
@@ -522,6 +574,44 @@ pub fn parse_dim3(s: &str) -> Result<[u32; 3]> {
     }
     Ok(d)
 }
+
+/// Parses `--save INDEX=PATH.npy` against the parsed argument list: the index must name a
+/// buffer argument (`in:` or `out:`), not a scalar.
+pub fn parse_save(spec: &str, args: &[ArgSpec]) -> Result<(usize, PathBuf)> {
+    let bad = |msg: String| RunError::Other(format!("--save `{spec}`: {msg}"));
+    let (i, p) = spec
+        .split_once('=')
+        .ok_or_else(|| bad("expected INDEX=PATH.npy".into()))?;
+    let i: usize = i
+        .trim()
+        .parse()
+        .map_err(|_| bad(format!("bad index `{i}`")))?;
+    if p.is_empty() {
+        return Err(bad("missing file name".into()));
+    }
+    match args.get(i) {
+        None => Err(bad(format!(
+            "argument {i} does not exist ({} arguments given)",
+            args.len()
+        ))),
+        Some(ArgSpec::Scalar(_)) => Err(bad(format!("argument {i} is a scalar, not a buffer"))),
+        Some(_) => Ok((i, PathBuf::from(p))),
+    }
+}
+
+/// Checks a `--timeout` in seconds: positive, finite and representable as a [`Duration`].
+pub fn parse_timeout(secs: f64) -> Result<Duration> {
+    if !(secs > 0.0 && secs <= MAX_TIMEOUT_S) {
+        return Err(RunError::Other(format!(
+            "--timeout {secs}: must be above 0 and at most {MAX_TIMEOUT_S:e} seconds"
+        )));
+    }
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| RunError::Other(format!("--timeout {secs}: too large")))
+}
+
+/// Largest `--timeout` (about 11.6 days), as for every duration flag of the CLI.
+pub const MAX_TIMEOUT_S: f64 = 1e6;
 
 /// How `out:` buffers start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

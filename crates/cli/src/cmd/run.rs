@@ -11,8 +11,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Largest `--timeout` (about 11.6 days), as for every duration flag (`super::parse_duration`).
-const MAX_TIMEOUT_S: f64 = 1e6;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -94,36 +92,20 @@ pub fn run(a: Args) -> Result<()> {
         .map(|s| ArgSpec::parse(s, None))
         .collect::<runtime::runner::Result<Vec<_>>>()
         .map_err(flat)?;
-    let mut saves = Vec::new();
-    for s in &a.save {
-        let (i, p) = s
-            .split_once('=')
-            .with_context(|| format!("--save `{s}`: expected INDEX=PATH.npy"))?;
-        let i: usize = i
-            .trim()
-            .parse()
-            .with_context(|| format!("--save `{s}`: bad index `{i}`"))?;
-        match args.get(i) {
-            None => bail!(
-                "--save `{s}`: argument {i} does not exist ({} arguments given)",
-                args.len()
-            ),
-            Some(ArgSpec::Scalar(_)) => {
-                bail!("--save `{s}`: argument {i} is a scalar, not a buffer")
-            }
-            Some(_) => {
-                let p = PathBuf::from(p);
-                crate::out::preflight("--save", &p)?;
-                saves.push((i, p));
-            }
-        }
+    let saves = a
+        .save
+        .iter()
+        .map(|s| runner::parse_save(s, &args))
+        .collect::<runtime::runner::Result<Vec<_>>>()
+        .map_err(flat)?;
+    for (_, p) in &saves {
+        crate::out::preflight("--save", p)?;
     }
-    if let Some(t) = a.timeout {
-        // bounded: `Duration::from_secs_f64(1e300)` would panic
-        if !(t > 0.0 && t <= MAX_TIMEOUT_S) {
-            bail!("--timeout {t}: must be above 0 and at most {MAX_TIMEOUT_S:e} seconds");
-        }
-    }
+    let timeout = a
+        .timeout
+        .map(runner::parse_timeout)
+        .transpose()
+        .map_err(flat)?;
     let tools = super::parse_sanitize(a.sanitize.as_deref())?;
     if let Some(t) = tools {
         // before any allocation: global initcheck needs the allocations' written-bitmaps
@@ -142,7 +124,7 @@ pub fn run(a: Args) -> Result<()> {
         shared: a.shared,
         args,
         out_init: runner::OutInit::Zero,
-        timeout: a.timeout.map(Duration::from_secs_f64),
+        timeout,
         progress: Some(progress.clone()),
         banks: a.banks,
         numerics: super::parse_numerics(a.numerics.as_deref())?,
