@@ -54,12 +54,15 @@ pub struct OpcodeCoverage {
     pub note: String,
 }
 
-/// Does the decoder's integer catch-all run `op` on type `t`?
+/// Does the decoder's integer catch-all run `op` on type `t` (as `op.t` or, for opcodes with
+/// two type modifiers such as `dp4a.u32.u32`, `op.t.t`)?
 fn int_catch_all(op: Opcode, t: Ty) -> bool {
-    let ins = ptx::Instruction::new(op, vec![Mod::Type(t)], Vec::new());
     let carry = matches!(op, Opcode::Addc | Opcode::Subc | Opcode::Madc)
         && matches!(t, Ty::U32 | Ty::S32 | Ty::U64 | Ty::S64);
-    carry || crate::alu::int_fn(&ins).is_some()
+    let probe = |mods: Vec<Mod>| crate::alu::int_fn(&ptx::Instruction::new(op, mods, Vec::new()));
+    carry
+        || probe(vec![Mod::Type(t)]).is_some()
+        || probe(vec![Mod::Type(t), Mod::Type(t)]).is_some()
 }
 
 /// The coverage of one opcode.

@@ -383,3 +383,232 @@ impl Cta {
         Ok(Flow::Next)
     }
 }
+
+impl Cta {
+    /// One lane's `cp.async` in the common case, as one row: aligned addresses, global source
+    /// copied whole (or not at all: zero fill), destination in this CTA's shared memory. Returns
+    /// false (nothing done) for anything else, including faulting addresses: the per-chunk path
+    /// then runs with its exact semantics and diagnostics. Same bytes as that path.
+    pub(super) fn cp_async_row(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        lane: usize,
+        (dspace, da): (MSpace, u64),
+        (sa, n_src): (u64, u32),
+        size: u32,
+    ) -> bool {
+        let aligned = da.is_multiple_of(size as u64) && sa.is_multiple_of(size as u64);
+        if size > 16 || !aligned || (n_src != size && n_src != 0) {
+            return false;
+        }
+        let Ok(Loc::Shared(o)) = self.locate(ctx, dspace, da, size, lane, 0) else {
+            return false;
+        };
+        let mut row = [0u8; 16];
+        if n_src == size {
+            let Ok(Loc::Global(a, off)) = self.locate(ctx, MSpace::Global, sa, size, lane, 0)
+            else {
+                return false;
+            };
+            let step = size.min(8);
+            for i in (0..size).step_by(step as usize) {
+                let loc = Loc::Global(a, off + i as u64);
+                let v = self.load(ctx, wi, &loc, step, Ordering::Relaxed);
+                row[i as usize..(i + step) as usize]
+                    .copy_from_slice(&v.to_le_bytes()[..step as usize]);
+            }
+        }
+        self.shared[o..o + size as usize].copy_from_slice(&row[..size as usize]);
+        true
+    }
+}
+
+pub(super) fn uninit(key: u32) -> FaultKind {
+    FaultKind::Other(format!(
+        "mbarrier at shared offset {key:#x} used before mbarrier.init"
+    ))
+}
+
+impl Cta {
+    /// The mbarrier table and pending-copy list of this CTA or of a cluster peer.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn mbar_home(
+        &mut self,
+        peer: Option<usize>,
+    ) -> (
+        &mut std::collections::HashMap<u32, crate::hopper::Mbarrier>,
+        &mut Vec<PendingCopy>,
+    ) {
+        match peer {
+            Some(r) if r < self.peers.len() => {
+                let p = &mut self.peers[r];
+                (&mut p.mbars, &mut p.pending)
+            }
+            _ => (&mut self.mbars, &mut self.pending_tma),
+        }
+    }
+
+    /// Like `mbar_key` but for addresses that may name a cluster peer's mbarrier.
+    pub(super) fn mbar_key_any(
+        &self,
+        wi: usize,
+        addr: u32,
+        off: i64,
+        lane: usize,
+    ) -> Result<(Option<usize>, u32), FaultKind> {
+        let a = self.warps[wi].regs[addr as usize][lane].wrapping_add(off as u64);
+        let o = self.shared_offset(MSpace::Generic, a);
+        let (peer, o) = self.split_rank(o);
+        let len = match peer {
+            Some(r) => self.peers.get(r).map(|p| p.shared.len()).unwrap_or(0),
+            None => self.shared.len(),
+        };
+        if !o.is_multiple_of(8) || o + 8 > len as u64 {
+            LAST_LANE.with(|c| c.set(lane as u32));
+            return Err(FaultKind::OutOfBounds {
+                space: "shared::cluster (mbarrier)",
+                addr: a,
+                size: 8,
+            });
+        }
+        Ok((peer, o as u32))
+    }
+
+    pub(super) fn mbar_key(
+        &self,
+        wi: usize,
+        addr: u32,
+        off: i64,
+        lane: usize,
+    ) -> Result<u32, FaultKind> {
+        let a = self.warps[wi].regs[addr as usize][lane].wrapping_add(off as u64);
+        let o = self.shared_offset(MSpace::Generic, a);
+        let o = self.split_rank(o).1;
+        if !o.is_multiple_of(8) || o + 8 > self.shared.len() as u64 {
+            LAST_LANE.with(|c| c.set(lane as u32));
+            return Err(FaultKind::OutOfBounds {
+                space: "shared (mbarrier)",
+                addr: a,
+                size: 8,
+            });
+        }
+        Ok(o as u32)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn copy_bytes(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        dspace: MSpace,
+        da: u64,
+        sspace: MSpace,
+        sa: u64,
+        n: u32,
+        lane: usize,
+    ) -> Result<(), FaultKind> {
+        let lb = ctx.prog.local_bytes;
+        let mut k = 0u32;
+        while k < n {
+            let c = if (da + k as u64).is_multiple_of(8)
+                && (sa + k as u64).is_multiple_of(8)
+                && k + 8 <= n
+            {
+                8
+            } else {
+                1
+            };
+            let sl = self.locate(ctx, sspace, sa + k as u64, c, lane, lb)?;
+            let v = self.load(ctx, wi, &sl, c, Ordering::Relaxed);
+            let dl = self.locate(ctx, dspace, da + k as u64, c, lane, lb)?;
+            self.store(wi, &dl, c, v, Ordering::Relaxed);
+            if let (Some(s), Loc::Shared(o)) = (self.san.as_mut(), &dl) {
+                s.mark_written(*o as u64, c as u64);
+            }
+            k += c;
+        }
+        Ok(())
+    }
+
+    /// Lands the asynchronous copies that complete on mbarrier `key`.
+    pub(super) fn land_copies(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        key: u32,
+    ) -> Result<(), FaultKind> {
+        if !self.pending_tma.iter().any(|p| p.mbar == key) {
+            return Ok(());
+        }
+        let (mine, rest): (Vec<PendingCopy>, Vec<PendingCopy>) =
+            std::mem::take(&mut self.pending_tma)
+                .into_iter()
+                .partition(|p| p.mbar == key);
+        self.pending_tma = rest;
+        for p in mine {
+            match p.kind {
+                PendingKind::Bulk { src, sspace, dst } => {
+                    self.copy_bytes(ctx, wi, MSpace::Shared, dst, sspace, src, p.bytes, 0)?
+                }
+                PendingKind::Tensor { desc, coords, smem } => {
+                    // out-of-bounds elements: zeros, or all-ones bytes (NaN) with NaN fill
+                    let fill = if desc.oob_nan { 0xffu8 } else { 0 };
+                    let mut err = None;
+                    let shared = &mut self.shared;
+                    let san = &mut self.san;
+                    let mut buf = Vec::new();
+                    desc.for_each_run(&coords, |o, g, len| {
+                        if err.is_some() {
+                            return;
+                        }
+                        buf.clear();
+                        buf.resize(len as usize, fill);
+                        if let Some(g) = g {
+                            match ctx.mem.find(g, len) {
+                                Some(a) => a.read_bytes(g - a.base, &mut buf),
+                                None => {
+                                    err = Some(FaultKind::OutOfBounds {
+                                        space: "global (TMA)",
+                                        addr: g,
+                                        size: len as u32,
+                                    });
+                                    return;
+                                }
+                            }
+                        }
+                        // scatter into (swizzled) shared memory in 16-byte pieces
+                        let mut done = 0u64;
+                        while done < len {
+                            let so = smem + o + done;
+                            let piece = (16 - so % 16).min(len - done);
+                            let s_addr = desc.swizzle.apply(so) as usize;
+                            let Some(dst) = shared.get_mut(s_addr..s_addr + piece as usize) else {
+                                err = Some(FaultKind::OutOfBounds {
+                                    space: "shared (TMA)",
+                                    addr: s_addr as u64,
+                                    size: piece as u32,
+                                });
+                                return;
+                            };
+                            dst.copy_from_slice(&buf[done as usize..(done + piece) as usize]);
+                            if let Some(s) = san.as_mut() {
+                                s.mark_written(s_addr as u64, piece);
+                            }
+                            done += piece;
+                        }
+                    });
+                    if let Some(e) = err {
+                        return Err(e);
+                    }
+                }
+            }
+            if let Some(mb) = self.mbars.get_mut(&p.mbar) {
+                mb.complete_tx(p.bytes);
+            } else {
+                return Err(uninit(p.mbar));
+            }
+        }
+        Ok(())
+    }
+}
