@@ -5,7 +5,7 @@ use super::*;
 
 impl Cta {
     /// Executes the mbarrier ops ([`Cta::exec`] sends them here).
-    #[inline]
+    #[inline(always)]
     pub(super) fn exec_mbarrier(
         &mut self,
         ctx: &LaunchCtx,
@@ -140,7 +140,7 @@ impl Cta {
     }
 
     /// Executes the async copy ops ([`Cta::exec`] sends them here).
-    #[inline]
+    #[inline(always)]
     pub(super) fn exec_async_copy(
         &mut self,
         ctx: &LaunchCtx,
@@ -254,7 +254,7 @@ impl Cta {
     }
 
     /// Executes the TMA (`cp.async.bulk.tensor`) ops ([`Cta::exec`] sends them here).
-    #[inline]
+    #[inline(always)]
     pub(super) fn exec_bulk_tensor(
         &mut self,
         ctx: &LaunchCtx,

@@ -4,7 +4,7 @@ use super::*;
 
 impl Cta {
     /// Executes the atomic ops ([`Cta::exec`] sends them here).
-    #[inline]
+    #[inline(always)]
     pub(super) fn exec_atomic(
         &mut self,
         ctx: &LaunchCtx,

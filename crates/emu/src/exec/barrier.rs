@@ -5,7 +5,7 @@ use super::*;
 
 impl Cta {
     /// Executes the CTA barrier (`bar`, `barrier`) ops ([`Cta::exec`] sends them here).
-    #[inline]
+    #[inline(always)]
     pub(super) fn exec_bar(
         &mut self,
         ctx: &LaunchCtx,
@@ -115,7 +115,7 @@ impl Cta {
     }
 
     /// Executes the fence and cluster ops ([`Cta::exec`] sends them here).
-    #[inline]
+    #[inline(always)]
     pub(super) fn exec_barrier(
         &mut self,
         ctx: &LaunchCtx,

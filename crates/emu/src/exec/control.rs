@@ -5,7 +5,7 @@ use super::*;
 
 impl Cta {
     /// Executes the control-flow ops ([`Cta::exec`] sends them here).
-    #[inline]
+    #[inline(always)]
     pub(super) fn exec_control(
         &mut self,
         _ctx: &LaunchCtx,

@@ -5,7 +5,7 @@ use super::*;
 
 impl Cta {
     /// Executes the conversion/move ops ([`Cta::exec`] sends them here).
-    #[inline]
+    #[inline(always)]
     pub(super) fn exec_convert(
         &mut self,
         ctx: &LaunchCtx,

@@ -4,7 +4,7 @@ use super::*;
 
 impl Cta {
     /// Executes the float ops ([`Cta::exec`] sends them here).
-    #[inline]
+    #[inline(always)]
     pub(super) fn exec_float(
         &mut self,
         _ctx: &LaunchCtx,

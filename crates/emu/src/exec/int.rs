@@ -6,7 +6,7 @@ use super::*;
 
 impl Cta {
     /// Executes the integer/bit ops ([`Cta::exec`] sends them here).
-    #[inline]
+    #[inline(always)]
     pub(super) fn exec_int(
         &mut self,
         _ctx: &LaunchCtx,

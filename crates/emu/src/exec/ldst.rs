@@ -4,7 +4,7 @@ use super::*;
 
 impl Cta {
     /// Executes the load/store ops ([`Cta::exec`] sends them here).
-    #[inline]
+    #[inline(always)]
     pub(super) fn exec_memory(
         &mut self,
         ctx: &LaunchCtx,

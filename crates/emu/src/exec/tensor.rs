@@ -4,7 +4,7 @@ use super::*;
 
 impl Cta {
     /// Executes the tensor-core ops ([`Cta::exec`] sends them here).
-    #[inline]
+    #[inline(always)]
     pub(super) fn exec_tensor(
         &mut self,
         ctx: &LaunchCtx,
@@ -87,7 +87,7 @@ impl Cta {
     }
 
     /// Executes the matrix load/store ops ([`Cta::exec`] sends them here).
-    #[inline]
+    #[inline(always)]
     pub(super) fn exec_ldst_matrix(
         &mut self,
         ctx: &LaunchCtx,

@@ -5,7 +5,7 @@ use super::*;
 
 impl Cta {
     /// Executes the warp shuffle/vote ops ([`Cta::exec`] sends them here).
-    #[inline]
+    #[inline(always)]
     pub(super) fn exec_shfl_vote(
         &mut self,
         ctx: &LaunchCtx,
@@ -104,7 +104,7 @@ impl Cta {
     }
 
     /// Executes the warp reduce/match/elect ops ([`Cta::exec`] sends them here).
-    #[inline]
+    #[inline(always)]
     pub(super) fn exec_warp_reduce(
         &mut self,
         ctx: &LaunchCtx,
