@@ -28,6 +28,8 @@ enum Verb {
     Fmt(cmd::fmt::Args),
     /// Parse, validate and (when available) assemble a PTX file with ptxas.
     Check(cmd::check::Args),
+    /// Every instruction opcode with its parse / validate / emulate / builder status.
+    Isa(cmd::isa::Args),
     /// Generate, verify, time and draw a pipeline-parallel schedule.
     Schedule(cmd::schedule::Args),
     /// Simulate a training step or a prefill/decode serving deployment of an MoE model on a
@@ -60,6 +62,7 @@ impl Verb {
         match self {
             Verb::Fmt(a) => ("fmt", a.json),
             Verb::Check(a) => ("check", a.json),
+            Verb::Isa(a) => ("isa", a.json),
             Verb::Schedule(a) => ("schedule", a.json),
             Verb::Sim(a) => ("sim", a.json),
             Verb::Run(a) => ("run", a.json),
@@ -78,6 +81,7 @@ impl Verb {
         match self {
             Verb::Fmt(a) => cmd::fmt::run(a),
             Verb::Check(a) => cmd::check::run(a),
+            Verb::Isa(a) => cmd::isa::run(a),
             Verb::Schedule(a) => cmd::schedule::run(a),
             Verb::Sim(a) => cmd::sim::run(a),
             Verb::Moe(a) => cmd::moe::run(a),

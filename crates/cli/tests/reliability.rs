@@ -157,6 +157,7 @@ fn failing_json_commands() -> Vec<(&'static str, Vec<&'static str>)> {
     vec![
         ("fmt", vec!["fmt", "missing.ptx", "--json"]),
         ("check", vec!["check", "missing.ptx", "--json"]),
+        ("isa", vec!["isa", "--json", "--no-such-flag"]),
         (
             "schedule",
             vec!["schedule", "1f1b", "--svg", "no/dir/s.svg", "--json"],

@@ -16,6 +16,7 @@ pub mod alu;
 pub mod banks;
 pub mod bench;
 pub mod clock;
+pub mod coverage;
 pub mod error;
 pub mod exec;
 pub mod fp;

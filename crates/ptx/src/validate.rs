@@ -148,22 +148,29 @@ pub fn errors(diags: &[Diagnostic]) -> impl Iterator<Item = &Diagnostic> {
 /// Checks a module; returns every finding, in source order.
 pub fn validate(m: &Module) -> Vec<Diagnostic> {
     let mut symbols: HashMap<&str, Space> = HashMap::new();
-    let mut funcs: HashSet<&str> = HashSet::new();
-    for item in &m.items {
+    // Function name -> index of its first declaration or definition among the module's items:
+    // a call is valid only after it (ptxas: "Call to 'g' requires call prototype").
+    let mut funcs: HashMap<&str, usize> = HashMap::new();
+    for (k, item) in m.items.iter().enumerate() {
         match item {
             Item::Var(v) => {
                 symbols.insert(&v.name, v.space);
             }
             Item::Func(f) => {
-                funcs.insert(&f.name);
+                funcs.entry(&f.name).or_insert(k);
             }
         }
     }
     let mut out = Vec::new();
-    for f in m.functions() {
+    let functions = m.items.iter().enumerate().filter_map(|(k, i)| match i {
+        Item::Func(f) => Some((k, f)),
+        Item::Var(_) => None,
+    });
+    for (item, f) in functions {
         let mut c = FnCheck {
             m,
             f,
+            item,
             globals: &symbols,
             funcs: &funcs,
             locals: HashMap::new(),
@@ -233,7 +240,10 @@ struct FnCheck<'a> {
     m: &'a Module,
     f: &'a Function,
     globals: &'a HashMap<&'a str, Space>,
-    funcs: &'a HashSet<&'a str>,
+    /// Index of this function among the module's items.
+    item: usize,
+    /// Function name -> index of its first declaration or definition.
+    funcs: &'a HashMap<&'a str, usize>,
     /// Function-scope variables and `.param` parameters.
     locals: HashMap<&'a str, Space>,
     scopes: Vec<Scope>,
@@ -703,13 +713,28 @@ impl<'a> FnCheck<'a> {
                 for a in &i.args {
                     match a {
                         Operand::Sym { name, .. }
-                            if !self.funcs.contains(name.as_str())
+                            if !self.funcs.contains_key(name.as_str())
                                 && !self.labels.contains_key(name.as_str()) =>
                         {
                             self.diag(
                                 DiagKind::UnknownSymbol,
                                 loc,
                                 format!("call of undeclared function `{name}`"),
+                            );
+                        }
+                        Operand::Sym { name, .. }
+                            if self
+                                .funcs
+                                .get(name.as_str())
+                                .is_some_and(|&k| k > self.item) =>
+                        {
+                            self.diag(
+                                DiagKind::UnknownSymbol,
+                                loc,
+                                format!(
+                                    "call of `{name}` before its declaration: declare it (a \
+                                     `.func` prototype) before the caller, as ptxas requires"
+                                ),
                             );
                         }
                         Operand::List(v) => {
@@ -737,7 +762,7 @@ impl<'a> FnCheck<'a> {
             collect_syms(a, &mut syms);
         }
         for s in syms {
-            if self.symbol_space(s).is_none() && !self.funcs.contains(s) {
+            if self.symbol_space(s).is_none() && !self.funcs.contains_key(s) {
                 self.diag(
                     DiagKind::UnknownSymbol,
                     loc,

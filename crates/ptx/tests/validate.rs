@@ -597,3 +597,55 @@ ret;
     assert!(f.body.is_some(), "the definition, not the declaration");
     clean(&validate(&m));
 }
+
+/// A call needs the callee declared (or defined) earlier in the module, as ptxas requires
+/// ("Call to 'g' requires call prototype"); a forward declaration makes the same call valid,
+/// and a function may call itself.
+#[test]
+fn call_before_declaration() {
+    let callee = ".func (.param .b32 out) g(.param .b32 in)
+{
+.reg .b32 %x;
+ld.param.b32 %x, [in];
+setp.eq.s32 %p, %x, 0;
+@%p bra DONE;
+{
+.param .b32 a;
+.param .b32 r;
+st.param.b32 [a], 0;
+call (r), g, (a);
+}
+DONE:
+st.param.b32 [out], %x;
+ret;
+}
+";
+    let kernel = ".visible .entry k()
+{
+.reg .b32 %r<2>;
+.param .b32 a;
+.param .b32 r;
+st.param.b32 [a], 5;
+call (r), g, (a);
+ld.param.b32 %r1, [r];
+ret;
+}
+";
+    let head = ".version 8.0\n.target sm_80\n.address_size 64\n";
+    let callee = callee.replace(".reg .b32 %x;", ".reg .b32 %x;\n.reg .pred %p;");
+    let late = format!("{head}{kernel}{callee}");
+    let d = validate(&ptx::parse(&late).unwrap());
+    let errs: Vec<&Diagnostic> = d.iter().filter(|d| d.severity == Severity::Error).collect();
+    assert_eq!(errs.len(), 1, "{d:?}");
+    assert_eq!(errs[0].kind, DiagKind::UnknownSymbol);
+    assert_eq!(errs[0].line, 10, "{d:?}");
+    assert!(errs[0].message.contains("before its declaration"), "{d:?}");
+
+    let proto = ".func (.param .b32 out) g(.param .b32 in);\n";
+    let declared = format!("{head}{proto}{kernel}{callee}");
+    let d = validate(&ptx::parse(&declared).unwrap());
+    assert!(d.iter().all(|d| d.severity != Severity::Error), "{d:?}");
+    let defined_first = format!("{head}{callee}{kernel}");
+    let d = validate(&ptx::parse(&defined_first).unwrap());
+    assert!(d.iter().all(|d| d.severity != Severity::Error), "{d:?}");
+}

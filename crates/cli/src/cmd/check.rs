@@ -1,6 +1,8 @@
 //! `ptxforge check FILE.ptx [--arch sm_90a] [--no-ptxas] [--json]`: parse, validate and (when
 //! ptxas is available) assemble a PTX file. Diagnostics print as `FILE:LINE:COL: error: ...`,
 //! one line per kernel reports registers, spills and shared memory; exit code 0 only when clean.
+//! Instructions the emulator cannot run (what `ptxforge run` would refuse at load time) are
+//! warnings with their line, found by the emulator's own decoder ([`emu::coverage::unsupported`]).
 
 use anyhow::{Context, Result};
 use ptx::ptxas::{self, PtxasError, PtxasOptions};
@@ -67,6 +69,7 @@ pub fn run(a: Args) -> Result<()> {
                     message: d.message.clone(),
                 });
             }
+            diags.extend(emulator_diags(&m));
             if !a.no_ptxas {
                 match ptxas::find_ptxas() {
                     None => {
@@ -170,6 +173,30 @@ pub fn run(a: Args) -> Result<()> {
         anyhow::bail!("{file}: {errors} error(s)");
     }
     Ok(())
+}
+
+/// Warnings for everything the emulator's decoder refuses (only when the module validates:
+/// the decoder assumes a valid module).
+fn emulator_diags(m: &ptx::Module) -> Vec<Diag> {
+    if !ptx::validate::validate_errors(m).is_empty() {
+        return Vec::new();
+    }
+    emu::coverage::unsupported(m)
+        .into_iter()
+        .map(|r| Diag {
+            line: r.line,
+            col: if r.line > 0 { 1 } else { 0 },
+            severity: "warning".into(),
+            kind: "emulator".into(),
+            source: "emulator",
+            function: Some(r.kernel.clone()),
+            message: if r.text.is_empty() {
+                format!("the emulator cannot run kernel `{}`: {}", r.kernel, r.why)
+            } else {
+                format!("the emulator cannot run `{}`: {}", r.text, r.why)
+            },
+        })
+        .collect()
 }
 
 fn ptxas_diag(d: &ptxas::PtxasDiagnostic, severity: &str) -> Diag {

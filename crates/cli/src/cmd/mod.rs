@@ -8,6 +8,7 @@ pub mod docs;
 pub mod emit;
 pub mod fmt;
 pub mod gemm;
+pub mod isa;
 pub mod kernels;
 pub mod moe;
 pub mod run;

@@ -1,0 +1,98 @@
+//! Execution of conversions and moves: `cvt`, `cvta`, `isspacep`, pack/unpack, special
+//! registers.
+
+use super::*;
+
+impl Cta {
+    /// Executes the conversion/move ops ([`Cta::exec`] sends them here).
+    #[inline(always)]
+    pub(super) fn exec_convert(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        inst: &Inst,
+        m: u32,
+    ) -> Result<Flow, FaultKind> {
+        let prog = &*ctx.prog;
+        match &inst.op {
+            Op::Cvt { spec, d, a, b } => {
+                let w = &mut self.warps[wi];
+                let dm = reg_mask(prog.reg_bits[*d as usize]);
+                // signed results fill a wider register with their sign
+                let sx = if spec.dst.is_signed() {
+                    spec.dst.bits()
+                } else {
+                    64
+                };
+                for l in lanes_of(m) {
+                    let v = fp::cvt(spec, w.regs[*a as usize][l], w.regs[*b as usize][l]);
+                    w.regs[*d as usize][l] = sext(v, sx) & dm;
+                }
+            }
+            Op::Isspacep { space, d, a } => {
+                let w = &mut self.warps[wi];
+                for l in lanes_of(m) {
+                    let x = w.regs[*a as usize][l];
+                    let sh = (SHARED_WINDOW..SHARED_WINDOW + (1 << 32)).contains(&x);
+                    let lo = (LOCAL_WINDOW..LOCAL_WINDOW + (1 << 32)).contains(&x);
+                    let v = match space {
+                        MSpace::Shared => sh,
+                        MSpace::Local => lo,
+                        MSpace::Global => !sh && !lo,
+                        _ => false,
+                    };
+                    w.regs[*d as usize][l] = v as u64;
+                }
+            }
+            Op::Cvta { dir, d, a, bits } => {
+                let w = &mut self.warps[wi];
+                let mk = if *bits >= 64 {
+                    u64::MAX
+                } else {
+                    (1u64 << bits) - 1
+                };
+                for l in lanes_of(m) {
+                    let x = w.regs[*a as usize][l];
+                    let v = match dir {
+                        CvtaDir::ToGeneric(win) => x.wrapping_add(*win),
+                        CvtaDir::FromGeneric(win) => x.wrapping_sub(*win),
+                    };
+                    w.regs[*d as usize][l] = v & mk;
+                }
+            }
+            Op::Pack {
+                part_bits,
+                d,
+                parts,
+            } => {
+                let w = &mut self.warps[wi];
+                let pm = reg_mask(*part_bits as u8);
+                for l in lanes_of(m) {
+                    let mut v = 0u64;
+                    for (k, p) in parts.iter().enumerate() {
+                        v |= (w.regs[*p as usize][l] & pm) << (k as u32 * part_bits);
+                    }
+                    w.regs[*d as usize][l] = v;
+                }
+            }
+            Op::Unpack { part_bits, ds, a } => {
+                let w = &mut self.warps[wi];
+                let pm = reg_mask(*part_bits as u8);
+                for l in lanes_of(m) {
+                    let x = w.regs[*a as usize][l];
+                    for (k, p) in ds.iter().enumerate() {
+                        w.regs[*p as usize][l] = (x >> (k as u32 * part_bits)) & pm;
+                    }
+                }
+            }
+            Op::SReg { d, r } => {
+                for l in lanes_of(m) {
+                    let v = self.sreg(ctx, &self.warps[wi], *r, l);
+                    self.warps[wi].regs[*d as usize][l] = v;
+                }
+            }
+            _ => return Err(misrouted(inst)),
+        }
+        Ok(Flow::Next)
+    }
+}

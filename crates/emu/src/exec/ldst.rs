@@ -1,0 +1,115 @@
+//! Execution of the memory family: `ld` and `st` in every state space.
+
+use super::*;
+
+impl Cta {
+    /// Executes the load/store ops ([`Cta::exec`] sends them here).
+    #[inline(always)]
+    pub(super) fn exec_memory(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        inst: &Inst,
+        m: u32,
+    ) -> Result<Flow, FaultKind> {
+        let prog = &*ctx.prog;
+        match &inst.op {
+            Op::Ld {
+                space,
+                elem,
+                sext: sx,
+                ds,
+                addr,
+                off,
+                ord,
+            } => {
+                let total = elem * ds.len() as u32;
+                let o = load_ord(*ord);
+                if self.banks.is_some() {
+                    self.profile_lanes(wi, inst.src, m, *space, (*addr, *off), total);
+                }
+                if self.san.is_some() {
+                    self.san_lanes(ctx, wi, m, (*space, *addr, *off), total, SanKind::Read);
+                }
+                for l in lanes_of(m) {
+                    let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
+                    // Vector accesses must be aligned to their full size.
+                    if total > *elem && !base.is_multiple_of(total as u64) {
+                        LAST_LANE.with(|c| c.set(l as u32));
+                        let f = FaultKind::Misaligned {
+                            space: space.name(),
+                            addr: base,
+                            size: total,
+                        };
+                        self.memcheck(ctx, wi, l, f)?;
+                        continue;
+                    }
+                    let mut vals = [0u64; 8];
+                    for k in 0..ds.len() {
+                        let a = base + (k as u32 * elem) as u64;
+                        match self.locate(ctx, *space, a, *elem, l, prog.local_bytes) {
+                            Ok(loc) => vals[k] = self.load(ctx, wi, &loc, *elem, o),
+                            // memcheck reported it: the element reads 0
+                            Err(f) => self.memcheck(ctx, wi, l, f)?,
+                        }
+                    }
+                    let w = &mut self.warps[wi];
+                    for (k, d) in ds.iter().enumerate() {
+                        let rb = prog.reg_bits[*d as usize];
+                        let v = if *sx {
+                            sext(vals[k], elem * 8) & reg_mask(rb)
+                        } else {
+                            vals[k]
+                        };
+                        w.regs[*d as usize][l] = v;
+                        w.poll =
+                            (w.poll.rotate_left(7) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                    }
+                }
+            }
+            Op::St {
+                space,
+                elem,
+                srcs,
+                addr,
+                off,
+                ord,
+            } => {
+                let total = elem * srcs.len() as u32;
+                let o = store_ord(*ord);
+                if self.banks.is_some() {
+                    self.profile_lanes(wi, inst.src, m, *space, (*addr, *off), total);
+                }
+                if self.san.is_some() {
+                    self.san_lanes(ctx, wi, m, (*space, *addr, *off), total, SanKind::Write);
+                }
+                for l in lanes_of(m) {
+                    let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
+                    if total > *elem && !base.is_multiple_of(total as u64) {
+                        LAST_LANE.with(|c| c.set(l as u32));
+                        let f = FaultKind::Misaligned {
+                            space: space.name(),
+                            addr: base,
+                            size: total,
+                        };
+                        self.memcheck(ctx, wi, l, f)?;
+                        continue;
+                    }
+                    for (k, s) in srcs.iter().enumerate() {
+                        let a = base + (k as u32 * elem) as u64;
+                        match self.locate(ctx, *space, a, *elem, l, prog.local_bytes) {
+                            Ok(loc) => {
+                                let v = self.warps[wi].regs[*s as usize][l];
+                                self.store(wi, &loc, *elem, v, o);
+                            }
+                            // memcheck reported it: the store is dropped
+                            Err(f) => self.memcheck(ctx, wi, l, f)?,
+                        }
+                    }
+                }
+            }
+            _ => return Err(misrouted(inst)),
+        }
+        Ok(Flow::Next)
+    }
+}

@@ -1,0 +1,593 @@
+//! Execution of tensor-core ops: `mma`, `ldmatrix`/`stmatrix`, `wgmma.*`, `setmaxnreg`.
+
+use super::*;
+
+impl Cta {
+    /// Executes the tensor-core ops ([`Cta::exec`] sends them here).
+    #[inline(always)]
+    pub(super) fn exec_tensor(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        inst: &Inst,
+        m: u32,
+    ) -> Result<Flow, FaultKind> {
+        let prog = &*ctx.prog;
+        match &inst.op {
+            Op::Mma { spec, d, a, b, c } => {
+                // mma.sync.aligned needs the whole warp converged.
+                if self.wait_converged(wi) {
+                    return Ok(Flow::Stay);
+                }
+                let w = &mut self.warps[wi];
+                // Fragments have at most 4 registers each (decode checked the counts): gather
+                // references on the stack, no allocation on this hot path.
+                const Z: Lanes = [0; 32];
+                let (mut ar, mut br, mut cr) = ([&Z; 8], [&Z; 8], [&Z; 8]);
+                for (dst, src) in [(&mut ar, a), (&mut br, b), (&mut cr, c)] {
+                    for (k, s) in src.iter().take(8).enumerate() {
+                        dst[k] = &w.regs[*s as usize];
+                    }
+                }
+                let mut outs = [[0u64; 32]; 8];
+                let nd = d.len().min(8);
+                let model = ctx.numerics.model(prog.target_sm, spec.aty);
+                crate::mma::mma_sync_with(
+                    spec,
+                    model.as_ref(),
+                    &ar[..a.len().min(8)],
+                    &br[..b.len().min(8)],
+                    &cr[..c.len().min(8)],
+                    &mut outs[..nd],
+                );
+                for (k, s) in d.iter().take(nd).enumerate() {
+                    Cta::write_masked(w, *s, m, &outs[k]);
+                }
+            }
+            Op::Wgmma(op) => {
+                let model = ctx.numerics.model(ctx.prog.target_sm, op.spec.aty);
+                self.wgmma(wi, op, m, model)?
+            }
+            Op::WgmmaCommit => {
+                let w = &mut self.warps[wi];
+                let g = std::mem::take(&mut w.wg_open);
+                w.wg_groups.push_back(g);
+                let r = std::mem::take(&mut w.wg_reads_open);
+                w.wg_read_groups.push_back(r);
+            }
+            Op::WgmmaWait { n } => {
+                let w = &mut self.warps[wi];
+                while w.wg_groups.len() > *n as usize {
+                    if let Some(g) = w.wg_groups.pop_front() {
+                        for (slot, v) in g {
+                            w.regs[slot as usize] = v;
+                        }
+                    }
+                    if let Some(r) = w.wg_read_groups.pop_front() {
+                        for c in r {
+                            if let Some(x) = self.wg_lock.get_mut(c as usize) {
+                                *x = x.saturating_sub(1);
+                            }
+                        }
+                    }
+                }
+            }
+            Op::Setmaxnreg { inc: _, n } => {
+                self.warps[wi].maxnreg = *n;
+                let total: u64 = self.warps.iter().map(|w| w.maxnreg as u64 * 32).sum();
+                if total > 65536 {
+                    return Err(FaultKind::Other(format!(
+                        "setmaxnreg: the CTA's warps ask for {total} registers; an SM has 65536"
+                    )));
+                }
+            }
+            _ => return Err(misrouted(inst)),
+        }
+        Ok(Flow::Next)
+    }
+
+    /// Executes the matrix load/store ops ([`Cta::exec`] sends them here).
+    #[inline(always)]
+    pub(super) fn exec_ldst_matrix(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        inst: &Inst,
+        m: u32,
+    ) -> Result<Flow, FaultKind> {
+        let prog = &*ctx.prog;
+        match &inst.op {
+            Op::Ldmatrix {
+                count,
+                trans,
+                ds,
+                addr,
+                off,
+                space,
+            } => {
+                if self.wait_converged(wi) {
+                    return Ok(Flow::Stay);
+                }
+                if self.banks.is_some() {
+                    self.profile_matrices(wi, inst.src, *count, *space, *addr, *off);
+                }
+                if self.san.is_some() {
+                    self.san_matrix(ctx, wi, (*count, *space), (*addr, *off), SanKind::Read);
+                }
+                let mut out = [[0u64; 32]; 4];
+                for mat in 0..*count as usize {
+                    for row in 0..8usize {
+                        let src_lane = mat * 8 + row;
+                        let ra =
+                            self.warps[wi].regs[*addr as usize][src_lane].wrapping_add(*off as u64);
+                        let mut rowv = [0u64; 8];
+                        // Rows are 16 contiguous, 16-byte-aligned bytes: locate the whole row
+                        // once (which checks bounds and alignment) and read it directly.
+                        let loc = self.locate(ctx, *space, ra, 16, src_lane, prog.local_bytes);
+                        match loc {
+                            Ok(Loc::Shared(o)) => {
+                                for (e, rv) in rowv.iter_mut().enumerate() {
+                                    *rv = u16::from_le_bytes([
+                                        self.shared[o + 2 * e],
+                                        self.shared[o + 2 * e + 1],
+                                    ]) as u64;
+                                }
+                            }
+                            _ => {
+                                for (e, rv) in rowv.iter_mut().enumerate() {
+                                    let loc = self.locate(
+                                        ctx,
+                                        *space,
+                                        ra + 2 * e as u64,
+                                        2,
+                                        src_lane,
+                                        prog.local_bytes,
+                                    )?;
+                                    *rv = self.load(ctx, wi, &loc, 2, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        for q in 0..4usize {
+                            if !*trans {
+                                let lane = row * 4 + q;
+                                out[mat][lane] = rowv[2 * q] | (rowv[2 * q + 1] << 16);
+                            } else {
+                                // Transposed: lane (r, q) gets column r, rows 2q and 2q+1.
+                                for half in 0..2usize {
+                                    let col = 2 * q + half;
+                                    let lane = col * 4 + row / 2;
+                                    let shift = 16 * (row % 2);
+                                    out[mat][lane] |= rowv[col] << shift;
+                                }
+                            }
+                        }
+                    }
+                }
+                let w = &mut self.warps[wi];
+                for (k, dslot) in ds.iter().enumerate() {
+                    Cta::write_masked(w, *dslot, m, &out[k]);
+                }
+            }
+            Op::Stmatrix {
+                count,
+                trans,
+                srcs,
+                addr,
+                off,
+                space,
+            } => {
+                if self.wait_converged(wi) {
+                    return Ok(Flow::Stay);
+                }
+                if self.banks.is_some() {
+                    self.profile_matrices(wi, inst.src, *count, *space, *addr, *off);
+                }
+                if self.san.is_some() {
+                    self.san_matrix(ctx, wi, (*count, *space), (*addr, *off), SanKind::Write);
+                }
+                for mat in 0..*count as usize {
+                    let vals = self.warps[wi].regs[srcs[mat] as usize];
+                    for row in 0..8usize {
+                        let dst_lane = mat * 8 + row;
+                        let ra =
+                            self.warps[wi].regs[*addr as usize][dst_lane].wrapping_add(*off as u64);
+                        for col in 0..8usize {
+                            let v = if !*trans {
+                                let lane = row * 4 + col / 2;
+                                (vals[lane] >> (16 * (col % 2))) & 0xffff
+                            } else {
+                                let lane = col * 4 + row / 2;
+                                (vals[lane] >> (16 * (row % 2))) & 0xffff
+                            };
+                            let loc = self.locate(
+                                ctx,
+                                *space,
+                                ra + 2 * col as u64,
+                                2,
+                                dst_lane,
+                                prog.local_bytes,
+                            )?;
+                            self.store(wi, &loc, 2, v, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+            _ => return Err(misrouted(inst)),
+        }
+        Ok(Flow::Next)
+    }
+}
+
+impl Cta {
+    /// Reads one input element from shared memory.
+    /// An asynchronous copy is about to write shared bytes [start, start + len) of this CTA (or
+    /// of cluster peer `peer`): none of them may be an operand of a wgmma group that has not
+    /// been retired by `wgmma.wait_group`.
+    pub(super) fn check_wgmma_war(
+        &self,
+        peer: Option<usize>,
+        start: u64,
+        len: u64,
+        what: &str,
+    ) -> Result<(), FaultKind> {
+        let lock = match peer {
+            None => &self.wg_lock,
+            Some(r) => match self.peers.get(r) {
+                Some(p) => &p.wg_lock,
+                None => return Ok(()),
+            },
+        };
+        if lock.is_empty() || len == 0 {
+            return Ok(());
+        }
+        let (c0, c1) = ((start / 16) as usize, (start + len).div_ceil(16) as usize);
+        let Some(c) = (c0..c1.min(lock.len())).find(|&c| lock[c] > 0) else {
+            return Ok(());
+        };
+        let readers = match peer {
+            Some(r) => format!("warps of cluster CTA rank {r}"),
+            None => {
+                let ids: Vec<String> = self
+                    .warps
+                    .iter()
+                    .filter(|w| {
+                        w.wg_reads_open.contains(&(c as u32))
+                            || w.wg_read_groups.iter().any(|g| g.contains(&(c as u32)))
+                    })
+                    .map(|w| w.id.to_string())
+                    .collect();
+                format!("warp(s) {}", ids.join(", "))
+            }
+        };
+        Err(FaultKind::Other(format!(
+            "{what} writes shared memory [{start:#x}, {:#x}) while wgmma operands at {:#x} are \
+             still being read by {readers} (not yet retired by wgmma.wait_group): the stage was \
+             released before the wgmma reading it completed",
+            start + len,
+            c * 16,
+        )))
+    }
+
+    pub(super) fn smem_elem(&self, addr: u64, es: u64) -> Result<u64, FaultKind> {
+        let a = addr as usize;
+        if a + es as usize > self.shared.len() {
+            return Err(FaultKind::OutOfBounds {
+                space: "shared (wgmma operand)",
+                addr,
+                size: es as u32,
+            });
+        }
+        Ok(read_le(&self.shared[a..a + es as usize]))
+    }
+
+    /// `wgmma.mma_async` for this warp's 16-row slice of the 64-row tile; results go to the
+    /// warp's open group and reach the registers at `wgmma.wait_group`.
+    pub(super) fn wgmma(
+        &mut self,
+        wi: usize,
+        op: &WgmmaOp,
+        m: u32,
+        model: Option<crate::tc_numerics::TcModel>,
+    ) -> Result<(), FaultKind> {
+        use crate::hopper::{acc_pos, elem_f64, esize, MatrixDesc};
+        let spec = &op.spec;
+        let (n, k) = (spec.n as usize, spec.k as usize);
+        let ea = esize(spec.aty);
+        let wr = (self.warps[wi].id % 4) as usize;
+        let l0 = m.trailing_zeros().min(31) as usize;
+        // 16-byte chunks of shared memory this wgmma reads (consecutive repeats skipped here,
+        // the rest deduplicated below)
+        let mut chunks: Vec<u32> = Vec::new();
+        // A: 16 x k for this warp.
+        let mut a = vec![0f64; 16 * k];
+        if spec.a_regs {
+            let w = &self.warps[wi];
+            let per = (4 / ea) as usize;
+            for lane in 0..32 {
+                for i in 0..(4 * per) {
+                    let (r, kk) = spec.a_frag_pos(lane, i);
+                    let reg = w.regs[op.a[i / per] as usize][lane];
+                    let bits = (reg >> ((i % per) as u64 * ea * 8)) & ((1u64 << (ea * 8)) - 1);
+                    a[r * k + kk] = elem_f64(spec.aty, bits);
+                }
+            }
+        } else {
+            let rd = OperandRead {
+                desc: MatrixDesc::decode(self.warps[wi].regs[op.a_desc as usize][l0]),
+                trans: op.trans_a,
+                o0: 16 * wr as u64,
+                no: 16,
+                k,
+                ty: spec.aty,
+            };
+            self.wg_operand(&rd, &mut chunks, |r, kk, v| a[r * k + kk] = v)?;
+        }
+        if op.neg_a {
+            a.iter_mut().for_each(|x| *x = -*x);
+        }
+        chunks.sort_unstable();
+        chunks.dedup();
+        // B: decoded once per warpgroup-wide wgmma (the first of the four warps to get here)
+        let bdesc = self.warps[wi].regs[op.b_desc as usize][l0];
+        let seq = self.warps[wi].wg_seq;
+        self.warps[wi].wg_seq += 1;
+        let key = (seq, bdesc, spec.n, spec.k, op.trans_b, op.neg_b);
+        let wgi = self.warps[wi].id as usize / 4;
+        if self.wg_bcache.len() <= wgi {
+            self.wg_bcache.resize_with(wgi + 1, || None);
+        }
+        let cached = matches!(&self.wg_bcache[wgi], Some(c) if c.key == key && c.users < 4);
+        if !cached {
+            let rd = OperandRead {
+                desc: MatrixDesc::decode(bdesc),
+                trans: op.trans_b,
+                o0: 0,
+                no: n,
+                k,
+                ty: spec.bty,
+            };
+            let mut bt = vec![0f64; n * k];
+            let mut bchunks: Vec<u32> = Vec::new();
+            let neg = op.neg_b;
+            self.wg_operand(&rd, &mut bchunks, |col, kk, v| {
+                bt[kk * n + col] = if neg { -v } else { v }
+            })?;
+            bchunks.sort_unstable();
+            bchunks.dedup();
+            self.wg_bcache[wgi] = Some(BOperand {
+                key,
+                users: 0,
+                bt,
+                chunks: bchunks,
+            });
+        }
+        let Some(bop) = self.wg_bcache[wgi].take() else {
+            return Err(FaultKind::Other("wgmma B operand cache".into()));
+        };
+        chunks.extend_from_slice(&bop.chunks);
+        if self.wg_lock.is_empty() {
+            self.wg_lock = vec![0; self.shared.len().div_ceil(16)];
+        }
+        for &c in &chunks {
+            if let Some(x) = self.wg_lock.get_mut(c as usize) {
+                *x = x.saturating_add(1);
+            }
+        }
+        let users = bop.users + 1;
+        if let Some(model) = model {
+            self.warps[wi].wg_reads_open.extend_from_slice(&chunks);
+            self.wgmma_model(wi, op, m, &model, &a, &bop.bt);
+            if users < 4 {
+                self.wg_bcache[wgi] = Some(BOperand { users, ..bop });
+            }
+            return Ok(());
+        }
+        // 16 x n products, k outer: each (row, column) sum still runs in k order from 0.0 (as a
+        // dot product would), and the column loop vectorises
+        let mut sums = vec![0f64; 16 * n];
+        crate::mma::rows_k_order_dispatch()(&a, &bop.bt, k, n, &mut sums);
+        if users < 4 {
+            self.wg_bcache[wgi] = Some(BOperand { users, ..bop });
+        }
+        self.warps[wi].wg_reads_open.extend_from_slice(&chunks);
+        let w = &mut self.warps[wi];
+        let scale = w.regs[op.scale_d as usize];
+        let mut outs: Vec<Lanes> = op.d.iter().map(|&s| wg_current(w, s)).collect();
+        for lane in lanes_of(m) {
+            let acc = scale[lane] & 1 != 0;
+            for (i, out) in outs.iter_mut().enumerate() {
+                let (r, c) = acc_pos(lane, i);
+                let sum = sums[r * n + c];
+                if spec.dty == Ty::S32 {
+                    let prev = if acc {
+                        out[lane] as u32 as i32 as i64
+                    } else {
+                        0
+                    };
+                    out[lane] = (prev.wrapping_add(sum as i64)) as i32 as u32 as u64;
+                } else {
+                    let prev = if acc {
+                        f32::from_bits(out[lane] as u32) as f64
+                    } else {
+                        0.0
+                    };
+                    out[lane] = ((sum + prev) as f32).to_bits() as u64;
+                }
+            }
+        }
+        for (slot, v) in op.d.iter().zip(outs) {
+            w.wg_open.push((*slot, v));
+        }
+        Ok(())
+    }
+}
+
+/// One wgmma shared-memory operand to decode: `no` rows of A (or columns of B) from `o0`, each
+/// with `k` elements, laid out as `desc` describes (`trans`: MN-major).
+struct OperandRead {
+    desc: crate::hopper::MatrixDesc,
+    trans: bool,
+    o0: u64,
+    no: usize,
+    k: usize,
+    ty: Ty,
+}
+
+/// Decodes one wgmma input element, as [`crate::hopper::elem_f64`] does (tested): fp8 through
+/// the 256-entry tables of `mma`, bf16 by shifting into an f32 (the 256 KiB table of
+/// `fp::bf16_to_f32` misses the cache when operands are decoded in bulk).
+#[inline]
+pub(super) fn wg_decode(ty: Ty, bits: u64) -> f64 {
+    match ty {
+        Ty::Bf16 => {
+            let f = f32::from_bits(((bits as u32) & 0xffff) << 16);
+            if f.is_nan() {
+                f32::from_bits(f.to_bits() | 0x0040_0000) as f64 // quieted, payload kept
+            } else {
+                f as f64
+            }
+        }
+        Ty::E4m3 => crate::mma::fp8_table()[0][(bits & 0xff) as usize],
+        Ty::E5m2 => crate::mma::fp8_table()[1][(bits & 0xff) as usize],
+        _ => crate::hopper::elem_f64(ty, bits),
+    }
+}
+
+impl Cta {
+    /// Decodes operand `rd`, calling `put(o, kk, value)` for every element (o relative to
+    /// `rd.o0`) and recording the 16-byte shared chunks it reads in `chunks` (sorted, deduped).
+    /// K-major operands are read a 16-byte chunk at a time (elements contiguous along k;
+    /// swizzling moves whole chunks); MN-major operands and incomplete or out-of-bounds chunks
+    /// go element by element, with the per-element diagnostics.
+    fn wg_operand(
+        &self,
+        rd: &OperandRead,
+        chunks: &mut Vec<u32>,
+        mut put: impl FnMut(usize, usize, f64),
+    ) -> Result<(), FaultKind> {
+        let es = crate::hopper::esize(rd.ty);
+        let per = (16 / es) as usize;
+        // (outer index, k index) of element i of the chunk starting at (o, kk)
+        let (inner, outer) = if rd.trans {
+            (rd.no, rd.k)
+        } else {
+            (rd.k, rd.no)
+        };
+        let addr = |o: usize, kk: usize| {
+            let (row, col) = if rd.trans {
+                (kk as u64, rd.o0 + o as u64)
+            } else {
+                (rd.o0 + o as u64, kk as u64)
+            };
+            rd.desc.addr(row, col, es)
+        };
+        for x in 0..outer {
+            let mut y = 0;
+            while y < inner {
+                let n = per.min(inner - y);
+                let at = |i: usize| if rd.trans { (y + i, x) } else { (x, y + i) };
+                let base = addr(at(0).0, at(0).1) as usize;
+                // (MN-major operands, untested by the layout tests here, stay per element)
+                if !rd.trans
+                    && n == per
+                    && base.is_multiple_of(16)
+                    && base + 16 <= self.shared.len()
+                {
+                    chunks.push((base / 16) as u32);
+                    let mut row = [0u8; 16];
+                    row.copy_from_slice(&self.shared[base..base + 16]);
+                    let row = u128::from_le_bytes(row);
+                    let mask = (1u128 << (8 * es)) - 1;
+                    for i in 0..per {
+                        let bits = ((row >> (8 * es as usize * i)) & mask) as u64;
+                        let (o, kk) = at(i);
+                        put(o, kk, wg_decode(rd.ty, bits));
+                    }
+                } else {
+                    for i in 0..n {
+                        let (o, kk) = at(i);
+                        let a = addr(o, kk);
+                        chunks.push((a / 16) as u32);
+                        put(o, kk, wg_decode(rd.ty, self.smem_elem(a, es)?));
+                    }
+                }
+                y += n;
+            }
+        }
+        chunks.sort_unstable();
+        chunks.dedup();
+        Ok(())
+    }
+}
+
+/// Current value of accumulator register `slot`: the newest pending wgmma result, else the
+/// register file.
+pub(super) fn wg_current(w: &Warp, slot: u32) -> Lanes {
+    if let Some((_, v)) = w.wg_open.iter().rev().find(|(s, _)| *s == slot) {
+        return *v;
+    }
+    for g in w.wg_groups.iter().rev() {
+        if let Some((_, v)) = g.iter().rev().find(|(s, _)| *s == slot) {
+            return *v;
+        }
+    }
+    w.regs[slot as usize]
+}
+
+impl Cta {
+    /// The f32 accumulation of a wgmma under a hardware model: the accumulator (or 0 when
+    /// `scale-d` is false) is the C of the model's first block, so it is aligned and truncated
+    /// together with the products as on the tensor core.
+    pub(super) fn wgmma_model(
+        &mut self,
+        wi: usize,
+        op: &WgmmaOp,
+        m: u32,
+        model: &crate::tc_numerics::TcModel,
+        a: &[f64],
+        bt: &[f64],
+    ) {
+        use crate::hopper::acc_pos;
+        let (n, k) = (op.spec.n as usize, op.spec.k as usize);
+        let w = &mut self.warps[wi];
+        let scale = w.regs[op.scale_d as usize];
+        let mut outs: Vec<Lanes> = op.d.iter().map(|&s| wg_current(w, s)).collect();
+        // C tile of this warp's 16 rows (lanes outside `m` keep their registers)
+        let mut acc = vec![0f64; 16 * n];
+        for lane in lanes_of(m) {
+            if scale[lane] & 1 != 0 {
+                for (i, out) in outs.iter().enumerate() {
+                    let (r, c) = acc_pos(lane, i);
+                    acc[r * n + c] = f32::from_bits(out[lane] as u32) as f64;
+                }
+            }
+        }
+        crate::tc_numerics::tile(model, a, bt, k, n, &mut acc);
+        for lane in lanes_of(m) {
+            for (i, out) in outs.iter_mut().enumerate() {
+                let (r, c) = acc_pos(lane, i);
+                out[lane] = (acc[r * n + c] as f32).to_bits() as u64;
+            }
+        }
+        for (slot, v) in op.d.iter().zip(outs) {
+            w.wg_open.push((*slot, v));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bulk wgmma decoder agrees with `hopper::elem_f64` on every bf16, e4m3 and e5m2 code
+    /// (bit patterns of the f64, NaN payloads included).
+    #[test]
+    fn wg_decode_matches_elem_f64() {
+        for (ty, codes) in [(Ty::Bf16, 1u64 << 16), (Ty::E4m3, 256), (Ty::E5m2, 256)] {
+            for bits in 0..codes {
+                let want = crate::hopper::elem_f64(ty, bits).to_bits();
+                assert_eq!(wg_decode(ty, bits).to_bits(), want, "{ty} {bits:#x}");
+            }
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! Decoding of control flow: `bra`, `brx.idx`, `exit`, `ret`, `trap`/`brkpt`, `nanosleep`,
+//! `griddepcontrol` (calls are in [`super::call`]).
+
+use super::*;
+
+impl Decoder<'_> {
+    /// Decodes one instruction of the control-flow family: the opcodes [`family`] sends here.
+    pub(super) fn decode_control(
+        &mut self,
+        ins: &Instruction,
+        ins0: &Instruction,
+        guard: (u32, bool),
+    ) -> Result<(), EmuError> {
+        let kernel = self.f;
+        let arg = |i: usize| operand(kernel, ins, i);
+        use Opcode as O;
+        let op = match ins.op {
+            O::Bra => {
+                let l = match arg(0)? {
+                    Operand::Sym { name, .. } => name.clone(),
+                    _ => return Err(self.err(ins, "bra needs a label")),
+                };
+                self.fixups.push((self.prog.insts.len(), vec![l]));
+                Op::Bra { target: 0 }
+            }
+            O::BrxIdx => {
+                let idx = self.src(ins, arg(0)?)?;
+                let l = match arg(1)? {
+                    Operand::Sym { name, .. } => name.clone(),
+                    _ => return Err(self.err(ins, "brx.idx needs a .branchtargets label")),
+                };
+                self.fixups.push((self.prog.insts.len(), vec![l]));
+                Op::BrxIdx {
+                    idx,
+                    targets: Vec::new(),
+                }
+            }
+            O::Exit => Op::Exit,
+            O::Ret => {
+                if self.in_func {
+                    Op::Ret
+                } else {
+                    Op::Exit
+                }
+            }
+            O::Trap | O::Brkpt => Op::Trap,
+            O::Nanosleep => Op::Sleep {
+                t: self.src(ins, arg(0)?)?,
+            },
+            O::Griddepcontrol => Op::Nop,
+            _ => return Err(misrouted(self, ins)),
+        };
+        self.push(op, ins0, guard);
+        Ok(())
+    }
+}

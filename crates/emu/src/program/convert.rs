@@ -1,0 +1,130 @@
+//! Decoding of moves and conversions: `mov` (pack/unpack included), `cvt`, `cvta`, `isspacep`.
+
+use super::*;
+
+impl Decoder<'_> {
+    /// Decodes one instruction of the conversion and move family: the opcodes [`family`] sends here.
+    pub(super) fn decode_convert(
+        &mut self,
+        ins: &Instruction,
+        ins0: &Instruction,
+        guard: (u32, bool),
+    ) -> Result<(), EmuError> {
+        let a = &ins.args;
+        let kernel = self.f;
+        let arg = |i: usize| operand(kernel, ins, i);
+        let ty = ins.ty();
+        use Opcode as O;
+        let op = match ins.op {
+            O::Mov => {
+                let t = ty.ok_or_else(|| self.err(ins, "mov without type"))?;
+                match (arg(0)?, arg(1)?) {
+                    (Operand::Vec(ds), src) => {
+                        let src = self.src(ins, src)?;
+                        let ds = ds
+                            .iter()
+                            .map(|x| self.dst(ins, x))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        let part_bits = t.bits() / ds.len() as u32;
+                        Op::Unpack {
+                            part_bits,
+                            ds,
+                            a: src,
+                        }
+                    }
+                    (dst, Operand::Vec(parts)) => {
+                        let d = self.dst(ins, dst)?;
+                        let parts = parts
+                            .iter()
+                            .map(|x| self.src(ins, x))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        let part_bits = t.bits() / parts.len() as u32;
+                        Op::Pack {
+                            part_bits,
+                            d,
+                            parts,
+                        }
+                    }
+                    (dst, src) => {
+                        let d = self.dst(ins, dst)?;
+                        let s = self.src(ins, src)?;
+                        Op::Alu {
+                            f: alu::mov(if t == Ty::Pred { 1 } else { t.size() }),
+                            d,
+                            a: s,
+                            b: ZERO,
+                            c: ZERO,
+                        }
+                    }
+                }
+            }
+            O::Cvt => {
+                let spec = CvtSpec::from_instruction(ins).map_err(|e| self.err(ins, e))?;
+                let d = self.dst(ins, arg(0)?)?;
+                let x = self.src(ins, arg(1)?)?;
+                let y = match a.get(2) {
+                    Some(o) => self.src(ins, o)?,
+                    None => ZERO,
+                };
+                // A signed result narrower than its register is sign-extended to the whole
+                // register (`cvt.s16.s8` into a .b32 gives 0xffffffc2 for -62): the general
+                // path does that; the fast paths zero-extend.
+                let widen = spec.dst.is_signed()
+                    && u32::from(self.prog.reg_bits[d as usize]) > spec.dst.bits();
+                if let Some(f) = alu::cvt_fast(&spec).filter(|_| !widen) {
+                    self.push(
+                        Op::Alu {
+                            f,
+                            d,
+                            a: x,
+                            b: y,
+                            c: ZERO,
+                        },
+                        ins0,
+                        guard,
+                    );
+                    return Ok(());
+                }
+                Op::Cvt {
+                    spec,
+                    d,
+                    a: x,
+                    b: y,
+                }
+            }
+            O::Cvta => {
+                let d = self.dst(ins, arg(0)?)?;
+                let x = self.src(ins, arg(1)?)?;
+                let bits = ty.map(|t| t.bits()).unwrap_or(64);
+                let space = ins.space().unwrap_or(Space::Global);
+                let window = if space.is_shared() {
+                    crate::memory::SHARED_WINDOW
+                } else if space == Space::Local {
+                    crate::memory::LOCAL_WINDOW
+                } else if space == Space::Global || space == Space::Const {
+                    0
+                } else {
+                    return Err(self.err(ins, "cvta for this state space is not supported"));
+                };
+                let dir = if ins.has(Flag::To) {
+                    CvtaDir::FromGeneric(window)
+                } else {
+                    CvtaDir::ToGeneric(window)
+                };
+                Op::Cvta { dir, d, a: x, bits }
+            }
+            O::Isspacep => {
+                let d = self.dst(ins, arg(0)?)?;
+                let x = self.src(ins, arg(1)?)?;
+                Op::Isspacep {
+                    space: self.space_of(ins),
+                    d,
+                    a: x,
+                }
+            }
+            _ => return Err(misrouted(self, ins)),
+        };
+        self.push(op, ins0, guard);
+        Ok(())
+    }
+}

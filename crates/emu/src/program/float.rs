@@ -1,0 +1,178 @@
+//! Decoding of floating-point arithmetic (`add`..`copysign` on float types) and `testp`.
+
+use super::*;
+
+impl Decoder<'_> {
+    /// Decodes one instruction of the float family: the opcodes [`family`] sends here.
+    pub(super) fn decode_float(
+        &mut self,
+        ins: &Instruction,
+        ins0: &Instruction,
+        guard: (u32, bool),
+    ) -> Result<(), EmuError> {
+        let a = &ins.args;
+        let kernel = self.f;
+        let arg = |i: usize| operand(kernel, ins, i);
+        let ty = ins.ty();
+        use Opcode as O;
+        let op = match ins.op {
+            O::Add
+            | O::Sub
+            | O::Mul
+            | O::Mad
+            | O::Fma
+            | O::Min
+            | O::Max
+            | O::Neg
+            | O::Abs
+            | O::Div
+            | O::Rcp
+            | O::Sqrt
+            | O::Rsqrt
+            | O::Sin
+            | O::Cos
+            | O::Lg2
+            | O::Ex2
+            | O::Tanh
+            | O::Copysign
+                if ty.is_some_and(|t| t.is_float()) =>
+            {
+                let t = ty.unwrap_or(Ty::F32);
+                let d = self.dst(ins, arg(0)?)?;
+                let s: Vec<u32> = a[1..]
+                    .iter()
+                    .map(|x| self.src(ins, x))
+                    .collect::<Result<_, _>>()?;
+                let get = |i: usize| s.get(i).copied().unwrap_or(ZERO);
+                let plain = !ins.mods.iter().any(|m| {
+                    matches!(
+                        m,
+                        Mod::Flag(
+                            Flag::Rz
+                                | Flag::Rm
+                                | Flag::Rp
+                                | Flag::Ftz
+                                | Flag::Sat
+                                | Flag::Relu
+                                | Flag::NaN
+                                | Flag::Xorsign
+                        )
+                    )
+                });
+                if t == Ty::F32 && plain {
+                    if let Some(f) = alu::f32_fast(ins.op) {
+                        self.push(
+                            Op::Alu {
+                                f,
+                                d,
+                                a: get(0),
+                                b: get(1),
+                                c: get(2),
+                            },
+                            ins0,
+                            guard,
+                        );
+                        return Ok(());
+                    }
+                }
+                // Round-to-nearest f32 with or without .ftz: fast, exact or within bounds.
+                let only_ftz = !ins.mods.iter().any(|m| {
+                    matches!(
+                        m,
+                        Mod::Flag(
+                            Flag::Rz
+                                | Flag::Rm
+                                | Flag::Rp
+                                | Flag::Sat
+                                | Flag::Relu
+                                | Flag::NaN
+                                | Flag::Xorsign
+                        )
+                    )
+                });
+                // `div.f32` without .rn/.full/.approx is left to the exact unit.
+                let div_mode = ins
+                    .mods
+                    .iter()
+                    .any(|m| matches!(m, Mod::Flag(Flag::Rn | Flag::Full | Flag::Approx)));
+                if t == Ty::F32 && only_ftz && (ins.op != O::Div || div_mode) {
+                    if let Some(f) = alu::f32_special(ins.op, ins.has(Flag::Ftz)) {
+                        self.push(
+                            Op::Alu {
+                                f,
+                                d,
+                                a: get(0),
+                                b: get(1),
+                                c: get(2),
+                            },
+                            ins0,
+                            guard,
+                        );
+                        return Ok(());
+                    }
+                }
+                let fop = match ins.op {
+                    O::Add => FOp::Add,
+                    O::Sub => FOp::Sub,
+                    O::Mul => FOp::Mul,
+                    O::Mad | O::Fma => FOp::Fma,
+                    O::Min => FOp::Min,
+                    O::Max => FOp::Max,
+                    O::Neg => FOp::Neg,
+                    O::Abs => FOp::Abs,
+                    O::Div => FOp::Div,
+                    O::Rcp => FOp::Rcp,
+                    O::Sqrt => FOp::Sqrt,
+                    O::Rsqrt => FOp::Rsqrt,
+                    O::Sin => FOp::Sin,
+                    O::Cos => FOp::Cos,
+                    O::Lg2 => FOp::Lg2,
+                    O::Ex2 => FOp::Ex2,
+                    O::Tanh => FOp::Tanh,
+                    _ => FOp::Copysign,
+                };
+                Op::Float {
+                    op: fop,
+                    ty: t,
+                    mode: FMode::from_instruction(ins),
+                    d,
+                    a: get(0),
+                    b: get(1),
+                    c: get(2),
+                }
+            }
+            _ => return Err(misrouted(self, ins)),
+        };
+        self.push(op, ins0, guard);
+        Ok(())
+    }
+
+    /// Decodes one instruction of the `testp` family: the opcodes [`family`] sends here.
+    pub(super) fn decode_testp(
+        &mut self,
+        ins: &Instruction,
+        ins0: &Instruction,
+        guard: (u32, bool),
+    ) -> Result<(), EmuError> {
+        let kernel = self.f;
+        let arg = |i: usize| operand(kernel, ins, i);
+        let ty = ins.ty();
+        use Opcode as O;
+        let op = match ins.op {
+            O::Testp => {
+                let kind = fp::TestpKind::from_instruction(ins).map_err(|e| self.err(ins, e))?;
+                let d = self.dst(ins, arg(0)?)?;
+                let x = self.src(ins, arg(1)?)?;
+                Op::Testp {
+                    kind,
+                    ty: ty.unwrap_or(Ty::F32),
+                    d,
+                    a: x,
+                }
+            }
+            _ => return Err(misrouted(self, ins)),
+        };
+        self.push(op, ins0, guard);
+        Ok(())
+    }
+}

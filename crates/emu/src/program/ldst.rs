@@ -1,0 +1,72 @@
+//! Decoding of the memory family: `ld`/`ldu`, `st`, cache hints and `createpolicy`.
+
+use super::*;
+
+impl Decoder<'_> {
+    /// Decodes one instruction of the memory family: the opcodes [`family`] sends here.
+    pub(super) fn decode_memory(
+        &mut self,
+        ins: &Instruction,
+        ins0: &Instruction,
+        guard: (u32, bool),
+    ) -> Result<(), EmuError> {
+        let kernel = self.f;
+        let arg = |i: usize| operand(kernel, ins, i);
+        use Opcode as O;
+        let op = match ins.op {
+            O::Ld | O::Ldu => {
+                let t = ins
+                    .last_ty()
+                    .ok_or_else(|| self.err(ins, "ld without type"))?;
+                let ds = self.vec_dsts(ins, arg(0)?)?;
+                let (addr, off, sym_space) = self.addr(ins, arg(1)?)?;
+                let space = self.resolve_space(ins, sym_space);
+                if t == Ty::B128 {
+                    return Err(self.err(ins, "128-bit scalar loads are not supported"));
+                }
+                Op::Ld {
+                    space,
+                    elem: elem_size(t),
+                    sext: t.is_signed(),
+                    ds,
+                    addr,
+                    off,
+                    ord: self.ord_of(ins),
+                }
+            }
+            O::St => {
+                let t = ins
+                    .last_ty()
+                    .ok_or_else(|| self.err(ins, "st without type"))?;
+                let (addr, off, sym_space) = self.addr(ins, arg(0)?)?;
+                let srcs = self.vec_srcs(ins, arg(1)?)?;
+                let space = self.resolve_space(ins, sym_space);
+                if space == MSpace::Param {
+                    return Err(self.err(ins, "stores to the parameter space are not supported"));
+                }
+                Op::St {
+                    space,
+                    elem: elem_size(t),
+                    srcs,
+                    addr,
+                    off,
+                    ord: self.ord_of(ins),
+                }
+            }
+            O::Prefetch | O::Prefetchu | O::Discard | O::Applypriority => Op::Nop,
+            O::Createpolicy => {
+                let d = self.dst(ins, arg(0)?)?;
+                Op::Alu {
+                    f: alu::mov(8),
+                    d,
+                    a: ZERO,
+                    b: ZERO,
+                    c: ZERO,
+                }
+            }
+            _ => return Err(misrouted(self, ins)),
+        };
+        self.push(op, ins0, guard);
+        Ok(())
+    }
+}
