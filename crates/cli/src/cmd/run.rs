@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-
 #[derive(clap::Args)]
 pub struct Args {
     /// The PTX file.

@@ -38,8 +38,7 @@ pub mod reference;
 pub use exec::{Progress, ProgressPhase, Quiet, Span, TraceSpan};
 pub use layer::{
     check_devices, Backward, BackwardStats, ExpertDw, Forward, ForwardStats, GateGrad, MoeLayer,
-    Overlap,
-    Placement,
+    Overlap, Placement,
 };
 pub use reference::{check, CheckConfig, CheckReport, ErrStats, Tolerances};
 
