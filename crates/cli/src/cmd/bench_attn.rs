@@ -319,9 +319,10 @@ fn check_sizes(a: &AttnArgs) -> Result<()> {
     if a.reps == 0 {
         anyhow::bail!("--reps 0: at least one timed repetition");
     }
-    let w = |v: Option<usize>| v.unwrap_or(4096) as u128;
-    let train = w(a.batch) * w(a.seqlen) * w(a.heads) * a.d_qk.max(a.d_v) as u128;
-    let decode = w(a.decode_batch) * w(a.decode_len) * (a.kv_rank as u128 + 64);
+    // an unset flag takes its default, the larger (GPU) one of the two
+    let w = |v: Option<usize>, default: usize| v.unwrap_or(default) as u128;
+    let train = w(a.batch, 2) * w(a.seqlen, 4096) * w(a.heads, 16) * a.d_qk.max(a.d_v) as u128;
+    let decode = w(a.decode_batch, 64) * w(a.decode_len, 4096) * (a.kv_rank as u128 + 64);
     if train.max(decode) > MAX_OPERAND_ELEMENTS {
         anyhow::bail!(
             "the operands would hold {} elements, above the limit of {MAX_OPERAND_ELEMENTS} \
