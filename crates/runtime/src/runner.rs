@@ -244,7 +244,7 @@ pub fn parse_npy(bytes: &[u8]) -> std::result::Result<HostArray, String> {
     if held != nbytes {
         return Err(format!(
             "the header declares {} elements of {size} bytes ({nbytes} bytes of data), the file \
-             has {held} bytes of data after the header",
+             holds {held} bytes of data after the header",
             nbytes / size.max(1)
         ));
     }
@@ -321,7 +321,8 @@ fn npy_check_nesting(header: &str) -> std::result::Result<(), String> {
 }
 
 /// Finds the header's `'shape'` tuple (or list) and checks that its element count fits in 64
-/// bits; a zero dimension counts as 1, since npyz also multiplies the other dimensions alone.
+/// bits and within the buffer limit; a zero dimension counts as 1, since npyz also multiplies
+/// the other dimensions alone.
 fn npy_check_shape(header: &str) -> std::result::Result<(), String> {
     let keys: Vec<usize> = ["'shape'", "\"shape\""]
         .iter()
@@ -343,9 +344,19 @@ fn npy_check_shape(header: &str) -> std::result::Result<(), String> {
         let d: u64 = d
             .parse()
             .map_err(|_| format!("the header's 'shape' has a bad dimension `{d}`"))?;
-        count = count
-            .checked_mul(d.max(1))
-            .ok_or("the header's 'shape' has more elements than fit in 64 bits")?;
+        count = count.checked_mul(d.max(1)).ok_or_else(|| {
+            format!(
+                "the header's 'shape' has more elements than fit in 64 bits: it exceeds the {} \
+                 GiB buffer limit",
+                crate::limits::MAX_BUFFER_BYTES >> 30
+            )
+        })?;
+    }
+    if count > crate::limits::MAX_BUFFER_BYTES {
+        return Err(format!(
+            "the header's 'shape' has {count} elements: it exceeds the {} GiB buffer limit",
+            crate::limits::MAX_BUFFER_BYTES >> 30
+        ));
     }
     Ok(())
 }

@@ -281,7 +281,8 @@ pub fn read_file(path: &str, out: &mut Samples) -> Result<()> {
     }
 }
 
-/// Minimise `err` over positive parameters by coordinate descent in log space.
+/// Minimise `err` over positive parameters (kept within the hardware description's bounds) by
+/// coordinate descent in log space.
 fn descend(params: &mut [f64], fixed: &[bool], err: &dyn Fn(&[f64]) -> f64) {
     let mut step = 0.5f64;
     let mut best = err(params);
@@ -293,7 +294,10 @@ fn descend(params: &mut [f64], fixed: &[bool], err: &dyn Fn(&[f64]) -> f64) {
             }
             for dir in [1.0, -1.0] {
                 let old = params[i];
-                params[i] = old * (dir * step).exp();
+                // inside the range `validate_hardware` accepts: a rate no sample depends on
+                // (latency-bound samples) must not drift to one the profile cannot load
+                params[i] = (old * (dir * step).exp())
+                    .clamp(crate::config::HARDWARE_MIN, crate::config::HARDWARE_MAX);
                 let e = err(params);
                 if e < best {
                     best = e;
