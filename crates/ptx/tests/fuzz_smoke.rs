@@ -6,29 +6,10 @@
 #[path = "../../../fuzz/src/ptx_text.rs"]
 mod ptx_text;
 
-use std::path::{Path, PathBuf};
+#[path = "../../../fuzz/src/repo_files.rs"]
+mod repo_files;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// Files under `dir` (recursively) whose name ends with `ext` (any file when `ext` is empty).
-fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.to_string_lossy().ends_with(ext) {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
-}
+use repo_files::{files, root};
 
 #[test]
 fn seed_corpus_passes_the_oracles() {
