@@ -97,7 +97,10 @@ fn check(name: &str, a: u64, d: u64, want_special: Option<u64>, err: f64, tiny: 
         assert!(tiny, "{ctx}: zero for a normal result");
         return;
     }
-    assert!(err.abs() <= bound, "{ctx}: relative error {err:e} > {bound:e}");
+    assert!(
+        err.abs() <= bound,
+        "{ctx}: relative error {err:e} > {bound:e}"
+    );
 }
 
 fn inputs() -> Vec<u64> {
@@ -108,13 +111,13 @@ fn inputs() -> Vec<u64> {
         f64::INFINITY.to_bits(),
         f64::NEG_INFINITY.to_bits(),
         f64::NAN.to_bits(),
-        0x7ff0_0000_0000_0001,           // NaN only in the low word: the upper word is +Inf
-        0x0000_0000_dead_beef,           // subnormal
-        0x800f_ffff_ffff_ffff,           // -subnormal
-        0x0010_0000_0000_0000,           // MIN_POSITIVE: 1/x = 2^1022
-        0x7fef_ffff_ffff_ffff,           // MAX: 1/x subnormal, flushed
-        0x7fd0_0000_0000_0000,           // 2^1022: 1/x = 2^-1022, still normal
-        1f64.to_bits() | 0xffff_ffff,    // low word must be ignored
+        0x7ff0_0000_0000_0001, // NaN only in the low word: the upper word is +Inf
+        0x0000_0000_dead_beef, // subnormal
+        0x800f_ffff_ffff_ffff, // -subnormal
+        0x0010_0000_0000_0000, // MIN_POSITIVE: 1/x = 2^1022
+        0x7fef_ffff_ffff_ffff, // MAX: 1/x subnormal, flushed
+        0x7fd0_0000_0000_0000, // 2^1022: 1/x = 2^-1022, still normal
+        1f64.to_bits() | 0xffff_ffff, // low word must be ignored
         (-3f64).to_bits() | 0x1234_5678, // rsqrt: NaN
     ];
     for _ in 0..240 {

@@ -510,7 +510,10 @@ impl Report {
 /// sincos checks the sin output on the cases (their reference is sin's) unless `second`
 /// (then its cos output, on cos's references).
 fn check(emu: &Emu, name: &str, prec: Prec, cases: &[Case], second: bool) -> Report {
-    let f = FUNCS.iter().find(|f| f.name == name).expect("known function");
+    let f = FUNCS
+        .iter()
+        .find(|f| f.name == name)
+        .expect("known function");
     let bound = if prec == Prec::F32 {
         f.f32_ulps
     } else {
@@ -582,12 +585,7 @@ fn summarize(out: &mut String, fails: &mut Vec<String>, tag: &str, name: &str, r
         },
         rep.worst_case
     );
-    fails.extend(
-        rep.fails
-            .into_iter()
-            .take(4)
-            .map(|s| format!("{tag}: {s}")),
-    );
+    fails.extend(rep.fails.into_iter().take(4).map(|s| format!("{tag}: {s}")));
 }
 
 fn run_f32(sm: u32, seed: u64) -> (String, Vec<String>) {
