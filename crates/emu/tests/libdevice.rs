@@ -662,3 +662,30 @@ fn libdevice_f64_within_guide_ulp_bounds() {
         verdict(&out, &fails, "refs_f64.tsv");
     }
 }
+
+#[test]
+fn libdevice_ptx_passes_ptxas_without_spills() {
+    let Some(ptxas) = ptx::ptxas::ptxas_for_tests("libdevice PTX under ptxas") else {
+        return;
+    };
+    for sm in [80, 90] {
+        let p = data_path(&format!("math_sm{sm}.ptx"));
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"));
+        let rep =
+            ptx::ptxas::assemble_with(&ptxas, &text, &format!("sm_{sm}"), &Default::default())
+                .unwrap_or_else(|e| panic!("ptxas rejects {p}: {e}"));
+        for f in &FUNCS {
+            for pre in ["f32", "f64"] {
+                let name = format!("{pre}_{}", f.name);
+                let k = rep
+                    .kernel(&name)
+                    .unwrap_or_else(|| panic!("{p}: no {name}"));
+                assert_eq!(
+                    k.spill_stores_bytes + k.spill_loads_bytes,
+                    0,
+                    "{p}: {name} spills"
+                );
+            }
+        }
+    }
+}
