@@ -9,6 +9,7 @@ cd "$(dirname "$0")"
 for sm in 80 90; do
     nvcc -ptx -arch=sm_$sm -O3 math.cu -o math_sm$sm.ptx
 done
+nvcc -ptx -arch=sm_80 -O3 -ftz=true -DF32_ONLY math.cu -o math_ftz_sm80.ptx
 if [[ "${1:-}" == "--refs" ]]; then
     python3 refs.py
 fi

@@ -1,6 +1,7 @@
 // Element-wise libdevice math kernels for the emulator's ULP test (crates/emu/tests/libdevice.rs).
 // Each kernel applies one CUDA math function to n inputs; f32_* use the float functions, f64_* the
-// double ones. Compiled without fast math (build.sh), so nvcc inlines libdevice's accurate paths.
+// double ones. Compiled without fast math (build.sh), so nvcc inlines libdevice's accurate paths;
+// one more build with -ftz=true -DF32_ONLY takes libdevice's flush-to-zero f32 paths.
 
 #define UNARY(NAME, T, EXPR)                                                                   \
     extern "C" __global__ void NAME(const T *__restrict__ a, T *__restrict__ out, int n) {     \
@@ -70,6 +71,7 @@ BINARY(f32_fmod, float, fmodf(x, y))
 BINARY(f32_remainder, float, remainderf(x, y))
 SINCOS(f32_sincos, float, sincosf)
 
+#ifndef F32_ONLY
 UNARY(f64_sin, double, sin(x))
 UNARY(f64_cos, double, cos(x))
 UNARY(f64_tan, double, tan(x))
@@ -104,3 +106,4 @@ BINARY(f64_hypot, double, hypot(x, y))
 BINARY(f64_fmod, double, fmod(x, y))
 BINARY(f64_remainder, double, remainder(x, y))
 SINCOS(f64_sincos, double, sincos)
+#endif

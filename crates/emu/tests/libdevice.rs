@@ -86,6 +86,14 @@ const FUNCS: [Func; 34] = [
     f2("remainder", 0, 0),
 ];
 
+/// The PTX files with f32 kernels: both targets without fast math, and sm_80 with `-ftz=true`
+/// (libdevice's flush-to-zero paths and the emulator's `.ftz` forms; f32 kernels only).
+const F32_BUILDS: [(&str, &str); 3] = [
+    ("math_sm80.ptx", "sm_80 f32"),
+    ("math_sm90.ptx", "sm_90 f32"),
+    ("math_ftz_sm80.ptx", "sm_80 ftz f32"),
+];
+
 /// f32 functions whose reference comes from `refs_f32.tsv` (Rust's std lacks them).
 const F32_TABLE: [&str; 5] = ["erf", "erfc", "erfinv", "lgamma", "tgamma"];
 
@@ -331,10 +339,12 @@ fn ref_f32(name: &str, a: f64, b: f64) -> f64 {
     }
 }
 
-/// The emulator with `math_smXX.ptx` loaded.
+/// The emulator with one of the committed PTX files loaded.
 struct Emu {
     mem: GlobalMemory,
     module: LoadedModule,
+    /// Built with `-ftz=true`: f32 subnormal inputs and results are flushed to zero.
+    ftz: bool,
 }
 
 /// Written into the outputs before each launch: a NaN no arithmetic produces.
@@ -342,12 +352,16 @@ const POISON32: u32 = 0x7fc0_dead;
 const POISON64: u64 = 0x7ff8_dead_dead_dead;
 
 impl Emu {
-    fn new(sm: u32) -> Emu {
-        let p = data_path(&format!("math_sm{sm}.ptx"));
+    fn new(file: &str) -> Emu {
+        let p = data_path(file);
         let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"));
         let mem = GlobalMemory::new();
         let module = LoadedModule::load(&mem, ptx::parse(&text).expect("parse"), 0).expect("load");
-        Emu { mem, module }
+        Emu {
+            mem,
+            module,
+            ftz: file.contains("ftz"),
+        }
     }
 
     /// Runs `entry` on `inputs` (each one value per element, as raw bits of the precision's
@@ -465,6 +479,8 @@ fn lgamma_unbounded(x: f64, prec: Prec) -> bool {
 /// The worst case of one function, and every case over the bound.
 #[derive(Default)]
 struct Report {
+    /// `-ftz=true` build: a zero of the right sign is exact where the result is subnormal.
+    ftz: bool,
     worst: u64,
     worst_case: String,
     fails: Vec<String>,
@@ -481,7 +497,12 @@ impl Report {
             Prec::F32 => round_f32(c.hi, c.lo),
             Prec::F64 => c.hi,
         };
-        let d = ulps(y, want, prec);
+        let flushed = self.ftz && want != 0.0 && want.abs() < f32::MIN_POSITIVE as f64;
+        let d = if flushed && y == (0f32.copysign(want as f32)).to_bits() as u64 {
+            Some(0)
+        } else {
+            ulps(y, want, prec)
+        };
         let shown = || {
             let yv = match prec {
                 Prec::F32 => f32::from_bits(y as u32) as f64,
@@ -531,7 +552,10 @@ fn check(emu: &Emu, name: &str, prec: Prec, cases: &[Case], second: bool) -> Rep
     let outs = if name == "sincos" { 2 } else { 1 };
     let res = emu.run(&format!("{pre}_{name}"), prec, &inputs, outs);
     let ys = &res[usize::from(second)];
-    let mut rep = Report::default();
+    let mut rep = Report {
+        ftz: emu.ftz,
+        ..Report::default()
+    };
     for (c, &y) in cases.iter().zip(ys) {
         let poisoned = y == POISON64 || (prec == Prec::F32 && y == POISON32 as u64);
         assert!(!poisoned, "{pre}_{name}: output not written for {c:?}");
@@ -541,15 +565,27 @@ fn check(emu: &Emu, name: &str, prec: Prec, cases: &[Case], second: bool) -> Rep
 }
 
 /// f32 cases of `name`: fresh random inputs with f64 libm references, or the mpmath table.
-fn f32_cases(name: &str, rng: &mut StdRng, table_text: &str) -> Vec<Case> {
+/// With `ftz` the references are taken at the flushed inputs (the kernel gets the originals).
+fn f32_cases(name: &str, rng: &mut StdRng, table_text: &str, ftz: bool) -> Vec<Case> {
     if F32_TABLE.contains(&name) {
-        return table(table_text, name);
+        let mut cases = table(table_text, name);
+        if ftz {
+            cases.iter_mut().for_each(|c| flush_table_case(name, c));
+        }
+        return cases;
     }
     let base = if name == "sincos" { "sin" } else { name };
+    let flush = |x: f32| {
+        if ftz && x.is_subnormal() {
+            0f32.copysign(x)
+        } else {
+            x
+        }
+    };
     f32_inputs(name, rng, f32_count())
         .into_iter()
         .map(|(a, b)| {
-            let hi = ref_f32(base, a as f64, b as f64);
+            let hi = ref_f32(base, flush(a) as f64, flush(b) as f64);
             Case {
                 a: a as f64,
                 b: b as f64,
@@ -558,6 +594,22 @@ fn f32_cases(name: &str, rng: &mut StdRng, table_text: &str) -> Vec<Case> {
             }
         })
         .collect()
+}
+
+/// A table case at a subnormal input, under `-ftz=true`: the function's value at ±0.
+fn flush_table_case(name: &str, c: &mut Case) {
+    let x = c.a as f32;
+    if !x.is_subnormal() {
+        return;
+    }
+    let z = 0f64.copysign(c.a);
+    c.lo = 0.0;
+    c.hi = match name {
+        "erf" | "erfinv" => z,
+        "erfc" => 1.0,
+        "lgamma" => f64::INFINITY,
+        _ => f64::INFINITY.copysign(c.a), // tgamma
+    };
 }
 
 fn seed() -> u64 {
@@ -588,17 +640,17 @@ fn summarize(out: &mut String, fails: &mut Vec<String>, tag: &str, name: &str, r
     fails.extend(rep.fails.into_iter().take(4).map(|s| format!("{tag}: {s}")));
 }
 
-fn run_f32(sm: u32, seed: u64) -> (String, Vec<String>) {
-    let emu = Emu::new(sm);
+/// The f32 functions of `file` (`math_sm80.ptx`, ...), tagged `tag` in the summary.
+fn run_f32(file: &str, tag: &str, seed: u64) -> (String, Vec<String>) {
+    let emu = Emu::new(file);
     let text = refs("refs_f32.tsv");
     let mut rng = StdRng::seed_from_u64(seed);
     let (mut out, mut fails) = (String::new(), Vec::new());
-    let tag = format!("sm_{sm} f32");
     for f in &FUNCS {
-        let cases = f32_cases(f.name, &mut rng, &text);
+        let cases = f32_cases(f.name, &mut rng, &text, emu.ftz);
         assert!(cases.len() > 100, "{}: {} cases", f.name, cases.len());
         let rep = check(&emu, f.name, Prec::F32, &cases, false);
-        summarize(&mut out, &mut fails, &tag, f.name, rep);
+        summarize(&mut out, &mut fails, tag, f.name, rep);
         if f.name == "sincos" {
             let cos: Vec<Case> = cases
                 .iter()
@@ -608,14 +660,14 @@ fn run_f32(sm: u32, seed: u64) -> (String, Vec<String>) {
                 })
                 .collect();
             let rep = check(&emu, f.name, Prec::F32, &cos, true);
-            summarize(&mut out, &mut fails, &tag, "sincos.cos", rep);
+            summarize(&mut out, &mut fails, tag, "sincos.cos", rep);
         }
     }
     (out, fails)
 }
 
 fn run_f64(sm: u32) -> (String, Vec<String>) {
-    let emu = Emu::new(sm);
+    let emu = Emu::new(&format!("math_sm{sm}.ptx"));
     let text = refs("refs_f64.tsv");
     let (mut out, mut fails) = (String::new(), Vec::new());
     let tag = format!("sm_{sm} f64");
@@ -649,8 +701,8 @@ fn verdict(out: &str, fails: &[String], what: &str) {
 fn libdevice_f32_within_guide_ulp_bounds() {
     let seed = seed();
     println!("seed {seed} (PTXFORGE_LIBDEVICE_SEED={seed} replays it)");
-    for sm in [80, 90] {
-        let (out, fails) = run_f32(sm, seed);
+    for (file, tag) in F32_BUILDS {
+        let (out, fails) = run_f32(file, tag, seed);
         verdict(&out, &fails, &format!("seed {seed}"));
     }
 }
@@ -668,14 +720,20 @@ fn libdevice_ptx_passes_ptxas_without_spills() {
     let Some(ptxas) = ptx::ptxas::ptxas_for_tests("libdevice PTX under ptxas") else {
         return;
     };
-    for sm in [80, 90] {
-        let p = data_path(&format!("math_sm{sm}.ptx"));
+    for (file, _) in F32_BUILDS {
+        let p = data_path(file);
         let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"));
+        let sm = if file.contains("sm90") { 90 } else { 80 };
+        let precs: &[&str] = if file.contains("ftz") {
+            &["f32"]
+        } else {
+            &["f32", "f64"]
+        };
         let rep =
             ptx::ptxas::assemble_with(&ptxas, &text, &format!("sm_{sm}"), &Default::default())
                 .unwrap_or_else(|e| panic!("ptxas rejects {p}: {e}"));
         for f in &FUNCS {
-            for pre in ["f32", "f64"] {
+            for pre in precs {
                 let name = format!("{pre}_{}", f.name);
                 let k = rep
                     .kernel(&name)
