@@ -2,6 +2,8 @@
 //! erf, lgamma, ... 34 of them, `tests-data/libdevice/math.cu`, committed PTX for sm_80 and
 //! sm_90, `build.sh`) and every result must be within the CUDA Programming Guide's maximum ulp
 //! error of the correctly rounded result (table "Mathematical Functions Appendix", no fast math).
+//! The f32 kernels also run as built with `-ftz=true` (subnormal inputs referenced at ±0, a zero
+//! of the right sign accepted for a subnormal result).
 //!
 //! References are independent of the emulator:
 //! * f32 functions that Rust's std has: computed in f64 on fresh random inputs each run (seed
