@@ -505,9 +505,10 @@ pub fn int_cmp(ty: Ty, cmp: Flag) -> Option<WFn> {
 }
 
 /// Float comparisons on f32 / f64 / f16 / bf16. The unordered forms are written as negated
-/// ordered comparisons on purpose: they must be true when either operand is NaN.
+/// ordered comparisons on purpose: they must be true when either operand is NaN. `ftz`
+/// (`setp.ftz`/`set.ftz`, f32 and f16 only) compares subnormal operands as zero.
 #[allow(clippy::neg_cmp_op_on_partial_ord)]
-pub fn float_cmp(ty: Ty, cmp: Flag) -> Option<WFn> {
+pub fn float_cmp(ty: Ty, cmp: Flag, ftz: bool) -> Option<WFn> {
     macro_rules! fc {
         ($conv:expr, |$a:ident, $b:ident| $e:expr) => {{
             fn f(o: &mut Lanes, x: &Lanes, y: &Lanes, _: &Lanes) {
@@ -541,11 +542,29 @@ pub fn float_cmp(ty: Ty, cmp: Flag) -> Option<WFn> {
             }
         };
     }
-    match ty {
-        Ty::F32 => all!(|v: u64| f32::from_bits(v as u32)),
-        Ty::F64 => all!(f64::from_bits),
-        Ty::F16 => all!(|v: u64| half::f16::from_bits(v as u16).to_f32()),
-        Ty::Bf16 => all!(|v: u64| half::bf16::from_bits(v as u16).to_f32()),
+    // subnormal -> zero (its sign does not matter to a comparison)
+    fn flush(x: f32) -> f32 {
+        if x.is_subnormal() {
+            0.0
+        } else {
+            x
+        }
+    }
+    match (ty, ftz) {
+        (Ty::F32, false) => all!(|v: u64| f32::from_bits(v as u32)),
+        (Ty::F32, true) => all!(|v: u64| flush(f32::from_bits(v as u32))),
+        (Ty::F64, _) => all!(f64::from_bits),
+        (Ty::F16, false) => all!(|v: u64| half::f16::from_bits(v as u16).to_f32()),
+        // f16 subnormals are normal f32 values: test them in f16
+        (Ty::F16, true) => all!(|v: u64| {
+            let h = v as u16;
+            if h & 0x7c00 == 0 {
+                0.0 // zero or subnormal
+            } else {
+                half::f16::from_bits(h).to_f32()
+            }
+        }),
+        (Ty::Bf16, _) => all!(|v: u64| half::bf16::from_bits(v as u16).to_f32()),
         _ => None,
     }
 }

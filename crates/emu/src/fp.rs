@@ -16,7 +16,8 @@
 //! Approximate functions (`ex2 lg2 sin cos tanh rsqrt .approx`) are computed in f64 with the host
 //! libm and rounded once to the destination; this is within the PTX accuracy bounds (it is almost
 //! always the correctly rounded result). `rcp.approx`, `sqrt.approx`, `div.approx` and `div.full`
-//! are computed correctly rounded.
+//! are computed correctly rounded, except `rcp.approx.ftz.f64` and `rsqrt.approx.ftz.f64`,
+//! whose upper-word-only semantics the ISA spells out (`gross_f64`).
 //!
 //! # NaN policy (decided from the PTX ISA; documented here because the ISA leaves some open)
 //! * Arithmetic results that are NaN are the **canonical NaN** of the result type, the all-ones
@@ -1114,6 +1115,9 @@ fn fop_scalar(op: FOp, ty: Ty, mode: FMode, a: u64, b: u64, c: u64) -> u64 {
             x
         }
     };
+    if ty == Ty::F64 && mode.approx && mode.ftz && matches!(op, FOp::Rcp | FOp::Rsqrt) {
+        return gross_f64(op, a);
+    }
     let (a, b, c) = (inp(a), inp(b), inp(c));
     let (va, vb, vc) = (decode(f, a), decode(f, b), decode(f, c));
     let rnd = mode.rnd;
@@ -1169,6 +1173,47 @@ fn fop_scalar(op: FOp, ty: Ty, mode: FMode, a: u64, b: u64, c: u64) -> u64 {
         FOp::Tanh => approx(f, va, f64::tanh),
     };
     post(f, mode, ftz, result)
+}
+
+/// `rcp.approx.ftz.f64` and `rsqrt.approx.ftz.f64` as the PTX ISA defines them (9.7.3.14,
+/// 9.7.3.17): only the upper word of `a` is read (1.11.20 format), subnormal inputs and results
+/// flush to sign-preserving zero, NaN gives `0x7fffffff00000000`, and the result is the upper
+/// word (here: 1/x or 1/sqrt(x) rounded to nearest-even at 20 fraction bits) with the lower 32
+/// bits zero. libdevice refines these with Newton steps, so their precision matters.
+fn gross_f64(op: FOp, a: u64) -> u64 {
+    const NAN: u64 = 0x7fff_ffff_0000_0000;
+    let x = f64::from_bits(a & 0xffff_ffff_0000_0000);
+    if x.is_nan() {
+        return NAN;
+    }
+    let x = if x.is_subnormal() {
+        0f64.copysign(x)
+    } else {
+        x
+    };
+    let y = if op == FOp::Rcp {
+        1.0 / x
+    } else if x == 0.0 {
+        f64::INFINITY.copysign(x)
+    } else {
+        1.0 / x.sqrt() // NaN for x < 0
+    };
+    if y.is_nan() {
+        return NAN;
+    }
+    let (hi, lo) = (y.to_bits() >> 32, y.to_bits() & 0xffff_ffff);
+    let half = 0x8000_0000;
+    let hi = if lo > half || (lo == half && hi & 1 == 1) {
+        hi + 1 // a carry into the exponent is the correct rounding (up to Inf)
+    } else {
+        hi
+    };
+    let r = hi << 32;
+    if f64::from_bits(r).is_subnormal() {
+        r & (1 << 63)
+    } else {
+        r
+    }
 }
 
 /// Approximate function through f64 and one rounding to the destination.

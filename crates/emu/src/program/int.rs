@@ -168,7 +168,7 @@ impl Decoder<'_> {
                     })
                     .ok_or_else(|| self.err(ins, "comparison operator missing"))?;
                 let f = if cmp_ty.is_float() {
-                    alu::float_cmp(cmp_ty, cmp)
+                    alu::float_cmp(cmp_ty, cmp, ins.has(Flag::Ftz))
                 } else {
                     alu::int_cmp(cmp_ty, cmp)
                 };
