@@ -804,3 +804,515 @@ fn video_simd_half_words() {
 fn video_simd_bytes() {
     check(&simd_cases(34, 4, 14), &words(35), &words(36), &words(37));
 }
+
+// ------------------------------------------------------------------------------------------
+// packed half precision
+// ------------------------------------------------------------------------------------------
+
+/// A 16-bit float format: f16 or bf16.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Fmt {
+    bf16: bool,
+}
+const F16: Fmt = Fmt { bf16: false };
+const BF16: Fmt = Fmt { bf16: true };
+
+impl Fmt {
+    fn name(self) -> &'static str {
+        if self.bf16 {
+            "bf16"
+        } else {
+            "f16"
+        }
+    }
+    fn value(self, h: u32) -> f64 {
+        let h = h as u16;
+        if self.bf16 {
+            half::bf16::from_bits(h).to_f64()
+        } else {
+            half::f16::from_bits(h).to_f64()
+        }
+    }
+    /// fraction bits, minimum normal exponent, maximum exponent
+    fn params(self) -> (u32, i32, i32) {
+        if self.bf16 {
+            (7, -126, 127)
+        } else {
+            (10, -14, 15)
+        }
+    }
+    /// (integer significand, exponent) of a finite value: value = m * 2^e.
+    fn split(self, h: u32) -> (i128, i32) {
+        let (m, emin, _) = self.params();
+        let mag = h & 0x7fff;
+        let (e, f) = (mag >> m, mag & ((1 << m) - 1));
+        let (sig, exp) = if e == 0 {
+            (f as i128, emin - m as i32)
+        } else {
+            ((f | 1 << m) as i128, e as i32 - (1 << (15 - m - 1)) + 1 - m as i32)
+        };
+        (if h & 0x8000 != 0 { -sig } else { sig }, exp)
+    }
+    /// Rounds `n * 2^e` to nearest even in this format.
+    fn round(self, n: i128, e: i32) -> u32 {
+        let (m, emin, emax) = self.params();
+        let sign = if n < 0 { 0x8000 } else { 0 };
+        let mut mag = n.unsigned_abs();
+        if mag == 0 {
+            return sign;
+        }
+        let top = e + 127 - mag.leading_zeros() as i32; // exponent of the leading bit
+        let q = top.max(emin) - m as i32; // exponent of the last kept bit
+        let mut q2 = e;
+        if q > e {
+            let k = (q - e) as u32;
+            let rem = mag & ((1u128 << k) - 1);
+            let half = 1u128 << (k - 1);
+            mag >>= k;
+            if rem > half || (rem == half && mag & 1 == 1) {
+                mag += 1;
+            }
+            q2 = q;
+        } else {
+            mag <<= (e - q) as u32;
+            q2 = q2.min(q);
+        }
+        if mag >> (m + 1) != 0 {
+            mag >>= 1;
+            q2 += 1;
+        }
+        if mag >> m == 0 {
+            return sign | mag as u32; // subnormal
+        }
+        let exp = q2 + m as i32;
+        if exp > emax {
+            return sign | (0x7fff & !((1 << m) - 1)) & 0x7fff | 0;
+        }
+        let biased = (exp + (1 << (15 - m - 1)) - 1) as u32;
+        sign | biased << m | (mag as u32 & ((1 << m) - 1))
+    }
+    fn is_nan(self, h: u32) -> bool {
+        self.value(h).is_nan()
+    }
+}
+
+/// Packed half-word pairs: random finite values, specials (zeros, subnormals, infinities, NaN)
+/// and, in `b` against `a`, equal values, so every comparison outcome occurs.
+fn halves(seed: u64, fmt: Fmt, other: Option<&[u32]>) -> Vec<u32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let specials = [0x0000, 0x8000, 0x0001, 0x8001, 0x7fff, 0xffff, 0x3c00, 0xbc00];
+    let inf = if fmt.bf16 { 0x7f80 } else { 0x7c00 };
+    let one = |rng: &mut StdRng, i: usize, k: u32| -> u32 {
+        match rng.gen_range(0..8) {
+            0 => specials[rng.gen_range(0..specials.len())],
+            1 => inf | if rng.gen() { 0x8000 } else { 0 },
+            2 if other.is_some() => (other.unwrap()[i] >> (16 * k)) & 0xffff,
+            _ => rng.gen::<u32>() & 0xffff,
+        }
+    };
+    (0..N)
+        .map(|i| one(&mut rng, i, 0) | one(&mut rng, i, 1) << 16)
+        .collect()
+}
+
+fn fcmp(cmp: &str, x: f64, y: f64) -> bool {
+    let nan = x.is_nan() || y.is_nan();
+    match cmp {
+        "eq" => x == y,
+        "ne" => !nan && x != y,
+        "lt" => x < y,
+        "le" => x <= y,
+        "gt" => x > y,
+        "ge" => x >= y,
+        "equ" => nan || x == y,
+        "neu" => nan || x != y,
+        "ltu" => nan || x < y,
+        "leu" => nan || x <= y,
+        "gtu" => nan || x > y,
+        "geu" => nan || x >= y,
+        "num" => !nan,
+        _ => nan,
+    }
+}
+
+const CMPS: [&str; 14] = [
+    "eq", "ne", "lt", "le", "gt", "ge", "equ", "neu", "ltu", "leu", "gtu", "geu", "num", "nan",
+];
+
+fn half_of(x: u32, k: u32) -> u32 {
+    (x >> (16 * k)) & 0xffff
+}
+
+#[test]
+fn packed_half_set_setp() {
+    for fmt in [F16, BF16] {
+        let t = fmt.name();
+        let cmp_h = move |cmp: &'static str, a: u32, b: u32, k: u32| {
+            fcmp(cmp, fmt.value(half_of(a, k)), fmt.value(half_of(b, k)))
+        };
+        let mut cases = Vec::new();
+        for cmp in CMPS {
+            cases.push(case(
+                format!(
+                    "setp.{cmp}.{t}x2 %p1|%p2, %r1, %r2;\n    selp.u32 %r10, 1, 0, %p1;\n    selp.u32 %r11, 2, 0, %p2;\n    or.b32 %r10, %r10, %r11;"
+                ),
+                move |a, b, _| cmp_h(cmp, a, b, 0) as u32 | (cmp_h(cmp, a, b, 1) as u32) << 1,
+            ));
+        }
+        // with a boolean operation on a predicate taken from c's low bit
+        for (cmp, bop) in [("lt", "and"), ("geu", "or"), ("ne", "xor"), ("nan", "and")] {
+            let pc = "and.b32 %r12, %r3, 1;\n    setp.ne.u32 %p5, %r12, 0;";
+            let f = move |x: bool, c: bool| match bop {
+                "and" => x & c,
+                "or" => x | c,
+                _ => x ^ c,
+            };
+            cases.push(case(
+                format!(
+                    "{pc}\n    setp.{cmp}.{bop}.{t}x2 %p1|%p2, %r1, %r2, %p5;\n    selp.u32 %r10, 1, 0, %p1;\n    selp.u32 %r11, 2, 0, %p2;\n    or.b32 %r10, %r10, %r11;"
+                ),
+                move |a, b, c| {
+                    f(cmp_h(cmp, a, b, 0), c & 1 == 1) as u32
+                        | (f(cmp_h(cmp, a, b, 1), c & 1 == 1) as u32) << 1
+                },
+            ));
+            cases.push(case(
+                format!("{pc}\n    set.{cmp}.{bop}.{t}x2.{t}x2 %r10, %r1, %r2, %p5;"),
+                move |a, b, c| {
+                    let one = if fmt.bf16 { 0x3f80 } else { 0x3c00 };
+                    (0..2).fold(0, |d, k| {
+                        d | (f(cmp_h(cmp, a, b, k), c & 1 == 1) as u32 * one) << (16 * k)
+                    })
+                },
+            ));
+        }
+        for cmp in ["eq", "ltu", "gt", "num"] {
+            cases.push(case(
+                format!("set.{cmp}.u32.{t}x2 %r10, %r1, %r2;"),
+                move |a, b, _| (0..2).fold(0, |d, k| d | (cmp_h(cmp, a, b, k) as u32 * 0xffff) << (16 * k)),
+            ));
+            cases.push(case(
+                format!("set.{cmp}.{t}x2.{t}x2 %r10, %r1, %r2;"),
+                move |a, b, _| {
+                    let one = if fmt.bf16 { 0x3f80 } else { 0x3c00 };
+                    (0..2).fold(0, |d, k| d | (cmp_h(cmp, a, b, k) as u32 * one) << (16 * k))
+                },
+            ));
+            // scalar: a .b16 result (1.0 or 0) and a .u32 one
+            cases.push(case(
+                format!("set.{cmp}.{t}.{t} %h10, %h1, %h3;\n    cvt.u32.u16 %r10, %h10;"),
+                move |a, b, _| {
+                    cmp_h(cmp, a, b, 0) as u32 * if fmt.bf16 { 0x3f80 } else { 0x3c00 }
+                },
+            ));
+            cases.push(case(
+                format!("set.{cmp}.u32.{t} %r10, %h1, %h3;"),
+                move |a, b, _| cmp_h(cmp, a, b, 0) as u32 * 0xffff_ffff,
+            ));
+        }
+        if !fmt.bf16 {
+            // .ftz: subnormal inputs compare as zero
+            let flush = |h: u32| if h & 0x7c00 == 0 { 0.0 } else { F16.value(h) };
+            cases.push(case(
+                "setp.lt.ftz.f16x2 %p1|%p2, %r1, %r2;\n    selp.u32 %r10, 1, 0, %p1;\n    selp.u32 %r11, 2, 0, %p2;\n    or.b32 %r10, %r10, %r11;",
+                move |a, b, _| {
+                    (0..2).fold(0, |d, k| {
+                        d | ((flush(half_of(a, k)) < flush(half_of(b, k))) as u32) << k
+                    })
+                },
+            ));
+        }
+        let a = halves(40 + fmt.bf16 as u64, fmt, None);
+        let b = halves(42 + fmt.bf16 as u64, fmt, Some(&a));
+        check(&cases, &a, &b, &words(44));
+    }
+}
+
+/// min/max of one element: NaN rules (`.NaN`: any NaN gives NaN; else the other operand),
+/// -0 below +0, `.xorsign.abs`: magnitudes compared, the XOR of the signs applied to a number.
+fn minmax_ref(fmt: Fmt, x: u32, y: u32, max: bool, nan_mode: bool, xorsign: bool) -> u32 {
+    let sign = if xorsign { (x ^ y) & 0x8000 } else { 0 };
+    let (x, y) = if xorsign {
+        (x & 0x7fff, y & 0x7fff)
+    } else {
+        (x, y)
+    };
+    let (xn, yn) = (fmt.is_nan(x), fmt.is_nan(y));
+    let r = if (xn && yn) || (nan_mode && (xn || yn)) {
+        return 0x7fff;
+    } else if xn {
+        y
+    } else if yn {
+        x
+    } else {
+        let (vx, vy) = (fmt.value(x), fmt.value(y));
+        let x_first = if vx == vy {
+            // equal: only zeros of both signs differ; min takes -0, max +0
+            (x & 0x8000 != 0) != max
+        } else {
+            (vx < vy) != max
+        };
+        if x_first {
+            x
+        } else {
+            y
+        }
+    };
+    r | sign
+}
+
+#[test]
+fn packed_half_min_max_neg_abs() {
+    let mut cases = Vec::new();
+    for fmt in [F16, BF16] {
+        let t = fmt.name();
+        for op in ["min", "max"] {
+            for (mods, nan, xs) in [
+                ("", false, false),
+                (".NaN", true, false),
+                (".xorsign.abs", false, true),
+                (".NaN.xorsign.abs", true, true),
+            ] {
+                let max = op == "max";
+                cases.push(case(
+                    format!("{op}{mods}.{t}x2 %r10, %r1, %r2;"),
+                    move |a, b, _| {
+                        (0..2).fold(0, |d, k| {
+                            d | minmax_ref(fmt, half_of(a, k), half_of(b, k), max, nan, xs)
+                                << (16 * k)
+                        })
+                    },
+                ));
+                cases.push(case(
+                    format!("{op}{mods}.{t} %h10, %h1, %h3;\n    cvt.u32.u16 %r10, %h10;"),
+                    move |a, b, _| minmax_ref(fmt, a & 0xffff, b & 0xffff, max, nan, xs),
+                ));
+            }
+        }
+        cases.push(case(format!("neg.{t}x2 %r10, %r1;"), |a, _, _| a ^ 0x8000_8000));
+        cases.push(case(format!("abs.{t}x2 %r10, %r1;"), |a, _, _| a & 0x7fff_7fff));
+    }
+    // inputs with both formats' specials
+    let a: Vec<u32> = halves(50, F16, None)
+        .into_iter()
+        .zip(halves(51, BF16, None))
+        .enumerate()
+        .map(|(i, (x, y))| if i % 2 == 0 { x } else { y })
+        .collect();
+    let b: Vec<u32> = halves(52, F16, Some(&a))
+        .into_iter()
+        .zip(halves(53, BF16, Some(&a)))
+        .enumerate()
+        .map(|(i, (x, y))| if i % 2 == 0 { x } else { y })
+        .collect();
+    // neg/abs of a NaN may give any NaN: keep NaN out of a's neg/abs lanes by checking them
+    // separately is not needed, the emulator and the ISA both flip/clear the sign bit only.
+    check(&cases, &a, &b, &words(54));
+}
+
+/// Exact `fma.rn` of one element (finite inputs), then `.relu`.
+fn fma_relu_ref(fmt: Fmt, a: u32, b: u32, c: u32) -> u32 {
+    let ((ma, ea), (mb, eb), (mc, ec)) = (fmt.split(a), fmt.split(b), fmt.split(c));
+    let (mp, ep) = (ma * mb, ea + eb);
+    // a zero term takes the other's exponent (its own may be far away)
+    let (ep, ec) = match (mp == 0, mc == 0) {
+        (true, false) => (ec, ec),
+        (false, true) => (ep, ep),
+        _ => (ep, ec),
+    };
+    let e = ep.min(ec);
+    let n = (mp << (ep - e)) + (mc << (ec - e));
+    let r = if n == 0 {
+        // exact zero: -0 only when the product and c are both -0
+        let neg_p = (a ^ b) & 0x8000 != 0;
+        if mp == 0 && mc == 0 && neg_p && c & 0x8000 != 0 {
+            0x8000
+        } else {
+            0
+        }
+    } else {
+        fmt.round(n, e)
+    };
+    if r & 0x8000 != 0 {
+        0
+    } else {
+        r
+    }
+}
+
+/// Finite values with exponents in [-emax, emax], both signs.
+fn finite_halves(seed: u64, fmt: Fmt, emax: i32) -> Vec<u32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let one = |rng: &mut StdRng| -> u32 {
+        let x: f64 = rng.gen_range(-1.0..1.0) * 2f64.powi(rng.gen_range(-emax..=emax));
+        let h = if fmt.bf16 {
+            half::bf16::from_f64(x).to_bits()
+        } else {
+            half::f16::from_f64(x).to_bits()
+        };
+        if rng.gen_range(0..10) == 0 {
+            0
+        } else {
+            h as u32
+        }
+    };
+    (0..N).map(|_| one(&mut rng) | one(&mut rng) << 16).collect()
+}
+
+#[test]
+fn packed_half_fma_relu_exact() {
+    for (fmt, emax) in [(F16, 15), (BF16, 20)] {
+        let t = fmt.name();
+        let cases = vec![
+            case(format!("fma.rn.relu.{t}x2 %r10, %r1, %r2, %r3;"), move |a, b, c| {
+                (0..2).fold(0, |d, k| {
+                    d | fma_relu_ref(fmt, half_of(a, k), half_of(b, k), half_of(c, k)) << (16 * k)
+                })
+            }),
+            case(
+                format!("fma.rn.relu.{t} %h10, %h1, %h3, %h5;\n    cvt.u32.u16 %r10, %h10;"),
+                move |a, b, c| fma_relu_ref(fmt, a & 0xffff, b & 0xffff, c & 0xffff),
+            ),
+        ];
+        let s = 60 + 3 * fmt.bf16 as u64;
+        check(
+            &cases,
+            &finite_halves(s, fmt, emax / 2),
+            &finite_halves(s + 1, fmt, emax / 2),
+            &finite_halves(s + 2, fmt, emax),
+        );
+    }
+}
+
+#[test]
+fn half_rounding_reference_matches_the_half_crate() {
+    // the reference's own rounding against `half` on values an f32 holds exactly (`half`
+    // converts from f64 through f32, rounding twice)
+    let mut rng = StdRng::seed_from_u64(70);
+    for fmt in [F16, BF16] {
+        for _ in 0..20000 {
+            let n: i64 = rng.gen_range(-(1 << 24)..(1 << 24));
+            let e: i32 = rng.gen_range(-70..-10);
+            let x = (n as f64 * 2f64.powi(e)) as f32;
+            let want = if fmt.bf16 {
+                half::bf16::from_f32(x).to_bits()
+            } else {
+                half::f16::from_f32(x).to_bits()
+            };
+            let want = if n == 0 { 0 } else { want as u32 };
+            assert_eq!(fmt.round(n as i128, e), want, "{fmt:?} {n} * 2^{e}");
+        }
+    }
+}
+
+/// An approximate function checked per element against the f64 function: within `rel` of
+/// the exact value, or within `abs` (subnormal spacing; with `.ftz` a flushed result), and
+/// NaN, infinities and the sign as the function gives them.
+struct Approx {
+    ptx: String,
+    fmt: Fmt,
+    /// elements the instruction computes: 2 (packed) or 1 (low half)
+    elems: u32,
+    f: fn(f64) -> f64,
+    rel: f64,
+    abs: f64,
+}
+
+fn approx_ok(fmt: Fmt, got: u32, x: f64, f: fn(f64) -> f64, rel: f64, abs: f64) -> bool {
+    let want = f(x);
+    let g = fmt.value(got);
+    if want.is_nan() {
+        return g.is_nan();
+    }
+    let max = if fmt.bf16 { 3.3895e38 } else { 65504.0 };
+    if want.abs() > max {
+        // past the largest finite value: infinity, or the largest value when rounding down
+        return g.is_infinite() && g.signum() == want.signum() || g.abs() == max;
+    }
+    if want.is_infinite() || g.is_infinite() {
+        return g == want;
+    }
+    (g - want).abs() <= (rel * want.abs()).max(abs)
+}
+
+#[test]
+fn half_ex2_tanh_within_bounds() {
+    let tests = [
+        // ex2.approx: relative error 2^-9.9 (f16), 2^-7 (bf16, subnormal results flushed)
+        (".f16x2", "ex2.approx.f16x2 %r10, %r1;", F16, 2, f64::exp2 as fn(f64) -> f64, -9.9, -24.0),
+        (".f16", "ex2.approx.f16 %h10, %h1;", F16, 1, f64::exp2, -9.9, -24.0),
+        (".bf16x2", "ex2.approx.ftz.bf16x2 %r10, %r1;", BF16, 2, f64::exp2, -7.0, -126.0),
+        (".bf16", "ex2.approx.ftz.bf16 %h10, %h1;", BF16, 1, f64::exp2, -7.0, -126.0),
+        // tanh.approx: relative error 2^-10.987 (f16), 2^-8 (bf16)
+        (".f16x2", "tanh.approx.f16x2 %r10, %r1;", F16, 2, f64::tanh, -10.987, -24.0),
+        (".f16", "tanh.approx.f16 %h10, %h1;", F16, 1, f64::tanh, -10.987, -24.0),
+        (".bf16x2", "tanh.approx.bf16x2 %r10, %r1;", BF16, 2, f64::tanh, -8.0, -133.0),
+        (".bf16", "tanh.approx.bf16 %h10, %h1;", BF16, 1, f64::tanh, -8.0, -133.0),
+    ];
+    let cases: Vec<Approx> = tests
+        .iter()
+        .map(|(_, ptx, fmt, elems, f, rel, abs)| Approx {
+            ptx: if *elems == 1 {
+                format!("{ptx}\n    cvt.u32.u16 %r10, %h10;")
+            } else {
+                ptx.to_string()
+            },
+            fmt: *fmt,
+            elems: *elems,
+            f: *f,
+            rel: 2f64.powf(*rel),
+            abs: 2f64.powf(*abs),
+        })
+        .collect();
+    // inputs: values in the functions' interesting ranges, specials, and any bits
+    for fmt in [F16, BF16] {
+        let mut rng = StdRng::seed_from_u64(80 + fmt.bf16 as u64);
+        let range = if fmt.bf16 { 140.0 } else { 26.0 };
+        let specials = [0x0000u32, 0x8000, 0x0001, 0x8001, 0x7fff, 0x3c00, 0xbc00];
+        let inf = if fmt.bf16 { 0x7f80 } else { 0x7c00 };
+        let mut one = || -> u32 {
+            match rng.gen_range(0..10) {
+                0 => specials[rng.gen_range(0..specials.len())],
+                1 => inf | if rng.gen() { 0x8000 } else { 0 },
+                2 => rng.gen::<u32>() & 0xffff,
+                _ => {
+                    let x: f64 = rng.gen_range(-range..range);
+                    if fmt.bf16 {
+                        half::bf16::from_f32(x as f32).to_bits() as u32
+                    } else {
+                        half::f16::from_f32(x as f32).to_bits() as u32
+                    }
+                }
+            }
+        };
+        let a: Vec<u32> = (0..N).map(|_| one() | one() << 16).collect();
+        let mine: Vec<&Approx> = cases.iter().filter(|c| c.fmt == fmt).collect();
+        let plain: Vec<Case> = mine
+            .iter()
+            .map(|c| case(c.ptx.clone(), |_, _, _| 0))
+            .collect();
+        let got = run(&plain, &a, &a, &a);
+        let mut bad = Vec::new();
+        for (j, c) in mine.iter().enumerate() {
+            for t in 0..N {
+                for k in 0..c.elems {
+                    let x = fmt.value(half_of(a[t], k));
+                    let g = half_of(got[t][j], k);
+                    if !approx_ok(fmt, g, x, c.f, c.rel, c.abs) && bad.len() < 20 {
+                        bad.push(format!(
+                            "`{}` x={x} ({:#x}): got {} ({g:#x}), f(x)={}",
+                            c.ptx,
+                            half_of(a[t], k),
+                            fmt.value(g),
+                            (c.f)(x)
+                        ));
+                    }
+                }
+                if c.elems == 1 && got[t][j] >> 16 != 0 {
+                    bad.push(format!("`{}`: high half of the cvt not zero", c.ptx));
+                }
+            }
+        }
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+    }
+}
