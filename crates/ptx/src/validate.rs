@@ -1232,14 +1232,14 @@ impl<'a> FnCheck<'a> {
         }
     }
 
-    /// Video instructions (`crate::video`): the form's rules, then 32-bit registers throughout.
+    /// Video instructions (`crate::video`): the form's rules, then 32-bit integer registers.
     fn video(&mut self, i: &Instruction) {
         if let Err(why) = crate::video::VideoForm::from_instruction(i) {
             self.diag(DiagKind::BadOperand, i.loc, why);
             return;
         }
         for o in &i.args {
-            self.check(i, crate::video::base_operand(o), Want::T(Ty::B32), "operand");
+            self.check(i, crate::video::base_operand(o), Want::T(Ty::S32), "operand");
         }
     }
 
