@@ -537,7 +537,11 @@ pub fn fns(mask: u32, base: u32, offset: u32) -> u32 {
         return u32::MAX;
     }
     if offset == 0 {
-        return if (mask >> base) & 1 == 1 { base } else { u32::MAX };
+        return if (mask >> base) & 1 == 1 {
+            base
+        } else {
+            u32::MAX
+        };
     }
     let inc: i64 = if offset > 0 { 1 } else { -1 };
     let mut count = offset.unsigned_abs() - 1;

@@ -1109,8 +1109,8 @@ pub fn fop(op: FOp, ty: Ty, mode: FMode, a: u64, b: u64, c: u64) -> u64 {
 
 fn fop_scalar(op: FOp, ty: Ty, mode: FMode, a: u64, b: u64, c: u64) -> u64 {
     let Some(f) = fmt_of(ty) else { return 0 };
-    // bf16 takes .ftz only on ex2.approx.ftz.bf16
-    let ftz = mode.ftz && matches!(ty, Ty::F32 | Ty::F16 | Ty::Bf16);
+    // bf16 flushes only in `ex2.approx.ftz.bf16` (elsewhere PTX has no .ftz for it)
+    let ftz = mode.ftz && (matches!(ty, Ty::F32 | Ty::F16) || (ty == Ty::Bf16 && op == FOp::Ex2));
     let inp = |x: u64| {
         let x = x & f.width_mask();
         if ftz {
@@ -1129,7 +1129,15 @@ fn fop_scalar(op: FOp, ty: Ty, mode: FMode, a: u64, b: u64, c: u64) -> u64 {
         FOp::Min | FOp::Max if mode.xorsign => {
             let sign = (a ^ b) & f.sign();
             let (a, b) = (a & !f.sign(), b & !f.sign());
-            let r = min_max(f, op == FOp::Max, mode.nan, a, b, decode(f, a), decode(f, b));
+            let r = min_max(
+                f,
+                op == FOp::Max,
+                mode.nan,
+                a,
+                b,
+                decode(f, a),
+                decode(f, b),
+            );
             let r = if f.is_nan(r) { r } else { r | sign };
             return post(f, mode, ftz, r);
         }

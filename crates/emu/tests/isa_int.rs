@@ -140,7 +140,12 @@ fn check(cases: &[Case], a: &[u32], b: &[u32], c: &[u32]) {
             }
         }
     }
-    assert!(bad.is_empty(), "{} mismatches:\n{}", bad.len(), bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} mismatches:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
 }
 
 /// Random words with edge cases mixed in.
@@ -230,7 +235,11 @@ fn dp2a_all_forms() {
 /// `fns` from the manual's loop, written as a scan over bit positions.
 fn fns_ref(mask: u32, base: u32, offset: i32) -> u32 {
     if offset == 0 {
-        return if mask & (1 << base) != 0 { base } else { u32::MAX };
+        return if mask & (1 << base) != 0 {
+            base
+        } else {
+            u32::MAX
+        };
     }
     let order: Vec<u32> = if offset > 0 {
         (base..32).collect()
@@ -297,11 +306,7 @@ fn fns_bmsk_szext() {
         }
     }
     // mask with few bits set, so that offsets find and miss
-    let masks: Vec<u32> = words(4)
-        .iter()
-        .zip(words(5))
-        .map(|(x, y)| x & y)
-        .collect();
+    let masks: Vec<u32> = words(4).iter().zip(words(5)).map(|(x, y)| x & y).collect();
     let mut mixed = counts(6);
     mixed[..4].copy_from_slice(&[32, 33, 31, u32::MAX]);
     check(&cases, &masks, &mixed, &counts(7));
@@ -360,7 +365,8 @@ fn prmt_every_mode_and_bfind_shiftamt() {
         ("ecr", [0x0000, 0x1110, 0x2210, 0x3210]),
         ("rc16", [0x1010, 0x3232, 0x1010, 0x3232]),
     ];
-    let byte = |a: u32, b: u32, s: u32| ((((b as u64) << 32 | a as u64) >> (8 * (s & 7))) & 0xff) as u32;
+    let byte =
+        |a: u32, b: u32, s: u32| ((((b as u64) << 32 | a as u64) >> (8 * (s & 7))) & 0xff) as u32;
     let mut cases = vec![case("prmt.b32 %r10, %r1, %r2, %r3;", move |a, b, c| {
         (0..4).fold(0, |d, i| {
             let sel = (c >> (4 * i)) & 0xf;
@@ -391,7 +397,9 @@ fn prmt_every_mode_and_bfind_shiftamt() {
             u32::MAX
         } else {
             // shift that brings the highest set bit to the top
-            (0..bits).find(|k| (v << (64 - bits + k)) >> 63 == 1).unwrap()
+            (0..bits)
+                .find(|k| (v << (64 - bits + k)) >> 63 == 1)
+                .unwrap()
         }
     };
     cases.push(case("bfind.shiftamt.u32 %r10, %r1;", move |a, _, _| {
@@ -536,7 +544,11 @@ impl Scalar {
             sel_text(self.asel),
             n(1),
             sel_text(self.bsel),
-            if c { format!(", {}%r3", n(2)) } else { String::new() }
+            if c {
+                format!(", {}%r3", n(2))
+            } else {
+                String::new()
+            }
         )
     }
 
@@ -607,7 +619,11 @@ impl Scalar {
             ext(c, 32, signed) as i128
         };
         let r = (p + tc + self.po as i128).div_euclid(1i128 << self.shr);
-        let r = if self.sat { clamp_bits(r, 32, signed) } else { r };
+        let r = if self.sat {
+            clamp_bits(r, 32, signed)
+        } else {
+            r
+        };
         r as u32
     }
 }
@@ -646,7 +662,12 @@ fn scalar_cases(seed: u64, ops: &[&'static str], per_op: usize) -> Vec<Case> {
 #[test]
 fn video_scalar_arithmetic() {
     let ops = ["vadd", "vsub", "vabsdiff", "vmin", "vmax"];
-    check(&scalar_cases(20, &ops, 24), &words(21), &words(22), &words(23));
+    check(
+        &scalar_cases(20, &ops, 24),
+        &words(21),
+        &words(22),
+        &words(23),
+    );
 }
 
 #[test]
@@ -849,7 +870,10 @@ impl Fmt {
         let (sig, exp) = if e == 0 {
             (f as i128, emin - m as i32)
         } else {
-            ((f | 1 << m) as i128, e as i32 - (1 << (15 - m - 1)) + 1 - m as i32)
+            (
+                (f | 1 << m) as i128,
+                e as i32 - (1 << (15 - m - 1)) + 1 - m as i32,
+            )
         };
         (if h & 0x8000 != 0 { -sig } else { sig }, exp)
     }
@@ -900,7 +924,9 @@ impl Fmt {
 /// and, in `b` against `a`, equal values, so every comparison outcome occurs.
 fn halves(seed: u64, fmt: Fmt, other: Option<&[u32]>) -> Vec<u32> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let specials = [0x0000, 0x8000, 0x0001, 0x8001, 0x7fff, 0xffff, 0x3c00, 0xbc00];
+    let specials = [
+        0x0000, 0x8000, 0x0001, 0x8001, 0x7fff, 0xffff, 0x3c00, 0xbc00,
+    ];
     let inf = if fmt.bf16 { 0x7f80 } else { 0x7c00 };
     let one = |rng: &mut StdRng, i: usize, k: u32| -> u32 {
         match rng.gen_range(0..8) {
@@ -989,7 +1015,11 @@ fn packed_half_set_setp() {
         for cmp in ["eq", "ltu", "gt", "num"] {
             cases.push(case(
                 format!("set.{cmp}.u32.{t}x2 %r10, %r1, %r2;"),
-                move |a, b, _| (0..2).fold(0, |d, k| d | (cmp_h(cmp, a, b, k) as u32 * 0xffff) << (16 * k)),
+                move |a, b, _| {
+                    (0..2).fold(0, |d, k| {
+                        d | (cmp_h(cmp, a, b, k) as u32 * 0xffff) << (16 * k)
+                    })
+                },
             ));
             cases.push(case(
                 format!("set.{cmp}.{t}x2.{t}x2 %r10, %r1, %r2;"),
@@ -1001,9 +1031,7 @@ fn packed_half_set_setp() {
             // scalar: a .b16 result (1.0 or 0) and a .u32 one
             cases.push(case(
                 format!("set.{cmp}.{t}.{t} %h10, %h1, %h3;\n    cvt.u32.u16 %r10, %h10;"),
-                move |a, b, _| {
-                    cmp_h(cmp, a, b, 0) as u32 * if fmt.bf16 { 0x3f80 } else { 0x3c00 }
-                },
+                move |a, b, _| cmp_h(cmp, a, b, 0) as u32 * if fmt.bf16 { 0x3f80 } else { 0x3c00 },
             ));
             cases.push(case(
                 format!("set.{cmp}.u32.{t} %r10, %h1, %h3;"),
@@ -1089,8 +1117,12 @@ fn packed_half_min_max_neg_abs() {
                 ));
             }
         }
-        cases.push(case(format!("neg.{t}x2 %r10, %r1;"), |a, _, _| a ^ 0x8000_8000));
-        cases.push(case(format!("abs.{t}x2 %r10, %r1;"), |a, _, _| a & 0x7fff_7fff));
+        cases.push(case(format!("neg.{t}x2 %r10, %r1;"), |a, _, _| {
+            a ^ 0x8000_8000
+        }));
+        cases.push(case(format!("abs.{t}x2 %r10, %r1;"), |a, _, _| {
+            a & 0x7fff_7fff
+        }));
     }
     // inputs with both formats' specials
     let a: Vec<u32> = halves(50, F16, None)
@@ -1156,7 +1188,9 @@ fn finite_halves(seed: u64, fmt: Fmt, emax: i32) -> Vec<u32> {
             h as u32
         }
     };
-    (0..N).map(|_| one(&mut rng) | one(&mut rng) << 16).collect()
+    (0..N)
+        .map(|_| one(&mut rng) | one(&mut rng) << 16)
+        .collect()
 }
 
 #[test]
@@ -1164,11 +1198,15 @@ fn packed_half_fma_relu_exact() {
     for (fmt, emax) in [(F16, 15), (BF16, 20)] {
         let t = fmt.name();
         let cases = vec![
-            case(format!("fma.rn.relu.{t}x2 %r10, %r1, %r2, %r3;"), move |a, b, c| {
-                (0..2).fold(0, |d, k| {
-                    d | fma_relu_ref(fmt, half_of(a, k), half_of(b, k), half_of(c, k)) << (16 * k)
-                })
-            }),
+            case(
+                format!("fma.rn.relu.{t}x2 %r10, %r1, %r2, %r3;"),
+                move |a, b, c| {
+                    (0..2).fold(0, |d, k| {
+                        d | fma_relu_ref(fmt, half_of(a, k), half_of(b, k), half_of(c, k))
+                            << (16 * k)
+                    })
+                },
+            ),
             case(
                 format!("fma.rn.relu.{t} %h10, %h1, %h3, %h5;\n    cvt.u32.u16 %r10, %h10;"),
                 move |a, b, c| fma_relu_ref(fmt, a & 0xffff, b & 0xffff, c & 0xffff),
@@ -1239,15 +1277,79 @@ fn approx_ok(fmt: Fmt, got: u32, x: f64, f: fn(f64) -> f64, rel: f64, abs: f64) 
 fn half_ex2_tanh_within_bounds() {
     let tests = [
         // ex2.approx: relative error 2^-9.9 (f16), 2^-7 (bf16, subnormal results flushed)
-        (".f16x2", "ex2.approx.f16x2 %r10, %r1;", F16, 2, f64::exp2 as fn(f64) -> f64, -9.9, -24.0),
-        (".f16", "ex2.approx.f16 %h10, %h1;", F16, 1, f64::exp2, -9.9, -24.0),
-        (".bf16x2", "ex2.approx.ftz.bf16x2 %r10, %r1;", BF16, 2, f64::exp2, -7.0, -126.0),
-        (".bf16", "ex2.approx.ftz.bf16 %h10, %h1;", BF16, 1, f64::exp2, -7.0, -126.0),
+        (
+            ".f16x2",
+            "ex2.approx.f16x2 %r10, %r1;",
+            F16,
+            2,
+            f64::exp2 as fn(f64) -> f64,
+            -9.9,
+            -24.0,
+        ),
+        (
+            ".f16",
+            "ex2.approx.f16 %h10, %h1;",
+            F16,
+            1,
+            f64::exp2,
+            -9.9,
+            -24.0,
+        ),
+        (
+            ".bf16x2",
+            "ex2.approx.ftz.bf16x2 %r10, %r1;",
+            BF16,
+            2,
+            f64::exp2,
+            -7.0,
+            -126.0,
+        ),
+        (
+            ".bf16",
+            "ex2.approx.ftz.bf16 %h10, %h1;",
+            BF16,
+            1,
+            f64::exp2,
+            -7.0,
+            -126.0,
+        ),
         // tanh.approx: relative error 2^-10.987 (f16), 2^-8 (bf16)
-        (".f16x2", "tanh.approx.f16x2 %r10, %r1;", F16, 2, f64::tanh, -10.987, -24.0),
-        (".f16", "tanh.approx.f16 %h10, %h1;", F16, 1, f64::tanh, -10.987, -24.0),
-        (".bf16x2", "tanh.approx.bf16x2 %r10, %r1;", BF16, 2, f64::tanh, -8.0, -133.0),
-        (".bf16", "tanh.approx.bf16 %h10, %h1;", BF16, 1, f64::tanh, -8.0, -133.0),
+        (
+            ".f16x2",
+            "tanh.approx.f16x2 %r10, %r1;",
+            F16,
+            2,
+            f64::tanh,
+            -10.987,
+            -24.0,
+        ),
+        (
+            ".f16",
+            "tanh.approx.f16 %h10, %h1;",
+            F16,
+            1,
+            f64::tanh,
+            -10.987,
+            -24.0,
+        ),
+        (
+            ".bf16x2",
+            "tanh.approx.bf16x2 %r10, %r1;",
+            BF16,
+            2,
+            f64::tanh,
+            -8.0,
+            -133.0,
+        ),
+        (
+            ".bf16",
+            "tanh.approx.bf16 %h10, %h1;",
+            BF16,
+            1,
+            f64::tanh,
+            -8.0,
+            -133.0,
+        ),
     ];
     let cases: Vec<Approx> = tests
         .iter()

@@ -1239,7 +1239,12 @@ impl<'a> FnCheck<'a> {
             return;
         }
         for o in &i.args {
-            self.check(i, crate::video::base_operand(o), Want::T(Ty::S32), "operand");
+            self.check(
+                i,
+                crate::video::base_operand(o),
+                Want::T(Ty::S32),
+                "operand",
+            );
         }
     }
 

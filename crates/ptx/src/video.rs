@@ -155,12 +155,21 @@ fn scalar_part(sel: Option<Sel>, what: &str) -> Result<Part, String> {
 }
 
 /// SIMD source lanes: `.hxy` (x, y in 0..=3) or `.bxyzw` (0..=7), most significant lane first.
-fn simd_lanes(sel: Option<Sel>, lanes: u8, default: [u8; 4], what: &str) -> Result<[u8; 4], String> {
+fn simd_lanes(
+    sel: Option<Sel>,
+    lanes: u8,
+    default: [u8; 4],
+    what: &str,
+) -> Result<[u8; 4], String> {
     let Some(s) = sel else { return Ok(default) };
     let (half, max) = if lanes == 2 { (true, 3) } else { (false, 7) };
     let d = s.digits();
     if s.half != half || d.len() != lanes as usize || d.iter().any(|&x| x > max) {
-        let want = if lanes == 2 { ".hxy (0-3)" } else { ".bxyzw (0-7)" };
+        let want = if lanes == 2 {
+            ".hxy (0-3)"
+        } else {
+            ".bxyzw (0-7)"
+        };
         return Err(format!("{what} selector `.{s}` is not of the form {want}"));
     }
     let mut out = [0u8; 4];
@@ -175,9 +184,8 @@ fn simd_mask(sel: Option<Sel>, lanes: u8) -> Result<u8, String> {
     let all = (1u8 << lanes) - 1;
     let Some(s) = sel else { return Ok(all) };
     let d = s.digits();
-    let ok = s.half == (lanes == 2)
-        && d.iter().all(|&x| x < lanes)
-        && d.windows(2).all(|w| w[0] > w[1]);
+    let ok =
+        s.half == (lanes == 2) && d.iter().all(|&x| x < lanes) && d.windows(2).all(|w| w[0] > w[1]);
     if !ok {
         let want = if lanes == 2 {
             ".h0 .h1 .h10"
@@ -201,7 +209,11 @@ impl VideoForm {
         if tys.len() != ntys || tys.iter().any(|t| !matches!(t, Ty::U32 | Ty::S32)) {
             return Err(format!(
                 "`{name}` takes {ntys} types, each .u32 or .s32 ({})",
-                if op == VOp::Set { "atype, btype" } else { "dtype, atype, btype" }
+                if op == VOp::Set {
+                    "atype, btype"
+                } else {
+                    "dtype, atype, btype"
+                }
             ));
         }
         let signed = if op == VOp::Set {
@@ -244,7 +256,11 @@ impl VideoForm {
             bsel: Part::Word,
             dsel: None,
             alanes: [0, 1, 2, 3],
-            blanes: if lanes == 2 { [2, 3, 0, 0] } else { [4, 5, 6, 7] },
+            blanes: if lanes == 2 {
+                [2, 3, 0, 0]
+            } else {
+                [4, 5, 6, 7]
+            },
             mask: (1 << lanes) - 1,
         };
         f.check_modifiers(ins)?;
@@ -262,7 +278,9 @@ impl VideoForm {
             return Err(format!("`{name}` takes no .clamp/.wrap"));
         }
         if shift && self.signed[2] {
-            return Err(format!("`{name}` needs an unsigned (.u32) shift count type"));
+            return Err(format!(
+                "`{name}` needs an unsigned (.u32) shift count type"
+            ));
         }
         if self.op != VOp::Mad && (self.po || self.shr != 0) {
             return Err("only `vmad` takes .po, .shr7 and .shr15".into());
@@ -294,7 +312,9 @@ impl VideoForm {
         let (bsel, bneg) = a.get(2).map(decorations).unwrap_or((None, false));
         let (csel, cneg) = a.get(3).map(decorations).unwrap_or((None, false));
         if dneg || csel.is_some() {
-            return Err(format!("`{name}`: only a and b take selectors, only vmad negates"));
+            return Err(format!(
+                "`{name}`: only a and b take selectors, only vmad negates"
+            ));
         }
         if (aneg || bneg || cneg) && self.op != VOp::Mad {
             return Err(format!("`{name}` operands cannot be negated"));

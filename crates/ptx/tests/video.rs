@@ -62,7 +62,10 @@ fn forms_read_into_typed_values() {
     .unwrap();
     assert_eq!(f.op, VOp::Sub);
     assert_eq!(f.signed, [true, false, true]);
-    assert_eq!((f.asel, f.bsel, f.dsel), (Part::Byte(2), Part::Word, Some(Part::Half(1))));
+    assert_eq!(
+        (f.asel, f.bsel, f.dsel),
+        (Part::Byte(2), Part::Word, Some(Part::Half(1)))
+    );
     let f = VideoForm::from_instruction(&instruction(
         "vmin4.u32.u32.u32 %r1.b20, %r2.b0167, %r3, %r4;",
     ))
@@ -73,7 +76,10 @@ fn forms_read_into_typed_values() {
     assert_eq!(f.mask, 0b0101);
     let f = VideoForm::from_instruction(&instruction("vavrg2.s32.s32.s32 %r1, %r2, %r3, %r4;"))
         .unwrap();
-    assert_eq!((&f.alanes[..2], &f.blanes[..2], f.mask), (&[0, 1][..], &[2, 3][..], 0b11));
+    assert_eq!(
+        (&f.alanes[..2], &f.blanes[..2], f.mask),
+        (&[0, 1][..], &[2, 3][..], 0b11)
+    );
 }
 
 #[test]
@@ -93,8 +99,14 @@ fn malformed_video_forms_are_reported() {
         ("vmad.s32.s32.s32 %r1, -%r2, %r3, -%r4;", "not both"),
         ("vadd2.s32.s32.s32 %r1, %r2.h4, %r3, %r4;", ".hxy"),
         ("vadd4.s32.s32.s32 %r1, %r2.b321, %r3, %r4;", ".bxyzw"),
-        ("vadd4.s32.s32.s32 %r1.b13, %r2, %r3, %r4;", "destination mask"),
-        ("vadd2.s32.s32.s32.sat.add %r1, %r2, %r3, %r4;", "cannot saturate"),
+        (
+            "vadd4.s32.s32.s32 %r1.b13, %r2, %r3, %r4;",
+            "destination mask",
+        ),
+        (
+            "vadd2.s32.s32.s32.sat.add %r1, %r2, %r3, %r4;",
+            "cannot saturate",
+        ),
         ("vadd2.s32.s32.s32.min %r1, %r2, %r3, %r4;", "only .add"),
         ("vadd.s32.s32.s32 %r1, %f1, %r3;", ".f32"),
         ("cvt.pack.u8.s32.b32 %r1, %r2, %r3, %r4;", "needs .sat"),
@@ -113,7 +125,10 @@ fn new_forms_need_their_targets() {
     let i = instruction("cvt.pack.sat.s16.s32 %r1, %r2, %r3;");
     assert_eq!(ptx::requirement(&i).min_sm, 72);
     let i = instruction("bmsk.clamp.b32 %r1, %r2, %r3;");
-    assert_eq!((ptx::requirement(&i).min_sm, ptx::requirement(&i).min_ptx), (70, 76));
+    assert_eq!(
+        (ptx::requirement(&i).min_sm, ptx::requirement(&i).min_ptx),
+        (70, 76)
+    );
     let i = instruction("vadd4.u32.u32.u32 %r1, %r2, %r3, %r4;");
     assert_eq!(ptx::requirement(&i).min_ptx, 30);
 }

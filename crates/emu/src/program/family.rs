@@ -121,9 +121,7 @@ pub fn family(op: Opcode, float: bool) -> Family {
             F::Video
         }
         O::Vset | O::Vadd2 | O::Vsub2 | O::Vavrg2 | O::Vabsdiff2 | O::Vmin2 | O::Vmax2 => F::Video,
-        O::Vset2 | O::Vadd4 | O::Vsub4 | O::Vavrg4 | O::Vabsdiff4 | O::Vmin4 | O::Vmax4 => {
-            F::Video
-        }
+        O::Vset2 | O::Vadd4 | O::Vsub4 | O::Vavrg4 | O::Vabsdiff4 | O::Vmin4 | O::Vmax4 => F::Video,
         O::Vset4 => F::Video,
         O::Mov | O::Cvt | O::Cvta | O::Isspacep => F::Convert,
         O::Ld | O::Ldu | O::St | O::Prefetch | O::Prefetchu | O::Createpolicy => F::Memory,

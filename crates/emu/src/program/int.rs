@@ -165,7 +165,11 @@ impl Decoder<'_> {
         let ftz = ins.has(Flag::Ftz);
         // the comparison of each element into a predicate temporary
         let mut preds = Vec::new();
-        for hi in if packed { &[false, true][..] } else { &[false][..] } {
+        for hi in if packed {
+            &[false, true][..]
+        } else {
+            &[false][..]
+        } {
             let f = if packed || (ftz && cmp_ty.is_float()) {
                 alu::float_cmp_elem(cmp_ty, *hi, ftz, cmp)
             } else if cmp_ty.is_float() {
