@@ -877,9 +877,9 @@ pub fn set_result_ty(dty: Ty) -> WFn {
 /// (`f16x2`, `bf16x2` destinations) or 0xffff (integer destinations) in its half.
 pub fn set_result_x2(dty: Ty) -> WFn {
     match dty {
-        Ty::F16x2 => r3!(|a, b, c| (a & 1) * 0x3c00 | (b & 1) * 0x3c00_0000),
-        Ty::Bf16x2 => r3!(|a, b, c| (a & 1) * 0x3f80 | (b & 1) * 0x3f80_0000),
-        _ => r3!(|a, b, c| (a & 1) * 0xffff | (b & 1) * 0xffff_0000),
+        Ty::F16x2 => r3!(|a, b, c| ((a & 1) * 0x3c00) | ((b & 1) * 0x3c00_0000)),
+        Ty::Bf16x2 => r3!(|a, b, c| ((a & 1) * 0x3f80) | ((b & 1) * 0x3f80_0000)),
+        _ => r3!(|a, b, c| ((a & 1) * 0xffff) | ((b & 1) * 0xffff_0000)),
     }
 }
 

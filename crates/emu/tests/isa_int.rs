@@ -910,7 +910,7 @@ impl Fmt {
         }
         let exp = q2 + m as i32;
         if exp > emax {
-            return sign | (0x7fff & !((1 << m) - 1)) & 0x7fff | 0;
+            return sign | (0x7fff & !((1 << m) - 1)); // infinity
         }
         let biased = (exp + (1 << (15 - m - 1)) - 1) as u32;
         sign | biased << m | (mag as u32 & ((1 << m) - 1))
