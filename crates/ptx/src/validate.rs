@@ -1019,6 +1019,16 @@ impl<'a> FnCheck<'a> {
         if crate::video::video_op(i.op).is_some() {
             return self.video(i);
         }
+        if i.args
+            .iter()
+            .any(|o| matches!(o, Operand::Sel(..) | Operand::Neg(_)))
+        {
+            let why = format!(
+                "`{}` takes no operand selectors (`.b0`, `.h1`) or negations; only video instructions do",
+                i.op.name()
+            );
+            return self.diag(DiagKind::BadOperand, i.loc, why);
+        }
         let tys: Vec<Ty> = i.types().collect();
         let Some(&t) = tys.first() else { return };
         self.carry_form(i, t);

@@ -113,6 +113,8 @@ fn malformed_video_forms_are_reported() {
         ("cvt.pack.sat.u8.s32 %r1, %r2, %r3;", ".{u8,s8}.s32.b32"),
         ("cvt.rn.f32.s32 %f1, %r2, %r3, %r4;", "only `cvt.pack`"),
         ("szext.wrap.u32 %r1, %r2, %f1;", ".f32"),
+        ("add.u32 %r1, %r2.b0, %r3;", "only video instructions"),
+        ("add.s32 %r1, -%r2, %r3;", "only video instructions"),
     ] {
         let errs = errors(body);
         assert_eq!(errs.len(), 1, "{body}: {errs:?}");
