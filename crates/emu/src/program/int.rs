@@ -1,5 +1,7 @@
 //! Decoding of the integer, bit-manipulation, comparison and selection instructions
-//! (`add`..`bfe` on integer types, `div`/`rem`, `bfi`, `shf`, `lop3`, `setp`/`set`, `selp`/`slct`).
+//! (`add`..`bfe` on integer types, `div`/`rem`, `bfi`, `shf`, `lop3`, `setp`/`set` including the
+//! packed `f16x2`/`bf16x2` comparisons, `selp`/`slct`; `dp2a`, `fns`, `bmsk`, `szext`, `prmt`
+//! modes go through `alu::int_fn`).
 
 use super::*;
 
