@@ -49,6 +49,7 @@ fn kernel(cases: &[Case]) -> String {
     .reg .b16 %h<16>;
     .reg .b32 %r<32>;
     .reg .b64 %rd<16>;
+    .reg .f32 %f<4>;
     mov.u32 %r0, %tid.x;
     mov.u32 %r5, %ctaid.x;
     mad.lo.u32 %r0, %r5, 128, %r0;
@@ -1417,4 +1418,52 @@ fn half_ex2_tanh_within_bounds() {
         }
         assert!(bad.is_empty(), "{}", bad.join("\n"));
     }
+}
+
+#[test]
+fn setp_ftz_flushes_subnormal_inputs() {
+    // f32 and f16 comparisons with .ftz see subnormal inputs as zero of the same sign
+    let f32v = |x: u32| {
+        if x & 0x7f80_0000 == 0 {
+            0.0
+        } else {
+            f32::from_bits(x) as f64
+        }
+    };
+    let f16v = |x: u32| {
+        if x & 0x7c00 == 0 {
+            0.0
+        } else {
+            F16.value(x)
+        }
+    };
+    let sel = "selp.u32 %r10, 1, 0, %p1;";
+    let mut cases = Vec::new();
+    for cmp in ["eq", "lt", "gtu", "ne"] {
+        cases.push(case(
+            format!("mov.b32 %f1, %r1;\n    mov.b32 %f2, %r2;\n    setp.{cmp}.ftz.f32 %p1, %f1, %f2;\n    {sel}"),
+            move |a, b, _| fcmp(cmp, f32v(a), f32v(b)) as u32,
+        ));
+        cases.push(case(
+            format!("setp.{cmp}.ftz.f16 %p1, %h1, %h3;\n    {sel}"),
+            move |a, b, _| fcmp(cmp, f16v(a & 0xffff), f16v(b & 0xffff)) as u32,
+        ));
+    }
+    // subnormals, zeros and small normals of both formats, in both halves
+    let mut rng = StdRng::seed_from_u64(90);
+    let mut tiny = || -> Vec<u32> {
+        (0..N)
+            .map(|_| {
+                let sign = if rng.gen() { 0x8000_8000 } else { 0 };
+                match rng.gen_range(0..4) {
+                    0 => sign,
+                    1 => rng.gen_range(0..0x0080_0000) | sign,
+                    2 => (rng.gen_range(0..0x400) * 0x10001) | sign,
+                    _ => rng.gen::<u32>() & 0x0fff_0fff,
+                }
+            })
+            .collect()
+    };
+    let (a, b) = (tiny(), tiny());
+    check(&cases, &a, &b, &a);
 }
