@@ -45,7 +45,7 @@ fn check_warns_with_the_line_about_what_the_emulator_cannot_run() {
 .reg .b32 %r<4>;
 ld.param.u64 %rd1, [p];
 ld.global.u32 %r1, [%rd1];
-dp2a.lo.u32.u32 %r2, %r1, %r1, %r1;
+cp.async.mbarrier.arrive.noinc.shared.b64 [%rd1];
 st.global.u32 [%rd1], %r2;
 ret;
 }

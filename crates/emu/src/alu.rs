@@ -362,19 +362,27 @@ pub fn int_fn(ins: &Instruction) -> Option<WFn> {
             Ty::S64 => Some(r3!(|a, b, c| (a as i64).abs_diff(b as i64).wrapping_add(c))),
             _ => None,
         },
-        Prmt => {
-            if ins.mods.iter().any(|m| {
-                matches!(
-                    m,
-                    ptx::Mod::Flag(
-                        Flag::F4e | Flag::B4e | Flag::Rc8 | Flag::Ecl | Flag::Ecr | Flag::Rc16
-                    )
-                )
-            }) {
-                None
-            } else {
-                Some(r3!(|a, b, c| prmt(a as u32, b as u32, c as u32) as u64))
-            }
+        Prmt => Some(prmt_fn(ins)),
+        Dp2a => dp2a_fn(ins),
+        Fns if ty == Ty::B32 => Some(r3!(|a, b, c| fns(a as u32, b as u32, c as u32) as u64)),
+        Bmsk if ty == Ty::B32 => Some(match (ins.has(Flag::Clamp), ins.has(Flag::Wrap)) {
+            (true, false) => r3!(|a, b, c| bmsk(a as u32, b as u32, true) as u64),
+            (false, true) => r3!(|a, b, c| bmsk(a as u32, b as u32, false) as u64),
+            _ => return None,
+        }),
+        Szext => {
+            let clamp = match (ins.has(Flag::Clamp), ins.has(Flag::Wrap)) {
+                (true, false) => true,
+                (false, true) => false,
+                _ => return None,
+            };
+            Some(match (ty, clamp) {
+                (Ty::U32, true) => r3!(|a, b, c| szext(a as u32, b as u32, true, false) as u64),
+                (Ty::U32, false) => r3!(|a, b, c| szext(a as u32, b as u32, false, false) as u64),
+                (Ty::S32, true) => r3!(|a, b, c| szext(a as u32, b as u32, true, true) as u64),
+                (Ty::S32, false) => r3!(|a, b, c| szext(a as u32, b as u32, false, true) as u64),
+                _ => return None,
+            })
         }
         Dp4a => {
             let tys: Vec<Ty> = ins.types().collect();
@@ -421,6 +429,198 @@ pub fn prmt(a: u32, b: u32, c: u32) -> u32 {
         d |= (v as u32) << (8 * i);
     }
     d
+}
+
+/// `prmt.b32.mode`: the source byte (of `{b, a}`) for each result byte, per mode and `c & 3`,
+/// as tabled in the PTX ISA (`.f4e .b4e .rc8 .ecl .ecr .rc16`), result byte 0 first.
+const PRMT_MODES: [[[u8; 4]; 4]; 6] = [
+    // f4e: forward 4 extract
+    [[0, 1, 2, 3], [1, 2, 3, 4], [2, 3, 4, 5], [3, 4, 5, 6]],
+    // b4e: backward 4 extract
+    [[0, 7, 6, 5], [1, 0, 7, 6], [2, 1, 0, 7], [3, 2, 1, 0]],
+    // rc8: replicate 8
+    [[0, 0, 0, 0], [1, 1, 1, 1], [2, 2, 2, 2], [3, 3, 3, 3]],
+    // ecl: edge clamp left
+    [[0, 1, 2, 3], [1, 1, 2, 3], [2, 2, 2, 3], [3, 3, 3, 3]],
+    // ecr: edge clamp right
+    [[0, 0, 0, 0], [0, 1, 1, 1], [0, 1, 2, 2], [0, 1, 2, 3]],
+    // rc16: replicate 16
+    [[0, 1, 0, 1], [2, 3, 2, 3], [0, 1, 0, 1], [2, 3, 2, 3]],
+];
+
+/// `prmt.b32.mode d, a, b, c` for mode `M` (an index into [`PRMT_MODES`]).
+fn prmt_mode<const M: usize>(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
+    for i in 0..32 {
+        let bytes = ((y[i] as u32 as u64) << 32 | x[i] as u32 as u64).to_le_bytes();
+        let sel = &PRMT_MODES[M][(z[i] & 3) as usize];
+        let mut d = 0u32;
+        for (k, s) in sel.iter().enumerate() {
+            d |= (bytes[*s as usize] as u32) << (8 * k);
+        }
+        o[i] = d as u64;
+    }
+}
+
+fn prmt_fn(ins: &Instruction) -> WFn {
+    let modes = [
+        Flag::F4e,
+        Flag::B4e,
+        Flag::Rc8,
+        Flag::Ecl,
+        Flag::Ecr,
+        Flag::Rc16,
+    ];
+    match modes.iter().position(|f| ins.has(*f)) {
+        Some(0) => prmt_mode::<0>,
+        Some(1) => prmt_mode::<1>,
+        Some(2) => prmt_mode::<2>,
+        Some(3) => prmt_mode::<3>,
+        Some(4) => prmt_mode::<4>,
+        Some(5) => prmt_mode::<5>,
+        _ => r3!(|a, b, c| prmt(a as u32, b as u32, c as u32) as u64),
+    }
+}
+
+/// `dp2a.{lo,hi}.atype.btype d, a, b, c`: two signed/unsigned half-words of `a` times two
+/// bytes of `b` (its low or high pair), plus `c`.
+fn dp2a_lanes<const SA: bool, const SB: bool, const HI: bool>(
+    o: &mut Lanes,
+    x: &Lanes,
+    y: &Lanes,
+    z: &Lanes,
+) {
+    for i in 0..32 {
+        let (a, b) = (x[i] as u32, y[i] as u32);
+        let mut acc = z[i] as u32;
+        for k in 0..2 {
+            let h = (a >> (16 * k)) as u16;
+            let va = if SA { h as i16 as i32 } else { h as i32 };
+            let byte = (b >> (8 * (k + if HI { 2 } else { 0 }))) as u8;
+            let vb = if SB { byte as i8 as i32 } else { byte as i32 };
+            acc = acc.wrapping_add(va.wrapping_mul(vb) as u32);
+        }
+        o[i] = acc as u64;
+    }
+}
+
+fn dp2a_fn(ins: &Instruction) -> Option<WFn> {
+    let tys: Vec<Ty> = ins.types().collect();
+    let signed = |t: Option<&Ty>| match t {
+        Some(Ty::U32) => Some(false),
+        Some(Ty::S32) => Some(true),
+        _ => None,
+    };
+    let (sa, sb) = (signed(tys.first())?, signed(tys.get(1))?);
+    let hi = match (ins.has(Flag::Lo), ins.has(Flag::Hi)) {
+        (true, false) => false,
+        (false, true) => true,
+        _ => return None,
+    };
+    Some(match (sa, sb, hi) {
+        (false, false, false) => dp2a_lanes::<false, false, false>,
+        (false, false, true) => dp2a_lanes::<false, false, true>,
+        (false, true, false) => dp2a_lanes::<false, true, false>,
+        (false, true, true) => dp2a_lanes::<false, true, true>,
+        (true, false, false) => dp2a_lanes::<true, false, false>,
+        (true, false, true) => dp2a_lanes::<true, false, true>,
+        (true, true, false) => dp2a_lanes::<true, true, false>,
+        (true, true, true) => dp2a_lanes::<true, true, true>,
+    })
+}
+
+/// `fns.b32 d, mask, base, offset`: the position of the `offset`-th set bit of `mask` counting
+/// from `base` (upwards for positive, downwards for negative offsets; `base` itself for 0),
+/// 0xffffffff when there is none. A base above 31 is undefined in PTX; it finds nothing here.
+pub fn fns(mask: u32, base: u32, offset: u32) -> u32 {
+    let offset = offset as i32;
+    if base > 31 {
+        return u32::MAX;
+    }
+    if offset == 0 {
+        return if (mask >> base) & 1 == 1 {
+            base
+        } else {
+            u32::MAX
+        };
+    }
+    let inc: i64 = if offset > 0 { 1 } else { -1 };
+    let mut count = offset.unsigned_abs() - 1;
+    let mut pos = base as i64;
+    while (0..32).contains(&pos) {
+        if (mask >> pos) & 1 == 1 {
+            if count == 0 {
+                return pos as u32;
+            }
+            count -= 1;
+        }
+        pos += inc;
+    }
+    u32::MAX
+}
+
+/// `bmsk.{clamp,wrap}.b32 d, a, b`: `b` one-bits starting at bit `a`.
+pub fn bmsk(a: u32, b: u32, clamp: bool) -> u32 {
+    let a1 = a & 0x1f;
+    let b1 = b & 0x1f;
+    let mut mask0 = u32::MAX << a1;
+    let sum = a1 + b1;
+    let mut overflow = sum >= 32;
+    if clamp {
+        if a >= 32 {
+            overflow = true;
+            mask0 = 0;
+        }
+        if b >= 32 {
+            overflow = true;
+        }
+    }
+    let mask1 = if overflow {
+        0
+    } else if b1 == 0 {
+        u32::MAX
+    } else {
+        u32::MAX << sum
+    };
+    mask0 & !mask1
+}
+
+/// `szext.{clamp,wrap}.{u32,s32} d, a, b`: sign- or zero-extends the low `b` bits of `a`.
+pub fn szext(a: u32, b: u32, clamp: bool, signed: bool) -> u32 {
+    let b1 = b & 0x1f;
+    let too_large = b >= 32 && clamp;
+    let mask = if too_large { 0 } else { u32::MAX << b1 };
+    let sign_pos = b1.wrapping_sub(1) & 0x1f;
+    let sign = !(b1 == 0 || too_large || !signed) && (a >> sign_pos) & 1 == 1;
+    (a & !mask) | if sign { mask } else { 0 }
+}
+
+/// `cvt.pack.sat.{u16,s16}.s32 d, a, b` and `cvt.pack.sat.{u8,s8}.s32.b32 d, a, b, c`: `a` and
+/// `b` saturated to the narrow type, `b` in the low field, `a` above it, the rest of `d` from
+/// the low bits of `c`.
+pub fn cvt_pack(ins: &Instruction) -> Option<WFn> {
+    let tys: Vec<Ty> = ins.types().collect();
+    if !ins.has(Flag::Sat) || tys.get(1) != Some(&Ty::S32) {
+        return None;
+    }
+    Some(match (tys[0], tys.len()) {
+        (Ty::U16, 2) => r3!(|a, b, c| pack_sat(a, b, c, 16, false)),
+        (Ty::S16, 2) => r3!(|a, b, c| pack_sat(a, b, c, 16, true)),
+        (Ty::U8, 3) => r3!(|a, b, c| pack_sat(a, b, c, 8, false)),
+        (Ty::S8, 3) => r3!(|a, b, c| pack_sat(a, b, c, 8, true)),
+        _ => return None,
+    })
+}
+
+fn pack_sat(a: u64, b: u64, c: u64, bits: u32, signed: bool) -> u64 {
+    let (lo, hi) = if signed {
+        (-(1i64 << (bits - 1)), (1i64 << (bits - 1)) - 1)
+    } else {
+        (0, (1i64 << bits) - 1)
+    };
+    let m = (1u64 << bits) - 1;
+    let sat = |x: u64| ((x as u32 as i32 as i64).clamp(lo, hi) as u64) & m;
+    let low = (sat(a) << bits) | sat(b);
+    ((low | (c << (2 * bits))) as u32) as u64
 }
 
 fn dp4a(a: u32, b: u32, c: u32, sa: bool, sb: bool) -> u32 {
@@ -475,6 +675,31 @@ pub fn lop3(a: u32, b: u32, c: u32, lut: u8) -> u32 {
     d
 }
 
+/// Is `f` a comparison operator of `setp`/`set`?
+pub fn is_comparison(f: Flag) -> bool {
+    matches!(
+        f,
+        Flag::Eq
+            | Flag::Ne
+            | Flag::Lt
+            | Flag::Le
+            | Flag::Gt
+            | Flag::Ge
+            | Flag::Lo
+            | Flag::Ls
+            | Flag::Hi
+            | Flag::Hs
+            | Flag::Equ
+            | Flag::Neu
+            | Flag::Ltu
+            | Flag::Leu
+            | Flag::Gtu
+            | Flag::Geu
+            | Flag::Num
+            | Flag::Nan
+    )
+}
+
 /// Integer comparison for `setp`/`set`: returns a WFn producing 0/1.
 pub fn int_cmp(ty: Ty, cmp: Flag) -> Option<WFn> {
     macro_rules! c {
@@ -505,10 +730,9 @@ pub fn int_cmp(ty: Ty, cmp: Flag) -> Option<WFn> {
 }
 
 /// Float comparisons on f32 / f64 / f16 / bf16. The unordered forms are written as negated
-/// ordered comparisons on purpose: they must be true when either operand is NaN. `ftz`
-/// (`setp.ftz`/`set.ftz`, f32 and f16 only) compares subnormal operands as zero.
+/// ordered comparisons on purpose: they must be true when either operand is NaN.
 #[allow(clippy::neg_cmp_op_on_partial_ord)]
-pub fn float_cmp(ty: Ty, cmp: Flag, ftz: bool) -> Option<WFn> {
+pub fn float_cmp(ty: Ty, cmp: Flag) -> Option<WFn> {
     macro_rules! fc {
         ($conv:expr, |$a:ident, $b:ident| $e:expr) => {{
             fn f(o: &mut Lanes, x: &Lanes, y: &Lanes, _: &Lanes) {
@@ -542,30 +766,120 @@ pub fn float_cmp(ty: Ty, cmp: Flag, ftz: bool) -> Option<WFn> {
             }
         };
     }
-    // subnormal -> zero (its sign does not matter to a comparison)
-    fn flush(x: f32) -> f32 {
-        if x.is_subnormal() {
-            0.0
-        } else {
-            x
-        }
-    }
-    match (ty, ftz) {
-        (Ty::F32, false) => all!(|v: u64| f32::from_bits(v as u32)),
-        (Ty::F32, true) => all!(|v: u64| flush(f32::from_bits(v as u32))),
-        (Ty::F64, _) => all!(f64::from_bits),
-        (Ty::F16, false) => all!(|v: u64| half::f16::from_bits(v as u16).to_f32()),
-        // f16 subnormals are normal f32 values: test them in f16
-        (Ty::F16, true) => all!(|v: u64| {
-            let h = v as u16;
-            if h & 0x7c00 == 0 {
-                0.0 // zero or subnormal
-            } else {
-                half::f16::from_bits(h).to_f32()
-            }
-        }),
-        (Ty::Bf16, _) => all!(|v: u64| half::bf16::from_bits(v as u16).to_f32()),
+    match ty {
+        Ty::F32 => all!(|v: u64| f32::from_bits(v as u32)),
+        Ty::F64 => all!(f64::from_bits),
+        Ty::F16 => all!(|v: u64| half::f16::from_bits(v as u16).to_f32()),
+        Ty::Bf16 => all!(|v: u64| half::bf16::from_bits(v as u16).to_f32()),
         _ => None,
+    }
+}
+
+/// Value of a float operand for the comparisons of [`float_cmp_elem`]: `K` picks the format,
+/// the half of a packed pair and flushing (0: f32, 1: f32 ftz, 2/3: f16 low/high, 4/5: bf16
+/// low/high, 6/7: f16 low/high ftz).
+#[inline(always)]
+fn cmp_elem<const K: u8>(v: u64) -> f32 {
+    let x = match K {
+        0 | 1 => f32::from_bits(v as u32),
+        2 | 6 => half::f16::from_bits(v as u16).to_f32(),
+        3 | 7 => half::f16::from_bits((v >> 16) as u16).to_f32(),
+        4 => half::bf16::from_bits(v as u16).to_f32(),
+        _ => half::bf16::from_bits((v >> 16) as u16).to_f32(),
+    };
+    match K {
+        1 => flush(x),
+        // f16 subnormals are below 2^-14
+        6 | 7 if x.abs() < 6.103_515_6e-5 => 0.0,
+        _ => x,
+    }
+}
+
+/// Comparison `C` (0..14: eq ne lt le gt ge equ neu ltu leu gtu geu num nan) of two floats;
+/// the unordered forms are true when either operand is NaN.
+#[inline(always)]
+#[allow(clippy::neg_cmp_op_on_partial_ord)]
+fn fcmp<const C: u8>(a: f32, b: f32) -> bool {
+    let nan = a.is_nan() || b.is_nan();
+    match C {
+        0 => a == b,
+        1 => a != b && !nan,
+        2 => a < b,
+        3 => a <= b,
+        4 => a > b,
+        5 => a >= b,
+        6 => a == b || nan,
+        7 => a != b,
+        8 => !(a >= b),
+        9 => !(a > b),
+        10 => !(a <= b),
+        11 => !(a < b),
+        12 => !nan,
+        _ => nan,
+    }
+}
+
+fn cmp_lanes<const K: u8, const C: u8>(o: &mut Lanes, x: &Lanes, y: &Lanes, _: &Lanes) {
+    for i in 0..32 {
+        o[i] = fcmp::<C>(cmp_elem::<K>(x[i]), cmp_elem::<K>(y[i])) as u64;
+    }
+}
+
+fn cmp_pick<const K: u8>(cmp: Flag) -> Option<WFn> {
+    Some(match cmp {
+        Flag::Eq => cmp_lanes::<K, 0>,
+        Flag::Ne => cmp_lanes::<K, 1>,
+        Flag::Lt => cmp_lanes::<K, 2>,
+        Flag::Le => cmp_lanes::<K, 3>,
+        Flag::Gt => cmp_lanes::<K, 4>,
+        Flag::Ge => cmp_lanes::<K, 5>,
+        Flag::Equ => cmp_lanes::<K, 6>,
+        Flag::Neu => cmp_lanes::<K, 7>,
+        Flag::Ltu => cmp_lanes::<K, 8>,
+        Flag::Leu => cmp_lanes::<K, 9>,
+        Flag::Gtu => cmp_lanes::<K, 10>,
+        Flag::Geu => cmp_lanes::<K, 11>,
+        Flag::Num => cmp_lanes::<K, 12>,
+        Flag::Nan => cmp_lanes::<K, 13>,
+        _ => return None,
+    })
+}
+
+/// Float comparison of one element: f32 (with `.ftz`), f16 (with `.ftz`) or bf16, scalar or
+/// the low/high (`hi`) half of an `f16x2`/`bf16x2` pair.
+pub fn float_cmp_elem(ty: Ty, hi: bool, ftz: bool, cmp: Flag) -> Option<WFn> {
+    match (ty, hi, ftz) {
+        (Ty::F32, _, false) => cmp_pick::<0>(cmp),
+        (Ty::F32, _, true) => cmp_pick::<1>(cmp),
+        (Ty::F16 | Ty::F16x2, false, false) => cmp_pick::<2>(cmp),
+        (Ty::F16 | Ty::F16x2, true, false) => cmp_pick::<3>(cmp),
+        (Ty::F16 | Ty::F16x2, false, true) => cmp_pick::<6>(cmp),
+        (Ty::F16 | Ty::F16x2, true, true) => cmp_pick::<7>(cmp),
+        (Ty::Bf16 | Ty::Bf16x2, false, _) => cmp_pick::<4>(cmp),
+        (Ty::Bf16 | Ty::Bf16x2, true, _) => cmp_pick::<5>(cmp),
+        _ => None,
+    }
+}
+
+/// `set` result for destination type `dty` when the predicate in `a` is true: 1.0 in a float
+/// destination, all ones in an integer one.
+pub fn set_result_ty(dty: Ty) -> WFn {
+    match dty {
+        Ty::F32 => r3!(|a, b, c| if a & 1 != 0 { 0x3f80_0000 } else { 0 }),
+        Ty::F16 => r3!(|a, b, c| if a & 1 != 0 { 0x3c00 } else { 0 }),
+        Ty::Bf16 => r3!(|a, b, c| if a & 1 != 0 { 0x3f80 } else { 0 }),
+        Ty::U16 | Ty::S16 | Ty::B16 => r3!(|a, b, c| if a & 1 != 0 { 0xffff } else { 0 }),
+        _ => r3!(|a, b, c| if a & 1 != 0 { 0xffff_ffff } else { 0 }),
+    }
+}
+
+/// Packed `set` result: the predicates of the low (`a`) and high (`b`) halves, each giving 1.0
+/// (`f16x2`, `bf16x2` destinations) or 0xffff (integer destinations) in its half.
+pub fn set_result_x2(dty: Ty) -> WFn {
+    match dty {
+        Ty::F16x2 => r3!(|a, b, c| ((a & 1) * 0x3c00) | ((b & 1) * 0x3c00_0000)),
+        Ty::Bf16x2 => r3!(|a, b, c| ((a & 1) * 0x3f80) | ((b & 1) * 0x3f80_0000)),
+        _ => r3!(|a, b, c| ((a & 1) * 0xffff) | ((b & 1) * 0xffff_0000)),
     }
 }
 
@@ -628,16 +942,6 @@ pub fn f32_fast(op: Opcode) -> Option<WFn> {
 /// Predicate negation.
 pub fn pred_not() -> WFn {
     r3!(|a, b, c| (a ^ 1) & 1)
-}
-
-/// `set` result: all-ones (integer destination) or 1.0f (f32 destination) when the predicate
-/// in `a` is true.
-pub fn set_result(float: bool) -> WFn {
-    if float {
-        r3!(|a, b, c| if a & 1 != 0 { 0x3f80_0000 } else { 0 })
-    } else {
-        r3!(|a, b, c| if a & 1 != 0 { 0xffff_ffff } else { 0 })
-    }
 }
 
 /// `slct.dtype.s32 d, a, b, c` / `slct.dtype.f32`: a if c >= 0 else b.

@@ -60,9 +60,17 @@ fn int_catch_all(op: Opcode, t: Ty) -> bool {
     let carry = matches!(op, Opcode::Addc | Opcode::Subc | Opcode::Madc)
         && matches!(t, Ty::U32 | Ty::S32 | Ty::U64 | Ty::S64);
     let probe = |mods: Vec<Mod>| crate::alu::int_fn(&ptx::Instruction::new(op, mods, Vec::new()));
+    // forms that need a mode: `dp2a.lo`, `bmsk.wrap`, `szext.wrap`
+    let moded = |f: ptx::Flag, n: usize| {
+        let mut mods = vec![Mod::Flag(f)];
+        mods.extend(std::iter::repeat_n(Mod::Type(t), n));
+        probe(mods).is_some()
+    };
     carry
         || probe(vec![Mod::Type(t)]).is_some()
         || probe(vec![Mod::Type(t), Mod::Type(t)]).is_some()
+        || moded(ptx::Flag::Lo, 2)
+        || moded(ptx::Flag::Wrap, 1)
 }
 
 /// The coverage of one opcode.

@@ -24,6 +24,7 @@ mod float;
 mod int;
 mod ldst;
 mod tensor;
+mod video;
 mod warp;
 pub use call::{LaneStack, STACK_BASE};
 
@@ -1016,6 +1017,7 @@ impl Cta {
             Op::Bfi { .. } => self.exec_int(ctx, wi, inst, m),
             Op::Shf { .. } => self.exec_int(ctx, wi, inst, m),
             Op::Lop3 { .. } => self.exec_int(ctx, wi, inst, m),
+            Op::Video { .. } => self.exec_video(ctx, wi, inst, m),
             Op::Float { .. } => self.exec_float(ctx, wi, inst, m),
             Op::Testp { .. } => self.exec_float(ctx, wi, inst, m),
             Op::Cvt { .. } => self.exec_convert(ctx, wi, inst, m),

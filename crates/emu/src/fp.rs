@@ -1065,6 +1065,9 @@ pub struct FMode {
     pub nan: bool,
     /// `.approx` or `.full`.
     pub approx: bool,
+    /// `.xorsign.abs` on min/max: the minimum/maximum of the magnitudes, with the XOR of the
+    /// operands' signs.
+    pub xorsign: bool,
 }
 
 impl FMode {
@@ -1077,6 +1080,7 @@ impl FMode {
             relu: ins.has(Flag::Relu),
             nan: ins.has(Flag::NaN),
             approx: ins.has(Flag::Approx) || ins.has(Flag::Full),
+            xorsign: ins.has(Flag::Xorsign),
         }
     }
 }
@@ -1106,7 +1110,8 @@ pub fn fop(op: FOp, ty: Ty, mode: FMode, a: u64, b: u64, c: u64) -> u64 {
 
 fn fop_scalar(op: FOp, ty: Ty, mode: FMode, a: u64, b: u64, c: u64) -> u64 {
     let Some(f) = fmt_of(ty) else { return 0 };
-    let ftz = mode.ftz && matches!(ty, Ty::F32 | Ty::F16);
+    // bf16 flushes only in `ex2.approx.ftz.bf16` (elsewhere PTX has no .ftz for it)
+    let ftz = mode.ftz && (matches!(ty, Ty::F32 | Ty::F16) || (ty == Ty::Bf16 && op == FOp::Ex2));
     let inp = |x: u64| {
         let x = x & f.width_mask();
         if ftz {
@@ -1125,6 +1130,21 @@ fn fop_scalar(op: FOp, ty: Ty, mode: FMode, a: u64, b: u64, c: u64) -> u64 {
         FOp::Neg => return a ^ f.sign(),
         FOp::Abs => return a & !f.sign(),
         FOp::Copysign => return (b & !f.sign()) | (a & f.sign()),
+        FOp::Min | FOp::Max if mode.xorsign => {
+            let sign = (a ^ b) & f.sign();
+            let (a, b) = (a & !f.sign(), b & !f.sign());
+            let r = min_max(
+                f,
+                op == FOp::Max,
+                mode.nan,
+                a,
+                b,
+                decode(f, a),
+                decode(f, b),
+            );
+            let r = if f.is_nan(r) { r } else { r | sign };
+            return post(f, mode, ftz, r);
+        }
         FOp::Min | FOp::Max => {
             let r = min_max(f, op == FOp::Max, mode.nan, a, b, va, vb);
             return post(f, mode, ftz, r);

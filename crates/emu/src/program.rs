@@ -26,6 +26,7 @@ mod float;
 mod int;
 mod ldst;
 mod tensor;
+mod video;
 mod warp;
 pub use call::{CallSite, ParamCopy, Place};
 pub use carry::{CarryKind, CarryOp};
@@ -179,6 +180,14 @@ pub enum Op {
     },
     Lop3 {
         lut: u8,
+        d: u32,
+        a: u32,
+        b: u32,
+        c: u32,
+    },
+    /// A video instruction (`vadd`..`vset4`; `exec/video.rs`); `c` is `ZERO` when absent.
+    Video {
+        form: Box<ptx::video::VideoForm>,
         d: u32,
         a: u32,
         b: u32,
@@ -860,6 +869,7 @@ impl<'a> Decoder<'a> {
                     self.materialise_operand(ins, x, guard)?;
                 }
             }
+            Operand::Sel(x, _) | Operand::Neg(x) => self.materialise_operand(ins, x, guard)?,
             _ => {}
         }
         Ok(())

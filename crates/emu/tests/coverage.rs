@@ -13,8 +13,6 @@ const NOT_EMULATED: &[&str] = &[
     "cp.async.mbarrier.arrive",
     "cp.reduce.async.bulk",
     "cp.reduce.async.bulk.tensor",
-    "dp2a",
-    "fns",
 ];
 
 #[test]

@@ -1422,6 +1422,7 @@ fn no_panics_on_any_bits() {
                         relu: rng.gen(),
                         nan: rng.gen(),
                         approx: rng.gen(),
+                        xorsign: rng.gen(),
                     };
                     let _ = fop(op, t, md, a, b, c);
                 }

@@ -551,6 +551,64 @@ pub enum Operand {
     Sink,
     /// `(a, b)` argument list of `call`.
     List(Vec<Operand>),
+    /// `-%r` (negated source of `vmad`).
+    Neg(Box<Operand>),
+    /// `%r.b0`, `%r.h1`, `%r.h10`, `%r.b3210`: a byte or half-word selector on a video
+    /// instruction operand (source selector, destination merge position or mask).
+    Sel(Box<Operand>, Sel),
+}
+
+/// A video-instruction operand selector: `.b` or `.h` followed by one to four lane digits,
+/// written most significant lane first (`.b3210` puts byte 0 in lane 0, `.h10` half 0 in lane 0).
+/// A scalar video operand takes one digit (`.b0`..`.b3`, `.h0`, `.h1`); `vadd2`-style sources
+/// take two half digits (0-3), `vadd4`-style sources four byte digits (0-7); destination masks
+/// list the lanes written (`.h10`, `.b310`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Sel {
+    /// Half-word (`.h`) rather than byte (`.b`) lanes.
+    pub half: bool,
+    /// The digits as written, most significant first; only the first `len` are used.
+    pub digits: [u8; 4],
+    pub len: u8,
+}
+
+impl Sel {
+    /// Parses a selector suffix without its dot (`b0`, `h10`, `b7654`); `None` for anything else.
+    pub fn parse(s: &str) -> Option<Sel> {
+        let b = s.as_bytes();
+        let half = match b.first() {
+            Some(b'h') => true,
+            Some(b'b') => false,
+            _ => return None,
+        };
+        let ds = &b[1..];
+        if ds.is_empty() || ds.len() > 4 || !ds.iter().all(|c| (b'0'..=b'7').contains(c)) {
+            return None;
+        }
+        let mut digits = [0u8; 4];
+        for (k, c) in ds.iter().enumerate() {
+            digits[k] = c - b'0';
+        }
+        Some(Sel {
+            half,
+            digits,
+            len: ds.len() as u8,
+        })
+    }
+    /// The digits as written (most significant first).
+    pub fn digits(&self) -> &[u8] {
+        &self.digits[..self.len as usize]
+    }
+}
+
+impl std::fmt::Display for Sel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.half { "h" } else { "b" })?;
+        for d in self.digits() {
+            write!(f, "{d}")?;
+        }
+        Ok(())
+    }
 }
 
 impl Operand {
@@ -570,7 +628,7 @@ impl Operand {
     pub fn regs<'a>(&'a self, out: &mut Vec<&'a str>) {
         match self {
             Operand::Reg(r) => out.push(r),
-            Operand::Not(o) => o.regs(out),
+            Operand::Not(o) | Operand::Neg(o) | Operand::Sel(o, _) => o.regs(out),
             Operand::Addr {
                 base: AddrBase::Reg(r),
                 ..

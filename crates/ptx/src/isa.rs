@@ -62,12 +62,22 @@ opcodes! {
     Bfe "bfe" 1 3 3 20 20; Bfi "bfi" 1 4 4 20 20; Prmt "prmt" 1 3 3 20 20;
     Popc "popc" 1 1 1 20 20; Clz "clz" 1 1 1 20 20; Brev "brev" 1 1 1 20 20;
     Bfind "bfind" 1 1 1 20 20; Lop3 "lop3" 1 4 4 50 43; Dp4a "dp4a" 1 3 3 61 50;
-    Dp2a "dp2a" 1 3 3 61 50; Fns "fns" 1 3 3 30 60;
+    Dp2a "dp2a" 1 3 3 61 50; Fns "fns" 1 3 3 30 60; Bmsk "bmsk" 1 2 2 70 76;
+    Szext "szext" 1 2 2 70 76;
+    // video: scalar (a third operand for the secondary op or the merge form) and SIMD
+    Vadd "vadd" 1 2 3 20 20; Vsub "vsub" 1 2 3 20 20; Vabsdiff "vabsdiff" 1 2 3 20 20;
+    Vmin "vmin" 1 2 3 20 20; Vmax "vmax" 1 2 3 20 20; Vshl "vshl" 1 2 3 20 20;
+    Vshr "vshr" 1 2 3 20 20; Vmad "vmad" 1 3 3 20 20; Vset "vset" 1 2 3 20 20;
+    Vadd2 "vadd2" 1 3 3 30 30; Vsub2 "vsub2" 1 3 3 30 30; Vavrg2 "vavrg2" 1 3 3 30 30;
+    Vabsdiff2 "vabsdiff2" 1 3 3 30 30; Vmin2 "vmin2" 1 3 3 30 30; Vmax2 "vmax2" 1 3 3 30 30;
+    Vset2 "vset2" 1 3 3 30 30; Vadd4 "vadd4" 1 3 3 30 30; Vsub4 "vsub4" 1 3 3 30 30;
+    Vavrg4 "vavrg4" 1 3 3 30 30; Vabsdiff4 "vabsdiff4" 1 3 3 30 30; Vmin4 "vmin4" 1 3 3 30 30;
+    Vmax4 "vmax4" 1 3 3 30 30; Vset4 "vset4" 1 3 3 30 30;
     // comparison and selection
     Setp "setp" 1 2 3 20 10; Set "set" 1 2 3 20 10; Selp "selp" 1 3 3 20 10;
     Slct "slct" 1 3 3 20 10;
     // data movement and conversion
-    Mov "mov" 1 1 1 20 10; Cvt "cvt" 1 1 2 20 10; Cvta "cvta" 1 1 1 20 20;
+    Mov "mov" 1 1 1 20 10; Cvt "cvt" 1 1 3 20 10; Cvta "cvta" 1 1 1 20 20;
     Isspacep "isspacep" 1 1 1 20 20; Ld "ld" 1 1 2 20 10; Ldu "ldu" 1 1 1 20 20;
     St "st" 0 2 3 20 10; StAsync "st.async" 0 3 3 90 81; Prefetch "prefetch" 0 1 1 20 20;
     Prefetchu "prefetchu" 0 1 1 20 20; Createpolicy "createpolicy" 1 1 3 80 74;
@@ -254,6 +264,9 @@ pub fn requirement(ins: &Instruction) -> Requirement {
             }
             if dst == Some(Ty::F16x2) && src == Some(Ty::F32) {
                 need(80, 70);
+            }
+            if ins.has(Flag::Pack) {
+                need(72, 65);
             }
         }
         Opcode::WgmmaFence

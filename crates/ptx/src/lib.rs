@@ -8,6 +8,7 @@
 //! - [`ir`]: modules, functions, statements, instructions and operands as typed values;
 //! - [`parser`] / [`printer`]: PTX text <-> IR, with `parse(print(m)) == m`;
 //! - [`mod@validate`]: typed diagnostics (undeclared registers, type mismatches, target checks);
+//! - [`video`]: the video instructions (`vadd`..`vset4`) as one typed form;
 //! - [`ptxas`]: the offline `ptxas` wrapper (registers, spills, errors mapped to PTX lines).
 //!
 //! Data flow: text --parser--> [`Module`] --validate--> diagnostics; builder --> [`Module`]
@@ -22,6 +23,7 @@ pub mod printer;
 pub mod ptxas;
 pub mod types;
 pub mod validate;
+pub mod video;
 
 pub use ir::*;
 pub use isa::{requirement, OpInfo, Opcode, Requirement};

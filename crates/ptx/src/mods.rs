@@ -45,6 +45,7 @@ enum_str! {
         // conversions and bit ops
         To => "to", L => "l", R => "r", Wrap => "wrap", Clamp => "clamp",
         F4e => "f4e", B4e => "b4e", Rc8 => "rc8", Ecl => "ecl", Ecr => "ecr", Rc16 => "rc16",
+        Pack => "pack", Po => "po", Shr7 => "shr7", Shr15 => "shr15",
         Finite => "finite", Infinite => "infinite", Number => "number", Notanumber => "notanumber",
         Normal => "normal", Subnormal => "subnormal",
         // async copies, barriers, proxies

@@ -922,6 +922,20 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
+    /// `reg` followed by an unspaced video selector (`.b0`, `.h10`, `.b3210`), if any.
+    fn selected(&mut self, reg: Operand) -> PResult<Operand> {
+        let d = self.peek()?;
+        if let Tok::Dot(c) = d.tok {
+            if !d.spaced {
+                if let Some(sel) = Sel::parse(c) {
+                    self.next()?;
+                    return Ok(Operand::Sel(Box::new(reg), sel));
+                }
+            }
+        }
+        Ok(reg)
+    }
+
     fn operand1_inner(&mut self) -> PResult<Operand> {
         let t = self.next()?;
         match t.tok {
@@ -1004,7 +1018,11 @@ impl<'a> Parser<'a> {
                             Imm::F64(b) => Imm::F64(b ^ (1 << 63)),
                         }))
                     }
-                    _ => Err(self.err(&n, "expected a number after `-`")),
+                    // `-%r` (vmad's negated operands), with an optional selector
+                    Tok::Ident(s) if s.starts_with('%') => Ok(Operand::Neg(Box::new(
+                        self.selected(Operand::Reg(s.to_string()))?,
+                    ))),
+                    _ => Err(self.err(&n, "expected a number or register after `-`")),
                 }
             }
             Tok::Num(s) => Ok(Operand::Imm(
@@ -1026,7 +1044,7 @@ impl<'a> Parser<'a> {
                 if let Some(r) = SReg::parse(s) {
                     return Ok(Operand::SReg(r));
                 }
-                Ok(Operand::Reg(s.to_string()))
+                self.selected(Operand::Reg(s.to_string()))
             }
             Tok::Ident(s) => {
                 let offset = self.sym_offset()?;
@@ -1086,7 +1104,7 @@ fn resolve_plain_regs(body: &mut [Statement]) {
                     }
                 }
             }
-            Operand::Not(x) => fix(x, set),
+            Operand::Not(x) | Operand::Neg(x) | Operand::Sel(x, _) => fix(x, set),
             Operand::Vec(v) | Operand::List(v) => v.iter_mut().for_each(|x| fix(x, set)),
             Operand::Pair(a, b) => {
                 fix(a, set);

@@ -465,6 +465,14 @@ pub fn write_operand(o: &mut String, a: &Operand) -> fmt::Result {
             write_operand(o, b)?;
         }
         Operand::Sink => o.push('_'),
+        Operand::Neg(x) => {
+            o.push('-');
+            write_operand(o, x)?;
+        }
+        Operand::Sel(x, sel) => {
+            write_operand(o, x)?;
+            write!(o, ".{sel}")?;
+        }
     }
     Ok(())
 }

@@ -1016,6 +1016,19 @@ impl<'a> FnCheck<'a> {
     fn types(&mut self, i: &'a Instruction) {
         use Opcode::*;
         let a = &i.args;
+        if crate::video::video_op(i.op).is_some() {
+            return self.video(i);
+        }
+        if i.args
+            .iter()
+            .any(|o| matches!(o, Operand::Sel(..) | Operand::Neg(_)))
+        {
+            let why = format!(
+                "`{}` takes no operand selectors (`.b0`, `.h1`) or negations; only video instructions do",
+                i.op.name()
+            );
+            return self.diag(DiagKind::BadOperand, i.loc, why);
+        }
         let tys: Vec<Ty> = i.types().collect();
         let Some(&t) = tys.first() else { return };
         self.carry_form(i, t);
@@ -1078,10 +1091,15 @@ impl<'a> FnCheck<'a> {
                 self.check(i, &a[0], Want::T(Ty::U32), "destination");
                 self.check(i, &a[1], Want::T(t), "source");
             }
-            Prmt | Lop3 => {
-                for o in &a[..4] {
+            Prmt | Lop3 | Bmsk | Fns | Dp2a | Dp4a => {
+                for o in a {
                     self.check(i, o, Want::T(Ty::B32), "operand");
                 }
+            }
+            Szext => {
+                self.check(i, &a[0], Want::T(t), "destination");
+                self.check(i, &a[1], Want::T(t), "source");
+                self.check(i, &a[2], Want::T(Ty::U32), "field width");
             }
             Testp => {
                 self.check(i, &a[0], Want::T(Ty::Pred), "destination");
@@ -1118,7 +1136,15 @@ impl<'a> FnCheck<'a> {
                 self.check(i, &a[3], Want::T(ct), "selector");
             }
             Mov => self.mov(i, t),
+            Cvt if i.has(Flag::Pack) => self.cvt_pack(i, &tys),
             Cvt => {
+                if a.len() > 3 {
+                    self.diag(
+                        DiagKind::OperandCount,
+                        i.loc,
+                        "only `cvt.pack` takes a third source".into(),
+                    );
+                }
                 self.check(i, &a[0], Want::Wide(t), "destination");
                 let st = tys.get(1).copied().unwrap_or(t);
                 for o in &a[1..] {
@@ -1213,6 +1239,50 @@ impl<'a> FnCheck<'a> {
             Mma => self.mma(i, &tys),
             WgmmaMmaAsync => self.wgmma(i, &tys),
             _ => {}
+        }
+    }
+
+    /// Video instructions (`crate::video`): the form's rules, then 32-bit integer registers.
+    fn video(&mut self, i: &Instruction) {
+        if let Err(why) = crate::video::VideoForm::from_instruction(i) {
+            self.diag(DiagKind::BadOperand, i.loc, why);
+            return;
+        }
+        for o in &i.args {
+            self.check(
+                i,
+                crate::video::base_operand(o),
+                Want::T(Ty::S32),
+                "operand",
+            );
+        }
+    }
+
+    /// `cvt.pack.sat.{u16,s16}.s32 d, a, b` and `cvt.pack.sat.{u8,s8}.s32.b32 d, a, b, c`.
+    fn cvt_pack(&mut self, i: &Instruction, tys: &[Ty]) {
+        let a = &i.args;
+        let wide = matches!(tys, [Ty::U16 | Ty::S16, Ty::S32]);
+        let narrow = matches!(tys, [Ty::U8 | Ty::S8, Ty::S32, Ty::B32]);
+        let why = if !i.has(Flag::Sat) {
+            Some("`cvt.pack` needs .sat".to_string())
+        } else if !(wide || narrow) {
+            Some("`cvt.pack` takes .{u16,s16}.s32 or .{u8,s8}.s32.b32".to_string())
+        } else if a.len() != if wide { 3 } else { 4 } {
+            Some(format!(
+                "this `cvt.pack` form takes {} operands, found {}",
+                if wide { 3 } else { 4 },
+                a.len()
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            self.diag(DiagKind::BadOperand, i.loc, why);
+            return;
+        }
+        self.check(i, &a[0], Want::T(Ty::B32), "destination");
+        for o in &a[1..] {
+            self.check(i, o, Want::T(Ty::B32), "source");
         }
     }
 

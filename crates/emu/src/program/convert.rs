@@ -58,6 +58,24 @@ impl Decoder<'_> {
                     }
                 }
             }
+            O::Cvt if ins.has(Flag::Pack) => {
+                let f = alu::cvt_pack(ins)
+                    .ok_or_else(|| self.err(ins, "cvt.pack form not supported"))?;
+                let d = self.dst(ins, arg(0)?)?;
+                let x = self.src(ins, arg(1)?)?;
+                let y = self.src(ins, arg(2)?)?;
+                let z = match a.get(3) {
+                    Some(o) => self.src(ins, o)?,
+                    None => ZERO,
+                };
+                Op::Alu {
+                    f,
+                    d,
+                    a: x,
+                    b: y,
+                    c: z,
+                }
+            }
             O::Cvt => {
                 let spec = CvtSpec::from_instruction(ins).map_err(|e| self.err(ins, e))?;
                 let d = self.dst(ins, arg(0)?)?;

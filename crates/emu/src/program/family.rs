@@ -32,13 +32,15 @@ pub enum Family {
     Control,
     /// Calls (`program/call.rs`).
     Call,
+    /// Video instructions, scalar and SIMD (`program/video.rs`).
+    Video,
     /// Parsed and validated, but the emulator cannot run it.
     NotEmulated,
 }
 
 impl Family {
     /// Every family, in report order.
-    pub const ALL: [Family; 12] = [
+    pub const ALL: [Family; 13] = [
         Family::Int,
         Family::Float,
         Family::Convert,
@@ -50,6 +52,7 @@ impl Family {
         Family::AsyncCopy,
         Family::Control,
         Family::Call,
+        Family::Video,
         Family::NotEmulated,
     ];
 
@@ -67,6 +70,7 @@ impl Family {
             Family::AsyncCopy => "async copy/TMA/mbarrier",
             Family::Control => "control flow",
             Family::Call => "call",
+            Family::Video => "video",
             Family::NotEmulated => "not emulated",
         }
     }
@@ -112,6 +116,13 @@ pub fn family(op: Opcode, float: bool) -> Family {
         O::And | O::Or | O::Xor | O::Not | O::Cnot | O::Shl | O::Shr | O::Shf => F::Int,
         O::Bfe | O::Bfi | O::Prmt | O::Popc | O::Clz | O::Brev | O::Bfind | O::Lop3 => F::Int,
         O::Dp4a | O::Dp2a | O::Fns | O::Setp | O::Set | O::Selp | O::Slct => F::Int,
+        O::Bmsk | O::Szext => F::Int,
+        O::Vadd | O::Vsub | O::Vabsdiff | O::Vmin | O::Vmax | O::Vshl | O::Vshr | O::Vmad => {
+            F::Video
+        }
+        O::Vset | O::Vadd2 | O::Vsub2 | O::Vavrg2 | O::Vabsdiff2 | O::Vmin2 | O::Vmax2 => F::Video,
+        O::Vset2 | O::Vadd4 | O::Vsub4 | O::Vavrg4 | O::Vabsdiff4 | O::Vmin4 | O::Vmax4 => F::Video,
+        O::Vset4 => F::Video,
         O::Mov | O::Cvt | O::Cvta | O::Isspacep => F::Convert,
         O::Ld | O::Ldu | O::St | O::Prefetch | O::Prefetchu | O::Createpolicy => F::Memory,
         O::Discard | O::Applypriority => F::Memory,
@@ -203,6 +214,7 @@ impl Decoder<'_> {
             Family::AsyncCopy => self.decode_async_copy(ins, ins0, guard),
             Family::Control => self.decode_control(ins, ins0, guard),
             Family::Call => self.call(ins, ins0, guard),
+            Family::Video => self.decode_video(ins, ins0, guard),
             Family::NotEmulated => {
                 Err(self.err(ins, "instruction not yet supported by the emulator"))
             }

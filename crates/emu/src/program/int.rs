@@ -1,5 +1,7 @@
 //! Decoding of the integer, bit-manipulation, comparison and selection instructions
-//! (`add`..`bfe` on integer types, `div`/`rem`, `bfi`, `shf`, `lop3`, `setp`/`set`, `selp`/`slct`).
+//! (`add`..`bfe` on integer types, `div`/`rem`, `bfi`, `shf`, `lop3`, `setp`/`set` including the
+//! packed `f16x2`/`bf16x2` comparisons, `selp`/`slct`; `dp2a`, `fns`, `bmsk`, `szext`, `prmt`
+//! modes go through `alu::int_fn`).
 
 use super::*;
 
@@ -125,128 +127,148 @@ impl Decoder<'_> {
     }
 
     /// Decodes one instruction of the comparison (`setp`, `set`) family: the opcodes [`family`] sends here.
+    /// Packed `f16x2`/`bf16x2` comparisons compare each half: `setp` writes the low half's
+    /// result to `p` and the high half's to `q`, `set` fills each half of `d`.
     pub(super) fn decode_compare(
         &mut self,
         ins: &Instruction,
         ins0: &Instruction,
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
+        if !matches!(ins.op, Opcode::Setp | Opcode::Set) {
+            return Err(misrouted(self, ins));
+        }
         let kernel = self.f;
         let arg = |i: usize| operand(kernel, ins, i);
-        use Opcode as O;
-        let op = match ins.op {
-            O::Setp | O::Set => {
-                let tys: Vec<Ty> = ins.types().collect();
-                let cmp_ty = *tys
-                    .last()
-                    .ok_or_else(|| self.err(ins, "setp without type"))?;
-                let cmp = ins
-                    .mods
-                    .iter()
-                    .find_map(|m| match m {
-                        Mod::Flag(
-                            f @ (Flag::Eq
-                            | Flag::Ne
-                            | Flag::Lt
-                            | Flag::Le
-                            | Flag::Gt
-                            | Flag::Ge
-                            | Flag::Lo
-                            | Flag::Ls
-                            | Flag::Hi
-                            | Flag::Hs
-                            | Flag::Equ
-                            | Flag::Neu
-                            | Flag::Ltu
-                            | Flag::Leu
-                            | Flag::Gtu
-                            | Flag::Geu
-                            | Flag::Num
-                            | Flag::Nan),
-                        ) => Some(*f),
-                        _ => None,
-                    })
-                    .ok_or_else(|| self.err(ins, "comparison operator missing"))?;
-                let f = if cmp_ty.is_float() {
-                    alu::float_cmp(cmp_ty, cmp, ins.has(Flag::Ftz))
-                } else {
-                    alu::int_cmp(cmp_ty, cmp)
-                };
-                let f = f.ok_or_else(|| self.err(ins, "unsupported comparison type"))?;
-                let combine = [Flag::And, Flag::Or, Flag::Xor]
-                    .into_iter()
-                    .find(|f| ins.has(*f));
-                let (d0, d1) = match arg(0)? {
-                    Operand::Pair(p, q) => (self.dst(ins, p)?, Some(self.dst(ins, q)?)),
-                    o => (self.dst(ins, o)?, None),
-                };
-                let x = self.src(ins, arg(1)?)?;
-                let y = self.src(ins, arg(2)?)?;
-                let c = if combine.is_some() {
-                    self.src(ins, arg(3)?)?
-                } else {
-                    ZERO
-                };
-                let t = self.new_slot(1);
-                self.push(
-                    Op::Alu {
-                        f,
-                        d: t,
-                        a: x,
-                        b: y,
-                        c: ZERO,
-                    },
-                    ins0,
-                    guard,
-                );
-                let comb = combine.unwrap_or(Flag::Rn);
-                if ins.op == O::Set {
-                    let t2 = self.new_slot(1);
-                    self.push(
-                        Op::Alu {
-                            f: alu::bool_combine(comb, false),
-                            d: t2,
-                            a: t,
-                            b: c,
-                            c: ZERO,
-                        },
-                        ins0,
-                        guard,
-                    );
-                    let float = tys.first() == Some(&Ty::F32);
-                    Op::Alu {
-                        f: alu::set_result(float),
-                        d: d0,
-                        a: t2,
-                        b: ZERO,
-                        c: ZERO,
-                    }
-                } else {
-                    if let Some(q) = d1 {
-                        self.push(
-                            Op::Alu {
-                                f: alu::bool_combine(comb, true),
-                                d: q,
-                                a: t,
-                                b: c,
-                                c: ZERO,
-                            },
-                            ins0,
-                            guard,
-                        );
-                    }
-                    Op::Alu {
-                        f: alu::bool_combine(comb, false),
-                        d: d0,
-                        a: t,
-                        b: c,
-                        c: ZERO,
-                    }
+        let tys: Vec<Ty> = ins.types().collect();
+        let cmp_ty = *tys
+            .last()
+            .ok_or_else(|| self.err(ins, "setp without type"))?;
+        let cmp = ins
+            .mods
+            .iter()
+            .find_map(|m| match m {
+                Mod::Flag(f) if alu::is_comparison(*f) => Some(*f),
+                _ => None,
+            })
+            .ok_or_else(|| self.err(ins, "comparison operator missing"))?;
+        let combine = [Flag::And, Flag::Or, Flag::Xor]
+            .into_iter()
+            .find(|f| ins.has(*f));
+        let x = self.src(ins, arg(1)?)?;
+        let y = self.src(ins, arg(2)?)?;
+        let c = if combine.is_some() {
+            self.src(ins, arg(3)?)?
+        } else {
+            ZERO
+        };
+        let comb = combine.unwrap_or(Flag::Rn);
+        let packed = matches!(cmp_ty, Ty::F16x2 | Ty::Bf16x2);
+        let ftz = ins.has(Flag::Ftz);
+        // the comparison of each element into a predicate temporary
+        let mut preds = Vec::new();
+        for hi in if packed {
+            &[false, true][..]
+        } else {
+            &[false][..]
+        } {
+            let f = if packed || (ftz && cmp_ty.is_float()) {
+                alu::float_cmp_elem(cmp_ty, *hi, ftz, cmp)
+            } else if cmp_ty.is_float() {
+                alu::float_cmp(cmp_ty, cmp)
+            } else {
+                alu::int_cmp(cmp_ty, cmp)
+            };
+            let f = f.ok_or_else(|| self.err(ins, "unsupported comparison type"))?;
+            let t = self.new_slot(1);
+            let op = Op::Alu {
+                f,
+                d: t,
+                a: x,
+                b: y,
+                c: ZERO,
+            };
+            self.push(op, ins0, guard);
+            preds.push(t);
+        }
+        let (d0, d1) = match arg(0)? {
+            Operand::Pair(p, q) => (self.dst(ins, p)?, Some(self.dst(ins, q)?)),
+            o => (self.dst(ins, o)?, None),
+        };
+        if ins.op == Opcode::Setp {
+            self.setp_outputs(ins, ins0, guard, (&preds, c, comb), (d0, d1))
+        } else {
+            self.set_output(ins0, guard, (&preds, c, comb), tys[0], d0);
+            Ok(())
+        }
+    }
+
+    /// `setp`'s predicates: `p` (and `q`, the complement; for packed types the high half).
+    fn setp_outputs(
+        &mut self,
+        ins: &Instruction,
+        ins0: &Instruction,
+        guard: (u32, bool),
+        (preds, c, comb): (&[u32], u32, Flag),
+        (d0, d1): (u32, Option<u32>),
+    ) -> Result<(), EmuError> {
+        let alu = |f, d, a| Op::Alu {
+            f,
+            d,
+            a,
+            b: c,
+            c: ZERO,
+        };
+        match (preds, d1) {
+            ([t], q) => {
+                if let Some(q) = q {
+                    self.push(alu(alu::bool_combine(comb, true), q, *t), ins0, guard);
                 }
+                self.push(alu(alu::bool_combine(comb, false), d0, *t), ins0, guard);
             }
-            _ => return Err(misrouted(self, ins)),
+            ([lo, hi], Some(q)) => {
+                // both read the comparisons, so a destination that is also a source is safe
+                self.push(alu(alu::bool_combine(comb, false), q, *hi), ins0, guard);
+                self.push(alu(alu::bool_combine(comb, false), d0, *lo), ins0, guard);
+            }
+            _ => return Err(self.err(ins, "packed setp needs a p|q destination pair")),
+        }
+        Ok(())
+    }
+
+    /// `set`'s value: 1.0 or all ones per element where the combined comparison holds.
+    fn set_output(
+        &mut self,
+        ins0: &Instruction,
+        guard: (u32, bool),
+        (preds, c, comb): (&[u32], u32, Flag),
+        dty: Ty,
+        d: u32,
+    ) {
+        let mut combined = Vec::new();
+        for t in preds {
+            let t2 = self.new_slot(1);
+            let op = Op::Alu {
+                f: alu::bool_combine(comb, false),
+                d: t2,
+                a: *t,
+                b: c,
+                c: ZERO,
+            };
+            self.push(op, ins0, guard);
+            combined.push(t2);
+        }
+        let (f, a, b) = match combined[..] {
+            [lo, hi] => (alu::set_result_x2(dty), lo, hi),
+            _ => (alu::set_result_ty(dty), combined[0], ZERO),
+        };
+        let op = Op::Alu {
+            f,
+            d,
+            a,
+            b,
+            c: ZERO,
         };
         self.push(op, ins0, guard);
-        Ok(())
     }
 }

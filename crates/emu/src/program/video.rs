@@ -1,0 +1,39 @@
+//! Decoding of the video instructions (`vadd`..`vset`, `vadd2`..`vset2`, `vadd4`..`vset4`): the
+//! form comes from [`ptx::video::VideoForm`] (types, modifiers, selectors, negations), the
+//! operands are the registers under the selectors.
+
+use super::*;
+use ptx::video::{base_operand, VideoForm};
+
+impl Decoder<'_> {
+    /// Decodes one video instruction into [`Op::Video`].
+    pub(super) fn decode_video(
+        &mut self,
+        ins: &Instruction,
+        ins0: &Instruction,
+        guard: (u32, bool),
+    ) -> Result<(), EmuError> {
+        let form = VideoForm::from_instruction(ins).map_err(|e| self.err(ins, e))?;
+        let kernel = self.f;
+        let arg = |i: usize| operand(kernel, ins, i);
+        let d = self.dst(ins, base_operand(arg(0)?))?;
+        let a = self.src(ins, base_operand(arg(1)?))?;
+        let b = self.src(ins, base_operand(arg(2)?))?;
+        let c = match ins.args.get(3) {
+            Some(o) => self.src(ins, base_operand(o))?,
+            None => ZERO,
+        };
+        self.push(
+            Op::Video {
+                form: Box::new(form),
+                d,
+                a,
+                b,
+                c,
+            },
+            ins0,
+            guard,
+        );
+        Ok(())
+    }
+}
