@@ -30,8 +30,8 @@
 //! buffer, and the call synchronises the stream before freeing it, like the forward.
 
 use super::bwd::{
-    declare_tail, dkdv_grid, dq_grid, new_kernel, start_cta, BwdArgs, BwdSpec, Dkdv, Dq, Products,
-    Seq, Warps, BKV, BM_DQ, BN_DQ,
+    declare_tail, dkdv_grid, dq_grid, new_kernel, BwdArgs, BwdSpec, Dkdv, Dq, Products, Warps, BKV,
+    BM_DQ, BN_DQ,
 };
 use super::fwd::AttnShape;
 use super::sm90::{self, k_panels, panels, KMaps, PanelDst};
@@ -126,59 +126,31 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// dK/dV: K, V resident (64 keys); Q, dO streamed (`bq` queries).
-    pub(crate) fn dkdv(s: &BwdSpec) -> Plan {
-        let (rk, rq) = (BKV, s.bq());
+    fn new(s: &BwdSpec, resident: [(Src, u32); 2], streamed: [(Src, u32); 2]) -> Plan {
+        let part = |(src, rows)| Part { src, rows };
         Plan {
-            resident: [
-                Part {
-                    src: Src::K,
-                    rows: rk,
-                },
-                Part {
-                    src: Src::V,
-                    rows: rk,
-                },
-            ],
-            streamed: [
-                Part {
-                    src: Src::Q,
-                    rows: rq,
-                },
-                Part {
-                    src: Src::Dout,
-                    rows: rq,
-                },
-            ],
+            resident: resident.map(part),
+            streamed: streamed.map(part),
             s: *s,
         }
+    }
+    /// dK/dV: K, V resident (64 keys); Q, dO streamed (`bq` queries).
+    pub(crate) fn dkdv(s: &BwdSpec) -> Plan {
+        let bq = s.bq();
+        Plan::new(
+            s,
+            [(Src::K, BKV), (Src::V, BKV)],
+            [(Src::Q, bq), (Src::Dout, bq)],
+        )
     }
     /// dQ: Q, dO resident (64 queries); K, V streamed (32 keys).
     pub(crate) fn dq(s: &BwdSpec) -> Plan {
         let (rq, rk) = (BM_DQ, BN_DQ);
-        Plan {
-            resident: [
-                Part {
-                    src: Src::Q,
-                    rows: rq,
-                },
-                Part {
-                    src: Src::Dout,
-                    rows: rq,
-                },
-            ],
-            streamed: [
-                Part {
-                    src: Src::K,
-                    rows: rk,
-                },
-                Part {
-                    src: Src::V,
-                    rows: rk,
-                },
-            ],
-            s: *s,
-        }
+        Plan::new(
+            s,
+            [(Src::Q, rq), (Src::Dout, rq)],
+            [(Src::K, rk), (Src::V, rk)],
+        )
     }
     fn panels(&self, p: Part) -> u32 {
         match p.src {
@@ -345,25 +317,6 @@ fn producer(
     });
 }
 
-/// Splits the CTA: the producer warp's elected thread runs `prod`, the math threads `math`.
-fn specialise(
-    k: &mut KernelBuilder,
-    math: u32,
-    prod: impl FnOnce(&mut KernelBuilder),
-    cons: impl FnOnce(&mut KernelBuilder),
-) {
-    let tid = k.tid_x();
-    let is_producer = k.ge(tid, math);
-    k.if_else(
-        is_producer,
-        |k| {
-            let elected = k.eq(tid, math);
-            k.if_(elected, prod);
-        },
-        cons,
-    );
-}
-
 /// Generates the wgmma dK/dV kernel (`s.wgmma`; checked by the caller).
 pub(crate) fn gen_dkdv(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     let math = 128 * s.splits();
@@ -400,7 +353,7 @@ pub(crate) fn gen_dkdv(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
         });
         cx.store(k, &p);
     };
-    specialise(&mut k, math, prod, cons);
+    sm90::specialise(&mut k, math, prod, cons);
     Ok(k.finish()?)
 }
 
@@ -434,7 +387,7 @@ pub(crate) fn gen_dq(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
         });
         cx.store(k, &p);
     };
-    specialise(&mut k, math, prod, cons);
+    sm90::specialise(&mut k, math, prod, cons);
     Ok(k.finish()?)
 }
 

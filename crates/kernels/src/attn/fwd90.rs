@@ -163,34 +163,22 @@ pub(crate) fn gen(t: &Target, s: &FwdSpec) -> Result<ptx::Module> {
     let cup = k.param_ptr_aligned::<i32>("cu_seqlens", 4);
     let heads = k.param::<u32>("heads");
     let c = k.param::<f32>("scale_log2");
-    let cta = setup(&mut k, s, cup);
-    let tid = k.tid_x();
-    let is_producer = k.ge(tid, MATH_THREADS);
-    k.if_else(
-        is_producer,
-        |k| {
-            let elected = k.eq(tid, MATH_THREADS);
-            k.if_(elected, |k| producer(k, &cta, maps));
-        },
+    let cta = setup(&mut k, s, cup, heads);
+    sm90::specialise(
+        &mut k,
+        MATH_THREADS,
+        |k| producer(k, &cta, maps),
         |k| consumer(k, &cta, (op, lsep), heads, c),
     );
     Ok(k.finish()?)
 }
 
 /// Sequence bounds (the CTA exits past the end), tile count, barriers initialised.
-fn setup(k: &mut KernelBuilder, s: &FwdSpec, cup: GlobalPtr<i32>) -> Cta {
+fn setup(k: &mut KernelBuilder, s: &FwdSpec, cup: GlobalPtr<i32>, heads: Reg<u32>) -> Cta {
     let l = Layout90::new(s);
     let base = k.dynamic_shared::<u8>(1024).reg();
-    let (bx, h, b) = (k.ctaid_x(), k.ctaid_y(), k.ctaid_z());
-    let q0 = k.mul(bx, BM);
-    let st = k.ld_nc(cup.offset(b));
-    let b1 = k.add(b, 1u32);
-    let en = k.ld_nc(cup.offset(b1));
-    let start: Reg<u32> = st.reinterpret();
-    let en: Reg<u32> = en.reinterpret();
-    let len = k.sub(en, start);
-    let done = k.ge(q0, len);
-    k.when(done, |k| k.exit());
+    let (sq, q0) = start_cta(k, cup, heads, BM);
+    let (start, len, h) = (sq.start, sq.len, sq.h);
     let ntiles = causal_key_tiles(k, q0, BM, len, l.bn);
     let bars = k.add(base, l.bars);
     let bar = |i: u32| SharedPtr::<u64>::from_reg(bars).add_bytes(8 * i as i64);

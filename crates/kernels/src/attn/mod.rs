@@ -103,6 +103,90 @@ pub(crate) fn causal_key_tiles(
     k.div(nt, bn)
 }
 
+/// This CTA's sequence (`cu_seqlens[ctaid.z]..`) and head (`ctaid.y`).
+#[derive(Clone, Copy)]
+pub(crate) struct Seq {
+    pub start: Reg<u32>,
+    pub len: Reg<u32>,
+    pub h: Reg<u32>,
+    pub heads: Reg<u32>,
+}
+
+impl Seq {
+    pub(crate) fn load(k: &mut KernelBuilder, cup: GlobalPtr<i32>, heads: Reg<u32>) -> Seq {
+        let (h, b) = (k.ctaid_y(), k.ctaid_z());
+        let st = k.ld_nc(cup.offset(b));
+        let b1 = k.add(b, 1u32);
+        let en = k.ld_nc(cup.offset(b1));
+        let start: Reg<u32> = st.reinterpret();
+        let en: Reg<u32> = en.reinterpret();
+        let len = k.sub(en, start);
+        Seq {
+            start,
+            len,
+            h,
+            heads,
+        }
+    }
+    /// (token, head) row index of sequence row `r`.
+    pub(crate) fn row(&self, k: &mut KernelBuilder, r: Reg<u32>) -> Reg<u32> {
+        let t = k.add(self.start, r);
+        k.mad_lo(t, self.heads, self.h)
+    }
+    pub(crate) fn ptr(
+        &self,
+        k: &mut KernelBuilder,
+        p: GlobalPtr<u8>,
+        r: Reg<u32>,
+        d: u32,
+    ) -> Reg<u64> {
+        let gr = self.row(k, r);
+        wide_off(k, p.reg(), gr, d * 2)
+    }
+    /// `cp.async` of sequence rows `r0..` of `[total, heads, t.d]` tensor `p` (row stride
+    /// `stride` bytes) into tile `t` (rows past the sequence's end zero-filled; the caller
+    /// commits).
+    pub(crate) fn load_tile(
+        &self,
+        k: &mut KernelBuilder,
+        (nt, t): (u32, &Tile),
+        (p, stride): (GlobalPtr<u8>, Reg<u32>),
+        r0: Reg<u32>,
+    ) {
+        let tid = k.tid_x();
+        let src = self.ptr(k, p, r0, t.d);
+        let valid = k.sub(self.len, r0);
+        load_tile(k, tid, nt, t, src, stride, valid);
+    }
+    /// Row stride in bytes of a `[total, heads, d]` tensor.
+    pub(crate) fn stride(&self, k: &mut KernelBuilder, d: u32) -> Reg<u32> {
+        k.mul(self.heads, d * 2)
+    }
+    /// `cp.async` of the K rows `r0..` (both K sources) into tile `t`.
+    pub(crate) fn load_k(&self, k: &mut KernelBuilder, nt: u32, t: &Tile, ks: &KSrc, r0: Reg<u32>) {
+        let tid = k.tid_x();
+        let valid = k.sub(self.len, r0);
+        let tok0 = k.add(self.start, r0);
+        load_k(k, tid, nt, t, ks, (tok0, self.heads, self.h), valid);
+    }
+}
+
+/// Sequence of this CTA and its first row `ctaid.x * rows` (the CTA exits when that is past
+/// the sequence's end).
+pub(crate) fn start_cta(
+    k: &mut KernelBuilder,
+    cu: GlobalPtr<i32>,
+    heads: Reg<u32>,
+    rows: u32,
+) -> (Seq, Reg<u32>) {
+    let sq = Seq::load(k, cu, heads);
+    let bx = k.ctaid_x();
+    let r0 = k.mul(bx, rows);
+    let done = k.ge(r0, sq.len);
+    k.when(done, |k| k.exit());
+    (sq, r0)
+}
+
 /// Per-lane constants of the fragment loaders.
 pub(crate) struct Lanes {
     /// g = lane / 4 (accumulator row), q = lane % 4 (accumulator column pair)

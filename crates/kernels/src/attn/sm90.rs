@@ -181,6 +181,26 @@ pub(crate) fn load_k_panels(
     }
 }
 
+/// Splits a warp-specialised CTA: the elected first thread of the producer warp (thread
+/// `math`) runs `prod`, the `math` consumer threads (tid < `math`) run `cons`.
+pub(crate) fn specialise(
+    k: &mut KernelBuilder,
+    math: u32,
+    prod: impl FnOnce(&mut KernelBuilder),
+    cons: impl FnOnce(&mut KernelBuilder),
+) {
+    let tid = k.tid_x();
+    let is_producer = k.ge(tid, math);
+    k.if_else(
+        is_producer,
+        |k| {
+            let elected = k.eq(tid, math);
+            k.if_(elected, prod);
+        },
+        cons,
+    );
+}
+
 /// The tensor maps were written by host copies: acquire them for the tensor-map proxy.
 pub(crate) fn acquire_maps(k: &mut KernelBuilder, maps: &[Reg<u64>]) {
     for &m in maps {
