@@ -13,6 +13,11 @@
 //!
 //! Layouts as the forward (the shared RoPE key too; dK stays per head); `delta` is an f32
 //! `[total, heads]` workspace.
+//!
+//! The per-tile work of steps 2 and 3 (`Dkdv::tile`, `Dq::tile`: statistics, masks, P
+//! and dS, the dV-then-dK and dQ accumulation order, the stores) is shared with the sm_90a
+//! kernels of [`super::bwd90`]; a variant supplies its loads and a `Products` (here
+//! `ldmatrix` + `mma.sync` per warp, there `wgmma` per warpgroup).
 
 use super::fwd::{qk_tile, AttnShape};
 use super::*;
@@ -33,7 +38,8 @@ pub struct BwdSpec {
     pub d_v: u32,
     /// shared RoPE key width (see [`super::fwd::FwdSpec::k_rope`]); 0 = K concatenated
     pub k_rope: u32,
-    /// sm_90a variant: every product as a warpgroup `wgmma` ([`super::bwd90`])
+    /// sm_90a variant: TMA loads (producer warp, mbarrier ring) and every product a warpgroup
+    /// `wgmma` ([`super::bwd90`])
     pub wgmma: bool,
 }
 
@@ -356,7 +362,7 @@ fn mask_transposed(
 }
 
 /// The instructions of the backward's tile products. The `mma.sync` and `wgmma` kernels each
-/// implement it; the per-tile code shared by both ([`Dkdv::tile`], [`Dq::tile`]) fixes what
+/// implement it; the per-tile code shared by both (`Dkdv::tile`, `Dq::tile`) fixes what
 /// is computed and in which order.
 pub(super) trait Products {
     /// `acc = A B^T` over `d` columns: A = this thread's rows of tile `a` (its warp's 16, or its
@@ -737,8 +743,9 @@ pub fn mla_attn_bwd(stream: &Stream, sh: &AttnShape, a: BwdArgs) -> Result<()> {
 /// [`mla_attn_bwd`] calling `after(kernel name)` after each of its launches is queued
 /// (benchmarks read the emulator's per-launch statistics there).
 ///
-/// On an sm_90a device the dK/dV and dQ launches are the `wgmma` kernels, elsewhere the
-/// `mma.sync` ones.
+/// On an sm_90a device the dK/dV and dQ launches are the TMA + `wgmma` kernels (the call then
+/// synchronises the stream before returning: their tensor maps live in a buffer freed then),
+/// elsewhere the `mma.sync` ones (asynchronous).
 pub fn mla_attn_bwd_observed(
     stream: &Stream,
     sh: &AttnShape,

@@ -1,13 +1,13 @@
 //! The sm_90a backward kernels `mla_attn_bwd_{dkdv,dq}_wgmma_*`: the tiles, loops, masks,
-//! statistics and stores of [`super::bwd`] (its [`Dkdv`] / [`Dq`] per-tile code, shared with
-//! the `mma.sync` kernels), with every product a warpgroup `wgmma` ([`WgProducts`]) and every
+//! statistics and stores of [`super::bwd`] (its `Dkdv` / `Dq` per-tile code, shared with
+//! the `mma.sync` kernels), with every product a warpgroup `wgmma` (`WgProducts`) and every
 //! operand tile loaded by TMA through mbarriers, warp-specialised like [`super::fwd90`].
 //!
 //! A CTA is the math warpgroup(s) plus one producer warp whose elected thread issues the TMA
-//! copies ([`sm90::load_panels`]: [64 columns, rows] boxes with the 128-byte swizzle, one per
+//! copies (`sm90::load_panels`: [64 columns, rows] boxes with the 128-byte swizzle, one per
 //! panel, the layout the wgmma descriptors read). Two tiles are *resident* (loaded once, on
 //! their own mbarrier) and two are *streamed* through a 2-stage ring (`full` / `empty`
-//! mbarrier pairs, [`builder::Pipeline`]), so tile i+1's copies run under tile i's math; a
+//! mbarrier pairs, `builder::Pipeline`), so tile i+1's copies run under tile i's math; a
 //! stage is released by every math thread after the last wgmma reading it has completed
 //! (`wgmma.wait_group 0`), so no TMA write lands under an in-flight wgmma.
 //!
@@ -16,7 +16,7 @@
 //!   S^T = K Q^T, dP^T = V dO^T as `wgmma m64n{bq}k16` (both operands K-major); dV += P^T dO
 //!   and dK += dS^T Q as `wgmma m64n{cols}k16` with P^T / dS^T from registers and dO / Q
 //!   MN-major; with 2 warpgroups each owns a panel-aligned part of the dK and dV columns
-//!   ([`col_split`]), S^T and dP^T computed by both.
+//!   (`col_split`), S^T and dP^T computed by both.
 //! - dQ (64 queries per CTA, one math warpgroup + the producer warp): Q and dO resident, K and
 //!   V (32 keys) streamed over the key tiles up to the diagonal. S = Q K^T, dP = dO V^T
 //!   (`m64n32k16`), dQ += dS K (`m64n{d_qk}k16`, K MN-major; with a shared RoPE key the K tile

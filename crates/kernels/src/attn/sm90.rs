@@ -2,12 +2,12 @@
 //! [`super::bwd90`]) share: TMA loads of panel tiles, their tensor maps, and warpgroup
 //! products over panel tiles through 128B-swizzle descriptors.
 //!
-//! A panel tile ([`super::Tile`]) is exactly what a 2-D `cp.async.bulk.tensor` of a
+//! A panel tile (`super::Tile`) is exactly what a 2-D `cp.async.bulk.tensor` of a
 //! [64 columns, rows] box with the 128-byte swizzle writes: 8-row groups 1024 bytes apart,
 //! panels `rows * 128` apart, every panel 1024-aligned, which is also the 128B-swizzle canonical
 //! layout of `wgmma` descriptors. A K tile fed by a shared RoPE key is [nope panels | rope
 //! panels] (`Tile::split` = d_nope): each source starts on a panel, so its TMA boxes stay
-//! panel-aligned whatever d_nope is; [`col_off`] maps a column to its place.
+//! panel-aligned whatever d_nope is; `col_off` maps a column to its place.
 
 use super::*;
 use builder::hopper::Swizzle;
@@ -57,7 +57,7 @@ pub(crate) fn preds(k: &mut KernelBuilder) -> (Reg<Pred>, Reg<Pred>) {
 }
 
 /// `acc = A B^T` over `d` columns with `wgmma m64n{b.rows}k16`: A the 64-row panel tile `a`, B
-/// the panel tile `b`, both K-major (k-step columns placed by [`col_off`]). Waits for the
+/// the panel tile `b`, both K-major (k-step columns placed by `col_off`). Waits for the
 /// group, so the tiles may be released after it.
 pub(crate) fn ss_wgmma(
     k: &mut KernelBuilder,
