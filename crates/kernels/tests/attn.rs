@@ -112,6 +112,36 @@ fn shared_rope_key_matches_the_broadcast_reference() {
     }
 }
 
+/// The sm_90a backward (TMA loads through mbarrier rings, wgmma) at both ends of the head-dim
+/// range, V3's 192/128 (K concatenated and with the shared 64-wide RoPE key), on a ragged batch
+/// with lengths around its tiles (16-query and 64-key tiles in dK/dV, 64-query and 32-key tiles
+/// in dQ; an empty sequence; 130 rows wrap both 2-stage rings): boxes reaching into the next
+/// sequence and past the tensor end must not leak into the gradients. Outputs poisoned, f64
+/// reference.
+#[test]
+fn tma_backward_head_dim_extremes_ragged() {
+    let st = emu();
+    let lens = vec![17, 1, 0, 130, 15, 65, 16, 63];
+    for (dqk, dv, rope) in [
+        (32, 32, 0),
+        (32, 256, 0),
+        (256, 32, 0),
+        (256, 256, 0),
+        (192, 128, 0),
+        (192, 128, 64),
+    ] {
+        let mut rg = rng(31 + dqk as u64 + dv as u64 + rope as u64);
+        let tp = TrainProblem::with_lens(&mut rg, lens.clone(), dqk, dv).with_shared_rope(rope);
+        let dout = ar::random_bf16(&mut rg, tp.total * tp.sh.heads * dv, 1.0);
+        let wb = tp.p.backward(&tp.q.1, &tp.k.1, &tp.v.1, &dout.1);
+        let b = ar::run_bwd(&st, &tp, &dout.0, true).unwrap();
+        let w = format!("{dqk}/{dv} kr{rope} (TMA + wgmma)");
+        assert_close(&format!("dQ {w}"), &b.dq, &wb.dq, 2e-2);
+        assert_close(&format!("dK {w}"), &b.dk, &wb.dk, 2e-2);
+        assert_close(&format!("dV {w}"), &b.dv, &wb.dv, 2e-2);
+    }
+}
+
 /// The kernel gradients against central finite differences of the f64 forward's loss
 /// L = sum(dO * O) (independent of the reference backward's formulas), at random elements.
 #[test]
@@ -563,9 +593,9 @@ fn decode_dim_sweep_assembles_without_spills() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The sm_90a kernels (forward: TMA ring + wgmma; backward dK/dV and dQ: wgmma) at the ends
-/// of the head-dim range, odd dims and the shared RoPE key assemble without spills, and the
-/// forward loads through TMA (no `cp.async`).
+/// The sm_90a kernels (forward, backward dK/dV and dQ: TMA rings + wgmma) at the ends of the
+/// head-dim range, odd dims and the shared RoPE key assemble without spills, and all of them
+/// load through TMA (no `cp.async`).
 #[test]
 fn wgmma_kernels_assemble_without_spills() {
     if ptx::ptxas::ptxas_for_tests("attention wgmma forward").is_none() {
@@ -614,7 +644,10 @@ fn wgmma_kernels_assemble_without_spills() {
             (b.dkdv_name(), gen_dkdv(&t, &b).unwrap()),
             (b.dq_name(), gen_dq(&t, &b).unwrap()),
         ] {
-            let rep = ptx::ptxas::assemble(&ptx::print(&m), "sm_90a", &Default::default()).unwrap();
+            let text = ptx::print(&m);
+            assert!(text.contains("cp.async.bulk.tensor.2d"), "{name}");
+            assert!(!text.contains("cp.async.ca") && !text.contains("cp.async.cg"));
+            let rep = ptx::ptxas::assemble(&text, "sm_90a", &Default::default()).unwrap();
             let k = rep.kernel(&name).cloned().unwrap_or_default();
             eprintln!("{name} regs {}", k.registers);
             if k.spill_stores_bytes + k.spill_loads_bytes + k.stack_frame_bytes > 0 {

@@ -13,6 +13,11 @@
 //!
 //! Layouts as the forward (the shared RoPE key too; dK stays per head); `delta` is an f32
 //! `[total, heads]` workspace.
+//!
+//! The per-tile work of steps 2 and 3 (`Dkdv::tile`, `Dq::tile`: statistics, masks, P
+//! and dS, the dV-then-dK and dQ accumulation order, the stores) is shared with the sm_90a
+//! kernels of [`super::bwd90`]; a variant supplies its loads and a `Products` (here
+//! `ldmatrix` + `mma.sync` per warp, there `wgmma` per warpgroup).
 
 use super::fwd::{qk_tile, AttnShape};
 use super::*;
@@ -33,7 +38,8 @@ pub struct BwdSpec {
     pub d_v: u32,
     /// shared RoPE key width (see [`super::fwd::FwdSpec::k_rope`]); 0 = K concatenated
     pub k_rope: u32,
-    /// sm_90a variant: every product as a warpgroup `wgmma` ([`super::bwd90`])
+    /// sm_90a variant: TMA loads (producer warp, mbarrier ring) and every product a warpgroup
+    /// `wgmma` ([`super::bwd90`])
     pub wgmma: bool,
 }
 
@@ -84,50 +90,63 @@ impl BwdSpec {
             32
         }
     }
+    /// Threads of a dK/dV CTA: 4 warps per column split (the wgmma variant adds its TMA
+    /// producer warp).
     pub fn dkdv_threads(&self) -> u32 {
-        4 * self.splits() * 32
+        let math = 4 * self.splits() * 32;
+        if self.wgmma {
+            math + 32
+        } else {
+            math
+        }
+    }
+    /// Threads of a dQ CTA: 4 warps (+ the wgmma variant's producer warp).
+    pub fn dq_threads(&self) -> u32 {
+        if self.wgmma {
+            160
+        } else {
+            128
+        }
     }
     pub fn dkdv_shared(&self) -> u32 {
+        if self.wgmma {
+            return super::bwd90::Plan::dkdv(self).total();
+        }
         let (q, v) = (self.d_qk, self.d_v);
         let bq = self.bq();
         tile_bytes(BKV, q) + tile_bytes(BKV, v) + tile_bytes(bq, q) + tile_bytes(bq, v)
     }
     pub fn dq_shared(&self) -> u32 {
+        if self.wgmma {
+            return super::bwd90::Plan::dq(self).total();
+        }
         let (q, v) = (self.d_qk, self.d_v);
         tile_bytes(BM_DQ, q) + tile_bytes(BM_DQ, v) + tile_bytes(BN_DQ, q) + tile_bytes(BN_DQ, v)
     }
-    pub fn dkdv_params() -> &'static [(&'static str, &'static str)] {
-        &[
-            ("q", "bf16*"),
-            ("k", "bf16*"),
-            ("k_rope", "bf16* (k_rope > 0)"),
-            ("v", "bf16*"),
-            ("dout", "bf16*"),
-            ("lse", "f32*"),
-            ("delta", "f32*"),
-            ("cu_seqlens", "i32*"),
-            ("dk", "bf16*"),
-            ("dv", "bf16*"),
-            ("heads", "u32"),
-            ("scale_log2", "f32"),
-            ("scale", "f32"),
-        ]
+    /// Parameters of the dK/dV kernel in launch order: (name, type).
+    pub fn dkdv_params(&self) -> Vec<(&'static str, &'static str)> {
+        self.params(&[("dk", "bf16*"), ("dv", "bf16*")])
     }
-    pub fn dq_params() -> &'static [(&'static str, &'static str)] {
-        &[
-            ("q", "bf16*"),
-            ("k", "bf16*"),
-            ("k_rope", "bf16* (k_rope > 0)"),
-            ("v", "bf16*"),
-            ("dout", "bf16*"),
-            ("lse", "f32*"),
-            ("delta", "f32*"),
-            ("cu_seqlens", "i32*"),
-            ("dq", "bf16*"),
-            ("heads", "u32"),
-            ("scale_log2", "f32"),
-            ("scale", "f32"),
-        ]
+    /// Parameters of the dQ kernel in launch order.
+    pub fn dq_params(&self) -> Vec<(&'static str, &'static str)> {
+        self.params(&[("dq", "bf16*")])
+    }
+    fn params(&self, outs: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+        let mut v = if self.wgmma {
+            super::bwd90::MAP_PARAMS.to_vec()
+        } else {
+            vec![
+                ("q", "bf16*"),
+                ("k", "bf16*"),
+                ("k_rope", "bf16* (k_rope > 0)"),
+                ("v", "bf16*"),
+                ("dout", "bf16*"),
+            ]
+        };
+        v.extend([("lse", "f32*"), ("delta", "f32*"), ("cu_seqlens", "i32*")]);
+        v.extend_from_slice(outs);
+        v.extend([("heads", "u32"), ("scale_log2", "f32"), ("scale", "f32")]);
+        v
     }
 }
 
@@ -186,60 +205,16 @@ pub fn gen_pre(t: &Target) -> Result<ptx::Module> {
     Ok(k.finish()?)
 }
 
-/// Common kernel prologue: (start, len, head) of this CTA's sequence.
-pub(super) struct Seq {
-    pub start: Reg<u32>,
-    pub len: Reg<u32>,
-    pub h: Reg<u32>,
-    pub heads: Reg<u32>,
+/// The Q/K/V/dO sources of the `mma.sync` kernels (the wgmma kernels take tensor maps).
+struct Sources {
+    q: GlobalPtr<u8>,
+    k: KSrc,
+    v: GlobalPtr<u8>,
+    dout: GlobalPtr<u8>,
 }
 
-impl Seq {
-    pub(super) fn load(k: &mut KernelBuilder, cup: GlobalPtr<i32>, heads: Reg<u32>) -> Seq {
-        let (h, b) = (k.ctaid_y(), k.ctaid_z());
-        let st = k.ld_nc(cup.offset(b));
-        let b1 = k.add(b, 1u32);
-        let en = k.ld_nc(cup.offset(b1));
-        let start: Reg<u32> = st.reinterpret();
-        let en: Reg<u32> = en.reinterpret();
-        let len = k.sub(en, start);
-        Seq {
-            start,
-            len,
-            h,
-            heads,
-        }
-    }
-    /// (token, head) row index of sequence row `r`.
-    pub(super) fn row(&self, k: &mut KernelBuilder, r: Reg<u32>) -> Reg<u32> {
-        let t = k.add(self.start, r);
-        k.mad_lo(t, self.heads, self.h)
-    }
-    pub(super) fn ptr(
-        &self,
-        k: &mut KernelBuilder,
-        p: GlobalPtr<u8>,
-        r: Reg<u32>,
-        d: u32,
-    ) -> Reg<u64> {
-        let gr = self.row(k, r);
-        wide_off(k, p.reg(), gr, d * 2)
-    }
-}
-
-/// Parameters shared by the dK/dV and dQ kernels.
-pub(super) struct BwdParams {
-    pub q: GlobalPtr<u8>,
-    pub k: KSrc,
-    pub v: GlobalPtr<u8>,
-    pub dout: GlobalPtr<u8>,
-    pub lse: GlobalPtr<f32>,
-    pub delta: GlobalPtr<f32>,
-    pub cu: GlobalPtr<i32>,
-}
-
-pub(super) fn declare_common(k: &mut KernelBuilder, rope: u32) -> BwdParams {
-    BwdParams {
+fn declare_sources(k: &mut KernelBuilder, rope: u32) -> Sources {
+    Sources {
         q: k.param_ptr_aligned::<u8>("q", 16),
         k: KSrc {
             k: k.param_ptr_aligned::<u8>("k", 16),
@@ -248,19 +223,39 @@ pub(super) fn declare_common(k: &mut KernelBuilder, rope: u32) -> BwdParams {
         },
         v: k.param_ptr_aligned::<u8>("v", 16),
         dout: k.param_ptr_aligned::<u8>("dout", 16),
+    }
+}
+
+/// The parameters after the sources (both variants): statistics, offsets, outputs, scalars.
+pub(super) struct Tail {
+    pub lse: GlobalPtr<f32>,
+    pub delta: GlobalPtr<f32>,
+    pub cu: GlobalPtr<i32>,
+    /// dK, dV (dK/dV kernel) or dQ
+    pub outs: Vec<GlobalPtr<u8>>,
+    pub heads: Reg<u32>,
+    /// scale * log2(e), and scale
+    pub c: Reg<f32>,
+    pub scale: Reg<f32>,
+}
+
+pub(super) fn declare_tail(k: &mut KernelBuilder, outs: &[&str]) -> Tail {
+    Tail {
         lse: k.param_ptr_aligned::<f32>("lse", 4),
         delta: k.param_ptr_aligned::<f32>("delta", 4),
         cu: k.param_ptr_aligned::<i32>("cu_seqlens", 4),
+        outs: outs
+            .iter()
+            .map(|n| k.param_ptr_aligned::<u8>(n, 4))
+            .collect(),
+        heads: k.param::<u32>("heads"),
+        c: k.param::<f32>("scale_log2"),
+        scale: k.param::<f32>("scale"),
     }
 }
 
 /// `lse * log2(e)` and `delta` of sequence row `r` (clamped to the sequence).
-pub(super) fn row_stats(
-    k: &mut KernelBuilder,
-    sq: &Seq,
-    p: &BwdParams,
-    r: Reg<u32>,
-) -> (Reg<f32>, Reg<f32>) {
+fn row_stats(k: &mut KernelBuilder, sq: &Seq, p: &Tail, r: Reg<u32>) -> (Reg<f32>, Reg<f32>) {
     let last = k.sub(sq.len, 1u32);
     let rc = k.min(r, last);
     let gr = sq.row(k, rc);
@@ -272,7 +267,7 @@ pub(super) fn row_stats(
 
 /// P = 2^(s c - lse2) and dS = P (dP - delta) in place (`s` -> P, `dp` -> dS), with
 /// `stats(n, e)` the (lse2, delta) of element e of n-tile n.
-pub(super) fn p_and_ds(
+fn p_and_ds(
     k: &mut KernelBuilder,
     s: &[[Reg<f32>; 4]],
     dp: &[[Reg<f32>; 4]],
@@ -292,29 +287,9 @@ pub(super) fn p_and_ds(
     }
 }
 
-/// `acc[n] += A x B` with A from accumulator-layout registers `a` (16 rows x 16*len/2 k) and
-/// B from the [k][n] tile `tb` (k rows from 0), `ntiles` n-tiles starting at chunk `c0`.
-fn acc_times_tile(
-    k: &mut KernelBuilder,
-    ln: &Lanes,
-    a: &[[Reg<f32>; 4]],
-    tb: &Tile,
-    c0: u32,
-    ntiles: u32,
-    acc: &[[Reg<f32>; 4]],
-) {
-    for kk in 0..a.len() / 2 {
-        let af = acc_to_a(k, a[2 * kk], a[2 * kk + 1]);
-        let b = ld_b_trans(k, ln, tb, 16 * kk as u32, c0, ntiles);
-        for (n, bb) in b.iter().enumerate() {
-            k.mma_to::<Mma>(acc[n], af, *bb, acc[n]);
-        }
-    }
-}
-
 /// Stores 16 rows x `acc.len()*8` columns (starting at column `col0`) of `acc * scale` as bf16
 /// into rows `row_ptr(r)` for this lane's rows `rows` when `< len`.
-pub(super) fn store_rows(
+fn store_rows(
     k: &mut KernelBuilder,
     ln: &Lanes,
     acc: &[[Reg<f32>; 4]],
@@ -348,10 +323,10 @@ pub(super) fn store_rows(
 
 /// (query, lse * log2 e, delta) of this lane's accumulator columns `q0 + 8n + 2q + e` of a
 /// transposed score tile; queries past the end get lse = +inf (P = 0).
-pub(super) fn column_stats(
+fn column_stats(
     k: &mut KernelBuilder,
     sq: &Seq,
-    p: &BwdParams,
+    p: &Tail,
     q0: Reg<u32>,
     col_q: Reg<u32>,
     bq: u32,
@@ -371,7 +346,7 @@ pub(super) fn column_stats(
 }
 
 /// Causal mask of a transposed (keys x queries) score tile: `-inf` where the query precedes the key.
-pub(super) fn mask_transposed(
+fn mask_transposed(
     k: &mut KernelBuilder,
     st: &[[Reg<f32>; 4]],
     stats: &[(Reg<u32>, Reg<f32>, Reg<f32>)],
@@ -386,12 +361,270 @@ pub(super) fn mask_transposed(
     }
 }
 
+/// The instructions of the backward's tile products. The `mma.sync` and `wgmma` kernels each
+/// implement it; the per-tile code shared by both (`Dkdv::tile`, `Dq::tile`) fixes what
+/// is computed and in which order.
+pub(super) trait Products {
+    /// `acc = A B^T` over `d` columns: A = this thread's rows of tile `a` (its warp's 16, or its
+    /// warpgroup's 64), B = every row of `b`.
+    fn scores(&self, k: &mut KernelBuilder, a: &Tile, b: &Tile, d: u32, acc: &[[Reg<f32>; 4]]);
+    /// `acc += P B[:, c0..c0 + n]` with P in accumulator-layout registers (its columns are the
+    /// k dimension) and `b` a [k][n] tile; `acc` holds the `n / 8` n-tiles.
+    fn accumulate(
+        &self,
+        k: &mut KernelBuilder,
+        p: &[[Reg<f32>; 4]],
+        b: &Tile,
+        cols: (u32, u32),
+        acc: &[[Reg<f32>; 4]],
+    );
+}
+
+/// `mma.sync.m16n8k16` products: per warp, fragments through `ldmatrix`.
+struct MmaProducts<'a> {
+    ln: &'a Lanes,
+    /// this warp's first row in the A tiles
+    wrow: Reg<u32>,
+}
+
+impl Products for MmaProducts<'_> {
+    fn scores(&self, k: &mut KernelBuilder, a: &Tile, b: &Tile, d: u32, acc: &[[Reg<f32>; 4]]) {
+        clear(k, acc);
+        qk_tile(k, self.ln, a, Some(self.wrow), b, d, b.rows, acc);
+    }
+    fn accumulate(
+        &self,
+        k: &mut KernelBuilder,
+        p: &[[Reg<f32>; 4]],
+        b: &Tile,
+        (c0, n): (u32, u32),
+        acc: &[[Reg<f32>; 4]],
+    ) {
+        for kk in 0..p.len() / 2 {
+            let af = acc_to_a(k, p[2 * kk], p[2 * kk + 1]);
+            let bf = ld_b_trans(k, self.ln, b, 16 * kk as u32, c0 / 8, n / 8);
+            for (j, bb) in bf.iter().enumerate() {
+                k.mma_to::<Mma>(acc[j], af, *bb, acc[j]);
+            }
+        }
+    }
+}
+
+/// This thread's place in a backward CTA: warp `w` computes rows `16 (w % 4)..` of its tiles
+/// (the mma.sync warp slice and the wgmma accumulator layout agree) for column split `w / 4`.
+pub(super) struct Warps {
+    pub ln: Lanes,
+    pub wrow: Reg<u32>,
+    pub group: Reg<u32>,
+    /// accumulator column pair (2q) of this lane
+    pub col_q: Reg<u32>,
+}
+
+impl Warps {
+    pub(super) fn new(k: &mut KernelBuilder) -> Warps {
+        let tid = k.tid_x();
+        let lane = k.and(tid, 31u32);
+        let warp = k.shr(tid, 5u32);
+        let w4 = k.and(warp, 3u32);
+        let ln = Lanes::new(k, lane);
+        Warps {
+            wrow: k.mul(w4, 16u32),
+            group: k.shr(warp, 2u32),
+            col_q: k.shl(ln.q, 1u32),
+            ln,
+        }
+    }
+    /// This lane's two rows (g, g + 8) of the block from `r0`.
+    fn rows(&self, k: &mut KernelBuilder, r0: Reg<u32>) -> [Reg<u32>; 2] {
+        let r = k.add(r0, self.wrow);
+        let r = k.add(r, self.ln.g);
+        [r, k.add(r, 8u32)]
+    }
+}
+
+/// The math threads' state of a dK/dV CTA (64 keys from `kv0`) over its query-tile loop, for
+/// both variants.
+pub(super) struct Dkdv {
+    pub sq: Seq,
+    pub kv0: Reg<u32>,
+    pub w: Warps,
+    krows: [Reg<u32>; 2],
+    /// (dK columns, dV columns) `(c0, n)` of each column split
+    cols: Vec<[(u32, u32); 2]>,
+    dk: Vec<[Reg<f32>; 4]>,
+    dv: Vec<[Reg<f32>; 4]>,
+    st: Vec<[Reg<f32>; 4]>,
+    dpt: Vec<[Reg<f32>; 4]>,
+    s: BwdSpec,
+}
+
+impl Dkdv {
+    /// Accumulators sized for the widest split of `cols`.
+    pub(super) fn new(
+        k: &mut KernelBuilder,
+        (w, sq, kv0): (Warps, Seq, Reg<u32>),
+        s: &BwdSpec,
+        cols: Vec<[(u32, u32); 2]>,
+    ) -> Dkdv {
+        let widest = |i: usize| cols.iter().map(|c| c[i].1).max().unwrap_or(0) as usize / 8;
+        Dkdv {
+            krows: w.rows(k, kv0),
+            dk: zero_acc(k, widest(0)),
+            dv: zero_acc(k, widest(1)),
+            st: zero_acc(k, (s.bq() / 8) as usize),
+            dpt: zero_acc(k, (s.bq() / 8) as usize),
+            sq,
+            kv0,
+            w,
+            cols,
+            s: *s,
+        }
+    }
+    /// The query tiles at or after the diagonal: `[it0, iend)` of `bq` rows.
+    pub(super) fn q_tiles(&self, k: &mut KernelBuilder) -> (Reg<u32>, Reg<u32>) {
+        let bq = self.s.bq();
+        let it0 = k.div(self.kv0, bq);
+        let iend = k.add(self.sq.len, bq - 1);
+        (it0, k.div(iend, bq))
+    }
+    /// One query tile from `q0`: its column statistics, `ready` (the tiles `[tk, tv, tq,
+    /// tdo]` are readable after it), S^T = K Q^T, mask, dP^T = V dO^T, P^T and dS^T, then per
+    /// column split dV += P^T dO and dK += dS^T Q.
+    pub(super) fn tile(
+        &self,
+        k: &mut KernelBuilder,
+        m: &dyn Products,
+        p: &Tail,
+        [tk, tv, tq, tdo]: [&Tile; 4],
+        q0: Reg<u32>,
+        ready: &mut dyn FnMut(&mut KernelBuilder),
+    ) {
+        let stats = column_stats(k, &self.sq, p, q0, self.w.col_q, self.s.bq());
+        ready(k);
+        m.scores(k, tk, tq, self.s.d_qk, &self.st);
+        mask_transposed(k, &self.st, &stats, self.krows);
+        m.scores(k, tv, tdo, self.s.d_v, &self.dpt);
+        let get = |n: usize, e: usize| {
+            let s = stats[2 * n + (e & 1)];
+            (s.1, s.2)
+        };
+        p_and_ds(k, &self.st, &self.dpt, p.c, &get);
+        self.per_split(k, |k, [kc, vc]| {
+            if vc.1 > 0 {
+                m.accumulate(k, &self.st, tdo, vc, &self.dv[..vc.1 as usize / 8]);
+            }
+            if kc.1 > 0 {
+                m.accumulate(k, &self.dpt, tq, kc, &self.dk[..kc.1 as usize / 8]);
+            }
+        });
+    }
+    /// Runs `f` with the columns of this thread's split, under a branch on the split even when
+    /// there is one (with the branch ptxas fits the mma.sync 192/128 kernels without spills;
+    /// straight-line code spilled 8 bytes at 192/128 with the shared RoPE key).
+    fn per_split(&self, k: &mut KernelBuilder, f: impl Fn(&mut KernelBuilder, [(u32, u32); 2])) {
+        for (i, &c) in self.cols.iter().enumerate() {
+            let sel = k.eq(self.w.group, i as u32);
+            k.if_(sel, |k| f(k, c));
+        }
+    }
+    /// Stores dK (times the softmax scale) and dV of the valid key rows.
+    pub(super) fn store(&self, k: &mut KernelBuilder, p: &Tail) {
+        let (sq, s, ln) = (&self.sq, &self.s, &self.w.ln);
+        let kp = |k: &mut KernelBuilder, r: Reg<u32>| sq.ptr(k, p.outs[0], r, s.d_qk);
+        let vp = |k: &mut KernelBuilder, r: Reg<u32>| sq.ptr(k, p.outs[1], r, s.d_v);
+        self.per_split(k, |k, [kc, vc]| {
+            let dk = &self.dk[..kc.1 as usize / 8];
+            store_rows(k, ln, dk, Some(p.scale), self.krows, sq.len, kc.0, &kp);
+            let dv = &self.dv[..vc.1 as usize / 8];
+            store_rows(k, ln, dv, None, self.krows, sq.len, vc.0, &vp);
+        });
+    }
+}
+
+/// The math threads' state of a dQ CTA (64 queries from `q0`) over its key-tile loop.
+pub(super) struct Dq {
+    pub sq: Seq,
+    pub q0: Reg<u32>,
+    pub w: Warps,
+    rows: [Reg<u32>; 2],
+    /// (lse2, delta) of this lane's two rows
+    stats: [(Reg<f32>, Reg<f32>); 2],
+    dq: Vec<[Reg<f32>; 4]>,
+    s_acc: Vec<[Reg<f32>; 4]>,
+    dp: Vec<[Reg<f32>; 4]>,
+    s: BwdSpec,
+}
+
+impl Dq {
+    pub(super) fn new(
+        k: &mut KernelBuilder,
+        (w, sq, q0): (Warps, Seq, Reg<u32>),
+        s: &BwdSpec,
+        p: &Tail,
+    ) -> Dq {
+        let rows = w.rows(k, q0);
+        let stats = rows.map(|r| row_stats(k, &sq, p, r));
+        Dq {
+            dq: zero_acc(k, (s.d_qk / 8) as usize),
+            s_acc: zero_acc(k, (BN_DQ / 8) as usize),
+            dp: zero_acc(k, (BN_DQ / 8) as usize),
+            rows,
+            stats,
+            sq,
+            q0,
+            w,
+            s: *s,
+        }
+    }
+    /// The key tiles up to the diagonal.
+    pub(super) fn k_tiles(&self, k: &mut KernelBuilder) -> Reg<u32> {
+        causal_key_tiles(k, self.q0, BM_DQ, self.sq.len, BN_DQ)
+    }
+    /// One key tile from `kv0` (tiles `[tq, tdo, tk, tv]` readable): S = Q K^T, causal mask
+    /// on tiles reaching the diagonal, dP = dO V^T, P and dS, dQ += dS K.
+    pub(super) fn tile(
+        &self,
+        k: &mut KernelBuilder,
+        m: &dyn Products,
+        c: Reg<f32>,
+        [tq, tdo, tk, tv]: [&Tile; 4],
+        kv0: Reg<u32>,
+    ) {
+        m.scores(k, tq, tk, self.s.d_qk, &self.s_acc);
+        let kv_end = k.add(kv0, BN_DQ);
+        let diag = k.gt(kv_end, self.q0);
+        k.if_(diag, |k| {
+            super::fwd::causal_mask(k, &self.s_acc, kv0, self.w.col_q, self.rows)
+        });
+        m.scores(k, tdo, tv, self.s.d_v, &self.dp);
+        let get = |_n: usize, e: usize| self.stats[e >> 1];
+        p_and_ds(k, &self.s_acc, &self.dp, c, &get);
+        m.accumulate(k, &self.dp, tk, (0, self.s.d_qk), &self.dq);
+    }
+    /// Stores dQ (times the softmax scale) of the valid query rows.
+    pub(super) fn store(&self, k: &mut KernelBuilder, p: &Tail) {
+        let (sq, d) = (&self.sq, self.s.d_qk);
+        let qp = |k: &mut KernelBuilder, r: Reg<u32>| sq.ptr(k, p.outs[0], r, d);
+        let (ln, rows) = (&self.w.ln, self.rows);
+        store_rows(k, ln, &self.dq, Some(p.scale), rows, sq.len, 0, &qp);
+    }
+}
+
 /// Target, head dims and RoPE width of a backward spec.
 fn check_spec(name: &str, t: &Target, s: &BwdSpec) -> Result<()> {
     check_target(name, t, s.targets())?;
     check_head_dim(name, "d_qk", s.d_qk as usize)?;
     check_head_dim(name, "d_v", s.d_v as usize)?;
     check_k_rope(name, s.d_qk as usize, s.k_rope as usize)
+}
+
+/// A new kernel of `threads` threads (`.maxnreg 255`: without it ptxas trades registers for
+/// small spills on some head dims).
+pub(super) fn new_kernel(name: &str, t: &Target, threads: u32) -> KernelBuilder {
+    let mut k = KernelBuilder::new(name, t.clone());
+    k.reqntid(&[threads]);
+    k.maxnreg(255);
+    k
 }
 
 /// Generates the dK/dV kernel.
@@ -401,95 +634,42 @@ pub fn gen_dkdv(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     if s.wgmma {
         return super::bwd90::gen_dkdv(t, s);
     }
-    let (dqk, dv, sp, bq) = (s.d_qk, s.d_v, s.splits(), s.bq());
-    let nt = s.dkdv_threads();
-    let mut k = KernelBuilder::new(&name, t.clone());
-    k.reqntid(&[nt]);
-    k.maxnreg(255); // (without it ptxas trades registers for small spills on some head dims)
-    let p = declare_common(&mut k, s.k_rope);
-    let dkp = k.param_ptr_aligned::<u8>("dk", 4);
-    let dvp = k.param_ptr_aligned::<u8>("dv", 4);
-    let heads = k.param::<u32>("heads");
-    let c = k.param::<f32>("scale_log2");
-    let scale = k.param::<f32>("scale");
+    let (dqk, dv, sp, bq, nt) = (s.d_qk, s.d_v, s.splits(), s.bq(), s.dkdv_threads());
+    let mut k = new_kernel(&name, t, nt);
+    let src = declare_sources(&mut k, s.k_rope);
+    let p = declare_tail(&mut k, &["dk", "dv"]);
     let smem = k.dynamic_shared::<u8>(128);
-    let tid = k.tid_x();
-    let lane = k.and(tid, 31u32);
-    let warp = k.shr(tid, 5u32);
-    let kg = k.and(warp, 3u32);
-    let half = k.shr(warp, 2u32);
-    let ln = Lanes::new(&mut k, lane);
-    let sq = Seq::load(&mut k, p.cu, heads);
-    let bx = k.ctaid_x();
-    let kv0 = k.mul(bx, BKV);
-    let done = k.ge(kv0, sq.len);
-    k.when(done, |k| k.exit());
-    let [tk, tv, tq, tdo] = tiles(
-        &mut k,
-        smem.reg(),
-        [(BKV, dqk), (BKV, dv), (bq, dqk), (bq, dv)],
-    );
-    let sqs = k.mul(heads, dqk * 2);
-    let svs = k.mul(heads, dv * 2);
-    let kvalid = k.sub(sq.len, kv0);
-    let tok0 = k.add(sq.start, kv0);
-    load_k(&mut k, tid, nt, &tk, &p.k, (tok0, heads, sq.h), kvalid);
-    let src = sq.ptr(&mut k, p.v, kv0, dv);
-    load_tile(&mut k, tid, nt, &tv, src, svs, kvalid);
+    let w = Warps::new(&mut k);
+    let (sq, kv0) = start_cta(&mut k, p.cu, p.heads, BKV);
+    let dims = [(BKV, dqk), (BKV, dv), (bq, dqk), (bq, dv)];
+    let [tk, tv, tq, tdo] = tiles(&mut k, smem.reg(), dims);
+    let (sqs, svs) = (sq.stride(&mut k, dqk), sq.stride(&mut k, dv));
+    sq.load_k(&mut k, nt, &tk, &src.k, kv0);
+    sq.load_tile(&mut k, (nt, &tv), (src.v, svs), kv0);
     k.cp_async_commit_group();
-    // this warp's key rows and accumulator column slices
-    let wrow = k.mul(kg, 16u32);
-    let r0 = k.add(kv0, wrow);
-    let r0 = k.add(r0, ln.g);
-    let krows = [r0, k.add(r0, 8u32)];
-    let (nk, nv) = (dqk / 8 / sp, dv / 8 / sp);
-    let dk = zero_acc(&mut k, nk as usize);
-    let dva = zero_acc(&mut k, nv as usize);
-    let st = zero_acc(&mut k, (bq / 8) as usize);
-    let dpt = zero_acc(&mut k, (bq / 8) as usize);
-    let col_q = k.shl(ln.q, 1u32);
-    let it0 = k.div(kv0, bq);
-    let iend = k.add(sq.len, bq - 1);
-    let iend = k.div(iend, bq);
+    // even column splits (one per 4 warps)
+    let cols = (0..sp)
+        .map(|i| [(i * dqk / sp, dqk / sp), (i * dv / sp, dv / sp)])
+        .collect();
+    let cx = Dkdv::new(&mut k, (w, sq, kv0), s, cols);
+    let m = MmaProducts {
+        ln: &cx.w.ln,
+        wrow: cx.w.wrow,
+    };
+    let (it0, iend) = cx.q_tiles(&mut k);
     k.for_range(it0, iend, 1u32, |k, it| {
         let q0 = k.mul(it, bq);
-        let qvalid = k.sub(sq.len, q0);
-        let src = sq.ptr(k, p.q, q0, dqk);
-        load_tile(k, tid, nt, &tq, src, sqs, qvalid);
-        let src = sq.ptr(k, p.dout, q0, dv);
-        load_tile(k, tid, nt, &tdo, src, svs, qvalid);
+        cx.sq.load_tile(k, (nt, &tq), (src.q, sqs), q0);
+        cx.sq.load_tile(k, (nt, &tdo), (src.dout, svs), q0);
         k.cp_async_commit_group();
-        let stats = column_stats(k, &sq, &p, q0, col_q, bq);
-        k.cp_async_wait_group(0);
-        k.sync_threads();
-        clear(k, &st);
-        clear(k, &dpt);
-        qk_tile(k, &ln, &tk, Some(wrow), &tq, dqk, bq, &st);
-        mask_transposed(k, &st, &stats, krows);
-        qk_tile(k, &ln, &tv, Some(wrow), &tdo, dv, bq, &dpt);
-        let get = |n: usize, e: usize| {
-            let s = stats[2 * n + (e & 1)];
-            (s.1, s.2)
+        let mut ready = |k: &mut KernelBuilder| {
+            k.cp_async_wait_group(0);
+            k.sync_threads();
         };
-        p_and_ds(k, &st, &dpt, c, &get);
-        for hf in 0..sp {
-            let sel = k.eq(half, hf);
-            k.if_(sel, |k| {
-                acc_times_tile(k, &ln, &st, &tdo, hf * nv, nv, &dva);
-                acc_times_tile(k, &ln, &dpt, &tq, hf * nk, nk, &dk);
-            });
-        }
-        k.sync_threads();
+        cx.tile(k, &m, &p, [&tk, &tv, &tq, &tdo], q0, &mut ready);
+        k.sync_threads(); // every warp is done with this Q / dO tile
     });
-    for hf in 0..sp {
-        let sel = k.eq(half, hf);
-        k.if_(sel, |k| {
-            let kp = |k: &mut KernelBuilder, r: Reg<u32>| sq.ptr(k, dkp, r, dqk);
-            store_rows(k, &ln, &dk, Some(scale), krows, sq.len, hf * nk * 8, &kp);
-            let vp = |k: &mut KernelBuilder, r: Reg<u32>| sq.ptr(k, dvp, r, dv);
-            store_rows(k, &ln, &dva, None, krows, sq.len, hf * nv * 8, &vp);
-        });
-    }
+    cx.store(&mut k, &p);
     Ok(k.finish()?)
 }
 
@@ -500,81 +680,36 @@ pub fn gen_dq(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
     if s.wgmma {
         return super::bwd90::gen_dq(t, s);
     }
-    let (dqk, dv) = (s.d_qk, s.d_v);
-    let nt = 128;
-    let mut k = KernelBuilder::new(&name, t.clone());
-    k.reqntid(&[nt]);
-    k.maxnreg(255); // (without it ptxas trades registers for small spills on some head dims)
-    let p = declare_common(&mut k, s.k_rope);
-    let dqp = k.param_ptr_aligned::<u8>("dq", 4);
-    let heads = k.param::<u32>("heads");
-    let c = k.param::<f32>("scale_log2");
-    let scale = k.param::<f32>("scale");
+    let (dqk, dv, nt) = (s.d_qk, s.d_v, s.dq_threads());
+    let mut k = new_kernel(&name, t, nt);
+    let src = declare_sources(&mut k, s.k_rope);
+    let p = declare_tail(&mut k, &["dq"]);
     let smem = k.dynamic_shared::<u8>(128);
-    let tid = k.tid_x();
-    let lane = k.and(tid, 31u32);
-    let warp = k.shr(tid, 5u32);
-    let ln = Lanes::new(&mut k, lane);
-    let sq = Seq::load(&mut k, p.cu, heads);
-    let bx = k.ctaid_x();
-    let q0 = k.mul(bx, BM_DQ);
-    let done = k.ge(q0, sq.len);
-    k.when(done, |k| k.exit());
-    let [tq, tdo, tk, tv] = tiles(
-        &mut k,
-        smem.reg(),
-        [(BM_DQ, dqk), (BM_DQ, dv), (BN_DQ, dqk), (BN_DQ, dv)],
-    );
-    let sqs = k.mul(heads, dqk * 2);
-    let svs = k.mul(heads, dv * 2);
-    let qvalid = k.sub(sq.len, q0);
-    let src = sq.ptr(&mut k, p.q, q0, dqk);
-    load_tile(&mut k, tid, nt, &tq, src, sqs, qvalid);
-    let src = sq.ptr(&mut k, p.dout, q0, dv);
-    load_tile(&mut k, tid, nt, &tdo, src, svs, qvalid);
+    let w = Warps::new(&mut k);
+    let (sq, q0) = start_cta(&mut k, p.cu, p.heads, BM_DQ);
+    let dims = [(BM_DQ, dqk), (BM_DQ, dv), (BN_DQ, dqk), (BN_DQ, dv)];
+    let [tq, tdo, tk, tv] = tiles(&mut k, smem.reg(), dims);
+    let (sqs, svs) = (sq.stride(&mut k, dqk), sq.stride(&mut k, dv));
+    sq.load_tile(&mut k, (nt, &tq), (src.q, sqs), q0);
+    sq.load_tile(&mut k, (nt, &tdo), (src.dout, svs), q0);
     k.cp_async_commit_group();
-    let wrow = k.mul(warp, 16u32);
-    let r0 = k.add(q0, wrow);
-    let r0 = k.add(r0, ln.g);
-    let rows = [r0, k.add(r0, 8u32)];
-    let st: Vec<(Reg<f32>, Reg<f32>)> = rows
-        .iter()
-        .map(|&r| row_stats(&mut k, &sq, &p, r))
-        .collect();
-    let dq = zero_acc(&mut k, (dqk / 8) as usize);
-    let s_acc = zero_acc(&mut k, (BN_DQ / 8) as usize);
-    let dp = zero_acc(&mut k, (BN_DQ / 8) as usize);
-    let col_q = k.shl(ln.q, 1u32);
-    let qe = k.add(q0, BM_DQ);
-    let kend = k.min(qe, sq.len);
-    let ntiles = k.add(kend, BN_DQ - 1);
-    let ntiles = k.div(ntiles, BN_DQ);
+    let cx = Dq::new(&mut k, (w, sq, q0), s, &p);
+    let m = MmaProducts {
+        ln: &cx.w.ln,
+        wrow: cx.w.wrow,
+    };
+    let ntiles = cx.k_tiles(&mut k);
     k.for_range(0u32, ntiles, 1u32, |k, j| {
         let kv0 = k.mul(j, BN_DQ);
-        let kvalid = k.sub(sq.len, kv0);
-        let tok0 = k.add(sq.start, kv0);
-        load_k(k, tid, nt, &tk, &p.k, (tok0, heads, sq.h), kvalid);
-        let src = sq.ptr(k, p.v, kv0, dv);
-        load_tile(k, tid, nt, &tv, src, svs, kvalid);
+        cx.sq.load_k(k, nt, &tk, &src.k, kv0);
+        cx.sq.load_tile(k, (nt, &tv), (src.v, svs), kv0);
         k.cp_async_commit_group();
         k.cp_async_wait_group(0);
         k.sync_threads();
-        clear(k, &s_acc);
-        clear(k, &dp);
-        qk_tile(k, &ln, &tq, Some(wrow), &tk, dqk, BN_DQ, &s_acc);
-        let kv_end = k.add(kv0, BN_DQ);
-        let diag = k.gt(kv_end, q0);
-        k.if_(diag, |k| {
-            super::fwd::causal_mask(k, &s_acc, kv0, col_q, rows)
-        });
-        qk_tile(k, &ln, &tdo, Some(wrow), &tv, dv, BN_DQ, &dp);
-        let get = |_n: usize, e: usize| st[e >> 1];
-        p_and_ds(k, &s_acc, &dp, c, &get);
-        acc_times_tile(k, &ln, &dp, &tk, 0, dqk / 8, &dq);
-        k.sync_threads();
+        cx.tile(k, &m, p.c, [&tq, &tdo, &tk, &tv], kv0);
+        k.sync_threads(); // every warp is done with this K / V tile
     });
-    let qp = |k: &mut KernelBuilder, r: Reg<u32>| sq.ptr(k, dqp, r, dqk);
-    store_rows(&mut k, &ln, &dq, Some(scale), rows, sq.len, 0, &qp);
+    cx.store(&mut k, &p);
     Ok(k.finish()?)
 }
 
@@ -608,8 +743,9 @@ pub fn mla_attn_bwd(stream: &Stream, sh: &AttnShape, a: BwdArgs) -> Result<()> {
 /// [`mla_attn_bwd`] calling `after(kernel name)` after each of its launches is queued
 /// (benchmarks read the emulator's per-launch statistics there).
 ///
-/// On an sm_90a device the dK/dV and dQ launches are the `wgmma` kernels, elsewhere the
-/// `mma.sync` ones.
+/// On an sm_90a device the dK/dV and dQ launches are the TMA + `wgmma` kernels (the call then
+/// synchronises the stream before returning: their tensor maps live in a buffer freed then),
+/// elsewhere the `mma.sync` ones (asynchronous).
 pub fn mla_attn_bwd_observed(
     stream: &Stream,
     sh: &AttnShape,
@@ -671,55 +807,36 @@ pub fn mla_attn_bwd_with(
         &args![a.o, a.dout, &*a.delta, rows as u32, sh.d_v as u32],
     )?;
     after(PRE_NAME);
+    if wgmma {
+        return super::bwd90::launch(stream, &spec, sh, &a, (total, batch), after);
+    }
     let (c, sc, h) = (sh.scale * LOG2E, sh.scale, sh.heads as u32);
+    let kr = a.k_rope.unwrap_or(a.k);
     let f = function(dev, &name, "", |t| gen_dkdv(t, &spec))?;
-    let grid = [sh.max_seqlen.div_ceil(BKV as usize) as u32, h, batch as u32];
-    let cfg = LaunchConfig::grid3(grid, [spec.dkdv_threads(), 1, 1]).shared(spec.dkdv_shared());
-    stream.launch(
-        &f,
-        &cfg,
-        &args![
-            a.q,
-            a.k,
-            a.k_rope.unwrap_or(a.k),
-            a.v,
-            a.dout,
-            a.lse,
-            &*a.delta,
-            a.cu_seqlens,
-            &*a.dk,
-            &*a.dv,
-            h,
-            c,
-            sc
-        ],
-    )?;
+    let cfg = LaunchConfig::grid3(dkdv_grid(sh, batch), [spec.dkdv_threads(), 1, 1])
+        .shared(spec.dkdv_shared());
+    let mut v = args![a.q, a.k, kr, a.v, a.dout, a.lse, &*a.delta, a.cu_seqlens];
+    v.extend(args![&*a.dk, &*a.dv, h, c, sc]);
+    stream.launch(&f, &cfg, &v)?;
     after(&name);
     let f = function(dev, &spec.dq_name(), "", |t| gen_dq(t, &spec))?;
-    let grid = [
-        sh.max_seqlen.div_ceil(BM_DQ as usize) as u32,
-        h,
-        batch as u32,
-    ];
-    let cfg = LaunchConfig::grid3(grid, [128, 1, 1]).shared(spec.dq_shared());
-    stream.launch(
-        &f,
-        &cfg,
-        &args![
-            a.q,
-            a.k,
-            a.k_rope.unwrap_or(a.k),
-            a.v,
-            a.dout,
-            a.lse,
-            &*a.delta,
-            a.cu_seqlens,
-            &*a.dq,
-            h,
-            c,
-            sc
-        ],
-    )?;
+    let cfg =
+        LaunchConfig::grid3(dq_grid(sh, batch), [spec.dq_threads(), 1, 1]).shared(spec.dq_shared());
+    let mut v = args![a.q, a.k, kr, a.v, a.dout, a.lse, &*a.delta, a.cu_seqlens];
+    v.extend(args![&*a.dq, h, c, sc]);
+    stream.launch(&f, &cfg, &v)?;
     after(&spec.dq_name());
     Ok(())
+}
+
+/// Grid of the dK/dV kernels: (key tiles of the longest sequence, heads, batch).
+pub(super) fn dkdv_grid(sh: &AttnShape, batch: usize) -> [u32; 3] {
+    let x = sh.max_seqlen.div_ceil(BKV as usize) as u32;
+    [x, sh.heads as u32, batch as u32]
+}
+
+/// Grid of the dQ kernels: (query tiles of the longest sequence, heads, batch).
+pub(super) fn dq_grid(sh: &AttnShape, batch: usize) -> [u32; 3] {
+    let x = sh.max_seqlen.div_ceil(BM_DQ as usize) as u32;
+    [x, sh.heads as u32, batch as u32]
 }

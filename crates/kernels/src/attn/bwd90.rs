@@ -1,74 +1,96 @@
-//! The sm_90a backward kernels `mla_attn_bwd_{dkdv,dq}_wgmma_*`: the math of [`super::bwd`]'s
-//! `mma.sync` kernels (same tiles, loop bounds, masks, P from the LSE, deterministic stores)
-//! with every product as a warpgroup `wgmma` reading the panel tiles through 128B-swizzle
-//! descriptors (the layout of [`super::fwd90`]); loads stay `cp.async` (+ `fence.proxy.async`
-//! before the tiles are read by wgmma), one copy then compute per tile as in the `mma.sync`
-//! kernels.
+//! The sm_90a backward kernels `mla_attn_bwd_{dkdv,dq}_wgmma_*`: the tiles, loops, masks,
+//! statistics and stores of [`super::bwd`] (its `Dkdv` / `Dq` per-tile code, shared with
+//! the `mma.sync` kernels), with every product a warpgroup `wgmma` (`WgProducts`) and every
+//! operand tile loaded by TMA through mbarriers, warp-specialised like [`super::fwd90`].
 //!
-//! - dK/dV: `splits` warpgroups (1, or 2 when d_qk + d_v > 320) per 64-key CTA. Per query tile
-//!   each warpgroup computes S^T = K Q^T (`wgmma m64n{bq}k16`, K and Q K-major) and dP^T =
-//!   V dO^T, then P^T and dS^T in registers (the wgmma accumulator layout equals the per-warp
-//!   `mma.sync` one, so the masks and statistics are shared), then dV += P^T dO and dK += dS^T Q
-//!   as `wgmma m64n{cols}k16` with A from registers and dO / Q MN-major descriptors; with 2
-//!   warpgroups each owns a panel-aligned half of the dK and dV columns ([`col_split`]).
-//! - dQ: one warpgroup per 64-query CTA; per 32-key tile S = Q K^T, dP = dO V^T (`m64n32k16`),
-//!   P and dS in registers, dQ += dS K (`m64n{d_qk}k16`, K MN-major).
+//! A CTA is the math warpgroup(s) plus one producer warp whose elected thread issues the TMA
+//! copies (`sm90::load_panels`: [64 columns, rows] boxes with the 128-byte swizzle, one per
+//! panel, the layout the wgmma descriptors read). Two tiles are *resident* (loaded once, on
+//! their own mbarrier) and two are *streamed* through a 2-stage ring (`full` / `empty`
+//! mbarrier pairs, `builder::Pipeline`), so tile i+1's copies run under tile i's math; a
+//! stage is released by every math thread after the last wgmma reading it has completed
+//! (`wgmma.wait_group 0`), so no TMA write lands under an in-flight wgmma.
+//!
+//! - dK/dV (64 keys per CTA, `splits` math warpgroups + the producer warp): K and V resident,
+//!   Q and dO (`bq` query rows) streamed over the query tiles at or after the diagonal.
+//!   S^T = K Q^T, dP^T = V dO^T as `wgmma m64n{bq}k16` (both operands K-major); dV += P^T dO
+//!   and dK += dS^T Q as `wgmma m64n{cols}k16` with P^T / dS^T from registers and dO / Q
+//!   MN-major; with 2 warpgroups each owns a panel-aligned part of the dK and dV columns
+//!   (`col_split`), S^T and dP^T computed by both.
+//! - dQ (64 queries per CTA, one math warpgroup + the producer warp): Q and dO resident, K and
+//!   V (32 keys) streamed over the key tiles up to the diagonal. S = Q K^T, dP = dO V^T
+//!   (`m64n32k16`), dQ += dS K (`m64n{d_qk}k16`, K MN-major; with a shared RoPE key the K tile
+//!   is [nope panels | rope panels] and the product is one wgmma per part).
+//!
+//! Boxes past a sequence's end bring the next sequence's rows (zeros past the tensor) where the
+//! `cp.async` kernels zero-fill: in dK/dV such queries have lse = +inf, so P = dS = 0 for them
+//! and keys past the end are not stored; in dQ such keys are masked (the last key tile always
+//! reaches the diagonal) and query rows past the end are not stored. Tensor maps (Q, K, the
+//! shared RoPE key, V, dO; two sets, the box rows differ) are built per call, uploaded in one
+//! buffer, and the call synchronises the stream before freeing it, like the forward.
 
 use super::bwd::{
-    column_stats, declare_common, mask_transposed, p_and_ds, row_stats, store_rows, BwdSpec, Seq,
-    BKV, BM_DQ, BN_DQ,
+    declare_tail, dkdv_grid, dq_grid, new_kernel, BwdArgs, BwdSpec, Dkdv, Dq, Products, Warps, BKV,
+    BM_DQ, BN_DQ,
 };
-use super::fwd90::panel_desc;
+use super::fwd::AttnShape;
+use super::sm90::{self, k_panels, panels, KMaps, PanelDst};
 use super::*;
+use half::bf16;
+use runtime::{args, LaunchConfig, Stream};
 
-/// `acc = A B^T` (`overwrite`) or `acc += A B^T` over `d` columns with `wgmma m64n{n}k16`: A the
-/// 64-row panel tile at `a`, B the `n`-row panel tile at `b`, both K-major.
-fn ss_wgmma(
-    k: &mut KernelBuilder,
-    (a, b): (&Tile, &Tile),
-    d: u32,
-    acc: &[[Reg<f32>; 4]],
+/// Depth of the streamed-tile ring.
+pub const STAGES: u32 = 2;
+
+/// The tensor-map parameters that replace the `mma.sync` kernels' Q/K/V/dO pointers.
+pub(crate) const MAP_PARAMS: &[(&str, &str)] = &[
+    (
+        "tmap_q",
+        "tensormap* (Q [total, heads*d_qk], box [64, rows])",
+    ),
+    (
+        "tmap_k",
+        "tensormap* (K [total, heads*(d_qk-k_rope)], box [64, rows])",
+    ),
+    (
+        "tmap_kr",
+        "tensormap* (k_rope [total, k_rope], box [64, rows]; = tmap_k when k_rope = 0)",
+    ),
+    (
+        "tmap_v",
+        "tensormap* (V [total, heads*d_v], box [64, rows])",
+    ),
+    (
+        "tmap_dout",
+        "tensormap* (dO [total, heads*d_v], box [64, rows])",
+    ),
+];
+
+/// wgmma products over panel tiles (one warpgroup computes 64 rows).
+struct WgProducts {
+    /// (false, true): wgmma's scale-d for overwrite / accumulate
     preds: (Reg<Pred>, Reg<Pred>),
-) {
-    let flat: Vec<Reg<f32>> = acc.iter().flatten().copied().collect();
-    k.wgmma_fence();
-    for ks in 0..d / 16 {
-        let off = |rows: u32| (ks / 4) * rows * ROW_BYTES + (ks % 4) * 32;
-        let ad = panel_desc(k, a.base, a.rows, off(a.rows));
-        let bd = panel_desc(k, b.base, b.rows, off(b.rows));
-        let scale_d = if ks == 0 { preds.0 } else { preds.1 };
-        k.wgmma_mma_async::<Bf16>(b.rows as u16, &flat, ad, bd, scale_d, false, false);
-    }
-    k.wgmma_commit_group();
-    k.wgmma_wait_group(0);
 }
 
-/// `acc += A B` with `wgmma m64n{n}k16`: A (64 x 16 * `a.len() / 2`) from accumulator-layout
-/// registers, B columns `c0..c0 + n` of the [k][n] panel tile `b` (MN-major; `c0` a multiple
-/// of 64, so the descriptor starts on a panel).
-fn rs_wgmma(
-    k: &mut KernelBuilder,
-    a: &[[Reg<f32>; 4]],
-    b: &Tile,
-    (c0, n): (u32, u32),
-    acc: &[[Reg<f32>; 4]],
-    always: Reg<Pred>,
-) {
-    let flat: Vec<Reg<f32>> = acc.iter().flatten().copied().collect();
-    k.wgmma_fence();
-    for kk in 0..a.len() / 2 {
-        let af = acc_to_a(k, a[2 * kk], a[2 * kk + 1]);
-        let af: [Reg<B32>; 4] = af.map(|x| x.reinterpret());
-        let start = (c0 / 64) * b.rows * ROW_BYTES + kk as u32 * 16 * ROW_BYTES;
-        let bd = panel_desc(k, b.base, b.rows, start);
-        k.wgmma_mma_async_rs::<Bf16>(n as u16, &flat, af, bd, always, true);
+impl Products for WgProducts {
+    fn scores(&self, k: &mut KernelBuilder, a: &Tile, b: &Tile, d: u32, acc: &[[Reg<f32>; 4]]) {
+        sm90::ss_wgmma(k, (a, b), d, acc, self.preds);
     }
-    k.wgmma_commit_group();
-    k.wgmma_wait_group(0);
+    fn accumulate(
+        &self,
+        k: &mut KernelBuilder,
+        p: &[[Reg<f32>; 4]],
+        b: &Tile,
+        cols: (u32, u32),
+        acc: &[[Reg<f32>; 4]],
+    ) {
+        sm90::rs_wgmma(k, p, b, cols, acc, self.preds.1);
+    }
 }
 
 /// Column ranges `(c0, n)` of a `d`-wide accumulator owned by each of `sp` warpgroups: all of
-/// it for one; for two, the first ceil(panels / 2) 64-column panels and the rest (n may be 0).
+/// it for one; for two, the first ceil(panels / 2) 64-column panels and the rest (n may be 0):
+/// an MN-major wgmma operand range starts on a panel.
 pub(crate) fn col_split(d: u32, sp: u32) -> Vec<(u32, u32)> {
     if sp == 1 {
         return vec![(0, d)];
@@ -77,193 +99,367 @@ pub(crate) fn col_split(d: u32, sp: u32) -> Vec<(u32, u32)> {
     vec![(0, c), (c, d - c)]
 }
 
-/// (false, true) predicates (wgmma's scale-d: overwrite / accumulate).
-fn preds(k: &mut KernelBuilder) -> (Reg<Pred>, Reg<Pred>) {
-    let zero = k.mov(0u32);
-    (k.ne(zero, 0u32), k.eq(zero, 0u32))
+/// Which tensor a tile comes from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Src {
+    Q,
+    K,
+    V,
+    Dout,
 }
 
-/// Waits for this thread's copies and makes every thread's tile writes visible to wgmma (the
-/// async proxy).
-fn tiles_ready(k: &mut KernelBuilder) {
-    k.cp_async_wait_group(0);
-    k.fence_proxy_async();
-    k.sync_threads();
+/// One tile of a plan: `rows` rows of tensor `src`.
+#[derive(Clone, Copy, Debug)]
+struct Part {
+    src: Src,
+    rows: u32,
+}
+
+/// Shared memory of a TMA backward kernel (byte offsets from the 1024-aligned window): the two
+/// resident tiles, `STAGES` stages of the two streamed tiles, then the mbarriers (resident,
+/// ring full x STAGES, ring empty x STAGES). Every tile is whole panels, so 1024-aligned.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Plan {
+    resident: [Part; 2],
+    streamed: [Part; 2],
+    s: BwdSpec,
+}
+
+impl Plan {
+    fn new(s: &BwdSpec, resident: [(Src, u32); 2], streamed: [(Src, u32); 2]) -> Plan {
+        let part = |(src, rows)| Part { src, rows };
+        Plan {
+            resident: resident.map(part),
+            streamed: streamed.map(part),
+            s: *s,
+        }
+    }
+    /// dK/dV: K, V resident (64 keys); Q, dO streamed (`bq` queries).
+    pub(crate) fn dkdv(s: &BwdSpec) -> Plan {
+        let bq = s.bq();
+        Plan::new(
+            s,
+            [(Src::K, BKV), (Src::V, BKV)],
+            [(Src::Q, bq), (Src::Dout, bq)],
+        )
+    }
+    /// dQ: Q, dO resident (64 queries); K, V streamed (32 keys).
+    pub(crate) fn dq(s: &BwdSpec) -> Plan {
+        let (rq, rk) = (BM_DQ, BN_DQ);
+        Plan::new(
+            s,
+            [(Src::Q, rq), (Src::Dout, rq)],
+            [(Src::K, rk), (Src::V, rk)],
+        )
+    }
+    fn panels(&self, p: Part) -> u32 {
+        match p.src {
+            Src::Q => panels(self.s.d_qk),
+            Src::K => k_panels(self.s.d_qk, self.s.k_rope),
+            Src::V | Src::Dout => panels(self.s.d_v),
+        }
+    }
+    fn bytes(&self, p: Part) -> u32 {
+        self.panels(p) * p.rows * ROW_BYTES
+    }
+    fn resident_bytes(&self) -> u32 {
+        self.resident.iter().map(|&p| self.bytes(p)).sum()
+    }
+    fn stage_bytes(&self) -> u32 {
+        self.streamed.iter().map(|&p| self.bytes(p)).sum()
+    }
+    fn bars(&self) -> u32 {
+        self.resident_bytes() + STAGES * self.stage_bytes()
+    }
+    /// Dynamic shared memory of a launch.
+    pub(crate) fn total(&self) -> u32 {
+        self.bars() + 8 * (1 + 2 * STAGES)
+    }
+    /// The tile of `p` at `base` (the K tile with a shared RoPE key: [nope | rope] panels).
+    fn tile(&self, p: Part, base: Reg<u32>) -> Tile {
+        let (d, split) = match p.src {
+            Src::Q => (self.s.d_qk, 0),
+            Src::K if self.s.k_rope > 0 => (self.s.d_qk, self.s.d_qk - self.s.k_rope),
+            Src::K => (self.s.d_qk, 0),
+            Src::V | Src::Dout => (self.s.d_v, 0),
+        };
+        Tile {
+            base,
+            rows: p.rows,
+            d,
+            split,
+        }
+    }
+}
+
+/// The tensor-map parameters.
+struct Maps {
+    q: Reg<u64>,
+    k: KMaps,
+    v: Reg<u64>,
+    dout: Reg<u64>,
+}
+
+fn declare_maps(k: &mut KernelBuilder, rope: u32) -> Maps {
+    Maps {
+        q: k.param_tensormap_ptr("tmap_q"),
+        k: KMaps {
+            k: k.param_tensormap_ptr("tmap_k"),
+            kr: k.param_tensormap_ptr("tmap_kr"),
+            rope,
+        },
+        v: k.param_tensormap_ptr("tmap_v"),
+        dout: k.param_tensormap_ptr("tmap_dout"),
+    }
+}
+
+/// What producer and consumers share.
+struct Cta {
+    plan: Plan,
+    base: Reg<u32>,
+    /// the resident tiles' barrier
+    res_bar: SharedPtr<u64>,
+    ring: Pipeline,
+}
+
+impl Cta {
+    /// Barriers initialised (`math` consumer threads release each stage) and visible.
+    fn setup(k: &mut KernelBuilder, plan: Plan, math: u32) -> Cta {
+        let base = k.dynamic_shared::<u8>(1024).reg();
+        let bars = k.add(base, plan.bars());
+        let bar = |i: u32| SharedPtr::<u64>::from_reg(bars).add_bytes(8 * i as i64);
+        let ring = Pipeline {
+            full: bar(1),
+            empty: bar(1 + STAGES),
+            stages: STAGES,
+        };
+        let tid = k.tid_x();
+        let leader = k.eq(tid, 0u32);
+        let res_bar = bar(0);
+        k.if_(leader, |k| k.mbarrier_init(res_bar, 1u32));
+        ring.init(k, leader, 1, math);
+        Cta {
+            plan,
+            base,
+            res_bar,
+            ring,
+        }
+    }
+    fn resident(&self, k: &mut KernelBuilder) -> [Tile; 2] {
+        let [a, b] = self.plan.resident;
+        let second = k.add(self.base, self.plan.bytes(a));
+        [self.plan.tile(a, self.base), self.plan.tile(b, second)]
+    }
+    /// The streamed tiles of ring stage `stage`.
+    fn stage(&self, k: &mut KernelBuilder, stage: Reg<u32>) -> [Tile; 2] {
+        let [a, b] = self.plan.streamed;
+        let b0 = k.add(self.base, self.plan.resident_bytes());
+        let b0 = k.mad_lo(stage, self.plan.stage_bytes(), b0);
+        let b1 = k.add(b0, self.plan.bytes(a));
+        [self.plan.tile(a, b0), self.plan.tile(b, b1)]
+    }
+}
+
+/// TMA copies of tile `t` (of `src`) from sequence row `r0`, completing on `bar`.
+fn load(
+    k: &mut KernelBuilder,
+    (maps, sq, s): (&Maps, &Seq, &BwdSpec),
+    (src, t): (Src, &Tile),
+    r0: Reg<u32>,
+    bar: SharedPtr<u64>,
+) {
+    let row = k.add(sq.start, r0);
+    let (map, d) = match src {
+        Src::K => {
+            let kcol = k.mul(sq.h, s.d_qk - s.k_rope);
+            let at = (t.base, t.rows, s.d_qk);
+            return sm90::load_k_panels(k, &maps.k, at, (kcol, row), bar);
+        }
+        Src::Q => (maps.q, s.d_qk),
+        Src::V => (maps.v, s.d_v),
+        Src::Dout => (maps.dout, s.d_v),
+    };
+    let col = k.mul(sq.h, d);
+    let dst = PanelDst {
+        dst: t.base,
+        rows: t.rows,
+        panels: panels(d),
+    };
+    sm90::load_panels(k, map, dst, (col, row), bar);
+}
+
+/// The producer thread: the resident tiles from sequence row `r0`, then the streamed tiles of
+/// indices `range` (tile i from row `i * rows`) through the ring.
+fn producer(
+    k: &mut KernelBuilder,
+    cta: &Cta,
+    (maps, sq): (&Maps, &Seq),
+    r0: Reg<u32>,
+    range: (Reg<u32>, Reg<u32>),
+) {
+    sm90::acquire_maps(k, &[maps.q, maps.k.k, maps.k.kr, maps.v, maps.dout]);
+    let (plan, s) = (&cta.plan, &cta.plan.s);
+    k.mbarrier_arrive_expect_tx(cta.res_bar, plan.resident_bytes());
+    let res = cta.resident(k);
+    for (p, t) in plan.resident.iter().zip(&res) {
+        load(k, (maps, sq, s), (p.src, t), r0, cta.res_bar);
+    }
+    let st = PipeState::new(k);
+    k.for_range(range.0, range.1, 1u32, |k, i| {
+        let ri = k.mul(i, plan.streamed[0].rows);
+        cta.ring.producer_acquire(k, &st);
+        let bar = cta.ring.producer_commit_tx(k, &st, plan.stage_bytes());
+        let tiles = cta.stage(k, st.stage);
+        for (p, t) in plan.streamed.iter().zip(&tiles) {
+            load(k, (maps, sq, s), (p.src, t), ri, bar);
+        }
+        st.advance(k, STAGES);
+    });
 }
 
 /// Generates the wgmma dK/dV kernel (`s.wgmma`; checked by the caller).
 pub(crate) fn gen_dkdv(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
-    let (dqk, dv, sp, bq) = (s.d_qk, s.d_v, s.splits(), s.bq());
-    let nt = s.dkdv_threads();
-    let mut k = KernelBuilder::new(&s.dkdv_name(), t.clone());
-    k.reqntid(&[nt]);
-    k.maxnreg(255);
-    let p = declare_common(&mut k, s.k_rope);
-    let dkp = k.param_ptr_aligned::<u8>("dk", 4);
-    let dvp = k.param_ptr_aligned::<u8>("dv", 4);
-    let heads = k.param::<u32>("heads");
-    let c = k.param::<f32>("scale_log2");
-    let scale = k.param::<f32>("scale");
-    let smem = k.dynamic_shared::<u8>(1024);
-    let tid = k.tid_x();
-    let lane = k.and(tid, 31u32);
-    let warp = k.shr(tid, 5u32);
-    let kg = k.and(warp, 3u32);
-    let wg = k.shr(warp, 2u32);
-    let ln = Lanes::new(&mut k, lane);
-    let sq = Seq::load(&mut k, p.cu, heads);
-    let bx = k.ctaid_x();
-    let kv0 = k.mul(bx, BKV);
-    let done = k.ge(kv0, sq.len);
-    k.when(done, |k| k.exit());
-    let dims = [(BKV, dqk), (BKV, dv), (bq, dqk), (bq, dv)];
-    let [tk, tv, tq, tdo] = tiles(&mut k, smem.reg(), dims);
-    let sqs = k.mul(heads, dqk * 2);
-    let svs = k.mul(heads, dv * 2);
-    let kvalid = k.sub(sq.len, kv0);
-    let tok0 = k.add(sq.start, kv0);
-    load_k(&mut k, tid, nt, &tk, &p.k, (tok0, heads, sq.h), kvalid);
-    let src = sq.ptr(&mut k, p.v, kv0, dv);
-    load_tile(&mut k, tid, nt, &tv, src, svs, kvalid);
-    k.cp_async_commit_group();
-    let r0 = k.mad_lo(kg, 16u32, kv0);
-    let r0 = k.add(r0, ln.g);
-    let krows = [r0, k.add(r0, 8u32)];
-    let (ks, vs) = (col_split(dqk, sp), col_split(dv, sp));
-    let dk = zero_acc(&mut k, (ks[0].1 / 8) as usize);
-    let dva = zero_acc(&mut k, (vs[0].1 / 8) as usize);
-    let st = zero_acc(&mut k, (bq / 8) as usize);
-    let dpt = zero_acc(&mut k, (bq / 8) as usize);
-    let col_q = k.shl(ln.q, 1u32);
-    let pr = preds(&mut k);
-    let it0 = k.div(kv0, bq);
-    let iend = k.add(sq.len, bq - 1);
-    let iend = k.div(iend, bq);
-    k.for_range(it0, iend, 1u32, |k, it| {
-        let q0 = k.mul(it, bq);
-        let qvalid = k.sub(sq.len, q0);
-        let src = sq.ptr(k, p.q, q0, dqk);
-        load_tile(k, tid, nt, &tq, src, sqs, qvalid);
-        let src = sq.ptr(k, p.dout, q0, dv);
-        load_tile(k, tid, nt, &tdo, src, svs, qvalid);
-        k.cp_async_commit_group();
-        let stats = column_stats(k, &sq, &p, q0, col_q, bq);
-        tiles_ready(k);
-        ss_wgmma(k, (&tk, &tq), dqk, &st, pr);
-        mask_transposed(k, &st, &stats, krows);
-        ss_wgmma(k, (&tv, &tdo), dv, &dpt, pr);
-        let get = |n: usize, e: usize| {
-            let s = stats[2 * n + (e & 1)];
-            (s.1, s.2)
+    let math = 128 * s.splits();
+    let mut k = new_kernel(&s.dkdv_name(), t, s.dkdv_threads());
+    let maps = declare_maps(&mut k, s.k_rope);
+    let p = declare_tail(&mut k, &["dk", "dv"]);
+    let w = Warps::new(&mut k);
+    let (sq, kv0) = start_cta(&mut k, p.cu, p.heads, BKV);
+    let cta = Cta::setup(&mut k, Plan::dkdv(s), math);
+    let it0 = k.div(kv0, s.bq());
+    let iend = k.add(sq.len, s.bq() - 1);
+    let iend = k.div(iend, s.bq());
+    let prod = |k: &mut KernelBuilder| producer(k, &cta, (&maps, &sq), kv0, (it0, iend));
+    let cons = |k: &mut KernelBuilder| {
+        let cols = col_split(s.d_qk, s.splits())
+            .into_iter()
+            .zip(col_split(s.d_v, s.splits()))
+            .map(|(a, b)| [a, b])
+            .collect();
+        let cx = Dkdv::new(k, (w, sq, kv0), s, cols);
+        let m = WgProducts {
+            preds: sm90::preds(k),
         };
-        p_and_ds(k, &st, &dpt, c, &get);
-        for hf in 0..sp as usize {
-            let sel = k.eq(wg, hf as u32);
-            let ((kc, kn), (vc, vn)) = (ks[hf], vs[hf]);
-            k.if_(sel, |k| {
-                if vn > 0 {
-                    rs_wgmma(k, &st, &tdo, (vc, vn), &dva[..vn as usize / 8], pr.1);
-                }
-                if kn > 0 {
-                    rs_wgmma(k, &dpt, &tq, (kc, kn), &dk[..kn as usize / 8], pr.1);
-                }
-            });
-        }
-        k.sync_threads();
-    });
-    for hf in 0..sp as usize {
-        let sel = k.eq(wg, hf as u32);
-        let ((kc, kn), (vc, vn)) = (ks[hf], vs[hf]);
-        k.if_(sel, |k| {
-            let kp = |k: &mut KernelBuilder, r: Reg<u32>| sq.ptr(k, dkp, r, dqk);
-            let dk = &dk[..kn as usize / 8];
-            store_rows(k, &ln, dk, Some(scale), krows, sq.len, kc, &kp);
-            let vp = |k: &mut KernelBuilder, r: Reg<u32>| sq.ptr(k, dvp, r, dv);
-            store_rows(
-                k,
-                &ln,
-                &dva[..vn as usize / 8],
-                None,
-                krows,
-                sq.len,
-                vc,
-                &vp,
-            );
+        let [tk, tv] = cta.resident(k);
+        k.mbarrier_wait_parity(cta.res_bar, 0u32);
+        let st = PipeState::new(k);
+        k.for_range(it0, iend, 1u32, |k, it| {
+            let q0 = k.mul(it, s.bq());
+            let [tq, tdo] = cta.stage(k, st.stage);
+            let mut ready = |k: &mut KernelBuilder| cta.ring.consumer_wait(k, &st);
+            cx.tile(k, &m, &p, [&tk, &tv, &tq, &tdo], q0, &mut ready);
+            cta.ring.consumer_release(k, &st);
+            st.advance(k, STAGES);
         });
-    }
+        cx.store(k, &p);
+    };
+    sm90::specialise(&mut k, math, prod, cons);
     Ok(k.finish()?)
 }
 
 /// Generates the wgmma dQ kernel (`s.wgmma`; checked by the caller).
 pub(crate) fn gen_dq(t: &Target, s: &BwdSpec) -> Result<ptx::Module> {
-    let (dqk, dv) = (s.d_qk, s.d_v);
-    let nt = 128;
-    let mut k = KernelBuilder::new(&s.dq_name(), t.clone());
-    k.reqntid(&[nt]);
-    k.maxnreg(255);
-    let p = declare_common(&mut k, s.k_rope);
-    let dqp = k.param_ptr_aligned::<u8>("dq", 4);
-    let heads = k.param::<u32>("heads");
-    let c = k.param::<f32>("scale_log2");
-    let scale = k.param::<f32>("scale");
-    let smem = k.dynamic_shared::<u8>(1024);
-    let tid = k.tid_x();
-    let lane = k.and(tid, 31u32);
-    let warp = k.shr(tid, 5u32);
-    let ln = Lanes::new(&mut k, lane);
-    let sq = Seq::load(&mut k, p.cu, heads);
-    let bx = k.ctaid_x();
-    let q0 = k.mul(bx, BM_DQ);
-    let done = k.ge(q0, sq.len);
-    k.when(done, |k| k.exit());
-    let dims = [(BM_DQ, dqk), (BM_DQ, dv), (BN_DQ, dqk), (BN_DQ, dv)];
-    let [tq, tdo, tk, tv] = tiles(&mut k, smem.reg(), dims);
-    let sqs = k.mul(heads, dqk * 2);
-    let svs = k.mul(heads, dv * 2);
-    let qvalid = k.sub(sq.len, q0);
-    let src = sq.ptr(&mut k, p.q, q0, dqk);
-    load_tile(&mut k, tid, nt, &tq, src, sqs, qvalid);
-    let src = sq.ptr(&mut k, p.dout, q0, dv);
-    load_tile(&mut k, tid, nt, &tdo, src, svs, qvalid);
-    k.cp_async_commit_group();
-    let r0 = k.mad_lo(warp, 16u32, q0);
-    let r0 = k.add(r0, ln.g);
-    let rows = [r0, k.add(r0, 8u32)];
-    let st: Vec<(Reg<f32>, Reg<f32>)> = rows
-        .iter()
-        .map(|&r| row_stats(&mut k, &sq, &p, r))
-        .collect();
-    let dq = zero_acc(&mut k, (dqk / 8) as usize);
-    let s_acc = zero_acc(&mut k, (BN_DQ / 8) as usize);
-    let dp = zero_acc(&mut k, (BN_DQ / 8) as usize);
-    let col_q = k.shl(ln.q, 1u32);
-    let pr = preds(&mut k);
-    let qe = k.add(q0, BM_DQ);
-    let kend = k.min(qe, sq.len);
-    let ntiles = k.add(kend, BN_DQ - 1);
-    let ntiles = k.div(ntiles, BN_DQ);
-    k.for_range(0u32, ntiles, 1u32, |k, j| {
-        let kv0 = k.mul(j, BN_DQ);
-        let kvalid = k.sub(sq.len, kv0);
-        let tok0 = k.add(sq.start, kv0);
-        load_k(k, tid, nt, &tk, &p.k, (tok0, heads, sq.h), kvalid);
-        let src = sq.ptr(k, p.v, kv0, dv);
-        load_tile(k, tid, nt, &tv, src, svs, kvalid);
-        k.cp_async_commit_group();
-        tiles_ready(k);
-        ss_wgmma(k, (&tq, &tk), dqk, &s_acc, pr);
-        let kv_end = k.add(kv0, BN_DQ);
-        let diag = k.gt(kv_end, q0);
-        k.if_(diag, |k| {
-            super::fwd::causal_mask(k, &s_acc, kv0, col_q, rows)
+    let math = 128;
+    let mut k = new_kernel(&s.dq_name(), t, s.dq_threads());
+    let maps = declare_maps(&mut k, s.k_rope);
+    let p = declare_tail(&mut k, &["dq"]);
+    let w = Warps::new(&mut k);
+    let (sq, q0) = start_cta(&mut k, p.cu, p.heads, BM_DQ);
+    let cta = Cta::setup(&mut k, Plan::dq(s), math);
+    let ntiles = causal_key_tiles(&mut k, q0, BM_DQ, sq.len, BN_DQ);
+    let zero = k.mov(0u32);
+    let prod = |k: &mut KernelBuilder| producer(k, &cta, (&maps, &sq), q0, (zero, ntiles));
+    let cons = |k: &mut KernelBuilder| {
+        let cx = Dq::new(k, (w, sq, q0), s, &p);
+        let m = WgProducts {
+            preds: sm90::preds(k),
+        };
+        let [tq, tdo] = cta.resident(k);
+        k.mbarrier_wait_parity(cta.res_bar, 0u32);
+        let st = PipeState::new(k);
+        k.for_range(0u32, ntiles, 1u32, |k, j| {
+            let kv0 = k.mul(j, BN_DQ);
+            let [tk, tv] = cta.stage(k, st.stage);
+            cta.ring.consumer_wait(k, &st);
+            cx.tile(k, &m, p.c, [&tq, &tdo, &tk, &tv], kv0);
+            cta.ring.consumer_release(k, &st);
+            st.advance(k, STAGES);
         });
-        ss_wgmma(k, (&tdo, &tv), dv, &dp, pr);
-        let get = |_n: usize, e: usize| st[e >> 1];
-        p_and_ds(k, &s_acc, &dp, c, &get);
-        rs_wgmma(k, &dp, &tk, (0, dqk), &dq, pr.1);
-        k.sync_threads();
-    });
-    let qp = |k: &mut KernelBuilder, r: Reg<u32>| sq.ptr(k, dqp, r, dqk);
-    store_rows(&mut k, &ln, &dq, Some(scale), rows, sq.len, 0, &qp);
+        cx.store(k, &p);
+    };
+    sm90::specialise(&mut k, math, prod, cons);
     Ok(k.finish()?)
+}
+
+/// The 5 tensor maps of one kernel, in [`MAP_PARAMS`] order: Q and dO read in boxes of `rq`
+/// rows, K, the RoPE key and V in boxes of `rk` rows.
+fn kernel_maps(
+    stream: &Stream,
+    sh: &AttnShape,
+    a: &BwdArgs,
+    total: usize,
+    (rq, rk): (u32, u32),
+) -> Result<Vec<u8>> {
+    let be = stream.device().backend();
+    let map = |b: &runtime::Buffer<bf16>, cols: usize, rows: u32| {
+        sm90::tensor_map(be, b.device_ptr(), (total, cols), rows)
+    };
+    let h = sh.heads;
+    let d_nope = sh.d_qk - sh.k_rope;
+    let mut bytes = map(a.q, h * sh.d_qk, rq)?.to_vec();
+    bytes.extend(map(a.k, h * d_nope, rk)?);
+    match a.k_rope {
+        Some(kr) => bytes.extend(map(kr, sh.k_rope, rk)?),
+        None => bytes.extend(map(a.k, h * d_nope, rk)?),
+    }
+    bytes.extend(map(a.v, h * sh.d_v, rk)?);
+    bytes.extend(map(a.dout, h * sh.d_v, rq)?);
+    Ok(bytes)
+}
+
+/// Launches the checked dK/dV and dQ kernels of `spec` (after the pre-pass) and waits for them
+/// (their tensor maps live in a buffer freed on return).
+pub(crate) fn launch(
+    stream: &Stream,
+    spec: &BwdSpec,
+    sh: &AttnShape,
+    a: &BwdArgs,
+    (total, batch): (usize, usize),
+    after: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let dev = stream.device();
+    let mut bytes = kernel_maps(stream, sh, a, total, (spec.bq(), BKV))?;
+    bytes.extend(kernel_maps(stream, sh, a, total, (BM_DQ, BN_DQ))?);
+    let maps = dev.upload(&bytes)?;
+    let m = maps.device_ptr();
+    let (c, sc, h) = (sh.scale * LOG2E, sh.scale, sh.heads as u32);
+    let name = spec.dkdv_name();
+    let f = crate::host::function(dev, &name, "", |t| gen_dkdv(t, spec))?;
+    let cfg = LaunchConfig::grid3(dkdv_grid(sh, batch), [spec.dkdv_threads(), 1, 1])
+        .shared(spec.dkdv_shared());
+    let mut v = args![m, m + 128, m + 256, m + 384, m + 512];
+    v.extend(args![
+        a.lse,
+        &*a.delta,
+        a.cu_seqlens,
+        &*a.dk,
+        &*a.dv,
+        h,
+        c,
+        sc
+    ]);
+    stream.launch(&f, &cfg, &v)?;
+    after(&name);
+    let name = spec.dq_name();
+    let f = crate::host::function(dev, &name, "", |t| gen_dq(t, spec))?;
+    let cfg =
+        LaunchConfig::grid3(dq_grid(sh, batch), [spec.dq_threads(), 1, 1]).shared(spec.dq_shared());
+    let m = m + 640;
+    let mut v = args![m, m + 128, m + 256, m + 384, m + 512];
+    v.extend(args![a.lse, &*a.delta, a.cu_seqlens, &*a.dq, h, c, sc]);
+    stream.launch(&f, &cfg, &v)?;
+    after(&name);
+    stream.synchronize()?;
+    drop(maps);
+    Ok(())
 }

@@ -268,21 +268,9 @@ impl<'a> DecCta<'a> {
         let b2 = k.add(b1, s.stages * tile_bytes(BLOCK, dk));
         let b3 = k.add(b2, tile_bytes(nrows, 64));
         let sm = Smem {
-            tq: Tile {
-                base,
-                rows: nrows,
-                d: dk,
-            },
-            tkv: Tile {
-                base: b1,
-                rows: BLOCK,
-                d: dk,
-            },
-            tp: Tile {
-                base: b2,
-                rows: nrows,
-                d: 64,
-            },
+            tq: Tile::new(base, nrows, dk),
+            tkv: Tile::new(b1, BLOCK, dk),
+            tp: Tile::new(b2, nrows, 64),
             xch: b3,
         };
         let len = k.ld_nc(p.lens.offset(b));

@@ -284,16 +284,8 @@ fn prologue(
     let lane = k.and(tid, 31u32);
     let warp = k.shr(tid, 5u32);
     let ln = Lanes::new(k, lane);
-    let (bx, h, b) = (k.ctaid_x(), k.ctaid_y(), k.ctaid_z());
-    let q0 = k.mul(bx, BM);
-    let st = k.ld_nc(cup.offset(b));
-    let b1 = k.add(b, 1u32);
-    let en = k.ld_nc(cup.offset(b1));
-    let start: Reg<u32> = st.reinterpret();
-    let en: Reg<u32> = en.reinterpret();
-    let len = k.sub(en, start);
-    let done = k.ge(q0, len);
-    k.when(done, |k| k.exit());
+    let (sq, q0) = start_cta(k, cup, heads, BM);
+    let (start, len, h) = (sq.start, sq.len, sq.h);
     let [tq, tk, tv] = tiles(k, smem.reg(), [(BM, dqk), (bn, dqk), (bn, dv)]);
     let wrow = k.mul(warp, 16u32);
     let r0 = k.add(q0, wrow);

@@ -35,29 +35,25 @@
 //! before returning (the buffer is freed then), like the Hopper GEMMs.
 
 use super::fwd::{causal_mask, epilogue, online_softmax, AttnShape, FwdArgs, FwdSpec, Softmax, BM};
+use super::sm90::{self, k_panels, panels, KMaps, PanelDst};
 use super::*;
-use builder::hopper::Swizzle;
 use half::bf16;
-use runtime::tensor_map::{Swizzle as TSwizzle, TensorDataType};
-use runtime::{args, Backend, LaunchConfig, Stream, TensorMap};
+use runtime::{args, LaunchConfig, Stream};
 
 /// Math warpgroup + producer warp.
 pub const THREADS: u32 = 160;
 const MATH_THREADS: u32 = 128;
 /// Depth of the K and V rings.
 pub const STAGES: u32 = 2;
-/// Columns of one panel / TMA box.
-const PANEL: u32 = 64;
 /// mbarriers: Q full, K full/empty x 2, V full/empty x 2.
 const NBARS: u32 = 1 + 4 * STAGES;
 
 /// Shared-memory layout (byte offsets from the 1024-aligned dynamic window).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Layout90 {
-    /// panels of Q, of K from `k`, of K from `k_rope`, of V
+    /// panels of Q, of K (from `k` and `k_rope`), of V
     pq: u32,
     pk: u32,
-    pr: u32,
     pv: u32,
     bn: u32,
     k0: u32,
@@ -68,18 +64,14 @@ pub(crate) struct Layout90 {
 impl Layout90 {
     pub(crate) fn new(s: &FwdSpec) -> Layout90 {
         let bn = s.bn();
-        let (pq, pv) = (s.d_qk.div_ceil(PANEL), s.d_v.div_ceil(PANEL));
-        let (pk, pr) = (
-            (s.d_qk - s.k_rope).div_ceil(PANEL),
-            s.k_rope.div_ceil(PANEL),
-        );
+        let (pq, pv) = (panels(s.d_qk), panels(s.d_v));
+        let pk = k_panels(s.d_qk, s.k_rope);
         let k0 = pq * BM * ROW_BYTES;
-        let v0 = k0 + STAGES * (pk + pr) * bn * ROW_BYTES;
+        let v0 = k0 + STAGES * pk * bn * ROW_BYTES;
         let bars = v0 + STAGES * pv * bn * ROW_BYTES;
         Layout90 {
             pq,
             pk,
-            pr,
             pv,
             bn,
             k0,
@@ -91,7 +83,7 @@ impl Layout90 {
         self.pq * BM * ROW_BYTES
     }
     fn k_bytes(&self) -> u32 {
-        (self.pk + self.pr) * self.bn * ROW_BYTES
+        self.pk * self.bn * ROW_BYTES
     }
     fn v_bytes(&self) -> u32 {
         self.pv * self.bn * ROW_BYTES
@@ -125,8 +117,7 @@ pub(crate) const PARAMS: &[(&str, &str)] = &[
 #[derive(Clone, Copy)]
 struct Maps {
     q: Reg<u64>,
-    k: Reg<u64>,
-    kr: Reg<u64>,
+    k: KMaps,
     v: Reg<u64>,
 }
 
@@ -160,8 +151,11 @@ pub(crate) fn gen(t: &Target, s: &FwdSpec) -> Result<ptx::Module> {
     k.maxnreg(255);
     let maps = Maps {
         q: k.param_tensormap_ptr("tmap_q"),
-        k: k.param_tensormap_ptr("tmap_k"),
-        kr: k.param_tensormap_ptr("tmap_kr"),
+        k: KMaps {
+            k: k.param_tensormap_ptr("tmap_k"),
+            kr: k.param_tensormap_ptr("tmap_kr"),
+            rope: s.k_rope,
+        },
         v: k.param_tensormap_ptr("tmap_v"),
     };
     let op = k.param_ptr_aligned::<u8>("o", 4);
@@ -169,39 +163,23 @@ pub(crate) fn gen(t: &Target, s: &FwdSpec) -> Result<ptx::Module> {
     let cup = k.param_ptr_aligned::<i32>("cu_seqlens", 4);
     let heads = k.param::<u32>("heads");
     let c = k.param::<f32>("scale_log2");
-    let cta = setup(&mut k, s, cup);
-    let tid = k.tid_x();
-    let is_producer = k.ge(tid, MATH_THREADS);
-    k.if_else(
-        is_producer,
-        |k| {
-            let elected = k.eq(tid, MATH_THREADS);
-            k.if_(elected, |k| producer(k, &cta, maps));
-        },
+    let cta = setup(&mut k, s, cup, heads);
+    sm90::specialise(
+        &mut k,
+        MATH_THREADS,
+        |k| producer(k, &cta, maps),
         |k| consumer(k, &cta, (op, lsep), heads, c),
     );
     Ok(k.finish()?)
 }
 
 /// Sequence bounds (the CTA exits past the end), tile count, barriers initialised.
-fn setup(k: &mut KernelBuilder, s: &FwdSpec, cup: GlobalPtr<i32>) -> Cta {
+fn setup(k: &mut KernelBuilder, s: &FwdSpec, cup: GlobalPtr<i32>, heads: Reg<u32>) -> Cta {
     let l = Layout90::new(s);
     let base = k.dynamic_shared::<u8>(1024).reg();
-    let (bx, h, b) = (k.ctaid_x(), k.ctaid_y(), k.ctaid_z());
-    let q0 = k.mul(bx, BM);
-    let st = k.ld_nc(cup.offset(b));
-    let b1 = k.add(b, 1u32);
-    let en = k.ld_nc(cup.offset(b1));
-    let start: Reg<u32> = st.reinterpret();
-    let en: Reg<u32> = en.reinterpret();
-    let len = k.sub(en, start);
-    let done = k.ge(q0, len);
-    k.when(done, |k| k.exit());
-    // key tiles up to the CTA's last row (causal)
-    let qe = k.add(q0, BM);
-    let kend = k.min(qe, len);
-    let nt = k.add(kend, l.bn - 1);
-    let ntiles = k.div(nt, l.bn);
+    let (sq, q0) = start_cta(k, cup, heads, BM);
+    let (start, len, h) = (sq.start, sq.len, sq.h);
+    let ntiles = causal_key_tiles(k, q0, BM, len, l.bn);
     let bars = k.add(base, l.bars);
     let bar = |i: u32| SharedPtr::<u64>::from_reg(bars).add_bytes(8 * i as i64);
     let kpipe = Pipeline {
@@ -243,56 +221,37 @@ fn setup(k: &mut KernelBuilder, s: &FwdSpec, cup: GlobalPtr<i32>) -> Cta {
     }
 }
 
-/// `panels` TMA boxes of `map` into consecutive panels of `rows` rows from `dst`: box p at
-/// columns `col0 + 64 p`, rows from `row`.
-fn load_panels(
-    k: &mut KernelBuilder,
-    (map, dst, rows, panels): (Reg<u64>, Reg<u32>, u32, u32),
-    col0: Reg<u32>,
-    row: Reg<i32>,
-    bar: SharedPtr<u64>,
-) {
-    let col0 = k.bitcast::<i32, u32>(col0);
-    for p in 0..panels {
-        let d = SharedPtr::<u8>::from_reg(dst).add_bytes((p * rows * ROW_BYTES) as i64);
-        let c = k.add(col0, (p * PANEL) as i32);
-        k.tma_load_2d(d, map, c, row, bar);
-    }
-}
-
 /// The producer thread: Q once, then K_j and V_j into their rings for every key tile.
 fn producer(k: &mut KernelBuilder, cta: &Cta, maps: Maps) {
-    // the maps were written by host copies: acquire them for the tensor-map proxy
-    for m in [maps.q, maps.k, maps.kr, maps.v] {
-        k.fence_proxy_tensormap_acquire(m);
-    }
+    sm90::acquire_maps(k, &[maps.q, maps.k.k, maps.k.kr, maps.v]);
     let (s, l) = (&cta.s, &cta.l);
-    let d_nope = s.d_qk - s.k_rope;
     k.mbarrier_arrive_expect_tx(cta.q_bar, l.q_bytes());
     let qrow = k.add(cta.start, cta.q0);
-    let qrow = k.bitcast::<i32, u32>(qrow);
     let qcol = k.mul(cta.h, s.d_qk);
-    load_panels(k, (maps.q, cta.base, BM, l.pq), qcol, qrow, cta.q_bar);
-    let kcol = k.mul(cta.h, d_nope);
+    let qdst = PanelDst {
+        dst: cta.base,
+        rows: BM,
+        panels: l.pq,
+    };
+    sm90::load_panels(k, maps.q, qdst, (qcol, qrow), cta.q_bar);
+    let kcol = k.mul(cta.h, s.d_qk - s.k_rope);
     let vcol = k.mul(cta.h, s.d_v);
-    let zero = k.mov(0u32);
     let (kst, vst) = (PipeState::new(k), PipeState::new(k));
     k.for_range(0u32, cta.ntiles, 1u32, |k, j| {
         let row = k.mad_lo(j, l.bn, cta.start);
-        let row = k.bitcast::<i32, u32>(row);
         cta.kpipe.producer_acquire(k, &kst);
         let bar = cta.kpipe.producer_commit_tx(k, &kst, l.k_bytes());
         let dst = cta.stage_base(k, l.k0, l.k_bytes(), kst.stage);
-        load_panels(k, (maps.k, dst, l.bn, l.pk), kcol, row, bar);
-        if s.k_rope > 0 {
-            let dst = k.add(dst, l.pk * l.bn * ROW_BYTES);
-            load_panels(k, (maps.kr, dst, l.bn, l.pr), zero, row, bar);
-        }
+        sm90::load_k_panels(k, &maps.k, (dst, l.bn, s.d_qk), (kcol, row), bar);
         kst.advance(k, STAGES);
         cta.vpipe.producer_acquire(k, &vst);
         let bar = cta.vpipe.producer_commit_tx(k, &vst, l.v_bytes());
-        let dst = cta.stage_base(k, l.v0, l.v_bytes(), vst.stage);
-        load_panels(k, (maps.v, dst, l.bn, l.pv), vcol, row, bar);
+        let vdst = PanelDst {
+            dst: cta.stage_base(k, l.v0, l.v_bytes(), vst.stage),
+            rows: l.bn,
+            panels: l.pv,
+        };
+        sm90::load_panels(k, maps.v, vdst, (vcol, row), bar);
         vst.advance(k, STAGES);
     });
 }
@@ -328,12 +287,11 @@ fn consumer(
     let r0 = k.add(r0, ln.g);
     let rows = [r0, k.add(r0, 8u32)];
     let col_q = k.shl(ln.q, 1u32);
-    let zero = k.mov(0u32);
     let m = Math {
         rows,
         col_q,
         c,
-        preds: (k.ne(zero, 0u32), k.eq(zero, 0u32)),
+        preds: sm90::preds(k),
         sm: Softmax {
             m: [k.mov(f32::NEG_INFINITY), k.mov(f32::NEG_INFINITY)],
             l: [k.mov(0f32), k.mov(0f32)],
@@ -360,8 +318,14 @@ fn consumer(
 fn tile(k: &mut KernelBuilder, cta: &Cta, m: &Math, j: Reg<u32>) {
     let (s, l) = (&cta.s, &cta.l);
     cta.kpipe.consumer_wait(k, &m.kst);
-    let kt = cta.stage_base(k, l.k0, l.k_bytes(), m.kst.stage);
-    qk_wgmma(k, cta, kt, &m.s_acc, m.preds);
+    let kt = Tile {
+        base: cta.stage_base(k, l.k0, l.k_bytes(), m.kst.stage),
+        rows: l.bn,
+        d: s.d_qk,
+        split: if s.k_rope > 0 { s.d_qk - s.k_rope } else { 0 },
+    };
+    let tq = Tile::new(cta.base, BM, s.d_qk);
+    sm90::ss_wgmma(k, (&tq, &kt), s.d_qk, &m.s_acc, m.preds);
     cta.kpipe.consumer_release(k, &m.kst);
     m.kst.advance(k, STAGES);
     // causal mask on tiles reaching the diagonal (keys past the sequence's end included)
@@ -371,101 +335,11 @@ fn tile(k: &mut KernelBuilder, cta: &Cta, m: &Math, j: Reg<u32>) {
     k.if_(diag, |k| causal_mask(k, &m.s_acc, kv0, m.col_q, m.rows));
     online_softmax(k, &m.sm, &m.s_acc, &m.o, m.c);
     cta.vpipe.consumer_wait(k, &m.vst);
-    let vt = Tile {
-        base: cta.stage_base(k, l.v0, l.v_bytes(), m.vst.stage),
-        rows: l.bn,
-        d: s.d_v,
-    };
-    pv_wgmma(k, &m.s_acc, &vt, l.bn, s.d_v, &m.o, m.preds.1);
+    let vbase = cta.stage_base(k, l.v0, l.v_bytes(), m.vst.stage);
+    let vt = Tile::new(vbase, l.bn, s.d_v);
+    sm90::rs_wgmma(k, &m.s_acc, &vt, (0, s.d_v), &m.o, m.preds.1);
     cta.vpipe.consumer_release(k, &m.vst);
     m.vst.advance(k, STAGES);
-}
-
-/// wgmma descriptor at byte `start` of a 128B-swizzled panel tile of `rows` rows: 8-row
-/// groups 1024 bytes apart (SBO), panels `rows * 128` apart (LBO; the MN-major operand's
-/// next 64 columns).
-pub(super) fn panel_desc(k: &mut KernelBuilder, base: Reg<u32>, rows: u32, start: u32) -> Reg<u64> {
-    let d = MatrixDesc {
-        start,
-        lbo: rows * ROW_BYTES,
-        sbo: 8 * ROW_BYTES,
-        swizzle: Swizzle::B128,
-    };
-    k.matrix_desc(base, d)
-}
-
-/// Byte offset of k-step `ks` (columns 16 ks..) in a K-major panel tile of `rows` rows whose
-/// columns from `col0` start at panel `p0`.
-fn kstep_off(ks: u32, col0: u32, p0: u32, rows: u32) -> u32 {
-    let c = 16 * ks - col0;
-    (p0 + c / PANEL) * rows * ROW_BYTES + (c % PANEL) * 2
-}
-
-/// S = Q K^T for the warpgroup's 64 rows with `wgmma m64n{bn}k16` over d_qk; K's k-steps
-/// past d_nope read its rope panels. `preds` = (false, true): the first k-step overwrites.
-fn qk_wgmma(
-    k: &mut KernelBuilder,
-    cta: &Cta,
-    kt: Reg<u32>,
-    acc: &[[Reg<f32>; 4]],
-    preds: (Reg<Pred>, Reg<Pred>),
-) {
-    let (s, l) = (&cta.s, &cta.l);
-    let d_nope = s.d_qk - s.k_rope;
-    let flat: Vec<Reg<f32>> = acc.iter().flatten().copied().collect();
-    k.wgmma_fence();
-    for ks in 0..s.d_qk / 16 {
-        let a = panel_desc(k, cta.base, BM, kstep_off(ks, 0, 0, BM));
-        let koff = if 16 * ks < d_nope {
-            kstep_off(ks, 0, 0, l.bn)
-        } else {
-            kstep_off(ks, d_nope, l.pk, l.bn)
-        };
-        let b = panel_desc(k, kt, l.bn, koff);
-        let scale_d = if ks == 0 { preds.0 } else { preds.1 };
-        k.wgmma_mma_async::<Bf16>(l.bn as u16, &flat, a, b, scale_d, false, false);
-    }
-    k.wgmma_commit_group();
-    k.wgmma_wait_group(0);
-}
-
-/// O += P V with `wgmma m64n{dv}k16`: P from the S accumulators (registers), V an MN-major
-/// descriptor over its [key][column] panels (k rows `16 kk..`).
-fn pv_wgmma(
-    k: &mut KernelBuilder,
-    p: &[[Reg<f32>; 4]],
-    tv: &Tile,
-    bn: u32,
-    dv: u32,
-    o: &[[Reg<f32>; 4]],
-    always: Reg<Pred>,
-) {
-    let flat: Vec<Reg<f32>> = o.iter().flatten().copied().collect();
-    k.wgmma_fence();
-    for kk in 0..bn / 16 {
-        let a = acc_to_a(k, p[2 * kk as usize], p[2 * kk as usize + 1]);
-        let a: [Reg<B32>; 4] = a.map(|x| x.reinterpret());
-        let b = panel_desc(k, tv.base, tv.rows, kk * 16 * ROW_BYTES);
-        k.wgmma_mma_async_rs::<Bf16>(dv as u16, &flat, a, b, always, true);
-    }
-    k.wgmma_commit_group();
-    k.wgmma_wait_group(0);
-}
-
-/// The 128-byte map of a row-major bf16 `[rows, cols]` tensor at `addr`, read in [64, `box_rows`]
-/// boxes with the 128-byte swizzle (zero fill out of bounds).
-fn map(backend: Backend, addr: u64, rows: usize, cols: usize, box_rows: u32) -> Result<[u8; 128]> {
-    let mut t = TensorMap::tiled(
-        TensorDataType::BF16,
-        addr,
-        &[cols as u64, rows as u64],
-        &[PANEL, box_rows],
-    );
-    t.swizzle = TSwizzle::B128;
-    Ok(match backend {
-        Backend::Emu => t.encode_emu()?,
-        _ => t.encode_cuda()?,
-    })
 }
 
 /// Launches the checked forward `spec` over `total` tokens in `batch` sequences and waits for
@@ -482,14 +356,17 @@ pub(crate) fn launch(
     let f = crate::host::function(dev, &name, "", |t| gen(t, spec))?;
     let (h, bn, be) = (sh.heads, spec.bn(), dev.backend());
     let ptr = |b: &runtime::Buffer<bf16>| b.device_ptr();
-    let mut bytes = map(be, ptr(a.q), total, h * sh.d_qk, BM)?.to_vec();
+    let map = |b: &runtime::Buffer<bf16>, cols: usize, rows: u32| {
+        sm90::tensor_map(be, ptr(b), (total, cols), rows)
+    };
+    let mut bytes = map(a.q, h * sh.d_qk, BM)?.to_vec();
     let d_nope = sh.d_qk - sh.k_rope;
-    bytes.extend(map(be, ptr(a.k), total, h * d_nope, bn)?);
+    bytes.extend(map(a.k, h * d_nope, bn)?);
     match a.k_rope {
-        Some(kr) => bytes.extend(map(be, ptr(kr), total, sh.k_rope, bn)?),
-        None => bytes.extend(map(be, ptr(a.k), total, h * d_nope, bn)?),
+        Some(kr) => bytes.extend(map(kr, sh.k_rope, bn)?),
+        None => bytes.extend(map(a.k, h * d_nope, bn)?),
     }
-    bytes.extend(map(be, ptr(a.v), total, h * sh.d_v, bn)?);
+    bytes.extend(map(a.v, h * sh.d_v, bn)?);
     let maps = dev.upload(&bytes)?;
     let m = maps.device_ptr();
     let grid = [

@@ -1,7 +1,7 @@
 //! MLA attention: the training forward/backward (FlashAttention-2 style, causal, variable
 //! lengths through cumulative offsets) and FlashMLA-style decoding against a paged latent KV
 //! cache, `mma.sync.m16n8k16` BF16 with FP32 accumulation, and sm_90a training kernels with
-//! `wgmma` (the forward loading through TMA).
+//! `wgmma` math and TMA loads.
 //!
 //! This module owns the shared-tile layout and fragment loaders the attention kernels share:
 //! a tile of `rows` x `d` bf16 lives in shared memory as `ceil(d/64)` *panels* of `rows` 128-byte
@@ -13,8 +13,9 @@
 //! - [`fwd`]: training forward (O, per-row log-sum-exp).
 //! - [`bwd`]: training backward (D = rowsum(dO*O), then dK/dV per key tile, then dQ per query
 //!   tile: deterministic, no atomics).
-//! - [`fwd90`], [`bwd90`]: the sm_90a forward (TMA + mbarrier ring, wgmma) and backward
-//!   (wgmma) kernels, selected by the same host calls on an sm_90a device.
+//! - [`fwd90`], [`bwd90`]: the sm_90a forward and backward kernels (TMA loads through
+//!   mbarrier rings, a producer warp, `wgmma` math), selected by the same host calls on an
+//!   sm_90a device; [`sm90`]: the TMA / tensor-map / wgmma pieces they share.
 //! - [`decode`]: absorbed-MLA decoding over a paged cache, split-KV + LSE-weighted combine.
 //! - [`reference`]: f64 CPU references; [`registry`]: registry entries and their checks.
 
@@ -25,6 +26,7 @@ pub mod fwd;
 pub mod fwd90;
 pub mod reference;
 pub mod registry;
+pub mod sm90;
 
 use crate::tile::ROW_BYTES;
 use crate::{shape_err, Result};
@@ -53,6 +55,22 @@ pub(crate) struct Tile {
     pub base: Reg<u32>,
     pub rows: u32,
     pub d: u32,
+    /// 0: columns contiguous (column c in panel c / 64). Else the first column that starts a
+    /// fresh panel (a K tile TMA-loaded as [nope panels | rope panels], `split` = d_nope; read
+    /// only by the wgmma products of [`sm90`], the `ldmatrix` loaders take contiguous tiles).
+    pub split: u32,
+}
+
+impl Tile {
+    /// A tile with contiguous columns.
+    pub fn new(base: Reg<u32>, rows: u32, d: u32) -> Tile {
+        Tile {
+            base,
+            rows,
+            d,
+            split: 0,
+        }
+    }
 }
 
 /// Consecutive panel tiles of `(rows, d)` from `base` (each a multiple of 1024 bytes, so a
@@ -66,8 +84,107 @@ pub(crate) fn tiles<const N: usize>(
     dims.map(|(rows, d)| {
         let b = if off == 0 { base } else { k.add(base, off) };
         off += tile_bytes(rows, d);
-        Tile { base: b, rows, d }
+        Tile::new(b, rows, d)
     })
+}
+
+/// Causal key tiles of `bn` keys a block of `rows` query rows from `q0` attends to (up to its
+/// last row inside the sequence of length `len`).
+pub(crate) fn causal_key_tiles(
+    k: &mut KernelBuilder,
+    q0: Reg<u32>,
+    rows: u32,
+    len: Reg<u32>,
+    bn: u32,
+) -> Reg<u32> {
+    let qe = k.add(q0, rows);
+    let kend = k.min(qe, len);
+    let nt = k.add(kend, bn - 1);
+    k.div(nt, bn)
+}
+
+/// This CTA's sequence (`cu_seqlens[ctaid.z]..`) and head (`ctaid.y`).
+#[derive(Clone, Copy)]
+pub(crate) struct Seq {
+    pub start: Reg<u32>,
+    pub len: Reg<u32>,
+    pub h: Reg<u32>,
+    pub heads: Reg<u32>,
+}
+
+impl Seq {
+    pub(crate) fn load(k: &mut KernelBuilder, cup: GlobalPtr<i32>, heads: Reg<u32>) -> Seq {
+        let (h, b) = (k.ctaid_y(), k.ctaid_z());
+        let st = k.ld_nc(cup.offset(b));
+        let b1 = k.add(b, 1u32);
+        let en = k.ld_nc(cup.offset(b1));
+        let start: Reg<u32> = st.reinterpret();
+        let en: Reg<u32> = en.reinterpret();
+        let len = k.sub(en, start);
+        Seq {
+            start,
+            len,
+            h,
+            heads,
+        }
+    }
+    /// (token, head) row index of sequence row `r`.
+    pub(crate) fn row(&self, k: &mut KernelBuilder, r: Reg<u32>) -> Reg<u32> {
+        let t = k.add(self.start, r);
+        k.mad_lo(t, self.heads, self.h)
+    }
+    pub(crate) fn ptr(
+        &self,
+        k: &mut KernelBuilder,
+        p: GlobalPtr<u8>,
+        r: Reg<u32>,
+        d: u32,
+    ) -> Reg<u64> {
+        let gr = self.row(k, r);
+        wide_off(k, p.reg(), gr, d * 2)
+    }
+    /// `cp.async` of sequence rows `r0..` of `[total, heads, t.d]` tensor `p` (row stride
+    /// `stride` bytes) into tile `t` (rows past the sequence's end zero-filled; the caller
+    /// commits).
+    pub(crate) fn load_tile(
+        &self,
+        k: &mut KernelBuilder,
+        (nt, t): (u32, &Tile),
+        (p, stride): (GlobalPtr<u8>, Reg<u32>),
+        r0: Reg<u32>,
+    ) {
+        let tid = k.tid_x();
+        let src = self.ptr(k, p, r0, t.d);
+        let valid = k.sub(self.len, r0);
+        load_tile(k, tid, nt, t, src, stride, valid);
+    }
+    /// Row stride in bytes of a `[total, heads, d]` tensor.
+    pub(crate) fn stride(&self, k: &mut KernelBuilder, d: u32) -> Reg<u32> {
+        k.mul(self.heads, d * 2)
+    }
+    /// `cp.async` of the K rows `r0..` (both K sources) into tile `t`.
+    pub(crate) fn load_k(&self, k: &mut KernelBuilder, nt: u32, t: &Tile, ks: &KSrc, r0: Reg<u32>) {
+        let tid = k.tid_x();
+        let valid = k.sub(self.len, r0);
+        let tok0 = k.add(self.start, r0);
+        load_k(k, tid, nt, t, ks, (tok0, self.heads, self.h), valid);
+    }
+}
+
+/// Sequence of this CTA and its first row `ctaid.x * rows` (the CTA exits when that is past
+/// the sequence's end).
+pub(crate) fn start_cta(
+    k: &mut KernelBuilder,
+    cu: GlobalPtr<i32>,
+    heads: Reg<u32>,
+    rows: u32,
+) -> (Seq, Reg<u32>) {
+    let sq = Seq::load(k, cu, heads);
+    let bx = k.ctaid_x();
+    let r0 = k.mul(bx, rows);
+    let done = k.ge(r0, sq.len);
+    k.when(done, |k| k.exit());
+    (sq, r0)
 }
 
 /// Per-lane constants of the fragment loaders.

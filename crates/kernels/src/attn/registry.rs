@@ -100,7 +100,11 @@ pub fn registry_entries() -> Vec<KernelInfo> {
             k_rope: rope,
             wgmma,
         };
-        let how = if wgmma { ", sm_90a wgmma" } else { "" };
+        let how = if wgmma {
+            ", sm_90a TMA (producer warp, 2-stage mbarrier ring) + wgmma"
+        } else {
+            ""
+        };
         v.push(KernelInfo {
             name: s.dkdv_name(),
             summary: format!(
@@ -110,7 +114,7 @@ pub fn registry_entries() -> Vec<KernelInfo> {
                 s.splits(),
                 if wgmma { "warpgroup(s) (dK/dV columns split)" } else { "warp(s)" }
             ),
-            params: params(BwdSpec::dkdv_params()),
+            params: params(&s.dkdv_params()),
             launch: format!(
                 "grid = (ceil(max_seqlen/{}), heads, batch), block = {}, dynamic shared = {} bytes",
                 bwd::BKV,
@@ -128,10 +132,11 @@ pub fn registry_entries() -> Vec<KernelInfo> {
                 "MLA attention backward dQ (d_qk {dqk}, d_v {dv}{}{how}): 64 queries per CTA, 32-key tiles up to the diagonal (deterministic, no atomics)",
                 rope_note(rope)
             ),
-            params: params(BwdSpec::dq_params()),
+            params: params(&s.dq_params()),
             launch: format!(
-                "grid = (ceil(max_seqlen/{}), heads, batch), block = 128, dynamic shared = {} bytes",
+                "grid = (ceil(max_seqlen/{}), heads, batch), block = {}, dynamic shared = {} bytes",
                 bwd::BM_DQ,
+                s.dq_threads(),
                 s.dq_shared()
             ),
             targets: s.targets(),
