@@ -121,8 +121,8 @@ impl Opcode {
             Opcode::Bra | Opcode::BrxIdx | Opcode::Ret | Opcode::Exit | Opcode::Trap
         )
     }
-    /// The longest number of dotted parts any opcode name has.
-    pub const MAX_PARTS: usize = 4;
+    /// The longest number of dotted parts any opcode name has (`cp.reduce.async.bulk.tensor`).
+    pub const MAX_PARTS: usize = 5;
 }
 
 impl fmt::Display for Opcode {

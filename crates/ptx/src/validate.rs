@@ -1157,7 +1157,9 @@ impl<'a> FnCheck<'a> {
                 self.check_value(i, &a[0], n, Want::T(t), "destination");
                 self.require_addr(i, &a[1]);
                 self.check_addr_reg(i, &a[1]);
-                for o in &a[2..] {
+                // the trailing cache-policy operand of `.L2::cache_hint` is a .b64, not a value
+                let values = a.len() - usize::from(i.has(Flag::L2CacheHint));
+                for o in a.get(2..values).unwrap_or(&[]) {
                     if matches!(o, Operand::Reg(_) | Operand::Vec(_) | Operand::Imm(_)) {
                         self.check_value(i, o, n, Want::T(t), "value");
                     }
