@@ -1,0 +1,505 @@
+//! Memory, asynchronous-copy and atomic instruction forms (issue 16 item 3), each run on the
+//! emulator against an exact host reference on fresh random inputs: `cp.async.mbarrier.arrive`
+//! with and without `.noinc`, `st.async` / `red.async` into another CTA's shared memory with
+//! mbarrier transaction completion, `cp.reduce.async.bulk` to global and shared::cluster
+//! memory, `cp.reduce.async.bulk.tensor` (tile, 1d-5d), and `atom`/`red` vector, 128-bit,
+//! 16-bit CAS and `.sem`/`.scope` forms with many threads hitting few addresses. Every kernel is
+//! also checked by the validator, round-tripped through the printer and (when installed)
+//! assembled by ptxas for sm_90a.
+
+use emu::hopper::{Swizzle, TensorMapDesc, TmaType};
+use emu::{launch, GlobalMemory, LaunchConfig, LaunchOptions, LoadedModule};
+use half::{bf16, f16};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+
+/// A fresh random generator; the seed is printed so a failure can be replayed.
+fn rng() -> StdRng {
+    let seed: u64 = rand::random();
+    eprintln!("seed {seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+/// The validator and ptxas (sm_90a, when installed) accept `text`; it prints and parses back.
+fn check(text: &str) {
+    let m = ptx::parse(text).unwrap_or_else(|e| panic!("parse: {e}\n{text}"));
+    let diags = ptx::validate(&m);
+    assert!(
+        diags.iter().all(|d| !d.is_error()),
+        "validator: {diags:#?}\n{text}"
+    );
+    assert_eq!(
+        ptx::parse(&ptx::print(&m)).unwrap(),
+        m,
+        "parse(print(m)) != m"
+    );
+    if ptx::ptxas::ptxas_for_tests("isa_mem test PTX").is_some() {
+        let rep = ptx::ptxas::assemble(text, "sm_90a", &Default::default())
+            .unwrap_or_else(|e| panic!("ptxas rejects the test PTX: {e}\n{text}"));
+        for k in &rep.kernels {
+            assert_eq!(
+                k.spill_stores_bytes + k.spill_loads_bytes,
+                0,
+                "{} spills",
+                k.name
+            );
+        }
+    }
+}
+
+/// Device memory for one test.
+struct Dev {
+    mem: GlobalMemory,
+}
+
+type Buf = Arc<emu::memory::Allocation>;
+
+impl Dev {
+    fn new() -> Dev {
+        Dev {
+            mem: GlobalMemory::new(),
+        }
+    }
+    fn buf(&self, data: &[u8]) -> Buf {
+        let b = self.mem.alloc(data.len().max(16) as u64, 0).unwrap();
+        b.write_bytes(0, data);
+        b
+    }
+    /// An output buffer poisoned with 0xff bytes.
+    fn out(&self, n: usize) -> Buf {
+        self.buf(&vec![0xff; n])
+    }
+    /// Checks and runs `kernel` of `text` with 64-bit pointer parameters.
+    fn run(&self, text: &str, kernel: &str, params: &[u64], cfg: &LaunchConfig) {
+        check(text);
+        let m = LoadedModule::load(&self.mem, ptx::parse(text).unwrap(), 0).unwrap();
+        let p: Vec<u8> = params.iter().flat_map(|v| v.to_le_bytes()).collect();
+        launch(
+            m.kernel(kernel).unwrap(),
+            self.mem.snapshot(),
+            p,
+            cfg,
+            &LaunchOptions::default(),
+        )
+        .unwrap_or_else(|e| panic!("launch of {kernel}: {e}"));
+    }
+}
+
+fn read(b: &Buf, n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    b.read_bytes(0, &mut v);
+    v
+}
+
+fn cfg(grid: u32, block: u32, cluster: u32) -> LaunchConfig {
+    LaunchConfig {
+        cluster: [cluster, 1, 1],
+        ..LaunchConfig::linear(grid, block)
+    }
+}
+
+fn u32s(b: &[u8]) -> Vec<u32> {
+    b.chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+fn u64s(b: &[u8]) -> Vec<u64> {
+    b.chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+fn bytes32(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+fn bytes64(v: &[u64]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+/// Random non-zero bytes.
+fn random_bytes(r: &mut StdRng, n: usize) -> Vec<u8> {
+    (0..n).map(|_| r.gen_range(1..=255u8)).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// cp.async.mbarrier.arrive
+
+const CP_ASYNC_ARRIVE: &str = r#"
+.version 8.0
+.target sm_90a
+.address_size 64
+.shared .align 16 .b8 sbuf[1024];
+.shared .align 8 .b64 mb[2];
+.visible .entry k(.param .u64 in, .param .u64 out, .param .u64 flags)
+{
+    .reg .pred %p<8>;
+    .reg .b32 %r<24>;
+    .reg .b64 %rd<16>;
+    ld.param.u64 %rd1, [in];
+    ld.param.u64 %rd2, [out];
+    ld.param.u64 %rd3, [flags];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, mb;
+    add.u32 %r3, %r2, 8;
+    setp.eq.u32 %p1, %r1, 0;
+    @%p1 mbarrier.init.shared.b64 [%r2], 64;
+    @%p1 mbarrier.init.shared.b64 [%r3], 64;
+    bar.sync 0;
+    shl.b32 %r4, %r1, 4;
+    mov.u32 %r5, sbuf;
+    add.u32 %r6, %r5, %r4;
+    cvt.u64.u32 %rd4, %r4;
+    add.s64 %rd5, %rd1, %rd4;
+    cp.async.ca.shared.global [%r6], [%rd5], 16;
+    // .noinc: each of the 64 arrivals counts against the expected 64
+    cp.async.mbarrier.arrive.noinc.shared.b64 [%r2];
+    // without .noinc: the pending count is raised first, so the net change is zero
+    cp.async.mbarrier.arrive.shared.b64 [%r3];
+    bar.sync 0;
+    mbarrier.test_wait.parity.shared.b64 %p2, [%r2], 0;
+    mbarrier.test_wait.parity.shared.b64 %p3, [%r3], 0;
+    bar.sync 0;
+    mbarrier.arrive.shared.b64 %rd6, [%r3];
+    bar.sync 0;
+    mbarrier.test_wait.parity.shared.b64 %p4, [%r3], 0;
+WAIT:
+    mbarrier.try_wait.parity.shared.b64 %p5, [%r2], 0;
+    @!%p5 bra WAIT;
+    ld.shared.v4.u32 {%r7, %r8, %r9, %r10}, [%r6];
+    add.s64 %rd7, %rd2, %rd4;
+    st.global.v4.u32 [%rd7], {%r7, %r8, %r9, %r10};
+    selp.u32 %r11, 1, 0, %p2;
+    selp.u32 %r12, 2, 0, %p3;
+    selp.u32 %r13, 4, 0, %p4;
+    or.b32 %r14, %r11, %r12;
+    or.b32 %r15, %r14, %r13;
+    mul.wide.u32 %rd8, %r1, 4;
+    add.s64 %rd9, %rd3, %rd8;
+    st.global.u32 [%rd9], %r15;
+    ret;
+}
+"#;
+
+#[test]
+fn cp_async_mbarrier_arrive_noinc_and_counted() {
+    let mut r = rng();
+    let d = Dev::new();
+    let input = random_bytes(&mut r, 1024);
+    let inp = d.buf(&input);
+    let out = d.out(1024);
+    let flags = d.out(256);
+    d.run(
+        CP_ASYNC_ARRIVE,
+        "k",
+        &[inp.base, out.base, flags.base],
+        &cfg(2, 64, 1),
+    );
+    assert_eq!(read(&out, 1024), input, "copied data");
+    // phase 0 of the .noinc barrier completed; the counted one only after the plain arrives
+    for (t, f) in u32s(&read(&flags, 256)).into_iter().enumerate() {
+        assert_eq!(f, 0b101, "thread {t}: noinc done, counted not done, then done");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// st.async: every thread stores 52 bytes (.b32, .v4.b32, .v2.b64, .v2.f32, .s64) into the
+// other CTA of its cluster, completing them on that CTA's mbarrier.
+
+const ST_ASYNC: &str = r#"
+.version 8.1
+.target sm_90a
+.address_size 64
+.shared .align 16 .b8 recv[3328];
+.shared .align 8 .b64 mb;
+.visible .entry k(.param .u64 in, .param .u64 out)
+{
+    .reg .pred %p<4>;
+    .reg .b32 %r<40>;
+    .reg .f32 %f<4>;
+    .reg .b64 %rd<24>;
+    ld.param.u64 %rd1, [in];
+    ld.param.u64 %rd2, [out];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %cluster_ctarank;
+    xor.b32 %r4, %r3, 1;
+    mov.u32 %r5, mb;
+    mov.u32 %r6, recv;
+    setp.eq.u32 %p1, %r1, 0;
+    @%p1 mbarrier.init.shared::cta.b64 [%r5], 1;
+    @%p1 mbarrier.arrive.expect_tx.shared::cta.b64 %rd3, [%r5], 3328;
+    fence.mbarrier_init.release.cluster;
+    barrier.cluster.arrive.release.aligned;
+    barrier.cluster.wait.acquire.aligned;
+    // this CTA's input block and the peer's receive buffer and mbarrier
+    mul.wide.u32 %rd4, %r2, 3328;
+    add.s64 %rd5, %rd1, %rd4;
+    mapa.shared::cluster.u32 %r7, %r6, %r4;
+    mapa.shared::cluster.u32 %r8, %r5, %r4;
+    // .b32 at [4*tid]
+    shl.b32 %r9, %r1, 2;
+    cvt.u64.u32 %rd6, %r9;
+    add.s64 %rd7, %rd5, %rd6;
+    ld.global.u32 %r10, [%rd7];
+    add.u32 %r11, %r7, %r9;
+    st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%r11], %r10, [%r8];
+    // .v4.b32 at [256 + 16*tid]
+    shl.b32 %r12, %r1, 4;
+    add.u32 %r13, %r12, 256;
+    cvt.u64.u32 %rd8, %r13;
+    add.s64 %rd9, %rd5, %rd8;
+    ld.global.v4.u32 {%r14, %r15, %r16, %r17}, [%rd9];
+    add.u32 %r18, %r7, %r13;
+    st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%r18], {%r14, %r15, %r16, %r17}, [%r8];
+    // .v2.b64 at [1280 + 16*tid]
+    add.u32 %r19, %r12, 1280;
+    cvt.u64.u32 %rd10, %r19;
+    add.s64 %rd11, %rd5, %rd10;
+    ld.global.v2.u64 {%rd12, %rd13}, [%rd11];
+    add.u32 %r20, %r7, %r19;
+    st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b64 [%r20], {%rd12, %rd13}, [%r8];
+    // .v2.f32 at [2304 + 8*tid]
+    shl.b32 %r21, %r1, 3;
+    add.u32 %r22, %r21, 2304;
+    cvt.u64.u32 %rd14, %r22;
+    add.s64 %rd15, %rd5, %rd14;
+    ld.global.v2.f32 {%f1, %f2}, [%rd15];
+    add.u32 %r23, %r7, %r22;
+    st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%r23], {%f1, %f2}, [%r8];
+    // .s64 at [2816 + 8*tid]
+    add.u32 %r24, %r21, 2816;
+    cvt.u64.u32 %rd16, %r24;
+    add.s64 %rd17, %rd5, %rd16;
+    ld.global.s64 %rd18, [%rd17];
+    add.u32 %r25, %r7, %r24;
+    st.async.weak.shared::cluster.mbarrier::complete_tx::bytes.s64 [%r25], %rd18, [%r8];
+WAIT:
+    mbarrier.try_wait.parity.shared::cta.b64 %p2, [%r5], 0;
+    @!%p2 bra WAIT;
+    // copy the received block out: 832 words, 13 per thread
+    add.s64 %rd19, %rd2, %rd4;
+    mov.u32 %r26, 0;
+COPY:
+    shl.b32 %r27, %r26, 6;
+    add.u32 %r28, %r27, %r1;
+    shl.b32 %r29, %r28, 2;
+    add.u32 %r30, %r6, %r29;
+    ld.shared.u32 %r31, [%r30];
+    cvt.u64.u32 %rd20, %r29;
+    add.s64 %rd21, %rd19, %rd20;
+    st.global.u32 [%rd21], %r31;
+    add.u32 %r26, %r26, 1;
+    setp.lt.u32 %p3, %r26, 13;
+    @%p3 bra COPY;
+    barrier.cluster.arrive.aligned;
+    barrier.cluster.wait.aligned;
+    ret;
+}
+"#;
+
+#[test]
+fn st_async_into_the_peer_cta_completes_its_mbarrier() {
+    let mut r = rng();
+    let d = Dev::new();
+    let ctas = 4usize;
+    let input = random_bytes(&mut r, 3328 * ctas);
+    let inp = d.buf(&input);
+    let out = d.out(3328 * ctas);
+    d.run(ST_ASYNC, "k", &[inp.base, out.base], &cfg(ctas as u32, 64, 2));
+    let o = read(&out, 3328 * ctas);
+    for c in 0..ctas {
+        let peer = c ^ 1;
+        assert!(
+            o[c * 3328..(c + 1) * 3328] == input[peer * 3328..(peer + 1) * 3328],
+            "CTA {c} did not receive CTA {peer}'s block"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// red.async (and the synchronous red/atom.shared::cluster): all threads of a 4-CTA cluster
+// reduce into two slots per operation in CTA 0's shared memory.
+
+/// (operation, type) of the 32-bit red.async forms, in slot order.
+const RED32: [(&str, &str); 11] = [
+    ("add", "u32"),
+    ("add", "s32"),
+    ("min", "u32"),
+    ("min", "s32"),
+    ("max", "u32"),
+    ("max", "s32"),
+    ("inc", "u32"),
+    ("dec", "u32"),
+    ("and", "b32"),
+    ("or", "b32"),
+    ("xor", "b32"),
+];
+const RED64: [(&str, &str); 2] = [("add", "u64"), ("add", "s64")];
+const RED_THREADS: usize = 256;
+/// Transaction bytes of one thread's red.async operations.
+const RED_TX: usize = 11 * 4 + 2 * 8;
+
+fn red_async_ptx() -> String {
+    let mut body = String::new();
+    let pre = "red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes";
+    for (j, (op, ty)) in RED32.iter().enumerate() {
+        body += &format!(
+            "    ld.global.u32 %r{v}, [%rd5+{o}];\n    {pre}.{op}.{ty} [%r9+{a}], %r{v}, [%r8];\n",
+            v = 20 + j,
+            o = 4 * j,
+            a = 8 * j
+        );
+    }
+    for (k, (op, ty)) in RED64.iter().enumerate() {
+        body += &format!(
+            "    ld.global.u64 %rd{v}, [%rd5+{o}];\n    {pre}.{op}.{ty} [%r10+{a}], %rd{v}, [%r8];\n",
+            v = 10 + k,
+            o = 48 + 8 * k,
+            a = 16 * k
+        );
+    }
+    format!(
+        r#"
+.version 8.1
+.target sm_90a
+.address_size 64
+.shared .align 16 .b8 tgt[144];
+.shared .align 8 .b64 mb;
+.visible .entry k(.param .u64 init, .param .u64 vals, .param .u64 out)
+{{
+    .reg .pred %p<8>;
+    .reg .b32 %r<40>;
+    .reg .b64 %rd<24>;
+    ld.param.u64 %rd1, [init];
+    ld.param.u64 %rd2, [vals];
+    ld.param.u64 %rd3, [out];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %cluster_ctarank;
+    mov.u32 %r3, tgt;
+    mov.u32 %r4, mb;
+    setp.eq.u32 %p1, %r2, 0;
+    setp.lt.u32 %p2, %r1, 36;
+    and.pred %p3, %p1, %p2;
+    mul.wide.u32 %rd4, %r1, 4;
+    add.s64 %rd6, %rd1, %rd4;
+    shl.b32 %r5, %r1, 2;
+    add.u32 %r6, %r3, %r5;
+    @%p3 ld.global.u32 %r7, [%rd6];
+    @%p3 st.shared.u32 [%r6], %r7;
+    setp.eq.u32 %p4, %r1, 0;
+    and.pred %p5, %p1, %p4;
+    @%p5 mbarrier.init.shared::cta.b64 [%r4], 1;
+    @%p5 mbarrier.arrive.expect_tx.shared::cta.b64 %rd7, [%r4], {tx};
+    fence.mbarrier_init.release.cluster;
+    barrier.cluster.arrive.release.aligned;
+    barrier.cluster.wait.acquire.aligned;
+    mapa.shared::cluster.u32 %r11, %r3, 0;
+    mapa.shared::cluster.u32 %r8, %r4, 0;
+    and.b32 %r12, %r1, 1;
+    shl.b32 %r13, %r12, 2;
+    add.u32 %r9, %r11, %r13;
+    shl.b32 %r14, %r12, 3;
+    add.u32 %r15, %r11, %r14;
+    add.u32 %r10, %r15, 88;
+    mov.u32 %r16, %ctaid.x;
+    mad.lo.u32 %r17, %r16, 64, %r1;
+    mul.wide.u32 %rd8, %r17, 64;
+    add.s64 %rd5, %rd2, %rd8;
+{body}    red.shared::cluster.add.u32 [%r9+120], %r20;
+    atom.shared::cluster.add.u32 %r18, [%r9+128], %r20;
+    barrier.cluster.arrive.release.aligned;
+    barrier.cluster.wait.acquire.aligned;
+    @!%p1 bra DONE;
+WAIT:
+    mbarrier.try_wait.parity.shared::cta.b64 %p6, [%r4], 0;
+    @!%p6 bra WAIT;
+    @!%p2 bra DONE;
+    ld.shared.u32 %r19, [%r6];
+    add.s64 %rd9, %rd3, %rd4;
+    st.global.u32 [%rd9], %r19;
+DONE:
+    barrier.cluster.arrive.aligned;
+    barrier.cluster.wait.aligned;
+    ret;
+}}
+"#,
+        tx = RED_THREADS * RED_TX
+    )
+}
+
+/// The 32-bit reduction `op` on `ty` (exact integer semantics of the PTX ISA).
+fn red32(op: &str, ty: &str, old: u32, b: u32) -> u32 {
+    match (op, ty) {
+        ("add", _) => old.wrapping_add(b),
+        ("min", "s32") => (old as i32).min(b as i32) as u32,
+        ("max", "s32") => (old as i32).max(b as i32) as u32,
+        ("min", _) => old.min(b),
+        ("max", _) => old.max(b),
+        ("inc", _) => {
+            if old >= b {
+                0
+            } else {
+                old + 1
+            }
+        }
+        ("dec", _) => {
+            if old == 0 || old > b {
+                b
+            } else {
+                old - 1
+            }
+        }
+        ("and", _) => old & b,
+        ("or", _) => old | b,
+        ("xor", _) => old ^ b,
+        _ => unreachable!("{op}.{ty}"),
+    }
+}
+
+#[test]
+fn red_async_into_cta0_of_the_cluster() {
+    let mut r = rng();
+    let d = Dev::new();
+    let init: Vec<u32> = (0..36).map(|_| r.gen()).collect();
+    // inc/dec limits are the same for every thread, so the result does not depend on order
+    let (inc_lim, dec_lim) = (r.gen_range(1..200u32), r.gen_range(1..200u32));
+    let mut vals = vec![0u8; RED_THREADS * 64];
+    for (t, v) in vals.chunks_mut(64).enumerate() {
+        for j in 0..11 {
+            let x = match j {
+                6 => inc_lim,
+                7 => dec_lim,
+                // small addends keep some sums from wrapping; bit ops get full words
+                0 | 1 if t % 3 == 0 => r.gen_range(0..1000),
+                _ => r.gen(),
+            };
+            v[4 * j..4 * j + 4].copy_from_slice(&x.to_le_bytes());
+        }
+        for k in 0..2 {
+            v[48 + 8 * k..56 + 8 * k].copy_from_slice(&r.gen::<u64>().to_le_bytes());
+        }
+    }
+    let (ib, vb, out) = (d.buf(&bytes32(&init)), d.buf(&vals), d.out(144));
+    d.run(&red_async_ptx(), "k", &[ib.base, vb.base, out.base], &cfg(4, 64, 4));
+    let got = u32s(&read(&out, 144));
+    let val32 = |t: usize, j: usize| u32::from_le_bytes(vals[t * 64 + 4 * j..][..4].try_into().unwrap());
+    let val64 = |t: usize, k: usize| u64::from_le_bytes(vals[t * 64 + 48 + 8 * k..][..8].try_into().unwrap());
+    for slot in 0..2 {
+        let threads = (0..RED_THREADS).filter(|t| t % 2 == slot);
+        for (j, (op, ty)) in RED32.iter().enumerate() {
+            let want = threads.clone().fold(init[2 * j + slot], |a, t| red32(op, ty, a, val32(t, j)));
+            assert_eq!(got[2 * j + slot], want, "red.async.{op}.{ty} slot {slot}");
+        }
+        for k in 0..2 {
+            let w = 22 + 4 * k + 2 * slot;
+            let old = init[w] as u64 | (init[w + 1] as u64) << 32;
+            let want = threads.clone().fold(old, |a, t| a.wrapping_add(val64(t, k)));
+            let g = got[w] as u64 | (got[w + 1] as u64) << 32;
+            assert_eq!(g, want, "red.async.add.{} slot {slot}", RED64[k].1);
+        }
+        for (w, what) in [(30, "red.shared::cluster"), (32, "atom.shared::cluster")] {
+            let want = threads.clone().fold(init[w + slot], |a, t| a.wrapping_add(val32(t, 0)));
+            assert_eq!(got[w + slot], want, "{what}.add.u32 slot {slot}");
+        }
+    }
+    assert_eq!(&got[34..36], &init[34..36], "bytes past the targets untouched");
+}
