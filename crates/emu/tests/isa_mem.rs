@@ -503,3 +503,299 @@ fn red_async_into_cta0_of_the_cluster() {
     }
     assert_eq!(&got[34..36], &init[34..36], "bytes past the targets untouched");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Host reference for element-wise reductions on raw bits (op names as in PTX; `add.noftz`
+// counts as `add`). Float cases use inputs whose results are exact.
+
+fn size_of(ty: &str) -> usize {
+    match ty {
+        "f16" | "bf16" | "b16" | "u16" => 2,
+        "u32" | "s32" | "b32" | "f32" | "f16x2" | "bf16x2" => 4,
+        _ => 8,
+    }
+}
+
+fn host_red(op: &str, ty: &str, a: u64, b: u64) -> u64 {
+    let op = op.trim_end_matches(".noftz");
+    let f16v = |x: u64| f16::from_bits(x as u16).to_f64();
+    let bf16v = |x: u64| bf16::from_bits(x as u16).to_f64();
+    let pick = |lt: bool| if lt { a } else { b };
+    match (op, ty) {
+        ("add", "f32") => (f32::from_bits(a as u32) + f32::from_bits(b as u32)).to_bits() as u64,
+        ("add", "f64") => (f64::from_bits(a) + f64::from_bits(b)).to_bits(),
+        ("add", "f16") => f16::from_f64(f16v(a) + f16v(b)).to_bits() as u64,
+        ("add", "bf16") => bf16::from_f64(bf16v(a) + bf16v(b)).to_bits() as u64,
+        ("min", "f16") => pick(f16v(a) < f16v(b)),
+        ("max", "f16") => pick(f16v(a) > f16v(b)),
+        ("min", "bf16") => pick(bf16v(a) < bf16v(b)),
+        ("max", "bf16") => pick(bf16v(a) > bf16v(b)),
+        ("add", "u64" | "s64") => a.wrapping_add(b),
+        ("min", "u64") => a.min(b),
+        ("max", "u64") => a.max(b),
+        ("min", "s64") => (a as i64).min(b as i64) as u64,
+        ("max", "s64") => (a as i64).max(b as i64) as u64,
+        ("and", "b64") => a & b,
+        ("or", "b64") => a | b,
+        ("xor", "b64") => a ^ b,
+        (op, ty) => red32(op, ty, a as u32, b as u32) as u64,
+    }
+}
+
+/// Random element bits for reducing with `op` on `ty`: float additions get small integers
+/// (sums stay exact); f16/bf16 min/max get finite values; everything else full-range bits.
+fn elem(r: &mut StdRng, op: &str, ty: &str) -> u64 {
+    let small = |r: &mut StdRng, m: i32| {
+        let v = r.gen_range(1..=m);
+        (if r.gen() { v } else { -v }) as f64
+    };
+    match (op.trim_end_matches(".noftz"), ty) {
+        ("add", "f32") => (small(r, 1000) as f32).to_bits() as u64,
+        ("add", "f64") => small(r, 1000).to_bits(),
+        ("add", "f16") => f16::from_f64(small(r, 64)).to_bits() as u64,
+        ("add", "bf16") => bf16::from_f64(small(r, 32)).to_bits() as u64,
+        (_, "f16") => f16::from_f64(r.gen_range(-100.0..100.0)).to_bits() as u64,
+        (_, "bf16") => bf16::from_f64(r.gen_range(-100.0..100.0)).to_bits() as u64,
+        (_, ty) if size_of(ty) == 4 => r.gen_range(1..=u32::MAX) as u64,
+        _ => r.gen_range(1..=u64::MAX),
+    }
+}
+
+/// `n` random elements of `ty` as bytes. `inc`/`dec` use small values so both branches occur.
+fn elems(r: &mut StdRng, op: &str, ty: &str, n: usize) -> Vec<u8> {
+    let es = size_of(ty);
+    (0..n)
+        .flat_map(|_| {
+            let v = match op {
+                "inc" | "dec" => r.gen_range(0..40u64),
+                _ => elem(r, op, ty),
+            };
+            v.to_le_bytes()[..es].to_vec()
+        })
+        .collect()
+}
+
+fn get(b: &[u8], i: usize, es: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x[..es].copy_from_slice(&b[i * es..(i + 1) * es]);
+    u64::from_le_bytes(x)
+}
+
+/// Folds `srcs` (each a byte image of elements) into `init` element by element.
+fn fold_ref(op: &str, ty: &str, init: &[u8], srcs: &[&[u8]]) -> Vec<u8> {
+    let es = size_of(ty);
+    let mut acc = init.to_vec();
+    for s in srcs {
+        for i in 0..init.len() / es {
+            let v = host_red(op, ty, get(&acc, i, es), get(s, i, es));
+            acc[i * es..(i + 1) * es].copy_from_slice(&v.to_le_bytes()[..es]);
+        }
+    }
+    acc
+}
+
+// ---------------------------------------------------------------------------------------------
+// cp.reduce.async.bulk: four CTAs reduce 512 bytes of shared memory into one global buffer.
+
+/// (operation, type) pairs of the global form, each run as its own kernel.
+const BULK_GLOBAL: [(&str, &str); 20] = [
+    ("add", "u32"),
+    ("add", "s32"),
+    ("add", "u64"),
+    ("add", "f32"),
+    ("add", "f64"),
+    ("add.noftz", "f16"),
+    ("add.noftz", "bf16"),
+    ("min", "u32"),
+    ("min", "s32"),
+    ("max", "u64"),
+    ("min", "s64"),
+    ("max", "s64"),
+    ("min", "f16"),
+    ("max", "bf16"),
+    ("inc", "u32"),
+    ("dec", "u32"),
+    ("and", "b32"),
+    ("or", "b64"),
+    ("xor", "b32"),
+    ("and", "b64"),
+];
+
+fn bulk_global_ptx(op: &str, ty: &str, hint: bool) -> String {
+    let (h, pol) = if hint {
+        (".L2::cache_hint", ", %rd9")
+    } else {
+        ("", "")
+    };
+    format!(
+        r#"
+.version 8.0
+.target sm_90a
+.address_size 64
+.shared .align 128 .b8 sm[512];
+.visible .entry k(.param .u64 in, .param .u64 out)
+{{
+    .reg .pred %p<2>;
+    .reg .b32 %r<16>;
+    .reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [in];
+    ld.param.u64 %rd2, [out];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %ctaid.x;
+    mul.wide.u32 %rd3, %r2, 512;
+    add.s64 %rd4, %rd1, %rd3;
+    shl.b32 %r3, %r1, 4;
+    cvt.u64.u32 %rd5, %r3;
+    add.s64 %rd6, %rd4, %rd5;
+    ld.global.v4.u32 {{%r4, %r5, %r6, %r7}}, [%rd6];
+    mov.u32 %r8, sm;
+    add.u32 %r9, %r8, %r3;
+    st.shared.v4.u32 [%r9], {{%r4, %r5, %r6, %r7}};
+    fence.proxy.async.shared::cta;
+    bar.sync 0;
+    setp.eq.u32 %p1, %r1, 0;
+    mov.u64 %rd9, 0;
+    @%p1 cp.reduce.async.bulk.global.shared::cta.bulk_group{h}.{op}.{ty} [%rd2], [%r8], 512{pol};
+    @%p1 cp.async.bulk.commit_group;
+    @%p1 cp.async.bulk.wait_group.read 0;
+    ret;
+}}
+"#
+    )
+}
+
+#[test]
+fn cp_reduce_async_bulk_to_global() {
+    let mut r = rng();
+    let cases = BULK_GLOBAL
+        .iter()
+        .map(|&(o, t)| (o, t, false))
+        .chain([("add", "u32", true)]);
+    for (op, ty, hint) in cases {
+        let d = Dev::new();
+        let init = elems(&mut r, op, ty, 512 / size_of(ty));
+        // inc/dec: every CTA reduces the same values (their result depends on order otherwise)
+        let one = elems(&mut r, op, ty, 512 / size_of(ty));
+        let srcs: Vec<Vec<u8>> = (0..4)
+            .map(|_| match op {
+                "inc" | "dec" => one.clone(),
+                _ => elems(&mut r, op, ty, 512 / size_of(ty)),
+            })
+            .collect();
+        let (inp, out) = (d.buf(&srcs.concat()), d.buf(&init));
+        d.run(&bulk_global_ptx(op, ty, hint), "k", &[inp.base, out.base], &cfg(4, 32, 1));
+        let refs: Vec<&[u8]> = srcs.iter().map(|s| s.as_slice()).collect();
+        let want = fold_ref(op, ty, &init, &refs);
+        let got = read(&out, 512);
+        let es = size_of(ty);
+        for i in 0..512 / es {
+            assert_eq!(
+                get(&got, i, es),
+                get(&want, i, es),
+                "cp.reduce.async.bulk .{op}.{ty} element {i}"
+            );
+        }
+    }
+}
+
+/// (operation, type) pairs of the shared::cluster form.
+const BULK_CLUSTER: [(&str, &str); 10] = [
+    ("add", "u32"),
+    ("add", "s32"),
+    ("min", "u32"),
+    ("max", "s32"),
+    ("inc", "u32"),
+    ("dec", "u32"),
+    ("and", "b32"),
+    ("or", "b32"),
+    ("xor", "b32"),
+    ("add", "u64"),
+];
+
+fn bulk_cluster_ptx(op: &str, ty: &str) -> String {
+    format!(
+        r#"
+.version 8.0
+.target sm_90a
+.address_size 64
+.shared .align 128 .b8 src[256];
+.shared .align 128 .b8 dst[256];
+.shared .align 8 .b64 mb;
+.visible .entry k(.param .u64 in, .param .u64 init, .param .u64 out)
+{{
+    .reg .pred %p<8>;
+    .reg .b32 %r<24>;
+    .reg .b64 %rd<16>;
+    ld.param.u64 %rd1, [in];
+    ld.param.u64 %rd2, [init];
+    ld.param.u64 %rd3, [out];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %cluster_ctarank;
+    setp.eq.u32 %p1, %r3, 0;
+    setp.eq.u32 %p2, %r1, 0;
+    and.pred %p3, %p1, %p2;
+    shl.b32 %r4, %r1, 4;
+    cvt.u64.u32 %rd4, %r4;
+    mul.wide.u32 %rd5, %r2, 256;
+    add.s64 %rd6, %rd1, %rd5;
+    add.s64 %rd7, %rd6, %rd4;
+    ld.global.v4.u32 {{%r5, %r6, %r7, %r8}}, [%rd7];
+    mov.u32 %r9, src;
+    add.u32 %r10, %r9, %r4;
+    st.shared.v4.u32 [%r10], {{%r5, %r6, %r7, %r8}};
+    mov.u32 %r11, dst;
+    add.u32 %r12, %r11, %r4;
+    add.s64 %rd8, %rd2, %rd4;
+    @%p1 ld.global.v4.u32 {{%r5, %r6, %r7, %r8}}, [%rd8];
+    @%p1 st.shared.v4.u32 [%r12], {{%r5, %r6, %r7, %r8}};
+    mov.u32 %r13, mb;
+    @%p3 mbarrier.init.shared::cta.b64 [%r13], 1;
+    @%p3 mbarrier.arrive.expect_tx.shared::cta.b64 %rd9, [%r13], 512;
+    fence.proxy.async.shared::cta;
+    fence.mbarrier_init.release.cluster;
+    barrier.cluster.arrive.release.aligned;
+    barrier.cluster.wait.acquire.aligned;
+    mapa.shared::cluster.u32 %r14, %r11, 0;
+    mapa.shared::cluster.u32 %r15, %r13, 0;
+    @%p2 cp.reduce.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes.{op}.{ty} [%r14], [%r9], 256, [%r15];
+    @!%p1 bra DONE;
+WAIT:
+    mbarrier.try_wait.parity.shared::cta.b64 %p4, [%r13], 0;
+    @!%p4 bra WAIT;
+    ld.shared.v4.u32 {{%r5, %r6, %r7, %r8}}, [%r12];
+    add.s64 %rd10, %rd3, %rd4;
+    st.global.v4.u32 [%rd10], {{%r5, %r6, %r7, %r8}};
+DONE:
+    barrier.cluster.arrive.aligned;
+    barrier.cluster.wait.aligned;
+    ret;
+}}
+"#
+    )
+}
+
+#[test]
+fn cp_reduce_async_bulk_to_shared_cluster() {
+    let mut r = rng();
+    for (op, ty) in BULK_CLUSTER {
+        let d = Dev::new();
+        let n = 256 / size_of(ty);
+        let init = elems(&mut r, op, ty, n);
+        let one = elems(&mut r, op, ty, n);
+        let srcs: Vec<Vec<u8>> = (0..2)
+            .map(|_| match op {
+                "inc" | "dec" => one.clone(),
+                _ => elems(&mut r, op, ty, n),
+            })
+            .collect();
+        let (inp, ib, out) = (d.buf(&srcs.concat()), d.buf(&init), d.out(256));
+        d.run(&bulk_cluster_ptx(op, ty), "k", &[inp.base, ib.base, out.base], &cfg(2, 16, 2));
+        let refs: Vec<&[u8]> = srcs.iter().map(|s| s.as_slice()).collect();
+        assert_eq!(
+            read(&out, 256),
+            fold_ref(op, ty, &init, &refs),
+            "cp.reduce.async.bulk.shared::cluster .{op}.{ty}"
+        );
+    }
+}
