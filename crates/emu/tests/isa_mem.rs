@@ -799,3 +799,158 @@ fn cp_reduce_async_bulk_to_shared_cluster() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// cp.reduce.async.bulk.tensor (tile mode): three CTAs reduce a box each, at random coordinates
+// that may overhang the tensor, into one global tensor of rank 1..5.
+
+/// (rank, element type, its name in the host reference, operation).
+const TENSOR_CASES: [(usize, TmaType, &str, &str); 9] = [
+    (1, TmaType::U32, "u32", "add"),
+    (2, TmaType::I32, "s32", "min"),
+    (3, TmaType::F32, "f32", "add"),
+    (4, TmaType::F16, "f16", "add"),
+    (5, TmaType::U64, "b64", "xor"),
+    (2, TmaType::Bf16, "bf16", "max"),
+    (3, TmaType::U32, "u32", "inc"),
+    (2, TmaType::I64, "s64", "max"),
+    (4, TmaType::U32, "b32", "or"),
+];
+
+fn tensor_reduce_ptx(rank: usize, op: &str) -> String {
+    let regs: Vec<String> = (0..rank).map(|i| format!("%r{}", 20 + i)).collect();
+    let loads: String = (0..rank)
+        .map(|i| format!("    ld.global.u32 %r{}, [%rd8+{}];\n", 20 + i, 4 * i))
+        .collect();
+    format!(
+        r#"
+.version 8.0
+.target sm_90a
+.address_size 64
+.shared .align 128 .b8 sm[512];
+.visible .entry k(.param .u64 tmap, .param .u64 in, .param .u64 coords)
+{{
+    .reg .pred %p<4>;
+    .reg .b32 %r<32>;
+    .reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [tmap];
+    ld.param.u64 %rd2, [in];
+    ld.param.u64 %rd3, [coords];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %ctaid.x;
+    mul.wide.u32 %rd4, %r2, 512;
+    add.s64 %rd5, %rd2, %rd4;
+    shl.b32 %r3, %r1, 4;
+    cvt.u64.u32 %rd6, %r3;
+    add.s64 %rd7, %rd5, %rd6;
+    ld.global.v4.u32 {{%r4, %r5, %r6, %r7}}, [%rd7];
+    mov.u32 %r8, sm;
+    add.u32 %r9, %r8, %r3;
+    st.shared.v4.u32 [%r9], {{%r4, %r5, %r6, %r7}};
+    fence.proxy.async.shared::cta;
+    bar.sync 0;
+    mul.wide.u32 %rd9, %r2, 32;
+    add.s64 %rd8, %rd3, %rd9;
+{loads}    setp.eq.u32 %p1, %r1, 0;
+    @%p1 cp.reduce.async.bulk.tensor.{rank}d.global.shared::cta.{op}.tile.bulk_group [%rd1, {{{regs}}}], [%r8];
+    @%p1 cp.async.bulk.commit_group;
+    @%p1 cp.async.bulk.wait_group.read 0;
+    ret;
+}}
+"#,
+        regs = regs.join(", ")
+    )
+}
+
+#[test]
+fn cp_reduce_async_bulk_tensor_tile_1d_to_5d() {
+    let mut r = rng();
+    for (rank, dtype, ty, op) in TENSOR_CASES {
+        let d = Dev::new();
+        let es = size_of(ty);
+        let b0 = 16 / es;
+        let (dims_all, box_all) = ([3 * b0, 5, 4, 3, 3], [b0, 3, 2, 2, 2]);
+        let (dims, bx) = (&dims_all[..rank], &box_all[..rank]);
+        let total: usize = dims.iter().product();
+        let boxn: usize = bx.iter().product();
+        let init = elems(&mut r, op, ty, total);
+        let g = d.buf(&init);
+        let mut strides = [0u64; 4];
+        let mut pitch = (dims[0] * es) as u64;
+        for i in 1..rank {
+            strides[i - 1] = pitch;
+            pitch *= dims[i] as u64;
+        }
+        let mut dm = [0u32; 5];
+        let mut bm = [0u32; 5];
+        for i in 0..rank {
+            dm[i] = dims[i] as u32;
+            bm[i] = bx[i] as u32;
+        }
+        let desc = TensorMapDesc {
+            dtype,
+            rank: rank as u32,
+            global_address: g.base,
+            dims: dm,
+            strides,
+            box_dims: bm,
+            elem_strides: [1; 5],
+            swizzle: Swizzle::None,
+            oob_nan: false,
+        };
+        let tm = d.buf(&desc.to_bytes());
+        // inc: every source element is the same limit, so the result does not depend on order
+        let lim = r.gen_range(0..40u64).to_le_bytes()[..es].to_vec();
+        let boxes: Vec<Vec<u8>> = (0..3)
+            .map(|_| {
+                let mut b = match op {
+                    "inc" => lim.repeat(boxn),
+                    _ => elems(&mut r, op, ty, boxn),
+                };
+                b.resize(512, 0);
+                b
+            })
+            .collect();
+        let coords: Vec<Vec<i32>> = (0..3)
+            .map(|_| {
+                (0..rank)
+                    .map(|i| r.gen_range(-(bx[i] as i32) + 1..dims[i] as i32))
+                    .collect()
+            })
+            .collect();
+        let mut cbytes = vec![0u8; 3 * 32];
+        for (c, cs) in coords.iter().enumerate() {
+            for (i, v) in cs.iter().enumerate() {
+                cbytes[c * 32 + 4 * i..c * 32 + 4 * i + 4].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        let (inb, cb) = (d.buf(&boxes.concat()), d.buf(&cbytes));
+        d.run(&tensor_reduce_ptx(rank, op), "k", &[tm.base, inb.base, cb.base], &cfg(3, 32, 1));
+        // reference: each CTA's box element (row-major, innermost first) onto its tensor element
+        let mut want = init.clone();
+        for (c, cs) in coords.iter().enumerate() {
+            for e in 0..boxn {
+                let (mut rem, mut lin, mut scale, mut inside) = (e, 0usize, 1usize, true);
+                for i in 0..rank {
+                    let gi = cs[i] as i64 + (rem % bx[i]) as i64;
+                    rem /= bx[i];
+                    inside &= (0..dims[i] as i64).contains(&gi);
+                    lin += gi.max(0) as usize * scale;
+                    scale *= dims[i];
+                }
+                if inside {
+                    let v = host_red(op, ty, get(&want, lin, es), get(&boxes[c], e, es));
+                    want[lin * es..(lin + 1) * es].copy_from_slice(&v.to_le_bytes()[..es]);
+                }
+            }
+        }
+        let got = read(&g, total * es);
+        for i in 0..total {
+            assert_eq!(
+                get(&got, i, es),
+                get(&want, i, es),
+                "{rank}d .{op} on {ty}: element {i} (coords {coords:?})"
+            );
+        }
+    }
+}
