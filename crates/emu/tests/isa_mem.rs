@@ -954,3 +954,223 @@ fn cp_reduce_async_bulk_tensor_tile_1d_to_5d() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// atom/red vector forms, f16/bf16 scalar and packed adds, and .sem/.scope qualifiers: 256
+// threads, two target slots per form (even and odd threads).
+
+const ATOMS: &str = r#"
+.version 8.3
+.target sm_90a
+.address_size 64
+.visible .entry k(.param .u64 acc, .param .u64 vals, .param .u64 olds)
+{
+    .reg .pred %p<4>;
+    .reg .b16 %h<16>;
+    .reg .b32 %r<48>;
+    .reg .f32 %f<16>;
+    .reg .b64 %rd<24>;
+    ld.param.u64 %rd1, [acc];
+    ld.param.u64 %rd2, [vals];
+    ld.param.u64 %rd3, [olds];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %ctaid.x;
+    mad.lo.u32 %r3, %r2, 64, %r1;
+    mul.wide.u32 %rd4, %r3, 128;
+    add.s64 %rd5, %rd2, %rd4;           // this thread's values
+    mul.wide.u32 %rd6, %r3, 32;
+    add.s64 %rd7, %rd3, %rd6;           // this thread's returned old values
+    and.b32 %r4, %r1, 1;                // slot
+    mul.wide.u32 %rd8, %r4, 16;
+    add.s64 %rd9, %rd1, %rd8;           // acc + 16*slot
+    mul.wide.u32 %rd10, %r4, 8;
+    add.s64 %rd11, %rd1, %rd10;         // acc + 8*slot
+    mul.wide.u32 %rd12, %r4, 4;
+    add.s64 %rd13, %rd1, %rd12;         // acc + 4*slot
+    mul.wide.u32 %rd14, %r4, 2;
+    add.s64 %rd15, %rd1, %rd14;         // acc + 2*slot
+    ld.global.v4.f32 {%f1, %f2, %f3, %f4}, [%rd5];
+    red.global.v4.f32.add [%rd9], {%f1, %f2, %f3, %f4};
+    ld.global.v2.f32 {%f5, %f6}, [%rd5+16];
+    atom.global.v2.f32.add {%f7, %f8}, [%rd11+32], {%f5, %f6};
+    st.global.v2.f32 [%rd7], {%f7, %f8};
+    ld.global.v4.b32 {%r5, %r6, %r7, %r8}, [%rd5+32];
+    mov.b32 {%h1, %h2}, %r5;
+    mov.b32 {%h3, %h4}, %r6;
+    mov.b32 {%h5, %h6}, %r7;
+    mov.b32 {%h7, %h8}, %r8;
+    red.global.add.noftz.v8.f16 [%rd9+48], {%h1, %h2, %h3, %h4, %h5, %h6, %h7, %h8};
+    ld.global.v2.b32 {%r9, %r10}, [%rd5+48];
+    atom.global.v2.bf16x2.add.noftz {%r11, %r12}, [%rd11+80], {%r9, %r10};
+    st.global.v2.b32 [%rd7+8], {%r11, %r12};
+    ld.global.v4.b32 {%r13, %r14, %r15, %r16}, [%rd5+64];
+    atom.global.v4.f16x2.max.noftz {%r17, %r18, %r19, %r20}, [%rd9+96], {%r13, %r14, %r15, %r16};
+    st.global.v4.b32 [%rd7+16], {%r17, %r18, %r19, %r20};
+    ld.global.v4.b16 {%h9, %h10, %h11, %h12}, [%rd5+80];
+    red.global.v4.bf16.min.noftz [%rd11+128], {%h9, %h10, %h11, %h12};
+    ld.global.b16 %h13, [%rd5+88];
+    atom.global.add.noftz.f16 %h14, [%rd15+144], %h13;
+    ld.global.b16 %h15, [%rd5+90];
+    red.global.add.noftz.bf16 [%rd15+148], %h15;
+    ld.global.b32 %r21, [%rd5+92];
+    atom.global.add.noftz.f16x2 %r22, [%rd13+152], %r21;
+    ld.global.v2.f32 {%f9, %f10}, [%rd5+96];
+    createpolicy.fractional.L2::evict_last.b64 %rd16, 1.0;
+    atom.global.v2.f32.add.L2::cache_hint {%f11, %f12}, [%rd11+160], {%f9, %f10}, %rd16;
+    ld.global.v2.u32 {%r23, %r24}, [%rd5+104];
+    atom.acq_rel.gpu.global.add.u32 %r25, [%rd13+176], %r23;
+    atom.relaxed.sys.global.max.s32 %r26, [%rd13+184], %r24;
+    ld.global.u64 %rd17, [%rd5+112];
+    red.release.gpu.global.add.u64 [%rd11+192], %rd17;
+    ld.global.u32 %r27, [%rd5+120];
+    red.relaxed.cluster.global.xor.b32 [%rd13+208], %r27;
+    ld.global.u32 %r29, [%rd5+124];
+    atom.acquire.cta.global.inc.u32 %r28, [%rd13+216], %r29;
+    ret;
+}
+"#;
+
+/// Bits of `n` values of `ty` from `gen` (an f64 per element).
+fn vals_of(ty: &str, v: &[f64]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|&x| match ty {
+            "f32" => (x as f32).to_bits().to_le_bytes().to_vec(),
+            "f16" => f16::from_f64(x).to_bits().to_le_bytes().to_vec(),
+            _ => bf16::from_f64(x).to_bits().to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+/// Small signed integers as floats (|x| <= m, never 0).
+fn smallf(r: &mut StdRng, m: i32, n: usize) -> Vec<f64> {
+    (0..n)
+        .map(|_| {
+            let v = r.gen_range(1..=m) as f64;
+            if r.gen() {
+                v
+            } else {
+                -v
+            }
+        })
+        .collect()
+}
+
+/// Folds the per-thread bytes `vals[t][at..at + bytes]` of the threads in `slot` into `acc`
+/// at `acc_at + slot * bytes` with `op` on elements of `ty`.
+fn fold_slots(acc: &mut [u8], vals: &[Vec<u8>], (op, ty): (&str, &str), at: usize, acc_at: usize, bytes: usize) {
+    let es = size_of(ty);
+    for slot in 0..2 {
+        let a0 = acc_at + slot * bytes;
+        for v in vals.iter().skip(slot).step_by(2) {
+            for i in 0..bytes / es {
+                let x = host_red(op, ty, get(&acc[a0..], i, es), get(&v[at..], i, es));
+                acc[a0 + i * es..a0 + (i + 1) * es].copy_from_slice(&x.to_le_bytes()[..es]);
+            }
+        }
+    }
+}
+
+#[test]
+fn atom_red_vector_half_and_ordered_forms() {
+    let mut r = rng();
+    let d = Dev::new();
+    let n = 256usize;
+    let lim = r.gen_range(1..100u32);
+    let vals: Vec<Vec<u8>> = (0..n)
+        .map(|_| {
+            let mut v = Vec::with_capacity(128);
+            v.extend(vals_of("f32", &smallf(&mut r, 1000, 4)));
+            // positive increments: the returned old values order the additions
+            let inc: Vec<f64> = (0..2).map(|_| r.gen_range(1..=100) as f64).collect();
+            v.extend(vals_of("f32", &inc));
+            v.extend(vals_of("f32", &[0.0, 0.0]));
+            v.extend(vals_of("f16", &smallf(&mut r, 8, 8)));
+            v.extend(vals_of("bf16", &smallf(&mut r, 1, 4)));
+            v.extend([0u8; 8]);
+            let any: Vec<f64> = (0..12).map(|_| r.gen_range(-100.0..100.0)).collect();
+            v.extend(vals_of("f16", &any[..8]));
+            v.extend(vals_of("bf16", &any[8..]));
+            v.extend(vals_of("f16", &smallf(&mut r, 8, 1)));
+            v.extend(vals_of("bf16", &smallf(&mut r, 1, 1)));
+            v.extend(vals_of("f16", &smallf(&mut r, 8, 2)));
+            v.extend(vals_of("f32", &smallf(&mut r, 1000, 2)));
+            v.extend(r.gen::<u32>().to_le_bytes());
+            v.extend(r.gen::<u32>().to_le_bytes());
+            v.extend(r.gen::<u64>().to_le_bytes());
+            v.extend(lim.to_le_bytes());
+            v.extend([0u8; 4]);
+            assert_eq!(v.len(), 128);
+            v
+        })
+        .collect();
+    // targets: float sums start from small integers, the rest from random bits
+    let mut acc = Vec::new();
+    acc.extend(vals_of("f32", &smallf(&mut r, 1000, 12)));
+    acc.extend(vals_of("f16", &smallf(&mut r, 64, 16)));
+    acc.extend(vals_of("bf16", &smallf(&mut r, 32, 8)));
+    let any: Vec<f64> = (0..24).map(|_| r.gen_range(-100.0..100.0)).collect();
+    acc.extend(vals_of("f16", &any[..16]));
+    acc.extend(vals_of("bf16", &any[16..]));
+    acc.extend(vals_of("f16", &smallf(&mut r, 64, 2)));
+    acc.extend(vals_of("bf16", &smallf(&mut r, 32, 2)));
+    acc.extend(vals_of("f16", &smallf(&mut r, 64, 4)));
+    acc.extend(vals_of("f32", &smallf(&mut r, 1000, 4)));
+    for _ in 0..4 {
+        acc.extend(r.gen::<u32>().to_le_bytes());
+    }
+    for _ in 0..2 {
+        acc.extend(r.gen::<u64>().to_le_bytes());
+    }
+    for _ in 0..2 {
+        acc.extend(r.gen::<u32>().to_le_bytes());
+    }
+    for _ in 0..2 {
+        acc.extend(r.gen_range(0..100u32).to_le_bytes());
+    }
+    assert_eq!(acc.len(), 224);
+    let (ab, vb, ob) = (d.buf(&acc), d.buf(&vals.concat()), d.out(32 * n));
+    d.run(ATOMS, "k", &[ab.base, vb.base, ob.base], &cfg(4, 64, 1));
+    let mut want = acc.clone();
+    for (op, ty, at, acc_at, bytes) in [
+        ("add", "f32", 0, 0, 16),
+        ("add", "f32", 16, 32, 8),
+        ("add", "f16", 32, 48, 16),
+        ("add", "bf16", 48, 80, 8),
+        ("max", "f16", 64, 96, 16),
+        ("min", "bf16", 80, 128, 8),
+        ("add", "f16", 88, 144, 2),
+        ("add", "bf16", 90, 148, 2),
+        ("add", "f16", 92, 152, 4),
+        ("add", "f32", 96, 160, 8),
+        ("add", "u32", 104, 176, 4),
+        ("max", "s32", 108, 184, 4),
+        ("add", "u64", 112, 192, 8),
+        ("xor", "b32", 120, 208, 4),
+        ("inc", "u32", 124, 216, 4),
+    ] {
+        fold_slots(&mut want, &vals, (op, ty), at, acc_at, bytes);
+        assert_eq!(
+            read(&ab, 224)[acc_at..acc_at + 2 * bytes],
+            want[acc_at..acc_at + 2 * bytes],
+            "{op}.{ty} at acc+{acc_at}"
+        );
+    }
+    // atom.global.v2.f32.add: per element, the returned old values chain the additions
+    let olds = read(&ob, 32 * n);
+    for slot in 0..2 {
+        for e in 0..2 {
+            let f = |b: &[u8], i: usize| f32::from_bits(get(b, i, 4) as u32);
+            let mut chain: Vec<(f32, f32)> = (slot..n)
+                .step_by(2)
+                .map(|t| (f(&olds[32 * t..], e), f(&vals[t][16..], e)))
+                .collect();
+            chain.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let mut cur = f(&acc[32 + 8 * slot..], e);
+            for (old, inc) in chain {
+                assert_eq!(old, cur, "atom.v2.f32.add old value, slot {slot} element {e}");
+                cur += inc;
+            }
+            assert_eq!(cur, f(&want[32 + 8 * slot..], e));
+        }
+    }
+}
