@@ -1174,3 +1174,170 @@ fn atom_red_vector_half_and_ordered_forms() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// 128-bit atom.cas/atom.exch and 16-bit atom.cas: CAS loops from 256 threads on one global
+// counter pair and one per CTA in shared memory, and an exchange chain.
+
+const WIDE: &str = r#"
+.version 8.3
+.target sm_90a
+.address_size 64
+.shared .align 16 .b8 s128[16];
+.shared .align 4 .b8 s16[4];
+.visible .entry k(.param .u64 c128, .param .u64 x128, .param .u64 vals, .param .u64 olds, .param .u64 c16, .param .u64 out, .param .u64 sinit)
+{
+    .reg .pred %p<8>;
+    .reg .b16 %h<8>;
+    .reg .b32 %r<24>;
+    .reg .b64 %rd<40>;
+    .reg .b128 %q<8>;
+    ld.param.u64 %rd1, [c128];
+    ld.param.u64 %rd2, [x128];
+    ld.param.u64 %rd3, [vals];
+    ld.param.u64 %rd4, [olds];
+    ld.param.u64 %rd5, [c16];
+    ld.param.u64 %rd6, [out];
+    ld.param.u64 %rd33, [sinit];
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %ctaid.x;
+    mad.lo.u32 %r3, %r2, 64, %r1;
+    add.u32 %r4, %r3, 1;
+    cvt.u64.u32 %rd7, %r4;              // this thread's high-word increment
+    mov.u32 %r5, s128;
+    mov.u32 %r6, s16;
+    and.b32 %r7, %r1, 1;
+    shl.b32 %r8, %r7, 1;
+    add.u32 %r9, %r6, %r8;              // s16 + 2*slot
+    cvt.u64.u32 %rd8, %r8;
+    add.s64 %rd9, %rd5, %rd8;           // c16 + 2*slot
+    setp.eq.u32 %p1, %r1, 0;
+    // shared counters start from the global counters' initial values (an unchanged copy);
+    // the global CAS loop starts from any guess
+    ld.global.v2.u64 {%rd10, %rd11}, [%rd33];
+    @%p1 st.shared.v2.u64 [%r5], {%rd10, %rd11};
+    ld.global.v2.u16 {%h1, %h2}, [%rd33+16];
+    @%p1 st.shared.v2.u16 [%r6], {%h1, %h2};
+    bar.sync 0;
+G128:
+    add.u64 %rd12, %rd10, 1;
+    add.u64 %rd13, %rd11, %rd7;
+    mov.b128 %q1, {%rd10, %rd11};
+    mov.b128 %q2, {%rd12, %rd13};
+    atom.global.cas.b128 %q3, [%rd1], %q1, %q2;
+    mov.b128 {%rd14, %rd15}, %q3;
+    setp.ne.u64 %p2, %rd14, %rd10;
+    setp.ne.u64 %p3, %rd15, %rd11;
+    or.pred %p4, %p2, %p3;
+    mov.u64 %rd10, %rd14;
+    mov.u64 %rd11, %rd15;
+    @%p4 bra G128;
+    ld.shared.v2.u64 {%rd16, %rd17}, [%r5];
+S128:
+    add.u64 %rd18, %rd16, 1;
+    add.u64 %rd19, %rd17, %rd7;
+    mov.b128 %q4, {%rd16, %rd17};
+    mov.b128 %q5, {%rd18, %rd19};
+    atom.relaxed.cta.shared::cta.cas.b128 %q6, [%r5], %q4, %q5;
+    mov.b128 {%rd20, %rd21}, %q6;
+    setp.ne.u64 %p2, %rd20, %rd16;
+    setp.ne.u64 %p3, %rd21, %rd17;
+    or.pred %p4, %p2, %p3;
+    mov.u64 %rd16, %rd20;
+    mov.u64 %rd17, %rd21;
+    @%p4 bra S128;
+    // exchange chain: every thread swaps its value in and records what it took out
+    mul.wide.u32 %rd22, %r3, 16;
+    add.s64 %rd23, %rd3, %rd22;
+    ld.global.v2.u64 {%rd24, %rd25}, [%rd23];
+    mov.b128 %q7, {%rd24, %rd25};
+    atom.acq_rel.gpu.global.exch.b128 %q7, [%rd2], %q7;
+    mov.b128 {%rd26, %rd27}, %q7;
+    add.s64 %rd28, %rd4, %rd22;
+    st.global.v2.u64 [%rd28], {%rd26, %rd27};
+    // 16-bit CAS counters, global and shared
+    ld.global.u16 %h3, [%rd9];
+G16:
+    add.u16 %h4, %h3, 1;
+    atom.global.cas.b16 %h5, [%rd9], %h3, %h4;
+    setp.ne.b16 %p5, %h5, %h3;
+    mov.b16 %h3, %h5;
+    @%p5 bra G16;
+    ld.shared.u16 %h3, [%r9];
+S16:
+    add.u16 %h4, %h3, 1;
+    atom.shared.cas.b16 %h5, [%r9], %h3, %h4;
+    setp.ne.b16 %p5, %h5, %h3;
+    mov.b16 %h3, %h5;
+    @%p5 bra S16;
+    bar.sync 0;
+    // out[cta] = shared 128-bit counter (16 bytes), shared 16-bit counters (4 bytes)
+    mul.wide.u32 %rd29, %r2, 32;
+    add.s64 %rd30, %rd6, %rd29;
+    ld.shared.v2.u64 {%rd31, %rd32}, [%r5];
+    @%p1 st.global.v2.u64 [%rd30], {%rd31, %rd32};
+    ld.shared.u32 %r10, [%r6];
+    @%p1 st.global.u32 [%rd30+16], %r10;
+    ret;
+}
+"#;
+
+#[test]
+fn atom_cas_exch_b128_and_cas_b16() {
+    let mut r = rng();
+    let d = Dev::new();
+    let (n, ctas) = (256usize, 4usize);
+    let c0 = [r.gen::<u64>(), r.gen::<u64>()];
+    let x0 = [r.gen::<u64>(), r.gen::<u64>()];
+    let h0 = [r.gen::<u16>(), r.gen::<u16>()];
+    let vals: Vec<[u64; 2]> = (0..n).map(|_| [r.gen(), r.gen()]).collect();
+    let c128 = d.buf(&bytes64(&c0));
+    let x128 = d.buf(&bytes64(&x0));
+    let vb = d.buf(&bytes64(&vals.concat()));
+    let ob = d.out(16 * n);
+    let hb: Vec<u8> = h0.iter().flat_map(|h| h.to_le_bytes()).collect();
+    let c16 = d.buf(&hb);
+    let out = d.out(32 * ctas);
+    let sinit = d.buf(&[bytes64(&c0), hb.clone()].concat());
+    d.run(
+        WIDE,
+        "k",
+        &[
+            c128.base, x128.base, vb.base, ob.base, c16.base, out.base, sinit.base,
+        ],
+        &cfg(ctas as u32, 64, 1),
+    );
+    // global 128-bit counter: +1 low and +(gtid+1) high per thread
+    let tri = |ts: std::ops::Range<u64>| ts.map(|t| t + 1).fold(0u64, u64::wrapping_add);
+    let got = u64s(&read(&c128, 16));
+    assert_eq!(got[0], c0[0].wrapping_add(n as u64), "cas.b128 low word");
+    assert_eq!(got[1], c0[1].wrapping_add(tri(0..n as u64)), "cas.b128 high word");
+    let o = read(&out, 32 * ctas);
+    for c in 0..ctas {
+        let w = u64s(&o[32 * c..32 * c + 16]);
+        let ts = (64 * c) as u64..(64 * c + 64) as u64;
+        assert_eq!(w[0], c0[0].wrapping_add(64), "shared cas.b128 low, CTA {c}");
+        assert_eq!(w[1], c0[1].wrapping_add(tri(ts)), "shared cas.b128 high, CTA {c}");
+        for s in 0..2 {
+            let h = u16::from_le_bytes([o[32 * c + 16 + 2 * s], o[32 * c + 17 + 2 * s]]);
+            assert_eq!(h, h0[s].wrapping_add(32), "shared cas.b16 slot {s}, CTA {c}");
+        }
+    }
+    let g16 = read(&c16, 4);
+    for s in 0..2 {
+        let h = u16::from_le_bytes([g16[2 * s], g16[2 * s + 1]]);
+        assert_eq!(h, h0[s].wrapping_add(128), "global cas.b16 slot {s}");
+    }
+    // exch.b128: the values taken out plus the final one are the initial one plus all swapped in
+    let mut taken: Vec<[u64; 2]> = u64s(&read(&ob, 16 * n))
+        .chunks(2)
+        .map(|c| [c[0], c[1]])
+        .collect();
+    let fin = u64s(&read(&x128, 16));
+    taken.push([fin[0], fin[1]]);
+    let mut put = vals.clone();
+    put.push(x0);
+    taken.sort();
+    put.sort();
+    assert_eq!(taken, put, "exch.b128 chain");
+}

@@ -115,7 +115,7 @@ impl Cta {
                     let r = &self.warps[wi].regs;
                     let pair = |s: u32| [r[s as usize][l], r[s as usize + 1][l]];
                     let (bv, cv) = (pair(*b), if *cas { pair(*c) } else { [0; 2] });
-                    let old = self.rmw128(ctx, wi, &loc, rmw_ord(*ord), |old| match *cas {
+                    let old = self.rmw128(ctx, wi, &loc, *ord, |old| match *cas {
                         true if old == bv => cv,
                         true => old,
                         false => bv,
@@ -166,7 +166,7 @@ impl Cta {
         ctx: &LaunchCtx,
         wi: usize,
         loc: &Loc,
-        o: Ordering,
+        ord: Ord,
         f: impl Fn([u64; 2]) -> [u64; 2],
     ) -> [u64; 2] {
         static LOCKS: [std::sync::Mutex<()>; 64] = [const { std::sync::Mutex::new(()) }; 64];
@@ -175,10 +175,11 @@ impl Cta {
             let al = unsafe { &*al };
             let stripe = ((al.base + off) >> 4) as usize % LOCKS.len();
             let _held = LOCKS[stripe].lock().unwrap_or_else(|p| p.into_inner());
-            let old = [al.read(off, 8, o), al.read(off + 8, 8, o)];
+            let (lo, so) = (load_ord(ord), store_ord(ord));
+            let old = [al.read(off, 8, lo), al.read(off + 8, 8, lo)];
             let new = f(old);
-            al.write(off, 8, new[0], o);
-            al.write(off + 8, 8, new[1], o);
+            al.write(off, 8, new[0], so);
+            al.write(off + 8, 8, new[1], so);
             return old;
         }
         let hi = loc_plus(loc, 8);
