@@ -23,7 +23,8 @@ fn isa_json_lists_every_opcode_with_its_status() {
     let row = |name: &str| rows.iter().find(|r| r["opcode"] == name).unwrap().clone();
     assert_eq!(row("mma")["emulate"], true);
     assert_eq!(row("mma")["builder"], true);
-    assert_eq!(row("st.async")["emulate"], false);
+    assert_eq!(row("st.async")["emulate"], true);
+    assert_eq!(row("cp.reduce.async.bulk.tensor")["emulate"], true);
     assert!(rows.iter().all(|r| r["parse"] == true));
     let missing = ptxforge(&["isa", "--missing", "--json"]);
     let missing: Vec<serde_json::Value> = serde_json::from_slice(&missing.stdout).unwrap();
