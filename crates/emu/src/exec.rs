@@ -898,7 +898,13 @@ fn atom_apply(op: AtomOp, ty: Ty, old: u64, b: u64, c: u64) -> u64 {
         // "atom.add.f32 rounds to nearest even and flushes subnormal inputs and results to
         // sign-preserving zero" (PTX ISA; likewise red, red.async and cp.reduce.async.bulk)
         (Add, Ty::F32) => {
-            let ftz = |x: u32| if x & 0x7f80_0000 == 0 { x & 0x8000_0000 } else { x };
+            let ftz = |x: u32| {
+                if x & 0x7f80_0000 == 0 {
+                    x & 0x8000_0000
+                } else {
+                    x
+                }
+            };
             let s = f32::from_bits(ftz(old as u32)) + f32::from_bits(ftz(b as u32));
             ftz(s.to_bits()) as u64
         }

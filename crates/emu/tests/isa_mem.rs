@@ -196,7 +196,10 @@ fn cp_async_mbarrier_arrive_noinc_and_counted() {
     assert_eq!(read(&out, 1024), input, "copied data");
     // phase 0 of the .noinc barrier completed; the counted one only after the plain arrives
     for (t, f) in u32s(&read(&flags, 256)).into_iter().enumerate() {
-        assert_eq!(f, 0b101, "thread {t}: noinc done, counted not done, then done");
+        assert_eq!(
+            f, 0b101,
+            "thread {t}: noinc done, counted not done, then done"
+        );
     }
 }
 
@@ -304,7 +307,12 @@ fn st_async_into_the_peer_cta_completes_its_mbarrier() {
     let input = random_bytes(&mut r, 3328 * ctas);
     let inp = d.buf(&input);
     let out = d.out(3328 * ctas);
-    d.run(ST_ASYNC, "k", &[inp.base, out.base], &cfg(ctas as u32, 64, 2));
+    d.run(
+        ST_ASYNC,
+        "k",
+        &[inp.base, out.base],
+        &cfg(ctas as u32, 64, 2),
+    );
     let o = read(&out, 3328 * ctas);
     for c in 0..ctas {
         let peer = c ^ 1;
@@ -479,29 +487,47 @@ fn red_async_into_cta0_of_the_cluster() {
         }
     }
     let (ib, vb, out) = (d.buf(&bytes32(&init)), d.buf(&vals), d.out(144));
-    d.run(&red_async_ptx(), "k", &[ib.base, vb.base, out.base], &cfg(4, 64, 4));
+    d.run(
+        &red_async_ptx(),
+        "k",
+        &[ib.base, vb.base, out.base],
+        &cfg(4, 64, 4),
+    );
     let got = u32s(&read(&out, 144));
-    let val32 = |t: usize, j: usize| u32::from_le_bytes(vals[t * 64 + 4 * j..][..4].try_into().unwrap());
-    let val64 = |t: usize, k: usize| u64::from_le_bytes(vals[t * 64 + 48 + 8 * k..][..8].try_into().unwrap());
+    let val32 =
+        |t: usize, j: usize| u32::from_le_bytes(vals[t * 64 + 4 * j..][..4].try_into().unwrap());
+    let val64 = |t: usize, k: usize| {
+        u64::from_le_bytes(vals[t * 64 + 48 + 8 * k..][..8].try_into().unwrap())
+    };
     for slot in 0..2 {
         let threads = (0..RED_THREADS).filter(|t| t % 2 == slot);
         for (j, (op, ty)) in RED32.iter().enumerate() {
-            let want = threads.clone().fold(init[2 * j + slot], |a, t| red32(op, ty, a, val32(t, j)));
+            let want = threads
+                .clone()
+                .fold(init[2 * j + slot], |a, t| red32(op, ty, a, val32(t, j)));
             assert_eq!(got[2 * j + slot], want, "red.async.{op}.{ty} slot {slot}");
         }
-        for k in 0..2 {
+        for (k, (_, ty)) in RED64.iter().enumerate() {
             let w = 22 + 4 * k + 2 * slot;
             let old = init[w] as u64 | (init[w + 1] as u64) << 32;
-            let want = threads.clone().fold(old, |a, t| a.wrapping_add(val64(t, k)));
+            let want = threads
+                .clone()
+                .fold(old, |a, t| a.wrapping_add(val64(t, k)));
             let g = got[w] as u64 | (got[w + 1] as u64) << 32;
-            assert_eq!(g, want, "red.async.add.{} slot {slot}", RED64[k].1);
+            assert_eq!(g, want, "red.async.add.{ty} slot {slot}");
         }
         for (w, what) in [(30, "red.shared::cluster"), (32, "atom.shared::cluster")] {
-            let want = threads.clone().fold(init[w + slot], |a, t| a.wrapping_add(val32(t, 0)));
+            let want = threads
+                .clone()
+                .fold(init[w + slot], |a, t| a.wrapping_add(val32(t, 0)));
             assert_eq!(got[w + slot], want, "{what}.add.u32 slot {slot}");
         }
     }
-    assert_eq!(&got[34..36], &init[34..36], "bytes past the targets untouched");
+    assert_eq!(
+        &got[34..36],
+        &init[34..36],
+        "bytes past the targets untouched"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -683,7 +709,12 @@ fn cp_reduce_async_bulk_to_global() {
             })
             .collect();
         let (inp, out) = (d.buf(&srcs.concat()), d.buf(&init));
-        d.run(&bulk_global_ptx(op, ty, hint), "k", &[inp.base, out.base], &cfg(4, 32, 1));
+        d.run(
+            &bulk_global_ptx(op, ty, hint),
+            "k",
+            &[inp.base, out.base],
+            &cfg(4, 32, 1),
+        );
         let refs: Vec<&[u8]> = srcs.iter().map(|s| s.as_slice()).collect();
         let want = fold_ref(op, ty, &init, &refs);
         let got = read(&out, 512);
@@ -790,7 +821,12 @@ fn cp_reduce_async_bulk_to_shared_cluster() {
             })
             .collect();
         let (inp, ib, out) = (d.buf(&srcs.concat()), d.buf(&init), d.out(256));
-        d.run(&bulk_cluster_ptx(op, ty), "k", &[inp.base, ib.base, out.base], &cfg(2, 16, 2));
+        d.run(
+            &bulk_cluster_ptx(op, ty),
+            "k",
+            &[inp.base, ib.base, out.base],
+            &cfg(2, 16, 2),
+        );
         let refs: Vec<&[u8]> = srcs.iter().map(|s| s.as_slice()).collect();
         assert_eq!(
             read(&out, 256),
@@ -925,7 +961,12 @@ fn cp_reduce_async_bulk_tensor_tile_1d_to_5d() {
             }
         }
         let (inb, cb) = (d.buf(&boxes.concat()), d.buf(&cbytes));
-        d.run(&tensor_reduce_ptx(rank, op), "k", &[tm.base, inb.base, cb.base], &cfg(3, 32, 1));
+        d.run(
+            &tensor_reduce_ptx(rank, op),
+            "k",
+            &[tm.base, inb.base, cb.base],
+            &cfg(3, 32, 1),
+        );
         // reference: each CTA's box element (row-major, innermost first) onto its tensor element
         let mut want = init.clone();
         for (c, cs) in coords.iter().enumerate() {
@@ -1057,7 +1098,14 @@ fn smallf(r: &mut StdRng, m: i32, n: usize) -> Vec<f64> {
 
 /// Folds the per-thread bytes `vals[t][at..at + bytes]` of the threads in `slot` into `acc`
 /// at `acc_at + slot * bytes` with `op` on elements of `ty`.
-fn fold_slots(acc: &mut [u8], vals: &[Vec<u8>], (op, ty): (&str, &str), at: usize, acc_at: usize, bytes: usize) {
+fn fold_slots(
+    acc: &mut [u8],
+    vals: &[Vec<u8>],
+    (op, ty): (&str, &str),
+    at: usize,
+    acc_at: usize,
+    bytes: usize,
+) {
     let es = size_of(ty);
     for slot in 0..2 {
         let a0 = acc_at + slot * bytes;
@@ -1167,7 +1215,10 @@ fn atom_red_vector_half_and_ordered_forms() {
             chain.sort_by(|a, b| a.0.total_cmp(&b.0));
             let mut cur = f(&acc[32 + 8 * slot..], e);
             for (old, inc) in chain {
-                assert_eq!(old, cur, "atom.v2.f32.add old value, slot {slot} element {e}");
+                assert_eq!(
+                    old, cur,
+                    "atom.v2.f32.add old value, slot {slot} element {e}"
+                );
                 cur += inc;
             }
             assert_eq!(cur, f(&want[32 + 8 * slot..], e));
@@ -1311,16 +1362,28 @@ fn atom_cas_exch_b128_and_cas_b16() {
     let tri = |ts: std::ops::Range<u64>| ts.map(|t| t + 1).fold(0u64, u64::wrapping_add);
     let got = u64s(&read(&c128, 16));
     assert_eq!(got[0], c0[0].wrapping_add(n as u64), "cas.b128 low word");
-    assert_eq!(got[1], c0[1].wrapping_add(tri(0..n as u64)), "cas.b128 high word");
+    assert_eq!(
+        got[1],
+        c0[1].wrapping_add(tri(0..n as u64)),
+        "cas.b128 high word"
+    );
     let o = read(&out, 32 * ctas);
     for c in 0..ctas {
         let w = u64s(&o[32 * c..32 * c + 16]);
         let ts = (64 * c) as u64..(64 * c + 64) as u64;
         assert_eq!(w[0], c0[0].wrapping_add(64), "shared cas.b128 low, CTA {c}");
-        assert_eq!(w[1], c0[1].wrapping_add(tri(ts)), "shared cas.b128 high, CTA {c}");
+        assert_eq!(
+            w[1],
+            c0[1].wrapping_add(tri(ts)),
+            "shared cas.b128 high, CTA {c}"
+        );
         for s in 0..2 {
             let h = u16::from_le_bytes([o[32 * c + 16 + 2 * s], o[32 * c + 17 + 2 * s]]);
-            assert_eq!(h, h0[s].wrapping_add(32), "shared cas.b16 slot {s}, CTA {c}");
+            assert_eq!(
+                h,
+                h0[s].wrapping_add(32),
+                "shared cas.b16 slot {s}, CTA {c}"
+            );
         }
     }
     let g16 = read(&c16, 4);

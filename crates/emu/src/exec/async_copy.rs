@@ -303,7 +303,14 @@ impl Cta {
         // the whole vector is naturally aligned and lies in one CTA's shared memory
         self.locate(ctx, MSpace::Shared, a, bytes, l, 0)?;
         for (k, s) in srcs.iter().enumerate() {
-            let loc = self.locate(ctx, MSpace::Shared, a + (k as u32 * elem) as u64, *elem, l, 0)?;
+            let loc = self.locate(
+                ctx,
+                MSpace::Shared,
+                a + (k as u32 * elem) as u64,
+                *elem,
+                l,
+                0,
+            )?;
             let v = self.warps[wi].regs[*s as usize][l];
             match red {
                 Some(r) => {

@@ -96,10 +96,18 @@ impl Decoder<'_> {
         let dspace = match ins.spaces().next() {
             Some(Space::Global) => MSpace::Global,
             Some(s) if s.is_shared() => MSpace::Shared,
-            _ => return Err(self.err(ins, "cp.reduce.async.bulk needs a .global or .shared::cluster destination")),
+            _ => {
+                return Err(self.err(
+                    ins,
+                    "cp.reduce.async.bulk needs a .global or .shared::cluster destination",
+                ))
+            }
         };
         if !bulk_reduce_ok(op, ty, dspace) {
-            return Err(self.err(ins, format!("cp.reduce.async.bulk has no .{ty} form of this operation")));
+            return Err(self.err(
+                ins,
+                format!("cp.reduce.async.bulk has no .{ty} form of this operation"),
+            ));
         }
         let (dst, doff, _) = self.addr(ins, arg(0)?)?;
         let (src, soff, _) = self.addr(ins, arg(1)?)?;
@@ -167,9 +175,17 @@ impl Decoder<'_> {
             O::CpReduceAsyncBulkTensor => {
                 let red = atom::atom_op(ins)
                     .filter(|o| !matches!(o, AtomOp::Cas | AtomOp::Exch))
-                    .ok_or_else(|| self.err(ins, "cp.reduce.async.bulk.tensor without a reduction operation"))?;
+                    .ok_or_else(|| {
+                        self.err(
+                            ins,
+                            "cp.reduce.async.bulk.tensor without a reduction operation",
+                        )
+                    })?;
                 if ins.has(Flag::Im2col) {
-                    return Err(self.err(ins, "im2col tensor reductions are not supported by the emulator"));
+                    return Err(self.err(
+                        ins,
+                        "im2col tensor reductions are not supported by the emulator",
+                    ));
                 }
                 let (smem, soff, _) = self.addr(ins, arg(1)?)?;
                 let (tmap, toff, tspace, coords) = self.tensor_addr(ins, arg(0)?)?;
