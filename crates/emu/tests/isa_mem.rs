@@ -1404,3 +1404,67 @@ fn atom_cas_exch_b128_and_cas_b16() {
     put.sort();
     assert_eq!(taken, put, "exch.b128 chain");
 }
+
+// ---------------------------------------------------------------------------------------------
+// The validator's operation/type rules for these forms agree with ptxas.
+
+/// (instruction, valid?) — each checked against the validator and, when installed, ptxas.
+const FORMS: &[(&str, bool)] = &[
+    ("atom.global.add.u32 %r3, [%rd1], %r2;", true),
+    ("atom.global.add.s64 %rd5, [%rd1], %rd3;", false),
+    ("atom.global.min.f32 %f1, [%rd1], %f2;", false),
+    ("atom.global.min.s64 %rd5, [%rd1], %rd3;", true),
+    ("atom.global.inc.u64 %rd5, [%rd1], %rd3;", false),
+    ("atom.global.and.u32 %r3, [%rd1], %r2;", false),
+    ("atom.global.exch.b16 %h1, [%rd1], %h2;", false),
+    ("atom.global.cas.b16 %h1, [%rd1], %h2, %h3;", true),
+    ("atom.global.cas.b128 %q3, [%rd1], %q1, %q2;", true),
+    ("atom.global.add.f16 %h1, [%rd1], %h2;", false),
+    ("atom.global.add.noftz.f16 %h1, [%rd1], %h2;", true),
+    ("atom.global.add.noftz.f32 %f1, [%rd1], %f2;", false),
+    ("atom.global.min.noftz.f16 %h1, [%rd1], %h2;", false),
+    ("atom.global.v8.f16.add.noftz {%h1,%h2,%h3,%h4,%h1,%h2,%h3,%h4}, [%rd1], {%h1,%h2,%h3,%h4,%h1,%h2,%h3,%h4};", true),
+    ("atom.global.v2.f32.min {%f1,%f2}, [%rd1], {%f1,%f2};", false),
+    ("atom.shared.v2.f32.add {%f1,%f2}, [%r1], {%f1,%f2};", false),
+    ("atom.global.v2.f32.add.L2::cache_hint {%f1,%f2}, [%rd1], {%f1,%f2}, %rd3;", true),
+    ("red.global.cas.b32 [%rd1], %r2, %r3;", false),
+    ("red.global.v4.bf16x2.max.noftz [%rd1], {%r2,%r3,%r4,%r5};", true),
+    ("red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.min.u64 [%r1], %rd3, [%r1+512];", false),
+    ("red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.xor.b64 [%r1], %rd3, [%r1+512];", false),
+    ("red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.add.s64 [%r1], %rd3, [%r1+512];", true),
+    ("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b64 [%r1], {%rd3,%rd3,%rd3,%rd3}, [%r1+512];", false),
+    ("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f64 [%r1], {%fd1,%fd1}, [%r1+512];", true),
+    ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f16 [%rd1], [%r1], 64;", false),
+    ("cp.reduce.async.bulk.global.shared::cta.bulk_group.min.f32 [%rd1], [%r1], 64;", false),
+    ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.s64 [%rd1], [%r1], 64;", false),
+    ("cp.reduce.async.bulk.global.shared::cta.bulk_group.min.bf16 [%rd1], [%r1], 64;", true),
+    ("cp.reduce.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes.min.u64 [%r1], [%r1+256], 64, [%r1+512];", false),
+    ("cp.reduce.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes.max.s32 [%r1], [%r1+256], 64, [%r1+512];", true),
+];
+
+#[test]
+fn validator_agrees_with_ptxas_on_atomic_forms() {
+    let ptxas = ptx::ptxas::ptxas_for_tests("isa_mem forms").is_some();
+    for &(ins, valid) in FORMS {
+        let text = format!(
+            ".version 8.7\n.target sm_90a\n.address_size 64\n.shared .align 16 .b8 sbuf[1024];\n\
+             .visible .entry k(.param .u64 p)\n{{\n\
+             .reg .b16 %h<8>; .reg .b32 %r<16>; .reg .b64 %rd<16>; .reg .f32 %f<8>;\n\
+             .reg .f64 %fd<4>; .reg .b128 %q<4>;\n\
+             ld.param.u64 %rd1, [p]; mov.u32 %r1, sbuf; mov.u64 %rd3, 0;\n\
+             mov.b128 %q1, {{%rd3, %rd3}}; mov.b128 %q2, {{%rd3, %rd3}};\n\
+             {ins}\nret;\n}}\n"
+        );
+        let m = ptx::parse(&text).unwrap_or_else(|e| panic!("{ins}: {e}"));
+        let errs: Vec<String> = ptx::validate(&m)
+            .into_iter()
+            .filter(|d| d.is_error())
+            .map(|d| d.to_string())
+            .collect();
+        assert_eq!(errs.is_empty(), valid, "validator on `{ins}`: {errs:?}");
+        if ptxas {
+            let r = ptx::ptxas::assemble(&text, "sm_90a", &Default::default());
+            assert_eq!(r.is_ok(), valid, "ptxas on `{ins}`: {r:?}");
+        }
+    }
+}

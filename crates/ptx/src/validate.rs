@@ -23,6 +23,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
+mod atomic;
+
 /// How bad a diagnostic is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -1019,6 +1021,9 @@ impl<'a> FnCheck<'a> {
         let tys: Vec<Ty> = i.types().collect();
         let Some(&t) = tys.first() else { return };
         self.carry_form(i, t);
+        if let Some(why) = atomic::form_error(i) {
+            self.diag(DiagKind::TypeMismatch, i.loc, why);
+        }
         let all = |s: &mut Self, w: Want| {
             for (k, o) in a.iter().enumerate() {
                 s.check(
