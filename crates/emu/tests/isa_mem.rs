@@ -1468,3 +1468,57 @@ fn validator_agrees_with_ptxas_on_atomic_forms() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// ld/st.b128 and mov.b128 (a .b128 register is a pair of 64-bit halves).
+
+const B128: &str = r#"
+.version 8.3
+.target sm_90a
+.address_size 64
+.shared .align 16 .b8 sm[1024];
+.visible .entry k(.param .u64 in, .param .u64 out)
+{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<16>;
+    .reg .b128 %q<8>;
+    ld.param.u64 %rd1, [in];
+    ld.param.u64 %rd2, [out];
+    mov.u32 %r1, %tid.x;
+    shl.b32 %r2, %r1, 4;
+    cvt.u64.u32 %rd3, %r2;
+    add.s64 %rd4, %rd1, %rd3;
+    ld.global.b128 %q1, [%rd4];
+    mov.b128 {%rd5, %rd6}, %q1;
+    mov.b128 %q2, {%rd6, %rd5};
+    mov.u32 %r3, sm;
+    add.u32 %r4, %r3, %r2;
+    st.shared.b128 [%r4], %q2;
+    bar.sync 0;
+    xor.b32 %r5, %r2, 16;
+    add.u32 %r6, %r3, %r5;
+    ld.shared.b128 %q3, [%r6];
+    mov.b128 %q4, %q3;
+    add.s64 %rd7, %rd2, %rd3;
+    st.global.b128 [%rd7], %q4;
+    ret;
+}
+"#;
+
+#[test]
+fn ld_st_mov_b128() {
+    let mut r = rng();
+    let d = Dev::new();
+    let input: Vec<u64> = (0..128).map(|_| r.gen_range(1..=u64::MAX)).collect();
+    let (inp, out) = (d.buf(&bytes64(&input)), d.out(1024));
+    d.run(B128, "k", &[inp.base, out.base], &cfg(1, 64, 1));
+    let got = u64s(&read(&out, 1024));
+    for t in 0..64 {
+        let p = t ^ 1;
+        assert_eq!(
+            [got[2 * t], got[2 * t + 1]],
+            [input[2 * p + 1], input[2 * p]],
+            "thread {t}"
+        );
+    }
+}

@@ -112,7 +112,10 @@ fn bulk_error(i: &Instruction, ty: Ty) -> Option<String> {
         }
         "add" => matches!(ty, Ty::U32 | Ty::S32 | Ty::U64),
         "min" | "max" if global => {
-            matches!(ty, Ty::U32 | Ty::S32 | Ty::U64 | Ty::S64 | Ty::F16 | Ty::Bf16)
+            matches!(
+                ty,
+                Ty::U32 | Ty::S32 | Ty::U64 | Ty::S64 | Ty::F16 | Ty::Bf16
+            )
         }
         "min" | "max" => matches!(ty, Ty::U32 | Ty::S32),
         _ => false,
