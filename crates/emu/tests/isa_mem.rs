@@ -888,6 +888,7 @@ fn tensor_reduce_ptx(rank: usize, op: &str) -> String {
     mul.wide.u32 %rd9, %r2, 32;
     add.s64 %rd8, %rd3, %rd9;
 {loads}    setp.eq.u32 %p1, %r1, 0;
+    @%p1 cp.async.bulk.prefetch.tensor.{rank}d.L2.global.tile [%rd1, {{{regs}}}];
     @%p1 cp.reduce.async.bulk.tensor.{rank}d.global.shared::cta.{op}.tile.bulk_group [%rd1, {{{regs}}}], [%r8];
     @%p1 cp.async.bulk.commit_group;
     @%p1 cp.async.bulk.wait_group.read 0;
@@ -1411,6 +1412,8 @@ fn atom_cas_exch_b128_and_cas_b16() {
 /// (instruction, valid?) — each checked against the validator and, when installed, ptxas.
 const FORMS: &[(&str, bool)] = &[
     ("atom.global.add.u32 %r3, [%rd1], %r2;", true),
+    ("cp.async.bulk.prefetch.L2.global [%rd1], 64;", true),
+    ("cp.async.bulk.prefetch.tensor.2d.L2.global [%rd1, {%r1, %r1}];", true),
     ("atom.global.add.s64 %rd5, [%rd1], %rd3;", false),
     ("atom.global.min.f32 %f1, [%rd1], %f2;", false),
     ("atom.global.min.s64 %rd5, [%rd1], %rd3;", true),
@@ -1470,7 +1473,8 @@ fn validator_agrees_with_ptxas_on_atomic_forms() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// ld/st.b128 and mov.b128 (a .b128 register is a pair of 64-bit halves).
+// ld/st.b128 and mov.b128 (a .b128 register is a pair of 64-bit halves), after an L2 bulk
+// prefetch of the input.
 
 const B128: &str = r#"
 .version 8.3
@@ -1485,6 +1489,7 @@ const B128: &str = r#"
     ld.param.u64 %rd1, [in];
     ld.param.u64 %rd2, [out];
     mov.u32 %r1, %tid.x;
+    cp.async.bulk.prefetch.L2.global [%rd1], 1024;
     shl.b32 %r2, %r1, 4;
     cvt.u64.u32 %rd3, %r2;
     add.s64 %rd4, %rd1, %rd3;

@@ -94,7 +94,8 @@ opcodes! {
     CpAsyncBulk "cp.async.bulk" 0 3 6 90 80; CpAsyncBulkTensor "cp.async.bulk.tensor" 0 2 6 90 80;
     CpAsyncBulkCommitGroup "cp.async.bulk.commit_group" 0 0 0 90 80;
     CpAsyncBulkWaitGroup "cp.async.bulk.wait_group" 0 1 1 90 80;
-    CpAsyncBulkPrefetchTensor "cp.async.bulk.prefetch.tensor" 0 2 3 90 80;
+    CpAsyncBulkPrefetchTensor "cp.async.bulk.prefetch.tensor" 0 1 3 90 80;
+    CpAsyncBulkPrefetch "cp.async.bulk.prefetch" 0 2 3 90 80;
     CpReduceAsyncBulk "cp.reduce.async.bulk" 0 3 4 90 80;
     CpReduceAsyncBulkTensor "cp.reduce.async.bulk.tensor" 0 2 3 90 80;
     // mbarrier

@@ -45,9 +45,11 @@ impl Decoder<'_> {
                 }
             }
             O::CpAsyncCommitGroup | O::CpAsyncWaitGroup | O::CpAsyncWaitAll => Op::Nop,
-            O::CpAsyncBulkCommitGroup | O::CpAsyncBulkWaitGroup | O::CpAsyncBulkPrefetchTensor => {
-                Op::Nop
-            }
+            // L2 prefetches are hints with no effect a thread can observe
+            O::CpAsyncBulkCommitGroup
+            | O::CpAsyncBulkWaitGroup
+            | O::CpAsyncBulkPrefetchTensor
+            | O::CpAsyncBulkPrefetch => Op::Nop,
             O::CpAsyncBulk => {
                 let sp: Vec<Space> = ins.spaces().collect();
                 let to_ms = |s: Option<&Space>| match s {

@@ -131,6 +131,7 @@ pub fn family(op: Opcode, float: bool) -> Family {
         }
         O::CpAsyncBulk | O::CpAsyncBulkTensor | O::CpAsyncBulkCommitGroup => F::AsyncCopy,
         O::CpAsyncBulkWaitGroup | O::CpAsyncBulkPrefetchTensor => F::AsyncCopy,
+        O::CpAsyncBulkPrefetch => F::AsyncCopy,
         O::MbarrierInit | O::MbarrierInval | O::MbarrierArrive | O::MbarrierArriveDrop => {
             F::AsyncCopy
         }
