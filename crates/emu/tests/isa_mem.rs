@@ -1527,3 +1527,102 @@ fn ld_st_mov_b128() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// atom/red .add.f32 flush subnormal inputs and results to sign-preserving zero (PTX ISA);
+// .add.f64 does not.
+
+const FTZ: &str = r#"
+.version 8.0
+.target sm_90a
+.address_size 64
+.visible .entry k(.param .u64 acc, .param .u64 vals, .param .u64 olds)
+{
+    .reg .b32 %r<4>;
+    .reg .f32 %f<4>;
+    .reg .f64 %fd<4>;
+    .reg .b64 %rd<12>;
+    ld.param.u64 %rd1, [acc];
+    ld.param.u64 %rd2, [vals];
+    ld.param.u64 %rd3, [olds];
+    mov.u32 %r1, %tid.x;
+    mul.wide.u32 %rd4, %r1, 4;
+    add.s64 %rd5, %rd2, %rd4;
+    add.s64 %rd6, %rd1, %rd4;
+    ld.global.f32 %f1, [%rd5];
+    atom.global.add.f32 %f2, [%rd6], %f1;
+    add.s64 %rd7, %rd3, %rd4;
+    st.global.f32 [%rd7], %f2;
+    red.global.add.f32 [%rd6+64], %f1;
+    mul.wide.u32 %rd8, %r1, 8;
+    add.s64 %rd9, %rd2, %rd8;
+    add.s64 %rd10, %rd1, %rd8;
+    ld.global.f64 %fd1, [%rd9+64];
+    red.global.add.f64 [%rd10+128], %fd1;
+    ret;
+}
+"#;
+
+#[test]
+fn atom_add_f32_flushes_subnormals_f64_does_not() {
+    let mut r = rng();
+    let d = Dev::new();
+    let n = 16usize;
+    // magnitudes around the smallest normal, so inputs and sums are often subnormal
+    let f32s = |r: &mut StdRng| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let v = f32::from_bits(r.gen_range(1..0x0180_0000u32));
+                if r.gen() {
+                    v
+                } else {
+                    -v
+                }
+            })
+            .collect()
+    };
+    let (a0, b) = (f32s(&mut r), f32s(&mut r));
+    let a64: Vec<f64> = (0..n)
+        .map(|_| f64::from_bits(r.gen_range(1..1u64 << 53)))
+        .collect();
+    let b64: Vec<f64> = (0..n)
+        .map(|_| -f64::from_bits(r.gen_range(1..1u64 << 52)))
+        .collect();
+    let bits32 = |v: &[f32]| bytes32(&v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    let bits64 = |v: &[f64]| bytes64(&v.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    let acc = d.buf(&[bits32(&a0), bits32(&a0), bits64(&a64)].concat());
+    let vals = d.buf(&[bits32(&b), bits64(&b64)].concat());
+    let olds = d.out(4 * n);
+    d.run(
+        FTZ,
+        "k",
+        &[acc.base, vals.base, olds.base],
+        &cfg(1, n as u32, 1),
+    );
+    let ftz = |x: f32| {
+        if x.is_subnormal() {
+            0.0f32.copysign(x)
+        } else {
+            x
+        }
+    };
+    let got = read(&acc, 8 * n + 8 * n);
+    let g32 = u32s(&got[..8 * n]);
+    let g64 = u64s(&got[8 * n..]);
+    let o = u32s(&read(&olds, 4 * n));
+    for t in 0..n {
+        let want = ftz(ftz(a0[t]) + ftz(b[t])).to_bits();
+        assert_eq!(g32[t], want, "atom.add.f32 {:e} + {:e}", a0[t], b[t]);
+        assert_eq!(g32[n + t], want, "red.add.f32 {:e} + {:e}", a0[t], b[t]);
+        assert_eq!(
+            o[t],
+            a0[t].to_bits(),
+            "atom.add.f32 returns the old value as stored"
+        );
+        assert_eq!(
+            g64[t],
+            (a64[t] + b64[t]).to_bits(),
+            "red.add.f64 keeps subnormals"
+        );
+    }
+}

@@ -385,6 +385,13 @@ pub fn requirement(ins: &Instruction) -> Requirement {
             }
             if atomic && has_ty(Ty::B128) {
                 need(90, 83);
+            } else if has_ty(Ty::B128) {
+                // ld/st .b128
+                need(70, 83);
+            }
+            if atomic && has_ty(Ty::B16) {
+                // atom.cas.b16
+                need(70, 63);
             }
         }
         Opcode::Fence => {
