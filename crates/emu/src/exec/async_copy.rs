@@ -129,16 +129,7 @@ impl Cta {
                 }
             }
             Op::CpAsyncArrive { addr, off, noinc } => {
-                // The emulator completes a `cp.async` when it is issued, so the thread's prior
-                // copies are done and the arrive-on happens now. Without `.noinc` the pending
-                // count was first incremented by one, so the net change is zero.
-                for l in lanes_of(m) {
-                    let key = self.mbar_key(wi, *addr, *off, l)?;
-                    let mb = self.mbars.get_mut(&key).ok_or_else(|| uninit(key))?;
-                    if *noinc {
-                        mb.arrive(1, false);
-                    }
-                }
+                self.cp_async_arrive(wi, (*addr, *off), *noinc, m)?
             }
             Op::MbarPending { d, state: _ } => {
                 let w = &mut self.warps[wi];
@@ -273,6 +264,26 @@ impl Cta {
             _ => return Err(misrouted(inst)),
         }
         Ok(Flow::Next)
+    }
+
+    /// `cp.async.mbarrier.arrive[.noinc]`. The emulator completes a `cp.async` when it is
+    /// issued, so the thread's prior copies are done and the arrive-on happens now. Without
+    /// `.noinc` the pending count was first incremented by one, so the net change is zero.
+    fn cp_async_arrive(
+        &mut self,
+        wi: usize,
+        (addr, off): (u32, i64),
+        noinc: bool,
+        m: u32,
+    ) -> Result<(), FaultKind> {
+        for l in lanes_of(m) {
+            let key = self.mbar_key(wi, addr, off, l)?;
+            let mb = self.mbars.get_mut(&key).ok_or_else(|| uninit(key))?;
+            if noinc {
+                mb.arrive(1, false);
+            }
+        }
+        Ok(())
     }
 
     /// One lane's `st.async` / `red.async`: the store or reduction lands at once, then its bytes
