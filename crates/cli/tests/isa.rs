@@ -23,7 +23,8 @@ fn isa_json_lists_every_opcode_with_its_status() {
     let row = |name: &str| rows.iter().find(|r| r["opcode"] == name).unwrap().clone();
     assert_eq!(row("mma")["emulate"], true);
     assert_eq!(row("mma")["builder"], true);
-    assert_eq!(row("st.async")["emulate"], false);
+    assert_eq!(row("st.async")["emulate"], true);
+    assert_eq!(row("cp.reduce.async.bulk.tensor")["emulate"], true);
     assert!(rows.iter().all(|r| r["parse"] == true));
     let missing = ptxforge(&["isa", "--missing", "--json"]);
     let missing: Vec<serde_json::Value> = serde_json::from_slice(&missing.stdout).unwrap();
@@ -37,15 +38,15 @@ fn check_warns_with_the_line_about_what_the_emulator_cannot_run() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("k.ptx");
     let text = ".version 8.0
-.target sm_80
+.target sm_90
 .address_size 64
 .visible .entry k(.param .u64 p)
 {
 .reg .b64 %rd<2>;
 .reg .b32 %r<4>;
+.reg .b16 %h<2>;
 ld.param.u64 %rd1, [p];
-ld.global.u32 %r1, [%rd1];
-cp.async.mbarrier.arrive.noinc.shared.b64 [%rd1];
+cp.async.bulk.tensor.3d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r1, %r1, %r1}], [%r2], {%h1};
 st.global.u32 [%rd1], %r2;
 ret;
 }
@@ -62,7 +63,7 @@ ret;
     let diags = j["diagnostics"].as_array().unwrap();
     let emu: Vec<&serde_json::Value> = diags.iter().filter(|d| d["source"] == "emulator").collect();
     assert_eq!(emu.len(), 1, "{diags:?}");
-    assert_eq!(emu[0]["line"], 10);
+    assert_eq!(emu[0]["line"], 10); // the im2col tensor copy
     assert_eq!(emu[0]["severity"], "warning");
     // and `run` refuses the same file at the same line
     let run = ptxforge(&[

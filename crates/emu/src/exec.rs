@@ -896,7 +896,19 @@ fn atom_apply(op: AtomOp, ty: Ty, old: u64, b: u64, c: u64) -> u64 {
             let (o, b) = (old as u32, b as u32);
             (if o == 0 || o > b { b } else { o - 1 }) as u64
         }
-        (Add, Ty::F32) => (f32::from_bits(old as u32) + f32::from_bits(b as u32)).to_bits() as u64,
+        // "atom.add.f32 rounds to nearest even and flushes subnormal inputs and results to
+        // sign-preserving zero" (PTX ISA; likewise red, red.async and cp.reduce.async.bulk)
+        (Add, Ty::F32) => {
+            let ftz = |x: u32| {
+                if x & 0x7f80_0000 == 0 {
+                    x & 0x8000_0000
+                } else {
+                    x
+                }
+            };
+            let s = f32::from_bits(ftz(old as u32)) + f32::from_bits(ftz(b as u32));
+            ftz(s.to_bits()) as u64
+        }
         (Add, Ty::F64) => (f64::from_bits(old) + f64::from_bits(b)).to_bits(),
         (Add | Min | Max, Ty::F16 | Ty::Bf16 | Ty::F16x2 | Ty::Bf16x2) => {
             let fop = match op {
@@ -1078,6 +1090,11 @@ impl Cta {
             Op::Bulk { .. } => self.exec_async_copy(ctx, wi, inst, m),
             Op::CpAsync { .. } => self.exec_async_copy(ctx, wi, inst, m),
             Op::BulkTensor { .. } => self.exec_bulk_tensor(ctx, wi, inst, m),
+            Op::BulkReduce { .. } => self.exec_async_copy(ctx, wi, inst, m),
+            Op::AsyncRemote { .. } => self.exec_async_copy(ctx, wi, inst, m),
+            Op::CpAsyncArrive { .. } => self.exec_mbarrier(ctx, wi, inst, m),
+            Op::AtomVec { .. } => self.exec_atomic(ctx, wi, inst, m),
+            Op::Atom128 { .. } => self.exec_atomic(ctx, wi, inst, m),
         }
     }
 }

@@ -432,6 +432,63 @@ pub enum Op {
         mbar: Option<(u32, i64)>,
         /// Multicast destination CTAs (bit per cluster rank); 0 = this CTA only.
         cta_mask: u32,
+        /// `cp.reduce.async.bulk.tensor`: reduce the box into global memory with this
+        /// operation (element type from the tensor map) instead of storing it.
+        red: Option<AtomOp>,
+    },
+    /// `cp.async.mbarrier.arrive[.noinc]`: arrive on the mbarrier once the thread's prior
+    /// `cp.async` operations completed (they complete at issue in the emulator).
+    CpAsyncArrive {
+        addr: u32,
+        off: i64,
+        noinc: bool,
+    },
+    /// `st.async` (`red: None`) / `red.async`: a store or reduction into (possibly another CTA's)
+    /// shared memory that completes `elem * srcs.len()` transaction bytes on the mbarrier at
+    /// `mbar + moff` in the destination's CTA.
+    AsyncRemote {
+        red: Option<AtomOp>,
+        ty: Ty,
+        elem: u32,
+        srcs: Vec<u32>,
+        addr: u32,
+        off: i64,
+        mbar: u32,
+        moff: i64,
+    },
+    /// `cp.reduce.async.bulk`: reduce `size` bytes of shared memory element-wise into global or
+    /// shared::cluster memory; `mbar` completes the bytes on arrival (shared::cluster form).
+    BulkReduce {
+        op: AtomOp,
+        ty: Ty,
+        dst: u32,
+        doff: i64,
+        dspace: MSpace,
+        src: u32,
+        soff: i64,
+        size: u32,
+        mbar: Option<(u32, i64)>,
+    },
+    /// Vector `atom`/`red` (`.v2`/`.v4`/`.v8`, global): one atomic operation per element.
+    AtomVec {
+        op: AtomOp,
+        ty: Ty,
+        ds: Vec<u32>,
+        addr: u32,
+        off: i64,
+        bs: Vec<u32>,
+        ord: Ord,
+    },
+    /// 128-bit `atom.cas.b128` / `atom.exch.b128`: each operand is a slot pair (low, high).
+    Atom128 {
+        space: MSpace,
+        cas: bool,
+        d: u32,
+        addr: u32,
+        off: i64,
+        b: u32,
+        c: u32,
+        ord: Ord,
     },
     Setmaxnreg {
         inc: bool,
@@ -494,6 +551,11 @@ impl Op {
                 | Op::Stmatrix { .. }
                 | Op::Bulk { .. }
                 | Op::BulkTensor { .. }
+                | Op::BulkReduce { .. }
+                | Op::AsyncRemote { .. }
+                | Op::CpAsyncArrive { .. }
+                | Op::AtomVec { .. }
+                | Op::Atom128 { .. }
                 | Op::CpAsync { .. }
                 | Op::MbarInit { .. }
                 | Op::MbarArrive { .. }
@@ -645,10 +707,12 @@ impl<'a> Decoder<'a> {
         } else {
             (d.ty.size() * 8).min(64) as u8
         };
+        // a .b128 register is a pair of 64-bit slots (low, high), like a two-element vector
+        let wide = if d.ty == Ty::B128 { 2 } else { 1 };
         for n in &d.names {
             match n.count {
                 None => {
-                    let lanes = d.vec.unwrap_or(1);
+                    let lanes = d.vec.unwrap_or(1) * wide;
                     let s = self.new_slot(bits);
                     for _ in 1..lanes {
                         self.new_slot(bits);
@@ -658,6 +722,9 @@ impl<'a> Decoder<'a> {
                 Some(c) => {
                     for i in 0..c {
                         let s = self.new_slot(bits);
+                        for _ in 1..wide {
+                            self.new_slot(bits);
+                        }
                         self.innermost().insert(format!("{}{}", n.name, i), s);
                     }
                 }

@@ -7,13 +7,7 @@ use emu::coverage::{coverage, unsupported};
 use emu::{GlobalMemory, LoadedModule};
 
 /// Opcodes the parser knows and the emulator does not run yet (issue 16 item 3 adds them).
-const NOT_EMULATED: &[&str] = &[
-    "st.async",
-    "red.async",
-    "cp.async.mbarrier.arrive",
-    "cp.reduce.async.bulk",
-    "cp.reduce.async.bulk.tensor",
-];
+const NOT_EMULATED: &[&str] = &[];
 
 #[test]
 fn every_parsed_opcode_is_emulated_or_listed() {
@@ -56,14 +50,14 @@ fn loads(m: &ptx::Module) -> bool {
 fn unsupported_names_every_refused_line_and_agrees_with_load() {
     // lines: 5 .version... header is 5 lines, then the body starts at line 6
     let bad = module(
-        "    .reg .b64 %rd<4>;\n    .reg .b32 %r<4>;\n    ld.param.u64 %rd1, [p];\n\
-         \x20   red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.add.u32 [%rd1], %r1, [%rd1];\n\
+        "    .reg .b64 %rd<4>;\n    .reg .b32 %r<4>;\n    .reg .b16 %h<2>;\n    ld.param.u64 %rd1, [p];\n\
+         \x20   cp.async.bulk.tensor.3d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r1, %r1, %r1}], [%r2], {%h1};\n\
          \x20   add.u32 %r2, %r1, 1;\n\
-         \x20   cp.async.mbarrier.arrive.shared.b64 [%rd1];\n    ret;",
+         \x20   cp.async.bulk.tensor.3d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r1, %r1, %r1}], [%r2], {%h1};\n    ret;",
     );
     let refused = unsupported(&bad);
     let lines: Vec<u32> = refused.iter().map(|r| r.line).collect();
-    assert_eq!(lines, vec![9, 11], "{refused:?}");
+    assert_eq!(lines, vec![10, 12], "{refused:?}");
     assert!(refused.iter().all(|r| r.kernel == "k" && !r.why.is_empty()));
     assert!(!loads(&bad));
 

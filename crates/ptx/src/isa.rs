@@ -104,7 +104,8 @@ opcodes! {
     CpAsyncBulk "cp.async.bulk" 0 3 6 90 80; CpAsyncBulkTensor "cp.async.bulk.tensor" 0 2 6 90 80;
     CpAsyncBulkCommitGroup "cp.async.bulk.commit_group" 0 0 0 90 80;
     CpAsyncBulkWaitGroup "cp.async.bulk.wait_group" 0 1 1 90 80;
-    CpAsyncBulkPrefetchTensor "cp.async.bulk.prefetch.tensor" 0 2 3 90 80;
+    CpAsyncBulkPrefetchTensor "cp.async.bulk.prefetch.tensor" 0 1 3 90 80;
+    CpAsyncBulkPrefetch "cp.async.bulk.prefetch" 0 2 3 90 80;
     CpReduceAsyncBulk "cp.reduce.async.bulk" 0 3 4 90 80;
     CpReduceAsyncBulkTensor "cp.reduce.async.bulk.tensor" 0 2 3 90 80;
     // mbarrier
@@ -131,8 +132,8 @@ impl Opcode {
             Opcode::Bra | Opcode::BrxIdx | Opcode::Ret | Opcode::Exit | Opcode::Trap
         )
     }
-    /// The longest number of dotted parts any opcode name has.
-    pub const MAX_PARTS: usize = 4;
+    /// The longest number of dotted parts any opcode name has (`cp.reduce.async.bulk.tensor`).
+    pub const MAX_PARTS: usize = 5;
 }
 
 impl fmt::Display for Opcode {
@@ -397,6 +398,13 @@ pub fn requirement(ins: &Instruction) -> Requirement {
             }
             if atomic && has_ty(Ty::B128) {
                 need(90, 83);
+            } else if has_ty(Ty::B128) {
+                // ld/st .b128
+                need(70, 83);
+            }
+            if atomic && has_ty(Ty::B16) {
+                // atom.cas.b16
+                need(70, 63);
             }
         }
         Opcode::Fence => {

@@ -54,7 +54,7 @@ enum_str! {
         ExpectTx => "expect_tx", NoComplete => "noComplete", Parity => "parity", Noinc => "noinc",
         Proxy => "proxy", Async => "async", Alias => "alias",
         TensormapGeneric => "tensormap::generic", MbarrierInit => "mbarrier_init",
-        Tensormap => "tensormap", LaunchDependents => "launch_dependents",
+        Tensormap => "tensormap", LaunchDependents => "launch_dependents", L2 => "L2",
     }
 }
 

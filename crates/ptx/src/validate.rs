@@ -23,6 +23,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
+mod atomic;
+
 /// How bad a diagnostic is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -1032,6 +1034,9 @@ impl<'a> FnCheck<'a> {
         let tys: Vec<Ty> = i.types().collect();
         let Some(&t) = tys.first() else { return };
         self.carry_form(i, t);
+        if let Some(why) = atomic::form_error(i) {
+            self.diag(DiagKind::TypeMismatch, i.loc, why);
+        }
         let all = |s: &mut Self, w: Want| {
             for (k, o) in a.iter().enumerate() {
                 s.check(
@@ -1183,7 +1188,9 @@ impl<'a> FnCheck<'a> {
                 self.check_value(i, &a[0], n, Want::T(t), "destination");
                 self.require_addr(i, &a[1]);
                 self.check_addr_reg(i, &a[1]);
-                for o in &a[2..] {
+                // the trailing cache-policy operand of `.L2::cache_hint` is a .b64, not a value
+                let values = a.len() - usize::from(i.has(Flag::L2CacheHint));
+                for o in a.get(2..values).unwrap_or(&[]) {
                     if matches!(o, Operand::Reg(_) | Operand::Vec(_) | Operand::Imm(_)) {
                         self.check_value(i, o, n, Want::T(t), "value");
                     }

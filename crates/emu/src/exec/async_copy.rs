@@ -128,6 +128,9 @@ impl Cta {
                     return Ok(Flow::Yield);
                 }
             }
+            Op::CpAsyncArrive { addr, off, noinc } => {
+                self.cp_async_arrive(wi, (*addr, *off), *noinc, m)?
+            }
             Op::MbarPending { d, state: _ } => {
                 let w = &mut self.warps[wi];
                 for l in lanes_of(m) {
@@ -248,9 +251,172 @@ impl Cta {
                     }
                 }
             }
+            Op::AsyncRemote { .. } => {
+                for l in lanes_of(m) {
+                    self.async_remote_lane(ctx, wi, &inst.op, l)?;
+                }
+            }
+            Op::BulkReduce { .. } => {
+                for l in lanes_of(m) {
+                    self.bulk_reduce_lane(ctx, wi, &inst.op, l)?;
+                }
+            }
             _ => return Err(misrouted(inst)),
         }
         Ok(Flow::Next)
+    }
+
+    /// `cp.async.mbarrier.arrive[.noinc]`. The emulator completes a `cp.async` when it is
+    /// issued, so the thread's prior copies are done and the arrive-on happens now. Without
+    /// `.noinc` the pending count was first incremented by one, so the net change is zero.
+    fn cp_async_arrive(
+        &mut self,
+        wi: usize,
+        (addr, off): (u32, i64),
+        noinc: bool,
+        m: u32,
+    ) -> Result<(), FaultKind> {
+        for l in lanes_of(m) {
+            let key = self.mbar_key(wi, addr, off, l)?;
+            let mb = self.mbars.get_mut(&key).ok_or_else(|| uninit(key))?;
+            if noinc {
+                mb.arrive(1, false);
+            }
+        }
+        Ok(())
+    }
+
+    /// One lane's `st.async` / `red.async`: the store or reduction lands at once, then its bytes
+    /// complete on the mbarrier, which must be in the same CTA as the destination.
+    fn async_remote_lane(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        op: &Op,
+        l: usize,
+    ) -> Result<(), FaultKind> {
+        let Op::AsyncRemote {
+            red,
+            ty,
+            elem,
+            srcs,
+            addr,
+            off,
+            mbar,
+            moff,
+        } = op
+        else {
+            return Ok(());
+        };
+        let a = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
+        let a = self.shared_offset(MSpace::Generic, a);
+        let bytes = elem * srcs.len() as u32;
+        // the whole vector is naturally aligned and lies in one CTA's shared memory
+        self.locate(ctx, MSpace::Shared, a, bytes, l, 0)?;
+        for (k, s) in srcs.iter().enumerate() {
+            let loc = self.locate(
+                ctx,
+                MSpace::Shared,
+                a + (k as u32 * elem) as u64,
+                *elem,
+                l,
+                0,
+            )?;
+            let v = self.warps[wi].regs[*s as usize][l];
+            match red {
+                Some(r) => {
+                    self.rmw_at(ctx, wi, &loc, (*r, *ty), v, Ordering::Relaxed);
+                }
+                None => self.store(wi, &loc, *elem, v, Ordering::Relaxed),
+            }
+            if let (Some(s), Loc::Shared(o)) = (self.san.as_mut(), &loc) {
+                s.mark_written(*o as u64, *elem as u64);
+            }
+        }
+        let dest = self.split_rank(a).0;
+        self.complete_remote(wi, (*mbar, *moff), l, dest, bytes)
+    }
+
+    /// Completes `bytes` on the mbarrier at `reg[mbar] + moff`, which must live in the CTA
+    /// `dest` (None: this one) the data went to.
+    fn complete_remote(
+        &mut self,
+        wi: usize,
+        (mbar, moff): (u32, i64),
+        l: usize,
+        dest: Option<usize>,
+        bytes: u32,
+    ) -> Result<(), FaultKind> {
+        let (peer, key) = self.mbar_key_any(wi, mbar, moff, l)?;
+        if peer != dest {
+            LAST_LANE.with(|c| c.set(l as u32));
+            return Err(FaultKind::Other(
+                "the mbarrier of an asynchronous store/reduction must be in the destination's CTA"
+                    .into(),
+            ));
+        }
+        let mb = self
+            .mbar_home(peer)
+            .0
+            .get_mut(&key)
+            .ok_or_else(|| uninit(key))?;
+        mb.complete_tx(bytes);
+        Ok(())
+    }
+
+    /// One lane's `cp.reduce.async.bulk`: `size` bytes of this CTA's shared memory reduced
+    /// element by element (each element atomically) into global or shared::cluster memory.
+    fn bulk_reduce_lane(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        op: &Op,
+        l: usize,
+    ) -> Result<(), FaultKind> {
+        let Op::BulkReduce {
+            op,
+            ty,
+            dst,
+            doff,
+            dspace,
+            src,
+            soff,
+            size,
+            mbar,
+        } = op
+        else {
+            return Ok(());
+        };
+        let regs = &self.warps[wi].regs;
+        let da = regs[*dst as usize][l].wrapping_add(*doff as u64);
+        let sa = regs[*src as usize][l].wrapping_add(*soff as u64);
+        let n = regs[*size as usize][l] as u32;
+        if !n.is_multiple_of(16) || !da.is_multiple_of(16) || !sa.is_multiple_of(16) {
+            LAST_LANE.with(|c| c.set(l as u32));
+            return Err(FaultKind::Other(format!(
+                "cp.reduce.async.bulk needs 16-byte aligned addresses and a size that is a \
+                 multiple of 16 (dst {da:#x}, src {sa:#x}, size {n})"
+            )));
+        }
+        let (da, sa) = match dspace {
+            MSpace::Shared => (self.shared_offset(MSpace::Generic, da), sa),
+            _ => (da, sa),
+        };
+        let sa = self.shared_offset(MSpace::Generic, sa);
+        let es = ty.size();
+        for k in (0..n).step_by(es as usize) {
+            let sl = self.locate(ctx, MSpace::Shared, sa + k as u64, es, l, 0)?;
+            let v = self.load(ctx, wi, &sl, es, Ordering::Relaxed);
+            let dl = self.locate(ctx, *dspace, da + k as u64, es, l, 0)?;
+            self.rmw_at(ctx, wi, &dl, (*op, *ty), v, Ordering::Relaxed);
+        }
+        match mbar {
+            Some(mb) => {
+                let dest = self.split_rank(da).0;
+                self.complete_remote(wi, *mb, l, dest, n)
+            }
+            None => Ok(()),
+        }
     }
 
     /// Executes the TMA (`cp.async.bulk.tensor`) ops ([`Cta::exec`] sends them here).
@@ -274,6 +440,7 @@ impl Cta {
                 coords,
                 mbar,
                 cta_mask,
+                red,
             } => {
                 for l in lanes_of(m) {
                     let ta = self.warps[wi].regs[*tmap as usize][l].wrapping_add(*toff as u64);
@@ -332,6 +499,11 @@ impl Cta {
                                     smem: sa,
                                 },
                             });
+                        }
+                    } else if let Some(r) = red {
+                        if let Err(e) = self.tensor_reduce(ctx, &desc, &cs, sa, *r) {
+                            LAST_LANE.with(|c| c.set(l as u32));
+                            return Err(e);
                         }
                     } else {
                         let mut err = None;
@@ -610,5 +782,92 @@ impl Cta {
             }
         }
         Ok(())
+    }
+}
+
+impl Cta {
+    /// `cp.reduce.async.bulk.tensor` (tile mode): reduces the box at `coords`, read from this
+    /// CTA's (swizzled) shared memory at `smem`, into the tensor element by element with `op`
+    /// on the tensor map's element type; out-of-bounds elements are not written.
+    fn tensor_reduce(
+        &mut self,
+        ctx: &LaunchCtx,
+        desc: &crate::hopper::TensorMapDesc,
+        coords: &[i64],
+        smem: u64,
+        op: AtomOp,
+    ) -> Result<(), FaultKind> {
+        use crate::hopper::TmaType as T;
+        let ty = match desc.dtype {
+            T::U8 => Ty::U8,
+            T::U16 => Ty::U16,
+            T::U32 => Ty::U32,
+            T::I32 => Ty::S32,
+            T::U64 => Ty::U64,
+            T::I64 => Ty::S64,
+            T::F16 => Ty::F16,
+            T::F32 => Ty::F32,
+            T::F64 => Ty::F64,
+            T::Bf16 => Ty::Bf16,
+        };
+        if !tensor_reduce_ok(op, ty) {
+            return Err(FaultKind::Other(format!(
+                "cp.reduce.async.bulk.tensor: {op:?} is not defined on tensor maps of .{ty}"
+            )));
+        }
+        let es = ty.size() as u64;
+        let mut err = None;
+        desc.for_each_run(coords, |o, g, len| {
+            let Some(g) = g else { return };
+            if err.is_some() {
+                return;
+            }
+            let Some(a) = ctx.mem.find(g, len) else {
+                err = Some(FaultKind::OutOfBounds {
+                    space: "global (TMA)",
+                    addr: g,
+                    size: len as u32,
+                });
+                return;
+            };
+            for k in (0..len).step_by(es as usize) {
+                let s_addr = desc.swizzle.apply(smem + o + k) as usize;
+                let Some(src) = self.shared.get(s_addr..s_addr + es as usize) else {
+                    err = Some(FaultKind::OutOfBounds {
+                        space: "shared",
+                        addr: s_addr as u64,
+                        size: es as u32,
+                    });
+                    return;
+                };
+                let mut x = [0u8; 8];
+                x[..es as usize].copy_from_slice(src);
+                let v = u64::from_le_bytes(x);
+                a.rmw(g + k - a.base, es as u32, Ordering::Relaxed, |old| {
+                    atom_apply(op, ty, old, v, 0)
+                });
+            }
+        });
+        err.map_or(Ok(()), Err)
+    }
+}
+
+/// The reductions `cp.reduce.async.bulk.tensor` defines per element type: `.add` on
+/// .u32/.s32/.u64/.f32/.f16/.bf16, `.min/.max` on .u32/.s32/.u64/.s64/.f16/.bf16, `.inc/.dec`
+/// on .u32, `.and/.or/.xor` on .u32/.s32/.u64/.s64 (as bits).
+fn tensor_reduce_ok(op: AtomOp, ty: Ty) -> bool {
+    use AtomOp as A;
+    match op {
+        A::Add => matches!(
+            ty,
+            Ty::U32 | Ty::S32 | Ty::U64 | Ty::F32 | Ty::F16 | Ty::Bf16
+        ),
+        A::Min | A::Max => matches!(
+            ty,
+            Ty::U32 | Ty::S32 | Ty::U64 | Ty::S64 | Ty::F16 | Ty::Bf16
+        ),
+        A::Inc | A::Dec => ty == Ty::U32,
+        A::And | A::Or | A::Xor => matches!(ty, Ty::U32 | Ty::S32 | Ty::U64 | Ty::S64),
+        A::Exch | A::Cas => false,
     }
 }

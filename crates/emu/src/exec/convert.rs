@@ -67,6 +67,19 @@ impl Cta {
             } => {
                 let w = &mut self.warps[wi];
                 let pm = reg_mask(*part_bits as u8);
+                if parts.len() as u32 * part_bits > 64 {
+                    // 128-bit: two destination slots (low, high)
+                    for l in lanes_of(m) {
+                        let mut v = [0u64; 2];
+                        for (k, p) in parts.iter().enumerate() {
+                            let bit = k as u32 * part_bits;
+                            v[(bit / 64) as usize] |= (w.regs[*p as usize][l] & pm) << (bit % 64);
+                        }
+                        w.regs[*d as usize][l] = v[0];
+                        w.regs[*d as usize + 1][l] = v[1];
+                    }
+                    return Ok(Flow::Next);
+                }
                 for l in lanes_of(m) {
                     let mut v = 0u64;
                     for (k, p) in parts.iter().enumerate() {
@@ -78,6 +91,17 @@ impl Cta {
             Op::Unpack { part_bits, ds, a } => {
                 let w = &mut self.warps[wi];
                 let pm = reg_mask(*part_bits as u8);
+                if ds.len() as u32 * part_bits > 64 {
+                    // 128-bit source: a slot pair (low, high)
+                    for l in lanes_of(m) {
+                        let x = [w.regs[*a as usize][l], w.regs[*a as usize + 1][l]];
+                        for (k, p) in ds.iter().enumerate() {
+                            let bit = k as u32 * part_bits;
+                            w.regs[*p as usize][l] = (x[(bit / 64) as usize] >> (bit % 64)) & pm;
+                        }
+                    }
+                    return Ok(Flow::Next);
+                }
                 for l in lanes_of(m) {
                     let x = w.regs[*a as usize][l];
                     for (k, p) in ds.iter().enumerate() {

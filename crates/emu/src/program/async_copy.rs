@@ -45,9 +45,11 @@ impl Decoder<'_> {
                 }
             }
             O::CpAsyncCommitGroup | O::CpAsyncWaitGroup | O::CpAsyncWaitAll => Op::Nop,
-            O::CpAsyncBulkCommitGroup | O::CpAsyncBulkWaitGroup | O::CpAsyncBulkPrefetchTensor => {
-                Op::Nop
-            }
+            // L2 prefetches are hints with no effect a thread can observe
+            O::CpAsyncBulkCommitGroup
+            | O::CpAsyncBulkWaitGroup
+            | O::CpAsyncBulkPrefetchTensor
+            | O::CpAsyncBulkPrefetch => Op::Nop,
             O::CpAsyncBulk => {
                 let sp: Vec<Space> = ins.spaces().collect();
                 let to_ms = |s: Option<&Space>| match s {
@@ -76,10 +78,89 @@ impl Decoder<'_> {
                     mbar,
                 }
             }
+            O::CpReduceAsyncBulk => self.decode_bulk_reduce(ins)?,
+            O::StAsync | O::RedAsync => self.decode_async_remote(ins)?,
             _ => return Err(misrouted(self, ins)),
         };
         self.push(op, ins0, guard);
         Ok(())
+    }
+
+    /// `cp.reduce.async.bulk.dst.src.completion.op.type [dst], [src], size{, [mbar] | policy}`.
+    fn decode_bulk_reduce(&mut self, ins: &Instruction) -> Result<Op, EmuError> {
+        let kernel = self.f;
+        let arg = |i: usize| operand(kernel, ins, i);
+        let op = atom::atom_op(ins)
+            .ok_or_else(|| self.err(ins, "cp.reduce.async.bulk without a reduction operation"))?;
+        let ty = ins
+            .last_ty()
+            .ok_or_else(|| self.err(ins, "cp.reduce.async.bulk without a type"))?;
+        let dspace = match ins.spaces().next() {
+            Some(Space::Global) => MSpace::Global,
+            Some(s) if s.is_shared() => MSpace::Shared,
+            _ => {
+                return Err(self.err(
+                    ins,
+                    "cp.reduce.async.bulk needs a .global or .shared::cluster destination",
+                ))
+            }
+        };
+        if !bulk_reduce_ok(op, ty, dspace) {
+            return Err(self.err(
+                ins,
+                format!("cp.reduce.async.bulk has no .{ty} form of this operation"),
+            ));
+        }
+        let (dst, doff, _) = self.addr(ins, arg(0)?)?;
+        let (src, soff, _) = self.addr(ins, arg(1)?)?;
+        let size = self.src(ins, arg(2)?)?;
+        let mbar = if ins.has(Flag::CompleteTxBytes) {
+            let (m, mo, _) = self.addr(ins, arg(3)?)?;
+            Some((m, mo))
+        } else {
+            None
+        };
+        Ok(Op::BulkReduce {
+            op,
+            ty,
+            dst,
+            doff,
+            dspace,
+            src,
+            soff,
+            size,
+            mbar,
+        })
+    }
+
+    /// `st.async ... [a], b, [mbar]` and `red.async ... .op.type [a], b, [mbar]`.
+    fn decode_async_remote(&mut self, ins: &Instruction) -> Result<Op, EmuError> {
+        let kernel = self.f;
+        let arg = |i: usize| operand(kernel, ins, i);
+        let ty = ins
+            .last_ty()
+            .ok_or_else(|| self.err(ins, format!("{} without a type", ins.op)))?;
+        let red = if ins.op == Opcode::RedAsync {
+            let op = atom::atom_op(ins)
+                .filter(|o| !matches!(o, AtomOp::Cas | AtomOp::Exch))
+                .ok_or_else(|| self.err(ins, "red.async without a reduction operation"))?;
+            Some(op)
+        } else {
+            None
+        };
+        let (addr, off, _) = self.addr(ins, arg(0)?)?;
+        let srcs = self.vec_srcs(ins, arg(1)?)?;
+        let (mbar, moff, _) = self.addr(ins, arg(2)?)?;
+        Ok(Op::AsyncRemote {
+            red,
+            ty,
+            elem: ty.size(),
+            srcs,
+            addr,
+            off,
+            mbar,
+            moff,
+        })
     }
 
     /// Decodes one instruction of the TMA (`cp.async.bulk.tensor`) family: the opcodes [`family`] sends here.
@@ -93,6 +174,36 @@ impl Decoder<'_> {
         let arg = |i: usize| operand(kernel, ins, i);
         use Opcode as O;
         let op = match ins.op {
+            O::CpReduceAsyncBulkTensor => {
+                let red = atom::atom_op(ins)
+                    .filter(|o| !matches!(o, AtomOp::Cas | AtomOp::Exch))
+                    .ok_or_else(|| {
+                        self.err(
+                            ins,
+                            "cp.reduce.async.bulk.tensor without a reduction operation",
+                        )
+                    })?;
+                if ins.has(Flag::Im2col) {
+                    return Err(self.err(
+                        ins,
+                        "im2col tensor reductions are not supported by the emulator",
+                    ));
+                }
+                let (smem, soff, _) = self.addr(ins, arg(1)?)?;
+                let (tmap, toff, tspace, coords) = self.tensor_addr(ins, arg(0)?)?;
+                Op::BulkTensor {
+                    load: false,
+                    smem,
+                    soff,
+                    tmap,
+                    toff,
+                    tspace,
+                    coords,
+                    mbar: None,
+                    cta_mask: NONE,
+                    red: Some(red),
+                }
+            }
             O::CpAsyncBulkTensor => {
                 if ins.has(Flag::Im2col) {
                     return Err(self.err(
@@ -107,23 +218,7 @@ impl Decoder<'_> {
                     (true, 1, 0)
                 };
                 let (smem, soff, _) = self.addr(ins, arg(s_idx)?)?;
-                let (tmap, toff, tspace, coords) = match arg(t_idx)? {
-                    Operand::TensorAddr { base, coords } => {
-                        let (slot, off, sp) = self.addr(
-                            ins,
-                            &Operand::Addr {
-                                base: base.clone(),
-                                offset: 0,
-                            },
-                        )?;
-                        let cs = coords
-                            .iter()
-                            .map(|c| self.src(ins, c))
-                            .collect::<Result<Vec<_>, _>>()?;
-                        (slot, off, sp.unwrap_or(MSpace::Generic), cs)
-                    }
-                    _ => return Err(self.err(ins, "expected [tensorMap, {coords}]")),
-                };
+                let (tmap, toff, tspace, coords) = self.tensor_addr(ins, arg(t_idx)?)?;
                 let mbar = if load {
                     let (m, mo, _) = self.addr(ins, arg(2)?)?;
                     Some((m, mo))
@@ -145,12 +240,38 @@ impl Decoder<'_> {
                     coords,
                     mbar,
                     cta_mask,
+                    red: None,
                 }
             }
             _ => return Err(misrouted(self, ins)),
         };
         self.push(op, ins0, guard);
         Ok(())
+    }
+
+    /// A `[tensorMap, {coords}]` operand: (map slot, offset, space, coordinate slots).
+    fn tensor_addr(
+        &mut self,
+        ins: &Instruction,
+        o: &Operand,
+    ) -> Result<(u32, i64, MSpace, Vec<u32>), EmuError> {
+        match o {
+            Operand::TensorAddr { base, coords } => {
+                let (slot, off, sp) = self.addr(
+                    ins,
+                    &Operand::Addr {
+                        base: base.clone(),
+                        offset: 0,
+                    },
+                )?;
+                let cs = coords
+                    .iter()
+                    .map(|c| self.src(ins, c))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok((slot, off, sp.unwrap_or(MSpace::Generic), cs))
+            }
+            _ => Err(self.err(ins, "expected [tensorMap, {coords}]")),
+        }
     }
 
     /// Decodes one instruction of the mbarrier family: the opcodes [`family`] sends here.
@@ -165,6 +286,14 @@ impl Decoder<'_> {
         let arg = |i: usize| operand(kernel, ins, i);
         use Opcode as O;
         let op = match ins.op {
+            O::CpAsyncMbarrierArrive => {
+                let (addr, off, _) = self.addr(ins, arg(0)?)?;
+                Op::CpAsyncArrive {
+                    addr,
+                    off,
+                    noinc: ins.has(Flag::Noinc),
+                }
+            }
             O::MbarrierInit => {
                 let (addr, off, _) = self.addr(ins, arg(0)?)?;
                 let count = self.src(ins, arg(1)?)?;
@@ -228,5 +357,29 @@ impl Decoder<'_> {
         };
         self.push(op, ins0, guard);
         Ok(())
+    }
+}
+
+/// The (operation, type) pairs `cp.reduce.async.bulk` defines (PTX ISA, ptxas 13.5): to global
+/// memory `.and/.or/.xor` on .b32/.b64, `.add` on .u32/.s32/.u64/.f32/.f64/.f16/.bf16 (f16/bf16
+/// with `.noftz`), `.min/.max` on .u32/.s32/.u64/.s64/.f16/.bf16, `.inc/.dec` on .u32; to
+/// shared::cluster the 32-bit integer forms and `.add.u64`.
+fn bulk_reduce_ok(op: AtomOp, ty: Ty, dspace: MSpace) -> bool {
+    use AtomOp as A;
+    use Ty as T;
+    let global = dspace == MSpace::Global;
+    match op {
+        A::And | A::Or | A::Xor => matches!(ty, T::B32) || global && ty == T::B64,
+        A::Inc | A::Dec => ty == T::U32,
+        A::Add if global => matches!(
+            ty,
+            T::U32 | T::S32 | T::U64 | T::F32 | T::F64 | T::F16 | T::Bf16
+        ),
+        A::Add => matches!(ty, T::U32 | T::S32 | T::U64),
+        A::Min | A::Max if global => {
+            matches!(ty, T::U32 | T::S32 | T::U64 | T::S64 | T::F16 | T::Bf16)
+        }
+        A::Min | A::Max => matches!(ty, T::U32 | T::S32),
+        A::Exch | A::Cas => false,
     }
 }

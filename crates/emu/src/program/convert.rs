@@ -45,6 +45,16 @@ impl Decoder<'_> {
                             parts,
                         }
                     }
+                    (dst, src @ Operand::Reg(_)) if t == Ty::B128 => {
+                        // a .b128 register is a slot pair: copy both halves
+                        let d = self.dst(ins, dst)?;
+                        let s = self.src(ins, src)?;
+                        Op::Pack {
+                            part_bits: 64,
+                            d,
+                            parts: vec![s, s + 1],
+                        }
+                    }
                     (dst, src) => {
                         let d = self.dst(ins, dst)?;
                         let s = self.src(ins, src)?;

@@ -142,16 +142,16 @@ pub fn family(op: Opcode, float: bool) -> Family {
         }
         O::CpAsyncBulk | O::CpAsyncBulkTensor | O::CpAsyncBulkCommitGroup => F::AsyncCopy,
         O::CpAsyncBulkWaitGroup | O::CpAsyncBulkPrefetchTensor => F::AsyncCopy,
+        O::CpAsyncBulkPrefetch => F::AsyncCopy,
         O::MbarrierInit | O::MbarrierInval | O::MbarrierArrive | O::MbarrierArriveDrop => {
             F::AsyncCopy
         }
         O::MbarrierExpectTx | O::MbarrierCompleteTx | O::MbarrierTestWait => F::AsyncCopy,
         O::MbarrierTryWait | O::MbarrierPendingCount => F::AsyncCopy,
-        O::CpReduceAsyncBulk
-        | O::CpReduceAsyncBulkTensor
-        | O::StAsync
-        | O::RedAsync
-        | O::CpAsyncMbarrierArrive => F::NotEmulated,
+        O::CpReduceAsyncBulk | O::CpReduceAsyncBulkTensor | O::CpAsyncMbarrierArrive => {
+            F::AsyncCopy
+        }
+        O::StAsync | O::RedAsync => F::AsyncCopy,
     }
 }
 
@@ -205,10 +205,18 @@ impl Decoder<'_> {
                 self.decode_tensor(ins, ins0, guard)
             }
             Family::Tensor => self.decode_wgmma(ins, ins0, guard),
-            Family::AsyncCopy if ins.op == Opcode::CpAsyncBulkTensor => {
+            Family::AsyncCopy
+                if matches!(
+                    ins.op,
+                    Opcode::CpAsyncBulkTensor | Opcode::CpReduceAsyncBulkTensor
+                ) =>
+            {
                 self.decode_bulk_tensor(ins, ins0, guard)
             }
-            Family::AsyncCopy if ins.op.name().starts_with("mbarrier.") => {
+            Family::AsyncCopy
+                if ins.op.name().starts_with("mbarrier.")
+                    || ins.op == Opcode::CpAsyncMbarrierArrive =>
+            {
                 self.decode_mbarrier(ins, ins0, guard)
             }
             Family::AsyncCopy => self.decode_async_copy(ins, ins0, guard),

@@ -18,15 +18,19 @@ impl Decoder<'_> {
                 let t = ins
                     .last_ty()
                     .ok_or_else(|| self.err(ins, "ld without type"))?;
-                let ds = self.vec_dsts(ins, arg(0)?)?;
+                let mut ds = self.vec_dsts(ins, arg(0)?)?;
                 let (addr, off, sym_space) = self.addr(ins, arg(1)?)?;
                 let space = self.resolve_space(ins, sym_space);
-                if t == Ty::B128 {
-                    return Err(self.err(ins, "128-bit scalar loads are not supported"));
-                }
+                let elem = if t == Ty::B128 {
+                    // a .b128 register is a slot pair: a 16-byte aligned pair of 8-byte words
+                    ds = self.b128_pair(ins, &ds)?;
+                    8
+                } else {
+                    elem_size(t)
+                };
                 Op::Ld {
                     space,
-                    elem: elem_size(t),
+                    elem,
                     sext: t.is_signed(),
                     ds,
                     addr,
@@ -39,14 +43,23 @@ impl Decoder<'_> {
                     .last_ty()
                     .ok_or_else(|| self.err(ins, "st without type"))?;
                 let (addr, off, sym_space) = self.addr(ins, arg(0)?)?;
-                let srcs = self.vec_srcs(ins, arg(1)?)?;
+                let mut srcs = self.vec_srcs(ins, arg(1)?)?;
                 let space = self.resolve_space(ins, sym_space);
                 if space == MSpace::Param {
                     return Err(self.err(ins, "stores to the parameter space are not supported"));
                 }
+                let elem = if t == Ty::B128 {
+                    if !matches!(arg(1)?, Operand::Reg(_)) {
+                        return Err(self.err(ins, "a .b128 store needs a .b128 register"));
+                    }
+                    srcs = self.b128_pair(ins, &srcs)?;
+                    8
+                } else {
+                    elem_size(t)
+                };
                 Op::St {
                     space,
-                    elem: elem_size(t),
+                    elem,
                     srcs,
                     addr,
                     off,
@@ -68,5 +81,15 @@ impl Decoder<'_> {
         };
         self.push(op, ins0, guard);
         Ok(())
+    }
+}
+
+impl Decoder<'_> {
+    /// The slots of one `.b128` register operand (low, high).
+    fn b128_pair(&self, ins: &Instruction, slots: &[u32]) -> Result<Vec<u32>, EmuError> {
+        match slots {
+            [s] => Ok(vec![*s, s + 1]),
+            _ => Err(self.err(ins, "vectors of .b128 are not supported")),
+        }
     }
 }
