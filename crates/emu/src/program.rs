@@ -32,6 +32,10 @@ pub use carry::{CarryKind, CarryOp};
 pub use family::{family, Family};
 use family::{misrouted, operand};
 
+/// The modifier families are `ptx`'s; `Ord` is the memory order a decoded access asks for
+/// (`ld.volatile` decodes as acquire, `st.volatile` as release).
+pub use ptx::ops::{AtomOp, MemOrder as Ord, ReduxOp, ShflMode, VoteMode};
+
 /// Slot 0 always holds zero in every lane.
 pub const ZERO: u32 = 0;
 /// "No register" marker.
@@ -60,29 +64,6 @@ impl MSpace {
     }
 }
 
-/// Memory ordering requested by an access.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ord {
-    Relaxed,
-    Acquire,
-    Release,
-    AcqRel,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AtomOp {
-    Add,
-    Min,
-    Max,
-    Inc,
-    Dec,
-    And,
-    Or,
-    Xor,
-    Exch,
-    Cas,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BarKind {
     Sync,
@@ -90,32 +71,6 @@ pub enum BarKind {
     RedPopc,
     RedAnd,
     RedOr,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ShflMode {
-    Up,
-    Down,
-    Bfly,
-    Idx,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VoteMode {
-    All,
-    Any,
-    Uni,
-    Ballot,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReduxOp {
-    Add,
-    Min,
-    Max,
-    And,
-    Or,
-    Xor,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -782,14 +737,12 @@ impl<'a> Decoder<'a> {
     }
 
     fn ord_of(&self, ins: &Instruction) -> Ord {
-        if ins.has(Flag::AcqRel) {
-            Ord::AcqRel
-        } else if ins.has(Flag::Acquire) || ins.has(Flag::Volatile) && ins.op == Opcode::Ld {
-            Ord::Acquire
-        } else if ins.has(Flag::Release) || ins.has(Flag::Volatile) && ins.op == Opcode::St {
-            Ord::Release
-        } else {
-            Ord::Relaxed
+        let volatile = ins.has(Flag::Volatile);
+        match ins.mem_order() {
+            Some(o @ (Ord::AcqRel | Ord::Acquire | Ord::Release)) => o,
+            _ if volatile && ins.op == Opcode::Ld => Ord::Acquire,
+            _ if volatile && ins.op == Opcode::St => Ord::Release,
+            _ => Ord::Relaxed,
         }
     }
 

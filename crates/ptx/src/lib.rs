@@ -3,6 +3,9 @@
 //! What this crate owns:
 //! - [`types`]: scalar types and state spaces;
 //! - [`mods`]: instruction modifiers (`.rn`, `.global`, `.v4`, `.m16n8k16`, ...);
+//! - [`ops`]: the typed modifier families every layer uses (`ShflMode`, `AtomOp`, `Rounding`,
+//!   `CmpOp`, `Scope`, `MemOrder`, `Swizzle`, `MatrixDesc`, ...) and their `Instruction`
+//!   accessors;
 //! - [`isa`]: the opcode table — one description per instruction (operand counts, minimum
 //!   target and ISA version), read by every other layer;
 //! - [`ir`]: modules, functions, statements, instructions and operands as typed values;
@@ -17,6 +20,7 @@ pub mod ir;
 pub mod isa;
 mod lexer;
 pub mod mods;
+pub mod ops;
 pub mod parser;
 pub mod printer;
 pub mod ptxas;

@@ -18,22 +18,9 @@ impl Decoder<'_> {
                 let t = ins
                     .last_ty()
                     .ok_or_else(|| self.err(ins, "atom without type"))?;
-                let aop = [
-                    (Flag::Add, AtomOp::Add),
-                    (Flag::Min, AtomOp::Min),
-                    (Flag::Max, AtomOp::Max),
-                    (Flag::Inc, AtomOp::Inc),
-                    (Flag::Dec, AtomOp::Dec),
-                    (Flag::And, AtomOp::And),
-                    (Flag::Or, AtomOp::Or),
-                    (Flag::Xor, AtomOp::Xor),
-                    (Flag::Exch, AtomOp::Exch),
-                    (Flag::Cas, AtomOp::Cas),
-                ]
-                .iter()
-                .find(|(f, _)| ins.has(*f))
-                .map(|x| x.1)
-                .ok_or_else(|| self.err(ins, "atom without operation"))?;
+                let aop = ins
+                    .atom_op()
+                    .ok_or_else(|| self.err(ins, "atom without operation"))?;
                 if ins.vec_width().is_some() {
                     return Err(self.err(ins, "vector atomics are not supported"));
                 }

@@ -22,15 +22,7 @@ impl Decoder<'_> {
                 Op::WarpSync { mask: m }
             }
             O::Shfl => {
-                let mode = if ins.has(Flag::Up) {
-                    ShflMode::Up
-                } else if ins.has(Flag::Down) {
-                    ShflMode::Down
-                } else if ins.has(Flag::Bfly) {
-                    ShflMode::Bfly
-                } else {
-                    ShflMode::Idx
-                };
+                let mode = ins.shfl_mode().unwrap_or(ShflMode::Idx);
                 let (d, p) = match arg(0)? {
                     Operand::Pair(x, y) => (self.dst(ins, x)?, self.dst(ins, y)?),
                     o => (self.dst(ins, o)?, NONE),
@@ -53,15 +45,7 @@ impl Decoder<'_> {
                 }
             }
             O::Vote => {
-                let mode = if ins.has(Flag::Ballot) {
-                    VoteMode::Ballot
-                } else if ins.has(Flag::All) {
-                    VoteMode::All
-                } else if ins.has(Flag::Any) {
-                    VoteMode::Any
-                } else {
-                    VoteMode::Uni
-                };
+                let mode = ins.vote_mode().unwrap_or(VoteMode::Uni);
                 let d = self.dst(ins, arg(0)?)?;
                 let (po, aneg) = match &ins0.args.get(1) {
                     Some(Operand::Not(x)) => (x.as_ref().clone(), true),
@@ -82,18 +66,9 @@ impl Decoder<'_> {
                 }
             }
             O::Redux => {
-                let rop = [
-                    (Flag::Add, ReduxOp::Add),
-                    (Flag::Min, ReduxOp::Min),
-                    (Flag::Max, ReduxOp::Max),
-                    (Flag::And, ReduxOp::And),
-                    (Flag::Or, ReduxOp::Or),
-                    (Flag::Xor, ReduxOp::Xor),
-                ]
-                .iter()
-                .find(|(f, _)| ins.has(*f))
-                .map(|x| x.1)
-                .ok_or_else(|| self.err(ins, "redux without operation"))?;
+                let rop = ins
+                    .redux_op()
+                    .ok_or_else(|| self.err(ins, "redux without operation"))?;
                 let t = ty.unwrap_or(Ty::U32);
                 if t.is_float() {
                     return Err(self.err(ins, "floating-point redux is not supported"));
