@@ -104,7 +104,7 @@ impl WgmmaSpec {
                 "wgmma accumulator .{dty} is not supported by the emulator (use .f32)"
             ));
         }
-        let a_regs = matches!(ins.args.get(1), Some(ptx::Operand::Vec(_)));
+        let a_regs = matches!(ins.operand(ptx::Role::A), Some(ptx::Operand::Vec(_)));
         Ok(WgmmaSpec {
             n,
             k,

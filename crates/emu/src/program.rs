@@ -9,7 +9,7 @@ use crate::error::EmuError;
 use crate::fp::{self, CvtSpec, FMode, FOp};
 use crate::mma::MmaSpec;
 use ptx::{
-    AddrBase, Flag, Function, Imm, Instruction, Mod, Module, Opcode, Operand, SReg, Space,
+    AddrBase, Flag, Function, Imm, Instruction, Mod, Module, Opcode, Operand, Role, SReg, Space,
     Statement, Ty,
 };
 use std::collections::HashMap;
@@ -30,7 +30,7 @@ mod warp;
 pub use call::{CallSite, ParamCopy, Place};
 pub use carry::{CarryKind, CarryOp};
 pub use family::{family, Family};
-use family::{misrouted, operand};
+use family::{misrouted, operand, role};
 
 /// The modifier families are `ptx`'s; `Ord` is the memory order a decoded access asks for
 /// (`ld.volatile` decodes as acquire, `st.volatile` as release).

@@ -8,6 +8,8 @@
 //!   accessors;
 //! - [`isa`]: the opcode table — one description per instruction (operand counts, minimum
 //!   target and ISA version), read by every other layer;
+//! - [`roles`]: named operand roles (`inst.operand(Role::Mbar)`), listed per opcode in the
+//!   table;
 //! - [`ir`]: modules, functions, statements, instructions and operands as typed values;
 //! - [`parser`] / [`printer`]: PTX text <-> IR, with `parse(print(m)) == m`;
 //! - [`mod@validate`]: typed diagnostics (undeclared registers, type mismatches, target checks);
@@ -23,6 +25,7 @@ pub mod mods;
 pub mod ops;
 pub mod parser;
 pub mod printer;
+pub mod roles;
 pub mod ptxas;
 pub mod types;
 pub mod validate;
@@ -32,5 +35,6 @@ pub use isa::{requirement, OpInfo, Opcode, Requirement};
 pub use mods::{Flag, Mod};
 pub use parser::{parse, parse_statements, ParseError};
 pub use printer::print;
+pub use roles::Role;
 pub use types::{Space, Ty, TyKind};
 pub use validate::{validate, DiagKind, Diagnostic};

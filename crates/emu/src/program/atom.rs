@@ -11,7 +11,7 @@ impl Decoder<'_> {
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
             O::Atom | O::Red => {
@@ -24,15 +24,15 @@ impl Decoder<'_> {
                 if ins.vec_width().is_some() {
                     return Err(self.err(ins, "vector atomics are not supported"));
                 }
-                let (d, rest) = if ins.op == O::Atom {
-                    (self.dst(ins, arg(0)?)?, 1)
+                let d = if ins.op == O::Atom {
+                    self.dst(ins, arg(Role::Dst)?)?
                 } else {
-                    (NONE, 0)
+                    NONE
                 };
-                let (addr, off, sym_space) = self.addr(ins, arg(rest)?)?;
-                let b = self.src(ins, arg(rest + 1)?)?;
+                let (addr, off, sym_space) = self.addr(ins, arg(Role::Addr)?)?;
+                let b = self.src(ins, arg(Role::B)?)?;
                 let c = if aop == AtomOp::Cas {
-                    self.src(ins, arg(rest + 2)?)?
+                    self.src(ins, arg(Role::C)?)?
                 } else {
                     ZERO
                 };

@@ -83,6 +83,18 @@ impl Decoder<'_> {
                     c: z,
                 }
             }
+            O::Prmt => {
+                let f = alu::int_fn(ins)
+                    .ok_or_else(|| self.err(ins, "operation/type combination not supported"))?;
+                let op = |r: Role| role(kernel, ins, r);
+                Op::Alu {
+                    f,
+                    d: self.dst(ins, op(Role::Dst)?)?,
+                    a: self.src(ins, op(Role::A)?)?,
+                    b: self.src(ins, op(Role::B)?)?,
+                    c: self.src(ins, op(Role::Selector)?)?,
+                }
+            }
             O::Selp | O::Slct => {
                 let d = self.dst(ins, arg(0)?)?;
                 let (x, y, z) = (
