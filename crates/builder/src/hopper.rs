@@ -21,10 +21,10 @@
 use crate::error::BuildError;
 use crate::kernel::KernelBuilder;
 use crate::ty::*;
-use ptx::{Flag, Mod, Opcode, Operand, Ty};
 /// Swizzles and wgmma matrix descriptors are `ptx`'s (one definition for builder, emulator and
 /// runtime).
 pub use ptx::ops::{MatrixDesc, Swizzle};
+use ptx::{Flag, Mod, Opcode, Operand, Ty};
 
 /// A shared-memory tile of `rows` rows of `row_bytes` bytes with a swizzle, laid out as TMA
 /// writes it (row-major inside `rows x width` slabs, slabs one after the other).

@@ -1,6 +1,7 @@
 //! The instruction table: one description per opcode (name, operand counts, the target and ISA
-//! version it first needs). The parser, printer, validator, builder and the emulator's decoder all
-//! read this table; adding an instruction starts here.
+//! version it first needs, and for instructions whose operands play different parts, the
+//! operands by role with their type classes: [`crate::roles`]). The parser, printer, validator,
+//! builder and the emulator's decoder all read this table; adding an instruction starts here.
 //!
 //! Opcodes are the dotted prefix PTX uses to name an instruction family (`mbarrier.try_wait`,
 //! `cp.async.bulk.tensor`); the parser matches the longest known prefix and treats the remaining
@@ -90,24 +91,32 @@ opcodes! {
     Mul24 "mul24" 1 2 2 20 10; Mad24 "mad24" 1 3 3 20 10; Sad "sad" 1 3 3 20 10;
     Div "div" 1 2 2 20 10; Rem "rem" 1 2 2 20 10; Abs "abs" 1 1 1 20 10; Neg "neg" 1 1 1 20 10;
     Min "min" 1 2 3 20 10; Max "max" 1 2 3 20 10; Fma "fma" 1 3 3 20 14;
-    Copysign "copysign" 1 2 2 20 30; Testp "testp" 1 1 1 20 20;
+    Copysign "copysign" 1 2 2 20 30; Testp "testp" 1 1 1 20 20 [(Dst: Pred) (A: T)];
     Rcp "rcp" 1 1 1 20 10; Sqrt "sqrt" 1 1 1 20 10; Rsqrt "rsqrt" 1 1 1 20 10;
     Sin "sin" 1 1 1 20 10; Cos "cos" 1 1 1 20 10; Lg2 "lg2" 1 1 1 20 10; Ex2 "ex2" 1 1 1 20 10;
     Tanh "tanh" 1 1 1 75 70;
     // bit manipulation
     And "and" 1 2 2 20 10; Or "or" 1 2 2 20 10; Xor "xor" 1 2 2 20 10; Not "not" 1 1 1 20 10;
-    Cnot "cnot" 1 1 1 20 10; Shl "shl" 1 2 2 20 10; Shr "shr" 1 2 2 20 10; Shf "shf" 1 3 3 32 31;
-    Bfe "bfe" 1 3 3 20 20; Bfi "bfi" 1 4 4 20 20;
+    Cnot "cnot" 1 1 1 20 10;
+    Shl "shl" 1 2 2 20 10 [(Dst: T) (A: T) (Shift: U32)];
+    Shr "shr" 1 2 2 20 10 [(Dst: T) (A: T) (Shift: U32)];
+    Shf "shf" 1 3 3 32 31 [(Dst: B32) (A: B32) (B: B32) (Shift: U32)];
+    Bfe "bfe" 1 3 3 20 20 [(Dst: T) (A: T) (Pos: U32) (Len: U32)];
+    Bfi "bfi" 1 4 4 20 20 [(Dst: T) (A: T) (B: T) (Pos: U32) (Len: U32)];
     Prmt "prmt" 1 3 3 20 20 [(Dst: B32) (A: B32) (B: B32) (Selector: B32)];
-    Popc "popc" 1 1 1 20 20; Clz "clz" 1 1 1 20 20; Brev "brev" 1 1 1 20 20;
-    Bfind "bfind" 1 1 1 20 20; Lop3 "lop3" 1 4 4 50 43; Dp4a "dp4a" 1 3 3 61 50;
+    Popc "popc" 1 1 1 20 20 [(Dst: U32) (A: T)]; Clz "clz" 1 1 1 20 20 [(Dst: U32) (A: T)];
+    Brev "brev" 1 1 1 20 20; Bfind "bfind" 1 1 1 20 20 [(Dst: U32) (A: T)];
+    Lop3 "lop3" 1 4 4 50 43 [(Dst: B32) (A: B32) (B: B32) (C: B32) Lut];
+    Dp4a "dp4a" 1 3 3 61 50;
     Dp2a "dp2a" 1 3 3 61 50; Fns "fns" 1 3 3 30 60;
     // comparison and selection
-    Setp "setp" 1 2 3 20 10; Set "set" 1 2 3 20 10; Selp "selp" 1 3 3 20 10;
-    Slct "slct" 1 3 3 20 10;
+    Setp "setp" 1 2 3 20 10 [(Dst: PredPair) (A: T) (B: T) (?C: Pred)];
+    Set "set" 1 2 3 20 10 [(Dst: T) (A: T2) (B: T2) (?C: Pred)];
+    Selp "selp" 1 3 3 20 10 [(Dst: T) (A: T) (B: T) (C: Pred)];
+    Slct "slct" 1 3 3 20 10 [(Dst: T) (A: T) (B: T) (C: T2)];
     // data movement and conversion
-    Mov "mov" 1 1 1 20 10; Cvt "cvt" 1 1 2 20 10; Cvta "cvta" 1 1 1 20 20;
-    Isspacep "isspacep" 1 1 1 20 20;
+    Mov "mov" 1 1 1 20 10; Cvt "cvt" 1 1 2 20 10; Cvta "cvta" 1 1 1 20 20 [(Dst: T) (A: T)];
+    Isspacep "isspacep" 1 1 1 20 20 [(Dst: Pred) (A: T)];
     Ldu "ldu" 1 1 1 20 20 [(Dst: TWideVec) (Addr: Addr)];
     Ld "ld" 1 1 2 20 10 [(Dst: TWideVec) (Addr: Addr) (CacheHint: B64 if L2CacheHint)];
     St "st" 0 2 3 20 10 [(Addr: Addr) (Src: TWideVec) (CacheHint: B64 if L2CacheHint)];

@@ -6,8 +6,8 @@
 //! - [`ops`]: the typed modifier families every layer uses (`ShflMode`, `AtomOp`, `Rounding`,
 //!   `CmpOp`, `Scope`, `MemOrder`, `Swizzle`, `MatrixDesc`, ...) and their `Instruction`
 //!   accessors;
-//! - [`isa`]: the opcode table — one description per instruction (operand counts, minimum
-//!   target and ISA version), read by every other layer;
+//! - [`isa`]: the opcode table — one description per instruction (operand counts and roles,
+//!   minimum target and ISA version), read by every other layer;
 //! - [`roles`]: named operand roles (`inst.operand(Role::Mbar)`), listed per opcode in the
 //!   table;
 //! - [`ir`]: modules, functions, statements, instructions and operands as typed values;
@@ -25,8 +25,8 @@ pub mod mods;
 pub mod ops;
 pub mod parser;
 pub mod printer;
-pub mod roles;
 pub mod ptxas;
+pub mod roles;
 pub mod types;
 pub mod validate;
 

@@ -36,6 +36,14 @@ roles! {
     B => "b",
     /// Third source (`c`).
     C => "c",
+    /// `bfe`/`bfi` bit position.
+    Pos => "pos",
+    /// `bfe`/`bfi` field length.
+    Len => "len",
+    /// Shift amount of `shl`/`shr`/`shf`.
+    Shift => "shift",
+    /// `lop3`'s immediate look-up table.
+    Lut => "immLut",
     /// `prmt`'s byte selector (`c`).
     Selector => "c",
     /// `shfl`'s source lane, offset or lane mask (`b`).
@@ -133,6 +141,10 @@ pub enum TyClass {
     TVec,
     /// `ld`/`st` values: like [`TyClass::TVec`], elements may be wider integers.
     TWideVec,
+    /// The second type modifier (`set.dtype.stype`, `slct.dtype.ctype`), `T` without one.
+    T2,
+    /// `.pred`, or a `p|q` pair of them, or `_`.
+    PredPair,
     /// `T` for `d`, `.pred` for `p` of a `d|p` pair.
     TPair,
     /// `.b32` for `d`, `.pred` for `p` of a `d|p` pair.
@@ -292,7 +304,8 @@ mod tests {
         assert_eq!(name_of(&load, Role::Mbar).as_deref(), Some("[..]"));
         assert_eq!(name_of(&load, Role::CtaMask).as_deref(), Some("%rs1"));
         assert_eq!(load.operand(Role::CacheHint), None);
-        let store = ins("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%rd1, {%r2, %r3}], [%r1];");
+        let store =
+            ins("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%rd1, {%r2, %r3}], [%r1];");
         assert_eq!(store.operand(Role::Mbar), None);
         assert_eq!(store.operand_index(Role::Src), Some(1));
         assert_eq!(store.operand_range(), Some((2, 2)));
@@ -341,7 +354,10 @@ mod tests {
             let lo = (info.dsts + info.min_srcs) as usize;
             let hi = (info.dsts + info.max_srcs) as usize;
             assert_eq!(min, lo, "{op}: required roles vs table minimum");
-            assert!(max <= hi.max(min), "{op}: roles without modifiers exceed the table");
+            assert!(
+                max <= hi.max(min),
+                "{op}: roles without modifiers exceed the table"
+            );
         }
     }
 }
