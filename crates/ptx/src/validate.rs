@@ -1023,6 +1023,10 @@ impl<'a> FnCheck<'a> {
         use Opcode::*;
         let a = &i.args;
         let tys: Vec<Ty> = i.types().collect();
+        if i.op.has_roles() {
+            // operand types listed in the table
+            self.slot_types(i, tys.first().copied());
+        }
         let Some(&t) = tys.first() else { return };
         self.carry_form(i, t);
         let all = |s: &mut Self, w: Want| {
@@ -1039,10 +1043,6 @@ impl<'a> FnCheck<'a> {
                 );
             }
         };
-        if i.op.has_roles() {
-            // operand types listed in the table
-            self.slot_types(i, t);
-        }
         match i.op {
             Add | Sub | Addc | Subc | Div | Rem | Abs | Neg | Min | Max | Fma | Copysign | Rcp
             | Sqrt | Rsqrt | Sin | Cos | Lg2 | Ex2 | Tanh | And | Or | Xor | Not | Cnot | Brev
@@ -1082,13 +1082,26 @@ impl<'a> FnCheck<'a> {
     }
 
     /// Checks every operand the role list places against its type class (`t`: the
-    /// instruction's type modifier).
-    fn slot_types(&mut self, i: &Instruction, t: Ty) {
+    /// instruction's type modifier; classes relative to it are skipped without one).
+    fn slot_types(&mut self, i: &Instruction, t: Option<Ty>) {
         let vec_n = i.vec_width().unwrap_or(1) as usize;
         let x_n = i.x_count().unwrap_or(1) as usize;
-        let t2 = i.types().nth(1).unwrap_or(t);
         for (slot, o) in i.placed_slots().into_iter().zip(&i.args) {
             let what = role_label(slot.role);
+            let relative = matches!(
+                slot.ty,
+                TyClass::T
+                    | TyClass::T2
+                    | TyClass::TWide
+                    | TyClass::TVec
+                    | TyClass::TWideVec
+                    | TyClass::TPair
+            );
+            let Some(t) = t.or((!relative).then_some(Ty::B32)) else {
+                continue;
+            };
+            // (the placeholder type is read only by classes not relative to the instruction's)
+            let t2 = i.types().nth(1).unwrap_or(t);
             match slot.ty {
                 TyClass::Any => {}
                 TyClass::T => self.check(i, o, Want::T(t), what),

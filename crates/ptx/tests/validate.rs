@@ -694,3 +694,11 @@ fn role_lists_follow_the_modifiers() {
         1,
     );
 }
+
+/// Type classes that do not depend on the instruction's type are checked on instructions
+/// without a type modifier too.
+#[test]
+fn untyped_instructions_check_their_table_types() {
+    clean(&check("bar.warp.sync -1;\nelect.sync %r1|%p1, -1;"));
+    expect(&check("bar.warp.sync %f1;"), DiagKind::TypeMismatch, 1);
+}

@@ -144,7 +144,7 @@ impl Decoder<'_> {
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
             O::Setp | O::Set => {
@@ -153,49 +153,24 @@ impl Decoder<'_> {
                     .last()
                     .ok_or_else(|| self.err(ins, "setp without type"))?;
                 let cmp = ins
-                    .mods
-                    .iter()
-                    .find_map(|m| match m {
-                        Mod::Flag(
-                            f @ (Flag::Eq
-                            | Flag::Ne
-                            | Flag::Lt
-                            | Flag::Le
-                            | Flag::Gt
-                            | Flag::Ge
-                            | Flag::Lo
-                            | Flag::Ls
-                            | Flag::Hi
-                            | Flag::Hs
-                            | Flag::Equ
-                            | Flag::Neu
-                            | Flag::Ltu
-                            | Flag::Leu
-                            | Flag::Gtu
-                            | Flag::Geu
-                            | Flag::Num
-                            | Flag::Nan),
-                        ) => Some(*f),
-                        _ => None,
-                    })
-                    .ok_or_else(|| self.err(ins, "comparison operator missing"))?;
+                    .cmp_op()
+                    .ok_or_else(|| self.err(ins, "comparison operator missing"))?
+                    .flag();
                 let f = if cmp_ty.is_float() {
                     alu::float_cmp(cmp_ty, cmp)
                 } else {
                     alu::int_cmp(cmp_ty, cmp)
                 };
                 let f = f.ok_or_else(|| self.err(ins, "unsupported comparison type"))?;
-                let combine = [Flag::And, Flag::Or, Flag::Xor]
-                    .into_iter()
-                    .find(|f| ins.has(*f));
-                let (d0, d1) = match arg(0)? {
+                let combine = ins.bool_op().map(|b| b.flag());
+                let (d0, d1) = match arg(Role::Dst)? {
                     Operand::Pair(p, q) => (self.dst(ins, p)?, Some(self.dst(ins, q)?)),
                     o => (self.dst(ins, o)?, None),
                 };
-                let x = self.src(ins, arg(1)?)?;
-                let y = self.src(ins, arg(2)?)?;
+                let x = self.src(ins, arg(Role::A)?)?;
+                let y = self.src(ins, arg(Role::B)?)?;
                 let c = if combine.is_some() {
-                    self.src(ins, arg(3)?)?
+                    self.src(ins, arg(Role::C)?)?
                 } else {
                     ZERO
                 };

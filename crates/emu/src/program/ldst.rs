@@ -12,14 +12,15 @@ impl Decoder<'_> {
     ) -> Result<(), EmuError> {
         let kernel = self.f;
         let arg = |i: usize| operand(kernel, ins, i);
+        let arg_r = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
             O::Ld | O::Ldu => {
                 let t = ins
                     .last_ty()
                     .ok_or_else(|| self.err(ins, "ld without type"))?;
-                let ds = self.vec_dsts(ins, arg(0)?)?;
-                let (addr, off, sym_space) = self.addr(ins, arg(1)?)?;
+                let ds = self.vec_dsts(ins, arg_r(Role::Dst)?)?;
+                let (addr, off, sym_space) = self.addr(ins, arg_r(Role::Addr)?)?;
                 let space = self.resolve_space(ins, sym_space);
                 if t == Ty::B128 {
                     return Err(self.err(ins, "128-bit scalar loads are not supported"));
@@ -38,8 +39,8 @@ impl Decoder<'_> {
                 let t = ins
                     .last_ty()
                     .ok_or_else(|| self.err(ins, "st without type"))?;
-                let (addr, off, sym_space) = self.addr(ins, arg(0)?)?;
-                let srcs = self.vec_srcs(ins, arg(1)?)?;
+                let (addr, off, sym_space) = self.addr(ins, arg_r(Role::Addr)?)?;
+                let srcs = self.vec_srcs(ins, arg_r(Role::Src)?)?;
                 let space = self.resolve_space(ins, sym_space);
                 if space == MSpace::Param {
                     return Err(self.err(ins, "stores to the parameter space are not supported"));
