@@ -973,6 +973,23 @@ impl<'a> FnCheck<'a> {
         }
     }
 
+    /// Rounding to an integral value (`.rni/.rzi/.rmi/.rpi`), `.rna` and `.rs` are `cvt`
+    /// forms; arithmetic takes only `.rn/.rz/.rm/.rp`.
+    fn rounding_form(&mut self, i: &Instruction) {
+        use crate::ops::Rounding;
+        let Some(r) = i.rounding() else { return };
+        if i.op != Opcode::Cvt && (r.is_integer() || matches!(r, Rounding::Rna | Rounding::Rs)) {
+            self.diag(
+                DiagKind::BadOperand,
+                i.loc,
+                format!(
+                    "`.{r}` rounding is a `cvt` form, not allowed on `{}`",
+                    i.op.name()
+                ),
+            );
+        }
+    }
+
     /// Carry-flag arithmetic (`add.cc`, `addc`, `sub.cc`, `subc`, `mad.cc`, `madc`): only on
     /// .u32/.s32/.u64/.s64; `mad`/`madc` need `.lo` or `.hi`; no `.sat`.
     fn carry_form(&mut self, i: &Instruction, t: Ty) {
@@ -1027,6 +1044,7 @@ impl<'a> FnCheck<'a> {
             // operand types listed in the table
             self.slot_types(i, tys.first().copied());
         }
+        self.rounding_form(i);
         let Some(&t) = tys.first() else { return };
         self.carry_form(i, t);
         let all = |s: &mut Self, w: Want| {

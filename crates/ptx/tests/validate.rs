@@ -702,3 +702,22 @@ fn untyped_instructions_check_their_table_types() {
     clean(&check("bar.warp.sync -1;\nelect.sync %r1|%p1, -1;"));
     expect(&check("bar.warp.sync %f1;"), DiagKind::TypeMismatch, 1);
 }
+
+/// Integer and `.rna` roundings belong to `cvt` (the builder's `Rnd` is `ptx::ops::Rounding`,
+/// so this is where a misused one is caught).
+#[test]
+fn integer_rounding_only_on_cvt() {
+    clean(&check(
+        "add.rn.f32 %f1, %f2, %f3;\ncvt.rni.f32.f32 %f1, %f2;\ncvt.rzi.s32.f32 %r1, %f2;",
+    ));
+    expect(
+        &check("add.rni.f32 %f1, %f2, %f3;"),
+        DiagKind::BadOperand,
+        1,
+    );
+    expect(
+        &check("fma.rna.f32 %f1, %f2, %f3, %f4;"),
+        DiagKind::BadOperand,
+        1,
+    );
+}
