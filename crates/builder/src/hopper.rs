@@ -21,88 +21,10 @@
 use crate::error::BuildError;
 use crate::kernel::KernelBuilder;
 use crate::ty::*;
+/// Swizzles and wgmma matrix descriptors are `ptx`'s (one definition for builder, emulator and
+/// runtime).
+pub use ptx::ops::{MatrixDesc, Swizzle};
 use ptx::{Flag, Mod, Opcode, Operand, Ty};
-
-/// Shared-memory swizzle of a tile / descriptor / tensor map.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Swizzle {
-    None,
-    B32,
-    B64,
-    B128,
-}
-
-impl Swizzle {
-    /// Bytes of one swizzled row (16 without swizzle: a core-matrix row).
-    pub fn width(self) -> u32 {
-        match self {
-            Swizzle::None => 16,
-            Swizzle::B32 => 32,
-            Swizzle::B64 => 64,
-            Swizzle::B128 => 128,
-        }
-    }
-    /// Descriptor bits 62-63.
-    pub fn desc_code(self) -> u64 {
-        match self {
-            Swizzle::None => 0,
-            Swizzle::B128 => 1,
-            Swizzle::B64 => 2,
-            Swizzle::B32 => 3,
-        }
-    }
-    /// Alignment a tile with this swizzle needs (the 8-row repeat of the XOR pattern).
-    pub fn align(self) -> u32 {
-        match self {
-            Swizzle::None => 128,
-            s => 8 * s.width(),
-        }
-    }
-    /// Applies the swizzle to a shared byte address (host-side model: the 16-byte chunk index,
-    /// bits 4.., is XORed with bits 7.. of the address).
-    pub fn apply(self, addr: u32) -> u32 {
-        let bits = match self {
-            Swizzle::None => return addr,
-            Swizzle::B32 => 1,
-            Swizzle::B64 => 2,
-            Swizzle::B128 => 3,
-        };
-        addr ^ (((addr >> 7) & ((1 << bits) - 1)) << 4)
-    }
-}
-
-/// A wgmma shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): bits 0-13
-/// start >> 4, 16-29 leading-dimension byte offset >> 4, 32-45 stride byte offset >> 4, 62-63
-/// swizzle. Byte values here; `encode` shifts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct MatrixDesc {
-    pub start: u32,
-    pub lbo: u32,
-    pub sbo: u32,
-    pub swizzle: Swizzle,
-}
-
-impl MatrixDesc {
-    /// The descriptor of a K-major operand tile of `rows` rows of `row_bytes` bytes stored as
-    /// `row_bytes / width` slabs of `rows x width` (the TMA box layout): 8-row groups are
-    /// `8 * width` apart (SBO), slabs `rows * width` apart (LBO).
-    pub fn k_major(swizzle: Swizzle, rows: u32) -> MatrixDesc {
-        let w = swizzle.width();
-        MatrixDesc {
-            start: 0,
-            lbo: rows * w,
-            sbo: 8 * w,
-            swizzle,
-        }
-    }
-    /// The 64-bit descriptor value.
-    pub fn encode(&self) -> u64 {
-        ((self.start as u64 >> 4) & 0x3fff)
-            | (((self.lbo as u64 >> 4) & 0x3fff) << 16)
-            | (((self.sbo as u64 >> 4) & 0x3fff) << 32)
-            | (self.swizzle.desc_code() << 62)
-    }
-}
 
 /// A shared-memory tile of `rows` rows of `row_bytes` bytes with a swizzle, laid out as TMA
 /// writes it (row-major inside `rows x width` slabs, slabs one after the other).
@@ -591,6 +513,7 @@ mod tests {
             start: 0x1230,
             lbo: 16,
             sbo: 1024,
+            base_offset: 0,
             swizzle: Swizzle::B128,
         };
         let v = d.encode();

@@ -5,6 +5,11 @@ use crate::error::BuildError;
 use crate::kernel::KernelBuilder;
 use crate::ty::*;
 use ptx::{AddrBase, Flag, Imm, Mod, Opcode, Operand, SReg, Space, Ty};
+// The modifier families are defined once, in `ptx::ops`; the builder's names for them.
+pub use ptx::ops::{
+    AtomOp, CmpOp, MemOrder as AtomSem, ReduxOp, Rounding as Rnd, Rounding as CvtRnd, Scope,
+    ShflMode,
+};
 
 fn t(ty: Ty) -> Mod {
     Mod::Type(ty)
@@ -20,25 +25,6 @@ fn imm(v: i64) -> Operand {
 }
 fn vec_op<T: PtxType>(r: &[Reg<T>]) -> Operand {
     Operand::Vec(r.iter().map(|x| x.op()).collect())
-}
-
-/// IEEE rounding of float arithmetic (`.rn/.rz/.rm/.rp`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rnd {
-    Rn,
-    Rz,
-    Rm,
-    Rp,
-}
-impl Rnd {
-    fn flag(self) -> Flag {
-        match self {
-            Rnd::Rn => Flag::Rn,
-            Rnd::Rz => Flag::Rz,
-            Rnd::Rm => Flag::Rm,
-            Rnd::Rp => Flag::Rp,
-        }
-    }
 }
 
 /// Float modifiers: rounding, flush-to-zero, saturation.
@@ -84,35 +70,6 @@ impl FMods {
     }
 }
 
-/// `cvt` rounding modes (IEEE `.rn/.rz/.rm/.rp`, integer `.rni/.rzi/.rmi/.rpi`, `.rna`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CvtRnd {
-    Rn,
-    Rz,
-    Rm,
-    Rp,
-    Rni,
-    Rzi,
-    Rmi,
-    Rpi,
-    Rna,
-}
-impl CvtRnd {
-    fn flag(self) -> Flag {
-        match self {
-            CvtRnd::Rn => Flag::Rn,
-            CvtRnd::Rz => Flag::Rz,
-            CvtRnd::Rm => Flag::Rm,
-            CvtRnd::Rp => Flag::Rp,
-            CvtRnd::Rni => Flag::Rni,
-            CvtRnd::Rzi => Flag::Rzi,
-            CvtRnd::Rmi => Flag::Rmi,
-            CvtRnd::Rpi => Flag::Rpi,
-            CvtRnd::Rna => Flag::Rna,
-        }
-    }
-}
-
 /// `cvt` modifiers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CvtMods {
@@ -141,76 +98,6 @@ impl CvtMods {
             v.push(f(Flag::Satfinite));
         }
         v
-    }
-}
-
-/// `setp` comparison operators.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CmpOp {
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
-    /// unsigned `<`, `<=`, `>`, `>=`
-    Lo,
-    Ls,
-    Hi,
-    Hs,
-    /// unordered float comparisons
-    Equ,
-    Neu,
-    Ltu,
-    Leu,
-    Gtu,
-    Geu,
-    /// both / either operand NaN
-    Num,
-    Nan,
-}
-impl CmpOp {
-    fn flag(self) -> Flag {
-        use CmpOp::*;
-        match self {
-            Eq => Flag::Eq,
-            Ne => Flag::Ne,
-            Lt => Flag::Lt,
-            Le => Flag::Le,
-            Gt => Flag::Gt,
-            Ge => Flag::Ge,
-            Lo => Flag::Lo,
-            Ls => Flag::Ls,
-            Hi => Flag::Hi,
-            Hs => Flag::Hs,
-            Equ => Flag::Equ,
-            Neu => Flag::Neu,
-            Ltu => Flag::Ltu,
-            Leu => Flag::Leu,
-            Gtu => Flag::Gtu,
-            Geu => Flag::Geu,
-            Num => Flag::Num,
-            Nan => Flag::Nan,
-        }
-    }
-}
-
-/// Memory scopes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scope {
-    Cta,
-    Cluster,
-    Gpu,
-    Sys,
-}
-impl Scope {
-    fn flag(self) -> Flag {
-        match self {
-            Scope::Cta => Flag::Cta,
-            Scope::Cluster => Flag::Cluster,
-            Scope::Gpu => Flag::Gpu,
-            Scope::Sys => Flag::Sys,
-        }
     }
 }
 
@@ -302,86 +189,12 @@ impl MemOpts {
     }
 }
 
-/// `atom`/`red` operations (`cas` has its own method).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AtomOp {
-    Add,
-    Min,
-    Max,
-    Inc,
-    Dec,
-    And,
-    Or,
-    Xor,
-    Exch,
-}
-impl AtomOp {
-    fn flag(self) -> Flag {
-        match self {
-            AtomOp::Add => Flag::Add,
-            AtomOp::Min => Flag::Min,
-            AtomOp::Max => Flag::Max,
-            AtomOp::Inc => Flag::Inc,
-            AtomOp::Dec => Flag::Dec,
-            AtomOp::And => Flag::And,
-            AtomOp::Or => Flag::Or,
-            AtomOp::Xor => Flag::Xor,
-            AtomOp::Exch => Flag::Exch,
-        }
-    }
-    fn bitwise(self) -> bool {
-        matches!(self, AtomOp::And | AtomOp::Or | AtomOp::Xor | AtomOp::Exch)
-    }
-}
-
-/// Ordering of `atom`/`red`/`fence`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AtomSem {
-    Relaxed,
-    Acquire,
-    Release,
-    AcqRel,
-    /// `fence.sc` only.
-    Sc,
-}
-impl AtomSem {
-    fn flag(self) -> Flag {
-        match self {
-            AtomSem::Relaxed => Flag::Relaxed,
-            AtomSem::Acquire => Flag::Acquire,
-            AtomSem::Release => Flag::Release,
-            AtomSem::AcqRel => Flag::AcqRel,
-            AtomSem::Sc => Flag::Sc,
-        }
-    }
-}
-
 /// `membar` levels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MembarLevel {
     Cta,
     Gl,
     Sys,
-}
-
-/// `shfl.sync` modes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ShflMode {
-    Up,
-    Down,
-    Bfly,
-    Idx,
-}
-
-/// `redux.sync` operations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReduxOp {
-    Add,
-    Min,
-    Max,
-    And,
-    Or,
-    Xor,
 }
 
 /// Approximate math functions (`.approx.f32`).
@@ -1686,6 +1499,11 @@ impl KernelBuilder {
         a: impl Into<Addr<T, S>>,
         v: impl Src<T>,
     ) -> Reg<T> {
+        if op == AtomOp::Cas {
+            self.fail(BuildError::Invalid(
+                "atom: `cas` takes a compare and a new value; use atom_cas".into(),
+            ));
+        }
         let addr = self.addr_operand(a);
         let d = self.reg::<T>();
         self.emit(
@@ -1762,6 +1580,11 @@ impl KernelBuilder {
         a: impl Into<Addr<T, S>>,
         v: impl Src<T>,
     ) {
+        if matches!(op, AtomOp::Cas | AtomOp::Exch) {
+            self.fail(BuildError::Invalid(format!(
+                "red: `.{op}` is not a reduction (red takes add/min/max/inc/dec/and/or/xor)"
+            )));
+        }
         let addr = self.addr_operand(a);
         self.emit(
             Opcode::Red,
@@ -1914,15 +1737,9 @@ impl KernelBuilder {
         mask: impl Src<u32>,
     ) -> Reg<T> {
         let d = self.reg();
-        let m = match mode {
-            ShflMode::Up => Flag::Up,
-            ShflMode::Down => Flag::Down,
-            ShflMode::Bfly => Flag::Bfly,
-            ShflMode::Idx => Flag::Idx,
-        };
         self.emit(
             Opcode::Shfl,
-            [f(Flag::Sync), f(m), t(Ty::B32)],
+            [f(Flag::Sync), f(mode.flag()), t(Ty::B32)],
             [d.op(), a.op(), b.operand(), c.operand(), mask.operand()],
         );
         d
@@ -1987,17 +1804,13 @@ impl KernelBuilder {
     #[track_caller]
     pub fn redux<T: ReduxTy>(&mut self, op: ReduxOp, a: Reg<T>, mask: impl Src<u32>) -> Reg<T> {
         let d = self.reg();
-        let (fl, ty) = match op {
-            ReduxOp::Add => (Flag::Add, T::TY),
-            ReduxOp::Min => (Flag::Min, T::TY),
-            ReduxOp::Max => (Flag::Max, T::TY),
-            ReduxOp::And => (Flag::And, Ty::B32),
-            ReduxOp::Or => (Flag::Or, Ty::B32),
-            ReduxOp::Xor => (Flag::Xor, Ty::B32),
+        let ty = match op {
+            ReduxOp::Add | ReduxOp::Min | ReduxOp::Max => T::TY,
+            ReduxOp::And | ReduxOp::Or | ReduxOp::Xor => Ty::B32,
         };
         self.emit(
             Opcode::Redux,
-            [f(Flag::Sync), f(fl), t(ty)],
+            [f(Flag::Sync), f(op.flag()), t(ty)],
             [d.op(), a.op(), mask.operand()],
         );
         d

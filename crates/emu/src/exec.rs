@@ -851,6 +851,7 @@ fn rmw_ord(o: Ord) -> Ordering {
         Ord::Acquire => Ordering::Acquire,
         Ord::Release => Ordering::Release,
         Ord::AcqRel => Ordering::AcqRel,
+        Ord::Sc => Ordering::SeqCst,
     }
 }
 

@@ -39,9 +39,11 @@
 //! results (and `-0.0`) to `+0.0` and NaN to the canonical NaN. `.satfinite` maps ±Inf and
 //! overflow to ±MAX finite of the destination, NaN stays NaN.
 
+use ptx::ops::Rounding;
 use ptx::{Flag, Instruction, Mod, Ty};
 
-/// Floating-point rounding mode (`.rn .rz .rm .rp .rna`).
+/// Floating-point rounding mode (`.rn .rz .rm .rp .rna`): the executor's float half of
+/// [`ptx::ops::Rounding`] (decoded from it by [`Rnd::of`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Rnd {
     /// To nearest, ties to even.
@@ -73,27 +75,27 @@ pub enum IRnd {
 impl Rnd {
     /// The float rounding modifier of an instruction, if any.
     pub fn of(ins: &Instruction) -> Option<Rnd> {
-        ins.mods.iter().find_map(|m| match m {
-            Mod::Flag(Flag::Rn) => Some(Rnd::Rn),
-            Mod::Flag(Flag::Rz) => Some(Rnd::Rz),
-            Mod::Flag(Flag::Rm) => Some(Rnd::Rm),
-            Mod::Flag(Flag::Rp) => Some(Rnd::Rp),
-            Mod::Flag(Flag::Rna) => Some(Rnd::Rna),
+        match ins.rounding()? {
+            Rounding::Rn => Some(Rnd::Rn),
+            Rounding::Rz => Some(Rnd::Rz),
+            Rounding::Rm => Some(Rnd::Rm),
+            Rounding::Rp => Some(Rnd::Rp),
+            Rounding::Rna => Some(Rnd::Rna),
             _ => None,
-        })
+        }
     }
 }
 
 impl IRnd {
     /// The integer rounding modifier of an instruction, if any.
     pub fn of(ins: &Instruction) -> Option<IRnd> {
-        ins.mods.iter().find_map(|m| match m {
-            Mod::Flag(Flag::Rni) => Some(IRnd::Rni),
-            Mod::Flag(Flag::Rzi) => Some(IRnd::Rzi),
-            Mod::Flag(Flag::Rmi) => Some(IRnd::Rmi),
-            Mod::Flag(Flag::Rpi) => Some(IRnd::Rpi),
+        match ins.rounding()? {
+            Rounding::Rni => Some(IRnd::Rni),
+            Rounding::Rzi => Some(IRnd::Rzi),
+            Rounding::Rmi => Some(IRnd::Rmi),
+            Rounding::Rpi => Some(IRnd::Rpi),
             _ => None,
-        })
+        }
     }
     /// Rounds an f64 to an integral f64 (exact).
     fn apply(self, x: f64) -> f64 {

@@ -11,95 +11,34 @@
 use crate::fp;
 use ptx::Ty;
 
-/// Swizzle modes of descriptors and tensor maps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Swizzle {
-    None,
-    B32,
-    B64,
-    B128,
-}
+/// Swizzles and matrix descriptors are `ptx`'s (one definition for builder, emulator and
+/// runtime); the emulator adds element addressing ([`DescAddr`]).
+pub use ptx::ops::{MatrixDesc, Swizzle};
 
-impl Swizzle {
-    /// Descriptor bits 62-63: 0 none, 1 128B, 2 64B, 3 32B.
-    pub fn from_desc(bits: u64) -> Swizzle {
-        match (bits >> 62) & 3 {
-            1 => Swizzle::B128,
-            2 => Swizzle::B64,
-            3 => Swizzle::B32,
-            _ => Swizzle::None,
-        }
-    }
-    /// Row pitch of a swizzle atom in bytes (16 for no swizzle: one core-matrix row).
-    pub fn width(self) -> u64 {
-        match self {
-            Swizzle::None => 16,
-            Swizzle::B32 => 32,
-            Swizzle::B64 => 64,
-            Swizzle::B128 => 128,
-        }
-    }
-    /// Applies the swizzle to an absolute shared-memory byte address: the 16-byte chunk index
-    /// (bits 4..) is XORed with the row index within the repeating 8-row pattern (bits 7..).
-    pub fn apply(self, addr: u64) -> u64 {
-        let bits = match self {
-            Swizzle::None => return addr,
-            Swizzle::B32 => 1,
-            Swizzle::B64 => 2,
-            Swizzle::B128 => 3,
-        };
-        let mask = (1u64 << bits) - 1;
-        addr ^ (((addr >> 7) & mask) << 4)
-    }
-}
-
-/// A decoded wgmma shared-memory matrix descriptor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MatrixDesc {
-    pub start: u64,
-    pub lbo: u64,
-    pub sbo: u64,
-    pub base_offset: u64,
-    pub swizzle: Swizzle,
-}
-
-impl MatrixDesc {
-    pub fn decode(d: u64) -> MatrixDesc {
-        MatrixDesc {
-            start: (d & 0x3fff) << 4,
-            lbo: ((d >> 16) & 0x3fff) << 4,
-            sbo: ((d >> 32) & 0x3fff) << 4,
-            base_offset: (d >> 49) & 7,
-            swizzle: Swizzle::from_desc(d),
-        }
-    }
-    pub fn encode(&self) -> u64 {
-        let sw = match self.swizzle {
-            Swizzle::None => 0u64,
-            Swizzle::B128 => 1,
-            Swizzle::B64 => 2,
-            Swizzle::B32 => 3,
-        };
-        ((self.start >> 4) & 0x3fff)
-            | (((self.lbo >> 4) & 0x3fff) << 16)
-            | (((self.sbo >> 4) & 0x3fff) << 32)
-            | ((self.base_offset & 7) << 49)
-            | (sw << 62)
-    }
-
+/// Element addressing through a wgmma shared-memory matrix descriptor.
+pub trait DescAddr {
     /// Shared-memory byte address of element (`row`, `col`) of an operand whose rows are the
     /// strided ("outer") dimension in 8-row core-matrix groups and whose `col` runs along the
     /// contiguous dimension (`esize` bytes per element).
     ///
     /// K-major operand (A: row = m, col = k; B: row = n, col = k), or MN-major with the roles
-    /// swapped (row = k, col = m/n). Layout: 8-row groups are `sbo` apart; within a group rows are
-    /// one swizzle width apart (16 bytes without swizzle); the contiguous dimension continues in
-    /// the next chunk of width bytes at `lbo`. Swizzling is applied to the absolute address.
-    pub fn addr(&self, row: u64, col: u64, esize: u64) -> u64 {
-        let w = self.swizzle.width();
+    /// swapped (row = k, col = m/n). Layout: 8-row groups are `sbo` apart; within a group rows
+    /// are one swizzle width apart (16 bytes without swizzle); the contiguous dimension
+    /// continues in the next chunk of width bytes at `lbo`. Swizzling is applied to the
+    /// absolute address.
+    fn addr(&self, row: u64, col: u64, esize: u64) -> u64;
+}
+
+impl DescAddr for MatrixDesc {
+    #[inline]
+    fn addr(&self, row: u64, col: u64, esize: u64) -> u64 {
+        let w = self.swizzle.width() as u64;
         let cb = col * esize;
-        let linear =
-            self.start + (row / 8) * self.sbo + (row % 8) * w + (cb / w) * self.lbo + cb % w;
+        let linear = self.start as u64
+            + (row / 8) * self.sbo as u64
+            + (row % 8) * w
+            + (cb / w) * self.lbo as u64
+            + cb % w;
         self.swizzle.apply(linear)
     }
 }
@@ -165,7 +104,7 @@ impl WgmmaSpec {
                 "wgmma accumulator .{dty} is not supported by the emulator (use .f32)"
             ));
         }
-        let a_regs = matches!(ins.args.get(1), Some(ptx::Operand::Vec(_)));
+        let a_regs = matches!(ins.operand(ptx::Role::A), Some(ptx::Operand::Vec(_)));
         Ok(WgmmaSpec {
             n,
             k,

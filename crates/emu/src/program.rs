@@ -9,7 +9,7 @@ use crate::error::EmuError;
 use crate::fp::{self, CvtSpec, FMode, FOp};
 use crate::mma::MmaSpec;
 use ptx::{
-    AddrBase, Flag, Function, Imm, Instruction, Mod, Module, Opcode, Operand, SReg, Space,
+    AddrBase, Flag, Function, Imm, Instruction, Mod, Module, Opcode, Operand, Role, SReg, Space,
     Statement, Ty,
 };
 use std::collections::HashMap;
@@ -31,7 +31,11 @@ mod warp;
 pub use call::{CallSite, ParamCopy, Place};
 pub use carry::{CarryKind, CarryOp};
 pub use family::{family, Family};
-use family::{misrouted, operand};
+use family::{misrouted, operand, role};
+
+/// The modifier families are `ptx`'s; `Ord` is the memory order a decoded access asks for
+/// (`ld.volatile` decodes as acquire, `st.volatile` as release).
+pub use ptx::ops::{AtomOp, MemOrder as Ord, ReduxOp, ShflMode, VoteMode};
 
 /// Slot 0 always holds zero in every lane.
 pub const ZERO: u32 = 0;
@@ -61,29 +65,6 @@ impl MSpace {
     }
 }
 
-/// Memory ordering requested by an access.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ord {
-    Relaxed,
-    Acquire,
-    Release,
-    AcqRel,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AtomOp {
-    Add,
-    Min,
-    Max,
-    Inc,
-    Dec,
-    And,
-    Or,
-    Xor,
-    Exch,
-    Cas,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BarKind {
     Sync,
@@ -91,32 +72,6 @@ pub enum BarKind {
     RedPopc,
     RedAnd,
     RedOr,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ShflMode {
-    Up,
-    Down,
-    Bfly,
-    Idx,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VoteMode {
-    All,
-    Any,
-    Uni,
-    Ballot,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReduxOp {
-    Add,
-    Min,
-    Max,
-    And,
-    Or,
-    Xor,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -858,14 +813,12 @@ impl<'a> Decoder<'a> {
     }
 
     fn ord_of(&self, ins: &Instruction) -> Ord {
-        if ins.has(Flag::AcqRel) {
-            Ord::AcqRel
-        } else if ins.has(Flag::Acquire) || ins.has(Flag::Volatile) && ins.op == Opcode::Ld {
-            Ord::Acquire
-        } else if ins.has(Flag::Release) || ins.has(Flag::Volatile) && ins.op == Opcode::St {
-            Ord::Release
-        } else {
-            Ord::Relaxed
+        let volatile = ins.has(Flag::Volatile);
+        match ins.mem_order() {
+            Some(o @ (Ord::AcqRel | Ord::Acquire | Ord::Release)) => o,
+            _ if volatile && ins.op == Opcode::Ld => Ord::Acquire,
+            _ if volatile && ins.op == Opcode::St => Ord::Release,
+            _ => Ord::Relaxed,
         }
     }
 

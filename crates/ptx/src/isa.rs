@@ -1,6 +1,7 @@
 //! The instruction table: one description per opcode (name, operand counts, the target and ISA
-//! version it first needs). The parser, printer, validator, builder and the emulator's decoder all
-//! read this table; adding an instruction starts here.
+//! version it first needs, and for instructions whose operands play different parts, the
+//! operands by role with their type classes: [`crate::roles`]). The parser, printer, validator,
+//! builder and the emulator's decoder all read this table; adding an instruction starts here.
 //!
 //! Opcodes are the dotted prefix PTX uses to name an instruction family (`mbarrier.try_wait`,
 //! `cp.async.bulk.tensor`); the parser matches the longest known prefix and treats the remaining
@@ -8,6 +9,7 @@
 
 use crate::ir::Instruction;
 use crate::mods::{Flag, Mod};
+use crate::roles::{Cond, Role, Slot, TyClass};
 use crate::types::Ty;
 use std::fmt;
 
@@ -27,7 +29,7 @@ pub struct OpInfo {
 }
 
 macro_rules! opcodes {
-    ($($var:ident $name:literal $d:literal $lo:literal $hi:literal $sm:literal $ptx:literal;)*) => {
+    ($($var:ident $name:literal $d:literal $lo:literal $hi:literal $sm:literal $ptx:literal $([$($slot:tt)*])?;)*) => {
         /// A PTX instruction family.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum Opcode { $($var),* }
@@ -41,7 +43,44 @@ macro_rules! opcodes {
             pub fn from_name(s: &str) -> Option<Opcode> {
                 match s { $($name => Some(Opcode::$var),)* _ => None }
             }
+            /// The operands by role, in PTX order (empty for opcodes whose operands are only
+            /// counted); see [`Slot`].
+            pub fn slots(self) -> &'static [Slot] {
+                match self {
+                    $(Opcode::$var => {
+                        const SLOTS: &[Slot] = &[$($(slot!($slot)),*)?];
+                        SLOTS
+                    })*
+                }
+            }
         }
+    };
+}
+
+/// One entry of an opcode's operand list: `Role` or `(Role: Class)` (the operand's type class,
+/// [`TyClass`], checked by the validator; `Any` when omitted), optionally prefixed with `?`
+/// (optional: present when the instruction has more operands than the required ones after it)
+/// and followed by `if Flag` / `unless Flag` (present with / without a modifier), `list`
+/// (present when the operand there is a `( ... )` list) or `unless_vec N` (absent when operand
+/// N is a `{ ... }` vector).
+macro_rules! slot {
+    (($($t:tt)*)) => { slot!($($t)*) };
+    ($r:ident $(: $c:ident)?) => { slot!(@ $r, Cond::Always, false $(, $c)?) };
+    (? $r:ident $(: $c:ident)?) => { slot!(@ $r, Cond::Always, true $(, $c)?) };
+    ($r:ident $(: $c:ident)? if $f:ident) => { slot!(@ $r, Cond::Flag(Flag::$f), false $(, $c)?) };
+    ($r:ident $(: $c:ident)? unless $f:ident) => {
+        slot!(@ $r, Cond::NoFlag(Flag::$f), false $(, $c)?)
+    };
+    (? $r:ident $(: $c:ident)? unless $f:ident) => {
+        slot!(@ $r, Cond::NoFlag(Flag::$f), true $(, $c)?)
+    };
+    (? $r:ident $(: $c:ident)? list) => { slot!(@ $r, Cond::List, true $(, $c)?) };
+    (? $r:ident $(: $c:ident)? unless_vec $n:literal) => {
+        slot!(@ $r, Cond::NotVec($n), true $(, $c)?)
+    };
+    (@ $r:ident, $cond:expr, $opt:literal) => { slot!(@ $r, $cond, $opt, Any) };
+    (@ $r:ident, $cond:expr, $opt:literal, $c:ident) => {
+        Slot { role: Role::$r, cond: $cond, optional: $opt, ty: TyClass::$c }
     };
 }
 
@@ -52,16 +91,23 @@ opcodes! {
     Mul24 "mul24" 1 2 2 20 10; Mad24 "mad24" 1 3 3 20 10; Sad "sad" 1 3 3 20 10;
     Div "div" 1 2 2 20 10; Rem "rem" 1 2 2 20 10; Abs "abs" 1 1 1 20 10; Neg "neg" 1 1 1 20 10;
     Min "min" 1 2 3 20 10; Max "max" 1 2 3 20 10; Fma "fma" 1 3 3 20 14;
-    Copysign "copysign" 1 2 2 20 30; Testp "testp" 1 1 1 20 20;
+    Copysign "copysign" 1 2 2 20 30; Testp "testp" 1 1 1 20 20 [(Dst: Pred) (A: T)];
     Rcp "rcp" 1 1 1 20 10; Sqrt "sqrt" 1 1 1 20 10; Rsqrt "rsqrt" 1 1 1 20 10;
     Sin "sin" 1 1 1 20 10; Cos "cos" 1 1 1 20 10; Lg2 "lg2" 1 1 1 20 10; Ex2 "ex2" 1 1 1 20 10;
     Tanh "tanh" 1 1 1 75 70;
     // bit manipulation
     And "and" 1 2 2 20 10; Or "or" 1 2 2 20 10; Xor "xor" 1 2 2 20 10; Not "not" 1 1 1 20 10;
-    Cnot "cnot" 1 1 1 20 10; Shl "shl" 1 2 2 20 10; Shr "shr" 1 2 2 20 10; Shf "shf" 1 3 3 32 31;
-    Bfe "bfe" 1 3 3 20 20; Bfi "bfi" 1 4 4 20 20; Prmt "prmt" 1 3 3 20 20;
-    Popc "popc" 1 1 1 20 20; Clz "clz" 1 1 1 20 20; Brev "brev" 1 1 1 20 20;
-    Bfind "bfind" 1 1 1 20 20; Lop3 "lop3" 1 4 4 50 43; Dp4a "dp4a" 1 3 3 61 50;
+    Cnot "cnot" 1 1 1 20 10;
+    Shl "shl" 1 2 2 20 10 [(Dst: T) (A: T) (Shift: U32)];
+    Shr "shr" 1 2 2 20 10 [(Dst: T) (A: T) (Shift: U32)];
+    Shf "shf" 1 3 3 32 31 [(Dst: B32) (A: B32) (B: B32) (Shift: U32)];
+    Bfe "bfe" 1 3 3 20 20 [(Dst: T) (A: T) (Pos: U32) (Len: U32)];
+    Bfi "bfi" 1 4 4 20 20 [(Dst: T) (A: T) (B: T) (Pos: U32) (Len: U32)];
+    Prmt "prmt" 1 3 3 20 20 [(Dst: B32) (A: B32) (B: B32) (Selector: B32)];
+    Popc "popc" 1 1 1 20 20 [(Dst: U32) (A: T)]; Clz "clz" 1 1 1 20 20 [(Dst: U32) (A: T)];
+    Brev "brev" 1 1 1 20 20; Bfind "bfind" 1 1 1 20 20 [(Dst: U32) (A: T)];
+    Lop3 "lop3" 1 4 4 50 43 [(Dst: B32) (A: B32) (B: B32) (C: B32) Lut];
+    Dp4a "dp4a" 1 3 3 61 50;
     Dp2a "dp2a" 1 3 3 61 50; Fns "fns" 1 3 3 30 60; Bmsk "bmsk" 1 2 2 70 76;
     Szext "szext" 1 2 2 70 76;
     // video: scalar (a third operand for the secondary op or the merge form) and SIMD
@@ -74,51 +120,86 @@ opcodes! {
     Vavrg4 "vavrg4" 1 3 3 30 30; Vabsdiff4 "vabsdiff4" 1 3 3 30 30; Vmin4 "vmin4" 1 3 3 30 30;
     Vmax4 "vmax4" 1 3 3 30 30; Vset4 "vset4" 1 3 3 30 30;
     // comparison and selection
-    Setp "setp" 1 2 3 20 10; Set "set" 1 2 3 20 10; Selp "selp" 1 3 3 20 10;
-    Slct "slct" 1 3 3 20 10;
+    Setp "setp" 1 2 3 20 10 [(Dst: PredPair) (A: T) (B: T) (?C: Pred)];
+    Set "set" 1 2 3 20 10 [(Dst: T) (A: T2) (B: T2) (?C: Pred)];
+    Selp "selp" 1 3 3 20 10 [(Dst: T) (A: T) (B: T) (C: Pred)];
+    Slct "slct" 1 3 3 20 10 [(Dst: T) (A: T) (B: T) (C: T2)];
     // data movement and conversion
-    Mov "mov" 1 1 1 20 10; Cvt "cvt" 1 1 3 20 10; Cvta "cvta" 1 1 1 20 20;
-    Isspacep "isspacep" 1 1 1 20 20; Ld "ld" 1 1 2 20 10; Ldu "ldu" 1 1 1 20 20;
-    St "st" 0 2 3 20 10; StAsync "st.async" 0 3 3 90 81; Prefetch "prefetch" 0 1 1 20 20;
+    Mov "mov" 1 1 1 20 10; Cvt "cvt" 1 1 3 20 10; Cvta "cvta" 1 1 1 20 20 [(Dst: T) (A: T)];
+    Isspacep "isspacep" 1 1 1 20 20 [(Dst: Pred) (A: T)];
+    Ldu "ldu" 1 1 1 20 20 [(Dst: TWideVec) (Addr: Addr)];
+    Ld "ld" 1 1 2 20 10 [(Dst: TWideVec) (Addr: Addr) (CacheHint: B64 if L2CacheHint)];
+    St "st" 0 2 3 20 10 [(Addr: Addr) (Src: TWideVec) (CacheHint: B64 if L2CacheHint)];
+    StAsync "st.async" 0 3 3 90 81 [Addr Src Mbar]; Prefetch "prefetch" 0 1 1 20 20;
     Prefetchu "prefetchu" 0 1 1 20 20; Createpolicy "createpolicy" 1 1 3 80 74;
     Discard "discard" 0 2 2 80 74; Applypriority "applypriority" 0 2 2 80 74;
     // atomics
-    Atom "atom" 1 2 4 20 11; Red "red" 0 2 3 20 12; RedAsync "red.async" 0 3 3 90 81;
+    Atom "atom" 1 2 4 20 11
+        [(Dst: TVec) (Addr: Addr) (B: TVec) (C: TVec if Cas) (CacheHint: B64 if L2CacheHint)];
+    Red "red" 0 2 3 20 12 [(Addr: Addr) (B: TVec) (CacheHint: B64 if L2CacheHint)];
+    RedAsync "red.async" 0 3 3 90 81 [Addr B Mbar];
     // barriers and fences
-    Bar "bar" 0 0 3 20 10; Barrier "barrier" 0 0 3 20 60; BarWarpSync "bar.warp.sync" 0 1 1 30 60;
+    Bar "bar" 0 0 3 20 10; Barrier "barrier" 0 0 3 20 60;
+    BarWarpSync "bar.warp.sync" 0 1 1 30 60 [(Membermask: U32)];
     BarrierCluster "barrier.cluster" 0 0 0 90 78; Membar "membar" 0 0 0 20 14;
     Fence "fence" 0 0 2 70 60;
     // warp-level
-    Shfl "shfl" 1 3 4 30 30; Vote "vote" 1 1 2 20 12; Match "match" 1 2 2 70 60;
-    Redux "redux" 1 2 2 80 70; Activemask "activemask" 1 0 0 30 62; Elect "elect" 1 1 1 90 80;
+    Shfl "shfl" 1 3 4 30 30
+        [(Dst: TPair) (A: T) (Lane: U32) (Clamp: U32) (Membermask: U32 if Sync)];
+    Vote "vote" 1 1 2 20 12 [(Dst: T) (A: Pred) (Membermask: U32 if Sync)];
+    Match "match" 1 2 2 70 60 [(Dst: B32Pair) (A: T) (Membermask: U32)];
+    Redux "redux" 1 2 2 80 70 [(Dst: T) (A: T) (Membermask: U32)];
+    Activemask "activemask" 1 0 0 30 62;
+    Elect "elect" 1 1 1 90 80 [Dst (Membermask: U32)];
     // control flow
-    Bra "bra" 0 1 1 20 10; BrxIdx "brx.idx" 0 2 2 30 60; Call "call" 0 1 3 20 10;
+    Bra "bra" 0 1 1 20 10; BrxIdx "brx.idx" 0 2 2 30 60;
+    Call "call" 0 1 4 20 10 [(?Rets list) Func (?Params list) (?Proto)];
     Ret "ret" 0 0 0 20 10; Exit "exit" 0 0 0 20 10; Trap "trap" 0 0 0 20 10;
     Brkpt "brkpt" 0 0 0 20 11; Nanosleep "nanosleep" 0 1 1 70 63;
     // tensor cores (Ampere/Ada)
-    Mma "mma" 1 3 3 70 64; Ldmatrix "ldmatrix" 1 1 1 75 65; Stmatrix "stmatrix" 0 2 2 90 78;
+    Mma "mma" 1 3 3 70 64 [Dst A B C];
+    Ldmatrix "ldmatrix" 1 1 1 75 65 [(Dst: B32X) (Addr: AddrOnly)];
+    Stmatrix "stmatrix" 0 2 2 90 78 [(Addr: AddrOnly) (Src: B32X)];
     // asynchronous copies
-    CpAsync "cp.async" 0 3 5 80 70; CpAsyncCommitGroup "cp.async.commit_group" 0 0 0 80 70;
+    CpAsync "cp.async" 0 3 5 80 70 [Dst Src CpSize (?SrcSize) (CacheHint if L2CacheHint)];
+    CpAsyncCommitGroup "cp.async.commit_group" 0 0 0 80 70;
     CpAsyncWaitGroup "cp.async.wait_group" 0 1 1 80 70; CpAsyncWaitAll "cp.async.wait_all" 0 0 0 80 70;
-    CpAsyncMbarrierArrive "cp.async.mbarrier.arrive" 0 1 1 80 70;
-    CpAsyncBulk "cp.async.bulk" 0 3 6 90 80; CpAsyncBulkTensor "cp.async.bulk.tensor" 0 2 6 90 80;
+    CpAsyncMbarrierArrive "cp.async.mbarrier.arrive" 0 1 1 80 70 [Addr];
+    CpAsyncBulk "cp.async.bulk" 0 3 6 90 80
+        [Dst Src Size (Mbar if CompleteTxBytes) (CtaMask if MulticastCluster)
+         (CacheHint if L2CacheHint)];
+    CpAsyncBulkTensor "cp.async.bulk.tensor" 0 2 6 90 80
+        [Dst Src (Mbar if CompleteTxBytes) (Im2colOffsets if Im2col) (CtaMask if MulticastCluster)
+         (CacheHint if L2CacheHint)];
     CpAsyncBulkCommitGroup "cp.async.bulk.commit_group" 0 0 0 90 80;
     CpAsyncBulkWaitGroup "cp.async.bulk.wait_group" 0 1 1 90 80;
     CpAsyncBulkPrefetchTensor "cp.async.bulk.prefetch.tensor" 0 1 3 90 80;
     CpAsyncBulkPrefetch "cp.async.bulk.prefetch" 0 2 3 90 80;
-    CpReduceAsyncBulk "cp.reduce.async.bulk" 0 3 4 90 80;
-    CpReduceAsyncBulkTensor "cp.reduce.async.bulk.tensor" 0 2 3 90 80;
+    CpReduceAsyncBulk "cp.reduce.async.bulk" 0 3 4 90 80
+        [Dst Src Size (Mbar if CompleteTxBytes) (CacheHint if L2CacheHint)];
+    CpReduceAsyncBulkTensor "cp.reduce.async.bulk.tensor" 0 2 3 90 80
+        [Dst Src (CacheHint if L2CacheHint)];
     // mbarrier
-    MbarrierInit "mbarrier.init" 0 2 2 80 70; MbarrierInval "mbarrier.inval" 0 1 1 80 70;
-    MbarrierArrive "mbarrier.arrive" 1 1 2 80 70; MbarrierArriveDrop "mbarrier.arrive_drop" 1 1 2 80 70;
-    MbarrierExpectTx "mbarrier.expect_tx" 0 2 2 90 80; MbarrierCompleteTx "mbarrier.complete_tx" 0 2 2 90 80;
-    MbarrierTestWait "mbarrier.test_wait" 1 2 2 80 70; MbarrierTryWait "mbarrier.try_wait" 1 2 3 90 78;
-    MbarrierPendingCount "mbarrier.pending_count" 1 1 1 80 70;
+    MbarrierInit "mbarrier.init" 0 2 2 80 70 [Addr Count];
+    MbarrierInval "mbarrier.inval" 0 1 1 80 70 [Addr];
+    MbarrierArrive "mbarrier.arrive" 1 1 2 80 70
+        [State Addr (?Count unless ExpectTx) (TxCount if ExpectTx)];
+    MbarrierArriveDrop "mbarrier.arrive_drop" 1 1 2 80 70
+        [State Addr (?Count unless ExpectTx) (TxCount if ExpectTx)];
+    MbarrierExpectTx "mbarrier.expect_tx" 0 2 2 90 80 [Addr TxCount];
+    MbarrierCompleteTx "mbarrier.complete_tx" 0 2 2 90 80 [Addr TxCount];
+    MbarrierTestWait "mbarrier.test_wait" 1 2 2 80 70
+        [WaitComplete Addr (State unless Parity) (Phase if Parity)];
+    MbarrierTryWait "mbarrier.try_wait" 1 2 3 90 78
+        [WaitComplete Addr (State unless Parity) (Phase if Parity) (?SuspendHint)];
+    MbarrierPendingCount "mbarrier.pending_count" 1 1 1 80 70 [Dst State];
     // Hopper warpgroup MMA and friends
     WgmmaFence "wgmma.fence" 0 0 0 90 80; WgmmaCommitGroup "wgmma.commit_group" 0 0 0 90 80;
-    WgmmaWaitGroup "wgmma.wait_group" 0 1 1 90 80; WgmmaMmaAsync "wgmma.mma_async" 1 3 7 90 80;
+    WgmmaWaitGroup "wgmma.wait_group" 0 1 1 90 80;
+    WgmmaMmaAsync "wgmma.mma_async" 1 3 7 90 80
+        [Dst A BDesc ScaleD (?ImmScaleA) (?ImmScaleB) (?ImmTransA unless_vec 1) (?ImmTransB)];
     Setmaxnreg "setmaxnreg" 0 1 1 90 80; Griddepcontrol "griddepcontrol" 0 0 0 90 78;
-    Mapa "mapa" 1 2 2 90 78; Getctarank "getctarank" 1 1 1 90 78;
+    Mapa "mapa" 1 2 2 90 78 [(Dst: T) (A: T) (CtaRank: U32)]; Getctarank "getctarank" 1 1 1 90 78;
 }
 
 impl Opcode {

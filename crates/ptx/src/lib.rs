@@ -3,8 +3,13 @@
 //! What this crate owns:
 //! - [`types`]: scalar types and state spaces;
 //! - [`mods`]: instruction modifiers (`.rn`, `.global`, `.v4`, `.m16n8k16`, ...);
-//! - [`isa`]: the opcode table — one description per instruction (operand counts, minimum
-//!   target and ISA version), read by every other layer;
+//! - [`ops`]: the typed modifier families every layer uses (`ShflMode`, `AtomOp`, `Rounding`,
+//!   `CmpOp`, `Scope`, `MemOrder`, `Swizzle`, `MatrixDesc`, ...) and their `Instruction`
+//!   accessors;
+//! - [`isa`]: the opcode table — one description per instruction (operand counts and roles,
+//!   minimum target and ISA version), read by every other layer;
+//! - [`roles`]: named operand roles (`inst.operand(Role::Mbar)`), listed per opcode in the
+//!   table;
 //! - [`ir`]: modules, functions, statements, instructions and operands as typed values;
 //! - [`parser`] / [`printer`]: PTX text <-> IR, with `parse(print(m)) == m`;
 //! - [`mod@validate`]: typed diagnostics (undeclared registers, type mismatches, target checks);
@@ -18,9 +23,11 @@ pub mod ir;
 pub mod isa;
 mod lexer;
 pub mod mods;
+pub mod ops;
 pub mod parser;
 pub mod printer;
 pub mod ptxas;
+pub mod roles;
 pub mod types;
 pub mod validate;
 pub mod video;
@@ -30,5 +37,6 @@ pub use isa::{requirement, OpInfo, Opcode, Requirement};
 pub use mods::{Flag, Mod};
 pub use parser::{parse, parse_statements, ParseError};
 pub use printer::print;
+pub use roles::Role;
 pub use types::{Space, Ty, TyKind};
 pub use validate::{validate, DiagKind, Diagnostic};

@@ -5,10 +5,13 @@
 //! - registers: used but undeclared (`%r<39>` ranges, `{ }` block scoping, special registers
 //!   allowed), declared twice in one scope;
 //! - operand types and widths by PTX's rules (bit-size types match any same-size type,
-//!   signed/unsigned of one size are interchangeable, floats must match exactly; shift amounts,
-//!   `.wide` destinations, `cvt`, `setp`, `selp`/`slct`, `ld`/`st`/`atom`/`red` values, vector
-//!   operand counts, `mma` fragments);
-//! - guards are `.pred`; operand counts per the opcode table;
+//!   signed/unsigned of one size are interchangeable, floats must match exactly): from the type
+//!   classes of the opcode table's role lists ([`crate::roles::TyClass`]: shift amounts, `setp`,
+//!   `selp`/`slct`, `ld`/`st`/`atom`/`red` values and vector counts, warp-level operands, ...),
+//!   plus the rules a class cannot say (`.wide` destinations, `mov` packing, `cvt`, `mma` and
+//!   `wgmma` fragments) and "every operand has the instruction's type" for plain arithmetic;
+//! - guards are `.pred`; operand counts per the opcode table (the role list for this
+//!   instruction's modifiers where the table has one);
 //! - state spaces (`ld.param` of a non-parameter, `st.const`, `.param::entry` in a `.func`,
 //!   unknown symbols in addresses);
 //! - labels (missing branch targets, duplicates);
@@ -18,6 +21,7 @@
 use crate::ir::*;
 use crate::isa::{requirement, Opcode};
 use crate::mods::{Flag, Mod};
+use crate::roles::{Role, TyClass};
 use crate::types::{Space, Ty, TyKind};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
@@ -574,11 +578,13 @@ impl<'a> FnCheck<'a> {
         self.target(i);
         let info = i.op.info();
         let n = i.args.len();
-        let (lo, hi) = (
+        // The role list, where the table has one, knows which operands this instruction's
+        // modifiers call for; else the counted columns.
+        let (lo, hi) = i.operand_range().unwrap_or((
             info.dsts as usize + info.min_srcs as usize,
             info.dsts as usize + info.max_srcs as usize,
-        );
-        if n < lo || n > hi {
+        ));
+        if n < lo || n > hi || (i.op.has_roles() && i.roles().len() < n) {
             let want = if lo == hi {
                 format!("{lo}")
             } else {
@@ -969,6 +975,23 @@ impl<'a> FnCheck<'a> {
         }
     }
 
+    /// Rounding to an integral value (`.rni/.rzi/.rmi/.rpi`), `.rna` and `.rs` are `cvt`
+    /// forms; arithmetic takes only `.rn/.rz/.rm/.rp`.
+    fn rounding_form(&mut self, i: &Instruction) {
+        use crate::ops::Rounding;
+        let Some(r) = i.rounding() else { return };
+        if i.op != Opcode::Cvt && (r.is_integer() || matches!(r, Rounding::Rna | Rounding::Rs)) {
+            self.diag(
+                DiagKind::BadOperand,
+                i.loc,
+                format!(
+                    "`.{r}` rounding is a `cvt` form, not allowed on `{}`",
+                    i.op.name()
+                ),
+            );
+        }
+    }
+
     /// Carry-flag arithmetic (`add.cc`, `addc`, `sub.cc`, `subc`, `mad.cc`, `madc`): only on
     /// .u32/.s32/.u64/.s64; `mad`/`madc` need `.lo` or `.hi`; no `.sat`.
     fn carry_form(&mut self, i: &Instruction, t: Ty) {
@@ -1032,6 +1055,11 @@ impl<'a> FnCheck<'a> {
             return self.diag(DiagKind::BadOperand, i.loc, why);
         }
         let tys: Vec<Ty> = i.types().collect();
+        if i.op.has_roles() {
+            // operand types listed in the table
+            self.slot_types(i, tys.first().copied());
+        }
+        self.rounding_form(i);
         let Some(&t) = tys.first() else { return };
         self.carry_form(i, t);
         if let Some(why) = atomic::form_error(i) {
@@ -1068,35 +1096,7 @@ impl<'a> FnCheck<'a> {
                 }
             }
             Madc => all(self, Want::T(t)),
-            Shl | Shr => {
-                self.check(i, &a[0], Want::T(t), "destination");
-                self.check(i, &a[1], Want::T(t), "source");
-                self.check(i, &a[2], Want::T(Ty::U32), "shift amount");
-            }
-            Shf => {
-                for o in &a[..3] {
-                    self.check(i, o, Want::T(Ty::B32), "operand");
-                }
-                self.check(i, &a[3], Want::T(Ty::U32), "shift amount");
-            }
-            Bfe => {
-                self.check(i, &a[0], Want::T(t), "destination");
-                self.check(i, &a[1], Want::T(t), "source");
-                self.check(i, &a[2], Want::T(Ty::U32), "bit position");
-                self.check(i, &a[3], Want::T(Ty::U32), "field length");
-            }
-            Bfi => {
-                for o in &a[..3] {
-                    self.check(i, o, Want::T(t), "operand");
-                }
-                self.check(i, &a[3], Want::T(Ty::U32), "bit position");
-                self.check(i, &a[4], Want::T(Ty::U32), "field length");
-            }
-            Popc | Clz | Bfind => {
-                self.check(i, &a[0], Want::T(Ty::U32), "destination");
-                self.check(i, &a[1], Want::T(t), "source");
-            }
-            Prmt | Lop3 | Bmsk | Fns | Dp2a | Dp4a => {
+            Bmsk | Fns | Dp2a | Dp4a => {
                 for o in a {
                     self.check(i, o, Want::T(Ty::B32), "operand");
                 }
@@ -1105,40 +1105,6 @@ impl<'a> FnCheck<'a> {
                 self.check(i, &a[0], Want::T(t), "destination");
                 self.check(i, &a[1], Want::T(t), "source");
                 self.check(i, &a[2], Want::T(Ty::U32), "field width");
-            }
-            Testp => {
-                self.check(i, &a[0], Want::T(Ty::Pred), "destination");
-                self.check(i, &a[1], Want::T(t), "source");
-            }
-            Setp => {
-                self.check_pred_dst(i, &a[0]);
-                self.check(i, &a[1], Want::T(t), "source");
-                self.check(i, &a[2], Want::T(t), "source");
-                if let Some(c) = a.get(3) {
-                    self.check(i, c, Want::T(Ty::Pred), "predicate source");
-                }
-            }
-            Set => {
-                self.check(i, &a[0], Want::T(t), "destination");
-                let st = tys.get(1).copied().unwrap_or(t);
-                self.check(i, &a[1], Want::T(st), "source");
-                self.check(i, &a[2], Want::T(st), "source");
-                if let Some(c) = a.get(3) {
-                    self.check(i, c, Want::T(Ty::Pred), "predicate source");
-                }
-            }
-            Selp => {
-                for o in &a[..3] {
-                    self.check(i, o, Want::T(t), "operand");
-                }
-                self.check(i, &a[3], Want::T(Ty::Pred), "selector");
-            }
-            Slct => {
-                for o in &a[..3] {
-                    self.check(i, o, Want::T(t), "operand");
-                }
-                let ct = tys.get(1).copied().unwrap_or(Ty::S32);
-                self.check(i, &a[3], Want::T(ct), "selector");
             }
             Mov => self.mov(i, t),
             Cvt if i.has(Flag::Pack) => self.cvt_pack(i, &tys),
@@ -1162,86 +1128,6 @@ impl<'a> FnCheck<'a> {
                         _ => self.check(i, o, Want::Wide(st), "source"),
                     }
                 }
-            }
-            Cvta => {
-                self.check(i, &a[0], Want::T(t), "destination");
-                self.check(i, &a[1], Want::T(t), "source");
-            }
-            Isspacep => {
-                self.check(i, &a[0], Want::T(Ty::Pred), "destination");
-                self.check(i, &a[1], Want::T(t), "source");
-            }
-            Ld | Ldu => {
-                let n = i.vec_width().unwrap_or(1) as usize;
-                self.check_value(i, &a[0], n, Want::Wide(t), "destination");
-                self.require_addr(i, &a[1]);
-                self.check_addr_reg(i, &a[1]);
-            }
-            St => {
-                let n = i.vec_width().unwrap_or(1) as usize;
-                self.require_addr(i, &a[0]);
-                self.check_addr_reg(i, &a[0]);
-                self.check_value(i, &a[1], n, Want::Wide(t), "value");
-            }
-            Atom => {
-                let n = i.vec_width().unwrap_or(1) as usize;
-                self.check_value(i, &a[0], n, Want::T(t), "destination");
-                self.require_addr(i, &a[1]);
-                self.check_addr_reg(i, &a[1]);
-                // the trailing cache-policy operand of `.L2::cache_hint` is a .b64, not a value
-                let values = a.len() - usize::from(i.has(Flag::L2CacheHint));
-                for o in a.get(2..values).unwrap_or(&[]) {
-                    if matches!(o, Operand::Reg(_) | Operand::Vec(_) | Operand::Imm(_)) {
-                        self.check_value(i, o, n, Want::T(t), "value");
-                    }
-                }
-            }
-            Red => {
-                let n = i.vec_width().unwrap_or(1) as usize;
-                self.require_addr(i, &a[0]);
-                self.check_addr_reg(i, &a[0]);
-                self.check_value(i, &a[1], n, Want::T(t), "value");
-            }
-            Shfl => {
-                self.check_first_of_pair(i, &a[0], t);
-                self.check(i, &a[1], Want::T(t), "source");
-                for o in &a[2..] {
-                    self.check(i, o, Want::T(Ty::U32), "lane operand");
-                }
-            }
-            Redux => {
-                all(self, Want::T(t));
-            }
-            Vote => {
-                if t == Ty::Pred {
-                    self.check(i, &a[0], Want::T(Ty::Pred), "destination");
-                } else {
-                    self.check(i, &a[0], Want::T(t), "destination");
-                }
-                self.check(i, &a[1], Want::T(Ty::Pred), "predicate source");
-                if let Some(mm) = a.get(2) {
-                    self.check(i, mm, Want::T(Ty::U32), "member mask");
-                }
-            }
-            Match => {
-                self.check_first_of_pair(i, &a[0], Ty::B32);
-                self.check(i, &a[1], Want::T(t), "source");
-                self.check(i, &a[2], Want::T(Ty::U32), "member mask");
-            }
-            Mapa => {
-                self.check(i, &a[0], Want::T(t), "destination");
-                self.check(i, &a[1], Want::T(t), "source");
-                self.check(i, &a[2], Want::T(Ty::U32), "CTA rank");
-            }
-            Ldmatrix => {
-                let n = i.x_count().unwrap_or(1) as usize;
-                self.check_value(i, &a[0], n, Want::T(Ty::B32), "destination");
-                self.require_addr(i, &a[1]);
-            }
-            Stmatrix => {
-                let n = i.x_count().unwrap_or(1) as usize;
-                self.require_addr(i, &a[0]);
-                self.check_value(i, &a[1], n, Want::T(Ty::B32), "source");
             }
             Mma => self.mma(i, &tys),
             WgmmaMmaAsync => self.wgmma(i, &tys),
@@ -1290,6 +1176,51 @@ impl<'a> FnCheck<'a> {
         self.check(i, &a[0], Want::T(Ty::B32), "destination");
         for o in &a[1..] {
             self.check(i, o, Want::T(Ty::B32), "source");
+        }
+    }
+
+    /// Checks every operand the role list places against its type class (`t`: the
+    /// instruction's type modifier; classes relative to it are skipped without one).
+    fn slot_types(&mut self, i: &Instruction, t: Option<Ty>) {
+        let vec_n = i.vec_width().unwrap_or(1) as usize;
+        let x_n = i.x_count().unwrap_or(1) as usize;
+        for (slot, o) in i.placed_slots().into_iter().zip(&i.args) {
+            let what = role_label(slot.role);
+            let relative = matches!(
+                slot.ty,
+                TyClass::T
+                    | TyClass::T2
+                    | TyClass::TWide
+                    | TyClass::TVec
+                    | TyClass::TWideVec
+                    | TyClass::TPair
+            );
+            let Some(t) = t.or((!relative).then_some(Ty::B32)) else {
+                continue;
+            };
+            // (the placeholder type is read only by classes not relative to the instruction's)
+            let t2 = i.types().nth(1).unwrap_or(t);
+            match slot.ty {
+                TyClass::Any => {}
+                TyClass::T => self.check(i, o, Want::T(t), what),
+                TyClass::T2 => self.check(i, o, Want::T(t2), what),
+                TyClass::PredPair => self.check_pred_dst(i, o),
+                TyClass::TWide => self.check(i, o, Want::Wide(t), what),
+                TyClass::TVec => self.check_value(i, o, vec_n, Want::T(t), what),
+                TyClass::TWideVec => self.check_value(i, o, vec_n, Want::Wide(t), what),
+                TyClass::TPair => self.check_first_of_pair(i, o, t),
+                TyClass::B32Pair => self.check_first_of_pair(i, o, Ty::B32),
+                TyClass::B32 => self.check(i, o, Want::T(Ty::B32), what),
+                TyClass::B64 => self.check(i, o, Want::T(Ty::B64), what),
+                TyClass::U32 => self.check(i, o, Want::T(Ty::U32), what),
+                TyClass::Pred => self.check(i, o, Want::T(Ty::Pred), what),
+                TyClass::B32X => self.check_value(i, o, x_n, Want::T(Ty::B32), what),
+                TyClass::Addr => {
+                    self.require_addr(i, o);
+                    self.check_addr_reg(i, o);
+                }
+                TyClass::AddrOnly => self.require_addr(i, o),
+            }
         }
     }
 
@@ -1405,13 +1336,13 @@ impl<'a> FnCheck<'a> {
         let (nc, cty) = frag(ct);
         let shape = format!("m{m}n{n}k{k}");
         let parts = [
-            ("D", nd, dty, 0usize),
-            ("A", na, Ty::B32, 1),
-            ("B", nb, Ty::B32, 2),
-            ("C", nc, cty, 3),
+            ("D", nd, dty, Role::Dst),
+            ("A", na, Ty::B32, Role::A),
+            ("B", nb, Ty::B32, Role::B),
+            ("C", nc, cty, Role::C),
         ];
-        for (label, cnt, ty, idx) in parts {
-            let Some(o) = i.args.get(idx) else { continue };
+        for (label, cnt, ty, role) in parts {
+            let Some(o) = i.operand(role) else { continue };
             let elems: Vec<&Operand> = match o {
                 Operand::Vec(v) => v.iter().collect(),
                 other => vec![other],
@@ -1520,7 +1451,7 @@ impl FnCheck<'_> {
                 );
             }
         };
-        if let Some(d) = i.args.first() {
+        if let Some(d) = i.operand(Role::Dst) {
             let e = regs(d);
             if e.len() != nd {
                 self.diag(
@@ -1536,7 +1467,7 @@ impl FnCheck<'_> {
             }
         }
         // A: a descriptor (64-bit register) or a register fragment of 4 x b32
-        if let Some(a) = i.args.get(1) {
+        if let Some(a) = i.operand(Role::A) {
             match a {
                 Operand::Vec(v) if v.len() != 4 => self.diag(
                     DiagKind::MmaFragment,
@@ -1555,7 +1486,7 @@ impl FnCheck<'_> {
                 ),
             }
         }
-        if let Some(b) = i.args.get(2) {
+        if let Some(b) = i.operand(Role::BDesc) {
             if matches!(b, Operand::Vec(_)) {
                 self.diag(
                     DiagKind::MmaFragment,
@@ -1566,7 +1497,7 @@ impl FnCheck<'_> {
                 bad_ty(self, "the B descriptor", std::slice::from_ref(b), Ty::B64);
             }
         }
-        if let Some(Operand::Reg(r)) = i.args.get(3) {
+        if let Some(Operand::Reg(r)) = i.operand(Role::ScaleD) {
             if let Some(info) = self.lookup(r) {
                 if info.ty != Ty::Pred {
                     self.diag(
@@ -1577,6 +1508,25 @@ impl FnCheck<'_> {
                 }
             }
         }
+    }
+}
+
+/// How a diagnostic names an operand of a role.
+fn role_label(r: Role) -> &'static str {
+    match r {
+        Role::Dst => "destination",
+        Role::Src | Role::B | Role::C => "value",
+        Role::A => "source",
+        Role::Lane => "lane operand",
+        Role::Clamp => "clamp operand",
+        Role::Membermask => "member mask",
+        Role::CtaRank => "CTA rank",
+        Role::Selector => "selector",
+        Role::Shift => "shift amount",
+        Role::Pos => "bit position",
+        Role::Len => "field length",
+        Role::CacheHint => "cache policy",
+        r => r.name(),
     }
 }
 

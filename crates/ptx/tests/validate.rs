@@ -649,3 +649,75 @@ ret;
     let d = validate(&ptx::parse(&defined_first).unwrap());
     assert!(d.iter().all(|d| d.severity != Severity::Error), "{d:?}");
 }
+
+/// Operand counts and types come from the table's role lists, which follow the modifiers: a
+/// multicast tensor copy needs its `ctaMask`, a cache-hinted access its 64-bit policy (and the
+/// policy is not checked as a value of the access type).
+#[test]
+fn role_lists_follow_the_modifiers() {
+    let load = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes";
+    expect(
+        &check(&format!(
+            "{load}.multicast::cluster [%r1], [%rd1, {{%r2, %r3}}], [%r4];"
+        )),
+        DiagKind::OperandCount,
+        1,
+    );
+    clean(&check(&format!(
+        "{load}.multicast::cluster [%r1], [%rd1, {{%r2, %r3}}], [%r4], %rs1;"
+    )));
+    expect(
+        &check(&format!("{load} [%r1], [%rd1, {{%r2, %r3}}];")),
+        DiagKind::OperandCount,
+        1,
+    );
+    clean(&check(
+        "atom.global.L2::cache_hint.add.u32 %r1, [%rd1], %r2, %rd2;",
+    ));
+    expect(
+        &check("atom.global.L2::cache_hint.add.u32 %r1, [%rd1], %r2, %r3;"),
+        DiagKind::TypeMismatch,
+        1,
+    );
+    expect(
+        &check("shfl.sync.bfly.b32 %r1, %r2, %f1, 31, -1;"),
+        DiagKind::TypeMismatch,
+        1,
+    );
+    clean(&check(
+        "mbarrier.try_wait.parity.shared::cta.b64 %p1, [%r1], %r2, %r3;\n\
+         mbarrier.arrive.expect_tx.shared::cta.b64 %rd1, [%r1], %r2;",
+    ));
+    expect(
+        &check("bfi.b32 %r1, %r2, %r3, %f1, 8;"),
+        DiagKind::TypeMismatch,
+        1,
+    );
+}
+
+/// Type classes that do not depend on the instruction's type are checked on instructions
+/// without a type modifier too.
+#[test]
+fn untyped_instructions_check_their_table_types() {
+    clean(&check("bar.warp.sync -1;\nelect.sync %r1|%p1, -1;"));
+    expect(&check("bar.warp.sync %f1;"), DiagKind::TypeMismatch, 1);
+}
+
+/// Integer and `.rna` roundings belong to `cvt` (the builder's `Rnd` is `ptx::ops::Rounding`,
+/// so this is where a misused one is caught).
+#[test]
+fn integer_rounding_only_on_cvt() {
+    clean(&check(
+        "add.rn.f32 %f1, %f2, %f3;\ncvt.rni.f32.f32 %f1, %f2;\ncvt.rzi.s32.f32 %r1, %f2;",
+    ));
+    expect(
+        &check("add.rni.f32 %f1, %f2, %f3;"),
+        DiagKind::BadOperand,
+        1,
+    );
+    expect(
+        &check("fma.rna.f32 %f1, %f2, %f3, %f4;"),
+        DiagKind::BadOperand,
+        1,
+    );
+}

@@ -46,25 +46,8 @@ pub enum Interleave {
     B32,
 }
 
-/// `CUtensorMapSwizzle`: the shared-memory swizzle span.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-pub enum Swizzle {
-    None,
-    B32,
-    B64,
-    B128,
-}
-
-impl Swizzle {
-    pub fn span_bytes(self) -> Option<u64> {
-        match self {
-            Swizzle::None => None,
-            Swizzle::B32 => Some(32),
-            Swizzle::B64 => Some(64),
-            Swizzle::B128 => Some(128),
-        }
-    }
-}
+/// `CUtensorMapSwizzle`: the shared-memory swizzle span (`ptx`'s one definition).
+pub use ptx::ops::Swizzle;
 
 /// `CUtensorMapL2promotion`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

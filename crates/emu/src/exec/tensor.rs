@@ -1,6 +1,7 @@
 //! Execution of tensor-core ops: `mma`, `ldmatrix`/`stmatrix`, `wgmma.*`, `setmaxnreg`.
 
 use super::*;
+use crate::hopper::DescAddr;
 
 impl Cta {
     /// Executes the tensor-core ops ([`Cta::exec`] sends them here).

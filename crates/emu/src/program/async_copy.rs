@@ -11,27 +11,22 @@ impl Decoder<'_> {
         ins0: &Instruction,
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
-        let a = &ins.args;
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
             O::CpAsync => {
-                let (dst, doff, _) = self.addr(ins, arg(0)?)?;
-                let (src, soff, _) = self.addr(ins, arg(1)?)?;
-                let size = match arg(2)? {
+                let (dst, doff, _) = self.addr(ins, arg(Role::Dst)?)?;
+                let (src, soff, _) = self.addr(ins, arg(Role::Src)?)?;
+                let size = match arg(Role::CpSize)? {
                     Operand::Imm(i) => i.bits() as u32,
                     _ => return Err(self.err(ins, "cp.async size must be an immediate")),
                 };
                 if ![4, 8, 16].contains(&size) {
                     return Err(self.err(ins, "cp.async size must be 4, 8 or 16"));
                 }
-                let src_size = match a.get(3) {
-                    Some(Operand::Imm(Imm::Int(_))) | Some(Operand::Reg(_))
-                        if !ins.has(Flag::L2CacheHint) || a.len() == 5 =>
-                    {
-                        self.src(ins, &a[3])?
-                    }
+                let src_size = match ins.operand(Role::SrcSize) {
+                    Some(o @ (Operand::Imm(Imm::Int(_)) | Operand::Reg(_))) => self.src(ins, o)?,
                     _ => self.konst(size as u64),
                 };
                 Op::CpAsync {
@@ -58,14 +53,15 @@ impl Decoder<'_> {
                     _ => MSpace::Generic,
                 };
                 let (dspace, sspace) = (to_ms(sp.first()), to_ms(sp.get(1)));
-                let (dst, doff, _) = self.addr(ins, arg(0)?)?;
-                let (src, soff, _) = self.addr(ins, arg(1)?)?;
-                let size = self.src(ins, arg(2)?)?;
-                let mbar = if ins.has(Flag::CompleteTxBytes) {
-                    let (m, mo, _) = self.addr(ins, arg(3)?)?;
-                    Some((m, mo))
-                } else {
-                    None
+                let (dst, doff, _) = self.addr(ins, arg(Role::Dst)?)?;
+                let (src, soff, _) = self.addr(ins, arg(Role::Src)?)?;
+                let size = self.src(ins, arg(Role::Size)?)?;
+                let mbar = match ins.operand(Role::Mbar) {
+                    Some(o) => {
+                        let (m, mo, _) = self.addr(ins, o)?;
+                        Some((m, mo))
+                    }
+                    None => None,
                 };
                 Op::Bulk {
                     dst,
@@ -89,7 +85,7 @@ impl Decoder<'_> {
     /// `cp.reduce.async.bulk.dst.src.completion.op.type [dst], [src], size{, [mbar] | policy}`.
     fn decode_bulk_reduce(&mut self, ins: &Instruction) -> Result<Op, EmuError> {
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         let op = atom::atom_op(ins)
             .ok_or_else(|| self.err(ins, "cp.reduce.async.bulk without a reduction operation"))?;
         let ty = ins
@@ -111,11 +107,11 @@ impl Decoder<'_> {
                 format!("cp.reduce.async.bulk has no .{ty} form of this operation"),
             ));
         }
-        let (dst, doff, _) = self.addr(ins, arg(0)?)?;
-        let (src, soff, _) = self.addr(ins, arg(1)?)?;
-        let size = self.src(ins, arg(2)?)?;
+        let (dst, doff, _) = self.addr(ins, arg(Role::Dst)?)?;
+        let (src, soff, _) = self.addr(ins, arg(Role::Src)?)?;
+        let size = self.src(ins, arg(Role::Size)?)?;
         let mbar = if ins.has(Flag::CompleteTxBytes) {
-            let (m, mo, _) = self.addr(ins, arg(3)?)?;
+            let (m, mo, _) = self.addr(ins, arg(Role::Mbar)?)?;
             Some((m, mo))
         } else {
             None
@@ -136,7 +132,7 @@ impl Decoder<'_> {
     /// `st.async ... [a], b, [mbar]` and `red.async ... .op.type [a], b, [mbar]`.
     fn decode_async_remote(&mut self, ins: &Instruction) -> Result<Op, EmuError> {
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         let ty = ins
             .last_ty()
             .ok_or_else(|| self.err(ins, format!("{} without a type", ins.op)))?;
@@ -148,9 +144,10 @@ impl Decoder<'_> {
         } else {
             None
         };
-        let (addr, off, _) = self.addr(ins, arg(0)?)?;
-        let srcs = self.vec_srcs(ins, arg(1)?)?;
-        let (mbar, moff, _) = self.addr(ins, arg(2)?)?;
+        let src = if ins.op == Opcode::RedAsync { Role::B } else { Role::Src };
+        let (addr, off, _) = self.addr(ins, arg(Role::Addr)?)?;
+        let srcs = self.vec_srcs(ins, arg(src)?)?;
+        let (mbar, moff, _) = self.addr(ins, arg(Role::Mbar)?)?;
         Ok(Op::AsyncRemote {
             red,
             ty,
@@ -171,7 +168,7 @@ impl Decoder<'_> {
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
             O::CpReduceAsyncBulkTensor => {
@@ -189,8 +186,8 @@ impl Decoder<'_> {
                         "im2col tensor reductions are not supported by the emulator",
                     ));
                 }
-                let (smem, soff, _) = self.addr(ins, arg(1)?)?;
-                let (tmap, toff, tspace, coords) = self.tensor_addr(ins, arg(0)?)?;
+                let (smem, soff, _) = self.addr(ins, arg(Role::Src)?)?;
+                let (tmap, toff, tspace, coords) = self.tensor_addr(ins, arg(Role::Dst)?)?;
                 Op::BulkTensor {
                     load: false,
                     smem,
@@ -211,24 +208,24 @@ impl Decoder<'_> {
                         "im2col tensor copies are not supported by the emulator",
                     ));
                 }
-                let first_global = ins.space() == Some(Space::Global);
-                let (load, t_idx, s_idx) = if first_global {
-                    (false, 0, 1)
+                // A load writes shared memory (`Dst`) from the tensor (`Src`); a store the reverse.
+                let load = ins.space() != Some(Space::Global);
+                let (s_role, t_role) = if load {
+                    (Role::Dst, Role::Src)
                 } else {
-                    (true, 1, 0)
+                    (Role::Src, Role::Dst)
                 };
-                let (smem, soff, _) = self.addr(ins, arg(s_idx)?)?;
-                let (tmap, toff, tspace, coords) = self.tensor_addr(ins, arg(t_idx)?)?;
+                let (smem, soff, _) = self.addr(ins, arg(s_role)?)?;
+                let (tmap, toff, tspace, coords) = self.tensor_addr(ins, arg(t_role)?)?;
                 let mbar = if load {
-                    let (m, mo, _) = self.addr(ins, arg(2)?)?;
+                    let (m, mo, _) = self.addr(ins, arg(Role::Mbar)?)?;
                     Some((m, mo))
                 } else {
                     None
                 };
-                let cta_mask = if ins.has(Flag::MulticastCluster) {
-                    self.src(ins, arg(3)?)?
-                } else {
-                    NONE
+                let cta_mask = match ins.operand(Role::CtaMask) {
+                    Some(o) => self.src(ins, o)?,
+                    None => NONE,
                 };
                 Op::BulkTensor {
                     load,
@@ -281,13 +278,12 @@ impl Decoder<'_> {
         ins0: &Instruction,
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
-        let a = &ins.args;
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
             O::CpAsyncMbarrierArrive => {
-                let (addr, off, _) = self.addr(ins, arg(0)?)?;
+                let (addr, off, _) = self.addr(ins, arg(Role::Addr)?)?;
                 Op::CpAsyncArrive {
                     addr,
                     off,
@@ -295,26 +291,22 @@ impl Decoder<'_> {
                 }
             }
             O::MbarrierInit => {
-                let (addr, off, _) = self.addr(ins, arg(0)?)?;
-                let count = self.src(ins, arg(1)?)?;
+                let (addr, off, _) = self.addr(ins, arg(Role::Addr)?)?;
+                let count = self.src(ins, arg(Role::Count)?)?;
                 Op::MbarInit { addr, off, count }
             }
             O::MbarrierInval => {
-                let (addr, off, _) = self.addr(ins, arg(0)?)?;
+                let (addr, off, _) = self.addr(ins, arg(Role::Addr)?)?;
                 Op::MbarInval { addr, off }
             }
             O::MbarrierArrive | O::MbarrierArriveDrop => {
-                let d = self.dst(ins, arg(0)?)?;
-                let (addr, off, _) = self.addr(ins, arg(1)?)?;
-                let extra = match a.get(2) {
-                    Some(o) => self.src(ins, o)?,
-                    None => NONE,
+                let d = self.dst(ins, arg(Role::State)?)?;
+                let (addr, off, _) = self.addr(ins, arg(Role::Addr)?)?;
+                let mut opt = |r: Role| match ins.operand(r) {
+                    Some(o) => self.src(ins, o),
+                    None => Ok(NONE),
                 };
-                let (count, tx) = if ins.has(Flag::ExpectTx) {
-                    (NONE, extra)
-                } else {
-                    (extra, NONE)
-                };
+                let (count, tx) = (opt(Role::Count)?, opt(Role::TxCount)?);
                 let remote = ins.mods.contains(&Mod::Space(Space::SharedCluster));
                 Op::MbarArrive {
                     d,
@@ -327,8 +319,8 @@ impl Decoder<'_> {
                 }
             }
             O::MbarrierExpectTx | O::MbarrierCompleteTx => {
-                let (addr, off, _) = self.addr(ins, arg(0)?)?;
-                let bytes = self.src(ins, arg(1)?)?;
+                let (addr, off, _) = self.addr(ins, arg(Role::Addr)?)?;
+                let bytes = self.src(ins, arg(Role::TxCount)?)?;
                 Op::MbarTx {
                     addr,
                     off,
@@ -337,9 +329,14 @@ impl Decoder<'_> {
                 }
             }
             O::MbarrierTestWait | O::MbarrierTryWait => {
-                let d = self.dst(ins, arg(0)?)?;
-                let (addr, off, _) = self.addr(ins, arg(1)?)?;
-                let x = self.src(ins, arg(2)?)?;
+                let d = self.dst(ins, arg(Role::WaitComplete)?)?;
+                let (addr, off, _) = self.addr(ins, arg(Role::Addr)?)?;
+                let phase = if ins.has(Flag::Parity) {
+                    Role::Phase
+                } else {
+                    Role::State
+                };
+                let x = self.src(ins, arg(phase)?)?;
                 Op::MbarWait {
                     d,
                     addr,
@@ -349,8 +346,8 @@ impl Decoder<'_> {
                 }
             }
             O::MbarrierPendingCount => {
-                let d = self.dst(ins, arg(0)?)?;
-                let st = self.src(ins, arg(1)?)?;
+                let d = self.dst(ins, arg(Role::Dst)?)?;
+                let st = self.src(ins, arg(Role::State)?)?;
                 Op::MbarPending { d, state: st }
             }
             _ => return Err(misrouted(self, ins)),

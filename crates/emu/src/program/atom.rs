@@ -32,7 +32,7 @@ impl Decoder<'_> {
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         if !matches!(ins.op, Opcode::Atom | Opcode::Red) {
             return Err(misrouted(self, ins));
         }
@@ -41,7 +41,7 @@ impl Decoder<'_> {
             .ok_or_else(|| self.err(ins, "atom without type"))?;
         let aop = atom_op(ins).ok_or_else(|| self.err(ins, "atom without operation"))?;
         let rest = usize::from(ins.op == Opcode::Atom);
-        let (addr, off, sym_space) = self.addr(ins, arg(rest)?)?;
+        let (addr, off, sym_space) = self.addr(ins, arg(Role::Addr)?)?;
         let space = self.resolve_space(ins, sym_space);
         let ord = self.ord_of(ins);
         let op = if ins.vec_width().is_some() {
@@ -50,10 +50,10 @@ impl Decoder<'_> {
             if !matches!(aop, AtomOp::Cas | AtomOp::Exch) || rest == 0 {
                 return Err(self.err(ins, "128-bit atomics are atom.cas.b128 and atom.exch.b128"));
             }
-            let d = self.dst(ins, arg(0)?)?;
-            let b = self.src(ins, arg(2)?)?;
+            let d = self.dst(ins, arg(Role::Dst)?)?;
+            let b = self.src(ins, arg(Role::B)?)?;
             let c = if aop == AtomOp::Cas {
-                self.src(ins, arg(3)?)?
+                self.src(ins, arg(Role::C)?)?
             } else {
                 ZERO
             };
@@ -72,13 +72,13 @@ impl Decoder<'_> {
             }
         } else {
             let d = if rest == 1 {
-                self.dst(ins, arg(0)?)?
+                self.dst(ins, arg(Role::Dst)?)?
             } else {
                 NONE
             };
-            let b = self.src(ins, arg(rest + 1)?)?;
+            let b = self.src(ins, arg(Role::B)?)?;
             let c = if aop == AtomOp::Cas {
-                self.src(ins, arg(rest + 2)?)?
+                self.src(ins, arg(Role::C)?)?
             } else {
                 ZERO
             };

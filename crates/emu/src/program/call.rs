@@ -172,26 +172,22 @@ impl<'a> Decoder<'a> {
     }
 
     fn call_operands(&self, ins: &Instruction) -> Result<CallOperands, EmuError> {
-        let mut it = ins.args.iter();
-        let mut rets = Vec::new();
-        let mut first = it
-            .next()
+        let list = |r: Role| match ins.operand(r) {
+            Some(Operand::List(v)) => v.clone(),
+            _ => Vec::new(),
+        };
+        let rets = list(Role::Rets);
+        let first = ins
+            .operand(Role::Func)
             .ok_or_else(|| self.err(ins, "call without target"))?;
-        if let Operand::List(r) = first {
-            rets = r.clone();
-            first = it
-                .next()
-                .ok_or_else(|| self.err(ins, "call without target"))?;
-        }
         let Operand::Sym { name, .. } = first else {
             return Err(self.err(ins, "indirect calls are not supported by the emulator"));
         };
-        let args = match it.next() {
-            Some(Operand::List(v)) => v.clone(),
-            Some(_) => return Err(self.err(ins, "malformed call arguments")),
-            None => Vec::new(),
-        };
-        if it.next().is_some() {
+        let args = list(Role::Params);
+        if ins.roles().len() < ins.args.len() {
+            return Err(self.err(ins, "malformed call arguments"));
+        }
+        if ins.operand(Role::Proto).is_some() {
             return Err(self.err(
                 ins,
                 "indirect calls with prototypes are not supported by the emulator",

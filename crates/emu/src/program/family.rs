@@ -5,7 +5,7 @@
 
 use super::Decoder;
 use crate::error::EmuError;
-use ptx::{Function, Instruction, Opcode, Operand};
+use ptx::{Function, Instruction, Opcode, Operand, Role};
 
 /// The instruction families the decoder (`program/*.rs`) and executor (`exec/*.rs`) are split by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -166,6 +166,20 @@ pub(super) fn operand<'i>(
         line: ins.loc.line,
         text: ins.to_string(),
         why: format!("missing operand {i}"),
+    })
+}
+
+/// The operand of `ins` with `role`, or an error naming the missing operand.
+pub(super) fn role<'i>(
+    f: &Function,
+    ins: &'i Instruction,
+    role: Role,
+) -> Result<&'i Operand, EmuError> {
+    ins.operand(role).ok_or_else(|| EmuError::Unsupported {
+        kernel: f.name.clone(),
+        line: ins.loc.line,
+        text: ins.to_string(),
+        why: format!("missing operand `{role}`"),
     })
 }
 

@@ -85,6 +85,18 @@ impl Decoder<'_> {
                     c: z,
                 }
             }
+            O::Prmt => {
+                let f = alu::int_fn(ins)
+                    .ok_or_else(|| self.err(ins, "operation/type combination not supported"))?;
+                let op = |r: Role| role(kernel, ins, r);
+                Op::Alu {
+                    f,
+                    d: self.dst(ins, op(Role::Dst)?)?,
+                    a: self.src(ins, op(Role::A)?)?,
+                    b: self.src(ins, op(Role::B)?)?,
+                    c: self.src(ins, op(Role::Selector)?)?,
+                }
+            }
             O::Selp | O::Slct => {
                 let d = self.dst(ins, arg(0)?)?;
                 let (x, y, z) = (
@@ -139,7 +151,7 @@ impl Decoder<'_> {
             return Err(misrouted(self, ins));
         }
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         let tys: Vec<Ty> = ins.types().collect();
         let cmp_ty = *tys
             .last()
@@ -155,10 +167,10 @@ impl Decoder<'_> {
         let combine = [Flag::And, Flag::Or, Flag::Xor]
             .into_iter()
             .find(|f| ins.has(*f));
-        let x = self.src(ins, arg(1)?)?;
-        let y = self.src(ins, arg(2)?)?;
+        let x = self.src(ins, arg(Role::A)?)?;
+        let y = self.src(ins, arg(Role::B)?)?;
         let c = if combine.is_some() {
-            self.src(ins, arg(3)?)?
+            self.src(ins, arg(Role::C)?)?
         } else {
             ZERO
         };
@@ -191,7 +203,7 @@ impl Decoder<'_> {
             self.push(op, ins0, guard);
             preds.push(t);
         }
-        let (d0, d1) = match arg(0)? {
+        let (d0, d1) = match arg(Role::Dst)? {
             Operand::Pair(p, q) => (self.dst(ins, p)?, Some(self.dst(ins, q)?)),
             o => (self.dst(ins, o)?, None),
         };

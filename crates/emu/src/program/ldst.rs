@@ -12,14 +12,15 @@ impl Decoder<'_> {
     ) -> Result<(), EmuError> {
         let kernel = self.f;
         let arg = |i: usize| operand(kernel, ins, i);
+        let arg_r = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
             O::Ld | O::Ldu => {
                 let t = ins
                     .last_ty()
                     .ok_or_else(|| self.err(ins, "ld without type"))?;
-                let mut ds = self.vec_dsts(ins, arg(0)?)?;
-                let (addr, off, sym_space) = self.addr(ins, arg(1)?)?;
+                let mut ds = self.vec_dsts(ins, arg_r(Role::Dst)?)?;
+                let (addr, off, sym_space) = self.addr(ins, arg_r(Role::Addr)?)?;
                 let space = self.resolve_space(ins, sym_space);
                 let elem = if t == Ty::B128 {
                     // a .b128 register is a slot pair: a 16-byte aligned pair of 8-byte words
@@ -42,14 +43,14 @@ impl Decoder<'_> {
                 let t = ins
                     .last_ty()
                     .ok_or_else(|| self.err(ins, "st without type"))?;
-                let (addr, off, sym_space) = self.addr(ins, arg(0)?)?;
-                let mut srcs = self.vec_srcs(ins, arg(1)?)?;
+                let (addr, off, sym_space) = self.addr(ins, arg_r(Role::Addr)?)?;
+                let mut srcs = self.vec_srcs(ins, arg_r(Role::Src)?)?;
                 let space = self.resolve_space(ins, sym_space);
                 if space == MSpace::Param {
                     return Err(self.err(ins, "stores to the parameter space are not supported"));
                 }
                 let elem = if t == Ty::B128 {
-                    if !matches!(arg(1)?, Operand::Reg(_)) {
+                    if !matches!(arg_r(Role::Src)?, Operand::Reg(_)) {
                         return Err(self.err(ins, "a .b128 store needs a .b128 register"));
                     }
                     srcs = self.b128_pair(ins, &srcs)?;

@@ -11,15 +11,15 @@ impl Decoder<'_> {
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
             O::Mma => {
                 let spec = MmaSpec::from_instruction(ins).map_err(|e| self.err(ins, e))?;
-                let d = self.vec_dsts(ins, arg(0)?)?;
-                let x = self.vec_srcs(ins, arg(1)?)?;
-                let y = self.vec_srcs(ins, arg(2)?)?;
-                let z = self.vec_srcs(ins, arg(3)?)?;
+                let d = self.vec_dsts(ins, arg(Role::Dst)?)?;
+                let x = self.vec_srcs(ins, arg(Role::A)?)?;
+                let y = self.vec_srcs(ins, arg(Role::B)?)?;
+                let z = self.vec_srcs(ins, arg(Role::C)?)?;
                 let (na, nb, nc, nd) = spec.frag_counts();
                 if x.len() != na || y.len() != nb || z.len() != nc || d.len() != nd {
                     return Err(self.err(
@@ -43,8 +43,8 @@ impl Decoder<'_> {
                     _ => MSpace::Shared,
                 };
                 if ins.op == O::Ldmatrix {
-                    let ds = self.vec_dsts(ins, arg(0)?)?;
-                    let (addr, off, _) = self.addr(ins, arg(1)?)?;
+                    let ds = self.vec_dsts(ins, arg(Role::Dst)?)?;
+                    let (addr, off, _) = self.addr(ins, arg(Role::Addr)?)?;
                     if ds.len() != count as usize {
                         return Err(self.err(
                             ins,
@@ -60,8 +60,8 @@ impl Decoder<'_> {
                         space,
                     }
                 } else {
-                    let (addr, off, _) = self.addr(ins, arg(0)?)?;
-                    let srcs = self.vec_srcs(ins, arg(1)?)?;
+                    let (addr, off, _) = self.addr(ins, arg(Role::Addr)?)?;
+                    let srcs = self.vec_srcs(ins, arg(Role::Src)?)?;
                     if srcs.len() != count as usize {
                         return Err(
                             self.err(ins, format!(".x{count} needs {count} source registers"))
@@ -90,9 +90,9 @@ impl Decoder<'_> {
         ins0: &Instruction,
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
-        let a = &ins.args;
         let kernel = self.f;
         let arg = |i: usize| operand(kernel, ins, i);
+        let arg_r = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
             O::WgmmaFence => Op::Nop,
@@ -107,7 +107,7 @@ impl Decoder<'_> {
             O::WgmmaMmaAsync => {
                 let spec = crate::hopper::WgmmaSpec::from_instruction(ins)
                     .map_err(|e| self.err(ins, e))?;
-                let d = self.vec_dsts(ins, arg(0)?)?;
+                let d = self.vec_dsts(ins, arg_r(Role::Dst)?)?;
                 if d.len() != spec.d_regs() {
                     return Err(self.err(
                         ins,
@@ -120,31 +120,28 @@ impl Decoder<'_> {
                     ));
                 }
                 let (a_desc, av) = if spec.a_regs {
-                    let v = self.vec_srcs(ins, arg(1)?)?;
+                    let v = self.vec_srcs(ins, arg_r(Role::A)?)?;
                     if v.len() != 4 {
                         return Err(self.err(ins, "wgmma A from registers needs 4 registers"));
                     }
                     (NONE, v)
                 } else {
-                    (self.src(ins, arg(1)?)?, Vec::new())
+                    (self.src(ins, arg_r(Role::A)?)?, Vec::new())
                 };
-                let b_desc = self.src(ins, arg(2)?)?;
-                let scale_d = match a.get(3) {
-                    Some(o) => self.src(ins, o)?,
-                    None => self.konst(1),
-                };
-                let imm = |i: usize, default: i64| -> i64 {
-                    match a.get(i) {
+                let b_desc = self.src(ins, arg_r(Role::BDesc)?)?;
+                let scale_d = self.src(ins, arg_r(Role::ScaleD)?)?;
+                // the immediates are optional (integer forms have none); A in registers has no
+                // `imm-trans-a`
+                let imm = |r: Role, default: i64| -> i64 {
+                    match ins.operand(r) {
                         Some(Operand::Imm(ptx::Imm::Int(v))) => *v,
                         _ => default,
                     }
                 };
-                let (neg_a, neg_b) = (imm(4, 1) == -1, imm(5, 1) == -1);
-                let (trans_a, trans_b) = if spec.a_regs {
-                    (false, imm(6, 0) == 1)
-                } else {
-                    (imm(6, 0) == 1, imm(7, 0) == 1)
-                };
+                let neg_a = imm(Role::ImmScaleA, 1) == -1;
+                let neg_b = imm(Role::ImmScaleB, 1) == -1;
+                let trans_a = imm(Role::ImmTransA, 0) == 1;
+                let trans_b = imm(Role::ImmTransB, 0) == 1;
                 Op::Wgmma(Box::new(WgmmaOp {
                     spec,
                     d,

@@ -11,34 +11,25 @@ impl Decoder<'_> {
         ins0: &Instruction,
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
-        let a = &ins.args;
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         let ty = ins.ty();
         use Opcode as O;
         let op = match ins.op {
             O::BarWarpSync => {
-                let m = self.src(ins, arg(0)?)?;
+                let m = self.src(ins, arg(Role::Membermask)?)?;
                 Op::WarpSync { mask: m }
             }
             O::Shfl => {
-                let mode = if ins.has(Flag::Up) {
-                    ShflMode::Up
-                } else if ins.has(Flag::Down) {
-                    ShflMode::Down
-                } else if ins.has(Flag::Bfly) {
-                    ShflMode::Bfly
-                } else {
-                    ShflMode::Idx
-                };
-                let (d, p) = match arg(0)? {
+                let mode = ins.shfl_mode().unwrap_or(ShflMode::Idx);
+                let (d, p) = match arg(Role::Dst)? {
                     Operand::Pair(x, y) => (self.dst(ins, x)?, self.dst(ins, y)?),
                     o => (self.dst(ins, o)?, NONE),
                 };
-                let x = self.src(ins, arg(1)?)?;
-                let b = self.src(ins, arg(2)?)?;
-                let c = self.src(ins, arg(3)?)?;
-                let mask = match a.get(4) {
+                let x = self.src(ins, arg(Role::A)?)?;
+                let b = self.src(ins, arg(Role::Lane)?)?;
+                let c = self.src(ins, arg(Role::Clamp)?)?;
+                let mask = match ins.operand(Role::Membermask) {
                     Some(o) => self.src(ins, o)?,
                     None => self.konst(0xffff_ffff),
                 };
@@ -53,23 +44,15 @@ impl Decoder<'_> {
                 }
             }
             O::Vote => {
-                let mode = if ins.has(Flag::Ballot) {
-                    VoteMode::Ballot
-                } else if ins.has(Flag::All) {
-                    VoteMode::All
-                } else if ins.has(Flag::Any) {
-                    VoteMode::Any
-                } else {
-                    VoteMode::Uni
-                };
-                let d = self.dst(ins, arg(0)?)?;
-                let (po, aneg) = match &ins0.args.get(1) {
+                let mode = ins.vote_mode().unwrap_or(VoteMode::Uni);
+                let d = self.dst(ins, arg(Role::Dst)?)?;
+                let (po, aneg) = match ins0.operand(Role::A) {
                     Some(Operand::Not(x)) => (x.as_ref().clone(), true),
-                    Some(x) => ((*x).clone(), false),
+                    Some(x) => (x.clone(), false),
                     None => return Err(self.err(ins, "vote needs a predicate")),
                 };
                 let x = self.src(ins, &po)?;
-                let mask = match a.get(2) {
+                let mask = match ins.operand(Role::Membermask) {
                     Some(o) => self.src(ins, o)?,
                     None => self.konst(0xffff_ffff),
                 };
@@ -82,25 +65,16 @@ impl Decoder<'_> {
                 }
             }
             O::Redux => {
-                let rop = [
-                    (Flag::Add, ReduxOp::Add),
-                    (Flag::Min, ReduxOp::Min),
-                    (Flag::Max, ReduxOp::Max),
-                    (Flag::And, ReduxOp::And),
-                    (Flag::Or, ReduxOp::Or),
-                    (Flag::Xor, ReduxOp::Xor),
-                ]
-                .iter()
-                .find(|(f, _)| ins.has(*f))
-                .map(|x| x.1)
-                .ok_or_else(|| self.err(ins, "redux without operation"))?;
+                let rop = ins
+                    .redux_op()
+                    .ok_or_else(|| self.err(ins, "redux without operation"))?;
                 let t = ty.unwrap_or(Ty::U32);
                 if t.is_float() {
                     return Err(self.err(ins, "floating-point redux is not supported"));
                 }
-                let d = self.dst(ins, arg(0)?)?;
-                let x = self.src(ins, arg(1)?)?;
-                let mask = self.src(ins, arg(2)?)?;
+                let d = self.dst(ins, arg(Role::Dst)?)?;
+                let x = self.src(ins, arg(Role::A)?)?;
+                let mask = self.src(ins, arg(Role::Membermask)?)?;
                 Op::Redux {
                     op: rop,
                     signed: t.is_signed(),
@@ -110,12 +84,12 @@ impl Decoder<'_> {
                 }
             }
             O::Match => {
-                let (d, p) = match arg(0)? {
+                let (d, p) = match arg(Role::Dst)? {
                     Operand::Pair(x, y) => (self.dst(ins, x)?, self.dst(ins, y)?),
                     o => (self.dst(ins, o)?, NONE),
                 };
-                let x = self.src(ins, arg(1)?)?;
-                let mask = self.src(ins, arg(2)?)?;
+                let x = self.src(ins, arg(Role::A)?)?;
+                let mask = self.src(ins, arg(Role::Membermask)?)?;
                 Op::Match {
                     all: ins.has(Flag::All),
                     bits: ty.map(|t| t.bits()).unwrap_or(32),
@@ -126,14 +100,14 @@ impl Decoder<'_> {
                 }
             }
             O::Activemask => Op::Activemask {
-                d: self.dst(ins, arg(0)?)?,
+                d: self.dst(ins, operand(kernel, ins, 0)?)?,
             },
             O::Elect => {
-                let (d, p) = match arg(0)? {
+                let (d, p) = match arg(Role::Dst)? {
                     Operand::Pair(x, y) => (self.dst(ins, x)?, self.dst(ins, y)?),
                     o => (self.dst(ins, o)?, NONE),
                 };
-                let mask = self.src(ins, arg(1)?)?;
+                let mask = self.src(ins, arg(Role::Membermask)?)?;
                 Op::Elect { d, p, mask }
             }
             _ => return Err(misrouted(self, ins)),

@@ -45,6 +45,7 @@ pub(crate) fn panel_desc(k: &mut KernelBuilder, base: Reg<u32>, rows: u32, start
         start,
         lbo: rows * ROW_BYTES,
         sbo: 8 * ROW_BYTES,
+        base_offset: 0,
         swizzle: Swizzle::B128,
     };
     k.matrix_desc(base, d)
