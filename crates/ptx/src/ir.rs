@@ -213,17 +213,39 @@ pub struct Param {
     pub ty: Ty,
     pub align: Option<u32>,
     pub ptr: Option<PtrAttr>,
+    /// `.v2`/`.v4` vector parameters and return values (`.reg .v4 .b32 a`).
+    pub vec: Option<u8>,
     pub name: String,
     /// Byte-array parameters (`.param .align 8 .b8 p[16]`).
     pub array: Option<u64>,
 }
 
 impl Param {
+    /// A scalar parameter of type `ty` in `space` (`.param` or `.reg`).
+    pub fn new(space: Space, ty: Ty, name: impl Into<String>) -> Param {
+        Param {
+            space,
+            ty,
+            align: None,
+            ptr: None,
+            vec: None,
+            name: name.into(),
+            array: None,
+        }
+    }
+    /// Elements of a vector parameter (1 for a scalar).
+    pub fn lanes(&self) -> u64 {
+        self.vec.map_or(1, u64::from)
+    }
     pub fn size_bytes(&self) -> u64 {
-        (self.ty.size() as u64).saturating_mul(self.array.unwrap_or(1))
+        (self.ty.size() as u64)
+            .saturating_mul(self.lanes())
+            .saturating_mul(self.array.unwrap_or(1))
     }
     pub fn alignment(&self) -> u64 {
-        self.align.map(u64::from).unwrap_or(self.ty.size() as u64)
+        self.align
+            .map(u64::from)
+            .unwrap_or(self.ty.size() as u64 * self.lanes())
     }
 }
 
@@ -391,6 +413,8 @@ pub enum SReg {
     TotalSmemSize,
     AggrSmemSize,
     Envreg(u8),
+    /// `WARP_SZ`, the predefined constant warp size (32).
+    WarpSz,
 }
 
 impl SReg {
@@ -440,6 +464,7 @@ impl SReg {
             "%dynamic_smem_size" => SReg::DynamicSmemSize,
             "%total_smem_size" => SReg::TotalSmemSize,
             "%aggr_smem_size" => SReg::AggrSmemSize,
+            "WARP_SZ" => SReg::WarpSz,
             _ => {
                 let n = s.strip_prefix("%envreg")?.parse::<u8>().ok()?;
                 if n < 32 {
@@ -507,8 +532,25 @@ impl SReg {
             SReg::TotalSmemSize => "%total_smem_size".into(),
             SReg::AggrSmemSize => "%aggr_smem_size".into(),
             SReg::Envreg(n) => format!("%envreg{n}"),
+            SReg::WarpSz => "WARP_SZ".into(),
         }
     }
+}
+
+/// A vector-register component `%v.x` split into the register and the component index: `.x`
+/// and `.r` are 0, `.y`/`.g` 1, `.z`/`.b` 2, `.w`/`.a` 3 (PTX ISA, "Vector operands"). The
+/// parser keeps the component in the operand's register name (`Operand::Reg("%v.x")`), so the
+/// text prints back as written.
+pub fn split_component(name: &str) -> Option<(&str, u8)> {
+    let (base, c) = name.rsplit_once('.')?;
+    let i = match c {
+        "x" | "r" => 0,
+        "y" | "g" => 1,
+        "z" | "b" => 2,
+        "w" | "a" => 3,
+        _ => return None,
+    };
+    (!base.is_empty()).then_some((base, i))
 }
 
 /// Base of a memory address `[base+offset]`.

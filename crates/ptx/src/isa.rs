@@ -82,7 +82,7 @@ opcodes! {
     Shfl "shfl" 1 3 4 30 30; Vote "vote" 1 1 2 20 12; Match "match" 1 2 2 70 60;
     Redux "redux" 1 2 2 80 70; Activemask "activemask" 1 0 0 30 62; Elect "elect" 1 1 1 90 80;
     // control flow
-    Bra "bra" 0 1 1 20 10; BrxIdx "brx.idx" 0 2 2 30 60; Call "call" 0 1 3 20 10;
+    Bra "bra" 0 1 1 20 10; BrxIdx "brx.idx" 0 2 2 30 60; Call "call" 0 1 4 20 10;
     Ret "ret" 0 0 0 20 10; Exit "exit" 0 0 0 20 10; Trap "trap" 0 0 0 20 10;
     Brkpt "brkpt" 0 0 0 20 11; Nanosleep "nanosleep" 0 1 1 70 63;
     // tensor cores (Ampere/Ada)

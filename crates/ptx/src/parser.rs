@@ -574,9 +574,16 @@ impl<'a> Parser<'a> {
         };
         let (mut align, mut ty, mut ptr): (Option<u32>, Option<Ty>, Option<PtrAttr>) =
             (None, None, None);
+        let mut vec = None;
         loop {
             let d = self.peek()?;
             match d.tok {
+                Tok::Dot(s) if vec.is_none() && matches!(Mod::parse(s), Some(Mod::Vec(_))) => {
+                    self.next()?;
+                    if let Some(Mod::Vec(n)) = Mod::parse(s) {
+                        vec = Some(n);
+                    }
+                }
                 Tok::Dot("align") => {
                     self.next()?;
                     let a = self.align()?;
@@ -619,6 +626,7 @@ impl<'a> Parser<'a> {
             ty,
             align,
             ptr,
+            vec,
             name,
             array,
         })
@@ -1026,20 +1034,35 @@ impl<'a> Parser<'a> {
                 if let Some(r) = SReg::parse(s) {
                     return Ok(Operand::SReg(r));
                 }
-                Ok(Operand::Reg(s.to_string()))
+                Ok(Operand::Reg(self.component(s)?))
             }
+            Tok::Ident("WARP_SZ") => Ok(Operand::SReg(SReg::WarpSz)),
             Tok::Ident(s) => {
+                let name = self.component(s)?;
                 let offset = self.sym_offset()?;
-                Ok(Operand::Sym {
-                    name: s.to_string(),
-                    offset,
-                })
+                Ok(Operand::Sym { name, offset })
             }
             _ => Err(self.err(
                 &t,
                 format!("expected an operand, found {}", describe(&t.tok)),
             )),
         }
+    }
+}
+
+impl Parser<'_> {
+    /// A register name with its vector component when one follows without space (`%v.x`,
+    /// `%v.a`): kept in the name, see [`split_component`].
+    fn component(&mut self, name: &str) -> PResult<String> {
+        let d = self.peek()?;
+        if let Tok::Dot(c) = d.tok {
+            let full = format!("{name}.{c}");
+            if !d.spaced && split_component(&full).is_some() {
+                self.next()?;
+                return Ok(full);
+            }
+        }
+        Ok(name.to_string())
     }
 }
 
@@ -1120,6 +1143,9 @@ impl PlainRegs {
     fn contains(&self, name: &str) -> bool {
         if self.exact.contains(name) {
             return true;
+        }
+        if let Some((base, _)) = split_component(name) {
+            return self.contains(base);
         }
         let digits = name
             .bytes()

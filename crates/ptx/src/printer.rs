@@ -178,6 +178,9 @@ fn write_param(o: &mut String, p: &Param) -> fmt::Result {
     if let Some(a) = p.align {
         write!(o, " .align {a}")?;
     }
+    if let Some(n) = p.vec {
+        write!(o, " .v{n}")?;
+    }
     write!(o, " .{}", p.ty)?;
     if let Some(ptr) = p.ptr {
         o.push_str(" .ptr");

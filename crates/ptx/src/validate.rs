@@ -232,7 +232,7 @@ impl Scope {
 fn param_reg(p: &Param) -> RegInfo {
     RegInfo {
         ty: p.ty,
-        vec: None,
+        vec: p.vec,
     }
 }
 
@@ -436,7 +436,17 @@ impl<'a> FnCheck<'a> {
     }
 
     fn lookup(&self, name: &str) -> Option<RegInfo> {
-        self.scopes.iter().rev().find_map(|s| s.lookup(name))
+        let found = self.scopes.iter().rev().find_map(|s| s.lookup(name));
+        if found.is_some() {
+            return found;
+        }
+        // `%v.x`: one element of a vector register with at least that many elements
+        let (base, c) = split_component(name)?;
+        let info = self.scopes.iter().rev().find_map(|s| s.lookup(base))?;
+        (c < info.vec?).then_some(RegInfo {
+            ty: info.ty,
+            vec: None,
+        })
     }
 
     fn symbol_space(&self, name: &str) -> Option<Space> {
@@ -1261,6 +1271,12 @@ impl<'a> FnCheck<'a> {
 
     fn mov(&mut self, i: &Instruction, t: Ty) {
         let a = &i.args;
+        // `mov.v4.f32 %w, %v` / `mov.v2.b32 {%a, %b}, %v`: element-wise vector moves
+        if let Some(n) = i.vec_width() {
+            self.check_value(i, &a[0], n as usize, Want::T(t), "destination");
+            self.check_value(i, &a[1], n as usize, Want::T(t), "source");
+            return;
+        }
         let vec_pack = |s: &mut Self, o: &Operand, what: &str| {
             if let Operand::Vec(v) = o {
                 let n = v.len() as u32;
