@@ -361,6 +361,18 @@ impl<'a> FnCheck<'a> {
             }
         }
         self.scopes.push(outer);
+        if f.rets.len() > 1 && f.rets.iter().any(|p| p.space != Space::Reg) {
+            self.diag(
+                DiagKind::BadOperand,
+                f.loc,
+                format!(
+                    "`{}` returns {} values: several return values must all be .reg (ptxas: \
+                     \"Multiple return parameters require .register state space\")",
+                    f.name,
+                    f.rets.len()
+                ),
+            );
+        }
         let Some(body) = &f.body else { return };
         // Labels and local variables are function-wide.
         self.collect(body);
@@ -628,9 +640,30 @@ impl<'a> FnCheck<'a> {
                 );
             }
         }
+        self.sink_sources(i);
         self.symbols_and_labels(i);
         self.spaces(i);
         self.types(i);
+    }
+
+    /// `_` is a sink for results only: ptxas rejects it among the elements of a source vector
+    /// (`st.v4 [a], {%r1, _, %r2, %r3}`: "Sink '_' not allowed as a source operand").
+    fn sink_sources(&mut self, i: &Instruction) {
+        use Opcode::*;
+        if !matches!(i.op, Mov | St | Red | Atom | Cvt) {
+            return;
+        }
+        let sink = i
+            .srcs()
+            .iter()
+            .any(|o| matches!(o, Operand::Vec(v) if v.contains(&Operand::Sink)));
+        if sink {
+            self.diag(
+                DiagKind::BadOperand,
+                i.loc,
+                format!("`_` cannot be a source element of `{}`", i.op.name()),
+            );
+        }
     }
 
     fn target(&mut self, i: &Instruction) {
