@@ -1187,7 +1187,10 @@ impl<'a> Decoder<'a> {
                         self.local_syms.insert(v.name.clone(), off);
                     }
                 }
-                Statement::Var(_) | Statement::Pragma(_) | Statement::CallPrototype { .. } => {}
+                Statement::Var(_)
+                | Statement::Pragma(_)
+                | Statement::CallPrototype { .. }
+                | Statement::CallTargets { .. } => {}
             }
         }
         Ok(())

@@ -429,30 +429,51 @@ const INDIRECT: &str = r#"
 }
 "#;
 
+/// [`INDIRECT`] with its call through a `.calltargets` list instead of a prototype.
+fn with_calltargets() -> String {
+    INDIRECT
+        .replace(
+            "prototype_0 : .callprototype (.param .b32 _) _ (.param .b32 _);",
+            "Ftable: .calltargets f1, f2, f3;",
+        )
+        .replace("(param0), prototype_0;", "(param0), Ftable;")
+}
+
 #[test]
-fn indirect_calls_through_a_prototype_and_a_function_table() {
-    check_ptxas(INDIRECT, "sm_80", &[]);
-    let n = 96usize;
-    let mut r = rng(4);
-    let a: Vec<u32> = (0..n).map(|_| r.gen()).collect();
-    let sel: Vec<u32> = (0..n).map(|_| r.gen()).collect();
-    let got = run(
-        INDIRECT,
-        "ind",
-        n as u32,
-        &[a.clone(), sel.clone()],
-        4 * n,
-        &[],
-    )
-    .unwrap();
-    for t in 0..n {
+fn indirect_calls_through_a_prototype_a_calltargets_list_and_a_function_table() {
+    for (form, text) in [
+        ("prototype", INDIRECT.to_string()),
+        ("calltargets", with_calltargets()),
+    ] {
+        assert!(text.contains("Ftable") == (form == "calltargets"));
+        check_ptxas(&text, "sm_80", &[]);
+        let n = 96usize;
+        let mut r = rng(4 + form.len() as u64);
+        let a: Vec<u32> = (0..n).map(|_| r.gen()).collect();
+        let sel: Vec<u32> = (0..n).map(|_| r.gen()).collect();
+        let got = run(
+            &text,
+            "ind",
+            n as u32,
+            &[a.clone(), sel.clone()],
+            4 * n,
+            &[],
+        )
+        .unwrap();
+        check_indirect(&a, &sel, &got, form);
+    }
+}
+
+/// Compares the results of [`INDIRECT`] with the host functions.
+fn check_indirect(a: &[u32], sel: &[u32], got: &[u32], form: &str) {
+    for t in 0..a.len() {
         let f = if sel[t] % 5 == 0 { 1 } else { sel[t] % 3 };
         let want = match f {
             0 => a[t].wrapping_mul(3),
             1 => a[t] ^ 0x5a5a,
             _ => (a[t] << 5).wrapping_add(32),
         };
-        assert_eq!(got[t], want, "thread {t} (function f{})", f + 1);
+        assert_eq!(got[t], want, "{form}: thread {t} (function f{})", f + 1);
     }
 }
 
@@ -472,7 +493,7 @@ fn an_indirect_call_through_a_non_function_address_faults() {
 }
 
 /// Predefined `WARP_SZ`; variables declared in a function body (a function-scope `cnt`
-/// shadowing the module's); `[var+imm]`, `[var]`, `var+imm` as a value; `generic()` in
+/// shadowing the module's, a kernel-scope `kg`); `[var+imm]`, `[var]`, `var+imm` as a value; `generic()` in
 /// initialisers; `cvta`/`cvta.to` on every state space.
 const SYMBOLS: &str = r#"
 .version 8.0
@@ -512,6 +533,7 @@ const SYMBOLS: &str = r#"
     .reg .b64 %rd<24>;
     .shared .align 4 .u32 ksh[64];
     .local .align 8 .u32 lv[2];
+    .global .align 4 .u32 kg = 77;
     ld.param.u64 %rd1, [pout];
     mov.u32 %r0, %tid.x;
     mul.wide.u32 %rd2, %r0, 80;
@@ -566,7 +588,8 @@ const SYMBOLS: &str = r#"
     st.global.v4.u32 [%rd1+16], {%r5, %r6, %r7, %r8};
     st.global.v4.u32 [%rd1+32], {%r9, %r10, %r11, %r12};
     st.global.v4.u32 [%rd1+48], {%r13, %r14, %r15, %r16};
-    st.global.u32 [%rd1+64], %r17;
+    ld.global.u32 %r18, [kg];
+    st.global.v2.u32 [%rd1+64], {%r17, %r18};
     ret;
 }
 "#;
@@ -597,8 +620,9 @@ fn warp_sz_function_scope_variables_addresses_and_cvta_on_every_space() {
             9,
             44,
             1000,
+            77,
         ];
         let t = t as usize;
-        assert_eq!(&got[20 * t..20 * t + 17], &want[..], "thread {t}");
+        assert_eq!(&got[20 * t..20 * t + 18], &want[..], "thread {t}");
     }
 }

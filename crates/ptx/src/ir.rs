@@ -337,6 +337,11 @@ pub enum Statement {
         label: String,
         targets: Vec<String>,
     },
+    /// `name: .calltargets f1, f2;`: the functions an indirect call through `name` may reach.
+    CallTargets {
+        label: String,
+        targets: Vec<String>,
+    },
     /// `name: .callprototype ...;` used by indirect calls; params kept structured.
     CallPrototype {
         label: String,

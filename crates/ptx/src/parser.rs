@@ -717,6 +717,18 @@ impl<'a> Parser<'a> {
                                 targets,
                             }));
                         }
+                        Tok::Dot("calltargets") => {
+                            self.next()?;
+                            let mut targets = vec![self.ident()?.to_string()];
+                            while self.eat_punct(b',')? {
+                                targets.push(self.ident()?.to_string());
+                            }
+                            self.expect_punct(b';')?;
+                            return Ok(Some(Statement::CallTargets {
+                                label: name.to_string(),
+                                targets,
+                            }));
+                        }
                         Tok::Dot("callprototype") => {
                             self.next()?;
                             let rets = if self.is_punct(b'(')? {

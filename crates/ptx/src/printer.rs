@@ -356,6 +356,9 @@ fn write_statement(o: &mut String, s: &Statement) -> fmt::Result {
         Statement::BranchTargets { label, targets } => {
             write!(o, "{label}: .branchtargets {};", targets.join(", "))?;
         }
+        Statement::CallTargets { label, targets } => {
+            write!(o, "{label}: .calltargets {};", targets.join(", "))?;
+        }
         Statement::CallPrototype {
             label,
             rets,

@@ -361,6 +361,11 @@ impl<'a> FnCheck<'a> {
             }
         }
         self.scopes.push(outer);
+        for p in f.rets.iter().chain(&f.params) {
+            if p.vec.is_some() && p.space != Space::Reg {
+                self.vector_param(&p.name, f.loc);
+            }
+        }
         if f.rets.len() > 1 && f.rets.iter().any(|p| p.space != Space::Reg) {
             self.diag(
                 DiagKind::BadOperand,
@@ -377,6 +382,18 @@ impl<'a> FnCheck<'a> {
         // Labels and local variables are function-wide.
         self.collect(body);
         self.block(body);
+    }
+
+    /// Vectors live in registers only: ptxas cannot allocate a `.v2`/`.v4` `.param`.
+    fn vector_param(&mut self, name: &str, loc: Loc) {
+        self.diag(
+            DiagKind::BadOperand,
+            loc,
+            format!(
+                "`{name}`: vector parameters must be .reg (ptxas: \"cannot be allocated in \
+                 .param state space\")"
+            ),
+        );
     }
 
     fn check_directives(&mut self) {
@@ -435,10 +452,15 @@ impl<'a> FnCheck<'a> {
                         self.labels.insert(l, *loc);
                     }
                 }
-                Statement::BranchTargets { label, .. } | Statement::CallPrototype { label, .. } => {
+                Statement::BranchTargets { label, .. }
+                | Statement::CallTargets { label, .. }
+                | Statement::CallPrototype { label, .. } => {
                     self.labels.entry(label).or_default();
                 }
                 Statement::Var(v) => {
+                    if v.vec.is_some() && v.space.is_param() {
+                        self.vector_param(&v.name, v.loc);
+                    }
                     self.locals.insert(&v.name, v.space);
                 }
                 Statement::Block(b) => self.collect(b),
@@ -530,6 +552,21 @@ impl<'a> FnCheck<'a> {
                     self.scopes.pop();
                 }
                 Statement::Instr(i) => self.instruction(i),
+                Statement::CallTargets { targets, label } => {
+                    for t in targets {
+                        let known = self.funcs.get(t.as_str());
+                        if known.is_none_or(|&k| k > self.item) {
+                            self.diag(
+                                DiagKind::UnknownSymbol,
+                                Loc::default(),
+                                format!(
+                                    "`.calltargets` {label} names `{t}`, which is not a function \
+                                     declared before it"
+                                ),
+                            );
+                        }
+                    }
+                }
                 Statement::BranchTargets { targets, label } => {
                     for t in targets {
                         if !self.labels.contains_key(t.as_str()) {

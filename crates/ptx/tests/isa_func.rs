@@ -127,6 +127,13 @@ fn validator_rejects_what_ptxas_rejects() {
         "st.global.v2.f32 [%rd1], {%f, _};"
     )
     .contains(&DiagKind::BadOperand));
+    // vectors in .param space
+    assert!(kinds_after("vf(.reg .v4 .b32 %a,", "vf(.param .v4 .b32 a,")
+        .contains(&DiagKind::BadOperand));
+    assert!(
+        kinds_after(".param .b32 param0;", ".param .v2 .b32 param0;")
+            .contains(&DiagKind::BadOperand)
+    );
     // a vector move whose sides differ in width
     assert!(kinds_after(
         "mov.v4.b32 {%q, _, %q, _}, %v;",

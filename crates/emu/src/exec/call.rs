@@ -228,7 +228,7 @@ impl Cta {
                 LAST_LANE.with(|c| c.set(l as u32));
                 return Err(FaultKind::Other(format!(
                     "indirect call through {addr:#x}, which is not the address of a function \
-                     of this module matching prototype `{}`",
+                     this call may reach (through `{}`)",
                     ic.proto
                 )));
             };

@@ -153,7 +153,8 @@ pub struct IndirectCall {
     pub fptr: u32,
     /// (function address, call site) for each function the pointer may name.
     pub sites: Vec<(u64, CallSite)>,
-    /// The `.callprototype` label (for the fault of a pointer to nothing callable).
+    /// The `.callprototype` or `.calltargets` label (for the fault of a pointer to nothing
+    /// callable).
     pub proto: String,
 }
 
@@ -225,6 +226,14 @@ struct CallOperands {
     args: Vec<Operand>,
     /// Indirect calls: the function-pointer operand and the `.callprototype` label.
     indirect: Option<(Operand, String)>,
+}
+
+/// What an indirect call's last operand names.
+enum Targets {
+    /// `.callprototype`: (return values, parameters).
+    Proto(Vec<ptx::Param>, Vec<ptx::Param>),
+    /// `.calltargets`: the functions.
+    List(Vec<String>),
 }
 
 /// Do a function's return values and parameters have the prototype's spaces, element counts
@@ -406,31 +415,102 @@ impl<'a> Decoder<'a> {
         }
     }
 
-    /// The `.callprototype` named `label` in the function being decoded: (returns, parameters).
-    fn prototype(&self, label: &str) -> Option<(Vec<ptx::Param>, Vec<ptx::Param>)> {
+    /// The `.callprototype` or `.calltargets` named `label` in the function being decoded.
+    fn call_targets(&self, label: &str) -> Option<Targets> {
         let f = match &self.current {
             Some(n) => self.module.function(n)?,
             None => self.f,
         };
         let mut found = None;
-        f.walk(&mut |s| {
-            if let Statement::CallPrototype {
+        f.walk(&mut |s| match s {
+            Statement::CallPrototype {
                 label: l,
                 rets,
                 params,
                 ..
-            } = s
-            {
-                if l == label && found.is_none() {
-                    found = Some((rets.clone(), params.clone()));
-                }
+            } if l == label && found.is_none() => {
+                found = Some(Targets::Proto(rets.clone(), params.clone()));
             }
+            Statement::CallTargets { label: l, targets } if l == label && found.is_none() => {
+                found = Some(Targets::List(targets.clone()));
+            }
+            _ => {}
         });
         found
     }
 
-    /// An indirect call: one call site per address-taken function matching the prototype; the
-    /// `.param` return values are copied out by the prototype's layout, which all of them share.
+    /// The functions an indirect call may reach, and whether each must be callable (a
+    /// `.calltargets` list) rather than skipped when its results are laid out differently.
+    fn indirect_candidates(
+        &self,
+        ins: &Instruction,
+        label: &str,
+        c: &CallOperands,
+    ) -> Result<(Vec<&'a Function>, bool), EmuError> {
+        let module: &'a Module = self.module;
+        let counts = |f: &Function| f.rets.len() == c.rets.len() && f.params.len() == c.args.len();
+        match self.call_targets(label) {
+            Some(Targets::Proto(prets, pparams)) => {
+                if prets.len() != c.rets.len() || pparams.len() != c.args.len() {
+                    return Err(self.err(
+                        ins,
+                        format!(
+                            "call passes {} results / {} arguments, prototype `{label}` has \
+                             {} / {}",
+                            c.rets.len(),
+                            c.args.len(),
+                            prets.len(),
+                            pparams.len()
+                        ),
+                    ));
+                }
+                let taken = address_taken(module);
+                let fs = module.functions().filter(|f| {
+                    f.kind == ptx::FuncKind::Func
+                        && f.body.is_some()
+                        && taken.contains(f.name.as_str())
+                        && module
+                            .function(&f.name)
+                            .is_some_and(|g| std::ptr::eq(g, *f))
+                        && matches_prototype(f, &prets, &pparams)
+                });
+                Ok((fs.collect(), false))
+            }
+            Some(Targets::List(names)) => {
+                let mut fs = Vec::new();
+                for n in &names {
+                    let f = module
+                        .function(n)
+                        .filter(|f| f.kind == ptx::FuncKind::Func && f.body.is_some())
+                        .ok_or_else(|| {
+                            self.err(
+                                ins,
+                                format!(
+                                    "`.calltargets` {label} names `{n}`, which is not a device \
+                                     function defined in this module"
+                                ),
+                            )
+                        })?;
+                    if !counts(f) {
+                        return Err(self.err(
+                            ins,
+                            format!("`{n}` of `.calltargets` {label} does not fit this call"),
+                        ));
+                    }
+                    fs.push(f);
+                }
+                Ok((fs, true))
+            }
+            None => Err(self.err(
+                ins,
+                format!("`{label}` is not a .callprototype or .calltargets label"),
+            )),
+        }
+    }
+
+    /// An indirect call: one call site per function it may reach (see
+    /// [`Self::indirect_candidates`]); the `.param` return values are copied out by one layout,
+    /// which all of them share.
     fn call_indirect(
         &mut self,
         ins: &Instruction,
@@ -441,33 +521,12 @@ impl<'a> Decoder<'a> {
         let Some((fptr, label)) = &c.indirect else {
             return Err(self.err(ins, "internal: not an indirect call"));
         };
-        let (prets, pparams) = self
-            .prototype(label)
-            .ok_or_else(|| self.err(ins, format!("`{label}` is not a .callprototype")))?;
-        if prets.len() != c.rets.len() || pparams.len() != c.args.len() {
-            return Err(self.err(
-                ins,
-                format!(
-                    "call passes {} results / {} arguments, prototype `{label}` has {} / {}",
-                    c.rets.len(),
-                    c.args.len(),
-                    prets.len(),
-                    pparams.len()
-                ),
-            ));
-        }
+        let (candidates, strict) = self.indirect_candidates(ins, label, c)?;
         let fptr = self.src(ins, fptr)?;
-        let module = self.module;
-        let taken = address_taken(module);
         let mut sites = Vec::new();
         let mut ret_copies: Option<Vec<ParamCopy>> = None;
-        for f in module.functions() {
-            let candidate = f.kind == ptx::FuncKind::Func
-                && f.body.is_some()
-                && taken.contains(f.name.as_str())
-                && module.function(&f.name).is_some_and(|g| std::ptr::eq(g, f))
-                && matches_prototype(f, &prets, &pparams);
-            let Some(addr) = function_address(module, &f.name).filter(|_| candidate) else {
+        for f in candidates {
+            let Some(addr) = function_address(self.module, &f.name) else {
                 continue;
             };
             let named = CallOperands {
@@ -480,6 +539,12 @@ impl<'a> Decoder<'a> {
             // every candidate must put its `.param` results where the copy after the call
             // reads them (same sizes give the same layout unless `.align` differs)
             match &ret_copies {
+                Some(r) if !same_copies(r, &rets) && strict => {
+                    return Err(self.err(
+                        ins,
+                        format!("`{}` lays out its results unlike the other targets", f.name),
+                    ))
+                }
                 Some(r) if !same_copies(r, &rets) => continue,
                 Some(_) => {}
                 None => ret_copies = Some(rets),
