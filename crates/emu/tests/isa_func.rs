@@ -149,7 +149,15 @@ fn vector_registers_whole_and_by_component() {
     let input: Vec<u32> = (0..8 * n)
         .map(|i| if i % 8 < 4 { r.gen() } else { rand_f32(&mut r) })
         .collect();
-    let got = run(VECTORS, "vec", n as u32, &[input.clone()], 64 * n, &[]).unwrap();
+    let got = run(
+        VECTORS,
+        "vec",
+        n as u32,
+        std::slice::from_ref(&input),
+        64 * n,
+        &[],
+    )
+    .unwrap();
     for t in 0..n {
         let v = &input[8 * t..8 * t + 4];
         let f = &input[8 * t + 4..8 * t + 8];
@@ -233,7 +241,15 @@ fn vector_reg_parameters_several_returns_forward_declaration_and_weak() {
             }
         })
         .collect();
-    let got = run(VEC_PARAMS, "vp", n as u32, &[input.clone()], 32 * n, &[]).unwrap();
+    let got = run(
+        VEC_PARAMS,
+        "vp",
+        n as u32,
+        std::slice::from_ref(&input),
+        32 * n,
+        &[],
+    )
+    .unwrap();
     for t in 0..n {
         let a = &input[8 * t..8 * t + 8];
         let q = a[0] ^ a[2];
@@ -311,7 +327,15 @@ fn recursion_through_vector_registers() {
     let n = 64usize;
     let mut r = rng(3);
     let input: Vec<u32> = (0..2 * n).map(|_| r.gen()).collect();
-    let got = run(VEC_REC, "vr", n as u32, &[input.clone()], 8 * n, &[]).unwrap();
+    let got = run(
+        VEC_REC,
+        "vr",
+        n as u32,
+        std::slice::from_ref(&input),
+        8 * n,
+        &[],
+    )
+    .unwrap();
     for t in 0..n {
         let want = vrec(t as u32 % 40, [input[2 * t], input[2 * t + 1]]);
         assert_eq!(&got[2 * t..2 * t + 2], &want[..], "thread {t}");
@@ -467,7 +491,11 @@ fn indirect_calls_through_a_prototype_a_calltargets_list_and_a_function_table() 
 /// Compares the results of [`INDIRECT`] with the host functions.
 fn check_indirect(a: &[u32], sel: &[u32], got: &[u32], form: &str) {
     for t in 0..a.len() {
-        let f = if sel[t] % 5 == 0 { 1 } else { sel[t] % 3 };
+        let f = if sel[t].is_multiple_of(5) {
+            1
+        } else {
+            sel[t] % 3
+        };
         let want = match f {
             0 => a[t].wrapping_mul(3),
             1 => a[t] ^ 0x5a5a,
