@@ -64,23 +64,11 @@ impl LoadedModule {
         let module = with_source_lines(module);
         let mut symbols = HashMap::new();
         let mut allocations = Vec::new();
-        // module-scope variables, then those declared in function bodies (function scope:
-        // found under `program::scoped_name(function, variable)`)
-        let mut vars: Vec<(String, &ptx::VarDecl)> =
-            module.globals().map(|v| (v.name.clone(), v)).collect();
-        for f in module.functions() {
-            f.walk(&mut |s| {
-                if let ptx::Statement::Var(v) = s {
-                    vars.push((program::scoped_name(&f.name, &v.name), v));
-                }
-            });
-        }
-        for (key, v) in vars {
-            if matches!(v.space, ptx::Space::Global | ptx::Space::Const) {
-                let a = alloc_var(mem, &module, &symbols, v, device)?;
-                symbols.insert(key, program::SymAddr::Global(a.base));
-                allocations.push(a);
-            }
+        // module-scope variables, then those declared in function bodies (function scope)
+        for (key, v) in program::global_variables(&module) {
+            let a = alloc_var(mem, &module, &symbols, v, device)?;
+            symbols.insert(key, program::SymAddr::Global(a.base));
+            allocations.push(a);
         }
         Ok(LoadedModule {
             module,

@@ -550,6 +550,22 @@ pub fn scoped_name(func: &str, var: &str) -> String {
     format!("{func}/{var}")
 }
 
+/// Every `.global`/`.const` variable the loader allocates, with the key the decoder finds it
+/// under: module-scope ones by name, those declared in a function body by [`scoped_name`].
+pub fn global_variables(module: &Module) -> Vec<(String, &ptx::VarDecl)> {
+    let mut vars: Vec<(String, &ptx::VarDecl)> =
+        module.globals().map(|v| (v.name.clone(), v)).collect();
+    for f in module.functions() {
+        f.walk(&mut |s| {
+            if let Statement::Var(v) = s {
+                vars.push((scoped_name(&f.name, &v.name), v));
+            }
+        });
+    }
+    vars.retain(|(_, v)| matches!(v.space, Space::Global | Space::Const));
+    vars
+}
+
 /// Where a module-scope symbol lives.
 #[derive(Clone, Copy, Debug)]
 pub enum SymAddr {

@@ -29,6 +29,12 @@ fn check_ptxas(text: &str, arch: &str, extra: &[&str]) {
         m,
         "parse(print(m)) != m"
     );
+    // what `ptxforge check` reports: the emulator refuses nothing (except the extern call)
+    let refused = emu::coverage::unsupported(&m);
+    assert!(
+        refused.iter().all(|r| r.why.contains("only declared")),
+        "{refused:#?}"
+    );
     if ptx::ptxas::ptxas_for_tests("isa_func test PTX").is_some() {
         let opts = ptx::ptxas::PtxasOptions {
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
