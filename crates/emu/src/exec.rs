@@ -1013,6 +1013,13 @@ impl Cta {
             SReg::TotalSmemSize | SReg::AggrSmemSize => ctx.shared_bytes() as u64,
             SReg::Envreg(_) => 0,
             SReg::WarpSz => 32,
+            // No performance counters are programmed, no shared memory is reserved for the
+            // system, and kernels do not run inside a CUDA graph's executable: all read 0.
+            SReg::Pm(_) | SReg::Pm64(_) | SReg::CurrentGraphExec => 0,
+            SReg::ReservedSmemBegin
+            | SReg::ReservedSmemEnd
+            | SReg::ReservedSmemCap
+            | SReg::ReservedSmemOffset(_) => 0,
         }
     }
 

@@ -660,3 +660,48 @@ fn warp_sz_function_scope_variables_addresses_and_cvta_on_every_space() {
         assert_eq!(&got[20 * t..20 * t + 18], &want[..], "thread {t}");
     }
 }
+
+/// The other predefined identifiers of the ISA read the emulator's model: `WARP_SZ` 32, no
+/// programmed performance counters, no reserved shared memory, no CUDA graph (all 0).
+const PREDEFINED: &str = r#"
+.version 8.0
+.target sm_90
+.address_size 64
+
+.visible .entry pre(.param .u64 pout)
+{
+    .reg .b32 %r<12>;
+    .reg .b64 %rd<6>;
+    ld.param.u64 %rd1, [pout];
+    mov.u32 %r0, %tid.x;
+    mul.wide.u32 %rd2, %r0, 48;
+    add.s64 %rd1, %rd1, %rd2;
+    mov.u32 %r1, WARP_SZ;
+    mul.lo.u32 %r2, %r0, WARP_SZ;
+    mov.u32 %r3, %pm0;
+    mov.u32 %r4, %pm7;
+    mov.u32 %r5, %reserved_smem_offset_begin;
+    mov.u32 %r6, %reserved_smem_offset_end;
+    mov.u32 %r7, %reserved_smem_offset_cap;
+    mov.u32 %r8, %reserved_smem_offset_1;
+    mov.u64 %rd3, %pm3_64;
+    mov.u64 %rd4, %current_graph_exec;
+    st.global.v4.u32 [%rd1], {%r1, %r2, %r3, %r4};
+    st.global.v4.u32 [%rd1+16], {%r5, %r6, %r7, %r8};
+    st.global.v2.u64 [%rd1+32], {%rd3, %rd4};
+    ret;
+}
+"#;
+
+#[test]
+fn predefined_identifiers() {
+    check_ptxas(PREDEFINED, "sm_90", &[]);
+    let n = 40usize;
+    let got = run(PREDEFINED, "pre", n as u32, &[], 48 * n, &[]).unwrap();
+    for t in 0..n {
+        let mut want = [0u32; 12];
+        want[0] = 32;
+        want[1] = 32 * t as u32;
+        assert_eq!(&got[12 * t..12 * t + 12], &want[..], "thread {t}");
+    }
+}

@@ -420,6 +420,18 @@ pub enum SReg {
     Envreg(u8),
     /// `WARP_SZ`, the predefined constant warp size (32).
     WarpSz,
+    /// `%pm0`..`%pm7`: performance-monitoring counters.
+    Pm(u8),
+    /// `%pm0_64`..`%pm7_64`: their 64-bit forms.
+    Pm64(u8),
+    /// `%reserved_smem_offset_begin` / `_end` / `_cap`: the CTA's reserved shared memory.
+    ReservedSmemBegin,
+    ReservedSmemEnd,
+    ReservedSmemCap,
+    /// `%reserved_smem_offset_0` / `_1`.
+    ReservedSmemOffset(u8),
+    /// `%current_graph_exec`: the executing CUDA graph (0 outside graphs).
+    CurrentGraphExec,
 }
 
 impl SReg {
@@ -470,15 +482,31 @@ impl SReg {
             "%total_smem_size" => SReg::TotalSmemSize,
             "%aggr_smem_size" => SReg::AggrSmemSize,
             "WARP_SZ" => SReg::WarpSz,
-            _ => {
-                let n = s.strip_prefix("%envreg")?.parse::<u8>().ok()?;
-                if n < 32 {
-                    SReg::Envreg(n)
-                } else {
-                    return None;
-                }
-            }
+            "%reserved_smem_offset_begin" => SReg::ReservedSmemBegin,
+            "%reserved_smem_offset_end" => SReg::ReservedSmemEnd,
+            "%reserved_smem_offset_cap" => SReg::ReservedSmemCap,
+            "%reserved_smem_offset_0" => SReg::ReservedSmemOffset(0),
+            "%reserved_smem_offset_1" => SReg::ReservedSmemOffset(1),
+            "%current_graph_exec" => SReg::CurrentGraphExec,
+            _ => return SReg::numbered(s),
         })
+    }
+    /// `%envreg<32>`, `%pm<8>`, `%pm<8>_64`.
+    fn numbered(s: &str) -> Option<SReg> {
+        // a single decimal digit below `limit`
+        let index = |x: &str, limit: u8| match x.as_bytes() {
+            [d @ b'0'..=b'9'] if d - b'0' < limit => Some(d - b'0'),
+            _ => None,
+        };
+        if let Some(n) = s.strip_prefix("%envreg") {
+            let n = n.parse::<u8>().ok()?;
+            return (n < 32).then_some(SReg::Envreg(n));
+        }
+        let n = s.strip_prefix("%pm")?;
+        match n.strip_suffix("_64") {
+            Some(n) => index(n, 8).map(SReg::Pm64),
+            None => index(n, 8).map(SReg::Pm),
+        }
     }
     /// Is this a name that needs a `.x/.y/.z` component?
     pub fn needs_dim(base: &str) -> bool {
@@ -497,7 +525,11 @@ impl SReg {
     /// Natural type of the register (u64 for clocks/timers, u32 otherwise).
     pub fn ty(self) -> Ty {
         match self {
-            SReg::Clock64 | SReg::Globaltimer | SReg::Gridid => Ty::U64,
+            SReg::Clock64
+            | SReg::Globaltimer
+            | SReg::Gridid
+            | SReg::Pm64(_)
+            | SReg::CurrentGraphExec => Ty::U64,
             SReg::IsExplicitCluster => Ty::Pred,
             _ => Ty::U32,
         }
@@ -538,6 +570,13 @@ impl SReg {
             SReg::AggrSmemSize => "%aggr_smem_size".into(),
             SReg::Envreg(n) => format!("%envreg{n}"),
             SReg::WarpSz => "WARP_SZ".into(),
+            SReg::Pm(n) => format!("%pm{n}"),
+            SReg::Pm64(n) => format!("%pm{n}_64"),
+            SReg::ReservedSmemBegin => "%reserved_smem_offset_begin".into(),
+            SReg::ReservedSmemEnd => "%reserved_smem_offset_end".into(),
+            SReg::ReservedSmemCap => "%reserved_smem_offset_cap".into(),
+            SReg::ReservedSmemOffset(n) => format!("%reserved_smem_offset_{n}"),
+            SReg::CurrentGraphExec => "%current_graph_exec".into(),
         }
     }
 }

@@ -1078,7 +1078,9 @@ impl Parser<'_> {
     }
 }
 
-/// Registers declared without a `%` prefix are parsed as symbols; turn them into registers.
+/// Registers declared without a `%` prefix are parsed as symbols, and registers named like a
+/// special register or predefined identifier (`.reg .pred %pm<4>;`, which ptxas accepts and
+/// which then shadows `%pm0`) as that; turn them into registers.
 fn resolve_plain_regs(body: &mut [Statement]) {
     let mut plain = PlainRegs::default();
     fn collect(b: &[Statement], set: &mut PlainRegs) {
@@ -1086,7 +1088,11 @@ fn resolve_plain_regs(body: &mut [Statement]) {
             match s {
                 Statement::Reg(d) => {
                     for n in &d.names {
-                        if !n.name.starts_with('%') {
+                        let first = match n.count {
+                            Some(_) => format!("{}0", n.name),
+                            None => n.name.clone(),
+                        };
+                        if !n.name.starts_with('%') || SReg::parse(&first).is_some() {
                             match n.count {
                                 None => {
                                     set.exact.insert(n.name.clone());
@@ -1114,6 +1120,7 @@ fn resolve_plain_regs(body: &mut [Statement]) {
             Operand::Sym { name, offset: 0 } if set.contains(name.as_str()) => {
                 *o = Operand::Reg(std::mem::take(name))
             }
+            Operand::SReg(r) if set.contains(&r.name()) => *o = Operand::Reg(r.name()),
             Operand::Addr { base, .. } => {
                 if let AddrBase::Sym(n) = base {
                     if set.contains(n.as_str()) {

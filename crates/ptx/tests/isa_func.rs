@@ -147,3 +147,54 @@ fn validator_rejects_what_ptxas_rejects() {
     )
     .contains(&DiagKind::VectorWidth));
 }
+
+#[test]
+fn predefined_identifiers_parse_and_print() {
+    for name in [
+        "WARP_SZ",
+        "%pm0",
+        "%pm7",
+        "%pm2_64",
+        "%reserved_smem_offset_begin",
+        "%reserved_smem_offset_end",
+        "%reserved_smem_offset_cap",
+        "%reserved_smem_offset_0",
+        "%reserved_smem_offset_1",
+        "%current_graph_exec",
+    ] {
+        let r = SReg::parse(name).unwrap_or_else(|| panic!("{name}"));
+        assert_eq!(r.name(), name);
+    }
+    for bad in ["%pm8", "%pm01", "%pm8_64", "%pm", "%reserved_smem_offset_2"] {
+        assert_eq!(SReg::parse(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn registers_named_like_predefined_identifiers_shadow_them() {
+    let text = r#"
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry k(.param .u64 pout)
+{
+    .reg .b32 %pm<2>;
+    .reg .b32 WARP_SZ;
+    .reg .b32 %r;
+    mov.u32 %pm1, 5;
+    mov.u32 WARP_SZ, %pm1;
+    mov.u32 %r, %pm0;
+    ret;
+}
+"#;
+    let m = ptx::parse(text).unwrap();
+    assert_eq!(ptx::parse(&ptx::print(&m)).unwrap(), m);
+    let ins = m.function("k").unwrap().instructions();
+    assert_eq!(ins[0].args[0], Operand::reg("%pm1"));
+    assert_eq!(
+        ins[1].args,
+        vec![Operand::reg("WARP_SZ"), Operand::reg("%pm1")]
+    );
+    assert_eq!(ins[2].args[1], Operand::reg("%pm0"));
+    assert!(validate(&m).is_empty(), "{:#?}", validate(&m));
+}
