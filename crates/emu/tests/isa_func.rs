@@ -705,3 +705,74 @@ fn predefined_identifiers() {
         assert_eq!(&got[12 * t..12 * t + 12], &want[..], "thread {t}");
     }
 }
+
+/// An indirect call with `.reg` parameters and return value; neighbouring lanes call
+/// different functions (the warp diverges at the call and meets again after it).
+const INDIRECT_REG: &str = r#"
+.version 8.0
+.target sm_80
+.address_size 64
+
+.func (.reg .b32 %o) g1(.reg .b32 %a)
+{
+    add.u32 %o, %a, 1;
+    ret;
+}
+
+.func (.reg .b32 %o) g2(.reg .b32 %a)
+{
+    .reg .b32 %t;
+    mul.lo.u32 %t, %a, 5;
+    xor.b32 %o, %t, %a;
+    ret;
+}
+
+.visible .entry k(.param .u64 pout, .param .u64 pin)
+{
+    .reg .b64 %rd<6>;
+    .reg .b32 %r<4>;
+    .reg .pred %p;
+    ld.param.u64 %rd1, [pout];
+    ld.param.u64 %rd4, [pin];
+    mov.u32 %r1, %tid.x;
+    mul.wide.u32 %rd5, %r1, 4;
+    add.s64 %rd4, %rd4, %rd5;
+    add.s64 %rd1, %rd1, %rd5;
+    ld.global.u32 %r0, [%rd4];
+    mov.u64 %rd2, g1;
+    mov.u64 %rd3, g2;
+    and.b32 %r2, %r1, 1;
+    setp.eq.u32 %p, %r2, 1;
+    @%p mov.u64 %rd2, %rd3;
+    proto: .callprototype (.reg .b32 _) _ (.reg .b32 _);
+    call (%r3), %rd2, (%r0), proto;
+    add.u32 %r3, %r3, %r1;
+    st.global.u32 [%rd1], %r3;
+    ret;
+}
+"#;
+
+#[test]
+fn indirect_calls_with_reg_parameters_diverge_per_lane() {
+    check_ptxas(INDIRECT_REG, "sm_80", &[]);
+    let n = 64usize;
+    let mut r = rng(6);
+    let a: Vec<u32> = (0..n).map(|_| r.gen()).collect();
+    let got = run(
+        INDIRECT_REG,
+        "k",
+        n as u32,
+        std::slice::from_ref(&a),
+        4 * n,
+        &[],
+    )
+    .unwrap();
+    for t in 0..n {
+        let v = if t % 2 == 1 {
+            a[t].wrapping_mul(5) ^ a[t]
+        } else {
+            a[t].wrapping_add(1)
+        };
+        assert_eq!(got[t], v.wrapping_add(t as u32), "thread {t}");
+    }
+}
