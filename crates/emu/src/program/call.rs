@@ -74,18 +74,11 @@ fn call_target_index(ins: &Instruction) -> Option<usize> {
     matches!(ins.args.get(k), Some(Operand::Sym { .. })).then_some(k)
 }
 
-/// The device functions (with bodies) kernel `k` can reach: by direct calls, through
-/// functions whose address it or a reachable function takes, and through function tables in
-/// variable initialisers.
+/// The device functions (with bodies) kernel `k` can reach: by direct calls, and (through
+/// pointers) every function whose address the module takes, with what they reach in turn.
 pub(super) fn reachable_functions<'m>(module: &'m Module, k: &'m Function) -> Vec<&'m Function> {
-    let mut names: Vec<&str> = Vec::new();
-    for v in module.globals() {
-        for i in v.init.iter().flatten() {
-            if let ptx::Init::Sym { name, .. } = i {
-                names.push(name);
-            }
-        }
-    }
+    let mut names: Vec<&str> = address_taken(module).into_iter().collect();
+    names.sort_unstable(); // a deterministic shared-memory layout
     let mut out: Vec<&Function> = Vec::new();
     let mut todo = vec![k];
     let mut seen: HashSet<&str> = HashSet::new();
