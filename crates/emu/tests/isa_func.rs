@@ -527,7 +527,7 @@ fn an_indirect_call_through_a_non_function_address_faults() {
 }
 
 /// Predefined `WARP_SZ`; variables declared in a function body (a function-scope `cnt`
-/// shadowing the module's, a kernel-scope `kg`); `[var+imm]`, `[var]`, `var+imm` as a value; `generic()` in
+/// shadowing the module's, two functions' own `sh` and `cnt`, a kernel-scope `kg`); `[var+imm]`, `[var]`, `var+imm` as a value; `generic()` in
 /// initialisers; `cvta`/`cvta.to` on every state space.
 const SYMBOLS: &str = r#"
 .version 8.0
@@ -553,10 +553,27 @@ const SYMBOLS: &str = r#"
     mul.wide.u32 %a1, %t3, 4;
     mov.u64 %a2, sh;
     add.s64 %a2, %a2, %a1;
-    st.shared.u32 [%a2], %x;
     ld.shared.u32 %t3, [%a2];
+    st.shared.u32 [%a2], %x;
     add.u32 %o, %t1, %t2;
     add.u32 %o, %o, %t3;
+    ret;
+}
+
+.func (.reg .b32 %o) counter2(.reg .b32 %y)
+{
+    .global .align 4 .u32 cnt = 9;
+    .shared .align 4 .u32 sh[64];
+    .reg .b32 %t;
+    .reg .b64 %a<3>;
+    mov.u32 %t, %tid.x;
+    mul.wide.u32 %a1, %t, 4;
+    mov.u64 %a2, sh;
+    add.s64 %a2, %a2, %a1;
+    st.shared.u32 [%a2], %y;
+    ld.global.u32 %t, [cnt];
+    ld.shared.u32 %o, [%a2];
+    add.u32 %o, %o, %t;
     ret;
 }
 
@@ -588,6 +605,9 @@ const SYMBOLS: &str = r#"
     ld.param.u32 %r8, [%rd6];
     add.u32 %r8, %r8, %r0;
     mad.lo.u32 %r9, %r0, 7, %r7;
+    call (%r19), counter, (%r9);
+    xor.b32 %r19, %r9, 1234;
+    call (%r19), counter2, (%r19);
     call (%r9), counter, (%r9);
     mul.wide.u32 %rd7, %r0, 4;
     mov.u64 %rd8, ksh;
@@ -624,6 +644,7 @@ const SYMBOLS: &str = r#"
     st.global.v4.u32 [%rd1+48], {%r13, %r14, %r15, %r16};
     ld.global.u32 %r18, [kg];
     st.global.v2.u32 [%rd1+64], {%r17, %r18};
+    st.global.u32 [%rd1+72], %r19;
     ret;
 }
 "#;
@@ -635,7 +656,7 @@ fn warp_sz_function_scope_variables_addresses_and_cvta_on_every_space() {
     let k: u32 = rng(5).gen();
     let got = run(SYMBOLS, "sym", n as u32, &[], 80 * n, &k.to_le_bytes()).unwrap();
     for t in 0..n as u32 {
-        let counter = 5 + 200 + t.wrapping_mul(7).wrapping_add(k);
+        let counter = t.wrapping_mul(7).wrapping_add(k).wrapping_add(205);
         let want = [
             33,
             22,
@@ -655,9 +676,10 @@ fn warp_sz_function_scope_variables_addresses_and_cvta_on_every_space() {
             44,
             1000,
             77,
+            (t.wrapping_mul(7).wrapping_add(k) ^ 1234).wrapping_add(9),
         ];
         let t = t as usize;
-        assert_eq!(&got[20 * t..20 * t + 18], &want[..], "thread {t}");
+        assert_eq!(&got[20 * t..20 * t + 19], &want[..], "thread {t}");
     }
 }
 
