@@ -373,6 +373,7 @@ impl KernelBuilder {
             ty: Ty::B8,
             align: Some(64),
             ptr: None,
+            vec: None,
             name: name.to_string(),
             array: Some(128),
         });
@@ -395,6 +396,7 @@ impl KernelBuilder {
             ty: T::MEM_TY,
             align: None,
             ptr: None,
+            vec: None,
             name: name.into(),
             array: None,
         });
@@ -1141,6 +1143,7 @@ impl<T: Scalar> KernelParam for T {
             ty: T::MEM_TY,
             align: None,
             ptr: None,
+            vec: None,
             name: name.into(),
             array: None,
         });
@@ -1175,6 +1178,7 @@ fn declare_global_ptr<T: PtxType>(k: &mut KernelBuilder, name: &str, align: u32)
         ty: Ty::U64,
         align: None,
         ptr,
+        vec: None,
         name: name.into(),
         array: None,
     });
@@ -1222,6 +1226,7 @@ impl<T: PtxType> KernelParam for Ptr<T, Generic> {
             ty: Ty::U64,
             align: None,
             ptr: None,
+            vec: None,
             name: name.into(),
             array: None,
         });

@@ -132,13 +132,8 @@ pub struct Refusal {
 /// placeholder addresses (decoding does not read memory).
 pub fn unsupported(module: &Module) -> Vec<Refusal> {
     let mut symbols = HashMap::new();
-    for (i, v) in module.globals().enumerate() {
-        if matches!(v.space, ptx::Space::Global | ptx::Space::Const) {
-            symbols.insert(
-                v.name.clone(),
-                SymAddr::Global(0x1000_0000 + 0x1_0000 * i as u64),
-            );
-        }
+    for (i, (key, _)) in program::global_variables(module).into_iter().enumerate() {
+        symbols.insert(key, SymAddr::Global(0x1000_0000 + 0x1_0000 * i as u64));
     }
     let mut out = Vec::new();
     for f in module.entries() {

@@ -6,7 +6,7 @@
 
 use crate::error::FaultKind;
 use crate::fp;
-use crate::memory::{MemMap, LOCAL_WINDOW, SHARED_WINDOW};
+use crate::memory::{MemMap, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
 use crate::program::*;
 use crate::sanitize::cta::Kind as SanKind;
 use crate::Lanes;
@@ -718,6 +718,16 @@ impl Cta {
                     lane,
                     local_bytes,
                 );
+            } else if (PARAM_WINDOW..PARAM_WINDOW + (1 << 32)).contains(&addr) {
+                // kernel parameters through a `cvta.param` generic address
+                return self.locate(
+                    ctx,
+                    MSpace::Param,
+                    addr - PARAM_WINDOW,
+                    size,
+                    lane,
+                    local_bytes,
+                );
             }
             MSpace::Global
         } else {
@@ -1016,6 +1026,14 @@ impl Cta {
             SReg::DynamicSmemSize => ctx.dyn_shared as u64,
             SReg::TotalSmemSize | SReg::AggrSmemSize => ctx.shared_bytes() as u64,
             SReg::Envreg(_) => 0,
+            SReg::WarpSz => 32,
+            // No performance counters are programmed, no shared memory is reserved for the
+            // system, and kernels do not run inside a CUDA graph's executable: all read 0.
+            SReg::Pm(_) | SReg::Pm64(_) | SReg::CurrentGraphExec => 0,
+            SReg::ReservedSmemBegin
+            | SReg::ReservedSmemEnd
+            | SReg::ReservedSmemCap
+            | SReg::ReservedSmemOffset(_) => 0,
         }
     }
 
@@ -1049,6 +1067,7 @@ impl Cta {
             Op::Sleep { .. } => self.exec_control(ctx, wi, inst, m),
             Op::Nop => self.exec_control(ctx, wi, inst, m),
             Op::Call(site) => self.exec_call(ctx, wi, site, m),
+            Op::CallIndirect(ic) => self.exec_call_indirect(ctx, wi, ic, m),
             Op::Ret => Ok(self.exec_ret(ctx, wi, m)),
             Op::CallRet(copies) => {
                 self.exec_call_ret(ctx, wi, copies, m)?;

@@ -64,45 +64,11 @@ impl LoadedModule {
         let module = with_source_lines(module);
         let mut symbols = HashMap::new();
         let mut allocations = Vec::new();
-        for v in module.globals() {
-            match v.space {
-                ptx::Space::Global | ptx::Space::Const => {
-                    let size = v.size_bytes().max(1);
-                    let a = mem.alloc(size, device)?;
-                    if let Some(init) = &v.init {
-                        let esz = v.ty.size() as usize;
-                        let mut bytes = Vec::with_capacity(init.len() * esz);
-                        for x in init {
-                            let bits: u64 = match x {
-                                ptx::Init::Int(i) => *i as u64,
-                                ptx::Init::F32(b) => *b as u64,
-                                ptx::Init::F64(b) => *b,
-                                ptx::Init::Sym { name, offset, .. } => match symbols.get(name) {
-                                    Some(program::SymAddr::Global(addr)) => {
-                                        addr.wrapping_add(*offset as u64)
-                                    }
-                                    _ => {
-                                        return Err(EmuError::Decode {
-                                            kernel: v.name.clone(),
-                                            msg: format!(
-                                                "initialiser refers to unknown symbol `{name}`"
-                                            ),
-                                        })
-                                    }
-                                },
-                            };
-                            bytes.extend_from_slice(&bits.to_le_bytes()[..esz.min(8)]);
-                        }
-                        bytes.truncate(size as usize);
-                        a.write_bytes(0, &bytes);
-                    }
-                    // module variables are initialised (zeros when no initialiser is given)
-                    a.mark_written(0, size);
-                    symbols.insert(v.name.clone(), program::SymAddr::Global(a.base));
-                    allocations.push(a);
-                }
-                _ => {}
-            }
+        // module-scope variables, then those declared in function bodies (function scope)
+        for (key, v) in program::global_variables(&module) {
+            let a = alloc_var(mem, &module, &symbols, v, device)?;
+            symbols.insert(key, program::SymAddr::Global(a.base));
+            allocations.push(a);
         }
         Ok(LoadedModule {
             module,
@@ -122,6 +88,49 @@ impl LoadedModule {
         g.insert(name.to_string(), p.clone());
         Ok(p)
     }
+}
+
+/// Allocates and initialises one `.global`/`.const` variable (zeros where no initialiser is
+/// given). Initialisers may name variables allocated before it (`generic(v)` is the same
+/// address: global memory is the generic window's base) and device functions (their
+/// addresses, for tables of function pointers).
+fn alloc_var(
+    mem: &GlobalMemory,
+    module: &ptx::Module,
+    symbols: &HashMap<String, program::SymAddr>,
+    v: &ptx::VarDecl,
+    device: u32,
+) -> Result<Arc<Allocation>, EmuError> {
+    let size = v.size_bytes().max(1);
+    let a = mem.alloc(size, device)?;
+    if let Some(init) = &v.init {
+        let esz = v.ty.size() as usize;
+        let mut bytes = Vec::with_capacity(init.len() * esz);
+        for x in init {
+            let bits: u64 = match x {
+                ptx::Init::Int(i) => *i as u64,
+                ptx::Init::F32(b) => *b as u64,
+                ptx::Init::F64(b) => *b,
+                ptx::Init::Sym { name, offset, .. } => {
+                    let base = match symbols.get(name) {
+                        Some(program::SymAddr::Global(addr)) => Some(*addr),
+                        _ => program::function_address(module, name),
+                    };
+                    base.ok_or_else(|| EmuError::Decode {
+                        kernel: v.name.clone(),
+                        msg: format!("initialiser refers to unknown symbol `{name}`"),
+                    })?
+                    .wrapping_add(*offset as u64)
+                }
+            };
+            bytes.extend_from_slice(&bits.to_le_bytes()[..esz.min(8)]);
+        }
+        bytes.truncate(size as usize);
+        a.write_bytes(0, &bytes);
+    }
+    // module variables are initialised (zeros when no initialiser is given)
+    a.mark_written(0, size);
+    Ok(a)
 }
 
 /// Sanitizer reports name PTX lines, which a module built in-process (the kernel library) does

@@ -14,6 +14,11 @@ pub const GLOBAL_BASE: u64 = 0x0000_7f00_0000_0000;
 pub const SHARED_WINDOW: u64 = 0x0000_1000_0000_0000;
 /// Generic-address window of local memory (`cvta.local`).
 pub const LOCAL_WINDOW: u64 = 0x0000_2000_0000_0000;
+/// Generic-address window of the kernel parameter space (`cvta.param`).
+pub const PARAM_WINDOW: u64 = 0x0000_3000_0000_0000;
+/// Addresses of device functions (`mov.u64 %rd, fname;`), used by indirect calls; nothing is
+/// mapped there, so loads and stores through them fault.
+pub const FUNC_BASE: u64 = 0x0000_4000_0000_0000;
 /// Gap left between allocations so small overruns land in no allocation.
 const GUARD: u64 = 4096;
 

@@ -28,7 +28,7 @@ mod ldst;
 mod tensor;
 mod video;
 mod warp;
-pub use call::{CallSite, ParamCopy, Place};
+pub use call::{function_address, CallSite, IndirectCall, ParamCopy, Place};
 pub use carry::{CarryKind, CarryOp};
 pub use family::{family, Family};
 use family::{misrouted, operand, role};
@@ -272,6 +272,8 @@ pub enum Op {
     /// Call a device function: a new frame per lane (arguments copied in, registers of a
     /// recursive callee saved), then jump.
     Call(Box<CallSite>),
+    /// An indirect call through a function pointer: each lane calls the site its pointer names.
+    CallIndirect(Box<IndirectCall>),
     /// Return from a device function (exits the thread at the outermost level).
     Ret,
     /// After a call returns: copy the callee's return values out of its (popped) frame.
@@ -567,6 +569,29 @@ impl Program {
     }
 }
 
+/// The key under which a `.global`/`.const`/`.shared` variable declared inside the body of
+/// function `func` is found among the loader's symbols (function scope: two functions may each
+/// declare their own `g`). `/` cannot occur in a PTX name, so no module variable clashes.
+pub fn scoped_name(func: &str, var: &str) -> String {
+    format!("{func}/{var}")
+}
+
+/// Every `.global`/`.const` variable the loader allocates, with the key the decoder finds it
+/// under: module-scope ones by name, those declared in a function body by [`scoped_name`].
+pub fn global_variables(module: &Module) -> Vec<(String, &ptx::VarDecl)> {
+    let mut vars: Vec<(String, &ptx::VarDecl)> =
+        module.globals().map(|v| (v.name.clone(), v)).collect();
+    for f in module.functions() {
+        f.walk(&mut |s| {
+            if let Statement::Var(v) = s {
+                vars.push((scoped_name(&f.name, &v.name), v));
+            }
+        });
+    }
+    vars.retain(|(_, v)| matches!(v.space, Space::Global | Space::Const));
+    vars
+}
+
 /// Where a module-scope symbol lives.
 #[derive(Clone, Copy, Debug)]
 pub enum SymAddr {
@@ -591,8 +616,9 @@ struct Decoder<'a> {
     local_syms: HashMap<String, u32>,
     param_syms: HashMap<String, u32>,
     pending: Vec<String>,
-    /// Call sites: (inst index, caller (None: the kernel), callee).
-    call_fixups: Vec<(usize, Option<String>, String)>,
+    /// Call sites: (inst index, site index (indirect calls have several), caller (None: the
+    /// kernel), callee).
+    call_fixups: Vec<(usize, usize, Option<String>, String)>,
     /// Are we decoding a `.func` body (ret returns) or the kernel (ret exits)?
     in_func: bool,
     /// The frame of the device function being decoded (None in the kernel).
@@ -603,10 +629,14 @@ struct Decoder<'a> {
     current: Option<String>,
     /// The slot of the carry flag `CC.CF` (allocated on first use).
     cc_slot: Option<u32>,
-    /// Registers of the `.reg` parameters of device functions (see `call`).
-    reg_params: HashMap<String, Vec<Option<u32>>>,
+    /// Registers of the `.reg` parameters of device functions (first slot, elements; see
+    /// `call`).
+    reg_params: HashMap<String, Vec<Option<(u32, u8)>>>,
     /// When collecting (`decode_collecting`): unsupported instructions, skipped.
     refused: Option<Vec<EmuError>>,
+    /// Vector registers (`.reg .v4 .f32 %v`): first slot -> elements; the elements occupy
+    /// consecutive slots, so `%v.y` is the first slot + 1.
+    vec_regs: HashMap<u32, u8>,
 }
 
 fn elem_size(t: Ty) -> u32 {
@@ -644,7 +674,38 @@ impl<'a> Decoder<'a> {
     }
 
     fn lookup(&self, name: &str) -> Option<u32> {
-        self.scopes.iter().rev().find_map(|s| s.get(name).copied())
+        let found = self.scopes.iter().rev().find_map(|s| s.get(name).copied());
+        if found.is_some() {
+            return found;
+        }
+        // `%v.x`..`%v.w` / `%v.r`..`%v.a`: an element of a vector register
+        let (base, c) = ptx::split_component(name)?;
+        let s = self
+            .scopes
+            .iter()
+            .rev()
+            .find_map(|s| s.get(base).copied())?;
+        (c < *self.vec_regs.get(&s)?).then_some(s + c as u32)
+    }
+
+    /// The slots of a whole vector register named by `o` (`%v` of `.reg .v4 .f32 %v`).
+    fn vec_reg(&self, o: &Operand) -> Option<Vec<u32>> {
+        let Operand::Reg(r) = o else { return None };
+        let s = self.scopes.iter().rev().find_map(|s| s.get(r).copied())?;
+        let n = *self.vec_regs.get(&s)?;
+        Some((s..s + n as u32).collect())
+    }
+
+    /// Allocates `lanes` consecutive slots of `bits` (a vector register when `lanes > 1`).
+    fn new_reg(&mut self, bits: u8, lanes: u8) -> u32 {
+        let s = self.new_slot(bits);
+        for _ in 1..lanes {
+            self.new_slot(bits);
+        }
+        if lanes > 1 {
+            self.vec_regs.insert(s, lanes);
+        }
+        s
     }
 
     /// The innermost register scope (the function scope is always there; recreated if not).
@@ -662,29 +723,32 @@ impl<'a> Decoder<'a> {
         } else {
             (d.ty.size() * 8).min(64) as u8
         };
-        // a .b128 register is a pair of 64-bit slots (low, high), like a two-element vector
-        let wide = if d.ty == Ty::B128 { 2 } else { 1 };
+        let lanes = d.vec.unwrap_or(1);
         for n in &d.names {
             match n.count {
                 None => {
-                    let lanes = d.vec.unwrap_or(1) * wide;
-                    let s = self.new_slot(bits);
-                    for _ in 1..lanes {
-                        self.new_slot(bits);
-                    }
+                    let s = self.declare_one(d.ty, bits, lanes);
                     self.innermost().insert(n.name.clone(), s);
                 }
                 Some(c) => {
                     for i in 0..c {
-                        let s = self.new_slot(bits);
-                        for _ in 1..wide {
-                            self.new_slot(bits);
-                        }
+                        let s = self.declare_one(d.ty, bits, lanes);
                         self.innermost().insert(format!("{}{}", n.name, i), s);
                     }
                 }
             }
         }
+    }
+
+    /// Slots of one declared register: a vector's lanes, or a `.b128`'s pair of 64-bit slots
+    /// (low, high; not a vector: no components, vectors of `.b128` do not exist).
+    fn declare_one(&mut self, ty: Ty, bits: u8, lanes: u8) -> u32 {
+        if ty == Ty::B128 {
+            let s = self.new_slot(bits);
+            self.new_slot(bits);
+            return s;
+        }
+        self.new_reg(bits, lanes)
     }
 
     /// Address of a symbol used as a value or as the base of `[sym+off]`.
@@ -695,13 +759,19 @@ impl<'a> Decoder<'a> {
         if let Some(&o) = self.param_syms.get(name) {
             return Ok((o as u64, MSpace::Param));
         }
-        if let Some(&o) = self.shared_syms.get(name) {
+        // variables declared in the body of the function being decoded shadow module ones
+        let scoped = scoped_name(self.current.as_deref().unwrap_or(&self.f.name), name);
+        let shared = self.shared_syms.get(&scoped);
+        if let Some(&o) = shared.or_else(|| self.shared_syms.get(name)) {
             return Ok((o as u64, MSpace::Shared));
         }
-        match self.globals.get(name) {
+        match self.globals.get(&scoped).or_else(|| self.globals.get(name)) {
             Some(SymAddr::Global(a)) => Ok((*a, MSpace::Global)),
             Some(SymAddr::Shared(o)) => Ok((*o as u64, MSpace::Shared)),
-            None => Err(self.err(ins, format!("unknown symbol `{name}`"))),
+            None => match call::function_address(self.module, name) {
+                Some(a) => Ok((a, MSpace::Global)),
+                None => Err(self.err(ins, format!("unknown symbol `{name}`"))),
+            },
         }
     }
 
@@ -739,15 +809,23 @@ impl<'a> Decoder<'a> {
         }
     }
 
+    /// The destinations of a vector operand: `{a, _, c}` or a whole vector register.
     fn vec_dsts(&mut self, ins: &Instruction, o: &Operand) -> Result<Vec<u32>, EmuError> {
         match o {
             Operand::Vec(v) => v.iter().map(|x| self.dst(ins, x)).collect(),
+            x if ins.vec_width().is_some() && self.vec_reg(x).is_some() => {
+                Ok(self.vec_reg(x).unwrap_or_default())
+            }
             x => Ok(vec![self.dst(ins, x)?]),
         }
     }
+    /// The sources of a vector operand: `{a, b}` or a whole vector register.
     fn vec_srcs(&mut self, ins: &Instruction, o: &Operand) -> Result<Vec<u32>, EmuError> {
         match o {
             Operand::Vec(v) => v.iter().map(|x| self.src(ins, x)).collect(),
+            x if ins.vec_width().is_some() && self.vec_reg(x).is_some() => {
+                Ok(self.vec_reg(x).unwrap_or_default())
+            }
             x => Ok(vec![self.src(ins, x)?]),
         }
     }
@@ -1007,6 +1085,7 @@ fn decode_with(
         cc_slot: None,
         reg_params: HashMap::new(),
         refused: collect.then(Vec::new),
+        vec_regs: HashMap::new(),
     };
     d.new_slot(64); // ZERO
     d.layout_shared(body);
@@ -1071,22 +1150,32 @@ impl<'a> Decoder<'a> {
         let mut off = 0u32;
         let mut dyn_align = 16u32;
         let mut dyn_names = Vec::new();
-        let mut place = |v: &ptx::VarDecl, off: &mut u32, map: &mut HashMap<String, u32>| {
+        let mut place = |v: &ptx::VarDecl, key: String, off: &mut u32, map: &mut HashMap<_, _>| {
             let align = v.align.unwrap_or(v.ty.size()).max(1);
             if v.dims.iter().any(|d| d.is_none()) {
                 dyn_align = dyn_align.max(align);
-                dyn_names.push(v.name.clone());
+                dyn_names.push(key);
                 return;
             }
             *off = off.div_ceil(align) * align;
-            map.insert(v.name.clone(), *off);
+            map.insert(key, *off);
             *off += v.size_bytes() as u32;
         };
         let mut shared = HashMap::new();
         for g in self.module.globals() {
             if g.space.is_shared() {
-                place(g, &mut off, &mut shared);
+                place(g, g.name.clone(), &mut off, &mut shared);
             }
+        }
+        // `.shared` variables declared in the bodies of device functions the kernel can reach
+        for f in call::reachable_functions(self.module, self.f) {
+            f.walk(&mut |s| {
+                if let Statement::Var(v) = s {
+                    if v.space.is_shared() {
+                        place(v, scoped_name(&f.name, &v.name), &mut off, &mut shared);
+                    }
+                }
+            });
         }
         let mut local_off = 0u32;
         let mut locals = HashMap::new();
@@ -1103,7 +1192,7 @@ impl<'a> Decoder<'a> {
         walk(body, &mut |v| fvars.push(v.clone()));
         for v in &fvars {
             if v.space.is_shared() {
-                place(v, &mut off, &mut shared);
+                place(v, v.name.clone(), &mut off, &mut shared);
             } else if v.space == Space::Local {
                 let align = v.align.unwrap_or(v.ty.size()).max(1);
                 local_off = local_off.div_ceil(align) * align;
@@ -1150,7 +1239,10 @@ impl<'a> Decoder<'a> {
                         self.local_syms.insert(v.name.clone(), off);
                     }
                 }
-                Statement::Var(_) | Statement::Pragma(_) | Statement::CallPrototype { .. } => {}
+                Statement::Var(_)
+                | Statement::Pragma(_)
+                | Statement::CallPrototype { .. }
+                | Statement::CallTargets { .. } => {}
             }
         }
         Ok(())

@@ -213,17 +213,39 @@ pub struct Param {
     pub ty: Ty,
     pub align: Option<u32>,
     pub ptr: Option<PtrAttr>,
+    /// `.v2`/`.v4` vector parameters and return values (`.reg .v4 .b32 a`).
+    pub vec: Option<u8>,
     pub name: String,
     /// Byte-array parameters (`.param .align 8 .b8 p[16]`).
     pub array: Option<u64>,
 }
 
 impl Param {
+    /// A scalar parameter of type `ty` in `space` (`.param` or `.reg`).
+    pub fn new(space: Space, ty: Ty, name: impl Into<String>) -> Param {
+        Param {
+            space,
+            ty,
+            align: None,
+            ptr: None,
+            vec: None,
+            name: name.into(),
+            array: None,
+        }
+    }
+    /// Elements of a vector parameter (1 for a scalar).
+    pub fn lanes(&self) -> u64 {
+        self.vec.map_or(1, u64::from)
+    }
     pub fn size_bytes(&self) -> u64 {
-        (self.ty.size() as u64).saturating_mul(self.array.unwrap_or(1))
+        (self.ty.size() as u64)
+            .saturating_mul(self.lanes())
+            .saturating_mul(self.array.unwrap_or(1))
     }
     pub fn alignment(&self) -> u64 {
-        self.align.map(u64::from).unwrap_or(self.ty.size() as u64)
+        self.align
+            .map(u64::from)
+            .unwrap_or(self.ty.size() as u64 * self.lanes())
     }
 }
 
@@ -315,6 +337,11 @@ pub enum Statement {
         label: String,
         targets: Vec<String>,
     },
+    /// `name: .calltargets f1, f2;`: the functions an indirect call through `name` may reach.
+    CallTargets {
+        label: String,
+        targets: Vec<String>,
+    },
     /// `name: .callprototype ...;` used by indirect calls; params kept structured.
     CallPrototype {
         label: String,
@@ -391,6 +418,20 @@ pub enum SReg {
     TotalSmemSize,
     AggrSmemSize,
     Envreg(u8),
+    /// `WARP_SZ`, the predefined constant warp size (32).
+    WarpSz,
+    /// `%pm0`..`%pm7`: performance-monitoring counters.
+    Pm(u8),
+    /// `%pm0_64`..`%pm7_64`: their 64-bit forms.
+    Pm64(u8),
+    /// `%reserved_smem_offset_begin` / `_end` / `_cap`: the CTA's reserved shared memory.
+    ReservedSmemBegin,
+    ReservedSmemEnd,
+    ReservedSmemCap,
+    /// `%reserved_smem_offset_0` / `_1`.
+    ReservedSmemOffset(u8),
+    /// `%current_graph_exec`: the executing CUDA graph (0 outside graphs).
+    CurrentGraphExec,
 }
 
 impl SReg {
@@ -440,15 +481,32 @@ impl SReg {
             "%dynamic_smem_size" => SReg::DynamicSmemSize,
             "%total_smem_size" => SReg::TotalSmemSize,
             "%aggr_smem_size" => SReg::AggrSmemSize,
-            _ => {
-                let n = s.strip_prefix("%envreg")?.parse::<u8>().ok()?;
-                if n < 32 {
-                    SReg::Envreg(n)
-                } else {
-                    return None;
-                }
-            }
+            "WARP_SZ" => SReg::WarpSz,
+            "%reserved_smem_offset_begin" => SReg::ReservedSmemBegin,
+            "%reserved_smem_offset_end" => SReg::ReservedSmemEnd,
+            "%reserved_smem_offset_cap" => SReg::ReservedSmemCap,
+            "%reserved_smem_offset_0" => SReg::ReservedSmemOffset(0),
+            "%reserved_smem_offset_1" => SReg::ReservedSmemOffset(1),
+            "%current_graph_exec" => SReg::CurrentGraphExec,
+            _ => return SReg::numbered(s),
         })
+    }
+    /// `%envreg<32>`, `%pm<8>`, `%pm<8>_64`.
+    fn numbered(s: &str) -> Option<SReg> {
+        // a single decimal digit below `limit`
+        let index = |x: &str, limit: u8| match x.as_bytes() {
+            [d @ b'0'..=b'9'] if d - b'0' < limit => Some(d - b'0'),
+            _ => None,
+        };
+        if let Some(n) = s.strip_prefix("%envreg") {
+            let n = n.parse::<u8>().ok()?;
+            return (n < 32).then_some(SReg::Envreg(n));
+        }
+        let n = s.strip_prefix("%pm")?;
+        match n.strip_suffix("_64") {
+            Some(n) => index(n, 8).map(SReg::Pm64),
+            None => index(n, 8).map(SReg::Pm),
+        }
     }
     /// Is this a name that needs a `.x/.y/.z` component?
     pub fn needs_dim(base: &str) -> bool {
@@ -467,7 +525,11 @@ impl SReg {
     /// Natural type of the register (u64 for clocks/timers, u32 otherwise).
     pub fn ty(self) -> Ty {
         match self {
-            SReg::Clock64 | SReg::Globaltimer | SReg::Gridid => Ty::U64,
+            SReg::Clock64
+            | SReg::Globaltimer
+            | SReg::Gridid
+            | SReg::Pm64(_)
+            | SReg::CurrentGraphExec => Ty::U64,
             SReg::IsExplicitCluster => Ty::Pred,
             _ => Ty::U32,
         }
@@ -507,8 +569,32 @@ impl SReg {
             SReg::TotalSmemSize => "%total_smem_size".into(),
             SReg::AggrSmemSize => "%aggr_smem_size".into(),
             SReg::Envreg(n) => format!("%envreg{n}"),
+            SReg::WarpSz => "WARP_SZ".into(),
+            SReg::Pm(n) => format!("%pm{n}"),
+            SReg::Pm64(n) => format!("%pm{n}_64"),
+            SReg::ReservedSmemBegin => "%reserved_smem_offset_begin".into(),
+            SReg::ReservedSmemEnd => "%reserved_smem_offset_end".into(),
+            SReg::ReservedSmemCap => "%reserved_smem_offset_cap".into(),
+            SReg::ReservedSmemOffset(n) => format!("%reserved_smem_offset_{n}"),
+            SReg::CurrentGraphExec => "%current_graph_exec".into(),
         }
     }
+}
+
+/// A vector-register component `%v.x` split into the register and the component index: `.x`
+/// and `.r` are 0, `.y`/`.g` 1, `.z`/`.b` 2, `.w`/`.a` 3 (PTX ISA, "Vector operands"). The
+/// parser keeps the component in the operand's register name (`Operand::Reg("%v.x")`), so the
+/// text prints back as written.
+pub fn split_component(name: &str) -> Option<(&str, u8)> {
+    let (base, c) = name.rsplit_once('.')?;
+    let i = match c {
+        "x" | "r" => 0,
+        "y" | "g" => 1,
+        "z" | "b" => 2,
+        "w" | "a" => 3,
+        _ => return None,
+    };
+    (!base.is_empty()).then_some((base, i))
 }
 
 /// Base of a memory address `[base+offset]`.

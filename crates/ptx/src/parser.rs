@@ -574,9 +574,16 @@ impl<'a> Parser<'a> {
         };
         let (mut align, mut ty, mut ptr): (Option<u32>, Option<Ty>, Option<PtrAttr>) =
             (None, None, None);
+        let mut vec = None;
         loop {
             let d = self.peek()?;
             match d.tok {
+                Tok::Dot(s) if vec.is_none() && matches!(Mod::parse(s), Some(Mod::Vec(_))) => {
+                    self.next()?;
+                    if let Some(Mod::Vec(n)) = Mod::parse(s) {
+                        vec = Some(n);
+                    }
+                }
                 Tok::Dot("align") => {
                     self.next()?;
                     let a = self.align()?;
@@ -619,6 +626,7 @@ impl<'a> Parser<'a> {
             ty,
             align,
             ptr,
+            vec,
             name,
             array,
         })
@@ -705,6 +713,18 @@ impl<'a> Parser<'a> {
                             }
                             self.expect_punct(b';')?;
                             return Ok(Some(Statement::BranchTargets {
+                                label: name.to_string(),
+                                targets,
+                            }));
+                        }
+                        Tok::Dot("calltargets") => {
+                            self.next()?;
+                            let mut targets = vec![self.ident()?.to_string()];
+                            while self.eat_punct(b',')? {
+                                targets.push(self.ident()?.to_string());
+                            }
+                            self.expect_punct(b';')?;
+                            return Ok(Some(Statement::CallTargets {
                                 label: name.to_string(),
                                 targets,
                             }));
@@ -1044,14 +1064,14 @@ impl<'a> Parser<'a> {
                 if let Some(r) = SReg::parse(s) {
                     return Ok(Operand::SReg(r));
                 }
-                self.selected(Operand::Reg(s.to_string()))
+                let name = self.component(s)?;
+                self.selected(Operand::Reg(name))
             }
+            Tok::Ident("WARP_SZ") => Ok(Operand::SReg(SReg::WarpSz)),
             Tok::Ident(s) => {
+                let name = self.component(s)?;
                 let offset = self.sym_offset()?;
-                Ok(Operand::Sym {
-                    name: s.to_string(),
-                    offset,
-                })
+                Ok(Operand::Sym { name, offset })
             }
             _ => Err(self.err(
                 &t,
@@ -1061,7 +1081,25 @@ impl<'a> Parser<'a> {
     }
 }
 
-/// Registers declared without a `%` prefix are parsed as symbols; turn them into registers.
+impl Parser<'_> {
+    /// A register name with its vector component when one follows without space (`%v.x`,
+    /// `%v.a`): kept in the name, see [`split_component`].
+    fn component(&mut self, name: &str) -> PResult<String> {
+        let d = self.peek()?;
+        if let Tok::Dot(c) = d.tok {
+            let full = format!("{name}.{c}");
+            if !d.spaced && split_component(&full).is_some() {
+                self.next()?;
+                return Ok(full);
+            }
+        }
+        Ok(name.to_string())
+    }
+}
+
+/// Registers declared without a `%` prefix are parsed as symbols, and registers named like a
+/// special register or predefined identifier (`.reg .pred %pm<4>;`, which ptxas accepts and
+/// which then shadows `%pm0`) as that; turn them into registers.
 fn resolve_plain_regs(body: &mut [Statement]) {
     let mut plain = PlainRegs::default();
     fn collect(b: &[Statement], set: &mut PlainRegs) {
@@ -1069,7 +1107,11 @@ fn resolve_plain_regs(body: &mut [Statement]) {
             match s {
                 Statement::Reg(d) => {
                     for n in &d.names {
-                        if !n.name.starts_with('%') {
+                        let first = match n.count {
+                            Some(_) => format!("{}0", n.name),
+                            None => n.name.clone(),
+                        };
+                        if !n.name.starts_with('%') || SReg::parse(&first).is_some() {
                             match n.count {
                                 None => {
                                     set.exact.insert(n.name.clone());
@@ -1097,6 +1139,7 @@ fn resolve_plain_regs(body: &mut [Statement]) {
             Operand::Sym { name, offset: 0 } if set.contains(name.as_str()) => {
                 *o = Operand::Reg(std::mem::take(name))
             }
+            Operand::SReg(r) if set.contains(&r.name()) => *o = Operand::Reg(r.name()),
             Operand::Addr { base, .. } => {
                 if let AddrBase::Sym(n) = base {
                     if set.contains(n.as_str()) {
@@ -1138,6 +1181,9 @@ impl PlainRegs {
     fn contains(&self, name: &str) -> bool {
         if self.exact.contains(name) {
             return true;
+        }
+        if let Some((base, _)) = split_component(name) {
+            return self.contains(base);
         }
         let digits = name
             .bytes()

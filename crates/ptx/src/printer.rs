@@ -178,6 +178,9 @@ fn write_param(o: &mut String, p: &Param) -> fmt::Result {
     if let Some(a) = p.align {
         write!(o, " .align {a}")?;
     }
+    if let Some(n) = p.vec {
+        write!(o, " .v{n}")?;
+    }
     write!(o, " .{}", p.ty)?;
     if let Some(ptr) = p.ptr {
         o.push_str(" .ptr");
@@ -352,6 +355,9 @@ fn write_statement(o: &mut String, s: &Statement) -> fmt::Result {
         }
         Statement::BranchTargets { label, targets } => {
             write!(o, "{label}: .branchtargets {};", targets.join(", "))?;
+        }
+        Statement::CallTargets { label, targets } => {
+            write!(o, "{label}: .calltargets {};", targets.join(", "))?;
         }
         Statement::CallPrototype {
             label,

@@ -238,7 +238,7 @@ impl Scope {
 fn param_reg(p: &Param) -> RegInfo {
     RegInfo {
         ty: p.ty,
-        vec: None,
+        vec: p.vec,
     }
 }
 
@@ -367,10 +367,39 @@ impl<'a> FnCheck<'a> {
             }
         }
         self.scopes.push(outer);
+        for p in f.rets.iter().chain(&f.params) {
+            if p.vec.is_some() && p.space != Space::Reg {
+                self.vector_param(&p.name, f.loc);
+            }
+        }
+        if f.rets.len() > 1 && f.rets.iter().any(|p| p.space != Space::Reg) {
+            self.diag(
+                DiagKind::BadOperand,
+                f.loc,
+                format!(
+                    "`{}` returns {} values: several return values must all be .reg (ptxas: \
+                     \"Multiple return parameters require .register state space\")",
+                    f.name,
+                    f.rets.len()
+                ),
+            );
+        }
         let Some(body) = &f.body else { return };
         // Labels and local variables are function-wide.
         self.collect(body);
         self.block(body);
+    }
+
+    /// Vectors live in registers only: ptxas cannot allocate a `.v2`/`.v4` `.param`.
+    fn vector_param(&mut self, name: &str, loc: Loc) {
+        self.diag(
+            DiagKind::BadOperand,
+            loc,
+            format!(
+                "`{name}`: vector parameters must be .reg (ptxas: \"cannot be allocated in \
+                 .param state space\")"
+            ),
+        );
     }
 
     fn check_directives(&mut self) {
@@ -429,10 +458,15 @@ impl<'a> FnCheck<'a> {
                         self.labels.insert(l, *loc);
                     }
                 }
-                Statement::BranchTargets { label, .. } | Statement::CallPrototype { label, .. } => {
+                Statement::BranchTargets { label, .. }
+                | Statement::CallTargets { label, .. }
+                | Statement::CallPrototype { label, .. } => {
                     self.labels.entry(label).or_default();
                 }
                 Statement::Var(v) => {
+                    if v.vec.is_some() && v.space.is_param() {
+                        self.vector_param(&v.name, v.loc);
+                    }
                     self.locals.insert(&v.name, v.space);
                 }
                 Statement::Block(b) => self.collect(b),
@@ -442,7 +476,17 @@ impl<'a> FnCheck<'a> {
     }
 
     fn lookup(&self, name: &str) -> Option<RegInfo> {
-        self.scopes.iter().rev().find_map(|s| s.lookup(name))
+        let found = self.scopes.iter().rev().find_map(|s| s.lookup(name));
+        if found.is_some() {
+            return found;
+        }
+        // `%v.x`: one element of a vector register with at least that many elements
+        let (base, c) = split_component(name)?;
+        let info = self.scopes.iter().rev().find_map(|s| s.lookup(base))?;
+        (c < info.vec?).then_some(RegInfo {
+            ty: info.ty,
+            vec: None,
+        })
     }
 
     fn symbol_space(&self, name: &str) -> Option<Space> {
@@ -514,6 +558,21 @@ impl<'a> FnCheck<'a> {
                     self.scopes.pop();
                 }
                 Statement::Instr(i) => self.instruction(i),
+                Statement::CallTargets { targets, label } => {
+                    for t in targets {
+                        let known = self.funcs.get(t.as_str());
+                        if known.is_none_or(|&k| k > self.item) {
+                            self.diag(
+                                DiagKind::UnknownSymbol,
+                                Loc::default(),
+                                format!(
+                                    "`.calltargets` {label} names `{t}`, which is not a function \
+                                     declared before it"
+                                ),
+                            );
+                        }
+                    }
+                }
                 Statement::BranchTargets { targets, label } => {
                     for t in targets {
                         if !self.labels.contains_key(t.as_str()) {
@@ -626,9 +685,30 @@ impl<'a> FnCheck<'a> {
                 );
             }
         }
+        self.sink_sources(i);
         self.symbols_and_labels(i);
         self.spaces(i);
         self.types(i);
+    }
+
+    /// `_` is a sink for results only: ptxas rejects it among the elements of a source vector
+    /// (`st.v4 [a], {%r1, _, %r2, %r3}`: "Sink '_' not allowed as a source operand").
+    fn sink_sources(&mut self, i: &Instruction) {
+        use Opcode::*;
+        if !matches!(i.op, Mov | St | Red | Atom | Cvt) {
+            return;
+        }
+        let sink = i
+            .srcs()
+            .iter()
+            .any(|o| matches!(o, Operand::Vec(v) if v.contains(&Operand::Sink)));
+        if sink {
+            self.diag(
+                DiagKind::BadOperand,
+                i.loc,
+                format!("`_` cannot be a source element of `{}`", i.op.name()),
+            );
+        }
     }
 
     fn target(&mut self, i: &Instruction) {
@@ -1269,6 +1349,12 @@ impl<'a> FnCheck<'a> {
 
     fn mov(&mut self, i: &Instruction, t: Ty) {
         let a = &i.args;
+        // `mov.v4.f32 %w, %v` / `mov.v2.b32 {%a, %b}, %v`: element-wise vector moves
+        if let Some(n) = i.vec_width() {
+            self.check_value(i, &a[0], n as usize, Want::T(t), "destination");
+            self.check_value(i, &a[1], n as usize, Want::T(t), "source");
+            return;
+        }
         let vec_pack = |s: &mut Self, o: &Operand, what: &str| {
             if let Operand::Vec(v) = o {
                 let n = v.len() as u32;

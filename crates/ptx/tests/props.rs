@@ -385,6 +385,7 @@ fn kernel(body: Vec<Instruction>) -> Module {
                 space: Some(Space::Global),
                 align: Some(16),
             }),
+            vec: None,
             name: "k_param_0".into(),
             array: None,
         }],

@@ -28,7 +28,18 @@ struct CallFrame {
     ret_pc: u32,
     /// The `call` instruction (its [`CallSite`] names the saved registers).
     call_pc: u32,
+    /// Which of an indirect call's sites this lane took (0 for a direct call).
+    site: u32,
     base: u32,
+}
+
+/// The call site frame `fr` was pushed by.
+fn site_of<'p>(prog: &'p Program, fr: &CallFrame) -> Option<&'p CallSite> {
+    match &prog.insts.get(fr.call_pc as usize)?.op {
+        Op::Call(site) => Some(site),
+        Op::CallIndirect(ic) => ic.sites.get(fr.site as usize).map(|s| &s.1),
+        _ => None,
+    }
 }
 
 /// `n` bytes of lane `l`'s stack memory at offset `o` (grown on demand).
@@ -147,6 +158,106 @@ impl Cta {
         self.warps[wi].regs[p.base as usize][lane].wrapping_add(p.off as u64)
     }
 
+    /// Pushes lane `l`'s frame for call site `site` (index `k` among the instruction's sites):
+    /// arguments copied in, a recursive callee's registers saved.
+    fn push_frame(
+        &mut self,
+        ctx: &LaunchCtx,
+        (wi, l): (usize, usize),
+        (site, k): (&CallSite, u32),
+    ) -> Result<(), FaultKind> {
+        let pc = self.warps[wi].group_pc;
+        let st = &stacks(&mut self.warps[wi])[l];
+        let base = st.sp;
+        let need = st.used() + site.frame_bytes as u64 + 8 * site.save.len() as u64;
+        if need > ctx.stack_bytes as u64 {
+            LAST_LANE.with(|c| c.set(l as u32));
+            return Err(FaultKind::StackOverflow {
+                depth: st.frames.len() as u32 + 1,
+                limit: ctx.stack_bytes,
+            });
+        }
+        let fb = STACK_BASE + base as u64;
+        for a in &site.args {
+            let src = self.place_addr(wi, l, a.caller);
+            let dst = fb + a.callee_off as u64;
+            self.local_copy(ctx, wi, l, (dst, src), a.bytes as usize)?;
+        }
+        let w = &mut self.warps[wi];
+        stacks(w);
+        let st = &mut w.calls[l];
+        for &s in &site.save {
+            st.saved.push(w.regs[s as usize][l]);
+        }
+        st.frames.push(CallFrame {
+            ret_pc: pc + 1,
+            call_pc: pc,
+            site: k,
+            base,
+        });
+        st.sp = base + site.frame_bytes;
+        w.regs[site.frame_slot as usize][l] = fb;
+        // `.reg` arguments: all read before any is written (a recursive call may pass its
+        // own parameters in another order).
+        let vals: Vec<u64> = site
+            .reg_args
+            .iter()
+            .map(|&(s, _)| w.regs[s as usize][l])
+            .collect();
+        for (&(_, d), v) in site.reg_args.iter().zip(vals) {
+            w.regs[d as usize][l] = v & reg_mask(ctx.prog.reg_bits[d as usize]);
+        }
+        Ok(())
+    }
+
+    /// An indirect call: each lane in `m` calls the site its function pointer names (lanes
+    /// calling different functions diverge and meet again after the call).
+    #[inline(never)]
+    pub(super) fn exec_call_indirect(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        ic: &IndirectCall,
+        m: u32,
+    ) -> Result<Flow, FaultKind> {
+        let mut target = None;
+        let mut same = true;
+        for l in lanes_of(m) {
+            let addr = self.warps[wi].regs[ic.fptr as usize][l];
+            let Some(k) = ic.sites.iter().position(|s| s.0 == addr) else {
+                LAST_LANE.with(|c| c.set(l as u32));
+                return Err(FaultKind::Other(format!(
+                    "indirect call through {addr:#x}, which is not the address of a function \
+                     this call may reach (through `{}`)",
+                    ic.proto
+                )));
+            };
+            let site = &ic.sites[k].1;
+            self.push_frame(ctx, (wi, l), (site, k as u32))?;
+            self.warps[wi].pc[l] = site.target;
+            match target {
+                None => target = Some(site.target),
+                Some(t) if t != site.target => same = false,
+                _ => {}
+            }
+        }
+        let w = &mut self.warps[wi];
+        match target {
+            None => Ok(Flow::Next),
+            Some(t) if same && m == w.group => {
+                w.group_pc = t;
+                Ok(Flow::Stay)
+            }
+            Some(_) => {
+                for l in lanes_of(w.group & !m) {
+                    w.pc[l] = w.group_pc + 1;
+                }
+                w.group = 0;
+                Ok(Flow::Stay)
+            }
+        }
+    }
+
     /// `call`: a new frame per lane in `m`, arguments copied in, a recursive callee's registers
     /// saved, then the jump.
     #[inline(never)]
@@ -157,47 +268,8 @@ impl Cta {
         site: &CallSite,
         m: u32,
     ) -> Result<Flow, FaultKind> {
-        let pc = self.warps[wi].group_pc;
         for l in lanes_of(m) {
-            let st = &stacks(&mut self.warps[wi])[l];
-            let base = st.sp;
-            let need = st.used() + site.frame_bytes as u64 + 8 * site.save.len() as u64;
-            if need > ctx.stack_bytes as u64 {
-                LAST_LANE.with(|c| c.set(l as u32));
-                return Err(FaultKind::StackOverflow {
-                    depth: st.frames.len() as u32 + 1,
-                    limit: ctx.stack_bytes,
-                });
-            }
-            let fb = STACK_BASE + base as u64;
-            for a in &site.args {
-                let src = self.place_addr(wi, l, a.caller);
-                let dst = fb + a.callee_off as u64;
-                self.local_copy(ctx, wi, l, (dst, src), a.bytes as usize)?;
-            }
-            let w = &mut self.warps[wi];
-            stacks(w);
-            let st = &mut w.calls[l];
-            for &s in &site.save {
-                st.saved.push(w.regs[s as usize][l]);
-            }
-            st.frames.push(CallFrame {
-                ret_pc: pc + 1,
-                call_pc: pc,
-                base,
-            });
-            st.sp = base + site.frame_bytes;
-            w.regs[site.frame_slot as usize][l] = fb;
-            // `.reg` arguments: all read before any is written (a recursive call may pass its
-            // own parameters in another order).
-            let vals: Vec<u64> = site
-                .reg_args
-                .iter()
-                .map(|&(s, _)| w.regs[s as usize][l])
-                .collect();
-            for (&(_, d), v) in site.reg_args.iter().zip(vals) {
-                w.regs[d as usize][l] = v & reg_mask(ctx.prog.reg_bits[d as usize]);
-            }
+            self.push_frame(ctx, (wi, l), (site, 0))?;
         }
         let w = &mut self.warps[wi];
         if m == w.group {
@@ -231,7 +303,7 @@ impl Cta {
                 gone |= 1 << l;
                 continue;
             };
-            if let Op::Call(site) = &prog.insts[fr.call_pc as usize].op {
+            if let Some(site) = site_of(prog, &fr) {
                 // `.reg` return values are read before the callee's registers are restored
                 let vals: Vec<u64> = (site.reg_rets.iter())
                     .map(|&(s, _)| w.regs[s as usize][l])

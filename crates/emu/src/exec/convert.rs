@@ -35,10 +35,12 @@ impl Cta {
                     let x = w.regs[*a as usize][l];
                     let sh = (SHARED_WINDOW..SHARED_WINDOW + (1 << 32)).contains(&x);
                     let lo = (LOCAL_WINDOW..LOCAL_WINDOW + (1 << 32)).contains(&x);
+                    let pa = (PARAM_WINDOW..PARAM_WINDOW + (1 << 32)).contains(&x);
                     let v = match space {
                         MSpace::Shared => sh,
                         MSpace::Local => lo,
-                        MSpace::Global => !sh && !lo,
+                        MSpace::Param => pa,
+                        MSpace::Global => !sh && !lo && !pa,
                         _ => false,
                     };
                     w.regs[*d as usize][l] = v as u64;

@@ -12,8 +12,96 @@
 //!   whenever they are called).
 //!
 //! The kernel's own `.local` and call-site `.param` variables stay in static local memory.
+//!
+//! Indirect calls (`call (r), %fptr, (a), proto;`) go through a function address
+//! ([`function_address`], what `mov.u64 %rd, fname;` and a `{f1, f2}` initialiser give): the
+//! decoder makes one call site per function whose address the module takes and whose signature
+//! matches the `.callprototype`, and the executor picks each lane's site by its pointer.
 
 use super::*;
+use crate::memory::FUNC_BASE;
+use std::collections::HashSet;
+
+/// The address of device function `name` (a code address: calls through it work, loads and
+/// stores fault), or `None` when the module has no `.func` of that name.
+pub fn function_address(module: &Module, name: &str) -> Option<u64> {
+    let mut seen: Vec<&str> = Vec::new();
+    for f in module.functions().filter(|f| f.kind == ptx::FuncKind::Func) {
+        if f.name == name {
+            let k = seen.iter().position(|n| *n == name).unwrap_or(seen.len());
+            return Some(FUNC_BASE + 16 * k as u64);
+        }
+        if !seen.contains(&f.name.as_str()) {
+            seen.push(&f.name);
+        }
+    }
+    None
+}
+
+/// Names of the functions whose address the module takes: named by an operand of an
+/// instruction other than a direct call's target, or by a variable initialiser.
+fn address_taken(module: &Module) -> HashSet<&str> {
+    let funcs: HashSet<&str> = module.functions().map(|f| f.name.as_str()).collect();
+    let mut out = HashSet::new();
+    for v in module.globals() {
+        for i in v.init.iter().flatten() {
+            if let ptx::Init::Sym { name, .. } = i {
+                out.extend(funcs.get(name.as_str()));
+            }
+        }
+    }
+    for f in module.functions() {
+        for ins in f.instructions() {
+            let target = (ins.op == Opcode::Call)
+                .then(|| call_target_index(ins))
+                .flatten();
+            for (k, a) in ins.args.iter().enumerate() {
+                match a {
+                    Operand::Sym { name, .. } if Some(k) != target => {
+                        out.extend(funcs.get(name.as_str()));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Index of a direct call's target operand (after the optional return list).
+fn call_target_index(ins: &Instruction) -> Option<usize> {
+    let k = usize::from(matches!(ins.args.first(), Some(Operand::List(_))));
+    matches!(ins.args.get(k), Some(Operand::Sym { .. })).then_some(k)
+}
+
+/// The device functions (with bodies) kernel `k` can reach: by direct calls, and (through
+/// pointers) every function whose address the module takes, with what they reach in turn.
+pub(super) fn reachable_functions<'m>(module: &'m Module, k: &'m Function) -> Vec<&'m Function> {
+    let mut names: Vec<&str> = address_taken(module).into_iter().collect();
+    names.sort_unstable(); // a deterministic shared-memory layout
+    let mut out: Vec<&Function> = Vec::new();
+    let mut todo = vec![k];
+    let mut seen: HashSet<&str> = HashSet::new();
+    while let Some(f) = todo.pop() {
+        let mut syms = std::mem::take(&mut names);
+        for ins in f.instructions() {
+            for a in &ins.args {
+                if let Operand::Sym { name, .. } = a {
+                    syms.push(name);
+                }
+            }
+        }
+        for n in syms {
+            if let Some(g) = module.function(n).filter(|g| g.kind == ptx::FuncKind::Func) {
+                if g.body.is_some() && seen.insert(&g.name) {
+                    out.push(g);
+                    todo.push(g);
+                }
+            }
+        }
+    }
+    out
+}
 
 /// A per-lane local-memory place: the value of register `base` (a frame base; [`ZERO`] for the
 /// kernel's static local memory) plus `off`.
@@ -51,6 +139,18 @@ pub struct CallSite {
     pub reg_rets: Vec<(u32, u32)>,
 }
 
+/// A decoded indirect call: the lane's function pointer chooses among `sites`.
+#[derive(Clone, Debug)]
+pub struct IndirectCall {
+    /// The register holding the function address.
+    pub fptr: u32,
+    /// (function address, call site) for each function the pointer may name.
+    pub sites: Vec<(u64, CallSite)>,
+    /// The `.callprototype` or `.calltargets` label (for the fault of a pointer to nothing
+    /// callable).
+    pub proto: String,
+}
+
 /// The frame of the device function being decoded.
 pub(super) struct Frame {
     pub slot: u32,
@@ -86,6 +186,9 @@ pub(super) struct FuncInfo {
     regs: Vec<u32>,
 }
 
+/// The first register and element count of a `.reg` parameter or return value.
+type RegParam = Option<(u32, u8)>;
+
 /// Frame offsets and sizes of a function's return values, then its parameters (every call site
 /// and the function body use this one layout); `None` for `.reg` parameters, which live in
 /// registers.
@@ -108,11 +211,36 @@ fn reg_bits_of(t: Ty) -> u8 {
     }
 }
 
-/// The callee of `call{.uni} [(rets),] func[, (args)]` and its operands.
+/// The callee of `call{.uni} [(rets),] func[, (args)]` (or `fptr, ..., proto`) and its
+/// operands.
 struct CallOperands {
     name: String,
     rets: Vec<Operand>,
     args: Vec<Operand>,
+    /// Indirect calls: the function-pointer operand and the `.callprototype` label.
+    indirect: Option<(Operand, String)>,
+}
+
+/// What an indirect call's last operand names.
+enum Targets {
+    /// `.callprototype`: (return values, parameters).
+    Proto(Vec<ptx::Param>, Vec<ptx::Param>),
+    /// `.calltargets`: the functions.
+    List(Vec<String>),
+}
+
+/// Do a function's return values and parameters have the prototype's spaces, element counts
+/// and sizes?
+fn matches_prototype(f: &Function, rets: &[ptx::Param], params: &[ptx::Param]) -> bool {
+    let same = |a: &[ptx::Param], b: &[ptx::Param]| {
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(x, y)| {
+                (x.space == Space::Reg) == (y.space == Space::Reg)
+                    && x.size_bytes() == y.size_bytes()
+                    && x.lanes() == y.lanes()
+            })
+    };
+    same(&f.rets, rets) && same(&f.params, params)
 }
 
 impl<'a> Decoder<'a> {
@@ -180,24 +308,34 @@ impl<'a> Decoder<'a> {
         let first = ins
             .operand(Role::Func)
             .ok_or_else(|| self.err(ins, "call without target"))?;
-        let Operand::Sym { name, .. } = first else {
-            return Err(self.err(ins, "indirect calls are not supported by the emulator"));
-        };
         let args = list(Role::Params);
         if ins.roles().len() < ins.args.len() {
-            return Err(self.err(ins, "malformed call arguments"));
+            return Err(self.err(ins, "malformed call operands"));
         }
-        if ins.operand(Role::Proto).is_some() {
-            return Err(self.err(
+        let proto = match ins.operand(Role::Proto) {
+            Some(Operand::Sym { name, .. }) => Some(name.clone()),
+            Some(_) => return Err(self.err(ins, "malformed call prototype")),
+            None => None,
+        };
+        match (first, proto) {
+            (Operand::Sym { name, .. }, None) => Ok(CallOperands {
+                name: name.clone(),
+                rets,
+                args,
+                indirect: None,
+            }),
+            (Operand::Reg(_), Some(proto)) => Ok(CallOperands {
+                name: String::new(),
+                rets,
+                args,
+                indirect: Some((first.clone(), proto)),
+            }),
+            (Operand::Reg(_), None) => Err(self.err(
                 ins,
-                "indirect calls with prototypes are not supported by the emulator",
-            ));
+                "an indirect call needs a `.callprototype` label as its last operand",
+            )),
+            _ => Err(self.err(ins, "malformed call target")),
         }
-        Ok(CallOperands {
-            name: name.clone(),
-            rets,
-            args,
-        })
     }
 
     /// `call`: copies the arguments into a new frame and jumps; the return values are copied out
@@ -209,6 +347,9 @@ impl<'a> Decoder<'a> {
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
         let c = self.call_operands(ins)?;
+        if c.indirect.is_some() {
+            return self.call_indirect(ins, ins0, guard, &c);
+        }
         let module = self.module;
         let f = module
             .function(&c.name)
@@ -242,16 +383,208 @@ impl<'a> Decoder<'a> {
             ));
         }
         let (site, rets) = self.call_site(ins, f, &c)?;
-        self.call_fixups
-            .push((self.prog.insts.len(), self.current.clone(), c.name.clone()));
-        if !self.func_info.contains_key(&c.name) && !self.pending.contains(&c.name) {
-            self.pending.push(c.name.clone());
-        }
+        self.note_call(0, &c.name);
         self.push(Op::Call(Box::new(site)), ins0, guard);
         if !rets.is_empty() {
             self.push(Op::CallRet(Box::new(rets)), ins0, guard);
         }
         Ok(())
+    }
+
+    /// Records call site `k` of the instruction about to be pushed (completed once every
+    /// function is decoded) and queues the callee for decoding.
+    fn note_call(&mut self, k: usize, callee: &str) {
+        self.call_fixups.push((
+            self.prog.insts.len(),
+            k,
+            self.current.clone(),
+            callee.to_string(),
+        ));
+        if !self.func_info.contains_key(callee) && !self.pending.iter().any(|p| p == callee) {
+            self.pending.push(callee.to_string());
+        }
+    }
+
+    /// The `.callprototype` or `.calltargets` named `label` in the function being decoded.
+    fn call_targets(&self, label: &str) -> Option<Targets> {
+        let f = match &self.current {
+            Some(n) => self.module.function(n)?,
+            None => self.f,
+        };
+        let mut found = None;
+        f.walk(&mut |s| match s {
+            Statement::CallPrototype {
+                label: l,
+                rets,
+                params,
+                ..
+            } if l == label && found.is_none() => {
+                found = Some(Targets::Proto(rets.clone(), params.clone()));
+            }
+            Statement::CallTargets { label: l, targets } if l == label && found.is_none() => {
+                found = Some(Targets::List(targets.clone()));
+            }
+            _ => {}
+        });
+        found
+    }
+
+    /// The functions an indirect call may reach, and whether each must be callable (a
+    /// `.calltargets` list) rather than skipped when its results are laid out differently.
+    fn indirect_candidates(
+        &self,
+        ins: &Instruction,
+        label: &str,
+        c: &CallOperands,
+    ) -> Result<(Vec<&'a Function>, bool), EmuError> {
+        let module: &'a Module = self.module;
+        let counts = |f: &Function| f.rets.len() == c.rets.len() && f.params.len() == c.args.len();
+        match self.call_targets(label) {
+            Some(Targets::Proto(prets, pparams)) => {
+                if prets.len() != c.rets.len() || pparams.len() != c.args.len() {
+                    return Err(self.err(
+                        ins,
+                        format!(
+                            "call passes {} results / {} arguments, prototype `{label}` has \
+                             {} / {}",
+                            c.rets.len(),
+                            c.args.len(),
+                            prets.len(),
+                            pparams.len()
+                        ),
+                    ));
+                }
+                let taken = address_taken(module);
+                let fs = module.functions().filter(|f| {
+                    f.kind == ptx::FuncKind::Func
+                        && f.body.is_some()
+                        && taken.contains(f.name.as_str())
+                        && module
+                            .function(&f.name)
+                            .is_some_and(|g| std::ptr::eq(g, *f))
+                        && matches_prototype(f, &prets, &pparams)
+                });
+                Ok((fs.collect(), false))
+            }
+            Some(Targets::List(names)) => {
+                let mut fs = Vec::new();
+                for n in &names {
+                    let f = module
+                        .function(n)
+                        .filter(|f| f.kind == ptx::FuncKind::Func && f.body.is_some())
+                        .ok_or_else(|| {
+                            self.err(
+                                ins,
+                                format!(
+                                    "`.calltargets` {label} names `{n}`, which is not a device \
+                                     function defined in this module"
+                                ),
+                            )
+                        })?;
+                    if !counts(f) {
+                        return Err(self.err(
+                            ins,
+                            format!("`{n}` of `.calltargets` {label} does not fit this call"),
+                        ));
+                    }
+                    fs.push(f);
+                }
+                Ok((fs, true))
+            }
+            None => Err(self.err(
+                ins,
+                format!("`{label}` is not a .callprototype or .calltargets label"),
+            )),
+        }
+    }
+
+    /// An indirect call: one call site per function it may reach (see
+    /// [`Self::indirect_candidates`]); the `.param` return values are copied out by one layout,
+    /// which all of them share.
+    fn call_indirect(
+        &mut self,
+        ins: &Instruction,
+        ins0: &Instruction,
+        guard: (u32, bool),
+        c: &CallOperands,
+    ) -> Result<(), EmuError> {
+        let Some((fptr, label)) = &c.indirect else {
+            return Err(self.err(ins, "internal: not an indirect call"));
+        };
+        let (candidates, strict) = self.indirect_candidates(ins, label, c)?;
+        let fptr = self.src(ins, fptr)?;
+        let mut sites = Vec::new();
+        let mut ret_copies: Option<Vec<ParamCopy>> = None;
+        for f in candidates {
+            let Some(addr) = function_address(self.module, &f.name) else {
+                continue;
+            };
+            let named = CallOperands {
+                name: f.name.clone(),
+                rets: c.rets.clone(),
+                args: c.args.clone(),
+                indirect: None,
+            };
+            let (site, rets) = self.call_site(ins, f, &named)?;
+            // every candidate must put its `.param` results where the copy after the call
+            // reads them (same sizes give the same layout unless `.align` differs)
+            match &ret_copies {
+                Some(r) if !same_copies(r, &rets) && strict => {
+                    return Err(self.err(
+                        ins,
+                        format!("`{}` lays out its results unlike the other targets", f.name),
+                    ))
+                }
+                Some(r) if !same_copies(r, &rets) => continue,
+                Some(_) => {}
+                None => ret_copies = Some(rets),
+            }
+            self.note_call(sites.len(), &f.name);
+            sites.push((addr, site));
+        }
+        let op = IndirectCall {
+            fptr,
+            sites,
+            proto: label.clone(),
+        };
+        self.push(Op::CallIndirect(Box::new(op)), ins0, guard);
+        if let Some(rets) = ret_copies.filter(|r| !r.is_empty()) {
+            self.push(Op::CallRet(Box::new(rets)), ins0, guard);
+        }
+        Ok(())
+    }
+
+    /// The slots a `.reg` parameter or return value of `lanes` elements is passed in: a scalar
+    /// operand, a whole vector register, or a `{a, b}` vector.
+    fn reg_operand(
+        &mut self,
+        ins: &Instruction,
+        o: &Operand,
+        lanes: u8,
+        dst: bool,
+    ) -> Result<Vec<u32>, EmuError> {
+        let slots = match o {
+            Operand::Vec(v) => v
+                .iter()
+                .map(|x| {
+                    if dst {
+                        self.dst(ins, x)
+                    } else {
+                        self.src(ins, x)
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            _ if lanes > 1 => self.vec_reg(o).unwrap_or_default(),
+            _ if dst => vec![self.dst(ins, o)?],
+            _ => vec![self.src(ins, o)?],
+        };
+        if slots.len() != lanes as usize {
+            return Err(self.err(
+                ins,
+                format!("call operand {o:?} does not have {lanes} elements"),
+            ));
+        }
+        Ok(slots)
     }
 
     /// The call site's argument copies, and the copies of `.param` return values after it.
@@ -278,8 +611,14 @@ impl<'a> Decoder<'a> {
         for (k, o) in c.rets.iter().chain(&c.args).enumerate() {
             let what = if k < nr { "result" } else { "argument" };
             match (layout[k], regs[k]) {
-                (_, Some(r)) if k < nr => site.reg_rets.push((r, self.dst(ins, o)?)),
-                (_, Some(r)) => site.reg_args.push((self.src(ins, o)?, r)),
+                (_, Some((r, n))) if k < nr => {
+                    let ds = self.reg_operand(ins, o, n, true)?;
+                    site.reg_rets.extend((r..).zip(ds));
+                }
+                (_, Some((r, n))) => {
+                    let ss = self.reg_operand(ins, o, n, false)?;
+                    site.reg_args.extend(ss.into_iter().zip(r..));
+                }
                 (Some((callee_off, bytes)), None) => {
                     let pc = ParamCopy {
                         caller: self.place_of(ins, o, what)?,
@@ -300,15 +639,18 @@ impl<'a> Decoder<'a> {
 
     /// The registers of a function's `.reg` return values and parameters (`None` for `.param`
     /// ones), in declaration order: allocated at the first call, declared in its body.
-    fn reg_param_slots(&mut self, f: &Function) -> Vec<Option<u32>> {
+    fn reg_param_slots(&mut self, f: &Function) -> Vec<RegParam> {
         if let Some(v) = self.reg_params.get(&f.name) {
             return v.clone();
         }
-        let v: Vec<Option<u32>> = f
+        let v: Vec<RegParam> = f
             .rets
             .iter()
             .chain(&f.params)
-            .map(|p| (p.space == Space::Reg).then(|| self.new_slot(reg_bits_of(p.ty))))
+            .map(|p| {
+                let n = p.vec.unwrap_or(1);
+                (p.space == Space::Reg).then(|| (self.new_reg(reg_bits_of(p.ty), n), n))
+            })
             .collect();
         self.reg_params.insert(f.name.clone(), v.clone());
         v
@@ -362,7 +704,7 @@ impl<'a> Decoder<'a> {
         param_layout(f, &mut fr);
         let reg_params = self.reg_param_slots(f);
         for (p, r) in f.rets.iter().chain(&f.params).zip(&reg_params) {
-            if let Some(r) = r {
+            if let Some((r, _)) = r {
                 self.scopes[0].insert(p.name.clone(), *r);
             }
         }
@@ -391,7 +733,12 @@ impl<'a> Decoder<'a> {
         let consts: std::collections::HashSet<u32> = self.consts.values().copied().collect();
         let regs = (first_reg..self.prog.nregs)
             .filter(|s| !consts.contains(s))
-            .chain(reg_params.iter().flatten().copied())
+            .chain(
+                reg_params
+                    .iter()
+                    .flatten()
+                    .flat_map(|&(r, n)| r..r + n as u32),
+            )
             .collect();
         let info = FuncInfo {
             entry,
@@ -414,7 +761,7 @@ impl<'a> Decoder<'a> {
         let edges: Vec<(Option<String>, String)> = self
             .call_fixups
             .iter()
-            .map(|(_, a, b)| (a.clone(), b.clone()))
+            .map(|(_, _, a, b)| (a.clone(), b.clone()))
             .collect();
         let recursive = |g: &str| -> bool {
             // does g reach g?
@@ -435,10 +782,15 @@ impl<'a> Decoder<'a> {
             false
         };
         let fix = std::mem::take(&mut self.call_fixups);
-        for (i, _, name) in &fix {
+        for (i, k, _, name) in &fix {
             let rec = recursive(name);
             let info = &self.func_info[name];
-            if let Op::Call(site) = &mut self.prog.insts[*i].op {
+            let site = match &mut self.prog.insts[*i].op {
+                Op::Call(site) => Some(&mut **site),
+                Op::CallIndirect(ic) => ic.sites.get_mut(*k).map(|s| &mut s.1),
+                _ => None,
+            };
+            if let Some(site) = site {
                 site.target = info.entry;
                 site.frame_slot = info.frame_slot;
                 site.frame_bytes = info.frame_bytes;
@@ -450,4 +802,12 @@ impl<'a> Decoder<'a> {
         self.current = None;
         Ok(())
     }
+}
+
+/// Do two lists of return-value copies read and write the same bytes?
+fn same_copies(a: &[ParamCopy], b: &[ParamCopy]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(x, y)| {
+            x.caller == y.caller && x.callee_off == y.callee_off && x.bytes == y.bytes
+        })
 }

@@ -16,6 +16,7 @@ impl Decoder<'_> {
         let ty = ins.ty();
         use Opcode as O;
         let op = match ins.op {
+            O::Mov if ins.vec_width().is_some() => return self.mov_vector(ins, ins0, guard),
             O::Mov => {
                 let t = ty.ok_or_else(|| self.err(ins, "mov without type"))?;
                 match (arg(0)?, arg(1)?) {
@@ -131,8 +132,10 @@ impl Decoder<'_> {
                     crate::memory::LOCAL_WINDOW
                 } else if space == Space::Global || space == Space::Const {
                     0
+                } else if space.is_param() && !self.in_func {
+                    crate::memory::PARAM_WINDOW
                 } else {
-                    return Err(self.err(ins, "cvta for this state space is not supported"));
+                    return Err(self.err(ins, format!("cvta of .{space} is not supported")));
                 };
                 let dir = if ins.has(Flag::To) {
                     CvtaDir::FromGeneric(window)
@@ -153,6 +156,48 @@ impl Decoder<'_> {
             _ => return Err(misrouted(self, ins)),
         };
         self.push(op, ins0, guard);
+        Ok(())
+    }
+}
+
+impl Decoder<'_> {
+    /// `mov.v4.f32 %w, %v` / `mov.v2.b32 {%a, %b}, %v`: element-wise moves between vector
+    /// registers and `{...}` vectors. All sources are read before any destination is written
+    /// (`mov.v2.b32 {%a, %b}, {%b, %a}` swaps).
+    fn mov_vector(
+        &mut self,
+        ins: &Instruction,
+        ins0: &Instruction,
+        guard: (u32, bool),
+    ) -> Result<(), EmuError> {
+        let t = ins.ty().ok_or_else(|| self.err(ins, "mov without type"))?;
+        let n = ins.vec_width().unwrap_or(1) as usize;
+        let ds = self.vec_dsts(ins, operand(self.f, ins, 0)?)?;
+        let mut ss = self.vec_srcs(ins, operand(self.f, ins, 1)?)?;
+        if ds.len() != n || ss.len() != n {
+            return Err(self.err(
+                ins,
+                format!("`mov` with .v{n} needs {n} destination and {n} source elements"),
+            ));
+        }
+        let f = alu::mov(if t == Ty::Pred { 1 } else { t.size() });
+        let mv = |d, a| Op::Alu {
+            f,
+            d,
+            a,
+            b: ZERO,
+            c: ZERO,
+        };
+        if ss.iter().any(|s| ds.contains(s)) {
+            for s in ss.iter_mut() {
+                let tmp = self.new_slot(64);
+                self.push(mv(tmp, *s), ins0, guard);
+                *s = tmp;
+            }
+        }
+        for (d, s) in ds.into_iter().zip(ss) {
+            self.push(mv(d, s), ins0, guard);
+        }
         Ok(())
     }
 }

@@ -6,7 +6,7 @@ use super::cta::{Kind, Span, Who};
 use super::{code, Report, Tool};
 use crate::error::FaultKind;
 use crate::exec::{Cta, LaunchCtx};
-use crate::memory::{LOCAL_WINDOW, SHARED_WINDOW};
+use crate::memory::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
 use crate::program::MSpace;
 
 impl Cta {
@@ -68,6 +68,8 @@ impl Cta {
                 Some(addr - SHARED_WINDOW)
             }
             MSpace::Generic if (LOCAL_WINDOW..LOCAL_WINDOW + (1 << 32)).contains(&addr) => return,
+            // kernel parameters (`cvta.param`): read-only, never racy or uninitialised
+            MSpace::Generic if (PARAM_WINDOW..PARAM_WINDOW + (1 << 32)).contains(&addr) => return,
             MSpace::Generic | MSpace::Global => None,
             MSpace::Local | MSpace::Param => return,
         };
