@@ -25,12 +25,15 @@ mod family;
 mod float;
 mod int;
 mod ldst;
+mod stack;
 mod tensor;
 mod warp;
+mod wmma;
 pub use call::{CallSite, ParamCopy, Place};
 pub use carry::{CarryKind, CarryOp};
 pub use family::{family, Family};
 use family::{misrouted, operand};
+pub use stack::StackOp;
 
 /// Slot 0 always holds zero in every lane.
 pub const ZERO: u32 = 0;
@@ -350,6 +353,10 @@ pub enum Op {
         off: i64,
         space: MSpace,
     },
+    /// `wmma.load`, `wmma.store`, `wmma.mma`, `mma.sp`, `movmatrix` ([`crate::wmma`]).
+    Wmma(Box<crate::wmma::WmmaOp>),
+    /// `stacksave`, `stackrestore`, `alloca` on the lane's call stack.
+    Stack(StackOp),
     CpAsync {
         dst: u32,
         doff: i64,
@@ -483,6 +490,7 @@ impl Op {
             Op::St { .. }
                 | Op::Atom { .. }
                 | Op::Stmatrix { .. }
+                | Op::Wmma(_)
                 | Op::Bulk { .. }
                 | Op::BulkTensor { .. }
                 | Op::CpAsync { .. }

@@ -87,6 +87,14 @@ opcodes! {
     Brkpt "brkpt" 0 0 0 20 11; Nanosleep "nanosleep" 0 1 1 70 63;
     // tensor cores (Ampere/Ada)
     Mma "mma" 1 3 3 70 64; Ldmatrix "ldmatrix" 1 1 1 75 65; Stmatrix "stmatrix" 0 2 2 90 78;
+    // warp matrix functions, sparse mma, movmatrix (emulated in the emulator's `wmma` modules)
+    WmmaLoadA "wmma.load.a" 1 1 2 70 60; WmmaLoadB "wmma.load.b" 1 1 2 70 60;
+    WmmaLoadC "wmma.load.c" 1 1 2 70 60; WmmaStoreD "wmma.store.d" 0 2 3 70 60;
+    WmmaMma "wmma.mma" 1 3 3 70 60; MmaSp "mma.sp" 1 5 5 80 71;
+    Movmatrix "movmatrix" 1 1 1 75 78;
+    // per-thread stack allocation
+    Stacksave "stacksave" 1 0 0 52 73; Stackrestore "stackrestore" 0 1 1 52 73;
+    Alloca "alloca" 1 1 2 52 73;
     // asynchronous copies
     CpAsync "cp.async" 0 3 5 80 70; CpAsyncCommitGroup "cp.async.commit_group" 0 0 0 80 70;
     CpAsyncWaitGroup "cp.async.wait_group" 0 1 1 80 70; CpAsyncWaitAll "cp.async.wait_all" 0 0 0 80 70;
@@ -423,6 +431,19 @@ pub fn requirement(ins: &Instruction) -> Requirement {
             }
         }
         Opcode::Bar | Opcode::Barrier if ins.has(Flag::Red) => need(20, 20),
+        Opcode::WmmaLoadA
+        | Opcode::WmmaLoadB
+        | Opcode::WmmaLoadC
+        | Opcode::WmmaStoreD
+        | Opcode::WmmaMma => {
+            // integer forms arrived with sm_72, bf16/tf32/f64 with sm_80
+            if has_ty(Ty::S8) || has_ty(Ty::U8) || has_ty(Ty::S32) {
+                need(72, 63);
+            }
+            if bf16 || has_ty(Ty::Tf32) || has_ty(Ty::F64) {
+                need(80, 70);
+            }
+        }
         _ => {}
     }
     r
