@@ -834,3 +834,51 @@ fn alloca_past_the_stack_limit_is_a_clear_fault() {
     };
     run(&text, &[bytes_of(&input), vec![0; 32 * 32]], 1, 32, &o).unwrap();
 }
+
+/// The validator accepts the test kernels and names what is wrong in malformed forms; the
+/// printer's output parses back to the same module.
+#[test]
+fn validator_and_printer_know_the_new_forms() {
+    let good = [
+        stack_kernel(0),
+        lane_kernel(
+            "sm_75",
+            1,
+            1,
+            "",
+            "    movmatrix.sync.aligned.m8n8.trans.b16 %o0, %i0;\n",
+        ),
+        wmma_kernel(
+            &BASE,
+            &[
+                Mat::new(16, 16, true, false),
+                Mat::new(16, 16, false, false),
+                Mat::new(16, 16, true, false),
+                Mat::new(16, 16, true, false),
+            ],
+            [512, 512, 1024],
+        ),
+    ];
+    for text in &good {
+        let m = ptx::parse(text).unwrap();
+        let errs = ptx::validate::validate_errors(&m);
+        assert!(errs.is_empty(), "{errs:?}\n{text}");
+        let again = ptx::parse(&m.to_string()).unwrap();
+        assert_eq!(again, m, "print/parse round trip");
+    }
+    for (body, what) in [
+        (
+            "    movmatrix.sync.aligned.m8n8.b16 %o0, %i0;\n",
+            "movmatrix",
+        ),
+        ("    alloca.u32 %o0, 16, 12;\n", "power of two"),
+        ("    stacksave.s32 %o0;\n", ".u32 or .u64"),
+    ] {
+        let text = lane_kernel("sm_80", 1, 1, "", body);
+        let diags = ptx::validate::validate_errors(&ptx::parse(&text).unwrap());
+        assert!(
+            diags.iter().any(|d| d.to_string().contains(what)),
+            "{body}: {diags:?}"
+        );
+    }
+}

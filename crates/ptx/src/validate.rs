@@ -23,6 +23,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
+mod tc;
+
 /// How bad a diagnostic is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -1212,6 +1214,8 @@ impl<'a> FnCheck<'a> {
             }
             Mma => self.mma(i, &tys),
             WgmmaMmaAsync => self.wgmma(i, &tys),
+            WmmaLoadA | WmmaLoadB | WmmaLoadC | WmmaStoreD | WmmaMma | MmaSp | Movmatrix
+            | Stacksave | Stackrestore | Alloca => self.isa_tc(i),
             _ => {}
         }
     }
