@@ -586,10 +586,10 @@ fn movmatrix_transposes_the_ldmatrix_fragment() {
     let el = |r: usize, c: usize| (input[4 * r + c / 2] >> (16 * (c % 2))) & 0xffff;
     let out = run(&text, &[bytes_of(&input), vec![0; 128]], 1, 32, &opts()).unwrap();
     let got = words(&out[1]);
-    for lane in 0..32 {
+    for (lane, &g) in got.iter().enumerate() {
         let (r, q) = (lane / 4, lane % 4);
         let want = el(2 * q, r) | (el(2 * q + 1, r) << 16);
-        assert_eq!(got[lane], want, "lane {lane}");
+        assert_eq!(g, want, "lane {lane}");
     }
 }
 
