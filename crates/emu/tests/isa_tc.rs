@@ -597,9 +597,14 @@ fn movmatrix_transposes_the_ldmatrix_fragment() {
 /// provide metadata hold random garbage in the metadata register.
 #[test]
 fn mma_sp_m16n8k16_metadata_and_selector() {
-    for (ty, sel) in [("f16", 0u32), ("f16", 1), ("bf16", 2), ("f16", 3)] {
+    for (ty, sel, sp) in [
+        ("f16", 0u32, "sp"),
+        ("f16", 1, "sp::ordered_metadata"),
+        ("bf16", 2, "sp"),
+        ("f16", 3, "sp::ordered_metadata"),
+    ] {
         let body = format!(
-            "    mma.sp.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%f0, %f1, %f2, %f3}}, \
+            "    mma.{sp}.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%f0, %f1, %f2, %f3}}, \
              {{%i0, %i1}}, {{%i2, %i3}}, {{%c0, %c1, %c2, %c3}}, %i8, {sel};\n"
         );
         let mut full = String::new();

@@ -91,6 +91,7 @@ opcodes! {
     WmmaLoadA "wmma.load.a" 1 1 2 70 60; WmmaLoadB "wmma.load.b" 1 1 2 70 60;
     WmmaLoadC "wmma.load.c" 1 1 2 70 60; WmmaStoreD "wmma.store.d" 0 2 3 70 60;
     WmmaMma "wmma.mma" 1 3 3 70 60; MmaSp "mma.sp" 1 5 5 80 71;
+    MmaSpOrdered "mma.sp::ordered_metadata" 1 5 5 80 85;
     Movmatrix "movmatrix" 1 1 1 75 78;
     // per-thread stack allocation
     Stacksave "stacksave" 1 0 0 52 73; Stackrestore "stackrestore" 0 1 1 52 73;

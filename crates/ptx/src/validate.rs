@@ -1214,8 +1214,8 @@ impl<'a> FnCheck<'a> {
             }
             Mma => self.mma(i, &tys),
             WgmmaMmaAsync => self.wgmma(i, &tys),
-            WmmaLoadA | WmmaLoadB | WmmaLoadC | WmmaStoreD | WmmaMma | MmaSp | Movmatrix
-            | Stacksave | Stackrestore | Alloca => self.isa_tc(i),
+            WmmaLoadA | WmmaLoadB | WmmaLoadC | WmmaStoreD | WmmaMma | MmaSp | MmaSpOrdered
+            | Movmatrix | Stacksave | Stackrestore | Alloca => self.isa_tc(i),
             _ => {}
         }
     }

@@ -126,7 +126,7 @@ pub fn family(op: Opcode, float: bool) -> Family {
         O::Call => F::Call,
         O::Stacksave | O::Stackrestore | O::Alloca => F::Call,
         O::WmmaLoadA | O::WmmaLoadB | O::WmmaLoadC | O::WmmaStoreD | O::WmmaMma => F::Tensor,
-        O::MmaSp | O::Movmatrix => F::Tensor,
+        O::MmaSp | O::MmaSpOrdered | O::Movmatrix => F::Tensor,
         O::Mma | O::Ldmatrix | O::Stmatrix | O::WgmmaFence | O::WgmmaCommitGroup => F::Tensor,
         O::WgmmaWaitGroup | O::WgmmaMmaAsync | O::Setmaxnreg => F::Tensor,
         O::CpAsync | O::CpAsyncCommitGroup | O::CpAsyncWaitGroup | O::CpAsyncWaitAll => {

@@ -10,7 +10,7 @@ pub(super) fn is_wmma_family(op: Opcode) -> bool {
     matches!(
         op,
         O::WmmaLoadA | O::WmmaLoadB | O::WmmaLoadC | O::WmmaStoreD | O::WmmaMma | O::MmaSp
-    ) || op == O::Movmatrix
+    ) || matches!(op, O::MmaSpOrdered | O::Movmatrix)
 }
 
 impl Decoder<'_> {
@@ -25,7 +25,7 @@ impl Decoder<'_> {
         let op = match ins.op {
             O::WmmaLoadA | O::WmmaLoadB | O::WmmaLoadC | O::WmmaStoreD => self.wmma_ldst(ins)?,
             O::WmmaMma => self.wmma_mma(ins)?,
-            O::MmaSp => self.mma_sparse(ins)?,
+            O::MmaSp | O::MmaSpOrdered => self.mma_sparse(ins)?,
             O::Movmatrix => {
                 if !(ins.has(Flag::Trans) && ins.ty() == Some(Ty::B16)) {
                     return Err(self.err(ins, "movmatrix needs .m8n8.trans.b16"));

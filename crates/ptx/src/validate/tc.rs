@@ -32,7 +32,7 @@ impl FnCheck<'_> {
                     );
                 }
             }
-            WmmaMma | MmaSp => {
+            WmmaMma | MmaSp | MmaSpOrdered => {
                 for (k, o) in a.iter().take(4).enumerate() {
                     if !matches!(o, Operand::Vec(_)) {
                         bad(
@@ -44,7 +44,7 @@ impl FnCheck<'_> {
                         );
                     }
                 }
-                if i.op == MmaSp {
+                if i.op != WmmaMma {
                     if let Some(o) = a.get(4) {
                         self.check(i, o, Want::T(Ty::B32), "sparsity metadata");
                     }
