@@ -2,8 +2,10 @@
 //! `movmatrix`: their decoded forms and the arithmetic on whole-warp fragments.
 //!
 //! # wmma fragment layout
-//! PTX leaves the wmma fragment layout unspecified; this emulator uses the layout nvcc's sm_80
-//! lowering implies (wmma built from `mma.sync` tiles), extended uniformly to every shape:
+//! PTX leaves the wmma fragment layout unspecified. This emulator chooses one that coincides
+//! with the documented `mma.sync` fragments, which is what lowering wmma m16n16k16 to two
+//! m16n8k16 HMMAs on sm_80+ implies (not checked on hardware here; code that relies on the
+//! layout is outside PTX's contract anyway), extended uniformly to every shape:
 //! a fragment is a sequence of 8x8 "core" tiles (for A and B, 8 rows by one 32-bit register
 //! width), each held exactly as an `mma.sync` fragment holds it: for lane `l`, `g = l >> 2`,
 //! `q = l & 3`,

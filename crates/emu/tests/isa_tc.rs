@@ -832,6 +832,17 @@ fn alloca_past_the_stack_limit_is_a_clear_fault() {
         err.contains("alloca") && err.contains("16384"),
         "unexpected error: {err}"
     );
+    // a size near 2^64 is the same clear fault, not an arithmetic overflow
+    let huge = lane_kernel(
+        "sm_80",
+        0,
+        1,
+        "    .reg .b64 %s, %p;\n",
+        "    mov.b64 %s, -8;\n    alloca.u64 %p, %s, 8;\n    cvt.u32.u64 %o0, %p;\n",
+    );
+    ptxas(&huge, "sm_80");
+    let err = run(&huge, &[vec![0; 4], vec![0; 128]], 1, 32, &o).unwrap_err();
+    assert!(err.contains("alloca"), "unexpected error: {err}");
     // the same kernel fits a larger stack
     let o = LaunchOptions {
         stack_bytes: 64 * 1024,

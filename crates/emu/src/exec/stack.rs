@@ -38,7 +38,7 @@ impl Cta {
                 StackOp::Alloca { d, size, align } => {
                     let n = w.regs[size as usize][l];
                     let start = (sp as u64).next_multiple_of(align as u64);
-                    let need = used + (start - sp as u64) + n;
+                    let need = (used + (start - sp as u64)).saturating_add(n);
                     if need > ctx.stack_bytes as u64 {
                         LAST_LANE.with(|c| c.set(l as u32));
                         return Err(FaultKind::Other(format!(
