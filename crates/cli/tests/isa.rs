@@ -25,6 +25,16 @@ fn isa_json_lists_every_opcode_with_its_status() {
     assert_eq!(row("mma")["builder"], true);
     assert_eq!(row("st.async")["emulate"], true);
     assert_eq!(row("cp.reduce.async.bulk.tensor")["emulate"], true);
+    for op in [
+        "wmma.load.a",
+        "wmma.store.d",
+        "wmma.mma",
+        "mma.sp",
+        "movmatrix",
+        "alloca",
+    ] {
+        assert_eq!(row(op)["emulate"], true, "{op}");
+    }
     assert!(rows.iter().all(|r| r["parse"] == true));
     let missing = ptxforge(&["isa", "--missing", "--json"]);
     let missing: Vec<serde_json::Value> = serde_json::from_slice(&missing.stdout).unwrap();

@@ -23,9 +23,11 @@ mod convert;
 mod float;
 mod int;
 mod ldst;
+mod stack;
 mod tensor;
 mod video;
 mod warp;
+mod wmma;
 pub use call::{LaneStack, STACK_BASE};
 
 /// Everything a launch shares between its CTAs (read-only during the launch).
@@ -1100,6 +1102,8 @@ impl Cta {
             Op::WgmmaWait { .. } => self.exec_tensor(ctx, wi, inst, m),
             Op::Setmaxnreg { .. } => self.exec_tensor(ctx, wi, inst, m),
             Op::Ldmatrix { .. } => self.exec_ldst_matrix(ctx, wi, inst, m),
+            Op::Wmma(op) => self.exec_wmma(ctx, wi, op, m),
+            Op::Stack(op) => self.exec_stack(ctx, wi, op, m),
             Op::Stmatrix { .. } => self.exec_ldst_matrix(ctx, wi, inst, m),
             Op::MbarInit { .. } => self.exec_mbarrier(ctx, wi, inst, m),
             Op::MbarInval { .. } => self.exec_mbarrier(ctx, wi, inst, m),

@@ -29,6 +29,7 @@ pub mod program;
 pub mod sanitize;
 pub mod tc_numerics;
 mod tc_simd;
+pub mod wmma;
 
 pub use error::{EmuError, FaultKind, FaultSite};
 pub use launch::{launch, LaunchConfig, LaunchOptions, LaunchStats, DEFAULT_STACK_BYTES};

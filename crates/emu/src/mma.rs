@@ -59,7 +59,7 @@ fn is_i8(t: Ty) -> bool {
 }
 
 /// Bits of one A/B/C/D element in a register.
-fn elem_bits(t: Ty) -> u32 {
+pub(crate) fn elem_bits(t: Ty) -> u32 {
     match t {
         Ty::F16 | Ty::Bf16 => 16,
         Ty::E4m3 | Ty::E5m2 | Ty::S8 | Ty::U8 => 8,
@@ -69,7 +69,7 @@ fn elem_bits(t: Ty) -> u32 {
 }
 
 /// Elements held by one register.
-fn per_reg(t: Ty) -> usize {
+pub(crate) fn per_reg(t: Ty) -> usize {
     match elem_bits(t) {
         8 => 4,
         16 => 2,
@@ -253,7 +253,7 @@ pub(crate) fn fp8_table() -> &'static [[f64; 256]; 2] {
     })
 }
 
-fn to_f64(t: Ty, bits: u64) -> f64 {
+pub(crate) fn to_f64(t: Ty, bits: u64) -> f64 {
     match t {
         Ty::F16 => half::f16::from_bits(bits as u16).to_f64(),
         Ty::Bf16 => f32::from_bits(((bits as u32) & 0xffff) << 16) as f64,
@@ -266,7 +266,7 @@ fn to_f64(t: Ty, bits: u64) -> f64 {
     }
 }
 
-fn to_i64(t: Ty, bits: u64) -> i64 {
+pub(crate) fn to_i64(t: Ty, bits: u64) -> i64 {
     match t {
         Ty::S8 => bits as u8 as i8 as i64,
         Ty::U8 => bits as u8 as i64,
@@ -405,7 +405,7 @@ pub fn mma_sync_with(
 }
 
 /// Rounds an f64 to the D type (nearest even; NaN -> canonical NaN).
-fn round_to(t: Ty, x: f64) -> u64 {
+pub(crate) fn round_to(t: Ty, x: f64) -> u64 {
     if t == Ty::F32 {
         // f64 -> f32 `as` rounds to nearest even (one rounding); NaN is canonicalised.
         let f = x as f32;

@@ -25,9 +25,11 @@ mod family;
 mod float;
 mod int;
 mod ldst;
+mod stack;
 mod tensor;
 mod video;
 mod warp;
+mod wmma;
 pub use call::{function_address, CallSite, IndirectCall, ParamCopy, Place};
 pub use carry::{CarryKind, CarryOp};
 pub use family::{family, Family};
@@ -36,6 +38,7 @@ use family::{misrouted, operand, role};
 /// The modifier families are `ptx`'s; `Ord` is the memory order a decoded access asks for
 /// (`ld.volatile` decodes as acquire, `st.volatile` as release).
 pub use ptx::ops::{AtomOp, MemOrder as Ord, ReduxOp, ShflMode, VoteMode};
+pub use stack::StackOp;
 
 /// Slot 0 always holds zero in every lane.
 pub const ZERO: u32 = 0;
@@ -316,6 +319,10 @@ pub enum Op {
         off: i64,
         space: MSpace,
     },
+    /// `wmma.load`, `wmma.store`, `wmma.mma`, `mma.sp`, `movmatrix` ([`crate::wmma`]).
+    Wmma(Box<crate::wmma::WmmaOp>),
+    /// `stacksave`, `stackrestore`, `alloca` on the lane's call stack.
+    Stack(StackOp),
     CpAsync {
         dst: u32,
         doff: i64,
@@ -506,6 +513,7 @@ impl Op {
             Op::St { .. }
                 | Op::Atom { .. }
                 | Op::Stmatrix { .. }
+                | Op::Wmma(_)
                 | Op::Bulk { .. }
                 | Op::BulkTensor { .. }
                 | Op::BulkReduce { .. }

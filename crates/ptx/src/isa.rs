@@ -160,6 +160,15 @@ opcodes! {
     Mma "mma" 1 3 3 70 64 [Dst A B C];
     Ldmatrix "ldmatrix" 1 1 1 75 65 [(Dst: B32X) (Addr: AddrOnly)];
     Stmatrix "stmatrix" 0 2 2 90 78 [(Addr: AddrOnly) (Src: B32X)];
+    // warp matrix functions, sparse mma, movmatrix (emulated in the emulator's `wmma` modules)
+    WmmaLoadA "wmma.load.a" 1 1 2 70 60; WmmaLoadB "wmma.load.b" 1 1 2 70 60;
+    WmmaLoadC "wmma.load.c" 1 1 2 70 60; WmmaStoreD "wmma.store.d" 0 2 3 70 60;
+    WmmaMma "wmma.mma" 1 3 3 70 60; MmaSp "mma.sp" 1 5 5 80 71;
+    MmaSpOrdered "mma.sp::ordered_metadata" 1 5 5 80 85;
+    Movmatrix "movmatrix" 1 1 1 75 78;
+    // per-thread stack allocation
+    Stacksave "stacksave" 1 0 0 52 73; Stackrestore "stackrestore" 0 1 1 52 73;
+    Alloca "alloca" 1 1 2 52 73;
     // asynchronous copies
     CpAsync "cp.async" 0 3 5 80 70 [Dst Src CpSize (?SrcSize) (CacheHint if L2CacheHint)];
     CpAsyncCommitGroup "cp.async.commit_group" 0 0 0 80 70;
@@ -525,6 +534,19 @@ pub fn requirement(ins: &Instruction) -> Requirement {
             }
         }
         Opcode::Bar | Opcode::Barrier if ins.has(Flag::Red) => need(20, 20),
+        Opcode::WmmaLoadA
+        | Opcode::WmmaLoadB
+        | Opcode::WmmaLoadC
+        | Opcode::WmmaStoreD
+        | Opcode::WmmaMma => {
+            // integer forms arrived with sm_72, bf16/tf32/f64 with sm_80
+            if has_ty(Ty::S8) || has_ty(Ty::U8) || has_ty(Ty::S32) {
+                need(72, 63);
+            }
+            if bf16 || has_ty(Ty::Tf32) || has_ty(Ty::F64) {
+                need(80, 70);
+            }
+        }
         _ => {}
     }
     r

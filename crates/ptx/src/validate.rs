@@ -28,6 +28,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 mod atomic;
+mod tc;
 
 /// How bad a diagnostic is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -1211,6 +1212,8 @@ impl<'a> FnCheck<'a> {
             }
             Mma => self.mma(i, &tys),
             WgmmaMmaAsync => self.wgmma(i, &tys),
+            WmmaLoadA | WmmaLoadB | WmmaLoadC | WmmaStoreD | WmmaMma | MmaSp | MmaSpOrdered
+            | Movmatrix | Stacksave | Stackrestore | Alloca => self.isa_tc(i),
             _ => {}
         }
     }

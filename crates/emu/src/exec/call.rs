@@ -97,6 +97,18 @@ impl LaneStack {
     }
 }
 
+/// Lane `l`'s stack pointer, the bytes its stack uses and the base of its innermost frame
+/// (0 in the kernel): what `stacksave`/`alloca` (`exec/stack.rs`) work with.
+pub(super) fn stack_state(w: &mut Warp, l: usize) -> (u32, u64, u32) {
+    let st = &stacks(w)[l];
+    (st.sp, st.used(), st.frames.last().map_or(0, |f| f.base))
+}
+
+/// Sets lane `l`'s stack pointer (`alloca`, `stackrestore`; checked by the caller).
+pub(super) fn set_stack_sp(w: &mut Warp, l: usize, sp: u32) {
+    stacks(w)[l].sp = sp;
+}
+
 fn stacks(w: &mut Warp) -> &mut Vec<LaneStack> {
     if w.calls.is_empty() {
         w.calls = vec![LaneStack::default(); 32];

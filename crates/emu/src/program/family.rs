@@ -135,6 +135,9 @@ pub fn family(op: Opcode, float: bool) -> Family {
         O::Bra | O::BrxIdx | O::Ret | O::Exit | O::Trap | O::Brkpt | O::Nanosleep => F::Control,
         O::Griddepcontrol => F::Control,
         O::Call => F::Call,
+        O::Stacksave | O::Stackrestore | O::Alloca => F::Call,
+        O::WmmaLoadA | O::WmmaLoadB | O::WmmaLoadC | O::WmmaStoreD | O::WmmaMma => F::Tensor,
+        O::MmaSp | O::MmaSpOrdered | O::Movmatrix => F::Tensor,
         O::Mma | O::Ldmatrix | O::Stmatrix | O::WgmmaFence | O::WgmmaCommitGroup => F::Tensor,
         O::WgmmaWaitGroup | O::WgmmaMmaAsync | O::Setmaxnreg => F::Tensor,
         O::CpAsync | O::CpAsyncCommitGroup | O::CpAsyncWaitGroup | O::CpAsyncWaitAll => {
@@ -218,6 +221,9 @@ impl Decoder<'_> {
             {
                 self.decode_tensor(ins, ins0, guard)
             }
+            Family::Tensor if super::wmma::is_wmma_family(ins.op) => {
+                self.decode_wmma(ins, ins0, guard)
+            }
             Family::Tensor => self.decode_wgmma(ins, ins0, guard),
             Family::AsyncCopy
                 if matches!(
@@ -235,6 +241,9 @@ impl Decoder<'_> {
             }
             Family::AsyncCopy => self.decode_async_copy(ins, ins0, guard),
             Family::Control => self.decode_control(ins, ins0, guard),
+            Family::Call if super::stack::is_stack_op(ins.op) => {
+                self.decode_stack(ins, ins0, guard)
+            }
             Family::Call => self.call(ins, ins0, guard),
             Family::Video => self.decode_video(ins, ins0, guard),
             Family::NotEmulated => {

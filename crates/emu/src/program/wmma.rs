@@ -1,0 +1,145 @@
+//! Decoding of the warp matrix functions (`wmma.load`, `wmma.store`, `wmma.mma`), sparse
+//! `mma.sp` and `movmatrix` into [`Op::Wmma`] ([`crate::wmma`] has the forms and layouts).
+
+use super::*;
+use crate::wmma::{self as wm, WmmaOp};
+
+/// The opcodes this module decodes (the rest of the tensor family goes to `tensor.rs`).
+pub(super) fn is_wmma_family(op: Opcode) -> bool {
+    use Opcode as O;
+    matches!(
+        op,
+        O::WmmaLoadA | O::WmmaLoadB | O::WmmaLoadC | O::WmmaStoreD | O::WmmaMma | O::MmaSp
+    ) || matches!(op, O::MmaSpOrdered | O::Movmatrix)
+}
+
+impl Decoder<'_> {
+    /// Decodes one instruction of [`is_wmma_family`].
+    pub(super) fn decode_wmma(
+        &mut self,
+        ins: &Instruction,
+        ins0: &Instruction,
+        guard: (u32, bool),
+    ) -> Result<(), EmuError> {
+        use Opcode as O;
+        let op = match ins.op {
+            O::WmmaLoadA | O::WmmaLoadB | O::WmmaLoadC | O::WmmaStoreD => self.wmma_ldst(ins)?,
+            O::WmmaMma => self.wmma_mma(ins)?,
+            O::MmaSp | O::MmaSpOrdered => self.mma_sparse(ins)?,
+            O::Movmatrix => {
+                if !(ins.has(Flag::Trans) && ins.ty() == Some(Ty::B16)) {
+                    return Err(self.err(ins, "movmatrix needs .m8n8.trans.b16"));
+                }
+                let kernel = self.f;
+                let d = self.dst(ins, operand(kernel, ins, 0)?)?;
+                let a = self.src(ins, operand(kernel, ins, 1)?)?;
+                WmmaOp::Movmatrix { d, a }
+            }
+            _ => return Err(misrouted(self, ins)),
+        };
+        self.push(Op::Wmma(Box::new(op)), ins0, guard);
+        Ok(())
+    }
+
+    fn wmma_ldst(&mut self, ins: &Instruction) -> Result<WmmaOp, EmuError> {
+        let kernel = self.f;
+        let arg = |i: usize| operand(kernel, ins, i);
+        let (frag, row) = wm::ldst_frag(ins).map_err(|e| self.err(ins, e))?;
+        let load = ins.op != Opcode::WmmaStoreD;
+        let (regs, at) = if load {
+            (self.vec_dsts(ins, arg(0)?)?, 1)
+        } else {
+            (self.vec_srcs(ins, arg(1)?)?, 0)
+        };
+        if regs.len() != frag.regs() {
+            return Err(self.err(
+                ins,
+                format!("this wmma fragment needs {} registers", frag.regs()),
+            ));
+        }
+        let (addr, off, sym) = self.addr(ins, arg(at)?)?;
+        let space = self.resolve_space(ins, sym);
+        if !matches!(space, MSpace::Global | MSpace::Shared | MSpace::Generic) {
+            return Err(self.err(
+                ins,
+                "wmma.load/store address must be .global, .shared or generic",
+            ));
+        }
+        let stride = match ins.args.get(2) {
+            Some(o) => Some(self.src(ins, o)?),
+            None => None,
+        };
+        Ok(WmmaOp::LdSt {
+            load,
+            frag,
+            row,
+            regs,
+            addr,
+            off,
+            stride,
+            space,
+        })
+    }
+
+    fn wmma_mma(&mut self, ins: &Instruction) -> Result<WmmaOp, EmuError> {
+        let kernel = self.f;
+        let arg = |i: usize| operand(kernel, ins, i);
+        let spec = wm::WmmaSpec::from_instruction(ins).map_err(|e| self.err(ins, e))?;
+        let d = self.vec_dsts(ins, arg(0)?)?;
+        let a = self.vec_srcs(ins, arg(1)?)?;
+        let b = self.vec_srcs(ins, arg(2)?)?;
+        let c = self.vec_srcs(ins, arg(3)?)?;
+        use crate::wmma::FragKind as K;
+        let want = [
+            (d.len(), spec.d_frag().regs(), "D"),
+            (a.len(), spec.frag(K::A).regs(), "A"),
+            (b.len(), spec.frag(K::B).regs(), "B"),
+            (c.len(), spec.frag(K::C).regs(), "C"),
+        ];
+        for (got, need, what) in want {
+            if got != need {
+                return Err(self.err(
+                    ins,
+                    format!("wmma.mma fragment {what} needs {need} registers, got {got}"),
+                ));
+            }
+        }
+        Ok(WmmaOp::Mma { spec, d, a, b, c })
+    }
+
+    fn mma_sparse(&mut self, ins: &Instruction) -> Result<WmmaOp, EmuError> {
+        let kernel = self.f;
+        let arg = |i: usize| operand(kernel, ins, i);
+        let spec = wm::sparse_spec(ins).map_err(|e| self.err(ins, e))?;
+        let d = self.vec_dsts(ins, arg(0)?)?;
+        let a = self.vec_srcs(ins, arg(1)?)?;
+        let b = self.vec_srcs(ins, arg(2)?)?;
+        let c = self.vec_srcs(ins, arg(3)?)?;
+        let meta = self.src(ins, arg(4)?)?;
+        let sel = match arg(5)? {
+            Operand::Imm(i) if i.bits() < 4 => i.bits() as u32,
+            _ => {
+                return Err(self.err(
+                    ins,
+                    "mma.sp m16n8k16 sparsity selector must be an immediate 0..3",
+                ))
+            }
+        };
+        let (_, nb, nc, nd) = spec.frag_counts();
+        if a.len() != 2 || b.len() != nb || c.len() != nc || d.len() != nd {
+            return Err(self.err(
+                ins,
+                format!("mma.sp fragment register counts must be A 2, B {nb}, C {nc}, D {nd}"),
+            ));
+        }
+        Ok(WmmaOp::Sparse {
+            spec,
+            d,
+            a,
+            b,
+            c,
+            meta,
+            sel,
+        })
+    }
+}
