@@ -535,7 +535,10 @@ impl Stream {
         let sa = src.device_ptr() + (src_at * T::SIZE) as u64;
         let da = dst.device_ptr() + (dst_at * T::SIZE) as u64;
         if let Some(cs) = &self.inner.cuda {
-            return cs.as_ref().map_err(|e| e.clone())?.copy_dtod_async(da, sa, n);
+            return cs
+                .as_ref()
+                .map_err(|e| e.clone())?
+                .copy_dtod_async(da, sa, n);
         }
         self.enqueue(Box::new(move |s: &StreamInner| {
             let mem = crate::device::emu_memory().snapshot();

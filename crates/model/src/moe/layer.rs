@@ -484,7 +484,10 @@ impl MoeLayer {
                     "{bad} routed expert indices outside [0, {e_n})"
                 )));
             }
-            total.iter_mut().zip(&counts).for_each(|(t, &v)| *t += u64::from(v));
+            total
+                .iter_mut()
+                .zip(&counts)
+                .for_each(|(t, &v)| *t += u64::from(v));
         }
         Ok(total)
     }
@@ -1091,12 +1094,20 @@ impl Compute {
                 st.copy_range((xb, 0), (&x16, 0), n)?;
                 let mut xf = d.alloc::<f32>(n)?;
                 ops::cvt_bf16_f32(st, &x16, &mut xf, n)?;
+                let chunks = c.wgrad_chunks.max(1) as usize;
                 let mut xt = Vec::new();
-                let part = d.alloc::<bf16>(tc * h)?;
-                for i in 0..c.wgrad_chunks.max(1) as usize {
-                    st.copy_range((&x16, i * tc * h), (&part, 0), tc * h)?;
+                let part = d.alloc::<bf16>(if chunks > 1 { tc * h } else { 1 })?;
+                for i in 0..chunks {
+                    // chunk i is rows [i tc, (i + 1) tc) of X: its own buffer (one chunk: X)
+                    let src = match chunks {
+                        1 => &x16,
+                        _ => {
+                            st.copy_range((&x16, i * tc * h), (&part, 0), tc * h)?;
+                            &part
+                        }
+                    };
                     let mut t = d.alloc::<bf16>(tc * h)?;
-                    ops::transpose_bf16(st, &part, &mut t, tc, h)?;
+                    ops::transpose_bf16(st, src, &mut t, tc, h)?;
                     // `part` is rewritten by the next chunk's copy: the transpose must have read it
                     st.synchronize()?;
                     xt.push(t);
