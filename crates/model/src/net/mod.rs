@@ -20,8 +20,8 @@
 //!   embedding's copy and the shared head.
 //!
 //! Host work is limited to moving data: uploads of parameters (rounded to BF16 or quantised to
-//! FP8 as the kernels read them), the MoE layer's host-tensor interface, permutations of
-//! gradient rows, and moving gradients to the stage's first device, whose `f32_add` kernel
+//! FP8 as the kernels read them), the MoE layer's weight gradients, permutations of gradient
+//! rows, and moving gradients to the stage's first device, whose `f32_add` kernel
 //! sums them over ranks and micro-batches in a fixed order (the data-parallel all-reduce and
 //! the gradient accumulation, [`grads`]). The MoE layers run on device buffers (each rank's
 //! norm output in, output and input gradient out); the per-expert token histogram is counted
