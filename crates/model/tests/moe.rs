@@ -3,7 +3,10 @@
 //! reference within the layer's tolerances; the check catches a corrupted output; bad
 //! configurations and inputs are refused with typed errors.
 
-use model::moe::{check, random_step, CheckConfig, MoeConfig, MoeError, MoeLayer, Quiet};
+use model::moe::{
+    check, random_step, Backward, CheckConfig, Forward, MoeConfig, MoeError, MoeLayer, Quiet,
+    StepData,
+};
 use rand::SeedableRng;
 use runtime::Device;
 
@@ -201,4 +204,104 @@ fn bad_configurations_are_refused_naming_the_field() {
         Err(e) => panic!("wrong error: {e}"),
         Ok(_) => panic!("1 device accepted for 2 ranks"),
     }
+}
+
+/// Downloads a device tensor's BF16 values as f32.
+fn download(b: &runtime::Buffer<half::bf16>) -> Vec<f32> {
+    b.to_vec().unwrap().iter().map(|v| v.to_f32()).collect()
+}
+
+/// BF16 uploads of per-rank host tensors, rank `r`'s on `devs[r]`.
+fn upload_bf16(v: &[Vec<f32>], devs: &[Device]) -> Vec<runtime::Buffer<half::bf16>> {
+    v.iter()
+        .zip(devs)
+        .map(|(x, d)| {
+            let b: Vec<half::bf16> = x.iter().map(|&a| half::bf16::from_f32(a)).collect();
+            d.upload(&b).unwrap()
+        })
+        .collect()
+}
+
+/// A layer over fresh devices and BF16-valued step data (so the host and device interfaces see
+/// the same inputs), and its forward + backward through the device interface with Y and dX
+/// downloaded into the host fields; the per-expert counts.
+fn device_step(cfg: &MoeConfig, base: u32) -> (MoeLayer, StepData, Forward, Backward, Vec<u64>) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
+    let (weights, mut data) = random_step(cfg, &mut rng);
+    for v in data.x.iter_mut().flatten() {
+        *v = half::bf16::from_f32(*v).to_f32();
+    }
+    let devs = devices(cfg, base);
+    let mut layer = MoeLayer::new(cfg.clone(), devs.clone(), weights, &Quiet).expect("layer");
+    let x = upload_bf16(&data.x, &devs);
+    let mut f = layer.forward_dev(x, &Quiet).expect("forward_dev");
+    let counts = layer.expert_counts(&f).expect("counts");
+    let dy = upload_bf16(&data.dy, &devs);
+    let mut b = layer.backward_dev(&f, &dy, &Quiet).expect("backward_dev");
+    assert!(f.y.is_empty() && b.dx.is_empty());
+    f.y = f.y_dev.iter().map(download).collect();
+    b.dx = b.dx_dev.iter().map(download).collect();
+    (layer, data, f, b, counts)
+}
+
+/// The device-buffer interface (the trainer's), BF16 inputs on the ranks' devices: Y and dX,
+/// downloaded from the device outputs, pass the f64 reference on every token; the per-expert
+/// counts (the `expert_count` kernel) cover every routed token; misplaced or short inputs are
+/// refused.
+#[test]
+fn device_interface_matches_the_f64_reference() {
+    let cfg = small(0xde71);
+    let (mut layer, data, f, b, counts) = device_step(&cfg, 1600);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let cc = CheckConfig {
+        tokens: 0,
+        experts: cfg.experts as usize,
+    };
+    let rep = check(&layer, &data, &f, &b, &cc, &mut rng, &Quiet).expect("check");
+    assert!(rep.ok(true), "{rep:?}");
+    assert!(rep.y.max_ref > 0.0 && rep.dx.max_ref > 0.0, "{rep:?}");
+    let routed = cfg.ranks() as u64 * u64::from(cfg.tokens) * u64::from(cfg.topk);
+    assert_eq!(counts.iter().sum::<u64>(), routed);
+    assert!(counts.iter().filter(|&&c| c > 0).count() > 1, "{counts:?}");
+
+    // a rank's input on another rank's device, or too short, is refused before any work
+    let devs = devices(&cfg, 1600);
+    let mut swapped = upload_bf16(&data.x, &devs);
+    swapped.swap(0, 1);
+    match layer.forward_dev(swapped, &Quiet) {
+        Err(MoeError::Shape(m)) => assert!(m.contains("rank 0"), "{m}"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("misplaced input accepted"),
+    }
+    let short = devs.iter().map(|d| d.alloc(7).unwrap()).collect();
+    match layer.forward_dev(short, &Quiet) {
+        Err(MoeError::Shape(m)) => assert!(m.contains("x:"), "{m}"),
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("short input accepted"),
+    }
+}
+
+/// With the gate's wgrad in 2 chunks (X^T chunks transposed on the device; the host interface
+/// transposes them on the host) the device and host interfaces give the same bits: Y, dX, the
+/// routed and gate weight gradients, the per-expert counts.
+#[test]
+fn device_and_host_interfaces_agree_bit_for_bit() {
+    let cfg = MoeConfig {
+        tokens: 256,
+        wgrad_chunks: 2,
+        ..small(0xc4a2)
+    };
+    let (mut layer, data, f, b, counts) = device_step(&cfg, 1700);
+    let fh = layer.forward(&data.x, &Quiet).expect("forward");
+    let bh = layer.backward(&fh, &data.dy, &Quiet).expect("backward");
+    assert!(fh.y == f.y && bh.dx == b.dx, "Y or dX differ");
+    assert!(
+        bh.routed_dw == b.routed_dw,
+        "routed weight gradients differ"
+    );
+    assert!(b.gate.iter().all(|g| g.dw.len() == 2));
+    let gate_dw =
+        |b: &Backward| -> Vec<Vec<f32>> { b.gate.iter().flat_map(|g| g.dw.clone()).collect() };
+    assert!(gate_dw(&bh) == gate_dw(&b), "gate weight gradients differ");
+    assert_eq!(layer.expert_counts(&fh).expect("counts"), counts);
 }

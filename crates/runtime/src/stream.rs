@@ -509,6 +509,54 @@ impl Stream {
         }))
     }
 
+    /// Stream-ordered copy of `len` elements from `src[src_at..]` into `dst[dst_at..]` (same
+    /// element type, possibly the same buffer's disjoint ranges; both ranges checked): the
+    /// slicing and concatenation of device tensors without a host round trip. Emulator:
+    /// queued; CUDA: `cuMemcpyDtoDAsync` on this stream.
+    pub fn copy_range<T: crate::Pod>(
+        &self,
+        (src, src_at): (&crate::Buffer<T>, usize),
+        (dst, dst_at): (&crate::Buffer<T>, usize),
+        len: usize,
+    ) -> Result<()> {
+        let fits = |at: usize, n: usize| at.checked_add(len).is_some_and(|e| e <= n);
+        if !fits(src_at, src.len()) || !fits(dst_at, dst.len()) {
+            return Err(RuntimeError::Buffer(format!(
+                "copy of {len} elements from [{src_at}..] of a buffer of {} into [{dst_at}..] of \
+                 a buffer of {}",
+                src.len(),
+                dst.len()
+            )));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let n = len * T::SIZE;
+        let sa = src.device_ptr() + (src_at * T::SIZE) as u64;
+        let da = dst.device_ptr() + (dst_at * T::SIZE) as u64;
+        if let Some(cs) = &self.inner.cuda {
+            return cs
+                .as_ref()
+                .map_err(|e| e.clone())?
+                .copy_dtod_async(da, sa, n);
+        }
+        self.enqueue(Box::new(move |s: &StreamInner| {
+            let mem = crate::device::emu_memory().snapshot();
+            match (mem.find(sa, n as u64), mem.find(da, n as u64)) {
+                (Some(a), Some(b)) => {
+                    let mut bytes = vec![0u8; n];
+                    a.read_bytes(sa - a.base, &mut bytes);
+                    b.write_bytes(da - b.base, &bytes);
+                }
+                _ => {
+                    let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+                    st.error
+                        .get_or_insert(RuntimeError::Buffer("copy with a freed buffer".into()));
+                }
+            }
+        }))
+    }
+
     /// Emulator only: later launches on this stream count shared-memory wavefronts and bank
     /// conflicts per PTX instruction, reported in [`emu::LaunchStats::banks`] of
     /// [`Stream::last_stats`] (the model is described in [`emu::banks`]). Also on for every

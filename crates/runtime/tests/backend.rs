@@ -692,3 +692,31 @@ fn cuda_tests_pass_on_the_fake_driver() {
     assert!(!text.contains("skip: CUDA tests need"), "{text}");
     assert!(text.contains("partition: GreenContext"), "{text}");
 }
+
+/// `Stream::copy_range` moves exactly the asked elements between offsets (the rest of the
+/// poisoned destination untouched, within one buffer too) and refuses ranges past either end.
+#[test]
+fn copy_range_copies_slices_and_checks_bounds() {
+    let dev = Device::emu(28);
+    let st = dev.new_stream();
+    let data: Vec<u32> = (0..100u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+    let a = st.upload(&data).unwrap();
+    let b = dev.alloc::<u32>(50).unwrap();
+    st.fill(&b, 0xdead_beef).unwrap();
+    st.copy_range((&a, 37), (&b, 5), 20).unwrap();
+    let got = st.read(&b).unwrap();
+    for (i, &v) in got.iter().enumerate() {
+        let want = if (5..25).contains(&i) {
+            data[i - 5 + 37]
+        } else {
+            0xdead_beef
+        };
+        assert_eq!(v, want, "element {i}");
+    }
+    st.copy_range((&b, 5), (&b, 30), 20).unwrap();
+    assert_eq!(st.read(&b).unwrap()[30..50], data[37..57]);
+    assert!(st.copy_range((&a, 90), (&b, 0), 11).is_err());
+    assert!(st.copy_range((&a, 0), (&b, 31), 20).is_err());
+    assert!(st.copy_range((&a, usize::MAX), (&b, 0), 1).is_err());
+    st.copy_range((&a, 100), (&b, 50), 0).unwrap();
+}

@@ -3,7 +3,8 @@
 //! [`rope`] (decoupled RoPE, interleaved pairs, YaRN tables), [`xent`] (softmax cross-entropy
 //! over the vocabulary), [`optim`] (global gradient norm and AdamW with BF16 moments),
 //! [`embed`] (embedding gather and its deterministic scatter-add backward) and [`ops`]
-//! (residual adds, precision changes, transposes and MLA's per-head slicing/summing).
+//! (residual adds, precision changes, transposes and MLA's per-head slicing/summing) and
+//! [`count`] (the per-expert token histogram and the in-order f64 sum of the ranks' losses).
 //!
 //! This module owns what they share: the warp/CTA reduction helpers, the vector load/store
 //! helpers, the [`OpCheck`] outcome of a check against the f64 references, and the registry
@@ -13,6 +14,7 @@
 //! from shared memory in warp order by every thread), so each result is bitwise reproducible run
 //! to run: no float atomics anywhere.
 
+pub mod count;
 pub mod embed;
 pub mod norm;
 pub mod ops;

@@ -6,7 +6,7 @@
 //! k = rope dim; xent m = tokens, k = vocab; optim m = elements (split over n tensors for the
 //! norm); embed m = tokens, n = vocabulary, k = H.
 
-use super::{embed, norm, ops, optim, rope, xent, OpCheck, TRAIN_TARGETS};
+use super::{count, embed, norm, ops, optim, rope, xent, OpCheck, TRAIN_TARGETS};
 use crate::quant::QUANT_TARGETS;
 use crate::registry::{CheckReport, KernelInfo, Kind, ParamInfo, Shape};
 use crate::{Result, ScaleMode};
@@ -37,6 +37,8 @@ pub enum TrainKernel {
     HeadSum,
     TopkSlotMask,
     TopkSlotAcc,
+    ExpertCount,
+    SumF64,
 }
 
 impl TrainKernel {
@@ -65,6 +67,8 @@ impl TrainKernel {
             HeadSum => ops::gen_head_sum(t),
             TopkSlotMask => ops::gen_slot_mask(t),
             TopkSlotAcc => ops::gen_slot_acc(t),
+            ExpertCount => count::gen_count(t),
+            SumF64 => count::gen_sum_f64(t),
         }
     }
 
@@ -85,6 +89,8 @@ impl TrainKernel {
             Transpose { bf16 } => ops::check_transpose(st, s.m, s.k, bf16, seed),
             HeadSum => ops::check_head_sum(st, s.m, s.n, s.k, seed),
             TopkSlotMask | TopkSlotAcc => ops::check_topk_slots(st, s.m, s.k, s.n, seed),
+            ExpertCount => count::check_count(st, s.m, s.n, seed),
+            SumF64 => count::check_sum_f64(st, s.m, seed),
         }
     }
 }
@@ -368,7 +374,33 @@ fn rest_entries() -> Vec<E> {
     }
     v.extend(reduction_entries());
     v.extend(ops_entries());
+    v.extend(count_entries());
     v
+}
+
+/// The bookkeeping reductions of [`count`] (shapes: count m = indices, n = experts; sum m =
+/// values).
+fn count_entries() -> Vec<E> {
+    vec![
+        E {
+            name: count::COUNT_NAME,
+            summary: "per-expert token histogram of routed indices, out[E] = indices outside [0, E) (thread per expert, in-order scan, exact)",
+            params: &[("idx", "i32*"), ("out", "u32*"), ("n", "u32"), ("experts", "u32")],
+            launch: "grid = ceil((experts+1)/128), block = 128 (thread per count)",
+            host: "expert_count",
+            shapes: vec![Shape::new(1000, 8, 0), Shape::new(77, 300, 0)],
+            kind: TrainKernel::ExpertCount,
+        },
+        E {
+            name: count::SUM_F64_NAME,
+            summary: "acc = (accumulate ? acc : 0) + f64 sum of f32 values in index order (one thread; the ranks' losses)",
+            params: &[("x", "f32*"), ("acc", "f64*"), ("n", "u32"), ("accumulate", "u32")],
+            launch: "grid = 1, block = 32 (thread 0 sums)",
+            host: "f32_sum_f64",
+            shapes: vec![Shape::new(4, 0, 0), Shape::new(1000, 0, 0)],
+            kind: TrainKernel::SumF64,
+        },
+    ]
 }
 
 /// The element-wise and re-layout kernels of [`ops`] (shapes: element-wise m = elements;

@@ -1,4 +1,10 @@
 //! [`MoeLayer`]: the weights on the devices, the EP group, and the forward/backward phases.
+//!
+//! Two interfaces: over device buffers ([`MoeLayer::forward_dev`], [`MoeLayer::backward_dev`]:
+//! each rank's BF16 `[T, H]` input on its own device, outputs left there; the trainer's) and
+//! over host tensors ([`MoeLayer::forward`], [`MoeLayer::backward`]: thin wrappers that upload
+//! and download; `ptxforge moe` and the tests). Both run the same kernels; the host interface's
+//! f32 input feeds the FP8 quantisation unrounded (the gate reads its BF16 rounding).
 
 use super::exec::{overlapped, per_rank, Progress, Span, Trace, TraceSpan};
 use super::host::{quant_expert, transpose, ExpertQ};
@@ -119,8 +125,11 @@ pub struct BackwardStats {
 
 /// A forward's outputs and what its backward needs.
 pub struct Forward {
-    /// Per rank `[T, H]` output Y = combine + shared expert (BF16 values).
+    /// Per rank `[T, H]` output Y = combine + shared expert (BF16 values) on the host: filled by
+    /// [`MoeLayer::forward`], empty after [`MoeLayer::forward_dev`].
     pub y: Vec<Vec<f32>>,
+    /// Per rank `[T, H]` BF16 output Y on the rank's device.
+    pub y_dev: Vec<Buffer<bf16>>,
     pub stats: ForwardStats,
     pub(crate) routes: Vec<RankRoute>,
     pub(crate) outs: Vec<DispatchOut>,
@@ -132,28 +141,6 @@ pub struct Forward {
     k_starts: Vec<Buffer<i32>>,
     /// With `slot_combine`: per top-k slot, per rank the `[m_pad]` row mask of that slot.
     slot_masks: Vec<Vec<Buffer<f32>>>,
-}
-
-impl Forward {
-    /// Tokens routed to each expert (all ranks' top-k selections), `[E]`: the load the
-    /// aux-loss-free bias update balances.
-    pub fn expert_counts(&self, experts: usize) -> Result<Vec<u64>> {
-        let mut c = vec![0u64; experts];
-        for route in &self.routes {
-            for e in route.idx.to_vec()? {
-                let slot = usize::try_from(e).ok().and_then(|e| c.get_mut(e));
-                match slot {
-                    Some(n) => *n += 1,
-                    None => {
-                        return Err(MoeError::Shape(format!(
-                            "routed expert index {e} outside [0, {experts})"
-                        )))
-                    }
-                }
-            }
-        }
-        Ok(c)
-    }
 }
 
 /// One rank's gate gradients.
@@ -171,8 +158,11 @@ pub struct GateGrad {
 
 /// A backward's gradients.
 pub struct Backward {
-    /// Per rank `[T, H]` dX = combine of the experts' dX + shared expert + gate (BF16 values).
+    /// Per rank `[T, H]` dX = combine of the experts' dX + shared expert + gate (BF16 values) on
+    /// the host: filled by [`MoeLayer::backward`], empty after [`MoeLayer::backward_dev`].
     pub dx: Vec<Vec<f32>>,
+    /// Per rank `[T, H]` BF16 dX on the rank's device.
+    pub dx_dev: Vec<Buffer<bf16>>,
     /// Per rank (dW_gate|up `[E_local, 2I, H]`, dW_down `[E_local, H, I]`) f32; empty when the
     /// rank received no rows.
     pub routed_dw: Vec<(Vec<f32>, Vec<f32>)>,
@@ -434,10 +424,75 @@ impl MoeLayer {
         Ok(())
     }
 
-    /// Forward of the per-rank inputs `x` (`[T, H]` f32 each): gate + routing + quantisation,
-    /// dispatch (FP8) || shared expert, routed experts, combine; Y = combine + shared.
+    /// Checks device inputs: one BF16 buffer of at least `[T, H]` per rank, on that rank's
+    /// device.
+    fn check_dev_input(&self, what: &str, v: &[Buffer<bf16>]) -> Result<()> {
+        let c = &self.dev.cfg;
+        let n = c.tokens as usize * c.hidden as usize;
+        if v.len() != c.ranks() || v.iter().any(|x| x.len() < n) {
+            return Err(MoeError::Shape(format!(
+                "{what}: need {} ranks of [{}, {}] bf16 buffers",
+                c.ranks(),
+                c.tokens,
+                c.hidden
+            )));
+        }
+        let on = |(b, rd): (&Buffer<bf16>, &RankDev)| b.device().same(&rd.device);
+        if let Some(r) = v.iter().zip(&self.dev.ranks).position(|p| !on(p)) {
+            return Err(MoeError::Shape(format!(
+                "{what}: rank {r}'s buffer is not on the layer's device {r}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Forward of the per-rank host inputs `x` (`[T, H]` f32 each; see the module docs): the
+    /// device forward, with Y also downloaded to [`Forward::y`].
     pub fn forward(&mut self, x: &[Vec<f32>], progress: &dyn Progress) -> Result<Forward> {
         self.check_input("x", x)?;
+        let xs = x.iter().map(|v| RankIn::Host(v)).collect();
+        let mut f = self.forward_in(xs, progress)?;
+        f.y = f.y_dev.iter().map(download).collect::<Result<_>>()?;
+        Ok(f)
+    }
+
+    /// Forward of the per-rank device inputs `x` (`[T, H]` BF16, rank `r`'s on the layer's
+    /// device `r`): gate + routing + quantisation, dispatch (FP8) || shared expert, routed
+    /// experts, combine; Y = combine + shared in [`Forward::y_dev`] (nothing crosses the host).
+    pub fn forward_dev(
+        &mut self,
+        x: Vec<Buffer<bf16>>,
+        progress: &dyn Progress,
+    ) -> Result<Forward> {
+        self.check_dev_input("x", &x)?;
+        self.forward_in(x.into_iter().map(RankIn::Dev).collect(), progress)
+    }
+
+    /// Tokens routed to each expert (all ranks' top-k selections of `f`), `[E]`: the load the
+    /// aux-loss-free bias update balances. Counted on each rank's device (`expert_count`); the
+    /// ranks' small count vectors are read back and added in rank order (integers: exact).
+    pub fn expert_counts(&self, f: &Forward) -> Result<Vec<u64>> {
+        let c = &self.dev.cfg;
+        let (e_n, n) = (c.experts as usize, c.tokens as usize * c.topk as usize);
+        let mut total = vec![0u64; e_n];
+        for (rd, route) in self.dev.ranks.iter().zip(&f.routes) {
+            let mut out = rd.device.alloc::<u32>(e_n + 1)?;
+            kernels::train::count::expert_count(&rd.compute, &route.idx, &mut out, n, e_n)?;
+            let counts = rd.compute.read(&out)?;
+            if let Some(&bad) = counts.get(e_n).filter(|&&b| b > 0) {
+                return Err(MoeError::Shape(format!(
+                    "{bad} routed expert indices outside [0, {e_n})"
+                )));
+            }
+            total
+                .iter_mut()
+                .zip(&counts)
+                .for_each(|(t, &v)| *t += u64::from(v));
+        }
+        Ok(total)
+    }
+
+    fn forward_in(&mut self, x: Vec<RankIn<'_>>, progress: &dyn Progress) -> Result<Forward> {
         let rn = self.dev.cfg.ranks();
         let t0 = Instant::now();
         let routes = per_rank(rn, "route + quantise (device)", progress, |r| {
@@ -476,6 +531,7 @@ impl MoeLayer {
         progress.note("routed experts fwd", routed_seconds);
         let mut f = Forward {
             y: Vec::new(),
+            y_dev: Vec::new(),
             stats: ForwardStats {
                 route_seconds,
                 dispatch: stats,
@@ -584,7 +640,7 @@ impl MoeLayer {
             .comm_all("ep_combine (bf16, weighted)", rn, span);
         progress.note("combine (bf16)", f.stats.combine.seconds);
         let acc = self.dev.combined_f32(comb, &f.routes)?;
-        f.y = (0..rn)
+        f.y_dev = (0..rn)
             .map(|r| {
                 let sh = f.shared[r].as_ref().map(|s| &s.y);
                 self.dev.finish_sum(r, &acc[r], sh, None)
@@ -593,8 +649,8 @@ impl MoeLayer {
         Ok(())
     }
 
-    /// Backward of `dy` (`[T, H]` f32 per rank, rounded to BF16 on upload) through the forward
-    /// `f`: input, expert-weight and gate gradients.
+    /// Backward of host `dy` (`[T, H]` f32 per rank, rounded to BF16 on upload) through the
+    /// forward `f`: the device backward, with dX also downloaded to [`Backward::dx`].
     pub fn backward(
         &mut self,
         f: &Forward,
@@ -602,14 +658,41 @@ impl MoeLayer {
         progress: &dyn Progress,
     ) -> Result<Backward> {
         self.check_input("dy", dy)?;
-        let rn = self.dev.cfg.ranks();
-        let gyb: Vec<Buffer<bf16>> = (0..rn)
-            .map(|r| {
-                let v: Vec<bf16> = dy[r].iter().map(|&x| bf16::from_f32(x)).collect();
-                self.dev.ranks[r].device.upload(&v)
+        let gyb: Vec<Buffer<bf16>> = self
+            .dev
+            .ranks
+            .iter()
+            .zip(dy)
+            .map(|(rd, v)| {
+                let v: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+                rd.device.upload(&v)
             })
             .collect::<std::result::Result<_, _>>()?;
-        let (gouts, shared, p1) = self.dispatch_dy(f, &gyb, progress)?;
+        let mut b = self.backward_in(f, &gyb, progress)?;
+        b.dx = b.dx_dev.iter().map(download).collect::<Result<_>>()?;
+        Ok(b)
+    }
+
+    /// Backward of the per-rank device gradients `dy` (`[T, H]` BF16, rank `r`'s on the layer's
+    /// device `r`) through the forward `f`: dX in [`Backward::dx_dev`], the expert-weight and
+    /// gate gradients.
+    pub fn backward_dev(
+        &mut self,
+        f: &Forward,
+        dy: &[Buffer<bf16>],
+        progress: &dyn Progress,
+    ) -> Result<Backward> {
+        self.check_dev_input("dy", dy)?;
+        self.backward_in(f, dy, progress)
+    }
+
+    fn backward_in(
+        &mut self,
+        f: &Forward,
+        gyb: &[Buffer<bf16>],
+        progress: &dyn Progress,
+    ) -> Result<Backward> {
+        let (gouts, shared, p1) = self.dispatch_dy(f, gyb, progress)?;
         let (tg, dgr, p2) = self.topk_grad_and_dgrad(f, &gouts, progress)?;
         let (gx, wg, p3) = self.combine_dx_and_wgrad(f, &tg, &dgr, progress)?;
         let acc = self.dev.combined_f32(gx, &f.routes)?;
@@ -643,7 +726,8 @@ impl MoeLayer {
             overlaps,
         };
         Ok(Backward {
-            dx,
+            dx: Vec::new(),
+            dx_dev: dx,
             routed_dw,
             shared_dw: shared.into_iter().map(|s| s.map(|s| s.1)).collect(),
             gate,
@@ -782,6 +866,22 @@ impl MoeLayer {
 
 /// (dW_gate|up, dW_down) of one MLP (grouped over its experts), f32.
 pub type ExpertDw = (Vec<f32>, Vec<f32>);
+
+/// One rank's layer input (see the module docs).
+enum RankIn<'a> {
+    /// `[T, H]` f32 on the host.
+    Host(&'a [f32]),
+    /// `[T, H]` BF16 on the rank's device.
+    Dev(Buffer<bf16>),
+}
+
+/// Per wgrad chunk X^T `[H, T/c]` in BF16.
+type XChunks = Vec<Buffer<bf16>>;
+
+/// A device tensor's BF16 values as f32 on the host.
+fn download(b: &Buffer<bf16>) -> Result<Vec<f32>> {
+    Ok(b.to_vec()?.iter().map(|v| v.to_f32()).collect())
+}
 
 /// An owned FP8 tensor: bytes and 1x128 scales.
 type Fp8Buf = (Buffer<u8>, Buffer<f32>);
@@ -971,26 +1071,65 @@ impl Compute {
             .collect()
     }
 
+    /// X on rank `r` as the gate and the quantisation read it: BF16 `[T, H]`, per wgrad chunk
+    /// BF16 X^T `[H, T/c]`, and the f32 values the FP8 quantisation reads (a host input's own,
+    /// a device input's exact widening).
+    fn rank_input(&self, r: usize, x: &RankIn<'_>) -> Result<(Buffer<bf16>, XChunks, Buffer<f32>)> {
+        let c = &self.cfg;
+        let (h, t_n) = (c.hidden as usize, c.tokens as usize);
+        let (st, d) = (&self.ranks[r].compute, &self.ranks[r].device);
+        let tc = t_n / c.wgrad_chunks.max(1) as usize;
+        match x {
+            RankIn::Host(x) => {
+                let xbf: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+                let xt = xbf
+                    .chunks(tc * h)
+                    .map(|x| d.upload(&transpose(x, tc, h)))
+                    .collect::<std::result::Result<_, _>>()?;
+                Ok((d.upload(&xbf)?, xt, d.upload(x)?))
+            }
+            RankIn::Dev(xb) => {
+                let n = t_n * h;
+                let x16 = d.alloc::<bf16>(n)?;
+                st.copy_range((xb, 0), (&x16, 0), n)?;
+                let mut xf = d.alloc::<f32>(n)?;
+                ops::cvt_bf16_f32(st, &x16, &mut xf, n)?;
+                let chunks = c.wgrad_chunks.max(1) as usize;
+                let mut xt = Vec::new();
+                let part = d.alloc::<bf16>(if chunks > 1 { tc * h } else { 1 })?;
+                for i in 0..chunks {
+                    // chunk i is rows [i tc, (i + 1) tc) of X: its own buffer (one chunk: X)
+                    let src = match chunks {
+                        1 => &x16,
+                        _ => {
+                            st.copy_range((&x16, i * tc * h), (&part, 0), tc * h)?;
+                            &part
+                        }
+                    };
+                    let mut t = d.alloc::<bf16>(tc * h)?;
+                    ops::transpose_bf16(st, src, &mut t, tc, h)?;
+                    // `part` is rewritten by the next chunk's copy: the transpose must have read it
+                    st.synchronize()?;
+                    xt.push(t);
+                }
+                Ok((x16, xt, xf))
+            }
+        }
+    }
+
     /// Gate: logits `[T, E]` = X (BF16) W_gate^T (f32 out), routing, and the 1x128 FP8
     /// quantisation of X.
-    fn route(&self, r: usize, x: &[f32]) -> Result<RankRoute> {
+    fn route(&self, r: usize, x: &RankIn<'_>) -> Result<RankRoute> {
         let c = &self.cfg;
         let (h, e_n, t_n) = (c.hidden as usize, c.experts as usize, c.tokens as usize);
         let rd = &self.ranks[r];
         let (st, d) = (&rd.compute, &rd.device);
         let ts = Instant::now();
-        let xbf: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
-        let xb16 = d.upload(&xbf)?;
-        let tc = t_n / c.wgrad_chunks.max(1) as usize;
-        let xt = xbf
-            .chunks(tc * h)
-            .map(|x| d.upload(&transpose(x, tc, h)))
-            .collect::<std::result::Result<_, _>>()?;
+        let (xb16, xt, xb) = self.rank_input(r, x)?;
         let logits = d.alloc::<f32>(t_n * e_n)?;
         let p = GemmProblem::new(InTy::Bf16, t_n, e_n, h).out(OutTy::F32);
         kernels::gemm(st, &p, GemmBufs::new(&xb16, &rd.gate, &logits))?;
         let out = ep::routing::route(st, &logits, &rd.bias, &c.routing())?;
-        let xb = d.upload(x)?;
         let mut q = d.alloc::<u8>(t_n * h)?;
         let mut sc = d.alloc::<f32>(t_n * h / 128)?;
         kernels::quantize_fp8_1x128(st, &xb, &mut q, &mut sc, t_n, h, ScaleMode::Pow2)?;
@@ -1232,14 +1371,14 @@ impl Compute {
     }
 
     /// `bf16(acc + part + extra)` summed in f32 in that order on rank `r`'s compute stream
-    /// (`part`, `extra` optional), downloaded as f32 values.
+    /// (`part`, `extra` optional), on rank `r`'s device.
     fn finish_sum(
         &self,
         r: usize,
         acc: &Buffer<f32>,
         part: Option<&Buffer<bf16>>,
         extra: Option<&Buffer<f32>>,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<Buffer<bf16>> {
         let n = self.cfg.tokens as usize * self.cfg.hidden as usize;
         let (st, d) = (&self.ranks[r].compute, &self.ranks[r].device);
         let mut sum: Option<Buffer<f32>> = None;
@@ -1260,7 +1399,7 @@ impl Compute {
         let mut out = d.alloc::<bf16>(n)?;
         ops::cvt_f32_bf16(st, sum.as_ref().unwrap_or(acc), &mut out, n)?;
         st.synchronize()?;
-        Ok(out.to_vec()?[..n].iter().map(|v| v.to_f32()).collect())
+        Ok(out)
     }
 
     /// k-grouped FP8 wgrad of the routed experts of rank `r` (empty when it received no rows).

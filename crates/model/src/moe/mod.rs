@@ -24,10 +24,12 @@
 //! all-reduce is a host sum here).
 //!
 //! This module owns: the configuration ([`MoeConfig`]), the weights and their FP8 copies
-//! ([`MoeWeights`], [`MoeLayer`]), the forward/backward phases ([`MoeLayer::forward`],
-//! [`MoeLayer::backward`]) with their per-phase statistics, and the f64 host reference
-//! ([`reference::check`]). Inputs and outputs are host tensors per rank (`[tokens, hidden]`
-//! f32); the weights and all intermediates stay on the devices.
+//! ([`MoeWeights`], [`MoeLayer`]), the forward/backward phases ([`MoeLayer::forward_dev`],
+//! [`MoeLayer::backward_dev`] over each rank's `[tokens, hidden]` BF16 device buffer; the
+//! host-tensor wrappers [`MoeLayer::forward`], [`MoeLayer::backward`] over f32 host tensors)
+//! with their per-phase statistics, the per-expert token counts ([`MoeLayer::expert_counts`],
+//! a device kernel), and the f64 host reference ([`reference::check`]). The weights and all
+//! intermediates stay on the devices.
 
 mod exec;
 pub(crate) mod host;

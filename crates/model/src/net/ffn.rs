@@ -4,9 +4,9 @@
 //! - dense layers on one rank: the FP8 SwiGLU MLP of `model::moe` (the dense FFN is one expert
 //!   over all of the rank's tokens: 1x128 activations, 128x128 weights, power-of-two scales,
 //!   FP8 dgrad and k-grouped FP8 wgrad);
-//! - MoE layers across the stage's EP ranks: [`MoeLayer`] (host tensors in and out: the norm
-//!   output is downloaded, the layer's output uploaded; both are BF16 values, so the moves are
-//!   exact).
+//! - MoE layers across the stage's EP ranks: [`MoeLayer`]'s device interface (each rank's norm
+//!   output in, the layer's output and input gradient out, on the ranks' devices; one device:
+//!   the ranks' tokens concatenated and split again by device copies).
 
 use super::attn::{norm_bwd, norm_fwd};
 use super::linear::{Ctx, Result, WithGrads};
@@ -138,32 +138,34 @@ pub(crate) struct MoeAct {
     fwd: Forward,
 }
 
-fn download_f32(b: &Buffer<bf16>) -> Result<Vec<f32>> {
-    Ok(b.to_vec()?.iter().map(|v| v.to_f32()).collect())
-}
-
-fn upload_bf16(cx: &Ctx, v: &[f32]) -> Result<Buffer<bf16>> {
-    let b: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
-    Ok(cx.dev.upload(&b)?)
-}
-
-/// The stage ranks' host tensors as the MoE layer's ranks: the same, or (one device: an EP-1
-/// layer) all ranks' tokens concatenated in rank order.
-fn to_layer(v: Vec<Vec<f32>>, layer_ranks: usize) -> Vec<Vec<f32>> {
-    if layer_ranks == v.len() {
-        return v;
+/// One device (an EP-1 layer over all the stage ranks' tokens): the ranks' `[T, H]` tensors
+/// (`n = T * H` elements each) concatenated in rank order by device copies.
+fn concat(cx: &Ctx, v: &[Buffer<bf16>], n: usize) -> Result<Buffer<bf16>> {
+    let all = cx.bf(n * v.len())?;
+    for (r, x) in v.iter().enumerate() {
+        cx.st.copy_range((x, 0), (&all, r * n), n)?;
     }
-    vec![v.concat()]
+    cx.sync()?;
+    Ok(all)
 }
 
-/// The MoE layer's per-rank host tensors as the stage's `ranks` slices (the inverse of
-/// [`to_layer`]).
-fn from_layer(v: &[Vec<f32>], ranks: usize) -> Vec<&[f32]> {
-    if v.len() == ranks {
-        return v.iter().map(Vec::as_slice).collect();
+/// The MoE layer's per-rank device tensors as the stage's ranks' `[T, H]` slices (the inverse
+/// of [`concat`] when the layer has one rank for all).
+fn from_layer(cxs: &[Ctx], v: Vec<Buffer<bf16>>, n: usize) -> Result<Vec<Buffer<bf16>>> {
+    if v.len() == cxs.len() {
+        return Ok(v);
     }
-    let all = v.first().map_or(&[][..], Vec::as_slice);
-    all.chunks(all.len() / ranks.max(1)).collect()
+    let all = v
+        .first()
+        .ok_or_else(|| TrainError::Shape("the MoE layer returned no ranks".into()))?;
+    let mut out = Vec::new();
+    for (r, cx) in cxs.iter().enumerate() {
+        let x = cx.bf(n)?;
+        cx.st.copy_range((all, r * n), (&x, 0), n)?;
+        cx.sync()?;
+        out.push(x);
+    }
+    Ok(out)
 }
 
 /// MoE forward of every rank's `x1`: per rank `x2`, the state, the per-expert token counts.
@@ -181,18 +183,19 @@ pub(crate) fn moe_forward(
     for (r, cx) in cxs.iter().enumerate() {
         let (f, rstd) = norm_fwd(cx, &x1[r], norms[r], (t, h, d.eps))?;
         cx.sync()?;
-        fs.push(download_f32(&f)?);
+        fs.push(f);
         rs.push(rstd);
     }
-    let fwd = moe
-        .forward(&to_layer(fs, moe.config().ranks()), &Quiet)
-        .map_err(|e| moe_err(l, e))?;
-    let counts = fwd.expert_counts(d.experts).map_err(|e| moe_err(l, e))?;
-    let ys = from_layer(&fwd.y, cxs.len());
+    let xs = match moe.config().ranks() == fs.len() {
+        true => fs,
+        false => vec![concat(&cxs[0], &fs, t * h)?],
+    };
+    let mut fwd = moe.forward_dev(xs, &Quiet).map_err(|e| moe_err(l, e))?;
+    let counts = moe.expert_counts(&fwd).map_err(|e| moe_err(l, e))?;
+    let ys = from_layer(cxs, std::mem::take(&mut fwd.y_dev), t * h)?;
     let mut x2 = Vec::new();
     for (r, cx) in cxs.iter().enumerate() {
-        let y = upload_bf16(cx, ys[r])?;
-        x2.push(cx.add(&x1[r], &y, t * h)?);
+        x2.push(cx.add(&x1[r], &ys[r], t * h)?);
         cx.sync()?;
     }
     Ok((x2, MoeAct { x1, r: rs, fwd }, counts))
@@ -219,16 +222,22 @@ pub(crate) fn moe_backward(
 ) -> Result<MoeBwd> {
     let (moe, l) = layer;
     let (t, h) = (d.t, d.h);
-    let dys = dx2.iter().map(download_f32).collect::<Result<Vec<_>>>()?;
-    let b = moe
-        .backward(&s.fwd, &to_layer(dys, moe.config().ranks()), &Quiet)
+    let cat;
+    let dys = match moe.config().ranks() == dx2.len() {
+        true => dx2,
+        false => {
+            cat = [concat(&cxs[0], dx2, t * h)?];
+            &cat[..]
+        }
+    };
+    let mut b = moe
+        .backward_dev(&s.fwd, dys, &Quiet)
         .map_err(|e| moe_err(l, e))?;
-    let dxs = from_layer(&b.dx, cxs.len());
+    let dxs = from_layer(cxs, std::mem::take(&mut b.dx_dev), t * h)?;
     let mut dx1 = Vec::new();
     let mut g_norm = Vec::new();
     for (r, cx) in cxs.iter().enumerate() {
-        let df = upload_bf16(cx, dxs[r])?;
-        let (dxn, g) = norm_bwd(cx, (&s.x1[r], norms[r], &df, &s.r[r]), (t, h, d.eps))?;
+        let (dxn, g) = norm_bwd(cx, (&s.x1[r], norms[r], &dxs[r], &s.r[r]), (t, h, d.eps))?;
         dx1.push(cx.add(&dx2[r], &dxn, t * h)?);
         cx.sync()?;
         g_norm.push(g);

@@ -81,14 +81,15 @@ pub(crate) struct HeadAct {
 }
 
 /// `logits = RMSNorm(x; final_norm) head^T` (f32), the cross-entropy summed over the labelled
-/// tokens (device reduction, fixed order), and the saved state.
+/// tokens (device reduction, fixed order; a 1-element f32 buffer, left on the device for the
+/// stage's sum over ranks), and the saved state.
 pub(crate) fn head_forward(
     cx: &Ctx,
     w: &HeadW,
     d: &Dims,
     x: Buffer<bf16>,
     labels: &[i32],
-) -> Result<(f64, HeadAct)> {
+) -> Result<(Buffer<f32>, HeadAct)> {
     let t = d.t;
     let (hn, r) = norm_fwd(cx, &x, &w.norm, (t, d.h, d.eps))?;
     let logits = cx.gemm_f32(&hn, &w.head.w, (t, d.vocab, d.h))?;
@@ -105,7 +106,6 @@ pub(crate) fn head_forward(
     kernels::xent_fwd(&cx.st, &labels, &logits, &mut loss, &mut lse)?;
     kernels::xent_mean(&cx.st, &labels, &loss, &mut sum)?;
     cx.sync()?;
-    let total = sum.to_vec()?.first().copied().unwrap_or(0.0);
     let act = HeadAct {
         x,
         hn,
@@ -114,7 +114,7 @@ pub(crate) fn head_forward(
         lse,
         labels,
     };
-    Ok((f64::from(total), act))
+    Ok((sum, act))
 }
 
 /// Backward with d(step loss)/d(summed loss) = `scale`: `dx` and (final_norm, head) gradients.

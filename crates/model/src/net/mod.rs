@@ -20,11 +20,14 @@
 //!   embedding's copy and the shared head.
 //!
 //! Host work is limited to moving data: uploads of parameters (rounded to BF16 or quantised to
-//! FP8 as the kernels read them), the MoE layer's host-tensor interface, permutations of
-//! gradient rows, and moving gradients to the stage's first device, whose `f32_add` kernel
+//! FP8 as the kernels read them), the MoE layer's weight gradients, permutations of gradient
+//! rows, and moving gradients to the stage's first device, whose `f32_add` kernel
 //! sums them over ranks and micro-batches in a fixed order (the data-parallel all-reduce and
-//! the gradient accumulation, [`grads`]). Host arithmetic that remains: the per-expert token
-//! histogram of the routed indices and the sum of the ranks' losses (one f64 per rank).
+//! the gradient accumulation, [`grads`]). The MoE layers run on device buffers (each rank's
+//! norm output in, output and input gradient out); the per-expert token histogram is counted
+//! on each rank's device (`expert_count`; only the `[E]` counts are read back and added, as
+//! integers, over ranks and micro-batches); the ranks' summed losses are added in f64 in rank
+//! order on the stage's first device (`f32_sum_f64`), one f64 read back per micro-batch.
 //!
 //! One device: when every EP rank of the stage names the same device (`ep > 1`; the trainer's
 //! single-device run), the ranks' token slices run there one after the other and each MoE
@@ -304,15 +307,15 @@ impl DeviceStage {
         let mtp_act = self.mtp_forward(mb, &xs)?;
         let (out, head) = match &self.head {
             Some(hw) => {
-                let mut loss = 0f64;
+                let mut parts = Vec::new();
                 let mut ha = Vec::new();
                 for (r, x) in xs.into_iter().enumerate() {
                     let (l, a) =
                         head::head_forward(&self.cx[r], &hw[r], &self.d, x, &mb.labels[r])?;
-                    loss += l;
+                    parts.push(l);
                     ha.push(a);
                 }
-                (StageOut::Loss(loss), Some(ha))
+                (StageOut::Loss(sum_ranks(&self.cx, &parts)?), Some(ha))
             }
             None => (StageOut::Hidden(self.boundary_out(&xs)?), None),
         };
@@ -487,14 +490,14 @@ impl DeviceStage {
         let Some(m) = &mut self.mtp else {
             return Ok(None);
         };
-        let (mut loss, mut acts) = (0f64, Vec::new());
+        let (mut parts, mut acts) = (Vec::new(), Vec::new());
         for (r, cx) in self.cx.iter().enumerate() {
             let (l, a) =
                 mtp::forward(cx, &m.w[r], &self.consts[r], &self.d, &xs[r], &mb.labels[r])?;
-            loss += l;
+            parts.push(l);
             acts.push(a);
         }
-        m.losses.insert(mb.index, loss);
+        m.losses.insert(mb.index, sum_ranks(&self.cx, &parts)?);
         Ok(Some(acts))
     }
 
@@ -525,6 +528,29 @@ impl DeviceStage {
         }
         Ok((sum, out))
     }
+}
+
+/// The ranks' summed losses (`parts[r]`: a 1-element f32 buffer on rank `r`'s device, its
+/// kernels finished) added in f64 in rank order by the `f32_sum_f64` kernel on the stage's
+/// first device (reading the other ranks' values through peer pointers); the f64 result is read
+/// back.
+fn sum_ranks(cx: &[Ctx], parts: &[Buffer<f32>]) -> Result<f64> {
+    let c0 = cx
+        .first()
+        .ok_or_else(|| TrainError::Shape("a stage with no ranks".into()))?;
+    let mut acc = c0.dev.alloc::<f64>(1)?;
+    for (r, p) in parts.iter().enumerate() {
+        if !p.device().same(&c0.dev) {
+            // enables the first device's access to rank r's memory (CUDA); the address is
+            // the buffer's own (unified addressing)
+            p.peer_ptr(&c0.dev)?;
+        }
+        kernels::train::count::f32_sum_f64(&c0.st, p, &mut acc, 1, r > 0)?;
+    }
+    let v = c0.st.read(&acc)?;
+    v.first()
+        .copied()
+        .ok_or_else(|| TrainError::Shape("empty loss sum".into()))
 }
 
 /// `a + b` (f32, in that order) by the `f32_add` kernel on `dev`'s compute partition (`comm_sms`

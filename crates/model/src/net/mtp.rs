@@ -123,7 +123,8 @@ pub(crate) struct MtpAct {
 }
 
 /// MTP forward on one rank from the main model's last hidden state `x` (read, copied for the
-/// backward) and the rank's main labels: the summed MTP cross-entropy and the saved state.
+/// backward) and the rank's main labels: the summed MTP cross-entropy (a 1-element f32 buffer on
+/// the rank's device) and the saved state.
 pub(crate) fn forward(
     cx: &Ctx,
     w: &MtpW,
@@ -131,7 +132,7 @@ pub(crate) fn forward(
     d: &Dims,
     x: &Buffer<bf16>,
     labels: &[i32],
-) -> Result<(f64, MtpAct)> {
+) -> Result<(Buffer<f32>, MtpAct)> {
     let (t, h) = (d.t, d.h);
     let (ids, tgt) = targets(labels, d.seq);
     let xc = cx.bf(t * h)?;
