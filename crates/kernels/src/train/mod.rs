@@ -2,6 +2,7 @@
 //! builder: [`norm`] (RMSNorm forward/backward, forward fused with FP8 1x128 quantisation),
 //! [`rope`] (decoupled RoPE, interleaved pairs, YaRN tables), [`xent`] (softmax cross-entropy
 //! over the vocabulary), [`optim`] (global gradient norm and AdamW with BF16 moments),
+//! [`balance`] (the MoE bias update and the cross-device gradient-norm combine),
 //! [`embed`] (embedding gather and its deterministic scatter-add backward) and [`ops`]
 //! (residual adds, precision changes, transposes and MLA's per-head slicing/summing).
 //!
@@ -13,6 +14,7 @@
 //! from shared memory in warp order by every thread), so each result is bitwise reproducible run
 //! to run: no float atomics anywhere.
 
+pub mod balance;
 pub mod embed;
 pub mod norm;
 pub mod ops;

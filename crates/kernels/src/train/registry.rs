@@ -4,9 +4,9 @@
 //!
 //! Shape convention (`Shape { m, n, k }`): norm m = rows, k = H; rope m = tokens, n = heads,
 //! k = rope dim; xent m = tokens, k = vocab; optim m = elements (split over n tensors for the
-//! norm); embed m = tokens, n = vocabulary, k = H.
+//! norm); bias update m = experts; norm combine m = groups; embed m = tokens, n = vocabulary, k = H.
 
-use super::{embed, norm, ops, optim, rope, xent, OpCheck, TRAIN_TARGETS};
+use super::{balance, embed, norm, ops, optim, rope, xent, OpCheck, TRAIN_TARGETS};
 use crate::quant::QUANT_TARGETS;
 use crate::registry::{CheckReport, KernelInfo, Kind, ParamInfo, Shape};
 use crate::{Result, ScaleMode};
@@ -28,6 +28,8 @@ pub enum TrainKernel {
     GradSumsq,
     GradNorm,
     AdamW,
+    BiasUpdate,
+    NormCombine,
     EmbedFwd { bf16: bool },
     EmbedBwd { bf16: bool },
     Add,
@@ -56,6 +58,8 @@ impl TrainKernel {
             GradSumsq => optim::gen_grad_sumsq(t),
             GradNorm => optim::gen_grad_norm(t),
             AdamW => optim::gen_adamw(t),
+            BiasUpdate => balance::gen_bias_update(t),
+            NormCombine => balance::gen_norm_combine(t),
             EmbedFwd { bf16 } => embed::gen_embed_fwd(t, bf16),
             EmbedBwd { bf16 } => embed::gen_embed_bwd(t, bf16),
             Add => ops::gen_add(t),
@@ -79,6 +83,8 @@ impl TrainKernel {
             XentFwd { bf16 } | XentBwd { bf16 } => xent::check_xent(st, s.m, s.k, bf16, seed),
             XentMean => xent::check_xent(st, s.m, s.k, true, seed),
             GradSumsq | GradNorm | AdamW => optim::check_step(st, s.m, s.n, seed),
+            BiasUpdate => balance::check_bias_update(st, s.m, seed),
+            NormCombine => balance::check_norm_combine(st, s.m, seed),
             EmbedFwd { bf16 } => embed::check_fwd(st, s.m, s.n, s.k, bf16, seed),
             EmbedBwd { bf16 } => embed::check_bwd(st, s.m, s.n, s.k, bf16, seed),
             Add | AddF32 | Cvt { .. } => ops::check_elementwise(st, s.m, seed),
@@ -546,6 +552,35 @@ fn reduction_entries() -> Vec<E> {
             host: "adamw_step",
             shapes: tensors(opt_sh()),
             kind: TrainKernel::AdamW,
+        },
+        E {
+            name: balance::BIAS_UPDATE_NAME,
+            summary: "aux-loss-free MoE bias update: bias += speed * sign(mean load - load) (integer sign, f32 update)",
+            params: &[
+                ("bias", "f32* (in place)"),
+                ("load", "u32*"),
+                ("experts", "u32"),
+                ("speed", "f32"),
+            ],
+            launch: "grid = 1, block = 256 (thread per expert, strided)",
+            host: "moe_bias_update",
+            shapes: vec![Shape::new(64, 0, 0), Shape::new(300, 0, 0)],
+            kind: TrainKernel::BiasUpdate,
+        },
+        E {
+            name: balance::NORM_COMBINE_NAME,
+            summary: "global gradient norm from per-device-group norms: f64 sum of squares in group order, sqrt, one f32 rounding",
+            params: &[
+                ("norm", "f32*"),
+                ("acc", "f64*"),
+                ("out", "f32*"),
+                ("first", "u32"),
+                ("last", "u32"),
+            ],
+            launch: "grid = 1, block = 32, one launch per group in order",
+            host: "grad_norm_combine",
+            shapes: vec![Shape::new(4, 0, 0), Shape::new(1, 0, 0)],
+            kind: TrainKernel::NormCombine,
         },
     ]
 }
