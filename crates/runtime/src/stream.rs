@@ -484,14 +484,46 @@ impl Stream {
                 dst.len() * B::SIZE
             )));
         }
-        if let Some(cs) = &self.inner.cuda {
-            return cs.as_ref().map_err(|e| e.clone())?.copy_dtod_async(
-                dst.device_ptr(),
-                src.device_ptr(),
-                n,
-            );
+        self.copy_ptrs(src.device_ptr(), dst.device_ptr(), n)
+    }
+
+    /// Stream-ordered copy of `len` elements of `src` starting at element `src_off` into `dst`
+    /// at element `dst_off` (the buffers may sit on different devices: a peer copy). Both
+    /// ranges must lie inside their buffers.
+    pub fn copy_range<T: crate::Pod>(
+        &self,
+        src: &crate::Buffer<T>,
+        src_off: usize,
+        dst: &crate::Buffer<T>,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<()> {
+        let fits = |off: usize, n: usize| off.checked_add(len).is_some_and(|e| e <= n);
+        if !fits(src_off, src.len()) || !fits(dst_off, dst.len()) {
+            return Err(RuntimeError::Buffer(format!(
+                "copy of {len} elements from offset {src_off} of {} into offset {dst_off} of {}",
+                src.len(),
+                dst.len()
+            )));
         }
-        let (sa, da) = (src.device_ptr(), dst.device_ptr());
+        let n = len * T::SIZE;
+        let sa = src.device_ptr() + (src_off * T::SIZE) as u64;
+        let da = dst.device_ptr() + (dst_off * T::SIZE) as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        self.copy_ptrs(sa, da, n)
+    }
+
+    /// Queues a copy of `n` bytes from device address `sa` to `da` (both inside live buffers:
+    /// the callers check the ranges).
+    fn copy_ptrs(&self, sa: u64, da: u64, n: usize) -> Result<()> {
+        if let Some(cs) = &self.inner.cuda {
+            return cs
+                .as_ref()
+                .map_err(|e| e.clone())?
+                .copy_dtod_async(da, sa, n);
+        }
         self.enqueue(Box::new(move |s: &StreamInner| {
             let mem = crate::device::emu_memory().snapshot();
             match (mem.find(sa, n as u64), mem.find(da, n as u64)) {

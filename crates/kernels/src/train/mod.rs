@@ -4,7 +4,8 @@
 //! over the vocabulary), [`optim`] (global gradient norm and AdamW with BF16 moments),
 //! [`balance`] (the MoE bias update and the cross-device gradient-norm combine),
 //! [`embed`] (embedding gather and its deterministic scatter-add backward) and [`ops`]
-//! (residual adds, precision changes, transposes and MLA's per-head slicing/summing).
+//! (residual adds, precision changes, transposes and MLA's per-head slicing/summing) and
+//! [`relayout`] (the exact f32 transpose of the on-device FP8 weight quantisation).
 //!
 //! This module owns what they share: the warp/CTA reduction helpers, the vector load/store
 //! helpers, the [`OpCheck`] outcome of a check against the f64 references, and the registry
@@ -19,6 +20,7 @@ pub mod embed;
 pub mod norm;
 pub mod ops;
 pub mod optim;
+pub mod relayout;
 pub mod rope;
 pub mod xent;
 

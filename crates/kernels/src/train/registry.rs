@@ -6,7 +6,7 @@
 //! k = rope dim; xent m = tokens, k = vocab; optim m = elements (split over n tensors for the
 //! norm); bias update m = experts; norm combine m = groups; embed m = tokens, n = vocabulary, k = H.
 
-use super::{balance, embed, norm, ops, optim, rope, xent, OpCheck, TRAIN_TARGETS};
+use super::{balance, embed, norm, ops, optim, relayout, rope, xent, OpCheck, TRAIN_TARGETS};
 use crate::quant::QUANT_TARGETS;
 use crate::registry::{CheckReport, KernelInfo, Kind, ParamInfo, Shape};
 use crate::{Result, ScaleMode};
@@ -36,6 +36,7 @@ pub enum TrainKernel {
     AddF32,
     Cvt { to_bf16: bool },
     Transpose { bf16: bool },
+    TransposeF32,
     HeadSum,
     TopkSlotMask,
     TopkSlotAcc,
@@ -66,6 +67,7 @@ impl TrainKernel {
             AddF32 => ops::gen_add_f32(t),
             Cvt { to_bf16 } => ops::gen_cvt(t, to_bf16),
             Transpose { bf16 } => ops::gen_transpose(t, bf16),
+            TransposeF32 => relayout::gen_transpose_f32(t),
             HeadSum => ops::gen_head_sum(t),
             TopkSlotMask => ops::gen_slot_mask(t),
             TopkSlotAcc => ops::gen_slot_acc(t),
@@ -89,6 +91,7 @@ impl TrainKernel {
             EmbedBwd { bf16 } => embed::check_bwd(st, s.m, s.n, s.k, bf16, seed),
             Add | AddF32 | Cvt { .. } => ops::check_elementwise(st, s.m, seed),
             Transpose { bf16 } => ops::check_transpose(st, s.m, s.k, bf16, seed),
+            TransposeF32 => relayout::check_transpose_f32(st, s.m, s.k, seed),
             HeadSum => ops::check_head_sum(st, s.m, s.n, s.k, seed),
             TopkSlotMask | TopkSlotAcc => ops::check_topk_slots(st, s.m, s.k, s.n, seed),
         }
@@ -490,6 +493,15 @@ fn ops_entries() -> Vec<E> {
             kind: TrainKernel::Transpose { bf16: bf },
         });
     }
+    v.push(E {
+        name: relayout::TRANSPOSE_F32_NAME,
+        summary: "out [cols, rows] = x [rows, cols]^T, f32 exact (W^T before the on-device FP8 weight quantisation)",
+        params: &[("x", "f32*"), ("out", "f32*"), ("rows", "u32"), ("cols", "u32")],
+        launch: "grid = ceil(rows*cols/256), block = 256 (thread per output)",
+        host: "transpose_f32",
+        shapes: vec![Shape::new(37, 0, 24), Shape::new(128, 0, 256)],
+        kind: TrainKernel::TransposeF32,
+    });
     v
 }
 

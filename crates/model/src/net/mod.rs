@@ -33,6 +33,7 @@
 //! bit-identical to it (docs/TRAIN.md, *Single-device run*).
 
 mod attn;
+mod devload;
 mod dims;
 mod ffn;
 mod grads;
@@ -47,6 +48,7 @@ use crate::params::Params;
 use crate::stage::{
     Boundary, ExpertLoad, MicroBatch, NamedGrads, Stage, StageOut, StageResult, StageSpec,
 };
+use crate::train::optim::DeviceParams;
 use crate::TrainError;
 use attn::{AttnAct, AttnConst, AttnW};
 pub(crate) use dims::Dims;
@@ -454,6 +456,18 @@ impl Stage for DeviceStage {
         self.head = head;
         if let Some(m) = &mut self.mtp {
             m.w = mtp::load_all(&self.cx, &self.d, self.spec.config.model.layers as usize, p)?;
+        }
+        Ok(())
+    }
+
+    fn load_device_params(&mut self, p: &DeviceParams<'_>) -> StageResult<()> {
+        let d = &self.d;
+        devload::reload_layers(&mut self.layers, &self.cx, d, p)?;
+        let has = (self.embed.is_some(), self.head.is_some());
+        (self.embed, self.head) = devload::ends(&self.cx, d, p, has)?;
+        if let Some(m) = &mut self.mtp {
+            let layer = self.spec.config.model.layers as usize;
+            m.w = devload::per_rank(&self.cx, p, |s| mtp::MtpW::from_device(s, d, layer))?;
         }
         Ok(())
     }
