@@ -600,7 +600,11 @@ fn resume_reproduces_the_uninterrupted_run_bit_for_bit() {
     for l in &losses[2..] {
         assert_eq!(second.step().expect("step").loss.to_bits(), *l);
     }
-    assert_eq!(second.params().unwrap(), full.params().unwrap(), "parameters after 4 steps");
+    assert_eq!(
+        second.params().unwrap(),
+        full.params().unwrap(),
+        "parameters after 4 steps"
+    );
     assert_eq!(second.loss_curve().train.len(), 4);
 }
 
@@ -631,7 +635,8 @@ fn training_lowers_the_loss_and_moves_the_biases_by_the_load_rule() {
     let mean = (load[0] + load[1]) as f64 / 2.0;
     for l in 1..cfg.model.layers as usize {
         let b = t
-            .params().unwrap()
+            .params()
+            .unwrap()
             .get(&format!("layers.{l}.moe.bias"))
             .expect("bias");
         for e in 0..2 {
@@ -804,7 +809,8 @@ fn the_optimizer_step_matches_an_f64_adamw_with_global_clip() {
     let mut t = trainer(&cfg, &ctl, 700, true);
     let tc = cfg.train.clone();
     let mut moments: Vec<(Vec<f64>, Vec<f64>)> = t
-        .params().unwrap()
+        .params()
+        .unwrap()
         .data
         .iter()
         .map(|d| (vec![0.0; d.len()], vec![0.0; d.len()]))

@@ -200,7 +200,12 @@ fn resume_with_mtp_reproduces_the_uninterrupted_run_bit_for_bit() {
     assert_eq!(ma.to_bits(), mb.to_bits(), "MTP loss {ma} vs {mb}");
     let p = full.params().unwrap();
     assert!(p.index("mtp.proj").is_ok());
-    for ((s, a), b) in p.specs.iter().zip(&p.data).zip(&resumed.params().unwrap().data) {
+    for ((s, a), b) in p
+        .specs
+        .iter()
+        .zip(&p.data)
+        .zip(&resumed.params().unwrap().data)
+    {
         assert!(
             a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
             "{}: parameters differ after the resumed run",

@@ -241,7 +241,8 @@ fn resume_on_device_stages_reproduces_the_uninterrupted_run_bit_for_bit() {
         assert_eq!(a.to_bits(), b.to_bits(), "step {}: {a} vs {b}", k + 3);
     }
     for ((s, a), b) in full
-        .params().unwrap()
+        .params()
+        .unwrap()
         .specs
         .iter()
         .zip(&full.params().unwrap().data)

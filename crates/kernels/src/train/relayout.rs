@@ -58,10 +58,17 @@ pub fn transpose_f32(
 }
 
 /// Random `[rows, cols]` f32 (NaN-poisoned output) against the host transpose, bit for bit.
-pub fn check_transpose_f32(stream: &Stream, rows: usize, cols: usize, seed: u64) -> Result<OpCheck> {
+pub fn check_transpose_f32(
+    stream: &Stream,
+    rows: usize,
+    cols: usize,
+    seed: u64,
+) -> Result<OpCheck> {
     let dev = stream.device().clone();
     let mut rg = r::rng(seed);
-    let x: Vec<f32> = (0..rows * cols).map(|_| rg.gen_range(-2.0f32..2.0)).collect();
+    let x: Vec<f32> = (0..rows * cols)
+        .map(|_| rg.gen_range(-2.0f32..2.0))
+        .collect();
     let xb = dev.upload(&x)?;
     let mut out = poisoned(&dev, rows * cols, f32::NAN)?;
     let t0 = Instant::now();

@@ -63,7 +63,7 @@ impl MlpW {
     /// so the bytes and scales are [`super::host::quant_expert`]'s bit for bit. `h` and `i_n`
     /// must be multiples of 128. Synchronises `st` (the temporaries die here).
     pub fn quantise(st: &Stream, ex: &[ExpertF32], h: usize, i_n: usize) -> Result<MlpW> {
-        if h % 128 != 0 || i_n % 128 != 0 || h == 0 || i_n == 0 {
+        if !h.is_multiple_of(128) || !i_n.is_multiple_of(128) || h == 0 || i_n == 0 {
             return Err(super::MoeError::Shape(format!(
                 "on-device weight quantisation needs hidden ({h}) and intermediate ({i_n}) \
                  to be positive multiples of 128"
@@ -82,7 +82,12 @@ impl MlpW {
         // (rows, cols) of W1, W2, W1^T, W2^T
         let shapes = [(2 * i_n, h), (h, i_n), (h, 2 * i_n), (i_n, h)];
         let mk = |(r, c): (usize, usize)| quant_alloc(dev, g, r, c);
-        let outs = [mk(shapes[0])?, mk(shapes[1])?, mk(shapes[2])?, mk(shapes[3])?];
+        let outs = [
+            mk(shapes[0])?,
+            mk(shapes[1])?,
+            mk(shapes[2])?,
+            mk(shapes[3])?,
+        ];
         // temporaries stay alive until the stream is synchronised
         let (mut keep_q, mut keep_t) = (Vec::new(), Vec::new());
         for (e, &(w1, w2)) in ex.iter().enumerate() {
@@ -296,7 +301,10 @@ mod tests {
             .collect();
         let ex: Vec<ExpertF32> = bufs.iter().map(|(a, b)| (a, b)).collect();
         let w = MlpW::quantise(&st, &ex, h, i_n).unwrap();
-        let q: Vec<_> = host.iter().map(|(a, b)| quant_expert(a, b, h, i_n)).collect();
+        let q: Vec<_> = host
+            .iter()
+            .map(|(a, b)| quant_expert(a, b, h, i_n))
+            .collect();
         let cat = |f: &dyn Fn(&crate::moe::host::ExpertQ) -> Vec<u8>| -> Vec<u8> {
             q.iter().flat_map(f).collect()
         };
@@ -308,8 +316,16 @@ mod tests {
         };
         assert_eq!(w.b1.to_vec().unwrap(), cat(&|e| e.w1.0.clone()), "W1 bytes");
         assert_eq!(w.b2.to_vec().unwrap(), cat(&|e| e.w2.0.clone()), "W2 bytes");
-        assert_eq!(w.b1t.to_vec().unwrap(), cat(&|e| e.w1t.0.clone()), "W1^T bytes");
-        assert_eq!(w.b2t.to_vec().unwrap(), cat(&|e| e.w2t.0.clone()), "W2^T bytes");
+        assert_eq!(
+            w.b1t.to_vec().unwrap(),
+            cat(&|e| e.w1t.0.clone()),
+            "W1^T bytes"
+        );
+        assert_eq!(
+            w.b2t.to_vec().unwrap(),
+            cat(&|e| e.w2t.0.clone()),
+            "W2^T bytes"
+        );
         assert_eq!(bits(&w.sb1), catf(&|e| e.w1.1.clone()), "W1 scales");
         assert_eq!(bits(&w.sb2), catf(&|e| e.w2.1.clone()), "W2 scales");
         assert_eq!(bits(&w.sb1t), catf(&|e| e.w1t.1.clone()), "W1^T scales");

@@ -15,12 +15,15 @@
 //! - [`ffn`]: the dense FP8 FFN (the MoE layer's MLP over one group) and the MoE block.
 //! - [`head`]: embedding, final norm + head + cross-entropy.
 //! - [`load`]: parameter checks and uploads; [`dims`]: the sizes, checked against the stage.
+//! - [`devload`]: the reload from the optimizer's device-resident master weights.
 //! - [`grads`]: per micro-batch gradients and their fixed-order reductions.
 //! - [`mtp`]: the 1-depth MTP module of the last stage (`model.mtp_depth = 1`), with the shared
 //!   embedding's copy and the shared head.
 //!
-//! Host work is limited to moving data: uploads of parameters (rounded to BF16 or quantised to
-//! FP8 as the kernels read them), the MoE layer's host-tensor interface, permutations of
+//! Host work is limited to moving data: uploads of parameters at construction and resume
+//! (rounded to BF16 or quantised to FP8 as the kernels read them; after an optimizer step the
+//! stage reloads from the master weights on the devices instead, [`devload`]: device copies
+//! and conversion/quantisation kernels, the same bits), the MoE layer's host-tensor interface, permutations of
 //! gradient rows, and moving gradients to the stage's first device, whose `f32_add` kernel
 //! sums them over ranks and micro-batches in a fixed order (the data-parallel all-reduce and
 //! the gradient accumulation, [`grads`]). Host arithmetic that remains: the per-expert token

@@ -22,10 +22,10 @@
 //! The MTP block reports its errors as layer `model.layers`.
 
 use super::attn::{self, norm_bwd, norm_fwd, AttnAct, AttnConst, AttnW};
+use super::devload::RankSrc;
 use super::ffn::{self, DenseAct, DenseW};
 use super::head::{self, EmbedW, HeadAct, HeadW};
 use super::linear::{Ctx, Lin, Result};
-use super::devload::RankSrc;
 use super::Dims;
 use crate::data::IGNORE_INDEX;
 use crate::params::Params;

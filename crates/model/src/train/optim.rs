@@ -267,12 +267,20 @@ impl Optimizer {
 
     /// Applies the aux-loss-free rule to route-bias parameter `index` on its device:
     /// `bias += speed * sign(mean(load) - load)` (`load`: tokens per expert in the step).
-    pub fn update_bias(&mut self, index: usize, load: &[u64], speed: f32) -> Result<(), TrainError> {
+    pub fn update_bias(
+        &mut self,
+        index: usize,
+        load: &[u64],
+        speed: f32,
+    ) -> Result<(), TrainError> {
         let (g, s) = self
             .groups
             .iter_mut()
             .find_map(|g| {
-                let k = g.slots.iter().position(|s| s.index == index && s.adam.is_none())?;
+                let k = g
+                    .slots
+                    .iter()
+                    .position(|s| s.index == index && s.adam.is_none())?;
                 Some((&g.stream, &mut g.slots[k]))
             })
             .ok_or_else(|| TrainError::Shape(format!("parameter {index} is not a route bias")))?;

@@ -45,7 +45,12 @@ fn check(cfg: &MoeConfig, w: &MoeDeviceWeights) -> Result<()> {
         Some(format!("gate must be [{e_n}, {h}] and bias [{e_n}]"))
     } else if w.w1.len() != n_w || w.w2.len() != n_w {
         Some(format!("{n_w} experts' weights needed (routed + shared)"))
-    } else if w.w1.iter().zip(&w.w2).any(|(a, b)| a.len() != 2 * i_n * h || b.len() != h * i_n) {
+    } else if w
+        .w1
+        .iter()
+        .zip(&w.w2)
+        .any(|(a, b)| a.len() != 2 * i_n * h || b.len() != h * i_n)
+    {
         Some(format!(
             "expert weights must be [{}, {h}] and [{h}, {i_n}]",
             2 * i_n
