@@ -256,8 +256,9 @@ impl Optimizer {
         let refs: Vec<&Buffer<f32>> = c.landing.iter().collect();
         grad_norm_combine(&c.stream, &refs, &mut c.acc, &mut c.out)?;
         for g in &self.groups {
+            // the copy runs on the combining device: it must reach the group's memory
             if !g.norm.device().same(c.stream.device()) {
-                c.out.peer_ptr(g.norm.device())?;
+                g.norm.peer_ptr(c.stream.device())?;
             }
             c.stream.copy_bytes(&c.out, &g.norm)?;
         }
