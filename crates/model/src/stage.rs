@@ -9,6 +9,7 @@
 
 use crate::config::TrainConfig;
 use crate::params::Params;
+use crate::train::optim::DeviceParams;
 use runtime::{Buffer, Device};
 use std::ops::Range;
 
@@ -114,6 +115,14 @@ pub trait Stage: Send {
     /// Loads (uploads, re-quantises) the stage's parameters from `p` (after an optimizer step,
     /// and at start or resume).
     fn load_params(&mut self, p: &Params) -> StageResult<()>;
+
+    /// Loads the stage's parameters from the optimizer's FP32 master weights on the devices
+    /// (after an optimizer step): device-to-device copies and conversion/quantisation kernels,
+    /// bit-identical to [`Stage::load_params`] of their host copies. The default downloads
+    /// them and calls [`Stage::load_params`] (host mocks).
+    fn load_device_params(&mut self, p: &DeviceParams<'_>) -> StageResult<()> {
+        self.load_params(&p.download()?)
+    }
 
     /// The last stage with an MTP module (`model.mtp_depth = 1`): each micro-batch's summed
     /// MTP cross-entropy (nats) of the forwards since the last call, by micro-batch index;

@@ -80,7 +80,7 @@ fn run(base: u32, single_device: bool, steps: usize) -> (StepGrads, Vec<f64>, Pa
     .expect("trainer");
     let (_, g) = t.gradients().expect("gradients");
     let losses = (0..steps).map(|_| t.step().expect("step").loss).collect();
-    (g, losses, t.params().clone())
+    (g, losses, t.params().unwrap().clone())
 }
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {

@@ -112,7 +112,7 @@ fn step_one_losses_and_every_gradient_agree_with_the_f64_reference() {
     let r = reference::loss_and_grads_mtp(
         &cfg.model,
         cfg.train.seq_len as usize,
-        t.params(),
+        t.params().unwrap(),
         &mbs,
         &RefOptions::DEVICE,
         f64::from(cfg.train.mtp_loss_weight),
@@ -131,7 +131,7 @@ fn step_one_losses_and_every_gradient_agree_with_the_f64_reference() {
         r.loss
     );
     let (mut dt, mut nt) = (0f64, 0f64);
-    for (i, spec) in t.params().specs.iter().enumerate() {
+    for (i, spec) in t.params().unwrap().specs.iter().enumerate() {
         if spec.kind == ParamKind::RouteBias {
             assert!(grads[i].is_none(), "{}", spec.name);
             continue;
@@ -173,7 +173,7 @@ fn pipelined_and_unpipelined_mtp_steps_are_bit_identical() {
     let (ma, mb) = (a.last_mtp_loss().unwrap(), b.last_mtp_loss().unwrap());
     assert_eq!(ma.to_bits(), mb.to_bits(), "MTP loss {ma} vs {mb}");
     if let Some(i) = same_grads(&ga, &gb) {
-        panic!("{}: gradients differ", a.params().specs[i].name);
+        panic!("{}: gradients differ", a.params().unwrap().specs[i].name);
     }
 }
 
@@ -198,9 +198,14 @@ fn resume_with_mtp_reproduces_the_uninterrupted_run_bit_for_bit() {
     assert_eq!(r.loss.to_bits(), reps[1].loss.to_bits());
     let (ma, mb) = (r.mtp_loss.unwrap(), reps[1].mtp_loss.unwrap());
     assert_eq!(ma.to_bits(), mb.to_bits(), "MTP loss {ma} vs {mb}");
-    let p = full.params();
+    let p = full.params().unwrap();
     assert!(p.index("mtp.proj").is_ok());
-    for ((s, a), b) in p.specs.iter().zip(&p.data).zip(&resumed.params().data) {
+    for ((s, a), b) in p
+        .specs
+        .iter()
+        .zip(&p.data)
+        .zip(&resumed.params().unwrap().data)
+    {
         assert!(
             a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
             "{}: parameters differ after the resumed run",

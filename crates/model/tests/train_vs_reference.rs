@@ -107,7 +107,7 @@ fn step_one_loss_and_every_gradient_agree_with_the_f64_reference() {
     let r = reference::loss_and_grads(
         &cfg.model,
         cfg.train.seq_len as usize,
-        t.params(),
+        t.params().unwrap(),
         &mbs,
         &RefOptions::DEVICE,
     )
@@ -119,7 +119,7 @@ fn step_one_loss_and_every_gradient_agree_with_the_f64_reference() {
     );
     assert!(lerr < 2e-3, "loss {loss} vs {}", r.loss);
     let (mut dt, mut nt, mut worst) = (0f64, 0f64, (0f64, String::new()));
-    for (i, spec) in t.params().specs.iter().enumerate() {
+    for (i, spec) in t.params().unwrap().specs.iter().enumerate() {
         if spec.kind == ParamKind::RouteBias {
             assert!(
                 grads[i].is_none(),
@@ -158,7 +158,7 @@ fn step_one_loss_and_every_gradient_agree_with_the_f64_reference() {
 #[test]
 fn the_first_five_losses_agree_with_the_f64_reference_trainer() {
     let mut t = trainer(610);
-    let p0 = t.params().clone();
+    let p0 = t.params().unwrap().clone();
     let mut batches: Vec<Vec<MicroBatch>> = Vec::new();
     let mut dev = Vec::new();
     for _ in 0..5 {
@@ -242,10 +242,11 @@ fn resume_on_device_stages_reproduces_the_uninterrupted_run_bit_for_bit() {
     }
     for ((s, a), b) in full
         .params()
+        .unwrap()
         .specs
         .iter()
-        .zip(&full.params().data)
-        .zip(&resumed.params().data)
+        .zip(&full.params().unwrap().data)
+        .zip(&resumed.params().unwrap().data)
     {
         assert!(
             a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),

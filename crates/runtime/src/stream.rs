@@ -484,14 +484,18 @@ impl Stream {
                 dst.len() * B::SIZE
             )));
         }
+        self.copy_ptrs(src.device_ptr(), dst.device_ptr(), n)
+    }
+
+    /// Queues a copy of `n` bytes from device address `sa` to `da` (both inside live buffers:
+    /// the callers check the ranges).
+    fn copy_ptrs(&self, sa: u64, da: u64, n: usize) -> Result<()> {
         if let Some(cs) = &self.inner.cuda {
-            return cs.as_ref().map_err(|e| e.clone())?.copy_dtod_async(
-                dst.device_ptr(),
-                src.device_ptr(),
-                n,
-            );
+            return cs
+                .as_ref()
+                .map_err(|e| e.clone())?
+                .copy_dtod_async(da, sa, n);
         }
-        let (sa, da) = (src.device_ptr(), dst.device_ptr());
         self.enqueue(Box::new(move |s: &StreamInner| {
             let mem = crate::device::emu_memory().snapshot();
             match (mem.find(sa, n as u64), mem.find(da, n as u64)) {
@@ -510,8 +514,9 @@ impl Stream {
     }
 
     /// Stream-ordered copy of `len` elements from `src[src_at..]` into `dst[dst_at..]` (same
-    /// element type, possibly the same buffer's disjoint ranges; both ranges checked): the
-    /// slicing and concatenation of device tensors without a host round trip. Emulator:
+    /// element type; the buffers may sit on different devices, a peer copy, or be one buffer's
+    /// disjoint ranges; both ranges checked): the slicing and concatenation of device tensors
+    /// without a host round trip. Emulator:
     /// queued; CUDA: `cuMemcpyDtoDAsync` on this stream.
     pub fn copy_range<T: crate::Pod>(
         &self,
@@ -534,27 +539,7 @@ impl Stream {
         let n = len * T::SIZE;
         let sa = src.device_ptr() + (src_at * T::SIZE) as u64;
         let da = dst.device_ptr() + (dst_at * T::SIZE) as u64;
-        if let Some(cs) = &self.inner.cuda {
-            return cs
-                .as_ref()
-                .map_err(|e| e.clone())?
-                .copy_dtod_async(da, sa, n);
-        }
-        self.enqueue(Box::new(move |s: &StreamInner| {
-            let mem = crate::device::emu_memory().snapshot();
-            match (mem.find(sa, n as u64), mem.find(da, n as u64)) {
-                (Some(a), Some(b)) => {
-                    let mut bytes = vec![0u8; n];
-                    a.read_bytes(sa - a.base, &mut bytes);
-                    b.write_bytes(da - b.base, &bytes);
-                }
-                _ => {
-                    let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
-                    st.error
-                        .get_or_insert(RuntimeError::Buffer("copy with a freed buffer".into()));
-                }
-            }
-        }))
+        self.copy_ptrs(sa, da, n)
     }
 
     /// Emulator only: later launches on this stream count shared-memory wavefronts and bank

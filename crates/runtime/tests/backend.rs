@@ -720,3 +720,24 @@ fn copy_range_copies_slices_and_checks_bounds() {
     assert!(st.copy_range((&a, usize::MAX), (&b, 0), 1).is_err());
     st.copy_range((&a, 100), (&b, 50), 0).unwrap();
 }
+
+#[test]
+fn copy_range_moves_a_slice_between_devices_and_refuses_ranges_outside_the_buffers() {
+    let (a, b) = (Device::emu(40), Device::emu(41));
+    let src = a
+        .upload(&(0..10).map(|v| v as f32 + 0.5).collect::<Vec<_>>())
+        .unwrap();
+    let dst = b.upload(&[f32::NAN; 8]).unwrap();
+    let st = b.stream(0);
+    st.copy_range((&src, 3), (&dst, 2), 4).unwrap();
+    st.synchronize().unwrap();
+    let got = dst.to_vec().unwrap();
+    assert_eq!(&got[2..6], &[3.5, 4.5, 5.5, 6.5]);
+    assert!(
+        got[..2].iter().chain(&got[6..]).all(|v| v.is_nan()),
+        "{got:?}"
+    );
+    let e = st.copy_range((&src, 8), (&dst, 0), 3).unwrap_err();
+    assert!(e.to_string().contains("[8..]"), "{e}");
+    assert!(st.copy_range((&src, 0), (&dst, 6), 3).is_err());
+}

@@ -2,9 +2,11 @@
 //! builder: [`norm`] (RMSNorm forward/backward, forward fused with FP8 1x128 quantisation),
 //! [`rope`] (decoupled RoPE, interleaved pairs, YaRN tables), [`xent`] (softmax cross-entropy
 //! over the vocabulary), [`optim`] (global gradient norm and AdamW with BF16 moments),
+//! [`balance`] (the MoE bias update and the cross-device gradient-norm combine),
 //! [`embed`] (embedding gather and its deterministic scatter-add backward) and [`ops`]
 //! (residual adds, precision changes, transposes and MLA's per-head slicing/summing) and
-//! [`count`] (the per-expert token histogram and the in-order f64 sum of the ranks' losses).
+//! [`count`] (the per-expert token histogram and the in-order f64 sum of the ranks' losses) and
+//! [`relayout`] (the exact f32 transpose of the on-device FP8 weight quantisation).
 //!
 //! This module owns what they share: the warp/CTA reduction helpers, the vector load/store
 //! helpers, the [`OpCheck`] outcome of a check against the f64 references, and the registry
@@ -14,11 +16,13 @@
 //! from shared memory in warp order by every thread), so each result is bitwise reproducible run
 //! to run: no float atomics anywhere.
 
+pub mod balance;
 pub mod count;
 pub mod embed;
 pub mod norm;
 pub mod ops;
 pub mod optim;
+pub mod relayout;
 pub mod rope;
 pub mod xent;
 

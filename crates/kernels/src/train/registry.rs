@@ -4,9 +4,11 @@
 //!
 //! Shape convention (`Shape { m, n, k }`): norm m = rows, k = H; rope m = tokens, n = heads,
 //! k = rope dim; xent m = tokens, k = vocab; optim m = elements (split over n tensors for the
-//! norm); embed m = tokens, n = vocabulary, k = H.
+//! norm); bias update m = experts; norm combine m = groups; embed m = tokens, n = vocabulary, k = H.
 
-use super::{count, embed, norm, ops, optim, rope, xent, OpCheck, TRAIN_TARGETS};
+use super::{
+    balance, count, embed, norm, ops, optim, relayout, rope, xent, OpCheck, TRAIN_TARGETS,
+};
 use crate::quant::QUANT_TARGETS;
 use crate::registry::{CheckReport, KernelInfo, Kind, ParamInfo, Shape};
 use crate::{Result, ScaleMode};
@@ -28,12 +30,15 @@ pub enum TrainKernel {
     GradSumsq,
     GradNorm,
     AdamW,
+    BiasUpdate,
+    NormCombine,
     EmbedFwd { bf16: bool },
     EmbedBwd { bf16: bool },
     Add,
     AddF32,
     Cvt { to_bf16: bool },
     Transpose { bf16: bool },
+    TransposeF32,
     HeadSum,
     TopkSlotMask,
     TopkSlotAcc,
@@ -58,12 +63,15 @@ impl TrainKernel {
             GradSumsq => optim::gen_grad_sumsq(t),
             GradNorm => optim::gen_grad_norm(t),
             AdamW => optim::gen_adamw(t),
+            BiasUpdate => balance::gen_bias_update(t),
+            NormCombine => balance::gen_norm_combine(t),
             EmbedFwd { bf16 } => embed::gen_embed_fwd(t, bf16),
             EmbedBwd { bf16 } => embed::gen_embed_bwd(t, bf16),
             Add => ops::gen_add(t),
             AddF32 => ops::gen_add_f32(t),
             Cvt { to_bf16 } => ops::gen_cvt(t, to_bf16),
             Transpose { bf16 } => ops::gen_transpose(t, bf16),
+            TransposeF32 => relayout::gen_transpose_f32(t),
             HeadSum => ops::gen_head_sum(t),
             TopkSlotMask => ops::gen_slot_mask(t),
             TopkSlotAcc => ops::gen_slot_acc(t),
@@ -83,10 +91,13 @@ impl TrainKernel {
             XentFwd { bf16 } | XentBwd { bf16 } => xent::check_xent(st, s.m, s.k, bf16, seed),
             XentMean => xent::check_xent(st, s.m, s.k, true, seed),
             GradSumsq | GradNorm | AdamW => optim::check_step(st, s.m, s.n, seed),
+            BiasUpdate => balance::check_bias_update(st, s.m, seed),
+            NormCombine => balance::check_norm_combine(st, s.m, seed),
             EmbedFwd { bf16 } => embed::check_fwd(st, s.m, s.n, s.k, bf16, seed),
             EmbedBwd { bf16 } => embed::check_bwd(st, s.m, s.n, s.k, bf16, seed),
             Add | AddF32 | Cvt { .. } => ops::check_elementwise(st, s.m, seed),
             Transpose { bf16 } => ops::check_transpose(st, s.m, s.k, bf16, seed),
+            TransposeF32 => relayout::check_transpose_f32(st, s.m, s.k, seed),
             HeadSum => ops::check_head_sum(st, s.m, s.n, s.k, seed),
             TopkSlotMask | TopkSlotAcc => ops::check_topk_slots(st, s.m, s.k, s.n, seed),
             ExpertCount => count::check_count(st, s.m, s.n, seed),
@@ -516,6 +527,15 @@ fn ops_entries() -> Vec<E> {
             kind: TrainKernel::Transpose { bf16: bf },
         });
     }
+    v.push(E {
+        name: relayout::TRANSPOSE_F32_NAME,
+        summary: "out [cols, rows] = x [rows, cols]^T, f32 exact (W^T before the on-device FP8 weight quantisation)",
+        params: &[("x", "f32*"), ("out", "f32*"), ("rows", "u32"), ("cols", "u32")],
+        launch: "grid = ceil(rows*cols/256), block = 256 (thread per output)",
+        host: "transpose_f32",
+        shapes: vec![Shape::new(37, 0, 24), Shape::new(128, 0, 256)],
+        kind: TrainKernel::TransposeF32,
+    });
     v
 }
 
@@ -578,6 +598,35 @@ fn reduction_entries() -> Vec<E> {
             host: "adamw_step",
             shapes: tensors(opt_sh()),
             kind: TrainKernel::AdamW,
+        },
+        E {
+            name: balance::BIAS_UPDATE_NAME,
+            summary: "aux-loss-free MoE bias update: bias += speed * sign(mean load - load) (integer sign, f32 update)",
+            params: &[
+                ("bias", "f32* (in place)"),
+                ("load", "u32*"),
+                ("experts", "u32"),
+                ("speed", "f32"),
+            ],
+            launch: "grid = 1, block = 256 (thread per expert, strided)",
+            host: "moe_bias_update",
+            shapes: vec![Shape::new(64, 0, 0), Shape::new(300, 0, 0)],
+            kind: TrainKernel::BiasUpdate,
+        },
+        E {
+            name: balance::NORM_COMBINE_NAME,
+            summary: "global gradient norm from per-device-group norms: f64 sum of squares in group order, sqrt, one f32 rounding",
+            params: &[
+                ("norm", "f32*"),
+                ("acc", "f64*"),
+                ("out", "f32*"),
+                ("first", "u32"),
+                ("last", "u32"),
+            ],
+            launch: "grid = 1, block = 32, one launch per group in order",
+            host: "grad_norm_combine",
+            shapes: vec![Shape::new(4, 0, 0), Shape::new(1, 0, 0)],
+            kind: TrainKernel::NormCombine,
         },
     ]
 }

@@ -19,6 +19,9 @@ use kernels::{GemmBufs, GemmProblem, InTy, OutTy, ScaleMode};
 use runtime::{Buffer, Device, Stream};
 use std::time::Instant;
 
+mod device;
+pub use device::MoeDeviceWeights;
+
 /// One rank's device state fixed at construction.
 struct RankDev {
     device: Device,

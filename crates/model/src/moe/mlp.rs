@@ -42,6 +42,85 @@ impl MlpW {
     }
 }
 
+/// One expert's FP32 master weights on a device: W_gate|up `[2I, H]`, W_down `[H, I]`.
+pub(crate) type ExpertF32<'a> = (&'a Buffer<f32>, &'a Buffer<f32>);
+
+/// One quantised operand's bytes and 128x128 scales.
+type QuantOut = (Buffer<u8>, Buffer<f32>);
+
+/// Device buffers `[g, rows, cols]` FP8 and `[g, rows/128, cols/128]` scales.
+fn quant_alloc(dev: &Device, g: usize, rows: usize, cols: usize) -> Result<QuantOut> {
+    Ok((
+        dev.alloc::<u8>(g * rows * cols)?,
+        dev.alloc::<f32>(g * (rows / 128) * (cols / 128))?,
+    ))
+}
+
+impl MlpW {
+    /// The experts `ex` (group `g` is `ex[g]`) quantised on `st`'s device from their FP32
+    /// masters there: W by the 128x128 quantiser, W^T by the same quantiser on the exact f32
+    /// transpose (a block of W^T is a block of W transposed: same amax, scale and roundings),
+    /// so the bytes and scales are [`super::host::quant_expert`]'s bit for bit. `h` and `i_n`
+    /// must be multiples of 128. Synchronises `st` (the temporaries die here).
+    pub fn quantise(st: &Stream, ex: &[ExpertF32], h: usize, i_n: usize) -> Result<MlpW> {
+        if !h.is_multiple_of(128) || !i_n.is_multiple_of(128) || h == 0 || i_n == 0 {
+            return Err(super::MoeError::Shape(format!(
+                "on-device weight quantisation needs hidden ({h}) and intermediate ({i_n}) \
+                 to be positive multiples of 128"
+            )));
+        }
+        let (dev, g) = (st.device(), ex.len());
+        let (n1, n2) = (2 * i_n * h, h * i_n);
+        if let Some(e) = ex.iter().position(|(a, b)| a.len() != n1 || b.len() != n2) {
+            return Err(super::MoeError::Shape(format!(
+                "expert {e}: weights of {} and {} values, expected [{}, {h}] and [{h}, {i_n}]",
+                ex[e].0.len(),
+                ex[e].1.len(),
+                2 * i_n
+            )));
+        }
+        // (rows, cols) of W1, W2, W1^T, W2^T
+        let shapes = [(2 * i_n, h), (h, i_n), (h, 2 * i_n), (i_n, h)];
+        let mk = |(r, c): (usize, usize)| quant_alloc(dev, g, r, c);
+        let outs = [
+            mk(shapes[0])?,
+            mk(shapes[1])?,
+            mk(shapes[2])?,
+            mk(shapes[3])?,
+        ];
+        // temporaries stay alive until the stream is synchronised
+        let (mut keep_q, mut keep_t) = (Vec::new(), Vec::new());
+        for (e, &(w1, w2)) in ex.iter().enumerate() {
+            let mut t1 = dev.alloc::<f32>(n1)?;
+            let mut t2 = dev.alloc::<f32>(n2)?;
+            kernels::train::relayout::transpose_f32(st, w1, &mut t1, 2 * i_n, h)?;
+            kernels::train::relayout::transpose_f32(st, w2, &mut t2, h, i_n)?;
+            for (k, src) in [w1, w2, &t1, &t2].into_iter().enumerate() {
+                let (r, c) = shapes[k];
+                let (mut q, mut s) = quant_alloc(dev, 1, r, c)?;
+                kernels::quantize_fp8_128x128(st, src, &mut q, &mut s, r, c, ScaleMode::Pow2)?;
+                st.copy_range((&q, 0), (&outs[k].0, e * q.len()), q.len())?;
+                st.copy_range((&s, 0), (&outs[k].1, e * s.len()), s.len())?;
+                keep_q.push((q, s));
+            }
+            keep_t.extend([t1, t2]);
+        }
+        st.synchronize()?;
+        drop((keep_q, keep_t));
+        let [(b1, sb1), (b2, sb2), (b1t, sb1t), (b2t, sb2t)] = outs;
+        Ok(MlpW {
+            b1,
+            sb1,
+            b2,
+            sb2,
+            b1t,
+            sb1t,
+            b2t,
+            sb2t,
+        })
+    }
+}
+
 /// The row layout an MLP runs over: `m` rows (a multiple of 128), `m_indices` `[m]` (group of
 /// each row, -1 for padding), `groups` experts.
 #[derive(Clone, Copy)]
@@ -185,5 +264,80 @@ impl Mlp {
         kernels::gemm(st, &p, bufs.index(k_starts))?;
         st.synchronize()?;
         Ok((st.read(&dw1)?, st.read(&dw2)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::moe::host::quant_expert;
+    use rand::{Rng, SeedableRng};
+
+    /// Random weights: each 128x128 block its own magnitude (so the blocks get different
+    /// power-of-two scales, some tiny enough for FP8 subnormals), the elements spread over
+    /// several binades inside a block.
+    fn weights(rg: &mut rand::rngs::StdRng, rows: usize, cols: usize) -> Vec<f32> {
+        (0..rows * cols)
+            .map(|i| {
+                let block = (i / cols / 128) * 7 + (i % cols / 128) * 3;
+                let exp = (block % 11) as i32 - 14;
+                rg.gen_range(-1.0f32..1.0) * 2f32.powi(exp + rg.gen_range(0..6))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn on_device_quantisation_is_the_host_quantiser_bit_for_bit() {
+        let dev = Device::emu(930);
+        let st = dev.stream(0);
+        let mut rg = rand::rngs::StdRng::seed_from_u64(14);
+        let (h, i_n) = (256, 128);
+        let host: Vec<(Vec<f32>, Vec<f32>)> = (0..3)
+            .map(|_| (weights(&mut rg, 2 * i_n, h), weights(&mut rg, h, i_n)))
+            .collect();
+        let bufs: Vec<_> = host
+            .iter()
+            .map(|(a, b)| (dev.upload(a).unwrap(), dev.upload(b).unwrap()))
+            .collect();
+        let ex: Vec<ExpertF32> = bufs.iter().map(|(a, b)| (a, b)).collect();
+        let w = MlpW::quantise(&st, &ex, h, i_n).unwrap();
+        let q: Vec<_> = host
+            .iter()
+            .map(|(a, b)| quant_expert(a, b, h, i_n))
+            .collect();
+        let cat = |f: &dyn Fn(&crate::moe::host::ExpertQ) -> Vec<u8>| -> Vec<u8> {
+            q.iter().flat_map(f).collect()
+        };
+        let catf = |f: &dyn Fn(&crate::moe::host::ExpertQ) -> Vec<f32>| -> Vec<u32> {
+            q.iter().flat_map(f).map(f32::to_bits).collect()
+        };
+        let bits = |b: &Buffer<f32>| -> Vec<u32> {
+            b.to_vec().unwrap().into_iter().map(f32::to_bits).collect()
+        };
+        assert_eq!(w.b1.to_vec().unwrap(), cat(&|e| e.w1.0.clone()), "W1 bytes");
+        assert_eq!(w.b2.to_vec().unwrap(), cat(&|e| e.w2.0.clone()), "W2 bytes");
+        assert_eq!(
+            w.b1t.to_vec().unwrap(),
+            cat(&|e| e.w1t.0.clone()),
+            "W1^T bytes"
+        );
+        assert_eq!(
+            w.b2t.to_vec().unwrap(),
+            cat(&|e| e.w2t.0.clone()),
+            "W2^T bytes"
+        );
+        assert_eq!(bits(&w.sb1), catf(&|e| e.w1.1.clone()), "W1 scales");
+        assert_eq!(bits(&w.sb2), catf(&|e| e.w2.1.clone()), "W2 scales");
+        assert_eq!(bits(&w.sb1t), catf(&|e| e.w1t.1.clone()), "W1^T scales");
+        assert_eq!(bits(&w.sb2t), catf(&|e| e.w2t.1.clone()), "W2^T scales");
+        // several distinct scales: the test exercises the per-block amax
+        let mut sc = bits(&w.sb1);
+        sc.sort_unstable();
+        sc.dedup();
+        assert!(sc.len() > 3, "{sc:?}");
+        let Err(e) = MlpW::quantise(&st, &ex, h, 64) else {
+            panic!("an intermediate size of 64 was accepted")
+        };
+        assert!(e.to_string().contains("intermediate (64)"), "{e}");
     }
 }

@@ -39,8 +39,8 @@ pub mod reference;
 
 pub use exec::{Progress, ProgressPhase, Quiet, Span, TraceSpan};
 pub use layer::{
-    check_devices, Backward, BackwardStats, ExpertDw, Forward, ForwardStats, GateGrad, MoeLayer,
-    Overlap, Placement,
+    check_devices, Backward, BackwardStats, ExpertDw, Forward, ForwardStats, GateGrad,
+    MoeDeviceWeights, MoeLayer, Overlap, Placement,
 };
 pub use reference::{check, CheckConfig, CheckReport, ErrStats, Tolerances};
 

@@ -44,7 +44,7 @@ pub(crate) struct AttnW {
 pub(crate) type Named<'a> = &'a dyn Fn(&str) -> Result<&'a [f32]>;
 
 /// Row permutation of `wkv_b` `[heads*(nope+v), kv_lora]`: (k rows, v rows) as indices.
-fn kv_b_rows(d: &Dims) -> (Vec<usize>, Vec<usize>) {
+pub(crate) fn kv_b_rows(d: &Dims) -> (Vec<usize>, Vec<usize>) {
     let per = d.dn + d.dv;
     let k = (0..d.nh)
         .flat_map(|h| (0..d.dn).map(move |j| h * per + j))

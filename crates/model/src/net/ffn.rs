@@ -12,7 +12,7 @@ use super::attn::{norm_bwd, norm_fwd};
 use super::linear::{Ctx, Result, WithGrads};
 use super::Dims;
 use crate::moe::host::quant_expert;
-use crate::moe::mlp::{Mlp, MlpFwd, MlpW, Rows};
+use crate::moe::mlp::{ExpertF32, Mlp, MlpFwd, MlpW, Rows};
 use crate::moe::{Backward, Forward, MoeLayer, Quiet};
 use crate::TrainError;
 use half::bf16;
@@ -39,10 +39,29 @@ impl DenseW {
             )));
         }
         let q = quant_expert(w1, w2, h, i_n);
+        let w = MlpW::upload(&cx.dev, &[&q]).map_err(|e| moe_err(layer, e))?;
+        DenseW::with(cx, t, cx.dev.upload(norm)?, w)
+    }
+
+    /// The FFN from FP32 masters already on the rank's device, quantised there
+    /// ([`MlpW::quantise`]: bit for bit [`DenseW::upload`]'s weights).
+    pub fn from_device(
+        cx: &Ctx,
+        d: &Dims,
+        layer: usize,
+        norm: Buffer<f32>,
+        w: ExpertF32,
+    ) -> Result<DenseW> {
+        let q = MlpW::quantise(&cx.st, &[w], d.h, d.di).map_err(|e| moe_err(layer, e))?;
+        DenseW::with(cx, d.t, norm, q)
+    }
+
+    /// The weights with the one-group row layout of `t` rows.
+    fn with(cx: &Ctx, t: usize, norm: Buffer<f32>, w: MlpW) -> Result<DenseW> {
         let dev = &cx.dev;
         Ok(DenseW {
-            norm: dev.upload(norm)?,
-            w: MlpW::upload(dev, &[&q]).map_err(|e| moe_err(layer, e))?,
+            norm,
+            w,
             mi: dev.upload(&vec![0i32; t])?,
             ones: dev.upload(&vec![1f32; t])?,
             ks: dev.upload(&[0i32, t as i32])?,

@@ -18,13 +18,18 @@ pub(crate) struct EmbedW {
 impl EmbedW {
     pub fn upload(cx: &Ctx, d: &Dims, table: &[f32]) -> Result<EmbedW> {
         let b: Vec<bf16> = table.iter().map(|&v| bf16::from_f32(v)).collect();
-        Ok(EmbedW {
-            table: cx.dev.upload(&b)?,
+        Ok(EmbedW::with_table(d, cx.dev.upload(&b)?))
+    }
+
+    /// The embedding over a BF16 `table` `[vocab, H]` already on the device.
+    pub fn with_table(d: &Dims, table: Buffer<bf16>) -> EmbedW {
+        EmbedW {
+            table,
             spec: EmbedSpec {
                 vocab: d.vocab,
                 hidden: d.h,
             },
-        })
+        }
     }
 }
 
@@ -57,8 +62,8 @@ pub(crate) fn embed_backward(
 
 /// The final norm and the head on one rank.
 pub(crate) struct HeadW {
-    norm: Buffer<f32>,
-    head: Lin,
+    pub norm: Buffer<f32>,
+    pub head: Lin,
 }
 
 impl HeadW {

@@ -15,13 +15,16 @@
 //! - [`ffn`]: the dense FP8 FFN (the MoE layer's MLP over one group) and the MoE block.
 //! - [`head`]: embedding, final norm + head + cross-entropy.
 //! - [`load`]: parameter checks and uploads; [`dims`]: the sizes, checked against the stage.
+//! - [`devload`]: the reload from the optimizer's device-resident master weights.
 //! - [`grads`]: per micro-batch gradients and their fixed-order reductions.
 //! - [`mtp`]: the 1-depth MTP module of the last stage (`model.mtp_depth = 1`), with the shared
 //!   embedding's copy and the shared head.
 //!
-//! Host work is limited to moving data: uploads of parameters (rounded to BF16 or quantised to
-//! FP8 as the kernels read them), the MoE layer's weight gradients, permutations of gradient
-//! rows, and moving gradients to the stage's first device, whose `f32_add` kernel
+//! Host work is limited to moving data: uploads of parameters at construction and resume
+//! (rounded to BF16 or quantised to FP8 as the kernels read them; after an optimizer step the
+//! stage reloads from the master weights on the devices instead, [`devload`]: device copies
+//! and conversion/quantisation kernels, the same bits), the MoE layer's weight gradients,
+//! permutations of gradient rows, and moving gradients to the stage's first device, whose `f32_add` kernel
 //! sums them over ranks and micro-batches in a fixed order (the data-parallel all-reduce and
 //! the gradient accumulation, [`grads`]). The MoE layers run on device buffers (each rank's
 //! norm output in, output and input gradient out); the per-expert token histogram is counted
@@ -36,6 +39,7 @@
 //! bit-identical to it (docs/TRAIN.md, *Single-device run*).
 
 mod attn;
+mod devload;
 mod dims;
 mod ffn;
 mod grads;
@@ -50,6 +54,7 @@ use crate::params::Params;
 use crate::stage::{
     Boundary, ExpertLoad, MicroBatch, NamedGrads, Stage, StageOut, StageResult, StageSpec,
 };
+use crate::train::optim::DeviceParams;
 use crate::TrainError;
 use attn::{AttnAct, AttnConst, AttnW};
 pub(crate) use dims::Dims;
@@ -457,6 +462,18 @@ impl Stage for DeviceStage {
         self.head = head;
         if let Some(m) = &mut self.mtp {
             m.w = mtp::load_all(&self.cx, &self.d, self.spec.config.model.layers as usize, p)?;
+        }
+        Ok(())
+    }
+
+    fn load_device_params(&mut self, p: &DeviceParams<'_>) -> StageResult<()> {
+        let d = &self.d;
+        devload::reload_layers(&mut self.layers, &self.cx, d, p)?;
+        let has = (self.embed.is_some(), self.head.is_some());
+        (self.embed, self.head) = devload::ends(&self.cx, d, p, has)?;
+        if let Some(m) = &mut self.mtp {
+            let layer = self.spec.config.model.layers as usize;
+            m.w = devload::per_rank(&self.cx, p, |s| mtp::MtpW::from_device(s, d, layer))?;
         }
         Ok(())
     }

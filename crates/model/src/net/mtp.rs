@@ -22,6 +22,7 @@
 //! The MTP block reports its errors as layer `model.layers`.
 
 use super::attn::{self, norm_bwd, norm_fwd, AttnAct, AttnConst, AttnW};
+use super::devload::RankSrc;
 use super::ffn::{self, DenseAct, DenseW};
 use super::head::{self, EmbedW, HeadAct, HeadW};
 use super::linear::{Ctx, Lin, Result};
@@ -88,6 +89,28 @@ impl MtpW {
             attn: AttnW::upload(cx, d, &named)?,
             ffn: DenseW::upload(cx, d, layer, ffn_w)?,
             head: HeadW::upload(cx, d, named("norm")?, p.get("head")?)?,
+            layer,
+        })
+    }
+}
+
+impl MtpW {
+    /// The module (and the shared embedding and head) from the device master weights
+    /// ([`super::devload`]): bit for bit [`MtpW::upload`]'s weights.
+    pub fn from_device(src: &RankSrc, d: &Dims, layer: usize) -> Result<MtpW> {
+        let h = d.h;
+        // `mtp.proj` [H, 2H] viewed as [2H, H]: row 2r is row r's first half, 2r + 1 its second
+        let first: Vec<usize> = (0..h).map(|r| 2 * r).collect();
+        let second: Vec<usize> = (0..h).map(|r| 2 * r + 1).collect();
+        Ok(MtpW {
+            embed: src.embed(d)?,
+            hnorm: src.f32("mtp.hnorm")?,
+            enorm: src.f32("mtp.enorm")?,
+            ph: src.lin_rows("mtp.proj", h, &first)?,
+            pe: src.lin_rows("mtp.proj", h, &second)?,
+            attn: src.attn(d, "mtp.")?,
+            ffn: src.dense(d, layer, "mtp.")?,
+            head: src.head(d, "mtp.norm", "head")?,
             layer,
         })
     }

@@ -1,7 +1,7 @@
 //! The trainer: a DualPipeV pipeline of `2 pp` stages ([`crate::stage::Stage`] objects made by a
 //! [`StageFactory`]) driven step by step — sample micro-batches, run the pipeline
 //! ([`exec::Executor`]), take and check the gradients, clip and apply AdamW on the devices
-//! ([`optim::Optimizer`]), update the MoE biases, reload the stages — plus evaluation,
+//! ([`optim::Optimizer`]), update the MoE biases there, reload the stages from the devices — plus evaluation,
 //! checkpoints (save / bit-exact resume), the loss curve and a trace of a step.
 //!
 //! The trainer only knows the `Stage` trait. `ptxforge train` passes
@@ -24,7 +24,7 @@ mod worker;
 use crate::config::TrainConfig;
 use crate::data::{self, Corpus, Entropy, SamplerState, Split};
 use crate::guard::{check_finite, Site};
-use crate::params::Params;
+use crate::params::{ParamSpec, Params};
 use crate::plot::LossCurve;
 use crate::stage::{ExpertLoad, MicroBatch, Stage, StageSpec};
 use crate::trace::Trace;
@@ -32,6 +32,7 @@ use crate::TrainError;
 use exec::Executor;
 use optim::{Optimizer, StepHyper};
 use serde::Serialize;
+use std::cell::OnceCell;
 use std::time::Instant;
 use timing::{Overlap, Phases, Span, SpanKind};
 
@@ -105,7 +106,11 @@ pub struct Trainer {
     corpus_fingerprint: String,
     sampler: SamplerState,
     step: u64,
-    params: Params,
+    /// Every parameter's spec ([`crate::params::specs`] order).
+    specs: Vec<ParamSpec>,
+    /// Host copies of the parameters, downloaded from the optimizer on request (emptied by
+    /// every step: the weights live on the devices).
+    host: OnceCell<Params>,
     stages: Vec<Box<dyn Stage>>,
     owners: Vec<Vec<usize>>,
     opt: Optimizer,
@@ -173,7 +178,8 @@ impl Trainer {
             split,
             sampler,
             step: 0,
-            params,
+            specs: params.specs.clone(),
+            host: OnceCell::from(params),
             stages,
             owners,
             opt,
@@ -195,10 +201,16 @@ impl Trainer {
     pub fn steps_done(&self) -> u64 {
         self.step
     }
-    /// The current FP32 master weights (and route biases).
-    pub fn params(&self) -> &Params {
-        &self.params
+    /// The current FP32 master weights (and route biases): downloaded from the devices on the
+    /// first call after a step.
+    pub fn params(&self) -> Result<&Params, TrainError> {
+        if let Some(p) = self.host.get() {
+            return Ok(p);
+        }
+        let p = self.opt.device_params(&self.specs).download()?;
+        Ok(self.host.get_or_init(|| p))
     }
+
     /// Unigram entropy of the training split (the learning bar).
     pub fn entropy(&self) -> Entropy {
         self.entropy
@@ -389,10 +401,11 @@ impl Trainer {
     }
 
     /// Takes and checks every stage's gradients, runs AdamW on the devices, updates the
-    /// biases and reloads the stages; returns the global gradient norm.
+    /// biases there and reloads the stages from the devices' master weights; returns the
+    /// global gradient norm.
     fn apply_update(&mut self) -> Result<f32, TrainError> {
         let (grads, loads) = self.collect_grads()?;
-        for (i, spec) in self.params.specs.iter().enumerate() {
+        for (i, spec) in self.specs.iter().enumerate() {
             if !optim::is_adamw(spec.kind) {
                 continue;
             }
@@ -417,28 +430,29 @@ impl Trainer {
             step: self.step as u32 + 1,
         };
         let norm = self.opt.step(&grads, &hyper)?;
-        self.opt.download(&mut self.params)?;
+        self.host = OnceCell::new();
         self.update_biases(&loads)?;
+        let dp = self.opt.device_params(&self.specs);
         for s in &mut self.stages {
-            s.load_params(&self.params)?;
+            s.load_device_params(&dp)?;
         }
         Ok(norm)
     }
 
     /// Every stage's gradients placed by parameter index, and the expert loads.
     fn collect_grads(&mut self) -> Result<(StepGrads, ExpertLoad), TrainError> {
-        let mut grads: StepGrads = vec![None; self.params.specs.len()];
+        let mut grads: StepGrads = vec![None; self.specs.len()];
         let mut loads: ExpertLoad = Vec::new();
         let mut shared = Vec::new();
         for (s, stage) in self.stages.iter_mut().enumerate() {
             let (named, load) = stage.take_grads()?;
             for (name, g) in named {
-                let i = self.params.index(&name)?;
+                let i = param_index(&self.specs, &name)?;
                 if self.cfg.model.mtp_depth > 0 && name == "embed" && !self.owners[s].contains(&i) {
                     shared.push((s, i, g)); // the MTP module's part of the shared embedding
                     continue;
                 }
-                place_grad(&self.params, &self.owners[s], s, i, g, &mut grads)?;
+                place_grad(&self.specs, &self.owners[s], s, i, g, &mut grads)?;
             }
             loads.extend(load);
         }
@@ -458,7 +472,7 @@ impl Trainer {
         g: Vec<f32>,
         grads: &mut StepGrads,
     ) -> Result<(), TrainError> {
-        let name = &self.params.specs[i].name;
+        let name = &self.specs[i].name;
         let owner = grads[i].as_mut().ok_or_else(|| {
             TrainError::Shape(format!(
                 "stage {s} returned a part of {name}, its owner none"
@@ -491,8 +505,8 @@ impl Trainer {
         }
         let speed = self.cfg.train.bias_update_speed;
         for (layer, load) in per_layer {
-            let bias = self.params.get_mut(&format!("layers.{layer}.moe.bias"))?;
-            optim::update_bias(bias, &load, speed);
+            let i = param_index(&self.specs, &format!("layers.{layer}.moe.bias"))?;
+            self.opt.update_bias(i, &load, speed)?;
         }
         Ok(())
     }
@@ -565,17 +579,25 @@ impl Trainer {
     }
 }
 
+/// Index of parameter `name` in `specs`.
+fn param_index(specs: &[ParamSpec], name: &str) -> Result<usize, TrainError> {
+    specs
+        .iter()
+        .position(|s| s.name == name)
+        .ok_or_else(|| crate::params::ParamError::Unknown(name.to_string()).into())
+}
+
 /// Files gradient `g` of parameter `i` from stage `s`, refusing a parameter the stage does
 /// not own, a duplicate or a wrong length.
 fn place_grad(
-    params: &Params,
+    specs: &[ParamSpec],
     owned: &[usize],
     s: usize,
     i: usize,
     g: Vec<f32>,
     grads: &mut [Option<Vec<f32>>],
 ) -> Result<(), TrainError> {
-    let spec = &params.specs[i];
+    let spec = &specs[i];
     if !owned.contains(&i) {
         return Err(TrainError::Shape(format!(
             "stage {s} returned a gradient for {}, which it does not hold",

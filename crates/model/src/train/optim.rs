@@ -1,15 +1,28 @@
 //! The optimizer step on the devices: per stage, the FP32 master weights of the parameters it
-//! owns and their BF16 AdamW moments live on the stage's first device; a step uploads the
-//! gradients, computes each device group's gradient norm (`kernels::train::optim::grad_norm`),
-//! combines them into the global norm on the host (f64 sum of squares, in stage order), writes
-//! it back to every group and runs `adamw_step` (clip inside the kernel) on each tensor, then
-//! reads the weights back. The MoE biases follow the aux-loss-free rule on the host.
+//! owns (the route biases included) live on the stage's first device, with the BF16 AdamW
+//! moments of the AdamW ones. A step uploads the gradients, computes each device group's
+//! gradient norm (`kernels::train::optim::grad_norm`), combines them into the global norm on
+//! the first group's device (`kernels::train::balance::grad_norm_combine`: each group's norm
+//! copied there, an f64 sum of squares in stage order, one rounding to f32: the former host
+//! combine's bits), copies it back to every group and runs `adamw_step` (clip inside the
+//! kernel) on each tensor. The MoE biases follow the aux-loss-free rule on their device
+//! (`kernels::train::balance::moe_bias_update`). The weights stay on the devices: the stages
+//! reload from [`DeviceParams`]; host copies are made only on request ([`Optimizer::download`]:
+//! checkpoints, [`crate::train::Trainer::params`]).
 
-use crate::params::{ParamKind, Params};
+use crate::params::{ParamKind, ParamSpec, Params};
 use crate::TrainError;
 use half::bf16;
+use kernels::train::balance::{grad_norm_combine, moe_bias_update};
 use kernels::train::optim::{adamw_step, grad_norm, grad_norm_workspace, AdamWConfig, ParamState};
 use runtime::{Buffer, Device, Stream};
+
+/// An AdamW parameter's gradient and moments.
+struct Adam {
+    g: Buffer<f32>,
+    m: Buffer<bf16>,
+    v: Buffer<bf16>,
+}
 
 /// One parameter tensor's device state.
 struct Slot {
@@ -17,9 +30,8 @@ struct Slot {
     index: usize,
     decays: bool,
     p: Buffer<f32>,
-    g: Buffer<f32>,
-    m: Buffer<bf16>,
-    v: Buffer<bf16>,
+    /// `None` for a route bias (not a gradient parameter).
+    adam: Option<Adam>,
 }
 
 /// The tensors of one stage, on one device.
@@ -28,6 +40,15 @@ struct Group {
     slots: Vec<Slot>,
     work: Buffer<f32>,
     norm: Buffer<f32>,
+}
+
+/// The global-norm combine on the first group's device: each group's norm lands in its own
+/// buffer there; `acc` is the f64 running sum, `out` the global norm.
+struct Combine {
+    stream: Stream,
+    landing: Vec<Buffer<f32>>,
+    acc: Buffer<f64>,
+    out: Buffer<f32>,
 }
 
 /// Hyper-parameters of one step.
@@ -52,9 +73,53 @@ pub struct Moments {
     pub v: Vec<bf16>,
 }
 
-/// AdamW state of every AdamW parameter, grouped per stage on that stage's device.
+/// The FP32 master weights of every parameter on the devices the optimizer keeps them on (each
+/// on its owning stage's first device): what a stage reloads from after a step
+/// ([`crate::stage::Stage::load_device_params`]).
+pub struct DeviceParams<'a> {
+    specs: &'a [ParamSpec],
+    bufs: Vec<Option<&'a Buffer<f32>>>,
+}
+
+impl<'a> DeviceParams<'a> {
+    /// Every parameter's spec, in [`crate::params::specs`] order.
+    pub fn specs(&self) -> &'a [ParamSpec] {
+        self.specs
+    }
+
+    /// Parameter `name`'s FP32 master weights (on its owner's device).
+    pub fn get(&self, name: &str) -> Result<&'a Buffer<f32>, TrainError> {
+        let i = self.specs.iter().position(|s| s.name == name);
+        i.and_then(|i| self.bufs[i])
+            .ok_or_else(|| TrainError::Shape(format!("no device copy of parameter `{name}`")))
+    }
+
+    /// Host copies of every parameter (a download: checkpoints, and stages without a device
+    /// reload).
+    pub fn download(&self) -> Result<Params, TrainError> {
+        let data = self
+            .specs
+            .iter()
+            .zip(&self.bufs)
+            .map(|(s, b)| match b {
+                Some(b) => Ok(b.to_vec()?),
+                None => Err(TrainError::Shape(format!(
+                    "no device copy of parameter `{}`",
+                    s.name
+                ))),
+            })
+            .collect::<Result<_, TrainError>>()?;
+        Ok(Params {
+            specs: self.specs.to_vec(),
+            data,
+        })
+    }
+}
+
+/// Optimizer state of every parameter, grouped per stage on that stage's device.
 pub struct Optimizer {
     groups: Vec<Group>,
+    combine: Combine,
 }
 
 /// Whether a parameter is updated by AdamW (the route biases are not).
@@ -62,8 +127,33 @@ pub fn is_adamw(kind: ParamKind) -> bool {
     kind != ParamKind::RouteBias
 }
 
+fn adam_state(dev: &Device, n: usize) -> Result<Adam, TrainError> {
+    let m = dev.alloc::<bf16>(n)?;
+    let v = dev.alloc::<bf16>(n)?;
+    m.fill(bf16::ZERO)?;
+    v.fill(bf16::ZERO)?;
+    Ok(Adam {
+        g: dev.alloc::<f32>(n)?,
+        m,
+        v,
+    })
+}
+
+/// `dst` (on `st`'s device) = `src` (on any device of the same backend).
+fn device_copy<T: runtime::Pod>(
+    st: &Stream,
+    src: &Buffer<T>,
+    dst: &Buffer<T>,
+) -> Result<(), TrainError> {
+    if !src.device().same(st.device()) {
+        src.peer_ptr(st.device())?;
+    }
+    st.copy_bytes(src, dst)?;
+    Ok(())
+}
+
 impl Optimizer {
-    /// Uploads `params` (the AdamW ones among `owners[s]`) to `devices[s]`, moments zero.
+    /// Uploads `params` (those among `owners[s]`) to `devices[s]`, moments zero.
     pub fn new(
         params: &Params,
         owners: &[Vec<usize>],
@@ -71,54 +161,67 @@ impl Optimizer {
     ) -> Result<Optimizer, TrainError> {
         let mut groups = Vec::with_capacity(owners.len());
         for (own, dev) in owners.iter().zip(devices) {
-            let stream = dev.stream(0);
             let mut slots = Vec::new();
-            for &i in own.iter().filter(|&&i| is_adamw(params.specs[i].kind)) {
-                let n = params.data[i].len();
-                let m = dev.alloc::<bf16>(n)?;
-                let v = dev.alloc::<bf16>(n)?;
-                m.fill(bf16::ZERO)?;
-                v.fill(bf16::ZERO)?;
+            for &i in own {
+                let spec = &params.specs[i];
+                let adam = match is_adamw(spec.kind) {
+                    true => Some(adam_state(dev, params.data[i].len())?),
+                    false => None,
+                };
                 slots.push(Slot {
                     index: i,
-                    decays: params.specs[i].decays(),
+                    decays: spec.decays(),
                     p: dev.upload(&params.data[i])?,
-                    g: dev.alloc::<f32>(n)?,
-                    m,
-                    v,
+                    adam,
                 });
             }
-            let lens: Vec<usize> = slots.iter().map(|s| s.p.len()).collect();
+            let lens: Vec<usize> = slots
+                .iter()
+                .filter(|s| s.adam.is_some())
+                .map(|s| s.p.len())
+                .collect();
             groups.push(Group {
                 work: dev.alloc::<f32>(grad_norm_workspace(&lens))?,
                 norm: dev.alloc::<f32>(1)?,
-                stream,
+                stream: dev.stream(0),
                 slots,
             });
         }
-        Ok(Optimizer { groups })
+        let first = devices
+            .first()
+            .ok_or_else(|| TrainError::Shape("an optimizer without stages".into()))?;
+        let combine = Combine {
+            stream: first.stream(0),
+            landing: (0..groups.len())
+                .map(|_| first.alloc::<f32>(1))
+                .collect::<Result<_, _>>()?,
+            acc: first.alloc::<f64>(1)?,
+            out: first.alloc::<f32>(1)?,
+        };
+        Ok(Optimizer { groups, combine })
     }
 
     /// One clipped AdamW step with `grads[i]` the gradient of parameter `i` (every AdamW
     /// parameter present); returns the global gradient norm (before clipping).
     pub fn step(&mut self, grads: &[Option<Vec<f32>>], h: &StepHyper) -> Result<f32, TrainError> {
-        let mut sumsq = 0.0f64;
         for g in &mut self.groups {
-            for s in &g.slots {
+            for (s, a) in g.slots.iter().filter_map(|s| Some((s, s.adam.as_ref()?))) {
                 let data = grads[s.index].as_deref().ok_or_else(|| {
                     TrainError::Shape(format!("no gradient for parameter {}", s.index))
                 })?;
-                g.stream.copy_to_device(&s.g, data)?;
+                g.stream.copy_to_device(&a.g, data)?;
             }
-            let refs: Vec<&Buffer<f32>> = g.slots.iter().map(|s| &s.g).collect();
+            let refs: Vec<&Buffer<f32>> = g
+                .slots
+                .iter()
+                .filter_map(|s| s.adam.as_ref().map(|a| &a.g))
+                .collect();
             grad_norm(&g.stream, &refs, &mut g.work, &mut g.norm)?;
-            let n = g.stream.read(&g.norm)?[0] as f64;
-            sumsq += n * n;
         }
-        let norm = sumsq.sqrt() as f32;
+        self.combine_norms()?;
         for g in &mut self.groups {
-            g.stream.copy_to_device(&g.norm, &[norm])?;
             for s in &mut g.slots {
+                let Some(a) = s.adam.as_mut() else { continue };
                 let cfg = AdamWConfig {
                     lr: h.lr,
                     beta1: h.beta1,
@@ -130,18 +233,88 @@ impl Optimizer {
                 };
                 let st = ParamState {
                     p: &mut s.p,
-                    g: &s.g,
-                    m: &mut s.m,
-                    v: &mut s.v,
+                    g: &a.g,
+                    m: &mut a.m,
+                    v: &mut a.v,
                 };
                 adamw_step(&g.stream, &cfg, st, Some(&g.norm))?;
             }
             g.stream.synchronize()?;
         }
-        Ok(norm)
+        // the report's scalar
+        Ok(self.combine.stream.read(&self.combine.out)?[0])
     }
 
-    /// Reads the master weights back into `params`.
+    /// The groups' norms (their streams' `grad_norm` results) combined on the first group's
+    /// device in stage order; the global norm copied back into every group's norm buffer.
+    fn combine_norms(&mut self) -> Result<(), TrainError> {
+        let c = &mut self.combine;
+        for (g, land) in self.groups.iter().zip(&c.landing) {
+            g.stream.synchronize()?;
+            device_copy(&c.stream, &g.norm, land)?;
+        }
+        let refs: Vec<&Buffer<f32>> = c.landing.iter().collect();
+        grad_norm_combine(&c.stream, &refs, &mut c.acc, &mut c.out)?;
+        for g in &self.groups {
+            // the copy runs on the combining device: it must reach the group's memory
+            if !g.norm.device().same(c.stream.device()) {
+                g.norm.peer_ptr(c.stream.device())?;
+            }
+            c.stream.copy_bytes(&c.out, &g.norm)?;
+        }
+        c.stream.synchronize()?;
+        Ok(())
+    }
+
+    /// Applies the aux-loss-free rule to route-bias parameter `index` on its device:
+    /// `bias += speed * sign(mean(load) - load)` (`load`: tokens per expert in the step).
+    pub fn update_bias(
+        &mut self,
+        index: usize,
+        load: &[u64],
+        speed: f32,
+    ) -> Result<(), TrainError> {
+        let (g, s) = self
+            .groups
+            .iter_mut()
+            .find_map(|g| {
+                let k = g
+                    .slots
+                    .iter()
+                    .position(|s| s.index == index && s.adam.is_none())?;
+                Some((&g.stream, &mut g.slots[k]))
+            })
+            .ok_or_else(|| TrainError::Shape(format!("parameter {index} is not a route bias")))?;
+        if load.len() != s.p.len() {
+            return Err(TrainError::Shape(format!(
+                "route bias {index}: {} expert loads for {} experts",
+                load.len(),
+                s.p.len()
+            )));
+        }
+        let l32 = load
+            .iter()
+            .map(|&l| u32::try_from(l))
+            .collect::<Result<Vec<u32>, _>>()
+            .map_err(|_| TrainError::Shape(format!("route bias {index}: a load above 2^32")))?;
+        let lb = g.device().upload(&l32)?;
+        moe_bias_update(g, &mut s.p, &lb, speed)?;
+        g.synchronize()?;
+        Ok(())
+    }
+
+    /// Every parameter's master weights where they live (see [`DeviceParams`]).
+    pub fn device_params<'a>(&'a self, specs: &'a [ParamSpec]) -> DeviceParams<'a> {
+        let mut bufs = vec![None; specs.len()];
+        for s in self.groups.iter().flat_map(|g| &g.slots) {
+            if let Some(b) = bufs.get_mut(s.index) {
+                *b = Some(&s.p);
+            }
+        }
+        DeviceParams { specs, bufs }
+    }
+
+    /// Reads the master weights (and route biases) back into `params`.
     pub fn download(&self, params: &mut Params) -> Result<(), TrainError> {
         for g in &self.groups {
             for s in &g.slots {
@@ -155,18 +328,19 @@ impl Optimizer {
     pub fn moments(&self) -> Result<Vec<Moments>, TrainError> {
         let mut out = Vec::new();
         for g in &self.groups {
-            for s in &g.slots {
+            for (s, a) in g.slots.iter().filter_map(|s| Some((s, s.adam.as_ref()?))) {
                 out.push(Moments {
                     index: s.index,
-                    m: g.stream.read(&s.m)?,
-                    v: g.stream.read(&s.v)?,
+                    m: g.stream.read(&a.m)?,
+                    v: g.stream.read(&a.v)?,
                 });
             }
         }
         Ok(out)
     }
 
-    /// Restores master weights and moments (resume). `moments(i)` gives parameter `i`'s (m, v).
+    /// Restores master weights, route biases and moments (resume). `moments(i)` gives AdamW
+    /// parameter `i`'s (m, v).
     pub fn restore(
         &mut self,
         params: &Params,
@@ -174,30 +348,14 @@ impl Optimizer {
     ) -> Result<(), TrainError> {
         for g in &mut self.groups {
             for s in &mut g.slots {
-                let (m, v) = moments(s.index)?;
                 s.p.copy_from_host(&params.data[s.index])?;
-                s.m.copy_from_host(&m)?;
-                s.v.copy_from_host(&v)?;
+                if let Some(a) = &mut s.adam {
+                    let (m, v) = moments(s.index)?;
+                    a.m.copy_from_host(&m)?;
+                    a.v.copy_from_host(&v)?;
+                }
             }
         }
         Ok(())
-    }
-}
-
-/// The aux-loss-free bias update of one MoE layer: `bias_e += speed * sign(mean - load_e)`
-/// (f32; `sign(0) = 0`), `mean` the average load over the layer's experts.
-pub fn update_bias(bias: &mut [f32], load: &[u64], speed: f32) {
-    let total: u64 = load.iter().sum();
-    let mean = total as f64 / load.len().max(1) as f64;
-    for (b, &l) in bias.iter_mut().zip(load) {
-        let d = mean - l as f64;
-        let sign = if d > 0.0 {
-            1.0
-        } else if d < 0.0 {
-            -1.0
-        } else {
-            0.0
-        };
-        *b += speed * sign;
     }
 }

@@ -6,6 +6,7 @@
 use super::Trainer;
 use crate::checkpoint::{self, Checkpoint, CheckpointError, Mismatch, Tensor, TensorData};
 use crate::data::SamplerState;
+use crate::params::Params;
 use crate::TrainError;
 use half::bf16;
 use serde_json::{json, Value};
@@ -34,7 +35,8 @@ impl Trainer {
     pub fn save(&self, path: &Path) -> Result<(), TrainError> {
         let mut ck = Checkpoint::new(&self.cfg, self.step);
         ck.rng = self.sampler.to_words().to_vec();
-        for (spec, data) in self.params.specs.iter().zip(&self.params.data) {
+        let params = self.params()?;
+        for (spec, data) in params.specs.iter().zip(&params.data) {
             let t = Tensor {
                 shape: spec.shape.clone(),
                 data: TensorData::F32(data.clone()),
@@ -42,7 +44,7 @@ impl Trainer {
             ck.params.insert(spec.name.clone(), t);
         }
         for mo in self.opt.moments()? {
-            let spec = &self.params.specs[mo.index];
+            let spec = &self.specs[mo.index];
             for (suffix, d) in [("adam_m", mo.m), ("adam_v", mo.v)] {
                 let t = Tensor {
                     shape: spec.shape.clone(),
@@ -79,10 +81,15 @@ impl Trainer {
         let words: [u64; 3] = ck.rng.as_slice().try_into().map_err(|_| {
             tensor_err("rng", format!("{} sampler words, expected 3", ck.rng.len()))
         })?;
-        let mut params = self.params.clone();
-        for (spec, data) in params.specs.iter().zip(params.data.iter_mut()) {
-            *data = f32_tensor(&ck, &spec.name, spec.len())?;
-        }
+        let data = self
+            .specs
+            .iter()
+            .map(|spec| f32_tensor(&ck, &spec.name, spec.len()))
+            .collect::<Result<_, _>>()?;
+        let params = Params {
+            specs: self.specs.clone(),
+            data,
+        };
         let moments = |i: usize| {
             let name = &params.specs[i].name;
             let n = params.specs[i].len();
@@ -95,7 +102,7 @@ impl Trainer {
         for s in &mut self.stages {
             s.load_params(&params)?;
         }
-        self.params = params;
+        self.host = std::cell::OnceCell::from(params);
         self.step = ck.step;
         self.sampler = SamplerState::from_words(words);
         self.train_curve = curve_from(ck.meta.get("train_loss"));
