@@ -24,6 +24,7 @@ mod float;
 mod int;
 mod ldst;
 mod tensor;
+mod tex;
 mod video;
 mod warp;
 pub use call::{LaneStack, STACK_BASE};
@@ -1035,6 +1036,7 @@ impl Cta {
             Op::Trap => self.exec_control(ctx, wi, inst, m),
             Op::Sleep { .. } => self.exec_control(ctx, wi, inst, m),
             Op::Nop => self.exec_control(ctx, wi, inst, m),
+            Op::Texture(_) => self.exec_tex(ctx, wi, inst, m),
             Op::Call(site) => self.exec_call(ctx, wi, site, m),
             Op::Ret => Ok(self.exec_ret(ctx, wi, m)),
             Op::CallRet(copies) => {

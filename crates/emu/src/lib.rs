@@ -28,6 +28,7 @@ pub mod mma;
 pub mod program;
 pub mod sanitize;
 pub mod tc_numerics;
+pub mod texture;
 mod tc_simd;
 
 pub use error::{EmuError, FaultKind, FaultSite};

@@ -26,11 +26,13 @@ mod float;
 mod int;
 mod ldst;
 mod tensor;
+mod tex;
 mod video;
 mod warp;
 pub use call::{CallSite, ParamCopy, Place};
 pub use carry::{CarryKind, CarryOp};
 pub use family::{family, Family};
+pub use tex::{Oob, TexAttr, TexKind, TexOp, TexRet};
 use family::{misrouted, operand};
 
 /// Slot 0 always holds zero in every lane.
@@ -336,6 +338,8 @@ pub enum Op {
         t: u32,
     },
     Nop,
+    /// A texture or surface instruction (`program/tex.rs`, `exec/tex.rs`).
+    Texture(Box<TexOp>),
     Mma {
         spec: Box<MmaSpec>,
         d: Vec<u32>,
@@ -502,7 +506,7 @@ impl Op {
                 | Op::ClusterArrive
                 | Op::Exit
                 | Op::Vprintf { .. }
-        )
+        ) || matches!(self, Op::Texture(t) if t.writes())
     }
 }
 

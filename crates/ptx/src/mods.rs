@@ -55,6 +55,13 @@ enum_str! {
         Proxy => "proxy", Async => "async", Alias => "alias",
         TensormapGeneric => "tensormap::generic", MbarrierInit => "mbarrier_init",
         Tensormap => "tensormap", LaunchDependents => "launch_dependents",
+        // textures and surfaces: `.b` addressing, out-of-range modes, gather components,
+        // query attributes, handle kinds (`.r` and `.clamp` are above)
+        B => "b", Trap => "trap", Zero => "zero", G => "g", A => "a", Width => "width",
+        Height => "height", Depth => "depth", NormalizedCoords => "normalized_coords",
+        FilterMode => "filter_mode", AddrMode0 => "addr_mode_0", AddrMode1 => "addr_mode_1",
+        AddrMode2 => "addr_mode_2", Texref => "texref", Samplerref => "samplerref",
+        Surfref => "surfref",
     }
 }
 
