@@ -246,3 +246,168 @@ fn suld_sust_every_form() {
         surface_case(&mut rng, f, 2, [5, 4, 1]);
     }
 }
+
+/// `sured.b` with every operation: thread `t` reduces into texel `t % (w + 1)` (the last is out
+/// of range: dropped by `.zero`, clamped onto the last texel by `.clamp`).
+#[test]
+fn sured_ops() {
+    let mut rng = StdRng::seed_from_u64(0x5eed_0002);
+    let cases = [
+        ("add", "u32", "zero"),
+        ("min", "u32", "clamp"),
+        ("max", "u32", "zero"),
+        ("min", "s32", "clamp"),
+        ("max", "s32", "zero"),
+        ("and", "b32", "clamp"),
+        ("or", "b32", "zero"),
+        ("add", "u64", "clamp"),
+        ("min", "u64", "zero"),
+        ("max", "u64", "clamp"),
+    ];
+    const N: usize = 256;
+    for (op, ty, oob) in cases {
+        let wide = ty == "u64";
+        let es = if wide { 8 } else { 4 };
+        let w = rng.gen_range(3..9u32);
+        let mem = GlobalMemory::new();
+        let init: Vec<u64> = (0..w).map(|_| rng.gen::<u64>() >> if wide { 0 } else { 32 }).collect();
+        let vals: Vec<u64> = (0..N).map(|_| rng.gen::<u64>() >> if wide { 0 } else { 32 }).collect();
+        let enc = |v: &[u64]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()[..es].to_vec()).collect() };
+        let surf = buffer(&mem, &enc(&init));
+        let vbuf = buffer(&mem, &enc(&vals));
+        let d = TexDesc::surface(surf.base, TexFormat::U32, es as u32 / 4, &[w]).unwrap();
+        let h = d.upload(&mem, 0).unwrap();
+        let (r, ld) = if wide { ("%rd6", "u64") } else { ("%r6", "u32") };
+        let text = format!(
+            "{HEAD}.visible .entry k(.param .u64 ps, .param .u64 pv)\n{{\n    .reg .pred %p<4>;\n\
+             \x20   .reg .b32 %r<16>;\n    .reg .b64 %rd<16>;\n    ld.param.u64 %rd1, [ps];\n\
+             \x20   ld.param.u64 %rd2, [pv];\n    mov.u32 %r0, %tid.x;\n    mov.u32 %r9, %ctaid.x;\n\
+             \x20   mad.lo.u32 %r0, %r9, 128, %r0;\n    mul.wide.u32 %rd3, %r0, {es};\n\
+             \x20   add.s64 %rd2, %rd2, %rd3;\n    ld.global.{ld} {r}, [%rd2];\n\
+             \x20   rem.u32 %r1, %r0, {w1};\n    mul.lo.u32 %r1, %r1, {es};\n\
+             \x20   sured.b.{op}.1d.{ty}.{oob} [%rd1, {{%r1}}], {r};\n    ret;\n}}\n",
+            w1 = w + 1
+        );
+        let m = load(&mem, &text);
+        run(&m, &mem, N, &[h.base, vbuf.base]).unwrap();
+        let mut want = init.clone();
+        for (t, &v) in vals.iter().enumerate() {
+            let mut x = t % (w as usize + 1);
+            if x == w as usize {
+                if oob == "zero" {
+                    continue;
+                }
+                x = w as usize - 1;
+            }
+            let o = want[x];
+            want[x] = match (op, ty) {
+                ("add", "u64") => o.wrapping_add(v),
+                ("add", _) => (o as u32).wrapping_add(v as u32) as u64,
+                ("min", "s32") => (o as i32).min(v as i32) as u32 as u64,
+                ("max", "s32") => (o as i32).max(v as i32) as u32 as u64,
+                ("min", _) => o.min(v),
+                ("max", _) => o.max(v),
+                ("and", _) => o & v,
+                _ => o | v,
+            };
+        }
+        assert_eq!(read(&surf, w as usize * es), enc(&want), "sured.b.{op}.{ty}.{oob}");
+    }
+}
+
+/// `suq`, `txq` and `istypep` report what the descriptors say.
+#[test]
+fn queries_and_istypep() {
+    let mem = GlobalMemory::new();
+    let back = buffer(&mem, &[1u8; 4096]);
+    let s = TexDesc::surface(back.base, TexFormat::F16, 2, &[5, 6, 7]).unwrap();
+    let samp = Sampler {
+        addr_mode: [AddrMode::Wrap, AddrMode::Mirror, AddrMode::Border],
+        filter: Filter::Linear,
+        normalized: true,
+    };
+    let t1 = TexDesc::texture(back.base, TexFormat::U8, 4, &[9, 4], samp).unwrap();
+    let samp2 = Sampler {
+        addr_mode: [AddrMode::Clamp; 3],
+        filter: Filter::Point,
+        normalized: false,
+    };
+    let t2 = TexDesc::texture(back.base, TexFormat::F32, 1, &[11], samp2).unwrap();
+    let (hs, h1, h2) = (
+        s.upload(&mem, 0).unwrap(),
+        t1.upload(&mem, 0).unwrap(),
+        t2.upload(&mem, 0).unwrap(),
+    );
+    let qs = [
+        "suq.width.b32 %r10, [%rd1];",
+        "suq.height.b32 %r10, [%rd1];",
+        "suq.depth.b32 %r10, [%rd1];",
+        "txq.width.b32 %r10, [%rd2];",
+        "txq.height.b32 %r10, [%rd2];",
+        "txq.normalized_coords.b32 %r10, [%rd2];",
+        "txq.filter_mode.b32 %r10, [%rd2];",
+        "txq.addr_mode_0.b32 %r10, [%rd2];",
+        "txq.addr_mode_1.b32 %r10, [%rd2];",
+        "txq.addr_mode_2.b32 %r10, [%rd2];",
+        "txq.width.b32 %r10, [%rd3];",
+        "txq.normalized_coords.b32 %r10, [%rd3];",
+        "txq.filter_mode.b32 %r10, [%rd3];",
+        "txq.addr_mode_0.b32 %r10, [%rd3];",
+        "istypep.texref %p1, %rd2; selp.u32 %r10, 1, 0, %p1;",
+        "istypep.texref %p1, %rd1; selp.u32 %r10, 1, 0, %p1;",
+        "istypep.surfref %p1, %rd1; selp.u32 %r10, 1, 0, %p1;",
+        "istypep.surfref %p1, %rd3; selp.u32 %r10, 1, 0, %p1;",
+        "istypep.samplerref %p1, %rd2; selp.u32 %r10, 1, 0, %p1;",
+        "istypep.texref %p1, %rd5; selp.u32 %r10, 1, 0, %p1;",
+    ];
+    let want = [5, 6, 7, 9, 4, 1, 1, 0, 1, 4, 11, 0, 0, 3, 1, 0, 1, 0, 0, 0];
+    let body: String = qs
+        .iter()
+        .enumerate()
+        .map(|(j, q)| format!("    {q}\n    st.global.u32 [%rd4+{}], %r10;\n", 4 * j))
+        .collect();
+    let text = format!(
+        "{HEAD}.visible .entry k(.param .u64 ps, .param .u64 pt, .param .u64 pu, .param .u64 po, .param .u64 pg)\n{{\n\
+         \x20   .reg .pred %p<4>;\n    .reg .b32 %r<16>;\n    .reg .b64 %rd<16>;\n\
+         \x20   ld.param.u64 %rd1, [ps];\n    ld.param.u64 %rd2, [pt];\n    ld.param.u64 %rd3, [pu];\n\
+         \x20   ld.param.u64 %rd4, [po];\n    ld.param.u64 %rd5, [pg];\n{body}    ret;\n}}\n"
+    );
+    let m = load(&mem, &text);
+    let out = poisoned(&mem, 4 * qs.len());
+    run(&m, &mem, 1, &[hs.base, h1.base, h2.base, out.base, back.base]).unwrap();
+    let got: Vec<u32> = read(&out, 4 * qs.len())
+        .chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    for (j, q) in qs.iter().enumerate() {
+        assert_eq!(got[j], want[j], "{q}");
+    }
+}
+
+/// Faults: `.trap` out of range, a texture fetch through a surface handle, a handle that does
+/// not point at a descriptor, a null handle.
+#[test]
+fn faults_are_clear() {
+    let mem = GlobalMemory::new();
+    let back = buffer(&mem, &[3u8; 256]);
+    let s = TexDesc::surface(back.base, TexFormat::U32, 1, &[4, 4]).unwrap();
+    let hs = s.upload(&mem, 0).unwrap();
+    let cases = [
+        ("suld.b.2d.b32.trap {%r10}, [%rd1, {%r1, %r2}];", hs.base, 16u32, "out of range"),
+        ("sust.b.2d.b32.trap [%rd1, {%r1, %r2}], {%r1};", hs.base, 16, "out of range"),
+        ("tex.2d.v4.f32.f32 {%r10, %r11, %r12, %r13}, [%rd1, {%r1, %r2}];", hs.base, 0, "needs a Texture"),
+        ("suld.b.2d.b32.trap {%r10}, [%rd1, {%r1, %r2}];", back.base, 0, "not a ptxforge"),
+        ("suq.width.b32 %r10, [%rd1];", 0, 0, "does not point at a descriptor"),
+    ];
+    for (ins, h, x, msg) in cases {
+        let text = format!(
+            "{HEAD}.visible .entry k(.param .u64 ps, .param .u64 po)\n{{\n    .reg .b32 %r<16>;\n\
+             \x20   .reg .b64 %rd<16>;\n    ld.param.u64 %rd1, [ps];\n    ld.param.u64 %rd2, [po];\n\
+             \x20   mov.u32 %r1, {x};\n    mov.u32 %r2, 0;\n    {ins}\n    st.global.u32 [%rd2], %r10;\n    ret;\n}}\n"
+        );
+        let m = load(&mem, &text);
+        let out = poisoned(&mem, 4);
+        let e = run(&m, &mem, 1, &[h, out.base]).expect_err(ins);
+        assert!(e.contains(msg), "`{ins}`: {e}");
+    }
+}

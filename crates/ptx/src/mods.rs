@@ -56,12 +56,11 @@ enum_str! {
         TensormapGeneric => "tensormap::generic", MbarrierInit => "mbarrier_init",
         Tensormap => "tensormap", LaunchDependents => "launch_dependents",
         // textures and surfaces: `.b` addressing, out-of-range modes, gather components,
-        // query attributes, handle kinds (`.r` and `.clamp` are above)
+        // query attributes (`.r` and `.clamp` are above)
         B => "b", Trap => "trap", Zero => "zero", G => "g", A => "a", Width => "width",
         Height => "height", Depth => "depth", NormalizedCoords => "normalized_coords",
         FilterMode => "filter_mode", AddrMode0 => "addr_mode_0", AddrMode1 => "addr_mode_1",
-        AddrMode2 => "addr_mode_2", Texref => "texref", Samplerref => "samplerref",
-        Surfref => "surfref",
+        AddrMode2 => "addr_mode_2",
     }
 }
 

@@ -105,14 +105,15 @@ impl Decoder<'_> {
             O::Tex | O::Tld4 => self.decode_fetch(ins)?,
             O::Istypep => {
                 use crate::texture::ObjKind;
-                let kind = if ins.has(Flag::Texref) {
-                    Some(ObjKind::Texture)
-                } else if ins.has(Flag::Surfref) {
-                    Some(ObjKind::Surface)
-                } else if ins.has(Flag::Samplerref) {
-                    None
-                } else {
-                    return Err(self.err(ins, "istypep needs .texref, .samplerref or .surfref"));
+                let kind = match ins.ty() {
+                    Some(Ty::Texref) => Some(ObjKind::Texture),
+                    Some(Ty::Surfref) => Some(ObjKind::Surface),
+                    Some(Ty::Samplerref) => None,
+                    _ => {
+                        return Err(
+                            self.err(ins, "istypep needs .texref, .samplerref or .surfref")
+                        )
+                    }
                 };
                 let d = self.dst(ins, arg(0)?)?;
                 let handle = self.src(ins, arg(1)?)?;
