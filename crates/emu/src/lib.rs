@@ -28,8 +28,8 @@ pub mod mma;
 pub mod program;
 pub mod sanitize;
 pub mod tc_numerics;
-pub mod texture;
 mod tc_simd;
+pub mod texture;
 
 pub use error::{EmuError, FaultKind, FaultSite};
 pub use launch::{launch, LaunchConfig, LaunchOptions, LaunchStats, DEFAULT_STACK_BYTES};

@@ -32,8 +32,8 @@ mod warp;
 pub use call::{CallSite, ParamCopy, Place};
 pub use carry::{CarryKind, CarryOp};
 pub use family::{family, Family};
-pub use tex::{Oob, TexAttr, TexKind, TexOp, TexRet};
 use family::{misrouted, operand};
+pub use tex::{Oob, TexAttr, TexKind, TexOp, TexRet};
 
 /// Slot 0 always holds zero in every lane.
 pub const ZERO: u32 = 0;

@@ -244,7 +244,10 @@ impl TexDesc {
             return Err(bad("base", "null address"));
         }
         if ![1, 2, 4].contains(&self.channels) {
-            return Err(bad("channels", format!("{} (must be 1, 2 or 4)", self.channels)));
+            return Err(bad(
+                "channels",
+                format!("{} (must be 1, 2 or 4)", self.channels),
+            ));
         }
         if !(1..=3).contains(&self.dims) {
             return Err(bad("dims", format!("{} (must be 1..3)", self.dims)));
@@ -265,7 +268,10 @@ impl TexDesc {
             && self.filter == Filter::Linear
             && !self.format.reads_as_float()
         {
-            return Err(bad("filter", "linear filtering needs a float-readable format"));
+            return Err(bad(
+                "filter",
+                "linear filtering needs a float-readable format",
+            ));
         }
         Ok(())
     }

@@ -87,7 +87,7 @@ fn grid_prologue(n: usize, ext: [u32; 3], dims: usize, xscale: usize) -> String 
     )
 }
 
-fn coords(dims: usize) -> &'static str {
+fn coord_list(dims: usize) -> &'static str {
     ["{%r1}", "{%r1, %r2}", "{%r1, %r2, %r3, %r3}"][dims - 1]
 }
 
@@ -123,7 +123,7 @@ fn surface_kernel(f: &SurfForm, dims: usize, ext: [u32; 3], n: usize) -> String 
         format!("{{{}}}", r.join(", "))
     };
     let g = format!("{dims}d");
-    let c = coords(dims);
+    let c = coord_list(dims);
     let mut s = format!(
         "{HEAD}.visible .entry k(.param .u64 ps, .param .u64 pd, .param .u64 po, .param .u64 pc)\n{{\n\
          \x20   .reg .pred %p<4>;\n    .reg .b16 %h<24>;\n    .reg .b32 %r<24>;\n    .reg .b64 %rd<24>;\n\
@@ -197,7 +197,8 @@ fn surface_case(rng: &mut StdRng, f: &SurfForm, dims: usize, ext: [u32; 3]) {
         read(&outc, n * tb),
         read(&dst, texels * tb),
     );
-    let lin = |c: [i64; 3]| (c[0] + c[1] * ext[0] as i64 + c[2] * (ext[0] * ext[1]) as i64) as usize;
+    let lin =
+        |c: [i64; 3]| (c[0] + c[1] * ext[0] as i64 + c[2] * (ext[0] * ext[1]) as i64) as usize;
     let (_, es) = reg_of(f.ty);
     let mut want_dst = src_bytes.clone();
     for t in 0..n {
@@ -206,8 +207,18 @@ fn surface_case(rng: &mut StdRng, f: &SurfForm, dims: usize, ext: [u32; 3]) {
         let cl: [i64; 3] = std::array::from_fn(|k| c[k].clamp(0, ext[k] as i64 - 1));
         let texel = |p: [i64; 3]| &src_bytes[lin(p) * tb..lin(p) * tb + tb];
         let want: Vec<u8> = if inr { texel(c).to_vec() } else { vec![0; tb] };
-        assert_eq!(&got[t * tb..t * tb + tb], &want[..], "{} .zero load t={t} {c:?}\n{text}", f.ty);
-        assert_eq!(&gotc[t * tb..t * tb + tb], texel(cl), "{} .clamp load t={t} {c:?}", f.ty);
+        assert_eq!(
+            &got[t * tb..t * tb + tb],
+            &want[..],
+            "{} .zero load t={t} {c:?}\n{text}",
+            f.ty
+        );
+        assert_eq!(
+            &gotc[t * tb..t * tb + tb],
+            texel(cl),
+            "{} .clamp load t={t} {c:?}",
+            f.ty
+        );
         if inr {
             // each element plus one, little-endian, wrapping at the element size
             let d = &mut want_dst[lin(c) * tb..lin(c) * tb + tb];
@@ -229,14 +240,54 @@ fn surface_case(rng: &mut StdRng, f: &SurfForm, dims: usize, ext: [u32; 3]) {
 fn suld_sust_every_form() {
     let mut rng = StdRng::seed_from_u64(0x5eed_0001);
     let forms = [
-        SurfForm { ty: "b8", vec: 1, format: TexFormat::U8, channels: 1 },
-        SurfForm { ty: "b8", vec: 4, format: TexFormat::U8, channels: 4 },
-        SurfForm { ty: "b16", vec: 2, format: TexFormat::F16, channels: 2 },
-        SurfForm { ty: "b16", vec: 1, format: TexFormat::U16, channels: 1 },
-        SurfForm { ty: "b32", vec: 1, format: TexFormat::F32, channels: 1 },
-        SurfForm { ty: "b32", vec: 4, format: TexFormat::U32, channels: 4 },
-        SurfForm { ty: "b64", vec: 1, format: TexFormat::U32, channels: 2 },
-        SurfForm { ty: "b64", vec: 2, format: TexFormat::U32, channels: 4 },
+        SurfForm {
+            ty: "b8",
+            vec: 1,
+            format: TexFormat::U8,
+            channels: 1,
+        },
+        SurfForm {
+            ty: "b8",
+            vec: 4,
+            format: TexFormat::U8,
+            channels: 4,
+        },
+        SurfForm {
+            ty: "b16",
+            vec: 2,
+            format: TexFormat::F16,
+            channels: 2,
+        },
+        SurfForm {
+            ty: "b16",
+            vec: 1,
+            format: TexFormat::U16,
+            channels: 1,
+        },
+        SurfForm {
+            ty: "b32",
+            vec: 1,
+            format: TexFormat::F32,
+            channels: 1,
+        },
+        SurfForm {
+            ty: "b32",
+            vec: 4,
+            format: TexFormat::U32,
+            channels: 4,
+        },
+        SurfForm {
+            ty: "b64",
+            vec: 1,
+            format: TexFormat::U32,
+            channels: 2,
+        },
+        SurfForm {
+            ty: "b64",
+            vec: 2,
+            format: TexFormat::U32,
+            channels: 4,
+        },
     ];
     for (i, f) in forms.iter().enumerate() {
         let dims = 1 + i % 3;
@@ -270,14 +321,26 @@ fn sured_ops() {
         let es = if wide { 8 } else { 4 };
         let w = rng.gen_range(3..9u32);
         let mem = GlobalMemory::new();
-        let init: Vec<u64> = (0..w).map(|_| rng.gen::<u64>() >> if wide { 0 } else { 32 }).collect();
-        let vals: Vec<u64> = (0..N).map(|_| rng.gen::<u64>() >> if wide { 0 } else { 32 }).collect();
-        let enc = |v: &[u64]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()[..es].to_vec()).collect() };
+        let init: Vec<u64> = (0..w)
+            .map(|_| rng.gen::<u64>() >> if wide { 0 } else { 32 })
+            .collect();
+        let vals: Vec<u64> = (0..N)
+            .map(|_| rng.gen::<u64>() >> if wide { 0 } else { 32 })
+            .collect();
+        let enc = |v: &[u64]| -> Vec<u8> {
+            v.iter()
+                .flat_map(|x| x.to_le_bytes()[..es].to_vec())
+                .collect()
+        };
         let surf = buffer(&mem, &enc(&init));
         let vbuf = buffer(&mem, &enc(&vals));
         let d = TexDesc::surface(surf.base, TexFormat::U32, es as u32 / 4, &[w]).unwrap();
         let h = d.upload(&mem, 0).unwrap();
-        let (r, ld) = if wide { ("%rd6", "u64") } else { ("%r6", "u32") };
+        let (r, ld) = if wide {
+            ("%rd6", "u64")
+        } else {
+            ("%r6", "u32")
+        };
         let text = format!(
             "{HEAD}.visible .entry k(.param .u64 ps, .param .u64 pv)\n{{\n    .reg .pred %p<4>;\n\
              \x20   .reg .b32 %r<16>;\n    .reg .b64 %rd<16>;\n    ld.param.u64 %rd1, [ps];\n\
@@ -311,7 +374,11 @@ fn sured_ops() {
                 _ => o | v,
             };
         }
-        assert_eq!(read(&surf, w as usize * es), enc(&want), "sured.b.{op}.{ty}.{oob}");
+        assert_eq!(
+            read(&surf, w as usize * es),
+            enc(&want),
+            "sured.b.{op}.{ty}.{oob}"
+        );
     }
 }
 
@@ -374,7 +441,13 @@ fn queries_and_istypep() {
     );
     let m = load(&mem, &text);
     let out = poisoned(&mem, 4 * qs.len());
-    run(&m, &mem, 1, &[hs.base, h1.base, h2.base, out.base, back.base]).unwrap();
+    run(
+        &m,
+        &mem,
+        1,
+        &[hs.base, h1.base, h2.base, out.base, back.base],
+    )
+    .unwrap();
     let got: Vec<u32> = read(&out, 4 * qs.len())
         .chunks(4)
         .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
@@ -393,11 +466,36 @@ fn faults_are_clear() {
     let s = TexDesc::surface(back.base, TexFormat::U32, 1, &[4, 4]).unwrap();
     let hs = s.upload(&mem, 0).unwrap();
     let cases = [
-        ("suld.b.2d.b32.trap {%r10}, [%rd1, {%r1, %r2}];", hs.base, 16u32, "out of range"),
-        ("sust.b.2d.b32.trap [%rd1, {%r1, %r2}], {%r1};", hs.base, 16, "out of range"),
-        ("tex.2d.v4.f32.f32 {%r10, %r11, %r12, %r13}, [%rd1, {%r1, %r2}];", hs.base, 0, "needs a Texture"),
-        ("suld.b.2d.b32.trap {%r10}, [%rd1, {%r1, %r2}];", back.base, 0, "not a ptxforge"),
-        ("suq.width.b32 %r10, [%rd1];", 0, 0, "does not point at a descriptor"),
+        (
+            "suld.b.2d.b32.trap {%r10}, [%rd1, {%r1, %r2}];",
+            hs.base,
+            16u32,
+            "out of range",
+        ),
+        (
+            "sust.b.2d.b32.trap [%rd1, {%r1, %r2}], {%r1};",
+            hs.base,
+            16,
+            "out of range",
+        ),
+        (
+            "tex.2d.v4.f32.f32 {%r10, %r11, %r12, %r13}, [%rd1, {%r1, %r2}];",
+            hs.base,
+            0,
+            "needs a Texture",
+        ),
+        (
+            "suld.b.2d.b32.trap {%r10}, [%rd1, {%r1, %r2}];",
+            back.base,
+            0,
+            "not a ptxforge",
+        ),
+        (
+            "suq.width.b32 %r10, [%rd1];",
+            0,
+            0,
+            "does not point at a descriptor",
+        ),
     ];
     for (ins, h, x, msg) in cases {
         let text = format!(
@@ -409,5 +507,465 @@ fn faults_are_clear() {
         let out = poisoned(&mem, 4);
         let e = run(&m, &mem, 1, &[h, out.base]).expect_err(ins);
         assert!(e.contains(msg), "`{ins}`: {e}");
+    }
+}
+
+/// The host model of a texture, written from the CUDA Programming Guide's "Texture Fetching"
+/// appendix: texel-space coordinates, addressing, point sampling, linear filtering with 9-bit
+/// weights (x fastest), missing channels (0, 0, 0, 1), zero border.
+struct RefTex {
+    data: Vec<u8>,
+    format: TexFormat,
+    channels: usize,
+    ext: [i64; 3],
+    dims: usize,
+    s: Sampler,
+}
+
+fn f16_value(h: u16) -> f64 {
+    let e = (h >> 10 & 31) as i32;
+    let f = (h & 0x3ff) as f64;
+    let v = if e == 0 {
+        f * 2f64.powi(-24)
+    } else {
+        (1.0 + f / 1024.0) * 2f64.powi(e - 15)
+    };
+    if h >> 15 == 1 {
+        -v
+    } else {
+        v
+    }
+}
+
+impl RefTex {
+    fn channel(&self, off: usize, float: bool) -> f64 {
+        let b = &self.data[off..];
+        let raw = match self.format.bytes() {
+            1 => b[0] as u64,
+            2 => u16::from_le_bytes([b[0], b[1]]) as u64,
+            _ => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64,
+        };
+        if !float {
+            return raw as f64;
+        }
+        match self.format {
+            TexFormat::U8 => raw as f64 / 255.0,
+            TexFormat::U16 => raw as f64 / 65535.0,
+            TexFormat::F16 => f16_value(raw as u16),
+            TexFormat::F32 => f32::from_bits(raw as u32) as f64,
+            TexFormat::U32 => panic!("no float read of u32"),
+        }
+    }
+
+    fn texel(&self, idx: [i64; 3], float: bool) -> [f64; 4] {
+        let mut at = [0i64; 3];
+        for k in 0..self.dims {
+            let (i, n) = (idx[k], self.ext[k]);
+            let mut mode = self.s.addr_mode[k];
+            if !self.s.normalized && matches!(mode, AddrMode::Wrap | AddrMode::Mirror) {
+                mode = AddrMode::Clamp;
+            }
+            at[k] = match mode {
+                AddrMode::Wrap => ((i % n) + n) % n,
+                AddrMode::Mirror => {
+                    let p = ((i % (2 * n)) + 2 * n) % (2 * n);
+                    if p < n {
+                        p
+                    } else {
+                        2 * n - 1 - p
+                    }
+                }
+                AddrMode::Clamp => i.max(0).min(n - 1),
+                AddrMode::Border if i < 0 || i >= n => return [0.0; 4],
+                AddrMode::Border => i,
+            };
+        }
+        let cb = self.format.bytes() as usize;
+        let lin = (at[0] + at[1] * self.ext[0] + at[2] * self.ext[0] * self.ext[1]) as usize;
+        let mut v = [0.0, 0.0, 0.0, 1.0];
+        for (c, x) in v.iter_mut().enumerate().take(self.channels) {
+            *x = self.channel((lin * self.channels + c) * cb, float);
+        }
+        v
+    }
+
+    /// Texel-space coordinate: `.f32` scaled when normalized, `.s32` at the texel centre.
+    fn coord(&self, k: usize, raw: u32, fcoord: bool) -> f64 {
+        if !fcoord {
+            return raw as i32 as f64 + 0.5;
+        }
+        let x = f32::from_bits(raw) as f64;
+        if self.s.normalized {
+            x * self.ext[k] as f64
+        } else {
+            x
+        }
+    }
+
+    fn tex(&self, c: [u32; 3], fcoord: bool, float: bool) -> [f64; 4] {
+        let u: Vec<f64> = (0..self.dims)
+            .map(|k| self.coord(k, c[k], fcoord))
+            .collect();
+        if self.s.filter == Filter::Point {
+            let mut idx = [0i64; 3];
+            for k in 0..self.dims {
+                idx[k] = u[k].floor() as i64;
+            }
+            return self.texel(idx, float);
+        }
+        let base: Vec<(i64, f64)> = u
+            .iter()
+            .map(|&x| {
+                let xb = x - 0.5;
+                let i = xb.floor();
+                (i as i64, ((xb - i) * 256.0).round() / 256.0)
+            })
+            .collect();
+        let mut acc = [0.0; 4];
+        for corner in 0..1 << self.dims {
+            let mut idx = [0i64; 3];
+            let mut w = 1.0;
+            for k in 0..self.dims {
+                let hi = corner >> k & 1 == 1;
+                idx[k] = base[k].0 + hi as i64;
+                w *= if hi { base[k].1 } else { 1.0 - base[k].1 };
+            }
+            let t = self.texel(idx, true);
+            for ch in 0..4 {
+                acc[ch] += w * t[ch];
+            }
+        }
+        acc
+    }
+
+    fn tld4(&self, c: [u32; 3], fcoord: bool, float: bool, comp: usize) -> [f64; 4] {
+        let i = (self.coord(0, c[0], fcoord) - 0.5).floor() as i64;
+        let j = (self.coord(1, c[1], fcoord) - 0.5).floor() as i64;
+        [(i, j + 1), (i + 1, j + 1), (i + 1, j), (i, j)]
+            .map(|(a, b)| self.texel([a, b, 0], float)[comp])
+    }
+}
+
+/// A texture fetch form: instruction, texture, coordinate type and range.
+struct FetchCase {
+    /// `tex.2d.v4.f32.f32`, `tld4.g.2d.v4.f32.f32`, ...
+    ins: &'static str,
+    format: TexFormat,
+    channels: u32,
+    ext: &'static [u32],
+    s: Sampler,
+}
+
+fn sampler(modes: [AddrMode; 3], filter: Filter, normalized: bool) -> Sampler {
+    Sampler {
+        addr_mode: modes,
+        filter,
+        normalized,
+    }
+}
+
+/// Random texel bytes: finite f16/f32 values in [-4, 4], any integers.
+fn texel_data(rng: &mut StdRng, format: TexFormat, n: usize) -> Vec<u8> {
+    (0..n)
+        .flat_map(|_| match format {
+            TexFormat::F32 => rng.gen_range(-4.0f32..4.0).to_le_bytes().to_vec(),
+            TexFormat::F16 => {
+                let e: u16 = rng.gen_range(0..17);
+                let h = (rng.gen::<u16>() & 0x83ff) | e << 10;
+                h.to_le_bytes().to_vec()
+            }
+            TexFormat::U8 => vec![rng.gen()],
+            TexFormat::U16 => rng.gen::<u16>().to_le_bytes().to_vec(),
+            TexFormat::U32 => rng.gen::<u32>().to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+fn fetch_case(rng: &mut StdRng, c: &FetchCase) {
+    const N: usize = 512;
+    let mem = GlobalMemory::new();
+    let dims = c.ext.len();
+    let texels: usize = c.ext.iter().map(|&x| x as usize).product();
+    let data = texel_data(rng, c.format, texels * c.channels as usize);
+    let back = buffer(&mem, &data);
+    let d = TexDesc::texture(back.base, c.format, c.channels, c.ext, c.s).unwrap();
+    let h = d.upload(&mem, 0).unwrap();
+    let fcoord = c.ins.ends_with(".f32");
+    let float = c.ins.contains("v4.f32");
+    let mut ext = [1i64; 3];
+    for (k, &e) in c.ext.iter().enumerate() {
+        ext[k] = e as i64;
+    }
+    // coordinates reach past both edges; a quarter sit exactly on texel centres or edges
+    let coords: Vec<[u32; 3]> = (0..N)
+        .map(|t| {
+            std::array::from_fn(|k| {
+                let n = ext[k] as f64;
+                if !fcoord {
+                    return rng.gen_range(-3..ext[k] as i32 + 3) as u32;
+                }
+                let x = if t % 4 == 0 {
+                    (rng.gen_range(-4..2 * ext[k] as i32 + 4) as f64 * 0.5)
+                        / if c.s.normalized { n } else { 1.0 }
+                } else if c.s.normalized {
+                    rng.gen_range(-1.5..2.5)
+                } else {
+                    rng.gen_range(-3.0..n + 3.0)
+                };
+                (x as f32).to_bits()
+            })
+        })
+        .collect();
+    let cbytes: Vec<u8> = coords
+        .iter()
+        .flatten()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let cbuf = buffer(&mem, &cbytes);
+    let out = poisoned(&mem, N * 16);
+    let text = format!(
+        "{HEAD}.visible .entry k(.param .u64 pt, .param .u64 pc, .param .u64 po)\n{{\n\
+         \x20   .reg .b32 %r<16>;\n    .reg .b64 %rd<16>;\n    ld.param.u64 %rd1, [pt];\n\
+         \x20   ld.param.u64 %rd2, [pc];\n    ld.param.u64 %rd3, [po];\n    mov.u32 %r0, %tid.x;\n\
+         \x20   mov.u32 %r9, %ctaid.x;\n    mad.lo.u32 %r0, %r9, 128, %r0;\n    mul.wide.u32 %rd4, %r0, 12;\n\
+         \x20   add.s64 %rd2, %rd2, %rd4;\n    ld.global.u32 %r1, [%rd2];\n\
+         \x20   ld.global.u32 %r2, [%rd2+4];\n    ld.global.u32 %r3, [%rd2+8];\n\
+         \x20   {ins} {{%r10, %r11, %r12, %r13}}, [%rd1, {co}];\n    mul.wide.u32 %rd4, %r0, 16;\n\
+         \x20   add.s64 %rd3, %rd3, %rd4;\n    st.global.v4.u32 [%rd3], {{%r10, %r11, %r12, %r13}};\n    ret;\n}}\n",
+        ins = c.ins,
+        co = coord_list(dims)
+    );
+    let m = load(&mem, &text);
+    run(&m, &mem, N, &[h.base, cbuf.base, out.base]).unwrap();
+    let got = read(&out, N * 16);
+    let r = RefTex {
+        data,
+        format: c.format,
+        channels: c.channels as usize,
+        ext,
+        dims,
+        s: c.s,
+    };
+    for (t, co) in coords.iter().enumerate() {
+        let want = match c.ins.strip_prefix("tld4.") {
+            Some(rest) => r.tld4(*co, fcoord, float, "rgba".find(&rest[..1]).unwrap()),
+            None => r.tex(*co, fcoord, float),
+        };
+        for ch in 0..4 {
+            let g = u32::from_le_bytes(
+                got[t * 16 + 4 * ch..t * 16 + 4 * ch + 4]
+                    .try_into()
+                    .unwrap(),
+            );
+            let w = if float {
+                (want[ch] as f32).to_bits()
+            } else {
+                want[ch] as u32
+            };
+            assert_eq!(
+                g, w,
+                "{} {:?} {:?} fmt {:?}x{} coords {co:?} ({:?}) channel {ch}: got {g:#x} want {w:#x}",
+                c.ins, c.ext, c.s, c.format, c.channels,
+                co.map(f32::from_bits)
+            );
+        }
+    }
+}
+
+#[test]
+fn tex_point_sampling() {
+    use AddrMode::*;
+    let mut rng = StdRng::seed_from_u64(0x5eed_0003);
+    let p = Filter::Point;
+    let cases = [
+        FetchCase {
+            ins: "tex.1d.v4.f32.f32",
+            format: TexFormat::F32,
+            channels: 1,
+            ext: &[13],
+            s: sampler([Clamp; 3], p, false),
+        },
+        FetchCase {
+            ins: "tex.1d.v4.f32.f32",
+            format: TexFormat::U16,
+            channels: 2,
+            ext: &[9],
+            s: sampler([Mirror; 3], p, true),
+        },
+        FetchCase {
+            ins: "tex.2d.v4.f32.f32",
+            format: TexFormat::U8,
+            channels: 4,
+            ext: &[7, 5],
+            s: sampler([Wrap, Mirror, Wrap], p, true),
+        },
+        FetchCase {
+            ins: "tex.2d.v4.f32.f32",
+            format: TexFormat::U16,
+            channels: 1,
+            ext: &[6, 9],
+            s: sampler([Border; 3], p, false),
+        },
+        FetchCase {
+            ins: "tex.2d.v4.f32.f32",
+            format: TexFormat::F32,
+            channels: 4,
+            ext: &[5, 4],
+            s: sampler([Wrap; 3], p, false),
+        },
+        FetchCase {
+            ins: "tex.3d.v4.f32.f32",
+            format: TexFormat::F16,
+            channels: 2,
+            ext: &[4, 3, 5],
+            s: sampler([Mirror, Border, Clamp], p, true),
+        },
+        FetchCase {
+            ins: "tex.2d.v4.u32.s32",
+            format: TexFormat::U32,
+            channels: 4,
+            ext: &[6, 5],
+            s: sampler([Clamp; 3], p, false),
+        },
+        FetchCase {
+            ins: "tex.1d.v4.s32.s32",
+            format: TexFormat::U16,
+            channels: 2,
+            ext: &[10],
+            s: sampler([Border; 3], p, false),
+        },
+        FetchCase {
+            ins: "tex.3d.v4.u32.f32",
+            format: TexFormat::U8,
+            channels: 1,
+            ext: &[3, 4, 5],
+            s: sampler([Wrap; 3], p, true),
+        },
+        FetchCase {
+            ins: "tex.2d.v4.f32.s32",
+            format: TexFormat::F16,
+            channels: 4,
+            ext: &[5, 6],
+            s: sampler([Border; 3], p, true),
+        },
+    ];
+    for c in &cases {
+        fetch_case(&mut rng, c);
+    }
+}
+
+#[test]
+fn tex_linear_filtering() {
+    use AddrMode::*;
+    let mut rng = StdRng::seed_from_u64(0x5eed_0004);
+    let l = Filter::Linear;
+    let cases = [
+        FetchCase {
+            ins: "tex.1d.v4.f32.f32",
+            format: TexFormat::F32,
+            channels: 1,
+            ext: &[11],
+            s: sampler([Wrap; 3], l, true),
+        },
+        FetchCase {
+            ins: "tex.1d.v4.f32.f32",
+            format: TexFormat::U16,
+            channels: 4,
+            ext: &[7],
+            s: sampler([Clamp; 3], l, false),
+        },
+        FetchCase {
+            ins: "tex.2d.v4.f32.f32",
+            format: TexFormat::F16,
+            channels: 4,
+            ext: &[6, 5],
+            s: sampler([Clamp; 3], l, false),
+        },
+        FetchCase {
+            ins: "tex.2d.v4.f32.f32",
+            format: TexFormat::U8,
+            channels: 4,
+            ext: &[5, 7],
+            s: sampler([Mirror, Wrap, Clamp], l, true),
+        },
+        FetchCase {
+            ins: "tex.2d.v4.f32.f32",
+            format: TexFormat::F32,
+            channels: 2,
+            ext: &[4, 4],
+            s: sampler([Border; 3], l, false),
+        },
+        FetchCase {
+            ins: "tex.3d.v4.f32.f32",
+            format: TexFormat::F32,
+            channels: 2,
+            ext: &[3, 4, 3],
+            s: sampler([Border, Wrap, Mirror], l, true),
+        },
+        FetchCase {
+            ins: "tex.3d.v4.f32.f32",
+            format: TexFormat::F16,
+            channels: 1,
+            ext: &[4, 3, 2],
+            s: sampler([Clamp; 3], l, false),
+        },
+    ];
+    for c in &cases {
+        fetch_case(&mut rng, c);
+    }
+}
+
+#[test]
+fn tld4_gather() {
+    use AddrMode::*;
+    let mut rng = StdRng::seed_from_u64(0x5eed_0005);
+    let p = Filter::Point;
+    let l = Filter::Linear;
+    let cases = [
+        FetchCase {
+            ins: "tld4.r.2d.v4.f32.f32",
+            format: TexFormat::F32,
+            channels: 4,
+            ext: &[6, 5],
+            s: sampler([Clamp; 3], l, true),
+        },
+        FetchCase {
+            ins: "tld4.g.2d.v4.f32.f32",
+            format: TexFormat::U8,
+            channels: 4,
+            ext: &[5, 7],
+            s: sampler([Wrap; 3], p, true),
+        },
+        FetchCase {
+            ins: "tld4.b.2d.v4.f32.f32",
+            format: TexFormat::F16,
+            channels: 4,
+            ext: &[4, 4],
+            s: sampler([Border; 3], p, false),
+        },
+        FetchCase {
+            ins: "tld4.a.2d.v4.f32.f32",
+            format: TexFormat::F32,
+            channels: 2,
+            ext: &[5, 3],
+            s: sampler([Mirror; 3], l, true),
+        },
+        FetchCase {
+            ins: "tld4.r.2d.v4.u32.f32",
+            format: TexFormat::U32,
+            channels: 2,
+            ext: &[6, 4],
+            s: sampler([Border; 3], p, false),
+        },
+        FetchCase {
+            ins: "tld4.g.2d.v4.s32.f32",
+            format: TexFormat::U16,
+            channels: 2,
+            ext: &[5, 5],
+            s: sampler([Clamp; 3], p, true),
+        },
+    ];
+    for c in &cases {
+        fetch_case(&mut rng, c);
     }
 }

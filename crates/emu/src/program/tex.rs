@@ -37,15 +37,35 @@ pub enum TexAttr {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TexKind {
     /// `suld.b`: `elem` bytes per vector element.
-    Suld { elem: u32, oob: Oob },
-    Sust { elem: u32, oob: Oob },
-    Sured { op: AtomOp, ty: Ty, oob: Oob },
+    Suld {
+        elem: u32,
+        oob: Oob,
+    },
+    Sust {
+        elem: u32,
+        oob: Oob,
+    },
+    Sured {
+        op: AtomOp,
+        ty: Ty,
+        oob: Oob,
+    },
     /// `suq` (surface) or `txq` (texture).
-    Query { attr: TexAttr, surface: bool },
+    Query {
+        attr: TexAttr,
+        surface: bool,
+    },
     /// `tex`; `fcoord`: the coordinates are `.f32` (else `.s32`).
-    Tex { ret: TexRet, fcoord: bool },
+    Tex {
+        ret: TexRet,
+        fcoord: bool,
+    },
     /// `tld4.{r,g,b,a}`: `comp` is the channel gathered.
-    Tld4 { comp: u8, ret: TexRet, fcoord: bool },
+    Tld4 {
+        comp: u8,
+        ret: TexRet,
+        fcoord: bool,
+    },
     /// `istypep.texref` (`Some(Texture)`), `.surfref` (`Some(Surface)`), `.samplerref` (`None`).
     Istypep(Option<crate::texture::ObjKind>),
 }
@@ -110,9 +130,7 @@ impl Decoder<'_> {
                     Some(Ty::Surfref) => Some(ObjKind::Surface),
                     Some(Ty::Samplerref) => None,
                     _ => {
-                        return Err(
-                            self.err(ins, "istypep needs .texref, .samplerref or .surfref")
-                        )
+                        return Err(self.err(ins, "istypep needs .texref, .samplerref or .surfref"))
                     }
                 };
                 let d = self.dst(ins, arg(0)?)?;
@@ -154,7 +172,11 @@ impl Decoder<'_> {
     }
 
     /// Handle, geometry and coordinate slots of `[h, {c..}]`.
-    fn tex_coords(&mut self, ins: &Instruction, o: &Operand) -> Result<(u32, u8, [u32; 3]), EmuError> {
+    fn tex_coords(
+        &mut self,
+        ins: &Instruction,
+        o: &Operand,
+    ) -> Result<(u32, u8, [u32; 3]), EmuError> {
         let dims = ins
             .mods
             .iter()
@@ -179,7 +201,10 @@ impl Decoder<'_> {
 
     fn decode_surface(&mut self, ins: &Instruction) -> Result<TexOp, EmuError> {
         if !ins.has(Flag::B) {
-            return Err(self.err(ins, "only .b (byte-addressed) surface accesses are supported"));
+            return Err(self.err(
+                ins,
+                "only .b (byte-addressed) surface accesses are supported",
+            ));
         }
         let oob = if ins.has(Flag::Clamp) {
             Oob::Clamp
@@ -191,17 +216,33 @@ impl Decoder<'_> {
         let ty = ins
             .last_ty()
             .ok_or_else(|| self.err(ins, "surface access without a type"))?;
-        let (addr_i, val_i) = if ins.op == Opcode::Suld { (1, 0) } else { (0, 1) };
+        let (addr_i, val_i) = if ins.op == Opcode::Suld {
+            (1, 0)
+        } else {
+            (0, 1)
+        };
         let (handle, dims, coords) = self.tex_coords(ins, operand(self.f, ins, addr_i)?)?;
         let vo = operand(self.f, ins, val_i)?;
         let (kind, vals) = match ins.op {
             Opcode::Suld => {
                 let ds = self.vec_dsts(ins, vo)?;
-                (TexKind::Suld { elem: ty.size(), oob }, ds)
+                (
+                    TexKind::Suld {
+                        elem: ty.size(),
+                        oob,
+                    },
+                    ds,
+                )
             }
             Opcode::Sust => {
                 let ss = self.vec_srcs(ins, vo)?;
-                (TexKind::Sust { elem: ty.size(), oob }, ss)
+                (
+                    TexKind::Sust {
+                        elem: ty.size(),
+                        oob,
+                    },
+                    ss,
+                )
             }
             _ => {
                 let op = [
