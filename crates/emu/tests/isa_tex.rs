@@ -969,3 +969,44 @@ fn tld4_gather() {
         fetch_case(&mut rng, c);
     }
 }
+
+/// The validator rejects malformed texture/surface forms (ptxas rejects them too).
+#[test]
+fn validator_rejects_malformed_forms() {
+    let bad = [
+        ("suld.b.2d.b32.trap {%r1}, [%rd1, {%r2}];", "coordinates"),
+        (
+            "suld.b.3d.b32.trap {%r1}, [%rd1, {%r2, %r3, %r4}];",
+            "coordinates",
+        ),
+        (
+            "sust.b.1d.v2.b32.trap [%rd1, {%r2}], {%r1};",
+            "moves 2 values",
+        ),
+        (
+            "tex.2d.v4.f32.f32 {%r1, %r2}, [%rd1, {%r2, %r3}];",
+            "moves 4 values",
+        ),
+        ("suld.b.b32.trap {%r1}, [%rd1, {%r2}];", "geometry"),
+        ("suq.normalized_coords.b32 %r1, [%rd1];", "query attribute"),
+    ];
+    for (ins, msg) in bad {
+        let text = format!(
+            "{HEAD}.visible .entry k(.param .u64 p)\n{{\n    .reg .b32 %r<8>;\n    .reg .b64 %rd<4>;\n\
+             \x20   ld.param.u64 %rd1, [p];\n    {ins}\n    ret;\n}}\n"
+        );
+        let m = ptx::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let errs: Vec<String> = ptx::validate(&m)
+            .into_iter()
+            .filter(|d| d.is_error())
+            .map(|d| d.to_string())
+            .collect();
+        assert!(errs.iter().any(|e| e.contains(msg)), "`{ins}`: {errs:?}");
+        if ptx::ptxas::ptxas_for_tests("isa_tex test PTX").is_some() {
+            assert!(
+                ptx::ptxas::assemble(&text, "sm_90a", &Default::default()).is_err(),
+                "ptxas accepts `{ins}`"
+            );
+        }
+    }
+}

@@ -23,6 +23,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
+mod texture;
+
 /// How bad a diagnostic is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -1016,6 +1018,9 @@ impl<'a> FnCheck<'a> {
     fn types(&mut self, i: &'a Instruction) {
         use Opcode::*;
         let a = &i.args;
+        if texture::is_texture(i.op) {
+            return self.texture(i);
+        }
         if crate::video::video_op(i.op).is_some() {
             return self.video(i);
         }
