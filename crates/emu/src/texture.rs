@@ -5,7 +5,9 @@
 //! As with TMA tensor maps ([`crate::hopper::TensorMapDesc`]), the layout is our own (the
 //! driver's is opaque): the host encodes a [`TexDesc`] with [`TexDesc::encode`] into device
 //! memory, the handle is that memory's address, and the emulator decodes it each time an
-//! instruction runs, so a bad handle is a fault naming the handle, never a crash.
+//! instruction runs, so a bad handle is a fault naming the handle, never a crash. With the
+//! runtime's Device API: `dev.upload(&desc.encode()?)` and pass the buffer's `device_ptr()`
+//! (emulated devices only: on CUDA a texture object comes from `cuTexObjectCreate`).
 //!
 //! Sampling follows the CUDA Programming Guide's "Texture Fetching" appendix: point sampling
 //! reads texel `floor(x)`; linear filtering reads the texels around `x - 0.5` with weights held

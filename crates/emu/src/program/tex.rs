@@ -1,8 +1,8 @@
 //! Decoding of the texture and surface family (unified mode: the object is a `.u64` handle in a
 //! register): `suld.b`, `sust.b`, `sured.b`, `suq`, `tex`, `tld4`, `txq`, `istypep`. Each
 //! becomes one [`Op::Texture`]; `exec/tex.rs` reads the descriptor ([`crate::texture`]) when it
-//! runs. `.texref`/`.surfref` module variables, `suld.p`/`sust.p`, array and cube geometries,
-//! `tex.level`/`tex.grad`/`tex.base` and mipmaps are not decoded (an error names them).
+//! runs. `.texref`/`.surfref` module variables and `suld.p`/`sust.p` are refused with an error
+//! naming them; array and cube geometries, `tex.level`/`tex.grad` and mipmaps do not parse.
 
 use super::*;
 
