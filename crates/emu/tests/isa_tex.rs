@@ -1010,3 +1010,54 @@ fn validator_rejects_malformed_forms() {
         }
     }
 }
+
+/// `sust.b .clamp` writes the nearest in-range element: one thread per out-of-range coordinate
+/// of a 2D surface, each on a texel of its own after clamping (corners excluded).
+#[test]
+fn sust_clamp_writes_the_nearest_texel() {
+    let mut rng = StdRng::seed_from_u64(0x5eed_0006);
+    let (w, h) = (6u32, 5u32);
+    let mem = GlobalMemory::new();
+    let surf = poisoned(&mem, (w * h * 4) as usize);
+    let d = TexDesc::surface(surf.base, TexFormat::U32, 1, &[w, h]).unwrap();
+    let hd = d.upload(&mem, 0).unwrap();
+    // (x, y) outside by a random distance on one side, inside along the other axis
+    let mut pts: Vec<(i32, i32)> = Vec::new();
+    for y in 0..h as i32 {
+        pts.push((-rng.gen_range(1..50), y));
+        pts.push((w as i32 + rng.gen_range(0..50), y));
+    }
+    for x in 1..w as i32 - 1 {
+        pts.push((x, -rng.gen_range(1..50)));
+        pts.push((x, h as i32 + rng.gen_range(0..50)));
+    }
+    let vals: Vec<u32> = (0..pts.len()).map(|_| rng.gen()).collect();
+    let mut input = Vec::new();
+    for (&(x, y), v) in pts.iter().zip(&vals) {
+        input.extend_from_slice(&(x * 4).to_le_bytes());
+        input.extend_from_slice(&y.to_le_bytes());
+        input.extend_from_slice(&v.to_le_bytes());
+    }
+    let inp = buffer(&mem, &input);
+    let text = format!(
+        "{HEAD}.visible .entry k(.param .u64 ps, .param .u64 pi)\n{{\n    .reg .pred %p<4>;\n\
+         \x20   .reg .b32 %r<16>;\n    .reg .b64 %rd<16>;\n    ld.param.u64 %rd1, [ps];\n\
+         \x20   ld.param.u64 %rd2, [pi];\n    mov.u32 %r0, %tid.x;\n    setp.ge.u32 %p1, %r0, {n};\n\
+         \x20   @%p1 ret;\n    mul.wide.u32 %rd3, %r0, 12;\n    add.s64 %rd2, %rd2, %rd3;\n\
+         \x20   ld.global.u32 %r1, [%rd2];\n    ld.global.u32 %r2, [%rd2+4];\n    ld.global.u32 %r3, [%rd2+8];\n\
+         \x20   sust.b.2d.b32.clamp [%rd1, {{%r1, %r2}}], {{%r3}};\n    ret;\n}}\n",
+        n = pts.len()
+    );
+    let m = load(&mem, &text);
+    run(&m, &mem, pts.len(), &[hd.base, inp.base]).unwrap();
+    let mut want = vec![0xa5a5_a5a5u32; (w * h) as usize];
+    for (&(x, y), v) in pts.iter().zip(&vals) {
+        let (cx, cy) = (x.clamp(0, w as i32 - 1), y.clamp(0, h as i32 - 1));
+        want[(cy * w as i32 + cx) as usize] = *v;
+    }
+    let got: Vec<u32> = read(&surf, (w * h * 4) as usize)
+        .chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, want);
+}
