@@ -44,6 +44,12 @@ impl Cta {
                     d.kind
                 )));
             }
+            if t.dims != 0 && t.dims as u32 != d.dims {
+                return Err(FaultKind::Other(format!(
+                    "handle {h:#x} is a {}D object; the instruction's geometry is .{}d",
+                    d.dims, t.dims
+                )));
+            }
             match t.kind {
                 TexKind::Suld { .. } | TexKind::Sust { .. } | TexKind::Sured { .. } => {
                     self.surface_lane(ctx, wi, l, t, &d)?
@@ -156,8 +162,7 @@ impl Cta {
                 Oob::Clamp => (0..3).for_each(|k| c[k] = c[k].clamp(0, hi[k])),
             }
         }
-        let base = d.base.wrapping_add(c[0] as u64);
-        let base = d.texel_addr([0, c[1], c[2]], base - d.base);
+        let base = d.texel_addr([0, c[1], c[2]], c[0] as u64);
         self.surface_access(ctx, wi, l, t, base, elem)
     }
 
@@ -252,7 +257,7 @@ impl Cta {
     ) -> Result<Texel, FaultKind> {
         let float = ret == TexRet::F32;
         check_ret(d, float)?;
-        let dims = d.dims.min(t.dims as u32) as usize;
+        let dims = d.dims as usize;
         let u: Vec<f64> = (0..dims)
             .map(|k| self.tex_coord(wi, l, t, d, k, fcoord))
             .collect();
