@@ -6,8 +6,10 @@
 //! driver's is opaque): the host encodes a [`TexDesc`] with [`TexDesc::encode`] into device
 //! memory, the handle is that memory's address, and the emulator decodes it each time an
 //! instruction runs, so a bad handle is a fault naming the handle, never a crash. With the
-//! runtime's Device API: `dev.upload(&desc.encode()?)` and pass the buffer's `device_ptr()`
-//! (emulated devices only: on CUDA a texture object comes from `cuTexObjectCreate`).
+//! runtime's Device API: upload the bytes of `desc.encode()` (`dev.upload`) and pass the
+//! buffer's `device_ptr()` (emulated devices only: on CUDA a texture object comes from
+//! `cuTexObjectCreate`). The sanitizer does not watch texture and surface accesses; an access
+//! outside every allocation still faults.
 //!
 //! Sampling follows the CUDA Programming Guide's "Texture Fetching" appendix: point sampling
 //! reads texel `floor(x)`; linear filtering reads the texels around `x - 0.5` with weights held
