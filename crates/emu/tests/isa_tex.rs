@@ -1061,3 +1061,43 @@ fn sust_clamp_writes_the_nearest_texel() {
         .collect();
     assert_eq!(got, want);
 }
+
+/// The host builder names the field it rejects; descriptors round-trip through their bytes.
+#[test]
+fn descriptor_builder_checks_fields_and_round_trips() {
+    let s = sampler(
+        [AddrMode::Mirror, AddrMode::Border, AddrMode::Wrap],
+        Filter::Linear,
+        true,
+    );
+    let d = TexDesc::texture(0x1000, TexFormat::F16, 4, &[7, 3, 2], s).unwrap();
+    let d = d.with_pitch(64, 256).unwrap();
+    assert_eq!(TexDesc::decode(&d.encode().unwrap()).unwrap(), d);
+    let field = |r: Result<TexDesc, emu::texture::DescError>| r.unwrap_err().field;
+    assert_eq!(
+        field(TexDesc::surface(0x1000, TexFormat::U8, 3, &[4])),
+        "channels"
+    );
+    assert_eq!(field(TexDesc::surface(0, TexFormat::U8, 1, &[4])), "base");
+    assert_eq!(
+        field(TexDesc::surface(0x1000, TexFormat::U8, 1, &[])),
+        "extent"
+    );
+    assert_eq!(
+        field(TexDesc::surface(0x1000, TexFormat::U8, 1, &[4, 0])),
+        "extent"
+    );
+    assert_eq!(
+        field(
+            TexDesc::surface(0x1000, TexFormat::U32, 2, &[4, 2]).and_then(|d| d.with_pitch(16, 64))
+        ),
+        "pitch"
+    );
+    assert_eq!(
+        field(TexDesc::texture(0x1000, TexFormat::U32, 1, &[4], s)),
+        "filter"
+    );
+    let mut raw = d.encode().unwrap();
+    raw[0] ^= 1;
+    assert_eq!(TexDesc::decode(&raw).unwrap_err().field, "magic");
+}
