@@ -25,6 +25,7 @@ mod int;
 mod ldst;
 mod stack;
 mod tensor;
+mod tex;
 mod video;
 mod warp;
 mod wmma;
@@ -1068,6 +1069,7 @@ impl Cta {
             Op::Trap => self.exec_control(ctx, wi, inst, m),
             Op::Sleep { .. } => self.exec_control(ctx, wi, inst, m),
             Op::Nop => self.exec_control(ctx, wi, inst, m),
+            Op::Texture(_) => self.exec_tex(ctx, wi, inst, m),
             Op::Call(site) => self.exec_call(ctx, wi, site, m),
             Op::CallIndirect(ic) => self.exec_call_indirect(ctx, wi, ic, m),
             Op::Ret => Ok(self.exec_ret(ctx, wi, m)),

@@ -27,6 +27,7 @@ mod int;
 mod ldst;
 mod stack;
 mod tensor;
+mod tex;
 mod video;
 mod warp;
 mod wmma;
@@ -39,6 +40,7 @@ use family::{misrouted, operand, role};
 /// (`ld.volatile` decodes as acquire, `st.volatile` as release).
 pub use ptx::ops::{AtomOp, MemOrder as Ord, ReduxOp, ShflMode, VoteMode};
 pub use stack::StackOp;
+pub use tex::{Oob, TexAttr, TexKind, TexOp, TexRet};
 
 /// Slot 0 always holds zero in every lane.
 pub const ZERO: u32 = 0;
@@ -296,6 +298,8 @@ pub enum Op {
         t: u32,
     },
     Nop,
+    /// A texture or surface instruction (`program/tex.rs`, `exec/tex.rs`).
+    Texture(Box<TexOp>),
     Mma {
         spec: Box<MmaSpec>,
         d: Vec<u32>,
@@ -529,7 +533,7 @@ impl Op {
                 | Op::ClusterArrive
                 | Op::Exit
                 | Op::Vprintf { .. }
-        )
+        ) || matches!(self, Op::Texture(t) if t.writes())
     }
 }
 

@@ -209,6 +209,10 @@ opcodes! {
         [Dst A BDesc ScaleD (?ImmScaleA) (?ImmScaleB) (?ImmTransA unless_vec 1) (?ImmTransB)];
     Setmaxnreg "setmaxnreg" 0 1 1 90 80; Griddepcontrol "griddepcontrol" 0 0 0 90 78;
     Mapa "mapa" 1 2 2 90 78 [(Dst: T) (A: T) (CtaRank: U32)]; Getctarank "getctarank" 1 1 1 90 78;
+    // textures and surfaces (unified mode: the handle is a .u64 operand; emu::texture)
+    Tex "tex" 1 1 1 20 10; Tld4 "tld4" 1 1 1 20 22; Txq "txq" 1 1 1 20 15;
+    Suld "suld" 1 1 1 20 15; Sust "sust" 0 2 2 20 15; Sured "sured" 0 2 2 20 20;
+    Suq "suq" 1 1 1 20 15; Istypep "istypep" 1 1 1 30 40;
 }
 
 impl Opcode {

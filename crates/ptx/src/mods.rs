@@ -55,6 +55,12 @@ enum_str! {
         Proxy => "proxy", Async => "async", Alias => "alias",
         TensormapGeneric => "tensormap::generic", MbarrierInit => "mbarrier_init",
         Tensormap => "tensormap", LaunchDependents => "launch_dependents", L2 => "L2",
+        // textures and surfaces: `.b` addressing, out-of-range modes, gather components,
+        // query attributes (`.r` and `.clamp` are above)
+        B => "b", Trap => "trap", Zero => "zero", G => "g", A => "a", Width => "width",
+        Height => "height", Depth => "depth", NormalizedCoords => "normalized_coords",
+        FilterMode => "filter_mode", AddrMode0 => "addr_mode_0", AddrMode1 => "addr_mode_1",
+        AddrMode2 => "addr_mode_2",
     }
 }
 

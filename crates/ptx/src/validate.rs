@@ -29,6 +29,7 @@ use std::fmt;
 
 mod atomic;
 mod tc;
+mod texture;
 
 /// How bad a diagnostic is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -1122,6 +1123,9 @@ impl<'a> FnCheck<'a> {
     fn types(&mut self, i: &'a Instruction) {
         use Opcode::*;
         let a = &i.args;
+        if texture::is_texture(i.op) {
+            return self.texture(i);
+        }
         if crate::video::video_op(i.op).is_some() {
             return self.video(i);
         }

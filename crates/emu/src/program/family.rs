@@ -34,13 +34,15 @@ pub enum Family {
     Call,
     /// Video instructions, scalar and SIMD (`program/video.rs`).
     Video,
+    /// Textures and surfaces (`program/tex.rs`).
+    Texture,
     /// Parsed and validated, but the emulator cannot run it.
     NotEmulated,
 }
 
 impl Family {
     /// Every family, in report order.
-    pub const ALL: [Family; 13] = [
+    pub const ALL: [Family; 14] = [
         Family::Int,
         Family::Float,
         Family::Convert,
@@ -53,6 +55,7 @@ impl Family {
         Family::Control,
         Family::Call,
         Family::Video,
+        Family::Texture,
         Family::NotEmulated,
     ];
 
@@ -71,6 +74,7 @@ impl Family {
             Family::Control => "control flow",
             Family::Call => "call",
             Family::Video => "video",
+            Family::Texture => "texture/surface",
             Family::NotEmulated => "not emulated",
         }
     }
@@ -129,6 +133,9 @@ pub fn family(op: Opcode, float: bool) -> Family {
         O::Atom | O::Red => F::Atomic,
         O::Bar | O::Barrier | O::BarrierCluster | O::Membar | O::Fence => F::Barrier,
         O::Mapa | O::Getctarank => F::Barrier,
+        O::Tex | O::Tld4 | O::Txq | O::Suld | O::Sust | O::Sured | O::Suq | O::Istypep => {
+            F::Texture
+        }
         O::BarWarpSync | O::Shfl | O::Vote | O::Match | O::Redux | O::Activemask | O::Elect => {
             F::Warp
         }
@@ -246,6 +253,7 @@ impl Decoder<'_> {
             }
             Family::Call => self.call(ins, ins0, guard),
             Family::Video => self.decode_video(ins, ins0, guard),
+            Family::Texture => self.decode_tex(ins, ins0, guard),
             Family::NotEmulated => {
                 Err(self.err(ins, "instruction not yet supported by the emulator"))
             }
