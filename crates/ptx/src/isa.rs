@@ -85,19 +85,27 @@ macro_rules! slot {
 }
 
 opcodes! {
-    // integer and float arithmetic
-    Add "add" 1 2 2 20 10; Addc "addc" 1 2 2 20 12; Sub "sub" 1 2 2 20 10; Subc "subc" 1 2 2 20 12;
-    Mul "mul" 1 2 2 20 10; Mad "mad" 1 3 3 20 10; Madc "madc" 1 3 3 20 30;
-    Mul24 "mul24" 1 2 2 20 10; Mad24 "mad24" 1 3 3 20 10; Sad "sad" 1 3 3 20 10;
-    Div "div" 1 2 2 20 10; Rem "rem" 1 2 2 20 10; Abs "abs" 1 1 1 20 10; Neg "neg" 1 1 1 20 10;
-    Min "min" 1 2 3 20 10; Max "max" 1 2 3 20 10; Fma "fma" 1 3 3 20 14;
-    Copysign "copysign" 1 2 2 20 30; Testp "testp" 1 1 1 20 20 [(Dst: Pred) (A: T)];
-    Rcp "rcp" 1 1 1 20 10; Sqrt "sqrt" 1 1 1 20 10; Rsqrt "rsqrt" 1 1 1 20 10;
-    Sin "sin" 1 1 1 20 10; Cos "cos" 1 1 1 20 10; Lg2 "lg2" 1 1 1 20 10; Ex2 "ex2" 1 1 1 20 10;
-    Tanh "tanh" 1 1 1 75 70;
+    // integer and float arithmetic (`mul`/`mad` `.wide` widen d and c: the validator's rule)
+    Add "add" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)]; Addc "addc" 1 2 2 20 12 [(Dst: T) (A: T) (B: T)];
+    Sub "sub" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)]; Subc "subc" 1 2 2 20 12 [(Dst: T) (A: T) (B: T)];
+    Mul "mul" 1 2 2 20 10 [Dst A B]; Mad "mad" 1 3 3 20 10 [Dst A B C];
+    Madc "madc" 1 3 3 20 30 [(Dst: T) (A: T) (B: T) (C: T)];
+    Mul24 "mul24" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)]; Mad24 "mad24" 1 3 3 20 10 [(Dst: T) (A: T) (B: T) (C: T)];
+    Sad "sad" 1 3 3 20 10 [(Dst: T) (A: T) (B: T) (C: T)];
+    Div "div" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)]; Rem "rem" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)];
+    Abs "abs" 1 1 1 20 10 [(Dst: T) (A: T)]; Neg "neg" 1 1 1 20 10 [(Dst: T) (A: T)];
+    Min "min" 1 2 3 20 10 [(Dst: T) (A: T) (B: T) (?C: T)];
+    Max "max" 1 2 3 20 10 [(Dst: T) (A: T) (B: T) (?C: T)];
+    Fma "fma" 1 3 3 20 14 [(Dst: T) (A: T) (B: T) (C: T)];
+    Copysign "copysign" 1 2 2 20 30 [(Dst: T) (A: T) (B: T)]; Testp "testp" 1 1 1 20 20 [(Dst: Pred) (A: T)];
+    Rcp "rcp" 1 1 1 20 10 [(Dst: T) (A: T)]; Sqrt "sqrt" 1 1 1 20 10 [(Dst: T) (A: T)];
+    Rsqrt "rsqrt" 1 1 1 20 10 [(Dst: T) (A: T)]; Sin "sin" 1 1 1 20 10 [(Dst: T) (A: T)];
+    Cos "cos" 1 1 1 20 10 [(Dst: T) (A: T)]; Lg2 "lg2" 1 1 1 20 10 [(Dst: T) (A: T)]; Ex2 "ex2" 1 1 1 20 10 [(Dst: T) (A: T)];
+    Tanh "tanh" 1 1 1 75 70 [(Dst: T) (A: T)];
     // bit manipulation
-    And "and" 1 2 2 20 10; Or "or" 1 2 2 20 10; Xor "xor" 1 2 2 20 10; Not "not" 1 1 1 20 10;
-    Cnot "cnot" 1 1 1 20 10;
+    And "and" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)]; Or "or" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)];
+    Xor "xor" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)]; Not "not" 1 1 1 20 10 [(Dst: T) (A: T)];
+    Cnot "cnot" 1 1 1 20 10 [(Dst: T) (A: T)];
     Shl "shl" 1 2 2 20 10 [(Dst: T) (A: T) (Shift: U32)];
     Shr "shr" 1 2 2 20 10 [(Dst: T) (A: T) (Shift: U32)];
     Shf "shf" 1 3 3 32 31 [(Dst: B32) (A: B32) (B: B32) (Shift: U32)];
@@ -105,11 +113,13 @@ opcodes! {
     Bfi "bfi" 1 4 4 20 20 [(Dst: T) (A: T) (B: T) (Pos: U32) (Len: U32)];
     Prmt "prmt" 1 3 3 20 20 [(Dst: B32) (A: B32) (B: B32) (Selector: B32)];
     Popc "popc" 1 1 1 20 20 [(Dst: U32) (A: T)]; Clz "clz" 1 1 1 20 20 [(Dst: U32) (A: T)];
-    Brev "brev" 1 1 1 20 20; Bfind "bfind" 1 1 1 20 20 [(Dst: U32) (A: T)];
+    Brev "brev" 1 1 1 20 20 [(Dst: T) (A: T)]; Bfind "bfind" 1 1 1 20 20 [(Dst: U32) (A: T)];
     Lop3 "lop3" 1 4 4 50 43 [(Dst: B32) (A: B32) (B: B32) (C: B32) Lut];
-    Dp4a "dp4a" 1 3 3 61 50;
-    Dp2a "dp2a" 1 3 3 61 50; Fns "fns" 1 3 3 30 60; Bmsk "bmsk" 1 2 2 70 76;
-    Szext "szext" 1 2 2 70 76;
+    Dp4a "dp4a" 1 3 3 61 50 [(Dst: B32) (A: B32) (B: B32) (C: B32)];
+    Dp2a "dp2a" 1 3 3 61 50 [(Dst: B32) (A: B32) (B: B32) (C: B32)];
+    Fns "fns" 1 3 3 30 60 [(Dst: B32) (A: B32) (B: B32) (C: B32)];
+    Bmsk "bmsk" 1 2 2 70 76 [(Dst: B32) (A: B32) (B: B32)];
+    Szext "szext" 1 2 2 70 76 [(Dst: T) (A: T) (Len: U32)];
     // video: scalar (a third operand for the secondary op or the merge form) and SIMD
     Vadd "vadd" 1 2 3 20 20; Vsub "vsub" 1 2 3 20 20; Vabsdiff "vabsdiff" 1 2 3 20 20;
     Vmin "vmin" 1 2 3 20 20; Vmax "vmax" 1 2 3 20 20; Vshl "vshl" 1 2 3 20 20;
@@ -125,7 +135,7 @@ opcodes! {
     Selp "selp" 1 3 3 20 10 [(Dst: T) (A: T) (B: T) (C: Pred)];
     Slct "slct" 1 3 3 20 10 [(Dst: T) (A: T) (B: T) (C: T2)];
     // data movement and conversion
-    Mov "mov" 1 1 1 20 10; Cvt "cvt" 1 1 3 20 10; Cvta "cvta" 1 1 1 20 20 [(Dst: T) (A: T)];
+    Mov "mov" 1 1 1 20 10 [Dst A]; Cvt "cvt" 1 1 3 20 10 [Dst A (?B) (?C)]; Cvta "cvta" 1 1 1 20 20 [(Dst: T) (A: T)];
     Isspacep "isspacep" 1 1 1 20 20 [(Dst: Pred) (A: T)];
     Ldu "ldu" 1 1 1 20 20 [(Dst: TWideVec) (Addr: Addr)];
     Ld "ld" 1 1 2 20 10 [(Dst: TWideVec) (Addr: Addr) (CacheHint: B64 if L2CacheHint)];
@@ -152,10 +162,10 @@ opcodes! {
     Activemask "activemask" 1 0 0 30 62;
     Elect "elect" 1 1 1 90 80 [Dst (Membermask: U32)];
     // control flow
-    Bra "bra" 0 1 1 20 10; BrxIdx "brx.idx" 0 2 2 30 60;
+    Bra "bra" 0 1 1 20 10 [Target]; BrxIdx "brx.idx" 0 2 2 30 60 [Index Target];
     Call "call" 0 1 4 20 10 [(?Rets list) Func (?Params list) (?Proto)];
     Ret "ret" 0 0 0 20 10; Exit "exit" 0 0 0 20 10; Trap "trap" 0 0 0 20 10;
-    Brkpt "brkpt" 0 0 0 20 11; Nanosleep "nanosleep" 0 1 1 70 63;
+    Brkpt "brkpt" 0 0 0 20 11; Nanosleep "nanosleep" 0 1 1 70 63 [Time];
     // tensor cores (Ampere/Ada)
     Mma "mma" 1 3 3 70 64 [Dst A B C];
     Ldmatrix "ldmatrix" 1 1 1 75 65 [(Dst: B32X) (Addr: AddrOnly)];

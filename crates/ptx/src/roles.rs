@@ -104,6 +104,12 @@ roles! {
     Params => "param-list",
     /// An indirect call's prototype or target list (`fproto` / `flist`).
     Proto => "fproto",
+    /// A branch target: `bra`'s label, `brx.idx`'s `.branchtargets` list (`tgt` / `tlist`).
+    Target => "tgt",
+    /// `brx.idx`'s index into its target list.
+    Index => "index",
+    /// `nanosleep`'s duration in nanoseconds (`t`).
+    Time => "t",
 }
 
 impl fmt::Display for Role {

@@ -1165,32 +1165,16 @@ impl<'a> FnCheck<'a> {
             }
         };
         match i.op {
-            Add | Sub | Addc | Subc | Div | Rem | Abs | Neg | Min | Max | Fma | Copysign | Rcp
-            | Sqrt | Rsqrt | Sin | Cos | Lg2 | Ex2 | Tanh | And | Or | Xor | Not | Cnot | Brev
-            | Sad | Mul24 | Mad24 => all(self, Want::T(t)),
-            Mul | Mad => {
-                if i.has(Flag::Wide) {
-                    self.check(i, &a[0], Want::T(doubled(t)), "destination");
-                    self.check(i, &a[1], Want::T(t), "source");
-                    self.check(i, &a[2], Want::T(t), "source");
-                    if a.len() > 3 {
-                        self.check(i, &a[3], Want::T(doubled(t)), "addend");
-                    }
-                } else {
-                    all(self, Want::T(t))
-                }
-            }
-            Madc => all(self, Want::T(t)),
-            Bmsk | Fns | Dp2a | Dp4a => {
-                for o in a {
-                    self.check(i, o, Want::T(Ty::B32), "operand");
-                }
-            }
-            Szext => {
-                self.check(i, &a[0], Want::T(t), "destination");
+            // (the uniform arithmetic and bit rows check their operands by the table's classes)
+            Mul | Mad if i.has(Flag::Wide) => {
+                self.check(i, &a[0], Want::T(doubled(t)), "destination");
                 self.check(i, &a[1], Want::T(t), "source");
-                self.check(i, &a[2], Want::T(Ty::U32), "field width");
+                self.check(i, &a[2], Want::T(t), "source");
+                if a.len() > 3 {
+                    self.check(i, &a[3], Want::T(doubled(t)), "addend");
+                }
             }
+            Mul | Mad => all(self, Want::T(t)),
             Mov => self.mov(i, t),
             Cvt if i.has(Flag::Pack) => self.cvt_pack(i, &tys),
             Cvt => {

@@ -144,7 +144,11 @@ impl Decoder<'_> {
         } else {
             None
         };
-        let src = if ins.op == Opcode::RedAsync { Role::B } else { Role::Src };
+        let src = if ins.op == Opcode::RedAsync {
+            Role::B
+        } else {
+            Role::Src
+        };
         let (addr, off, _) = self.addr(ins, arg(Role::Addr)?)?;
         let srcs = self.vec_srcs(ins, arg(src)?)?;
         let (mbar, moff, _) = self.addr(ins, arg(Role::Mbar)?)?;
