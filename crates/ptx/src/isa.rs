@@ -121,14 +121,18 @@ opcodes! {
     Bmsk "bmsk" 1 2 2 70 76 [(Dst: B32) (A: B32) (B: B32)];
     Szext "szext" 1 2 2 70 76 [(Dst: T) (A: T) (Len: U32)];
     // video: scalar (a third operand for the secondary op or the merge form) and SIMD
-    Vadd "vadd" 1 2 3 20 20; Vsub "vsub" 1 2 3 20 20; Vabsdiff "vabsdiff" 1 2 3 20 20;
-    Vmin "vmin" 1 2 3 20 20; Vmax "vmax" 1 2 3 20 20; Vshl "vshl" 1 2 3 20 20;
-    Vshr "vshr" 1 2 3 20 20; Vmad "vmad" 1 3 3 20 20; Vset "vset" 1 2 3 20 20;
-    Vadd2 "vadd2" 1 3 3 30 30; Vsub2 "vsub2" 1 3 3 30 30; Vavrg2 "vavrg2" 1 3 3 30 30;
-    Vabsdiff2 "vabsdiff2" 1 3 3 30 30; Vmin2 "vmin2" 1 3 3 30 30; Vmax2 "vmax2" 1 3 3 30 30;
-    Vset2 "vset2" 1 3 3 30 30; Vadd4 "vadd4" 1 3 3 30 30; Vsub4 "vsub4" 1 3 3 30 30;
-    Vavrg4 "vavrg4" 1 3 3 30 30; Vabsdiff4 "vabsdiff4" 1 3 3 30 30; Vmin4 "vmin4" 1 3 3 30 30;
-    Vmax4 "vmax4" 1 3 3 30 30; Vset4 "vset4" 1 3 3 30 30;
+    Vadd "vadd" 1 2 3 20 20 [Dst A B (?C)]; Vsub "vsub" 1 2 3 20 20 [Dst A B (?C)];
+    Vabsdiff "vabsdiff" 1 2 3 20 20 [Dst A B (?C)]; Vmin "vmin" 1 2 3 20 20 [Dst A B (?C)];
+    Vmax "vmax" 1 2 3 20 20 [Dst A B (?C)]; Vshl "vshl" 1 2 3 20 20 [Dst A B (?C)];
+    Vshr "vshr" 1 2 3 20 20 [Dst A B (?C)]; Vmad "vmad" 1 3 3 20 20 [Dst A B C];
+    Vset "vset" 1 2 3 20 20 [Dst A B (?C)]; Vadd2 "vadd2" 1 3 3 30 30 [Dst A B C];
+    Vsub2 "vsub2" 1 3 3 30 30 [Dst A B C]; Vavrg2 "vavrg2" 1 3 3 30 30 [Dst A B C];
+    Vabsdiff2 "vabsdiff2" 1 3 3 30 30 [Dst A B C]; Vmin2 "vmin2" 1 3 3 30 30 [Dst A B C];
+    Vmax2 "vmax2" 1 3 3 30 30 [Dst A B C]; Vset2 "vset2" 1 3 3 30 30 [Dst A B C];
+    Vadd4 "vadd4" 1 3 3 30 30 [Dst A B C]; Vsub4 "vsub4" 1 3 3 30 30 [Dst A B C];
+    Vavrg4 "vavrg4" 1 3 3 30 30 [Dst A B C]; Vabsdiff4 "vabsdiff4" 1 3 3 30 30 [Dst A B C];
+    Vmin4 "vmin4" 1 3 3 30 30 [Dst A B C]; Vmax4 "vmax4" 1 3 3 30 30 [Dst A B C];
+    Vset4 "vset4" 1 3 3 30 30 [Dst A B C];
     // comparison and selection
     Setp "setp" 1 2 3 20 10 [(Dst: PredPair) (A: T) (B: T) (?C: Pred)];
     Set "set" 1 2 3 20 10 [(Dst: T) (A: T2) (B: T2) (?C: Pred)];
@@ -149,7 +153,8 @@ opcodes! {
     Red "red" 0 2 3 20 12 [(Addr: Addr) (B: TVec) (CacheHint: B64 if L2CacheHint)];
     RedAsync "red.async" 0 3 3 90 81 [Addr B Mbar];
     // barriers and fences
-    Bar "bar" 0 0 3 20 10; Barrier "barrier" 0 0 3 20 60;
+    Bar "bar" 0 0 3 20 10 [(Dst if Red) (?A) (?B) (C if Red)];
+    Barrier "barrier" 0 0 3 20 60 [(Dst if Red) (?A) (?B) (C if Red)];
     BarWarpSync "bar.warp.sync" 0 1 1 30 60 [(Membermask: U32)];
     BarrierCluster "barrier.cluster" 0 0 0 90 78; Membar "membar" 0 0 0 20 14;
     Fence "fence" 0 0 2 70 60;
@@ -177,8 +182,8 @@ opcodes! {
     MmaSpOrdered "mma.sp::ordered_metadata" 1 5 5 80 85;
     Movmatrix "movmatrix" 1 1 1 75 78;
     // per-thread stack allocation
-    Stacksave "stacksave" 1 0 0 52 73; Stackrestore "stackrestore" 0 1 1 52 73;
-    Alloca "alloca" 1 1 2 52 73;
+    Stacksave "stacksave" 1 0 0 52 73 [Dst]; Stackrestore "stackrestore" 0 1 1 52 73 [A];
+    Alloca "alloca" 1 1 2 52 73 [Dst Size (?Align)];
     // asynchronous copies
     CpAsync "cp.async" 0 3 5 80 70 [Dst Src CpSize (?SrcSize) (CacheHint if L2CacheHint)];
     CpAsyncCommitGroup "cp.async.commit_group" 0 0 0 80 70;
@@ -218,7 +223,7 @@ opcodes! {
     WgmmaMmaAsync "wgmma.mma_async" 1 3 7 90 80
         [Dst A BDesc ScaleD (?ImmScaleA) (?ImmScaleB) (?ImmTransA unless_vec 1) (?ImmTransB)];
     Setmaxnreg "setmaxnreg" 0 1 1 90 80; Griddepcontrol "griddepcontrol" 0 0 0 90 78;
-    Mapa "mapa" 1 2 2 90 78 [(Dst: T) (A: T) (CtaRank: U32)]; Getctarank "getctarank" 1 1 1 90 78;
+    Mapa "mapa" 1 2 2 90 78 [(Dst: T) (A: T) (CtaRank: U32)]; Getctarank "getctarank" 1 1 1 90 78 [Dst A];
     // textures and surfaces (unified mode: the handle is a .u64 operand; emu::texture)
     Tex "tex" 1 1 1 20 10; Tld4 "tld4" 1 1 1 20 22; Txq "txq" 1 1 1 20 15;
     Suld "suld" 1 1 1 20 15; Sust "sust" 0 2 2 20 15; Sured "sured" 0 2 2 20 20;

@@ -62,8 +62,10 @@ roles! {
     CpSize => "cp-size",
     /// `cp.async`'s source size (`src-size`, the rest is zero-filled).
     SrcSize => "src-size",
-    /// Bulk-copy byte count.
+    /// Bulk-copy byte count; `alloca`'s allocation size.
     Size => "size",
+    /// `alloca`'s alignment (an immediate power of two).
+    Align => "align",
     /// The mbarrier a copy completes on (`[mbar]`).
     Mbar => "mbar",
     /// The destination CTAs of a multicast copy (`ctaMask`).
