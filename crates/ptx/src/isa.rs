@@ -176,11 +176,14 @@ opcodes! {
     Ldmatrix "ldmatrix" 1 1 1 75 65 [(Dst: B32X) (Addr: AddrOnly)];
     Stmatrix "stmatrix" 0 2 2 90 78 [(Addr: AddrOnly) (Src: B32X)];
     // warp matrix functions, sparse mma, movmatrix (emulated in the emulator's `wmma` modules)
-    WmmaLoadA "wmma.load.a" 1 1 2 70 60; WmmaLoadB "wmma.load.b" 1 1 2 70 60;
-    WmmaLoadC "wmma.load.c" 1 1 2 70 60; WmmaStoreD "wmma.store.d" 0 2 3 70 60;
-    WmmaMma "wmma.mma" 1 3 3 70 60; MmaSp "mma.sp" 1 5 5 80 71;
-    MmaSpOrdered "mma.sp::ordered_metadata" 1 5 5 80 85;
-    Movmatrix "movmatrix" 1 1 1 75 78;
+    WmmaLoadA "wmma.load.a" 1 1 2 70 60 [Dst Addr (?Stride)];
+    WmmaLoadB "wmma.load.b" 1 1 2 70 60 [Dst Addr (?Stride)];
+    WmmaLoadC "wmma.load.c" 1 1 2 70 60 [Dst Addr (?Stride)];
+    WmmaStoreD "wmma.store.d" 0 2 3 70 60 [Addr Src (?Stride)];
+    WmmaMma "wmma.mma" 1 3 3 70 60 [Dst A B C];
+    MmaSp "mma.sp" 1 5 5 80 71 [Dst A B C Meta SparsitySel];
+    MmaSpOrdered "mma.sp::ordered_metadata" 1 5 5 80 85 [Dst A B C Meta SparsitySel];
+    Movmatrix "movmatrix" 1 1 1 75 78 [Dst A];
     // per-thread stack allocation
     Stacksave "stacksave" 1 0 0 52 73 [Dst]; Stackrestore "stackrestore" 0 1 1 52 73 [A];
     Alloca "alloca" 1 1 2 52 73 [Dst Size (?Align)];
@@ -225,9 +228,10 @@ opcodes! {
     Setmaxnreg "setmaxnreg" 0 1 1 90 80; Griddepcontrol "griddepcontrol" 0 0 0 90 78;
     Mapa "mapa" 1 2 2 90 78 [(Dst: T) (A: T) (CtaRank: U32)]; Getctarank "getctarank" 1 1 1 90 78 [Dst A];
     // textures and surfaces (unified mode: the handle is a .u64 operand; emu::texture)
-    Tex "tex" 1 1 1 20 10; Tld4 "tld4" 1 1 1 20 22; Txq "txq" 1 1 1 20 15;
-    Suld "suld" 1 1 1 20 15; Sust "sust" 0 2 2 20 15; Sured "sured" 0 2 2 20 20;
-    Suq "suq" 1 1 1 20 15; Istypep "istypep" 1 1 1 30 40;
+    Tex "tex" 1 1 1 20 10 [Dst Addr]; Tld4 "tld4" 1 1 1 20 22 [Dst Addr];
+    Txq "txq" 1 1 1 20 15 [Dst Addr]; Suld "suld" 1 1 1 20 15 [Dst Addr];
+    Sust "sust" 0 2 2 20 15 [Addr Src]; Sured "sured" 0 2 2 20 20 [Addr Src];
+    Suq "suq" 1 1 1 20 15 [Dst Addr]; Istypep "istypep" 1 1 1 30 40 [Dst A];
 }
 
 impl Opcode {

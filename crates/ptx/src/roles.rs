@@ -52,7 +52,8 @@ roles! {
     Clamp => "c",
     /// The member mask of a warp-synchronous instruction.
     Membermask => "membermask",
-    /// A memory address (`[a]`).
+    /// A memory address (`[a]`); a texture or surface reference with its coordinates
+    /// (`[a, b]`), or the queried one (`txq`/`suq`'s `[a]`).
     Addr => "a",
     /// A source of memory copies (`[srcMem]`, `[tensorMap, coords]`) or the value stored.
     Src => "src",
@@ -62,6 +63,12 @@ roles! {
     CpSize => "cp-size",
     /// `cp.async`'s source size (`src-size`, the rest is zero-filled).
     SrcSize => "src-size",
+    /// `wmma.load`/`wmma.store`'s row or column stride (`stride`).
+    Stride => "stride",
+    /// `mma.sp`'s sparse metadata (`e`).
+    Meta => "e",
+    /// `mma.sp`'s sparsity selector (`f`).
+    SparsitySel => "f",
     /// Bulk-copy byte count; `alloca`'s allocation size.
     Size => "size",
     /// `alloca`'s alignment (an immediate power of two).
