@@ -145,7 +145,8 @@ opcodes! {
     Ld "ld" 1 1 2 20 10 [(Dst: TWideVec) (Addr: Addr) (CacheHint: B64 if L2CacheHint)];
     St "st" 0 2 3 20 10 [(Addr: Addr) (Src: TWideVec) (CacheHint: B64 if L2CacheHint)];
     StAsync "st.async" 0 3 3 90 81 [Addr Src Mbar]; Prefetch "prefetch" 0 1 1 20 20;
-    Prefetchu "prefetchu" 0 1 1 20 20; Createpolicy "createpolicy" 1 1 3 80 74;
+    Prefetchu "prefetchu" 0 1 1 20 20; Createpolicy "createpolicy" 1 1 3 80 74
+        [Dst A (?B) (?C)];
     Discard "discard" 0 2 2 80 74; Applypriority "applypriority" 0 2 2 80 74;
     // atomics
     Atom "atom" 1 2 4 20 11
@@ -164,7 +165,7 @@ opcodes! {
     Vote "vote" 1 1 2 20 12 [(Dst: T) (A: Pred) (Membermask: U32 if Sync)];
     Match "match" 1 2 2 70 60 [(Dst: B32Pair) (A: T) (Membermask: U32)];
     Redux "redux" 1 2 2 80 70 [(Dst: T) (A: T) (Membermask: U32)];
-    Activemask "activemask" 1 0 0 30 62;
+    Activemask "activemask" 1 0 0 30 62 [Dst];
     Elect "elect" 1 1 1 90 80 [Dst (Membermask: U32)];
     // control flow
     Bra "bra" 0 1 1 20 10 [Target]; BrxIdx "brx.idx" 0 2 2 30 60 [Index Target];
@@ -190,7 +191,7 @@ opcodes! {
     // asynchronous copies
     CpAsync "cp.async" 0 3 5 80 70 [Dst Src CpSize (?SrcSize) (CacheHint if L2CacheHint)];
     CpAsyncCommitGroup "cp.async.commit_group" 0 0 0 80 70;
-    CpAsyncWaitGroup "cp.async.wait_group" 0 1 1 80 70; CpAsyncWaitAll "cp.async.wait_all" 0 0 0 80 70;
+    CpAsyncWaitGroup "cp.async.wait_group" 0 1 1 80 70 [N]; CpAsyncWaitAll "cp.async.wait_all" 0 0 0 80 70;
     CpAsyncMbarrierArrive "cp.async.mbarrier.arrive" 0 1 1 80 70 [Addr];
     CpAsyncBulk "cp.async.bulk" 0 3 6 90 80
         [Dst Src Size (Mbar if CompleteTxBytes) (CtaMask if MulticastCluster)
@@ -199,7 +200,7 @@ opcodes! {
         [Dst Src (Mbar if CompleteTxBytes) (Im2colOffsets if Im2col) (CtaMask if MulticastCluster)
          (CacheHint if L2CacheHint)];
     CpAsyncBulkCommitGroup "cp.async.bulk.commit_group" 0 0 0 90 80;
-    CpAsyncBulkWaitGroup "cp.async.bulk.wait_group" 0 1 1 90 80;
+    CpAsyncBulkWaitGroup "cp.async.bulk.wait_group" 0 1 1 90 80 [N];
     CpAsyncBulkPrefetchTensor "cp.async.bulk.prefetch.tensor" 0 1 3 90 80;
     CpAsyncBulkPrefetch "cp.async.bulk.prefetch" 0 2 3 90 80;
     CpReduceAsyncBulk "cp.reduce.async.bulk" 0 3 4 90 80
@@ -222,10 +223,10 @@ opcodes! {
     MbarrierPendingCount "mbarrier.pending_count" 1 1 1 80 70 [Dst State];
     // Hopper warpgroup MMA and friends
     WgmmaFence "wgmma.fence" 0 0 0 90 80; WgmmaCommitGroup "wgmma.commit_group" 0 0 0 90 80;
-    WgmmaWaitGroup "wgmma.wait_group" 0 1 1 90 80;
+    WgmmaWaitGroup "wgmma.wait_group" 0 1 1 90 80 [N];
     WgmmaMmaAsync "wgmma.mma_async" 1 3 7 90 80
         [Dst A BDesc ScaleD (?ImmScaleA) (?ImmScaleB) (?ImmTransA unless_vec 1) (?ImmTransB)];
-    Setmaxnreg "setmaxnreg" 0 1 1 90 80; Griddepcontrol "griddepcontrol" 0 0 0 90 78;
+    Setmaxnreg "setmaxnreg" 0 1 1 90 80 [RegCount]; Griddepcontrol "griddepcontrol" 0 0 0 90 78;
     Mapa "mapa" 1 2 2 90 78 [(Dst: T) (A: T) (CtaRank: U32)]; Getctarank "getctarank" 1 1 1 90 78 [Dst A];
     // textures and surfaces (unified mode: the handle is a .u64 operand; emu::texture)
     Tex "tex" 1 1 1 20 10 [Dst Addr]; Tld4 "tld4" 1 1 1 20 22 [Dst Addr];

@@ -117,6 +117,10 @@ roles! {
     Target => "tgt",
     /// `brx.idx`'s index into its target list.
     Index => "index",
+    /// The number of most recent groups a `wait_group` may leave pending (`N`).
+    N => "N",
+    /// `setmaxnreg`'s register count (`imm-reg-count`).
+    RegCount => "imm-reg-count",
     /// `nanosleep`'s duration in nanoseconds (`t`).
     Time => "t",
 }

@@ -165,20 +165,6 @@ pub fn family(op: Opcode, float: bool) -> Family {
     }
 }
 
-/// Operand `i` of `ins`, or an error naming the missing operand.
-pub(super) fn operand<'i>(
-    f: &Function,
-    ins: &'i Instruction,
-    i: usize,
-) -> Result<&'i Operand, EmuError> {
-    ins.args.get(i).ok_or_else(|| EmuError::Unsupported {
-        kernel: f.name.clone(),
-        line: ins.loc.line,
-        text: ins.to_string(),
-        why: format!("missing operand {i}"),
-    })
-}
-
 /// The operand of `ins` with `role`, or an error naming the missing operand.
 pub(super) fn role<'i>(
     f: &Function,
