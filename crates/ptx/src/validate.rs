@@ -6,10 +6,11 @@
 //!   allowed), declared twice in one scope;
 //! - operand types and widths by PTX's rules (bit-size types match any same-size type,
 //!   signed/unsigned of one size are interchangeable, floats must match exactly): from the type
-//!   classes of the opcode table's role lists ([`crate::roles::TyClass`]: shift amounts, `setp`,
-//!   `selp`/`slct`, `ld`/`st`/`atom`/`red` values and vector counts, warp-level operands, ...),
-//!   plus the rules a class cannot say (`.wide` destinations, `mov` packing, `cvt`, `mma` and
-//!   `wgmma` fragments) and "every operand has the instruction's type" for plain arithmetic;
+//!   classes of the opcode table's role lists ([`crate::roles::TyClass`]: plain arithmetic and
+//!   bit operations, shift amounts, `setp`, `selp`/`slct`, `ld`/`st`/`atom`/`red` values and
+//!   vector counts, warp-level operands, ...), plus the rules a class cannot say (`mul`/`mad`
+//!   `.wide` destinations, `mov` packing, `cvt`, `mma`/`wgmma`/`wmma` fragments, stack
+//!   instructions, video and texture forms);
 //! - guards are `.pred`; operand counts per the opcode table (the role list for this
 //!   instruction's modifiers where the table has one);
 //! - state spaces (`ld.param` of a non-parameter, `st.const`, `.param::entry` in a `.func`,
@@ -1592,8 +1593,8 @@ impl FnCheck<'_> {
 fn role_label(r: Role) -> &'static str {
     match r {
         Role::Dst => "destination",
-        Role::Src | Role::B | Role::C => "value",
-        Role::A => "source",
+        Role::Src => "value",
+        Role::A | Role::B | Role::C => "source",
         Role::Lane => "lane operand",
         Role::Clamp => "clamp operand",
         Role::Membermask => "member mask",
