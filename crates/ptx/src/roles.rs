@@ -362,6 +362,33 @@ mod tests {
         assert_eq!(name_of(&s, Role::CacheHint).as_deref(), Some("%rd2"));
     }
 
+    #[test]
+    fn optional_and_flagged_sources() {
+        let b = ins("bar.red.popc.u32 %r1, 0, 64, !p;");
+        assert_eq!(name_of(&b, Role::Dst).as_deref(), Some("%r1"));
+        assert_eq!(name_of(&b, Role::B).as_deref(), Some("64"));
+        assert_eq!(b.operand_index(Role::C), Some(3));
+        let b = ins("bar.red.popc.u32 %r1, 0, p;");
+        assert_eq!(b.operand(Role::B), None);
+        assert_eq!(name_of(&b, Role::C).as_deref(), Some("p"));
+        let b = ins("bar.sync 1, 64;");
+        assert_eq!(b.operand(Role::Dst), None);
+        assert_eq!(name_of(&b, Role::A).as_deref(), Some("1"));
+        assert_eq!(name_of(&b, Role::B).as_deref(), Some("64"));
+        let m = ins("min.s32 %r1, %r2, %r3;");
+        assert_eq!(m.operand(Role::C), None);
+        let m = ins("min.s32 %r1, %r2, %r3, %r4;");
+        assert_eq!(name_of(&m, Role::C).as_deref(), Some("%r4"));
+        let a = ins("alloca.u64 %rd1, %rd2, 16;");
+        assert_eq!(name_of(&a, Role::Size).as_deref(), Some("%rd2"));
+        assert_eq!(name_of(&a, Role::Align).as_deref(), Some("16"));
+        let s = ins("shl.b32 %r1, %r2, 3;");
+        assert_eq!(name_of(&s, Role::Shift).as_deref(), Some("3"));
+        let x = ins("brx.idx %r1, tgts;");
+        assert_eq!(name_of(&x, Role::Index).as_deref(), Some("%r1"));
+        assert_eq!(name_of(&x, Role::Target).as_deref(), Some("tgts"));
+    }
+
     /// The counted columns of the table agree with the role lists (no modifiers: the required
     /// roles are the minimum).
     #[test]
