@@ -34,7 +34,7 @@ mod wmma;
 pub use call::{function_address, CallSite, IndirectCall, ParamCopy, Place};
 pub use carry::{CarryKind, CarryOp};
 pub use family::{family, Family};
-use family::{misrouted, operand, role};
+use family::{misrouted, role};
 
 /// The modifier families are `ptx`'s; `Ord` is the memory order a decoded access asks for
 /// (`ld.volatile` decodes as acquire, `st.volatile` as release).

@@ -85,19 +85,27 @@ macro_rules! slot {
 }
 
 opcodes! {
-    // integer and float arithmetic
-    Add "add" 1 2 2 20 10; Addc "addc" 1 2 2 20 12; Sub "sub" 1 2 2 20 10; Subc "subc" 1 2 2 20 12;
-    Mul "mul" 1 2 2 20 10; Mad "mad" 1 3 3 20 10; Madc "madc" 1 3 3 20 30;
-    Mul24 "mul24" 1 2 2 20 10; Mad24 "mad24" 1 3 3 20 10; Sad "sad" 1 3 3 20 10;
-    Div "div" 1 2 2 20 10; Rem "rem" 1 2 2 20 10; Abs "abs" 1 1 1 20 10; Neg "neg" 1 1 1 20 10;
-    Min "min" 1 2 3 20 10; Max "max" 1 2 3 20 10; Fma "fma" 1 3 3 20 14;
-    Copysign "copysign" 1 2 2 20 30; Testp "testp" 1 1 1 20 20 [(Dst: Pred) (A: T)];
-    Rcp "rcp" 1 1 1 20 10; Sqrt "sqrt" 1 1 1 20 10; Rsqrt "rsqrt" 1 1 1 20 10;
-    Sin "sin" 1 1 1 20 10; Cos "cos" 1 1 1 20 10; Lg2 "lg2" 1 1 1 20 10; Ex2 "ex2" 1 1 1 20 10;
-    Tanh "tanh" 1 1 1 75 70;
+    // integer and float arithmetic (`mul`/`mad` `.wide` widen d and c: the validator's rule)
+    Add "add" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)]; Addc "addc" 1 2 2 20 12 [(Dst: T) (A: T) (B: T)];
+    Sub "sub" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)]; Subc "subc" 1 2 2 20 12 [(Dst: T) (A: T) (B: T)];
+    Mul "mul" 1 2 2 20 10 [Dst A B]; Mad "mad" 1 3 3 20 10 [Dst A B C];
+    Madc "madc" 1 3 3 20 30 [(Dst: T) (A: T) (B: T) (C: T)];
+    Mul24 "mul24" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)]; Mad24 "mad24" 1 3 3 20 10 [(Dst: T) (A: T) (B: T) (C: T)];
+    Sad "sad" 1 3 3 20 10 [(Dst: T) (A: T) (B: T) (C: T)];
+    Div "div" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)]; Rem "rem" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)];
+    Abs "abs" 1 1 1 20 10 [(Dst: T) (A: T)]; Neg "neg" 1 1 1 20 10 [(Dst: T) (A: T)];
+    Min "min" 1 2 3 20 10 [(Dst: T) (A: T) (B: T) (?C: T)];
+    Max "max" 1 2 3 20 10 [(Dst: T) (A: T) (B: T) (?C: T)];
+    Fma "fma" 1 3 3 20 14 [(Dst: T) (A: T) (B: T) (C: T)];
+    Copysign "copysign" 1 2 2 20 30 [(Dst: T) (A: T) (B: T)]; Testp "testp" 1 1 1 20 20 [(Dst: Pred) (A: T)];
+    Rcp "rcp" 1 1 1 20 10 [(Dst: T) (A: T)]; Sqrt "sqrt" 1 1 1 20 10 [(Dst: T) (A: T)];
+    Rsqrt "rsqrt" 1 1 1 20 10 [(Dst: T) (A: T)]; Sin "sin" 1 1 1 20 10 [(Dst: T) (A: T)];
+    Cos "cos" 1 1 1 20 10 [(Dst: T) (A: T)]; Lg2 "lg2" 1 1 1 20 10 [(Dst: T) (A: T)]; Ex2 "ex2" 1 1 1 20 10 [(Dst: T) (A: T)];
+    Tanh "tanh" 1 1 1 75 70 [(Dst: T) (A: T)];
     // bit manipulation
-    And "and" 1 2 2 20 10; Or "or" 1 2 2 20 10; Xor "xor" 1 2 2 20 10; Not "not" 1 1 1 20 10;
-    Cnot "cnot" 1 1 1 20 10;
+    And "and" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)]; Or "or" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)];
+    Xor "xor" 1 2 2 20 10 [(Dst: T) (A: T) (B: T)]; Not "not" 1 1 1 20 10 [(Dst: T) (A: T)];
+    Cnot "cnot" 1 1 1 20 10 [(Dst: T) (A: T)];
     Shl "shl" 1 2 2 20 10 [(Dst: T) (A: T) (Shift: U32)];
     Shr "shr" 1 2 2 20 10 [(Dst: T) (A: T) (Shift: U32)];
     Shf "shf" 1 3 3 32 31 [(Dst: B32) (A: B32) (B: B32) (Shift: U32)];
@@ -105,33 +113,40 @@ opcodes! {
     Bfi "bfi" 1 4 4 20 20 [(Dst: T) (A: T) (B: T) (Pos: U32) (Len: U32)];
     Prmt "prmt" 1 3 3 20 20 [(Dst: B32) (A: B32) (B: B32) (Selector: B32)];
     Popc "popc" 1 1 1 20 20 [(Dst: U32) (A: T)]; Clz "clz" 1 1 1 20 20 [(Dst: U32) (A: T)];
-    Brev "brev" 1 1 1 20 20; Bfind "bfind" 1 1 1 20 20 [(Dst: U32) (A: T)];
+    Brev "brev" 1 1 1 20 20 [(Dst: T) (A: T)]; Bfind "bfind" 1 1 1 20 20 [(Dst: U32) (A: T)];
     Lop3 "lop3" 1 4 4 50 43 [(Dst: B32) (A: B32) (B: B32) (C: B32) Lut];
-    Dp4a "dp4a" 1 3 3 61 50;
-    Dp2a "dp2a" 1 3 3 61 50; Fns "fns" 1 3 3 30 60; Bmsk "bmsk" 1 2 2 70 76;
-    Szext "szext" 1 2 2 70 76;
+    Dp4a "dp4a" 1 3 3 61 50 [(Dst: B32) (A: B32) (B: B32) (C: B32)];
+    Dp2a "dp2a" 1 3 3 61 50 [(Dst: B32) (A: B32) (B: B32) (C: B32)];
+    Fns "fns" 1 3 3 30 60 [(Dst: B32) (A: B32) (B: B32) (C: B32)];
+    Bmsk "bmsk" 1 2 2 70 76 [(Dst: B32) (A: B32) (B: B32)];
+    Szext "szext" 1 2 2 70 76 [(Dst: T) (A: T) (Len: U32)];
     // video: scalar (a third operand for the secondary op or the merge form) and SIMD
-    Vadd "vadd" 1 2 3 20 20; Vsub "vsub" 1 2 3 20 20; Vabsdiff "vabsdiff" 1 2 3 20 20;
-    Vmin "vmin" 1 2 3 20 20; Vmax "vmax" 1 2 3 20 20; Vshl "vshl" 1 2 3 20 20;
-    Vshr "vshr" 1 2 3 20 20; Vmad "vmad" 1 3 3 20 20; Vset "vset" 1 2 3 20 20;
-    Vadd2 "vadd2" 1 3 3 30 30; Vsub2 "vsub2" 1 3 3 30 30; Vavrg2 "vavrg2" 1 3 3 30 30;
-    Vabsdiff2 "vabsdiff2" 1 3 3 30 30; Vmin2 "vmin2" 1 3 3 30 30; Vmax2 "vmax2" 1 3 3 30 30;
-    Vset2 "vset2" 1 3 3 30 30; Vadd4 "vadd4" 1 3 3 30 30; Vsub4 "vsub4" 1 3 3 30 30;
-    Vavrg4 "vavrg4" 1 3 3 30 30; Vabsdiff4 "vabsdiff4" 1 3 3 30 30; Vmin4 "vmin4" 1 3 3 30 30;
-    Vmax4 "vmax4" 1 3 3 30 30; Vset4 "vset4" 1 3 3 30 30;
+    Vadd "vadd" 1 2 3 20 20 [Dst A B (?C)]; Vsub "vsub" 1 2 3 20 20 [Dst A B (?C)];
+    Vabsdiff "vabsdiff" 1 2 3 20 20 [Dst A B (?C)]; Vmin "vmin" 1 2 3 20 20 [Dst A B (?C)];
+    Vmax "vmax" 1 2 3 20 20 [Dst A B (?C)]; Vshl "vshl" 1 2 3 20 20 [Dst A B (?C)];
+    Vshr "vshr" 1 2 3 20 20 [Dst A B (?C)]; Vmad "vmad" 1 3 3 20 20 [Dst A B C];
+    Vset "vset" 1 2 3 20 20 [Dst A B (?C)]; Vadd2 "vadd2" 1 3 3 30 30 [Dst A B C];
+    Vsub2 "vsub2" 1 3 3 30 30 [Dst A B C]; Vavrg2 "vavrg2" 1 3 3 30 30 [Dst A B C];
+    Vabsdiff2 "vabsdiff2" 1 3 3 30 30 [Dst A B C]; Vmin2 "vmin2" 1 3 3 30 30 [Dst A B C];
+    Vmax2 "vmax2" 1 3 3 30 30 [Dst A B C]; Vset2 "vset2" 1 3 3 30 30 [Dst A B C];
+    Vadd4 "vadd4" 1 3 3 30 30 [Dst A B C]; Vsub4 "vsub4" 1 3 3 30 30 [Dst A B C];
+    Vavrg4 "vavrg4" 1 3 3 30 30 [Dst A B C]; Vabsdiff4 "vabsdiff4" 1 3 3 30 30 [Dst A B C];
+    Vmin4 "vmin4" 1 3 3 30 30 [Dst A B C]; Vmax4 "vmax4" 1 3 3 30 30 [Dst A B C];
+    Vset4 "vset4" 1 3 3 30 30 [Dst A B C];
     // comparison and selection
     Setp "setp" 1 2 3 20 10 [(Dst: PredPair) (A: T) (B: T) (?C: Pred)];
     Set "set" 1 2 3 20 10 [(Dst: T) (A: T2) (B: T2) (?C: Pred)];
     Selp "selp" 1 3 3 20 10 [(Dst: T) (A: T) (B: T) (C: Pred)];
     Slct "slct" 1 3 3 20 10 [(Dst: T) (A: T) (B: T) (C: T2)];
     // data movement and conversion
-    Mov "mov" 1 1 1 20 10; Cvt "cvt" 1 1 3 20 10; Cvta "cvta" 1 1 1 20 20 [(Dst: T) (A: T)];
+    Mov "mov" 1 1 1 20 10 [Dst A]; Cvt "cvt" 1 1 3 20 10 [Dst A (?B) (?C)]; Cvta "cvta" 1 1 1 20 20 [(Dst: T) (A: T)];
     Isspacep "isspacep" 1 1 1 20 20 [(Dst: Pred) (A: T)];
     Ldu "ldu" 1 1 1 20 20 [(Dst: TWideVec) (Addr: Addr)];
     Ld "ld" 1 1 2 20 10 [(Dst: TWideVec) (Addr: Addr) (CacheHint: B64 if L2CacheHint)];
     St "st" 0 2 3 20 10 [(Addr: Addr) (Src: TWideVec) (CacheHint: B64 if L2CacheHint)];
     StAsync "st.async" 0 3 3 90 81 [Addr Src Mbar]; Prefetch "prefetch" 0 1 1 20 20;
-    Prefetchu "prefetchu" 0 1 1 20 20; Createpolicy "createpolicy" 1 1 3 80 74;
+    Prefetchu "prefetchu" 0 1 1 20 20; Createpolicy "createpolicy" 1 1 3 80 74
+        [Dst A (?B) (?C)];
     Discard "discard" 0 2 2 80 74; Applypriority "applypriority" 0 2 2 80 74;
     // atomics
     Atom "atom" 1 2 4 20 11
@@ -139,7 +154,8 @@ opcodes! {
     Red "red" 0 2 3 20 12 [(Addr: Addr) (B: TVec) (CacheHint: B64 if L2CacheHint)];
     RedAsync "red.async" 0 3 3 90 81 [Addr B Mbar];
     // barriers and fences
-    Bar "bar" 0 0 3 20 10; Barrier "barrier" 0 0 3 20 60;
+    Bar "bar" 0 0 3 20 10 [(Dst if Red) (?A) (?B) (C if Red)];
+    Barrier "barrier" 0 0 3 20 60 [(Dst if Red) (?A) (?B) (C if Red)];
     BarWarpSync "bar.warp.sync" 0 1 1 30 60 [(Membermask: U32)];
     BarrierCluster "barrier.cluster" 0 0 0 90 78; Membar "membar" 0 0 0 20 14;
     Fence "fence" 0 0 2 70 60;
@@ -149,30 +165,33 @@ opcodes! {
     Vote "vote" 1 1 2 20 12 [(Dst: T) (A: Pred) (Membermask: U32 if Sync)];
     Match "match" 1 2 2 70 60 [(Dst: B32Pair) (A: T) (Membermask: U32)];
     Redux "redux" 1 2 2 80 70 [(Dst: T) (A: T) (Membermask: U32)];
-    Activemask "activemask" 1 0 0 30 62;
+    Activemask "activemask" 1 0 0 30 62 [Dst];
     Elect "elect" 1 1 1 90 80 [Dst (Membermask: U32)];
     // control flow
-    Bra "bra" 0 1 1 20 10; BrxIdx "brx.idx" 0 2 2 30 60;
+    Bra "bra" 0 1 1 20 10 [Target]; BrxIdx "brx.idx" 0 2 2 30 60 [Index Target];
     Call "call" 0 1 4 20 10 [(?Rets list) Func (?Params list) (?Proto)];
     Ret "ret" 0 0 0 20 10; Exit "exit" 0 0 0 20 10; Trap "trap" 0 0 0 20 10;
-    Brkpt "brkpt" 0 0 0 20 11; Nanosleep "nanosleep" 0 1 1 70 63;
+    Brkpt "brkpt" 0 0 0 20 11; Nanosleep "nanosleep" 0 1 1 70 63 [Time];
     // tensor cores (Ampere/Ada)
     Mma "mma" 1 3 3 70 64 [Dst A B C];
     Ldmatrix "ldmatrix" 1 1 1 75 65 [(Dst: B32X) (Addr: AddrOnly)];
     Stmatrix "stmatrix" 0 2 2 90 78 [(Addr: AddrOnly) (Src: B32X)];
     // warp matrix functions, sparse mma, movmatrix (emulated in the emulator's `wmma` modules)
-    WmmaLoadA "wmma.load.a" 1 1 2 70 60; WmmaLoadB "wmma.load.b" 1 1 2 70 60;
-    WmmaLoadC "wmma.load.c" 1 1 2 70 60; WmmaStoreD "wmma.store.d" 0 2 3 70 60;
-    WmmaMma "wmma.mma" 1 3 3 70 60; MmaSp "mma.sp" 1 5 5 80 71;
-    MmaSpOrdered "mma.sp::ordered_metadata" 1 5 5 80 85;
-    Movmatrix "movmatrix" 1 1 1 75 78;
+    WmmaLoadA "wmma.load.a" 1 1 2 70 60 [Dst Addr (?Stride)];
+    WmmaLoadB "wmma.load.b" 1 1 2 70 60 [Dst Addr (?Stride)];
+    WmmaLoadC "wmma.load.c" 1 1 2 70 60 [Dst Addr (?Stride)];
+    WmmaStoreD "wmma.store.d" 0 2 3 70 60 [Addr Src (?Stride)];
+    WmmaMma "wmma.mma" 1 3 3 70 60 [Dst A B C];
+    MmaSp "mma.sp" 1 5 5 80 71 [Dst A B C Meta SparsitySel];
+    MmaSpOrdered "mma.sp::ordered_metadata" 1 5 5 80 85 [Dst A B C Meta SparsitySel];
+    Movmatrix "movmatrix" 1 1 1 75 78 [Dst A];
     // per-thread stack allocation
-    Stacksave "stacksave" 1 0 0 52 73; Stackrestore "stackrestore" 0 1 1 52 73;
-    Alloca "alloca" 1 1 2 52 73;
+    Stacksave "stacksave" 1 0 0 52 73 [Dst]; Stackrestore "stackrestore" 0 1 1 52 73 [A];
+    Alloca "alloca" 1 1 2 52 73 [Dst Size (?Align)];
     // asynchronous copies
     CpAsync "cp.async" 0 3 5 80 70 [Dst Src CpSize (?SrcSize) (CacheHint if L2CacheHint)];
     CpAsyncCommitGroup "cp.async.commit_group" 0 0 0 80 70;
-    CpAsyncWaitGroup "cp.async.wait_group" 0 1 1 80 70; CpAsyncWaitAll "cp.async.wait_all" 0 0 0 80 70;
+    CpAsyncWaitGroup "cp.async.wait_group" 0 1 1 80 70 [N]; CpAsyncWaitAll "cp.async.wait_all" 0 0 0 80 70;
     CpAsyncMbarrierArrive "cp.async.mbarrier.arrive" 0 1 1 80 70 [Addr];
     CpAsyncBulk "cp.async.bulk" 0 3 6 90 80
         [Dst Src Size (Mbar if CompleteTxBytes) (CtaMask if MulticastCluster)
@@ -181,7 +200,7 @@ opcodes! {
         [Dst Src (Mbar if CompleteTxBytes) (Im2colOffsets if Im2col) (CtaMask if MulticastCluster)
          (CacheHint if L2CacheHint)];
     CpAsyncBulkCommitGroup "cp.async.bulk.commit_group" 0 0 0 90 80;
-    CpAsyncBulkWaitGroup "cp.async.bulk.wait_group" 0 1 1 90 80;
+    CpAsyncBulkWaitGroup "cp.async.bulk.wait_group" 0 1 1 90 80 [N];
     CpAsyncBulkPrefetchTensor "cp.async.bulk.prefetch.tensor" 0 1 3 90 80;
     CpAsyncBulkPrefetch "cp.async.bulk.prefetch" 0 2 3 90 80;
     CpReduceAsyncBulk "cp.reduce.async.bulk" 0 3 4 90 80
@@ -204,15 +223,16 @@ opcodes! {
     MbarrierPendingCount "mbarrier.pending_count" 1 1 1 80 70 [Dst State];
     // Hopper warpgroup MMA and friends
     WgmmaFence "wgmma.fence" 0 0 0 90 80; WgmmaCommitGroup "wgmma.commit_group" 0 0 0 90 80;
-    WgmmaWaitGroup "wgmma.wait_group" 0 1 1 90 80;
+    WgmmaWaitGroup "wgmma.wait_group" 0 1 1 90 80 [N];
     WgmmaMmaAsync "wgmma.mma_async" 1 3 7 90 80
         [Dst A BDesc ScaleD (?ImmScaleA) (?ImmScaleB) (?ImmTransA unless_vec 1) (?ImmTransB)];
-    Setmaxnreg "setmaxnreg" 0 1 1 90 80; Griddepcontrol "griddepcontrol" 0 0 0 90 78;
-    Mapa "mapa" 1 2 2 90 78 [(Dst: T) (A: T) (CtaRank: U32)]; Getctarank "getctarank" 1 1 1 90 78;
+    Setmaxnreg "setmaxnreg" 0 1 1 90 80 [RegCount]; Griddepcontrol "griddepcontrol" 0 0 0 90 78;
+    Mapa "mapa" 1 2 2 90 78 [(Dst: T) (A: T) (CtaRank: U32)]; Getctarank "getctarank" 1 1 1 90 78 [Dst A];
     // textures and surfaces (unified mode: the handle is a .u64 operand; emu::texture)
-    Tex "tex" 1 1 1 20 10; Tld4 "tld4" 1 1 1 20 22; Txq "txq" 1 1 1 20 15;
-    Suld "suld" 1 1 1 20 15; Sust "sust" 0 2 2 20 15; Sured "sured" 0 2 2 20 20;
-    Suq "suq" 1 1 1 20 15; Istypep "istypep" 1 1 1 30 40;
+    Tex "tex" 1 1 1 20 10 [Dst Addr]; Tld4 "tld4" 1 1 1 20 22 [Dst Addr];
+    Txq "txq" 1 1 1 20 15 [Dst Addr]; Suld "suld" 1 1 1 20 15 [Dst Addr];
+    Sust "sust" 0 2 2 20 15 [Addr Src]; Sured "sured" 0 2 2 20 20 [Addr Src];
+    Suq "suq" 1 1 1 20 15 [Dst Addr]; Istypep "istypep" 1 1 1 30 40 [Dst A];
 }
 
 impl Opcode {

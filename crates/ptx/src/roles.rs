@@ -52,7 +52,8 @@ roles! {
     Clamp => "c",
     /// The member mask of a warp-synchronous instruction.
     Membermask => "membermask",
-    /// A memory address (`[a]`).
+    /// A memory address (`[a]`); a texture or surface reference with its coordinates
+    /// (`[a, b]`), or the queried one (`txq`/`suq`'s `[a]`).
     Addr => "a",
     /// A source of memory copies (`[srcMem]`, `[tensorMap, coords]`) or the value stored.
     Src => "src",
@@ -62,8 +63,16 @@ roles! {
     CpSize => "cp-size",
     /// `cp.async`'s source size (`src-size`, the rest is zero-filled).
     SrcSize => "src-size",
-    /// Bulk-copy byte count.
+    /// `wmma.load`/`wmma.store`'s row or column stride (`stride`).
+    Stride => "stride",
+    /// `mma.sp`'s sparse metadata (`e`).
+    Meta => "e",
+    /// `mma.sp`'s sparsity selector (`f`).
+    SparsitySel => "f",
+    /// Bulk-copy byte count; `alloca`'s allocation size.
     Size => "size",
+    /// `alloca`'s alignment (an immediate power of two).
+    Align => "align",
     /// The mbarrier a copy completes on (`[mbar]`).
     Mbar => "mbar",
     /// The destination CTAs of a multicast copy (`ctaMask`).
@@ -104,6 +113,16 @@ roles! {
     Params => "param-list",
     /// An indirect call's prototype or target list (`fproto` / `flist`).
     Proto => "fproto",
+    /// A branch target: `bra`'s label, `brx.idx`'s `.branchtargets` list (`tgt` / `tlist`).
+    Target => "tgt",
+    /// `brx.idx`'s index into its target list.
+    Index => "index",
+    /// The number of most recent groups a `wait_group` may leave pending (`N`).
+    N => "N",
+    /// `setmaxnreg`'s register count (`imm-reg-count`).
+    RegCount => "imm-reg-count",
+    /// `nanosleep`'s duration in nanoseconds (`t`).
+    Time => "t",
 }
 
 impl fmt::Display for Role {
@@ -341,6 +360,33 @@ mod tests {
         let s = ins("cp.async.ca.shared.global.L2::cache_hint [%r1], [%rd1], 16, %rd2;");
         assert_eq!(s.operand(Role::SrcSize), None);
         assert_eq!(name_of(&s, Role::CacheHint).as_deref(), Some("%rd2"));
+    }
+
+    #[test]
+    fn optional_and_flagged_sources() {
+        let b = ins("bar.red.popc.u32 %r1, 0, 64, !p;");
+        assert_eq!(name_of(&b, Role::Dst).as_deref(), Some("%r1"));
+        assert_eq!(name_of(&b, Role::B).as_deref(), Some("64"));
+        assert_eq!(b.operand_index(Role::C), Some(3));
+        let b = ins("bar.red.popc.u32 %r1, 0, p;");
+        assert_eq!(b.operand(Role::B), None);
+        assert_eq!(name_of(&b, Role::C).as_deref(), Some("p"));
+        let b = ins("bar.sync 1, 64;");
+        assert_eq!(b.operand(Role::Dst), None);
+        assert_eq!(name_of(&b, Role::A).as_deref(), Some("1"));
+        assert_eq!(name_of(&b, Role::B).as_deref(), Some("64"));
+        let m = ins("min.s32 %r1, %r2, %r3;");
+        assert_eq!(m.operand(Role::C), None);
+        let m = ins("min.s32 %r1, %r2, %r3, %r4;");
+        assert_eq!(name_of(&m, Role::C).as_deref(), Some("%r4"));
+        let a = ins("alloca.u64 %rd1, %rd2, 16;");
+        assert_eq!(name_of(&a, Role::Size).as_deref(), Some("%rd2"));
+        assert_eq!(name_of(&a, Role::Align).as_deref(), Some("16"));
+        let s = ins("shl.b32 %r1, %r2, 3;");
+        assert_eq!(name_of(&s, Role::Shift).as_deref(), Some("3"));
+        let x = ins("brx.idx %r1, tgts;");
+        assert_eq!(name_of(&x, Role::Index).as_deref(), Some("%r1"));
+        assert_eq!(name_of(&x, Role::Target).as_deref(), Some("tgts"));
     }
 
     /// The counted columns of the table agree with the role lists (no modifiers: the required

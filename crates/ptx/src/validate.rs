@@ -6,10 +6,11 @@
 //!   allowed), declared twice in one scope;
 //! - operand types and widths by PTX's rules (bit-size types match any same-size type,
 //!   signed/unsigned of one size are interchangeable, floats must match exactly): from the type
-//!   classes of the opcode table's role lists ([`crate::roles::TyClass`]: shift amounts, `setp`,
-//!   `selp`/`slct`, `ld`/`st`/`atom`/`red` values and vector counts, warp-level operands, ...),
-//!   plus the rules a class cannot say (`.wide` destinations, `mov` packing, `cvt`, `mma` and
-//!   `wgmma` fragments) and "every operand has the instruction's type" for plain arithmetic;
+//!   classes of the opcode table's role lists ([`crate::roles::TyClass`]: plain arithmetic and
+//!   bit operations, shift amounts, `setp`, `selp`/`slct`, `ld`/`st`/`atom`/`red` values and
+//!   vector counts, warp-level operands, ...), plus the rules a class cannot say (`mul`/`mad`
+//!   `.wide` destinations, `mov` packing, `cvt`, `mma`/`wgmma`/`wmma` fragments, stack
+//!   instructions, video and texture forms);
 //! - guards are `.pred`; operand counts per the opcode table (the role list for this
 //!   instruction's modifiers where the table has one);
 //! - state spaces (`ld.param` of a non-parameter, `st.const`, `.param::entry` in a `.func`,
@@ -1165,32 +1166,16 @@ impl<'a> FnCheck<'a> {
             }
         };
         match i.op {
-            Add | Sub | Addc | Subc | Div | Rem | Abs | Neg | Min | Max | Fma | Copysign | Rcp
-            | Sqrt | Rsqrt | Sin | Cos | Lg2 | Ex2 | Tanh | And | Or | Xor | Not | Cnot | Brev
-            | Sad | Mul24 | Mad24 => all(self, Want::T(t)),
-            Mul | Mad => {
-                if i.has(Flag::Wide) {
-                    self.check(i, &a[0], Want::T(doubled(t)), "destination");
-                    self.check(i, &a[1], Want::T(t), "source");
-                    self.check(i, &a[2], Want::T(t), "source");
-                    if a.len() > 3 {
-                        self.check(i, &a[3], Want::T(doubled(t)), "addend");
-                    }
-                } else {
-                    all(self, Want::T(t))
-                }
-            }
-            Madc => all(self, Want::T(t)),
-            Bmsk | Fns | Dp2a | Dp4a => {
-                for o in a {
-                    self.check(i, o, Want::T(Ty::B32), "operand");
-                }
-            }
-            Szext => {
-                self.check(i, &a[0], Want::T(t), "destination");
+            // (the uniform arithmetic and bit rows check their operands by the table's classes)
+            Mul | Mad if i.has(Flag::Wide) => {
+                self.check(i, &a[0], Want::T(doubled(t)), "destination");
                 self.check(i, &a[1], Want::T(t), "source");
-                self.check(i, &a[2], Want::T(Ty::U32), "field width");
+                self.check(i, &a[2], Want::T(t), "source");
+                if a.len() > 3 {
+                    self.check(i, &a[3], Want::T(doubled(t)), "addend");
+                }
             }
+            Mul | Mad => all(self, Want::T(t)),
             Mov => self.mov(i, t),
             Cvt if i.has(Flag::Pack) => self.cvt_pack(i, &tys),
             Cvt => {
@@ -1608,8 +1593,8 @@ impl FnCheck<'_> {
 fn role_label(r: Role) -> &'static str {
     match r {
         Role::Dst => "destination",
-        Role::Src | Role::B | Role::C => "value",
-        Role::A => "source",
+        Role::Src => "value",
+        Role::A | Role::B | Role::C => "source",
         Role::Lane => "lane operand",
         Role::Clamp => "clamp operand",
         Role::Membermask => "member mask",

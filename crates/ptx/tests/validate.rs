@@ -145,6 +145,45 @@ fn width_mismatch() {
     expect(&check("add.f32 %f1, %f2, %rs1;"), DiagKind::TypeMismatch, 1);
 }
 
+/// The uniform arithmetic and bit rows check every operand by the table's classes (the
+/// validator's former "all operands have the type" rule), `min`/`max`'s optional third source
+/// included; `mul.wide` keeps its own rule.
+#[test]
+fn table_classes_check_arithmetic_operands() {
+    expect(
+        &check("fma.rn.f32 %f1, %f2, %f3, %rd1;"),
+        DiagKind::TypeMismatch,
+        1,
+    );
+    let min3 = |body| check_on("sm_100", "8.8", body);
+    expect(
+        &min3("min.s32 %r1, %r2, %r3, %rd1;"),
+        DiagKind::TypeMismatch,
+        1,
+    );
+    clean(&min3("min.s32 %r1, %r2, %r3, %r4;"));
+    expect(&check("sqrt.rn.f32 %rd1, %f1;"), DiagKind::TypeMismatch, 1);
+    expect(
+        &check("dp4a.u32.u32 %r1, %r2, %r3, %rd1;"),
+        DiagKind::TypeMismatch,
+        1,
+    );
+    expect(
+        &check("szext.clamp.u32 %r1, %r2, %rd1;"),
+        DiagKind::TypeMismatch,
+        1,
+    );
+    expect(
+        &check("mul.wide.u32 %r1, %r2, %r3;"),
+        DiagKind::TypeMismatch,
+        1,
+    );
+    clean(&check("mul.wide.u32 %rd1, %r2, %r3;"));
+    let d = check("and.b32 %r1, %r2, %rd1;");
+    expect(&d, DiagKind::TypeMismatch, 1);
+    assert!(d[0].message.contains("source `%rd1`"), "{d:#?}");
+}
+
 #[test]
 fn signed_unsigned_interchangeable() {
     clean(&check(

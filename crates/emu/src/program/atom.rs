@@ -57,7 +57,12 @@ impl Decoder<'_> {
             } else {
                 ZERO
             };
-            if ins.args[2..].iter().any(|o| !matches!(o, Operand::Reg(_))) {
+            let operands = [Role::B, Role::C, Role::CacheHint].map(|r| ins.operand(r));
+            if operands
+                .into_iter()
+                .flatten()
+                .any(|o| !matches!(o, Operand::Reg(_)))
+            {
                 return Err(self.err(ins, "128-bit atomic operands must be .b128 registers"));
             }
             Op::Atom128 {
@@ -118,11 +123,11 @@ impl Decoder<'_> {
         }
         let atom = ins.op == Opcode::Atom;
         let ds = if atom {
-            self.vec_dsts(ins, operand(self.f, ins, 0)?)?
+            self.vec_dsts(ins, role(self.f, ins, Role::Dst)?)?
         } else {
             Vec::new()
         };
-        let bs = self.vec_srcs(ins, operand(self.f, ins, usize::from(atom) + 1)?)?;
+        let bs = self.vec_srcs(ins, role(self.f, ins, Role::B)?)?;
         if ins.vec_width() != Some(bs.len() as u8) || (atom && ds.len() != bs.len()) {
             return Err(self.err(ins, "vector atomic operands do not match the vector width"));
         }

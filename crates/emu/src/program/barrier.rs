@@ -11,9 +11,8 @@ impl Decoder<'_> {
         ins0: &Instruction,
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
-        let a = &ins.args;
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
             O::Bar | O::Barrier => {
@@ -31,33 +30,23 @@ impl Decoder<'_> {
                     BarKind::Sync
                 };
                 let red = matches!(kind, BarKind::RedPopc | BarKind::RedAnd | BarKind::RedOr);
-                let base = if red { 1 } else { 0 };
-                let d = if red { self.dst(ins, arg(0)?)? } else { NONE };
-                let id = match a.get(base) {
+                let d = if red { self.role_dst(ins)? } else { NONE };
+                let id = match ins.operand(Role::A) {
                     Some(o) => self.src(ins, o)?,
                     None => ZERO,
                 };
-                let n_rest = a.len().saturating_sub(base + 1);
-                let (count, p, pneg) = if red {
-                    let po = &a[a.len() - 1];
-                    let (po, neg) = match po {
+                let count = match ins.operand(Role::B) {
+                    Some(o) => self.src(ins, o)?,
+                    None => NONE,
+                };
+                let (p, pneg) = if red {
+                    let (po, neg) = match arg(Role::C)? {
                         Operand::Not(x) => (x.as_ref(), true),
                         x => (x, false),
                     };
-                    let p = self.src(ins, po)?;
-                    let count = if n_rest == 2 {
-                        self.src(ins, &a[base + 1])?
-                    } else {
-                        NONE
-                    };
-                    (count, p, neg)
+                    (self.src(ins, po)?, neg)
                 } else {
-                    let count = if n_rest >= 1 {
-                        self.src(ins, &a[base + 1])?
-                    } else {
-                        NONE
-                    };
-                    (count, NONE, false)
+                    (NONE, false)
                 };
                 Op::Bar {
                     kind,
@@ -79,9 +68,9 @@ impl Decoder<'_> {
                 }
             }
             O::Mapa => {
-                let d = self.dst(ins, arg(0)?)?;
-                let x = self.src(ins, arg(1)?)?;
-                let r = self.src(ins, arg(2)?)?;
+                let d = self.role_dst(ins)?;
+                let x = self.src(ins, arg(Role::A)?)?;
+                let r = self.src(ins, arg(Role::CtaRank)?)?;
                 let generic = !ins.spaces().any(|s| s.is_shared());
                 Op::Mapa {
                     generic,
@@ -91,8 +80,8 @@ impl Decoder<'_> {
                 }
             }
             O::Getctarank => {
-                let d = self.dst(ins, arg(0)?)?;
-                let x = self.src(ins, arg(1)?)?;
+                let d = self.role_dst(ins)?;
+                let x = self.src(ins, arg(Role::A)?)?;
                 Op::Getctarank { d, a: x }
             }
             _ => return Err(misrouted(self, ins)),

@@ -70,8 +70,8 @@ fn address_taken(module: &Module) -> HashSet<&str> {
 
 /// Index of a direct call's target operand (after the optional return list).
 fn call_target_index(ins: &Instruction) -> Option<usize> {
-    let k = usize::from(matches!(ins.args.first(), Some(Operand::List(_))));
-    matches!(ins.args.get(k), Some(Operand::Sym { .. })).then_some(k)
+    let k = ins.operand_index(Role::Func)?;
+    matches!(ins.args[k], Operand::Sym { .. }).then_some(k)
 }
 
 /// The device functions (with bodies) kernel `k` can reach: by direct calls, and (through

@@ -64,11 +64,8 @@ impl<'a> Decoder<'a> {
         if ins.args.len() != 1 + nsrc {
             return Err(self.err(ins, format!("expected {} operands", 1 + nsrc)));
         }
-        let d = self.dst(ins, &ins.args[0])?;
-        let mut s = [ZERO; 3];
-        for (k, o) in ins.args[1..].iter().enumerate() {
-            s[k] = self.src(ins, o)?;
-        }
+        let d = self.role_dst(ins)?;
+        let s = self.role_srcs(ins, &[Role::A, Role::B, Role::C])?;
         let cc = match self.cc_slot {
             Some(c) => c,
             None => {

@@ -12,11 +12,11 @@ impl Decoder<'_> {
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
             O::Bra => {
-                let l = match arg(0)? {
+                let l = match arg(Role::Target)? {
                     Operand::Sym { name, .. } => name.clone(),
                     _ => return Err(self.err(ins, "bra needs a label")),
                 };
@@ -24,8 +24,8 @@ impl Decoder<'_> {
                 Op::Bra { target: 0 }
             }
             O::BrxIdx => {
-                let idx = self.src(ins, arg(0)?)?;
-                let l = match arg(1)? {
+                let idx = self.src(ins, arg(Role::Index)?)?;
+                let l = match arg(Role::Target)? {
                     Operand::Sym { name, .. } => name.clone(),
                     _ => return Err(self.err(ins, "brx.idx needs a .branchtargets label")),
                 };
@@ -45,7 +45,7 @@ impl Decoder<'_> {
             }
             O::Trap | O::Brkpt => Op::Trap,
             O::Nanosleep => Op::Sleep {
-                t: self.src(ins, arg(0)?)?,
+                t: self.src(ins, arg(Role::Time)?)?,
             },
             O::Griddepcontrol => Op::Nop,
             _ => return Err(misrouted(self, ins)),

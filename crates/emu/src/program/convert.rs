@@ -10,16 +10,15 @@ impl Decoder<'_> {
         ins0: &Instruction,
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
-        let a = &ins.args;
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         let ty = ins.ty();
         use Opcode as O;
         let op = match ins.op {
             O::Mov if ins.vec_width().is_some() => return self.mov_vector(ins, ins0, guard),
             O::Mov => {
                 let t = ty.ok_or_else(|| self.err(ins, "mov without type"))?;
-                match (arg(0)?, arg(1)?) {
+                match (arg(Role::Dst)?, arg(Role::A)?) {
                     (Operand::Vec(ds), src) => {
                         let src = self.src(ins, src)?;
                         let ds = ds
@@ -72,13 +71,8 @@ impl Decoder<'_> {
             O::Cvt if ins.has(Flag::Pack) => {
                 let f = alu::cvt_pack(ins)
                     .ok_or_else(|| self.err(ins, "cvt.pack form not supported"))?;
-                let d = self.dst(ins, arg(0)?)?;
-                let x = self.src(ins, arg(1)?)?;
-                let y = self.src(ins, arg(2)?)?;
-                let z = match a.get(3) {
-                    Some(o) => self.src(ins, o)?,
-                    None => ZERO,
-                };
+                let d = self.role_dst(ins)?;
+                let [x, y, z] = self.role_srcs(ins, &[Role::A, Role::B, Role::C])?;
                 Op::Alu {
                     f,
                     d,
@@ -89,12 +83,8 @@ impl Decoder<'_> {
             }
             O::Cvt => {
                 let spec = CvtSpec::from_instruction(ins).map_err(|e| self.err(ins, e))?;
-                let d = self.dst(ins, arg(0)?)?;
-                let x = self.src(ins, arg(1)?)?;
-                let y = match a.get(2) {
-                    Some(o) => self.src(ins, o)?,
-                    None => ZERO,
-                };
+                let d = self.role_dst(ins)?;
+                let [x, y, _] = self.role_srcs(ins, &[Role::A, Role::B])?;
                 // A signed result narrower than its register is sign-extended to the whole
                 // register (`cvt.s16.s8` into a .b32 gives 0xffffffc2 for -62): the general
                 // path does that; the fast paths zero-extend.
@@ -122,8 +112,8 @@ impl Decoder<'_> {
                 }
             }
             O::Cvta => {
-                let d = self.dst(ins, arg(0)?)?;
-                let x = self.src(ins, arg(1)?)?;
+                let d = self.role_dst(ins)?;
+                let [x, _, _] = self.role_srcs(ins, &[Role::A])?;
                 let bits = ty.map(|t| t.bits()).unwrap_or(64);
                 let space = ins.space().unwrap_or(Space::Global);
                 let window = if space.is_shared() {
@@ -145,8 +135,8 @@ impl Decoder<'_> {
                 Op::Cvta { dir, d, a: x, bits }
             }
             O::Isspacep => {
-                let d = self.dst(ins, arg(0)?)?;
-                let x = self.src(ins, arg(1)?)?;
+                let d = self.role_dst(ins)?;
+                let [x, _, _] = self.role_srcs(ins, &[Role::A])?;
                 Op::Isspacep {
                     space: self.space_of(ins),
                     d,
@@ -172,8 +162,8 @@ impl Decoder<'_> {
     ) -> Result<(), EmuError> {
         let t = ins.ty().ok_or_else(|| self.err(ins, "mov without type"))?;
         let n = ins.vec_width().unwrap_or(1) as usize;
-        let ds = self.vec_dsts(ins, operand(self.f, ins, 0)?)?;
-        let mut ss = self.vec_srcs(ins, operand(self.f, ins, 1)?)?;
+        let ds = self.vec_dsts(ins, role(self.f, ins, Role::Dst)?)?;
+        let mut ss = self.vec_srcs(ins, role(self.f, ins, Role::A)?)?;
         if ds.len() != n || ss.len() != n {
             return Err(self.err(
                 ins,

@@ -3,7 +3,7 @@
 //! until it is placed); the decoder dispatches through it and the coverage report
 //! ([`crate::coverage`]) reads it.
 
-use super::Decoder;
+use super::{Decoder, ZERO};
 use crate::error::EmuError;
 use ptx::{Function, Instruction, Opcode, Operand, Role};
 
@@ -165,20 +165,6 @@ pub fn family(op: Opcode, float: bool) -> Family {
     }
 }
 
-/// Operand `i` of `ins`, or an error naming the missing operand.
-pub(super) fn operand<'i>(
-    f: &Function,
-    ins: &'i Instruction,
-    i: usize,
-) -> Result<&'i Operand, EmuError> {
-    ins.args.get(i).ok_or_else(|| EmuError::Unsupported {
-        kernel: f.name.clone(),
-        line: ins.loc.line,
-        text: ins.to_string(),
-        why: format!("missing operand {i}"),
-    })
-}
-
 /// The operand of `ins` with `role`, or an error naming the missing operand.
 pub(super) fn role<'i>(
     f: &Function,
@@ -191,6 +177,35 @@ pub(super) fn role<'i>(
         text: ins.to_string(),
         why: format!("missing operand `{role}`"),
     })
+}
+
+impl Decoder<'_> {
+    /// The destination of `ins` (its `Role::Dst` operand) as a register slot.
+    pub(super) fn role_dst(&mut self, ins: &Instruction) -> Result<u32, EmuError> {
+        let o = role(self.f, ins, Role::Dst)?;
+        self.dst(ins, o)
+    }
+
+    /// The source operands of `ins` with `roles`, in that order, as register slots (at most
+    /// three). A role the table does not give this opcode, or an optional one the instruction
+    /// leaves out (`min`'s third input), reads as [`ZERO`]; a missing required one is an error.
+    pub(super) fn role_srcs(
+        &mut self,
+        ins: &Instruction,
+        roles: &[Role],
+    ) -> Result<[u32; 3], EmuError> {
+        let mut s = [ZERO; 3];
+        for (k, &r) in roles.iter().enumerate().take(3) {
+            match ins.operand(r) {
+                Some(o) => s[k] = self.src(ins, o)?,
+                None if ins.op.slots().iter().any(|t| t.role == r && !t.optional) => {
+                    role(self.f, ins, r)?;
+                }
+                None => {}
+            }
+        }
+        Ok(s)
+    }
 }
 
 /// A family decoder was handed an opcode [`family`] does not send to it (a bug in the

@@ -10,9 +10,6 @@ impl Decoder<'_> {
         ins0: &Instruction,
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
-        let a = &ins.args;
-        let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
         let ty = ins.ty();
         use Opcode as O;
         let op = match ins.op {
@@ -38,12 +35,9 @@ impl Decoder<'_> {
                 if ty.is_some_and(|t| t.is_float()) =>
             {
                 let t = ty.unwrap_or(Ty::F32);
-                let d = self.dst(ins, arg(0)?)?;
-                let s: Vec<u32> = a[1..]
-                    .iter()
-                    .map(|x| self.src(ins, x))
-                    .collect::<Result<_, _>>()?;
-                let get = |i: usize| s.get(i).copied().unwrap_or(ZERO);
+                let d = self.role_dst(ins)?;
+                let s = self.role_srcs(ins, &[Role::A, Role::B, Role::C])?;
+                let get = |i: usize| s[i];
                 let plain = !ins.mods.iter().any(|m| {
                     matches!(
                         m,
@@ -154,15 +148,13 @@ impl Decoder<'_> {
         ins0: &Instruction,
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
-        let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
         let ty = ins.ty();
         use Opcode as O;
         let op = match ins.op {
             O::Testp => {
                 let kind = fp::TestpKind::from_instruction(ins).map_err(|e| self.err(ins, e))?;
-                let d = self.dst(ins, arg(0)?)?;
-                let x = self.src(ins, arg(1)?)?;
+                let d = self.role_dst(ins)?;
+                let [x, _, _] = self.role_srcs(ins, &[Role::A])?;
                 Op::Testp {
                     kind,
                     ty: ty.unwrap_or(Ty::F32),

@@ -13,16 +13,14 @@ impl Decoder<'_> {
         ins0: &Instruction,
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
-        let a = &ins.args;
-        let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
         let ty = ins.ty();
         use Opcode as O;
+        use Role as R;
         let op = match ins.op {
             O::Div | O::Rem => {
                 let t = ty.ok_or_else(|| self.err(ins, "div without type"))?;
-                let d = self.dst(ins, arg(0)?)?;
-                let (x, y) = (self.src(ins, arg(1)?)?, self.src(ins, arg(2)?)?);
+                let d = self.role_dst(ins)?;
+                let [x, y, _] = self.role_srcs(ins, &[R::A, R::B])?;
                 Op::IntDiv {
                     ty: t,
                     rem: ins.op == O::Rem,
@@ -33,30 +31,21 @@ impl Decoder<'_> {
             }
             O::Bfi => {
                 let t = ty.ok_or_else(|| self.err(ins, "bfi without type"))?;
-                let d = self.dst(ins, arg(0)?)?;
-                let s: Vec<u32> = a[1..5.min(a.len())]
-                    .iter()
-                    .map(|x| self.src(ins, x))
-                    .collect::<Result<_, _>>()?;
-                if s.len() != 4 {
-                    return Err(self.err(ins, "bfi needs four sources"));
-                }
+                let d = self.role_dst(ins)?;
+                let [x, y, pos] = self.role_srcs(ins, &[R::A, R::B, R::Pos])?;
+                let [len, _, _] = self.role_srcs(ins, &[R::Len])?;
                 Op::Bfi {
                     bits: t.bits(),
                     d,
-                    a: s[0],
-                    b: s[1],
-                    c: s[2],
-                    e: s[3],
+                    a: x,
+                    b: y,
+                    c: pos,
+                    e: len,
                 }
             }
             O::Shf => {
-                let d = self.dst(ins, arg(0)?)?;
-                let (x, y, z) = (
-                    self.src(ins, arg(1)?)?,
-                    self.src(ins, arg(2)?)?,
-                    self.src(ins, arg(3)?)?,
-                );
+                let d = self.role_dst(ins)?;
+                let [x, y, z] = self.role_srcs(ins, &[R::A, R::B, R::Shift])?;
                 Op::Shf {
                     left: ins.has(Flag::L),
                     wrap: ins.has(Flag::Wrap),
@@ -67,13 +56,9 @@ impl Decoder<'_> {
                 }
             }
             O::Lop3 => {
-                let d = self.dst(ins, arg(0)?)?;
-                let (x, y, z) = (
-                    self.src(ins, arg(1)?)?,
-                    self.src(ins, arg(2)?)?,
-                    self.src(ins, arg(3)?)?,
-                );
-                let lut = match arg(4)? {
+                let d = self.role_dst(ins)?;
+                let [x, y, z] = self.role_srcs(ins, &[R::A, R::B, R::C])?;
+                let lut = match role(self.f, ins, R::Lut)? {
                     Operand::Imm(i) => i.bits() as u8,
                     _ => return Err(self.err(ins, "lop3 needs an immediate LUT")),
                 };
@@ -85,25 +70,9 @@ impl Decoder<'_> {
                     c: z,
                 }
             }
-            O::Prmt => {
-                let f = alu::int_fn(ins)
-                    .ok_or_else(|| self.err(ins, "operation/type combination not supported"))?;
-                let op = |r: Role| role(kernel, ins, r);
-                Op::Alu {
-                    f,
-                    d: self.dst(ins, op(Role::Dst)?)?,
-                    a: self.src(ins, op(Role::A)?)?,
-                    b: self.src(ins, op(Role::B)?)?,
-                    c: self.src(ins, op(Role::Selector)?)?,
-                }
-            }
             O::Selp | O::Slct => {
-                let d = self.dst(ins, arg(0)?)?;
-                let (x, y, z) = (
-                    self.src(ins, arg(1)?)?,
-                    self.src(ins, arg(2)?)?,
-                    self.src(ins, arg(3)?)?,
-                );
+                let d = self.role_dst(ins)?;
+                let [x, y, z] = self.role_srcs(ins, &[R::A, R::B, R::C])?;
                 let f = if ins.op == O::Selp {
                     alu::selp()
                 } else {
@@ -120,18 +89,9 @@ impl Decoder<'_> {
             _ => {
                 let f = alu::int_fn(ins)
                     .ok_or_else(|| self.err(ins, "operation/type combination not supported"))?;
-                let d = self.dst(ins, arg(0)?)?;
-                let s: Vec<u32> = a[1..]
-                    .iter()
-                    .map(|x| self.src(ins, x))
-                    .collect::<Result<_, _>>()?;
-                Op::Alu {
-                    f,
-                    d,
-                    a: s.first().copied().unwrap_or(ZERO),
-                    b: s.get(1).copied().unwrap_or(ZERO),
-                    c: s.get(2).copied().unwrap_or(ZERO),
-                }
+                let d = self.role_dst(ins)?;
+                let [a, b, c] = self.role_srcs(ins, alu_roles(ins.op))?;
+                Op::Alu { f, d, a, b, c }
             }
         };
         self.push(op, ins0, guard);
@@ -282,5 +242,16 @@ impl Decoder<'_> {
             c: ZERO,
         };
         self.push(op, ins0, guard);
+    }
+}
+
+/// The source roles of an `alu::int_fn` instruction, in the function's `a, b, c` order.
+fn alu_roles(op: Opcode) -> &'static [Role] {
+    match op {
+        Opcode::Shl | Opcode::Shr => &[Role::A, Role::Shift],
+        Opcode::Bfe => &[Role::A, Role::Pos, Role::Len],
+        Opcode::Szext => &[Role::A, Role::Len],
+        Opcode::Prmt => &[Role::A, Role::B, Role::Selector],
+        _ => &[Role::A, Role::B, Role::C],
     }
 }

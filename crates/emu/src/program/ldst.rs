@@ -11,7 +11,6 @@ impl Decoder<'_> {
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
         let arg_r = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
@@ -69,7 +68,7 @@ impl Decoder<'_> {
             }
             O::Prefetch | O::Prefetchu | O::Discard | O::Applypriority => Op::Nop,
             O::Createpolicy => {
-                let d = self.dst(ins, arg(0)?)?;
+                let d = self.dst(ins, arg_r(Role::Dst)?)?;
                 Op::Alu {
                     f: alu::mov(8),
                     d,

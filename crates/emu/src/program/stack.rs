@@ -34,19 +34,19 @@ impl Decoder<'_> {
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         if !matches!(ins.ty(), Some(Ty::U32 | Ty::U64)) {
             return Err(self.err(ins, "stack instructions need .u32 or .u64"));
         }
         let op = match ins.op {
             Opcode::Stacksave => StackOp::Save {
-                d: self.dst(ins, arg(0)?)?,
+                d: self.dst(ins, arg(Role::Dst)?)?,
             },
             Opcode::Stackrestore => StackOp::Restore {
-                a: self.src(ins, arg(0)?)?,
+                a: self.src(ins, arg(Role::A)?)?,
             },
             Opcode::Alloca => {
-                let align = match ins.args.get(2) {
+                let align = match ins.operand(Role::Align) {
                     None => 8,
                     Some(Operand::Imm(i)) if i.bits().is_power_of_two() && i.bits() <= 1 << 16 => {
                         i.bits() as u32
@@ -58,8 +58,8 @@ impl Decoder<'_> {
                     }
                 };
                 StackOp::Alloca {
-                    d: self.dst(ins, arg(0)?)?,
-                    size: self.src(ins, arg(1)?)?,
+                    d: self.dst(ins, arg(Role::Dst)?)?,
+                    size: self.src(ins, arg(Role::Size)?)?,
                     align,
                 }
             }

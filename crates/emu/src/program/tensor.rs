@@ -91,14 +91,13 @@ impl Decoder<'_> {
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
         let arg_r = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
             O::WgmmaFence => Op::Nop,
             O::WgmmaCommitGroup => Op::WgmmaCommit,
             O::WgmmaWaitGroup => {
-                let n = match arg(0)? {
+                let n = match arg_r(Role::N)? {
                     Operand::Imm(i) => i.bits() as u32,
                     _ => return Err(self.err(ins, "wgmma.wait_group needs an immediate")),
                 };
@@ -156,7 +155,7 @@ impl Decoder<'_> {
                 }))
             }
             O::Setmaxnreg => {
-                let n = match arg(0)? {
+                let n = match arg_r(Role::RegCount)? {
                     Operand::Imm(i) => i.bits() as u32,
                     _ => return Err(self.err(ins, "setmaxnreg needs an immediate")),
                 };

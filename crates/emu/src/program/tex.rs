@@ -99,7 +99,7 @@ impl Decoder<'_> {
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
             O::Suld | O::Sust | O::Sured => self.decode_surface(ins)?,
@@ -109,8 +109,8 @@ impl Decoder<'_> {
                 if ins.op == O::Suq && !extent {
                     return Err(self.err(ins, "suq queries .width, .height or .depth"));
                 }
-                let d = self.dst(ins, arg(0)?)?;
-                let handle = self.handle(ins, arg(1)?)?;
+                let d = self.dst(ins, arg(Role::Dst)?)?;
+                let handle = self.handle(ins, arg(Role::Addr)?)?;
                 TexOp {
                     kind: TexKind::Query {
                         attr,
@@ -133,8 +133,8 @@ impl Decoder<'_> {
                         return Err(self.err(ins, "istypep needs .texref, .samplerref or .surfref"))
                     }
                 };
-                let d = self.dst(ins, arg(0)?)?;
-                let handle = self.src(ins, arg(1)?)?;
+                let d = self.dst(ins, arg(Role::Dst)?)?;
+                let handle = self.src(ins, arg(Role::A)?)?;
                 TexOp {
                     kind: TexKind::Istypep(kind),
                     handle,
@@ -216,13 +216,13 @@ impl Decoder<'_> {
         let ty = ins
             .last_ty()
             .ok_or_else(|| self.err(ins, "surface access without a type"))?;
-        let (addr_i, val_i) = if ins.op == Opcode::Suld {
-            (1, 0)
+        let value = if ins.op == Opcode::Suld {
+            Role::Dst
         } else {
-            (0, 1)
+            Role::Src
         };
-        let (handle, dims, coords) = self.tex_coords(ins, operand(self.f, ins, addr_i)?)?;
-        let vo = operand(self.f, ins, val_i)?;
+        let (handle, dims, coords) = self.tex_coords(ins, role(self.f, ins, Role::Addr)?)?;
+        let vo = role(self.f, ins, value)?;
         let (kind, vals) = match ins.op {
             Opcode::Suld => {
                 let ds = self.vec_dsts(ins, vo)?;
@@ -285,8 +285,8 @@ impl Decoder<'_> {
         if ins.vec_width() != Some(4) {
             return Err(self.err(ins, "texture fetches return .v4"));
         }
-        let (handle, dims, coords) = self.tex_coords(ins, operand(self.f, ins, 1)?)?;
-        let vals = self.vec_dsts(ins, operand(self.f, ins, 0)?)?;
+        let (handle, dims, coords) = self.tex_coords(ins, role(self.f, ins, Role::Addr)?)?;
+        let vals = self.vec_dsts(ins, role(self.f, ins, Role::Dst)?)?;
         if vals.len() != 4 {
             return Err(self.err(ins, "texture fetches write four registers"));
         }

@@ -15,11 +15,11 @@ impl Decoder<'_> {
     ) -> Result<(), EmuError> {
         let form = VideoForm::from_instruction(ins).map_err(|e| self.err(ins, e))?;
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
-        let d = self.dst(ins, base_operand(arg(0)?))?;
-        let a = self.src(ins, base_operand(arg(1)?))?;
-        let b = self.src(ins, base_operand(arg(2)?))?;
-        let c = match ins.args.get(3) {
+        let arg = |r: Role| role(kernel, ins, r);
+        let d = self.dst(ins, base_operand(arg(Role::Dst)?))?;
+        let a = self.src(ins, base_operand(arg(Role::A)?))?;
+        let b = self.src(ins, base_operand(arg(Role::B)?))?;
+        let c = match ins.operand(Role::C) {
             Some(o) => self.src(ins, base_operand(o))?,
             None => ZERO,
         };

@@ -100,7 +100,7 @@ impl Decoder<'_> {
                 }
             }
             O::Activemask => Op::Activemask {
-                d: self.dst(ins, operand(kernel, ins, 0)?)?,
+                d: self.dst(ins, arg(Role::Dst)?)?,
             },
             O::Elect => {
                 let (d, p) = match arg(Role::Dst)? {

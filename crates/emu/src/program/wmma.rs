@@ -31,8 +31,8 @@ impl Decoder<'_> {
                     return Err(self.err(ins, "movmatrix needs .m8n8.trans.b16"));
                 }
                 let kernel = self.f;
-                let d = self.dst(ins, operand(kernel, ins, 0)?)?;
-                let a = self.src(ins, operand(kernel, ins, 1)?)?;
+                let d = self.dst(ins, role(kernel, ins, Role::Dst)?)?;
+                let a = self.src(ins, role(kernel, ins, Role::A)?)?;
                 WmmaOp::Movmatrix { d, a }
             }
             _ => return Err(misrouted(self, ins)),
@@ -43,13 +43,13 @@ impl Decoder<'_> {
 
     fn wmma_ldst(&mut self, ins: &Instruction) -> Result<WmmaOp, EmuError> {
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         let (frag, row) = wm::ldst_frag(ins).map_err(|e| self.err(ins, e))?;
         let load = ins.op != Opcode::WmmaStoreD;
-        let (regs, at) = if load {
-            (self.vec_dsts(ins, arg(0)?)?, 1)
+        let regs = if load {
+            self.vec_dsts(ins, arg(Role::Dst)?)?
         } else {
-            (self.vec_srcs(ins, arg(1)?)?, 0)
+            self.vec_srcs(ins, arg(Role::Src)?)?
         };
         if regs.len() != frag.regs() {
             return Err(self.err(
@@ -57,7 +57,7 @@ impl Decoder<'_> {
                 format!("this wmma fragment needs {} registers", frag.regs()),
             ));
         }
-        let (addr, off, sym) = self.addr(ins, arg(at)?)?;
+        let (addr, off, sym) = self.addr(ins, arg(Role::Addr)?)?;
         let space = self.resolve_space(ins, sym);
         if !matches!(space, MSpace::Global | MSpace::Shared | MSpace::Generic) {
             return Err(self.err(
@@ -65,7 +65,7 @@ impl Decoder<'_> {
                 "wmma.load/store address must be .global, .shared or generic",
             ));
         }
-        let stride = match ins.args.get(2) {
+        let stride = match ins.operand(Role::Stride) {
             Some(o) => Some(self.src(ins, o)?),
             None => None,
         };
@@ -83,12 +83,12 @@ impl Decoder<'_> {
 
     fn wmma_mma(&mut self, ins: &Instruction) -> Result<WmmaOp, EmuError> {
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         let spec = wm::WmmaSpec::from_instruction(ins).map_err(|e| self.err(ins, e))?;
-        let d = self.vec_dsts(ins, arg(0)?)?;
-        let a = self.vec_srcs(ins, arg(1)?)?;
-        let b = self.vec_srcs(ins, arg(2)?)?;
-        let c = self.vec_srcs(ins, arg(3)?)?;
+        let d = self.vec_dsts(ins, arg(Role::Dst)?)?;
+        let a = self.vec_srcs(ins, arg(Role::A)?)?;
+        let b = self.vec_srcs(ins, arg(Role::B)?)?;
+        let c = self.vec_srcs(ins, arg(Role::C)?)?;
         use crate::wmma::FragKind as K;
         let want = [
             (d.len(), spec.d_frag().regs(), "D"),
@@ -109,14 +109,14 @@ impl Decoder<'_> {
 
     fn mma_sparse(&mut self, ins: &Instruction) -> Result<WmmaOp, EmuError> {
         let kernel = self.f;
-        let arg = |i: usize| operand(kernel, ins, i);
+        let arg = |r: Role| role(kernel, ins, r);
         let spec = wm::sparse_spec(ins).map_err(|e| self.err(ins, e))?;
-        let d = self.vec_dsts(ins, arg(0)?)?;
-        let a = self.vec_srcs(ins, arg(1)?)?;
-        let b = self.vec_srcs(ins, arg(2)?)?;
-        let c = self.vec_srcs(ins, arg(3)?)?;
-        let meta = self.src(ins, arg(4)?)?;
-        let sel = match arg(5)? {
+        let d = self.vec_dsts(ins, arg(Role::Dst)?)?;
+        let a = self.vec_srcs(ins, arg(Role::A)?)?;
+        let b = self.vec_srcs(ins, arg(Role::B)?)?;
+        let c = self.vec_srcs(ins, arg(Role::C)?)?;
+        let meta = self.src(ins, arg(Role::Meta)?)?;
+        let sel = match arg(Role::SparsitySel)? {
             Operand::Imm(i) if i.bits() < 4 => i.bits() as u32,
             _ => {
                 return Err(self.err(
