@@ -206,8 +206,8 @@ fn pipelined_and_unpipelined_device_steps_are_bit_identical() {
             pipelined,
             ..TrainOptions::default()
         };
-        let mut t = Trainer::new(cfg, &fixed_corpus(), &*device_stage_factory(), opts)
-            .expect("trainer");
+        let mut t =
+            Trainer::new(cfg, &fixed_corpus(), &*device_stage_factory(), opts).expect("trainer");
         t.gradients().unwrap()
     };
     let (la, ga) = run(620, true);
