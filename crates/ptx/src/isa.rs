@@ -290,57 +290,7 @@ pub fn requirement(ins: &Instruction) -> Requirement {
     let f16 = has_ty(Ty::F16) || has_ty(Ty::F16x2);
     let has_flag = |f: Flag| ins.mods.contains(&Mod::Flag(f));
     match ins.op {
-        Opcode::Mma => {
-            let at = ins.types().nth(1);
-            match (ins.shape(), at) {
-                // f16 accumulators with FP8 inputs arrived in PTX 8.7.
-                _ if fp8 && ins.types().next() == Some(Ty::F16) => need(89, 87),
-                _ if fp8 => need(89, 84),
-                // m8n8k4 .f16 (Volta)
-                (
-                    Some(Mod::Shape {
-                        m: 8,
-                        n: 8,
-                        k: Some(4),
-                    }),
-                    Some(Ty::F16),
-                ) => need(70, 64),
-                (
-                    Some(Mod::Shape {
-                        m: 8,
-                        n: 8,
-                        k: Some(4),
-                    }),
-                    Some(Ty::F64),
-                ) => need(80, 70),
-                // m8n8k16 / m8n8k32 integer, m8n8k128 .b1 (Turing)
-                (
-                    Some(Mod::Shape {
-                        m: 8,
-                        n: 8,
-                        k: Some(_),
-                    }),
-                    _,
-                ) => need(75, 65),
-                (
-                    Some(Mod::Shape {
-                        m: 16,
-                        n: 8,
-                        k: Some(8),
-                    }),
-                    Some(Ty::F16),
-                ) => need(75, 65),
-                (
-                    Some(Mod::Shape {
-                        m: 16,
-                        n: 8,
-                        k: Some(_),
-                    }),
-                    _,
-                ) => need(80, 70),
-                _ => need(75, 65),
-            }
-        }
+        Opcode::Mma => mma_needs(ins, fp8, &mut need),
         Opcode::Cvt => {
             let dst = ins.ty();
             let src = ins.types().nth(1);
@@ -444,83 +394,7 @@ pub fn requirement(ins: &Instruction) -> Requirement {
         }
         Opcode::Rcp | Opcode::Sqrt | Opcode::Rsqrt if bf16 || f16 => need(75, 70),
         Opcode::Shfl | Opcode::Vote if ins.has(Flag::Sync) => need(30, 60),
-        Opcode::Ld | Opcode::St | Opcode::Atom | Opcode::Red => {
-            if ins.mods.iter().any(|m| {
-                matches!(
-                    m,
-                    Mod::Flag(Flag::Relaxed | Flag::Acquire | Flag::Release | Flag::AcqRel)
-                )
-            }) {
-                need(70, 60);
-            }
-            if ins
-                .mods
-                .contains(&Mod::Space(crate::types::Space::SharedCluster))
-                || ins.has(Flag::Cluster)
-            {
-                need(90, 78);
-            }
-            if ins
-                .mods
-                .iter()
-                .any(|m| matches!(m, Mod::Flag(Flag::L2CacheHint)))
-            {
-                need(80, 74);
-            }
-            if ins.mods.iter().any(|m| {
-                matches!(
-                    m,
-                    Mod::Flag(
-                        Flag::L1EvictNormal
-                            | Flag::L1EvictUnchanged
-                            | Flag::L1EvictFirst
-                            | Flag::L1EvictLast
-                            | Flag::L1NoAllocate
-                            | Flag::L2EvictNormal
-                            | Flag::L2EvictFirst
-                            | Flag::L2EvictLast
-                    )
-                )
-            }) {
-                need(70, 74);
-            }
-            if ins
-                .mods
-                .iter()
-                .any(|m| matches!(m, Mod::Flag(Flag::L264B | Flag::L2128B | Flag::L2256B)))
-            {
-                need(75, 74);
-            }
-            let atomic = ins.op == Opcode::Atom || ins.op == Opcode::Red;
-            if atomic && ins.vec_width().is_some() {
-                need(90, 81);
-            } else if ins.vec_width() == Some(8) {
-                // 256-bit loads and stores
-                need(100, 88);
-            }
-            if atomic && bf16 {
-                need(90, 78);
-            }
-            if atomic && has_ty(Ty::F16x2) {
-                need(60, 63);
-            }
-            if atomic && has_ty(Ty::F16) {
-                need(70, 63);
-            }
-            if atomic && has_ty(Ty::F64) {
-                need(60, 20);
-            }
-            if atomic && has_ty(Ty::B128) {
-                need(90, 83);
-            } else if has_ty(Ty::B128) {
-                // ld/st .b128
-                need(70, 83);
-            }
-            if atomic && has_ty(Ty::B16) {
-                // atom.cas.b16
-                need(70, 63);
-            }
-        }
+        Opcode::Ld | Opcode::St | Opcode::Atom | Opcode::Red => memory_needs(ins, &mut need),
         Opcode::Fence => {
             if ins.has(Flag::Proxy) && ins.has(Flag::Tensormap) || ins.has(Flag::TensormapGeneric) {
                 need(90, 83);
@@ -574,4 +448,139 @@ pub fn requirement(ins: &Instruction) -> Requirement {
         _ => {}
     }
     r
+}
+
+/// `mma.sync`: the target and ISA version of each shape and input type (FP8 on sm_89).
+fn mma_needs(ins: &Instruction, fp8: bool, need: &mut dyn FnMut(u32, u32)) {
+    let at = ins.types().nth(1);
+    match (ins.shape(), at) {
+        // f16 accumulators with FP8 inputs arrived in PTX 8.7.
+        _ if fp8 && ins.types().next() == Some(Ty::F16) => need(89, 87),
+        _ if fp8 => need(89, 84),
+        // m8n8k4 .f16 (Volta)
+        (
+            Some(Mod::Shape {
+                m: 8,
+                n: 8,
+                k: Some(4),
+            }),
+            Some(Ty::F16),
+        ) => need(70, 64),
+        (
+            Some(Mod::Shape {
+                m: 8,
+                n: 8,
+                k: Some(4),
+            }),
+            Some(Ty::F64),
+        ) => need(80, 70),
+        // m8n8k16 / m8n8k32 integer, m8n8k128 .b1 (Turing)
+        (
+            Some(Mod::Shape {
+                m: 8,
+                n: 8,
+                k: Some(_),
+            }),
+            _,
+        ) => need(75, 65),
+        (
+            Some(Mod::Shape {
+                m: 16,
+                n: 8,
+                k: Some(8),
+            }),
+            Some(Ty::F16),
+        ) => need(75, 65),
+        (
+            Some(Mod::Shape {
+                m: 16,
+                n: 8,
+                k: Some(_),
+            }),
+            _,
+        ) => need(80, 70),
+        _ => need(75, 65),
+    }
+}
+
+/// Loads, stores and atomics: memory-order qualifiers, cluster spaces, cache hints and
+/// eviction priorities, vector and 128-bit forms, and the atomic types added over time.
+fn memory_needs(ins: &Instruction, need: &mut dyn FnMut(u32, u32)) {
+    let has_ty = |t: Ty| ins.mods.contains(&Mod::Type(t));
+    let bf16 = has_ty(Ty::Bf16) || has_ty(Ty::Bf16x2);
+    if ins.mods.iter().any(|m| {
+        matches!(
+            m,
+            Mod::Flag(Flag::Relaxed | Flag::Acquire | Flag::Release | Flag::AcqRel)
+        )
+    }) {
+        need(70, 60);
+    }
+    if ins
+        .mods
+        .contains(&Mod::Space(crate::types::Space::SharedCluster))
+        || ins.has(Flag::Cluster)
+    {
+        need(90, 78);
+    }
+    if ins
+        .mods
+        .iter()
+        .any(|m| matches!(m, Mod::Flag(Flag::L2CacheHint)))
+    {
+        need(80, 74);
+    }
+    if ins.mods.iter().any(|m| {
+        matches!(
+            m,
+            Mod::Flag(
+                Flag::L1EvictNormal
+                    | Flag::L1EvictUnchanged
+                    | Flag::L1EvictFirst
+                    | Flag::L1EvictLast
+                    | Flag::L1NoAllocate
+                    | Flag::L2EvictNormal
+                    | Flag::L2EvictFirst
+                    | Flag::L2EvictLast
+            )
+        )
+    }) {
+        need(70, 74);
+    }
+    if ins
+        .mods
+        .iter()
+        .any(|m| matches!(m, Mod::Flag(Flag::L264B | Flag::L2128B | Flag::L2256B)))
+    {
+        need(75, 74);
+    }
+    let atomic = ins.op == Opcode::Atom || ins.op == Opcode::Red;
+    if atomic && ins.vec_width().is_some() {
+        need(90, 81);
+    } else if ins.vec_width() == Some(8) {
+        // 256-bit loads and stores
+        need(100, 88);
+    }
+    if atomic && bf16 {
+        need(90, 78);
+    }
+    if atomic && has_ty(Ty::F16x2) {
+        need(60, 63);
+    }
+    if atomic && has_ty(Ty::F16) {
+        need(70, 63);
+    }
+    if atomic && has_ty(Ty::F64) {
+        need(60, 20);
+    }
+    if atomic && has_ty(Ty::B128) {
+        need(90, 83);
+    } else if has_ty(Ty::B128) {
+        // ld/st .b128
+        need(70, 83);
+    }
+    if atomic && has_ty(Ty::B16) {
+        // atom.cas.b16
+        need(70, 63);
+    }
 }
