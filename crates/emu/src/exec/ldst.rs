@@ -33,15 +33,7 @@ impl Cta {
                 }
                 for l in lanes_of(m) {
                     let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
-                    // Vector accesses must be aligned to their full size.
-                    if total > *elem && !base.is_multiple_of(total as u64) {
-                        LAST_LANE.with(|c| c.set(l as u32));
-                        let f = FaultKind::Misaligned {
-                            space: space.name(),
-                            addr: base,
-                            size: total,
-                        };
-                        self.memcheck(ctx, wi, l, f)?;
+                    if !self.vector_aligned(ctx, (wi, l), *space, base, (*elem, total))? {
                         continue;
                     }
                     let mut vals = [0u64; 8];
@@ -85,14 +77,7 @@ impl Cta {
                 }
                 for l in lanes_of(m) {
                     let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
-                    if total > *elem && !base.is_multiple_of(total as u64) {
-                        LAST_LANE.with(|c| c.set(l as u32));
-                        let f = FaultKind::Misaligned {
-                            space: space.name(),
-                            addr: base,
-                            size: total,
-                        };
-                        self.memcheck(ctx, wi, l, f)?;
+                    if !self.vector_aligned(ctx, (wi, l), *space, base, (*elem, total))? {
                         continue;
                     }
                     for (k, s) in srcs.iter().enumerate() {
@@ -111,5 +96,29 @@ impl Cta {
             _ => return Err(misrouted(inst)),
         }
         Ok(Flow::Next)
+    }
+
+    /// Vector accesses must be aligned to their full size (`total` bytes of `elem`-byte
+    /// elements): false, after memcheck reported the misaligned address, when lane `l`'s is not.
+    #[inline(always)]
+    fn vector_aligned(
+        &mut self,
+        ctx: &LaunchCtx,
+        (wi, l): (usize, usize),
+        space: MSpace,
+        base: u64,
+        (elem, total): (u32, u32),
+    ) -> Result<bool, FaultKind> {
+        if total <= elem || base.is_multiple_of(total as u64) {
+            return Ok(true);
+        }
+        LAST_LANE.with(|c| c.set(l as u32));
+        let f = FaultKind::Misaligned {
+            space: space.name(),
+            addr: base,
+            size: total,
+        };
+        self.memcheck(ctx, wi, l, f)?;
+        Ok(false)
     }
 }
