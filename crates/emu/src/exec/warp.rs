@@ -15,12 +15,9 @@ impl Cta {
     ) -> Result<Flow, FaultKind> {
         match &inst.op {
             Op::WarpSync { mask } => {
-                let w = &mut self.warps[wi];
-                let member = w.regs[*mask as usize][m.trailing_zeros().min(31) as usize] as u32;
-                if Cta::sync_wait(w, member & w.exists) {
+                if self.warp_sync_members(ctx, wi, m, *mask).is_none() {
                     return Ok(Flow::Stay);
                 }
-                self.san_warp_sync(ctx, wi, m, *mask);
             }
             Op::Shfl {
                 mode,
@@ -31,13 +28,9 @@ impl Cta {
                 c,
                 mask,
             } => {
-                let w = &mut self.warps[wi];
-                let l0 = m.trailing_zeros().min(31) as usize;
-                let member = w.regs[*mask as usize][l0] as u32;
-                if Cta::sync_wait(w, member & w.exists) {
+                if self.warp_sync_members(ctx, wi, m, *mask).is_none() {
                     return Ok(Flow::Stay);
                 }
-                self.san_warp_sync(ctx, wi, m, *mask);
                 let w = &mut self.warps[wi];
                 let src = w.regs[*a as usize];
                 let mut out = [0u64; 32];
@@ -79,13 +72,9 @@ impl Cta {
                 aneg,
                 mask,
             } => {
-                let w = &mut self.warps[wi];
-                let l0 = m.trailing_zeros().min(31) as usize;
-                let member = w.regs[*mask as usize][l0] as u32;
-                if Cta::sync_wait(w, member & w.exists) {
+                let Some(member) = self.warp_sync_members(ctx, wi, m, *mask) else {
                     return Ok(Flow::Stay);
-                }
-                self.san_warp_sync(ctx, wi, m, *mask);
+                };
                 let w = &mut self.warps[wi];
                 let pm = pred_mask(&w.regs[*a as usize]) ^ if *aneg { u32::MAX } else { 0 };
                 let part = m & member;
@@ -120,13 +109,9 @@ impl Cta {
                 a,
                 mask,
             } => {
-                let w = &mut self.warps[wi];
-                let l0 = m.trailing_zeros().min(31) as usize;
-                let member = w.regs[*mask as usize][l0] as u32;
-                if Cta::sync_wait(w, member & w.exists) {
+                let Some(member) = self.warp_sync_members(ctx, wi, m, *mask) else {
                     return Ok(Flow::Stay);
-                }
-                self.san_warp_sync(ctx, wi, m, *mask);
+                };
                 let w = &mut self.warps[wi];
                 let part = m & member;
                 let vals = lanes_of(part).map(|l| w.regs[*a as usize][l] as u32);
@@ -150,13 +135,9 @@ impl Cta {
                 a,
                 mask,
             } => {
-                let w = &mut self.warps[wi];
-                let l0 = m.trailing_zeros().min(31) as usize;
-                let member = w.regs[*mask as usize][l0] as u32;
-                if Cta::sync_wait(w, member & w.exists) {
+                let Some(member) = self.warp_sync_members(ctx, wi, m, *mask) else {
                     return Ok(Flow::Stay);
-                }
-                self.san_warp_sync(ctx, wi, m, *mask);
+                };
                 let w = &mut self.warps[wi];
                 let part = m & member;
                 let mk = reg_mask(*bits as u8);
@@ -204,5 +185,19 @@ impl Cta {
             _ => return Err(misrouted(inst)),
         }
         Ok(Flow::Next)
+    }
+
+    /// The member mask of a warp-synchronous instruction (read in the first active lane), once
+    /// every member lane that still exists has arrived (`None`: not yet, the warp stays); the
+    /// sanitizer's synccheck of the mask runs then.
+    #[inline(always)]
+    fn warp_sync_members(&mut self, ctx: &LaunchCtx, wi: usize, m: u32, mask: u32) -> Option<u32> {
+        let w = &mut self.warps[wi];
+        let member = w.regs[mask as usize][m.trailing_zeros().min(31) as usize] as u32;
+        if Cta::sync_wait(w, member & w.exists) {
+            return None;
+        }
+        self.san_warp_sync(ctx, wi, m, mask);
+        Some(member)
     }
 }
