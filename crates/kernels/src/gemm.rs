@@ -24,6 +24,8 @@ use crate::host::{check_target, function};
 use crate::tile::ROW_BYTES;
 use crate::{shape_err, Result};
 use builder::*;
+
+mod body;
 use half::bf16;
 use runtime::{args, Buffer, LaunchConfig, Pod, Stream};
 
@@ -315,6 +317,7 @@ fn offset_wide(
     GlobalPtr::from_reg(r)
 }
 
+/// The kernel of `spec` with mma shape `S`, assembled from the roles in [`body`].
 fn build<S>(t: &Target, spec: &GemmSpec) -> Result<ptx::Module>
 where
     S: MmaShape<C = f32>,
@@ -322,401 +325,41 @@ where
     S::B: Word32,
 {
     let cfg = spec.cfg;
-    let fp8 = spec.input != InTy::Bf16;
-    let ebytes: u32 = if fp8 { 1 } else { 2 };
-    let nthreads = cfg.threads();
-    let (wm_rows, wn_cols) = (cfg.bm / cfg.warps_m, cfg.bn / cfg.warps_n);
-    let (mi_n, ni_n) = (wm_rows / 16, wn_cols / 8);
+    let ebytes: u32 = if spec.input != InTy::Bf16 { 1 } else { 2 };
     let mut k = KernelBuilder::new(&spec.name, t.clone());
-    k.reqntid(&[nthreads]);
+    k.reqntid(&[cfg.threads()]);
     let p = declare(&mut k, spec);
     let smem = k.dynamic_shared::<u8>(128);
-    let tid = k.tid_x();
-    let lane = k.and(tid, 31u32);
-    let warp = k.shr(tid, 5u32);
-    let wm = k.div(warp, cfg.warps_n);
-    let wn = k.rem(warp, cfg.warps_n);
-    let (bx, by) = (k.ctaid_x(), k.ctaid_y());
-    let n0 = k.mul(bx, cfg.bn);
-    let m0 = k.mul(by, cfg.bm);
-    let k_bytes = k.mul(p.k, ebytes);
-    let kb_count = k.shr(p.k, 7u32); // K/128 scale blocks (fp8)
-
-    // ---- per-group bases and the row bound
-    let (mut a, mut b, mut d) = (p.a, p.b, p.d);
-    let mut c_ptr = p.c;
-    let (mut sa, mut sb) = (p.sa, p.sb);
-    let mut m_eff = p.m;
-    // K extent of this CTA in bytes (the row pitch stays k_bytes)
-    let mut k_ext = k_bytes;
-    let out_bytes: u32 = if spec.out == OutTy::Bf16 { 2 } else { 4 };
-    let nk_bytes = k.mul(p.n, k_bytes); // bytes of one expert's B
-    match spec.layout {
-        Layout::Normal => {}
-        Layout::Masked => {
-            let g = k.ctaid_z();
-            let valid_rows = k.ld_nc(p.idx.unwrap_or(p.a.cast()).offset(g));
-            let vr: Reg<u32> = valid_rows.reinterpret();
-            let done = k.ge(m0, vr);
-            k.when(done, |k| k.exit());
-            m_eff = vr;
-            let gm = k.mul(g, p.m); // first row of group g
-            a = offset_wide(&mut k, a, gm, k_bytes);
-            let ob = k.mul(p.n, out_bytes);
-            d = offset_wide(&mut k, d, gm, ob);
-            if let Some(cp) = c_ptr {
-                c_ptr = Some(offset_wide(&mut k, cp, gm, ob));
-            }
-            b = offset_wide(&mut k, b, g, nk_bytes);
-            if let (Some(sap), Some(sbp)) = (sa, sb) {
-                let s4 = k.mul(kb_count, 4u32);
-                sa = Some(offset_wide(&mut k, sap.cast(), gm, s4).cast());
-                let nb = k.shr(p.n, 7u32);
-                let sbs = k.mul(nb, s4);
-                sb = Some(offset_wide(&mut k, sbp.cast(), g, sbs).cast());
-            }
-        }
-        Layout::Contiguous => {
-            let e = k.ld_nc(p.idx.unwrap_or(p.a.cast()).offset(m0));
-            let e = k.max(e, 0i32); // an all-padding tile computes with expert 0 and writes zeros
-            let eu: Reg<u32> = e.reinterpret();
-            b = offset_wide(&mut k, b, eu, nk_bytes);
-            if let Some(sbp) = sb {
-                let nb = k.shr(p.n, 7u32);
-                let s4 = k.mul(kb_count, 4u32);
-                let sbs = k.mul(nb, s4);
-                sb = Some(offset_wide(&mut k, sbp.cast(), eu, sbs).cast());
-            }
-        }
-        Layout::KGrouped => {
-            let g = k.ctaid_z();
-            let ksp = p.idx.unwrap_or(p.a.cast());
-            let ks0 = k.ld_nc(ksp.offset(g));
-            let g1 = k.add(g, 1u32);
-            let ks1 = k.ld_nc(ksp.offset(g1));
-            let ks0: Reg<u32> = ks0.reinterpret();
-            let ks1: Reg<u32> = ks1.reinterpret();
-            k_ext = k.sub(ks1, ks0); // e4m3: bytes = elements
-            let one = k.mov(1u32);
-            a = offset_wide(&mut k, a, ks0, one);
-            b = offset_wide(&mut k, b, ks0, one);
-            let kb0 = k.shr(ks0, 7u32);
-            let four = k.mov(4u32);
-            if let (Some(sap), Some(sbp)) = (sa, sb) {
-                sa = Some(offset_wide(&mut k, sap.cast(), kb0, four).cast());
-                sb = Some(offset_wide(&mut k, sbp.cast(), kb0, four).cast());
-            }
-            let mn = k.mul(p.m, p.n);
-            let ob = k.mul(mn, out_bytes);
-            d = offset_wide(&mut k, d, g, ob);
-        }
-    }
-    let m_last = k.sub(m_eff, 1u32);
+    let ids = body::Ids::new(&mut k, &cfg, &p, ebytes);
+    let ops = body::cta_operands(&mut k, spec, &p, &ids);
+    let m_last = k.sub(ops.m_eff, 1u32);
     let n_last = k.sub(p.n, 1u32);
-
-    // ---- tile loaders: thread copies chunk (tid & 7) of rows (tid >> 3) + i * nthreads/8
-    let ch = k.and(tid, 7u32);
-    let r_base = k.shr(tid, 3u32);
-    let ch16 = k.shl(ch, 4u32);
-    let dst0 = crate::tile::swz_reg(&mut k, r_base, ch);
-    let rows_per_iter = nthreads / 8;
-    let ch16_64: Reg<u64> = k.cvt(ch16);
-    let mut a_src = Vec::new();
-    let mut b_src = Vec::new();
-    for (rows, origin, last, base, out) in [
-        (cfg.bm, m0, m_last, a, &mut a_src),
-        (cfg.bn, n0, n_last, b, &mut b_src),
-    ] {
-        for i in 0..rows / rows_per_iter {
-            let r = k.add(r_base, i * rows_per_iter);
-            let gr = k.add(origin, r);
-            let ok = k.le(gr, last);
-            let grc = k.min(gr, last);
-            let pr = offset_wide(&mut k, base, grc, k_bytes);
-            let pr = k.add(pr.reg(), ch16_64);
-            out.push((GlobalPtr::<u8>::from_reg(pr), ok));
-        }
-    }
+    let loader = body::TileLoader::new(&mut k, &cfg, &ids, &ops, (m_last, n_last));
     let stage_bytes = (cfg.bm + cfg.bn) * ROW_BYTES;
-    let smem_base = smem.reg();
-    let smem_end = k.add(smem_base, stage_bytes * cfg.stages);
-    let ktiles = k.add(k_ext, 127u32);
+    let base = smem.reg();
+    let end = k.add(base, stage_bytes * cfg.stages);
+    let ring = body::Ring {
+        base,
+        end,
+        stage_bytes,
+    };
+    let ktiles = k.add(ops.k_ext, 127u32);
     let ktiles = k.shr(ktiles, 7u32);
-    // load K tile `kt` into the stage at `ws`
-    let load_tile = |k: &mut KernelBuilder, ws: Reg<u32>, kt: Reg<u32>| {
-        let koff = k.shl(kt, 7u32);
-        let kc = k.add(koff, ch16);
-        let k_ok = k.lt(kc, k_ext);
-        let koff64: Reg<u64> = k.cvt(koff);
-        let dst = k.add(ws, dst0);
-        for (i, &(src, ok)) in a_src.iter().chain(b_src.iter()).enumerate() {
-            let i = i as u32;
-            let row_off = if i < cfg.bm / rows_per_iter {
-                i * rows_per_iter * ROW_BYTES
-            } else {
-                cfg.bm * ROW_BYTES + (i - cfg.bm / rows_per_iter) * rows_per_iter * ROW_BYTES
-            };
-            let v = k.and(ok, k_ok);
-            let sz = k.selp::<u32>(16u32, 0u32, v);
-            let s = k.add(src.reg(), koff64);
-            let dptr = SharedPtr::<u8>::from_reg(dst).add_bytes(row_off as i64);
-            k.cp_async_zfill(dptr, GlobalPtr::<u8>::from_reg(s), sz);
-        }
+    let frags = body::FragAddr::new(&mut k, &cfg, &ids);
+    let nacc = ((cfg.bm / cfg.warps_m / 16) * (cfg.bn / cfg.warps_n / 8)) as usize;
+    let accs = body::Accumulators::new(&mut k, spec, nacc);
+    let scales = body::ScaleAddr::new(&mut k, spec, &ids, &ops, m_last);
+    let parts = body::LoopParts {
+        spec,
+        ops: &ops,
+        loader: &loader,
+        frags: &frags,
+        scales: &scales,
+        ring: &ring,
+        ktiles,
     };
-
-    // ---- fragment addressing (ldmatrix.x4): lane row offsets and swizzled chunk offsets per k-step
-    let l7 = k.and(lane, 7u32);
-    let l8 = k.shr(lane, 3u32);
-    let l8 = k.and(l8, 1u32);
-    let l16 = k.shr(lane, 4u32);
-    let a_row = k.mad_lo(wm, wm_rows, l7);
-    let a_row = k.mad_lo(l8, 8u32, a_row);
-    let a_row_off = k.shl(a_row, 7u32);
-    let b_row = k.mad_lo(wn, wn_cols, l7);
-    let b_row = k.mad_lo(l16, 8u32, b_row);
-    let b_row_off = k.shl(b_row, 7u32);
-    let b_row_off = k.add(b_row_off, cfg.bm * ROW_BYTES);
-    let mut ca = Vec::new();
-    let mut cb = Vec::new();
-    for ks in 0..4u32 {
-        let x = k.add(l16, 2 * ks);
-        let x = k.xor(x, l7);
-        ca.push(k.shl(x, 4u32));
-        let y = k.add(l8, 2 * ks);
-        let y = k.xor(y, l7);
-        cb.push(k.shl(y, 4u32));
-    }
-
-    // ---- accumulators
-    let zero: [Reg<f32>; 4] = std::array::from_fn(|_| k.reg());
-    for z in zero {
-        k.mov_to(z, 0f32);
-    }
-    let nacc = (mi_n * ni_n) as usize;
-    let acc: Vec<[Reg<f32>; 4]> = (0..nacc)
-        .map(|_| {
-            let r: [Reg<f32>; 4] = k.regs();
-            for x in r {
-                k.mov_to(x, 0f32);
-            }
-            r
-        })
-        .collect();
-    let frag: Vec<[Reg<f32>; 4]> = if spec.input == InTy::Fp8 {
-        (0..nacc).map(|_| k.regs()).collect()
-    } else {
-        Vec::new()
-    };
-    // fp8: rows of this thread's accumulators (clamped) for the sa loads
-    let g4 = k.shr(lane, 2u32);
-    let q4 = k.and(lane, 3u32);
-    let mut my_rows = Vec::new();
-    for mi in 0..mi_n {
-        for h in 0..2 {
-            let r = k.mad_lo(wm, wm_rows, g4);
-            let r = k.add(r, mi * 16 + h * 8);
-            my_rows.push(k.add(r, m0));
-        }
-    }
-    let sa_rows: Vec<Reg<u32>> = if spec.input == InTy::Fp8 {
-        my_rows
-            .iter()
-            .map(|&r| {
-                let rc = k.min(r, m_last);
-                k.mul(rc, kb_count)
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let per_col_sb = spec.layout == Layout::KGrouped;
-    let sb_row = if spec.input == InTy::Fp8 && !per_col_sb {
-        let nb = k.shr(n0, 7u32);
-        Some(k.mul(nb, kb_count))
-    } else {
-        None
-    };
-    // K-grouped: B scales per accumulator column (sb [N, K/128]). This thread's columns are
-    // col0 + 8 ni + {0, 1}; their scales sit kb_count floats apart.
-    let sb_cols = match (per_col_sb, sb) {
-        (true, Some(sbp)) => {
-            let c0 = k.mad_lo(wn, wn_cols, n0);
-            let c0 = k.mad_lo(q4, 2u32, c0);
-            let ci = k.mul(c0, kb_count);
-            let base = k.addr(sbp.offset(ci));
-            let stride = k.mul_wide(kb_count, 4u32);
-            let stride8 = k.shl(stride, 3u32);
-            Some((base, stride, stride8))
-        }
-        _ => None,
-    };
-
-    // ---- prologue: STAGES-1 tiles in flight
-    let ws = k.mov(smem_base);
-    let rs = k.mov(smem_base);
-    let advance = |k: &mut KernelBuilder, s: Reg<u32>| {
-        k.add_to(s, s, stage_bytes);
-        let wrap = k.ge(s, smem_end);
-        let base = smem_base;
-        k.when(wrap, |k| k.mov_to(s, base));
-    };
-    for s in 0..cfg.stages - 1 {
-        let kt = k.mov::<u32>(s);
-        let live = k.lt(kt, ktiles);
-        k.if_(live, |k| load_tile(k, ws, kt));
-        k.cp_async_commit_group();
-        advance(&mut k, ws);
-    }
-
-    // ---- main loop over K tiles
-    k.for_range(0u32, ktiles, 1u32, |k, kt| {
-        k.cp_async_wait_group(cfg.stages - 2);
-        k.sync_threads();
-        let next = k.add(kt, cfg.stages - 1);
-        let live = k.lt(next, ktiles);
-        k.if_(live, |k| load_tile(k, ws, next));
-        k.cp_async_commit_group();
-        advance(k, ws);
-        // fp8: this K block's scales
-        let mut srow = Vec::new();
-        let mut scol = Vec::new();
-        if let (Some(sap), Some(sbp), Some(sbr)) = (sa, sb, sb_row) {
-            let sbi = k.add(sbr, kt);
-            let sbv = k.ld_nc(sbp.offset(sbi));
-            for &r in &sa_rows {
-                let i = k.add(r, kt);
-                let v = k.ld_nc(sap.offset(i));
-                srow.push(k.mul(v, sbv));
-            }
-        }
-        if let (Some(sap), Some((base, stride, stride8))) = (sa, sb_cols) {
-            for &r in &sa_rows {
-                let i = k.add(r, kt);
-                srow.push(k.ld_nc(sap.offset(i)));
-            }
-            let kt4 = k.mul_wide(kt, 4u32);
-            let mut cur = k.add(base.reg(), kt4);
-            for ni in 0..ni_n {
-                let v0 = k.ld_nc(GlobalPtr::<f32>::from_reg(cur));
-                let c1 = k.add(cur, stride);
-                let v1 = k.ld_nc(GlobalPtr::<f32>::from_reg(c1));
-                scol.push(v0);
-                scol.push(v1);
-                if ni + 1 < ni_n {
-                    cur = k.add(cur, stride8);
-                }
-            }
-        }
-        let a_base = k.add(rs, a_row_off);
-        let b_base = k.add(rs, b_row_off);
-        for ks in 0..4usize {
-            let aa = k.add(a_base, ca[ks]);
-            let bb = k.add(b_base, cb[ks]);
-            let af: Vec<[Reg<S::A>; 4]> = (0..mi_n)
-                .map(|mi| {
-                    k.ldmatrix::<S::A, u8, 4>(
-                        SharedPtr::<u8>::from_reg(aa).add_bytes((mi * 16 * ROW_BYTES) as i64),
-                        false,
-                    )
-                })
-                .collect();
-            let mut bf: Vec<[Reg<S::B>; 2]> = Vec::new();
-            for j in 0..ni_n / 2 {
-                let r = k.ldmatrix::<S::B, u8, 4>(
-                    SharedPtr::<u8>::from_reg(bb).add_bytes((j * 16 * ROW_BYTES) as i64),
-                    false,
-                );
-                bf.push([r[0], r[1]]);
-                bf.push([r[2], r[3]]);
-            }
-            for mi in 0..mi_n as usize {
-                for ni in 0..ni_n as usize {
-                    let i = mi * ni_n as usize + ni;
-                    match spec.input {
-                        InTy::Bf16 => k.mma_to::<S>(acc[i], af[mi], bf[ni], acc[i]),
-                        InTy::Fp8 => k.mma_to::<S>(
-                            frag[i],
-                            af[mi],
-                            bf[ni],
-                            if ks == 0 { zero } else { frag[i] },
-                        ),
-                        // one FP32 tensor-core accumulator over all of K (no promotion)
-                        InTy::Fp8Unpromoted => k.mma_to::<S>(acc[i], af[mi], bf[ni], acc[i]),
-                    }
-                }
-            }
-        }
-        // promotion: acc += frag * (sa * sb) on the CUDA cores
-        if spec.input == InTy::Fp8 {
-            for mi in 0..mi_n as usize {
-                for ni in 0..ni_n as usize {
-                    let i = mi * ni_n as usize + ni;
-                    for e in 0..4 {
-                        let s = if per_col_sb {
-                            k.mul(srow[mi * 2 + e / 2], scol[ni * 2 + e % 2])
-                        } else {
-                            srow[mi * 2 + e / 2]
-                        };
-                        k.fma_to(acc[i][e], frag[i][e], s, acc[i][e]);
-                    }
-                }
-            }
-        }
-        advance(k, rs);
-    });
-    k.cp_async_wait_all();
-
-    // ---- epilogue
-    if spec.input == InTy::Fp8Unpromoted {
-        let sc = p.scale.unwrap_or(zero[0]);
-        for a in &acc {
-            for &x in a {
-                k.mul_to(x, x, sc);
-            }
-        }
-    }
-    let col0 = k.mad_lo(wn, wn_cols, n0);
-    let col0 = k.mad_lo(q4, 2u32, col0);
-    let ob = out_bytes;
-    for mi in 0..mi_n as usize {
-        for h in 0..2usize {
-            let row = my_rows[mi * 2 + h];
-            let row_ok = k.lt(row, m_eff);
-            let pad = if spec.layout == Layout::Contiguous {
-                let rc = k.min(row, m_last);
-                let e = k.ld_nc(p.idx.unwrap_or(p.a.cast()).offset(rc));
-                Some(k.lt(e, 0i32))
-            } else {
-                None
-            };
-            let rowoff = k.mul(row, p.n);
-            for ni in 0..ni_n as usize {
-                let i = mi * ni_n as usize + ni;
-                let col = k.add(col0, (ni * 8) as u32);
-                let col_ok = k.lt(col, p.n);
-                let ok = k.and(row_ok, col_ok);
-                let e = k.add(rowoff, col);
-                let (mut v0, mut v1) = (acc[i][2 * h], acc[i][2 * h + 1]);
-                if let Some(pd) = pad {
-                    v0 = k.selp(0f32, v0, pd);
-                    v1 = k.selp(0f32, v1, pd);
-                }
-                let e64 = k.mul_wide(e, ob);
-                let dp = k.add(d.reg(), e64);
-                if let Some(cp) = c_ptr {
-                    let cpp = k.add(cp.reg(), e64);
-                    k.if_(ok, |k| {
-                        let (c0, c1) = load_pair(k, GlobalPtr::from_reg(cpp), spec.out);
-                        k.add_to(v0, v0, c0);
-                        k.add_to(v1, v1, c1);
-                    });
-                }
-                k.when(ok, |k| {
-                    store_pair(k, GlobalPtr::from_reg(dp), spec.out, v0, v1)
-                });
-            }
-        }
-    }
+    body::main_loop::<S>(&mut k, &parts, &accs);
+    body::epilogue(&mut k, spec, &p, &ids, &ops, (&scales, &accs));
     Ok(k.finish()?)
 }
 
