@@ -134,6 +134,17 @@ pub fn find(name: &str) -> Result<&'static KernelInfo> {
 
 fn build() -> Vec<KernelInfo> {
     let mut v = Vec::new();
+    quant_entries(&mut v);
+    moe_entries(&mut v);
+    gemm_entries(&mut v);
+    v.extend(crate::hopper::registry::registry_entries());
+    v.extend(crate::train::entries());
+    v.extend(crate::attn::registry::registry_entries());
+    v
+}
+
+/// FP8 quantisation, dequantisation and re-tiling.
+fn quant_entries(v: &mut Vec<KernelInfo>) {
     let qshapes = vec![
         Shape::new(5, 0, 128),
         Shape::new(33, 0, 384),
@@ -234,6 +245,10 @@ fn build() -> Vec<KernelInfo> {
         test_shapes: vec![Shape::new(128, 0, 128), Shape::new(256, 0, 384)],
         kind: Kind::RequantT,
     });
+}
+
+/// The MoE layer's element-wise kernels (SwiGLU forward/backward, transposed quantisation).
+fn moe_entries(v: &mut Vec<KernelInfo>) {
     v.push(KernelInfo {
         name: crate::moe::SWIGLU_FWD_NAME.into(),
         summary: "MoE SwiGLU forward act = silu(gate) * up from gu [m, 2I] bf16, fused FP8 1x128 quantisation (pow2 scales; padding rows -> 0, scale 1)".into(),
@@ -289,6 +304,10 @@ fn build() -> Vec<KernelInfo> {
         test_shapes: vec![Shape::new(256, 0, 256), Shape::new(128, 0, 384)],
         kind: Kind::QuantT,
     });
+}
+
+/// The `mma.sync` GEMMs: BF16, FP8 (promoted and the ablation) and the MoE grouped layouts.
+fn gemm_entries(v: &mut Vec<KernelInfo>) {
     let gshapes = vec![Shape::new(100, 128, 128), Shape::new(130, 256, 384)];
     let mut gemm = |s: GemmSpec, summary: &str, shapes: Vec<Shape>| {
         v.push(KernelInfo {
@@ -409,10 +428,6 @@ fn build() -> Vec<KernelInfo> {
         "MoE weight-gradient FP8 GEMM, groups along K (k_starts), 1x128 scales on both operands, f32 out [G, M, N]",
         vec![Shape::grouped(200, 128, 512, 4)],
     );
-    v.extend(crate::hopper::registry::registry_entries());
-    v.extend(crate::train::entries());
-    v.extend(crate::attn::registry::registry_entries());
-    v
 }
 
 /// A [`KernelInfo`] for any GEMM spec (registered or not), for [`check_gemm`] and the CLI.
@@ -785,149 +800,21 @@ pub fn check_gemm_with(
         return check_wgrad(stream, info, g, s, seed, None);
     }
     let mut rg = r::rng(seed);
-    let (m, n, k, groups) = (s.m, s.n, s.k, s.groups.max(1));
-    // rows of A / D and of B over all groups
-    let a_rows = if g.layout == Layout::Masked {
-        groups * m
-    } else {
-        m
-    };
-    let b_groups = if g.layout == Layout::Normal {
-        1
-    } else {
-        groups
-    };
-    let lo = if positive { 0.0f32 } else { -1.0 };
-    let a: Vec<f32> = if lo == 0.0 {
-        (0..a_rows * k).map(|_| rg.gen_range(0.0f32..1.0)).collect()
-    } else {
-        r::random_activations(&mut rg, a_rows * k, k)
-    };
-    let b: Vec<f32> = (0..b_groups * n * k)
-        .map(|_| rg.gen_range(lo..1.0))
-        .collect();
-    let m_idx: Vec<i32> = match g.layout {
-        Layout::Contiguous => random_m_indices(&mut rg, m, groups),
-        Layout::Masked => (0..groups).map(|_| rg.gen_range(0..=m) as i32).collect(),
-        Layout::Normal | Layout::KGrouped => Vec::new(),
-    };
-    // f64 operands as the kernel sees them (after bf16 rounding / fp8 quantisation)
-    let (a_dev_bf, b_dev_bf, a64, b64, qa, qb);
-    let mut scale_pt = 1f32;
-    match g.input {
-        InTy::Bf16 => {
-            let (ab, af) = bf16_round(&a);
-            let (bb, bf) = bf16_round(&b);
-            (a_dev_bf, b_dev_bf, a64, b64) = (Some(ab), Some(bb), af, bf);
-            qa = None;
-            qb = None;
-        }
-        InTy::Fp8 => {
-            let (q1, s1) = host_quant_rows(&a, a_rows, k);
-            let (q2, s2) = host_quant_blocks(&b, b_groups * n, k);
-            a64 = r::dequant_rows_f64(&q1, &s1, a_rows, k);
-            b64 = r::dequant_blocks_f64(&q2, &s2, b_groups * n, k);
-            (a_dev_bf, b_dev_bf) = (None, None);
-            qa = Some((q1, s1));
-            qb = Some((q2, s2));
-        }
-        InTy::Fp8Unpromoted => {
-            // per-tensor scales mapping amax to the e4m3 maximum, 448 (FP32 accumulator)
-            let amax_a = a.iter().fold(0f32, |x, v| x.max(v.abs())).max(1e-4);
-            let amax_b = b.iter().fold(0f32, |x, v| x.max(v.abs())).max(1e-4);
-            let (sa, sb) = (amax_a / 448.0, amax_b / 448.0);
-            let (ia, ib) = (1.0 / sa, 1.0 / sb);
-            let q1: Vec<u8> = a
-                .iter()
-                .map(|v| emu::fp::f32_to_e4m3(v * ia, true))
-                .collect();
-            let q2: Vec<u8> = b
-                .iter()
-                .map(|v| emu::fp::f32_to_e4m3(v * ib, true))
-                .collect();
-            a64 = q1
-                .iter()
-                .map(|&x| emu::fp::e4m3_to_f32(x) as f64 * sa as f64)
-                .collect();
-            b64 = q2
-                .iter()
-                .map(|&x| emu::fp::e4m3_to_f32(x) as f64 * sb as f64)
-                .collect();
-            scale_pt = sa * sb;
-            (a_dev_bf, b_dev_bf) = (None, None);
-            qa = Some((q1, vec![]));
-            qb = Some((q2, vec![]));
-        }
-    }
+    let dims = GemmDims::new(g, s);
+    let (a, b, idx) = random_operands(&mut rg, g, &dims, positive);
+    let (a64, b64, dv) = device_operands(g, &dims, &a, &b, idx);
     let c: Vec<f32> = if g.add_c {
-        (0..m * n).map(|_| rg.gen_range(-1.0f32..1.0)).collect()
+        (0..s.m * s.n).map(|_| rg.gen_range(-1.0f32..1.0)).collect()
     } else {
         Vec::new()
     };
-    // reference (per group)
-    let mut want = vec![0f64; a_rows * n];
-    let mut valid = vec![true; a_rows * n];
-    match g.layout {
-        Layout::Normal => {
-            want = r::gemm_nt_f64(&a64, &b64, m, n, k);
-            for (w, cv) in want.iter_mut().zip(&c) {
-                *w += *cv as f64;
-            }
-        }
-        Layout::Contiguous => {
-            for row in 0..m {
-                let e = m_idx[row];
-                for j in 0..n {
-                    want[row * n + j] = if e < 0 {
-                        0.0
-                    } else {
-                        let br = &b64[(e as usize * n + j) * k..][..k];
-                        a64[row * k..(row + 1) * k]
-                            .iter()
-                            .zip(br)
-                            .map(|(x, y)| x * y)
-                            .sum()
-                    };
-                }
-            }
-        }
-        Layout::KGrouped => {} // checked by check_wgrad
-        Layout::Masked => {
-            for gi in 0..groups {
-                for i in 0..m {
-                    let row = gi * m + i;
-                    for j in 0..n {
-                        if i >= m_idx[gi] as usize {
-                            valid[row * n + j] = false;
-                            continue;
-                        }
-                        let br = &b64[(gi * n + j) * k..][..k];
-                        want[row * n + j] = a64[row * k..(row + 1) * k]
-                            .iter()
-                            .zip(br)
-                            .map(|(x, y)| x * y)
-                            .sum();
-                    }
-                }
-            }
-        }
-    }
-    // device buffers
-    let dv = DevIn {
-        a_bf: a_dev_bf,
-        b_bf: b_dev_bf,
-        qa,
-        qb,
-        idx: m_idx,
-        c,
-        scale_pt,
-    };
+    let (want, valid) = reference_output(g, &dims, &a64, &b64, &dv.idx, &c);
+    let dv = DevIn { c, ..dv };
     let (got, seconds) = if g.out == OutTy::F32 {
-        run_device::<f32>(stream, g, s, &dv, a_rows, f32::NAN)?
+        run_device::<f32>(stream, g, s, &dv, dims.a_rows, f32::NAN)?
     } else {
-        run_device::<bf16>(stream, g, s, &dv, a_rows, poison_bf16())?
+        run_device::<bf16>(stream, g, s, &dv, dims.a_rows, poison_bf16())?
     };
-
     let (gv, wv): (Vec<f64>, Vec<f64>) = got
         .iter()
         .zip(&want)
@@ -935,21 +822,212 @@ pub fn check_gemm_with(
         .filter(|(_, &ok)| ok)
         .map(|((g, w), _)| (*g, *w))
         .unzip();
-    let nan = gv.iter().any(|x| x.is_nan());
-    let rel = if nan {
-        f64::INFINITY
+    let mut rep = gemm_report(stream, g, &gv, &wv);
+    rep.kernel = info.name.clone();
+    rep.shape = *s;
+    rep.seconds = seconds;
+    rep.flops = info.flops(s);
+    Ok(rep)
+}
+
+/// Sizes of a checked mma.sync GEMM over all its groups.
+struct GemmDims {
+    m: usize,
+    n: usize,
+    k: usize,
+    groups: usize,
+    /// Rows of A / D over all groups.
+    a_rows: usize,
+    /// Groups of B.
+    b_groups: usize,
+}
+
+impl GemmDims {
+    fn new(g: &GemmSpec, s: &Shape) -> GemmDims {
+        let groups = s.groups.max(1);
+        GemmDims {
+            m: s.m,
+            n: s.n,
+            k: s.k,
+            groups,
+            a_rows: if g.layout == Layout::Masked {
+                groups * s.m
+            } else {
+                s.m
+            },
+            b_groups: if g.layout == Layout::Normal {
+                1
+            } else {
+                groups
+            },
+        }
+    }
+}
+
+/// Random A `[a_rows, k]`, B `[b_groups * n, k]` and the layout's index vector (contiguous:
+/// `m_indices`, masked: `masked_m`).
+fn random_operands(
+    rg: &mut rand::rngs::StdRng,
+    g: &GemmSpec,
+    d: &GemmDims,
+    positive: bool,
+) -> (Vec<f32>, Vec<f32>, Vec<i32>) {
+    let lo = if positive { 0.0f32 } else { -1.0 };
+    let a: Vec<f32> = if lo == 0.0 {
+        (0..d.a_rows * d.k)
+            .map(|_| rg.gen_range(0.0f32..1.0))
+            .collect()
     } else {
-        rel_fro(&gv, &wv)
+        r::random_activations(rg, d.a_rows * d.k, d.k)
     };
+    let b: Vec<f32> = (0..d.b_groups * d.n * d.k)
+        .map(|_| rg.gen_range(lo..1.0))
+        .collect();
+    let idx: Vec<i32> = match g.layout {
+        Layout::Contiguous => random_m_indices(rg, d.m, d.groups),
+        Layout::Masked => (0..d.groups)
+            .map(|_| rg.gen_range(0..=d.m) as i32)
+            .collect(),
+        Layout::Normal | Layout::KGrouped => Vec::new(),
+    };
+    (a, b, idx)
+}
+
+/// The operands as the kernel sees them: f64 A and B after bf16 rounding / FP8 quantisation, and
+/// the device inputs (C is filled in by the caller).
+fn device_operands(
+    g: &GemmSpec,
+    d: &GemmDims,
+    a: &[f32],
+    b: &[f32],
+    idx: Vec<i32>,
+) -> (Vec<f64>, Vec<f64>, DevIn) {
+    let mut dv = DevIn {
+        a_bf: None,
+        b_bf: None,
+        qa: None,
+        qb: None,
+        idx,
+        c: Vec::new(),
+        scale_pt: 1.0,
+    };
+    let (a64, b64) = match g.input {
+        InTy::Bf16 => {
+            let (a_bf, a64) = bf16_round(a);
+            let (b_bf, b64) = bf16_round(b);
+            (dv.a_bf, dv.b_bf) = (Some(a_bf), Some(b_bf));
+            (a64, b64)
+        }
+        InTy::Fp8 => {
+            let (q1, s1) = host_quant_rows(a, d.a_rows, d.k);
+            let (q2, s2) = host_quant_blocks(b, d.b_groups * d.n, d.k);
+            let a64 = r::dequant_rows_f64(&q1, &s1, d.a_rows, d.k);
+            let b64 = r::dequant_blocks_f64(&q2, &s2, d.b_groups * d.n, d.k);
+            (dv.qa, dv.qb) = (Some((q1, s1)), Some((q2, s2)));
+            (a64, b64)
+        }
+        InTy::Fp8Unpromoted => {
+            // per-tensor scales mapping amax to the e4m3 maximum, 448 (FP32 accumulator)
+            let (q1, sa) = per_tensor_e4m3(a);
+            let (q2, sb) = per_tensor_e4m3(b);
+            let dq = |q: &[u8], s: f32| -> Vec<f64> {
+                q.iter()
+                    .map(|&x| emu::fp::e4m3_to_f32(x) as f64 * s as f64)
+                    .collect()
+            };
+            let (a64, b64) = (dq(&q1, sa), dq(&q2, sb));
+            dv.scale_pt = sa * sb;
+            (dv.qa, dv.qb) = (Some((q1, vec![])), Some((q2, vec![])));
+            (a64, b64)
+        }
+    };
+    (a64, b64, dv)
+}
+
+/// e4m3 codes of `x` under one scale mapping its largest magnitude to 448, and that scale.
+fn per_tensor_e4m3(x: &[f32]) -> (Vec<u8>, f32) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-4);
+    let s = amax / 448.0;
+    let inv = 1.0 / s;
+    let q = x
+        .iter()
+        .map(|v| emu::fp::f32_to_e4m3(v * inv, true))
+        .collect();
+    (q, s)
+}
+
+/// The f64 reference D over all groups, and which of its elements the kernel writes.
+fn reference_output(
+    g: &GemmSpec,
+    d: &GemmDims,
+    a64: &[f64],
+    b64: &[f64],
+    idx: &[i32],
+    c: &[f32],
+) -> (Vec<f64>, Vec<bool>) {
+    let (n, k) = (d.n, d.k);
+    let dot = |row: usize, brow: usize| -> f64 {
+        let br = &b64[brow * k..][..k];
+        a64[row * k..(row + 1) * k]
+            .iter()
+            .zip(br)
+            .map(|(x, y)| x * y)
+            .sum()
+    };
+    let mut want = vec![0f64; d.a_rows * n];
+    let mut valid = vec![true; d.a_rows * n];
+    match g.layout {
+        Layout::Normal => {
+            want = r::gemm_nt_f64(a64, b64, d.m, n, k);
+            for (w, cv) in want.iter_mut().zip(c) {
+                *w += *cv as f64;
+            }
+        }
+        Layout::Contiguous => {
+            for row in 0..d.m {
+                let e = idx[row];
+                for j in 0..n {
+                    want[row * n + j] = if e < 0 {
+                        0.0
+                    } else {
+                        dot(row, e as usize * n + j)
+                    };
+                }
+            }
+        }
+        Layout::KGrouped => {} // checked by check_wgrad
+        Layout::Masked => {
+            for gi in 0..d.groups {
+                for i in 0..d.m {
+                    let row = gi * d.m + i;
+                    for j in 0..n {
+                        if i >= idx[gi] as usize {
+                            valid[row * n + j] = false;
+                        } else {
+                            want[row * n + j] = dot(row, gi * n + j);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (want, valid)
+}
+
+/// The errors of `gv` against the reference `wv` and the tolerances they are held to
+/// (kernel, shape, time and flops are the caller's).
+fn gemm_report(stream: &Stream, g: &GemmSpec, gv: &[f64], wv: &[f64]) -> CheckReport {
+    let nan = gv.iter().any(|x| x.is_nan());
+    let rel = if nan { f64::INFINITY } else { rel_fro(gv, wv) };
     let rounded: Vec<f64> = if g.out == OutTy::Bf16 {
         wv.iter().map(|w| bf16::from_f64(*w).to_f64()).collect()
     } else {
-        wv.clone()
+        wv.to_vec()
     };
     let rel_rounded = if nan {
         f64::INFINITY
     } else {
-        rel_fro(&gv, &rounded)
+        rel_fro(gv, &rounded)
     };
     // bf16 output rounding alone gives ~2^-9 relative error per element. f32 output: FP32-level
     // agreement when the emulator sums tensor-core products exactly; under the hardware models
@@ -974,26 +1052,22 @@ pub fn check_gemm_with(
     let (max_rel_err, mean_rel_err) = if nan {
         (f64::INFINITY, f64::INFINITY)
     } else {
-        elem_rel(&gv, &wv)
+        elem_rel(gv, wv)
     };
-    Ok(CheckReport {
-        kernel: info.name.clone(),
-        shape: *s,
-        mismatches: if nan {
-            gv.iter().filter(|x| x.is_nan()).count()
-        } else {
-            0
-        },
+    CheckReport {
+        kernel: String::new(),
+        shape: Shape::new(0, 0, 0),
+        mismatches: gv.iter().filter(|x| x.is_nan()).count(),
         rel_err: rel,
         rel_err_rounded: rel_rounded,
         max_rel_err,
         mean_rel_err,
         tolerance: tol,
         pass: rel <= tol && (g.input == InTy::Fp8Unpromoted || rel_rounded <= rounded_tol),
-        seconds,
-        flops: info.flops(s),
+        seconds: 0.0,
+        flops: 0.0,
         lane_instructions: stream.last_stats().map(|st| st.lane_instructions),
-    })
+    }
 }
 
 struct DevIn {
