@@ -133,10 +133,25 @@ pub fn gen_cvt(t: &Target, to_bf16: bool) -> Result<ptx::Module> {
 pub fn gen_transpose(t: &Target, bf: bool) -> Result<ptx::Module> {
     let name = transpose_name(bf);
     check_target(name, t, TRAIN_TARGETS)?;
+    transpose_kernel::<u16>(t, name, |k, x, out, src, dst| {
+        let v = load_any(k, x, src, bf);
+        store_bf16(k, out, dst, v);
+    })
+}
+
+/// A thread-per-output-element transpose `out [cols, rows] = x [rows, cols]^T` over `T`
+/// elements, params (x, out, rows, cols), block 256: `copy(k, x, out, src, dst)` moves element
+/// `src` of x to element `dst` of out (converting if it likes).
+pub(super) fn transpose_kernel<T: PtxType>(
+    t: &Target,
+    name: &str,
+    copy: impl FnOnce(&mut KernelBuilder, GlobalPtr<T>, GlobalPtr<T>, Reg<u32>, Reg<u32>),
+) -> Result<ptx::Module> {
     let mut k = KernelBuilder::new(name, t.clone());
     k.reqntid(&[BLOCK]);
-    let x = k.param_ptr_aligned::<u16>("x", 2);
-    let out = k.param_ptr_aligned::<u16>("out", 2);
+    let align = T::SIZE;
+    let x = k.param_ptr_aligned::<T>("x", align);
+    let out = k.param_ptr_aligned::<T>("out", align);
     let rows = k.param::<u32>("rows");
     let cols = k.param::<u32>("cols");
     let gi = k.global_index_x();
@@ -146,8 +161,7 @@ pub fn gen_transpose(t: &Target, bf: bool) -> Result<ptx::Module> {
         let c = k.div(gi, rows);
         let rr = k.rem(gi, rows);
         let src = k.mad_lo(rr, cols, c);
-        let v = load_any(k, x, src, bf);
-        store_bf16(k, out, gi, v);
+        copy(k, x, out, src, gi);
     });
     Ok(k.finish()?)
 }

@@ -16,23 +16,10 @@ pub const TRANSPOSE_F32_NAME: &str = "transpose_f32";
 /// Params (x, out, rows, cols); grid ceil(rows*cols/256) x 256.
 pub fn gen_transpose_f32(t: &Target) -> Result<ptx::Module> {
     check_target(TRANSPOSE_F32_NAME, t, TRAIN_TARGETS)?;
-    let mut k = KernelBuilder::new(TRANSPOSE_F32_NAME, t.clone());
-    k.reqntid(&[256]);
-    let x = k.param_ptr_aligned::<f32>("x", 4);
-    let out = k.param_ptr_aligned::<f32>("out", 4);
-    let rows = k.param::<u32>("rows");
-    let cols = k.param::<u32>("cols");
-    let gi = k.global_index_x();
-    let n = k.mul(rows, cols);
-    let valid = k.lt(gi, n);
-    k.if_(valid, |k| {
-        let c = k.div(gi, rows);
-        let rr = k.rem(gi, rows);
-        let src = k.mad_lo(rr, cols, c);
+    super::ops::transpose_kernel::<f32>(t, TRANSPOSE_F32_NAME, |k, x, out, src, dst| {
         let v = k.ld_nc(x.offset(src));
-        k.st(out.offset(gi), v);
-    });
-    Ok(k.finish()?)
+        k.st(out.offset(dst), v);
+    })
 }
 
 /// `out [cols, rows] = x [rows, cols]^T` (f32, exact).
