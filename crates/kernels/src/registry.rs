@@ -11,7 +11,7 @@ use crate::reference::{self as r, rel_fro};
 use crate::Result;
 use builder::Target;
 use half::bf16;
-use rand::Rng;
+use rand::{rngs::StdRng, Rng};
 use runtime::{Buffer, Device, Pod, Stream};
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -526,7 +526,6 @@ impl KernelInfo {
     /// Runs the host wrapper on fresh random inputs (seeded) and compares with the CPU reference:
     /// bit-exact for quantisation, relative Frobenius error for GEMMs. Outputs are poisoned first.
     pub fn check(&self, stream: &Stream, s: &Shape, seed: u64) -> Result<CheckReport> {
-        let dev = stream.device().clone();
         let mut rg = r::rng(seed);
         let mut rep = CheckReport {
             kernel: self.name.clone(),
@@ -543,130 +542,14 @@ impl KernelInfo {
             lane_instructions: None,
         };
         let t0 = Instant::now();
-        let sync = |t0: Instant| -> Result<f64> {
-            stream.synchronize()?;
-            Ok(t0.elapsed().as_secs_f64())
-        };
+        let q = QuantCheck { stream, s, t0 };
         match &self.kind {
-            Kind::Quant1x128 { bf16: bf, mode } => {
-                let (t, h) = (s.m, s.k);
-                let x = r::random_activations(&mut rg, t * h, h);
-                let xr: Vec<f32> = if *bf {
-                    x.iter().map(|v| bf16::from_f32(*v).to_f32()).collect()
-                } else {
-                    x.clone()
-                };
-                let (qw, sw) = quant::ref_quant_1x128(&xr, t, h, *mode);
-                let mut q = poisoned(&dev, t * h, POISON_U8)?;
-                let got_q;
-                if *mode == ScaleMode::Ue8m0 {
-                    let pitch = quant::ue8m0_pitch(h);
-                    let mut sb = poisoned(&dev, t * pitch, 0xaau8)?;
-                    if *bf {
-                        let xb = upload(
-                            &dev,
-                            &x.iter().map(|v| bf16::from_f32(*v)).collect::<Vec<_>>(),
-                        )?;
-                        quant::quantize_fp8_1x128_ue8m0(stream, &xb, &mut q, &mut sb, t, h)?;
-                        stream.synchronize()?;
-                    } else {
-                        let xb = upload(&dev, &x)?;
-                        quant::quantize_fp8_1x128_ue8m0(stream, &xb, &mut q, &mut sb, t, h)?;
-                        stream.synchronize()?;
-                    }
-                    rep.seconds = sync(t0)?;
-                    got_q = q.to_vec()?;
-                    let sv = sb.to_vec()?;
-                    let gpr = h / 128;
-                    for tok in 0..t {
-                        for g in 0..gpr {
-                            let want = (sw[tok * gpr + g].to_bits() >> 23) as u8;
-                            rep.mismatches += (sv[tok * pitch + g] != want) as usize;
-                        }
-                    }
-                } else {
-                    let mut sb = poisoned(&dev, t * h / 128, f32::NAN)?;
-                    if *bf {
-                        let xb = upload(
-                            &dev,
-                            &x.iter().map(|v| bf16::from_f32(*v)).collect::<Vec<_>>(),
-                        )?;
-                        quant::quantize_fp8_1x128(stream, &xb, &mut q, &mut sb, t, h, *mode)?;
-                        stream.synchronize()?;
-                    } else {
-                        let xb = upload(&dev, &x)?;
-                        quant::quantize_fp8_1x128(stream, &xb, &mut q, &mut sb, t, h, *mode)?;
-                        stream.synchronize()?;
-                    }
-                    rep.seconds = sync(t0)?;
-                    got_q = q.to_vec()?;
-                    rep.mismatches += f32_bits_diff(&sb.to_vec()?, &sw);
-                }
-                rep.mismatches += count_diff(&got_q[..t * h], &qw);
-            }
+            Kind::Quant1x128 { bf16: bf, mode } => q.quant_1x128(&mut rg, *bf, *mode, &mut rep)?,
             Kind::Quant128x128 { bf16: bf, mode } => {
-                let (rows, cols) = (s.m, s.k);
-                let x: Vec<f32> = (0..rows * cols)
-                    .map(|_| rg.gen_range(-2.0f32..2.0))
-                    .collect();
-                let xr: Vec<f32> = if *bf {
-                    x.iter().map(|v| bf16::from_f32(*v).to_f32()).collect()
-                } else {
-                    x.clone()
-                };
-                let (qw, sw) = quant::ref_quant_128x128(&xr, rows, cols, *mode);
-                let mut q = poisoned(&dev, rows * cols, POISON_U8)?;
-                let mut sb = poisoned(&dev, sw.len(), f32::NAN)?;
-                if *bf {
-                    let xb = upload(
-                        &dev,
-                        &x.iter().map(|v| bf16::from_f32(*v)).collect::<Vec<_>>(),
-                    )?;
-                    quant::quantize_fp8_128x128(stream, &xb, &mut q, &mut sb, rows, cols, *mode)?;
-                    stream.synchronize()?;
-                } else {
-                    let xb = upload(&dev, &x)?;
-                    quant::quantize_fp8_128x128(stream, &xb, &mut q, &mut sb, rows, cols, *mode)?;
-                    stream.synchronize()?;
-                }
-                rep.seconds = sync(t0)?;
-                rep.mismatches = count_diff(&q.to_vec()?[..rows * cols], &qw)
-                    + f32_bits_diff(&sb.to_vec()?, &sw);
+                q.quant_128x128(&mut rg, *bf, *mode, &mut rep)?
             }
-            Kind::Dequant { bf16: bf } => {
-                let (t, h) = (s.m, s.k);
-                let x = r::random_activations(&mut rg, t * h, h);
-                let (qv, sv) = quant::ref_quant_1x128(&x, t, h, ScaleMode::Float);
-                let want = quant::ref_dequant_1x128(&qv, &sv, t, h);
-                let (qb, sb) = (upload(&dev, &qv)?, upload(&dev, &sv)?);
-                if *bf {
-                    let mut out = poisoned(&dev, t * h, poison_bf16())?;
-                    quant::dequantize_fp8_1x128(stream, &qb, &sb, &mut out, t, h)?;
-                    rep.seconds = sync(t0)?;
-                    let got = out.to_vec()?;
-                    rep.mismatches = (0..t * h)
-                        .filter(|&i| got[i].to_bits() != emu::fp::f32_to_bf16_rn(want[i]))
-                        .count();
-                } else {
-                    let mut out = poisoned(&dev, t * h, f32::NAN)?;
-                    quant::dequantize_fp8_1x128(stream, &qb, &sb, &mut out, t, h)?;
-                    rep.seconds = sync(t0)?;
-                    rep.mismatches = f32_bits_diff(&out.to_vec()?[..t * h], &want);
-                }
-            }
-            Kind::RequantT => {
-                let (t, h) = (s.m, s.k);
-                let x = r::random_activations(&mut rg, t * h, h);
-                let (qv, sv) = quant::ref_quant_1x128(&x, t, h, ScaleMode::Float);
-                let (qtw, stw) = quant::ref_requant_t(&qv, &sv, t, h);
-                let (qb, sb) = (upload(&dev, &qv)?, upload(&dev, &sv)?);
-                let mut qt = poisoned(&dev, t * h, POISON_U8)?;
-                let mut st = poisoned(&dev, t * h / 128, f32::NAN)?;
-                quant::requantize_fp8_1x128_to_128x1_t(stream, &qb, &sb, &mut qt, &mut st, t, h)?;
-                rep.seconds = sync(t0)?;
-                rep.mismatches =
-                    count_diff(&qt.to_vec()?[..t * h], &qtw) + f32_bits_diff(&st.to_vec()?, &stw);
-            }
+            Kind::Dequant { bf16: bf } => q.dequant(&mut rg, *bf, &mut rep)?,
+            Kind::RequantT => q.requant_t(&mut rg, &mut rep)?,
             Kind::SwigluFwd | Kind::SwigluBwd | Kind::QuantT => {
                 let c = match self.kind {
                     Kind::SwigluFwd => crate::moe::check_swiglu_fwd(stream, s.m, s.k, seed)?,
@@ -689,6 +572,169 @@ impl KernelInfo {
         rep.pass = rep.mismatches == 0;
         rep.lane_instructions = stream.last_stats().map(|st| st.lane_instructions);
         Ok(rep)
+    }
+}
+
+/// The bit-exact checks of the quantisation kernels: one fresh random input each, outputs
+/// poisoned, mismatches against the host reference counted into the report.
+struct QuantCheck<'a> {
+    stream: &'a Stream,
+    s: &'a Shape,
+    /// Start of the check (the report's time runs from here to the kernel's completion).
+    t0: Instant,
+}
+
+impl QuantCheck<'_> {
+    fn sync(&self) -> Result<f64> {
+        self.stream.synchronize()?;
+        Ok(self.t0.elapsed().as_secs_f64())
+    }
+
+    fn quant_1x128(
+        &self,
+        rg: &mut StdRng,
+        bf: bool,
+        mode: ScaleMode,
+        rep: &mut CheckReport,
+    ) -> Result<()> {
+        let (stream, s) = (self.stream, self.s);
+        let dev = stream.device().clone();
+        let (t, h) = (s.m, s.k);
+        let x = r::random_activations(rg, t * h, h);
+        let xr: Vec<f32> = if bf {
+            x.iter().map(|v| bf16::from_f32(*v).to_f32()).collect()
+        } else {
+            x.clone()
+        };
+        let (qw, sw) = quant::ref_quant_1x128(&xr, t, h, mode);
+        let mut q = poisoned(&dev, t * h, POISON_U8)?;
+        let got_q;
+        if mode == ScaleMode::Ue8m0 {
+            let pitch = quant::ue8m0_pitch(h);
+            let mut sb = poisoned(&dev, t * pitch, 0xaau8)?;
+            if bf {
+                let xb = upload(
+                    &dev,
+                    &x.iter().map(|v| bf16::from_f32(*v)).collect::<Vec<_>>(),
+                )?;
+                quant::quantize_fp8_1x128_ue8m0(stream, &xb, &mut q, &mut sb, t, h)?;
+                stream.synchronize()?;
+            } else {
+                let xb = upload(&dev, &x)?;
+                quant::quantize_fp8_1x128_ue8m0(stream, &xb, &mut q, &mut sb, t, h)?;
+                stream.synchronize()?;
+            }
+            rep.seconds = self.sync()?;
+            got_q = q.to_vec()?;
+            let sv = sb.to_vec()?;
+            let gpr = h / 128;
+            for tok in 0..t {
+                for g in 0..gpr {
+                    let want = (sw[tok * gpr + g].to_bits() >> 23) as u8;
+                    rep.mismatches += (sv[tok * pitch + g] != want) as usize;
+                }
+            }
+        } else {
+            let mut sb = poisoned(&dev, t * h / 128, f32::NAN)?;
+            if bf {
+                let xb = upload(
+                    &dev,
+                    &x.iter().map(|v| bf16::from_f32(*v)).collect::<Vec<_>>(),
+                )?;
+                quant::quantize_fp8_1x128(stream, &xb, &mut q, &mut sb, t, h, mode)?;
+                stream.synchronize()?;
+            } else {
+                let xb = upload(&dev, &x)?;
+                quant::quantize_fp8_1x128(stream, &xb, &mut q, &mut sb, t, h, mode)?;
+                stream.synchronize()?;
+            }
+            rep.seconds = self.sync()?;
+            got_q = q.to_vec()?;
+            rep.mismatches += f32_bits_diff(&sb.to_vec()?, &sw);
+        }
+        rep.mismatches += count_diff(&got_q[..t * h], &qw);
+        Ok(())
+    }
+
+    fn quant_128x128(
+        &self,
+        rg: &mut StdRng,
+        bf: bool,
+        mode: ScaleMode,
+        rep: &mut CheckReport,
+    ) -> Result<()> {
+        let (stream, s) = (self.stream, self.s);
+        let dev = stream.device().clone();
+        let (rows, cols) = (s.m, s.k);
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|_| rg.gen_range(-2.0f32..2.0))
+            .collect();
+        let xr: Vec<f32> = if bf {
+            x.iter().map(|v| bf16::from_f32(*v).to_f32()).collect()
+        } else {
+            x.clone()
+        };
+        let (qw, sw) = quant::ref_quant_128x128(&xr, rows, cols, mode);
+        let mut q = poisoned(&dev, rows * cols, POISON_U8)?;
+        let mut sb = poisoned(&dev, sw.len(), f32::NAN)?;
+        if bf {
+            let xb = upload(
+                &dev,
+                &x.iter().map(|v| bf16::from_f32(*v)).collect::<Vec<_>>(),
+            )?;
+            quant::quantize_fp8_128x128(stream, &xb, &mut q, &mut sb, rows, cols, mode)?;
+            stream.synchronize()?;
+        } else {
+            let xb = upload(&dev, &x)?;
+            quant::quantize_fp8_128x128(stream, &xb, &mut q, &mut sb, rows, cols, mode)?;
+            stream.synchronize()?;
+        }
+        rep.seconds = self.sync()?;
+        rep.mismatches =
+            count_diff(&q.to_vec()?[..rows * cols], &qw) + f32_bits_diff(&sb.to_vec()?, &sw);
+        Ok(())
+    }
+
+    fn dequant(&self, rg: &mut StdRng, bf: bool, rep: &mut CheckReport) -> Result<()> {
+        let (stream, s) = (self.stream, self.s);
+        let dev = stream.device().clone();
+        let (t, h) = (s.m, s.k);
+        let x = r::random_activations(rg, t * h, h);
+        let (qv, sv) = quant::ref_quant_1x128(&x, t, h, ScaleMode::Float);
+        let want = quant::ref_dequant_1x128(&qv, &sv, t, h);
+        let (qb, sb) = (upload(&dev, &qv)?, upload(&dev, &sv)?);
+        if bf {
+            let mut out = poisoned(&dev, t * h, poison_bf16())?;
+            quant::dequantize_fp8_1x128(stream, &qb, &sb, &mut out, t, h)?;
+            rep.seconds = self.sync()?;
+            let got = out.to_vec()?;
+            rep.mismatches = (0..t * h)
+                .filter(|&i| got[i].to_bits() != emu::fp::f32_to_bf16_rn(want[i]))
+                .count();
+        } else {
+            let mut out = poisoned(&dev, t * h, f32::NAN)?;
+            quant::dequantize_fp8_1x128(stream, &qb, &sb, &mut out, t, h)?;
+            rep.seconds = self.sync()?;
+            rep.mismatches = f32_bits_diff(&out.to_vec()?[..t * h], &want);
+        }
+        Ok(())
+    }
+
+    fn requant_t(&self, rg: &mut StdRng, rep: &mut CheckReport) -> Result<()> {
+        let (stream, s) = (self.stream, self.s);
+        let dev = stream.device().clone();
+        let (t, h) = (s.m, s.k);
+        let x = r::random_activations(rg, t * h, h);
+        let (qv, sv) = quant::ref_quant_1x128(&x, t, h, ScaleMode::Float);
+        let (qtw, stw) = quant::ref_requant_t(&qv, &sv, t, h);
+        let (qb, sb) = (upload(&dev, &qv)?, upload(&dev, &sv)?);
+        let mut qt = poisoned(&dev, t * h, POISON_U8)?;
+        let mut st = poisoned(&dev, t * h / 128, f32::NAN)?;
+        quant::requantize_fp8_1x128_to_128x1_t(stream, &qb, &sb, &mut qt, &mut st, t, h)?;
+        rep.seconds = self.sync()?;
+        rep.mismatches =
+            count_diff(&qt.to_vec()?[..t * h], &qtw) + f32_bits_diff(&st.to_vec()?, &stw);
+        Ok(())
     }
 }
 
