@@ -192,34 +192,13 @@ pub fn check(
     stream.synchronize()?;
     let seconds = t0.elapsed().as_secs_f64();
     let got = d.to_vec()?;
-    let (mut gv, mut wv, mut wr) = (Vec::new(), Vec::new(), Vec::new());
-    let mut mismatches = 0;
-    for row in 0..a_rows {
-        for c in 0..n {
-            let i = row * n + c;
-            let want = match (row_group[row], zero_rows[row]) {
-                (_, true) => Some(0.0),
-                (None, false) => None,
-                (Some(g), false) => {
-                    let mut acc = 0f64;
-                    for kk in 0..k {
-                        acc += a64[row * k + kk] * b64[(g * n + c) * k + kk];
-                    }
-                    Some(acc)
-                }
-            };
-            match want {
-                None => mismatches += (got[i].to_bits() != poison.to_bits()) as usize,
-                Some(w) => {
-                    let v = got[i].to_f64();
-                    mismatches += !v.is_finite() as usize;
-                    gv.push(v);
-                    wv.push(w);
-                    wr.push(bf16::from_f64(w).to_f64());
-                }
-            }
-        }
-    }
+    let rows = RowTargets {
+        row_group: &row_group,
+        zero_rows: &zero_rows,
+        n,
+        k,
+    };
+    let (gv, wv, wr, mismatches) = rows.compare(&got, &a64, &b64, poison);
     let rel = rel_fro(&gv, &wv);
     let rel_rounded = rel_fro(&gv, &wr);
     let tolerance = 1e-2;
@@ -245,4 +224,55 @@ pub fn check(
         flops: flops(s, sh),
         lane_instructions: stream.last_stats().map(|st| st.lane_instructions),
     })
+}
+
+/// Which B group each output row multiplies (`None`: not written) and which rows are padding
+/// (written as zeros).
+struct RowTargets<'a> {
+    row_group: &'a [Option<usize>],
+    zero_rows: &'a [bool],
+    n: usize,
+    k: usize,
+}
+
+impl RowTargets<'_> {
+    /// The written outputs against the f64 reference: (got, want, want rounded to bf16) over
+    /// the written elements, and the mismatches (non-finite written values, unwritten elements
+    /// that lost their poison).
+    fn compare(
+        &self,
+        got: &[bf16],
+        a64: &[f64],
+        b64: &[f64],
+        poison: bf16,
+    ) -> (Vec<f64>, Vec<f64>, Vec<f64>, usize) {
+        let (n, k) = (self.n, self.k);
+        let (mut gv, mut wv, mut wr) = (Vec::new(), Vec::new(), Vec::new());
+        let mut mismatches = 0;
+        for (row, (&group, &zero)) in self.row_group.iter().zip(self.zero_rows).enumerate() {
+            for c in 0..n {
+                let i = row * n + c;
+                let want = match (group, zero) {
+                    (_, true) => Some(0.0),
+                    (None, false) => None,
+                    (Some(g), false) => Some(
+                        (0..k)
+                            .map(|kk| a64[row * k + kk] * b64[(g * n + c) * k + kk])
+                            .fold(0f64, |acc, p| acc + p),
+                    ),
+                };
+                match want {
+                    None => mismatches += (got[i].to_bits() != poison.to_bits()) as usize,
+                    Some(w) => {
+                        let v = got[i].to_f64();
+                        mismatches += !v.is_finite() as usize;
+                        gv.push(v);
+                        wv.push(w);
+                        wr.push(bf16::from_f64(w).to_f64());
+                    }
+                }
+            }
+        }
+        (gv, wv, wr, mismatches)
+    }
 }
