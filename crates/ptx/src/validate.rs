@@ -676,6 +676,9 @@ impl<'a> FnCheck<'a> {
                 return;
             }
         }
+        if i.op == Opcode::TensormapReplace && !self.tensormap_replace(i, loc) {
+            return;
+        }
         for d in i.dsts() {
             if matches!(
                 d,
@@ -692,6 +695,61 @@ impl<'a> FnCheck<'a> {
         self.symbols_and_labels(i);
         self.spaces(i);
         self.types(i);
+    }
+
+    /// `tensormap.replace` as ptxas 13.5 checks it: one field; `ord` (an immediate 0..4)
+    /// exactly for the per-dimension fields; `.b64` for `global_address`/`global_stride` and
+    /// `.b32` otherwise; `elemtype`, `interleave_layout`, `swizzle_mode`, `fill_mode` values are
+    /// immediates (`elemtype` 0..12). Returns false (diagnosed) when the form is wrong.
+    fn tensormap_replace(&mut self, i: &Instruction, loc: Loc) -> bool {
+        use crate::ops::TensormapField as F;
+        let Some(field) = i.tensormap_field() else {
+            self.diag(
+                DiagKind::BadOperand,
+                loc,
+                "`tensormap.replace` needs a field (`.global_address`, `.box_dim`, ...)".into(),
+            );
+            return false;
+        };
+        let want = if field.has_ord() { 3 } else { 2 };
+        if i.args.len() != want {
+            self.diag(
+                DiagKind::OperandCount,
+                loc,
+                format!(
+                    "`tensormap.replace.{field}` takes {want} operands, found {}",
+                    i.args.len()
+                ),
+            );
+            return false;
+        }
+        let imm = |o: Option<&Operand>| match o {
+            Some(Operand::Imm(Imm::Int(v))) => Some(*v),
+            _ => None,
+        };
+        let bad = |s: &mut Self, why: String| {
+            s.diag(DiagKind::BadOperand, loc, format!("`tensormap.replace.{field}`: {why}"));
+        };
+        if field.has_ord() && !matches!(imm(i.operand(Role::Ord)), Some(0..=4)) {
+            bad(self, "`ord` must be an immediate 0..4".into());
+        }
+        let wide = matches!(field, F::GlobalAddress | F::GlobalStride);
+        if i.ty() != Some(if wide { Ty::B64 } else { Ty::B32 }) {
+            let t = if wide { "b64" } else { "b32" };
+            bad(self, format!("the value type must be .{t}"));
+        }
+        let coded = matches!(
+            field,
+            F::Elemtype | F::InterleaveLayout | F::SwizzleMode | F::FillMode
+        );
+        let v = imm(i.operand(Role::Value));
+        if coded && v.is_none() {
+            bad(self, "the value must be an immediate".into());
+        }
+        if field == F::Elemtype && !matches!(v, Some(0..=12)) {
+            bad(self, "the element type code must be 0..12".into());
+        }
+        true
     }
 
     /// `_` is a sink for results only: ptxas rejects it among the elements of a source vector
