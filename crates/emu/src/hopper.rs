@@ -336,7 +336,9 @@ impl TensorMapDesc {
     /// Bytes of one box (an im2col box: pixels times channels).
     pub fn box_bytes(&self) -> u64 {
         if let Some(p) = &self.im2col {
-            return p.pixels_per_column as u64 * p.channels_per_pixel as u64 * self.dtype.size() as u64;
+            return p.pixels_per_column as u64
+                * p.channels_per_pixel as u64
+                * self.dtype.size() as u64;
         }
         (0..self.rank as usize)
             .map(|i| self.box_dims[i] as u64)

@@ -28,8 +28,8 @@ pub mod mma;
 pub mod program;
 pub mod sanitize;
 pub mod tc_numerics;
-pub mod tensormap;
 mod tc_simd;
+pub mod tensormap;
 pub mod texture;
 pub mod wmma;
 

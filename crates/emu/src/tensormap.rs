@@ -103,7 +103,9 @@ impl TensorMapDesc {
             if o < n {
                 Ok(o)
             } else {
-                Err(format!("tensormap.replace.{field}: ord {ord} (must be below {n})"))
+                Err(format!(
+                    "tensormap.replace.{field}: ord {ord} (must be below {n})"
+                ))
             }
         };
         let v32 = value as u32;
@@ -128,7 +130,9 @@ impl TensorMapDesc {
             }
             F::FillMode if v32 < 2 => self.oob_nan = v32 == 1,
             F::InterleaveLayout | F::FillMode => {
-                return Err(format!("tensormap.replace.{field}: value {v32} out of range"))
+                return Err(format!(
+                    "tensormap.replace.{field}: value {v32} out of range"
+                ))
             }
         }
         Ok(())
@@ -285,7 +289,10 @@ mod tests {
         assert_eq!(d.rank, 3);
         assert_eq!((d.box_dims[2], d.dims[4], d.strides[3]), (64, 77, 4096));
         assert_eq!((d.elem_strides[1], d.dtype), (3, TmaType::Bf16));
-        assert_eq!((d.interleave, d.swizzle, d.oob_nan), (1, Swizzle::B32, false));
+        assert_eq!(
+            (d.interleave, d.swizzle, d.oob_nan),
+            (1, Swizzle::B32, false)
+        );
         assert!(d.replace(F::GlobalStride, 4, 16).is_err());
         assert!(d.replace(F::BoxDim, 5, 16).is_err());
         assert!(d.replace(F::Rank, 0, 5).is_err());

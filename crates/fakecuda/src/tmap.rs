@@ -57,7 +57,9 @@ fn im2col_params(rank: usize, im: &Im2colArgs) -> Res<Im2colParams> {
     };
     for (i, (&l, &u)) in im.lower.iter().zip(im.upper).enumerate() {
         if !(-lim..lim).contains(&l) || !(-lim..lim).contains(&u) {
-            return Err(bad(format!("pixel box corner {i} ({l}, {u}) out of range for rank {rank}")));
+            return Err(bad(format!(
+                "pixel box corner {i} ({l}, {u}) out of range for rank {rank}"
+            )));
         }
         p.lower[i] = l;
         p.upper[i] = u;

@@ -728,7 +728,11 @@ impl<'a> FnCheck<'a> {
             _ => None,
         };
         let bad = |s: &mut Self, why: String| {
-            s.diag(DiagKind::BadOperand, loc, format!("`tensormap.replace.{field}`: {why}"));
+            s.diag(
+                DiagKind::BadOperand,
+                loc,
+                format!("`tensormap.replace.{field}`: {why}"),
+            );
         };
         if field.has_ord() && !matches!(imm(i.operand(Role::Ord)), Some(0..=4)) {
             bad(self, "`ord` must be an immediate 0..4".into());

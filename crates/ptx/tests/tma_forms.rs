@@ -132,7 +132,10 @@ fn tensormap_forms_parse_validate_round_trip_and_assemble() {
     let m = check(TENSORMAP);
     let r = needs(&m);
     assert_eq!((r.min_sm, r.min_ptx, r.arch_specific), (90, 83, true));
-    let fields: Vec<_> = m.functions().next().unwrap()
+    let fields: Vec<_> = m
+        .functions()
+        .next()
+        .unwrap()
         .instructions()
         .into_iter()
         .filter_map(|i| i.tensormap_field())
@@ -146,7 +149,10 @@ fn tensormap_forms_parse_validate_round_trip_and_assemble() {
         let e = ptxas(&TENSORMAP.replace("sm_90a", "sm_90"), "sm_90").unwrap_err();
         assert!(e.contains("tensormap.replace"), "{e}");
         let old = TENSORMAP.replace(".version 8.3", ".version 8.2");
-        assert!(ptxas(&old, "sm_90a").is_err(), "ptxas took tensormap at PTX 8.2");
+        assert!(
+            ptxas(&old, "sm_90a").is_err(),
+            "ptxas took tensormap at PTX 8.2"
+        );
     }
 }
 
@@ -161,7 +167,8 @@ fn tensormap_replace_operand_counts() {
     let m = ptx::parse(&bad).unwrap();
     let errs = ptx::validate::validate_errors(&m);
     assert!(
-        errs.iter().any(|d| d.to_string().contains("tensormap.replace")),
+        errs.iter()
+            .any(|d| d.to_string().contains("tensormap.replace")),
         "{errs:?}"
     );
 }

@@ -255,7 +255,9 @@ impl TensorMap {
             }
             if let Some(span) = self.swizzle.span_bytes() {
                 if inner > span {
-                    return Err(err(format!("{what} spans {inner} bytes: must be at most the {span}-byte swizzle span")));
+                    return Err(err(format!(
+                        "{what} spans {inner} bytes: must be at most the {span}-byte swizzle span"
+                    )));
                 }
             }
         } else if self.interleave == Interleave::B32 && self.swizzle != Swizzle::B32 {
@@ -349,7 +351,8 @@ impl TensorMap {
             return Err(err("interleaved tensor maps are not emulated".into()));
         }
         let r = self.rank();
-        if self.im2col.is_some() && (self.element_strides[0] != 1 || self.element_strides[r - 1] != 1)
+        if self.im2col.is_some()
+            && (self.element_strides[0] != 1 || self.element_strides[r - 1] != 1)
         {
             return Err(err(
                 "im2col element strides in C or N other than 1 are not emulated".into(),

@@ -432,9 +432,10 @@ impl Cta {
         match &inst.op {
             Op::BulkTensor { .. } => {
                 for l in lanes_of(m) {
-                    self.tensor_copy_lane(ctx, wi, &inst.op, l).inspect_err(|_| {
-                        LAST_LANE.with(|c| c.set(l as u32));
-                    })?;
+                    self.tensor_copy_lane(ctx, wi, &inst.op, l)
+                        .inspect_err(|_| {
+                            LAST_LANE.with(|c| c.set(l as u32));
+                        })?;
                 }
             }
             Op::TensormapReplace {
@@ -655,12 +656,12 @@ fn check_tensor_map(
     }
     if desc.im2col.is_some() != im2col {
         let (i, m) = if im2col {
-            ("an im2col", "tiled")
+            ("an im2col", "a tiled")
         } else {
-            ("a tile-mode", "im2col")
+            ("a tile-mode", "an im2col")
         };
         return Err(FaultKind::Other(format!(
-            "{i} tensor copy through an {m} tensor map"
+            "{i} tensor copy through {m} tensor map"
         )));
     }
     if ncoords != desc.rank as usize {

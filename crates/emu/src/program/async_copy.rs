@@ -199,7 +199,11 @@ impl Decoder<'_> {
     /// A tensor copy: a load (global -> shared::cluster, completing on an mbarrier, im2col
     /// offsets and multicast mask when given), a store (`red: None`) or a reduction into the
     /// tensor, `.tile` or im2col.
-    fn decode_tensor_copy(&mut self, ins: &Instruction, red: Option<AtomOp>) -> Result<Op, EmuError> {
+    fn decode_tensor_copy(
+        &mut self,
+        ins: &Instruction,
+        red: Option<AtomOp>,
+    ) -> Result<Op, EmuError> {
         let kernel = self.f;
         let arg = |r: Role| role(kernel, ins, r);
         // A load writes shared memory (`Dst`) from the tensor (`Src`); a store the reverse.
