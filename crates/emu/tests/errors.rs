@@ -120,13 +120,7 @@ fn unsupported_instruction_is_named() {
     let s = e.unwrap_err().to_string();
     assert!(s.contains("multimem"), "{s}");
     // Known to the IR but not to the emulator: a decode error naming line and instruction.
-    let e = run(
-        "redux.sync.min.f32 %f1, %f2, 0xffffffff;",
-        &[],
-        32,
-        0,
-    )
-    .unwrap_err();
+    let e = run("redux.sync.min.f32 %f1, %f2, 0xffffffff;", &[], 32, 0).unwrap_err();
     let s = e.to_string();
     assert!(
         matches!(e, EmuError::Unsupported { .. })
