@@ -169,8 +169,8 @@ fn pixels(t: &Tensor, c: &Case) -> Vec<Vec<Option<Vec<i64>>>> {
         let mut px = Vec::new();
         for ch in 0..c.p.channels_per_pixel as i64 {
             let mut idx = vec![c.coords[0] + ch];
-            for s in 0..sp {
-                idx.push(pos[s] + c.offsets.get(s).copied().unwrap_or(0));
+            for (s, x) in pos.iter().enumerate() {
+                idx.push(x + c.offsets.get(s).copied().unwrap_or(0));
             }
             idx.push(n);
             px.push(t.offset(&idx).map(|_| idx));
