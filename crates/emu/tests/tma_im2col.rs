@@ -3,15 +3,16 @@
 //! on random tensors, corners, traversal strides, offsets and coordinates:
 //!
 //! - `cp.async.bulk.tensor.{3,4,5}d ... .im2col` loads (with and without `.L2::cache_hint`,
-//!   swizzled and not), and a `.multicast::cluster` one into both CTAs of a cluster; the whole
+//!   swizzled and not, each after a `cp.async.bulk.prefetch.tensor ... .im2col` of the same
+//!   box), and a `.multicast::cluster` one into both CTAs of a cluster; the whole
 //!   shared-memory box is dumped (output poisoned first) and compared byte for byte with the
 //!   reference box, swizzle included;
 //! - `.im2col_no_offs` stores and `cp.reduce.async.bulk.tensor` reductions for every operation
 //!   and element type the PTX ISA defines (and `.tile` reductions), against f64 / integer
 //!   references (one rounding to the element type);
 //! - `tensormap.replace` (every field; shared::cta and global spaces), `tensormap.cp_fenceproxy`
-//!   and the `fence.proxy.tensormap::generic` fences: a kernel rewrites a map for another
-//!   tensor and then loads through it.
+//!   and the `fence.proxy.tensormap::generic` fences (`.cta`, `.cluster`, `.gpu`, `.sys`): a
+//!   kernel rewrites a map for another tensor and then loads through it.
 
 use emu::hopper::{Im2colParams, Swizzle, TensorMapDesc, TmaType};
 use emu::{launch, GlobalMemory, LaunchConfig, LaunchOptions, LoadedModule};
@@ -292,7 +293,15 @@ fn load_kernel(rank: usize, hint: bool, multicast: bool) -> String {
     if hint {
         copy += ", %rd4";
     }
-    LOAD.replace("COPY", &copy)
+    // an L2 prefetch of the same box first (a hint: no effect a thread can see)
+    let prefetch = format!(
+        "cp.async.bulk.prefetch.tensor.{rank}d.L2.global.im2col{} [%rd1, {{{}}}], {{{}}}{}",
+        if hint { ".L2::cache_hint" } else { "" },
+        coords.join(", "),
+        offs.join(", "),
+        if hint { ", %rd4" } else { "" }
+    );
+    LOAD.replace("COPY", &format!("{prefetch};\n    @%p3 {copy}"))
 }
 
 fn params(ptrs: &[u64], words: &[i64]) -> Vec<u8> {
@@ -907,13 +916,13 @@ FENCE:
     bar.sync 0;
     setp.lt.u32 %p3, %r1, 32;
     @!%p3 bra ACQ;
-    tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%rd2], [tmap_s], 128;
+    tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.SCOPE.sync.aligned [%rd2], [tmap_s], 128;
     // one more field in place in global memory: NaN fill
     @%p2 tensormap.replace.tile.fill_mode.global.b1024.b32 [%rd2], 1;
     @%p2 fence.proxy.tensormap::generic.release.gpu;
 ACQ:
     bar.sync 0;
-    fence.proxy.tensormap::generic.acquire.gpu [%rd2], 128;
+    fence.proxy.tensormap::generic.acquire.SCOPE [%rd2], 128;
     // a TMA load through the rewritten map
     mov.u32 %r5, smem;
     add.u32 %r6, %r5, %r20;
@@ -946,16 +955,17 @@ DONE:
 /// through it: the map bytes and the box match the host's.
 #[test]
 fn tensormap_replace_then_load_through_the_new_map() {
-    ptxas(REPLACE);
     let mut rg = StdRng::seed_from_u64(22);
-    for _ in 0..3 {
+    for scope in ["cta", "cluster", "gpu", "sys"] {
+        let text = REPLACE.replace("SCOPE", scope);
+        ptxas(&text);
         let old = Tensor::random(&mut rg, TmaType::F32, vec![12, 5, 3]);
         let (d0, d1) = (rg.gen_range(40..100u64), rg.gen_range(10..30u64));
         let t = Tensor::random(&mut rg, TmaType::Bf16, vec![d0, d1]);
         let b1 = rg.gen_range(4..16u32);
         let (c0, c1) = (rg.gen_range(-8..d0 as i64), rg.gen_range(-4..d1 as i64));
         let mem = GlobalMemory::new();
-        let m = LoadedModule::load(&mem, ptx::parse(REPLACE).unwrap(), 0).unwrap();
+        let m = LoadedModule::load(&mem, ptx::parse(&text).unwrap(), 0).unwrap();
         let go = mem.alloc(old.data.len() as u64, 0).unwrap();
         let g = mem.alloc(t.data.len() as u64, 0).unwrap();
         g.write_bytes(0, &t.data);
