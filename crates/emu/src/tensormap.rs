@@ -170,6 +170,9 @@ impl TensorMapDesc {
         mut f: impl FnMut(u64, Option<u64>, u64),
     ) {
         let r = self.rank as usize;
+        if !(3..=5).contains(&r) {
+            return; // not an im2col map ([`TensorMapDesc::unsupported`] says so before a copy)
+        }
         let sp = r - 2;
         let es = self.dtype.size() as u64;
         let cpp = p.channels_per_pixel as u64;

@@ -529,7 +529,7 @@ impl Cta {
             .collect();
         let offs: Vec<i64> = offsets
             .iter()
-            .map(|o| regs[*o as usize][l] as u16 as i16 as i64)
+            .map(|o| regs[*o as usize][l] as u16 as i64) // unsigned filter taps
             .collect();
         let sa = regs[*smem as usize][l].wrapping_add(*soff as u64);
         let sa = self.split_rank(self.shared_offset(MSpace::Generic, sa)).1;
