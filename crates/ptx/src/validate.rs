@@ -679,6 +679,9 @@ impl<'a> FnCheck<'a> {
         if i.op == Opcode::TensormapReplace && !self.tensormap_replace(i, loc) {
             return;
         }
+        if !self.tensor_copy_forms(i, loc) {
+            return;
+        }
         for d in i.dsts() {
             if matches!(
                 d,
@@ -754,6 +757,59 @@ impl<'a> FnCheck<'a> {
             bad(self, "the element type code must be 0..12".into());
         }
         true
+    }
+
+    /// The TMA forms ptxas 13.5 refuses that the operand counts do not catch: `.im2col` only on
+    /// loads (3d-5d, one offset per spatial dimension), `.im2col_no_offs` only on stores and
+    /// reductions (3d-5d), and `tensormap.cp_fenceproxy`'s size the immediate 128. Returns
+    /// false (diagnosed) when the form is wrong.
+    fn tensor_copy_forms(&mut self, i: &Instruction, loc: Loc) -> bool {
+        let why = match i.op {
+            Opcode::TensormapCpFenceproxy => {
+                let ok = matches!(i.operand(Role::Size), Some(Operand::Imm(Imm::Int(128))));
+                (!ok).then(|| "the size must be the immediate 128".to_string())
+            }
+            Opcode::CpAsyncBulkTensor | Opcode::CpReduceAsyncBulkTensor => {
+                let load = i.op == Opcode::CpAsyncBulkTensor && i.space() != Some(Space::Global);
+                let dims = i.mods.iter().find_map(|m| match m {
+                    Mod::Dim(d) => Some(*d as usize),
+                    _ => None,
+                });
+                let offsets = match i.operand(Role::Im2colOffsets) {
+                    Some(Operand::Vec(v)) => v.len(),
+                    _ => 0,
+                };
+                let im2col = i.has(Flag::Im2col) || i.has(Flag::Im2colNoOffs);
+                if i.has(Flag::Im2col) && !load {
+                    Some(
+                        "`.im2col` is for loads; stores and reductions take `.im2col_no_offs`"
+                            .into(),
+                    )
+                } else if i.has(Flag::Im2colNoOffs) && load {
+                    Some(
+                        "`.im2col_no_offs` is for stores and reductions; loads take `.im2col`"
+                            .into(),
+                    )
+                } else if im2col && !matches!(dims, Some(3..=5)) {
+                    Some("im2col copies are 3d to 5d".into())
+                } else if load && i.has(Flag::Im2col) && offsets + 2 != dims.unwrap_or(0) {
+                    Some(format!(
+                        "an im2col load takes {} offsets, found {offsets}",
+                        dims.unwrap_or(2) - 2
+                    ))
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        match why {
+            Some(w) => {
+                self.diag(DiagKind::BadOperand, loc, format!("`{}`: {w}", i.op.name()));
+                false
+            }
+            None => true,
+        }
     }
 
     /// `_` is a sink for results only: ptxas rejects it among the elements of a source vector

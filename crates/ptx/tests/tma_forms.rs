@@ -172,3 +172,38 @@ fn tensormap_replace_operand_counts() {
         "{errs:?}"
     );
 }
+
+/// What ptxas refuses among the TMA forms, the validator refuses too, naming the instruction:
+/// `.im2col` on a store, `.im2col_no_offs` on a load, a wrong offset count, a 2d im2col copy,
+/// and a `cp_fenceproxy` size other than the immediate 128.
+#[test]
+fn wrong_tma_forms_are_refused() {
+    let body = |line: &str| {
+        format!(
+            ".version 8.3\n.target sm_90a\n.address_size 64\n.visible .entry k(.param .u64 tm)\n{{\n\
+             .reg .b32 %r<8>;\n.reg .b16 %h<4>;\n.reg .b64 %rd<4>;\n.shared .align 128 .b8 sm[128];\n\
+             ld.param.u64 %rd1, [tm];\n{line}\nret;\n}}\n"
+        )
+    };
+    for (line, why) in [
+        // (`.im2col` asks for the offsets operand: an operand-count error first)
+        ("cp.async.bulk.tensor.3d.global.shared::cta.im2col.bulk_group [%rd1, {%r1, %r2, %r3}], [%r4];", "takes 3 operands"),
+        ("cp.async.bulk.tensor.3d.global.shared::cta.im2col.bulk_group [%rd1, {%r1, %r2, %r3}], [%r4], {%h1};", "is for loads"),
+        ("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.im2col.bulk_group [%rd1, {%r1, %r2, %r3}], [%r4];", "is for loads"),
+        ("cp.async.bulk.tensor.3d.shared::cluster.global.im2col_no_offs.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r1, %r2, %r3}], [%r4];", "is for stores"),
+        ("cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r1, %r2, %r3, %r5}], [%r4], {%h1};", "takes 2 offsets, found 1"),
+        ("cp.async.bulk.tensor.2d.global.shared::cta.im2col_no_offs.bulk_group [%rd1, {%r1, %r2}], [%r4];", "3d to 5d"),
+        ("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%rd1], [sm], 64;", "immediate 128"),
+    ] {
+        let text = body(line);
+        let m = ptx::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let errs = ptx::validate::validate_errors(&m);
+        assert!(
+            errs.iter().any(|d| d.to_string().contains(why)),
+            "`{line}`: {errs:?}"
+        );
+        if ptx::ptxas::ptxas_for_tests("wrong TMA forms").is_some() {
+            assert!(ptxas(&text, "sm_90a").is_err(), "ptxas took `{line}`");
+        }
+    }
+}
