@@ -10,7 +10,10 @@
 //! - swizzled shared tiles ([`SmemTile`]: rows x row bytes with a swizzle; knows its descriptor
 //!   and is a TMA destination) and a bump allocator for dynamic shared memory ([`SmemLayout`]);
 //! - tensor-map parameters passed through global memory ([`KernelBuilder::param_tensormap_ptr`])
-//!   and 2-D TMA loads, optionally multicast across a cluster;
+//!   and 2-D TMA loads, optionally multicast across a cluster; im2col loads
+//!   ([`KernelBuilder::tma_load_im2col`]); editing a map in the kernel
+//!   ([`KernelBuilder::tensormap_replace`], [`KernelBuilder::tensormap_cp_fenceproxy`],
+//!   [`KernelBuilder::fence_proxy_tensormap_release`]);
 //! - an mbarrier pipeline ([`Pipeline`] + [`PipeState`]: stage index and phase bit,
 //!   `producer_acquire` / `producer_commit_tx`, `consumer_wait` / `consumer_release`).
 //!
@@ -24,7 +27,27 @@ use crate::ty::*;
 /// Swizzles and wgmma matrix descriptors are `ptx`'s (one definition for builder, emulator and
 /// runtime).
 pub use ptx::ops::{MatrixDesc, Swizzle};
+pub use ptx::ops::{Scope, TensormapField};
 use ptx::{Flag, Mod, Opcode, Operand, Ty};
+
+/// Where a tensor map that `tensormap.replace` edits lives.
+#[derive(Clone, Copy, Debug)]
+pub enum TensormapAt {
+    /// 128 bytes of this CTA's shared memory (`.shared::cta`).
+    Shared(SharedPtr<u8>),
+    /// A global-memory map at this generic address (`.global`).
+    Global(Reg<u64>),
+}
+
+/// The new value `tensormap.replace` writes: 64-bit for `global_address` and `global_stride`,
+/// 32-bit otherwise; the coded fields (`elemtype`, `interleave_layout`, `swizzle_mode`,
+/// `fill_mode`) take an immediate.
+#[derive(Clone, Copy, Debug)]
+pub enum TensormapValue {
+    Imm(u64),
+    B32(Reg<u32>),
+    B64(Reg<u64>),
+}
 
 /// A shared-memory tile of `rows` rows of `row_bytes` bytes with a swizzle, laid out as TMA
 /// writes it (row-major inside `rows x width` slabs, slabs one after the other).
@@ -503,9 +526,203 @@ impl KernelBuilder {
     }
 }
 
+impl KernelBuilder {
+    /// Im2col TMA load (sm_90): `cp.async.bulk.tensor.Nd.shared::cluster.global.im2col
+    /// .mbarrier::complete_tx::bytes [dst], [tmap, {coords}], [bar], {offsets}` with coordinates
+    /// `c, w[, h[, d]], n` (3..=5 of them) and one 16-bit offset per spatial dimension.
+    #[track_caller]
+    pub fn tma_load_im2col(
+        &mut self,
+        dst: SharedPtr<u8>,
+        tmap: Reg<u64>,
+        coords: &[Reg<i32>],
+        offsets: &[Reg<u16>],
+        bar: SharedPtr<u64>,
+    ) {
+        if !(3..=5).contains(&coords.len()) || offsets.len() + 2 != coords.len() {
+            self.fail(BuildError::Invalid(format!(
+                "an im2col TMA load takes 3..=5 coordinates and two fewer offsets, not {} and {}",
+                coords.len(),
+                offsets.len()
+            )));
+            return;
+        }
+        let d = self.addr_operand(dst);
+        let m = self.addr_operand(bar);
+        let ta = Operand::TensorAddr {
+            base: ptx::AddrBase::Reg(tmap.name()),
+            coords: coords.iter().map(|c| c.op()).collect(),
+        };
+        let offs = Operand::Vec(offsets.iter().map(|o| o.op()).collect());
+        self.emit(
+            Opcode::CpAsyncBulkTensor,
+            [
+                Mod::Dim(coords.len() as u8),
+                Mod::Space(ptx::Space::SharedCluster),
+                Mod::Space(ptx::Space::Global),
+                Mod::Flag(Flag::Im2col),
+                Mod::Flag(Flag::CompleteTxBytes),
+            ],
+            [d, ta, m, offs],
+        );
+    }
+
+    /// `tensormap.replace.tile.FIELD.SPACE.b1024.bN [map], {ord,} value` (sm_90a, PTX 8.3):
+    /// `ord` (0..4) is written only for the per-dimension fields.
+    #[track_caller]
+    pub fn tensormap_replace(
+        &mut self,
+        map: TensormapAt,
+        field: TensormapField,
+        ord: u32,
+        value: TensormapValue,
+    ) {
+        let wide = matches!(
+            field,
+            TensormapField::GlobalAddress | TensormapField::GlobalStride
+        );
+        let coded = matches!(
+            field,
+            TensormapField::Elemtype
+                | TensormapField::InterleaveLayout
+                | TensormapField::SwizzleMode
+                | TensormapField::FillMode
+        );
+        let v = match value {
+            TensormapValue::Imm(x) => Operand::Imm(ptx::Imm::Int(x as i64)),
+            TensormapValue::B64(r) if wide && !coded => r.op(),
+            TensormapValue::B32(r) if !wide && !coded => r.op(),
+            _ => {
+                self.fail(BuildError::Invalid(format!(
+                    "tensormap.replace.{field}: wrong value kind {value:?}"
+                )));
+                return;
+            }
+        };
+        let (a, space) = match map {
+            TensormapAt::Shared(p) => (self.addr_operand(p), ptx::Space::SharedCta),
+            TensormapAt::Global(r) => (
+                self.addr_operand(GenericPtr::<u8>::from_reg(r)),
+                ptx::Space::Global,
+            ),
+        };
+        let mut args = vec![a];
+        if field.has_ord() {
+            args.push(Operand::Imm(ptx::Imm::Int(ord as i64)));
+        }
+        args.push(v);
+        let ty = if wide { Ty::B64 } else { Ty::B32 };
+        self.emit(
+            Opcode::TensormapReplace,
+            [
+                Mod::Flag(Flag::Tile),
+                Mod::Flag(field.flag()),
+                Mod::Space(space),
+                Mod::Flag(Flag::B1024),
+                Mod::Type(ty),
+            ],
+            args,
+        );
+    }
+
+    /// `tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.SCOPE.sync.aligned
+    /// [global], [smem], 128` (sm_90, PTX 8.3): copies an edited map to global memory and
+    /// releases it to the tensormap proxy; the whole warp executes it.
+    #[track_caller]
+    pub fn tensormap_cp_fenceproxy(&mut self, global: Reg<u64>, smem: SharedPtr<u8>, scope: Scope) {
+        let g = self.addr_operand(GenericPtr::<u8>::from_reg(global));
+        let s = self.addr_operand(smem);
+        self.emit(
+            Opcode::TensormapCpFenceproxy,
+            [
+                Mod::Space(ptx::Space::Global),
+                Mod::Space(ptx::Space::SharedCta),
+                Mod::Flag(Flag::TensormapGeneric),
+                Mod::Flag(Flag::Release),
+                Mod::Flag(scope.flag()),
+                Mod::Flag(Flag::Sync),
+                Mod::Flag(Flag::Aligned),
+            ],
+            [g, s, Operand::Imm(ptx::Imm::Int(128))],
+        );
+    }
+
+    /// `fence.proxy.tensormap::generic.release.SCOPE;` (sm_90, PTX 8.3): a map edited in place
+    /// in global memory, released to the tensormap proxy.
+    #[track_caller]
+    pub fn fence_proxy_tensormap_release(&mut self, scope: Scope) {
+        self.emit(
+            Opcode::Fence,
+            [
+                Mod::Flag(Flag::Proxy),
+                Mod::Flag(Flag::TensormapGeneric),
+                Mod::Flag(Flag::Release),
+                Mod::Flag(scope.flag()),
+            ],
+            [],
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The im2col load and the tensor-map editing methods emit what the parser reads back,
+    /// the validator accepts, and ptxas assembles for sm_90a.
+    #[test]
+    fn im2col_and_tensormap_methods_emit_valid_ptx() {
+        let mut k = KernelBuilder::new("tm", crate::kernel::Target::sm90a());
+        let tmap = k.param_tensormap_ptr("tmap");
+        let gmap = k.param_tensormap_ptr("gmap");
+        let stage = k.shared_array::<u8>(1024, 1024);
+        let smap = k.shared_array::<u8>(128, 128);
+        let bar = k.shared_array::<u64>(1, 8);
+        let c = k.mov(0i32);
+        let o = k.mov(1u16);
+        k.tma_load_im2col(stage, tmap, &[c, c, c, c], &[o, o], bar);
+        let addr = k.mov(0u64);
+        let dim = k.mov(64u32);
+        let at = TensormapAt::Shared(smap);
+        k.tensormap_replace(
+            at,
+            TensormapField::GlobalAddress,
+            0,
+            TensormapValue::B64(addr),
+        );
+        k.tensormap_replace(at, TensormapField::BoxDim, 1, TensormapValue::B32(dim));
+        k.tensormap_replace(at, TensormapField::Rank, 0, TensormapValue::Imm(1));
+        k.tensormap_replace(at, TensormapField::SwizzleMode, 0, TensormapValue::Imm(3));
+        k.tensormap_cp_fenceproxy(gmap, smap, Scope::Gpu);
+        let at = TensormapAt::Global(gmap);
+        k.tensormap_replace(at, TensormapField::FillMode, 0, TensormapValue::Imm(1));
+        k.fence_proxy_tensormap_release(Scope::Gpu);
+        k.fence_proxy_tensormap_acquire(gmap);
+        let m = k.finish().unwrap();
+        let text = ptx::print(&m);
+        assert_eq!(ptx::parse(&text).unwrap(), m);
+        assert!(ptx::validate::validate_errors(&m).is_empty(), "{text}");
+        for want in [
+            ".im2col.",
+            "tensormap.replace.tile.box_dim.shared::cta.b1024.b32",
+            "cp_fenceproxy",
+        ] {
+            assert!(text.contains(want), "{want} in\n{text}");
+        }
+        if ptx::ptxas::ptxas_for_tests("builder tensormap methods").is_some() {
+            ptx::ptxas::assemble(&text, "sm_90a", &Default::default())
+                .unwrap_or_else(|e| panic!("{e}\n{text}"));
+        }
+        let mut k = KernelBuilder::new("bad", crate::kernel::Target::sm90a());
+        let m = k.param_tensormap_ptr("m");
+        let smap = k.shared_array::<u8>(128, 128);
+        let r = k.mov(1u32);
+        let at = TensormapAt::Shared(smap);
+        k.tensormap_replace(at, TensormapField::Elemtype, 0, TensormapValue::B32(r));
+        let bar = k.shared_array::<u64>(1, 8);
+        k.tma_load_im2col(smap, m, &[], &[], bar);
+        assert!(k.finish().is_err());
+    }
 
     #[test]
     fn desc_encoding_matches_the_bit_layout() {

@@ -54,9 +54,9 @@ fn check_warns_with_the_line_about_what_the_emulator_cannot_run() {
 {
 .reg .b64 %rd<2>;
 .reg .b32 %r<4>;
-.reg .b16 %h<2>;
+.reg .f32 %f<4>;
 ld.param.u64 %rd1, [p];
-cp.async.bulk.tensor.3d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r1, %r1, %r1}], [%r2], {%h1};
+redux.sync.min.f32 %f1, %f2, 0xffffffff;
 st.global.u32 [%rd1], %r2;
 ret;
 }
@@ -73,7 +73,7 @@ ret;
     let diags = j["diagnostics"].as_array().unwrap();
     let emu: Vec<&serde_json::Value> = diags.iter().filter(|d| d["source"] == "emulator").collect();
     assert_eq!(emu.len(), 1, "{diags:?}");
-    assert_eq!(emu[0]["line"], 10); // the im2col tensor copy
+    assert_eq!(emu[0]["line"], 10); // the floating-point redux
     assert_eq!(emu[0]["severity"], "warning");
     // and `run` refuses the same file at the same line
     let run = ptxforge(&[

@@ -227,6 +227,8 @@ enum PendingKind {
     Tensor {
         desc: Box<crate::hopper::TensorMapDesc>,
         coords: Vec<i64>,
+        /// Im2col offsets (empty for a tile).
+        offsets: Vec<i64>,
         smem: u64,
     },
     Bulk {
@@ -1116,6 +1118,7 @@ impl Cta {
             Op::Bulk { .. } => self.exec_async_copy(ctx, wi, inst, m),
             Op::CpAsync { .. } => self.exec_async_copy(ctx, wi, inst, m),
             Op::BulkTensor { .. } => self.exec_bulk_tensor(ctx, wi, inst, m),
+            Op::TensormapReplace { .. } => self.exec_bulk_tensor(ctx, wi, inst, m),
             Op::BulkReduce { .. } => self.exec_async_copy(ctx, wi, inst, m),
             Op::AsyncRemote { .. } => self.exec_async_copy(ctx, wi, inst, m),
             Op::CpAsyncArrive { .. } => self.exec_mbarrier(ctx, wi, inst, m),

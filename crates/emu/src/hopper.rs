@@ -9,6 +9,7 @@
 //! (`mbarrier.try_wait` / `test_wait`), so reading the tile before waiting reads stale data.
 
 use crate::fp;
+pub use crate::tensormap::Im2colParams;
 use ptx::Ty;
 
 /// Swizzles and matrix descriptors are `ptx`'s (one definition for builder, emulator and
@@ -236,8 +237,10 @@ impl TmaType {
     }
 }
 
-/// The emulator's 128-byte tensor-map object: the parameters of `cuTensorMapEncodeTiled`, in a
-/// layout of our own (the driver's is opaque). `runtime::TensorMap` encodes into it.
+/// The emulator's 128-byte tensor-map object: the parameters of `cuTensorMapEncodeTiled` or
+/// `cuTensorMapEncodeIm2col`, in a layout of our own (the driver's is opaque).
+/// `runtime::TensorMap` encodes into it; `tensormap.replace` edits it in place
+/// ([`crate::tensormap`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorMapDesc {
     pub dtype: TmaType,
@@ -251,6 +254,10 @@ pub struct TensorMapDesc {
     pub swizzle: Swizzle,
     /// Fill out-of-bounds elements with NaN (else zero).
     pub oob_nan: bool,
+    /// Interleave layout code (0 none, 1 16B, 2 32B; only 0 is emulated).
+    pub interleave: u8,
+    /// Im2col mode parameters; None for a tiled map.
+    pub im2col: Option<Im2colParams>,
 }
 
 const MAGIC: u32 = 0x4d54_5850; // "PXTM"
@@ -267,7 +274,8 @@ impl TensorMapDesc {
             Swizzle::B64 => 2,
             Swizzle::B128 => 3,
         };
-        b[7] = self.oob_nan as u8;
+        // bit 0: NaN fill, bit 1: im2col, bits 2-3: interleave
+        b[7] = self.oob_nan as u8 | (self.im2col.is_some() as u8) << 1 | (self.interleave & 3) << 2;
         b[8..16].copy_from_slice(&self.global_address.to_le_bytes());
         for i in 0..5 {
             b[16 + 4 * i..20 + 4 * i].copy_from_slice(&self.dims[i].to_le_bytes());
@@ -277,11 +285,14 @@ impl TensorMapDesc {
         for i in 0..4 {
             b[80 + 8 * i..88 + 8 * i].copy_from_slice(&self.strides[i].to_le_bytes());
         }
+        if let Some(p) = &self.im2col {
+            p.write(&mut b);
+        }
         b
     }
 
     pub fn from_bytes(b: &[u8]) -> Result<TensorMapDesc, String> {
-        if b.len() < 112 || u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != MAGIC {
+        if b.len() < 128 || u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != MAGIC {
             return Err("not a ptxforge tensor map (encode it with runtime::TensorMap)".into());
         }
         let u32at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
@@ -304,7 +315,9 @@ impl TensorMapDesc {
                 3 => Swizzle::B128,
                 _ => Swizzle::None,
             },
-            oob_nan: b[7] != 0,
+            oob_nan: b[7] & 1 != 0,
+            interleave: (b[7] >> 2) & 3,
+            im2col: (b[7] & 2 != 0).then(|| Im2colParams::read(b)),
         };
         if !(1..=5).contains(&d.rank) {
             return Err(format!("tensor map rank {} (must be 1..5)", d.rank));
@@ -320,12 +333,32 @@ impl TensorMapDesc {
         Ok(d)
     }
 
-    /// Bytes of one box.
+    /// Bytes of one box (an im2col box: pixels times channels).
     pub fn box_bytes(&self) -> u64 {
+        if let Some(p) = &self.im2col {
+            return p.pixels_per_column as u64
+                * p.channels_per_pixel as u64
+                * self.dtype.size() as u64;
+        }
         (0..self.rank as usize)
             .map(|i| self.box_dims[i] as u64)
             .product::<u64>()
             * self.dtype.size() as u64
+    }
+
+    /// Visits the box a copy at `coords` (with im2col `offsets`, empty for a tile or
+    /// `.im2col_no_offs`) moves, as runs: [`TensorMapDesc::for_each_run`] for a tiled map,
+    /// [`TensorMapDesc::for_each_run_im2col`] for an im2col one.
+    pub fn for_each_box_run(
+        &self,
+        coords: &[i64],
+        offsets: &[i64],
+        f: impl FnMut(u64, Option<u64>, u64),
+    ) {
+        match &self.im2col {
+            Some(p) => self.for_each_run_im2col(p, coords, offsets, f),
+            None => self.for_each_run(coords, f),
+        }
     }
 
     /// Visits the box at `coords` as runs along the innermost dimension: (shared byte offset
@@ -431,6 +464,8 @@ mod tests {
                 elem_strides: [1; 5],
                 swizzle: Swizzle::None,
                 oob_nan: false,
+                interleave: 0,
+                im2col: None,
             };
             let mut stride = 0u64;
             for i in 0..rank as usize {

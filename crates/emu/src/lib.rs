@@ -29,6 +29,7 @@ pub mod program;
 pub mod sanitize;
 pub mod tc_numerics;
 mod tc_simd;
+pub mod tensormap;
 pub mod texture;
 pub mod wmma;
 

@@ -403,6 +403,20 @@ pub enum Op {
         /// `cp.reduce.async.bulk.tensor`: reduce the box into global memory with this
         /// operation (element type from the tensor map) instead of storing it.
         red: Option<AtomOp>,
+        /// `.im2col` / `.im2col_no_offs` (the map must be an im2col one), else `.tile`.
+        im2col: bool,
+        /// The im2col offsets (16-bit registers, one per spatial dimension); empty otherwise.
+        offsets: Vec<u32>,
+    },
+    /// `tensormap.replace.tile.FIELD [map], {ord,} value`: rewrites one field of the tensor
+    /// map at `reg[addr] + off` in `space` (shared or global).
+    TensormapReplace {
+        field: ptx::ops::TensormapField,
+        addr: u32,
+        off: i64,
+        space: MSpace,
+        ord: u32,
+        value: u32,
     },
     /// `cp.async.mbarrier.arrive[.noinc]`: arrive on the mbarrier once the thread's prior
     /// `cp.async` operations completed (they complete at issue in the emulator).
@@ -520,6 +534,7 @@ impl Op {
                 | Op::Wmma(_)
                 | Op::Bulk { .. }
                 | Op::BulkTensor { .. }
+                | Op::TensormapReplace { .. }
                 | Op::BulkReduce { .. }
                 | Op::AsyncRemote { .. }
                 | Op::CpAsyncArrive { .. }

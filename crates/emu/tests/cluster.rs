@@ -151,6 +151,8 @@ fn tma_multicast_reaches_both_ctas() {
         elem_strides: [1; 5],
         swizzle: Swizzle::None,
         oob_nan: false,
+        interleave: 0,
+        im2col: None,
     };
     let tm = mem.alloc(128, 0).unwrap();
     tm.write_bytes(0, &desc.to_bytes());

@@ -50,10 +50,10 @@ fn loads(m: &ptx::Module) -> bool {
 fn unsupported_names_every_refused_line_and_agrees_with_load() {
     // lines: 5 .version... header is 5 lines, then the body starts at line 6
     let bad = module(
-        "    .reg .b64 %rd<4>;\n    .reg .b32 %r<4>;\n    .reg .b16 %h<2>;\n    ld.param.u64 %rd1, [p];\n\
-         \x20   cp.async.bulk.tensor.3d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r1, %r1, %r1}], [%r2], {%h1};\n\
+        "    .reg .b64 %rd<4>;\n    .reg .b32 %r<4>;\n    .reg .f32 %f<4>;\n    ld.param.u64 %rd1, [p];\n\
+         \x20   redux.sync.min.f32 %f1, %f2, 0xffffffff;\n\
          \x20   add.u32 %r2, %r1, 1;\n\
-         \x20   cp.async.bulk.tensor.3d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r1, %r1, %r1}], [%r2], {%h1};\n    ret;",
+         \x20   redux.sync.min.f32 %f1, %f2, 0xffffffff;\n    ret;",
     );
     let refused = unsupported(&bad);
     let lines: Vec<u32> = refused.iter().map(|r| r.line).collect();

@@ -120,18 +120,12 @@ fn unsupported_instruction_is_named() {
     let s = e.unwrap_err().to_string();
     assert!(s.contains("multimem"), "{s}");
     // Known to the IR but not to the emulator: a decode error naming line and instruction.
-    let e = run(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r1, %r1, %r1}], [%r2], {%r3};",
-        &[],
-        32,
-        0,
-    )
-    .unwrap_err();
+    let e = run("redux.sync.min.f32 %f1, %f2, 0xffffffff;", &[], 32, 0).unwrap_err();
     let s = e.to_string();
     assert!(
         matches!(e, EmuError::Unsupported { .. })
-            && s.contains("cp.async.bulk.tensor")
-            && s.contains("im2col")
+            && s.contains("redux")
+            && s.contains("floating-point")
             && s.contains("line"),
         "{s}"
     );

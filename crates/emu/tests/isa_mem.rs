@@ -934,6 +934,8 @@ fn cp_reduce_async_bulk_tensor_tile_1d_to_5d() {
             elem_strides: [1; 5],
             swizzle: Swizzle::None,
             oob_nan: false,
+            interleave: 0,
+            im2col: None,
         };
         let tm = d.buf(&desc.to_bytes());
         // inc: every source element is the same limit, so the result does not depend on order

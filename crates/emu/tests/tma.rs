@@ -82,6 +82,8 @@ fn tma_tile_with_swizzle_and_oob_fill() {
         elem_strides: [1, 1, 1, 1, 1],
         swizzle: Swizzle::B128,
         oob_nan: false,
+        interleave: 0,
+        im2col: None,
     };
     let tm = mem.alloc(128, 0).unwrap();
     tm.write_bytes(0, &desc.to_bytes());

@@ -1806,6 +1806,77 @@ pub unsafe extern "C" fn cuTensorMapEncodeTiled(
             strides: st,
             box_dims: bx,
             elem_strides: es,
+            im2col: None,
+            interleave,
+            swizzle,
+            l2,
+            oob,
+        })?;
+        let mut m = CUtensorMap { opaque: [0; 16] };
+        for (i, w) in m.opaque.iter_mut().enumerate() {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
+            *w = u64::from_le_bytes(b);
+        }
+        // SAFETY: non-null out-pointer.
+        unsafe { out(map, m) }
+    })
+}
+
+/// `cuTensorMapEncodeIm2col`: validated like the driver, encoded in the emulator's layout.
+#[no_mangle]
+pub unsafe extern "C" fn cuTensorMapEncodeIm2col(
+    map: *mut CUtensorMap,
+    dtype: u32,
+    rank: u32,
+    addr: *mut c_void,
+    dims: *const u64,
+    strides: *const u64,
+    lower: *const c_int,
+    upper: *const c_int,
+    channels: u32,
+    pixels: u32,
+    elem_strides: *const u32,
+    interleave: u32,
+    swizzle: u32,
+    l2: u32,
+    oob: u32,
+) -> CUresult {
+    ffi("cuTensorMapEncodeIm2col", || {
+        let d = drv()?;
+        current(d)?;
+        let null = map.is_null() || dims.is_null() || strides.is_null() || elem_strides.is_null();
+        if null || lower.is_null() || upper.is_null() || !(3..=5).contains(&rank) {
+            return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, || {
+                format!("cuTensorMapEncodeIm2col: null array or rank {rank} (must be 3..=5)")
+            }));
+        }
+        let r = rank as usize;
+        // SAFETY: the arrays hold `rank` (strides: rank - 1, corners: rank - 2) entries (API
+        // contract).
+        let (dm, st, es, lo, hi) = unsafe {
+            (
+                std::slice::from_raw_parts(dims, r),
+                std::slice::from_raw_parts(strides, r - 1),
+                std::slice::from_raw_parts(elem_strides, r),
+                std::slice::from_raw_parts(lower, r - 2),
+                std::slice::from_raw_parts(upper, r - 2),
+            )
+        };
+        let bytes = tmap::encode(&tmap::Args {
+            dtype,
+            rank,
+            addr: addr as u64,
+            dims: dm,
+            strides: st,
+            box_dims: &[],
+            elem_strides: es,
+            im2col: Some(tmap::Im2colArgs {
+                lower: lo,
+                upper: hi,
+                channels,
+                pixels,
+            }),
             interleave,
             swizzle,
             l2,

@@ -1,12 +1,13 @@
-//! `cuTensorMapEncodeTiled`: the driver's validation rules, then the emulator's tensor-map
-//! encoding (`emu::hopper::TensorMapDesc`), so TMA kernels run on the fake as on the emulator.
+//! `cuTensorMapEncodeTiled` and `cuTensorMapEncodeIm2col`: the driver's validation rules, then
+//! the emulator's tensor-map encoding (`emu::hopper::TensorMapDesc`), so TMA kernels run on the
+//! fake as on the emulator.
 
 use crate::state::{fail, Res};
 use cudarc::driver::sys::{
     CUresult, CUtensorMapDataType as D, CUtensorMapFloatOOBfill as O, CUtensorMapInterleave as I,
     CUtensorMapL2promotion as L, CUtensorMapSwizzle as S,
 };
-use emu::hopper::{Swizzle, TensorMapDesc, TmaType};
+use emu::hopper::{Im2colParams, Swizzle, TensorMapDesc, TmaType};
 
 /// The arguments of `cuTensorMapEncodeTiled`, enums as raw values.
 pub(crate) struct Args<'a> {
@@ -16,18 +17,60 @@ pub(crate) struct Args<'a> {
     pub dims: &'a [u64],
     /// rank - 1 entries.
     pub strides: &'a [u64],
+    /// Empty for an im2col map.
     pub box_dims: &'a [u32],
     pub elem_strides: &'a [u32],
+    /// `cuTensorMapEncodeIm2col`'s parameters; None for a tiled map.
+    pub im2col: Option<Im2colArgs<'a>>,
     pub interleave: u32,
     pub swizzle: u32,
     pub l2: u32,
     pub oob: u32,
 }
 
+/// The im2col arguments of `cuTensorMapEncodeIm2col` (corners: rank - 2 entries).
+pub(crate) struct Im2colArgs<'a> {
+    pub lower: &'a [i32],
+    pub upper: &'a [i32],
+    pub channels: u32,
+    pub pixels: u32,
+}
+
 fn bad(why: String) -> CUresult {
     fail(CUresult::CUDA_ERROR_INVALID_VALUE, || {
-        format!("cuTensorMapEncodeTiled: {why}")
+        format!("cuTensorMapEncode: {why}")
     })
+}
+
+/// The im2col rules: rank 3..5, corners in the range the rank allows, 1..=256 channels,
+/// 1..=1024 pixels.
+fn im2col_params(rank: usize, im: &Im2colArgs) -> Res<Im2colParams> {
+    let lim = match rank {
+        3 => 1 << 15,
+        4 => 1 << 7,
+        _ => 1 << 4,
+    };
+    let mut p = Im2colParams {
+        channels_per_pixel: im.channels,
+        pixels_per_column: im.pixels,
+        ..Default::default()
+    };
+    for (i, (&l, &u)) in im.lower.iter().zip(im.upper).enumerate() {
+        if !(-lim..lim).contains(&l) || !(-lim..lim).contains(&u) {
+            return Err(bad(format!(
+                "pixel box corner {i} ({l}, {u}) out of range for rank {rank}"
+            )));
+        }
+        p.lower[i] = l;
+        p.upper[i] = u;
+    }
+    if !(1..=256).contains(&im.channels) || !(1..=1024).contains(&im.pixels) {
+        return Err(bad(format!(
+            "channelsPerPixel {} (1..=256) or pixelsPerColumn {} (1..=1024)",
+            im.channels, im.pixels
+        )));
+    }
+    Ok(p)
 }
 
 pub(crate) fn encode(a: &Args) -> Res<[u8; 128]> {
@@ -79,7 +122,11 @@ pub(crate) fn encode(a: &Args) -> Res<[u8; 128]> {
         x => return Err(bad(format!("OOB fill {x}"))),
     };
     let r = a.rank as usize;
-    let min_rank = if interleave != 0 { 3 } else { 1 };
+    let min_rank = if interleave != 0 || a.im2col.is_some() {
+        3
+    } else {
+        1
+    };
     if !(min_rank..=5).contains(&r) {
         return Err(bad(format!("rank {r} (must be {min_rank}..=5)")));
     }
@@ -114,11 +161,14 @@ pub(crate) fn encode(a: &Args) -> Res<[u8; 128]> {
             return Err(bad(format!("boxDim[{i}] = {b} (must be 1..=256)")));
         }
     }
-    let inner_bytes = a.box_dims[0] as u64 * esize;
+    let inner_bytes = match &a.im2col {
+        Some(im) => im.channels as u64 * esize,
+        None => a.box_dims[0] as u64 * esize,
+    };
     if interleave == 0 {
         if !inner_bytes.is_multiple_of(16) {
             return Err(bad(format!(
-                "boxDim[0] * element size = {inner_bytes} bytes (must be a multiple of 16)"
+                "inner box (boxDim[0] or channelsPerPixel) * element size = {inner_bytes} bytes (must be a multiple of 16)"
             )));
         }
         if span != 0 && inner_bytes > span {
@@ -158,10 +208,15 @@ pub(crate) fn encode(a: &Args) -> Res<[u8; 128]> {
         elem_strides: [1; 5],
         swizzle,
         oob_nan,
+        interleave: 0,
+        im2col: match &a.im2col {
+            Some(im) => Some(im2col_params(r, im)?),
+            None => None,
+        },
     };
     for i in 0..r {
         d.dims[i] = a.dims[i].min(u32::MAX as u64) as u32;
-        d.box_dims[i] = a.box_dims[i];
+        d.box_dims[i] = a.box_dims.get(i).copied().unwrap_or(1);
         d.elem_strides[i] = a.elem_strides[i];
     }
     d.strides[..r - 1].copy_from_slice(a.strides);

@@ -207,6 +207,11 @@ opcodes! {
         [Dst Src Size (Mbar if CompleteTxBytes) (CacheHint if L2CacheHint)];
     CpReduceAsyncBulkTensor "cp.reduce.async.bulk.tensor" 0 2 3 90 80
         [Dst Src (CacheHint if L2CacheHint)];
+    // tensor-map objects (sm_90a): edit a map's field in place; copy a map to global memory
+    // with the tensormap proxy release fence
+    TensormapReplace "tensormap.replace" 0 2 3 90 83 [(Addr: AddrOnly) (?Ord: U32) (Value: T)];
+    TensormapCpFenceproxy "tensormap.cp_fenceproxy" 0 3 3 90 83
+        [(Dst: AddrOnly) (Src: AddrOnly) (Size: U32)];
     // mbarrier
     MbarrierInit "mbarrier.init" 0 2 2 80 70 [Addr Count];
     MbarrierInval "mbarrier.inval" 0 1 1 80 70 [Addr];
@@ -338,7 +343,8 @@ pub fn requirement(ins: &Instruction) -> Requirement {
         | Opcode::WgmmaCommitGroup
         | Opcode::WgmmaWaitGroup
         | Opcode::WgmmaMmaAsync
-        | Opcode::Setmaxnreg => r.arch_specific = true,
+        | Opcode::Setmaxnreg
+        | Opcode::TensormapReplace => r.arch_specific = true,
         Opcode::Add | Opcode::Sub | Opcode::Mul => {
             if bf16 {
                 need(90, 78);

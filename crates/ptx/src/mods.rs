@@ -55,6 +55,13 @@ enum_str! {
         Proxy => "proxy", Async => "async", Alias => "alias",
         TensormapGeneric => "tensormap::generic", MbarrierInit => "mbarrier_init",
         Tensormap => "tensormap", LaunchDependents => "launch_dependents", L2 => "L2",
+        // tensor maps: im2col stores/reductions, the `.b1024` map object (a size, not a
+        // register type), the fields `tensormap.replace` writes
+        Im2colNoOffs => "im2col_no_offs", B1024 => "b1024", GlobalAddress => "global_address",
+        Rank => "rank", BoxDim => "box_dim", GlobalDim => "global_dim",
+        GlobalStride => "global_stride", ElementStride => "element_stride",
+        Elemtype => "elemtype", InterleaveLayout => "interleave_layout",
+        SwizzleMode => "swizzle_mode", FillMode => "fill_mode",
         // textures and surfaces: `.b` addressing, out-of-range modes, gather components,
         // query attributes (`.r` and `.clamp` are above)
         B => "b", Trap => "trap", Zero => "zero", G => "g", A => "a", Width => "width",

@@ -240,6 +240,27 @@ impl MatrixDesc {
     }
 }
 
+flag_enum! {
+    /// The tensor-map field `tensormap.replace` writes.
+    TensormapField {
+        GlobalAddress => GlobalAddress, Rank => Rank, BoxDim => BoxDim, GlobalDim => GlobalDim,
+        GlobalStride => GlobalStride, ElementStride => ElementStride, Elemtype => Elemtype,
+        InterleaveLayout => InterleaveLayout, SwizzleMode => SwizzleMode, FillMode => FillMode,
+    }
+}
+
+impl TensormapField {
+    /// Whether the field is per dimension (`box_dim`, `global_dim`, `global_stride`,
+    /// `element_stride`: the instruction names the dimension with an `ord` operand).
+    pub fn has_ord(self) -> bool {
+        use TensormapField as F;
+        matches!(
+            self,
+            F::BoxDim | F::GlobalDim | F::GlobalStride | F::ElementStride
+        )
+    }
+}
+
 impl Instruction {
     /// The first modifier of the family `from` recognises.
     fn find_flag<T>(&self, from: impl Fn(Flag) -> Option<T>) -> Option<T> {
@@ -284,6 +305,10 @@ impl Instruction {
     /// Memory-ordering semantics.
     pub fn mem_order(&self) -> Option<MemOrder> {
         self.find_flag(MemOrder::from_flag)
+    }
+    /// `tensormap.replace` field.
+    pub fn tensormap_field(&self) -> Option<TensormapField> {
+        self.find_flag(TensormapField::from_flag)
     }
 }
 

@@ -123,6 +123,10 @@ roles! {
     RegCount => "imm-reg-count",
     /// `nanosleep`'s duration in nanoseconds (`t`).
     Time => "t",
+    /// `tensormap.replace`: the dimension a per-dimension field is written for (`ord`).
+    Ord => "ord",
+    /// `tensormap.replace`: the field's new value (`new_val`).
+    Value => "new_val",
 }
 
 impl fmt::Display for Role {

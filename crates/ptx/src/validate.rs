@@ -676,6 +676,12 @@ impl<'a> FnCheck<'a> {
                 return;
             }
         }
+        if i.op == Opcode::TensormapReplace && !self.tensormap_replace(i, loc) {
+            return;
+        }
+        if !self.tensor_copy_forms(i, loc) {
+            return;
+        }
         for d in i.dsts() {
             if matches!(
                 d,
@@ -692,6 +698,118 @@ impl<'a> FnCheck<'a> {
         self.symbols_and_labels(i);
         self.spaces(i);
         self.types(i);
+    }
+
+    /// `tensormap.replace` as ptxas 13.5 checks it: one field; `ord` (an immediate 0..4)
+    /// exactly for the per-dimension fields; `.b64` for `global_address`/`global_stride` and
+    /// `.b32` otherwise; `elemtype`, `interleave_layout`, `swizzle_mode`, `fill_mode` values are
+    /// immediates (`elemtype` 0..12). Returns false (diagnosed) when the form is wrong.
+    fn tensormap_replace(&mut self, i: &Instruction, loc: Loc) -> bool {
+        use crate::ops::TensormapField as F;
+        let Some(field) = i.tensormap_field() else {
+            self.diag(
+                DiagKind::BadOperand,
+                loc,
+                "`tensormap.replace` needs a field (`.global_address`, `.box_dim`, ...)".into(),
+            );
+            return false;
+        };
+        let want = if field.has_ord() { 3 } else { 2 };
+        if i.args.len() != want {
+            self.diag(
+                DiagKind::OperandCount,
+                loc,
+                format!(
+                    "`tensormap.replace.{field}` takes {want} operands, found {}",
+                    i.args.len()
+                ),
+            );
+            return false;
+        }
+        let imm = |o: Option<&Operand>| match o {
+            Some(Operand::Imm(Imm::Int(v))) => Some(*v),
+            _ => None,
+        };
+        let bad = |s: &mut Self, why: String| {
+            s.diag(
+                DiagKind::BadOperand,
+                loc,
+                format!("`tensormap.replace.{field}`: {why}"),
+            );
+        };
+        if field.has_ord() && !matches!(imm(i.operand(Role::Ord)), Some(0..=4)) {
+            bad(self, "`ord` must be an immediate 0..4".into());
+        }
+        let wide = matches!(field, F::GlobalAddress | F::GlobalStride);
+        if i.ty() != Some(if wide { Ty::B64 } else { Ty::B32 }) {
+            let t = if wide { "b64" } else { "b32" };
+            bad(self, format!("the value type must be .{t}"));
+        }
+        let coded = matches!(
+            field,
+            F::Elemtype | F::InterleaveLayout | F::SwizzleMode | F::FillMode
+        );
+        let v = imm(i.operand(Role::Value));
+        if coded && v.is_none() {
+            bad(self, "the value must be an immediate".into());
+        }
+        if field == F::Elemtype && !matches!(v, Some(0..=12)) {
+            bad(self, "the element type code must be 0..12".into());
+        }
+        true
+    }
+
+    /// The TMA forms ptxas 13.5 refuses that the operand counts do not catch: `.im2col` only on
+    /// loads (3d-5d, one offset per spatial dimension), `.im2col_no_offs` only on stores and
+    /// reductions (3d-5d), and `tensormap.cp_fenceproxy`'s size the immediate 128. Returns
+    /// false (diagnosed) when the form is wrong.
+    fn tensor_copy_forms(&mut self, i: &Instruction, loc: Loc) -> bool {
+        let why = match i.op {
+            Opcode::TensormapCpFenceproxy => {
+                let ok = matches!(i.operand(Role::Size), Some(Operand::Imm(Imm::Int(128))));
+                (!ok).then(|| "the size must be the immediate 128".to_string())
+            }
+            Opcode::CpAsyncBulkTensor | Opcode::CpReduceAsyncBulkTensor => {
+                let load = i.op == Opcode::CpAsyncBulkTensor && i.space() != Some(Space::Global);
+                let dims = i.mods.iter().find_map(|m| match m {
+                    Mod::Dim(d) => Some(*d as usize),
+                    _ => None,
+                });
+                let offsets = match i.operand(Role::Im2colOffsets) {
+                    Some(Operand::Vec(v)) => v.len(),
+                    _ => 0,
+                };
+                let im2col = i.has(Flag::Im2col) || i.has(Flag::Im2colNoOffs);
+                if i.has(Flag::Im2col) && !load {
+                    Some(
+                        "`.im2col` is for loads; stores and reductions take `.im2col_no_offs`"
+                            .into(),
+                    )
+                } else if i.has(Flag::Im2colNoOffs) && load {
+                    Some(
+                        "`.im2col_no_offs` is for stores and reductions; loads take `.im2col`"
+                            .into(),
+                    )
+                } else if im2col && !matches!(dims, Some(3..=5)) {
+                    Some("im2col copies are 3d to 5d".into())
+                } else if load && i.has(Flag::Im2col) && offsets + 2 != dims.unwrap_or(0) {
+                    Some(format!(
+                        "an im2col load takes {} offsets, found {offsets}",
+                        dims.unwrap_or(2) - 2
+                    ))
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        match why {
+            Some(w) => {
+                self.diag(DiagKind::BadOperand, loc, format!("`{}`: {w}", i.op.name()));
+                false
+            }
+            None => true,
+        }
     }
 
     /// `_` is a sink for results only: ptxas rejects it among the elements of a source vector

@@ -31,7 +31,7 @@ pub use graph::Graph;
 pub use partition::{sms_used, Partition, PartitionKind};
 pub use storage::IpcHandle;
 pub use stream::{Event, LaunchConfig, Stream};
-pub use tensor_map::TensorMap;
+pub use tensor_map::{Im2col, TensorMap};
 pub use typed::{ArgFor, HostElem, LaunchArgs, RawPtr, TypedFunction};
 
 /// `half` (the `f16`/`bf16` host types of [`Buffer`]s and [`Arg`]s), re-exported so dependents

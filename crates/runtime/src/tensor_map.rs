@@ -1,6 +1,7 @@
-//! TMA tensor maps: the parameters of `cuTensorMapEncodeTiled`, validated with the driver's
-//! rules. `encode_cuda` produces the 128-byte descriptor on CUDA; the emulator reads the plain
-//! struct (TMA emulation comes with the Hopper work).
+//! TMA tensor maps: the parameters of `cuTensorMapEncodeTiled` (tiled) or
+//! `cuTensorMapEncodeIm2col` (im2col, [`Im2col`]), validated with the driver's rules.
+//! `encode_cuda` produces the 128-byte descriptor with the driver on CUDA; `encode_emu` the
+//! emulator's own encoding (`emu::hopper::TensorMapDesc`).
 
 use crate::{Result, RuntimeError};
 
@@ -67,8 +68,27 @@ pub enum OobFill {
     NanRequestZeroFma,
 }
 
-/// A tiled tensor map (`cuTensorMapEncodeTiled` parameters). The rank is `global_dims.len()`;
-/// `global_strides` has rank-1 entries (bytes; dimension 0 is contiguous).
+/// The im2col parameters of a tensor map (`cuTensorMapEncodeIm2col`), for a tensor of rank 3-5
+/// laid out `C, W[, H[, D]], N` (dimension 0 innermost). A copy loads `pixels_per_column`
+/// pixels of `channels_per_pixel` channels, walking the bounding box the corners give (PTX ISA
+/// "im2col mode"; the emulator's model is `emu::tensormap`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Im2col {
+    /// The bounding box's lower corner as offsets from the tensor's first pixel, one per
+    /// spatial dimension (rank - 2 entries, W first); typically `-padding`.
+    pub lower_corner: Vec<i32>,
+    /// The bounding box's upper corner as offsets from the tensor's last pixel (rank - 2
+    /// entries, W first); typically `padding - (filter - 1) * dilation`.
+    pub upper_corner: Vec<i32>,
+    /// Channels loaded per pixel (1..=256).
+    pub channels_per_pixel: u32,
+    /// Pixels loaded per copy (1..=1024).
+    pub pixels_per_column: u32,
+}
+
+/// A tensor map: tiled (`cuTensorMapEncodeTiled` parameters) or, with `im2col`, an im2col map
+/// (`cuTensorMapEncodeIm2col`; `box_dims` is then unused and may be empty). The rank is
+/// `global_dims.len()`; `global_strides` has rank-1 entries (bytes; dimension 0 is contiguous).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct TensorMap {
     pub data_type: TensorDataType,
@@ -81,6 +101,8 @@ pub struct TensorMap {
     pub swizzle: Swizzle,
     pub l2_promotion: L2Promotion,
     pub oob_fill: OobFill,
+    /// Im2col mode parameters; None for a tiled map.
+    pub im2col: Option<Im2col>,
 }
 
 fn err(msg: String) -> RuntimeError {
@@ -113,6 +135,23 @@ impl TensorMap {
             swizzle: Swizzle::None,
             l2_promotion: L2Promotion::B128,
             oob_fill: OobFill::None,
+            im2col: None,
+        }
+    }
+
+    /// A dense im2col map over a `C, W[, H[, D]], N` tensor (strides from the dims), element
+    /// (traversal) strides 1, no interleave or swizzle, 128-byte L2 promotion, zero OOB fill:
+    /// the parameters of `cuTensorMapEncodeIm2col`.
+    pub fn im2col(
+        data_type: TensorDataType,
+        global_address: u64,
+        global_dims: &[u64],
+        im2col: Im2col,
+    ) -> TensorMap {
+        TensorMap {
+            box_dims: Vec::new(),
+            im2col: Some(im2col),
+            ..TensorMap::tiled(data_type, global_address, global_dims, &[])
         }
     }
 
@@ -120,10 +159,11 @@ impl TensorMap {
         self.global_dims.len()
     }
 
-    /// Checks the rules `cuTensorMapEncodeTiled` enforces, with a message naming the field.
+    /// Checks the rules `cuTensorMapEncodeTiled` (or `cuTensorMapEncodeIm2col`) enforces, with
+    /// a message naming the field.
     pub fn validate(&self) -> Result<()> {
         let r = self.rank();
-        let min_rank = if self.interleave == Interleave::None {
+        let min_rank = if self.interleave == Interleave::None && self.im2col.is_none() {
             1
         } else {
             3
@@ -145,7 +185,9 @@ impl TensorMap {
                 r - 1
             )));
         }
-        if self.box_dims.len() != r || self.element_strides.len() != r {
+        if let Some(im) = &self.im2col {
+            self.validate_im2col(im)?;
+        } else if self.box_dims.len() != r || self.element_strides.len() != r {
             return Err(err(format!(
                 "box dims ({}) and element strides ({}) must both have rank {r} entries",
                 self.box_dims.len(),
@@ -192,7 +234,7 @@ impl TensorMap {
             prev = s * self.global_dims[i + 1];
         }
         for (i, &b) in self.box_dims.iter().enumerate() {
-            if b == 0 || b > 256 {
+            if (b == 0 || b > 256) && self.im2col.is_none() {
                 return Err(err(format!("box dim {i} = {b}: must be 1..=256")));
             }
         }
@@ -202,15 +244,20 @@ impl TensorMap {
             }
         }
         if self.interleave == Interleave::None {
-            let inner = self.box_dims[0] as u64 * esize;
+            let (what, inner) = match &self.im2col {
+                Some(im) => ("channels per pixel", im.channels_per_pixel as u64 * esize),
+                None => ("box dim 0", self.box_dims[0] as u64 * esize),
+            };
             if !inner.is_multiple_of(16) {
                 return Err(err(format!(
-                    "box dim 0 spans {inner} bytes: must be a multiple of 16 without interleave"
+                    "{what} spans {inner} bytes: must be a multiple of 16 without interleave"
                 )));
             }
             if let Some(span) = self.swizzle.span_bytes() {
                 if inner > span {
-                    return Err(err(format!("box dim 0 spans {inner} bytes: must be at most the {span}-byte swizzle span")));
+                    return Err(err(format!(
+                        "{what} spans {inner} bytes: must be at most the {span}-byte swizzle span"
+                    )));
                 }
             }
         } else if self.interleave == Interleave::B32 && self.swizzle != Swizzle::B32 {
@@ -225,8 +272,57 @@ impl TensorMap {
         Ok(())
     }
 
-    /// Bytes one box occupies in shared memory.
+    /// The im2col rules of `cuTensorMapEncodeIm2col`: rank 3..5, rank - 2 corners in the range
+    /// the rank allows, 1..=256 channels and 1..=1024 pixels.
+    fn validate_im2col(&self, im: &Im2col) -> Result<()> {
+        let r = self.rank();
+        if self.element_strides.len() != r {
+            return Err(err(format!(
+                "element strides ({}) must have rank {r} entries",
+                self.element_strides.len()
+            )));
+        }
+        let (lo, hi) = match r {
+            3 => (-(1 << 15), (1 << 15) - 1),
+            4 => (-(1 << 7), (1 << 7) - 1),
+            _ => (-(1 << 4), (1 << 4) - 1),
+        };
+        for (name, c) in [("lower", &im.lower_corner), ("upper", &im.upper_corner)] {
+            if c.len() != r - 2 {
+                return Err(err(format!(
+                    "im2col {name} corner has {} entries, rank {r} needs {}",
+                    c.len(),
+                    r - 2
+                )));
+            }
+            if let Some((i, v)) = c.iter().enumerate().find(|(_, v)| !(lo..=hi).contains(*v)) {
+                return Err(err(format!(
+                    "im2col {name} corner {i} = {v}: must be {lo}..={hi} for rank {r}"
+                )));
+            }
+        }
+        if !(1..=256).contains(&im.channels_per_pixel) {
+            return Err(err(format!(
+                "im2col channels per pixel = {}: must be 1..=256",
+                im.channels_per_pixel
+            )));
+        }
+        if !(1..=1024).contains(&im.pixels_per_column) {
+            return Err(err(format!(
+                "im2col pixels per column = {}: must be 1..=1024",
+                im.pixels_per_column
+            )));
+        }
+        Ok(())
+    }
+
+    /// Bytes one box occupies in shared memory (an im2col box: pixels times channels).
     pub fn box_bytes(&self) -> u64 {
+        if let Some(im) = &self.im2col {
+            return im.pixels_per_column as u64
+                * im.channels_per_pixel as u64
+                * self.data_type.size_bytes();
+        }
         self.box_dims.iter().map(|&b| b as u64).product::<u64>() * self.data_type.size_bytes()
     }
 
@@ -255,6 +351,13 @@ impl TensorMap {
             return Err(err("interleaved tensor maps are not emulated".into()));
         }
         let r = self.rank();
+        if self.im2col.is_some()
+            && (self.element_strides[0] != 1 || self.element_strides[r - 1] != 1)
+        {
+            return Err(err(
+                "im2col element strides in C or N other than 1 are not emulated".into(),
+            ));
+        }
         let mut d = TensorMapDesc {
             dtype,
             rank: r as u32,
@@ -270,13 +373,24 @@ impl TensorMap {
                 Swizzle::B128 => ES::B128,
             },
             oob_nan: self.oob_fill == OobFill::NanRequestZeroFma,
+            interleave: 0,
+            im2col: self.im2col.as_ref().map(|im| {
+                let mut p = emu::hopper::Im2colParams {
+                    channels_per_pixel: im.channels_per_pixel,
+                    pixels_per_column: im.pixels_per_column,
+                    ..Default::default()
+                };
+                p.lower[..r - 2].copy_from_slice(&im.lower_corner);
+                p.upper[..r - 2].copy_from_slice(&im.upper_corner);
+                p
+            }),
         };
         for i in 0..r {
             if self.global_dims[i] > u32::MAX as u64 {
                 return Err(err(format!("global dim {i} does not fit 32 bits")));
             }
             d.dims[i] = self.global_dims[i] as u32;
-            d.box_dims[i] = self.box_dims[i];
+            d.box_dims[i] = self.box_dims.get(i).copied().unwrap_or(1);
             d.elem_strides[i] = self.element_strides[i];
         }
         for (i, s) in self.global_strides.iter().enumerate() {
@@ -285,10 +399,11 @@ impl TensorMap {
         Ok(d.to_bytes())
     }
 
-    /// Encodes the 128-byte `CUtensorMap` with `cuTensorMapEncodeTiled` (needs a CUDA driver).
+    /// Encodes the 128-byte `CUtensorMap` with `cuTensorMapEncodeTiled` or, for an im2col map,
+    /// `cuTensorMapEncodeIm2col` (needs a CUDA driver).
     pub fn encode_cuda(&self) -> Result<[u8; 128]> {
         self.validate()?;
         crate::cuda::driver()?;
-        crate::cuda::tensor_map::encode_tiled(self)
+        crate::cuda::tensor_map::encode(self)
     }
 }

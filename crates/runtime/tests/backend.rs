@@ -1,7 +1,7 @@
 //! Backend-neutral API checks that run here (emulator; CUDA absent), plus a CUDA module gated by
 //! `PTXFORGE_TEST_CUDA=1` (see `scripts/gpu-check.sh`).
 
-use runtime::tensor_map::{Interleave, OobFill, Swizzle, TensorDataType};
+use runtime::tensor_map::{Im2col, Interleave, OobFill, Swizzle, TensorDataType};
 use runtime::{
     args, Device, IpcHandle, LaunchConfig, Module, PartitionKind, RuntimeError, TensorMap,
 };
@@ -447,6 +447,68 @@ fn tensor_map_validation_follows_the_driver_rules() {
     }
 }
 
+/// A 4d NHWC im2col map (`cuTensorMapEncodeIm2col` parameters).
+fn im2col_tm() -> TensorMap {
+    TensorMap::im2col(
+        TensorDataType::BF16,
+        0x10000,
+        &[64, 14, 14, 2],
+        Im2col {
+            lower_corner: vec![-1, -1],
+            upper_corner: vec![-1, -1],
+            channels_per_pixel: 64,
+            pixels_per_column: 128,
+        },
+    )
+}
+
+/// Im2col maps: the driver's rules with the field named, and the emulator encoding carries
+/// the corners, channels and pixels (`emu::hopper::TensorMapDesc`).
+#[test]
+fn tensor_map_im2col_validation_and_encoding() {
+    let ok = im2col_tm();
+    ok.validate().unwrap();
+    assert_eq!(ok.box_bytes(), 128 * 64 * 2);
+    let d = emu::hopper::TensorMapDesc::from_bytes(&ok.encode_emu().unwrap()).unwrap();
+    let p = d.im2col.expect("an im2col map");
+    assert_eq!((p.lower, p.upper), ([-1, -1, 0], [-1, -1, 0]));
+    assert_eq!((p.channels_per_pixel, p.pixels_per_column), (64, 128));
+    assert_eq!((d.rank, d.dims[..4].to_vec()), (4, vec![64, 14, 14, 2]));
+    let bad = |f: &dyn Fn(&mut Im2col), what: &str| {
+        let mut t = im2col_tm();
+        f(t.im2col.as_mut().unwrap());
+        let e = t.validate().unwrap_err().to_string();
+        assert!(e.contains(what), "expected `{what}` in `{e}`");
+    };
+    bad(&|i| i.lower_corner = vec![-1], "lower corner has 1 entries");
+    bad(&|i| i.upper_corner = vec![0, 128], "upper corner 1 = 128");
+    bad(&|i| i.channels_per_pixel = 0, "channels per pixel = 0");
+    bad(
+        &|i| i.channels_per_pixel = 4,
+        "channels per pixel spans 8 bytes",
+    );
+    bad(&|i| i.pixels_per_column = 1025, "pixels per column = 1025");
+    let mut t = im2col_tm();
+    t.global_dims = vec![64, 14];
+    t.global_strides = vec![128];
+    t.element_strides = vec![1, 1];
+    assert!(t.validate().unwrap_err().to_string().contains("rank 2"));
+    let mut t = im2col_tm();
+    t.swizzle = Swizzle::B64;
+    assert!(t
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("swizzle span"));
+    t.element_strides[0] = 2;
+    t.swizzle = Swizzle::B128;
+    assert!(t
+        .encode_emu()
+        .unwrap_err()
+        .to_string()
+        .contains("not emulated"));
+}
+
 /// Runs on a GPU: `PTXFORGE_TEST_CUDA=1 cargo test --release -p runtime --test backend cuda`.
 mod cuda {
     use super::*;
@@ -666,6 +728,24 @@ PRODUCER:
         let d = t.encode_cuda().unwrap();
         assert!(d.iter().any(|&b| b != 0));
     }
+
+    #[test]
+    fn cuda_tensor_map_encodes_im2col() {
+        let Some(dev) = gpu() else { return };
+        let buf = dev.alloc::<half::bf16>(64 * 14 * 14 * 2).unwrap();
+        let t = TensorMap {
+            global_address: buf.device_ptr(),
+            ..im2col_tm()
+        };
+        let d = t.encode_cuda().unwrap();
+        assert!(d.iter().any(|&b| b != 0));
+        let bad = TensorMap {
+            global_address: buf.device_ptr(),
+            element_strides: vec![1, 1, 1, 9],
+            ..im2col_tm()
+        };
+        assert!(bad.encode_cuda().is_err());
+    }
 }
 
 /// The `cuda` tests above, run again in a child process on the fake driver (`crates/fakecuda`:
@@ -688,7 +768,7 @@ fn cuda_tests_pass_on_the_fake_driver() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("8 passed"), "{text}");
+    assert!(text.contains("9 passed"), "{text}");
     assert!(!text.contains("skip: CUDA tests need"), "{text}");
     assert!(text.contains("partition: GreenContext"), "{text}");
 }

@@ -1,5 +1,5 @@
-//! Execution of asynchronous copies and mbarriers: `cp.async`, `cp.async.bulk[.tensor]`,
-//! `mbarrier.*`.
+//! Execution of asynchronous copies and mbarriers: `cp.async`, `cp.async.bulk[.tensor]`
+//! (tile and im2col), `tensormap.replace`, `mbarrier.*`.
 
 use super::*;
 
@@ -419,7 +419,8 @@ impl Cta {
         }
     }
 
-    /// Executes the TMA (`cp.async.bulk.tensor`) ops ([`Cta::exec`] sends them here).
+    /// Executes the TMA ops, tensor copies and `tensormap.replace` ([`Cta::exec`] sends them
+    /// here).
     #[inline(always)]
     pub(super) fn exec_bulk_tensor(
         &mut self,
@@ -428,132 +429,248 @@ impl Cta {
         inst: &Inst,
         m: u32,
     ) -> Result<Flow, FaultKind> {
-        let prog = &*ctx.prog;
         match &inst.op {
-            Op::BulkTensor {
-                load,
-                smem,
-                soff,
-                tmap,
-                toff,
-                tspace,
-                coords,
-                mbar,
-                cta_mask,
-                red,
+            Op::BulkTensor { .. } => {
+                for l in lanes_of(m) {
+                    self.tensor_copy_lane(ctx, wi, &inst.op, l)
+                        .inspect_err(|_| {
+                            LAST_LANE.with(|c| c.set(l as u32));
+                        })?;
+                }
+            }
+            Op::TensormapReplace {
+                field,
+                addr,
+                off,
+                space,
+                ord,
+                value,
             } => {
                 for l in lanes_of(m) {
-                    let ta = self.warps[wi].regs[*tmap as usize][l].wrapping_add(*toff as u64);
-                    let mut raw = [0u8; 128];
-                    for (k, chunk) in raw.chunks_mut(8).enumerate() {
-                        let loc =
-                            self.locate(ctx, *tspace, ta + 8 * k as u64, 8, l, prog.local_bytes)?;
-                        chunk.copy_from_slice(
-                            &self.load(ctx, wi, &loc, 8, Ordering::Relaxed).to_le_bytes(),
-                        );
-                    }
-                    let desc =
-                        crate::hopper::TensorMapDesc::from_bytes(&raw).map_err(FaultKind::Other)?;
-                    let cs: Vec<i64> = coords
-                        .iter()
-                        .map(|c| self.warps[wi].regs[*c as usize][l] as u32 as i32 as i64)
-                        .collect();
-                    let sa = self.warps[wi].regs[*smem as usize][l].wrapping_add(*soff as u64);
-                    let sa = self.split_rank(self.shared_offset(MSpace::Generic, sa)).1;
-                    if *load {
-                        let (ma, mo) = mbar.unwrap_or((ZERO, 0));
-                        let key = self.mbar_key(wi, ma, mo, l)?;
-                        let bytes = desc.box_bytes() as u32;
-                        // Multicast: the same box lands at the same offsets in every CTA named by
-                        // the mask and completes on each one's mbarrier at the same offset.
-                        let mask = if *cta_mask != NONE {
-                            self.warps[wi].regs[*cta_mask as usize][l] as u32 & 0xffff
-                        } else {
-                            1 << self.rank
-                        };
-                        for r in (0..16u32).filter(|r| mask >> r & 1 != 0) {
-                            let peer = (r != self.rank).then_some(r as usize);
-                            self.check_wgmma_war(
-                                peer,
-                                sa,
-                                desc.box_bytes(),
-                                "cp.async.bulk.tensor",
-                            )?;
-                        }
-                        for r in 0..16usize {
-                            if mask >> r & 1 == 0 {
-                                continue;
-                            }
-                            let peer = if r as u32 == self.rank { None } else { Some(r) };
-                            if peer.is_some_and(|p| p >= self.peers.len()) {
-                                return Err(FaultKind::Other(format!(
-                                    "TMA multicast to CTA rank {r} outside the cluster"
-                                )));
-                            }
-                            self.mbar_home(peer).1.push(PendingCopy {
-                                mbar: key,
-                                bytes,
-                                kind: PendingKind::Tensor {
-                                    desc: Box::new(desc.clone()),
-                                    coords: cs.clone(),
-                                    smem: sa,
-                                },
-                            });
-                        }
-                    } else if let Some(r) = red {
-                        if let Err(e) = self.tensor_reduce(ctx, &desc, &cs, sa, *r) {
-                            LAST_LANE.with(|c| c.set(l as u32));
-                            return Err(e);
-                        }
-                    } else {
-                        let mut err = None;
-                        let mut buf = Vec::new();
-                        desc.for_each_run(&cs, |o, g, len| {
-                            let Some(g) = g else { return };
-                            if err.is_some() {
-                                return;
-                            }
-                            // gather the run from (swizzled) shared memory, 16-byte pieces
-                            buf.clear();
-                            let mut done = 0u64;
-                            while done < len {
-                                let so = sa + o + done;
-                                let piece = (16 - so % 16).min(len - done);
-                                let s_addr = desc.swizzle.apply(so) as usize;
-                                let Some(src) = self.shared.get(s_addr..s_addr + piece as usize)
-                                else {
-                                    err = Some(FaultKind::OutOfBounds {
-                                        space: "shared",
-                                        addr: s_addr as u64,
-                                        size: piece as u32,
-                                    });
-                                    return;
-                                };
-                                buf.extend_from_slice(src);
-                                done += piece;
-                            }
-                            match ctx.mem.find(g, len) {
-                                Some(a) => a.write_bytes(g - a.base, &buf),
-                                None => {
-                                    err = Some(FaultKind::OutOfBounds {
-                                        space: "global",
-                                        addr: g,
-                                        size: len as u32,
-                                    })
-                                }
-                            }
-                        });
-                        if let Some(e) = err {
-                            LAST_LANE.with(|c| c.set(l as u32));
-                            return Err(e);
-                        }
-                    }
+                    let a = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
+                    let v = self.warps[wi].regs[*value as usize][l];
+                    let mut desc = self.read_tensor_map(ctx, wi, *space, a, l)?;
+                    desc.replace(*field, *ord, v).map_err(FaultKind::Other)?;
+                    self.write_tensor_map(ctx, wi, *space, a, l, &desc.to_bytes())?;
                 }
             }
             _ => return Err(misrouted(inst)),
         }
         Ok(Flow::Next)
     }
+
+    /// The tensor map at `addr` in `space` (128 bytes, decoded; a fault names what is wrong).
+    fn read_tensor_map(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        space: MSpace,
+        addr: u64,
+        l: usize,
+    ) -> Result<crate::hopper::TensorMapDesc, FaultKind> {
+        let mut raw = [0u8; 128];
+        for (k, chunk) in raw.chunks_mut(8).enumerate() {
+            let loc = self.locate(ctx, space, addr + 8 * k as u64, 8, l, ctx.prog.local_bytes)?;
+            chunk.copy_from_slice(&self.load(ctx, wi, &loc, 8, Ordering::Relaxed).to_le_bytes());
+        }
+        crate::hopper::TensorMapDesc::from_bytes(&raw).map_err(FaultKind::Other)
+    }
+
+    /// Writes the 128 bytes of a tensor map at `addr` in `space`.
+    fn write_tensor_map(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        space: MSpace,
+        addr: u64,
+        l: usize,
+        raw: &[u8; 128],
+    ) -> Result<(), FaultKind> {
+        for (k, chunk) in raw.chunks(8).enumerate() {
+            let loc = self.locate(ctx, space, addr + 8 * k as u64, 8, l, ctx.prog.local_bytes)?;
+            let mut w = [0u8; 8];
+            w.copy_from_slice(chunk);
+            self.store(wi, &loc, 8, u64::from_le_bytes(w), Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// One lane's tensor copy: a load is queued on its mbarrier(s) (it lands when a thread
+    /// observes the barrier), a store or reduction happens at once.
+    fn tensor_copy_lane(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        op: &Op,
+        l: usize,
+    ) -> Result<(), FaultKind> {
+        let Op::BulkTensor {
+            load,
+            smem,
+            soff,
+            tmap,
+            toff,
+            tspace,
+            coords,
+            mbar,
+            cta_mask,
+            red,
+            im2col,
+            offsets,
+        } = op
+        else {
+            return Ok(());
+        };
+        let regs = &self.warps[wi].regs;
+        let ta = regs[*tmap as usize][l].wrapping_add(*toff as u64);
+        let cs: Vec<i64> = coords
+            .iter()
+            .map(|c| regs[*c as usize][l] as u32 as i32 as i64)
+            .collect();
+        let offs: Vec<i64> = offsets
+            .iter()
+            .map(|o| regs[*o as usize][l] as u16 as i64) // unsigned filter taps
+            .collect();
+        let sa = regs[*smem as usize][l].wrapping_add(*soff as u64);
+        let sa = self.split_rank(self.shared_offset(MSpace::Generic, sa)).1;
+        let desc = self.read_tensor_map(ctx, wi, *tspace, ta, l)?;
+        check_tensor_map(&desc, *im2col, cs.len())?;
+        if *load {
+            let mask = if *cta_mask != NONE {
+                self.warps[wi].regs[*cta_mask as usize][l] as u32 & 0xffff
+            } else {
+                1 << self.rank
+            };
+            let key = self.mbar_key(wi, mbar.map_or(ZERO, |m| m.0), mbar.map_or(0, |m| m.1), l)?;
+            let what = TmaBox {
+                desc,
+                coords: cs,
+                offsets: offs,
+                smem: sa,
+            };
+            self.queue_tensor_load(what, key, mask)
+        } else if let Some(r) = red {
+            self.tensor_reduce(ctx, &desc, &cs, sa, *r)
+        } else {
+            self.tensor_store(ctx, &desc, &cs, sa)
+        }
+    }
+
+    /// Queues a tensor load on the mbarrier `key` of every CTA of `mask` (multicast: the same
+    /// box lands at the same offsets in each and completes on each one's mbarrier at the same
+    /// offset).
+    fn queue_tensor_load(&mut self, b: TmaBox, key: u32, mask: u32) -> Result<(), FaultKind> {
+        let bytes = b.desc.box_bytes();
+        for r in (0..16u32).filter(|r| mask >> r & 1 != 0) {
+            let peer = (r != self.rank).then_some(r as usize);
+            if peer.is_some_and(|p| p >= self.peers.len()) {
+                return Err(FaultKind::Other(format!(
+                    "TMA multicast to CTA rank {r} outside the cluster"
+                )));
+            }
+            self.check_wgmma_war(peer, b.smem, bytes, "cp.async.bulk.tensor")?;
+        }
+        for r in (0..16u32).filter(|r| mask >> r & 1 != 0) {
+            let peer = (r != self.rank).then_some(r as usize);
+            self.mbar_home(peer).1.push(PendingCopy {
+                mbar: key,
+                bytes: bytes as u32,
+                kind: PendingKind::Tensor {
+                    desc: Box::new(b.desc.clone()),
+                    coords: b.coords.clone(),
+                    offsets: b.offsets.clone(),
+                    smem: b.smem,
+                },
+            });
+        }
+        Ok(())
+    }
+
+    /// `cp.async.bulk.tensor` store: the box at `coords`, gathered from this CTA's (swizzled)
+    /// shared memory at `smem`, written to the tensor; out-of-bounds elements are not written.
+    fn tensor_store(
+        &mut self,
+        ctx: &LaunchCtx,
+        desc: &crate::hopper::TensorMapDesc,
+        coords: &[i64],
+        smem: u64,
+    ) -> Result<(), FaultKind> {
+        let mut err = None;
+        let mut buf = Vec::new();
+        desc.for_each_box_run(coords, &[], |o, g, len| {
+            let Some(g) = g else { return };
+            if err.is_some() {
+                return;
+            }
+            // gather the run from (swizzled) shared memory, 16-byte pieces
+            buf.clear();
+            let mut done = 0u64;
+            while done < len {
+                let so = smem + o + done;
+                let piece = (16 - so % 16).min(len - done);
+                let s_addr = desc.swizzle.apply(so) as usize;
+                let Some(src) = self.shared.get(s_addr..s_addr + piece as usize) else {
+                    err = Some(FaultKind::OutOfBounds {
+                        space: "shared",
+                        addr: s_addr as u64,
+                        size: piece as u32,
+                    });
+                    return;
+                };
+                buf.extend_from_slice(src);
+                done += piece;
+            }
+            match ctx.mem.find(g, len) {
+                Some(a) => a.write_bytes(g - a.base, &buf),
+                None => {
+                    err = Some(FaultKind::OutOfBounds {
+                        space: "global",
+                        addr: g,
+                        size: len as u32,
+                    })
+                }
+            }
+        });
+        err.map_or(Ok(()), Err)
+    }
+}
+
+/// A tensor load's box: the map, coordinates, im2col offsets and shared-memory destination.
+struct TmaBox {
+    desc: crate::hopper::TensorMapDesc,
+    coords: Vec<i64>,
+    offsets: Vec<i64>,
+    smem: u64,
+}
+
+/// Whether a tensor copy of `ncoords` coordinates in mode `im2col` can go through `desc`: the
+/// instruction's mode and dimension count must be the map's, and the emulator must model the
+/// map ([`crate::hopper::TensorMapDesc::unsupported`]).
+fn check_tensor_map(
+    desc: &crate::hopper::TensorMapDesc,
+    im2col: bool,
+    ncoords: usize,
+) -> Result<(), FaultKind> {
+    if let Some(why) = desc.unsupported() {
+        return Err(FaultKind::Other(why));
+    }
+    if desc.im2col.is_some() != im2col {
+        let (i, m) = if im2col {
+            ("an im2col", "a tiled")
+        } else {
+            ("a tile-mode", "an im2col")
+        };
+        return Err(FaultKind::Other(format!(
+            "{i} tensor copy through {m} tensor map"
+        )));
+    }
+    if ncoords != desc.rank as usize {
+        return Err(FaultKind::Other(format!(
+            "a {ncoords}d tensor copy through a tensor map of rank {}",
+            desc.rank
+        )));
+    }
+    Ok(())
 }
 
 impl Cta {
@@ -723,14 +840,19 @@ impl Cta {
                 PendingKind::Bulk { src, sspace, dst } => {
                     self.copy_bytes(ctx, wi, MSpace::Shared, dst, sspace, src, p.bytes, 0)?
                 }
-                PendingKind::Tensor { desc, coords, smem } => {
+                PendingKind::Tensor {
+                    desc,
+                    coords,
+                    offsets,
+                    smem,
+                } => {
                     // out-of-bounds elements: zeros, or all-ones bytes (NaN) with NaN fill
                     let fill = if desc.oob_nan { 0xffu8 } else { 0 };
                     let mut err = None;
                     let shared = &mut self.shared;
                     let san = &mut self.san;
                     let mut buf = Vec::new();
-                    desc.for_each_run(&coords, |o, g, len| {
+                    desc.for_each_box_run(&coords, &offsets, |o, g, len| {
                         if err.is_some() {
                             return;
                         }
@@ -786,7 +908,7 @@ impl Cta {
 }
 
 impl Cta {
-    /// `cp.reduce.async.bulk.tensor` (tile mode): reduces the box at `coords`, read from this
+    /// `cp.reduce.async.bulk.tensor` (`.tile` or `.im2col_no_offs`): reduces the box at `coords`, read from this
     /// CTA's (swizzled) shared memory at `smem`, into the tensor element by element with `op`
     /// on the tensor map's element type; out-of-bounds elements are not written.
     fn tensor_reduce(
@@ -817,7 +939,7 @@ impl Cta {
         }
         let es = ty.size() as u64;
         let mut err = None;
-        desc.for_each_run(coords, |o, g, len| {
+        desc.for_each_box_run(coords, &[], |o, g, len| {
             let Some(g) = g else { return };
             if err.is_some() {
                 return;

@@ -1,5 +1,5 @@
-//! Decoding of asynchronous copies and mbarriers: `cp.async*`, `cp.async.bulk[.tensor]`,
-//! `mbarrier.*`.
+//! Decoding of asynchronous copies and mbarriers: `cp.async*`, `cp.async.bulk[.tensor]`
+//! (tile and im2col), `tensormap.replace` / `tensormap.cp_fenceproxy`, `mbarrier.*`.
 
 use super::*;
 
@@ -45,7 +45,10 @@ impl Decoder<'_> {
             | O::CpAsyncBulkWaitGroup
             | O::CpAsyncBulkPrefetchTensor
             | O::CpAsyncBulkPrefetch => Op::Nop,
-            O::CpAsyncBulk => {
+            // `tensormap.cp_fenceproxy` copies the 128-byte map like a bulk copy without an
+            // mbarrier; the proxy fence has nothing to order in the emulator (maps are decoded
+            // from memory at each use)
+            O::CpAsyncBulk | O::TensormapCpFenceproxy => {
                 let sp: Vec<Space> = ins.spaces().collect();
                 let to_ms = |s: Option<&Space>| match s {
                     Some(Space::Global) => MSpace::Global,
@@ -164,15 +167,14 @@ impl Decoder<'_> {
         })
     }
 
-    /// Decodes one instruction of the TMA (`cp.async.bulk.tensor`) family: the opcodes [`family`] sends here.
+    /// Decodes one instruction of the TMA family (`cp.async.bulk.tensor`,
+    /// `cp.reduce.async.bulk.tensor`, `tensormap.replace`): the opcodes [`family`] sends here.
     pub(super) fn decode_bulk_tensor(
         &mut self,
         ins: &Instruction,
         ins0: &Instruction,
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
-        let kernel = self.f;
-        let arg = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
             O::CpReduceAsyncBulkTensor => {
@@ -184,70 +186,110 @@ impl Decoder<'_> {
                             "cp.reduce.async.bulk.tensor without a reduction operation",
                         )
                     })?;
-                if ins.has(Flag::Im2col) {
-                    return Err(self.err(
-                        ins,
-                        "im2col tensor reductions are not supported by the emulator",
-                    ));
-                }
-                let (smem, soff, _) = self.addr(ins, arg(Role::Src)?)?;
-                let (tmap, toff, tspace, coords) = self.tensor_addr(ins, arg(Role::Dst)?)?;
-                Op::BulkTensor {
-                    load: false,
-                    smem,
-                    soff,
-                    tmap,
-                    toff,
-                    tspace,
-                    coords,
-                    mbar: None,
-                    cta_mask: NONE,
-                    red: Some(red),
-                }
+                self.decode_tensor_copy(ins, Some(red))?
             }
-            O::CpAsyncBulkTensor => {
-                if ins.has(Flag::Im2col) {
-                    return Err(self.err(
-                        ins,
-                        "im2col tensor copies are not supported by the emulator",
-                    ));
-                }
-                // A load writes shared memory (`Dst`) from the tensor (`Src`); a store the reverse.
-                let load = ins.space() != Some(Space::Global);
-                let (s_role, t_role) = if load {
-                    (Role::Dst, Role::Src)
-                } else {
-                    (Role::Src, Role::Dst)
-                };
-                let (smem, soff, _) = self.addr(ins, arg(s_role)?)?;
-                let (tmap, toff, tspace, coords) = self.tensor_addr(ins, arg(t_role)?)?;
-                let mbar = if load {
-                    let (m, mo, _) = self.addr(ins, arg(Role::Mbar)?)?;
-                    Some((m, mo))
-                } else {
-                    None
-                };
-                let cta_mask = match ins.operand(Role::CtaMask) {
-                    Some(o) => self.src(ins, o)?,
-                    None => NONE,
-                };
-                Op::BulkTensor {
-                    load,
-                    smem,
-                    soff,
-                    tmap,
-                    toff,
-                    tspace,
-                    coords,
-                    mbar,
-                    cta_mask,
-                    red: None,
-                }
-            }
+            O::CpAsyncBulkTensor => self.decode_tensor_copy(ins, None)?,
+            O::TensormapReplace => self.decode_tensormap_replace(ins)?,
             _ => return Err(misrouted(self, ins)),
         };
         self.push(op, ins0, guard);
         Ok(())
+    }
+
+    /// A tensor copy: a load (global -> shared::cluster, completing on an mbarrier, im2col
+    /// offsets and multicast mask when given), a store (`red: None`) or a reduction into the
+    /// tensor, `.tile` or im2col.
+    fn decode_tensor_copy(
+        &mut self,
+        ins: &Instruction,
+        red: Option<AtomOp>,
+    ) -> Result<Op, EmuError> {
+        let kernel = self.f;
+        let arg = |r: Role| role(kernel, ins, r);
+        // A load writes shared memory (`Dst`) from the tensor (`Src`); a store the reverse.
+        let load = red.is_none() && ins.space() != Some(Space::Global);
+        let im2col = ins.has(Flag::Im2col) || ins.has(Flag::Im2colNoOffs);
+        if load && ins.has(Flag::Im2colNoOffs) || !load && ins.has(Flag::Im2col) {
+            return Err(self.err(
+                ins,
+                "tensor loads take .im2col, stores and reductions .im2col_no_offs",
+            ));
+        }
+        let (s_role, t_role) = if load {
+            (Role::Dst, Role::Src)
+        } else {
+            (Role::Src, Role::Dst)
+        };
+        let (smem, soff, _) = self.addr(ins, arg(s_role)?)?;
+        let (tmap, toff, tspace, coords) = self.tensor_addr(ins, arg(t_role)?)?;
+        let mbar = if load {
+            let (m, mo, _) = self.addr(ins, arg(Role::Mbar)?)?;
+            Some((m, mo))
+        } else {
+            None
+        };
+        let cta_mask = match ins.operand(Role::CtaMask) {
+            Some(o) => self.src(ins, o)?,
+            None => NONE,
+        };
+        let offsets = match ins.operand(Role::Im2colOffsets) {
+            Some(o) => self.vec_srcs(ins, o)?,
+            None => Vec::new(),
+        };
+        if load && im2col && offsets.len() + 2 != coords.len() {
+            return Err(self.err(
+                ins,
+                format!(
+                    "an im2col load of {} coordinates takes {} im2col offsets, found {}",
+                    coords.len(),
+                    coords.len().saturating_sub(2),
+                    offsets.len()
+                ),
+            ));
+        }
+        Ok(Op::BulkTensor {
+            load,
+            smem,
+            soff,
+            tmap,
+            toff,
+            tspace,
+            coords,
+            mbar,
+            cta_mask,
+            red,
+            im2col,
+            offsets,
+        })
+    }
+
+    /// `tensormap.replace.tile.FIELD.SPACE.b1024.bN [map], {ord,} value`.
+    fn decode_tensormap_replace(&mut self, ins: &Instruction) -> Result<Op, EmuError> {
+        let kernel = self.f;
+        let arg = |r: Role| role(kernel, ins, r);
+        let field = ins
+            .tensormap_field()
+            .ok_or_else(|| self.err(ins, "tensormap.replace without a field"))?;
+        let space = match ins.spaces().next() {
+            Some(Space::Global) => MSpace::Global,
+            Some(s) if s.is_shared() => MSpace::Shared,
+            _ => MSpace::Generic,
+        };
+        let ord = match ins.operand(Role::Ord) {
+            Some(Operand::Imm(i)) => i.bits() as u32,
+            Some(_) => return Err(self.err(ins, "tensormap.replace: ord must be an immediate")),
+            None => 0,
+        };
+        let (addr, off, _) = self.addr(ins, arg(Role::Addr)?)?;
+        let value = self.src(ins, arg(Role::Value)?)?;
+        Ok(Op::TensormapReplace {
+            field,
+            addr,
+            off,
+            space,
+            ord,
+            value,
+        })
     }
 
     /// A `[tensorMap, {coords}]` operand: (map slot, offset, space, coordinate slots).

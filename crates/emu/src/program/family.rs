@@ -162,6 +162,7 @@ pub fn family(op: Opcode, float: bool) -> Family {
             F::AsyncCopy
         }
         O::StAsync | O::RedAsync => F::AsyncCopy,
+        O::TensormapReplace | O::TensormapCpFenceproxy => F::AsyncCopy,
     }
 }
 
@@ -250,7 +251,9 @@ impl Decoder<'_> {
             Family::AsyncCopy
                 if matches!(
                     ins.op,
-                    Opcode::CpAsyncBulkTensor | Opcode::CpReduceAsyncBulkTensor
+                    Opcode::CpAsyncBulkTensor
+                        | Opcode::CpReduceAsyncBulkTensor
+                        | Opcode::TensormapReplace
                 ) =>
             {
                 self.decode_bulk_tensor(ins, ins0, guard)

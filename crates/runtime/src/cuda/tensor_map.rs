@@ -1,4 +1,4 @@
-//! `cuTensorMapEncodeTiled`.
+//! `cuTensorMapEncodeTiled` and `cuTensorMapEncodeIm2col`.
 
 use super::check;
 use crate::tensor_map::{Interleave, L2Promotion, OobFill, Swizzle, TensorDataType, TensorMap};
@@ -34,8 +34,82 @@ fn ensure_context(addr: u64) -> Result<()> {
     }
 }
 
-pub(crate) fn encode_tiled(t: &TensorMap) -> Result<[u8; 128]> {
+/// Encodes `t` with the driver: `cuTensorMapEncodeIm2col` for an im2col map, else
+/// `cuTensorMapEncodeTiled`.
+pub(crate) fn encode(t: &TensorMap) -> Result<[u8; 128]> {
     ensure_context(t.global_address)?;
+    let (dt, il, sw, l2, oob) = driver_enums(t);
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    if let Some(im) = &t.im2col {
+        // SAFETY: the arrays have rank (strides: rank-1, corners: rank-2) entries, as
+        // `validate` checked, and outlive the call; the descriptor is written into `map`.
+        check(
+            unsafe {
+                sys::cuTensorMapEncodeIm2col(
+                    &mut map,
+                    dt,
+                    t.rank() as u32,
+                    t.global_address as *mut std::ffi::c_void,
+                    t.global_dims.as_ptr(),
+                    t.global_strides.as_ptr(),
+                    im.lower_corner.as_ptr(),
+                    im.upper_corner.as_ptr(),
+                    im.channels_per_pixel,
+                    im.pixels_per_column,
+                    t.element_strides.as_ptr(),
+                    il,
+                    sw,
+                    l2,
+                    oob,
+                )
+            },
+            "cuTensorMapEncodeIm2col",
+        )?;
+        return Ok(bytes(&map));
+    }
+    // SAFETY: the arrays have rank (strides: rank-1) entries, as `validate` checked, and outlive
+    // the call; the descriptor is written into `map`.
+    check(
+        unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut map,
+                dt,
+                t.rank() as u32,
+                t.global_address as *mut std::ffi::c_void,
+                t.global_dims.as_ptr(),
+                t.global_strides.as_ptr(),
+                t.box_dims.as_ptr(),
+                t.element_strides.as_ptr(),
+                il,
+                sw,
+                l2,
+                oob,
+            )
+        },
+        "cuTensorMapEncodeTiled",
+    )?;
+    Ok(bytes(&map))
+}
+
+/// The descriptor's 128 bytes.
+fn bytes(map: &sys::CUtensorMap) -> [u8; 128] {
+    let mut out = [0u8; 128];
+    for (i, w) in map.opaque.iter().enumerate() {
+        out[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+    }
+    out
+}
+
+/// The driver's enum values for `t`'s data type, interleave, swizzle, L2 promotion and fill.
+fn driver_enums(
+    t: &TensorMap,
+) -> (
+    sys::CUtensorMapDataType,
+    sys::CUtensorMapInterleave,
+    sys::CUtensorMapSwizzle,
+    sys::CUtensorMapL2promotion,
+    sys::CUtensorMapFloatOOBfill,
+) {
     use sys::CUtensorMapDataType as D;
     let dt = match t.data_type {
         TensorDataType::U8 => D::CU_TENSOR_MAP_DATA_TYPE_UINT8,
@@ -75,31 +149,5 @@ pub(crate) fn encode_tiled(t: &TensorMap) -> Result<[u8; 128]> {
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA
         }
     };
-    let mut map = sys::CUtensorMap { opaque: [0; 16] };
-    // SAFETY: the arrays have rank (strides: rank-1) entries, as `validate` checked, and outlive
-    // the call; the descriptor is written into `map`.
-    check(
-        unsafe {
-            sys::cuTensorMapEncodeTiled(
-                &mut map,
-                dt,
-                t.rank() as u32,
-                t.global_address as *mut std::ffi::c_void,
-                t.global_dims.as_ptr(),
-                t.global_strides.as_ptr(),
-                t.box_dims.as_ptr(),
-                t.element_strides.as_ptr(),
-                il,
-                sw,
-                l2,
-                oob,
-            )
-        },
-        "cuTensorMapEncodeTiled",
-    )?;
-    let mut out = [0u8; 128];
-    for (i, w) in map.opaque.iter().enumerate() {
-        out[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
-    }
-    Ok(out)
+    (dt, il, sw, l2, oob)
 }
