@@ -1227,11 +1227,14 @@ impl<'a> FnCheck<'a> {
     fn cvt_pack(&mut self, i: &Instruction, tys: &[Ty]) {
         let a = &i.args;
         let wide = matches!(tys, [Ty::U16 | Ty::S16, Ty::S32]);
-        let narrow = matches!(tys, [Ty::U8 | Ty::S8, Ty::S32, Ty::B32]);
+        let narrow = matches!(
+            tys,
+            [Ty::U8 | Ty::S8 | Ty::U4 | Ty::S4 | Ty::U2 | Ty::S2, Ty::S32, Ty::B32]
+        );
         let why = if !i.has(Flag::Sat) {
             Some("`cvt.pack` needs .sat".to_string())
         } else if !(wide || narrow) {
-            Some("`cvt.pack` takes .{u16,s16}.s32 or .{u8,s8}.s32.b32".to_string())
+            Some("`cvt.pack` takes .{u16,s16}.s32 or .{u8,s8,u4,s4,u2,s2}.s32.b32".to_string())
         } else if a.len() != if wide { 3 } else { 4 } {
             Some(format!(
                 "this `cvt.pack` form takes {} operands, found {}",
