@@ -29,7 +29,7 @@
 //! exact: f64 products summed in k order, C added, one rounding); integer forms are exact
 //! (wrapping or `.satfinite`); f64 uses fused multiply-adds in k order.
 
-use crate::mma::{elem_bits, per_reg, round_to, to_f64, to_i64, MmaSpec};
+use crate::mma::{elem_bits, per_reg, round_to, to_f64, to_i64};
 use crate::program::MSpace;
 use crate::tc_numerics::{self as tc, TcModel};
 use crate::Lanes;
@@ -304,15 +304,23 @@ pub enum WmmaOp {
         b: Vec<u32>,
         c: Vec<u32>,
     },
-    /// `mma.sp`: `spec` is the dense form (k doubled from the compressed A).
+    /// `mma.sp` ([`crate::mma_sp`]): `a` is the compressed A fragment.
     Sparse {
-        spec: MmaSpec,
+        spec: crate::mma_sp::SparseSpec,
         d: Vec<u32>,
         a: Vec<u32>,
         b: Vec<u32>,
         c: Vec<u32>,
         meta: u32,
         sel: u32,
+    },
+    /// An `mma` or sub-byte `wmma.mma` form of [`crate::mma_any`].
+    Any {
+        spec: crate::mma_any::AnySpec,
+        d: Vec<u32>,
+        a: Vec<u32>,
+        b: Vec<u32>,
+        c: Vec<u32>,
     },
     /// `movmatrix.sync.aligned.m8n8.trans.b16 d, a`
     Movmatrix { d: u32, a: u32 },
@@ -436,70 +444,4 @@ pub fn movmatrix(a: &Lanes) -> Lanes {
         *v = el(2 * q, r) | (el(2 * q + 1, r) << 16);
     }
     d
-}
-
-/// The dense `mma` form of `mma.sp` and its register counts (A compressed: half of dense).
-pub fn sparse_spec(ins: &Instruction) -> Result<MmaSpec, String> {
-    let Some(Mod::Shape { m, n, k: Some(k) }) = ins.shape() else {
-        return Err("mma.sp needs a .mMnNkK shape".into());
-    };
-    let tys: Vec<Ty> = ins.types().collect();
-    let [dty, aty, bty, cty] = tys[..] else {
-        return Err("mma.sp needs four types (d, a, b, c)".into());
-    };
-    if (m, n, k) != (16, 8, 16) || !matches!(aty, Ty::F16 | Ty::Bf16) {
-        return Err(format!(
-            "mma.sp: only .m16n8k16 with .f16/.bf16 inputs is emulated, not .m{m}n{n}k{k}.{aty}"
-        ));
-    }
-    if !(ins.has(Flag::Row) && ins.has(Flag::Col)) {
-        return Err("mma.sp needs .row.col".into());
-    }
-    MmaSpec::new(
-        (m as u32, n as u32, k as u32),
-        dty,
-        aty,
-        bty,
-        cty,
-        ins.has(Flag::Satfinite),
-    )
-}
-
-/// Expands the compressed A fragment of `mma.sp` m16n8k16 (16-bit types) to the dense
-/// m16n8k16 A fragment using the metadata (PTX ISA, "Sparse matrix storage" / metadata of
-/// m16n8k16 .f16/.bf16): A is stored as its non-zero half, `(g, 2q + i)` and `(g + 8, 2q + i)`
-/// in registers 0 and 1 as for a dense m16n8k8 A; each group of four consecutive A elements of
-/// a row has two non-zeros whose 2-bit positions in the group the metadata holds, first
-/// non-zero in the lower bits. One thread of each group of four (lane `4g + sel`) provides the
-/// metadata of rows `g` (bits 0..15) and `g + 8` (bits 16..31), group `j` at bits `4j..4j+3`.
-pub fn expand_sparse(a: &[&Lanes], meta: &Lanes, sel: usize) -> [Lanes; 4] {
-    let mut dense = [[0u16; 16]; 16];
-    for g in 0..8 {
-        let md = meta[4 * g + (sel & 3)] as u32;
-        for half in 0..2 {
-            let row = g + 8 * half;
-            let bits = md >> (16 * half);
-            for j in 0..4 {
-                for slot in 0..2 {
-                    // compressed column 2j + slot lives with lane 4g + j, half `slot`
-                    let v = a
-                        .get(half)
-                        .map_or(0, |r| (r[4 * g + j] >> (16 * slot)) & 0xffff)
-                        as u16;
-                    let idx = (bits >> (4 * j + 2 * slot)) & 3;
-                    dense[row][4 * j + idx as usize] = v;
-                }
-            }
-        }
-    }
-    // dense m16n8k16 A: register i holds (g + 8*(i&1), 2q + 8*(i>>1)) and the next column
-    let mut out = [[0u64; 32]; 4];
-    for (i, reg) in out.iter_mut().enumerate() {
-        for (lane, v) in reg.iter_mut().enumerate() {
-            let (g, q) = (lane >> 2, lane & 3);
-            let (r, c) = (g + 8 * (i & 1), 2 * q + 8 * (i >> 1));
-            *v = dense[r][c] as u64 | ((dense[r][c + 1] as u64) << 16);
-        }
-    }
-    out
 }

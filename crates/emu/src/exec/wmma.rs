@@ -65,15 +65,27 @@ impl Cta {
                 meta,
                 sel,
             } => {
-                let model = ctx.numerics.model(ctx.prog.target_sm, spec.aty);
+                let model = ctx.numerics.model(ctx.prog.target_sm, spec.dense.aty);
                 let w = &mut self.warps[wi];
                 let ra: Vec<&Lanes> = a.iter().map(|s| &w.regs[*s as usize]).collect();
-                let dense = wm::expand_sparse(&ra, &w.regs[*meta as usize], *sel as usize);
+                let dense = spec.expand(&ra, &w.regs[*meta as usize], *sel);
                 let da: Vec<&Lanes> = dense.iter().collect();
                 let rb: Vec<&Lanes> = b.iter().map(|s| &w.regs[*s as usize]).collect();
                 let rc: Vec<&Lanes> = c.iter().map(|s| &w.regs[*s as usize]).collect();
                 let mut out = vec![[0u64; 32]; d.len()];
-                crate::mma::mma_sync_with(spec, model.as_ref(), &da, &rb, &rc, &mut out);
+                crate::mma_any::mma_any(&spec.dense, model.as_ref(), (&da, &rb, &rc), &mut out);
+                for (k, s) in d.iter().enumerate() {
+                    Cta::write_masked(w, *s, m, &out[k]);
+                }
+            }
+            WmmaOp::Any { spec, d, a, b, c } => {
+                let model = ctx.numerics.model(ctx.prog.target_sm, spec.aty);
+                let w = &mut self.warps[wi];
+                let ra: Vec<&Lanes> = a.iter().map(|s| &w.regs[*s as usize]).collect();
+                let rb: Vec<&Lanes> = b.iter().map(|s| &w.regs[*s as usize]).collect();
+                let rc: Vec<&Lanes> = c.iter().map(|s| &w.regs[*s as usize]).collect();
+                let mut out = vec![[0u64; 32]; d.len()];
+                crate::mma_any::mma_any(spec, model.as_ref(), (&ra, &rb, &rc), &mut out);
                 for (k, s) in d.iter().enumerate() {
                     Cta::write_masked(w, *s, m, &out[k]);
                 }

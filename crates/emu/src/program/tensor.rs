@@ -14,6 +14,10 @@ impl Decoder<'_> {
         let arg = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
+            // sub-byte, .b1 and m8n8k16 forms: `crate::mma_any`, decoded with the wmma family
+            O::Mma if crate::mma_any::AnySpec::is_dense_form(ins) => {
+                return self.decode_wmma(ins, ins0, guard)
+            }
             O::Mma => {
                 let spec = MmaSpec::from_instruction(ins).map_err(|e| self.err(ins, e))?;
                 let d = self.vec_dsts(ins, arg(Role::Dst)?)?;
