@@ -117,6 +117,28 @@ impl AnySpec {
         Ok(s)
     }
 
+    /// Decodes a sub-byte `wmma.mma{.xor.popc|.and.popc}.sync.aligned.row.col.shape.s32.atype.btype.s32{.satfinite}`
+    /// (m8n8k32 `.s4`/`.u4`, m8n8k128 `.b1`): the same arithmetic and fragments as the `mma`
+    /// of that shape ([`crate::wmma`] lays wmma fragments out as mma fragments).
+    pub fn from_wmma(ins: &Instruction) -> Result<AnySpec, String> {
+        let row = ins.mods.iter().position(|x| *x == Mod::Flag(Flag::Row));
+        let col = ins.mods.iter().position(|x| *x == Mod::Flag(Flag::Col));
+        if !matches!((row, col), (Some(r), Some(c)) if r < c) {
+            return Err("sub-byte and .b1 wmma.mma need .row.col".into());
+        }
+        let tys: Vec<Ty> = ins.types().collect();
+        let [dty, aty, bty, cty] = tys[..] else {
+            return Err("wmma.mma needs .dtype.atype.btype.ctype".into());
+        };
+        let s = AnySpec::new(shape(ins)?, [dty, aty, bty, cty], ins)?;
+        match (s.m, s.n, s.k, aty) {
+            // wmma, unlike mma, takes no mix of signed and unsigned inputs
+            _ if aty != bty => Err(s.unsupported()),
+            (8, 8, 32, Ty::S4 | Ty::U4) | (8, 8, 128, Ty::B1) => Ok(s),
+            _ => Err(s.unsupported()),
+        }
+    }
+
     /// Builds and checks the type combination of a form (the shape is checked by the caller).
     pub fn new(
         (m, n, k): (u32, u32, u32),

@@ -29,7 +29,7 @@
 //! exact: f64 products summed in k order, C added, one rounding); integer forms are exact
 //! (wrapping or `.satfinite`); f64 uses fused multiply-adds in k order.
 
-use crate::mma::{elem_bits, per_reg, round_to, to_f64, to_i64};
+use crate::mma::{round_to, to_f64, to_i64};
 use crate::program::MSpace;
 use crate::tc_numerics::{self as tc, TcModel};
 use crate::Lanes;
@@ -53,13 +53,27 @@ pub struct Frag {
     pub cols: usize,
 }
 
+/// Bits of one fragment element (sub-byte types included; f64: 64).
+fn elem_bits(t: Ty) -> u32 {
+    match t {
+        Ty::F64 => 64,
+        _ => crate::mma_any::bits(t),
+    }
+}
+
+/// Elements held by one register (f64: one 64-bit register each).
+fn per_reg(t: Ty) -> usize {
+    (32 / elem_bits(t).min(32)) as usize
+}
+
 /// Elements of A/B per 32-bit register width of a core tile (f64: one element).
 fn pr_ab(t: Ty) -> usize {
-    match elem_bits(t) {
-        8 => 4,
-        16 => 2,
-        _ => 1,
-    }
+    per_reg(t)
+}
+
+/// The sub-byte and single-bit element types (`wmma` m8n8k32 / m8n8k128).
+pub fn is_sub_byte(t: Ty) -> bool {
+    matches!(t, Ty::S4 | Ty::U4 | Ty::B1)
 }
 
 impl Frag {
@@ -147,7 +161,7 @@ impl Frag {
     }
 }
 
-/// The shapes and types PTX lists for `wmma` (sub-byte and `.b1` forms excepted).
+/// The shapes and types PTX lists for `wmma`.
 fn check_form(shape: (u32, u32, u32), aty: Ty, cty: Ty) -> Result<(), String> {
     let (m, n, k) = shape;
     let big = matches!((m, n, k), (16, 16, 16) | (32, 8, 16) | (8, 32, 16));
@@ -157,6 +171,8 @@ fn check_form(shape: (u32, u32, u32), aty: Ty, cty: Ty) -> Result<(), String> {
         Ty::S8 | Ty::U8 => big && cty == Ty::S32,
         Ty::Tf32 => (m, n, k) == (16, 16, 8) && cty == Ty::F32,
         Ty::F64 => (m, n, k) == (8, 8, 4) && cty == Ty::F64,
+        Ty::S4 | Ty::U4 => (m, n, k) == (8, 8, 32) && cty == Ty::S32,
+        Ty::B1 => (m, n, k) == (8, 8, 128) && cty == Ty::S32,
         _ => false,
     };
     if ok {
@@ -190,6 +206,8 @@ pub fn ldst_frag(ins: &Instruction) -> Result<(Frag, bool), String> {
         FragKind::C => {
             let a = match (ty, shape) {
                 (Ty::F64, _) => Ty::F64,
+                (Ty::S32, (8, 8, 32)) => Ty::S4,
+                (Ty::S32, (8, 8, 128)) => Ty::B1,
                 (Ty::S32, _) => Ty::S8,
                 (Ty::F32, (16, 16, 8)) => Ty::Tf32,
                 _ => Ty::F16,
@@ -199,7 +217,7 @@ pub fn ldst_frag(ins: &Instruction) -> Result<(Frag, bool), String> {
         _ => {
             let c = match ty {
                 Ty::F64 => Ty::F64,
-                Ty::S8 | Ty::U8 => Ty::S32,
+                Ty::S8 | Ty::U8 | Ty::S4 | Ty::U4 | Ty::B1 => Ty::S32,
                 _ => Ty::F32,
             };
             (ty, c)
@@ -211,6 +229,11 @@ pub fn ldst_frag(ins: &Instruction) -> Result<(Frag, bool), String> {
         (false, true) => false,
         _ => return Err("wmma.load/store needs exactly one of .row and .col".into()),
     };
+    // sub-byte A is only row-major and B only column-major: each lane's fragment register is
+    // then 32 consecutive bits of memory
+    if is_sub_byte(ty) && row != (kind == FragKind::A) {
+        return Err("sub-byte and .b1 wmma loads need .row for A and .col for B".into());
+    }
     Ok((Frag::new(kind, ty, shape), row))
 }
 

@@ -751,3 +751,131 @@ fn mma_sp_rejects_an_out_of_range_selector() {
     };
     assert!(err.contains("sparsity selector"), "{err}");
 }
+
+/// Runs kernel `k` on one warp with one u64 pointer parameter per buffer; buffer `out` is
+/// poisoned (0xff bytes) first. Returns that buffer after the launch.
+fn run_bufs(text: &str, bufs: &[Vec<u8>], out: usize) -> Vec<u8> {
+    let mem = GlobalMemory::new();
+    let m = LoadedModule::load(&mem, ptx::parse(text).unwrap(), 0).unwrap();
+    let mut params = Vec::new();
+    let mut ptrs = Vec::new();
+    for (i, b) in bufs.iter().enumerate() {
+        let p = mem.alloc(b.len() as u64, 0).unwrap();
+        if i == out {
+            p.fill(0, b.len() as u64, &[0xff]);
+        } else {
+            p.write_bytes(0, b);
+        }
+        params.extend_from_slice(&p.base.to_le_bytes());
+        ptrs.push(p);
+    }
+    let o = LaunchOptions::default();
+    launch(
+        m.kernel("k").unwrap(),
+        mem.snapshot(),
+        params,
+        &LaunchConfig::linear(1, 32),
+        &o,
+    )
+    .unwrap();
+    let mut v = vec![0u8; bufs[out].len()];
+    ptrs[out].read_bytes(0, &mut v);
+    v
+}
+
+/// Packs raw elements of `bits` bits into bytes, element `i` at bit `i * bits` (low bits of a
+/// byte first), as sub-byte matrices lie in memory.
+fn pack_bits(raw: &[u32], bits: usize) -> Vec<u8> {
+    let mut out = vec![0u8; (raw.len() * bits).div_ceil(8)];
+    for (i, v) in raw.iter().enumerate() {
+        for b in 0..bits {
+            if v >> b & 1 != 0 {
+                let at = i * bits + b;
+                out[at / 8] |= 1 << (at % 8);
+            }
+        }
+    }
+    out
+}
+
+/// Sub-byte `wmma` (m8n8k32 `.s4`/`.u4`, m8n8k128 `.b1` with `.xor.popc` / `.and.popc`):
+/// load A (row-major, padded stride) and B (column-major), load C, mma, store D; D against an
+/// exact integer reference.
+#[test]
+fn wmma_sub_byte_and_b1_load_mma_store() {
+    use El::*;
+    // (k, a, b, bit op, satfinite, A stride in elements, C/D row-major, target, version)
+    let cases = [
+        (32, S4, S4, "", true, 64, true, "sm_75", "6.5"),
+        (32, U4, U4, "", false, 32, false, "sm_80", "8.5"),
+        (32, S4, S4, "", false, 96, true, "sm_90a", "8.5"),
+        (128, B1, B1, "xor", false, 256, true, "sm_75", "6.5"),
+        (128, B1, B1, "and", false, 128, false, "sm_80", "8.5"),
+    ];
+    for (n, (k, a, b, op, sat, lda, crow, target, version)) in cases.into_iter().enumerate() {
+        let mut rng = StdRng::seed_from_u64(4000 + n as u64);
+        let am: Vec<Vec<(f64, u32)>> = (0..8)
+            .map(|_| (0..lda).map(|_| a.random(&mut rng)).collect())
+            .collect();
+        // B column-major with the default stride k: column c holds B[0..k][c]
+        let bcols: Vec<Vec<(f64, u32)>> = (0..8)
+            .map(|_| (0..k).map(|_| b.random(&mut rng)).collect())
+            .collect();
+        let (c, _) = random_c(&mut rng, Acc::S32, 8);
+        let araw: Vec<u32> = am.iter().flat_map(|r| r.iter().map(|e| e.1)).collect();
+        let braw: Vec<u32> = bcols.iter().flat_map(|r| r.iter().map(|e| e.1)).collect();
+        let cmem: Vec<u8> = (0..64)
+            .flat_map(|i| {
+                let (r, col) = if crow { (i / 8, i % 8) } else { (i % 8, i / 8) };
+                (c[r][col] as i64 as i32).to_le_bytes()
+            })
+            .collect();
+        let lay = if crow { "row" } else { "col" };
+        let (at, bt) = (ty_name(a), ty_name(b));
+        let opm = if op.is_empty() {
+            String::new()
+        } else {
+            format!(".{op}.popc")
+        };
+        let text = format!(
+            ".version {version}\n.target {target}\n.address_size 64\n\
+             .visible .entry k(.param .u64 pa, .param .u64 pb, .param .u64 pc, .param .u64 pd)\n{{\n\
+             .reg .b32 %a, %b, %c<2>, %d<2>;\n.reg .b64 %rd<5>;\n\
+             ld.param.u64 %rd1, [pa];\nld.param.u64 %rd2, [pb];\n\
+             ld.param.u64 %rd3, [pc];\nld.param.u64 %rd4, [pd];\n\
+             wmma.load.a.sync.aligned.row.m8n8k{k}.global.{at} {{%a}}, [%rd1], {lda};\n\
+             wmma.load.b.sync.aligned.col.m8n8k{k}.global.{bt} {{%b}}, [%rd2];\n\
+             wmma.load.c.sync.aligned.{lay}.m8n8k{k}.global.s32 {{%c0, %c1}}, [%rd3];\n\
+             wmma.mma{opm}.sync.aligned.row.col.m8n8k{k}.s32.{at}.{bt}.s32{} {{%d0, %d1}}, {{%a}}, {{%b}}, {{%c0, %c1}};\n\
+             wmma.store.d.sync.aligned.{lay}.m8n8k{k}.global.s32 [%rd4], {{%d0, %d1}};\n\
+             ret;\n}}\n",
+            if sat { ".satfinite" } else { "" }
+        );
+        ptxas(&text, target);
+        let bufs = vec![
+            pack_bits(&araw, a.bits()),
+            pack_bits(&braw, b.bits()),
+            cmem,
+            vec![0u8; 256],
+        ];
+        let got = run_bufs(&text, &bufs, 3);
+        for r in 0..8 {
+            for col in 0..8 {
+                let dot: i64 = (0..k)
+                    .map(|kk| {
+                        let (x, y) = (am[r][kk].0 as i64, bcols[col][kk].0 as i64);
+                        match op {
+                            "xor" => x ^ y,
+                            "and" => x & y,
+                            _ => x * y,
+                        }
+                    })
+                    .sum();
+                let want = d_word(Acc::S32, sat, &[(dot + c[r][col] as i64) as f64]);
+                let i = if crow { 8 * r + col } else { 8 * col + r };
+                let g = u32::from_le_bytes(got[4 * i..4 * i + 4].try_into().unwrap());
+                assert_eq!(g, want, "case {n} ({at} {op}): D[{r}][{col}]");
+            }
+        }
+    }
+}

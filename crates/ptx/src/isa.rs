@@ -291,6 +291,8 @@ pub fn requirement(ins: &Instruction) -> Requirement {
     let has_flag = |f: Flag| ins.mods.contains(&Mod::Flag(f));
     match ins.op {
         Opcode::Mma => mma_needs(ins, fp8, &mut need),
+        // FP8 sparse mma: sm_89 and PTX 8.4 (`::ordered_metadata` itself needs 8.5: its row)
+        Opcode::MmaSp | Opcode::MmaSpOrdered if fp8 => need(89, 84),
         Opcode::Cvt => {
             let dst = ins.ty();
             let src = ins.types().nth(1);
@@ -437,9 +439,16 @@ pub fn requirement(ins: &Instruction) -> Requirement {
         | Opcode::WmmaLoadC
         | Opcode::WmmaStoreD
         | Opcode::WmmaMma => {
-            // integer forms arrived with sm_72, bf16/tf32/f64 with sm_80
+            // integer forms arrived with sm_72, sub-byte and .b1 with sm_75, bf16/tf32/f64
+            // with sm_80, `.and.popc` with sm_80 and PTX 7.1
             if has_ty(Ty::S8) || has_ty(Ty::U8) || has_ty(Ty::S32) {
                 need(72, 63);
+            }
+            if has_ty(Ty::S4) || has_ty(Ty::U4) || has_ty(Ty::B1) {
+                need(75, 63);
+            }
+            if ins.has(Flag::And) {
+                need(80, 71);
             }
             if bf16 || has_ty(Ty::Tf32) || has_ty(Ty::F64) {
                 need(80, 70);
@@ -453,6 +462,13 @@ pub fn requirement(ins: &Instruction) -> Requirement {
 /// `mma.sync`: the target and ISA version of each shape and input type (FP8 on sm_89).
 fn mma_needs(ins: &Instruction, fp8: bool, need: &mut dyn FnMut(u32, u32)) {
     let at = ins.types().nth(1);
+    // `.b1` `.and.popc` needs sm_80 and PTX 7.1; m8n8k128 `.b1` PTX 7.0 (ptxas 13.5)
+    if ins.has(Flag::And) {
+        need(80, 71);
+    }
+    if at == Some(Ty::B1) {
+        need(75, 70);
+    }
     match (ins.shape(), at) {
         // f16 accumulators with FP8 inputs arrived in PTX 8.7.
         _ if fp8 && ins.types().next() == Some(Ty::F16) => need(89, 87),

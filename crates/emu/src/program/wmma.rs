@@ -29,6 +29,11 @@ impl Decoder<'_> {
         use Opcode as O;
         let op = match ins.op {
             O::WmmaLoadA | O::WmmaLoadB | O::WmmaLoadC | O::WmmaStoreD => self.wmma_ldst(ins)?,
+            O::WmmaMma if ins.types().any(wm::is_sub_byte) => {
+                let spec = AnySpec::from_wmma(ins).map_err(|e| self.err(ins, e))?;
+                let (d, a, b, c) = self.mma_frags(ins, spec.frag_counts())?;
+                WmmaOp::Any { spec, d, a, b, c }
+            }
             O::WmmaMma => self.wmma_mma(ins)?,
             O::MmaSp | O::MmaSpOrdered => self.mma_sparse(ins)?,
             O::Mma => self.mma_any(ins)?,
