@@ -96,6 +96,9 @@ impl WgmmaSpec {
             Ty::Tf32 => 8,
             _ => return Err(format!("wgmma input type .{aty} is not supported")),
         };
+        // sparse: k counts the dense A columns (twice the dense form's; `crate::mma_sp`)
+        let sparse = ins.op == ptx::Opcode::WgmmaMmaAsyncSp;
+        let want_k = if sparse { 2 * want_k } else { want_k };
         if k != want_k || n % 8 != 0 || !(8..=256).contains(&n) {
             return Err(format!("wgmma shape m64n{n}k{k} is not valid for .{aty}"));
         }

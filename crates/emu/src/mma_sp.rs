@@ -35,15 +35,21 @@ use crate::mma_any::{shape, AnySpec};
 use crate::Lanes;
 use ptx::{Flag, Instruction, Ty};
 
+/// How a sparse A is compressed and where its metadata lives (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SparseLayout {
+    /// Bytes per storage unit: 2 (f16/bf16/tf32) or 1 (8- and 4-bit types).
+    pub unit: usize,
+    /// Threads per group of four that hold metadata.
+    pub threads: usize,
+}
+
 /// A decoded sparse mma: the dense form it computes and how its A is compressed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SparseSpec {
     /// The dense form (shape as written: k counts the dense A columns).
     pub dense: AnySpec,
-    /// Bytes per storage unit: 2 (f16/bf16/tf32) or 1 (8- and 4-bit types).
-    pub unit: usize,
-    /// Threads per group of four that hold metadata.
-    pub threads: usize,
+    pub layout: SparseLayout,
 }
 
 impl SparseSpec {
@@ -75,8 +81,7 @@ impl SparseSpec {
         }
         Ok(SparseSpec {
             dense,
-            unit,
-            threads,
+            layout: SparseLayout { unit, threads },
         })
     }
 
@@ -86,10 +91,65 @@ impl SparseSpec {
         (a / 2, b, c, d)
     }
 
+    /// The largest valid sparsity selector.
+    pub fn max_selector(&self) -> u32 {
+        self.layout.max_selector()
+    }
+
+    /// Expands compressed A registers `a` into the dense A fragment of [`SparseSpec::dense`]
+    /// with the metadata register `meta` and selector `sel`.
+    pub fn expand(&self, a: &[&Lanes], meta: &Lanes, sel: u32) -> Vec<Lanes> {
+        self.layout.expand(a, meta, sel)
+    }
+}
+
+impl SparseLayout {
+    /// The layout of `wgmma.mma_async.sp` with input type `aty`: each warp's 16 rows are
+    /// stored as the `mma.sp` of the same k per row (f16/bf16 k32, tf32 k16: two threads;
+    /// 8-bit k64: four threads).
+    pub fn for_wgmma(aty: Ty) -> SparseLayout {
+        match aty {
+            Ty::F16 | Ty::Bf16 | Ty::Tf32 => SparseLayout {
+                unit: 2,
+                threads: 2,
+            },
+            _ => SparseLayout {
+                unit: 1,
+                threads: 4,
+            },
+        }
+    }
+
     /// The largest valid sparsity selector (selectors past it are undefined behaviour in PTX;
-    /// the decoder rejects them).
+    /// the decoders reject them).
     pub fn max_selector(&self) -> u32 {
         (4 / self.threads as u32) - 1
+    }
+
+    /// The metadata nibble of chunk `c` of row `row` (0..16) for selector `sel`.
+    fn nibble(&self, meta: &Lanes, row: usize, c: usize, sel: u32) -> u32 {
+        let (j, bit) = self.meta_at(row, c, sel as usize);
+        ((meta[4 * (row % 8) + j] as u32) >> bit) & 0xf
+    }
+
+    /// Expands a compressed A of decoded values (16 rows of `kc` elements of `esize` bytes,
+    /// row-major) into the dense 16 x 2`kc` A with the metadata register `meta` and selector
+    /// `sel` (a tf32 element is two 16-bit units: it moves with the first of them).
+    pub fn expand_values(&self, comp: &[f64], kc: usize, esize: usize, meta: &Lanes, sel: u32) -> Vec<f64> {
+        let u = self.unit;
+        let mut dense = vec![0f64; 32 * kc];
+        for row in 0..16 {
+            for c in 0..kc * esize / (2 * u) {
+                let md = self.nibble(meta, row, c, sel);
+                for slot in 0..2 {
+                    let (from, to) = ((2 * c + slot) * u, (4 * c + ((md >> (2 * slot)) & 3) as usize) * u);
+                    if from % esize == 0 && to % esize == 0 {
+                        dense[row * 2 * kc + to / esize] = comp[row * kc + from / esize];
+                    }
+                }
+            }
+        }
+        dense
     }
 
     /// Lane (within group `g`'s four) and bit offset of the metadata of chunk `c` of dense row
@@ -106,8 +166,8 @@ impl SparseSpec {
         }
     }
 
-    /// Expands compressed A registers `a` into the dense A fragment of [`SparseSpec::dense`]
-    /// with the metadata register `meta` and selector `sel`.
+    /// Expands compressed A registers `a` (2 or 4 per lane) into the dense A fragment (twice
+    /// as many) with the metadata register `meta` and selector `sel`.
     pub fn expand(&self, a: &[&Lanes], meta: &Lanes, sel: u32) -> Vec<Lanes> {
         let nc = a.len();
         let row_bytes = 8 * nc; // compressed bytes per row: 16 (2 registers) or 32 (4)
@@ -123,8 +183,7 @@ impl SparseSpec {
         let mut dense = vec![vec![0u8; 2 * row_bytes]; 16];
         for (row, (src, dst)) in comp.iter().zip(dense.iter_mut()).enumerate() {
             for c in 0..row_bytes / (2 * u) {
-                let (j, bit) = self.meta_at(row, c, sel as usize);
-                let md = (meta[4 * (row % 8) + j] as u32) >> bit;
+                let md = self.nibble(meta, row, c, sel);
                 for slot in 0..2 {
                     let idx = ((md >> (2 * slot)) & 3) as usize;
                     let from = (2 * c + slot) * u;

@@ -492,6 +492,8 @@ pub struct WgmmaOp {
     pub neg_b: bool,
     pub trans_a: bool,
     pub trans_b: bool,
+    /// `wgmma.mma_async.sp`: the metadata register slot and the sparsity selector.
+    pub sparse: Option<(u32, u32)>,
 }
 
 /// One decoded instruction with its guard and source position.

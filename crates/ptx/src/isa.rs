@@ -226,6 +226,10 @@ opcodes! {
     WgmmaWaitGroup "wgmma.wait_group" 0 1 1 90 80 [N];
     WgmmaMmaAsync "wgmma.mma_async" 1 3 7 90 80
         [Dst A BDesc ScaleD (?ImmScaleA) (?ImmScaleB) (?ImmTransA unless_vec 1) (?ImmTransB)];
+    // sparse A (compressed, from registers or a descriptor) with its metadata and selector
+    WgmmaMmaAsyncSp "wgmma.mma_async.sp" 1 5 9 90 82
+        [Dst A BDesc (Meta: B32) SparsitySel ScaleD (?ImmScaleA) (?ImmScaleB)
+         (?ImmTransA unless_vec 1) (?ImmTransB)];
     Setmaxnreg "setmaxnreg" 0 1 1 90 80 [RegCount]; Griddepcontrol "griddepcontrol" 0 0 0 90 78;
     Mapa "mapa" 1 2 2 90 78 [(Dst: T) (A: T) (CtaRank: U32)]; Getctarank "getctarank" 1 1 1 90 78 [Dst A];
     // textures and surfaces (unified mode: the handle is a .u64 operand; emu::texture)
@@ -341,6 +345,14 @@ pub fn requirement(ins: &Instruction) -> Requirement {
         | Opcode::WgmmaWaitGroup
         | Opcode::WgmmaMmaAsync
         | Opcode::Setmaxnreg => r.arch_specific = true,
+        Opcode::WgmmaMmaAsyncSp => {
+            r.arch_specific = true;
+            // mixed s8/u8 inputs arrived in PTX 8.4
+            let tys: Vec<Ty> = ins.types().collect();
+            if matches!(tys[..], [_, Ty::S8, Ty::U8] | [_, Ty::U8, Ty::S8]) {
+                need(90, 84);
+            }
+        }
         Opcode::Add | Opcode::Sub | Opcode::Mul => {
             if bf16 {
                 need(90, 78);

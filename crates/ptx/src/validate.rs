@@ -743,6 +743,7 @@ impl<'a> FnCheck<'a> {
             } else if matches!(
                 i.op,
                 Opcode::WgmmaMmaAsync
+                    | Opcode::WgmmaMmaAsyncSp
                     | Opcode::WgmmaFence
                     | Opcode::WgmmaCommitGroup
                     | Opcode::WgmmaWaitGroup
@@ -1200,7 +1201,7 @@ impl<'a> FnCheck<'a> {
                 }
             }
             Mma => self.mma(i, &tys),
-            WgmmaMmaAsync => self.wgmma(i, &tys),
+            WgmmaMmaAsync | WgmmaMmaAsyncSp => self.wgmma(i, &tys),
             WmmaLoadA | WmmaLoadB | WmmaLoadC | WmmaStoreD | WmmaMma | MmaSp | MmaSpOrdered
             | Movmatrix | Stacksave | Stackrestore | Alloca => self.isa_tc(i),
             _ => {}
@@ -1482,6 +1483,8 @@ impl FnCheck<'_> {
             Ty::E4m3 | Ty::E5m2 | Ty::S8 | Ty::U8 => Some(32),
             _ => None,
         };
+        // the sparse form's k counts the dense A columns: twice the dense form's
+        let want_k = want_k.map(|k| if i.op == Opcode::WgmmaMmaAsyncSp { 2 * k } else { k });
         let shape = format!("m{m}n{n}k{k}");
         let n_ok = if matches!(at, Ty::S8 | Ty::U8) {
             n % 8 == 0 && (8..=256).contains(&n) && (n <= 24 || n % 16 == 0)

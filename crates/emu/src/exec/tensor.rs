@@ -1,6 +1,8 @@
 //! Execution of tensor-core ops: `mma`, `ldmatrix`/`stmatrix`, `wgmma.*`, `setmaxnreg`.
 
 use super::*;
+
+mod wgmma_sp;
 use crate::hopper::DescAddr;
 
 impl Cta {
@@ -301,7 +303,9 @@ impl Cta {
         let mut chunks: Vec<u32> = Vec::new();
         // A: 16 x k for this warp.
         let mut a = vec![0f64; 16 * k];
-        if spec.a_regs {
+        if let Some(sp) = op.sparse {
+            a = self.wgmma_sparse_a(wi, op, sp, (wr, l0), &mut chunks)?;
+        } else if spec.a_regs {
             let w = &self.warps[wi];
             let per = (4 / ea) as usize;
             for lane in 0..32 {
