@@ -87,9 +87,7 @@ impl AnySpec {
     /// Whether dense `mma` instruction `ins` is one of the forms of this module (sub-byte,
     /// `.b1`, or s8/u8 m8n8k16) rather than one of [`crate::mma`]'s.
     pub fn is_dense_form(ins: &Instruction) -> bool {
-        let sub = ins
-            .types()
-            .any(|t| matches!(t, Ty::S4 | Ty::U4 | Ty::B1));
+        let sub = ins.types().any(|t| matches!(t, Ty::S4 | Ty::U4 | Ty::B1));
         let m8k16 = matches!(shape(ins), Ok((8, 8, 16)));
         sub || m8k16
     }
@@ -102,7 +100,10 @@ impl AnySpec {
         }
         let tys: Vec<Ty> = ins.types().collect();
         let [dty, aty, bty, cty] = tys[..] else {
-            return Err(format!("mma needs four types (d, a, b, c), got {}", tys.len()));
+            return Err(format!(
+                "mma needs four types (d, a, b, c), got {}",
+                tys.len()
+            ));
         };
         let s = AnySpec::new(shape(ins)?, [dty, aty, bty, cty], ins)?;
         let ok = match (s.m, s.n, s.k, aty) {

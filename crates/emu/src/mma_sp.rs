@@ -135,14 +135,24 @@ impl SparseLayout {
     /// Expands a compressed A of decoded values (16 rows of `kc` elements of `esize` bytes,
     /// row-major) into the dense 16 x 2`kc` A with the metadata register `meta` and selector
     /// `sel` (a tf32 element is two 16-bit units: it moves with the first of them).
-    pub fn expand_values(&self, comp: &[f64], kc: usize, esize: usize, meta: &Lanes, sel: u32) -> Vec<f64> {
+    pub fn expand_values(
+        &self,
+        comp: &[f64],
+        kc: usize,
+        esize: usize,
+        meta: &Lanes,
+        sel: u32,
+    ) -> Vec<f64> {
         let u = self.unit;
         let mut dense = vec![0f64; 32 * kc];
         for row in 0..16 {
             for c in 0..kc * esize / (2 * u) {
                 let md = self.nibble(meta, row, c, sel);
                 for slot in 0..2 {
-                    let (from, to) = ((2 * c + slot) * u, (4 * c + ((md >> (2 * slot)) & 3) as usize) * u);
+                    let (from, to) = (
+                        (2 * c + slot) * u,
+                        (4 * c + ((md >> (2 * slot)) & 3) as usize) * u,
+                    );
                     if from % esize == 0 && to % esize == 0 {
                         dense[row * 2 * kc + to / esize] = comp[row * kc + from / esize];
                     }

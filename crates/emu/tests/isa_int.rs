@@ -331,8 +331,16 @@ fn cvt_pack_sat() {
             move |a, b, _| sat(a, bits, signed) << bits | sat(b, bits, signed),
         ));
     }
-    let narrow = [("u8", 8, false), ("s8", 8, true), ("u4", 4, false), ("s4", 4, true)];
-    for (ty, bits, signed) in narrow.into_iter().chain([("u2", 2, false), ("s2", 2, true)]) {
+    let narrow = [
+        ("u8", 8, false),
+        ("s8", 8, true),
+        ("u4", 4, false),
+        ("s4", 4, true),
+    ];
+    for (ty, bits, signed) in narrow
+        .into_iter()
+        .chain([("u2", 2, false), ("s2", 2, true)])
+    {
         cases.push(case(
             format!("cvt.pack.sat.{ty}.s32.b32 %r10, %r1, %r2, %r3;"),
             move |a, b, c| c << (2 * bits) | sat(a, bits, signed) << bits | sat(b, bits, signed),

@@ -120,7 +120,11 @@ impl El {
 
 /// An 8-bit float code's value, bit by bit (NaN codes give NaN and are filtered out).
 fn fp8(el: El, code: u32) -> f64 {
-    let (eb, mb, bias) = if el == El::E4m3 { (4, 3, 7) } else { (5, 2, 15) };
+    let (eb, mb, bias) = if el == El::E4m3 {
+        (4, 3, 7)
+    } else {
+        (5, 2, 15)
+    };
     let e = ((code >> mb) & ((1 << eb) - 1)) as i32;
     if (el == El::E5m2 && e == 31) || (el == El::E4m3 && code & 0x7f == 0x7f) {
         return f64::NAN;
@@ -367,6 +371,7 @@ fn run_case(c: Case, seed: u64) {
             .unwrap_or_else(|e| panic!("ptxas rejects the test PTX: {e}\n{text}"));
     }
     let module = ptx::parse(&text).unwrap();
+    assert_eq!(ptx::parse(&ptx::print(&module)).unwrap(), module, "round trip");
     let diags = ptx::validate(&module);
     assert!(diags.iter().all(|d| !d.is_error()), "{diags:?}");
     let mem = GlobalMemory::new();

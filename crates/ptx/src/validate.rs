@@ -1230,12 +1230,16 @@ impl<'a> FnCheck<'a> {
         let wide = matches!(tys, [Ty::U16 | Ty::S16, Ty::S32]);
         let narrow = matches!(
             tys,
-            [Ty::U8 | Ty::S8 | Ty::U4 | Ty::S4 | Ty::U2 | Ty::S2, Ty::S32, Ty::B32]
+            [
+                Ty::U8 | Ty::S8 | Ty::U4 | Ty::S4 | Ty::U2 | Ty::S2,
+                Ty::S32,
+                Ty::B32
+            ]
         );
         let why = if !i.has(Flag::Sat) {
             Some("`cvt.pack` needs .sat".to_string())
         } else if !(wide || narrow) {
-            Some("`cvt.pack` takes .{u16,s16}.s32 or .{u8,s8,u4,s4,u2,s2}.s32.b32".to_string())
+            Some("`cvt.pack` takes .{u16,s16}.s32 or .{u8,s8}.s32.b32 (also .u4, .s4, .u2, .s2)".to_string())
         } else if a.len() != if wide { 3 } else { 4 } {
             Some(format!(
                 "this `cvt.pack` form takes {} operands, found {}",
@@ -1484,7 +1488,13 @@ impl FnCheck<'_> {
             _ => None,
         };
         // the sparse form's k counts the dense A columns: twice the dense form's
-        let want_k = want_k.map(|k| if i.op == Opcode::WgmmaMmaAsyncSp { 2 * k } else { k });
+        let want_k = want_k.map(|k| {
+            if i.op == Opcode::WgmmaMmaAsyncSp {
+                2 * k
+            } else {
+                k
+            }
+        });
         let shape = format!("m{m}n{n}k{k}");
         let n_ok = if matches!(at, Ty::S8 | Ty::U8) {
             n % 8 == 0 && (8..=256).contains(&n) && (n <= 24 || n % 16 == 0)

@@ -36,7 +36,9 @@ impl Cta {
             }
         } else {
             let rd = OperandRead {
-                desc: crate::hopper::MatrixDesc::decode(self.warps[wi].regs[op.a_desc as usize][l0]),
+                desc: crate::hopper::MatrixDesc::decode(
+                    self.warps[wi].regs[op.a_desc as usize][l0],
+                ),
                 trans: op.trans_a,
                 o0: 16 * wr as u64,
                 no: 16,
