@@ -106,12 +106,14 @@ impl AnySpec {
             ));
         };
         let s = AnySpec::new(shape(ins)?, [dty, aty, bty, cty], ins)?;
-        let ok = match (s.m, s.n, s.k, aty) {
-            (8, 8, 16, Ty::S8 | Ty::U8) => true,
-            (8, 8, 32, Ty::S4 | Ty::U4) | (16, 8, 32 | 64, Ty::S4 | Ty::U4) => true,
-            (8, 8, 128, Ty::B1) | (16, 8, 128 | 256, Ty::B1) => true,
-            _ => false,
-        };
+        let ok = matches!(
+            (s.m, s.n, s.k, aty),
+            (8, 8, 16, Ty::S8 | Ty::U8)
+                | (8, 8, 32, Ty::S4 | Ty::U4)
+                | (16, 8, 32 | 64, Ty::S4 | Ty::U4)
+                | (8, 8, 128, Ty::B1)
+                | (16, 8, 128 | 256, Ty::B1)
+        );
         if !ok {
             return Err(s.unsupported());
         }

@@ -153,9 +153,6 @@ impl El {
             El::B1 => Ty::B1,
         }
     }
-    fn float(self) -> bool {
-        matches!(self, El::F16 | El::Bf16 | El::Tf32 | El::E4m3 | El::E5m2)
-    }
     /// A random non-zero value and its raw bits; float values are small enough that every
     /// product and sum of a test is exact in f64.
     fn random(self, rng: &mut StdRng) -> (f64, u32) {
@@ -517,10 +514,10 @@ fn sparse_case(f: SpForm, sel: usize, ordered: bool, numerics: Numerics, seed: u
     let nc = f.acc.regs();
     let nin = na + nb + nc + 1;
     let mut input = Vec::new();
-    for lane in 0..32 {
+    for (lane, c_lane) in cw.iter().enumerate() {
         input.extend(a_words(&sa.comp, bits, lane));
         input.extend(b_words(&braw, f.b.bits(), lane));
-        input.extend(&cw[lane]);
+        input.extend(c_lane);
         input.push(meta_word(&mut rng, &f, &sa.pos, lane, sel));
     }
     let kern = Kern {
@@ -687,10 +684,10 @@ fn mma_sub_byte_and_b1_forms() {
         let nb = k * 8 * b.bits() / 1024;
         let nc = m * 8 / 32;
         let mut input = Vec::new();
-        for lane in 0..32 {
+        for (lane, c_lane) in cw.iter().enumerate() {
             input.extend(a_words(&raw(&am), a.bits(), lane));
             input.extend(b_words(&raw(&bm), b.bits(), lane));
-            input.extend(&cw[lane]);
+            input.extend(c_lane);
         }
         let kern = Kern {
             target,
