@@ -494,6 +494,8 @@ pub struct WgmmaOp {
     pub trans_b: bool,
     /// `wgmma.mma_async.sp`: the metadata register slot and the sparsity selector.
     pub sparse: Option<(u32, u32)>,
+    /// `.satfinite` (integer forms): clamp D to the s32 range instead of wrapping.
+    pub satfinite: bool,
 }
 
 /// One decoded instruction with its guard and source position.

@@ -153,6 +153,9 @@ struct Case {
     sw128: bool,
     sel: usize,
     hw: bool,
+    /// integer forms: start every accumulator at this value (scale-d 1) and use `.satfinite`
+    /// when the flag is set
+    acc: Option<(i32, bool)>,
 }
 
 /// A random sparse A (64 x k): raw dense elements, values, the compressed raw elements of each
@@ -273,6 +276,18 @@ fn kernel(c: &Case, k: usize) -> String {
     for i in 0..regs {
         stores.push_str(&format!("    st.global.b32 [%rd5+{}], %d{i};\n", 4 * i));
     }
+    let mut inits = String::new();
+    if let Some((x, _)) = c.acc {
+        for i in 0..regs {
+            inits.push_str(&format!("    mov.b32 %d{i}, {x};\n"));
+        }
+    }
+    let sat = if matches!(c.acc, Some((_, true))) {
+        ".satfinite"
+    } else {
+        ""
+    };
+    let scale_d = c.acc.is_some() as u32;
     format!(
         r#".version 8.5
 .target sm_90a
@@ -314,8 +329,8 @@ COPY:
 DONE:
     bar.sync 0;
     fence.proxy.async.shared::cta;
-    wgmma.fence.sync.aligned;
-    wgmma.mma_async.sp.sync.aligned.m64n{n}k{k}.{dty}.{at}.{bt} {{{list}}}, {a_op}, %rd3, %meta, {sel}, 0{imms};
+{inits}    wgmma.fence.sync.aligned;
+    wgmma.mma_async.sp.sync.aligned.m64n{n}k{k}.{dty}.{at}.{bt}{sat} {{{list}}}, {a_op}, %rd3, %meta, {sel}, {scale_d}{imms};
     wgmma.commit_group.sync.aligned;
     wgmma.wait_group.sync.aligned 0;
     mul.wide.u32 %rd8, %r2, {rb};
@@ -425,7 +440,14 @@ fn run_case(c: Case, seed: u64) {
             } else {
                 let s: f64 = (0..k).map(|kk| sa.val[row][kk] * bm[col][kk].0).sum();
                 if c.a.int() {
-                    s as i64 as i32 as u32
+                    let (start, sat) = c.acc.unwrap_or((0, false));
+                    let v = s as i64 + start as i64;
+                    let v = if sat {
+                        v.clamp(i32::MIN as i64, i32::MAX as i64)
+                    } else {
+                        v
+                    };
+                    v as i32 as u32
                 } else {
                     (s as f32).to_bits()
                 }
@@ -448,6 +470,7 @@ fn wgmma_sp_every_type_selector_and_a_source() {
         sw128,
         sel,
         hw: false,
+        acc: None,
     };
     let cases = [
         case(F16, F16, 16, false, true, 0),
@@ -460,6 +483,19 @@ fn wgmma_sp_every_type_selector_and_a_source() {
         case(E5m2, E4m3, 8, true, true, 0),
         case(S8, U8, 16, false, true, 0),
         case(U8, U8, 24, true, false, 0),
+        // accumulators near the top of the s32 range: .satfinite clamps, the plain form wraps
+        Case {
+            acc: Some((i32::MAX - 100_000, true)),
+            ..case(U8, U8, 16, false, true, 0)
+        },
+        Case {
+            acc: Some((i32::MAX - 100_000, false)),
+            ..case(S8, S8, 8, true, false, 0)
+        },
+        Case {
+            acc: Some((i32::MIN + 100_000, true)),
+            ..case(S8, U8, 16, true, true, 0)
+        },
     ];
     for (n, c) in cases.into_iter().enumerate() {
         run_case(c, 500 + n as u64);
@@ -481,6 +517,7 @@ fn wgmma_sp_hardware_model_matches_reference_dot() {
             sw128: true,
             sel: 0,
             hw: true,
+            acc: None,
         };
         run_case(c, 600 + n as u64);
     }

@@ -409,7 +409,14 @@ impl Cta {
                     } else {
                         0
                     };
-                    out[lane] = (prev.wrapping_add(sum as i64)) as i32 as u32 as u64;
+                    let v = prev.wrapping_add(sum as i64);
+                    // `.satfinite` clamps to the s32 range; without it the sum wraps
+                    let v = if op.satfinite {
+                        v.clamp(i32::MIN as i64, i32::MAX as i64)
+                    } else {
+                        v
+                    };
+                    out[lane] = v as i32 as u32 as u64;
                 } else {
                     let prev = if acc {
                         f32::from_bits(out[lane] as u32) as f64

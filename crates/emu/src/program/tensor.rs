@@ -162,6 +162,7 @@ impl Decoder<'_> {
                     trans_a,
                     trans_b,
                     sparse,
+                    satfinite: ins.has(Flag::Satfinite),
                 }))
             }
             O::Setmaxnreg => {
