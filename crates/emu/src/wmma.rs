@@ -1,5 +1,6 @@
 //! Warp matrix functions (`wmma.load`, `wmma.store`, `wmma.mma`), sparse `mma.sp` and
-//! `movmatrix`: their decoded forms and the arithmetic on whole-warp fragments.
+//! `movmatrix`: their decoded forms and the arithmetic on whole-warp fragments (sparse and
+//! sub-byte arithmetic: [`crate::mma_sp`], [`crate::mma_any`]).
 //!
 //! # wmma fragment layout
 //! PTX leaves the wmma fragment layout unspecified. This emulator chooses one that coincides
@@ -23,6 +24,13 @@
 //! hardware. The `.row`/`.col` qualifiers of `wmma.mma` describe how A and B were loaded; the
 //! fragment here is layout-independent (the load did the transposition), so `wmma.mma` reads
 //! them only to check that they are present.
+//!
+//! The sub-byte forms (m8n8k32 `.s4`/`.u4`, m8n8k128 `.b1`) follow the same rule: A and B are
+//! one register per lane (8 nibbles or 32 bits along k, element `j` in bits `j*bits ..`), so
+//! they equal the `mma` m8n8k32 / m8n8k128 fragments and `wmma.mma` runs as that `mma`. PTX
+//! allows only row-major A and column-major B for them, so each lane's register is 32
+//! consecutive bits of memory (element `i` of a row at bit `i*bits` from the row's first byte,
+//! low bits of a byte first), loaded as one 32-bit word.
 //!
 //! # Numerics
 //! Float `wmma.mma` uses the same model as `mma.sync` ([`crate::tc_numerics`] for the target, or
