@@ -29,7 +29,11 @@ fn ptxas(text: &str, target: &str) {
 fn run(text: &str, input: &[u32], nout: usize, numerics: Numerics) -> Vec<u32> {
     let mem = GlobalMemory::new();
     let module = ptx::parse(text).unwrap();
-    assert_eq!(ptx::parse(&ptx::print(&module)).unwrap(), module, "round trip");
+    assert_eq!(
+        ptx::parse(&ptx::print(&module)).unwrap(),
+        module,
+        "round trip"
+    );
     let diags = ptx::validate(&module);
     assert!(
         diags.iter().all(|d| !d.is_error()),
@@ -899,4 +903,63 @@ fn wmma_sub_byte_and_b1_load_mma_store() {
             }
         }
     }
+}
+
+/// The validator knows the targets and ISA versions the new forms need (as ptxas enforces:
+/// FP8 `mma.sp` sm_89 / PTX 8.4, `.and.popc` sm_80 / PTX 7.1, sub-byte `wmma` sm_75,
+/// `wgmma.mma_async.sp` sm_90a / PTX 8.2, mixed s8/u8 `wgmma.mma_async.sp` PTX 8.4).
+#[test]
+fn validator_knows_the_targets_of_the_new_forms() {
+    let check = |version: &str, target: &str, ins: &str| -> Vec<String> {
+        let text = format!(
+            ".version {version}\n.target {target}\n.address_size 64\n.visible .entry k()\n{{\n\
+             .reg .b32 %r<24>;\n.reg .f32 %f<8>;\n.reg .b64 %rd<4>;\n{ins}\nret;\n}}\n"
+        );
+        let m = ptx::parse(&text).unwrap();
+        ptx::validate(&m)
+            .into_iter()
+            .filter(|d| d.is_error())
+            .map(|d| format!("{d:?}"))
+            .collect()
+    };
+    let sp8 = "mma.sp.sync.aligned.m16n8k64.row.col.f32.e4m3.e4m3.f32 {%f0, %f1, %f2, %f3}, \
+               {%r0, %r1, %r2, %r3}, {%r4, %r5, %r6, %r7}, {%f4, %f5, %f6, %f7}, %r8, 0;";
+    assert!(check("8.4", "sm_89", sp8).is_empty());
+    assert!(
+        !check("8.4", "sm_80", sp8).is_empty(),
+        "FP8 mma.sp needs sm_89"
+    );
+    assert!(
+        !check("8.3", "sm_89", sp8).is_empty(),
+        "FP8 mma.sp needs PTX 8.4"
+    );
+    let and = "mma.sync.aligned.m8n8k128.row.col.s32.b1.b1.s32.and.popc {%r0, %r1}, {%r2}, \
+               {%r3}, {%r4, %r5};";
+    assert!(check("7.1", "sm_80", and).is_empty());
+    assert!(
+        !check("7.1", "sm_75", and).is_empty(),
+        ".and.popc needs sm_80"
+    );
+    assert!(
+        !check("7.0", "sm_80", and).is_empty(),
+        ".and.popc needs PTX 7.1"
+    );
+    let w4 = "wmma.mma.sync.aligned.row.col.m8n8k32.s32.s4.s4.s32 {%r0, %r1}, {%r2}, {%r3}, \
+              {%r4, %r5};";
+    assert!(check("6.5", "sm_75", w4).is_empty());
+    assert!(
+        !check("6.5", "sm_72", w4).is_empty(),
+        "sub-byte wmma needs sm_75"
+    );
+    let wsp = "wgmma.mma_async.sp.sync.aligned.m64n8k64.s32.s8.u8 {%r0, %r1, %r2, %r3}, %rd0, \
+               %rd1, %r8, 0, 1;";
+    assert!(check("8.4", "sm_90a", wsp).is_empty());
+    assert!(
+        !check("8.3", "sm_90a", wsp).is_empty(),
+        "mixed s8/u8 wgmma.sp needs PTX 8.4"
+    );
+    assert!(
+        !check("8.4", "sm_90", wsp).is_empty(),
+        "wgmma.sp needs sm_90a"
+    );
 }

@@ -386,7 +386,11 @@ fn run_case(c: Case, seed: u64) {
             .unwrap_or_else(|e| panic!("ptxas rejects the test PTX: {e}\n{text}"));
     }
     let module = ptx::parse(&text).unwrap();
-    assert_eq!(ptx::parse(&ptx::print(&module)).unwrap(), module, "round trip");
+    assert_eq!(
+        ptx::parse(&ptx::print(&module)).unwrap(),
+        module,
+        "round trip"
+    );
     let diags = ptx::validate(&module);
     assert!(diags.iter().all(|d| !d.is_error()), "{diags:?}");
     let mem = GlobalMemory::new();

@@ -1239,7 +1239,10 @@ impl<'a> FnCheck<'a> {
         let why = if !i.has(Flag::Sat) {
             Some("`cvt.pack` needs .sat".to_string())
         } else if !(wide || narrow) {
-            Some("`cvt.pack` takes .{u16,s16}.s32 or .{u8,s8}.s32.b32 (also .u4, .s4, .u2, .s2)".to_string())
+            Some(
+                "`cvt.pack` takes .{u16,s16}.s32 or .{u8,s8}.s32.b32 (also .u4, .s4, .u2, .s2)"
+                    .to_string(),
+            )
         } else if a.len() != if wide { 3 } else { 4 } {
             Some(format!(
                 "this `cvt.pack` form takes {} operands, found {}",

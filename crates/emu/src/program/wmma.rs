@@ -125,16 +125,17 @@ impl Decoder<'_> {
         let (d, a, b, c) = self.mma_frags(ins, spec.frag_counts())?;
         let meta = self.src(ins, arg(Role::Meta)?)?;
         let max = spec.max_selector();
-        let sel =
-            match arg(Role::SparsitySel)? {
-                Operand::Imm(i) if i.bits() <= max as u64 => i.bits() as u32,
-                _ => return Err(self.err(
+        let sel = match arg(Role::SparsitySel)? {
+            Operand::Imm(i) if i.bits() <= max as u64 => i.bits() as u32,
+            _ => {
+                return Err(self.err(
                     ins,
                     format!(
                         "the sparsity selector of this mma.sp form must be an immediate 0..={max}"
                     ),
-                )),
-            };
+                ))
+            }
+        };
         Ok(WmmaOp::Sparse {
             spec,
             d,
