@@ -130,7 +130,10 @@ impl WgmmaSpec {
     /// Row (0..16 within the warp's slice) and k of element `i` of lane `lane`'s A fragment.
     pub fn a_frag_pos(&self, lane: usize, i: usize) -> (usize, usize) {
         let (g, q) = (lane >> 2, lane & 3);
-        if esize(self.aty) == 2 {
+        if esize(self.aty) == 4 {
+            // tf32 (m64nNk8): one element per register, as mma m16n8k8
+            (g + 8 * (i & 1), q + 4 * (i >> 1))
+        } else if esize(self.aty) == 2 {
             (g + 8 * ((i >> 1) & 1), 2 * q + (i & 1) + 8 * (i >> 2))
         } else {
             (g + 8 * ((i >> 2) & 1), 4 * q + (i & 3) + 16 * (i >> 3))

@@ -156,6 +156,8 @@ struct Case {
     /// integer forms: start every accumulator at this value (scale-d 1) and use `.satfinite`
     /// when the flag is set
     acc: Option<(i32, bool)>,
+    /// the dense `wgmma.mma_async` of the same types (A not sparse, half the k)
+    dense: bool,
 }
 
 /// A random sparse A (64 x k): raw dense elements, values, the compressed raw elements of each
@@ -166,6 +168,25 @@ struct SparseA {
     val: Vec<Vec<f64>>,
     comp: Vec<Vec<u32>>,
     nib: Vec<Vec<u32>>,
+}
+
+/// A random dense A (64 x k), stored as its own "compressed" form (every element kept).
+fn dense_a(rng: &mut StdRng, el: El, k: usize) -> SparseA {
+    let mut s = SparseA {
+        raw: vec![vec![0; k]; 64],
+        val: vec![vec![0.0; k]; 64],
+        comp: vec![Vec::new(); 64],
+        nib: vec![Vec::new(); 64],
+    };
+    for r in 0..64 {
+        for kk in 0..k {
+            let (v, bits) = el.random(rng);
+            s.raw[r][kk] = bits;
+            s.val[r][kk] = v;
+            s.comp[r].push(bits);
+        }
+    }
+    s
 }
 
 fn sparse_a(rng: &mut StdRng, el: El, k: usize) -> SparseA {
@@ -330,7 +351,7 @@ DONE:
     bar.sync 0;
     fence.proxy.async.shared::cta;
 {inits}    wgmma.fence.sync.aligned;
-    wgmma.mma_async.sp.sync.aligned.m64n{n}k{k}.{dty}.{at}.{bt}{sat} {{{list}}}, {a_op}, %rd3, %meta, {sel}, {scale_d}{imms};
+    wgmma.mma_async{sp}.sync.aligned.m64n{n}k{k}.{dty}.{at}.{bt}{sat} {{{list}}}, {a_op}, %rd3, {meta}{scale_d}{imms};
     wgmma.commit_group.sync.aligned;
     wgmma.wait_group.sync.aligned 0;
     mul.wide.u32 %rd8, %r2, {rb};
@@ -341,7 +362,12 @@ DONE:
         n = c.n,
         at = c.a.name(),
         bt = c.b.name(),
-        sel = c.sel,
+        sp = if c.dense { "" } else { ".sp" },
+        meta = if c.dense {
+            String::new()
+        } else {
+            format!("%meta, {}, ", c.sel)
+        },
         list = list.join(", "),
         rb = 4 * regs
     )
@@ -350,14 +376,19 @@ DONE:
 fn run_case(c: Case, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let es = c.a.size();
-    let k = 64 / es; // the dense row is 64 bytes for every input type
-    let sa = sparse_a(&mut rng, c.a, k);
+    // the dense row is 64 bytes for every input type (32 for the dense forms)
+    let k = if c.dense { 32 / es } else { 64 / es };
+    let sa = if c.dense {
+        dense_a(&mut rng, c.a, k)
+    } else {
+        sparse_a(&mut rng, c.a, k)
+    };
     let bm: Vec<Vec<(f64, u32)>> = (0..c.n)
         .map(|_| (0..k).map(|_| c.b.random(&mut rng)).collect())
         .collect();
     // shared image: compressed A (32-byte rows) then B (64-byte rows)
     let (alb, asb) = strides(c.sw128, 32);
-    let (blb, bsb) = strides(c.sw128, 64);
+    let (blb, bsb) = strides(c.sw128, k * es);
     let b_start = (8 * asb).div_ceil(1024) * 1024;
     let total = (b_start + c.n.div_ceil(8) * bsb).div_ceil(4) * 4;
     let mut img = vec![0u8; total];
@@ -375,7 +406,12 @@ fn run_case(c: Case, seed: u64) {
     }
     let mut thr = Vec::new();
     for t in 0..128 {
-        thr.extend(meta_word(&mut rng, c.a, &sa.nib, t, c.sel).to_le_bytes());
+        let meta = if c.dense {
+            0
+        } else {
+            meta_word(&mut rng, c.a, &sa.nib, t, c.sel)
+        };
+        thr.extend(meta.to_le_bytes());
         for w in a_words(c.a, &sa.comp, t) {
             thr.extend(w.to_le_bytes());
         }
@@ -475,6 +511,7 @@ fn wgmma_sp_every_type_selector_and_a_source() {
         sel,
         hw: false,
         acc: None,
+        dense: false,
     };
     let cases = [
         case(F16, F16, 16, false, true, 0),
@@ -522,7 +559,28 @@ fn wgmma_sp_hardware_model_matches_reference_dot() {
             sel: 0,
             hw: true,
             acc: None,
+            dense: false,
         };
         run_case(c, 600 + n as u64);
+    }
+}
+
+/// The dense tf32 `wgmma` with A from registers reads the m16n8k8-style fragment (one element
+/// per register: rows g, g + 8, columns q, q + 4), as the sparse forms' compressed A does.
+#[test]
+fn wgmma_dense_tf32_a_from_registers() {
+    for (n, sw128) in [(8, true), (16, false)] {
+        let c = Case {
+            a: El::Tf32,
+            b: El::Tf32,
+            n,
+            regs: true,
+            sw128,
+            sel: 0,
+            hw: false,
+            acc: None,
+            dense: true,
+        };
+        run_case(c, 700 + n as u64);
     }
 }
