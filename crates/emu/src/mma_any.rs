@@ -228,12 +228,12 @@ fn is_float_in(t: Ty) -> bool {
     matches!(t, Ty::F16 | Ty::Bf16 | Ty::Tf32 | Ty::E4m3 | Ty::E5m2)
 }
 
-/// The accumulator types a float form takes: f32, or f16 for f16 inputs (and f16 D with f16
-/// C only).
+/// The accumulator types a float form takes: f32, or f16 for f16 inputs; C and D alike
+/// (ptxas 13.5 rejects mixed accumulators in `mma.sp`).
 fn float_acc(s: AnySpec) -> bool {
     match (s.dty, s.cty) {
         (Ty::F32, Ty::F32) => true,
-        (Ty::F16 | Ty::F32, Ty::F16 | Ty::F32) => s.aty == Ty::F16,
+        (Ty::F16, Ty::F16) => s.aty == Ty::F16,
         _ => false,
     }
 }
