@@ -607,6 +607,10 @@ pub fn cvt_pack(ins: &Instruction) -> Option<WFn> {
         (Ty::S16, 2) => r3!(|a, b, c| pack_sat(a, b, c, 16, true)),
         (Ty::U8, 3) => r3!(|a, b, c| pack_sat(a, b, c, 8, false)),
         (Ty::S8, 3) => r3!(|a, b, c| pack_sat(a, b, c, 8, true)),
+        (Ty::U4, 3) => r3!(|a, b, c| pack_sat(a, b, c, 4, false)),
+        (Ty::S4, 3) => r3!(|a, b, c| pack_sat(a, b, c, 4, true)),
+        (Ty::U2, 3) => r3!(|a, b, c| pack_sat(a, b, c, 2, false)),
+        (Ty::S2, 3) => r3!(|a, b, c| pack_sat(a, b, c, 2, true)),
         _ => return None,
     })
 }

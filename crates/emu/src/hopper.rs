@@ -97,6 +97,9 @@ impl WgmmaSpec {
             Ty::Tf32 => 8,
             _ => return Err(format!("wgmma input type .{aty} is not supported")),
         };
+        // sparse: k counts the dense A columns (twice the dense form's; `crate::mma_sp`)
+        let sparse = ins.op == ptx::Opcode::WgmmaMmaAsyncSp;
+        let want_k = if sparse { 2 * want_k } else { want_k };
         if k != want_k || n % 8 != 0 || !(8..=256).contains(&n) {
             return Err(format!("wgmma shape m64n{n}k{k} is not valid for .{aty}"));
         }
@@ -128,7 +131,10 @@ impl WgmmaSpec {
     /// Row (0..16 within the warp's slice) and k of element `i` of lane `lane`'s A fragment.
     pub fn a_frag_pos(&self, lane: usize, i: usize) -> (usize, usize) {
         let (g, q) = (lane >> 2, lane & 3);
-        if esize(self.aty) == 2 {
+        if esize(self.aty) == 4 {
+            // tf32 (m64nNk8): one element per register, as mma m16n8k8
+            (g + 8 * (i & 1), q + 4 * (i >> 1))
+        } else if esize(self.aty) == 2 {
             (g + 8 * ((i >> 1) & 1), 2 * q + (i & 1) + 8 * (i >> 2))
         } else {
             (g + 8 * ((i >> 2) & 1), 4 * q + (i & 3) + 16 * (i >> 3))

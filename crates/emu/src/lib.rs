@@ -25,6 +25,8 @@ pub mod launch;
 pub mod limits;
 pub mod memory;
 pub mod mma;
+pub mod mma_any;
+pub mod mma_sp;
 pub mod program;
 pub mod sanitize;
 pub mod tc_numerics;

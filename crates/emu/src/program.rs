@@ -506,6 +506,10 @@ pub struct WgmmaOp {
     pub neg_b: bool,
     pub trans_a: bool,
     pub trans_b: bool,
+    /// `wgmma.mma_async.sp`: the metadata register slot and the sparsity selector.
+    pub sparse: Option<(u32, u32)>,
+    /// `.satfinite` (integer forms): clamp D to the s32 range instead of wrapping.
+    pub satfinite: bool,
 }
 
 /// One decoded instruction with its guard and source position.

@@ -1,5 +1,6 @@
 //! Warp matrix functions (`wmma.load`, `wmma.store`, `wmma.mma`), sparse `mma.sp` and
-//! `movmatrix`: their decoded forms and the arithmetic on whole-warp fragments.
+//! `movmatrix`: their decoded forms and the arithmetic on whole-warp fragments (sparse and
+//! sub-byte arithmetic: [`crate::mma_sp`], [`crate::mma_any`]).
 //!
 //! # wmma fragment layout
 //! PTX leaves the wmma fragment layout unspecified. This emulator chooses one that coincides
@@ -24,12 +25,19 @@
 //! fragment here is layout-independent (the load did the transposition), so `wmma.mma` reads
 //! them only to check that they are present.
 //!
+//! The sub-byte forms (m8n8k32 `.s4`/`.u4`, m8n8k128 `.b1`) follow the same rule: A and B are
+//! one register per lane (8 nibbles or 32 bits along k, element `j` in bits `j*bits ..`), so
+//! they equal the `mma` m8n8k32 / m8n8k128 fragments and `wmma.mma` runs as that `mma`. PTX
+//! allows only row-major A and column-major B for them, so each lane's register is 32
+//! consecutive bits of memory (element `i` of a row at bit `i*bits` from the row's first byte,
+//! low bits of a byte first), loaded as one 32-bit word.
+//!
 //! # Numerics
 //! Float `wmma.mma` uses the same model as `mma.sync` ([`crate::tc_numerics`] for the target, or
 //! exact: f64 products summed in k order, C added, one rounding); integer forms are exact
 //! (wrapping or `.satfinite`); f64 uses fused multiply-adds in k order.
 
-use crate::mma::{elem_bits, per_reg, round_to, to_f64, to_i64, MmaSpec};
+use crate::mma::{round_to, to_f64, to_i64};
 use crate::program::MSpace;
 use crate::tc_numerics::{self as tc, TcModel};
 use crate::Lanes;
@@ -53,13 +61,27 @@ pub struct Frag {
     pub cols: usize,
 }
 
+/// Bits of one fragment element (sub-byte types included; f64: 64).
+fn elem_bits(t: Ty) -> u32 {
+    match t {
+        Ty::F64 => 64,
+        _ => crate::mma_any::bits(t),
+    }
+}
+
+/// Elements held by one register (f64: one 64-bit register each).
+fn per_reg(t: Ty) -> usize {
+    (32 / elem_bits(t).min(32)) as usize
+}
+
 /// Elements of A/B per 32-bit register width of a core tile (f64: one element).
 fn pr_ab(t: Ty) -> usize {
-    match elem_bits(t) {
-        8 => 4,
-        16 => 2,
-        _ => 1,
-    }
+    per_reg(t)
+}
+
+/// The sub-byte and single-bit element types (`wmma` m8n8k32 / m8n8k128).
+pub fn is_sub_byte(t: Ty) -> bool {
+    matches!(t, Ty::S4 | Ty::U4 | Ty::B1)
 }
 
 impl Frag {
@@ -147,7 +169,7 @@ impl Frag {
     }
 }
 
-/// The shapes and types PTX lists for `wmma` (sub-byte and `.b1` forms excepted).
+/// The shapes and types PTX lists for `wmma`.
 fn check_form(shape: (u32, u32, u32), aty: Ty, cty: Ty) -> Result<(), String> {
     let (m, n, k) = shape;
     let big = matches!((m, n, k), (16, 16, 16) | (32, 8, 16) | (8, 32, 16));
@@ -157,6 +179,8 @@ fn check_form(shape: (u32, u32, u32), aty: Ty, cty: Ty) -> Result<(), String> {
         Ty::S8 | Ty::U8 => big && cty == Ty::S32,
         Ty::Tf32 => (m, n, k) == (16, 16, 8) && cty == Ty::F32,
         Ty::F64 => (m, n, k) == (8, 8, 4) && cty == Ty::F64,
+        Ty::S4 | Ty::U4 => (m, n, k) == (8, 8, 32) && cty == Ty::S32,
+        Ty::B1 => (m, n, k) == (8, 8, 128) && cty == Ty::S32,
         _ => false,
     };
     if ok {
@@ -190,6 +214,8 @@ pub fn ldst_frag(ins: &Instruction) -> Result<(Frag, bool), String> {
         FragKind::C => {
             let a = match (ty, shape) {
                 (Ty::F64, _) => Ty::F64,
+                (Ty::S32, (8, 8, 32)) => Ty::S4,
+                (Ty::S32, (8, 8, 128)) => Ty::B1,
                 (Ty::S32, _) => Ty::S8,
                 (Ty::F32, (16, 16, 8)) => Ty::Tf32,
                 _ => Ty::F16,
@@ -199,7 +225,7 @@ pub fn ldst_frag(ins: &Instruction) -> Result<(Frag, bool), String> {
         _ => {
             let c = match ty {
                 Ty::F64 => Ty::F64,
-                Ty::S8 | Ty::U8 => Ty::S32,
+                Ty::S8 | Ty::U8 | Ty::S4 | Ty::U4 | Ty::B1 => Ty::S32,
                 _ => Ty::F32,
             };
             (ty, c)
@@ -211,6 +237,11 @@ pub fn ldst_frag(ins: &Instruction) -> Result<(Frag, bool), String> {
         (false, true) => false,
         _ => return Err("wmma.load/store needs exactly one of .row and .col".into()),
     };
+    // sub-byte A is only row-major and B only column-major: each lane's fragment register is
+    // then 32 consecutive bits of memory
+    if is_sub_byte(ty) && row != (kind == FragKind::A) {
+        return Err("sub-byte and .b1 wmma loads need .row for A and .col for B".into());
+    }
     Ok((Frag::new(kind, ty, shape), row))
 }
 
@@ -304,15 +335,23 @@ pub enum WmmaOp {
         b: Vec<u32>,
         c: Vec<u32>,
     },
-    /// `mma.sp`: `spec` is the dense form (k doubled from the compressed A).
+    /// `mma.sp` ([`crate::mma_sp`]): `a` is the compressed A fragment.
     Sparse {
-        spec: MmaSpec,
+        spec: crate::mma_sp::SparseSpec,
         d: Vec<u32>,
         a: Vec<u32>,
         b: Vec<u32>,
         c: Vec<u32>,
         meta: u32,
         sel: u32,
+    },
+    /// An `mma` or sub-byte `wmma.mma` form of [`crate::mma_any`].
+    Any {
+        spec: crate::mma_any::AnySpec,
+        d: Vec<u32>,
+        a: Vec<u32>,
+        b: Vec<u32>,
+        c: Vec<u32>,
     },
     /// `movmatrix.sync.aligned.m8n8.trans.b16 d, a`
     Movmatrix { d: u32, a: u32 },
@@ -436,70 +475,4 @@ pub fn movmatrix(a: &Lanes) -> Lanes {
         *v = el(2 * q, r) | (el(2 * q + 1, r) << 16);
     }
     d
-}
-
-/// The dense `mma` form of `mma.sp` and its register counts (A compressed: half of dense).
-pub fn sparse_spec(ins: &Instruction) -> Result<MmaSpec, String> {
-    let Some(Mod::Shape { m, n, k: Some(k) }) = ins.shape() else {
-        return Err("mma.sp needs a .mMnNkK shape".into());
-    };
-    let tys: Vec<Ty> = ins.types().collect();
-    let [dty, aty, bty, cty] = tys[..] else {
-        return Err("mma.sp needs four types (d, a, b, c)".into());
-    };
-    if (m, n, k) != (16, 8, 16) || !matches!(aty, Ty::F16 | Ty::Bf16) {
-        return Err(format!(
-            "mma.sp: only .m16n8k16 with .f16/.bf16 inputs is emulated, not .m{m}n{n}k{k}.{aty}"
-        ));
-    }
-    if !(ins.has(Flag::Row) && ins.has(Flag::Col)) {
-        return Err("mma.sp needs .row.col".into());
-    }
-    MmaSpec::new(
-        (m as u32, n as u32, k as u32),
-        dty,
-        aty,
-        bty,
-        cty,
-        ins.has(Flag::Satfinite),
-    )
-}
-
-/// Expands the compressed A fragment of `mma.sp` m16n8k16 (16-bit types) to the dense
-/// m16n8k16 A fragment using the metadata (PTX ISA, "Sparse matrix storage" / metadata of
-/// m16n8k16 .f16/.bf16): A is stored as its non-zero half, `(g, 2q + i)` and `(g + 8, 2q + i)`
-/// in registers 0 and 1 as for a dense m16n8k8 A; each group of four consecutive A elements of
-/// a row has two non-zeros whose 2-bit positions in the group the metadata holds, first
-/// non-zero in the lower bits. One thread of each group of four (lane `4g + sel`) provides the
-/// metadata of rows `g` (bits 0..15) and `g + 8` (bits 16..31), group `j` at bits `4j..4j+3`.
-pub fn expand_sparse(a: &[&Lanes], meta: &Lanes, sel: usize) -> [Lanes; 4] {
-    let mut dense = [[0u16; 16]; 16];
-    for g in 0..8 {
-        let md = meta[4 * g + (sel & 3)] as u32;
-        for half in 0..2 {
-            let row = g + 8 * half;
-            let bits = md >> (16 * half);
-            for j in 0..4 {
-                for slot in 0..2 {
-                    // compressed column 2j + slot lives with lane 4g + j, half `slot`
-                    let v = a
-                        .get(half)
-                        .map_or(0, |r| (r[4 * g + j] >> (16 * slot)) & 0xffff)
-                        as u16;
-                    let idx = (bits >> (4 * j + 2 * slot)) & 3;
-                    dense[row][4 * j + idx as usize] = v;
-                }
-            }
-        }
-    }
-    // dense m16n8k16 A: register i holds (g + 8*(i&1), 2q + 8*(i>>1)) and the next column
-    let mut out = [[0u64; 32]; 4];
-    for (i, reg) in out.iter_mut().enumerate() {
-        for (lane, v) in reg.iter_mut().enumerate() {
-            let (g, q) = (lane >> 2, lane & 3);
-            let (r, c) = (g + 8 * (i & 1), 2 * q + 8 * (i >> 1));
-            *v = dense[r][c] as u64 | ((dense[r][c + 1] as u64) << 16);
-        }
-    }
-    out
 }

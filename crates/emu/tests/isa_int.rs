@@ -331,7 +331,16 @@ fn cvt_pack_sat() {
             move |a, b, _| sat(a, bits, signed) << bits | sat(b, bits, signed),
         ));
     }
-    for (ty, bits, signed) in [("u8", 8, false), ("s8", 8, true)] {
+    let narrow = [
+        ("u8", 8, false),
+        ("s8", 8, true),
+        ("u4", 4, false),
+        ("s4", 4, true),
+    ];
+    for (ty, bits, signed) in narrow
+        .into_iter()
+        .chain([("u2", 2, false), ("s2", 2, true)])
+    {
         cases.push(case(
             format!("cvt.pack.sat.{ty}.s32.b32 %r10, %r1, %r2, %r3;"),
             move |a, b, c| c << (2 * bits) | sat(a, bits, signed) << bits | sat(b, bits, signed),
@@ -344,6 +353,9 @@ fn cvt_pack_sat() {
             .map(|i| {
                 if i % 2 == 0 {
                     rng.gen_range(-70000i32..70000) as u32
+                } else if i % 4 == 1 {
+                    // around the 2- and 4-bit ranges
+                    rng.gen_range(-12i32..20) as u32
                 } else {
                     rng.gen_range(-300i32..300) as u32
                 }

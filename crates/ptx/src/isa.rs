@@ -231,6 +231,10 @@ opcodes! {
     WgmmaWaitGroup "wgmma.wait_group" 0 1 1 90 80 [N];
     WgmmaMmaAsync "wgmma.mma_async" 1 3 7 90 80
         [Dst A BDesc ScaleD (?ImmScaleA) (?ImmScaleB) (?ImmTransA unless_vec 1) (?ImmTransB)];
+    // sparse A (compressed, from registers or a descriptor) with its metadata and selector
+    WgmmaMmaAsyncSp "wgmma.mma_async.sp" 1 5 9 90 82
+        [Dst A BDesc (Meta: B32) SparsitySel ScaleD (?ImmScaleA) (?ImmScaleB)
+         (?ImmTransA unless_vec 1) (?ImmTransB)];
     Setmaxnreg "setmaxnreg" 0 1 1 90 80 [RegCount]; Griddepcontrol "griddepcontrol" 0 0 0 90 78;
     Mapa "mapa" 1 2 2 90 78 [(Dst: T) (A: T) (CtaRank: U32)]; Getctarank "getctarank" 1 1 1 90 78 [Dst A];
     // textures and surfaces (unified mode: the handle is a .u64 operand; emu::texture)
@@ -296,6 +300,8 @@ pub fn requirement(ins: &Instruction) -> Requirement {
     let has_flag = |f: Flag| ins.mods.contains(&Mod::Flag(f));
     match ins.op {
         Opcode::Mma => mma_needs(ins, fp8, &mut need),
+        // FP8 sparse mma: sm_89 and PTX 8.4 (`::ordered_metadata` itself needs 8.5: its row)
+        Opcode::MmaSp | Opcode::MmaSpOrdered if fp8 => need(89, 84),
         Opcode::Cvt => {
             let dst = ins.ty();
             let src = ins.types().nth(1);
@@ -345,6 +351,14 @@ pub fn requirement(ins: &Instruction) -> Requirement {
         | Opcode::WgmmaMmaAsync
         | Opcode::Setmaxnreg
         | Opcode::TensormapReplace => r.arch_specific = true,
+        Opcode::WgmmaMmaAsyncSp => {
+            r.arch_specific = true;
+            // mixed s8/u8 inputs arrived in PTX 8.4
+            let tys: Vec<Ty> = ins.types().collect();
+            if matches!(tys[..], [_, Ty::S8, Ty::U8] | [_, Ty::U8, Ty::S8]) {
+                need(90, 84);
+            }
+        }
         Opcode::Add | Opcode::Sub | Opcode::Mul => {
             if bf16 {
                 need(90, 78);
@@ -443,9 +457,16 @@ pub fn requirement(ins: &Instruction) -> Requirement {
         | Opcode::WmmaLoadC
         | Opcode::WmmaStoreD
         | Opcode::WmmaMma => {
-            // integer forms arrived with sm_72, bf16/tf32/f64 with sm_80
+            // integer forms arrived with sm_72, sub-byte and .b1 with sm_75, bf16/tf32/f64
+            // with sm_80, `.and.popc` with sm_80 and PTX 7.1
             if has_ty(Ty::S8) || has_ty(Ty::U8) || has_ty(Ty::S32) {
                 need(72, 63);
+            }
+            if has_ty(Ty::S4) || has_ty(Ty::U4) || has_ty(Ty::B1) {
+                need(75, 63);
+            }
+            if ins.has(Flag::And) {
+                need(80, 71);
             }
             if bf16 || has_ty(Ty::Tf32) || has_ty(Ty::F64) {
                 need(80, 70);
@@ -459,6 +480,13 @@ pub fn requirement(ins: &Instruction) -> Requirement {
 /// `mma.sync`: the target and ISA version of each shape and input type (FP8 on sm_89).
 fn mma_needs(ins: &Instruction, fp8: bool, need: &mut dyn FnMut(u32, u32)) {
     let at = ins.types().nth(1);
+    // `.b1` `.and.popc` needs sm_80 and PTX 7.1; m8n8k128 `.b1` PTX 7.0 (ptxas 13.5)
+    if ins.has(Flag::And) {
+        need(80, 71);
+    }
+    if at == Some(Ty::B1) {
+        need(75, 70);
+    }
     match (ins.shape(), at) {
         // f16 accumulators with FP8 inputs arrived in PTX 8.7.
         _ if fp8 && ins.types().next() == Some(Ty::F16) => need(89, 87),

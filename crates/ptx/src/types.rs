@@ -35,6 +35,8 @@ enum_str! {
         E4m3 => "e4m3", E5m2 => "e5m2", E4m3x2 => "e4m3x2", E5m2x2 => "e5m2x2",
         E4m3x4 => "e4m3x4", E5m2x4 => "e5m2x4", Ue8m0x2 => "ue8m0x2",
         Texref => "texref", Samplerref => "samplerref", Surfref => "surfref",
+        // sub-byte element types: only instruction modifiers (mma/wmma inputs, cvt.pack)
+        U4 => "u4", S4 => "s4", U2 => "u2", S2 => "s2", B1 => "b1",
     }
 }
 
@@ -54,7 +56,8 @@ impl Ty {
     pub fn size(self) -> u32 {
         use Ty::*;
         match self {
-            Pred | B8 | U8 | S8 | E4m3 | E5m2 => 1,
+            // sub-byte types occupy at least a byte wherever a size is asked for
+            Pred | B8 | U8 | S8 | E4m3 | E5m2 | U4 | S4 | U2 | S2 | B1 => 1,
             B16 | U16 | S16 | F16 | Bf16 | E4m3x2 | E5m2x2 | Ue8m0x2 => 2,
             B32 | U32 | S32 | F32 | F16x2 | Bf16x2 | Tf32 | E4m3x4 | E5m2x4 => 4,
             B64 | U64 | S64 | F64 | Texref | Samplerref | Surfref => 8,
@@ -63,19 +66,20 @@ impl Ty {
     }
     /// Size in bits.
     pub fn bits(self) -> u32 {
-        if self == Ty::Pred {
-            1
-        } else {
-            self.size() * 8
+        match self {
+            Ty::Pred | Ty::B1 => 1,
+            Ty::U2 | Ty::S2 => 2,
+            Ty::U4 | Ty::S4 => 4,
+            _ => self.size() * 8,
         }
     }
     pub fn kind(self) -> TyKind {
         use Ty::*;
         match self {
             Pred => TyKind::Pred,
-            B8 | B16 | B32 | B64 | B128 => TyKind::Bits,
-            U8 | U16 | U32 | U64 => TyKind::Unsigned,
-            S8 | S16 | S32 | S64 => TyKind::Signed,
+            B1 | B8 | B16 | B32 | B64 | B128 => TyKind::Bits,
+            U2 | U4 | U8 | U16 | U32 | U64 => TyKind::Unsigned,
+            S2 | S4 | S8 | S16 | S32 | S64 => TyKind::Signed,
             F16 | F16x2 | Bf16 | Bf16x2 | F32 | F64 | Tf32 | E4m3 | E5m2 | E4m3x2 | E5m2x2
             | E4m3x4 | E5m2x4 | Ue8m0x2 => TyKind::Float,
             Texref | Samplerref | Surfref => TyKind::Opaque,

@@ -861,6 +861,7 @@ impl<'a> FnCheck<'a> {
             } else if matches!(
                 i.op,
                 Opcode::WgmmaMmaAsync
+                    | Opcode::WgmmaMmaAsyncSp
                     | Opcode::WgmmaFence
                     | Opcode::WgmmaCommitGroup
                     | Opcode::WgmmaWaitGroup
@@ -1318,7 +1319,7 @@ impl<'a> FnCheck<'a> {
                 }
             }
             Mma => self.mma(i, &tys),
-            WgmmaMmaAsync => self.wgmma(i, &tys),
+            WgmmaMmaAsync | WgmmaMmaAsyncSp => self.wgmma(i, &tys),
             WmmaLoadA | WmmaLoadB | WmmaLoadC | WmmaStoreD | WmmaMma | MmaSp | MmaSpOrdered
             | Movmatrix | Stacksave | Stackrestore | Alloca => self.isa_tc(i),
             _ => {}
@@ -1345,11 +1346,21 @@ impl<'a> FnCheck<'a> {
     fn cvt_pack(&mut self, i: &Instruction, tys: &[Ty]) {
         let a = &i.args;
         let wide = matches!(tys, [Ty::U16 | Ty::S16, Ty::S32]);
-        let narrow = matches!(tys, [Ty::U8 | Ty::S8, Ty::S32, Ty::B32]);
+        let narrow = matches!(
+            tys,
+            [
+                Ty::U8 | Ty::S8 | Ty::U4 | Ty::S4 | Ty::U2 | Ty::S2,
+                Ty::S32,
+                Ty::B32
+            ]
+        );
         let why = if !i.has(Flag::Sat) {
             Some("`cvt.pack` needs .sat".to_string())
         } else if !(wide || narrow) {
-            Some("`cvt.pack` takes .{u16,s16}.s32 or .{u8,s8}.s32.b32".to_string())
+            Some(
+                "`cvt.pack` takes .{u16,s16}.s32 or .{u8,s8}.s32.b32 (also .u4, .s4, .u2, .s2)"
+                    .to_string(),
+            )
         } else if a.len() != if wide { 3 } else { 4 } {
             Some(format!(
                 "this `cvt.pack` form takes {} operands, found {}",
@@ -1597,6 +1608,14 @@ impl FnCheck<'_> {
             Ty::E4m3 | Ty::E5m2 | Ty::S8 | Ty::U8 => Some(32),
             _ => None,
         };
+        // the sparse form's k counts the dense A columns: twice the dense form's
+        let want_k = want_k.map(|k| {
+            if i.op == Opcode::WgmmaMmaAsyncSp {
+                2 * k
+            } else {
+                k
+            }
+        });
         let shape = format!("m{m}n{n}k{k}");
         let n_ok = if matches!(at, Ty::S8 | Ty::U8) {
             n % 8 == 0 && (8..=256).contains(&n) && (n <= 24 || n % 16 == 0)

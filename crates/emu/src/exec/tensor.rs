@@ -1,6 +1,8 @@
 //! Execution of tensor-core ops: `mma`, `ldmatrix`/`stmatrix`, `wgmma.*`, `setmaxnreg`.
 
 use super::*;
+
+mod wgmma_sp;
 use crate::hopper::DescAddr;
 
 impl Cta {
@@ -301,7 +303,9 @@ impl Cta {
         let mut chunks: Vec<u32> = Vec::new();
         // A: 16 x k for this warp.
         let mut a = vec![0f64; 16 * k];
-        if spec.a_regs {
+        if let Some(sp) = op.sparse {
+            a = self.wgmma_sparse_a(wi, op, sp, (wr, l0), &mut chunks)?;
+        } else if spec.a_regs {
             let w = &self.warps[wi];
             let per = (4 / ea) as usize;
             for lane in 0..32 {
@@ -400,12 +404,8 @@ impl Cta {
                 let (r, c) = acc_pos(lane, i);
                 let sum = sums[r * n + c];
                 if spec.dty == Ty::S32 {
-                    let prev = if acc {
-                        out[lane] as u32 as i32 as i64
-                    } else {
-                        0
-                    };
-                    out[lane] = (prev.wrapping_add(sum as i64)) as i32 as u32 as u64;
+                    let prev = if acc { out[lane] } else { 0 };
+                    out[lane] = add_s32(prev, sum, op.satfinite);
                 } else {
                     let prev = if acc {
                         f32::from_bits(out[lane] as u32) as f64
@@ -421,6 +421,18 @@ impl Cta {
         }
         Ok(())
     }
+}
+
+/// An s32 accumulator `prev` (raw bits) plus an exact integer sum: clamped to the s32 range
+/// with `.satfinite`, else wrapped.
+fn add_s32(prev: u64, sum: f64, satfinite: bool) -> u64 {
+    let v = (prev as u32 as i32 as i64).wrapping_add(sum as i64);
+    let v = if satfinite {
+        v.clamp(i32::MIN as i64, i32::MAX as i64)
+    } else {
+        v
+    };
+    v as i32 as u32 as u64
 }
 
 /// One wgmma shared-memory operand to decode: `no` rows of A (or columns of B) from `o0`, each

@@ -65,15 +65,27 @@ impl Cta {
                 meta,
                 sel,
             } => {
-                let model = ctx.numerics.model(ctx.prog.target_sm, spec.aty);
+                let model = ctx.numerics.model(ctx.prog.target_sm, spec.dense.aty);
                 let w = &mut self.warps[wi];
                 let ra: Vec<&Lanes> = a.iter().map(|s| &w.regs[*s as usize]).collect();
-                let dense = wm::expand_sparse(&ra, &w.regs[*meta as usize], *sel as usize);
+                let dense = spec.expand(&ra, &w.regs[*meta as usize], *sel);
                 let da: Vec<&Lanes> = dense.iter().collect();
                 let rb: Vec<&Lanes> = b.iter().map(|s| &w.regs[*s as usize]).collect();
                 let rc: Vec<&Lanes> = c.iter().map(|s| &w.regs[*s as usize]).collect();
                 let mut out = vec![[0u64; 32]; d.len()];
-                crate::mma::mma_sync_with(spec, model.as_ref(), &da, &rb, &rc, &mut out);
+                crate::mma_any::mma_any(&spec.dense, model.as_ref(), (&da, &rb, &rc), &mut out);
+                for (k, s) in d.iter().enumerate() {
+                    Cta::write_masked(w, *s, m, &out[k]);
+                }
+            }
+            WmmaOp::Any { spec, d, a, b, c } => {
+                let model = ctx.numerics.model(ctx.prog.target_sm, spec.aty);
+                let w = &mut self.warps[wi];
+                let ra: Vec<&Lanes> = a.iter().map(|s| &w.regs[*s as usize]).collect();
+                let rb: Vec<&Lanes> = b.iter().map(|s| &w.regs[*s as usize]).collect();
+                let rc: Vec<&Lanes> = c.iter().map(|s| &w.regs[*s as usize]).collect();
+                let mut out = vec![[0u64; 32]; d.len()];
+                crate::mma_any::mma_any(spec, model.as_ref(), (&ra, &rb, &rc), &mut out);
                 for (k, s) in d.iter().enumerate() {
                     Cta::write_masked(w, *s, m, &out[k]);
                 }
@@ -110,6 +122,9 @@ impl Cta {
         at: (u32, i64, Option<u32>),
         space: MSpace,
     ) -> Result<Vec<Lanes>, FaultKind> {
+        if wm::is_sub_byte(frag.ty) {
+            return self.wmma_load_packed(ctx, wi, (frag, row), at, space);
+        }
         let size = frag.ty.size();
         let mut out = vec![[0u64; 32]; frag.regs()];
         for l in lanes_of(self.warps[wi].live) {
@@ -121,6 +136,29 @@ impl Cta {
                 let v = self.load(ctx, wi, &loc, size, Ordering::Relaxed);
                 frag.put(&mut out, l, e, v);
             }
+        }
+        Ok(out)
+    }
+
+    /// `wmma.load` of a sub-byte or `.b1` A (row-major) or B (column-major) fragment: each
+    /// lane's one register is the 32 consecutive bits of memory holding its elements (element
+    /// `i` of a row at bit `i * bits` counted from the row's first byte, low bits first).
+    fn wmma_load_packed(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        (frag, row): (&Frag, bool),
+        at: (u32, i64, Option<u32>),
+        space: MSpace,
+    ) -> Result<Vec<Lanes>, FaultKind> {
+        let bits = u64::from(frag.ty.bits());
+        let mut out = vec![[0u64; 32]; 1];
+        for l in lanes_of(self.warps[wi].live) {
+            let (base, ld) = self.wmma_base(wi, l, at, wm::default_ld(frag, row));
+            let i = wm::mem_index(row, frag.pos(l, 0), ld);
+            let a = base.wrapping_add(i * bits / 8);
+            let loc = self.locate(ctx, space, a, 4, l, ctx.prog.local_bytes)?;
+            out[0][l] = self.load(ctx, wi, &loc, 4, Ordering::Relaxed);
         }
         Ok(out)
     }

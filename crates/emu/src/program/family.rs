@@ -147,6 +147,7 @@ pub fn family(op: Opcode, float: bool) -> Family {
         O::MmaSp | O::MmaSpOrdered | O::Movmatrix => F::Tensor,
         O::Mma | O::Ldmatrix | O::Stmatrix | O::WgmmaFence | O::WgmmaCommitGroup => F::Tensor,
         O::WgmmaWaitGroup | O::WgmmaMmaAsync | O::Setmaxnreg => F::Tensor,
+        O::WgmmaMmaAsyncSp => F::Tensor,
         O::CpAsync | O::CpAsyncCommitGroup | O::CpAsyncWaitGroup | O::CpAsyncWaitAll => {
             F::AsyncCopy
         }

@@ -14,6 +14,10 @@ impl Decoder<'_> {
         let arg = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
+            // sub-byte, .b1 and m8n8k16 forms: `crate::mma_any`, decoded with the wmma family
+            O::Mma if crate::mma_any::AnySpec::is_dense_form(ins) => {
+                return self.decode_wmma(ins, ins0, guard)
+            }
             O::Mma => {
                 let spec = MmaSpec::from_instruction(ins).map_err(|e| self.err(ins, e))?;
                 let d = self.vec_dsts(ins, arg(Role::Dst)?)?;
@@ -103,7 +107,7 @@ impl Decoder<'_> {
                 };
                 Op::WgmmaWait { n }
             }
-            O::WgmmaMmaAsync => {
+            O::WgmmaMmaAsync | O::WgmmaMmaAsyncSp => {
                 let spec = crate::hopper::WgmmaSpec::from_instruction(ins)
                     .map_err(|e| self.err(ins, e))?;
                 let d = self.vec_dsts(ins, arg_r(Role::Dst)?)?;
@@ -141,6 +145,11 @@ impl Decoder<'_> {
                 let neg_b = imm(Role::ImmScaleB, 1) == -1;
                 let trans_a = imm(Role::ImmTransA, 0) == 1;
                 let trans_b = imm(Role::ImmTransB, 0) == 1;
+                let sparse = if ins.op == O::WgmmaMmaAsyncSp {
+                    Some(self.wgmma_sparse(ins, &spec)?)
+                } else {
+                    None
+                };
                 Op::Wgmma(Box::new(WgmmaOp {
                     spec,
                     d,
@@ -152,6 +161,8 @@ impl Decoder<'_> {
                     neg_b,
                     trans_a,
                     trans_b,
+                    sparse,
+                    satfinite: ins.has(Flag::Satfinite),
                 }))
             }
             O::Setmaxnreg => {
@@ -173,5 +184,26 @@ impl Decoder<'_> {
         };
         self.push(op, ins0, guard);
         Ok(())
+    }
+}
+
+impl Decoder<'_> {
+    /// The metadata slot and sparsity selector of `wgmma.mma_async.sp` ([`crate::mma_sp`]).
+    fn wgmma_sparse(
+        &mut self,
+        ins: &Instruction,
+        spec: &crate::hopper::WgmmaSpec,
+    ) -> Result<(u32, u32), EmuError> {
+        let kernel = self.f;
+        let layout = crate::mma_sp::SparseLayout::for_wgmma(spec.aty);
+        let meta = self.src(ins, role(kernel, ins, Role::Meta)?)?;
+        let max = layout.max_selector();
+        match role(kernel, ins, Role::SparsitySel)? {
+            Operand::Imm(i) if i.bits() <= max as u64 => Ok((meta, i.bits() as u32)),
+            _ => Err(self.err(
+                ins,
+                format!("the sparsity selector of this wgmma.mma_async.sp must be an immediate 0..={max}"),
+            )),
+        }
     }
 }

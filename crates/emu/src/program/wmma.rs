@@ -2,6 +2,8 @@
 //! `mma.sp` and `movmatrix` into [`Op::Wmma`] ([`crate::wmma`] has the forms and layouts).
 
 use super::*;
+use crate::mma_any::AnySpec;
+use crate::mma_sp::SparseSpec;
 use crate::wmma::{self as wm, WmmaOp};
 
 /// The opcodes this module decodes (the rest of the tensor family goes to `tensor.rs`).
@@ -12,6 +14,9 @@ pub(super) fn is_wmma_family(op: Opcode) -> bool {
         O::WmmaLoadA | O::WmmaLoadB | O::WmmaLoadC | O::WmmaStoreD | O::WmmaMma | O::MmaSp
     ) || matches!(op, O::MmaSpOrdered | O::Movmatrix)
 }
+
+/// The D, A, B and C fragment registers of an mma-like instruction.
+type Frags = (Vec<u32>, Vec<u32>, Vec<u32>, Vec<u32>);
 
 impl Decoder<'_> {
     /// Decodes one instruction of [`is_wmma_family`].
@@ -24,8 +29,14 @@ impl Decoder<'_> {
         use Opcode as O;
         let op = match ins.op {
             O::WmmaLoadA | O::WmmaLoadB | O::WmmaLoadC | O::WmmaStoreD => self.wmma_ldst(ins)?,
+            O::WmmaMma if ins.types().any(wm::is_sub_byte) => {
+                let spec = AnySpec::from_wmma(ins).map_err(|e| self.err(ins, e))?;
+                let (d, a, b, c) = self.mma_frags(ins, spec.frag_counts())?;
+                WmmaOp::Any { spec, d, a, b, c }
+            }
             O::WmmaMma => self.wmma_mma(ins)?,
             O::MmaSp | O::MmaSpOrdered => self.mma_sparse(ins)?,
+            O::Mma => self.mma_any(ins)?,
             O::Movmatrix => {
                 if !(ins.has(Flag::Trans) && ins.ty() == Some(Ty::B16)) {
                     return Err(self.err(ins, "movmatrix needs .m8n8.trans.b16"));
@@ -110,28 +121,21 @@ impl Decoder<'_> {
     fn mma_sparse(&mut self, ins: &Instruction) -> Result<WmmaOp, EmuError> {
         let kernel = self.f;
         let arg = |r: Role| role(kernel, ins, r);
-        let spec = wm::sparse_spec(ins).map_err(|e| self.err(ins, e))?;
-        let d = self.vec_dsts(ins, arg(Role::Dst)?)?;
-        let a = self.vec_srcs(ins, arg(Role::A)?)?;
-        let b = self.vec_srcs(ins, arg(Role::B)?)?;
-        let c = self.vec_srcs(ins, arg(Role::C)?)?;
+        let spec = SparseSpec::from_instruction(ins).map_err(|e| self.err(ins, e))?;
+        let (d, a, b, c) = self.mma_frags(ins, spec.frag_counts())?;
         let meta = self.src(ins, arg(Role::Meta)?)?;
+        let max = spec.max_selector();
         let sel = match arg(Role::SparsitySel)? {
-            Operand::Imm(i) if i.bits() < 4 => i.bits() as u32,
+            Operand::Imm(i) if i.bits() <= max as u64 => i.bits() as u32,
             _ => {
                 return Err(self.err(
                     ins,
-                    "mma.sp m16n8k16 sparsity selector must be an immediate 0..3",
+                    format!(
+                        "the sparsity selector of this mma.sp form must be an immediate 0..={max}"
+                    ),
                 ))
             }
         };
-        let (_, nb, nc, nd) = spec.frag_counts();
-        if a.len() != 2 || b.len() != nb || c.len() != nc || d.len() != nd {
-            return Err(self.err(
-                ins,
-                format!("mma.sp fragment register counts must be A 2, B {nb}, C {nc}, D {nd}"),
-            ));
-        }
         Ok(WmmaOp::Sparse {
             spec,
             d,
@@ -141,5 +145,37 @@ impl Decoder<'_> {
             meta,
             sel,
         })
+    }
+
+    /// A dense `mma` form of [`crate::mma_any`] (sub-byte, `.b1`, s8/u8 m8n8k16).
+    fn mma_any(&mut self, ins: &Instruction) -> Result<WmmaOp, EmuError> {
+        let spec = AnySpec::from_mma(ins).map_err(|e| self.err(ins, e))?;
+        let (d, a, b, c) = self.mma_frags(ins, spec.frag_counts())?;
+        Ok(WmmaOp::Any { spec, d, a, b, c })
+    }
+
+    /// The D, A, B and C fragment registers of an mma-like instruction, checked against the
+    /// counts `(a, b, c, d)` its form needs.
+    fn mma_frags(
+        &mut self,
+        ins: &Instruction,
+        (na, nb, nc, nd): (usize, usize, usize, usize),
+    ) -> Result<Frags, EmuError> {
+        let kernel = self.f;
+        let arg = |r: Role| role(kernel, ins, r);
+        let d = self.vec_dsts(ins, arg(Role::Dst)?)?;
+        let a = self.vec_srcs(ins, arg(Role::A)?)?;
+        let b = self.vec_srcs(ins, arg(Role::B)?)?;
+        let c = self.vec_srcs(ins, arg(Role::C)?)?;
+        if a.len() != na || b.len() != nb || c.len() != nc || d.len() != nd {
+            return Err(self.err(
+                ins,
+                format!(
+                    "`{}`: fragment register counts must be A {na}, B {nb}, C {nc}, D {nd}",
+                    ins.op.name()
+                ),
+            ));
+        }
+        Ok((d, a, b, c))
     }
 }
