@@ -123,6 +123,16 @@ roles! {
     RegCount => "imm-reg-count",
     /// `nanosleep`'s duration in nanoseconds (`t`).
     Time => "t",
+    /// `tex.level`'s level of detail, `txq.level`'s mipmap level (`lod`).
+    Lod => "lod",
+    /// `tex.grad`'s gradient along x (`dPdx`).
+    Dpdx => "dPdx",
+    /// `tex.grad`'s gradient along y (`dPdy`).
+    Dpdy => "dPdy",
+    /// A texture fetch's texel offset vector (`e`).
+    TexOffset => "e",
+    /// A texture fetch's depth-compare value (`f`).
+    DepthCompare => "f",
 }
 
 impl fmt::Display for Role {

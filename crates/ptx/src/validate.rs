@@ -1633,6 +1633,18 @@ fn collect_syms<'a>(o: &'a Operand, out: &mut Vec<&'a str>) {
             }
             coords.iter().for_each(|c| collect_syms(c, out));
         }
+        Operand::SampledAddr {
+            base,
+            sampler,
+            coords,
+        } => {
+            for b in [base, sampler] {
+                if let AddrBase::Sym(s) = b {
+                    out.push(s);
+                }
+            }
+            coords.iter().for_each(|c| collect_syms(c, out));
+        }
         Operand::Vec(v) | Operand::List(v) => v.iter().for_each(|x| collect_syms(x, out)),
         Operand::Pair(a, b) => {
             collect_syms(a, out);

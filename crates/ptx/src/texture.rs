@@ -1,0 +1,327 @@
+//! The texture and surface instruction forms as typed values: the geometry (`.1d` .. `.a2dms`)
+//! with the layout of its coordinate vector, the mipmap mode of `tex` (`.base`, `.level`,
+//! `.grad`), the `txq`/`suq` query attributes, and the field initialisers of module-scope
+//! `.texref`/`.samplerref` variables (`= { addr_mode_0 = wrap, filter_mode = linear }`). The
+//! validator checks instructions against these rules and the emulator decodes into them, so the
+//! coordinate layout of a geometry is written down once, here.
+//!
+//! Coordinate vectors as the PTX ISA lays them out (`c` of `[a, c]` / `[a, b, c]`):
+//! `.1d` {x}; `.2d` {x, y}; `.3d` {x, y, z, _}; `.a1d` {layer, x}; `.a2d` {layer, x, y, _};
+//! `.cube` {x, y, z, _} (a direction); `.acube` {layer, x, y, z}; `.2dms` {sample, x, y, _};
+//! `.a2dms` {layer, sample, x, y}. Layer and sample indices are 32-bit integers whatever the
+//! coordinate type; `_` slots are ignored.
+
+use crate::ir::{Init, Instruction, VarDecl};
+use crate::mods::{Flag, Mod};
+use std::fmt;
+
+/// A texture or surface geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TexGeom {
+    D1,
+    D2,
+    D3,
+    A1d,
+    A2d,
+    Cube,
+    Acube,
+    Dms2,
+    A2dms,
+}
+
+impl TexGeom {
+    /// Every geometry, in PTX ISA order.
+    pub const ALL: &'static [TexGeom] = &[
+        TexGeom::D1,
+        TexGeom::D2,
+        TexGeom::D3,
+        TexGeom::A1d,
+        TexGeom::A2d,
+        TexGeom::Cube,
+        TexGeom::Acube,
+        TexGeom::Dms2,
+        TexGeom::A2dms,
+    ];
+
+    /// The geometry a modifier names (`.2d` is [`Mod::Dim`], `.a2d` a [`Flag`]).
+    pub fn from_mod(m: &Mod) -> Option<TexGeom> {
+        Some(match m {
+            Mod::Dim(1) => TexGeom::D1,
+            Mod::Dim(2) => TexGeom::D2,
+            Mod::Dim(3) => TexGeom::D3,
+            Mod::Flag(Flag::A1d) => TexGeom::A1d,
+            Mod::Flag(Flag::A2d) => TexGeom::A2d,
+            Mod::Flag(Flag::Cube) => TexGeom::Cube,
+            Mod::Flag(Flag::Acube) => TexGeom::Acube,
+            Mod::Flag(Flag::Dms2) => TexGeom::Dms2,
+            Mod::Flag(Flag::A2dms) => TexGeom::A2dms,
+            _ => return None,
+        })
+    }
+
+    /// The modifier as written.
+    pub fn to_mod(self) -> Mod {
+        match self {
+            TexGeom::D1 => Mod::Dim(1),
+            TexGeom::D2 => Mod::Dim(2),
+            TexGeom::D3 => Mod::Dim(3),
+            TexGeom::A1d => Flag::A1d.into(),
+            TexGeom::A2d => Flag::A2d.into(),
+            TexGeom::Cube => Flag::Cube.into(),
+            TexGeom::Acube => Flag::Acube.into(),
+            TexGeom::Dms2 => Flag::Dms2.into(),
+            TexGeom::A2dms => Flag::A2dms.into(),
+        }
+    }
+
+    /// Elements of the coordinate vector as written (the `_` padding included).
+    pub fn coord_len(self) -> usize {
+        match self {
+            TexGeom::D1 => 1,
+            TexGeom::D2 | TexGeom::A1d => 2,
+            _ => 4,
+        }
+    }
+
+    /// Texel-space dimensions addressed by coordinates (a cube direction has 3, sampled on a
+    /// 2D face).
+    pub fn spatial(self) -> usize {
+        match self {
+            TexGeom::D1 | TexGeom::A1d => 1,
+            TexGeom::D2 | TexGeom::A2d | TexGeom::Dms2 | TexGeom::A2dms => 2,
+            TexGeom::D3 | TexGeom::Cube | TexGeom::Acube => 3,
+        }
+    }
+
+    /// Position of the layer index in the coordinate vector, for layered geometries.
+    pub fn layer_slot(self) -> Option<usize> {
+        matches!(
+            self,
+            TexGeom::A1d | TexGeom::A2d | TexGeom::Acube | TexGeom::A2dms
+        )
+        .then_some(0)
+    }
+
+    /// Position of the sample index, for multisample geometries.
+    pub fn sample_slot(self) -> Option<usize> {
+        match self {
+            TexGeom::Dms2 => Some(0),
+            TexGeom::A2dms => Some(1),
+            _ => None,
+        }
+    }
+
+    /// Position of the first spatial coordinate.
+    pub fn first_coord(self) -> usize {
+        match self {
+            TexGeom::A1d | TexGeom::A2d | TexGeom::Acube | TexGeom::Dms2 => 1,
+            TexGeom::A2dms => 2,
+            _ => 0,
+        }
+    }
+
+    /// Whether coordinates are a cube-map direction.
+    pub fn is_cube(self) -> bool {
+        matches!(self, TexGeom::Cube | TexGeom::Acube)
+    }
+
+    /// Whether the geometry is multisampled.
+    pub fn is_ms(self) -> bool {
+        matches!(self, TexGeom::Dms2 | TexGeom::A2dms)
+    }
+
+    /// Elements of a `tex.grad` gradient vector (`dPdx`, `dPdy`): 1, 2, or 4 for directions
+    /// and volumes (the fourth ignored).
+    pub fn grad_len(self) -> usize {
+        match self.spatial() {
+            1 => 1,
+            2 => 2,
+            _ => 4,
+        }
+    }
+
+    /// Elements of a coordinate-offset vector (`e`): one per spatial dimension, 4 for `.3d`.
+    pub fn offset_len(self) -> usize {
+        self.grad_len()
+    }
+}
+
+impl fmt::Display for TexGeom {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.to_mod())
+    }
+}
+
+/// How `tex` picks a mipmap level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MipMode {
+    /// No modifier: level 0 (compute kernels have no implicit derivatives).
+    Implicit,
+    /// `.base`: level 0.
+    Base,
+    /// `.level`: the level of detail is an operand.
+    Level,
+    /// `.grad`: from the gradient operands `dPdx`, `dPdy`.
+    Grad,
+}
+
+/// A `txq`/`suq` attribute (the `.level` forms of `txq` query one mipmap level's extent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TexQuery {
+    Width,
+    Height,
+    Depth,
+    ChannelDataType,
+    ChannelOrder,
+    NormalizedCoords,
+    FilterMode,
+    AddrMode(u8),
+    ArraySize,
+    NumMipmapLevels,
+    NumSamples,
+    MemoryLayout,
+}
+
+impl TexQuery {
+    const FLAGS: [(Flag, TexQuery); 14] = [
+        (Flag::Width, TexQuery::Width),
+        (Flag::Height, TexQuery::Height),
+        (Flag::Depth, TexQuery::Depth),
+        (Flag::ChannelDataType, TexQuery::ChannelDataType),
+        (Flag::ChannelOrder, TexQuery::ChannelOrder),
+        (Flag::NormalizedCoords, TexQuery::NormalizedCoords),
+        (Flag::FilterMode, TexQuery::FilterMode),
+        (Flag::AddrMode0, TexQuery::AddrMode(0)),
+        (Flag::AddrMode1, TexQuery::AddrMode(1)),
+        (Flag::AddrMode2, TexQuery::AddrMode(2)),
+        (Flag::ArraySize, TexQuery::ArraySize),
+        (Flag::NumMipmapLevels, TexQuery::NumMipmapLevels),
+        (Flag::NumSamples, TexQuery::NumSamples),
+        (Flag::MemoryLayout, TexQuery::MemoryLayout),
+    ];
+
+    /// Whether `txq` (`surface == false`) or `suq` accepts the attribute (ptxas 13.5).
+    pub fn allowed(self, surface: bool) -> bool {
+        use TexQuery::*;
+        match self {
+            Width | Height | Depth | ChannelDataType | ChannelOrder | ArraySize => true,
+            MemoryLayout => surface,
+            NormalizedCoords | FilterMode | AddrMode(_) | NumMipmapLevels | NumSamples => {
+                !surface
+            }
+        }
+    }
+
+    /// Whether the attribute is one of a sampler's (a `.samplerref` answers only these).
+    pub fn of_sampler(self) -> bool {
+        matches!(
+            self,
+            TexQuery::NormalizedCoords | TexQuery::FilterMode | TexQuery::AddrMode(_)
+        )
+    }
+}
+
+impl Instruction {
+    /// The texture/surface geometry modifier, if any.
+    pub fn tex_geom(&self) -> Option<TexGeom> {
+        self.mods.iter().find_map(TexGeom::from_mod)
+    }
+
+    /// `tex`'s mipmap mode.
+    pub fn mip_mode(&self) -> MipMode {
+        if self.has(Flag::Level) {
+            MipMode::Level
+        } else if self.has(Flag::Grad) {
+            MipMode::Grad
+        } else if self.has(Flag::Base) {
+            MipMode::Base
+        } else {
+            MipMode::Implicit
+        }
+    }
+
+    /// The `txq`/`suq` attribute, if any.
+    pub fn tex_query(&self) -> Option<TexQuery> {
+        TexQuery::FLAGS
+            .iter()
+            .find(|(f, _)| self.has(*f))
+            .map(|(_, q)| *q)
+    }
+}
+
+/// A field of a `.texref`/`.samplerref` initialiser.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RefField {
+    AddrMode(u8),
+    FilterMode,
+    /// `.texref` only.
+    NormalizedCoords,
+    /// `.samplerref` only.
+    ForceUnnormalizedCoords,
+}
+
+/// An addressing mode as an initialiser names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RefAddrMode {
+    Wrap,
+    Mirror,
+    ClampOgl,
+    ClampToEdge,
+    ClampToBorder,
+}
+
+/// A field value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RefValue {
+    AddrMode(RefAddrMode),
+    /// `filter_mode`: `linear` (true) or `nearest`.
+    Linear(bool),
+    Bool(bool),
+}
+
+/// The fields a `.texref`/`.samplerref` declaration initialises, checked: an error names the
+/// field and says what is wrong. Variables of other types, or without initialiser, have none.
+pub fn ref_fields(v: &VarDecl) -> Result<Vec<(RefField, RefValue)>, String> {
+    let Some(init) = &v.init else {
+        return Ok(Vec::new());
+    };
+    let sampler = v.ty == crate::Ty::Samplerref;
+    let mut out = Vec::new();
+    for i in init {
+        let Init::Field { name, value } = i else {
+            return Err(format!("`{}`: expected `field = value`", v.name));
+        };
+        let field = match name.as_str() {
+            "addr_mode_0" => RefField::AddrMode(0),
+            "addr_mode_1" => RefField::AddrMode(1),
+            "addr_mode_2" => RefField::AddrMode(2),
+            "filter_mode" => RefField::FilterMode,
+            "normalized_coords" if !sampler => RefField::NormalizedCoords,
+            "force_unnormalized_coords" if sampler => RefField::ForceUnnormalizedCoords,
+            _ => return Err(format!("`{}`: unknown field `{name}`", v.name)),
+        };
+        let word = match value.as_ref() {
+            Init::Sym { name, offset: 0, .. } => name.as_str(),
+            Init::Int(0) => "0",
+            Init::Int(1) => "1",
+            _ => "",
+        };
+        let val = match (field, word) {
+            (RefField::AddrMode(_), w) => RefValue::AddrMode(match w {
+                "wrap" => RefAddrMode::Wrap,
+                "mirror" => RefAddrMode::Mirror,
+                "clamp_ogl" => RefAddrMode::ClampOgl,
+                "clamp_to_edge" => RefAddrMode::ClampToEdge,
+                "clamp_to_border" => RefAddrMode::ClampToBorder,
+                _ => return Err(format!("`{}`: bad value for `{name}`", v.name)),
+            }),
+            (RefField::FilterMode, "nearest") => RefValue::Linear(false),
+            (RefField::FilterMode, "linear") => RefValue::Linear(true),
+            (_, "0") if field != RefField::FilterMode => RefValue::Bool(false),
+            (_, "1") if field != RefField::FilterMode => RefValue::Bool(true),
+            _ => return Err(format!("`{}`: bad value for `{name}`", v.name)),
+        };
+        out.push((field, val));
+    }
+    Ok(out)
+}
