@@ -117,9 +117,9 @@ impl Cta {
             _ => false,
         };
         if !ok {
-            let what = if surface { "surface" } else { "texture" };
+            let what = if surface { "Surface" } else { "Texture" };
             return Err(fault(format!(
-                "handle {h:#x} is a {:?} object; this instruction needs a {what}",
+                "handle {h:#x} is a {:?} object; this instruction needs a {what} object",
                 d.kind
             )));
         }

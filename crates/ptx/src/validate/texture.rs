@@ -221,7 +221,7 @@ impl FnCheck<'_> {
         }
         if let Some(d) = i.operand(Role::Dst) {
             if width(d) != vec as usize {
-                let why = format!("`{name}` writes {vec} values, the operand has {}", width(d));
+                let why = format!("`{name}` moves {vec} values, the operand has {}", width(d));
                 self.diag(DiagKind::VectorWidth, i.loc, why);
             }
         }
