@@ -393,9 +393,9 @@ impl Cta {
         wl: (usize, usize),
         d: &TexDesc,
         p: Place,
-        (u, float): (&[f64], bool),
+        (u, float, linear): (&[f64], bool, bool),
     ) -> Result<Texel, FaultKind> {
-        if d.filter == Filter::Point || !float {
+        if !linear {
             let mut idx = [0i64; 3];
             for (k, x) in u.iter().enumerate() {
                 idx[k] = x.floor() as i64;
@@ -486,8 +486,13 @@ impl Cta {
             return Err(fault("tex: linear filtering needs an .f32 fetch".into()));
         }
         let lambda = self.lambda(wi, l, t, d, fcoord, mip);
+        let levels = d.mip_levels(lambda);
+        if levels[1].1 == 0.0 {
+            // one level: its value as sampled (a -0.0 texel stays -0.0)
+            return self.sample_level(ctx, wl, t, d, (levels[0].0, fcoord, float));
+        }
         let mut acc = [0.0f64; 4];
-        for (level, w) in d.mip_levels(lambda) {
+        for (level, w) in levels {
             if w == 0.0 {
                 continue;
             }
@@ -519,7 +524,9 @@ impl Cta {
             let (face, uv, _) = cube_face(self.cube_dir(wi, l, t, g), [[0.0; 3]; 2]);
             p.plane += face as i64;
             p.cube = true;
-            return self.filter_at(ctx, (wi, l), d, p, (&[uv[0] * w, uv[1] * w], float));
+            let linear = float && d.filter == Filter::Linear;
+            let u = [uv[0] * w, uv[1] * w];
+            return self.filter_at(ctx, (wi, l), d, p, (&u, float, linear));
         }
         let f = g.first_coord();
         let mut u = [0.0f64; 3];
@@ -534,8 +541,8 @@ impl Cta {
                 *x += self.warps[wi].regs[e[k] as usize][l] as u32 as i32 as f64;
             }
         }
-        let float = float && !g.is_ms();
-        self.filter_at(ctx, (wi, l), d, p, (&u[..g.spatial()], float))
+        let linear = float && d.filter == Filter::Linear && !g.is_ms();
+        self.filter_at(ctx, (wi, l), d, p, (&u[..g.spatial()], float, linear))
     }
 
     /// One lane of `tld4`: channel `comp` of the four texels a bilinear fetch would read, in

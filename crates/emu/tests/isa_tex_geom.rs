@@ -1,0 +1,756 @@
+//! Texture and surface forms beyond 1D/2D/3D unified-mode access (issue 16 item 3): mipmapped
+//! textures with `tex.base`/`tex.level`/`tex.grad` (point and linear mip filtering), layered,
+//! cube, cube-array and multisample geometries for `tex`/`tld4`, `txq.level` and the further
+//! query attributes, layered `suld.b`/`sust.b`, `sust.p` with conversion to every surface
+//! format, `sured.p`, module-scope `.texref`/`.surfref` variables bound from the host, and
+//! independent-mode `.samplerref` samplers. Every result is compared bit for bit with a host
+//! reference written here from the rules `emu::texture` documents (the CUDA Programming Guide's
+//! texture fetching and cubemap rules, plus the emulator's stated level-of-detail choices), on
+//! random inputs, outputs poisoned first. Every kernel goes through the validator,
+//! `parse(print(m)) == m` and, when installed, ptxas (sm_90a and sm_75).
+
+use emu::texture::{AddrMode, Filter, Sampler, TexDesc, TexFormat};
+use emu::{launch, Allocation, GlobalMemory, LaunchConfig, LaunchOptions, LoadedModule};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+
+/// Checks `text` (validator, printer round trip, ptxas on sm_90a and sm_75) and loads it.
+fn load(mem: &GlobalMemory, text: &str) -> LoadedModule {
+    let module = ptx::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let errors: Vec<_> = ptx::validate(&module)
+        .into_iter()
+        .filter(|d| d.is_error())
+        .collect();
+    assert!(errors.is_empty(), "validator: {errors:?}\n{text}");
+    assert_eq!(ptx::parse(&ptx::print(&module)).unwrap(), module);
+    if ptx::ptxas::ptxas_for_tests("isa_tex_geom test PTX").is_some() {
+        for arch in ["sm_90a", "sm_75"] {
+            let t = text.replace("sm_90a", arch);
+            ptx::ptxas::assemble(&t, arch, &Default::default())
+                .unwrap_or_else(|e| panic!("ptxas ({arch}) rejects the test PTX: {e}\n{t}"));
+        }
+    }
+    LoadedModule::load(mem, module, 0).unwrap()
+}
+
+fn run(m: &LoadedModule, mem: &GlobalMemory, threads: usize, params: &[u64]) -> Result<(), String> {
+    let p: Vec<u8> = params.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let cfg = LaunchConfig::linear(threads.div_ceil(128) as u32, 128);
+    launch(
+        m.kernel("k").unwrap(),
+        mem.snapshot(),
+        p,
+        &cfg,
+        &LaunchOptions::default(),
+    )
+    .map(|_| ())
+    .map_err(|e| e.to_string())
+}
+
+fn buffer(mem: &GlobalMemory, bytes: &[u8]) -> Arc<Allocation> {
+    let a = mem.alloc(bytes.len().max(1) as u64, 0).unwrap();
+    a.write_bytes(0, bytes);
+    a
+}
+
+fn poisoned(mem: &GlobalMemory, len: usize) -> Arc<Allocation> {
+    let a = mem.alloc(len as u64, 0).unwrap();
+    a.fill(0, len as u64, &[0xa5]);
+    a
+}
+
+fn words(a: &Allocation, n: usize) -> Vec<u32> {
+    let mut v = vec![0u8; n * 4];
+    a.read_bytes(0, &mut v);
+    v.chunks(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+const WORDS_IN: usize = 16;
+
+/// A kernel whose thread `i` loads 16 words of input (`%r10..%r25`: coordinates `%r10..%r13`,
+/// lod `%r14`, dPdx `%r15..%r18`, dPdy `%r19..%r22`, offsets `%r23..%r25`), runs `body` and
+/// stores `%r1..%r4`. Parameters: object handle `%rd1`, input, output, sampler handle `%rd4`.
+fn kernel(head: &str, decls: &str, n: usize, body: &str) -> String {
+    format!(
+        "{head}{decls}\n.visible .entry k(.param .u64 ph, .param .u64 pin, .param .u64 pout, .param .u64 ps)\n{{\n\
+         \x20   .reg .pred %p<4>;\n    .reg .b32 %r<40>;\n    .reg .b64 %rd<16>;\n\
+         \x20   ld.param.u64 %rd1, [ph];\n    ld.param.u64 %rd2, [pin];\n    ld.param.u64 %rd3, [pout];\n\
+         \x20   ld.param.u64 %rd4, [ps];\n\
+         \x20   mov.u32 %r0, %tid.x;\n    mov.u32 %r9, %ctaid.x;\n    mad.lo.u32 %r0, %r9, 128, %r0;\n\
+         \x20   setp.ge.u32 %p1, %r0, {n};\n    @%p1 ret;\n\
+         \x20   mul.wide.u32 %rd5, %r0, 64;\n    add.s64 %rd2, %rd2, %rd5;\n\
+         \x20   ld.global.v4.b32 {{%r10, %r11, %r12, %r13}}, [%rd2];\n\
+         \x20   ld.global.v4.b32 {{%r14, %r15, %r16, %r17}}, [%rd2+16];\n\
+         \x20   ld.global.v4.b32 {{%r18, %r19, %r20, %r21}}, [%rd2+32];\n\
+         \x20   ld.global.v4.b32 {{%r22, %r23, %r24, %r25}}, [%rd2+48];\n\
+         \x20   mul.wide.u32 %rd5, %r0, 16;\n    add.s64 %rd3, %rd3, %rd5;\n\
+         \x20   mov.b32 %r1, 0;\n    mov.b32 %r2, 0;\n    mov.b32 %r3, 0;\n    mov.b32 %r4, 0;\n\
+         {body}\n\
+         \x20   st.global.v4.b32 [%rd3], {{%r1, %r2, %r3, %r4}};\n    ret;\n}}\n"
+    )
+}
+
+const HEAD: &str = ".version 8.7\n.target sm_90a\n.address_size 64\n";
+const HEAD_INDEP: &str = ".version 8.7\n.target sm_90a, texmode_independent\n.address_size 64\n";
+
+/// `{%rA, %rA+1, ..}` with `n` elements.
+fn regs(first: usize, n: usize) -> String {
+    let r: Vec<String> = (first..first + n).map(|k| format!("%r{k}")).collect();
+    format!("{{{}}}", r.join(", "))
+}
+
+/// Round-to-nearest-even f64 -> f16 bits (finite inputs within the f16 range).
+fn f16_bits(x: f64) -> u16 {
+    let sign = if x.is_sign_negative() { 0x8000u16 } else { 0 };
+    let a = x.abs();
+    if a == 0.0 {
+        return sign;
+    }
+    let e = a.log2().floor().max(-14.0) as i32;
+    let q = 2f64.powi(e - 10);
+    let m = (a / q).round_ties_even();
+    // m in [1024, 2048] for normals (2048 carries into the next binade)
+    let (e, m) = if m >= 2048.0 { (e + 1, 1024.0) } else { (e, m) };
+    if m < 1024.0 {
+        return sign | m as u16; // subnormal
+    }
+    sign | ((e + 15) as u16) << 10 | (m as u16 - 1024)
+}
+
+fn f16_value(h: u16) -> f64 {
+    let e = (h >> 10 & 31) as i32;
+    let f = (h & 0x3ff) as f64;
+    let v = if e == 0 {
+        f * 2f64.powi(-24)
+    } else {
+        (1.0 + f / 1024.0) * 2f64.powi(e - 15)
+    };
+    if h >> 15 == 1 {
+        -v
+    } else {
+        v
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The host model of a texture object: levels of planes of texels, densely packed.
+
+#[derive(Clone)]
+struct Obj {
+    format: TexFormat,
+    channels: usize,
+    /// Spatial dimensions (1..3; a cube is 2).
+    dims: usize,
+    ext: [i64; 3],
+    /// Planes per level besides a 3D depth (layers x 6 faces x samples).
+    planes: i64,
+    levels: u32,
+    s: Sampler,
+    mip_linear: bool,
+    cube: bool,
+    layers: i64,
+    samples: i64,
+    data: Vec<u8>,
+}
+
+impl Obj {
+    fn lext(&self, level: u32) -> [i64; 3] {
+        let mut e = self.ext;
+        for x in e.iter_mut().take(self.dims) {
+            *x = (*x >> level).max(1);
+        }
+        e
+    }
+    fn level_planes(&self, level: u32) -> i64 {
+        if self.dims == 3 {
+            self.lext(level)[2]
+        } else {
+            self.planes
+        }
+    }
+    /// Texels of level `level`, all planes.
+    fn level_texels(&self, level: u32) -> i64 {
+        let e = self.lext(level);
+        e[0] * e[1] * self.level_planes(level)
+    }
+    fn bytes(&self) -> usize {
+        let t: i64 = (0..self.levels).map(|k| self.level_texels(k)).sum();
+        t as usize * self.channels * self.format.bytes() as usize
+    }
+    fn raw(&self, level: u32, x: i64, y: i64, plane: i64, c: usize) -> u64 {
+        let before: i64 = (0..level).map(|k| self.level_texels(k)).sum();
+        let e = self.lext(level);
+        let t = before + x + e[0] * (y + e[1] * plane);
+        let cb = self.format.bytes() as usize;
+        let off = (t as usize * self.channels + c) * cb;
+        let b = &self.data[off..off + cb];
+        let mut v = 0u64;
+        for (k, x) in b.iter().enumerate() {
+            v |= (*x as u64) << (8 * k);
+        }
+        v
+    }
+    fn value(&self, raw: u64, float: bool) -> f64 {
+        if !float {
+            return raw as f64;
+        }
+        match self.format {
+            TexFormat::U8 => raw as f64 / 255.0,
+            TexFormat::U16 => raw as f64 / 65535.0,
+            TexFormat::F16 => f16_value(raw as u16),
+            TexFormat::F32 => f32::from_bits(raw as u32) as f64,
+            TexFormat::U32 => raw as f64,
+        }
+    }
+    fn wrap(&self, k: usize, i: i64, n: i64) -> Option<i64> {
+        if self.cube {
+            return Some(i.max(0).min(n - 1));
+        }
+        let mut mode = self.s.addr_mode[k];
+        if !self.s.normalized && matches!(mode, AddrMode::Wrap | AddrMode::Mirror) {
+            mode = AddrMode::Clamp;
+        }
+        match mode {
+            AddrMode::Wrap => Some(((i % n) + n) % n),
+            AddrMode::Mirror => {
+                let p = ((i % (2 * n)) + 2 * n) % (2 * n);
+                Some(if p < n { p } else { 2 * n - 1 - p })
+            }
+            AddrMode::Clamp => Some(i.max(0).min(n - 1)),
+            AddrMode::Border => (i >= 0 && i < n).then_some(i),
+        }
+    }
+    fn texel(&self, level: u32, plane: i64, idx: [i64; 3], float: bool) -> [f64; 4] {
+        let e = self.lext(level);
+        let mut at = [0i64; 3];
+        for k in 0..self.dims {
+            match self.wrap(k, idx[k], e[k]) {
+                Some(i) => at[k] = i,
+                None => return [0.0; 4],
+            }
+        }
+        let plane = if self.dims == 3 { at[2] } else { plane };
+        let mut v = [0.0, 0.0, 0.0, 1.0];
+        for (c, x) in v.iter_mut().enumerate().take(self.channels) {
+            *x = self.value(self.raw(level, at[0], at[1], plane, c), float);
+        }
+        v
+    }
+    /// Point or linear (9-bit weights, x fastest) at texel-space `u`.
+    fn filter(&self, level: u32, plane: i64, u: &[f64], (float, ms): (bool, bool)) -> [f64; 4] {
+        if self.s.filter == Filter::Point || !float || ms {
+            let mut idx = [0i64; 3];
+            for (k, x) in u.iter().enumerate() {
+                idx[k] = x.floor() as i64;
+            }
+            return self.texel(level, plane, idx, float);
+        }
+        let base: Vec<(i64, f64)> = u
+            .iter()
+            .map(|&x| {
+                let xb = x - 0.5;
+                let i = xb.floor();
+                (i as i64, ((xb - i) * 256.0).round() / 256.0)
+            })
+            .collect();
+        let mut acc = [0.0; 4];
+        for corner in 0..1usize << u.len() {
+            let mut idx = [0i64; 3];
+            let mut w = 1.0;
+            for k in 0..u.len() {
+                let hi = corner >> k & 1 == 1;
+                idx[k] = base[k].0 + hi as i64;
+                w *= if hi { base[k].1 } else { 1.0 - base[k].1 };
+            }
+            let t = self.texel(level, plane, idx, true);
+            for ch in 0..4 {
+                acc[ch] += w * t[ch];
+            }
+        }
+        acc
+    }
+    /// The level(s) and weights for level of detail `lambda`.
+    fn levels_for(&self, lambda: f64) -> Vec<(u32, f64)> {
+        let top = (self.levels - 1) as f64;
+        let l = if lambda.is_nan() {
+            0.0
+        } else {
+            lambda.max(0.0).min(top)
+        };
+        if !self.mip_linear {
+            // nearest level, ties to the lower one
+            let mut k = l.floor();
+            if l - k > 0.5 {
+                k += 1.0;
+            }
+            return vec![(k as u32, 1.0)];
+        }
+        let lo = l.floor();
+        let f = ((l - lo) * 256.0).round() / 256.0;
+        if f == 0.0 {
+            return vec![(lo as u32, 1.0)];
+        }
+        vec![(lo as u32, 1.0 - f), ((lo + 1.0).min(top) as u32, f)]
+    }
+}
+
+/// Cube face and face coordinates (u, v in [0, 1]) of direction `p`, with the derivative of
+/// (u, v) along `d`: the Programming Guide's table, written out face by face.
+fn cube_ref(p: [f64; 3], d: [f64; 3]) -> (i64, [f64; 2], [f64; 2]) {
+    let (x, y, z) = (p[0], p[1], p[2]);
+    let (ax, ay, az) = (x.abs(), y.abs(), z.abs());
+    // (face, sc, tc, ma, dsc, dtc, dma)
+    let (face, sc, tc, ma, dsc, dtc, dma) = if ax >= ay && ax >= az {
+        if x >= 0.0 {
+            (0, -z, -y, x, -d[2], -d[1], d[0])
+        } else {
+            (1, z, -y, -x, d[2], -d[1], -d[0])
+        }
+    } else if ay >= az {
+        if y >= 0.0 {
+            (2, x, z, y, d[0], d[2], d[1])
+        } else {
+            (3, x, -z, -y, d[0], -d[2], -d[1])
+        }
+    } else if z >= 0.0 {
+        (4, x, -y, z, d[0], -d[1], d[2])
+    } else {
+        (5, -x, -y, -z, -d[0], -d[1], -d[2])
+    };
+    let uv = [(sc / ma + 1.0) / 2.0, (tc / ma + 1.0) / 2.0];
+    let du = [
+        (dsc * ma - sc * dma) / (2.0 * ma * ma),
+        (dtc * ma - tc * dma) / (2.0 * ma * ma),
+    ];
+    (face, uv, du)
+}
+
+/// What a fetch case runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Form {
+    Plain,
+    Base,
+    Level,
+    Grad,
+    /// `tld4` of a channel.
+    Gather(usize),
+}
+
+struct Case {
+    geom: &'static str,
+    form: Form,
+    /// `.f32` (true) or `.s32` coordinates.
+    fcoord: bool,
+    /// `.f32` (true) or `.s32` result.
+    float: bool,
+    offsets: bool,
+    obj: Obj,
+}
+
+fn geom_info(g: &str) -> (usize, usize, usize, Option<usize>, Option<usize>, bool) {
+    // (coord_len, spatial, first coordinate, layer slot, sample slot, cube)
+    match g {
+        "1d" => (1, 1, 0, None, None, false),
+        "2d" => (2, 2, 0, None, None, false),
+        "3d" => (4, 3, 0, None, None, false),
+        "a1d" => (2, 1, 1, Some(0), None, false),
+        "a2d" => (4, 2, 1, Some(0), None, false),
+        "cube" => (4, 3, 0, None, None, true),
+        "acube" => (4, 3, 1, Some(0), None, true),
+        "2dms" => (4, 2, 1, None, Some(0), false),
+        _ => (4, 2, 2, Some(0), Some(1), false),
+    }
+}
+
+/// The reference result of one thread's inputs `w`.
+fn reference(c: &Case, w: &[u32]) -> [f64; 4] {
+    let o = &c.obj;
+    let (_, spatial, first, lslot, sslot, cube) = geom_info(c.geom);
+    let f = |k: usize| f32::from_bits(w[k]) as f64;
+    let layer = lslot.map_or(0, |s| (w[s] as i64).min(o.layers.max(1) - 1));
+    let sample = sslot.map_or(0, |s| (w[s] as i32 as i64).max(0).min(o.samples.max(1) - 1));
+    let mut plane = if cube {
+        6 * layer
+    } else {
+        layer * o.samples.max(1) + sample
+    };
+    let dir = [f(first), f(first + 1), f(first + 2)];
+    if let Form::Gather(comp) = c.form {
+        let mut u = [0.0; 2];
+        if cube {
+            let (face, uv, _) = cube_ref(dir, [0.0; 3]);
+            plane += face;
+            u = [uv[0] * o.ext[0] as f64, uv[1] * o.ext[0] as f64];
+        } else {
+            for k in 0..2 {
+                let s = if o.s.normalized { o.ext[k] as f64 } else { 1.0 };
+                u[k] = f(first + k) * s;
+                if c.offsets {
+                    u[k] += w[13 + k] as i32 as f64;
+                }
+            }
+        }
+        let i = (u[0] - 0.5).floor() as i64;
+        let j = (u[1] - 0.5).floor() as i64;
+        return [(i, j + 1), (i + 1, j + 1), (i + 1, j), (i, j)]
+            .map(|(a, b)| o.texel(0, plane, [a, b, 0], c.float)[comp]);
+    }
+    let lambda = match c.form {
+        Form::Level if c.fcoord => f(4),
+        Form::Level => w[4] as i32 as f64,
+        Form::Grad => {
+            let n = spatial;
+            let len = |base: usize| -> f64 {
+                if cube {
+                    let g = [f(base), f(base + 1), f(base + 2)];
+                    let (_, _, du) = cube_ref(dir, g);
+                    (du[0] * du[0] + du[1] * du[1]).sqrt() * o.ext[0] as f64
+                } else {
+                    let mut s = 0.0;
+                    for k in 0..n {
+                        let sc = if o.s.normalized { o.ext[k] as f64 } else { 1.0 };
+                        s += (f(base + k) * sc).powi(2);
+                    }
+                    s.sqrt()
+                }
+            };
+            len(5).max(len(9)).log2()
+        }
+        _ => 0.0,
+    };
+    let mut acc = [0.0; 4];
+    let lv = o.levels_for(lambda);
+    let one = lv.len() == 1;
+    for (level, wgt) in lv {
+        let e = o.lext(level);
+        let v = if cube {
+            let (face, uv, _) = cube_ref(dir, [0.0; 3]);
+            let wd = e[0] as f64;
+            o.filter(level, plane + face, &[uv[0] * wd, uv[1] * wd], (c.float, false))
+        } else {
+            let mut u = vec![0.0; spatial];
+            for (k, x) in u.iter_mut().enumerate() {
+                *x = if c.fcoord {
+                    let v = f(first + k);
+                    if o.s.normalized {
+                        v * e[k] as f64
+                    } else {
+                        v * e[k] as f64 / o.ext[k] as f64
+                    }
+                } else {
+                    w[first + k] as i32 as f64 + 0.5
+                };
+                if c.offsets {
+                    *x += w[13 + k] as i32 as f64;
+                }
+            }
+            let ms = sslot.is_some();
+            o.filter(level, plane, &u, (c.float, ms))
+        };
+        if one {
+            return v;
+        }
+        for ch in 0..4 {
+            acc[ch] += wgt * v[ch];
+        }
+    }
+    acc
+}
+
+/// Random texel bytes: finite f16/f32 values in [-4, 4], any integers.
+fn texel_data(rng: &mut StdRng, format: TexFormat, n: usize) -> Vec<u8> {
+    (0..n)
+        .flat_map(|_| match format {
+            TexFormat::F32 => rng.gen_range(-4.0f32..4.0).to_le_bytes().to_vec(),
+            TexFormat::F16 => {
+                let e: u16 = rng.gen_range(0..17);
+                let h = (rng.gen::<u16>() & 0x83ff) | e << 10;
+                h.to_le_bytes().to_vec()
+            }
+            TexFormat::U8 => vec![rng.gen()],
+            TexFormat::U16 => rng.gen::<u16>().to_le_bytes().to_vec(),
+            TexFormat::U32 => rng.gen::<u32>().to_le_bytes().to_vec(),
+        })
+        .collect()
+}
+
+/// A random float coordinate: normalized in [-0.25, 1.25], else texel space past both edges;
+/// some exactly on texel centres.
+fn coord(rng: &mut StdRng, o: &Obj, k: usize) -> f32 {
+    let n = o.ext[k] as f32;
+    if rng.gen_bool(0.2) {
+        let c = rng.gen_range(-1..o.ext[k] + 1) as f32 + 0.5;
+        return if o.s.normalized { c / n } else { c };
+    }
+    if o.s.normalized {
+        rng.gen_range(-0.25f32..1.25)
+    } else {
+        rng.gen_range(-2.0..n + 2.0)
+    }
+}
+
+/// A cube direction whose largest component is clearly the largest.
+fn direction(rng: &mut StdRng) -> [f32; 3] {
+    loop {
+        let p: [f32; 3] = [0; 3].map(|_| rng.gen_range(-1.0f32..1.0));
+        let mut a = p.map(f32::abs);
+        a.sort_by(|x, y| y.total_cmp(x));
+        if a[0] - a[1] > 1e-3 && a[0] > 0.05 {
+            return p;
+        }
+    }
+}
+
+/// One thread's 16 input words for `c`.
+fn inputs(rng: &mut StdRng, c: &Case) -> [u32; WORDS_IN] {
+    let o = &c.obj;
+    let (_, spatial, first, lslot, sslot, cube) = geom_info(c.geom);
+    let mut w = [0u32; WORDS_IN];
+    if cube {
+        let p = direction(rng);
+        for k in 0..3 {
+            w[first + k] = p[k].to_bits();
+        }
+    } else {
+        for k in 0..spatial {
+            w[first + k] = if c.fcoord {
+                coord(rng, o, k).to_bits()
+            } else {
+                rng.gen_range(-2..o.ext[k] + 2) as i32 as u32
+            };
+        }
+    }
+    if let Some(s) = lslot {
+        w[s] = rng.gen_range(0..o.layers as u32 + 2);
+    }
+    if let Some(s) = sslot {
+        w[s] = rng.gen_range(-1..o.samples as i32 + 2) as u32;
+    }
+    w[4] = if c.fcoord {
+        rng.gen_range(-1.0f32..o.levels as f32 + 0.5).to_bits()
+    } else {
+        rng.gen_range(-1..o.levels as i32 + 1) as u32
+    };
+    for k in 5..13 {
+        let mag = 2f32.powf(rng.gen_range(-7.0f32..1.0));
+        let g = if o.s.normalized || cube { mag } else { mag * 8.0 };
+        w[k] = if rng.gen_bool(0.5) { g } else { -g }.to_bits();
+    }
+    for k in 13..16 {
+        w[k] = rng.gen_range(-8..8) as u32;
+    }
+    w
+}
+
+fn instruction(c: &Case) -> String {
+    let (clen, spatial, ..) = geom_info(c.geom);
+    let g = c.geom;
+    let d = if c.float { "f32" } else { "s32" };
+    let ct = if c.fcoord { "f32" } else { "s32" };
+    let dst = "{%r1, %r2, %r3, %r4}";
+    let coords = regs(10, clen);
+    let glen = if spatial == 3 { 4 } else { spatial };
+    let off = if c.offsets {
+        format!(", {}", regs(23, glen))
+    } else {
+        String::new()
+    };
+    match c.form {
+        Form::Plain => format!("tex.{g}.v4.{d}.{ct} {dst}, [%rd1, {coords}]{off};"),
+        Form::Base => format!("tex.base.{g}.v4.{d}.{ct} {dst}, [%rd1, {coords}]{off};"),
+        Form::Level => format!("tex.level.{g}.v4.{d}.{ct} {dst}, [%rd1, {coords}], %r14{off};"),
+        Form::Grad => format!(
+            "tex.grad.{g}.v4.{d}.{ct} {dst}, [%rd1, {coords}], {}, {}{off};",
+            regs(15, glen),
+            regs(19, glen)
+        ),
+        Form::Gather(k) => {
+            let comp = ["r", "g", "b", "a"][k];
+            format!("tld4.{comp}.{g}.v4.{d}.f32 {dst}, [%rd1, {coords}]{off};")
+        }
+    }
+}
+
+/// The descriptor of `o` over `base`.
+fn desc_of(o: &Obj, base: u64) -> TexDesc {
+    let ext: Vec<u32> = o.ext[..o.dims].iter().map(|&x| x as u32).collect();
+    let mut d = TexDesc::texture(base, o.format, o.channels as u32, &ext, o.s).unwrap();
+    if o.layers > 0 {
+        d = d.layered(o.layers as u32).unwrap();
+    }
+    if o.cube {
+        d = d.cubemap().unwrap();
+    }
+    if o.samples > 0 {
+        d = d.multisample(o.samples as u32).unwrap();
+    }
+    let mf = if o.mip_linear {
+        Filter::Linear
+    } else {
+        Filter::Point
+    };
+    d.mipmapped(o.levels, mf).unwrap()
+}
+
+fn run_case(rng: &mut StdRng, c: &mut Case) {
+    const N: usize = 256;
+    let mem = GlobalMemory::new();
+    let nbytes = c.obj.bytes();
+    let n = nbytes / c.obj.format.bytes() as usize;
+    c.obj.data = texel_data(rng, c.obj.format, n);
+    let back = buffer(&mem, &c.obj.data);
+    let d = desc_of(&c.obj, back.base);
+    assert_eq!(d.bytes() as usize, nbytes, "layout of {}", c.geom);
+    let h = d.upload(&mem, 0).unwrap();
+    let ins: Vec<[u32; WORDS_IN]> = (0..N).map(|_| inputs(rng, c)).collect();
+    let bytes: Vec<u8> = ins.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
+    let inb = buffer(&mem, &bytes);
+    let out = poisoned(&mem, N * 16);
+    let text = kernel(HEAD, "", N, &format!("    {}", instruction(c)));
+    let m = load(&mem, &text);
+    run(&m, &mem, N, &[h.base, inb.base, out.base, 0]).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let got = words(&out, N * 4);
+    for (t, w) in ins.iter().enumerate() {
+        let want = reference(c, w).map(|x| {
+            if c.float {
+                (x as f32).to_bits()
+            } else {
+                x as u32
+            }
+        });
+        assert_eq!(
+            &got[4 * t..4 * t + 4],
+            &want,
+            "{}: thread {t} inputs {w:x?}",
+            instruction(c)
+        );
+    }
+}
+
+fn obj(format: TexFormat, channels: usize, ext: &[i64], s: Sampler) -> Obj {
+    let mut e = [1i64; 3];
+    e[..ext.len()].copy_from_slice(ext);
+    Obj {
+        format,
+        channels,
+        dims: ext.len(),
+        ext: e,
+        planes: 1,
+        levels: 1,
+        s,
+        mip_linear: false,
+        cube: false,
+        layers: 0,
+        samples: 0,
+        data: Vec::new(),
+    }
+}
+
+fn smp(modes: [AddrMode; 3], filter: Filter, normalized: bool) -> Sampler {
+    Sampler {
+        addr_mode: modes,
+        filter,
+        normalized,
+    }
+}
+
+fn case(geom: &'static str, form: Form, obj: Obj) -> Case {
+    Case {
+        geom,
+        form,
+        fcoord: true,
+        float: true,
+        offsets: false,
+        obj,
+    }
+}
+
+/// `tex.base`/`.level`/`.grad` on mipmapped 1D/2D/3D textures: point and linear texel and mip
+/// filters, normalized and unnormalized coordinates, `.s32` coordinates and lod.
+#[test]
+fn mipmapped_level_and_grad() {
+    use AddrMode::*;
+    let mut rng = StdRng::seed_from_u64(0x71e7);
+    let lin = smp([Wrap, Clamp, Mirror], Filter::Linear, true);
+    let pt = smp([Clamp, Border, Wrap], Filter::Point, true);
+    let mipped = |mut o: Obj, levels: u32, linear: bool| {
+        o.levels = levels;
+        o.mip_linear = linear;
+        o
+    };
+    let mut cases = vec![
+        case("2d", Form::Level, mipped(obj(TexFormat::F32, 2, &[8, 6], lin), 4, true)),
+        case("2d", Form::Level, mipped(obj(TexFormat::U8, 4, &[9, 5], pt), 4, false)),
+        case("2d", Form::Grad, mipped(obj(TexFormat::F16, 1, &[16, 8], lin), 5, true)),
+        case("2d", Form::Grad, mipped(obj(TexFormat::F32, 4, &[8, 8], pt), 4, false)),
+        case("1d", Form::Grad, mipped(obj(TexFormat::U16, 2, &[32], lin), 6, true)),
+        case("3d", Form::Level, mipped(obj(TexFormat::F32, 1, &[4, 4, 8], lin), 4, true)),
+        case("3d", Form::Grad, mipped(obj(TexFormat::F32, 1, &[8, 4, 4], pt), 4, true)),
+        case("2d", Form::Base, mipped(obj(TexFormat::F32, 1, &[8, 4], lin), 3, true)),
+        case(
+            "2d",
+            Form::Grad,
+            mipped(obj(TexFormat::F32, 1, &[8, 4], smp([Clamp; 3], Filter::Linear, false)), 3, true),
+        ),
+    ];
+    let mut ints = case("2d", Form::Level, mipped(obj(TexFormat::U32, 1, &[8, 8], pt), 4, false));
+    (ints.fcoord, ints.float) = (false, false);
+    cases.push(ints);
+    let mut off = case("2d", Form::Level, mipped(obj(TexFormat::F32, 1, &[8, 8], lin), 3, true));
+    off.offsets = true;
+    cases.push(off);
+    for c in &mut cases {
+        run_case(&mut rng, c);
+    }
+}
+
+/// Layered, cube, cube-array and multisample `tex`, and `tld4` on layered and cube textures.
+#[test]
+fn arrays_cubes_and_multisample() {
+    use AddrMode::*;
+    let mut rng = StdRng::seed_from_u64(0xa77a);
+    let lin = smp([Wrap, Clamp, Clamp], Filter::Linear, true);
+    let pt = smp([Clamp, Mirror, Clamp], Filter::Point, false);
+    let shaped = |mut o: Obj, layers: i64, cube: bool, samples: i64, levels: u32| {
+        o.layers = layers;
+        o.cube = cube;
+        o.samples = samples;
+        o.planes = layers.max(1) * if cube { 6 } else { samples.max(1) };
+        o.levels = levels;
+        o.mip_linear = true;
+        o
+    };
+    let mut cases = vec![
+        case("a1d", Form::Plain, shaped(obj(TexFormat::F32, 2, &[7], lin), 3, false, 0, 1)),
+        case("a2d", Form::Plain, shaped(obj(TexFormat::U8, 4, &[5, 4], pt), 4, false, 0, 1)),
+        case("a2d", Form::Grad, shaped(obj(TexFormat::F32, 1, &[8, 8], lin), 2, false, 0, 4)),
+        case("a1d", Form::Level, shaped(obj(TexFormat::F16, 1, &[16], lin), 2, false, 0, 5)),
+        case("cube", Form::Plain, shaped(obj(TexFormat::F32, 4, &[4, 4], lin), 0, true, 0, 1)),
+        case("cube", Form::Level, shaped(obj(TexFormat::F32, 1, &[8, 8], lin), 0, true, 0, 4)),
+        case("cube", Form::Grad, shaped(obj(TexFormat::U16, 2, &[8, 8], lin), 0, true, 0, 4)),
+        case("acube", Form::Plain, shaped(obj(TexFormat::U8, 1, &[3, 3], pt), 3, true, 0, 1)),
+        case("acube", Form::Grad, shaped(obj(TexFormat::F32, 1, &[4, 4], lin), 2, true, 0, 3)),
+        case("a2d", Form::Gather(1), shaped(obj(TexFormat::F32, 2, &[5, 5], lin), 3, false, 0, 1)),
+        case("cube", Form::Gather(0), shaped(obj(TexFormat::U8, 4, &[4, 4], pt), 0, true, 0, 1)),
+        case("acube", Form::Gather(3), shaped(obj(TexFormat::F32, 4, &[4, 4], lin), 2, true, 0, 1)),
+    ];
+    for (g, layers) in [("2dms", 0), ("a2dms", 3)] {
+        let o = shaped(obj(TexFormat::U32, 2, &[5, 3], pt), layers, false, 4, 1);
+        let mut c = case(g, Form::Plain, o);
+        (c.fcoord, c.float) = (false, false);
+        cases.push(c);
+        let o = shaped(obj(TexFormat::F32, 1, &[4, 4], pt), layers, false, 2, 1);
+        let mut c = case(g, Form::Plain, o);
+        c.fcoord = false;
+        cases.push(c);
+    }
+    let mut off = case("a2d", Form::Gather(0), shaped(obj(TexFormat::F32, 1, &[6, 6], lin), 2, false, 0, 1));
+    off.offsets = true;
+    cases.push(off);
+    for c in &mut cases {
+        run_case(&mut rng, c);
+    }
+}
