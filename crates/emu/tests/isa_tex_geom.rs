@@ -94,7 +94,8 @@ fn kernel(head: &str, decls: &str, n: usize, body: &str) -> String {
 }
 
 const HEAD: &str = ".version 8.7\n.target sm_90a\n.address_size 64\n";
-const HEAD_INDEP: &str = ".version 8.7\n.target sm_90a, texmode_independent\n.address_size 64\n";
+const HEAD_INDEP: &str =
+    ".version 8.7\n.target sm_90a, texmode_independent\n.address_size 64\n";
 
 /// `{%rA, %rA+1, ..}` with `n` elements.
 fn regs(first: usize, n: usize) -> String {
@@ -595,23 +596,60 @@ fn desc_of(o: &Obj, base: u64) -> TexDesc {
     d.mipmapped(o.levels, mf).unwrap()
 }
 
+/// How a fetch case's kernel reaches its object: a handle parameter (unified mode), or a
+/// module-scope `.texref` bound from the host, with an optional sampler.
+struct Setup<'a> {
+    head: &'a str,
+    decls: &'a str,
+    /// Rewrites the instruction's `[%rd1, ` (e.g. to `[gt, gsm, `).
+    object: &'a str,
+    /// The `.texref` to bind the texture to.
+    bind: Option<&'a str>,
+    /// An independent-mode sampler handle (parameter `ps`).
+    sampler: Option<TexDesc>,
+    /// The sampler state the texture descriptor carries when it differs from the one the
+    /// fetch uses (`c.obj.s`, the reference's).
+    tex_sampler: Option<Sampler>,
+}
+
+const UNIFIED: Setup = Setup {
+    head: HEAD,
+    decls: "",
+    object: "[%rd1, ",
+    bind: None,
+    sampler: None,
+    tex_sampler: None,
+};
+
 fn run_case(rng: &mut StdRng, c: &mut Case) {
+    run_case_with(rng, c, &UNIFIED);
+}
+
+fn run_case_with(rng: &mut StdRng, c: &mut Case, setup: &Setup) {
     const N: usize = 256;
     let mem = GlobalMemory::new();
     let nbytes = c.obj.bytes();
     let n = nbytes / c.obj.format.bytes() as usize;
     c.obj.data = texel_data(rng, c.obj.format, n);
     let back = buffer(&mem, &c.obj.data);
-    let d = desc_of(&c.obj, back.base);
+    let mut o = c.obj.clone();
+    o.s = setup.tex_sampler.unwrap_or(o.s);
+    let d = desc_of(&o, back.base);
     assert_eq!(d.bytes() as usize, nbytes, "layout of {}", c.geom);
     let h = d.upload(&mem, 0).unwrap();
     let ins: Vec<[u32; WORDS_IN]> = (0..N).map(|_| inputs(rng, c)).collect();
     let bytes: Vec<u8> = ins.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
     let inb = buffer(&mem, &bytes);
     let out = poisoned(&mem, N * 16);
-    let text = kernel(HEAD, "", N, &format!("    {}", instruction(c)));
+    let ins_text = instruction(c).replace("[%rd1, ", setup.object);
+    let text = kernel(setup.head, setup.decls, N, &format!("    {ins_text}"));
     let m = load(&mem, &text);
-    run(&m, &mem, N, &[h.base, inb.base, out.base, 0]).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    if let Some(name) = setup.bind {
+        m.bind_texref(name, &d).unwrap();
+    }
+    let sh = setup.sampler.as_ref().map(|s| s.upload(&mem, 0).unwrap());
+    let sp = sh.as_ref().map_or(0, |a| a.base);
+    run(&m, &mem, N, &[h.base, inb.base, out.base, sp]).unwrap_or_else(|e| panic!("{e}\n{text}"));
     let got = words(&out, N * 4);
     for (t, w) in ins.iter().enumerate() {
         let want = reference(c, w).map(|x| {
@@ -753,4 +791,116 @@ fn arrays_cubes_and_multisample() {
     for c in &mut cases {
         run_case(&mut rng, c);
     }
+}
+
+/// Module-scope `.texref` variables bound from the host (with initialiser fields overriding
+/// the bound object's sampler state), independent-mode `.samplerref` variables and sampler
+/// handles, and the error a kernel reading an unbound `.texref` gets.
+#[test]
+fn texrefs_and_samplers() {
+    use AddrMode::*;
+    let mut rng = StdRng::seed_from_u64(0x7e7f);
+    let lin = smp([Wrap, Clamp, Clamp], Filter::Linear, true);
+    let plain = |sm: Sampler| case("2d", Form::Plain, obj(TexFormat::F32, 2, &[6, 5], sm));
+    let point = smp([Clamp; 3], Filter::Point, false);
+    // unified: a bound .texref
+    let setup = Setup {
+        decls: ".global .texref gt;",
+        object: "[gt, ",
+        bind: Some("gt"),
+        ..UNIFIED
+    };
+    run_case_with(&mut rng, &mut plain(lin), &setup);
+    // the declaration's fields override the bound object's sampler
+    let setup = Setup {
+        decls: ".global .texref gt = { filter_mode = linear, addr_mode_0 = mirror, \
+                addr_mode_1 = clamp_to_border, normalized_coords = 1 };",
+        object: "[gt, ",
+        bind: Some("gt"),
+        tex_sampler: Some(point),
+        ..UNIFIED
+    };
+    let want = smp([Mirror, Border, Clamp], Filter::Linear, true);
+    run_case_with(&mut rng, &mut plain(want), &setup);
+    // independent mode: a .samplerref's state replaces the texture's
+    let setup = Setup {
+        head: HEAD_INDEP,
+        decls: ".global .texref gt;\n.global .samplerref gsm = { addr_mode_0 = wrap, \
+                addr_mode_1 = mirror, filter_mode = linear };",
+        object: "[gt, gsm, ",
+        bind: Some("gt"),
+        sampler: None,
+        tex_sampler: Some(smp([Border; 3], Filter::Point, true)),
+    };
+    let want = smp([Wrap, Mirror, Clamp], Filter::Linear, true);
+    run_case_with(&mut rng, &mut plain(want), &setup);
+    // independent mode with handles: a sampler forcing unnormalized coordinates
+    let forced = smp([Border, Clamp, Clamp], Filter::Linear, false);
+    let setup = Setup {
+        head: HEAD_INDEP,
+        object: "[%rd1, %rd4, ",
+        sampler: Some(TexDesc::sampler(forced)),
+        tex_sampler: Some(smp([Wrap; 3], Filter::Point, true)),
+        ..UNIFIED
+    };
+    run_case_with(&mut rng, &mut plain(forced), &setup);
+    let mut g = case("2d", Form::Gather(1), obj(TexFormat::F32, 2, &[6, 5], forced));
+    run_case_with(&mut rng, &mut g, &setup);
+}
+
+/// Queries of `.texref`/`.samplerref`/`.surfref` variables and `.surfref` access, and the
+/// fault an unbound variable raises.
+#[test]
+fn bound_refs_query_and_access() {
+    let mem = GlobalMemory::new();
+    let decls = ".global .texref gt;\n.global .surfref gs;\n.global .texref gu;\n\
+                 .global .samplerref gsm = { addr_mode_0 = mirror, filter_mode = linear };";
+    let body = "    txq.width.b32 %r1, [gt];\n    txq.filter_mode.b32 %r2, [gsm];\n\
+                \x20   txq.addr_mode_0.b32 %r3, [gsm];\n    suq.height.b32 %r4, [gs];\n\
+                \x20   suld.b.2d.b32.trap {%r5}, [gs, {%r10, %r11}];\n\
+                \x20   add.u32 %r5, %r5, %r4;\n    sust.b.2d.b32.trap [gs, {%r10, %r11}], {%r5};";
+    let text = kernel(HEAD_INDEP, decls, 1, body);
+    let m = load(&mem, &text);
+    let mut rng = StdRng::seed_from_u64(5);
+    let tex_back = buffer(&mem, &[0u8; 4 * 7 * 3]);
+    let s = smp([AddrMode::Clamp; 3], Filter::Point, false);
+    let td = TexDesc::texture(tex_back.base, TexFormat::F32, 1, &[7, 3], s).unwrap();
+    let texels: Vec<u32> = (0..12).map(|_| rng.gen()).collect();
+    let sb: Vec<u8> = texels.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let surf = buffer(&mem, &sb);
+    let sd = TexDesc::surface(surf.base, TexFormat::U32, 1, &[4, 3]).unwrap();
+    let mut input = [0u32; WORDS_IN];
+    (input[0], input[1]) = (8, 2);
+    let inb = buffer(&mem, &input.map(u32::to_le_bytes).concat());
+    let out = poisoned(&mem, 16);
+    let e = run(&m, &mem, 1, &[0, inb.base, out.base, 0]).expect_err("unbound");
+    assert!(e.contains("`gt` is not bound"), "{e}");
+    m.bind_texref("gt", &td).unwrap();
+    let e = run(&m, &mem, 1, &[0, inb.base, out.base, 0]).expect_err("unbound");
+    assert!(e.contains("`gs` is not bound"), "{e}");
+    assert!(m.bind_texref("gs", &sd).is_err(), "gs is a .surfref");
+    assert!(m.bind_surfref("gs", &td).is_err(), "a texture for a .surfref");
+    m.bind_surfref("gs", &sd).unwrap();
+    run(&m, &mem, 1, &[0, inb.base, out.base, 0]).unwrap();
+    // txq: width 7, linear (1), mirror (1); suq: height 3
+    assert_eq!(words(&out, 4), [7, 1, 1, 3]);
+    let mut after = vec![0u8; sb.len()];
+    surf.read_bytes(0, &mut after);
+    let mut want = texels.clone();
+    want[2 * 4 + 2] = texels[2 * 4 + 2].wrapping_add(3); // byte 8 = texel 2 of row 2
+    let got: Vec<u32> = after
+        .chunks(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(got, want);
+    // an unbound .texref used by a fetch names itself too
+    let t2 = kernel(
+        HEAD,
+        ".global .texref gu;",
+        1,
+        "    tex.1d.v4.f32.f32 {%r1, %r2, %r3, %r4}, [gu, {%r10}];",
+    );
+    let m2 = load(&mem, &t2);
+    let e = run(&m2, &mem, 1, &[0, inb.base, out.base, 0]).expect_err("unbound");
+    assert!(e.contains("`gu` is not bound"), "{e}");
 }
