@@ -904,3 +904,402 @@ fn bound_refs_query_and_access() {
     let e = run(&m2, &mem, 1, &[0, inb.base, out.base, 0]).expect_err("unbound");
     assert!(e.contains("`gu` is not bound"), "{e}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Surfaces
+
+/// A surface form: geometry, format, channels, vector width, out-of-range mode.
+struct SurfCase {
+    geom: &'static str,
+    format: TexFormat,
+    channels: u32,
+    vec: usize,
+    mode: &'static str,
+    /// Width (texels), height, and depth or layers.
+    ext: [i64; 3],
+}
+
+/// The coordinate words of texel-space (x, y, plane) for `geom` (x in bytes when `bx`).
+fn surf_coords(geom: &str, x: i64, y: i64, plane: i64) -> [u32; 4] {
+    let (x, y, p) = (x as i32 as u32, y as i32 as u32, plane as i32 as u32);
+    match geom {
+        "1d" => [x, 0, 0, 0],
+        "2d" => [x, y, 0, 0],
+        "3d" => [x, y, p, 0],
+        "a1d" => [p, x, 0, 0],
+        _ => [p, x, y, 0],
+    }
+}
+
+fn surf_desc(c: &SurfCase, base: u64) -> TexDesc {
+    let ext: Vec<u32> = match c.geom {
+        "1d" | "a1d" => vec![c.ext[0] as u32],
+        "2d" | "a2d" => vec![c.ext[0] as u32, c.ext[1] as u32],
+        _ => c.ext.map(|x| x as u32).to_vec(),
+    };
+    let d = TexDesc::surface(base, c.format, c.channels, &ext).unwrap();
+    if c.geom.starts_with('a') {
+        d.layered(c.ext[2] as u32).unwrap()
+    } else {
+        d
+    }
+}
+
+/// What `sust.p` stores for register bits `x` in format `f`.
+fn converted(f: TexFormat, x: u32) -> Vec<u8> {
+    let v = f32::from_bits(x) as f64;
+    let unorm = |max: f64| {
+        if v.is_nan() {
+            0
+        } else {
+            (v.max(0.0).min(1.0) * max).round_ties_even() as u32
+        }
+    };
+    match f {
+        TexFormat::U8 => vec![unorm(255.0) as u8],
+        TexFormat::U16 => (unorm(65535.0) as u16).to_le_bytes().to_vec(),
+        TexFormat::F16 => f16_bits(v).to_le_bytes().to_vec(),
+        TexFormat::F32 | TexFormat::U32 => x.to_le_bytes().to_vec(),
+    }
+}
+
+/// A value to store: unorm formats get [-0.5, 1.5] and NaN, f16 finite values, else any bits.
+fn store_value(rng: &mut StdRng, f: TexFormat) -> u32 {
+    match f {
+        TexFormat::U8 | TexFormat::U16 if rng.gen_bool(0.05) => f32::NAN.to_bits(),
+        TexFormat::U8 | TexFormat::U16 => rng.gen_range(-0.5f32..1.5).to_bits(),
+        TexFormat::F16 if rng.gen_bool(0.1) => rng.gen_range(-1e-5f32..1e-5).to_bits(),
+        TexFormat::F16 => rng.gen_range(-300.0f32..300.0).to_bits(),
+        _ => rng.gen(),
+    }
+}
+
+/// `sust.p` of every thread's texel (one thread per texel): `.trap` in range, `.zero` with a
+/// quarter of the threads out of range (their texels keep the poison), `.clamp` with the edge
+/// threads' coordinates past the edge.
+fn sust_p_case(rng: &mut StdRng, c: &SurfCase) {
+    let mem = GlobalMemory::new();
+    let [w, h, p] = c.ext;
+    let n = (w * h * p) as usize;
+    let tb = (c.format.bytes() * c.channels) as usize;
+    let surf = poisoned(&mem, n * tb);
+    let d = surf_desc(c, surf.base);
+    let hd = d.upload(&mem, 0).unwrap();
+    let mut want = vec![0xa5u8; n * tb];
+    let mut input = Vec::new();
+    for t in 0..n as i64 {
+        let (x, y, z) = (t % w, t / w % h, t / (w * h));
+        let vals: Vec<u32> = (0..4).map(|_| store_value(rng, c.format)).collect();
+        let (mut cx, mut cy, mut cz) = (x, y, z);
+        let mut lands = true;
+        match c.mode {
+            "zero" if rng.gen_bool(0.25) => {
+                lands = false;
+                // a dimension the geometry has: x, y (2D rows), z / layer
+                let has_y = matches!(c.geom, "2d" | "3d" | "a2d");
+                let has_z = matches!(c.geom, "3d" | "a1d" | "a2d");
+                let dims: Vec<usize> = [(0, true), (1, has_y), (2, has_z)]
+                    .into_iter()
+                    .filter_map(|(k, on)| on.then_some(k))
+                    .collect();
+                match dims[rng.gen_range(0..dims.len())] {
+                    0 => cx = if rng.gen_bool(0.5) { -1 - x } else { w + x },
+                    1 => cy = h + y,
+                    _ => cz = if rng.gen_bool(0.5) { -1 } else { p + z },
+                }
+            }
+            "clamp" => {
+                let past = |v: i64, n: i64| match v {
+                    0 => -1 - (v & 3),
+                    v if v == n - 1 && n > 1 => n + 2,
+                    v => v,
+                };
+                // a layer index is unsigned: -1 is past the last layer, not before the first
+                let layered = c.geom.starts_with('a');
+                let pz = if layered && z == 0 { 0 } else { past(z, p) };
+                (cx, cy, cz) = (past(x, w), past(y, h), pz);
+            }
+            _ => {}
+        }
+        if lands {
+            for (k, v) in vals.iter().enumerate().take(c.vec.min(c.channels as usize)) {
+                let cb = c.format.bytes() as usize;
+                let off = t as usize * tb + k * cb;
+                want[off..off + cb].copy_from_slice(&converted(c.format, *v));
+            }
+        }
+        let mut words = [0u32; WORDS_IN];
+        words[..4].copy_from_slice(&surf_coords(c.geom, cx, cy, cz));
+        words[5..9].copy_from_slice(&vals);
+        input.push(words);
+    }
+    let coords = regs(10, if matches!(c.geom, "1d") { 1 } else if matches!(c.geom, "2d" | "a1d") { 2 } else { 4 });
+    let (v, src) = if c.vec == 1 {
+        (String::new(), "{%r15}".to_string())
+    } else {
+        (format!(".v{}", c.vec), regs(15, c.vec))
+    };
+    let ins = format!("    sust.p.{}{v}.b32.{} [%rd1, {coords}], {src};", c.geom, c.mode);
+    let text = kernel(HEAD, "", n, &ins);
+    let m = load(&mem, &text);
+    let bytes: Vec<u8> = input.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
+    let inb = buffer(&mem, &bytes);
+    let out = poisoned(&mem, n * 16);
+    run(&m, &mem, n, &[hd.base, inb.base, out.base, 0]).unwrap_or_else(|e| panic!("{e}\n{ins}"));
+    let mut got = vec![0u8; n * tb];
+    surf.read_bytes(0, &mut got);
+    for t in 0..n {
+        assert_eq!(
+            &got[t * tb..(t + 1) * tb],
+            &want[t * tb..(t + 1) * tb],
+            "{ins}: texel {t}, inputs {:x?}",
+            input[t]
+        );
+    }
+}
+
+/// `sust.p` converts to every surface format, on every geometry it takes, in every mode.
+#[test]
+fn sust_p_converts_to_every_format() {
+    let mut rng = StdRng::seed_from_u64(0x5057);
+    let cases = [
+        ("1d", TexFormat::F32, 4, 4, "trap", [9, 1, 1]),
+        ("2d", TexFormat::F16, 2, 4, "zero", [5, 4, 1]),
+        ("3d", TexFormat::U8, 4, 4, "clamp", [4, 3, 3]),
+        ("a1d", TexFormat::U16, 1, 1, "trap", [6, 1, 3]),
+        ("a2d", TexFormat::U32, 2, 2, "zero", [3, 4, 3]),
+        ("2d", TexFormat::U8, 1, 4, "trap", [7, 3, 1]),
+        ("a2d", TexFormat::F16, 4, 2, "clamp", [4, 3, 2]),
+        ("a1d", TexFormat::U16, 2, 4, "zero", [5, 1, 4]),
+    ];
+    for (geom, format, channels, vec, mode, ext) in cases {
+        let c = SurfCase {
+            geom,
+            format,
+            channels,
+            vec,
+            mode,
+            ext,
+        };
+        sust_p_case(&mut rng, &c);
+    }
+}
+
+/// Layered `suld.b` (`.zero`, `.clamp`) at random byte coordinates past every edge, and
+/// `sust.b.a1d`/`.a2d`.
+#[test]
+fn layered_suld_and_sust_b() {
+    const N: usize = 256;
+    let mut rng = StdRng::seed_from_u64(0x1a7e);
+    for (geom, vec, mode) in [("a1d", 1, "zero"), ("a2d", 2, "clamp"), ("a2d", 1, "zero"), ("a1d", 2, "clamp")] {
+        let mem = GlobalMemory::new();
+        let c = SurfCase {
+            geom,
+            format: TexFormat::U32,
+            channels: 2,
+            vec,
+            mode,
+            ext: [5, if geom == "a1d" { 1 } else { 3 }, 4],
+        };
+        let [w, h, p] = c.ext;
+        let row = w * 8;
+        let data: Vec<u32> = (0..w * 2 * h * p).map(|_| rng.gen()).collect();
+        let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let surf = buffer(&mem, &bytes);
+        let hd = surf_desc(&c, surf.base).upload(&mem, 0).unwrap();
+        let access = 4 * vec as i64;
+        let mut input = Vec::new();
+        let mut want = Vec::new();
+        for _ in 0..N {
+            let x = 4 * rng.gen_range(-2..row / 4 + 2);
+            let y = if geom == "a1d" {
+                0
+            } else {
+                rng.gen_range(-1..h + 1)
+            };
+            let z = rng.gen_range(-1..p + 1);
+            let hi = [row - access, h - 1, p - 1];
+            // the layer index is unsigned (-1 is past the last layer)
+            let zu = z as u32 as i64;
+            let inr = x >= 0 && x <= hi[0] && y >= 0 && y <= hi[1] && zu <= hi[2];
+            let mut v = [0u32; 4];
+            if inr || mode == "clamp" {
+                let (x, y, z) = (x.max(0).min(hi[0]), y.max(0).min(hi[1]), zu.min(hi[2]));
+                for (k, slot) in v.iter_mut().enumerate().take(vec) {
+                    *slot = data[((z * h + y) * row + x) as usize / 4 + k];
+                }
+            }
+            want.push(v);
+            let mut words = [0u32; WORDS_IN];
+            words[..4].copy_from_slice(&surf_coords(geom, x, y, z));
+            input.push(words);
+        }
+        let coords = regs(10, if geom == "a1d" { 2 } else { 4 });
+        let (v, dst) = if vec == 1 {
+            (String::new(), "{%r1}".to_string())
+        } else {
+            (format!(".v{vec}"), regs(1, vec))
+        };
+        let ins = format!("    suld.b.{geom}{v}.b32.{mode} {dst}, [%rd1, {coords}];");
+        let text = kernel(HEAD, "", N, &ins);
+        let m = load(&mem, &text);
+        let ib: Vec<u8> = input.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
+        let inb = buffer(&mem, &ib);
+        let out = poisoned(&mem, N * 16);
+        run(&m, &mem, N, &[hd.base, inb.base, out.base, 0]).unwrap_or_else(|e| panic!("{e}\n{ins}"));
+        let got = words(&out, N * 4);
+        for t in 0..N {
+            assert_eq!(&got[4 * t..4 * t + 4], &want[t], "{ins}: {:?}", &input[t][..4]);
+        }
+        // sust.b of the same form writes back value + 1 at in-range coordinates
+        let st = format!(
+            "    suld.b.{geom}{v}.b32.trap {dst}, [%rd1, {coords}];\n    add.u32 %r1, %r1, 1;\n\
+             \x20   sust.b.{geom}{v}.b32.trap [%rd1, {coords}], {dst};"
+        );
+        let m = load(&mem, &kernel(HEAD, "", 1, &st));
+        let (x, y, z) = (8, h - 1, p - 1);
+        let mut words1 = [0u32; WORDS_IN];
+        words1[..4].copy_from_slice(&surf_coords(geom, x, y, z));
+        let inb = buffer(&mem, &words1.map(u32::to_le_bytes).concat());
+        run(&m, &mem, 1, &[hd.base, inb.base, out.base, 0]).unwrap();
+        let i = ((z * h + y) * row + x) as usize / 4;
+        let mut after = data.clone();
+        after[i] = data[i].wrapping_add(1);
+        let got = words(&surf, data.len());
+        assert_eq!(got, after, "{st}");
+    }
+}
+
+/// `sured.p` on a U32 surface: many threads reduce into a few texels.
+#[test]
+fn sured_p_reduces_u32_texels() {
+    const N: usize = 200;
+    let mut rng = StdRng::seed_from_u64(0x5ed);
+    for op in ["add", "min", "max", "and", "or"] {
+        let mem = GlobalMemory::new();
+        let init: Vec<u32> = (0..6).map(|_| rng.gen()).collect();
+        let surf = buffer(&mem, &init.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+        let hd = TexDesc::surface(surf.base, TexFormat::U32, 1, &[3, 2])
+            .unwrap()
+            .upload(&mem, 0)
+            .unwrap();
+        let mut want = init.clone();
+        let mut input = Vec::new();
+        for _ in 0..N {
+            let (x, y) = (rng.gen_range(0..3i64), rng.gen_range(0..2i64));
+            let v: u32 = rng.gen();
+            let o = &mut want[(y * 3 + x) as usize];
+            *o = match op {
+                "add" => o.wrapping_add(v),
+                "min" => (*o).min(v),
+                "max" => (*o).max(v),
+                "and" => *o & v,
+                _ => *o | v,
+            };
+            let mut words = [0u32; WORDS_IN];
+            words[..4].copy_from_slice(&surf_coords("2d", x, y, 0));
+            words[5] = v;
+            input.push(words);
+        }
+        let ins = format!("    sured.p.{op}.2d.b32.trap [%rd1, {{%r10, %r11}}], %r15;");
+        let m = load(&mem, &kernel(HEAD, "", N, &ins));
+        let ib: Vec<u8> = input.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
+        let inb = buffer(&mem, &ib);
+        let out = poisoned(&mem, N * 16);
+        run(&m, &mem, N, &[hd.base, inb.base, out.base, 0]).unwrap();
+        assert_eq!(words(&surf, 6), want, "{ins}");
+    }
+}
+
+/// `txq.level.*`, `txq.num_mipmap_levels`/`array_size`/`num_samples`/`channel_*` and
+/// `suq.array_size`/`memory_layout`/`channel_*` report the descriptor.
+#[test]
+fn queries_report_the_shape() {
+    let mem = GlobalMemory::new();
+    let back = buffer(&mem, &[0u8; 4]);
+    let s = smp([AddrMode::Clamp; 3], Filter::Point, true);
+    let tx = |f, ch, ext: &[u32]| TexDesc::texture(back.base, f, ch, ext, s).unwrap();
+    let levels = kernel(
+        HEAD,
+        "",
+        1,
+        "    txq.level.width.b32 %r1, [%rd1], %r10;\n    txq.level.height.b32 %r2, [%rd1], %r10;\n\
+         \x20   txq.level.depth.b32 %r3, [%rd1], %r10;\n    txq.num_mipmap_levels.b32 %r4, [%rd1];",
+    );
+    let shape = kernel(
+        HEAD,
+        "",
+        1,
+        "    txq.array_size.b32 %r1, [%rd1];\n    txq.num_samples.b32 %r2, [%rd1];\n\
+         \x20   txq.channel_data_type.b32 %r3, [%rd1];\n    txq.channel_order.b32 %r4, [%rd1];",
+    );
+    let surf = kernel(
+        HEAD,
+        "",
+        1,
+        "    suq.array_size.b32 %r1, [%rd1];\n    suq.memory_layout.b32 %r2, [%rd1];\n\
+         \x20   suq.channel_data_type.b32 %r3, [%rd1];\n    suq.channel_order.b32 %r4, [%rd1];",
+    );
+    let cases: Vec<(&String, TexDesc, u32, [u32; 4])> = vec![
+        (&levels, tx(TexFormat::F32, 1, &[16, 8]).mipmapped(5, Filter::Linear).unwrap(), 2, [4, 2, 1, 5]),
+        (&levels, tx(TexFormat::F32, 1, &[16, 8]).mipmapped(5, Filter::Point).unwrap(), 4, [1, 1, 1, 5]),
+        (&levels, tx(TexFormat::U8, 2, &[8, 4, 16]).mipmapped(4, Filter::Point).unwrap(), 3, [1, 1, 2, 4]),
+        (&levels, tx(TexFormat::U8, 2, &[6, 5]), 0, [6, 5, 1, 1]),
+        (&shape, tx(TexFormat::F16, 4, &[4, 4]).layered(5).unwrap(), 0, [5, 0, 3, 4]),
+        (&shape, tx(TexFormat::U32, 2, &[4, 4]).multisample(4).unwrap(), 0, [0, 4, 2, 2]),
+        (&shape, tx(TexFormat::U16, 1, &[4, 4]).cubemap().unwrap().layered(2).unwrap(), 0, [2, 0, 1, 1]),
+        (&surf, TexDesc::surface(back.base, TexFormat::U16, 2, &[3, 2]).unwrap().layered(3).unwrap(), 0, [3, 1, 1, 2]),
+    ];
+    for (text, d, level, want) in cases {
+        let m = load(&mem, text);
+        let h = d.upload(&mem, 0).unwrap();
+        let mut input = [0u32; WORDS_IN];
+        input[0] = level;
+        let inb = buffer(&mem, &input.map(u32::to_le_bytes).concat());
+        let out = poisoned(&mem, 16);
+        run(&m, &mem, 1, &[h.base, inb.base, out.base, 0]).unwrap();
+        assert_eq!(words(&out, 4), want, "{d:?} level {level}");
+    }
+}
+
+/// The validator rejects what ptxas rejects among the new forms (geometries an opcode does
+/// not take, coordinate and gradient counts, coordinate types, `.p` types, samplers outside
+/// independent mode, objects of the wrong kind).
+#[test]
+fn validator_rejects_malformed_new_forms() {
+    let d4 = "{%r1, %r2, %r3, %r4}";
+    let bad = [
+        (format!("tex.level.2dms.v4.f32.s32 {d4}, [%rd1, {{%r5, %r6, %r7, %r8}}], %r9;"), "no .base/.level/.grad"),
+        (format!("tex.cube.v4.f32.s32 {d4}, [%rd1, {{%r5, %r6, %r7, %r8}}];"), "types"),
+        (format!("tex.2dms.v4.f32.f32 {d4}, [%rd1, {{%r5, %r6, %r7, %r8}}];"), "types"),
+        (format!("tld4.r.2d.v4.f32.s32 {d4}, [%rd1, {{%r5, %r6}}];"), "types"),
+        ("suld.b.cube.b32.trap {%r1}, [%rd1, {%r5, %r6, %r7, %r8}];".into(), "geometry"),
+        ("sured.b.add.a1d.u32.trap [%rd1, {%r5, %r6}], %r1;".into(), "geometry"),
+        (format!("sust.p.2d.v4.u32.trap [%rd1, {{%r5, %r6}}], {d4};"), "sust.p"),
+        (format!("suld.p.2d.v4.b32.trap {d4}, [%rd1, {{%r5, %r6}}];"), "sust.p"),
+        (format!("tex.a2d.v4.f32.f32 {d4}, [%rd1, {{%r5, %r6}}];"), "coordinates"),
+        (format!("tex.grad.2d.v4.f32.f32 {d4}, [%rd1, {{%r5, %r6}}], {{%r7}}, {{%r8, %r9}};"), "dPdx"),
+        (format!("tex.2d.v4.f32.f32 {d4}, [gs, {{%r5, %r6}}];"), "not a module-scope .texref"),
+        ("suq.num_mipmap_levels.b32 %r1, [%rd1];".into(), "query attribute"),
+        ("txq.level.filter_mode.b32 %r1, [%rd1], %r2;".into(), ".level"),
+    ];
+    for (ins, msg) in bad {
+        let text = format!(
+            "{HEAD}.global .surfref gs;\n.visible .entry k(.param .u64 p)\n{{\n    .reg .b32 %r<10>;\n\
+             \x20   .reg .b64 %rd<4>;\n    ld.param.u64 %rd1, [p];\n    mov.b64 %rd2, %rd1;\n    {ins}\n    ret;\n}}\n"
+        );
+        let m = ptx::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let errs: Vec<String> = ptx::validate(&m)
+            .into_iter()
+            .filter(|d| d.is_error())
+            .map(|d| d.to_string())
+            .collect();
+        assert!(errs.iter().any(|e| e.contains(msg)), "`{ins}`: {errs:?}");
+        if ptx::ptxas::ptxas_for_tests("isa_tex_geom test PTX").is_some() {
+            assert!(
+                ptx::ptxas::assemble(&text, "sm_90a", &Default::default()).is_err(),
+                "ptxas accepts `{ins}`"
+            );
+        }
+    }
+}

@@ -1,7 +1,8 @@
 //! Operand rules of the texture and surface instructions (`tex`, `tld4`, `txq`, `suld`,
 //! `sust`, `sured`, `suq`, `istypep`), read by role: the geometries each opcode takes
 //! ([`TexGeom`], as ptxas 13.5 accepts them), the `[object, {coordinates}]` operand with the
-//! geometry's coordinate count, `[texture, sampler, {..}]` only under `texmode_independent`,
+//! geometry's coordinate count, `[texture, sampler, {..}]` (a `.samplerref` name only under
+//! `texmode_independent`),
 //! symbol objects naming a module-scope `.texref`/`.surfref`/`.samplerref` of the right kind,
 //! the mipmap operands (`lod`, `dPdx`, `dPdy`), offsets, coordinate and result types, vector
 //! widths, query attributes and handle types. Register types of values are left to ptxas's
@@ -142,8 +143,8 @@ impl FnCheck<'_> {
                 sampler,
                 coords,
             }) if !surface => {
-                if !independent {
-                    let why = format!("`{name}` with a sampler needs .target texmode_independent");
+                if !independent && !matches!(sampler, AddrBase::Reg(_)) {
+                    let why = format!("`{name}`: a .samplerref needs .target texmode_independent");
                     self.tex_bad(i, why);
                 }
                 self.tex_object(i, base, &[want], "texture");
