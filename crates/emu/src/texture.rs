@@ -481,7 +481,14 @@ impl TexDesc {
         if self.samples > 16 || (self.samples > 0 && (self.dims != 2 || self.cube)) {
             return Err(bad("samples", format!("{} (2D, at most 16)", self.samples)));
         }
-        let max_levels = 32 - self.extent.iter().max().copied().unwrap_or(1).leading_zeros();
+        let max_levels = 32
+            - self
+                .extent
+                .iter()
+                .max()
+                .copied()
+                .unwrap_or(1)
+                .leading_zeros();
         if self.levels == 0 || self.levels > max_levels.min(MAX_LEVELS) {
             let why = format!("{} (1..={max_levels} for this extent)", self.levels);
             return Err(bad("levels", why));
@@ -668,10 +675,7 @@ pub fn cube_face(p: [f64; 3], d: [[f64; 3]; 2]) -> (u32, [f64; 2], [[f64; 2]; 2]
     let du = |g: &[f64; 3], (k, sg): (usize, f64)| {
         (sg * g[k] * m - sg * p[k] * sm * g[axis]) / (2.0 * m * m)
     };
-    let dd = [
-        [du(&d[0], s), du(&d[0], t)],
-        [du(&d[1], s), du(&d[1], t)],
-    ];
+    let dd = [[du(&d[0], s), du(&d[0], t)], [du(&d[1], s), du(&d[1], t)]];
     (face, [uv(s), uv(t)], dd)
 }
 

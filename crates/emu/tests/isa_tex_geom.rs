@@ -94,8 +94,7 @@ fn kernel(head: &str, decls: &str, n: usize, body: &str) -> String {
 }
 
 const HEAD: &str = ".version 8.7\n.target sm_90a\n.address_size 64\n";
-const HEAD_INDEP: &str =
-    ".version 8.7\n.target sm_90a, texmode_independent\n.address_size 64\n";
+const HEAD_INDEP: &str = ".version 8.7\n.target sm_90a, texmode_independent\n.address_size 64\n";
 
 /// `{%rA, %rA+1, ..}` with `n` elements.
 fn regs(first: usize, n: usize) -> String {
@@ -430,7 +429,12 @@ fn reference(c: &Case, w: &[u32]) -> [f64; 4] {
         let v = if cube {
             let (face, uv, _) = cube_ref(dir, [0.0; 3]);
             let wd = e[0] as f64;
-            o.filter(level, plane + face, &[uv[0] * wd, uv[1] * wd], (c.float, false))
+            o.filter(
+                level,
+                plane + face,
+                &[uv[0] * wd, uv[1] * wd],
+                (c.float, false),
+            )
         } else {
             let mut u = vec![0.0; spatial];
             for (k, x) in u.iter_mut().enumerate() {
@@ -535,13 +539,13 @@ fn inputs(rng: &mut StdRng, c: &Case) -> [u32; WORDS_IN] {
     } else {
         rng.gen_range(-1..o.levels as i32 + 1) as u32
     };
-    for k in 5..13 {
+    for g in w[5..13].iter_mut() {
         let mag = 2f32.powf(rng.gen_range(-7.0f32..1.0));
-        let g = if o.s.normalized || cube { mag } else { mag * 8.0 };
-        w[k] = if rng.gen_bool(0.5) { g } else { -g }.to_bits();
+        let v = if o.s.normalized || cube { mag } else { mag * 8.0 };
+        *g = if rng.gen_bool(0.5) { v } else { -v }.to_bits();
     }
-    for k in 13..16 {
-        w[k] = rng.gen_range(-8..8) as u32;
+    for e in w[13..16].iter_mut() {
+        *e = rng.gen_range(-8..8) as u32;
     }
     w
 }
@@ -720,24 +724,73 @@ fn mipmapped_level_and_grad() {
         o
     };
     let mut cases = vec![
-        case("2d", Form::Level, mipped(obj(TexFormat::F32, 2, &[8, 6], lin), 4, true)),
-        case("2d", Form::Level, mipped(obj(TexFormat::U8, 4, &[9, 5], pt), 4, false)),
-        case("2d", Form::Grad, mipped(obj(TexFormat::F16, 1, &[16, 8], lin), 5, true)),
-        case("2d", Form::Grad, mipped(obj(TexFormat::F32, 4, &[8, 8], pt), 4, false)),
-        case("1d", Form::Grad, mipped(obj(TexFormat::U16, 2, &[32], lin), 6, true)),
-        case("3d", Form::Level, mipped(obj(TexFormat::F32, 1, &[4, 4, 8], lin), 4, true)),
-        case("3d", Form::Grad, mipped(obj(TexFormat::F32, 1, &[8, 4, 4], pt), 4, true)),
-        case("2d", Form::Base, mipped(obj(TexFormat::F32, 1, &[8, 4], lin), 3, true)),
+        case(
+            "2d",
+            Form::Level,
+            mipped(obj(TexFormat::F32, 2, &[8, 6], lin), 4, true),
+        ),
+        case(
+            "2d",
+            Form::Level,
+            mipped(obj(TexFormat::U8, 4, &[9, 5], pt), 4, false),
+        ),
         case(
             "2d",
             Form::Grad,
-            mipped(obj(TexFormat::F32, 1, &[8, 4], smp([Clamp; 3], Filter::Linear, false)), 3, true),
+            mipped(obj(TexFormat::F16, 1, &[16, 8], lin), 5, true),
+        ),
+        case(
+            "2d",
+            Form::Grad,
+            mipped(obj(TexFormat::F32, 4, &[8, 8], pt), 4, false),
+        ),
+        case(
+            "1d",
+            Form::Grad,
+            mipped(obj(TexFormat::U16, 2, &[32], lin), 6, true),
+        ),
+        case(
+            "3d",
+            Form::Level,
+            mipped(obj(TexFormat::F32, 1, &[4, 4, 8], lin), 4, true),
+        ),
+        case(
+            "3d",
+            Form::Grad,
+            mipped(obj(TexFormat::F32, 1, &[8, 4, 4], pt), 4, true),
+        ),
+        case(
+            "2d",
+            Form::Base,
+            mipped(obj(TexFormat::F32, 1, &[8, 4], lin), 3, true),
+        ),
+        case(
+            "2d",
+            Form::Grad,
+            mipped(
+                obj(
+                    TexFormat::F32,
+                    1,
+                    &[8, 4],
+                    smp([Clamp; 3], Filter::Linear, false),
+                ),
+                3,
+                true,
+            ),
         ),
     ];
-    let mut ints = case("2d", Form::Level, mipped(obj(TexFormat::U32, 1, &[8, 8], pt), 4, false));
+    let mut ints = case(
+        "2d",
+        Form::Level,
+        mipped(obj(TexFormat::U32, 1, &[8, 8], pt), 4, false),
+    );
     (ints.fcoord, ints.float) = (false, false);
     cases.push(ints);
-    let mut off = case("2d", Form::Level, mipped(obj(TexFormat::F32, 1, &[8, 8], lin), 3, true));
+    let mut off = case(
+        "2d",
+        Form::Level,
+        mipped(obj(TexFormat::F32, 1, &[8, 8], lin), 3, true),
+    );
     off.offsets = true;
     cases.push(off);
     for c in &mut cases {
@@ -762,18 +815,66 @@ fn arrays_cubes_and_multisample() {
         o
     };
     let mut cases = vec![
-        case("a1d", Form::Plain, shaped(obj(TexFormat::F32, 2, &[7], lin), 3, false, 0, 1)),
-        case("a2d", Form::Plain, shaped(obj(TexFormat::U8, 4, &[5, 4], pt), 4, false, 0, 1)),
-        case("a2d", Form::Grad, shaped(obj(TexFormat::F32, 1, &[8, 8], lin), 2, false, 0, 4)),
-        case("a1d", Form::Level, shaped(obj(TexFormat::F16, 1, &[16], lin), 2, false, 0, 5)),
-        case("cube", Form::Plain, shaped(obj(TexFormat::F32, 4, &[4, 4], lin), 0, true, 0, 1)),
-        case("cube", Form::Level, shaped(obj(TexFormat::F32, 1, &[8, 8], lin), 0, true, 0, 4)),
-        case("cube", Form::Grad, shaped(obj(TexFormat::U16, 2, &[8, 8], lin), 0, true, 0, 4)),
-        case("acube", Form::Plain, shaped(obj(TexFormat::U8, 1, &[3, 3], pt), 3, true, 0, 1)),
-        case("acube", Form::Grad, shaped(obj(TexFormat::F32, 1, &[4, 4], lin), 2, true, 0, 3)),
-        case("a2d", Form::Gather(1), shaped(obj(TexFormat::F32, 2, &[5, 5], lin), 3, false, 0, 1)),
-        case("cube", Form::Gather(0), shaped(obj(TexFormat::U8, 4, &[4, 4], pt), 0, true, 0, 1)),
-        case("acube", Form::Gather(3), shaped(obj(TexFormat::F32, 4, &[4, 4], lin), 2, true, 0, 1)),
+        case(
+            "a1d",
+            Form::Plain,
+            shaped(obj(TexFormat::F32, 2, &[7], lin), 3, false, 0, 1),
+        ),
+        case(
+            "a2d",
+            Form::Plain,
+            shaped(obj(TexFormat::U8, 4, &[5, 4], pt), 4, false, 0, 1),
+        ),
+        case(
+            "a2d",
+            Form::Grad,
+            shaped(obj(TexFormat::F32, 1, &[8, 8], lin), 2, false, 0, 4),
+        ),
+        case(
+            "a1d",
+            Form::Level,
+            shaped(obj(TexFormat::F16, 1, &[16], lin), 2, false, 0, 5),
+        ),
+        case(
+            "cube",
+            Form::Plain,
+            shaped(obj(TexFormat::F32, 4, &[4, 4], lin), 0, true, 0, 1),
+        ),
+        case(
+            "cube",
+            Form::Level,
+            shaped(obj(TexFormat::F32, 1, &[8, 8], lin), 0, true, 0, 4),
+        ),
+        case(
+            "cube",
+            Form::Grad,
+            shaped(obj(TexFormat::U16, 2, &[8, 8], lin), 0, true, 0, 4),
+        ),
+        case(
+            "acube",
+            Form::Plain,
+            shaped(obj(TexFormat::U8, 1, &[3, 3], pt), 3, true, 0, 1),
+        ),
+        case(
+            "acube",
+            Form::Grad,
+            shaped(obj(TexFormat::F32, 1, &[4, 4], lin), 2, true, 0, 3),
+        ),
+        case(
+            "a2d",
+            Form::Gather(1),
+            shaped(obj(TexFormat::F32, 2, &[5, 5], lin), 3, false, 0, 1),
+        ),
+        case(
+            "cube",
+            Form::Gather(0),
+            shaped(obj(TexFormat::U8, 4, &[4, 4], pt), 0, true, 0, 1),
+        ),
+        case(
+            "acube",
+            Form::Gather(3),
+            shaped(obj(TexFormat::F32, 4, &[4, 4], lin), 2, true, 0, 1),
+        ),
     ];
     for (g, layers) in [("2dms", 0), ("a2dms", 3)] {
         let o = shaped(obj(TexFormat::U32, 2, &[5, 3], pt), layers, false, 4, 1);
@@ -785,7 +886,11 @@ fn arrays_cubes_and_multisample() {
         c.fcoord = false;
         cases.push(c);
     }
-    let mut off = case("a2d", Form::Gather(0), shaped(obj(TexFormat::F32, 1, &[6, 6], lin), 2, false, 0, 1));
+    let mut off = case(
+        "a2d",
+        Form::Gather(0),
+        shaped(obj(TexFormat::F32, 1, &[6, 6], lin), 2, false, 0, 1),
+    );
     off.offsets = true;
     cases.push(off);
     for c in &mut cases {
@@ -844,7 +949,11 @@ fn texrefs_and_samplers() {
         ..UNIFIED
     };
     run_case_with(&mut rng, &mut plain(forced), &setup);
-    let mut g = case("2d", Form::Gather(1), obj(TexFormat::F32, 2, &[6, 5], forced));
+    let mut g = case(
+        "2d",
+        Form::Gather(1),
+        obj(TexFormat::F32, 2, &[6, 5], forced),
+    );
     run_case_with(&mut rng, &mut g, &setup);
 }
 
@@ -879,7 +988,10 @@ fn bound_refs_query_and_access() {
     let e = run(&m, &mem, 1, &[0, inb.base, out.base, 0]).expect_err("unbound");
     assert!(e.contains("`gs` is not bound"), "{e}");
     assert!(m.bind_texref("gs", &sd).is_err(), "gs is a .surfref");
-    assert!(m.bind_surfref("gs", &td).is_err(), "a texture for a .surfref");
+    assert!(
+        m.bind_surfref("gs", &td).is_err(),
+        "a texture for a .surfref"
+    );
     m.bind_surfref("gs", &sd).unwrap();
     run(&m, &mem, 1, &[0, inb.base, out.base, 0]).unwrap();
     // txq: width 7, linear (1), mirror (1); suq: height 3
@@ -952,7 +1064,7 @@ fn converted(f: TexFormat, x: u32) -> Vec<u8> {
         if v.is_nan() {
             0
         } else {
-            (v.max(0.0).min(1.0) * max).round_ties_even() as u32
+            (v.clamp(0.0, 1.0) * max).round_ties_even() as u32
         }
     };
     match f {
@@ -1033,16 +1145,32 @@ fn sust_p_case(rng: &mut StdRng, c: &SurfCase) {
         words[5..9].copy_from_slice(&vals);
         input.push(words);
     }
-    let coords = regs(10, if matches!(c.geom, "1d") { 1 } else if matches!(c.geom, "2d" | "a1d") { 2 } else { 4 });
+    let coords = regs(
+        10,
+        if matches!(c.geom, "1d") {
+            1
+        } else if matches!(c.geom, "2d" | "a1d") {
+            2
+        } else {
+            4
+        },
+    );
     let (v, src) = if c.vec == 1 {
         (String::new(), "{%r15}".to_string())
     } else {
         (format!(".v{}", c.vec), regs(15, c.vec))
     };
-    let ins = format!("    sust.p.{}{v}.b32.{} [%rd1, {coords}], {src};", c.geom, c.mode);
+    let ins = format!(
+        "    sust.p.{}{v}.b32.{} [%rd1, {coords}], {src};",
+        c.geom, c.mode
+    );
     let text = kernel(HEAD, "", n, &ins);
     let m = load(&mem, &text);
-    let bytes: Vec<u8> = input.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
+    let bytes: Vec<u8> = input
+        .iter()
+        .flatten()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
     let inb = buffer(&mem, &bytes);
     let out = poisoned(&mem, n * 16);
     run(&m, &mem, n, &[hd.base, inb.base, out.base, 0]).unwrap_or_else(|e| panic!("{e}\n{ins}"));
@@ -1091,7 +1219,12 @@ fn sust_p_converts_to_every_format() {
 fn layered_suld_and_sust_b() {
     const N: usize = 256;
     let mut rng = StdRng::seed_from_u64(0x1a7e);
-    for (geom, vec, mode) in [("a1d", 1, "zero"), ("a2d", 2, "clamp"), ("a2d", 1, "zero"), ("a1d", 2, "clamp")] {
+    for (geom, vec, mode) in [
+        ("a1d", 1, "zero"),
+        ("a2d", 2, "clamp"),
+        ("a2d", 1, "zero"),
+        ("a1d", 2, "clamp"),
+    ] {
         let mem = GlobalMemory::new();
         let c = SurfCase {
             geom,
@@ -1143,13 +1276,23 @@ fn layered_suld_and_sust_b() {
         let ins = format!("    suld.b.{geom}{v}.b32.{mode} {dst}, [%rd1, {coords}];");
         let text = kernel(HEAD, "", N, &ins);
         let m = load(&mem, &text);
-        let ib: Vec<u8> = input.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
+        let ib: Vec<u8> = input
+            .iter()
+            .flatten()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         let inb = buffer(&mem, &ib);
         let out = poisoned(&mem, N * 16);
-        run(&m, &mem, N, &[hd.base, inb.base, out.base, 0]).unwrap_or_else(|e| panic!("{e}\n{ins}"));
+        run(&m, &mem, N, &[hd.base, inb.base, out.base, 0])
+            .unwrap_or_else(|e| panic!("{e}\n{ins}"));
         let got = words(&out, N * 4);
         for t in 0..N {
-            assert_eq!(&got[4 * t..4 * t + 4], &want[t], "{ins}: {:?}", &input[t][..4]);
+            assert_eq!(
+                &got[4 * t..4 * t + 4],
+                &want[t],
+                "{ins}: {:?}",
+                &input[t][..4]
+            );
         }
         // sust.b of the same form writes back value + 1 at in-range coordinates
         let st = format!(
@@ -1178,7 +1321,13 @@ fn sured_p_reduces_u32_texels() {
     for op in ["add", "min", "max", "and", "or"] {
         let mem = GlobalMemory::new();
         let init: Vec<u32> = (0..6).map(|_| rng.gen()).collect();
-        let surf = buffer(&mem, &init.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+        let surf = buffer(
+            &mem,
+            &init
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        );
         let hd = TexDesc::surface(surf.base, TexFormat::U32, 1, &[3, 2])
             .unwrap()
             .upload(&mem, 0)
@@ -1203,7 +1352,11 @@ fn sured_p_reduces_u32_texels() {
         }
         let ins = format!("    sured.p.{op}.2d.b32.trap [%rd1, {{%r10, %r11}}], %r15;");
         let m = load(&mem, &kernel(HEAD, "", N, &ins));
-        let ib: Vec<u8> = input.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
+        let ib: Vec<u8> = input
+            .iter()
+            .flatten()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
         let inb = buffer(&mem, &ib);
         let out = poisoned(&mem, N * 16);
         run(&m, &mem, N, &[hd.base, inb.base, out.base, 0]).unwrap();
@@ -1241,14 +1394,62 @@ fn queries_report_the_shape() {
          \x20   suq.channel_data_type.b32 %r3, [%rd1];\n    suq.channel_order.b32 %r4, [%rd1];",
     );
     let cases: Vec<(&String, TexDesc, u32, [u32; 4])> = vec![
-        (&levels, tx(TexFormat::F32, 1, &[16, 8]).mipmapped(5, Filter::Linear).unwrap(), 2, [4, 2, 1, 5]),
-        (&levels, tx(TexFormat::F32, 1, &[16, 8]).mipmapped(5, Filter::Point).unwrap(), 4, [1, 1, 1, 5]),
-        (&levels, tx(TexFormat::U8, 2, &[8, 4, 16]).mipmapped(4, Filter::Point).unwrap(), 3, [1, 1, 2, 4]),
+        (
+            &levels,
+            tx(TexFormat::F32, 1, &[16, 8])
+                .mipmapped(5, Filter::Linear)
+                .unwrap(),
+            2,
+            [4, 2, 1, 5],
+        ),
+        (
+            &levels,
+            tx(TexFormat::F32, 1, &[16, 8])
+                .mipmapped(5, Filter::Point)
+                .unwrap(),
+            4,
+            [1, 1, 1, 5],
+        ),
+        (
+            &levels,
+            tx(TexFormat::U8, 2, &[8, 4, 16])
+                .mipmapped(4, Filter::Point)
+                .unwrap(),
+            3,
+            [1, 1, 2, 4],
+        ),
         (&levels, tx(TexFormat::U8, 2, &[6, 5]), 0, [6, 5, 1, 1]),
-        (&shape, tx(TexFormat::F16, 4, &[4, 4]).layered(5).unwrap(), 0, [5, 0, 3, 4]),
-        (&shape, tx(TexFormat::U32, 2, &[4, 4]).multisample(4).unwrap(), 0, [0, 4, 2, 2]),
-        (&shape, tx(TexFormat::U16, 1, &[4, 4]).cubemap().unwrap().layered(2).unwrap(), 0, [2, 0, 1, 1]),
-        (&surf, TexDesc::surface(back.base, TexFormat::U16, 2, &[3, 2]).unwrap().layered(3).unwrap(), 0, [3, 1, 1, 2]),
+        (
+            &shape,
+            tx(TexFormat::F16, 4, &[4, 4]).layered(5).unwrap(),
+            0,
+            [5, 0, 3, 4],
+        ),
+        (
+            &shape,
+            tx(TexFormat::U32, 2, &[4, 4]).multisample(4).unwrap(),
+            0,
+            [0, 4, 2, 2],
+        ),
+        (
+            &shape,
+            tx(TexFormat::U16, 1, &[4, 4])
+                .cubemap()
+                .unwrap()
+                .layered(2)
+                .unwrap(),
+            0,
+            [2, 0, 1, 1],
+        ),
+        (
+            &surf,
+            TexDesc::surface(back.base, TexFormat::U16, 2, &[3, 2])
+                .unwrap()
+                .layered(3)
+                .unwrap(),
+            0,
+            [3, 1, 1, 2],
+        ),
     ];
     for (text, d, level, want) in cases {
         let m = load(&mem, text);
@@ -1269,19 +1470,58 @@ fn queries_report_the_shape() {
 fn validator_rejects_malformed_new_forms() {
     let d4 = "{%r1, %r2, %r3, %r4}";
     let bad = [
-        (format!("tex.level.2dms.v4.f32.s32 {d4}, [%rd1, {{%r5, %r6, %r7, %r8}}], %r9;"), "no .base/.level/.grad"),
-        (format!("tex.cube.v4.f32.s32 {d4}, [%rd1, {{%r5, %r6, %r7, %r8}}];"), "types"),
-        (format!("tex.2dms.v4.f32.f32 {d4}, [%rd1, {{%r5, %r6, %r7, %r8}}];"), "types"),
-        (format!("tld4.r.2d.v4.f32.s32 {d4}, [%rd1, {{%r5, %r6}}];"), "types"),
-        ("suld.b.cube.b32.trap {%r1}, [%rd1, {%r5, %r6, %r7, %r8}];".into(), "geometry"),
-        ("sured.b.add.a1d.u32.trap [%rd1, {%r5, %r6}], %r1;".into(), "geometry"),
-        (format!("sust.p.2d.v4.u32.trap [%rd1, {{%r5, %r6}}], {d4};"), "sust.p"),
-        (format!("suld.p.2d.v4.b32.trap {d4}, [%rd1, {{%r5, %r6}}];"), "sust.p"),
-        (format!("tex.a2d.v4.f32.f32 {d4}, [%rd1, {{%r5, %r6}}];"), "coordinates"),
-        (format!("tex.grad.2d.v4.f32.f32 {d4}, [%rd1, {{%r5, %r6}}], {{%r7}}, {{%r8, %r9}};"), "dPdx"),
-        (format!("tex.2d.v4.f32.f32 {d4}, [gs, {{%r5, %r6}}];"), "not a module-scope .texref"),
-        ("suq.num_mipmap_levels.b32 %r1, [%rd1];".into(), "query attribute"),
-        ("txq.level.filter_mode.b32 %r1, [%rd1], %r2;".into(), ".level"),
+        (
+            format!("tex.level.2dms.v4.f32.s32 {d4}, [%rd1, {{%r5, %r6, %r7, %r8}}], %r9;"),
+            "no .base/.level/.grad",
+        ),
+        (
+            format!("tex.cube.v4.f32.s32 {d4}, [%rd1, {{%r5, %r6, %r7, %r8}}];"),
+            "types",
+        ),
+        (
+            format!("tex.2dms.v4.f32.f32 {d4}, [%rd1, {{%r5, %r6, %r7, %r8}}];"),
+            "types",
+        ),
+        (
+            format!("tld4.r.2d.v4.f32.s32 {d4}, [%rd1, {{%r5, %r6}}];"),
+            "types",
+        ),
+        (
+            "suld.b.cube.b32.trap {%r1}, [%rd1, {%r5, %r6, %r7, %r8}];".into(),
+            "geometry",
+        ),
+        (
+            "sured.b.add.a1d.u32.trap [%rd1, {%r5, %r6}], %r1;".into(),
+            "geometry",
+        ),
+        (
+            format!("sust.p.2d.v4.u32.trap [%rd1, {{%r5, %r6}}], {d4};"),
+            "sust.p",
+        ),
+        (
+            format!("suld.p.2d.v4.b32.trap {d4}, [%rd1, {{%r5, %r6}}];"),
+            "sust.p",
+        ),
+        (
+            format!("tex.a2d.v4.f32.f32 {d4}, [%rd1, {{%r5, %r6}}];"),
+            "coordinates",
+        ),
+        (
+            format!("tex.grad.2d.v4.f32.f32 {d4}, [%rd1, {{%r5, %r6}}], {{%r7}}, {{%r8, %r9}};"),
+            "dPdx",
+        ),
+        (
+            format!("tex.2d.v4.f32.f32 {d4}, [gs, {{%r5, %r6}}];"),
+            "not a module-scope .texref",
+        ),
+        (
+            "suq.num_mipmap_levels.b32 %r1, [%rd1];".into(),
+            "query attribute",
+        ),
+        (
+            "txq.level.filter_mode.b32 %r1, [%rd1], %r2;".into(),
+            ".level",
+        ),
     ];
     for (ins, msg) in bad {
         let text = format!(

@@ -192,7 +192,10 @@ pub enum Init {
     },
     /// `field = value` of a `.texref`/`.samplerref` initialiser (`{ filter_mode = linear }`;
     /// [`crate::texture::ref_fields`] reads them).
-    Field { name: String, value: Box<Init> },
+    Field {
+        name: String,
+        value: Box<Init>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

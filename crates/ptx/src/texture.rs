@@ -206,9 +206,7 @@ impl TexQuery {
         match self {
             Width | Height | Depth | ChannelDataType | ChannelOrder | ArraySize => true,
             MemoryLayout => surface,
-            NormalizedCoords | FilterMode | AddrMode(_) | NumMipmapLevels | NumSamples => {
-                !surface
-            }
+            NormalizedCoords | FilterMode | AddrMode(_) | NumMipmapLevels | NumSamples => !surface,
         }
     }
 
@@ -301,7 +299,9 @@ pub fn ref_fields(v: &VarDecl) -> Result<Vec<(RefField, RefValue)>, String> {
             _ => return Err(format!("`{}`: unknown field `{name}`", v.name)),
         };
         let word = match value.as_ref() {
-            Init::Sym { name, offset: 0, .. } => name.as_str(),
+            Init::Sym {
+                name, offset: 0, ..
+            } => name.as_str(),
             Init::Int(0) => "0",
             Init::Int(1) => "1",
             _ => "",

@@ -8,8 +8,8 @@
 
 use super::*;
 use crate::program::Mip;
-use ptx::texture::{TexGeom, TexQuery};
 use crate::texture::{cube_face, linear_weight, Filter, ObjKind, TexDesc, DESC_BYTES};
+use ptx::texture::{TexGeom, TexQuery};
 
 /// Channel values of one texel as a fetch sees them (floats for `.f32` fetches, raw integers
 /// otherwise, both held exactly in f64).
@@ -272,7 +272,9 @@ impl Cta {
         for (k, v) in t.vals.iter().enumerate().take(d.channels as usize) {
             let a = base.wrapping_add(k as u64 * cb as u64);
             let loc = self.locate(ctx, MSpace::Global, a, cb, l, ctx.prog.local_bytes)?;
-            let x = d.format.from_store(self.warps[wi].regs[*v as usize][l] as u32);
+            let x = d
+                .format
+                .from_store(self.warps[wi].regs[*v as usize][l] as u32);
             self.store(wi, &loc, cb, x, Ordering::Relaxed);
         }
         Ok(())
@@ -460,9 +462,19 @@ impl Cta {
                     len(dd[0]).max(len(dd[1])) * w
                 } else {
                     let n = g.spatial();
-                    let scale = |k: usize| if d.normalized { d.extent[k] as f64 } else { 1.0 };
-                    let norm =
-                        |v: [f64; 3]| (0..n).map(|k| (v[k] * scale(k)).powi(2)).sum::<f64>().sqrt();
+                    let scale = |k: usize| {
+                        if d.normalized {
+                            d.extent[k] as f64
+                        } else {
+                            1.0
+                        }
+                    };
+                    let norm = |v: [f64; 3]| {
+                        (0..n)
+                            .map(|k| (v[k] * scale(k)).powi(2))
+                            .sum::<f64>()
+                            .sqrt()
+                    };
                     norm(dx).max(norm(dy))
                 };
                 rho.log2()
@@ -481,7 +493,13 @@ impl Cta {
     ) -> Result<Texel, FaultKind> {
         let (wi, l) = wl;
         let g = t.geom.ok_or_else(misrouted_tex)?;
-        let float = !matches!(t.kind, TexKind::Tex { ret: TexRet::S32 | TexRet::U32, .. });
+        let float = !matches!(
+            t.kind,
+            TexKind::Tex {
+                ret: TexRet::S32 | TexRet::U32,
+                ..
+            }
+        );
         if !float && d.filter == Filter::Linear && !g.is_ms() {
             return Err(fault("tex: linear filtering needs an .f32 fetch".into()));
         }

@@ -44,13 +44,28 @@ pub enum Mip {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TexKind {
     /// `suld.b`: `elem` bytes per vector element.
-    Suld { elem: u32, oob: Oob },
-    Sust { elem: u32, oob: Oob },
+    Suld {
+        elem: u32,
+        oob: Oob,
+    },
+    Sust {
+        elem: u32,
+        oob: Oob,
+    },
     /// `sust.p`: formatted store of 32-bit values, x in texels.
-    SustP { oob: Oob },
-    Sured { op: AtomOp, ty: Ty, oob: Oob },
+    SustP {
+        oob: Oob,
+    },
+    Sured {
+        op: AtomOp,
+        ty: Ty,
+        oob: Oob,
+    },
     /// `sured.p`: x in texels, the operation on a `U32` surface's channel 0.
-    SuredP { op: AtomOp, oob: Oob },
+    SuredP {
+        op: AtomOp,
+        oob: Oob,
+    },
     /// `suq` (surface) or `txq` (texture); `level`: the `txq.level` operand's slot.
     Query {
         attr: TexQuery,
@@ -58,9 +73,16 @@ pub enum TexKind {
         level: Option<u32>,
     },
     /// `tex`; `fcoord`: the coordinates are `.f32` (else `.s32`).
-    Tex { ret: TexRet, fcoord: bool, mip: Mip },
+    Tex {
+        ret: TexRet,
+        fcoord: bool,
+        mip: Mip,
+    },
     /// `tld4.{r,g,b,a}`: `comp` is the channel gathered.
-    Tld4 { comp: u8, ret: TexRet },
+    Tld4 {
+        comp: u8,
+        ret: TexRet,
+    },
     /// `istypep.texref` (`Some(Texture)`), `.surfref`, `.samplerref`.
     Istypep(crate::texture::ObjKind),
 }

@@ -103,7 +103,10 @@ impl FnCheck<'_> {
                     | Some(crate::texture::TexQuery::Depth)
             );
             if surface || !extent {
-                self.tex_bad(i, "`.level` queries .width, .height or .depth of a texture".into());
+                self.tex_bad(
+                    i,
+                    "`.level` queries .width, .height or .depth of a texture".into(),
+                );
             }
         }
         let want: &[Ty] = if surface {
@@ -127,7 +130,12 @@ impl FnCheck<'_> {
             return self.tex_bad(i, why);
         };
         let surface = matches!(i.op, Opcode::Suld | Opcode::Sust | Opcode::Sured);
-        let independent = self.m.target.options.iter().any(|o| o == "texmode_independent");
+        let independent = self
+            .m
+            .target
+            .options
+            .iter()
+            .any(|o| o == "texmode_independent");
         let want = if surface { Ty::Surfref } else { Ty::Texref };
         let coords = match i.operand(Role::Addr) {
             Some(Operand::TensorAddr { base, coords }) => {
@@ -229,7 +237,10 @@ impl FnCheck<'_> {
         self.mip_form(i, geom);
         if let Some(e) = i.operand(Role::TexOffset) {
             if width(e) != geom.offset_len() || !matches!(e, Operand::Vec(_)) {
-                let why = format!("`{name}`: the offset `e` is {} .s32 values", geom.offset_len());
+                let why = format!(
+                    "`{name}`: the offset `e` is {} .s32 values",
+                    geom.offset_len()
+                );
                 self.tex_bad(i, why);
             }
         }
