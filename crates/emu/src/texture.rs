@@ -1,6 +1,7 @@
-//! Texture and surface objects (unified mode): the 64-byte descriptor a kernel's `.u64` handle
-//! points at, its host-side builder, and the texel addressing and sampling rules the `tex`,
-//! `tld4`, `txq`, `suld`, `sust`, `sured`, `suq` and `istypep` executors (`exec/tex.rs`) apply.
+//! Texture, surface and sampler objects: the 64-byte descriptor a kernel's `.u64` handle (or a
+//! `.texref`/`.surfref`/`.samplerref` variable's slot) holds, its host-side builder, and the
+//! texel addressing and sampling rules the `tex`, `tld4`, `txq`, `suld`, `sust`, `sured`, `suq`
+//! and `istypep` executors (`exec/tex.rs`) apply.
 //!
 //! As with TMA tensor maps ([`crate::hopper::TensorMapDesc`]), the layout is our own (the
 //! driver's is opaque): the host encodes a [`TexDesc`] with [`TexDesc::encode`] into device
@@ -30,7 +31,8 @@
 //!
 //! Level of detail (what this emulator implements; the Programming Guide leaves it to the
 //! graphics APIs): `tex` and `tex.base` read level 0 (a compute kernel has no implicit
-//! derivatives); `tex.level` takes `lambda = lod`; `tex.grad` takes `lambda = log2(rho)`, rho
+//! derivatives); `tex.level` takes `lambda = lod` (an `.s32` lod with `.s32` coordinates, as
+//! ptxas requires); `tex.grad` takes `lambda = log2(rho)`, rho
 //! the larger of the lengths of `dPdx` and `dPdy` in level-0 texel units (normalized
 //! coordinates scaled by the extent; for a cube, the derivative of the face coordinates, see
 //! [`cube_face`]). lambda is clamped to [0, levels - 1]. Point mip filtering reads the nearest
@@ -43,7 +45,8 @@
 //! Layer and sample indices are 32-bit unsigned integers, clamped to the last layer or
 //! sample. Cube coordinates are a direction: [`cube_face`] picks the face and the face
 //! coordinates (`(s / m + 1) / 2`) as the Programming Guide's cubemap table defines, sampled
-//! with clamp-to-edge on that face (no filtering across faces).
+//! with clamp-to-edge on that face (no filtering across faces). A `.texref`/`.samplerref`
+//! initialiser's `clamp_ogl` acts as `clamp_to_edge`.
 //!
 //! Samplers: a `.samplerref` variable or an independent-mode sampler handle is a descriptor of
 //! kind [`ObjKind::Sampler`]; a fetch through one takes its address modes and filter, and
@@ -364,11 +367,12 @@ impl TexDesc {
         (p, p * e[1] as u64)
     }
 
-    /// Byte offset of level `level` from `base`.
+    /// Byte offset of level `level` from `base` (saturating: [`TexDesc::check`] rejects a
+    /// layout that wraps the address space).
     pub fn level_offset(&self, level: u32) -> u64 {
-        (0..level)
-            .map(|k| self.level_pitches(k).1 * self.planes(k))
-            .sum()
+        (0..level).fold(0u64, |acc, k| {
+            acc.saturating_add(self.level_pitches(k).1.saturating_mul(self.planes(k)))
+        })
     }
 
     /// Bytes the object spans from `base` (all levels and planes).
@@ -452,10 +456,10 @@ impl TexDesc {
         if self.pitch < row {
             return Err(bad("pitch", format!("{} < row bytes {row}", self.pitch)));
         }
-        if self.slice_pitch < self.pitch * self.extent[1] as u64 {
+        if self.slice_pitch < self.pitch.saturating_mul(self.extent[1] as u64) {
             return Err(bad("slice_pitch", "smaller than pitch * height"));
         }
-        if self.bytes().checked_add(self.base).is_none() {
+        if self.bytes() == u64::MAX || self.bytes().checked_add(self.base).is_none() {
             return Err(bad("extent", "the object wraps the address space"));
         }
         if self.kind == ObjKind::Texture

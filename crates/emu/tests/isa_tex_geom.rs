@@ -541,7 +541,11 @@ fn inputs(rng: &mut StdRng, c: &Case) -> [u32; WORDS_IN] {
     };
     for g in w[5..13].iter_mut() {
         let mag = 2f32.powf(rng.gen_range(-7.0f32..1.0));
-        let v = if o.s.normalized || cube { mag } else { mag * 8.0 };
+        let v = if o.s.normalized || cube {
+            mag
+        } else {
+            mag * 8.0
+        };
         *g = if rng.gen_bool(0.5) { v } else { -v }.to_bits();
     }
     for e in w[13..16].iter_mut() {

@@ -325,3 +325,89 @@ pub fn ref_fields(v: &VarDecl) -> Result<Vec<(RefField, RefValue)>, String> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Item, Statement};
+    use crate::roles::Role;
+
+    fn ins(text: &str) -> Instruction {
+        match crate::parse_statements(text).unwrap().remove(0) {
+            Statement::Instr(i) => i,
+            s => panic!("not an instruction: {s:?}"),
+        }
+    }
+
+    #[test]
+    fn mipmap_operands_by_role() {
+        let g = ins("tex.grad.a2d.v4.f32.f32 {%f1,%f2,%f3,%f4}, [%rd1, {%r1,%f2,%f3,%f4}], {%f5,%f6}, {%f7,%f8}, {%r2,%r3};");
+        assert_eq!(g.tex_geom(), Some(TexGeom::A2d));
+        assert_eq!(g.mip_mode(), MipMode::Grad);
+        assert_eq!(g.operand_index(Role::Dpdx), Some(2));
+        assert_eq!(g.operand_index(Role::Dpdy), Some(3));
+        assert_eq!(g.operand_index(Role::TexOffset), Some(4));
+        assert_eq!(g.operand(Role::Lod), None);
+        let l = ins("tex.level.cube.v4.f32.f32 {%f1,%f2,%f3,%f4}, [%rd1, {%f1,%f2,%f3,%f4}], %f9;");
+        assert_eq!(l.operand_index(Role::Lod), Some(2));
+        assert_eq!(l.operand(Role::TexOffset), None);
+        let q = ins("txq.level.width.b32 %r1, [%rd1], %r2;");
+        assert_eq!(q.tex_query(), Some(TexQuery::Width));
+        assert_eq!(q.operand_index(Role::Lod), Some(2));
+        let s = ins("tex.2d.v4.f32.f32 {%f1,%f2,%f3,%f4}, [t, smp, {%f5,%f6}];");
+        assert!(matches!(
+            s.operand(Role::Addr),
+            Some(crate::Operand::SampledAddr { .. })
+        ));
+    }
+
+    #[test]
+    fn geometry_layouts() {
+        for g in TexGeom::ALL {
+            assert_eq!(TexGeom::from_mod(&g.to_mod()), Some(*g));
+            // indices before the coordinates, coordinates within the vector
+            assert!(g.first_coord() + g.spatial() <= g.coord_len(), "{g}");
+            assert!(g.layer_slot().is_none_or(|s| s < g.first_coord()), "{g}");
+            assert!(g.sample_slot().is_none_or(|s| s < g.first_coord()), "{g}");
+        }
+        assert_eq!(TexGeom::A2dms.sample_slot(), Some(1));
+        assert_eq!(TexGeom::Acube.first_coord(), 1);
+    }
+
+    #[test]
+    fn ref_initialisers_round_trip_and_check() {
+        let text = ".version 8.7\n.target sm_90a, texmode_independent\n.address_size 64\n\
+                    .global .samplerref s = { addr_mode_0 = mirror, filter_mode = linear, \
+                    force_unnormalized_coords = 1 };\n.global .texref t;\n";
+        let m = crate::parse(text).unwrap();
+        assert_eq!(crate::parse(&crate::print(&m)).unwrap(), m);
+        let Item::Var(v) = &m.items[0] else {
+            panic!("not a variable")
+        };
+        let f = ref_fields(v).unwrap();
+        assert_eq!(
+            f,
+            vec![
+                (
+                    RefField::AddrMode(0),
+                    RefValue::AddrMode(RefAddrMode::Mirror)
+                ),
+                (RefField::FilterMode, RefValue::Linear(true)),
+                (RefField::ForceUnnormalizedCoords, RefValue::Bool(true)),
+            ]
+        );
+        for bad in [
+            "filter_mode = wrap",
+            "normalized_coords = 1",
+            "addr_mode_3 = wrap",
+        ] {
+            let t = format!(".version 8.7\n.target sm_90a\n.address_size 64\n.global .samplerref s = {{ {bad} }};\n");
+            let m = crate::parse(&t).unwrap();
+            let Item::Var(v) = &m.items[0] else {
+                panic!("not a variable")
+            };
+            let e = ref_fields(v).unwrap_err();
+            assert!(e.contains('`'), "{bad}: {e}");
+        }
+    }
+}
