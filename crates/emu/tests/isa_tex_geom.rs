@@ -1547,3 +1547,39 @@ fn validator_rejects_malformed_new_forms() {
         }
     }
 }
+
+/// `tex.v2.f16x2` packs the four channels as f16 pairs (rounded to nearest even), and the
+/// residency predicate of `d|p` is true.
+#[test]
+fn f16x2_results_and_residency_predicate() {
+    const N: usize = 128;
+    let mut rng = StdRng::seed_from_u64(0xf16);
+    let mem = GlobalMemory::new();
+    let s = smp([AddrMode::Wrap; 3], Filter::Linear, true);
+    let mut o = obj(TexFormat::F32, 4, &[5, 4], s);
+    o.data = texel_data(&mut rng, TexFormat::F32, 5 * 4 * 4);
+    let back = buffer(&mem, &o.data);
+    let h = desc_of(&o, back.base).upload(&mem, 0).unwrap();
+    let c = case("2d", Form::Plain, o.clone());
+    let input: Vec<[u32; WORDS_IN]> = (0..N).map(|_| inputs(&mut rng, &c)).collect();
+    let body = "    tex.2d.v2.f16x2.f32 {%r1, %r2}, [%rd1, {%r10, %r11}];\n\
+                \x20   tex.2d.v4.f32.f32 {%r5, %r6, %r7, %r8}|%p2, [%rd1, {%r10, %r11}];\n\
+                \x20   selp.u32 %r3, 7, 9, %p2;\n    mov.b32 %r4, %r8;";
+    let m = load(&mem, &kernel(HEAD, "", N, body));
+    let ib: Vec<u8> = input.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
+    let inb = buffer(&mem, &ib);
+    let out = poisoned(&mem, N * 16);
+    run(&m, &mem, N, &[h.base, inb.base, out.base, 0]).unwrap();
+    let got = words(&out, N * 4);
+    for (t, w) in input.iter().enumerate() {
+        let v = reference(&c, w);
+        let hb = |x: f64| f16_bits(x as f32 as f64) as u32;
+        let want = [
+            hb(v[0]) | hb(v[1]) << 16,
+            hb(v[2]) | hb(v[3]) << 16,
+            7,
+            (v[3] as f32).to_bits(),
+        ];
+        assert_eq!(&got[4 * t..4 * t + 4], &want, "thread {t}: {w:x?}");
+    }
+}
