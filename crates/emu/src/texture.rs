@@ -706,7 +706,7 @@ pub fn linear_weight(u: f64) -> (i64, f64) {
 pub fn ref_slot(v: &ptx::VarDecl) -> Result<Option<[u8; DESC_BYTES]>, DescError> {
     match v.ty {
         ptx::Ty::Texref | ptx::Ty::Surfref => {
-            ptx::texture::ref_fields(v).map_err(|e| bad("initialiser", e))?;
+            ptx::texture::ref_fields(v).map_err(|e| bad("initialiser", e.message))?;
             Ok(Some([0; DESC_BYTES]))
         }
         ptx::Ty::Samplerref => {
@@ -726,7 +726,7 @@ pub fn ref_slot(v: &ptx::VarDecl) -> Result<Option<[u8; DESC_BYTES]>, DescError>
 /// `.texref` declared `= { filter_mode = linear, ... }` does).
 pub fn apply_ref_fields(mut desc: TexDesc, v: &ptx::VarDecl) -> Result<TexDesc, DescError> {
     use ptx::texture::{RefAddrMode as M, RefField as F, RefValue as V};
-    for (f, val) in ptx::texture::ref_fields(v).map_err(|e| bad("initialiser", e))? {
+    for (f, val) in ptx::texture::ref_fields(v).map_err(|e| bad("initialiser", e.message))? {
         match (f, val) {
             (F::AddrMode(i), V::AddrMode(m)) => {
                 desc.addr_mode[i as usize] = match m {
@@ -741,6 +741,8 @@ pub fn apply_ref_fields(mut desc: TexDesc, v: &ptx::VarDecl) -> Result<TexDesc, 
             }
             (F::NormalizedCoords, V::Bool(b)) => desc.normalized = b,
             (F::ForceUnnormalizedCoords, V::Bool(b)) => desc.normalized = !b,
+            // the bound object's shape is the texture's; the declaration's is informative
+            (F::Shape, _) => {}
             _ => return Err(bad("initialiser", format!("`{}`: bad field value", v.name))),
         }
     }

@@ -1566,7 +1566,11 @@ fn f16x2_results_and_residency_predicate() {
                 \x20   tex.2d.v4.f32.f32 {%r5, %r6, %r7, %r8}|%p2, [%rd1, {%r10, %r11}];\n\
                 \x20   selp.u32 %r3, 7, 9, %p2;\n    mov.b32 %r4, %r8;";
     let m = load(&mem, &kernel(HEAD, "", N, body));
-    let ib: Vec<u8> = input.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
+    let ib: Vec<u8> = input
+        .iter()
+        .flatten()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
     let inb = buffer(&mem, &ib);
     let out = poisoned(&mem, N * 16);
     run(&m, &mem, N, &[h.base, inb.base, out.base, 0]).unwrap();
@@ -1582,4 +1586,68 @@ fn f16x2_results_and_residency_predicate() {
         ];
         assert_eq!(&got[4 * t..4 * t + 4], &want, "thread {t}: {w:x?}");
     }
+}
+
+/// Declarations the validator rejects as ptxas does: a `.samplerref` in unified mode, unknown
+/// initialiser fields or values. (ptxas takes any known enumerator or integer for any field,
+/// `addr_mode_0 = linear`; the validator warns about those and the emulator refuses them.)
+#[test]
+fn validator_rejects_bad_ref_declarations() {
+    let bad = [
+        (
+            HEAD,
+            ".global .samplerref s = { filter_mode = linear };",
+            "texmode_independent",
+        ),
+        (
+            HEAD_INDEP,
+            ".global .samplerref s = { normalized_coords = 1 };",
+            "unknown field",
+        ),
+        (
+            HEAD_INDEP,
+            ".global .samplerref s = { addr_mode_0 = foo };",
+            "unknown value",
+        ),
+        (
+            HEAD,
+            ".global .texref t = { force_unnormalized_coords = 1 };",
+            "unknown field",
+        ),
+    ];
+    for (head, decl, msg) in bad {
+        let text = format!("{head}{decl}\n.visible .entry k()\n{{\n    ret;\n}}\n");
+        let m = ptx::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let errs: Vec<String> = ptx::validate(&m)
+            .into_iter()
+            .filter(|d| d.is_error())
+            .map(|d| d.to_string())
+            .collect();
+        assert!(errs.iter().any(|e| e.contains(msg)), "`{decl}`: {errs:?}");
+        if ptx::ptxas::ptxas_for_tests("isa_tex_geom test PTX").is_some() {
+            assert!(
+                ptx::ptxas::assemble(&text, "sm_90a", &Default::default()).is_err(),
+                "ptxas accepts `{decl}`"
+            );
+        }
+    }
+}
+
+/// An initialiser value of another field's kind is a warning (ptxas accepts it) and a load
+/// error naming the variable (the emulator cannot give it a meaning).
+#[test]
+fn wrong_kind_initialiser_values_warn_and_refuse() {
+    let text = format!(
+        "{HEAD_INDEP}.global .samplerref s = {{ addr_mode_0 = linear }};\n.visible .entry k()\n{{\n    ret;\n}}\n"
+    );
+    let m = ptx::parse(&text).unwrap();
+    let d = ptx::validate(&m);
+    assert!(d.iter().all(|d| !d.is_error()), "{d:?}");
+    assert!(
+        d.iter().any(|d| d.message.contains("another kind")),
+        "{d:?}"
+    );
+    let mem = GlobalMemory::new();
+    let e = LoadedModule::load(&mem, m, 0).err().expect("load refuses");
+    assert!(e.to_string().contains("`s`"), "{e}");
 }

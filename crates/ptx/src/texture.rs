@@ -256,9 +256,13 @@ pub enum RefField {
     NormalizedCoords,
     /// `.samplerref` only.
     ForceUnnormalizedCoords,
+    /// `.texref`'s `width`, `height`, `depth`, `channel_data_type`, `channel_order`: accepted
+    /// by ptxas, describing the texture the host binds (the emulator takes them from the
+    /// bound object).
+    Shape,
 }
 
-/// An addressing mode as an initialiser names it.
+/// An addressing mode as an initialiser names it (the integers 0..=4 in this order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RefAddrMode {
     Wrap,
@@ -272,22 +276,46 @@ pub enum RefAddrMode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RefValue {
     AddrMode(RefAddrMode),
-    /// `filter_mode`: `linear` (true) or `nearest`.
+    /// `filter_mode`: `linear` / 1 (true) or `nearest` / 0.
     Linear(bool),
+    /// A flag (any nonzero integer is true).
     Bool(bool),
+    /// A [`RefField::Shape`] value.
+    Int(i128),
 }
 
+/// Why an initialiser is wrong: ptxas rejects it too (an unknown field or symbol), or ptxas
+/// accepts it but it has no meaning here (an enumerator or integer of another field's kind,
+/// `addr_mode_0 = linear`): the validator warns, the emulator refuses to load it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefError {
+    pub ptxas_rejects: bool,
+    pub message: String,
+}
+
+const ADDR_MODES: [(&str, RefAddrMode); 5] = [
+    ("wrap", RefAddrMode::Wrap),
+    ("mirror", RefAddrMode::Mirror),
+    ("clamp_ogl", RefAddrMode::ClampOgl),
+    ("clamp_to_edge", RefAddrMode::ClampToEdge),
+    ("clamp_to_border", RefAddrMode::ClampToBorder),
+];
+
 /// The fields a `.texref`/`.samplerref` declaration initialises, checked: an error names the
-/// field and says what is wrong. Variables of other types, or without initialiser, have none.
-pub fn ref_fields(v: &VarDecl) -> Result<Vec<(RefField, RefValue)>, String> {
+/// variable and the field and says what is wrong. Variables without initialiser have none.
+pub fn ref_fields(v: &VarDecl) -> Result<Vec<(RefField, RefValue)>, RefError> {
     let Some(init) = &v.init else {
         return Ok(Vec::new());
     };
     let sampler = v.ty == crate::Ty::Samplerref;
+    let err = |ptxas_rejects: bool, what: String| RefError {
+        ptxas_rejects,
+        message: format!("`{}`: {what}", v.name),
+    };
     let mut out = Vec::new();
     for i in init {
         let Init::Field { name, value } = i else {
-            return Err(format!("`{}`: expected `field = value`", v.name));
+            return Err(err(true, "expected `field = value`".into()));
         };
         let field = match name.as_str() {
             "addr_mode_0" => RefField::AddrMode(0),
@@ -296,34 +324,53 @@ pub fn ref_fields(v: &VarDecl) -> Result<Vec<(RefField, RefValue)>, String> {
             "filter_mode" => RefField::FilterMode,
             "normalized_coords" if !sampler => RefField::NormalizedCoords,
             "force_unnormalized_coords" if sampler => RefField::ForceUnnormalizedCoords,
-            _ => return Err(format!("`{}`: unknown field `{name}`", v.name)),
+            "width" | "height" | "depth" | "channel_data_type" | "channel_order" if !sampler => {
+                RefField::Shape
+            }
+            _ => return Err(err(true, format!("unknown field `{name}`"))),
         };
-        let word = match value.as_ref() {
+        let val = match value.as_ref() {
+            Init::Int(n) => field_int(field, *n),
             Init::Sym {
-                name, offset: 0, ..
-            } => name.as_str(),
-            Init::Int(0) => "0",
-            Init::Int(1) => "1",
-            _ => "",
+                name: w, offset: 0, ..
+            } => field_word(field, w)
+                .ok_or_else(|| err(true, format!("unknown value `{w}` for `{name}`")))?,
+            _ => return Err(err(true, format!("bad value for `{name}`"))),
         };
-        let val = match (field, word) {
-            (RefField::AddrMode(_), w) => RefValue::AddrMode(match w {
-                "wrap" => RefAddrMode::Wrap,
-                "mirror" => RefAddrMode::Mirror,
-                "clamp_ogl" => RefAddrMode::ClampOgl,
-                "clamp_to_edge" => RefAddrMode::ClampToEdge,
-                "clamp_to_border" => RefAddrMode::ClampToBorder,
-                _ => return Err(format!("`{}`: bad value for `{name}`", v.name)),
-            }),
-            (RefField::FilterMode, "nearest") => RefValue::Linear(false),
-            (RefField::FilterMode, "linear") => RefValue::Linear(true),
-            (_, "0") if field != RefField::FilterMode => RefValue::Bool(false),
-            (_, "1") if field != RefField::FilterMode => RefValue::Bool(true),
-            _ => return Err(format!("`{}`: bad value for `{name}`", v.name)),
-        };
+        let val = val.ok_or_else(|| err(false, format!("value of another kind for `{name}`")))?;
         out.push((field, val));
     }
     Ok(out)
+}
+
+/// An integer field value (`None`: out of the field's range).
+fn field_int(field: RefField, n: i128) -> Option<RefValue> {
+    Some(match field {
+        RefField::AddrMode(_) => RefValue::AddrMode(ADDR_MODES.get(usize::try_from(n).ok()?)?.1),
+        RefField::FilterMode if (0..=1).contains(&n) => RefValue::Linear(n == 1),
+        RefField::FilterMode => return None,
+        RefField::NormalizedCoords | RefField::ForceUnnormalizedCoords => RefValue::Bool(n != 0),
+        RefField::Shape => RefValue::Int(n),
+    })
+}
+
+/// An enumerator field value: `None` for an unknown word, `Some(None)` for one of another
+/// field's kind.
+fn field_word(field: RefField, w: &str) -> Option<Option<RefValue>> {
+    let mode = ADDR_MODES.iter().find(|(n, _)| *n == w).map(|(_, m)| *m);
+    let filter = match w {
+        "nearest" => Some(false),
+        "linear" => Some(true),
+        _ => None,
+    };
+    if mode.is_none() && filter.is_none() {
+        return None;
+    }
+    Some(match field {
+        RefField::AddrMode(_) => mode.map(RefValue::AddrMode),
+        RefField::FilterMode => filter.map(RefValue::Linear),
+        _ => None,
+    })
 }
 
 #[cfg(test)]
@@ -396,18 +443,22 @@ mod tests {
                 (RefField::ForceUnnormalizedCoords, RefValue::Bool(true)),
             ]
         );
-        for bad in [
-            "filter_mode = wrap",
-            "normalized_coords = 1",
-            "addr_mode_3 = wrap",
-        ] {
+        let cases = [
+            ("filter_mode = wrap", false),
+            ("addr_mode_1 = 9", false),
+            ("normalized_coords = 1", true),
+            ("addr_mode_3 = wrap", true),
+            ("addr_mode_0 = foo", true),
+        ];
+        for (bad, ptxas_rejects) in cases {
             let t = format!(".version 8.7\n.target sm_90a\n.address_size 64\n.global .samplerref s = {{ {bad} }};\n");
             let m = crate::parse(&t).unwrap();
             let Item::Var(v) = &m.items[0] else {
                 panic!("not a variable")
             };
             let e = ref_fields(v).unwrap_err();
-            assert!(e.contains('`'), "{bad}: {e}");
+            assert_eq!(e.ptxas_rejects, ptxas_rejects, "{bad}: {e:?}");
+            assert!(e.message.contains("`s`"), "{bad}: {e:?}");
         }
     }
 }

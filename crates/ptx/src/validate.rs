@@ -190,6 +190,7 @@ pub fn validate(m: &Module) -> Vec<Diagnostic> {
         c.run();
         out.extend(c.diags);
     }
+    out.extend(texture::ref_decls(m));
     out.sort_by_key(|d| (d.line, d.col));
     out
 }

@@ -8,8 +8,8 @@
 //! widths, query attributes and handle types. Register types of values are left to ptxas's
 //! looser rules (any 32-bit register holds an `.f32` texel).
 
-use super::{DiagKind, FnCheck};
-use crate::ir::{AddrBase, Instruction, Operand};
+use super::{DiagKind, Diagnostic, FnCheck, Severity};
+use crate::ir::{AddrBase, Init, Instruction, Module, Operand};
 use crate::isa::Opcode;
 use crate::mods::Flag;
 use crate::roles::Role;
@@ -31,6 +31,56 @@ fn geoms(op: Opcode) -> &'static [TexGeom] {
         Opcode::Suld | Opcode::Sust => &[D1, D2, D3, A1d, A2d],
         _ => &[D1, D2, D3],
     }
+}
+
+/// Module-scope declarations: a `.texref`/`.samplerref` initialiser's fields
+/// ([`crate::texture::ref_fields`]), field initialisers only on those, and `.samplerref`
+/// variables only under `texmode_independent` (ptxas rejects them in unified mode).
+pub(super) fn ref_decls(m: &Module) -> Vec<Diagnostic> {
+    let independent = m.target.options.iter().any(|o| o == "texmode_independent");
+    let mut out = Vec::new();
+    for v in m.globals() {
+        let is_ref = matches!(v.ty, Ty::Texref | Ty::Samplerref | Ty::Surfref);
+        let fields = v
+            .init
+            .iter()
+            .flatten()
+            .any(|i| matches!(i, Init::Field { .. }));
+        let why = if v.ty == Ty::Samplerref && !independent {
+            let m = format!(
+                "`{}`: .samplerref needs .target texmode_independent",
+                v.name
+            );
+            Some((Severity::Error, m))
+        } else if is_ref {
+            crate::texture::ref_fields(v).err().map(|e| {
+                let sev = if e.ptxas_rejects {
+                    Severity::Error
+                } else {
+                    Severity::Warning
+                };
+                (sev, e.message)
+            })
+        } else if fields {
+            let m = format!(
+                "`{}`: `field = value` initialisers are for .texref/.samplerref",
+                v.name
+            );
+            Some((Severity::Error, m))
+        } else {
+            None
+        };
+        out.extend(why.map(|(severity, message)| Diagnostic {
+            severity,
+            kind: DiagKind::BadOperand,
+            line: v.loc.line,
+            col: v.loc.col,
+            function: None,
+            message,
+            rust: None,
+        }));
+    }
+    out
 }
 
 fn width(o: &Operand) -> usize {
