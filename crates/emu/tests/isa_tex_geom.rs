@@ -1651,3 +1651,41 @@ fn wrong_kind_initialiser_values_warn_and_refuse() {
     let e = LoadedModule::load(&mem, m, 0).err().expect("load refuses");
     assert!(e.to_string().contains("`s`"), "{e}");
 }
+
+/// A kernel's `.param .texref` parameter holds a texture handle (unified mode).
+#[test]
+fn texref_kernel_parameter() {
+    use AddrMode::*;
+    const N: usize = 64;
+    let mut rng = StdRng::seed_from_u64(0x9a7);
+    let mem = GlobalMemory::new();
+    let mut o = obj(
+        TexFormat::F32,
+        2,
+        &[5, 3],
+        smp([Wrap, Clamp, Clamp], Filter::Linear, true),
+    );
+    o.data = texel_data(&mut rng, TexFormat::F32, 5 * 3 * 2);
+    let back = buffer(&mem, &o.data);
+    let h = desc_of(&o, back.base).upload(&mem, 0).unwrap();
+    let c = case("2d", Form::Plain, o.clone());
+    let input: Vec<[u32; WORDS_IN]> = (0..N).map(|_| inputs(&mut rng, &c)).collect();
+    let body = "    tex.2d.v4.f32.f32 {%r1, %r2, %r3, %r4}, [ph, {%r10, %r11}];";
+    let text = kernel(HEAD, "", N, body)
+        .replace(".param .u64 ph", ".param .texref ph")
+        .replace("    ld.param.u64 %rd1, [ph];\n", "");
+    let m = load(&mem, &text);
+    let ib: Vec<u8> = input
+        .iter()
+        .flatten()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    let inb = buffer(&mem, &ib);
+    let out = poisoned(&mem, N * 16);
+    run(&m, &mem, N, &[h.base, inb.base, out.base, 0]).unwrap();
+    let got = words(&out, N * 4);
+    for (t, w) in input.iter().enumerate() {
+        let want = reference(&c, w).map(|x| (x as f32).to_bits());
+        assert_eq!(&got[4 * t..4 * t + 4], &want, "thread {t}: {w:x?}");
+    }
+}

@@ -2,7 +2,8 @@
 //! `sured.p`, `suq`, `tex` (with `.base`/`.level`/`.grad`), `tld4`, `txq` (with `.level`),
 //! `istypep`, in every geometry ([`TexGeom`]). The object is a `.u64` handle in a register
 //! (unified mode), the name of a module-scope `.texref`/`.surfref` variable (its descriptor
-//! slot's address; `LoadedModule::bind_texref` fills it), or `[texture, sampler, {..}]`
+//! slot's address; `LoadedModule::bind_texref` fills it) or of a kernel's `.param .texref`
+//! (loaded: it holds a handle), or `[texture, sampler, {..}]`
 //! (independent mode: the sampler a `.samplerref` name or a handle register). Operands are read
 //! by role. Each instruction becomes one [`Op::Texture`]; `exec/tex.rs` reads the descriptor
 //! ([`crate::texture`]) when it runs. The depth-compare operand `f` is refused (there are no
@@ -205,8 +206,23 @@ impl Decoder<'_> {
                 .map(|s| (s, None))
                 .ok_or_else(|| self.err(ins, format!("undeclared register `{r}`"))),
             AddrBase::Sym(n) => {
-                let (a, _) = self.sym_value(ins, n)?;
-                Ok((self.konst(a), Some(n.clone())))
+                let (a, space) = self.sym_value(ins, n)?;
+                if space != MSpace::Param {
+                    return Ok((self.konst(a), Some(n.clone())));
+                }
+                // a `.param .texref t` kernel parameter holds the object's handle: load it
+                let s = self.new_slot(64);
+                let ld = Op::Ld {
+                    space,
+                    elem: 8,
+                    sext: false,
+                    ds: vec![s],
+                    addr: self.konst(a),
+                    off: 0,
+                    ord: Ord::Relaxed,
+                };
+                self.push(ld, ins, (NONE, false));
+                Ok((s, Some(n.clone())))
             }
             AddrBase::Imm(_) => Err(self.err(ins, "a texture/surface handle must be a register")),
         }

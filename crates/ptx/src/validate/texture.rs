@@ -3,7 +3,8 @@
 //! ([`TexGeom`], as ptxas 13.5 accepts them), the `[object, {coordinates}]` operand with the
 //! geometry's coordinate count, `[texture, sampler, {..}]` (a `.samplerref` name only under
 //! `texmode_independent`),
-//! symbol objects naming a module-scope `.texref`/`.surfref`/`.samplerref` of the right kind,
+//! symbol objects naming a module-scope `.texref`/`.surfref`/`.samplerref` (or a kernel's
+//! `.param` of that type) of the right kind,
 //! the mipmap operands (`lod`, `dPdx`, `dPdy`), offsets, coordinate and result types, vector
 //! widths, query attributes and handle types. Register types of values are left to ptxas's
 //! looser rules (any 32-bit register holds an `.f32` texel).
@@ -109,9 +110,14 @@ impl FnCheck<'_> {
         self.diag(DiagKind::BadOperand, i.loc, why);
     }
 
-    /// The type of module-scope variable `name`, if it is one.
+    /// The type of `name` if it is a `.param` parameter of the function (a kernel's
+    /// `.param .texref t`) or else a module-scope variable.
     fn module_var_ty(&self, name: &str) -> Option<Ty> {
-        self.m.globals().find(|v| v.name == name).map(|v| v.ty)
+        let param = self.f.params.iter().find(|p| p.name == name);
+        match param {
+            Some(p) => Some(p.ty),
+            None => self.m.globals().find(|v| v.name == name).map(|v| v.ty),
+        }
     }
 
     /// A symbol used as a texture/surface/sampler object must be a variable of type `want`.
@@ -122,7 +128,7 @@ impl FnCheck<'_> {
                 if !ty.is_some_and(|t| want.contains(&t)) {
                     let kinds: Vec<String> = want.iter().map(|t| format!(".{t}")).collect();
                     let why = format!(
-                        "`{}`: {what} `{n}` is not a module-scope {} variable",
+                        "`{}`: {what} `{n}` is not a module-scope {} variable or parameter",
                         i.op.name(),
                         kinds.join(" or ")
                     );
