@@ -1689,3 +1689,30 @@ fn texref_kernel_parameter() {
         assert_eq!(&got[4 * t..4 * t + 4], &want, "thread {t}: {w:x?}");
     }
 }
+
+/// `istypep` tells samplers, textures and surfaces apart (and rejects a non-descriptor).
+#[test]
+fn istypep_knows_samplers() {
+    let mem = GlobalMemory::new();
+    let back = buffer(&mem, &[0u8; 16]);
+    let s = smp([AddrMode::Clamp; 3], Filter::Point, true);
+    let tex = TexDesc::texture(back.base, TexFormat::F32, 1, &[4], s).unwrap();
+    let surf = TexDesc::surface(back.base, TexFormat::F32, 1, &[4]).unwrap();
+    let body = "    istypep.samplerref %p1, %rd1;\n    selp.u32 %r1, 1, 0, %p1;\n\
+                \x20   istypep.texref %p1, %rd1;\n    selp.u32 %r2, 1, 0, %p1;\n\
+                \x20   istypep.surfref %p1, %rd1;\n    selp.u32 %r3, 1, 0, %p1;";
+    let m = load(&mem, &kernel(HEAD, "", 1, body));
+    let inb = buffer(&mem, &[0u8; 64]);
+    for (d, want) in [
+        (Some(TexDesc::sampler(s)), [1, 0, 0, 0]),
+        (Some(tex), [0, 1, 0, 0]),
+        (Some(surf), [0, 0, 1, 0]),
+        (None, [0, 0, 0, 0]),
+    ] {
+        let h = d.map(|d| d.upload(&mem, 0).unwrap());
+        let hb = h.as_ref().map_or(back.base, |a| a.base);
+        let out = poisoned(&mem, 16);
+        run(&m, &mem, 1, &[hb, inb.base, out.base, 0]).unwrap();
+        assert_eq!(words(&out, 4), want);
+    }
+}
