@@ -790,6 +790,10 @@ fn mipmapped_level_and_grad() {
     );
     (ints.fcoord, ints.float) = (false, false);
     cases.push(ints);
+    let o = mipped(obj(TexFormat::F32, 2, &[8, 8], pt), 4, true);
+    let mut grad_int = case("2d", Form::Grad, o);
+    grad_int.fcoord = false;
+    cases.push(grad_int);
     let mut off = case(
         "2d",
         Form::Level,
