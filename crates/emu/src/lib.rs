@@ -83,6 +83,49 @@ impl LoadedModule {
         })
     }
 
+    /// Binds texture object `desc` to the module-scope `.texref` variable `name` (the
+    /// sampler fields of the variable's initialiser, if any, override `desc`'s). Kernels
+    /// launched afterwards read it; binding again replaces it.
+    pub fn bind_texref(&self, name: &str, desc: &texture::TexDesc) -> Result<(), EmuError> {
+        self.bind_ref(name, ptx::Ty::Texref, texture::ObjKind::Texture, desc)
+    }
+
+    /// Binds surface object `desc` to the module-scope `.surfref` variable `name`.
+    pub fn bind_surfref(&self, name: &str, desc: &texture::TexDesc) -> Result<(), EmuError> {
+        self.bind_ref(name, ptx::Ty::Surfref, texture::ObjKind::Surface, desc)
+    }
+
+    fn bind_ref(
+        &self,
+        name: &str,
+        ty: ptx::Ty,
+        kind: texture::ObjKind,
+        desc: &texture::TexDesc,
+    ) -> Result<(), EmuError> {
+        let bad = |why: String| EmuError::Memory(format!("binding `{name}`: {why}"));
+        let v = self
+            .module
+            .globals()
+            .find(|v| v.name == name)
+            .filter(|v| v.ty == ty)
+            .ok_or_else(|| bad(format!("the module has no .{ty} variable `{name}`")))?;
+        if desc.kind != kind {
+            return Err(bad(format!("a {:?} descriptor for a .{ty}", desc.kind)));
+        }
+        let d = texture::apply_ref_fields(desc.clone(), v).map_err(|e| bad(e.to_string()))?;
+        let bytes = d.encode().map_err(|e| bad(e.to_string()))?;
+        let Some(program::SymAddr::Global(addr)) = self.symbols.get(name) else {
+            return Err(bad("not allocated".into()));
+        };
+        let a = self
+            .allocations
+            .iter()
+            .find(|a| a.base == *addr)
+            .ok_or_else(|| bad("not allocated".into()))?;
+        a.write_bytes(0, &bytes);
+        Ok(())
+    }
+
     /// The decoded kernel (decoded once, then cached).
     pub fn kernel(&self, name: &str) -> Result<Arc<Program>, EmuError> {
         let mut g = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
@@ -106,6 +149,16 @@ fn alloc_var(
     v: &ptx::VarDecl,
     device: u32,
 ) -> Result<Arc<Allocation>, EmuError> {
+    if let Some(slot) = texture::ref_slot(v).map_err(|e| EmuError::Decode {
+        kernel: v.name.clone(),
+        msg: e.to_string(),
+    })? {
+        // a .texref/.surfref/.samplerref: one descriptor slot (texture.rs)
+        let a = mem.alloc(slot.len() as u64, device)?;
+        a.write_bytes(0, &slot);
+        a.mark_written(0, slot.len() as u64);
+        return Ok(a);
+    }
     let size = v.size_bytes().max(1);
     let a = mem.alloc(size, device)?;
     if let Some(init) = &v.init {
@@ -126,6 +179,12 @@ fn alloc_var(
                         msg: format!("initialiser refers to unknown symbol `{name}`"),
                     })?
                     .wrapping_add(*offset as u64)
+                }
+                ptx::Init::Field { name, .. } => {
+                    return Err(EmuError::Decode {
+                        kernel: v.name.clone(),
+                        msg: format!("field initialiser `{name}` on a .{} variable", v.ty),
+                    })
                 }
             };
             bytes.extend_from_slice(&bits.to_le_bytes()[..esz.min(8)]);

@@ -40,7 +40,7 @@ use family::{misrouted, role};
 /// (`ld.volatile` decodes as acquire, `st.volatile` as release).
 pub use ptx::ops::{AtomOp, MemOrder as Ord, ReduxOp, ShflMode, VoteMode};
 pub use stack::StackOp;
-pub use tex::{Oob, TexAttr, TexKind, TexOp, TexRet};
+pub use tex::{Mip, Oob, TexAttr, TexKind, TexOp, TexRet};
 
 /// Slot 0 always holds zero in every lane.
 pub const ZERO: u32 = 0;

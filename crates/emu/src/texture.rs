@@ -1,6 +1,7 @@
-//! Texture and surface objects (unified mode): the 64-byte descriptor a kernel's `.u64` handle
-//! points at, its host-side builder, and the texel addressing and sampling rules the `tex`,
-//! `tld4`, `txq`, `suld`, `sust`, `sured`, `suq` and `istypep` executors (`exec/tex.rs`) apply.
+//! Texture, surface and sampler objects: the 64-byte descriptor a kernel's `.u64` handle (or a
+//! `.texref`/`.surfref`/`.samplerref` variable's slot) holds, its host-side builder, and the
+//! texel addressing and sampling rules the `tex`, `tld4`, `txq`, `suld`, `sust`, `sured`, `suq`
+//! and `istypep` executors (`exec/tex.rs`) apply.
 //!
 //! As with TMA tensor maps ([`crate::hopper::TensorMapDesc`]), the layout is our own (the
 //! driver's is opaque): the host encodes a [`TexDesc`] with [`TexDesc::encode`] into device
@@ -17,6 +18,41 @@
 //! rounded once to f32. Normalized coordinates are scaled by the extent first. As in CUDA, wrap
 //! and mirror need normalized coordinates; with unnormalized ones they act as clamp. Border
 //! texels read zero in every channel. Channels a format lacks read (0, 0, 0, 1).
+//!
+//! Layers, cube faces, samples and mipmaps. An object is a stack of 2D *planes*: the `z`
+//! slices of a 3D object, the layers of a layered (array) one, the six faces of a cube (face
+//! `f` of cube `c` of a cube array is plane `6c + f`, faces in CUDA's order +x, -x, +y, -y,
+//! +z, -z), the samples of a multisample one (sample `s` of layer `l` is plane
+//! `samples * l + s`). Level 0 starts at `base` with the given pitches; level `k > 0` follows
+//! level `k - 1` directly, densely packed (pitch = width * texel bytes, slice pitch = pitch *
+//! height), with every spatial extent `max(1, extent >> k)` and the same planes (a 3D
+//! object's depth shrinks too). [`TexDesc::level_offset`] and [`TexDesc::bytes`] give the
+//! layout.
+//!
+//! Level of detail (what this emulator implements; the Programming Guide leaves it to the
+//! graphics APIs): `tex` and `tex.base` read level 0 (a compute kernel has no implicit
+//! derivatives); `tex.level` takes `lambda = lod` (an `.s32` lod with `.s32` coordinates, as
+//! ptxas requires); `tex.grad` takes `lambda = log2(rho)`, rho
+//! the larger of the lengths of `dPdx` and `dPdy` in level-0 texel units (normalized
+//! coordinates scaled by the extent; for a cube, the derivative of the face coordinates, see
+//! [`cube_face`]). lambda is clamped to [0, levels - 1]. Point mip filtering reads the nearest
+//! level (ties to the lower: `ceil(lambda - 0.5)`); linear mip filtering reads levels
+//! `floor(lambda)` and the next and blends them with the fraction held, like the texel
+//! weights, in 8 fractional bits (rounded to nearest), exactly in f64, rounded once to f32.
+//! On level k, a float coordinate is scaled by that level's extent (normalized) or by
+//! `extent_k / extent_0` (unnormalized); `.s32` coordinates index the level's texels.
+//!
+//! Layer and sample indices are 32-bit unsigned integers, clamped to the last layer or
+//! sample. Cube coordinates are a direction: [`cube_face`] picks the face and the face
+//! coordinates (`(s / m + 1) / 2`) as the Programming Guide's cubemap table defines, sampled
+//! with clamp-to-edge on that face (no filtering across faces). A `.texref`/`.samplerref`
+//! initialiser's `clamp_ogl` acts as `clamp_to_edge`.
+//!
+//! Samplers: a `.samplerref` variable or an independent-mode sampler handle is a descriptor of
+//! kind [`ObjKind::Sampler`]; a fetch through one takes its address modes and filter, and
+//! unnormalized coordinates when it forces them. Module-scope `.texref`/`.surfref` variables
+//! are 64-byte descriptor slots the host fills with `LoadedModule::bind_texref` /
+//! `bind_surfref`; a kernel reading an unbound one faults naming the variable.
 
 use std::sync::Arc;
 
@@ -24,6 +60,9 @@ use std::sync::Arc;
 pub const DESC_BYTES: usize = 64;
 const MAGIC_SURFACE: u32 = 0x4653_5850; // "PXSF"
 const MAGIC_TEXTURE: u32 = 0x5854_5850; // "PXTX"
+const MAGIC_SAMPLER: u32 = 0x4d53_5850; // "PXSM"
+/// Most mipmap levels (a 65536-texel extent has 17).
+pub const MAX_LEVELS: u32 = 17;
 
 /// A descriptor field the host asked for that the emulator cannot honour.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -89,6 +128,25 @@ impl TexFormat {
     pub fn reads_as_int(self) -> bool {
         matches!(self, TexFormat::U8 | TexFormat::U16 | TexFormat::U32)
     }
+    /// The raw channel bits `sust.p` stores for source register bits `x`: floats and the
+    /// normalized 8/16-bit formats take an `.f32` (f16 rounded to nearest even; u8/u16 as
+    /// `round_half_even(clamp(x, 0, 1) * max)`, NaN as 0), `U32` the 32 bits unchanged.
+    pub fn from_store(self, x: u32) -> u64 {
+        let f = f32::from_bits(x) as f64;
+        let unorm = |max: f64| {
+            if f.is_nan() {
+                0
+            } else {
+                (f.clamp(0.0, 1.0) * max).round_ties_even() as u64
+            }
+        };
+        match self {
+            TexFormat::U8 => unorm(255.0),
+            TexFormat::U16 => unorm(65535.0),
+            TexFormat::U32 | TexFormat::F32 => x as u64,
+            TexFormat::F16 => crate::fp::f32_to_f16_rn(f32::from_bits(x)) as u64,
+        }
+    }
 }
 
 /// Texture addressing mode (CUDA's `cudaTextureAddressMode` order).
@@ -142,11 +200,13 @@ pub enum Filter {
     Linear,
 }
 
-/// Whether a descriptor is a surface or a texture object.
+/// Whether a descriptor is a surface, a texture or a sampler (a `.samplerref`: only the
+/// sampler state is meaningful).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ObjKind {
     Surface,
     Texture,
+    Sampler,
 }
 
 /// A surface or texture object over a 1D/2D/3D array in device memory.
@@ -170,6 +230,16 @@ pub struct TexDesc {
     pub addr_mode: [AddrMode; 3],
     pub filter: Filter,
     pub normalized: bool,
+    /// Layers of a layered (array) object; 0 when not layered.
+    pub layers: u32,
+    /// Six faces per layer (2D, square).
+    pub cube: bool,
+    /// Samples per texel of a multisample object; 0 when not multisampled.
+    pub samples: u32,
+    /// Mipmap levels (1: none).
+    pub levels: u32,
+    /// Filter between mipmap levels.
+    pub mip_filter: Filter,
 }
 
 impl TexDesc {
@@ -199,9 +269,126 @@ impl TexDesc {
             addr_mode: [AddrMode::Clamp; 3],
             filter: Filter::Point,
             normalized: false,
+            layers: 0,
+            cube: false,
+            samples: 0,
+            levels: 1,
+            mip_filter: Filter::Point,
         };
         d.check()?;
         Ok(d)
+    }
+
+    /// A sampler object (`.samplerref` state, or an independent-mode sampler handle):
+    /// `normalized == false` forces unnormalized coordinates.
+    pub fn sampler(sampler: Sampler) -> TexDesc {
+        TexDesc {
+            kind: ObjKind::Sampler,
+            base: 0,
+            format: TexFormat::U8,
+            channels: 1,
+            dims: 1,
+            extent: [1; 3],
+            pitch: 1,
+            slice_pitch: 1,
+            addr_mode: sampler.addr_mode,
+            filter: sampler.filter,
+            normalized: sampler.normalized,
+            layers: 0,
+            cube: false,
+            samples: 0,
+            levels: 1,
+            mip_filter: Filter::Point,
+        }
+    }
+
+    /// The same object as a layered (array) one with `layers` layers; slices are layers
+    /// (densely packed after row `height - 1` unless [`TexDesc::with_pitch`] says otherwise).
+    pub fn layered(mut self, layers: u32) -> Result<TexDesc, DescError> {
+        if self.dims == 3 {
+            return Err(bad("layers", "a 3D object cannot be layered"));
+        }
+        self.layers = layers;
+        self.check()?;
+        Ok(self)
+    }
+
+    /// The same 2D square object as a cube map (six faces per layer).
+    pub fn cubemap(mut self) -> Result<TexDesc, DescError> {
+        self.cube = true;
+        self.check()?;
+        Ok(self)
+    }
+
+    /// The same 2D object with `samples` samples per texel.
+    pub fn multisample(mut self, samples: u32) -> Result<TexDesc, DescError> {
+        self.samples = samples;
+        self.check()?;
+        Ok(self)
+    }
+
+    /// The same object with a chain of `levels` mipmap levels and filter `mip_filter` between
+    /// them (the layout is in the module docs).
+    pub fn mipmapped(mut self, levels: u32, mip_filter: Filter) -> Result<TexDesc, DescError> {
+        self.levels = levels;
+        self.mip_filter = mip_filter;
+        self.check()?;
+        Ok(self)
+    }
+
+    /// 2D planes per level: depth (3D), layers, 6 faces per layer, samples per layer.
+    pub fn planes(&self, level: u32) -> u64 {
+        let layers = self.layers.max(1) as u64;
+        if self.dims == 3 {
+            self.level_extent(level)[2] as u64
+        } else if self.cube {
+            6 * layers
+        } else {
+            self.samples.max(1) as u64 * layers
+        }
+    }
+
+    /// Extent of mipmap level `level` (`max(1, extent >> level)` per spatial dimension).
+    pub fn level_extent(&self, level: u32) -> [u32; 3] {
+        let mut e = self.extent;
+        for x in e.iter_mut().take(self.dims as usize) {
+            *x = (*x >> level.min(31)).max(1);
+        }
+        e
+    }
+
+    /// Row and plane pitches of level `level`.
+    pub fn level_pitches(&self, level: u32) -> (u64, u64) {
+        if level == 0 {
+            return (self.pitch, self.slice_pitch);
+        }
+        let e = self.level_extent(level);
+        let p = e[0] as u64 * self.texel_bytes() as u64;
+        (p, p * e[1] as u64)
+    }
+
+    /// Byte offset of level `level` from `base` (saturating: [`TexDesc::check`] rejects a
+    /// layout that wraps the address space).
+    pub fn level_offset(&self, level: u32) -> u64 {
+        (0..level).fold(0u64, |acc, k| {
+            acc.saturating_add(self.level_pitches(k).1.saturating_mul(self.planes(k)))
+        })
+    }
+
+    /// Bytes the object spans from `base` (all levels and planes).
+    pub fn bytes(&self) -> u64 {
+        self.level_offset(self.levels)
+    }
+
+    /// Device address of texel `(x, y)` of plane `plane` of level `level`, plus `byte`.
+    pub fn level_texel_addr(&self, level: u32, x: i64, y: i64, plane: i64, byte: u64) -> u64 {
+        let (p, sp) = self.level_pitches(level);
+        self.base
+            .wrapping_add(self.level_offset(level))
+            .wrapping_add(x as u64 * self.texel_bytes() as u64)
+            .wrapping_add(y as u64 * p)
+            .wrapping_add(plane as u64 * sp)
+            .wrapping_add(byte)
     }
 
     /// A densely packed texture object with the given sampler state.
@@ -244,6 +431,10 @@ impl TexDesc {
     }
 
     fn check(&self) -> Result<(), DescError> {
+        if self.kind == ObjKind::Sampler {
+            return Ok(());
+        }
+        self.check_shape()?;
         if self.base == 0 {
             return Err(bad("base", "null address"));
         }
@@ -265,8 +456,11 @@ impl TexDesc {
         if self.pitch < row {
             return Err(bad("pitch", format!("{} < row bytes {row}", self.pitch)));
         }
-        if self.slice_pitch < self.pitch * self.extent[1] as u64 {
+        if self.slice_pitch < self.pitch.saturating_mul(self.extent[1] as u64) {
             return Err(bad("slice_pitch", "smaller than pitch * height"));
+        }
+        if self.bytes() == u64::MAX || self.bytes().checked_add(self.base).is_none() {
+            return Err(bad("extent", "the object wraps the address space"));
         }
         if self.kind == ObjKind::Texture
             && self.filter == Filter::Linear
@@ -280,6 +474,35 @@ impl TexDesc {
         Ok(())
     }
 
+    /// Layers, cube, samples and levels agree with each other and the dimensions.
+    fn check_shape(&self) -> Result<(), DescError> {
+        if self.layers > 1 << 16 {
+            return Err(bad("layers", format!("{} (at most 65536)", self.layers)));
+        }
+        if self.cube && (self.dims != 2 || self.extent[0] != self.extent[1]) {
+            return Err(bad("cube", "a cube map is 2D with width == height"));
+        }
+        if self.samples > 16 || (self.samples > 0 && (self.dims != 2 || self.cube)) {
+            return Err(bad("samples", format!("{} (2D, at most 16)", self.samples)));
+        }
+        let max_levels = 32
+            - self
+                .extent
+                .iter()
+                .max()
+                .copied()
+                .unwrap_or(1)
+                .leading_zeros();
+        if self.levels == 0 || self.levels > max_levels.min(MAX_LEVELS) {
+            let why = format!("{} (1..={max_levels} for this extent)", self.levels);
+            return Err(bad("levels", why));
+        }
+        if self.levels > 1 && self.samples > 0 {
+            return Err(bad("levels", "a multisample object has no mipmaps"));
+        }
+        Ok(())
+    }
+
     /// The 64-byte descriptor (checked first).
     pub fn encode(&self) -> Result<[u8; DESC_BYTES], DescError> {
         self.check()?;
@@ -287,12 +510,19 @@ impl TexDesc {
         let magic = match self.kind {
             ObjKind::Surface => MAGIC_SURFACE,
             ObjKind::Texture => MAGIC_TEXTURE,
+            ObjKind::Sampler => MAGIC_SAMPLER,
         };
         b[0..4].copy_from_slice(&magic.to_le_bytes());
         b[4] = self.format as u8;
         b[5] = self.channels as u8;
         b[6] = self.dims as u8;
-        b[7] = (self.filter == Filter::Linear) as u8 | (self.normalized as u8) << 1;
+        b[7] = (self.filter == Filter::Linear) as u8
+            | (self.normalized as u8) << 1
+            | ((self.mip_filter == Filter::Linear) as u8) << 2
+            | (self.cube as u8) << 3;
+        b[12] = self.levels as u8;
+        b[13] = self.samples as u8;
+        b[56..60].copy_from_slice(&self.layers.to_le_bytes());
         for i in 0..3 {
             b[8 + i] = self.addr_mode[i] as u8;
             b[16 + 4 * i..20 + 4 * i].copy_from_slice(&self.extent[i].to_le_bytes());
@@ -310,7 +540,15 @@ impl TexDesc {
         let kind = match u32at(0) {
             MAGIC_SURFACE => ObjKind::Surface,
             MAGIC_TEXTURE => ObjKind::Texture,
+            MAGIC_SAMPLER => ObjKind::Sampler,
             _ => return Err(bad("magic", "not a ptxforge texture/surface descriptor")),
+        };
+        let linear = |bit: u8| {
+            if b[7] & bit != 0 {
+                Filter::Linear
+            } else {
+                Filter::Point
+            }
         };
         let mode = |i: usize| AddrMode::from_code(b[8 + i]).ok_or(bad("addr_mode", "bad code"));
         let d = TexDesc {
@@ -323,12 +561,13 @@ impl TexDesc {
             pitch: u64at(40),
             slice_pitch: u64at(48),
             addr_mode: [mode(0)?, mode(1)?, mode(2)?],
-            filter: if b[7] & 1 != 0 {
-                Filter::Linear
-            } else {
-                Filter::Point
-            },
+            filter: linear(1),
             normalized: b[7] & 2 != 0,
+            layers: u32at(56),
+            cube: b[7] & 8 != 0,
+            samples: b[13] as u32,
+            levels: b[12] as u32,
+            mip_filter: linear(4),
         };
         d.check()?;
         Ok(d)
@@ -352,21 +591,96 @@ impl TexDesc {
     /// The texel index along dimension `dim` for texel-space index `i`, after the addressing
     /// mode (wrap and mirror act as clamp on unnormalized coordinates); `None` for border.
     pub fn address(&self, dim: usize, i: i64) -> Option<i64> {
+        self.address_in(dim, i, self.extent[dim])
+    }
+
+    /// [`TexDesc::address`] on an extent of `n` texels (a mipmap level's).
+    pub fn address_in(&self, dim: usize, i: i64, n: u32) -> Option<i64> {
         let mode = match self.addr_mode[dim] {
             AddrMode::Wrap | AddrMode::Mirror if !self.normalized => AddrMode::Clamp,
             m => m,
         };
-        mode.index(i, self.extent[dim] as i64)
+        mode.index(i, n as i64)
     }
 
     /// A float coordinate along `dim` in texel space (scaled by the extent when normalized).
     pub fn texel_coord(&self, dim: usize, x: f32) -> f64 {
+        self.level_coord(0, dim, x as f64)
+    }
+
+    /// A float coordinate along `dim` in texel space of level `level`.
+    pub fn level_coord(&self, level: u32, dim: usize, x: f64) -> f64 {
+        let e = self.level_extent(level)[dim] as f64;
         if self.normalized {
-            x as f64 * self.extent[dim] as f64
+            x * e
         } else {
-            x as f64
+            x * e / self.extent[dim] as f64
         }
     }
+
+    /// The object with a sampler's state (address modes, filter; unnormalized coordinates
+    /// when the sampler forces them).
+    pub fn with_sampler(mut self, s: &TexDesc) -> TexDesc {
+        self.addr_mode = s.addr_mode;
+        self.filter = s.filter;
+        self.normalized &= s.normalized;
+        self
+    }
+
+    /// The mipmap levels and their weights a fetch at level of detail `lambda` reads
+    /// (`lambda` NaN or below 0 reads level 0).
+    pub fn mip_levels(&self, lambda: f64) -> [(u32, f64); 2] {
+        let top = (self.levels - 1) as f64;
+        let l = if lambda.is_nan() {
+            0.0
+        } else {
+            lambda.clamp(0.0, top)
+        };
+        if self.mip_filter == Filter::Point {
+            return [((l - 0.5).ceil().max(0.0) as u32, 1.0), (0, 0.0)];
+        }
+        let lo = l.floor();
+        let f = ((l - lo) * 256.0).round() / 256.0;
+        let hi = (lo + 1.0).min(top);
+        [(lo as u32, 1.0 - f), (hi as u32, f)]
+    }
+}
+
+/// Cube-map face selection (CUDA Programming Guide, "Cubemap Textures"): the face is that of
+/// the component of largest magnitude `m` (ties: x before y before z), and the face
+/// coordinates are `(s / m + 1) / 2`, `(t / m + 1) / 2` with
+/// +x: (s, t) = (-z, -y); -x: (z, -y); +y: (x, z); -y: (x, -z); +z: (x, -y); -z: (-x, -y).
+/// Returns the face, the face coordinates and, for a derivative `d` of the direction, the
+/// derivative of the face coordinates.
+pub fn cube_face(p: [f64; 3], d: [[f64; 3]; 2]) -> (u32, [f64; 2], [[f64; 2]; 2]) {
+    let a = p.map(f64::abs);
+    let axis = if a[0] >= a[1] && a[0] >= a[2] {
+        0
+    } else if a[1] >= a[2] {
+        1
+    } else {
+        2
+    };
+    let neg = p[axis] < 0.0;
+    let face = 2 * axis as u32 + neg as u32;
+    // (component, sign) of s and t per face
+    let (s, t): ((usize, f64), (usize, f64)) = match face {
+        0 => ((2, -1.0), (1, -1.0)),
+        1 => ((2, 1.0), (1, -1.0)),
+        2 => ((0, 1.0), (2, 1.0)),
+        3 => ((0, 1.0), (2, -1.0)),
+        4 => ((0, 1.0), (1, -1.0)),
+        _ => ((0, -1.0), (1, -1.0)),
+    };
+    let m = a[axis];
+    let sm = if neg { -1.0 } else { 1.0 };
+    let uv = |(k, sg): (usize, f64)| (sg * p[k] / m + 1.0) / 2.0;
+    // d/dx of (sg * p[k] / m): (sg * d[k] * m - sg * p[k] * sm * d[axis]) / m^2, halved
+    let du = |g: &[f64; 3], (k, sg): (usize, f64)| {
+        (sg * g[k] * m - sg * p[k] * sm * g[axis]) / (2.0 * m * m)
+    };
+    let dd = [[du(&d[0], s), du(&d[0], t)], [du(&d[1], s), du(&d[1], t)]];
+    (face, [uv(s), uv(t)], dd)
 }
 
 /// The sampler state of a texture object.
@@ -384,4 +698,53 @@ pub fn linear_weight(u: f64) -> (i64, f64) {
     let i = ub.floor();
     let a = ((ub - i) * 256.0).round() / 256.0;
     (i as i64, a)
+}
+
+/// The initial 64 bytes of a module-scope `.texref`/`.surfref`/`.samplerref` variable's slot
+/// (`None` for other variables): zeros (unbound) for textures and surfaces, the sampler its
+/// initialiser describes for a `.samplerref` (unset fields: clamp, point, normalized).
+pub fn ref_slot(v: &ptx::VarDecl) -> Result<Option<[u8; DESC_BYTES]>, DescError> {
+    match v.ty {
+        ptx::Ty::Texref | ptx::Ty::Surfref => {
+            ptx::texture::ref_fields(v).map_err(|e| bad("initialiser", e.message))?;
+            Ok(Some([0; DESC_BYTES]))
+        }
+        ptx::Ty::Samplerref => {
+            let s = Sampler {
+                addr_mode: [AddrMode::Clamp; 3],
+                filter: Filter::Point,
+                normalized: true,
+            };
+            let d = apply_ref_fields(TexDesc::sampler(s), v)?;
+            d.encode().map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// `desc` with the sampler fields of `v`'s initialiser applied (what binding a texture to a
+/// `.texref` declared `= { filter_mode = linear, ... }` does).
+pub fn apply_ref_fields(mut desc: TexDesc, v: &ptx::VarDecl) -> Result<TexDesc, DescError> {
+    use ptx::texture::{RefAddrMode as M, RefField as F, RefValue as V};
+    for (f, val) in ptx::texture::ref_fields(v).map_err(|e| bad("initialiser", e.message))? {
+        match (f, val) {
+            (F::AddrMode(i), V::AddrMode(m)) => {
+                desc.addr_mode[i as usize] = match m {
+                    M::Wrap => AddrMode::Wrap,
+                    M::Mirror => AddrMode::Mirror,
+                    M::ClampOgl | M::ClampToEdge => AddrMode::Clamp,
+                    M::ClampToBorder => AddrMode::Border,
+                }
+            }
+            (F::FilterMode, V::Linear(l)) => {
+                desc.filter = if l { Filter::Linear } else { Filter::Point }
+            }
+            (F::NormalizedCoords, V::Bool(b)) => desc.normalized = b,
+            (F::ForceUnnormalizedCoords, V::Bool(b)) => desc.normalized = !b,
+            // the bound object's shape is the texture's; the declaration's is informative
+            (F::Shape, _) => {}
+            _ => return Err(bad("initialiser", format!("`{}`: bad field value", v.name))),
+        }
+    }
+    Ok(desc)
 }

@@ -190,6 +190,12 @@ pub enum Init {
         generic: bool,
         offset: i64,
     },
+    /// `field = value` of a `.texref`/`.samplerref` initialiser (`{ filter_mode = linear }`;
+    /// [`crate::texture::ref_fields`] reads them).
+    Field {
+        name: String,
+        value: Box<Init>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -629,6 +635,12 @@ pub enum Operand {
         base: AddrBase,
         coords: Vec<Operand>,
     },
+    /// `[texture, sampler, {c0, c1, ...}]` (independent-mode texture fetches).
+    SampledAddr {
+        base: AddrBase,
+        sampler: AddrBase,
+        coords: Vec<Operand>,
+    },
     /// `{a, b, c, d}`; elements may be `_`.
     Vec(Vec<Operand>),
     /// `d|p`: second predicate output of setp / shfl / elect.
@@ -722,6 +734,18 @@ impl Operand {
             Operand::TensorAddr { base, coords } => {
                 if let AddrBase::Reg(r) = base {
                     out.push(r);
+                }
+                coords.iter().for_each(|o| o.regs(out));
+            }
+            Operand::SampledAddr {
+                base,
+                sampler,
+                coords,
+            } => {
+                for b in [base, sampler] {
+                    if let AddrBase::Reg(r) = b {
+                        out.push(r);
+                    }
                 }
                 coords.iter().for_each(|o| o.regs(out));
             }

@@ -238,8 +238,10 @@ opcodes! {
     Setmaxnreg "setmaxnreg" 0 1 1 90 80 [RegCount]; Griddepcontrol "griddepcontrol" 0 0 0 90 78;
     Mapa "mapa" 1 2 2 90 78 [(Dst: T) (A: T) (CtaRank: U32)]; Getctarank "getctarank" 1 1 1 90 78 [Dst A];
     // textures and surfaces (unified mode: the handle is a .u64 operand; emu::texture)
-    Tex "tex" 1 1 1 20 10 [Dst Addr]; Tld4 "tld4" 1 1 1 20 22 [Dst Addr];
-    Txq "txq" 1 1 1 20 15 [Dst Addr]; Suld "suld" 1 1 1 20 15 [Dst Addr];
+    Tex "tex" 1 1 5 20 10
+        [Dst Addr (Lod if Level) (Dpdx if Grad) (Dpdy if Grad) (?TexOffset) (?DepthCompare)];
+    Tld4 "tld4" 1 1 3 20 22 [Dst Addr (?TexOffset) (?DepthCompare)];
+    Txq "txq" 1 1 2 20 15 [Dst Addr (Lod if Level)]; Suld "suld" 1 1 1 20 15 [Dst Addr];
     Sust "sust" 0 2 2 20 15 [Addr Src]; Sured "sured" 0 2 2 20 20 [Addr Src];
     Suq "suq" 1 1 1 20 15 [Dst Addr]; Istypep "istypep" 1 1 1 30 40 [Dst A];
 }

@@ -13,6 +13,8 @@
 //! - [`ir`]: modules, functions, statements, instructions and operands as typed values;
 //! - [`parser`] / [`printer`]: PTX text <-> IR, with `parse(print(m)) == m`;
 //! - [`mod@validate`]: typed diagnostics (undeclared registers, type mismatches, target checks);
+//! - [`texture`]: texture/surface geometries, mipmap modes, query attributes and `.texref`
+//!   initialisers as typed values;
 //! - [`video`]: the video instructions (`vadd`..`vset4`) as one typed form;
 //! - [`ptxas`]: the offline `ptxas` wrapper (registers, spills, errors mapped to PTX lines).
 //!
@@ -28,6 +30,7 @@ pub mod parser;
 pub mod printer;
 pub mod ptxas;
 pub mod roles;
+pub mod texture;
 pub mod types;
 pub mod validate;
 pub mod video;

@@ -68,6 +68,13 @@ enum_str! {
         Height => "height", Depth => "depth", NormalizedCoords => "normalized_coords",
         FilterMode => "filter_mode", AddrMode0 => "addr_mode_0", AddrMode1 => "addr_mode_1",
         AddrMode2 => "addr_mode_2",
+        // texture/surface geometries beyond `.1d`..`.3d` (crate::texture::TexGeom), mipmap
+        // modes, formatted (`.p`) surface access and the further query attributes
+        A1d => "a1d", A2d => "a2d", Cube => "cube", Acube => "acube", Dms2 => "2dms",
+        A2dms => "a2dms", Base => "base", Level => "level", Grad => "grad", P => "p",
+        ArraySize => "array_size", NumMipmapLevels => "num_mipmap_levels",
+        NumSamples => "num_samples", ChannelDataType => "channel_data_type",
+        ChannelOrder => "channel_order", MemoryLayout => "memory_layout",
     }
 }
 

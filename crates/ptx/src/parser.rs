@@ -411,6 +411,20 @@ impl<'a> Parser<'a> {
                     offset,
                 });
             }
+            Tok::Ident(name) if self.is_punct(b'=')? => {
+                // `field = value` of a .texref/.samplerref initialiser
+                self.next()?;
+                let mut v = Vec::new();
+                self.init_into(&mut v)?;
+                let value = match (v.pop(), v.is_empty()) {
+                    (Some(x), true) => Box::new(x),
+                    _ => return Err(self.err(&t, format!("bad value for field `{name}`"))),
+                };
+                out.push(Init::Field {
+                    name: name.to_string(),
+                    value,
+                });
+            }
             Tok::Ident(name) => {
                 let offset = self.sym_offset()?;
                 out.push(Init::Sym {
@@ -1013,8 +1027,27 @@ impl<'a> Parser<'a> {
                     }
                 }
                 if offset == 0 && self.eat_punct(b',')? {
-                    // `[tensorMap, {c0, c1}]`: tensor coordinates of a bulk tensor copy.
-                    let coords = match self.operand1()? {
+                    // `[tensorMap, {c0, c1}]`: tensor coordinates of a bulk tensor copy or a
+                    // texture fetch; `[tex, sampler, {c0, c1}]`: an independent-mode fetch.
+                    let first = self.operand1()?;
+                    if self.eat_punct(b',')? {
+                        let sampler = match first {
+                            Operand::Reg(r) => AddrBase::Reg(r),
+                            Operand::Sym { name, offset: 0 } => AddrBase::Sym(name),
+                            _ => return Err(self.err(&b, "bad sampler in `[tex, sampler, {..}]`")),
+                        };
+                        let coords = match self.operand1()? {
+                            Operand::Vec(v) => v,
+                            other => vec![other],
+                        };
+                        self.expect_punct(b']')?;
+                        return Ok(Operand::SampledAddr {
+                            base,
+                            sampler,
+                            coords,
+                        });
+                    }
+                    let coords = match first {
                         Operand::Vec(v) => v,
                         other => vec![other],
                     };

@@ -129,7 +129,9 @@ pub(crate) fn write_var(o: &mut String, v: &VarDecl) -> fmt::Result {
     }
     if let Some(init) = &v.init {
         o.push_str(" = ");
-        let many = !v.dims.is_empty() || v.vec.is_some();
+        let many = !v.dims.is_empty()
+            || v.vec.is_some()
+            || init.iter().any(|x| matches!(x, Init::Field { .. }));
         if many {
             o.push('{');
         }
@@ -137,25 +139,7 @@ pub(crate) fn write_var(o: &mut String, v: &VarDecl) -> fmt::Result {
             if i > 0 {
                 o.push_str(", ");
             }
-            match x {
-                Init::Int(n) => write!(o, "{n}")?,
-                Init::F32(b) => write!(o, "0f{b:08X}")?,
-                Init::F64(b) => write!(o, "0d{b:016X}")?,
-                Init::Sym {
-                    name,
-                    generic,
-                    offset,
-                } => {
-                    if *generic {
-                        write!(o, "generic({name})")?;
-                    } else {
-                        o.push_str(name);
-                    }
-                    if *offset != 0 {
-                        write!(o, "+{offset}")?;
-                    }
-                }
-            }
+            write_init(o, x)?;
         }
         if many {
             o.push('}');
@@ -445,6 +429,22 @@ pub fn write_operand(o: &mut String, a: &Operand) -> fmt::Result {
             write_operand(o, &Operand::Vec(coords.clone()))?;
             o.push(']');
         }
+        Operand::SampledAddr {
+            base,
+            sampler,
+            coords,
+        } => {
+            o.push('[');
+            for b in [base, sampler] {
+                match b {
+                    AddrBase::Reg(r) | AddrBase::Sym(r) => o.push_str(r),
+                    AddrBase::Imm(v) => write!(o, "{v}")?,
+                }
+                o.push_str(", ");
+            }
+            write_operand(o, &Operand::Vec(coords.clone()))?;
+            o.push(']');
+        }
         Operand::Vec(v) => {
             o.push('{');
             for (k, x) in v.iter().enumerate() {
@@ -494,5 +494,33 @@ impl fmt::Display for Instruction {
         let mut s = String::new();
         write_instruction(&mut s, self)?;
         f.write_str(&s)
+    }
+}
+
+/// One initialiser value.
+fn write_init(o: &mut String, x: &Init) -> fmt::Result {
+    match x {
+        Init::Int(n) => write!(o, "{n}"),
+        Init::F32(b) => write!(o, "0f{b:08X}"),
+        Init::F64(b) => write!(o, "0d{b:016X}"),
+        Init::Sym {
+            name,
+            generic,
+            offset,
+        } => {
+            if *generic {
+                write!(o, "generic({name})")?;
+            } else {
+                o.push_str(name);
+            }
+            if *offset != 0 {
+                write!(o, "+{offset}")?;
+            }
+            Ok(())
+        }
+        Init::Field { name, value } => {
+            write!(o, "{name} = ")?;
+            write_init(o, value)
+        }
     }
 }

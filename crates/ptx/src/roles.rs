@@ -127,6 +127,16 @@ roles! {
     Ord => "ord",
     /// `tensormap.replace`: the field's new value (`new_val`).
     Value => "new_val",
+    /// `tex.level`'s level of detail, `txq.level`'s mipmap level (`lod`).
+    Lod => "lod",
+    /// `tex.grad`'s gradient along x (`dPdx`).
+    Dpdx => "dPdx",
+    /// `tex.grad`'s gradient along y (`dPdy`).
+    Dpdy => "dPdy",
+    /// A texture fetch's texel offset vector (`e`).
+    TexOffset => "e",
+    /// A texture fetch's depth-compare value (`f`).
+    DepthCompare => "f",
 }
 
 impl fmt::Display for Role {

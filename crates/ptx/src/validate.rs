@@ -190,6 +190,7 @@ pub fn validate(m: &Module) -> Vec<Diagnostic> {
         c.run();
         out.extend(c.diags);
     }
+    out.extend(texture::ref_decls(m));
     out.sort_by_key(|d| (d.line, d.col));
     out
 }
@@ -1767,6 +1768,18 @@ fn collect_syms<'a>(o: &'a Operand, out: &mut Vec<&'a str>) {
         Operand::TensorAddr { base, coords } => {
             if let AddrBase::Sym(s) = base {
                 out.push(s);
+            }
+            coords.iter().for_each(|c| collect_syms(c, out));
+        }
+        Operand::SampledAddr {
+            base,
+            sampler,
+            coords,
+        } => {
+            for b in [base, sampler] {
+                if let AddrBase::Sym(s) = b {
+                    out.push(s);
+                }
             }
             coords.iter().for_each(|c| collect_syms(c, out));
         }
