@@ -153,6 +153,11 @@ opcodes! {
         [(Dst: TVec) (Addr: Addr) (B: TVec) (C: TVec if Cas) (CacheHint: B64 if L2CacheHint)];
     Red "red" 0 2 3 20 12 [(Addr: Addr) (B: TVec) (CacheHint: B64 if L2CacheHint)];
     RedAsync "red.async" 0 3 3 90 81 [Addr B Mbar];
+    // multimem: loads-with-reduction, stores and reductions on a multicast address (every
+    // device bound to the multicast object; the op/type/sem rules: `validate/multimem.rs`)
+    MultimemLdReduce "multimem.ld_reduce" 1 1 1 90 81 [(Dst: TVec) (Addr: Addr)];
+    MultimemSt "multimem.st" 0 2 2 90 81 [(Addr: Addr) (Src: TVec)];
+    MultimemRed "multimem.red" 0 2 2 90 81 [(Addr: Addr) (B: TVec)];
     // barriers and fences
     Bar "bar" 0 0 3 20 10 [(Dst if Red) (?A) (?B) (C if Red)];
     Barrier "barrier" 0 0 3 20 60 [(Dst if Red) (?A) (?B) (C if Red)];
@@ -416,6 +421,7 @@ pub fn requirement(ins: &Instruction) -> Requirement {
             need(90, 80)
         }
         Opcode::MbarrierTestWait if ins.has(Flag::Parity) => need(80, 71),
+        Opcode::MultimemLdReduce | Opcode::MultimemRed if ins.has(Flag::AccF32) => need(90, 82),
         Opcode::Cvta | Opcode::Isspacep => {
             if ins
                 .mods

@@ -55,6 +55,8 @@ enum_str! {
         Proxy => "proxy", Async => "async", Alias => "alias",
         TensormapGeneric => "tensormap::generic", MbarrierInit => "mbarrier_init",
         Tensormap => "tensormap", LaunchDependents => "launch_dependents", L2 => "L2",
+        // multimem accumulation precision
+        AccF32 => "acc::f32",
         // textures and surfaces: `.b` addressing, out-of-range modes, gather components,
         // query attributes (`.r` and `.clamp` are above)
         B => "b", Trap => "trap", Zero => "zero", G => "g", A => "a", Width => "width",

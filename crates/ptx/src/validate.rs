@@ -29,6 +29,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 mod atomic;
+mod multimem;
 mod tc;
 mod texture;
 
@@ -155,6 +156,13 @@ pub fn errors(diags: &[Diagnostic]) -> impl Iterator<Item = &Diagnostic> {
 }
 
 /// Checks a module; returns every finding, in source order.
+/// What is wrong with the operation, type, vector width or memory semantics of a
+/// `multimem.*` instruction (None when the form is one ptxas accepts, or for other opcodes);
+/// the emulator's decoder asks it too.
+pub fn multimem_form_error(i: &Instruction) -> Option<String> {
+    multimem::form_error(i)
+}
+
 pub fn validate(m: &Module) -> Vec<Diagnostic> {
     let mut symbols: HashMap<&str, Space> = HashMap::new();
     // Function name -> index of its first declaration or definition among the module's items:
@@ -1149,6 +1157,9 @@ impl<'a> FnCheck<'a> {
         let Some(&t) = tys.first() else { return };
         self.carry_form(i, t);
         if let Some(why) = atomic::form_error(i) {
+            self.diag(DiagKind::TypeMismatch, i.loc, why);
+        }
+        if let Some(why) = multimem::form_error(i) {
             self.diag(DiagKind::TypeMismatch, i.loc, why);
         }
         let all = |s: &mut Self, w: Want| {
