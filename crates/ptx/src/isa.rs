@@ -232,6 +232,8 @@ opcodes! {
     WgmmaMmaAsync "wgmma.mma_async" 1 3 7 90 80
         [Dst A BDesc ScaleD (?ImmScaleA) (?ImmScaleB) (?ImmTransA unless_vec 1) (?ImmTransB)];
     Setmaxnreg "setmaxnreg" 0 1 1 90 80 [RegCount]; Griddepcontrol "griddepcontrol" 0 0 0 90 78;
+    // performance-monitor events (`pmevent N`, `pmevent.mask M`)
+    Pmevent "pmevent" 0 1 1 20 14 [A];
     Mapa "mapa" 1 2 2 90 78 [(Dst: T) (A: T) (CtaRank: U32)]; Getctarank "getctarank" 1 1 1 90 78 [Dst A];
     // textures and surfaces (unified mode: the handle is a .u64 operand; emu::texture)
     Tex "tex" 1 1 1 20 10 [Dst Addr]; Tld4 "tld4" 1 1 1 20 22 [Dst Addr];
@@ -401,6 +403,12 @@ pub fn requirement(ins: &Instruction) -> Requirement {
         Opcode::Shfl | Opcode::Vote if ins.has(Flag::Sync) => need(30, 60),
         Opcode::Ld | Opcode::St | Opcode::Atom | Opcode::Red => memory_needs(ins, &mut need),
         Opcode::Fence => {
+            if ins.has(Flag::SyncRestrictSharedCluster) || ins.has(Flag::SyncRestrictSharedCta) {
+                need(90, 86);
+            }
+            if ins.has(Flag::AsyncGeneric) {
+                need(90, 83);
+            }
             if ins.has(Flag::Proxy) && ins.has(Flag::Tensormap) || ins.has(Flag::TensormapGeneric) {
                 need(90, 83);
             } else if ins.has(Flag::Proxy) && ins.has(Flag::Async) || ins.has(Flag::MbarrierInit) {
@@ -421,6 +429,8 @@ pub fn requirement(ins: &Instruction) -> Requirement {
             need(90, 80)
         }
         Opcode::MbarrierTestWait if ins.has(Flag::Parity) => need(80, 71),
+        Opcode::Pmevent if ins.has(Flag::Mask) => need(20, 30),
+        Opcode::Createpolicy if ins.has(Flag::Range) || ins.has(Flag::CvtPolicy) => need(80, 74),
         Opcode::MultimemLdReduce | Opcode::MultimemRed if ins.has(Flag::AccF32) => need(90, 82),
         Opcode::Cvta | Opcode::Isspacep => {
             if ins

@@ -176,12 +176,13 @@ pub fn validate(m: &Module) -> Vec<Diagnostic> {
             Item::Func(f) => {
                 funcs.entry(&f.name).or_insert(k);
             }
+            Item::Alias { .. } => {}
         }
     }
     let mut out = Vec::new();
     let functions = m.items.iter().enumerate().filter_map(|(k, i)| match i {
         Item::Func(f) => Some((k, f)),
-        Item::Var(_) => None,
+        Item::Var(_) | Item::Alias { .. } => None,
     });
     for (item, f) in functions {
         let mut c = FnCheck {
@@ -1161,6 +1162,9 @@ impl<'a> FnCheck<'a> {
         }
         if let Some(why) = multimem::form_error(i) {
             self.diag(DiagKind::TypeMismatch, i.loc, why);
+        }
+        if let Some(why) = multimem::unified_error(i) {
+            self.diag(DiagKind::BadOperand, i.loc, why);
         }
         let all = |s: &mut Self, w: Want| {
             for (k, o) in a.iter().enumerate() {

@@ -141,7 +141,7 @@ pub fn family(op: Opcode, float: bool) -> Family {
             F::Warp
         }
         O::Bra | O::BrxIdx | O::Ret | O::Exit | O::Trap | O::Brkpt | O::Nanosleep => F::Control,
-        O::Griddepcontrol => F::Control,
+        O::Griddepcontrol | O::Pmevent => F::Control,
         O::Call => F::Call,
         O::Stacksave | O::Stackrestore | O::Alloca => F::Call,
         O::WmmaLoadA | O::WmmaLoadB | O::WmmaLoadC | O::WmmaStoreD | O::WmmaMma => F::Tensor,

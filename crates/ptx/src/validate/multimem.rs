@@ -1,4 +1,5 @@
 //! Operation/type/semantics rules of `multimem.ld_reduce`, `multimem.st` and `multimem.red`
+//! (and, found by the same ISA audit, where `ld`'s `[a].unified` attribute may appear)
 //! (sm_90, PTX 8.1; `.acc::f32` PTX 8.2). The tables are what ptxas 13.5 accepts for sm_90
 //! and sm_90a, each combination of operation, vector width, type and `.acc::f32` tried
 //! (`crates/emu/tests/multimem.rs` asks ptxas again for every form it runs); the validator
@@ -8,6 +9,23 @@ use crate::ir::Instruction;
 use crate::isa::Opcode;
 use crate::mods::Flag;
 use crate::types::{Space, Ty};
+
+/// `[a].unified` (kept as the `.unified` modifier) is an `ld` attribute of global or generic
+/// addresses only, as ptxas 13.5 has it.
+pub(super) fn unified_error(i: &Instruction) -> Option<String> {
+    if !i.has(Flag::Unified) {
+        return None;
+    }
+    if i.op != Opcode::Ld {
+        return Some(format!("`{}` takes no `.unified` address attribute (only `ld`)", i.op.name()));
+    }
+    match i.space() {
+        Some(sp) if sp != Space::Global => Some(format!(
+            "`ld [a].unified` addresses global or generic memory, not .{sp}"
+        )),
+        _ => None,
+    }
+}
 
 /// The reduction operation of `i` as written.
 fn op_name(i: &Instruction) -> Option<&'static str> {
