@@ -342,6 +342,20 @@ pub fn int_fn(ins: &Instruction) -> Option<WFn> {
             Ty::S32 => Some(r3!(|a, b, c| (sx24(a).wrapping_mul(sx24(b))) as u32 as u64)),
             _ => None,
         },
+        // bits 47..16 of the 48-bit product plus c; `.sat` (s32 only) clamps the sum
+        Mad24 if ins.has(Flag::Hi) => match (ty, ins.has(Flag::Sat)) {
+            (Ty::U32, false) => Some(r3!(|a, b, c| {
+                let p = (a & 0xff_ffff) * (b & 0xff_ffff);
+                ((p >> 16) as u32).wrapping_add(c as u32) as u64
+            })),
+            (Ty::S32, false) => Some(r3!(|a, b, c| (((sx24(a) * sx24(b)) >> 16) as u32)
+                .wrapping_add(c as u32) as u64)),
+            (Ty::S32, true) => Some(r3!(|a, b, c| {
+                let s = ((sx24(a) * sx24(b)) >> 16) as i32 as i64 + c as i32 as i64;
+                s.clamp(i32::MIN as i64, i32::MAX as i64) as i32 as u32 as u64
+            })),
+            _ => None,
+        },
         Mad24 if !ins.has(Flag::Hi) => match ty {
             Ty::U32 => Some(r3!(|a, b, c| ((a as u32 & 0xff_ffff)
                 .wrapping_mul(b as u32 & 0xff_ffff))

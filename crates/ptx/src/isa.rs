@@ -114,7 +114,8 @@ opcodes! {
     Prmt "prmt" 1 3 3 20 20 [(Dst: B32) (A: B32) (B: B32) (Selector: B32)];
     Popc "popc" 1 1 1 20 20 [(Dst: U32) (A: T)]; Clz "clz" 1 1 1 20 20 [(Dst: U32) (A: T)];
     Brev "brev" 1 1 1 20 20 [(Dst: T) (A: T)]; Bfind "bfind" 1 1 1 20 20 [(Dst: U32) (A: T)];
-    Lop3 "lop3" 1 4 4 50 43 [(Dst: B32) (A: B32) (B: B32) (C: B32) Lut];
+    // `lop3.{and,or}.b32 d|p, a, b, c, immLut, q` (PTX 8.2): p = (d != 0) BoolOp q
+    Lop3 "lop3" 1 4 5 50 43 [(Dst: B32Pair) (A: B32) (B: B32) (C: B32) Lut (?PredIn: Pred)];
     Dp4a "dp4a" 1 3 3 61 50 [(Dst: B32) (A: B32) (B: B32) (C: B32)];
     Dp2a "dp2a" 1 3 3 61 50 [(Dst: B32) (A: B32) (B: B32) (C: B32)];
     Fns "fns" 1 3 3 30 60 [(Dst: B32) (A: B32) (B: B32) (C: B32)];
@@ -430,6 +431,7 @@ pub fn requirement(ins: &Instruction) -> Requirement {
         }
         Opcode::MbarrierTestWait if ins.has(Flag::Parity) => need(80, 71),
         Opcode::Pmevent if ins.has(Flag::Mask) => need(20, 30),
+        Opcode::Lop3 if ins.args.len() > 5 => need(50, 82),
         Opcode::Createpolicy if ins.has(Flag::Range) || ins.has(Flag::CvtPolicy) => need(80, 74),
         Opcode::MultimemLdReduce | Opcode::MultimemRed if ins.has(Flag::AccF32) => need(90, 82),
         Opcode::Cvta | Opcode::Isspacep => {

@@ -123,6 +123,8 @@ roles! {
     RegCount => "imm-reg-count",
     /// `nanosleep`'s duration in nanoseconds (`t`).
     Time => "t",
+    /// A predicate source combined into a predicate result (`lop3.or`'s `q`).
+    PredIn => "q",
 }
 
 impl fmt::Display for Role {

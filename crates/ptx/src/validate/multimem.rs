@@ -1,5 +1,6 @@
 //! Operation/type/semantics rules of `multimem.ld_reduce`, `multimem.st` and `multimem.red`
-//! (and, found by the same ISA audit, where `ld`'s `[a].unified` attribute may appear)
+//! (and two rules the same ISA audit found missing: where `ld`'s `[a].unified` attribute may
+//! appear, and `lop3`'s predicate form)
 //! (sm_90, PTX 8.1; `.acc::f32` PTX 8.2). The tables are what ptxas 13.5 accepts for sm_90
 //! and sm_90a, each combination of operation, vector width, type and `.acc::f32` tried
 //! (`crates/emu/tests/multimem.rs` asks ptxas again for every form it runs); the validator
@@ -23,6 +24,22 @@ pub(super) fn unified_error(i: &Instruction) -> Option<String> {
         Some(sp) if sp != Space::Global => Some(format!(
             "`ld [a].unified` addresses global or generic memory, not .{sp}"
         )),
+        _ => None,
+    }
+}
+
+/// `lop3`: the predicate form `d|p, a, b, c, immLut, q` needs `.and` or `.or`, the plain form
+/// takes neither (ptxas 13.5).
+pub(super) fn lop3_error(i: &Instruction) -> Option<String> {
+    if i.op != Opcode::Lop3 {
+        return None;
+    }
+    let pred_form = i.args.len() > 5;
+    let bool_op = i.has(Flag::And) || i.has(Flag::Or);
+    match (pred_form, bool_op) {
+        (true, false) => Some("`lop3` with a predicate result needs .and or .or".into()),
+        (false, true) => Some("`lop3.and`/`.or` needs a `d|p` result and a predicate `q`".into()),
+        _ if i.has(Flag::Xor) => Some("`lop3` combines its predicate with .and or .or only".into()),
         _ => None,
     }
 }
