@@ -349,7 +349,8 @@ pub fn int_fn(ins: &Instruction) -> Option<WFn> {
                 ((p >> 16) as u32).wrapping_add(c as u32) as u64
             })),
             (Ty::S32, false) => Some(r3!(|a, b, c| (((sx24(a) * sx24(b)) >> 16) as u32)
-                .wrapping_add(c as u32) as u64)),
+                .wrapping_add(c as u32)
+                as u64)),
             (Ty::S32, true) => Some(r3!(|a, b, c| {
                 let s = ((sx24(a) * sx24(b)) >> 16) as i32 as i64 + c as i32 as i64;
                 s.clamp(i32::MIN as i64, i32::MAX as i64) as i32 as u32 as u64

@@ -140,7 +140,10 @@ pub enum Item {
     Var(VarDecl),
     Func(Function),
     /// `.alias name, target;`: calls of the declared function `name` run `target`.
-    Alias { name: String, target: String },
+    Alias {
+        name: String,
+        target: String,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -67,8 +67,12 @@ fn reduce_and_broadcast_across_three_emulated_devices() {
     let m0 = Module::load_ptx(&devs[0], PTX).unwrap();
     let s0 = devs[0].default_stream();
     let cfg = LaunchConfig::linear(1, n as u32);
-    s0.launch(&m0.function("reduce").unwrap(), &cfg, &args![a0, out.device_ptr()])
-        .unwrap();
+    s0.launch(
+        &m0.function("reduce").unwrap(),
+        &cfg,
+        &args![a0, out.device_ptr()],
+    )
+    .unwrap();
     s0.synchronize().unwrap();
     let want: Vec<u32> = (0..n)
         .map(|i| vals.iter().fold(0u32, |s, v| s.wrapping_add(v[i])))
@@ -89,7 +93,11 @@ fn reduce_and_broadcast_across_three_emulated_devices() {
     for (d, b) in bufs.iter().enumerate() {
         let got = b.to_vec().unwrap();
         assert_eq!(&got[..n], &src[..], "device {d}");
-        assert_eq!(&got[n..2 * n], &vals[d][n..2 * n], "device {d} beyond the stores");
+        assert_eq!(
+            &got[n..2 * n],
+            &vals[d][n..2 * n],
+            "device {d} beyond the stores"
+        );
     }
 }
 

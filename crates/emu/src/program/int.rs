@@ -108,8 +108,8 @@ impl Decoder<'_> {
             .find(|f| ins.has(*f))
             .ok_or_else(|| self.err(ins, "lop3 with a predicate result needs .and or .or"))?;
         let q = self.src(ins, role(self.f, ins, Role::PredIn)?)?;
-        let ne = alu::int_cmp(Ty::U32, Flag::Ne)
-            .ok_or_else(|| self.err(ins, "no u32 comparison"))?;
+        let ne =
+            alu::int_cmp(Ty::U32, Flag::Ne).ok_or_else(|| self.err(ins, "no u32 comparison"))?;
         let t = self.new_slot(1);
         let nonzero = Op::Alu {
             f: ne,

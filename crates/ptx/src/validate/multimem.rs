@@ -18,7 +18,10 @@ pub(super) fn unified_error(i: &Instruction) -> Option<String> {
         return None;
     }
     if i.op != Opcode::Ld {
-        return Some(format!("`{}` takes no `.unified` address attribute (only `ld`)", i.op.name()));
+        return Some(format!(
+            "`{}` takes no `.unified` address attribute (only `ld`)",
+            i.op.name()
+        ));
     }
     match i.space() {
         Some(sp) if sp != Space::Global => Some(format!(
