@@ -113,7 +113,7 @@ impl MulticastObject {
             ("mem_offset", mem_offset),
             ("size", size),
         ] {
-            if v % GRANULARITY != 0 {
+            if !v.is_multiple_of(GRANULARITY) {
                 return Err(mc_err(format!(
                     "{name} {v:#x} is not a multiple of the granularity {GRANULARITY:#x}"
                 )));
@@ -216,7 +216,7 @@ impl GlobalMemory {
         size: u64,
         num_devices: u32,
     ) -> Result<Arc<MulticastObject>, EmuError> {
-        if size == 0 || size % GRANULARITY != 0 {
+        if size == 0 || !size.is_multiple_of(GRANULARITY) {
             return Err(mc_err(format!(
                 "size {size:#x} is not a positive multiple of the granularity {GRANULARITY:#x}"
             )));
