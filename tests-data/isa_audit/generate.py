@@ -219,6 +219,27 @@ c("shfl_sync_modes", "sm_70", "shfl.sync.up.b32 %r4, %r2, 1, 0, 0xffffffff;\nshf
 c("const_init", "sm_70", "ld.const.u32 %r4, [ctab+4];\nld.global.u32 %r5, [gtab+8];\nld.global.u64 %rd4, [gptr];")
 c("ex2_f16x2", "sm_75", "ex2.approx.f16x2 %r4, %r2;\ntanh.approx.f16 %h1, %h2;")
 c("wmma_load", "sm_70", "wmma.load.a.sync.aligned.row.m16n16k16.global.f16 {%r4, %r5, %r6, %r7, %r8, %r9, %r10, %r11}, [%rd1];")
+# batch 3
+c("cvta_shared_cta", "sm_90", "mov.u64 %rd4, smem;\ncvta.shared::cta.u64 %rd7, %rd4;\ncvta.to.shared::cta.u64 %rd8, %rd7;\ncvta.shared::cluster.u64 %rd5, %rd4;\ncvta.to.shared::cluster.u64 %rd6, %rd5;")
+c("bar_reg_id", "sm_70", "and.b32 %r4, %r2, 0;\nbar.sync %r4;\nmov.u32 %r5, 32;\nbarrier.sync.aligned 1, %r5;")
+c("mbarrier_generic_init", "sm_80", "mov.u64 %rd4, mbar;\ncvta.shared.u64 %rd4, %rd4;\n@%p3 mbarrier.init.b64 [%rd4], 32;\nbar.sync 0;\nmbarrier.arrive.b64 %rd5, [%rd4];\nW: mbarrier.test_wait.b64 %p4, [%rd4], %rd5;\n@!%p4 bra W;")
+c("mbarrier_arrive_noComplete", "sm_80", MB + "mbarrier.arrive.noComplete.shared.b64 %rd5, [%r5], 1;")
+c("bulk_shared_cta_global", "sm_90", MB + "mov.u32 %r7, smem;\n@%p3 mbarrier.arrive.expect_tx.shared::cta.b64 %rd5, [%r5], 64;\n@%p3 cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes [%r7], [%rd1], 64, [%r5];\n@!%p3 mbarrier.arrive.shared::cta.b64 %rd5, [%r5];\nW: mbarrier.try_wait.parity.shared::cta.b64 %p4, [%r5], 0;\n@!%p4 bra W;")
+c("bulk_prefetch_hint", "sm_90", "createpolicy.fractional.L2::evict_last.b64 %rd6, 1.0;\ncp.async.bulk.prefetch.L2.global.L2::cache_hint [%rd1], 256, %rd6;")
+c("uni_forms", "sm_70", "bra.uni L1;\nL1:\n@%p7 ret.uni;\nadd.u32 %r4, %r2, 1;")
+c("testp_all", "sm_70", "testp.subnormal.f32 %p4, %f1;\ntestp.normal.f32 %p4, %f1;\ntestp.infinite.f64 %p4, %fd1;\ntestp.notanumber.f32 %p4, %f1;\ntestp.number.f32 %p4, %f1;")
+c("setp_nan_num", "sm_70", "setp.nan.f32 %p4, %f1, %f1;\nsetp.num.f64 %p4, %fd1, %fd1;\nsetp.gtu.ftz.f32 %p4, %f1, %f1;")
+c("float_round_forms", "sm_70", "rcp.rn.ftz.f32 %f2, %f1;\nsqrt.approx.ftz.f32 %f2, %f1;\nrsqrt.approx.f64 %fd2, %fd1;\nex2.approx.ftz.f32 %f2, %f1;\nlg2.approx.f32 %f2, %f1;\nfma.rn.sat.f32 %f2, %f1, %f1, %f1;\nfma.rn.ftz.sat.f32 %f2, %f1, %f1, %f1;\nadd.rn.sat.f32 %f2, %f1, %f1;\nmul.rz.ftz.f32 %f2, %f1, %f1;\nmin.f64 %fd2, %fd1, %fd1;\nabs.ftz.f32 %f2, %f1;\nneg.f64 %fd2, %fd1;\ncopysign.f32 %f2, %f1, %f1;")
+c("fma_oob", "sm_90", "mov.b16 %h1, 0x3c00;\nfma.rn.oob.relu.f16 %h2, %h1, %h1, %h1;\nfma.rn.oob.bf16x2 %r4, %r2, %r2, %r2;")
+c("bf16_arith", "sm_90", "mov.b16 %h1, 0x3f80;\nadd.rn.bf16 %h2, %h1, %h1;\nmul.rn.bf16x2 %r4, %r2, %r2;\nsub.bf16 %h3, %h1, %h2;")
+c("minmax_f32", "sm_86", "max.NaN.f32 %f2, %f1, %f1;\nmin.ftz.NaN.xorsign.abs.f32 %f2, %f1, %f1;")
+c("cvt_more", "sm_90", "cvt.rn.bf16.f64 %h1, %fd1;\ncvt.f64.bf16 %fd2, %h1;\ncvt.u8.u32 %h2, %r2;\ncvt.s64.s8 %rd4, %r2;\ncvt.rzi.s32.f64 %r4, %fd1;\ncvt.rzi.sat.s8.f32 %h3, %f1;")
+c("int16_ops", "sm_70", "cvt.u16.u32 %h1, %r2;\nshl.b16 %h2, %h1, 3;\nshr.s16 %h3, %h1, 1;\nand.b16 %h4, %h2, %h3;\nadd.u16 %h5, %h4, 1;\nmul.wide.u16 %r4, %h5, %h1;\nmad.lo.s16 %h6, %h1, %h2, %h3;\nselp.b16 %h7, %h1, %h2, %p1;\nbfe.s32 %r5, %r2, 2, 5;\nslct.s32.f32 %r6, %r2, %r1, %f1;")
+c("pred_logic", "sm_70", "not.pred %p4, %p1;\nand.pred %p5, %p4, %p3;\nxor.pred %p6, %p5, %p1;\nor.pred %p4, %p6, %p5;")
+c("atom_forms", "sm_90", "mov.u32 %r5, smem;\natom.shared::cta.add.u32 %r4, [%r5], 1;\nred.shared::cluster.add.u32 [%r5], 1;\natom.acq_rel.gpu.global.cas.b32 %r6, [%rd1+64], 0, 1;\natom.global.exch.b64 %rd4, [%rd1+64], %rd1;\natom.shared.inc.u32 %r7, [%r5], 9;\nred.relaxed.gpu.global.add.f32 [%rd1+64], %f1;")
+c("ld_nc_forms", "sm_70", "ld.global.nc.v4.f32 {%f1, %f2, %f3, %f4}, [%rd1];\nld.global.nc.L1::evict_last.u32 %r4, [%rd1];\nld.volatile.global.v2.f32 {%f1, %f2}, [%rd1];")
+c("dyn_smem", "sm_70", "mov.u32 %r5, dsmem;\nst.shared.u32 [%r5], %r2;\nld.shared.u32 %r4, [%r5];")
+c("weak_global", "sm_70", "ld.global.u32 %r4, [wvar];")
 
 PTXAS = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "../../.tools/bin/ptxas")
 OUT = os.path.dirname(os.path.abspath(__file__))
@@ -231,6 +252,8 @@ MODHDR = """.version {v}
 .const .align 4 .u32 ctab[4] = {{1, 2, 3, 4}};
 .global .align 4 .u32 gtab[4] = {{5, 6, 7, 8}};
 .global .align 8 .u64 gptr = generic(gtab);
+.extern .shared .align 16 .b8 dsmem[];
+.weak .global .align 4 .u32 wvar = 3;
 .func noret() .noreturn
 {{
     trap;

@@ -914,6 +914,27 @@ pub fn bool_combine(op: Flag, neg_a: bool) -> WFn {
 }
 
 /// `selp d, a, b, p`: a if p else b.
+/// `fma.oob` (sm_90): per 16-bit half, all ones unless one of the three inputs holds the
+/// out-of-bounds NaN 0x7fff there (the result of that half is then +0.0).
+pub fn oob_keep_mask() -> WFn {
+    r3!(|a, b, c| {
+        let keep = |h: u32| {
+            let oob = [a, b, c].iter().any(|x| (x >> h) as u16 == 0x7fff);
+            if oob {
+                0
+            } else {
+                0xffffu64 << h
+            }
+        };
+        keep(0) | keep(16)
+    })
+}
+
+/// `d = a & b` on raw bits (applies a mask such as [`oob_keep_mask`]'s).
+pub fn and_bits() -> WFn {
+    r3!(|a, b, c| a & b)
+}
+
 pub fn selp() -> WFn {
     r3!(|a, b, c| if c & 1 != 0 { a } else { b })
 }

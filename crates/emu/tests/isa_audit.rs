@@ -51,7 +51,7 @@ fn check(text: &str, target: &str, what: &str) -> ptx::Module {
 }
 
 /// Runs kernel `name` of `m` on one CTA of `threads` threads (a cluster of `cluster` CTAs)
-/// with parameters `params`.
+/// with parameters `params` and 256 bytes of dynamic shared memory.
 fn run(
     mem: &GlobalMemory,
     m: &LoadedModule,
@@ -60,8 +60,10 @@ fn run(
     threads: u32,
     cluster: u32,
 ) {
+    // 256 bytes of dynamic shared memory for the kernels that use `.extern .shared`
     let cfg = LaunchConfig {
         cluster: [cluster, 1, 1],
+        shared_bytes: 256,
         ..LaunchConfig::linear(cluster, threads)
     };
     let k = m
@@ -518,6 +520,83 @@ fn isspacep_on_every_space_matches_the_pointer() {
                 assert_eq!(out[k], want as u32, "isspacep.{sp} of a {ptr} pointer");
             }
             k += 1;
+        }
+    }
+}
+
+#[test]
+fn fma_oob_zeroes_halves_with_an_out_of_bounds_nan() {
+    use half::{bf16, f16};
+    let mut r = rng();
+    let body = "ld.global.v4.u32 {%r2, %r3, %r4, %r5}, [%rd3];\n\
+        fma.rn.oob.f16x2 %r6, %r2, %r3, %r4;\nfma.rn.oob.relu.bf16x2 %r7, %r2, %r3, %r4;\n\
+        mov.b32 {%h1, %h2}, %r2;\nmov.b32 {%h3, %h4}, %r3;\nmov.b32 {%h5, %h6}, %r4;\n\
+        fma.rn.oob.f16 %h7, %h1, %h3, %h5;\ncvt.u32.u16 %r8, %h7;\n\
+        st.global.v4.u32 [%rd4], {%r6, %r7, %r8, %r5};";
+    let regs = ".reg .b16 %h<8>;\n";
+    let n = 64usize;
+    // halves in [-4, 4) (so f64 holds a*b+c exactly), one in four the OOB NaN 0x7fff
+    let mut half_bits = |bf: bool| -> u32 {
+        let mut h = || -> u32 {
+            if r.gen_range(0..4) == 0 {
+                return 0x7fff;
+            }
+            let x: f64 = r.gen_range(-4.0..4.0);
+            if bf {
+                bf16::from_f64(x).to_bits() as u32
+            } else {
+                f16::from_f64(x).to_bits() as u32
+            }
+        };
+        h() | h() << 16
+    };
+    let mut input = Vec::new();
+    let mut cases = Vec::new();
+    for t in 0..n {
+        // f16 inputs for even threads, bf16 for odd (both forms run on both; each checks its own)
+        let bf = t % 2 == 1;
+        let abc = [half_bits(bf), half_bits(bf), half_bits(bf)];
+        input.extend(bytes_of(&[abc[0], abc[1], abc[2], 0]));
+        cases.push((bf, abc));
+    }
+    let out = words(&run_io(&kernel(regs, body), &input, 16 * n, n as u32));
+    let fma_half = |bf: bool, relu: bool, a: u32, b: u32, c: u32, h: u32| -> u32 {
+        let get = |x: u32| (x >> h) as u16;
+        if [a, b, c].iter().any(|x| get(*x) == 0x7fff) {
+            return 0;
+        }
+        let v = |x: u32| {
+            if bf {
+                bf16::from_bits(get(x)).to_f64()
+            } else {
+                f16::from_bits(get(x)).to_f64()
+            }
+        };
+        let mut s = v(a) * v(b) + v(c);
+        if relu && s.is_sign_negative() {
+            s = 0.0; // negative results and -0.0 become +0.0
+        }
+        let bits = if bf {
+            bf16::from_f64(s).to_bits()
+        } else {
+            f16::from_f64(s).to_bits()
+        };
+        (bits as u32) << h
+    };
+    for (t, (bf, [a, b, c])) in cases.iter().enumerate() {
+        let o = &out[4 * t..4 * t + 4];
+        if !bf {
+            let want =
+                fma_half(false, false, *a, *b, *c, 0) | fma_half(false, false, *a, *b, *c, 16);
+            assert_eq!(o[0], want, "f16x2 thread {t}: {a:#x} {b:#x} {c:#x}");
+            assert_eq!(
+                o[2],
+                fma_half(false, false, *a, *b, *c, 0),
+                "f16 thread {t}"
+            );
+        } else {
+            let want = fma_half(true, true, *a, *b, *c, 0) | fma_half(true, true, *a, *b, *c, 16);
+            assert_eq!(o[1], want, "bf16x2 relu thread {t}: {a:#x} {b:#x} {c:#x}");
         }
     }
 }

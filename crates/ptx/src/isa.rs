@@ -385,6 +385,9 @@ pub fn requirement(ins: &Instruction) -> Requirement {
             if ins.has(Flag::Relu) {
                 need(80, 70);
             }
+            if ins.has(Flag::Oob) {
+                need(90, 81);
+            }
         }
         Opcode::Setp | Opcode::Set => {
             if bf16 {

@@ -62,6 +62,7 @@ enum_str! {
         L1 => "L1", Unified => "unified", Mask => "mask", Range => "range", CvtPolicy => "cvt",
         SyncRestrictSharedCluster => "sync_restrict::shared::cluster",
         SyncRestrictSharedCta => "sync_restrict::shared::cta", AsyncGeneric => "async::generic",
+        Oob => "oob",
         // textures and surfaces: `.b` addressing, out-of-range modes, gather components,
         // query attributes (`.r` and `.clamp` are above)
         B => "b", Trap => "trap", Zero => "zero", G => "g", A => "a", Width => "width",

@@ -1163,6 +1163,9 @@ impl<'a> FnCheck<'a> {
         if let Some(why) = multimem::form_error(i) {
             self.diag(DiagKind::TypeMismatch, i.loc, why);
         }
+        if let Some(why) = multimem::oob_error(i) {
+            self.diag(DiagKind::BadOperand, i.loc, why);
+        }
         if let Some(why) = multimem::lop3_error(i) {
             self.diag(DiagKind::BadOperand, i.loc, why);
         }

@@ -1,6 +1,6 @@
 //! Operation/type/semantics rules of `multimem.ld_reduce`, `multimem.st` and `multimem.red`
 //! (and two rules the same ISA audit found missing: where `ld`'s `[a].unified` attribute may
-//! appear, and `lop3`'s predicate form)
+//! appear, `lop3`'s predicate form and `fma.oob`)
 //! (sm_90, PTX 8.1; `.acc::f32` PTX 8.2). The tables are what ptxas 13.5 accepts for sm_90
 //! and sm_90a, each combination of operation, vector width, type and `.acc::f32` tried
 //! (`crates/emu/tests/multimem.rs` asks ptxas again for every form it runs); the validator
@@ -45,6 +45,17 @@ pub(super) fn lop3_error(i: &Instruction) -> Option<String> {
         _ if i.has(Flag::Xor) => Some("`lop3` combines its predicate with .and or .or only".into()),
         _ => None,
     }
+}
+
+/// `fma.oob` (sm_90): `.rn` on f16, bf16 and their x2 forms only, no `.ftz` (ptxas 13.5).
+pub(super) fn oob_error(i: &Instruction) -> Option<String> {
+    if !i.has(Flag::Oob) {
+        return None;
+    }
+    let half = matches!(i.ty(), Some(Ty::F16 | Ty::F16x2 | Ty::Bf16 | Ty::Bf16x2));
+    (i.op != Opcode::Fma || !half || !i.has(Flag::Rn) || i.has(Flag::Ftz)).then(|| {
+        "`.oob` is an `fma.rn` modifier of f16/bf16 (and x2) types, without .ftz".to_string()
+    })
 }
 
 /// The reduction operation of `i` as written.

@@ -11,7 +11,11 @@ impl FnCheck<'_> {
         let bad = |s: &mut Self, why: String| s.diag(DiagKind::BadOperand, i.loc, why);
         match i.op {
             WmmaLoadA | WmmaLoadB | WmmaLoadC | WmmaStoreD => {
-                let frag = if i.op == WmmaStoreD { Role::Src } else { Role::Dst };
+                let frag = if i.op == WmmaStoreD {
+                    Role::Src
+                } else {
+                    Role::Dst
+                };
                 if !matches!(i.operand(frag), Some(Operand::Vec(_))) {
                     bad(
                         self,
