@@ -241,6 +241,8 @@ c("ld_nc_forms", "sm_70", "ld.global.nc.v4.f32 {%f1, %f2, %f3, %f4}, [%rd1];\nld
 c("dyn_smem", "sm_70", "mov.u32 %r5, dsmem;\nst.shared.u32 [%r5], %r2;\nld.shared.u32 %r4, [%r5];")
 c("weak_global", "sm_70", "ld.global.u32 %r4, [wvar];")
 
+c("literals_labels", "sm_70", ".reg .b32 %s, %t;\nmov.u32 %r4, 017;\nmov.u32 %r5, 0b101;\nmov.u32 %s, -0x10;\nmov.f64 %fd1, 0d3FF0000000000000;\nmov.f32 %f2, 0f3F800000;\nmov.u64 %rd4, 1U;\n$L__BB0_1:\nadd.u32 %t, %r4, %s;\nmov.f32 %f2, 1.5e3;\nmov.f64 %fd1, 2.5;")
+
 PTXAS = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "../../.tools/bin/ptxas")
 OUT = os.path.dirname(os.path.abspath(__file__))
 VERSION = "8.7"
