@@ -342,6 +342,21 @@ pub fn int_fn(ins: &Instruction) -> Option<WFn> {
             Ty::S32 => Some(r3!(|a, b, c| (sx24(a).wrapping_mul(sx24(b))) as u32 as u64)),
             _ => None,
         },
+        // bits 47..16 of the 48-bit product plus c; `.sat` (s32 only) clamps the sum
+        Mad24 if ins.has(Flag::Hi) => match (ty, ins.has(Flag::Sat)) {
+            (Ty::U32, false) => Some(r3!(|a, b, c| {
+                let p = (a & 0xff_ffff) * (b & 0xff_ffff);
+                ((p >> 16) as u32).wrapping_add(c as u32) as u64
+            })),
+            (Ty::S32, false) => Some(r3!(|a, b, c| (((sx24(a) * sx24(b)) >> 16) as u32)
+                .wrapping_add(c as u32)
+                as u64)),
+            (Ty::S32, true) => Some(r3!(|a, b, c| {
+                let s = ((sx24(a) * sx24(b)) >> 16) as i32 as i64 + c as i32 as i64;
+                s.clamp(i32::MIN as i64, i32::MAX as i64) as i32 as u32 as u64
+            })),
+            _ => None,
+        },
         Mad24 if !ins.has(Flag::Hi) => match ty {
             Ty::U32 => Some(r3!(|a, b, c| ((a as u32 & 0xff_ffff)
                 .wrapping_mul(b as u32 & 0xff_ffff))
@@ -903,6 +918,27 @@ pub fn bool_combine(op: Flag, neg_a: bool) -> WFn {
 }
 
 /// `selp d, a, b, p`: a if p else b.
+/// `fma.oob` (sm_90): per 16-bit half, all ones unless one of the three inputs holds the
+/// out-of-bounds NaN 0x7fff there (the result of that half is then +0.0).
+pub fn oob_keep_mask() -> WFn {
+    r3!(|a, b, c| {
+        let keep = |h: u32| {
+            let oob = [a, b, c].iter().any(|x| (x >> h) as u16 == 0x7fff);
+            if oob {
+                0
+            } else {
+                0xffffu64 << h
+            }
+        };
+        keep(0) | keep(16)
+    })
+}
+
+/// `d = a & b` on raw bits (applies a mask such as [`oob_keep_mask`]'s).
+pub fn and_bits() -> WFn {
+    r3!(|a, b, c| a & b)
+}
+
 pub fn selp() -> WFn {
     r3!(|a, b, c| if c & 1 != 0 { a } else { b })
 }

@@ -74,6 +74,21 @@ pub enum FaultKind {
          thread (emu::LaunchOptions::stack_bytes, PTXFORGE_EMU_STACK_BYTES)"
     )]
     StackOverflow { depth: u32, limit: u32 },
+    #[error(
+        "{what} of {size} bytes at multicast address {addr:#x}: only multimem.* may access a \
+         multicast address (PTX: undefined behaviour)"
+    )]
+    MulticastPlainAccess {
+        what: &'static str,
+        addr: u64,
+        size: u32,
+    },
+    #[error("{op} at address {addr:#x}, which is not a multicast address: {why}")]
+    NotMulticast {
+        op: &'static str,
+        addr: u64,
+        why: String,
+    },
 }
 
 /// Errors from loading or launching a kernel on the emulator.

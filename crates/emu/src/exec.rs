@@ -23,6 +23,7 @@ mod convert;
 mod float;
 mod int;
 mod ldst;
+mod multimem;
 mod stack;
 mod tensor;
 mod tex;
@@ -639,6 +640,8 @@ impl Cta {
                     let lane = match &kind {
                         FaultKind::OutOfBounds { .. }
                         | FaultKind::Misaligned { .. }
+                        | FaultKind::MulticastPlainAccess { .. }
+                        | FaultKind::NotMulticast { .. }
                         | FaultKind::DivideByZero => LAST_LANE.with(|c| c.get()),
                         _ => m.trailing_zeros().min(31),
                     };
@@ -755,6 +758,14 @@ impl Cta {
                         // Cta lives within one launch
                         self.gcache.set((a.base, a.size, Arc::as_ptr(a)));
                         Ok(Loc::Global(Arc::as_ptr(a), addr - a.base))
+                    }
+                    None if ctx.mem.find_multicast(addr, size as u64).is_some() => {
+                        LAST_LANE.with(|c| c.set(lane as u32));
+                        Err(FaultKind::MulticastPlainAccess {
+                            what: "a plain (not multimem) access",
+                            addr,
+                            size,
+                        })
                     }
                     None => Err(fault("global")),
                 }
@@ -1124,6 +1135,7 @@ impl Cta {
             Op::CpAsyncArrive { .. } => self.exec_mbarrier(ctx, wi, inst, m),
             Op::AtomVec { .. } => self.exec_atomic(ctx, wi, inst, m),
             Op::Atom128 { .. } => self.exec_atomic(ctx, wi, inst, m),
+            Op::Multimem(op) => self.exec_multimem(ctx, wi, op, m),
         }
     }
 }

@@ -27,6 +27,7 @@ pub mod memory;
 pub mod mma;
 pub mod mma_any;
 pub mod mma_sp;
+pub mod multicast;
 pub mod program;
 pub mod sanitize;
 pub mod tc_numerics;

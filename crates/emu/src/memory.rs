@@ -215,12 +215,18 @@ struct MemInner {
     next: u64,
     /// Sorted by base; replaced wholesale (copy on write) so launches hold a cheap snapshot.
     map: Arc<Vec<Arc<Allocation>>>,
+    /// Multicast address ranges ([`crate::multicast`]), copy on write like `map`.
+    multicast: Arc<Vec<crate::multicast::McMapping>>,
+    /// Next multicast range's offset above [`crate::multicast::MULTICAST_WINDOW`].
+    mc_next: u64,
 }
 
 /// An immutable view of the allocations, taken at launch.
 #[derive(Clone)]
 pub struct MemMap {
     pub allocs: Arc<Vec<Arc<Allocation>>>,
+    /// Multicast address ranges mapped at the snapshot ([`crate::multicast`]).
+    pub multicast: Arc<Vec<crate::multicast::McMapping>>,
 }
 
 impl MemMap {
@@ -240,6 +246,11 @@ impl MemMap {
             None
         }
     }
+
+    /// The multicast range containing [addr, addr+size), if any.
+    pub fn find_multicast(&self, addr: u64, size: u64) -> Option<&crate::multicast::McMapping> {
+        self.multicast.iter().find(|m| m.contains(addr, size))
+    }
 }
 
 impl GlobalMemory {
@@ -248,6 +259,8 @@ impl GlobalMemory {
             inner: RwLock::new(MemInner {
                 next: GLOBAL_BASE,
                 map: Arc::new(Vec::new()),
+                multicast: Arc::new(Vec::new()),
+                mc_next: 0,
             }),
             track_writes: Default::default(),
         }
@@ -289,6 +302,42 @@ impl GlobalMemory {
         let g = self.inner.read().unwrap_or_else(|e| e.into_inner());
         MemMap {
             allocs: g.map.clone(),
+            multicast: g.multicast.clone(),
+        }
+    }
+
+    /// Adds a multicast range for `obj` (see [`GlobalMemory::multicast_map`]).
+    pub(crate) fn add_mc_mapping(
+        &self,
+        obj: &Arc<crate::multicast::MulticastObject>,
+        device: u32,
+    ) -> Result<u64, EmuError> {
+        let mut g = self
+            .inner
+            .write()
+            .map_err(|_| EmuError::Memory("memory lock poisoned".into()))?;
+        let base = crate::multicast::MULTICAST_WINDOW + g.mc_next;
+        g.mc_next += obj.size + crate::multicast::GRANULARITY;
+        let mut v = g.multicast.as_ref().clone();
+        v.push(crate::multicast::McMapping {
+            base,
+            device,
+            obj: obj.clone(),
+        });
+        g.multicast = Arc::new(v);
+        Ok(base)
+    }
+
+    /// Removes the multicast range at `base`.
+    pub(crate) fn remove_mc_mapping(&self, base: u64) {
+        if let Ok(mut g) = self.inner.write() {
+            let v = g
+                .multicast
+                .iter()
+                .filter(|m| m.base != base)
+                .cloned()
+                .collect();
+            g.multicast = Arc::new(v);
         }
     }
 }

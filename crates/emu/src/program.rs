@@ -25,6 +25,7 @@ mod family;
 mod float;
 mod int;
 mod ldst;
+mod multimem;
 mod stack;
 mod tensor;
 mod tex;
@@ -36,6 +37,7 @@ pub use carry::{CarryKind, CarryOp};
 pub use family::{family, Family};
 use family::{misrouted, role};
 
+pub use multimem::{MultimemKind, MultimemOp};
 /// The modifier families are `ptx`'s; `Ord` is the memory order a decoded access asks for
 /// (`ld.volatile` decodes as acquire, `st.volatile` as release).
 pub use ptx::ops::{AtomOp, MemOrder as Ord, ReduxOp, ShflMode, VoteMode};
@@ -461,6 +463,8 @@ pub enum Op {
         bs: Vec<u32>,
         ord: Ord,
     },
+    /// `multimem.ld_reduce` / `.st` / `.red` on a multicast address (`program/multimem.rs`).
+    Multimem(Box<MultimemOp>),
     /// 128-bit `atom.cas.b128` / `atom.exch.b128`: each operand is a slot pair (low, high).
     Atom128 {
         space: MSpace,
@@ -553,6 +557,7 @@ impl Op {
                 | Op::Exit
                 | Op::Vprintf { .. }
         ) || matches!(self, Op::Texture(t) if t.writes())
+            || matches!(self, Op::Multimem(m) if m.kind != MultimemKind::LdReduce)
     }
 }
 

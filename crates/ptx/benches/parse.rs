@@ -31,6 +31,7 @@ fn main() {
                         }
                     }
                     ptx::Item::Func(f) => funcs.push(f),
+                    ptx::Item::Alias { .. } => {}
                 }
             }
         }

@@ -114,7 +114,18 @@ impl Module {
             }
             decl = decl.or(Some(f));
         }
-        decl
+        // `.alias name, target;` makes the declaration `name` run the definition of `target`
+        let target = self.items.iter().find_map(|i| match i {
+            Item::Alias { name: n, target } if n == name => Some(target.as_str()),
+            _ => None,
+        });
+        match target {
+            Some(t) if t != name => self
+                .functions()
+                .find(|f| f.name == t && f.body.is_some())
+                .or(decl),
+            _ => decl,
+        }
     }
     pub fn globals(&self) -> impl Iterator<Item = &VarDecl> {
         self.items.iter().filter_map(|i| match i {
@@ -128,6 +139,11 @@ impl Module {
 pub enum Item {
     Var(VarDecl),
     Func(Function),
+    /// `.alias name, target;`: calls of the declared function `name` run `target`.
+    Alias {
+        name: String,
+        target: String,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -114,7 +114,8 @@ opcodes! {
     Prmt "prmt" 1 3 3 20 20 [(Dst: B32) (A: B32) (B: B32) (Selector: B32)];
     Popc "popc" 1 1 1 20 20 [(Dst: U32) (A: T)]; Clz "clz" 1 1 1 20 20 [(Dst: U32) (A: T)];
     Brev "brev" 1 1 1 20 20 [(Dst: T) (A: T)]; Bfind "bfind" 1 1 1 20 20 [(Dst: U32) (A: T)];
-    Lop3 "lop3" 1 4 4 50 43 [(Dst: B32) (A: B32) (B: B32) (C: B32) Lut];
+    // `lop3.{and,or}.b32 d|p, a, b, c, immLut, q` (PTX 8.2): p = (d != 0) BoolOp q
+    Lop3 "lop3" 1 4 5 50 43 [(Dst: B32Pair) (A: B32) (B: B32) (C: B32) Lut (?PredIn: Pred)];
     Dp4a "dp4a" 1 3 3 61 50 [(Dst: B32) (A: B32) (B: B32) (C: B32)];
     Dp2a "dp2a" 1 3 3 61 50 [(Dst: B32) (A: B32) (B: B32) (C: B32)];
     Fns "fns" 1 3 3 30 60 [(Dst: B32) (A: B32) (B: B32) (C: B32)];
@@ -153,6 +154,11 @@ opcodes! {
         [(Dst: TVec) (Addr: Addr) (B: TVec) (C: TVec if Cas) (CacheHint: B64 if L2CacheHint)];
     Red "red" 0 2 3 20 12 [(Addr: Addr) (B: TVec) (CacheHint: B64 if L2CacheHint)];
     RedAsync "red.async" 0 3 3 90 81 [Addr B Mbar];
+    // multimem: loads-with-reduction, stores and reductions on a multicast address (every
+    // device bound to the multicast object; the op/type/sem rules: `validate/multimem.rs`)
+    MultimemLdReduce "multimem.ld_reduce" 1 1 1 90 81 [(Dst: TVec) (Addr: Addr)];
+    MultimemSt "multimem.st" 0 2 2 90 81 [(Addr: Addr) (Src: TVec)];
+    MultimemRed "multimem.red" 0 2 2 90 81 [(Addr: Addr) (B: TVec)];
     // barriers and fences
     Bar "bar" 0 0 3 20 10 [(Dst if Red) (?A) (?B) (C if Red)];
     Barrier "barrier" 0 0 3 20 60 [(Dst if Red) (?A) (?B) (C if Red)];
@@ -236,6 +242,8 @@ opcodes! {
         [Dst A BDesc (Meta: B32) SparsitySel ScaleD (?ImmScaleA) (?ImmScaleB)
          (?ImmTransA unless_vec 1) (?ImmTransB)];
     Setmaxnreg "setmaxnreg" 0 1 1 90 80 [RegCount]; Griddepcontrol "griddepcontrol" 0 0 0 90 78;
+    // performance-monitor events (`pmevent N`, `pmevent.mask M`)
+    Pmevent "pmevent" 0 1 1 20 14 [A];
     Mapa "mapa" 1 2 2 90 78 [(Dst: T) (A: T) (CtaRank: U32)]; Getctarank "getctarank" 1 1 1 90 78 [Dst A];
     // textures and surfaces (unified mode: the handle is a .u64 operand; emu::texture)
     Tex "tex" 1 1 5 20 10
@@ -399,6 +407,9 @@ pub fn requirement(ins: &Instruction) -> Requirement {
             if ins.has(Flag::Relu) {
                 need(80, 70);
             }
+            if ins.has(Flag::Oob) {
+                need(90, 81);
+            }
         }
         Opcode::Setp | Opcode::Set => {
             if bf16 {
@@ -418,6 +429,12 @@ pub fn requirement(ins: &Instruction) -> Requirement {
         Opcode::Shfl | Opcode::Vote if ins.has(Flag::Sync) => need(30, 60),
         Opcode::Ld | Opcode::St | Opcode::Atom | Opcode::Red => memory_needs(ins, &mut need),
         Opcode::Fence => {
+            if ins.has(Flag::SyncRestrictSharedCluster) || ins.has(Flag::SyncRestrictSharedCta) {
+                need(90, 86);
+            }
+            if ins.has(Flag::AsyncGeneric) {
+                need(90, 83);
+            }
             if ins.has(Flag::Proxy) && ins.has(Flag::Tensormap) || ins.has(Flag::TensormapGeneric) {
                 need(90, 83);
             } else if ins.has(Flag::Proxy) && ins.has(Flag::Async) || ins.has(Flag::MbarrierInit) {
@@ -438,6 +455,10 @@ pub fn requirement(ins: &Instruction) -> Requirement {
             need(90, 80)
         }
         Opcode::MbarrierTestWait if ins.has(Flag::Parity) => need(80, 71),
+        Opcode::Pmevent if ins.has(Flag::Mask) => need(20, 30),
+        Opcode::Lop3 if ins.args.len() > 5 => need(50, 82),
+        Opcode::Createpolicy if ins.has(Flag::Range) || ins.has(Flag::CvtPolicy) => need(80, 74),
+        Opcode::MultimemLdReduce | Opcode::MultimemRed if ins.has(Flag::AccF32) => need(90, 82),
         Opcode::Cvta | Opcode::Isspacep => {
             if ins
                 .mods

@@ -62,6 +62,14 @@ enum_str! {
         GlobalStride => "global_stride", ElementStride => "element_stride",
         Elemtype => "elemtype", InterleaveLayout => "interleave_layout",
         SwizzleMode => "swizzle_mode", FillMode => "fill_mode",
+        // multimem accumulation precision
+        AccF32 => "acc::f32",
+        // audit (issue 16): prefetch level, `[a].unified`, `pmevent.mask`, `createpolicy`
+        // forms, fence restrictions (PTX 8.6)
+        L1 => "L1", Unified => "unified", Mask => "mask", Range => "range", CvtPolicy => "cvt",
+        SyncRestrictSharedCluster => "sync_restrict::shared::cluster",
+        SyncRestrictSharedCta => "sync_restrict::shared::cta", AsyncGeneric => "async::generic",
+        Oob => "oob",
         // textures and surfaces: `.b` addressing, out-of-range modes, gather components,
         // query attributes (`.r` and `.clamp` are above)
         B => "b", Trap => "trap", Zero => "zero", G => "g", A => "a", Width => "width",

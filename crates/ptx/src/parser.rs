@@ -238,6 +238,13 @@ impl<'a> Parser<'a> {
                 Tok::Dot("pragma") => {
                     self.strings()?;
                 }
+                Tok::Dot("alias") => {
+                    let name = self.ident()?.to_string();
+                    self.expect_punct(b',')?;
+                    let target = self.ident()?.to_string();
+                    self.expect_punct(b';')?;
+                    m.items.push(Item::Alias { name, target });
+                }
                 Tok::Dot(_) => {
                     self.peeked = Some(t);
                     let item = self.module_item()?;
@@ -905,6 +912,13 @@ impl<'a> Parser<'a> {
         if !self.is_punct(b';')? {
             loop {
                 args.push(self.operand()?);
+                // `ld [a].unified`: kept as the `.unified` modifier (the printer puts it back)
+                if matches!(args.last(), Some(Operand::Addr { .. }))
+                    && self.peek()?.tok == Tok::Dot("unified")
+                {
+                    self.next()?;
+                    mods.push(Mod::Flag(crate::mods::Flag::Unified));
+                }
                 if !self.eat_punct(b',')? {
                     break;
                 }

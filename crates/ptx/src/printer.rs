@@ -104,6 +104,7 @@ fn write_module(o: &mut String, m: &Module) -> fmt::Result {
                 write_function(o, f)?;
                 o.push('\n');
             }
+            Item::Alias { name, target } => writeln!(o, ".alias {name}, {target};\n")?,
         }
     }
     Ok(())
@@ -373,12 +374,16 @@ pub fn write_instruction(o: &mut String, i: &Instruction) -> fmt::Result {
         write!(o, "@{}{} ", if g.negated { "!" } else { "" }, g.reg)?;
     }
     o.push_str(i.op.name());
-    for m in &i.mods {
+    let unified = crate::mods::Mod::Flag(crate::mods::Flag::Unified);
+    for m in i.mods.iter().filter(|m| **m != unified) {
         write!(o, ".{m}")?;
     }
     for (k, a) in i.args.iter().enumerate() {
         o.push_str(if k == 0 { " " } else { ", " });
         write_operand(o, a)?;
+        if matches!(a, Operand::Addr { .. }) && i.mods.contains(&unified) {
+            o.push_str(".unified");
+        }
     }
     o.push(';');
     Ok(())

@@ -137,6 +137,8 @@ roles! {
     TexOffset => "e",
     /// A texture fetch's depth-compare value (`f`).
     DepthCompare => "f",
+    /// A predicate source combined into a predicate result (`lop3.or`'s `q`).
+    PredIn => "q",
 }
 
 impl fmt::Display for Role {

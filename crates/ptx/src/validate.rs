@@ -29,6 +29,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 mod atomic;
+mod multimem;
 mod tc;
 mod texture;
 
@@ -155,6 +156,13 @@ pub fn errors(diags: &[Diagnostic]) -> impl Iterator<Item = &Diagnostic> {
 }
 
 /// Checks a module; returns every finding, in source order.
+/// What is wrong with the operation, type, vector width or memory semantics of a
+/// `multimem.*` instruction (None when the form is one ptxas accepts, or for other opcodes);
+/// the emulator's decoder asks it too.
+pub fn multimem_form_error(i: &Instruction) -> Option<String> {
+    multimem::form_error(i)
+}
+
 pub fn validate(m: &Module) -> Vec<Diagnostic> {
     let mut symbols: HashMap<&str, Space> = HashMap::new();
     // Function name -> index of its first declaration or definition among the module's items:
@@ -168,12 +176,13 @@ pub fn validate(m: &Module) -> Vec<Diagnostic> {
             Item::Func(f) => {
                 funcs.entry(&f.name).or_insert(k);
             }
+            Item::Alias { .. } => {}
         }
     }
     let mut out = Vec::new();
     let functions = m.items.iter().enumerate().filter_map(|(k, i)| match i {
         Item::Func(f) => Some((k, f)),
-        Item::Var(_) => None,
+        Item::Var(_) | Item::Alias { .. } => None,
     });
     for (item, f) in functions {
         let mut c = FnCheck {
@@ -897,7 +906,7 @@ impl<'a> FnCheck<'a> {
         let loc = i.loc;
         match i.op {
             Opcode::Bra => {
-                if let Some(Operand::Sym { name, .. }) = i.args.first() {
+                if let Some(Operand::Sym { name, .. }) = i.operand(Role::Target) {
                     if !self.labels.contains_key(name.as_str()) {
                         self.diag(
                             DiagKind::UndefinedLabel,
@@ -909,7 +918,7 @@ impl<'a> FnCheck<'a> {
                 return;
             }
             Opcode::BrxIdx => {
-                if let Some(Operand::Sym { name, .. }) = i.args.get(1) {
+                if let Some(Operand::Sym { name, .. }) = i.operand(Role::Target) {
                     if !self.labels.contains_key(name.as_str()) {
                         self.diag(
                             DiagKind::UndefinedLabel,
@@ -1271,6 +1280,18 @@ impl<'a> FnCheck<'a> {
         if let Some(why) = atomic::form_error(i) {
             self.diag(DiagKind::TypeMismatch, i.loc, why);
         }
+        if let Some(why) = multimem::form_error(i) {
+            self.diag(DiagKind::TypeMismatch, i.loc, why);
+        }
+        if let Some(why) = multimem::oob_error(i) {
+            self.diag(DiagKind::BadOperand, i.loc, why);
+        }
+        if let Some(why) = multimem::lop3_error(i) {
+            self.diag(DiagKind::BadOperand, i.loc, why);
+        }
+        if let Some(why) = multimem::unified_error(i) {
+            self.diag(DiagKind::BadOperand, i.loc, why);
+        }
         let all = |s: &mut Self, w: Want| {
             for (k, o) in a.iter().enumerate() {
                 s.check(
@@ -1288,11 +1309,16 @@ impl<'a> FnCheck<'a> {
         match i.op {
             // (the uniform arithmetic and bit rows check their operands by the table's classes)
             Mul | Mad if i.has(Flag::Wide) => {
-                self.check(i, &a[0], Want::T(doubled(t)), "destination");
-                self.check(i, &a[1], Want::T(t), "source");
-                self.check(i, &a[2], Want::T(t), "source");
-                if a.len() > 3 {
-                    self.check(i, &a[3], Want::T(doubled(t)), "addend");
+                let wants = [
+                    (Role::Dst, Want::T(doubled(t)), "destination"),
+                    (Role::A, Want::T(t), "source"),
+                    (Role::B, Want::T(t), "source"),
+                    (Role::C, Want::T(doubled(t)), "addend"),
+                ];
+                for (r, w, what) in wants {
+                    if let Some(o) = i.operand(r) {
+                        self.check(i, o, w, what);
+                    }
                 }
             }
             Mul | Mad => all(self, Want::T(t)),
@@ -1306,9 +1332,14 @@ impl<'a> FnCheck<'a> {
                         "only `cvt.pack` takes a third source".into(),
                     );
                 }
-                self.check(i, &a[0], Want::Wide(t), "destination");
+                if let Some(d) = i.operand(Role::Dst) {
+                    self.check(i, d, Want::Wide(t), "destination");
+                }
                 let st = tys.get(1).copied().unwrap_or(t);
-                for o in &a[1..] {
+                for o in [Role::A, Role::B, Role::C]
+                    .into_iter()
+                    .filter_map(|r| i.operand(r))
+                {
                     match o {
                         Operand::Vec(v) => {
                             for x in v {
@@ -1375,8 +1406,13 @@ impl<'a> FnCheck<'a> {
             self.diag(DiagKind::BadOperand, i.loc, why);
             return;
         }
-        self.check(i, &a[0], Want::T(Ty::B32), "destination");
-        for o in &a[1..] {
+        if let Some(d) = i.operand(Role::Dst) {
+            self.check(i, d, Want::T(Ty::B32), "destination");
+        }
+        for o in [Role::A, Role::B, Role::C]
+            .into_iter()
+            .filter_map(|r| i.operand(r))
+        {
             self.check(i, o, Want::T(Ty::B32), "source");
         }
     }
@@ -1470,11 +1506,13 @@ impl<'a> FnCheck<'a> {
     }
 
     fn mov(&mut self, i: &Instruction, t: Ty) {
-        let a = &i.args;
+        let (Some(d), Some(s)) = (i.operand(Role::Dst), i.operand(Role::A)) else {
+            return; // the operand count is reported by the count check
+        };
         // `mov.v4.f32 %w, %v` / `mov.v2.b32 {%a, %b}, %v`: element-wise vector moves
         if let Some(n) = i.vec_width() {
-            self.check_value(i, &a[0], n as usize, Want::T(t), "destination");
-            self.check_value(i, &a[1], n as usize, Want::T(t), "source");
+            self.check_value(i, d, n as usize, Want::T(t), "destination");
+            self.check_value(i, s, n as usize, Want::T(t), "source");
             return;
         }
         let vec_pack = |s: &mut Self, o: &Operand, what: &str| {
@@ -1502,11 +1540,11 @@ impl<'a> FnCheck<'a> {
             }
             false
         };
-        if !vec_pack(self, &a[0], "destination element") {
-            self.check(i, &a[0], Want::T(t), "destination");
+        if !vec_pack(self, d, "destination element") {
+            self.check(i, d, Want::T(t), "destination");
         }
-        if !vec_pack(self, &a[1], "source element") {
-            self.check(i, &a[1], Want::T(t), "source");
+        if !vec_pack(self, s, "source element") {
+            self.check(i, s, Want::T(t), "source");
         }
     }
 

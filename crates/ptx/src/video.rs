@@ -7,6 +7,7 @@
 use crate::ir::{Instruction, Operand, Sel};
 use crate::isa::Opcode;
 use crate::mods::Flag;
+use crate::roles::Role;
 use crate::types::Ty;
 
 /// The primary operation.
@@ -305,12 +306,12 @@ impl VideoForm {
 
     fn read_operands(&mut self, ins: &Instruction) -> Result<(), String> {
         let name = ins.op.name();
-        let a = &ins.args;
-        let n = a.len();
-        let (dsel, dneg) = decorations(&a[0]);
-        let (asel, aneg) = a.get(1).map(decorations).unwrap_or((None, false));
-        let (bsel, bneg) = a.get(2).map(decorations).unwrap_or((None, false));
-        let (csel, cneg) = a.get(3).map(decorations).unwrap_or((None, false));
+        let n = ins.args.len();
+        let deco = |r: Role| ins.operand(r).map(decorations).unwrap_or((None, false));
+        let (dsel, dneg) = deco(Role::Dst);
+        let (asel, aneg) = deco(Role::A);
+        let (bsel, bneg) = deco(Role::B);
+        let (csel, cneg) = deco(Role::C);
         if dneg || csel.is_some() {
             return Err(format!(
                 "`{name}`: only a and b take selectors, only vmad negates"

@@ -350,6 +350,13 @@ impl<T: Pod> Buffer<T> {
     pub fn device(&self) -> &Device {
         &self.device
     }
+    /// The emulator allocation behind this buffer (None on the CUDA backend).
+    pub(crate) fn emu_alloc(&self) -> Option<&Arc<emu::Allocation>> {
+        match &self.mem {
+            Storage::Emu(m) => Some(&m.alloc),
+            Storage::Cuda(_) => None,
+        }
+    }
     /// The device address (for kernel arguments).
     pub fn device_ptr(&self) -> u64 {
         self.mem.ptr()

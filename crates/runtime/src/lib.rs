@@ -15,6 +15,7 @@ mod device;
 mod graph;
 pub mod limits;
 pub mod module_cache;
+mod multicast;
 mod partition;
 pub mod profile;
 pub mod runner;
@@ -28,6 +29,7 @@ pub use device::{
     Backend, Buffer, Device, DeviceInfo, DeviceProps, Function, Module, Pod, SmPartition,
 };
 pub use graph::Graph;
+pub use multicast::Multicast;
 pub use partition::{sms_used, Partition, PartitionKind};
 pub use storage::IpcHandle;
 pub use stream::{Event, LaunchConfig, Stream};

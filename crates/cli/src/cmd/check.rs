@@ -83,7 +83,7 @@ pub fn run(a: Args) -> Result<()> {
                             println!("{why}: own checks only");
                         }
                     }
-                    Some(_) => match ptxas::assemble(&text, &arch, &PtxasOptions::default()) {
+                    Some(_) => match assemble_for(&text, &arch, &mut diags) {
                         Ok(rep) => {
                             ptxas_status = "ok".into();
                             for w in &rep.warnings {
@@ -177,6 +177,36 @@ pub fn run(a: Args) -> Result<()> {
 
 /// Warnings for everything the emulator's decoder refuses (only when the module validates:
 /// the decoder assumes a valid module).
+/// Assembles `text` for `arch`. ptxas 13 generates no code for Volta (sm_70/sm_72): PTX
+/// written for those targets is assembled for sm_75, the lowest target it has (the PTX is
+/// still checked against its own `.target`), with a warning saying so.
+fn assemble_for(
+    text: &str,
+    arch: &str,
+    diags: &mut Vec<Diag>,
+) -> std::result::Result<ptxas::PtxasReport, PtxasError> {
+    let first = ptxas::assemble(text, arch, &PtxasOptions::default());
+    let volta = matches!(arch, "sm_70" | "sm_72");
+    let unknown_arch = |e: &PtxasError| matches!(e, PtxasError::Failed { output, .. } if output.contains("is not defined for option 'gpu-name'"));
+    match first {
+        Err(e) if volta && unknown_arch(&e) => {
+            diags.push(Diag {
+                line: 0,
+                col: 0,
+                severity: "warning".into(),
+                kind: "ptxas".into(),
+                source: "ptxas",
+                function: None,
+                message: format!(
+                    "this ptxas has no {arch} code generation: assembled for sm_75 instead"
+                ),
+            });
+            ptxas::assemble(text, "sm_75", &PtxasOptions::default())
+        }
+        r => r,
+    }
+}
+
 fn emulator_diags(m: &ptx::Module) -> Vec<Diag> {
     if !ptx::validate::validate_errors(m).is_empty() {
         return Vec::new();

@@ -226,25 +226,18 @@ impl Cta {
                     let mut k = 0u32;
                     while k < *size {
                         let chunk = if k + 4 <= *size { 4 } else { 1 };
-                        let v = if k < n_src {
-                            let loc = self.locate(
-                                ctx,
-                                MSpace::Global,
-                                sa + k as u64,
-                                chunk.min(n_src - k).max(1),
-                                l,
-                                0,
-                            )?;
-                            self.load(
-                                ctx,
-                                wi,
-                                &loc,
-                                chunk.min(n_src - k).max(1),
-                                Ordering::Relaxed,
-                            )
-                        } else {
-                            0
-                        };
+                        // a chunk the source ends in reads its bytes one by one (src-size
+                        // need not be a multiple of 4; the rest of the chunk is zero)
+                        let whole = if k + chunk <= n_src { chunk } else { 1 };
+                        let mut v = 0u64;
+                        for b in (0..chunk).step_by(whole as usize) {
+                            if k + b < n_src {
+                                let at = sa + (k + b) as u64;
+                                let loc = self.locate(ctx, MSpace::Global, at, whole, l, 0)?;
+                                let x = self.load(ctx, wi, &loc, whole, Ordering::Relaxed);
+                                v |= x << (8 * b);
+                            }
+                        }
                         let loc = self.locate(ctx, *dspace, da + k as u64, chunk, l, 0)?;
                         self.store(wi, &loc, chunk, v, Ordering::Relaxed);
                         k += chunk;

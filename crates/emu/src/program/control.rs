@@ -48,6 +48,8 @@ impl Decoder<'_> {
                 t: self.src(ins, arg(Role::Time)?)?,
             },
             O::Griddepcontrol => Op::Nop,
+            // performance-monitor events: no counters are programmed (`%pm0`..`%pm7` read 0)
+            O::Pmevent => Op::Nop,
             _ => return Err(misrouted(self, ins)),
         };
         self.push(op, ins0, guard);

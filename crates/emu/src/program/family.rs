@@ -131,6 +131,7 @@ pub fn family(op: Opcode, float: bool) -> Family {
         O::Ld | O::Ldu | O::St | O::Prefetch | O::Prefetchu | O::Createpolicy => F::Memory,
         O::Discard | O::Applypriority => F::Memory,
         O::Atom | O::Red => F::Atomic,
+        O::MultimemLdReduce | O::MultimemSt | O::MultimemRed => F::Atomic,
         O::Bar | O::Barrier | O::BarrierCluster | O::Membar | O::Fence => F::Barrier,
         O::Mapa | O::Getctarank => F::Barrier,
         O::Tex | O::Tld4 | O::Txq | O::Suld | O::Sust | O::Sured | O::Suq | O::Istypep => {
@@ -140,7 +141,7 @@ pub fn family(op: Opcode, float: bool) -> Family {
             F::Warp
         }
         O::Bra | O::BrxIdx | O::Ret | O::Exit | O::Trap | O::Brkpt | O::Nanosleep => F::Control,
-        O::Griddepcontrol => F::Control,
+        O::Griddepcontrol | O::Pmevent => F::Control,
         O::Call => F::Call,
         O::Stacksave | O::Stackrestore | O::Alloca => F::Call,
         O::WmmaLoadA | O::WmmaLoadB | O::WmmaLoadC | O::WmmaStoreD | O::WmmaMma => F::Tensor,
@@ -237,6 +238,9 @@ impl Decoder<'_> {
             Family::Float => self.decode_float(ins, ins0, guard),
             Family::Convert => self.decode_convert(ins, ins0, guard),
             Family::Memory => self.decode_memory(ins, ins0, guard),
+            Family::Atomic if super::multimem::is_multimem(ins.op) => {
+                self.decode_multimem(ins, ins0, guard)
+            }
             Family::Atomic => self.decode_atomic(ins, ins0, guard),
             Family::Warp => self.decode_warp(ins, ins0, guard),
             Family::Barrier => self.decode_barrier(ins, ins0, guard),

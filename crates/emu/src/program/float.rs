@@ -125,7 +125,7 @@ impl Decoder<'_> {
                     O::Tanh => FOp::Tanh,
                     _ => FOp::Copysign,
                 };
-                Op::Float {
+                let op = Op::Float {
                     op: fop,
                     ty: t,
                     mode: FMode::from_instruction(ins),
@@ -133,11 +133,45 @@ impl Decoder<'_> {
                     a: get(0),
                     b: get(1),
                     c: get(2),
+                };
+                if ins.has(Flag::Oob) {
+                    return self.fma_oob(op, (d, s), ins0, guard);
                 }
+                op
             }
             _ => return Err(misrouted(self, ins)),
         };
         self.push(op, ins0, guard);
+        Ok(())
+    }
+
+    /// `fma.oob`: the mask of halves with no out-of-bounds NaN input (computed before the
+    /// fma, which may overwrite an input), the fma, then the mask applied to `d`.
+    fn fma_oob(
+        &mut self,
+        fma: Op,
+        (d, s): (u32, [u32; 3]),
+        ins0: &Instruction,
+        guard: (u32, bool),
+    ) -> Result<(), EmuError> {
+        let t = self.new_slot(32);
+        let mask = Op::Alu {
+            f: alu::oob_keep_mask(),
+            d: t,
+            a: s[0],
+            b: s[1],
+            c: s[2],
+        };
+        self.push(mask, ins0, guard);
+        self.push(fma, ins0, guard);
+        let apply = Op::Alu {
+            f: alu::and_bits(),
+            d,
+            a: d,
+            b: t,
+            c: ZERO,
+        };
+        self.push(apply, ins0, guard);
         Ok(())
     }
 

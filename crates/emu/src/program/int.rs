@@ -55,21 +55,7 @@ impl Decoder<'_> {
                     c: z,
                 }
             }
-            O::Lop3 => {
-                let d = self.role_dst(ins)?;
-                let [x, y, z] = self.role_srcs(ins, &[R::A, R::B, R::C])?;
-                let lut = match role(self.f, ins, R::Lut)? {
-                    Operand::Imm(i) => i.bits() as u8,
-                    _ => return Err(self.err(ins, "lop3 needs an immediate LUT")),
-                };
-                Op::Lop3 {
-                    lut,
-                    d,
-                    a: x,
-                    b: y,
-                    c: z,
-                }
-            }
+            O::Lop3 => return self.decode_lop3(ins, ins0, guard),
             O::Selp | O::Slct => {
                 let d = self.role_dst(ins)?;
                 let [x, y, z] = self.role_srcs(ins, &[R::A, R::B, R::C])?;
@@ -95,6 +81,52 @@ impl Decoder<'_> {
             }
         };
         self.push(op, ins0, guard);
+        Ok(())
+    }
+
+    /// `lop3`, and its predicate form `lop3.{and,or}.b32 d|p, a, b, c, immLut, q` (PTX 8.2):
+    /// `d` as the plain form, then `p = (d != 0) BoolOp q`.
+    fn decode_lop3(
+        &mut self,
+        ins: &Instruction,
+        ins0: &Instruction,
+        guard: (u32, bool),
+    ) -> Result<(), EmuError> {
+        let (d, p) = match role(self.f, ins, Role::Dst)? {
+            Operand::Pair(d, p) => (self.dst(ins, d)?, Some(self.dst(ins, p)?)),
+            o => (self.dst(ins, o)?, None),
+        };
+        let [a, b, c] = self.role_srcs(ins, &[Role::A, Role::B, Role::C])?;
+        let lut = match role(self.f, ins, Role::Lut)? {
+            Operand::Imm(i) => i.bits() as u8,
+            _ => return Err(self.err(ins, "lop3 needs an immediate LUT")),
+        };
+        self.push(Op::Lop3 { lut, d, a, b, c }, ins0, guard);
+        let Some(p) = p else { return Ok(()) };
+        let comb = [Flag::And, Flag::Or]
+            .into_iter()
+            .find(|f| ins.has(*f))
+            .ok_or_else(|| self.err(ins, "lop3 with a predicate result needs .and or .or"))?;
+        let q = self.src(ins, role(self.f, ins, Role::PredIn)?)?;
+        let ne =
+            alu::int_cmp(Ty::U32, Flag::Ne).ok_or_else(|| self.err(ins, "no u32 comparison"))?;
+        let t = self.new_slot(1);
+        let nonzero = Op::Alu {
+            f: ne,
+            d: t,
+            a: d,
+            b: ZERO,
+            c: ZERO,
+        };
+        self.push(nonzero, ins0, guard);
+        let combine = Op::Alu {
+            f: alu::bool_combine(comb, false),
+            d: p,
+            a: t,
+            b: q,
+            c: ZERO,
+        };
+        self.push(combine, ins0, guard);
         Ok(())
     }
 

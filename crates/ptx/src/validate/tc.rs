@@ -8,21 +8,24 @@ impl FnCheck<'_> {
     /// Checks one instruction of these families (called from `types`).
     pub(super) fn isa_tc(&mut self, i: &Instruction) {
         use Opcode::*;
-        let a = &i.args;
         let bad = |s: &mut Self, why: String| s.diag(DiagKind::BadOperand, i.loc, why);
         match i.op {
             WmmaLoadA | WmmaLoadB | WmmaLoadC | WmmaStoreD => {
-                let (frag, addr) = if i.op == WmmaStoreD { (1, 0) } else { (0, 1) };
-                if !matches!(a.get(frag), Some(Operand::Vec(_))) {
+                let frag = if i.op == WmmaStoreD {
+                    Role::Src
+                } else {
+                    Role::Dst
+                };
+                if !matches!(i.operand(frag), Some(Operand::Vec(_))) {
                     bad(
                         self,
                         format!("`{}` needs a {{...}} fragment operand", i.op.name()),
                     );
                 }
-                if let Some(o) = a.get(addr) {
+                if let Some(o) = i.operand(Role::Addr) {
                     self.require_addr(i, o);
                 }
-                if let Some(o) = a.get(2) {
+                if let Some(o) = i.operand(Role::Stride) {
                     self.check(i, o, Want::T(Ty::U32), "stride");
                 }
                 if i.has(Flag::Row) == i.has(Flag::Col) {
@@ -33,7 +36,8 @@ impl FnCheck<'_> {
                 }
             }
             WmmaMma | MmaSp | MmaSpOrdered => {
-                for (k, o) in a.iter().take(4).enumerate() {
+                let frags = [Role::Dst, Role::A, Role::B, Role::C];
+                for (k, o) in frags.iter().filter_map(|r| i.operand(*r)).enumerate() {
                     if !matches!(o, Operand::Vec(_)) {
                         bad(
                             self,
@@ -45,10 +49,10 @@ impl FnCheck<'_> {
                     }
                 }
                 if i.op != WmmaMma {
-                    if let Some(o) = a.get(4) {
+                    if let Some(o) = i.operand(Role::Meta) {
                         self.check(i, o, Want::T(Ty::B32), "sparsity metadata");
                     }
-                    if !matches!(a.get(5), Some(Operand::Imm(_))) {
+                    if !matches!(i.operand(Role::SparsitySel), Some(Operand::Imm(_))) {
                         bad(
                             self,
                             "the sparsity selector of `mma.sp` must be an immediate".into(),
@@ -68,7 +72,7 @@ impl FnCheck<'_> {
                 if !(shape && i.has(Flag::Trans) && i.ty() == Some(Ty::B16)) {
                     bad(self, "`movmatrix` is `.sync.aligned.m8n8.trans.b16`".into());
                 }
-                for o in a {
+                for o in &i.args {
                     self.check(i, o, Want::T(Ty::B32), "operand");
                 }
             }
