@@ -298,77 +298,172 @@ pub fn requirement(ins: &Instruction) -> Requirement {
         r.min_sm = r.min_sm.max(sm);
         r.min_ptx = r.min_ptx.max(ptx);
     };
-    let fp8 = ins.mods.iter().any(|m| {
-        matches!(
-            m,
-            Mod::Type(Ty::E4m3 | Ty::E5m2 | Ty::E4m3x2 | Ty::E5m2x2 | Ty::E4m3x4 | Ty::E5m2x4)
-        )
-    });
-    let has_ty = |t: Ty| ins.mods.contains(&Mod::Type(t));
-    let bf16 = has_ty(Ty::Bf16) || has_ty(Ty::Bf16x2);
-    let f16 = has_ty(Ty::F16) || has_ty(Ty::F16x2);
+    let t = TypeFacts::of(ins);
     let has_flag = |f: Flag| ins.mods.contains(&Mod::Flag(f));
-    match ins.op {
-        Opcode::Mma => mma_needs(ins, fp8, &mut need),
-        // FP8 sparse mma: sm_89 and PTX 8.4 (`::ordered_metadata` itself needs 8.5: its row)
-        Opcode::MmaSp | Opcode::MmaSpOrdered if fp8 => need(89, 84),
-        Opcode::Cvt => {
-            let dst = ins.ty();
-            let src = ins.types().nth(1);
-            if fp8 {
-                // PTX 7.8 introduced the forms for sm_90; sm_89 needs 8.1. The table has one
-                // answer per instruction, so it asks for 8.1 (valid on both targets).
-                need(89, 81);
-            }
-            if bf16 {
-                if dst == Some(Ty::F32) && src == Some(Ty::Bf16) {
-                    // cvt.f32.bf16; with .ftz it is an sm_90 form
-                    if has_flag(Flag::Ftz) {
-                        need(90, 78);
-                    } else {
-                        need(80, 71);
-                    }
-                } else if src == Some(Ty::F32) && !ins.has(Flag::Rs) {
-                    need(80, 70);
-                } else {
-                    // bf16 <-> integers, f16, f64, bf16
-                    need(90, 78);
-                }
-            }
-            if dst == Some(Ty::Tf32) {
-                if ins.has(Flag::Rna) {
-                    need(80, 70);
-                } else {
-                    need(90, 78);
-                }
-            }
-            if ins.has(Flag::Relu) && !fp8 {
-                need(80, 70);
-            }
-            if ins.has(Flag::Satfinite) && !fp8 {
-                need(0, 81);
-            }
-            if dst == Some(Ty::F16x2) && src == Some(Ty::F32) {
-                need(80, 70);
-            }
-            if ins.has(Flag::Pack) {
-                need(72, 65);
-            }
+    let arch_specific = match ins.op {
+        Opcode::Mma => {
+            mma_needs(ins, t.fp8, &mut need);
+            false
         }
         Opcode::WgmmaFence
         | Opcode::WgmmaCommitGroup
         | Opcode::WgmmaWaitGroup
         | Opcode::WgmmaMmaAsync
         | Opcode::Setmaxnreg
-        | Opcode::TensormapReplace => r.arch_specific = true,
+        | Opcode::TensormapReplace => true,
         Opcode::WgmmaMmaAsyncSp => {
-            r.arch_specific = true;
             // mixed s8/u8 inputs arrived in PTX 8.4
             let tys: Vec<Ty> = ins.types().collect();
             if matches!(tys[..], [_, Ty::S8, Ty::U8] | [_, Ty::U8, Ty::S8]) {
                 need(90, 84);
             }
+            true
         }
+        _ => {
+            other_needs(ins, &t, &has_flag, &mut need);
+            false
+        }
+    };
+    r.arch_specific = arch_specific;
+    r
+}
+
+/// What the modifiers say about an instruction's types.
+struct TypeFacts {
+    fp8: bool,
+    bf16: bool,
+    f16: bool,
+}
+
+impl TypeFacts {
+    fn of(ins: &Instruction) -> TypeFacts {
+        let has_ty = |t: Ty| ins.mods.contains(&Mod::Type(t));
+        TypeFacts {
+            fp8: ins.mods.iter().any(|m| {
+                matches!(
+                    m,
+                    Mod::Type(
+                        Ty::E4m3 | Ty::E5m2 | Ty::E4m3x2 | Ty::E5m2x2 | Ty::E4m3x4 | Ty::E5m2x4
+                    )
+                )
+            }),
+            bf16: has_ty(Ty::Bf16) || has_ty(Ty::Bf16x2),
+            f16: has_ty(Ty::F16) || has_ty(Ty::F16x2),
+        }
+    }
+}
+
+/// The rules of every instruction that is not arch-specific and not `mma.sync`.
+fn other_needs(
+    ins: &Instruction,
+    t: &TypeFacts,
+    has_flag: &dyn Fn(Flag) -> bool,
+    need: &mut dyn FnMut(u32, u32),
+) {
+    let (fp8, bf16, f16) = (t.fp8, t.bf16, t.f16);
+    match ins.op {
+        // FP8 sparse mma: sm_89 and PTX 8.4 (`::ordered_metadata` itself needs 8.5: its row)
+        Opcode::MmaSp | Opcode::MmaSpOrdered if fp8 => need(89, 84),
+        Opcode::Cvt => cvt_needs(ins, t, need),
+        Opcode::Add
+        | Opcode::Sub
+        | Opcode::Mul
+        | Opcode::Min
+        | Opcode::Max
+        | Opcode::Neg
+        | Opcode::Abs
+        | Opcode::Fma
+        | Opcode::Setp
+        | Opcode::Set
+        | Opcode::Ex2
+        | Opcode::Tanh => half_needs(ins, t, has_flag, need),
+        Opcode::Rcp | Opcode::Sqrt | Opcode::Rsqrt if bf16 || f16 => need(75, 70),
+        Opcode::Shfl | Opcode::Vote if ins.has(Flag::Sync) => need(30, 60),
+        Opcode::Ld | Opcode::St | Opcode::Atom | Opcode::Red => memory_needs(ins, need),
+        Opcode::Fence => fence_needs(ins, need),
+        Opcode::MbarrierArrive | Opcode::MbarrierArriveDrop
+            if ins.has(Flag::ExpectTx)
+                || ins.has(Flag::Cluster)
+                || ins.has(Flag::Release)
+                || ins.has(Flag::Relaxed)
+                || ins
+                    .mods
+                    .contains(&Mod::Space(crate::types::Space::SharedCluster)) =>
+        {
+            need(90, 80)
+        }
+        Opcode::MbarrierTestWait if ins.has(Flag::Parity) => need(80, 71),
+        Opcode::Pmevent if ins.has(Flag::Mask) => need(20, 30),
+        Opcode::Lop3 if ins.args.len() > 5 => need(50, 82),
+        Opcode::Createpolicy if ins.has(Flag::Range) || ins.has(Flag::CvtPolicy) => need(80, 74),
+        Opcode::MultimemLdReduce | Opcode::MultimemRed if ins.has(Flag::AccF32) => need(90, 82),
+        Opcode::Cvta | Opcode::Isspacep => space_needs(ins, need),
+        Opcode::Bar | Opcode::Barrier if ins.has(Flag::Red) => need(20, 20),
+        Opcode::WmmaLoadA
+        | Opcode::WmmaLoadB
+        | Opcode::WmmaLoadC
+        | Opcode::WmmaStoreD
+        | Opcode::WmmaMma => wmma_needs(ins, t, need),
+        _ => {}
+    }
+}
+
+/// `cvt`: FP8, bf16, tf32, `.relu`, `.satfinite`, f16x2 and `.pack` forms.
+fn cvt_needs(ins: &Instruction, t: &TypeFacts, need: &mut dyn FnMut(u32, u32)) {
+    let (fp8, bf16) = (t.fp8, t.bf16);
+    let has_flag = |f: Flag| ins.mods.contains(&Mod::Flag(f));
+    let dst = ins.ty();
+    let src = ins.types().nth(1);
+    if fp8 {
+        // PTX 7.8 introduced the forms for sm_90; sm_89 needs 8.1. The table has one
+        // answer per instruction, so it asks for 8.1 (valid on both targets).
+        need(89, 81);
+    }
+    if bf16 {
+        if dst == Some(Ty::F32) && src == Some(Ty::Bf16) {
+            // cvt.f32.bf16; with .ftz it is an sm_90 form
+            if has_flag(Flag::Ftz) {
+                need(90, 78);
+            } else {
+                need(80, 71);
+            }
+        } else if src == Some(Ty::F32) && !ins.has(Flag::Rs) {
+            need(80, 70);
+        } else {
+            // bf16 <-> integers, f16, f64, bf16
+            need(90, 78);
+        }
+    }
+    if dst == Some(Ty::Tf32) {
+        if ins.has(Flag::Rna) {
+            need(80, 70);
+        } else {
+            need(90, 78);
+        }
+    }
+    if ins.has(Flag::Relu) && !fp8 {
+        need(80, 70);
+    }
+    if ins.has(Flag::Satfinite) && !fp8 {
+        need(0, 81);
+    }
+    if dst == Some(Ty::F16x2) && src == Some(Ty::F32) {
+        need(80, 70);
+    }
+    if ins.has(Flag::Pack) {
+        need(72, 65);
+    }
+}
+
+/// Half-precision (f16/bf16) arithmetic, comparisons and special functions, and their flags.
+fn half_needs(
+    ins: &Instruction,
+    t: &TypeFacts,
+    has_flag: &dyn Fn(Flag) -> bool,
+    need: &mut dyn FnMut(u32, u32),
+) {
+    let (bf16, f16) = (t.bf16, t.f16);
+    match ins.op {
         Opcode::Add | Opcode::Sub | Opcode::Mul => {
             if bf16 {
                 need(90, 78);
@@ -425,79 +520,61 @@ pub fn requirement(ins: &Instruction) -> Requirement {
                 need(75, 70);
             }
         }
-        Opcode::Rcp | Opcode::Sqrt | Opcode::Rsqrt if bf16 || f16 => need(75, 70),
-        Opcode::Shfl | Opcode::Vote if ins.has(Flag::Sync) => need(30, 60),
-        Opcode::Ld | Opcode::St | Opcode::Atom | Opcode::Red => memory_needs(ins, &mut need),
-        Opcode::Fence => {
-            if ins.has(Flag::SyncRestrictSharedCluster) || ins.has(Flag::SyncRestrictSharedCta) {
-                need(90, 86);
-            }
-            if ins.has(Flag::AsyncGeneric) {
-                need(90, 83);
-            }
-            if ins.has(Flag::Proxy) && ins.has(Flag::Tensormap) || ins.has(Flag::TensormapGeneric) {
-                need(90, 83);
-            } else if ins.has(Flag::Proxy) && ins.has(Flag::Async) || ins.has(Flag::MbarrierInit) {
-                need(90, 80);
-            } else if ins.has(Flag::Proxy) && ins.has(Flag::Alias) {
-                need(70, 75);
-            }
-        }
-        Opcode::MbarrierArrive | Opcode::MbarrierArriveDrop
-            if ins.has(Flag::ExpectTx)
-                || ins.has(Flag::Cluster)
-                || ins.has(Flag::Release)
-                || ins.has(Flag::Relaxed)
-                || ins
-                    .mods
-                    .contains(&Mod::Space(crate::types::Space::SharedCluster)) =>
-        {
-            need(90, 80)
-        }
-        Opcode::MbarrierTestWait if ins.has(Flag::Parity) => need(80, 71),
-        Opcode::Pmevent if ins.has(Flag::Mask) => need(20, 30),
-        Opcode::Lop3 if ins.args.len() > 5 => need(50, 82),
-        Opcode::Createpolicy if ins.has(Flag::Range) || ins.has(Flag::CvtPolicy) => need(80, 74),
-        Opcode::MultimemLdReduce | Opcode::MultimemRed if ins.has(Flag::AccF32) => need(90, 82),
-        Opcode::Cvta | Opcode::Isspacep => {
-            if ins
-                .mods
-                .contains(&Mod::Space(crate::types::Space::SharedCluster))
-            {
-                need(90, 78);
-            }
-            if ins
-                .mods
-                .iter()
-                .any(|m| matches!(m, Mod::Space(s) if s.is_param()))
-            {
-                need(70, 77);
-            }
-        }
-        Opcode::Bar | Opcode::Barrier if ins.has(Flag::Red) => need(20, 20),
-        Opcode::WmmaLoadA
-        | Opcode::WmmaLoadB
-        | Opcode::WmmaLoadC
-        | Opcode::WmmaStoreD
-        | Opcode::WmmaMma => {
-            // integer forms arrived with sm_72, sub-byte and .b1 with sm_75, bf16/tf32/f64
-            // with sm_80, `.and.popc` with sm_80 and PTX 7.1
-            if has_ty(Ty::S8) || has_ty(Ty::U8) || has_ty(Ty::S32) {
-                need(72, 63);
-            }
-            if has_ty(Ty::S4) || has_ty(Ty::U4) || has_ty(Ty::B1) {
-                need(75, 63);
-            }
-            if ins.has(Flag::And) {
-                need(80, 71);
-            }
-            if bf16 || has_ty(Ty::Tf32) || has_ty(Ty::F64) {
-                need(80, 70);
-            }
-        }
         _ => {}
     }
-    r
+}
+
+/// `fence` variants: proxy kinds and restrictions.
+fn fence_needs(ins: &Instruction, need: &mut dyn FnMut(u32, u32)) {
+    if ins.has(Flag::SyncRestrictSharedCluster) || ins.has(Flag::SyncRestrictSharedCta) {
+        need(90, 86);
+    }
+    if ins.has(Flag::AsyncGeneric) {
+        need(90, 83);
+    }
+    if ins.has(Flag::Proxy) && ins.has(Flag::Tensormap) || ins.has(Flag::TensormapGeneric) {
+        need(90, 83);
+    } else if ins.has(Flag::Proxy) && ins.has(Flag::Async) || ins.has(Flag::MbarrierInit) {
+        need(90, 80);
+    } else if ins.has(Flag::Proxy) && ins.has(Flag::Alias) {
+        need(70, 75);
+    }
+}
+
+/// `cvta`/`isspacep` on `.shared::cluster` and the parameter spaces.
+fn space_needs(ins: &Instruction, need: &mut dyn FnMut(u32, u32)) {
+    if ins
+        .mods
+        .contains(&Mod::Space(crate::types::Space::SharedCluster))
+    {
+        need(90, 78);
+    }
+    if ins
+        .mods
+        .iter()
+        .any(|m| matches!(m, Mod::Space(s) if s.is_param()))
+    {
+        need(70, 77);
+    }
+}
+
+/// `wmma.*`: integer forms arrived with sm_72, sub-byte and `.b1` with sm_75, bf16/tf32/f64
+/// with sm_80, `.and.popc` with sm_80 and PTX 7.1.
+fn wmma_needs(ins: &Instruction, t: &TypeFacts, need: &mut dyn FnMut(u32, u32)) {
+    let has_ty = |ty: Ty| ins.mods.contains(&Mod::Type(ty));
+    let bf16 = t.bf16;
+    if has_ty(Ty::S8) || has_ty(Ty::U8) || has_ty(Ty::S32) {
+        need(72, 63);
+    }
+    if has_ty(Ty::S4) || has_ty(Ty::U4) || has_ty(Ty::B1) {
+        need(75, 63);
+    }
+    if ins.has(Flag::And) {
+        need(80, 71);
+    }
+    if bf16 || has_ty(Ty::Tf32) || has_ty(Ty::F64) {
+        need(80, 70);
+    }
 }
 
 /// `mma.sync`: the target and ISA version of each shape and input type (FP8 on sm_89).
