@@ -25,6 +25,7 @@ pub mod launch;
 pub mod limits;
 pub mod memory;
 pub mod mma;
+mod park;
 pub mod program;
 pub mod sanitize;
 pub mod tc_numerics;
