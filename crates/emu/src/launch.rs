@@ -461,8 +461,8 @@ fn launch_workers(
                         let quiescent = wclock.publish(t, quiet);
                         // park while only waiting, unless the whole process is quiescent (time
                         // fast-forwards, every round counts) or more CTAs could be admitted
-                        let can_admit = !free_slots.is_empty()
-                            && next.load(Ordering::Relaxed) < units_total;
+                        let can_admit =
+                            !free_slots.is_empty() && next.load(Ordering::Relaxed) < units_total;
                         if quiet && quiescent.is_none() && !can_admit {
                             polls.store(true, Ordering::Relaxed);
                             parking.park(seen, crate::park::MAX_PARK);

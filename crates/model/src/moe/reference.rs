@@ -444,7 +444,10 @@ impl Ctx<'_> {
         let parts = per_rank(c.ranks(), "f64 reference (dW_gate)", progress, |r| {
             let dlt = &self.b.gate[r].dlogits_t;
             // X in BF16, converted once (the same values the sums below multiply by)
-            let xb: Vec<f64> = self.data.x[r].iter().map(|&v| bf(v as f64) as f64).collect();
+            let xb: Vec<f64> = self.data.x[r]
+                .iter()
+                .map(|&v| bf(v as f64) as f64)
+                .collect();
             let mut part = vec![0f64; e_n * h];
             for e in 0..e_n {
                 for t in 0..t_n {
@@ -739,7 +742,13 @@ mod tests {
         let w: Vec<f32> = (0..18).map(|i| [1.0, -1.0, 0.0, -0.0][i % 4]).collect();
         let want: Vec<u64> = w
             .chunks(2)
-            .map(|r| x.iter().zip(r).map(|(&a, &b)| a * b as f64).sum::<f64>().to_bits())
+            .map(|r| {
+                x.iter()
+                    .zip(r)
+                    .map(|(&a, &b)| a * b as f64)
+                    .sum::<f64>()
+                    .to_bits()
+            })
             .collect();
         let got: Vec<u64> = dots(&x, &w).iter().map(|v| v.to_bits()).collect();
         assert_eq!(got, want);
