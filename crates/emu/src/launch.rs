@@ -2,7 +2,8 @@
 //! or the SM budget of the launch) and run on several host threads. Each host thread round-robins
 //! its resident CTAs in time slices, so CTAs that spin on flags written by other CTAs — or by
 //! other devices — make progress as on hardware. A worker admits another CTA when its resident
-//! CTAs stop finishing, which keeps the common case (independent CTAs) cache-friendly.
+//! CTAs stop finishing, which keeps the common case (independent CTAs) cache-friendly. A worker
+//! whose round only polled sleeps until a polling launch makes progress (`emu::park`).
 
 use crate::error::{EmuError, FaultKind, FaultSite};
 use crate::exec::{Cta, Fault, LaunchCtx};
