@@ -2,7 +2,8 @@
 //! or the SM budget of the launch) and run on several host threads. Each host thread round-robins
 //! its resident CTAs in time slices, so CTAs that spin on flags written by other CTAs — or by
 //! other devices — make progress as on hardware. A worker admits another CTA when its resident
-//! CTAs stop finishing, which keeps the common case (independent CTAs) cache-friendly.
+//! CTAs stop finishing, which keeps the common case (independent CTAs) cache-friendly. A worker
+//! whose round only polled sleeps until a polling launch makes progress (`emu::park`).
 
 use crate::error::{EmuError, FaultKind, FaultSite};
 use crate::exec::{Cta, Fault, LaunchCtx};
@@ -274,6 +275,10 @@ fn launch_workers(
     let max_res = AtomicU32::new(0);
     // per worker: its waiting warps, written down as a deadlock becomes likely
     let waiting: Vec<Mutex<Vec<String>>> = (0..nworkers).map(|_| Mutex::default()).collect();
+    // set once any worker's round only polled: this launch waits for peers, so its progress is
+    // what parked waiters wait for (`crate::park`)
+    let polls = AtomicBool::new(false);
+    let parking = crate::park::Parking::global();
 
     // Every worker is on the emulated timeline before any runs; then the queued launch's hold
     // on time can go.
@@ -293,6 +298,7 @@ fn launch_workers(
             );
             let banks = &banks;
             let waiting = &waiting;
+            let polls = &polls;
             workers.push(s.spawn(move || {
                 let _stop = StopOnPanic(abort);
                 // `wclock`: this worker's share of emulated time, published every round.
@@ -368,6 +374,7 @@ fn launch_workers(
                         return;
                     }
                     let mut finished = false;
+                    let seen = parking.epoch();
                     let mut k = 0;
                     while k < resident.len() {
                         let budget = 4096;
@@ -440,7 +447,11 @@ fn launch_workers(
                         }
                         k += 1;
                     }
-                    let quiet = !finished && !admitted && round_quiet(&mut resident);
+                    let (only_waited, stored) = round_activity(&mut resident);
+                    let quiet = !finished && !admitted && only_waited;
+                    if (finished || stored) && polls.load(Ordering::Relaxed) {
+                        parking.signal();
+                    }
                     let oldest = resident
                         .iter()
                         .flat_map(|(g, _)| g.iter())
@@ -448,7 +459,16 @@ fn launch_workers(
                         .map(|c| c.clock())
                         .min();
                     if let Some(t) = oldest {
-                        let still = wclock.publish(t, quiet).unwrap_or(0);
+                        let quiescent = wclock.publish(t, quiet);
+                        // park while only waiting, unless the whole process is quiescent (time
+                        // fast-forwards, every round counts) or more CTAs could be admitted
+                        let can_admit =
+                            !free_slots.is_empty() && next.load(Ordering::Relaxed) < units_total;
+                        if quiet && quiescent.is_none() && !can_admit {
+                            polls.store(true, Ordering::Relaxed);
+                            parking.park(seen, crate::park::MAX_PARK);
+                        }
+                        let still = quiescent.unwrap_or(0);
                         // Every worker writes down its waiting warps well before the horizon
                         // (each fast-forward step needs a quiet round of every worker).
                         if still > crate::clock::DEADLOCK_HORIZON_NS / 4 {
@@ -507,15 +527,16 @@ fn launch_workers(
 
 static NEXT_LAUNCH: AtomicU64 = AtomicU64::new(1);
 
-/// Whether the round just run over `resident` only waited (some wait, no observable progress);
-/// resets the CTAs' counters for the next round.
-fn round_quiet(resident: &mut [(Vec<Cta>, u32)]) -> bool {
+/// What the round just run over `resident` did: (only waited: some wait, no observable
+/// progress; made observable progress: a store, atomic, copy, arrive or exit). Resets the CTAs'
+/// counters for the next round.
+fn round_activity(resident: &mut [(Vec<Cta>, u32)]) -> (bool, bool) {
     let (mut progress, mut waits) = (0u64, 0u64);
     for c in resident.iter_mut().flat_map(|(g, _)| g.iter_mut()) {
         progress += std::mem::take(&mut c.progress);
         waits += std::mem::take(&mut c.waits);
     }
-    progress == 0 && waits > 0
+    (progress == 0 && waits > 0, progress > 0)
 }
 
 /// Writes down the waiting warps of this worker's CTAs with their PTX lines.

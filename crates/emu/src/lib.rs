@@ -28,6 +28,7 @@ pub mod mma;
 pub mod mma_any;
 pub mod mma_sp;
 pub mod multicast;
+mod park;
 pub mod program;
 pub mod sanitize;
 pub mod tc_numerics;

@@ -291,12 +291,15 @@ pub fn check(
             v
         })
         .collect();
+    // W_gate `[E, H]` in f32 (BF16 values, exact) for the logits' row sums
+    let gate: Vec<f32> = layer.weights().gate.iter().map(|g| g.to_f32()).collect();
     let ctx = Ctx {
         layer,
         data,
         f,
         b,
         hosts: &hosts,
+        gate: &gate,
     };
     let tok = per_rank(rn, "f64 reference (sampled tokens)", progress, |r| {
         ctx.token_errors(r, &tokens[r])
@@ -341,6 +344,8 @@ struct Ctx<'a> {
     f: &'a Forward,
     b: &'a Backward,
     hosts: &'a [RankHost],
+    /// `[E, H]` W_gate as f32.
+    gate: &'a [f32],
 }
 
 /// (dW_gate|up, dW_down) errors.
@@ -366,14 +371,15 @@ impl Ctx<'_> {
     fn token_errors(&self, r: usize, tokens: &[usize]) -> Result<[ErrStats; 4]> {
         let c = self.layer.config();
         let (h, e_n) = (c.hidden as usize, c.experts as usize);
-        let (hr, x, gate) = (&self.hosts[r], &self.data.x[r], &self.layer.weights().gate);
+        let (hr, x) = (&self.hosts[r], &self.data.x[r]);
         let mut err = [ErrStats::default(); 4];
         for &t in tokens {
             // gate logits: BF16 x and W_gate, f64 sums
-            for e in 0..e_n {
-                let want: f64 = (0..h)
-                    .map(|c| bf(x[t * h + c] as f64) as f64 * gate[e * h + c].to_f64())
-                    .sum();
+            let xb: Vec<f64> = x[t * h..(t + 1) * h]
+                .iter()
+                .map(|&v| bf(v as f64) as f64)
+                .collect();
+            for (e, want) in dots(&xb, self.gate).into_iter().enumerate() {
                 err[0].add(hr.logits[t * e_n + e] as f64, want);
             }
             let (y, dx) = self.token_paths(r, t, &mut err[3])?;
@@ -436,15 +442,20 @@ impl Ctx<'_> {
         let c = self.layer.config();
         let (h, e_n, t_n) = (c.hidden as usize, c.experts as usize, c.tokens as usize);
         let parts = per_rank(c.ranks(), "f64 reference (dW_gate)", progress, |r| {
-            let (dlt, x) = (&self.b.gate[r].dlogits_t, &self.data.x[r]);
+            let dlt = &self.b.gate[r].dlogits_t;
+            // X in BF16, converted once (the same values the sums below multiply by)
+            let xb: Vec<f64> = self.data.x[r]
+                .iter()
+                .map(|&v| bf(v as f64) as f64)
+                .collect();
             let mut part = vec![0f64; e_n * h];
             for e in 0..e_n {
                 for t in 0..t_n {
                     let d = dlt[e * t_n + t].to_f64();
                     if d != 0.0 {
                         let pr = &mut part[e * h..(e + 1) * h];
-                        for (c, p) in pr.iter_mut().enumerate() {
-                            *p += d * bf(x[t * h + c] as f64) as f64;
+                        for (p, &xv) in pr.iter_mut().zip(&xb[t * h..(t + 1) * h]) {
+                            *p += d * xv;
                         }
                     }
                 }
@@ -560,15 +571,37 @@ fn dw_error(rows: &[WRow], w: (&[f32], &[f32]), got: (&[f32], &[f32]), h: usize)
 /// Gate and up pre-activations of one token row through W_gate|up `[2I, H]`: f64 products,
 /// stored in BF16 as the device stores the GEMM output.
 fn gate_up(xr: &[f32], w1: &[f32], i_n: usize) -> (Vec<f64>, Vec<f64>) {
-    let h = xr.len();
-    let dot = |r: usize| -> f64 {
-        let wr = &w1[r * h..(r + 1) * h];
-        bf(xr.iter().zip(wr).map(|(&a, &b)| a as f64 * b as f64).sum()) as f64
-    };
-    (
-        (0..i_n).map(dot).collect(),
-        (i_n..2 * i_n).map(dot).collect(),
-    )
+    let x: Vec<f64> = xr.iter().map(|&v| v as f64).collect();
+    let mut gu: Vec<f64> = dots(&x, w1).into_iter().map(|v| bf(v) as f64).collect();
+    let up = gu.split_off(i_n.min(gu.len()));
+    (gu, up)
+}
+
+/// `x . w[r]` for every row `r` of `w` `[rows, x.len()]`, each a sum of f64 products in column
+/// order from -0.0: bit for bit what `(0..n).map(|c| x[c] * w[r][c] as f64).sum::<f64>()`
+/// gives. Eight rows at a time share each `x[c]` and keep eight independent add chains in
+/// flight (the sums themselves stay sequential, so the result does not depend on this).
+pub(crate) fn dots(x: &[f64], w: &[f32]) -> Vec<f64> {
+    let n = x.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::with_capacity(w.len() / n);
+    let mut blocks = w.chunks_exact(8 * n);
+    for blk in blocks.by_ref() {
+        let rows: [&[f32]; 8] = std::array::from_fn(|i| &blk[i * n..(i + 1) * n]);
+        let mut acc = [-0.0f64; 8];
+        for (c, &xc) in x.iter().enumerate() {
+            for (a, row) in acc.iter_mut().zip(&rows) {
+                *a += xc * row[c] as f64;
+            }
+        }
+        out.extend(acc);
+    }
+    for row in blocks.remainder().chunks_exact(n) {
+        out.push(x.iter().zip(row).map(|(&a, &b)| a * b as f64).sum());
+    }
+    out
 }
 
 /// dH = dY W_down (`w2` `[H, I]`): f64 products, stored in BF16 as the device stores it.
@@ -599,12 +632,9 @@ pub(crate) fn ref_path(
     let i_n = w2.len() / h;
     let (gt, up) = gate_up(xr, w1, i_n);
     let act: Vec<f32> = (0..i_n).map(|j| (silu(gt[j]) * up[j]) as f32).collect();
-    let actq = fp8_row(&act);
-    let mut yp = vec![0f64; h];
-    for (c, yc) in y.iter_mut().enumerate() {
-        let wr = &w2[c * i_n..(c + 1) * i_n];
-        let acc: f64 = (0..i_n).map(|j| actq[j] as f64 * wr[j] as f64).sum();
-        yp[c] = acc;
+    let actq: Vec<f64> = fp8_row(&act).iter().map(|&v| v as f64).collect();
+    let yp = dots(&actq, w2);
+    for (yc, &acc) in y.iter_mut().zip(&yp) {
         *yc += wk * acc;
     }
     let dh = down_t(dyq, w2, i_n);
@@ -682,5 +712,45 @@ fn outer_add(d: &mut [f64], a: &[f32], b: &[f32]) {
                 *dv += av * bv as f64;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dots;
+    use rand::{Rng, SeedableRng};
+
+    /// `dots` is bit for bit the sequential `Iterator::sum` it replaces, for row counts that
+    /// are and are not multiples of its block of 8, on random values of mixed sign and size.
+    #[test]
+    fn dots_equal_the_sequential_sums_bit_for_bit() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for (rows, n) in [(1, 1), (7, 3), (8, 128), (13, 257), (64, 100)] {
+            let x: Vec<f64> = (0..n)
+                .map(|_| rng.gen_range(-1.0..1.0) * 2f64.powi(rng.gen_range(-20..20)))
+                .collect();
+            let w: Vec<f32> = (0..rows * n).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+            let got = dots(&x, &w);
+            assert_eq!(got.len(), rows);
+            for (r, g) in got.iter().enumerate() {
+                let want: f64 = (0..n).map(|c| x[c] * w[r * n + c] as f64).sum();
+                assert_eq!(g.to_bits(), want.to_bits(), "row {r} of {rows}x{n}");
+            }
+        }
+        // all products -0.0 or 0.0: the sum's sign follows `Iterator::sum`'s -0.0 start
+        let x = vec![-0.0f64, 0.0];
+        let w: Vec<f32> = (0..18).map(|i| [1.0, -1.0, 0.0, -0.0][i % 4]).collect();
+        let want: Vec<u64> = w
+            .chunks(2)
+            .map(|r| {
+                x.iter()
+                    .zip(r)
+                    .map(|(&a, &b)| a * b as f64)
+                    .sum::<f64>()
+                    .to_bits()
+            })
+            .collect();
+        let got: Vec<u64> = dots(&x, &w).iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want);
     }
 }
