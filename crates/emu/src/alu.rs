@@ -1,21 +1,73 @@
 //! Lane-parallel ALU kernels. Each decoded ALU instruction holds one `WFn`: a monomorphic
-//! function that computes all 32 lanes from up to three source register rows. Masking is applied
-//! by the caller when writing the destination, so these stay branch-free and vectorisable.
+//! function that computes the active lanes of its destination register row from up to three
+//! source rows, in place in the warp's register file. It works in chunks of [`CHUNK`] lanes:
+//! the chunk's sources are read into locals, the results computed (branch-free, vectorisable)
+//! and written to the destination under the active-lane mask. Reading a whole chunk before
+//! writing it makes a destination that is also a source (`add r1, r1, 1`) safe without a
+//! temporary row, and no 256-byte row is cleared or copied per instruction.
 
 use crate::Lanes;
 use ptx::{Flag, Instruction, Opcode, Ty};
 
-/// A warp-wide pure operation: `out[l] = f(a[l], b[l], c[l])`.
-pub type WFn = fn(&mut Lanes, &Lanes, &Lanes, &Lanes);
+/// The register slots and active-lane mask of one ALU instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slots {
+    /// Active lanes (bit `l` = lane `l`): only these are written.
+    pub m: u32,
+    pub d: u32,
+    pub a: u32,
+    pub b: u32,
+    pub c: u32,
+}
+
+/// A warp-wide pure operation: `regs[d][l] = f(regs[a][l], regs[b][l], regs[c][l])` for every
+/// lane `l` in `m`.
+pub type WFn = fn(&mut [Lanes], Slots);
+
+/// Lanes computed together (8 x 8 bytes: a cache line per source).
+pub const CHUNK: usize = 8;
+
+/// Runs the lane function `g` over the active lanes of `s` (see the module docs). Slots out of
+/// range of `regs` (never produced by the decoder) leave the registers unchanged.
+#[inline(always)]
+pub fn lanewise(regs: &mut [Lanes], s: Slots, g: impl Fn(u64, u64, u64) -> u64) {
+    let (d, a, b, c) = (s.d as usize, s.a as usize, s.b as usize, s.c as usize);
+    let n = regs.len();
+    if d >= n || a >= n || b >= n || c >= n {
+        debug_assert!(false, "ALU slots {s:?} outside a register file of {n}");
+        return;
+    }
+    for ch in 0..32 / CHUNK {
+        let mk = (s.m >> (ch * CHUNK)) as u8;
+        if mk == 0 {
+            continue;
+        }
+        let base = ch * CHUNK;
+        let x: [u64; CHUNK] = std::array::from_fn(|i| regs[a][base + i]);
+        let y: [u64; CHUNK] = std::array::from_fn(|i| regs[b][base + i]);
+        let z: [u64; CHUNK] = std::array::from_fn(|i| regs[c][base + i]);
+        let o: [u64; CHUNK] = std::array::from_fn(|i| g(x[i], y[i], z[i]));
+        let dst = &mut regs[d][base..base + CHUNK];
+        if mk == u8::MAX {
+            dst.copy_from_slice(&o);
+        } else {
+            for (i, v) in dst.iter_mut().enumerate() {
+                if mk >> i & 1 != 0 {
+                    *v = o[i];
+                }
+            }
+        }
+    }
+}
 
 macro_rules! w1 {
     ($T:ty, $U:ty, |$a:ident| $e:expr) => {{
         #[allow(clippy::unnecessary_cast, unused_parens)]
-        fn f(o: &mut Lanes, x: &Lanes, _: &Lanes, _: &Lanes) {
-            for i in 0..32 {
-                let $a = x[i] as $T;
-                o[i] = ($e) as $U as u64;
-            }
+        fn f(r: &mut [Lanes], s: Slots) {
+            lanewise(r, s, |x, _, _| {
+                let $a = x as $T;
+                ($e) as $U as u64
+            })
         }
         f as WFn
     }};
@@ -23,12 +75,12 @@ macro_rules! w1 {
 macro_rules! w2 {
     ($T:ty, $U:ty, |$a:ident, $b:ident| $e:expr) => {{
         #[allow(clippy::unnecessary_cast, unused_parens)]
-        fn f(o: &mut Lanes, x: &Lanes, y: &Lanes, _: &Lanes) {
-            for i in 0..32 {
-                let $a = x[i] as $T;
-                let $b = y[i] as $T;
-                o[i] = ($e) as $U as u64;
-            }
+        fn f(r: &mut [Lanes], s: Slots) {
+            lanewise(r, s, |x, y, _| {
+                let $a = x as $T;
+                let $b = y as $T;
+                ($e) as $U as u64
+            })
         }
         f as WFn
     }};
@@ -36,13 +88,13 @@ macro_rules! w2 {
 macro_rules! w3 {
     ($T:ty, $U:ty, |$a:ident, $b:ident, $c:ident| $e:expr) => {{
         #[allow(clippy::unnecessary_cast, unused_parens)]
-        fn f(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
-            for i in 0..32 {
-                let $a = x[i] as $T;
-                let $b = y[i] as $T;
-                let $c = z[i] as $T;
-                o[i] = ($e) as $U as u64;
-            }
+        fn f(r: &mut [Lanes], s: Slots) {
+            lanewise(r, s, |x, y, z| {
+                let $a = x as $T;
+                let $b = y as $T;
+                let $c = z as $T;
+                ($e) as $U as u64
+            })
         }
         f as WFn
     }};
@@ -51,13 +103,8 @@ macro_rules! w3 {
 macro_rules! r3 {
     (|$a:ident, $b:ident, $c:ident| $e:expr) => {{
         #[allow(clippy::unnecessary_cast, unused_parens, unused_variables)]
-        fn f(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
-            for i in 0..32 {
-                let $a = x[i];
-                let $b = y[i];
-                let $c = z[i];
-                o[i] = $e;
-            }
+        fn f(r: &mut [Lanes], s: Slots) {
+            lanewise(r, s, |$a, $b, $c| $e)
         }
         f as WFn
     }};
@@ -449,16 +496,16 @@ const PRMT_MODES: [[[u8; 4]; 4]; 6] = [
 ];
 
 /// `prmt.b32.mode d, a, b, c` for mode `M` (an index into [`PRMT_MODES`]).
-fn prmt_mode<const M: usize>(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
-    for i in 0..32 {
-        let bytes = ((y[i] as u32 as u64) << 32 | x[i] as u32 as u64).to_le_bytes();
-        let sel = &PRMT_MODES[M][(z[i] & 3) as usize];
+fn prmt_mode<const M: usize>(r: &mut [Lanes], s: Slots) {
+    lanewise(r, s, |x, y, z| {
+        let bytes = ((y as u32 as u64) << 32 | x as u32 as u64).to_le_bytes();
+        let sel = &PRMT_MODES[M][(z & 3) as usize];
         let mut d = 0u32;
         for (k, s) in sel.iter().enumerate() {
             d |= (bytes[*s as usize] as u32) << (8 * k);
         }
-        o[i] = d as u64;
-    }
+        d as u64
+    })
 }
 
 fn prmt_fn(ins: &Instruction) -> WFn {
@@ -483,15 +530,10 @@ fn prmt_fn(ins: &Instruction) -> WFn {
 
 /// `dp2a.{lo,hi}.atype.btype d, a, b, c`: two signed/unsigned half-words of `a` times two
 /// bytes of `b` (its low or high pair), plus `c`.
-fn dp2a_lanes<const SA: bool, const SB: bool, const HI: bool>(
-    o: &mut Lanes,
-    x: &Lanes,
-    y: &Lanes,
-    z: &Lanes,
-) {
-    for i in 0..32 {
-        let (a, b) = (x[i] as u32, y[i] as u32);
-        let mut acc = z[i] as u32;
+fn dp2a_lanes<const SA: bool, const SB: bool, const HI: bool>(r: &mut [Lanes], s: Slots) {
+    lanewise(r, s, |x, y, z| {
+        let (a, b) = (x as u32, y as u32);
+        let mut acc = z as u32;
         for k in 0..2 {
             let h = (a >> (16 * k)) as u16;
             let va = if SA { h as i16 as i32 } else { h as i32 };
@@ -499,8 +541,8 @@ fn dp2a_lanes<const SA: bool, const SB: bool, const HI: bool>(
             let vb = if SB { byte as i8 as i32 } else { byte as i32 };
             acc = acc.wrapping_add(va.wrapping_mul(vb) as u32);
         }
-        o[i] = acc as u64;
-    }
+        acc as u64
+    })
 }
 
 fn dp2a_fn(ins: &Instruction) -> Option<WFn> {
@@ -735,12 +777,12 @@ pub fn int_cmp(ty: Ty, cmp: Flag) -> Option<WFn> {
 pub fn float_cmp(ty: Ty, cmp: Flag) -> Option<WFn> {
     macro_rules! fc {
         ($conv:expr, |$a:ident, $b:ident| $e:expr) => {{
-            fn f(o: &mut Lanes, x: &Lanes, y: &Lanes, _: &Lanes) {
-                for i in 0..32 {
-                    let $a = $conv(x[i]);
-                    let $b = $conv(y[i]);
-                    o[i] = ($e) as u64;
-                }
+            fn f(r: &mut [Lanes], s: Slots) {
+                lanewise(r, s, |x, y, _| {
+                    let $a = $conv(x);
+                    let $b = $conv(y);
+                    ($e) as u64
+                })
             }
             Some(f as WFn)
         }};
@@ -819,10 +861,10 @@ fn fcmp<const C: u8>(a: f32, b: f32) -> bool {
     }
 }
 
-fn cmp_lanes<const K: u8, const C: u8>(o: &mut Lanes, x: &Lanes, y: &Lanes, _: &Lanes) {
-    for i in 0..32 {
-        o[i] = fcmp::<C>(cmp_elem::<K>(x[i]), cmp_elem::<K>(y[i])) as u64;
-    }
+fn cmp_lanes<const K: u8, const C: u8>(r: &mut [Lanes], s: Slots) {
+    lanewise(r, s, |x, y, _| {
+        fcmp::<C>(cmp_elem::<K>(x), cmp_elem::<K>(y)) as u64
+    })
 }
 
 fn cmp_pick<const K: u8>(cmp: Flag) -> Option<WFn> {
@@ -970,22 +1012,18 @@ fn fma_lanes() -> WFn {
             r.to_bits() as u64
         }
     }
-    fn soft(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
-        for i in 0..32 {
-            o[i] = one(x[i], y[i], z[i]);
-        }
+    fn soft(r: &mut [Lanes], s: Slots) {
+        lanewise(r, s, one)
     }
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "fma")]
-        fn hw_impl(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
-            for i in 0..32 {
-                o[i] = one(x[i], y[i], z[i]);
-            }
+        fn hw_impl(r: &mut [Lanes], s: Slots) {
+            lanewise(r, s, one)
         }
-        fn hw(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
+        fn hw(r: &mut [Lanes], s: Slots) {
             // SAFETY: `hw` is only selected below when the CPU reports FMA support.
-            unsafe { hw_impl(o, x, y, z) }
+            unsafe { hw_impl(r, s) }
         }
         if std::is_x86_feature_detected!("fma") {
             return hw;
@@ -1014,32 +1052,32 @@ fn flush(x: f32) -> f32 {
 
 macro_rules! f32_un {
     ($ftz:expr, |$x:ident| $e:expr) => {{
-        fn f(o: &mut Lanes, a: &Lanes, _: &Lanes, _: &Lanes) {
-            for i in 0..32 {
-                let mut $x = f32::from_bits(a[i] as u32);
+        fn f(r: &mut [Lanes], s: Slots) {
+            lanewise(r, s, |a, _, _| {
+                let mut $x = f32::from_bits(a as u32);
                 if $ftz {
                     $x = flush($x);
                 }
                 let r: f32 = $e;
-                o[i] = f32_canon(if $ftz { flush(r) } else { r });
-            }
+                f32_canon(if $ftz { flush(r) } else { r })
+            })
         }
         f as WFn
     }};
 }
 macro_rules! f32_bin {
     ($ftz:expr, |$x:ident, $y:ident| $e:expr) => {{
-        fn f(o: &mut Lanes, a: &Lanes, b: &Lanes, _: &Lanes) {
-            for i in 0..32 {
-                let mut $x = f32::from_bits(a[i] as u32);
-                let mut $y = f32::from_bits(b[i] as u32);
+        fn f(r: &mut [Lanes], s: Slots) {
+            lanewise(r, s, |a, b, _| {
+                let mut $x = f32::from_bits(a as u32);
+                let mut $y = f32::from_bits(b as u32);
                 if $ftz {
                     $x = flush($x);
                     $y = flush($y);
                 }
                 let r: f32 = $e;
-                o[i] = f32_canon(if $ftz { flush(r) } else { r });
-            }
+                f32_canon(if $ftz { flush(r) } else { r })
+            })
         }
         f as WFn
     }};
