@@ -1,10 +1,9 @@
 //! Lane-parallel ALU kernels. Each decoded ALU instruction holds one `WFn`: a monomorphic
 //! function that computes the active lanes of its destination register row from up to three
-//! source rows, in place in the warp's register file. It works in chunks of [`CHUNK`] lanes:
-//! the chunk's sources are read into locals, the results computed (branch-free, vectorisable)
-//! and written to the destination under the active-lane mask. Reading a whole chunk before
-//! writing it makes a destination that is also a source (`add r1, r1, 1`) safe without a
-//! temporary row, and no 256-byte row is cleared or copied per instruction.
+//! source rows, in place in the warp's register file ([`lanewise`]): the destination row is
+//! borrowed mutably and the source rows immutably, so the lane loop stays branch-free and
+//! vectorisable and nothing is cleared or copied per instruction. Only when a source is the
+//! destination itself (`add r1, r1, 1`) is that row copied first.
 
 use crate::Lanes;
 use ptx::{Flag, Instruction, Opcode, Ty};
@@ -24,9 +23,6 @@ pub struct Slots {
 /// lane `l` in `m`.
 pub type WFn = fn(&mut [Lanes], Slots);
 
-/// Lanes computed together (8 x 8 bytes: a cache line per source).
-pub const CHUNK: usize = 8;
-
 /// Runs the lane function `g` over the active lanes of `s` (see the module docs). Slots out of
 /// range of `regs` (never produced by the decoder) leave the registers unchanged.
 #[inline(always)]
@@ -37,25 +33,41 @@ pub fn lanewise(regs: &mut [Lanes], s: Slots, g: impl Fn(u64, u64, u64) -> u64) 
         debug_assert!(false, "ALU slots {s:?} outside a register file of {n}");
         return;
     }
-    for ch in 0..32 / CHUNK {
-        let mk = (s.m >> (ch * CHUNK)) as u8;
-        if mk == 0 {
-            continue;
-        }
-        let base = ch * CHUNK;
-        let x: [u64; CHUNK] = std::array::from_fn(|i| regs[a][base + i]);
-        let y: [u64; CHUNK] = std::array::from_fn(|i| regs[b][base + i]);
-        let z: [u64; CHUNK] = std::array::from_fn(|i| regs[c][base + i]);
-        let o: [u64; CHUNK] = std::array::from_fn(|i| g(x[i], y[i], z[i]));
-        let dst = &mut regs[d][base..base + CHUNK];
-        if mk == u8::MAX {
-            dst.copy_from_slice(&o);
-        } else {
-            for (i, v) in dst.iter_mut().enumerate() {
-                if mk >> i & 1 != 0 {
-                    *v = o[i];
-                }
+    let (lo, rest) = regs.split_at_mut(d);
+    let Some((dst, hi)) = rest.split_first_mut() else {
+        return;
+    };
+    if a != d && b != d && c != d {
+        let row = |r: usize| if r < d { &lo[r] } else { &hi[r - d - 1] };
+        rows_op(dst, [row(a), row(b), row(c)], s.m, &g);
+    } else {
+        // a source is the destination: read it from a copy taken before any lane is written
+        let cur: Lanes = *dst;
+        let row = |r: usize| {
+            if r == d {
+                &cur
+            } else if r < d {
+                &lo[r]
+            } else {
+                &hi[r - d - 1]
             }
+        };
+        rows_op(dst, [row(a), row(b), row(c)], s.m, &g);
+    }
+}
+
+/// `dst[l] = g(x[l], y[l], z[l])` for the lanes `l` in `m` (inlined: the FMA kernel is compiled
+/// with the `fma` target feature, which a separate function would not have).
+#[inline(always)]
+fn rows_op(dst: &mut Lanes, [x, y, z]: [&Lanes; 3], m: u32, g: &impl Fn(u64, u64, u64) -> u64) {
+    if m == u32::MAX {
+        for i in 0..32 {
+            dst[i] = g(x[i], y[i], z[i]);
+        }
+    } else {
+        for i in 0..32 {
+            let v = g(x[i], y[i], z[i]);
+            dst[i] = if m >> i & 1 != 0 { v } else { dst[i] };
         }
     }
 }

@@ -9,7 +9,6 @@ use crate::fp;
 use crate::memory::{MemMap, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
 use crate::program::*;
 use crate::sanitize::cta::Kind as SanKind;
-use crate::alu::CHUNK;
 use crate::Lanes;
 use ptx::{SReg, Ty};
 use std::sync::atomic::Ordering;
@@ -259,6 +258,10 @@ fn lanes_of(mut m: u32) -> impl Iterator<Item = usize> {
         }
     })
 }
+
+/// Lanes moved together by the chunked register helpers below (8 x 8 bytes: short fixed-size
+/// copies, no `memcpy` of whole 256-byte rows).
+const CHUNK: usize = 8;
 
 /// The chunks ([`CHUNK`] lanes each) that hold an active lane of `m`.
 #[inline(always)]
@@ -727,6 +730,38 @@ enum Loc {
 }
 
 impl Cta {
+    /// [`Cta::locate`] with the two common cases checked inline first: an aligned in-bounds
+    /// access of this CTA's own shared memory, and a global access inside the allocation the
+    /// last global access hit. Same result as `locate` in every case.
+    #[inline(always)]
+    fn locate_fast(
+        &self,
+        ctx: &LaunchCtx,
+        space: MSpace,
+        addr: u64,
+        size: u32,
+        lane: usize,
+    ) -> Result<Loc, FaultKind> {
+        if let Some(o) = self.own_shared(space, addr, size) {
+            return Ok(Loc::Shared(o));
+        }
+        // allocations lie above every generic window, so a generic address inside the cached
+        // allocation is that global address
+        let global = matches!(space, MSpace::Global | MSpace::Generic);
+        if global && addr.is_multiple_of(size as u64) {
+            let (base, len, ptr) = self.gcache.get();
+            if !ptr.is_null()
+                && addr >= base
+                && addr
+                    .checked_add(size as u64)
+                    .is_some_and(|e| e <= base + len)
+            {
+                return Ok(Loc::Global(ptr, addr - base));
+            }
+        }
+        self.locate(ctx, space, addr, size, lane, ctx.prog.local_bytes)
+    }
+
     #[inline]
     fn locate(
         &self,
@@ -868,7 +903,7 @@ impl Cta {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn load(&self, ctx: &LaunchCtx, wi: usize, loc: &Loc, size: u32, ord: Ordering) -> u64 {
         match *loc {
             // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
@@ -881,7 +916,7 @@ impl Cta {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn store(&mut self, wi: usize, loc: &Loc, size: u32, v: u64, ord: Ordering) {
         match *loc {
             // SAFETY: as in `load`.

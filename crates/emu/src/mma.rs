@@ -506,7 +506,8 @@ pub fn mma_in_place(
 ) -> bool {
     let Some(k) = fast_k(spec) else { return false };
     let n = regs.len();
-    let ok = |v: &[u32], want: usize| v.len() >= want && v[..want].iter().all(|&r| (r as usize) < n);
+    let ok =
+        |v: &[u32], want: usize| v.len() >= want && v[..want].iter().all(|&r| (r as usize) < n);
     if !(ok(s.a, 4) && ok(s.b, 2) && ok(s.c, 4) && ok(s.d, 4)) {
         return false;
     }
@@ -523,7 +524,10 @@ pub fn mma_in_place(
             raw.b[r * 32 + lane] = row[lane] as u32;
         }
     }
-    let FragCache { a: ring_a, b: ring_b } = cache;
+    let FragCache {
+        a: ring_a,
+        b: ring_b,
+    } = cache;
     let am = ring_a.get((spec.aty, spec.k), &raw.a, |r, v| decode_a(spec, r, v));
     let bk = ring_b.get((spec.bty, spec.k), &raw.b, |r, v| decode_b(spec, r, v));
     let acc = tile_out(model, (&am[..16 * k], &bk[..8 * k], k), |acc, add| {

@@ -270,7 +270,8 @@ impl Cta {
         for (i, &o) in offs.iter().enumerate().take(rows) {
             let (mat, row) = (i / 8, i % 8);
             let b = &self.shared[o..o + 16];
-            let word = |q: usize| u32::from_le_bytes([b[4 * q], b[4 * q + 1], b[4 * q + 2], b[4 * q + 3]]);
+            let word =
+                |q: usize| u32::from_le_bytes([b[4 * q], b[4 * q + 1], b[4 * q + 2], b[4 * q + 3]]);
             if !trans {
                 for q in 0..4 {
                     out[mat][row * 4 + q] = word(q);
@@ -286,8 +287,12 @@ impl Cta {
         let w = &mut self.warps[wi];
         for (k, d) in ds.iter().enumerate().take(4) {
             let dst = &mut w.regs[*d as usize];
-            for l in lanes_of(m) {
-                dst[l] = out[k][l] as u64;
+            for (l, x) in dst.iter_mut().enumerate() {
+                *x = if m >> l & 1 != 0 {
+                    out[k][l] as u64
+                } else {
+                    *x
+                };
             }
         }
         true
