@@ -861,6 +861,125 @@ mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
+    /// A random finite element of `t` (raw bits), never zero.
+    fn rand_elem(rng: &mut rand::rngs::StdRng, t: Ty) -> u32 {
+        loop {
+            let v = match t {
+                Ty::Bf16 | Ty::F16 => rng.gen::<u32>() & 0xffff,
+                _ => rng.gen::<u32>() & 0xff,
+            };
+            let x = match t {
+                Ty::Bf16 => f32::from_bits(v << 16) as f64,
+                Ty::F16 => half::f16::from_bits(v as u16).to_f64(),
+                _ => to_f64(t, v as u64),
+            };
+            // keep products and sums finite: moderate exponents only
+            if x.is_finite() && x != 0.0 && x.abs() < 1e4 && x.abs() > 1e-4 {
+                return v;
+            }
+        }
+    }
+
+    /// `mma_in_place` (fragments from the register file, decoded-fragment cache, C gathered
+    /// and D scattered in place, active-lane mask) gives the same bits as `mma_sync_with` on
+    /// the same fragments followed by a masked write, in both numerics modes, for every
+    /// fast-path input type, with D in place of C and in other registers, and when the cache
+    /// holds stale fragments of the same slots.
+    #[test]
+    fn in_place_matches_fragment_api() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(19);
+        let forms = [
+            (Ty::Bf16, 16),
+            (Ty::F16, 16),
+            (Ty::E4m3, 32),
+            (Ty::E5m2, 32),
+        ];
+        let mut cache = FragCache::default();
+        for round in 0..24 {
+            let (aty, k) = forms[round % 4];
+            // 16-bit forms take one type; 8-bit floats mix
+            let bty = if k == 16 {
+                aty
+            } else {
+                forms[2 + (round / 4) % 2].0
+            };
+            let spec = MmaSpec::new((16, 8, k as u32), Ty::F32, aty, bty, Ty::F32, false).unwrap();
+            let model = if round % 3 == 0 {
+                None
+            } else {
+                tc::model_for([80, 89, 90][round % 3], aty)
+            };
+            let pack = |rng: &mut rand::rngs::StdRng, t: Ty| -> u64 {
+                let n = per_reg(t);
+                let w = 32 / n as u32;
+                (0..n).fold(0u64, |v, i| {
+                    v | (rand_elem(rng, t) as u64) << (w * i as u32)
+                })
+            };
+            // slots: A 0..4, B 4..6, C 6..10, D 10..14 (or C itself)
+            let mut regs: Vec<Lanes> = vec![[0; 32]; 14];
+            for l in 0..32 {
+                for r in 0..4 {
+                    regs[r][l] = pack(&mut rng, aty);
+                }
+                for r in 4..6 {
+                    regs[r][l] = pack(&mut rng, bty);
+                }
+                for r in 6..10 {
+                    regs[r][l] = (rng.gen_range(-100.0f32..100.0)).to_bits() as u64;
+                }
+                for r in 10..14 {
+                    regs[r][l] = 0x7fc0_dead; // poison
+                }
+            }
+            let m = if round % 2 == 0 {
+                u32::MAX
+            } else {
+                rng.gen::<u32>() | 1
+            };
+            let in_place = round % 5 == 1;
+            let d: Vec<u32> = if in_place {
+                vec![6, 7, 8, 9]
+            } else {
+                vec![10, 11, 12, 13]
+            };
+            // the reference: the fragment API, then a masked write
+            let mut want = regs.clone();
+            let mut out = [[0u64; 32]; 4];
+            {
+                let ar: Vec<&Lanes> = (0..4).map(|r| &regs[r]).collect();
+                let br: Vec<&Lanes> = (4..6).map(|r| &regs[r]).collect();
+                let cr: Vec<&Lanes> = (6..10).map(|r| &regs[r]).collect();
+                mma_sync_with(&spec, model.as_ref(), &ar, &br, &cr, &mut out);
+            }
+            for (i, &s) in d.iter().enumerate() {
+                for l in 0..32 {
+                    if m >> l & 1 != 0 {
+                        want[s as usize][l] = out[i][l];
+                    }
+                }
+            }
+            let slots = MmaSlots {
+                a: &[0, 1, 2, 3],
+                b: &[4, 5],
+                c: &[6, 7, 8, 9],
+                d: &d,
+                m,
+            };
+            assert!(mma_in_place(
+                &spec,
+                model.as_ref(),
+                &mut regs,
+                slots,
+                &mut cache
+            ));
+            assert_eq!(
+                regs, want,
+                "round {round}: {aty:?} x {bty:?}, model {model:?}"
+            );
+        }
+    }
+
     /// The dispatched (AVX2 where available) exact tile equals the baseline build bit for bit.
     #[test]
     fn exact_rows_dispatch_matches_baseline() {
