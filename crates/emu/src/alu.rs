@@ -536,7 +536,55 @@ fn prmt_fn(ins: &Instruction) -> WFn {
         Some(3) => prmt_mode::<3>,
         Some(4) => prmt_mode::<4>,
         Some(5) => prmt_mode::<5>,
-        _ => r3!(|a, b, c| prmt(a as u32, b as u32, c as u32) as u64),
+        _ => prmt_default,
+    }
+}
+
+/// A decoded `prmt` selector: per result byte, the bit position of its source byte in
+/// `{b, a}` and whether it replicates that byte's sign bit instead.
+type PrmtSel = [(u32, bool); 4];
+
+/// Decodes the four selector nibbles of `c`.
+#[inline(always)]
+fn prmt_decode(c: u32) -> PrmtSel {
+    std::array::from_fn(|i| {
+        let sel = (c >> (4 * i)) & 0xf;
+        (8 * (sel & 7), sel & 8 != 0)
+    })
+}
+
+/// [`prmt`] with a decoded selector (the same bits).
+#[inline(always)]
+fn prmt_with(a: u32, b: u32, sel: &PrmtSel) -> u32 {
+    let x = (b as u64) << 32 | a as u64;
+    let mut d = 0u32;
+    for (i, &(sh, sign)) in sel.iter().enumerate() {
+        let v = if sign {
+            0u32.wrapping_sub(((x >> (sh + 7)) & 1) as u32) & 0xff
+        } else {
+            ((x >> sh) & 0xff) as u32
+        };
+        d |= v << (8 * i);
+    }
+    d
+}
+
+/// `prmt.b32` default mode. Compilers pass the selector as an immediate, the same in every
+/// lane: it is then decoded once for the warp.
+fn prmt_default(r: &mut [Lanes], s: Slots) {
+    let uniform = r.get(s.c as usize).and_then(|z| {
+        z.iter()
+            .all(|&v| v as u16 == z[0] as u16)
+            .then_some(z[0] as u32)
+    });
+    match uniform {
+        Some(c) => {
+            let sel = prmt_decode(c);
+            lanewise(r, s, |a, b, _| prmt_with(a as u32, b as u32, &sel) as u64)
+        }
+        None => lanewise(r, s, |a, b, c| {
+            prmt_with(a as u32, b as u32, &prmt_decode(c as u32)) as u64
+        }),
     }
 }
 
@@ -1263,6 +1311,44 @@ pub fn cvt_fast(spec: &crate::fp::CvtSpec) -> Option<WFn> {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    /// The decoded-selector `prmt` (uniform or per-lane selectors) gives the bits of the
+    /// byte-by-byte reference `prmt` for random operands and selectors.
+    #[test]
+    fn prmt_default_matches_reference() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for _ in 0..2000 {
+            let (a, b, c) = (rng.gen::<u32>(), rng.gen::<u32>(), rng.gen::<u32>());
+            assert_eq!(
+                prmt_with(a, b, &prmt_decode(c)),
+                prmt(a, b, c),
+                "{a:#x} {b:#x} {c:#x}"
+            );
+        }
+        for uniform in [true, false] {
+            let mut regs: Vec<Lanes> = (0..4)
+                .map(|_| std::array::from_fn(|_| rng.gen::<u64>() & 0xffff_ffff))
+                .collect();
+            if uniform {
+                regs[3] = [rng.gen::<u64>() & 0xffff; 32];
+            }
+            let old = regs.clone();
+            prmt_default(
+                &mut regs,
+                Slots {
+                    m: u32::MAX,
+                    d: 0,
+                    a: 1,
+                    b: 2,
+                    c: 3,
+                },
+            );
+            for l in 0..32 {
+                let want = prmt(old[1][l] as u32, old[2][l] as u32, old[3][l] as u32) as u64;
+                assert_eq!(regs[0][l], want, "uniform {uniform}, lane {l}");
+            }
+        }
+    }
 
     /// `lanewise` in place: every aliasing of the destination with the sources and random
     /// active masks give, lane by lane, `selp` of the values before the instruction; inactive

@@ -3,6 +3,12 @@
 //! Divergent branches split the warp; lanes reconverge when their PCs meet again (min-PC
 //! scheduling, Volta-style independent thread scheduling). `.sync` warp instructions wait until
 //! every lane named in their member mask reaches them. CTA barriers count arriving threads.
+//!
+//! Hot paths avoid per-instruction row copies: ALU ops (the commonest) run straight from the
+//! warp loop and write their destination row in place ([`crate::alu`]); `mma` runs on the
+//! register file ([`crate::mma::mma_in_place`]); `ldmatrix`, `cp.async` and `ld`/`st` check
+//! the common cases (this CTA's own shared memory, the global allocation hit last) inline
+//! before the general `locate`, which keeps every diagnostic.
 
 use crate::error::FaultKind;
 use crate::fp;

@@ -32,6 +32,14 @@
 //! f64 `m8n8k4` uses fused multiply-adds in k order starting from C. tf32 inputs use only the upper 19 bits of
 //! their register (the low 13 bits are ignored). A NaN result is the canonical NaN of D.
 //! Integer forms are exact; D wraps modulo 2^32 or, with `.satfinite`, clamps to the s32 range.
+//!
+//! # Executing on the register file
+//! The interpreter runs the GEMM forms (m16n8k16 f16/bf16, m16n8k32 fp8; f32 C and D) through
+//! [`mma_in_place`]: A and B are decoded from the warp's registers into the layouts the tile
+//! kernels read, and kept in the warp's [`FragCache`] keyed by their raw bits (an A fragment
+//! feeds one mma per B column block, a B fragment one per A row block, so most are decoded
+//! once); C is gathered from and D scattered into the register rows directly. The bits are those
+//! of [`mma_sync_with`] (tested). Other forms go through [`mma_sync_with`].
 
 use crate::fp;
 use crate::tc_numerics::{self as tc, TcModel};
