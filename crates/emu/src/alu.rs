@@ -540,33 +540,36 @@ fn prmt_fn(ins: &Instruction) -> WFn {
     }
 }
 
-/// A decoded `prmt` selector: per result byte, the bit position of its source byte in
-/// `{b, a}` and whether it replicates that byte's sign bit instead.
-type PrmtSel = [(u32, bool); 4];
+/// A decoded `prmt` selector: per result byte, the shift that brings its source byte of
+/// `{b, a}` (or, for a sign-replicating nibble, that byte's sign bit) to bit 0, the mask of a
+/// plain byte (0xff, or 0 when replicating) and of a replicated sign (0 or 0xff).
+type PrmtSel = [(u32, u64, u64); 4];
 
 /// Decodes the four selector nibbles of `c`.
 #[inline(always)]
 fn prmt_decode(c: u32) -> PrmtSel {
     std::array::from_fn(|i| {
         let sel = (c >> (4 * i)) & 0xf;
-        (8 * (sel & 7), sel & 8 != 0)
+        let sh = 8 * (sel & 7);
+        if sel & 8 != 0 {
+            (sh + 7, 0, 0xff)
+        } else {
+            (sh, 0xff, 0)
+        }
     })
 }
 
-/// [`prmt`] with a decoded selector (the same bits).
+/// [`prmt`] with a decoded selector (the same bits), branch-free.
 #[inline(always)]
 fn prmt_with(a: u32, b: u32, sel: &PrmtSel) -> u32 {
     let x = (b as u64) << 32 | a as u64;
-    let mut d = 0u32;
-    for (i, &(sh, sign)) in sel.iter().enumerate() {
-        let v = if sign {
-            0u32.wrapping_sub(((x >> (sh + 7)) & 1) as u32) & 0xff
-        } else {
-            ((x >> sh) & 0xff) as u32
-        };
+    let mut d = 0u64;
+    for (i, &(sh, byte, sign)) in sel.iter().enumerate() {
+        let t = x >> sh;
+        let v = (t & byte) | (0u64.wrapping_sub(t & 1) & sign);
         d |= v << (8 * i);
     }
-    d
+    d as u32
 }
 
 /// `prmt.b32` default mode. Compilers pass the selector as an immediate, the same in every
