@@ -1,21 +1,85 @@
 //! Lane-parallel ALU kernels. Each decoded ALU instruction holds one `WFn`: a monomorphic
-//! function that computes all 32 lanes from up to three source register rows. Masking is applied
-//! by the caller when writing the destination, so these stay branch-free and vectorisable.
+//! function that computes the active lanes of its destination register row from up to three
+//! source rows, in place in the warp's register file ([`lanewise`]): the destination row is
+//! borrowed mutably and the source rows immutably, so the lane loop stays branch-free and
+//! vectorisable and nothing is cleared or copied per instruction. Only when a source is the
+//! destination itself (`add r1, r1, 1`) is that row copied first.
 
 use crate::Lanes;
 use ptx::{Flag, Instruction, Opcode, Ty};
 
-/// A warp-wide pure operation: `out[l] = f(a[l], b[l], c[l])`.
-pub type WFn = fn(&mut Lanes, &Lanes, &Lanes, &Lanes);
+/// The register slots and active-lane mask of one ALU instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slots {
+    /// Active lanes (bit `l` = lane `l`): only these are written.
+    pub m: u32,
+    pub d: u32,
+    pub a: u32,
+    pub b: u32,
+    pub c: u32,
+}
+
+/// A warp-wide pure operation: `regs[d][l] = f(regs[a][l], regs[b][l], regs[c][l])` for every
+/// lane `l` in `m`.
+pub type WFn = fn(&mut [Lanes], Slots);
+
+/// Runs the lane function `g` over the active lanes of `s` (see the module docs). Slots out of
+/// range of `regs` (never produced by the decoder) leave the registers unchanged.
+#[inline(always)]
+pub fn lanewise(regs: &mut [Lanes], s: Slots, g: impl Fn(u64, u64, u64) -> u64) {
+    let (d, a, b, c) = (s.d as usize, s.a as usize, s.b as usize, s.c as usize);
+    let n = regs.len();
+    if d >= n || a >= n || b >= n || c >= n {
+        debug_assert!(false, "ALU slots {s:?} outside a register file of {n}");
+        return;
+    }
+    let (lo, rest) = regs.split_at_mut(d);
+    let Some((dst, hi)) = rest.split_first_mut() else {
+        return;
+    };
+    if a != d && b != d && c != d {
+        let row = |r: usize| if r < d { &lo[r] } else { &hi[r - d - 1] };
+        rows_op(dst, [row(a), row(b), row(c)], s.m, &g);
+    } else {
+        // a source is the destination: read it from a copy taken before any lane is written
+        let cur: Lanes = *dst;
+        let row = |r: usize| {
+            if r == d {
+                &cur
+            } else if r < d {
+                &lo[r]
+            } else {
+                &hi[r - d - 1]
+            }
+        };
+        rows_op(dst, [row(a), row(b), row(c)], s.m, &g);
+    }
+}
+
+/// `dst[l] = g(x[l], y[l], z[l])` for the lanes `l` in `m` (inlined: the FMA kernel is compiled
+/// with the `fma` target feature, which a separate function would not have).
+#[inline(always)]
+fn rows_op(dst: &mut Lanes, [x, y, z]: [&Lanes; 3], m: u32, g: &impl Fn(u64, u64, u64) -> u64) {
+    if m == u32::MAX {
+        for i in 0..32 {
+            dst[i] = g(x[i], y[i], z[i]);
+        }
+    } else {
+        for i in 0..32 {
+            let v = g(x[i], y[i], z[i]);
+            dst[i] = if m >> i & 1 != 0 { v } else { dst[i] };
+        }
+    }
+}
 
 macro_rules! w1 {
     ($T:ty, $U:ty, |$a:ident| $e:expr) => {{
         #[allow(clippy::unnecessary_cast, unused_parens)]
-        fn f(o: &mut Lanes, x: &Lanes, _: &Lanes, _: &Lanes) {
-            for i in 0..32 {
-                let $a = x[i] as $T;
-                o[i] = ($e) as $U as u64;
-            }
+        fn f(r: &mut [Lanes], s: Slots) {
+            lanewise(r, s, |x, _, _| {
+                let $a = x as $T;
+                ($e) as $U as u64
+            })
         }
         f as WFn
     }};
@@ -23,12 +87,12 @@ macro_rules! w1 {
 macro_rules! w2 {
     ($T:ty, $U:ty, |$a:ident, $b:ident| $e:expr) => {{
         #[allow(clippy::unnecessary_cast, unused_parens)]
-        fn f(o: &mut Lanes, x: &Lanes, y: &Lanes, _: &Lanes) {
-            for i in 0..32 {
-                let $a = x[i] as $T;
-                let $b = y[i] as $T;
-                o[i] = ($e) as $U as u64;
-            }
+        fn f(r: &mut [Lanes], s: Slots) {
+            lanewise(r, s, |x, y, _| {
+                let $a = x as $T;
+                let $b = y as $T;
+                ($e) as $U as u64
+            })
         }
         f as WFn
     }};
@@ -36,13 +100,13 @@ macro_rules! w2 {
 macro_rules! w3 {
     ($T:ty, $U:ty, |$a:ident, $b:ident, $c:ident| $e:expr) => {{
         #[allow(clippy::unnecessary_cast, unused_parens)]
-        fn f(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
-            for i in 0..32 {
-                let $a = x[i] as $T;
-                let $b = y[i] as $T;
-                let $c = z[i] as $T;
-                o[i] = ($e) as $U as u64;
-            }
+        fn f(r: &mut [Lanes], s: Slots) {
+            lanewise(r, s, |x, y, z| {
+                let $a = x as $T;
+                let $b = y as $T;
+                let $c = z as $T;
+                ($e) as $U as u64
+            })
         }
         f as WFn
     }};
@@ -51,13 +115,8 @@ macro_rules! w3 {
 macro_rules! r3 {
     (|$a:ident, $b:ident, $c:ident| $e:expr) => {{
         #[allow(clippy::unnecessary_cast, unused_parens, unused_variables)]
-        fn f(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
-            for i in 0..32 {
-                let $a = x[i];
-                let $b = y[i];
-                let $c = z[i];
-                o[i] = $e;
-            }
+        fn f(r: &mut [Lanes], s: Slots) {
+            lanewise(r, s, |$a, $b, $c| $e)
         }
         f as WFn
     }};
@@ -464,16 +523,16 @@ const PRMT_MODES: [[[u8; 4]; 4]; 6] = [
 ];
 
 /// `prmt.b32.mode d, a, b, c` for mode `M` (an index into [`PRMT_MODES`]).
-fn prmt_mode<const M: usize>(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
-    for i in 0..32 {
-        let bytes = ((y[i] as u32 as u64) << 32 | x[i] as u32 as u64).to_le_bytes();
-        let sel = &PRMT_MODES[M][(z[i] & 3) as usize];
+fn prmt_mode<const M: usize>(r: &mut [Lanes], s: Slots) {
+    lanewise(r, s, |x, y, z| {
+        let bytes = ((y as u32 as u64) << 32 | x as u32 as u64).to_le_bytes();
+        let sel = &PRMT_MODES[M][(z & 3) as usize];
         let mut d = 0u32;
         for (k, s) in sel.iter().enumerate() {
             d |= (bytes[*s as usize] as u32) << (8 * k);
         }
-        o[i] = d as u64;
-    }
+        d as u64
+    })
 }
 
 fn prmt_fn(ins: &Instruction) -> WFn {
@@ -492,21 +551,67 @@ fn prmt_fn(ins: &Instruction) -> WFn {
         Some(3) => prmt_mode::<3>,
         Some(4) => prmt_mode::<4>,
         Some(5) => prmt_mode::<5>,
-        _ => r3!(|a, b, c| prmt(a as u32, b as u32, c as u32) as u64),
+        _ => prmt_default,
+    }
+}
+
+/// A decoded `prmt` selector: per result byte, the shift that brings its source byte of
+/// `{b, a}` (or, for a sign-replicating nibble, that byte's sign bit) to bit 0, the mask of a
+/// plain byte (0xff, or 0 when replicating) and of a replicated sign (0 or 0xff).
+type PrmtSel = [(u32, u64, u64); 4];
+
+/// Decodes the four selector nibbles of `c`.
+#[inline(always)]
+fn prmt_decode(c: u32) -> PrmtSel {
+    std::array::from_fn(|i| {
+        let sel = (c >> (4 * i)) & 0xf;
+        let sh = 8 * (sel & 7);
+        if sel & 8 != 0 {
+            (sh + 7, 0, 0xff)
+        } else {
+            (sh, 0xff, 0)
+        }
+    })
+}
+
+/// [`prmt`] with a decoded selector (the same bits), branch-free.
+#[inline(always)]
+fn prmt_with(a: u32, b: u32, sel: &PrmtSel) -> u32 {
+    let x = (b as u64) << 32 | a as u64;
+    let mut d = 0u64;
+    for (i, &(sh, byte, sign)) in sel.iter().enumerate() {
+        let t = x >> sh;
+        let v = (t & byte) | (0u64.wrapping_sub(t & 1) & sign);
+        d |= v << (8 * i);
+    }
+    d as u32
+}
+
+/// `prmt.b32` default mode. Compilers pass the selector as an immediate, the same in every
+/// lane: it is then decoded once for the warp.
+fn prmt_default(r: &mut [Lanes], s: Slots) {
+    let uniform = r.get(s.c as usize).and_then(|z| {
+        z.iter()
+            .all(|&v| v as u16 == z[0] as u16)
+            .then_some(z[0] as u32)
+    });
+    match uniform {
+        Some(c) => {
+            let sel = prmt_decode(c);
+            lanewise(r, s, |a, b, _| prmt_with(a as u32, b as u32, &sel) as u64)
+        }
+        None => lanewise(r, s, |a, b, c| {
+            prmt_with(a as u32, b as u32, &prmt_decode(c as u32)) as u64
+        }),
     }
 }
 
 /// `dp2a.{lo,hi}.atype.btype d, a, b, c`: two signed/unsigned half-words of `a` times two
 /// bytes of `b` (its low or high pair), plus `c`.
-fn dp2a_lanes<const SA: bool, const SB: bool, const HI: bool>(
-    o: &mut Lanes,
-    x: &Lanes,
-    y: &Lanes,
-    z: &Lanes,
-) {
-    for i in 0..32 {
-        let (a, b) = (x[i] as u32, y[i] as u32);
-        let mut acc = z[i] as u32;
+fn dp2a_lanes<const SA: bool, const SB: bool, const HI: bool>(r: &mut [Lanes], s: Slots) {
+    lanewise(r, s, |x, y, z| {
+        let (a, b) = (x as u32, y as u32);
+        let mut acc = z as u32;
         for k in 0..2 {
             let h = (a >> (16 * k)) as u16;
             let va = if SA { h as i16 as i32 } else { h as i32 };
@@ -514,8 +619,8 @@ fn dp2a_lanes<const SA: bool, const SB: bool, const HI: bool>(
             let vb = if SB { byte as i8 as i32 } else { byte as i32 };
             acc = acc.wrapping_add(va.wrapping_mul(vb) as u32);
         }
-        o[i] = acc as u64;
-    }
+        acc as u64
+    })
 }
 
 fn dp2a_fn(ins: &Instruction) -> Option<WFn> {
@@ -754,12 +859,12 @@ pub fn int_cmp(ty: Ty, cmp: Flag) -> Option<WFn> {
 pub fn float_cmp(ty: Ty, cmp: Flag) -> Option<WFn> {
     macro_rules! fc {
         ($conv:expr, |$a:ident, $b:ident| $e:expr) => {{
-            fn f(o: &mut Lanes, x: &Lanes, y: &Lanes, _: &Lanes) {
-                for i in 0..32 {
-                    let $a = $conv(x[i]);
-                    let $b = $conv(y[i]);
-                    o[i] = ($e) as u64;
-                }
+            fn f(r: &mut [Lanes], s: Slots) {
+                lanewise(r, s, |x, y, _| {
+                    let $a = $conv(x);
+                    let $b = $conv(y);
+                    ($e) as u64
+                })
             }
             Some(f as WFn)
         }};
@@ -838,10 +943,10 @@ fn fcmp<const C: u8>(a: f32, b: f32) -> bool {
     }
 }
 
-fn cmp_lanes<const K: u8, const C: u8>(o: &mut Lanes, x: &Lanes, y: &Lanes, _: &Lanes) {
-    for i in 0..32 {
-        o[i] = fcmp::<C>(cmp_elem::<K>(x[i]), cmp_elem::<K>(y[i])) as u64;
-    }
+fn cmp_lanes<const K: u8, const C: u8>(r: &mut [Lanes], s: Slots) {
+    lanewise(r, s, |x, y, _| {
+        fcmp::<C>(cmp_elem::<K>(x), cmp_elem::<K>(y)) as u64
+    })
 }
 
 fn cmp_pick<const K: u8>(cmp: Flag) -> Option<WFn> {
@@ -1010,22 +1115,18 @@ fn fma_lanes() -> WFn {
             r.to_bits() as u64
         }
     }
-    fn soft(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
-        for i in 0..32 {
-            o[i] = one(x[i], y[i], z[i]);
-        }
+    fn soft(r: &mut [Lanes], s: Slots) {
+        lanewise(r, s, one)
     }
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "fma")]
-        fn hw_impl(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
-            for i in 0..32 {
-                o[i] = one(x[i], y[i], z[i]);
-            }
+        fn hw_impl(r: &mut [Lanes], s: Slots) {
+            lanewise(r, s, one)
         }
-        fn hw(o: &mut Lanes, x: &Lanes, y: &Lanes, z: &Lanes) {
+        fn hw(r: &mut [Lanes], s: Slots) {
             // SAFETY: `hw` is only selected below when the CPU reports FMA support.
-            unsafe { hw_impl(o, x, y, z) }
+            unsafe { hw_impl(r, s) }
         }
         if std::is_x86_feature_detected!("fma") {
             return hw;
@@ -1054,32 +1155,32 @@ fn flush(x: f32) -> f32 {
 
 macro_rules! f32_un {
     ($ftz:expr, |$x:ident| $e:expr) => {{
-        fn f(o: &mut Lanes, a: &Lanes, _: &Lanes, _: &Lanes) {
-            for i in 0..32 {
-                let mut $x = f32::from_bits(a[i] as u32);
+        fn f(r: &mut [Lanes], s: Slots) {
+            lanewise(r, s, |a, _, _| {
+                let mut $x = f32::from_bits(a as u32);
                 if $ftz {
                     $x = flush($x);
                 }
                 let r: f32 = $e;
-                o[i] = f32_canon(if $ftz { flush(r) } else { r });
-            }
+                f32_canon(if $ftz { flush(r) } else { r })
+            })
         }
         f as WFn
     }};
 }
 macro_rules! f32_bin {
     ($ftz:expr, |$x:ident, $y:ident| $e:expr) => {{
-        fn f(o: &mut Lanes, a: &Lanes, b: &Lanes, _: &Lanes) {
-            for i in 0..32 {
-                let mut $x = f32::from_bits(a[i] as u32);
-                let mut $y = f32::from_bits(b[i] as u32);
+        fn f(r: &mut [Lanes], s: Slots) {
+            lanewise(r, s, |a, b, _| {
+                let mut $x = f32::from_bits(a as u32);
+                let mut $y = f32::from_bits(b as u32);
                 if $ftz {
                     $x = flush($x);
                     $y = flush($y);
                 }
                 let r: f32 = $e;
-                o[i] = f32_canon(if $ftz { flush(r) } else { r });
-            }
+                f32_canon(if $ftz { flush(r) } else { r })
+            })
         }
         f as WFn
     }};
@@ -1247,4 +1348,91 @@ pub fn cvt_fast(spec: &crate::fp::CvtSpec) -> Option<WFn> {
         }
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// The decoded-selector `prmt` (uniform or per-lane selectors) gives the bits of the
+    /// byte-by-byte reference `prmt` for random operands and selectors.
+    #[test]
+    fn prmt_default_matches_reference() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for _ in 0..2000 {
+            let (a, b, c) = (rng.gen::<u32>(), rng.gen::<u32>(), rng.gen::<u32>());
+            assert_eq!(
+                prmt_with(a, b, &prmt_decode(c)),
+                prmt(a, b, c),
+                "{a:#x} {b:#x} {c:#x}"
+            );
+        }
+        for uniform in [true, false] {
+            let mut regs: Vec<Lanes> = (0..4)
+                .map(|_| std::array::from_fn(|_| rng.gen::<u64>() & 0xffff_ffff))
+                .collect();
+            if uniform {
+                regs[3] = [rng.gen::<u64>() & 0xffff; 32];
+            }
+            let old = regs.clone();
+            prmt_default(
+                &mut regs,
+                Slots {
+                    m: u32::MAX,
+                    d: 0,
+                    a: 1,
+                    b: 2,
+                    c: 3,
+                },
+            );
+            for l in 0..32 {
+                let want = prmt(old[1][l] as u32, old[2][l] as u32, old[3][l] as u32) as u64;
+                assert_eq!(regs[0][l], want, "uniform {uniform}, lane {l}");
+            }
+        }
+    }
+
+    /// `lanewise` in place: every aliasing of the destination with the sources and random
+    /// active masks give, lane by lane, `selp` of the values before the instruction; inactive
+    /// lanes keep their old value.
+    #[test]
+    fn lanewise_in_place_matches_per_lane_reference() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let f = selp();
+        for (d, a, b, c) in [
+            (0, 1, 2, 3),
+            (1, 1, 2, 3),
+            (2, 1, 2, 3),
+            (3, 1, 2, 3),
+            (1, 1, 1, 1),
+        ] {
+            for m in [u32::MAX, rng.gen::<u32>(), 0x8000_0001] {
+                let mut regs: Vec<Lanes> = (0..4)
+                    .map(|_| std::array::from_fn(|_| rng.gen::<u64>()))
+                    .collect();
+                let old = regs.clone();
+                f(&mut regs, Slots { m, d, a, b, c });
+                for l in 0..32 {
+                    let (x, y, p) = (old[a as usize][l], old[b as usize][l], old[c as usize][l]);
+                    let want = if m >> l & 1 == 0 {
+                        old[d as usize][l]
+                    } else if p & 1 != 0 {
+                        x
+                    } else {
+                        y
+                    };
+                    assert_eq!(
+                        regs[d as usize][l], want,
+                        "d{d} a{a} b{b} c{c} m {m:#x} lane {l}"
+                    );
+                }
+                for r in 0..4 {
+                    if r != d as usize {
+                        assert_eq!(regs[r], old[r], "row {r} changed");
+                    }
+                }
+            }
+        }
+    }
 }

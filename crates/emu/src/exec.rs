@@ -3,6 +3,12 @@
 //! Divergent branches split the warp; lanes reconverge when their PCs meet again (min-PC
 //! scheduling, Volta-style independent thread scheduling). `.sync` warp instructions wait until
 //! every lane named in their member mask reaches them. CTA barriers count arriving threads.
+//!
+//! Hot paths avoid per-instruction row copies: ALU ops (the commonest) run straight from the
+//! warp loop and write their destination row in place ([`crate::alu`]); `mma` runs on the
+//! register file ([`crate::mma::mma_in_place`]); `ldmatrix`, `cp.async` and `ld`/`st` check
+//! the common cases (this CTA's own shared memory, the global allocation hit last) inline
+//! before the general `locate`, which keeps every diagnostic.
 
 use crate::error::FaultKind;
 use crate::fp;
@@ -121,6 +127,8 @@ pub struct Warp {
     pub wg_seq: u64,
     /// Registers per thread requested with setmaxnreg (0 = not set).
     pub maxnreg: u32,
+    /// The decoded operands of this warp's last `mma` (allocated at its first mma).
+    pub frag: Option<Box<crate::mma::FragCache>>,
 }
 
 /// A waiter on a CTA barrier.
@@ -260,6 +268,39 @@ fn lanes_of(mut m: u32) -> impl Iterator<Item = usize> {
     })
 }
 
+/// Lanes moved together by the chunked register helpers below (8 x 8 bytes: short fixed-size
+/// copies, no `memcpy` of whole 256-byte rows).
+const CHUNK: usize = 8;
+
+/// The chunks ([`CHUNK`] lanes each) that hold an active lane of `m`.
+#[inline(always)]
+fn chunks_of(m: u32) -> impl Iterator<Item = usize> {
+    (0..32 / CHUNK).filter(move |ch| (m >> (ch * CHUNK)) as u8 != 0)
+}
+
+/// Lanes `CHUNK * ch ..` of register `r` (a slot the decoder produced: in range).
+#[inline(always)]
+fn chunk(regs: &[Lanes], r: u32, ch: usize) -> [u64; CHUNK] {
+    let row = &regs[r as usize];
+    std::array::from_fn(|i| row[ch * CHUNK + i])
+}
+
+/// Writes the active lanes (of `m`) of chunk `ch` of register `r`.
+#[inline(always)]
+fn put_chunk(regs: &mut [Lanes], r: u32, ch: usize, m: u32, v: [u64; CHUNK]) {
+    let mk = (m >> (ch * CHUNK)) as u8;
+    let dst = &mut regs[r as usize][ch * CHUNK..(ch + 1) * CHUNK];
+    if mk == u8::MAX {
+        dst.copy_from_slice(&v);
+    } else {
+        for (i, x) in dst.iter_mut().enumerate() {
+            if mk >> i & 1 != 0 {
+                *x = v[i];
+            }
+        }
+    }
+}
+
 #[inline]
 fn pred_mask(r: &Lanes) -> u32 {
     let mut m = 0u32;
@@ -312,6 +353,7 @@ impl Cta {
                 wg_read_groups: std::collections::VecDeque::new(),
                 wg_seq: 0,
                 maxnreg: 0,
+                frag: None,
             });
         }
         let shared = ctx.shared_bytes() as usize;
@@ -613,6 +655,20 @@ impl Cta {
             w.executed += 1;
             w.lane_ops += m.count_ones() as u64;
             self.progress += (inst.progress && m != 0) as u64;
+            if let Op::Alu { f, d, a, b, c } = &inst.op {
+                // The commonest op, run here rather than through the large dispatch function.
+                let s = crate::alu::Slots {
+                    m,
+                    d: *d,
+                    a: *a,
+                    b: *b,
+                    c: *c,
+                };
+                let w = &mut self.warps[wi];
+                f(&mut w.regs, s);
+                w.group_pc += 1;
+                continue;
+            }
             match self.exec(ctx, wi, inst, m) {
                 Ok(Flow::Next) => self.warps[wi].group_pc += 1,
                 Ok(Flow::Stay) => {}
@@ -685,6 +741,38 @@ enum Loc {
 }
 
 impl Cta {
+    /// [`Cta::locate`] with the two common cases checked inline first: an aligned in-bounds
+    /// access of this CTA's own shared memory, and a global access inside the allocation the
+    /// last global access hit. Same result as `locate` in every case.
+    #[inline(always)]
+    fn locate_fast(
+        &self,
+        ctx: &LaunchCtx,
+        space: MSpace,
+        addr: u64,
+        size: u32,
+        lane: usize,
+    ) -> Result<Loc, FaultKind> {
+        if let Some(o) = self.own_shared(space, addr, size) {
+            return Ok(Loc::Shared(o));
+        }
+        // allocations lie above every generic window, so a generic address inside the cached
+        // allocation is that global address
+        let global = matches!(space, MSpace::Global | MSpace::Generic);
+        if global && addr.is_multiple_of(size as u64) {
+            let (base, len, ptr) = self.gcache.get();
+            if !ptr.is_null()
+                && addr >= base
+                && addr
+                    .checked_add(size as u64)
+                    .is_some_and(|e| e <= base + len)
+            {
+                return Ok(Loc::Global(ptr, addr - base));
+            }
+        }
+        self.locate(ctx, space, addr, size, lane, ctx.prog.local_bytes)
+    }
+
     #[inline]
     fn locate(
         &self,
@@ -809,7 +897,32 @@ impl Cta {
         }
     }
 
-    #[inline]
+    /// The allocation and offset of an in-bounds global access (`None`: it faults; the
+    /// caller's general path reports it). The last allocation hit is checked inline first.
+    #[inline(always)]
+    fn global_span(
+        &self,
+        ctx: &LaunchCtx,
+        addr: u64,
+        size: u32,
+        lane: usize,
+    ) -> Option<(*const crate::memory::Allocation, u64)> {
+        let (base, len, ptr) = self.gcache.get();
+        if !ptr.is_null()
+            && addr >= base
+            && addr
+                .checked_add(size as u64)
+                .is_some_and(|e| e <= base + len)
+        {
+            return Some((ptr, addr - base));
+        }
+        match self.locate(ctx, MSpace::Global, addr, size, lane, 0) {
+            Ok(Loc::Global(a, off)) => Some((a, off)),
+            _ => None,
+        }
+    }
+
+    #[inline(always)]
     fn load(&self, ctx: &LaunchCtx, wi: usize, loc: &Loc, size: u32, ord: Ordering) -> u64 {
         match *loc {
             // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
@@ -822,7 +935,7 @@ impl Cta {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn store(&mut self, wi: usize, loc: &Loc, size: u32, v: u64, ord: Ordering) {
         match *loc {
             // SAFETY: as in `load`.
@@ -847,16 +960,33 @@ fn shared_window_addr(space: MSpace, a: u64) -> Option<u64> {
     }
 }
 
+/// Little-endian value of 1 to 8 bytes. The access sizes get constant-length copies (a
+/// variable-length `copy_from_slice` is a `memcpy` call per access).
 #[inline]
 fn read_le(b: &[u8]) -> u64 {
-    let mut x = [0u8; 8];
-    x[..b.len()].copy_from_slice(b);
-    u64::from_le_bytes(x)
+    match *b {
+        [x] => x as u64,
+        [x, y] => u16::from_le_bytes([x, y]) as u64,
+        [x, y, z, w] => u32::from_le_bytes([x, y, z, w]) as u64,
+        [a, b, c, d, e, f, g, h] => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
+        _ => {
+            let mut x = [0u8; 8];
+            x[..b.len()].copy_from_slice(b);
+            u64::from_le_bytes(x)
+        }
+    }
 }
+/// Writes the low `b.len()` (1 to 8) bytes of `v`, little-endian.
 #[inline]
 fn write_le(b: &mut [u8], v: u64) {
-    let n = b.len();
-    b.copy_from_slice(&v.to_le_bytes()[..n]);
+    let bytes = v.to_le_bytes();
+    match b.len() {
+        1 => b[0] = bytes[0],
+        2 => b.copy_from_slice(&bytes[..2]),
+        4 => b.copy_from_slice(&bytes[..4]),
+        8 => b.copy_from_slice(&bytes),
+        n => b.copy_from_slice(&bytes[..n]),
+    }
 }
 
 fn load_ord(o: Ord) -> Ordering {

@@ -32,6 +32,14 @@
 //! f64 `m8n8k4` uses fused multiply-adds in k order starting from C. tf32 inputs use only the upper 19 bits of
 //! their register (the low 13 bits are ignored). A NaN result is the canonical NaN of D.
 //! Integer forms are exact; D wraps modulo 2^32 or, with `.satfinite`, clamps to the s32 range.
+//!
+//! # Executing on the register file
+//! The interpreter runs the GEMM forms (m16n8k16 f16/bf16, m16n8k32 fp8; f32 C and D) through
+//! [`mma_in_place`]: A and B are decoded from the warp's registers into the layouts the tile
+//! kernels read, and kept in the warp's [`FragCache`] keyed by their raw bits (an A fragment
+//! feeds one mma per B column block, a B fragment one per A row block, so most are decoded
+//! once); C is gathered from and D scattered into the register rows directly. The bits are those
+//! of [`mma_sync_with`] (tested). Other forms go through [`mma_sync_with`].
 
 use crate::fp;
 use crate::tc_numerics::{self as tc, TcModel};
@@ -437,100 +445,305 @@ fn mma_fast(
     c: &[&Lanes],
     d: &mut [Lanes],
 ) -> bool {
-    if spec.m != 16 || spec.n != 8 || spec.cty != Ty::F32 || spec.dty != Ty::F32 {
-        return false;
-    }
+    let Some(k) = fast_k(spec) else { return false };
     if a.len() < 4 || b.len() < 2 || c.len() < 4 || d.len() < 4 {
         return false;
     }
-    match (spec.aty, spec.bty, spec.k) {
-        (Ty::Bf16 | Ty::F16, Ty::Bf16 | Ty::F16, 16) => {
-            let (am, bk) = decode16(spec, a, b);
-            tile_out(model, am.as_flattened(), bk.as_flattened(), 16, c, d);
+    let mut raw = FragRaw::default();
+    for lane in 0..32 {
+        for r in 0..4 {
+            raw.a[r * 32 + lane] = a[r][lane] as u32;
         }
-        (Ty::E4m3 | Ty::E5m2, Ty::E4m3 | Ty::E5m2, 32) => {
-            let (am, bk) = decode8(spec, a, b);
-            tile_out(model, am.as_flattened(), bk.as_flattened(), 32, c, d);
+        for r in 0..2 {
+            raw.b[r * 32 + lane] = b[r][lane] as u32;
         }
-        _ => return false,
+    }
+    let (mut am, mut bk) = ([0f64; 16 * 32], [0f64; 32 * 8]);
+    decode_a(spec, &raw.a, &mut am);
+    decode_b(spec, &raw.b, &mut bk);
+    let acc = tile_out(model, (&am[..16 * k], &bk[..8 * k], k), |acc, add| {
+        for (i, ci) in c.iter().take(4).enumerate() {
+            if add {
+                add_c(acc, i, ci)
+            } else {
+                gather_c(acc, i, ci)
+            }
+        }
+    });
+    for (i, di) in d.iter_mut().take(4).enumerate() {
+        scatter_d(&acc, i, di, u32::MAX);
     }
     true
 }
 
-/// A (16 x 16, row-major) and B (16 x 8, k-major) of an m16n8k16 16-bit-input mma.
-fn decode16(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes]) -> ([[f64; 16]; 16], [[f64; 8]; 16]) {
-    let bf = |v: u64| f32::from_bits(((v as u32) & 0xffff) << 16) as f64;
-    let hf = |v: u64| half::f16::from_bits(v as u16).to_f64();
-    // one monomorphic loop per type pair (no per-element type test)
-    match (spec.aty == Ty::Bf16, spec.bty == Ty::Bf16) {
-        (true, true) => decode16_with(a, b, bf, bf),
-        (true, false) => decode16_with(a, b, bf, hf),
-        (false, true) => decode16_with(a, b, hf, bf),
-        (false, false) => decode16_with(a, b, hf, hf),
+/// K of the fast-path forms (m16n8, f32 C and D): 16 for 16-bit inputs, 32 for 8-bit floats.
+fn fast_k(spec: &MmaSpec) -> Option<usize> {
+    if spec.m != 16 || spec.n != 8 || spec.cty != Ty::F32 || spec.dty != Ty::F32 {
+        return None;
+    }
+    match (spec.aty, spec.bty, spec.k) {
+        (Ty::Bf16 | Ty::F16, Ty::Bf16 | Ty::F16, 16) => Some(16),
+        (Ty::E4m3 | Ty::E5m2, Ty::E4m3 | Ty::E5m2, 32) => Some(32),
+        _ => None,
     }
 }
 
-/// [`decode16`] with the element decoders of A and B.
+/// The register slots and active lanes of one `mma` executed in place on a register file.
+#[derive(Clone, Copy, Debug)]
+pub struct MmaSlots<'a> {
+    pub a: &'a [u32],
+    pub b: &'a [u32],
+    pub c: &'a [u32],
+    pub d: &'a [u32],
+    /// Lanes whose D registers are written.
+    pub m: u32,
+}
+
+/// `mma.sync` of a fast-path form ([`mma_fast`]) straight on a warp's register file: A and B
+/// are decoded into the tile layout once and kept in `cache` (a GEMM's inner loop feeds each
+/// A fragment to several mmas, one per B column block, and each B fragment to several), C is
+/// gathered from its registers and D scattered into its registers, with no intermediate
+/// fragment rows. The same bits as [`mma_sync_with`]. Returns false (nothing done) for other
+/// forms, fragment counts or slots outside `regs`.
+pub fn mma_in_place(
+    spec: &MmaSpec,
+    model: Option<&TcModel>,
+    regs: &mut [Lanes],
+    s: MmaSlots,
+    cache: &mut FragCache,
+) -> bool {
+    let Some(k) = fast_k(spec) else { return false };
+    let n = regs.len();
+    let ok =
+        |v: &[u32], want: usize| v.len() >= want && v[..want].iter().all(|&r| (r as usize) < n);
+    if !(ok(s.a, 4) && ok(s.b, 2) && ok(s.c, 4) && ok(s.d, 4)) {
+        return false;
+    }
+    let mut raw = FragRaw::default();
+    for r in 0..4 {
+        let row = &regs[s.a[r] as usize];
+        for lane in 0..32 {
+            raw.a[r * 32 + lane] = row[lane] as u32;
+        }
+    }
+    for r in 0..2 {
+        let row = &regs[s.b[r] as usize];
+        for lane in 0..32 {
+            raw.b[r * 32 + lane] = row[lane] as u32;
+        }
+    }
+    let FragCache {
+        a: ring_a,
+        b: ring_b,
+    } = cache;
+    let am = ring_a.get((spec.aty, spec.k), &raw.a, |r, v| decode_a(spec, r, v));
+    let bk = ring_b.get((spec.bty, spec.k), &raw.b, |r, v| decode_b(spec, r, v));
+    let acc = tile_out(model, (&am[..16 * k], &bk[..8 * k], k), |acc, add| {
+        for i in 0..4 {
+            let ci = &regs[s.c[i] as usize];
+            if add {
+                add_c(acc, i, ci)
+            } else {
+                gather_c(acc, i, ci)
+            }
+        }
+    });
+    for i in 0..4 {
+        scatter_d(&acc, i, &mut regs[s.d[i] as usize], s.m);
+    }
+    true
+}
+
+/// The low 32 bits of the A (4 registers) and B (2 registers) fragments, register-major
+/// (`a[r * 32 + lane]`): all the fast-path forms read.
+struct FragRaw {
+    a: [u32; 128],
+    b: [u32; 64],
+}
+
+impl Default for FragRaw {
+    fn default() -> Self {
+        FragRaw {
+            a: [0; 128],
+            b: [0; 64],
+        }
+    }
+}
+
+/// Fragments a [`Ring`] remembers.
+const RING: usize = 4;
+
+/// The last [`RING`] decoded fragments of one operand (`R` raw words decoded into `E` values),
+/// with the raw bits and (type, k) they were decoded from.
+struct Ring<const R: usize, const E: usize> {
+    keys: [Option<(Ty, u32)>; RING],
+    raw: [[u32; R]; RING],
+    val: [[f64; E]; RING],
+    next: usize,
+}
+
+impl<const R: usize, const E: usize> Default for Ring<R, E> {
+    fn default() -> Self {
+        Ring {
+            keys: [None; RING],
+            raw: [[0; R]; RING],
+            val: [[0.0; E]; RING],
+            next: 0,
+        }
+    }
+}
+
+impl<const R: usize, const E: usize> Ring<R, E> {
+    /// The decoded values of `raw` under `key`: remembered, or decoded now by `decode` into
+    /// the oldest entry.
+    fn get(
+        &mut self,
+        key: (Ty, u32),
+        raw: &[u32; R],
+        decode: impl FnOnce(&[u32; R], &mut [f64; E]),
+    ) -> &[f64; E] {
+        let hit = (0..RING).find(|&i| self.keys[i] == Some(key) && self.raw[i] == *raw);
+        let i = match hit {
+            Some(i) => i,
+            None => {
+                let i = self.next;
+                self.next = (i + 1) % RING;
+                self.keys[i] = Some(key);
+                self.raw[i] = *raw;
+                decode(raw, &mut self.val[i]);
+                i
+            }
+        };
+        &self.val[i]
+    }
+}
+
+/// A warp's recently decoded `mma` operands: A (16 x k, row-major) and B (k x 8, k-major). A
+/// GEMM's inner loop feeds each A fragment to several mmas (one per B column block) and each
+/// B fragment to several (one per A row block), so most fragments are decoded once.
+#[derive(Default)]
+pub struct FragCache {
+    a: Ring<128, { 16 * 32 }>,
+    b: Ring<64, { 32 * 8 }>,
+}
+
+/// C register `i` (all lanes) into the 16 x 8 tile `acc` (row-major): lane `l` holds row
+/// `l / 4 + 8 * (i / 2)`, column `2 * (l % 4) + i % 2`, i.e. index `2 l + 64 (i / 2) + i % 2`.
 #[inline(always)]
-fn decode16_with(
-    a: &[&Lanes],
-    b: &[&Lanes],
-    da: impl Fn(u64) -> f64,
-    db: impl Fn(u64) -> f64,
-) -> ([[f64; 16]; 16], [[f64; 8]; 16]) {
-    let mut am = [[0f64; 16]; 16];
-    let mut bk = [[0f64; 8]; 16];
-    for lane in 0..32 {
-        let (g, q) = (lane >> 2, lane & 3);
-        // a_r holds elements 2r (low) and 2r+1: row g + 8*(r&1), col 2q + 8*(r>>1) (+0/1).
-        for r in 0..4 {
-            let v = a[r][lane];
-            let row = &mut am[g + 8 * (r & 1)];
-            let col = 2 * q + 8 * (r >> 1);
-            row[col] = da(v);
-            row[col + 1] = da(v >> 16);
-        }
-        // b_r: k = 2q + 8r (+0/1), n = g.
-        for r in 0..2 {
-            let v = b[r][lane];
-            let kk = 2 * q + 8 * r;
-            bk[kk][g] = db(v);
-            bk[kk + 1][g] = db(v >> 16);
-        }
+fn gather_c(acc: &mut [f64; 128], i: usize, row: &Lanes) {
+    let base = 64 * (i >> 1) + (i & 1);
+    for (lane, v) in row.iter().enumerate() {
+        acc[base + 2 * lane] = f32::from_bits(*v as u32) as f64;
     }
-    (am, bk)
 }
 
-/// A (16 x 32, row-major) and B (32 x 8, k-major) of an m16n8k32 8-bit-float mma.
-fn decode8(spec: &MmaSpec, a: &[&Lanes], b: &[&Lanes]) -> ([[f64; 32]; 16], [[f64; 8]; 32]) {
-    let mut am = [[0f64; 32]; 16];
-    let mut bk = [[0f64; 8]; 32];
-    let tab = fp8_table();
-    let (ta, tb) = (
-        &tab[(spec.aty == Ty::E5m2) as usize],
-        &tab[(spec.bty == Ty::E5m2) as usize],
-    );
-    for lane in 0..32 {
-        let (g, q) = (lane >> 2, lane & 3);
-        // a_r holds bytes 4r..4r+3: row g + 8*(r&1), col 4q + 16*(r>>1) (+0..3).
-        for r in 0..4 {
-            let v = a[r][lane];
-            let row = &mut am[g + 8 * (r & 1)];
-            let col = 4 * q + 16 * (r >> 1);
-            for j in 0..4 {
-                row[col + j] = ta[((v >> (8 * j)) & 0xff) as usize];
-            }
-        }
-        // b_r: k = 4q + 16r (+0..3), n = g.
-        for r in 0..2 {
-            let v = b[r][lane];
-            let kk = 4 * q + 16 * r;
-            for j in 0..4 {
-                bk[kk + j][g] = tb[((v >> (8 * j)) & 0xff) as usize];
+/// Adds C register `i` to the tile `acc` (the layout of [`gather_c`]).
+#[inline(always)]
+fn add_c(acc: &mut [f64; 128], i: usize, row: &Lanes) {
+    let base = 64 * (i >> 1) + (i & 1);
+    for (lane, v) in row.iter().enumerate() {
+        acc[base + 2 * lane] += f32::from_bits(*v as u32) as f64;
+    }
+}
+
+/// D register `i` of the lanes in `m` from the 16 x 8 tile `acc` (the layout of
+/// [`gather_c`]), rounded to f32 (NaN: the canonical NaN).
+#[inline(always)]
+fn scatter_d(acc: &[f64; 128], i: usize, row: &mut Lanes, m: u32) {
+    let base = 64 * (i >> 1) + (i & 1);
+    for (lane, x) in row.iter_mut().enumerate() {
+        let v = acc[base + 2 * lane] as f32;
+        let bits = if v.is_nan() {
+            0x7FFF_FFFF
+        } else {
+            v.to_bits() as u64
+        };
+        *x = if m >> lane & 1 != 0 { bits } else { *x };
+    }
+}
+
+/// A (16 x k, row-major, `k` 16 or 32) of a fast-path form from its raw fragment.
+fn decode_a(spec: &MmaSpec, raw: &[u32; 128], am: &mut [f64; 512]) {
+    let bf = |v: u32| f32::from_bits((v & 0xffff) << 16) as f64;
+    let hf = |v: u32| half::f16::from_bits(v as u16).to_f64();
+    match spec.aty {
+        Ty::Bf16 => decode16_a(raw, am, bf),
+        Ty::F16 => decode16_a(raw, am, hf),
+        t => {
+            let tab = &fp8_table()[(t == Ty::E5m2) as usize];
+            // a_r holds bytes 4r..4r+3: row g + 8*(r&1), col 4q + 16*(r>>1) (+0..3).
+            for r in 0..4 {
+                for lane in 0..32 {
+                    let (g, q) = (lane >> 2, lane & 3);
+                    let v = raw[r * 32 + lane];
+                    let at = (g + 8 * (r & 1)) * 32 + 4 * q + 16 * (r >> 1);
+                    for j in 0..4 {
+                        am[at + j] = tab[((v >> (8 * j)) & 0xff) as usize];
+                    }
+                }
             }
         }
     }
-    (am, bk)
+}
+
+/// [`decode_a`] of 16-bit inputs (k = 16) with the element decoder `da` (one monomorphic
+/// loop per type).
+#[inline(always)]
+fn decode16_a(raw: &[u32; 128], am: &mut [f64; 512], da: impl Fn(u32) -> f64) {
+    // a_r of lane 4g + q holds elements 2r (low) and 2r+1: row g + 8*(r&1), columns
+    // 2q + 8*(r>>1) (+0/1). The four lanes of a group g fill 8 consecutive columns of a row.
+    for r in 0..4 {
+        for g in 0..8 {
+            let at = (g + 8 * (r & 1)) * 16 + 8 * (r >> 1);
+            let w = &raw[r * 32 + 4 * g..r * 32 + 4 * g + 4];
+            let dst = &mut am[at..at + 8];
+            for q in 0..4 {
+                dst[2 * q] = da(w[q]);
+                dst[2 * q + 1] = da(w[q] >> 16);
+            }
+        }
+    }
+}
+
+/// B (k x 8, k-major) of a fast-path form from its raw fragment.
+fn decode_b(spec: &MmaSpec, raw: &[u32; 64], bk: &mut [f64; 256]) {
+    let bf = |v: u32| f32::from_bits((v & 0xffff) << 16) as f64;
+    let hf = |v: u32| half::f16::from_bits(v as u16).to_f64();
+    match spec.bty {
+        Ty::Bf16 => decode16_b(raw, bk, bf),
+        Ty::F16 => decode16_b(raw, bk, hf),
+        t => {
+            let tab = &fp8_table()[(t == Ty::E5m2) as usize];
+            // b_r: k = 4q + 16r (+0..3), n = g.
+            for r in 0..2 {
+                for lane in 0..32 {
+                    let (g, q) = (lane >> 2, lane & 3);
+                    let v = raw[r * 32 + lane];
+                    let kk = 4 * q + 16 * r;
+                    for j in 0..4 {
+                        bk[(kk + j) * 8 + g] = tab[((v >> (8 * j)) & 0xff) as usize];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`decode_b`] of 16-bit inputs (k = 16) with the element decoder `db`.
+#[inline(always)]
+fn decode16_b(raw: &[u32; 64], bk: &mut [f64; 256], db: impl Fn(u32) -> f64) {
+    // b_r of lane 4g + q: k = 2q + 8r (+0/1), n = g. The eight groups fill one k row.
+    for r in 0..2 {
+        for q in 0..4 {
+            let kk = 2 * q + 8 * r;
+            let (lo, hi) = bk[kk * 8..kk * 8 + 16].split_at_mut(8);
+            for g in 0..8 {
+                let v = raw[r * 32 + 4 * g + q];
+                lo[g] = db(v);
+                hi[g] = db(v >> 16);
+            }
+        }
+    }
 }
 
 /// The exact products of a 16 x 8 tile: `acc[r * 8 + c]` = sum over k in increasing order,
@@ -587,47 +800,23 @@ fn exact_dispatch() -> ExactFn {
     exact_rows
 }
 
-/// D (16 x 8, f32 fragment) = A (16 x k) * B (k x 8, k-major) + C under `model` (exact: each
-/// output's products summed in f64 in k order from 0.0, plus C, rounded once to nearest).
+/// The 16 x 8 tile A (16 x k, row-major) * B (k x 8, k-major) + C under `model` (exact: each
+/// output's products summed in f64 in k order from 0.0, plus C; rounding to D is the
+/// caller's). `c(acc, add)` sets (`add` false) or adds (`add` true) C into the row-major tile.
 fn tile_out(
     model: Option<&TcModel>,
-    am: &[f64],
-    bk: &[f64],
-    k: usize,
-    c: &[&Lanes],
-    d: &mut [Lanes],
-) {
+    (am, bk, k): (&[f64], &[f64], usize),
+    c: impl Fn(&mut [f64; 128], bool),
+) -> [f64; 128] {
     let mut acc = [0f64; 16 * 8];
     if let Some(model) = model {
-        for lane in 0..32 {
-            let (g, q) = (lane >> 2, lane & 3);
-            for i in 0..4 {
-                let (row, col) = (g + 8 * (i >> 1), 2 * q + (i & 1));
-                acc[row * 8 + col] = f32::from_bits(c[i][lane] as u32) as f64;
-            }
-        }
+        c(&mut acc, false);
         tc::tile(model, am, bk, k, 8, &mut acc);
     } else {
         exact_dispatch()(am, bk, k, &mut acc);
-        for lane in 0..32 {
-            let (g, q) = (lane >> 2, lane & 3);
-            for i in 0..4 {
-                let (row, col) = (g + 8 * (i >> 1), 2 * q + (i & 1));
-                acc[row * 8 + col] += f32::from_bits(c[i][lane] as u32) as f64;
-            }
-        }
+        c(&mut acc, true);
     }
-    for lane in 0..32 {
-        let (g, q) = (lane >> 2, lane & 3);
-        for i in 0..4 {
-            let x = acc[(g + 8 * (i >> 1)) * 8 + 2 * q + (i & 1)] as f32;
-            d[i][lane] = if x.is_nan() {
-                0x7FFF_FFFF
-            } else {
-                x.to_bits() as u64
-            };
-        }
-    }
+    acc
 }
 
 /// `sums[r * n + c]` += the products `a[r * k + kk] * bt[kk * n + c]` in increasing kk order
@@ -679,6 +868,125 @@ pub(crate) fn rows_k_order_dispatch() -> fn(&[f64], &[f64], usize, usize, &mut [
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    /// A random finite element of `t` (raw bits), never zero.
+    fn rand_elem(rng: &mut rand::rngs::StdRng, t: Ty) -> u32 {
+        loop {
+            let v = match t {
+                Ty::Bf16 | Ty::F16 => rng.gen::<u32>() & 0xffff,
+                _ => rng.gen::<u32>() & 0xff,
+            };
+            let x = match t {
+                Ty::Bf16 => f32::from_bits(v << 16) as f64,
+                Ty::F16 => half::f16::from_bits(v as u16).to_f64(),
+                _ => to_f64(t, v as u64),
+            };
+            // keep products and sums finite: moderate exponents only
+            if x.is_finite() && x != 0.0 && x.abs() < 1e4 && x.abs() > 1e-4 {
+                return v;
+            }
+        }
+    }
+
+    /// `mma_in_place` (fragments from the register file, decoded-fragment cache, C gathered
+    /// and D scattered in place, active-lane mask) gives the same bits as `mma_sync_with` on
+    /// the same fragments followed by a masked write, in both numerics modes, for every
+    /// fast-path input type, with D in place of C and in other registers, and when the cache
+    /// holds stale fragments of the same slots.
+    #[test]
+    fn in_place_matches_fragment_api() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(19);
+        let forms = [
+            (Ty::Bf16, 16),
+            (Ty::F16, 16),
+            (Ty::E4m3, 32),
+            (Ty::E5m2, 32),
+        ];
+        let mut cache = FragCache::default();
+        for round in 0..24 {
+            let (aty, k) = forms[round % 4];
+            // 16-bit forms take one type; 8-bit floats mix
+            let bty = if k == 16 {
+                aty
+            } else {
+                forms[2 + (round / 4) % 2].0
+            };
+            let spec = MmaSpec::new((16, 8, k as u32), Ty::F32, aty, bty, Ty::F32, false).unwrap();
+            let model = if round % 3 == 0 {
+                None
+            } else {
+                tc::model_for([80, 89, 90][round % 3], aty)
+            };
+            let pack = |rng: &mut rand::rngs::StdRng, t: Ty| -> u64 {
+                let n = per_reg(t);
+                let w = 32 / n as u32;
+                (0..n).fold(0u64, |v, i| {
+                    v | (rand_elem(rng, t) as u64) << (w * i as u32)
+                })
+            };
+            // slots: A 0..4, B 4..6, C 6..10, D 10..14 (or C itself)
+            let mut regs: Vec<Lanes> = vec![[0; 32]; 14];
+            for l in 0..32 {
+                for r in 0..4 {
+                    regs[r][l] = pack(&mut rng, aty);
+                }
+                for r in 4..6 {
+                    regs[r][l] = pack(&mut rng, bty);
+                }
+                for r in 6..10 {
+                    regs[r][l] = (rng.gen_range(-100.0f32..100.0)).to_bits() as u64;
+                }
+                for r in 10..14 {
+                    regs[r][l] = 0x7fc0_dead; // poison
+                }
+            }
+            let m = if round % 2 == 0 {
+                u32::MAX
+            } else {
+                rng.gen::<u32>() | 1
+            };
+            let in_place = round % 5 == 1;
+            let d: Vec<u32> = if in_place {
+                vec![6, 7, 8, 9]
+            } else {
+                vec![10, 11, 12, 13]
+            };
+            // the reference: the fragment API, then a masked write
+            let mut want = regs.clone();
+            let mut out = [[0u64; 32]; 4];
+            {
+                let ar: Vec<&Lanes> = (0..4).map(|r| &regs[r]).collect();
+                let br: Vec<&Lanes> = (4..6).map(|r| &regs[r]).collect();
+                let cr: Vec<&Lanes> = (6..10).map(|r| &regs[r]).collect();
+                mma_sync_with(&spec, model.as_ref(), &ar, &br, &cr, &mut out);
+            }
+            for (i, &s) in d.iter().enumerate() {
+                for l in 0..32 {
+                    if m >> l & 1 != 0 {
+                        want[s as usize][l] = out[i][l];
+                    }
+                }
+            }
+            let slots = MmaSlots {
+                a: &[0, 1, 2, 3],
+                b: &[4, 5],
+                c: &[6, 7, 8, 9],
+                d: &d,
+                m,
+            };
+            assert!(mma_in_place(
+                &spec,
+                model.as_ref(),
+                &mut regs,
+                slots,
+                &mut cache
+            ));
+            assert_eq!(
+                regs, want,
+                "round {round}: {aty:?} x {bty:?}, model {model:?}"
+            );
+        }
+    }
 
     /// The dispatched (AVX2 where available) exact tile equals the baseline build bit for bit.
     #[test]

@@ -50,15 +50,21 @@ fn inputs(seed: u64) -> Vec<u32> {
 fn run(f: emu::alu::WFn, a: &[u32], b: &[u32]) -> Vec<u64> {
     let mut out = Vec::new();
     for (ca, cb) in a.chunks(32).zip(b.chunks(32)) {
-        let mut x: Lanes = [0; 32];
-        let mut y: Lanes = [0; 32];
+        // rows: d (poisoned), a, b, c (zero); all lanes active
+        let mut regs: Vec<Lanes> = vec![[u64::MAX; 32], [0; 32], [0; 32], [0; 32]];
         for i in 0..ca.len() {
-            x[i] = ca[i] as u64;
-            y[i] = cb[i] as u64;
+            regs[1][i] = ca[i] as u64;
+            regs[2][i] = cb[i] as u64;
         }
-        let mut o: Lanes = [0; 32];
-        f(&mut o, &x, &y, &[0; 32]);
-        out.extend_from_slice(&o[..ca.len()]);
+        let s = emu::alu::Slots {
+            m: u32::MAX,
+            d: 0,
+            a: 1,
+            b: 2,
+            c: 3,
+        };
+        f(&mut regs, s);
+        out.extend_from_slice(&regs[0][..ca.len()]);
     }
     out
 }

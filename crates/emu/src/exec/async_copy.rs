@@ -684,13 +684,12 @@ impl Cta {
         if size > 16 || !aligned || (n_src != size && n_src != 0) {
             return false;
         }
-        let Ok(Loc::Shared(o)) = self.locate(ctx, dspace, da, size, lane, 0) else {
+        let Some(o) = self.own_shared(dspace, da, size) else {
             return false;
         };
         let mut row = [0u8; 16];
         if n_src == size {
-            let Ok(Loc::Global(a, off)) = self.locate(ctx, MSpace::Global, sa, size, lane, 0)
-            else {
+            let Some((a, off)) = self.global_span(ctx, sa, size, lane) else {
                 return false;
             };
             let step = size.min(8);

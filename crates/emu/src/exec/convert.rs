@@ -82,12 +82,14 @@ impl Cta {
                     }
                     return Ok(Flow::Next);
                 }
-                for l in lanes_of(m) {
-                    let mut v = 0u64;
+                for ch in chunks_of(m) {
+                    let mut v = [0u64; CHUNK];
                     for (k, p) in parts.iter().enumerate() {
-                        v |= (w.regs[*p as usize][l] & pm) << (k as u32 * part_bits);
+                        let x = chunk(&w.regs, *p, ch);
+                        let sh = k as u32 * part_bits;
+                        v = std::array::from_fn(|i| v[i] | (x[i] & pm) << sh);
                     }
-                    w.regs[*d as usize][l] = v;
+                    put_chunk(&mut w.regs, *d, ch, m, v);
                 }
             }
             Op::Unpack { part_bits, ds, a } => {
@@ -104,10 +106,11 @@ impl Cta {
                     }
                     return Ok(Flow::Next);
                 }
-                for l in lanes_of(m) {
-                    let x = w.regs[*a as usize][l];
+                for ch in chunks_of(m) {
+                    let x = chunk(&w.regs, *a, ch);
                     for (k, p) in ds.iter().enumerate() {
-                        w.regs[*p as usize][l] = (x >> (k as u32 * part_bits)) & pm;
+                        let sh = k as u32 * part_bits;
+                        put_chunk(&mut w.regs, *p, ch, m, x.map(|v| (v >> sh) & pm));
                     }
                 }
             }

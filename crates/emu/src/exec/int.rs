@@ -16,15 +16,14 @@ impl Cta {
     ) -> Result<Flow, FaultKind> {
         match &inst.op {
             Op::Alu { f, d, a, b, c } => {
-                let w = &mut self.warps[wi];
-                let mut out = [0u64; 32];
-                f(
-                    &mut out,
-                    &w.regs[*a as usize],
-                    &w.regs[*b as usize],
-                    &w.regs[*c as usize],
-                );
-                Cta::write_masked(w, *d, m, &out);
+                let s = crate::alu::Slots {
+                    m,
+                    d: *d,
+                    a: *a,
+                    b: *b,
+                    c: *c,
+                };
+                f(&mut self.warps[wi].regs, s);
             }
             Op::IntDiv { ty, rem, d, a, b } => {
                 let w = &mut self.warps[wi];

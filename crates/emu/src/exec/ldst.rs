@@ -39,7 +39,7 @@ impl Cta {
                     let mut vals = [0u64; 8];
                     for k in 0..ds.len() {
                         let a = base + (k as u32 * elem) as u64;
-                        match self.locate(ctx, *space, a, *elem, l, prog.local_bytes) {
+                        match self.locate_fast(ctx, *space, a, *elem, l) {
                             Ok(loc) => vals[k] = self.load(ctx, wi, &loc, *elem, o),
                             // memcheck reported it: the element reads 0
                             Err(f) => self.memcheck(ctx, wi, l, f)?,
@@ -82,7 +82,7 @@ impl Cta {
                     }
                     for (k, s) in srcs.iter().enumerate() {
                         let a = base + (k as u32 * elem) as u64;
-                        match self.locate(ctx, *space, a, *elem, l, prog.local_bytes) {
+                        match self.locate_fast(ctx, *space, a, *elem, l) {
                             Ok(loc) => {
                                 let v = self.warps[wi].regs[*s as usize][l];
                                 self.store(wi, &loc, *elem, v, o);

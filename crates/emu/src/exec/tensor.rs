@@ -22,7 +22,13 @@ impl Cta {
                 if self.wait_converged(wi) {
                     return Ok(Flow::Stay);
                 }
+                let model = ctx.numerics.model(prog.target_sm, spec.aty);
                 let w = &mut self.warps[wi];
+                let slots = crate::mma::MmaSlots { a, b, c, d, m };
+                let cache = w.frag.get_or_insert_with(Default::default);
+                if crate::mma::mma_in_place(spec, model.as_ref(), &mut w.regs, slots, cache) {
+                    return Ok(Flow::Next);
+                }
                 // Fragments have at most 4 registers each (decode checked the counts): gather
                 // references on the stack, no allocation on this hot path.
                 const Z: Lanes = [0; 32];
@@ -34,7 +40,6 @@ impl Cta {
                 }
                 let mut outs = [[0u64; 32]; 8];
                 let nd = d.len().min(8);
-                let model = ctx.numerics.model(prog.target_sm, spec.aty);
                 crate::mma::mma_sync_with(
                     spec,
                     model.as_ref(),
@@ -116,6 +121,9 @@ impl Cta {
                 }
                 if self.san.is_some() {
                     self.san_matrix(ctx, wi, (*count, *space), (*addr, *off), SanKind::Read);
+                }
+                if self.ldmatrix_shared(wi, (*count, *trans, *space), (*addr, *off), ds, m) {
+                    return Ok(Flow::Next);
                 }
                 let mut out = [[0u64; 32]; 4];
                 for mat in 0..*count as usize {
@@ -222,6 +230,76 @@ impl Cta {
 }
 
 impl Cta {
+    /// The offset of a `size`-byte access at `a` (in `space`) when it is an aligned, in-bounds
+    /// access of this CTA's own shared memory (anything else: `None`, and the general path,
+    /// with its diagnostics, runs).
+    #[inline(always)]
+    pub(super) fn own_shared(&self, space: MSpace, a: u64, size: u32) -> Option<usize> {
+        let off = match space {
+            MSpace::Shared => a,
+            MSpace::Generic if (SHARED_WINDOW..SHARED_WINDOW + (1 << 32)).contains(&a) => {
+                a - SHARED_WINDOW
+            }
+            _ => return None,
+        };
+        let fits = off >> CLUSTER_RANK_SHIFT == 0
+            && off.is_multiple_of(size as u64)
+            && off + size as u64 <= self.shared.len() as u64;
+        fits.then_some(off as usize)
+    }
+
+    /// `ldmatrix` when every row lies in this CTA's shared memory: each lane's 32-bit word is
+    /// read straight from its row and written to the destination registers of the lanes in
+    /// `m`. Returns false (nothing done) when a row is elsewhere, misaligned or out of bounds.
+    fn ldmatrix_shared(
+        &mut self,
+        wi: usize,
+        (count, trans, space): (u32, bool, MSpace),
+        (addr, off): (u32, i64),
+        ds: &[u32],
+        m: u32,
+    ) -> bool {
+        let rows = (count as usize * 8).min(32);
+        let mut offs = [0usize; 32];
+        let regs = &self.warps[wi].regs[addr as usize];
+        for (i, o) in offs.iter_mut().enumerate().take(rows) {
+            match self.own_shared(space, regs[i].wrapping_add(off as u64), 16) {
+                Some(x) => *o = x,
+                None => return false,
+            }
+        }
+        let mut out = [[0u32; 32]; 4];
+        for (i, &o) in offs.iter().enumerate().take(rows) {
+            let (mat, row) = (i / 8, i % 8);
+            let b = &self.shared[o..o + 16];
+            let word =
+                |q: usize| u32::from_le_bytes([b[4 * q], b[4 * q + 1], b[4 * q + 2], b[4 * q + 3]]);
+            if !trans {
+                for q in 0..4 {
+                    out[mat][row * 4 + q] = word(q);
+                }
+            } else {
+                // Transposed: lane (col, row / 2) gets column col of rows 2q and 2q + 1.
+                for col in 0..8 {
+                    let h = u16::from_le_bytes([b[2 * col], b[2 * col + 1]]) as u32;
+                    out[mat][col * 4 + row / 2] |= h << (16 * (row % 2));
+                }
+            }
+        }
+        let w = &mut self.warps[wi];
+        for (k, d) in ds.iter().enumerate().take(4) {
+            let dst = &mut w.regs[*d as usize];
+            for (l, x) in dst.iter_mut().enumerate() {
+                *x = if m >> l & 1 != 0 {
+                    out[k][l] as u64
+                } else {
+                    *x
+                };
+            }
+        }
+        true
+    }
+
     /// Reads one input element from shared memory.
     /// An asynchronous copy is about to write shared bytes [start, start + len) of this CTA (or
     /// of cluster peer `peer`): none of them may be an operand of a wgmma group that has not
