@@ -1645,6 +1645,81 @@ fn pad128(n: u32) -> u32 {
     n.div_ceil(128) * 128
 }
 
+/// Inputs and outputs of one dispatch launch, per rank.
+struct DispatchLaunch<'a> {
+    x: &'a [XRef<'a>],
+    topk_idx: &'a [&'a Buffer<i32>],
+    topk_w: &'a [&'a Buffer<f32>],
+    ntoks: &'a [usize],
+    hs: &'a [RankHandle],
+    outs: &'a [DispatchOut],
+}
+
+/// A cached handle must be of this group and of the same token counts.
+fn check_handle(hs: &[RankHandle], ntoks: &[usize]) -> Result<()> {
+    if hs.len() != ntoks.len() {
+        return Err(EpError::Shape("handle of another group".into()));
+    }
+    for (r, (hd, &t)) in hs.iter().zip(ntoks).enumerate() {
+        if hd.num_tokens != t {
+            return Err(EpError::Shape(format!(
+                "rank {r}: cached handle has {} tokens, input {t}",
+                hd.num_tokens
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Row layout of one destination rank: each local expert's rows from every source rank in
+/// source order, each expert's segment padded to 128 rows.
+struct RowLayout {
+    /// Rows per local expert (before padding).
+    counts: Vec<u32>,
+    /// Start row of each local expert's segment.
+    base: Vec<u32>,
+    /// `[source rank, local expert]`: first row of that source's rows of that expert.
+    offs: Vec<i32>,
+    m_pad: usize,
+    /// Local expert of each row, -1 for padding.
+    m_indices: Vec<i32>,
+}
+
+impl RowLayout {
+    /// `per_exp[s][e]`: tokens source rank `s` sends to expert `e`; `d`: the destination rank.
+    fn new(per_exp: &[Vec<u32>], d: usize, el: usize) -> RowLayout {
+        let mut counts = vec![0u32; el];
+        let mut base = vec![0u32; el];
+        let mut offs = vec![0i32; per_exp.len() * el];
+        let mut row = 0u32;
+        for le in 0..el {
+            let e = d * el + le;
+            base[le] = row;
+            let mut acc = row;
+            for (s, pe) in per_exp.iter().enumerate() {
+                offs[s * el + le] = acc as i32;
+                acc += pe[e];
+            }
+            counts[le] = acc - row;
+            row += pad128(counts[le]);
+        }
+        let m_pad = row as usize;
+        let mut m_indices = vec![-1i32; m_pad.max(1)];
+        for le in 0..el {
+            for i in 0..counts[le] {
+                m_indices[(base[le] + i) as usize] = le as i32;
+            }
+        }
+        RowLayout {
+            counts,
+            base,
+            offs,
+            m_pad,
+            m_indices,
+        }
+    }
+}
+
 impl EpGroup {
     /// Allocates the communication buffers of every rank of `devices` (rank = index).
     pub fn new(
@@ -1813,17 +1888,61 @@ impl EpGroup {
         cached: Option<&Handle>,
         only: Option<&[usize]>,
     ) -> Result<(Vec<DispatchOut>, Option<Handle>)> {
+        let (p, ntoks) = self.dispatch_tokens(x, topk_idx, topk_w)?;
+        let t0 = Instant::now();
+        // layout (or the cached one)
+        let fresh = match cached {
+            None => Some(self.build_handles(topk_idx, &ntoks)?),
+            Some(_) => None,
+        };
+        let hs: &[RankHandle] = match cached {
+            Some(c) => &c.ranks,
+            None => fresh.as_deref().unwrap_or_default(),
+        };
+        check_handle(hs, &ntoks)?;
+        self.reset()?;
+        let outs = self.alloc_dispatch_out(hs, p)?;
         let cfg = self.cfg.clone();
+        let f: Vec<_> = (0..cfg.ranks as usize)
+            .map(|r| {
+                kutil::function(
+                    &self.devices[r],
+                    "ep_dispatch",
+                    &cfg.key(p, "dispatch"),
+                    |t| dispatch_kernel(t, &cfg, p),
+                )
+            })
+            .collect::<Result<_>>()?;
+        let ranks: Vec<usize> = only
+            .map(|o| o.to_vec())
+            .unwrap_or_else(|| (0..cfg.ranks as usize).collect());
+        let launch = DispatchLaunch {
+            x,
+            topk_idx,
+            topk_w,
+            ntoks: &ntoks,
+            hs,
+            outs: &outs,
+        };
+        self.launch_dispatch(&f, &ranks, &launch)?;
+        self.finish(&ranks, t0)?;
+        Ok((outs, fresh.map(|ranks| Handle { ranks })))
+    }
+
+    /// Checks dispatch inputs; returns the payload and every rank's token count.
+    fn dispatch_tokens(
+        &self,
+        x: &[XRef],
+        topk_idx: &[&Buffer<i32>],
+        topk_w: &[&Buffer<f32>],
+    ) -> Result<(Payload, Vec<usize>)> {
+        let cfg = &self.cfg;
         let r_n = cfg.ranks as usize;
         if x.len() != r_n || topk_idx.len() != r_n || topk_w.len() != r_n {
             return Err(EpError::Shape(format!("need inputs for {r_n} ranks")));
         }
         let p = x[0].payload();
-        let (h, kk, el) = (
-            cfg.hidden as usize,
-            cfg.topk as usize,
-            cfg.local_experts() as usize,
-        );
+        let (h, kk) = (cfg.hidden as usize, cfg.topk as usize);
         let mut ntoks = Vec::new();
         for r in 0..r_n {
             if x[r].payload() != p {
@@ -1851,108 +1970,91 @@ impl EpGroup {
             }
             ntoks.push(t);
         }
-        let t0 = Instant::now();
-        // layout (or the cached one)
-        let mut fresh: Option<Vec<RankHandle>> = None;
-        if cached.is_none() {
-            let lc = cfg.layout_cfg();
-            let mut lays = Vec::new();
-            for r in 0..r_n {
-                lays.push(get_dispatch_layout(
-                    &self.streams[r],
-                    topk_idx[r],
-                    ntoks[r],
-                    &lc,
-                )?);
-            }
-            // count exchange ("notify"): tokens_per_expert of every source rank
-            let per_exp: Vec<Vec<u32>> = lays
-                .iter()
-                .enumerate()
-                .map(|(r, l)| self.streams[r].read(&l.tokens_per_expert))
-                .collect::<std::result::Result<_, _>>()?;
-            let mut hs = Vec::new();
-            for (d, lay) in lays.into_iter().enumerate() {
-                let mut counts = vec![0u32; el];
-                let mut base = vec![0u32; el];
-                let mut offs = vec![0i32; r_n * el];
-                let mut row = 0u32;
-                for le in 0..el {
-                    let e = d * el + le;
-                    base[le] = row;
-                    let mut acc = row;
-                    for (s, pe) in per_exp.iter().enumerate() {
-                        offs[s * el + le] = acc as i32;
-                        acc += pe[e];
-                    }
-                    counts[le] = acc - row;
-                    row += pad128(counts[le]);
-                }
-                let m_pad = row as usize;
-                let mut mi = vec![-1i32; m_pad.max(1)];
-                for le in 0..el {
-                    for i in 0..counts[le] {
-                        mi[(base[le] + i) as usize] = le as i32;
-                    }
-                }
-                let dev = &self.devices[d];
-                let fmax = cfg.fmax() as usize;
-                let cc = cfg.channels() as usize;
-                let g = cfg.gpus_per_node as usize;
-                let st = &self.streams[d];
-                let tk = st.read(topk_idx[d])?;
-                hs.push(RankHandle {
-                    num_tokens: ntoks[d],
-                    topk_idx: st.upload(&tk)?,
-                    slots: lay.slots,
-                    offs: st.upload(&offs)?,
-                    fwd_list: dev.alloc((cc * fmax * 2).max(1))?,
-                    fwd_count: dev.alloc(cc)?,
-                    rcv_list: dev.alloc((g * cc * fmax * kk).max(1))?,
-                    rcv_count: dev.alloc(g * cc)?,
-                    m_pad,
-                    counts,
-                    expert_base: base,
-                    m_indices_host: mi,
-                });
-            }
-            fresh = Some(hs);
+        Ok((p, ntoks))
+    }
+
+    /// Layout kernels on every rank, the count exchange ("notify": tokens_per_expert of every
+    /// source rank), and each rank's handle.
+    fn build_handles(&self, topk_idx: &[&Buffer<i32>], ntoks: &[usize]) -> Result<Vec<RankHandle>> {
+        let lc = self.cfg.layout_cfg();
+        let mut lays = Vec::new();
+        for r in 0..self.cfg.ranks as usize {
+            lays.push(get_dispatch_layout(
+                &self.streams[r],
+                topk_idx[r],
+                ntoks[r],
+                &lc,
+            )?);
         }
-        let hs: &[RankHandle] = match (&fresh, cached) {
-            (Some(h), _) => h,
-            (None, Some(c)) => &c.ranks,
-            (None, None) => unreachable!(),
-        };
-        if hs.len() != r_n {
-            return Err(EpError::Shape("handle of another group".into()));
+        let per_exp: Vec<Vec<u32>> = lays
+            .iter()
+            .enumerate()
+            .map(|(r, l)| self.streams[r].read(&l.tokens_per_expert))
+            .collect::<std::result::Result<_, _>>()?;
+        let mut hs = Vec::new();
+        for (d, lay) in lays.into_iter().enumerate() {
+            let rows = RowLayout::new(&per_exp, d, self.cfg.local_experts() as usize);
+            hs.push(self.rank_handle(d, topk_idx[d], ntoks[d], lay.slots, rows)?);
         }
-        for r in 0..r_n {
-            if hs[r].num_tokens != ntoks[r] {
-                return Err(EpError::Shape(format!(
-                    "rank {r}: cached handle has {} tokens, input {}",
-                    hs[r].num_tokens, ntoks[r]
-                )));
-            }
-        }
-        self.reset()?;
+        Ok(hs)
+    }
+
+    /// Rank `d`'s handle: its inputs' copies, row layout and (uninitialised) forward and
+    /// receive logs.
+    fn rank_handle(
+        &self,
+        d: usize,
+        topk_idx: &Buffer<i32>,
+        num_tokens: usize,
+        slots: Buffer<i32>,
+        rows: RowLayout,
+    ) -> Result<RankHandle> {
+        let cfg = &self.cfg;
+        let dev = &self.devices[d];
+        let fmax = cfg.fmax() as usize;
+        let cc = cfg.channels() as usize;
+        let g = cfg.gpus_per_node as usize;
+        let kk = cfg.topk as usize;
+        let st = &self.streams[d];
+        let tk = st.read(topk_idx)?;
+        Ok(RankHandle {
+            num_tokens,
+            topk_idx: st.upload(&tk)?,
+            slots,
+            offs: st.upload(&rows.offs)?,
+            fwd_list: dev.alloc((cc * fmax * 2).max(1))?,
+            fwd_count: dev.alloc(cc)?,
+            rcv_list: dev.alloc((g * cc * fmax * kk).max(1))?,
+            rcv_count: dev.alloc(g * cc)?,
+            m_pad: rows.m_pad,
+            counts: rows.counts,
+            expert_base: rows.base,
+            m_indices_host: rows.m_indices,
+        })
+    }
+
+    /// Every rank's dispatch output buffers (padding: zero rows, source and slot -1), and its
+    /// forward and receive counts zeroed.
+    fn alloc_dispatch_out(&self, hs: &[RankHandle], p: Payload) -> Result<Vec<DispatchOut>> {
+        let h = self.cfg.hidden as usize;
         let mut outs = Vec::new();
-        for r in 0..r_n {
+        for (r, hd) in hs.iter().enumerate() {
             let dev = &self.devices[r];
-            let m = hs[r].m_pad.max(1);
+            let m = hd.m_pad.max(1);
             let st = &self.streams[r];
-            st.fill(&hs[r].fwd_count, 0)?;
-            st.fill(&hs[r].rcv_count, 0)?;
+            st.fill(&hd.fwd_count, 0)?;
+            st.fill(&hd.rcv_count, 0)?;
             let o = DispatchOut {
-                recv_x: dev.alloc(m * cfg.payload_bytes(p) as usize)?,
+                recv_x: dev.alloc(m * self.cfg.payload_bytes(p) as usize)?,
                 recv_scales: dev.alloc(m * (h / 128))?,
                 recv_w: dev.alloc(m)?,
                 recv_src: dev.alloc(m)?,
                 recv_k: dev.alloc(m)?,
-                m_indices: st.upload(&hs[r].m_indices_host)?,
-                m_indices_host: hs[r].m_indices_host.clone(),
-                counts: hs[r].counts.clone(),
-                expert_base: hs[r].expert_base.clone(),
-                m_pad: hs[r].m_pad,
+                m_indices: st.upload(&hd.m_indices_host)?,
+                m_indices_host: hd.m_indices_host.clone(),
+                counts: hd.counts.clone(),
+                expert_base: hd.expert_base.clone(),
+                m_pad: hd.m_pad,
             };
             st.fill(&o.recv_src, -1)?;
             st.fill(&o.recv_k, -1)?;
@@ -1960,40 +2062,37 @@ impl EpGroup {
             st.fill(&o.recv_x, 0)?;
             outs.push(o);
         }
-        let f: Vec<_> = (0..r_n)
-            .map(|r| {
-                kutil::function(
-                    &self.devices[r],
-                    "ep_dispatch",
-                    &cfg.key(p, "dispatch"),
-                    |t| dispatch_kernel(t, &cfg, p),
-                )
-            })
-            .collect::<Result<_>>()?;
+        Ok(outs)
+    }
+
+    /// Launches the dispatch kernels `f` on `ranks`.
+    fn launch_dispatch(
+        &self,
+        f: &[runtime::Function],
+        ranks: &[usize],
+        a: &DispatchLaunch,
+    ) -> Result<()> {
         let lc = self.launch_cfg();
-        let ranks: Vec<usize> = only
-            .map(|o| o.to_vec())
-            .unwrap_or_else(|| (0..r_n).collect());
         // Emulated time stands still until every rank's kernel is queued (each stream then
         // holds it until its kernel runs): the host enqueueing one rank after another is no
         // reason for an early rank's wait loop to time out.
         let hold = emu::clock::Hold::new();
-        for &r in &ranks {
-            let (xp, sp, _) = x[r].ptrs();
-            let hd = &hs[r];
-            let o = &outs[r];
+        for &r in ranks {
+            let (xp, sp, _) = a.x[r].ptrs();
+            let hd = &a.hs[r];
+            let o = &a.outs[r];
             let args = vec![
                 runtime::Arg::U32(r as u32),
                 (&self.tabs[r].0).into(),
                 (&self.tabs[r].1).into(),
                 (&self.err[r]).into(),
-                runtime::Arg::U64(cfg.timeout.as_nanos() as u64),
+                runtime::Arg::U64(self.cfg.timeout.as_nanos() as u64),
                 runtime::Arg::Ptr(xp),
                 runtime::Arg::Ptr(sp),
-                topk_idx[r].into(),
-                topk_w[r].into(),
+                a.topk_idx[r].into(),
+                a.topk_w[r].into(),
                 (&hd.slots).into(),
-                runtime::Arg::U32(ntoks[r] as u32),
+                runtime::Arg::U32(a.ntoks[r] as u32),
                 (&self.bytes[r]).into(),
                 (&o.recv_x).into(),
                 (&o.recv_scales).into(),
@@ -2010,8 +2109,7 @@ impl EpGroup {
             self.streams[r].launch(&f[r], &lc, &args)?;
         }
         drop(hold);
-        self.finish(&ranks, t0)?;
-        Ok((outs, fresh.map(|ranks| Handle { ranks })))
+        Ok(())
     }
 
     /// Combine: rows `y[r]` (`[m_pad, H]` BF16, the layout of `handle`) go back to their tokens'

@@ -7,7 +7,7 @@ fn dump_ptx() {
     let Ok(dir) = std::env::var("EP_PTX_DUMP") else {
         return;
     };
-    let mut cfgs = vec![
+    let mut cfgs = [
         EpConfig::new(8, 4, 64, 1024, 8, 512),
         EpConfig::new(1, 1, 8, 128, 2, 16),
         EpConfig::new(4, 2, 16, 256, 4, 64),
