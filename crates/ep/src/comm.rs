@@ -14,6 +14,11 @@
 //! Combine runs the reverse roles: expert-side sender (weighted partial sums in f32 -> bf16),
 //! forwarder (sums the partials of its node, in local-rank order, before the inter-node hop),
 //! home receiver (stages one partial per node, then sums them in node order).
+//! Each role is a function (`dispatch_sender`, `combine_forwarder`, ...) over a small context
+//! (`Dispatch` / `Combine`: the kernel parameters plus `Shared`, the registers every role
+//! uses); ring producers go through `Producer` (`reserve`, `commit`, `close_rings`), consumers
+//! through `Consumer` (`consume`). The builder numbers registers in call order, so these
+//! functions keep the order of the builder calls fixed (changing it changes the PTX).
 //!
 //! Rings: `slots` records per (source, channel) in the receiver's memory; the producer owns the
 //! tail (monotonic count, bit 31 = finished), the consumer owns the head, both live in the
@@ -1385,7 +1390,7 @@ fn combine_forwarder(k: &mut KernelBuilder, cb: &Combine) {
         role: ROLE_COMBINE_FORWARDER,
     };
     k.for_range(0u32, fc, 1u32, |k, i| {
-        forward_sum(k, cb, &pr, [heads, i], nvl);
+        forward_sum(k, cb, &pr, heads, i, nvl);
     });
     close_rings(k, s, &pr, s.cfg.nodes());
     k.if_(cb.l0, |k| k.red_add(cb.io.bytes, inter));
@@ -1397,7 +1402,8 @@ fn forward_sum(
     k: &mut KernelBuilder,
     cb: &Combine,
     pr: &Producer,
-    [heads, i]: [Reg<u32>; 2],
+    heads: Reg<u32>,
+    i: Reg<u32>,
     nvl: Reg<u64>,
 ) {
     let (s, c) = (&cb.s, &cb.s.c);
