@@ -14,6 +14,11 @@
 //! Combine runs the reverse roles: expert-side sender (weighted partial sums in f32 -> bf16),
 //! forwarder (sums the partials of its node, in local-rank order, before the inter-node hop),
 //! home receiver (stages one partial per node, then sums them in node order).
+//! Each role is a function (`dispatch_sender`, `combine_forwarder`, ...) over a small context
+//! (`Dispatch` / `Combine`: the kernel parameters plus `Shared`, the registers every role
+//! uses); ring producers go through `Producer` (`reserve`, `commit`, `close_rings`), consumers
+//! through `Consumer` (`consume`). The builder numbers registers in call order, so these
+//! functions keep the order of the builder calls fixed (changing it changes the PTX).
 //!
 //! Rings: `slots` records per (source, channel) in the receiver's memory; the producer owns the
 //! tail (monotonic count, bit 31 = finished), the consumer owns the head, both live in the
@@ -497,361 +502,670 @@ fn lowest(k: &mut KernelBuilder, m: Reg<u32>) -> Reg<u32> {
     k.clz(r)
 }
 
+/// Role codes (indices into [`ROLES`]) the wait loops report.
+const ROLE_DISPATCH_SENDER: u32 = 0;
+const ROLE_DISPATCH_FORWARDER: u32 = 1;
+const ROLE_DISPATCH_RECEIVER: u32 = 2;
+const ROLE_COMBINE_SENDER: u32 = 3;
+const ROLE_COMBINE_FORWARDER: u32 = 4;
+const ROLE_COMBINE_RECEIVER: u32 = 5;
+const ROLE_COORDINATOR: u32 = 6;
+
+/// Which ring family a producer writes or a consumer reads: inter-node ("RDMA", peer
+/// `(m, local)`, source index = node) or intra-node ("NVLink", peer `(node, j)`, source index
+/// = local rank).
+#[derive(Clone, Copy)]
+enum Hop {
+    Inter,
+    Intra,
+}
+
+/// What every role of one kernel shares: the common registers, this rank's workspace and
+/// counter block, and the ring geometry.
+struct Shared<'a> {
+    c: Common,
+    cfg: &'a EpConfig,
+    ctr: Ctr,
+    my_ws: Reg<u64>,
+    my_cnt: Reg<u64>,
+    /// Lanes `< topk` (one top-k entry per lane).
+    klane: Reg<Pred>,
+    /// Byte offset of the NVLink rings inside a workspace.
+    nvl_off: u64,
+    fmax: u32,
+}
+
+impl<'a> Shared<'a> {
+    fn new(k: &mut KernelBuilder, c: Common, cfg: &'a EpConfig) -> Shared<'a> {
+        let (nn, cc) = (cfg.nodes(), cfg.channels());
+        let my_ws = tab_ptr(k, c.ws_tab, c.rank);
+        let my_cnt = tab_ptr(k, c.cnt_tab, c.rank);
+        let klane = k.lt(c.lane, cfg.topk);
+        Shared {
+            c,
+            cfg,
+            ctr: Ctr {
+                n: nn,
+                g: cfg.gpus_per_node,
+                c: cc,
+            },
+            my_ws,
+            my_cnt,
+            klane,
+            nvl_off: nn as u64 * cc as u64 * cfg.ring_slots as u64 * cfg.slot_bytes() as u64,
+            fmax: cfg.fmax(),
+        }
+    }
+    /// Rank of peer `i` of `hop`.
+    fn peer(&self, k: &mut KernelBuilder, hop: Hop, i: Reg<u32>) -> Reg<u32> {
+        match hop {
+            Hop::Inter => k.mad_lo(i, self.cfg.gpus_per_node, self.c.local),
+            Hop::Intra => k.mad_lo(self.c.node, self.cfg.gpus_per_node, i),
+        }
+    }
+    /// This rank's source index in its peers' rings of `hop`.
+    fn me(&self, hop: Hop) -> Reg<u32> {
+        match hop {
+            Hop::Inter => self.c.node,
+            Hop::Intra => self.c.local,
+        }
+    }
+    fn tail_base(&self, hop: Hop) -> u32 {
+        match hop {
+            Hop::Inter => self.ctr.rdma_tail(),
+            Hop::Intra => self.ctr.nvl_tail(),
+        }
+    }
+    fn head_base(&self, hop: Hop) -> u32 {
+        match hop {
+            Hop::Inter => self.ctr.rdma_head(),
+            Hop::Intra => self.ctr.nvl_head(),
+        }
+    }
+    /// Workspace and counter block of peer `i` of `hop`.
+    fn peer_ptrs(&self, k: &mut KernelBuilder, hop: Hop, i: Reg<u32>) -> (Reg<u64>, Reg<u64>) {
+        let dst = self.peer(k, hop, i);
+        let ws = tab_ptr(k, self.c.ws_tab, dst);
+        let cnt = tab_ptr(k, self.c.cnt_tab, dst);
+        (ws, cnt)
+    }
+}
+
+/// `(mask >> i) & 1 != 0`.
+fn bit_set(k: &mut KernelBuilder, mask: Reg<u32>, i: Reg<u32>) -> Reg<Pred> {
+    let sh = k.shr(mask, i);
+    let b = k.and(sh, 1u32);
+    k.ne(b, 0u32)
+}
+
+/// `acc += bytes` when `i != me` (traffic that leaves this GPU or node).
+fn count_remote(k: &mut KernelBuilder, acc: Reg<u64>, i: Reg<u32>, me: Reg<u32>, bytes: u32) {
+    let remote = k.ne(i, me);
+    let add = k.selp(bytes as u64, 0u64, remote);
+    let ni = k.add(acc, add);
+    k.mov_to(acc, ni);
+}
+
+/// Bit mask (warp-uniform) of the nodes holding one of token `tok`'s experts.
+fn node_mask(k: &mut KernelBuilder, s: &Shared, idx: GlobalPtr<i32>, tok: Reg<u32>) -> Reg<u32> {
+    let (c, cfg) = (&s.c, s.cfg);
+    let bit = k.mov(0u32);
+    k.if_(s.klane, |k| {
+        let i = k.mad_lo(tok, cfg.topk, c.lane);
+        let e = k.ld(idx.offset(i));
+        let eu = k.bitcast::<u32, i32>(e);
+        let valid = k.lt(eu, cfg.experts);
+        k.if_(valid, |k| {
+            let n = k.div(eu, cfg.local_experts() * cfg.gpus_per_node);
+            let b = k.shl(1u32, n);
+            k.mov_to(bit, b);
+        });
+    });
+    k.redux(ReduxOp::Or, bit, 0xffff_ffffu32)
+}
+
+/// A producer's state over its peers' rings of one hop: lane `i` holds the records sent to
+/// peer `i`; `sent` counts the bytes that left this GPU or node.
+struct Producer {
+    hop: Hop,
+    tails: Reg<u32>,
+    sent: Reg<u64>,
+    rec: u32,
+    role: u32,
+}
+
+/// Waits for room for record `tail` in this rank's ring at peer (`ws`, `cnt`); returns the
+/// slot address.
+fn reserve(
+    k: &mut KernelBuilder,
+    s: &Shared,
+    pr: &Producer,
+    ws: Reg<u64>,
+    cnt: Reg<u64>,
+    tail: Reg<u32>,
+) -> Reg<u64> {
+    let (c, cc) = (&s.c, s.cfg.channels());
+    let head_a = ctr_addr(k, cnt, s.head_base(pr.hop), s.me(pr.hop), c.chan, cc);
+    wait_space(k, c, s.cfg, head_a, tail, pr.role);
+    let region = match pr.hop {
+        Hop::Inter => ws,
+        Hop::Intra => k.add(ws, s.nvl_off),
+    };
+    slot_addr(k, s.cfg, region, s.me(pr.hop), c.chan, tail)
+}
+
+/// Record `tail` to peer `i` (counter block `cnt`) is written: count it and publish.
+fn commit(
+    k: &mut KernelBuilder,
+    s: &Shared,
+    pr: &Producer,
+    i: Reg<u32>,
+    tail: Reg<u32>,
+    cnt: Reg<u64>,
+) {
+    let c = &s.c;
+    bump(k, c.lane, pr.tails, i);
+    let tn = k.add(tail, 1u32);
+    let tail_a = ctr_addr(
+        k,
+        cnt,
+        s.tail_base(pr.hop),
+        s.me(pr.hop),
+        c.chan,
+        s.cfg.channels(),
+    );
+    publish(k, c, tail_a, tn, false, s.cfg.chunk);
+    count_remote(k, pr.sent, i, s.me(pr.hop), pr.rec);
+}
+
+/// Publishes the final tail (with the finished bit) to each of the `n` peers' rings.
+fn close_rings(k: &mut KernelBuilder, s: &Shared, pr: &Producer, n: u32) {
+    let c = &s.c;
+    k.for_range(0u32, n, 1u32, |k, i| {
+        let t = bcast(k, pr.tails, i);
+        let dst = s.peer(k, pr.hop, i);
+        let cnt = tab_ptr(k, c.cnt_tab, dst);
+        let tail_a = ctr_addr(
+            k,
+            cnt,
+            s.tail_base(pr.hop),
+            s.me(pr.hop),
+            c.chan,
+            s.cfg.channels(),
+        );
+        publish(k, c, tail_a, t, true, s.cfg.chunk);
+    });
+}
+
+/// A consumer's state over this rank's rings of one hop: lane `i` holds the records consumed
+/// from source `i`; `start` is the time of the last progress.
+struct Consumer {
+    hop: Hop,
+    region: Reg<u64>,
+    nsrc: u32,
+    role: u32,
+    heads: Reg<u32>,
+    start: Reg<u64>,
+}
+
+/// Consumes records until every source is finished and drained, one record per step from
+/// the lowest source with data: `body(k, src, slot)` handles it and returns the lane-0
+/// predicate; the head is then released.
+fn consume(
+    k: &mut KernelBuilder,
+    s: &Shared,
+    cs: &Consumer,
+    body: impl FnOnce(&mut KernelBuilder, Reg<u32>, Reg<u64>) -> Reg<Pred>,
+) {
+    let (c, cc) = (&s.c, s.cfg.channels());
+    k.loop_(|k| {
+        let tail_base = s.tail_base(cs.hop);
+        let (has, all_done, tail) = poll(k, c, s.my_cnt, tail_base, cs.nsrc, cc, cs.heads);
+        k.break_if(all_done);
+        let none = k.eq(has, 0u32);
+        k.if_(none, |k| {
+            let exp = k.mov(0u32);
+            check_timeout(k, c, cs.start, cs.role, cs.heads, tail, exp);
+        });
+        k.continue_if(none);
+        let src = lowest(k, has);
+        let head = bcast(k, cs.heads, src);
+        let slot = slot_addr(k, s.cfg, cs.region, src, c.chan, head);
+        let l0 = body(k, src, slot);
+        bump(k, c.lane, cs.heads, src);
+        let h1 = k.add(head, 1u32);
+        k.bar_warp_sync(0xffff_ffffu32);
+        k.if_(l0, |k| {
+            let ha = ctr_addr(k, s.my_cnt, s.head_base(cs.hop), src, c.chan, cc);
+            st_rel(k, ha, h1);
+        });
+        let now = k.globaltimer();
+        k.mov_to(cs.start, now);
+    });
+}
+
+/// Lane 0 marks this rank's channel received (`done[chan] = 1`, release).
+fn mark_done(k: &mut KernelBuilder, c: &Common, l0: Reg<Pred>, done: GlobalPtr<u32>) {
+    k.if_(l0, |k| {
+        let one = k.mov(1u32);
+        k.fence(AtomSem::AcqRel, Scope::Sys);
+        k.st_with::<u32, Global>(
+            MemOpts::sem(Sem::Release(Scope::Gpu)),
+            done.offset(c.chan),
+            one,
+        );
+    });
+}
+
+/// Kernel parameters of dispatch (after the common ones).
+struct DispatchIo {
+    x: Reg<u64>,
+    scales: Reg<u64>,
+    idx: GlobalPtr<i32>,
+    wts: GlobalPtr<f32>,
+    slots: GlobalPtr<i32>,
+    ntok: Reg<u32>,
+    bytes: GlobalPtr<u64>,
+    recv_x: Reg<u64>,
+    recv_sc: Reg<u64>,
+    recv_w: GlobalPtr<f32>,
+    recv_src: GlobalPtr<i32>,
+    recv_k: GlobalPtr<i32>,
+    offs: GlobalPtr<i32>,
+    fwd_list: GlobalPtr<i32>,
+    fwd_count: GlobalPtr<u32>,
+    rcv_list: GlobalPtr<i32>,
+    rcv_count: GlobalPtr<u32>,
+    done: GlobalPtr<u32>,
+}
+
+impl DispatchIo {
+    fn params(k: &mut KernelBuilder) -> DispatchIo {
+        DispatchIo {
+            x: k.param::<GlobalPtr<u8>>("x").reg(),
+            scales: k.param::<GlobalPtr<u8>>("scales").reg(),
+            idx: k.param::<GlobalPtr<i32>>("topk_idx"),
+            wts: k.param::<GlobalPtr<f32>>("topk_w"),
+            slots: k.param::<GlobalPtr<i32>>("slots"),
+            ntok: k.param::<u32>("num_tokens"),
+            bytes: k.param::<GlobalPtr<u64>>("bytes"),
+            recv_x: k.param::<GlobalPtr<u8>>("recv_x").reg(),
+            recv_sc: k.param::<GlobalPtr<u8>>("recv_scales").reg(),
+            recv_w: k.param::<GlobalPtr<f32>>("recv_w"),
+            recv_src: k.param::<GlobalPtr<i32>>("recv_src"),
+            recv_k: k.param::<GlobalPtr<i32>>("recv_k"),
+            offs: k.param::<GlobalPtr<i32>>("offs"),
+            fwd_list: k.param::<GlobalPtr<i32>>("fwd_list"),
+            fwd_count: k.param::<GlobalPtr<u32>>("fwd_count"),
+            rcv_list: k.param::<GlobalPtr<i32>>("rcv_list"),
+            rcv_count: k.param::<GlobalPtr<u32>>("rcv_count"),
+            done: k.param::<GlobalPtr<u32>>("chan_done"),
+        }
+    }
+}
+
+/// Everything the dispatch roles share.
+struct Dispatch<'a> {
+    s: Shared<'a>,
+    io: DispatchIo,
+    /// Record layout: metadata, payload and scale bytes, whole record.
+    meta: u32,
+    pay: u32,
+    sc: u32,
+    rec: u32,
+}
+
 /// The dispatch kernel.
 pub fn dispatch_kernel(t: &Target, cfg: &EpConfig, p: Payload) -> Result<ptx::Module> {
     cfg.validate()?;
-    let (nn, gg, cc, kk) = (cfg.nodes(), cfg.gpus_per_node, cfg.channels(), cfg.topk);
-    let el = cfg.local_experts();
-    let ctr = Ctr {
-        n: nn,
-        g: gg,
-        c: cc,
-    };
-    let (meta, pay, sc, rec) = (
-        cfg.meta_bytes(),
-        cfg.payload_bytes(p),
-        cfg.scale_bytes(p),
-        cfg.record_bytes(p),
-    );
-    let nvl_off = nn as u64 * cc as u64 * cfg.ring_slots as u64 * cfg.slot_bytes() as u64;
-    let fmax = cfg.fmax();
     let mut kb = KernelBuilder::new("ep_dispatch", t.clone());
     let (c, warp, odd) = common(&mut kb, cfg);
     let k = &mut kb;
-    let x = k.param::<GlobalPtr<u8>>("x").reg();
-    let scales = k.param::<GlobalPtr<u8>>("scales").reg();
-    let idx = k.param::<GlobalPtr<i32>>("topk_idx");
-    let wts = k.param::<GlobalPtr<f32>>("topk_w");
-    let slots = k.param::<GlobalPtr<i32>>("slots");
-    let ntok = k.param::<u32>("num_tokens");
-    let bytes = k.param::<GlobalPtr<u64>>("bytes");
-    let recv_x = k.param::<GlobalPtr<u8>>("recv_x").reg();
-    let recv_sc = k.param::<GlobalPtr<u8>>("recv_scales").reg();
-    let recv_w = k.param::<GlobalPtr<f32>>("recv_w");
-    let recv_src = k.param::<GlobalPtr<i32>>("recv_src");
-    let recv_k = k.param::<GlobalPtr<i32>>("recv_k");
-    let offs = k.param::<GlobalPtr<i32>>("offs");
-    let fwd_list = k.param::<GlobalPtr<i32>>("fwd_list");
-    let fwd_count = k.param::<GlobalPtr<u32>>("fwd_count");
-    let rcv_list = k.param::<GlobalPtr<i32>>("rcv_list");
-    let rcv_count = k.param::<GlobalPtr<u32>>("rcv_count");
-    let done = k.param::<GlobalPtr<u32>>("chan_done");
+    let io = DispatchIo::params(k);
     let is_even = k.eq(odd, 0u32);
     let w0 = k.eq(warp, 0u32);
-    let my_ws = tab_ptr(k, c.ws_tab, c.rank);
-    let my_cnt = tab_ptr(k, c.cnt_tab, c.rank);
-    let klane = k.lt(c.lane, kk);
-
-    // ---------------- sender (even CTA, warp 0)
+    let d = Dispatch {
+        s: Shared::new(k, c, cfg),
+        io,
+        meta: cfg.meta_bytes(),
+        pay: cfg.payload_bytes(p),
+        sc: cfg.scale_bytes(p),
+        rec: cfg.record_bytes(p),
+    };
     let is_sender = k.and(is_even, w0);
-    k.if_(is_sender, |k| {
-        let (t0, t1) = chan_range(k, c.chan, ntok, cc);
-        let tails = k.mov(0u32); // lane m: records sent to node m
-        let inter = k.mov(0u64);
-        k.for_range(t0, t1, 1u32, |k, tok| {
-            let bit = k.mov(0u32);
-            k.if_(klane, |k| {
-                let i = k.mad_lo(tok, kk, c.lane);
-                let e = k.ld(idx.offset(i));
-                let eu = k.bitcast::<u32, i32>(e);
-                let valid = k.lt(eu, cfg.experts);
-                k.if_(valid, |k| {
-                    let n = k.div(eu, el * gg);
-                    let b = k.shl(1u32, n);
-                    k.mov_to(bit, b);
-                });
-            });
-            let nmask = k.redux(ReduxOp::Or, bit, 0xffff_ffffu32);
-            k.for_range(0u32, nn, 1u32, |k, m| {
-                let sh = k.shr(nmask, m);
-                let b = k.and(sh, 1u32);
-                let go = k.ne(b, 0u32);
-                k.if_(go, |k| {
-                    let tm = bcast(k, tails, m);
-                    let dst = k.mad_lo(m, gg, c.local);
-                    let dws = tab_ptr(k, c.ws_tab, dst);
-                    let dcnt = tab_ptr(k, c.cnt_tab, dst);
-                    let head_a = ctr_addr(k, dcnt, ctr.rdma_head(), c.node, c.chan, cc);
-                    wait_space(k, &c, cfg, head_a, tm, 0);
-                    let s = slot_addr(k, cfg, dws, c.node, c.chan, tm);
-                    let l0 = k.eq(c.lane, 0u32);
-                    k.if_(l0, |k| {
-                        let ti = k.bitcast::<i32, u32>(tok);
-                        let ri = k.bitcast::<i32, u32>(c.rank);
-                        k.st(gp::<i32>(s), ti);
-                        k.st(gp::<i32>(s).at(1), ri);
-                    });
-                    k.if_(klane, |k| {
-                        let i = k.mad_lo(tok, kk, c.lane);
-                        let e = k.ld(idx.offset(i));
-                        let w = k.ld(wts.offset(i));
-                        let sl = k.ld(slots.offset(i));
-                        let a = idx_addr(k, s, c.lane, 4);
-                        k.st(gp::<i32>(a).add_bytes(16), e);
-                        k.st(gp::<f32>(a).add_bytes(16 + 4 * kk as i64), w);
-                        k.st(gp::<i32>(a).add_bytes(16 + 8 * kk as i64), sl);
-                    });
-                    let src = idx_addr(k, x, tok, pay);
-                    let d = k.add(s, meta as u64);
-                    copy16(k, c.lane, d, src, pay);
-                    if sc > 0 {
-                        let src = idx_addr(k, scales, tok, sc);
-                        let d = k.add(s, (meta + pay) as u64);
-                        copy4(k, c.lane, d, src, sc);
-                    }
-                    bump(k, c.lane, tails, m);
-                    let tn = k.add(tm, 1u32);
-                    let tail_a = ctr_addr(k, dcnt, ctr.rdma_tail(), c.node, c.chan, cc);
-                    publish(k, &c, tail_a, tn, false, cfg.chunk);
-                    let remote = k.ne(m, c.node);
-                    let add = k.selp(rec as u64, 0u64, remote);
-                    let ni = k.add(inter, add);
-                    k.mov_to(inter, ni);
-                });
-            });
-        });
-        k.for_range(0u32, nn, 1u32, |k, m| {
-            let tm = bcast(k, tails, m);
-            let dst = k.mad_lo(m, gg, c.local);
-            let dcnt = tab_ptr(k, c.cnt_tab, dst);
-            let tail_a = ctr_addr(k, dcnt, ctr.rdma_tail(), c.node, c.chan, cc);
-            publish(k, &c, tail_a, tm, true, cfg.chunk);
-        });
-        let l0 = k.eq(c.lane, 0u32);
-        k.if_(l0, |k| k.red_add(bytes, inter));
-    });
-
-    // ---------------- forwarder (odd CTA, warp 0)
+    k.if_(is_sender, |k| dispatch_sender(k, &d));
     let is_odd = k.ne(odd, 0u32);
     let is_fwd = k.and(is_odd, w0);
-    k.if_(is_fwd, |k| {
-        let heads = k.mov(0u32); // lane n: records consumed from node n
-        let otails = k.mov(0u32); // lane j: records sent to local GPU j
-        let fcount = k.mov(0u32);
-        let intra = k.mov(0u64);
-        let start = k.globaltimer();
-        k.loop_(|k| {
-            let (has, all_done, tail) = poll(k, &c, my_cnt, ctr.rdma_tail(), nn, cc, heads);
-            k.break_if(all_done);
-            let none = k.eq(has, 0u32);
-            k.if_(none, |k| {
-                let exp = k.mov(0u32);
-                check_timeout(k, &c, start, 1, heads, tail, exp);
-            });
-            k.continue_if(none);
-            let n = lowest(k, has);
-            let hn = bcast(k, heads, n);
-            let rdma_reg = my_ws;
-            let s = slot_addr(k, cfg, rdma_reg, n, c.chan, hn);
-            let tok = k.ld(gp::<u32>(s));
-            let bit = k.mov(0u32);
-            k.if_(klane, |k| {
-                let a = idx_addr(k, s, c.lane, 4);
-                let e = k.ld(gp::<i32>(a).add_bytes(16));
-                let eu = k.bitcast::<u32, i32>(e);
-                let valid = k.lt(eu, cfg.experts);
-                k.if_(valid, |k| {
-                    let r = k.div(eu, el);
-                    let rn = k.div(r, gg);
-                    let mine = k.eq(rn, c.node);
-                    k.if_(mine, |k| {
-                        let j = k.rem(r, gg);
-                        let b = k.shl(1u32, j);
-                        k.mov_to(bit, b);
-                    });
-                });
-            });
-            let jmask = k.redux(ReduxOp::Or, bit, 0xffff_ffffu32);
-            k.for_range(0u32, gg, 1u32, |k, j| {
-                let sh = k.shr(jmask, j);
-                let b = k.and(sh, 1u32);
-                let go = k.ne(b, 0u32);
-                k.if_(go, |k| {
-                    let tj = bcast(k, otails, j);
-                    let dst = k.mad_lo(c.node, gg, j);
-                    let dws = tab_ptr(k, c.ws_tab, dst);
-                    let dcnt = tab_ptr(k, c.cnt_tab, dst);
-                    let head_a = ctr_addr(k, dcnt, ctr.nvl_head(), c.local, c.chan, cc);
-                    wait_space(k, &c, cfg, head_a, tj, 1);
-                    let nvl = k.add(dws, nvl_off);
-                    let d = slot_addr(k, cfg, nvl, c.local, c.chan, tj);
-                    copy16(k, c.lane, d, s, rec);
-                    bump(k, c.lane, otails, j);
-                    let tn = k.add(tj, 1u32);
-                    let tail_a = ctr_addr(k, dcnt, ctr.nvl_tail(), c.local, c.chan, cc);
-                    publish(k, &c, tail_a, tn, false, cfg.chunk);
-                    let remote = k.ne(j, c.local);
-                    let add = k.selp(rec as u64, 0u64, remote);
-                    let ni = k.add(intra, add);
-                    k.mov_to(intra, ni);
-                });
-            });
-            // handle: (source node, token, local destinations), in forwarding order
-            let l0 = k.eq(c.lane, 0u32);
-            k.if_(l0, |k| {
-                let i = k.mad_lo(c.chan, fmax, fcount);
-                let i2 = k.mul(i, 2u32);
-                let nt = k.shl(n, 24u32);
-                let v = k.or(nt, tok);
-                let vi = k.bitcast::<i32, u32>(v);
-                k.st(fwd_list.offset(i2), vi);
-                let i3 = k.add(i2, 1u32);
-                let jm = k.bitcast::<i32, u32>(jmask);
-                k.st(fwd_list.offset(i3), jm);
-            });
-            let f2 = k.add(fcount, 1u32);
-            k.mov_to(fcount, f2);
-            bump(k, c.lane, heads, n);
-            let hn1 = k.add(hn, 1u32);
-            k.bar_warp_sync(0xffff_ffffu32);
-            k.if_(l0, |k| {
-                let ha = ctr_addr(k, my_cnt, ctr.rdma_head(), n, c.chan, cc);
-                st_rel(k, ha, hn1);
-            });
-            let now = k.globaltimer();
-            k.mov_to(start, now);
-        });
-        k.for_range(0u32, gg, 1u32, |k, j| {
-            let tj = bcast(k, otails, j);
-            let dst = k.mad_lo(c.node, gg, j);
-            let dcnt = tab_ptr(k, c.cnt_tab, dst);
-            let tail_a = ctr_addr(k, dcnt, ctr.nvl_tail(), c.local, c.chan, cc);
-            publish(k, &c, tail_a, tj, true, cfg.chunk);
-        });
-        let l0 = k.eq(c.lane, 0u32);
-        k.if_(l0, |k| {
-            k.st(fwd_count.offset(c.chan), fcount);
-            k.red_add(bytes.at(1), intra);
-        });
-    });
-
-    // ---------------- receiver (odd CTA, warp 1)
+    k.if_(is_fwd, |k| dispatch_forwarder(k, &d));
     let w1 = k.eq(warp, 1u32);
     let is_rcv = k.and(is_odd, w1);
-    k.if_(is_rcv, |k| {
-        let heads = k.mov(0u32); // lane l: records consumed from forwarder l
-        let start = k.globaltimer();
-        let nvl = k.add(my_ws, nvl_off);
-        k.loop_(|k| {
-            let (has, all_done, tail) = poll(k, &c, my_cnt, ctr.nvl_tail(), gg, cc, heads);
-            k.break_if(all_done);
-            let none = k.eq(has, 0u32);
-            k.if_(none, |k| {
-                let exp = k.mov(0u32);
-                check_timeout(k, &c, start, 2, heads, tail, exp);
-            });
-            k.continue_if(none);
-            let l = lowest(k, has);
-            let hl = bcast(k, heads, l);
-            let s = slot_addr(k, cfg, nvl, l, c.chan, hl);
-            let tok = k.ld(gp::<u32>(s));
-            let srank = k.ld(gp::<u32>(s).at(1));
-            // lane i < K: the row of copy i on this rank, or -1
-            let row = k.mov(-1i32);
-            let wv = k.mov(0.0f32);
-            k.if_(klane, |k| {
-                let a = idx_addr(k, s, c.lane, 4);
-                let e = k.ld(gp::<i32>(a).add_bytes(16));
-                let w = k.ld(gp::<f32>(a).add_bytes(16 + 4 * kk as i64));
-                let sl = k.ld(gp::<i32>(a).add_bytes(16 + 8 * kk as i64));
-                k.mov_to(wv, w);
-                let eu = k.bitcast::<u32, i32>(e);
-                let valid = k.lt(eu, cfg.experts);
-                k.if_(valid, |k| {
-                    let r = k.div(eu, el);
-                    let mine = k.eq(r, c.rank);
-                    k.if_(mine, |k| {
-                        let le = k.rem(eu, el);
-                        let oi = k.mad_lo(srank, el, le);
-                        let o = k.ld(offs.offset(oi));
-                        let rr = k.add(o, sl);
-                        k.mov_to(row, rr);
-                    });
-                });
-            });
-            // handle entry: rows of this record, in arrival order per forwarder
-            let cnt_i = k.mad_lo(l, cc, c.chan);
-            let cnt_a = rcv_count.offset(cnt_i);
-            let ri = k.ld(cnt_a);
-            k.if_(klane, |k| {
-                let li = k.mad_lo(l, cc, c.chan);
-                let li2 = k.mad_lo(li, fmax, ri);
-                let li3 = k.mad_lo(li2, kk, c.lane);
-                k.st(rcv_list.offset(li3), row);
-            });
-            k.bar_warp_sync(0xffff_ffffu32);
-            let l0 = k.eq(c.lane, 0u32);
-            k.if_(l0, |k| {
-                let r1 = k.add(ri, 1u32);
-                k.st(rcv_count.offset(cnt_i), r1);
-            });
-            k.for_range(0u32, kk, 1u32, |k, i| {
-                let r = k.shfl_idx(row, i);
-                let w = k.shfl_idx(wv, i);
-                let ok = k.ge(r, 0i32);
-                k.if_(ok, |k| {
-                    let ru = k.bitcast::<u32, i32>(r);
-                    let src = k.add(s, meta as u64);
-                    let d = idx_addr(k, recv_x, ru, pay);
-                    copy16(k, c.lane, d, src, pay);
-                    if sc > 0 {
-                        let src = k.add(s, (meta + pay) as u64);
-                        let d = idx_addr(k, recv_sc, ru, sc);
-                        copy4(k, c.lane, d, src, sc);
-                    }
-                    k.if_(l0, |k| {
-                        k.st(recv_w.offset(ru), w);
-                        let v = k.shl(srank, 24u32);
-                        let v2 = k.or(v, tok);
-                        let vi = k.bitcast::<i32, u32>(v2);
-                        k.st(recv_src.offset(ru), vi);
-                        let ki = k.bitcast::<i32, u32>(i);
-                        k.st(recv_k.offset(ru), ki);
-                    });
-                });
-            });
-            bump(k, c.lane, heads, l);
-            let hl1 = k.add(hl, 1u32);
-            k.bar_warp_sync(0xffff_ffffu32);
-            k.if_(l0, |k| {
-                let ha = ctr_addr(k, my_cnt, ctr.nvl_head(), l, c.chan, cc);
-                st_rel(k, ha, hl1);
-            });
-            let now = k.globaltimer();
-            k.mov_to(start, now);
-        });
-        let l0 = k.eq(c.lane, 0u32);
-        k.if_(l0, |k| {
-            let one = k.mov(1u32);
-            k.fence(AtomSem::AcqRel, Scope::Sys);
-            k.st_with::<u32, Global>(
-                MemOpts::sem(Sem::Release(Scope::Gpu)),
-                done.offset(c.chan),
-                one,
-            );
-        });
-    });
-
-    // ---------------- coordinator (even CTA, warp 1): waits for the channel's receiver
+    k.if_(is_rcv, |k| dispatch_receiver(k, &d));
     let is_coord = k.and(is_even, w1);
-    k.if_(is_coord, |k| {
-        let start = k.globaltimer();
-        let a = done.offset(c.chan);
-        k.loop_(|k| {
-            let v = k.ld_with::<u32, Global>(MemOpts::sem(Sem::Acquire(Scope::Gpu)), a.clone());
-            let ok = k.ne(v, 0u32);
-            k.break_if(ok);
-            let z = k.mov(0u32);
-            let one = k.mov(1u32);
-            check_timeout(k, &c, start, 6, z, v, one);
-        });
-        let l0 = k.eq(c.lane, 0u32);
-        k.if_(l0, |k| {
-            let two = k.mov(2u32);
-            k.st(done.offset(c.chan), two);
+    // its lane-0 predicate is made after the wait loop (combine reuses its kernel-wide one)
+    k.if_(is_coord, |k| coordinator(k, &d.s.c, d.io.done, None));
+    Ok(kb.finish()?)
+}
+
+/// Dispatch sender (even CTA, warp 0): each token of the channel's range once to every node
+/// holding one of its experts, into the RDMA ring of rank `(m, local)`.
+fn dispatch_sender(k: &mut KernelBuilder, d: &Dispatch) {
+    let (s, c) = (&d.s, &d.s.c);
+    let (t0, t1) = chan_range(k, c.chan, d.io.ntok, s.cfg.channels());
+    let tails = k.mov(0u32); // lane m: records sent to node m
+    let inter = k.mov(0u64);
+    let pr = Producer {
+        hop: Hop::Inter,
+        tails,
+        sent: inter,
+        rec: d.rec,
+        role: ROLE_DISPATCH_SENDER,
+    };
+    k.for_range(t0, t1, 1u32, |k, tok| {
+        let nmask = node_mask(k, s, d.io.idx, tok);
+        k.for_range(0u32, s.cfg.nodes(), 1u32, |k, m| {
+            let go = bit_set(k, nmask, m);
+            k.if_(go, |k| send_token(k, d, &pr, tok, m));
         });
     });
-    Ok(kb.finish()?)
+    close_rings(k, s, &pr, s.cfg.nodes());
+    let l0 = k.eq(c.lane, 0u32);
+    k.if_(l0, |k| k.red_add(d.io.bytes, pr.sent));
+}
+
+/// Sends token `tok` (header, top-k metadata, payload, scales) to node `m`.
+fn send_token(k: &mut KernelBuilder, d: &Dispatch, pr: &Producer, tok: Reg<u32>, m: Reg<u32>) {
+    let (s, c, io) = (&d.s, &d.s.c, &d.io);
+    let tm = bcast(k, pr.tails, m);
+    let (dws, dcnt) = s.peer_ptrs(k, Hop::Inter, m);
+    let slot = reserve(k, s, pr, dws, dcnt, tm);
+    write_meta(k, d, slot, tok);
+    let src = idx_addr(k, io.x, tok, d.pay);
+    let dst = k.add(slot, d.meta as u64);
+    copy16(k, c.lane, dst, src, d.pay);
+    if d.sc > 0 {
+        let src = idx_addr(k, io.scales, tok, d.sc);
+        let dst = k.add(slot, (d.meta + d.pay) as u64);
+        copy4(k, c.lane, dst, src, d.sc);
+    }
+    commit(k, s, pr, m, tm, dcnt);
+}
+
+/// Record header `(token, rank)` and, lane `i < K`, top-k entry `i` (expert, weight, slot).
+fn write_meta(k: &mut KernelBuilder, d: &Dispatch, slot: Reg<u64>, tok: Reg<u32>) {
+    let (s, c, io) = (&d.s, &d.s.c, &d.io);
+    let kk = s.cfg.topk;
+    let l0 = k.eq(c.lane, 0u32);
+    k.if_(l0, |k| {
+        let ti = k.bitcast::<i32, u32>(tok);
+        let ri = k.bitcast::<i32, u32>(c.rank);
+        k.st(gp::<i32>(slot), ti);
+        k.st(gp::<i32>(slot).at(1), ri);
+    });
+    k.if_(s.klane, |k| {
+        let i = k.mad_lo(tok, kk, c.lane);
+        let e = k.ld(io.idx.offset(i));
+        let w = k.ld(io.wts.offset(i));
+        let sl = k.ld(io.slots.offset(i));
+        let a = idx_addr(k, slot, c.lane, 4);
+        k.st(gp::<i32>(a).add_bytes(16), e);
+        k.st(gp::<f32>(a).add_bytes(16 + 4 * kk as i64), w);
+        k.st(gp::<i32>(a).add_bytes(16 + 8 * kk as i64), sl);
+    });
+}
+
+/// Dispatch forwarder (odd CTA, warp 0): each record of the RDMA rings to every GPU of this
+/// node holding one of its experts (NVLink rings); logs `(source node, token, GPU mask)` in
+/// forwarding order for combine.
+fn dispatch_forwarder(k: &mut KernelBuilder, d: &Dispatch) {
+    let (s, c) = (&d.s, &d.s.c);
+    let heads = k.mov(0u32); // lane n: records consumed from node n
+    let otails = k.mov(0u32); // lane j: records sent to local GPU j
+    let fcount = k.mov(0u32);
+    let intra = k.mov(0u64);
+    let start = k.globaltimer();
+    let pr = Producer {
+        hop: Hop::Intra,
+        tails: otails,
+        sent: intra,
+        rec: d.rec,
+        role: ROLE_DISPATCH_FORWARDER,
+    };
+    let cs = Consumer {
+        hop: Hop::Inter,
+        region: s.my_ws,
+        nsrc: s.cfg.nodes(),
+        role: ROLE_DISPATCH_FORWARDER,
+        heads,
+        start,
+    };
+    consume(k, s, &cs, |k, n, slot| {
+        let tok = k.ld(gp::<u32>(slot));
+        let jmask = gpu_mask(k, s, slot);
+        k.for_range(0u32, s.cfg.gpus_per_node, 1u32, |k, j| {
+            let go = bit_set(k, jmask, j);
+            k.if_(go, |k| {
+                let tj = bcast(k, pr.tails, j);
+                let (dws, dcnt) = s.peer_ptrs(k, Hop::Intra, j);
+                let dst = reserve(k, s, &pr, dws, dcnt, tj);
+                copy16(k, c.lane, dst, slot, d.rec);
+                commit(k, s, &pr, j, tj, dcnt);
+            });
+        });
+        let l0 = k.eq(c.lane, 0u32);
+        log_forward(k, d, l0, fcount, [n, tok, jmask]);
+        let f2 = k.add(fcount, 1u32);
+        k.mov_to(fcount, f2);
+        l0
+    });
+    close_rings(k, s, &pr, s.cfg.gpus_per_node);
+    let l0 = k.eq(c.lane, 0u32);
+    k.if_(l0, |k| {
+        k.st(d.io.fwd_count.offset(c.chan), fcount);
+        k.red_add(d.io.bytes.at(1), pr.sent);
+    });
+}
+
+/// Bit mask (warp-uniform) of this node's GPUs holding one of the record's experts.
+fn gpu_mask(k: &mut KernelBuilder, s: &Shared, slot: Reg<u64>) -> Reg<u32> {
+    let (c, cfg) = (&s.c, s.cfg);
+    let (el, gg) = (cfg.local_experts(), cfg.gpus_per_node);
+    let bit = k.mov(0u32);
+    k.if_(s.klane, |k| {
+        let a = idx_addr(k, slot, c.lane, 4);
+        let e = k.ld(gp::<i32>(a).add_bytes(16));
+        let eu = k.bitcast::<u32, i32>(e);
+        let valid = k.lt(eu, cfg.experts);
+        k.if_(valid, |k| {
+            let r = k.div(eu, el);
+            let rn = k.div(r, gg);
+            let mine = k.eq(rn, c.node);
+            k.if_(mine, |k| {
+                let j = k.rem(r, gg);
+                let b = k.shl(1u32, j);
+                k.mov_to(bit, b);
+            });
+        });
+    });
+    k.redux(ReduxOp::Or, bit, 0xffff_ffffu32)
+}
+
+/// Lane 0 appends `(n << 24 | tok, jmask)` to the channel's forward list at `fcount`.
+fn log_forward(
+    k: &mut KernelBuilder,
+    d: &Dispatch,
+    l0: Reg<Pred>,
+    fcount: Reg<u32>,
+    [n, tok, jmask]: [Reg<u32>; 3],
+) {
+    let (c, list) = (&d.s.c, d.io.fwd_list);
+    k.if_(l0, |k| {
+        let i = k.mad_lo(c.chan, d.s.fmax, fcount);
+        let i2 = k.mul(i, 2u32);
+        let nt = k.shl(n, 24u32);
+        let v = k.or(nt, tok);
+        let vi = k.bitcast::<i32, u32>(v);
+        k.st(list.offset(i2), vi);
+        let i3 = k.add(i2, 1u32);
+        let jm = k.bitcast::<i32, u32>(jmask);
+        k.st(list.offset(i3), jm);
+    });
+}
+
+/// One received record: slot, token, source rank, lane-0 predicate.
+struct Arrival {
+    slot: Reg<u64>,
+    tok: Reg<u32>,
+    srank: Reg<u32>,
+    l0: Reg<Pred>,
+}
+
+/// Dispatch receiver (odd CTA, warp 1): places one row per (token, local expert) of each
+/// NVLink record and logs the rows per forwarder in arrival order for combine.
+fn dispatch_receiver(k: &mut KernelBuilder, d: &Dispatch) {
+    let (s, c) = (&d.s, &d.s.c);
+    let heads = k.mov(0u32); // lane l: records consumed from forwarder l
+    let start = k.globaltimer();
+    let cs = Consumer {
+        hop: Hop::Intra,
+        region: k.add(s.my_ws, s.nvl_off),
+        nsrc: s.cfg.gpus_per_node,
+        role: ROLE_DISPATCH_RECEIVER,
+        heads,
+        start,
+    };
+    consume(k, s, &cs, |k, l, slot| {
+        let tok = k.ld(gp::<u32>(slot));
+        let srank = k.ld(gp::<u32>(slot).at(1));
+        let (row, wv) = local_rows(k, d, slot, srank);
+        let l0 = log_receive(k, d, l, row);
+        let a = Arrival {
+            slot,
+            tok,
+            srank,
+            l0,
+        };
+        k.for_range(0u32, s.cfg.topk, 1u32, |k, i| {
+            place_row(k, d, &a, row, wv, i)
+        });
+        l0
+    });
+    let l0 = k.eq(c.lane, 0u32);
+    mark_done(k, c, l0, d.io.done);
+}
+
+/// Lane `i < K`: the row of top-k copy `i` of the record on this rank (or -1), and its weight.
+fn local_rows(
+    k: &mut KernelBuilder,
+    d: &Dispatch,
+    slot: Reg<u64>,
+    srank: Reg<u32>,
+) -> (Reg<i32>, Reg<f32>) {
+    let (s, c, cfg) = (&d.s, &d.s.c, d.s.cfg);
+    let (kk, el) = (cfg.topk, cfg.local_experts());
+    let row = k.mov(-1i32);
+    let wv = k.mov(0.0f32);
+    k.if_(s.klane, |k| {
+        let a = idx_addr(k, slot, c.lane, 4);
+        let e = k.ld(gp::<i32>(a).add_bytes(16));
+        let w = k.ld(gp::<f32>(a).add_bytes(16 + 4 * kk as i64));
+        let sl = k.ld(gp::<i32>(a).add_bytes(16 + 8 * kk as i64));
+        k.mov_to(wv, w);
+        let eu = k.bitcast::<u32, i32>(e);
+        let valid = k.lt(eu, cfg.experts);
+        k.if_(valid, |k| {
+            let r = k.div(eu, el);
+            let mine = k.eq(r, c.rank);
+            k.if_(mine, |k| {
+                let le = k.rem(eu, el);
+                let oi = k.mad_lo(srank, el, le);
+                let o = k.ld(d.io.offs.offset(oi));
+                let rr = k.add(o, sl);
+                k.mov_to(row, rr);
+            });
+        });
+    });
+    (row, wv)
+}
+
+/// Appends the record's rows to forwarder `l`'s receive list; returns the lane-0 predicate.
+fn log_receive(k: &mut KernelBuilder, d: &Dispatch, l: Reg<u32>, row: Reg<i32>) -> Reg<Pred> {
+    let (s, c, io) = (&d.s, &d.s.c, &d.io);
+    let (cc, kk) = (s.cfg.channels(), s.cfg.topk);
+    let cnt_i = k.mad_lo(l, cc, c.chan);
+    let ri = k.ld(io.rcv_count.offset(cnt_i));
+    k.if_(s.klane, |k| {
+        let li = k.mad_lo(l, cc, c.chan);
+        let li2 = k.mad_lo(li, s.fmax, ri);
+        let li3 = k.mad_lo(li2, kk, c.lane);
+        k.st(io.rcv_list.offset(li3), row);
+    });
+    k.bar_warp_sync(0xffff_ffffu32);
+    let l0 = k.eq(c.lane, 0u32);
+    k.if_(l0, |k| {
+        let r1 = k.add(ri, 1u32);
+        k.st(io.rcv_count.offset(cnt_i), r1);
+    });
+    l0
+}
+
+/// Copies the record into row `row[i]` (when this rank holds top-k copy `i`) with its weight,
+/// source and top-k slot.
+fn place_row(
+    k: &mut KernelBuilder,
+    d: &Dispatch,
+    a: &Arrival,
+    row: Reg<i32>,
+    wv: Reg<f32>,
+    i: Reg<u32>,
+) {
+    let (c, io) = (&d.s.c, &d.io);
+    let r = k.shfl_idx(row, i);
+    let w = k.shfl_idx(wv, i);
+    let ok = k.ge(r, 0i32);
+    k.if_(ok, |k| {
+        let ru = k.bitcast::<u32, i32>(r);
+        let src = k.add(a.slot, d.meta as u64);
+        let dst = idx_addr(k, io.recv_x, ru, d.pay);
+        copy16(k, c.lane, dst, src, d.pay);
+        if d.sc > 0 {
+            let src = k.add(a.slot, (d.meta + d.pay) as u64);
+            let dst = idx_addr(k, io.recv_sc, ru, d.sc);
+            copy4(k, c.lane, dst, src, d.sc);
+        }
+        k.if_(a.l0, |k| {
+            k.st(io.recv_w.offset(ru), w);
+            let v = k.shl(a.srank, 24u32);
+            let v2 = k.or(v, a.tok);
+            let vi = k.bitcast::<i32, u32>(v2);
+            k.st(io.recv_src.offset(ru), vi);
+            let ki = k.bitcast::<i32, u32>(i);
+            k.st(io.recv_k.offset(ru), ki);
+        });
+    });
+}
+
+/// Coordinator (even CTA, warp 1): waits for the channel's receiver (`done[chan] != 0`), then
+/// marks the channel complete (2). `l0`: the caller's lane-0 predicate, or `None` to make one
+/// after the wait.
+fn coordinator(k: &mut KernelBuilder, c: &Common, done: GlobalPtr<u32>, l0: Option<Reg<Pred>>) {
+    let start = k.globaltimer();
+    let a = done.offset(c.chan);
+    k.loop_(|k| {
+        let v = k.ld_with::<u32, Global>(MemOpts::sem(Sem::Acquire(Scope::Gpu)), a.clone());
+        let ok = k.ne(v, 0u32);
+        k.break_if(ok);
+        let z = k.mov(0u32);
+        let one = k.mov(1u32);
+        check_timeout(k, c, start, ROLE_COORDINATOR, z, v, one);
+    });
+    let l0 = match l0 {
+        Some(p) => p,
+        None => k.eq(c.lane, 0u32),
+    };
+    k.if_(l0, |k| {
+        let two = k.mov(2u32);
+        k.st(done.offset(c.chan), two);
+    });
 }
 
 /// The two BF16 halves of a b32 word as f32 (low, high); exact.
@@ -869,323 +1183,371 @@ fn acc_add(k: &mut KernelBuilder, acc: Reg<f32>, v: Reg<f32>) {
     k.mov_to(acc, s);
 }
 
+/// Kernel parameters of combine (after the common ones).
+struct CombineIo {
+    y: Reg<u64>,
+    recv_w: GlobalPtr<f32>,
+    weighted: Reg<u32>,
+    idx: GlobalPtr<i32>,
+    ntok: Reg<u32>,
+    out: Reg<u64>,
+    stage: Reg<u64>,
+    bytes: GlobalPtr<u64>,
+    fwd_list: GlobalPtr<i32>,
+    fwd_count: GlobalPtr<u32>,
+    rcv_list: GlobalPtr<i32>,
+    rcv_count: GlobalPtr<u32>,
+    done: GlobalPtr<u32>,
+}
+
+impl CombineIo {
+    fn params(k: &mut KernelBuilder) -> CombineIo {
+        CombineIo {
+            y: k.param::<GlobalPtr<u8>>("y").reg(),
+            recv_w: k.param::<GlobalPtr<f32>>("recv_w"),
+            weighted: k.param::<u32>("weighted"),
+            idx: k.param::<GlobalPtr<i32>>("topk_idx"),
+            ntok: k.param::<u32>("num_tokens"),
+            out: k.param::<GlobalPtr<u8>>("out").reg(),
+            stage: k.param::<GlobalPtr<u8>>("stage").reg(),
+            bytes: k.param::<GlobalPtr<u64>>("bytes"),
+            fwd_list: k.param::<GlobalPtr<i32>>("fwd_list"),
+            fwd_count: k.param::<GlobalPtr<u32>>("fwd_count"),
+            rcv_list: k.param::<GlobalPtr<i32>>("rcv_list"),
+            rcv_count: k.param::<GlobalPtr<u32>>("rcv_count"),
+            done: k.param::<GlobalPtr<u32>>("chan_done"),
+        }
+    }
+}
+
+/// Everything the combine roles share.
+struct Combine<'a> {
+    s: Shared<'a>,
+    io: CombineIo,
+    l0: Reg<Pred>,
+    /// Multiply rows by their top-k weight (`weighted != 0`).
+    use_w: Reg<Pred>,
+    /// BF16 pairs (b32 words) per row.
+    words: u32,
+    row_bytes: u32,
+    /// Bytes of one combine record.
+    crec: u32,
+}
+
 /// The combine kernel (reverse path of [`dispatch_kernel`]).
 pub fn combine_kernel(t: &Target, cfg: &EpConfig) -> Result<ptx::Module> {
     cfg.validate()?;
-    let (nn, gg, cc, kk, hh) = (
-        cfg.nodes(),
-        cfg.gpus_per_node,
-        cfg.channels(),
-        cfg.topk,
-        cfg.hidden,
-    );
-    let el = cfg.local_experts();
-    let ctr = Ctr {
-        n: nn,
-        g: gg,
-        c: cc,
-    };
-    let row_bytes = 2 * hh;
-    let words = hh / 2;
-    let crec = cfg.combine_record_bytes();
-    let nvl_off = nn as u64 * cc as u64 * cfg.ring_slots as u64 * cfg.slot_bytes() as u64;
-    let fmax = cfg.fmax();
     let mut kb = KernelBuilder::new("ep_combine", t.clone());
     let (c, warp, odd) = common(&mut kb, cfg);
     let k = &mut kb;
-    let y = k.param::<GlobalPtr<u8>>("y").reg();
-    let recv_w = k.param::<GlobalPtr<f32>>("recv_w");
-    let weighted = k.param::<u32>("weighted");
-    let idx = k.param::<GlobalPtr<i32>>("topk_idx");
-    let ntok = k.param::<u32>("num_tokens");
-    let out = k.param::<GlobalPtr<u8>>("out").reg();
-    let stage = k.param::<GlobalPtr<u8>>("stage").reg();
-    let bytes = k.param::<GlobalPtr<u64>>("bytes");
-    let fwd_list = k.param::<GlobalPtr<i32>>("fwd_list");
-    let fwd_count = k.param::<GlobalPtr<u32>>("fwd_count");
-    let rcv_list = k.param::<GlobalPtr<i32>>("rcv_list");
-    let rcv_count = k.param::<GlobalPtr<u32>>("rcv_count");
-    let done = k.param::<GlobalPtr<u32>>("chan_done");
+    let io = CombineIo::params(k);
     let is_even = k.eq(odd, 0u32);
     let is_odd = k.ne(odd, 0u32);
     let w0 = k.eq(warp, 0u32);
     let w1 = k.eq(warp, 1u32);
-    let my_ws = tab_ptr(k, c.ws_tab, c.rank);
-    let my_cnt = tab_ptr(k, c.cnt_tab, c.rank);
-    let klane = k.lt(c.lane, kk);
-    let l0 = k.eq(c.lane, 0u32);
-    let use_w = k.ne(weighted, 0u32);
-
-    // ---------------- expert-side sender (even CTA, warp 0): weighted partial sums -> forwarder l
+    let s = Shared::new(k, c, cfg);
+    let l0 = k.eq(s.c.lane, 0u32);
+    let use_w = k.ne(io.weighted, 0u32);
+    let cb = Combine {
+        s,
+        io,
+        l0,
+        use_w,
+        words: cfg.hidden / 2,
+        row_bytes: 2 * cfg.hidden,
+        crec: cfg.combine_record_bytes(),
+    };
     let is_send = k.and(is_even, w0);
-    k.if_(is_send, |k| {
-        let intra = k.mov(0u64);
-        k.for_range(0u32, gg, 1u32, |k, l| {
-            let ci = k.mad_lo(l, cc, c.chan);
-            let cnt = k.ld(rcv_count.offset(ci));
-            let dst = k.mad_lo(c.node, gg, l);
-            let dws = tab_ptr(k, c.ws_tab, dst);
-            let dcnt = tab_ptr(k, c.cnt_tab, dst);
-            let nvl = k.add(dws, nvl_off);
-            let head_a = ctr_addr(k, dcnt, ctr.nvl_head(), c.local, c.chan, cc);
-            let tail_a = ctr_addr(k, dcnt, ctr.nvl_tail(), c.local, c.chan, cc);
-            k.for_range(0u32, cnt, 1u32, |k, i| {
-                let row = k.mov(-1i32);
-                let wv = k.mov(0.0f32);
-                k.if_(klane, |k| {
-                    let li = k.mad_lo(ci, fmax, i);
-                    let li2 = k.mad_lo(li, kk, c.lane);
-                    let r = k.ld(rcv_list.offset(li2));
-                    k.mov_to(row, r);
-                    let ok = k.ge(r, 0i32);
-                    k.if_(ok, |k| {
-                        let ru = k.bitcast::<u32, i32>(r);
-                        let w = k.ld(recv_w.offset(ru));
-                        let w1 = k.selp(w, 1.0f32, use_w);
-                        k.mov_to(wv, w1);
-                    });
-                });
-                wait_space(k, &c, cfg, head_a, i, 3);
-                let s = slot_addr(k, cfg, nvl, c.local, c.chan, i);
-                k.if_(l0, |k| k.st(gp::<u32>(s), i));
-                k.for_range(c.lane, words, 32u32, |k, u| {
-                    let alo = k.mov(0.0f32);
-                    let ahi = k.mov(0.0f32);
-                    k.for_range(0u32, kk, 1u32, |k, q| {
-                        let r = k.shfl_idx(row, q);
-                        let w = k.shfl_idx(wv, q);
-                        let ok = k.ge(r, 0i32);
-                        k.if_(ok, |k| {
-                            let ru = k.bitcast::<u32, i32>(r);
-                            let a = idx_addr(k, y, ru, row_bytes);
-                            let a2 = idx_addr(k, a, u, 4);
-                            let v = k.ld(gp::<u32>(a2));
-                            let (lo, hi) = bf16_lo_hi(k, v);
-                            let plo = k.mul_m(FMods::rn(), w, lo);
-                            let phi = k.mul_m(FMods::rn(), w, hi);
-                            acc_add(k, alo, plo);
-                            acc_add(k, ahi, phi);
-                        });
-                    });
-                    let pk = pack_bf16(k, alo, ahi);
-                    let d = idx_addr(k, s, u, 4);
-                    k.st(gp::<u32>(d).add_bytes(16), pk);
-                });
-                let tn = k.add(i, 1u32);
-                publish(k, &c, tail_a, tn, false, cfg.chunk);
-                let remote = k.ne(l, c.local);
-                let add = k.selp(crec as u64, 0u64, remote);
-                let ni = k.add(intra, add);
-                k.mov_to(intra, ni);
-            });
-            publish(k, &c, tail_a, cnt, true, cfg.chunk);
-        });
-        k.if_(l0, |k| k.red_add(bytes.at(1), intra));
-    });
-
-    // ---------------- forwarder (odd CTA, warp 0): sum the node's partials, send home once
+    k.if_(is_send, |k| combine_sender(k, &cb));
     let is_fwd = k.and(is_odd, w0);
-    k.if_(is_fwd, |k| {
-        let heads = k.mov(0u32); // lane j: partials consumed from local GPU j
-        let otails = k.mov(0u32); // lane n: records sent to home node n
-        let inter = k.mov(0u64);
-        let nvl = k.add(my_ws, nvl_off);
-        let fc = k.ld(fwd_count.offset(c.chan));
-        k.for_range(0u32, fc, 1u32, |k, i| {
-            let fi = k.mad_lo(c.chan, fmax, i);
-            let fi2 = k.mul(fi, 2u32);
-            let e0 = k.ld(fwd_list.offset(fi2));
-            let fi3 = k.add(fi2, 1u32);
-            let jm = k.ld(fwd_list.offset(fi3));
-            let e0u = k.bitcast::<u32, i32>(e0);
-            let jmask = k.bitcast::<u32, i32>(jm);
-            let n = k.shr(e0u, 24u32);
-            let tok = k.and(e0u, 0x00ff_ffffu32);
-            // wait for every contributing GPU's next partial
-            k.for_range(0u32, gg, 1u32, |k, j| {
-                let sh = k.shr(jmask, j);
-                let b = k.and(sh, 1u32);
-                let go = k.ne(b, 0u32);
-                k.if_(go, |k| {
-                    let hj = bcast(k, heads, j);
-                    let ta = ctr_addr(k, my_cnt, ctr.nvl_tail(), j, c.chan, cc);
-                    let start = k.globaltimer();
-                    k.loop_(|k| {
-                        let v = ld_acq(k, ta);
-                        let tl = k.and(v, 0x7fff_ffffu32);
-                        let ok = k.gt(tl, hj);
-                        k.break_if(ok);
-                        let exp = k.add(hj, 1u32);
-                        check_timeout(k, &c, start, 4, hj, tl, exp);
-                    });
-                });
-            });
-            let home = k.mad_lo(n, gg, c.local);
-            let hws = tab_ptr(k, c.ws_tab, home);
-            let hcnt = tab_ptr(k, c.cnt_tab, home);
-            let tn = bcast(k, otails, n);
-            let head_a = ctr_addr(k, hcnt, ctr.rdma_head(), c.node, c.chan, cc);
-            wait_space(k, &c, cfg, head_a, tn, 4);
-            let d = slot_addr(k, cfg, hws, c.node, c.chan, tn);
-            k.if_(l0, |k| k.st(gp::<u32>(d), tok));
-            k.for_range(c.lane, words, 32u32, |k, u| {
-                let alo = k.mov(0.0f32);
-                let ahi = k.mov(0.0f32);
-                k.for_range(0u32, gg, 1u32, |k, j| {
-                    let sh = k.shr(jmask, j);
-                    let b = k.and(sh, 1u32);
-                    let go = k.ne(b, 0u32);
-                    let hj = bcast(k, heads, j);
-                    k.if_(go, |k| {
-                        let s = slot_addr(k, cfg, nvl, j, c.chan, hj);
-                        let a = idx_addr(k, s, u, 4);
-                        let v = k.ld(gp::<u32>(a).add_bytes(16));
-                        let (lo, hi) = bf16_lo_hi(k, v);
-                        acc_add(k, alo, lo);
-                        acc_add(k, ahi, hi);
-                    });
-                });
-                let pk = pack_bf16(k, alo, ahi);
-                let da = idx_addr(k, d, u, 4);
-                k.st(gp::<u32>(da).add_bytes(16), pk);
-            });
-            // release the consumed partials
-            k.for_range(0u32, gg, 1u32, |k, j| {
-                let sh = k.shr(jmask, j);
-                let b = k.and(sh, 1u32);
-                let go = k.ne(b, 0u32);
-                k.if_(go, |k| {
-                    let hj = bcast(k, heads, j);
-                    bump(k, c.lane, heads, j);
-                    k.bar_warp_sync(0xffff_ffffu32);
-                    k.if_(l0, |k| {
-                        let ha = ctr_addr(k, my_cnt, ctr.nvl_head(), j, c.chan, cc);
-                        let h1 = k.add(hj, 1u32);
-                        st_rel(k, ha, h1);
-                    });
-                });
-            });
-            bump(k, c.lane, otails, n);
-            let tn1 = k.add(tn, 1u32);
-            let tail_a = ctr_addr(k, hcnt, ctr.rdma_tail(), c.node, c.chan, cc);
-            publish(k, &c, tail_a, tn1, false, cfg.chunk);
-            let remote = k.ne(n, c.node);
-            let add = k.selp(crec as u64, 0u64, remote);
-            let ni = k.add(inter, add);
-            k.mov_to(inter, ni);
-        });
-        k.for_range(0u32, nn, 1u32, |k, n| {
-            let tn = bcast(k, otails, n);
-            let home = k.mad_lo(n, gg, c.local);
-            let hcnt = tab_ptr(k, c.cnt_tab, home);
-            let tail_a = ctr_addr(k, hcnt, ctr.rdma_tail(), c.node, c.chan, cc);
-            publish(k, &c, tail_a, tn, true, cfg.chunk);
-        });
-        k.if_(l0, |k| k.red_add(bytes, inter));
-    });
-
-    // ---------------- home receiver (odd CTA, warp 1): stage per node, then reduce in node order
+    k.if_(is_fwd, |k| combine_forwarder(k, &cb));
     let is_rcv = k.and(is_odd, w1);
-    k.if_(is_rcv, |k| {
-        let heads = k.mov(0u32);
-        let start = k.globaltimer();
-        k.loop_(|k| {
-            let (has, all_done, tail) = poll(k, &c, my_cnt, ctr.rdma_tail(), nn, cc, heads);
-            k.break_if(all_done);
-            let none = k.eq(has, 0u32);
-            k.if_(none, |k| {
-                let exp = k.mov(0u32);
-                check_timeout(k, &c, start, 5, heads, tail, exp);
-            });
-            k.continue_if(none);
-            let m = lowest(k, has);
-            let hm = bcast(k, heads, m);
-            let s = slot_addr(k, cfg, my_ws, m, c.chan, hm);
-            let tok = k.ld(gp::<u32>(s));
-            let si = k.mad_lo(tok, nn, m);
-            let d = idx_addr(k, stage, si, row_bytes);
-            let src = k.add(s, 16u64);
-            copy16(k, c.lane, d, src, row_bytes);
-            bump(k, c.lane, heads, m);
-            let hm1 = k.add(hm, 1u32);
-            k.bar_warp_sync(0xffff_ffffu32);
-            k.if_(l0, |k| {
-                let ha = ctr_addr(k, my_cnt, ctr.rdma_head(), m, c.chan, cc);
-                st_rel(k, ha, hm1);
-            });
-            let now = k.globaltimer();
-            k.mov_to(start, now);
-        });
-        let (t0, t1) = chan_range(k, c.chan, ntok, cc);
-        k.for_range(t0, t1, 1u32, |k, tok| {
-            let bit = k.mov(0u32);
-            k.if_(klane, |k| {
-                let i = k.mad_lo(tok, kk, c.lane);
-                let e = k.ld(idx.offset(i));
-                let eu = k.bitcast::<u32, i32>(e);
-                let valid = k.lt(eu, cfg.experts);
-                k.if_(valid, |k| {
-                    let n = k.div(eu, el * gg);
-                    let b = k.shl(1u32, n);
-                    k.mov_to(bit, b);
-                });
-            });
-            let nmask = k.redux(ReduxOp::Or, bit, 0xffff_ffffu32);
-            k.for_range(c.lane, words, 32u32, |k, u| {
-                let alo = k.mov(0.0f32);
-                let ahi = k.mov(0.0f32);
-                k.for_range(0u32, nn, 1u32, |k, m| {
-                    let sh = k.shr(nmask, m);
-                    let b = k.and(sh, 1u32);
-                    let go = k.ne(b, 0u32);
-                    k.if_(go, |k| {
-                        let si = k.mad_lo(tok, nn, m);
-                        let a = idx_addr(k, stage, si, row_bytes);
-                        let a2 = idx_addr(k, a, u, 4);
-                        let v = k.ld(gp::<u32>(a2));
-                        let (lo, hi) = bf16_lo_hi(k, v);
-                        acc_add(k, alo, lo);
-                        acc_add(k, ahi, hi);
-                    });
-                });
-                let pk = pack_bf16(k, alo, ahi);
-                let o = idx_addr(k, out, tok, row_bytes);
-                let o2 = idx_addr(k, o, u, 4);
-                k.st(gp::<u32>(o2), pk);
-            });
-        });
-        k.if_(l0, |k| {
-            let one = k.mov(1u32);
-            k.fence(AtomSem::AcqRel, Scope::Sys);
-            k.st_with::<u32, Global>(
-                MemOpts::sem(Sem::Release(Scope::Gpu)),
-                done.offset(c.chan),
-                one,
-            );
-        });
-    });
-
-    // ---------------- coordinator (even CTA, warp 1)
+    k.if_(is_rcv, |k| combine_receiver(k, &cb));
     let is_coord = k.and(is_even, w1);
     k.if_(is_coord, |k| {
-        let start = k.globaltimer();
-        k.loop_(|k| {
-            let v = k.ld_with::<u32, Global>(
-                MemOpts::sem(Sem::Acquire(Scope::Gpu)),
-                done.offset(c.chan),
-            );
-            let ok = k.ne(v, 0u32);
-            k.break_if(ok);
-            let z = k.mov(0u32);
-            let one = k.mov(1u32);
-            check_timeout(k, &c, start, 6, z, v, one);
-        });
-        k.if_(l0, |k| {
-            let two = k.mov(2u32);
-            k.st(done.offset(c.chan), two);
-        });
+        coordinator(k, &cb.s.c, cb.io.done, Some(cb.l0))
     });
     Ok(kb.finish()?)
+}
+
+/// Combine sender (even CTA, warp 0): for each forwarder `l` of this node, in the order of its
+/// receive list, the weighted sum of the record's rows held here (f32 -> bf16) into `l`'s
+/// NVLink ring.
+fn combine_sender(k: &mut KernelBuilder, cb: &Combine) {
+    let intra = k.mov(0u64);
+    k.for_range(0u32, cb.s.cfg.gpus_per_node, 1u32, |k, l| {
+        send_partials(k, cb, l, intra);
+    });
+    k.if_(cb.l0, |k| k.red_add(cb.io.bytes.at(1), intra));
+}
+
+/// This rank's NVLink ring at one forwarder, as the combine sender uses it.
+struct PartialRing {
+    /// `l * C + chan`: the forwarder's receive list and count.
+    ci: Reg<u32>,
+    region: Reg<u64>,
+    head_a: Reg<u64>,
+    tail_a: Reg<u64>,
+}
+
+/// Sends every partial sum forwarder `l` logged, then closes the ring.
+fn send_partials(k: &mut KernelBuilder, cb: &Combine, l: Reg<u32>, intra: Reg<u64>) {
+    let (s, c, cc) = (&cb.s, &cb.s.c, cb.s.cfg.channels());
+    let ci = k.mad_lo(l, cc, c.chan);
+    let cnt = k.ld(cb.io.rcv_count.offset(ci));
+    let (dws, dcnt) = s.peer_ptrs(k, Hop::Intra, l);
+    let region = k.add(dws, s.nvl_off);
+    let head_a = ctr_addr(k, dcnt, s.ctr.nvl_head(), c.local, c.chan, cc);
+    let tail_a = ctr_addr(k, dcnt, s.ctr.nvl_tail(), c.local, c.chan, cc);
+    let ring = PartialRing {
+        ci,
+        region,
+        head_a,
+        tail_a,
+    };
+    k.for_range(0u32, cnt, 1u32, |k, i| {
+        send_partial(k, cb, &ring, i);
+        count_remote(k, intra, l, c.local, cb.crec);
+    });
+    publish(k, c, tail_a, cnt, true, s.cfg.chunk);
+}
+
+/// Record `i` of the ring: header `i`, then the weighted sum of its rows, published.
+fn send_partial(k: &mut KernelBuilder, cb: &Combine, ring: &PartialRing, i: Reg<u32>) {
+    let (s, c) = (&cb.s, &cb.s.c);
+    let (row, wv) = expert_rows(k, cb, ring.ci, i);
+    wait_space(k, c, s.cfg, ring.head_a, i, ROLE_COMBINE_SENDER);
+    let slot = slot_addr(k, s.cfg, ring.region, c.local, c.chan, i);
+    k.if_(cb.l0, |k| k.st(gp::<u32>(slot), i));
+    k.for_range(c.lane, cb.words, 32u32, |k, u| {
+        let alo = k.mov(0.0f32);
+        let ahi = k.mov(0.0f32);
+        k.for_range(0u32, s.cfg.topk, 1u32, |k, q| {
+            let r = k.shfl_idx(row, q);
+            let w = k.shfl_idx(wv, q);
+            let ok = k.ge(r, 0i32);
+            k.if_(ok, |k| {
+                let ru = k.bitcast::<u32, i32>(r);
+                let a = idx_addr(k, cb.io.y, ru, cb.row_bytes);
+                let a2 = idx_addr(k, a, u, 4);
+                let v = k.ld(gp::<u32>(a2));
+                let (lo, hi) = bf16_lo_hi(k, v);
+                let plo = k.mul_m(FMods::rn(), w, lo);
+                let phi = k.mul_m(FMods::rn(), w, hi);
+                acc_add(k, alo, plo);
+                acc_add(k, ahi, phi);
+            });
+        });
+        let pk = pack_bf16(k, alo, ahi);
+        let d = idx_addr(k, slot, u, 4);
+        k.st(gp::<u32>(d).add_bytes(16), pk);
+    });
+    let tn = k.add(i, 1u32);
+    publish(k, c, ring.tail_a, tn, false, s.cfg.chunk);
+}
+
+/// Lane `q < K`: row of entry `i` of receive list `ci` for top-k copy `q` (or -1), and its
+/// weight (1 when unweighted).
+fn expert_rows(
+    k: &mut KernelBuilder,
+    cb: &Combine,
+    ci: Reg<u32>,
+    i: Reg<u32>,
+) -> (Reg<i32>, Reg<f32>) {
+    let (s, c, io) = (&cb.s, &cb.s.c, &cb.io);
+    let row = k.mov(-1i32);
+    let wv = k.mov(0.0f32);
+    k.if_(s.klane, |k| {
+        let li = k.mad_lo(ci, s.fmax, i);
+        let li2 = k.mad_lo(li, s.cfg.topk, c.lane);
+        let r = k.ld(io.rcv_list.offset(li2));
+        k.mov_to(row, r);
+        let ok = k.ge(r, 0i32);
+        k.if_(ok, |k| {
+            let ru = k.bitcast::<u32, i32>(r);
+            let w = k.ld(io.recv_w.offset(ru));
+            let w1 = k.selp(w, 1.0f32, cb.use_w);
+            k.mov_to(wv, w1);
+        });
+    });
+    (row, wv)
+}
+
+/// Combine forwarder (odd CTA, warp 0): in dispatch's forwarding order, sums the partials of
+/// this node's GPUs (in local-rank order) and sends the sum home once.
+fn combine_forwarder(k: &mut KernelBuilder, cb: &Combine) {
+    let (s, c) = (&cb.s, &cb.s.c);
+    let heads = k.mov(0u32); // lane j: partials consumed from local GPU j
+    let otails = k.mov(0u32); // lane n: records sent to home node n
+    let inter = k.mov(0u64);
+    let nvl = k.add(s.my_ws, s.nvl_off);
+    let fc = k.ld(cb.io.fwd_count.offset(c.chan));
+    let pr = Producer {
+        hop: Hop::Inter,
+        tails: otails,
+        sent: inter,
+        rec: cb.crec,
+        role: ROLE_COMBINE_FORWARDER,
+    };
+    k.for_range(0u32, fc, 1u32, |k, i| {
+        forward_sum(k, cb, &pr, heads, i, nvl);
+    });
+    close_rings(k, s, &pr, s.cfg.nodes());
+    k.if_(cb.l0, |k| k.red_add(cb.io.bytes, inter));
+}
+
+/// Forward-list entry `i`: waits for its partials, sums them into the home node's ring,
+/// releases them.
+fn forward_sum(
+    k: &mut KernelBuilder,
+    cb: &Combine,
+    pr: &Producer,
+    heads: Reg<u32>,
+    i: Reg<u32>,
+    nvl: Reg<u64>,
+) {
+    let (s, c) = (&cb.s, &cb.s.c);
+    let (n, tok, jmask) = forward_entry(k, cb, i);
+    wait_partials(k, cb, heads, jmask);
+    let (hws, hcnt) = s.peer_ptrs(k, Hop::Inter, n);
+    let tn = bcast(k, pr.tails, n);
+    let d = reserve(k, s, pr, hws, hcnt, tn);
+    k.if_(cb.l0, |k| k.st(gp::<u32>(d), tok));
+    k.for_range(c.lane, cb.words, 32u32, |k, u| {
+        let alo = k.mov(0.0f32);
+        let ahi = k.mov(0.0f32);
+        k.for_range(0u32, s.cfg.gpus_per_node, 1u32, |k, j| {
+            let go = bit_set(k, jmask, j);
+            let hj = bcast(k, heads, j);
+            k.if_(go, |k| {
+                let slot = slot_addr(k, s.cfg, nvl, j, c.chan, hj);
+                let a = idx_addr(k, slot, u, 4);
+                let v = k.ld(gp::<u32>(a).add_bytes(16));
+                let (lo, hi) = bf16_lo_hi(k, v);
+                acc_add(k, alo, lo);
+                acc_add(k, ahi, hi);
+            });
+        });
+        let pk = pack_bf16(k, alo, ahi);
+        let da = idx_addr(k, d, u, 4);
+        k.st(gp::<u32>(da).add_bytes(16), pk);
+    });
+    release_partials(k, cb, heads, jmask);
+    commit(k, s, pr, n, tn, hcnt);
+}
+
+/// Entry `i` of the channel's forward list: (home node, token, contributing GPU mask).
+fn forward_entry(
+    k: &mut KernelBuilder,
+    cb: &Combine,
+    i: Reg<u32>,
+) -> (Reg<u32>, Reg<u32>, Reg<u32>) {
+    let (c, list) = (&cb.s.c, cb.io.fwd_list);
+    let fi = k.mad_lo(c.chan, cb.s.fmax, i);
+    let fi2 = k.mul(fi, 2u32);
+    let e0 = k.ld(list.offset(fi2));
+    let fi3 = k.add(fi2, 1u32);
+    let jm = k.ld(list.offset(fi3));
+    let e0u = k.bitcast::<u32, i32>(e0);
+    let jmask = k.bitcast::<u32, i32>(jm);
+    let n = k.shr(e0u, 24u32);
+    let tok = k.and(e0u, 0x00ff_ffffu32);
+    (n, tok, jmask)
+}
+
+/// Waits for every contributing GPU's next partial.
+fn wait_partials(k: &mut KernelBuilder, cb: &Combine, heads: Reg<u32>, jmask: Reg<u32>) {
+    let (s, c) = (&cb.s, &cb.s.c);
+    k.for_range(0u32, s.cfg.gpus_per_node, 1u32, |k, j| {
+        let go = bit_set(k, jmask, j);
+        k.if_(go, |k| {
+            let hj = bcast(k, heads, j);
+            let ta = ctr_addr(k, s.my_cnt, s.ctr.nvl_tail(), j, c.chan, s.cfg.channels());
+            let start = k.globaltimer();
+            k.loop_(|k| {
+                let v = ld_acq(k, ta);
+                let tl = k.and(v, 0x7fff_ffffu32);
+                let ok = k.gt(tl, hj);
+                k.break_if(ok);
+                let exp = k.add(hj, 1u32);
+                check_timeout(k, c, start, ROLE_COMBINE_FORWARDER, hj, tl, exp);
+            });
+        });
+    });
+}
+
+/// Releases the consumed partials (head + 1 of every contributing GPU's ring).
+fn release_partials(k: &mut KernelBuilder, cb: &Combine, heads: Reg<u32>, jmask: Reg<u32>) {
+    let (s, c) = (&cb.s, &cb.s.c);
+    k.for_range(0u32, s.cfg.gpus_per_node, 1u32, |k, j| {
+        let go = bit_set(k, jmask, j);
+        k.if_(go, |k| {
+            let hj = bcast(k, heads, j);
+            bump(k, c.lane, heads, j);
+            k.bar_warp_sync(0xffff_ffffu32);
+            k.if_(cb.l0, |k| {
+                let ha = ctr_addr(k, s.my_cnt, s.ctr.nvl_head(), j, c.chan, s.cfg.channels());
+                let h1 = k.add(hj, 1u32);
+                st_rel(k, ha, h1);
+            });
+        });
+    });
+}
+
+/// Combine home receiver (odd CTA, warp 1): stages one partial per (token, node), then sums
+/// each token's partials in node order.
+fn combine_receiver(k: &mut KernelBuilder, cb: &Combine) {
+    let (s, c) = (&cb.s, &cb.s.c);
+    let nn = s.cfg.nodes();
+    let heads = k.mov(0u32);
+    let start = k.globaltimer();
+    let cs = Consumer {
+        hop: Hop::Inter,
+        region: s.my_ws,
+        nsrc: nn,
+        role: ROLE_COMBINE_RECEIVER,
+        heads,
+        start,
+    };
+    consume(k, s, &cs, |k, m, slot| {
+        let tok = k.ld(gp::<u32>(slot));
+        let si = k.mad_lo(tok, nn, m);
+        let d = idx_addr(k, cb.io.stage, si, cb.row_bytes);
+        let src = k.add(slot, 16u64);
+        copy16(k, c.lane, d, src, cb.row_bytes);
+        cb.l0
+    });
+    let (t0, t1) = chan_range(k, c.chan, cb.io.ntok, s.cfg.channels());
+    k.for_range(t0, t1, 1u32, |k, tok| {
+        let nmask = node_mask(k, s, cb.io.idx, tok);
+        k.for_range(c.lane, cb.words, 32u32, |k, u| {
+            reduce_word(k, cb, tok, nmask, u)
+        });
+    });
+    mark_done(k, c, cb.l0, cb.io.done);
+}
+
+/// Word `u` of token `tok`'s output: the sum of its staged partials in node order.
+fn reduce_word(k: &mut KernelBuilder, cb: &Combine, tok: Reg<u32>, nmask: Reg<u32>, u: Reg<u32>) {
+    let nn = cb.s.cfg.nodes();
+    let alo = k.mov(0.0f32);
+    let ahi = k.mov(0.0f32);
+    k.for_range(0u32, nn, 1u32, |k, m| {
+        let go = bit_set(k, nmask, m);
+        k.if_(go, |k| {
+            let si = k.mad_lo(tok, nn, m);
+            let a = idx_addr(k, cb.io.stage, si, cb.row_bytes);
+            let a2 = idx_addr(k, a, u, 4);
+            let v = k.ld(gp::<u32>(a2));
+            let (lo, hi) = bf16_lo_hi(k, v);
+            acc_add(k, alo, lo);
+            acc_add(k, ahi, hi);
+        });
+    });
+    let pk = pack_bf16(k, alo, ahi);
+    let o = idx_addr(k, cb.io.out, tok, cb.row_bytes);
+    let o2 = idx_addr(k, o, u, 4);
+    k.st(gp::<u32>(o2), pk);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1287,6 +1649,81 @@ pub struct EpGroup {
 
 fn pad128(n: u32) -> u32 {
     n.div_ceil(128) * 128
+}
+
+/// Inputs and outputs of one dispatch launch, per rank.
+struct DispatchLaunch<'a> {
+    x: &'a [XRef<'a>],
+    topk_idx: &'a [&'a Buffer<i32>],
+    topk_w: &'a [&'a Buffer<f32>],
+    ntoks: &'a [usize],
+    hs: &'a [RankHandle],
+    outs: &'a [DispatchOut],
+}
+
+/// A cached handle must be of this group and of the same token counts.
+fn check_handle(hs: &[RankHandle], ntoks: &[usize]) -> Result<()> {
+    if hs.len() != ntoks.len() {
+        return Err(EpError::Shape("handle of another group".into()));
+    }
+    for (r, (hd, &t)) in hs.iter().zip(ntoks).enumerate() {
+        if hd.num_tokens != t {
+            return Err(EpError::Shape(format!(
+                "rank {r}: cached handle has {} tokens, input {t}",
+                hd.num_tokens
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Row layout of one destination rank: each local expert's rows from every source rank in
+/// source order, each expert's segment padded to 128 rows.
+struct RowLayout {
+    /// Rows per local expert (before padding).
+    counts: Vec<u32>,
+    /// Start row of each local expert's segment.
+    base: Vec<u32>,
+    /// `[source rank, local expert]`: first row of that source's rows of that expert.
+    offs: Vec<i32>,
+    m_pad: usize,
+    /// Local expert of each row, -1 for padding.
+    m_indices: Vec<i32>,
+}
+
+impl RowLayout {
+    /// `per_exp[s][e]`: tokens source rank `s` sends to expert `e`; `d`: the destination rank.
+    fn new(per_exp: &[Vec<u32>], d: usize, el: usize) -> RowLayout {
+        let mut counts = vec![0u32; el];
+        let mut base = vec![0u32; el];
+        let mut offs = vec![0i32; per_exp.len() * el];
+        let mut row = 0u32;
+        for le in 0..el {
+            let e = d * el + le;
+            base[le] = row;
+            let mut acc = row;
+            for (s, pe) in per_exp.iter().enumerate() {
+                offs[s * el + le] = acc as i32;
+                acc += pe[e];
+            }
+            counts[le] = acc - row;
+            row += pad128(counts[le]);
+        }
+        let m_pad = row as usize;
+        let mut m_indices = vec![-1i32; m_pad.max(1)];
+        for le in 0..el {
+            for i in 0..counts[le] {
+                m_indices[(base[le] + i) as usize] = le as i32;
+            }
+        }
+        RowLayout {
+            counts,
+            base,
+            offs,
+            m_pad,
+            m_indices,
+        }
+    }
 }
 
 impl EpGroup {
@@ -1457,17 +1894,61 @@ impl EpGroup {
         cached: Option<&Handle>,
         only: Option<&[usize]>,
     ) -> Result<(Vec<DispatchOut>, Option<Handle>)> {
+        let (p, ntoks) = self.dispatch_tokens(x, topk_idx, topk_w)?;
+        let t0 = Instant::now();
+        // layout (or the cached one)
+        let fresh = match cached {
+            None => Some(self.build_handles(topk_idx, &ntoks)?),
+            Some(_) => None,
+        };
+        let hs: &[RankHandle] = match cached {
+            Some(c) => &c.ranks,
+            None => fresh.as_deref().unwrap_or_default(),
+        };
+        check_handle(hs, &ntoks)?;
+        self.reset()?;
+        let outs = self.alloc_dispatch_out(hs, p)?;
         let cfg = self.cfg.clone();
+        let f: Vec<_> = (0..cfg.ranks as usize)
+            .map(|r| {
+                kutil::function(
+                    &self.devices[r],
+                    "ep_dispatch",
+                    &cfg.key(p, "dispatch"),
+                    |t| dispatch_kernel(t, &cfg, p),
+                )
+            })
+            .collect::<Result<_>>()?;
+        let ranks: Vec<usize> = only
+            .map(|o| o.to_vec())
+            .unwrap_or_else(|| (0..cfg.ranks as usize).collect());
+        let launch = DispatchLaunch {
+            x,
+            topk_idx,
+            topk_w,
+            ntoks: &ntoks,
+            hs,
+            outs: &outs,
+        };
+        self.launch_dispatch(&f, &ranks, &launch)?;
+        self.finish(&ranks, t0)?;
+        Ok((outs, fresh.map(|ranks| Handle { ranks })))
+    }
+
+    /// Checks dispatch inputs; returns the payload and every rank's token count.
+    fn dispatch_tokens(
+        &self,
+        x: &[XRef],
+        topk_idx: &[&Buffer<i32>],
+        topk_w: &[&Buffer<f32>],
+    ) -> Result<(Payload, Vec<usize>)> {
+        let cfg = &self.cfg;
         let r_n = cfg.ranks as usize;
         if x.len() != r_n || topk_idx.len() != r_n || topk_w.len() != r_n {
             return Err(EpError::Shape(format!("need inputs for {r_n} ranks")));
         }
         let p = x[0].payload();
-        let (h, kk, el) = (
-            cfg.hidden as usize,
-            cfg.topk as usize,
-            cfg.local_experts() as usize,
-        );
+        let (h, kk) = (cfg.hidden as usize, cfg.topk as usize);
         let mut ntoks = Vec::new();
         for r in 0..r_n {
             if x[r].payload() != p {
@@ -1495,108 +1976,91 @@ impl EpGroup {
             }
             ntoks.push(t);
         }
-        let t0 = Instant::now();
-        // layout (or the cached one)
-        let mut fresh: Option<Vec<RankHandle>> = None;
-        if cached.is_none() {
-            let lc = cfg.layout_cfg();
-            let mut lays = Vec::new();
-            for r in 0..r_n {
-                lays.push(get_dispatch_layout(
-                    &self.streams[r],
-                    topk_idx[r],
-                    ntoks[r],
-                    &lc,
-                )?);
-            }
-            // count exchange ("notify"): tokens_per_expert of every source rank
-            let per_exp: Vec<Vec<u32>> = lays
-                .iter()
-                .enumerate()
-                .map(|(r, l)| self.streams[r].read(&l.tokens_per_expert))
-                .collect::<std::result::Result<_, _>>()?;
-            let mut hs = Vec::new();
-            for (d, lay) in lays.into_iter().enumerate() {
-                let mut counts = vec![0u32; el];
-                let mut base = vec![0u32; el];
-                let mut offs = vec![0i32; r_n * el];
-                let mut row = 0u32;
-                for le in 0..el {
-                    let e = d * el + le;
-                    base[le] = row;
-                    let mut acc = row;
-                    for (s, pe) in per_exp.iter().enumerate() {
-                        offs[s * el + le] = acc as i32;
-                        acc += pe[e];
-                    }
-                    counts[le] = acc - row;
-                    row += pad128(counts[le]);
-                }
-                let m_pad = row as usize;
-                let mut mi = vec![-1i32; m_pad.max(1)];
-                for le in 0..el {
-                    for i in 0..counts[le] {
-                        mi[(base[le] + i) as usize] = le as i32;
-                    }
-                }
-                let dev = &self.devices[d];
-                let fmax = cfg.fmax() as usize;
-                let cc = cfg.channels() as usize;
-                let g = cfg.gpus_per_node as usize;
-                let st = &self.streams[d];
-                let tk = st.read(topk_idx[d])?;
-                hs.push(RankHandle {
-                    num_tokens: ntoks[d],
-                    topk_idx: st.upload(&tk)?,
-                    slots: lay.slots,
-                    offs: st.upload(&offs)?,
-                    fwd_list: dev.alloc((cc * fmax * 2).max(1))?,
-                    fwd_count: dev.alloc(cc)?,
-                    rcv_list: dev.alloc((g * cc * fmax * kk).max(1))?,
-                    rcv_count: dev.alloc(g * cc)?,
-                    m_pad,
-                    counts,
-                    expert_base: base,
-                    m_indices_host: mi,
-                });
-            }
-            fresh = Some(hs);
+        Ok((p, ntoks))
+    }
+
+    /// Layout kernels on every rank, the count exchange ("notify": tokens_per_expert of every
+    /// source rank), and each rank's handle.
+    fn build_handles(&self, topk_idx: &[&Buffer<i32>], ntoks: &[usize]) -> Result<Vec<RankHandle>> {
+        let lc = self.cfg.layout_cfg();
+        let mut lays = Vec::new();
+        for r in 0..self.cfg.ranks as usize {
+            lays.push(get_dispatch_layout(
+                &self.streams[r],
+                topk_idx[r],
+                ntoks[r],
+                &lc,
+            )?);
         }
-        let hs: &[RankHandle] = match (&fresh, cached) {
-            (Some(h), _) => h,
-            (None, Some(c)) => &c.ranks,
-            (None, None) => unreachable!(),
-        };
-        if hs.len() != r_n {
-            return Err(EpError::Shape("handle of another group".into()));
+        let per_exp: Vec<Vec<u32>> = lays
+            .iter()
+            .enumerate()
+            .map(|(r, l)| self.streams[r].read(&l.tokens_per_expert))
+            .collect::<std::result::Result<_, _>>()?;
+        let mut hs = Vec::new();
+        for (d, lay) in lays.into_iter().enumerate() {
+            let rows = RowLayout::new(&per_exp, d, self.cfg.local_experts() as usize);
+            hs.push(self.rank_handle(d, topk_idx[d], ntoks[d], lay.slots, rows)?);
         }
-        for r in 0..r_n {
-            if hs[r].num_tokens != ntoks[r] {
-                return Err(EpError::Shape(format!(
-                    "rank {r}: cached handle has {} tokens, input {}",
-                    hs[r].num_tokens, ntoks[r]
-                )));
-            }
-        }
-        self.reset()?;
+        Ok(hs)
+    }
+
+    /// Rank `d`'s handle: its inputs' copies, row layout and (uninitialised) forward and
+    /// receive logs.
+    fn rank_handle(
+        &self,
+        d: usize,
+        topk_idx: &Buffer<i32>,
+        num_tokens: usize,
+        slots: Buffer<i32>,
+        rows: RowLayout,
+    ) -> Result<RankHandle> {
+        let cfg = &self.cfg;
+        let dev = &self.devices[d];
+        let fmax = cfg.fmax() as usize;
+        let cc = cfg.channels() as usize;
+        let g = cfg.gpus_per_node as usize;
+        let kk = cfg.topk as usize;
+        let st = &self.streams[d];
+        let tk = st.read(topk_idx)?;
+        Ok(RankHandle {
+            num_tokens,
+            topk_idx: st.upload(&tk)?,
+            slots,
+            offs: st.upload(&rows.offs)?,
+            fwd_list: dev.alloc((cc * fmax * 2).max(1))?,
+            fwd_count: dev.alloc(cc)?,
+            rcv_list: dev.alloc((g * cc * fmax * kk).max(1))?,
+            rcv_count: dev.alloc(g * cc)?,
+            m_pad: rows.m_pad,
+            counts: rows.counts,
+            expert_base: rows.base,
+            m_indices_host: rows.m_indices,
+        })
+    }
+
+    /// Every rank's dispatch output buffers (padding: zero rows, source and slot -1), and its
+    /// forward and receive counts zeroed.
+    fn alloc_dispatch_out(&self, hs: &[RankHandle], p: Payload) -> Result<Vec<DispatchOut>> {
+        let h = self.cfg.hidden as usize;
         let mut outs = Vec::new();
-        for r in 0..r_n {
+        for (r, hd) in hs.iter().enumerate() {
             let dev = &self.devices[r];
-            let m = hs[r].m_pad.max(1);
+            let m = hd.m_pad.max(1);
             let st = &self.streams[r];
-            st.fill(&hs[r].fwd_count, 0)?;
-            st.fill(&hs[r].rcv_count, 0)?;
+            st.fill(&hd.fwd_count, 0)?;
+            st.fill(&hd.rcv_count, 0)?;
             let o = DispatchOut {
-                recv_x: dev.alloc(m * cfg.payload_bytes(p) as usize)?,
+                recv_x: dev.alloc(m * self.cfg.payload_bytes(p) as usize)?,
                 recv_scales: dev.alloc(m * (h / 128))?,
                 recv_w: dev.alloc(m)?,
                 recv_src: dev.alloc(m)?,
                 recv_k: dev.alloc(m)?,
-                m_indices: st.upload(&hs[r].m_indices_host)?,
-                m_indices_host: hs[r].m_indices_host.clone(),
-                counts: hs[r].counts.clone(),
-                expert_base: hs[r].expert_base.clone(),
-                m_pad: hs[r].m_pad,
+                m_indices: st.upload(&hd.m_indices_host)?,
+                m_indices_host: hd.m_indices_host.clone(),
+                counts: hd.counts.clone(),
+                expert_base: hd.expert_base.clone(),
+                m_pad: hd.m_pad,
             };
             st.fill(&o.recv_src, -1)?;
             st.fill(&o.recv_k, -1)?;
@@ -1604,40 +2068,37 @@ impl EpGroup {
             st.fill(&o.recv_x, 0)?;
             outs.push(o);
         }
-        let f: Vec<_> = (0..r_n)
-            .map(|r| {
-                kutil::function(
-                    &self.devices[r],
-                    "ep_dispatch",
-                    &cfg.key(p, "dispatch"),
-                    |t| dispatch_kernel(t, &cfg, p),
-                )
-            })
-            .collect::<Result<_>>()?;
+        Ok(outs)
+    }
+
+    /// Launches the dispatch kernels `f` on `ranks`.
+    fn launch_dispatch(
+        &self,
+        f: &[runtime::Function],
+        ranks: &[usize],
+        a: &DispatchLaunch,
+    ) -> Result<()> {
         let lc = self.launch_cfg();
-        let ranks: Vec<usize> = only
-            .map(|o| o.to_vec())
-            .unwrap_or_else(|| (0..r_n).collect());
         // Emulated time stands still until every rank's kernel is queued (each stream then
         // holds it until its kernel runs): the host enqueueing one rank after another is no
         // reason for an early rank's wait loop to time out.
         let hold = emu::clock::Hold::new();
-        for &r in &ranks {
-            let (xp, sp, _) = x[r].ptrs();
-            let hd = &hs[r];
-            let o = &outs[r];
+        for &r in ranks {
+            let (xp, sp, _) = a.x[r].ptrs();
+            let hd = &a.hs[r];
+            let o = &a.outs[r];
             let args = vec![
                 runtime::Arg::U32(r as u32),
                 (&self.tabs[r].0).into(),
                 (&self.tabs[r].1).into(),
                 (&self.err[r]).into(),
-                runtime::Arg::U64(cfg.timeout.as_nanos() as u64),
+                runtime::Arg::U64(self.cfg.timeout.as_nanos() as u64),
                 runtime::Arg::Ptr(xp),
                 runtime::Arg::Ptr(sp),
-                topk_idx[r].into(),
-                topk_w[r].into(),
+                a.topk_idx[r].into(),
+                a.topk_w[r].into(),
                 (&hd.slots).into(),
-                runtime::Arg::U32(ntoks[r] as u32),
+                runtime::Arg::U32(a.ntoks[r] as u32),
                 (&self.bytes[r]).into(),
                 (&o.recv_x).into(),
                 (&o.recv_scales).into(),
@@ -1654,8 +2115,7 @@ impl EpGroup {
             self.streams[r].launch(&f[r], &lc, &args)?;
         }
         drop(hold);
-        self.finish(&ranks, t0)?;
-        Ok((outs, fresh.map(|ranks| Handle { ranks })))
+        Ok(())
     }
 
     /// Combine: rows `y[r]` (`[m_pad, H]` BF16, the layout of `handle`) go back to their tokens'
