@@ -220,6 +220,11 @@ pub fn dot(m: &TcModel, a: &[f64], b: &[f64], c: f32) -> f32 {
 /// [`GROUP`] columns go through [`group`] (same results as [`dot`], laid out so the column loops
 /// vectorise), the remainder through [`dot`]'s block sum.
 pub fn tile(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
+    if let Some(t16) = crate::tc_simd::fast_tile16() {
+        if t16(m, a, bt, k, cols, acc) {
+            return;
+        }
+    }
     let fast = crate::tc_simd::fast_tile();
     match fast {
         Some(t)

@@ -20,6 +20,24 @@
 
 use crate::tc_numerics::{TcModel, GROUP};
 
+#[cfg(target_arch = "x86_64")]
+mod rows16;
+
+/// The f32 kernel for 16-row tiles ([`rows16`]) for this CPU (checked at run time), or `None`
+/// (no AVX2, or not x86-64). It returns `false`, leaving the tile untouched, for a tile it does
+/// not handle.
+pub(crate) fn fast_tile16() -> Option<fn(&TcModel, &[f64], &[f64], usize, usize, &mut [f64]) -> bool>
+{
+    #[cfg(target_arch = "x86_64")]
+    {
+        rows16::select()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
 /// The signature of [`crate::tc_numerics::tile`].
 pub(crate) type TileFn = fn(&TcModel, &[f64], &[f64], usize, usize, &mut [f64]);
 
