@@ -1,6 +1,11 @@
-//! AVX2 kernel for [`crate::tc_numerics::tile`]: the tensor-core model's block sums for two
-//! rows x 8 adjacent outputs at a time, written with `std::arch` intrinsics.
+//! SIMD kernels for [`crate::tc_numerics::tile`], written with `std::arch` intrinsics and
+//! selected at run time:
+//! - [`rows16`] (first choice): 16-row tiles (every mma.sync and wgmma tile) in f32 with i32
+//!   sums, AVX-512F+DQ or AVX2 (see its docs);
+//! - the f64 kernel below: the tensor-core model's block sums for two rows x 8 adjacent outputs
+//!   at a time (AVX2), for finite tiles `rows16` declines.
 //!
+//! The f64 kernel:
 //! Same arithmetic as the portable `tc_numerics::group` (which stays the fallback and the test
 //! oracle, compared bit for bit in the tests): exact f64 products, alignment to the largest
 //! exponent by a power-of-two scale, truncation toward zero, exact sum, one rounding toward
