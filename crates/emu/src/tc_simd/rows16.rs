@@ -18,7 +18,9 @@
 //! - the exact integer sum is rounded toward zero to FP32 by the conversion itself
 //!   (AVX-512's embedded rounding; on AVX2 a conversion to nearest, stepped back one ulp where
 //!   it rounded away from zero), masked to `out_frac` fraction bits and scaled by 2^(e-F);
-//! - the block's largest magnitude is one `vrangeps` per product vector (AVX-512DQ);
+//! - the block's largest magnitude is one `vrangeps` per product vector (AVX-512DQ); on AVX2,
+//!   where an absolute value is an extra operation, pass 1 multiplies |A| and |B| stored with
+//!   the converted inputs, so it is one multiply and one max per product vector;
 //! - a products' operand B value is broadcast from memory into the multiply, A's 16 rows of
 //!   one k are one register, and G output columns are processed together (independent
 //!   dependency chains), the common block lengths compiled as constants.
@@ -144,19 +146,23 @@ unsafe fn drive<V: Lanes16, const G: usize>(
     cols: usize,
     acc: &mut [f64],
 ) -> bool {
-    let mut at = [MaybeUninit::<V>::uninit(); MAX_K];
+    let sa = V::stride();
+    let mut at = [MaybeUninit::<V>::uninit(); 2 * MAX_K];
     let (mut ok, mut low) = (true, V::zero());
-    for (j, slot) in at[..k].iter_mut().enumerate() {
+    for j in 0..k {
         let (v, o) = V::gather(a.as_ptr().add(j), k);
         ok &= o;
         low = low.or(v);
-        slot.write(v);
+        at[j * sa].write(v);
+        if V::PRE_ABS {
+            at[j * sa + 1].write(v.abs());
+        }
     }
     if !ok || low.low_bits() {
         return false;
     }
-    // SAFETY (of the cast): the first k entries were written above.
-    let at = std::slice::from_raw_parts(at.as_ptr() as *const V, k);
+    // SAFETY (of the cast): the first k * sa entries were written above.
+    let at = std::slice::from_raw_parts(at.as_ptr() as *const V, k * sa);
     let src = Src { a, bt, k, cols };
     let mut c0 = 0;
     while c0 < cols {
@@ -180,13 +186,19 @@ unsafe fn chunk<V: Lanes16, const G: usize>(
     acc: &mut [f64],
 ) {
     let (k, cols) = (src.k, src.cols);
-    let mut bf = [MaybeUninit::<f32>::uninit(); MAX_K * CHUNK];
+    let sb = V::stride() * CHUNK;
+    let mut bf = [MaybeUninit::<f32>::uninit(); 2 * MAX_K * CHUNK];
     let (mut ok, mut low) = (true, 0u32);
     for j in 0..k {
-        let dst = bf.as_mut_ptr().add(j * CHUNK) as *mut f32;
+        let dst = bf.as_mut_ptr().add(j * sb) as *mut f32;
         let (o, l) = V::convert16(src.bt.as_ptr().add(j * cols + c0), w, dst);
         ok &= o;
         low |= l;
+        if V::PRE_ABS {
+            for i in 0..CHUNK {
+                *dst.add(CHUNK + i) = (*dst.add(i)).abs();
+            }
+        }
     }
     let mut x = [V::zero(); CHUNK];
     for (cc, xc) in x[..w].iter_mut().enumerate() {
@@ -213,8 +225,9 @@ unsafe fn chunk<V: Lanes16, const G: usize>(
     }
 }
 
-/// The block loop of G columns (`bf` points at B's converted row 0, column 0 of the group;
-/// `col` is that column's index in the tile), the common block lengths as constants.
+/// The block loop of G columns (`at`: A's vectors, `bf`: B's converted row 0, column 0 of the
+/// group, with their magnitudes interleaved when `V::PRE_ABS`; `col` is that column's index in
+/// the tile), the common block lengths as constants.
 #[inline(always)]
 unsafe fn columns<V: Lanes16, const G: usize>(
     m: &TcModel,
@@ -224,11 +237,11 @@ unsafe fn columns<V: Lanes16, const G: usize>(
     col: usize,
     x: &mut [V; G],
 ) {
-    let (k, bl) = (at.len(), m.block_len());
+    let (k, bl) = (at.len() / V::stride(), m.block_len());
     let mut k0 = 0;
     while k0 < k {
         let n = bl.min(k - k0);
-        let (a, b) = (at.as_ptr().add(k0), bf.add(k0 * CHUNK));
+        let (a, b) = (at.as_ptr().add(k0 * V::stride()), bf.add(k0 * V::stride() * CHUNK));
         let blk = Blk { m, src, col, k0 };
         match n {
             4 => block::<V, G>(&blk, 4, a, b, x),
@@ -250,7 +263,8 @@ struct Blk<'a> {
 }
 
 /// One block of `n` products plus C for 16 rows x G columns: `a` points at the block's first
-/// A vector, `b` at its first converted B row (rows [`CHUNK`] apart, G adjacent columns).
+/// A vector, `b` at its first converted B row (G adjacent columns; with `V::PRE_ABS`, each A
+/// vector and B row is followed by its magnitudes).
 #[inline(always)]
 unsafe fn block<V: Lanes16, const G: usize>(
     blk: &Blk,
@@ -259,15 +273,16 @@ unsafe fn block<V: Lanes16, const G: usize>(
     b: *const f32,
     x: &mut [V; G],
 ) {
+    let (sa, sb, m1) = (V::stride(), V::stride() * CHUNK, V::PRE_ABS as usize);
     // pass 1: the largest magnitude per output (products recomputed in pass 2)
     let mut big = [V::zero(); G];
     for g in 0..G {
         big[g] = x[g].abs();
     }
     for j in 0..n {
-        let aj = *a.add(j);
+        let aj = *a.add(j * sa + m1);
         for (g, bg) in big.iter_mut().enumerate() {
-            *bg = bg.absmax(aj.mul_bcast(b.add(j * CHUNK + g)));
+            *bg = bg.max_mag(aj.mul_bcast(b.add(j * sb + m1 * CHUNK + g)));
         }
     }
     let f = blk.m.align_frac as i32;
@@ -281,9 +296,9 @@ unsafe fn block<V: Lanes16, const G: usize>(
         s[g] = x[g].mul(up[g]).trunc();
     }
     for j in 0..n {
-        let aj = *a.add(j);
+        let aj = *a.add(j * sa);
         for (g, sg) in s.iter_mut().enumerate() {
-            let t = aj.mul_bcast(b.add(j * CHUNK + g)).mul(up[g]).trunc();
+            let t = aj.mul_bcast(b.add(j * sb + g)).mul(up[g]).trunc();
             *sg = V::add(*sg, t);
         }
     }
@@ -322,6 +337,14 @@ unsafe fn redo_lanes<V: Lanes16>(blk: &Blk, n: usize, g: usize, old: V, new: V, 
 trait Lanes16: Copy {
     /// 16 i32 lanes.
     type I: Copy;
+    /// Whether pass 1 multiplies stored magnitudes |A| and |B| (one max per product, no
+    /// absolute value) instead of A and B.
+    const PRE_ABS: bool;
+    /// Vectors per k in the A array (and B rows per k, in units of [`CHUNK`]).
+    #[inline(always)]
+    fn stride() -> usize {
+        1 + Self::PRE_ABS as usize
+    }
     unsafe fn zero() -> Self;
     /// Lane r = `p[r * stride]` as f32, and whether every lane is finite and exact in f32.
     unsafe fn gather(p: *const f64, stride: usize) -> (Self, bool);
@@ -334,8 +357,8 @@ trait Lanes16: Copy {
     /// Whether any lane has a bit of [`LOW_BITS`] set.
     unsafe fn low_bits(self) -> bool;
     unsafe fn abs(self) -> Self;
-    /// max(|self|, |p|) (self is non-negative).
-    unsafe fn absmax(self, p: Self) -> Self;
+    /// max(self, |p|) for a non-negative self (p is non-negative when `PRE_ABS`).
+    unsafe fn max_mag(self, p: Self) -> Self;
     unsafe fn mul(self, o: Self) -> Self;
     unsafe fn mul_bcast(self, s: *const f32) -> Self;
     /// From the largest magnitudes: 2^(F - e), 2^(e - F) for their exponents e (clamped to
@@ -356,6 +379,7 @@ struct Z(__m512);
 
 impl Lanes16 for Z {
     type I = __m512i;
+    const PRE_ABS: bool = false;
 
     #[inline(always)]
     unsafe fn zero() -> Self {
@@ -411,7 +435,7 @@ impl Lanes16 for Z {
     }
 
     #[inline(always)]
-    unsafe fn absmax(self, p: Self) -> Self {
+    unsafe fn max_mag(self, p: Self) -> Self {
         // imm8: bits 1:0 = 11 (larger magnitude), bits 3:2 = 10 (sign cleared)
         Z(_mm512_range_ps::<0b1011>(self.0, p.0))
     }
@@ -512,6 +536,7 @@ unsafe fn y_quarter(v: __m256d) -> (__m128, bool) {
 
 impl Lanes16 for Y {
     type I = [__m256i; 2];
+    const PRE_ABS: bool = true;
 
     #[inline(always)]
     unsafe fn zero() -> Self {
@@ -576,8 +601,8 @@ impl Lanes16 for Y {
     }
 
     #[inline(always)]
-    unsafe fn absmax(self, p: Self) -> Self {
-        self.zip(p.abs(), |a, b| _mm256_max_ps(a, b))
+    unsafe fn max_mag(self, p: Self) -> Self {
+        self.zip(p, |a, b| _mm256_max_ps(a, b))
     }
 
     #[inline(always)]
