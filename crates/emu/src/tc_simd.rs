@@ -28,11 +28,14 @@ use crate::tc_numerics::{TcModel, GROUP};
 #[cfg(target_arch = "x86_64")]
 mod rows16;
 
+/// The signature of the 16-row kernels: [`crate::tc_numerics::tile`]'s, returning `false` (and
+/// leaving `acc` untouched) for a tile the kernel does not handle.
+pub(crate) type Tile16Fn = fn(&TcModel, &[f64], &[f64], usize, usize, &mut [f64]) -> bool;
+
 /// The f32 kernel for 16-row tiles ([`rows16`]) for this CPU (checked at run time), or `None`
 /// (no AVX2, or not x86-64). It returns `false`, leaving the tile untouched, for a tile it does
 /// not handle.
-pub(crate) fn fast_tile16() -> Option<fn(&TcModel, &[f64], &[f64], usize, usize, &mut [f64]) -> bool>
-{
+pub(crate) fn fast_tile16() -> Option<Tile16Fn> {
     #[cfg(target_arch = "x86_64")]
     {
         rows16::select()

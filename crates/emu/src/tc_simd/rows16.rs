@@ -28,13 +28,10 @@
 //! Inputs are converted once per tile (A: gathers of 16 rows per k; B: 16-column chunks; C:
 //! gathers of each column), so the conversion cost is per input, not per product.
 
+use super::Tile16Fn;
 use crate::tc_numerics::{block_sum, scalar_cols, TcModel};
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
-
-/// The signature of the kernels: `false` (and `acc` untouched) when the tile is not one the
-/// kernel handles (the caller then runs the f64 path).
-pub(crate) type Tile16Fn = fn(&TcModel, &[f64], &[f64], usize, usize, &mut [f64]) -> bool;
 
 /// Rows of a tile this kernel handles (one per vector lane).
 const ROWS: usize = 16;
@@ -241,7 +238,10 @@ unsafe fn columns<V: Lanes16, const G: usize>(
     let mut k0 = 0;
     while k0 < k {
         let n = bl.min(k - k0);
-        let (a, b) = (at.as_ptr().add(k0 * V::stride()), bf.add(k0 * V::stride() * CHUNK));
+        let (a, b) = (
+            at.as_ptr().add(k0 * V::stride()),
+            bf.add(k0 * V::stride() * CHUNK),
+        );
         let blk = Blk { m, src, col, k0 };
         match n {
             4 => block::<V, G>(&blk, 4, a, b, x),
