@@ -185,17 +185,16 @@ unsafe fn chunk<V: Lanes16, const G: usize>(
     let (k, cols) = (src.k, src.cols);
     let sb = V::stride() * CHUNK;
     let mut bf = [MaybeUninit::<f32>::uninit(); 2 * MAX_K * CHUNK];
-    let (mut ok, mut low) = (true, 0u32);
+    let (mut ok, mut low) = (true, V::zero());
     for j in 0..k {
         let dst = bf.as_mut_ptr().add(j * sb) as *mut f32;
-        let (o, l) = V::convert16(src.bt.as_ptr().add(j * cols + c0), w, dst);
-        ok &= o;
-        low |= l;
+        let (v, o) = V::load16(src.bt.as_ptr().add(j * cols + c0), w);
+        v.store(dst);
         if V::PRE_ABS {
-            for i in 0..CHUNK {
-                *dst.add(CHUNK + i) = (*dst.add(i)).abs();
-            }
+            v.abs().store(dst.add(CHUNK));
         }
+        ok &= o;
+        low = low.or(v);
     }
     let mut x = [V::zero(); CHUNK];
     for (cc, xc) in x[..w].iter_mut().enumerate() {
@@ -203,7 +202,7 @@ unsafe fn chunk<V: Lanes16, const G: usize>(
         ok &= o;
         *xc = v;
     }
-    if !ok || low & LOW_BITS != 0 {
+    if !ok || low.low_bits() {
         for r in 0..ROWS {
             let row = &mut acc[r * cols..r * cols + c0 + w];
             scalar_cols(m, &src.a[r * k..(r + 1) * k], src.bt, cols, c0, row);
@@ -350,9 +349,10 @@ trait Lanes16: Copy {
     unsafe fn gather(p: *const f64, stride: usize) -> (Self, bool);
     /// `p[r * stride]` = lane r as f64.
     unsafe fn scatter(self, p: *mut f64, stride: usize);
-    /// `dst[0..16]` = `p[0..w]` as f32 (0 beyond w); whether all are finite and exact, and the
-    /// OR of their bits.
-    unsafe fn convert16(p: *const f64, w: usize, dst: *mut f32) -> (bool, u32);
+    /// `p[0..w]` as f32 (0 beyond w), and whether all are finite and exact.
+    unsafe fn load16(p: *const f64, w: usize) -> (Self, bool);
+    /// `dst[0..16]` = the lanes.
+    unsafe fn store(self, dst: *mut f32);
     unsafe fn or(self, o: Self) -> Self;
     /// Whether any lane has a bit of [`LOW_BITS`] set.
     unsafe fn low_bits(self) -> bool;
@@ -408,14 +408,16 @@ impl Lanes16 for Z {
     }
 
     #[inline(always)]
-    unsafe fn convert16(p: *const f64, w: usize, dst: *mut f32) -> (bool, u32) {
+    unsafe fn load16(p: *const f64, w: usize) -> (Self, bool) {
         let lanes = |n: usize| ((1u32 << n.min(8)) - 1) as __mmask8;
         let lo = _mm512_maskz_loadu_pd(lanes(w), p);
         let hi = _mm512_maskz_loadu_pd(lanes(w.saturating_sub(8)), p.add(8));
-        let (v, ok) = z_from_halves(lo, hi);
-        _mm512_storeu_ps(dst, v.0);
-        let bits = _mm512_reduce_or_epi32(_mm512_castps_si512(v.0)) as u32;
-        (ok, bits)
+        z_from_halves(lo, hi)
+    }
+
+    #[inline(always)]
+    unsafe fn store(self, dst: *mut f32) {
+        _mm512_storeu_ps(dst, self.0);
     }
 
     #[inline(always)]
@@ -566,20 +568,24 @@ impl Lanes16 for Y {
     }
 
     #[inline(always)]
-    unsafe fn convert16(p: *const f64, w: usize, dst: *mut f32) -> (bool, u32) {
+    unsafe fn load16(p: *const f64, w: usize) -> (Self, bool) {
         let mut ok = true;
-        let mut bits = _mm_setzero_si128();
-        for i in 0..4 {
+        let mut q = [_mm_setzero_ps(); 4];
+        for (i, qi) in q.iter_mut().enumerate() {
             let n = w.saturating_sub(4 * i).min(4) as i64;
             let mask = _mm256_cmpgt_epi64(_mm256_set1_epi64x(n), _mm256_setr_epi64x(0, 1, 2, 3));
             let (f, o) = y_quarter(_mm256_maskload_pd(p.add(4 * i), mask));
-            _mm_storeu_ps(dst.add(4 * i), f);
-            bits = _mm_or_si128(bits, _mm_castps_si128(f));
+            *qi = f;
             ok &= o;
         }
-        let bits = _mm_or_si128(bits, _mm_shuffle_epi32::<0b01_00_11_10>(bits));
-        let bits = _mm_or_si128(bits, _mm_shuffle_epi32::<0b10_11_00_01>(bits));
-        (ok, _mm_cvtsi128_si32(bits) as u32)
+        let v = [_mm256_set_m128(q[1], q[0]), _mm256_set_m128(q[3], q[2])];
+        (Y(v), ok)
+    }
+
+    #[inline(always)]
+    unsafe fn store(self, dst: *mut f32) {
+        _mm256_storeu_ps(dst, self.0[0]);
+        _mm256_storeu_ps(dst.add(8), self.0[1]);
     }
 
     #[inline(always)]
