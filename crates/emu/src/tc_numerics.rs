@@ -50,10 +50,11 @@
 //! obviously-correct one on raw bits and `i128` integers; the tests cross-check the two on
 //! random inputs for every form.
 //!
-//! [`tile`] (the mma and wgmma tiles) tries, in order: the f32 kernel for 16-row tiles
-//! (`tc_simd::rows16`: products in f32, aligned terms summed in i32 lanes, AVX-512 or AVX2),
-//! which declines tiles whose inputs are not all finite and exact in f32 with at most 11
-//! significant bits; the f64 SIMD kernel (`tc_simd`, AVX2) for finite tiles; the portable
+//! [`tile`] (the mma and wgmma tiles) tries, in order: the f32 kernel for tiles of up to 16 rows
+//! and a multiple of 8 columns (`tc_simd::rows16`: products in f32, aligned terms summed in i32
+//! lanes, AVX-512 or AVX2), which declines tiles whose A and B are not all finite and exact in
+//! f32 with at most 11 significant bits or whose C is not finite and exact in f32; the f64 SIMD
+//! kernel (`tc_simd`, AVX2) for finite tiles; the portable
 //! column groups ([`tile_portable`]). All give the bits of [`block_sum`] (tested against each
 //! other and against [`reference_dot`]).
 
@@ -224,8 +225,9 @@ pub fn dot(m: &TcModel, a: &[f64], b: &[f64], c: f32) -> f32 {
 
 /// Accumulates a `rows x cols` tile of dot products under model `m`: `acc[r * cols + c]` is the
 /// C of output (r, c) on entry and its D on exit. `a` is `rows x k` (row-major) and `bt` is
-/// `k x cols` (row kk holds B[kk][..]). The emulator's mma and wgmma paths call this. 16-row
-/// tiles of f32-exact inputs go through the f32 kernel (see the module docs); otherwise groups
+/// `k x cols` (row kk holds B[kk][..]). The emulator's mma and wgmma paths call this. Tiles of
+/// up to 16 rows and a multiple of 8 columns with f32-exact inputs go through the f32 kernel
+/// (see the module docs); otherwise groups
 /// of [`GROUP`] columns go through [`group`] (same results as [`dot`], laid out so the column
 /// loops vectorise), the remainder through [`dot`]'s block sum.
 pub fn tile(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {

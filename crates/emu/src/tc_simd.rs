@@ -1,7 +1,7 @@
 //! SIMD kernels for [`crate::tc_numerics::tile`], written with `std::arch` intrinsics and
 //! selected at run time:
-//! - [`rows16`] (first choice): 16-row tiles (every mma.sync and wgmma tile) in f32 with i32
-//!   sums, AVX-512F+DQ or AVX2 (see its docs);
+//! - [`rows16`] (first choice): tiles of up to 16 rows and a multiple of 8 columns (every
+//!   mma.sync and wgmma tile) in f32 with i32 sums, AVX-512F+DQ or AVX2 (see its docs);
 //! - the f64 kernel below: the tensor-core model's block sums for two rows x 8 adjacent outputs
 //!   at a time (AVX2), for finite tiles `rows16` declines.
 //!
@@ -28,11 +28,11 @@ use crate::tc_numerics::{TcModel, GROUP};
 #[cfg(target_arch = "x86_64")]
 mod rows16;
 
-/// The signature of the 16-row kernels: [`crate::tc_numerics::tile`]'s, returning `false` (and
+/// The signature of the f32 kernels: [`crate::tc_numerics::tile`]'s, returning `false` (and
 /// leaving `acc` untouched) for a tile the kernel does not handle.
 pub(crate) type Tile16Fn = fn(&TcModel, &[f64], &[f64], usize, usize, &mut [f64]) -> bool;
 
-/// The f32 kernel for 16-row tiles ([`rows16`]) for this CPU (checked at run time), or `None`
+/// The f32 tile kernel ([`rows16`]) for this CPU (checked at run time), or `None`
 /// (no AVX2, or not x86-64). It returns `false`, leaving the tile untouched, for a tile it does
 /// not handle.
 pub(crate) fn fast_tile16() -> Option<Tile16Fn> {
