@@ -92,14 +92,19 @@ fn tile_z(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [
         // SAFETY: `select` hands this function out only when the CPU reports AVX-512F and DQ;
         // `shape` checked the slice lengths and the limits the scratch space is sized for, and
         // that the rows fill whole groups of the layout.
-        Some(rows) if cols % 16 == 0 && rows % G == 0 => unsafe { tile_zw(m, a, bt, k, cols, acc) },
-        Some(rows) if rows % (2 * G) == 0 => unsafe { tile_zp(m, a, bt, k, cols, acc) },
+        Some(rows) if cols % 16 == 0 && rows % G == 0 => {
+            SCRATCH.with_borrow_mut(|sc| unsafe { tile_zw(sc, m, a, bt, k, cols, acc) })
+        }
+        Some(rows) if rows % (2 * G) == 0 => {
+            SCRATCH.with_borrow_mut(|sc| unsafe { tile_zp(sc, m, a, bt, k, cols, acc) })
+        }
         _ => false,
     }
 }
 
 #[target_feature(enable = "avx512f,avx512dq,avx2")]
 unsafe fn tile_zw(
+    sc: &mut Scratch,
     m: &TcModel,
     a: &[f64],
     bt: &[f64],
@@ -107,11 +112,12 @@ unsafe fn tile_zw(
     cols: usize,
     acc: &mut [f64],
 ) -> bool {
-    drive::<ZW>(m, a, bt, k, cols, acc)
+    drive::<ZW>(sc, m, a, bt, k, cols, acc)
 }
 
 #[target_feature(enable = "avx512f,avx512dq,avx2")]
 unsafe fn tile_zp(
+    sc: &mut Scratch,
     m: &TcModel,
     a: &[f64],
     bt: &[f64],
@@ -119,20 +125,23 @@ unsafe fn tile_zp(
     cols: usize,
     acc: &mut [f64],
 ) -> bool {
-    drive::<ZP>(m, a, bt, k, cols, acc)
+    drive::<ZP>(sc, m, a, bt, k, cols, acc)
 }
 
 fn tile_y(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) -> bool {
     match shape(m, a, bt, k, cols, acc) {
         // SAFETY: `select` hands this function out only when the CPU reports AVX2; `shape`
         // checked the slice lengths and limits, and that the rows fill whole groups.
-        Some(rows) if rows % G == 0 => unsafe { tile_y_impl(m, a, bt, k, cols, acc) },
+        Some(rows) if rows % G == 0 => {
+            SCRATCH.with_borrow_mut(|sc| unsafe { tile_y_impl(sc, m, a, bt, k, cols, acc) })
+        }
         _ => false,
     }
 }
 
 #[target_feature(enable = "avx2")]
 unsafe fn tile_y_impl(
+    sc: &mut Scratch,
     m: &TcModel,
     a: &[f64],
     bt: &[f64],
@@ -140,7 +149,7 @@ unsafe fn tile_y_impl(
     cols: usize,
     acc: &mut [f64],
 ) -> bool {
-    drive::<Y>(m, a, bt, k, cols, acc)
+    drive::<Y>(sc, m, a, bt, k, cols, acc)
 }
 
 /// The converted inputs of one tile (per thread, reused: no allocation per tile).
@@ -176,10 +185,13 @@ struct Src<'a> {
     cols: usize,
 }
 
-/// Converts A, B and C (declining the tile when one is not exact in f32, B or A has more than
-/// 11 significant bits, or C is not finite), runs the column chunks, writes D back.
+/// Converts A, B and C into `sc` (declining the tile when one is not exact in f32, B or A has
+/// more than 11 significant bits, or C is not finite), runs the column chunks, writes D back.
+/// No closures here: a closure would not inherit the caller's target features, and the
+/// intrinsics would become calls.
 #[inline(always)]
 unsafe fn drive<V: Lanes>(
+    sc: &mut Scratch,
     m: &TcModel,
     a: &[f64],
     bt: &[f64],
@@ -188,52 +200,50 @@ unsafe fn drive<V: Lanes>(
     acc: &mut [f64],
 ) -> bool {
     let rows = acc.len() / cols;
-    SCRATCH.with_borrow_mut(|sc| {
-        let (oa, la) = V::cvt(&a[..rows * k], &mut sc.a);
-        let (ob, lb) = V::cvt(&bt[..k * cols], &mut sc.b);
-        let (oc, _) = V::cvt(acc, &mut sc.c);
-        if !(oa && ob && oc) || (la | lb) & LOW_BITS != 0 {
-            return false;
+    let (oa, la) = V::cvt(&a[..rows * k], &mut sc.a);
+    let (ob, lb) = V::cvt(&bt[..k * cols], &mut sc.b);
+    let (oc, _) = V::cvt(acc, &mut sc.c);
+    if !(oa && ob && oc) || (la | lb) & LOW_BITS != 0 {
+        return false;
+    }
+    V::prep_a(&sc.a[..rows * k], k, &mut sc.av, &mut sc.av_abs);
+    if V::PRE_ABS {
+        for (d, s) in sc.b_abs[..k * cols].iter_mut().zip(&sc.b[..k * cols]) {
+            *d = s.abs();
         }
-        V::prep_a(&sc.a[..rows * k], k, &mut sc.av, &mut sc.av_abs);
-        if V::PRE_ABS {
-            for (d, s) in sc.b_abs[..k * cols].iter_mut().zip(&sc.b[..k * cols]) {
-                *d = s.abs();
+    }
+    let src = Src { a, bt, k, cols };
+    let ops = Ops {
+        a: sc.av.as_ptr(),
+        a_abs: if V::PRE_ABS {
+            sc.av_abs.as_ptr()
+        } else {
+            sc.av.as_ptr()
+        },
+        b: sc.b.as_ptr(),
+        b_abs: if V::PRE_ABS {
+            sc.b_abs.as_ptr()
+        } else {
+            sc.b.as_ptr()
+        },
+    };
+    let c = sc.c.as_mut_ptr();
+    for c0 in (0..cols).step_by(V::CW) {
+        for g0 in (0..rows / V::RG).step_by(G) {
+            let mut x = [V::zero(); G];
+            for (g, xg) in x.iter_mut().enumerate() {
+                *xg = V::load_c(c.add((g0 + g) * V::RG * cols + c0), cols);
+            }
+            columns::<V>(m, &ops, &src, g0, c0, &mut x);
+            for (g, xg) in x.iter().enumerate() {
+                xg.store_c(c.add((g0 + g) * V::RG * cols + c0), cols);
             }
         }
-        let src = Src { a, bt, k, cols };
-        let ops = Ops {
-            a: sc.av.as_ptr(),
-            a_abs: if V::PRE_ABS {
-                sc.av_abs.as_ptr()
-            } else {
-                sc.av.as_ptr()
-            },
-            b: sc.b.as_ptr(),
-            b_abs: if V::PRE_ABS {
-                sc.b_abs.as_ptr()
-            } else {
-                sc.b.as_ptr()
-            },
-        };
-        let c = sc.c.as_mut_ptr();
-        for c0 in (0..cols).step_by(V::CW) {
-            for g0 in (0..rows / V::RG).step_by(G) {
-                let mut x = [V::zero(); G];
-                for (g, xg) in x.iter_mut().enumerate() {
-                    *xg = V::load_c(c.add((g0 + g) * V::RG * cols + c0), cols);
-                }
-                columns::<V>(m, &ops, &src, g0, c0, &mut x);
-                for (g, xg) in x.iter().enumerate() {
-                    xg.store_c(c.add((g0 + g) * V::RG * cols + c0), cols);
-                }
-            }
-        }
-        for (d, s) in acc.iter_mut().zip(&sc.c) {
-            *d = *s as f64;
-        }
-        true
-    })
+    }
+    for (d, s) in acc.iter_mut().zip(&sc.c) {
+        *d = *s as f64;
+    }
+    true
 }
 
 /// The operand arrays of a tile (see [`Scratch`]); with `V::PRE_ABS` the `_abs` ones hold
