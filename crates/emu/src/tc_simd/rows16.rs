@@ -79,7 +79,7 @@ fn shape(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &[f64])
         && m.out_frac <= 23
         && (1..=MAX_K).contains(&k)
         && (8..=MAX_COLS).contains(&cols)
-        && cols % 8 == 0
+        && cols.is_multiple_of(8)
         && (1..=MAX_ROWS).contains(&rows)
         && acc.len() == rows * cols
         && a.len() >= rows * k
@@ -92,10 +92,10 @@ fn tile_z(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [
         // SAFETY: `select` hands this function out only when the CPU reports AVX-512F and DQ;
         // `shape` checked the slice lengths and the limits the scratch space is sized for, and
         // that the rows fill whole groups of the layout.
-        Some(rows) if cols % 16 == 0 && rows % G == 0 => {
+        Some(rows) if cols.is_multiple_of(16) && rows.is_multiple_of(G) => {
             SCRATCH.with_borrow_mut(|sc| unsafe { tile_zw(sc, m, a, bt, k, cols, acc) })
         }
-        Some(rows) if rows % (2 * G) == 0 => {
+        Some(rows) if rows.is_multiple_of(2 * G) => {
             SCRATCH.with_borrow_mut(|sc| unsafe { tile_zp(sc, m, a, bt, k, cols, acc) })
         }
         _ => false,
@@ -132,7 +132,7 @@ fn tile_y(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [
     match shape(m, a, bt, k, cols, acc) {
         // SAFETY: `select` hands this function out only when the CPU reports AVX2; `shape`
         // checked the slice lengths and limits, and that the rows fill whole groups.
-        Some(rows) if rows % G == 0 => {
+        Some(rows) if rows.is_multiple_of(G) => {
             SCRATCH.with_borrow_mut(|sc| unsafe { tile_y_impl(sc, m, a, bt, k, cols, acc) })
         }
         _ => false,
