@@ -46,9 +46,12 @@ const LOW_BITS: u32 = 0x1fff;
 /// Row groups processed together (independent dependency chains sharing each B load).
 const G: usize = 4;
 
-/// The kernel for this CPU: AVX-512F+DQ, else AVX2, else `None`.
+/// The kernel for this CPU: AVX-512F+DQ+VL, else AVX2, else `None`.
 pub(crate) fn select() -> Option<Tile16Fn> {
-    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512dq") {
+    if std::is_x86_feature_detected!("avx512f")
+        && std::is_x86_feature_detected!("avx512dq")
+        && std::is_x86_feature_detected!("avx512vl")
+    {
         return Some(tile_z);
     }
     if std::is_x86_feature_detected!("avx2") {
@@ -64,7 +67,10 @@ pub(crate) fn all() -> Vec<(&'static str, Tile16Fn)> {
     if std::is_x86_feature_detected!("avx2") {
         v.push(("f32-avx2", tile_y));
     }
-    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512dq") {
+    if std::is_x86_feature_detected!("avx512f")
+        && std::is_x86_feature_detected!("avx512dq")
+        && std::is_x86_feature_detected!("avx512vl")
+    {
         v.push(("f32-avx512", tile_z));
     }
     v
@@ -102,7 +108,7 @@ fn tile_z(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [
     }
 }
 
-#[target_feature(enable = "avx512f,avx512dq,avx2")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2")]
 unsafe fn tile_zw(
     sc: &mut Scratch,
     m: &TcModel,
@@ -115,7 +121,7 @@ unsafe fn tile_zw(
     drive::<ZW>(sc, m, a, bt, k, cols, acc)
 }
 
-#[target_feature(enable = "avx512f,avx512dq,avx2")]
+#[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2")]
 unsafe fn tile_zp(
     sc: &mut Scratch,
     m: &TcModel,
