@@ -1,7 +1,7 @@
 //! SIMD kernels for [`crate::tc_numerics::tile`], written with `std::arch` intrinsics and
 //! selected at run time:
 //! - [`rows16`] (first choice): tiles of up to 16 rows and a multiple of 8 columns (every
-//!   mma.sync and wgmma tile) in f32 with i32 sums, AVX-512F+DQ or AVX2 (see its docs);
+//!   mma.sync and wgmma tile) in f32 with i32 sums, AVX-512F+DQ+VL or AVX2 (see its docs);
 //! - the f64 kernel below: the tensor-core model's block sums for two rows x 8 adjacent outputs
 //!   at a time (AVX2), for finite tiles `rows16` declines.
 //!

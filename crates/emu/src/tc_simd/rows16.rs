@@ -95,7 +95,7 @@ fn shape(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &[f64])
 
 fn tile_z(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) -> bool {
     match shape(m, a, bt, k, cols, acc) {
-        // SAFETY: `select` hands this function out only when the CPU reports AVX-512F and DQ;
+        // SAFETY: `select` hands this function out only when the CPU reports AVX-512F, DQ, VL;
         // `shape` checked the slice lengths and the limits the scratch space is sized for, and
         // that the rows fill whole groups of the layout.
         Some(rows) if cols.is_multiple_of(16) && rows.is_multiple_of(G) => {
