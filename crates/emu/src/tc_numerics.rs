@@ -43,11 +43,20 @@
 //! propagate as in the exact mode); a finite result too large for FP32 becomes the largest
 //! finite FP32 value (round toward zero); an exactly-zero sum is +0.
 //!
-//! # Two implementations
-//! [`dot`] is the emulator's fast path: products in f64 (exact for every supported input type),
-//! alignment by scaling with a power of two and `trunc`, the aligned integers summed in f64
-//! (exact: at most 33 terms below 2^25). [`reference_dot`] is the slow, obviously-correct one on
-//! raw bits and `i128` integers; the tests cross-check the two on random inputs for every form.
+//! # Implementations
+//! [`dot`] is the emulator's fast path for one output: products in f64 (exact for every
+//! supported input type), alignment by scaling with a power of two and `trunc`, the aligned
+//! integers summed in f64 (exact: at most 33 terms below 2^25). [`reference_dot`] is the slow,
+//! obviously-correct one on raw bits and `i128` integers; the tests cross-check the two on
+//! random inputs for every form.
+//!
+//! [`tile`] (the mma and wgmma tiles) tries, in order: the f32 kernel for tiles of up to 16 rows
+//! and a multiple of 8 columns (`tc_simd::rows16`: products in f32, aligned terms summed in i32
+//! lanes, AVX-512 or AVX2), which declines tiles whose A and B are not all finite and exact in
+//! f32 with at most 11 significant bits or whose C is not finite and exact in f32; the f64 SIMD
+//! kernel (`tc_simd`, AVX2) for finite tiles; the portable
+//! column groups ([`tile_portable`]). All give the bits of [`block_sum`] (tested against each
+//! other and against [`reference_dot`]).
 
 use ptx::Ty;
 
@@ -216,10 +225,17 @@ pub fn dot(m: &TcModel, a: &[f64], b: &[f64], c: f32) -> f32 {
 
 /// Accumulates a `rows x cols` tile of dot products under model `m`: `acc[r * cols + c]` is the
 /// C of output (r, c) on entry and its D on exit. `a` is `rows x k` (row-major) and `bt` is
-/// `k x cols` (row kk holds B[kk][..]). The emulator's mma and wgmma paths call this; groups of
-/// [`GROUP`] columns go through [`group`] (same results as [`dot`], laid out so the column loops
-/// vectorise), the remainder through [`dot`]'s block sum.
+/// `k x cols` (row kk holds B[kk][..]). The emulator's mma and wgmma paths call this. Tiles of
+/// up to 16 rows and a multiple of 8 columns with f32-exact inputs go through the f32 kernel
+/// (see the module docs); otherwise groups
+/// of [`GROUP`] columns go through [`group`] (same results as [`dot`], laid out so the column
+/// loops vectorise), the remainder through [`dot`]'s block sum.
 pub fn tile(m: &TcModel, a: &[f64], bt: &[f64], k: usize, cols: usize, acc: &mut [f64]) {
+    if let Some(t16) = crate::tc_simd::fast_tile16() {
+        if t16(m, a, bt, k, cols, acc) {
+            return;
+        }
+    }
     let fast = crate::tc_simd::fast_tile();
     match fast {
         Some(t)

@@ -1,6 +1,11 @@
-//! AVX2 kernel for [`crate::tc_numerics::tile`]: the tensor-core model's block sums for two
-//! rows x 8 adjacent outputs at a time, written with `std::arch` intrinsics.
+//! SIMD kernels for [`crate::tc_numerics::tile`], written with `std::arch` intrinsics and
+//! selected at run time:
+//! - [`rows16`] (first choice): tiles of up to 16 rows and a multiple of 8 columns (every
+//!   mma.sync and wgmma tile) in f32 with i32 sums, AVX-512F+DQ+VL or AVX2 (see its docs);
+//! - the f64 kernel below: the tensor-core model's block sums for two rows x 8 adjacent outputs
+//!   at a time (AVX2), for finite tiles `rows16` declines.
 //!
+//! The f64 kernel:
 //! Same arithmetic as the portable `tc_numerics::group` (which stays the fallback and the test
 //! oracle, compared bit for bit in the tests): exact f64 products, alignment to the largest
 //! exponent by a power-of-two scale, truncation toward zero, exact sum, one rounding toward
@@ -19,6 +24,27 @@
 //! 32 vector registers instead of 16, so the two rows' accumulators stay in registers).
 
 use crate::tc_numerics::{TcModel, GROUP};
+
+#[cfg(target_arch = "x86_64")]
+mod rows16;
+
+/// The signature of the f32 kernels: [`crate::tc_numerics::tile`]'s, returning `false` (and
+/// leaving `acc` untouched) for a tile the kernel does not handle.
+pub(crate) type Tile16Fn = fn(&TcModel, &[f64], &[f64], usize, usize, &mut [f64]) -> bool;
+
+/// The f32 tile kernel ([`rows16`]) for this CPU (checked at run time), or `None`
+/// (no AVX2, or not x86-64). It returns `false`, leaving the tile untouched, for a tile it does
+/// not handle.
+pub(crate) fn fast_tile16() -> Option<Tile16Fn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        rows16::select()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
 
 /// The signature of [`crate::tc_numerics::tile`].
 pub(crate) type TileFn = fn(&TcModel, &[f64], &[f64], usize, usize, &mut [f64]);
