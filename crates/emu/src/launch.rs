@@ -9,9 +9,12 @@ use crate::error::{EmuError, FaultKind, FaultSite};
 use crate::exec::{Cta, Fault, LaunchCtx};
 use crate::memory::MemMap;
 use crate::program::Program;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use worker::{Plan, Shared};
+
+mod worker;
 
 /// Shape and placement of a launch.
 #[derive(Clone, Debug)]
@@ -178,10 +181,76 @@ fn launch_workers(
     cfg: &LaunchConfig,
     opts: &LaunchOptions,
 ) -> Result<LaunchStats, EmuError> {
+    check_launch(&prog, &params, cfg)?;
+    let ctx = LaunchCtx {
+        prog: prog.clone(),
+        mem,
+        params,
+        grid: cfg.grid,
+        block: cfg.block,
+        dyn_shared: cfg.shared_bytes,
+        cluster: cfg.cluster,
+        nsm: cfg.device_sms,
+        launch_id: NEXT_LAUNCH.fetch_add(1, Ordering::Relaxed),
+        start: Instant::now(),
+        printf: opts.printf.clone(),
+        bank_profile: opts.bank_profile,
+        numerics: opts.numerics,
+        san: opts
+            .sanitize
+            .any()
+            .then(|| crate::sanitize::LaunchSan::new(opts.sanitize, &prog)),
+        stack_bytes: opts.stack_bytes.min(STACK_LIMIT_MAX),
+    };
+    let plan = plan(&ctx, cfg, opts)?;
+    let sh = Shared::new(cfg.sms, plan.nworkers);
+    // Every worker is on the emulated timeline before any runs; then the queued launch's hold
+    // on time can go.
+    let clocks: Vec<_> = (0..plan.nworkers)
+        .map(|_| crate::clock::WorkerClock::join(crate::clock::Timeline::global()))
+        .collect();
+    if let Some(h) = &opts.hold {
+        h.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        let mut workers = Vec::with_capacity(plan.nworkers);
+        for (w, clock) in clocks.into_iter().enumerate() {
+            let env = worker::Env {
+                ctx: &ctx,
+                plan: &plan,
+                sh: &sh,
+                opts,
+            };
+            workers.push(s.spawn(move || {
+                let _stop = StopOnPanic(&env.sh.abort);
+                worker::Worker::new(w, env, clock).run();
+            }));
+        }
+        // joined here, a worker's panic is this launch's error (with the panic's message)
+        for h in workers {
+            if let Err(p) = h.join() {
+                let mut g = sh.first_err.lock().unwrap_or_else(|p| p.into_inner());
+                g.get_or_insert(EmuError::Internal(crate::error::panic_message(&*p)));
+            }
+        }
+    });
+    let err = std::mem::take(&mut *sh.first_err.lock().unwrap_or_else(|p| p.into_inner()));
+    let err = match &ctx.san {
+        Some(s) => s.finish(&ctx, err),
+        None => err,
+    };
+    if let Some(e) = err {
+        return Err(e);
+    }
+    Ok(stats(&ctx, cfg, opts, &sh, start))
+}
+
+/// The launch's shape against the kernel's directives, its parameters and the cluster rules.
+fn check_launch(prog: &Program, params: &[u8], cfg: &LaunchConfig) -> Result<(), EmuError> {
     // products in u64 first: a block of 134217729x32 must not wrap to 32 threads
     crate::limits::check_shape(cfg.grid, cfg.block)?;
     let threads = cfg.block.iter().product::<u32>();
-    let ctas_total = cfg.grid.iter().map(|&x| x as u64).product::<u64>();
     if let Some(r) = prog.reqntid {
         if r != cfg.block {
             return Err(EmuError::Launch(format!(
@@ -217,26 +286,12 @@ fn launch_workers(
             cfg.cluster, cfg.grid
         )));
     }
-    let ctx = LaunchCtx {
-        prog: prog.clone(),
-        mem,
-        params,
-        grid: cfg.grid,
-        block: cfg.block,
-        dyn_shared: cfg.shared_bytes,
-        cluster: cfg.cluster,
-        nsm: cfg.device_sms,
-        launch_id: NEXT_LAUNCH.fetch_add(1, Ordering::Relaxed),
-        start: Instant::now(),
-        printf: opts.printf.clone(),
-        bank_profile: opts.bank_profile,
-        numerics: opts.numerics,
-        san: opts
-            .sanitize
-            .any()
-            .then(|| crate::sanitize::LaunchSan::new(opts.sanitize, &prog)),
-        stack_bytes: opts.stack_bytes.min(STACK_LIMIT_MAX),
-    };
+    Ok(())
+}
+
+/// Residency (CTAs per SM from warps and shared memory), clusters and the workers' slots.
+fn plan(ctx: &LaunchCtx, cfg: &LaunchConfig, opts: &LaunchOptions) -> Result<Plan, EmuError> {
+    let prog = &ctx.prog;
     let smem = ctx.shared_bytes();
     let limit = max_shared_per_block(prog.target_sm);
     if smem > limit {
@@ -245,284 +300,67 @@ fn launch_workers(
             prog.name, prog.target_sm
         )));
     }
+    let threads = cfg.block.iter().product::<u32>();
     let warps = threads.div_ceil(32);
     let mut per_sm = (64 / warps).min(32);
     if smem > 0 {
         per_sm = per_sm.min((228 * 1024) / smem.max(1));
     }
-    // Work is admitted a cluster at a time (a cluster of 1 for plain launches).
     let cluster = cfg.cluster;
-    let csize = csize as u64;
+    let csize = cluster.iter().product::<u32>() as u64;
+    let ctas_total = cfg.grid.iter().map(|&x| x as u64).product::<u64>();
     let units_total = ctas_total / csize;
-    let cgrid = [
-        cfg.grid[0] / cluster[0],
-        cfg.grid[1] / cluster[1],
-        cfg.grid[2] / cluster[2],
-    ];
     let capacity = ((cfg.sms as u64 * per_sm.max(1) as u64) / csize)
         .max(1)
         .min(units_total) as u32;
     let nworkers = (opts.threads.max(1) as u64).min(capacity as u64) as usize;
-    let per_worker = capacity.div_ceil(nworkers as u32);
+    Ok(Plan {
+        threads,
+        csize,
+        cluster,
+        cgrid: [
+            cfg.grid[0] / cluster[0],
+            cfg.grid[1] / cluster[1],
+            cfg.grid[2] / cluster[2],
+        ],
+        units_total,
+        capacity,
+        nworkers,
+        per_worker: capacity.div_ceil(nworkers as u32),
+        sms: cfg.sms,
+        sm_offset: cfg.sm_offset,
+    })
+}
 
-    let next = AtomicU64::new(0);
-    let abort = AtomicBool::new(false);
-    let executed = AtomicU64::new(0);
-    let lane_ops = AtomicU64::new(0);
-    let banks = Mutex::new(crate::banks::BankProfile::default());
-    let first_err: Mutex<Option<EmuError>> = Mutex::new(None);
-    let sm_used: Vec<AtomicU32> = (0..cfg.sms).map(|_| AtomicU32::new(0)).collect();
-    let max_res = AtomicU32::new(0);
-    // per worker: its waiting warps, written down as a deadlock becomes likely
-    let waiting: Vec<Mutex<Vec<String>>> = (0..nworkers).map(|_| Mutex::default()).collect();
-    // set once any worker's round only polled: this launch waits for peers, so its progress is
-    // what parked waiters wait for (`crate::park`)
-    let polls = AtomicBool::new(false);
-    let parking = crate::park::Parking::global();
-
-    // Every worker is on the emulated timeline before any runs; then the queued launch's hold
-    // on time can go.
-    let clocks: Vec<_> = (0..nworkers)
-        .map(|_| crate::clock::WorkerClock::join(crate::clock::Timeline::global()))
-        .collect();
-    if let Some(h) = &opts.hold {
-        h.lock().unwrap_or_else(|p| p.into_inner()).take();
-    }
-    let start = Instant::now();
-    std::thread::scope(|s| {
-        let mut workers = Vec::with_capacity(nworkers);
-        for (w, wclock) in clocks.into_iter().enumerate() {
-            let ctx = &ctx;
-            let (next, abort, executed, lane_ops, first_err, sm_used, max_res) = (
-                &next, &abort, &executed, &lane_ops, &first_err, &sm_used, &max_res,
-            );
-            let banks = &banks;
-            let waiting = &waiting;
-            let polls = &polls;
-            workers.push(s.spawn(move || {
-                let _stop = StopOnPanic(abort);
-                // `wclock`: this worker's share of emulated time, published every round.
-                let mut finished_clock = 0u64;
-                let mut resident: Vec<(Vec<Cta>, u32)> = Vec::new();
-                let mut idle_rounds = 0u32;
-                let slot_base = w as u32 * per_worker;
-                let mut free_slots: Vec<u32> = (0..per_worker)
-                    .rev()
-                    .map(|i| slot_base + i)
-                    .filter(|&g| g < capacity)
-                    .collect();
-                let fail = |e: EmuError| {
-                    abort.store(true, Ordering::Relaxed);
-                    let mut g = first_err.lock().unwrap_or_else(|p| p.into_inner());
-                    if g.is_none() {
-                        *g = Some(e);
-                    }
-                };
-                loop {
-                    if abort.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    // Admit: always keep two resident; more when the resident ones stall.
-                    let want = resident.len() < 2 || idle_rounds >= 4;
-                    let mut admitted = false;
-                    if want && !free_slots.is_empty() {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i < units_total {
-                            let cid = [
-                                (i % cgrid[0] as u64) as u32,
-                                ((i / cgrid[0] as u64) % cgrid[1] as u64) as u32,
-                                (i / (cgrid[0] as u64 * cgrid[1] as u64)) as u32,
-                            ];
-                            let slot = free_slots.pop().unwrap_or(slot_base);
-                            let bar = std::rc::Rc::new(std::cell::RefCell::new(
-                                crate::exec::ClusterBarrier {
-                                    threads: threads * csize as u32,
-                                    ..Default::default()
-                                },
-                            ));
-                            let mut group = Vec::with_capacity(csize as usize);
-                            for rank in 0..csize as u32 {
-                                let (x, y, z) = (
-                                    rank % cluster[0],
-                                    (rank / cluster[0]) % cluster[1],
-                                    rank / (cluster[0] * cluster[1]),
-                                );
-                                let id = [
-                                    cid[0] * cluster[0] + x,
-                                    cid[1] * cluster[1] + y,
-                                    cid[2] * cluster[2] + z,
-                                ];
-                                let sm = (slot * csize as u32 + rank) % cfg.sms;
-                                sm_used[sm as usize].store(1, Ordering::Relaxed);
-                                let mut cta = Cta::new(ctx, id, cfg.sm_offset + sm);
-                                cta.rank = rank;
-                                cta.cluster_bar = bar.clone();
-                                group.push(cta);
-                            }
-                            resident.push((group, slot));
-                            max_res.fetch_max(
-                                (resident.len() as u64 * csize) as u32,
-                                Ordering::Relaxed,
-                            );
-                            idle_rounds = 0;
-                            admitted = true;
-                        }
-                    }
-                    if resident.is_empty() {
-                        // leaving pushes global time to the end of this worker's last CTA
-                        wclock.publish(finished_clock, false);
-                        return;
-                    }
-                    let mut finished = false;
-                    let seen = parking.epoch();
-                    let mut k = 0;
-                    while k < resident.len() {
-                        let budget = 4096;
-                        let mut total_n = 0u64;
-                        let group = &mut resident[k].0;
-                        let mut failure = None;
-                        for c in 0..group.len() {
-                            if group[c].done() {
-                                continue;
-                            }
-                            lend_peers(group, c);
-                            let r = group[c].run(ctx, budget);
-                            return_peers(group, c);
-                            match r {
-                                Ok(n) => total_n += n,
-                                Err(f) => {
-                                    failure = Some(site_error(ctx, &group[c], f));
-                                    break;
-                                }
-                            }
-                        }
-                        if let Some(e) = failure {
-                            fail(e);
-                            return;
-                        }
-                        let total = executed.fetch_add(total_n, Ordering::Relaxed) + total_n;
-                        if total > opts.max_warp_instructions || ctx.start.elapsed() > opts.timeout
-                        {
-                            let why = if total > opts.max_warp_instructions {
-                                format!("{} warp-instructions", opts.max_warp_instructions)
-                            } else {
-                                format!("{:.0} s", opts.timeout.as_secs_f64())
-                            };
-                            let cta = group.iter().find(|c| !c.done()).unwrap_or(&group[0]);
-                            let wp = cta
-                                .warps
-                                .iter()
-                                .find(|w| w.state != crate::exec::WarpState::Exited);
-                            let f = Fault {
-                                kind: FaultKind::Hang(why),
-                                warp: wp.map(|w| w.id).unwrap_or(0),
-                                lane: wp.map(|w| w.live.trailing_zeros()).unwrap_or(0),
-                                pc: wp.map(|w| w.group_pc).unwrap_or(0),
-                            };
-                            fail(site_error(ctx, cta, f));
-                            return;
-                        }
-                        if group.iter().all(|c| c.done()) {
-                            let (group, slot) = resident.swap_remove(k);
-                            for c in &group {
-                                finished_clock = finished_clock.max(c.clock());
-                            }
-                            let ops: u64 = group
-                                .iter()
-                                .flat_map(|c| c.warps.iter())
-                                .map(|w| w.lane_ops)
-                                .sum();
-                            lane_ops.fetch_add(ops, Ordering::Relaxed);
-                            for c in group.iter() {
-                                if let Some(b) = &c.banks {
-                                    banks.lock().unwrap_or_else(|p| p.into_inner()).merge(b);
-                                }
-                            }
-                            free_slots.push(slot);
-                            finished = true;
-                            if let Some(p) = &opts.progress {
-                                p.fetch_add(csize, Ordering::Relaxed);
-                            }
-                            continue;
-                        }
-                        k += 1;
-                    }
-                    let (only_waited, stored) = round_activity(&mut resident);
-                    let quiet = !finished && !admitted && only_waited;
-                    if (finished || stored) && polls.load(Ordering::Relaxed) {
-                        parking.signal();
-                    }
-                    let oldest = resident
-                        .iter()
-                        .flat_map(|(g, _)| g.iter())
-                        .filter(|c| !c.done())
-                        .map(|c| c.clock())
-                        .min();
-                    if let Some(t) = oldest {
-                        let quiescent = wclock.publish(t, quiet);
-                        // park while only waiting, unless the whole process is quiescent (time
-                        // fast-forwards, every round counts) or more CTAs could be admitted
-                        let can_admit =
-                            !free_slots.is_empty() && next.load(Ordering::Relaxed) < units_total;
-                        if quiet && quiescent.is_none() && !can_admit {
-                            polls.store(true, Ordering::Relaxed);
-                            parking.park(seen, crate::park::MAX_PARK);
-                        }
-                        let still = quiescent.unwrap_or(0);
-                        // Every worker writes down its waiting warps well before the horizon
-                        // (each fast-forward step needs a quiet round of every worker).
-                        if still > crate::clock::DEADLOCK_HORIZON_NS / 4 {
-                            note_waiting(ctx, &resident, &waiting[w]);
-                        }
-                        if still > crate::clock::DEADLOCK_HORIZON_NS {
-                            fail(deadlock(ctx, &resident, waiting, still));
-                            return;
-                        }
-                    }
-                    if finished {
-                        idle_rounds = 0;
-                    } else {
-                        idle_rounds += 1;
-                    }
-                }
-            }));
-        }
-        // joined here, a worker's panic is this launch's error (with the panic's message)
-        for h in workers {
-            if let Err(p) = h.join() {
-                let mut g = first_err.lock().unwrap_or_else(|p| p.into_inner());
-                g.get_or_insert(EmuError::Internal(crate::error::panic_message(&*p)));
-            }
-        }
-    });
-    let err = first_err.into_inner().unwrap_or_else(|p| p.into_inner());
-    let err = match &ctx.san {
-        Some(s) => s.finish(&ctx, err),
-        None => err,
-    };
-    if let Some(e) = err {
-        return Err(e);
-    }
-    Ok(LaunchStats {
-        ctas: ctas_total,
-        warp_instructions: executed.load(Ordering::Relaxed),
-        lane_instructions: lane_ops.load(Ordering::Relaxed),
+/// The statistics of a launch that completed.
+fn stats(
+    ctx: &LaunchCtx,
+    cfg: &LaunchConfig,
+    opts: &LaunchOptions,
+    sh: &Shared,
+    start: Instant,
+) -> LaunchStats {
+    LaunchStats {
+        ctas: cfg.grid.iter().map(|&x| x as u64).product::<u64>(),
+        warp_instructions: sh.executed.load(Ordering::Relaxed),
+        lane_instructions: sh.lane_ops.load(Ordering::Relaxed),
         seconds: start.elapsed().as_secs_f64(),
-        sms_used: sm_used
+        sms_used: sh
+            .sm_used
             .iter()
             .enumerate()
             .filter(|(_, v)| v.load(Ordering::Relaxed) != 0)
             .map(|(i, _)| cfg.sm_offset + i as u32)
             .collect(),
-        max_resident: max_res.load(Ordering::Relaxed),
+        max_resident: sh.max_res.load(Ordering::Relaxed),
         banks: opts.bank_profile.then(|| {
-            banks
+            sh.banks
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .report(&ctx.prog)
         }),
         sanitized: opts.sanitize.any().then_some(opts.sanitize),
-    })
+    }
 }
 
 static NEXT_LAUNCH: AtomicU64 = AtomicU64::new(1);
