@@ -9,60 +9,19 @@
 //! validator, `parse(print(m)) == m` and, when installed, ptxas (sm_90a). Outputs are poisoned.
 
 use emu::texture::{AddrMode, Filter, Sampler, TexDesc, TexFormat};
-use emu::{launch, Allocation, GlobalMemory, LaunchConfig, LaunchOptions, LoadedModule};
+use emu::{GlobalMemory, LoadedModule};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::sync::Arc;
 
 const HEAD: &str = ".version 8.7\n.target sm_90a\n.address_size 64\n";
 
-/// Checks `text` (validator, printer round trip, ptxas) and loads it.
+#[path = "common/tex.rs"]
+mod common;
+use common::{buffer, poisoned, read, run};
+
+/// Checks `text` (validator, printer round trip, ptxas on sm_90a) and loads it.
 fn load(mem: &GlobalMemory, text: &str) -> LoadedModule {
-    let module = ptx::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    let errors: Vec<_> = ptx::validate(&module)
-        .into_iter()
-        .filter(|d| d.is_error())
-        .collect();
-    assert!(errors.is_empty(), "validator: {errors:?}\n{text}");
-    assert_eq!(ptx::parse(&ptx::print(&module)).unwrap(), module);
-    if ptx::ptxas::ptxas_for_tests("isa_tex test PTX").is_some() {
-        ptx::ptxas::assemble(text, "sm_90a", &Default::default())
-            .unwrap_or_else(|e| panic!("ptxas rejects the test PTX: {e}\n{text}"));
-    }
-    LoadedModule::load(mem, module, 0).unwrap()
-}
-
-/// Launches kernel `k` over `threads` threads with u64 parameters.
-fn run(m: &LoadedModule, mem: &GlobalMemory, threads: usize, params: &[u64]) -> Result<(), String> {
-    let p: Vec<u8> = params.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let cfg = LaunchConfig::linear(threads.div_ceil(128) as u32, 128);
-    launch(
-        m.kernel("k").unwrap(),
-        mem.snapshot(),
-        p,
-        &cfg,
-        &LaunchOptions::default(),
-    )
-    .map(|_| ())
-    .map_err(|e| e.to_string())
-}
-
-fn buffer(mem: &GlobalMemory, bytes: &[u8]) -> Arc<Allocation> {
-    let a = mem.alloc(bytes.len().max(1) as u64, 0).unwrap();
-    a.write_bytes(0, bytes);
-    a
-}
-
-fn poisoned(mem: &GlobalMemory, len: usize) -> Arc<Allocation> {
-    let a = mem.alloc(len as u64, 0).unwrap();
-    a.fill(0, len as u64, &[0xa5]);
-    a
-}
-
-fn read(a: &Allocation, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    a.read_bytes(0, &mut v);
-    v
+    common::load_checked(mem, text, &["sm_90a"], "isa_tex test PTX")
 }
 
 /// PTX computing this thread's id `%r0` (returning when >= `n`) and the coordinates of a grid

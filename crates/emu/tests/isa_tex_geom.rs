@@ -10,60 +10,22 @@
 //! `parse(print(m)) == m` and, when installed, ptxas (sm_90a and sm_75).
 
 use emu::texture::{AddrMode, Filter, Sampler, TexDesc, TexFormat};
-use emu::{launch, Allocation, GlobalMemory, LaunchConfig, LaunchOptions, LoadedModule};
+use emu::{Allocation, GlobalMemory, LoadedModule};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::sync::Arc;
 
-/// Checks `text` (validator, printer round trip, ptxas on sm_90a and sm_75) and loads it.
+#[path = "common/tex.rs"]
+mod common;
+use common::{buffer, poisoned, read, run};
+
+/// Checks `text` (validator, printer round trip, ptxas on sm_90a, sm_75) and loads it.
 fn load(mem: &GlobalMemory, text: &str) -> LoadedModule {
-    let module = ptx::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    let errors: Vec<_> = ptx::validate(&module)
-        .into_iter()
-        .filter(|d| d.is_error())
-        .collect();
-    assert!(errors.is_empty(), "validator: {errors:?}\n{text}");
-    assert_eq!(ptx::parse(&ptx::print(&module)).unwrap(), module);
-    if ptx::ptxas::ptxas_for_tests("isa_tex_geom test PTX").is_some() {
-        for arch in ["sm_90a", "sm_75"] {
-            let t = text.replace("sm_90a", arch);
-            ptx::ptxas::assemble(&t, arch, &Default::default())
-                .unwrap_or_else(|e| panic!("ptxas ({arch}) rejects the test PTX: {e}\n{t}"));
-        }
-    }
-    LoadedModule::load(mem, module, 0).unwrap()
-}
-
-fn run(m: &LoadedModule, mem: &GlobalMemory, threads: usize, params: &[u64]) -> Result<(), String> {
-    let p: Vec<u8> = params.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let cfg = LaunchConfig::linear(threads.div_ceil(128) as u32, 128);
-    launch(
-        m.kernel("k").unwrap(),
-        mem.snapshot(),
-        p,
-        &cfg,
-        &LaunchOptions::default(),
-    )
-    .map(|_| ())
-    .map_err(|e| e.to_string())
-}
-
-fn buffer(mem: &GlobalMemory, bytes: &[u8]) -> Arc<Allocation> {
-    let a = mem.alloc(bytes.len().max(1) as u64, 0).unwrap();
-    a.write_bytes(0, bytes);
-    a
-}
-
-fn poisoned(mem: &GlobalMemory, len: usize) -> Arc<Allocation> {
-    let a = mem.alloc(len as u64, 0).unwrap();
-    a.fill(0, len as u64, &[0xa5]);
-    a
+    common::load_checked(mem, text, &["sm_90a", "sm_75"], "isa_tex_geom test PTX")
 }
 
 fn words(a: &Allocation, n: usize) -> Vec<u32> {
-    let mut v = vec![0u8; n * 4];
-    a.read_bytes(0, &mut v);
-    v.chunks(4)
+    read(a, n * 4)
+        .chunks(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
 }
