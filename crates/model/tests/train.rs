@@ -723,10 +723,33 @@ fn a_checkpoint_of_another_config_is_refused_naming_the_field() {
     assert_eq!(u.steps_done(), 0);
 }
 
-fn tempdir(tag: &str) -> std::path::PathBuf {
+/// A fresh scratch directory, removed when the test that made it ends (pass or fail).
+struct TempDir(std::path::PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for TempDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir(tag: &str) -> TempDir {
     let d = std::env::temp_dir().join(format!("ptxforge-train-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    TempDir(d)
 }
 
 /// f64 AdamW of one tensor as the V3 recipe (clip scale `c`, BF16 moments): returns the new

@@ -9,11 +9,33 @@ use model::data::{self, npy, DataError, Sampler, IGNORE_INDEX};
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 
-fn scratch(name: &str) -> PathBuf {
+/// A fresh scratch directory, removed when the test that made it ends (pass or fail).
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for Scratch {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch(name: &str) -> Scratch {
     let d = std::env::temp_dir().join(format!("ptxforge-train-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    Scratch(d)
 }
 
 /// The PP 2 x EP 4 shape on 2 nodes x 4 devices, with the earlier preset's 4-sequence
