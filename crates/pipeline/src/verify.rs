@@ -163,9 +163,26 @@ pub fn verify(s: &Schedule) -> Result<VerifyReport, ScheduleError> {
     }
     let refs = resolve(s)?;
     let idx = Index::new(s);
-    let n = idx.len(s.num_chains());
-    // Coverage: which kind filled each slot, and where.
-    let mut seen: Vec<Option<(PassKind, usize, usize)>> = vec![None; n];
+    let seen = coverage(s, &refs, &idx)?;
+    check_complete(s, &seen, &idx)?;
+    check_same_rank_order(s, &refs, &seen, &idx)?;
+    check_deadlock_free(s, &refs, &idx)?;
+    let (peak_activations, param_stages) = memory(s);
+    Ok(VerifyReport {
+        peak_activations,
+        param_stages,
+        passes: s.num_passes(),
+    })
+}
+
+/// Resolved stages of every pass: rank -> op -> pass.
+type Refs = [Vec<Vec<StageRef>>];
+/// Which kind filled each slot, and where: (kind, rank, op).
+type Seen = Vec<Option<(PassKind, usize, usize)>>;
+
+/// Where each (chain, mb, stage, slot) runs; a slot filled twice is an error.
+fn coverage(s: &Schedule, refs: &Refs, idx: &Index) -> Result<Seen, ScheduleError> {
+    let mut seen: Seen = vec![None; idx.len(s.num_chains())];
     for (r, ops) in s.ranks.iter().enumerate() {
         for (k, op) in ops.iter().enumerate() {
             for (p, sr) in op.passes.iter().zip(&refs[r][k]) {
@@ -173,7 +190,7 @@ pub fn verify(s: &Schedule) -> Result<VerifyReport, ScheduleError> {
                 if let Some((prev, pr, pk)) = seen[i] {
                     return Err(ScheduleError::Invalid(format!(
                         "{} appears twice: {:?} at rank {pr} op {pk} and {:?} at rank {r} op {k}",
-                        describe(s, i, &idx),
+                        describe(s, i, idx),
                         prev,
                         p.kind
                     )));
@@ -182,41 +199,53 @@ pub fn verify(s: &Schedule) -> Result<VerifyReport, ScheduleError> {
             }
         }
     }
-    for base in (0..n).step_by(3) {
+    Ok(seen)
+}
+
+/// Every F and B/I present; W exactly when the backward was split (I), never after a full B.
+fn check_complete(s: &Schedule, seen: &Seen, idx: &Index) -> Result<(), ScheduleError> {
+    let invalid = |i: usize, what: &str| {
+        Err(ScheduleError::Invalid(format!(
+            "{} {what}",
+            describe(s, i, idx)
+        )))
+    };
+    for base in (0..seen.len()).step_by(3) {
         let (fw, bw, wg) = (seen[base], seen[base + 1], seen[base + 2]);
         if fw.is_none() {
-            return Err(ScheduleError::Invalid(format!(
-                "{} is missing",
-                describe(s, base, &idx)
-            )));
+            return invalid(base, "is missing");
         }
         match (bw.map(|x| x.0), wg.is_some()) {
-            (None, _) => {
-                return Err(ScheduleError::Invalid(format!(
-                    "{} is missing",
-                    describe(s, base + 1, &idx)
-                )))
-            }
+            (None, _) => return invalid(base + 1, "is missing"),
             (Some(PassKind::B), true) => {
-                return Err(ScheduleError::Invalid(format!(
-                    "{} follows a full backward B, which already computed weight gradients",
-                    describe(s, base + 2, &idx)
-                )))
+                return invalid(
+                    base + 2,
+                    "follows a full backward B, which already computed weight gradients",
+                )
             }
             (Some(PassKind::I), false) => {
-                return Err(ScheduleError::Invalid(format!(
-                    "{} is missing (its I ran, weight gradients never computed)",
-                    describe(s, base + 2, &idx)
-                )))
+                return invalid(
+                    base + 2,
+                    "is missing (its I ran, weight gradients never computed)",
+                )
             }
             _ => {}
         }
     }
-    // Same-rank dependencies are order constraints: report them as such, not as deadlock.
+    Ok(())
+}
+
+/// Same-rank dependencies are order constraints: report them as such, not as deadlock.
+fn check_same_rank_order(
+    s: &Schedule,
+    refs: &Refs,
+    seen: &Seen,
+    idx: &Index,
+) -> Result<(), ScheduleError> {
     for (r, ops) in s.ranks.iter().enumerate() {
         for (k, op) in ops.iter().enumerate() {
             for (p, sr) in op.passes.iter().zip(&refs[r][k]) {
-                for d in deps(s, *sr, p.kind, &idx) {
+                for d in deps(s, *sr, p.kind, idx) {
                     let (_, dr, dk) = seen[d].expect("coverage checked");
                     if dr == r && dk >= k {
                         return Err(ScheduleError::Invalid(format!(
@@ -224,29 +253,33 @@ pub fn verify(s: &Schedule) -> Result<VerifyReport, ScheduleError> {
                             p.kind,
                             p.mb,
                             p.dir,
-                            describe(s, d, &idx)
+                            describe(s, d, idx)
                         )));
                     }
                 }
             }
         }
     }
-    // Deadlock freedom: walk all ranks in order with blocking receives.
-    let mut done = vec![false; n];
+    Ok(())
+}
+
+/// Deadlock freedom: walk all ranks in order with blocking receives until every rank ends or
+/// none can move.
+fn check_deadlock_free(s: &Schedule, refs: &Refs, idx: &Index) -> Result<(), ScheduleError> {
+    let mut done = vec![false; idx.len(s.num_chains())];
     let mut pc = vec![0usize; s.ranks.len()];
+    let ready = |done: &[bool], r: usize, k: usize| {
+        s.ranks[r][k]
+            .passes
+            .iter()
+            .zip(&refs[r][k])
+            .all(|(p, sr)| deps(s, *sr, p.kind, idx).iter().all(|&d| done[d]))
+    };
     loop {
         let mut progress = false;
         for (r, ops) in s.ranks.iter().enumerate() {
-            while pc[r] < ops.len() {
+            while pc[r] < ops.len() && ready(&done, r, pc[r]) {
                 let k = pc[r];
-                let ready = ops[k]
-                    .passes
-                    .iter()
-                    .zip(&refs[r][k])
-                    .all(|(p, sr)| deps(s, *sr, p.kind, &idx).iter().all(|&d| done[d]));
-                if !ready {
-                    break;
-                }
                 for (p, sr) in ops[k].passes.iter().zip(&refs[r][k]) {
                     done[idx.at(*sr, slot(p.kind))] = true;
                 }
@@ -254,31 +287,39 @@ pub fn verify(s: &Schedule) -> Result<VerifyReport, ScheduleError> {
                 progress = true;
             }
         }
-        if pc.iter().zip(&s.ranks).all(|(c, ops)| *c == ops.len()) {
-            break;
-        }
+        let Some(r) = (0..s.ranks.len()).find(|&r| pc[r] < s.ranks[r].len()) else {
+            return Ok(());
+        };
         if !progress {
-            let (r, k) = pc
-                .iter()
-                .enumerate()
-                .find(|(r, c)| **c < s.ranks[*r].len())
-                .map(|(r, c)| (r, *c))
-                .expect("some rank is unfinished");
-            let waits: Vec<String> = s.ranks[r][k]
-                .passes
-                .iter()
-                .zip(&refs[r][k])
-                .flat_map(|(p, sr)| deps(s, *sr, p.kind, &idx))
-                .filter(|d| !done[*d])
-                .map(|d| describe(s, d, &idx))
-                .collect();
-            return Err(ScheduleError::Deadlock(format!(
-                "rank {r} blocks at op {k} waiting for {}",
-                waits.join(", ")
-            )));
+            return Err(blocked(s, refs, idx, &done, (r, pc[r])));
         }
     }
-    // Memory.
+}
+
+/// The deadlock report for rank `r` stuck at op `k`: what it waits for.
+fn blocked(
+    s: &Schedule,
+    refs: &Refs,
+    idx: &Index,
+    done: &[bool],
+    (r, k): (usize, usize),
+) -> ScheduleError {
+    let waits: Vec<String> = s.ranks[r][k]
+        .passes
+        .iter()
+        .zip(&refs[r][k])
+        .flat_map(|(p, sr)| deps(s, *sr, p.kind, idx))
+        .filter(|d| !done[*d])
+        .map(|d| describe(s, d, idx))
+        .collect();
+    ScheduleError::Deadlock(format!(
+        "rank {r} blocks at op {k} waiting for {}",
+        waits.join(", ")
+    ))
+}
+
+/// Peak activations and parameter slices per rank (the module doc's accounting).
+fn memory(s: &Schedule) -> (Vec<usize>, Vec<usize>) {
     let mut peak_activations = Vec::with_capacity(s.ranks.len());
     let mut param_stages = Vec::with_capacity(s.ranks.len());
     for ops in &s.ranks {
@@ -301,9 +342,5 @@ pub fn verify(s: &Schedule) -> Result<VerifyReport, ScheduleError> {
         peak_activations.push(peak);
         param_stages.push(dirs.len());
     }
-    Ok(VerifyReport {
-        peak_activations,
-        param_stages,
-        passes: s.num_passes(),
-    })
+    (peak_activations, param_stages)
 }
