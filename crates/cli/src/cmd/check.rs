@@ -38,12 +38,13 @@ struct Diag {
 pub fn run(a: Args) -> Result<()> {
     let file = a.file.display().to_string();
     let text = crate::out::read_text(&a.file)?;
-    let mut diags: Vec<Diag> = Vec::new();
-    let mut kernels = Vec::new();
-    let mut ptxas_status = "skipped".to_string();
-    let mut arch = a.arch.clone().unwrap_or_default();
+    let mut f = Findings {
+        arch: a.arch.clone().unwrap_or_default(),
+        ptxas: "skipped".into(),
+        ..Findings::default()
+    };
     match ptx::parse(&text) {
-        Err(e) => diags.push(Diag {
+        Err(e) => f.diags.push(Diag {
             line: e.line,
             col: e.col,
             severity: "error".into(),
@@ -52,122 +53,27 @@ pub fn run(a: Args) -> Result<()> {
             function: None,
             message: e.message.clone(),
         }),
-        Ok(mut m) => {
-            if arch.is_empty() {
-                arch = m.target.arch.clone();
-            } else {
-                m.target = ptx::Target::new(&arch);
-            }
-            for d in validate(&m) {
-                diags.push(Diag {
-                    line: d.line,
-                    col: d.col,
-                    severity: d.severity.to_string(),
-                    kind: d.kind.to_string(),
-                    source: "validate",
-                    function: d.function.clone(),
-                    message: d.message.clone(),
-                });
-            }
-            diags.extend(emulator_diags(&m));
+        Ok(m) => {
+            check_module(m, &mut f);
             if !a.no_ptxas {
-                match ptxas::find_ptxas() {
-                    None => {
-                        let why = ptxas::tool_not_found("ptxas", "PTXAS");
-                        if let ptxas::PtxasError::EnvMissing { .. } = why {
-                            // an explicit PTXAS that does not exist is an error, not a fallback
-                            return Err(why.into());
-                        }
-                        ptxas_status = "not found".into();
-                        if !a.json {
-                            println!("{why}: own checks only");
-                        }
-                    }
-                    Some(_) => match assemble_for(&text, &arch, &mut diags) {
-                        Ok(rep) => {
-                            ptxas_status = "ok".into();
-                            for w in &rep.warnings {
-                                diags.push(ptxas_diag(w, "warning"));
-                            }
-                            kernels = rep.kernels;
-                        }
-                        Err(PtxasError::Failed { diagnostics, .. }) => {
-                            ptxas_status = "failed".into();
-                            for d in &diagnostics {
-                                let sev = match d.severity {
-                                    ptxas::Severity::Error | ptxas::Severity::Fatal => "error",
-                                    ptxas::Severity::Warning => "warning",
-                                    ptxas::Severity::Info => continue,
-                                };
-                                diags.push(ptxas_diag(d, sev));
-                            }
-                            if !diagnostics.iter().any(|d| {
-                                matches!(
-                                    d.severity,
-                                    ptxas::Severity::Error | ptxas::Severity::Fatal
-                                )
-                            }) {
-                                diags.push(Diag {
-                                    line: 0,
-                                    col: 0,
-                                    severity: "error".into(),
-                                    kind: "ptxas".into(),
-                                    source: "ptxas",
-                                    function: None,
-                                    message: "ptxas failed".into(),
-                                });
-                            }
-                        }
-                        Err(e) => return Err(e).context("running ptxas"),
-                    },
-                }
+                run_ptxas(&text, a.json, &mut f)?;
             }
         }
     }
     // Positioned diagnostics in source order, then those without a line (ptxas summaries).
-    diags.sort_by_key(|d| (d.line == 0, d.line, d.col));
-    let errors = diags
+    f.diags.sort_by_key(|d| (d.line == 0, d.line, d.col));
+    let errors = f
+        .diags
         .iter()
         .filter(|d| d.severity == Severity::Error.to_string())
         .count();
-    let warnings = diags.len() - errors;
     if a.json {
-        let j = serde_json::json!({
-            "file": file,
-            "ok": errors == 0,
-            "arch": arch,
-            "errors": errors,
-            "warnings": warnings,
-            "diagnostics": diags,
-            "ptxas": ptxas_status,
-            "kernels": kernels,
-        });
-        println!("{j}");
+        print_json(&file, &f, errors);
+        if errors > 0 {
+            return Err(crate::out::reported(format!("{file}: {errors} error(s)")));
+        }
     } else {
-        for d in &diags {
-            if d.line == 0 {
-                println!("{file}: {}: {}", d.severity, d.message);
-            } else {
-                println!("{file}:{}:{}: {}: {}", d.line, d.col, d.severity, d.message);
-            }
-        }
-        for k in &kernels {
-            println!(
-                "{}: {} registers, {} bytes spill stores, {} bytes spill loads, {} bytes smem, {} bytes stack",
-                k.name,
-                k.registers,
-                k.spill_stores_bytes,
-                k.spill_loads_bytes,
-                k.shared_bytes,
-                k.stack_frame_bytes
-            );
-        }
-        if errors == 0 {
-            println!("{file}: ok ({arch}, {warnings} warnings, ptxas {ptxas_status})");
-        }
-    }
-    if errors > 0 && a.json {
-        return Err(crate::out::reported(format!("{file}: {errors} error(s)")));
+        print_text(&file, &f, errors);
     }
     if errors > 0 {
         anyhow::bail!("{file}: {errors} error(s)");
@@ -175,8 +81,134 @@ pub fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// Warnings for everything the emulator's decoder refuses (only when the module validates:
-/// the decoder assumes a valid module).
+/// What a check found: diagnostics, per-kernel resources and how ptxas went.
+#[derive(Default)]
+struct Findings {
+    diags: Vec<Diag>,
+    kernels: Vec<ptxas::KernelResources>,
+    /// `skipped`, `not found`, `ok` or `failed`.
+    ptxas: String,
+    arch: String,
+}
+
+/// The validator's and the emulator's diagnostics; `--arch` overrides the module's target.
+fn check_module(mut m: ptx::Module, f: &mut Findings) {
+    if f.arch.is_empty() {
+        f.arch = m.target.arch.clone();
+    } else {
+        m.target = ptx::Target::new(&f.arch);
+    }
+    for d in validate(&m) {
+        f.diags.push(Diag {
+            line: d.line,
+            col: d.col,
+            severity: d.severity.to_string(),
+            kind: d.kind.to_string(),
+            source: "validate",
+            function: d.function.clone(),
+            message: d.message.clone(),
+        });
+    }
+    f.diags.extend(emulator_diags(&m));
+}
+
+/// Assembles with ptxas when there is one; a missing ptxas is a note, an explicit `PTXAS`
+/// that does not exist an error.
+fn run_ptxas(text: &str, json: bool, f: &mut Findings) -> Result<()> {
+    if ptxas::find_ptxas().is_none() {
+        let why = ptxas::tool_not_found("ptxas", "PTXAS");
+        if let ptxas::PtxasError::EnvMissing { .. } = why {
+            return Err(why.into());
+        }
+        f.ptxas = "not found".into();
+        if !json {
+            println!("{why}: own checks only");
+        }
+        return Ok(());
+    }
+    match assemble_for(text, &f.arch, &mut f.diags) {
+        Ok(rep) => {
+            f.ptxas = "ok".into();
+            f.diags
+                .extend(rep.warnings.iter().map(|w| ptxas_diag(w, "warning")));
+            f.kernels = rep.kernels;
+        }
+        Err(PtxasError::Failed { diagnostics, .. }) => {
+            f.ptxas = "failed".into();
+            ptxas_failed(&diagnostics, &mut f.diags);
+        }
+        Err(e) => return Err(e).context("running ptxas"),
+    }
+    Ok(())
+}
+
+/// ptxas's errors and warnings as diagnostics; a failure without any error line still is one.
+fn ptxas_failed(diagnostics: &[ptxas::PtxasDiagnostic], diags: &mut Vec<Diag>) {
+    let mut any_error = false;
+    for d in diagnostics {
+        let sev = match d.severity {
+            ptxas::Severity::Error | ptxas::Severity::Fatal => "error",
+            ptxas::Severity::Warning => "warning",
+            ptxas::Severity::Info => continue,
+        };
+        any_error |= sev == "error";
+        diags.push(ptxas_diag(d, sev));
+    }
+    if !any_error {
+        diags.push(Diag {
+            line: 0,
+            col: 0,
+            severity: "error".into(),
+            kind: "ptxas".into(),
+            source: "ptxas",
+            function: None,
+            message: "ptxas failed".into(),
+        });
+    }
+}
+
+fn print_json(file: &str, f: &Findings, errors: usize) {
+    let j = serde_json::json!({
+        "file": file,
+        "ok": errors == 0,
+        "arch": f.arch,
+        "errors": errors,
+        "warnings": f.diags.len() - errors,
+        "diagnostics": f.diags,
+        "ptxas": f.ptxas,
+        "kernels": f.kernels,
+    });
+    println!("{j}");
+}
+
+fn print_text(file: &str, f: &Findings, errors: usize) {
+    for d in &f.diags {
+        if d.line == 0 {
+            println!("{file}: {}: {}", d.severity, d.message);
+        } else {
+            println!("{file}:{}:{}: {}: {}", d.line, d.col, d.severity, d.message);
+        }
+    }
+    for k in &f.kernels {
+        println!(
+            "{}: {} registers, {} bytes spill stores, {} bytes spill loads, {} bytes smem, {} bytes stack",
+            k.name,
+            k.registers,
+            k.spill_stores_bytes,
+            k.spill_loads_bytes,
+            k.shared_bytes,
+            k.stack_frame_bytes
+        );
+    }
+    if errors == 0 {
+        let warnings = f.diags.len();
+        println!(
+            "{file}: ok ({}, {warnings} warnings, ptxas {})",
+            f.arch, f.ptxas
+        );
+    }
+}
+
 /// Assembles `text` for `arch`. ptxas 13 generates no code for Volta (sm_70/sm_72): PTX
 /// written for those targets is assembled for sm_75, the lowest target it has (the PTX is
 /// still checked against its own `.target`), with a warning saying so.
@@ -207,6 +239,8 @@ fn assemble_for(
     }
 }
 
+/// Warnings for everything the emulator's decoder refuses (only when the module validates:
+/// the decoder assumes a valid module).
 fn emulator_diags(m: &ptx::Module) -> Vec<Diag> {
     if !ptx::validate::validate_errors(m).is_empty() {
         return Vec::new();
