@@ -65,26 +65,8 @@ pub fn run(a: Args) -> Result<()> {
     let ptx = crate::out::read_text(&a.file)?;
     let entry = match &a.entry {
         Some(e) => e.clone(),
-        None => {
-            let m = ptx::parse(&ptx)
-                .map_err(|e| anyhow::anyhow!("{file}:{}:{}: {}", e.line, e.col, e.message))?;
-            let names: Vec<String> = m.entries().map(|f| f.name.clone()).collect();
-            match names.as_slice() {
-                [one] => one.clone(),
-                [] => bail!("{file}: no .entry kernel in the module"),
-                _ => bail!(
-                    "{file}: several kernels ({}); choose one with --entry",
-                    names.join(", ")
-                ),
-            }
-        }
+        None => only_entry(&file, &ptx)?,
     };
-    let grid = runner::parse_dim3(&a.grid)
-        .map_err(flat)
-        .context("--grid")?;
-    let block = runner::parse_dim3(&a.block)
-        .map_err(flat)
-        .context("--block")?;
     let args = a
         .args
         .iter()
@@ -100,11 +82,6 @@ pub fn run(a: Args) -> Result<()> {
     for (_, p) in &saves {
         crate::out::preflight("--save", p)?;
     }
-    let timeout = a
-        .timeout
-        .map(runner::parse_timeout)
-        .transpose()
-        .map_err(flat)?;
     let tools = super::parse_sanitize(a.sanitize.as_deref())?;
     if let Some(t) = tools {
         // before any allocation: global initcheck needs the allocations' written-bitmaps
@@ -114,23 +91,11 @@ pub fn run(a: Args) -> Result<()> {
     if tools.is_some() && device.backend() != runtime::Backend::Emu {
         bail!("--sanitize needs the emulator (on a GPU, use compute-sanitizer)");
     }
-    let progress = Arc::new(AtomicU64::new(0));
-    let spec = RunSpec {
-        ptx,
-        entry: entry.clone(),
-        grid,
-        block,
-        shared: a.shared,
-        args,
-        out_init: runner::OutInit::Zero,
-        timeout,
-        progress: Some(progress.clone()),
-        banks: a.banks,
-        numerics: super::parse_numerics(a.numerics.as_deref())?,
-    };
     if a.banks && device.backend() != runtime::Backend::Emu {
         bail!("--banks needs the emulator (on a GPU, use Nsight Compute)");
     }
+    let progress = Arc::new(AtomicU64::new(0));
+    let spec = run_spec(&a, ptx, &entry, args, progress.clone())?;
     let out = with_progress(spec.ctas(), &progress, a.json, || {
         runner::run(&device, &spec)
     });
@@ -141,8 +106,74 @@ pub fn run(a: Args) -> Result<()> {
         Err(e) => return Err(launch_error(e, &spec)),
         Ok(o) => o,
     };
+    let saved = save_buffers(&out, &saves)?;
+    let run = Ran {
+        file: &file,
+        spec: &spec,
+        out: &out,
+        tools,
+    };
+    if a.json {
+        print_json(&a, &run, saved);
+    } else {
+        print_text(&a, &run, &saves);
+    }
+    Ok(())
+}
+
+/// The module's only `.entry` (when `--entry` is omitted).
+fn only_entry(file: &str, ptx: &str) -> Result<String> {
+    let m = ptx::parse(ptx)
+        .map_err(|e| anyhow::anyhow!("{file}:{}:{}: {}", e.line, e.col, e.message))?;
+    let names: Vec<String> = m.entries().map(|f| f.name.clone()).collect();
+    match names.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => bail!("{file}: no .entry kernel in the module"),
+        _ => bail!(
+            "{file}: several kernels ({}); choose one with --entry",
+            names.join(", ")
+        ),
+    }
+}
+
+/// The launch the flags describe.
+fn run_spec(
+    a: &Args,
+    ptx: String,
+    entry: &str,
+    args: Vec<ArgSpec>,
+    progress: Arc<AtomicU64>,
+) -> Result<RunSpec> {
+    Ok(RunSpec {
+        ptx,
+        entry: entry.to_string(),
+        grid: runner::parse_dim3(&a.grid)
+            .map_err(flat)
+            .context("--grid")?,
+        block: runner::parse_dim3(&a.block)
+            .map_err(flat)
+            .context("--block")?,
+        shared: a.shared,
+        args,
+        out_init: runner::OutInit::Zero,
+        timeout: a
+            .timeout
+            .map(runner::parse_timeout)
+            .transpose()
+            .map_err(flat)?,
+        progress: Some(progress),
+        banks: a.banks,
+        numerics: super::parse_numerics(a.numerics.as_deref())?,
+    })
+}
+
+/// Writes each `--save`d buffer as `.npy`; returns what was saved, for `--json`.
+fn save_buffers(
+    out: &runner::RunOutput,
+    saves: &[(usize, PathBuf)],
+) -> Result<Vec<serde_json::Value>> {
     let mut saved = Vec::new();
-    for (i, p) in &saves {
+    for (i, p) in saves {
         let Some(Some(buf)) = out.buffers.get(*i) else {
             bail!("argument {i} has no buffer")
         };
@@ -150,53 +181,68 @@ pub fn run(a: Args) -> Result<()> {
         crate::out::write(p, &bytes)?;
         saved.push(serde_json::json!({"arg": i, "path": p.display().to_string(), "dtype": buf.dtype, "count": buf.len()}));
     }
-    let st = out.stats.clone().unwrap_or_default();
+    Ok(saved)
+}
+
+/// A finished launch, for the reports.
+struct Ran<'a> {
+    file: &'a str,
+    spec: &'a RunSpec,
+    out: &'a runner::RunOutput,
+    tools: Option<emu::Tools>,
+}
+
+fn print_json(a: &Args, r: &Ran, saved: Vec<serde_json::Value>) {
+    let st = r.out.stats.clone().unwrap_or_default();
     let rate = st.lane_instructions as f64 / st.seconds.max(1e-9);
-    if a.json {
-        let j = serde_json::json!({
-            "file": file,
-            "entry": entry,
-            "device": a.device,
-            "grid": grid,
-            "block": block,
-            "shared": a.shared,
-            "ok": true,
-            "seconds": out.seconds,
-            "stats": {
-                "ctas": st.ctas,
-                "warp_instructions": st.warp_instructions,
-                "lane_instructions": st.lane_instructions,
-                "seconds": st.seconds,
-                "lane_instructions_per_s": rate,
-                "banks": st.banks,
-            },
-            "saved": saved,
-        });
-        let mut j = j;
-        if let Some(t) = tools {
-            j["sanitizer"] = serde_json::json!({"tools": t, "reports": [], "errors": 0});
-        }
-        println!("{j}");
-        return Ok(());
+    let mut j = serde_json::json!({
+        "file": r.file,
+        "entry": r.spec.entry,
+        "device": a.device,
+        "grid": r.spec.grid,
+        "block": r.spec.block,
+        "shared": a.shared,
+        "ok": true,
+        "seconds": r.out.seconds,
+        "stats": {
+            "ctas": st.ctas,
+            "warp_instructions": st.warp_instructions,
+            "lane_instructions": st.lane_instructions,
+            "seconds": st.seconds,
+            "lane_instructions_per_s": rate,
+            "banks": st.banks,
+        },
+        "saved": saved,
+    });
+    if let Some(t) = r.tools {
+        j["sanitizer"] = serde_json::json!({"tools": t, "reports": [], "errors": 0});
     }
-    for (i, p) in &saves {
+    println!("{j}");
+}
+
+fn print_text(a: &Args, r: &Ran, saves: &[(usize, PathBuf)]) {
+    let st = r.out.stats.clone().unwrap_or_default();
+    let rate = st.lane_instructions as f64 / st.seconds.max(1e-9);
+    for (i, p) in saves {
         println!("saved argument {i} to {}", p.display());
     }
     if a.stats {
         println!(
-            "{entry}: {} CTAs, {} warp-instructions, {} lane-instructions, {:.3} s, {:.3e} lane-instr/s",
-            st.ctas, st.warp_instructions, st.lane_instructions, st.seconds, rate
+            "{}: {} CTAs, {} warp-instructions, {} lane-instructions, {:.3} s, {:.3e} lane-instr/s",
+            r.spec.entry, st.ctas, st.warp_instructions, st.lane_instructions, st.seconds, rate
         );
     } else if saves.is_empty() {
-        println!("{entry}: ok ({} CTAs, {:.3} s)", st.ctas, out.seconds);
+        println!(
+            "{}: ok ({} CTAs, {:.3} s)",
+            r.spec.entry, st.ctas, r.out.seconds
+        );
     }
     if let Some(b) = &st.banks {
         super::print_banks(b, 10);
     }
-    if tools.is_some() {
+    if r.tools.is_some() {
         println!("========= ERROR SUMMARY: 0 errors");
     }
-    Ok(())
 }
 
 /// Prints a sanitized launch's reports (text, or one JSON object) and fails the command.
