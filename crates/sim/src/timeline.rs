@@ -160,116 +160,15 @@ pub fn op_lists(s: &pipeline::Schedule) -> Result<Vec<Vec<Op>>> {
 /// its rank is free and every input has arrived (`p2p` later when produced on another rank).
 pub fn simulate(s: &pipeline::Schedule, costs: &dyn OpCosts) -> Result<Timeline> {
     let lists = op_lists(s)?;
-    let pp = s.num_ranks();
-    let chains = s.num_chains();
-    let stages = s.num_stages();
-    let per_chain = s.mbs_per_chain();
-    let nan = f64::NAN;
-    // Per chain, stage, micro-batch: (end time, rank) of the forward / input-gradient.
-    let mut f_done = vec![vec![vec![(nan, 0usize); per_chain]; stages]; chains];
-    let mut b_done = vec![vec![vec![(nan, 0usize); per_chain]; stages]; chains];
+    let mut rp = Replay::new(s, costs);
+    let pp = lists.len();
     let mut idx = vec![0usize; pp];
-    let mut free = vec![0.0f64; pp];
-    let mut busy = vec![0.0f64; pp];
-    let mut exposed = vec![0.0f64; pp];
-    let mut ops: Vec<Vec<PlacedOp>> = vec![Vec::new(); pp];
-    let p2p = costs.p2p();
-    let locate = |r: usize, w: Work| -> Result<(usize, usize)> {
-        match s.locate(r, w.dir) {
-            Some((c, st)) if w.mb < per_chain => Ok((c, st)),
-            _ => Err(SimError::Deadlock(format!(
-                "rank {r}: op refers to {w:?} outside the schedule"
-            ))),
-        }
-    };
-    let arrive = |r: usize, v: (f64, usize)| -> Option<f64> {
-        if v.0.is_nan() {
-            None
-        } else if v.1 == r {
-            Some(v.0)
-        } else {
-            Some(v.0 + p2p)
-        }
-    };
     loop {
         let mut progress = false;
         for r in 0..pp {
-            while idx[r] < lists[r].len() {
-                let op = lists[r][idx[r]];
-                let fdep = |w: Work| -> Result<Option<f64>> {
-                    let (c, st) = locate(r, w)?;
-                    Ok(if st == 0 {
-                        Some(0.0)
-                    } else {
-                        arrive(r, f_done[c][st - 1][w.mb])
-                    })
-                };
-                let bdep = |w: Work| -> Result<Option<f64>> {
-                    let (c, st) = locate(r, w)?;
-                    let own = arrive(r, f_done[c][st][w.mb]);
-                    Ok(if st == stages - 1 {
-                        own
-                    } else {
-                        match (own, arrive(r, b_done[c][st + 1][w.mb])) {
-                            (Some(a), Some(b)) => Some(a.max(b)),
-                            _ => None,
-                        }
-                    })
-                };
-                let ready = match op {
-                    Op::F(w) => fdep(w)?,
-                    Op::B(w) | Op::BW(w) => bdep(w)?,
-                    Op::W(w) => {
-                        let (c, st) = locate(r, w)?;
-                        arrive(r, b_done[c][st][w.mb])
-                    }
-                    Op::FB(a, b, _) => match (fdep(a)?, bdep(b)?) {
-                        (Some(x), Some(y)) => Some(x.max(y)),
-                        _ => None,
-                    },
-                };
-                let Some(ready) = ready else { break };
-                let start = ready.max(free[r]);
-                let (t, stages_of) = match op {
-                    Op::F(w) => {
-                        let (c, st) = locate(r, w)?;
-                        let t = costs.f(st)?;
-                        f_done[c][st][w.mb] = (start + t.dur, r);
-                        (t, (st, st))
-                    }
-                    Op::B(w) | Op::BW(w) => {
-                        let (c, st) = locate(r, w)?;
-                        let t = if matches!(op, Op::B(_)) {
-                            costs.b(st)?
-                        } else {
-                            costs.bw(st)?
-                        };
-                        b_done[c][st][w.mb] = (start + t.dur, r);
-                        (t, (st, st))
-                    }
-                    Op::W(w) => {
-                        let (_, st) = locate(r, w)?;
-                        (costs.w(st)?, (st, st))
-                    }
-                    Op::FB(a, b, full) => {
-                        let (ca, sa) = locate(r, a)?;
-                        let (cb, sb) = locate(r, b)?;
-                        let t = costs.fb(sa, sb, full)?;
-                        f_done[ca][sa][a.mb] = (start + t.f_end, r);
-                        b_done[cb][sb][b.mb] = (start + t.b_end, r);
-                        (t, (sa, sb))
-                    }
-                };
-                let end = start + t.dur;
-                free[r] = end;
-                busy[r] += t.dur;
-                exposed[r] += t.exposed_comm;
-                ops[r].push(PlacedOp {
-                    op,
-                    stages: stages_of,
-                    start,
-                    end,
-                });
+            while let Some(&op) = lists[r].get(idx[r]) {
+                let Some(ready) = rp.ready(r, op)? else { break };
+                rp.place(r, op, ready)?;
                 idx[r] += 1;
                 progress = true;
             }
@@ -285,13 +184,155 @@ pub fn simulate(s: &pipeline::Schedule, costs: &dyn OpCosts) -> Result<Timeline>
             return Err(SimError::Deadlock(stuck.join(", ")));
         }
     }
-    let makespan = free.iter().cloned().fold(0.0, f64::max);
-    Ok(Timeline {
-        makespan,
-        busy,
-        exposed_comm: exposed,
-        ops,
-    })
+    Ok(rp.finish())
+}
+
+/// (end time, rank) of a pass; NaN end = not yet run.
+type Done = (f64, usize);
+
+/// The replay's state: when each forward / input-gradient finished and where, and each
+/// rank's clock and accounting.
+struct Replay<'a> {
+    s: &'a pipeline::Schedule,
+    costs: &'a dyn OpCosts,
+    /// Per chain, stage, micro-batch.
+    f_done: Vec<Vec<Vec<Done>>>,
+    b_done: Vec<Vec<Vec<Done>>>,
+    free: Vec<f64>,
+    busy: Vec<f64>,
+    exposed: Vec<f64>,
+    ops: Vec<Vec<PlacedOp>>,
+}
+
+impl<'a> Replay<'a> {
+    fn new(s: &'a pipeline::Schedule, costs: &'a dyn OpCosts) -> Self {
+        let pp = s.num_ranks();
+        let done =
+            vec![vec![vec![(f64::NAN, 0usize); s.mbs_per_chain()]; s.num_stages()]; s.num_chains()];
+        Replay {
+            s,
+            costs,
+            f_done: done.clone(),
+            b_done: done,
+            free: vec![0.0; pp],
+            busy: vec![0.0; pp],
+            exposed: vec![0.0; pp],
+            ops: vec![Vec::new(); pp],
+        }
+    }
+
+    /// The (chain, stage) `w` names on rank `r`.
+    fn locate(&self, r: usize, w: Work) -> Result<(usize, usize)> {
+        match self.s.locate(r, w.dir) {
+            Some((c, st)) if w.mb < self.s.mbs_per_chain() => Ok((c, st)),
+            _ => Err(SimError::Deadlock(format!(
+                "rank {r}: op refers to {w:?} outside the schedule"
+            ))),
+        }
+    }
+
+    /// When a result `v` is available on rank `r` (None: not produced yet).
+    fn arrive(&self, r: usize, v: Done) -> Option<f64> {
+        if v.0.is_nan() {
+            None
+        } else if v.1 == r {
+            Some(v.0)
+        } else {
+            Some(v.0 + self.costs.p2p())
+        }
+    }
+
+    /// A forward's input: the previous stage's output (stage 0 reads the batch).
+    fn fdep(&self, r: usize, w: Work) -> Result<Option<f64>> {
+        let (c, st) = self.locate(r, w)?;
+        Ok(if st == 0 {
+            Some(0.0)
+        } else {
+            self.arrive(r, self.f_done[c][st - 1][w.mb])
+        })
+    }
+
+    /// A backward's inputs: its own forward and the next stage's input gradient.
+    fn bdep(&self, r: usize, w: Work) -> Result<Option<f64>> {
+        let (c, st) = self.locate(r, w)?;
+        let own = self.arrive(r, self.f_done[c][st][w.mb]);
+        if st == self.s.num_stages() - 1 {
+            return Ok(own);
+        }
+        Ok(both(own, self.arrive(r, self.b_done[c][st + 1][w.mb])))
+    }
+
+    /// When `op`'s inputs are all on rank `r` (None: some are not produced yet).
+    fn ready(&self, r: usize, op: Op) -> Result<Option<f64>> {
+        Ok(match op {
+            Op::F(w) => self.fdep(r, w)?,
+            Op::B(w) | Op::BW(w) => self.bdep(r, w)?,
+            Op::W(w) => {
+                let (c, st) = self.locate(r, w)?;
+                self.arrive(r, self.b_done[c][st][w.mb])
+            }
+            Op::FB(a, b, _) => both(self.fdep(r, a)?, self.bdep(r, b)?),
+        })
+    }
+
+    /// Runs `op` on rank `r` once it is free and its inputs arrived (`ready`).
+    fn place(&mut self, r: usize, op: Op, ready: f64) -> Result<()> {
+        let start = ready.max(self.free[r]);
+        let (t, stages) = match op {
+            Op::F(w) => {
+                let (c, st) = self.locate(r, w)?;
+                let t = self.costs.f(st)?;
+                self.f_done[c][st][w.mb] = (start + t.dur, r);
+                (t, (st, st))
+            }
+            Op::B(w) | Op::BW(w) => {
+                let (c, st) = self.locate(r, w)?;
+                let t = if matches!(op, Op::B(_)) {
+                    self.costs.b(st)?
+                } else {
+                    self.costs.bw(st)?
+                };
+                self.b_done[c][st][w.mb] = (start + t.dur, r);
+                (t, (st, st))
+            }
+            Op::W(w) => {
+                let (_, st) = self.locate(r, w)?;
+                (self.costs.w(st)?, (st, st))
+            }
+            Op::FB(a, b, full) => {
+                let ((ca, sa), (cb, sb)) = (self.locate(r, a)?, self.locate(r, b)?);
+                let t = self.costs.fb(sa, sb, full)?;
+                self.f_done[ca][sa][a.mb] = (start + t.f_end, r);
+                self.b_done[cb][sb][b.mb] = (start + t.b_end, r);
+                (t, (sa, sb))
+            }
+        };
+        let end = start + t.dur;
+        self.free[r] = end;
+        self.busy[r] += t.dur;
+        self.exposed[r] += t.exposed_comm;
+        self.ops[r].push(PlacedOp {
+            op,
+            stages,
+            start,
+            end,
+        });
+        Ok(())
+    }
+
+    fn finish(self) -> Timeline {
+        Timeline {
+            makespan: self.free.iter().cloned().fold(0.0, f64::max),
+            busy: self.busy,
+            exposed_comm: self.exposed,
+            ops: self.ops,
+        }
+    }
+}
+
+/// The later of two arrival times, once both are known.
+fn both(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    Some(a?.max(b?))
 }
 
 #[cfg(test)]
