@@ -987,133 +987,17 @@ impl<'a> Parser<'a> {
     fn operand1_inner(&mut self) -> PResult<Operand> {
         let t = self.next()?;
         match t.tok {
-            Tok::Punct(b'{') => {
-                let mut v = Vec::new();
-                if !self.eat_punct(b'}')? {
-                    loop {
-                        v.push(self.operand1()?);
-                        if !self.eat_punct(b',')? {
-                            break;
-                        }
-                    }
-                    self.expect_punct(b'}')?;
-                }
-                Ok(Operand::Vec(v))
-            }
-            Tok::Punct(b'(') => {
-                let mut v = Vec::new();
-                if !self.eat_punct(b')')? {
-                    loop {
-                        v.push(self.operand1()?);
-                        if !self.eat_punct(b',')? {
-                            break;
-                        }
-                    }
-                    self.expect_punct(b')')?;
-                }
-                Ok(Operand::List(v))
-            }
-            Tok::Punct(b'[') => {
-                let b = self.next()?;
-                let base = match b.tok {
-                    Tok::Ident(s) => {
-                        if s.starts_with('%') {
-                            AddrBase::Reg(s.to_string())
-                        } else {
-                            AddrBase::Sym(s.to_string())
-                        }
-                    }
-                    Tok::Num(s) => AddrBase::Imm(
-                        parse_uint(s).ok_or_else(|| self.err(&b, format!("bad address `{s}`")))?,
-                    ),
-                    _ => return Err(self.err(&b, format!("bad address {}", describe(&b.tok)))),
-                };
-                let mut offset = 0i64;
-                loop {
-                    if self.eat_punct(b'+')? {
-                        let neg = self.eat_punct(b'-')?;
-                        let v = self.int()? as i64;
-                        offset = offset.wrapping_add(if neg { -v } else { v });
-                    } else if self.eat_punct(b'-')? {
-                        offset = offset.wrapping_sub(self.int()? as i64);
-                    } else {
-                        break;
-                    }
-                }
-                if offset == 0 && self.eat_punct(b',')? {
-                    // `[tensorMap, {c0, c1}]`: tensor coordinates of a bulk tensor copy or a
-                    // texture fetch; `[tex, sampler, {c0, c1}]`: an independent-mode fetch.
-                    let first = self.operand1()?;
-                    if self.eat_punct(b',')? {
-                        let sampler = match first {
-                            Operand::Reg(r) => AddrBase::Reg(r),
-                            Operand::Sym { name, offset: 0 } => AddrBase::Sym(name),
-                            _ => return Err(self.err(&b, "bad sampler in `[tex, sampler, {..}]`")),
-                        };
-                        let coords = match self.operand1()? {
-                            Operand::Vec(v) => v,
-                            other => vec![other],
-                        };
-                        self.expect_punct(b']')?;
-                        return Ok(Operand::SampledAddr {
-                            base,
-                            sampler,
-                            coords,
-                        });
-                    }
-                    let coords = match first {
-                        Operand::Vec(v) => v,
-                        other => vec![other],
-                    };
-                    self.expect_punct(b']')?;
-                    return Ok(Operand::TensorAddr { base, coords });
-                }
-                self.expect_punct(b']')?;
-                Ok(Operand::Addr { base, offset })
-            }
+            Tok::Punct(b'{') => Ok(Operand::Vec(self.operand_list(b'}')?)),
+            Tok::Punct(b'(') => Ok(Operand::List(self.operand_list(b')')?)),
+            Tok::Punct(b'[') => self.address(),
             Tok::Punct(b'!') => Ok(Operand::Not(Box::new(self.operand1()?))),
-            Tok::Punct(b'-') => {
-                let n = self.next()?;
-                match n.tok {
-                    Tok::Num(s) => {
-                        let v = parse_num(s, self.f64_ctx)
-                            .ok_or_else(|| self.err(&n, format!("bad number `{s}`")))?;
-                        Ok(Operand::Imm(match v {
-                            Imm::Int(i) => Imm::Int(i.wrapping_neg()),
-                            Imm::U64(u) => Imm::Int((u as i64).wrapping_neg()),
-                            Imm::F32(b) => Imm::F32(b ^ 0x8000_0000),
-                            Imm::F64(b) => Imm::F64(b ^ (1 << 63)),
-                        }))
-                    }
-                    // `-%r` (vmad's negated operands), with an optional selector
-                    Tok::Ident(s) if s.starts_with('%') => Ok(Operand::Neg(Box::new(
-                        self.selected(Operand::Reg(s.to_string()))?,
-                    ))),
-                    _ => Err(self.err(&n, "expected a number or register after `-`")),
-                }
-            }
+            Tok::Punct(b'-') => self.negated(),
             Tok::Num(s) => Ok(Operand::Imm(
                 parse_num(s, self.f64_ctx)
                     .ok_or_else(|| self.err(&t, format!("bad number `{s}`")))?,
             )),
             Tok::Ident("_") => Ok(Operand::Sink),
-            Tok::Ident(s) if s.starts_with('%') => {
-                if SReg::needs_dim(s) {
-                    let d = self.next()?;
-                    if let Tok::Dot(c) = d.tok {
-                        let full = format!("{s}.{c}");
-                        if let Some(r) = SReg::parse(&full) {
-                            return Ok(Operand::SReg(r));
-                        }
-                    }
-                    return Err(self.err(&d, format!("`{s}` needs a component .x, .y or .z")));
-                }
-                if let Some(r) = SReg::parse(s) {
-                    return Ok(Operand::SReg(r));
-                }
-                let name = self.component(s)?;
-                self.selected(Operand::Reg(name))
-            }
+            Tok::Ident(s) if s.starts_with('%') => self.register(s),
             Tok::Ident("WARP_SZ") => Ok(Operand::SReg(SReg::WarpSz)),
             Tok::Ident(s) => {
                 let name = self.component(s)?;
@@ -1125,6 +1009,121 @@ impl<'a> Parser<'a> {
                 format!("expected an operand, found {}", describe(&t.tok)),
             )),
         }
+    }
+
+    /// Comma-separated operands up to `close` (the opening bracket already read).
+    fn operand_list(&mut self, close: u8) -> PResult<Vec<Operand>> {
+        let mut v = Vec::new();
+        if !self.eat_punct(close)? {
+            loop {
+                v.push(self.operand1()?);
+                if !self.eat_punct(b',')? {
+                    break;
+                }
+            }
+            self.expect_punct(close)?;
+        }
+        Ok(v)
+    }
+
+    /// `[base+imm-imm...]`, `[tensorMap, {coords}]` or `[tex, sampler, {coords}]` (the `[`
+    /// already read).
+    fn address(&mut self) -> PResult<Operand> {
+        let b = self.next()?;
+        let base = match b.tok {
+            Tok::Ident(s) if s.starts_with('%') => AddrBase::Reg(s.to_string()),
+            Tok::Ident(s) => AddrBase::Sym(s.to_string()),
+            Tok::Num(s) => AddrBase::Imm(
+                parse_uint(s).ok_or_else(|| self.err(&b, format!("bad address `{s}`")))?,
+            ),
+            _ => return Err(self.err(&b, format!("bad address {}", describe(&b.tok)))),
+        };
+        let mut offset = 0i64;
+        loop {
+            if self.eat_punct(b'+')? {
+                let neg = self.eat_punct(b'-')?;
+                let v = self.int()? as i64;
+                offset = offset.wrapping_add(if neg { -v } else { v });
+            } else if self.eat_punct(b'-')? {
+                offset = offset.wrapping_sub(self.int()? as i64);
+            } else {
+                break;
+            }
+        }
+        if offset == 0 && self.eat_punct(b',')? {
+            return self.coordinate_address(base, &b);
+        }
+        self.expect_punct(b']')?;
+        Ok(Operand::Addr { base, offset })
+    }
+
+    /// `[tensorMap, {c0, c1}]`: tensor coordinates of a bulk tensor copy or a texture fetch;
+    /// `[tex, sampler, {c0, c1}]`: an independent-mode fetch (`base` and its `,` read).
+    fn coordinate_address(&mut self, base: AddrBase, at: &Token) -> PResult<Operand> {
+        let coords = |o: Operand| match o {
+            Operand::Vec(v) => v,
+            other => vec![other],
+        };
+        let first = self.operand1()?;
+        if self.eat_punct(b',')? {
+            let sampler = match first {
+                Operand::Reg(r) => AddrBase::Reg(r),
+                Operand::Sym { name, offset: 0 } => AddrBase::Sym(name),
+                _ => return Err(self.err(at, "bad sampler in `[tex, sampler, {..}]`")),
+            };
+            let coords = coords(self.operand1()?);
+            self.expect_punct(b']')?;
+            return Ok(Operand::SampledAddr {
+                base,
+                sampler,
+                coords,
+            });
+        }
+        self.expect_punct(b']')?;
+        Ok(Operand::TensorAddr {
+            base,
+            coords: coords(first),
+        })
+    }
+
+    /// A negative number, or `-%r` (vmad's negated operands) with an optional selector.
+    fn negated(&mut self) -> PResult<Operand> {
+        let n = self.next()?;
+        match n.tok {
+            Tok::Num(s) => {
+                let v = parse_num(s, self.f64_ctx)
+                    .ok_or_else(|| self.err(&n, format!("bad number `{s}`")))?;
+                Ok(Operand::Imm(match v {
+                    Imm::Int(i) => Imm::Int(i.wrapping_neg()),
+                    Imm::U64(u) => Imm::Int((u as i64).wrapping_neg()),
+                    Imm::F32(b) => Imm::F32(b ^ 0x8000_0000),
+                    Imm::F64(b) => Imm::F64(b ^ (1 << 63)),
+                }))
+            }
+            Tok::Ident(s) if s.starts_with('%') => Ok(Operand::Neg(Box::new(
+                self.selected(Operand::Reg(s.to_string()))?,
+            ))),
+            _ => Err(self.err(&n, "expected a number or register after `-`")),
+        }
+    }
+
+    /// `%name`: a special register (`%tid.x` takes its component), or a register with an
+    /// optional vector component and selector.
+    fn register(&mut self, s: &str) -> PResult<Operand> {
+        if SReg::needs_dim(s) {
+            let d = self.next()?;
+            if let Tok::Dot(c) = d.tok {
+                if let Some(r) = SReg::parse(&format!("{s}.{c}")) {
+                    return Ok(Operand::SReg(r));
+                }
+            }
+            return Err(self.err(&d, format!("`{s}` needs a component .x, .y or .z")));
+        }
+        if let Some(r) = SReg::parse(s) {
+            return Ok(Operand::SReg(r));
+        }
+        let name = self.component(s)?;
+        self.selected(Operand::Reg(name))
     }
 }
 
