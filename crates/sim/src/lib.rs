@@ -218,35 +218,8 @@ pub fn run_with(cfg: &Config, cm: &CostModel) -> Result<Simulation> {
         .enumerate()
         .map(|(i, &k)| cm.block(k, i))
         .collect::<Result<_>>()?;
-    // Balance stages on compute + communication time of one micro-batch.
-    let weights: Vec<f64> = blocks.iter().map(|b| b.compute_time()).collect();
-    // Heads must follow the last transformer block: partition blocks with the heads merged into
-    // the final block's weight so they always land on the last stage.
-    let n_heads = kinds.iter().filter(|&&k| k == BlockKind::Head).count();
-    let core = kinds.len() - n_heads;
-    let mut w_core: Vec<f64> = weights[..core].to_vec();
-    if let Some(last) = w_core.last_mut() {
-        *last += weights[core..].iter().sum::<f64>();
-    }
     let sched = timeline::generate(cfg.schedule, p.pp, cfg.training.micro_batches)?;
-    let n_stages = sched.num_stages();
-    let sizes = cost::partition(&w_core, n_stages);
-    if sizes.len() != n_stages || sizes.contains(&0) {
-        return Err(SimError::config(
-            "parallelism.pp",
-            format!("cannot give each of {n_stages} stages at least one block"),
-        ));
-    }
-    let mut stage_blocks: Vec<Vec<usize>> = Vec::new();
-    let mut at = 0;
-    for (s, &n) in sizes.iter().enumerate() {
-        let mut v: Vec<usize> = (at..at + n).collect();
-        at += n;
-        if s == n_stages - 1 {
-            v.extend(core..kinds.len());
-        }
-        stage_blocks.push(v);
-    }
+    let stage_blocks = place_blocks(&kinds, &blocks, sched.num_stages())?;
     let stage_costs: Vec<Vec<&BlockCost>> = stage_blocks
         .iter()
         .map(|v| v.iter().map(|&i| &blocks[i]).collect())
@@ -257,7 +230,6 @@ pub fn run_with(cfg: &Config, cm: &CostModel) -> Result<Simulation> {
         cfg.calibration.overlap_slowdown,
     );
     let tl = timeline::simulate(&sched, &sm)?;
-
     let ranks_stages: Vec<Vec<usize>> = (0..p.pp)
         .map(|r| {
             let mut v: Vec<usize> = (0..sched.dirs_per_rank())
@@ -280,6 +252,92 @@ pub fn run_with(cfg: &Config, cm: &CostModel) -> Result<Simulation> {
             "step time is {step} s: the configuration gives no finite positive step"
         )));
     }
+    let stages = stage_infos(&stage_blocks, &kinds, &sm);
+    let parts = Parts {
+        blocks: &blocks,
+        tl: &tl,
+        step_end,
+        memory,
+        stages,
+    };
+    Ok(Simulation {
+        report: report(cfg, cm, parts),
+        timeline: tl,
+        stages: sm,
+    })
+}
+
+/// Blocks per pipeline stage, balanced on one micro-batch's compute + communication time.
+/// Heads must follow the last transformer block: they are merged into the final block's
+/// weight for the partition and always land on the last stage.
+fn place_blocks(
+    kinds: &[BlockKind],
+    blocks: &[BlockCost],
+    n_stages: usize,
+) -> Result<Vec<Vec<usize>>> {
+    let weights: Vec<f64> = blocks.iter().map(|b| b.compute_time()).collect();
+    let n_heads = kinds.iter().filter(|&&k| k == BlockKind::Head).count();
+    let core = kinds.len() - n_heads;
+    let mut w_core: Vec<f64> = weights[..core].to_vec();
+    if let Some(last) = w_core.last_mut() {
+        *last += weights[core..].iter().sum::<f64>();
+    }
+    let sizes = cost::partition(&w_core, n_stages);
+    if sizes.len() != n_stages || sizes.contains(&0) {
+        return Err(SimError::config(
+            "parallelism.pp",
+            format!("cannot give each of {n_stages} stages at least one block"),
+        ));
+    }
+    let mut stage_blocks = Vec::with_capacity(n_stages);
+    let mut at = 0;
+    for (s, &n) in sizes.iter().enumerate() {
+        let mut v: Vec<usize> = (at..at + n).collect();
+        at += n;
+        if s == n_stages - 1 {
+            v.extend(core..kinds.len());
+        }
+        stage_blocks.push(v);
+    }
+    Ok(stage_blocks)
+}
+
+/// Each stage's blocks and op times, for the report.
+fn stage_infos(
+    stage_blocks: &[Vec<usize>],
+    kinds: &[BlockKind],
+    sm: &StageModel,
+) -> Vec<StageInfo> {
+    stage_blocks
+        .iter()
+        .enumerate()
+        .map(|(s, v)| StageInfo {
+            stage: s,
+            blocks: v
+                .iter()
+                .map(|&i| format!("{:?}", kinds[i]).to_lowercase())
+                .collect(),
+            f_ms: sm.time(0, s, s).dur * 1e3,
+            b_ms: sm.time(1, s, s).dur * 1e3,
+            w_ms: sm.time(3, s, s).dur * 1e3,
+            fb_ms: sm.time(4, s, s).dur * 1e3,
+        })
+        .collect()
+}
+
+/// What [`report`] summarises besides the configuration and cost model.
+struct Parts<'a> {
+    blocks: &'a [BlockCost],
+    tl: &'a timeline::Timeline,
+    step_end: f64,
+    memory: Memory,
+    stages: Vec<StageInfo>,
+}
+
+/// The step's throughput, MFU, exposed communication and traffic figures.
+fn report(cfg: &Config, cm: &CostModel, x: Parts) -> Report {
+    let p = &cfg.parallelism;
+    let step = x.tl.makespan + x.step_end;
     let gpus = cfg.gpus();
     let tokens_step =
         cfg.training.micro_batch_tokens as f64 * cfg.training.micro_batches as f64 * p.dp as f64;
@@ -289,50 +347,32 @@ pub fn run_with(cfg: &Config, cm: &CostModel) -> Result<Simulation> {
         Precision::Fp8 => cfg.hardware.tflops_fp8,
         Precision::Bf16 => cfg.hardware.tflops_bf16,
     } * 1e12;
-    let crit = tl.critical_rank();
+    let crit = x.tl.critical_rank();
     let db = cm.comm_bytes(cfg.training.precision == Precision::Fp8);
-    let stages = (0..n_stages)
-        .map(|s| StageInfo {
-            stage: s,
-            blocks: stage_blocks[s]
-                .iter()
-                .map(|&i| format!("{:?}", kinds[i]).to_lowercase())
-                .collect(),
-            f_ms: sm.time(0, s, s).dur * 1e3,
-            b_ms: sm.time(1, s, s).dur * 1e3,
-            w_ms: sm.time(3, s, s).dur * 1e3,
-            fb_ms: sm.time(4, s, s).dur * 1e3,
-        })
-        .collect();
-    let report = Report {
+    Report {
         model: cfg.model.name.clone(),
         hardware: cfg.hardware.name.clone(),
         gpus,
         schedule: cfg.schedule.to_string(),
         comm_sms: cfg.comm.sms,
         step_time_s: step,
-        pipeline_s: tl.makespan,
-        step_end_s: step_end,
+        pipeline_s: x.tl.makespan,
+        step_end_s: x.step_end,
         tokens_per_step: tokens_step,
         tokens_per_s_per_gpu: tps,
         mfu: flops * tps / peak,
         mfu_bf16_peak: flops * tps / (cfg.hardware.tflops_bf16 * 1e12),
         model_tflop_per_token: flops / 1e12,
-        exposed_comm_s: tl.exposed_comm[crit],
-        bubble_s: tl.bubble(),
+        exposed_comm_s: x.tl.exposed_comm[crit],
+        bubble_s: x.tl.bubble(),
         critical_rank: crit,
-        memory,
+        memory: x.memory,
         fanout: cm.fanout,
         dispatch_bytes_ib_mb: db.ib / 1e6,
         dispatch_bytes_nvl_mb: db.nvl / 1e6,
-        layers: blocks.iter().map(|b| b.breakdown.clone()).collect(),
-        stages,
-    };
-    Ok(Simulation {
-        report,
-        timeline: tl,
-        stages: sm,
-    })
+        layers: x.blocks.iter().map(|b| b.breakdown.clone()).collect(),
+        stages: x.stages,
+    }
 }
 
 /// One point of an SM-budget sweep; `None` values mean the step cannot complete.
