@@ -306,18 +306,46 @@ impl GlobalMemory {
         }
     }
 
-    /// Adds a multicast range for `obj` (see [`GlobalMemory::multicast_map`]).
-    pub(crate) fn add_mc_mapping(
-        &self,
-        obj: &Arc<crate::multicast::MulticastObject>,
-        device: u32,
-    ) -> Result<u64, EmuError> {
+    /// Reserves `size` bytes of the multicast window (never handed out again); returns the base.
+    pub(crate) fn reserve_mc_range(&self, size: u64) -> Result<u64, EmuError> {
         let mut g = self
             .inner
             .write()
             .map_err(|_| EmuError::Memory("memory lock poisoned".into()))?;
         let base = crate::multicast::MULTICAST_WINDOW + g.mc_next;
-        g.mc_next += obj.size + crate::multicast::GRANULARITY;
+        // a granule of guard between ranges, so an overrun of one is never another's access
+        g.mc_next += size + crate::multicast::GRANULARITY;
+        Ok(base)
+    }
+
+    /// Adds a multicast range for `obj` at `base`, which must lie in a reserved part of the
+    /// window and overlap no mapped range (see [`GlobalMemory::multicast_map_at`]).
+    pub(crate) fn add_mc_mapping(
+        &self,
+        obj: &Arc<crate::multicast::MulticastObject>,
+        device: u32,
+        base: u64,
+    ) -> Result<(), EmuError> {
+        let mut g = self
+            .inner
+            .write()
+            .map_err(|_| EmuError::Memory("memory lock poisoned".into()))?;
+        let window = crate::multicast::MULTICAST_WINDOW;
+        if base < window || !fits(base - window, obj.size, g.mc_next) {
+            return Err(EmuError::Memory(format!(
+                "multicast: address: [{base:#x}, +{:#x}) is not inside a reserved multicast range",
+                obj.size
+            )));
+        }
+        if g.multicast
+            .iter()
+            .any(|m| base < m.base + m.obj.size && m.base < base + obj.size)
+        {
+            return Err(EmuError::Memory(format!(
+                "multicast: address: [{base:#x}, +{:#x}) overlaps a mapped multicast range",
+                obj.size
+            )));
+        }
         let mut v = g.multicast.as_ref().clone();
         v.push(crate::multicast::McMapping {
             base,
@@ -325,7 +353,7 @@ impl GlobalMemory {
             obj: obj.clone(),
         });
         g.multicast = Arc::new(v);
-        Ok(base)
+        Ok(())
     }
 
     /// Removes the multicast range at `base`.
