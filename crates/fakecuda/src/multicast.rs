@@ -3,8 +3,8 @@
 //! `cuMulticastBindAddr`, `cuMulticastUnbind`, `cuMemAddressReserve`/`cuMemAddressFree`,
 //! `cuMemMap`/`cuMemUnmap` of a multicast handle, `cuMemSetAccess` and `cuMemRelease`.
 //!
-//! What the fake models: the object's granularity (2 MiB, minimum = recommended), members added
-//! before the first binding, bindings of plain device pointers (`cuMemAlloc` memory; the real
+//! What the fake models: the object's granularity (2 MiB, minimum = recommended), every member
+//! added before the first binding or mapping, bindings of plain device pointers (`cuMemAlloc` memory; the real
 //! driver wants `cuMemCreate`/pool memory there), whole-object mappings at reserved addresses.
 //! What it does not: `cuMemCreate` physical memory (so no `cuMulticastBindMem` and no `cuMemMap`
 //! of anything but a multicast handle), partial mappings, and access rights (`cuMemSetAccess`
@@ -56,6 +56,20 @@ fn object(d: &Driver, h: Handle) -> Res<Arc<MulticastObject>> {
             format!("multicast handle {h:#x}")
         })
     })
+}
+
+/// The driver binds and maps an object only once all its `numDevices` devices were added.
+fn all_added(obj: &MulticastObject) -> Res {
+    let n = obj.devices().len();
+    if (n as u32) < obj.num_devices {
+        return Err(invalid(|| {
+            format!(
+                "only {n} of the object's {} devices were added",
+                obj.num_devices
+            )
+        }));
+    }
+    Ok(())
 }
 
 /// Reads a `CUmulticastObjectProp` (null is an error).
@@ -146,6 +160,7 @@ pub unsafe extern "C" fn cuMulticastBindAddr(
             return Err(invalid(|| format!("flags {flags:#x} (must be 0)")));
         }
         let obj = object(d, handle)?;
+        all_added(&obj)?;
         let alloc = check_range(d, memptr, size)?;
         obj.bind_mem(mc_offset as u64, &alloc, memptr - alloc.base, size as u64)
             .map_err(|e| invalid(|| e.to_string()))
@@ -250,6 +265,7 @@ pub unsafe extern "C" fn cuMemMap(
                 format!("cuMemMap: handle {handle:#x} is not a multicast handle (the fake maps only those)")
             })
         })?;
+        all_added(&obj)?;
         if size as u64 != obj.size {
             return Err(fail(CUresult::CUDA_ERROR_NOT_SUPPORTED, || {
                 format!(

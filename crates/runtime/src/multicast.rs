@@ -99,6 +99,34 @@ pub(crate) fn check_bind(
     Ok(())
 }
 
+/// Binding and mapping wait for every one of the object's `num_devices` members.
+pub(crate) fn require_all_added(what: &str, added: usize, num_devices: u32) -> Result<()> {
+    if added < num_devices as usize {
+        return Err(mc_err(
+            "num_devices",
+            format!(
+                "{what}: only {added} of the object's {num_devices} devices were added (add \
+                 every device first)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The emulated object's check before a bind or map by `dev`: a member, all members added.
+fn emu_member(obj: &MulticastObject, dev: u32, what: &str) -> Result<()> {
+    let members = obj.devices();
+    if !members.contains(&dev) {
+        return Err(mc_err(
+            "device",
+            format!(
+                "{what}: emulated device {dev} was not added to the object (members: {members:?})"
+            ),
+        ));
+    }
+    require_all_added(what, members.len(), obj.num_devices)
+}
+
 fn other_backend(dev: &Device, what: &str) -> RuntimeError {
     mc_err(
         "device",
@@ -205,13 +233,7 @@ impl Multicast {
                     bytes_left,
                     size,
                 )?;
-                let dev = buf.device().index();
-                if !obj.devices().contains(&dev) {
-                    return Err(mc_err(
-                        "device",
-                        format!("bind: emulated device {dev} was not added to the object"),
-                    ));
-                }
+                emu_member(obj, buf.device().index(), "bind")?;
                 let alloc = buf
                     .emu_alloc()
                     .ok_or_else(|| mc_err("buf", "the buffer has no emulator memory".into()))?;
@@ -239,15 +261,7 @@ impl Multicast {
     pub fn map(&self, dev: &Device) -> Result<u64> {
         match (&self.inner, dev.cuda_ctx()) {
             (Inner::Emu { obj, maps }, None) => {
-                if !obj.devices().contains(&dev.index()) {
-                    return Err(mc_err(
-                        "device",
-                        format!(
-                            "map: emulated device {} was not added to the object",
-                            dev.index()
-                        ),
-                    ));
-                }
+                emu_member(obj, dev.index(), "map")?;
                 let base = emu_memory().multicast_map(obj, dev.index())?;
                 maps.lock().unwrap_or_else(|p| p.into_inner()).push(base);
                 Ok(base)

@@ -144,6 +144,18 @@ fn multicast_errors_are_typed() {
     assert_eq!(field(Multicast::create(g, 0)), "num_devices");
     assert_eq!(field(mc.map(&Device::emu(64))), "device");
     assert_eq!(mc.size(), g);
+    let two = Multicast::create(g, 2).unwrap();
+    two.add_device(&d).unwrap();
+    assert_eq!(
+        field(two.bind(0, &b, 0, g)),
+        "num_devices",
+        "bind before all were added"
+    );
+    assert_eq!(
+        field(two.map(&d)),
+        "num_devices",
+        "map before all were added"
+    );
 }
 
 /// The CUDA backend's multicast objects. Runs on a GPU (`PTXFORGE_TEST_CUDA=1`; up to 4 of
@@ -278,6 +290,18 @@ mod cuda {
             assert_eq!(field(mc.map(d1)), "device", "map on a non-member");
         }
         assert_ne!(mc.map(d0).unwrap(), b.device_ptr());
+        let two = Multicast::create_on(d0, g, 2).unwrap();
+        two.add_device(d0).unwrap();
+        assert_eq!(
+            field(two.bind(0, &b, 0, g)),
+            "num_devices",
+            "bind before all were added"
+        );
+        assert_eq!(
+            field(two.map(d0)),
+            "num_devices",
+            "map before all were added"
+        );
         let emu = Multicast::create(Multicast::granularity(), 1).unwrap();
         assert_eq!(
             field(emu.add_device(d0)),

@@ -175,17 +175,18 @@ impl McObject {
         Ok(())
     }
 
+    /// `dev` is a member and every member was added (the driver binds and maps only then).
     fn require_member(&self, s: &McState, dev: &Ctx, what: &str) -> Result<()> {
-        if s.members.contains(&dev.ordinal) {
-            return Ok(());
+        if !s.members.contains(&dev.ordinal) {
+            return Err(mc_err(
+                "device",
+                format!(
+                    "{what}: cuda:{} was not added to the object (members: {:?})",
+                    dev.ordinal, s.members
+                ),
+            ));
         }
-        Err(mc_err(
-            "device",
-            format!(
-                "{what}: cuda:{} was not added to the object (members: {:?})",
-                dev.ordinal, s.members
-            ),
-        ))
+        crate::multicast::require_all_added(what, s.members.len(), self.num_devices)
     }
 
     /// `cuMulticastBindAddr` of `b.size` bytes of `b.ctx`'s memory at `b.ptr` (`b.buf_offset`
