@@ -260,9 +260,9 @@ impl GlobalMemory {
         Ok(base)
     }
 
-    /// Reserves `size` bytes (a positive multiple of [`GRANULARITY`]) of multicast address
-    /// space (`cuMemAddressReserve`) for [`GlobalMemory::multicast_map_at`]; returns the base.
-    /// Reserved ranges are never handed out again.
+    /// Reserves `size` bytes (a positive multiple of [`GRANULARITY`]) of address space
+    /// (`cuMemAddressReserve`) for [`GlobalMemory::multicast_map_at`] and
+    /// [`GlobalMemory::alloc_at`]; returns the base. Reserved ranges are never handed out again.
     pub fn multicast_reserve(&self, size: u64) -> Result<u64, EmuError> {
         if size == 0 || !size.is_multiple_of(GRANULARITY) {
             return Err(mc_err(format!(

@@ -1,14 +1,16 @@
-//! Multicast objects and the virtual-memory calls that map them, on [`emu::multicast`]:
+//! Multicast objects and the virtual-memory calls around them, on [`emu::multicast`]:
 //! `cuMulticastGetGranularity`, `cuMulticastCreate`, `cuMulticastAddDevice`,
-//! `cuMulticastBindAddr`, `cuMulticastUnbind`, `cuMemAddressReserve`/`cuMemAddressFree`,
-//! `cuMemMap`/`cuMemUnmap` of a multicast handle, `cuMemSetAccess` and `cuMemRelease`.
+//! `cuMulticastBindMem`/`cuMulticastBindAddr`, `cuMulticastUnbind`,
+//! `cuMemGetAllocationGranularity`, `cuMemCreate`, `cuMemAddressReserve`/`cuMemAddressFree`,
+//! `cuMemMap`/`cuMemUnmap` of a multicast or physical handle, `cuMemSetAccess`, `cuMemRelease`.
 //!
-//! What the fake models: the object's granularity (2 MiB, minimum = recommended), every member
-//! added before the first binding or mapping, bindings of plain device pointers (`cuMemAlloc` memory; the real
-//! driver wants `cuMemCreate`/pool memory there), whole-object mappings at reserved addresses.
-//! What it does not: `cuMemCreate` physical memory (so no `cuMulticastBindMem` and no `cuMemMap`
-//! of anything but a multicast handle), partial mappings, and access rights (`cuMemSetAccess`
-//! checks its descriptors but kernels may use a mapping without it).
+//! What the fake models: a 2 MiB granularity (minimum = recommended, for multicast objects and
+//! physical memory), every member added before the first binding or mapping, bindings of
+//! `cuMemCreate` memory (by handle or address) and, unlike the real driver, of `cuMemAlloc`
+//! memory by address; whole-object mappings at reserved addresses. What it does not: a physical
+//! handle mapped more than once or partially (its memory comes into being at its one mapping,
+//! so `cuMulticastBindMem` needs it mapped), and access rights (`cuMemSetAccess` checks its
+//! descriptors but kernels may use a mapping without it).
 //! `PTXFORGE_FAKECUDA_MULTICAST=0` makes every device report
 //! `CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 0` and refuse `cuMulticastCreate`.
 
@@ -19,6 +21,7 @@ use emu::multicast::{MulticastObject, GRANULARITY};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_int, c_uint, c_ulonglong};
 use std::sync::Arc;
+use std::sync::Mutex;
 
 /// `CUmemGenericAllocationHandle`.
 type Handle = c_ulonglong;
@@ -26,11 +29,33 @@ type Handle = c_ulonglong;
 /// The fake's multicast tables (one per driver).
 #[derive(Default)]
 pub(crate) struct McTables {
-    objects: std::sync::Mutex<HashMap<Handle, Arc<MulticastObject>>>,
+    objects: Mutex<HashMap<Handle, Arc<MulticastObject>>>,
     /// Reserved address ranges: base -> size.
-    reserved: std::sync::Mutex<BTreeMap<u64, u64>>,
+    reserved: Mutex<BTreeMap<u64, u64>>,
     /// Mapped multicast ranges: base -> the object mapped there.
-    mapped: std::sync::Mutex<HashMap<u64, Arc<MulticastObject>>>,
+    mapped: Mutex<HashMap<u64, Arc<MulticastObject>>>,
+    /// `cuMemCreate` handles.
+    phys: Mutex<HashMap<Handle, Arc<Phys>>>,
+    /// Mapped physical memory: base -> its handle's memory.
+    phys_mapped: Mutex<HashMap<u64, Arc<Phys>>>,
+}
+
+/// Physical memory of `cuMemCreate`: its emulator allocation exists while it is mapped.
+pub(crate) struct Phys {
+    size: u64,
+    dev: u32,
+    mapped: Mutex<Option<Arc<emu::Allocation>>>,
+}
+
+/// `CUmemAllocationProp` as raw integers (enums as `u32`).
+#[repr(C)]
+pub struct AllocProp {
+    alloc_type: c_uint,
+    handle_types: c_uint,
+    location_type: c_uint,
+    location_id: c_int,
+    win32: *mut std::ffi::c_void,
+    alloc_flags: [u8; 8],
 }
 
 /// `CUmemAccessDesc` as raw integers, so an out-of-range enum value is an error, not UB.
@@ -184,20 +209,6 @@ pub unsafe extern "C" fn cuMulticastUnbind(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemRelease(handle: Handle) -> CUresult {
-    ffi("cuMemRelease", || {
-        let d = drv()?;
-        // Mappings keep the object alive (as on the driver: released once unmapped).
-        match lock(&d.mc.objects).remove(&handle) {
-            Some(_) => Ok(()),
-            None => Err(fail(CUresult::CUDA_ERROR_INVALID_HANDLE, || {
-                format!("cuMemRelease: handle {handle:#x} (the fake has multicast handles only)")
-            })),
-        }
-    })
-}
-
-#[no_mangle]
 pub unsafe extern "C" fn cuMemAddressReserve(
     ptr: *mut CUdeviceptr,
     size: usize,
@@ -236,13 +247,29 @@ pub unsafe extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUre
             }));
         }
         let end = ptr + size as u64;
-        if lock(&d.mc.mapped).keys().any(|&b| b >= ptr && b < end) {
+        let mapped = |b: &u64| *b >= ptr && *b < end;
+        if lock(&d.mc.mapped).keys().any(mapped) || lock(&d.mc.phys_mapped).keys().any(mapped) {
             return Err(invalid(|| {
                 format!("[{ptr:#x}, +{size:#x}) is still mapped")
             }));
         }
         r.remove(&ptr);
         Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRelease(handle: Handle) -> CUresult {
+    ffi("cuMemRelease", || {
+        let d = drv()?;
+        // Mappings keep the memory alive (as on the driver: freed once unmapped).
+        let obj = lock(&d.mc.objects).remove(&handle).is_some();
+        if obj || lock(&d.mc.phys).remove(&handle).is_some() {
+            return Ok(());
+        }
+        Err(fail(CUresult::CUDA_ERROR_INVALID_HANDLE, || {
+            format!("cuMemRelease: handle {handle:#x}")
+        }))
     })
 }
 
@@ -260,20 +287,6 @@ pub unsafe extern "C" fn cuMemMap(
         if offset != 0 || flags != 0 {
             return Err(invalid(|| "cuMemMap: offset and flags must be 0".into()));
         }
-        let obj = lock(&d.mc.objects).get(&handle).cloned().ok_or_else(|| {
-            fail(CUresult::CUDA_ERROR_NOT_SUPPORTED, || {
-                format!("cuMemMap: handle {handle:#x} is not a multicast handle (the fake maps only those)")
-            })
-        })?;
-        all_added(&obj)?;
-        if size as u64 != obj.size {
-            return Err(fail(CUresult::CUDA_ERROR_NOT_SUPPORTED, || {
-                format!(
-                    "cuMemMap: size {size:#x} (the fake maps whole objects of {:#x})",
-                    obj.size
-                )
-            }));
-        }
         let inside = lock(&d.mc.reserved)
             .range(..=ptr)
             .next_back()
@@ -281,6 +294,19 @@ pub unsafe extern "C" fn cuMemMap(
         if !inside {
             return Err(invalid(|| {
                 format!("[{ptr:#x}, +{size:#x}) is not reserved")
+            }));
+        }
+        if let Some(p) = lock(&d.mc.phys).get(&handle).cloned() {
+            return map_phys(d, &p, ptr, size);
+        }
+        let obj = object(d, handle)?;
+        all_added(&obj)?;
+        if size as u64 != obj.size {
+            return Err(fail(CUresult::CUDA_ERROR_NOT_SUPPORTED, || {
+                format!(
+                    "cuMemMap: size {size:#x} (the fake maps whole objects of {:#x})",
+                    obj.size
+                )
             }));
         }
         d.mem
@@ -291,18 +317,30 @@ pub unsafe extern "C" fn cuMemMap(
     })
 }
 
+/// The size of the mapping (multicast or physical) at `ptr`.
+fn mapping_size(d: &Driver, ptr: u64) -> Option<u64> {
+    let mc = lock(&d.mc.mapped).get(&ptr).map(|o| o.size);
+    mc.or_else(|| lock(&d.mc.phys_mapped).get(&ptr).map(|p| p.size))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     ffi("cuMemUnmap", || {
         let d = drv()?;
-        let mut m = lock(&d.mc.mapped);
-        if m.get(&ptr).map(|o| o.size) != Some(size as u64) {
+        if mapping_size(d, ptr) != Some(size as u64) {
             return Err(invalid(|| {
                 format!("[{ptr:#x}, +{size:#x}) is not a mapping")
             }));
         }
-        m.remove(&ptr);
-        d.mem.multicast_unmap(ptr);
+        if lock(&d.mc.mapped).remove(&ptr).is_some() {
+            d.mem.multicast_unmap(ptr);
+        }
+        if let Some(p) = lock(&d.mc.phys_mapped).remove(&ptr) {
+            // the device's queued work may still use it (cuMemUnmap does not wait on hardware
+            // either: the caller synchronises first)
+            *lock(&p.mapped) = None;
+            d.mem.free(ptr);
+        }
         Ok(())
     })
 }
@@ -319,12 +357,10 @@ pub unsafe extern "C" fn cuMemSetAccess(
         if desc.is_null() || count == 0 {
             return Err(invalid(|| "cuMemSetAccess: no descriptors".into()));
         }
-        let obj = lock(&d.mc.mapped)
-            .get(&ptr)
-            .cloned()
-            .ok_or_else(|| invalid(|| format!("cuMemSetAccess: {ptr:#x} is not a mapping")))?;
-        if size as u64 != obj.size {
-            return Err(invalid(|| format!("cuMemSetAccess: size {size:#x}")));
+        if mapping_size(d, ptr) != Some(size as u64) {
+            return Err(invalid(|| {
+                format!("cuMemSetAccess: [{ptr:#x}, +{size:#x}) is not a mapping")
+            }));
         }
         // SAFETY: the caller passes `count` descriptors at `desc` (non-null).
         let descs = unsafe { std::slice::from_raw_parts(desc, count) };
@@ -341,5 +377,124 @@ pub unsafe extern "C" fn cuMemSetAccess(
             check_dev(d, a.location_id)?;
         }
         Ok(())
+    })
+}
+
+/// Reads a `CUmemAllocationProp`: pinned device memory of a valid device; returns the device.
+///
+/// # Safety
+/// `prop` must be null or point to a `CUmemAllocationProp`.
+unsafe fn read_alloc_prop(d: &Driver, prop: *const AllocProp) -> Res<u32> {
+    if prop.is_null() {
+        return Err(invalid(|| "prop is null".into()));
+    }
+    // SAFETY: non-null, and a valid prop per the caller's contract.
+    let p = unsafe { prop.read_unaligned() };
+    // CU_MEM_ALLOCATION_TYPE_PINNED at CU_MEM_LOCATION_TYPE_DEVICE
+    if p.alloc_type != 1 || p.location_type != 1 {
+        return Err(invalid(|| {
+            format!(
+                "prop: type {} at location type {} (the fake has pinned device memory only)",
+                p.alloc_type, p.location_type
+            )
+        }));
+    }
+    check_dev(d, p.location_id)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAllocationGranularity(
+    granularity: *mut usize,
+    prop: *const AllocProp,
+    option: c_uint,
+) -> CUresult {
+    ffi("cuMemGetAllocationGranularity", || {
+        let d = drv()?;
+        // SAFETY: the caller passes a prop pointer (checked for null).
+        unsafe { read_alloc_prop(d, prop)? };
+        if option > 1 {
+            return Err(invalid(|| format!("granularity option {option}")));
+        }
+        // SAFETY: out-pointer from the caller.
+        unsafe { out(granularity, GRANULARITY as usize) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut Handle,
+    size: usize,
+    prop: *const AllocProp,
+    flags: c_ulonglong,
+) -> CUresult {
+    ffi("cuMemCreate", || {
+        let d = drv()?;
+        // SAFETY: the caller passes a prop pointer (checked for null).
+        let dev = unsafe { read_alloc_prop(d, prop)? };
+        if flags != 0 || handle.is_null() {
+            return Err(invalid(|| "cuMemCreate: flags must be 0".into()));
+        }
+        if size == 0 || size as u64 % GRANULARITY != 0 {
+            return Err(invalid(|| {
+                format!("cuMemCreate: size {size:#x} is not a multiple of {GRANULARITY:#x}")
+            }));
+        }
+        let h = d.new_id() as Handle;
+        let p = Phys {
+            size: size as u64,
+            dev,
+            mapped: Mutex::new(None),
+        };
+        lock(&d.mc.phys).insert(h, Arc::new(p));
+        // SAFETY: non-null out-pointer from the caller.
+        unsafe { out(handle, h) }
+    })
+}
+
+/// `cuMemMap` of physical memory: its allocation comes into being at `ptr`.
+fn map_phys(d: &Driver, p: &Arc<Phys>, ptr: u64, size: usize) -> Res {
+    let mut m = lock(&p.mapped);
+    if m.is_some() || size as u64 != p.size {
+        return Err(fail(CUresult::CUDA_ERROR_NOT_SUPPORTED, || {
+            "cuMemMap: the fake maps physical memory once, whole".into()
+        }));
+    }
+    let a = d
+        .mem
+        .alloc_at(ptr, p.size, p.dev)
+        .map_err(|e| invalid(|| e.to_string()))?;
+    *m = Some(a);
+    lock(&d.mc.phys_mapped).insert(ptr, p.clone());
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMulticastBindMem(
+    handle: Handle,
+    mc_offset: usize,
+    mem: Handle,
+    mem_offset: usize,
+    size: usize,
+    flags: c_ulonglong,
+) -> CUresult {
+    ffi("cuMulticastBindMem", || {
+        let d = drv()?;
+        if flags != 0 {
+            return Err(invalid(|| format!("flags {flags:#x} (must be 0)")));
+        }
+        let obj = object(d, handle)?;
+        all_added(&obj)?;
+        let p = lock(&d.mc.phys).get(&mem).cloned().ok_or_else(|| {
+            fail(CUresult::CUDA_ERROR_INVALID_HANDLE, || {
+                format!("cuMulticastBindMem: memory handle {mem:#x}")
+            })
+        })?;
+        let alloc = lock(&p.mapped).clone().ok_or_else(|| {
+            fail(CUresult::CUDA_ERROR_NOT_SUPPORTED, || {
+                "cuMulticastBindMem: the fake binds physical memory once it is mapped".into()
+            })
+        })?;
+        obj.bind_mem(mc_offset as u64, &alloc, mem_offset as u64, size as u64)
+            .map_err(|e| invalid(|| e.to_string()))
     })
 }

@@ -22,13 +22,15 @@
 //! assert_ne!(addr, bufs[0].device_ptr());
 //! ```
 //!
-//! On CUDA the object is bound with `cuMulticastBindAddr` to the buffers' addresses; the real
-//! driver accepts only memory from `cuMemCreate` or a memory pool there (not `cuMemAlloc`, which
-//! `Device::alloc` uses), so on a GPU the bind step reports the driver's error until buffers
-//! can come from such memory. A bound buffer must outlive the object (it is unbound on drop).
+//! On CUDA, buffers from [`Multicast::alloc_buffer`] (`cuMemCreate` memory) are bound with
+//! `cuMulticastBindMem`, others with `cuMulticastBindAddr` by address, which the real driver
+//! accepts only for `cuMemCreate` or memory-pool memory: `Device::alloc` (`cuMemAlloc`) buffers
+//! get the driver's error there. A bound buffer must outlive the object (it is unbound on drop).
 
+use crate::cuda::memory::{DevMem, Origin};
 use crate::cuda::multicast::{BindMem, McObject};
 use crate::device::emu_memory;
+use crate::storage::Storage;
 use crate::{Buffer, Device, Pod, Result, RuntimeError};
 use emu::multicast::MulticastObject;
 use std::sync::{Arc, Mutex};
@@ -186,6 +188,23 @@ impl Multicast {
         }
     }
 
+    /// A zeroed buffer of `len` elements on `dev` that multicast objects can bind: on CUDA
+    /// `cuMemCreate` memory mapped with `cuMemAddressReserve` + `cuMemMap` + `cuMemSetAccess`
+    /// (its size rounded up to the allocation granularity; bound with `cuMulticastBindMem`),
+    /// on an emulated device an ordinary allocation.
+    pub fn alloc_buffer<T: Pod>(dev: &Device, len: usize) -> Result<Buffer<T>> {
+        let Some(ctx) = dev.cuda_ctx() else {
+            return dev.alloc(len);
+        };
+        let bytes = len * T::SIZE;
+        Ok(Buffer {
+            device: dev.clone(),
+            mem: Storage::Cuda(DevMem::alloc_vmm(ctx, bytes)?),
+            len,
+            _t: std::marker::PhantomData,
+        })
+    }
+
     /// Adds `dev` as a member (`cuMulticastAddDevice`); every member before the first bind.
     pub fn add_device(&self, dev: &Device) -> Result<()> {
         match (&self.inner, dev.cuda_ctx()) {
@@ -245,6 +264,13 @@ impl Multicast {
                 mc_offset,
                 &BindMem {
                     ctx,
+                    handle: match &buf.mem {
+                        Storage::Cuda(DevMem {
+                            origin: Origin::Vmm { handle, .. },
+                            ..
+                        }) => Some(*handle),
+                        _ => None,
+                    },
                     ptr: buf.device_ptr() + buf_offset as u64,
                     buf_offset,
                     bytes_left,

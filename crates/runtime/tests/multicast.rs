@@ -222,14 +222,28 @@ mod cuda {
         let vals: Vec<Vec<u32>> = (0..nd)
             .map(|_| (0..g / 4).map(|_| r.gen()).collect())
             .collect();
+        // cuMemCreate memory (cuMulticastBindMem); on the fake driver the last device's is a
+        // plain allocation (cuMulticastBindAddr, which only the fake allows for cuMemAlloc)
+        let fake = devs[0].props().name.contains("fakecuda");
         let bufs: Vec<_> = devs
             .iter()
             .zip(&vals)
-            .map(|(d, v)| d.upload(v).unwrap())
+            .enumerate()
+            .map(|(i, (d, v))| {
+                let b = if i + 1 < nd || !fake {
+                    Multicast::alloc_buffer::<u32>(d, v.len()).unwrap()
+                } else {
+                    d.alloc::<u32>(v.len()).unwrap()
+                };
+                b.copy_from_host(v).unwrap();
+                b
+            })
             .collect();
         for b in &bufs {
             mc.bind(0, b, 0, g).unwrap();
         }
+        let ptrs: Vec<u64> = bufs.iter().map(|b| b.device_ptr()).collect();
+        eprintln!("buffers at {ptrs:#x?}");
         let last = &devs[nd - 1];
         let a0 = mc.map(&devs[0]).unwrap();
         let al = if nd > 1 { mc.map(last).unwrap() } else { a0 };
@@ -270,7 +284,7 @@ mod cuda {
         assert_eq!(field(Multicast::create_on(d0, g + 1, 1)), "size");
         assert_eq!(field(Multicast::create_on(d0, g, 0)), "num_devices");
         let mc = Multicast::create_on(d0, g, 1).unwrap();
-        let b = d0.alloc::<u8>(2 * g).unwrap();
+        let b = Multicast::alloc_buffer::<u8>(d0, 2 * g).unwrap();
         assert_eq!(field(mc.bind(0, &b, 0, g)), "device", "bind before add");
         assert_eq!(field(mc.map(d0)), "device", "map before add");
         mc.add_device(d0).unwrap();

@@ -1,5 +1,6 @@
 //! Multicast objects on the driver: `cuMulticastGetGranularity`, `cuMulticastCreate`,
-//! `cuMulticastAddDevice`, `cuMulticastBindAddr`, and the multicast handle mapped per device with
+//! `cuMulticastAddDevice`, `cuMulticastBindMem` (`cuMemCreate` buffers) or `cuMulticastBindAddr`
+//! (other memory), and the multicast handle mapped per device with
 //! `cuMemAddressReserve` + `cuMemMap` + `cuMemSetAccess`; on drop `cuMulticastUnbind` of every
 //! binding, `cuMemUnmap` + `cuMemAddressFree` of every mapping, then `cuMemRelease`.
 //!
@@ -26,6 +27,17 @@ fn prop(num_devices: u32, size: usize) -> sys::CUmulticastObjectProp {
         size,
         handleTypes: 0,
         flags: 0,
+    }
+}
+
+/// Read-write access for device `ordinal` (`cuMemSetAccess`).
+pub(crate) fn rw_access(ordinal: u32) -> sys::CUmemAccessDesc {
+    sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: ordinal as i32,
+        },
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     }
 }
 
@@ -90,6 +102,9 @@ struct McState {
 /// Device memory to bind (see [`McObject::bind`]).
 pub(crate) struct BindMem<'a> {
     pub ctx: &'a Arc<Ctx>,
+    /// The `cuMemCreate` handle of the buffer's memory (bound with `cuMulticastBindMem`), or
+    /// `None` for other memory (bound by address, `cuMulticastBindAddr`).
+    pub handle: Option<sys::CUmemGenericAllocationHandle>,
     /// The address bound (the buffer's base plus `buf_offset`).
     pub ptr: u64,
     pub buf_offset: usize,
@@ -205,10 +220,16 @@ impl McObject {
         let mut s = self.state();
         self.require_member(&s, mem, "bind")?;
         mem.bind()?;
-        // SAFETY: plain values; the range lies inside a live allocation of `mem`'s device.
-        call("cuMulticastBindAddr", || unsafe {
-            sys::cuMulticastBindAddr(self.handle, mc_offset, ptr, size, 0)
-        })?;
+        match b.handle {
+            // SAFETY: plain values; the range lies inside the handle's memory.
+            Some(h) => call("cuMulticastBindMem", || unsafe {
+                sys::cuMulticastBindMem(self.handle, mc_offset, h, b.buf_offset, size, 0)
+            })?,
+            // SAFETY: plain values; the range lies inside a live allocation of `mem`'s device.
+            None => call("cuMulticastBindAddr", || unsafe {
+                sys::cuMulticastBindAddr(self.handle, mc_offset, ptr, size, 0)
+            })?,
+        }
         s.bindings.push((mem.clone(), mc_offset, size));
         Ok(())
     }
@@ -238,13 +259,7 @@ impl McObject {
         call("cuMemMap", || unsafe {
             sys::cuMemMap(base, self.size, 0, self.handle, 0)
         })?;
-        let desc = sys::CUmemAccessDesc {
-            location: sys::CUmemLocation {
-                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: dev.ordinal as i32,
-            },
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
+        let desc = rw_access(dev.ordinal);
         // SAFETY: one descriptor, alive across the call; the range was just mapped.
         let r = call("cuMemSetAccess", || unsafe {
             sys::cuMemSetAccess(base, self.size, &desc, 1)
