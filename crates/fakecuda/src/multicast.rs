@@ -434,7 +434,7 @@ pub unsafe extern "C" fn cuMemCreate(
         if flags != 0 || handle.is_null() {
             return Err(invalid(|| "cuMemCreate: flags must be 0".into()));
         }
-        if size == 0 || size as u64 % GRANULARITY != 0 {
+        if size == 0 || !(size as u64).is_multiple_of(GRANULARITY) {
             return Err(invalid(|| {
                 format!("cuMemCreate: size {size:#x} is not a multiple of {GRANULARITY:#x}")
             }));

@@ -55,7 +55,7 @@ pub(crate) fn mc_err(field: &'static str, msg: String) -> RuntimeError {
 /// Checks that each `(field, value)` is a multiple of the granularity `g`.
 pub(crate) fn check_multiples(g: usize, values: &[(&'static str, usize)]) -> Result<()> {
     for &(field, v) in values {
-        if v % g != 0 {
+        if !v.is_multiple_of(g) {
             return Err(mc_err(
                 field,
                 format!("{v:#x} is not a multiple of the multicast granularity {g:#x}"),
