@@ -196,7 +196,9 @@ impl Multicast {
         let Some(ctx) = dev.cuda_ctx() else {
             return dev.alloc(len);
         };
-        let bytes = len * T::SIZE;
+        let bytes = len.checked_mul(T::SIZE).ok_or_else(|| {
+            RuntimeError::Buffer(format!("len: {len} elements of {} bytes overflow", T::SIZE))
+        })?;
         Ok(Buffer {
             device: dev.clone(),
             mem: Storage::Cuda(DevMem::alloc_vmm(ctx, bytes)?),

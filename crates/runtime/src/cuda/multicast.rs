@@ -131,10 +131,10 @@ impl McObject {
         if num_devices == 0 {
             return Err(mc_err("num_devices", "must be at least 1".into()));
         }
-        let g = granularity(ctx, num_devices, size)?;
         if size == 0 {
             return Err(mc_err("size", "must be positive".into()));
         }
+        let g = granularity(ctx, num_devices, size)?;
         check_multiples(g, &[("size", size)])?;
         let p = prop(num_devices, size);
         let mut handle = 0;
@@ -276,6 +276,15 @@ impl Drop for McObject {
     fn drop(&mut self) {
         let s = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         // Errors cannot be returned from drop; the driver frees everything at exit anyway.
+        // Kernels still using the multicast address finish first (unbinding under them faults).
+        for ctx in s
+            .maps
+            .iter()
+            .map(|m| &m.1)
+            .chain(s.bindings.iter().map(|b| &b.0))
+        {
+            let _ = ctx.synchronize();
+        }
         for (ctx, off, size) in s.bindings.drain(..) {
             if ctx.bind().is_ok() {
                 let h = self.handle;
