@@ -15,6 +15,7 @@
 //! | `cuMemMap(va, size, 0, h, 0)` + `cuMemSetAccess` | [`GlobalMemory::multicast_map`] |
 //! | `cuMemAddressReserve`, then `cuMemMap` there | [`GlobalMemory::multicast_reserve`], [`GlobalMemory::multicast_map_at`] |
 //! | `cuMulticastUnbind(h, dev, mcOffset, size)` | [`MulticastObject::unbind`] |
+//! | `cuMemCreate` + `cuMemMap` at a reserved address | [`GlobalMemory::alloc_at`] |
 //! | `cuMemUnmap` | [`GlobalMemory::multicast_unmap`] |
 //!
 //! Every member device must have memory bound at the offsets an instruction touches: an
