@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check, on a machine with an NVIDIA GPU and driver (no CUDA toolkit needed). Runs (1) the
-# runtime tests on the CUDA device (PTXFORGE_TEST_CUDA=1), (2) every library kernel's test shapes
+# runtime tests on the CUDA device (PTXFORGE_TEST_CUDA=1) and its multicast objects, (2) every library kernel's test shapes
 # against its CPU reference on the GPU (`ptxforge kernels --check --device cuda`), (3) a small
 # `ptxforge moe --device cuda`, (4) the Hopper GEMM benchmark (DeepGEMM shapes) and `ptxforge
 # bench gemm` (which times cuBLAS through PyTorch on the same shapes when torch is there), (5)
@@ -35,11 +35,13 @@ if command -v cargo >/dev/null; then
   step build 240 cargo build --release --workspace --all-targets
   PF=(cargo run --release -q -p ptxforge-cli --)
   BACKEND=(cargo test --release -p runtime --test backend --)
+  MCAST=(cargo test --release -p runtime --test multicast --)
   BENCH=(cargo run --release -q -p kernels --example bench_hopper --)
 elif [ -x .gpu/bin/ptxforge ]; then
   echo "no cargo: running the binaries of .gpu/ (commit $(cat .gpu/COMMIT 2>/dev/null); $(cat .gpu/GLIBC 2>/dev/null); here $(ldd --version 2>&1 | head -1))" | tee -a "$LOG/summary.log"
   PF=(.gpu/bin/ptxforge)
   BACKEND=(.gpu/bin/runtime-backend-tests)
+  MCAST=(.gpu/bin/runtime-multicast-tests)
   BENCH=(.gpu/bin/bench_hopper)
 else
   echo "no cargo and no .gpu/ binaries: run scripts/gpu-pack.sh where Rust is and carry .gpu" | tee -a "$LOG/summary.log"
@@ -48,6 +50,10 @@ fi
 step devices 30 "${PF[@]}" devices
 # Runtime: every backend test (the emulator ones too) with the CUDA tests enabled.
 step runtime-cuda 120 "${BACKEND[@]}" --nocapture --test-threads=1
+# Multicast objects (runtime::Multicast on up to 4 GPUs): multimem.ld_reduce/st/red kernels
+# against exact references where the GPUs report CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED (an
+# NVSwitch system), else the typed refusal. The emulated-device tests run too.
+step multicast-cuda 60 "${MCAST[@]}" --nocapture --test-threads=1
 # Every library kernel against its CPU reference on the GPU.
 step kernels-cuda 150 "${PF[@]}" kernels --check --device cuda
 # The main job on the GPU (one rank per GPU present: one here), small enough for the budget.
@@ -70,6 +76,7 @@ for i in "${!NAMES[@]}"; do
   [ "${STATUS[$i]}" = ok ] || fail=1
 done
 echo "cuda tests passed: $(grep -c '^test .*cuda.* ok$' "$LOG"/runtime-cuda.log 2>/dev/null)" | tee -a "$LOG/summary.log"
+echo "multicast: $(grep -hoE 'multicast reduce/broadcast/red ok on [0-9]+ devices|multicast unsupported: .{0,60}' "$LOG"/multicast-cuda.log 2>/dev/null | head -1)" | tee -a "$LOG/summary.log"
 grep -h "checks on" "$LOG"/kernels-cuda.log 2>/dev/null | tee -a "$LOG/summary.log"
 echo "skipped lines: $(grep -h '^skip' "$LOG"/*.log 2>/dev/null | sort | uniq -c | tr '\n' ';')" | tee -a "$LOG/summary.log"
 echo "logs: $LOG"

@@ -221,6 +221,34 @@ struct MemInner {
     mc_next: u64,
 }
 
+impl MemInner {
+    /// `[base, base+size)` lies in the reserved part of the multicast window and overlaps no
+    /// multicast mapping or allocation (what may be mapped there).
+    fn check_reserved_free(&self, base: u64, size: u64) -> Result<(), EmuError> {
+        let window = crate::multicast::MULTICAST_WINDOW;
+        if size == 0 || base < window || !fits(base - window, size, self.mc_next) {
+            return Err(EmuError::Memory(format!(
+                "address: [{base:#x}, +{size:#x}) is not inside a reserved range"
+            )));
+        }
+        let end = base + size;
+        let mapped = self
+            .multicast
+            .iter()
+            .any(|m| base < m.base + m.obj.size && m.base < end);
+        let allocated = self
+            .map
+            .iter()
+            .any(|a| base < a.base + a.size && a.base < end);
+        if mapped || allocated {
+            return Err(EmuError::Memory(format!(
+                "address: [{base:#x}, +{size:#x}) overlaps a mapped range"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// An immutable view of the allocations, taken at launch.
 #[derive(Clone)]
 pub struct MemMap {
@@ -289,6 +317,26 @@ impl GlobalMemory {
         Ok(a)
     }
 
+    /// Allocates `size` bytes (zeroed) owned by `device` at `base`, inside a range reserved
+    /// with [`GlobalMemory::multicast_reserve`] and overlapping no allocation or multicast
+    /// mapping (`cuMemMap` of `cuMemCreate` memory at a reserved address).
+    pub fn alloc_at(&self, base: u64, size: u64, device: u32) -> Result<Arc<Allocation>, EmuError> {
+        crate::limits::check_alloc(size)?;
+        let mut g = self
+            .inner
+            .write()
+            .map_err(|_| EmuError::Memory("memory lock poisoned".into()))?;
+        g.check_reserved_free(base, size)?;
+        let track = self.track_writes.load(Ordering::Relaxed)
+            || crate::sanitize::process_default().initcheck;
+        let a = Arc::new(Allocation::new(base, size, device, track));
+        let mut v: Vec<Arc<Allocation>> = g.map.as_ref().clone();
+        let at = v.partition_point(|x| x.base < base);
+        v.insert(at, a.clone());
+        g.map = Arc::new(v);
+        Ok(a)
+    }
+
     /// Removes an allocation from the address space (kernels launched later fault on it).
     pub fn free(&self, base: u64) {
         if let Ok(mut g) = self.inner.write() {
@@ -306,18 +354,31 @@ impl GlobalMemory {
         }
     }
 
-    /// Adds a multicast range for `obj` (see [`GlobalMemory::multicast_map`]).
-    pub(crate) fn add_mc_mapping(
-        &self,
-        obj: &Arc<crate::multicast::MulticastObject>,
-        device: u32,
-    ) -> Result<u64, EmuError> {
+    /// Reserves `size` bytes of the multicast window (never handed out again); returns the base.
+    pub(crate) fn reserve_mc_range(&self, size: u64) -> Result<u64, EmuError> {
         let mut g = self
             .inner
             .write()
             .map_err(|_| EmuError::Memory("memory lock poisoned".into()))?;
         let base = crate::multicast::MULTICAST_WINDOW + g.mc_next;
-        g.mc_next += obj.size + crate::multicast::GRANULARITY;
+        // a granule of guard between ranges, so an overrun of one is never another's access
+        g.mc_next += size + crate::multicast::GRANULARITY;
+        Ok(base)
+    }
+
+    /// Adds a multicast range for `obj` at `base`, which must lie in a reserved part of the
+    /// window and overlap no mapped range (see [`GlobalMemory::multicast_map_at`]).
+    pub(crate) fn add_mc_mapping(
+        &self,
+        obj: &Arc<crate::multicast::MulticastObject>,
+        device: u32,
+        base: u64,
+    ) -> Result<(), EmuError> {
+        let mut g = self
+            .inner
+            .write()
+            .map_err(|_| EmuError::Memory("memory lock poisoned".into()))?;
+        g.check_reserved_free(base, obj.size)?;
         let mut v = g.multicast.as_ref().clone();
         v.push(crate::multicast::McMapping {
             base,
@@ -325,7 +386,7 @@ impl GlobalMemory {
             obj: obj.clone(),
         });
         g.multicast = Arc::new(v);
-        Ok(base)
+        Ok(())
     }
 
     /// Removes the multicast range at `base`.

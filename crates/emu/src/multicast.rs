@@ -13,6 +13,9 @@
 //! | `cuMulticastAddDevice(h, dev)` | [`MulticastObject::add_device`] |
 //! | `cuMulticastBindMem(h, mcOffset, mem, memOffset, size)` | [`MulticastObject::bind_mem`] |
 //! | `cuMemMap(va, size, 0, h, 0)` + `cuMemSetAccess` | [`GlobalMemory::multicast_map`] |
+//! | `cuMemAddressReserve`, then `cuMemMap` there | [`GlobalMemory::multicast_reserve`], [`GlobalMemory::multicast_map_at`] |
+//! | `cuMulticastUnbind(h, dev, mcOffset, size)` | [`MulticastObject::unbind`] |
+//! | `cuMemCreate` + `cuMemMap` at a reserved address | [`GlobalMemory::alloc_at`] |
 //! | `cuMemUnmap` | [`GlobalMemory::multicast_unmap`] |
 //!
 //! Every member device must have memory bound at the offsets an instruction touches: an
@@ -155,6 +158,23 @@ impl MulticastObject {
         Ok(())
     }
 
+    /// Removes `device`'s binding at `[mc_offset, +size)` (`cuMulticastUnbind`), which must be
+    /// exactly one earlier [`MulticastObject::bind_mem`]. Kernels launched later fault there.
+    pub fn unbind(&self, device: u32, mc_offset: u64, size: u64) -> Result<(), EmuError> {
+        let mut s = self.state.write().unwrap_or_else(|p| p.into_inner());
+        let at = s
+            .bindings
+            .iter()
+            .position(|b| b.device == device && b.mc_offset == mc_offset && b.size == size)
+            .ok_or_else(|| {
+                mc_err(format!(
+                    "mc_offset: device {device} has no binding of [{mc_offset:#x}, +{size:#x})"
+                ))
+            })?;
+        s.bindings.remove(at);
+        Ok(())
+    }
+
     /// Calls `f` with where `[off, off+len)` of the object lies in each member device's
     /// memory, in the order the devices were added; an error names a device with no memory
     /// bound there.
@@ -236,12 +256,38 @@ impl GlobalMemory {
     /// `cuMemMap` of the multicast handle + `cuMemSetAccess`); returns its base. The device
     /// must be a member.
     pub fn multicast_map(&self, obj: &Arc<MulticastObject>, device: u32) -> Result<u64, EmuError> {
+        let base = self.multicast_reserve(obj.size)?;
+        self.multicast_map_at(obj, device, base)?;
+        Ok(base)
+    }
+
+    /// Reserves `size` bytes (a positive multiple of [`GRANULARITY`]) of address space
+    /// (`cuMemAddressReserve`) for [`GlobalMemory::multicast_map_at`] and
+    /// [`GlobalMemory::alloc_at`]; returns the base. Reserved ranges are never handed out again.
+    pub fn multicast_reserve(&self, size: u64) -> Result<u64, EmuError> {
+        if size == 0 || !size.is_multiple_of(GRANULARITY) {
+            return Err(mc_err(format!(
+                "size {size:#x} is not a positive multiple of the granularity {GRANULARITY:#x}"
+            )));
+        }
+        self.reserve_mc_range(size)
+    }
+
+    /// Maps `obj` for `device` at `base`, inside a range from
+    /// [`GlobalMemory::multicast_reserve`] and overlapping no other mapping (`cuMemMap` of the
+    /// multicast handle at a reserved address). The device must be a member.
+    pub fn multicast_map_at(
+        &self,
+        obj: &Arc<MulticastObject>,
+        device: u32,
+        base: u64,
+    ) -> Result<(), EmuError> {
         if !obj.devices().contains(&device) {
             return Err(mc_err(format!(
                 "device {device} was not added to the object it maps"
             )));
         }
-        self.add_mc_mapping(obj, device)
+        self.add_mc_mapping(obj, device, base)
     }
 
     /// Removes the multicast range at `base` (`cuMemUnmap`); kernels launched later fault on it.

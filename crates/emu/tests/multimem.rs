@@ -629,3 +629,63 @@ fn multicast_api_errors_name_the_field() {
     let snap: MemMap = mem.snapshot();
     assert!(snap.find_multicast(base, 4).is_none());
 }
+
+/// `multicast_reserve` + `multicast_map_at` / `alloc_at` (cuMemAddressReserve + cuMemMap of a
+/// multicast or a physical handle): only inside reserved ranges, never overlapping; memory at
+/// a reserved address binds and serves `multimem.st`; `unbind` removes exactly one binding.
+#[test]
+fn reserved_ranges_map_objects_and_memory_and_unbind_removes_a_binding() {
+    let mem = GlobalMemory::new();
+    let g = GRANULARITY;
+    assert!(mem.multicast_reserve(4096).is_err());
+    let r = mem.multicast_reserve(3 * g).unwrap();
+    let obj = mem.multicast_create(g, 1).unwrap();
+    obj.add_device(0).unwrap();
+    let plain = mem.alloc(g, 0).unwrap();
+    let outside = mem.multicast_map_at(&obj, 0, plain.base).unwrap_err();
+    assert!(
+        outside.to_string().contains("not inside a reserved range"),
+        "{outside}"
+    );
+    let a = mem.alloc_at(r, g, 0).unwrap();
+    assert_eq!((a.base, a.size), (r, g));
+    let e = mem.multicast_map_at(&obj, 0, r).unwrap_err();
+    assert!(e.to_string().contains("overlaps"), "{e}");
+    assert!(mem.alloc_at(r + g / 2, g, 0).is_err(), "overlapping memory");
+    assert!(
+        mem.alloc_at(r + 3 * g, 2 * g, 0).is_err(),
+        "past every reservation"
+    );
+    mem.multicast_map_at(&obj, 0, r + g).unwrap();
+    assert!(
+        mem.alloc_at(r + g, g, 0).is_err(),
+        "over a multicast mapping"
+    );
+    assert!(
+        mem.multicast_map_at(&obj, 3, r + 2 * g).is_err(),
+        "not a member"
+    );
+    // the memory at the reserved address is ordinary memory: bind it and store through the map
+    a.fill(0, g, &[0xff]);
+    obj.bind_mem(0, &a, 0, g).unwrap();
+    let mc = Mc {
+        mem,
+        devs: vec![a],
+        base: r + g,
+    };
+    let v: u32 = rng().gen();
+    let st = format!("multimem.st.global.u32 [%rd1], {v};");
+    mc.run(&module(&LD_KERNEL.replace("INSTR", &st)), 0, 32)
+        .unwrap();
+    assert_eq!(read_elem(&mc.devs[0], 0, 4), v as u64);
+    assert_eq!(
+        read_elem(&mc.devs[0], 4, 4),
+        0xffff_ffff,
+        "only offset 0 is stored"
+    );
+    let e = obj.unbind(0, 0, 2 * g).unwrap_err();
+    assert!(e.to_string().contains("no binding"), "{e}");
+    obj.unbind(0, 0, g).unwrap();
+    let (_, s) = fault_of(&mc, &st, 0);
+    assert!(s.contains("device 0 has no memory bound"), "{s}");
+}

@@ -15,6 +15,7 @@
 
 mod exec;
 mod jit;
+mod multicast;
 mod state;
 mod tmap;
 
@@ -192,6 +193,8 @@ fn attribute(a: u32, dev: u32) -> Res<i32> {
         || is(A::CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED)
     {
         1
+    } else if is(A::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED) {
+        multicast::supported() as i32
     } else if a < A::CU_DEVICE_ATTRIBUTE_MAX as u32 && a > 0 {
         0
     } else {

@@ -94,6 +94,8 @@ pub(crate) struct Driver {
     /// (context, peer context) pairs with peer access enabled.
     pub peers: Mutex<HashSet<(usize, usize)>>,
     pub captures: Mutex<Vec<ActiveCapture>>,
+    /// Multicast objects, reserved ranges and multicast mappings.
+    pub mc: crate::multicast::McTables,
 }
 
 static DRIVER: OnceLock<Driver> = OnceLock::new();
@@ -134,6 +136,7 @@ impl Driver {
             links: Default::default(),
             peers: Default::default(),
             captures: Default::default(),
+            mc: Default::default(),
         };
         let mut d = d;
         for dev in 0..ndev {

@@ -64,6 +64,10 @@ pub enum RuntimeError {
     Launch(String),
     #[error("tensor map: {0}")]
     TensorMap(String),
+    /// A multicast object call ([`Multicast`]) refused; `field` names the offending argument
+    /// (`size`, `mc_offset`, `buf_offset`, `num_devices`, `device`, `backend`).
+    #[error("multicast {field}: {msg}")]
+    Multicast { field: &'static str, msg: String },
 }
 
 pub type Result<T> = std::result::Result<T, RuntimeError>;

@@ -358,7 +358,7 @@ impl<'a> Decoder<'a> {
             return Err(self.err(ins, "calling a kernel entry is not allowed"));
         }
         if f.body.is_none() && c.name == "vprintf" {
-            return self.vprintf(ins, ins0, guard, &c);
+            return self.vprintf(ins, ins0, guard, (f, &c));
         }
         if f.body.is_none() {
             return Err(self.err(
@@ -656,24 +656,34 @@ impl<'a> Decoder<'a> {
         v
     }
 
-    /// CUDA's `vprintf(format, args)`, executed by the emulator itself.
+    /// CUDA's `vprintf(format, args)`, executed by the emulator itself: the call's parameters
+    /// are read by [`PrintfRole`], after checking `vprintf`'s declaration `f`.
     fn vprintf(
         &mut self,
         ins: &Instruction,
         ins0: &Instruction,
         guard: (u32, bool),
-        c: &CallOperands,
+        (decl, c): (&Function, &CallOperands),
     ) -> Result<(), EmuError> {
-        if c.args.len() != 2 {
-            return Err(self.err(ins, "vprintf takes (format, args)"));
-        }
-        let fmt = self.place_of(ins, &c.args[0], "argument")?;
-        let args = self.place_of(ins, &c.args[1], "argument")?;
-        let ret = match c.rets.first() {
+        let call = check_vprintf_decl(decl)
+            .and_then(|()| VprintfCall::new(c))
+            .map_err(|m| self.err(ins, m))?;
+        let place =
+            |r: PrintfRole| self.place_of(ins, call.param(r), &format!("`{}` argument", r.name()));
+        let (format, args) = (place(PrintfRole::Format)?, place(PrintfRole::Args)?);
+        let ret = match call.ret {
             Some(o) => Some(self.place_of(ins, o, "result")?),
             None => None,
         };
-        self.push(Op::Vprintf { fmt, args, ret }, ins0, guard);
+        self.push(
+            Op::Vprintf {
+                fmt: format,
+                args,
+                ret,
+            },
+            ins0,
+            guard,
+        );
         Ok(())
     }
 
@@ -810,4 +820,91 @@ fn same_copies(a: &[ParamCopy], b: &[ParamCopy]) -> bool {
         && a.iter().zip(b).all(|(x, y)| {
             x.caller == y.caller && x.callee_off == y.callee_off && x.bytes == y.bytes
         })
+}
+
+/// The parameters of CUDA's `vprintf(const char *format, void *args)` by role (the call's
+/// parameter list is read through [`VprintfCall::param`], never by position).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PrintfRole {
+    /// The generic address of the NUL-terminated format string.
+    Format,
+    /// The generic address of the packed argument buffer (each argument at its natural
+    /// alignment, as nvcc packs them).
+    Args,
+}
+
+impl PrintfRole {
+    /// The roles in the order `vprintf` declares its parameters.
+    const ORDER: [PrintfRole; 2] = [PrintfRole::Format, PrintfRole::Args];
+
+    /// The name errors use (CUDA's parameter names).
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            PrintfRole::Format => "format",
+            PrintfRole::Args => "args",
+        }
+    }
+}
+
+/// A `vprintf` call's operands: its parameters by [`PrintfRole`], and its optional result.
+struct VprintfCall<'a> {
+    params: &'a [Operand],
+    ret: Option<&'a Operand>,
+}
+
+impl<'a> VprintfCall<'a> {
+    /// Checks the call against `vprintf`'s signature: one parameter per role, at most one
+    /// result.
+    fn new(c: &'a CallOperands) -> Result<VprintfCall<'a>, String> {
+        if c.args.len() != PrintfRole::ORDER.len() {
+            return Err(format!(
+                "vprintf takes (format, args): the call passes {} arguments",
+                c.args.len()
+            ));
+        }
+        if c.rets.len() > 1 {
+            return Err(format!(
+                "vprintf returns one .b32 result: the call takes {}",
+                c.rets.len()
+            ));
+        }
+        Ok(VprintfCall {
+            params: &c.args,
+            ret: c.rets.first(),
+        })
+    }
+
+    /// The parameter playing `role`.
+    fn param(&self, role: PrintfRole) -> &'a Operand {
+        let k = PrintfRole::ORDER
+            .iter()
+            .position(|r| *r == role)
+            .unwrap_or_default();
+        &self.params[k]
+    }
+}
+
+/// Checks `vprintf`'s declaration `f`: a 64-bit `.param` per [`PrintfRole`] and at most one
+/// 32-bit result (what nvcc declares); errors name the role.
+fn check_vprintf_decl(f: &Function) -> Result<(), String> {
+    if f.params.len() != PrintfRole::ORDER.len() {
+        return Err(format!(
+            "vprintf is declared with {} parameters; it takes (format, args)",
+            f.params.len()
+        ));
+    }
+    for (p, r) in f.params.iter().zip(PrintfRole::ORDER) {
+        if p.space != Space::Param || p.ty.bits() != 64 || p.vec.is_some() || p.array.is_some() {
+            return Err(format!(
+                "vprintf's `{}` parameter `{}` must be a 64-bit .param (a generic address)",
+                r.name(),
+                p.name
+            ));
+        }
+    }
+    match f.rets.as_slice() {
+        [] => Ok(()),
+        [r] if r.ty.bits() == 32 && r.vec.is_none() && r.array.is_none() => Ok(()),
+        _ => Err("vprintf's result must be one 32-bit value".into()),
+    }
 }

@@ -1,4 +1,5 @@
-//! Device memory (`cuMemAlloc`), pinned host staging, copies through the device's copy stream,
+//! Device memory (`cuMemAlloc`, or `cuMemCreate` + `cuMemMap` for multicast binding), pinned
+//! host staging, copies through the device's copy stream,
 //! and IPC handles.
 
 use super::{check, launch::RawStream, Ctx};
@@ -65,12 +66,27 @@ fn copy_stream(ctx: &Ctx) -> Result<sys::CUstream> {
         .unwrap_or(std::ptr::null_mut()))
 }
 
+/// How a [`DevMem`] came to be: what its drop undoes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// `cuMemAlloc` (`cuMemFree`).
+    Alloc,
+    /// `cuIpcOpenMemHandle` (`cuIpcCloseMemHandle`).
+    Ipc,
+    /// `cuMemCreate` memory of `size` bytes mapped at a `cuMemAddressReserve`d range
+    /// (`cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease`): what multicast objects bind.
+    Vmm {
+        handle: sys::CUmemGenericAllocationHandle,
+        size: usize,
+    },
+}
+
 /// A device allocation (owned, or opened from another process's IPC handle).
 pub(crate) struct DevMem {
     pub ptr: u64,
     pub bytes: usize,
     pub ctx: Arc<Ctx>,
-    ipc: bool,
+    pub origin: Origin,
 }
 
 impl DevMem {
@@ -95,8 +111,62 @@ impl DevMem {
             ptr,
             bytes,
             ctx: ctx.clone(),
-            ipc: false,
+            origin: Origin::Alloc,
         };
+        m.memset_now(&[0])?;
+        Ok(m)
+    }
+
+    /// `cuMemCreate` memory of `bytes` (rounded up to the allocation granularity), mapped at a
+    /// reserved range with read-write access for its device, zeroed: memory multicast objects
+    /// can bind (`cuMulticastBindMem`).
+    pub fn alloc_vmm(ctx: &Arc<Ctx>, bytes: usize) -> Result<DevMem> {
+        ctx.bind()?;
+        let prop = vmm_prop(ctx.ordinal);
+        let mut g = 0usize;
+        let call = |what: &str, f: &mut dyn FnMut() -> sys::CUresult| {
+            check(super::guarded(what, f)?, what)
+        };
+        // SAFETY: out-pointer to a local; `prop` lives across the call.
+        call("cuMemGetAllocationGranularity", &mut || unsafe {
+            sys::cuMemGetAllocationGranularity(
+                &mut g,
+                &prop,
+                sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            )
+        })?;
+        let size = bytes.max(1).div_ceil(g.max(1)) * g.max(1);
+        let mut handle = 0;
+        // SAFETY: out-pointer to a local; `prop` lives across the call.
+        call("cuMemCreate", &mut || unsafe {
+            sys::cuMemCreate(&mut handle, size, &prop, 0)
+        })?;
+        let mut ptr = 0;
+        // SAFETY: out-pointer to a local.
+        let r = call("cuMemAddressReserve", &mut || unsafe {
+            sys::cuMemAddressReserve(&mut ptr, size, g, 0, 0)
+        });
+        if let Err(e) = r {
+            // SAFETY: releases the handle created above, once.
+            unsafe { sys::cuMemRelease(handle) };
+            return Err(e);
+        }
+        // from here on, drop undoes what was done (an unmap of nothing fails harmlessly)
+        let m = DevMem {
+            ptr,
+            bytes,
+            ctx: ctx.clone(),
+            origin: Origin::Vmm { handle, size },
+        };
+        // SAFETY: maps the whole handle at the fresh reservation.
+        call("cuMemMap", &mut || unsafe {
+            sys::cuMemMap(ptr, size, 0, handle, 0)
+        })?;
+        let desc = super::multicast::rw_access(ctx.ordinal);
+        // SAFETY: one descriptor alive across the call; the range was just mapped.
+        call("cuMemSetAccess", &mut || unsafe {
+            sys::cuMemSetAccess(ptr, size, &desc, 1)
+        })?;
         m.memset_now(&[0])?;
         Ok(m)
     }
@@ -160,16 +230,24 @@ impl DevMem {
             ptr,
             bytes,
             ctx: ctx.clone(),
-            ipc: true,
+            origin: Origin::Ipc,
         })
     }
 
     /// `cuIpcGetMemHandle` for this allocation.
     pub fn ipc_handle(&self) -> Result<[u8; 64]> {
-        if self.ipc {
-            return Err(RuntimeError::Buffer(
-                "an IPC-opened buffer cannot be exported again".into(),
-            ));
+        match self.origin {
+            Origin::Alloc => {}
+            Origin::Ipc => {
+                return Err(RuntimeError::Buffer(
+                    "an IPC-opened buffer cannot be exported again".into(),
+                ))
+            }
+            Origin::Vmm { .. } => {
+                return Err(RuntimeError::Buffer(
+                    "a cuMemCreate buffer (multicast-bindable) has no cuIpcGetMemHandle".into(),
+                ))
+            }
         }
         self.ctx.bind()?;
         let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
@@ -263,6 +341,25 @@ impl DevMem {
     }
 }
 
+/// Pinned device memory of device `ordinal`, no exportable handle types.
+fn vmm_prop(ordinal: u32) -> sys::CUmemAllocationProp {
+    sys::CUmemAllocationProp {
+        type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: ordinal as i32,
+        },
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+            compressionType: 0,
+            gpuDirectRDMACapable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        },
+    }
+}
+
 fn staging<'a>(ctx: &Ctx, slot: &'a mut Option<Pinned>, want: usize) -> Result<&'a mut Pinned> {
     let want = want.clamp(1, STAGING_CHUNK);
     if !matches!(slot, Some(p) if p.bytes >= want) {
@@ -283,10 +380,20 @@ impl Drop for DevMem {
         }
         // SAFETY: frees/unmaps the allocation this object owns, exactly once.
         unsafe {
-            if self.ipc {
-                sys::cuIpcCloseMemHandle(self.ptr);
-            } else {
-                sys::cuMemFree_v2(self.ptr);
+            match self.origin {
+                Origin::Alloc => {
+                    sys::cuMemFree_v2(self.ptr);
+                }
+                Origin::Ipc => {
+                    sys::cuIpcCloseMemHandle(self.ptr);
+                }
+                Origin::Vmm { handle, size } => {
+                    // queued work may still use it (cuMemFree would wait; cuMemUnmap does not)
+                    let _ = self.ctx.synchronize();
+                    sys::cuMemUnmap(self.ptr, size);
+                    sys::cuMemAddressFree(self.ptr, size);
+                    sys::cuMemRelease(handle);
+                }
             }
         }
     }

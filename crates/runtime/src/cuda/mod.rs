@@ -11,6 +11,7 @@ pub(crate) mod green;
 pub(crate) mod launch;
 pub(crate) mod memory;
 pub(crate) mod module;
+pub(crate) mod multicast;
 pub(crate) mod tensor_map;
 
 use crate::device::DeviceProps;
