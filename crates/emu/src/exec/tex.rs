@@ -192,7 +192,7 @@ impl Cta {
             TexKind::Sust { elem, oob } => (elem, oob, "sust"),
             TexKind::SustP { oob } => (d.format.bytes(), oob, "sust.p"),
             TexKind::Sured { ty, oob, .. } => (ty.size(), oob, "sured"),
-            TexKind::SuredP { oob, .. } => (4, oob, "sured.p"),
+            TexKind::SuredP { oob, wide, .. } => (4 << wide as u32, oob, "sured.p"),
             _ => return Err(misrouted_tex()),
         };
         let g = t.geom.ok_or_else(misrouted_tex)?;
@@ -254,7 +254,7 @@ impl Cta {
         let base = d.level_texel_addr(0, 0, c[1], c[2], bx);
         match t.kind {
             TexKind::SustP { .. } => self.sust_p(ctx, (wi, l), t, d, base),
-            TexKind::SuredP { op, .. } => self.sured_p(ctx, (wi, l), t, d, base, op),
+            TexKind::SuredP { op, wide, .. } => self.sured_p(ctx, (wi, l), t, d, base, (op, wide)),
             _ => self.surface_access(ctx, wi, l, t, base, elem),
         }
     }
@@ -269,6 +269,12 @@ impl Cta {
         base: u64,
     ) -> Result<(), FaultKind> {
         let cb = d.format.bytes();
+        if cb > 4 {
+            return Err(fault(format!(
+                "sust.p stores 32-bit values; a {:?} surface has 64-bit channels (use sust.b)",
+                d.format
+            )));
+        }
         for (k, v) in t.vals.iter().enumerate().take(d.channels as usize) {
             let a = base.wrapping_add(k as u64 * cb as u64);
             let loc = self.locate(ctx, MSpace::Global, a, cb, l, ctx.prog.local_bytes)?;
@@ -280,7 +286,9 @@ impl Cta {
         Ok(())
     }
 
-    /// `sured.p.b32`: the reduction on channel 0 of a `U32` surface's texel.
+    /// `sured.p`: the reduction on channel 0 of the texel of an integer surface whose channels
+    /// are the instruction's width (`.b32`: `U32`/`S32`; `.b64`: `U64`/`S64`), signed or
+    /// unsigned as the format is (the PTX ISA: the surface's format gives the signedness).
     fn sured_p(
         &mut self,
         ctx: &LaunchCtx,
@@ -288,21 +296,30 @@ impl Cta {
         t: &TexOp,
         d: &TexDesc,
         base: u64,
-        op: AtomOp,
+        (op, wide): (AtomOp, bool),
     ) -> Result<(), FaultKind> {
-        if d.format != crate::texture::TexFormat::U32 {
-            return Err(fault(format!(
-                "sured.p.b32 is emulated on U32 surfaces, not {:?}",
-                d.format
-            )));
-        }
+        use crate::texture::TexFormat as F;
+        let ty = match (wide, d.format) {
+            (false, F::U32) => Ty::U32,
+            (false, F::S32) => Ty::S32,
+            (true, F::U64) => Ty::U64,
+            (true, F::S64) => Ty::S64,
+            (_, f) => {
+                let want = if wide { "U64 or S64" } else { "U32 or S32" };
+                let b = if wide { 64 } else { 32 };
+                return Err(fault(format!(
+                    "sured.p.b{b} reduces {want} surfaces, not {f:?}"
+                )));
+            }
+        };
         let b = self.warps[wi].regs[t.vals[0] as usize][l];
-        let loc = self.locate(ctx, MSpace::Global, base, 4, l, ctx.prog.local_bytes)?;
+        let size = ty.size();
+        let loc = self.locate(ctx, MSpace::Global, base, size, l, ctx.prog.local_bytes)?;
         match loc {
             // SAFETY: allocation kept alive by the launch's memory snapshot.
             Loc::Global(al, off) => {
-                let f = |old| atom_apply(op, Ty::U32, old, b, 0);
-                unsafe { &*al }.rmw(off, 4, Ordering::Relaxed, f);
+                let f = |old| atom_apply(op, ty, old, b, 0);
+                unsafe { &*al }.rmw(off, size, Ordering::Relaxed, f);
                 Ok(())
             }
             _ => Err(misrouted_tex()),
@@ -381,7 +398,7 @@ impl Cta {
             *slot = if float {
                 d.format.to_float(raw)
             } else {
-                raw as f64
+                d.format.to_int(raw)
             };
         }
         Ok(v)
@@ -618,7 +635,7 @@ impl Cta {
             for (d, x) in t.vals.iter().zip(v) {
                 let bits = match ret {
                     TexRet::F32 => (x as f32).to_bits(),
-                    _ => x as u32,
+                    _ => x as i64 as u32,
                 };
                 self.warps[wi].regs[*d as usize][l] = bits as u64;
             }

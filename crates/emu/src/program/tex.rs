@@ -62,10 +62,12 @@ pub enum TexKind {
         ty: Ty,
         oob: Oob,
     },
-    /// `sured.p`: x in texels, the operation on a `U32` surface's channel 0.
+    /// `sured.p`: x in texels, the operation on channel 0 of a 32-bit (`.b32`: `U32`/`S32`)
+    /// or 64-bit (`wide`, `.b64`: `U64`/`S64`) integer surface, signed as its format is.
     SuredP {
         op: AtomOp,
         oob: Oob,
+        wide: bool,
     },
     /// `suq` (surface) or `txq` (texture); `level`: the `txq.level` operand's slot.
     Query {
@@ -331,10 +333,23 @@ impl Decoder<'_> {
                     .into_iter()
                     .find_map(|f| ins.has(f).then(|| AtomOp::from_flag(f)).flatten())
                     .ok_or_else(|| self.err(ins, "sured needs .add, .min, .max, .and or .or"))?;
-                let kind = match p {
-                    true if ty == Ty::B32 => TexKind::SuredP { op, oob },
-                    true => return Err(self.err(ins, "sured.p is emulated on .b32 only")),
-                    false => TexKind::Sured { op, ty, oob },
+                let minmax = matches!(op, AtomOp::Min | AtomOp::Max);
+                let kind = match (p, ty) {
+                    (false, _) => TexKind::Sured { op, ty, oob },
+                    (true, Ty::B32) => TexKind::SuredP {
+                        op,
+                        oob,
+                        wide: false,
+                    },
+                    (true, Ty::B64) if minmax => TexKind::SuredP {
+                        op,
+                        oob,
+                        wide: true,
+                    },
+                    (true, Ty::B64) => {
+                        return Err(self.err(ins, "sured.p.b64 takes .min or .max (ptxas 13.5)"))
+                    }
+                    _ => return Err(self.err(ins, "sured.p is .b32 or .b64")),
                 };
                 (kind, vec![self.src(ins, vo)?])
             }

@@ -242,6 +242,9 @@ impl FnCheck<'_> {
                 let why = format!("`{name}.p` is sust.p (.b32) or sured.p (.b32/.b64)");
                 self.tex_bad(i, why);
             }
+            if ty == Some(Ty::B64) && !(i.has(Flag::Min) || i.has(Flag::Max)) {
+                self.tex_bad(i, "`sured.p.b64` takes .min or .max".into());
+            }
         } else if !i.has(Flag::B) {
             self.tex_bad(i, format!("`{name}` needs .b (or .p)"));
         }

@@ -56,6 +56,9 @@
 
 use std::sync::Arc;
 
+mod sampler;
+pub use sampler::*;
+
 /// Bytes of an encoded descriptor.
 pub const DESC_BYTES: usize = 64;
 const MAGIC_SURFACE: u32 = 0x4653_5850; // "PXSF"
@@ -87,6 +90,12 @@ pub enum TexFormat {
     U32,
     F16,
     F32,
+    /// Signed 32-bit integers (`sured.p.b32` min/max compare them signed).
+    S32,
+    /// 64-bit integers: surfaces only (`suld.b`/`sust.b`/`sured.b`, `sured.p.b64` min/max);
+    /// no fetch or `sust.p` reads or writes them.
+    U64,
+    S64,
 }
 
 impl TexFormat {
@@ -95,7 +104,8 @@ impl TexFormat {
         match self {
             TexFormat::U8 => 1,
             TexFormat::U16 | TexFormat::F16 => 2,
-            TexFormat::U32 | TexFormat::F32 => 4,
+            TexFormat::U32 | TexFormat::F32 | TexFormat::S32 => 4,
+            TexFormat::U64 | TexFormat::S64 => 8,
         }
     }
     fn from_code(c: u8) -> Option<TexFormat> {
@@ -105,6 +115,9 @@ impl TexFormat {
             TexFormat::U32,
             TexFormat::F16,
             TexFormat::F32,
+            TexFormat::S32,
+            TexFormat::U64,
+            TexFormat::S64,
         ]
         .get(c as usize)
         .copied()
@@ -112,7 +125,10 @@ impl TexFormat {
     /// Whether a float-returning fetch can read it (floats, and 8/16-bit integers read as
     /// normalized floats in [0, 1] like CUDA's `cudaReadModeNormalizedFloat`).
     pub fn reads_as_float(self) -> bool {
-        self != TexFormat::U32
+        matches!(
+            self,
+            TexFormat::U8 | TexFormat::U16 | TexFormat::F16 | TexFormat::F32
+        )
     }
     /// One channel's raw bits as the float a float-returning fetch sees.
     pub fn to_float(self, raw: u64) -> f64 {
@@ -122,11 +138,29 @@ impl TexFormat {
             TexFormat::U32 => raw as u32 as f64,
             TexFormat::F16 => crate::fp::f16_to_f32(raw as u16) as f64,
             TexFormat::F32 => f32::from_bits(raw as u32) as f64,
+            TexFormat::S32 | TexFormat::U64 | TexFormat::S64 => self.to_int(raw),
+        }
+    }
+    /// One channel's raw bits as the integer an integer fetch sees (signed formats
+    /// sign-extended; 64-bit values rounded to f64).
+    pub fn to_int(self, raw: u64) -> f64 {
+        match self {
+            TexFormat::S32 => raw as u32 as i32 as f64,
+            TexFormat::S64 => raw as i64 as f64,
+            TexFormat::U64 => raw as f64,
+            _ => (raw & (u64::MAX >> (64 - 8 * self.bytes()))) as f64,
         }
     }
     /// Whether an integer-returning fetch can read it.
     pub fn reads_as_int(self) -> bool {
-        matches!(self, TexFormat::U8 | TexFormat::U16 | TexFormat::U32)
+        matches!(
+            self,
+            TexFormat::U8 | TexFormat::U16 | TexFormat::U32 | TexFormat::S32
+        )
+    }
+    /// Whether integer comparisons on it are signed.
+    pub fn signed(self) -> bool {
+        matches!(self, TexFormat::S32 | TexFormat::S64)
     }
     /// The raw channel bits `sust.p` stores for source register bits `x`: floats and the
     /// normalized 8/16-bit formats take an `.f32` (f16 rounded to nearest even; u8/u16 as
@@ -143,7 +177,8 @@ impl TexFormat {
         match self {
             TexFormat::U8 => unorm(255.0),
             TexFormat::U16 => unorm(65535.0),
-            TexFormat::U32 | TexFormat::F32 => x as u64,
+            TexFormat::U32 | TexFormat::F32 | TexFormat::S32 | TexFormat::U64 => x as u64,
+            TexFormat::S64 => x as i32 as i64 as u64,
             TexFormat::F16 => crate::fp::f32_to_f16_rn(f32::from_bits(x)) as u64,
         }
     }
@@ -240,6 +275,9 @@ pub struct TexDesc {
     pub levels: u32,
     /// Filter between mipmap levels.
     pub mip_filter: Filter,
+    /// Depth compare, LOD bias and clamps, seamless cube filtering, anisotropy (textures and
+    /// samplers; a surface keeps the default).
+    pub state: SamplerState,
 }
 
 impl TexDesc {
@@ -274,6 +312,7 @@ impl TexDesc {
             samples: 0,
             levels: 1,
             mip_filter: Filter::Point,
+            state: SamplerState::default(),
         };
         d.check()?;
         Ok(d)
@@ -281,8 +320,8 @@ impl TexDesc {
 
     /// A sampler object (`.samplerref` state, or an independent-mode sampler handle):
     /// `normalized == false` forces unnormalized coordinates.
-    pub fn sampler(sampler: Sampler) -> TexDesc {
-        TexDesc {
+    pub fn sampler(sampler: Sampler) -> Result<TexDesc, DescError> {
+        Ok(TexDesc {
             kind: ObjKind::Sampler,
             base: 0,
             format: TexFormat::U8,
@@ -299,7 +338,8 @@ impl TexDesc {
             samples: 0,
             levels: 1,
             mip_filter: Filter::Point,
-        }
+            state: sampler.state()?,
+        })
     }
 
     /// The same object as a layered (array) one with `layers` layers; slices are layers
@@ -404,6 +444,7 @@ impl TexDesc {
         d.addr_mode = sampler.addr_mode;
         d.filter = sampler.filter;
         d.normalized = sampler.normalized;
+        d.state = sampler.state()?;
         d.check()?;
         Ok(d)
     }
@@ -431,6 +472,7 @@ impl TexDesc {
     }
 
     fn check(&self) -> Result<(), DescError> {
+        self.check_state()?;
         if self.kind == ObjKind::Sampler {
             return Ok(());
         }
@@ -470,6 +512,22 @@ impl TexDesc {
                 "filter",
                 "linear filtering needs a float-readable format",
             ));
+        }
+        Ok(())
+    }
+
+    /// The sampler state a decoded descriptor carries is one [`Sampler::state`] can make.
+    fn check_state(&self) -> Result<(), DescError> {
+        let s = &self.state;
+        let max = (MAX_LOD * 256.0) as i16;
+        if !(1..=16).contains(&s.max_anisotropy) {
+            return Err(bad("max_anisotropy", format!("{}", s.max_anisotropy)));
+        }
+        if !(-max..=max).contains(&s.lod.bias) {
+            return Err(bad("lod_bias", "out of [-16, 16]"));
+        }
+        if s.lod.min < 0 || s.lod.min > s.lod.max || s.lod.max > max {
+            return Err(bad("min_lod_clamp", "clamps out of order or range"));
         }
         Ok(())
     }
@@ -519,7 +577,13 @@ impl TexDesc {
         b[7] = (self.filter == Filter::Linear) as u8
             | (self.normalized as u8) << 1
             | ((self.mip_filter == Filter::Linear) as u8) << 2
-            | (self.cube as u8) << 3;
+            | (self.cube as u8) << 3
+            | (self.state.seamless_cube as u8) << 4;
+        b[14] = CompareFunc::code(self.state.compare);
+        b[15] = self.state.max_anisotropy;
+        b[28..30].copy_from_slice(&self.state.lod.bias.to_le_bytes());
+        b[30..32].copy_from_slice(&self.state.lod.min.to_le_bytes());
+        b[60..62].copy_from_slice(&self.state.lod.max.to_le_bytes());
         b[12] = self.levels as u8;
         b[13] = self.samples as u8;
         b[56..60].copy_from_slice(&self.layers.to_le_bytes());
@@ -537,6 +601,7 @@ impl TexDesc {
     pub fn decode(b: &[u8; DESC_BYTES]) -> Result<TexDesc, DescError> {
         let u32at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let u64at = |o: usize| u64::from(u32at(o)) | u64::from(u32at(o + 4)) << 32;
+        let i16at = |o: usize| i16::from_le_bytes([b[o], b[o + 1]]);
         let kind = match u32at(0) {
             MAGIC_SURFACE => ObjKind::Surface,
             MAGIC_TEXTURE => ObjKind::Texture,
@@ -568,6 +633,16 @@ impl TexDesc {
             samples: b[13] as u32,
             levels: b[12] as u32,
             mip_filter: linear(4),
+            state: SamplerState {
+                compare: CompareFunc::from_code(b[14])?,
+                lod: Lod {
+                    bias: i16at(28),
+                    min: i16at(30),
+                    max: i16at(60),
+                },
+                seamless_cube: b[7] & 16 != 0,
+                max_anisotropy: b[15],
+            },
         };
         d.check()?;
         Ok(d)
@@ -624,6 +699,7 @@ impl TexDesc {
         self.addr_mode = s.addr_mode;
         self.filter = s.filter;
         self.normalized &= s.normalized;
+        self.state = s.state;
         self
     }
 
@@ -646,60 +722,6 @@ impl TexDesc {
     }
 }
 
-/// Cube-map face selection (CUDA Programming Guide, "Cubemap Textures"): the face is that of
-/// the component of largest magnitude `m` (ties: x before y before z), and the face
-/// coordinates are `(s / m + 1) / 2`, `(t / m + 1) / 2` with
-/// +x: (s, t) = (-z, -y); -x: (z, -y); +y: (x, z); -y: (x, -z); +z: (x, -y); -z: (-x, -y).
-/// Returns the face, the face coordinates and, for a derivative `d` of the direction, the
-/// derivative of the face coordinates.
-pub fn cube_face(p: [f64; 3], d: [[f64; 3]; 2]) -> (u32, [f64; 2], [[f64; 2]; 2]) {
-    let a = p.map(f64::abs);
-    let axis = if a[0] >= a[1] && a[0] >= a[2] {
-        0
-    } else if a[1] >= a[2] {
-        1
-    } else {
-        2
-    };
-    let neg = p[axis] < 0.0;
-    let face = 2 * axis as u32 + neg as u32;
-    // (component, sign) of s and t per face
-    let (s, t): ((usize, f64), (usize, f64)) = match face {
-        0 => ((2, -1.0), (1, -1.0)),
-        1 => ((2, 1.0), (1, -1.0)),
-        2 => ((0, 1.0), (2, 1.0)),
-        3 => ((0, 1.0), (2, -1.0)),
-        4 => ((0, 1.0), (1, -1.0)),
-        _ => ((0, -1.0), (1, -1.0)),
-    };
-    let m = a[axis];
-    let sm = if neg { -1.0 } else { 1.0 };
-    let uv = |(k, sg): (usize, f64)| (sg * p[k] / m + 1.0) / 2.0;
-    // d/dx of (sg * p[k] / m): (sg * d[k] * m - sg * p[k] * sm * d[axis]) / m^2, halved
-    let du = |g: &[f64; 3], (k, sg): (usize, f64)| {
-        (sg * g[k] * m - sg * p[k] * sm * g[axis]) / (2.0 * m * m)
-    };
-    let dd = [[du(&d[0], s), du(&d[0], t)], [du(&d[1], s), du(&d[1], t)]];
-    (face, [uv(s), uv(t)], dd)
-}
-
-/// The sampler state of a texture object.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Sampler {
-    pub addr_mode: [AddrMode; 3],
-    pub filter: Filter,
-    pub normalized: bool,
-}
-
-/// A 9-bit fixed-point interpolation weight (8 fractional bits, rounded to nearest) and the
-/// lower texel index, for texel-space coordinate `u` (already scaled).
-pub fn linear_weight(u: f64) -> (i64, f64) {
-    let ub = u - 0.5;
-    let i = ub.floor();
-    let a = ((ub - i) * 256.0).round() / 256.0;
-    (i as i64, a)
-}
-
 /// The initial 64 bytes of a module-scope `.texref`/`.surfref`/`.samplerref` variable's slot
 /// (`None` for other variables): zeros (unbound) for textures and surfaces, the sampler its
 /// initialiser describes for a `.samplerref` (unset fields: clamp, point, normalized).
@@ -710,12 +732,8 @@ pub fn ref_slot(v: &ptx::VarDecl) -> Result<Option<[u8; DESC_BYTES]>, DescError>
             Ok(Some([0; DESC_BYTES]))
         }
         ptx::Ty::Samplerref => {
-            let s = Sampler {
-                addr_mode: [AddrMode::Clamp; 3],
-                filter: Filter::Point,
-                normalized: true,
-            };
-            let d = apply_ref_fields(TexDesc::sampler(s), v)?;
+            let s = Sampler::new([AddrMode::Clamp; 3], Filter::Point, true);
+            let d = apply_ref_fields(TexDesc::sampler(s)?, v)?;
             d.encode().map(Some)
         }
         _ => Ok(None),
