@@ -57,7 +57,11 @@ impl Cta {
             CubeTexel::Corner(ts) => {
                 let mut acc = [0.0; 4];
                 for t in ts {
-                    accumulate(&mut acc, 1.0, self.compared_texel(ctx, wl, d, at(t), float)?);
+                    accumulate(
+                        &mut acc,
+                        1.0,
+                        self.compared_texel(ctx, wl, d, at(t), float)?,
+                    );
                 }
                 Ok(acc.map(|x| x / 3.0))
             }
@@ -236,8 +240,19 @@ impl Cta {
             fd.map(|v| (v[0] * v[0] + v[1] * v[1]).sqrt() * w)
         } else {
             let n = g.spatial();
-            let scale = |k: usize| if d.normalized { d.extent[k] as f64 } else { 1.0 };
-            dd.map(|v| (0..n).map(|k| (v[k] * scale(k)).powi(2)).sum::<f64>().sqrt())
+            let scale = |k: usize| {
+                if d.normalized {
+                    d.extent[k] as f64
+                } else {
+                    1.0
+                }
+            };
+            dd.map(|v| {
+                (0..n)
+                    .map(|k| (v[k] * scale(k)).powi(2))
+                    .sum::<f64>()
+                    .sqrt()
+            })
         };
         let (pmax, pmin) = (len[0].max(len[1]), len[0].min(len[1]));
         let max_n = d.state.max_anisotropy as f64;
