@@ -814,3 +814,188 @@ fn depth_compare_ignored_on_s32_coordinates_and_faults_without_a_function() {
     let err = run(&m, &mem, 1, &[h.base, input.base, out.base]).unwrap_err();
     assert!(err.contains("without a compare function"), "{err}");
 }
+
+/// A mipmapped 2D (8 x 4..8, 4 levels) or cube (8 x 8, 4 levels) texture.
+fn mip_obj(rng: &mut StdRng, geom: &str, s: Sampler) -> Obj {
+    let sh = match geom {
+        "2d" => (2, [8, rng.gen_range(4..9)], 0, false),
+        "a2d" => (2, [8, rng.gen_range(4..9)], 2, false),
+        "cube" => (2, [8, 8], 0, true),
+        _ => (2, [8, 8], 2, true),
+    };
+    make_obj(rng, sh, 4, s, TexFormat::F32)
+}
+
+fn fetch_ins(geom: &str, mip: Mip) -> String {
+    let m = match mip {
+        Mip::Implicit => "",
+        Mip::Level => ".level",
+        Mip::Grad => ".grad",
+    };
+    format!(
+        "    tex{m}.{geom}.v4.f32.f32 {{%f0, %f1, %f2, %f3}}, [%rd1, {}]{};",
+        coords(geom),
+        mip_ops(geom, mip)
+    )
+}
+
+/// `mipmapLevelBias`, `minMipmapLevelClamp`, `maxMipmapLevelClamp` on `.level`, `.grad` and
+/// implicit fetches, with edge cases: a bias past the last level (and below level 0), clamps
+/// that pin one level or a blend between two, a fractional bias quantized to 1/256.
+#[test]
+fn lod_bias_and_clamps() {
+    let mut rng = StdRng::seed_from_u64(0x10d_01);
+    let edges: [(f32, f32, f32); 7] = [
+        (16.0, 0.0, 16.0),
+        (-16.0, 0.0, 16.0),
+        (0.0, 1.5, 1.5),
+        (0.3, 0.0, 0.25),
+        (1.1, 2.7, 16.0),
+        (-0.7, 0.5, 2.2),
+        (3.0, 0.0, 2.0),
+    ];
+    for (k, (bias, lo, hi)) in edges.into_iter().enumerate() {
+        let geom = ["2d", "cube", "a2d", "acube"][k % 4];
+        let filter = if k % 3 == 0 { Filter::Point } else { Filter::Linear };
+        let mut s = sampler(&mut rng, filter);
+        (s.lod_bias, s.min_lod_clamp, s.max_lod_clamp) = (bias, lo, hi);
+        let o = mip_obj(&mut rng, geom, s);
+        for mip in [Mip::Implicit, Mip::Level, Mip::Grad] {
+            let recs = records(&mut rng, &o, 32, &[0.5]);
+            check(&o, &fetch_ins(geom, mip), &recs, false, |r| fetch(&o, r, mip, false));
+        }
+    }
+    // random state
+    for k in 0..6 {
+        let geom = ["2d", "cube"][k % 2];
+        let mut s = sampler(&mut rng, Filter::Linear);
+        s.lod_bias = rng.gen_range(-4.0..4.0);
+        s.min_lod_clamp = rng.gen_range(0.0..2.0);
+        s.max_lod_clamp = rng.gen_range(s.min_lod_clamp..4.0);
+        let o = mip_obj(&mut rng, geom, s);
+        let mip = [Mip::Level, Mip::Grad][k / 2 % 2];
+        let recs = records(&mut rng, &o, 32, &[0.5]);
+        check(&o, &fetch_ins(geom, mip), &recs, false, |r| fetch(&o, r, mip, false));
+    }
+}
+
+/// Directions near a cube's edges and corners: two or three components of nearly the same
+/// magnitude.
+fn edge_dirs(rng: &mut StdRng, n: usize) -> Vec<[f32; 3]> {
+    (0..n)
+        .map(|k| {
+            let sign = |rng: &mut StdRng| if rng.gen_bool(0.5) { 1.0f32 } else { -1.0 };
+            let near = |rng: &mut StdRng| sign(rng) * (1.0 - rng.gen_range(0.0f32..0.15));
+            let mut c = [near(rng), near(rng), near(rng)];
+            if k % 3 != 0 {
+                c[rng.gen_range(0..3)] = rng.gen_range(-1.0..1.0);
+            }
+            c
+        })
+        .collect()
+}
+
+/// `CU_TRSF_SEAMLESS_CUBEMAP`: linear filtering (and `tld4` gathers) near cube edges and
+/// corners read the adjacent faces; point sampling stays on its face.
+#[test]
+fn seamless_cube_edges_and_corners() {
+    let mut rng = StdRng::seed_from_u64(0x5ea_01);
+    for geom in ["cube", "acube"] {
+        for (filter, mip) in [(Filter::Linear, Mip::Implicit), (Filter::Linear, Mip::Level), (Filter::Point, Mip::Implicit)] {
+            let mut s = sampler(&mut rng, filter);
+            s.seamless_cube = true;
+            let w = rng.gen_range(2..6);
+            let layers = if geom == "acube" { 2 } else { 0 };
+            let o = make_obj(&mut rng, (2, [w, w], layers, true), 2, s, TexFormat::F32);
+            let mut recs = records(&mut rng, &o, 60, &[0.5]);
+            for (r, c) in recs.iter_mut().zip(edge_dirs(&mut rng, 60)) {
+                r.c = c;
+            }
+            check(&o, &fetch_ins(geom, mip), &recs, false, |r| fetch(&o, r, mip, false));
+        }
+        let mut s = sampler(&mut rng, Filter::Linear);
+        s.seamless_cube = true;
+        let layers = if geom == "acube" { 2 } else { 0 };
+        let o = make_obj(&mut rng, (2, [4, 4], layers, true), 1, s, TexFormat::F32);
+        let mut recs = records(&mut rng, &o, 60, &[0.5]);
+        for (r, c) in recs.iter_mut().zip(edge_dirs(&mut rng, 60)) {
+            r.c = c;
+        }
+        let ins = format!(
+            "    tld4.g.{geom}.v4.f32.f32 {{%f0, %f1, %f2, %f3}}, [%rd1, {}];",
+            coords(geom)
+        );
+        check(&o, &ins, &recs, false, |r| gather(&o, r, 1, false));
+    }
+}
+
+/// `maxAnisotropy`: `tex.grad` through an anisotropic sampler averages the samples of the
+/// EXT_texture_filter_anisotropic footprint (including a zero minor derivative: N = max).
+#[test]
+fn anisotropic_grad() {
+    let mut rng = StdRng::seed_from_u64(0xa1_50);
+    for (k, aniso) in [2u32, 4, 16, 3, 8, 16].into_iter().enumerate() {
+        let geom = ["2d", "a2d", "cube", "2d", "acube", "cube"][k];
+        let mut s = sampler(&mut rng, Filter::Linear);
+        s.max_anisotropy = aniso;
+        s.seamless_cube = k % 2 == 0;
+        let o = mip_obj(&mut rng, geom, s);
+        let mut recs = records(&mut rng, &o, 40, &[0.5]);
+        for (t, r) in recs.iter_mut().enumerate() {
+            let major = rng.gen_range(0.05f32..1.0);
+            let ratio = rng.gen_range(1.0f32..24.0);
+            let a = rng.gen_range(0.0f32..std::f32::consts::TAU);
+            let (x, y) = (a.cos(), a.sin());
+            r.dx = [x * major, y * major, rng.gen_range(-0.1..0.1)];
+            r.dy = [-y * major / ratio, x * major / ratio, rng.gen_range(-0.01..0.01)];
+            if t % 5 == 0 {
+                r.dy = [0.0; 3];
+            }
+            if t % 2 == 1 {
+                std::mem::swap(&mut r.dx, &mut r.dy);
+            }
+        }
+        check(&o, &fetch_ins(geom, Mip::Grad), &recs, false, |r| fetch(&o, r, Mip::Grad, false));
+    }
+}
+
+/// The descriptor builder checks the sampler state, naming the field, and round-trips it.
+#[test]
+fn sampler_state_is_checked_and_round_trips() {
+    let base = Sampler::new([AddrMode::Clamp; 3], Filter::Linear, true);
+    let bad: [(&str, fn(&mut Sampler)); 6] = [
+        ("lod_bias", |s| s.lod_bias = f32::NAN),
+        ("lod_bias", |s| s.lod_bias = 16.5),
+        ("min_lod_clamp", |s| s.min_lod_clamp = -1.0),
+        ("max_lod_clamp", |s| s.max_lod_clamp = 17.0),
+        ("min_lod_clamp", |s| (s.min_lod_clamp, s.max_lod_clamp) = (3.0, 2.0)),
+        ("max_anisotropy", |s| s.max_anisotropy = 17),
+    ];
+    for (field, f) in bad {
+        let mut s = base;
+        f(&mut s);
+        let e = TexDesc::texture(0x1000, TexFormat::F32, 1, &[8, 8], s).unwrap_err();
+        assert_eq!(e.field, field, "{e}");
+        let e = TexDesc::sampler(s).unwrap_err();
+        assert_eq!(e.field, field, "{e}");
+    }
+    let mut s = base;
+    s.compare = Some(CompareFunc::GreaterEqual);
+    s.lod_bias = -2.3;
+    (s.min_lod_clamp, s.max_lod_clamp) = (0.5, 2.75);
+    s.seamless_cube = true;
+    s.max_anisotropy = 8;
+    let d = TexDesc::texture(0x1000, TexFormat::F32, 1, &[8, 8], s)
+        .unwrap()
+        .cubemap()
+        .unwrap()
+        .mipmapped(4, Filter::Linear)
+        .unwrap();
+    let back = TexDesc::decode(&d.encode().unwrap()).unwrap();
+    assert_eq!(back, d);
+    assert_eq!(back.state, s.state().unwrap());
+    assert_eq!(back.state.lod.bias, (-2.3f64 * 256.0).round() as i16);
+    // a sampler object carries the state to the texture it samples
+    let plain = TexDesc::texture(0x1000, TexFormat::F32, 1, &[8, 8], base).unwrap();
+    assert_eq!(plain.with_sampler(&TexDesc::sampler(s).unwrap()).state, d.state);
+}
