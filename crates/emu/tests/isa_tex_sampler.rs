@@ -856,13 +856,19 @@ fn lod_bias_and_clamps() {
     ];
     for (k, (bias, lo, hi)) in edges.into_iter().enumerate() {
         let geom = ["2d", "cube", "a2d", "acube"][k % 4];
-        let filter = if k % 3 == 0 { Filter::Point } else { Filter::Linear };
+        let filter = if k % 3 == 0 {
+            Filter::Point
+        } else {
+            Filter::Linear
+        };
         let mut s = sampler(&mut rng, filter);
         (s.lod_bias, s.min_lod_clamp, s.max_lod_clamp) = (bias, lo, hi);
         let o = mip_obj(&mut rng, geom, s);
         for mip in [Mip::Implicit, Mip::Level, Mip::Grad] {
             let recs = records(&mut rng, &o, 32, &[0.5]);
-            check(&o, &fetch_ins(geom, mip), &recs, false, |r| fetch(&o, r, mip, false));
+            check(&o, &fetch_ins(geom, mip), &recs, false, |r| {
+                fetch(&o, r, mip, false)
+            });
         }
     }
     // random state
@@ -875,7 +881,9 @@ fn lod_bias_and_clamps() {
         let o = mip_obj(&mut rng, geom, s);
         let mip = [Mip::Level, Mip::Grad][k / 2 % 2];
         let recs = records(&mut rng, &o, 32, &[0.5]);
-        check(&o, &fetch_ins(geom, mip), &recs, false, |r| fetch(&o, r, mip, false));
+        check(&o, &fetch_ins(geom, mip), &recs, false, |r| {
+            fetch(&o, r, mip, false)
+        });
     }
 }
 
@@ -901,7 +909,11 @@ fn edge_dirs(rng: &mut StdRng, n: usize) -> Vec<[f32; 3]> {
 fn seamless_cube_edges_and_corners() {
     let mut rng = StdRng::seed_from_u64(0x5ea_01);
     for geom in ["cube", "acube"] {
-        for (filter, mip) in [(Filter::Linear, Mip::Implicit), (Filter::Linear, Mip::Level), (Filter::Point, Mip::Implicit)] {
+        for (filter, mip) in [
+            (Filter::Linear, Mip::Implicit),
+            (Filter::Linear, Mip::Level),
+            (Filter::Point, Mip::Implicit),
+        ] {
             let mut s = sampler(&mut rng, filter);
             s.seamless_cube = true;
             let w = rng.gen_range(2..6);
@@ -911,7 +923,9 @@ fn seamless_cube_edges_and_corners() {
             for (r, c) in recs.iter_mut().zip(edge_dirs(&mut rng, 60)) {
                 r.c = c;
             }
-            check(&o, &fetch_ins(geom, mip), &recs, false, |r| fetch(&o, r, mip, false));
+            check(&o, &fetch_ins(geom, mip), &recs, false, |r| {
+                fetch(&o, r, mip, false)
+            });
         }
         let mut s = sampler(&mut rng, Filter::Linear);
         s.seamless_cube = true;
@@ -947,7 +961,11 @@ fn anisotropic_grad() {
             let a = rng.gen_range(0.0f32..std::f32::consts::TAU);
             let (x, y) = (a.cos(), a.sin());
             r.dx = [x * major, y * major, rng.gen_range(-0.1..0.1)];
-            r.dy = [-y * major / ratio, x * major / ratio, rng.gen_range(-0.01..0.01)];
+            r.dy = [
+                -y * major / ratio,
+                x * major / ratio,
+                rng.gen_range(-0.01..0.01),
+            ];
             if t % 5 == 0 {
                 r.dy = [0.0; 3];
             }
@@ -955,7 +973,9 @@ fn anisotropic_grad() {
                 std::mem::swap(&mut r.dx, &mut r.dy);
             }
         }
-        check(&o, &fetch_ins(geom, Mip::Grad), &recs, false, |r| fetch(&o, r, Mip::Grad, false));
+        check(&o, &fetch_ins(geom, Mip::Grad), &recs, false, |r| {
+            fetch(&o, r, Mip::Grad, false)
+        });
     }
 }
 
@@ -968,7 +988,9 @@ fn sampler_state_is_checked_and_round_trips() {
         ("lod_bias", |s| s.lod_bias = 16.5),
         ("min_lod_clamp", |s| s.min_lod_clamp = -1.0),
         ("max_lod_clamp", |s| s.max_lod_clamp = 17.0),
-        ("min_lod_clamp", |s| (s.min_lod_clamp, s.max_lod_clamp) = (3.0, 2.0)),
+        ("min_lod_clamp", |s| {
+            (s.min_lod_clamp, s.max_lod_clamp) = (3.0, 2.0)
+        }),
         ("max_anisotropy", |s| s.max_anisotropy = 17),
     ];
     for (field, f) in bad {
@@ -997,5 +1019,8 @@ fn sampler_state_is_checked_and_round_trips() {
     assert_eq!(back.state.lod.bias, (-2.3f64 * 256.0).round() as i16);
     // a sampler object carries the state to the texture it samples
     let plain = TexDesc::texture(0x1000, TexFormat::F32, 1, &[8, 8], base).unwrap();
-    assert_eq!(plain.with_sampler(&TexDesc::sampler(s).unwrap()).state, d.state);
+    assert_eq!(
+        plain.with_sampler(&TexDesc::sampler(s).unwrap()).state,
+        d.state
+    );
 }

@@ -1,7 +1,8 @@
 //! Texture, surface and sampler objects: the 64-byte descriptor a kernel's `.u64` handle (or a
 //! `.texref`/`.surfref`/`.samplerref` variable's slot) holds, its host-side builder, and the
 //! texel addressing and sampling rules the `tex`, `tld4`, `txq`, `suld`, `sust`, `sured`, `suq`
-//! and `istypep` executors (`exec/tex.rs`) apply.
+//! and `istypep` executors (`exec/tex.rs`, fetches in `exec/tex/fetch.rs`) apply. The sampler
+//! state and the sampling geometry are in `texture/sampler.rs` (re-exported here).
 //!
 //! As with TMA tensor maps ([`crate::hopper::TensorMapDesc`]), the layout is our own (the
 //! driver's is opaque): the host encodes a [`TexDesc`] with [`TexDesc::encode`] into device
@@ -30,12 +31,16 @@
 //! layout.
 //!
 //! Level of detail (what this emulator implements; the Programming Guide leaves it to the
-//! graphics APIs): `tex` and `tex.base` read level 0 (a compute kernel has no implicit
+//! graphics APIs): `tex` and `tex.base` take `lambda = 0` (a compute kernel has no implicit
 //! derivatives); `tex.level` takes `lambda = lod` (an `.s32` lod with `.s32` coordinates, as
 //! ptxas requires); `tex.grad` takes `lambda = log2(rho)`, rho
 //! the larger of the lengths of `dPdx` and `dPdy` in level-0 texel units (normalized
 //! coordinates scaled by the extent; for a cube, the derivative of the face coordinates, see
-//! [`cube_face`]). lambda is clamped to [0, levels - 1]. Point mip filtering reads the nearest
+//! [`cube_face`]). For `.f32` coordinates the sampler's bias is added and the result clamped
+//! to its [min, max] LOD clamps ([`Lod::apply`]; OpenGL 4.6 section 8.14.1: bias, clamps and
+//! LOD held in 1/256 units as the hardware's sampler holds them); `.s32`-coordinate fetches
+//! read the level they name (OpenGL's `texelFetch`). lambda is then clamped to
+//! [0, levels - 1], so a bias past the last level reads the last level. Point mip filtering reads the nearest
 //! level (ties to the lower: `ceil(lambda - 0.5)`); linear mip filtering reads levels
 //! `floor(lambda)` and the next and blends them with the fraction held, like the texel
 //! weights, in 8 fractional bits (rounded to nearest), exactly in f64, rounded once to f32.
@@ -45,12 +50,36 @@
 //! Layer and sample indices are 32-bit unsigned integers, clamped to the last layer or
 //! sample. Cube coordinates are a direction: [`cube_face`] picks the face and the face
 //! coordinates (`(s / m + 1) / 2`) as the Programming Guide's cubemap table defines, sampled
-//! with clamp-to-edge on that face (no filtering across faces). A `.texref`/`.samplerref`
-//! initialiser's `clamp_ogl` acts as `clamp_to_edge`.
+//! with clamp-to-edge on that face. With the sampler's `seamless_cube`
+//! (`CU_TRSF_SEAMLESS_CUBEMAP`), linear filtering and `tld4` read a texel past a face edge from
+//! the adjacent face, and one past a corner as the average of the three texels meeting at the
+//! cube's corner (OpenGL 4.6 section 8.13.1; [`cube_texel`]); point sampling stays on its face.
+//! A `.texref`/`.samplerref` initialiser's `clamp_ogl` acts as `clamp_to_edge`.
+//!
+//! Anisotropic filtering (the sampler's `max_anisotropy` > 1, `tex.grad` only: the other
+//! fetches have no derivatives) follows EXT_texture_filter_anisotropic's reference algorithm:
+//! N = min(ceil(Pmax / Pmin), max_anisotropy) trilinear samples at lambda = log2(Pmax / N),
+//! spaced along the longer derivative at `(i / (N + 1) - 1/2) * dP`, averaged exactly (f64).
+//! NVIDIA does not publish its hardware footprint or weights, so these results are the
+//! specification's, not bit-exact hardware ones.
+//!
+//! Depth compare (`tex`/`tld4` with the operand `f`): CUDA's texture descriptor has no compare
+//! function, so ptxforge's [`Sampler::compare`] supplies it (OpenGL's `TEXTURE_COMPARE_FUNC`);
+//! a fetch with `f` through a sampler without one faults. Each texel the fetch reads becomes
+//! `(r, 0, 0, 1)`, r = 1.0 when `f OP texel.x` holds, else 0.0 (OpenGL 4.6 table 15.1 puts a
+//! depth result in red), before filtering, so linear filtering is percentage-closer filtering,
+//! and `tld4` gathers the comparison results. `f` is clamped to [0, 1] for u8/u16 (normalized)
+//! formats read as floats; integer fetches compare the raw integers and return 1 or 0. As in
+//! ptxas 13.5, which compiles `.s32`-coordinate fetches to TLD (no compare), `f` is ignored
+//! there.
 //!
 //! Samplers: a `.samplerref` variable or an independent-mode sampler handle is a descriptor of
-//! kind [`ObjKind::Sampler`]; a fetch through one takes its address modes and filter, and
-//! unnormalized coordinates when it forces them. Module-scope `.texref`/`.surfref` variables
+//! kind [`ObjKind::Sampler`]; a fetch through one takes its address modes, filter and the
+//! rest of its state ([`SamplerState`]), and unnormalized coordinates when it forces them.
+//!
+//! Integer surfaces: `sured.p.b32` reduces `U32`/`S32` texels, `sured.p.b64` (min/max, what
+//! ptxas 13.5 accepts) `U64`/`S64` texels, signed as the format is (the PTX ISA: the surface
+//! format gives the signedness). Module-scope `.texref`/`.surfref` variables
 //! are 64-byte descriptor slots the host fills with `LoadedModule::bind_texref` /
 //! `bind_surfref`; a kernel reading an unbound one faults naming the variable.
 
