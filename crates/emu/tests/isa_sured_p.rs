@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 
 #[path = "common/tex.rs"]
 mod common;
-use common::{buffer, read, run};
+use common::{buffer, poisoned, read, run};
 
 const HEAD: &str = ".version 8.7\n.target sm_90a\n.address_size 64\n";
 const N: usize = 160;
@@ -136,7 +136,7 @@ fn sured_p_every_format_geometry_and_mode() {
 #[test]
 fn sured_p_width_must_match_the_format() {
     let mem = GlobalMemory::new();
-    let surf = buffer(&mem, &[0u8; 64]);
+    let surf = poisoned(&mem, 64);
     for (format, wide, want) in [
         (
             TexFormat::U32,
@@ -168,6 +168,11 @@ fn sured_p_width_must_match_the_format() {
         let input = buffer(&mem, &vec![0u8; 32 * N]);
         let err = run(&m, &mem, 1, &[h.base, input.base]).unwrap_err();
         assert!(err.contains(want), "{err}");
+        assert_eq!(
+            read(&surf, 64),
+            vec![0xa5; 64],
+            "a refused reduction writes nothing"
+        );
     }
     // sust.p cannot store 64-bit channels
     let h = TexDesc::surface(surf.base, TexFormat::U64, 1, &[2])
