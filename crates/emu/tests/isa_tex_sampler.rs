@@ -1022,3 +1022,46 @@ fn sampler_state_is_checked_and_round_trips() {
         d.state
     );
 }
+
+/// The validator: no depth compare on `.3d`; with `.s32` coordinates `f` is an integer
+/// register (ptxas 13.5 types it by the coordinates); an offset vector `e` followed by `f`
+/// gives each its role.
+#[test]
+fn validator_rules_for_depth_compare() {
+    let errors = |ins: &str| -> Vec<String> {
+        let m = ptx::parse(&kernel(ins, 1, false)).unwrap();
+        ptx::validate(&m)
+            .into_iter()
+            .filter(|d| d.is_error())
+            .map(|d| d.to_string())
+            .collect()
+    };
+    let d = "{%f0, %f1, %f2, %f3}";
+    let e = errors(&format!(
+        "    tex.3d.v4.f32.f32 {d}, [%rd1, {{%f11, %f12, %f13, %f13}}], %f15;"
+    ));
+    assert!(
+        e.iter().any(|x| x.contains("takes no depth-compare")),
+        "{e:?}"
+    );
+    let e = errors(&format!(
+        "    tex.2d.v4.f32.s32 {d}, [%rd1, {{%r11, %r12}}], %f15;"
+    ));
+    assert!(
+        e.iter().any(|x| x.contains("depth-compare operand `f`")),
+        "{e:?}"
+    );
+    let ok = format!("    tex.2d.v4.f32.f32 {d}, [%rd1, {{%f11, %f12}}], {{%r12, %r13}}, %f15;");
+    assert!(errors(&ok).is_empty(), "{:?}", errors(&ok));
+    let tex = match ptx::parse_statements(&ok).unwrap().remove(0) {
+        ptx::Statement::Instr(i) => i,
+        s => panic!("{s:?}"),
+    };
+    assert!(matches!(
+        tex.operand(ptx::Role::TexOffset),
+        Some(ptx::Operand::Vec(_))
+    ));
+    assert!(
+        matches!(tex.operand(ptx::Role::DepthCompare), Some(ptx::Operand::Reg(r)) if r == "%f15")
+    );
+}
