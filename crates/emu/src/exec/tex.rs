@@ -4,7 +4,8 @@
 //! (`.p`) surface loads, stores and reductions with `.trap`/`.clamp`/`.zero` out-of-range
 //! handling on 1D/2D/3D and layered surfaces, queries, point and linear texture fetches with
 //! mipmap level selection (`.level`, `.grad`) on every geometry (layers, cube faces, samples),
-//! texel offsets, and `tld4` gathers.
+//! texel offsets, and `tld4` gathers. The fetches, with the sampler's depth compare, LOD bias
+//! and clamps, seamless cube filtering and anisotropy, are in `fetch.rs`.
 
 use super::*;
 use crate::texture::{cube_face, linear_weight, Filter, ObjKind, TexDesc, DESC_BYTES};

@@ -22,6 +22,28 @@ struct Place {
     depth: Option<(CompareFunc, f64)>,
 }
 
+/// The sample coordinates of a fetch's footprint: one, or up to 16 (anisotropic).
+struct Taps {
+    c: [[f64; 3]; MAX_TAPS],
+    n: usize,
+}
+
+const MAX_TAPS: usize = 16;
+
+impl Taps {
+    fn one(c: [f64; 3]) -> Taps {
+        let mut t = Taps {
+            c: [[0.0; 3]; MAX_TAPS],
+            n: 1,
+        };
+        t.c[0] = c;
+        t
+    }
+    fn as_slice(&self) -> &[[f64; 3]] {
+        &self.c[..self.n]
+    }
+}
+
 /// Adds `w * v` to `acc`, channel by channel.
 fn accumulate(acc: &mut Texel, w: f64, v: Texel) {
     for c in 0..4 {
@@ -202,12 +224,12 @@ impl Cta {
         d: &TexDesc,
         (fcoord, mip): (bool, Mip),
         c: [f64; 3],
-    ) -> (f64, Vec<[f64; 3]>) {
+    ) -> (f64, Taps) {
         let reg = |s: u32| self.warps[wi].regs[s as usize][l] as u32;
         let (lambda, taps) = match mip {
-            Mip::Base => (0.0, vec![c]),
-            Mip::Level(s) if fcoord => (f32::from_bits(reg(s)) as f64, vec![c]),
-            Mip::Level(s) => (reg(s) as i32 as f64, vec![c]),
+            Mip::Base => (0.0, Taps::one(c)),
+            Mip::Level(s) if fcoord => (f32::from_bits(reg(s)) as f64, Taps::one(c)),
+            Mip::Level(s) => (reg(s) as i32 as f64, Taps::one(c)),
             Mip::Grad(gr) => self.grad_footprint((wi, l), t, d, gr, c),
         };
         if fcoord {
@@ -230,7 +252,7 @@ impl Cta {
         d: &TexDesc,
         gr: [[u32; 3]; 2],
         c: [f64; 3],
-    ) -> (f64, Vec<[f64; 3]>) {
+    ) -> (f64, Taps) {
         let g = t.geom.unwrap_or(TexGeom::D1);
         let reg = |s: u32| f32::from_bits(self.warps[wi].regs[s as usize][l] as u32) as f64;
         let dd = gr.map(|v| v.map(reg));
@@ -258,16 +280,17 @@ impl Cta {
         let max_n = d.state.max_anisotropy as f64;
         let ratio = pmax / pmin;
         if max_n <= 1.0 || ratio.is_nan() || ratio <= 1.0 {
-            return (pmax.log2(), vec![c]);
+            return (pmax.log2(), Taps::one(c));
         }
-        let n = ratio.ceil().min(max_n);
+        // max_anisotropy <= 16 (the descriptor's check), so n <= MAX_TAPS
+        let n = ratio.ceil().min(max_n).min(MAX_TAPS as f64);
         let major = if len[0] > len[1] { dd[0] } else { dd[1] };
-        let taps = (1..=n as usize)
-            .map(|i| {
-                let f = i as f64 / (n + 1.0) - 0.5;
-                [0, 1, 2].map(|k| c[k] + f * major[k])
-            })
-            .collect();
+        let mut taps = Taps::one(c);
+        taps.n = n as usize;
+        for (i, tap) in taps.c.iter_mut().take(taps.n).enumerate() {
+            let f = (i + 1) as f64 / (n + 1.0) - 0.5;
+            *tap = [0, 1, 2].map(|k| c[k] + f * major[k]);
+        }
         ((pmax / n).log2(), taps)
     }
 
@@ -337,11 +360,12 @@ impl Cta {
             }
             Ok(acc)
         };
+        let taps = taps.as_slice();
         if taps.len() == 1 {
             return sample(taps[0]);
         }
         let mut acc = [0.0f64; 4];
-        for tap in &taps {
+        for tap in taps {
             accumulate(&mut acc, 1.0, sample(*tap)?);
         }
         Ok(acc.map(|x| x / taps.len() as f64))
