@@ -409,6 +409,29 @@ fn face_axes(face: usize) -> ((usize, f64), (usize, f64)) {
     (find(p), find(q))
 }
 
+/// `tex.grad`'s level of detail and samples: one at log2(Pmax), or EXT_texture_filter_anisotropic's
+/// N samples along the longer derivative at log2(Pmax / N).
+fn grad_footprint(o: &Obj, r: &Rec, c: [f64; 3]) -> (f64, Vec<[f64; 3]>) {
+    let d = [r.dx.map(|x| x as f64), r.dy.map(|x| x as f64)];
+    let p = grad_lengths(o, c, d);
+    let (pmax, pmin) = (p[0].max(p[1]), p[0].min(p[1]));
+    let nmax = o.s.max_anisotropy.max(1) as f64;
+    let ratio = pmax / pmin;
+    if nmax <= 1.0 || ratio.is_nan() || ratio <= 1.0 {
+        (pmax.log2(), vec![c])
+    } else {
+        let n = ratio.ceil().min(nmax);
+        let major = if p[0] > p[1] { d[0] } else { d[1] };
+        let taps = (1..=n as usize)
+            .map(|i| {
+                let f = i as f64 / (n + 1.0) - 0.5;
+                [0, 1, 2].map(|k| c[k] + f * major[k])
+            })
+            .collect();
+        ((pmax / n).log2(), taps)
+    }
+}
+
 /// The reference fetch of one record: footprint, LOD, mip levels, filtering.
 fn fetch(o: &Obj, r: &Rec, mip: Mip, depth: bool) -> [f64; 4] {
     let c = r.c.map(|x| x as f64);
@@ -416,26 +439,7 @@ fn fetch(o: &Obj, r: &Rec, mip: Mip, depth: bool) -> [f64; 4] {
     let (base, taps): (f64, Vec<[f64; 3]>) = match mip {
         Mip::Implicit => (0.0, vec![c]),
         Mip::Level => (r.lod as f64, vec![c]),
-        Mip::Grad => {
-            let d = [r.dx.map(|x| x as f64), r.dy.map(|x| x as f64)];
-            let p = grad_lengths(o, c, d);
-            let (pmax, pmin) = (p[0].max(p[1]), p[0].min(p[1]));
-            let nmax = o.s.max_anisotropy.max(1) as f64;
-            let ratio = pmax / pmin;
-            if nmax <= 1.0 || ratio.is_nan() || ratio <= 1.0 {
-                (pmax.log2(), vec![c])
-            } else {
-                let n = ratio.ceil().min(nmax);
-                let major = if p[0] > p[1] { d[0] } else { d[1] };
-                let taps = (1..=n as usize)
-                    .map(|i| {
-                        let f = i as f64 / (n + 1.0) - 0.5;
-                        [0, 1, 2].map(|k| c[k] + f * major[k])
-                    })
-                    .collect();
-                ((pmax / n).log2(), taps)
-            }
-        }
+        Mip::Grad => grad_footprint(o, r, c),
     };
     let lambda = (base + q(o.s.lod_bias))
         .max(q(o.s.min_lod_clamp))
