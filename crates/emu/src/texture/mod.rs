@@ -67,7 +67,7 @@
 //! function, so ptxforge's [`Sampler::compare`] supplies it (OpenGL's `TEXTURE_COMPARE_FUNC`);
 //! a fetch with `f` through a sampler without one faults. Each texel the fetch reads becomes
 //! `(r, 0, 0, 1)`, r = 1.0 when `f OP texel.x` holds, else 0.0 (OpenGL 4.6 table 15.1 puts a
-//! depth result in red), before filtering, so linear filtering is percentage-closer filtering,
+//! depth result in red; a border texel's depth is 0), before filtering, so linear filtering is percentage-closer filtering,
 //! and `tld4` gathers the comparison results. `f` is clamped to [0, 1] for u8/u16 (normalized)
 //! formats read as floats; integer fetches compare the raw integers and return 1 or 0. As in
 //! ptxas 13.5, which compiles `.s32`-coordinate fetches to TLD (no compare), `f` is ignored
