@@ -1069,3 +1069,36 @@ fn validator_rules_for_depth_compare() {
         matches!(tex.operand(ptx::Role::DepthCompare), Some(ptx::Operand::Reg(r)) if r == "%f15")
     );
 }
+
+/// `.v2.f16x2` fetches with depth compare: the point-sampled comparison results (1.0 or 0.0,
+/// then 0, 0, 1) packed as f16 pairs.
+#[test]
+fn depth_compare_f16x2() {
+    let mut rng = StdRng::seed_from_u64(0x00dc_0004);
+    for f in [
+        CompareFunc::LessEqual,
+        CompareFunc::Greater,
+        CompareFunc::Equal,
+    ] {
+        let mut s = sampler(&mut rng, Filter::Point);
+        s.compare = Some(f);
+        let o = make_obj(&mut rng, (2, [5, 4], 0, false), 1, s, TexFormat::F32);
+        let recs = records(&mut rng, &o, 40, &o.vals[0].clone());
+        let ins = "    mov.b32 %r2, 0;\n    mov.b32 %r3, 0;\n\
+                   \x20   tex.2d.v2.f16x2.f32 {%r0, %r1}, [%rd1, {%f11, %f12}], %f15;";
+        let h = |x: f64| match x {
+            0.0 => 0u32,
+            1.0 => 0x3c00,
+            _ => panic!("{x} is not a comparison result"),
+        };
+        check(&o, ins, &recs, true, |r| {
+            let v = fetch(&o, r, Mip::Implicit, true);
+            [
+                (h(v[0]) | h(v[1]) << 16) as f64,
+                (h(v[2]) | h(v[3]) << 16) as f64,
+                0.0,
+                0.0,
+            ]
+        });
+    }
+}
