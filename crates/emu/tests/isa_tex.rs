@@ -347,17 +347,13 @@ fn queries_and_istypep() {
     let mem = GlobalMemory::new();
     let back = buffer(&mem, &[1u8; 4096]);
     let s = TexDesc::surface(back.base, TexFormat::F16, 2, &[5, 6, 7]).unwrap();
-    let samp = Sampler {
-        addr_mode: [AddrMode::Wrap, AddrMode::Mirror, AddrMode::Border],
-        filter: Filter::Linear,
-        normalized: true,
-    };
+    let samp = Sampler::new(
+        [AddrMode::Wrap, AddrMode::Mirror, AddrMode::Border],
+        Filter::Linear,
+        true,
+    );
     let t1 = TexDesc::texture(back.base, TexFormat::U8, 4, &[9, 4], samp).unwrap();
-    let samp2 = Sampler {
-        addr_mode: [AddrMode::Clamp; 3],
-        filter: Filter::Point,
-        normalized: false,
-    };
+    let samp2 = Sampler::new([AddrMode::Clamp; 3], Filter::Point, false);
     let t2 = TexDesc::texture(back.base, TexFormat::F32, 1, &[11], samp2).unwrap();
     let (hs, h1, h2) = (
         s.upload(&mem, 0).unwrap(),
@@ -512,7 +508,7 @@ impl RefTex {
             TexFormat::U16 => raw as f64 / 65535.0,
             TexFormat::F16 => f16_value(raw as u16),
             TexFormat::F32 => f32::from_bits(raw as u32) as f64,
-            TexFormat::U32 => panic!("no float read of u32"),
+            f => panic!("no float read of {f:?}"),
         }
     }
 
@@ -616,11 +612,7 @@ struct FetchCase {
 }
 
 fn sampler(modes: [AddrMode; 3], filter: Filter, normalized: bool) -> Sampler {
-    Sampler {
-        addr_mode: modes,
-        filter,
-        normalized,
-    }
+    Sampler::new(modes, filter, normalized)
 }
 
 /// Random texel bytes: finite f16/f32 values in [-4, 4], any integers.
@@ -636,6 +628,7 @@ fn texel_data(rng: &mut StdRng, format: TexFormat, n: usize) -> Vec<u8> {
             TexFormat::U8 => vec![rng.gen()],
             TexFormat::U16 => rng.gen::<u16>().to_le_bytes().to_vec(),
             TexFormat::U32 => rng.gen::<u32>().to_le_bytes().to_vec(),
+            f => panic!("no fetch test reads {f:?}"),
         })
         .collect()
 }

@@ -75,6 +75,7 @@ macro_rules! slot {
         slot!(@ $r, Cond::NoFlag(Flag::$f), true $(, $c)?)
     };
     (? $r:ident $(: $c:ident)? list) => { slot!(@ $r, Cond::List, true $(, $c)?) };
+    (? $r:ident $(: $c:ident)? vec) => { slot!(@ $r, Cond::Vec, true $(, $c)?) };
     (? $r:ident $(: $c:ident)? unless_vec $n:literal) => {
         slot!(@ $r, Cond::NotVec($n), true $(, $c)?)
     };
@@ -247,8 +248,8 @@ opcodes! {
     Mapa "mapa" 1 2 2 90 78 [(Dst: T) (A: T) (CtaRank: U32)]; Getctarank "getctarank" 1 1 1 90 78 [Dst A];
     // textures and surfaces (unified mode: the handle is a .u64 operand; emu::texture)
     Tex "tex" 1 1 5 20 10
-        [Dst Addr (Lod if Level) (Dpdx if Grad) (Dpdy if Grad) (?TexOffset) (?DepthCompare)];
-    Tld4 "tld4" 1 1 3 20 22 [Dst Addr (?TexOffset) (?DepthCompare)];
+        [Dst Addr (Lod if Level) (Dpdx if Grad) (Dpdy if Grad) (?TexOffset vec) (?DepthCompare)];
+    Tld4 "tld4" 1 1 3 20 22 [Dst Addr (?TexOffset vec) (?DepthCompare)];
     Txq "txq" 1 1 2 20 15 [Dst Addr (Lod if Level)]; Suld "suld" 1 1 1 20 15 [Dst Addr];
     Sust "sust" 0 2 2 20 15 [Addr Src]; Sured "sured" 0 2 2 20 20 [Addr Src];
     Suq "suq" 1 1 1 20 15 [Dst Addr]; Istypep "istypep" 1 1 1 30 40 [Dst A];

@@ -159,6 +159,16 @@ pub enum Cond {
     List,
     /// When operand N is not a `{ ... }` vector.
     NotVec(u8),
+    /// When the operand at the slot's position is a `{ ... }` vector (a texture fetch's offset
+    /// `e`, which the scalar depth-compare operand `f` may follow or replace).
+    Vec,
+}
+
+impl Cond {
+    /// Whether the condition depends on the operand at the slot's own position.
+    fn positional(self) -> bool {
+        matches!(self, Cond::List | Cond::Vec)
+    }
 }
 
 /// The type an operand must have, relative to the instruction's type modifier `T` (the
@@ -215,6 +225,7 @@ impl Slot {
             Cond::Flag(f) => ins.has(f),
             Cond::NoFlag(f) => !ins.has(f),
             Cond::List => matches!(ins.args.get(k), Some(Operand::List(_))),
+            Cond::Vec => matches!(ins.args.get(k), Some(Operand::Vec(_))),
             Cond::NotVec(n) => !matches!(ins.args.get(n as usize), Some(Operand::Vec(_))),
         }
     }
@@ -259,7 +270,7 @@ impl Instruction {
         // only when there are more left than those need.
         let later = slots[i + 1..]
             .iter()
-            .filter(|t| !t.optional && t.cond != Cond::List && t.holds(self, usize::MAX))
+            .filter(|t| !t.optional && !t.cond.positional() && t.holds(self, usize::MAX))
             .count();
         self.args.len().saturating_sub(k) > later
     }
@@ -295,13 +306,10 @@ impl Instruction {
         let mut min = 0;
         let mut max = 0;
         for s in slots {
-            let possible = match s.cond {
-                Cond::List => true,
-                _ => s.holds(self, usize::MAX),
-            };
+            let possible = s.cond.positional() || s.holds(self, usize::MAX);
             if possible {
                 max += 1;
-                if !s.optional && s.cond != Cond::List {
+                if !s.optional && !s.cond.positional() {
                     min += 1;
                 }
             }

@@ -4,25 +4,14 @@
 //! (`.p`) surface loads, stores and reductions with `.trap`/`.clamp`/`.zero` out-of-range
 //! handling on 1D/2D/3D and layered surfaces, queries, point and linear texture fetches with
 //! mipmap level selection (`.level`, `.grad`) on every geometry (layers, cube faces, samples),
-//! texel offsets, and `tld4` gathers.
+//! texel offsets, and `tld4` gathers. The fetches, with the sampler's depth compare, LOD bias
+//! and clamps, seamless cube filtering and anisotropy, are in `fetch.rs`.
 
 use super::*;
-use crate::program::Mip;
 use crate::texture::{cube_face, linear_weight, Filter, ObjKind, TexDesc, DESC_BYTES};
 use ptx::texture::{TexGeom, TexQuery};
 
-/// Channel values of one texel as a fetch sees them (floats for `.f32` fetches, raw integers
-/// otherwise, both held exactly in f64).
-type Texel = [f64; 4];
-
-/// Where a fetch samples: mipmap level, 2D plane (layer, face or sample; a 3D object's z is a
-/// coordinate), and whether the addressing is a cube face's clamp.
-#[derive(Clone, Copy)]
-struct Place {
-    level: u32,
-    plane: i64,
-    cube: bool,
-}
+mod fetch;
 
 /// Whether a descriptor's shape is the one geometry `g` reads (surfaces may also read a cube
 /// map's faces as the layers of an `.a2d` access).
@@ -192,7 +181,7 @@ impl Cta {
             TexKind::Sust { elem, oob } => (elem, oob, "sust"),
             TexKind::SustP { oob } => (d.format.bytes(), oob, "sust.p"),
             TexKind::Sured { ty, oob, .. } => (ty.size(), oob, "sured"),
-            TexKind::SuredP { oob, .. } => (4, oob, "sured.p"),
+            TexKind::SuredP { oob, wide, .. } => (4 << wide as u32, oob, "sured.p"),
             _ => return Err(misrouted_tex()),
         };
         let g = t.geom.ok_or_else(misrouted_tex)?;
@@ -254,7 +243,7 @@ impl Cta {
         let base = d.level_texel_addr(0, 0, c[1], c[2], bx);
         match t.kind {
             TexKind::SustP { .. } => self.sust_p(ctx, (wi, l), t, d, base),
-            TexKind::SuredP { op, .. } => self.sured_p(ctx, (wi, l), t, d, base, op),
+            TexKind::SuredP { op, wide, .. } => self.sured_p(ctx, (wi, l), t, d, base, (op, wide)),
             _ => self.surface_access(ctx, wi, l, t, base, elem),
         }
     }
@@ -269,6 +258,12 @@ impl Cta {
         base: u64,
     ) -> Result<(), FaultKind> {
         let cb = d.format.bytes();
+        if cb > 4 {
+            return Err(fault(format!(
+                "sust.p stores 32-bit values; a {:?} surface has 64-bit channels (use sust.b)",
+                d.format
+            )));
+        }
         for (k, v) in t.vals.iter().enumerate().take(d.channels as usize) {
             let a = base.wrapping_add(k as u64 * cb as u64);
             let loc = self.locate(ctx, MSpace::Global, a, cb, l, ctx.prog.local_bytes)?;
@@ -280,7 +275,9 @@ impl Cta {
         Ok(())
     }
 
-    /// `sured.p.b32`: the reduction on channel 0 of a `U32` surface's texel.
+    /// `sured.p`: the reduction on channel 0 of the texel of an integer surface whose channels
+    /// are the instruction's width (`.b32`: `U32`/`S32`; `.b64`: `U64`/`S64`), signed or
+    /// unsigned as the format is (the PTX ISA: the surface's format gives the signedness).
     fn sured_p(
         &mut self,
         ctx: &LaunchCtx,
@@ -288,21 +285,30 @@ impl Cta {
         t: &TexOp,
         d: &TexDesc,
         base: u64,
-        op: AtomOp,
+        (op, wide): (AtomOp, bool),
     ) -> Result<(), FaultKind> {
-        if d.format != crate::texture::TexFormat::U32 {
-            return Err(fault(format!(
-                "sured.p.b32 is emulated on U32 surfaces, not {:?}",
-                d.format
-            )));
-        }
+        use crate::texture::TexFormat as F;
+        let ty = match (wide, d.format) {
+            (false, F::U32) => Ty::U32,
+            (false, F::S32) => Ty::S32,
+            (true, F::U64) => Ty::U64,
+            (true, F::S64) => Ty::S64,
+            (_, f) => {
+                let want = if wide { "U64 or S64" } else { "U32 or S32" };
+                let b = if wide { 64 } else { 32 };
+                return Err(fault(format!(
+                    "sured.p.b{b} reduces {want} surfaces, not {f:?}"
+                )));
+            }
+        };
         let b = self.warps[wi].regs[t.vals[0] as usize][l];
-        let loc = self.locate(ctx, MSpace::Global, base, 4, l, ctx.prog.local_bytes)?;
+        let size = ty.size();
+        let loc = self.locate(ctx, MSpace::Global, base, size, l, ctx.prog.local_bytes)?;
         match loc {
             // SAFETY: allocation kept alive by the launch's memory snapshot.
             Loc::Global(al, off) => {
-                let f = |old| atom_apply(op, Ty::U32, old, b, 0);
-                unsafe { &*al }.rmw(off, 4, Ordering::Relaxed, f);
+                let f = |old| atom_apply(op, ty, old, b, 0);
+                unsafe { &*al }.rmw(off, size, Ordering::Relaxed, f);
                 Ok(())
             }
             _ => Err(misrouted_tex()),
@@ -347,285 +353,6 @@ impl Cta {
             }
         }
         Ok(())
-    }
-
-    /// One texel of `p` (spatial indices before addressing; `None` from the addressing mode
-    /// is border).
-    fn texel(
-        &self,
-        ctx: &LaunchCtx,
-        (wi, l): (usize, usize),
-        d: &TexDesc,
-        (p, idx): (Place, [i64; 3]),
-        float: bool,
-    ) -> Result<Texel, FaultKind> {
-        let e = d.level_extent(p.level);
-        let mut at = [0i64; 3];
-        for k in 0..d.dims as usize {
-            let a = if p.cube {
-                Some(idx[k].clamp(0, e[k] as i64 - 1))
-            } else {
-                d.address_in(k, idx[k], e[k])
-            };
-            match a {
-                Some(i) => at[k] = i,
-                None => return Ok([0.0; 4]),
-            }
-        }
-        let plane = if d.dims == 3 { at[2] } else { p.plane };
-        let mut v = [0.0, 0.0, 0.0, 1.0];
-        let cb = d.format.bytes();
-        for (c, slot) in v.iter_mut().enumerate().take(d.channels as usize) {
-            let a = d.level_texel_addr(p.level, at[0], at[1], plane, (c as u32 * cb) as u64);
-            let raw = self.tex_read(ctx, wi, l, a, cb)?;
-            *slot = if float {
-                d.format.to_float(raw)
-            } else {
-                raw as f64
-            };
-        }
-        Ok(v)
-    }
-
-    /// Point sample or linear filter at texel-space coordinates `u` (one per spatial
-    /// dimension of the object or face).
-    fn filter_at(
-        &self,
-        ctx: &LaunchCtx,
-        wl: (usize, usize),
-        d: &TexDesc,
-        p: Place,
-        (u, float, linear): (&[f64], bool, bool),
-    ) -> Result<Texel, FaultKind> {
-        if !linear {
-            let mut idx = [0i64; 3];
-            for (k, x) in u.iter().enumerate() {
-                idx[k] = x.floor() as i64;
-            }
-            return self.texel(ctx, wl, d, (p, idx), float);
-        }
-        let lw: Vec<(i64, f64)> = u.iter().map(|&x| linear_weight(x)).collect();
-        let mut acc = [0.0f64; 4];
-        // corners in order, x fastest: bit k of `corner` takes texel i0 + 1 along dimension k
-        for corner in 0..1usize << u.len() {
-            let mut idx = [0i64; 3];
-            let mut w = 1.0f64;
-            for (k, &(i0, a)) in lw.iter().enumerate() {
-                let up = corner >> k & 1 == 1;
-                idx[k] = if up { i0.saturating_add(1) } else { i0 };
-                w *= if up { a } else { 1.0 - a };
-            }
-            let v = self.texel(ctx, wl, d, (p, idx), true)?;
-            for c in 0..4 {
-                acc[c] += w * v[c];
-            }
-        }
-        Ok(acc)
-    }
-
-    /// The plane a layered/multisample fetch reads (indices clamped), before the cube face.
-    fn fetch_plane(&self, wi: usize, l: usize, t: &TexOp, d: &TexDesc, g: TexGeom) -> i64 {
-        let layer = g.layer_slot().map_or(0, |s| {
-            (self.coord_bits(wi, l, t, s) as i64).min(d.layers.max(1) as i64 - 1)
-        });
-        let sample = g.sample_slot().map_or(0, |s| {
-            (self.coord_bits(wi, l, t, s) as i32 as i64).clamp(0, d.samples.max(1) as i64 - 1)
-        });
-        if g.is_cube() {
-            6 * layer
-        } else {
-            layer * d.samples.max(1) as i64 + sample
-        }
-    }
-
-    /// A cube fetch's direction from the coordinates.
-    fn cube_dir(&self, wi: usize, l: usize, t: &TexOp, g: TexGeom) -> [f64; 3] {
-        let f = g.first_coord();
-        [0, 1, 2].map(|k| f32::from_bits(self.coord_bits(wi, l, t, f + k)) as f64)
-    }
-
-    /// The level of detail of a `.level`/`.grad` fetch (level-0 texel units for gradients).
-    fn lambda(&self, wi: usize, l: usize, t: &TexOp, d: &TexDesc, fcoord: bool, mip: Mip) -> f64 {
-        let reg = |s: u32| self.warps[wi].regs[s as usize][l] as u32;
-        let g = t.geom.unwrap_or(TexGeom::D1);
-        match mip {
-            Mip::Base => 0.0,
-            Mip::Level(s) if fcoord => f32::from_bits(reg(s)) as f64,
-            Mip::Level(s) => reg(s) as i32 as f64,
-            Mip::Grad(gr) => {
-                let gv = |k: usize| gr[k].map(|s| f32::from_bits(reg(s)) as f64);
-                let (dx, dy) = (gv(0), gv(1));
-                let len = |v: [f64; 2]| (v[0] * v[0] + v[1] * v[1]).sqrt();
-                let rho = if g.is_cube() {
-                    let (_, _, dd) = cube_face(self.cube_dir(wi, l, t, g), [dx, dy]);
-                    let w = d.extent[0] as f64;
-                    len(dd[0]).max(len(dd[1])) * w
-                } else {
-                    let n = g.spatial();
-                    let scale = |k: usize| {
-                        if d.normalized {
-                            d.extent[k] as f64
-                        } else {
-                            1.0
-                        }
-                    };
-                    let norm = |v: [f64; 3]| {
-                        (0..n)
-                            .map(|k| (v[k] * scale(k)).powi(2))
-                            .sum::<f64>()
-                            .sqrt()
-                    };
-                    norm(dx).max(norm(dy))
-                };
-                rho.log2()
-            }
-        }
-    }
-
-    /// One lane of `tex`: mip level(s), then point sampling or linear filtering on each.
-    fn tex_lane(
-        &self,
-        ctx: &LaunchCtx,
-        wl: (usize, usize),
-        t: &TexOp,
-        d: &TexDesc,
-        (fcoord, mip): (bool, Mip),
-    ) -> Result<Texel, FaultKind> {
-        let (wi, l) = wl;
-        let g = t.geom.ok_or_else(misrouted_tex)?;
-        let float = !matches!(
-            t.kind,
-            TexKind::Tex {
-                ret: TexRet::S32 | TexRet::U32,
-                ..
-            }
-        );
-        if !float && d.filter == Filter::Linear && !g.is_ms() {
-            return Err(fault("tex: linear filtering needs an .f32 fetch".into()));
-        }
-        let lambda = self.lambda(wi, l, t, d, fcoord, mip);
-        let levels = d.mip_levels(lambda);
-        if levels[1].1 == 0.0 {
-            // one level: its value as sampled (a -0.0 texel stays -0.0)
-            return self.sample_level(ctx, wl, t, d, (levels[0].0, fcoord, float));
-        }
-        let mut acc = [0.0f64; 4];
-        for (level, w) in levels {
-            if w == 0.0 {
-                continue;
-            }
-            let v = self.sample_level(ctx, wl, t, d, (level, fcoord, float))?;
-            for c in 0..4 {
-                acc[c] += w * v[c];
-            }
-        }
-        Ok(acc)
-    }
-
-    /// The filtered value of level `level` at the lane's coordinates.
-    fn sample_level(
-        &self,
-        ctx: &LaunchCtx,
-        (wi, l): (usize, usize),
-        t: &TexOp,
-        d: &TexDesc,
-        (level, fcoord, float): (u32, bool, bool),
-    ) -> Result<Texel, FaultKind> {
-        let g = t.geom.ok_or_else(misrouted_tex)?;
-        let mut p = Place {
-            level,
-            plane: self.fetch_plane(wi, l, t, d, g),
-            cube: false,
-        };
-        let w = d.level_extent(level)[0] as f64;
-        if g.is_cube() {
-            let (face, uv, _) = cube_face(self.cube_dir(wi, l, t, g), [[0.0; 3]; 2]);
-            p.plane += face as i64;
-            p.cube = true;
-            let linear = float && d.filter == Filter::Linear;
-            let u = [uv[0] * w, uv[1] * w];
-            return self.filter_at(ctx, (wi, l), d, p, (&u, float, linear));
-        }
-        let f = g.first_coord();
-        let mut u = [0.0f64; 3];
-        for (k, x) in u.iter_mut().enumerate().take(g.spatial()) {
-            let raw = self.coord_bits(wi, l, t, f + k);
-            *x = if fcoord {
-                d.level_coord(level, k, f32::from_bits(raw) as f64)
-            } else {
-                raw as i32 as f64 + 0.5
-            };
-            if let Some(e) = t.offset {
-                *x += self.warps[wi].regs[e[k] as usize][l] as u32 as i32 as f64;
-            }
-        }
-        let linear = float && d.filter == Filter::Linear && !g.is_ms();
-        self.filter_at(ctx, (wi, l), d, p, (&u[..g.spatial()], float, linear))
-    }
-
-    /// One lane of `tld4`: channel `comp` of the four texels a bilinear fetch would read, in
-    /// the order (i0, j1), (i1, j1), (i1, j0), (i0, j0).
-    fn tld4_lane(
-        &self,
-        ctx: &LaunchCtx,
-        (wi, l): (usize, usize),
-        t: &TexOp,
-        d: &TexDesc,
-    ) -> Result<Texel, FaultKind> {
-        let TexKind::Tld4 { comp, ret } = t.kind else {
-            return Err(misrouted_tex());
-        };
-        let float = ret == TexRet::F32;
-        let g = t.geom.ok_or_else(misrouted_tex)?;
-        let mut p = Place {
-            level: 0,
-            plane: self.fetch_plane(wi, l, t, d, g),
-            cube: false,
-        };
-        let mut u = [0.0f64; 2];
-        if g.is_cube() {
-            let (face, uv, _) = cube_face(self.cube_dir(wi, l, t, g), [[0.0; 3]; 2]);
-            p.plane += face as i64;
-            p.cube = true;
-            u = uv.map(|x| x * d.extent[0] as f64);
-        } else {
-            let f = g.first_coord();
-            for (k, x) in u.iter_mut().enumerate() {
-                let c = f32::from_bits(self.coord_bits(wi, l, t, f + k));
-                *x = d.texel_coord(k, c);
-                if let Some(e) = t.offset {
-                    *x += self.warps[wi].regs[e[k] as usize][l] as u32 as i32 as f64;
-                }
-            }
-        }
-        let (i0, _) = linear_weight(u[0]);
-        let (j0, _) = linear_weight(u[1]);
-        let (i1, j1) = (i0.saturating_add(1), j0.saturating_add(1));
-        let mut out = [0.0; 4];
-        for (o, (i, j)) in out.iter_mut().zip([(i0, j1), (i1, j1), (i1, j0), (i0, j0)]) {
-            *o = self.texel(ctx, (wi, l), d, (p, [i, j, 0]), float)?[comp as usize];
-        }
-        Ok(out)
-    }
-
-    fn write_texel(&mut self, wi: usize, l: usize, t: &TexOp, ret: TexRet, v: Texel) {
-        if ret == TexRet::F16x2 {
-            let h = |x: f64| crate::fp::f32_to_f16_rn(x as f32) as u64;
-            for (k, d) in t.vals.iter().enumerate() {
-                self.warps[wi].regs[*d as usize][l] = h(v[2 * k]) | h(v[2 * k + 1]) << 16;
-            }
-        } else {
-            for (d, x) in t.vals.iter().zip(v) {
-                let bits = match ret {
-                    TexRet::F32 => (x as f32).to_bits(),
-                    _ => x as u32,
-                };
-                self.warps[wi].regs[*d as usize][l] = bits as u64;
-            }
-        }
-        if let Some(p) = t.pred {
-            self.warps[wi].regs[p as usize][l] = 1;
-        }
     }
 }
 

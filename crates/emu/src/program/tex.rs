@@ -6,8 +6,8 @@
 //! (loaded: it holds a handle), or `[texture, sampler, {..}]`
 //! (independent mode: the sampler a `.samplerref` name or a handle register). Operands are read
 //! by role. Each instruction becomes one [`Op::Texture`]; `exec/tex.rs` reads the descriptor
-//! ([`crate::texture`]) when it runs. The depth-compare operand `f` is refused (there are no
-//! depth formats).
+//! ([`crate::texture`]) when it runs. The depth-compare operand `f` is read on `.f32`-coordinate
+//! fetches (ptxas drops it from `.s32`-coordinate ones).
 
 use super::*;
 pub use ptx::texture::{TexGeom, TexQuery};
@@ -62,10 +62,12 @@ pub enum TexKind {
         ty: Ty,
         oob: Oob,
     },
-    /// `sured.p`: x in texels, the operation on a `U32` surface's channel 0.
+    /// `sured.p`: x in texels, the operation on channel 0 of a 32-bit (`.b32`: `U32`/`S32`)
+    /// or 64-bit (`wide`, `.b64`: `U64`/`S64`) integer surface, signed as its format is.
     SuredP {
         op: AtomOp,
         oob: Oob,
+        wide: bool,
     },
     /// `suq` (surface) or `txq` (texture); `level`: the `txq.level` operand's slot.
     Query {
@@ -104,6 +106,10 @@ pub struct TexOp {
     pub offset: Option<[u32; 3]>,
     /// Destinations (loads, queries, fetches) or sources (stores, the reduction operand).
     pub vals: Vec<u32>,
+    /// Register holding the depth-compare reference `f` of a `.f32`-coordinate fetch (an
+    /// `.s32`-coordinate fetch ignores `f`, as ptxas 13.5 does: it compiles to TLD, which has
+    /// no depth compare).
+    pub depth: Option<u32>,
     /// The residency predicate `p` of `d|p` (always true: all memory is resident).
     pub pred: Option<u32>,
     /// The `.texref`/`.surfref`/`.samplerref` names the object and sampler came from, for
@@ -132,6 +138,7 @@ impl TexOp {
             coords: [ZERO; 4],
             offset: None,
             vals,
+            depth: None,
             pred: None,
             names: [handle.1, None],
         }
@@ -331,10 +338,23 @@ impl Decoder<'_> {
                     .into_iter()
                     .find_map(|f| ins.has(f).then(|| AtomOp::from_flag(f)).flatten())
                     .ok_or_else(|| self.err(ins, "sured needs .add, .min, .max, .and or .or"))?;
-                let kind = match p {
-                    true if ty == Ty::B32 => TexKind::SuredP { op, oob },
-                    true => return Err(self.err(ins, "sured.p is emulated on .b32 only")),
-                    false => TexKind::Sured { op, ty, oob },
+                let minmax = matches!(op, AtomOp::Min | AtomOp::Max);
+                let kind = match (p, ty) {
+                    (false, _) => TexKind::Sured { op, ty, oob },
+                    (true, Ty::B32) => TexKind::SuredP {
+                        op,
+                        oob,
+                        wide: false,
+                    },
+                    (true, Ty::B64) if minmax => TexKind::SuredP {
+                        op,
+                        oob,
+                        wide: true,
+                    },
+                    (true, Ty::B64) => {
+                        return Err(self.err(ins, "sured.p.b64 takes .min or .max (ptxas 13.5)"))
+                    }
+                    _ => return Err(self.err(ins, "sured.p is .b32 or .b64")),
                 };
                 (kind, vec![self.src(ins, vo)?])
             }
@@ -359,12 +379,6 @@ impl Decoder<'_> {
             Some(Ty::S32) if ins.op == Opcode::Tex => false,
             _ => return Err(self.err(ins, "texture coordinates are .f32 (or .s32 for tex)")),
         };
-        if ins.operand(Role::DepthCompare).is_some() {
-            return Err(self.err(
-                ins,
-                "the depth-compare operand `f` is not emulated (no depth texture formats)",
-            ));
-        }
         let n = if ret == TexRet::F16x2 { 2 } else { 4 };
         let (vals, pred) = match role(self.f, ins, Role::Dst)? {
             Operand::Pair(d, p) => (self.vec_dsts(ins, d)?, Some(self.dst(ins, p)?)),
@@ -388,6 +402,9 @@ impl Decoder<'_> {
         };
         let mut t = TexOp::new(kind, (ZERO, None), vals);
         t.pred = pred;
+        if let Some(f) = ins.operand(Role::DepthCompare).filter(|_| fcoord) {
+            t.depth = Some(self.src(ins, f)?);
+        }
         self.tex_coords(ins, &mut t)?;
         if let Some(e) = ins.operand(Role::TexOffset) {
             t.offset = Some(self.tex_vec3(ins, e)?);

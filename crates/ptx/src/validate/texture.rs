@@ -242,6 +242,9 @@ impl FnCheck<'_> {
                 let why = format!("`{name}.p` is sust.p (.b32) or sured.p (.b32/.b64)");
                 self.tex_bad(i, why);
             }
+            if ty == Some(Ty::B64) && !(i.has(Flag::Min) || i.has(Flag::Max)) {
+                self.tex_bad(i, "`sured.p.b64` takes .min or .max".into());
+            }
         } else if !i.has(Flag::B) {
             self.tex_bad(i, format!("`{name}` needs .b (or .p)"));
         }
@@ -291,6 +294,7 @@ impl FnCheck<'_> {
             }
         }
         self.mip_form(i, geom);
+        self.depth_form(i, geom, cty);
         if let Some(e) = i.operand(Role::TexOffset) {
             if width(e) != geom.offset_len() || !matches!(e, Operand::Vec(_)) {
                 let why = format!(
@@ -299,6 +303,32 @@ impl FnCheck<'_> {
                 );
                 self.tex_bad(i, why);
             }
+        }
+    }
+
+    /// The depth-compare operand `f`: not on `.3d`; a register of the coordinate type (ptxas
+    /// 13.5 types it so: `.f32`, or `.s32`, where it compiles to TLD and is dropped).
+    fn depth_form(&mut self, i: &Instruction, geom: TexGeom, cty: Option<Ty>) {
+        let Some(f) = i.operand(Role::DepthCompare) else {
+            return;
+        };
+        let name = i.op.name();
+        if geom == TexGeom::D3 {
+            return self.tex_bad(i, format!("`{name}.3d` takes no depth-compare operand"));
+        }
+        let ty = match f {
+            Operand::Reg(r) => self.lookup(r).map(|r| r.ty),
+            _ => None,
+        };
+        let float_reg = matches!(ty, Some(Ty::F32));
+        let int_reg = matches!(ty, Some(Ty::B32 | Ty::S32 | Ty::U32));
+        let ok = match cty {
+            Some(Ty::S32) => int_reg,
+            _ => float_reg || int_reg || matches!(f, Operand::Imm(_)),
+        };
+        if !ok {
+            let why = format!("`{name}`: the depth-compare operand `f` is a 32-bit register of the coordinate type");
+            self.tex_bad(i, why);
         }
     }
 

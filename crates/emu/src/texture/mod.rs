@@ -1,7 +1,8 @@
 //! Texture, surface and sampler objects: the 64-byte descriptor a kernel's `.u64` handle (or a
 //! `.texref`/`.surfref`/`.samplerref` variable's slot) holds, its host-side builder, and the
 //! texel addressing and sampling rules the `tex`, `tld4`, `txq`, `suld`, `sust`, `sured`, `suq`
-//! and `istypep` executors (`exec/tex.rs`) apply.
+//! and `istypep` executors (`exec/tex.rs`, fetches in `exec/tex/fetch.rs`) apply. The sampler
+//! state and the sampling geometry are in `texture/sampler.rs` (re-exported here).
 //!
 //! As with TMA tensor maps ([`crate::hopper::TensorMapDesc`]), the layout is our own (the
 //! driver's is opaque): the host encodes a [`TexDesc`] with [`TexDesc::encode`] into device
@@ -30,12 +31,16 @@
 //! layout.
 //!
 //! Level of detail (what this emulator implements; the Programming Guide leaves it to the
-//! graphics APIs): `tex` and `tex.base` read level 0 (a compute kernel has no implicit
+//! graphics APIs): `tex` and `tex.base` take `lambda = 0` (a compute kernel has no implicit
 //! derivatives); `tex.level` takes `lambda = lod` (an `.s32` lod with `.s32` coordinates, as
 //! ptxas requires); `tex.grad` takes `lambda = log2(rho)`, rho
 //! the larger of the lengths of `dPdx` and `dPdy` in level-0 texel units (normalized
 //! coordinates scaled by the extent; for a cube, the derivative of the face coordinates, see
-//! [`cube_face`]). lambda is clamped to [0, levels - 1]. Point mip filtering reads the nearest
+//! [`cube_face`]). For `.f32` coordinates the sampler's bias is added and the result clamped
+//! to its [min, max] LOD clamps ([`Lod::apply`]; OpenGL 4.6 section 8.14.1: bias, clamps and
+//! LOD held in 1/256 units as the hardware's sampler holds them); `.s32`-coordinate fetches
+//! read the level they name (OpenGL's `texelFetch`). lambda is then clamped to
+//! [0, levels - 1], so a bias past the last level reads the last level. Point mip filtering reads the nearest
 //! level (ties to the lower: `ceil(lambda - 0.5)`); linear mip filtering reads levels
 //! `floor(lambda)` and the next and blends them with the fraction held, like the texel
 //! weights, in 8 fractional bits (rounded to nearest), exactly in f64, rounded once to f32.
@@ -45,16 +50,43 @@
 //! Layer and sample indices are 32-bit unsigned integers, clamped to the last layer or
 //! sample. Cube coordinates are a direction: [`cube_face`] picks the face and the face
 //! coordinates (`(s / m + 1) / 2`) as the Programming Guide's cubemap table defines, sampled
-//! with clamp-to-edge on that face (no filtering across faces). A `.texref`/`.samplerref`
-//! initialiser's `clamp_ogl` acts as `clamp_to_edge`.
+//! with clamp-to-edge on that face. With the sampler's `seamless_cube`
+//! (`CU_TRSF_SEAMLESS_CUBEMAP`), linear filtering and `tld4` read a texel past a face edge from
+//! the adjacent face, and one past a corner as the average of the three texels meeting at the
+//! cube's corner (OpenGL 4.6 section 8.13.1; [`cube_texel`]); point sampling stays on its face.
+//! A `.texref`/`.samplerref` initialiser's `clamp_ogl` acts as `clamp_to_edge`.
+//!
+//! Anisotropic filtering (the sampler's `max_anisotropy` > 1, `tex.grad` only: the other
+//! fetches have no derivatives) follows EXT_texture_filter_anisotropic's reference algorithm:
+//! N = min(ceil(Pmax / Pmin), max_anisotropy) trilinear samples at lambda = log2(Pmax / N),
+//! spaced along the longer derivative at `(i / (N + 1) - 1/2) * dP`, averaged exactly (f64).
+//! NVIDIA does not publish its hardware footprint or weights, so these results are the
+//! specification's, not bit-exact hardware ones.
+//!
+//! Depth compare (`tex`/`tld4` with the operand `f`): CUDA's texture descriptor has no compare
+//! function, so ptxforge's [`Sampler::compare`] supplies it (OpenGL's `TEXTURE_COMPARE_FUNC`);
+//! a fetch with `f` through a sampler without one faults. Each texel the fetch reads becomes
+//! `(r, 0, 0, 1)`, r = 1.0 when `f OP texel.x` holds, else 0.0 (OpenGL 4.6 table 15.1 puts a
+//! depth result in red; a border texel's depth is 0), before filtering, so linear filtering is percentage-closer filtering,
+//! and `tld4` gathers the comparison results. `f` is clamped to [0, 1] for u8/u16 (normalized)
+//! formats read as floats; integer fetches compare the raw integers and return 1 or 0. As in
+//! ptxas 13.5, which compiles `.s32`-coordinate fetches to TLD (no compare), `f` is ignored
+//! there.
 //!
 //! Samplers: a `.samplerref` variable or an independent-mode sampler handle is a descriptor of
-//! kind [`ObjKind::Sampler`]; a fetch through one takes its address modes and filter, and
-//! unnormalized coordinates when it forces them. Module-scope `.texref`/`.surfref` variables
+//! kind [`ObjKind::Sampler`]; a fetch through one takes its address modes, filter and the
+//! rest of its state ([`SamplerState`]), and unnormalized coordinates when it forces them.
+//!
+//! Integer surfaces: `sured.p.b32` reduces `U32`/`S32` texels, `sured.p.b64` (min/max, what
+//! ptxas 13.5 accepts) `U64`/`S64` texels, signed as the format is (the PTX ISA: the surface
+//! format gives the signedness). Module-scope `.texref`/`.surfref` variables
 //! are 64-byte descriptor slots the host fills with `LoadedModule::bind_texref` /
 //! `bind_surfref`; a kernel reading an unbound one faults naming the variable.
 
 use std::sync::Arc;
+
+mod sampler;
+pub use sampler::*;
 
 /// Bytes of an encoded descriptor.
 pub const DESC_BYTES: usize = 64;
@@ -87,6 +119,12 @@ pub enum TexFormat {
     U32,
     F16,
     F32,
+    /// Signed 32-bit integers (`sured.p.b32` min/max compare them signed).
+    S32,
+    /// 64-bit integers: surfaces only (`suld.b`/`sust.b`/`sured.b`, `sured.p.b64` min/max);
+    /// no fetch or `sust.p` reads or writes them.
+    U64,
+    S64,
 }
 
 impl TexFormat {
@@ -95,7 +133,8 @@ impl TexFormat {
         match self {
             TexFormat::U8 => 1,
             TexFormat::U16 | TexFormat::F16 => 2,
-            TexFormat::U32 | TexFormat::F32 => 4,
+            TexFormat::U32 | TexFormat::F32 | TexFormat::S32 => 4,
+            TexFormat::U64 | TexFormat::S64 => 8,
         }
     }
     fn from_code(c: u8) -> Option<TexFormat> {
@@ -105,6 +144,9 @@ impl TexFormat {
             TexFormat::U32,
             TexFormat::F16,
             TexFormat::F32,
+            TexFormat::S32,
+            TexFormat::U64,
+            TexFormat::S64,
         ]
         .get(c as usize)
         .copied()
@@ -112,7 +154,10 @@ impl TexFormat {
     /// Whether a float-returning fetch can read it (floats, and 8/16-bit integers read as
     /// normalized floats in [0, 1] like CUDA's `cudaReadModeNormalizedFloat`).
     pub fn reads_as_float(self) -> bool {
-        self != TexFormat::U32
+        matches!(
+            self,
+            TexFormat::U8 | TexFormat::U16 | TexFormat::F16 | TexFormat::F32
+        )
     }
     /// One channel's raw bits as the float a float-returning fetch sees.
     pub fn to_float(self, raw: u64) -> f64 {
@@ -122,11 +167,29 @@ impl TexFormat {
             TexFormat::U32 => raw as u32 as f64,
             TexFormat::F16 => crate::fp::f16_to_f32(raw as u16) as f64,
             TexFormat::F32 => f32::from_bits(raw as u32) as f64,
+            TexFormat::S32 | TexFormat::U64 | TexFormat::S64 => self.to_int(raw),
+        }
+    }
+    /// One channel's raw bits as the integer an integer fetch sees (signed formats
+    /// sign-extended; 64-bit values rounded to f64).
+    pub fn to_int(self, raw: u64) -> f64 {
+        match self {
+            TexFormat::S32 => raw as u32 as i32 as f64,
+            TexFormat::S64 => raw as i64 as f64,
+            TexFormat::U64 => raw as f64,
+            _ => (raw & (u64::MAX >> (64 - 8 * self.bytes()))) as f64,
         }
     }
     /// Whether an integer-returning fetch can read it.
     pub fn reads_as_int(self) -> bool {
-        matches!(self, TexFormat::U8 | TexFormat::U16 | TexFormat::U32)
+        matches!(
+            self,
+            TexFormat::U8 | TexFormat::U16 | TexFormat::U32 | TexFormat::S32
+        )
+    }
+    /// Whether integer comparisons on it are signed.
+    pub fn signed(self) -> bool {
+        matches!(self, TexFormat::S32 | TexFormat::S64)
     }
     /// The raw channel bits `sust.p` stores for source register bits `x`: floats and the
     /// normalized 8/16-bit formats take an `.f32` (f16 rounded to nearest even; u8/u16 as
@@ -143,7 +206,8 @@ impl TexFormat {
         match self {
             TexFormat::U8 => unorm(255.0),
             TexFormat::U16 => unorm(65535.0),
-            TexFormat::U32 | TexFormat::F32 => x as u64,
+            TexFormat::U32 | TexFormat::F32 | TexFormat::S32 | TexFormat::U64 => x as u64,
+            TexFormat::S64 => x as i32 as i64 as u64,
             TexFormat::F16 => crate::fp::f32_to_f16_rn(f32::from_bits(x)) as u64,
         }
     }
@@ -240,6 +304,9 @@ pub struct TexDesc {
     pub levels: u32,
     /// Filter between mipmap levels.
     pub mip_filter: Filter,
+    /// Depth compare, LOD bias and clamps, seamless cube filtering, anisotropy (textures and
+    /// samplers; a surface keeps the default).
+    pub state: SamplerState,
 }
 
 impl TexDesc {
@@ -274,6 +341,7 @@ impl TexDesc {
             samples: 0,
             levels: 1,
             mip_filter: Filter::Point,
+            state: SamplerState::default(),
         };
         d.check()?;
         Ok(d)
@@ -281,8 +349,8 @@ impl TexDesc {
 
     /// A sampler object (`.samplerref` state, or an independent-mode sampler handle):
     /// `normalized == false` forces unnormalized coordinates.
-    pub fn sampler(sampler: Sampler) -> TexDesc {
-        TexDesc {
+    pub fn sampler(sampler: Sampler) -> Result<TexDesc, DescError> {
+        Ok(TexDesc {
             kind: ObjKind::Sampler,
             base: 0,
             format: TexFormat::U8,
@@ -299,7 +367,8 @@ impl TexDesc {
             samples: 0,
             levels: 1,
             mip_filter: Filter::Point,
-        }
+            state: sampler.state()?,
+        })
     }
 
     /// The same object as a layered (array) one with `layers` layers; slices are layers
@@ -404,6 +473,7 @@ impl TexDesc {
         d.addr_mode = sampler.addr_mode;
         d.filter = sampler.filter;
         d.normalized = sampler.normalized;
+        d.state = sampler.state()?;
         d.check()?;
         Ok(d)
     }
@@ -431,6 +501,7 @@ impl TexDesc {
     }
 
     fn check(&self) -> Result<(), DescError> {
+        self.check_state()?;
         if self.kind == ObjKind::Sampler {
             return Ok(());
         }
@@ -470,6 +541,22 @@ impl TexDesc {
                 "filter",
                 "linear filtering needs a float-readable format",
             ));
+        }
+        Ok(())
+    }
+
+    /// The sampler state a decoded descriptor carries is one [`Sampler::state`] can make.
+    fn check_state(&self) -> Result<(), DescError> {
+        let s = &self.state;
+        let max = (MAX_LOD * 256.0) as i16;
+        if !(1..=16).contains(&s.max_anisotropy) {
+            return Err(bad("max_anisotropy", format!("{}", s.max_anisotropy)));
+        }
+        if !(-max..=max).contains(&s.lod.bias) {
+            return Err(bad("lod_bias", "out of [-16, 16]"));
+        }
+        if s.lod.min < 0 || s.lod.min > s.lod.max || s.lod.max > max {
+            return Err(bad("min_lod_clamp", "clamps out of order or range"));
         }
         Ok(())
     }
@@ -519,7 +606,13 @@ impl TexDesc {
         b[7] = (self.filter == Filter::Linear) as u8
             | (self.normalized as u8) << 1
             | ((self.mip_filter == Filter::Linear) as u8) << 2
-            | (self.cube as u8) << 3;
+            | (self.cube as u8) << 3
+            | (self.state.seamless_cube as u8) << 4;
+        b[14] = CompareFunc::code(self.state.compare);
+        b[15] = self.state.max_anisotropy;
+        b[28..30].copy_from_slice(&self.state.lod.bias.to_le_bytes());
+        b[30..32].copy_from_slice(&self.state.lod.min.to_le_bytes());
+        b[60..62].copy_from_slice(&self.state.lod.max.to_le_bytes());
         b[12] = self.levels as u8;
         b[13] = self.samples as u8;
         b[56..60].copy_from_slice(&self.layers.to_le_bytes());
@@ -537,6 +630,7 @@ impl TexDesc {
     pub fn decode(b: &[u8; DESC_BYTES]) -> Result<TexDesc, DescError> {
         let u32at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let u64at = |o: usize| u64::from(u32at(o)) | u64::from(u32at(o + 4)) << 32;
+        let i16at = |o: usize| i16::from_le_bytes([b[o], b[o + 1]]);
         let kind = match u32at(0) {
             MAGIC_SURFACE => ObjKind::Surface,
             MAGIC_TEXTURE => ObjKind::Texture,
@@ -568,6 +662,16 @@ impl TexDesc {
             samples: b[13] as u32,
             levels: b[12] as u32,
             mip_filter: linear(4),
+            state: SamplerState {
+                compare: CompareFunc::from_code(b[14])?,
+                lod: Lod {
+                    bias: i16at(28),
+                    min: i16at(30),
+                    max: i16at(60),
+                },
+                seamless_cube: b[7] & 16 != 0,
+                max_anisotropy: b[15],
+            },
         };
         d.check()?;
         Ok(d)
@@ -624,6 +728,7 @@ impl TexDesc {
         self.addr_mode = s.addr_mode;
         self.filter = s.filter;
         self.normalized &= s.normalized;
+        self.state = s.state;
         self
     }
 
@@ -646,60 +751,6 @@ impl TexDesc {
     }
 }
 
-/// Cube-map face selection (CUDA Programming Guide, "Cubemap Textures"): the face is that of
-/// the component of largest magnitude `m` (ties: x before y before z), and the face
-/// coordinates are `(s / m + 1) / 2`, `(t / m + 1) / 2` with
-/// +x: (s, t) = (-z, -y); -x: (z, -y); +y: (x, z); -y: (x, -z); +z: (x, -y); -z: (-x, -y).
-/// Returns the face, the face coordinates and, for a derivative `d` of the direction, the
-/// derivative of the face coordinates.
-pub fn cube_face(p: [f64; 3], d: [[f64; 3]; 2]) -> (u32, [f64; 2], [[f64; 2]; 2]) {
-    let a = p.map(f64::abs);
-    let axis = if a[0] >= a[1] && a[0] >= a[2] {
-        0
-    } else if a[1] >= a[2] {
-        1
-    } else {
-        2
-    };
-    let neg = p[axis] < 0.0;
-    let face = 2 * axis as u32 + neg as u32;
-    // (component, sign) of s and t per face
-    let (s, t): ((usize, f64), (usize, f64)) = match face {
-        0 => ((2, -1.0), (1, -1.0)),
-        1 => ((2, 1.0), (1, -1.0)),
-        2 => ((0, 1.0), (2, 1.0)),
-        3 => ((0, 1.0), (2, -1.0)),
-        4 => ((0, 1.0), (1, -1.0)),
-        _ => ((0, -1.0), (1, -1.0)),
-    };
-    let m = a[axis];
-    let sm = if neg { -1.0 } else { 1.0 };
-    let uv = |(k, sg): (usize, f64)| (sg * p[k] / m + 1.0) / 2.0;
-    // d/dx of (sg * p[k] / m): (sg * d[k] * m - sg * p[k] * sm * d[axis]) / m^2, halved
-    let du = |g: &[f64; 3], (k, sg): (usize, f64)| {
-        (sg * g[k] * m - sg * p[k] * sm * g[axis]) / (2.0 * m * m)
-    };
-    let dd = [[du(&d[0], s), du(&d[0], t)], [du(&d[1], s), du(&d[1], t)]];
-    (face, [uv(s), uv(t)], dd)
-}
-
-/// The sampler state of a texture object.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Sampler {
-    pub addr_mode: [AddrMode; 3],
-    pub filter: Filter,
-    pub normalized: bool,
-}
-
-/// A 9-bit fixed-point interpolation weight (8 fractional bits, rounded to nearest) and the
-/// lower texel index, for texel-space coordinate `u` (already scaled).
-pub fn linear_weight(u: f64) -> (i64, f64) {
-    let ub = u - 0.5;
-    let i = ub.floor();
-    let a = ((ub - i) * 256.0).round() / 256.0;
-    (i as i64, a)
-}
-
 /// The initial 64 bytes of a module-scope `.texref`/`.surfref`/`.samplerref` variable's slot
 /// (`None` for other variables): zeros (unbound) for textures and surfaces, the sampler its
 /// initialiser describes for a `.samplerref` (unset fields: clamp, point, normalized).
@@ -710,12 +761,8 @@ pub fn ref_slot(v: &ptx::VarDecl) -> Result<Option<[u8; DESC_BYTES]>, DescError>
             Ok(Some([0; DESC_BYTES]))
         }
         ptx::Ty::Samplerref => {
-            let s = Sampler {
-                addr_mode: [AddrMode::Clamp; 3],
-                filter: Filter::Point,
-                normalized: true,
-            };
-            let d = apply_ref_fields(TexDesc::sampler(s), v)?;
+            let s = Sampler::new([AddrMode::Clamp; 3], Filter::Point, true);
+            let d = apply_ref_fields(TexDesc::sampler(s)?, v)?;
             d.encode().map(Some)
         }
         _ => Ok(None),
