@@ -5,7 +5,10 @@
 //! with `.version` 6.4 or later, in the combinations `.f32.f16.f16.f32`, `.f32.f16.f16.f16` and
 //! `.f16.f16.f16.f16`; it rejects `.f16.f16.f16.f32` (".dtype must be '.f32' when .ctype is
 //! '.f32'"), `.satfinite`, rounding modifiers, and other input types. The validator
-//! (`ptx::validate`) and [`VoltaSpec::from_instruction`] agree with it.
+//! (`ptx::validate`) and [`VoltaSpec::from_instruction`] agree with it. ptxas 13.5 also
+//! accepts an undocumented `.f32.bf16.bf16.f32` m8n8k4 on sm_80+, for which it emits no
+//! arithmetic (the SASS stores D unwritten): the validator warns about it and the emulator
+//! refuses it with that explanation.
 //!
 //! # Fragments
 //! PTX ISA "Matrix Fragments for mma.m8n8k4 with .f16 floating point type": the warp computes
@@ -102,7 +105,8 @@ fn layouts(ins: &Instruction) -> Vec<bool> {
 }
 
 impl VoltaSpec {
-    /// Whether `mma` instruction `ins` is an m8n8k4 form with f16 inputs (this module's).
+    /// Whether `mma` instruction `ins` is an m8n8k4 form with f16 (or the undocumented bf16,
+    /// which [`VoltaSpec::from_instruction`] refuses) inputs.
     pub fn is_form(ins: &Instruction) -> bool {
         let shape = matches!(
             ins.shape(),
@@ -112,7 +116,7 @@ impl VoltaSpec {
                 k: Some(4)
             })
         );
-        shape && ins.types().nth(1) == Some(Ty::F16)
+        shape && matches!(ins.types().nth(1), Some(Ty::F16 | Ty::Bf16))
     }
 
     /// Decodes `mma.sync.aligned.m8n8k4.alayout.blayout.dtype.f16.f16.ctype` (the forms
@@ -128,6 +132,12 @@ impl VoltaSpec {
                 tys.len()
             ));
         };
+        if aty == Ty::Bf16 {
+            return Err("mma.m8n8k4 .bf16 is not emulated: the form is not in the PTX ISA, and \
+                        ptxas 13.5 (which accepts .f32.bf16.bf16.f32 on sm_80+) emits no \
+                        arithmetic for it"
+                .into());
+        }
         let acc = |t: Ty| matches!(t, Ty::F16 | Ty::F32);
         if aty != Ty::F16 || bty != Ty::F16 || !acc(dty) || !acc(cty) {
             return Err(format!(
@@ -139,6 +149,9 @@ impl VoltaSpec {
         }
         if ins.has(Flag::Satfinite) {
             return Err("mma.m8n8k4 with .f16 inputs takes no .satfinite".into());
+        }
+        if ins.rounding().is_some() {
+            return Err("mma.m8n8k4 takes no rounding modifier".into());
         }
         Ok(VoltaSpec {
             a_row,

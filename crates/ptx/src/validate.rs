@@ -1559,8 +1559,8 @@ impl<'a> FnCheck<'a> {
         // dtype, atype, btype, ctype (or dtype, ctype-less forms).
         let dt = tys[0];
         let at = tys[1];
-        if (m, n, k) == (8, 8, 4) && at == Ty::F16 {
-            return self.mma_m8n8k4_f16(i, tys);
+        if (m, n, k) == (8, 8, 4) && at != Ty::F64 {
+            return self.mma_m8n8k4(i, tys);
         }
         let ct = *tys.last().unwrap_or(&dt);
         // (A regs, B regs) and the register type of A/B fragments.
