@@ -123,7 +123,9 @@ impl VoltaSpec {
     /// ptxas 13.5 accepts; module docs).
     pub fn from_instruction(ins: &Instruction) -> Result<VoltaSpec, String> {
         let [a_row, b_row] = layouts(ins)[..] else {
-            return Err("mma.m8n8k4 with .f16 inputs needs .alayout.blayout (.row or .col each)".into());
+            return Err(
+                "mma.m8n8k4 with .f16 inputs needs .alayout.blayout (.row or .col each)".into(),
+            );
         };
         let tys: Vec<Ty> = ins.types().collect();
         let [dty, aty, bty, cty] = tys[..] else {
@@ -133,10 +135,12 @@ impl VoltaSpec {
             ));
         };
         if aty == Ty::Bf16 {
-            return Err("mma.m8n8k4 .bf16 is not emulated: the form is not in the PTX ISA, and \
+            return Err(
+                "mma.m8n8k4 .bf16 is not emulated: the form is not in the PTX ISA, and \
                         ptxas 13.5 (which accepts .f32.bf16.bf16.f32 on sm_80+) emits no \
                         arithmetic for it"
-                .into());
+                    .into(),
+            );
         }
         let acc = |t: Ty| matches!(t, Ty::F16 | Ty::F32);
         if aty != Ty::F16 || bty != Ty::F16 || !acc(dty) || !acc(cty) {
@@ -305,7 +309,11 @@ fn exact_sum(prods: &[f64; 4], c: f64, dty: Ty) -> f64 {
         acc.add(p);
     }
     acc.add(c);
-    if prods.iter().chain([&c]).all(|x| *x == 0.0 && x.is_sign_negative()) {
+    if prods
+        .iter()
+        .chain([&c])
+        .all(|x| *x == 0.0 && x.is_sign_negative())
+    {
         // IEEE: a sum of negative zeros is -0 (any other exact zero sum is +0)
         return -0.0;
     }
@@ -338,11 +346,15 @@ fn v100_sum(a: &[f64; 4], b: &[f64; 4], c: f64, dty: Ty) -> f64 {
     }
     let nominal = |i: usize| f16_exp(a[i]) + f16_exp(b[i]);
     let e_nom = live.iter().map(|&i| nominal(i)).max().unwrap_or(0);
-    let big = live.iter().any(|&i| {
-        nominal(i) == e_nom && (a[i] * b[i]).abs() >= pow2(e_nom) * 2.0
-    });
+    let big = live
+        .iter()
+        .any(|&i| nominal(i) == e_nom && (a[i] * b[i]).abs() >= pow2(e_nom) * 2.0);
     let special = big && (c == 0.0 || exponent(c) <= e_nom);
-    let mut e_max = live.iter().map(|&i| exponent(a[i] * b[i])).max().unwrap_or(0);
+    let mut e_max = live
+        .iter()
+        .map(|&i| exponent(a[i] * b[i]))
+        .max()
+        .unwrap_or(0);
     if c != 0.0 {
         e_max = e_max.max(exponent(c));
     }
@@ -381,7 +393,10 @@ struct Format {
 impl Format {
     fn of(t: Ty) -> Format {
         match t {
-            Ty::F16 => Format { prec: 11, emin: -14 },
+            Ty::F16 => Format {
+                prec: 11,
+                emin: -14,
+            },
             _ => Format {
                 prec: 24,
                 emin: -126,
@@ -483,7 +498,9 @@ impl Wide {
         };
         // lowest kept bit: `prec` bits from the top, but no finer than the subnormal spacing
         let q = (top as i32 + 1 - f.prec as i32).max(f.emin + 1 - f.prec as i32 + UNIT) as usize;
-        let mut k = (q..=top).rev().fold(0u64, |acc, i| acc << 1 | bit(&mag, i) as u64);
+        let mut k = (q..=top)
+            .rev()
+            .fold(0u64, |acc, i| acc << 1 | bit(&mag, i) as u64);
         if mode == Rounding::NearestEven && q > 0 && bit(&mag, q - 1) {
             let sticky = (0..q - 1).any(|i| bit(&mag, i));
             if sticky || k & 1 == 1 {
@@ -492,7 +509,11 @@ impl Wide {
         }
         let emax = f.emin.abs() + 1;
         let v = k as f64 * pow2(q as i32 - UNIT);
-        let v = if v >= pow2(emax + 1) { f64::INFINITY } else { v };
+        let v = if v >= pow2(emax + 1) {
+            f64::INFINITY
+        } else {
+            v
+        };
         if self.negative() {
             -v
         } else {

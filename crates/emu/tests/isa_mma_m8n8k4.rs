@@ -154,7 +154,11 @@ fn ptxas_accepts(text: &str, target: &str) {
     let rep = ptx::ptxas::assemble(text, ptxas_arch(target), &Default::default())
         .unwrap_or_else(|e| panic!("ptxas rejects the test PTX: {e}\n{text}"));
     for k in &rep.kernels {
-        assert_eq!(k.spill_stores_bytes + k.spill_loads_bytes, 0, "spills\n{text}");
+        assert_eq!(
+            k.spill_stores_bytes + k.spill_loads_bytes,
+            0,
+            "spills\n{text}"
+        );
     }
 }
 
@@ -321,7 +325,11 @@ fn decode_f32(x: u32) -> Val {
     let (neg, ex, fr) = (x >> 31 == 1, (x >> 23) & 0xff, (x & 0x7f_ffff) as u64);
     assert!(ex != 0xff, "test inputs are finite");
     if ex == 0 {
-        Val { neg, m: fr, e: -149 }
+        Val {
+            neg,
+            m: fr,
+            e: -149,
+        }
     } else {
         Val {
             neg,
@@ -363,7 +371,11 @@ fn fixed(v: Val, unit: i32) -> i128 {
 /// IEEE bits of `x * 2^unit` rounded to `t` (f16 or f32), to nearest even or toward zero
 /// (where an overflow gives the largest finite value).
 fn encode(x: i128, unit: i32, t: &str, nearest: bool) -> u32 {
-    let (p, emin, ebits) = if t == "f16" { (11, -14, 5) } else { (24, -126, 8) };
+    let (p, emin, ebits) = if t == "f16" {
+        (11, -14, 5)
+    } else {
+        (24, -126, 8)
+    };
     let sign = if x < 0 { 1u32 << (p + ebits - 1) } else { 0 };
     let mag = x.unsigned_abs();
     if mag == 0 {
@@ -686,7 +698,9 @@ fn undocumented_bf16_form_is_accepted_with_a_warning_and_not_run() {
     let diags = ptx::validate(&m);
     assert!(diags.iter().all(|d| !d.is_error()), "{diags:?}");
     assert!(
-        diags.iter().any(|d| d.message.contains("not in the PTX ISA")),
+        diags
+            .iter()
+            .any(|d| d.message.contains("not in the PTX ISA")),
         "{diags:?}"
     );
     let mem = GlobalMemory::new();

@@ -28,7 +28,10 @@ impl FnCheck<'_> {
         let [dt, at, bt, ct] = tys[..] else {
             bad(
                 self,
-                format!("mma.m8n8k4 needs four types (d, a, b, c), found {}", tys.len()),
+                format!(
+                    "mma.m8n8k4 needs four types (d, a, b, c), found {}",
+                    tys.len()
+                ),
             );
             return;
         };
@@ -57,12 +60,21 @@ impl FnCheck<'_> {
             );
         }
         if i.has(Flag::Satfinite) {
-            bad(self, "mma.m8n8k4 with .f16 inputs takes no .satfinite".into());
+            bad(
+                self,
+                "mma.m8n8k4 with .f16 inputs takes no .satfinite".into(),
+            );
         }
         if i.rounding().is_some() {
             bad(self, "mma.m8n8k4 takes no rounding modifier".into());
         }
-        let frag = |t: Ty| if t == Ty::F16 { (4, Ty::B32) } else { (8, Ty::F32) };
+        let frag = |t: Ty| {
+            if t == Ty::F16 {
+                (4, Ty::B32)
+            } else {
+                (8, Ty::F32)
+            }
+        };
         let ((nd, dty), (nc, cty)) = (frag(dt), frag(ct));
         let parts = [
             ("D", nd, dty, Role::Dst),
