@@ -47,9 +47,13 @@
 //!   largest finite f32 (round toward zero, as [`crate::tc_numerics`]); the MATLAB model
 //!   returns infinity there. Only a C within 2^34 of f32's largest value can reach it.
 //! - Hardware on sm_75 and later: these targets still assemble the instruction; the emulator
-//!   applies the target's own f16 model ([`crate::tc_numerics::model_for`]) to the k = 4 dot
-//!   product (one block), giving an FP32 result that an f16 D then rounds to nearest even, as
-//!   the target's other f16 `mma` forms.
+//!   applies the target's own f16 model ([`crate::tc_numerics::model_for`]; sm_75 has the
+//!   sm_80 one) to the k = 4 dot product (one block), giving an FP32 result that an f16 D then
+//!   rounds to nearest even, as the target's other f16 `mma` forms. What ptxas 13.5 emits
+//!   differs by target (seen for `.row.col.f32.f16.f16.f32`): sm_75 has a native
+//!   `HMMA.884.F32.F32` (four steps); for sm_80 and sm_90 it emits no tensor-core instruction
+//!   and no lane exchange, only four FFMA and eight FADD per lane, which cannot compute the
+//!   quad-pair product the PTX ISA defines. The emulator follows the PTX ISA.
 
 use crate::mma::{round_to, to_f64};
 use crate::tc_numerics::{self as tc, Numerics, TcModel};
