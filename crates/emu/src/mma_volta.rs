@@ -126,6 +126,9 @@ impl VoltaSpec {
     /// Decodes `mma.sync.aligned.m8n8k4.alayout.blayout.dtype.f16.f16.ctype` (the forms
     /// ptxas 13.5 accepts; module docs).
     pub fn from_instruction(ins: &Instruction) -> Result<VoltaSpec, String> {
+        if !(ins.has(Flag::Sync) && ins.has(Flag::Aligned)) {
+            return Err("mma.m8n8k4 needs .sync.aligned".into());
+        }
         let [a_row, b_row] = layouts(ins)[..] else {
             return Err(
                 "mma.m8n8k4 with .f16 inputs needs .alayout.blayout (.row or .col each)".into(),

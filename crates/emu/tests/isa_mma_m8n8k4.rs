@@ -643,6 +643,10 @@ fn forms_ptxas_rejects_are_rejected_with_a_clear_message() {
             ".alayout.blayout",
         ),
         (
+            format!("mma.sync.m8n8k4.row.col.f32.f16.f16.f32 {f8}, {ab}, {c8};"),
+            ".sync.aligned",
+        ),
+        (
             format!("mma.sync.aligned.m8n8k4.row.col.rn.f32.f16.f16.f32 {f8}, {ab}, {c8};"),
             "rounding",
         ),

@@ -1,7 +1,8 @@
 //! Operand rules of the Volta `mma.sync.aligned.m8n8k4.alayout.blayout.dtype.f16.f16.ctype`
-//! forms, as ptxas 13.5 checks them: one `.row`/`.col` layout for A and one for B, f16 B,
-//! f16 or f32 C and D but not an f16 D with an f32 C, no `.satfinite` or rounding modifier;
-//! A and B are two `.b32` (f16x2) registers each, C and D four `.b32` (f16) or eight `.f32`.
+//! forms, as ptxas 13.5 checks them: `.sync.aligned`, one `.row`/`.col` layout for A and one
+//! for B, f16 B, f16 or f32 C and D but not an f16 D with an f32 C, no `.satfinite` or rounding
+//! modifier; A and B are two `.b32` (f16x2) registers each, C and D four `.b32` (f16) or eight
+//! `.f32`.
 //!
 //! ptxas 13.5 also accepts `mma.sync.aligned.m8n8k4.alayout.blayout.f32.bf16.bf16.f32` on
 //! sm_80 and later (PTX 7.0+), a form the PTX ISA does not document and for which it emits no
@@ -19,6 +20,9 @@ impl FnCheck<'_> {
             .iter()
             .filter(|m| matches!(m, Mod::Flag(Flag::Row | Flag::Col)))
             .count();
+        if !(i.has(Flag::Sync) && i.has(Flag::Aligned)) {
+            bad(self, "mma.m8n8k4 needs .sync.aligned".into());
+        }
         if layouts != 2 {
             bad(
                 self,
