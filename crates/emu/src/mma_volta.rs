@@ -45,7 +45,10 @@
 //!   infinite term gives the IEEE sum of the terms (NaN becomes D's canonical NaN). One choice
 //!   here is the emulator's, not the model's: an f32 result beyond the f32 range becomes the
 //!   largest finite f32 (round toward zero, as [`crate::tc_numerics`]); the MATLAB model
-//!   returns infinity there. Only a C within 2^34 of f32's largest value can reach it.
+//!   returns infinity there. Only a C within 2^34 of f32's largest value can reach it. Another:
+//!   when only one term is non-zero and an f16 D is subnormal, the MATLAB model's one-term path
+//!   rounds to 10 fraction bits before shifting into the subnormal range (two roundings); the
+//!   emulator rounds once, as the model's multi-term path does.
 //! - Hardware on sm_75 and later: these targets still assemble the instruction; the emulator
 //!   applies the target's own f16 model ([`crate::tc_numerics::model_for`]; sm_75 has the
 //!   sm_80 one) to the k = 4 dot product (one block), giving an FP32 result that an f16 D then
