@@ -241,6 +241,15 @@ c("ld_nc_forms", "sm_70", "ld.global.nc.v4.f32 {%f1, %f2, %f3, %f4}, [%rd1];\nld
 c("dyn_smem", "sm_70", "mov.u32 %r5, dsmem;\nst.shared.u32 [%r5], %r2;\nld.shared.u32 %r4, [%r5];")
 c("weak_global", "sm_70", "ld.global.u32 %r4, [wvar];")
 
+# Volta mma.m8n8k4 with f16 inputs: every layout pair and every C/D type pair ptxas accepts
+V8 = "{%v0, %v1, %v2, %v3, %v4, %v5, %v6, %v7}"
+C8 = "{%f1, %f1, %f1, %f1, %f1, %f1, %f1, %f1}"
+VST = "st.global.v4.f32 [%rd1+64], {%v0, %v1, %v2, %v7};"
+c("mma_m8n8k4_row_col_f32_f32", "sm_70", ".reg .f32 %v<8>;\nmma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 " + V8 + ", {%r2, %r1}, {%r1, %r2}, " + C8 + ";\n" + VST)
+c("mma_m8n8k4_col_row_f32_f16", "sm_70", ".reg .f32 %v<8>;\nmma.sync.aligned.m8n8k4.col.row.f32.f16.f16.f16 " + V8 + ", {%r2, %r1}, {%r1, %r2}, {%r2, %r1, %r2, %r1};\n" + VST)
+c("mma_m8n8k4_col_col_f16_f16", "sm_70", "mma.sync.aligned.m8n8k4.col.col.f16.f16.f16.f16 {%r4, %r5, %r6, %r7}, {%r2, %r1}, {%r1, %r2}, {%r2, %r1, %r2, %r1};\nst.global.v4.b32 [%rd1+64], {%r4, %r5, %r6, %r7};")
+c("mma_m8n8k4_row_row_f16_f16", "sm_70", "mma.sync.aligned.m8n8k4.row.row.f16.f16.f16.f16 {%r4, %r5, %r6, %r7}, {%r2, %r1}, {%r1, %r2}, {%r2, %r1, %r2, %r1};\nst.global.v4.b32 [%rd1+64], {%r4, %r5, %r6, %r7};")
+
 c("literals_labels", "sm_70", ".reg .b32 %s, %t;\nmov.u32 %r4, 017;\nmov.u32 %r5, 0b101;\nmov.u32 %s, -0x10;\nmov.f64 %fd1, 0d3FF0000000000000;\nmov.f32 %f2, 0f3F800000;\nmov.u64 %rd4, 1U;\n$L__BB0_1:\nadd.u32 %t, %r4, %s;\nmov.f32 %f2, 1.5e3;\nmov.f64 %fd1, 2.5;")
 
 PTXAS = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "../../.tools/bin/ptxas")

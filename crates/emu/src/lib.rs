@@ -27,6 +27,7 @@ pub mod memory;
 pub mod mma;
 pub mod mma_any;
 pub mod mma_sp;
+pub mod mma_volta;
 pub mod multicast;
 mod park;
 pub mod program;

@@ -19,6 +19,9 @@
 //! | m16n8k16  | s8/u8 (any mix)              | s32 (`.satfinite`) |
 //! | m8n8k4    | f64                          | f64              |
 //!
+//! The f16 `m8n8k4` (Volta, quad-pair fragments, `.row`/`.col` A and B) is
+//! [`crate::mma_volta`]'s; the sub-byte, `.b1` and m8n8k16 forms are [`crate::mma_any`]'s.
+//!
 //! # Numerics
 //! [`mma_sync_with`] with a model applies the tensor-core numerics of an architecture
 //! ([`crate::tc_numerics`]: blocks of products aligned to the largest exponent, truncated, summed

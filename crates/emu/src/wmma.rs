@@ -353,6 +353,14 @@ pub enum WmmaOp {
         b: Vec<u32>,
         c: Vec<u32>,
     },
+    /// A Volta `mma.m8n8k4` form with f16 inputs ([`crate::mma_volta`]).
+    Volta {
+        spec: crate::mma_volta::VoltaSpec,
+        d: Vec<u32>,
+        a: Vec<u32>,
+        b: Vec<u32>,
+        c: Vec<u32>,
+    },
     /// `movmatrix.sync.aligned.m8n8.trans.b16 d, a`
     Movmatrix { d: u32, a: u32 },
 }

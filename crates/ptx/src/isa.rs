@@ -601,6 +601,15 @@ fn mma_needs(ins: &Instruction, fp8: bool, need: &mut dyn FnMut(u32, u32)) {
             }),
             Some(Ty::F16),
         ) => need(70, 64),
+        // m8n8k4 .bf16: undocumented, ptxas 13.5 takes it on sm_80 with PTX 7.0
+        (
+            Some(Mod::Shape {
+                m: 8,
+                n: 8,
+                k: Some(4),
+            }),
+            Some(Ty::Bf16),
+        ) => need(80, 70),
         (
             Some(Mod::Shape {
                 m: 8,

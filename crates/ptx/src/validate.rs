@@ -29,6 +29,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 mod atomic;
+mod mma_volta;
 mod multimem;
 mod tc;
 mod texture;
@@ -1558,6 +1559,9 @@ impl<'a> FnCheck<'a> {
         // dtype, atype, btype, ctype (or dtype, ctype-less forms).
         let dt = tys[0];
         let at = tys[1];
+        if (m, n, k) == (8, 8, 4) && at != Ty::F64 {
+            return self.mma_m8n8k4(i, tys);
+        }
         let ct = *tys.last().unwrap_or(&dt);
         // (A regs, B regs) and the register type of A/B fragments.
         let ab = match (m, n, k, at) {
@@ -1580,13 +1584,18 @@ impl<'a> FnCheck<'a> {
         };
         let (nd, dty) = frag(dt);
         let (nc, cty) = frag(ct);
-        let shape = format!("m{m}n{n}k{k}");
         let parts = [
             ("D", nd, dty, Role::Dst),
             ("A", na, Ty::B32, Role::A),
             ("B", nb, Ty::B32, Role::B),
             ("C", nc, cty, Role::C),
         ];
+        self.mma_parts(i, &format!("mma .m{m}n{n}k{k} .{at}"), parts);
+    }
+
+    /// Checks the register count and register type of each mma fragment: `(label, count,
+    /// register type, role)`; `what` names the form in messages.
+    fn mma_parts(&mut self, i: &Instruction, what: &str, parts: [(&str, usize, Ty, Role); 4]) {
         for (label, cnt, ty, role) in parts {
             let Some(o) = i.operand(role) else { continue };
             let elems: Vec<&Operand> = match o {
@@ -1598,7 +1607,7 @@ impl<'a> FnCheck<'a> {
                     DiagKind::MmaFragment,
                     i.loc,
                     format!(
-                        "mma .{shape} .{at}: fragment {label} needs {cnt} registers, found {}",
+                        "{what}: fragment {label} needs {cnt} registers, found {}",
                         elems.len()
                     ),
                 );
@@ -1619,7 +1628,7 @@ impl<'a> FnCheck<'a> {
                     DiagKind::MmaFragment,
                     i.loc,
                     format!(
-                        "mma .{shape} .{at}: fragment {label} needs .{ty} registers, found {}",
+                        "{what}: fragment {label} needs .{ty} registers, found {}",
                         bad.join(", ")
                     ),
                 );

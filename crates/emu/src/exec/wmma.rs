@@ -1,7 +1,9 @@
-//! Execution of the warp matrix functions (`wmma.*`), `mma.sp` and `movmatrix`
+//! Execution of the warp matrix functions (`wmma.*`), `mma.sp`, the Volta `mma.m8n8k4` f16
+//! forms and `movmatrix`
 //! ([`crate::wmma`] has the layouts and arithmetic).
 
 use super::*;
+use crate::mma_volta::VoltaNumerics;
 use crate::wmma::{self as wm, Frag, WmmaOp};
 
 impl Cta {
@@ -86,6 +88,18 @@ impl Cta {
                 let rc: Vec<&Lanes> = c.iter().map(|s| &w.regs[*s as usize]).collect();
                 let mut out = vec![[0u64; 32]; d.len()];
                 crate::mma_any::mma_any(spec, model.as_ref(), (&ra, &rb, &rc), &mut out);
+                for (k, s) in d.iter().enumerate() {
+                    Cta::write_masked(w, *s, m, &out[k]);
+                }
+            }
+            WmmaOp::Volta { spec, d, a, b, c } => {
+                let num = VoltaNumerics::select(ctx.numerics, ctx.prog.target_sm);
+                let w = &mut self.warps[wi];
+                let ra: Vec<&Lanes> = a.iter().map(|s| &w.regs[*s as usize]).collect();
+                let rb: Vec<&Lanes> = b.iter().map(|s| &w.regs[*s as usize]).collect();
+                let rc: Vec<&Lanes> = c.iter().map(|s| &w.regs[*s as usize]).collect();
+                let mut out = vec![[0u64; 32]; d.len()];
+                crate::mma_volta::mma_volta(spec, num, (&ra, &rb, &rc), &mut out);
                 for (k, s) in d.iter().enumerate() {
                     Cta::write_masked(w, *s, m, &out[k]);
                 }

@@ -14,8 +14,12 @@ impl Decoder<'_> {
         let arg = |r: Role| role(kernel, ins, r);
         use Opcode as O;
         let op = match ins.op {
-            // sub-byte, .b1 and m8n8k16 forms: `crate::mma_any`, decoded with the wmma family
-            O::Mma if crate::mma_any::AnySpec::is_dense_form(ins) => {
+            // sub-byte, .b1 and m8n8k16 forms (`crate::mma_any`) and the Volta m8n8k4 f16 forms
+            // (`crate::mma_volta`): decoded with the wmma family
+            O::Mma
+                if crate::mma_any::AnySpec::is_dense_form(ins)
+                    || crate::mma_volta::VoltaSpec::is_form(ins) =>
+            {
                 return self.decode_wmma(ins, ins0, guard)
             }
             O::Mma => {

@@ -1,9 +1,10 @@
 //! Decoding of the warp matrix functions (`wmma.load`, `wmma.store`, `wmma.mma`), sparse
-//! `mma.sp` and `movmatrix` into [`Op::Wmma`] ([`crate::wmma`] has the forms and layouts).
+//! `mma.sp`, the Volta `mma.m8n8k4` f16 forms and `movmatrix` into [`Op::Wmma`] ([`crate::wmma`] has the forms and layouts).
 
 use super::*;
 use crate::mma_any::AnySpec;
 use crate::mma_sp::SparseSpec;
+use crate::mma_volta::VoltaSpec;
 use crate::wmma::{self as wm, WmmaOp};
 
 /// The opcodes this module decodes (the rest of the tensor family goes to `tensor.rs`).
@@ -36,6 +37,11 @@ impl Decoder<'_> {
             }
             O::WmmaMma => self.wmma_mma(ins)?,
             O::MmaSp | O::MmaSpOrdered => self.mma_sparse(ins)?,
+            O::Mma if VoltaSpec::is_form(ins) => {
+                let spec = VoltaSpec::from_instruction(ins).map_err(|e| self.err(ins, e))?;
+                let (d, a, b, c) = self.mma_frags(ins, spec.frag_counts())?;
+                WmmaOp::Volta { spec, d, a, b, c }
+            }
             O::Mma => self.mma_any(ins)?,
             O::Movmatrix => {
                 if !(ins.has(Flag::Trans) && ins.ty() == Some(Ty::B16)) {
