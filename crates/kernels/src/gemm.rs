@@ -16,8 +16,11 @@
 //! Structure: a CTA computes a BM x BN tile with WARPS_M x WARPS_N warps; K advances in 128-byte
 //! tiles (BK = 64 bf16 / 128 e4m3) through a STAGES-deep `cp.async` ring in dynamic shared memory
 //! (16-byte `cp.async.cg` with zero-fill at the M/N/K edges); tiles use the XOR swizzle of
-//! [`crate::tile`], fragments come from `ldmatrix.x4`. The epilogue writes straight from the
-//! accumulator registers (bf16x2 / f32x2 stores).
+//! [`crate::tile`], fragments come from `ldmatrix.x4` (per k-step the warp's B fragments, then
+//! per 16-row block its A fragment and that block's mmas). A warp skips the 16-row blocks whose
+//! rows are all past M or all contiguous-layout padding; every computed output element is summed
+//! in the same order whatever the tile, so results do not depend on the tile configuration.
+//! The epilogue writes straight from the accumulator registers (bf16x2 / f32x2 stores).
 
 use crate::gemm_api::{GemmBufs, GemmProblem, OutBuf, Scales};
 use crate::host::{check_target, function};

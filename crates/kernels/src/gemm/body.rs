@@ -1,7 +1,8 @@
 //! The `mma.sync` GEMM kernel body, one function per role: the CTA's operands under the MoE
 //! layout ([`cta_operands`]), the `cp.async` tile loader ([`TileLoader`]), the `ldmatrix`
-//! fragment addressing ([`FragAddr`]), the FP8 scale addressing ([`ScaleAddr`]), the K loop
-//! ([`main_loop`]: scales, mma k-steps, promotion) and the epilogue ([`epilogue`]).
+//! fragment addressing ([`FragAddr`]), the FP8 scale addressing ([`ScaleAddr`]), the warp's
+//! dead 16-row blocks ([`dead_row_blocks`]: past M or all padding, skipped in the K loop), the
+//! K loop ([`main_loop`]: scales, mma k-steps, promotion) and the epilogue ([`epilogue`]).
 //!
 //! The builder numbers registers in call order, so the roles are called in the order the
 //! kernel's values are first needed; reordering calls changes the emitted PTX (not its meaning).
