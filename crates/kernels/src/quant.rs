@@ -575,8 +575,9 @@ fn q8(x: f32) -> u8 {
 
 /// f32 -> e4m3 with round-to-nearest-even and `satfinite` (what `cvt.rn.satfinite.e4m3x2.f32`
 /// does per element), by bit arithmetic: the host quantisers run it for every weight, and the
-/// emulator's general float encoder ([`emu::fp::f32_to_e4m3`]) costs several times more.
-/// Non-finite inputs take the emulator's path. Bit-identical to it (test
+/// emulator's general float encoder ([`emu::fp::f32_to_e4m3`]) costs several times more (the
+/// emulator's own `cvt` fast path, `emu::alu::e4m3_satfinite`, does the same for kernels).
+/// Non-finite inputs take the general encoder. Bit-identical to it (test
 /// `e4m3_satfinite_matches_the_emulator`).
 pub fn e4m3_satfinite(x: f32) -> u8 {
     if !x.is_finite() {
