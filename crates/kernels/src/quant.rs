@@ -570,7 +570,35 @@ pub fn requantize_fp8_1x128_to_128x1_t(
 // CPU references (the same f32 operations as the kernels, so results are bit-identical)
 
 fn q8(x: f32) -> u8 {
-    emu::fp::f32_to_e4m3(x, true)
+    e4m3_satfinite(x)
+}
+
+/// f32 -> e4m3 with round-to-nearest-even and `satfinite` (what `cvt.rn.satfinite.e4m3x2.f32`
+/// does per element), by bit arithmetic: the host quantisers run it for every weight, and the
+/// emulator's general float encoder ([`emu::fp::f32_to_e4m3`]) costs several times more (the
+/// emulator's own `cvt` fast path, `emu::alu::e4m3_satfinite`, does the same for kernels).
+/// Non-finite inputs take the general encoder. Bit-identical to it (test
+/// `e4m3_satfinite_matches_the_emulator`).
+pub fn e4m3_satfinite(x: f32) -> u8 {
+    if !x.is_finite() {
+        return emu::fp::f32_to_e4m3(x, true);
+    }
+    let bits = x.to_bits();
+    let sign = ((bits >> 24) & 0x80) as u8;
+    let a = f32::from_bits(bits & 0x7fff_ffff);
+    let code = if a >= 448.0 {
+        0x7e // the largest finite e4m3 (satfinite clamps everything above)
+    } else if a < 2f32.powi(-6) {
+        // subnormals are the multiples of 2^-9 (a * 512 is exact); 8 is the smallest normal
+        (a * 512.0).round_ties_even() as u8
+    } else {
+        // normal: exponent field and the top 3 mantissa bits, rounded to nearest even on the
+        // 20 dropped bits (a carry moves into the exponent); f32 bias 127, e4m3 bias 7
+        let ab = a.to_bits();
+        let r = (ab + 0x7ffff + ((ab >> 20) & 1)) >> 20;
+        (r - (120 << 3)) as u8
+    };
+    sign | code
 }
 
 /// Reference 1x128 quantisation: (q, scales as f32, one per group, row-major [tokens, hidden/128]).
@@ -649,4 +677,36 @@ pub fn ref_requant_t(q: &[u8], s: &[f32], tokens: usize, hidden: usize) -> (Vec<
         }
     }
     (qt, st)
+}
+
+#[cfg(test)]
+mod e4m3_tests {
+    use super::e4m3_satfinite;
+
+    fn check(bits: u32) {
+        let x = f32::from_bits(bits);
+        let (got, want) = (e4m3_satfinite(x), emu::fp::f32_to_e4m3(x, true));
+        assert_eq!(got, want, "x = {x:e} ({bits:#010x})");
+    }
+
+    /// Every exponent with every pattern of the top 8 mantissa bits and several low-bit tails
+    /// (exact halfway points, just below and above them, sticky bits), both signs, plus a
+    /// strided sweep over all 2^32 bit patterns (NaN and infinities included).
+    #[test]
+    fn e4m3_satfinite_matches_the_emulator() {
+        for sign in [0u32, 1 << 31] {
+            for exp in 0u32..256 {
+                for top in 0u32..256 {
+                    for tail in [0u32, 1, 0x2aaa, 0x3fff, 0x4000, 0x4001, 0x7fff] {
+                        check(sign | (exp << 23) | (top << 15) | tail);
+                    }
+                }
+            }
+        }
+        let mut b = 0u64;
+        while b < 1u64 << 32 {
+            check(b as u32);
+            b += 997;
+        }
+    }
 }

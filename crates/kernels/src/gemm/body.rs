@@ -1,7 +1,8 @@
 //! The `mma.sync` GEMM kernel body, one function per role: the CTA's operands under the MoE
 //! layout ([`cta_operands`]), the `cp.async` tile loader ([`TileLoader`]), the `ldmatrix`
-//! fragment addressing ([`FragAddr`]), the FP8 scale addressing ([`ScaleAddr`]), the K loop
-//! ([`main_loop`]: scales, mma k-steps, promotion) and the epilogue ([`epilogue`]).
+//! fragment addressing ([`FragAddr`]), the FP8 scale addressing ([`ScaleAddr`]), the warp's
+//! dead 16-row blocks ([`dead_row_blocks`]: past M or all padding, skipped in the K loop), the
+//! K loop ([`main_loop`]: scales, mma k-steps, promotion) and the epilogue ([`epilogue`]).
 //!
 //! The builder numbers registers in call order, so the roles are called in the order the
 //! kernel's values are first needed; reordering calls changes the emitted PTX (not its meaning).
@@ -445,6 +446,46 @@ impl ScaleAddr {
     }
 }
 
+/// Per 16-row block `mi` of the warp tile: whether all 16 rows are past `m_eff` (never stored)
+/// or, in the contiguous layout, padding rows (`m_indices < 0`, stored as zeros), so the warp
+/// can skip the block's fragments, mmas and promotion. Each lane tests its two rows of the
+/// block and `vote.all` combines the warp's (warp-uniform, so the branches do not diverge).
+/// Outputs of the computed rows do not change: an mma row depends only on its own A row.
+pub(super) fn dead_row_blocks(
+    k: &mut KernelBuilder,
+    spec: &GemmSpec,
+    p: &Params,
+    o: &CtaOperands,
+    scales: &ScaleAddr,
+) -> Vec<Reg<Pred>> {
+    let idx = (spec.layout == Layout::Contiguous)
+        .then_some(p.idx)
+        .flatten();
+    scales
+        .my_rows
+        .chunks(2)
+        .map(|rows| {
+            let dead: Vec<Reg<Pred>> = rows
+                .iter()
+                .map(|&row| {
+                    let past = k.ge(row, o.m_eff);
+                    match idx {
+                        Some(ip) => {
+                            let rc = k.min(row, scales.m_last);
+                            let e = k.ld_nc(ip.offset(rc));
+                            let pad = k.lt(e, 0i32);
+                            k.or(past, pad)
+                        }
+                        None => past,
+                    }
+                })
+                .collect();
+            let both = k.and(dead[0], dead[1]);
+            k.vote_all(both, 0xffff_ffffu32)
+        })
+        .collect()
+}
+
 /// The shared-memory stage ring: write (`ws`) and read (`rs`) stage addresses.
 pub(super) struct Ring {
     pub base: Reg<u32>,
@@ -471,6 +512,8 @@ pub(super) struct LoopParts<'a> {
     pub scales: &'a ScaleAddr,
     pub ring: &'a Ring,
     pub ktiles: Reg<u32>,
+    /// Per `mi`: whether the warp skips that 16-row block ([`dead_row_blocks`]).
+    pub dead: &'a [Reg<Pred>],
 }
 
 /// Prologue (STAGES-1 tiles in flight) and the main loop over K tiles: wait for the tile, issue
@@ -503,14 +546,16 @@ where
         let (srow, scol) = l.scales.load(k, l.ops, kt, ni_n);
         mma_k_steps::<S>(k, l, accs, rs);
         if l.spec.input == InTy::Fp8 {
-            promote(k, l.spec, accs, &srow, &scol);
+            promote(k, l, accs, &srow, &scol);
         }
         l.ring.advance(k, rs);
     });
     k.cp_async_wait_all();
 }
 
-/// The stage at `rs`: four k-steps of `ldmatrix.x4` fragments and the warp tile's mmas.
+/// The stage at `rs`: four k-steps of `ldmatrix.x4` fragments and the warp tile's mmas. A
+/// row block in `l.dead` loads no A fragment and runs no mma. Each accumulator still gets its
+/// four k-steps in order, so every computed output sums in the same order.
 fn mma_k_steps<S>(k: &mut KernelBuilder, l: &LoopParts, accs: &Accumulators, rs: Reg<u32>)
 where
     S: MmaShape<C = f32>,
@@ -525,14 +570,6 @@ where
     for ks in 0..4usize {
         let aa = k.add(a_base, f.ca[ks]);
         let bb = k.add(b_base, f.cb[ks]);
-        let af: Vec<[Reg<S::A>; 4]> = (0..mi_n)
-            .map(|mi| {
-                k.ldmatrix::<S::A, u8, 4>(
-                    SharedPtr::<u8>::from_reg(aa).add_bytes((mi * 16 * ROW_BYTES) as i64),
-                    false,
-                )
-            })
-            .collect();
         let mut bf: Vec<[Reg<S::B>; 2]> = Vec::new();
         for j in 0..ni_n / 2 {
             let r = k.ldmatrix::<S::B, u8, 4>(
@@ -543,46 +580,55 @@ where
             bf.push([r[2], r[3]]);
         }
         for mi in 0..mi_n as usize {
-            for ni in 0..ni_n as usize {
-                let i = mi * ni_n as usize + ni;
-                let acc = accs.acc[i];
-                match l.spec.input {
-                    // BF16, and the un-promoted ablation's one FP32 tensor-core accumulator
-                    InTy::Bf16 | InTy::Fp8Unpromoted => k.mma_to::<S>(acc, af[mi], bf[ni], acc),
-                    InTy::Fp8 => {
-                        let fr = accs.frag[i];
-                        let c = if ks == 0 { accs.zero } else { fr };
-                        k.mma_to::<S>(fr, af[mi], bf[ni], c)
+            k.if_not(l.dead[mi], |k| {
+                let af = k.ldmatrix::<S::A, u8, 4>(
+                    SharedPtr::<u8>::from_reg(aa).add_bytes((mi as u32 * 16 * ROW_BYTES) as i64),
+                    false,
+                );
+                for (ni, b) in bf.iter().enumerate() {
+                    let i = mi * ni_n as usize + ni;
+                    let acc = accs.acc[i];
+                    match l.spec.input {
+                        // BF16, and the un-promoted ablation's one FP32 tensor-core accumulator
+                        InTy::Bf16 | InTy::Fp8Unpromoted => k.mma_to::<S>(acc, af, *b, acc),
+                        InTy::Fp8 => {
+                            let fr = accs.frag[i];
+                            let c = if ks == 0 { accs.zero } else { fr };
+                            k.mma_to::<S>(fr, af, *b, c)
+                        }
                     }
                 }
-            }
+            });
         }
     }
 }
 
-/// FP8 promotion: `acc += frag * (sa * sb)` on the CUDA cores.
+/// FP8 promotion: `acc += frag * (sa * sb)` on the CUDA cores (not for dead row blocks, whose
+/// fresh fragments were never computed).
 fn promote(
     k: &mut KernelBuilder,
-    spec: &GemmSpec,
+    l: &LoopParts,
     accs: &Accumulators,
     srow: &[Reg<f32>],
     scol: &[Reg<f32>],
 ) {
-    let cfg = spec.cfg;
+    let cfg = l.spec.cfg;
     let (mi_n, ni_n) = (cfg.bm / cfg.warps_m / 16, cfg.bn / cfg.warps_n / 8);
-    let per_col_sb = spec.layout == Layout::KGrouped;
+    let per_col_sb = l.spec.layout == Layout::KGrouped;
     for mi in 0..mi_n as usize {
-        for ni in 0..ni_n as usize {
-            let i = mi * ni_n as usize + ni;
-            for e in 0..4 {
-                let s = if per_col_sb {
-                    k.mul(srow[mi * 2 + e / 2], scol[ni * 2 + e % 2])
-                } else {
-                    srow[mi * 2 + e / 2]
-                };
-                k.fma_to(accs.acc[i][e], accs.frag[i][e], s, accs.acc[i][e]);
+        k.if_not(l.dead[mi], |k| {
+            for ni in 0..ni_n as usize {
+                let i = mi * ni_n as usize + ni;
+                for e in 0..4 {
+                    let s = if per_col_sb {
+                        k.mul(srow[mi * 2 + e / 2], scol[ni * 2 + e % 2])
+                    } else {
+                        srow[mi * 2 + e / 2]
+                    };
+                    k.fma_to(accs.acc[i][e], accs.frag[i][e], s, accs.acc[i][e]);
+                }
             }
-        }
+        });
     }
 }
 

@@ -44,7 +44,7 @@ pub(crate) fn fp8_cols(v: &mut [f32], rows: usize, cols: usize, mode: ScaleMode)
             let amax = rs.clone().fold(0f32, |a, r| a.max(v[r * cols + c].abs()));
             let (sc, inv) = kernels::tile::fp8_scale_host(amax, mode);
             for r in rs.clone() {
-                let q = emu::fp::f32_to_e4m3(v[r * cols + c] * inv, true);
+                let q = kernels::quant::e4m3_satfinite(v[r * cols + c] * inv);
                 v[r * cols + c] = emu::fp::e4m3_to_f32(q) * sc;
             }
         }
