@@ -1,6 +1,9 @@
 //! SIMD kernels for [`crate::tc_numerics::tile`], written with `std::arch` intrinsics and
 //! selected at run time:
-//! - [`rows16`] (first choice): tiles of up to 16 rows and a multiple of 8 columns (every
+//! - [`cols16`]: 16-row tiles whose operands the caller already holds as f32 in its layouts
+//!   (A transposed, C column-major; the `mma.sync` fast path decodes its fragments into them),
+//!   AVX-512F+DQ+VL or AVX2;
+//! - [`rows16`] (first choice of [`crate::tc_numerics::tile`]): tiles of up to 16 rows and a multiple of 8 columns (every
 //!   mma.sync and wgmma tile) in f32 with i32 sums, AVX-512F+DQ+VL or AVX2 (see its docs);
 //! - the f64 kernel below: the tensor-core model's block sums for two rows x 8 adjacent outputs
 //!   at a time (AVX2), for finite tiles `rows16` declines.
@@ -26,7 +29,20 @@
 use crate::tc_numerics::{TcModel, GROUP};
 
 #[cfg(target_arch = "x86_64")]
+mod cols16;
+#[cfg(target_arch = "x86_64")]
 mod rows16;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use cols16::{Cols, Cols16Fn};
+
+/// The column-vector f32 kernel for 16-row tiles whose operands are already f32 in its layouts
+/// ([`cols16`]: the `mma.sync` fast path), for this CPU (checked once), or `None` (no AVX2).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn fast_cols16() -> Option<Cols16Fn> {
+    static K: std::sync::OnceLock<Option<Cols16Fn>> = std::sync::OnceLock::new();
+    *K.get_or_init(cols16::select)
+}
 
 /// The signature of the f32 kernels: [`crate::tc_numerics::tile`]'s, returning `false` (and
 /// leaving `acc` untouched) for a tile the kernel does not handle.
