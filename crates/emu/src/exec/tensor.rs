@@ -248,9 +248,13 @@ impl Cta {
         fits.then_some(off as usize)
     }
 
-    /// `ldmatrix` when every row lies in this CTA's shared memory: each lane's 32-bit word is
-    /// read straight from its row and written to the destination registers of the lanes in
-    /// `m`. Returns false (nothing done) when a row is elsewhere, misaligned or out of bounds.
+    /// `ldmatrix` when every row lies in this CTA's shared memory, as row copies: each 8 x 8
+    /// b16 matrix is 8 rows of 16 bytes, and lane `4 row + q` holds 32-bit word `q` of row
+    /// `row`, so the plain form copies every row's 16 bytes into four consecutive lanes; `.trans`
+    /// is a fixed 8 x 8 transpose of the copied rows (lane `4 col + r` holds column `col` of
+    /// rows `2r` and `2r + 1`). The destination registers of the lanes in `m` get the words,
+    /// zero-extended. Returns false (nothing done) when a row is elsewhere, misaligned or out
+    /// of bounds.
     fn ldmatrix_shared(
         &mut self,
         wi: usize,
@@ -268,33 +272,33 @@ impl Cta {
                 None => return false,
             }
         }
-        let mut out = [[0u32; 32]; 4];
-        for (i, &o) in offs.iter().enumerate().take(rows) {
-            let (mat, row) = (i / 8, i % 8);
-            let b = &self.shared[o..o + 16];
-            let word =
-                |q: usize| u32::from_le_bytes([b[4 * q], b[4 * q + 1], b[4 * q + 2], b[4 * q + 3]]);
-            if !trans {
-                for q in 0..4 {
-                    out[mat][row * 4 + q] = word(q);
-                }
-            } else {
-                // Transposed: lane (col, row / 2) gets column col of rows 2q and 2q + 1.
-                for col in 0..8 {
-                    let h = u16::from_le_bytes([b[2 * col], b[2 * col + 1]]) as u32;
-                    out[mat][col * 4 + row / 2] |= h << (16 * (row % 2));
-                }
+        // words[32 mat + 4 row + q]: word q of row `row` of matrix `mat`
+        let mut words = [0u32; 128];
+        for (dst, &o) in words.chunks_exact_mut(4).zip(&offs[..rows]) {
+            let row: &[u8; 16] = match self.shared[o..o + 16].try_into() {
+                Ok(r) => r,
+                Err(_) => return false,
+            };
+            for (q, d) in dst.iter_mut().enumerate() {
+                *d = u32::from_le_bytes([row[4 * q], row[4 * q + 1], row[4 * q + 2], row[4 * q + 3]]);
+            }
+        }
+        if trans {
+            for mat in words.chunks_exact_mut(32).take(count as usize) {
+                transpose8x8_b16(mat);
             }
         }
         let w = &mut self.warps[wi];
         for (k, d) in ds.iter().enumerate().take(4) {
-            let dst = &mut w.regs[*d as usize];
-            for (l, x) in dst.iter_mut().enumerate() {
-                *x = if m >> l & 1 != 0 {
-                    out[k][l] as u64
-                } else {
-                    *x
-                };
+            let (dst, src) = (&mut w.regs[*d as usize], &words[32 * k..32 * k + 32]);
+            if m == u32::MAX {
+                for (x, v) in dst.iter_mut().zip(src) {
+                    *x = *v as u64;
+                }
+            } else {
+                for (l, (x, v)) in dst.iter_mut().zip(src).enumerate() {
+                    *x = if m >> l & 1 != 0 { *v as u64 } else { *x };
+                }
             }
         }
         true
@@ -666,6 +670,21 @@ impl Cta {
     }
 }
 
+/// Transposes one 8 x 8 matrix of b16 values held as `ldmatrix` words (`m[4 row + q]` holds
+/// columns 2q, 2q + 1 of row `row`, low half first) in place: afterwards `m[4 col + r]` holds
+/// rows 2r, 2r + 1 of column `col`, which is `ldmatrix .trans`'s fragment.
+fn transpose8x8_b16(m: &mut [u32]) {
+    let mut e = [0u16; 64]; // e[8 row + col]
+    for (i, w) in m.iter().take(32).enumerate() {
+        e[2 * i] = *w as u16;
+        e[2 * i + 1] = (*w >> 16) as u16;
+    }
+    for (i, w) in m.iter_mut().take(32).enumerate() {
+        let (col, r) = (i / 4, i % 4);
+        *w = e[16 * r + col] as u32 | (e[16 * r + 8 + col] as u32) << 16;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -682,3 +701,4 @@ mod tests {
         }
     }
 }
+
