@@ -579,16 +579,19 @@ fn in_place_f32(
     let k = spec.k as usize;
     let Rings32 { a: ra, b: rb } = rings;
     let a = ra.get((spec.aty, spec.k), &raw.a, |r, f| decode_at(spec.aty, r, f));
-    let b = rb.get((spec.bty, spec.k), &raw.b, |r, f| decode_b32(spec.bty, r, f));
+    let b = rb.get((spec.bty, spec.k), &raw.b, |r, f| {
+        decode_b32(spec.bty, r, f)
+    });
     if !(a.finite && b.finite) {
         return false;
     }
+    let c_regs = [0, 1, 2, 3].map(|i| &regs[s.c[i] as usize]);
     let mut c = [0f32; 16 * 8];
-    for (i, &slot) in s.c.iter().take(4).enumerate() {
-        let (h, r8, reg) = (i & 1, 8 * (i >> 1), &regs[slot as usize]);
-        // lane 4g + q holds row g + 8 (i / 2), column 2q + i % 2
-        for (lane, v) in reg.iter().enumerate() {
-            c[(2 * (lane & 3) + h) * 16 + (lane >> 2) + r8] = f32::from_bits(*v as u32);
+    // column `col`, row `row`: register (col & 1) + 2 (row / 8), lane 4 (row & 7) + col / 2
+    for (col, cc) in c.chunks_exact_mut(16).enumerate() {
+        for (row, x) in cc.iter_mut().enumerate() {
+            let reg = c_regs[(col & 1) + 2 * (row >> 3)];
+            *x = f32::from_bits(reg[4 * (row & 7) + (col >> 1)] as u32);
         }
     }
     let ops = crate::tc_simd::Cols {
@@ -602,16 +605,22 @@ fn in_place_f32(
     if !kernel(model, &ops, &mut c) {
         return false;
     }
+    // the kernel's results are finite (finite inputs and C; rounding toward zero never
+    // overflows), so no NaN needs canonicalising; register i, lane 4g + q: row g + 8 (i / 2),
+    // column 2q + i % 2
     for (i, &slot) in s.d.iter().take(4).enumerate() {
-        let (h, r8, reg) = (i & 1, 8 * (i >> 1), &mut regs[slot as usize]);
-        for (lane, x) in reg.iter_mut().enumerate() {
-            let v = c[(2 * (lane & 3) + h) * 16 + (lane >> 2) + r8];
-            let bits = if v.is_nan() {
-                0x7FFF_FFFF
-            } else {
-                v.to_bits() as u64
-            };
-            *x = if s.m >> lane & 1 != 0 { bits } else { *x };
+        let mut v = [0u64; 32];
+        for (lane, x) in v.iter_mut().enumerate() {
+            let at = (2 * (lane & 3) + (i & 1)) * 16 + (lane >> 2) + 8 * (i >> 1);
+            *x = c[at].to_bits() as u64;
+        }
+        let dst = &mut regs[slot as usize];
+        if s.m == u32::MAX {
+            *dst = v;
+        } else {
+            for (lane, (x, y)) in dst.iter_mut().zip(v).enumerate() {
+                *x = if s.m >> lane & 1 != 0 { y } else { *x };
+            }
         }
     }
     true
@@ -779,7 +788,12 @@ impl<const R: usize, T: Copy> Ring<R, T> {
 
     /// The decoded values of `raw` under `key`: remembered, or decoded now by `decode` into
     /// the oldest entry.
-    fn get(&mut self, key: (Ty, u32), raw: &[u32; R], decode: impl FnOnce(&[u32; R], &mut T)) -> &T {
+    fn get(
+        &mut self,
+        key: (Ty, u32),
+        raw: &[u32; R],
+        decode: impl FnOnce(&[u32; R], &mut T),
+    ) -> &T {
         let hit = (0..RING).find(|&i| self.keys[i] == Some(key) && self.raw[i] == *raw);
         let i = match hit {
             Some(i) => i,

@@ -248,11 +248,10 @@ impl Cta {
         fits.then_some(off as usize)
     }
 
-    /// `ldmatrix` when every row lies in this CTA's shared memory, as row copies: each 8 x 8
-    /// b16 matrix is 8 rows of 16 bytes, and lane `4 row + q` holds 32-bit word `q` of row
-    /// `row`, so the plain form copies every row's 16 bytes into four consecutive lanes; `.trans`
-    /// is a fixed 8 x 8 transpose of the copied rows (lane `4 col + r` holds column `col` of
-    /// rows `2r` and `2r + 1`). The destination registers of the lanes in `m` get the words,
+    /// `ldmatrix` when every row lies in this CTA's shared memory: each 8 x 8 b16 matrix is 8
+    /// rows of 16 bytes, located once; lane `4 row + q` holds 32-bit word `q` of row `row` (the
+    /// row's 16 bytes go to four consecutive lanes), and with `.trans` lane `4 col + r` holds
+    /// column `col` of rows `2r` and `2r + 1` (a fixed 8 x 8 transpose of the rows). The destination registers of the lanes in `m` get the words,
     /// zero-extended. Returns false (nothing done) when a row is elsewhere, misaligned or out
     /// of bounds.
     fn ldmatrix_shared(
@@ -272,20 +271,36 @@ impl Cta {
                 None => return false,
             }
         }
-        // words[32 mat + 4 row + q]: word q of row `row` of matrix `mat`
+        // words[32 mat + lane]: lane `lane`'s word of matrix `mat`
         let mut words = [0u32; 128];
-        for (dst, &o) in words.chunks_exact_mut(4).zip(&offs[..rows]) {
-            let row: &[u8; 16] = match self.shared[o..o + 16].try_into() {
-                Ok(r) => r,
+        let mut row_of = [&[0u8; 16]; 32];
+        for (r, &o) in row_of.iter_mut().zip(&offs[..rows]) {
+            *r = match self.shared[o..o + 16].try_into() {
+                Ok(x) => x,
                 Err(_) => return false,
             };
-            for (q, d) in dst.iter_mut().enumerate() {
-                *d = u32::from_le_bytes([row[4 * q], row[4 * q + 1], row[4 * q + 2], row[4 * q + 3]]);
-            }
         }
-        if trans {
-            for mat in words.chunks_exact_mut(32).take(count as usize) {
-                transpose8x8_b16(mat);
+        let half = |row: &[u8; 16], c: usize| u16::from_le_bytes([row[2 * c], row[2 * c + 1]]);
+        for (mat, (dst, src)) in words
+            .chunks_exact_mut(32)
+            .zip(row_of.chunks_exact(8))
+            .enumerate()
+        {
+            if mat * 8 >= rows {
+                break;
+            }
+            if !trans {
+                // lane 4 row + q: word q of row `row`
+                for (d, i) in dst.iter_mut().zip(0..32) {
+                    let (row, q) = (src[i / 4], 4 * (i % 4));
+                    *d = u32::from_le_bytes([row[q], row[q + 1], row[q + 2], row[q + 3]]);
+                }
+            } else {
+                // lane 4 col + r: column `col` of rows 2r (low half) and 2r + 1
+                for (d, i) in dst.iter_mut().zip(0..32) {
+                    let (col, r) = (i / 4, i % 4);
+                    *d = half(src[2 * r], col) as u32 | (half(src[2 * r + 1], col) as u32) << 16;
+                }
             }
         }
         let w = &mut self.warps[wi];
@@ -670,21 +685,6 @@ impl Cta {
     }
 }
 
-/// Transposes one 8 x 8 matrix of b16 values held as `ldmatrix` words (`m[4 row + q]` holds
-/// columns 2q, 2q + 1 of row `row`, low half first) in place: afterwards `m[4 col + r]` holds
-/// rows 2r, 2r + 1 of column `col`, which is `ldmatrix .trans`'s fragment.
-fn transpose8x8_b16(m: &mut [u32]) {
-    let mut e = [0u16; 64]; // e[8 row + col]
-    for (i, w) in m.iter().take(32).enumerate() {
-        e[2 * i] = *w as u16;
-        e[2 * i + 1] = (*w >> 16) as u16;
-    }
-    for (i, w) in m.iter_mut().take(32).enumerate() {
-        let (col, r) = (i / 4, i % 4);
-        *w = e[16 * r + col] as u32 | (e[16 * r + 8 + col] as u32) << 16;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -701,4 +701,3 @@ mod tests {
         }
     }
 }
-

@@ -500,10 +500,22 @@ mod tests {
                     let cols = [8, 16, 4, 24][trial % 4];
                     let wide = trial % 2 == 0;
                     let a: Vec<f32> = (0..16 * k)
-                        .map(|i| if i / k == 5 { 0.0 } else { value(t, wide, &mut rng) })
+                        .map(|i| {
+                            if i / k == 5 {
+                                0.0
+                            } else {
+                                value(t, wide, &mut rng)
+                            }
+                        })
                         .collect();
                     let b: Vec<f32> = (0..k * cols)
-                        .map(|i| if i % cols == 2 { 0.0 } else { value(t, wide, &mut rng) })
+                        .map(|i| {
+                            if i % cols == 2 {
+                                0.0
+                            } else {
+                                value(t, wide, &mut rng)
+                            }
+                        })
                         .collect();
                     let c: Vec<f32> = (0..16 * cols)
                         .map(|i| match i % 7 {
