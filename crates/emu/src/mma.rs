@@ -35,11 +35,19 @@
 //!
 //! # Executing on the register file
 //! The interpreter runs the GEMM forms (m16n8k16 f16/bf16, m16n8k32 fp8; f32 C and D) through
-//! [`mma_in_place`]: A and B are decoded from the warp's registers into the layouts the tile
-//! kernels read, and kept in the warp's [`FragCache`] keyed by their raw bits (an A fragment
-//! feeds one mma per B column block, a B fragment one per A row block, so most are decoded
-//! once); C is gathered from and D scattered into the register rows directly. The bits are those
-//! of [`mma_sync_with`] (tested). Other forms go through [`mma_sync_with`].
+//! [`mma_in_place`], straight on the warp's registers:
+//! - under a hardware model (the default), A and B are decoded from their registers directly
+//!   into f32 in the layouts of the column-vector tile kernel (`tc_simd::cols16`: A transposed,
+//!   B row-major, both with their magnitudes), and kept in the warp's [`FragCache`] keyed by
+//!   their raw bits (an A fragment feeds one mma per B column block, a B fragment one per A row
+//!   block, so most are decoded once); C is read from its registers into the kernel's
+//!   column-major tile and D written back with fixed index patterns;
+//! - in the exact mode, and for tiles the f32 kernel declines (a non-finite input or C, or a
+//!   CPU without AVX2), A and B are decoded to f64 (cached the same way) for the exact or
+//!   portable tile kernels.
+//!
+//! The bits are those of [`mma_sync_with`] in both modes (tested). Other forms go through
+//! [`mma_sync_with`].
 
 use crate::fp;
 use crate::tc_numerics::{self as tc, TcModel};
