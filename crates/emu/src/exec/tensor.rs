@@ -280,7 +280,6 @@ impl Cta {
                 Err(_) => return false,
             };
         }
-        let half = |row: &[u8; 16], c: usize| u16::from_le_bytes([row[2 * c], row[2 * c + 1]]);
         for (mat, (dst, src)) in words
             .chunks_exact_mut(32)
             .zip(row_of.chunks_exact(8))
@@ -290,16 +289,27 @@ impl Cta {
                 break;
             }
             if !trans {
-                // lane 4 row + q: word q of row `row`
-                for (d, i) in dst.iter_mut().zip(0..32) {
-                    let (row, q) = (src[i / 4], 4 * (i % 4));
-                    *d = u32::from_le_bytes([row[q], row[q + 1], row[q + 2], row[q + 3]]);
+                // lanes 4 row .. 4 row + 3: the four words of row `row`
+                for (d, row) in dst.chunks_exact_mut(4).zip(src) {
+                    let w: [u32; 4] = std::array::from_fn(|q| {
+                        u32::from_le_bytes([
+                            row[4 * q],
+                            row[4 * q + 1],
+                            row[4 * q + 2],
+                            row[4 * q + 3],
+                        ])
+                    });
+                    d.copy_from_slice(&w);
                 }
             } else {
                 // lane 4 col + r: column `col` of rows 2r (low half) and 2r + 1
-                for (d, i) in dst.iter_mut().zip(0..32) {
-                    let (col, r) = (i / 4, i % 4);
-                    *d = half(src[2 * r], col) as u32 | (half(src[2 * r + 1], col) as u32) << 16;
+                let e: [[u16; 8]; 8] = std::array::from_fn(|r| {
+                    std::array::from_fn(|c| u16::from_le_bytes([src[r][2 * c], src[r][2 * c + 1]]))
+                });
+                for (col, d) in dst.chunks_exact_mut(4).enumerate() {
+                    for (r, x) in d.iter_mut().enumerate() {
+                        *x = e[2 * r][col] as u32 | (e[2 * r + 1][col] as u32) << 16;
+                    }
                 }
             }
         }
