@@ -572,7 +572,6 @@ pub fn mma_in_place(
 /// `rings`), C read from and D written to the registers in its column-major tile. Returns
 /// false (nothing written) where the kernel is not available or declines the tile (a
 /// non-finite input or C): the f64 path then runs.
-#[cfg(target_arch = "x86_64")]
 fn in_place_f32(
     spec: &MmaSpec,
     model: &TcModel,
@@ -632,18 +631,6 @@ fn in_place_f32(
         }
     }
     true
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn in_place_f32(
-    _: &MmaSpec,
-    _: &TcModel,
-    _: &mut [Lanes],
-    _: MmaSlots,
-    _: &mut Rings32,
-    _: &FragRaw,
-) -> bool {
-    false
 }
 
 /// Decoded f32 values of every 8-bit float code (e4m3, then e5m2; exact), built once.

@@ -33,15 +33,35 @@ mod cols16;
 #[cfg(target_arch = "x86_64")]
 mod rows16;
 
-#[cfg(target_arch = "x86_64")]
-pub(crate) use cols16::{Cols, Cols16Fn};
+/// The operands of a 16-row tile in the layouts of the [`cols16`] kernel. `at_abs` and
+/// `b_abs` hold the magnitudes of `at` and `b` (pass 1 multiplies magnitudes, so it is one
+/// multiply and one max per product vector).
+pub(crate) struct Cols<'a> {
+    pub at: &'a [f32],
+    pub at_abs: &'a [f32],
+    pub b: &'a [f32],
+    pub b_abs: &'a [f32],
+    pub k: usize,
+    pub cols: usize,
+}
+
+/// The kernel's signature: `c` (column-major, `cols * 16`) holds C on entry and D on exit;
+/// `false` (and `c` untouched) for a tile it does not handle.
+pub(crate) type Cols16Fn = fn(&TcModel, &Cols, &mut [f32]) -> bool;
 
 /// The column-vector f32 kernel for 16-row tiles whose operands are already f32 in its layouts
-/// ([`cols16`]: the `mma.sync` fast path), for this CPU (checked once), or `None` (no AVX2).
-#[cfg(target_arch = "x86_64")]
+/// ([`cols16`]: the `mma.sync` fast path), for this CPU (checked once), or `None` (no AVX2, or
+/// not x86-64).
 pub(crate) fn fast_cols16() -> Option<Cols16Fn> {
-    static K: std::sync::OnceLock<Option<Cols16Fn>> = std::sync::OnceLock::new();
-    *K.get_or_init(cols16::select)
+    #[cfg(target_arch = "x86_64")]
+    {
+        static K: std::sync::OnceLock<Option<Cols16Fn>> = std::sync::OnceLock::new();
+        *K.get_or_init(cols16::select)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
 }
 
 /// The signature of the f32 kernels: [`crate::tc_numerics::tile`]'s, returning `false` (and

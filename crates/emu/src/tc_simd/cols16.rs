@@ -16,6 +16,7 @@
 //! Lanes whose block maximum lies outside the f32-safe exponent range run
 //! [`crate::tc_numerics::block_sum`] in f64 for that block.
 
+use super::{Cols, Cols16Fn};
 use crate::tc_numerics::{block_sum, TcModel};
 use std::arch::x86_64::*;
 
@@ -27,22 +28,6 @@ const E_LO: i32 = 26;
 const E_HI: i32 = 247;
 /// Columns processed together (independent dependency chains sharing each A load).
 const G: usize = 4;
-
-/// The operands of a 16-row tile in this kernel's layouts (see the module docs). `at_abs` and
-/// `b_abs` hold the magnitudes of `at` and `b` (pass 1 multiplies magnitudes, so it is one
-/// multiply and one max per product vector).
-pub(crate) struct Cols<'a> {
-    pub at: &'a [f32],
-    pub at_abs: &'a [f32],
-    pub b: &'a [f32],
-    pub b_abs: &'a [f32],
-    pub k: usize,
-    pub cols: usize,
-}
-
-/// The kernel's signature: `c` (column-major, `cols * 16`) holds C on entry and D on exit;
-/// `false` (and `c` untouched) for a tile it does not handle.
-pub(crate) type Cols16Fn = fn(&TcModel, &Cols, &mut [f32]) -> bool;
 
 /// The kernel for this CPU: AVX-512F+VL+DQ, else AVX2, else `None`.
 pub(crate) fn select() -> Option<Cols16Fn> {
