@@ -38,11 +38,19 @@
 //!
 //! # Executing on the register file
 //! The interpreter runs the GEMM forms (m16n8k16 f16/bf16, m16n8k32 fp8; f32 C and D) through
-//! [`mma_in_place`]: A and B are decoded from the warp's registers into the layouts the tile
-//! kernels read, and kept in the warp's [`FragCache`] keyed by their raw bits (an A fragment
-//! feeds one mma per B column block, a B fragment one per A row block, so most are decoded
-//! once); C is gathered from and D scattered into the register rows directly. The bits are those
-//! of [`mma_sync_with`] (tested). Other forms go through [`mma_sync_with`].
+//! [`mma_in_place`], straight on the warp's registers:
+//! - under a hardware model (the default), A and B are decoded from their registers directly
+//!   into f32 in the layouts of the column-vector tile kernel (`tc_simd::cols16`: A transposed,
+//!   B row-major, both with their magnitudes), and kept in the warp's [`FragCache`] keyed by
+//!   their raw bits (an A fragment feeds one mma per B column block, a B fragment one per A row
+//!   block, so most are decoded once); C is read from its registers into the kernel's
+//!   column-major tile and D written back with fixed index patterns;
+//! - in the exact mode, and for tiles the f32 kernel declines (a non-finite input or C, or a
+//!   CPU without AVX2), A and B are decoded to f64 (cached the same way) for the exact or
+//!   portable tile kernels.
+//!
+//! The bits are those of [`mma_sync_with`] in both modes (tested). Other forms go through
+//! [`mma_sync_with`].
 
 use crate::fp;
 use crate::tc_numerics::{self as tc, TcModel};
@@ -535,10 +543,15 @@ pub fn mma_in_place(
             raw.b[r * 32 + lane] = row[lane] as u32;
         }
     }
-    let FragCache {
+    if let Some(model) = model {
+        if in_place_f32(spec, model, regs, s, cache.rings32(), &raw) {
+            return true;
+        }
+    }
+    let Rings64 {
         a: ring_a,
         b: ring_b,
-    } = cache;
+    } = cache.rings64();
     let am = ring_a.get((spec.aty, spec.k), &raw.a, |r, v| decode_a(spec, r, v));
     let bk = ring_b.get((spec.bty, spec.k), &raw.b, |r, v| decode_b(spec, r, v));
     let acc = tile_out(model, (&am[..16 * k], &bk[..8 * k], k), |acc, add| {
@@ -555,6 +568,182 @@ pub fn mma_in_place(
         scatter_d(&acc, i, &mut regs[s.d[i] as usize], s.m);
     }
     true
+}
+
+/// [`mma_in_place`] under a hardware model through the f32 column kernel
+/// ([`crate::tc_simd`]'s `cols16`): A and B decoded straight into its layouts as f32 (cached in
+/// `rings`), C read from and D written to the registers in its column-major tile. Returns
+/// false (nothing written) where the kernel is not available or declines the tile (a
+/// non-finite input or C): the f64 path then runs.
+fn in_place_f32(
+    spec: &MmaSpec,
+    model: &TcModel,
+    regs: &mut [Lanes],
+    s: MmaSlots,
+    rings: &mut Rings32,
+    raw: &FragRaw,
+) -> bool {
+    let Some(kernel) = crate::tc_simd::fast_cols16() else {
+        return false;
+    };
+    let k = spec.k as usize;
+    let Rings32 { a: ra, b: rb } = rings;
+    let a = ra.get((spec.aty, spec.k), &raw.a, |r, f| decode_at(spec.aty, r, f));
+    let b = rb.get((spec.bty, spec.k), &raw.b, |r, f| {
+        decode_b32(spec.bty, r, f)
+    });
+    if !(a.finite && b.finite) {
+        return false;
+    }
+    let c_regs = [0, 1, 2, 3].map(|i| &regs[s.c[i] as usize]);
+    let mut c = [0f32; 16 * 8];
+    // column `col`, row `row`: register (col & 1) + 2 (row / 8), lane 4 (row & 7) + col / 2
+    for (col, cc) in c.chunks_exact_mut(16).enumerate() {
+        for (row, x) in cc.iter_mut().enumerate() {
+            let reg = c_regs[(col & 1) + 2 * (row >> 3)];
+            *x = f32::from_bits(reg[4 * (row & 7) + (col >> 1)] as u32);
+        }
+    }
+    let ops = crate::tc_simd::Cols {
+        at: &a.v[..16 * k],
+        at_abs: &a.abs[..16 * k],
+        b: &b.v[..8 * k],
+        b_abs: &b.abs[..8 * k],
+        k,
+        cols: 8,
+    };
+    if !kernel(model, &ops, &mut c) {
+        return false;
+    }
+    // the kernel's results are finite (finite inputs and C; rounding toward zero never
+    // overflows), so no NaN needs canonicalising; register i, lane 4g + q: row g + 8 (i / 2),
+    // column 2q + i % 2
+    for (i, &slot) in s.d.iter().take(4).enumerate() {
+        let mut v = [0u64; 32];
+        for (lane, x) in v.iter_mut().enumerate() {
+            let at = (2 * (lane & 3) + (i & 1)) * 16 + (lane >> 2) + 8 * (i >> 1);
+            *x = c[at].to_bits() as u64;
+        }
+        let dst = &mut regs[slot as usize];
+        if s.m == u32::MAX {
+            *dst = v;
+        } else {
+            for (lane, (x, y)) in dst.iter_mut().zip(v).enumerate() {
+                *x = if s.m >> lane & 1 != 0 { y } else { *x };
+            }
+        }
+    }
+    true
+}
+
+/// Decoded f32 values of every 8-bit float code (e4m3, then e5m2; exact), built once.
+fn fp8_table32() -> &'static [[f32; 256]; 2] {
+    static T: std::sync::OnceLock<[[f32; 256]; 2]> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = [[0f32; 256]; 2];
+        for c in 0..256usize {
+            t[0][c] = fp::e4m3_to_f32(c as u8);
+            t[1][c] = fp::e5m2_to_f32(c as u8);
+        }
+        t
+    })
+}
+
+/// The binary16 value of the low 16 bits of `h` as an f32 (exact; infinities and NaNs map to
+/// non-finite values, which is all the caller needs of them). The exponent and fraction
+/// shifted into f32 position are the value times 2^-112 (subnormals included), so one exact
+/// multiplication by 2^112 finishes it.
+#[inline(always)]
+fn f16_to_f32(h: u32) -> f32 {
+    let sign = (h & 0x8000) << 16;
+    let em = h & 0x7fff;
+    if em >= 0x7c00 {
+        return f32::from_bits(sign | 0x7f80_0000 | (em & 0x3ff) << 13);
+    }
+    let v = f32::from_bits(em << 13) * f32::from_bits(0x7780_0000);
+    f32::from_bits(sign | v.to_bits())
+}
+
+/// The bfloat16 value of the low 16 bits of `h` as an f32 (exact).
+#[inline(always)]
+fn bf16_to_f32(h: u32) -> f32 {
+    f32::from_bits(h << 16)
+}
+
+/// Magnitudes and the finite flag of the first `n` values of a freshly decoded fragment.
+fn finish_frag<const E: usize>(f: &mut Frag32<E>, n: usize) {
+    let mut finite = true;
+    for (a, v) in f.abs[..n].iter_mut().zip(&f.v[..n]) {
+        *a = v.abs();
+        finite &= v.is_finite();
+    }
+    f.finite = finite;
+}
+
+/// A of a fast-path form (16 x k, `k` 16 or 32), transposed: `f.v[kk * 16 + row]`.
+fn decode_at(t: Ty, raw: &[u32; 128], f: &mut Frag32<{ 16 * 32 }>) {
+    if matches!(t, Ty::E4m3 | Ty::E5m2) {
+        let tab = &fp8_table32()[(t == Ty::E5m2) as usize];
+        // a_r of lane 4g + q holds bytes 4r..4r+3: row g + 8 (r & 1), k 4q + 16 (r / 2) (+0..3)
+        for (i, v) in raw.iter().enumerate() {
+            let (r, g, q) = (i >> 5, (i >> 2) & 7, i & 3);
+            let at = (4 * q + 16 * (r >> 1)) * 16 + g + 8 * (r & 1);
+            for j in 0..4 {
+                f.v[at + 16 * j] = tab[((v >> (8 * j)) & 0xff) as usize];
+            }
+        }
+        finish_frag(f, 16 * 32);
+    } else if t == Ty::Bf16 {
+        half_at(raw, f, bf16_to_f32);
+    } else {
+        half_at(raw, f, f16_to_f32);
+    }
+}
+
+/// [`decode_at`] of 16-bit inputs with the element decoder `d` (one monomorphic loop per type).
+#[inline(always)]
+fn half_at(raw: &[u32; 128], f: &mut Frag32<{ 16 * 32 }>, d: impl Fn(u32) -> f32) {
+    // a_r of lane 4g + q holds elements 2r, 2r + 1: row g + 8 (r & 1), k 2q + 8 (r / 2) (+0/1)
+    for (i, v) in raw.iter().enumerate() {
+        let (r, g, q) = (i >> 5, (i >> 2) & 7, i & 3);
+        let at = (2 * q + 8 * (r >> 1)) * 16 + g + 8 * (r & 1);
+        f.v[at] = d(v & 0xffff);
+        f.v[at + 16] = d(v >> 16);
+    }
+    finish_frag(f, 16 * 16);
+}
+
+/// B of a fast-path form (k x 8): `f.v[kk * 8 + col]`.
+fn decode_b32(t: Ty, raw: &[u32; 64], f: &mut Frag32<{ 32 * 8 }>) {
+    if matches!(t, Ty::E4m3 | Ty::E5m2) {
+        let tab = &fp8_table32()[(t == Ty::E5m2) as usize];
+        // b_r of lane 4g + q: k = 4q + 16r (+0..3), n = g
+        for (i, v) in raw.iter().enumerate() {
+            let (r, g, q) = (i >> 5, (i >> 2) & 7, i & 3);
+            let at = (4 * q + 16 * r) * 8 + g;
+            for j in 0..4 {
+                f.v[at + 8 * j] = tab[((v >> (8 * j)) & 0xff) as usize];
+            }
+        }
+        finish_frag(f, 32 * 8);
+    } else if t == Ty::Bf16 {
+        half_b(raw, f, bf16_to_f32);
+    } else {
+        half_b(raw, f, f16_to_f32);
+    }
+}
+
+/// [`decode_b32`] of 16-bit inputs with the element decoder `d`.
+#[inline(always)]
+fn half_b(raw: &[u32; 64], f: &mut Frag32<{ 32 * 8 }>, d: impl Fn(u32) -> f32) {
+    // b_r of lane 4g + q: k = 2q + 8r (+0/1), n = g
+    for (i, v) in raw.iter().enumerate() {
+        let (r, g, q) = (i >> 5, (i >> 2) & 7, i & 3);
+        let at = (2 * q + 8 * r) * 8 + g;
+        f.v[at] = d(v & 0xffff);
+        f.v[at + 8] = d(v >> 16);
+    }
+    finish_frag(f, 16 * 8);
 }
 
 /// The low 32 bits of the A (4 registers) and B (2 registers) fragments, register-major
@@ -576,35 +765,33 @@ impl Default for FragRaw {
 /// Fragments a [`Ring`] remembers.
 const RING: usize = 4;
 
-/// The last [`RING`] decoded fragments of one operand (`R` raw words decoded into `E` values),
-/// with the raw bits and (type, k) they were decoded from.
-struct Ring<const R: usize, const E: usize> {
+/// The last [`RING`] decoded fragments of one operand (`R` raw words decoded into a `T`), with
+/// the raw bits and (type, k) they were decoded from.
+struct Ring<const R: usize, T> {
     keys: [Option<(Ty, u32)>; RING],
     raw: [[u32; R]; RING],
-    val: [[f64; E]; RING],
+    val: [T; RING],
     next: usize,
 }
 
-impl<const R: usize, const E: usize> Default for Ring<R, E> {
-    fn default() -> Self {
+impl<const R: usize, T: Copy> Ring<R, T> {
+    fn new(zero: T) -> Self {
         Ring {
             keys: [None; RING],
             raw: [[0; R]; RING],
-            val: [[0.0; E]; RING],
+            val: [zero; RING],
             next: 0,
         }
     }
-}
 
-impl<const R: usize, const E: usize> Ring<R, E> {
     /// The decoded values of `raw` under `key`: remembered, or decoded now by `decode` into
     /// the oldest entry.
     fn get(
         &mut self,
         key: (Ty, u32),
         raw: &[u32; R],
-        decode: impl FnOnce(&[u32; R], &mut [f64; E]),
-    ) -> &[f64; E] {
+        decode: impl FnOnce(&[u32; R], &mut T),
+    ) -> &T {
         let hit = (0..RING).find(|&i| self.keys[i] == Some(key) && self.raw[i] == *raw);
         let i = match hit {
             Some(i) => i,
@@ -621,13 +808,64 @@ impl<const R: usize, const E: usize> Ring<R, E> {
     }
 }
 
-/// A warp's recently decoded `mma` operands: A (16 x k, row-major) and B (k x 8, k-major). A
+/// The f64 operands of the exact mode and of the tiles the f32 kernel declines: A (16 x k,
+/// row-major) and B (k x 8, k-major).
+struct Rings64 {
+    a: Ring<128, [f64; 16 * 32]>,
+    b: Ring<64, [f64; 32 * 8]>,
+}
+
+/// A fragment decoded for the f32 column kernel ([`crate::tc_simd`]'s `Cols` layouts): the
+/// values, their magnitudes, and whether every value is finite (else the kernel is not used).
+#[derive(Clone, Copy)]
+struct Frag32<const E: usize> {
+    v: [f32; E],
+    abs: [f32; E],
+    finite: bool,
+}
+
+impl<const E: usize> Frag32<E> {
+    const ZERO: Self = Frag32 {
+        v: [0.0; E],
+        abs: [0.0; E],
+        finite: false,
+    };
+}
+
+/// The f32 operands of the hardware-model path: A transposed (`at[kk * 16 + row]`) and B
+/// (`b[kk * 8 + col]`).
+struct Rings32 {
+    a: Ring<128, Frag32<{ 16 * 32 }>>,
+    b: Ring<64, Frag32<{ 32 * 8 }>>,
+}
+
+/// A warp's recently decoded `mma` operands, per layout (each allocated on first use). A
 /// GEMM's inner loop feeds each A fragment to several mmas (one per B column block) and each
 /// B fragment to several (one per A row block), so most fragments are decoded once.
 #[derive(Default)]
 pub struct FragCache {
-    a: Ring<128, { 16 * 32 }>,
-    b: Ring<64, { 32 * 8 }>,
+    f64: Option<Box<Rings64>>,
+    f32: Option<Box<Rings32>>,
+}
+
+impl FragCache {
+    fn rings64(&mut self) -> &mut Rings64 {
+        self.f64.get_or_insert_with(|| {
+            Box::new(Rings64 {
+                a: Ring::new([0.0; 16 * 32]),
+                b: Ring::new([0.0; 32 * 8]),
+            })
+        })
+    }
+
+    fn rings32(&mut self) -> &mut Rings32 {
+        self.f32.get_or_insert_with(|| {
+            Box::new(Rings32 {
+                a: Ring::new(Frag32::ZERO),
+                b: Ring::new(Frag32::ZERO),
+            })
+        })
+    }
 }
 
 /// C register `i` (all lanes) into the 16 x 8 tile `acc` (row-major): lane `l` holds row
@@ -943,6 +1181,25 @@ mod tests {
                     regs[r][l] = 0x7fc0_dead; // poison
                 }
             }
+            if round % 7 == 2 {
+                // C at the ends of the FP32 range: blocks outside the f32 kernel's safe range
+                for (i, v) in [0u64, 0x8000_0000, 0x7f7f_ffff, 0xff7f_ffff, 1, 0x8000_0005]
+                    .into_iter()
+                    .enumerate()
+                {
+                    regs[6 + i % 4][(7 * i + round) % 32] = v;
+                }
+            }
+            if round % 5 == 3 {
+                // a non-finite input (infinity or NaN): the f64 path runs
+                let special = match aty {
+                    Ty::Bf16 => 0x7f80,
+                    Ty::F16 => 0xfc00,
+                    Ty::E4m3 => 0x7f,
+                    _ => 0x7d,
+                };
+                regs[round % 4][round] = special;
+            }
             let m = if round % 2 == 0 {
                 u32::MAX
             } else {
@@ -988,6 +1245,25 @@ mod tests {
                 regs, want,
                 "round {round}: {aty:?} x {bty:?}, model {model:?}"
             );
+        }
+    }
+
+    /// The f32 decoders of the 16-bit formats give the value of every code exactly (the half
+    /// crate's f16 conversion and bf16's definition as the oracle; non-finite codes stay
+    /// non-finite).
+    #[test]
+    fn half_decoders_exact() {
+        for h in 0..=0xffffu32 {
+            let want = half::f16::from_bits(h as u16).to_f64();
+            let got = f16_to_f32(h) as f64;
+            if want.is_finite() {
+                assert_eq!(got.to_bits(), want.to_bits(), "f16 {h:#06x}");
+            } else {
+                assert!(!got.is_finite(), "f16 {h:#06x}");
+            }
+            let want = to_f64(Ty::Bf16, h as u64);
+            let got = bf16_to_f32(h) as f64;
+            assert!(got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan());
         }
     }
 

@@ -56,7 +56,10 @@
 //! f32 with at most 11 significant bits or whose C is not finite and exact in f32; the f64 SIMD
 //! kernel (`tc_simd`, AVX2) for finite tiles; the portable
 //! column groups ([`tile_portable`]). All give the bits of [`block_sum`] (tested against each
-//! other and against [`reference_dot`]).
+//! other and against [`reference_dot`]). The `mma.sync` fast path bypasses [`tile`]: it decodes
+//! its fragments into f32 and calls the column-vector kernel `tc_simd::cols16` (same arithmetic
+//! per output as `rows16`, tested against [`tile_portable`]), falling back to [`tile`] for the
+//! tiles that kernel declines.
 
 use ptx::Ty;
 

@@ -1,6 +1,9 @@
 //! SIMD kernels for [`crate::tc_numerics::tile`], written with `std::arch` intrinsics and
 //! selected at run time:
-//! - [`rows16`] (first choice): tiles of up to 16 rows and a multiple of 8 columns (every
+//! - [`cols16`]: 16-row tiles whose operands the caller already holds as f32 in its layouts
+//!   (A transposed, C column-major; the `mma.sync` fast path decodes its fragments into them),
+//!   AVX-512F+DQ+VL or AVX2;
+//! - [`rows16`] (first choice of [`crate::tc_numerics::tile`]): tiles of up to 16 rows and a multiple of 8 columns (every
 //!   mma.sync and wgmma tile) in f32 with i32 sums, AVX-512F+DQ+VL or AVX2 (see its docs);
 //! - the f64 kernel below: the tensor-core model's block sums for two rows x 8 adjacent outputs
 //!   at a time (AVX2), for finite tiles `rows16` declines.
@@ -26,7 +29,40 @@
 use crate::tc_numerics::{TcModel, GROUP};
 
 #[cfg(target_arch = "x86_64")]
+mod cols16;
+#[cfg(target_arch = "x86_64")]
 mod rows16;
+
+/// The operands of a 16-row tile in the layouts of the [`cols16`] kernel. `at_abs` and
+/// `b_abs` hold the magnitudes of `at` and `b` (pass 1 multiplies magnitudes, so it is one
+/// multiply and one max per product vector).
+pub(crate) struct Cols<'a> {
+    pub at: &'a [f32],
+    pub at_abs: &'a [f32],
+    pub b: &'a [f32],
+    pub b_abs: &'a [f32],
+    pub k: usize,
+    pub cols: usize,
+}
+
+/// The kernel's signature: `c` (column-major, `cols * 16`) holds C on entry and D on exit;
+/// `false` (and `c` untouched) for a tile it does not handle.
+pub(crate) type Cols16Fn = fn(&TcModel, &Cols, &mut [f32]) -> bool;
+
+/// The column-vector f32 kernel for 16-row tiles whose operands are already f32 in its layouts
+/// ([`cols16`]: the `mma.sync` fast path), for this CPU (checked once), or `None` (no AVX2, or
+/// not x86-64).
+pub(crate) fn fast_cols16() -> Option<Cols16Fn> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static K: std::sync::OnceLock<Option<Cols16Fn>> = std::sync::OnceLock::new();
+        *K.get_or_init(cols16::select)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
 
 /// The signature of the f32 kernels: [`crate::tc_numerics::tile`]'s, returning `false` (and
 /// leaving `acc` untouched) for a tile the kernel does not handle.

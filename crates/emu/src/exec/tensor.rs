@@ -248,9 +248,12 @@ impl Cta {
         fits.then_some(off as usize)
     }
 
-    /// `ldmatrix` when every row lies in this CTA's shared memory: each lane's 32-bit word is
-    /// read straight from its row and written to the destination registers of the lanes in
-    /// `m`. Returns false (nothing done) when a row is elsewhere, misaligned or out of bounds.
+    /// `ldmatrix` when every row lies in this CTA's shared memory: each 8 x 8 b16 matrix is 8
+    /// rows of 16 bytes, located once; lane `4 row + q` holds 32-bit word `q` of row `row` (the
+    /// row's 16 bytes go to four consecutive lanes), and with `.trans` lane `4 col + r` holds
+    /// column `col` of rows `2r` and `2r + 1` (a fixed 8 x 8 transpose of the rows). The destination registers of the lanes in `m` get the words,
+    /// zero-extended. Returns false (nothing done) when a row is elsewhere, misaligned or out
+    /// of bounds.
     fn ldmatrix_shared(
         &mut self,
         wi: usize,
@@ -268,33 +271,59 @@ impl Cta {
                 None => return false,
             }
         }
-        let mut out = [[0u32; 32]; 4];
-        for (i, &o) in offs.iter().enumerate().take(rows) {
-            let (mat, row) = (i / 8, i % 8);
-            let b = &self.shared[o..o + 16];
-            let word =
-                |q: usize| u32::from_le_bytes([b[4 * q], b[4 * q + 1], b[4 * q + 2], b[4 * q + 3]]);
+        // words[32 mat + lane]: lane `lane`'s word of matrix `mat`
+        let mut words = [0u32; 128];
+        let mut row_of = [&[0u8; 16]; 32];
+        for (r, &o) in row_of.iter_mut().zip(&offs[..rows]) {
+            *r = match self.shared[o..o + 16].try_into() {
+                Ok(x) => x,
+                Err(_) => return false,
+            };
+        }
+        for (mat, (dst, src)) in words
+            .chunks_exact_mut(32)
+            .zip(row_of.chunks_exact(8))
+            .enumerate()
+        {
+            if mat * 8 >= rows {
+                break;
+            }
             if !trans {
-                for q in 0..4 {
-                    out[mat][row * 4 + q] = word(q);
+                // lanes 4 row .. 4 row + 3: the four words of row `row`
+                for (d, row) in dst.chunks_exact_mut(4).zip(src) {
+                    let w: [u32; 4] = std::array::from_fn(|q| {
+                        u32::from_le_bytes([
+                            row[4 * q],
+                            row[4 * q + 1],
+                            row[4 * q + 2],
+                            row[4 * q + 3],
+                        ])
+                    });
+                    d.copy_from_slice(&w);
                 }
             } else {
-                // Transposed: lane (col, row / 2) gets column col of rows 2q and 2q + 1.
-                for col in 0..8 {
-                    let h = u16::from_le_bytes([b[2 * col], b[2 * col + 1]]) as u32;
-                    out[mat][col * 4 + row / 2] |= h << (16 * (row % 2));
+                // lane 4 col + r: column `col` of rows 2r (low half) and 2r + 1
+                let e: [[u16; 8]; 8] = std::array::from_fn(|r| {
+                    std::array::from_fn(|c| u16::from_le_bytes([src[r][2 * c], src[r][2 * c + 1]]))
+                });
+                for (col, d) in dst.chunks_exact_mut(4).enumerate() {
+                    for (r, x) in d.iter_mut().enumerate() {
+                        *x = e[2 * r][col] as u32 | (e[2 * r + 1][col] as u32) << 16;
+                    }
                 }
             }
         }
         let w = &mut self.warps[wi];
         for (k, d) in ds.iter().enumerate().take(4) {
-            let dst = &mut w.regs[*d as usize];
-            for (l, x) in dst.iter_mut().enumerate() {
-                *x = if m >> l & 1 != 0 {
-                    out[k][l] as u64
-                } else {
-                    *x
-                };
+            let (dst, src) = (&mut w.regs[*d as usize], &words[32 * k..32 * k + 32]);
+            if m == u32::MAX {
+                for (x, v) in dst.iter_mut().zip(src) {
+                    *x = *v as u64;
+                }
+            } else {
+                for (l, (x, v)) in dst.iter_mut().zip(src).enumerate() {
+                    *x = if m >> l & 1 != 0 { *v as u64 } else { *x };
+                }
             }
         }
         true
