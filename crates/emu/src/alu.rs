@@ -1317,6 +1317,10 @@ pub fn cvt_fast(spec: &crate::fp::CvtSpec) -> Option<WFn> {
             r3!(|a, b, c| (e4m3_satfinite(f32::from_bits(a as u32)) << 8)
                 | e4m3_satfinite(f32::from_bits(b as u32)))
         }
+        (Ty::F16x2, Ty::E4m3x2) if rn && !spec.satfinite => r3!(|a, b, c| {
+            let t = e4m3_to_f16_table();
+            ((t[(a as usize >> 8) & 0xff] as u64) << 16) | t[a as usize & 0xff] as u64
+        }),
         (Ty::F32, Ty::F16) if !spec.satfinite => r3!(|a, b, c| {
             let h = half::f16::from_bits(a as u16);
             let v = h.to_f32().to_bits();
@@ -1347,6 +1351,17 @@ pub fn cvt_fast(spec: &crate::fp::CvtSpec) -> Option<WFn> {
             r3!(|a, b, c| (a as u32 as f32).to_bits() as u64)
         }
         _ => return None,
+    })
+}
+
+/// `cvt.rn.f16x2.e4m3x2`'s per-byte results (every e4m3 value is exact in f16), taken from the
+/// general conversion [`crate::fp::cvt`] once so the fast path cannot differ from it (NaNs
+/// included). The FP8 requantiser widens through this form.
+fn e4m3_to_f16_table() -> &'static [u16; 256] {
+    static TABLE: std::sync::OnceLock<[u16; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let spec = crate::fp::CvtSpec::new(Ty::F16x2, Ty::E4m3x2).rnd(crate::fp::Rnd::Rn);
+        std::array::from_fn(|x| (crate::fp::cvt(&spec, x as u64, 0) & 0xffff) as u16)
     })
 }
 

@@ -83,6 +83,7 @@ fn conversions_match_exact_unit() {
             s
         },
         CvtSpec::new(Ty::F32, Ty::Bf16),
+        CvtSpec::new(Ty::F16x2, Ty::E4m3x2).rnd(Rnd::Rn),
         CvtSpec::new(Ty::F32, Ty::F16),
         CvtSpec::new(Ty::U64, Ty::U32),
         CvtSpec::new(Ty::S64, Ty::S32),
