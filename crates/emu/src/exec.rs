@@ -6,9 +6,12 @@
 //!
 //! Hot paths avoid per-instruction row copies: ALU ops (the commonest) run straight from the
 //! warp loop and write their destination row in place ([`crate::alu`]); `mma` runs on the
-//! register file ([`crate::mma::mma_in_place`]); `ldmatrix`, `cp.async` and `ld`/`st` check
-//! the common cases (this CTA's own shared memory, the global allocation hit last) inline
-//! before the general `locate`, which keeps every diagnostic.
+//! register file ([`crate::mma::mma_in_place`]); `ld`/`st`/`cp.async` first try a warp-wide
+//! fast path (`fastmem`: every active lane resolved to shared, global, local or parameter
+//! memory up front, then copied; sub-word global stores merged per word) and `ldmatrix` checks
+//! the common case inline, before the general per-lane `locate`, which keeps every
+//! diagnostic. A launch worker recycles retired CTAs' register files and shared memory
+//! ([`CtaPool`]).
 
 use crate::error::FaultKind;
 use crate::fp;
