@@ -34,7 +34,13 @@ impl Cta {
     /// `cp.async` of the lanes in `m` when every row is aligned, lands in this CTA's shared
     /// memory and copies a whole global row (or none: zero fill). Returns false (nothing done)
     /// otherwise. Same bytes as the per-lane path ([`Cta::cp_async_row`]).
-    pub(super) fn cp_async_warp(&mut self, ctx: &LaunchCtx, wi: usize, m: u32, c: CpAsyncArgs) -> bool {
+    pub(super) fn cp_async_warp(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        m: u32,
+        c: CpAsyncArgs,
+    ) -> bool {
         let ((dspace, dst, doff), (src, soff, src_size), size) = (c.dst, c.src, c.size);
         if !matches!(size, 4 | 8 | 16) {
             return false;
