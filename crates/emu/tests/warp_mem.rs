@@ -1,6 +1,7 @@
 //! The warp-wide memory fast paths (`exec/fastmem.rs`: whole-warp `ld`/`st`/`cp.async`, merged
 //! sub-word global stores, pooled CTA state) against a host reference on fresh random inputs:
-//! permuted 16-bit stores, byte stores from two alternating buffers with a divergent mask,
+//! permuted 16-bit stores, bytes loaded from two alternating buffers (one warp access over two
+//! allocations: the general path) and stored with a divergent mask,
 //! `cp.async` rows with zero fill (16- and 4-byte, some lanes predicated off) read back through
 //! generic shared addresses, local-memory vectors, generic global loads and stores. Outputs
 //! start poisoned; the bytes a kernel must not write are checked to stay so. More CTAs than

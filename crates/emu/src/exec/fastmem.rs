@@ -1,25 +1,25 @@
 //! Warp-wide memory fast paths: `cp.async`, `ld` and `st` of a whole warp in the common case,
 //! checked for every active lane first and then copied, instead of resolving each lane's
 //! access (and each element of a vector) separately. The common case is an aligned, in-bounds
-//! access of this CTA's own shared memory ([`Cta::own_shared`]), of one global allocation
-//! ([`Cta::global_span`]: the last one hit, or found and cached), of the lane's local memory
-//! or of the parameter buffer. When any active lane falls outside it, nothing has been done
-//! and the general per-lane path runs, with all its checks and diagnostics; the fast paths
-//! give the same bytes, registers and poll hash in the same lane and element order.
+//! access by every lane of one memory: this CTA's own shared memory ([`Cta::own_shared`]),
+//! one global allocation ([`Cta::global_span`]: the last one hit, or found and cached), the
+//! lanes' local memory or the parameter buffer. When any active lane falls outside it,
+//! nothing has been done and the general per-lane path runs, with all its checks and
+//! diagnostics; the fast paths give the same bytes, registers and poll hash in the same lane
+//! and element order.
 
 use super::*;
 use crate::memory::Allocation;
 
-/// Where one lane's access goes (byte offsets into the memory named).
-#[derive(Clone, Copy)]
-enum Site {
-    Shared(usize),
-    Global(*const Allocation, u64),
+/// The memory every active lane of one `ld`/`st` accesses (lanes spread over several
+/// memories or allocations take the general path), at a byte offset per lane.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mem {
+    Shared,
+    Global(*const Allocation),
     /// This warp's local memory (all lanes' spans, lane-major).
-    Local(usize),
-    Param(usize),
-    /// A `cp.async` row that is zero-filled (no source bytes).
-    Zero,
+    Local,
+    Param,
 }
 
 /// The register slots and shape of a `cp.async` (destination `(space, slot, offset)`, source
@@ -45,7 +45,8 @@ impl Cta {
         if !matches!(size, 4 | 8 | 16) {
             return false;
         }
-        let mut rows = [(0usize, Site::Zero); 32];
+        // (shared offset, source allocation and offset; None: a zero-filled row)
+        let mut rows: [(usize, Option<(*const Allocation, u64)>); 32] = [(0, None); 32];
         let regs = &self.warps[wi].regs;
         let (rd, rs, rn) = (
             &regs[dst as usize],
@@ -68,13 +69,13 @@ impl Cta {
                 let Some((a, off)) = self.global_span(ctx, sa, size, l) else {
                     return false;
                 };
-                rows[l].1 = Site::Global(a, off);
+                rows[l].1 = Some((a, off));
             }
         }
         for l in lanes_of(m) {
             let (o, s) = rows[l];
             let (lo, hi) = match s {
-                Site::Global(a, off) => {
+                Some((a, off)) => {
                     // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the launch.
                     let a = unsafe { &*a };
                     let lo = a.read(off, size.min(8), Ordering::Relaxed);
@@ -85,7 +86,7 @@ impl Cta {
                     };
                     (lo, hi)
                 }
-                _ => (0, 0),
+                None => (0, 0),
             };
             put_row(&mut self.shared[o..], size, lo, hi);
         }
@@ -119,33 +120,39 @@ pub(super) struct Access {
 }
 
 impl Cta {
-    /// Where each lane of `m` accesses `a` when every one is aligned to the whole access (a
-    /// vector's full size) and in bounds of this CTA's shared memory, one global allocation,
-    /// the lane's local memory or the parameter buffer; `None` when any lane needs the general
-    /// path.
+    /// The memory all lanes of `m` access `a` in, with each lane's byte offset in `off`, when
+    /// every one is aligned to the whole access (a vector's full size) and in bounds of the
+    /// same memory: this CTA's shared memory, one global allocation, the lanes' local memory or
+    /// the parameter buffer. `None` when any lane needs the general path.
     #[inline(always)]
-    fn warp_sites(&self, ctx: &LaunchCtx, wi: usize, m: u32, a: Access) -> Option<[Site; 32]> {
+    fn warp_sites(
+        &self,
+        ctx: &LaunchCtx,
+        (wi, m): (usize, u32),
+        a: Access,
+        off: &mut [usize; 32],
+    ) -> Option<Mem> {
         let total = a.elem.checked_mul(a.n)?;
         if a.n == 0 || a.n > 8 || total == 0 {
             return None;
         }
         let t = total as u64;
         let row = &self.warps[wi].regs[a.addr as usize];
-        let mut sites = [Site::Zero; 32];
+        let mut mem = None;
         for l in lanes_of(m) {
             let base = row[l].wrapping_add(a.off as u64);
             if !base.is_multiple_of(t) {
                 return None;
             }
             let global = || {
-                let (alloc, off) = self.global_span(ctx, base, total, l)?;
-                Some(Site::Global(alloc, off))
+                let (alloc, o) = self.global_span(ctx, base, total, l)?;
+                Some((Mem::Global(alloc), o as usize))
             };
-            sites[l] = match a.space {
+            let (here, o) = match a.space {
                 MSpace::Global => global()?,
-                MSpace::Shared => Site::Shared(self.own_shared(a.space, base, total)?),
+                MSpace::Shared => (Mem::Shared, self.own_shared(a.space, base, total)?),
                 MSpace::Generic => match self.own_shared(a.space, base, total) {
-                    Some(o) => Site::Shared(o),
+                    Some(o) => (Mem::Shared, o),
                     // allocations lie above every generic window (shared, local, param): lower
                     // addresses take the general path
                     None if base >= crate::memory::GLOBAL_BASE => global()?,
@@ -156,17 +163,41 @@ impl Cta {
                     if !crate::memory::fits(base, t, lb) {
                         return None;
                     }
-                    Site::Local(l * lb as usize + base as usize)
+                    (Mem::Local, l * lb as usize + base as usize)
                 }
                 MSpace::Param => {
                     if !crate::memory::fits(base, t, ctx.params.len() as u64) {
                         return None;
                     }
-                    Site::Param(base as usize)
+                    (Mem::Param, base as usize)
                 }
             };
+            if *mem.get_or_insert(here) != here {
+                return None;
+            }
+            off[l] = o;
         }
-        Some(sites)
+        mem
+    }
+
+    /// The `elem`-byte value at byte `at` of `mem` (a site [`Cta::warp_sites`] checked).
+    #[inline(always)]
+    fn read_at(
+        &self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        (mem, at): (Mem, usize),
+        elem: u32,
+        o: Ordering,
+    ) -> u64 {
+        let e = elem as usize;
+        match mem {
+            Mem::Shared => read_le(&self.shared[at..at + e]),
+            // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
+            Mem::Global(p) => unsafe { &*p }.read(at as u64, elem, o),
+            Mem::Local => read_le(&self.warps[wi].local[at..at + e]),
+            Mem::Param => read_le(&ctx.params[at..at + e]),
+        }
     }
 
     /// `ld` of the lanes in `m` when [`Cta::warp_sites`] resolves them all: the same values,
@@ -182,22 +213,27 @@ impl Cta {
         if ds.len() != a.n as usize {
             return false;
         }
-        let Some(sites) = self.warp_sites(ctx, wi, m, a) else {
+        let mut off = [0usize; 32];
+        let Some(mem) = self.warp_sites(ctx, (wi, m), a, &mut off) else {
             return false;
         };
+        if let [d] = *ds {
+            // a scalar load: straight into the register, no staging
+            let mask = reg_mask(ctx.prog.reg_bits[d as usize]);
+            for l in lanes_of(m) {
+                let v = self.read_at(ctx, wi, (mem, off[l]), a.elem, o);
+                let v = if sx { sext(v, a.elem * 8) & mask } else { v };
+                let w = &mut self.warps[wi];
+                w.regs[d as usize][l] = v;
+                w.poll = poll_step(w.poll, v);
+            }
+            return true;
+        }
         let e = a.elem as usize;
         for l in lanes_of(m) {
             let mut vals = [0u64; 8];
-            for (k, v) in vals.iter_mut().enumerate().take(ds.len()) {
-                let at = k * e;
-                *v = match sites[l] {
-                    Site::Shared(o) => read_le(&self.shared[o + at..o + at + e]),
-                    // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the launch.
-                    Site::Global(p, off) => unsafe { &*p }.read(off + at as u64, a.elem, o),
-                    Site::Local(o) => read_le(&self.warps[wi].local[o + at..o + at + e]),
-                    Site::Param(o) => read_le(&ctx.params[o + at..o + at + e]),
-                    Site::Zero => 0,
-                };
+            for (k, v) in vals[..ds.len()].iter_mut().enumerate() {
+                *v = self.read_at(ctx, wi, (mem, off[l] + k * e), a.elem, o);
             }
             put_loaded(&mut self.warps[wi], &ctx.prog, l, (ds, sx, a.elem), &vals);
         }
@@ -217,21 +253,22 @@ impl Cta {
         if srcs.len() != a.n as usize {
             return false;
         }
-        let Some(sites) = self.warp_sites(ctx, wi, m, a) else {
+        let mut off = [0usize; 32];
+        let Some(mem) = self.warp_sites(ctx, (wi, m), a, &mut off) else {
             return false;
         };
         let e = a.elem as usize;
         let mut words = WordMerge::default();
         for l in lanes_of(m) {
             for (k, r) in srcs.iter().enumerate() {
-                let at = k * e;
+                let at = off[l] + k * e;
                 let v = self.warps[wi].regs[*r as usize][l];
-                match sites[l] {
-                    Site::Shared(o) => write_le(&mut self.shared[o + at..o + at + e], v),
-                    Site::Global(p, off) => words.write(p, off + at as u64, (a.elem, v), o),
-                    Site::Local(o) => write_le(&mut self.warps[wi].local[o + at..o + at + e], v),
+                match mem {
+                    Mem::Shared => write_le(&mut self.shared[at..at + e], v),
+                    Mem::Global(p) => words.write(p, at as u64, (a.elem, v), o),
+                    Mem::Local => write_le(&mut self.warps[wi].local[at..at + e], v),
                     // stores to the parameter buffer are dropped, as in `Cta::store`
-                    Site::Param(_) | Site::Zero => {}
+                    Mem::Param => {}
                 }
             }
         }
@@ -258,8 +295,14 @@ pub(super) fn put_loaded(
             vals[k]
         };
         w.regs[*d as usize][l] = v;
-        w.poll = (w.poll.rotate_left(7) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        w.poll = poll_step(w.poll, v);
     }
+}
+
+/// The warp's poll hash after loading `v` (the per-lane path's formula).
+#[inline(always)]
+fn poll_step(poll: u64, v: u64) -> u64 {
+    (poll.rotate_left(7) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
 }
 
 /// Global stores of one warp instruction, merged per 8-byte word: consecutive lanes storing
