@@ -1058,6 +1058,17 @@ pub fn mov(bytes: u32) -> WFn {
     }
 }
 
+/// `mov.bN d, {a, b}`: two parts of `bits` (8, 16 or 32) each, `a` in the low half (`None`
+/// for other widths). Lane-parallel, so the common pack of two halves runs as an ALU op.
+pub fn pack2(bits: u32) -> Option<WFn> {
+    Some(match bits {
+        8 => r3!(|a, b, c| (a & 0xff) | (b & 0xff) << 8),
+        16 => r3!(|a, b, c| (a & 0xffff) | (b & 0xffff) << 16),
+        32 => r3!(|a, b, c| (a & 0xffff_ffff) | (b & 0xffff_ffff) << 32),
+        _ => return None,
+    })
+}
+
 /// Fast paths for the hottest f32 operations with default rounding (`rn`, no ftz/sat):
 /// NaN results are canonicalised to 0x7fffffff as the hardware does.
 pub fn f32_fast(op: Opcode) -> Option<WFn> {

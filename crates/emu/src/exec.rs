@@ -6,9 +6,12 @@
 //!
 //! Hot paths avoid per-instruction row copies: ALU ops (the commonest) run straight from the
 //! warp loop and write their destination row in place ([`crate::alu`]); `mma` runs on the
-//! register file ([`crate::mma::mma_in_place`]); `ldmatrix`, `cp.async` and `ld`/`st` check
-//! the common cases (this CTA's own shared memory, the global allocation hit last) inline
-//! before the general `locate`, which keeps every diagnostic.
+//! register file ([`crate::mma::mma_in_place`]); `ld`/`st`/`cp.async` first try a warp-wide
+//! fast path (`fastmem`: every active lane resolved to shared, global, local or parameter
+//! memory up front, then copied; sub-word global stores merged per word) and `ldmatrix` checks
+//! the common case inline, before the general per-lane `locate`, which keeps every
+//! diagnostic. A launch worker recycles retired CTAs' register files and shared memory
+//! ([`CtaPool`]).
 
 use crate::error::FaultKind;
 use crate::fp;
@@ -26,6 +29,7 @@ mod barrier;
 mod call;
 mod control;
 mod convert;
+mod fastmem;
 mod float;
 mod int;
 mod ldst;
@@ -310,16 +314,76 @@ fn pred_mask(r: &Lanes) -> u32 {
     m
 }
 
+/// Register files and shared memories of retired CTAs, kept by a launch worker for the next
+/// CTAs it admits, and the launch's initial register file (zero, constant slots splatted).
+/// A fresh register file is a large allocation (256 bytes per slot per warp): taking a new one
+/// per warp cost page faults and a zero fill before the copy of the initial state; a recycled
+/// one is only overwritten with that state. CTAs see the same initial state either way.
+#[derive(Default)]
+pub struct CtaPool {
+    init: Vec<Lanes>,
+    regs: Vec<Vec<Lanes>>,
+    shared: Vec<Vec<u8>>,
+}
+
+impl CtaPool {
+    /// Keeps at most this many spare register files (a worker holds a few CTAs at a time).
+    const MAX_SPARE: usize = 64;
+
+    /// A register file in its initial state for `prog`.
+    fn regs(&mut self, prog: &Program) -> Vec<Lanes> {
+        if self.init.len() != prog.nregs as usize {
+            self.init = vec![[0u64; 32]; prog.nregs as usize];
+            for &(s, v) in &prog.consts {
+                self.init[s as usize] = [v; 32];
+            }
+        }
+        match self.regs.pop() {
+            Some(mut r) => {
+                r.clear();
+                r.extend_from_slice(&self.init);
+                r
+            }
+            None => self.init.clone(),
+        }
+    }
+
+    /// `len` zero bytes of shared memory.
+    fn shared(&mut self, len: usize) -> Vec<u8> {
+        match self.shared.pop() {
+            Some(mut v) => {
+                v.clear();
+                v.resize(len, 0);
+                v
+            }
+            None => vec![0u8; len],
+        }
+    }
+
+    /// Takes back the register files and shared memory of a retired CTA.
+    pub fn recycle(&mut self, cta: &mut Cta) {
+        for w in &mut cta.warps {
+            if self.regs.len() < Self::MAX_SPARE {
+                self.regs.push(std::mem::take(&mut w.regs));
+            }
+        }
+        if self.shared.len() < Self::MAX_SPARE {
+            self.shared.push(std::mem::take(&mut cta.shared));
+        }
+    }
+}
+
 impl Cta {
     pub fn new(ctx: &LaunchCtx, id: [u32; 3], sm: u32) -> Cta {
+        Cta::new_in(ctx, id, sm, &mut CtaPool::default())
+    }
+
+    /// A CTA whose register files and shared memory come from `pool` ([`CtaPool`]).
+    pub fn new_in(ctx: &LaunchCtx, id: [u32; 3], sm: u32, pool: &mut CtaPool) -> Cta {
         let prog = &ctx.prog;
         let n = ctx.threads_per_cta();
         let nwarps = n.div_ceil(32);
         let mut warps = Vec::with_capacity(nwarps as usize);
-        let mut proto: Vec<Lanes> = vec![[0u64; 32]; prog.nregs as usize];
-        for &(s, v) in &prog.consts {
-            proto[s as usize] = [v; 32];
-        }
         for w in 0..nwarps {
             let lanes = (n - w * 32).min(32);
             let exists = if lanes == 32 {
@@ -329,7 +393,7 @@ impl Cta {
             };
             warps.push(Warp {
                 id: w,
-                regs: proto.clone(),
+                regs: pool.regs(prog),
                 pc: [0; 32],
                 group_pc: 0,
                 group: exists,
@@ -376,7 +440,7 @@ impl Cta {
             progress: 0,
             waits: 0,
             warps,
-            shared: vec![0u8; shared],
+            shared: pool.shared(shared),
             barriers: (0..16).map(|_| Barrier::default()).collect(),
             exited_threads: 0,
             total_threads: n,

@@ -117,6 +117,27 @@ impl Allocation {
         }
     }
 
+    /// Writes the bytes of `val` that `mask` selects into word `w` (byte offset `8 * w`): one
+    /// store when the mask covers the word, else a compare-and-swap loop as in [`Self::write`].
+    /// For allocations that do not track writes (the caller checks [`Self::tracks_writes`]).
+    #[inline]
+    pub fn write_word_masked(&self, w: u64, mask: u64, val: u64, ord: Ordering) {
+        let word = &self.words[w as usize];
+        if mask == u64::MAX {
+            word.store(val, ord);
+            return;
+        }
+        let v = val & mask;
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            let new = (cur & !mask) | v;
+            match word.compare_exchange_weak(cur, new, ord, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(x) => cur = x,
+            }
+        }
+    }
+
     /// Atomic read-modify-write of `size` (4 or 8; 2 for f16 packs) bytes; returns the old value.
     #[inline]
     pub fn rmw(&self, off: u64, size: u32, ord: Ordering, f: impl Fn(u64) -> u64) -> u64 {

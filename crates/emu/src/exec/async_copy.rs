@@ -215,6 +215,14 @@ impl Cta {
                         *size,
                     );
                 }
+                let args = fastmem::CpAsyncArgs {
+                    dst: (*dspace, *dst, *doff),
+                    src: (*src, *soff, *src_size),
+                    size: *size,
+                };
+                if self.cp_async_warp(ctx, wi, m, args) {
+                    return Ok(Flow::Next);
+                }
                 for l in lanes_of(m) {
                     let w = &self.warps[wi];
                     let da = w.regs[*dst as usize][l].wrapping_add(*doff as u64);

@@ -31,6 +31,16 @@ impl Cta {
                 if self.san.is_some() {
                     self.san_lanes(ctx, wi, m, (*space, *addr, *off), total, SanKind::Read);
                 }
+                let acc = fastmem::Access {
+                    space: *space,
+                    addr: *addr,
+                    off: *off,
+                    elem: *elem,
+                    n: ds.len() as u32,
+                };
+                if self.ld_warp(ctx, (wi, m), acc, (ds, *sx, o)) {
+                    return Ok(Flow::Next);
+                }
                 for l in lanes_of(m) {
                     let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
                     if !self.vector_aligned(ctx, (wi, l), *space, base, (*elem, total))? {
@@ -45,18 +55,7 @@ impl Cta {
                             Err(f) => self.memcheck(ctx, wi, l, f)?,
                         }
                     }
-                    let w = &mut self.warps[wi];
-                    for (k, d) in ds.iter().enumerate() {
-                        let rb = prog.reg_bits[*d as usize];
-                        let v = if *sx {
-                            sext(vals[k], elem * 8) & reg_mask(rb)
-                        } else {
-                            vals[k]
-                        };
-                        w.regs[*d as usize][l] = v;
-                        w.poll =
-                            (w.poll.rotate_left(7) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-                    }
+                    fastmem::put_loaded(&mut self.warps[wi], prog, l, (ds, *sx, *elem), &vals);
                 }
             }
             Op::St {
@@ -74,6 +73,16 @@ impl Cta {
                 }
                 if self.san.is_some() {
                     self.san_lanes(ctx, wi, m, (*space, *addr, *off), total, SanKind::Write);
+                }
+                let acc = fastmem::Access {
+                    space: *space,
+                    addr: *addr,
+                    off: *off,
+                    elem: *elem,
+                    n: srcs.len() as u32,
+                };
+                if self.st_warp(ctx, (wi, m), acc, (srcs, o)) {
+                    return Ok(Flow::Next);
                 }
                 for l in lanes_of(m) {
                     let base = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);

@@ -100,6 +100,8 @@ pub(super) struct Worker<'a> {
     idle_rounds: u32,
     slot_base: u32,
     free_slots: Vec<u32>,
+    /// Register files and shared memories of retired CTAs, reused by the next ones.
+    pool: crate::exec::CtaPool,
 }
 
 impl<'a> Worker<'a> {
@@ -120,6 +122,7 @@ impl<'a> Worker<'a> {
             idle_rounds: 0,
             slot_base,
             free_slots,
+            pool: Default::default(),
         }
     }
 
@@ -174,7 +177,7 @@ impl<'a> Worker<'a> {
     }
 
     /// The CTAs of cluster `i` in `slot`, with their cluster barrier, on their SMs.
-    fn new_cluster(&self, i: u64, slot: u32) -> Vec<Cta> {
+    fn new_cluster(&mut self, i: u64, slot: u32) -> Vec<Cta> {
         let (plan, sh) = (self.env.plan, self.env.sh);
         let (cgrid, cluster, csize) = (plan.cgrid, plan.cluster, plan.csize);
         let cid = [
@@ -200,7 +203,7 @@ impl<'a> Worker<'a> {
             ];
             let sm = (slot * csize as u32 + rank) % plan.sms;
             sh.sm_used[sm as usize].store(1, Ordering::Relaxed);
-            let mut cta = Cta::new(self.env.ctx, id, plan.sm_offset + sm);
+            let mut cta = Cta::new_in(self.env.ctx, id, plan.sm_offset + sm, &mut self.pool);
             cta.rank = rank;
             cta.cluster_bar = bar.clone();
             group.push(cta);
@@ -301,6 +304,9 @@ impl<'a> Worker<'a> {
             if let Some(b) = &c.banks {
                 sh.banks.lock().unwrap_or_else(|p| p.into_inner()).merge(b);
             }
+        }
+        for mut c in group {
+            self.pool.recycle(&mut c);
         }
         self.free_slots.push(slot);
         if let Some(p) = &self.env.opts.progress {

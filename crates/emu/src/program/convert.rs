@@ -39,10 +39,20 @@ impl Decoder<'_> {
                             .map(|x| self.src(ins, x))
                             .collect::<Result<Vec<_>, _>>()?;
                         let part_bits = t.bits() / parts.len() as u32;
-                        Op::Pack {
-                            part_bits,
-                            d,
-                            parts,
+                        match (&parts[..], alu::pack2(part_bits)) {
+                            // two halves: a lane-parallel ALU op (same bits as `Op::Pack`)
+                            (&[a, b], Some(f)) => Op::Alu {
+                                f,
+                                d,
+                                a,
+                                b,
+                                c: ZERO,
+                            },
+                            _ => Op::Pack {
+                                part_bits,
+                                d,
+                                parts,
+                            },
                         }
                     }
                     (dst, src @ Operand::Reg(_)) if t == Ty::B128 => {

@@ -1,0 +1,353 @@
+//! Warp-wide memory fast paths: `cp.async`, `ld` and `st` of a whole warp in the common case,
+//! checked for every active lane first and then copied, instead of resolving each lane's
+//! access (and each element of a vector) separately. The common case is an aligned, in-bounds
+//! access by every lane of one memory: this CTA's own shared memory ([`Cta::own_shared`]),
+//! one global allocation ([`Cta::global_span`]: the last one hit, or found and cached), the
+//! lanes' local memory or the parameter buffer. When any active lane falls outside it,
+//! nothing has been done and the general per-lane path runs, with all its checks and
+//! diagnostics; the fast paths give the same bytes, registers and poll hash in the same lane
+//! and element order.
+
+use super::*;
+use crate::memory::Allocation;
+
+/// The memory every active lane of one `ld`/`st` accesses (lanes spread over several
+/// memories or allocations take the general path), at a byte offset per lane.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mem {
+    Shared,
+    Global(*const Allocation),
+    /// This warp's local memory (all lanes' spans, lane-major).
+    Local,
+    Param,
+}
+
+/// The register slots and shape of a `cp.async` (destination `(space, slot, offset)`, source
+/// `(slot, offset, src-size slot)`, row bytes).
+pub(super) struct CpAsyncArgs {
+    pub dst: (MSpace, u32, i64),
+    pub src: (u32, i64, u32),
+    pub size: u32,
+}
+
+impl Cta {
+    /// `cp.async` of the lanes in `m` when every row is aligned, lands in this CTA's shared
+    /// memory and copies a whole global row (or none: zero fill). Returns false (nothing done)
+    /// otherwise. Same bytes as the per-lane path ([`Cta::cp_async_row`]).
+    pub(super) fn cp_async_warp(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        m: u32,
+        c: CpAsyncArgs,
+    ) -> bool {
+        let ((dspace, dst, doff), (src, soff, src_size), size) = (c.dst, c.src, c.size);
+        if !matches!(size, 4 | 8 | 16) {
+            return false;
+        }
+        // (shared offset, source allocation and offset; None: a zero-filled row)
+        let mut rows: [(usize, Option<(*const Allocation, u64)>); 32] = [(0, None); 32];
+        let regs = &self.warps[wi].regs;
+        let (rd, rs, rn) = (
+            &regs[dst as usize],
+            &regs[src as usize],
+            &regs[src_size as usize],
+        );
+        for l in lanes_of(m) {
+            let da = rd[l].wrapping_add(doff as u64);
+            let sa = rs[l].wrapping_add(soff as u64);
+            let n_src = (rn[l] as u32).min(size);
+            if !sa.is_multiple_of(size as u64) || (n_src != size && n_src != 0) {
+                return false;
+            }
+            // own_shared checks the destination's alignment and bounds
+            let Some(o) = self.own_shared(dspace, da, size) else {
+                return false;
+            };
+            rows[l].0 = o;
+            if n_src == size {
+                let Some((a, off)) = self.global_span(ctx, sa, size, l) else {
+                    return false;
+                };
+                rows[l].1 = Some((a, off));
+            }
+        }
+        for l in lanes_of(m) {
+            let (o, s) = rows[l];
+            let (lo, hi) = match s {
+                Some((a, off)) => {
+                    // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the launch.
+                    let a = unsafe { &*a };
+                    let lo = a.read(off, size.min(8), Ordering::Relaxed);
+                    let hi = if size == 16 {
+                        a.read(off + 8, 8, Ordering::Relaxed)
+                    } else {
+                        0
+                    };
+                    (lo, hi)
+                }
+                None => (0, 0),
+            };
+            put_row(&mut self.shared[o..], size, lo, hi);
+        }
+        true
+    }
+}
+
+/// Writes a `size`-byte row (4, 8 or 16; `lo` then `hi`, little-endian) at the start of `dst`
+/// with constant-length copies.
+#[inline(always)]
+fn put_row(dst: &mut [u8], size: u32, lo: u64, hi: u64) {
+    match size {
+        4 => dst[..4].copy_from_slice(&(lo as u32).to_le_bytes()),
+        8 => dst[..8].copy_from_slice(&lo.to_le_bytes()),
+        _ => {
+            dst[..8].copy_from_slice(&lo.to_le_bytes());
+            dst[8..16].copy_from_slice(&hi.to_le_bytes());
+        }
+    }
+}
+
+/// The address and shape of one `ld`/`st`: each lane accesses `n` elements of `elem` bytes at
+/// `regs[addr][lane] + off` in `space`.
+#[derive(Clone, Copy)]
+pub(super) struct Access {
+    pub space: MSpace,
+    pub addr: u32,
+    pub off: i64,
+    pub elem: u32,
+    pub n: u32,
+}
+
+impl Cta {
+    /// The memory all lanes of `m` access `a` in, with each lane's byte offset in `off`, when
+    /// every one is aligned to the whole access (a vector's full size) and in bounds of the
+    /// same memory: this CTA's shared memory, one global allocation, the lanes' local memory or
+    /// the parameter buffer. `None` when any lane needs the general path.
+    #[inline(always)]
+    fn warp_sites(
+        &self,
+        ctx: &LaunchCtx,
+        (wi, m): (usize, u32),
+        a: Access,
+        off: &mut [usize; 32],
+    ) -> Option<Mem> {
+        let total = a.elem.checked_mul(a.n)?;
+        if a.n == 0 || a.n > 8 || total == 0 {
+            return None;
+        }
+        let t = total as u64;
+        let row = &self.warps[wi].regs[a.addr as usize];
+        let mut mem = None;
+        for l in lanes_of(m) {
+            let base = row[l].wrapping_add(a.off as u64);
+            if !base.is_multiple_of(t) {
+                return None;
+            }
+            let global = || {
+                let (alloc, o) = self.global_span(ctx, base, total, l)?;
+                Some((Mem::Global(alloc), o as usize))
+            };
+            let (here, o) = match a.space {
+                MSpace::Global => global()?,
+                MSpace::Shared => (Mem::Shared, self.own_shared(a.space, base, total)?),
+                MSpace::Generic => match self.own_shared(a.space, base, total) {
+                    Some(o) => (Mem::Shared, o),
+                    // allocations lie above every generic window (shared, local, param): lower
+                    // addresses take the general path
+                    None if base >= crate::memory::GLOBAL_BASE => global()?,
+                    None => return None,
+                },
+                MSpace::Local => {
+                    let lb = ctx.prog.local_bytes as u64;
+                    if !crate::memory::fits(base, t, lb) {
+                        return None;
+                    }
+                    (Mem::Local, l * lb as usize + base as usize)
+                }
+                MSpace::Param => {
+                    if !crate::memory::fits(base, t, ctx.params.len() as u64) {
+                        return None;
+                    }
+                    (Mem::Param, base as usize)
+                }
+            };
+            if *mem.get_or_insert(here) != here {
+                return None;
+            }
+            off[l] = o;
+        }
+        mem
+    }
+
+    /// The `elem`-byte value at byte `at` of `mem` (a site [`Cta::warp_sites`] checked).
+    #[inline(always)]
+    fn read_at(
+        &self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        (mem, at): (Mem, usize),
+        elem: u32,
+        o: Ordering,
+    ) -> u64 {
+        let e = elem as usize;
+        match mem {
+            Mem::Shared => read_le(&self.shared[at..at + e]),
+            // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
+            Mem::Global(p) => unsafe { &*p }.read(at as u64, elem, o),
+            Mem::Local => read_le(&self.warps[wi].local[at..at + e]),
+            Mem::Param => read_le(&ctx.params[at..at + e]),
+        }
+    }
+
+    /// `ld` of the lanes in `m` when [`Cta::warp_sites`] resolves them all: the same values,
+    /// register writes and poll hash as the per-lane path. Returns false (nothing done)
+    /// otherwise.
+    pub(super) fn ld_warp(
+        &mut self,
+        ctx: &LaunchCtx,
+        (wi, m): (usize, u32),
+        a: Access,
+        (ds, sx, o): (&[u32], bool, Ordering),
+    ) -> bool {
+        if ds.len() != a.n as usize {
+            return false;
+        }
+        let mut off = [0usize; 32];
+        let Some(mem) = self.warp_sites(ctx, (wi, m), a, &mut off) else {
+            return false;
+        };
+        if let [d] = *ds {
+            // a scalar load: straight into the register, no staging
+            let mask = reg_mask(ctx.prog.reg_bits[d as usize]);
+            for l in lanes_of(m) {
+                let v = self.read_at(ctx, wi, (mem, off[l]), a.elem, o);
+                let v = if sx { sext(v, a.elem * 8) & mask } else { v };
+                let w = &mut self.warps[wi];
+                w.regs[d as usize][l] = v;
+                w.poll = poll_step(w.poll, v);
+            }
+            return true;
+        }
+        let e = a.elem as usize;
+        for l in lanes_of(m) {
+            let mut vals = [0u64; 8];
+            for (k, v) in vals[..ds.len()].iter_mut().enumerate() {
+                *v = self.read_at(ctx, wi, (mem, off[l] + k * e), a.elem, o);
+            }
+            put_loaded(&mut self.warps[wi], &ctx.prog, l, (ds, sx, a.elem), &vals);
+        }
+        true
+    }
+
+    /// `st` of the lanes in `m` when [`Cta::warp_sites`] resolves them all: the same bytes,
+    /// stored in the same lane and element order as the per-lane path. Returns false (nothing
+    /// done) otherwise.
+    pub(super) fn st_warp(
+        &mut self,
+        ctx: &LaunchCtx,
+        (wi, m): (usize, u32),
+        a: Access,
+        (srcs, o): (&[u32], Ordering),
+    ) -> bool {
+        if srcs.len() != a.n as usize {
+            return false;
+        }
+        let mut off = [0usize; 32];
+        let Some(mem) = self.warp_sites(ctx, (wi, m), a, &mut off) else {
+            return false;
+        };
+        let e = a.elem as usize;
+        let mut words = WordMerge::default();
+        for l in lanes_of(m) {
+            for (k, r) in srcs.iter().enumerate() {
+                let at = off[l] + k * e;
+                let v = self.warps[wi].regs[*r as usize][l];
+                match mem {
+                    Mem::Shared => write_le(&mut self.shared[at..at + e], v),
+                    Mem::Global(p) => words.write(p, at as u64, (a.elem, v), o),
+                    Mem::Local => write_le(&mut self.warps[wi].local[at..at + e], v),
+                    // stores to the parameter buffer are dropped, as in `Cta::store`
+                    Mem::Param => {}
+                }
+            }
+        }
+        words.flush(o);
+        true
+    }
+}
+
+/// Writes lane `l`'s loaded elements `vals` to the destination registers `ds` (sign-extended
+/// from `elem` bytes when `sx`) and folds each into the warp's poll hash, in register order.
+#[inline(always)]
+pub(super) fn put_loaded(
+    w: &mut Warp,
+    prog: &Program,
+    l: usize,
+    (ds, sx, elem): (&[u32], bool, u32),
+    vals: &[u64; 8],
+) {
+    for (k, d) in ds.iter().enumerate() {
+        let rb = prog.reg_bits[*d as usize];
+        let v = if sx {
+            sext(vals[k], elem * 8) & reg_mask(rb)
+        } else {
+            vals[k]
+        };
+        w.regs[*d as usize][l] = v;
+        w.poll = poll_step(w.poll, v);
+    }
+}
+
+/// The warp's poll hash after loading `v` (the per-lane path's formula).
+#[inline(always)]
+fn poll_step(poll: u64, v: u64) -> u64 {
+    (poll.rotate_left(7) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
+}
+
+/// Global stores of one warp instruction, merged per 8-byte word: consecutive lanes storing
+/// into the same word (bf16 or byte outputs) become one store of the word, or one masked
+/// compare-and-swap, instead of a compare-and-swap per lane. Later stores of the same bytes win,
+/// as in lane order; the final memory is that of the per-lane stores (which other host threads
+/// could observe one at a time; a warp's store lands at once on hardware).
+#[derive(Default)]
+struct WordMerge {
+    /// (allocation, word index, byte mask, value) of the word being assembled.
+    open: Option<(*const Allocation, u64, u64, u64)>,
+}
+
+impl WordMerge {
+    /// Stores the `size` low bytes of `v` at byte `off` of allocation `p`.
+    #[inline(always)]
+    fn write(&mut self, p: *const Allocation, off: u64, (size, v): (u32, u64), ord: Ordering) {
+        // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
+        let a = unsafe { &*p };
+        if size > 8 || a.tracks_writes() {
+            self.flush(ord);
+            a.write(off, size, v, ord);
+            return;
+        }
+        let (w, sh) = (off >> 3, (off & 7) * 8);
+        let m = crate::memory::mask(size) << sh;
+        let v = (v << sh) & m;
+        match &mut self.open {
+            Some((q, qw, qm, qv)) if *q == p && *qw == w => {
+                *qm |= m;
+                *qv = (*qv & !m) | v;
+            }
+            _ => {
+                self.flush(ord);
+                self.open = Some((p, w, m, v));
+            }
+        }
+    }
+
+    /// Writes the word being assembled.
+    #[inline(always)]
+    fn flush(&mut self, ord: Ordering) {
+        if let Some((p, w, m, v)) = self.open.take() {
+            // SAFETY: as in `write`.
+            unsafe { &*p }.write_word_masked(w, m, v, ord);
+        }
+    }
+}
