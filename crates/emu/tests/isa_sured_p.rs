@@ -190,12 +190,7 @@ fn sured_p_width_must_match_the_format() {
 fn validator_rejects_sured_p_b64_add() {
     for op in ["add", "and", "or"] {
         let ins = format!("    sured.p.{op}.1d.b64.trap [%rd1, {{%r1}}], %rd5;");
-        let m = ptx::parse(&kernel(&ins, true)).unwrap();
-        let errs: Vec<String> = ptx::validate(&m)
-            .into_iter()
-            .filter(|d| d.is_error())
-            .map(|d| d.to_string())
-            .collect();
+        let errs = common::validator_errors(&kernel(&ins, true));
         assert!(
             errs.iter().any(|e| e.contains("takes .min or .max")),
             "{op}: {errs:?}"

@@ -18,6 +18,9 @@ const HEAD: &str = ".version 8.7\n.target sm_90a\n.address_size 64\n";
 #[path = "common/tex.rs"]
 mod common;
 use common::{buffer, poisoned, read, run};
+#[path = "common/tex_ref.rs"]
+mod tex_ref;
+use tex_ref::{assert_rejected, f16_value, linear_base, texel_data, word_buffer, words};
 
 /// Checks `text` (validator, printer round trip, ptxas on sm_90a) and loads it.
 fn load(mem: &GlobalMemory, text: &str) -> LoadedModule {
@@ -403,10 +406,7 @@ fn queries_and_istypep() {
         &[hs.base, h1.base, h2.base, out.base, back.base],
     )
     .unwrap();
-    let got: Vec<u32> = read(&out, 4 * qs.len())
-        .chunks(4)
-        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let got = words(&out, qs.len());
     for (j, q) in qs.iter().enumerate() {
         assert_eq!(got[j], want[j], "{q}");
     }
@@ -475,21 +475,6 @@ struct RefTex {
     ext: [i64; 3],
     dims: usize,
     s: Sampler,
-}
-
-fn f16_value(h: u16) -> f64 {
-    let e = (h >> 10 & 31) as i32;
-    let f = (h & 0x3ff) as f64;
-    let v = if e == 0 {
-        f * 2f64.powi(-24)
-    } else {
-        (1.0 + f / 1024.0) * 2f64.powi(e - 15)
-    };
-    if h >> 15 == 1 {
-        -v
-    } else {
-        v
-    }
 }
 
 impl RefTex {
@@ -568,14 +553,7 @@ impl RefTex {
             }
             return self.texel(idx, float);
         }
-        let base: Vec<(i64, f64)> = u
-            .iter()
-            .map(|&x| {
-                let xb = x - 0.5;
-                let i = xb.floor();
-                (i as i64, ((xb - i) * 256.0).round() / 256.0)
-            })
-            .collect();
+        let base = linear_base(&u);
         let mut acc = [0.0; 4];
         for corner in 0..1 << self.dims {
             let mut idx = [0i64; 3];
@@ -615,24 +593,6 @@ fn sampler(modes: [AddrMode; 3], filter: Filter, normalized: bool) -> Sampler {
     Sampler::new(modes, filter, normalized)
 }
 
-/// Random texel bytes: finite f16/f32 values in [-4, 4], any integers.
-fn texel_data(rng: &mut StdRng, format: TexFormat, n: usize) -> Vec<u8> {
-    (0..n)
-        .flat_map(|_| match format {
-            TexFormat::F32 => rng.gen_range(-4.0f32..4.0).to_le_bytes().to_vec(),
-            TexFormat::F16 => {
-                let e: u16 = rng.gen_range(0..17);
-                let h = (rng.gen::<u16>() & 0x83ff) | e << 10;
-                h.to_le_bytes().to_vec()
-            }
-            TexFormat::U8 => vec![rng.gen()],
-            TexFormat::U16 => rng.gen::<u16>().to_le_bytes().to_vec(),
-            TexFormat::U32 => rng.gen::<u32>().to_le_bytes().to_vec(),
-            f => panic!("no fetch test reads {f:?}"),
-        })
-        .collect()
-}
-
 fn fetch_case(rng: &mut StdRng, c: &FetchCase) {
     const N: usize = 512;
     let mem = GlobalMemory::new();
@@ -668,12 +628,7 @@ fn fetch_case(rng: &mut StdRng, c: &FetchCase) {
             })
         })
         .collect();
-    let cbytes: Vec<u8> = coords
-        .iter()
-        .flatten()
-        .flat_map(|x| x.to_le_bytes())
-        .collect();
-    let cbuf = buffer(&mem, &cbytes);
+    let cbuf = word_buffer(&mem, &coords);
     let out = poisoned(&mem, N * 16);
     let text = format!(
         "{HEAD}.visible .entry k(.param .u64 pt, .param .u64 pc, .param .u64 po)\n{{\n\
@@ -947,19 +902,7 @@ fn validator_rejects_malformed_forms() {
             "{HEAD}.visible .entry k(.param .u64 p)\n{{\n    .reg .b32 %r<8>;\n    .reg .b64 %rd<4>;\n\
              \x20   ld.param.u64 %rd1, [p];\n    {ins}\n    ret;\n}}\n"
         );
-        let m = ptx::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        let errs: Vec<String> = ptx::validate(&m)
-            .into_iter()
-            .filter(|d| d.is_error())
-            .map(|d| d.to_string())
-            .collect();
-        assert!(errs.iter().any(|e| e.contains(msg)), "`{ins}`: {errs:?}");
-        if ptx::ptxas::ptxas_for_tests("isa_tex test PTX").is_some() {
-            assert!(
-                ptx::ptxas::assemble(&text, "sm_90a", &Default::default()).is_err(),
-                "ptxas accepts `{ins}`"
-            );
-        }
+        assert_rejected(&text, ins, msg, "isa_tex test PTX");
     }
 }
 
@@ -1007,10 +950,7 @@ fn sust_clamp_writes_the_nearest_texel() {
         let (cx, cy) = (x.clamp(0, w as i32 - 1), y.clamp(0, h as i32 - 1));
         want[(cy * w as i32 + cx) as usize] = *v;
     }
-    let got: Vec<u32> = read(&surf, (w * h * 4) as usize)
-        .chunks(4)
-        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let got = words(&surf, (w * h) as usize);
     assert_eq!(got, want);
 }
 

@@ -10,24 +10,20 @@
 //! `parse(print(m)) == m` and, when installed, ptxas (sm_90a and sm_75).
 
 use emu::texture::{AddrMode, Filter, Sampler, TexDesc, TexFormat};
-use emu::{Allocation, GlobalMemory, LoadedModule};
+use emu::{GlobalMemory, LoadedModule};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 #[path = "common/tex.rs"]
 mod common;
-use common::{buffer, poisoned, read, run};
+use common::{buffer, poisoned, run};
+#[path = "common/tex_ref.rs"]
+mod tex_ref;
+use tex_ref::{assert_rejected, f16_value, linear_base, texel_data, word_buffer, words};
 
 /// Checks `text` (validator, printer round trip, ptxas on sm_90a, sm_75) and loads it.
 fn load(mem: &GlobalMemory, text: &str) -> LoadedModule {
     common::load_checked(mem, text, &["sm_90a", "sm_75"], "isa_tex_geom test PTX")
-}
-
-fn words(a: &Allocation, n: usize) -> Vec<u32> {
-    read(a, n * 4)
-        .chunks(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
 }
 
 const WORDS_IN: usize = 16;
@@ -80,21 +76,6 @@ fn f16_bits(x: f64) -> u16 {
         return sign | m as u16; // subnormal
     }
     sign | ((e + 15) as u16) << 10 | (m as u16 - 1024)
-}
-
-fn f16_value(h: u16) -> f64 {
-    let e = (h >> 10 & 31) as i32;
-    let f = (h & 0x3ff) as f64;
-    let v = if e == 0 {
-        f * 2f64.powi(-24)
-    } else {
-        (1.0 + f / 1024.0) * 2f64.powi(e - 15)
-    };
-    if h >> 15 == 1 {
-        -v
-    } else {
-        v
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -211,14 +192,7 @@ impl Obj {
             }
             return self.texel(level, plane, idx, float);
         }
-        let base: Vec<(i64, f64)> = u
-            .iter()
-            .map(|&x| {
-                let xb = x - 0.5;
-                let i = xb.floor();
-                (i as i64, ((xb - i) * 256.0).round() / 256.0)
-            })
-            .collect();
+        let base = linear_base(u);
         let mut acc = [0.0; 4];
         for corner in 0..1usize << u.len() {
             let mut idx = [0i64; 3];
@@ -428,24 +402,6 @@ fn reference(c: &Case, w: &[u32]) -> [f64; 4] {
     acc
 }
 
-/// Random texel bytes: finite f16/f32 values in [-4, 4], any integers.
-fn texel_data(rng: &mut StdRng, format: TexFormat, n: usize) -> Vec<u8> {
-    (0..n)
-        .flat_map(|_| match format {
-            TexFormat::F32 => rng.gen_range(-4.0f32..4.0).to_le_bytes().to_vec(),
-            TexFormat::F16 => {
-                let e: u16 = rng.gen_range(0..17);
-                let h = (rng.gen::<u16>() & 0x83ff) | e << 10;
-                h.to_le_bytes().to_vec()
-            }
-            TexFormat::U8 => vec![rng.gen()],
-            TexFormat::U16 => rng.gen::<u16>().to_le_bytes().to_vec(),
-            TexFormat::U32 => rng.gen::<u32>().to_le_bytes().to_vec(),
-            f => panic!("no fetch test reads {f:?}"),
-        })
-        .collect()
-}
-
 /// A random float coordinate: normalized in [-0.25, 1.25], else texel space past both edges;
 /// some exactly on texel centres.
 fn coord(rng: &mut StdRng, o: &Obj, k: usize) -> f32 {
@@ -610,8 +566,7 @@ fn run_case_with(rng: &mut StdRng, c: &mut Case, setup: &Setup) {
     assert_eq!(d.bytes() as usize, nbytes, "layout of {}", c.geom);
     let h = d.upload(&mem, 0).unwrap();
     let ins: Vec<[u32; WORDS_IN]> = (0..N).map(|_| inputs(rng, c)).collect();
-    let bytes: Vec<u8> = ins.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
-    let inb = buffer(&mem, &bytes);
+    let inb = word_buffer(&mem, &ins);
     let out = poisoned(&mem, N * 16);
     let ins_text = instruction(c).replace("[%rd1, ", setup.object);
     let text = kernel(setup.head, setup.decls, N, &format!("    {ins_text}"));
@@ -964,14 +919,9 @@ fn bound_refs_query_and_access() {
     run(&m, &mem, 1, &[0, inb.base, out.base, 0]).unwrap();
     // txq: width 7, linear (1), mirror (1); suq: height 3
     assert_eq!(words(&out, 4), [7, 1, 1, 3]);
-    let mut after = vec![0u8; sb.len()];
-    surf.read_bytes(0, &mut after);
     let mut want = texels.clone();
     want[2 * 4 + 2] = texels[2 * 4 + 2].wrapping_add(3); // byte 8 = texel 2 of row 2
-    let got: Vec<u32> = after
-        .chunks(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let got = words(&surf, texels.len());
     assert_eq!(got, want);
     // an unbound .texref used by a fetch names itself too
     let t2 = kernel(
@@ -1135,12 +1085,7 @@ fn sust_p_case(rng: &mut StdRng, c: &SurfCase) {
     );
     let text = kernel(HEAD, "", n, &ins);
     let m = load(&mem, &text);
-    let bytes: Vec<u8> = input
-        .iter()
-        .flatten()
-        .flat_map(|x| x.to_le_bytes())
-        .collect();
-    let inb = buffer(&mem, &bytes);
+    let inb = word_buffer(&mem, &input);
     let out = poisoned(&mem, n * 16);
     run(&m, &mem, n, &[hd.base, inb.base, out.base, 0]).unwrap_or_else(|e| panic!("{e}\n{ins}"));
     let mut got = vec![0u8; n * tb];
@@ -1245,12 +1190,7 @@ fn layered_suld_and_sust_b() {
         let ins = format!("    suld.b.{geom}{v}.b32.{mode} {dst}, [%rd1, {coords}];");
         let text = kernel(HEAD, "", N, &ins);
         let m = load(&mem, &text);
-        let ib: Vec<u8> = input
-            .iter()
-            .flatten()
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
-        let inb = buffer(&mem, &ib);
+        let inb = word_buffer(&mem, &input);
         let out = poisoned(&mem, N * 16);
         run(&m, &mem, N, &[hd.base, inb.base, out.base, 0])
             .unwrap_or_else(|e| panic!("{e}\n{ins}"));
@@ -1321,12 +1261,7 @@ fn sured_p_reduces_u32_texels() {
         }
         let ins = format!("    sured.p.{op}.2d.b32.trap [%rd1, {{%r10, %r11}}], %r15;");
         let m = load(&mem, &kernel(HEAD, "", N, &ins));
-        let ib: Vec<u8> = input
-            .iter()
-            .flatten()
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
-        let inb = buffer(&mem, &ib);
+        let inb = word_buffer(&mem, &input);
         let out = poisoned(&mem, N * 16);
         run(&m, &mem, N, &[hd.base, inb.base, out.base, 0]).unwrap();
         assert_eq!(words(&surf, 6), want, "{ins}");
@@ -1437,79 +1372,53 @@ fn queries_report_the_shape() {
 /// independent mode, objects of the wrong kind).
 #[test]
 fn validator_rejects_malformed_new_forms() {
-    let d4 = "{%r1, %r2, %r3, %r4}";
-    let bad = [
+    // `{d4}` stands for a four-register vector
+    let bad: [(&str, &str); 13] = [
         (
-            format!("tex.level.2dms.v4.f32.s32 {d4}, [%rd1, {{%r5, %r6, %r7, %r8}}], %r9;"),
+            "tex.level.2dms.v4.f32.s32 {d4}, [%rd1, {%r5, %r6, %r7, %r8}], %r9;",
             "no .base/.level/.grad",
         ),
         (
-            format!("tex.cube.v4.f32.s32 {d4}, [%rd1, {{%r5, %r6, %r7, %r8}}];"),
+            "tex.cube.v4.f32.s32 {d4}, [%rd1, {%r5, %r6, %r7, %r8}];",
             "types",
         ),
         (
-            format!("tex.2dms.v4.f32.f32 {d4}, [%rd1, {{%r5, %r6, %r7, %r8}}];"),
+            "tex.2dms.v4.f32.f32 {d4}, [%rd1, {%r5, %r6, %r7, %r8}];",
             "types",
         ),
+        ("tld4.r.2d.v4.f32.s32 {d4}, [%rd1, {%r5, %r6}];", "types"),
         (
-            format!("tld4.r.2d.v4.f32.s32 {d4}, [%rd1, {{%r5, %r6}}];"),
-            "types",
-        ),
-        (
-            "suld.b.cube.b32.trap {%r1}, [%rd1, {%r5, %r6, %r7, %r8}];".into(),
+            "suld.b.cube.b32.trap {%r1}, [%rd1, {%r5, %r6, %r7, %r8}];",
             "geometry",
         ),
         (
-            "sured.b.add.a1d.u32.trap [%rd1, {%r5, %r6}], %r1;".into(),
+            "sured.b.add.a1d.u32.trap [%rd1, {%r5, %r6}], %r1;",
             "geometry",
         ),
+        ("sust.p.2d.v4.u32.trap [%rd1, {%r5, %r6}], {d4};", "sust.p"),
+        ("suld.p.2d.v4.b32.trap {d4}, [%rd1, {%r5, %r6}];", "sust.p"),
         (
-            format!("sust.p.2d.v4.u32.trap [%rd1, {{%r5, %r6}}], {d4};"),
-            "sust.p",
-        ),
-        (
-            format!("suld.p.2d.v4.b32.trap {d4}, [%rd1, {{%r5, %r6}}];"),
-            "sust.p",
-        ),
-        (
-            format!("tex.a2d.v4.f32.f32 {d4}, [%rd1, {{%r5, %r6}}];"),
+            "tex.a2d.v4.f32.f32 {d4}, [%rd1, {%r5, %r6}];",
             "coordinates",
         ),
         (
-            format!("tex.grad.2d.v4.f32.f32 {d4}, [%rd1, {{%r5, %r6}}], {{%r7}}, {{%r8, %r9}};"),
+            "tex.grad.2d.v4.f32.f32 {d4}, [%rd1, {%r5, %r6}], {%r7}, {%r8, %r9};",
             "dPdx",
         ),
         (
-            format!("tex.2d.v4.f32.f32 {d4}, [gs, {{%r5, %r6}}];"),
+            "tex.2d.v4.f32.f32 {d4}, [gs, {%r5, %r6}];",
             "not a module-scope .texref",
         ),
-        (
-            "suq.num_mipmap_levels.b32 %r1, [%rd1];".into(),
-            "query attribute",
-        ),
-        (
-            "txq.level.filter_mode.b32 %r1, [%rd1], %r2;".into(),
-            ".level",
-        ),
+        ("suq.num_mipmap_levels.b32 %r1, [%rd1];", "query attribute"),
+        ("txq.level.filter_mode.b32 %r1, [%rd1], %r2;", ".level"),
     ];
     for (ins, msg) in bad {
+        let ins = ins.replace("{d4}", "{%r1, %r2, %r3, %r4}");
         let text = format!(
             "{HEAD}.global .surfref gs;\n.visible .entry k(.param .u64 p)\n{{\n    .reg .b32 %r<10>;\n\
              \x20   .reg .b64 %rd<4>;\n    ld.param.u64 %rd1, [p];\n    mov.b64 %rd2, %rd1;\n    {ins}\n    ret;\n}}\n"
         );
-        let m = ptx::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        let errs: Vec<String> = ptx::validate(&m)
-            .into_iter()
-            .filter(|d| d.is_error())
-            .map(|d| d.to_string())
-            .collect();
-        assert!(errs.iter().any(|e| e.contains(msg)), "`{ins}`: {errs:?}");
-        if ptx::ptxas::ptxas_for_tests("isa_tex_geom test PTX").is_some() {
-            assert!(
-                ptx::ptxas::assemble(&text, "sm_90a", &Default::default()).is_err(),
-                "ptxas accepts `{ins}`"
-            );
-        }
+        assert_rejected(&text, &ins, msg, "isa_tex_geom test PTX");
     }
 }
 
@@ -1531,12 +1440,7 @@ fn f16x2_results_and_residency_predicate() {
                 \x20   tex.2d.v4.f32.f32 {%r5, %r6, %r7, %r8}|%p2, [%rd1, {%r10, %r11}];\n\
                 \x20   selp.u32 %r3, 7, 9, %p2;\n    mov.b32 %r4, %r8;";
     let m = load(&mem, &kernel(HEAD, "", N, body));
-    let ib: Vec<u8> = input
-        .iter()
-        .flatten()
-        .flat_map(|x| x.to_le_bytes())
-        .collect();
-    let inb = buffer(&mem, &ib);
+    let inb = word_buffer(&mem, &input);
     let out = poisoned(&mem, N * 16);
     run(&m, &mem, N, &[h.base, inb.base, out.base, 0]).unwrap();
     let got = words(&out, N * 4);
@@ -1582,19 +1486,7 @@ fn validator_rejects_bad_ref_declarations() {
     ];
     for (head, decl, msg) in bad {
         let text = format!("{head}{decl}\n.visible .entry k()\n{{\n    ret;\n}}\n");
-        let m = ptx::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        let errs: Vec<String> = ptx::validate(&m)
-            .into_iter()
-            .filter(|d| d.is_error())
-            .map(|d| d.to_string())
-            .collect();
-        assert!(errs.iter().any(|e| e.contains(msg)), "`{decl}`: {errs:?}");
-        if ptx::ptxas::ptxas_for_tests("isa_tex_geom test PTX").is_some() {
-            assert!(
-                ptx::ptxas::assemble(&text, "sm_90a", &Default::default()).is_err(),
-                "ptxas accepts `{decl}`"
-            );
-        }
+        assert_rejected(&text, decl, msg, "isa_tex_geom test PTX");
     }
 }
 
@@ -1640,12 +1532,7 @@ fn texref_kernel_parameter() {
         .replace(".param .u64 ph", ".param .texref ph")
         .replace("    ld.param.u64 %rd1, [ph];\n", "");
     let m = load(&mem, &text);
-    let ib: Vec<u8> = input
-        .iter()
-        .flatten()
-        .flat_map(|x| x.to_le_bytes())
-        .collect();
-    let inb = buffer(&mem, &ib);
+    let inb = word_buffer(&mem, &input);
     let out = poisoned(&mem, N * 16);
     run(&m, &mem, N, &[h.base, inb.base, out.base, 0]).unwrap();
     let got = words(&out, N * 4);

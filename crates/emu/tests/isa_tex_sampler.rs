@@ -1080,14 +1080,7 @@ fn sampler_state_is_checked_and_round_trips() {
 /// gives each its role.
 #[test]
 fn validator_rules_for_depth_compare() {
-    let errors = |ins: &str| -> Vec<String> {
-        let m = ptx::parse(&kernel(ins, 1, false)).unwrap();
-        ptx::validate(&m)
-            .into_iter()
-            .filter(|d| d.is_error())
-            .map(|d| d.to_string())
-            .collect()
-    };
+    let errors = |ins: &str| common::validator_errors(&kernel(ins, 1, false));
     let d = "{%f0, %f1, %f2, %f3}";
     let e = errors(&format!(
         "    tex.3d.v4.f32.f32 {d}, [%rd1, {{%f11, %f12, %f13, %f13}}], %f15;"
