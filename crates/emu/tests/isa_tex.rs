@@ -20,7 +20,7 @@ mod common;
 use common::{buffer, poisoned, read, run};
 #[path = "common/tex_ref.rs"]
 mod tex_ref;
-use tex_ref::{assert_rejected, f16_value, linear_base, texel_data, word_buffer, words};
+use tex_ref::{assert_rejected, float_value, linear_base, texel_data, word_buffer, words};
 
 /// Checks `text` (validator, printer round trip, ptxas on sm_90a) and loads it.
 fn load(mem: &GlobalMemory, text: &str) -> LoadedModule {
@@ -485,15 +485,10 @@ impl RefTex {
             2 => u16::from_le_bytes([b[0], b[1]]) as u64,
             _ => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64,
         };
-        if !float {
-            return raw as f64;
-        }
-        match self.format {
-            TexFormat::U8 => raw as f64 / 255.0,
-            TexFormat::U16 => raw as f64 / 65535.0,
-            TexFormat::F16 => f16_value(raw as u16),
-            TexFormat::F32 => f32::from_bits(raw as u32) as f64,
-            f => panic!("no float read of {f:?}"),
+        if float {
+            float_value(self.format, raw)
+        } else {
+            raw as f64
         }
     }
 

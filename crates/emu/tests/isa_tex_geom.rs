@@ -16,10 +16,13 @@ use rand::{Rng, SeedableRng};
 
 #[path = "common/tex.rs"]
 mod common;
+#[path = "common/tex_desc.rs"]
+mod tex_desc;
 use common::{buffer, poisoned, run};
+use tex_desc::{shaped_desc, Shape};
 #[path = "common/tex_ref.rs"]
 mod tex_ref;
-use tex_ref::{assert_rejected, f16_value, linear_base, texel_data, word_buffer, words};
+use tex_ref::{assert_rejected, float_value, linear_base, texel_data, word_buffer, words};
 
 /// Checks `text` (validator, printer round trip, ptxas on sm_90a, sm_75) and loads it.
 fn load(mem: &GlobalMemory, text: &str) -> LoadedModule {
@@ -137,16 +140,10 @@ impl Obj {
         v
     }
     fn value(&self, raw: u64, float: bool) -> f64 {
-        if !float {
-            return raw as f64;
-        }
-        match self.format {
-            TexFormat::U8 => raw as f64 / 255.0,
-            TexFormat::U16 => raw as f64 / 65535.0,
-            TexFormat::F16 => f16_value(raw as u16),
-            TexFormat::F32 => f32::from_bits(raw as u32) as f64,
-            TexFormat::U32 => raw as f64,
-            f => panic!("no fetch test reads {f:?}"),
+        if float {
+            float_value(self.format, raw)
+        } else {
+            raw as f64
         }
     }
     fn wrap(&self, k: usize, i: i64, n: i64) -> Option<i64> {
@@ -506,22 +503,15 @@ fn instruction(c: &Case) -> String {
 /// The descriptor of `o` over `base`.
 fn desc_of(o: &Obj, base: u64) -> TexDesc {
     let ext: Vec<u32> = o.ext[..o.dims].iter().map(|&x| x as u32).collect();
-    let mut d = TexDesc::texture(base, o.format, o.channels as u32, &ext, o.s).unwrap();
-    if o.layers > 0 {
-        d = d.layered(o.layers as u32).unwrap();
-    }
-    if o.cube {
-        d = d.cubemap().unwrap();
-    }
-    if o.samples > 0 {
-        d = d.multisample(o.samples as u32).unwrap();
-    }
-    let mf = if o.mip_linear {
-        Filter::Linear
-    } else {
-        Filter::Point
+    let d = TexDesc::texture(base, o.format, o.channels as u32, &ext, o.s).unwrap();
+    let sh = Shape {
+        layers: o.layers as usize,
+        cube: o.cube,
+        samples: o.samples as usize,
+        levels: o.levels,
+        mip_linear: o.mip_linear,
     };
-    d.mipmapped(o.levels, mf).unwrap()
+    shaped_desc(d, sh)
 }
 
 /// How a fetch case's kernel reaches its object: a handle parameter (unified mode), or a

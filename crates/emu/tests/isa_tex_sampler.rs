@@ -19,7 +19,10 @@ use rand::{Rng, SeedableRng};
 
 #[path = "common/tex.rs"]
 mod common;
+#[path = "common/tex_desc.rs"]
+mod tex_desc;
 use common::{buffer, poisoned, read, run};
+use tex_desc::{shaped_desc, Shape};
 
 const HEAD: &str = ".version 8.7\n.target sm_90a\n.address_size 64\n";
 const HEAD_INDEP: &str = ".version 8.7\n.target sm_90a, texmode_independent\n.address_size 64\n";
@@ -164,22 +167,15 @@ fn make_obj(
 
 fn desc(o: &Obj, base: u64) -> TexDesc {
     let ext: Vec<u32> = o.n[..o.dims].iter().map(|&x| x as u32).collect();
-    let mut d = TexDesc::texture(base, o.format, o.ch as u32, &ext, o.s).unwrap();
-    if o.layers > 0 {
-        d = d.layered(o.layers as u32).unwrap();
-    }
-    if o.cube {
-        d = d.cubemap().unwrap();
-    }
-    if o.samples > 0 {
-        d = d.multisample(o.samples as u32).unwrap();
-    }
-    let mf = if o.mip_linear {
-        Filter::Linear
-    } else {
-        Filter::Point
+    let d = TexDesc::texture(base, o.format, o.ch as u32, &ext, o.s).unwrap();
+    let sh = Shape {
+        layers: o.layers,
+        cube: o.cube,
+        samples: o.samples,
+        levels: o.levels as u32,
+        mip_linear: o.mip_linear,
     };
-    d.mipmapped(o.levels as u32, mf).unwrap()
+    shaped_desc(d, sh)
 }
 
 /// Cube face and face coordinates (CUDA Programming Guide, "Cubemap Textures" table).

@@ -24,6 +24,19 @@ pub fn f16_value(h: u16) -> f64 {
     }
 }
 
+/// The float a fetch returns for stored channel bits `raw` of `format` (normalized integers
+/// in [0, 1]; `U32` as its value).
+pub fn float_value(format: TexFormat, raw: u64) -> f64 {
+    match format {
+        TexFormat::U8 => raw as f64 / 255.0,
+        TexFormat::U16 => raw as f64 / 65535.0,
+        TexFormat::F16 => f16_value(raw as u16),
+        TexFormat::F32 => f32::from_bits(raw as u32) as f64,
+        TexFormat::U32 => raw as f64,
+        f => panic!("no fetch test reads {f:?}"),
+    }
+}
+
 /// Random texel bytes: finite f16/f32 values in [-4, 4], any integers.
 pub fn texel_data(rng: &mut StdRng, format: TexFormat, n: usize) -> Vec<u8> {
     (0..n)
