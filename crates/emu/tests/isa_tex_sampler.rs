@@ -37,6 +37,13 @@ const FUNCS: [CompareFunc; 8] = [
     CompareFunc::Always,
 ];
 
+/// Point sampling with an implicit level, linear filtering with `.level` and with `.grad`.
+const FILTER_MIPS: [(Filter, Mip); 3] = [
+    (Filter::Point, Mip::Implicit),
+    (Filter::Linear, Mip::Level),
+    (Filter::Linear, Mip::Grad),
+];
+
 /// A texture and what the reference needs of it.
 #[derive(Clone)]
 struct Obj {
@@ -751,11 +758,7 @@ fn depth_compare_every_geometry() {
     let mut rng = StdRng::seed_from_u64(0x00dc_0001);
     let mut k = 0;
     for geom in ["1d", "2d", "a1d", "a2d", "cube", "acube"] {
-        for (filter, mip) in [
-            (Filter::Point, Mip::Implicit),
-            (Filter::Linear, Mip::Level),
-            (Filter::Linear, Mip::Grad),
-        ] {
+        for (filter, mip) in FILTER_MIPS {
             let mut s = sampler(&mut rng, filter);
             s.compare = Some(FUNCS[k % 8]);
             s.seamless_cube = rng.gen_bool(0.5);
@@ -1164,11 +1167,7 @@ fn depth_compare_with_texel_offsets() {
     let mut rng = StdRng::seed_from_u64(0x00dc_0005);
     let mut k = 0;
     for geom in ["1d", "2d", "a1d", "a2d"] {
-        for (filter, mip) in [
-            (Filter::Point, Mip::Implicit),
-            (Filter::Linear, Mip::Level),
-            (Filter::Linear, Mip::Grad),
-        ] {
+        for (filter, mip) in FILTER_MIPS {
             let mut s = sampler(&mut rng, filter);
             s.compare = Some(FUNCS[(3 * k + 1) % 8]);
             k += 1;
