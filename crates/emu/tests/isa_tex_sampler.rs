@@ -4,8 +4,14 @@
 //!   geometry ptxas 13.5 takes it on (`.1d`, `.2d`, `.a1d`, `.a2d`, `.cube`, `.acube`; `tld4`
 //!   on `.2d`, `.a2d`, `.cube`, `.acube`), point and linear (percentage-closer) filtering,
 //!   `.level` and `.grad`, f32 and u16 texels (reference clamped to [0, 1]), integer fetches;
-//!   `.s32`-coordinate fetches ignore `f` (ptxas compiles them to TLD); a sampler without a
-//!   compare function faults;
+//!   `.s32`-coordinate fetches ignore `f` (ptxas compiles them to TLD), `.2dms`/`.a2dms` (which
+//!   take `f` only with `.s32` coordinates) included; a sampler without a compare function
+//!   faults;
+//! - depth compare with a texel offset `e` (`tex` on `.1d`, `.2d`, `.a1d`, `.a2d`; `tld4` on
+//!   `.2d`, `.a2d`: where ptxas takes both), and through `tex.base`/`.level`/`.grad` on
+//!   mipmapped `.a2d` and `.cube` textures with a LOD bias and clamps;
+//! - independent-mode sampler handles (`[tex, sampler, {c}]`) carrying compare, bias, clamps,
+//!   seamless cube filtering and anisotropy to the fetch instead of the texture's own state;
 //! - level-of-detail bias and min/max clamps (`.level`, `.grad`, implicit), including a bias
 //!   past the last level and clamps that pin one level;
 //! - seamless cube-map filtering across edges and corners, the reference finding each texel
