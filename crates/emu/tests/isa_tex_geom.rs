@@ -31,6 +31,21 @@ fn load(mem: &GlobalMemory, text: &str) -> LoadedModule {
 
 const WORDS_IN: usize = 16;
 
+/// Runs `m` over one thread per row of `input` (parameters: object handle `h`, the input, a
+/// poisoned 16-byte-per-thread output, sampler handle `sp`) and returns the output's words.
+fn launch_rows(
+    m: &LoadedModule,
+    mem: &GlobalMemory,
+    (h, sp): (u64, u64),
+    input: &[[u32; WORDS_IN]],
+) -> Result<Vec<u32>, String> {
+    let n = input.len();
+    let inb = word_buffer(mem, input);
+    let out = poisoned(mem, n * 16);
+    run(m, mem, n, &[h, inb.base, out.base, sp])?;
+    Ok(words(&out, n * 4))
+}
+
 /// A kernel whose thread `i` loads 16 words of input (`%r10..%r25`: coordinates `%r10..%r13`,
 /// lod `%r14`, dPdx `%r15..%r18`, dPdy `%r19..%r22`, offsets `%r23..%r25`), runs `body` and
 /// stores `%r1..%r4`. Parameters: object handle `%rd1`, input, output, sampler handle `%rd4`.
@@ -556,8 +571,6 @@ fn run_case_with(rng: &mut StdRng, c: &mut Case, setup: &Setup) {
     assert_eq!(d.bytes() as usize, nbytes, "layout of {}", c.geom);
     let h = d.upload(&mem, 0).unwrap();
     let ins: Vec<[u32; WORDS_IN]> = (0..N).map(|_| inputs(rng, c)).collect();
-    let inb = word_buffer(&mem, &ins);
-    let out = poisoned(&mem, N * 16);
     let ins_text = instruction(c).replace("[%rd1, ", setup.object);
     let text = kernel(setup.head, setup.decls, N, &format!("    {ins_text}"));
     let m = load(&mem, &text);
@@ -566,8 +579,7 @@ fn run_case_with(rng: &mut StdRng, c: &mut Case, setup: &Setup) {
     }
     let sh = setup.sampler.as_ref().map(|s| s.upload(&mem, 0).unwrap());
     let sp = sh.as_ref().map_or(0, |a| a.base);
-    run(&m, &mem, N, &[h.base, inb.base, out.base, sp]).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    let got = words(&out, N * 4);
+    let got = launch_rows(&m, &mem, (h.base, sp), &ins).unwrap_or_else(|e| panic!("{e}\n{text}"));
     for (t, w) in ins.iter().enumerate() {
         let want = reference(c, w).map(|x| {
             if c.float {
@@ -1075,9 +1087,8 @@ fn sust_p_case(rng: &mut StdRng, c: &SurfCase) {
     );
     let text = kernel(HEAD, "", n, &ins);
     let m = load(&mem, &text);
-    let inb = word_buffer(&mem, &input);
-    let out = poisoned(&mem, n * 16);
-    run(&m, &mem, n, &[hd.base, inb.base, out.base, 0]).unwrap_or_else(|e| panic!("{e}\n{ins}"));
+    assert_eq!(input.len(), n);
+    launch_rows(&m, &mem, (hd.base, 0), &input).unwrap_or_else(|e| panic!("{e}\n{ins}"));
     let mut got = vec![0u8; n * tb];
     surf.read_bytes(0, &mut got);
     for t in 0..n {
@@ -1180,11 +1191,8 @@ fn layered_suld_and_sust_b() {
         let ins = format!("    suld.b.{geom}{v}.b32.{mode} {dst}, [%rd1, {coords}];");
         let text = kernel(HEAD, "", N, &ins);
         let m = load(&mem, &text);
-        let inb = word_buffer(&mem, &input);
-        let out = poisoned(&mem, N * 16);
-        run(&m, &mem, N, &[hd.base, inb.base, out.base, 0])
-            .unwrap_or_else(|e| panic!("{e}\n{ins}"));
-        let got = words(&out, N * 4);
+        let got =
+            launch_rows(&m, &mem, (hd.base, 0), &input).unwrap_or_else(|e| panic!("{e}\n{ins}"));
         for t in 0..N {
             assert_eq!(
                 &got[4 * t..4 * t + 4],
@@ -1202,8 +1210,7 @@ fn layered_suld_and_sust_b() {
         let (x, y, z) = (8, h - 1, p - 1);
         let mut words1 = [0u32; WORDS_IN];
         words1[..4].copy_from_slice(&surf_coords(geom, x, y, z));
-        let inb = buffer(&mem, &words1.map(u32::to_le_bytes).concat());
-        run(&m, &mem, 1, &[hd.base, inb.base, out.base, 0]).unwrap();
+        launch_rows(&m, &mem, (hd.base, 0), &[words1]).unwrap();
         let i = ((z * h + y) * row + x) as usize / 4;
         let mut after = data.clone();
         after[i] = data[i].wrapping_add(1);
@@ -1251,9 +1258,7 @@ fn sured_p_reduces_u32_texels() {
         }
         let ins = format!("    sured.p.{op}.2d.b32.trap [%rd1, {{%r10, %r11}}], %r15;");
         let m = load(&mem, &kernel(HEAD, "", N, &ins));
-        let inb = word_buffer(&mem, &input);
-        let out = poisoned(&mem, N * 16);
-        run(&m, &mem, N, &[hd.base, inb.base, out.base, 0]).unwrap();
+        launch_rows(&m, &mem, (hd.base, 0), &input).unwrap();
         assert_eq!(words(&surf, 6), want, "{ins}");
     }
 }
@@ -1430,10 +1435,7 @@ fn f16x2_results_and_residency_predicate() {
                 \x20   tex.2d.v4.f32.f32 {%r5, %r6, %r7, %r8}|%p2, [%rd1, {%r10, %r11}];\n\
                 \x20   selp.u32 %r3, 7, 9, %p2;\n    mov.b32 %r4, %r8;";
     let m = load(&mem, &kernel(HEAD, "", N, body));
-    let inb = word_buffer(&mem, &input);
-    let out = poisoned(&mem, N * 16);
-    run(&m, &mem, N, &[h.base, inb.base, out.base, 0]).unwrap();
-    let got = words(&out, N * 4);
+    let got = launch_rows(&m, &mem, (h.base, 0), &input).unwrap();
     for (t, w) in input.iter().enumerate() {
         let v = reference(&c, w);
         let hb = |x: f64| f16_bits(x as f32 as f64) as u32;
@@ -1522,10 +1524,7 @@ fn texref_kernel_parameter() {
         .replace(".param .u64 ph", ".param .texref ph")
         .replace("    ld.param.u64 %rd1, [ph];\n", "");
     let m = load(&mem, &text);
-    let inb = word_buffer(&mem, &input);
-    let out = poisoned(&mem, N * 16);
-    run(&m, &mem, N, &[h.base, inb.base, out.base, 0]).unwrap();
-    let got = words(&out, N * 4);
+    let got = launch_rows(&m, &mem, (h.base, 0), &input).unwrap();
     for (t, w) in input.iter().enumerate() {
         let want = reference(&c, w).map(|x| (x as f32).to_bits());
         assert_eq!(&got[4 * t..4 * t + 4], &want, "thread {t}: {w:x?}");
