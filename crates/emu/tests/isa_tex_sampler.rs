@@ -487,25 +487,20 @@ fn fetch(o: &Obj, r: &Rec, mip: Mip, depth: bool) -> [f64; 4] {
     if o.format == TexFormat::U16 {
         reference = reference.clamp(0.0, 1.0);
     }
+    let at = |level: usize| At {
+        level,
+        plane: layer * if o.cube { 6 } else { 1 },
+        depth: depth.then(|| (o.s.compare.unwrap(), reference)),
+        off: r.off.map(f64::from),
+    };
     let one = |tap: [f64; 3]| -> [f64; 4] {
         if levels.len() == 1 {
-            let at = At {
-                level: levels[0].0,
-                plane: layer * if o.cube { 6 } else { 1 },
-                depth: depth.then(|| (o.s.compare.unwrap(), reference)),
-                off: r.off.map(f64::from),
-            };
-            return sample(o, &at, tap);
+            // one level: its value as sampled (a -0.0 texel stays -0.0)
+            return sample(o, &at(levels[0].0), tap);
         }
         let mut acc = [0.0; 4];
         for &(level, w) in &levels {
-            let at = At {
-                level,
-                plane: layer * if o.cube { 6 } else { 1 },
-                depth: depth.then(|| (o.s.compare.unwrap(), reference)),
-                off: r.off.map(f64::from),
-            };
-            let v = sample(o, &at, tap);
+            let v = sample(o, &at(level), tap);
             for k in 0..4 {
                 acc[k] += w * v[k];
             }
@@ -646,33 +641,7 @@ fn check_via(
     recs: &[Rec],
     (int, want): (bool, impl Fn(&Rec) -> [f64; 4]),
 ) {
-    let mem = GlobalMemory::new();
-    let data = buffer(&mem, &o.raw);
-    let (head, tex) = match indep {
-        Some(s) => (HEAD_INDEP, desc(&Obj { s, ..o.clone() }, data.base)),
-        None => (HEAD, desc(o, data.base)),
-    };
-    let h = tex.upload(&mem, 0).unwrap();
-    let sh = TexDesc::sampler(o.s).unwrap().upload(&mem, 0).unwrap();
-    let m = common::load_checked(
-        &mem,
-        &kernel_in(head, ins, recs.len(), int),
-        &["sm_90a"],
-        "isa_tex_sampler PTX",
-    );
-    let input = buffer(
-        &mem,
-        &recs.iter().flat_map(|r| r.bytes()).collect::<Vec<u8>>(),
-    );
-    let out = poisoned(&mem, recs.len() * 16);
-    run(
-        &m,
-        &mem,
-        recs.len(),
-        &[h.base, input.base, out.base, sh.base],
-    )
-    .unwrap_or_else(|e| panic!("{e}\n{ins}"));
-    let got = read(&out, recs.len() * 16);
+    let got = launch(o, indep, ins, recs, int).unwrap_or_else(|e| panic!("{e}\n{ins}"));
     for (t, r) in recs.iter().enumerate() {
         let w = want(r);
         for k in 0..4 {
@@ -703,6 +672,43 @@ fn check_via(
             );
         }
     }
+}
+
+/// Loads `ins`'s kernel (independent mode with `indep`, see [`check_via`]), runs it over `recs`
+/// into a poisoned output and returns the output's bytes (16 per record).
+fn launch(
+    o: &Obj,
+    indep: Option<Sampler>,
+    ins: &str,
+    recs: &[Rec],
+    int: bool,
+) -> Result<Vec<u8>, String> {
+    let mem = GlobalMemory::new();
+    let data = buffer(&mem, &o.raw);
+    let (head, tex) = match indep {
+        Some(s) => (HEAD_INDEP, desc(&Obj { s, ..o.clone() }, data.base)),
+        None => (HEAD, desc(o, data.base)),
+    };
+    let h = tex.upload(&mem, 0).unwrap();
+    let sh = TexDesc::sampler(o.s).unwrap().upload(&mem, 0).unwrap();
+    let m = common::load_checked(
+        &mem,
+        &kernel_in(head, ins, recs.len(), int),
+        &["sm_90a"],
+        "isa_tex_sampler PTX",
+    );
+    let input = buffer(
+        &mem,
+        &recs.iter().flat_map(|r| r.bytes()).collect::<Vec<u8>>(),
+    );
+    let out = poisoned(&mem, recs.len() * 16);
+    run(
+        &m,
+        &mem,
+        recs.len(),
+        &[h.base, input.base, out.base, sh.base],
+    )?;
+    Ok(read(&out, recs.len() * 16))
 }
 
 /// Random records for `geom`: coordinates over and a little beyond the texture (directions
@@ -851,19 +857,10 @@ fn depth_compare_ignored_on_s32_coordinates_and_faults_without_a_function() {
     // a depth-compare fetch through a sampler without a compare function faults
     let s = sampler(&mut rng, Filter::Linear);
     let o = make_obj(&mut rng, (2, [4, 4], 0, false), 1, s, TexFormat::F32);
-    let mem = GlobalMemory::new();
-    let data = buffer(&mem, &o.raw);
-    let h = desc(&o, data.base).upload(&mem, 0).unwrap();
     let ins = "    tex.2d.v4.f32.f32 {%f0, %f1, %f2, %f3}, [%rd1, {%f11, %f12}], %f15;";
-    let m = common::load_checked(
-        &mem,
-        &kernel(ins, 1, false),
-        &["sm_90a"],
-        "isa_tex_sampler PTX",
-    );
-    let input = buffer(&mem, &[0u8; 64]);
-    let out = poisoned(&mem, 16);
-    let err = run(&m, &mem, 1, &[h.base, input.base, out.base, 0]).unwrap_err();
+    let mut rec = records(&mut rng, &o, 1, &[0.5])[0];
+    rec.reference = 0.5;
+    let err = launch(&o, None, ins, &[rec], false).unwrap_err();
     assert!(err.contains("without a compare function"), "{err}");
 }
 
