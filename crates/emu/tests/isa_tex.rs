@@ -584,6 +584,23 @@ struct FetchCase {
     s: Sampler,
 }
 
+/// A [`FetchCase`] of `ins` on a `format` texture of `channels` channels and extent `ext`.
+fn fc(
+    ins: &'static str,
+    format: TexFormat,
+    channels: u32,
+    ext: &'static [u32],
+    s: Sampler,
+) -> FetchCase {
+    FetchCase {
+        ins,
+        format,
+        channels,
+        ext,
+        s,
+    }
+}
+
 fn sampler(modes: [AddrMode; 3], filter: Filter, normalized: bool) -> Sampler {
     Sampler::new(modes, filter, normalized)
 }
@@ -677,79 +694,21 @@ fn fetch_case(rng: &mut StdRng, c: &FetchCase) {
 #[test]
 fn tex_point_sampling() {
     use AddrMode::*;
+    use TexFormat::*;
     let mut rng = StdRng::seed_from_u64(0x5eed_0003);
     let p = Filter::Point;
+    #[rustfmt::skip] // one case per line
     let cases = [
-        FetchCase {
-            ins: "tex.1d.v4.f32.f32",
-            format: TexFormat::F32,
-            channels: 1,
-            ext: &[13],
-            s: sampler([Clamp; 3], p, false),
-        },
-        FetchCase {
-            ins: "tex.1d.v4.f32.f32",
-            format: TexFormat::U16,
-            channels: 2,
-            ext: &[9],
-            s: sampler([Mirror; 3], p, true),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.f32.f32",
-            format: TexFormat::U8,
-            channels: 4,
-            ext: &[7, 5],
-            s: sampler([Wrap, Mirror, Wrap], p, true),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.f32.f32",
-            format: TexFormat::U16,
-            channels: 1,
-            ext: &[6, 9],
-            s: sampler([Border; 3], p, false),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.f32.f32",
-            format: TexFormat::F32,
-            channels: 4,
-            ext: &[5, 4],
-            s: sampler([Wrap; 3], p, false),
-        },
-        FetchCase {
-            ins: "tex.3d.v4.f32.f32",
-            format: TexFormat::F16,
-            channels: 2,
-            ext: &[4, 3, 5],
-            s: sampler([Mirror, Border, Clamp], p, true),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.u32.s32",
-            format: TexFormat::U32,
-            channels: 4,
-            ext: &[6, 5],
-            s: sampler([Clamp; 3], p, false),
-        },
-        FetchCase {
-            ins: "tex.1d.v4.s32.s32",
-            format: TexFormat::U16,
-            channels: 2,
-            ext: &[10],
-            s: sampler([Border; 3], p, false),
-        },
-        FetchCase {
-            ins: "tex.3d.v4.u32.f32",
-            format: TexFormat::U8,
-            channels: 1,
-            ext: &[3, 4, 5],
-            s: sampler([Wrap; 3], p, true),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.f32.s32",
-            format: TexFormat::F16,
-            channels: 4,
-            ext: &[5, 6],
-            s: sampler([Border; 3], p, true),
-        },
+        fc("tex.1d.v4.f32.f32", F32, 1, &[13], sampler([Clamp; 3], p, false)),
+        fc("tex.1d.v4.f32.f32", U16, 2, &[9], sampler([Mirror; 3], p, true)),
+        fc("tex.2d.v4.f32.f32", U8, 4, &[7, 5], sampler([Wrap, Mirror, Wrap], p, true)),
+        fc("tex.2d.v4.f32.f32", U16, 1, &[6, 9], sampler([Border; 3], p, false)),
+        fc("tex.2d.v4.f32.f32", F32, 4, &[5, 4], sampler([Wrap; 3], p, false)),
+        fc("tex.3d.v4.f32.f32", F16, 2, &[4, 3, 5], sampler([Mirror, Border, Clamp], p, true)),
+        fc("tex.2d.v4.u32.s32", U32, 4, &[6, 5], sampler([Clamp; 3], p, false)),
+        fc("tex.1d.v4.s32.s32", U16, 2, &[10], sampler([Border; 3], p, false)),
+        fc("tex.3d.v4.u32.f32", U8, 1, &[3, 4, 5], sampler([Wrap; 3], p, true)),
+        fc("tex.2d.v4.f32.s32", F16, 4, &[5, 6], sampler([Border; 3], p, true)),
     ];
     for c in &cases {
         fetch_case(&mut rng, c);
@@ -759,58 +718,18 @@ fn tex_point_sampling() {
 #[test]
 fn tex_linear_filtering() {
     use AddrMode::*;
+    use TexFormat::*;
     let mut rng = StdRng::seed_from_u64(0x5eed_0004);
     let l = Filter::Linear;
+    #[rustfmt::skip] // one case per line
     let cases = [
-        FetchCase {
-            ins: "tex.1d.v4.f32.f32",
-            format: TexFormat::F32,
-            channels: 1,
-            ext: &[11],
-            s: sampler([Wrap; 3], l, true),
-        },
-        FetchCase {
-            ins: "tex.1d.v4.f32.f32",
-            format: TexFormat::U16,
-            channels: 4,
-            ext: &[7],
-            s: sampler([Clamp; 3], l, false),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.f32.f32",
-            format: TexFormat::F16,
-            channels: 4,
-            ext: &[6, 5],
-            s: sampler([Clamp; 3], l, false),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.f32.f32",
-            format: TexFormat::U8,
-            channels: 4,
-            ext: &[5, 7],
-            s: sampler([Mirror, Wrap, Clamp], l, true),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.f32.f32",
-            format: TexFormat::F32,
-            channels: 2,
-            ext: &[4, 4],
-            s: sampler([Border; 3], l, false),
-        },
-        FetchCase {
-            ins: "tex.3d.v4.f32.f32",
-            format: TexFormat::F32,
-            channels: 2,
-            ext: &[3, 4, 3],
-            s: sampler([Border, Wrap, Mirror], l, true),
-        },
-        FetchCase {
-            ins: "tex.3d.v4.f32.f32",
-            format: TexFormat::F16,
-            channels: 1,
-            ext: &[4, 3, 2],
-            s: sampler([Clamp; 3], l, false),
-        },
+        fc("tex.1d.v4.f32.f32", F32, 1, &[11], sampler([Wrap; 3], l, true)),
+        fc("tex.1d.v4.f32.f32", U16, 4, &[7], sampler([Clamp; 3], l, false)),
+        fc("tex.2d.v4.f32.f32", F16, 4, &[6, 5], sampler([Clamp; 3], l, false)),
+        fc("tex.2d.v4.f32.f32", U8, 4, &[5, 7], sampler([Mirror, Wrap, Clamp], l, true)),
+        fc("tex.2d.v4.f32.f32", F32, 2, &[4, 4], sampler([Border; 3], l, false)),
+        fc("tex.3d.v4.f32.f32", F32, 2, &[3, 4, 3], sampler([Border, Wrap, Mirror], l, true)),
+        fc("tex.3d.v4.f32.f32", F16, 1, &[4, 3, 2], sampler([Clamp; 3], l, false)),
     ];
     for c in &cases {
         fetch_case(&mut rng, c);
@@ -820,52 +739,18 @@ fn tex_linear_filtering() {
 #[test]
 fn tld4_gather() {
     use AddrMode::*;
+    use TexFormat::*;
     let mut rng = StdRng::seed_from_u64(0x5eed_0005);
     let p = Filter::Point;
     let l = Filter::Linear;
+    #[rustfmt::skip] // one case per line
     let cases = [
-        FetchCase {
-            ins: "tld4.r.2d.v4.f32.f32",
-            format: TexFormat::F32,
-            channels: 4,
-            ext: &[6, 5],
-            s: sampler([Clamp; 3], l, true),
-        },
-        FetchCase {
-            ins: "tld4.g.2d.v4.f32.f32",
-            format: TexFormat::U8,
-            channels: 4,
-            ext: &[5, 7],
-            s: sampler([Wrap; 3], p, true),
-        },
-        FetchCase {
-            ins: "tld4.b.2d.v4.f32.f32",
-            format: TexFormat::F16,
-            channels: 4,
-            ext: &[4, 4],
-            s: sampler([Border; 3], p, false),
-        },
-        FetchCase {
-            ins: "tld4.a.2d.v4.f32.f32",
-            format: TexFormat::F32,
-            channels: 2,
-            ext: &[5, 3],
-            s: sampler([Mirror; 3], l, true),
-        },
-        FetchCase {
-            ins: "tld4.r.2d.v4.u32.f32",
-            format: TexFormat::U32,
-            channels: 2,
-            ext: &[6, 4],
-            s: sampler([Border; 3], p, false),
-        },
-        FetchCase {
-            ins: "tld4.g.2d.v4.s32.f32",
-            format: TexFormat::U16,
-            channels: 2,
-            ext: &[5, 5],
-            s: sampler([Clamp; 3], p, true),
-        },
+        fc("tld4.r.2d.v4.f32.f32", F32, 4, &[6, 5], sampler([Clamp; 3], l, true)),
+        fc("tld4.g.2d.v4.f32.f32", U8, 4, &[5, 7], sampler([Wrap; 3], p, true)),
+        fc("tld4.b.2d.v4.f32.f32", F16, 4, &[4, 4], sampler([Border; 3], p, false)),
+        fc("tld4.a.2d.v4.f32.f32", F32, 2, &[5, 3], sampler([Mirror; 3], l, true)),
+        fc("tld4.r.2d.v4.u32.f32", U32, 2, &[6, 4], sampler([Border; 3], p, false)),
+        fc("tld4.g.2d.v4.s32.f32", U16, 2, &[5, 5], sampler([Clamp; 3], p, true)),
     ];
     for c in &cases {
         fetch_case(&mut rng, c);
@@ -875,20 +760,12 @@ fn tld4_gather() {
 /// The validator rejects malformed texture/surface forms (ptxas rejects them too).
 #[test]
 fn validator_rejects_malformed_forms() {
+    #[rustfmt::skip] // one case per line
     let bad = [
         ("suld.b.2d.b32.trap {%r1}, [%rd1, {%r2}];", "coordinates"),
-        (
-            "suld.b.3d.b32.trap {%r1}, [%rd1, {%r2, %r3, %r4}];",
-            "coordinates",
-        ),
-        (
-            "sust.b.1d.v2.b32.trap [%rd1, {%r2}], {%r1};",
-            "moves 2 values",
-        ),
-        (
-            "tex.2d.v4.f32.f32 {%r1, %r2}, [%rd1, {%r2, %r3}];",
-            "moves 4 values",
-        ),
+        ("suld.b.3d.b32.trap {%r1}, [%rd1, {%r2, %r3, %r4}];", "coordinates"),
+        ("sust.b.1d.v2.b32.trap [%rd1, {%r2}], {%r1};", "moves 2 values"),
+        ("tex.2d.v4.f32.f32 {%r1, %r2}, [%rd1, {%r2, %r3}];", "moves 4 values"),
         ("suld.b.b32.trap {%r1}, [%rd1, {%r2}];", "geometry"),
         ("suq.normalized_coords.b32 %r1, [%rd1];", "query attribute"),
     ];

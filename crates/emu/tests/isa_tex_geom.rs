@@ -1368,42 +1368,19 @@ fn queries_report_the_shape() {
 #[test]
 fn validator_rejects_malformed_new_forms() {
     // `{d4}` stands for a four-register vector
+    #[rustfmt::skip] // one case per line
     let bad: [(&str, &str); 13] = [
-        (
-            "tex.level.2dms.v4.f32.s32 {d4}, [%rd1, {%r5, %r6, %r7, %r8}], %r9;",
-            "no .base/.level/.grad",
-        ),
-        (
-            "tex.cube.v4.f32.s32 {d4}, [%rd1, {%r5, %r6, %r7, %r8}];",
-            "types",
-        ),
-        (
-            "tex.2dms.v4.f32.f32 {d4}, [%rd1, {%r5, %r6, %r7, %r8}];",
-            "types",
-        ),
+        ("tex.level.2dms.v4.f32.s32 {d4}, [%rd1, {%r5, %r6, %r7, %r8}], %r9;", "no .base/.level/.grad"),
+        ("tex.cube.v4.f32.s32 {d4}, [%rd1, {%r5, %r6, %r7, %r8}];", "types"),
+        ("tex.2dms.v4.f32.f32 {d4}, [%rd1, {%r5, %r6, %r7, %r8}];", "types"),
         ("tld4.r.2d.v4.f32.s32 {d4}, [%rd1, {%r5, %r6}];", "types"),
-        (
-            "suld.b.cube.b32.trap {%r1}, [%rd1, {%r5, %r6, %r7, %r8}];",
-            "geometry",
-        ),
-        (
-            "sured.b.add.a1d.u32.trap [%rd1, {%r5, %r6}], %r1;",
-            "geometry",
-        ),
+        ("suld.b.cube.b32.trap {%r1}, [%rd1, {%r5, %r6, %r7, %r8}];", "geometry"),
+        ("sured.b.add.a1d.u32.trap [%rd1, {%r5, %r6}], %r1;", "geometry"),
         ("sust.p.2d.v4.u32.trap [%rd1, {%r5, %r6}], {d4};", "sust.p"),
         ("suld.p.2d.v4.b32.trap {d4}, [%rd1, {%r5, %r6}];", "sust.p"),
-        (
-            "tex.a2d.v4.f32.f32 {d4}, [%rd1, {%r5, %r6}];",
-            "coordinates",
-        ),
-        (
-            "tex.grad.2d.v4.f32.f32 {d4}, [%rd1, {%r5, %r6}], {%r7}, {%r8, %r9};",
-            "dPdx",
-        ),
-        (
-            "tex.2d.v4.f32.f32 {d4}, [gs, {%r5, %r6}];",
-            "not a module-scope .texref",
-        ),
+        ("tex.a2d.v4.f32.f32 {d4}, [%rd1, {%r5, %r6}];", "coordinates"),
+        ("tex.grad.2d.v4.f32.f32 {d4}, [%rd1, {%r5, %r6}], {%r7}, {%r8, %r9};", "dPdx"),
+        ("tex.2d.v4.f32.f32 {d4}, [gs, {%r5, %r6}];", "not a module-scope .texref"),
         ("suq.num_mipmap_levels.b32 %r1, [%rd1];", "query attribute"),
         ("txq.level.filter_mode.b32 %r1, [%rd1], %r2;", ".level"),
     ];
