@@ -1077,8 +1077,8 @@ fn sampler_state_is_checked_and_round_trips() {
     );
 }
 
-/// The validator: no depth compare on `.3d`; with `.s32` coordinates `f` is an integer
-/// register (ptxas 13.5 types it by the coordinates); an offset vector `e` followed by `f`
+/// The validator: no depth compare on `.3d`; with `.s32` coordinates (`.2dms` included) `f`
+/// is an integer register (ptxas 13.5 types it by the coordinates); an offset vector `e` followed by `f`
 /// gives each its role.
 #[test]
 fn validator_rules_for_depth_compare() {
@@ -1091,13 +1091,15 @@ fn validator_rules_for_depth_compare() {
         e.iter().any(|x| x.contains("takes no depth-compare")),
         "{e:?}"
     );
-    let e = errors(&format!(
-        "    tex.2d.v4.f32.s32 {d}, [%rd1, {{%r11, %r12}}], %f15;"
-    ));
-    assert!(
-        e.iter().any(|x| x.contains("depth-compare operand `f`")),
-        "{e:?}"
-    );
+    for (geom, co) in [("2d", "{%r11, %r12}"), ("2dms", "{%r11, %r12, %r13, %r13}")] {
+        let e = errors(&format!(
+            "    tex.{geom}.v4.f32.s32 {d}, [%rd1, {co}], %f15;"
+        ));
+        assert!(
+            e.iter().any(|x| x.contains("depth-compare operand `f`")),
+            "{geom}: {e:?}"
+        );
+    }
     let ok = format!("    tex.2d.v4.f32.f32 {d}, [%rd1, {{%f11, %f12}}], {{%r12, %r13}}, %f15;");
     assert!(errors(&ok).is_empty(), "{:?}", errors(&ok));
     let tex = match ptx::parse_statements(&ok).unwrap().remove(0) {
