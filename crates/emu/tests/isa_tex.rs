@@ -62,6 +62,18 @@ struct SurfForm {
     channels: u32,
 }
 
+impl SurfForm {
+    /// `.{ty}` with `vec` values per access on a `format` surface of `channels` channels.
+    fn new(ty: &'static str, vec: usize, format: TexFormat, channels: u32) -> SurfForm {
+        SurfForm {
+            ty,
+            vec,
+            format,
+            channels,
+        }
+    }
+}
+
 fn reg_of(ty: &str) -> (&'static str, usize) {
     match ty {
         "b8" => ("%h", 1),
@@ -200,56 +212,17 @@ fn surface_case(rng: &mut StdRng, f: &SurfForm, dims: usize, ext: [u32; 3]) {
 
 #[test]
 fn suld_sust_every_form() {
+    use TexFormat::*;
     let mut rng = StdRng::seed_from_u64(0x5eed_0001);
     let forms = [
-        SurfForm {
-            ty: "b8",
-            vec: 1,
-            format: TexFormat::U8,
-            channels: 1,
-        },
-        SurfForm {
-            ty: "b8",
-            vec: 4,
-            format: TexFormat::U8,
-            channels: 4,
-        },
-        SurfForm {
-            ty: "b16",
-            vec: 2,
-            format: TexFormat::F16,
-            channels: 2,
-        },
-        SurfForm {
-            ty: "b16",
-            vec: 1,
-            format: TexFormat::U16,
-            channels: 1,
-        },
-        SurfForm {
-            ty: "b32",
-            vec: 1,
-            format: TexFormat::F32,
-            channels: 1,
-        },
-        SurfForm {
-            ty: "b32",
-            vec: 4,
-            format: TexFormat::U32,
-            channels: 4,
-        },
-        SurfForm {
-            ty: "b64",
-            vec: 1,
-            format: TexFormat::U32,
-            channels: 2,
-        },
-        SurfForm {
-            ty: "b64",
-            vec: 2,
-            format: TexFormat::U32,
-            channels: 4,
-        },
+        SurfForm::new("b8", 1, U8, 1),
+        SurfForm::new("b8", 4, U8, 4),
+        SurfForm::new("b16", 2, F16, 2),
+        SurfForm::new("b16", 1, U16, 1),
+        SurfForm::new("b32", 1, F32, 1),
+        SurfForm::new("b32", 4, U32, 4),
+        SurfForm::new("b64", 1, U32, 2),
+        SurfForm::new("b64", 2, U32, 4),
     ];
     for (i, f) in forms.iter().enumerate() {
         let dims = 1 + i % 3;
