@@ -636,6 +636,7 @@ fn case(geom: &'static str, form: Form, obj: Obj) -> Case {
 #[test]
 fn mipmapped_level_and_grad() {
     use AddrMode::*;
+    use TexFormat::*;
     let mut rng = StdRng::seed_from_u64(0x71e7);
     let lin = smp([Wrap, Clamp, Mirror], Filter::Linear, true);
     let pt = smp([Clamp, Border, Wrap], Filter::Point, true);
@@ -644,61 +645,17 @@ fn mipmapped_level_and_grad() {
         o.mip_linear = linear;
         o
     };
+    #[rustfmt::skip] // one case per line
     let mut cases = vec![
-        case(
-            "2d",
-            Form::Level,
-            mipped(obj(TexFormat::F32, 2, &[8, 6], lin), 4, true),
-        ),
-        case(
-            "2d",
-            Form::Level,
-            mipped(obj(TexFormat::U8, 4, &[9, 5], pt), 4, false),
-        ),
-        case(
-            "2d",
-            Form::Grad,
-            mipped(obj(TexFormat::F16, 1, &[16, 8], lin), 5, true),
-        ),
-        case(
-            "2d",
-            Form::Grad,
-            mipped(obj(TexFormat::F32, 4, &[8, 8], pt), 4, false),
-        ),
-        case(
-            "1d",
-            Form::Grad,
-            mipped(obj(TexFormat::U16, 2, &[32], lin), 6, true),
-        ),
-        case(
-            "3d",
-            Form::Level,
-            mipped(obj(TexFormat::F32, 1, &[4, 4, 8], lin), 4, true),
-        ),
-        case(
-            "3d",
-            Form::Grad,
-            mipped(obj(TexFormat::F32, 1, &[8, 4, 4], pt), 4, true),
-        ),
-        case(
-            "2d",
-            Form::Base,
-            mipped(obj(TexFormat::F32, 1, &[8, 4], lin), 3, true),
-        ),
-        case(
-            "2d",
-            Form::Grad,
-            mipped(
-                obj(
-                    TexFormat::F32,
-                    1,
-                    &[8, 4],
-                    smp([Clamp; 3], Filter::Linear, false),
-                ),
-                3,
-                true,
-            ),
-        ),
+        case("2d", Form::Level, mipped(obj(F32, 2, &[8, 6], lin), 4, true)),
+        case("2d", Form::Level, mipped(obj(U8, 4, &[9, 5], pt), 4, false)),
+        case("2d", Form::Grad, mipped(obj(F16, 1, &[16, 8], lin), 5, true)),
+        case("2d", Form::Grad, mipped(obj(F32, 4, &[8, 8], pt), 4, false)),
+        case("1d", Form::Grad, mipped(obj(U16, 2, &[32], lin), 6, true)),
+        case("3d", Form::Level, mipped(obj(F32, 1, &[4, 4, 8], lin), 4, true)),
+        case("3d", Form::Grad, mipped(obj(F32, 1, &[8, 4, 4], pt), 4, true)),
+        case("2d", Form::Base, mipped(obj(F32, 1, &[8, 4], lin), 3, true)),
+        case("2d", Form::Grad, mipped(obj(F32, 1, &[8, 4], smp([Clamp; 3], Filter::Linear, false)), 3, true)),
     ];
     let mut ints = case(
         "2d",
@@ -727,6 +684,7 @@ fn mipmapped_level_and_grad() {
 #[test]
 fn arrays_cubes_and_multisample() {
     use AddrMode::*;
+    use TexFormat::*;
     let mut rng = StdRng::seed_from_u64(0xa77a);
     let lin = smp([Wrap, Clamp, Clamp], Filter::Linear, true);
     let pt = smp([Clamp, Mirror, Clamp], Filter::Point, false);
@@ -739,67 +697,20 @@ fn arrays_cubes_and_multisample() {
         o.mip_linear = true;
         o
     };
+    #[rustfmt::skip] // one case per line
     let mut cases = vec![
-        case(
-            "a1d",
-            Form::Plain,
-            shaped(obj(TexFormat::F32, 2, &[7], lin), 3, false, 0, 1),
-        ),
-        case(
-            "a2d",
-            Form::Plain,
-            shaped(obj(TexFormat::U8, 4, &[5, 4], pt), 4, false, 0, 1),
-        ),
-        case(
-            "a2d",
-            Form::Grad,
-            shaped(obj(TexFormat::F32, 1, &[8, 8], lin), 2, false, 0, 4),
-        ),
-        case(
-            "a1d",
-            Form::Level,
-            shaped(obj(TexFormat::F16, 1, &[16], lin), 2, false, 0, 5),
-        ),
-        case(
-            "cube",
-            Form::Plain,
-            shaped(obj(TexFormat::F32, 4, &[4, 4], lin), 0, true, 0, 1),
-        ),
-        case(
-            "cube",
-            Form::Level,
-            shaped(obj(TexFormat::F32, 1, &[8, 8], lin), 0, true, 0, 4),
-        ),
-        case(
-            "cube",
-            Form::Grad,
-            shaped(obj(TexFormat::U16, 2, &[8, 8], lin), 0, true, 0, 4),
-        ),
-        case(
-            "acube",
-            Form::Plain,
-            shaped(obj(TexFormat::U8, 1, &[3, 3], pt), 3, true, 0, 1),
-        ),
-        case(
-            "acube",
-            Form::Grad,
-            shaped(obj(TexFormat::F32, 1, &[4, 4], lin), 2, true, 0, 3),
-        ),
-        case(
-            "a2d",
-            Form::Gather(1),
-            shaped(obj(TexFormat::F32, 2, &[5, 5], lin), 3, false, 0, 1),
-        ),
-        case(
-            "cube",
-            Form::Gather(0),
-            shaped(obj(TexFormat::U8, 4, &[4, 4], pt), 0, true, 0, 1),
-        ),
-        case(
-            "acube",
-            Form::Gather(3),
-            shaped(obj(TexFormat::F32, 4, &[4, 4], lin), 2, true, 0, 1),
-        ),
+        case("a1d", Form::Plain, shaped(obj(F32, 2, &[7], lin), 3, false, 0, 1)),
+        case("a2d", Form::Plain, shaped(obj(U8, 4, &[5, 4], pt), 4, false, 0, 1)),
+        case("a2d", Form::Grad, shaped(obj(F32, 1, &[8, 8], lin), 2, false, 0, 4)),
+        case("a1d", Form::Level, shaped(obj(F16, 1, &[16], lin), 2, false, 0, 5)),
+        case("cube", Form::Plain, shaped(obj(F32, 4, &[4, 4], lin), 0, true, 0, 1)),
+        case("cube", Form::Level, shaped(obj(F32, 1, &[8, 8], lin), 0, true, 0, 4)),
+        case("cube", Form::Grad, shaped(obj(U16, 2, &[8, 8], lin), 0, true, 0, 4)),
+        case("acube", Form::Plain, shaped(obj(U8, 1, &[3, 3], pt), 3, true, 0, 1)),
+        case("acube", Form::Grad, shaped(obj(F32, 1, &[4, 4], lin), 2, true, 0, 3)),
+        case("a2d", Form::Gather(1), shaped(obj(F32, 2, &[5, 5], lin), 3, false, 0, 1)),
+        case("cube", Form::Gather(0), shaped(obj(U8, 4, &[4, 4], pt), 0, true, 0, 1)),
+        case("acube", Form::Gather(3), shaped(obj(F32, 4, &[4, 4], lin), 2, true, 0, 1)),
     ];
     for (g, layers) in [("2dms", 0), ("a2dms", 3)] {
         let o = shaped(obj(TexFormat::U32, 2, &[5, 3], pt), layers, false, 4, 1);
