@@ -1182,24 +1182,16 @@ fn queries_report_the_shape() {
     let back = buffer(&mem, &[0u8; 4]);
     let s = smp([AddrMode::Clamp; 3], Filter::Point, true);
     let tx = |f, ch, ext: &[u32]| TexDesc::texture(back.base, f, ch, ext, s).unwrap();
-    let levels = kernel(
-        HEAD,
-        "",
-        1,
+    let one_thread = |body: &str| kernel(HEAD, "", 1, body);
+    let levels = one_thread(
         "    txq.level.width.b32 %r1, [%rd1], %r10;\n    txq.level.height.b32 %r2, [%rd1], %r10;\n\
          \x20   txq.level.depth.b32 %r3, [%rd1], %r10;\n    txq.num_mipmap_levels.b32 %r4, [%rd1];",
     );
-    let shape = kernel(
-        HEAD,
-        "",
-        1,
+    let shape = one_thread(
         "    txq.array_size.b32 %r1, [%rd1];\n    txq.num_samples.b32 %r2, [%rd1];\n\
          \x20   txq.channel_data_type.b32 %r3, [%rd1];\n    txq.channel_order.b32 %r4, [%rd1];",
     );
-    let surf = kernel(
-        HEAD,
-        "",
-        1,
+    let surf = one_thread(
         "    suq.array_size.b32 %r1, [%rd1];\n    suq.memory_layout.b32 %r2, [%rd1];\n\
          \x20   suq.channel_data_type.b32 %r3, [%rd1];\n    suq.channel_order.b32 %r4, [%rd1];",
     );
