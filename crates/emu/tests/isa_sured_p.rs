@@ -18,6 +18,15 @@ use common::{buffer, poisoned, read, run};
 const HEAD: &str = ".version 8.7\n.target sm_90a\n.address_size 64\n";
 const N: usize = 160;
 
+/// The instruction type and value register of a `.b32` or (`wide`) `.b64` reduction.
+fn width(wide: bool) -> (&'static str, &'static str) {
+    if wide {
+        ("b64", "%rd5")
+    } else {
+        ("b32", "%r5")
+    }
+}
+
 /// A kernel where thread `t` reads `(x, y, z, _, value)` (value: 8 bytes at 16) from 32-byte record `t`
 /// of the input and reduces `value` into texel (x, y, z) of the surface.
 fn kernel(ins: &str, wide: bool) -> String {
@@ -98,11 +107,7 @@ fn case(rng: &mut StdRng, op: &str, format: TexFormat, dims: usize, oob: &str) {
         want[i] = reduce(op, format, want[i], v);
     }
     let coords = ["{%r1}", "{%r1, %r2}", "{%r1, %r2, %r3, %r3}"][dims - 1];
-    let (b, r) = if wide {
-        ("b64", "%rd5")
-    } else {
-        ("b32", "%r5")
-    };
+    let (b, r) = width(wide);
     let ins = format!("    sured.p.{op}.{dims}d.{b}.{oob} [%rd1, {coords}], {r};");
     let m = common::load_checked(&mem, &kernel(&ins, wide), &["sm_90a"], "isa_sured_p PTX");
     let inb = buffer(&mem, &input);
@@ -158,11 +163,7 @@ fn sured_p_width_must_match_the_format() {
             .unwrap()
             .upload(&mem, 0)
             .unwrap();
-        let (b, r) = if wide {
-            ("b64", "%rd5")
-        } else {
-            ("b32", "%r5")
-        };
+        let (b, r) = width(wide);
         let ins = format!("    sured.p.max.1d.{b}.trap [%rd1, {{%r1}}], {r};");
         let m = common::load_checked(&mem, &kernel(&ins, wide), &["sm_90a"], "isa_sured_p PTX");
         let input = buffer(&mem, &vec![0u8; 32 * N]);
@@ -190,12 +191,7 @@ fn sured_p_width_must_match_the_format() {
 fn validator_rejects_sured_p_b64_add() {
     for op in ["add", "and", "or"] {
         let ins = format!("    sured.p.{op}.1d.b64.trap [%rd1, {{%r1}}], %rd5;");
-        let m = ptx::parse(&kernel(&ins, true)).unwrap();
-        let errs: Vec<String> = ptx::validate(&m)
-            .into_iter()
-            .filter(|d| d.is_error())
-            .map(|d| d.to_string())
-            .collect();
+        let errs = common::validator_errors(&kernel(&ins, true));
         assert!(
             errs.iter().any(|e| e.contains("takes .min or .max")),
             "{op}: {errs:?}"

@@ -18,6 +18,9 @@ const HEAD: &str = ".version 8.7\n.target sm_90a\n.address_size 64\n";
 #[path = "common/tex.rs"]
 mod common;
 use common::{buffer, poisoned, read, run};
+#[path = "common/tex_ref.rs"]
+mod tex_ref;
+use tex_ref::{assert_rejected, float_value, linear_base, texel_data, word_buffer, words};
 
 /// Checks `text` (validator, printer round trip, ptxas on sm_90a) and loads it.
 fn load(mem: &GlobalMemory, text: &str) -> LoadedModule {
@@ -57,6 +60,18 @@ struct SurfForm {
     vec: usize,
     format: TexFormat,
     channels: u32,
+}
+
+impl SurfForm {
+    /// `.{ty}` with `vec` values per access on a `format` surface of `channels` channels.
+    fn new(ty: &'static str, vec: usize, format: TexFormat, channels: u32) -> SurfForm {
+        SurfForm {
+            ty,
+            vec,
+            format,
+            channels,
+        }
+    }
 }
 
 fn reg_of(ty: &str) -> (&'static str, usize) {
@@ -197,56 +212,17 @@ fn surface_case(rng: &mut StdRng, f: &SurfForm, dims: usize, ext: [u32; 3]) {
 
 #[test]
 fn suld_sust_every_form() {
+    use TexFormat::*;
     let mut rng = StdRng::seed_from_u64(0x5eed_0001);
     let forms = [
-        SurfForm {
-            ty: "b8",
-            vec: 1,
-            format: TexFormat::U8,
-            channels: 1,
-        },
-        SurfForm {
-            ty: "b8",
-            vec: 4,
-            format: TexFormat::U8,
-            channels: 4,
-        },
-        SurfForm {
-            ty: "b16",
-            vec: 2,
-            format: TexFormat::F16,
-            channels: 2,
-        },
-        SurfForm {
-            ty: "b16",
-            vec: 1,
-            format: TexFormat::U16,
-            channels: 1,
-        },
-        SurfForm {
-            ty: "b32",
-            vec: 1,
-            format: TexFormat::F32,
-            channels: 1,
-        },
-        SurfForm {
-            ty: "b32",
-            vec: 4,
-            format: TexFormat::U32,
-            channels: 4,
-        },
-        SurfForm {
-            ty: "b64",
-            vec: 1,
-            format: TexFormat::U32,
-            channels: 2,
-        },
-        SurfForm {
-            ty: "b64",
-            vec: 2,
-            format: TexFormat::U32,
-            channels: 4,
-        },
+        SurfForm::new("b8", 1, U8, 1),
+        SurfForm::new("b8", 4, U8, 4),
+        SurfForm::new("b16", 2, F16, 2),
+        SurfForm::new("b16", 1, U16, 1),
+        SurfForm::new("b32", 1, F32, 1),
+        SurfForm::new("b32", 4, U32, 4),
+        SurfForm::new("b64", 1, U32, 2),
+        SurfForm::new("b64", 2, U32, 4),
     ];
     for (i, f) in forms.iter().enumerate() {
         let dims = 1 + i % 3;
@@ -403,10 +379,7 @@ fn queries_and_istypep() {
         &[hs.base, h1.base, h2.base, out.base, back.base],
     )
     .unwrap();
-    let got: Vec<u32> = read(&out, 4 * qs.len())
-        .chunks(4)
-        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let got = words(&out, qs.len());
     for (j, q) in qs.iter().enumerate() {
         assert_eq!(got[j], want[j], "{q}");
     }
@@ -477,21 +450,6 @@ struct RefTex {
     s: Sampler,
 }
 
-fn f16_value(h: u16) -> f64 {
-    let e = (h >> 10 & 31) as i32;
-    let f = (h & 0x3ff) as f64;
-    let v = if e == 0 {
-        f * 2f64.powi(-24)
-    } else {
-        (1.0 + f / 1024.0) * 2f64.powi(e - 15)
-    };
-    if h >> 15 == 1 {
-        -v
-    } else {
-        v
-    }
-}
-
 impl RefTex {
     fn channel(&self, off: usize, float: bool) -> f64 {
         let b = &self.data[off..];
@@ -500,15 +458,10 @@ impl RefTex {
             2 => u16::from_le_bytes([b[0], b[1]]) as u64,
             _ => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u64,
         };
-        if !float {
-            return raw as f64;
-        }
-        match self.format {
-            TexFormat::U8 => raw as f64 / 255.0,
-            TexFormat::U16 => raw as f64 / 65535.0,
-            TexFormat::F16 => f16_value(raw as u16),
-            TexFormat::F32 => f32::from_bits(raw as u32) as f64,
-            f => panic!("no float read of {f:?}"),
+        if float {
+            float_value(self.format, raw)
+        } else {
+            raw as f64
         }
     }
 
@@ -568,14 +521,7 @@ impl RefTex {
             }
             return self.texel(idx, float);
         }
-        let base: Vec<(i64, f64)> = u
-            .iter()
-            .map(|&x| {
-                let xb = x - 0.5;
-                let i = xb.floor();
-                (i as i64, ((xb - i) * 256.0).round() / 256.0)
-            })
-            .collect();
+        let base = linear_base(&u);
         let mut acc = [0.0; 4];
         for corner in 0..1 << self.dims {
             let mut idx = [0i64; 3];
@@ -611,26 +557,25 @@ struct FetchCase {
     s: Sampler,
 }
 
-fn sampler(modes: [AddrMode; 3], filter: Filter, normalized: bool) -> Sampler {
-    Sampler::new(modes, filter, normalized)
+/// A [`FetchCase`] of `ins` on a `format` texture of `channels` channels and extent `ext`.
+fn fc(
+    ins: &'static str,
+    format: TexFormat,
+    channels: u32,
+    ext: &'static [u32],
+    s: Sampler,
+) -> FetchCase {
+    FetchCase {
+        ins,
+        format,
+        channels,
+        ext,
+        s,
+    }
 }
 
-/// Random texel bytes: finite f16/f32 values in [-4, 4], any integers.
-fn texel_data(rng: &mut StdRng, format: TexFormat, n: usize) -> Vec<u8> {
-    (0..n)
-        .flat_map(|_| match format {
-            TexFormat::F32 => rng.gen_range(-4.0f32..4.0).to_le_bytes().to_vec(),
-            TexFormat::F16 => {
-                let e: u16 = rng.gen_range(0..17);
-                let h = (rng.gen::<u16>() & 0x83ff) | e << 10;
-                h.to_le_bytes().to_vec()
-            }
-            TexFormat::U8 => vec![rng.gen()],
-            TexFormat::U16 => rng.gen::<u16>().to_le_bytes().to_vec(),
-            TexFormat::U32 => rng.gen::<u32>().to_le_bytes().to_vec(),
-            f => panic!("no fetch test reads {f:?}"),
-        })
-        .collect()
+fn sampler(modes: [AddrMode; 3], filter: Filter, normalized: bool) -> Sampler {
+    Sampler::new(modes, filter, normalized)
 }
 
 fn fetch_case(rng: &mut StdRng, c: &FetchCase) {
@@ -668,12 +613,7 @@ fn fetch_case(rng: &mut StdRng, c: &FetchCase) {
             })
         })
         .collect();
-    let cbytes: Vec<u8> = coords
-        .iter()
-        .flatten()
-        .flat_map(|x| x.to_le_bytes())
-        .collect();
-    let cbuf = buffer(&mem, &cbytes);
+    let cbuf = word_buffer(&mem, &coords);
     let out = poisoned(&mem, N * 16);
     let text = format!(
         "{HEAD}.visible .entry k(.param .u64 pt, .param .u64 pc, .param .u64 po)\n{{\n\
@@ -727,79 +667,21 @@ fn fetch_case(rng: &mut StdRng, c: &FetchCase) {
 #[test]
 fn tex_point_sampling() {
     use AddrMode::*;
+    use TexFormat::*;
     let mut rng = StdRng::seed_from_u64(0x5eed_0003);
     let p = Filter::Point;
+    #[rustfmt::skip] // one case per line
     let cases = [
-        FetchCase {
-            ins: "tex.1d.v4.f32.f32",
-            format: TexFormat::F32,
-            channels: 1,
-            ext: &[13],
-            s: sampler([Clamp; 3], p, false),
-        },
-        FetchCase {
-            ins: "tex.1d.v4.f32.f32",
-            format: TexFormat::U16,
-            channels: 2,
-            ext: &[9],
-            s: sampler([Mirror; 3], p, true),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.f32.f32",
-            format: TexFormat::U8,
-            channels: 4,
-            ext: &[7, 5],
-            s: sampler([Wrap, Mirror, Wrap], p, true),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.f32.f32",
-            format: TexFormat::U16,
-            channels: 1,
-            ext: &[6, 9],
-            s: sampler([Border; 3], p, false),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.f32.f32",
-            format: TexFormat::F32,
-            channels: 4,
-            ext: &[5, 4],
-            s: sampler([Wrap; 3], p, false),
-        },
-        FetchCase {
-            ins: "tex.3d.v4.f32.f32",
-            format: TexFormat::F16,
-            channels: 2,
-            ext: &[4, 3, 5],
-            s: sampler([Mirror, Border, Clamp], p, true),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.u32.s32",
-            format: TexFormat::U32,
-            channels: 4,
-            ext: &[6, 5],
-            s: sampler([Clamp; 3], p, false),
-        },
-        FetchCase {
-            ins: "tex.1d.v4.s32.s32",
-            format: TexFormat::U16,
-            channels: 2,
-            ext: &[10],
-            s: sampler([Border; 3], p, false),
-        },
-        FetchCase {
-            ins: "tex.3d.v4.u32.f32",
-            format: TexFormat::U8,
-            channels: 1,
-            ext: &[3, 4, 5],
-            s: sampler([Wrap; 3], p, true),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.f32.s32",
-            format: TexFormat::F16,
-            channels: 4,
-            ext: &[5, 6],
-            s: sampler([Border; 3], p, true),
-        },
+        fc("tex.1d.v4.f32.f32", F32, 1, &[13], sampler([Clamp; 3], p, false)),
+        fc("tex.1d.v4.f32.f32", U16, 2, &[9], sampler([Mirror; 3], p, true)),
+        fc("tex.2d.v4.f32.f32", U8, 4, &[7, 5], sampler([Wrap, Mirror, Wrap], p, true)),
+        fc("tex.2d.v4.f32.f32", U16, 1, &[6, 9], sampler([Border; 3], p, false)),
+        fc("tex.2d.v4.f32.f32", F32, 4, &[5, 4], sampler([Wrap; 3], p, false)),
+        fc("tex.3d.v4.f32.f32", F16, 2, &[4, 3, 5], sampler([Mirror, Border, Clamp], p, true)),
+        fc("tex.2d.v4.u32.s32", U32, 4, &[6, 5], sampler([Clamp; 3], p, false)),
+        fc("tex.1d.v4.s32.s32", U16, 2, &[10], sampler([Border; 3], p, false)),
+        fc("tex.3d.v4.u32.f32", U8, 1, &[3, 4, 5], sampler([Wrap; 3], p, true)),
+        fc("tex.2d.v4.f32.s32", F16, 4, &[5, 6], sampler([Border; 3], p, true)),
     ];
     for c in &cases {
         fetch_case(&mut rng, c);
@@ -809,58 +691,18 @@ fn tex_point_sampling() {
 #[test]
 fn tex_linear_filtering() {
     use AddrMode::*;
+    use TexFormat::*;
     let mut rng = StdRng::seed_from_u64(0x5eed_0004);
     let l = Filter::Linear;
+    #[rustfmt::skip] // one case per line
     let cases = [
-        FetchCase {
-            ins: "tex.1d.v4.f32.f32",
-            format: TexFormat::F32,
-            channels: 1,
-            ext: &[11],
-            s: sampler([Wrap; 3], l, true),
-        },
-        FetchCase {
-            ins: "tex.1d.v4.f32.f32",
-            format: TexFormat::U16,
-            channels: 4,
-            ext: &[7],
-            s: sampler([Clamp; 3], l, false),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.f32.f32",
-            format: TexFormat::F16,
-            channels: 4,
-            ext: &[6, 5],
-            s: sampler([Clamp; 3], l, false),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.f32.f32",
-            format: TexFormat::U8,
-            channels: 4,
-            ext: &[5, 7],
-            s: sampler([Mirror, Wrap, Clamp], l, true),
-        },
-        FetchCase {
-            ins: "tex.2d.v4.f32.f32",
-            format: TexFormat::F32,
-            channels: 2,
-            ext: &[4, 4],
-            s: sampler([Border; 3], l, false),
-        },
-        FetchCase {
-            ins: "tex.3d.v4.f32.f32",
-            format: TexFormat::F32,
-            channels: 2,
-            ext: &[3, 4, 3],
-            s: sampler([Border, Wrap, Mirror], l, true),
-        },
-        FetchCase {
-            ins: "tex.3d.v4.f32.f32",
-            format: TexFormat::F16,
-            channels: 1,
-            ext: &[4, 3, 2],
-            s: sampler([Clamp; 3], l, false),
-        },
+        fc("tex.1d.v4.f32.f32", F32, 1, &[11], sampler([Wrap; 3], l, true)),
+        fc("tex.1d.v4.f32.f32", U16, 4, &[7], sampler([Clamp; 3], l, false)),
+        fc("tex.2d.v4.f32.f32", F16, 4, &[6, 5], sampler([Clamp; 3], l, false)),
+        fc("tex.2d.v4.f32.f32", U8, 4, &[5, 7], sampler([Mirror, Wrap, Clamp], l, true)),
+        fc("tex.2d.v4.f32.f32", F32, 2, &[4, 4], sampler([Border; 3], l, false)),
+        fc("tex.3d.v4.f32.f32", F32, 2, &[3, 4, 3], sampler([Border, Wrap, Mirror], l, true)),
+        fc("tex.3d.v4.f32.f32", F16, 1, &[4, 3, 2], sampler([Clamp; 3], l, false)),
     ];
     for c in &cases {
         fetch_case(&mut rng, c);
@@ -870,52 +712,18 @@ fn tex_linear_filtering() {
 #[test]
 fn tld4_gather() {
     use AddrMode::*;
+    use TexFormat::*;
     let mut rng = StdRng::seed_from_u64(0x5eed_0005);
     let p = Filter::Point;
     let l = Filter::Linear;
+    #[rustfmt::skip] // one case per line
     let cases = [
-        FetchCase {
-            ins: "tld4.r.2d.v4.f32.f32",
-            format: TexFormat::F32,
-            channels: 4,
-            ext: &[6, 5],
-            s: sampler([Clamp; 3], l, true),
-        },
-        FetchCase {
-            ins: "tld4.g.2d.v4.f32.f32",
-            format: TexFormat::U8,
-            channels: 4,
-            ext: &[5, 7],
-            s: sampler([Wrap; 3], p, true),
-        },
-        FetchCase {
-            ins: "tld4.b.2d.v4.f32.f32",
-            format: TexFormat::F16,
-            channels: 4,
-            ext: &[4, 4],
-            s: sampler([Border; 3], p, false),
-        },
-        FetchCase {
-            ins: "tld4.a.2d.v4.f32.f32",
-            format: TexFormat::F32,
-            channels: 2,
-            ext: &[5, 3],
-            s: sampler([Mirror; 3], l, true),
-        },
-        FetchCase {
-            ins: "tld4.r.2d.v4.u32.f32",
-            format: TexFormat::U32,
-            channels: 2,
-            ext: &[6, 4],
-            s: sampler([Border; 3], p, false),
-        },
-        FetchCase {
-            ins: "tld4.g.2d.v4.s32.f32",
-            format: TexFormat::U16,
-            channels: 2,
-            ext: &[5, 5],
-            s: sampler([Clamp; 3], p, true),
-        },
+        fc("tld4.r.2d.v4.f32.f32", F32, 4, &[6, 5], sampler([Clamp; 3], l, true)),
+        fc("tld4.g.2d.v4.f32.f32", U8, 4, &[5, 7], sampler([Wrap; 3], p, true)),
+        fc("tld4.b.2d.v4.f32.f32", F16, 4, &[4, 4], sampler([Border; 3], p, false)),
+        fc("tld4.a.2d.v4.f32.f32", F32, 2, &[5, 3], sampler([Mirror; 3], l, true)),
+        fc("tld4.r.2d.v4.u32.f32", U32, 2, &[6, 4], sampler([Border; 3], p, false)),
+        fc("tld4.g.2d.v4.s32.f32", U16, 2, &[5, 5], sampler([Clamp; 3], p, true)),
     ];
     for c in &cases {
         fetch_case(&mut rng, c);
@@ -925,20 +733,12 @@ fn tld4_gather() {
 /// The validator rejects malformed texture/surface forms (ptxas rejects them too).
 #[test]
 fn validator_rejects_malformed_forms() {
+    #[rustfmt::skip] // one case per line
     let bad = [
         ("suld.b.2d.b32.trap {%r1}, [%rd1, {%r2}];", "coordinates"),
-        (
-            "suld.b.3d.b32.trap {%r1}, [%rd1, {%r2, %r3, %r4}];",
-            "coordinates",
-        ),
-        (
-            "sust.b.1d.v2.b32.trap [%rd1, {%r2}], {%r1};",
-            "moves 2 values",
-        ),
-        (
-            "tex.2d.v4.f32.f32 {%r1, %r2}, [%rd1, {%r2, %r3}];",
-            "moves 4 values",
-        ),
+        ("suld.b.3d.b32.trap {%r1}, [%rd1, {%r2, %r3, %r4}];", "coordinates"),
+        ("sust.b.1d.v2.b32.trap [%rd1, {%r2}], {%r1};", "moves 2 values"),
+        ("tex.2d.v4.f32.f32 {%r1, %r2}, [%rd1, {%r2, %r3}];", "moves 4 values"),
         ("suld.b.b32.trap {%r1}, [%rd1, {%r2}];", "geometry"),
         ("suq.normalized_coords.b32 %r1, [%rd1];", "query attribute"),
     ];
@@ -947,19 +747,7 @@ fn validator_rejects_malformed_forms() {
             "{HEAD}.visible .entry k(.param .u64 p)\n{{\n    .reg .b32 %r<8>;\n    .reg .b64 %rd<4>;\n\
              \x20   ld.param.u64 %rd1, [p];\n    {ins}\n    ret;\n}}\n"
         );
-        let m = ptx::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        let errs: Vec<String> = ptx::validate(&m)
-            .into_iter()
-            .filter(|d| d.is_error())
-            .map(|d| d.to_string())
-            .collect();
-        assert!(errs.iter().any(|e| e.contains(msg)), "`{ins}`: {errs:?}");
-        if ptx::ptxas::ptxas_for_tests("isa_tex test PTX").is_some() {
-            assert!(
-                ptx::ptxas::assemble(&text, "sm_90a", &Default::default()).is_err(),
-                "ptxas accepts `{ins}`"
-            );
-        }
+        assert_rejected(&text, ins, msg, "isa_tex test PTX");
     }
 }
 
@@ -1007,10 +795,7 @@ fn sust_clamp_writes_the_nearest_texel() {
         let (cx, cy) = (x.clamp(0, w as i32 - 1), y.clamp(0, h as i32 - 1));
         want[(cy * w as i32 + cx) as usize] = *v;
     }
-    let got: Vec<u32> = read(&surf, (w * h * 4) as usize)
-        .chunks(4)
-        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let got = words(&surf, (w * h) as usize);
     assert_eq!(got, want);
 }
 

@@ -10,27 +10,41 @@
 //! `parse(print(m)) == m` and, when installed, ptxas (sm_90a and sm_75).
 
 use emu::texture::{AddrMode, Filter, Sampler, TexDesc, TexFormat};
-use emu::{Allocation, GlobalMemory, LoadedModule};
+use emu::{GlobalMemory, LoadedModule};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 #[path = "common/tex.rs"]
 mod common;
-use common::{buffer, poisoned, read, run};
+#[path = "common/tex_desc.rs"]
+mod tex_desc;
+use common::{buffer, poisoned, run};
+use tex_desc::{shaped_desc, Shape};
+#[path = "common/tex_ref.rs"]
+mod tex_ref;
+use tex_ref::{assert_rejected, float_value, linear_base, texel_data, word_buffer, words};
 
 /// Checks `text` (validator, printer round trip, ptxas on sm_90a, sm_75) and loads it.
 fn load(mem: &GlobalMemory, text: &str) -> LoadedModule {
     common::load_checked(mem, text, &["sm_90a", "sm_75"], "isa_tex_geom test PTX")
 }
 
-fn words(a: &Allocation, n: usize) -> Vec<u32> {
-    read(a, n * 4)
-        .chunks(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
 const WORDS_IN: usize = 16;
+
+/// Runs `m` over one thread per row of `input` (parameters: object handle `h`, the input, a
+/// poisoned 16-byte-per-thread output, sampler handle `sp`) and returns the output's words.
+fn launch_rows(
+    m: &LoadedModule,
+    mem: &GlobalMemory,
+    (h, sp): (u64, u64),
+    input: &[[u32; WORDS_IN]],
+) -> Result<Vec<u32>, String> {
+    let n = input.len();
+    let inb = word_buffer(mem, input);
+    let out = poisoned(mem, n * 16);
+    run(m, mem, n, &[h, inb.base, out.base, sp])?;
+    Ok(words(&out, n * 4))
+}
 
 /// A kernel whose thread `i` loads 16 words of input (`%r10..%r25`: coordinates `%r10..%r13`,
 /// lod `%r14`, dPdx `%r15..%r18`, dPdy `%r19..%r22`, offsets `%r23..%r25`), runs `body` and
@@ -80,21 +94,6 @@ fn f16_bits(x: f64) -> u16 {
         return sign | m as u16; // subnormal
     }
     sign | ((e + 15) as u16) << 10 | (m as u16 - 1024)
-}
-
-fn f16_value(h: u16) -> f64 {
-    let e = (h >> 10 & 31) as i32;
-    let f = (h & 0x3ff) as f64;
-    let v = if e == 0 {
-        f * 2f64.powi(-24)
-    } else {
-        (1.0 + f / 1024.0) * 2f64.powi(e - 15)
-    };
-    if h >> 15 == 1 {
-        -v
-    } else {
-        v
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -156,16 +155,10 @@ impl Obj {
         v
     }
     fn value(&self, raw: u64, float: bool) -> f64 {
-        if !float {
-            return raw as f64;
-        }
-        match self.format {
-            TexFormat::U8 => raw as f64 / 255.0,
-            TexFormat::U16 => raw as f64 / 65535.0,
-            TexFormat::F16 => f16_value(raw as u16),
-            TexFormat::F32 => f32::from_bits(raw as u32) as f64,
-            TexFormat::U32 => raw as f64,
-            f => panic!("no fetch test reads {f:?}"),
+        if float {
+            float_value(self.format, raw)
+        } else {
+            raw as f64
         }
     }
     fn wrap(&self, k: usize, i: i64, n: i64) -> Option<i64> {
@@ -211,14 +204,7 @@ impl Obj {
             }
             return self.texel(level, plane, idx, float);
         }
-        let base: Vec<(i64, f64)> = u
-            .iter()
-            .map(|&x| {
-                let xb = x - 0.5;
-                let i = xb.floor();
-                (i as i64, ((xb - i) * 256.0).round() / 256.0)
-            })
-            .collect();
+        let base = linear_base(u);
         let mut acc = [0.0; 4];
         for corner in 0..1usize << u.len() {
             let mut idx = [0i64; 3];
@@ -428,24 +414,6 @@ fn reference(c: &Case, w: &[u32]) -> [f64; 4] {
     acc
 }
 
-/// Random texel bytes: finite f16/f32 values in [-4, 4], any integers.
-fn texel_data(rng: &mut StdRng, format: TexFormat, n: usize) -> Vec<u8> {
-    (0..n)
-        .flat_map(|_| match format {
-            TexFormat::F32 => rng.gen_range(-4.0f32..4.0).to_le_bytes().to_vec(),
-            TexFormat::F16 => {
-                let e: u16 = rng.gen_range(0..17);
-                let h = (rng.gen::<u16>() & 0x83ff) | e << 10;
-                h.to_le_bytes().to_vec()
-            }
-            TexFormat::U8 => vec![rng.gen()],
-            TexFormat::U16 => rng.gen::<u16>().to_le_bytes().to_vec(),
-            TexFormat::U32 => rng.gen::<u32>().to_le_bytes().to_vec(),
-            f => panic!("no fetch test reads {f:?}"),
-        })
-        .collect()
-}
-
 /// A random float coordinate: normalized in [-0.25, 1.25], else texel space past both edges;
 /// some exactly on texel centres.
 fn coord(rng: &mut StdRng, o: &Obj, k: usize) -> f32 {
@@ -550,22 +518,15 @@ fn instruction(c: &Case) -> String {
 /// The descriptor of `o` over `base`.
 fn desc_of(o: &Obj, base: u64) -> TexDesc {
     let ext: Vec<u32> = o.ext[..o.dims].iter().map(|&x| x as u32).collect();
-    let mut d = TexDesc::texture(base, o.format, o.channels as u32, &ext, o.s).unwrap();
-    if o.layers > 0 {
-        d = d.layered(o.layers as u32).unwrap();
-    }
-    if o.cube {
-        d = d.cubemap().unwrap();
-    }
-    if o.samples > 0 {
-        d = d.multisample(o.samples as u32).unwrap();
-    }
-    let mf = if o.mip_linear {
-        Filter::Linear
-    } else {
-        Filter::Point
+    let d = TexDesc::texture(base, o.format, o.channels as u32, &ext, o.s).unwrap();
+    let sh = Shape {
+        layers: o.layers as usize,
+        cube: o.cube,
+        samples: o.samples as usize,
+        levels: o.levels,
+        mip_linear: o.mip_linear,
     };
-    d.mipmapped(o.levels, mf).unwrap()
+    shaped_desc(d, sh)
 }
 
 /// How a fetch case's kernel reaches its object: a handle parameter (unified mode), or a
@@ -610,9 +571,6 @@ fn run_case_with(rng: &mut StdRng, c: &mut Case, setup: &Setup) {
     assert_eq!(d.bytes() as usize, nbytes, "layout of {}", c.geom);
     let h = d.upload(&mem, 0).unwrap();
     let ins: Vec<[u32; WORDS_IN]> = (0..N).map(|_| inputs(rng, c)).collect();
-    let bytes: Vec<u8> = ins.iter().flatten().flat_map(|x| x.to_le_bytes()).collect();
-    let inb = buffer(&mem, &bytes);
-    let out = poisoned(&mem, N * 16);
     let ins_text = instruction(c).replace("[%rd1, ", setup.object);
     let text = kernel(setup.head, setup.decls, N, &format!("    {ins_text}"));
     let m = load(&mem, &text);
@@ -621,8 +579,7 @@ fn run_case_with(rng: &mut StdRng, c: &mut Case, setup: &Setup) {
     }
     let sh = setup.sampler.as_ref().map(|s| s.upload(&mem, 0).unwrap());
     let sp = sh.as_ref().map_or(0, |a| a.base);
-    run(&m, &mem, N, &[h.base, inb.base, out.base, sp]).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    let got = words(&out, N * 4);
+    let got = launch_rows(&m, &mem, (h.base, sp), &ins).unwrap_or_else(|e| panic!("{e}\n{text}"));
     for (t, w) in ins.iter().enumerate() {
         let want = reference(c, w).map(|x| {
             if c.float {
@@ -679,6 +636,7 @@ fn case(geom: &'static str, form: Form, obj: Obj) -> Case {
 #[test]
 fn mipmapped_level_and_grad() {
     use AddrMode::*;
+    use TexFormat::*;
     let mut rng = StdRng::seed_from_u64(0x71e7);
     let lin = smp([Wrap, Clamp, Mirror], Filter::Linear, true);
     let pt = smp([Clamp, Border, Wrap], Filter::Point, true);
@@ -687,61 +645,17 @@ fn mipmapped_level_and_grad() {
         o.mip_linear = linear;
         o
     };
+    #[rustfmt::skip] // one case per line
     let mut cases = vec![
-        case(
-            "2d",
-            Form::Level,
-            mipped(obj(TexFormat::F32, 2, &[8, 6], lin), 4, true),
-        ),
-        case(
-            "2d",
-            Form::Level,
-            mipped(obj(TexFormat::U8, 4, &[9, 5], pt), 4, false),
-        ),
-        case(
-            "2d",
-            Form::Grad,
-            mipped(obj(TexFormat::F16, 1, &[16, 8], lin), 5, true),
-        ),
-        case(
-            "2d",
-            Form::Grad,
-            mipped(obj(TexFormat::F32, 4, &[8, 8], pt), 4, false),
-        ),
-        case(
-            "1d",
-            Form::Grad,
-            mipped(obj(TexFormat::U16, 2, &[32], lin), 6, true),
-        ),
-        case(
-            "3d",
-            Form::Level,
-            mipped(obj(TexFormat::F32, 1, &[4, 4, 8], lin), 4, true),
-        ),
-        case(
-            "3d",
-            Form::Grad,
-            mipped(obj(TexFormat::F32, 1, &[8, 4, 4], pt), 4, true),
-        ),
-        case(
-            "2d",
-            Form::Base,
-            mipped(obj(TexFormat::F32, 1, &[8, 4], lin), 3, true),
-        ),
-        case(
-            "2d",
-            Form::Grad,
-            mipped(
-                obj(
-                    TexFormat::F32,
-                    1,
-                    &[8, 4],
-                    smp([Clamp; 3], Filter::Linear, false),
-                ),
-                3,
-                true,
-            ),
-        ),
+        case("2d", Form::Level, mipped(obj(F32, 2, &[8, 6], lin), 4, true)),
+        case("2d", Form::Level, mipped(obj(U8, 4, &[9, 5], pt), 4, false)),
+        case("2d", Form::Grad, mipped(obj(F16, 1, &[16, 8], lin), 5, true)),
+        case("2d", Form::Grad, mipped(obj(F32, 4, &[8, 8], pt), 4, false)),
+        case("1d", Form::Grad, mipped(obj(U16, 2, &[32], lin), 6, true)),
+        case("3d", Form::Level, mipped(obj(F32, 1, &[4, 4, 8], lin), 4, true)),
+        case("3d", Form::Grad, mipped(obj(F32, 1, &[8, 4, 4], pt), 4, true)),
+        case("2d", Form::Base, mipped(obj(F32, 1, &[8, 4], lin), 3, true)),
+        case("2d", Form::Grad, mipped(obj(F32, 1, &[8, 4], smp([Clamp; 3], Filter::Linear, false)), 3, true)),
     ];
     let mut ints = case(
         "2d",
@@ -770,6 +684,7 @@ fn mipmapped_level_and_grad() {
 #[test]
 fn arrays_cubes_and_multisample() {
     use AddrMode::*;
+    use TexFormat::*;
     let mut rng = StdRng::seed_from_u64(0xa77a);
     let lin = smp([Wrap, Clamp, Clamp], Filter::Linear, true);
     let pt = smp([Clamp, Mirror, Clamp], Filter::Point, false);
@@ -782,67 +697,20 @@ fn arrays_cubes_and_multisample() {
         o.mip_linear = true;
         o
     };
+    #[rustfmt::skip] // one case per line
     let mut cases = vec![
-        case(
-            "a1d",
-            Form::Plain,
-            shaped(obj(TexFormat::F32, 2, &[7], lin), 3, false, 0, 1),
-        ),
-        case(
-            "a2d",
-            Form::Plain,
-            shaped(obj(TexFormat::U8, 4, &[5, 4], pt), 4, false, 0, 1),
-        ),
-        case(
-            "a2d",
-            Form::Grad,
-            shaped(obj(TexFormat::F32, 1, &[8, 8], lin), 2, false, 0, 4),
-        ),
-        case(
-            "a1d",
-            Form::Level,
-            shaped(obj(TexFormat::F16, 1, &[16], lin), 2, false, 0, 5),
-        ),
-        case(
-            "cube",
-            Form::Plain,
-            shaped(obj(TexFormat::F32, 4, &[4, 4], lin), 0, true, 0, 1),
-        ),
-        case(
-            "cube",
-            Form::Level,
-            shaped(obj(TexFormat::F32, 1, &[8, 8], lin), 0, true, 0, 4),
-        ),
-        case(
-            "cube",
-            Form::Grad,
-            shaped(obj(TexFormat::U16, 2, &[8, 8], lin), 0, true, 0, 4),
-        ),
-        case(
-            "acube",
-            Form::Plain,
-            shaped(obj(TexFormat::U8, 1, &[3, 3], pt), 3, true, 0, 1),
-        ),
-        case(
-            "acube",
-            Form::Grad,
-            shaped(obj(TexFormat::F32, 1, &[4, 4], lin), 2, true, 0, 3),
-        ),
-        case(
-            "a2d",
-            Form::Gather(1),
-            shaped(obj(TexFormat::F32, 2, &[5, 5], lin), 3, false, 0, 1),
-        ),
-        case(
-            "cube",
-            Form::Gather(0),
-            shaped(obj(TexFormat::U8, 4, &[4, 4], pt), 0, true, 0, 1),
-        ),
-        case(
-            "acube",
-            Form::Gather(3),
-            shaped(obj(TexFormat::F32, 4, &[4, 4], lin), 2, true, 0, 1),
-        ),
+        case("a1d", Form::Plain, shaped(obj(F32, 2, &[7], lin), 3, false, 0, 1)),
+        case("a2d", Form::Plain, shaped(obj(U8, 4, &[5, 4], pt), 4, false, 0, 1)),
+        case("a2d", Form::Grad, shaped(obj(F32, 1, &[8, 8], lin), 2, false, 0, 4)),
+        case("a1d", Form::Level, shaped(obj(F16, 1, &[16], lin), 2, false, 0, 5)),
+        case("cube", Form::Plain, shaped(obj(F32, 4, &[4, 4], lin), 0, true, 0, 1)),
+        case("cube", Form::Level, shaped(obj(F32, 1, &[8, 8], lin), 0, true, 0, 4)),
+        case("cube", Form::Grad, shaped(obj(U16, 2, &[8, 8], lin), 0, true, 0, 4)),
+        case("acube", Form::Plain, shaped(obj(U8, 1, &[3, 3], pt), 3, true, 0, 1)),
+        case("acube", Form::Grad, shaped(obj(F32, 1, &[4, 4], lin), 2, true, 0, 3)),
+        case("a2d", Form::Gather(1), shaped(obj(F32, 2, &[5, 5], lin), 3, false, 0, 1)),
+        case("cube", Form::Gather(0), shaped(obj(U8, 4, &[4, 4], pt), 0, true, 0, 1)),
+        case("acube", Form::Gather(3), shaped(obj(F32, 4, &[4, 4], lin), 2, true, 0, 1)),
     ];
     for (g, layers) in [("2dms", 0), ("a2dms", 3)] {
         let o = shaped(obj(TexFormat::U32, 2, &[5, 3], pt), layers, false, 4, 1);
@@ -964,14 +832,9 @@ fn bound_refs_query_and_access() {
     run(&m, &mem, 1, &[0, inb.base, out.base, 0]).unwrap();
     // txq: width 7, linear (1), mirror (1); suq: height 3
     assert_eq!(words(&out, 4), [7, 1, 1, 3]);
-    let mut after = vec![0u8; sb.len()];
-    surf.read_bytes(0, &mut after);
     let mut want = texels.clone();
     want[2 * 4 + 2] = texels[2 * 4 + 2].wrapping_add(3); // byte 8 = texel 2 of row 2
-    let got: Vec<u32> = after
-        .chunks(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let got = words(&surf, texels.len());
     assert_eq!(got, want);
     // an unbound .texref used by a fetch names itself too
     let t2 = kernel(
@@ -1135,14 +998,8 @@ fn sust_p_case(rng: &mut StdRng, c: &SurfCase) {
     );
     let text = kernel(HEAD, "", n, &ins);
     let m = load(&mem, &text);
-    let bytes: Vec<u8> = input
-        .iter()
-        .flatten()
-        .flat_map(|x| x.to_le_bytes())
-        .collect();
-    let inb = buffer(&mem, &bytes);
-    let out = poisoned(&mem, n * 16);
-    run(&m, &mem, n, &[hd.base, inb.base, out.base, 0]).unwrap_or_else(|e| panic!("{e}\n{ins}"));
+    assert_eq!(input.len(), n);
+    launch_rows(&m, &mem, (hd.base, 0), &input).unwrap_or_else(|e| panic!("{e}\n{ins}"));
     let mut got = vec![0u8; n * tb];
     surf.read_bytes(0, &mut got);
     for t in 0..n {
@@ -1245,16 +1102,8 @@ fn layered_suld_and_sust_b() {
         let ins = format!("    suld.b.{geom}{v}.b32.{mode} {dst}, [%rd1, {coords}];");
         let text = kernel(HEAD, "", N, &ins);
         let m = load(&mem, &text);
-        let ib: Vec<u8> = input
-            .iter()
-            .flatten()
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
-        let inb = buffer(&mem, &ib);
-        let out = poisoned(&mem, N * 16);
-        run(&m, &mem, N, &[hd.base, inb.base, out.base, 0])
-            .unwrap_or_else(|e| panic!("{e}\n{ins}"));
-        let got = words(&out, N * 4);
+        let got =
+            launch_rows(&m, &mem, (hd.base, 0), &input).unwrap_or_else(|e| panic!("{e}\n{ins}"));
         for t in 0..N {
             assert_eq!(
                 &got[4 * t..4 * t + 4],
@@ -1272,8 +1121,7 @@ fn layered_suld_and_sust_b() {
         let (x, y, z) = (8, h - 1, p - 1);
         let mut words1 = [0u32; WORDS_IN];
         words1[..4].copy_from_slice(&surf_coords(geom, x, y, z));
-        let inb = buffer(&mem, &words1.map(u32::to_le_bytes).concat());
-        run(&m, &mem, 1, &[hd.base, inb.base, out.base, 0]).unwrap();
+        launch_rows(&m, &mem, (hd.base, 0), &[words1]).unwrap();
         let i = ((z * h + y) * row + x) as usize / 4;
         let mut after = data.clone();
         after[i] = data[i].wrapping_add(1);
@@ -1321,14 +1169,7 @@ fn sured_p_reduces_u32_texels() {
         }
         let ins = format!("    sured.p.{op}.2d.b32.trap [%rd1, {{%r10, %r11}}], %r15;");
         let m = load(&mem, &kernel(HEAD, "", N, &ins));
-        let ib: Vec<u8> = input
-            .iter()
-            .flatten()
-            .flat_map(|x| x.to_le_bytes())
-            .collect();
-        let inb = buffer(&mem, &ib);
-        let out = poisoned(&mem, N * 16);
-        run(&m, &mem, N, &[hd.base, inb.base, out.base, 0]).unwrap();
+        launch_rows(&m, &mem, (hd.base, 0), &input).unwrap();
         assert_eq!(words(&surf, 6), want, "{ins}");
     }
 }
@@ -1341,24 +1182,16 @@ fn queries_report_the_shape() {
     let back = buffer(&mem, &[0u8; 4]);
     let s = smp([AddrMode::Clamp; 3], Filter::Point, true);
     let tx = |f, ch, ext: &[u32]| TexDesc::texture(back.base, f, ch, ext, s).unwrap();
-    let levels = kernel(
-        HEAD,
-        "",
-        1,
+    let one_thread = |body: &str| kernel(HEAD, "", 1, body);
+    let levels = one_thread(
         "    txq.level.width.b32 %r1, [%rd1], %r10;\n    txq.level.height.b32 %r2, [%rd1], %r10;\n\
          \x20   txq.level.depth.b32 %r3, [%rd1], %r10;\n    txq.num_mipmap_levels.b32 %r4, [%rd1];",
     );
-    let shape = kernel(
-        HEAD,
-        "",
-        1,
+    let shape = one_thread(
         "    txq.array_size.b32 %r1, [%rd1];\n    txq.num_samples.b32 %r2, [%rd1];\n\
          \x20   txq.channel_data_type.b32 %r3, [%rd1];\n    txq.channel_order.b32 %r4, [%rd1];",
     );
-    let surf = kernel(
-        HEAD,
-        "",
-        1,
+    let surf = one_thread(
         "    suq.array_size.b32 %r1, [%rd1];\n    suq.memory_layout.b32 %r2, [%rd1];\n\
          \x20   suq.channel_data_type.b32 %r3, [%rd1];\n    suq.channel_order.b32 %r4, [%rd1];",
     );
@@ -1437,79 +1270,30 @@ fn queries_report_the_shape() {
 /// independent mode, objects of the wrong kind).
 #[test]
 fn validator_rejects_malformed_new_forms() {
-    let d4 = "{%r1, %r2, %r3, %r4}";
-    let bad = [
-        (
-            format!("tex.level.2dms.v4.f32.s32 {d4}, [%rd1, {{%r5, %r6, %r7, %r8}}], %r9;"),
-            "no .base/.level/.grad",
-        ),
-        (
-            format!("tex.cube.v4.f32.s32 {d4}, [%rd1, {{%r5, %r6, %r7, %r8}}];"),
-            "types",
-        ),
-        (
-            format!("tex.2dms.v4.f32.f32 {d4}, [%rd1, {{%r5, %r6, %r7, %r8}}];"),
-            "types",
-        ),
-        (
-            format!("tld4.r.2d.v4.f32.s32 {d4}, [%rd1, {{%r5, %r6}}];"),
-            "types",
-        ),
-        (
-            "suld.b.cube.b32.trap {%r1}, [%rd1, {%r5, %r6, %r7, %r8}];".into(),
-            "geometry",
-        ),
-        (
-            "sured.b.add.a1d.u32.trap [%rd1, {%r5, %r6}], %r1;".into(),
-            "geometry",
-        ),
-        (
-            format!("sust.p.2d.v4.u32.trap [%rd1, {{%r5, %r6}}], {d4};"),
-            "sust.p",
-        ),
-        (
-            format!("suld.p.2d.v4.b32.trap {d4}, [%rd1, {{%r5, %r6}}];"),
-            "sust.p",
-        ),
-        (
-            format!("tex.a2d.v4.f32.f32 {d4}, [%rd1, {{%r5, %r6}}];"),
-            "coordinates",
-        ),
-        (
-            format!("tex.grad.2d.v4.f32.f32 {d4}, [%rd1, {{%r5, %r6}}], {{%r7}}, {{%r8, %r9}};"),
-            "dPdx",
-        ),
-        (
-            format!("tex.2d.v4.f32.f32 {d4}, [gs, {{%r5, %r6}}];"),
-            "not a module-scope .texref",
-        ),
-        (
-            "suq.num_mipmap_levels.b32 %r1, [%rd1];".into(),
-            "query attribute",
-        ),
-        (
-            "txq.level.filter_mode.b32 %r1, [%rd1], %r2;".into(),
-            ".level",
-        ),
+    // `{d4}` stands for a four-register vector
+    #[rustfmt::skip] // one case per line
+    let bad: [(&str, &str); 13] = [
+        ("tex.level.2dms.v4.f32.s32 {d4}, [%rd1, {%r5, %r6, %r7, %r8}], %r9;", "no .base/.level/.grad"),
+        ("tex.cube.v4.f32.s32 {d4}, [%rd1, {%r5, %r6, %r7, %r8}];", "types"),
+        ("tex.2dms.v4.f32.f32 {d4}, [%rd1, {%r5, %r6, %r7, %r8}];", "types"),
+        ("tld4.r.2d.v4.f32.s32 {d4}, [%rd1, {%r5, %r6}];", "types"),
+        ("suld.b.cube.b32.trap {%r1}, [%rd1, {%r5, %r6, %r7, %r8}];", "geometry"),
+        ("sured.b.add.a1d.u32.trap [%rd1, {%r5, %r6}], %r1;", "geometry"),
+        ("sust.p.2d.v4.u32.trap [%rd1, {%r5, %r6}], {d4};", "sust.p"),
+        ("suld.p.2d.v4.b32.trap {d4}, [%rd1, {%r5, %r6}];", "sust.p"),
+        ("tex.a2d.v4.f32.f32 {d4}, [%rd1, {%r5, %r6}];", "coordinates"),
+        ("tex.grad.2d.v4.f32.f32 {d4}, [%rd1, {%r5, %r6}], {%r7}, {%r8, %r9};", "dPdx"),
+        ("tex.2d.v4.f32.f32 {d4}, [gs, {%r5, %r6}];", "not a module-scope .texref"),
+        ("suq.num_mipmap_levels.b32 %r1, [%rd1];", "query attribute"),
+        ("txq.level.filter_mode.b32 %r1, [%rd1], %r2;", ".level"),
     ];
     for (ins, msg) in bad {
+        let ins = ins.replace("{d4}", "{%r1, %r2, %r3, %r4}");
         let text = format!(
             "{HEAD}.global .surfref gs;\n.visible .entry k(.param .u64 p)\n{{\n    .reg .b32 %r<10>;\n\
              \x20   .reg .b64 %rd<4>;\n    ld.param.u64 %rd1, [p];\n    mov.b64 %rd2, %rd1;\n    {ins}\n    ret;\n}}\n"
         );
-        let m = ptx::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        let errs: Vec<String> = ptx::validate(&m)
-            .into_iter()
-            .filter(|d| d.is_error())
-            .map(|d| d.to_string())
-            .collect();
-        assert!(errs.iter().any(|e| e.contains(msg)), "`{ins}`: {errs:?}");
-        if ptx::ptxas::ptxas_for_tests("isa_tex_geom test PTX").is_some() {
-            assert!(
-                ptx::ptxas::assemble(&text, "sm_90a", &Default::default()).is_err(),
-                "ptxas accepts `{ins}`"
-            );
-        }
+        assert_rejected(&text, &ins, msg, "isa_tex_geom test PTX");
     }
 }
 
@@ -1531,15 +1315,7 @@ fn f16x2_results_and_residency_predicate() {
                 \x20   tex.2d.v4.f32.f32 {%r5, %r6, %r7, %r8}|%p2, [%rd1, {%r10, %r11}];\n\
                 \x20   selp.u32 %r3, 7, 9, %p2;\n    mov.b32 %r4, %r8;";
     let m = load(&mem, &kernel(HEAD, "", N, body));
-    let ib: Vec<u8> = input
-        .iter()
-        .flatten()
-        .flat_map(|x| x.to_le_bytes())
-        .collect();
-    let inb = buffer(&mem, &ib);
-    let out = poisoned(&mem, N * 16);
-    run(&m, &mem, N, &[h.base, inb.base, out.base, 0]).unwrap();
-    let got = words(&out, N * 4);
+    let got = launch_rows(&m, &mem, (h.base, 0), &input).unwrap();
     for (t, w) in input.iter().enumerate() {
         let v = reference(&c, w);
         let hb = |x: f64| f16_bits(x as f32 as f64) as u32;
@@ -1582,19 +1358,7 @@ fn validator_rejects_bad_ref_declarations() {
     ];
     for (head, decl, msg) in bad {
         let text = format!("{head}{decl}\n.visible .entry k()\n{{\n    ret;\n}}\n");
-        let m = ptx::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-        let errs: Vec<String> = ptx::validate(&m)
-            .into_iter()
-            .filter(|d| d.is_error())
-            .map(|d| d.to_string())
-            .collect();
-        assert!(errs.iter().any(|e| e.contains(msg)), "`{decl}`: {errs:?}");
-        if ptx::ptxas::ptxas_for_tests("isa_tex_geom test PTX").is_some() {
-            assert!(
-                ptx::ptxas::assemble(&text, "sm_90a", &Default::default()).is_err(),
-                "ptxas accepts `{decl}`"
-            );
-        }
+        assert_rejected(&text, decl, msg, "isa_tex_geom test PTX");
     }
 }
 
@@ -1640,15 +1404,7 @@ fn texref_kernel_parameter() {
         .replace(".param .u64 ph", ".param .texref ph")
         .replace("    ld.param.u64 %rd1, [ph];\n", "");
     let m = load(&mem, &text);
-    let ib: Vec<u8> = input
-        .iter()
-        .flatten()
-        .flat_map(|x| x.to_le_bytes())
-        .collect();
-    let inb = buffer(&mem, &ib);
-    let out = poisoned(&mem, N * 16);
-    run(&m, &mem, N, &[h.base, inb.base, out.base, 0]).unwrap();
-    let got = words(&out, N * 4);
+    let got = launch_rows(&m, &mem, (h.base, 0), &input).unwrap();
     for (t, w) in input.iter().enumerate() {
         let want = reference(&c, w).map(|x| (x as f32).to_bits());
         assert_eq!(&got[4 * t..4 * t + 4], &want, "thread {t}: {w:x?}");

@@ -4,8 +4,14 @@
 //!   geometry ptxas 13.5 takes it on (`.1d`, `.2d`, `.a1d`, `.a2d`, `.cube`, `.acube`; `tld4`
 //!   on `.2d`, `.a2d`, `.cube`, `.acube`), point and linear (percentage-closer) filtering,
 //!   `.level` and `.grad`, f32 and u16 texels (reference clamped to [0, 1]), integer fetches;
-//!   `.s32`-coordinate fetches ignore `f` (ptxas compiles them to TLD); a sampler without a
-//!   compare function faults;
+//!   `.s32`-coordinate fetches ignore `f` (ptxas compiles them to TLD), `.2dms`/`.a2dms` (which
+//!   take `f` only with `.s32` coordinates) included; a sampler without a compare function
+//!   faults;
+//! - depth compare with a texel offset `e` (`tex` on `.1d`, `.2d`, `.a1d`, `.a2d`; `tld4` on
+//!   `.2d`, `.a2d`: where ptxas takes both), and through `tex.base`/`.level`/`.grad` on
+//!   mipmapped `.a2d` and `.cube` textures with a LOD bias and clamps;
+//! - independent-mode sampler handles (`[tex, sampler, {c}]`) carrying compare, bias, clamps,
+//!   seamless cube filtering and anisotropy to the fetch instead of the texture's own state;
 //! - level-of-detail bias and min/max clamps (`.level`, `.grad`, implicit), including a bias
 //!   past the last level and clamps that pin one level;
 //! - seamless cube-map filtering across edges and corners, the reference finding each texel
@@ -19,9 +25,13 @@ use rand::{Rng, SeedableRng};
 
 #[path = "common/tex.rs"]
 mod common;
+#[path = "common/tex_desc.rs"]
+mod tex_desc;
 use common::{buffer, poisoned, read, run};
+use tex_desc::{shaped_desc, Shape};
 
 const HEAD: &str = ".version 8.7\n.target sm_90a\n.address_size 64\n";
+const HEAD_INDEP: &str = ".version 8.7\n.target sm_90a, texmode_independent\n.address_size 64\n";
 const FUNCS: [CompareFunc; 8] = [
     CompareFunc::Never,
     CompareFunc::Less,
@@ -33,7 +43,15 @@ const FUNCS: [CompareFunc; 8] = [
     CompareFunc::Always,
 ];
 
+/// Point sampling with an implicit level, linear filtering with `.level` and with `.grad`.
+const FILTER_MIPS: [(Filter, Mip); 3] = [
+    (Filter::Point, Mip::Implicit),
+    (Filter::Linear, Mip::Level),
+    (Filter::Linear, Mip::Grad),
+];
+
 /// A texture and what the reference needs of it.
+#[derive(Clone)]
 struct Obj {
     format: TexFormat,
     ch: usize,
@@ -43,6 +61,8 @@ struct Obj {
     layers: usize,
     cube: bool,
     levels: usize,
+    /// Samples per texel of a multisample texture (0: not multisample).
+    samples: usize,
     mip_linear: bool,
     s: Sampler,
     /// Per level: values of `[plane][row][texel][channel]` as a fetch reads them.
@@ -54,6 +74,8 @@ struct Obj {
 #[derive(Clone, Copy, PartialEq)]
 enum Mip {
     Implicit,
+    /// `tex.base`: level 0 before bias and clamps, as an implicit fetch.
+    Base,
     Level,
     Grad,
 }
@@ -66,6 +88,8 @@ struct Rec {
     reference: f32,
     dx: [f32; 3],
     dy: [f32; 3],
+    /// Texel offset `e` (loaded into `%r4`, `%r5`).
+    off: [i32; 2],
 }
 
 impl Rec {
@@ -79,6 +103,7 @@ impl Rec {
         }
         w[4] = self.lod.to_bits();
         w[5] = self.reference.to_bits();
+        (w[12], w[13]) = (self.off[0] as u32, self.off[1] as u32);
         w.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
 }
@@ -128,6 +153,7 @@ fn make_obj(
         layers,
         cube,
         levels,
+        samples: 0,
         mip_linear: rng.gen_bool(0.5),
         s,
         vals: vec![],
@@ -154,19 +180,15 @@ fn make_obj(
 
 fn desc(o: &Obj, base: u64) -> TexDesc {
     let ext: Vec<u32> = o.n[..o.dims].iter().map(|&x| x as u32).collect();
-    let mut d = TexDesc::texture(base, o.format, o.ch as u32, &ext, o.s).unwrap();
-    if o.layers > 0 {
-        d = d.layered(o.layers as u32).unwrap();
-    }
-    if o.cube {
-        d = d.cubemap().unwrap();
-    }
-    let mf = if o.mip_linear {
-        Filter::Linear
-    } else {
-        Filter::Point
+    let d = TexDesc::texture(base, o.format, o.ch as u32, &ext, o.s).unwrap();
+    let sh = Shape {
+        layers: o.layers,
+        cube: o.cube,
+        samples: o.samples,
+        levels: o.levels as u32,
+        mip_linear: o.mip_linear,
     };
-    d.mipmapped(o.levels as u32, mf).unwrap()
+    shaped_desc(d, sh)
 }
 
 /// Cube face and face coordinates (CUDA Programming Guide, "Cubemap Textures" table).
@@ -233,6 +255,8 @@ struct At {
     /// Plane of layer 0's face 0 (cube) or the layer.
     plane: usize,
     depth: Option<(CompareFunc, f64)>,
+    /// Texel offset added to the texel-space coordinates on every level (not on cubes).
+    off: [f64; 2],
 }
 
 fn passes(f: CompareFunc, r: f64, d: f64) -> bool {
@@ -371,7 +395,8 @@ fn sample(o: &Obj, at: &At, c: [f64; 3]) -> [f64; 4] {
         let (face, uv) = face_of(c);
         return filter(o, at, [uv[0] * e[0] as f64, uv[1] * e[0] as f64], face);
     }
-    filter(o, at, [c[0] * e[0] as f64, c[1] * e[1] as f64], 0)
+    let u = [c[0] * e[0] as f64, c[1] * e[1] as f64];
+    filter(o, at, [u[0] + at.off[0], u[1] + at.off[1]], 0)
 }
 
 /// Lengths of the derivatives in level-0 texels (cube: of the face coordinates).
@@ -437,7 +462,7 @@ fn fetch(o: &Obj, r: &Rec, mip: Mip, depth: bool) -> [f64; 4] {
     let c = r.c.map(|x| x as f64);
     let q = |x: f32| (x as f64 * 256.0).round() / 256.0;
     let (base, taps): (f64, Vec<[f64; 3]>) = match mip {
-        Mip::Implicit => (0.0, vec![c]),
+        Mip::Implicit | Mip::Base => (0.0, vec![c]),
         Mip::Level => (r.lod as f64, vec![c]),
         Mip::Grad => grad_footprint(o, r, c),
     };
@@ -462,23 +487,20 @@ fn fetch(o: &Obj, r: &Rec, mip: Mip, depth: bool) -> [f64; 4] {
     if o.format == TexFormat::U16 {
         reference = reference.clamp(0.0, 1.0);
     }
+    let at = |level: usize| At {
+        level,
+        plane: layer * if o.cube { 6 } else { 1 },
+        depth: depth.then(|| (o.s.compare.unwrap(), reference)),
+        off: r.off.map(f64::from),
+    };
     let one = |tap: [f64; 3]| -> [f64; 4] {
         if levels.len() == 1 {
-            let at = At {
-                level: levels[0].0,
-                plane: layer * if o.cube { 6 } else { 1 },
-                depth: depth.then(|| (o.s.compare.unwrap(), reference)),
-            };
-            return sample(o, &at, tap);
+            // one level: its value as sampled (a -0.0 texel stays -0.0)
+            return sample(o, &at(levels[0].0), tap);
         }
         let mut acc = [0.0; 4];
         for &(level, w) in &levels {
-            let at = At {
-                level,
-                plane: layer * if o.cube { 6 } else { 1 },
-                depth: depth.then(|| (o.s.compare.unwrap(), reference)),
-            };
-            let v = sample(o, &at, tap);
+            let v = sample(o, &at(level), tap);
             for k in 0..4 {
                 acc[k] += w * v[k];
             }
@@ -518,13 +540,18 @@ fn gather(o: &Obj, r: &Rec, comp: usize, depth: bool) -> [f64; 4] {
         level: 0,
         plane: layer * if o.cube { 6 } else { 1 },
         depth: depth.then(|| (o.s.compare.unwrap(), reference)),
+        off: [0.0; 2],
     };
     let c = r.c.map(|x| x as f64);
     let (face, u) = if o.cube {
         let (f, uv) = face_of(c);
         (f, uv.map(|x| x * o.n[0] as f64))
     } else {
-        (0, [c[0] * o.n[0] as f64, c[1] * o.n[1] as f64])
+        let off = r.off.map(f64::from);
+        (
+            0,
+            [c[0] * o.n[0] as f64 + off[0], c[1] * o.n[1] as f64 + off[1]],
+        )
     };
     let (i0, _) = weight(u[0]);
     let (j0, _) = weight(u[1]);
@@ -558,7 +585,7 @@ fn coords(geom: &str) -> &'static str {
 /// The mip operands after the coordinates.
 fn mip_ops(geom: &str, mip: Mip) -> &'static str {
     match (mip, geom) {
-        (Mip::Implicit, _) => "",
+        (Mip::Implicit | Mip::Base, _) => "",
         (Mip::Level, _) => ", %f14",
         (Mip::Grad, "1d" | "a1d") => ", {%f16}, {%f19}",
         (Mip::Grad, "2d" | "a2d") => ", {%f16, %f17}, {%f19, %f20}",
@@ -567,18 +594,24 @@ fn mip_ops(geom: &str, mip: Mip) -> &'static str {
 }
 
 /// A kernel where thread `t` loads 64-byte record `t` (see [`Rec::bytes`]) into `%r10..%r13`
-/// and `%f10..%f21` (the same words), runs `ins` into `%f0..%f3` (or `%r0..%r3`) and stores
-/// them to 16-byte slot `t`.
+/// and `%f10..%f21` (the same words) and its offsets into `%r4`, `%r5`, runs `ins` into
+/// `%f0..%f3` (or `%r0..%r3`) and stores them to 16-byte slot `t`. `%rd5` holds the sampler
+/// handle (parameter `ps`) for independent-mode fetches.
 fn kernel(ins: &str, n: usize, int: bool) -> String {
+    kernel_in(HEAD, ins, n, int)
+}
+
+fn kernel_in(head: &str, ins: &str, n: usize, int: bool) -> String {
     let st = if int {
         "st.global.v4.u32 [%rd3], {%r0, %r1, %r2, %r3};"
     } else {
         "st.global.v4.f32 [%rd3], {%f0, %f1, %f2, %f3};"
     };
     format!(
-        "{HEAD}.visible .entry k(.param .u64 pt, .param .u64 pin, .param .u64 pout)\n{{\n\
+        "{head}.visible .entry k(.param .u64 pt, .param .u64 pin, .param .u64 pout, .param .u64 ps)\n{{\n\
          \x20   .reg .pred %p<2>;\n    .reg .b32 %r<20>;\n    .reg .f32 %f<24>;\n    .reg .b64 %rd<8>;\n\
          \x20   ld.param.u64 %rd1, [pt];\n    ld.param.u64 %rd2, [pin];\n    ld.param.u64 %rd3, [pout];\n\
+         \x20   ld.param.u64 %rd5, [ps];\n\
          \x20   mov.u32 %r19, %tid.x;\n    mov.u32 %r18, %ctaid.x;\n    mad.lo.u32 %r19, %r18, 128, %r19;\n\
          \x20   setp.ge.u32 %p1, %r19, {n};\n    @%p1 ret;\n\
          \x20   mul.wide.u32 %rd4, %r19, 64;\n    add.s64 %rd2, %rd2, %rd4;\n\
@@ -587,6 +620,7 @@ fn kernel(ins: &str, n: usize, int: bool) -> String {
          \x20   ld.global.v4.f32 {{%f10, %f11, %f12, %f13}}, [%rd2];\n\
          \x20   ld.global.v4.f32 {{%f14, %f15, %f16, %f17}}, [%rd2+16];\n\
          \x20   ld.global.v4.f32 {{%f18, %f19, %f20, %f21}}, [%rd2+32];\n\
+         \x20   ld.global.v2.b32 {{%r4, %r5}}, [%rd2+48];\n\
          {ins}\n    {st}\n    ret;\n}}\n"
     )
 }
@@ -594,23 +628,20 @@ fn kernel(ins: &str, n: usize, int: bool) -> String {
 /// Runs `ins` over `recs` on `o` and compares every thread's four results with `want` (f32
 /// bits of the reference, or its integers).
 fn check(o: &Obj, ins: &str, recs: &[Rec], int: bool, want: impl Fn(&Rec) -> [f64; 4]) {
-    let mem = GlobalMemory::new();
-    let data = buffer(&mem, &o.raw);
-    let h = desc(o, data.base).upload(&mem, 0).unwrap();
-    let m = common::load_checked(
-        &mem,
-        &kernel(ins, recs.len(), int),
-        &["sm_90a"],
-        "isa_tex_sampler PTX",
-    );
-    let input = buffer(
-        &mem,
-        &recs.iter().flat_map(|r| r.bytes()).collect::<Vec<u8>>(),
-    );
-    let out = poisoned(&mem, recs.len() * 16);
-    run(&m, &mem, recs.len(), &[h.base, input.base, out.base])
-        .unwrap_or_else(|e| panic!("{e}\n{ins}"));
-    let got = read(&out, recs.len() * 16);
+    check_via(o, None, ins, recs, (int, want));
+}
+
+/// [`check`], or with `indep` an independent-mode kernel: the texture's descriptor carries
+/// the sampler `indep` and the fetch goes through a sampler handle carrying `o.s` (the
+/// reference's state).
+fn check_via(
+    o: &Obj,
+    indep: Option<Sampler>,
+    ins: &str,
+    recs: &[Rec],
+    (int, want): (bool, impl Fn(&Rec) -> [f64; 4]),
+) {
+    let got = launch(o, indep, ins, recs, int).unwrap_or_else(|e| panic!("{e}\n{ins}"));
     for (t, r) in recs.iter().enumerate() {
         let w = want(r);
         for k in 0..4 {
@@ -643,6 +674,43 @@ fn check(o: &Obj, ins: &str, recs: &[Rec], int: bool, want: impl Fn(&Rec) -> [f6
     }
 }
 
+/// Loads `ins`'s kernel (independent mode with `indep`, see [`check_via`]), runs it over `recs`
+/// into a poisoned output and returns the output's bytes (16 per record).
+fn launch(
+    o: &Obj,
+    indep: Option<Sampler>,
+    ins: &str,
+    recs: &[Rec],
+    int: bool,
+) -> Result<Vec<u8>, String> {
+    let mem = GlobalMemory::new();
+    let data = buffer(&mem, &o.raw);
+    let (head, tex) = match indep {
+        Some(s) => (HEAD_INDEP, desc(&Obj { s, ..o.clone() }, data.base)),
+        None => (HEAD, desc(o, data.base)),
+    };
+    let h = tex.upload(&mem, 0).unwrap();
+    let sh = TexDesc::sampler(o.s).unwrap().upload(&mem, 0).unwrap();
+    let m = common::load_checked(
+        &mem,
+        &kernel_in(head, ins, recs.len(), int),
+        &["sm_90a"],
+        "isa_tex_sampler PTX",
+    );
+    let input = buffer(
+        &mem,
+        &recs.iter().flat_map(|r| r.bytes()).collect::<Vec<u8>>(),
+    );
+    let out = poisoned(&mem, recs.len() * 16);
+    run(
+        &m,
+        &mem,
+        recs.len(),
+        &[h.base, input.base, out.base, sh.base],
+    )?;
+    Ok(read(&out, recs.len() * 16))
+}
+
 /// Random records for `geom`: coordinates over and a little beyond the texture (directions
 /// anywhere for cubes), layers including one past the last, the other fields random.
 fn records(rng: &mut StdRng, o: &Obj, n: usize, refs: &[f64]) -> Vec<Rec> {
@@ -667,6 +735,7 @@ fn records(rng: &mut StdRng, o: &Obj, n: usize, refs: &[f64]) -> Vec<Rec> {
                 },
                 dx: g(rng),
                 dy: g(rng),
+                off: [0; 2],
             }
         })
         .collect()
@@ -701,11 +770,7 @@ fn depth_compare_every_geometry() {
     let mut rng = StdRng::seed_from_u64(0x00dc_0001);
     let mut k = 0;
     for geom in ["1d", "2d", "a1d", "a2d", "cube", "acube"] {
-        for (filter, mip) in [
-            (Filter::Point, Mip::Implicit),
-            (Filter::Linear, Mip::Level),
-            (Filter::Linear, Mip::Grad),
-        ] {
+        for (filter, mip) in FILTER_MIPS {
             let mut s = sampler(&mut rng, filter);
             s.compare = Some(FUNCS[k % 8]);
             s.seamless_cube = rng.gen_bool(0.5);
@@ -719,16 +784,7 @@ fn depth_compare_every_geometry() {
             let o = make_obj(&mut rng, sh, 2, s, format);
             let refs: Vec<f64> = o.vals[0].clone();
             let recs = records(&mut rng, &o, 48, &refs);
-            let m = match mip {
-                Mip::Implicit => "",
-                Mip::Level => ".level",
-                Mip::Grad => ".grad",
-            };
-            let ins = format!(
-                "    tex{m}.{geom}.v4.f32.f32 {{%f0, %f1, %f2, %f3}}, [%rd1, {}]{}, %f15;",
-                coords(geom),
-                mip_ops(geom, mip)
-            );
+            let ins = format!("{}, %f15;", fetch_ins(geom, mip).trim_end_matches(';'));
             check(&o, &ins, &recs, false, |r| fetch(&o, r, mip, true));
         }
     }
@@ -787,6 +843,7 @@ fn depth_compare_ignored_on_s32_coordinates_and_faults_without_a_function() {
             reference: 0.5,
             dx: [0.0; 3],
             dy: [0.0; 3],
+            off: [0; 2],
         })
         .collect();
     let ins = "    tex.2d.v4.f32.s32 {%f0, %f1, %f2, %f3}, [%rd1, {%r11, %r12}], %r15;";
@@ -800,19 +857,10 @@ fn depth_compare_ignored_on_s32_coordinates_and_faults_without_a_function() {
     // a depth-compare fetch through a sampler without a compare function faults
     let s = sampler(&mut rng, Filter::Linear);
     let o = make_obj(&mut rng, (2, [4, 4], 0, false), 1, s, TexFormat::F32);
-    let mem = GlobalMemory::new();
-    let data = buffer(&mem, &o.raw);
-    let h = desc(&o, data.base).upload(&mem, 0).unwrap();
     let ins = "    tex.2d.v4.f32.f32 {%f0, %f1, %f2, %f3}, [%rd1, {%f11, %f12}], %f15;";
-    let m = common::load_checked(
-        &mem,
-        &kernel(ins, 1, false),
-        &["sm_90a"],
-        "isa_tex_sampler PTX",
-    );
-    let input = buffer(&mem, &[0u8; 64]);
-    let out = poisoned(&mem, 16);
-    let err = run(&m, &mem, 1, &[h.base, input.base, out.base]).unwrap_err();
+    let mut rec = records(&mut rng, &o, 1, &[0.5])[0];
+    rec.reference = 0.5;
+    let err = launch(&o, None, ins, &[rec], false).unwrap_err();
     assert!(err.contains("without a compare function"), "{err}");
 }
 
@@ -827,9 +875,11 @@ fn mip_obj(rng: &mut StdRng, geom: &str, s: Sampler) -> Obj {
     make_obj(rng, sh, 4, s, TexFormat::F32)
 }
 
+/// `tex` on `geom` with the mip operands of `mip`, into `%f0..%f3`.
 fn fetch_ins(geom: &str, mip: Mip) -> String {
     let m = match mip {
         Mip::Implicit => "",
+        Mip::Base => ".base",
         Mip::Level => ".level",
         Mip::Grad => ".grad",
     };
@@ -1027,19 +1077,12 @@ fn sampler_state_is_checked_and_round_trips() {
     );
 }
 
-/// The validator: no depth compare on `.3d`; with `.s32` coordinates `f` is an integer
-/// register (ptxas 13.5 types it by the coordinates); an offset vector `e` followed by `f`
+/// The validator: no depth compare on `.3d`; with `.s32` coordinates (`.2dms` included) `f`
+/// is an integer register (ptxas 13.5 types it by the coordinates); an offset vector `e` followed by `f`
 /// gives each its role.
 #[test]
 fn validator_rules_for_depth_compare() {
-    let errors = |ins: &str| -> Vec<String> {
-        let m = ptx::parse(&kernel(ins, 1, false)).unwrap();
-        ptx::validate(&m)
-            .into_iter()
-            .filter(|d| d.is_error())
-            .map(|d| d.to_string())
-            .collect()
-    };
+    let errors = |ins: &str| common::validator_errors(&kernel(ins, 1, false));
     let d = "{%f0, %f1, %f2, %f3}";
     let e = errors(&format!(
         "    tex.3d.v4.f32.f32 {d}, [%rd1, {{%f11, %f12, %f13, %f13}}], %f15;"
@@ -1048,13 +1091,15 @@ fn validator_rules_for_depth_compare() {
         e.iter().any(|x| x.contains("takes no depth-compare")),
         "{e:?}"
     );
-    let e = errors(&format!(
-        "    tex.2d.v4.f32.s32 {d}, [%rd1, {{%r11, %r12}}], %f15;"
-    ));
-    assert!(
-        e.iter().any(|x| x.contains("depth-compare operand `f`")),
-        "{e:?}"
-    );
+    for (geom, co) in [("2d", "{%r11, %r12}"), ("2dms", "{%r11, %r12, %r13, %r13}")] {
+        let e = errors(&format!(
+            "    tex.{geom}.v4.f32.s32 {d}, [%rd1, {co}], %f15;"
+        ));
+        assert!(
+            e.iter().any(|x| x.contains("depth-compare operand `f`")),
+            "{geom}: {e:?}"
+        );
+    }
     let ok = format!("    tex.2d.v4.f32.f32 {d}, [%rd1, {{%f11, %f12}}], {{%r12, %r13}}, %f15;");
     assert!(errors(&ok).is_empty(), "{:?}", errors(&ok));
     let tex = match ptx::parse_statements(&ok).unwrap().remove(0) {
@@ -1100,5 +1145,192 @@ fn depth_compare_f16x2() {
                 0.0,
             ]
         });
+    }
+}
+
+/// Random texel offsets in [-8, 7] (ptxas's range) on each record, the second 0 in 1D.
+fn with_offsets(rng: &mut StdRng, recs: &mut [Rec], dims: usize) {
+    for r in recs {
+        r.off = [rng.gen_range(-8..8), rng.gen_range(-8..8)];
+        if dims == 1 {
+            r.off[1] = 0;
+        }
+    }
+}
+
+/// `ins` (ending in `;`) with the further operands `more` appended.
+fn with_operands(ins: &str, more: &str) -> String {
+    format!("{}, {more};", ins.trim_end_matches(';'))
+}
+
+/// Depth compare together with a texel offset `e` (`tex ..., e, f`): `tex` on every geometry
+/// ptxas 13.5 takes both on (`.1d`, `.2d`, `.a1d`, `.a2d`; it takes no offsets on cubes),
+/// implicit, `.level` and `.grad`, and `tld4` (`.2d`, `.a2d`) with each component; the
+/// offset moves the footprint in texel space on every level before the comparison.
+#[test]
+fn depth_compare_with_texel_offsets() {
+    let mut rng = StdRng::seed_from_u64(0x00dc_0005);
+    let mut k = 0;
+    for geom in ["1d", "2d", "a1d", "a2d"] {
+        for (filter, mip) in FILTER_MIPS {
+            let mut s = sampler(&mut rng, filter);
+            s.compare = Some(FUNCS[(3 * k + 1) % 8]);
+            k += 1;
+            let format = [TexFormat::F32, TexFormat::U16][k % 2];
+            let sh = shape(&mut rng, geom);
+            let o = make_obj(&mut rng, sh, 2, s, format);
+            let mut recs = records(&mut rng, &o, 48, &o.vals[0].clone());
+            with_offsets(&mut rng, &mut recs, o.dims);
+            let e = if o.dims == 1 { "{%r4}" } else { "{%r4, %r5}" };
+            let ins = with_operands(&fetch_ins(geom, mip), &format!("{e}, %f15"));
+            check(&o, &ins, &recs, false, |r| fetch(&o, r, mip, true));
+        }
+    }
+    for geom in ["2d", "a2d"] {
+        for comp in 0..4 {
+            let mut s = sampler(&mut rng, Filter::Linear);
+            s.compare = Some(FUNCS[(2 * comp + 3) % 8]);
+            let sh = shape(&mut rng, geom);
+            let o = make_obj(&mut rng, sh, 1, s, TexFormat::F32);
+            let mut recs = records(&mut rng, &o, 48, &o.vals[0].clone());
+            with_offsets(&mut rng, &mut recs, 2);
+            let ins = format!(
+                "    tld4.{}.{geom}.v4.f32.f32 {{%f0, %f1, %f2, %f3}}, [%rd1, {}], {{%r4, %r5}}, %f15;",
+                ["r", "g", "b", "a"][comp],
+                coords(geom)
+            );
+            check(&o, &ins, &recs, false, |r| gather(&o, r, comp, true));
+        }
+    }
+}
+
+/// `.2dms`/`.a2dms` take `f` only with `.s32` coordinates (ptxas 13.5 rejects `.f32` ones
+/// there, and types `f` as an integer register): like every `.s32` fetch, it reads the stored
+/// sample and ignores the sampler's compare function and the reference.
+#[test]
+fn depth_compare_on_multisample_reads_the_sample() {
+    let mut rng = StdRng::seed_from_u64(0x00dc_0007);
+    for (geom, layers, co) in [
+        ("2dms", 0, "{%r11, %r12, %r13, %r13}"),
+        ("a2dms", 3, "{%r10, %r11, %r12, %r13}"),
+    ] {
+        for (k, format) in [TexFormat::F32, TexFormat::U16].into_iter().enumerate() {
+            let mut s = Sampler::new([AddrMode::Clamp; 3], Filter::Point, false);
+            s.compare = Some(FUNCS[rng.gen_range(0..8)]);
+            let (w, h, ns) = (rng.gen_range(3..7), rng.gen_range(3..7), 2 + 2 * k);
+            // planes are (layer, sample) pairs, sample fastest, as the descriptor lays them out
+            let sh = (2, [w, h], layers.max(1) * ns, false);
+            let mut o = make_obj(&mut rng, sh, 1, s, format);
+            (o.layers, o.samples) = (layers, ns);
+            let recs: Vec<Rec> = (0..40)
+                .map(|_| Rec {
+                    layer: rng.gen_range(0..layers.max(1) as u32),
+                    c: [ns, w, h].map(|n| f32::from_bits(rng.gen_range(0..n as u32))),
+                    lod: 0.0,
+                    reference: rng.gen_range(-0.2f32..1.2),
+                    dx: [0.0; 3],
+                    dy: [0.0; 3],
+                    off: [0; 2],
+                })
+                .collect();
+            let ins =
+                format!("    tex.{geom}.v4.f32.s32 {{%f0, %f1, %f2, %f3}}, [%rd1, {co}], %r15;");
+            check(&o, &ins, &recs, false, |r| {
+                let [sample, i, j] = r.c.map(|x| x.to_bits() as usize);
+                let plane = r.layer as usize * ns + sample;
+                let at = ((plane * h + j) * w + i) * o.ch;
+                let mut v = [0.0, 0.0, 0.0, 1.0];
+                v[..o.ch].copy_from_slice(&o.vals[0][at..at + o.ch]);
+                v
+            });
+        }
+    }
+}
+
+/// Depth compare through `tex.base`, `tex.level` and `tex.grad` on mipmapped `.a2d` and
+/// `.cube` textures (4 levels, point and linear filtering, point or linear mip filtering),
+/// with a random LOD bias and clamps: each level's comparison results are filtered, then
+/// the levels blended.
+#[test]
+fn depth_compare_mip_forms_on_layered_and_cube() {
+    let mut rng = StdRng::seed_from_u64(0x00dc_0006);
+    let mut k = 0;
+    for geom in ["a2d", "cube"] {
+        for mip in [Mip::Base, Mip::Level, Mip::Grad] {
+            for filter in [Filter::Point, Filter::Linear] {
+                let mut s = sampler(&mut rng, filter);
+                s.compare = Some(FUNCS[(5 * k + 2) % 8]);
+                k += 1;
+                s.seamless_cube = rng.gen_bool(0.5);
+                s.lod_bias = rng.gen_range(-1.5..1.5);
+                s.min_lod_clamp = rng.gen_range(0.0..1.0);
+                s.max_lod_clamp = rng.gen_range(s.min_lod_clamp..3.5);
+                let o = mip_obj(&mut rng, geom, s);
+                let recs = records(&mut rng, &o, 32, &o.vals[0].clone());
+                let ins = with_operands(&fetch_ins(geom, mip), "%f15");
+                check(&o, &ins, &recs, false, |r| fetch(&o, r, mip, true));
+            }
+        }
+    }
+}
+
+/// Independent mode (`[tex, sampler, {c}]` with a sampler handle): the sampler's state (depth
+/// compare, LOD bias and clamps, seamless cube filtering, anisotropy) decides the result, not
+/// the state the texture was built with (point filtering, no compare function, no bias: a
+/// depth fetch through it would fault).
+#[test]
+fn independent_sampler_carries_compare_bias_and_clamps() {
+    let mut rng = StdRng::seed_from_u64(0x00dc_0008);
+    let cases = [
+        ("2d", Mip::Level, true, 0),
+        ("a2d", Mip::Grad, true, 0),
+        ("cube", Mip::Implicit, true, 0),
+        ("acube", Mip::Level, false, 0),
+        ("2d", Mip::Grad, false, 4),
+        ("cube", Mip::Grad, true, 8),
+    ];
+    for (k, (geom, mip, depth, aniso)) in cases.into_iter().enumerate() {
+        let mut s = sampler(&mut rng, Filter::Linear);
+        s.compare = depth.then_some(FUNCS[(3 * k + 1) % 8]);
+        s.seamless_cube = k % 2 == 0;
+        s.max_anisotropy = aniso;
+        s.lod_bias = rng.gen_range(-1.0..2.0);
+        s.min_lod_clamp = rng.gen_range(0.0..1.0);
+        s.max_lod_clamp = rng.gen_range(s.min_lod_clamp..3.5);
+        let o = mip_obj(&mut rng, geom, s);
+        let own = Sampler::new(s.addr_mode, Filter::Point, true);
+        let recs = records(&mut rng, &o, 32, &o.vals[0].clone());
+        let mut ins = fetch_ins(geom, mip).replace("[%rd1, ", "[%rd1, %rd5, ");
+        if depth {
+            ins = with_operands(&ins, "%f15");
+        }
+        check_via(
+            &o,
+            Some(own),
+            &ins,
+            &recs,
+            (false, |r: &Rec| fetch(&o, r, mip, depth)),
+        );
+    }
+    // tld4 with an offset and depth compare through the sampler
+    for geom in ["2d", "a2d"] {
+        let mut s = sampler(&mut rng, Filter::Linear);
+        s.compare = Some(CompareFunc::LessEqual);
+        let sh = shape(&mut rng, geom);
+        let o = make_obj(&mut rng, sh, 1, s, TexFormat::F32);
+        let own = Sampler::new(s.addr_mode, Filter::Point, true);
+        let mut recs = records(&mut rng, &o, 40, &o.vals[0].clone());
+        with_offsets(&mut rng, &mut recs, 2);
+        let ins = format!(
+            "    tld4.b.{geom}.v4.f32.f32 {{%f0, %f1, %f2, %f3}}, [%rd1, %rd5, {}], {{%r4, %r5}}, %f15;",
+            coords(geom)
+        );
+        check_via(
+            &o,
+            Some(own),
+            &ins,
+            &recs,
+            (false, |r: &Rec| gather(&o, r, 2, true)),
+        );
     }
 }

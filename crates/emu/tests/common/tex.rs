@@ -64,3 +64,13 @@ pub fn read(a: &Allocation, len: usize) -> Vec<u8> {
     a.read_bytes(0, &mut v);
     v
 }
+
+/// The validator's errors for `text` (which must parse).
+pub fn validator_errors(text: &str) -> Vec<String> {
+    let m = ptx::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    ptx::validate(&m)
+        .into_iter()
+        .filter(|d| d.is_error())
+        .map(|d| d.to_string())
+        .collect()
+}
