@@ -253,7 +253,13 @@ fn range_resolved_loads_keep_the_faulting_lane() {
     let e = launch_at(4 * 225).unwrap_err();
     let s = e.to_string();
     assert!(
-        matches!(e.fault(), Some(FaultKind::OutOfBounds { space: "global", .. })),
+        matches!(
+            e.fault(),
+            Some(FaultKind::OutOfBounds {
+                space: "global",
+                ..
+            })
+        ),
         "{s}"
     );
     assert!(s.contains("thread (31,0,0)"), "{s}");

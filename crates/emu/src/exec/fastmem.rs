@@ -253,9 +253,7 @@ impl Cta {
     #[inline(always)]
     fn shared_range(&self, (lo, hi): (u64, u64), t: u64, window: u64) -> Option<Mem> {
         let (lo, hi) = (lo.checked_sub(window)?, hi.checked_sub(window)?);
-        let fits = lo <= hi
-            && hi >> CLUSTER_RANK_SHIFT == 0
-            && hi + t <= self.shared.len() as u64;
+        let fits = lo <= hi && hi >> CLUSTER_RANK_SHIFT == 0 && hi + t <= self.shared.len() as u64;
         fits.then_some(Mem::Shared)
     }
 
