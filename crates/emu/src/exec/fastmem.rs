@@ -3,7 +3,9 @@
 //! access (and each element of a vector) separately. The common case is an aligned, in-bounds
 //! access by every lane of one memory: this CTA's own shared memory ([`Cta::own_shared`]),
 //! one global allocation ([`Cta::global_span`]: the last one hit, or found and cached), the
-//! lanes' local memory or the parameter buffer. When any active lane falls outside it,
+//! lanes' local memory or the parameter buffer. It is first decided from the lanes' address
+//! range (lowest and highest address, and the OR of all for the alignment: one bounds check
+//! per warp), and lane by lane only when that fails. When any active lane falls outside it,
 //! nothing has been done and the general per-lane path runs, with all its checks and
 //! diagnostics; the fast paths give the same bytes, registers and poll hash in the same lane
 //! and element order.
