@@ -3,7 +3,9 @@
 //! access (and each element of a vector) separately. The common case is an aligned, in-bounds
 //! access by every lane of one memory: this CTA's own shared memory ([`Cta::own_shared`]),
 //! one global allocation ([`Cta::global_span`]: the last one hit, or found and cached), the
-//! lanes' local memory or the parameter buffer. When any active lane falls outside it,
+//! lanes' local memory or the parameter buffer. It is first decided from the lanes' address
+//! range (lowest and highest address, and the OR of all for the alignment: one bounds check
+//! per warp), and lane by lane only when that fails. When any active lane falls outside it,
 //! nothing has been done and the general per-lane path runs, with all its checks and
 //! diagnostics; the fast paths give the same bytes, registers and poll hash in the same lane
 //! and element order.
@@ -137,6 +139,9 @@ impl Cta {
             return None;
         }
         let t = total as u64;
+        if let Some(mem) = self.warp_range(ctx, (wi, m), a, t, off) {
+            return Some(mem);
+        }
         let row = &self.warps[wi].regs[a.addr as usize];
         let mut mem = None;
         for l in lanes_of(m) {
@@ -180,6 +185,80 @@ impl Cta {
         mem
     }
 
+    /// [`Cta::warp_sites`] from the lanes' address range: when the lowest and highest access
+    /// (and every address aligned to `t`, tested on the OR of the addresses) lie in one memory,
+    /// so does every lane's, and one bounds check replaces a lookup per lane. `None` (nothing
+    /// decided) otherwise: the caller then checks each lane. Accepts only what the per-lane
+    /// check accepts, with the same offsets.
+    #[inline(always)]
+    fn warp_range(
+        &self,
+        ctx: &LaunchCtx,
+        (wi, m): (usize, u32),
+        a: Access,
+        t: u64,
+        off: &mut [usize; 32],
+    ) -> Option<Mem> {
+        if m == 0 || !t.is_power_of_two() {
+            return None;
+        }
+        let row = &self.warps[wi].regs[a.addr as usize];
+        let (lo, hi, or) = lane_bounds(row, m, a.off as u64);
+        if or & (t - 1) != 0 {
+            return None;
+        }
+        // (memory, address of its byte 0, bytes per lane of lane-major memory)
+        let (mem, base, stride) = match a.space {
+            MSpace::Global => (self.global_range(ctx, (lo, hi), t)?, 0, 0),
+            MSpace::Shared => (self.shared_range((lo, hi), t, 0)?, 0, 0),
+            MSpace::Generic if lo >= SHARED_WINDOW && hi < SHARED_WINDOW + (1 << 32) => {
+                let mem = self.shared_range((lo, hi), t, SHARED_WINDOW)?;
+                (mem, SHARED_WINDOW, 0)
+            }
+            // allocations lie above every generic window
+            MSpace::Generic if lo >= crate::memory::GLOBAL_BASE => {
+                (self.global_range(ctx, (lo, hi), t)?, 0, 0)
+            }
+            MSpace::Generic => return None,
+            MSpace::Local => {
+                let lb = ctx.prog.local_bytes as u64;
+                crate::memory::fits(hi, t, lb).then_some((Mem::Local, 0, lb as usize))?
+            }
+            MSpace::Param => {
+                let fits = crate::memory::fits(hi, t, ctx.params.len() as u64);
+                fits.then_some((Mem::Param, 0, 0))?
+            }
+        };
+        let base = match mem {
+            // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
+            Mem::Global(p) => unsafe { &*p }.base,
+            _ => base,
+        };
+        for l in lanes_of(m) {
+            off[l] = l * stride + (row[l].wrapping_add(a.off as u64) - base) as usize;
+        }
+        Some(mem)
+    }
+
+    /// The allocation holding every access of `t` bytes at `lo..=hi` (`None`: look per lane).
+    #[inline(always)]
+    fn global_range(&self, ctx: &LaunchCtx, (lo, hi): (u64, u64), t: u64) -> Option<Mem> {
+        let (p, _) = self.global_span(ctx, lo, t as u32, 0)?;
+        // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
+        let alloc = unsafe { &*p };
+        let end = hi.checked_add(t)?;
+        (end - alloc.base <= alloc.size).then_some(Mem::Global(p))
+    }
+
+    /// This CTA's shared memory when every access of `t` bytes at `lo..=hi` (addresses
+    /// `window` above the offsets) is in it, as [`Cta::own_shared`] checks per lane.
+    #[inline(always)]
+    fn shared_range(&self, (lo, hi): (u64, u64), t: u64, window: u64) -> Option<Mem> {
+        let (lo, hi) = (lo.checked_sub(window)?, hi.checked_sub(window)?);
+        let fits = lo <= hi && hi >> CLUSTER_RANK_SHIFT == 0 && hi + t <= self.shared.len() as u64;
+        fits.then_some(Mem::Shared)
+    }
+
     /// The `elem`-byte value at byte `at` of `mem` (a site [`Cta::warp_sites`] checked).
     #[inline(always)]
     fn read_at(
@@ -218,15 +297,7 @@ impl Cta {
             return false;
         };
         if let [d] = *ds {
-            // a scalar load: straight into the register, no staging
-            let mask = reg_mask(ctx.prog.reg_bits[d as usize]);
-            for l in lanes_of(m) {
-                let v = self.read_at(ctx, wi, (mem, off[l]), a.elem, o);
-                let v = if sx { sext(v, a.elem * 8) & mask } else { v };
-                let w = &mut self.warps[wi];
-                w.regs[d as usize][l] = v;
-                w.poll = poll_step(w.poll, v);
-            }
+            self.ld_scalar(ctx, (wi, m), (mem, &off, a.elem), (d, sx, o));
             return true;
         }
         let e = a.elem as usize;
@@ -238,6 +309,44 @@ impl Cta {
             put_loaded(&mut self.warps[wi], &ctx.prog, l, (ds, sx, a.elem), &vals);
         }
         true
+    }
+
+    /// A scalar `ld` of the lanes in `m` from the checked sites `off` of `mem`, straight into
+    /// register `d`: one loop per memory (and for relaxed global loads, the ordering fixed), so
+    /// the per-lane work is the read, the sign extension and the poll hash.
+    #[inline(always)]
+    fn ld_scalar(
+        &mut self,
+        ctx: &LaunchCtx,
+        (wi, m): (usize, u32),
+        (mem, off, elem): (Mem, &[usize; 32], u32),
+        (d, sx, o): (u32, bool, Ordering),
+    ) {
+        let mask = reg_mask(ctx.prog.reg_bits[d as usize]);
+        let put = Put {
+            m,
+            off,
+            d: d as usize,
+            sx: sx.then_some((elem * 8, mask)),
+        };
+        let e = elem as usize;
+        let Cta { warps, shared, .. } = self;
+        let w = &mut warps[wi];
+        match mem {
+            Mem::Shared => put.run(w, |at, _| read_le(&shared[at..at + e])),
+            Mem::Global(p) => {
+                // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
+                let a = unsafe { &*p };
+                match o {
+                    Ordering::Relaxed => {
+                        put.run(w, |at, _| a.read(at as u64, elem, Ordering::Relaxed))
+                    }
+                    _ => put.run(w, |at, _| a.read(at as u64, elem, o)),
+                }
+            }
+            Mem::Local => put.run(w, |at, local| read_le(&local[at..at + e])),
+            Mem::Param => put.run(w, |at, _| read_le(&ctx.params[at..at + e])),
+        }
     }
 
     /// `st` of the lanes in `m` when [`Cta::warp_sites`] resolves them all: the same bytes,
@@ -274,6 +383,54 @@ impl Cta {
         }
         words.flush(o);
         true
+    }
+}
+
+/// The lowest and highest of the active lanes' addresses `row[l] + off` and the OR of all.
+#[inline(always)]
+fn lane_bounds(row: &Lanes, m: u32, off: u64) -> (u64, u64, u64) {
+    let (mut lo, mut hi, mut or) = (u64::MAX, 0u64, 0u64);
+    let mut add = |b: u64| {
+        lo = lo.min(b);
+        hi = hi.max(b);
+        or |= b;
+    };
+    if m == u32::MAX {
+        // a full warp: a fixed-length loop the compiler vectorises
+        row.iter().for_each(|r| add(r.wrapping_add(off)));
+    } else {
+        lanes_of(m).for_each(|l| add(row[l].wrapping_add(off)));
+    }
+    (lo, hi, or)
+}
+
+/// Where a scalar `ld` puts its lanes' values: lanes `m`, sites `off`, register `d`, and the
+/// sign extension (source bits, register mask) when signed.
+struct Put<'a> {
+    m: u32,
+    off: &'a [usize; 32],
+    d: usize,
+    sx: Option<(u32, u64)>,
+}
+
+impl Put<'_> {
+    /// Reads each lane's value with `read(site, warp's local memory)` and writes it to the
+    /// register, folding it into the poll hash in lane order (as the per-lane path does).
+    #[inline(always)]
+    fn run(&self, w: &mut Warp, read: impl Fn(usize, &[u8]) -> u64) {
+        let mut poll = w.poll;
+        let (regs, local) = (&mut w.regs, &w.local);
+        let row = &mut regs[self.d];
+        for l in lanes_of(self.m) {
+            let v = read(self.off[l], local);
+            let v = match self.sx {
+                Some((bits, mask)) => sext(v, bits) & mask,
+                None => v,
+            };
+            row[l] = v;
+            poll = poll_step(poll, v);
+        }
+        w.poll = poll;
     }
 }
 
