@@ -199,13 +199,21 @@ pub struct Cta {
     pub san: Option<Box<crate::sanitize::cta::CtaSan>>,
 }
 
-/// A decoded wgmma B operand (k x n, transposed so a row of k is contiguous over n) and the
-/// shared-memory chunks it came from.
+/// A decoded wgmma B operand (k x n, transposed so a row of k is contiguous over n), its f32
+/// copy for the f32 tile kernel (when the wgmma's form uses it and every value is finite)
+/// and the shared-memory chunks it came from.
 struct BOperand {
     key: (u64, u64, u32, u32, bool, bool),
     users: u32,
     bt: Vec<f64>,
+    b32: Option<F32Operand>,
     chunks: Vec<u32>,
+}
+
+/// A wgmma operand as finite f32 values in the f32 tile kernel's layout, with magnitudes.
+struct F32Operand {
+    v: Vec<f32>,
+    abs: Vec<f32>,
 }
 
 /// Shared memory, mbarriers and pending copies of a CTA, lent to its cluster siblings.
