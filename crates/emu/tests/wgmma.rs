@@ -463,7 +463,10 @@ WAIT:
 #[test]
 fn hw_model_with_accumulator() {
     for (i, fp8) in [false, true].into_iter().enumerate() {
-        for (j, c) in [0.3f32, -17.25, 1e-3, f32::INFINITY].into_iter().enumerate() {
+        for (j, c) in [0.3f32, -17.25, 1e-3, f32::INFINITY]
+            .into_iter()
+            .enumerate()
+        {
             for a_regs in [false, true] {
                 let seed = 100 + (8 * i + 2 * j) as u64 + a_regs as u64;
                 run_case_with(16, fp8, Sw::B128, seed, Vals::Model(c), a_regs);

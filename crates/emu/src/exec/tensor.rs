@@ -487,7 +487,9 @@ impl Cta {
         let ty = op.spec.aty;
         let mut at = vec![0f32; 16 * op.spec.k as usize];
         if op.spec.a_regs {
-            self.wg_a_regs(wi, op, |r, kk, bits| at[kk * 16 + r] = wg_decode32(ty, bits));
+            self.wg_a_regs(wi, op, |r, kk, bits| {
+                at[kk * 16 + r] = wg_decode32(ty, bits)
+            });
         } else {
             let rd = self.wg_a_read(wi, op, (wr, l0));
             self.wg_operand_with(&rd, chunks, wg_decode32, |r, kk, v| at[kk * 16 + r] = v)?;
@@ -508,7 +510,8 @@ impl Cta {
             for i in 0..(4 * per) {
                 let (r, kk) = spec.a_frag_pos(lane, i);
                 let reg = w.regs[op.a[i / per] as usize][lane];
-                put(r, kk, (reg >> ((i % per) as u64 * ea * 8)) & ((1u64 << (ea * 8)) - 1));
+                let bits = (reg >> ((i % per) as u64 * ea * 8)) & ((1u64 << (ea * 8)) - 1);
+                put(r, kk, bits);
             }
         }
     }
