@@ -199,9 +199,9 @@ pub struct Cta {
     pub san: Option<Box<crate::sanitize::cta::CtaSan>>,
 }
 
-/// A decoded wgmma B operand (k x n, transposed so a row of k is contiguous over n), its f32
-/// copy for the f32 tile kernel (when the wgmma's form uses it and every value is finite)
-/// and the shared-memory chunks it came from.
+/// A decoded wgmma B operand (k x n, transposed so a row of k is contiguous over n) and the
+/// shared-memory chunks it came from: as f32 for the f32 tile kernel when the wgmma's form
+/// uses it and every value is finite (`bt` then empty), else as f64 in `bt`.
 struct BOperand {
     key: (u64, u64, u32, u32, bool, bool),
     users: u32,

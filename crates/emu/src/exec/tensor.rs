@@ -434,9 +434,13 @@ impl Cta {
                 // the f32 kernel declined the tile (C not finite): the f64 path needs A in f64
                 a = self.wg_a64(wi, op, (wr, l0), &mut Vec::new())?;
             }
+            let bt: std::borrow::Cow<[f64]> = match &bop.b32 {
+                Some(b) if bop.bt.is_empty() => b.v.iter().map(|&x| x as f64).collect(),
+                _ => std::borrow::Cow::Borrowed(&bop.bt),
+            };
             match model {
-                Some(model) => self.wgmma_model(wi, op, m, &model, &a, &bop.bt),
-                None => self.wgmma_exact(wi, op, m, &a, &bop.bt),
+                Some(model) => self.wgmma_model(wi, op, m, &model, &a, &bt),
+                None => self.wgmma_exact(wi, op, m, &a, &bt),
             }
         }
         let users = bop.users + 1;
@@ -557,16 +561,20 @@ impl Cta {
                 k,
                 ty: op.spec.bty,
             };
-            let mut bt = vec![0f64; n * k];
             let mut chunks: Vec<u32> = Vec::new();
             let neg = op.neg_b;
-            self.wg_operand(&rd, &mut chunks, |col, kk, v| {
-                bt[kk * n + col] = if neg { -v } else { v }
-            })?;
-            // finite decoded inputs are f32 values, so the copy is exact
-            let b32 = want32
-                .then(|| F32Operand::new(bt.iter().map(|&x| x as f32).collect()))
-                .flatten();
+            let mut b32 = None;
+            if want32 {
+                let v = self.wg_b_decode(&rd, neg, &mut chunks, wg_decode32)?;
+                b32 = F32Operand::new(v);
+            }
+            // f64 values only where the f32 path cannot take B (else made from `b32` if a
+            // tile falls back: finite decoded inputs are f32 values, so that copy is exact)
+            let mut bt = Vec::new();
+            if b32.is_none() {
+                chunks.clear();
+                bt = self.wg_b_decode(&rd, neg, &mut chunks, wg_decode)?;
+            }
             self.wg_bcache[wgi] = Some(BOperand {
                 key,
                 users: 0,
@@ -578,6 +586,22 @@ impl Cta {
         self.wg_bcache[wgi]
             .take()
             .ok_or_else(|| FaultKind::Other("wgmma B operand cache".into()))
+    }
+
+    /// B (`rd`, negated with `neg`) decoded by `dec` into `bt[kk * n + col]`.
+    fn wg_b_decode<T: Copy + Default + std::ops::Neg<Output = T>>(
+        &self,
+        rd: &OperandRead,
+        neg: bool,
+        chunks: &mut Vec<u32>,
+        dec: impl Fn(Ty, u64) -> T,
+    ) -> Result<Vec<T>, FaultKind> {
+        let n = rd.no;
+        let mut bt = vec![T::default(); n * rd.k];
+        self.wg_operand_with(rd, chunks, dec, |col, kk, v| {
+            bt[kk * n + col] = if neg { -v } else { v }
+        })?;
+        Ok(bt)
     }
 
     /// Marks shared-memory chunks as read by an open wgmma (the write-after-read check).
@@ -761,14 +785,18 @@ impl Cta {
                     && base + 16 <= self.shared.len()
                 {
                     chunks.push((base / 16) as u32);
-                    let mut row = [0u8; 16];
-                    row.copy_from_slice(&self.shared[base..base + 16]);
-                    let row = u128::from_le_bytes(row);
-                    let mask = (1u128 << (8 * es)) - 1;
+                    let row = &self.shared[base..base + 16];
+                    // little-endian elements of the chunk, by width (no 128-bit shifts)
+                    let elem = |i: usize| -> u64 {
+                        match es {
+                            1 => row[i] as u64,
+                            2 => u16::from_le_bytes([row[2 * i], row[2 * i + 1]]) as u64,
+                            _ => read_le(&row[4 * i..4 * i + 4]),
+                        }
+                    };
                     for i in 0..per {
-                        let bits = ((row >> (8 * es as usize * i)) & mask) as u64;
                         let (o, kk) = at(i);
-                        put(o, kk, dec(rd.ty, bits));
+                        put(o, kk, dec(rd.ty, elem(i)));
                     }
                 } else {
                     for i in 0..n {
