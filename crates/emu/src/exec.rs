@@ -194,7 +194,9 @@ pub struct Cta {
     wg_lock: Vec<u16>,
     /// Per warpgroup: the B operand of its current wgmma, decoded by the first of its four warps
     /// to execute it (a wgmma is one warpgroup-wide operation that reads B once).
-    wg_bcache: Vec<Option<BOperand>>,
+    /// Per warpgroup, the decoded B operands of wgmmas not yet reached by all four warps (a
+    /// warp may issue several wgmmas before its siblings reach the first).
+    wg_bcache: Vec<Vec<BOperand>>,
     /// Sanitizer state of this CTA (sanitized launches only).
     pub san: Option<Box<crate::sanitize::cta::CtaSan>>,
 }

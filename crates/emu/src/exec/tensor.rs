@@ -420,7 +420,6 @@ impl Cta {
         }
         chunks.sort_unstable();
         chunks.dedup();
-        let wgi = self.warps[wi].id as usize / 4;
         let bop = self.wg_b(wi, op, l0, fast.is_some())?;
         chunks.extend_from_slice(&bop.chunks);
         self.wg_lock_chunks(&chunks);
@@ -443,10 +442,7 @@ impl Cta {
                 None => self.wgmma_exact(wi, op, m, &a, &bt),
             }
         }
-        let users = bop.users + 1;
-        if users < 4 {
-            self.wg_bcache[wgi] = Some(BOperand { users, ..bop });
-        }
+        self.wg_b_return(wi, bop);
         Ok(())
     }
 
@@ -534,7 +530,7 @@ impl Cta {
 
     /// B of this wgmma, taken out of the warpgroup's cache: decoded once per warpgroup-wide
     /// wgmma (by the first of the four warps to get here), with its f32 copy when `want32`.
-    /// The caller puts it back while fewer than 4 warps have used it.
+    /// The caller returns it with [`Cta::wg_b_return`].
     fn wg_b(
         &mut self,
         wi: usize,
@@ -549,10 +545,13 @@ impl Cta {
         let key = (seq, bdesc, op.spec.n, op.spec.k, op.trans_b, op.neg_b);
         let wgi = self.warps[wi].id as usize / 4;
         if self.wg_bcache.len() <= wgi {
-            self.wg_bcache.resize_with(wgi + 1, || None);
+            self.wg_bcache.resize_with(wgi + 1, Vec::new);
         }
-        let cached = matches!(&self.wg_bcache[wgi], Some(c) if c.key == key && c.users < 4);
-        if !cached {
+        let list = &mut self.wg_bcache[wgi];
+        if let Some(at) = list.iter().position(|c| c.key == key && c.users < 4) {
+            return Ok(list.remove(at));
+        }
+        {
             let rd = OperandRead {
                 desc: crate::hopper::MatrixDesc::decode(bdesc),
                 trans: op.trans_b,
@@ -575,17 +574,28 @@ impl Cta {
                 chunks.clear();
                 bt = self.wg_b_decode(&rd, neg, &mut chunks, wg_decode)?;
             }
-            self.wg_bcache[wgi] = Some(BOperand {
+            Ok(BOperand {
                 key,
                 users: 0,
                 bt,
                 b32,
                 chunks,
-            });
+            })
         }
-        self.wg_bcache[wgi]
-            .take()
-            .ok_or_else(|| FaultKind::Other("wgmma B operand cache".into()))
+    }
+
+    /// Puts B back into its warpgroup's cache ([`Cta::wg_b`]) while fewer than 4 warps have
+    /// used it; the oldest entries go past [`WG_B_CACHED`].
+    fn wg_b_return(&mut self, wi: usize, bop: BOperand) {
+        let users = bop.users + 1;
+        if users >= 4 {
+            return;
+        }
+        let list = &mut self.wg_bcache[self.warps[wi].id as usize / 4];
+        if list.len() >= WG_B_CACHED {
+            list.remove(0);
+        }
+        list.push(BOperand { users, ..bop });
     }
 
     /// B (`rd`, negated with `neg`) decoded by `dec` into `bt[kk * n + col]`.
@@ -674,6 +684,9 @@ struct OperandRead {
     k: usize,
     ty: Ty,
 }
+
+/// Decoded B operands kept per warpgroup (wgmmas one warp may run ahead of its siblings).
+const WG_B_CACHED: usize = 16;
 
 /// The model and f32 column kernel for a wgmma of this form, or `None` where the f64 path
 /// runs: no kernel on this CPU, a sparse form, an f32 accumulator not used, or inputs other
