@@ -529,7 +529,8 @@ impl Cta {
     }
 
     /// B of this wgmma, taken out of the warpgroup's cache: decoded once per warpgroup-wide
-    /// wgmma (by the first of the four warps to get here), with its f32 copy when `want32`.
+    /// wgmma (by the first of the four warps to get here), as f32 when `want32` and every value
+    /// is finite, else as f64.
     /// The caller returns it with [`Cta::wg_b_return`].
     fn wg_b(
         &mut self,
@@ -551,37 +552,35 @@ impl Cta {
         if let Some(at) = list.iter().position(|c| c.key == key && c.users < 4) {
             return Ok(list.remove(at));
         }
-        {
-            let rd = OperandRead {
-                desc: crate::hopper::MatrixDesc::decode(bdesc),
-                trans: op.trans_b,
-                o0: 0,
-                no: n,
-                k,
-                ty: op.spec.bty,
-            };
-            let mut chunks: Vec<u32> = Vec::new();
-            let neg = op.neg_b;
-            let mut b32 = None;
-            if want32 {
-                let v = self.wg_b_decode(&rd, neg, &mut chunks, wg_decode32)?;
-                b32 = F32Operand::new(v);
-            }
-            // f64 values only where the f32 path cannot take B (else made from `b32` if a
-            // tile falls back: finite decoded inputs are f32 values, so that copy is exact)
-            let mut bt = Vec::new();
-            if b32.is_none() {
-                chunks.clear();
-                bt = self.wg_b_decode(&rd, neg, &mut chunks, wg_decode)?;
-            }
-            Ok(BOperand {
-                key,
-                users: 0,
-                bt,
-                b32,
-                chunks,
-            })
+        let rd = OperandRead {
+            desc: crate::hopper::MatrixDesc::decode(bdesc),
+            trans: op.trans_b,
+            o0: 0,
+            no: n,
+            k,
+            ty: op.spec.bty,
+        };
+        let mut chunks: Vec<u32> = Vec::new();
+        let neg = op.neg_b;
+        let mut b32 = None;
+        if want32 {
+            let v = self.wg_b_decode(&rd, neg, &mut chunks, wg_decode32)?;
+            b32 = F32Operand::new(v);
         }
+        // f64 values only where the f32 path cannot take B (else made from `b32` if a
+        // tile falls back: finite decoded inputs are f32 values, so that copy is exact)
+        let mut bt = Vec::new();
+        if b32.is_none() {
+            chunks.clear();
+            bt = self.wg_b_decode(&rd, neg, &mut chunks, wg_decode)?;
+        }
+        Ok(BOperand {
+            key,
+            users: 0,
+            bt,
+            b32,
+            chunks,
+        })
     }
 
     /// Puts B back into its warpgroup's cache ([`Cta::wg_b`]) while fewer than 4 warps have
