@@ -194,18 +194,28 @@ pub struct Cta {
     wg_lock: Vec<u16>,
     /// Per warpgroup: the B operand of its current wgmma, decoded by the first of its four warps
     /// to execute it (a wgmma is one warpgroup-wide operation that reads B once).
-    wg_bcache: Vec<Option<BOperand>>,
+    /// Per warpgroup, the decoded B operands of wgmmas not yet reached by all four warps (a
+    /// warp may issue several wgmmas before its siblings reach the first).
+    wg_bcache: Vec<Vec<BOperand>>,
     /// Sanitizer state of this CTA (sanitized launches only).
     pub san: Option<Box<crate::sanitize::cta::CtaSan>>,
 }
 
 /// A decoded wgmma B operand (k x n, transposed so a row of k is contiguous over n) and the
-/// shared-memory chunks it came from.
+/// shared-memory chunks it came from: as f32 for the f32 tile kernel when the wgmma's form
+/// uses it and every value is finite (`bt` then empty), else as f64 in `bt`.
 struct BOperand {
     key: (u64, u64, u32, u32, bool, bool),
     users: u32,
     bt: Vec<f64>,
+    b32: Option<F32Operand>,
     chunks: Vec<u32>,
+}
+
+/// A wgmma operand as finite f32 values in the f32 tile kernel's layout, with magnitudes.
+struct F32Operand {
+    v: Vec<f32>,
+    abs: Vec<f32>,
 }
 
 /// Shared memory, mbarriers and pending copies of a CTA, lent to its cluster siblings.

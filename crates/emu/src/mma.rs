@@ -637,7 +637,7 @@ fn in_place_f32(
 }
 
 /// Decoded f32 values of every 8-bit float code (e4m3, then e5m2; exact), built once.
-fn fp8_table32() -> &'static [[f32; 256]; 2] {
+pub(crate) fn fp8_table32() -> &'static [[f32; 256]; 2] {
     static T: std::sync::OnceLock<[[f32; 256]; 2]> = std::sync::OnceLock::new();
     T.get_or_init(|| {
         let mut t = [[0f32; 256]; 2];
@@ -654,7 +654,7 @@ fn fp8_table32() -> &'static [[f32; 256]; 2] {
 /// shifted into f32 position are the value times 2^-112 (subnormals included), so one exact
 /// multiplication by 2^112 finishes it.
 #[inline(always)]
-fn f16_to_f32(h: u32) -> f32 {
+pub(crate) fn f16_to_f32(h: u32) -> f32 {
     let sign = (h & 0x8000) << 16;
     let em = h & 0x7fff;
     if em >= 0x7c00 {

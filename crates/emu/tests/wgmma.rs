@@ -52,8 +52,10 @@ fn desc(start: usize, lbo: usize, sbo: usize, sw: Sw) -> u64 {
         | (code << 62)
 }
 
-/// One wgmma kernel; with `init` every accumulator starts at that value and scale-d is 1.
-fn kernel(n: usize, ty: &str, k: usize, init: Option<f32>) -> String {
+/// One wgmma kernel; with `init` every accumulator starts at that value and scale-d is 1. With
+/// `a_regs`, A comes from fragment registers: thread t loads its four at byte `da + 16 t` of
+/// the global image.
+fn kernel(n: usize, ty: &str, k: usize, init: Option<f32>, a_regs: bool) -> String {
     let regs = n / 2;
     let list: Vec<String> = (0..regs).map(|i| format!("%f{i}")).collect();
     let mut inits = String::new();
@@ -63,6 +65,15 @@ fn kernel(n: usize, ty: &str, k: usize, init: Option<f32>) -> String {
         }
     }
     let scale_d = init.is_some() as u32;
+    let (a_load, a_op) = if a_regs {
+        (
+            "    mul.wide.u32 %rd9, %r2, 16;\n    add.s64 %rd9, %rd9, %rd2;\n    \
+             add.s64 %rd9, %rd9, %rd1;\n    ld.global.v4.u32 {%a0, %a1, %a2, %a3}, [%rd9];\n",
+            "{%a0, %a1, %a2, %a3}",
+        )
+    } else {
+        ("", "%rd2")
+    };
     let mut stores = String::new();
     for i in 0..regs {
         stores.push_str(&format!("    st.global.f32 [%rd5+{}], %f{i};\n", 4 * i));
@@ -76,6 +87,7 @@ fn kernel(n: usize, ty: &str, k: usize, init: Option<f32>) -> String {
 {{
     .reg .pred %p<3>;
     .reg .b32 %r<12>;
+    .reg .b32 %a<4>;
     .reg .b64 %rd<12>;
     .reg .f32 %f<{regs}>;
     ld.param.u64 %rd1, [img];
@@ -101,8 +113,8 @@ DONE:
     bar.sync 0;
     fence.proxy.async.shared::cta;
     setp.ne.u32 %p2, %r2, 1000;
-{inits}    wgmma.fence.sync.aligned;
-    wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ty}.{ty} {{{list}}}, %rd2, %rd3, {scale_d}, 1, 1;
+{inits}{a_load}    wgmma.fence.sync.aligned;
+    wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ty}.{ty} {{{list}}}, {a_op}, %rd3, {scale_d}, 1, 1;
     wgmma.commit_group.sync.aligned;
     wgmma.wait_group.sync.aligned 0;
     mul.wide.u32 %rd8, %r2, {rb};
@@ -124,10 +136,32 @@ enum Vals {
 }
 
 fn run_case(n: usize, fp8: bool, sw: Sw, seed: u64) {
-    run_case_with(n, fp8, sw, seed, Vals::Ints)
+    run_case_with(n, fp8, sw, seed, Vals::Ints, false)
 }
 
-fn run_case_with(n: usize, fp8: bool, sw: Sw, seed: u64, vals: Vals) {
+/// The A fragment registers of every thread (4 words each, thread-major) holding the 64 x k
+/// raw elements `a` (`es` bytes each), as the PTX ISA lays out wgmma's register A: for 16-bit
+/// inputs element i of lane 4g + q is row g + 8 ((i >> 1) & 1), k 2q + (i & 1) + 8 (i >> 2);
+/// for 8-bit inputs row g + 8 ((i >> 2) & 1), k 4q + (i & 3) + 16 (i >> 3); warp w owns rows
+/// 16w...
+fn a_fragments(a: &[u64], k: usize, es: usize) -> Vec<u8> {
+    let mut out = vec![0u8; 128 * 16];
+    for t in 0..128 {
+        let (w, g, q) = (t >> 5, (t & 31) >> 2, t & 3);
+        for i in 0..16 / es {
+            let (r, kk) = if es == 2 {
+                (g + 8 * ((i >> 1) & 1), 2 * q + (i & 1) + 8 * (i >> 2))
+            } else {
+                (g + 8 * ((i >> 2) & 1), 4 * q + (i & 3) + 16 * (i >> 3))
+            };
+            let bits = a[(16 * w + r) * k + kk].to_le_bytes();
+            out[16 * t + es * i..16 * t + es * (i + 1)].copy_from_slice(&bits[..es]);
+        }
+    }
+    out
+}
+
+fn run_case_with(n: usize, fp8: bool, sw: Sw, seed: u64, vals: Vals, a_regs: bool) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let (k, es) = if fp8 { (32usize, 1usize) } else { (16, 2) };
     let kbytes = k * es;
@@ -185,9 +219,11 @@ fn run_case_with(n: usize, fp8: bool, sw: Sw, seed: u64, vals: Vals) {
         Vals::Ints => None,
         Vals::Model(x) => Some(x),
     };
-    let text = kernel(n, if fp8 { "e4m3" } else { "bf16" }, k, init);
+    let text = kernel(n, if fp8 { "e4m3" } else { "bf16" }, k, init, a_regs);
     let m = LoadedModule::load(&mem, ptx::parse(&text).unwrap(), 0).unwrap();
-    let gimg = mem.alloc(total as u64, 0).unwrap();
+    // the shared-memory image, then (register A) the fragments
+    img.extend_from_slice(&a_fragments(&a, k, es));
+    let gimg = mem.alloc(img.len() as u64, 0).unwrap();
     gimg.write_bytes(0, &img);
     let out = mem.alloc((128 * n / 2 * 4) as u64, 0).unwrap();
     out.fill(0, (128 * n / 2 * 4) as u64, &[0xff]);
@@ -195,7 +231,12 @@ fn run_case_with(n: usize, fp8: bool, sw: Sw, seed: u64, vals: Vals) {
     p.extend_from_slice(&gimg.base.to_le_bytes());
     p.extend_from_slice(&((total / 4) as u32).to_le_bytes());
     p.extend_from_slice(&[0u8; 4]);
-    p.extend_from_slice(&desc(0, lbo, sbo, sw).to_le_bytes());
+    let da = if a_regs {
+        total as u64
+    } else {
+        desc(0, lbo, sbo, sw)
+    };
+    p.extend_from_slice(&da.to_le_bytes());
     p.extend_from_slice(&desc(b_start, lbo, sbo, sw).to_le_bytes());
     p.extend_from_slice(&out.base.to_le_bytes());
     let cfg = LaunchConfig {
@@ -231,6 +272,8 @@ fn run_case_with(n: usize, fp8: bool, sw: Sw, seed: u64, vals: Vals) {
                 Vals::Ints => (0..k)
                     .map(|kk| elem_f64(ty, ar[kk]) * elem_f64(ty, bc[kk]))
                     .sum::<f64>(),
+                // finite products added to an infinite accumulator leave it unchanged
+                Vals::Model(c) if !c.is_finite() => c as f64,
                 Vals::Model(c) => {
                     let m = model_for(90, ty).unwrap();
                     let bits = reference_dot(&m, ty, ty, ar, bc, c.to_bits()).unwrap();
@@ -241,7 +284,7 @@ fn run_case_with(n: usize, fp8: bool, sw: Sw, seed: u64, vals: Vals) {
             let got = f32::from_le_bytes(raw[off..off + 4].try_into().unwrap()) as f64;
             assert_eq!(
                 got, want,
-                "n={n} fp8={fp8} {sw:?}: D[{row}][{col}] (thread {t}, reg {i})"
+                "n={n} fp8={fp8} {sw:?} a_regs={a_regs}: D[{row}][{col}] (thread {t}, reg {i})"
             );
         }
     }
@@ -414,12 +457,21 @@ WAIT:
 }
 
 /// The sm_90 model through wgmma: random fractions (truncation matters) and a non-zero
-/// accumulator (scale-d = 1: C is aligned and truncated with the products), bf16 and e4m3.
+/// accumulator (scale-d = 1: C is aligned and truncated with the products), bf16 and e4m3, A
+/// from shared memory and from registers (the f32 tile path), and an infinite accumulator (the
+/// f64 path the f32 kernel leaves such tiles to).
 #[test]
 fn hw_model_with_accumulator() {
     for (i, fp8) in [false, true].into_iter().enumerate() {
-        for (j, c) in [0.3f32, -17.25, 1e-3].into_iter().enumerate() {
-            run_case_with(16, fp8, Sw::B128, 100 + (3 * i + j) as u64, Vals::Model(c));
+        for (j, c) in [0.3f32, -17.25, 1e-3, f32::INFINITY]
+            .into_iter()
+            .enumerate()
+        {
+            for a_regs in [false, true] {
+                let seed = 100 + (8 * i + 2 * j) as u64 + a_regs as u64;
+                run_case_with(16, fp8, Sw::B128, seed, Vals::Model(c), a_regs);
+            }
         }
+        run_case_with(64, fp8, Sw::B64, 200 + i as u64, Vals::Model(0.75), false);
     }
 }

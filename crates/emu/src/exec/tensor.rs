@@ -1,6 +1,8 @@
 //! Execution of tensor-core ops: `mma`, `ldmatrix`/`stmatrix`, `wgmma.*`, `setmaxnreg`.
 
 use super::*;
+use crate::tc_numerics::TcModel;
+use crate::tc_simd::Cols16Fn;
 
 mod wgmma_sp;
 use crate::hopper::DescAddr;
@@ -391,7 +393,11 @@ impl Cta {
     }
 
     /// `wgmma.mma_async` for this warp's 16-row slice of the 64-row tile; results go to the
-    /// warp's open group and reach the registers at `wgmma.wait_group`.
+    /// warp's open group and reach the registers at `wgmma.wait_group`. Under a hardware model
+    /// with 16- or 8-bit float inputs, A is decoded straight to f32 and the warpgroup's cached
+    /// B is kept as f32 too, both in the layouts of the column kernel (`tc_simd`'s `cols16`);
+    /// the exact mode, other forms and tiles that kernel declines (a non-finite input or C)
+    /// take the f64 path.
     pub(super) fn wgmma(
         &mut self,
         wi: usize,
@@ -399,109 +405,235 @@ impl Cta {
         m: u32,
         model: Option<crate::tc_numerics::TcModel>,
     ) -> Result<(), FaultKind> {
-        use crate::hopper::{acc_pos, elem_f64, esize, MatrixDesc};
-        let spec = &op.spec;
-        let (n, k) = (spec.n as usize, spec.k as usize);
-        let ea = esize(spec.aty);
         let wr = (self.warps[wi].id % 4) as usize;
         let l0 = m.trailing_zeros().min(31) as usize;
-        // 16-byte chunks of shared memory this wgmma reads (consecutive repeats skipped here,
-        // the rest deduplicated below)
+        // 16-byte chunks of shared memory this wgmma reads (deduplicated per operand)
         let mut chunks: Vec<u32> = Vec::new();
-        // A: 16 x k for this warp.
+        let fast = model.as_ref().and_then(|md| wg_fast32(op, md));
+        let a32 = match fast {
+            Some(_) => self.wg_a32(wi, op, (wr, l0), &mut chunks)?,
+            None => None,
+        };
+        let mut a = Vec::new();
+        if a32.is_none() {
+            a = self.wg_a64(wi, op, (wr, l0), &mut chunks)?;
+        }
+        chunks.sort_unstable();
+        chunks.dedup();
+        let bop = self.wg_b(wi, op, l0, fast.is_some())?;
+        chunks.extend_from_slice(&bop.chunks);
+        self.wg_lock_chunks(&chunks);
+        self.warps[wi].wg_reads_open.extend_from_slice(&chunks);
+        let done32 = match (fast, &a32, &bop.b32) {
+            (Some(f), Some(a32), Some(b32)) => self.wgmma_model32(wi, op, m, f, a32, b32),
+            _ => false,
+        };
+        if !done32 {
+            if a32.is_some() {
+                // the f32 kernel declined the tile (C not finite): the f64 path needs A in f64
+                a = self.wg_a64(wi, op, (wr, l0), &mut Vec::new())?;
+            }
+            let bt: std::borrow::Cow<[f64]> = match &bop.b32 {
+                Some(b) if bop.bt.is_empty() => b.v.iter().map(|&x| x as f64).collect(),
+                _ => std::borrow::Cow::Borrowed(&bop.bt),
+            };
+            match model {
+                Some(model) => self.wgmma_model(wi, op, m, &model, &a, &bt),
+                None => self.wgmma_exact(wi, op, m, &a, &bt),
+            }
+        }
+        self.wg_b_return(wi, bop);
+        Ok(())
+    }
+
+    /// A (16 x k, row-major, negated with `.neg_a`) of this warp's rows `(wr, l0)` = (warp in
+    /// the warpgroup, first active lane) in f64, from the fragment registers, the sparse
+    /// operand or shared memory (whose 16-byte chunks go to `chunks`).
+    fn wg_a64(
+        &self,
+        wi: usize,
+        op: &WgmmaOp,
+        (wr, l0): (usize, usize),
+        chunks: &mut Vec<u32>,
+    ) -> Result<Vec<f64>, FaultKind> {
+        let spec = &op.spec;
+        let k = spec.k as usize;
         let mut a = vec![0f64; 16 * k];
         if let Some(sp) = op.sparse {
-            a = self.wgmma_sparse_a(wi, op, sp, (wr, l0), &mut chunks)?;
+            a = self.wgmma_sparse_a(wi, op, sp, (wr, l0), chunks)?;
         } else if spec.a_regs {
-            let w = &self.warps[wi];
-            let per = (4 / ea) as usize;
-            for lane in 0..32 {
-                for i in 0..(4 * per) {
-                    let (r, kk) = spec.a_frag_pos(lane, i);
-                    let reg = w.regs[op.a[i / per] as usize][lane];
-                    let bits = (reg >> ((i % per) as u64 * ea * 8)) & ((1u64 << (ea * 8)) - 1);
-                    a[r * k + kk] = elem_f64(spec.aty, bits);
-                }
-            }
+            self.wg_a_regs(wi, op, |r, kk, bits| {
+                a[r * k + kk] = crate::hopper::elem_f64(spec.aty, bits)
+            });
         } else {
-            let rd = OperandRead {
-                desc: MatrixDesc::decode(self.warps[wi].regs[op.a_desc as usize][l0]),
-                trans: op.trans_a,
-                o0: 16 * wr as u64,
-                no: 16,
-                k,
-                ty: spec.aty,
-            };
-            self.wg_operand(&rd, &mut chunks, |r, kk, v| a[r * k + kk] = v)?;
+            let rd = self.wg_a_read(wi, op, (wr, l0));
+            self.wg_operand(&rd, chunks, |r, kk, v| a[r * k + kk] = v)?;
         }
         if op.neg_a {
             a.iter_mut().for_each(|x| *x = -*x);
         }
-        chunks.sort_unstable();
-        chunks.dedup();
-        // B: decoded once per warpgroup-wide wgmma (the first of the four warps to get here)
+        Ok(a)
+    }
+
+    /// A of [`Cta::wg_a64`] (not sparse) as f32, transposed (`v[kk * 16 + row]`) with its
+    /// magnitudes; `None` when a value is not finite (the f64 path then decodes it).
+    fn wg_a32(
+        &self,
+        wi: usize,
+        op: &WgmmaOp,
+        (wr, l0): (usize, usize),
+        chunks: &mut Vec<u32>,
+    ) -> Result<Option<F32Operand>, FaultKind> {
+        let ty = op.spec.aty;
+        let mut at = vec![0f32; 16 * op.spec.k as usize];
+        if op.spec.a_regs {
+            self.wg_a_regs(wi, op, |r, kk, bits| {
+                at[kk * 16 + r] = wg_decode32(ty, bits)
+            });
+        } else {
+            let rd = self.wg_a_read(wi, op, (wr, l0));
+            self.wg_operand_with(&rd, chunks, wg_decode32, |r, kk, v| at[kk * 16 + r] = v)?;
+        }
+        if op.neg_a {
+            at.iter_mut().for_each(|x| *x = -*x);
+        }
+        Ok(F32Operand::new(at))
+    }
+
+    /// Calls `put(row, kk, bits)` for every element of this warp's A fragment registers.
+    fn wg_a_regs(&self, wi: usize, op: &WgmmaOp, mut put: impl FnMut(usize, usize, u64)) {
+        let spec = &op.spec;
+        let ea = crate::hopper::esize(spec.aty);
+        let w = &self.warps[wi];
+        let per = (4 / ea) as usize;
+        for lane in 0..32 {
+            for i in 0..(4 * per) {
+                let (r, kk) = spec.a_frag_pos(lane, i);
+                let reg = w.regs[op.a[i / per] as usize][lane];
+                let bits = (reg >> ((i % per) as u64 * ea * 8)) & ((1u64 << (ea * 8)) - 1);
+                put(r, kk, bits);
+            }
+        }
+    }
+
+    /// The shared-memory read of this warp's 16 rows of A.
+    fn wg_a_read(&self, wi: usize, op: &WgmmaOp, (wr, l0): (usize, usize)) -> OperandRead {
+        OperandRead {
+            desc: crate::hopper::MatrixDesc::decode(self.warps[wi].regs[op.a_desc as usize][l0]),
+            trans: op.trans_a,
+            o0: 16 * wr as u64,
+            no: 16,
+            k: op.spec.k as usize,
+            ty: op.spec.aty,
+        }
+    }
+
+    /// B of this wgmma, taken out of the warpgroup's cache: decoded once per warpgroup-wide
+    /// wgmma (by the first of the four warps to get here), as f32 when `want32` and every value
+    /// is finite, else as f64.
+    /// The caller returns it with [`Cta::wg_b_return`].
+    fn wg_b(
+        &mut self,
+        wi: usize,
+        op: &WgmmaOp,
+        l0: usize,
+        want32: bool,
+    ) -> Result<BOperand, FaultKind> {
+        let (n, k) = (op.spec.n as usize, op.spec.k as usize);
         let bdesc = self.warps[wi].regs[op.b_desc as usize][l0];
         let seq = self.warps[wi].wg_seq;
         self.warps[wi].wg_seq += 1;
-        let key = (seq, bdesc, spec.n, spec.k, op.trans_b, op.neg_b);
+        let key = (seq, bdesc, op.spec.n, op.spec.k, op.trans_b, op.neg_b);
         let wgi = self.warps[wi].id as usize / 4;
         if self.wg_bcache.len() <= wgi {
-            self.wg_bcache.resize_with(wgi + 1, || None);
+            self.wg_bcache.resize_with(wgi + 1, Vec::new);
         }
-        let cached = matches!(&self.wg_bcache[wgi], Some(c) if c.key == key && c.users < 4);
-        if !cached {
-            let rd = OperandRead {
-                desc: MatrixDesc::decode(bdesc),
-                trans: op.trans_b,
-                o0: 0,
-                no: n,
-                k,
-                ty: spec.bty,
-            };
-            let mut bt = vec![0f64; n * k];
-            let mut bchunks: Vec<u32> = Vec::new();
-            let neg = op.neg_b;
-            self.wg_operand(&rd, &mut bchunks, |col, kk, v| {
-                bt[kk * n + col] = if neg { -v } else { v }
-            })?;
-            bchunks.sort_unstable();
-            bchunks.dedup();
-            self.wg_bcache[wgi] = Some(BOperand {
-                key,
-                users: 0,
-                bt,
-                chunks: bchunks,
-            });
+        let list = &mut self.wg_bcache[wgi];
+        if let Some(at) = list.iter().position(|c| c.key == key && c.users < 4) {
+            return Ok(list.remove(at));
         }
-        let Some(bop) = self.wg_bcache[wgi].take() else {
-            return Err(FaultKind::Other("wgmma B operand cache".into()));
+        let rd = OperandRead {
+            desc: crate::hopper::MatrixDesc::decode(bdesc),
+            trans: op.trans_b,
+            o0: 0,
+            no: n,
+            k,
+            ty: op.spec.bty,
         };
-        chunks.extend_from_slice(&bop.chunks);
+        let mut chunks: Vec<u32> = Vec::new();
+        let neg = op.neg_b;
+        let mut b32 = None;
+        if want32 {
+            let v = self.wg_b_decode(&rd, neg, &mut chunks, wg_decode32)?;
+            b32 = F32Operand::new(v);
+        }
+        // f64 values only where the f32 path cannot take B (else made from `b32` if a
+        // tile falls back: finite decoded inputs are f32 values, so that copy is exact)
+        let mut bt = Vec::new();
+        if b32.is_none() {
+            chunks.clear();
+            bt = self.wg_b_decode(&rd, neg, &mut chunks, wg_decode)?;
+        }
+        Ok(BOperand {
+            key,
+            users: 0,
+            bt,
+            b32,
+            chunks,
+        })
+    }
+
+    /// Puts B back into its warpgroup's cache ([`Cta::wg_b`]) while fewer than 4 warps have
+    /// used it; the oldest entries go past [`WG_B_CACHED`].
+    fn wg_b_return(&mut self, wi: usize, bop: BOperand) {
+        let users = bop.users + 1;
+        if users >= 4 {
+            return;
+        }
+        let list = &mut self.wg_bcache[self.warps[wi].id as usize / 4];
+        if list.len() >= WG_B_CACHED {
+            list.remove(0);
+        }
+        list.push(BOperand { users, ..bop });
+    }
+
+    /// B (`rd`, negated with `neg`) decoded by `dec` into `bt[kk * n + col]`.
+    fn wg_b_decode<T: Copy + Default + std::ops::Neg<Output = T>>(
+        &self,
+        rd: &OperandRead,
+        neg: bool,
+        chunks: &mut Vec<u32>,
+        dec: impl Fn(Ty, u64) -> T,
+    ) -> Result<Vec<T>, FaultKind> {
+        let n = rd.no;
+        let mut bt = vec![T::default(); n * rd.k];
+        self.wg_operand_with(rd, chunks, dec, |col, kk, v| {
+            bt[kk * n + col] = if neg { -v } else { v }
+        })?;
+        Ok(bt)
+    }
+
+    /// Marks shared-memory chunks as read by an open wgmma (the write-after-read check).
+    fn wg_lock_chunks(&mut self, chunks: &[u32]) {
         if self.wg_lock.is_empty() {
             self.wg_lock = vec![0; self.shared.len().div_ceil(16)];
         }
-        for &c in &chunks {
+        for &c in chunks {
             if let Some(x) = self.wg_lock.get_mut(c as usize) {
                 *x = x.saturating_add(1);
             }
         }
-        let users = bop.users + 1;
-        if let Some(model) = model {
-            self.warps[wi].wg_reads_open.extend_from_slice(&chunks);
-            self.wgmma_model(wi, op, m, &model, &a, &bop.bt);
-            if users < 4 {
-                self.wg_bcache[wgi] = Some(BOperand { users, ..bop });
-            }
-            return Ok(());
-        }
-        // 16 x n products, k outer: each (row, column) sum still runs in k order from 0.0 (as a
-        // dot product would), and the column loop vectorises
+    }
+
+    /// The exact-sum wgmma: 16 x n products, k outer (each (row, column) sum still runs in k
+    /// order from 0.0, as a dot product would, and the column loop vectorises), then C added
+    /// and rounded once (s32 forms: wrapped or saturated).
+    fn wgmma_exact(&mut self, wi: usize, op: &WgmmaOp, m: u32, a: &[f64], bt: &[f64]) {
+        use crate::hopper::acc_pos;
+        let spec = &op.spec;
+        let (n, k) = (spec.n as usize, spec.k as usize);
         let mut sums = vec![0f64; 16 * n];
-        crate::mma::rows_k_order_dispatch()(&a, &bop.bt, k, n, &mut sums);
-        if users < 4 {
-            self.wg_bcache[wgi] = Some(BOperand { users, ..bop });
-        }
-        self.warps[wi].wg_reads_open.extend_from_slice(&chunks);
+        crate::mma::rows_k_order_dispatch()(a, bt, k, n, &mut sums);
         let w = &mut self.warps[wi];
         let scale = w.regs[op.scale_d as usize];
         let mut outs: Vec<Lanes> = op.d.iter().map(|&s| wg_current(w, s)).collect();
@@ -526,7 +658,6 @@ impl Cta {
         for (slot, v) in op.d.iter().zip(outs) {
             w.wg_open.push((*slot, v));
         }
-        Ok(())
     }
 }
 
@@ -551,6 +682,47 @@ struct OperandRead {
     no: usize,
     k: usize,
     ty: Ty,
+}
+
+/// Decoded B operands kept per warpgroup (wgmmas one warp may run ahead of its siblings).
+const WG_B_CACHED: usize = 16;
+
+/// The model and f32 column kernel for a wgmma of this form, or `None` where the f64 path
+/// runs: no kernel on this CPU, a sparse form, an f32 accumulator not used, or inputs other
+/// than f16, bf16, e4m3 and e5m2 (the kernel needs finite inputs of at most 11 significant
+/// bits, which every finite value of these types has).
+fn wg_fast32(op: &WgmmaOp, model: &TcModel) -> Option<(TcModel, Cols16Fn)> {
+    let small = |t| matches!(t, Ty::F16 | Ty::Bf16 | Ty::E4m3 | Ty::E5m2);
+    let spec = &op.spec;
+    if op.sparse.is_some() || spec.dty != Ty::F32 || !small(spec.aty) || !small(spec.bty) {
+        return None;
+    }
+    Some((*model, crate::tc_simd::fast_cols16()?))
+}
+
+/// Decodes one f16, bf16, e4m3 or e5m2 wgmma input element to f32 (exact; the caller keeps
+/// non-finite values off the f32 path, so NaN payloads do not matter here), other types as
+/// [`wg_decode`] rounded to f32 (not used by the f32 path, see [`wg_fast32`]).
+#[inline]
+fn wg_decode32(ty: Ty, bits: u64) -> f32 {
+    match ty {
+        Ty::Bf16 => f32::from_bits(((bits as u32) & 0xffff) << 16),
+        Ty::F16 => crate::mma::f16_to_f32(bits as u32 & 0xffff),
+        Ty::E4m3 => crate::mma::fp8_table32()[0][(bits & 0xff) as usize],
+        Ty::E5m2 => crate::mma::fp8_table32()[1][(bits & 0xff) as usize],
+        _ => wg_decode(ty, bits) as f32,
+    }
+}
+
+impl F32Operand {
+    /// The operand with its magnitudes, or `None` when a value is not finite.
+    fn new(v: Vec<f32>) -> Option<F32Operand> {
+        if !v.iter().fold(true, |ok, x| ok & x.is_finite()) {
+            return None;
+        }
+        let abs = v.iter().map(|x| x.abs()).collect();
+        Some(F32Operand { v, abs })
+    }
 }
 
 /// Decodes one wgmma input element, as [`crate::hopper::elem_f64`] does (tested): fp8 through
@@ -583,7 +755,18 @@ impl Cta {
         &self,
         rd: &OperandRead,
         chunks: &mut Vec<u32>,
-        mut put: impl FnMut(usize, usize, f64),
+        put: impl FnMut(usize, usize, f64),
+    ) -> Result<(), FaultKind> {
+        self.wg_operand_with(rd, chunks, wg_decode, put)
+    }
+
+    /// [`Cta::wg_operand`] with the element decoder `dec` (f64 or f32 values).
+    fn wg_operand_with<T>(
+        &self,
+        rd: &OperandRead,
+        chunks: &mut Vec<u32>,
+        dec: impl Fn(Ty, u64) -> T,
+        mut put: impl FnMut(usize, usize, T),
     ) -> Result<(), FaultKind> {
         let es = crate::hopper::esize(rd.ty);
         let per = (16 / es) as usize;
@@ -614,21 +797,25 @@ impl Cta {
                     && base + 16 <= self.shared.len()
                 {
                     chunks.push((base / 16) as u32);
-                    let mut row = [0u8; 16];
-                    row.copy_from_slice(&self.shared[base..base + 16]);
-                    let row = u128::from_le_bytes(row);
-                    let mask = (1u128 << (8 * es)) - 1;
+                    let row = &self.shared[base..base + 16];
+                    // little-endian elements of the chunk, by width (no 128-bit shifts)
+                    let elem = |i: usize| -> u64 {
+                        match es {
+                            1 => row[i] as u64,
+                            2 => u16::from_le_bytes([row[2 * i], row[2 * i + 1]]) as u64,
+                            _ => read_le(&row[4 * i..4 * i + 4]),
+                        }
+                    };
                     for i in 0..per {
-                        let bits = ((row >> (8 * es as usize * i)) & mask) as u64;
                         let (o, kk) = at(i);
-                        put(o, kk, wg_decode(rd.ty, bits));
+                        put(o, kk, dec(rd.ty, elem(i)));
                     }
                 } else {
                     for i in 0..n {
                         let (o, kk) = at(i);
                         let a = addr(o, kk);
                         chunks.push((a / 16) as u32);
-                        put(o, kk, wg_decode(rd.ty, self.smem_elem(a, es)?));
+                        put(o, kk, dec(rd.ty, self.smem_elem(a, es)?));
                     }
                 }
                 y += n;
@@ -655,6 +842,57 @@ pub(super) fn wg_current(w: &Warp, slot: u32) -> Lanes {
 }
 
 impl Cta {
+    /// [`Cta::wgmma_model`] through the f32 column kernel `f`: C (or 0 when `scale-d` is
+    /// false) gathered column-major from the accumulator registers, D written back. Returns
+    /// false (nothing written) when the kernel declines the tile (C not finite).
+    fn wgmma_model32(
+        &mut self,
+        wi: usize,
+        op: &WgmmaOp,
+        m: u32,
+        (model, kernel): (TcModel, Cols16Fn),
+        a: &F32Operand,
+        b: &F32Operand,
+    ) -> bool {
+        use crate::hopper::acc_pos;
+        let (n, k) = (op.spec.n as usize, op.spec.k as usize);
+        let w = &mut self.warps[wi];
+        let scale = w.regs[op.scale_d as usize];
+        let mut outs: Vec<Lanes> = op.d.iter().map(|&s| wg_current(w, s)).collect();
+        // column-major C of this warp's 16 rows (lanes outside `m` keep their registers)
+        let mut c = vec![0f32; 16 * n];
+        for lane in lanes_of(m) {
+            if scale[lane] & 1 != 0 {
+                for (i, out) in outs.iter().enumerate() {
+                    let (r, col) = acc_pos(lane, i);
+                    c[col * 16 + r] = f32::from_bits(out[lane] as u32);
+                }
+            }
+        }
+        let ops = crate::tc_simd::Cols {
+            at: &a.v,
+            at_abs: &a.abs,
+            b: &b.v,
+            b_abs: &b.abs,
+            k,
+            cols: n,
+        };
+        if !kernel(&model, &ops, &mut c) {
+            return false;
+        }
+        // the kernel's results are finite (finite inputs and C), so no NaN to canonicalise
+        for lane in lanes_of(m) {
+            for (i, out) in outs.iter_mut().enumerate() {
+                let (r, col) = acc_pos(lane, i);
+                out[lane] = c[col * 16 + r].to_bits() as u64;
+            }
+        }
+        for (slot, v) in op.d.iter().zip(outs) {
+            w.wg_open.push((*slot, v));
+        }
+        true
+    }
+
     /// The f32 accumulation of a wgmma under a hardware model: the accumulator (or 0 when
     /// `scale-d` is false) is the C of the model's first block, so it is aligned and truncated
     /// together with the products as on the tensor core.
