@@ -10,74 +10,10 @@ impl Decoder<'_> {
         ins0: &Instruction,
         guard: (u32, bool),
     ) -> Result<(), EmuError> {
-        let kernel = self.f;
-        let arg = |r: Role| role(kernel, ins, r);
-        let ty = ins.ty();
         use Opcode as O;
         let op = match ins.op {
             O::Mov if ins.vec_width().is_some() => return self.mov_vector(ins, ins0, guard),
-            O::Mov => {
-                let t = ty.ok_or_else(|| self.err(ins, "mov without type"))?;
-                match (arg(Role::Dst)?, arg(Role::A)?) {
-                    (Operand::Vec(ds), src) => {
-                        let src = self.src(ins, src)?;
-                        let ds = ds
-                            .iter()
-                            .map(|x| self.dst(ins, x))
-                            .collect::<Result<Vec<_>, _>>()?;
-                        let part_bits = t.bits() / ds.len() as u32;
-                        Op::Unpack {
-                            part_bits,
-                            ds,
-                            a: src,
-                        }
-                    }
-                    (dst, Operand::Vec(parts)) => {
-                        let d = self.dst(ins, dst)?;
-                        let parts = parts
-                            .iter()
-                            .map(|x| self.src(ins, x))
-                            .collect::<Result<Vec<_>, _>>()?;
-                        let part_bits = t.bits() / parts.len() as u32;
-                        match (&parts[..], alu::pack2(part_bits)) {
-                            // two halves: a lane-parallel ALU op (same bits as `Op::Pack`)
-                            (&[a, b], Some(f)) => Op::Alu {
-                                f,
-                                d,
-                                a,
-                                b,
-                                c: ZERO,
-                            },
-                            _ => Op::Pack {
-                                part_bits,
-                                d,
-                                parts,
-                            },
-                        }
-                    }
-                    (dst, src @ Operand::Reg(_)) if t == Ty::B128 => {
-                        // a .b128 register is a slot pair: copy both halves
-                        let d = self.dst(ins, dst)?;
-                        let s = self.src(ins, src)?;
-                        Op::Pack {
-                            part_bits: 64,
-                            d,
-                            parts: vec![s, s + 1],
-                        }
-                    }
-                    (dst, src) => {
-                        let d = self.dst(ins, dst)?;
-                        let s = self.src(ins, src)?;
-                        Op::Alu {
-                            f: alu::mov(if t == Ty::Pred { 1 } else { t.size() }),
-                            d,
-                            a: s,
-                            b: ZERO,
-                            c: ZERO,
-                        }
-                    }
-                }
-            }
+            O::Mov => self.decode_mov(ins)?,
             O::Cvt if ins.has(Flag::Pack) => {
                 let f = alu::cvt_pack(ins)
                     .ok_or_else(|| self.err(ins, "cvt.pack form not supported"))?;
@@ -121,29 +57,7 @@ impl Decoder<'_> {
                     b: y,
                 }
             }
-            O::Cvta => {
-                let d = self.role_dst(ins)?;
-                let [x, _, _] = self.role_srcs(ins, &[Role::A])?;
-                let bits = ty.map(|t| t.bits()).unwrap_or(64);
-                let space = ins.space().unwrap_or(Space::Global);
-                let window = if space.is_shared() {
-                    crate::memory::SHARED_WINDOW
-                } else if space == Space::Local {
-                    crate::memory::LOCAL_WINDOW
-                } else if space == Space::Global || space == Space::Const {
-                    0
-                } else if space.is_param() && !self.in_func {
-                    crate::memory::PARAM_WINDOW
-                } else {
-                    return Err(self.err(ins, format!("cvta of .{space} is not supported")));
-                };
-                let dir = if ins.has(Flag::To) {
-                    CvtaDir::FromGeneric(window)
-                } else {
-                    CvtaDir::ToGeneric(window)
-                };
-                Op::Cvta { dir, d, a: x, bits }
-            }
+            O::Cvta => self.decode_cvta(ins)?,
             O::Isspacep => {
                 let d = self.role_dst(ins)?;
                 let [x, _, _] = self.role_srcs(ins, &[Role::A])?;
@@ -161,6 +75,98 @@ impl Decoder<'_> {
 }
 
 impl Decoder<'_> {
+    /// Scalar `mov`: unpack into `{...}`, pack from `{...}` (two halves as a lane-parallel ALU
+    /// op), a `.b128` slot pair, or a plain register move.
+    fn decode_mov(&mut self, ins: &Instruction) -> Result<Op, EmuError> {
+        let kernel = self.f;
+        let arg = |r: Role| role(kernel, ins, r);
+        let t = ins.ty().ok_or_else(|| self.err(ins, "mov without type"))?;
+        Ok(match (arg(Role::Dst)?, arg(Role::A)?) {
+            (Operand::Vec(ds), src) => {
+                let src = self.src(ins, src)?;
+                let ds = ds
+                    .iter()
+                    .map(|x| self.dst(ins, x))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let part_bits = t.bits() / ds.len() as u32;
+                Op::Unpack {
+                    part_bits,
+                    ds,
+                    a: src,
+                }
+            }
+            (dst, Operand::Vec(parts)) => {
+                let d = self.dst(ins, dst)?;
+                let parts = parts
+                    .iter()
+                    .map(|x| self.src(ins, x))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let part_bits = t.bits() / parts.len() as u32;
+                match (&parts[..], alu::pack2(part_bits)) {
+                    // two halves: a lane-parallel ALU op (same bits as `Op::Pack`)
+                    (&[a, b], Some(f)) => Op::Alu {
+                        f,
+                        d,
+                        a,
+                        b,
+                        c: ZERO,
+                    },
+                    _ => Op::Pack {
+                        part_bits,
+                        d,
+                        parts,
+                    },
+                }
+            }
+            (dst, src @ Operand::Reg(_)) if t == Ty::B128 => {
+                // a .b128 register is a slot pair: copy both halves
+                let d = self.dst(ins, dst)?;
+                let s = self.src(ins, src)?;
+                Op::Pack {
+                    part_bits: 64,
+                    d,
+                    parts: vec![s, s + 1],
+                }
+            }
+            (dst, src) => {
+                let d = self.dst(ins, dst)?;
+                let s = self.src(ins, src)?;
+                Op::Alu {
+                    f: alu::mov(if t == Ty::Pred { 1 } else { t.size() }),
+                    d,
+                    a: s,
+                    b: ZERO,
+                    c: ZERO,
+                }
+            }
+        })
+    }
+
+    /// `cvta[.to].space`: the window between a state-space address and its generic address.
+    fn decode_cvta(&mut self, ins: &Instruction) -> Result<Op, EmuError> {
+        let d = self.role_dst(ins)?;
+        let [x, _, _] = self.role_srcs(ins, &[Role::A])?;
+        let bits = ins.ty().map(|t| t.bits()).unwrap_or(64);
+        let space = ins.space().unwrap_or(Space::Global);
+        let window = if space.is_shared() {
+            crate::memory::SHARED_WINDOW
+        } else if space == Space::Local {
+            crate::memory::LOCAL_WINDOW
+        } else if space == Space::Global || space == Space::Const {
+            0
+        } else if space.is_param() && !self.in_func {
+            crate::memory::PARAM_WINDOW
+        } else {
+            return Err(self.err(ins, format!("cvta of .{space} is not supported")));
+        };
+        let dir = if ins.has(Flag::To) {
+            CvtaDir::FromGeneric(window)
+        } else {
+            CvtaDir::ToGeneric(window)
+        };
+        Ok(Op::Cvta { dir, d, a: x, bits })
+    }
+
     /// `mov.v4.f32 %w, %v` / `mov.v2.b32 {%a, %b}, %v`: element-wise moves between vector
     /// registers and `{...}` vectors. All sources are read before any destination is written
     /// (`mov.v2.b32 {%a, %b}, {%b, %a}` swaps).
