@@ -22,19 +22,15 @@ use std::arch::x86_64::*;
 
 /// Largest k of a tile.
 const MAX_K: usize = 64;
-/// Biased f32 exponents of a block's largest term that the f32 arithmetic handles exactly
-/// (the range of [`super::rows16`]).
-const E_LO: i32 = 26;
-const E_HI: i32 = 247;
+// Biased f32 exponents of a block's largest term that the f32 arithmetic handles exactly: the
+// range of `super::rows16`.
+use super::rows16::{has_avx512, E_HI, E_LO};
 /// Columns processed together (independent dependency chains sharing each A load).
 const G: usize = 4;
 
 /// The kernel for this CPU: AVX-512F+VL+DQ, else AVX2, else `None`.
 pub(crate) fn select() -> Option<Cols16Fn> {
-    if std::is_x86_feature_detected!("avx512f")
-        && std::is_x86_feature_detected!("avx512dq")
-        && std::is_x86_feature_detected!("avx512vl")
-    {
+    if has_avx512() {
         return Some(tile_z);
     }
     if std::is_x86_feature_detected!("avx2") {
@@ -50,10 +46,7 @@ pub(crate) fn all() -> Vec<(&'static str, Cols16Fn)> {
     if std::is_x86_feature_detected!("avx2") {
         v.push(("cols16-avx2", tile_y));
     }
-    if std::is_x86_feature_detected!("avx512f")
-        && std::is_x86_feature_detected!("avx512dq")
-        && std::is_x86_feature_detected!("avx512vl")
-    {
+    if has_avx512() {
         v.push(("cols16-avx512", tile_z));
     }
     v

@@ -39,19 +39,23 @@ const MAX_K: usize = 64;
 const MAX_COLS: usize = 256;
 /// Biased f32 exponents of a block's largest term that the f32 arithmetic handles exactly
 /// (see the module docs: -101..=120 unbiased).
-const E_LO: i32 = 26;
-const E_HI: i32 = 247;
+pub(super) const E_LO: i32 = 26;
+pub(super) const E_HI: i32 = 247;
 /// Significand bits below the 11 an input may have.
 const LOW_BITS: u32 = 0x1fff;
 /// Row groups processed together (independent dependency chains sharing each B load).
 const G: usize = 4;
 
-/// The kernel for this CPU: AVX-512F+DQ+VL, else AVX2, else `None`.
-pub(crate) fn select() -> Option<Tile16Fn> {
-    if std::is_x86_feature_detected!("avx512f")
+/// Whether this CPU has the AVX-512 subsets the 16-lane kernels use (F, DQ, VL).
+pub(super) fn has_avx512() -> bool {
+    std::is_x86_feature_detected!("avx512f")
         && std::is_x86_feature_detected!("avx512dq")
         && std::is_x86_feature_detected!("avx512vl")
-    {
+}
+
+/// The kernel for this CPU: AVX-512F+DQ+VL, else AVX2, else `None`.
+pub(crate) fn select() -> Option<Tile16Fn> {
+    if has_avx512() {
         return Some(tile_z);
     }
     if std::is_x86_feature_detected!("avx2") {
@@ -67,10 +71,7 @@ pub(crate) fn all() -> Vec<(&'static str, Tile16Fn)> {
     if std::is_x86_feature_detected!("avx2") {
         v.push(("f32-avx2", tile_y));
     }
-    if std::is_x86_feature_detected!("avx512f")
-        && std::is_x86_feature_detected!("avx512dq")
-        && std::is_x86_feature_detected!("avx512vl")
-    {
+    if has_avx512() {
         v.push(("f32-avx512", tile_z));
     }
     v
