@@ -544,4 +544,60 @@ mod tests {
             }
         }
     }
+
+    /// Timing harness, not a check (no assertion): ns per call of every kernel on the shapes
+    /// the emulator runs: `mma.sync` m16n8k16 bf16 (sm_80) and m16n8k32 e4m3 (sm_89), and
+    /// the wgmma widths 64..256 with k 32 e4m3 and k 16 bf16 (sm_90). Run (release, pinned):
+    /// `taskset -c 1 cargo test --release -p emu --lib cols16_timing -- --ignored --nocapture`.
+    /// `COLS16_CALLS` sets the 16 x 8 output tiles per shape (default 400000), `COLS16_ONLY`
+    /// one kernel by name (for callgrind: `tile_y` inclusive / calls is the per-call figure).
+    #[test]
+    #[ignore]
+    fn cols16_timing() {
+        let env = |k: &str| std::env::var(k).ok();
+        let tiles: usize = env("COLS16_CALLS").and_then(|v| v.parse().ok()).unwrap_or(400_000);
+        let only = env("COLS16_ONLY");
+        let shapes = [
+            (80, Ty::Bf16, 16, 8),
+            (89, Ty::E4m3, 32, 8),
+            (90, Ty::Bf16, 16, 64),
+            (90, Ty::Bf16, 16, 256),
+            (90, Ty::E4m3, 32, 64),
+            (90, Ty::E4m3, 32, 128),
+            (90, Ty::E4m3, 32, 256),
+        ];
+        let mut rng = StdRng::seed_from_u64(0x7157);
+        for (name, f) in all() {
+            if only.as_deref().is_some_and(|o| o != name) {
+                continue;
+            }
+            for &(sm, t, k, cols) in &shapes {
+                let m = model_for(sm, t).unwrap();
+                let at: Vec<f32> = (0..16 * k).map(|_| value(t, false, &mut rng)).collect();
+                let b: Vec<f32> = (0..k * cols).map(|_| value(t, false, &mut rng)).collect();
+                let at_abs: Vec<f32> = at.iter().map(|x| x.abs()).collect();
+                let b_abs: Vec<f32> = b.iter().map(|x| x.abs()).collect();
+                let o = Cols {
+                    at: &at,
+                    at_abs: &at_abs,
+                    b: &b,
+                    b_abs: &b_abs,
+                    k,
+                    cols,
+                };
+                let mut c: Vec<f32> = (0..16 * cols).map(|_| rng.gen_range(-4f32..4.0)).collect();
+                let calls = (tiles * 8 / cols).max(1);
+                let mut best = f64::INFINITY;
+                for _ in 0..3 {
+                    let t0 = std::time::Instant::now();
+                    for _ in 0..calls {
+                        assert!(f(&m, std::hint::black_box(&o), &mut c));
+                    }
+                    best = best.min(t0.elapsed().as_nanos() as f64 / calls as f64);
+                }
+                println!("{name} sm_{sm} {t:?} k {k} n {cols}: {best:.1} ns/call ({calls} calls x 3)");
+            }
+        }
+    }
 }
+
