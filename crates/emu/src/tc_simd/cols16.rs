@@ -550,13 +550,14 @@ mod tests {
     /// the wgmma widths 64..256 with k 32 e4m3 and k 16 bf16 (sm_90). Run (release, pinned):
     /// `taskset -c 1 cargo test --release -p emu --lib cols16_timing -- --ignored --nocapture`.
     /// `COLS16_CALLS` sets the 16 x 8 output tiles per shape (default 400000), `COLS16_ONLY`
-    /// one kernel by name (for callgrind: `tile_y` inclusive / calls is the per-call figure).
+    /// one kernel by name and `COLS16_SHAPE` the shapes whose line contains it (for callgrind:
+    /// `tile_y` inclusive / calls is the per-call figure).
     #[test]
     #[ignore]
     fn cols16_timing() {
         let env = |k: &str| std::env::var(k).ok();
         let tiles: usize = env("COLS16_CALLS").and_then(|v| v.parse().ok()).unwrap_or(400_000);
-        let only = env("COLS16_ONLY");
+        let (only, shape) = (env("COLS16_ONLY"), env("COLS16_SHAPE").unwrap_or_default());
         let shapes = [
             (80, Ty::Bf16, 16, 8),
             (89, Ty::E4m3, 32, 8),
@@ -572,6 +573,10 @@ mod tests {
                 continue;
             }
             for &(sm, t, k, cols) in &shapes {
+                let line = format!("{name} sm_{sm} {t:?} k {k} n {cols}");
+                if !line.contains(&shape) {
+                    continue;
+                }
                 let m = model_for(sm, t).unwrap();
                 let at: Vec<f32> = (0..16 * k).map(|_| value(t, false, &mut rng)).collect();
                 let b: Vec<f32> = (0..k * cols).map(|_| value(t, false, &mut rng)).collect();
@@ -595,7 +600,7 @@ mod tests {
                     }
                     best = best.min(t0.elapsed().as_nanos() as f64 / calls as f64);
                 }
-                println!("{name} sm_{sm} {t:?} k {k} n {cols}: {best:.1} ns/call ({calls} calls x 3)");
+                println!("{line}: {best:.1} ns/call ({calls} calls x 3)");
             }
         }
     }
