@@ -12,9 +12,18 @@
 //! why it is exact), so the bits are those of [`crate::tc_numerics::tile`] (tested against the
 //! portable kernel). The caller guarantees what `rows16` checks per tile: every A and B value
 //! is finite with at most 11 significant bits (true of every decoded f16, bf16, e4m3 and e5m2
-//! value that is finite); this kernel checks that C is finite and declines the tile otherwise.
-//! Lanes whose block maximum lies outside the f32-safe exponent range run
-//! [`crate::tc_numerics::block_sum`] in f64 for that block.
+//! value that is finite); this kernel checks that C is finite (vector compares over C before
+//! anything is written) and declines the tile otherwise.
+//!
+//! What keeps it short (instructions per `mma.sync` m16n8k16 tile matter: the emulator runs
+//! one per warp-level mma):
+//! - the scales come from the exponent bits of the block maxima by integer subtraction (no
+//!   shifts), and whether any lane's maximum lies outside the f32-safe exponent range is one
+//!   unsigned minimum and one maximum per vector, tested once per block of G columns; such a
+//!   (rare) block runs [`crate::tc_numerics::block_sum`] in f64 for all its outputs;
+//! - the k loops run two k values per iteration;
+//! - the rounding of the AVX2 build masks the significand only for models that keep fewer
+//!   than 23 fraction bits.
 
 use super::{Cols, Cols16Fn};
 use crate::tc_numerics::{block_sum, TcModel};
@@ -27,6 +36,12 @@ const MAX_K: usize = 64;
 use super::rows16::{has_avx512, E_HI, E_LO};
 /// Columns processed together (independent dependency chains sharing each A load).
 const G: usize = 4;
+/// The f32 exponent field.
+const EXP: i32 = 0x7f80_0000;
+/// The smallest bits of a maximum in the safe range (`E_LO`, zero fraction).
+const LO_BITS: i32 = E_LO << 23;
+/// The smallest bits of a maximum above the safe range.
+const HI_BITS: i32 = (E_HI + 1) << 23;
 
 /// The kernel for this CPU: AVX-512F+VL+DQ, else AVX2, else `None`.
 pub(crate) fn select() -> Option<Cols16Fn> {
@@ -52,7 +67,7 @@ pub(crate) fn all() -> Vec<(&'static str, Cols16Fn)> {
     v
 }
 
-/// Whether the kernel handles this model and shape, and C is finite.
+/// Whether the kernel handles this model and shape (C's finiteness is the kernel's check).
 fn accepts(m: &TcModel, o: &Cols, c: &[f32]) -> bool {
     let (k, cols) = (o.k, o.cols);
     m.block_len() <= 32
@@ -66,53 +81,55 @@ fn accepts(m: &TcModel, o: &Cols, c: &[f32]) -> bool {
         && o.b.len() >= k * cols
         && o.b_abs.len() >= k * cols
         && c.len() == 16 * cols
-        && c.iter().fold(true, |ok, x| ok & x.is_finite())
 }
 
 fn tile_z(m: &TcModel, o: &Cols, c: &mut [f32]) -> bool {
-    if !accepts(m, o, c) {
-        return false;
-    }
     // SAFETY: `select` hands this function out only when the CPU reports AVX-512F, DQ and VL;
     // `accepts` checked every slice length the kernel reads or writes.
-    unsafe { tile_z_impl(m, o, c) };
-    true
+    accepts(m, o, c) && unsafe { tile_z_impl(m, o, c) }
 }
 
 #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2")]
-unsafe fn tile_z_impl(m: &TcModel, o: &Cols, c: &mut [f32]) {
+unsafe fn tile_z_impl(m: &TcModel, o: &Cols, c: &mut [f32]) -> bool {
     drive::<Z>(m, o, c)
 }
 
 fn tile_y(m: &TcModel, o: &Cols, c: &mut [f32]) -> bool {
-    if !accepts(m, o, c) {
-        return false;
-    }
     // SAFETY: `select` hands this function out only when the CPU reports AVX2; `accepts`
     // checked every slice length the kernel reads or writes.
-    unsafe { tile_y_impl(m, o, c) };
-    true
+    accepts(m, o, c) && unsafe { tile_y_impl(m, o, c) }
 }
 
 #[target_feature(enable = "avx2")]
-unsafe fn tile_y_impl(m: &TcModel, o: &Cols, c: &mut [f32]) {
+unsafe fn tile_y_impl(m: &TcModel, o: &Cols, c: &mut [f32]) -> bool {
     drive::<Y>(m, o, c)
 }
 
-/// G columns at a time: C loaded, the blocks run, D stored. No closures: a closure would not
-/// inherit the caller's target features.
+/// Checks C, then G columns at a time: C loaded, the blocks run, D stored. `false` (nothing
+/// written) when C has a non-finite value. No closures: a closure would not inherit the
+/// caller's target features.
 #[inline(always)]
-unsafe fn drive<V: Col>(m: &TcModel, o: &Cols, c: &mut [f32]) {
+unsafe fn drive<V: Col>(m: &TcModel, o: &Cols, c: &mut [f32]) -> bool {
     let cp = c.as_mut_ptr();
+    let mut top = V::zero().bits();
+    for col in 0..o.cols {
+        top = V::max_bits(top, V::load(cp.add(col * 16)).abs().bits());
+    }
+    // a finite |x| has bits below those of infinity (NaN above)
+    if V::any_gt(top, EXP - 1) {
+        return false;
+    }
+    let keep = !((1u32 << (23 - m.out_frac)) - 1);
+    let bl = m.block_len();
     for c0 in (0..o.cols).step_by(G) {
         let mut x = [V::zero(); G];
         for (g, xg) in x.iter_mut().enumerate() {
             *xg = V::load(cp.add((c0 + g) * 16));
         }
-        let (bl, mut k0) = (m.block_len(), 0);
+        let mut k0 = 0;
         while k0 < o.k {
             let n = bl.min(o.k - k0);
-            let at = At { m, o, c0, k0 };
+            let at = At { m, o, c0, k0, keep };
             match n {
                 8 => block::<V>(&at, 8, &mut x),
                 16 => block::<V>(&at, 16, &mut x),
@@ -125,79 +142,103 @@ unsafe fn drive<V: Col>(m: &TcModel, o: &Cols, c: &mut [f32]) {
             xg.store(cp.add((c0 + g) * 16));
         }
     }
+    true
 }
 
-/// Where a block is: the model, the operands, its first column and first k.
+/// Where a block is: the model, the operands, its first column and first k, and the mask
+/// that keeps the model's `out_frac` fraction bits.
 struct At<'a> {
     m: &'a TcModel,
     o: &'a Cols<'a>,
     c0: usize,
     k0: usize,
+    keep: u32,
+}
+
+/// Runs `$body` with `$j` = 0..$n, two at a time while at least two are left: half the loop
+/// control, and LLVM unrolls the short loops (pass 1 of a block of 8) completely. (Unrolled
+/// by 8, LLVM hoists all of A's loads of a block and spills them.) A macro, not a closure: a
+/// closure would not inherit the caller's target features.
+macro_rules! by2 {
+    ($n:expr, $j:ident => $body:block) => {{
+        let mut j0 = 0;
+        while j0 + 2 <= $n {
+            for $j in [j0, j0 + 1] $body
+            j0 += 2;
+        }
+        if j0 < $n {
+            let $j = j0;
+            $body
+        }
+    }};
 }
 
 /// One block of `n` products plus C for G columns x 16 rows.
 #[inline(always)]
 unsafe fn block<V: Col>(at: &At, n: usize, x: &mut [V; G]) {
     let (o, cols) = (at.o, at.o.cols);
-    let ai = |j: usize| (at.k0 + j) * 16;
-    let bi = |j: usize| (at.k0 + j) * cols + at.c0;
+    let (a_abs, b_abs) = (o.at_abs.as_ptr().add(at.k0 * 16), o.b_abs.as_ptr());
+    let b_abs = b_abs.add(at.k0 * cols + at.c0);
     // pass 1: the largest magnitude per output (products recomputed in pass 2)
     let mut big = [V::zero(); G];
     for g in 0..G {
         big[g] = x[g].abs();
     }
-    for j in 0..n {
-        let a = V::load(o.at_abs.as_ptr().add(ai(j)));
-        let b = o.b_abs.as_ptr().add(bi(j));
+    by2!(n, j => {
+        let a = V::load(a_abs.add(j * 16));
+        let b = b_abs.add(j * cols);
         for (g, bg) in big.iter_mut().enumerate() {
             *bg = bg.max(a.mul_s(b.add(g)));
         }
-    }
+    });
     let f = at.m.align_frac as i32;
-    let (mut up, mut down, mut bad) = ([V::zero(); G], [V::zero(); G], [0u16; G]);
+    let (mut up, mut down) = ([V::zero(); G], [V::zero(); G]);
+    let (mut lo, mut hi) = (V::ones().bits(), V::zero().bits());
     for g in 0..G {
-        (up[g], down[g], bad[g]) = big[g].scales(f);
+        (up[g], down[g]) = big[g].scales(f);
+        (lo, hi) = big[g].track(lo, hi);
+    }
+    if V::any_lt_u(lo, LO_BITS - 1) || V::any_gt(hi, HI_BITS - 1) {
+        return redo_block(at, n, x);
     }
     // pass 2: aligned, truncated, summed in i32 lanes
+    let (a, b) = (o.at.as_ptr().add(at.k0 * 16), o.b.as_ptr());
+    let b = b.add(at.k0 * cols + at.c0);
     let mut s = [V::zero().trunc(); G];
     for g in 0..G {
         s[g] = x[g].mul(up[g]).trunc();
     }
-    for j in 0..n {
-        let a = V::load(o.at.as_ptr().add(ai(j)));
-        let b = o.b.as_ptr().add(bi(j));
+    by2!(n, j => {
+        let a = V::load(a.add(j * 16));
+        let b = b.add(j * cols);
         for (g, sg) in s.iter_mut().enumerate() {
             *sg = V::add(*sg, a.mul_s(b.add(g)).mul(up[g]).trunc());
         }
-    }
-    let keep = !((1u32 << (23 - at.m.out_frac)) - 1);
+    });
     for g in 0..G {
-        let r = V::finish(s[g], keep, down[g]);
-        x[g] = if bad[g] != 0 {
-            redo_lanes(at, n, g, x[g], r, bad[g])
-        } else {
-            r
-        };
+        x[g] = V::finish(s[g], at.keep, down[g]);
     }
 }
 
-/// The block through [`block_sum`] (f64, products exact) for the rows in `bad` of column
-/// `at.c0 + g` (their largest term is outside the safe range); `old` holds C, `new` the f32
-/// results.
+/// The block through [`block_sum`] (f64, products exact) for every output of its G columns
+/// (some output's largest term is outside the f32-safe range; `block_sum` gives the other
+/// outputs the bits of the f32 arithmetic). `x` holds C on entry, the results on exit.
 #[cold]
 #[inline(never)]
-unsafe fn redo_lanes<V: Col>(at: &At, n: usize, g: usize, old: V, new: V, bad: u16) -> V {
+unsafe fn redo_block<V: Col>(at: &At, n: usize, x: &mut [V; G]) {
     let o = at.o;
-    let (old, mut new) = (old.to_array(), new.to_array());
     let mut prods = [0f64; 32];
-    for row in (0..16).filter(|r| bad >> r & 1 == 1) {
-        for (j, p) in prods[..n].iter_mut().enumerate() {
-            let kk = at.k0 + j;
-            *p = o.at[kk * 16 + row] as f64 * o.b[kk * o.cols + at.c0 + g] as f64;
+    for (g, xg) in x.iter_mut().enumerate() {
+        let mut v = xg.to_array();
+        for (row, out) in v.iter_mut().enumerate() {
+            for (j, p) in prods[..n].iter_mut().enumerate() {
+                let kk = at.k0 + j;
+                *p = o.at[kk * 16 + row] as f64 * o.b[kk * o.cols + at.c0 + g] as f64;
+            }
+            *out = block_sum(at.m, &prods[..n], *out as f64) as f32;
         }
-        new[row] = block_sum(at.m, &prods[..n], old[row] as f64) as f32;
+        *xg = V::from_array(v);
     }
-    V::from_array(new)
 }
 
 /// One output column (16 rows) in vector registers, and the operations the kernel needs.
@@ -207,6 +248,8 @@ trait Col: Copy {
     /// Lanes as i32.
     type I: Copy;
     unsafe fn zero() -> Self;
+    /// All bits set.
+    unsafe fn ones() -> Self;
     unsafe fn load(p: *const f32) -> Self;
     unsafe fn store(self, p: *mut f32);
     /// self times the scalar at `p`.
@@ -214,9 +257,22 @@ trait Col: Copy {
     unsafe fn abs(self) -> Self;
     unsafe fn max(self, o: Self) -> Self;
     unsafe fn mul(self, o: Self) -> Self;
-    /// From the largest magnitudes: 2^(F - e), 2^(e - F) for their exponents e (clamped to
-    /// [`E_LO`]..=[`E_HI`]) and the mask of lanes outside the safe range (non-zero, e outside).
-    unsafe fn scales(self, f: i32) -> (Self, Self, u16);
+    /// The lanes' bits.
+    unsafe fn bits(self) -> Self::I;
+    /// Lane-wise signed maximum.
+    unsafe fn max_bits(a: Self::I, b: Self::I) -> Self::I;
+    /// Whether a lane of `a` is above `t` (signed).
+    unsafe fn any_gt(a: Self::I, t: i32) -> bool;
+    /// Whether a lane of `a` is below `t` (unsigned).
+    unsafe fn any_lt_u(a: Self::I, t: i32) -> bool;
+    /// From the largest magnitudes (non-negative): 2^(F - e) and 2^(e - F) for their
+    /// exponents e, raised to at least [`E_LO`] (a zero maximum: its terms and sum are zero
+    /// whatever the scale; a lane outside the safe range is redone, see `track`).
+    unsafe fn scales(self, f: i32) -> (Self, Self);
+    /// Folds the largest magnitudes into the running unsigned minimum of `bits - 1` (below
+    /// `LO_BITS - 1` for a non-zero maximum under the safe range; a zero maximum wraps to the
+    /// top) and the signed maximum of the bits (above `HI_BITS - 1` over the range).
+    unsafe fn track(self, lo: Self::I, hi: Self::I) -> (Self::I, Self::I);
     /// Truncation toward zero to i32.
     unsafe fn trunc(self) -> Self::I;
     unsafe fn add(a: Self::I, b: Self::I) -> Self::I;
@@ -236,6 +292,11 @@ impl Col for Z {
     #[inline(always)]
     unsafe fn zero() -> Self {
         Z(_mm512_setzero_ps())
+    }
+
+    #[inline(always)]
+    unsafe fn ones() -> Self {
+        Z(_mm512_castsi512_ps(_mm512_set1_epi32(-1)))
     }
 
     #[inline(always)]
@@ -269,20 +330,39 @@ impl Col for Z {
     }
 
     #[inline(always)]
-    unsafe fn scales(self, f: i32) -> (Self, Self, u16) {
-        let bits = _mm512_castps_si512(self.0);
-        let e = _mm512_srli_epi32::<23>(bits);
-        let (lo, hi) = (_mm512_set1_epi32(E_LO), _mm512_set1_epi32(E_HI));
-        let tiny = _mm512_test_epi32_mask(bits, bits) & _mm512_cmplt_epi32_mask(e, lo);
-        let bad = tiny | _mm512_cmpgt_epi32_mask(e, hi);
-        let e = _mm512_min_epi32(_mm512_max_epi32(e, lo), hi);
-        let up = _mm512_slli_epi32::<23>(_mm512_sub_epi32(_mm512_set1_epi32(254 + f), e));
-        let down = _mm512_slli_epi32::<23>(_mm512_sub_epi32(e, _mm512_set1_epi32(f)));
-        (
-            Z(_mm512_castsi512_ps(up)),
-            Z(_mm512_castsi512_ps(down)),
-            bad,
-        )
+    unsafe fn bits(self) -> __m512i {
+        _mm512_castps_si512(self.0)
+    }
+
+    #[inline(always)]
+    unsafe fn max_bits(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_max_epi32(a, b)
+    }
+
+    #[inline(always)]
+    unsafe fn any_gt(a: __m512i, t: i32) -> bool {
+        _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(t)) != 0
+    }
+
+    #[inline(always)]
+    unsafe fn any_lt_u(a: __m512i, t: i32) -> bool {
+        _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(t)) != 0
+    }
+
+    #[inline(always)]
+    unsafe fn scales(self, f: i32) -> (Self, Self) {
+        let e = _mm512_and_si512(self.bits(), _mm512_set1_epi32(EXP));
+        let e = _mm512_max_epi32(e, _mm512_set1_epi32(LO_BITS));
+        let up = _mm512_sub_epi32(_mm512_set1_epi32((254 + f) << 23), e);
+        let down = _mm512_sub_epi32(e, _mm512_set1_epi32(f << 23));
+        (Z(_mm512_castsi512_ps(up)), Z(_mm512_castsi512_ps(down)))
+    }
+
+    #[inline(always)]
+    unsafe fn track(self, lo: __m512i, hi: __m512i) -> (__m512i, __m512i) {
+        let b = self.bits();
+        let lo = _mm512_min_epu32(lo, _mm512_add_epi32(b, _mm512_set1_epi32(-1)));
+        (lo, _mm512_max_epi32(hi, b))
     }
 
     #[inline(always)]
@@ -319,12 +399,27 @@ impl Col for Z {
 #[derive(Clone, Copy)]
 struct Y([__m256; 2]);
 
+/// The unsigned minimum (`lo`) and signed maximum (`hi`) of [`Col::track`] for one 8-lane
+/// vector of maxima `big`.
+#[inline(always)]
+unsafe fn track8(big: __m256, lo: __m256i, hi: __m256i) -> (__m256i, __m256i) {
+    let b = _mm256_castps_si256(big);
+    let lo = _mm256_min_epu32(lo, _mm256_add_epi32(b, _mm256_set1_epi32(-1)));
+    (lo, _mm256_max_epi32(hi, b))
+}
+
 impl Col for Y {
+    /// Both halves' lanes; the tracking of [`Col::track`] folds the two halves into the first.
     type I = [__m256i; 2];
 
     #[inline(always)]
     unsafe fn zero() -> Self {
         Y([_mm256_setzero_ps(); 2])
+    }
+
+    #[inline(always)]
+    unsafe fn ones() -> Self {
+        Y([_mm256_castsi256_ps(_mm256_set1_epi32(-1)); 2])
     }
 
     #[inline(always)]
@@ -367,23 +462,50 @@ impl Col for Y {
     }
 
     #[inline(always)]
-    unsafe fn scales(self, f: i32) -> (Self, Self, u16) {
-        let (lo, hi) = (_mm256_set1_epi32(E_LO), _mm256_set1_epi32(E_HI));
-        let (mut up, mut down, mut bad) = ([_mm256_setzero_ps(); 2], [_mm256_setzero_ps(); 2], 0);
+    unsafe fn bits(self) -> [__m256i; 2] {
+        [_mm256_castps_si256(self.0[0]), _mm256_castps_si256(self.0[1])]
+    }
+
+    #[inline(always)]
+    unsafe fn max_bits(a: [__m256i; 2], b: [__m256i; 2]) -> [__m256i; 2] {
+        [_mm256_max_epi32(a[0], b[0]), _mm256_max_epi32(a[1], b[1])]
+    }
+
+    #[inline(always)]
+    unsafe fn any_gt(a: [__m256i; 2], t: i32) -> bool {
+        let t = _mm256_set1_epi32(t);
+        let m = _mm256_or_si256(_mm256_cmpgt_epi32(a[0], t), _mm256_cmpgt_epi32(a[1], t));
+        _mm256_testz_si256(m, m) == 0
+    }
+
+    #[inline(always)]
+    unsafe fn any_lt_u(a: [__m256i; 2], t: i32) -> bool {
+        // a < t (unsigned) where min(a, t - 1) == a; t >= 1 here
+        let t = _mm256_set1_epi32(t - 1);
+        let (l0, l1) = (_mm256_min_epu32(a[0], t), _mm256_min_epu32(a[1], t));
+        let m = _mm256_or_si256(_mm256_cmpeq_epi32(l0, a[0]), _mm256_cmpeq_epi32(l1, a[1]));
+        _mm256_testz_si256(m, m) == 0
+    }
+
+    #[inline(always)]
+    unsafe fn scales(self, f: i32) -> (Self, Self) {
+        let (exp, lo) = (_mm256_set1_epi32(EXP), _mm256_set1_epi32(LO_BITS));
+        let (cu, cd) = (_mm256_set1_epi32((254 + f) << 23), _mm256_set1_epi32(f << 23));
+        let (mut up, mut down) = ([_mm256_setzero_ps(); 2], [_mm256_setzero_ps(); 2]);
         for h in 0..2 {
-            let bits = _mm256_castps_si256(self.0[h]);
-            let e = _mm256_srli_epi32::<23>(bits);
-            let nz = _mm256_cmpgt_epi32(bits, _mm256_setzero_si256());
-            let tiny = _mm256_and_si256(nz, _mm256_cmpgt_epi32(lo, e));
-            let b = _mm256_or_si256(tiny, _mm256_cmpgt_epi32(e, hi));
-            bad |= (_mm256_movemask_ps(_mm256_castsi256_ps(b)) as u16) << (8 * h);
-            let e = _mm256_min_epi32(_mm256_max_epi32(e, lo), hi);
-            let u = _mm256_sub_epi32(_mm256_set1_epi32(254 + f), e);
-            let d = _mm256_sub_epi32(e, _mm256_set1_epi32(f));
-            up[h] = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(u));
-            down[h] = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(d));
+            let e = _mm256_and_si256(_mm256_castps_si256(self.0[h]), exp);
+            let e = _mm256_max_epi32(e, lo);
+            up[h] = _mm256_castsi256_ps(_mm256_sub_epi32(cu, e));
+            down[h] = _mm256_castsi256_ps(_mm256_sub_epi32(e, cd));
         }
-        (Y(up), Y(down), bad)
+        (Y(up), Y(down))
+    }
+
+    #[inline(always)]
+    unsafe fn track(self, lo: [__m256i; 2], hi: [__m256i; 2]) -> ([__m256i; 2], [__m256i; 2]) {
+        let (l, h) = track8(self.0[0], lo[0], hi[0]);
+        let (l, h) = track8(self.0[1], l, h);
+        ([l, l], [h, h])
     }
 
     #[inline(always)]
@@ -401,7 +523,6 @@ impl Col for Y {
 
     #[inline(always)]
     unsafe fn finish(s: [__m256i; 2], keep: u32, down: Self) -> Self {
-        let keep = _mm256_castsi256_ps(_mm256_set1_epi32(keep as i32));
         let mut out = [_mm256_setzero_ps(); 2];
         for h in 0..2 {
             // to nearest, then one ulp back toward zero where that rounded away from zero
@@ -409,8 +530,11 @@ impl Col for Y {
             let f = _mm256_cvtepi32_ps(s[h]);
             let back = _mm256_abs_epi32(_mm256_cvttps_epi32(f));
             let away = _mm256_cmpgt_epi32(back, _mm256_abs_epi32(s[h]));
-            let f = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(f), away));
-            out[h] = _mm256_mul_ps(_mm256_and_ps(f, keep), down.0[h]);
+            let mut f = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(f), away));
+            if keep != u32::MAX {
+                f = _mm256_and_ps(f, _mm256_castsi256_ps(_mm256_set1_epi32(keep as i32)));
+            }
+            out[h] = _mm256_mul_ps(f, down.0[h]);
         }
         Y(out)
     }
