@@ -121,25 +121,20 @@ unsafe fn drive<V: Col>(m: &TcModel, o: &Cols, c: &mut [f32]) -> bool {
     }
     let keep = !((1u32 << (23 - m.out_frac)) - 1);
     let bl = m.block_len();
+    // D of a block is written over its C, the next block's C (the columns are independent)
     for c0 in (0..o.cols).step_by(G) {
-        let mut x = [V::zero(); G];
-        for (g, xg) in x.iter_mut().enumerate() {
-            *xg = V::load(cp.add((c0 + g) * 16));
-        }
+        let x = cp.add(c0 * 16);
         let mut k0 = 0;
         while k0 < o.k {
             let n = bl.min(o.k - k0);
             let at = At { m, o, c0, k0, keep };
             match n {
-                8 => block::<V>(&at, 8, &mut x),
-                16 => block::<V>(&at, 16, &mut x),
-                32 => block::<V>(&at, 32, &mut x),
-                _ => block::<V>(&at, n, &mut x),
+                8 => block::<V>(&at, 8, x),
+                16 => block::<V>(&at, 16, x),
+                32 => block::<V>(&at, 32, x),
+                _ => block::<V>(&at, n, x),
             }
             k0 += n;
-        }
-        for (g, xg) in x.iter().enumerate() {
-            xg.store(cp.add((c0 + g) * 16));
         }
     }
     true
@@ -173,16 +168,17 @@ macro_rules! by2 {
     }};
 }
 
-/// One block of `n` products plus C for G columns x 16 rows.
+/// One block of `n` products plus C for G columns x 16 rows: C read from and D written to the
+/// G column-major columns at `x`.
 #[inline(always)]
-unsafe fn block<V: Col>(at: &At, n: usize, x: &mut [V; G]) {
+unsafe fn block<V: Col>(at: &At, n: usize, x: *mut f32) {
     let (o, cols) = (at.o, at.o.cols);
     let (a_abs, b_abs) = (o.at_abs.as_ptr().add(at.k0 * 16), o.b_abs.as_ptr());
     let b_abs = b_abs.add(at.k0 * cols + at.c0);
     // pass 1: the largest magnitude per output (products recomputed in pass 2)
     let mut big = [V::zero(); G];
     for g in 0..G {
-        big[g] = x[g].abs();
+        big[g] = V::load(x.add(g * 16)).abs();
     }
     by2!(n, j => {
         let a = V::load(a_abs.add(j * 16));
@@ -204,32 +200,38 @@ unsafe fn block<V: Col>(at: &At, n: usize, x: &mut [V; G]) {
     // pass 2: aligned, truncated, summed in i32 lanes
     let (a, b) = (o.at.as_ptr().add(at.k0 * 16), o.b.as_ptr());
     let b = b.add(at.k0 * cols + at.c0);
+    // C read again: `black_box` keeps LLVM from holding the first reads in registers through
+    // pass 1 (they would be spilled and reloaded)
+    let xc = std::hint::black_box(x);
     let mut s = [V::zero().trunc(); G];
     for g in 0..G {
-        s[g] = x[g].mul(up[g]).trunc();
+        s[g] = V::load(xc.add(g * 16)).mul(up[g]).trunc();
     }
-    by2!(n, j => {
+    // one k per iteration: each scale is used once, so LLVM reads the ones it cannot keep in
+    // registers straight from the stack inside the multiply
+    for j in 0..n {
         let a = V::load(a.add(j * 16));
         let b = b.add(j * cols);
         for (g, sg) in s.iter_mut().enumerate() {
             *sg = V::add(*sg, a.mul_s(b.add(g)).mul(up[g]).trunc());
         }
-    });
+    }
     for g in 0..G {
-        x[g] = V::finish(s[g], at.keep, down[g]);
+        V::finish(s[g], at.keep, down[g]).store(x.add(g * 16));
     }
 }
 
 /// The block through [`block_sum`] (f64, products exact) for every output of its G columns
 /// (some output's largest term is outside the f32-safe range; `block_sum` gives the other
-/// outputs the bits of the f32 arithmetic). `x` holds C on entry, the results on exit.
+/// outputs the bits of the f32 arithmetic). `x` (G columns) holds C on entry, D on exit.
 #[cold]
 #[inline(never)]
-unsafe fn redo_block<V: Col>(at: &At, n: usize, x: &mut [V; G]) {
+unsafe fn redo_block(at: &At, n: usize, x: *mut f32) {
     let o = at.o;
     let mut prods = [0f64; 32];
-    for (g, xg) in x.iter_mut().enumerate() {
-        let mut v = xg.to_array();
+    for g in 0..G {
+        // SAFETY: `x` points at column `at.c0 + g` < `o.cols` of C, which holds 16 per column
+        let v = std::slice::from_raw_parts_mut(x.add(g * 16), 16);
         for (row, out) in v.iter_mut().enumerate() {
             for (j, p) in prods[..n].iter_mut().enumerate() {
                 let kk = at.k0 + j;
@@ -237,7 +239,6 @@ unsafe fn redo_block<V: Col>(at: &At, n: usize, x: &mut [V; G]) {
             }
             *out = block_sum(at.m, &prods[..n], *out as f64) as f32;
         }
-        *xg = V::from_array(v);
     }
 }
 
@@ -278,8 +279,6 @@ trait Col: Copy {
     unsafe fn add(a: Self::I, b: Self::I) -> Self::I;
     /// `s` rounded toward zero to f32, masked with `keep`, times `down` (exact).
     unsafe fn finish(s: Self::I, keep: u32, down: Self) -> Self;
-    unsafe fn to_array(self) -> [f32; 16];
-    unsafe fn from_array(v: [f32; 16]) -> Self;
 }
 
 /// AVX-512: one 16-lane vector.
@@ -380,18 +379,6 @@ impl Col for Z {
         let f = _mm512_cvt_roundepi32_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(s);
         let f = _mm512_and_ps(f, _mm512_castsi512_ps(_mm512_set1_epi32(keep as i32)));
         Z(_mm512_mul_ps(f, down.0))
-    }
-
-    #[inline(always)]
-    unsafe fn to_array(self) -> [f32; 16] {
-        let mut v = [0f32; 16];
-        _mm512_storeu_ps(v.as_mut_ptr(), self.0);
-        v
-    }
-
-    #[inline(always)]
-    unsafe fn from_array(v: [f32; 16]) -> Self {
-        Z(_mm512_loadu_ps(v.as_ptr()))
     }
 }
 
@@ -538,18 +525,6 @@ impl Col for Y {
         }
         Y(out)
     }
-
-    #[inline(always)]
-    unsafe fn to_array(self) -> [f32; 16] {
-        let mut v = [0f32; 16];
-        self.store(v.as_mut_ptr());
-        v
-    }
-
-    #[inline(always)]
-    unsafe fn from_array(v: [f32; 16]) -> Self {
-        Y::load(v.as_ptr())
-    }
 }
 
 #[cfg(test)]
@@ -673,7 +648,8 @@ mod tests {
     /// the emulator runs: `mma.sync` m16n8k16 bf16 (sm_80) and m16n8k32 e4m3 (sm_89), and
     /// the wgmma widths 64..256 with k 32 e4m3 and k 16 bf16 (sm_90). Run (release, pinned):
     /// `taskset -c 1 cargo test --release -p emu --lib cols16_timing -- --ignored --nocapture`.
-    /// `COLS16_CALLS` sets the 16 x 8 output tiles per shape (default 400000), `COLS16_ONLY`
+    /// `COLS16_CALLS` sets the 16 x 8 output tiles per shape (default 400000; the best of 16
+    /// rounds of a sixteenth each is printed), `COLS16_ONLY`
     /// one kernel by name and `COLS16_SHAPE` the shapes whose line contains it (for callgrind:
     /// `tile_y` inclusive / calls is the per-call figure).
     #[test]
@@ -715,16 +691,16 @@ mod tests {
                     cols,
                 };
                 let mut c: Vec<f32> = (0..16 * cols).map(|_| rng.gen_range(-4f32..4.0)).collect();
-                let calls = (tiles * 8 / cols).max(1);
+                let calls = (tiles * 8 / cols / 16).max(1);
                 let mut best = f64::INFINITY;
-                for _ in 0..3 {
+                for _ in 0..16 {
                     let t0 = std::time::Instant::now();
                     for _ in 0..calls {
                         assert!(f(&m, std::hint::black_box(&o), &mut c));
                     }
                     best = best.min(t0.elapsed().as_nanos() as f64 / calls as f64);
                 }
-                println!("{line}: {best:.1} ns/call ({calls} calls x 3)");
+                println!("{line}: {best:.1} ns/call (best of 16 x {calls} calls)");
             }
         }
     }
