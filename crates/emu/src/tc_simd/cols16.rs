@@ -450,7 +450,10 @@ impl Col for Y {
 
     #[inline(always)]
     unsafe fn bits(self) -> [__m256i; 2] {
-        [_mm256_castps_si256(self.0[0]), _mm256_castps_si256(self.0[1])]
+        [
+            _mm256_castps_si256(self.0[0]),
+            _mm256_castps_si256(self.0[1]),
+        ]
     }
 
     #[inline(always)]
@@ -477,7 +480,10 @@ impl Col for Y {
     #[inline(always)]
     unsafe fn scales(self, f: i32) -> (Self, Self) {
         let (exp, lo) = (_mm256_set1_epi32(EXP), _mm256_set1_epi32(LO_BITS));
-        let (cu, cd) = (_mm256_set1_epi32((254 + f) << 23), _mm256_set1_epi32(f << 23));
+        let (cu, cd) = (
+            _mm256_set1_epi32((254 + f) << 23),
+            _mm256_set1_epi32(f << 23),
+        );
         let (mut up, mut down) = ([_mm256_setzero_ps(); 2], [_mm256_setzero_ps(); 2]);
         for h in 0..2 {
             let e = _mm256_and_si256(_mm256_castps_si256(self.0[h]), exp);
@@ -563,8 +569,11 @@ mod tests {
 
     /// Every kernel gives the portable tile's bits (f64 oracle, row-major layouts) on random
     /// 16-row tiles of every form and architecture: whole exponent ranges (subnormal inputs,
-    /// blocks outside the f32-safe range), a zero row and column, C at the ends of the FP32
-    /// range and subnormal; and declines a tile with a non-finite C, leaving it untouched.
+    /// blocks outside the f32-safe range), a zero row and column, moderate C or C at the ends
+    /// of the FP32 range and subnormal (a zero row and column give outputs whose terms are all
+    /// zero, and with a subnormal C outputs whose largest term is under the safe range); and
+    /// declines a
+    /// tile with an infinite or NaN C in any column, leaving it untouched.
     #[test]
     fn cols16_matches_portable() {
         let mut rng = StdRng::seed_from_u64(0xc016);
@@ -572,10 +581,12 @@ mod tests {
         for sm in [80, 89, 90] {
             for (fi, &t) in forms.iter().enumerate() {
                 let Some(m) = model_for(sm, t) else { continue };
-                for trial in 0..8 {
+                for trial in 0..16 {
                     let k = [16, 32, 8, 64][(trial + fi) % 4];
-                    let cols = [8, 16, 4, 24][trial % 4];
-                    let wide = trial % 2 == 0;
+                    let cols = [8, 16, 4, 24][(trial / 4) % 4];
+                    // wide inputs or extreme C send blocks to the f64 path; narrow inputs
+                    // with moderate C keep every block on the f32 path
+                    let (wide, extreme) = (trial % 2 == 0, (trial / 2) % 2 == 1);
                     let a: Vec<f32> = (0..16 * k)
                         .map(|i| {
                             if i / k == 5 {
@@ -595,10 +606,10 @@ mod tests {
                         })
                         .collect();
                     let c: Vec<f32> = (0..16 * cols)
-                        .map(|i| match i % 7 {
-                            0 => 0.0,
-                            1 => f32::MAX * if i % 2 == 0 { 1.0 } else { -1.0 },
-                            2 => f32::from_bits(rng.gen_range(1..0x0080_0000)),
+                        .map(|i| match (i % 7, extreme) {
+                            (0, _) => 0.0,
+                            (1, true) => f32::MAX * if i % 2 == 0 { 1.0 } else { -1.0 },
+                            (2, true) => f32::from_bits(rng.gen_range(1..0x0080_0000)),
                             _ => rng.gen_range(-1e3f32..1e3),
                         })
                         .collect();
@@ -633,11 +644,20 @@ mod tests {
                                 "{name} sm_{sm} {t:?} trial {trial} output {i}: {got} vs {w}"
                             );
                         }
-                        let mut bad = c.clone();
-                        bad[3] = f32::INFINITY;
-                        let before = bad.clone();
-                        assert!(!f(&m, &o, &mut bad), "{name}: took a non-finite C");
-                        assert_eq!(bad, before, "{name}: declined but wrote");
+                        // a non-finite C in the first, a middle or the last column
+                        let last = 16 * cols - 1;
+                        for (at, v) in [
+                            (3, f32::INFINITY),
+                            (last / 2, -f32::INFINITY),
+                            (last, f32::NAN),
+                        ] {
+                            let mut bad = c.clone();
+                            bad[at] = v;
+                            let before: Vec<u32> = bad.iter().map(|x| x.to_bits()).collect();
+                            assert!(!f(&m, &o, &mut bad), "{name}: took C = {v} at {at}");
+                            let after: Vec<u32> = bad.iter().map(|x| x.to_bits()).collect();
+                            assert_eq!(after, before, "{name}: declined but wrote");
+                        }
                     }
                 }
             }
@@ -656,7 +676,9 @@ mod tests {
     #[ignore]
     fn cols16_timing() {
         let env = |k: &str| std::env::var(k).ok();
-        let tiles: usize = env("COLS16_CALLS").and_then(|v| v.parse().ok()).unwrap_or(400_000);
+        let tiles: usize = env("COLS16_CALLS")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(400_000);
         let (only, shape) = (env("COLS16_ONLY"), env("COLS16_SHAPE").unwrap_or_default());
         let shapes = [
             (80, Ty::Bf16, 16, 8),
@@ -705,4 +727,3 @@ mod tests {
         }
     }
 }
-
