@@ -188,10 +188,10 @@ unsafe fn block<V: Col>(at: &At, n: usize, x: *mut f32) {
         }
     });
     let f = at.m.align_frac as i32;
-    let (mut up, mut down) = ([V::zero(); G], [V::zero(); G]);
+    let mut up = [V::zero(); G];
     let (mut lo, mut hi) = (V::ones().bits(), V::zero().bits());
     for g in 0..G {
-        (up[g], down[g]) = big[g].scales(f);
+        up[g] = big[g].scales(f);
         (lo, hi) = big[g].track(lo, hi);
     }
     if V::any_lt_u(lo, LO_BITS - 1) || V::any_gt(hi, HI_BITS - 1) {
@@ -217,7 +217,7 @@ unsafe fn block<V: Col>(at: &At, n: usize, x: *mut f32) {
         }
     }
     for g in 0..G {
-        V::finish(s[g], at.keep, down[g]).store(x.add(g * 16));
+        V::finish(s[g], at.keep, up[g]).store(x.add(g * 16));
     }
 }
 
@@ -266,10 +266,10 @@ trait Col: Copy {
     unsafe fn any_gt(a: Self::I, t: i32) -> bool;
     /// Whether a lane of `a` is below `t` (unsigned).
     unsafe fn any_lt_u(a: Self::I, t: i32) -> bool;
-    /// From the largest magnitudes (non-negative): 2^(F - e) and 2^(e - F) for their
-    /// exponents e, raised to at least [`E_LO`] (a zero maximum: its terms and sum are zero
-    /// whatever the scale; a lane outside the safe range is redone, see `track`).
-    unsafe fn scales(self, f: i32) -> (Self, Self);
+    /// From the largest magnitudes (non-negative): the scales 2^(F - e) for their exponents
+    /// e, raised to at least [`E_LO`] (a zero maximum: its terms and sum are zero whatever
+    /// the scale; a lane outside the safe range is redone, see `track`).
+    unsafe fn scales(self, f: i32) -> Self;
     /// Folds the largest magnitudes into the running unsigned minimum of `bits - 1` (below
     /// `LO_BITS - 1` for a non-zero maximum under the safe range; a zero maximum wraps to the
     /// top) and the signed maximum of the bits (above `HI_BITS - 1` over the range).
@@ -277,8 +277,10 @@ trait Col: Copy {
     /// Truncation toward zero to i32.
     unsafe fn trunc(self) -> Self::I;
     unsafe fn add(a: Self::I, b: Self::I) -> Self::I;
-    /// `s` rounded toward zero to f32, masked with `keep`, times `down` (exact).
-    unsafe fn finish(s: Self::I, keep: u32, down: Self) -> Self;
+    /// `s` rounded toward zero to f32, masked with `keep`, times the inverse 2^(e - F) of the
+    /// scale `up` (exact; its bits are `254 << 23` minus those of `up`, computed here rather
+    /// than kept through pass 2).
+    unsafe fn finish(s: Self::I, keep: u32, up: Self) -> Self;
 }
 
 /// AVX-512: one 16-lane vector.
@@ -349,12 +351,11 @@ impl Col for Z {
     }
 
     #[inline(always)]
-    unsafe fn scales(self, f: i32) -> (Self, Self) {
+    unsafe fn scales(self, f: i32) -> Self {
         let e = _mm512_and_si512(self.bits(), _mm512_set1_epi32(EXP));
         let e = _mm512_max_epi32(e, _mm512_set1_epi32(LO_BITS));
         let up = _mm512_sub_epi32(_mm512_set1_epi32((254 + f) << 23), e);
-        let down = _mm512_sub_epi32(e, _mm512_set1_epi32(f << 23));
-        (Z(_mm512_castsi512_ps(up)), Z(_mm512_castsi512_ps(down)))
+        Z(_mm512_castsi512_ps(up))
     }
 
     #[inline(always)]
@@ -375,10 +376,13 @@ impl Col for Z {
     }
 
     #[inline(always)]
-    unsafe fn finish(s: __m512i, keep: u32, down: Self) -> Self {
-        let f = _mm512_cvt_roundepi32_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(s);
-        let f = _mm512_and_ps(f, _mm512_castsi512_ps(_mm512_set1_epi32(keep as i32)));
-        Z(_mm512_mul_ps(f, down.0))
+    unsafe fn finish(s: __m512i, keep: u32, up: Self) -> Self {
+        let mut f = _mm512_cvt_roundepi32_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(s);
+        if keep != u32::MAX {
+            f = _mm512_and_ps(f, _mm512_castsi512_ps(_mm512_set1_epi32(keep as i32)));
+        }
+        let down = _mm512_sub_epi32(_mm512_set1_epi32(254 << 23), up.bits());
+        Z(_mm512_mul_ps(f, _mm512_castsi512_ps(down)))
     }
 }
 
@@ -478,20 +482,16 @@ impl Col for Y {
     }
 
     #[inline(always)]
-    unsafe fn scales(self, f: i32) -> (Self, Self) {
+    unsafe fn scales(self, f: i32) -> Self {
         let (exp, lo) = (_mm256_set1_epi32(EXP), _mm256_set1_epi32(LO_BITS));
-        let (cu, cd) = (
-            _mm256_set1_epi32((254 + f) << 23),
-            _mm256_set1_epi32(f << 23),
-        );
-        let (mut up, mut down) = ([_mm256_setzero_ps(); 2], [_mm256_setzero_ps(); 2]);
+        let cu = _mm256_set1_epi32((254 + f) << 23);
+        let mut up = [_mm256_setzero_ps(); 2];
         for h in 0..2 {
             let e = _mm256_and_si256(_mm256_castps_si256(self.0[h]), exp);
             let e = _mm256_max_epi32(e, lo);
             up[h] = _mm256_castsi256_ps(_mm256_sub_epi32(cu, e));
-            down[h] = _mm256_castsi256_ps(_mm256_sub_epi32(e, cd));
         }
-        (Y(up), Y(down))
+        Y(up)
     }
 
     #[inline(always)]
@@ -515,7 +515,8 @@ impl Col for Y {
     }
 
     #[inline(always)]
-    unsafe fn finish(s: [__m256i; 2], keep: u32, down: Self) -> Self {
+    unsafe fn finish(s: [__m256i; 2], keep: u32, up: Self) -> Self {
+        let c254 = _mm256_set1_epi32(254 << 23);
         let mut out = [_mm256_setzero_ps(); 2];
         for h in 0..2 {
             // to nearest, then one ulp back toward zero where that rounded away from zero
@@ -527,7 +528,8 @@ impl Col for Y {
             if keep != u32::MAX {
                 f = _mm256_and_ps(f, _mm256_castsi256_ps(_mm256_set1_epi32(keep as i32)));
             }
-            out[h] = _mm256_mul_ps(f, down.0[h]);
+            let down = _mm256_sub_epi32(c254, _mm256_castps_si256(up.0[h]));
+            out[h] = _mm256_mul_ps(f, _mm256_castsi256_ps(down));
         }
         Y(out)
     }
