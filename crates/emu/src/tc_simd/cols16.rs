@@ -18,12 +18,18 @@
 //! What keeps it short (instructions per `mma.sync` m16n8k16 tile matter: the emulator runs
 //! one per warp-level mma):
 //! - the scales come from the exponent bits of the block maxima by integer subtraction (no
-//!   shifts), and whether any lane's maximum lies outside the f32-safe exponent range is one
-//!   unsigned minimum and one maximum per vector, tested once per block of G columns; such a
-//!   (rare) block runs [`crate::tc_numerics::block_sum`] in f64 for all its outputs;
-//! - the k loops run two k values per iteration;
-//! - the rounding of the AVX2 build masks the significand only for models that keep fewer
-//!   than 23 fraction bits.
+//!   shifts; the inverse scale is derived from the scale when rounding), and whether any
+//!   lane's maximum lies outside the f32-safe exponent range is one unsigned minimum and one
+//!   maximum per vector, tested once per block of G columns; such a (rare) block runs
+//!   [`crate::tc_numerics::block_sum`] in f64 for all its outputs;
+//! - each block reads C from and writes D to the tile in place, so no column registers are
+//!   carried (and spilled) across blocks;
+//! - pass 1 runs two k values per iteration (a block of 8 unrolls completely), pass 2 one
+//!   (each scale is then used once and read from the stack inside its multiply);
+//! - the rounding masks the significand only for models that keep fewer than 23 fraction
+//!   bits.
+//!
+//! (Measured with callgrind and the `cols16_timing` harness below; docs/PERF.md, session 10.)
 
 use super::{Cols, Cols16Fn};
 use crate::tc_numerics::{block_sum, TcModel};
@@ -105,9 +111,9 @@ unsafe fn tile_y_impl(m: &TcModel, o: &Cols, c: &mut [f32]) -> bool {
     drive::<Y>(m, o, c)
 }
 
-/// Checks C, then G columns at a time: C loaded, the blocks run, D stored. `false` (nothing
-/// written) when C has a non-finite value. No closures: a closure would not inherit the
-/// caller's target features.
+/// Checks C, then runs the blocks of G columns at a time in place. `false` (nothing written)
+/// when C has a non-finite value. No closures: a closure would not inherit the caller's
+/// target features.
 #[inline(always)]
 unsafe fn drive<V: Col>(m: &TcModel, o: &Cols, c: &mut [f32]) -> bool {
     let cp = c.as_mut_ptr();
