@@ -53,6 +53,7 @@
 //! [`mma_sync_with`].
 
 use crate::fp;
+use crate::frag_simd::{self, Elem};
 use crate::tc_numerics::{self as tc, TcModel};
 use crate::Lanes;
 use ptx::{Flag, Instruction, Mod, Opcode, Ty};
@@ -460,15 +461,10 @@ fn mma_fast(
     if a.len() < 4 || b.len() < 2 || c.len() < 4 || d.len() < 4 {
         return false;
     }
-    let mut raw = FragRaw::default();
-    for lane in 0..32 {
-        for r in 0..4 {
-            raw.a[r * 32 + lane] = a[r][lane] as u32;
-        }
-        for r in 0..2 {
-            raw.b[r * 32 + lane] = b[r][lane] as u32;
-        }
-    }
+    let raw = FragRaw {
+        a: std::array::from_fn(|r| frag_simd::lo32(a[r])),
+        b: std::array::from_fn(|r| frag_simd::lo32(b[r])),
+    };
     let (mut am, mut bk) = ([0f64; 16 * 32], [0f64; 32 * 8]);
     decode_a(spec, &raw.a, &mut am);
     decode_b(spec, &raw.b, &mut bk);
@@ -530,19 +526,10 @@ pub fn mma_in_place(
     if !(ok(s.a, 4) && ok(s.b, 2) && ok(s.c, 4) && ok(s.d, 4)) {
         return false;
     }
-    let mut raw = FragRaw::default();
-    for r in 0..4 {
-        let row = &regs[s.a[r] as usize];
-        for lane in 0..32 {
-            raw.a[r * 32 + lane] = row[lane] as u32;
-        }
-    }
-    for r in 0..2 {
-        let row = &regs[s.b[r] as usize];
-        for lane in 0..32 {
-            raw.b[r * 32 + lane] = row[lane] as u32;
-        }
-    }
+    let raw = FragRaw {
+        a: std::array::from_fn(|r| frag_simd::lo32(&regs[s.a[r] as usize])),
+        b: std::array::from_fn(|r| frag_simd::lo32(&regs[s.b[r] as usize])),
+    };
     if let Some(model) = model {
         if in_place_f32(spec, model, regs, s, cache.rings32(), &raw) {
             return true;
@@ -588,22 +575,19 @@ fn in_place_f32(
     };
     let k = spec.k as usize;
     let Rings32 { a: ra, b: rb } = rings;
-    let a = ra.get((spec.aty, spec.k), &raw.a, |r, f| decode_at(spec.aty, r, f));
+    let (Some(ea), Some(eb)) = (Elem::of(spec.aty), Elem::of(spec.bty)) else {
+        return false;
+    };
+    let a = ra.get((spec.aty, spec.k), &raw.a, |r, f| {
+        f.finite = frag_simd::decode_a(ea, r, &mut f.v, &mut f.abs)
+    });
     let b = rb.get((spec.bty, spec.k), &raw.b, |r, f| {
-        decode_b32(spec.bty, r, f)
+        f.finite = frag_simd::decode_b(eb, r, &mut f.v, &mut f.abs)
     });
     if !(a.finite && b.finite) {
         return false;
     }
-    let c_regs = [0, 1, 2, 3].map(|i| &regs[s.c[i] as usize]);
-    let mut c = [0f32; 16 * 8];
-    // column `col`, row `row`: register (col & 1) + 2 (row / 8), lane 4 (row & 7) + col / 2
-    for (col, cc) in c.chunks_exact_mut(16).enumerate() {
-        for (row, x) in cc.iter_mut().enumerate() {
-            let reg = c_regs[(col & 1) + 2 * (row >> 3)];
-            *x = f32::from_bits(reg[4 * (row & 7) + (col >> 1)] as u32);
-        }
-    }
+    let mut c = frag_simd::c_tile([0, 1, 2, 3].map(|i| &regs[s.c[i] as usize]));
     let ops = crate::tc_simd::Cols {
         at: &a.v[..16 * k],
         at_abs: &a.abs[..16 * k],
@@ -616,22 +600,9 @@ fn in_place_f32(
         return false;
     }
     // the kernel's results are finite (finite inputs and C; rounding toward zero never
-    // overflows), so no NaN needs canonicalising; register i, lane 4g + q: row g + 8 (i / 2),
-    // column 2q + i % 2
+    // overflows), so no NaN needs canonicalising
     for (i, &slot) in s.d.iter().take(4).enumerate() {
-        let mut v = [0u64; 32];
-        for (lane, x) in v.iter_mut().enumerate() {
-            let at = (2 * (lane & 3) + (i & 1)) * 16 + (lane >> 2) + 8 * (i >> 1);
-            *x = c[at].to_bits() as u64;
-        }
-        let dst = &mut regs[slot as usize];
-        if s.m == u32::MAX {
-            *dst = v;
-        } else {
-            for (lane, (x, y)) in dst.iter_mut().zip(v).enumerate() {
-                *x = if s.m >> lane & 1 != 0 { y } else { *x };
-            }
-        }
+        frag_simd::d_reg(&c, i, &mut regs[slot as usize], s.m);
     }
     true
 }
@@ -664,112 +635,21 @@ pub(crate) fn f16_to_f32(h: u32) -> f32 {
     f32::from_bits(sign | v.to_bits())
 }
 
-/// The bfloat16 value of the low 16 bits of `h` as an f32 (exact).
-#[inline(always)]
-fn bf16_to_f32(h: u32) -> f32 {
-    f32::from_bits(h << 16)
-}
-
-/// Magnitudes and the finite flag of the first `n` values of a freshly decoded fragment.
-fn finish_frag<const E: usize>(f: &mut Frag32<E>, n: usize) {
-    let mut finite = true;
-    for (a, v) in f.abs[..n].iter_mut().zip(&f.v[..n]) {
-        *a = v.abs();
-        finite &= v.is_finite();
-    }
-    f.finite = finite;
-}
-
-/// A of a fast-path form (16 x k, `k` 16 or 32), transposed: `f.v[kk * 16 + row]`.
-fn decode_at(t: Ty, raw: &[u32; 128], f: &mut Frag32<{ 16 * 32 }>) {
-    if matches!(t, Ty::E4m3 | Ty::E5m2) {
-        let tab = &fp8_table32()[(t == Ty::E5m2) as usize];
-        // a_r of lane 4g + q holds bytes 4r..4r+3: row g + 8 (r & 1), k 4q + 16 (r / 2) (+0..3)
-        for (i, v) in raw.iter().enumerate() {
-            let (r, g, q) = (i >> 5, (i >> 2) & 7, i & 3);
-            let at = (4 * q + 16 * (r >> 1)) * 16 + g + 8 * (r & 1);
-            for j in 0..4 {
-                f.v[at + 16 * j] = tab[((v >> (8 * j)) & 0xff) as usize];
-            }
-        }
-        finish_frag(f, 16 * 32);
-    } else if t == Ty::Bf16 {
-        half_at(raw, f, bf16_to_f32);
-    } else {
-        half_at(raw, f, f16_to_f32);
-    }
-}
-
-/// [`decode_at`] of 16-bit inputs with the element decoder `d` (one monomorphic loop per type).
-#[inline(always)]
-fn half_at(raw: &[u32; 128], f: &mut Frag32<{ 16 * 32 }>, d: impl Fn(u32) -> f32) {
-    // a_r of lane 4g + q holds elements 2r, 2r + 1: row g + 8 (r & 1), k 2q + 8 (r / 2) (+0/1)
-    for (i, v) in raw.iter().enumerate() {
-        let (r, g, q) = (i >> 5, (i >> 2) & 7, i & 3);
-        let at = (2 * q + 8 * (r >> 1)) * 16 + g + 8 * (r & 1);
-        f.v[at] = d(v & 0xffff);
-        f.v[at + 16] = d(v >> 16);
-    }
-    finish_frag(f, 16 * 16);
-}
-
-/// B of a fast-path form (k x 8): `f.v[kk * 8 + col]`.
-fn decode_b32(t: Ty, raw: &[u32; 64], f: &mut Frag32<{ 32 * 8 }>) {
-    if matches!(t, Ty::E4m3 | Ty::E5m2) {
-        let tab = &fp8_table32()[(t == Ty::E5m2) as usize];
-        // b_r of lane 4g + q: k = 4q + 16r (+0..3), n = g
-        for (i, v) in raw.iter().enumerate() {
-            let (r, g, q) = (i >> 5, (i >> 2) & 7, i & 3);
-            let at = (4 * q + 16 * r) * 8 + g;
-            for j in 0..4 {
-                f.v[at + 8 * j] = tab[((v >> (8 * j)) & 0xff) as usize];
-            }
-        }
-        finish_frag(f, 32 * 8);
-    } else if t == Ty::Bf16 {
-        half_b(raw, f, bf16_to_f32);
-    } else {
-        half_b(raw, f, f16_to_f32);
-    }
-}
-
-/// [`decode_b32`] of 16-bit inputs with the element decoder `d`.
-#[inline(always)]
-fn half_b(raw: &[u32; 64], f: &mut Frag32<{ 32 * 8 }>, d: impl Fn(u32) -> f32) {
-    // b_r of lane 4g + q: k = 2q + 8r (+0/1), n = g
-    for (i, v) in raw.iter().enumerate() {
-        let (r, g, q) = (i >> 5, (i >> 2) & 7, i & 3);
-        let at = (2 * q + 8 * r) * 8 + g;
-        f.v[at] = d(v & 0xffff);
-        f.v[at + 8] = d(v >> 16);
-    }
-    finish_frag(f, 16 * 8);
-}
-
-/// The low 32 bits of the A (4 registers) and B (2 registers) fragments, register-major
-/// (`a[r * 32 + lane]`): all the fast-path forms read.
+/// The low 32 bits of the A (4 registers) and B (2 registers) fragments (`a[r][lane]`): all
+/// the fast-path forms read.
 struct FragRaw {
-    a: [u32; 128],
-    b: [u32; 64],
-}
-
-impl Default for FragRaw {
-    fn default() -> Self {
-        FragRaw {
-            a: [0; 128],
-            b: [0; 64],
-        }
-    }
+    a: [[u32; 32]; 4],
+    b: [[u32; 32]; 2],
 }
 
 /// Fragments a [`Ring`] remembers.
 const RING: usize = 4;
 
-/// The last [`RING`] decoded fragments of one operand (`R` raw words decoded into a `T`), with
-/// the raw bits and (type, k) they were decoded from.
+/// The last [`RING`] decoded fragments of one operand (`R` raw registers decoded into a `T`),
+/// with the raw bits and (type, k) they were decoded from.
 struct Ring<const R: usize, T> {
     keys: [Option<(Ty, u32)>; RING],
-    raw: [[u32; R]; RING],
+    raw: [[[u32; 32]; R]; RING],
     val: [T; RING],
     next: usize,
 }
@@ -778,7 +658,7 @@ impl<const R: usize, T: Copy> Ring<R, T> {
     fn new(zero: T) -> Self {
         Ring {
             keys: [None; RING],
-            raw: [[0; R]; RING],
+            raw: [[[0; 32]; R]; RING],
             val: [zero; RING],
             next: 0,
         }
@@ -789,10 +669,11 @@ impl<const R: usize, T: Copy> Ring<R, T> {
     fn get(
         &mut self,
         key: (Ty, u32),
-        raw: &[u32; R],
-        decode: impl FnOnce(&[u32; R], &mut T),
+        raw: &[[u32; 32]; R],
+        decode: impl FnOnce(&[[u32; 32]; R], &mut T),
     ) -> &T {
-        let hit = (0..RING).find(|&i| self.keys[i] == Some(key) && self.raw[i] == *raw);
+        let hit =
+            (0..RING).find(|&i| self.keys[i] == Some(key) && frag_simd::same(&self.raw[i], raw));
         let i = match hit {
             Some(i) => i,
             None => {
@@ -811,8 +692,8 @@ impl<const R: usize, T: Copy> Ring<R, T> {
 /// The f64 operands of the exact mode and of the tiles the f32 kernel declines: A (16 x k,
 /// row-major) and B (k x 8, k-major).
 struct Rings64 {
-    a: Ring<128, [f64; 16 * 32]>,
-    b: Ring<64, [f64; 32 * 8]>,
+    a: Ring<4, [f64; 16 * 32]>,
+    b: Ring<2, [f64; 32 * 8]>,
 }
 
 /// A fragment decoded for the f32 column kernel ([`crate::tc_simd`]'s `Cols` layouts): the
@@ -835,8 +716,8 @@ impl<const E: usize> Frag32<E> {
 /// The f32 operands of the hardware-model path: A transposed (`at[kk * 16 + row]`) and B
 /// (`b[kk * 8 + col]`).
 struct Rings32 {
-    a: Ring<128, Frag32<{ 16 * 32 }>>,
-    b: Ring<64, Frag32<{ 32 * 8 }>>,
+    a: Ring<4, Frag32<{ 16 * 32 }>>,
+    b: Ring<2, Frag32<{ 32 * 8 }>>,
 }
 
 /// A warp's recently decoded `mma` operands, per layout (each allocated on first use). A
@@ -904,7 +785,8 @@ fn scatter_d(acc: &[f64; 128], i: usize, row: &mut Lanes, m: u32) {
 }
 
 /// A (16 x k, row-major, `k` 16 or 32) of a fast-path form from its raw fragment.
-fn decode_a(spec: &MmaSpec, raw: &[u32; 128], am: &mut [f64; 512]) {
+fn decode_a(spec: &MmaSpec, raw: &[[u32; 32]; 4], am: &mut [f64; 512]) {
+    let raw = raw.as_flattened();
     let bf = |v: u32| f32::from_bits((v & 0xffff) << 16) as f64;
     let hf = |v: u32| half::f16::from_bits(v as u16).to_f64();
     match spec.aty {
@@ -930,7 +812,7 @@ fn decode_a(spec: &MmaSpec, raw: &[u32; 128], am: &mut [f64; 512]) {
 /// [`decode_a`] of 16-bit inputs (k = 16) with the element decoder `da` (one monomorphic
 /// loop per type).
 #[inline(always)]
-fn decode16_a(raw: &[u32; 128], am: &mut [f64; 512], da: impl Fn(u32) -> f64) {
+fn decode16_a(raw: &[u32], am: &mut [f64; 512], da: impl Fn(u32) -> f64) {
     // a_r of lane 4g + q holds elements 2r (low) and 2r+1: row g + 8*(r&1), columns
     // 2q + 8*(r>>1) (+0/1). The four lanes of a group g fill 8 consecutive columns of a row.
     for r in 0..4 {
@@ -947,7 +829,8 @@ fn decode16_a(raw: &[u32; 128], am: &mut [f64; 512], da: impl Fn(u32) -> f64) {
 }
 
 /// B (k x 8, k-major) of a fast-path form from its raw fragment.
-fn decode_b(spec: &MmaSpec, raw: &[u32; 64], bk: &mut [f64; 256]) {
+fn decode_b(spec: &MmaSpec, raw: &[[u32; 32]; 2], bk: &mut [f64; 256]) {
+    let raw = raw.as_flattened();
     let bf = |v: u32| f32::from_bits((v & 0xffff) << 16) as f64;
     let hf = |v: u32| half::f16::from_bits(v as u16).to_f64();
     match spec.bty {
@@ -972,7 +855,7 @@ fn decode_b(spec: &MmaSpec, raw: &[u32; 64], bk: &mut [f64; 256]) {
 
 /// [`decode_b`] of 16-bit inputs (k = 16) with the element decoder `db`.
 #[inline(always)]
-fn decode16_b(raw: &[u32; 64], bk: &mut [f64; 256], db: impl Fn(u32) -> f64) {
+fn decode16_b(raw: &[u32], bk: &mut [f64; 256], db: impl Fn(u32) -> f64) {
     // b_r of lane 4g + q: k = 2q + 8r (+0/1), n = g. The eight groups fill one k row.
     for r in 0..2 {
         for q in 0..4 {
@@ -1262,7 +1145,7 @@ mod tests {
                 assert!(!got.is_finite(), "f16 {h:#06x}");
             }
             let want = to_f64(Ty::Bf16, h as u64);
-            let got = bf16_to_f32(h) as f64;
+            let got = Elem::Bf16.scalar(h) as f64;
             assert!(got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan());
         }
     }
