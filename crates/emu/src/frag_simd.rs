@@ -57,41 +57,48 @@ impl Elem {
     }
 }
 
-/// Whether the SIMD paths run on this CPU.
-#[inline(always)]
-fn simd() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+/// Proof that this CPU runs the SIMD paths (AVX2), taken once per instruction by the caller
+/// and passed to every entry point; `None` runs the scalar code.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Simd(());
+
+impl Simd {
+    /// `Some` where the CPU has AVX2.
+    #[inline]
+    pub(crate) fn detect() -> Option<Simd> {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            return Some(Simd(()));
+        }
+        None
     }
 }
 
-/// The low 32 bits of each lane of `src`.
+/// The low 32 bits of each lane of each register of `src`.
 #[inline]
-pub(crate) fn lo32(src: &Lanes) -> [u32; 32] {
+pub(crate) fn lo32<const N: usize>(simd: Option<Simd>, src: [&Lanes; N], dst: &mut [[u32; 32]; N]) {
     #[cfg(target_arch = "x86_64")]
-    if simd() {
-        // SAFETY: AVX2 is present (checked above).
-        return unsafe { x86::lo32(src) };
+    if simd.is_some() {
+        // SAFETY: AVX2 is present (`Simd` proves it).
+        unsafe { x86::lo32(src, dst) };
+        return;
     }
-    lo32_scalar(src)
+    lo32_scalar(src, dst)
 }
 
-fn lo32_scalar(src: &Lanes) -> [u32; 32] {
-    src.map(|v| v as u32)
+fn lo32_scalar<const N: usize>(src: [&Lanes; N], dst: &mut [[u32; 32]; N]) {
+    for (d, r) in dst.iter_mut().zip(src) {
+        *d = r.map(|v| v as u32);
+    }
 }
 
 /// Whether two raw fragments (`N` registers of 32 words) are equal.
 #[inline]
-pub(crate) fn same<const N: usize>(x: &[[u32; 32]; N], y: &[[u32; 32]; N]) -> bool {
+pub(crate) fn same<const N: usize>(simd: Option<Simd>, x: &[[u32; 32]; N], y: &[[u32; 32]; N]) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if simd() {
-        // SAFETY: AVX2 is present (checked above); both arrays hold N registers.
-        return unsafe { x86::same(x.as_flattened(), y.as_flattened()) };
+    if simd.is_some() {
+        // SAFETY: AVX2 is present (`Simd` proves it); both arrays hold N registers.
+        return unsafe { x86::same(x, y) };
     }
     x == y
 }
@@ -100,10 +107,10 @@ pub(crate) fn same<const N: usize>(x: &[[u32; 32]; N], y: &[[u32; 32]; N]) -> bo
 /// tile: `tile[col * 16 + row]` from register `(col & 1) + 2 (row / 8)`, lane
 /// `4 (row % 8) + col / 2`.
 #[inline]
-pub(crate) fn c_tile(c: [&Lanes; 4]) -> [f32; 128] {
+pub(crate) fn c_tile(simd: Option<Simd>, c: [&Lanes; 4]) -> [f32; 128] {
     #[cfg(target_arch = "x86_64")]
-    if simd() {
-        // SAFETY: AVX2 is present (checked above).
+    if simd.is_some() {
+        // SAFETY: AVX2 is present (`Simd` proves it).
         return unsafe { x86::c_tile(c) };
     }
     c_tile_scalar(c)
@@ -123,10 +130,10 @@ fn c_tile_scalar(c: [&Lanes; 4]) -> [f32; 128] {
 /// D register `i` (0..4) of the lanes in `m` from the column-major tile (the layout of
 /// [`c_tile`]), the f32 bits zero-extended.
 #[inline]
-pub(crate) fn d_reg(tile: &[f32; 128], i: usize, dst: &mut Lanes, m: u32) {
+pub(crate) fn d_reg(simd: Option<Simd>, tile: &[f32; 128], i: usize, dst: &mut Lanes, m: u32) {
     #[cfg(target_arch = "x86_64")]
-    if simd() && i < 4 {
-        // SAFETY: AVX2 is present (checked above); `i < 4` keeps the tile reads in bounds.
+    if simd.is_some() && i < 4 {
+        // SAFETY: AVX2 is present (`Simd` proves it); `i < 4` keeps the tile reads in bounds.
         unsafe { x86::d_reg(tile, i, dst, m) };
         return;
     }
@@ -147,7 +154,13 @@ fn d_reg_scalar(tile: &[f32; 128], i: usize, dst: &mut Lanes, m: u32) {
 /// lane `4c + r` gets column `c` of rows `2r` (low half) and `2r + 1`, zero-extended. Returns
 /// false (nothing written) when a row does not lie inside `shared`.
 #[inline]
-pub(crate) fn ldmatrix(shared: &[u8], offs: &[usize; 8], trans: bool, dst: &mut Lanes, m: u32) -> bool {
+pub(crate) fn ldmatrix(
+    simd: Option<Simd>,
+    shared: &[u8],
+    offs: &[usize; 8],
+    (trans, m): (bool, u32),
+    dst: &mut Lanes,
+) -> bool {
     let Some(last) = shared.len().checked_sub(16) else {
         return false;
     };
@@ -155,8 +168,8 @@ pub(crate) fn ldmatrix(shared: &[u8], offs: &[usize; 8], trans: bool, dst: &mut 
         return false;
     }
     #[cfg(target_arch = "x86_64")]
-    if simd() {
-        // SAFETY: AVX2 is present (checked above); every row's 16 bytes lie inside `shared`
+    if simd.is_some() {
+        // SAFETY: AVX2 is present (`Simd` proves it); every row's 16 bytes lie inside `shared`
         // (checked above).
         unsafe { x86::ldmatrix(shared, offs, trans, dst, m) };
         return true;
@@ -201,34 +214,39 @@ fn dst_at(a: bool, e: Elem, r: usize, q: usize, j: usize) -> usize {
 /// (`v[kk * 16 + row]`, `kk` < 16 for 16-bit formats, < 32 for fp8) with the magnitudes in
 /// `abs`; returns whether every value is finite. Entries past `16 k` are left alone.
 pub(crate) fn decode_a(
+    simd: Option<Simd>,
     e: Elem,
     raw: &[[u32; 32]; 4],
     v: &mut [f32; 512],
     abs: &mut [f32; 512],
 ) -> bool {
-    decode(e, true, raw.as_flattened(), v, abs)
+    decode(simd, (e, true), raw.as_flattened(), v, abs)
 }
 
 /// The B fragment (2 registers) decoded `k`-major into `v` (`v[kk * 8 + col]`) with the
 /// magnitudes; returns whether every value is finite.
 pub(crate) fn decode_b(
+    simd: Option<Simd>,
     e: Elem,
     raw: &[[u32; 32]; 2],
     v: &mut [f32; 256],
     abs: &mut [f32; 256],
 ) -> bool {
-    decode(e, false, raw.as_flattened(), v, abs)
+    decode(simd, (e, false), raw.as_flattened(), v, abs)
 }
 
 /// [`decode_a`] (`a`) or [`decode_b`]: `raw` holds `raw.len() / 32` registers.
 #[inline(always)]
-fn decode(e: Elem, a: bool, raw: &[u32], v: &mut [f32], abs: &mut [f32]) -> bool {
+fn decode(simd: Option<Simd>, (e, a): (Elem, bool), raw: &[u32], v: &mut [f32], abs: &mut [f32]) -> bool {
+    let (words, values) = if a { (128, 512) } else { (64, 256) };
+    let sizes = raw.len() == words && v.len() == values && abs.len() == values;
     #[cfg(target_arch = "x86_64")]
-    if simd() {
-        // SAFETY: AVX2 is present (checked above); `dst_at` stays below 16 k (A) or 8 k (B),
-        // within `v` and `abs` (512 and 256 entries), for the registers `raw` holds (4 or 2).
+    if simd.is_some() && sizes {
+        // SAFETY: AVX2 is present (`Simd` proves it) and the lengths are those of A or B
+        // (checked above); `dst_at` + 8 stays within 16 k (A) or 8 k (B) entries, k <= 32.
         return unsafe { x86::decode(e, a, raw, v, abs) };
     }
+    let _ = (simd, sizes);
     decode_scalar(e, a, raw, v, abs)
 }
 
@@ -309,26 +327,30 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn lo32(src: &Lanes) -> [u32; 32] {
-        let mut t = std::mem::MaybeUninit::<[u32; 32]>::uninit();
-        let (p, o) = (src.as_ptr(), t.as_mut_ptr() as *mut f32);
-        for i in 0..4 {
-            _mm256_storeu_ps(o.add(8 * i), pack_rows(p, 2 * i, 2 * i + 1));
+    pub(super) unsafe fn lo32<const N: usize>(src: [&Lanes; N], dst: &mut [[u32; 32]; N]) {
+        for (reg, d) in src.iter().zip(dst) {
+            let o = d.as_mut_ptr() as *mut f32;
+            for i in 0..4 {
+                _mm256_storeu_ps(o.add(8 * i), pack_rows(reg.as_ptr(), 2 * i, 2 * i + 1));
+            }
         }
-        // SAFETY: the loop stores words 8i..8i + 8 for i in 0..4: all 32.
-        t.assume_init()
     }
 
-    /// `x == y` for slices of equal length, a multiple of 8.
+    /// `x == y`; most unequal fragments differ in their first 8 words, so those are compared
+    /// first.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn same(x: &[u32], y: &[u32]) -> bool {
-        let mut diff = _mm256_setzero_si256();
-        for (a, b) in x.chunks_exact(8).zip(y.chunks_exact(8)) {
-            let a = _mm256_loadu_si256(a.as_ptr() as *const __m256i);
-            let b = _mm256_loadu_si256(b.as_ptr() as *const __m256i);
-            diff = _mm256_or_si256(diff, _mm256_xor_si256(a, b));
+    pub(super) unsafe fn same<const N: usize>(x: &[[u32; 32]; N], y: &[[u32; 32]; N]) -> bool {
+        let (x, y) = (x.as_ptr() as *const __m256i, y.as_ptr() as *const __m256i);
+        let d = |i: usize| _mm256_xor_si256(_mm256_loadu_si256(x.add(i)), _mm256_loadu_si256(y.add(i)));
+        let first = d(0);
+        if _mm256_testz_si256(first, first) == 0 {
+            return false;
         }
-        x.len() == y.len() && _mm256_testz_si256(diff, diff) != 0
+        let mut diff = _mm256_setzero_si256();
+        for i in 1..4 * N {
+            diff = _mm256_or_si256(diff, d(i));
+        }
+        _mm256_testz_si256(diff, diff) != 0
     }
 
     #[target_feature(enable = "avx2")]
@@ -463,13 +485,34 @@ mod x86 {
         }
     }
 
+    /// [`super::decode`]: one copy per format and operand, so the loops unroll with constant
+    /// destinations.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn decode(e: Elem, a: bool, raw: &[u32], v: &mut [f32], abs: &mut [f32]) -> bool {
+        match (e, a) {
+            (Elem::Bf16, true) => decode_as::<0, true>(raw, v, abs),
+            (Elem::F16, true) => decode_as::<1, true>(raw, v, abs),
+            (Elem::E4m3, true) => decode_as::<2, true>(raw, v, abs),
+            (Elem::E5m2, true) => decode_as::<3, true>(raw, v, abs),
+            (Elem::Bf16, false) => decode_as::<0, false>(raw, v, abs),
+            (Elem::F16, false) => decode_as::<1, false>(raw, v, abs),
+            (Elem::E4m3, false) => decode_as::<2, false>(raw, v, abs),
+            (Elem::E5m2, false) => decode_as::<3, false>(raw, v, abs),
+        }
+    }
+
+    /// [`decode`] of format `E` (0..4: bf16, f16, e4m3, e5m2) into A (`A`: `raw` holds 4
+    /// registers) or B (2 registers).
+    #[target_feature(enable = "avx2")]
+    unsafe fn decode_as<const E: u8, const A: bool>(raw: &[u32], v: &mut [f32], abs: &mut [f32]) -> bool {
+        let e = [Elem::Bf16, Elem::F16, Elem::E4m3, Elem::E5m2][E as usize];
+        let a = A;
         let mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
         let exp = _mm256_set1_epi32(0x7f80_0000);
         let mut bad = _mm256_setzero_si256();
         let (vp, ap) = (v.as_mut_ptr(), abs.as_mut_ptr());
-        for r in 0..raw.len() / 32 {
+        // `raw` holds 4 registers for A, 2 for B (the callers' arrays)
+        for r in 0..if A { 4 } else { 2 } {
             for (q, col) in raw_columns(raw.as_ptr().add(32 * r)).into_iter().enumerate() {
                 let col = _mm256_castps_si256(col);
                 for j in 0..e.per_reg() {
@@ -503,13 +546,17 @@ mod tests {
         for round in 0..64 {
             let regs: Vec<Lanes> = (0..4).map(|_| rand_lanes(&mut rng)).collect();
             let c = [&regs[0], &regs[1], &regs[2], &regs[3]];
-            let (x, y) = (c_tile(c), c_tile_scalar(c));
+            let simd = Simd::detect();
+            let (x, y) = (c_tile(simd, c), c_tile_scalar(c));
             assert_eq!(x.map(f32::to_bits), y.map(f32::to_bits), "round {round}");
-            assert_eq!(lo32(c[0]), lo32_scalar(c[0]));
-            let mut raw = [lo32(c[1]), lo32(c[2])];
-            assert!(same(&raw, &raw.clone()));
+            let (mut p, mut q) = ([[0; 32]; 4], [[1; 32]; 4]);
+            lo32(simd, c, &mut p);
+            lo32_scalar(c, &mut q);
+            assert_eq!(p, q);
+            let mut raw = [p[1], p[2]];
+            assert!(same(simd, &raw, &[p[1], p[2]]));
             raw[round % 2][(round * 7) % 32] ^= 1 << (round % 32);
-            assert!(!same(&raw, &[lo32(c[1]), lo32(c[2])]));
+            assert!(!same(simd, &raw, &[p[1], p[2]]));
             let tile: [f32; 128] = std::array::from_fn(|_| f32::from_bits(rng.gen()));
             let m = match round % 4 {
                 0 => u32::MAX,
@@ -519,7 +566,7 @@ mod tests {
             for i in 0..4 {
                 let (mut d, mut e) = (rand_lanes(&mut rng), [0; 32]);
                 e.copy_from_slice(&d);
-                d_reg(&tile, i, &mut d, m);
+                d_reg(simd, &tile, i, &mut d, m);
                 d_reg_scalar(&tile, i, &mut e, m);
                 assert_eq!(d, e, "round {round}, register {i}, mask {m:#x}");
             }
@@ -538,14 +585,14 @@ mod tests {
             let trans = round % 3 == 0;
             let (mut d, mut e) = (rand_lanes(&mut rng), [0; 32]);
             e.copy_from_slice(&d);
-            assert!(ldmatrix(&shared, &offs, trans, &mut d, m));
+            assert!(ldmatrix(Simd::detect(), &shared, &offs, (trans, m), &mut d));
             ldmatrix_scalar(&shared, &offs, trans, &mut e, m);
             assert_eq!(d, e, "round {round}, trans {trans}, mask {m:#x}");
         }
         let mut offs = [0usize; 8];
         offs[5] = 1024 - 15;
         let (mut d, e) = ([7u64; 32], [7u64; 32]);
-        assert!(!ldmatrix(&shared, &offs, false, &mut d, u32::MAX));
+        assert!(!ldmatrix(Simd::detect(), &shared, &offs, (false, u32::MAX), &mut d));
         assert_eq!(d, e);
     }
 
@@ -586,7 +633,7 @@ mod tests {
             let b_raw = [raw[1], raw[2]];
             let (mut v, mut abs) = ([f32::NAN; 512], [f32::NAN; 512]);
             let (mut v2, mut abs2) = ([f32::NAN; 512], [f32::NAN; 512]);
-            let fa = decode_a(e, &raw, &mut v, &mut abs);
+            let fa = decode_a(Simd::detect(), e, &raw, &mut v, &mut abs);
             let fs = decode_scalar(e, true, raw.as_flattened(), &mut v2, &mut abs2);
             assert_eq!(fa, fs, "round {round} {e:?}: finite flag of A");
             if fs {
@@ -595,7 +642,7 @@ mod tests {
             }
             let (mut v, mut abs) = ([f32::NAN; 256], [f32::NAN; 256]);
             let (mut v2, mut abs2) = ([f32::NAN; 256], [f32::NAN; 256]);
-            let fb = decode_b(e, &b_raw, &mut v, &mut abs);
+            let fb = decode_b(Simd::detect(), e, &b_raw, &mut v, &mut abs);
             let fs = decode_scalar(e, false, b_raw.as_flattened(), &mut v2, &mut abs2);
             assert_eq!(fb, fs, "round {round} {e:?}: finite flag of B");
             if fs {

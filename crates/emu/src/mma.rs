@@ -461,10 +461,10 @@ fn mma_fast(
     if a.len() < 4 || b.len() < 2 || c.len() < 4 || d.len() < 4 {
         return false;
     }
-    let raw = FragRaw {
-        a: std::array::from_fn(|r| frag_simd::lo32(a[r])),
-        b: std::array::from_fn(|r| frag_simd::lo32(b[r])),
-    };
+    let simd = frag_simd::Simd::detect();
+    let mut raw = FragRaw::default();
+    frag_simd::lo32(simd, [a[0], a[1], a[2], a[3]], &mut raw.a);
+    frag_simd::lo32(simd, [b[0], b[1]], &mut raw.b);
     let (mut am, mut bk) = ([0f64; 16 * 32], [0f64; 32 * 8]);
     decode_a(spec, &raw.a, &mut am);
     decode_b(spec, &raw.b, &mut bk);
@@ -526,21 +526,22 @@ pub fn mma_in_place(
     if !(ok(s.a, 4) && ok(s.b, 2) && ok(s.c, 4) && ok(s.d, 4)) {
         return false;
     }
-    let raw = FragRaw {
-        a: std::array::from_fn(|r| frag_simd::lo32(&regs[s.a[r] as usize])),
-        b: std::array::from_fn(|r| frag_simd::lo32(&regs[s.b[r] as usize])),
-    };
+    let simd = frag_simd::Simd::detect();
+    let FragCache { f64, f32, raw } = cache;
+    let r = |i: u32| &regs[i as usize];
+    frag_simd::lo32(simd, [r(s.a[0]), r(s.a[1]), r(s.a[2]), r(s.a[3])], &mut raw.a);
+    frag_simd::lo32(simd, [r(s.b[0]), r(s.b[1])], &mut raw.b);
     if let Some(model) = model {
-        if in_place_f32(spec, model, regs, s, cache.rings32(), &raw) {
+        if in_place_f32((spec, model, simd), regs, s, FragCache::rings32(f32), raw) {
             return true;
         }
     }
     let Rings64 {
         a: ring_a,
         b: ring_b,
-    } = cache.rings64();
-    let am = ring_a.get((spec.aty, spec.k), &raw.a, |r, v| decode_a(spec, r, v));
-    let bk = ring_b.get((spec.bty, spec.k), &raw.b, |r, v| decode_b(spec, r, v));
+    } = FragCache::rings64(f64);
+    let am = ring_a.get((spec.aty, spec.k), (simd, &raw.a), |r, v| decode_a(spec, r, v));
+    let bk = ring_b.get((spec.bty, spec.k), (simd, &raw.b), |r, v| decode_b(spec, r, v));
     let acc = tile_out(model, (&am[..16 * k], &bk[..8 * k], k), |acc, add| {
         for i in 0..4 {
             let ci = &regs[s.c[i] as usize];
@@ -563,8 +564,7 @@ pub fn mma_in_place(
 /// false (nothing written) where the kernel is not available or declines the tile (a
 /// non-finite input or C): the f64 path then runs.
 fn in_place_f32(
-    spec: &MmaSpec,
-    model: &TcModel,
+    (spec, model, simd): (&MmaSpec, &TcModel, Option<frag_simd::Simd>),
     regs: &mut [Lanes],
     s: MmaSlots,
     rings: &mut Rings32,
@@ -578,16 +578,17 @@ fn in_place_f32(
     let (Some(ea), Some(eb)) = (Elem::of(spec.aty), Elem::of(spec.bty)) else {
         return false;
     };
-    let a = ra.get((spec.aty, spec.k), &raw.a, |r, f| {
-        f.finite = frag_simd::decode_a(ea, r, &mut f.v, &mut f.abs)
+    let a = ra.get((spec.aty, spec.k), (simd, &raw.a), |r, f| {
+        f.finite = frag_simd::decode_a(simd, ea, r, &mut f.v, &mut f.abs)
     });
-    let b = rb.get((spec.bty, spec.k), &raw.b, |r, f| {
-        f.finite = frag_simd::decode_b(eb, r, &mut f.v, &mut f.abs)
+    let b = rb.get((spec.bty, spec.k), (simd, &raw.b), |r, f| {
+        f.finite = frag_simd::decode_b(simd, eb, r, &mut f.v, &mut f.abs)
     });
     if !(a.finite && b.finite) {
         return false;
     }
-    let mut c = frag_simd::c_tile([0, 1, 2, 3].map(|i| &regs[s.c[i] as usize]));
+    let r = |i: u32| &regs[i as usize];
+    let mut c = frag_simd::c_tile(simd, [r(s.c[0]), r(s.c[1]), r(s.c[2]), r(s.c[3])]);
     let ops = crate::tc_simd::Cols {
         at: &a.v[..16 * k],
         at_abs: &a.abs[..16 * k],
@@ -602,7 +603,7 @@ fn in_place_f32(
     // the kernel's results are finite (finite inputs and C; rounding toward zero never
     // overflows), so no NaN needs canonicalising
     for (i, &slot) in s.d.iter().take(4).enumerate() {
-        frag_simd::d_reg(&c, i, &mut regs[slot as usize], s.m);
+        frag_simd::d_reg(simd, &c, i, &mut regs[slot as usize], s.m);
     }
     true
 }
@@ -637,6 +638,7 @@ pub(crate) fn f16_to_f32(h: u32) -> f32 {
 
 /// The low 32 bits of the A (4 registers) and B (2 registers) fragments (`a[r][lane]`): all
 /// the fast-path forms read.
+#[derive(Default)]
 struct FragRaw {
     a: [[u32; 32]; 4],
     b: [[u32; 32]; 2],
@@ -669,11 +671,11 @@ impl<const R: usize, T: Copy> Ring<R, T> {
     fn get(
         &mut self,
         key: (Ty, u32),
-        raw: &[[u32; 32]; R],
+        (simd, raw): (Option<frag_simd::Simd>, &[[u32; 32]; R]),
         decode: impl FnOnce(&[[u32; 32]; R], &mut T),
     ) -> &T {
         let hit =
-            (0..RING).find(|&i| self.keys[i] == Some(key) && frag_simd::same(&self.raw[i], raw));
+            (0..RING).find(|&i| self.keys[i] == Some(key) && frag_simd::same(simd, &self.raw[i], raw));
         let i = match hit {
             Some(i) => i,
             None => {
@@ -727,11 +729,13 @@ struct Rings32 {
 pub struct FragCache {
     f64: Option<Box<Rings64>>,
     f32: Option<Box<Rings32>>,
+    /// The raw A and B fragments of the current `mma` (scratch, overwritten by each).
+    raw: FragRaw,
 }
 
 impl FragCache {
-    fn rings64(&mut self) -> &mut Rings64 {
-        self.f64.get_or_insert_with(|| {
+    fn rings64(f64: &mut Option<Box<Rings64>>) -> &mut Rings64 {
+        f64.get_or_insert_with(|| {
             Box::new(Rings64 {
                 a: Ring::new([0.0; 16 * 32]),
                 b: Ring::new([0.0; 32 * 8]),
@@ -739,8 +743,8 @@ impl FragCache {
         })
     }
 
-    fn rings32(&mut self) -> &mut Rings32 {
-        self.f32.get_or_insert_with(|| {
+    fn rings32(f32: &mut Option<Box<Rings32>>) -> &mut Rings32 {
+        f32.get_or_insert_with(|| {
             Box::new(Rings32 {
                 a: Ring::new(Frag32::ZERO),
                 b: Ring::new(Frag32::ZERO),

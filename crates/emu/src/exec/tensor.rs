@@ -265,16 +265,16 @@ impl Cta {
         ds: &[u32],
         m: u32,
     ) -> bool {
-        let Some(offs) = self.matrix_rows(wi, (count, space), (addr, off)) else {
+        let mut offs = [[0usize; 8]; 4];
+        if !self.matrix_rows(wi, (count, space), (addr, off), offs.as_flattened_mut()) {
             return false;
-        };
+        }
+        let simd = crate::frag_simd::Simd::detect();
         let (shared, w) = (&self.shared, &mut self.warps[wi]);
-        for (d, rows) in ds.iter().zip(offs.chunks_exact(8)).take(count as usize) {
-            let Ok(rows) = rows.try_into() else {
-                return false;
-            };
+        for (d, rows) in ds.iter().zip(&offs).take(count as usize) {
+            let dst = &mut w.regs[*d as usize];
             // every row was checked: this cannot refuse after an earlier matrix was written
-            if !crate::frag_simd::ldmatrix(shared, rows, trans, &mut w.regs[*d as usize], m) {
+            if !crate::frag_simd::ldmatrix(simd, shared, rows, (trans, m), dst) {
                 return false;
             }
         }
@@ -283,31 +283,36 @@ impl Cta {
 
     /// The shared-memory offsets of the `8 count` rows of an `ldmatrix` (lane `i`'s address
     /// register plus `off`), when every row is a 16-byte aligned, in-bounds row of this CTA's
-    /// shared memory (the conditions of [`Cta::own_shared`], checked for all rows at once).
+    /// shared memory (the conditions of [`Cta::own_shared`], checked for all rows at once), in
+    /// `offs`; false when one is not.
     #[inline(always)]
     fn matrix_rows(
         &self,
         wi: usize,
         (count, space): (u32, MSpace),
         (addr, off): (u32, i64),
-    ) -> Option<[usize; 32]> {
+        offs: &mut [usize],
+    ) -> bool {
         let base = match space {
             MSpace::Shared => 0,
             MSpace::Generic => SHARED_WINDOW,
-            _ => return None,
+            _ => return false,
         };
-        let last = self.shared.len().checked_sub(16)? as u64;
+        let Some(last) = self.shared.len().checked_sub(16) else {
+            return false;
+        };
         let rows = (count as usize * 8).min(32);
-        let regs = &self.warps[wi].regs.get(addr as usize)?[..rows];
-        let mut offs = [0usize; 32];
+        let Some(regs) = self.warps[wi].regs.get(addr as usize) else {
+            return false;
+        };
         let mut bad = 0u64;
-        for (o, a) in offs.iter_mut().zip(regs) {
+        for (o, a) in offs.iter_mut().zip(&regs[..rows]) {
             // wrapping: an address below the window becomes a huge offset, refused below
             let x = a.wrapping_add(off as u64).wrapping_sub(base);
-            bad |= (x & 15) | (x >> CLUSTER_RANK_SHIFT) | (x > last) as u64;
+            bad |= (x & 15) | (x >> CLUSTER_RANK_SHIFT) | (x > last as u64) as u64;
             *o = x as usize;
         }
-        (bad == 0).then_some(offs)
+        bad == 0
     }
 
     /// Reads one input element from shared memory.
