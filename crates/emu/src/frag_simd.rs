@@ -92,15 +92,22 @@ fn lo32_scalar<const N: usize>(src: [&Lanes; N], dst: &mut [[u32; 32]; N]) {
     }
 }
 
-/// Whether two raw fragments (`N` registers of 32 words) are equal.
+/// The first of the entries in `valid` (a bit mask) equal to `raw`: the first 8 words of every
+/// valid entry are compared at once (unequal fragments nearly always differ there), then the
+/// rest of the candidates.
 #[inline]
-pub(crate) fn same<const N: usize>(simd: Option<Simd>, x: &[[u32; 32]; N], y: &[[u32; 32]; N]) -> bool {
+pub(crate) fn find<const R: usize, const E: usize>(
+    simd: Option<Simd>,
+    entries: &[[[u32; 32]; R]; E],
+    valid: u32,
+    raw: &[[u32; 32]; R],
+) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
-    if simd.is_some() {
-        // SAFETY: AVX2 is present (`Simd` proves it); both arrays hold N registers.
-        return unsafe { x86::same(x, y) };
+    if simd.is_some() && R > 0 {
+        // SAFETY: AVX2 is present (`Simd` proves it); every entry holds R > 0 registers.
+        return unsafe { x86::find(entries, valid, raw) };
     }
-    x == y
+    (0..E).find(|&e| valid >> e & 1 != 0 && entries[e] == *raw)
 }
 
 /// The C fragment (registers `c[0..4]`, f32 in the low 32 bits) as the column-major 16 x 8
@@ -127,19 +134,34 @@ fn c_tile_scalar(c: [&Lanes; 4]) -> [f32; 128] {
     t
 }
 
-/// D register `i` (0..4) of the lanes in `m` from the column-major tile (the layout of
-/// [`c_tile`]), the f32 bits zero-extended.
+/// The D fragment: registers `regs[slots[i]]`, `i` in 0..4, of the lanes in `m` from the
+/// column-major tile (each as [`d_reg`]). Returns false (nothing written) when a slot is
+/// outside `regs`.
 #[inline]
-pub(crate) fn d_reg(simd: Option<Simd>, tile: &[f32; 128], i: usize, dst: &mut Lanes, m: u32) {
-    #[cfg(target_arch = "x86_64")]
-    if simd.is_some() && i < 4 {
-        // SAFETY: AVX2 is present (`Simd` proves it); `i < 4` keeps the tile reads in bounds.
-        unsafe { x86::d_reg(tile, i, dst, m) };
-        return;
+pub(crate) fn d_tile(
+    simd: Option<Simd>,
+    tile: &[f32; 128],
+    regs: &mut [Lanes],
+    slots: [u32; 4],
+    m: u32,
+) -> bool {
+    if slots.iter().any(|&s| s as usize >= regs.len()) {
+        return false;
     }
-    d_reg_scalar(tile, i, dst, m)
+    #[cfg(target_arch = "x86_64")]
+    if simd.is_some() {
+        // SAFETY: AVX2 is present (`Simd` proves it); every slot indexes `regs` (checked above).
+        unsafe { x86::d_tile(tile, regs, slots, m) };
+        return true;
+    }
+    for (i, &slot) in slots.iter().enumerate() {
+        d_reg_scalar(tile, i, &mut regs[slot as usize], m);
+    }
+    true
 }
 
+/// D register `i` (0..4) of the lanes in `m` from the column-major tile (the layout of
+/// [`c_tile`]), the f32 bits zero-extended.
 fn d_reg_scalar(tile: &[f32; 128], i: usize, dst: &mut Lanes, m: u32) {
     for (lane, x) in dst.iter_mut().enumerate() {
         let at = (2 * (lane & 3) + (i & 1)) * 16 + (lane >> 2) + 8 * (i >> 1);
@@ -147,6 +169,45 @@ fn d_reg_scalar(tile: &[f32; 128], i: usize, dst: &mut Lanes, m: u32) {
             *x = tile[at].to_bits() as u64;
         }
     }
+}
+
+/// The offsets `addrs[i] + delta` (wrapping) of `ldmatrix` rows into `out`, when every one
+/// is a multiple of 16, below `2^shift` and at most `last`; false otherwise (`out` partly
+/// written). Rows are `min(addrs.len(), out.len())`.
+#[inline]
+pub(crate) fn row_offsets(
+    simd: Option<Simd>,
+    addrs: &[u64],
+    (delta, shift, last): (u64, u32, u64),
+    out: &mut [usize],
+) -> bool {
+    let rows = addrs.len().min(out.len());
+    let (head, tail) = (rows / 4 * 4, rows % 4);
+    let (a, o) = (&addrs[..head], &mut out[..head]);
+    #[cfg(target_arch = "x86_64")]
+    let ok = if simd.is_some() && shift < 64 && last < 1 << 63 {
+        // SAFETY: AVX2 is present (`Simd` proves it); `head` rows lie within both slices.
+        unsafe { x86::row_offsets(a, (delta, shift, last), o) }
+    } else {
+        rows_scalar(a, (delta, shift, last), o)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let ok = {
+        let _ = simd;
+        rows_scalar(a, (delta, shift, last), o)
+    };
+    let (a, o) = (&addrs[head..head + tail], &mut out[head..head + tail]);
+    ok & rows_scalar(a, (delta, shift, last), o)
+}
+
+fn rows_scalar(addrs: &[u64], (delta, shift, last): (u64, u32, u64), out: &mut [usize]) -> bool {
+    let mut bad = 0u64;
+    for (o, a) in out.iter_mut().zip(addrs) {
+        let x = a.wrapping_add(delta);
+        bad |= (x & 15) | x.checked_shr(shift).unwrap_or(0) | (x > last) as u64;
+        *o = x as usize;
+    }
+    bad == 0
 }
 
 /// One 8 x 8 b16 matrix of `ldmatrix` into register `dst` (the lanes in `m`): row `r` is the
@@ -237,7 +298,13 @@ pub(crate) fn decode_b(
 
 /// [`decode_a`] (`a`) or [`decode_b`]: `raw` holds `raw.len() / 32` registers.
 #[inline(always)]
-fn decode(simd: Option<Simd>, (e, a): (Elem, bool), raw: &[u32], v: &mut [f32], abs: &mut [f32]) -> bool {
+fn decode(
+    simd: Option<Simd>,
+    (e, a): (Elem, bool),
+    raw: &[u32],
+    v: &mut [f32],
+    abs: &mut [f32],
+) -> bool {
     let (words, values) = if a { (128, 512) } else { (64, 256) };
     let sizes = raw.len() == words && v.len() == values && abs.len() == values;
     #[cfg(target_arch = "x86_64")]
@@ -279,7 +346,9 @@ mod x86 {
         let y = _mm256_loadu_si256(p.add(4 * h) as *const __m256i);
         // in-lane: [g0 g1 h0 h1 | g2 g3 h2 h3], then the 64-bit pairs in order
         let s = _mm256_shuffle_ps::<0b10_00_10_00>(_mm256_castsi256_ps(x), _mm256_castsi256_ps(y));
-        _mm256_castsi256_ps(_mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_castps_si256(s)))
+        _mm256_castsi256_ps(_mm256_permute4x64_epi64::<0b11_01_10_00>(
+            _mm256_castps_si256(s),
+        ))
     }
 
     /// The 8 x 4 transpose: from rows `(g0|g4), (g2|g6), (g1|g5), (g3|g7)` (each 128-bit half
@@ -336,12 +405,59 @@ mod x86 {
         }
     }
 
+    /// [`super::row_offsets`] of a multiple of 4 rows; `shift` < 64, `last` < 2^63.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn row_offsets(
+        addrs: &[u64],
+        (delta, shift, last): (u64, u32, u64),
+        out: &mut [usize],
+    ) -> bool {
+        let (d, l) = (
+            _mm256_set1_epi64x(delta as i64),
+            _mm256_set1_epi64x(last as i64),
+        );
+        let (sh, low) = (_mm_cvtsi32_si128(shift as i32), _mm256_set1_epi64x(15));
+        let mut bad = _mm256_setzero_si256();
+        for (a, o) in addrs.chunks_exact(4).zip(out.chunks_exact_mut(4)) {
+            let x = _mm256_add_epi64(_mm256_loadu_si256(a.as_ptr() as *const __m256i), d);
+            // x above `last` as signed: an x >= 2^63 is caught by the shift instead
+            let big = _mm256_or_si256(_mm256_srl_epi64(x, sh), _mm256_cmpgt_epi64(x, l));
+            bad = _mm256_or_si256(bad, _mm256_or_si256(_mm256_and_si256(x, low), big));
+            _mm256_storeu_si256(o.as_mut_ptr() as *mut __m256i, x);
+        }
+        _mm256_testz_si256(bad, bad) != 0
+    }
+
+    /// [`super::find`].
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn find<const R: usize, const E: usize>(
+        entries: &[[[u32; 32]; R]; E],
+        valid: u32,
+        raw: &[[u32; 32]; R],
+    ) -> Option<usize> {
+        let probe = _mm256_loadu_si256(raw.as_ptr() as *const __m256i);
+        let mut cand = 0u32;
+        for (e, x) in entries.iter().enumerate() {
+            let d = _mm256_xor_si256(_mm256_loadu_si256(x.as_ptr() as *const __m256i), probe);
+            cand |= (((valid >> e & 1) as i32 & _mm256_testz_si256(d, d)) as u32) << e;
+        }
+        while cand != 0 {
+            let e = cand.trailing_zeros() as usize;
+            if same(&entries[e], raw) {
+                return Some(e);
+            }
+            cand &= cand - 1;
+        }
+        None
+    }
+
     /// `x == y`; most unequal fragments differ in their first 8 words, so those are compared
     /// first.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn same<const N: usize>(x: &[[u32; 32]; N], y: &[[u32; 32]; N]) -> bool {
         let (x, y) = (x.as_ptr() as *const __m256i, y.as_ptr() as *const __m256i);
-        let d = |i: usize| _mm256_xor_si256(_mm256_loadu_si256(x.add(i)), _mm256_loadu_si256(y.add(i)));
+        let d =
+            |i: usize| _mm256_xor_si256(_mm256_loadu_si256(x.add(i)), _mm256_loadu_si256(y.add(i)));
         let first = d(0);
         if _mm256_testz_si256(first, first) == 0 {
             return false;
@@ -367,9 +483,21 @@ mod x86 {
         t.assume_init()
     }
 
+    /// [`super::d_tile`]; every slot indexes `regs`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn d_tile(tile: &[f32; 128], regs: &mut [Lanes], slots: [u32; 4], m: u32) {
+        let base = regs.as_mut_ptr();
+        for (i, &slot) in slots.iter().enumerate() {
+            // one register at a time: a repeated slot gets the later register, as in order
+            d_reg(tile, i, &mut *base.add(slot as usize), m);
+        }
+    }
+
+    #[inline]
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn d_reg(tile: &[f32; 128], i: usize, dst: &mut Lanes, m: u32) {
-        let c = |q: usize| _mm256_loadu_ps(tile.as_ptr().add((2 * q + (i & 1)) * 16 + 8 * (i >> 1)));
+        let c =
+            |q: usize| _mm256_loadu_ps(tile.as_ptr().add((2 * q + (i & 1)) * 16 + 8 * (i >> 1)));
         let (c0, c1, c2, c3) = (c(0), c(1), c(2), c(3));
         let (x0, x1) = (_mm256_unpacklo_ps(c0, c1), _mm256_unpacklo_ps(c2, c3));
         let (x2, x3) = (_mm256_unpackhi_ps(c0, c1), _mm256_unpackhi_ps(c2, c3));
@@ -411,7 +539,13 @@ mod x86 {
 
     /// [`super::ldmatrix`]; every `offs[r] + 16 <= shared.len()`.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn ldmatrix(shared: &[u8], offs: &[usize; 8], trans: bool, dst: &mut Lanes, m: u32) {
+    pub(super) unsafe fn ldmatrix(
+        shared: &[u8],
+        offs: &[usize; 8],
+        trans: bool,
+        dst: &mut Lanes,
+        m: u32,
+    ) {
         let row = |r: usize| _mm_loadu_si128(shared.as_ptr().add(offs[r]) as *const __m128i);
         let r: [__m128i; 8] = std::array::from_fn(row);
         let words = if trans {
@@ -458,11 +592,18 @@ mod x86 {
             Elem::Bf16 if j == 0 => f(_mm256_slli_epi32::<16>(x)),
             Elem::Bf16 => f(_mm256_and_si256(x, set(0xffff_0000u32 as i32))),
             Elem::F16 => {
-                let h = if j == 0 { x } else { _mm256_srli_epi32::<16>(x) };
+                let h = if j == 0 {
+                    x
+                } else {
+                    _mm256_srli_epi32::<16>(x)
+                };
                 let sign = _mm256_slli_epi32::<16>(_mm256_and_si256(h, set(0x8000)));
                 let em = _mm256_and_si256(h, set(0x7fff));
                 let fin = _mm256_mul_ps(f(_mm256_slli_epi32::<13>(em)), f(set(0x7780_0000)));
-                let inf = f(_mm256_or_si256(_mm256_slli_epi32::<13>(em), set(0x7f80_0000)));
+                let inf = f(_mm256_or_si256(
+                    _mm256_slli_epi32::<13>(em),
+                    set(0x7f80_0000),
+                ));
                 let special = f(_mm256_cmpgt_epi32(em, set(0x7bff)));
                 _mm256_or_ps(_mm256_blendv_ps(fin, inf, special), f(sign))
             }
@@ -488,7 +629,13 @@ mod x86 {
     /// [`super::decode`]: one copy per format and operand, so the loops unroll with constant
     /// destinations.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn decode(e: Elem, a: bool, raw: &[u32], v: &mut [f32], abs: &mut [f32]) -> bool {
+    pub(super) unsafe fn decode(
+        e: Elem,
+        a: bool,
+        raw: &[u32],
+        v: &mut [f32],
+        abs: &mut [f32],
+    ) -> bool {
         match (e, a) {
             (Elem::Bf16, true) => decode_as::<0, true>(raw, v, abs),
             (Elem::F16, true) => decode_as::<1, true>(raw, v, abs),
@@ -504,7 +651,11 @@ mod x86 {
     /// [`decode`] of format `E` (0..4: bf16, f16, e4m3, e5m2) into A (`A`: `raw` holds 4
     /// registers) or B (2 registers).
     #[target_feature(enable = "avx2")]
-    unsafe fn decode_as<const E: u8, const A: bool>(raw: &[u32], v: &mut [f32], abs: &mut [f32]) -> bool {
+    unsafe fn decode_as<const E: u8, const A: bool>(
+        raw: &[u32],
+        v: &mut [f32],
+        abs: &mut [f32],
+    ) -> bool {
         let e = [Elem::Bf16, Elem::F16, Elem::E4m3, Elem::E5m2][E as usize];
         let a = A;
         let mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
@@ -513,7 +664,10 @@ mod x86 {
         let (vp, ap) = (v.as_mut_ptr(), abs.as_mut_ptr());
         // `raw` holds 4 registers for A, 2 for B (the callers' arrays)
         for r in 0..if A { 4 } else { 2 } {
-            for (q, col) in raw_columns(raw.as_ptr().add(32 * r)).into_iter().enumerate() {
+            for (q, col) in raw_columns(raw.as_ptr().add(32 * r))
+                .into_iter()
+                .enumerate()
+            {
                 let col = _mm256_castps_si256(col);
                 for j in 0..e.per_reg() {
                     let y = elems(e, col, j);
@@ -554,21 +708,68 @@ mod tests {
             lo32_scalar(c, &mut q);
             assert_eq!(p, q);
             let mut raw = [p[1], p[2]];
-            assert!(same(simd, &raw, &[p[1], p[2]]));
+            assert_eq!(find(simd, &[[p[1], p[2]]], 1, &raw), Some(0));
             raw[round % 2][(round * 7) % 32] ^= 1 << (round % 32);
-            assert!(!same(simd, &raw, &[p[1], p[2]]));
+            assert_eq!(find(simd, &[[p[1], p[2]]], 1, &raw), None);
+            // four entries: the probe, one differing late, one early, one masked out
+            let probe = [p[1], p[2]];
+            let mut late = probe;
+            late[1][31] ^= 1;
+            let mut early = probe;
+            early[0][0] ^= 2;
+            let entries = [late, early, probe, probe];
+            for (valid, want) in [(0xf, Some(2)), (0b1011, Some(3)), (0b0011, None), (0, None)] {
+                let got = find(simd, &entries, valid, &probe);
+                assert_eq!(got, want, "valid {valid:#b}");
+                assert_eq!(find(None, &entries, valid, &probe), want);
+            }
             let tile: [f32; 128] = std::array::from_fn(|_| f32::from_bits(rng.gen()));
             let m = match round % 4 {
                 0 => u32::MAX,
                 1 => 0,
                 _ => rng.gen(),
             };
-            for i in 0..4 {
-                let (mut d, mut e) = (rand_lanes(&mut rng), [0; 32]);
-                e.copy_from_slice(&d);
-                d_reg(simd, &tile, i, &mut d, m);
-                d_reg_scalar(&tile, i, &mut e, m);
-                assert_eq!(d, e, "round {round}, register {i}, mask {m:#x}");
+            let mut regs: Vec<Lanes> = (0..6).map(|_| rand_lanes(&mut rng)).collect();
+            let mut want = regs.clone();
+            let slots = [5, 1, (round % 6) as u32, 3];
+            for (i, &s) in slots.iter().enumerate() {
+                d_reg_scalar(&tile, i, &mut want[s as usize], m);
+            }
+            assert!(d_tile(simd, &tile, &mut regs, slots, m));
+            assert_eq!(regs, want, "round {round}: D tile");
+            assert!(!d_tile(simd, &tile, &mut regs, [0, 1, 6, 2], m));
+            assert_eq!(regs, want, "an invalid slot writes nothing");
+        }
+    }
+
+    /// The row checks equal the scalar ones: random aligned and in-range offsets, then one
+    /// row misaligned, above `last`, above `2^shift`, or below the window (wrapping).
+    #[test]
+    fn row_offsets_match_scalar() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+        let (base, last) = (0x1000_0000_0000u64, 8192 - 16);
+        for round in 0..200 {
+            let rows = [8, 16, 32, 12][round % 4];
+            let mut addrs: Vec<u64> = (0..rows)
+                .map(|_| base + 16 * rng.gen_range(0..512))
+                .collect();
+            let i = rng.gen_range(0..rows);
+            match round % 6 {
+                1 => addrs[i] += 8,
+                2 => addrs[i] = base + last + 16,
+                3 => addrs[i] = base + (1 << 24),
+                4 => addrs[i] = base - 16,
+                5 => addrs[i] = u64::MAX - 15,
+                _ => {}
+            }
+            let args = (0u64.wrapping_sub(base), 24, last);
+            let (mut x, mut y) = ([0usize; 32], [1usize; 32]);
+            let got = row_offsets(Simd::detect(), &addrs, args, &mut x);
+            let want = rows_scalar(&addrs, args, &mut y);
+            assert_eq!(got, want, "round {round}");
+            assert_eq!(got, round % 6 == 0, "round {round}");
+            if want {
+                assert_eq!(x[..rows], y[..rows]);
             }
         }
     }
@@ -592,7 +793,13 @@ mod tests {
         let mut offs = [0usize; 8];
         offs[5] = 1024 - 15;
         let (mut d, e) = ([7u64; 32], [7u64; 32]);
-        assert!(!ldmatrix(Simd::detect(), &shared, &offs, (false, u32::MAX), &mut d));
+        assert!(!ldmatrix(
+            Simd::detect(),
+            &shared,
+            &offs,
+            (false, u32::MAX),
+            &mut d
+        ));
         assert_eq!(d, e);
     }
 
@@ -637,7 +844,11 @@ mod tests {
             let fs = decode_scalar(e, true, raw.as_flattened(), &mut v2, &mut abs2);
             assert_eq!(fa, fs, "round {round} {e:?}: finite flag of A");
             if fs {
-                assert_eq!(v.map(f32::to_bits), v2.map(f32::to_bits), "round {round} {e:?} A");
+                assert_eq!(
+                    v.map(f32::to_bits),
+                    v2.map(f32::to_bits),
+                    "round {round} {e:?} A"
+                );
                 assert_eq!(abs.map(f32::to_bits), abs2.map(f32::to_bits), "{e:?} |A|");
             }
             let (mut v, mut abs) = ([f32::NAN; 256], [f32::NAN; 256]);
@@ -646,7 +857,11 @@ mod tests {
             let fs = decode_scalar(e, false, b_raw.as_flattened(), &mut v2, &mut abs2);
             assert_eq!(fb, fs, "round {round} {e:?}: finite flag of B");
             if fs {
-                assert_eq!(v.map(f32::to_bits), v2.map(f32::to_bits), "round {round} {e:?} B");
+                assert_eq!(
+                    v.map(f32::to_bits),
+                    v2.map(f32::to_bits),
+                    "round {round} {e:?} B"
+                );
                 assert_eq!(abs.map(f32::to_bits), abs2.map(f32::to_bits), "{e:?} |B|");
             }
         }

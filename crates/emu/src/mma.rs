@@ -529,7 +529,11 @@ pub fn mma_in_place(
     let simd = frag_simd::Simd::detect();
     let FragCache { f64, f32, raw } = cache;
     let r = |i: u32| &regs[i as usize];
-    frag_simd::lo32(simd, [r(s.a[0]), r(s.a[1]), r(s.a[2]), r(s.a[3])], &mut raw.a);
+    frag_simd::lo32(
+        simd,
+        [r(s.a[0]), r(s.a[1]), r(s.a[2]), r(s.a[3])],
+        &mut raw.a,
+    );
     frag_simd::lo32(simd, [r(s.b[0]), r(s.b[1])], &mut raw.b);
     if let Some(model) = model {
         if in_place_f32((spec, model, simd), regs, s, FragCache::rings32(f32), raw) {
@@ -540,8 +544,12 @@ pub fn mma_in_place(
         a: ring_a,
         b: ring_b,
     } = FragCache::rings64(f64);
-    let am = ring_a.get((spec.aty, spec.k), (simd, &raw.a), |r, v| decode_a(spec, r, v));
-    let bk = ring_b.get((spec.bty, spec.k), (simd, &raw.b), |r, v| decode_b(spec, r, v));
+    let am = ring_a.get((spec.aty, spec.k), (simd, &raw.a), |r, v| {
+        decode_a(spec, r, v)
+    });
+    let bk = ring_b.get((spec.bty, spec.k), (simd, &raw.b), |r, v| {
+        decode_b(spec, r, v)
+    });
     let acc = tile_out(model, (&am[..16 * k], &bk[..8 * k], k), |acc, add| {
         for i in 0..4 {
             let ci = &regs[s.c[i] as usize];
@@ -602,10 +610,7 @@ fn in_place_f32(
     }
     // the kernel's results are finite (finite inputs and C; rounding toward zero never
     // overflows), so no NaN needs canonicalising
-    for (i, &slot) in s.d.iter().take(4).enumerate() {
-        frag_simd::d_reg(simd, &c, i, &mut regs[slot as usize], s.m);
-    }
-    true
+    frag_simd::d_tile(simd, &c, regs, [s.d[0], s.d[1], s.d[2], s.d[3]], s.m)
 }
 
 /// Decoded f32 values of every 8-bit float code (e4m3, then e5m2; exact), built once.
@@ -674,9 +679,8 @@ impl<const R: usize, T: Copy> Ring<R, T> {
         (simd, raw): (Option<frag_simd::Simd>, &[[u32; 32]; R]),
         decode: impl FnOnce(&[[u32; 32]; R], &mut T),
     ) -> &T {
-        let hit =
-            (0..RING).find(|&i| self.keys[i] == Some(key) && frag_simd::same(simd, &self.raw[i], raw));
-        let i = match hit {
+        let valid = (0..RING).fold(0, |m, i| m | ((self.keys[i] == Some(key)) as u32) << i);
+        let i = match frag_simd::find(simd, &self.raw, valid, raw) {
             Some(i) => i,
             None => {
                 let i = self.next;

@@ -265,11 +265,17 @@ impl Cta {
         ds: &[u32],
         m: u32,
     ) -> bool {
+        let simd = crate::frag_simd::Simd::detect();
         let mut offs = [[0usize; 8]; 4];
-        if !self.matrix_rows(wi, (count, space), (addr, off), offs.as_flattened_mut()) {
+        if !self.matrix_rows(
+            simd,
+            wi,
+            (count, space),
+            (addr, off),
+            offs.as_flattened_mut(),
+        ) {
             return false;
         }
-        let simd = crate::frag_simd::Simd::detect();
         let (shared, w) = (&self.shared, &mut self.warps[wi]);
         for (d, rows) in ds.iter().zip(&offs).take(count as usize) {
             let dst = &mut w.regs[*d as usize];
@@ -288,6 +294,7 @@ impl Cta {
     #[inline(always)]
     fn matrix_rows(
         &self,
+        simd: Option<crate::frag_simd::Simd>,
         wi: usize,
         (count, space): (u32, MSpace),
         (addr, off): (u32, i64),
@@ -301,18 +308,13 @@ impl Cta {
         let Some(last) = self.shared.len().checked_sub(16) else {
             return false;
         };
-        let rows = (count as usize * 8).min(32);
+        let rows = (count as usize * 8).min(32).min(offs.len());
         let Some(regs) = self.warps[wi].regs.get(addr as usize) else {
             return false;
         };
-        let mut bad = 0u64;
-        for (o, a) in offs.iter_mut().zip(&regs[..rows]) {
-            // wrapping: an address below the window becomes a huge offset, refused below
-            let x = a.wrapping_add(off as u64).wrapping_sub(base);
-            bad |= (x & 15) | (x >> CLUSTER_RANK_SHIFT) | (x > last as u64) as u64;
-            *o = x as usize;
-        }
-        bad == 0
+        let delta = (off as u64).wrapping_sub(base);
+        let limits = (delta, CLUSTER_RANK_SHIFT, last as u64);
+        crate::frag_simd::row_offsets(simd, &regs[..rows], limits, &mut offs[..rows])
     }
 
     /// Reads one input element from shared memory.
