@@ -337,7 +337,7 @@ pub struct CtaPool {
     /// The warps' `mma` fragment caches (tens of KiB each, zero-filled when made): their
     /// entries are pure functions of the raw fragment bits they are keyed by, so a later
     /// warp may keep using them.
-    frags: Vec<Box<crate::mma::FragCache>>,
+    frags: Vec<crate::mma::FragCache>,
 }
 
 impl CtaPool {
@@ -381,7 +381,7 @@ impl CtaPool {
                 self.regs.push(std::mem::take(&mut w.regs));
             }
             if let Some(f) = w.frag.take().filter(|_| self.frags.len() < Self::MAX_SPARE) {
-                self.frags.push(f);
+                self.frags.push(*f);
             }
         }
         if self.shared.len() < Self::MAX_SPARE {
@@ -434,7 +434,7 @@ impl Cta {
                 wg_read_groups: std::collections::VecDeque::new(),
                 wg_seq: 0,
                 maxnreg: 0,
-                frag: pool.frags.pop(),
+                frag: pool.frags.pop().map(Box::new),
             });
         }
         let shared = ctx.shared_bytes() as usize;

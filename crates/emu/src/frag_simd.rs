@@ -835,7 +835,7 @@ mod tests {
                     Elem::E5m2 => 0x7c + rng.gen_range(0..4),
                 };
                 raw[rng.gen_range(0..4)][rng.gen_range(0..32)] =
-                    special | 0x8000_0000 * (round % 2) as u32;
+                    special | ((round % 2) as u32) << 31;
             }
             let b_raw = [raw[1], raw[2]];
             let (mut v, mut abs) = ([f32::NAN; 512], [f32::NAN; 512]);
