@@ -334,10 +334,6 @@ pub struct CtaPool {
     init: Vec<Lanes>,
     regs: Vec<Vec<Lanes>>,
     shared: Vec<Vec<u8>>,
-    /// The warps' `mma` fragment caches (tens of KiB each, zero-filled when made): their
-    /// entries are pure functions of the raw fragment bits they are keyed by, so a later
-    /// warp may keep using them.
-    frags: Vec<crate::mma::FragCache>,
 }
 
 impl CtaPool {
@@ -379,9 +375,6 @@ impl CtaPool {
         for w in &mut cta.warps {
             if self.regs.len() < Self::MAX_SPARE {
                 self.regs.push(std::mem::take(&mut w.regs));
-            }
-            if let Some(f) = w.frag.take().filter(|_| self.frags.len() < Self::MAX_SPARE) {
-                self.frags.push(*f);
             }
         }
         if self.shared.len() < Self::MAX_SPARE {
@@ -434,7 +427,7 @@ impl Cta {
                 wg_read_groups: std::collections::VecDeque::new(),
                 wg_seq: 0,
                 maxnreg: 0,
-                frag: pool.frags.pop().map(Box::new),
+                frag: None,
             });
         }
         let shared = ctx.shared_bytes() as usize;

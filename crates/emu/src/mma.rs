@@ -726,9 +726,10 @@ struct Rings32 {
     b: Ring<2, Frag32<{ 32 * 8 }>>,
 }
 
-/// A warp's recently decoded `mma` operands, per layout (each allocated on first use). A
-/// GEMM's inner loop feeds each A fragment to several mmas (one per B column block) and each
-/// B fragment to several (one per A row block), so most fragments are decoded once.
+/// A warp's recently decoded `mma` operands, per layout (each allocated on first use; the f32
+/// rings of retired warps are reused by the thread's next ones). A GEMM's inner loop feeds
+/// each A fragment to several mmas (one per B column block) and each B fragment to several
+/// (one per A row block), so most fragments are decoded once.
 #[derive(Default)]
 pub struct FragCache {
     f64: Option<Box<Rings64>>,
@@ -749,11 +750,39 @@ impl FragCache {
 
     fn rings32(f32: &mut Option<Box<Rings32>>) -> &mut Rings32 {
         f32.get_or_insert_with(|| {
-            Box::new(Rings32 {
-                a: Ring::new(Frag32::ZERO),
-                b: Ring::new(Frag32::ZERO),
+            let spare = SPARE32.with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()));
+            spare.unwrap_or_else(|| {
+                Box::new(Rings32 {
+                    a: Ring::new(Frag32::ZERO),
+                    b: Ring::new(Frag32::ZERO),
+                })
             })
         })
+    }
+}
+
+/// Most spare [`Rings32`] a thread keeps.
+const MAX_SPARE: usize = 64;
+
+thread_local! {
+    /// The f32 rings of this thread's retired warps (tens of KiB each, zero-filled when made;
+    /// a launch worker retires and creates warps all the time). Their entries are pure
+    /// functions of the raw bits and (type, k) they are keyed by, so a new warp may keep them.
+    static SPARE32: std::cell::RefCell<Vec<Box<Rings32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Drop for FragCache {
+    fn drop(&mut self) {
+        if let Some(r) = self.f32.take() {
+            // a thread being torn down has no pool any more: the rings are simply freed
+            let _ = SPARE32.try_with(|s| {
+                if let Ok(mut s) = s.try_borrow_mut() {
+                    if s.len() < MAX_SPARE {
+                        s.push(r);
+                    }
+                }
+            });
+        }
     }
 }
 
@@ -1024,7 +1053,7 @@ mod tests {
     /// and D scattered in place, active-lane mask) gives the same bits as `mma_sync_with` on
     /// the same fragments followed by a masked write, in both numerics modes, for every
     /// fast-path input type, with D in place of C and in other registers, and when the cache
-    /// holds stale fragments of the same slots.
+    /// holds stale fragments of the same slots (also rings inherited from a dropped cache).
     #[test]
     fn in_place_matches_fragment_api() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(19);
@@ -1036,6 +1065,10 @@ mod tests {
         ];
         let mut cache = FragCache::default();
         for round in 0..24 {
+            if round % 6 == 5 {
+                // a new warp's cache: its f32 rings are the retired one's, entries and all
+                cache = FragCache::default();
+            }
             let (aty, k) = forms[round % 4];
             // 16-bit forms take one type; 8-bit floats mix
             let bty = if k == 16 {
