@@ -8,10 +8,12 @@
 //! register is read as eight 4-lane rows, packed to 32 bits and transposed with in-lane
 //! unpacks (no gathers), and D goes back the other way, zero-extended to the 64-bit lanes.
 //!
-//! This module owns those transposes and the SIMD element decoders of the A and B fragments
-//! (bf16 and fp8 by shifts, f16 by the exact scale of [`crate::mma::f16_to_f32`]). Each entry
-//! point checks AVX2 at run time and otherwise runs the scalar code, which the tests use as
-//! the oracle (bit for bit).
+//! This module owns those transposes, the SIMD element decoders of the A and B fragments
+//! (bf16 and fp8 by shifts, f16 by the exact scale of [`crate::mma::f16_to_f32`]), the
+//! fragment cache's compare ([`find`]) and `ldmatrix` (the rows' address checks at once, one
+//! 16-byte load per row, the `.trans` 8 x 8 transpose of 16-bit elements in registers). The
+//! caller proves AVX2 once per instruction ([`Simd::detect`]); without it every entry point
+//! runs the scalar code, which the tests use as the oracle (bit for bit).
 
 use crate::Lanes;
 use ptx::Ty;

@@ -44,7 +44,9 @@
 //!   B row-major, both with their magnitudes), and kept in the warp's [`FragCache`] keyed by
 //!   their raw bits (an A fragment feeds one mma per B column block, a B fragment one per A row
 //!   block, so most are decoded once); C is read from its registers into the kernel's
-//!   column-major tile and D written back with fixed index patterns;
+//!   column-major tile and D written back. The register moves (raw reads, the cache lookup,
+//!   decodes, C and D) are [`crate::frag_simd`]'s AVX2 8 x 4 transposes, with scalar
+//!   fallbacks;
 //! - in the exact mode, and for tiles the f32 kernel declines (a non-finite input or C, or a
 //!   CPU without AVX2), A and B are decoded to f64 (cached the same way) for the exact or
 //!   portable tile kernels.
@@ -540,10 +542,32 @@ pub fn mma_in_place(
             return true;
         }
     }
+    in_place_f64(
+        (spec, model, simd, k),
+        regs,
+        s,
+        FragCache::rings64(f64),
+        raw,
+    );
+    true
+}
+
+/// [`mma_in_place`] in the exact mode, and for the tiles the f32 kernel declines: A and B
+/// decoded to f64 (cached in `rings`), the exact or portable tile kernels. Not inlined: its
+/// f64 tiles (tens of KiB of stack) would otherwise make every call of [`mma_in_place`] probe
+/// and touch that much stack.
+#[inline(never)]
+fn in_place_f64(
+    (spec, model, simd, k): (&MmaSpec, Option<&TcModel>, Option<frag_simd::Simd>, usize),
+    regs: &mut [Lanes],
+    s: MmaSlots,
+    rings: &mut Rings64,
+    raw: &FragRaw,
+) {
     let Rings64 {
         a: ring_a,
         b: ring_b,
-    } = FragCache::rings64(f64);
+    } = rings;
     let am = ring_a.get((spec.aty, spec.k), (simd, &raw.a), |r, v| {
         decode_a(spec, r, v)
     });
@@ -563,7 +587,6 @@ pub fn mma_in_place(
     for i in 0..4 {
         scatter_d(&acc, i, &mut regs[s.d[i] as usize], s.m);
     }
-    true
 }
 
 /// [`mma_in_place`] under a hardware model through the f32 column kernel
