@@ -20,6 +20,7 @@ pub mod coverage;
 pub mod error;
 pub mod exec;
 pub mod fp;
+mod frag_simd;
 pub mod hopper;
 pub mod launch;
 pub mod limits;

@@ -44,7 +44,9 @@
 //!   B row-major, both with their magnitudes), and kept in the warp's [`FragCache`] keyed by
 //!   their raw bits (an A fragment feeds one mma per B column block, a B fragment one per A row
 //!   block, so most are decoded once); C is read from its registers into the kernel's
-//!   column-major tile and D written back with fixed index patterns;
+//!   column-major tile and D written back. The register moves (raw reads, the cache lookup,
+//!   decodes, C and D) are [`crate::frag_simd`]'s AVX2 8 x 4 transposes, with scalar
+//!   fallbacks;
 //! - in the exact mode, and for tiles the f32 kernel declines (a non-finite input or C, or a
 //!   CPU without AVX2), A and B are decoded to f64 (cached the same way) for the exact or
 //!   portable tile kernels.
@@ -53,6 +55,7 @@
 //! [`mma_sync_with`].
 
 use crate::fp;
+use crate::frag_simd::{self, Elem};
 use crate::tc_numerics::{self as tc, TcModel};
 use crate::Lanes;
 use ptx::{Flag, Instruction, Mod, Opcode, Ty};
@@ -460,15 +463,10 @@ fn mma_fast(
     if a.len() < 4 || b.len() < 2 || c.len() < 4 || d.len() < 4 {
         return false;
     }
+    let simd = frag_simd::Simd::detect();
     let mut raw = FragRaw::default();
-    for lane in 0..32 {
-        for r in 0..4 {
-            raw.a[r * 32 + lane] = a[r][lane] as u32;
-        }
-        for r in 0..2 {
-            raw.b[r * 32 + lane] = b[r][lane] as u32;
-        }
-    }
+    frag_simd::lo32(simd, [a[0], a[1], a[2], a[3]], &mut raw.a);
+    frag_simd::lo32(simd, [b[0], b[1]], &mut raw.b);
     let (mut am, mut bk) = ([0f64; 16 * 32], [0f64; 32 * 8]);
     decode_a(spec, &raw.a, &mut am);
     decode_b(spec, &raw.b, &mut bk);
@@ -530,30 +528,52 @@ pub fn mma_in_place(
     if !(ok(s.a, 4) && ok(s.b, 2) && ok(s.c, 4) && ok(s.d, 4)) {
         return false;
     }
-    let mut raw = FragRaw::default();
-    for r in 0..4 {
-        let row = &regs[s.a[r] as usize];
-        for lane in 0..32 {
-            raw.a[r * 32 + lane] = row[lane] as u32;
-        }
-    }
-    for r in 0..2 {
-        let row = &regs[s.b[r] as usize];
-        for lane in 0..32 {
-            raw.b[r * 32 + lane] = row[lane] as u32;
-        }
-    }
+    let simd = frag_simd::Simd::detect();
+    let FragCache { f64, f32, raw } = cache;
+    let r = |i: u32| &regs[i as usize];
+    frag_simd::lo32(
+        simd,
+        [r(s.a[0]), r(s.a[1]), r(s.a[2]), r(s.a[3])],
+        &mut raw.a,
+    );
+    frag_simd::lo32(simd, [r(s.b[0]), r(s.b[1])], &mut raw.b);
     if let Some(model) = model {
-        if in_place_f32(spec, model, regs, s, cache.rings32(), &raw) {
+        if in_place_f32((spec, model, simd), regs, s, FragCache::rings32(f32), raw) {
             return true;
         }
     }
+    in_place_f64(
+        (spec, model, simd, k),
+        regs,
+        s,
+        FragCache::rings64(f64),
+        raw,
+    );
+    true
+}
+
+/// [`mma_in_place`] in the exact mode, and for the tiles the f32 kernel declines: A and B
+/// decoded to f64 (cached in `rings`), the exact or portable tile kernels. Not inlined: its
+/// f64 tiles (tens of KiB of stack) would otherwise make every call of [`mma_in_place`] probe
+/// and touch that much stack.
+#[inline(never)]
+fn in_place_f64(
+    (spec, model, simd, k): (&MmaSpec, Option<&TcModel>, Option<frag_simd::Simd>, usize),
+    regs: &mut [Lanes],
+    s: MmaSlots,
+    rings: &mut Rings64,
+    raw: &FragRaw,
+) {
     let Rings64 {
         a: ring_a,
         b: ring_b,
-    } = cache.rings64();
-    let am = ring_a.get((spec.aty, spec.k), &raw.a, |r, v| decode_a(spec, r, v));
-    let bk = ring_b.get((spec.bty, spec.k), &raw.b, |r, v| decode_b(spec, r, v));
+    } = rings;
+    let am = ring_a.get((spec.aty, spec.k), (simd, &raw.a), |r, v| {
+        decode_a(spec, r, v)
+    });
+    let bk = ring_b.get((spec.bty, spec.k), (simd, &raw.b), |r, v| {
+        decode_b(spec, r, v)
+    });
     let acc = tile_out(model, (&am[..16 * k], &bk[..8 * k], k), |acc, add| {
         for i in 0..4 {
             let ci = &regs[s.c[i] as usize];
@@ -567,7 +587,6 @@ pub fn mma_in_place(
     for i in 0..4 {
         scatter_d(&acc, i, &mut regs[s.d[i] as usize], s.m);
     }
-    true
 }
 
 /// [`mma_in_place`] under a hardware model through the f32 column kernel
@@ -576,8 +595,7 @@ pub fn mma_in_place(
 /// false (nothing written) where the kernel is not available or declines the tile (a
 /// non-finite input or C): the f64 path then runs.
 fn in_place_f32(
-    spec: &MmaSpec,
-    model: &TcModel,
+    (spec, model, simd): (&MmaSpec, &TcModel, Option<frag_simd::Simd>),
     regs: &mut [Lanes],
     s: MmaSlots,
     rings: &mut Rings32,
@@ -588,22 +606,20 @@ fn in_place_f32(
     };
     let k = spec.k as usize;
     let Rings32 { a: ra, b: rb } = rings;
-    let a = ra.get((spec.aty, spec.k), &raw.a, |r, f| decode_at(spec.aty, r, f));
-    let b = rb.get((spec.bty, spec.k), &raw.b, |r, f| {
-        decode_b32(spec.bty, r, f)
+    let (Some(ea), Some(eb)) = (Elem::of(spec.aty), Elem::of(spec.bty)) else {
+        return false;
+    };
+    let a = ra.get((spec.aty, spec.k), (simd, &raw.a), |r, f| {
+        f.finite = frag_simd::decode_a(simd, ea, r, &mut f.v, &mut f.abs)
+    });
+    let b = rb.get((spec.bty, spec.k), (simd, &raw.b), |r, f| {
+        f.finite = frag_simd::decode_b(simd, eb, r, &mut f.v, &mut f.abs)
     });
     if !(a.finite && b.finite) {
         return false;
     }
-    let c_regs = [0, 1, 2, 3].map(|i| &regs[s.c[i] as usize]);
-    let mut c = [0f32; 16 * 8];
-    // column `col`, row `row`: register (col & 1) + 2 (row / 8), lane 4 (row & 7) + col / 2
-    for (col, cc) in c.chunks_exact_mut(16).enumerate() {
-        for (row, x) in cc.iter_mut().enumerate() {
-            let reg = c_regs[(col & 1) + 2 * (row >> 3)];
-            *x = f32::from_bits(reg[4 * (row & 7) + (col >> 1)] as u32);
-        }
-    }
+    let r = |i: u32| &regs[i as usize];
+    let mut c = frag_simd::c_tile(simd, [r(s.c[0]), r(s.c[1]), r(s.c[2]), r(s.c[3])]);
     let ops = crate::tc_simd::Cols {
         at: &a.v[..16 * k],
         at_abs: &a.abs[..16 * k],
@@ -616,24 +632,8 @@ fn in_place_f32(
         return false;
     }
     // the kernel's results are finite (finite inputs and C; rounding toward zero never
-    // overflows), so no NaN needs canonicalising; register i, lane 4g + q: row g + 8 (i / 2),
-    // column 2q + i % 2
-    for (i, &slot) in s.d.iter().take(4).enumerate() {
-        let mut v = [0u64; 32];
-        for (lane, x) in v.iter_mut().enumerate() {
-            let at = (2 * (lane & 3) + (i & 1)) * 16 + (lane >> 2) + 8 * (i >> 1);
-            *x = c[at].to_bits() as u64;
-        }
-        let dst = &mut regs[slot as usize];
-        if s.m == u32::MAX {
-            *dst = v;
-        } else {
-            for (lane, (x, y)) in dst.iter_mut().zip(v).enumerate() {
-                *x = if s.m >> lane & 1 != 0 { y } else { *x };
-            }
-        }
-    }
-    true
+    // overflows), so no NaN needs canonicalising
+    frag_simd::d_tile(simd, &c, regs, [s.d[0], s.d[1], s.d[2], s.d[3]], s.m)
 }
 
 /// Decoded f32 values of every 8-bit float code (e4m3, then e5m2; exact), built once.
@@ -664,112 +664,22 @@ pub(crate) fn f16_to_f32(h: u32) -> f32 {
     f32::from_bits(sign | v.to_bits())
 }
 
-/// The bfloat16 value of the low 16 bits of `h` as an f32 (exact).
-#[inline(always)]
-fn bf16_to_f32(h: u32) -> f32 {
-    f32::from_bits(h << 16)
-}
-
-/// Magnitudes and the finite flag of the first `n` values of a freshly decoded fragment.
-fn finish_frag<const E: usize>(f: &mut Frag32<E>, n: usize) {
-    let mut finite = true;
-    for (a, v) in f.abs[..n].iter_mut().zip(&f.v[..n]) {
-        *a = v.abs();
-        finite &= v.is_finite();
-    }
-    f.finite = finite;
-}
-
-/// A of a fast-path form (16 x k, `k` 16 or 32), transposed: `f.v[kk * 16 + row]`.
-fn decode_at(t: Ty, raw: &[u32; 128], f: &mut Frag32<{ 16 * 32 }>) {
-    if matches!(t, Ty::E4m3 | Ty::E5m2) {
-        let tab = &fp8_table32()[(t == Ty::E5m2) as usize];
-        // a_r of lane 4g + q holds bytes 4r..4r+3: row g + 8 (r & 1), k 4q + 16 (r / 2) (+0..3)
-        for (i, v) in raw.iter().enumerate() {
-            let (r, g, q) = (i >> 5, (i >> 2) & 7, i & 3);
-            let at = (4 * q + 16 * (r >> 1)) * 16 + g + 8 * (r & 1);
-            for j in 0..4 {
-                f.v[at + 16 * j] = tab[((v >> (8 * j)) & 0xff) as usize];
-            }
-        }
-        finish_frag(f, 16 * 32);
-    } else if t == Ty::Bf16 {
-        half_at(raw, f, bf16_to_f32);
-    } else {
-        half_at(raw, f, f16_to_f32);
-    }
-}
-
-/// [`decode_at`] of 16-bit inputs with the element decoder `d` (one monomorphic loop per type).
-#[inline(always)]
-fn half_at(raw: &[u32; 128], f: &mut Frag32<{ 16 * 32 }>, d: impl Fn(u32) -> f32) {
-    // a_r of lane 4g + q holds elements 2r, 2r + 1: row g + 8 (r & 1), k 2q + 8 (r / 2) (+0/1)
-    for (i, v) in raw.iter().enumerate() {
-        let (r, g, q) = (i >> 5, (i >> 2) & 7, i & 3);
-        let at = (2 * q + 8 * (r >> 1)) * 16 + g + 8 * (r & 1);
-        f.v[at] = d(v & 0xffff);
-        f.v[at + 16] = d(v >> 16);
-    }
-    finish_frag(f, 16 * 16);
-}
-
-/// B of a fast-path form (k x 8): `f.v[kk * 8 + col]`.
-fn decode_b32(t: Ty, raw: &[u32; 64], f: &mut Frag32<{ 32 * 8 }>) {
-    if matches!(t, Ty::E4m3 | Ty::E5m2) {
-        let tab = &fp8_table32()[(t == Ty::E5m2) as usize];
-        // b_r of lane 4g + q: k = 4q + 16r (+0..3), n = g
-        for (i, v) in raw.iter().enumerate() {
-            let (r, g, q) = (i >> 5, (i >> 2) & 7, i & 3);
-            let at = (4 * q + 16 * r) * 8 + g;
-            for j in 0..4 {
-                f.v[at + 8 * j] = tab[((v >> (8 * j)) & 0xff) as usize];
-            }
-        }
-        finish_frag(f, 32 * 8);
-    } else if t == Ty::Bf16 {
-        half_b(raw, f, bf16_to_f32);
-    } else {
-        half_b(raw, f, f16_to_f32);
-    }
-}
-
-/// [`decode_b32`] of 16-bit inputs with the element decoder `d`.
-#[inline(always)]
-fn half_b(raw: &[u32; 64], f: &mut Frag32<{ 32 * 8 }>, d: impl Fn(u32) -> f32) {
-    // b_r of lane 4g + q: k = 2q + 8r (+0/1), n = g
-    for (i, v) in raw.iter().enumerate() {
-        let (r, g, q) = (i >> 5, (i >> 2) & 7, i & 3);
-        let at = (2 * q + 8 * r) * 8 + g;
-        f.v[at] = d(v & 0xffff);
-        f.v[at + 8] = d(v >> 16);
-    }
-    finish_frag(f, 16 * 8);
-}
-
-/// The low 32 bits of the A (4 registers) and B (2 registers) fragments, register-major
-/// (`a[r * 32 + lane]`): all the fast-path forms read.
+/// The low 32 bits of the A (4 registers) and B (2 registers) fragments (`a[r][lane]`): all
+/// the fast-path forms read.
+#[derive(Default)]
 struct FragRaw {
-    a: [u32; 128],
-    b: [u32; 64],
-}
-
-impl Default for FragRaw {
-    fn default() -> Self {
-        FragRaw {
-            a: [0; 128],
-            b: [0; 64],
-        }
-    }
+    a: [[u32; 32]; 4],
+    b: [[u32; 32]; 2],
 }
 
 /// Fragments a [`Ring`] remembers.
 const RING: usize = 4;
 
-/// The last [`RING`] decoded fragments of one operand (`R` raw words decoded into a `T`), with
-/// the raw bits and (type, k) they were decoded from.
+/// The last [`RING`] decoded fragments of one operand (`R` raw registers decoded into a `T`),
+/// with the raw bits and (type, k) they were decoded from.
 struct Ring<const R: usize, T> {
     keys: [Option<(Ty, u32)>; RING],
-    raw: [[u32; R]; RING],
+    raw: [[[u32; 32]; R]; RING],
     val: [T; RING],
     next: usize,
 }
@@ -778,7 +688,7 @@ impl<const R: usize, T: Copy> Ring<R, T> {
     fn new(zero: T) -> Self {
         Ring {
             keys: [None; RING],
-            raw: [[0; R]; RING],
+            raw: [[[0; 32]; R]; RING],
             val: [zero; RING],
             next: 0,
         }
@@ -789,11 +699,11 @@ impl<const R: usize, T: Copy> Ring<R, T> {
     fn get(
         &mut self,
         key: (Ty, u32),
-        raw: &[u32; R],
-        decode: impl FnOnce(&[u32; R], &mut T),
+        (simd, raw): (Option<frag_simd::Simd>, &[[u32; 32]; R]),
+        decode: impl FnOnce(&[[u32; 32]; R], &mut T),
     ) -> &T {
-        let hit = (0..RING).find(|&i| self.keys[i] == Some(key) && self.raw[i] == *raw);
-        let i = match hit {
+        let valid = (0..RING).fold(0, |m, i| m | ((self.keys[i] == Some(key)) as u32) << i);
+        let i = match frag_simd::find(simd, &self.raw, valid, raw) {
             Some(i) => i,
             None => {
                 let i = self.next;
@@ -811,8 +721,8 @@ impl<const R: usize, T: Copy> Ring<R, T> {
 /// The f64 operands of the exact mode and of the tiles the f32 kernel declines: A (16 x k,
 /// row-major) and B (k x 8, k-major).
 struct Rings64 {
-    a: Ring<128, [f64; 16 * 32]>,
-    b: Ring<64, [f64; 32 * 8]>,
+    a: Ring<4, [f64; 16 * 32]>,
+    b: Ring<2, [f64; 32 * 8]>,
 }
 
 /// A fragment decoded for the f32 column kernel ([`crate::tc_simd`]'s `Cols` layouts): the
@@ -835,22 +745,25 @@ impl<const E: usize> Frag32<E> {
 /// The f32 operands of the hardware-model path: A transposed (`at[kk * 16 + row]`) and B
 /// (`b[kk * 8 + col]`).
 struct Rings32 {
-    a: Ring<128, Frag32<{ 16 * 32 }>>,
-    b: Ring<64, Frag32<{ 32 * 8 }>>,
+    a: Ring<4, Frag32<{ 16 * 32 }>>,
+    b: Ring<2, Frag32<{ 32 * 8 }>>,
 }
 
-/// A warp's recently decoded `mma` operands, per layout (each allocated on first use). A
-/// GEMM's inner loop feeds each A fragment to several mmas (one per B column block) and each
-/// B fragment to several (one per A row block), so most fragments are decoded once.
+/// A warp's recently decoded `mma` operands, per layout (each allocated on first use; the f32
+/// rings of retired warps are reused by the thread's next ones). A GEMM's inner loop feeds
+/// each A fragment to several mmas (one per B column block) and each B fragment to several
+/// (one per A row block), so most fragments are decoded once.
 #[derive(Default)]
 pub struct FragCache {
     f64: Option<Box<Rings64>>,
     f32: Option<Box<Rings32>>,
+    /// The raw A and B fragments of the current `mma` (scratch, overwritten by each).
+    raw: FragRaw,
 }
 
 impl FragCache {
-    fn rings64(&mut self) -> &mut Rings64 {
-        self.f64.get_or_insert_with(|| {
+    fn rings64(f64: &mut Option<Box<Rings64>>) -> &mut Rings64 {
+        f64.get_or_insert_with(|| {
             Box::new(Rings64 {
                 a: Ring::new([0.0; 16 * 32]),
                 b: Ring::new([0.0; 32 * 8]),
@@ -858,13 +771,41 @@ impl FragCache {
         })
     }
 
-    fn rings32(&mut self) -> &mut Rings32 {
-        self.f32.get_or_insert_with(|| {
-            Box::new(Rings32 {
-                a: Ring::new(Frag32::ZERO),
-                b: Ring::new(Frag32::ZERO),
+    fn rings32(f32: &mut Option<Box<Rings32>>) -> &mut Rings32 {
+        f32.get_or_insert_with(|| {
+            let spare = SPARE32.with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()));
+            spare.unwrap_or_else(|| {
+                Box::new(Rings32 {
+                    a: Ring::new(Frag32::ZERO),
+                    b: Ring::new(Frag32::ZERO),
+                })
             })
         })
+    }
+}
+
+/// Most spare [`Rings32`] a thread keeps.
+const MAX_SPARE: usize = 64;
+
+thread_local! {
+    /// The f32 rings of this thread's retired warps (tens of KiB each, zero-filled when made;
+    /// a launch worker retires and creates warps all the time). Their entries are pure
+    /// functions of the raw bits and (type, k) they are keyed by, so a new warp may keep them.
+    static SPARE32: std::cell::RefCell<Vec<Box<Rings32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Drop for FragCache {
+    fn drop(&mut self) {
+        if let Some(r) = self.f32.take() {
+            // a thread being torn down has no pool any more: the rings are simply freed
+            let _ = SPARE32.try_with(|s| {
+                if let Ok(mut s) = s.try_borrow_mut() {
+                    if s.len() < MAX_SPARE {
+                        s.push(r);
+                    }
+                }
+            });
+        }
     }
 }
 
@@ -904,7 +845,8 @@ fn scatter_d(acc: &[f64; 128], i: usize, row: &mut Lanes, m: u32) {
 }
 
 /// A (16 x k, row-major, `k` 16 or 32) of a fast-path form from its raw fragment.
-fn decode_a(spec: &MmaSpec, raw: &[u32; 128], am: &mut [f64; 512]) {
+fn decode_a(spec: &MmaSpec, raw: &[[u32; 32]; 4], am: &mut [f64; 512]) {
+    let raw = raw.as_flattened();
     let bf = |v: u32| f32::from_bits((v & 0xffff) << 16) as f64;
     let hf = |v: u32| half::f16::from_bits(v as u16).to_f64();
     match spec.aty {
@@ -930,7 +872,7 @@ fn decode_a(spec: &MmaSpec, raw: &[u32; 128], am: &mut [f64; 512]) {
 /// [`decode_a`] of 16-bit inputs (k = 16) with the element decoder `da` (one monomorphic
 /// loop per type).
 #[inline(always)]
-fn decode16_a(raw: &[u32; 128], am: &mut [f64; 512], da: impl Fn(u32) -> f64) {
+fn decode16_a(raw: &[u32], am: &mut [f64; 512], da: impl Fn(u32) -> f64) {
     // a_r of lane 4g + q holds elements 2r (low) and 2r+1: row g + 8*(r&1), columns
     // 2q + 8*(r>>1) (+0/1). The four lanes of a group g fill 8 consecutive columns of a row.
     for r in 0..4 {
@@ -947,7 +889,8 @@ fn decode16_a(raw: &[u32; 128], am: &mut [f64; 512], da: impl Fn(u32) -> f64) {
 }
 
 /// B (k x 8, k-major) of a fast-path form from its raw fragment.
-fn decode_b(spec: &MmaSpec, raw: &[u32; 64], bk: &mut [f64; 256]) {
+fn decode_b(spec: &MmaSpec, raw: &[[u32; 32]; 2], bk: &mut [f64; 256]) {
+    let raw = raw.as_flattened();
     let bf = |v: u32| f32::from_bits((v & 0xffff) << 16) as f64;
     let hf = |v: u32| half::f16::from_bits(v as u16).to_f64();
     match spec.bty {
@@ -972,7 +915,7 @@ fn decode_b(spec: &MmaSpec, raw: &[u32; 64], bk: &mut [f64; 256]) {
 
 /// [`decode_b`] of 16-bit inputs (k = 16) with the element decoder `db`.
 #[inline(always)]
-fn decode16_b(raw: &[u32; 64], bk: &mut [f64; 256], db: impl Fn(u32) -> f64) {
+fn decode16_b(raw: &[u32], bk: &mut [f64; 256], db: impl Fn(u32) -> f64) {
     // b_r of lane 4g + q: k = 2q + 8r (+0/1), n = g. The eight groups fill one k row.
     for r in 0..2 {
         for q in 0..4 {
@@ -1133,7 +1076,7 @@ mod tests {
     /// and D scattered in place, active-lane mask) gives the same bits as `mma_sync_with` on
     /// the same fragments followed by a masked write, in both numerics modes, for every
     /// fast-path input type, with D in place of C and in other registers, and when the cache
-    /// holds stale fragments of the same slots.
+    /// holds stale fragments of the same slots (also rings inherited from a dropped cache).
     #[test]
     fn in_place_matches_fragment_api() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(19);
@@ -1145,6 +1088,10 @@ mod tests {
         ];
         let mut cache = FragCache::default();
         for round in 0..24 {
+            if round % 6 == 5 {
+                // a new warp's cache: its f32 rings are the retired one's, entries and all
+                cache = FragCache::default();
+            }
             let (aty, k) = forms[round % 4];
             // 16-bit forms take one type; 8-bit floats mix
             let bty = if k == 16 {
@@ -1262,7 +1209,7 @@ mod tests {
                 assert!(!got.is_finite(), "f16 {h:#06x}");
             }
             let want = to_f64(Ty::Bf16, h as u64);
-            let got = bf16_to_f32(h) as f64;
+            let got = Elem::Bf16.scalar(h) as f64;
             assert!(got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan());
         }
     }

@@ -253,7 +253,8 @@ impl Cta {
     /// `ldmatrix` when every row lies in this CTA's shared memory: each 8 x 8 b16 matrix is 8
     /// rows of 16 bytes, located once; lane `4 row + q` holds 32-bit word `q` of row `row` (the
     /// row's 16 bytes go to four consecutive lanes), and with `.trans` lane `4 col + r` holds
-    /// column `col` of rows `2r` and `2r + 1` (a fixed 8 x 8 transpose of the rows). The destination registers of the lanes in `m` get the words,
+    /// column `col` of rows `2r` and `2r + 1` (a fixed 8 x 8 transpose of the rows;
+    /// `frag_simd::ldmatrix`). The destination registers of the lanes in `m` get the words,
     /// zero-extended. Returns false (nothing done) when a row is elsewhere, misaligned or out
     /// of bounds.
     fn ldmatrix_shared(
@@ -264,71 +265,56 @@ impl Cta {
         ds: &[u32],
         m: u32,
     ) -> bool {
-        let rows = (count as usize * 8).min(32);
-        let mut offs = [0usize; 32];
-        let regs = &self.warps[wi].regs[addr as usize];
-        for (i, o) in offs.iter_mut().enumerate().take(rows) {
-            match self.own_shared(space, regs[i].wrapping_add(off as u64), 16) {
-                Some(x) => *o = x,
-                None => return false,
-            }
+        let simd = crate::frag_simd::Simd::detect();
+        let mut offs = [[0usize; 8]; 4];
+        if !self.matrix_rows(
+            simd,
+            wi,
+            (count, space),
+            (addr, off),
+            offs.as_flattened_mut(),
+        ) {
+            return false;
         }
-        // words[32 mat + lane]: lane `lane`'s word of matrix `mat`
-        let mut words = [0u32; 128];
-        let mut row_of = [&[0u8; 16]; 32];
-        for (r, &o) in row_of.iter_mut().zip(&offs[..rows]) {
-            *r = match self.shared[o..o + 16].try_into() {
-                Ok(x) => x,
-                Err(_) => return false,
-            };
-        }
-        for (mat, (dst, src)) in words
-            .chunks_exact_mut(32)
-            .zip(row_of.chunks_exact(8))
-            .enumerate()
-        {
-            if mat * 8 >= rows {
-                break;
-            }
-            if !trans {
-                // lanes 4 row .. 4 row + 3: the four words of row `row`
-                for (d, row) in dst.chunks_exact_mut(4).zip(src) {
-                    let w: [u32; 4] = std::array::from_fn(|q| {
-                        u32::from_le_bytes([
-                            row[4 * q],
-                            row[4 * q + 1],
-                            row[4 * q + 2],
-                            row[4 * q + 3],
-                        ])
-                    });
-                    d.copy_from_slice(&w);
-                }
-            } else {
-                // lane 4 col + r: column `col` of rows 2r (low half) and 2r + 1
-                let e: [[u16; 8]; 8] = std::array::from_fn(|r| {
-                    std::array::from_fn(|c| u16::from_le_bytes([src[r][2 * c], src[r][2 * c + 1]]))
-                });
-                for (col, d) in dst.chunks_exact_mut(4).enumerate() {
-                    for (r, x) in d.iter_mut().enumerate() {
-                        *x = e[2 * r][col] as u32 | (e[2 * r + 1][col] as u32) << 16;
-                    }
-                }
-            }
-        }
-        let w = &mut self.warps[wi];
-        for (k, d) in ds.iter().enumerate().take(4) {
-            let (dst, src) = (&mut w.regs[*d as usize], &words[32 * k..32 * k + 32]);
-            if m == u32::MAX {
-                for (x, v) in dst.iter_mut().zip(src) {
-                    *x = *v as u64;
-                }
-            } else {
-                for (l, (x, v)) in dst.iter_mut().zip(src).enumerate() {
-                    *x = if m >> l & 1 != 0 { *v as u64 } else { *x };
-                }
+        let (shared, w) = (&self.shared, &mut self.warps[wi]);
+        for (d, rows) in ds.iter().zip(&offs).take(count as usize) {
+            let dst = &mut w.regs[*d as usize];
+            // every row was checked: this cannot refuse after an earlier matrix was written
+            if !crate::frag_simd::ldmatrix(simd, shared, rows, (trans, m), dst) {
+                return false;
             }
         }
         true
+    }
+
+    /// The shared-memory offsets of the `8 count` rows of an `ldmatrix` (lane `i`'s address
+    /// register plus `off`), when every row is a 16-byte aligned, in-bounds row of this CTA's
+    /// shared memory (the conditions of [`Cta::own_shared`], checked for all rows at once), in
+    /// `offs`; false when one is not.
+    #[inline(always)]
+    fn matrix_rows(
+        &self,
+        simd: Option<crate::frag_simd::Simd>,
+        wi: usize,
+        (count, space): (u32, MSpace),
+        (addr, off): (u32, i64),
+        offs: &mut [usize],
+    ) -> bool {
+        let base = match space {
+            MSpace::Shared => 0,
+            MSpace::Generic => SHARED_WINDOW,
+            _ => return false,
+        };
+        let Some(last) = self.shared.len().checked_sub(16) else {
+            return false;
+        };
+        let rows = (count as usize * 8).min(32).min(offs.len());
+        let Some(regs) = self.warps[wi].regs.get(addr as usize) else {
+            return false;
+        };
+        let delta = (off as u64).wrapping_sub(base);
+        let limits = (delta, CLUSTER_RANK_SHIFT, last as u64);
+        crate::frag_simd::row_offsets(simd, &regs[..rows], limits, &mut offs[..rows])
     }
 
     /// Reads one input element from shared memory.
