@@ -403,7 +403,7 @@ impl Cta {
     ) -> Result<(), FaultKind> {
         let wr = (self.warps[wi].id % 4) as usize;
         let l0 = m.trailing_zeros().min(31) as usize;
-        // 16-byte chunks of shared memory this wgmma reads (deduplicated per operand), and
+        // 16-byte chunks of shared memory this wgmma reads, and
         // A as f32: scratch kept in the CTA
         let mut chunks = std::mem::take(&mut self.wg_chunks);
         chunks.clear();
@@ -417,8 +417,6 @@ impl Cta {
         if !a32 {
             a = self.wg_a64(wi, op, (wr, l0), &mut chunks)?;
         }
-        chunks.sort_unstable();
-        chunks.dedup();
         let bop = self.wg_b(wi, op, l0, fast.is_some())?;
         chunks.extend_from_slice(&bop.chunks);
         self.wg_lock_chunks(&chunks);
@@ -737,24 +735,46 @@ impl F32Operand {
     }
 }
 
-/// Decodes the 16-byte chunk `row` of f16, bf16, e4m3 or e5m2 elements (little-endian) into
-/// `out[..16 / size]` as [`wg_decode32`] does, with the type's decoder chosen once per chunk.
-#[inline]
-fn decode_chunk32(ty: Ty, row: &[u8; 16], out: &mut [f32; 16]) {
-    let half = |i: usize| u16::from_le_bytes([row[2 * i], row[2 * i + 1]]) as u32;
-    match ty {
-        Ty::E4m3 | Ty::E5m2 => {
-            let t = &crate::mma::fp8_table32()[(ty == Ty::E5m2) as usize];
-            for (o, &b) in out.iter_mut().zip(row) {
-                *o = t[b as usize];
-            }
+/// How the f32 path decodes a 16-byte chunk of an operand (chosen once per operand): as
+/// [`wg_decode32`] does, element by element only for types it does not take.
+#[derive(Clone, Copy)]
+enum Dec32 {
+    /// e4m3 / e5m2: the 256-entry tables of `mma`.
+    Table(&'static [f32; 256]),
+    Bf16,
+    F16,
+    /// Another type, with its element size in bytes.
+    Elem(Ty, usize),
+}
+
+impl Dec32 {
+    fn of(ty: Ty) -> Dec32 {
+        match ty {
+            Ty::E4m3 => Dec32::Table(&crate::mma::fp8_table32()[0]),
+            Ty::E5m2 => Dec32::Table(&crate::mma::fp8_table32()[1]),
+            Ty::Bf16 => Dec32::Bf16,
+            Ty::F16 => Dec32::F16,
+            _ => Dec32::Elem(ty, crate::hopper::esize(ty) as usize),
         }
-        Ty::Bf16 => (0..8).for_each(|i| out[i] = f32::from_bits(half(i) << 16)),
-        Ty::F16 => (0..8).for_each(|i| out[i] = crate::mma::f16_to_f32(half(i))),
-        _ => {
-            let es = crate::hopper::esize(ty) as usize;
-            for (i, o) in out.iter_mut().take(16 / es).enumerate() {
-                *o = wg_decode32(ty, read_le(&row[es * i..es * (i + 1)]));
+    }
+
+    /// Decodes the little-endian elements of `row` to `dst[0]`, `dst[stride]`, ...
+    /// (`dst` holds them: checked by the caller).
+    #[inline]
+    fn chunk(self, row: &[u8; 16], dst: &mut [f32], stride: usize) {
+        let half = |i: usize| u16::from_le_bytes([row[2 * i], row[2 * i + 1]]) as u32;
+        match self {
+            Dec32::Table(t) => {
+                for (i, &b) in row.iter().enumerate() {
+                    dst[i * stride] = t[b as usize];
+                }
+            }
+            Dec32::Bf16 => (0..8).for_each(|i| dst[i * stride] = f32::from_bits(half(i) << 16)),
+            Dec32::F16 => (0..8).for_each(|i| dst[i * stride] = crate::mma::f16_to_f32(half(i))),
+            Dec32::Elem(ty, es) => {
+                for i in 0..16 / es {
+                    dst[i * stride] = wg_decode32(ty, read_le(&row[es * i..es * (i + 1)]));
+                }
             }
         }
     }
@@ -797,7 +817,8 @@ impl Cta {
 
     /// [`Cta::wg_operand_with`] for the f32 path: element (o, kk) to `out[kk * rd.no + o]`
     /// (A transposed, B row-major: the column kernel's layouts), K-major chunks decoded whole
-    /// by [`decode_chunk32`].
+    /// by [`Dec32`]. The chunks are listed as read, not deduplicated (a chunk listed twice is
+    /// held twice and released twice: the same write-after-read check).
     fn wg_operand32(
         &self,
         rd: &OperandRead,
@@ -810,7 +831,7 @@ impl Cta {
         }
         let es = crate::hopper::esize(rd.ty);
         let per = (16 / es) as usize;
-        let mut vals = [0f32; 16];
+        let dec = Dec32::of(rd.ty);
         for o in 0..no {
             let mut kk = 0;
             while kk < rd.k {
@@ -819,28 +840,28 @@ impl Cta {
                 let row = self
                     .shared
                     .get(base..base + 16)
-                    .and_then(|r| r.try_into().ok());
+                    .and_then(|r| <&[u8; 16]>::try_from(r).ok());
+                let at = kk * no + o;
                 match row {
-                    Some(row) if n == per && base.is_multiple_of(16) => {
+                    Some(row)
+                        if n == per
+                            && base.is_multiple_of(16)
+                            && at + (per - 1) * no < out.len() =>
+                    {
                         chunks.push((base / 16) as u32);
-                        decode_chunk32(rd.ty, row, &mut vals);
-                        for (i, &v) in vals[..per].iter().enumerate() {
-                            out[(kk + i) * no + o] = v;
-                        }
+                        dec.chunk(row, &mut out[at..], no);
                     }
                     _ => {
                         for i in 0..n {
                             let a = rd.desc.addr(rd.o0 + o as u64, (kk + i) as u64, es);
                             chunks.push((a / 16) as u32);
-                            out[(kk + i) * no + o] = wg_decode32(rd.ty, self.smem_elem(a, es)?);
+                            out[at + i * no] = wg_decode32(rd.ty, self.smem_elem(a, es)?);
                         }
                     }
                 }
                 kk += n;
             }
         }
-        chunks.sort_unstable();
-        chunks.dedup();
         Ok(())
     }
 
