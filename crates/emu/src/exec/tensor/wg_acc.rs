@@ -19,6 +19,11 @@ fn reg_base(i: usize) -> usize {
     128 * (i >> 2) + 16 * (i & 1) + 8 * ((i >> 1) & 1)
 }
 
+/// One register's values lie within this many positions from its [`reg_base`] (the largest
+/// [`LANE_OFF`] is 32 * 3 + 7; the last register's window ends at the end of the tile, as n
+/// is a multiple of 8).
+const REG_SPAN: usize = 32 * 3 + 7 + 1;
+
 /// Tile offset of lane `l` = 4g + q: 32 q + g (see [`reg_base`]).
 const LANE_OFF: [usize; 32] = {
     let mut t = [0; 32];
@@ -58,7 +63,7 @@ impl WgAcc {
 
     /// Writes register `i` of every lane into the tile.
     fn put_lanes(&mut self, i: usize, v: &Lanes) {
-        let t = &mut self.tile[reg_base(i)..];
+        let t = &mut self.tile[reg_base(i)..][..REG_SPAN];
         for (lane, &off) in LANE_OFF.iter().enumerate() {
             t[off] = f32::from_bits(v[lane] as u32);
         }
@@ -66,7 +71,8 @@ impl WgAcc {
 
     /// Register `i` of every lane from the tile (32-bit values, zero-extended).
     fn get_lanes(&self, i: usize, v: &mut Lanes) {
-        let t = &self.tile[reg_base(i)..];
+        // (a fixed-length window: the constant offsets need no bounds checks)
+        let t = &self.tile[reg_base(i)..][..REG_SPAN];
         for (lane, &off) in LANE_OFF.iter().enumerate() {
             v[lane] = t[off].to_bits() as u64;
         }
@@ -82,6 +88,9 @@ impl WgAcc {
 
     /// Sets every value of the lanes in `lanes` to `v`.
     fn fill_lanes(&mut self, lanes: u32, v: f32) {
+        if lanes == 0 {
+            return;
+        }
         for i in 0..self.d.len() {
             let t = &mut self.tile[reg_base(i)..];
             for lane in lanes_of(lanes) {
@@ -239,7 +248,8 @@ mod tests {
     use super::*;
 
     /// The split index of `reg_base` + `LANE_OFF` is `hopper::acc_pos`'s column-major position
-    /// for every register of an n = 256 accumulator and every lane.
+    /// for every register of an n = 256 accumulator and every lane, and the `REG_SPAN` window
+    /// of each register stays inside the tile.
     #[test]
     fn tile_index_is_acc_pos() {
         for i in 0..128 {
@@ -250,7 +260,12 @@ mod tests {
                     c * 16 + r,
                     "reg {i} lane {lane}"
                 );
+                assert!(LANE_OFF[lane] < REG_SPAN);
             }
+        }
+        // the window of the last register of every n ends within the tile
+        for regs in (4..=128).step_by(4) {
+            assert_eq!(reg_base(regs - 1) + REG_SPAN, 32 * regs, "{regs} registers");
         }
     }
 }
