@@ -832,11 +832,13 @@ impl Cta {
         let es = crate::hopper::esize(rd.ty);
         let per = (16 / es) as usize;
         let dec = Dec32::of(rd.ty);
+        let ra = crate::hopper::RowAddr::new(&rd.desc);
         for o in 0..no {
+            let row0 = ra.row(rd.o0 + o as u64);
             let mut kk = 0;
             while kk < rd.k {
                 let n = per.min(rd.k - kk);
-                let base = rd.desc.addr(rd.o0 + o as u64, kk as u64, es) as usize;
+                let base = ra.at(row0, kk as u64 * es) as usize;
                 let row = self
                     .shared
                     .get(base..base + 16)
