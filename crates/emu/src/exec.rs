@@ -119,9 +119,12 @@ pub struct Warp {
     pub state: WarpState,
     /// Per-lane call stacks of device-function calls (empty until the first call).
     pub calls: Vec<LaneStack>,
-    /// wgmma results not yet committed to a group / committed but not yet waited for.
-    pub wg_open: Vec<(u32, Lanes)>,
-    pub wg_groups: std::collections::VecDeque<Vec<(u32, Lanes)>>,
+    /// wgmma results not yet committed to a group / committed but not yet waited for
+    /// (`exec/tensor/wg_acc.rs`), and retired entries and group lists kept for reuse.
+    wg_open: Vec<WgAcc>,
+    wg_groups: std::collections::VecDeque<Vec<WgAcc>>,
+    wg_free: Vec<WgAcc>,
+    wg_spare: Vec<Vec<WgAcc>>,
     /// 16-byte shared-memory chunks the open / committed wgmma groups read (parallel to
     /// `wg_open` / `wg_groups`): held in `Cta::wg_lock` until `wgmma.wait_group` retires them.
     pub wg_reads_open: Vec<u32>,
@@ -197,6 +200,11 @@ pub struct Cta {
     /// Per warpgroup, the decoded B operands of wgmmas not yet reached by all four warps (a
     /// warp may issue several wgmmas before its siblings reach the first).
     wg_bcache: Vec<Vec<BOperand>>,
+    /// Finished B operands kept for their buffers, and the scratch of every wgmma: the
+    /// shared-memory chunks it reads and its A as f32 (`exec/tensor.rs`).
+    wg_bfree: Vec<BOperand>,
+    wg_chunks: Vec<u32>,
+    wg_abuf: F32Operand,
     /// Sanitizer state of this CTA (sanitized launches only).
     pub san: Option<Box<crate::sanitize::cta::CtaSan>>,
 }
@@ -204,6 +212,7 @@ pub struct Cta {
 /// A decoded wgmma B operand (k x n, transposed so a row of k is contiguous over n) and the
 /// shared-memory chunks it came from: as f32 for the f32 tile kernel when the wgmma's form
 /// uses it and every value is finite (`bt` then empty), else as f64 in `bt`.
+#[derive(Default)]
 struct BOperand {
     key: (u64, u64, u32, u32, bool, bool),
     users: u32,
@@ -212,7 +221,20 @@ struct BOperand {
     chunks: Vec<u32>,
 }
 
+/// A pending wgmma result: accumulator registers `d` of this warp as the column-major 16 x n
+/// tile of its rows (`tile[col * 16 + row]`, the raw 32-bit value of every lane; lanes the
+/// wgmma did not run keep the values they had). See `exec/tensor/wg_acc.rs`.
+#[derive(Default)]
+struct WgAcc {
+    d: Vec<u32>,
+    /// Smallest and largest slot of `d` (a quick test for disjoint register sets).
+    lo: u32,
+    hi: u32,
+    tile: Vec<f32>,
+}
+
 /// A wgmma operand as finite f32 values in the f32 tile kernel's layout, with magnitudes.
+#[derive(Default)]
 struct F32Operand {
     v: Vec<f32>,
     abs: Vec<f32>,
@@ -423,6 +445,8 @@ impl Cta {
                 calls: Vec::new(),
                 wg_open: Vec::new(),
                 wg_groups: std::collections::VecDeque::new(),
+                wg_free: Vec::new(),
+                wg_spare: Vec::new(),
                 wg_reads_open: Vec::new(),
                 wg_read_groups: std::collections::VecDeque::new(),
                 wg_seq: 0,
@@ -444,6 +468,9 @@ impl Cta {
             banks: ctx.bank_profile.then(Default::default),
             wg_lock: Vec::new(),
             wg_bcache: Vec::new(),
+            wg_bfree: Vec::new(),
+            wg_chunks: Vec::new(),
+            wg_abuf: F32Operand::default(),
             id,
             sm,
             t0: crate::clock::global_ns(),

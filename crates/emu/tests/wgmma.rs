@@ -475,3 +475,159 @@ fn hw_model_with_accumulator() {
         run_case_with(64, fp8, Sw::B64, 200 + i as u64, Vals::Model(0.75), false);
     }
 }
+
+/// The pending-result bookkeeping of `wgmma.commit_group` / `wait_group` across chains: a
+/// wgmma chained on the accumulator of the same open group, one whose C is in a committed
+/// group, one on a subset of those registers (n = 8 on the upper half of an n = 16
+/// accumulator), `wait_group 1` retiring only the older group, a read before any wait (stale
+/// values), and a wgmma under a guard that leaves half the lanes out (their registers keep
+/// their values). Small integers: every sum is exact, so the f64 reference holds in both
+/// numerics modes.
+#[test]
+fn pending_accumulator_chains() {
+    let text = r#".version 8.0
+.target sm_90a
+.address_size 64
+.extern .shared .align 1024 .b8 smem[];
+.visible .entry chains(.param .u64 img, .param .u32 img_words, .param .u64 da, .param .u64 db1, .param .u64 db2, .param .u64 out)
+{
+    .reg .pred %p<4>;
+    .reg .b32 %r<12>;
+    .reg .b64 %rd<12>;
+    .reg .f32 %f<8>;
+    ld.param.u64 %rd1, [img];
+    ld.param.u32 %r1, [img_words];
+    ld.param.u64 %rd2, [da];
+    ld.param.u64 %rd3, [db1];
+    ld.param.u64 %rd9, [db2];
+    ld.param.u64 %rd4, [out];
+    mov.u32 %r2, %tid.x;
+    mov.u32 %r3, %r2;
+COPY:
+    setp.ge.u32 %p1, %r3, %r1;
+    @%p1 bra DONE;
+    mul.wide.u32 %rd6, %r3, 4;
+    add.s64 %rd7, %rd1, %rd6;
+    ld.global.u32 %r4, [%rd7];
+    shl.b32 %r5, %r3, 2;
+    mov.u32 %r6, smem;
+    add.u32 %r7, %r6, %r5;
+    st.shared.u32 [%r7], %r4;
+    add.u32 %r3, %r3, 128;
+    bra COPY;
+DONE:
+    bar.sync 0;
+    fence.proxy.async.shared::cta;
+    mul.wide.u32 %rd8, %r2, 128;
+    add.s64 %rd5, %rd4, %rd8;
+    mov.f32 %f0, 0f42C80000;
+    mov.f32 %f1, 0f42C80000;
+    mov.f32 %f2, 0f42C80000;
+    mov.f32 %f3, 0f42C80000;
+    mov.f32 %f4, 0f42C80000;
+    mov.f32 %f5, 0f42C80000;
+    mov.f32 %f6, 0f42C80000;
+    mov.f32 %f7, 0f42C80000;
+    wgmma.fence.sync.aligned;
+    wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%f0, %f1, %f2, %f3, %f4, %f5, %f6, %f7}, %rd2, %rd3, 0, 1, 1, 0, 0;
+    wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%f0, %f1, %f2, %f3, %f4, %f5, %f6, %f7}, %rd2, %rd3, 1, 1, 1, 0, 0;
+    wgmma.commit_group.sync.aligned;
+    st.global.v4.f32 [%rd5], {%f0, %f1, %f2, %f3};
+    st.global.v4.f32 [%rd5+16], {%f4, %f5, %f6, %f7};
+    wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%f0, %f1, %f2, %f3, %f4, %f5, %f6, %f7}, %rd2, %rd3, 1, 1, 1, 0, 0;
+    wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%f4, %f5, %f6, %f7}, %rd2, %rd9, 1, 1, 1, 0, 0;
+    wgmma.commit_group.sync.aligned;
+    wgmma.wait_group.sync.aligned 1;
+    st.global.v4.f32 [%rd5+32], {%f0, %f1, %f2, %f3};
+    st.global.v4.f32 [%rd5+48], {%f4, %f5, %f6, %f7};
+    wgmma.wait_group.sync.aligned 0;
+    st.global.v4.f32 [%rd5+64], {%f0, %f1, %f2, %f3};
+    st.global.v4.f32 [%rd5+80], {%f4, %f5, %f6, %f7};
+    and.b32 %r8, %r2, 1;
+    setp.eq.u32 %p2, %r8, 0;
+    @%p2 wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%f0, %f1, %f2, %f3, %f4, %f5, %f6, %f7}, %rd2, %rd3, 1, 1, 1, 0, 0;
+    wgmma.commit_group.sync.aligned;
+    wgmma.wait_group.sync.aligned 0;
+    st.global.v4.f32 [%rd5+96], {%f0, %f1, %f2, %f3};
+    st.global.v4.f32 [%rd5+112], {%f4, %f5, %f6, %f7};
+    ret;
+}
+"#;
+    let (k, lbo, sbo) = (16usize, 128usize, 256usize);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(31);
+    let (b1_at, b2_at, total) = (2048usize, 3072usize, 3328usize);
+    let mut img = vec![0u8; total];
+    let mut fill = |rows: usize, at: usize, lo: i32, hi: i32| -> Vec<f64> {
+        let mut v = vec![0f64; rows * k];
+        for r in 0..rows {
+            for kk in 0..k {
+                let x = rng.gen_range(lo..=hi) as f64;
+                v[r * k + kk] = x;
+                let bits = emu::fp::f32_to_bf16_rn(x as f32).to_le_bytes();
+                let off = at + place(Sw::None, r, 2 * kk, sbo, lbo);
+                img[off..off + 2].copy_from_slice(&bits);
+            }
+        }
+        v
+    };
+    let (a, b1, b2) = (
+        fill(64, 0, -4, 4),
+        fill(16, b1_at, -3, 3),
+        fill(8, b2_at, -3, 3),
+    );
+    let dot = |row: usize, b: &[f64], col: usize| -> f64 {
+        (0..k).map(|kk| a[row * k + kk] * b[col * k + kk]).sum()
+    };
+    let mem = GlobalMemory::new();
+    let m = LoadedModule::load(&mem, ptx::parse(text).unwrap(), 0).unwrap();
+    let gimg = mem.alloc(total as u64, 0).unwrap();
+    gimg.write_bytes(0, &img);
+    let out = mem.alloc(128 * 128, 0).unwrap();
+    out.fill(0, 128 * 128, &[0xff]);
+    let mut p = Vec::new();
+    p.extend_from_slice(&gimg.base.to_le_bytes());
+    p.extend_from_slice(&((total / 4) as u32).to_le_bytes());
+    p.extend_from_slice(&[0u8; 4]);
+    for d in [desc(0, lbo, sbo, Sw::None), desc(b1_at, lbo, sbo, Sw::None)] {
+        p.extend_from_slice(&d.to_le_bytes());
+    }
+    p.extend_from_slice(&desc(b2_at, lbo, sbo, Sw::None).to_le_bytes());
+    p.extend_from_slice(&out.base.to_le_bytes());
+    let cfg = LaunchConfig {
+        shared_bytes: total as u32,
+        sms: 1,
+        ..LaunchConfig::linear(1, 128)
+    };
+    for numerics in [Numerics::Exact, Numerics::Hardware] {
+        let opts = LaunchOptions {
+            numerics,
+            ..LaunchOptions::default()
+        };
+        let k0 = m.kernel("chains").unwrap();
+        launch(k0, mem.snapshot(), p.clone(), &cfg, &opts).unwrap();
+        let mut raw = vec![0u8; 128 * 128];
+        out.read_bytes(0, &mut raw);
+        for t in 0..128usize {
+            let (w, g, q) = (t >> 5, (t & 31) >> 2, t & 3);
+            for i in 0..8 {
+                let row = 16 * w + g + 8 * ((i >> 1) & 1);
+                let col = 8 * (i >> 2) + 2 * q + (i & 1);
+                let pv = dot(row, &b1, col);
+                // the n = 8 wgmma on registers 4..7 (columns 8..15 here are its 0..7)
+                let upper = if col >= 8 {
+                    dot(row, &b2, col - 8)
+                } else {
+                    0.0
+                };
+                let after_g2 = 3.0 * pv + upper;
+                let guarded = if t % 2 == 0 { after_g2 + pv } else { after_g2 };
+                let want = [100.0, 2.0 * pv, after_g2, guarded];
+                for (s, &want) in want.iter().enumerate() {
+                    let off = 128 * t + 32 * s + 4 * i;
+                    let got = f32::from_le_bytes(raw[off..off + 4].try_into().unwrap()) as f64;
+                    assert_eq!(got, want, "{numerics:?} snapshot {s} thread {t} reg {i}");
+                }
+            }
+        }
+    }
+}

@@ -4,6 +4,7 @@ use super::*;
 use crate::tc_numerics::TcModel;
 use crate::tc_simd::Cols16Fn;
 
+mod wg_acc;
 mod wgmma_sp;
 use crate::hopper::DescAddr;
 
@@ -60,19 +61,14 @@ impl Cta {
             }
             Op::WgmmaCommit => {
                 let w = &mut self.warps[wi];
-                let g = std::mem::take(&mut w.wg_open);
-                w.wg_groups.push_back(g);
+                w.wg_commit();
                 let r = std::mem::take(&mut w.wg_reads_open);
                 w.wg_read_groups.push_back(r);
             }
             Op::WgmmaWait { n } => {
                 let w = &mut self.warps[wi];
                 while w.wg_groups.len() > *n as usize {
-                    if let Some(g) = w.wg_groups.pop_front() {
-                        for (slot, v) in g {
-                            w.regs[slot as usize] = v;
-                        }
-                    }
+                    w.wg_retire_oldest();
                     if let Some(r) = w.wg_read_groups.pop_front() {
                         for c in r {
                             if let Some(x) = self.wg_lock.get_mut(c as usize) {
@@ -393,29 +389,33 @@ impl Cta {
     ) -> Result<(), FaultKind> {
         let wr = (self.warps[wi].id % 4) as usize;
         let l0 = m.trailing_zeros().min(31) as usize;
-        // 16-byte chunks of shared memory this wgmma reads (deduplicated per operand)
-        let mut chunks: Vec<u32> = Vec::new();
+        // 16-byte chunks of shared memory this wgmma reads, and
+        // A as f32: scratch kept in the CTA
+        let mut chunks = std::mem::take(&mut self.wg_chunks);
+        chunks.clear();
+        let mut abuf = std::mem::take(&mut self.wg_abuf);
         let fast = model.as_ref().and_then(|md| wg_fast32(op, md));
         let a32 = match fast {
-            Some(_) => self.wg_a32(wi, op, (wr, l0), &mut chunks)?,
-            None => None,
+            Some(_) => self.wg_a32(wi, op, (wr, l0), &mut chunks, &mut abuf)?,
+            None => false,
         };
         let mut a = Vec::new();
-        if a32.is_none() {
+        if !a32 {
             a = self.wg_a64(wi, op, (wr, l0), &mut chunks)?;
         }
-        chunks.sort_unstable();
-        chunks.dedup();
         let bop = self.wg_b(wi, op, l0, fast.is_some())?;
         chunks.extend_from_slice(&bop.chunks);
         self.wg_lock_chunks(&chunks);
         self.warps[wi].wg_reads_open.extend_from_slice(&chunks);
-        let done32 = match (fast, &a32, &bop.b32) {
-            (Some(f), Some(a32), Some(b32)) => self.wgmma_model32(wi, op, m, f, a32, b32),
+        self.wg_chunks = chunks;
+        let (mut acc, kept) = self.warps[wi].wg_acc_begin(op, m);
+        let done32 = match (fast, &bop.b32) {
+            (Some(f), Some(b32)) if a32 => wgmma_model32(op, f, &abuf, b32, &mut acc.tile),
             _ => false,
         };
+        self.wg_abuf = abuf;
         if !done32 {
-            if a32.is_some() {
+            if a32 {
                 // the f32 kernel declined the tile (C not finite): the f64 path needs A in f64
                 a = self.wg_a64(wi, op, (wr, l0), &mut Vec::new())?;
             }
@@ -424,10 +424,11 @@ impl Cta {
                 _ => std::borrow::Cow::Borrowed(&bop.bt),
             };
             match model {
-                Some(model) => self.wgmma_model(wi, op, m, &model, &a, &bt),
-                None => self.wgmma_exact(wi, op, m, &a, &bt),
+                Some(model) => wgmma_model(op, &model, &a, &bt, &mut acc.tile),
+                None => wgmma_exact(op, &a, &bt, &mut acc.tile),
             }
         }
+        self.warps[wi].wg_acc_end(acc, m, kept);
         self.wg_b_return(wi, bop);
         Ok(())
     }
@@ -461,29 +462,26 @@ impl Cta {
         Ok(a)
     }
 
-    /// A of [`Cta::wg_a64`] (not sparse) as f32, transposed (`v[kk * 16 + row]`) with its
-    /// magnitudes; `None` when a value is not finite (the f64 path then decodes it).
+    /// A of [`Cta::wg_a64`] (not sparse) as f32 into `at`, transposed (`v[kk * 16 + row]`)
+    /// with its magnitudes; false when a value is not finite (the f64 path then decodes it).
     fn wg_a32(
         &self,
         wi: usize,
         op: &WgmmaOp,
         (wr, l0): (usize, usize),
         chunks: &mut Vec<u32>,
-    ) -> Result<Option<F32Operand>, FaultKind> {
+        at: &mut F32Operand,
+    ) -> Result<bool, FaultKind> {
         let ty = op.spec.aty;
-        let mut at = vec![0f32; 16 * op.spec.k as usize];
+        at.resize(16 * op.spec.k as usize);
         if op.spec.a_regs {
-            self.wg_a_regs(wi, op, |r, kk, bits| {
-                at[kk * 16 + r] = wg_decode32(ty, bits)
-            });
+            let v = &mut at.v;
+            self.wg_a_regs(wi, op, |r, kk, bits| v[kk * 16 + r] = wg_decode32(ty, bits));
         } else {
             let rd = self.wg_a_read(wi, op, (wr, l0));
-            self.wg_operand_with(&rd, chunks, wg_decode32, |r, kk, v| at[kk * 16 + r] = v)?;
+            self.wg_operand32(&rd, chunks, &mut at.v)?;
         }
-        if op.neg_a {
-            at.iter_mut().for_each(|x| *x = -*x);
-        }
-        Ok(F32Operand::new(at))
+        Ok(at.finish(op.neg_a))
     }
 
     /// Calls `put(row, kk, bits)` for every element of this warp's A fragment registers.
@@ -546,26 +544,29 @@ impl Cta {
             k,
             ty: op.spec.bty,
         };
-        let mut chunks: Vec<u32> = Vec::new();
+        // a retired entry's buffers, reused
+        let mut bop = self.wg_bfree.pop().unwrap_or_default();
+        bop.chunks.clear();
+        bop.bt.clear();
         let neg = op.neg_b;
-        let mut b32 = None;
+        let mut b32 = bop.b32.take().unwrap_or_default();
         if want32 {
-            let v = self.wg_b_decode(&rd, neg, &mut chunks, wg_decode32)?;
-            b32 = F32Operand::new(v);
+            b32.resize(n * k);
+            self.wg_operand32(&rd, &mut bop.chunks, &mut b32.v)?;
+            if b32.finish(neg) {
+                bop.b32 = Some(b32);
+            }
         }
         // f64 values only where the f32 path cannot take B (else made from `b32` if a
         // tile falls back: finite decoded inputs are f32 values, so that copy is exact)
-        let mut bt = Vec::new();
-        if b32.is_none() {
-            chunks.clear();
-            bt = self.wg_b_decode(&rd, neg, &mut chunks, wg_decode)?;
+        if bop.b32.is_none() {
+            bop.chunks.clear();
+            bop.bt = self.wg_b_decode(&rd, neg, &mut bop.chunks, wg_decode)?;
         }
         Ok(BOperand {
             key,
             users: 0,
-            bt,
-            b32,
-            chunks,
+            ..bop
         })
     }
 
@@ -574,13 +575,22 @@ impl Cta {
     fn wg_b_return(&mut self, wi: usize, bop: BOperand) {
         let users = bop.users + 1;
         if users >= 4 {
+            self.wg_b_free(bop);
             return;
         }
         let list = &mut self.wg_bcache[self.warps[wi].id as usize / 4];
         if list.len() >= WG_B_CACHED {
-            list.remove(0);
+            let old = list.remove(0);
+            self.wg_b_free(old);
         }
-        list.push(BOperand { users, ..bop });
+        self.wg_bcache[self.warps[wi].id as usize / 4].push(BOperand { users, ..bop });
+    }
+
+    /// Keeps a few finished B operands' buffers for reuse by [`Cta::wg_b`].
+    fn wg_b_free(&mut self, bop: BOperand) {
+        if self.wg_bfree.len() < WG_B_FREE {
+            self.wg_bfree.push(bop);
+        }
     }
 
     /// B (`rd`, negated with `neg`) decoded by `dec` into `bt[kk * n + col]`.
@@ -610,39 +620,25 @@ impl Cta {
             }
         }
     }
+}
 
-    /// The exact-sum wgmma: 16 x n products, k outer (each (row, column) sum still runs in k
-    /// order from 0.0, as a dot product would, and the column loop vectorises), then C added
-    /// and rounded once (s32 forms: wrapped or saturated).
-    fn wgmma_exact(&mut self, wi: usize, op: &WgmmaOp, m: u32, a: &[f64], bt: &[f64]) {
-        use crate::hopper::acc_pos;
-        let spec = &op.spec;
-        let (n, k) = (spec.n as usize, spec.k as usize);
-        let mut sums = vec![0f64; 16 * n];
-        crate::mma::rows_k_order_dispatch()(a, bt, k, n, &mut sums);
-        let w = &mut self.warps[wi];
-        let scale = w.regs[op.scale_d as usize];
-        let mut outs: Vec<Lanes> = op.d.iter().map(|&s| wg_current(w, s)).collect();
-        for lane in lanes_of(m) {
-            let acc = scale[lane] & 1 != 0;
-            for (i, out) in outs.iter_mut().enumerate() {
-                let (r, c) = acc_pos(lane, i);
-                let sum = sums[r * n + c];
-                if spec.dty == Ty::S32 {
-                    let prev = if acc { out[lane] } else { 0 };
-                    out[lane] = add_s32(prev, sum, op.satfinite);
-                } else {
-                    let prev = if acc {
-                        f32::from_bits(out[lane] as u32) as f64
-                    } else {
-                        0.0
-                    };
-                    out[lane] = ((sum + prev) as f32).to_bits() as u64;
-                }
-            }
-        }
-        for (slot, v) in op.d.iter().zip(outs) {
-            w.wg_open.push((*slot, v));
+/// The exact-sum wgmma: 16 x n products, k outer (each (row, column) sum still runs in k
+/// order from 0.0, as a dot product would, and the column loop vectorises), then C (the
+/// column-major `tile`, 0 where `scale-d` is false) added and rounded once (s32 forms: wrapped
+/// or saturated).
+fn wgmma_exact(op: &WgmmaOp, a: &[f64], bt: &[f64], tile: &mut [f32]) {
+    let spec = &op.spec;
+    let (n, k) = (spec.n as usize, spec.k as usize);
+    let mut sums = vec![0f64; 16 * n];
+    crate::mma::rows_k_order_dispatch()(a, bt, k, n, &mut sums);
+    for (c, col) in tile.chunks_exact_mut(16).enumerate().take(n) {
+        for (r, x) in col.iter_mut().enumerate() {
+            let sum = sums[r * n + c];
+            *x = if spec.dty == Ty::S32 {
+                f32::from_bits(add_s32(x.to_bits() as u64, sum, op.satfinite) as u32)
+            } else {
+                (sum + *x as f64) as f32
+            };
         }
     }
 }
@@ -672,6 +668,8 @@ struct OperandRead {
 
 /// Decoded B operands kept per warpgroup (wgmmas one warp may run ahead of its siblings).
 const WG_B_CACHED: usize = 16;
+/// Finished B operands whose buffers are kept for reuse.
+const WG_B_FREE: usize = 4;
 
 /// The model and f32 column kernel for a wgmma of this form, or `None` where the f64 path
 /// runs: no kernel on this CPU, a sparse form, an f32 accumulator not used, or inputs other
@@ -701,13 +699,70 @@ fn wg_decode32(ty: Ty, bits: u64) -> f32 {
 }
 
 impl F32Operand {
-    /// The operand with its magnitudes, or `None` when a value is not finite.
-    fn new(v: Vec<f32>) -> Option<F32Operand> {
-        if !v.iter().fold(true, |ok, x| ok & x.is_finite()) {
-            return None;
+    /// Sizes the operand for `len` values (unspecified until written: every decoder writes
+    /// every position).
+    fn resize(&mut self, len: usize) {
+        self.v.resize(len, 0.0);
+        self.abs.resize(len, 0.0);
+    }
+
+    /// Once the values are written: negates them with `neg` and sets the magnitudes; false
+    /// when a value is not finite.
+    fn finish(&mut self, neg: bool) -> bool {
+        if neg {
+            self.v.iter_mut().for_each(|x| *x = -*x);
         }
-        let abs = v.iter().map(|x| x.abs()).collect();
-        Some(F32Operand { v, abs })
+        let mut ok = true;
+        for (a, x) in self.abs.iter_mut().zip(&self.v) {
+            *a = x.abs();
+            ok &= x.is_finite();
+        }
+        ok
+    }
+}
+
+/// How the f32 path decodes a 16-byte chunk of an operand (chosen once per operand): as
+/// [`wg_decode32`] does, element by element only for types it does not take.
+#[derive(Clone, Copy)]
+enum Dec32 {
+    /// e4m3 / e5m2: the 256-entry tables of `mma`.
+    Table(&'static [f32; 256]),
+    Bf16,
+    F16,
+    /// Another type, with its element size in bytes.
+    Elem(Ty, usize),
+}
+
+impl Dec32 {
+    fn of(ty: Ty) -> Dec32 {
+        match ty {
+            Ty::E4m3 => Dec32::Table(&crate::mma::fp8_table32()[0]),
+            Ty::E5m2 => Dec32::Table(&crate::mma::fp8_table32()[1]),
+            Ty::Bf16 => Dec32::Bf16,
+            Ty::F16 => Dec32::F16,
+            _ => Dec32::Elem(ty, crate::hopper::esize(ty) as usize),
+        }
+    }
+
+    /// Decodes the little-endian elements of `row` to `dst[0]`, `dst[stride]`, ...
+    /// (`dst` holds them: checked by the caller).
+    #[inline]
+    fn chunk(self, row: &[u8; 16], dst: &mut [f32], stride: usize) {
+        let half = |i: usize| u16::from_le_bytes([row[2 * i], row[2 * i + 1]]) as u32;
+        match self {
+            Dec32::Table(t) => {
+                for (i, &b) in row.iter().enumerate() {
+                    dst[i * stride] = t[b as usize];
+                }
+            }
+            Dec32::Bf16 => (0..8).for_each(|i| dst[i * stride] = f32::from_bits(half(i) << 16)),
+            Dec32::F16 => (0..8).for_each(|i| dst[i * stride] = crate::mma::f16_to_f32(half(i))),
+            Dec32::Elem(ty, es) => {
+                for i in 0..16 / es {
+                    dst[i * stride] = wg_decode32(ty, read_le(&row[es * i..es * (i + 1)]));
+                }
+            }
+        }
     }
 }
 
@@ -744,6 +799,58 @@ impl Cta {
         put: impl FnMut(usize, usize, f64),
     ) -> Result<(), FaultKind> {
         self.wg_operand_with(rd, chunks, wg_decode, put)
+    }
+
+    /// [`Cta::wg_operand_with`] for the f32 path: element (o, kk) to `out[kk * rd.no + o]`
+    /// (A transposed, B row-major: the column kernel's layouts), K-major chunks decoded whole
+    /// by [`Dec32`]. The chunks are listed as read, not deduplicated (a chunk listed twice is
+    /// held twice and released twice: the same write-after-read check).
+    fn wg_operand32(
+        &self,
+        rd: &OperandRead,
+        chunks: &mut Vec<u32>,
+        out: &mut [f32],
+    ) -> Result<(), FaultKind> {
+        let no = rd.no;
+        if rd.trans {
+            return self.wg_operand_with(rd, chunks, wg_decode32, |o, kk, v| out[kk * no + o] = v);
+        }
+        let es = crate::hopper::esize(rd.ty);
+        let per = (16 / es) as usize;
+        let dec = Dec32::of(rd.ty);
+        let ra = crate::hopper::RowAddr::new(&rd.desc);
+        for o in 0..no {
+            let row0 = ra.row(rd.o0 + o as u64);
+            let mut kk = 0;
+            while kk < rd.k {
+                let n = per.min(rd.k - kk);
+                let base = ra.at(row0, kk as u64 * es) as usize;
+                let row = self
+                    .shared
+                    .get(base..base + 16)
+                    .and_then(|r| <&[u8; 16]>::try_from(r).ok());
+                let at = kk * no + o;
+                match row {
+                    Some(row)
+                        if n == per
+                            && base.is_multiple_of(16)
+                            && at + (per - 1) * no < out.len() =>
+                    {
+                        chunks.push((base / 16) as u32);
+                        dec.chunk(row, &mut out[at..], no);
+                    }
+                    _ => {
+                        for i in 0..n {
+                            let a = rd.desc.addr(rd.o0 + o as u64, (kk + i) as u64, es);
+                            chunks.push((a / 16) as u32);
+                            out[at + i * no] = wg_decode32(rd.ty, self.smem_elem(a, es)?);
+                        }
+                    }
+                }
+                kk += n;
+            }
+        }
+        Ok(())
     }
 
     /// [`Cta::wg_operand`] with the element decoder `dec` (f64 or f32 values).
@@ -813,108 +920,43 @@ impl Cta {
     }
 }
 
-/// Current value of accumulator register `slot`: the newest pending wgmma result, else the
-/// register file.
-pub(super) fn wg_current(w: &Warp, slot: u32) -> Lanes {
-    if let Some((_, v)) = w.wg_open.iter().rev().find(|(s, _)| *s == slot) {
-        return *v;
-    }
-    for g in w.wg_groups.iter().rev() {
-        if let Some((_, v)) = g.iter().rev().find(|(s, _)| *s == slot) {
-            return *v;
-        }
-    }
-    w.regs[slot as usize]
+/// [`wgmma_model`] through the f32 column kernel `f` on the column-major accumulator `tile`
+/// (C on entry, D on exit). Returns false (nothing written) when the kernel declines the tile
+/// (C not finite); the kernel's results are finite (finite inputs and C), so there is no NaN
+/// to canonicalise.
+fn wgmma_model32(
+    op: &WgmmaOp,
+    (model, kernel): (TcModel, Cols16Fn),
+    a: &F32Operand,
+    b: &F32Operand,
+    tile: &mut [f32],
+) -> bool {
+    let ops = crate::tc_simd::Cols {
+        at: &a.v,
+        at_abs: &a.abs,
+        b: &b.v,
+        b_abs: &b.abs,
+        k: op.spec.k as usize,
+        cols: op.spec.n as usize,
+    };
+    kernel(&model, &ops, tile)
 }
 
-impl Cta {
-    /// [`Cta::wgmma_model`] through the f32 column kernel `f`: C (or 0 when `scale-d` is
-    /// false) gathered column-major from the accumulator registers, D written back. Returns
-    /// false (nothing written) when the kernel declines the tile (C not finite).
-    fn wgmma_model32(
-        &mut self,
-        wi: usize,
-        op: &WgmmaOp,
-        m: u32,
-        (model, kernel): (TcModel, Cols16Fn),
-        a: &F32Operand,
-        b: &F32Operand,
-    ) -> bool {
-        use crate::hopper::acc_pos;
-        let (n, k) = (op.spec.n as usize, op.spec.k as usize);
-        let w = &mut self.warps[wi];
-        let scale = w.regs[op.scale_d as usize];
-        let mut outs: Vec<Lanes> = op.d.iter().map(|&s| wg_current(w, s)).collect();
-        // column-major C of this warp's 16 rows (lanes outside `m` keep their registers)
-        let mut c = vec![0f32; 16 * n];
-        for lane in lanes_of(m) {
-            if scale[lane] & 1 != 0 {
-                for (i, out) in outs.iter().enumerate() {
-                    let (r, col) = acc_pos(lane, i);
-                    c[col * 16 + r] = f32::from_bits(out[lane] as u32);
-                }
-            }
+/// The f32 accumulation of a wgmma under a hardware model: the accumulator (the column-major
+/// `tile`, 0 where `scale-d` is false) is the C of the model's first block, so it is aligned
+/// and truncated together with the products as on the tensor core.
+fn wgmma_model(op: &WgmmaOp, model: &TcModel, a: &[f64], bt: &[f64], tile: &mut [f32]) {
+    let (n, k) = (op.spec.n as usize, op.spec.k as usize);
+    let mut acc = vec![0f64; 16 * n];
+    for (c, col) in tile.chunks_exact(16).enumerate().take(n) {
+        for (r, &x) in col.iter().enumerate() {
+            acc[r * n + c] = x as f64;
         }
-        let ops = crate::tc_simd::Cols {
-            at: &a.v,
-            at_abs: &a.abs,
-            b: &b.v,
-            b_abs: &b.abs,
-            k,
-            cols: n,
-        };
-        if !kernel(&model, &ops, &mut c) {
-            return false;
-        }
-        // the kernel's results are finite (finite inputs and C), so no NaN to canonicalise
-        for lane in lanes_of(m) {
-            for (i, out) in outs.iter_mut().enumerate() {
-                let (r, col) = acc_pos(lane, i);
-                out[lane] = c[col * 16 + r].to_bits() as u64;
-            }
-        }
-        for (slot, v) in op.d.iter().zip(outs) {
-            w.wg_open.push((*slot, v));
-        }
-        true
     }
-
-    /// The f32 accumulation of a wgmma under a hardware model: the accumulator (or 0 when
-    /// `scale-d` is false) is the C of the model's first block, so it is aligned and truncated
-    /// together with the products as on the tensor core.
-    pub(super) fn wgmma_model(
-        &mut self,
-        wi: usize,
-        op: &WgmmaOp,
-        m: u32,
-        model: &crate::tc_numerics::TcModel,
-        a: &[f64],
-        bt: &[f64],
-    ) {
-        use crate::hopper::acc_pos;
-        let (n, k) = (op.spec.n as usize, op.spec.k as usize);
-        let w = &mut self.warps[wi];
-        let scale = w.regs[op.scale_d as usize];
-        let mut outs: Vec<Lanes> = op.d.iter().map(|&s| wg_current(w, s)).collect();
-        // C tile of this warp's 16 rows (lanes outside `m` keep their registers)
-        let mut acc = vec![0f64; 16 * n];
-        for lane in lanes_of(m) {
-            if scale[lane] & 1 != 0 {
-                for (i, out) in outs.iter().enumerate() {
-                    let (r, c) = acc_pos(lane, i);
-                    acc[r * n + c] = f32::from_bits(out[lane] as u32) as f64;
-                }
-            }
-        }
-        crate::tc_numerics::tile(model, a, bt, k, n, &mut acc);
-        for lane in lanes_of(m) {
-            for (i, out) in outs.iter_mut().enumerate() {
-                let (r, c) = acc_pos(lane, i);
-                out[lane] = (acc[r * n + c] as f32).to_bits() as u64;
-            }
-        }
-        for (slot, v) in op.d.iter().zip(outs) {
-            w.wg_open.push((*slot, v));
+    crate::tc_numerics::tile(model, a, bt, k, n, &mut acc);
+    for (c, col) in tile.chunks_exact_mut(16).enumerate().take(n) {
+        for (r, x) in col.iter_mut().enumerate() {
+            *x = acc[r * n + c] as f32;
         }
     }
 }
