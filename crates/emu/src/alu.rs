@@ -317,15 +317,12 @@ macro_rules! i_bfe {
                 (pos + len - 1).min($n - 1)
             };
             let sbit = if signed && len > 0 { (v >> msb) & 1 } else { 0 };
-            let mut d: u64 = 0;
-            for i in 0..$n as u32 {
-                let bit = if i < len && pos + i < $n {
-                    (v >> (pos + i)) & 1
-                } else {
-                    sbit
-                };
-                d |= bit << i;
-            }
+            // bits 0..k are the field (bit i taken while i < len and pos + i < n); the rest,
+            // up to n, are the sign bit
+            let k = if pos >= $n { 0 } else { len.min($n - pos) };
+            let low = if k >= 64 { u64::MAX } else { (1u64 << k) - 1 };
+            let field = if k == 0 { 0 } else { (v >> pos) & low };
+            let d = if sbit != 0 { field | !low } else { field };
             (d as $U) as u64
         })
     };
@@ -1415,6 +1412,81 @@ mod tests {
             for l in 0..32 {
                 let want = prmt(old[1][l] as u32, old[2][l] as u32, old[3][l] as u32) as u64;
                 assert_eq!(regs[0][l], want, "uniform {uniform}, lane {l}");
+            }
+        }
+    }
+
+    /// `bfe` (closed form) against the bit-by-bit definition for every width and signedness,
+    /// on random values with positions and lengths over 0..=255 (the edges of each width
+    /// included: the field's end past the width, zero length, positions at and past it).
+    #[test]
+    fn bfe_matches_bitwise_reference() {
+        fn reference(v: u64, pos: u32, len: u32, n: u32, signed: bool) -> u64 {
+            let v = if n == 64 { v } else { v & ((1u64 << n) - 1) };
+            let msb = if len == 0 {
+                0
+            } else {
+                (pos + len - 1).min(n - 1)
+            };
+            let sbit = if signed && len > 0 { (v >> msb) & 1 } else { 0 };
+            let mut d = 0u64;
+            for i in 0..n {
+                let bit = if i < len && pos + i < n {
+                    (v >> (pos + i)) & 1
+                } else {
+                    sbit
+                };
+                d |= bit << i;
+            }
+            d
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+        let fns: [(WFn, u32, bool); 8] = [
+            (i_bfe!(u8, u8, 8), 8, false),
+            (i_bfe!(i8, u8, 8), 8, true),
+            (i_bfe!(u16, u16, 16), 16, false),
+            (i_bfe!(i16, u16, 16), 16, true),
+            (i_bfe!(u32, u32, 32), 32, false),
+            (i_bfe!(i32, u32, 32), 32, true),
+            (i_bfe!(u64, u64, 64), 64, false),
+            (i_bfe!(i64, u64, 64), 64, true),
+        ];
+        for (f, n, signed) in fns {
+            let edges = [0, 1, n - 1, n, n + 1, 2 * n, 255];
+            let mut pick = |rng: &mut rand::rngs::StdRng| -> u64 {
+                let x = if rng.gen_bool(0.5) {
+                    edges[rng.gen_range(0..edges.len())]
+                } else {
+                    rng.gen_range(0..=255)
+                };
+                // the operand's bits above the low byte are ignored
+                x as u64 | (rng.gen::<u64>() << 8)
+            };
+            for _ in 0..200 {
+                let mut regs: Vec<Lanes> = vec![[0; 32]; 4];
+                for l in 0..32 {
+                    regs[1][l] = rng.gen();
+                    regs[2][l] = pick(&mut rng);
+                    regs[3][l] = pick(&mut rng);
+                }
+                let old = regs.clone();
+                let s = Slots {
+                    m: u32::MAX,
+                    d: 0,
+                    a: 1,
+                    b: 2,
+                    c: 3,
+                };
+                f(&mut regs, s);
+                for l in 0..32 {
+                    let (pos, len) = ((old[2][l] & 0xff) as u32, (old[3][l] & 0xff) as u32);
+                    let want = reference(old[1][l], pos, len, n, signed);
+                    assert_eq!(
+                        regs[0][l], want,
+                        "bfe width {n} signed {signed}: {:#x} pos {pos} len {len}",
+                        old[1][l]
+                    );
+                }
             }
         }
     }
