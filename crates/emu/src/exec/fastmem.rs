@@ -331,8 +331,8 @@ impl Cta {
         let w = &mut warps[wi];
         match mem {
             Mem::Shared => put.run::<E>(w, |at, _| read_n::<E>(&shared[at..at + E])),
-            // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
             Mem::Global(p) => {
+                // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
                 let a = unsafe { &*p };
                 put.run::<E>(w, |at, _| a.read(at as u64, E as u32, o))
             }
@@ -423,6 +423,10 @@ impl Cta {
             Mem::Global(p) => {
                 // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
                 let a = unsafe { &*p };
+                if !a.tracks_writes() && (E * srcs.len()).is_multiple_of(8) {
+                    store_words::<E>(a, &w.regs, (m, off), srcs, o);
+                    return;
+                }
                 let mut words = WordMerge::new(a);
                 for l in lanes_of(m) {
                     for (k, r) in srcs.iter().enumerate() {
@@ -444,6 +448,29 @@ fn read_n<const E: usize>(b: &[u8]) -> u64 {
     let mut x = [0u8; 8];
     x[..E].copy_from_slice(&b[..E]);
     u64::from_le_bytes(x)
+}
+
+/// Global stores of whole words: each lane's access (aligned to its size, a multiple of 8
+/// bytes) is assembled into words from its elements and each word stored at once, lane by
+/// lane (the bytes of the per-element stores in their order: a later lane's word wins).
+#[inline(always)]
+fn store_words<const E: usize>(
+    a: &Allocation,
+    regs: &[Lanes],
+    (m, off): (u32, &[usize; 32]),
+    srcs: &[u32],
+    o: Ordering,
+) {
+    let mask = crate::memory::mask(E as u32);
+    for l in lanes_of(m) {
+        for (k, part) in srcs.chunks_exact(8 / E).enumerate() {
+            let mut v = 0u64;
+            for (j, r) in part.iter().enumerate() {
+                v |= (regs[*r as usize][l] & mask) << (8 * E * j);
+            }
+            a.write_word_masked((off[l] / 8 + k) as u64, u64::MAX, v, o);
+        }
+    }
 }
 
 /// Stores element `k` (register `srcs[k]`) of each lane `l` of `m` at `off[l] + k E` in `dst`
