@@ -3,7 +3,10 @@
 //! source rows, in place in the warp's register file ([`lanewise`]): the destination row is
 //! borrowed mutably and the source rows immutably, so the lane loop stays branch-free and
 //! vectorisable and nothing is cleared or copied per instruction. Only when a source is the
-//! destination itself (`add r1, r1, 1`) is that row copied first.
+//! destination itself (`add r1, r1, 1`) is that row copied first. The functions built with
+//! `lanes_fn!` exist twice, for the baseline target and with AVX2 (four 64-bit lanes per
+//! vector op instead of two); the decoder takes the AVX2 one when the CPU has it (the same
+//! lane code, so the same bits: `simd_builds_match_baseline`).
 
 use crate::Lanes;
 use ptx::{Flag, Instruction, Opcode, Ty};

@@ -5,10 +5,13 @@
 //! one global allocation ([`Cta::global_span`]: the last one hit, or found and cached), the
 //! lanes' local memory or the parameter buffer. It is first decided from the lanes' address
 //! range (lowest and highest address, and the OR of all for the alignment: one bounds check
-//! per warp), and lane by lane only when that fails. When any active lane falls outside it,
-//! nothing has been done and the general per-lane path runs, with all its checks and
-//! diagnostics; the fast paths give the same bytes, registers and poll hash in the same lane
-//! and element order.
+//! per warp), and lane by lane only when that fails; `cp.async` checks each lane in one
+//! branch-free pass against the shared-memory size and the allocation of the first row read.
+//! When any active lane falls outside it, nothing has been done and the general per-lane path
+//! runs, with all its checks and diagnostics; the fast paths give the same bytes, registers
+//! and poll hash in the same lane and element order. Vector accesses run with the element
+//! size as a constant (one fixed-size load or store per element, no `memcpy` call), and
+//! global vector stores whole words when each lane's access covers them.
 
 use super::*;
 use crate::memory::Allocation;
