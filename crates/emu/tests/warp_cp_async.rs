@@ -1,7 +1,8 @@
 //! The warp-wide `cp.async` fast path (`exec/fastmem.rs`: one checking pass over the lanes,
 //! then the stores) and the constant-element-size vector `ld`/`st` and two-part unpack paths
 //! against a host reference on fresh random inputs. Rows of 4, 8 and 16 bytes land in permuted
-//! shared rows of a full and a partial warp, some threads predicated off, src-size 0 or the
+//! shared rows of a full and a partial warp, some threads predicated off or every thread
+//! copying (the full-warp check), src-size 0 or the
 //! whole row (the fast path), or any size in between (the per-lane path, which zero-fills the
 //! rest), sources in one allocation or alternating between two (per-lane path). Shared rows are
 //! read back as `v2.u64`, `v4.u16`, `v4.u8`, sign-extended `v2.s8` and unpacked words (some
@@ -27,7 +28,8 @@ const OUT: usize = 48;
 
 /// The kernel copying `s`-byte rows: thread `t` of CTA `c` copies source row
 /// `(5 t + 11 c) % ROWS` of `a` (of `b` for odd `t` when `two` is set) into shared row
-/// `(7 t + 3) % BLOCK` with src-size `sz[g]` (threads with `t % 5 == 4` skip), then writes
+/// `(7 t + 3) % BLOCK` with src-size `sz[g]` (threads with `t % 5 == 4` skip when `skip`
+/// is set, else whole warps copy), then writes
 /// its own shared row `t` out. `sh` is added to the source address of thread `t == bad_t`
 /// (byte offset) and `dsh` to its destination.
 fn kernel(s: usize) -> String {
@@ -38,7 +40,7 @@ fn kernel(s: usize) -> String {
 .address_size 64
 .shared .align 16 .b8 sbuf[{sbytes}];
 .visible .entry k(.param .u64 pa, .param .u64 pb, .param .u64 psz, .param .u64 po,
-    .param .u32 two, .param .u32 bad_t, .param .u32 sh, .param .u32 dsh)
+    .param .u32 two, .param .u32 bad_t, .param .u32 sh, .param .u32 dsh, .param .u32 skip)
 {{
     .reg .pred %p<6>;
     .reg .b16 %rs<12>;
@@ -77,12 +79,14 @@ fn kernel(s: usize) -> String {
     mov.u32 %r11, sbuf;
     mad.lo.u32 %r12, %r10, 16, %r11;
     add.u32 %r12, %r12, %r41;
-    // src-size sz[g]; threads with t % 5 == 4 skip the copy
+    // src-size sz[g]; threads with t % 5 == 4 skip the copy when `skip` is set
     mul.wide.u32 %rd9, %r6, 4;
     add.s64 %rd9, %rd3, %rd9;
     ld.global.u32 %r13, [%rd9];
+    ld.param.u32 %r42, [skip];
     rem.u32 %r14, %r4, 5;
     setp.ne.u32 %p3, %r14, 4;
+    setp.eq.or.u32 %p3, %r42, 0, %p3;
     @%p3 cp.async.ca.shared.global [%r12], [%rd7], {s}, %r13;
     cp.async.commit_group;
     cp.async.wait_group 0;
@@ -161,6 +165,8 @@ struct Case {
     b: Vec<u8>,
     sz: Vec<u32>,
     two: bool,
+    /// Threads with `t % 5 == 4` skip the copy (else every warp copies with all its lanes).
+    skip: bool,
 }
 
 impl Case {
@@ -174,7 +180,14 @@ impl Case {
                 _ => s as u32 + r.gen_range(0..3) * (s as u32),
             })
             .collect();
-        Case { s, a, b, sz, two }
+        Case {
+            s,
+            a,
+            b,
+            sz,
+            two,
+            skip: true,
+        }
     }
 
     /// The host reference: `OUT` bytes per thread.
@@ -182,7 +195,7 @@ impl Case {
         let mut shared = vec![[0u8; 16]; N];
         for g in 0..N {
             let (t, c) = (g % BLOCK, g / BLOCK);
-            if t % 5 == 4 {
+            if self.skip && t % 5 == 4 {
                 continue;
             }
             let src = if self.two && t % 2 == 1 {
@@ -225,7 +238,7 @@ impl Case {
             .iter()
             .flat_map(|x| x.base.to_le_bytes())
             .collect();
-        for v in [self.two as u32, bad.0, bad.1, bad.2] {
+        for v in [self.two as u32, bad.0, bad.1, bad.2, self.skip as u32] {
             params.extend(v.to_le_bytes());
         }
         let opts = LaunchOptions {
@@ -259,11 +272,14 @@ fn cp_async_rows_match_reference() {
     let mut r = rng();
     for s in [4, 8, 16] {
         for (two, partial) in [(false, false), (true, false), (false, true), (true, true)] {
-            let case = Case::new(&mut r, s, two, partial);
-            check(
-                &case,
-                &format!("{s}-byte rows, two {two}, partial {partial}"),
-            );
+            for skip in [true, false] {
+                let mut case = Case::new(&mut r, s, two, partial);
+                case.skip = skip;
+                check(
+                    &case,
+                    &format!("{s}-byte rows, two {two}, partial {partial}, skip {skip}"),
+                );
+            }
         }
     }
 }
@@ -272,8 +288,10 @@ fn cp_async_rows_match_reference() {
 fn cp_async_faults_keep_their_lane() {
     let mut r = rng();
     let mut case = Case::new(&mut r, 16, false, false);
-    // every thread reads its whole row, so thread 13's shifted source is read
+    // every thread reads its whole row, so thread 13's shifted source is read; whole warps
+    // copy (the full-warp check)
     case.sz = vec![16; N];
+    case.skip = false;
     // thread 13 reads source row (65 + 11 c) % 64: shifted by 64 rows minus that, it reads
     // row 64, one past the end
     let e = case

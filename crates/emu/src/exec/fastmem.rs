@@ -97,19 +97,14 @@ impl Cta {
             None => None,
         };
         let (sbase, slimit) = alloc.map_or((0, 0), |a| (a.base, a.size + 1 - S as u64));
-        let mut bad = 0u64;
-        for l in lanes_of(m) {
-            let (da, sa, n) = (
-                rd[l].wrapping_add(doff),
-                rs[l].wrapping_add(soff),
-                rn[l] as u32,
-            );
-            let o = da.wrapping_sub(window);
-            let (whole, none) = (n >= size, n == 0);
-            let src_out = whole && sa.wrapping_sub(sbase) >= slimit;
-            bad |= (da | sa) & (S as u64 - 1) | (o >= dlimit || src_out || !(whole || none)) as u64;
-        }
-        if bad != 0 {
+        let k = RowCheck {
+            off: (doff, soff),
+            window,
+            limits: (dlimit, slimit),
+            sbase,
+            size: S as u64,
+        };
+        if k.bad(m, (rd, rs, rn)) {
             return false;
         }
         let shared = &mut self.shared;
@@ -125,6 +120,73 @@ impl Cta {
             shared[o..o + S].copy_from_slice(&row.unwrap_or([0u8; S]));
         }
         true
+    }
+}
+
+/// The checks of one `cp.async`'s rows (see [`Cta::cp_async_rows`]): address offsets
+/// (destination, source), shared window, limits (first destination offset and first source
+/// offset a row does not fit at), the read rows' allocation base and the row size.
+#[derive(Clone, Copy)]
+struct RowCheck {
+    off: (u64, u64),
+    window: u64,
+    limits: (u64, u64),
+    sbase: u64,
+    size: u64,
+}
+
+impl RowCheck {
+    /// Whether any lane of `m` fails (a full warp through [`RowCheck::full_warp`]).
+    #[inline(always)]
+    fn bad(&self, m: u32, rows: (&Lanes, &Lanes, &Lanes)) -> bool {
+        if m == u32::MAX {
+            return self.full_warp(rows) != 0;
+        }
+        let mut bad = 0u64;
+        for l in lanes_of(m) {
+            bad |= self.lane(rows, l);
+        }
+        bad != 0
+    }
+
+    /// Non-zero when lane `l` fails: a misaligned address, a destination outside this CTA's
+    /// shared memory, a row read outside the allocation, or a src-size other than 0 or the
+    /// whole row. Branch-free, so the full-warp loop vectorises.
+    #[inline(always)]
+    fn lane(&self, (rd, rs, rn): (&Lanes, &Lanes, &Lanes), l: usize) -> u64 {
+        let (da, sa) = (
+            rd[l].wrapping_add(self.off.0),
+            rs[l].wrapping_add(self.off.1),
+        );
+        let n = rn[l] & 0xffff_ffff;
+        let whole = (n >= self.size) as u64;
+        let none = (n == 0) as u64;
+        let d_out = (da.wrapping_sub(self.window) >= self.limits.0) as u64;
+        let s_out = whole & (sa.wrapping_sub(self.sbase) >= self.limits.1) as u64;
+        (da | sa) & (self.size - 1) | d_out | s_out | (1 ^ (whole | none))
+    }
+
+    /// [`RowCheck::lane`] ORed over all 32 lanes: the AVX2 build when the CPU has it (four
+    /// lanes per vector compare), else the baseline one.
+    #[inline(always)]
+    fn full_warp(&self, rows: (&Lanes, &Lanes, &Lanes)) -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU reports AVX2.
+            return unsafe { self.full_warp_avx2(rows) };
+        }
+        self.full_warp_base(rows)
+    }
+
+    #[inline(always)]
+    fn full_warp_base(&self, rows: (&Lanes, &Lanes, &Lanes)) -> u64 {
+        (0..32).fold(0, |b, l| b | self.lane(rows, l))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn full_warp_avx2(&self, rows: (&Lanes, &Lanes, &Lanes)) -> u64 {
+        self.full_warp_base(rows)
     }
 }
 
@@ -647,6 +709,62 @@ impl<'a> WordMerge<'a> {
     fn flush(&mut self, ord: Ordering) {
         if let Some((w, m, v)) = self.open.take() {
             self.alloc.write_word_masked(w, m, v, ord);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// The full-warp `cp.async` row check (its AVX2 build where the CPU has one, and the
+    /// baseline build) gives the per-lane check's verdict on random rows: addresses at and
+    /// around the limits, misaligned by a byte, src-sizes 0, partial, whole and above, with
+    /// high bits set.
+    #[test]
+    fn full_warp_row_check_matches_per_lane() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+        for _ in 0..2000 {
+            let size = [4u64, 8, 16][rng.gen_range(0..3)];
+            let k = RowCheck {
+                off: (rng.gen_range(0..64), rng.gen_range(0..64)),
+                window: [0, SHARED_WINDOW][rng.gen_range(0..2)],
+                limits: (rng.gen_range(0..4096), rng.gen_range(0..4096)),
+                sbase: rng.gen_range(0..1 << 40),
+                size,
+            };
+            // mostly passing lanes, so a single failing one decides
+            let fail = rng.gen_range(0..40);
+            let mut rows: [Lanes; 3] = [[0; 32]; 3];
+            for l in 0..32 {
+                let bad = l == fail;
+                let o = rng.gen_range(0..k.limits.0.max(1)) & !(size - 1);
+                let s = rng.gen_range(0..k.limits.1.max(1)) & !(size - 1);
+                let edge = if bad { rng.gen_range(0..5) } else { 0 };
+                let (o, s) = match edge {
+                    1 => (k.limits.0, s),
+                    2 => (o, k.limits.1),
+                    3 => (o | 1, s),
+                    _ => (o, s),
+                };
+                rows[0][l] = (o + k.window).wrapping_sub(k.off.0);
+                rows[1][l] = (s + k.sbase).wrapping_sub(k.off.1);
+                let n = match rng.gen_range(0..4) {
+                    0 => 0,
+                    1 if bad => rng.gen_range(1..size),
+                    _ => size + rng.gen_range(0..3) * size,
+                };
+                rows[2][l] = n | (rng.gen::<u64>() << 32);
+            }
+            let r = (&rows[0], &rows[1], &rows[2]);
+            let want = (0..32).fold(0u64, |b, l| b | k.lane(r, l)) != 0;
+            assert_eq!(k.full_warp_base(r) != 0, want, "baseline");
+            assert_eq!(k.full_warp(r) != 0, want, "selected build");
+            assert_eq!(k.bad(u32::MAX, r), want);
+            let m = rng.gen::<u32>();
+            let want_m = lanes_of(m).fold(0u64, |b, l| b | k.lane(r, l)) != 0;
+            assert_eq!(k.bad(m, r), want_m, "mask {m:#x}");
         }
     }
 }
