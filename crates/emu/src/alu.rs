@@ -3,7 +3,10 @@
 //! source rows, in place in the warp's register file ([`lanewise`]): the destination row is
 //! borrowed mutably and the source rows immutably, so the lane loop stays branch-free and
 //! vectorisable and nothing is cleared or copied per instruction. Only when a source is the
-//! destination itself (`add r1, r1, 1`) is that row copied first.
+//! destination itself (`add r1, r1, 1`) is that row copied first. The functions built with
+//! `lanes_fn!` exist twice, for the baseline target and with AVX2 (four 64-bit lanes per
+//! vector op instead of two); the decoder takes the AVX2 one when the CPU has it (the same
+//! lane code, so the same bits: `simd_builds_match_baseline`).
 
 use crate::Lanes;
 use ptx::{Flag, Instruction, Opcode, Ty};
@@ -72,54 +75,92 @@ fn rows_op(dst: &mut Lanes, [x, y, z]: [&Lanes; 3], m: u32, g: &impl Fn(u64, u64
     }
 }
 
-macro_rules! w1 {
-    ($T:ty, $U:ty, |$a:ident| $e:expr) => {{
-        #[allow(clippy::unnecessary_cast, unused_parens)]
+/// A [`WFn`] running [`lanewise`] with the lane function `$g`, compiled twice: for the
+/// baseline target, and with AVX2 (four 64-bit lanes per vector op instead of two), which
+/// [`pick`] chooses when the CPU has it. Same results: the lane function is the same code.
+macro_rules! lanes_fn {
+    ($g:expr) => {{
+        #[allow(clippy::unnecessary_cast, unused_parens, unused_variables)]
         fn f(r: &mut [Lanes], s: Slots) {
-            lanewise(r, s, |x, _, _| {
-                let $a = x as $T;
-                ($e) as $U as u64
-            })
+            lanewise(r, s, $g)
         }
-        f as WFn
+        #[cfg(target_arch = "x86_64")]
+        #[allow(clippy::unnecessary_cast, unused_parens, unused_variables)]
+        #[target_feature(enable = "avx2")]
+        fn f_avx2_impl(r: &mut [Lanes], s: Slots) {
+            lanewise(r, s, $g)
+        }
+        #[cfg(target_arch = "x86_64")]
+        fn f_avx2(r: &mut [Lanes], s: Slots) {
+            // SAFETY: `pick` selects this only when the CPU reports AVX2.
+            unsafe { f_avx2_impl(r, s) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        let picked = pick(f, f_avx2);
+        #[cfg(not(target_arch = "x86_64"))]
+        let picked = f as WFn;
+        picked
     }};
+}
+
+thread_local! {
+    /// Set (by tests, on their own thread) to decode the baseline functions even where AVX2
+    /// is available, to compare the two.
+    static SCALAR_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `simd` when the CPU has AVX2 (and this thread does not ask for the baseline), else `base`.
+#[cfg(target_arch = "x86_64")]
+fn pick(base: WFn, simd: WFn) -> WFn {
+    if !SCALAR_ONLY.with(|c| c.get()) && std::is_x86_feature_detected!("avx2") {
+        simd
+    } else {
+        base
+    }
+}
+
+/// Runs `f` with the ALU functions it decodes on this thread being the baseline ones (for
+/// tests comparing them with the SIMD ones).
+#[cfg(test)]
+pub(crate) fn scalar_only<R>(f: impl FnOnce() -> R) -> R {
+    SCALAR_ONLY.with(|c| c.set(true));
+    let r = f();
+    SCALAR_ONLY.with(|c| c.set(false));
+    r
+}
+
+macro_rules! w1 {
+    ($T:ty, $U:ty, |$a:ident| $e:expr) => {
+        lanes_fn!(|x, _, _| {
+            let $a = x as $T;
+            ($e) as $U as u64
+        })
+    };
 }
 macro_rules! w2 {
-    ($T:ty, $U:ty, |$a:ident, $b:ident| $e:expr) => {{
-        #[allow(clippy::unnecessary_cast, unused_parens)]
-        fn f(r: &mut [Lanes], s: Slots) {
-            lanewise(r, s, |x, y, _| {
-                let $a = x as $T;
-                let $b = y as $T;
-                ($e) as $U as u64
-            })
-        }
-        f as WFn
-    }};
+    ($T:ty, $U:ty, |$a:ident, $b:ident| $e:expr) => {
+        lanes_fn!(|x, y, _| {
+            let $a = x as $T;
+            let $b = y as $T;
+            ($e) as $U as u64
+        })
+    };
 }
 macro_rules! w3 {
-    ($T:ty, $U:ty, |$a:ident, $b:ident, $c:ident| $e:expr) => {{
-        #[allow(clippy::unnecessary_cast, unused_parens)]
-        fn f(r: &mut [Lanes], s: Slots) {
-            lanewise(r, s, |x, y, z| {
-                let $a = x as $T;
-                let $b = y as $T;
-                let $c = z as $T;
-                ($e) as $U as u64
-            })
-        }
-        f as WFn
-    }};
+    ($T:ty, $U:ty, |$a:ident, $b:ident, $c:ident| $e:expr) => {
+        lanes_fn!(|x, y, z| {
+            let $a = x as $T;
+            let $b = y as $T;
+            let $c = z as $T;
+            ($e) as $U as u64
+        })
+    };
 }
 /// Raw u64 lanes in, u64 out (for ops that need mixed widths).
 macro_rules! r3 {
-    (|$a:ident, $b:ident, $c:ident| $e:expr) => {{
-        #[allow(clippy::unnecessary_cast, unused_parens, unused_variables)]
-        fn f(r: &mut [Lanes], s: Slots) {
-            lanewise(r, s, |$a, $b, $c| $e)
-        }
-        f as WFn
-    }};
+    (|$a:ident, $b:ident, $c:ident| $e:expr) => {
+        lanes_fn!(|$a, $b, $c| $e)
+    };
 }
 
 /// Dispatch an integer type to a macro taking (signed-or-unsigned type, unsigned type, bits).
@@ -166,12 +207,13 @@ macro_rules! i_mul_lo {
 }
 macro_rules! i_mul_hi {
     ($T:ty, $U:ty, $n:tt) => {
-        w2!($T, $U, |a, b| ((a as i128 * b as i128) >> $n) as $T)
+        w2!($T, $U, |a, b| ((a as i128).wrapping_mul(b as i128) >> $n)
+            as $T)
     };
 }
 macro_rules! i_mul_wide {
     ($T:ty, $U:ty, $n:tt) => {
-        w2!($T, u64, |a, b| ((a as i128 * b as i128) as u64)
+        w2!($T, u64, |a, b| ((a as i128).wrapping_mul(b as i128) as u64)
             & (u64::MAX >> (64 - (2 * $n).min(64))))
     };
 }
@@ -182,8 +224,9 @@ macro_rules! i_mad_lo {
 }
 macro_rules! i_mad_hi {
     ($T:ty, $U:ty, $n:tt) => {
-        w3!($T, $U, |a, b, c| (((a as i128 * b as i128) >> $n) as $T)
-            .wrapping_add(c))
+        w3!($T, $U, |a, b, c| {
+            ((((a as i128).wrapping_mul(b as i128)) >> $n) as $T).wrapping_add(c)
+        })
     };
 }
 macro_rules! i_min {
@@ -317,15 +360,12 @@ macro_rules! i_bfe {
                 (pos + len - 1).min($n - 1)
             };
             let sbit = if signed && len > 0 { (v >> msb) & 1 } else { 0 };
-            let mut d: u64 = 0;
-            for i in 0..$n as u32 {
-                let bit = if i < len && pos + i < $n {
-                    (v >> (pos + i)) & 1
-                } else {
-                    sbit
-                };
-                d |= bit << i;
-            }
+            // bits 0..k are the field (bit i taken while i < len and pos + i < n); the rest,
+            // up to n, are the sign bit
+            let k = if pos >= $n { 0 } else { len.min($n - pos) };
+            let low = if k >= 64 { u64::MAX } else { (1u64 << k) - 1 };
+            let field = if k == 0 { 0 } else { (v >> pos) & low };
+            let d = if sbit != 0 { field | !low } else { field };
             (d as $U) as u64
         })
     };
@@ -1415,6 +1455,236 @@ mod tests {
             for l in 0..32 {
                 let want = prmt(old[1][l] as u32, old[2][l] as u32, old[3][l] as u32) as u64;
                 assert_eq!(regs[0][l], want, "uniform {uniform}, lane {l}");
+            }
+        }
+    }
+
+    /// `bfe` (closed form) against the bit-by-bit definition for every width and signedness,
+    /// on random values with positions and lengths over 0..=255 (the edges of each width
+    /// included: the field's end past the width, zero length, positions at and past it).
+    #[test]
+    fn bfe_matches_bitwise_reference() {
+        fn reference(v: u64, pos: u32, len: u32, n: u32, signed: bool) -> u64 {
+            let v = if n == 64 { v } else { v & ((1u64 << n) - 1) };
+            let msb = if len == 0 {
+                0
+            } else {
+                (pos + len - 1).min(n - 1)
+            };
+            let sbit = if signed && len > 0 { (v >> msb) & 1 } else { 0 };
+            let mut d = 0u64;
+            for i in 0..n {
+                let bit = if i < len && pos + i < n {
+                    (v >> (pos + i)) & 1
+                } else {
+                    sbit
+                };
+                d |= bit << i;
+            }
+            d
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+        let fns: [(WFn, u32, bool); 8] = [
+            (i_bfe!(u8, u8, 8), 8, false),
+            (i_bfe!(i8, u8, 8), 8, true),
+            (i_bfe!(u16, u16, 16), 16, false),
+            (i_bfe!(i16, u16, 16), 16, true),
+            (i_bfe!(u32, u32, 32), 32, false),
+            (i_bfe!(i32, u32, 32), 32, true),
+            (i_bfe!(u64, u64, 64), 64, false),
+            (i_bfe!(i64, u64, 64), 64, true),
+        ];
+        for (f, n, signed) in fns {
+            let edges = [0, 1, n - 1, n, n + 1, 2 * n, 255];
+            let pick = |rng: &mut rand::rngs::StdRng| -> u64 {
+                let x = if rng.gen_bool(0.5) {
+                    edges[rng.gen_range(0..edges.len())]
+                } else {
+                    rng.gen_range(0..=255)
+                };
+                // the operand's bits above the low byte are ignored
+                x as u64 | (rng.gen::<u64>() << 8)
+            };
+            for _ in 0..200 {
+                let mut regs: Vec<Lanes> = vec![[0; 32]; 4];
+                for l in 0..32 {
+                    regs[1][l] = rng.gen();
+                    regs[2][l] = pick(&mut rng);
+                    regs[3][l] = pick(&mut rng);
+                }
+                let old = regs.clone();
+                let s = Slots {
+                    m: u32::MAX,
+                    d: 0,
+                    a: 1,
+                    b: 2,
+                    c: 3,
+                };
+                f(&mut regs, s);
+                for l in 0..32 {
+                    let (pos, len) = ((old[2][l] & 0xff) as u32, (old[3][l] & 0xff) as u32);
+                    let want = reference(old[1][l], pos, len, n, signed);
+                    assert_eq!(
+                        regs[0][l], want,
+                        "bfe width {n} signed {signed}: {:#x} pos {pos} len {len}",
+                        old[1][l]
+                    );
+                }
+            }
+        }
+    }
+
+    /// Every ALU function built with [`lanes_fn`] gives the same register file with its AVX2
+    /// build as with its baseline build, bit for bit: integer, comparison, selection, move,
+    /// pack, float and conversion functions over random rows with non-finite and extreme f32,
+    /// f16 and bf16 patterns, full, partial and empty lane masks, and a source that is the
+    /// destination. (On a CPU without AVX2 both builds are the baseline one.)
+    #[test]
+    fn simd_builds_match_baseline() {
+        let texts = [
+            "add.s32 %r1, %r2, %r3;",
+            "add.sat.s32 %r1, %r2, %r3;",
+            "sub.u64 %rd1, %rd2, %rd3;",
+            "mul.lo.u32 %r1, %r2, %r3;",
+            "mul.wide.s32 %rd1, %r2, %r3;",
+            "mul.hi.u64 %rd1, %rd2, %rd3;",
+            "mad.lo.s32 %r1, %r2, %r3, %r4;",
+            "mad.hi.u64 %rd1, %rd2, %rd3, %rd4;",
+            "mad.wide.u32 %rd1, %r2, %r3, %rd4;",
+            "min.s16 %rs1, %rs2, %rs3;",
+            "max.u32 %r1, %r2, %r3;",
+            "abs.s32 %r1, %r2;",
+            "neg.s64 %rd1, %rd2;",
+            "and.b32 %r1, %r2, %r3;",
+            "or.b64 %rd1, %rd2, %rd3;",
+            "xor.b16 %rs1, %rs2, %rs3;",
+            "not.b32 %r1, %r2;",
+            "shl.b32 %r1, %r2, %r3;",
+            "shr.s32 %r1, %r2, %r3;",
+            "shr.u64 %rd1, %rd2, %r3;",
+            "popc.b32 %r1, %r2;",
+            "clz.b64 %r1, %rd2;",
+            "brev.b32 %r1, %r2;",
+            "bfe.s32 %r1, %r2, %r3, %r4;",
+            "bfe.u64 %rd1, %rd2, %r3, %r4;",
+            "bfind.s32 %r1, %r2;",
+            "and.pred %p1, %p2, %p3;",
+        ];
+        let ins = |t: &str| match ptx::parse_statements(t).unwrap().remove(0) {
+            ptx::Statement::Instr(i) => i,
+            s => panic!("not an instruction: {s:?}"),
+        };
+        let mut makers: Vec<(String, Box<dyn Fn() -> WFn>)> = Vec::new();
+        for t in texts {
+            let i = ins(t);
+            assert!(int_fn(&i).is_some(), "{t}");
+            makers.push((t.into(), Box::new(move || int_fn(&i).unwrap())));
+        }
+        for (ty, cmp) in [
+            (Ty::S32, Flag::Lt),
+            (Ty::U64, Flag::Ge),
+            (Ty::S16, Flag::Ne),
+        ] {
+            makers.push((
+                format!("int_cmp {ty:?} {cmp:?}"),
+                Box::new(move || int_cmp(ty, cmp).unwrap()),
+            ));
+        }
+        for (ty, cmp) in [
+            (Ty::F32, Flag::Lt),
+            (Ty::F32, Flag::Nan),
+            (Ty::F64, Flag::Geu),
+        ] {
+            makers.push((
+                format!("float_cmp {ty:?} {cmp:?}"),
+                Box::new(move || float_cmp(ty, cmp).unwrap()),
+            ));
+        }
+        for op in [
+            Opcode::Add,
+            Opcode::Sub,
+            Opcode::Mul,
+            Opcode::Neg,
+            Opcode::Abs,
+        ] {
+            makers.push((
+                format!("f32_fast {op:?}"),
+                Box::new(move || f32_fast(op).unwrap()),
+            ));
+        }
+        for (op, ftz) in [
+            (Opcode::Min, false),
+            (Opcode::Max, true),
+            (Opcode::Div, false),
+        ] {
+            if f32_special(op, ftz).is_some() {
+                makers.push((
+                    format!("f32_special {op:?}"),
+                    Box::new(move || f32_special(op, ftz).unwrap()),
+                ));
+            }
+        }
+        for t in [
+            "cvt.rn.bf16x2.f32 %r1, %r2, %r3;",
+            "cvt.rn.bf16.f32 %rs1, %r2;",
+            "cvt.f32.bf16 %r1, %rs2;",
+            "cvt.f32.f16 %r1, %rs2;",
+            "cvt.rn.satfinite.e4m3x2.f32 %rs1, %r2, %r3;",
+            "cvt.rn.f16x2.e4m3x2 %r1, %rs2;",
+            "cvt.s64.s32 %rd1, %r2;",
+        ] {
+            let spec = crate::fp::CvtSpec::from_instruction(&ins(t)).unwrap();
+            assert!(cvt_fast(&spec).is_some(), "{t}");
+            makers.push((t.into(), Box::new(move || cvt_fast(&spec).unwrap())));
+        }
+        makers.push(("pack2 16".into(), Box::new(|| pack2(16).unwrap())));
+        makers.push(("pack2 32".into(), Box::new(|| pack2(32).unwrap())));
+        makers.push(("mov 2".into(), Box::new(|| mov(2))));
+        makers.push(("selp".into(), Box::new(selp)));
+        makers.push(("slct f32".into(), Box::new(|| slct(true))));
+        makers.push(("pred_not".into(), Box::new(pred_not)));
+        makers.push((
+            "bool_combine".into(),
+            Box::new(|| bool_combine(Flag::Xor, true)),
+        ));
+        let specials: [u64; 10] = [
+            0x7fc0_0000,
+            0xffc0_0001,
+            0x7f80_0000,
+            0xff80_0000,
+            0x8000_0000,
+            0x0000_0001,
+            0x7f7f_ffff,
+            0x7e00_7c00,
+            0xfc00_0001,
+            0x7fff_ffff,
+        ];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+        for (name, make) in &makers {
+            let (base, simd) = (scalar_only(make), make());
+            for (d, a) in [(0, 1), (1, 1)] {
+                for m in [u32::MAX, rng.gen::<u32>(), 0x8000_0001, 0] {
+                    let regs: Vec<Lanes> = (0..4)
+                        .map(|_| {
+                            std::array::from_fn(|_| match rng.gen_range(0..4) {
+                                0 => specials[rng.gen_range(0..specials.len())],
+                                1 => rng.gen::<u64>() & 0xffff_ffff,
+                                _ => rng.gen(),
+                            })
+                        })
+                        .collect();
+                    let s = Slots {
+                        m,
+                        d,
+                        a,
+                        b: 2,
+                        c: 3,
+                    };
+                    let (mut x, mut y) = (regs.clone(), regs);
+                    base(&mut x, s);
+                    simd(&mut y, s);
+                    assert_eq!(x, y, "{name}: d{d} a{a} m {m:#x}");
+                }
             }
         }
     }

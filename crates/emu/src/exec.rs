@@ -696,19 +696,33 @@ impl Cta {
             }
             return Ok(false);
         }
-        let mut min = u32::MAX;
-        for l in lanes_of(free) {
-            min = min.min(w.pc[l]);
-        }
-        let mut group = 0u32;
-        let mut other = u32::MAX;
-        for l in lanes_of(cand) {
-            if w.pc[l] == min {
-                group |= 1 << l;
-            } else if w.parked & (1 << l) == 0 {
-                other = other.min(w.pc[l]);
+        let (min, group, other) = if cand == u32::MAX && w.parked == 0 {
+            // the whole warp (after a barrier, say): fixed-length loops over every lane
+            let min = w.pc.iter().fold(u32::MAX, |a, &p| a.min(p));
+            let (group, other) =
+                w.pc.iter()
+                    .enumerate()
+                    .fold((0u32, u32::MAX), |(g, o), (l, &p)| {
+                        let at = p == min;
+                        (g | (at as u32) << l, if at { o } else { o.min(p) })
+                    });
+            (min, group, other)
+        } else {
+            let mut min = u32::MAX;
+            for l in lanes_of(free) {
+                min = min.min(w.pc[l]);
             }
-        }
+            let mut group = 0u32;
+            let mut other = u32::MAX;
+            for l in lanes_of(cand) {
+                if w.pc[l] == min {
+                    group |= 1 << l;
+                } else if w.parked & (1 << l) == 0 {
+                    other = other.min(w.pc[l]);
+                }
+            }
+            (min, group, other)
+        };
         w.parked &= !group;
         w.group = group;
         w.group_pc = min;
@@ -754,7 +768,12 @@ impl Cta {
             }
             n += 1;
             w.executed += 1;
-            w.lane_ops += m.count_ones() as u64;
+            // a full warp without the bit count (no popcnt in the baseline x86-64 build)
+            w.lane_ops += if m == u32::MAX {
+                32
+            } else {
+                m.count_ones() as u64
+            };
             self.progress += (inst.progress && m != 0) as u64;
             if let Op::Alu { f, d, a, b, c } = &inst.op {
                 // The commonest op, run here rather than through the large dispatch function.

@@ -93,6 +93,24 @@ impl Allocation {
         (w >> sh) & mask(size)
     }
 
+    /// The `S` bytes (4, 8 or 16) at byte offset `off`, aligned to `S` (to 8 for 16: the
+    /// caller checks), as relaxed loads of the words holding them; `None` past the end.
+    #[inline(always)]
+    pub fn read_row<const S: usize>(&self, off: u64) -> Option<[u8; S]> {
+        let w = (off >> 3) as usize;
+        let words = self.words.get(w..w + S.div_ceil(8))?;
+        let mut row = [0u8; S];
+        if S >= 8 {
+            for (ch, word) in row.chunks_exact_mut(8).zip(words) {
+                ch.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+            }
+        } else {
+            let v = words[0].load(Ordering::Relaxed) >> ((off & 7) * 8);
+            row.copy_from_slice(&v.to_le_bytes()[..S]);
+        }
+        Some(row)
+    }
+
     /// Writes `size` (1, 2, 4, 8) bytes at byte offset `off` (naturally aligned).
     #[inline]
     pub fn write(&self, off: u64, size: u32, val: u64, ord: Ordering) {

@@ -106,6 +106,9 @@ impl Cta {
                     }
                     return Ok(Flow::Next);
                 }
+                if unpack_rows(&mut w.regs, (*a, ds), (*part_bits, pm), m) {
+                    return Ok(Flow::Next);
+                }
                 for ch in chunks_of(m) {
                     let x = chunk(&w.regs, *a, ch);
                     for (k, p) in ds.iter().enumerate() {
@@ -124,4 +127,39 @@ impl Cta {
         }
         Ok(Flow::Next)
     }
+}
+
+/// A split of register `a` into the parts `ds` (`part_bits` each, `pm` their mask; at most 64
+/// bits in all) for the lanes in `m`, row by row: part `k` of every lane, then part `k + 1`
+/// (the same values as lane by lane, since no part is the source). False (nothing done) when
+/// a part is the source register, or a slot is out of range.
+#[inline(always)]
+fn unpack_rows(
+    regs: &mut [Lanes],
+    (a, ds): (u32, &[u32]),
+    (part_bits, pm): (u32, u64),
+    m: u32,
+) -> bool {
+    let n = regs.len();
+    if ds.iter().any(|&p| p == a || p as usize >= n) || a as usize >= n {
+        return false;
+    }
+    for (k, p) in ds.iter().enumerate() {
+        let sh = k as u32 * part_bits;
+        let Ok([src, dst]) = regs.get_disjoint_mut([a as usize, *p as usize]) else {
+            return false;
+        };
+        if m == u32::MAX {
+            for (d, x) in dst.iter_mut().zip(src.iter()) {
+                *d = (x >> sh) & pm;
+            }
+        } else {
+            for (l, (d, x)) in dst.iter_mut().zip(src.iter()).enumerate() {
+                if m >> l & 1 != 0 {
+                    *d = (x >> sh) & pm;
+                }
+            }
+        }
+    }
+    true
 }

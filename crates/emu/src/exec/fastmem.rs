@@ -5,10 +5,13 @@
 //! one global allocation ([`Cta::global_span`]: the last one hit, or found and cached), the
 //! lanes' local memory or the parameter buffer. It is first decided from the lanes' address
 //! range (lowest and highest address, and the OR of all for the alignment: one bounds check
-//! per warp), and lane by lane only when that fails. When any active lane falls outside it,
-//! nothing has been done and the general per-lane path runs, with all its checks and
-//! diagnostics; the fast paths give the same bytes, registers and poll hash in the same lane
-//! and element order.
+//! per warp), and lane by lane only when that fails; `cp.async` checks each lane in one
+//! branch-free pass against the shared-memory size and the allocation of the first row read.
+//! When any active lane falls outside it, nothing has been done and the general per-lane path
+//! runs, with all its checks and diagnostics; the fast paths give the same bytes, registers
+//! and poll hash in the same lane and element order. Vector accesses run with the element
+//! size as a constant (one fixed-size load or store per element, no `memcpy` call), and
+//! global vector stores whole words when each lane's access covers them.
 
 use super::*;
 use crate::memory::Allocation;
@@ -34,8 +37,11 @@ pub(super) struct CpAsyncArgs {
 
 impl Cta {
     /// `cp.async` of the lanes in `m` when every row is aligned, lands in this CTA's shared
-    /// memory and copies a whole global row (or none: zero fill). Returns false (nothing done)
-    /// otherwise. Same bytes as the per-lane path ([`Cta::cp_async_row`]).
+    /// memory and copies a whole global row (or none: zero fill), decided from the lanes'
+    /// address ranges as [`Cta::warp_range`] does for `ld`/`st`: one bounds check for the
+    /// destinations and one for the sources that are read (every address aligned iff the OR
+    /// of all is). Returns false (nothing done) otherwise; the per-lane path
+    /// ([`Cta::cp_async_row`], then per chunk) then gives the same bytes or the fault.
     pub(super) fn cp_async_warp(
         &mut self,
         ctx: &LaunchCtx,
@@ -43,70 +49,144 @@ impl Cta {
         m: u32,
         c: CpAsyncArgs,
     ) -> bool {
-        let ((dspace, dst, doff), (src, soff, src_size), size) = (c.dst, c.src, c.size);
-        if !matches!(size, 4 | 8 | 16) {
-            return false;
+        match c.size {
+            4 => self.cp_async_rows::<4>(ctx, wi, m, c),
+            8 => self.cp_async_rows::<8>(ctx, wi, m, c),
+            16 => self.cp_async_rows::<16>(ctx, wi, m, c),
+            _ => false,
         }
-        // (shared offset, source allocation and offset; None: a zero-filled row)
-        let mut rows: [(usize, Option<(*const Allocation, u64)>); 32] = [(0, None); 32];
+    }
+
+    /// [`Cta::cp_async_warp`] for rows of `S` bytes: one pass checks every lane (aligned
+    /// addresses; destination in this CTA's shared memory, as [`Cta::own_shared`] checks;
+    /// source row whole in the allocation of the first lane that reads one, or none of it)
+    /// without writing anything, then a second pass copies the rows.
+    #[inline(always)]
+    fn cp_async_rows<const S: usize>(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        m: u32,
+        c: CpAsyncArgs,
+    ) -> bool {
+        let ((dspace, dst, doff), (src, soff, src_size)) = (c.dst, c.src);
+        let (doff, soff, size) = (doff as u64, soff as u64, S as u32);
+        let window = match dspace {
+            MSpace::Shared => 0,
+            MSpace::Generic => SHARED_WINDOW,
+            _ => return false,
+        };
+        // offsets below `dlimit` are in bounds and carry no cluster rank
+        let dlimit = (self.shared.len() as u64 + 1)
+            .saturating_sub(S as u64)
+            .min(1 << CLUSTER_RANK_SHIFT);
         let regs = &self.warps[wi].regs;
         let (rd, rs, rn) = (
             &regs[dst as usize],
             &regs[src as usize],
             &regs[src_size as usize],
         );
-        for l in lanes_of(m) {
-            let da = rd[l].wrapping_add(doff as u64);
-            let sa = rs[l].wrapping_add(soff as u64);
-            let n_src = (rn[l] as u32).min(size);
-            if !sa.is_multiple_of(size as u64) || (n_src != size && n_src != 0) {
-                return false;
-            }
-            // own_shared checks the destination's alignment and bounds
-            let Some(o) = self.own_shared(dspace, da, size) else {
-                return false;
-            };
-            rows[l].0 = o;
-            if n_src == size {
-                let Some((a, off)) = self.global_span(ctx, sa, size, l) else {
-                    return false;
-                };
-                rows[l].1 = Some((a, off));
-            }
+        // the allocation of the first lane that reads its row (the others must read theirs
+        // there), and the first offset a row does not fit at
+        let alloc = match lanes_of(m).find(|&l| rn[l] as u32 >= size) {
+            Some(l) => match self.global_span(ctx, rs[l].wrapping_add(soff), size, l) {
+                // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the launch.
+                Some((p, _)) => Some(unsafe { &*p }),
+                None => return false,
+            },
+            None => None,
+        };
+        let (sbase, slimit) = alloc.map_or((0, 0), |a| (a.base, a.size + 1 - S as u64));
+        let k = RowCheck {
+            off: (doff, soff),
+            window,
+            limits: (dlimit, slimit),
+            sbase,
+            size: S as u64,
+        };
+        if k.bad(m, (rd, rs, rn)) {
+            return false;
         }
+        let shared = &mut self.shared;
         for l in lanes_of(m) {
-            let (o, s) = rows[l];
-            let (lo, hi) = match s {
-                Some((a, off)) => {
-                    // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the launch.
-                    let a = unsafe { &*a };
-                    let lo = a.read(off, size.min(8), Ordering::Relaxed);
-                    let hi = if size == 16 {
-                        a.read(off + 8, 8, Ordering::Relaxed)
-                    } else {
-                        0
-                    };
-                    (lo, hi)
+            let o = (rd[l].wrapping_add(doff) - window) as usize;
+            // every row read is in `alloc` (checked above), so `read_row` finds it
+            let row = match alloc {
+                Some(a) if rn[l] as u32 >= size => {
+                    a.read_row::<S>(rs[l].wrapping_add(soff) - sbase)
                 }
-                None => (0, 0),
+                _ => None,
             };
-            put_row(&mut self.shared[o..], size, lo, hi);
+            shared[o..o + S].copy_from_slice(&row.unwrap_or([0u8; S]));
         }
         true
     }
 }
 
-/// Writes a `size`-byte row (4, 8 or 16; `lo` then `hi`, little-endian) at the start of `dst`
-/// with constant-length copies.
-#[inline(always)]
-fn put_row(dst: &mut [u8], size: u32, lo: u64, hi: u64) {
-    match size {
-        4 => dst[..4].copy_from_slice(&(lo as u32).to_le_bytes()),
-        8 => dst[..8].copy_from_slice(&lo.to_le_bytes()),
-        _ => {
-            dst[..8].copy_from_slice(&lo.to_le_bytes());
-            dst[8..16].copy_from_slice(&hi.to_le_bytes());
+/// The checks of one `cp.async`'s rows (see [`Cta::cp_async_rows`]): address offsets
+/// (destination, source), shared window, limits (first destination offset and first source
+/// offset a row does not fit at), the read rows' allocation base and the row size.
+#[derive(Clone, Copy)]
+struct RowCheck {
+    off: (u64, u64),
+    window: u64,
+    limits: (u64, u64),
+    sbase: u64,
+    size: u64,
+}
+
+impl RowCheck {
+    /// Whether any lane of `m` fails (a full warp through [`RowCheck::full_warp`]).
+    #[inline(always)]
+    fn bad(&self, m: u32, rows: (&Lanes, &Lanes, &Lanes)) -> bool {
+        if m == u32::MAX {
+            return self.full_warp(rows) != 0;
         }
+        let mut bad = 0u64;
+        for l in lanes_of(m) {
+            bad |= self.lane(rows, l);
+        }
+        bad != 0
+    }
+
+    /// Non-zero when lane `l` fails: a misaligned address, a destination outside this CTA's
+    /// shared memory, a row read outside the allocation, or a src-size other than 0 or the
+    /// whole row. Branch-free, so the full-warp loop vectorises.
+    #[inline(always)]
+    fn lane(&self, (rd, rs, rn): (&Lanes, &Lanes, &Lanes), l: usize) -> u64 {
+        let (da, sa) = (
+            rd[l].wrapping_add(self.off.0),
+            rs[l].wrapping_add(self.off.1),
+        );
+        let n = rn[l] & 0xffff_ffff;
+        let whole = (n >= self.size) as u64;
+        let none = (n == 0) as u64;
+        let d_out = (da.wrapping_sub(self.window) >= self.limits.0) as u64;
+        let s_out = whole & (sa.wrapping_sub(self.sbase) >= self.limits.1) as u64;
+        (da | sa) & (self.size - 1) | d_out | s_out | (1 ^ (whole | none))
+    }
+
+    /// [`RowCheck::lane`] ORed over all 32 lanes: the AVX2 build when the CPU has it (four
+    /// lanes per vector compare), else the baseline one.
+    #[inline(always)]
+    fn full_warp(&self, rows: (&Lanes, &Lanes, &Lanes)) -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU reports AVX2.
+            return unsafe { self.full_warp_avx2(rows) };
+        }
+        self.full_warp_base(rows)
+    }
+
+    #[inline(always)]
+    fn full_warp_base(&self, rows: (&Lanes, &Lanes, &Lanes)) -> u64 {
+        (0..32).fold(0, |b, l| b | self.lane(rows, l))
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn full_warp_avx2(&self, rows: (&Lanes, &Lanes, &Lanes)) -> u64 {
+        self.full_warp_base(rows)
     }
 }
 
@@ -259,26 +339,6 @@ impl Cta {
         fits.then_some(Mem::Shared)
     }
 
-    /// The `elem`-byte value at byte `at` of `mem` (a site [`Cta::warp_sites`] checked).
-    #[inline(always)]
-    fn read_at(
-        &self,
-        ctx: &LaunchCtx,
-        wi: usize,
-        (mem, at): (Mem, usize),
-        elem: u32,
-        o: Ordering,
-    ) -> u64 {
-        let e = elem as usize;
-        match mem {
-            Mem::Shared => read_le(&self.shared[at..at + e]),
-            // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
-            Mem::Global(p) => unsafe { &*p }.read(at as u64, elem, o),
-            Mem::Local => read_le(&self.warps[wi].local[at..at + e]),
-            Mem::Param => read_le(&ctx.params[at..at + e]),
-        }
-    }
-
     /// `ld` of the lanes in `m` when [`Cta::warp_sites`] resolves them all: the same values,
     /// register writes and poll hash as the per-lane path. Returns false (nothing done)
     /// otherwise.
@@ -300,15 +360,50 @@ impl Cta {
             self.ld_scalar(ctx, (wi, m), (mem, &off, a.elem), (d, sx, o));
             return true;
         }
-        let e = a.elem as usize;
-        for l in lanes_of(m) {
-            let mut vals = [0u64; 8];
-            for (k, v) in vals[..ds.len()].iter_mut().enumerate() {
-                *v = self.read_at(ctx, wi, (mem, off[l] + k * e), a.elem, o);
-            }
-            put_loaded(&mut self.warps[wi], &ctx.prog, l, (ds, sx, a.elem), &vals);
+        match a.elem {
+            1 => self.ld_vector::<1>(ctx, (wi, m), (mem, &off), (ds, sx, o)),
+            2 => self.ld_vector::<2>(ctx, (wi, m), (mem, &off), (ds, sx, o)),
+            4 => self.ld_vector::<4>(ctx, (wi, m), (mem, &off), (ds, sx, o)),
+            8 => self.ld_vector::<8>(ctx, (wi, m), (mem, &off), (ds, sx, o)),
+            _ => return false,
         }
         true
+    }
+
+    /// A vector `ld` of `E`-byte elements of the lanes in `m` from the checked sites `off` of
+    /// `mem`: lane by lane, element by element (the per-lane path's order for the registers
+    /// and the poll hash), with the element size and the destinations' sign-extension masks
+    /// fixed outside the loop.
+    #[inline(always)]
+    fn ld_vector<const E: usize>(
+        &mut self,
+        ctx: &LaunchCtx,
+        (wi, m): (usize, u32),
+        (mem, off): (Mem, &[usize; 32]),
+        (ds, sx, o): (&[u32], bool, Ordering),
+    ) {
+        let mut masks = [u64::MAX; 8];
+        for (mk, d) in masks.iter_mut().zip(ds) {
+            *mk = reg_mask(ctx.prog.reg_bits[*d as usize]);
+        }
+        let put = PutVec {
+            m,
+            off,
+            ds,
+            sx: sx.then_some(masks),
+        };
+        let Cta { warps, shared, .. } = self;
+        let w = &mut warps[wi];
+        match mem {
+            Mem::Shared => put.run::<E>(w, |at, _| read_n::<E>(&shared[at..at + E])),
+            Mem::Global(p) => {
+                // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
+                let a = unsafe { &*p };
+                put.run::<E>(w, |at, _| a.read(at as u64, E as u32, o))
+            }
+            Mem::Local => put.run::<E>(w, |at, local| read_n::<E>(&local[at..at + E])),
+            Mem::Param => put.run::<E>(w, |at, _| read_n::<E>(&ctx.params[at..at + E])),
+        }
     }
 
     /// A scalar `ld` of the lanes in `m` from the checked sites `off` of `mem`, straight into
@@ -366,23 +461,99 @@ impl Cta {
         let Some(mem) = self.warp_sites(ctx, (wi, m), a, &mut off) else {
             return false;
         };
-        let e = a.elem as usize;
-        let mut words = WordMerge::default();
-        for l in lanes_of(m) {
-            for (k, r) in srcs.iter().enumerate() {
-                let at = off[l] + k * e;
-                let v = self.warps[wi].regs[*r as usize][l];
-                match mem {
-                    Mem::Shared => write_le(&mut self.shared[at..at + e], v),
-                    Mem::Global(p) => words.write(p, at as u64, (a.elem, v), o),
-                    Mem::Local => write_le(&mut self.warps[wi].local[at..at + e], v),
-                    // stores to the parameter buffer are dropped, as in `Cta::store`
-                    Mem::Param => {}
-                }
-            }
+        match a.elem {
+            1 => self.st_vector::<1>((wi, m), (mem, &off), (srcs, o)),
+            2 => self.st_vector::<2>((wi, m), (mem, &off), (srcs, o)),
+            4 => self.st_vector::<4>((wi, m), (mem, &off), (srcs, o)),
+            8 => self.st_vector::<8>((wi, m), (mem, &off), (srcs, o)),
+            _ => return false,
         }
-        words.flush(o);
         true
+    }
+
+    /// `st` of `E`-byte elements of the lanes in `m` at the checked sites `off` of `mem`, lane
+    /// by lane and element by element (the per-lane path's order: a later lane's bytes win).
+    #[inline(always)]
+    fn st_vector<const E: usize>(
+        &mut self,
+        (wi, m): (usize, u32),
+        (mem, off): (Mem, &[usize; 32]),
+        (srcs, o): (&[u32], Ordering),
+    ) {
+        let Cta { warps, shared, .. } = self;
+        let w = &mut warps[wi];
+        match mem {
+            Mem::Shared => store_lanes::<E>(shared, &w.regs, m, off, srcs),
+            Mem::Local => store_lanes::<E>(&mut w.local, &w.regs, m, off, srcs),
+            Mem::Global(p) => {
+                // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
+                let a = unsafe { &*p };
+                if !a.tracks_writes() && (E * srcs.len()).is_multiple_of(8) {
+                    store_words::<E>(a, &w.regs, (m, off), srcs, o);
+                    return;
+                }
+                let mut words = WordMerge::new(a);
+                for l in lanes_of(m) {
+                    for (k, r) in srcs.iter().enumerate() {
+                        let v = w.regs[*r as usize][l];
+                        words.write((off[l] + k * E) as u64, (E as u32, v), o);
+                    }
+                }
+                words.flush(o);
+            }
+            // stores to the parameter buffer are dropped, as in `Cta::store`
+            Mem::Param => {}
+        }
+    }
+}
+
+/// The `E` (1, 2, 4 or 8) bytes of `b` (exactly `E` long) as a little-endian value.
+#[inline(always)]
+fn read_n<const E: usize>(b: &[u8]) -> u64 {
+    let mut x = [0u8; 8];
+    x[..E].copy_from_slice(&b[..E]);
+    u64::from_le_bytes(x)
+}
+
+/// Global stores of whole words: each lane's access (aligned to its size, a multiple of 8
+/// bytes) is assembled into words from its elements and each word stored at once, lane by
+/// lane (the bytes of the per-element stores in their order: a later lane's word wins).
+#[inline(always)]
+fn store_words<const E: usize>(
+    a: &Allocation,
+    regs: &[Lanes],
+    (m, off): (u32, &[usize; 32]),
+    srcs: &[u32],
+    o: Ordering,
+) {
+    let mask = crate::memory::mask(E as u32);
+    for l in lanes_of(m) {
+        for (k, part) in srcs.chunks_exact(8 / E).enumerate() {
+            let mut v = 0u64;
+            for (j, r) in part.iter().enumerate() {
+                v |= (regs[*r as usize][l] & mask) << (8 * E * j);
+            }
+            a.write_word_masked((off[l] / 8 + k) as u64, u64::MAX, v, o);
+        }
+    }
+}
+
+/// Stores element `k` (register `srcs[k]`) of each lane `l` of `m` at `off[l] + k E` in `dst`
+/// (`E` bytes, little-endian), lane by lane.
+#[inline(always)]
+fn store_lanes<const E: usize>(
+    dst: &mut [u8],
+    regs: &[Lanes],
+    m: u32,
+    off: &[usize; 32],
+    srcs: &[u32],
+) {
+    for l in lanes_of(m) {
+        for (k, r) in srcs.iter().enumerate() {
+            let at = off[l] + k * E;
+            let v = regs[*r as usize][l];
+            dst[at..at + E].copy_from_slice(&v.to_le_bytes()[..E]);
+        }
     }
 }
 
@@ -434,6 +605,38 @@ impl Put<'_> {
     }
 }
 
+/// Where a vector `ld` puts its lanes' values: lanes `m`, sites `off`, destination registers
+/// `ds` (element `k` at `off[l] + k E`), and each one's register mask when sign-extending.
+struct PutVec<'a> {
+    m: u32,
+    off: &'a [usize; 32],
+    ds: &'a [u32],
+    sx: Option<[u64; 8]>,
+}
+
+impl PutVec<'_> {
+    /// Reads each lane's `E`-byte elements with `read(site, warp's local memory)` into the
+    /// registers, folding each into the poll hash in lane, then register order (as the
+    /// per-lane path does).
+    #[inline(always)]
+    fn run<const E: usize>(&self, w: &mut Warp, read: impl Fn(usize, &[u8]) -> u64) {
+        let mut poll = w.poll;
+        let (regs, local) = (&mut w.regs, &w.local);
+        for l in lanes_of(self.m) {
+            for (k, d) in self.ds.iter().enumerate() {
+                let v = read(self.off[l] + k * E, local);
+                let v = match &self.sx {
+                    Some(masks) => sext(v, E as u32 * 8) & masks[k],
+                    None => v,
+                };
+                regs[*d as usize][l] = v;
+                poll = poll_step(poll, v);
+            }
+        }
+        w.poll = poll;
+    }
+}
+
 /// Writes lane `l`'s loaded elements `vals` to the destination registers `ds` (sign-extended
 /// from `elem` bytes when `sx`) and folds each into the warp's poll hash, in register order.
 #[inline(always)]
@@ -467,34 +670,36 @@ fn poll_step(poll: u64, v: u64) -> u64 {
 /// compare-and-swap, instead of a compare-and-swap per lane. Later stores of the same bytes win,
 /// as in lane order; the final memory is that of the per-lane stores (which other host threads
 /// could observe one at a time; a warp's store lands at once on hardware).
-#[derive(Default)]
-struct WordMerge {
-    /// (allocation, word index, byte mask, value) of the word being assembled.
-    open: Option<(*const Allocation, u64, u64, u64)>,
+struct WordMerge<'a> {
+    alloc: &'a Allocation,
+    /// (word index, byte mask, value) of the word being assembled.
+    open: Option<(u64, u64, u64)>,
 }
 
-impl WordMerge {
-    /// Stores the `size` low bytes of `v` at byte `off` of allocation `p`.
+impl<'a> WordMerge<'a> {
+    fn new(alloc: &'a Allocation) -> WordMerge<'a> {
+        WordMerge { alloc, open: None }
+    }
+
+    /// Stores the `size` low bytes of `v` at byte `off` of the allocation.
     #[inline(always)]
-    fn write(&mut self, p: *const Allocation, off: u64, (size, v): (u32, u64), ord: Ordering) {
-        // SAFETY: the pointer comes from an Arc held by `ctx.mem` for the whole launch.
-        let a = unsafe { &*p };
-        if size > 8 || a.tracks_writes() {
+    fn write(&mut self, off: u64, (size, v): (u32, u64), ord: Ordering) {
+        if size > 8 || self.alloc.tracks_writes() {
             self.flush(ord);
-            a.write(off, size, v, ord);
+            self.alloc.write(off, size, v, ord);
             return;
         }
         let (w, sh) = (off >> 3, (off & 7) * 8);
         let m = crate::memory::mask(size) << sh;
         let v = (v << sh) & m;
         match &mut self.open {
-            Some((q, qw, qm, qv)) if *q == p && *qw == w => {
+            Some((qw, qm, qv)) if *qw == w => {
                 *qm |= m;
                 *qv = (*qv & !m) | v;
             }
             _ => {
                 self.flush(ord);
-                self.open = Some((p, w, m, v));
+                self.open = Some((w, m, v));
             }
         }
     }
@@ -502,9 +707,64 @@ impl WordMerge {
     /// Writes the word being assembled.
     #[inline(always)]
     fn flush(&mut self, ord: Ordering) {
-        if let Some((p, w, m, v)) = self.open.take() {
-            // SAFETY: as in `write`.
-            unsafe { &*p }.write_word_masked(w, m, v, ord);
+        if let Some((w, m, v)) = self.open.take() {
+            self.alloc.write_word_masked(w, m, v, ord);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// The full-warp `cp.async` row check (its AVX2 build where the CPU has one, and the
+    /// baseline build) gives the per-lane check's verdict on random rows: addresses at and
+    /// around the limits, misaligned by a byte, src-sizes 0, partial, whole and above, with
+    /// high bits set.
+    #[test]
+    fn full_warp_row_check_matches_per_lane() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+        for _ in 0..2000 {
+            let size = [4u64, 8, 16][rng.gen_range(0..3)];
+            let k = RowCheck {
+                off: (rng.gen_range(0..64), rng.gen_range(0..64)),
+                window: [0, SHARED_WINDOW][rng.gen_range(0..2)],
+                limits: (rng.gen_range(0..4096), rng.gen_range(0..4096)),
+                sbase: rng.gen_range(0..1 << 40),
+                size,
+            };
+            // mostly passing lanes, so a single failing one decides
+            let fail = rng.gen_range(0..40);
+            let mut rows: [Lanes; 3] = [[0; 32]; 3];
+            for l in 0..32 {
+                let bad = l == fail;
+                let o = rng.gen_range(0..k.limits.0.max(1)) & !(size - 1);
+                let s = rng.gen_range(0..k.limits.1.max(1)) & !(size - 1);
+                let edge = if bad { rng.gen_range(0..5) } else { 0 };
+                let (o, s) = match edge {
+                    1 => (k.limits.0, s),
+                    2 => (o, k.limits.1),
+                    3 => (o | 1, s),
+                    _ => (o, s),
+                };
+                rows[0][l] = (o + k.window).wrapping_sub(k.off.0);
+                rows[1][l] = (s + k.sbase).wrapping_sub(k.off.1);
+                let n = match rng.gen_range(0..4) {
+                    0 => 0,
+                    1 if bad => rng.gen_range(1..size),
+                    _ => size + rng.gen_range(0..3) * size,
+                };
+                rows[2][l] = n | (rng.gen::<u64>() << 32);
+            }
+            let r = (&rows[0], &rows[1], &rows[2]);
+            let want = (0..32).fold(0u64, |b, l| b | k.lane(r, l)) != 0;
+            assert_eq!(k.full_warp_base(r) != 0, want, "baseline");
+            assert_eq!(k.full_warp(r) != 0, want, "selected build");
+            assert_eq!(k.bad(u32::MAX, r), want);
+            let m = rng.gen::<u32>();
+            let want_m = lanes_of(m).fold(0u64, |b, l| b | k.lane(r, l)) != 0;
+            assert_eq!(k.bad(m, r), want_m, "mask {m:#x}");
         }
     }
 }
