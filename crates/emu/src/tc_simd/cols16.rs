@@ -681,7 +681,7 @@ mod tests {
     /// one kernel by name and `COLS16_SHAPE` the shapes whose line contains it (for callgrind:
     /// `tile_y` inclusive / calls is the per-call figure).
     #[test]
-    #[ignore]
+    #[ignore = "timing harness without assertions: run by hand in release (see above)"]
     fn cols16_timing() {
         let env = |k: &str| std::env::var(k).ok();
         let tiles: usize = env("COLS16_CALLS")
