@@ -95,7 +95,25 @@ fn kernel(n: usize, ty: &str, k: usize, init: Option<f32>, a_regs: bool) -> Stri
     ld.param.u64 %rd2, [da];
     ld.param.u64 %rd3, [db];
     ld.param.u64 %rd4, [out];
-    mov.u32 %r2, %tid.x;
+{copy}    setp.ne.u32 %p2, %r2, 1000;
+{inits}{a_load}    wgmma.fence.sync.aligned;
+    wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ty}.{ty} {{{list}}}, {a_op}, %rd3, {scale_d}, 1, 1;
+    wgmma.commit_group.sync.aligned;
+    wgmma.wait_group.sync.aligned 0;
+    mul.wide.u32 %rd8, %r2, {rb};
+    add.s64 %rd5, %rd4, %rd8;
+{stores}    ret;
+}}
+"#,
+        list = list.join(", "),
+        rb = 4 * regs,
+        copy = SMEM_IMAGE_COPY,
+    )
+}
+
+/// The kernels' prologue: the block copies the shared-memory image (`%rd1`, `%r1` words) into
+/// `smem` and makes it visible to the async proxy; leaves `%r2` = `%tid.x`.
+const SMEM_IMAGE_COPY: &str = "    mov.u32 %r2, %tid.x;
     mov.u32 %r3, %r2;
 COPY:
     setp.ge.u32 %p1, %r3, %r1;
@@ -112,20 +130,7 @@ COPY:
 DONE:
     bar.sync 0;
     fence.proxy.async.shared::cta;
-    setp.ne.u32 %p2, %r2, 1000;
-{inits}{a_load}    wgmma.fence.sync.aligned;
-    wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ty}.{ty} {{{list}}}, {a_op}, %rd3, {scale_d}, 1, 1;
-    wgmma.commit_group.sync.aligned;
-    wgmma.wait_group.sync.aligned 0;
-    mul.wide.u32 %rd8, %r2, {rb};
-    add.s64 %rd5, %rd4, %rd8;
-{stores}    ret;
-}}
-"#,
-        list = list.join(", "),
-        rb = 4 * regs
-    )
-}
+";
 
 /// Values of a case: small integers (exact sums, compared with f64) or random fractions with an
 /// accumulator start value (compared with the sm_90 model).
@@ -501,23 +506,7 @@ fn pending_accumulator_chains() {
     ld.param.u64 %rd3, [db1];
     ld.param.u64 %rd9, [db2];
     ld.param.u64 %rd4, [out];
-    mov.u32 %r2, %tid.x;
-    mov.u32 %r3, %r2;
-COPY:
-    setp.ge.u32 %p1, %r3, %r1;
-    @%p1 bra DONE;
-    mul.wide.u32 %rd6, %r3, 4;
-    add.s64 %rd7, %rd1, %rd6;
-    ld.global.u32 %r4, [%rd7];
-    shl.b32 %r5, %r3, 2;
-    mov.u32 %r6, smem;
-    add.u32 %r7, %r6, %r5;
-    st.shared.u32 [%r7], %r4;
-    add.u32 %r3, %r3, 128;
-    bra COPY;
-DONE:
-    bar.sync 0;
-    fence.proxy.async.shared::cta;
+{COPY}
     mul.wide.u32 %rd8, %r2, 128;
     add.s64 %rd5, %rd4, %rd8;
     mov.f32 %f0, 0f42C80000;
@@ -552,7 +541,8 @@ DONE:
     st.global.v4.f32 [%rd5+112], {%f4, %f5, %f6, %f7};
     ret;
 }
-"#;
+"#
+    .replace("{COPY}\n", SMEM_IMAGE_COPY);
     let (k, lbo, sbo) = (16usize, 128usize, 256usize);
     let mut rng = rand::rngs::StdRng::seed_from_u64(31);
     let (b1_at, b2_at, total) = (2048usize, 3072usize, 3328usize);
@@ -579,7 +569,7 @@ DONE:
         (0..k).map(|kk| a[row * k + kk] * b[col * k + kk]).sum()
     };
     let mem = GlobalMemory::new();
-    let m = LoadedModule::load(&mem, ptx::parse(text).unwrap(), 0).unwrap();
+    let m = LoadedModule::load(&mem, ptx::parse(&text).unwrap(), 0).unwrap();
     let gimg = mem.alloc(total as u64, 0).unwrap();
     gimg.write_bytes(0, &img);
     let out = mem.alloc(128 * 128, 0).unwrap();
