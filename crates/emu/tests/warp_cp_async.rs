@@ -15,6 +15,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 
+#[path = "common/load.rs"]
+mod load;
+
 /// Threads per CTA (a full and a partial warp) and CTAs (more than the workers hold at once,
 /// so later CTAs reuse earlier ones' shared memory and register files).
 const BLOCK: usize = 48;
@@ -145,17 +148,7 @@ fn bytes(b: &Buf, n: usize) -> Vec<u8> {
 }
 
 fn module(mem: &GlobalMemory, text: &str) -> LoadedModule {
-    let m = ptx::parse(text).unwrap_or_else(|e| panic!("parse: {e}"));
-    let diags = ptx::validate(&m);
-    assert!(diags.iter().all(|d| !d.is_error()), "validator: {diags:#?}");
-    if ptx::ptxas::ptxas_for_tests("warp_cp_async test PTX").is_some() {
-        let rep = ptx::ptxas::assemble(text, "sm_90a", &Default::default())
-            .unwrap_or_else(|e| panic!("ptxas rejects the test PTX: {e}"));
-        for k in &rep.kernels {
-            assert_eq!(k.spill_stores_bytes + k.spill_loads_bytes, 0, "spills");
-        }
-    }
-    LoadedModule::load(mem, m, 0).unwrap()
+    load::load_checked(mem, text, &["sm_90a"], "warp_cp_async test PTX")
 }
 
 /// One launch's inputs: the two source buffers, src-sizes, and the test switches.

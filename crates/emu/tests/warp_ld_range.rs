@@ -11,6 +11,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 
+#[path = "common/load.rs"]
+mod load;
+
 const KERNEL: &str = r#"
 .version 8.0
 .target sm_90a
@@ -184,17 +187,7 @@ fn reference(a: &[u32], b: &[u32]) -> Vec<u32> {
 }
 
 fn module(mem: &GlobalMemory) -> LoadedModule {
-    let m = ptx::parse(KERNEL).unwrap_or_else(|e| panic!("parse: {e}"));
-    let diags = ptx::validate(&m);
-    assert!(diags.iter().all(|d| !d.is_error()), "validator: {diags:#?}");
-    if ptx::ptxas::ptxas_for_tests("warp_ld_range test PTX").is_some() {
-        let rep = ptx::ptxas::assemble(KERNEL, "sm_90a", &Default::default())
-            .unwrap_or_else(|e| panic!("ptxas rejects the test PTX: {e}"));
-        for k in &rep.kernels {
-            assert_eq!(k.spill_stores_bytes + k.spill_loads_bytes, 0, "spills");
-        }
-    }
-    LoadedModule::load(mem, m, 0).unwrap()
+    load::load_checked(mem, KERNEL, &["sm_90a"], "warp_ld_range test PTX")
 }
 
 fn run(

@@ -4,25 +4,9 @@
 use emu::{launch, Allocation, GlobalMemory, LaunchConfig, LaunchOptions, LoadedModule};
 use std::sync::Arc;
 
-/// Checks `text` (validator, printer round trip, and ptxas for each of `archs` when installed;
-/// `label` names the test in ptxas's skip message) and loads it.
-pub fn load_checked(mem: &GlobalMemory, text: &str, archs: &[&str], label: &str) -> LoadedModule {
-    let module = ptx::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    let errors: Vec<_> = ptx::validate(&module)
-        .into_iter()
-        .filter(|d| d.is_error())
-        .collect();
-    assert!(errors.is_empty(), "validator: {errors:?}\n{text}");
-    assert_eq!(ptx::parse(&ptx::print(&module)).unwrap(), module);
-    if ptx::ptxas::ptxas_for_tests(label).is_some() {
-        for arch in archs {
-            let t = text.replace("sm_90a", arch);
-            ptx::ptxas::assemble(&t, arch, &Default::default())
-                .unwrap_or_else(|e| panic!("ptxas ({arch}) rejects the test PTX: {e}\n{t}"));
-        }
-    }
-    LoadedModule::load(mem, module, 0).unwrap()
-}
+#[path = "load.rs"]
+mod load;
+pub use load::load_checked;
 
 /// Launches kernel `k` over `threads` threads with u64 parameters.
 pub fn run(
