@@ -88,7 +88,11 @@ impl DType {
 
     /// The dtype of a numpy dtype name (None: unsupported).
     pub fn from_name(name: &str) -> Option<DType> {
-        let name = if name == "float8_e4m3" { "float8_e4m3fn" } else { name };
+        let name = if name == "float8_e4m3" {
+            "float8_e4m3fn"
+        } else {
+            name
+        };
         DType::ALL.into_iter().find(|d| d.name() == name)
     }
 

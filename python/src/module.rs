@@ -59,9 +59,8 @@ fn ptx_text(ptx: &Bound<'_, PyAny>) -> PyResult<String> {
 
 /// Parses and validates `text` (`PtxError` with the position) and loads it on `device`.
 fn load(py: Python<'_>, device: &PyDevice, text: &str) -> PyResult<runtime::Module> {
-    let m = ptx::parse(text).map_err(|e| {
-        errors::ptx_error(py, &format!("PTX parse error: {e}"), e.line, e.col)
-    })?;
+    let m = ptx::parse(text)
+        .map_err(|e| errors::ptx_error(py, &format!("PTX parse error: {e}"), e.line, e.col))?;
     if let Some(f) = runtime::runner::validation_failure(&m) {
         return Err(errors::ptx_error(py, &f.message, f.line, f.col));
     }
@@ -90,14 +89,11 @@ fn dim3(v: &Bound<'_, PyAny>, field: &str) -> PyResult<[u32; 3]> {
     }
     let mut d = [1u32; 3];
     for (i, &x) in dims.iter().enumerate() {
-        d[i] = u32::try_from(x)
-            .ok()
-            .filter(|&x| x > 0)
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "{field}: dimension {i} is {x}; dimensions must be positive 32-bit integers"
-                ))
-            })?;
+        d[i] = u32::try_from(x).ok().filter(|&x| x > 0).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "{field}: dimension {i} is {x}; dimensions must be positive 32-bit integers"
+            ))
+        })?;
     }
     Ok(d)
 }
@@ -147,11 +143,7 @@ impl Slot<'_> {
 }
 
 /// Classifies and converts argument `x` for `slot` (host arrays are uploaded to `dev`).
-fn prepare<'py>(
-    dev: &PyDevice,
-    slot: &Slot<'_>,
-    x: &Bound<'py, PyAny>,
-) -> PyResult<Prepared<'py>> {
+fn prepare<'py>(dev: &PyDevice, slot: &Slot<'_>, x: &Bound<'py, PyAny>) -> PyResult<Prepared<'py>> {
     let py = x.py();
     if let Ok(a) = x.cast::<DeviceArray>() {
         let a = a.get();
@@ -416,10 +408,8 @@ impl PyPtxModule {
         func: &runtime::Function,
         args: &Bound<'py, PyAny>,
     ) -> PyResult<Vec<Prepared<'py>>> {
-        let items: Vec<Bound<'py, PyAny>> = args
-            .try_iter()
-            .and_then(|it| it.collect())
-            .map_err(|_| {
+        let items: Vec<Bound<'py, PyAny>> =
+            args.try_iter().and_then(|it| it.collect()).map_err(|_| {
                 PyTypeError::new_err(format!(
                     "args: expected a sequence of arguments, got {}",
                     type_name(args)
@@ -493,14 +483,14 @@ impl<'py> LaunchOptions<'py> {
                 None => 0,
             },
             stream: match stream {
-                Some(s) if !s.is_none() => Some(s.extract::<PyRef<'py, PyStream>>().map_err(
-                    |_| {
+                Some(s) if !s.is_none() => {
+                    Some(s.extract::<PyRef<'py, PyStream>>().map_err(|_| {
                         PyTypeError::new_err(format!(
                             "stream: expected a ptxforge.Stream, got {}",
                             type_name(&s)
                         ))
-                    },
-                )?),
+                    })?)
+                }
                 _ => None,
             },
             timeout: match timeout {

@@ -131,10 +131,7 @@ fn resolve_one(kernel: &str, i: usize, g: &Given, p: &ptx::Param) -> Result<Arg,
             format!("{what} given, parameter is .{} ({want})", p.ty),
         )
     };
-    let given_float = matches!(
-        g,
-        Given::Float(_) | Given::Value(Arg::F32(_) | Arg::F64(_))
-    );
+    let given_float = matches!(g, Given::Float(_) | Given::Value(Arg::F32(_) | Arg::F64(_)));
     match (wants(p), g) {
         (Some(w @ "a float"), _) if !given_float => return Err(kind_err(describe(g), w)),
         (Some(w @ "an integer"), _) if given_float => return Err(kind_err(describe(g), w)),
@@ -245,7 +242,10 @@ mod tests {
         assert_eq!(int_for(1 << 32, ptx::Ty::U32), None);
         assert_eq!(int_for(-1, ptx::Ty::U64), None);
         assert_eq!(int_for(1 << 31, ptx::Ty::S32), None);
-        assert_eq!(int_for(u64::MAX as i128, ptx::Ty::U64), Some(Arg::U64(u64::MAX)));
+        assert_eq!(
+            int_for(u64::MAX as i128, ptx::Ty::U64),
+            Some(Arg::U64(u64::MAX))
+        );
     }
 
     #[test]
