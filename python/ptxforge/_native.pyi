@@ -182,7 +182,7 @@ class Module:
         shared: int = 0,
         stream: Optional[Stream] = None,
         timeout: Optional[float] = None,
-    ) -> None:
+    ) -> dict:
         """Launches kernel `entry` on a grid of `grid` CTAs of `block` threads (ints or tuples
         of up to 3) with `args` checked against its parameters, and waits for it.
 
@@ -194,7 +194,11 @@ class Module:
 
         `shared`: dynamic shared memory bytes. `stream`: a Stream of the module's device
         (default: a new one). `timeout`: seconds before the emulator stops the kernel as hung
-        (default 600, or PTXFORGE_EMU_TIMEOUT_S)."""
+        (default 600, or PTXFORGE_EMU_TIMEOUT_S).
+
+        Returns a dict: `seconds` (host wall time of the launch and its wait) and, on the
+        emulator, `ctas`, `warp_instructions`, `lane_instructions` and `emulator_seconds` (the
+        emulator's run time, not a GPU's)."""
 
 # ----------------------------------------------------------------------------------------------
 # kernel library and expert-parallel buffer (python/src/kernels.rs, python/src/ep.rs)

@@ -333,20 +333,21 @@ impl PyPtxModule {
     /// copied in and (unless read-only) back out. `shared`: dynamic shared memory bytes.
     /// `stream`: a Stream of the module's device (default: a new one). `timeout`: seconds
     /// before the emulator stops the kernel as hung (EmulatorHang; default 600 or
-    /// PTXFORGE_EMU_TIMEOUT_S).
+    /// PTXFORGE_EMU_TIMEOUT_S). Returns a dict: `seconds` (wall time), and on the emulator
+    /// `ctas`, `warp_instructions`, `lane_instructions`, `emulator_seconds`.
     #[pyo3(
         signature = (entry, grid, block, args, *options, **kw_options),
         text_signature = "(self, entry, grid, block, args, shared=0, stream=None, timeout=None)"
     )]
-    fn launch(
+    fn launch<'py>(
         &self,
         entry: &str,
         grid: &Bound<'_, PyAny>,
         block: &Bound<'_, PyAny>,
-        args: &Bound<'_, PyAny>,
+        args: &Bound<'py, PyAny>,
         options: &Bound<'_, PyTuple>,
         kw_options: Option<&Bound<'_, PyDict>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Bound<'py, PyDict>> {
         let py = args.py();
         let o = LaunchOptions::parse(options, kw_options)?;
         let func = self.function(entry)?;
@@ -361,11 +362,14 @@ impl PyPtxModule {
         let argv = runtime::args::resolve(&func, &given).map_err(|e| errors::arg_error(py, &e))?;
         let cancel = Arc::new(AtomicBool::new(false));
         cfg.cancel = Some(cancel.clone());
+        let t0 = std::time::Instant::now();
         stream
             .launch(&func, &cfg, &argv)
             .map_err(|e| errors::runtime_error(py, e))?;
         wait_interruptible(py, &stream, &cancel)?.map_err(|e| errors::runtime_error(py, e))?;
-        copy_back(py, &prepared)
+        let seconds = t0.elapsed().as_secs_f64();
+        copy_back(py, &prepared)?;
+        launch_stats(py, seconds, stream.last_stats())
     }
 
     fn __repr__(&self) -> String {
@@ -507,6 +511,25 @@ fn parse_timeout(t: &Bound<'_, PyAny>) -> PyResult<Duration> {
         PyTypeError::new_err(format!("timeout: expected seconds, got {}", type_name(t)))
     })?;
     runtime::runner::parse_timeout(secs).map_err(|e| PyValueError::new_err(format!("timeout: {e}")))
+}
+
+/// What `launch` returns: `seconds` (host wall time of the launch and its wait) and, on the
+/// emulator, its statistics: `ctas`, `warp_instructions`, `lane_instructions` and
+/// `emulator_seconds` (the emulator's own run time; not a GPU's time).
+fn launch_stats(
+    py: Python<'_>,
+    seconds: f64,
+    stats: Option<emu::LaunchStats>,
+) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("seconds", seconds)?;
+    if let Some(s) = stats {
+        d.set_item("ctas", s.ctas)?;
+        d.set_item("warp_instructions", s.warp_instructions)?;
+        d.set_item("lane_instructions", s.lane_instructions)?;
+        d.set_item("emulator_seconds", s.seconds)?;
+    }
+    Ok(d)
 }
 
 /// Copies each writable host array's buffer back into it.

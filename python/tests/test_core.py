@@ -14,10 +14,12 @@ def test_vector_add_from_numpy(rng):
     a = rng.standard_normal(n).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
     c = np.full(n, np.nan, np.float32)
-    pf.Module(VADD).launch("vadd", (n + 127) // 128, 128, [a, b, c, n])
+    stats = pf.Module(VADD).launch("vadd", (n + 127) // 128, 128, [a, b, c, n])
     ref = a.astype(np.float64) + b.astype(np.float64)
     # one f32 rounding of the exact sum
     np.testing.assert_allclose(c, ref, rtol=2**-23, atol=0)
+    assert stats["ctas"] == (n + 127) // 128 and stats["warp_instructions"] > 0
+    assert stats["seconds"] > 0 and stats["emulator_seconds"] > 0
 
 
 def test_reduction_with_a_float_scalar(rng):

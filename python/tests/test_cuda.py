@@ -1,0 +1,64 @@
+"""The CUDA path of the core: device arrays in CUDA memory (__cuda_array_interface__ v3,
+kDLCUDA) and launches through the driver. Skipped without a CUDA device; scripts/test-python.sh
+runs it on the fake driver (scripts/fakecuda.sh: the driver API over the emulator), and on a GPU
+machine it runs on the GPU."""
+
+import numpy as np
+import pytest
+
+import ptxforge as pf
+from conftest import VADD
+
+CUDA = [d for d in pf.devices() if d.kind == "cuda"]
+pytestmark = pytest.mark.skipif(not CUDA, reason="no CUDA device (driver or fake driver)")
+
+
+@pytest.fixture
+def dev():
+    return CUDA[0]
+
+
+def test_arrays_round_trip_and_expose_the_cuda_array_interface(dev, rng):
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    d = dev.array(x)
+    assert d.device == dev and str(d.device).startswith("cuda:")
+    np.testing.assert_array_equal(d.numpy(), x)
+    cai = d.__cuda_array_interface__
+    assert cai["version"] == 3 and cai["shape"] == (3, 4) and cai["typestr"] == "<f4"
+    assert cai["data"] == (d.ptr, False) and cai["strides"] is None
+    assert d.__dlpack_device__() == (2, dev.index)
+    with pytest.raises(BufferError, match="__cuda_array_interface__"):
+        d.__dlpack__()
+
+
+def test_vector_add_on_cuda(dev, rng):
+    n = int(rng.integers(100, 300))
+    a = rng.standard_normal(n).astype(np.float32)
+    b = dev.array(rng.standard_normal(n).astype(np.float32))
+    c = dev.array(np.full(n, np.nan, np.float32))
+    out = np.full(n, np.nan, np.float32)
+    m = pf.Module(VADD, device=dev)
+    m.launch("vadd", (n + 127) // 128, 128, [a, b, c, n])
+    ref = a.astype(np.float64) + b.numpy()
+    np.testing.assert_allclose(c.numpy(), ref, rtol=2**-23, atol=0)
+    m.launch("vadd", (n + 127) // 128, 128, [a, b, out, n])
+    np.testing.assert_allclose(out, ref, rtol=2**-23, atol=0)
+
+
+def test_cuda_arrays_are_refused_by_emulator_modules(dev):
+    c = dev.zeros(4)
+    e = pf.Module(VADD)
+    with pytest.raises(ValueError, match="loaded on emu:0") as err:
+        e.launch("vadd", 1, 32, [c, c, c, 4])
+    assert err.value.param == "a"
+
+
+def test_torch_reads_cuda_arrays_without_a_copy(dev, rng):
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    if not torch.cuda.is_available() or dev.name.startswith("ptxforge fakecuda"):
+        pytest.skip("needs torch with a real CUDA device")
+    x = rng.standard_normal(16).astype(np.float32)
+    d = dev.array(x)
+    t = torch.as_tensor(d, device=f"cuda:{dev.index}")
+    assert t.data_ptr() == d.ptr
+    np.testing.assert_array_equal(t.cpu().numpy(), x)
