@@ -173,6 +173,9 @@ fn prepare<'py>(dev: &PyDevice, slot: &Slot<'_>, x: &Bound<'py, PyAny>) -> PyRes
     if x.is_instance(&np.getattr("generic")?)? {
         return numpy_scalar(slot, x).map(Prepared::Ready);
     }
+    if x.hasattr("__cuda_array_interface__")? {
+        return cuda_array(dev, slot, x).map(Prepared::Ready);
+    }
     let is_array = x.is_instance(&np.getattr("ndarray")?)?;
     if !is_array && !x.hasattr("__dlpack__")? {
         return Err(slot.type_err(
@@ -202,6 +205,67 @@ fn pointer_ok(slot: &Slot<'_>, py: Python<'_>, what: &str, shape: &[usize]) -> P
             slot.param.ty
         ),
     ))
+}
+
+/// An object in CUDA memory (`__cuda_array_interface__`: torch CUDA tensors, CuPy, Numba):
+/// its address, without a copy, for a module on a CUDA device. It must be C-contiguous and of a
+/// supported dtype; the interface does not say which GPU holds it, so that is the caller's
+/// business (as with CUDA pointers in C).
+fn cuda_array(dev: &PyDevice, slot: &Slot<'_>, x: &Bound<'_, PyAny>) -> PyResult<Given> {
+    let py = x.py();
+    if dev.dev.backend() != runtime::Backend::Cuda {
+        return Err(slot.value_err(
+            py,
+            format!(
+                "a {} in CUDA memory given, the module is loaded on {}",
+                type_name(x),
+                dev.spec()
+            ),
+        ));
+    }
+    let cai = x.getattr("__cuda_array_interface__")?;
+    let shape: Vec<usize> = cai.get_item("shape")?.extract()?;
+    let typestr = cai.get_item("typestr")?;
+    let name: String = py
+        .import("numpy")?
+        .call_method1("dtype", (&typestr,))?
+        .getattr("name")?
+        .extract()?;
+    let d = DType::from_name(&name).ok_or_else(|| {
+        slot.type_err(
+            py,
+            format!("a CUDA array of dtype {name} given (unsupported)"),
+        )
+    })?;
+    pointer_ok(slot, py, "a CUDA array", &shape)?;
+    let strides = cai
+        .get_item("strides")
+        .ok()
+        .filter(|s| !s.is_none())
+        .map(|s| s.extract::<Vec<usize>>())
+        .transpose()?;
+    if let Some(st) = strides.filter(|st| *st != c_strides(&shape, d.size())) {
+        return Err(slot.value_err(
+            py,
+            format!(
+                "a non-contiguous CUDA array (shape {shape:?}, strides {st:?}) given: the kernel \
+                 gets a pointer to dense C-order data; pass a contiguous copy"
+            ),
+        ));
+    }
+    let (ptr, _read_only): (u64, bool) = cai.get_item("data")?.extract()?;
+    Ok(Given::Buffer(ptr))
+}
+
+/// The byte strides of a C-contiguous array of `shape` with `size`-byte elements.
+fn c_strides(shape: &[usize], size: usize) -> Vec<usize> {
+    let mut st = vec![0; shape.len()];
+    let mut acc = size;
+    for i in (0..shape.len()).rev() {
+        st[i] = acc;
+        acc *= shape[i].max(1);
+    }
+    st
 }
 
 /// A numpy scalar as a value of its own kind.
@@ -366,7 +430,12 @@ impl PyPtxModule {
         stream
             .launch(&func, &cfg, &argv)
             .map_err(|e| errors::runtime_error(py, e))?;
-        wait_interruptible(py, &stream, &cancel)?.map_err(|e| errors::runtime_error(py, e))?;
+        wait_interruptible(py, &stream, &cancel)?.map_err(|e| {
+            let note =
+                runtime::runner::missing_dynamic_shared(&e, self.module.ir(), entry, o.shared)
+                    .map(|n| format!("{n}: pass its size in bytes with shared="));
+            errors::with_note(py, errors::runtime_error(py, e), note)
+        })?;
         let seconds = t0.elapsed().as_secs_f64();
         copy_back(py, &prepared)?;
         launch_stats(py, seconds, stream.last_stats())

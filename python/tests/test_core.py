@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ptxforge as pf
-from conftest import AXPB_I64, REDUCE, VADD
+from conftest import AXPB_I64, REDUCE, REVERSE_DYN, VADD
 
 
 def test_vector_add_from_numpy(rng):
@@ -30,6 +30,14 @@ def test_reduction_with_a_float_scalar(rng):
     pf.Module(REDUCE).launch("rowsum", rows, 256, [x, out, scale])
     ref = x.astype(np.float64).sum(axis=1) * np.float32(scale)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_shared_memory(rng):
+    n = 128
+    x = rng.standard_normal(n).astype(np.float32)
+    y = np.full(n, np.nan, np.float32)
+    pf.Module(REVERSE_DYN).launch("reverse", 1, n, [x, y], shared=4 * n)
+    np.testing.assert_array_equal(y, x[::-1])
 
 
 def test_integer_scalars_take_the_parameter_types(rng):

@@ -62,3 +62,25 @@ def test_torch_reads_cuda_arrays_without_a_copy(dev, rng):
     t = torch.as_tensor(d, device=f"cuda:{dev.index}")
     assert t.data_ptr() == d.ptr
     np.testing.assert_array_equal(t.cpu().numpy(), x)
+
+
+class Cai:
+    """A foreign CUDA array: only `__cuda_array_interface__` (as torch CUDA tensors, CuPy)."""
+
+    def __init__(self, d, strides=None):
+        self.__cuda_array_interface__ = dict(d.__cuda_array_interface__, strides=strides)
+
+
+def test_foreign_cuda_arrays_pass_their_address(dev, rng):
+    n = 128
+    a = dev.array(rng.standard_normal(n).astype(np.float32))
+    b = rng.standard_normal(n).astype(np.float32)
+    c = dev.array(np.full(n, np.nan, np.float32))
+    m = pf.Module(VADD, device=dev)
+    m.launch("vadd", 1, 128, [Cai(a), b, Cai(c, strides=(4,)), n])
+    np.testing.assert_allclose(c.numpy(), a.numpy().astype(np.float64) + b, rtol=2**-23)
+    with pytest.raises(ValueError, match="non-contiguous CUDA array") as e:
+        m.launch("vadd", 1, 128, [a, b, Cai(c, strides=(8,)), n // 2])
+    assert e.value.param == "c"
+    with pytest.raises(ValueError, match="in CUDA memory given, the module is loaded on emu:0"):
+        pf.Module(VADD).launch("vadd", 1, 128, [Cai(a), b, c.numpy(), n])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ptxforge as pf
-from conftest import AXPB_I64, OOB, OOB_LINE, REDUCE, SPIN, VADD
+from conftest import AXPB_I64, OOB, OOB_LINE, REDUCE, REVERSE_DYN, SPIN, VADD
 
 
 @pytest.fixture
@@ -168,6 +168,16 @@ def test_an_out_of_bounds_store_carries_the_ptx_line_and_address():
     assert f.address == a.ptr + 1048576
     assert f.instruction.startswith("st.global.f32")
     assert f"PTX line {OOB_LINE}" in str(f) and hex(f.address) in str(f)
+
+
+def test_a_launch_without_its_dynamic_shared_memory_says_so(rng):
+    x = rng.standard_normal(32).astype(np.float32)
+    y = np.full(32, np.nan, np.float32)
+    with pytest.raises(pf.EmulatorFault) as e:
+        pf.Module(REVERSE_DYN).launch("reverse", 1, 32, [x, y])
+    assert e.value.kind == "out_of_bounds" and e.value.space == "shared"
+    assert "`extern .shared` dyn" in str(e.value) and "shared=" in str(e.value)
+    assert np.isnan(y).all()
 
 
 def test_a_hang_raises_emulator_hang():

@@ -791,6 +791,63 @@ pub fn validation_failure(m: &ptx::Module) -> Option<ValidationFailure> {
     })
 }
 
+/// The note `ptxforge run` and the Python package's `Module.launch` add to a shared-memory
+/// out-of-bounds fault of a launch without dynamic shared memory (`shared == 0`) when the
+/// kernel declares unsized `extern .shared` arrays: the launch forgot their size.
+pub fn missing_dynamic_shared(
+    e: &RuntimeError,
+    m: &ptx::Module,
+    entry: &str,
+    shared: u32,
+) -> Option<String> {
+    let shared_fault = matches!(
+        e,
+        RuntimeError::Emu(emu::EmuError::Fault {
+            kind: emu::FaultKind::OutOfBounds {
+                space: "shared",
+                ..
+            },
+            ..
+        })
+    );
+    if !shared_fault || shared != 0 {
+        return None;
+    }
+    let names = extern_shared(m, entry);
+    (!names.is_empty()).then(|| {
+        format!(
+            "the kernel uses dynamic shared memory, `extern .shared` {}, but the launch gave none",
+            names.join(", ")
+        )
+    })
+}
+
+/// The unsized (`extern .shared`) arrays the module and the entry declare.
+fn extern_shared(m: &ptx::Module, entry: &str) -> Vec<String> {
+    fn walk(b: &[ptx::Statement], out: &mut Vec<String>) {
+        for s in b {
+            match s {
+                ptx::Statement::Var(v) if is_dynamic_shared(v) => out.push(v.name.clone()),
+                ptx::Statement::Block(b) => walk(b, out),
+                _ => {}
+            }
+        }
+    }
+    let mut out: Vec<String> = m
+        .globals()
+        .filter(|v| is_dynamic_shared(v))
+        .map(|v| v.name.clone())
+        .collect();
+    if let Some(body) = m.function(entry).and_then(|f| f.body.as_deref()) {
+        walk(body, &mut out);
+    }
+    out
+}
+
+fn is_dynamic_shared(v: &ptx::VarDecl) -> bool {
+    v.space.is_shared() && v.dims.iter().any(|d| d.is_none())
+}
+
 /// Checks the arguments against the kernel's parameters before any file is read
 /// ([`crate::args::resolve`]: count, kinds, sizes; buffers stand in as address 0).
 fn check_kinds(func: &crate::Function, args: &[ArgSpec]) -> Result<()> {
