@@ -187,7 +187,8 @@ class Module:
         of up to 3) with `args` checked against its parameters, and waits for it.
 
         Arguments: numpy arrays and CPU DLPack tensors (copied in; copied back unless
-        read-only; non-contiguous ones refused), DeviceArrays (their address), Python ints and
+        read-only; non-contiguous ones refused), DeviceArrays (their address), objects with
+        __cuda_array_interface__ for CUDA modules (their address), Python ints and
         floats (typed by the parameter, range-checked), numpy scalars (exactly the parameter's
         kind). Errors: TypeError/ValueError naming the parameter, EmulatorFault, EmulatorHang;
         Ctrl-C raises KeyboardInterrupt after stopping the emulator.
