@@ -103,7 +103,8 @@ class DeviceArray:
     Kernels get its address when it is passed to Module.launch.
 
     Emulated arrays export host copies (numpy(), __array__, __dlpack__ with device kDLCPU);
-    CUDA arrays expose __cuda_array_interface__ (version 3) without a copy."""
+    CUDA arrays expose __cuda_array_interface__ (version 3) and __dlpack__ (kDLCUDA) without a
+    copy."""
 
     @property
     def shape(self) -> Tuple[int, ...]:
@@ -139,8 +140,8 @@ class DeviceArray:
         dl_device: Any = None,
         copy: Optional[bool] = None,
     ) -> Any:
-        """DLPack export. Emulated arrays export a host copy (kDLCPU). CUDA arrays raise
-        BufferError (use __cuda_array_interface__)."""
+        """DLPack export. Emulated arrays export a host copy (kDLCPU); CUDA arrays their device
+        memory without a copy (kDLCUDA; the device is synchronised first)."""
     def __dlpack_device__(self) -> Tuple[int, int]:
         """(device type, index): kDLCPU (1, 0) for emulated arrays, kDLCUDA (2, N) on CUDA."""
     @property

@@ -3,6 +3,9 @@ kDLCUDA) and launches through the driver. Skipped without a CUDA device; scripts
 runs it on the fake driver (scripts/fakecuda.sh: the driver API over the emulator), and on a GPU
 machine it runs on the GPU."""
 
+import ctypes
+import gc
+
 import numpy as np
 import pytest
 
@@ -27,8 +30,6 @@ def test_arrays_round_trip_and_expose_the_cuda_array_interface(dev, rng):
     assert cai["version"] == 3 and cai["shape"] == (3, 4) and cai["typestr"] == "<f4"
     assert cai["data"] == (d.ptr, False) and cai["strides"] is None
     assert d.__dlpack_device__() == (2, dev.index)
-    with pytest.raises(BufferError, match="__cuda_array_interface__"):
-        d.__dlpack__()
 
 
 def test_vector_add_on_cuda(dev, rng):
@@ -84,3 +85,72 @@ def test_foreign_cuda_arrays_pass_their_address(dev, rng):
     assert e.value.param == "c"
     with pytest.raises(ValueError, match="in CUDA memory given, the module is loaded on emu:0"):
         pf.Module(VADD).launch("vadd", 1, 128, [Cai(a), b, c.numpy(), n])
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class DLManagedTensor(ctypes.Structure):
+    pass
+
+
+DLManagedTensor._fields_ = [
+    ("dl_tensor", DLTensor),
+    ("manager_ctx", ctypes.c_void_p),
+    ("deleter", ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))),
+]
+
+_api = ctypes.pythonapi
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+@pytest.mark.parametrize(
+    "dtype,code,bits", [(np.float32, 2, 32), (np.int16, 0, 16), (np.uint64, 1, 64)]
+)
+def test_dlpack_export_of_cuda_arrays_is_the_device_memory(dev, rng, dtype, code, bits):
+    """A consumer's view of the capsule (what torch.from_dlpack reads), through ctypes."""
+    d = dev.array(rng.integers(0, 100, (2, 3)).astype(dtype))
+    cap = d.__dlpack__()
+    assert _api.PyCapsule_IsValid(cap, b"dltensor") == 1
+    p = _api.PyCapsule_GetPointer(cap, b"dltensor")
+    mt = DLManagedTensor.from_address(p)
+    t = mt.dl_tensor
+    assert t.data == d.ptr and (t.device.device_type, t.device.device_id) == (2, dev.index)
+    assert t.ndim == 2 and [t.shape[0], t.shape[1]] == [2, 3] and not t.strides
+    assert (t.dtype.code, t.dtype.bits, t.dtype.lanes) == (code, bits, 1)
+    # consume it as a consumer does: rename, then call the deleter when done
+    _api.PyCapsule_SetName(cap, b"used_dltensor")
+    mt.deleter(ctypes.cast(p, ctypes.POINTER(DLManagedTensor)))
+    del cap
+    gc.collect()
+    np.testing.assert_array_equal(d.numpy().shape, (2, 3))
+
+
+def test_an_unconsumed_dlpack_capsule_frees_its_tensor(dev, rng):
+    x = rng.standard_normal(8).astype(np.float32)
+    d = dev.array(x)
+    for _ in range(3):
+        cap = d.__dlpack__()
+        del cap
+    gc.collect()
+    np.testing.assert_array_equal(d.numpy(), x)
