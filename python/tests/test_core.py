@@ -182,3 +182,32 @@ def test_torch_cpu_tensors(rng):
     np.testing.assert_array_equal(d.numpy(), a.numpy())
     t = torch.from_dlpack(d)
     assert torch.equal(t, a)
+
+
+CORPUS = __import__("pathlib").Path(__file__).resolve().parents[2] / "tests-data" / "corpus"
+
+
+def to_bf16_bits(x):
+    """float32 -> bfloat16 bit patterns (round to nearest even), as uint16."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16_bits(b):
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("target,shared", [("sm_80", 8192), ("sm_90a", 16384)])
+def test_a_triton_compiled_gemm_from_the_corpus(rng, target, shared):
+    """Triton 3.9's bf16 tl.dot GEMM (C[128,64] = A[128,64] B[64,64]; mma.sync on sm_80, wgmma
+    on sm_90a) from its committed PTX, on fresh random inputs against a float64 reference."""
+    ptx = CORPUS / target / "gemm_bf16.ptx"
+    a = to_bf16_bits(rng.standard_normal((128, 64)))
+    b = to_bf16_bits(rng.standard_normal((64, 64)))
+    c = np.full((128, 64), 0x7FC0, np.uint16)  # bf16 NaN
+    m = pf.Module(ptx)
+    m.launch("gemm", 2, 128, [a, b, c, 64, 64, 64, 64, 0, 0], shared=shared)
+    ref = from_bf16_bits(a).astype(np.float64) @ from_bf16_bits(b).astype(np.float64)
+    got = from_bf16_bits(c).astype(np.float64)
+    # f32 accumulation, one bf16 rounding of the result (8 significant bits)
+    np.testing.assert_allclose(got, ref, rtol=2**-8, atol=1e-3 * np.abs(ref).max())
