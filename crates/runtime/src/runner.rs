@@ -729,6 +729,15 @@ pub fn run(device: &Device, spec: &RunSpec) -> Result<RunOutput> {
             (_, None) => return Err(RunError::Other("internal: buffer without host data".into())),
         }
     }
+    // count, kinds and sizes: the rules the Python package's launch shares
+    let given: Vec<Given> = args
+        .iter()
+        .map(|a| match a {
+            Arg::Ptr(p) => Given::Buffer(*p),
+            v => Given::Value(*v),
+        })
+        .collect();
+    let args = crate::args::resolve(&func, &given).map_err(RuntimeError::from)?;
     let mut cfg = LaunchConfig::grid3(spec.grid, spec.block).shared(spec.shared);
     cfg.timeout = spec.timeout;
     cfg.progress = spec.progress.clone();
@@ -848,11 +857,12 @@ fn is_dynamic_shared(v: &ptx::VarDecl) -> bool {
     v.space.is_shared() && v.dims.iter().any(|d| d.is_none())
 }
 
-/// Checks the arguments against the kernel's parameters before any file is read
-/// ([`crate::args::resolve`]: count, kinds, sizes; buffers stand in as address 0).
+/// Catches a float given for an integer parameter and vice versa before any file is read
+/// ([`crate::args::check_kinds`]); the count and sizes are checked at the launch
+/// ([`crate::args::resolve`]).
 fn check_kinds(func: &crate::Function, args: &[ArgSpec]) -> Result<()> {
     let given: Vec<Given> = args.iter().map(ArgSpec::given).collect();
-    crate::args::resolve(func, &given).map_err(RuntimeError::from)?;
+    crate::args::check_kinds(func, &given).map_err(RuntimeError::from)?;
     Ok(())
 }
 
