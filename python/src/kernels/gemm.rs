@@ -9,14 +9,27 @@ use pyo3::prelude::*;
 use runtime::half::bf16;
 use runtime::{Buffer, Device};
 
-/// The kernel family `arch` selects for a problem (`rows`: rows of A over all groups, the
-/// tile heuristics' M).
-fn choice(arch: &str, input: InTy, layout: Layout, rows: usize, n: usize, sms: u32) -> PyResult<KernelChoice> {
-    let mma = KernelChoice::MmaSync(choose_config(input, layout, rows, n, sms));
+/// The shape a problem is chosen for: rows of A over all groups (the tile heuristics' M), N
+/// and K.
+#[derive(Clone, Copy)]
+struct Dims {
+    rows: usize,
+    n: usize,
+    k: usize,
+}
+
+/// Whether the Hopper kernels cover a problem: FP8 in every layout (n, k multiples of 128,
+/// checked before), BF16 ungrouped with K a multiple of 64.
+fn hopper_covers(input: InTy, layout: Layout, k: usize) -> bool {
+    input == InTy::Fp8 || (layout == Layout::Normal && k % 64 == 0)
+}
+
+/// The kernel family `arch` selects for a problem.
+fn choice(arch: &str, input: InTy, layout: Layout, d: Dims, sms: u32) -> PyResult<KernelChoice> {
+    let mma = KernelChoice::MmaSync(choose_config(input, layout, d.rows, d.n, sms));
     match arch {
-        // the Hopper kernels cover FP8 in every layout and BF16 ungrouped
-        "sm_90a" if input == InTy::Fp8 || layout == Layout::Normal => Ok(KernelChoice::Wgmma(
-            hopper::choose_spec(input, layout, rows, n, sms),
+        "sm_90a" if hopper_covers(input, layout, d.k) => Ok(KernelChoice::Wgmma(
+            hopper::choose_spec(input, layout, d.rows, d.n, sms),
         )),
         "sm_90a" | "sm_89" => Ok(mma),
         "sm_80" if input == InTy::Bf16 => Ok(mma),
@@ -129,7 +142,8 @@ fn fp8_in(q: &Bound<'_, PyAny>, s: &Bound<'_, PyAny>, qn: &str, sn: &str) -> PyR
 /// Args:
 ///     a: floating ``[m, k]``, rounded to bfloat16 (round to nearest even).
 ///     b: floating ``[n, k]``, rounded to bfloat16. ``n`` and ``k`` multiples of 8.
-///     arch: kernel family: ``"sm_90a"`` (default) the Hopper ``wgmma`` kernel, ``"sm_89"`` /
+///     arch: kernel family: ``"sm_90a"`` (default) the Hopper ``wgmma`` kernel where it
+///         covers the shape (K a multiple of 64; else ``mma.sync``), ``"sm_89"`` /
 ///         ``"sm_80"`` the ``mma.sync`` kernel. The PTX is generated for the device's own
 ///         target (the emulator is an sm_90a part), so ``arch`` picks the kernel, not the ISA.
 ///     device: ``"emu:N"``, ``"cuda:N"`` or a ``ptxforge.Device`` (default ``"emu:0"``).
@@ -159,7 +173,7 @@ pub fn gemm_bf16<'py>(
     mult("a", "K", k, 8, "16-byte rows")?;
     let dev = convert::device(device, "device")?;
     let sms = dev.props().sms;
-    let kc = choice(arch, InTy::Bf16, Layout::Normal, m, n, sms)?;
+    let kc = choice(arch, InTy::Bf16, Layout::Normal, Dims { rows: m, n, k }, sms)?;
     let call = Call {
         problem: GemmProblem::new(InTy::Bf16, m, n, k).kernel(kc),
         a: Input::Bf16(convert::f32_to_bf16(&aa.data)),
@@ -213,7 +227,7 @@ pub fn gemm_fp8_nt<'py>(
     scale_shape("a_s", &a.s, &[m, k / 128])?;
     scale_shape("b_s", &b.s, &[n / 128, k / 128])?;
     let dev = convert::device(device, "device")?;
-    let kc = choice(arch, InTy::Fp8, Layout::Normal, m, n, dev.props().sms)?;
+    let kc = choice(arch, InTy::Fp8, Layout::Normal, Dims { rows: m, n, k }, dev.props().sms)?;
     let call = Call {
         problem: GemmProblem::new(InTy::Fp8, m, n, k).kernel(kc),
         a: Input::Fp8(a.q.data, a.s.data),
@@ -268,7 +282,7 @@ pub fn m_grouped_gemm_fp8_nt_contiguous<'py>(
     let ix = convert::ints(m_indices, "m_indices")?;
     check_m_indices(&ix, m, groups)?;
     let dev = convert::device(device, "device")?;
-    let kc = choice(arch, InTy::Fp8, Layout::Contiguous, m, n, dev.props().sms)?;
+    let kc = choice(arch, InTy::Fp8, Layout::Contiguous, Dims { rows: m, n, k }, dev.props().sms)?;
     let call = Call {
         problem: GemmProblem::new(InTy::Fp8, m, n, k)
             .contiguous(groups)
@@ -332,7 +346,7 @@ pub fn m_grouped_gemm_fp8_nt_masked<'py>(
     let dev = convert::device(device, "device")?;
     // DeepGEMM's use of expected_m: the tile heuristic sizes for the expected rows per group
     let hint = (expected_m as usize).min(m_max.max(1)) * groups;
-    let kc = choice(arch, InTy::Fp8, Layout::Masked, hint, n, dev.props().sms)?;
+    let kc = choice(arch, InTy::Fp8, Layout::Masked, Dims { rows: hint, n, k }, dev.props().sms)?;
     let call = Call {
         problem: GemmProblem::new(InTy::Fp8, m_max, n, k)
             .masked(groups)
