@@ -54,6 +54,9 @@ enum Payload {
     Fp8(Vec<u8>, Vec<f32>),
 }
 
+/// What a fresh dispatch adds to its handle: the library's handle and the top-k weights.
+type Fresh = (ep::Handle, Vec<Buffer<f32>>);
+
 /// One rank's dispatch payload on its device.
 enum DevPayload {
     Bf16(Buffer<bf16>),
@@ -82,7 +85,13 @@ fn payload(obj: &Bound<'_, PyAny>, r: usize, hidden: usize) -> PyResult<(Payload
     let name = format!("x[{r}]");
     if let Ok(t) = obj.cast::<PyTuple>() {
         if t.len() != 2 {
-            return Err(bad(&name, format!("an FP8 payload is a (q, scales) pair, got {} items", t.len())));
+            return Err(bad(
+                &name,
+                format!(
+                    "an FP8 payload is a (q, scales) pair, got {} items",
+                    t.len()
+                ),
+            ));
         }
         let q = convert::e4m3_bytes(&t.get_item(0)?, &format!("{name}[0]"))?;
         let s = convert::floats(&t.get_item(1)?, &format!("{name}[1]"))?;
@@ -91,7 +100,11 @@ fn payload(obj: &Bound<'_, PyAny>, r: usize, hidden: usize) -> PyResult<(Payload
         if s.shape != [tok, hidden / 128] {
             return Err(bad(
                 &format!("{name}[1]"),
-                format!("shape {} should be ({tok}, {})", convert::shape_str(&s.shape), hidden / 128),
+                format!(
+                    "shape {} should be ({tok}, {})",
+                    convert::shape_str(&s.shape),
+                    hidden / 128
+                ),
             ));
         }
         return Ok((Payload::Fp8(q.data, s.data), tok));
@@ -104,7 +117,10 @@ fn payload(obj: &Bound<'_, PyAny>, r: usize, hidden: usize) -> PyResult<(Payload
 
 fn check_hidden(name: &str, h: usize, hidden: usize) -> PyResult<()> {
     if h != hidden {
-        return Err(bad(name, format!("hidden = {h} differs from the Buffer's hidden = {hidden}")));
+        return Err(bad(
+            name,
+            format!("hidden = {h} differs from the Buffer's hidden = {hidden}"),
+        ));
     }
     Ok(())
 }
@@ -117,12 +133,18 @@ fn check_topk_idx(a: &HostArray<i32>, name: &str, tokens: usize, experts: u32) -
         return Err(bad(name, format!("{t} rows for {tokens} tokens")));
     }
     if k == 0 || k > 32 || k > experts as usize {
-        return Err(bad(name, format!("topk = {k} outside 1..={}", experts.min(32))));
+        return Err(bad(
+            name,
+            format!("topk = {k} outside 1..={}", experts.min(32)),
+        ));
     }
     for (row, ids) in a.data.chunks(k).enumerate() {
         for (j, &e) in ids.iter().enumerate() {
             if e < -1 || e >= experts as i32 {
-                return Err(bad(name, format!("[{row}, {j}] = {e} outside -1..{experts} (-1: no expert)")));
+                return Err(bad(
+                    name,
+                    format!("[{row}, {j}] = {e} outside -1..{experts} (-1: no expert)"),
+                ));
             }
             if e >= 0 && ids[..j].contains(&e) {
                 return Err(bad(name, format!("row {row} names expert {e} twice")));
@@ -135,7 +157,13 @@ fn check_topk_idx(a: &HostArray<i32>, name: &str, tokens: usize, experts: u32) -
 /// `list` as exactly `ranks` items, or a `ValueError` naming `name`.
 fn per_rank<'py>(list: &[Bound<'py, PyAny>], name: &str, ranks: u32) -> PyResult<()> {
     if list.len() != ranks as usize {
-        return Err(bad(name, format!("{} arrays for num_ranks = {ranks} (one per rank)", list.len())));
+        return Err(bad(
+            name,
+            format!(
+                "{} arrays for num_ranks = {ranks} (one per rank)",
+                list.len()
+            ),
+        ));
     }
     Ok(())
 }
@@ -148,11 +176,21 @@ impl EpBuffer {
         for (r, o) in x.iter().enumerate() {
             let (p, t) = payload(o, r, self.cfg.hidden as usize)?;
             if t > self.cfg.max_tokens as usize {
-                return Err(bad(&format!("x[{r}]"), format!("{t} tokens exceed max_tokens_per_rank = {}", self.cfg.max_tokens)));
+                return Err(bad(
+                    &format!("x[{r}]"),
+                    format!(
+                        "{t} tokens exceed max_tokens_per_rank = {}",
+                        self.cfg.max_tokens
+                    ),
+                ));
             }
             if let Some((p0, _)) = out.first() {
                 if matches!(p0, Payload::Fp8(..)) != matches!(p, Payload::Fp8(..)) {
-                    return Err(bad("x", "every rank must use the same payload (all FP8 tuples or all arrays)".into()));
+                    return Err(bad(
+                        "x",
+                        "every rank must use the same payload (all FP8 tuples or all arrays)"
+                            .into(),
+                    ));
                 }
             }
             out.push((p, t));
@@ -176,13 +214,27 @@ impl EpBuffer {
             let idx = convert::ints(&topk_idx[r], &ni)?;
             let k = check_topk_idx(&idx, &ni, tokens, self.cfg.experts)?;
             if *topk.get_or_insert(k) != k {
-                return Err(bad(&ni, format!("topk = {k} differs from rank 0's {}", topk.unwrap_or(k))));
+                return Err(bad(
+                    &ni,
+                    format!("topk = {k} differs from rank 0's {}", topk.unwrap_or(k)),
+                ));
             }
             let w = convert::floats(&topk_w[r], &nw)?;
             if w.shape != idx.shape {
-                return Err(bad(&nw, format!("shape {} differs from topk_idx's {}", convert::shape_str(&w.shape), convert::shape_str(&idx.shape))));
+                return Err(bad(
+                    &nw,
+                    format!(
+                        "shape {} differs from topk_idx's {}",
+                        convert::shape_str(&w.shape),
+                        convert::shape_str(&idx.shape)
+                    ),
+                ));
             }
-            ins.push(RankIn { x, topk_idx: idx.data, topk_w: w.data });
+            ins.push(RankIn {
+                x,
+                topk_idx: idx.data,
+                topk_w: w.data,
+            });
         }
         Ok((ins, topk.unwrap_or(1) as u32))
     }
@@ -195,18 +247,23 @@ impl EpBuffer {
     }
 
     /// The group for `topk`, made on first use.
-    fn group<'a>(&self, groups: &'a mut HashMap<u32, EpGroup>, topk: u32) -> ep::Result<&'a mut EpGroup> {
-        if !groups.contains_key(&topk) {
-            let tr = InProcessTransport {
-                devices: self.devices.clone(),
-                gpus_per_node: self.cfg.gpus_per_node,
-            };
-            let g = EpGroup::new(self.cfg.ep_config(topk), self.devices.clone(), Box::new(tr))?;
-            groups.insert(topk, g);
-        }
-        groups
-            .get_mut(&topk)
-            .ok_or_else(|| ep::EpError::Config("group missing".into()))
+    fn group<'a>(
+        &self,
+        groups: &'a mut HashMap<u32, EpGroup>,
+        topk: u32,
+    ) -> ep::Result<&'a mut EpGroup> {
+        use std::collections::hash_map::Entry;
+        Ok(match groups.entry(topk) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => {
+                let tr = InProcessTransport {
+                    devices: self.devices.clone(),
+                    gpus_per_node: self.cfg.gpus_per_node,
+                };
+                let cfg = self.cfg.ep_config(topk);
+                v.insert(EpGroup::new(cfg, self.devices.clone(), Box::new(tr))?)
+            }
+        })
     }
 
     /// Uploads, dispatches and reads back (GIL released by the caller).
@@ -215,7 +272,7 @@ impl EpBuffer {
         topk: u32,
         ins: &[RankIn],
         cached: Option<&EpHandle>,
-    ) -> ep::Result<(Vec<RankRecv>, Option<(ep::Handle, Vec<Buffer<f32>>)>)> {
+    ) -> ep::Result<(Vec<RankRecv>, Option<Fresh>)> {
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
         let g = self.group(&mut groups, topk)?;
         let mut xb = Vec::new();
@@ -239,7 +296,10 @@ impl EpBuffer {
             })
             .collect();
         let (idx, w): (Vec<&Buffer<i32>>, Vec<&Buffer<f32>>) = match cached {
-            Some(h) => (h.inner.ranks.iter().map(|r| &r.topk_idx).collect(), h.topk_w.iter().collect()),
+            Some(h) => (
+                h.inner.ranks.iter().map(|r| &r.topk_idx).collect(),
+                h.topk_w.iter().collect(),
+            ),
             None => (ib.iter().collect(), wb.iter().collect()),
         };
         let (outs, fresh) = g.dispatch(&xr, &idx, &w, cached.map(|h| &h.inner))?;
@@ -306,12 +366,20 @@ fn payload_py<'py>(py: Python<'py>, p: Payload, hidden: usize) -> PyResult<Bound
 }
 
 /// Rank `r`'s combine rows: floating `[m_pad, H]`, rounded to BF16.
-fn combine_rows(obj: &Bound<'_, PyAny>, r: usize, m_pad: usize, hidden: usize) -> PyResult<Vec<bf16>> {
+fn combine_rows(
+    obj: &Bound<'_, PyAny>,
+    r: usize,
+    m_pad: usize,
+    hidden: usize,
+) -> PyResult<Vec<bf16>> {
     let name = format!("x[{r}]");
     let a = convert::floats(obj, &name)?;
     let [rows, h] = a.dims::<2>(&name, "[rows, hidden]")?;
     if rows != m_pad {
-        return Err(bad(&name, format!("{rows} rows; rank {r} received {m_pad} (the handle's dispatch)")));
+        return Err(bad(
+            &name,
+            format!("{rows} rows; rank {r} received {m_pad} (the handle's dispatch)"),
+        ));
     }
     check_hidden(&name, h, hidden)?;
     Ok(convert::f32_to_bf16(&a.data))
@@ -321,14 +389,25 @@ fn combine_weights(obj: &Bound<'_, PyAny>, r: usize, m_pad: usize) -> PyResult<V
     let name = format!("topk_weights[{r}]");
     let a = convert::floats(obj, &name)?;
     if a.shape != [m_pad] {
-        return Err(bad(&name, format!("shape {} should be ({m_pad},), one weight per received row", convert::shape_str(&a.shape))));
+        return Err(bad(
+            &name,
+            format!(
+                "shape {} should be ({m_pad},), one weight per received row",
+                convert::shape_str(&a.shape)
+            ),
+        ));
     }
     Ok(a.data)
 }
 
 impl EpBuffer {
     /// Uploads, combines and reads back (GIL released by the caller).
-    fn run_combine(&self, h: &EpHandle, ys: &[Vec<bf16>], ws: Option<&[Vec<f32>]>) -> ep::Result<Vec<Vec<f32>>> {
+    fn run_combine(
+        &self,
+        h: &EpHandle,
+        ys: &[Vec<bf16>],
+        ws: Option<&[Vec<f32>]>,
+    ) -> ep::Result<Vec<Vec<f32>>> {
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
         let g = self.group(&mut groups, h.topk)?;
         let yb = ys
@@ -411,9 +490,10 @@ impl EpBuffer {
         rank: usize,
     ) -> PyResult<Bound<'py, PyTuple>> {
         let c = &self.cfg;
-        let dev = self.devices.get(rank).ok_or_else(|| {
-            bad("rank", format!("{rank} outside 0..{}", c.ranks))
-        })?;
+        let dev = self
+            .devices
+            .get(rank)
+            .ok_or_else(|| bad("rank", format!("{rank} outside 0..{}", c.ranks)))?;
         let idx = convert::ints(topk_idx, "topk_idx")?;
         let tokens = idx.shape.first().copied().unwrap_or(0);
         let k = check_topk_idx(&idx, "topk_idx", tokens, c.experts)?;
@@ -431,7 +511,12 @@ impl EpBuffer {
             .map_err(ep_err)?;
         let i32s = |v: Vec<u32>| v.into_iter().map(|x| x as i32).collect::<Vec<_>>();
         let (r, n, e) = (c.ranks as usize, c.nodes() as usize, c.experts as usize);
-        let in_rank: Vec<bool> = l.token_in_rank.iter().take(tokens * r).map(|&v| v != 0).collect();
+        let in_rank: Vec<bool> = l
+            .token_in_rank
+            .iter()
+            .take(tokens * r)
+            .map(|&v| v != 0)
+            .collect();
         let items: [Bound<'py, PyAny>; 4] = [
             convert::to_numpy(py, i32s(l.tokens_per_rank), &[r])?,
             convert::to_numpy(py, i32s(l.tokens_per_node), &[n])?,
@@ -455,7 +540,10 @@ impl EpBuffer {
         let xs = this.payloads(&x)?;
         let Some(h) = handle else {
             let (Some(ti), Some(tw)) = (topk_idx, topk_weights) else {
-                return Err(bad("topk_idx", "topk_idx and topk_weights are required without a handle".into()));
+                return Err(bad(
+                    "topk_idx",
+                    "topk_idx and topk_weights are required without a handle".into(),
+                ));
             };
             let (ins, topk) = this.routed(xs, &ti, &tw)?;
             let (recv, fresh) = py
@@ -465,7 +553,13 @@ impl EpBuffer {
                 return Err(bad("handle", "the dispatch made no handle".into()));
             };
             let meta = recv.iter().map(|r| r.meta.clone()).collect();
-            let handle = EpHandle { buffer_id: this.id, topk, inner, topk_w, recv: meta };
+            let handle = EpHandle {
+                buffer_id: this.id,
+                topk,
+                inner,
+                topk_w,
+                recv: meta,
+            };
             return this.dispatch_result(py, recv, Bound::new(py, handle)?);
         };
         if topk_idx.is_some() || topk_weights.is_some() {
@@ -474,12 +568,19 @@ impl EpBuffer {
         let hd = this.handle_of(h.get())?;
         for (r, ((_, t), rh)) in xs.iter().zip(&hd.inner.ranks).enumerate() {
             if *t != rh.num_tokens {
-                return Err(bad(&format!("x[{r}]"), format!("{t} tokens; the handle's dispatch had {}", rh.num_tokens)));
+                return Err(bad(
+                    &format!("x[{r}]"),
+                    format!("{t} tokens; the handle's dispatch had {}", rh.num_tokens),
+                ));
             }
         }
         let ins: Vec<RankIn> = xs
             .into_iter()
-            .map(|(x, _)| RankIn { x, topk_idx: vec![], topk_w: vec![] })
+            .map(|(x, _)| RankIn {
+                x,
+                topk_idx: vec![],
+                topk_w: vec![],
+            })
             .collect();
         let (recv, _) = py
             .detach(|| this.run_dispatch(hd.topk, &ins, Some(hd)))
@@ -557,7 +658,17 @@ impl EpBuffer {
     fn devices(&self) -> Vec<String> {
         self.devices
             .iter()
-            .map(|d| format!("{}:{}", if d.backend() == runtime::Backend::Emu { "emu" } else { "cuda" }, d.index()))
+            .map(|d| {
+                format!(
+                    "{}:{}",
+                    if d.backend() == runtime::Backend::Emu {
+                        "emu"
+                    } else {
+                        "cuda"
+                    },
+                    d.index()
+                )
+            })
             .collect()
     }
     fn __repr__(&self) -> String {
@@ -570,7 +681,11 @@ impl EpBuffer {
 }
 
 /// Per-rank int32 arrays of one metadata field.
-fn meta_arrays<'py>(py: Python<'py>, h: &EpHandle, f: impl Fn(&RecvMeta) -> Vec<i32>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+fn meta_arrays<'py>(
+    py: Python<'py>,
+    h: &EpHandle,
+    f: impl Fn(&RecvMeta) -> Vec<i32>,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
     h.recv
         .iter()
         .map(|m| {
@@ -601,12 +716,22 @@ impl EpHandle {
     /// Per rank, int32 ``[rows]``: the source rank of each received row (-1: padding).
     #[getter]
     fn recv_src_rank<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        meta_arrays(py, self, |m| m.src.iter().map(|&s| if s < 0 { -1 } else { s >> 24 }).collect())
+        meta_arrays(py, self, |m| {
+            m.src
+                .iter()
+                .map(|&s| if s < 0 { -1 } else { s >> 24 })
+                .collect()
+        })
     }
     /// Per rank, int32 ``[rows]``: the source token (its index on its source rank; -1: padding).
     #[getter]
     fn recv_src_token<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        meta_arrays(py, self, |m| m.src.iter().map(|&s| if s < 0 { -1 } else { s & 0xff_ffff }).collect())
+        meta_arrays(py, self, |m| {
+            m.src
+                .iter()
+                .map(|&s| if s < 0 { -1 } else { s & 0xff_ffff })
+                .collect()
+        })
     }
     /// Per rank, int32 ``[rows]``: which top-k slot of its token each row is (-1: padding).
     #[getter]

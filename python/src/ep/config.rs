@@ -49,28 +49,53 @@ impl RawConfig<'_> {
     /// Checks every field; returns the configuration and the rank devices.
     pub fn check(&self) -> PyResult<(Config, Vec<Device>)> {
         let ranks = range("num_ranks", self.num_ranks, 1, 64)?;
-        let gpn = range("gpus_per_node", self.gpus_per_node.unwrap_or(ranks as i64), 1, 32)?;
-        if ranks % gpn != 0 {
-            return Err(bad("gpus_per_node", format!("{gpn} does not divide num_ranks = {ranks}")));
+        let gpn = range(
+            "gpus_per_node",
+            self.gpus_per_node.unwrap_or(ranks as i64),
+            1,
+            32,
+        )?;
+        if !ranks.is_multiple_of(gpn) {
+            return Err(bad(
+                "gpus_per_node",
+                format!("{gpn} does not divide num_ranks = {ranks}"),
+            ));
         }
         if ranks / gpn > 32 {
-            return Err(bad("gpus_per_node", format!("{} nodes (at most 32)", ranks / gpn)));
+            return Err(bad(
+                "gpus_per_node",
+                format!("{} nodes (at most 32)", ranks / gpn),
+            ));
         }
         let hidden = range("hidden", self.hidden, 1, 1 << 20)?;
-        if hidden % 128 != 0 {
+        if !hidden.is_multiple_of(128) {
             return Err(bad("hidden", format!("{hidden} is not a multiple of 128")));
         }
         let experts = range("num_experts", self.num_experts, 1, 1 << 16)?;
-        if experts % ranks != 0 {
-            return Err(bad("num_experts", format!("{experts} do not split over {ranks} ranks")));
+        if !experts.is_multiple_of(ranks) {
+            return Err(bad(
+                "num_experts",
+                format!("{experts} do not split over {ranks} ranks"),
+            ));
         }
         let num_sms = range("num_sms", self.num_sms, 2, 132)?;
-        if num_sms % 2 != 0 {
-            return Err(bad("num_sms", format!("{num_sms} is odd (one sender and one receiver CTA per channel)")));
+        if !num_sms.is_multiple_of(2) {
+            return Err(bad(
+                "num_sms",
+                format!("{num_sms} is odd (one sender and one receiver CTA per channel)"),
+            ));
         }
-        let max_tokens = range("max_tokens_per_rank", self.max_tokens_per_rank, 1, (1 << 24) - 1)?;
+        let max_tokens = range(
+            "max_tokens_per_rank",
+            self.max_tokens_per_rank,
+            1,
+            (1 << 24) - 1,
+        )?;
         if !(self.timeout_s > 0.0 && self.timeout_s.is_finite()) {
-            return Err(bad("timeout_s", format!("{} must be a positive number of seconds", self.timeout_s)));
+            return Err(bad(
+                "timeout_s",
+                format!("{} must be a positive number of seconds", self.timeout_s),
+            ));
         }
         let cfg = Config {
             ranks,
@@ -91,7 +116,10 @@ impl RawConfig<'_> {
             return Ok((0..ranks).map(Device::emu).collect());
         };
         if list.len() != ranks as usize {
-            return Err(bad("devices", format!("{} devices for num_ranks = {ranks}", list.len())));
+            return Err(bad(
+                "devices",
+                format!("{} devices for num_ranks = {ranks}", list.len()),
+            ));
         }
         let devs = list
             .iter()

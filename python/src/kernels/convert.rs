@@ -37,17 +37,23 @@ pub fn shape_str(s: &[usize]) -> String {
         [one] => format!("({one},)"),
         _ => format!(
             "({})",
-            s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+            s.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }
 
 /// `numpy.asarray(obj)` and its dtype's kind character and name.
-fn as_numpy<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<(Bound<'py, PyAny>, char, String)> {
+fn as_numpy<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+) -> PyResult<(Bound<'py, PyAny>, char, String)> {
     let np = obj.py().import("numpy")?;
-    let a = np.call_method1("asarray", (obj,)).map_err(|e| {
-        PyTypeError::new_err(format!("{name}: expected an array-like, got {e}"))
-    })?;
+    let a = np
+        .call_method1("asarray", (obj,))
+        .map_err(|e| PyTypeError::new_err(format!("{name}: expected an array-like, got {e}")))?;
     let dt = a.getattr("dtype")?;
     let kind: String = dt.getattr("kind")?.extract()?;
     let dname: String = dt.getattr("name")?.extract()?;
@@ -128,7 +134,9 @@ pub fn bf16_to_f32(v: &[runtime::half::bf16]) -> Vec<f32> {
 
 /// Rounds float32 values to BF16 (round to nearest even), as the BF16 kernels read them.
 pub fn f32_to_bf16(v: &[f32]) -> Vec<runtime::half::bf16> {
-    v.iter().map(|&x| runtime::half::bf16::from_f32(x)).collect()
+    v.iter()
+        .map(|&x| runtime::half::bf16::from_f32(x))
+        .collect()
 }
 
 /// The device of a `device=` keyword: a spec string (`"emu:0"`, `"cuda:1"`), any object whose

@@ -21,7 +21,7 @@ struct Dims {
 /// Whether the Hopper kernels cover a problem: FP8 in every layout (n, k multiples of 128,
 /// checked before), BF16 ungrouped with K a multiple of 64.
 fn hopper_covers(input: InTy, layout: Layout, k: usize) -> bool {
-    input == InTy::Fp8 || (layout == Layout::Normal && k % 64 == 0)
+    input == InTy::Fp8 || (layout == Layout::Normal && k.is_multiple_of(64))
 }
 
 /// The kernel family `arch` selects for a problem.
@@ -62,10 +62,16 @@ enum Input {
     Fp8(Vec<u8>, Vec<f32>),
 }
 
-fn upload_in(dev: &Device, i: &Input) -> runtime::Result<(Option<Buffer<bf16>>, Option<(Buffer<u8>, Buffer<f32>)>)> {
+/// An operand on the device.
+enum DevInput {
+    Bf16(Buffer<bf16>),
+    Fp8(Buffer<u8>, Buffer<f32>),
+}
+
+fn upload_in(dev: &Device, i: &Input) -> runtime::Result<DevInput> {
     Ok(match i {
-        Input::Bf16(v) => (Some(dev.upload(v)?), None),
-        Input::Fp8(q, s) => (None, Some((dev.upload(q)?, dev.upload(s)?))),
+        Input::Bf16(v) => DevInput::Bf16(dev.upload(v)?),
+        Input::Fp8(q, s) => DevInput::Fp8(dev.upload(q)?, dev.upload(s)?),
     })
 }
 
@@ -76,14 +82,13 @@ fn run(dev: &Device, c: &Call) -> kernels::Result<Vec<f32>> {
         return Ok(Vec::new());
     }
     let stream = dev.default_stream();
-    let (a16, a8) = upload_in(dev, &c.a)?;
-    let (b16, b8) = upload_in(dev, &c.b)?;
+    let (a, b) = (upload_in(dev, &c.a)?, upload_in(dev, &c.b)?);
     let index = c.index.as_ref().map(|v| dev.upload(v)).transpose()?;
-    let d: Buffer<bf16> = dev.alloc(c.d_len.max(1))?;
+    let d: Buffer<bf16> = dev.alloc(c.d_len)?;
     d.fill(bf16::NAN)?;
-    let mut bufs = match (&a16, &b16, &a8, &b8) {
-        (Some(a), Some(b), _, _) => GemmBufs::new(a, b, &d),
-        (_, _, Some((aq, sa)), Some((bq, sb))) => GemmBufs::new(aq, bq, &d).scales(sa, sb),
+    let mut bufs = match (&a, &b) {
+        (DevInput::Bf16(a), DevInput::Bf16(b)) => GemmBufs::new(a, b, &d),
+        (DevInput::Fp8(aq, sa), DevInput::Fp8(bq, sb)) => GemmBufs::new(aq, bq, &d).scales(sa, sb),
         _ => {
             return Err(kernels::KernelError::Shape {
                 kernel: "gemm".into(),
@@ -106,11 +111,13 @@ fn exec(py: Python<'_>, dev: &Device, c: Call) -> PyResult<Vec<f32>> {
 }
 
 fn mismatch(name: &str, what: &str, got: usize, want: usize, from: &str) -> PyErr {
-    PyValueError::new_err(format!("{name}: {what} = {got} differs from {from} ({want})"))
+    PyValueError::new_err(format!(
+        "{name}: {what} = {got} differs from {from} ({want})"
+    ))
 }
 
 fn mult(name: &str, what: &str, v: usize, m: usize, why: &str) -> PyResult<()> {
-    if v == 0 || v % m != 0 {
+    if v == 0 || !v.is_multiple_of(m) {
         return Err(PyValueError::new_err(format!(
             "{name}: {what} = {v} must be a positive multiple of {m} ({why})"
         )));
@@ -173,7 +180,13 @@ pub fn gemm_bf16<'py>(
     mult("a", "K", k, 8, "16-byte rows")?;
     let dev = convert::device(device, "device")?;
     let sms = dev.props().sms;
-    let kc = choice(arch, InTy::Bf16, Layout::Normal, Dims { rows: m, n, k }, sms)?;
+    let kc = choice(
+        arch,
+        InTy::Bf16,
+        Layout::Normal,
+        Dims { rows: m, n, k },
+        sms,
+    )?;
     let call = Call {
         problem: GemmProblem::new(InTy::Bf16, m, n, k).kernel(kc),
         a: Input::Bf16(convert::f32_to_bf16(&aa.data)),
@@ -227,7 +240,13 @@ pub fn gemm_fp8_nt<'py>(
     scale_shape("a_s", &a.s, &[m, k / 128])?;
     scale_shape("b_s", &b.s, &[n / 128, k / 128])?;
     let dev = convert::device(device, "device")?;
-    let kc = choice(arch, InTy::Fp8, Layout::Normal, Dims { rows: m, n, k }, dev.props().sms)?;
+    let kc = choice(
+        arch,
+        InTy::Fp8,
+        Layout::Normal,
+        Dims { rows: m, n, k },
+        dev.props().sms,
+    )?;
     let call = Call {
         problem: GemmProblem::new(InTy::Fp8, m, n, k).kernel(kc),
         a: Input::Fp8(a.q.data, a.s.data),
@@ -276,13 +295,25 @@ pub fn m_grouped_gemm_fp8_nt_contiguous<'py>(
     let [m, k] = a.q.dims::<2>("a_q", "[m, k]")?;
     let (n, _) = fp8_nk(&b, k, true)?;
     let groups = b.q.shape[0];
-    mult("a_q", "m", m, 128, "the contiguous layout pads each expert to 128 rows")?;
+    mult(
+        "a_q",
+        "m",
+        m,
+        128,
+        "the contiguous layout pads each expert to 128 rows",
+    )?;
     scale_shape("a_s", &a.s, &[m, k / 128])?;
     scale_shape("b_s", &b.s, &[groups, n / 128, k / 128])?;
     let ix = convert::ints(m_indices, "m_indices")?;
     check_m_indices(&ix, m, groups)?;
     let dev = convert::device(device, "device")?;
-    let kc = choice(arch, InTy::Fp8, Layout::Contiguous, Dims { rows: m, n, k }, dev.props().sms)?;
+    let kc = choice(
+        arch,
+        InTy::Fp8,
+        Layout::Contiguous,
+        Dims { rows: m, n, k },
+        dev.props().sms,
+    )?;
     let call = Call {
         problem: GemmProblem::new(InTy::Fp8, m, n, k)
             .contiguous(groups)
@@ -300,7 +331,13 @@ pub fn m_grouped_gemm_fp8_nt_contiguous<'py>(
 fn check_masked(mm: &HostArray<i32>, groups: usize, m_max: usize, expected_m: i64) -> PyResult<()> {
     let [len] = mm.dims::<1>("masked_m", "[groups]")?;
     if len != groups {
-        return Err(mismatch("masked_m", "length", len, groups, "the groups of a_q"));
+        return Err(mismatch(
+            "masked_m",
+            "length",
+            len,
+            groups,
+            "the groups of a_q",
+        ));
     }
     if let Some((g, &c)) = mm
         .data
@@ -337,7 +374,13 @@ pub fn m_grouped_gemm_fp8_nt_masked<'py>(
     let [groups, m_max, k] = a.q.dims::<3>("a_q", "[groups, m_max, k]")?;
     let (n, _) = fp8_nk(&b, k, true)?;
     if b.q.shape[0] != groups {
-        return Err(mismatch("b_q", "groups", b.q.shape[0], groups, "a_q's groups"));
+        return Err(mismatch(
+            "b_q",
+            "groups",
+            b.q.shape[0],
+            groups,
+            "a_q's groups",
+        ));
     }
     scale_shape("a_s", &a.s, &[groups, m_max, k / 128])?;
     scale_shape("b_s", &b.s, &[groups, n / 128, k / 128])?;
@@ -346,7 +389,13 @@ pub fn m_grouped_gemm_fp8_nt_masked<'py>(
     let dev = convert::device(device, "device")?;
     // DeepGEMM's use of expected_m: the tile heuristic sizes for the expected rows per group
     let hint = (expected_m as usize).min(m_max.max(1)) * groups;
-    let kc = choice(arch, InTy::Fp8, Layout::Masked, Dims { rows: hint, n, k }, dev.props().sms)?;
+    let kc = choice(
+        arch,
+        InTy::Fp8,
+        Layout::Masked,
+        Dims { rows: hint, n, k },
+        dev.props().sms,
+    )?;
     let call = Call {
         problem: GemmProblem::new(InTy::Fp8, m_max, n, k)
             .masked(groups)

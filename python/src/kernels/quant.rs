@@ -28,7 +28,7 @@ fn block(s: &str) -> PyResult<Block> {
 
 /// `cols` must be a positive multiple of 128 (one scale per 128 columns).
 fn check_k(name: &str, cols: usize) -> PyResult<()> {
-    if cols == 0 || cols % 128 != 0 {
+    if cols == 0 || !cols.is_multiple_of(128) {
         return Err(PyValueError::new_err(format!(
             "{name}: the last dimension (K = {cols}) must be a positive multiple of 128"
         )));
@@ -52,7 +52,11 @@ fn run_quant(
     ue8m0: bool,
 ) -> kernels::Result<(Vec<u8>, Scales)> {
     if rows == 0 {
-        let s = if ue8m0 { Scales::Ue8m0(Vec::new()) } else { Scales::F32(Vec::new()) };
+        let s = if ue8m0 {
+            Scales::Ue8m0(Vec::new())
+        } else {
+            Scales::F32(Vec::new())
+        };
         return Ok((Vec::new(), s));
     }
     let stream = dev.default_stream();
@@ -75,7 +79,11 @@ fn run_quant(
             Scales::F32(s.to_vec()?)
         }
         (Block::Square128, _) => {
-            let mode = if ue8m0 { ScaleMode::Pow2 } else { ScaleMode::Float };
+            let mode = if ue8m0 {
+                ScaleMode::Pow2
+            } else {
+                ScaleMode::Float
+            };
             let mut s: Buffer<f32> = dev.alloc((rows.div_ceil(128) * cols / 128).max(1))?;
             s.fill(f32::NAN)?;
             kq::quantize_fp8_128x128(&stream, &xb, &mut q, &mut s, rows, cols, mode)?;
@@ -142,9 +150,15 @@ pub fn quantize_fp8<'py>(
     };
     let q = convert::to_numpy(py, q[..rows * cols].to_vec(), &[rows, cols])?;
     let s = match s {
-        Scales::F32(v) => convert::to_numpy(py, v[..srows * cols / 128].to_vec(), &[srows, cols / 128])?,
+        Scales::F32(v) => {
+            convert::to_numpy(py, v[..srows * cols / 128].to_vec(), &[srows, cols / 128])?
+        }
         Scales::Ue8m0(v) => {
-            let w = if blk == Block::Row128 { kq::ue8m0_pitch(cols) } else { cols / 128 };
+            let w = if blk == Block::Row128 {
+                kq::ue8m0_pitch(cols)
+            } else {
+                cols / 128
+            };
             let mut v = v[..srows * w].to_vec();
             // the kernel leaves the packed-int32 padding bytes unwritten: return them as 0
             for row in v.chunks_mut(w) {
@@ -173,7 +187,11 @@ fn row_scales(
     (rows, cols): (usize, usize),
 ) -> PyResult<Vec<f32>> {
     let kb = cols / 128;
-    let srows = if blk == Block::Row128 { rows } else { rows.div_ceil(128) };
+    let srows = if blk == Block::Row128 {
+        rows
+    } else {
+        rows.div_ceil(128)
+    };
     let np_kind: String = s
         .py()
         .import("numpy")?
@@ -188,7 +206,10 @@ fn row_scales(
         if r != srows || !ok_w {
             return Err(scales_shape_err(&a.shape, srows, kb));
         }
-        (a.data.iter().map(|&e| ue8m0_value(e)).collect::<Vec<_>>(), w)
+        (
+            a.data.iter().map(|&e| ue8m0_value(e)).collect::<Vec<_>>(),
+            w,
+        )
     } else {
         let a = convert::floats(s, "scales")?;
         let [r, w] = a.dims::<2>("scales", "[rows, K/128]")?;
@@ -212,7 +233,13 @@ fn scales_shape_err(got: &[usize], srows: usize, kb: usize) -> PyErr {
     ))
 }
 
-fn run_dequant(dev: &Device, q: &[u8], s: &[f32], rows: usize, cols: usize) -> kernels::Result<Vec<f32>> {
+fn run_dequant(
+    dev: &Device,
+    q: &[u8],
+    s: &[f32],
+    rows: usize,
+    cols: usize,
+) -> kernels::Result<Vec<f32>> {
     if rows == 0 {
         return Ok(Vec::new());
     }
