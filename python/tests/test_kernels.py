@@ -254,3 +254,51 @@ def test_bad_input_names_the_argument():
     raises(ValueError, "masked_m", K.m_grouped_gemm_fp8_masked, qm, sm, qg, sg, np.array([5]), 4)
     raises(ValueError, "expected_m", K.m_grouped_gemm_fp8_masked, qm, sm, qg, sg, np.array([4]), 0)
     raises(ValueError, "masked_m", K.m_grouped_gemm_fp8_masked, qm, sm, qg, sg, np.array([4, 4]), 4)
+
+
+def test_empty_and_single_row_problems():
+    r = rng()
+    (qb, sb, rb) = fp8_operands(r, 1, 128, 128)[1]
+    for m in (0, 1):
+        a = r.standard_normal((m, 128)).astype(np.float32)
+        qa, sa = K.quantize_fp8(a)
+        assert qa.shape == (m, 128) and sa.shape == (m, 1)
+        for arch in ("sm_90a", "sm_89"):
+            d = K.gemm_fp8(qa, sa, qb, sb, arch=arch)
+            assert d.shape == (m, 128)
+            if m:
+                ra = e4m3_to_f64(qa) * expand_1x128(sa, 128)
+                assert rel_err(d, ra @ rb.T) <= 3e-3
+
+
+def test_concurrent_calls_from_threads():
+    """The GIL is released while kernels run: calls from several threads all complete and
+    each matches its own reference."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    r = rng()
+    problems = [fp8_operands(r, 64, 128, 256) for _ in range(4)]
+
+    def run(p):
+        (qa, sa, ra), (qb, sb, rb) = p
+        return rel_err(K.gemm_fp8(qa, sa, qb, sb), ra @ rb.T)
+
+    with ThreadPoolExecutor(4) as ex:
+        errs = list(ex.map(run, problems))
+    assert max(errs) <= 3e-3
+
+
+def test_torch_cpu_tensors():
+    """Runs where torch is installed (skipped otherwise)."""
+    torch = pytest.importorskip("torch")
+    r = rng()
+    a = torch.from_numpy(r.standard_normal((32, 256)).astype(np.float32))
+    b = torch.from_numpy(r.standard_normal((128, 256)).astype(np.float32))
+    qa, sa = K.quantize_fp8(a)
+    qb, sb = K.quantize_fp8(b, "128x128")
+    d = K.gemm_fp8(torch.from_numpy(qa), torch.from_numpy(sa), torch.from_numpy(qb), torch.from_numpy(sb))
+    ra = e4m3_to_f64(qa) * expand_1x128(sa, 256)
+    rb = e4m3_to_f64(qb) * np.repeat(np.repeat(sb.astype(np.float64), 128, 0), 128, 1)
+    assert rel_err(d, ra @ rb.T) <= 3e-3
+    d16 = K.gemm_bf16(a.t().contiguous().t(), b)  # a non-contiguous tensor view
+    assert rel_err(d16, bf16_round(a.numpy()) @ bf16_round(b.numpy()).T) <= 3e-3

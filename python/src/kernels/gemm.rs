@@ -28,8 +28,9 @@ fn hopper_covers(input: InTy, layout: Layout, k: usize) -> bool {
 fn choice(arch: &str, input: InTy, layout: Layout, d: Dims, sms: u32) -> PyResult<KernelChoice> {
     let mma = KernelChoice::MmaSync(choose_config(input, layout, d.rows, d.n, sms));
     match arch {
+        // (an empty problem launches nothing; `choose_spec` needs at least one tile)
         "sm_90a" if hopper_covers(input, layout, d.k) => Ok(KernelChoice::Wgmma(
-            hopper::choose_spec(input, layout, d.rows, d.n, sms),
+            hopper::choose_spec(input, layout, d.rows.max(1), d.n, sms),
         )),
         "sm_90a" | "sm_89" => Ok(mma),
         "sm_80" if input == InTy::Bf16 => Ok(mma),
