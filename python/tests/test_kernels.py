@@ -1,14 +1,33 @@
 """The kernel library from Python (ptxforge.kernels) against numpy f64 references.
 
-Every test draws fresh random inputs; the bindings poison their device outputs (NaN, or the
-E4M3 NaN byte 0xFF) before the kernel runs, so an unwritten element fails the comparison.
+Every test draws fresh random inputs and runs on PTXFORGE_TEST_DEVICE (default emu:0); the
+bindings poison their device outputs (NaN, or the E4M3 NaN byte 0xFF) before the kernel runs,
+so an unwritten element fails the comparison.
 FP8 bytes are decoded here by an independent numpy E4M3 decoder.
 """
+
+import functools
+import os
 
 import numpy as np
 import pytest
 
-import ptxforge.kernels as K
+import ptxforge.kernels as _kernels
+
+# The device every call runs on: the emulator by default; scripts/gpu-check.sh can run the
+# same tests on a GPU with PTXFORGE_TEST_DEVICE=cuda:0.
+DEVICE = os.environ.get("PTXFORGE_TEST_DEVICE", "emu:0")
+
+
+class _OnDevice:
+    """ptxforge.kernels with device=DEVICE (unless a call names its own)."""
+
+    def __getattr__(self, name):
+        f = getattr(_kernels, name)
+        return functools.partial(f, device=DEVICE) if callable(f) else f
+
+
+K = _OnDevice()
 
 E4M3_MAX = 448.0
 
@@ -229,7 +248,7 @@ def test_bad_input_names_the_argument():
     raises(ValueError, "x", K.quantize_fp8, x[:, :200])
     raises(ValueError, "x", K.quantize_fp8, x[0])
     raises(ValueError, "block", K.quantize_fp8, x, "2x2")
-    raises(ValueError, "device", K.quantize_fp8, x, device="tpu:0")
+    raises(ValueError, "device", _kernels.quantize_fp8, x, device="tpu:0")
     raises(TypeError, "q", K.dequantize_fp8, x, sa)
     raises(ValueError, "scales", K.dequantize_fp8, qa, sa[:, :1])
     raises(TypeError, "a_q", K.gemm_fp8, x, sa, qb, sb)
