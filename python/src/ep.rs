@@ -7,15 +7,17 @@
 //! `ptxforge.ep.Buffer` gives it DeepEP's keyword constructor and docstrings.
 //!
 //! - [`config`]: the constructor's configuration, checked field by field.
-//! - [`buffer`]: `EpBuffer` (`get_dispatch_layout`, `dispatch`, `combine`) and `EpHandle`.
+//! - [`buffer`]: `EpBuffer` (`get_dispatch_layout`, `dispatch`, `combine`).
+//! - [`handle`]: `EpHandle`, what a dispatch fixed (for combine and the backward passes).
 
 use pyo3::prelude::*;
 
 pub mod buffer;
 pub mod config;
+pub mod handle;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<buffer::EpBuffer>()?;
-    m.add_class::<buffer::EpHandle>()?;
+    m.add_class::<handle::EpHandle>()?;
     Ok(())
 }

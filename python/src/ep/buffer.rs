@@ -1,7 +1,8 @@
-//! `EpBuffer` (layout, dispatch, combine over every rank of one process) and `EpHandle` (the
-//! routing a dispatch fixed, reused by combine and by a cached dispatch: the backward passes).
+//! `EpBuffer` (`ptxforge.ep.Buffer`'s native half): layout, dispatch and combine over every rank
+//! of one process.
 
 use super::config::{Config, RawConfig};
+use super::handle::{EpHandle, RecvMeta};
 use crate::kernels::convert::{self, ep_err, HostArray};
 use ep::comm::{EpGroup, XRef};
 use ep::transport::InProcessTransport;
@@ -25,27 +26,6 @@ pub struct EpBuffer {
     id: u64,
     /// One group per top-k (the kernels are generated for it), made at its first dispatch.
     groups: Mutex<HashMap<u32, EpGroup>>,
-}
-
-/// What a dispatch fixed: the library's handle, the dispatch's top-k weights (reused by a
-/// cached dispatch) and the host copy of where every received row came from.
-#[pyclass(name = "EpHandle", module = "ptxforge.ep", frozen)]
-pub struct EpHandle {
-    buffer_id: u64,
-    topk: u32,
-    inner: ep::Handle,
-    topk_w: Vec<Buffer<f32>>,
-    recv: Vec<RecvMeta>,
-}
-
-/// Host copy of one rank's received rows' metadata (`m_pad` rows each).
-#[derive(Clone)]
-struct RecvMeta {
-    src: Vec<i32>,
-    slot: Vec<i32>,
-    expert: Vec<i32>,
-    weights: Vec<f32>,
-    counts: Vec<u32>,
 }
 
 /// One rank's dispatch payload on the host.
@@ -629,26 +609,32 @@ impl EpBuffer {
         PyList::new(py, arrays)
     }
 
+    /// Ranks in the group.
     #[getter]
     fn num_ranks(&self) -> u32 {
         self.cfg.ranks
     }
+    /// Ranks per node.
     #[getter]
     fn gpus_per_node(&self) -> u32 {
         self.cfg.gpus_per_node
     }
+    /// Hidden size of a token.
     #[getter]
     fn hidden(&self) -> u32 {
         self.cfg.hidden
     }
+    /// Experts in total.
     #[getter]
     fn num_experts(&self) -> u32 {
         self.cfg.experts
     }
+    /// SMs of the communication kernels per rank.
     #[getter]
     fn num_sms(&self) -> u32 {
         self.cfg.num_sms
     }
+    /// The most tokens one rank dispatches per call.
     #[getter]
     fn max_tokens_per_rank(&self) -> u32 {
         self.cfg.max_tokens
@@ -676,85 +662,6 @@ impl EpBuffer {
         format!(
             "ptxforge.ep.Buffer(num_ranks={}, gpus_per_node={}, hidden={}, num_experts={}, num_sms={}, max_tokens_per_rank={})",
             c.ranks, c.gpus_per_node, c.hidden, c.experts, c.num_sms, c.max_tokens
-        )
-    }
-}
-
-/// Per-rank int32 arrays of one metadata field.
-fn meta_arrays<'py>(
-    py: Python<'py>,
-    h: &EpHandle,
-    f: impl Fn(&RecvMeta) -> Vec<i32>,
-) -> PyResult<Vec<Bound<'py, PyAny>>> {
-    h.recv
-        .iter()
-        .map(|m| {
-            let v = f(m);
-            let n = v.len();
-            convert::to_numpy(py, v, &[n])
-        })
-        .collect()
-}
-
-#[pymethods]
-impl EpHandle {
-    /// Tokens each rank dispatched.
-    #[getter]
-    fn num_tokens(&self) -> Vec<usize> {
-        self.inner.ranks.iter().map(|r| r.num_tokens).collect()
-    }
-    /// Rows each rank received (every local expert's segment padded to 128 rows).
-    #[getter]
-    fn num_recv_rows(&self) -> Vec<usize> {
-        self.inner.ranks.iter().map(|r| r.m_pad).collect()
-    }
-    /// Top-k of the dispatch.
-    #[getter]
-    fn topk(&self) -> u32 {
-        self.topk
-    }
-    /// Per rank, int32 ``[rows]``: the source rank of each received row (-1: padding).
-    #[getter]
-    fn recv_src_rank<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        meta_arrays(py, self, |m| {
-            m.src
-                .iter()
-                .map(|&s| if s < 0 { -1 } else { s >> 24 })
-                .collect()
-        })
-    }
-    /// Per rank, int32 ``[rows]``: the source token (its index on its source rank; -1: padding).
-    #[getter]
-    fn recv_src_token<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        meta_arrays(py, self, |m| {
-            m.src
-                .iter()
-                .map(|&s| if s < 0 { -1 } else { s & 0xff_ffff })
-                .collect()
-        })
-    }
-    /// Per rank, int32 ``[rows]``: which top-k slot of its token each row is (-1: padding).
-    #[getter]
-    fn recv_topk_slot<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        meta_arrays(py, self, |m| m.slot.clone())
-    }
-    /// Per rank, int32 ``[rows]``: the local expert of each row (-1: padding); the
-    /// ``m_indices`` of ``m_grouped_gemm_fp8_contiguous``.
-    #[getter]
-    fn recv_expert<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        meta_arrays(py, self, |m| m.expert.clone())
-    }
-    /// Per rank, the rows received per local expert (before padding).
-    #[getter]
-    fn num_recv_tokens_per_expert_list(&self) -> Vec<Vec<u32>> {
-        self.recv.iter().map(|m| m.counts.clone()).collect()
-    }
-    fn __repr__(&self) -> String {
-        format!(
-            "ptxforge.ep.Handle(num_tokens={:?}, num_recv_rows={:?}, topk={})",
-            self.num_tokens(),
-            self.num_recv_rows(),
-            self.topk
         )
     }
 }
