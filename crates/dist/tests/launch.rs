@@ -181,8 +181,8 @@ fn a_sigkilled_store_rank_stops_the_others_blocked_in_a_barrier() {
 }
 
 /// Starts a job whose ranks sleep 30 s after bootstrap; returns it once every rank is ready.
-fn sleeping_job(j: &str) -> (Child, Vec<u32>) {
-    let mut child = launch_cmd(j, &["--kill-grace", "1"], &["--sleep", "30", "--shm"])
+fn sleeping_job(j: &str, extra: &[&str]) -> (Child, Vec<u32>) {
+    let mut child = launch_cmd(j, extra, &["--sleep", "30", "--shm"])
         .spawn()
         .unwrap();
     let (tx, rx) = mpsc::channel();
@@ -235,7 +235,7 @@ fn wait_gone(pids: &[u32], limit: Duration) {
 #[test]
 fn ctrl_c_stops_every_rank() {
     let j = job("int");
-    let (child, pids) = sleeping_job(&j);
+    let (child, pids) = sleeping_job(&j, &["--kill-grace", "1"]);
     let t0 = Instant::now();
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
@@ -252,7 +252,7 @@ fn ctrl_c_stops_every_rank() {
 #[test]
 fn a_sigkilled_launcher_leaves_no_orphans() {
     let j = job("orphan");
-    let (mut child, pids) = sleeping_job(&j);
+    let (mut child, pids) = sleeping_job(&j, &["--kill-grace", "1"]);
     child.kill().unwrap();
     child.wait().unwrap();
     wait_gone(&pids, Duration::from_secs(3));
@@ -294,4 +294,25 @@ fn a_command_that_cannot_start_is_named() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
     assert!(err.contains("cannot start rank 0 (`/nonexistent/ptxforge-rank`)"), "{err}");
+}
+
+/// A rank that hangs (SIGSTOP: its heartbeat stops, its socket stays open) is declared dead
+/// after the peer timeout; the launcher then kills it.
+#[test]
+fn a_hung_rank_is_declared_dead_after_the_peer_timeout() {
+    let j = job("hang");
+    let (child, pids) = sleeping_job(&j, &["--timeout", "1", "--kill-grace", "1"]);
+    let t0 = Instant::now();
+    // SAFETY: kill(2) on a rank of our own job.
+    unsafe { libc::kill(pids[1] as i32, libc::SIGSTOP) };
+    let r = finish(child, t0, Duration::from_secs(20));
+    assert_eq!(r.code, Some(1), "{}", r.err);
+    for rank in [0, 2, 3] {
+        let line = format!("[rank {rank}] ptxforge: rank {rank} (node {}): error: rank 1 died during `dispatch`", rank / 2);
+        assert!(r.err.contains(&line), "{line}\n{}", r.err);
+    }
+    assert!(r.err.contains("rank 1 was killed by signal 9 (SIGKILL)"), "{}", r.err);
+    assert!(r.took < Duration::from_secs(10), "took {:?}", r.took);
+    wait_gone(&pids, Duration::from_secs(2));
+    assert_no_segments(&j);
 }
