@@ -7,7 +7,15 @@ const BIN: &str = env!("CARGO_BIN_EXE_ptxforge");
 
 fn launch(job: &str, selftest: &[&str]) -> (Option<i32>, String, String) {
     let out = Command::new(BIN)
-        .args(["launch", "--nodes", "2", "--procs-per-node", "2", "--timeout", "3"])
+        .args([
+            "launch",
+            "--nodes",
+            "2",
+            "--procs-per-node",
+            "2",
+            "--timeout",
+            "3",
+        ])
         .args(["--job-id", job, "--", BIN, "dist-selftest"])
         .args(selftest)
         .output()
@@ -37,9 +45,9 @@ fn launch_fails_naming_a_killed_rank_and_its_operation() {
         "{err}"
     );
     for r in 0..3 {
-        let named = err
-            .lines()
-            .any(|l| l.starts_with(&format!("[rank {r}] ")) && l.contains("rank 3 died during `dispatch`"));
+        let named = err.lines().any(|l| {
+            l.starts_with(&format!("[rank {r}] ")) && l.contains("rank 3 died during `dispatch`")
+        });
         assert!(named, "rank {r}:\n{err}");
     }
 }

@@ -180,7 +180,7 @@ fn index(v: &HashMap<String, String>, var: &'static str, of: &str, size: usize) 
 }
 
 fn check_layout(n: &Names, rank: usize, world: usize, local: usize, lws: usize) -> Result<()> {
-    if lws > world || world % lws != 0 {
+    if lws > world || !world.is_multiple_of(lws) {
         return Err(bad(
             n.local_world,
             &lws.to_string(),
@@ -212,11 +212,20 @@ fn master(v: &HashMap<String, String>, mpi: bool) -> Result<(String, u16)> {
         (None, false) => required(v, "MASTER_ADDR")?.to_string(),
     };
     if addr.is_empty() || addr.contains(char::is_whitespace) {
-        return Err(bad("MASTER_ADDR", &addr, "must be a host name or IP address"));
+        return Err(bad(
+            "MASTER_ADDR",
+            &addr,
+            "must be a host name or IP address",
+        ));
     }
     let port = match v.get("MASTER_PORT") {
         None if mpi => DEFAULT_MASTER_PORT,
-        None => return Err(DistError::MissingVar { var: "MASTER_PORT", hint: HINT }),
+        None => {
+            return Err(DistError::MissingVar {
+                var: "MASTER_PORT",
+                hint: HINT,
+            })
+        }
         Some(p) => p
             .trim()
             .parse::<u16>()
@@ -307,7 +316,10 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!((e.rank, e.local_rank, e.node()), (2, 0, 1));
-        assert_eq!((e.master_addr.as_str(), e.master_port), ("127.0.0.1", 29500));
+        assert_eq!(
+            (e.master_addr.as_str(), e.master_port),
+            ("127.0.0.1", 29500)
+        );
         assert_eq!(e.peer_timeout, Duration::from_millis(2500));
         assert_eq!(DistEnv::detect(vars(&[("HOME", "/")])).unwrap(), None);
     }

@@ -45,7 +45,10 @@ fn list_ranks(r: &[usize]) -> String {
 pub enum DistError {
     /// A launcher variable is missing.
     #[error("environment variable {var} is not set ({hint})")]
-    MissingVar { var: &'static str, hint: &'static str },
+    MissingVar {
+        var: &'static str,
+        hint: &'static str,
+    },
     /// A launcher variable has a value that cannot be used.
     #[error("environment variable {var}={value:?} is invalid: {reason}")]
     BadVar {

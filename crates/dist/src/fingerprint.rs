@@ -107,7 +107,14 @@ mod tests {
         };
         let got: Vec<(usize, &str, &str, &str)> = diffs
             .iter()
-            .map(|d| (d.rank, d.field.as_str(), d.value.as_str(), d.rank0_value.as_str()))
+            .map(|d| {
+                (
+                    d.rank,
+                    d.field.as_str(),
+                    d.value.as_str(),
+                    d.rank0_value.as_str(),
+                )
+            })
             .collect();
         assert_eq!(
             got,
@@ -118,7 +125,10 @@ mod tests {
             ]
         );
         let msg = e.to_string();
-        assert!(msg.contains("rank 1 has `config.hidden` = 128 where rank 0 has 64"), "{msg}");
+        assert!(
+            msg.contains("rank 1 has `config.hidden` = 128 where rank 0 has 64"),
+            "{msg}"
+        );
         let mut other_version: Value = fingerprint(&a);
         other_version["version"] = json!("0.0.9");
         let v = serde_json::to_vec(&other_version).unwrap();

@@ -270,7 +270,8 @@ impl Group {
 
     /// Waits until every rank reached the barrier `name` (or a peer dies).
     pub fn barrier(&self, name: &str) -> Result<()> {
-        self.gather(self.next_name("b", name), Vec::new()).map(|_| ())
+        self.gather(self.next_name("b", name), Vec::new())
+            .map(|_| ())
     }
 
     /// Every rank's `bytes`, in rank order (every rank calls it the same number of times).

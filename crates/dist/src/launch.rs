@@ -109,9 +109,14 @@ impl Plan {
             .unwrap_or_else(|| format!("l{}_{port}", std::process::id()));
         let ok = job.len() <= 64
             && !job.is_empty()
-            && job.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+            && job
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
         if !ok {
-            return Err(bad("--job-id", "must be 1 to 64 of A-Z, a-z, 0-9, `_`, `.`"));
+            return Err(bad(
+                "--job-id",
+                "must be 1 to 64 of A-Z, a-z, 0-9, `_`, `.`",
+            ));
         }
         Ok(Plan {
             nodes: a.nodes,
@@ -268,7 +273,14 @@ fn spawn(plan: &Plan, r: usize) -> Result<Rank> {
     // async-signal-safe functions (prctl, getppid, _exit); it touches no Rust-managed memory.
     unsafe {
         c.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             // the launcher died between fork and prctl: nobody will signal us
@@ -312,7 +324,8 @@ fn pump(src: impl Read + Send + 'static, r: usize, err: bool) -> Result<JoinHand
                 }
                 let _ = if err {
                     let mut o = std::io::stderr().lock();
-                    o.write_all(prefix.as_bytes()).and_then(|_| o.write_all(&line))
+                    o.write_all(prefix.as_bytes())
+                        .and_then(|_| o.write_all(&line))
                 } else {
                     let mut o = std::io::stdout().lock();
                     o.write_all(prefix.as_bytes())
@@ -463,7 +476,11 @@ fn forward(ranks: &mut [Rank], sig: libc::c_int, plan: &Plan, d: &mut Deadlines)
 fn stop_all(ranks: &mut [Rank], grace: Duration) {
     live(ranks).for_each(|k| signal(&k.child, libc::SIGTERM));
     let end = Instant::now() + grace;
-    while Instant::now() < end && ranks.iter_mut().any(|k| matches!(k.child.try_wait(), Ok(None))) {
+    while Instant::now() < end
+        && ranks
+            .iter_mut()
+            .any(|k| matches!(k.child.try_wait(), Ok(None)))
+    {
         std::thread::sleep(POLL);
     }
     for k in ranks.iter_mut() {
@@ -489,7 +506,11 @@ mod tests {
     fn plan(args: &[&str]) -> Result<Plan> {
         let mut v = vec!["t"];
         v.extend_from_slice(args);
-        Plan::new(T::try_parse_from(v).map_err(|e| DistError::Protocol(e.to_string()))?.a)
+        Plan::new(
+            T::try_parse_from(v)
+                .map_err(|e| DistError::Protocol(e.to_string()))?
+                .a,
+        )
     }
 
     #[test]
@@ -508,7 +529,10 @@ mod tests {
 
     #[test]
     fn statuses_are_named() {
-        assert_eq!(describe(ExitStatus::from_raw(3 << 8)), "exited with status 3");
+        assert_eq!(
+            describe(ExitStatus::from_raw(3 << 8)),
+            "exited with status 3"
+        );
         assert_eq!(
             describe(ExitStatus::from_raw(9)),
             "was killed by signal 9 (SIGKILL)"

@@ -26,7 +26,9 @@ fn main() {
         Verb::Selftest(a) => dist::selftest::run(a),
     };
     if let Err(e) = r {
-        let rank = std::env::var("RANK").map(|r| format!(" rank {r}:")).unwrap_or_default();
+        let rank = std::env::var("RANK")
+            .map(|r| format!(" rank {r}:"))
+            .unwrap_or_default();
         eprintln!("ptxforge-dist:{rank} error: {e}");
         std::process::exit(1);
     }

@@ -68,7 +68,11 @@ pub fn run(a: SelftestArgs) -> Result<()> {
         say(&format!("rank {}: starting {t} s late", env.rank));
         std::thread::sleep(Duration::from_secs_f64(*t));
     }
-    let hidden = if a.mismatch_rank == Some(env.rank) { 128 } else { 64 };
+    let hidden = if a.mismatch_rank == Some(env.rank) {
+        128
+    } else {
+        64
+    };
     let config = serde_json::json!({ "hidden": hidden, "experts": 8, "world": env.world_size });
     let job = env.job_id.clone();
     let g = boot.config(&config)?.on_peer_death(move |_| {
@@ -112,7 +116,10 @@ fn check_round(g: &Group, round: usize) -> Result<()> {
             )));
         }
     }
-    g.set(&format!("k{round}/{}", g.rank()), &payload(g.rank(), round + 1))?;
+    g.set(
+        &format!("k{round}/{}", g.rank()),
+        &payload(g.rank(), round + 1),
+    )?;
     let next = (g.rank() + 1) % w;
     let v = g.wait(&format!("k{round}/{next}"), Duration::from_secs(30))?;
     if v != payload(next, round + 1) {

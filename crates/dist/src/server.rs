@@ -365,7 +365,9 @@ fn gather(sh: &Shared, rank: usize, name: String, value: Vec<u8>, timeout_ms: u6
         }
         if let Some(left) = left_without(&st, &name) {
             return Reply::Rejected {
-                reason: format!("rank {left} left the job (finished) without joining this collective"),
+                reason: format!(
+                    "rank {left} left the job (finished) without joining this collective"
+                ),
             };
         }
         let now = Instant::now();

@@ -61,16 +61,29 @@ pub enum Request {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Reply {
     Welcome,
-    Rejected { reason: String },
+    Rejected {
+        reason: String,
+    },
     Ok,
-    Value { value: Option<Vec<u8>> },
-    Gathered { values: Vec<Vec<u8>> },
+    Value {
+        value: Option<Vec<u8>>,
+    },
+    Gathered {
+        values: Vec<Vec<u8>>,
+    },
     /// A wait or gather timed out; `missing` are the ranks that had not contributed.
-    Timeout { missing: Vec<usize> },
+    Timeout {
+        missing: Vec<usize>,
+    },
     /// Heartbeat answer: everyone alive; `rank0_op` is what rank 0 last announced.
-    Alive { rank0_op: String },
+    Alive {
+        rank0_op: String,
+    },
     /// A rank died; `op` is the operation it had announced ("" when none).
-    Dead { rank: usize, op: String },
+    Dead {
+        rank: usize,
+        op: String,
+    },
 }
 
 /// Writes one message.
@@ -124,7 +137,9 @@ mod tests {
         };
         send(&mut buf, &req).unwrap();
         let back: Request = recv(&mut buf.as_slice()).unwrap().unwrap();
-        assert!(matches!(back, Request::Gather { value, timeout_ms: 7, .. } if value == [1, 2, 250]));
+        assert!(
+            matches!(back, Request::Gather { value, timeout_ms: 7, .. } if value == [1, 2, 250])
+        );
         let empty: Option<Request> = recv(&mut [].as_slice()).unwrap();
         assert!(empty.is_none());
         let huge = (u32::MAX).to_be_bytes();

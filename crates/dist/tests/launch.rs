@@ -28,12 +28,20 @@ struct Run {
 
 fn launch_cmd(job: &str, extra: &[&str], selftest: &[&str]) -> Command {
     let mut c = Command::new(BIN);
-    c.args(["launch", "--nodes", "2", "--procs-per-node", "2", "--job-id", job])
-        .args(extra)
-        .args(["--", BIN, "selftest"])
-        .args(selftest)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    c.args([
+        "launch",
+        "--nodes",
+        "2",
+        "--procs-per-node",
+        "2",
+        "--job-id",
+        job,
+    ])
+    .args(extra)
+    .args(["--", BIN, "selftest"])
+    .args(selftest)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     c
 }
 
@@ -120,11 +128,19 @@ fn all_gather_across_2x2_processes_with_a_late_rank() {
             "{}",
             r.out
         );
-        assert!(r.out.contains(&format!("[rank {rank}] rank {rank}: ok")), "{}", r.out);
+        assert!(
+            r.out.contains(&format!("[rank {rank}] rank {rank}: ok")),
+            "{}",
+            r.out
+        );
     }
     assert!(r.out.contains("[rank 3] rank 3: starting 1 s late"));
     assert!(r.took >= Duration::from_secs(1));
-    assert!(r.err.contains("removed 4 shared-memory segment(s)"), "{}", r.err);
+    assert!(
+        r.err.contains("removed 4 shared-memory segment(s)"),
+        "{}",
+        r.err
+    );
     assert_no_segments(&j);
     assert_no_ranks_left(&r.pids);
 }
@@ -162,9 +178,16 @@ fn killed_rank(die: usize, op: &str, sleep: bool) {
             .lines()
             .any(|l| l.starts_with(&format!("[rank {rank}] ")) && l.contains(&named));
         assert!(ok, "rank {rank} did not report `{named}`:\n{}", r.err);
-        assert!(r.err.contains(&format!("rank {rank} exited with status 1")), "{}", r.err);
+        assert!(
+            r.err.contains(&format!("rank {rank} exited with status 1")),
+            "{}",
+            r.err
+        );
     }
-    let fail = format!("error: rank {die} (node {}) was killed by signal 9 (SIGKILL)", die / 2);
+    let fail = format!(
+        "error: rank {die} (node {}) was killed by signal 9 (SIGKILL)",
+        die / 2
+    );
     assert!(r.err.contains(&fail), "{}", r.err);
     assert_no_ranks_left(&r.pids);
     assert_no_segments(&j);
@@ -194,7 +217,9 @@ fn sleeping_job(j: &str, extra: &[&str]) -> (Child, Vec<u32>) {
     });
     let mut ready = 0;
     while ready < 4 {
-        let l = rx.recv_timeout(Duration::from_secs(20)).expect("ranks not ready");
+        let l = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("ranks not ready");
         ready += l.contains("all_gather ok") as usize;
     }
     let pids: Vec<u32> = (0..4).map(|r| child_pid_of_rank(child.id(), r)).collect();
@@ -209,7 +234,10 @@ fn child_pid_of_rank(launcher: u32, r: usize) -> u32 {
             continue;
         };
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let ppid = stat.rsplit(')').next().and_then(|s| s.split_whitespace().nth(1));
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|s| s.split_whitespace().nth(1));
         if ppid != Some(&launcher.to_string()) {
             continue;
         }
@@ -224,7 +252,10 @@ fn child_pid_of_rank(launcher: u32, r: usize) -> u32 {
 fn wait_gone(pids: &[u32], limit: Duration) {
     let t0 = Instant::now();
     while t0.elapsed() < limit {
-        if pids.iter().all(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+        if pids
+            .iter()
+            .all(|p| !Path::new(&format!("/proc/{p}")).exists())
+        {
             return;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -241,7 +272,12 @@ fn ctrl_c_stops_every_rank() {
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let r = finish(child, t0, Duration::from_secs(10));
     assert_eq!(r.code, Some(1), "{}", r.err);
-    assert!(r.err.contains("received SIGINT: forwarding it to every rank"), "{}", r.err);
+    assert!(
+        r.err
+            .contains("received SIGINT: forwarding it to every rank"),
+        "{}",
+        r.err
+    );
     assert!(r.err.contains("error: interrupted by SIGINT"), "{}", r.err);
     assert!(r.took < Duration::from_secs(5));
     wait_gone(&pids, Duration::from_secs(2));
@@ -293,7 +329,10 @@ fn a_command_that_cannot_start_is_named() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
-    assert!(err.contains("cannot start rank 0 (`/nonexistent/ptxforge-rank`)"), "{err}");
+    assert!(
+        err.contains("cannot start rank 0 (`/nonexistent/ptxforge-rank`)"),
+        "{err}"
+    );
 }
 
 /// A rank that hangs (SIGSTOP: its heartbeat stops, its socket stays open) is declared dead
@@ -308,10 +347,17 @@ fn a_hung_rank_is_declared_dead_after_the_peer_timeout() {
     let r = finish(child, t0, Duration::from_secs(20));
     assert_eq!(r.code, Some(1), "{}", r.err);
     for rank in [0, 2, 3] {
-        let line = format!("[rank {rank}] ptxforge: rank {rank} (node {}): error: rank 1 died during `dispatch`", rank / 2);
+        let line = format!(
+            "[rank {rank}] ptxforge: rank {rank} (node {}): error: rank 1 died during `dispatch`",
+            rank / 2
+        );
         assert!(r.err.contains(&line), "{line}\n{}", r.err);
     }
-    assert!(r.err.contains("rank 1 was killed by signal 9 (SIGKILL)"), "{}", r.err);
+    assert!(
+        r.err.contains("rank 1 was killed by signal 9 (SIGKILL)"),
+        "{}",
+        r.err
+    );
     assert!(r.took < Duration::from_secs(10), "took {:?}", r.took);
     wait_gone(&pids, Duration::from_secs(2));
     assert_no_segments(&j);

@@ -75,7 +75,10 @@ fn store_and_collectives_agree_on_every_rank() {
         g.set(&format!("x{r}"), &mine).unwrap();
         let next = (r + 1) % 3;
         let theirs = g.wait(&format!("x{next}"), Duration::from_secs(5)).unwrap();
-        assert_eq!(theirs, all[next], "rank {r}: set/wait disagrees with all_gather");
+        assert_eq!(
+            theirs, all[next],
+            "rank {r}: set/wait disagrees with all_gather"
+        );
         assert_eq!(g.get(&format!("x{next}")).unwrap(), Some(theirs));
         assert_eq!(g.get("never-set").unwrap(), None);
         g.barrier("b").unwrap();
@@ -85,7 +88,10 @@ fn store_and_collectives_agree_on_every_rank() {
         g.finish().unwrap();
         all
     });
-    assert!(out.iter().all(|a| *a == out[0]), "ranks gathered different data");
+    assert!(
+        out.iter().all(|a| *a == out[0]),
+        "ranks gathered different data"
+    );
 }
 
 #[test]
@@ -100,7 +106,10 @@ fn a_late_rank_is_waited_for() {
         g.finish().unwrap();
         t
     });
-    assert!(waited.iter().all(|t| *t >= Duration::from_millis(1200)), "{waited:?}");
+    assert!(
+        waited.iter().all(|t| *t >= Duration::from_millis(1200)),
+        "{waited:?}"
+    );
 }
 
 #[test]
@@ -132,8 +141,14 @@ fn unreachable_master_times_out_without_hanging() {
         .err()
         .unwrap();
     let took = t0.elapsed();
-    assert!(took >= Duration::from_millis(700) && took < Duration::from_secs(5), "{took:?}");
-    assert!(matches!(e, DistError::MasterUnreachable { rank: 1, .. }), "{e}");
+    assert!(
+        took >= Duration::from_millis(700) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    assert!(
+        matches!(e, DistError::MasterUnreachable { rank: 1, .. }),
+        "{e}"
+    );
     assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
 }
 
@@ -144,7 +159,10 @@ fn port_in_use_is_a_clear_error_on_rank_0() {
     let e = boot(0, 2, port, "inuse").connect().err().unwrap();
     let msg = e.to_string();
     assert!(matches!(e, DistError::Bind { .. }), "{msg}");
-    assert!(msg.contains(&port.to_string()) && msg.contains("MASTER_PORT"), "{msg}");
+    assert!(
+        msg.contains(&port.to_string()) && msg.contains("MASTER_PORT"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -202,7 +220,8 @@ fn a_lost_rank_is_reported_with_its_operation() {
     let t0 = Instant::now();
     let out = ranks(3, |r, b| {
         let g: Group = b.connect().unwrap();
-        g.set_op(if r == 2 { "dispatch" } else { "combine" }).unwrap();
+        g.set_op(if r == 2 { "dispatch" } else { "combine" })
+            .unwrap();
         g.barrier("announced").unwrap();
         if r == 2 {
             drop(g); // closes its heartbeat without a goodbye
@@ -219,7 +238,13 @@ fn a_lost_rank_is_reported_with_its_operation() {
     });
     assert!(t0.elapsed() < Duration::from_secs(8));
     for (e, watched) in out.into_iter().flatten() {
-        assert!(matches!(&e, DistError::PeerDied { rank: 2, op } if op == "dispatch"), "{e}");
-        assert!(watched.contains("rank 2 died during `dispatch`"), "{watched}");
+        assert!(
+            matches!(&e, DistError::PeerDied { rank: 2, op } if op == "dispatch"),
+            "{e}"
+        );
+        assert!(
+            watched.contains("rank 2 died during `dispatch`"),
+            "{watched}"
+        );
     }
 }
