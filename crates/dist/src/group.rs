@@ -91,6 +91,7 @@ impl Bootstrap {
     /// config mismatch; a rank that never comes is named in [`DistError::BootstrapTimeout`].
     pub fn connect(self) -> Result<Group> {
         let env = self.env;
+        check_env(&env)?;
         let deadline = Instant::now() + env.bootstrap_timeout;
         let server = match env.rank {
             0 => Some(Arc::new(Server::start(&env)?)),
@@ -131,14 +132,41 @@ impl Bootstrap {
     }
 }
 
+/// Longest timeout accepted (as for the environment variables).
+const MAX_TIMEOUT: Duration = Duration::from_secs(1_000_000);
+
 fn positive(field: &'static str, t: Duration) -> Result<Duration> {
-    if t.is_zero() {
+    if t.is_zero() || t > MAX_TIMEOUT {
         return Err(DistError::BadOption {
             field,
-            reason: "must be above zero".into(),
+            reason: format!("{t:?} must be above zero and at most 1e6 s"),
         });
     }
     Ok(t)
+}
+
+/// Checks an environment built by hand (its fields are public) as `DistEnv::from_vars` would.
+fn check_env(e: &DistEnv) -> Result<()> {
+    let bad = |field, reason: String| Err(DistError::BadOption { field, reason });
+    if e.world_size == 0 || e.rank >= e.world_size {
+        return bad("rank", format!("{} of world size {}", e.rank, e.world_size));
+    }
+    if e.local_world_size == 0
+        || e.local_world_size > e.world_size
+        || !e.world_size.is_multiple_of(e.local_world_size)
+        || e.local_rank != e.rank % e.local_world_size
+    {
+        return bad(
+            "local_rank",
+            format!(
+                "local rank {} of {} does not fit rank {} of {}",
+                e.local_rank, e.local_world_size, e.rank, e.world_size
+            ),
+        );
+    }
+    positive("bootstrap_timeout", e.bootstrap_timeout)?;
+    positive("peer_timeout", e.peer_timeout)?;
+    Ok(())
 }
 
 /// A joined job: this rank's view of the process group.

@@ -17,7 +17,7 @@ use crate::shm;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -188,13 +188,25 @@ fn signal(child: &Child, sig: libc::c_int) {
     }
 }
 
-/// Runs the job; `Ok` when every rank exited with status 0.
+/// Set while a launch runs: the signal handlers and [`PENDING`] are process-wide.
+static RUNNING: AtomicBool = AtomicBool::new(false);
+
+/// Runs the job; `Ok` when every rank exited with status 0. One launch at a time per process.
 pub fn run(a: LaunchArgs) -> Result<()> {
     let plan = Plan::new(a)?;
-    let old = install_handlers()?;
-    PENDING.store(0, Ordering::SeqCst);
-    let result = run_plan(&plan);
-    restore_handlers(&old);
+    if RUNNING.swap(true, Ordering::SeqCst) {
+        return Err(DistError::BadOption {
+            field: "launch",
+            reason: "another launch is running in this process".into(),
+        });
+    }
+    let result = install_handlers().and_then(|old| {
+        PENDING.store(0, Ordering::SeqCst);
+        let r = run_plan(&plan);
+        restore_handlers(&old);
+        r
+    });
+    RUNNING.store(false, Ordering::SeqCst);
     let (removed, failed) = shm::remove_job_segments(&plan.job);
     if !removed.is_empty() {
         note(&format!(

@@ -324,7 +324,8 @@ fn dead_reply(st: &State) -> Option<Reply> {
 }
 
 fn wait_key(sh: &Shared, key: &str, timeout_ms: u64) -> Reply {
-    let end = Instant::now() + Duration::from_millis(timeout_ms);
+    // a deadline past what Instant can hold is no deadline
+    let end = Instant::now().checked_add(Duration::from_millis(timeout_ms));
     let mut st = sh.lock();
     loop {
         if let Some(v) = st.kv.get(key) {
@@ -336,10 +337,12 @@ fn wait_key(sh: &Shared, key: &str, timeout_ms: u64) -> Reply {
             return d;
         }
         let now = Instant::now();
-        if now >= end {
-            return Reply::Timeout { missing: vec![] };
-        }
-        st = match sh.cv.wait_timeout(st, (end - now).min(POLL)) {
+        let wait = match end {
+            Some(e) if now >= e => return Reply::Timeout { missing: vec![] },
+            Some(e) => (e - now).min(POLL),
+            None => POLL,
+        };
+        st = match sh.cv.wait_timeout(st, wait) {
             Ok((g, _)) => g,
             Err(p) => p.into_inner().0,
         };
@@ -347,7 +350,10 @@ fn wait_key(sh: &Shared, key: &str, timeout_ms: u64) -> Reply {
 }
 
 fn gather(sh: &Shared, rank: usize, name: String, value: Vec<u8>, timeout_ms: u64) -> Reply {
-    let end = (timeout_ms > 0).then(|| Instant::now() + Duration::from_millis(timeout_ms));
+    let end = match timeout_ms {
+        0 => None,
+        t => Instant::now().checked_add(Duration::from_millis(t)),
+    };
     let mut st = sh.lock();
     let world = sh.world;
     let g = st.gathers.entry(name.clone()).or_insert_with(|| Gather {

@@ -248,3 +248,28 @@ fn a_lost_rank_is_reported_with_its_operation() {
         );
     }
 }
+
+#[test]
+fn bad_builder_options_and_hand_built_environments_are_named() {
+    let e = boot(0, 1, 1, "opt")
+        .peer_timeout(Duration::ZERO)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("peer_timeout"), "{e}");
+    let e = boot(0, 1, 1, "opt")
+        .bootstrap_timeout(Duration::MAX)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("bootstrap_timeout"), "{e}");
+    let mut env = env(0, 2, 1, "opt");
+    env.rank = 2;
+    let e = Bootstrap::new(env.clone()).connect().err().unwrap();
+    assert!(
+        e.to_string().contains("invalid rank: 2 of world size 2"),
+        "{e}"
+    );
+    env.rank = 1;
+    env.local_rank = 0;
+    let e = Bootstrap::new(env).connect().err().unwrap();
+    assert!(e.to_string().contains("local_rank"), "{e}");
+}
