@@ -362,3 +362,38 @@ fn a_hung_rank_is_declared_dead_after_the_peer_timeout() {
     wait_gone(&pids, Duration::from_secs(2));
     assert_no_segments(&j);
 }
+
+/// Under Open MPI's `mpirun` the ranks read `OMPI_COMM_WORLD_*` (this machine is one node:
+/// LOCAL_WORLD_SIZE 4) and derive the job id from MASTER_ADDR:MASTER_PORT. Skipped, saying
+/// so, where Open MPI is not installed.
+#[test]
+fn ranks_bootstrap_under_mpirun() {
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        eprintln!("mpirun not found: skipping the Open MPI bootstrap test");
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
+        .args(["-x", "MASTER_PORT", BIN, "selftest", "--shm"])
+        .env("MASTER_PORT", port.to_string())
+        .output()
+        .unwrap();
+    let job = format!("m127_0_0_1_{port}");
+    let (removed, _) = dist::shm::remove_job_segments(&job);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for r in 0..4 {
+        let line = format!("rank {r} (node 0, local {r}): all_gather ok over 2 rounds");
+        assert!(text.contains(&line), "{text}");
+    }
+    assert_eq!(removed.len(), 4, "segments of job {job}");
+}
