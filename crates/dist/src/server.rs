@@ -187,15 +187,11 @@ fn serve(mut stream: TcpStream, sh: &Shared) {
         let _ = send(&mut stream, &Reply::Rejected { reason });
         return;
     }
-    if send(&mut stream, &Reply::Welcome).is_err() {
-        if kind == Kind::Heartbeat {
-            mark_dead(sh, rank);
-        }
-        return;
-    }
-    match kind {
-        Kind::Store => serve_store(stream, sh, rank),
-        Kind::Heartbeat => serve_heartbeat(stream, sh, rank),
+    match (send(&mut stream, &Reply::Welcome), kind) {
+        (Ok(()), Kind::Store) => serve_store(stream, sh, rank),
+        (Ok(()), Kind::Heartbeat) => serve_heartbeat(stream, sh, rank),
+        (Err(_), Kind::Heartbeat) => mark_dead(sh, rank),
+        (Err(_), Kind::Store) => {}
     }
     let mut st = sh.lock();
     if rank != 0 {

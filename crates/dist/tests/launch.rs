@@ -397,3 +397,23 @@ fn ranks_bootstrap_under_mpirun() {
     }
     assert_eq!(removed.len(), 4, "segments of job {job}");
 }
+
+#[test]
+fn no_prefix_passes_the_output_through() {
+    let out = Command::new(BIN)
+        .args([
+            "launch",
+            "--nodes",
+            "1",
+            "--procs-per-node",
+            "2",
+            "--no-prefix",
+        ])
+        .args(["--", BIN, "selftest", "--rounds", "1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.lines().any(|l| l == "rank 1: ok"), "{text}");
+    assert!(!text.contains("[rank"), "{text}");
+}
