@@ -3,6 +3,7 @@
 //! call the same library functions.
 
 use clap::{Parser, Subcommand};
+use std::io::Write;
 
 #[derive(Parser)]
 #[command(name = "ptxforge-dist", version, about = "ptxforge's process layer")]
@@ -29,7 +30,8 @@ fn main() {
         let rank = std::env::var("RANK")
             .map(|r| format!(" rank {r}:"))
             .unwrap_or_default();
-        eprintln!("ptxforge-dist:{rank} error: {e}");
+        // a closed standard error has nobody left to tell: ignore write errors
+        let _ = writeln!(std::io::stderr().lock(), "ptxforge-dist:{rank} error: {e}");
         std::process::exit(1);
     }
 }
