@@ -54,6 +54,12 @@ enum Verb {
     /// Train the DeepSeek-V3-shaped model (DualPipeV x EP, FP8): loss per step, validation,
     /// checkpoints, loss curve, trace.
     Train(cmd::train::Args),
+    /// Start a local multi-process job: N nodes x P processes of CMD with the rank
+    /// environment (RANK, WORLD_SIZE, LOCAL_RANK, ...), signals forwarded, no orphans.
+    Launch(cmd::launch::Args),
+    /// The process layer's test program, run as each rank of a launched job.
+    #[command(hide = true)]
+    DistSelftest(cmd::launch::DistSelftestArgs),
 }
 
 impl Verb {
@@ -74,6 +80,8 @@ impl Verb {
             Verb::Moe(a) => ("moe", a.json),
             Verb::Docs(a) => ("docs", a.json),
             Verb::Train(a) => ("train", a.json),
+            Verb::Launch(a) => ("launch", a.json),
+            Verb::DistSelftest(a) => ("dist-selftest", a.json),
         }
     }
 
@@ -93,6 +101,8 @@ impl Verb {
             Verb::Gemm(a) => cmd::gemm::run(a),
             Verb::Docs(a) => cmd::docs::run(a),
             Verb::Train(a) => cmd::train::run(a),
+            Verb::Launch(a) => cmd::launch::run(a),
+            Verb::DistSelftest(a) => cmd::launch::selftest(a),
         }
     }
 }

@@ -200,6 +200,10 @@ fn failing_json_commands() -> Vec<(&'static str, Vec<&'static str>)> {
             vec!["docs", "--check", "--root", "no/such/root", "--json"],
         ),
         ("train", vec!["train", "--config", "no-such.toml", "--json"]),
+        (
+            "launch",
+            vec!["launch", "--nodes", "0", "--json", "--", "true"],
+        ),
     ]
 }
 

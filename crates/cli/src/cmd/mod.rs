@@ -10,6 +10,7 @@ pub mod fmt;
 pub mod gemm;
 pub mod isa;
 pub mod kernels;
+pub mod launch;
 pub mod moe;
 pub mod run;
 pub mod schedule;
