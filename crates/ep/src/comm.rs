@@ -171,7 +171,8 @@ impl EpConfig {
     pub fn combine_record_bytes(&self) -> u32 {
         16 + 2 * self.hidden
     }
-    fn slot_bytes(&self) -> u32 {
+    /// Bytes of one ring slot (the larger of a BF16 dispatch and a combine record).
+    pub fn slot_bytes(&self) -> u32 {
         self.record_bytes(Payload::Bf16)
             .max(self.combine_record_bytes())
     }
@@ -187,6 +188,33 @@ impl EpConfig {
             * self.channels() as u64
             * self.ring_slots as u64
             * self.slot_bytes() as u64
+    }
+    /// The layout of a workspace window as rank(s) of node `src_node` write it across nodes:
+    /// the "RDMA" ring of that source node in every channel (counters at the start, rings
+    /// after `cnt_bytes`).
+    pub fn ws_window(&self, src_node: u32, cnt_bytes: u64) -> crate::proxy::WindowSpec {
+        let (nn, cc, ss, sb) = (
+            self.nodes(),
+            self.channels(),
+            self.ring_slots,
+            self.slot_bytes(),
+        );
+        let rings = (0..cc)
+            .map(|c| {
+                let i = src_node * cc + c;
+                crate::proxy::RingSpec {
+                    tail_off: i as u64 * 4,
+                    head_off: (nn * cc + i) as u64 * 4,
+                    data_off: cnt_bytes + i as u64 * ss as u64 * sb as u64,
+                    slots: ss,
+                    slot_bytes: sb,
+                }
+            })
+            .collect();
+        crate::proxy::WindowSpec {
+            key: crate::proxy::WIN_WS,
+            kind: crate::proxy::WindowKind::Rings(rings),
+        }
     }
     fn counter_words(&self) -> u32 {
         2 * (self.nodes() + self.gpus_per_node) * self.channels()
@@ -1763,7 +1791,10 @@ impl EpGroup {
             let mut ct = Vec::new();
             for (dst, b) in ws.iter().enumerate() {
                 let p = match transport.link(r as u32, dst as u32) {
-                    LinkClass::InterNode => transport.remote_ptr(r as u32, dst as u32, b)?,
+                    LinkClass::InterNode => {
+                        let spec = cfg.ws_window(transport.node_of(r as u32), cnt_bytes);
+                        transport.window(r as u32, dst as u32, b, &spec)?
+                    }
                     _ => b.peer_ptr(d)?,
                 };
                 ct.push(p);
@@ -1826,7 +1857,7 @@ impl EpGroup {
         for st in &self.streams {
             st.synchronize()?;
         }
-        Ok(())
+        self.transport.begin()
     }
 
     /// Waits for `ranks`' streams; turns device error records into [`EpError::Timeout`].
@@ -1837,9 +1868,17 @@ impl EpGroup {
                 first.get_or_insert(e.into());
             }
         }
+        let ended = match first {
+            None => self.transport.end(),
+            Some(_) => {
+                self.transport.abort();
+                Ok(())
+            }
+        };
         for &r in ranks {
             let e = self.streams[r].read(&self.err[r])?;
             if e[0] != 0 {
+                self.transport.abort();
                 return Err(EpError::Timeout {
                     rank: e[1],
                     channel: e[2],
@@ -1853,6 +1892,7 @@ impl EpGroup {
         if let Some(e) = first {
             return Err(e);
         }
+        ended?;
         let mut st = CommStats {
             seconds: t0.elapsed().as_secs_f64(),
             ..Default::default()

@@ -16,6 +16,7 @@
 //!   dgrad and wgrad GEMMs).
 use crate::comm::{bf16_lo_hi, DispatchOut, EpGroup};
 use crate::kutil::{self, sigmoid};
+use crate::proxy::{WindowKind, WindowSpec, WIN_DW};
 use crate::routing::RoutingCfg;
 use crate::transport::LinkClass;
 use crate::{EpError, Result};
@@ -152,54 +153,37 @@ impl EpGroup {
         for r in 0..r_n {
             self.streams[r].synchronize()?;
         }
-        let key = format!("h{h}_k{kk}_g{}", cfg.gpus_per_node);
-        let mut counters = Vec::new();
+        // every rank's window table first: a proxy registers its send windows, and its begin
+        // fence orders every home buffer's poison before any put
+        let mut tabs = Vec::new();
         for r in 0..r_n {
-            if outs[r].m_pad == 0 {
-                counters.push(None);
-                continue;
-            }
-            let dev = &self.devices[r];
-            let f = kutil::function(dev, "ep_topk_grad", &key, |t| {
-                topk_grad_kernel(t, cfg.hidden, cfg.topk, cfg.gpus_per_node)
-            })?;
-            let mut tab = Vec::new();
-            for (dst, b) in dw.iter().enumerate() {
-                tab.push(match self.transport.link(r as u32, dst as u32) {
-                    LinkClass::InterNode => self.transport.remote_ptr(r as u32, dst as u32, b)?,
-                    _ => b.peer_ptr(dev)?,
-                });
-            }
-            let st = &self.streams[r];
-            let tab = st.upload(&tab)?;
-            let bytes = dev.alloc::<u64>(2)?;
-            st.fill(&bytes, 0)?;
-            let rows = outs[r].m_pad as u32;
-            let lc = LaunchConfig::linear(rows.div_ceil(ROWS_PER_CTA), 32 * ROWS_PER_CTA).budget(
-                runtime::SmPartition {
-                    offset: cfg.sm_offset,
-                    count: cfg.num_sms,
-                },
-            );
-            self.streams[r].launch(
-                &f,
-                &lc,
-                &runtime::args![
-                    y[r],
-                    dy[r],
-                    &outs[r].recv_src,
-                    &outs[r].recv_k,
-                    &tab,
-                    &bytes,
-                    r as u32,
-                    rows
-                ],
-            )?;
-            counters.push(Some((tab, bytes)));
+            tabs.push(match outs[r].m_pad {
+                0 => None,
+                _ => Some(self.dw_table(r, &dw)?),
+            });
+        }
+        self.transport.begin()?;
+        let mut counters = Vec::new();
+        for (r, tab) in tabs.into_iter().enumerate() {
+            counters.push(match tab {
+                Some(tab) => Some(self.launch_topk_grad(r, y[r], dy[r], &outs[r], tab)?),
+                None => None,
+            });
         }
         let (mut inter, mut intra) = (0, 0);
+        let mut first = None;
         for r in 0..r_n {
-            self.streams[r].synchronize()?;
+            if let Err(e) = self.streams[r].synchronize() {
+                first.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first {
+            self.transport.abort();
+            return Err(e.into());
+        }
+        // the sparse send windows (inter-node puts) land at the home ranks
+        self.transport.end()?;
+        for r in 0..r_n {
             if let Some((_, b)) = &counters[r] {
                 let v = self.streams[r].read(b)?;
                 inter += v[0];
@@ -211,6 +195,69 @@ impl EpGroup {
             inter_node_bytes: inter,
             intra_node_bytes: intra,
         })
+    }
+}
+
+impl EpGroup {
+    /// Rank `r`'s table of the addresses it puts `dw` of every home rank through.
+    fn dw_table(&self, r: usize, dw: &[Buffer<u8>]) -> Result<Buffer<u64>> {
+        let dev = &self.devices[r];
+        let mut tab = Vec::new();
+        for (dst, b) in dw.iter().enumerate() {
+            tab.push(match self.transport.link(r as u32, dst as u32) {
+                LinkClass::InterNode => {
+                    let spec = WindowSpec {
+                        key: WIN_DW,
+                        kind: WindowKind::Sparse { poison: 0xff },
+                    };
+                    self.transport.window(r as u32, dst as u32, b, &spec)?
+                }
+                _ => b.peer_ptr(dev)?,
+            });
+        }
+        Ok(self.streams[r].upload(&tab)?)
+    }
+
+    /// Launches `ep_topk_grad` on rank `r`; returns its table and byte counters.
+    fn launch_topk_grad(
+        &self,
+        r: usize,
+        y: &Buffer<bf16>,
+        dy: &Buffer<u8>,
+        out: &DispatchOut,
+        tab: Buffer<u64>,
+    ) -> Result<(Buffer<u64>, Buffer<u64>)> {
+        let cfg = &self.cfg;
+        let dev = &self.devices[r];
+        let key = format!("h{}_k{}_g{}", cfg.hidden, cfg.topk, cfg.gpus_per_node);
+        let f = kutil::function(dev, "ep_topk_grad", &key, |t| {
+            topk_grad_kernel(t, cfg.hidden, cfg.topk, cfg.gpus_per_node)
+        })?;
+        let st = &self.streams[r];
+        let bytes = dev.alloc::<u64>(2)?;
+        st.fill(&bytes, 0)?;
+        let rows = out.m_pad as u32;
+        let lc = LaunchConfig::linear(rows.div_ceil(ROWS_PER_CTA), 32 * ROWS_PER_CTA).budget(
+            runtime::SmPartition {
+                offset: cfg.sm_offset,
+                count: cfg.num_sms,
+            },
+        );
+        st.launch(
+            &f,
+            &lc,
+            &runtime::args![
+                y,
+                dy,
+                &out.recv_src,
+                &out.recv_k,
+                &tab,
+                &bytes,
+                r as u32,
+                rows
+            ],
+        )?;
+        Ok((tab, bytes))
     }
 }
 

@@ -13,6 +13,7 @@
 mod cuda;
 mod device;
 mod graph;
+mod hostview;
 pub mod limits;
 pub mod module_cache;
 mod multicast;
@@ -29,6 +30,7 @@ pub use device::{
     Backend, Buffer, Device, DeviceInfo, DeviceProps, Function, Module, Pod, SmPartition,
 };
 pub use graph::Graph;
+pub use hostview::HostView;
 pub use multicast::Multicast;
 pub use partition::{sms_used, Partition, PartitionKind};
 pub use storage::IpcHandle;
