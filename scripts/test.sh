@@ -5,6 +5,18 @@ cd "$(dirname "$0")/.."
 if [ -x scripts/setup-ptxas.sh ]; then
   scripts/setup-ptxas.sh
 fi
+# Open MPI (crates/netmpi: the MPI engine of ep's proxy transport, multi-process `moe` tests)
+# and libclang (the mpi crate's bindgen); idempotent, skipped when already installed
+mpi_pkgs="openmpi-bin libopenmpi-dev libclang-dev"
+if ! dpkg-query -W -f='${Status}\n' $mpi_pkgs 2>/dev/null | grep -qv "install ok installed" \
+  && [ "$(dpkg-query -W -f='${Status}\n' $mpi_pkgs 2>/dev/null | wc -l)" = 3 ]; then
+  : # all installed
+else
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq $mpi_pkgs >/dev/null
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # the fake CUDA driver (a cdylib, which `cargo test` does not build as such) and the Hopper
 # benchmark example (`--all-targets` builds examples as test harnesses) for the tests that run
 # them on the fake driver; they would otherwise build them into a separate target directory

@@ -249,6 +249,19 @@ impl ProxyTransport {
         Ok(ptr)
     }
 
+    /// Host view of rank `src`'s send window for rank `dst`'s window `key` (diagnostics, and
+    /// tests that play the kernel's part from the host).
+    pub fn send_window(&self, src: u32, dst: u32, key: u32) -> Result<HostView> {
+        let sh = self
+            .endpoint_of(src)
+            .ok_or_else(|| EpError::Config(format!("rank {src} is not hosted here")))?;
+        lock(sh)?
+            .wins
+            .get(&(key, dst, src))
+            .and_then(|w| w.shadow.as_ref().map(|s| s.1.clone()))
+            .ok_or_else(|| EpError::Config(format!("no send window {key} of rank {src} for {dst}")))
+    }
+
     /// What each hosted endpoint's proxy moved so far (node, stats).
     pub fn stats(&self) -> Result<Vec<(u32, ProxyStats)>> {
         self.shared()

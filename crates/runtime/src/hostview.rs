@@ -44,7 +44,7 @@ impl HostView {
         self.bytes == 0
     }
     fn check(&self, off: u64, len: u64, align: u64) -> Result<()> {
-        if off % align != 0 || off.checked_add(len).is_none_or(|e| e > self.bytes) {
+        if !off.is_multiple_of(align) || off.checked_add(len).is_none_or(|e| e > self.bytes) {
             return Err(RuntimeError::Buffer(format!(
                 "host view access of {len} bytes at offset {off} (align {align}) outside a buffer of {}",
                 self.bytes
