@@ -37,6 +37,9 @@ pub enum Op {
     /// Every message sent before it by this endpoint has been applied. `phase` tells the
     /// fences of one operation apart (begin, end).
     Fence { phase: u32 },
+    /// One endpoint's part of an all-gather number `seq` (bootstrap-time exchanges such as the
+    /// dispatch's per-expert token counts).
+    Blob { seq: u32, data: Vec<u8> },
 }
 
 /// A message between proxy endpoints.
@@ -53,6 +56,7 @@ pub struct Msg {
 const KIND_PUT: u8 = 1;
 const KIND_SIGNAL: u8 = 2;
 const KIND_FENCE: u8 = 3;
+const KIND_BLOB: u8 = 4;
 /// Bytes of the fixed header of an encoded message.
 pub const HEADER_BYTES: usize = 40;
 
@@ -64,6 +68,7 @@ impl Msg {
             Op::Put { offset, data } => (KIND_PUT, *offset, 0, data),
             Op::Signal { offset, value } => (KIND_SIGNAL, *offset, *value, &[]),
             Op::Fence { phase } => (KIND_FENCE, 0, *phase, &[]),
+            Op::Blob { seq, data } => (KIND_BLOB, 0, *seq, data),
         };
         let mut b = Vec::with_capacity(HEADER_BYTES + data.len());
         b.extend_from_slice(&[kind, self.target.shadow as u8, 0, 0]);
@@ -103,6 +108,10 @@ impl Msg {
             },
             KIND_SIGNAL => Op::Signal { offset, value },
             KIND_FENCE => Op::Fence { phase: value },
+            KIND_BLOB => Op::Blob {
+                seq: value,
+                data: b[HEADER_BYTES..].to_vec(),
+            },
             k => return Err(EpError::Engine(format!("unknown message kind {k}"))),
         };
         Ok(Msg {
@@ -118,6 +127,14 @@ impl Msg {
         })
     }
 }
+
+/// The target of messages that address no window (fences, all-gather parts).
+pub const NO_TARGET: Target = Target {
+    key: 0,
+    owner: 0,
+    src: 0,
+    shadow: false,
+};
 
 /// Moves [`Msg`]s between the endpoints of a job, in order per (sender, receiver) pair.
 pub trait Engine: Send + Sync {
@@ -161,14 +178,24 @@ pub trait Engine: Send + Sync {
     }
     /// A fence of `phase` to endpoint `to`.
     fn fence(&self, to: u32, epoch: u32, phase: u32) -> Result<()> {
-        let target = Target {
-            key: 0,
-            owner: 0,
-            src: 0,
-            shadow: false,
-        };
         let from = self.endpoint();
         let op = Op::Fence { phase };
+        let target = NO_TARGET;
+        self.send(
+            to,
+            Msg {
+                epoch,
+                from,
+                target,
+                op,
+            },
+        )
+    }
+    /// This endpoint's part `data` of all-gather `seq`, to endpoint `to`.
+    fn blob(&self, to: u32, seq: u32, data: Vec<u8>) -> Result<()> {
+        let from = self.endpoint();
+        let op = Op::Blob { seq, data };
+        let (epoch, target) = (0, NO_TARGET);
         self.send(
             to,
             Msg {
@@ -256,6 +283,10 @@ mod tests {
                 value: 0x8000_0005,
             },
             Op::Fence { phase: 1 },
+            Op::Blob {
+                seq: 4,
+                data: vec![9; 17],
+            },
         ];
         for op in ops {
             let m = Msg {

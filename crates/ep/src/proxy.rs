@@ -99,6 +99,9 @@ struct State {
     wins: HashMap<WinId, Win>,
     /// Endpoints whose fence of (epoch, phase) arrived.
     fences: HashMap<(u32, u32), BTreeSet<u32>>,
+    /// All-gather parts by (seq, sending endpoint).
+    blobs: HashMap<(u32, u32), Vec<u8>>,
+    gather_seq: u32,
     hold: Option<emu::clock::Hold>,
     last_progress: Instant,
     error: Option<String>,
@@ -181,6 +184,8 @@ impl ProxyTransport {
                     epoch: 0,
                     wins: HashMap::new(),
                     fences: HashMap::new(),
+                    blobs: HashMap::new(),
+                    gather_seq: 0,
                     hold: None,
                     last_progress: Instant::now(),
                     error: None,
@@ -216,7 +221,13 @@ impl ProxyTransport {
     }
 
     /// Registers rank `owner`'s real window `buf` (hosted here) for puts from rank `src`.
-    pub fn expose(&self, owner: u32, src: u32, buf: &Buffer<u8>, spec: &WindowSpec) -> Result<()> {
+    pub fn expose_window(
+        &self,
+        owner: u32,
+        src: u32,
+        buf: &Buffer<u8>,
+        spec: &WindowSpec,
+    ) -> Result<()> {
         let sh = self
             .endpoint_of(owner)
             .ok_or_else(|| EpError::Config(format!("rank {owner} is not hosted here")))?;
@@ -227,7 +238,13 @@ impl ProxyTransport {
 
     /// Allocates rank `src`'s send window for rank `dst`'s window of `bytes` and returns the
     /// address `src`'s kernels write through.
-    pub fn attach(&self, src: u32, dst: u32, bytes: usize, spec: &WindowSpec) -> Result<u64> {
+    pub fn attach_window(
+        &self,
+        src: u32,
+        dst: u32,
+        bytes: usize,
+        spec: &WindowSpec,
+    ) -> Result<u64> {
         let sh = self
             .endpoint_of(src)
             .ok_or_else(|| EpError::Config(format!("rank {src} is not hosted here")))?;
@@ -266,6 +283,46 @@ impl ProxyTransport {
     pub fn stats(&self) -> Result<Vec<(u32, ProxyStats)>> {
         self.shared()
             .map(|sh| Ok((sh.engine.endpoint(), lock(sh)?.stats)))
+            .collect()
+    }
+
+    /// [`Transport::all_gather`] over the engine: each hosted endpoint sends the rows of its
+    /// node's ranks to every other endpoint and collects theirs.
+    fn gather_rows(&self, hosted: &[u32], mine: Vec<Vec<u32>>) -> Result<Vec<Vec<u32>>> {
+        if hosted.len() != mine.len() {
+            return Err(EpError::Shape(format!(
+                "{} rows for {} hosted ranks",
+                mine.len(),
+                hosted.len()
+            )));
+        }
+        let mut all: Vec<Option<Vec<u32>>> = vec![None; self.ranks as usize];
+        for (&r, row) in hosted.iter().zip(mine) {
+            *all.get_mut(r as usize)
+                .ok_or_else(|| EpError::Shape(format!("rank {r} of {}", self.ranks)))? = Some(row);
+        }
+        for sh in self.shared() {
+            let node = sh.engine.endpoint();
+            let part = encode_rows(&all, node * sh.per_ep..(node + 1) * sh.per_ep);
+            let mut st = lock(sh)?;
+            st.gather_seq += 1;
+            for to in (0..sh.engine.endpoints()).filter(|&t| t != node) {
+                sh.engine.blob(to, st.gather_seq, part.clone())?;
+            }
+        }
+        for sh in self.shared() {
+            for (from, data) in wait_blobs(sh)? {
+                let hosted_here = self.endpoint_of(from * sh.per_ep).is_some();
+                if !hosted_here {
+                    decode_rows(&data, &mut all)?;
+                }
+            }
+        }
+        all.into_iter()
+            .enumerate()
+            .map(|(r, row)| {
+                row.ok_or_else(|| EpError::Engine(format!("no row of rank {r} arrived")))
+            })
             .collect()
     }
 
@@ -343,6 +400,81 @@ fn wait_fences(sh: &Shared, phase: u32) -> Result<()> {
                     sh.timeout
                 ),
                 head: got.len() as u32,
+                tail: 0,
+                expected: n - 1,
+            });
+        }
+        st = sh
+            .cv
+            .wait_timeout(st, deadline - now)
+            .map_err(|_| EpError::Engine("proxy state lock poisoned".into()))?
+            .0;
+    }
+}
+
+/// `(rank, len, values...)` of the rows of `ranks` present in `all`.
+fn encode_rows(all: &[Option<Vec<u32>>], ranks: std::ops::Range<u32>) -> Vec<u8> {
+    let mut b = Vec::new();
+    for r in ranks {
+        if let Some(Some(row)) = all.get(r as usize) {
+            for v in [r, row.len() as u32].iter().chain(row) {
+                b.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+    b
+}
+
+fn decode_rows(b: &[u8], all: &mut [Option<Vec<u32>>]) -> Result<()> {
+    let w: Vec<u32> = b
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let mut i = 0;
+    while i + 2 <= w.len() {
+        let (r, n) = (w[i] as usize, w[i + 1] as usize);
+        let row = w.get(i + 2..i + 2 + n);
+        match (all.get_mut(r), row) {
+            (Some(slot), Some(row)) => *slot = Some(row.to_vec()),
+            _ => {
+                return Err(EpError::Engine(format!(
+                    "malformed all-gather part (rank {r})"
+                )))
+            }
+        }
+        i += 2 + n;
+    }
+    Ok(())
+}
+
+/// Waits for every other endpoint's part of this endpoint's current all-gather.
+fn wait_blobs(sh: &Shared) -> Result<Vec<(u32, Vec<u8>)>> {
+    let (me, n) = (sh.engine.endpoint(), sh.engine.endpoints());
+    let deadline = Instant::now() + sh.timeout;
+    let mut st = lock(sh)?;
+    loop {
+        if let Some(e) = &st.error {
+            return Err(EpError::Engine(e.clone()));
+        }
+        let seq = st.gather_seq;
+        let missing = (0..n).find(|&e| e != me && !st.blobs.contains_key(&(seq, e)));
+        let Some(peer) = missing else {
+            let parts = (0..n)
+                .filter(|&e| e != me)
+                .filter_map(|e| st.blobs.remove(&(seq, e)).map(|d| (e, d)))
+                .collect();
+            return Ok(parts);
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(EpError::Timeout {
+                rank: peer * sh.per_ep,
+                channel: 0,
+                role: format!(
+                    "proxy of node {me}: all-gather {seq} got nothing from node {peer} within {:?}",
+                    sh.timeout
+                ),
+                head: 0,
                 tail: 0,
                 expected: n - 1,
             });
@@ -487,13 +619,21 @@ fn ship_ring(
 
 /// Applies one incoming message (older epochs' messages are dropped).
 fn apply(sh: &Shared, st: &mut State, m: Msg) -> Result<()> {
-    if let Op::Fence { phase } = m.op {
-        st.fences
-            .entry((m.epoch, phase))
-            .or_default()
-            .insert(m.from);
-        sh.cv.notify_all();
-        return Ok(());
+    match m.op {
+        Op::Fence { phase } => {
+            st.fences
+                .entry((m.epoch, phase))
+                .or_default()
+                .insert(m.from);
+            sh.cv.notify_all();
+            return Ok(());
+        }
+        Op::Blob { seq, data } => {
+            st.blobs.insert((seq, m.from), data);
+            sh.cv.notify_all();
+            return Ok(());
+        }
+        _ => {}
     }
     if m.epoch < st.epoch {
         return Ok(());
@@ -515,7 +655,7 @@ fn apply(sh: &Shared, st: &mut State, m: Msg) -> Result<()> {
     match m.op {
         Op::Put { offset, data } => view.write(offset, &data)?,
         Op::Signal { offset, value } => view.store_release_u32(offset, value)?,
-        Op::Fence { .. } => {}
+        Op::Fence { .. } | Op::Blob { .. } => {}
     }
     Ok(())
 }
@@ -575,8 +715,17 @@ impl Transport for ProxyTransport {
         ))
     }
     fn window(&self, src: u32, dst: u32, buf: &Buffer<u8>, spec: &WindowSpec) -> Result<u64> {
-        self.expose(dst, src, buf, spec)?;
-        self.attach(src, dst, buf.len(), spec)
+        self.expose_window(dst, src, buf, spec)?;
+        self.attach_window(src, dst, buf.len(), spec)
+    }
+    fn expose(&self, owner: u32, src: u32, buf: &Buffer<u8>, spec: &WindowSpec) -> Result<()> {
+        self.expose_window(owner, src, buf, spec)
+    }
+    fn attach(&self, src: u32, dst: u32, bytes: usize, spec: &WindowSpec) -> Result<u64> {
+        self.attach_window(src, dst, bytes, spec)
+    }
+    fn all_gather(&self, hosted: &[u32], mine: Vec<Vec<u32>>) -> Result<Vec<Vec<u32>>> {
+        self.gather_rows(hosted, mine)
     }
     fn begin(&self) -> Result<()> {
         for sh in self.shared() {

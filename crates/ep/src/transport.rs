@@ -57,6 +57,37 @@ pub trait Transport: Send + Sync {
         let _ = spec;
         Ok(self.remote_ptr(src, dst, buf)?)
     }
+    /// Registers rank `owner`'s window `buf` (hosted by this process) for puts from rank `src`,
+    /// hosted by another process. Only transports that span processes support it.
+    fn expose(&self, owner: u32, src: u32, buf: &Buffer<u8>, spec: &WindowSpec) -> Result<()> {
+        let _ = (buf, spec);
+        Err(crate::EpError::Config(format!(
+            "transport '{}' cannot expose rank {owner}'s window to rank {src} of another process",
+            self.name()
+        )))
+    }
+    /// Address through which rank `src` (hosted here) puts into rank `dst`'s window of `bytes`
+    /// (hosted by another process). Only transports that span processes support it.
+    fn attach(&self, src: u32, dst: u32, bytes: usize, spec: &WindowSpec) -> Result<u64> {
+        let _ = (bytes, spec);
+        Err(crate::EpError::Config(format!(
+            "transport '{}' cannot reach rank {dst} of another process from rank {src}",
+            self.name()
+        )))
+    }
+    /// All-gather of per-rank rows: `mine[i]` belongs to hosted rank `hosted[i]`; returns one
+    /// row per rank of the job, in rank order (a collective over every process).
+    fn all_gather(&self, hosted: &[u32], mine: Vec<Vec<u32>>) -> Result<Vec<Vec<u32>>> {
+        if hosted.len() != self.ranks() as usize
+            || hosted.iter().enumerate().any(|(i, &r)| r != i as u32)
+        {
+            return Err(crate::EpError::Config(format!(
+                "transport '{}' hosts every rank in this process; an all-gather over processes needs a proxy transport",
+                self.name()
+            )));
+        }
+        Ok(mine)
+    }
     /// Before an operation's launches, once every rank's counters are reset (a proxy starts a
     /// new epoch and fences with its peers here).
     fn begin(&self) -> Result<()> {

@@ -29,3 +29,42 @@ fn proxy_between_two_processes_over_mpi() {
     eprintln!("{so}took {:?}", t0.elapsed());
     assert!(t0.elapsed() < Duration::from_secs(120));
 }
+
+/// The `hash` lines of a run, sorted.
+fn hashes(stdout: &[u8]) -> Vec<String> {
+    let mut v: Vec<String> = String::from_utf8_lossy(stdout)
+        .lines()
+        .filter(|l| l.starts_with("hash "))
+        .map(String::from)
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn dispatch_combine_across_processes_is_bit_identical_to_one_process() {
+    let exe = env!("CARGO_BIN_EXE_netmpi-ep-check");
+    let t0 = Instant::now();
+    let single = Command::new(exe).arg("--single").output().unwrap();
+    assert!(
+        single.status.success(),
+        "{}",
+        String::from_utf8_lossy(&single.stderr)
+    );
+    let t1 = Instant::now();
+    let multi = mpirun(2).arg(exe).output().unwrap();
+    let so = String::from_utf8_lossy(&multi.stdout);
+    assert!(
+        multi.status.success(),
+        "stdout:\n{so}\nstderr:\n{}",
+        String::from_utf8_lossy(&multi.stderr)
+    );
+    let (a, b) = (hashes(&single.stdout), hashes(&multi.stdout));
+    assert_eq!(a.len(), 4 * 8, "{a:?}");
+    assert_eq!(a, b, "multi-process stdout:\n{so}");
+    // the proxies moved the inter-node legs: some process reports proxy bytes
+    assert!(so
+        .lines()
+        .any(|l| l.starts_with("stats ") && !l.ends_with("proxy_put_bytes_total 0")));
+    eprintln!("{so}single {:?}, 2 processes {:?}", t1 - t0, t1.elapsed());
+}

@@ -100,8 +100,8 @@ fn run() -> Result<(), Box<dyn Error>> {
     };
     let real = dev.alloc::<u8>((DATA + (SLOTS * SLOT_BYTES) as u64) as usize)?;
     real.fill(0)?;
-    tr.expose(p, peer, &real, &spec)?;
-    tr.attach(p, peer, real.len(), &spec)?;
+    tr.expose_window(p, peer, &real, &spec)?;
+    tr.attach_window(p, peer, real.len(), &spec)?;
     let shadow = tr.send_window(p, peer, WIN_WS)?;
     tr.begin()?;
     exchange(p, peer, &shadow, &real.host_view()?)?;
@@ -113,8 +113,8 @@ fn run() -> Result<(), Box<dyn Error>> {
     };
     let dw = dev.alloc::<u8>(64)?;
     dw.fill(0xff)?;
-    tr.expose(p, peer, &dw, &sparse)?;
-    tr.attach(p, peer, 64, &sparse)?;
+    tr.expose_window(p, peer, &dw, &sparse)?;
+    tr.attach_window(p, peer, 64, &sparse)?;
     let sw = tr.send_window(p, peer, WIN_DW)?;
     tr.begin()?;
     for i in (1..16u32).step_by(2) {
