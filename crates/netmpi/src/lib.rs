@@ -29,6 +29,8 @@ use std::time::Duration;
 
 pub use mpi;
 
+pub mod check;
+
 /// The MPI tag of proxy traffic (collectives of the bootstrap never match point-to-point).
 pub const PROXY_TAG: i32 = 0x5e7;
 

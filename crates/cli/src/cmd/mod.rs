@@ -3,6 +3,8 @@ pub mod bench;
 pub mod bench_attn;
 pub mod bench_gemm;
 pub mod check;
+#[cfg(feature = "mpi")]
+pub mod comm;
 pub mod devices;
 pub mod docs;
 pub mod emit;
