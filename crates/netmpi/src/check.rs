@@ -12,7 +12,7 @@ use ep::comm::{EpConfig, EpGroup, XRef};
 use ep::{InProcessTransport, ProxyTransport};
 use half::bf16;
 use runtime::{Buffer, Device};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::error::Error;
 use std::time::Duration;
 
@@ -77,18 +77,18 @@ impl CheckCfg {
 }
 
 /// Time and bytes of one operation, for the hosted ranks.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct OpReport {
     pub op: String,
     pub seconds: f64,
     pub inter_node_bytes: u64,
     pub intra_node_bytes: u64,
-    /// Bytes this process's proxies put so far (cumulative; 0 without a proxy).
+    /// Bytes this process's proxies put during the operation (0 without a proxy).
     pub proxy_put_bytes: u64,
 }
 
 /// What one process ran.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
     pub process: u32,
     pub processes: u32,
@@ -272,6 +272,11 @@ pub fn run(c: &CheckCfg, mpi: Option<&Mpi>) -> Res<Report> {
         tg.intra_node_bytes,
     );
     ops.push(tgo);
+    // the proxies count since their start: per operation, the difference
+    let mut before = 0;
+    for o in &mut ops {
+        (o.proxy_put_bytes, before) = (o.proxy_put_bytes - before, o.proxy_put_bytes);
+    }
     let mut hashes = Vec::new();
     let mut add = |r: u32, what: &str, b: Vec<u8>| {
         hashes.push((r, what.to_string(), format!("{:016x}", fnv(&b))));

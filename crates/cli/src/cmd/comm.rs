@@ -78,13 +78,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 }
 
 fn print_table(reports: &[Report], hashes: bool) {
-    println!(
-        "process  ranks     op                   seconds   inter B    intra B  proxy B (cum.)"
-    );
+    println!("process  ranks     op                   seconds   inter B    intra B    proxy B");
     for r in reports {
         for o in &r.ops {
             println!(
-                "{:>7}  {:<8}  {:<19} {:>8.3} {:>9} {:>10} {:>15}",
+                "{:>7}  {:<8}  {:<19} {:>8.3} {:>9} {:>10} {:>10}",
                 r.process,
                 format!("{:?}", r.hosted),
                 o.op,
