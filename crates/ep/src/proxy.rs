@@ -31,15 +31,17 @@
 //! emulated time ([`emu::clock::Hold`]): a kernel waiting for records that are in flight on the
 //! host is not late. If nothing moves (no doorbell, no message) for the configured timeout of
 //! wall time the proxy lets go, so the kernels' own `%globaltimer` timeouts fire and the group
-//! reports [`EpError::Timeout`]; a missing fence is reported the same way, naming the peer. A
-//! proxy thread stops when the transport is dropped.
+//! reports [`EpError::Timeout`]. A peer that never reaches a fence or all-gather is reported
+//! the same way, naming it, after the *peer timeout* (default 10 minutes: a process still busy
+//! with compute before the operation is not dead). A proxy thread stops when the transport is
+//! dropped.
 
 use crate::engine::{Engine, Msg, Op, Target};
 use crate::transport::Transport;
 use crate::{EpError, Result};
 use runtime::{Buffer, Device, HostView};
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -125,6 +127,8 @@ struct Shared {
     /// Ranks per endpoint (one endpoint per node: GPUs per node).
     per_ep: u32,
     timeout: Duration,
+    /// Longest wait for another endpoint at a fence or all-gather (nanoseconds).
+    peer_timeout: AtomicU64,
     st: Mutex<State>,
     cv: Condvar,
     stop: AtomicBool,
@@ -153,8 +157,9 @@ fn lock(sh: &Shared) -> Result<MutexGuard<'_, State>> {
 impl ProxyTransport {
     /// A transport for `devices` (index = rank; `None` for ranks other processes host), one
     /// endpoint per node: `engines` are the endpoints of the nodes this process hosts (engine
-    /// endpoint id = node). `timeout`: wall time without progress before the proxy lets the
-    /// kernels time out, and the longest wait for a peer's fence.
+    /// endpoint id = node). `timeout`: wall time without progress inside an operation before
+    /// the proxy lets the kernels time out. Waits for another process to *reach* an operation
+    /// (fences, all-gathers) get [`default_peer_timeout`] (see [`ProxyTransport::set_peer_timeout`]).
     pub fn new(
         devices: Vec<Option<Device>>,
         gpus_per_node: u32,
@@ -180,6 +185,7 @@ impl ProxyTransport {
                 engine,
                 per_ep: gpus_per_node,
                 timeout,
+                peer_timeout: AtomicU64::new(default_peer_timeout(timeout).as_nanos() as u64),
                 st: Mutex::new(State {
                     epoch: 0,
                     wins: HashMap::new(),
@@ -264,6 +270,15 @@ impl ProxyTransport {
         let win = Win::new(spec, None, Some((buf, view)));
         lock(sh)?.wins.insert((spec.key, dst, src), win);
         Ok(ptr)
+    }
+
+    /// Sets how long a fence or all-gather waits for another endpoint (a process still busy
+    /// with its compute between two operations is not late; one that never arrives is).
+    pub fn set_peer_timeout(&self, d: Duration) {
+        for sh in self.shared() {
+            sh.peer_timeout
+                .store(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+        }
     }
 
     /// Host view of rank `src`'s send window for rank `dst`'s window `key` (diagnostics, and
@@ -367,10 +382,23 @@ impl Win {
     }
 }
 
+/// The default [`ProxyTransport::set_peer_timeout`]: 10 minutes (NCCL's and PyTorch's usual
+/// collective timeout), or `timeout` when that is longer.
+pub fn default_peer_timeout(timeout: Duration) -> Duration {
+    timeout.max(Duration::from_secs(600))
+}
+
+impl Shared {
+    fn peer_wait(&self) -> Duration {
+        Duration::from_nanos(self.peer_timeout.load(Ordering::Relaxed))
+    }
+}
+
 /// Waits until every other endpoint's fence of the current epoch and `phase` arrived.
 fn wait_fences(sh: &Shared, phase: u32) -> Result<()> {
     let (me, n) = (sh.engine.endpoint(), sh.engine.endpoints());
-    let deadline = Instant::now() + sh.timeout;
+    let wait = sh.peer_wait();
+    let deadline = Instant::now() + wait;
     let mut st = lock(sh)?;
     loop {
         if let Some(e) = &st.error {
@@ -397,7 +425,7 @@ fn wait_fences(sh: &Shared, phase: u32) -> Result<()> {
                     if phase == PHASE_BEGIN { "begin" } else { "end" },
                     peer * sh.per_ep,
                     (peer + 1) * sh.per_ep - 1,
-                    sh.timeout
+                    wait
                 ),
                 head: got.len() as u32,
                 tail: 0,
@@ -450,7 +478,8 @@ fn decode_rows(b: &[u8], all: &mut [Option<Vec<u32>>]) -> Result<()> {
 /// Waits for every other endpoint's part of this endpoint's current all-gather.
 fn wait_blobs(sh: &Shared) -> Result<Vec<(u32, Vec<u8>)>> {
     let (me, n) = (sh.engine.endpoint(), sh.engine.endpoints());
-    let deadline = Instant::now() + sh.timeout;
+    let wait = sh.peer_wait();
+    let deadline = Instant::now() + wait;
     let mut st = lock(sh)?;
     loop {
         if let Some(e) = &st.error {
@@ -472,7 +501,7 @@ fn wait_blobs(sh: &Shared) -> Result<Vec<(u32, Vec<u8>)>> {
                 channel: 0,
                 role: format!(
                     "proxy of node {me}: all-gather {seq} got nothing from node {peer} within {:?}",
-                    sh.timeout
+                    wait
                 ),
                 head: 0,
                 tail: 0,

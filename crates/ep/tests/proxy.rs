@@ -324,6 +324,7 @@ fn missing_fence_names_the_peer() {
     let devs = vec![Some(Device::emu(830)), None];
     let engines: Vec<Box<dyn ep::Engine>> = vec![Box::new(engines.pop().unwrap())];
     let tr = ProxyTransport::new(devs, 1, engines, timeout).unwrap();
+    tr.set_peer_timeout(timeout);
     let t0 = Instant::now();
     match tr.begin() {
         Err(EpError::Timeout { rank, role, .. }) => {
