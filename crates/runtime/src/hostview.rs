@@ -83,3 +83,29 @@ impl HostView {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::Device;
+
+    #[test]
+    fn host_view_reads_writes_and_checks_bounds() {
+        let d = Device::emu(950);
+        let b = d.upload(&[7u32, 8, 9, 10]).unwrap();
+        let v = b.host_view().unwrap();
+        assert_eq!(v.len(), 16);
+        assert_eq!(v.load_acquire_u32(4).unwrap(), 8);
+        v.store_release_u32(8, 0xdead_beef).unwrap();
+        v.write(0, &[1, 0, 0, 0]).unwrap();
+        assert_eq!(b.to_vec().unwrap(), vec![1, 8, 0xdead_beef, 10]);
+        let mut out = [0u8; 4];
+        v.read(12, &mut out).unwrap();
+        assert_eq!(u32::from_le_bytes(out), 10);
+        v.fill(12, 4, 0xff).unwrap();
+        assert_eq!(b.to_vec().unwrap()[3], u32::MAX);
+        assert!(v.load_acquire_u32(2).is_err(), "misaligned");
+        assert!(v.load_acquire_u32(16).is_err(), "past the end");
+        assert!(v.write(14, &[0; 4]).is_err(), "past the end");
+        assert!(v.read(u64::MAX, &mut out).is_err(), "overflow");
+    }
+}
