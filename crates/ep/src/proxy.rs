@@ -778,7 +778,11 @@ impl Transport for ProxyTransport {
             st.hold = rings.then(emu::clock::Hold::new);
             st.last_progress = Instant::now();
         }
-        self.fence_all(PHASE_BEGIN)
+        let r = self.fence_all(PHASE_BEGIN);
+        if r.is_err() {
+            self.abort(); // no operation follows: let emulated time go on
+        }
+        r
     }
     fn end(&self) -> Result<()> {
         for sh in self.shared() {
