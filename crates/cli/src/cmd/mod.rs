@@ -13,6 +13,9 @@ pub mod gemm;
 pub mod isa;
 pub mod kernels;
 pub mod moe;
+mod moe_hash;
+#[cfg(feature = "mpi")]
+mod moe_mpi;
 pub mod run;
 pub mod schedule;
 pub mod sim;

@@ -1,0 +1,48 @@
+//! Hashes of every output and gradient of a `ptxforge moe` step (`--dump-hash`), per rank: what
+//! the single-process and the multi-process (`mpirun`, feature `mpi`) runs compare.
+use model::moe::{Backward, Forward};
+use serde::{Deserialize, Serialize};
+
+/// One hashed output: (rank, what, FNV-1a 64 of its little-endian bytes).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OutHash {
+    pub rank: u32,
+    pub what: String,
+    pub fnv64: String,
+}
+
+fn fnv<'a>(words: impl IntoIterator<Item = &'a f32>) -> String {
+    let h = words
+        .into_iter()
+        .flat_map(|v| v.to_bits().to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+            (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
+        });
+    format!("{h:016x}")
+}
+
+/// Y, dX, routed dW, the shared expert's and the gate's per-rank gradient partials of the
+/// hosted ranks (`hosted[i]` is the rank of every vector's entry `i`).
+pub fn hashes(hosted: &[u32], f: &Forward, b: &Backward) -> Vec<OutHash> {
+    let mut out = Vec::new();
+    let mut add = |rank: u32, what: &str, h: String| {
+        out.push(OutHash {
+            rank,
+            what: what.into(),
+            fnv64: h,
+        })
+    };
+    for (i, &r) in hosted.iter().enumerate() {
+        add(r, "y", fnv(&f.y[i]));
+        add(r, "dx", fnv(&b.dx[i]));
+        add(r, "routed_dw_gate_up", fnv(&b.routed_dw[i].0));
+        add(r, "routed_dw_down", fnv(&b.routed_dw[i].1));
+        let sh = b.shared_dw[i].iter().flatten();
+        add(r, "shared_dw", fnv(sh.flat_map(|p| p.0.iter().chain(&p.1))));
+        let g = &b.gate[i];
+        add(r, "gate_dlogits", fnv(&g.dlogits));
+        add(r, "gate_dx", fnv(&g.dx));
+        add(r, "gate_dw", fnv(g.dw.iter().flatten()));
+    }
+    out
+}
