@@ -71,7 +71,11 @@ fn moe_one_process_per_node_is_bit_identical() {
             .unwrap(),
     );
     let (a, b) = (sorted(&single["hashes"]), sorted(&multi["hashes"]));
-    assert_eq!(a.len(), 4 * 8);
+    assert_eq!(
+        a.len(),
+        4 * 8 + 2,
+        "per-rank hashes and the two data-parallel sums"
+    );
     assert_eq!(a, b);
     // per-leg bytes of the two processes add up to the single-process run's dispatch
     let procs = multi["processes"].as_array().unwrap();

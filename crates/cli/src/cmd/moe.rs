@@ -218,7 +218,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let mut report = out.report(t_all);
     let all: Vec<u32> = (0..cfg.ranks() as u32).collect();
-    let hashes = super::moe_hash::hashes(&all, &f, &b);
+    let mut hashes = super::moe_hash::hashes(&all, &f, &b);
+    let (gate, shared) = super::moe_hash::partials(&b);
+    hashes.extend(super::moe_hash::sum_hashes(&gate, &shared));
     if a.dump_hash {
         report["hashes"] = serde_json::to_value(&hashes)?;
     }

@@ -46,3 +46,46 @@ pub fn hashes(hosted: &[u32], f: &Forward, b: &Backward) -> Vec<OutHash> {
     }
     out
 }
+
+/// The replicated weights' gradients summed over every rank (the data-parallel all-reduce), as
+/// `Backward::dw_gate_sum` (f64, rank then chunk order) and `Backward::shared_dw_sum` (f32,
+/// same order) compute them: `gate` and `shared` are every rank's per-chunk partials in rank
+/// order, from one process or gathered from all.
+pub fn sum_hashes(gate: &[Vec<f32>], shared: &[(Vec<f32>, Vec<f32>)]) -> Vec<OutHash> {
+    let mut g = vec![0f64; gate.first().map_or(0, |d| d.len())];
+    for d in gate {
+        g.iter_mut().zip(d).for_each(|(a, v)| *a += *v as f64);
+    }
+    let gh = g
+        .iter()
+        .flat_map(|v| v.to_bits().to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+            (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
+        });
+    let mut out = vec![OutHash {
+        rank: u32::MAX,
+        what: "dw_gate_sum".into(),
+        fnv64: format!("{gh:016x}"),
+    }];
+    if let Some(first) = shared.first() {
+        let (mut s1, mut s2) = (vec![0f32; first.0.len()], vec![0f32; first.1.len()]);
+        for b in shared {
+            s1.iter_mut().zip(&b.0).for_each(|(a, v)| *a += v);
+            s2.iter_mut().zip(&b.1).for_each(|(a, v)| *a += v);
+        }
+        out.push(OutHash {
+            rank: u32::MAX,
+            what: "shared_dw_sum".into(),
+            fnv64: fnv(s1.iter().chain(&s2)),
+        });
+    }
+    out
+}
+
+/// This process's partials for [`sum_hashes`]: (gate chunks, shared chunks) of its ranks in
+/// rank order.
+pub fn partials(b: &Backward) -> (Vec<Vec<f32>>, Vec<(Vec<f32>, Vec<f32>)>) {
+    let gate = b.gate.iter().flat_map(|g| g.dw.iter().cloned()).collect();
+    let shared = b.shared_dw.iter().flatten().flatten().cloned().collect();
+    (gate, shared)
+}
