@@ -219,8 +219,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut report = out.report(t_all);
     let all: Vec<u32> = (0..cfg.ranks() as u32).collect();
     let mut hashes = super::moe_hash::hashes(&all, &f, &b);
-    let (gate, shared) = super::moe_hash::partials(&b);
-    hashes.extend(super::moe_hash::sum_hashes(&gate, &shared));
+    let parts = super::moe_hash::Partials::of(&b);
+    hashes.extend(super::moe_hash::sum_hashes(&parts.gate, &parts.shared));
     if a.dump_hash {
         report["hashes"] = serde_json::to_value(&hashes)?;
     }

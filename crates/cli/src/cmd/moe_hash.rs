@@ -82,10 +82,45 @@ pub fn sum_hashes(gate: &[Vec<f32>], shared: &[(Vec<f32>, Vec<f32>)]) -> Vec<Out
     out
 }
 
-/// This process's partials for [`sum_hashes`]: (gate chunks, shared chunks) of its ranks in
-/// rank order.
-pub fn partials(b: &Backward) -> (Vec<Vec<f32>>, Vec<(Vec<f32>, Vec<f32>)>) {
-    let gate = b.gate.iter().flat_map(|g| g.dw.iter().cloned()).collect();
-    let shared = b.shared_dw.iter().flatten().flatten().cloned().collect();
-    (gate, shared)
+/// Gradient partials of the replicated weights: per rank and wgrad chunk (rank order), the
+/// gate's dW and the shared expert's (dW_gate|up, dW_down); `T` = f32, or its bits (u32) to
+/// cross JSON exactly.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Partials<T> {
+    pub gate: Vec<Vec<T>>,
+    pub shared: Vec<(Vec<T>, Vec<T>)>,
+}
+
+impl Partials<f32> {
+    /// This process's partials of `b` (its ranks, in rank order).
+    pub fn of(b: &Backward) -> Partials<f32> {
+        Partials {
+            gate: b.gate.iter().flat_map(|g| g.dw.iter().cloned()).collect(),
+            shared: b.shared_dw.iter().flatten().flatten().cloned().collect(),
+        }
+    }
+    /// The bits, to cross JSON exactly (the multi-process run gathers them).
+    #[cfg(feature = "mpi")]
+    pub fn to_bits(&self) -> Partials<u32> {
+        let bits = |v: &Vec<f32>| v.iter().map(|x| x.to_bits()).collect();
+        Partials {
+            gate: self.gate.iter().map(bits).collect(),
+            shared: self
+                .shared
+                .iter()
+                .map(|(a, b)| (bits(a), bits(b)))
+                .collect(),
+        }
+    }
+}
+
+#[cfg(feature = "mpi")]
+impl Partials<u32> {
+    pub fn to_f32(&self) -> Partials<f32> {
+        let f = |v: &Vec<u32>| v.iter().map(|&x| f32::from_bits(x)).collect();
+        Partials {
+            gate: self.gate.iter().map(f).collect(),
+            shared: self.shared.iter().map(|(a, b)| (f(a), f(b))).collect(),
+        }
+    }
 }

@@ -7,7 +7,7 @@
 //! needs every rank's intermediates in one place; compare the hashes with a checked
 //! single-process run instead.
 use super::moe::{Args, Bars};
-use super::moe_hash::{hashes, partials, sum_hashes, OutHash};
+use super::moe_hash::{hashes, sum_hashes, OutHash, Partials};
 use anyhow::{bail, Context};
 use ep::{EpConfig, ProxyTransport};
 use model::moe::{random_step, MoeConfig, MoeLayer};
@@ -36,7 +36,7 @@ struct ProcReport {
     hashes: Vec<OutHash>,
     /// This process's ranks' gradient partials of the replicated weights (gate chunks, shared
     /// expert chunks) as f32 bits (exact through JSON), for the data-parallel sums on process 0.
-    partials: (Vec<Vec<u32>>, Vec<(Vec<u32>, Vec<u32>)>),
+    partials: Partials<u32>,
 }
 
 fn leg(name: &str, s: &ep::comm::CommStats) -> Leg {
@@ -98,14 +98,7 @@ fn step(cfg: &MoeConfig, mpi: &Mpi, progress: &Bars) -> anyhow::Result<ProcRepor
             leg("combine of dX", &bs.combine_dx),
         ],
         hashes: hashes(&hosted, &f, &b),
-        partials: {
-            let bits = |v: &Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-            let (g, sh) = partials(&b);
-            (
-                g.iter().map(bits).collect(),
-                sh.iter().map(|(a, b)| (bits(a), bits(b))).collect(),
-            )
-        },
+        partials: Partials::of(&b).to_bits(),
     })
 }
 
@@ -141,10 +134,9 @@ pub fn run(a: &Args, cfg: MoeConfig, progress: &Bars) -> anyhow::Result<()> {
     // the data-parallel sums over every rank, in rank order (processes hold consecutive ranks)
     let (mut gate, mut shared) = (Vec::new(), Vec::new());
     for r in &mut reps {
-        let (g, s) = std::mem::take(&mut r.partials);
-        let f = |v: Vec<u32>| v.into_iter().map(f32::from_bits).collect::<Vec<f32>>();
-        gate.extend(g.into_iter().map(f));
-        shared.extend(s.into_iter().map(|(a, b)| (f(a), f(b))));
+        let p = std::mem::take(&mut r.partials).to_f32();
+        gate.extend(p.gate);
+        shared.extend(p.shared);
     }
     let sums = sum_hashes(&gate, &shared);
     if let Some(r0) = reps.first_mut() {
