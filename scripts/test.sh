@@ -25,3 +25,6 @@ export PTXFORGE_REQUIRE_PTXAS=1
 cargo build -p fakecuda
 cargo build -p kernels --example bench_hopper
 cargo test --workspace --all-targets -- --test-threads="${TEST_THREADS:-2}"
+# the multi-process `ptxforge moe` / `ptxforge comm` (cargo feature `mpi`, not in the default
+# build): one process per node under mpirun vs one process, bit for bit
+cargo test -p ptxforge-cli --features mpi --test moe_mpi --test comm_mpi -- --test-threads=1

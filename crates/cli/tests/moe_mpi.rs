@@ -7,11 +7,9 @@
 use serde_json::Value;
 use std::process::Command;
 
-const ARGS: [&str; 19] = [
+const ARGS: [&str; 17] = [
     "moe",
     "--nodes",
-    "2",
-    "--gpus-per-node",
     "2",
     "--hidden",
     "256",
@@ -52,10 +50,21 @@ fn sorted(v: &Value) -> Vec<String> {
 
 #[test]
 fn moe_one_process_per_node_is_bit_identical() {
+    one_process_per_node(2);
+}
+
+#[test]
+fn moe_two_nodes_of_four_gpus() {
+    one_process_per_node(4);
+}
+
+fn one_process_per_node(gpn: u32) {
     let exe = env!("CARGO_BIN_EXE_ptxforge");
+    let g = gpn.to_string();
     let single = json(
         Command::new(exe)
             .args(ARGS)
+            .args(["--gpus-per-node", &g])
             .args(["--dump-hash", "--json"])
             .output()
             .unwrap(),
@@ -64,6 +73,7 @@ fn moe_one_process_per_node_is_bit_identical() {
         Command::new("mpirun")
             .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", exe])
             .args(ARGS)
+            .args(["--gpus-per-node", &g])
             .args(["--dump-hash", "--json"])
             .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -73,7 +83,7 @@ fn moe_one_process_per_node_is_bit_identical() {
     let (a, b) = (sorted(&single["hashes"]), sorted(&multi["hashes"]));
     assert_eq!(
         a.len(),
-        4 * 8 + 2,
+        2 * gpn as usize * 8 + 2,
         "per-rank hashes and the two data-parallel sums"
     );
     assert_eq!(a, b);
