@@ -49,6 +49,10 @@ enum Verb {
     Gemm(cmd::gemm::Args),
     /// One MoE layer step (route, dispatch, grouped FP8 GEMMs, combine) across devices.
     Moe(cmd::moe::Args),
+    /// Expert-parallel communication across processes (`mpirun -np NODES ptxforge comm`):
+    /// per-leg time and bytes, output hashes.
+    #[cfg(feature = "mpi")]
+    Comm(cmd::comm::Args),
     /// Check (`--check`) or rewrite (`--write`) the documents' generated tables.
     Docs(cmd::docs::Args),
     /// Train the DeepSeek-V3-shaped model (DualPipeV x EP, FP8): loss per step, validation,
@@ -78,6 +82,8 @@ impl Verb {
             Verb::Emit(a) => ("emit", a.json),
             Verb::Gemm(a) => ("gemm", a.json),
             Verb::Moe(a) => ("moe", a.json),
+            #[cfg(feature = "mpi")]
+            Verb::Comm(a) => ("comm", a.json),
             Verb::Docs(a) => ("docs", a.json),
             Verb::Train(a) => ("train", a.json),
             Verb::Launch(a) => ("launch", a.json),
@@ -93,6 +99,8 @@ impl Verb {
             Verb::Schedule(a) => cmd::schedule::run(a),
             Verb::Sim(a) => cmd::sim::run(a),
             Verb::Moe(a) => cmd::moe::run(a),
+            #[cfg(feature = "mpi")]
+            Verb::Comm(a) => cmd::comm::run(a),
             Verb::Run(a) => cmd::run::run(a),
             Verb::Devices(a) => cmd::devices::run(a),
             Verb::Bench(a) => cmd::bench::run(a),

@@ -171,7 +171,8 @@ impl EpConfig {
     pub fn combine_record_bytes(&self) -> u32 {
         16 + 2 * self.hidden
     }
-    fn slot_bytes(&self) -> u32 {
+    /// Bytes of one ring slot (the larger of a BF16 dispatch and a combine record).
+    pub fn slot_bytes(&self) -> u32 {
         self.record_bytes(Payload::Bf16)
             .max(self.combine_record_bytes())
     }
@@ -187,6 +188,33 @@ impl EpConfig {
             * self.channels() as u64
             * self.ring_slots as u64
             * self.slot_bytes() as u64
+    }
+    /// The layout of a workspace window as rank(s) of node `src_node` write it across nodes:
+    /// the "RDMA" ring of that source node in every channel (counters at the start, rings
+    /// after `cnt_bytes`).
+    pub fn ws_window(&self, src_node: u32, cnt_bytes: u64) -> crate::proxy::WindowSpec {
+        let (nn, cc, ss, sb) = (
+            self.nodes(),
+            self.channels(),
+            self.ring_slots,
+            self.slot_bytes(),
+        );
+        let rings = (0..cc)
+            .map(|c| {
+                let i = src_node * cc + c;
+                crate::proxy::RingSpec {
+                    tail_off: i as u64 * 4,
+                    head_off: (nn * cc + i) as u64 * 4,
+                    data_off: cnt_bytes + i as u64 * ss as u64 * sb as u64,
+                    slots: ss,
+                    slot_bytes: sb,
+                }
+            })
+            .collect();
+        crate::proxy::WindowSpec {
+            key: crate::proxy::WIN_WS,
+            kind: crate::proxy::WindowKind::Rings(rings),
+        }
     }
     fn counter_words(&self) -> u32 {
         2 * (self.nodes() + self.gpus_per_node) * self.channels()
@@ -1635,6 +1663,9 @@ pub struct CommStats {
 /// An expert-parallel group: one communication buffer per rank plus streams.
 pub struct EpGroup {
     pub cfg: EpConfig,
+    /// The ranks this process hosts (ascending); every per-rank vector of the group, and of
+    /// the inputs and outputs of its operations, is indexed like this list.
+    pub hosted: Vec<u32>,
     pub devices: Vec<Device>,
     pub streams: Vec<Stream>,
     pub transport: Box<dyn Transport>,
@@ -1645,6 +1676,46 @@ pub struct EpGroup {
     done: Vec<Buffer<u32>>,
     cnt_bytes: u64,
     pub last: CommStats,
+}
+
+/// Builds the workspace address tables of the hosted ranks.
+struct WsWindows<'a> {
+    cfg: &'a EpConfig,
+    hosted: &'a [u32],
+    transport: &'a dyn Transport,
+    cnt_bytes: u64,
+}
+
+impl WsWindows<'_> {
+    /// Counter-block address of every rank's workspace as hosted rank `i` (on `d`) reaches it:
+    /// its own and its node's directly, other nodes' through the transport (a window over the
+    /// buffer when both are hosted here, else an attached send window; the hosted buffer is
+    /// exposed to the other process's ranks).
+    fn table(&self, i: usize, d: &Device, ws: &[Buffer<u8>], total: usize) -> Result<Vec<u64>> {
+        let (tr, r) = (self.transport, self.hosted[i]);
+        let mut ct = Vec::new();
+        for dst in 0..self.cfg.ranks {
+            let spec = self.cfg.ws_window(tr.node_of(r), self.cnt_bytes);
+            let local = self.hosted.iter().position(|&h| h == dst);
+            let p = match (tr.link(r, dst), local) {
+                (LinkClass::InterNode, Some(j)) => tr.window(r, dst, &ws[j], &spec)?,
+                (LinkClass::InterNode, None) => {
+                    // this rank's buffer receives from `dst` too
+                    let back = self.cfg.ws_window(tr.node_of(dst), self.cnt_bytes);
+                    tr.expose(r, dst, &ws[i], &back)?;
+                    tr.attach(r, dst, total, &spec)?
+                }
+                (_, Some(j)) => ws[j].peer_ptr(d)?,
+                (_, None) => {
+                    return cfg_err(format!(
+                        "rank {dst} shares a node with hosted rank {r} but is not hosted here"
+                    ))
+                }
+            };
+            ct.push(p);
+        }
+        Ok(ct)
+    }
 }
 
 fn pad128(n: u32) -> u32 {
@@ -1733,13 +1804,29 @@ impl EpGroup {
         devices: Vec<Device>,
         transport: Box<dyn Transport>,
     ) -> Result<EpGroup> {
+        let hosted = (0..devices.len() as u32).collect();
+        EpGroup::hosting(cfg, hosted, devices, transport)
+    }
+
+    /// A group of which this process hosts `hosted` (ascending ranks, `devices[i]` the device
+    /// of rank `hosted[i]`): whole nodes, since intra-node peers map each other's memory
+    /// directly. Ranks of other processes are reached through `transport` (a proxy transport
+    /// over an engine that spans the processes).
+    pub fn hosting(
+        cfg: EpConfig,
+        hosted: Vec<u32>,
+        devices: Vec<Device>,
+        transport: Box<dyn Transport>,
+    ) -> Result<EpGroup> {
         cfg.validate()?;
-        if devices.len() != cfg.ranks as usize
+        if devices.len() != hosted.len()
+            || hosted.windows(2).any(|w| w[0] >= w[1])
+            || hosted.iter().any(|&r| r >= cfg.ranks)
             || transport.ranks() != cfg.ranks
             || transport.gpus_per_node() != cfg.gpus_per_node
         {
             return cfg_err(format!(
-                "{} devices / transport of {} ranks for a group of {}",
+                "{} devices for hosted ranks {hosted:?} / transport of {} ranks for a group of {}",
                 devices.len(),
                 transport.ranks(),
                 cfg.ranks
@@ -1757,22 +1844,21 @@ impl EpGroup {
             done.push(d.alloc::<u32>(cfg.channels() as usize)?);
             streams.push(d.stream(1));
         }
+        let win = WsWindows {
+            cfg: &cfg,
+            hosted: &hosted,
+            transport: &*transport,
+            cnt_bytes,
+        };
         let mut tabs = Vec::new();
-        for (r, d) in devices.iter().enumerate() {
-            let mut wt = Vec::new();
-            let mut ct = Vec::new();
-            for (dst, b) in ws.iter().enumerate() {
-                let p = match transport.link(r as u32, dst as u32) {
-                    LinkClass::InterNode => transport.remote_ptr(r as u32, dst as u32, b)?,
-                    _ => b.peer_ptr(d)?,
-                };
-                ct.push(p);
-                wt.push(p + cnt_bytes);
-            }
+        for (i, d) in devices.iter().enumerate() {
+            let ct = win.table(i, d, &ws, total as usize)?;
+            let wt: Vec<u64> = ct.iter().map(|p| p + cnt_bytes).collect();
             tabs.push((d.upload(&wt)?, d.upload(&ct)?));
         }
         Ok(EpGroup {
             cfg,
+            hosted,
             devices,
             streams,
             transport,
@@ -1784,6 +1870,14 @@ impl EpGroup {
             cnt_bytes,
             last: CommStats::default(),
         })
+    }
+
+    /// Local index of hosted rank `r`.
+    fn local(&self, r: u32) -> Result<usize> {
+        self.hosted
+            .iter()
+            .position(|&h| h == r)
+            .ok_or_else(|| EpError::Shape(format!("rank {r} is not hosted by this process")))
     }
 
     /// Runs the communication kernels on `streams` (one per rank, on that rank's device), e.g.
@@ -1826,7 +1920,7 @@ impl EpGroup {
         for st in &self.streams {
             st.synchronize()?;
         }
-        Ok(())
+        self.transport.begin()
     }
 
     /// Waits for `ranks`' streams; turns device error records into [`EpError::Timeout`].
@@ -1837,9 +1931,17 @@ impl EpGroup {
                 first.get_or_insert(e.into());
             }
         }
+        let ended = match first {
+            None => self.transport.end(),
+            Some(_) => {
+                self.transport.abort();
+                Ok(())
+            }
+        };
         for &r in ranks {
             let e = self.streams[r].read(&self.err[r])?;
             if e[0] != 0 {
+                self.transport.abort();
                 return Err(EpError::Timeout {
                     rank: e[1],
                     channel: e[2],
@@ -1853,6 +1955,7 @@ impl EpGroup {
         if let Some(e) = first {
             return Err(e);
         }
+        ended?;
         let mut st = CommStats {
             seconds: t0.elapsed().as_secs_f64(),
             ..Default::default()
@@ -1909,7 +2012,7 @@ impl EpGroup {
         self.reset()?;
         let outs = self.alloc_dispatch_out(hs, p)?;
         let cfg = self.cfg.clone();
-        let f: Vec<_> = (0..cfg.ranks as usize)
+        let f: Vec<_> = (0..self.devices.len())
             .map(|r| {
                 kutil::function(
                     &self.devices[r],
@@ -1919,9 +2022,13 @@ impl EpGroup {
                 )
             })
             .collect::<Result<_>>()?;
-        let ranks: Vec<usize> = only
-            .map(|o| o.to_vec())
-            .unwrap_or_else(|| (0..cfg.ranks as usize).collect());
+        let ranks: Vec<usize> = match only {
+            Some(o) => o
+                .iter()
+                .map(|&r| self.local(r as u32))
+                .collect::<Result<_>>()?,
+            None => (0..self.devices.len()).collect(),
+        };
         let launch = DispatchLaunch {
             x,
             topk_idx,
@@ -1943,9 +2050,11 @@ impl EpGroup {
         topk_w: &[&Buffer<f32>],
     ) -> Result<(Payload, Vec<usize>)> {
         let cfg = &self.cfg;
-        let r_n = cfg.ranks as usize;
+        let r_n = self.hosted.len();
         if x.len() != r_n || topk_idx.len() != r_n || topk_w.len() != r_n {
-            return Err(EpError::Shape(format!("need inputs for {r_n} ranks")));
+            return Err(EpError::Shape(format!(
+                "need inputs for the {r_n} hosted ranks"
+            )));
         }
         let p = x[0].payload();
         let (h, kk) = (cfg.hidden as usize, cfg.topk as usize);
@@ -1984,7 +2093,7 @@ impl EpGroup {
     fn build_handles(&self, topk_idx: &[&Buffer<i32>], ntoks: &[usize]) -> Result<Vec<RankHandle>> {
         let lc = self.cfg.layout_cfg();
         let mut lays = Vec::new();
-        for r in 0..self.cfg.ranks as usize {
+        for r in 0..self.hosted.len() {
             lays.push(get_dispatch_layout(
                 &self.streams[r],
                 topk_idx[r],
@@ -1992,14 +2101,17 @@ impl EpGroup {
                 &lc,
             )?);
         }
-        let per_exp: Vec<Vec<u32>> = lays
+        let mine: Vec<Vec<u32>> = lays
             .iter()
             .enumerate()
             .map(|(r, l)| self.streams[r].read(&l.tokens_per_expert))
             .collect::<std::result::Result<_, _>>()?;
+        // every source rank's counts, from every process
+        let per_exp = self.transport.all_gather(&self.hosted, mine)?;
         let mut hs = Vec::new();
         for (d, lay) in lays.into_iter().enumerate() {
-            let rows = RowLayout::new(&per_exp, d, self.cfg.local_experts() as usize);
+            let rank = self.hosted[d] as usize;
+            let rows = RowLayout::new(&per_exp, rank, self.cfg.local_experts() as usize);
             hs.push(self.rank_handle(d, topk_idx[d], ntoks[d], lay.slots, rows)?);
         }
         Ok(hs)
@@ -2088,7 +2200,7 @@ impl EpGroup {
             let hd = &a.hs[r];
             let o = &a.outs[r];
             let args = vec![
-                runtime::Arg::U32(r as u32),
+                runtime::Arg::U32(self.hosted[r]),
                 (&self.tabs[r].0).into(),
                 (&self.tabs[r].1).into(),
                 (&self.err[r]).into(),
@@ -2129,7 +2241,7 @@ impl EpGroup {
         handle: &Handle,
     ) -> Result<Vec<CombineOut>> {
         let cfg = self.cfg.clone();
-        let r_n = cfg.ranks as usize;
+        let r_n = self.hosted.len();
         let h = cfg.hidden as usize;
         if y.len() != r_n || handle.ranks.len() != r_n {
             return Err(EpError::Shape(format!(
@@ -2180,7 +2292,7 @@ impl EpGroup {
                 .map(|w| w[r].device_ptr())
                 .unwrap_or(y[r].device_ptr());
             let args = vec![
-                runtime::Arg::U32(r as u32),
+                runtime::Arg::U32(self.hosted[r]),
                 (&self.tabs[r].0).into(),
                 (&self.tabs[r].1).into(),
                 (&self.err[r]).into(),

@@ -16,12 +16,19 @@
 //!   dgrad and wgrad GEMMs).
 use crate::comm::{bf16_lo_hi, DispatchOut, EpGroup};
 use crate::kutil::{self, sigmoid};
+use crate::proxy::{WindowKind, WindowSpec, WIN_DW};
 use crate::routing::RoutingCfg;
 use crate::transport::LinkClass;
 use crate::{EpError, Result};
 use builder::*;
 use half::bf16;
 use runtime::{Buffer, LaunchConfig, Stream};
+
+/// The home buffers' windows: single-word puts, 0xff-poisoned (never a computed value).
+const DW_WINDOW: WindowSpec = WindowSpec {
+    key: WIN_DW,
+    kind: WindowKind::Sparse { poison: 0xff },
+};
 
 /// Rows per CTA of `ep_topk_grad` (one warp each).
 const ROWS_PER_CTA: u32 = 4;
@@ -122,7 +129,8 @@ impl EpGroup {
     /// `dL/dw[t, k] = <dY_t, y_tk>` for every rank's tokens: `y[r]` is rank `r`'s expert output
     /// rows `[m_pad, H]` (BF16, unweighted, the layout of `outs[r]`), `dy[r]` the same rows of
     /// the token gradient (the cached dispatch of dY, BF16 bytes). Runs on the communication
-    /// streams and SM budget; `num_tokens[r]` sizes the home buffers.
+    /// streams and SM budget; `num_tokens[r]` sizes the home buffers. Every slice is indexed
+    /// like [`EpGroup::hosted`] (all ranks in a single-process group).
     pub fn topk_weight_grad(
         &mut self,
         y: &[&Buffer<bf16>],
@@ -131,10 +139,12 @@ impl EpGroup {
         num_tokens: &[usize],
     ) -> Result<TopkGrad> {
         let cfg = self.cfg.clone();
-        let r_n = cfg.ranks as usize;
+        let r_n = self.hosted.len();
         let (h, kk) = (cfg.hidden as usize, cfg.topk as usize);
         if y.len() != r_n || dy.len() != r_n || outs.len() != r_n || num_tokens.len() != r_n {
-            return Err(EpError::Shape(format!("need {r_n} ranks of inputs")));
+            return Err(EpError::Shape(format!(
+                "need inputs for the {r_n} hosted ranks"
+            )));
         }
         for r in 0..r_n {
             let m = outs[r].m_pad;
@@ -152,54 +162,46 @@ impl EpGroup {
         for r in 0..r_n {
             self.streams[r].synchronize()?;
         }
-        let key = format!("h{h}_k{kk}_g{}", cfg.gpus_per_node);
-        let mut counters = Vec::new();
+        // every rank's window table first: a proxy registers its send windows, and its begin
+        // fence orders every home buffer's poison before any put
+        let mine = num_tokens
+            .iter()
+            .map(|&t| vec![(t * kk * 4) as u32])
+            .collect();
+        let dw_bytes: Vec<usize> = (self.transport.all_gather(&self.hosted, mine)?)
+            .iter()
+            .map(|v| v.first().copied().unwrap_or(0) as usize)
+            .collect();
+        let mut tabs = Vec::new();
         for r in 0..r_n {
-            if outs[r].m_pad == 0 {
-                counters.push(None);
-                continue;
-            }
-            let dev = &self.devices[r];
-            let f = kutil::function(dev, "ep_topk_grad", &key, |t| {
-                topk_grad_kernel(t, cfg.hidden, cfg.topk, cfg.gpus_per_node)
-            })?;
-            let mut tab = Vec::new();
-            for (dst, b) in dw.iter().enumerate() {
-                tab.push(match self.transport.link(r as u32, dst as u32) {
-                    LinkClass::InterNode => self.transport.remote_ptr(r as u32, dst as u32, b)?,
-                    _ => b.peer_ptr(dev)?,
-                });
-            }
-            let st = &self.streams[r];
-            let tab = st.upload(&tab)?;
-            let bytes = dev.alloc::<u64>(2)?;
-            st.fill(&bytes, 0)?;
-            let rows = outs[r].m_pad as u32;
-            let lc = LaunchConfig::linear(rows.div_ceil(ROWS_PER_CTA), 32 * ROWS_PER_CTA).budget(
-                runtime::SmPartition {
-                    offset: cfg.sm_offset,
-                    count: cfg.num_sms,
-                },
-            );
-            self.streams[r].launch(
-                &f,
-                &lc,
-                &runtime::args![
-                    y[r],
-                    dy[r],
-                    &outs[r].recv_src,
-                    &outs[r].recv_k,
-                    &tab,
-                    &bytes,
-                    r as u32,
-                    rows
-                ],
-            )?;
-            counters.push(Some((tab, bytes)));
+            self.expose_dw(r, &dw[r])?;
+            tabs.push(match outs[r].m_pad {
+                0 => None,
+                _ => Some(self.dw_table(r, &dw, &dw_bytes)?),
+            });
+        }
+        self.transport.begin()?;
+        let mut counters = Vec::new();
+        for (r, tab) in tabs.into_iter().enumerate() {
+            counters.push(match tab {
+                Some(tab) => Some(self.launch_topk_grad(r, y[r], dy[r], &outs[r], tab)?),
+                None => None,
+            });
         }
         let (mut inter, mut intra) = (0, 0);
+        let mut first = None;
         for r in 0..r_n {
-            self.streams[r].synchronize()?;
+            if let Err(e) = self.streams[r].synchronize() {
+                first.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first {
+            self.transport.abort();
+            return Err(e.into());
+        }
+        // the sparse send windows (inter-node puts) land at the home ranks
+        self.transport.end()?;
+        for r in 0..r_n {
             if let Some((_, b)) = &counters[r] {
                 let v = self.streams[r].read(b)?;
                 inter += v[0];
@@ -211,6 +213,87 @@ impl EpGroup {
             inter_node_bytes: inter,
             intra_node_bytes: intra,
         })
+    }
+}
+
+impl EpGroup {
+    /// Hosted rank `i`'s home buffer, exposed to the ranks of other processes on other nodes.
+    fn expose_dw(&self, i: usize, b: &Buffer<u8>) -> Result<()> {
+        let me = self.hosted[i];
+        for src in (0..self.cfg.ranks).filter(|s| !self.hosted.contains(s)) {
+            if self.transport.link(src, me) == LinkClass::InterNode {
+                self.transport.expose(me, src, b, &DW_WINDOW)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hosted rank `i`'s table of the addresses it puts `dw` of every home rank through
+    /// (`dw_bytes`: every rank's home buffer size).
+    fn dw_table(&self, i: usize, dw: &[Buffer<u8>], dw_bytes: &[usize]) -> Result<Buffer<u64>> {
+        let (dev, r) = (&self.devices[i], self.hosted[i]);
+        let mut tab = Vec::new();
+        for dst in 0..self.cfg.ranks {
+            let local = self.hosted.iter().position(|&h| h == dst);
+            tab.push(match (self.transport.link(r, dst), local) {
+                (LinkClass::InterNode, Some(j)) => {
+                    self.transport.window(r, dst, &dw[j], &DW_WINDOW)?
+                }
+                (LinkClass::InterNode, None) => {
+                    let bytes = dw_bytes.get(dst as usize).copied().unwrap_or(0).max(4);
+                    self.transport.attach(r, dst, bytes, &DW_WINDOW)?
+                }
+                (_, Some(j)) => dw[j].peer_ptr(dev)?,
+                (_, None) => {
+                    return Err(EpError::Config(format!(
+                        "rank {dst} shares a node with hosted rank {r} but is not hosted here"
+                    )))
+                }
+            });
+        }
+        Ok(self.streams[i].upload(&tab)?)
+    }
+
+    /// Launches `ep_topk_grad` on rank `r`; returns its table and byte counters.
+    fn launch_topk_grad(
+        &self,
+        r: usize,
+        y: &Buffer<bf16>,
+        dy: &Buffer<u8>,
+        out: &DispatchOut,
+        tab: Buffer<u64>,
+    ) -> Result<(Buffer<u64>, Buffer<u64>)> {
+        let cfg = &self.cfg;
+        let dev = &self.devices[r];
+        let key = format!("h{}_k{}_g{}", cfg.hidden, cfg.topk, cfg.gpus_per_node);
+        let f = kutil::function(dev, "ep_topk_grad", &key, |t| {
+            topk_grad_kernel(t, cfg.hidden, cfg.topk, cfg.gpus_per_node)
+        })?;
+        let st = &self.streams[r];
+        let bytes = dev.alloc::<u64>(2)?;
+        st.fill(&bytes, 0)?;
+        let rows = out.m_pad as u32;
+        let lc = LaunchConfig::linear(rows.div_ceil(ROWS_PER_CTA), 32 * ROWS_PER_CTA).budget(
+            runtime::SmPartition {
+                offset: cfg.sm_offset,
+                count: cfg.num_sms,
+            },
+        );
+        st.launch(
+            &f,
+            &lc,
+            &runtime::args![
+                y,
+                dy,
+                &out.recv_src,
+                &out.recv_k,
+                &tab,
+                &bytes,
+                self.hosted[r],
+                rows
+            ],
+        )?;
+        Ok((tab, bytes))
     }
 }
 

@@ -7,6 +7,8 @@
 //!   per-(token, k) slot of each copy inside its expert's segment.
 //! - [`eplb`]: the expert load balancer (hierarchical and global policies).
 //! - [`transport`]: the inter-node [`transport::Transport`] trait and its in-process emulation.
+//! - [`proxy`]: the host-proxy transport (send windows, doorbells, proxy threads; NVSHMEM/IBGDA
+//!   style) over an [`engine::Engine`] (in-process channels here, MPI in `netmpi`).
 //! - [`grad`]: gate backward: per-(token, k) weight gradients put back to the home ranks, and
 //!   the routing backward to the logits.
 //! - [`comm`]: [`comm::EpGroup`] (ring buffers, counters, error buffers of all ranks), hierarchical
@@ -23,16 +25,20 @@
 )]
 
 pub mod comm;
+pub mod engine;
 pub mod eplb;
 pub mod grad;
 pub mod kutil;
 pub mod layout;
+pub mod proxy;
 pub mod routing;
 pub mod transport;
 
 pub use comm::{CombineOut, DispatchOut, EpConfig, EpGroup, Handle, Payload};
+pub use engine::{Engine, InProcessEngine};
 pub use eplb::{rebalance, EplbPlan};
 pub use layout::{DispatchLayout, LayoutCfg};
+pub use proxy::{ProxyTransport, WindowKind, WindowSpec};
 pub use routing::{RoutingCfg, RoutingOut};
 pub use transport::{InProcessTransport, LinkClass, Transport};
 
@@ -57,6 +63,8 @@ pub enum EpError {
     },
     #[error("building PTX: {0}")]
     Build(#[from] builder::BuildError),
+    #[error("inter-node engine: {0}")]
+    Engine(String),
     #[error(transparent)]
     Runtime(#[from] runtime::RuntimeError),
 }

@@ -8,7 +8,13 @@
 //! simply its buffer address. Kernels write through it directly (no host proxy thread): the put
 //! is a sequence of stores followed by a release store of the ring's tail counter, exactly the
 //! ordering an RDMA write + atomic/fenced flag update gives on InfiniBand.
+//!
+//! [`crate::proxy::ProxyTransport`] is the real-process model: kernels write local send
+//! windows and host proxy threads move the records through an [`crate::engine::Engine`]
+//! (channels in process, MPI across processes).
 
+use crate::proxy::WindowSpec;
+use crate::Result;
 use runtime::{Buffer, Device};
 use serde::Serialize;
 
@@ -44,6 +50,60 @@ pub trait Transport: Send + Sync {
     /// `dst`) on another node.
     fn remote_ptr(&self, src: u32, dst: u32, buf: &Buffer<u8>) -> runtime::Result<u64>;
     fn name(&self) -> &'static str;
+
+    /// Address through which rank `src`'s kernels put into `buf` (rank `dst`'s window, on
+    /// another node) laid out as `spec` says. Transports without a host proxy ignore the layout.
+    fn window(&self, src: u32, dst: u32, buf: &Buffer<u8>, spec: &WindowSpec) -> Result<u64> {
+        let _ = spec;
+        Ok(self.remote_ptr(src, dst, buf)?)
+    }
+    /// Registers rank `owner`'s window `buf` (hosted by this process) for puts from rank `src`,
+    /// hosted by another process. Only transports that span processes support it.
+    fn expose(&self, owner: u32, src: u32, buf: &Buffer<u8>, spec: &WindowSpec) -> Result<()> {
+        let _ = (buf, spec);
+        Err(crate::EpError::Config(format!(
+            "transport '{}' cannot expose rank {owner}'s window to rank {src} of another process",
+            self.name()
+        )))
+    }
+    /// Address through which rank `src` (hosted here) puts into rank `dst`'s window of `bytes`
+    /// (hosted by another process). Only transports that span processes support it.
+    fn attach(&self, src: u32, dst: u32, bytes: usize, spec: &WindowSpec) -> Result<u64> {
+        let _ = (bytes, spec);
+        Err(crate::EpError::Config(format!(
+            "transport '{}' cannot reach rank {dst} of another process from rank {src}",
+            self.name()
+        )))
+    }
+    /// All-gather of per-rank rows: `mine[i]` belongs to hosted rank `hosted[i]`; returns one
+    /// row per rank of the job, in rank order (a collective over every process).
+    fn all_gather(&self, hosted: &[u32], mine: Vec<Vec<u32>>) -> Result<Vec<Vec<u32>>> {
+        if hosted.len() != self.ranks() as usize
+            || hosted.iter().enumerate().any(|(i, &r)| r != i as u32)
+        {
+            return Err(crate::EpError::Config(format!(
+                "transport '{}' hosts every rank in this process; an all-gather over processes needs a proxy transport",
+                self.name()
+            )));
+        }
+        Ok(mine)
+    }
+    /// Before an operation's launches, once every rank's counters are reset (a proxy starts a
+    /// new epoch and fences with its peers here).
+    fn begin(&self) -> Result<()> {
+        Ok(())
+    }
+    /// After an operation's kernels finished on the hosted ranks: every put has landed when it
+    /// returns.
+    fn end(&self) -> Result<()> {
+        Ok(())
+    }
+    /// An operation failed: stop waiting for it (no fences).
+    fn abort(&self) {}
+    /// Per hosted node: what its host proxy moved (empty without a proxy).
+    fn proxy_stats(&self) -> Vec<(u32, crate::proxy::ProxyStats)> {
+        Vec::new()
+    }
 }
 
 /// Several nodes emulated in one process (see the module docs).

@@ -14,6 +14,7 @@ pub mod args;
 mod cuda;
 mod device;
 mod graph;
+mod hostview;
 pub mod limits;
 pub mod module_cache;
 mod multicast;
@@ -30,6 +31,7 @@ pub use device::{
     Backend, Buffer, Device, DeviceInfo, DeviceProps, Function, Module, Pod, SmPartition,
 };
 pub use graph::Graph;
+pub use hostview::HostView;
 pub use multicast::Multicast;
 pub use partition::{sms_used, Partition, PartitionKind};
 pub use storage::IpcHandle;

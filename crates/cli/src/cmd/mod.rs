@@ -3,6 +3,8 @@ pub mod bench;
 pub mod bench_attn;
 pub mod bench_gemm;
 pub mod check;
+#[cfg(feature = "mpi")]
+pub mod comm;
 pub mod devices;
 pub mod docs;
 pub mod emit;
@@ -12,6 +14,9 @@ pub mod isa;
 pub mod kernels;
 pub mod launch;
 pub mod moe;
+mod moe_hash;
+#[cfg(feature = "mpi")]
+mod moe_mpi;
 pub mod run;
 pub mod schedule;
 pub mod sim;

@@ -76,13 +76,17 @@ pub struct Args {
     pub comm_timeout: Option<std::time::Duration>,
     #[arg(long)]
     pub json: bool,
+    /// Print (JSON: include) an FNV-1a hash of every output and gradient of every rank (Y, dX,
+    /// routed, shared and gate gradients): what a multi-process run is compared with.
+    #[arg(long)]
+    pub dump_hash: bool,
     /// Write a Chrome/Perfetto trace (host timestamps of each device's kernels per stream).
     #[arg(long)]
     pub trace: Option<std::path::PathBuf>,
 }
 
 /// Progress bars on stderr (one per phase, ticked per rank) and `[moe]` timing notes.
-struct Bars;
+pub(crate) struct Bars;
 
 struct Bar(ProgressBar);
 
@@ -176,6 +180,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         crate::out::preflight("--trace", p)?;
     }
     let cfg = config(&a)?;
+    // under mpirun (feature `mpi`): one process per node, see `moe_mpi`
+    #[cfg(feature = "mpi")]
+    if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some() {
+        return super::moe_mpi::run(&a, cfg, &Bars);
+    }
     let devices = devices(&a.device, cfg.ranks() as u32)?;
     // before the inputs are made: a bad --num-sms fails at once
     model::moe::check_devices(&cfg, &devices).context("--num-sms")?;
@@ -207,7 +216,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         rep: &rep,
         placement: &placement,
     };
-    let report = out.report(t_all);
+    let mut report = out.report(t_all);
+    let all: Vec<u32> = (0..cfg.ranks() as u32).collect();
+    let mut hashes = super::moe_hash::hashes(&all, &f, &b);
+    let parts = super::moe_hash::Partials::of(&b);
+    hashes.extend(super::moe_hash::sum_hashes(&parts.gate, &parts.shared));
+    if a.dump_hash {
+        report["hashes"] = serde_json::to_value(&hashes)?;
+    }
     if let Some(p) = &a.trace {
         write_trace(p, t_all, &layer.take_trace())?;
     }
@@ -215,6 +231,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         out.print(&report, t_all);
+        if a.dump_hash {
+            hashes
+                .iter()
+                .for_each(|h| println!("hash {} {} {}", h.rank, h.what, h.fnv64));
+        }
     }
     let ok = rep.ok(cfg.shared) && placement.ok;
     if !ok {

@@ -236,19 +236,15 @@ pub fn check_devices(cfg: &MoeConfig, devices: &[Device]) -> Result<()> {
     Ok(())
 }
 
-fn check_shapes(cfg: &MoeConfig, devices: &[Device], w: &MoeWeights) -> Result<()> {
+fn check_shapes(cfg: &MoeConfig, devices: &[Device], ranks: usize, w: &MoeWeights) -> Result<()> {
     let (h, e_n, i_n) = (
         cfg.hidden as usize,
         cfg.experts as usize,
         cfg.intermediate as usize,
     );
     let n_w = e_n + cfg.shared as usize;
-    let bad = if devices.len() != cfg.ranks() {
-        Some(format!(
-            "{} devices for {} ranks",
-            devices.len(),
-            cfg.ranks()
-        ))
+    let bad = if devices.len() != ranks {
+        Some(format!("{} devices for {ranks} ranks", devices.len()))
     } else if w.gate.len() != e_n * h || w.bias.len() != e_n {
         Some(format!("gate must be [{e_n}, {h}] and bias [{e_n}]"))
     } else if w.w1.len() != n_w || w.w2.len() != n_w {
@@ -274,8 +270,29 @@ impl MoeLayer {
         weights: MoeWeights,
         progress: &dyn Progress,
     ) -> Result<MoeLayer> {
+        let tr = InProcessTransport {
+            devices: devices.clone(),
+            gpus_per_node: cfg.gpus_per_node,
+        };
+        let hosted = (0..devices.len() as u32).collect();
+        MoeLayer::hosting(cfg, hosted, devices, Box::new(tr), weights, progress)
+    }
+
+    /// [`MoeLayer::new`] for a process that hosts only the ranks `hosted` (whole nodes,
+    /// ascending; `devices[i]` is rank `hosted[i]`'s) and reaches the others through
+    /// `transport` (e.g. `ep::ProxyTransport` over MPI). Every per-rank input and output of the
+    /// layer is then indexed like `hosted`; `weights` are the whole model's (each rank uploads
+    /// its own experts).
+    pub fn hosting(
+        cfg: MoeConfig,
+        hosted: Vec<u32>,
+        devices: Vec<Device>,
+        transport: Box<dyn ep::Transport>,
+        weights: MoeWeights,
+        progress: &dyn Progress,
+    ) -> Result<MoeLayer> {
         cfg.validate()?;
-        check_shapes(&cfg, &devices, &weights)?;
+        check_shapes(&cfg, &devices, hosted.len(), &weights)?;
         check_devices(&cfg, &devices)?;
         // communication partition (top `num_sms` SMs) and compute partition (the rest)
         let parts = devices
@@ -299,11 +316,7 @@ impl MoeLayer {
         if let Some(t) = cfg.comm_timeout {
             ec.timeout = t;
         }
-        let tr = InProcessTransport {
-            devices: devices.clone(),
-            gpus_per_node: cfg.gpus_per_node,
-        };
-        let mut group = EpGroup::new(ec, devices.clone(), Box::new(tr))?;
+        let mut group = EpGroup::hosting(ec, hosted.clone(), devices.clone(), transport)?;
         group.use_streams(
             parts
                 .iter()
@@ -311,7 +324,7 @@ impl MoeLayer {
                 .collect::<std::result::Result<_, _>>()?,
         )?;
         let experts = quantise_experts(&cfg, &weights, progress)?;
-        let ranks = upload_ranks(&cfg, &devices, cs, &experts, &weights, progress)?;
+        let ranks = upload_ranks(&cfg, (&hosted, &devices), cs, &experts, &weights, progress)?;
         let mlp = Mlp {
             h: cfg.hidden as usize,
             i_n: cfg.intermediate as usize,
@@ -335,13 +348,18 @@ impl MoeLayer {
         &self.dev.cfg
     }
 
+    /// The ranks this process hosts (every per-rank vector of the layer is indexed like it).
+    pub fn hosted(&self) -> &[u32] {
+        &self.group.hosted
+    }
+
     /// Replaces the weights (after an optimizer step): re-quantises the experts (128x128 FP8,
     /// W and W^T) and re-uploads them with the gate and the bias. The EP group, the SM
     /// partitions and the row layouts are kept.
     pub fn set_weights(&mut self, weights: MoeWeights, progress: &dyn Progress) -> Result<()> {
         let cfg = &self.dev.cfg;
         let devices: Vec<Device> = self.dev.ranks.iter().map(|r| r.device.clone()).collect();
-        check_shapes(cfg, &devices, &weights)?;
+        check_shapes(cfg, &devices, self.group.hosted.len(), &weights)?;
         let experts = quantise_experts(cfg, &weights, progress)?;
         let (h, e_n, el) = (
             cfg.hidden as usize,
@@ -349,8 +367,8 @@ impl MoeLayer {
             cfg.local_experts(),
         );
         let gate_t = transpose(&weights.gate, e_n, h);
-        for (r, rd) in self.dev.ranks.iter_mut().enumerate() {
-            let d = &rd.device;
+        for (&r, rd) in self.group.hosted.iter().zip(self.dev.ranks.iter_mut()) {
+            let (r, d) = (r as usize, &rd.device);
             let mine: Vec<&ExpertQ> = experts[r * el..(r + 1) * el].iter().collect();
             rd.routed = MlpW::upload(d, &mine)?;
             if rd.shared.is_some() {
@@ -416,10 +434,10 @@ impl MoeLayer {
     fn check_input(&self, what: &str, v: &[Vec<f32>]) -> Result<()> {
         let c = &self.dev.cfg;
         let n = c.tokens as usize * c.hidden as usize;
-        if v.len() != c.ranks() || v.iter().any(|x| x.len() != n) {
+        if v.len() != self.dev.ranks.len() || v.iter().any(|x| x.len() != n) {
             return Err(MoeError::Shape(format!(
-                "{what}: need {} ranks of [{}, {}]",
-                c.ranks(),
+                "{what}: need {} (hosted) ranks of [{}, {}]",
+                self.dev.ranks.len(),
                 c.tokens,
                 c.hidden
             )));
@@ -432,10 +450,10 @@ impl MoeLayer {
     fn check_dev_input(&self, what: &str, v: &[Buffer<bf16>]) -> Result<()> {
         let c = &self.dev.cfg;
         let n = c.tokens as usize * c.hidden as usize;
-        if v.len() != c.ranks() || v.iter().any(|x| x.len() < n) {
+        if v.len() != self.dev.ranks.len() || v.iter().any(|x| x.len() < n) {
             return Err(MoeError::Shape(format!(
-                "{what}: need {} ranks of [{}, {}] bf16 buffers",
-                c.ranks(),
+                "{what}: need {} (hosted) ranks of [{}, {}] bf16 buffers",
+                self.dev.ranks.len(),
                 c.tokens,
                 c.hidden
             )));
@@ -496,7 +514,7 @@ impl MoeLayer {
     }
 
     fn forward_in(&mut self, x: Vec<RankIn<'_>>, progress: &dyn Progress) -> Result<Forward> {
-        let rn = self.dev.cfg.ranks();
+        let rn = self.dev.ranks.len();
         let t0 = Instant::now();
         let routes = per_rank(rn, "route + quantise (device)", progress, |r| {
             self.dev.route(r, &x[r])
@@ -568,7 +586,7 @@ impl MoeLayer {
     /// forward (compute).
     fn dispatch_x(&mut self, routes: &[RankRoute], progress: &dyn Progress) -> Result<Dispatched> {
         let (group, dev) = (&mut self.group, &self.dev);
-        let rn = dev.cfg.ranks();
+        let rn = dev.ranks.len();
         let payload = dev.cfg.payload;
         let xr: Vec<XRef> = routes
             .iter()
@@ -625,7 +643,7 @@ impl MoeLayer {
     /// Combine (BF16, weighted by the top-k weights; per top-k slot with `slot_combine`);
     /// Y = combine + shared expert output, summed in f32 on the device, one BF16 rounding.
     fn combine_y(&mut self, f: &mut Forward, progress: &dyn Progress) -> Result<()> {
-        let rn = self.dev.cfg.ranks();
+        let rn = self.dev.ranks.len();
         let t0 = Instant::now();
         if self.dev.cfg.slot_combine {
             f.slot_masks = self.dev.slot_masks(&f.outs)?;
@@ -746,7 +764,7 @@ impl MoeLayer {
         progress: &dyn Progress,
     ) -> Result<(Vec<DispatchOut>, Vec<Option<SharedGrad>>, Pair)> {
         let (group, dev) = (&mut self.group, &self.dev);
-        let rn = dev.cfg.ranks();
+        let rn = dev.ranks.len();
         let xr: Vec<XRef> = gyb.iter().map(XRef::Bf16).collect();
         let idx: Vec<&Buffer<i32>> = f.routes.iter().map(|r| &r.idx).collect();
         let w: Vec<&Buffer<f32>> = f.routes.iter().map(|r| &r.w).collect();
@@ -792,7 +810,7 @@ impl MoeLayer {
         progress: &dyn Progress,
     ) -> Result<(TopkGrad, Vec<Option<MlpDgrad>>, Pair)> {
         let (group, dev) = (&mut self.group, &self.dev);
-        let rn = dev.cfg.ranks();
+        let rn = dev.ranks.len();
         let ys = dev.outputs(&f.routed);
         let dys: Vec<&Buffer<u8>> = gouts.iter().map(|o| &o.recv_x).collect();
         let ntoks = vec![dev.cfg.tokens as usize; rn];
@@ -835,7 +853,7 @@ impl MoeLayer {
         progress: &dyn Progress,
     ) -> Result<(Combined, Vec<RankGrads>, Pair)> {
         let (group, dev) = (&mut self.group, &self.dev);
-        let rn = dev.cfg.ranks();
+        let rn = dev.ranks.len();
         let rw: Vec<&Buffer<f32>> = f.outs.iter().map(|o| &o.recv_w).collect();
         let dxs: Vec<&Buffer<bf16>> = (0..rn)
             .map(|r| dgr[r].as_ref().map_or(&dev.ranks[r].empty, |d| &d.dx))
@@ -1016,7 +1034,7 @@ fn chunk_starts(t_n: usize, c: usize) -> Vec<i32> {
 /// Uploads each rank's experts, the shared expert, the gate and the shared expert's row layout.
 fn upload_ranks(
     cfg: &MoeConfig,
-    devices: &[Device],
+    (hosted, devices): (&[u32], &[Device]),
     cs: Vec<Stream>,
     experts: &[ExpertQ],
     w: &MoeWeights,
@@ -1029,8 +1047,8 @@ fn upload_ranks(
         cfg.local_experts(),
     );
     let gate_t = transpose(&w.gate, e_n, h);
-    let ups = per_rank(cfg.ranks(), "upload weights", progress, |r| {
-        let d = &devices[r];
+    let ups = per_rank(devices.len(), "upload weights", progress, |i| {
+        let (d, r) = (&devices[i], hosted[i] as usize);
         let mine: Vec<&ExpertQ> = experts[r * el..(r + 1) * el].iter().collect();
         let routed = MlpW::upload(d, &mine)?;
         let shared = match cfg.shared {

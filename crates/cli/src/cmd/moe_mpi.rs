@@ -1,0 +1,172 @@
+//! `mpirun -np NODES ptxforge moe --nodes NODES ...` (cargo feature `mpi`): one process per
+//! node, each hosting only its node's emulated devices (`MoeLayer::hosting`); the other nodes'
+//! ranks are reached through `ep::ProxyTransport` over MPI. Every process draws the whole step
+//! from the seed (as the single-process run does) and feeds its ranks' inputs. Process 0 prints
+//! every process's per-leg time and bytes (and with `--dump-hash` the hashes of every output and
+//! gradient, equal to the single-process run's). The f64 reference check is not run here: it
+//! needs every rank's intermediates in one place; compare the hashes with a checked
+//! single-process run instead.
+use super::moe::{Args, Bars};
+use super::moe_hash::{hashes, sum_hashes, OutHash, Partials};
+use anyhow::{bail, Context};
+use ep::{EpConfig, ProxyTransport};
+use model::moe::{random_step, MoeConfig, MoeLayer};
+use netmpi::Mpi;
+use rand::SeedableRng;
+use runtime::Device;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+/// Time and bytes of one communication leg on this process's ranks.
+#[derive(Debug, Serialize, Deserialize)]
+struct Leg {
+    leg: String,
+    seconds: f64,
+    inter_node_bytes: u64,
+    intra_node_bytes: u64,
+}
+
+/// What one process reports.
+#[derive(Debug, Serialize, Deserialize)]
+struct ProcReport {
+    process: u32,
+    ranks: Vec<u32>,
+    seconds: f64,
+    legs: Vec<Leg>,
+    hashes: Vec<OutHash>,
+    /// This process's ranks' gradient partials of the replicated weights (gate chunks, shared
+    /// expert chunks) as f32 bits (exact through JSON), for the data-parallel sums on process 0.
+    partials: Partials<u32>,
+}
+
+fn leg(name: &str, s: &ep::comm::CommStats) -> Leg {
+    Leg {
+        leg: name.into(),
+        seconds: s.seconds,
+        inter_node_bytes: s.inter_node_bytes,
+        intra_node_bytes: s.intra_node_bytes,
+    }
+}
+
+/// This process's layer step.
+fn step(cfg: &MoeConfig, mpi: &Mpi, progress: &Bars) -> anyhow::Result<ProcReport> {
+    let t0 = std::time::Instant::now();
+    let (node, gpn) = (mpi.rank(), cfg.gpus_per_node);
+    let hosted: Vec<u32> = (node * gpn..(node + 1) * gpn).collect();
+    let mut all: Vec<Option<Device>> = vec![None; cfg.ranks()];
+    for &r in &hosted {
+        // the devices the single-process run gives these ranks
+        all[r as usize] = Some(Device::emu(1000 + r));
+    }
+    let devices: Vec<Device> = all.iter().flatten().cloned().collect();
+    model::moe::check_devices(cfg, &devices).context("--num-sms")?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
+    let (weights, data) = random_step(cfg, &mut rng);
+    let timeout = cfg.comm_timeout.unwrap_or(EpConfig::default_timeout());
+    let engines: Vec<Box<dyn ep::Engine>> = vec![Box::new(mpi.engine()?)];
+    let tr = ProxyTransport::new(all, gpn, engines, timeout)?;
+    let mut layer = MoeLayer::hosting(
+        cfg.clone(),
+        hosted.clone(),
+        devices,
+        Box::new(tr),
+        weights,
+        progress,
+    )
+    .context("building the MoE layer")?;
+    let pick = |v: &[Vec<f32>]| -> Vec<Vec<f32>> {
+        hosted.iter().map(|&r| v[r as usize].clone()).collect()
+    };
+    let f = layer.forward(&pick(&data.x), progress)?;
+    let b = layer.backward(&f, &pick(&data.dy), progress)?;
+    let (fs, bs) = (&f.stats, &b.stats);
+    let topk = Leg {
+        leg: "top-k weight grads put home".into(),
+        seconds: bs.topk_span.secs(),
+        inter_node_bytes: bs.topk_inter_bytes,
+        intra_node_bytes: bs.topk_intra_bytes,
+    };
+    Ok(ProcReport {
+        process: node,
+        ranks: hosted.clone(),
+        seconds: t0.elapsed().as_secs_f64(),
+        legs: vec![
+            leg("dispatch", &fs.dispatch),
+            leg("combine", &fs.combine),
+            leg("cached dispatch of dY", &bs.dispatch_dy),
+            topk,
+            leg("combine of dX", &bs.combine_dx),
+        ],
+        hashes: hashes(&hosted, &f, &b),
+        partials: Partials::of(&b).to_bits(),
+    })
+}
+
+pub fn run(a: &Args, cfg: MoeConfig, progress: &Bars) -> anyhow::Result<()> {
+    if a.device != "emu" {
+        bail!(
+            "--device {}: the multi-process moe runs on emulated devices",
+            a.device
+        );
+    }
+    if a.trace.is_some() {
+        bail!("--trace: not supported by the multi-process moe yet");
+    }
+    let mpi = Mpi::init()?;
+    if mpi.size() != cfg.nodes {
+        bail!(
+            "--nodes {}: start one process per node (mpirun -np {}), not {}",
+            cfg.nodes,
+            cfg.nodes,
+            mpi.size()
+        );
+    }
+    let rep = step(&cfg, &mpi, progress)?;
+    let all = mpi.all_gather_bytes(&serde_json::to_vec(&rep)?);
+    mpi.barrier();
+    if mpi.rank() != 0 {
+        return Ok(());
+    }
+    let mut reps: Vec<ProcReport> = all
+        .iter()
+        .map(|b| serde_json::from_slice(b).context("a process's report"))
+        .collect::<anyhow::Result<_>>()?;
+    // the data-parallel sums over every rank, in rank order (processes hold consecutive ranks)
+    let (mut gate, mut shared) = (Vec::new(), Vec::new());
+    for r in &mut reps {
+        let p = std::mem::take(&mut r.partials).to_f32();
+        gate.extend(p.gate);
+        shared.extend(p.shared);
+    }
+    let sums = sum_hashes(&gate, &shared);
+    if let Some(r0) = reps.first_mut() {
+        r0.hashes.extend(sums);
+    }
+    if a.json {
+        let hs: Vec<&OutHash> = reps.iter().flat_map(|r| &r.hashes).collect();
+        let v =
+            json!({"processes": reps, "hashes": if a.dump_hash { json!(hs) } else { json!(null) }});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!("process  ranks     leg                            seconds    inter B    intra B");
+    for r in &reps {
+        for l in &r.legs {
+            println!(
+                "{:>7}  {:<8}  {:<30} {:>7.3} {:>10} {:>10}",
+                r.process,
+                format!("{:?}", r.ranks),
+                l.leg,
+                l.seconds,
+                l.inter_node_bytes,
+                l.intra_node_bytes
+            );
+        }
+    }
+    if a.dump_hash {
+        for h in reps.iter().flat_map(|r| &r.hashes) {
+            println!("hash {} {} {}", h.rank, h.what, h.fnv64);
+        }
+    }
+    Ok(())
+}
