@@ -14,8 +14,10 @@ fi
 pip() { "$VENV/bin/python" -m pip -q --disable-pip-version-check "$@"; }
 pip install "numpy>=1.21" pytest "maturin>=1.5,<2" triton ml_dtypes
 # no build isolation: maturin comes from the venv (its bin/ on PATH), not a fresh download on
-# every run
-PATH="$PWD/$VENV/bin:$PATH" pip install --no-build-isolation ./python
+# every run. The workspace's dev profile (optimised; the emulator at opt-level 3), so the wheel
+# reuses what `cargo test` built instead of compiling the whole stack again in release.
+PATH="$PWD/$VENV/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev" \
+  pip install --no-build-isolation ./python
 "$VENV/bin/python" -m pytest -q python/tests
 # The CUDA path (python/tests/test_cuda.py) on the fake driver: the driver API over the emulator
 scripts/fakecuda.sh "$VENV/bin/python" -m pytest -q python/tests/test_cuda.py
