@@ -176,6 +176,6 @@ pub fn ep_err(e: ep::EpError) -> PyErr {
         E::Config(_) | E::Shape(_) => PyValueError::new_err(e.to_string()),
         E::Timeout { .. } => PyTimeoutError::new_err(e.to_string()),
         E::Runtime(r) => runtime_err(r),
-        E::Build(_) => PyRuntimeError::new_err(e.to_string()),
+        E::Build(_) | E::Engine(_) => PyRuntimeError::new_err(e.to_string()),
     }
 }
