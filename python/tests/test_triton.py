@@ -164,6 +164,13 @@ def copy_unmasked_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, x * 2, mask=offs < n)
 
 
+@triton.jit
+def assert_positive_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=1.0)
+    tl.device_assert(x > 0, "x must be positive")
+
+
 @triton.autotune(configs=[triton.Config({"BLOCK": 32}, num_warps=1),
                           triton.Config({"BLOCK": 128}, num_warps=4)],
                  key=["n"], reset_to_zero=["acc_ptr"])
@@ -300,6 +307,19 @@ def test_out_of_bounds_load_reports_ptx_line_and_source():
         assert "tl.load(x_ptr + offs)" in f.read().splitlines()[line - 1]
 
 
+def test_device_assert_reports_message_and_source():
+    n = 64
+    x = rng().uniform(0.5, 1.0, n).astype(np.float32)
+    assert_positive_kernel[(1,)](x, n, BLOCK=n, debug=True, num_warps=2)  # holds: no fault
+    x[17] = -rng().uniform(0.5, 1.0)
+    with pytest.raises(ptxforge.EmulatorFault) as info:
+        assert_positive_kernel[(1,)](x, n, BLOCK=n, debug=True, num_warps=2)
+    message = str(info.value)
+    assert "device assertion failed" in message and "x must be positive" in message
+    assert "thread (17,0,0)" in message
+    assert info.value.triton_source.startswith(__file__)
+
+
 def test_autotune_with_emulator_timings():
     n = 300
     x = rng().standard_normal(n).astype(np.float32)
@@ -342,3 +362,20 @@ def test_environment_variable_activates_on_import():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["sm_89", "89"]
+
+
+def test_torch_cpu_tensors():
+    """torch CPU tensors go in as they are (Triton reads their data_ptr and dtype), bf16 included."""
+    torch = pytest.importorskip("torch")
+    n = 500
+    x, y = torch.randn(n), torch.randn(n)
+    out = torch.full((n,), float("nan"))
+    add_kernel[(2,)](x, y, out, n, BLOCK=256)
+    np.testing.assert_allclose(out.numpy(), x.double().numpy() + y.double().numpy(), rtol=1e-7, atol=0)
+    M, N, K = 64, 64, 32
+    a, b = torch.randn(M, K).to(torch.bfloat16), torch.randn(K, N).to(torch.bfloat16)
+    c = torch.full((M, N), float("nan"))
+    matmul_kernel[(1, 1)](a, b, c, M, N, K, K, 1, N, 1, N, 1, BM=64, BN=64, BK=32, num_warps=4)
+    check_matmul(c.numpy(), a.double().numpy(), b.double().numpy(), rel=2e-6)
+    with pytest.raises(ValueError, match="contiguous"):
+        add_kernel[(1,)](x[::2], y, out, 16, BLOCK=32)

@@ -1348,6 +1348,10 @@ impl Cta {
                 self.exec_vprintf(ctx, wi, (*fmt, *args, *ret), m)?;
                 Ok(Flow::Next)
             }
+            Op::AssertFail(a) => match lanes_of(m).next() {
+                Some(lane) => Err(self.exec_assertfail(ctx, wi, a, lane)),
+                None => Ok(Flow::Next),
+            },
             Op::Bar { .. } => self.exec_bar(ctx, wi, inst, m),
             Op::Fence => self.exec_barrier(ctx, wi, inst, m),
             Op::Mapa { .. } => self.exec_barrier(ctx, wi, inst, m),
@@ -1500,7 +1504,7 @@ impl Cta {
             bytes.push(b);
         }
         Err(FaultKind::Other(
-            "printf format string longer than 4096 bytes or not terminated".into(),
+            "printf format or assertion string longer than 4096 bytes or not terminated".into(),
         ))
     }
 

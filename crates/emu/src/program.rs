@@ -32,7 +32,7 @@ mod tex;
 mod video;
 mod warp;
 mod wmma;
-pub use call::{function_address, CallSite, IndirectCall, ParamCopy, Place};
+pub use call::{function_address, AssertFail, CallSite, IndirectCall, ParamCopy, Place};
 pub use carry::{CarryKind, CarryOp};
 pub use family::{family, Family};
 use family::{misrouted, role};
@@ -294,6 +294,9 @@ pub enum Op {
         args: Place,
         ret: Option<Place>,
     },
+    /// CUDA's `__assertfail` (a failed `assert`, Triton's `tl.device_assert`): faults with the
+    /// assertion's message, file, line and function.
+    AssertFail(Box<AssertFail>),
     Trap,
     /// `nanosleep t`: advances the warp's clock by `t` ns and ends its host time slice.
     Sleep {
