@@ -13,3 +13,8 @@ export PTXFORGE_REQUIRE_PTXAS=1
 cargo build -p fakecuda
 cargo build -p kernels --example bench_hopper
 cargo test --workspace --all-targets -- --test-threads="${TEST_THREADS:-2}"
+# The Python package (python/, docs/PYTHON.md): a venv under target/ with numpy, pytest,
+# triton, maturin and the package built from this checkout, then its pytest suite. Idempotent:
+# installed requirements are not fetched again (set PIP_FIND_LINKS to a wheel directory to
+# install offline).
+scripts/test-python.sh

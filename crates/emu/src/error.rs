@@ -73,6 +73,9 @@ pub enum FaultKind {
     SyncMask(String),
     #[error("kernel exceeded its budget ({0}); it may be waiting forever")]
     Hang(String),
+    /// The host stopped the launch ([`crate::LaunchOptions::cancel`]).
+    #[error("interrupted by the host")]
+    Interrupted,
     #[error("deadlock: no warp of any emulated device made progress for {0}")]
     Deadlock(String),
     #[error("{0}")]

@@ -80,6 +80,10 @@ pub struct LaunchOptions {
     /// [`crate::FaultKind::StackOverflow`]. Default: `PTXFORGE_EMU_STACK_BYTES`, else
     /// [`DEFAULT_STACK_BYTES`]. Host memory grows with the stack actually used, not the limit.
     pub stack_bytes: u32,
+    /// Set from another thread to stop the launch (a host interrupt, e.g. Ctrl-C in Python):
+    /// workers check it between slices and the launch fails with
+    /// [`crate::FaultKind::Interrupted`] naming where a warp was.
+    pub cancel: Option<Arc<AtomicBool>>,
 }
 
 /// Largest call-stack limit (the stack lives in the upper half of the 32-bit local window).
@@ -111,6 +115,7 @@ impl Default for LaunchOptions {
                 .ok()
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(DEFAULT_STACK_BYTES),
+            cancel: None,
         }
     }
 }

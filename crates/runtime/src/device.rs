@@ -1,5 +1,6 @@
 //! Devices, typed buffers, modules and functions.
 
+use crate::args::{ArgError, ArgProblem};
 use crate::storage::{EmuMem, Storage};
 use crate::stream::Stream;
 use crate::{Result, RuntimeError};
@@ -517,47 +518,9 @@ pub struct Function {
 impl Function {
     /// Checks arguments against the parameter list and lays them out as the parameter buffer.
     pub fn pack_args(&self, args: &[crate::Arg]) -> Result<Vec<u8>> {
-        if args.len() != self.params.len() {
-            return Err(RuntimeError::Args {
-                kernel: self.name.clone(),
-                msg: format!(
-                    "{} arguments given, kernel takes {}",
-                    args.len(),
-                    self.params.len()
-                ),
-            });
-        }
+        self.check_args(args)?;
         let mut buf = Vec::new();
-        for (i, (a, p)) in args.iter().zip(&self.params).enumerate() {
-            let size = p.size_bytes() as usize;
-            if a.size() != size {
-                return Err(RuntimeError::Args {
-                    kernel: self.name.clone(),
-                    msg: format!(
-                        "argument {i} (`{}`): {} bytes given, parameter is .{} ({size} bytes)",
-                        p.name,
-                        a.size(),
-                        p.ty
-                    ),
-                });
-            }
-            // A byte-array parameter (`.b8 p[8]`) takes any argument of its size.
-            let fits = match p.array {
-                Some(_) => p.ty.kind() == ptx::TyKind::Bits,
-                None => a.fits(p.ty),
-            };
-            if !fits {
-                return Err(RuntimeError::Args {
-                    kernel: self.name.clone(),
-                    msg: format!(
-                        "argument {i} (`{}`): {} given, parameter is .{} (no implicit \
-                         conversion: pass exactly that kind)",
-                        p.name,
-                        a.kind_name(),
-                        p.ty
-                    ),
-                });
-            }
+        for (a, p) in args.iter().zip(&self.params) {
             let align = p.alignment().max(1) as usize;
             while buf.len() % align != 0 {
                 buf.push(0);
@@ -565,6 +528,47 @@ impl Function {
             buf.extend_from_slice(&a.bytes());
         }
         Ok(buf)
+    }
+
+    /// Checks arguments against the parameter list: their count, each one's size, and its kind
+    /// ([`crate::Arg::fits`]). [`crate::args::resolve`] checks arguments given without a
+    /// definite type first.
+    pub fn check_args(&self, args: &[crate::Arg]) -> std::result::Result<(), ArgError> {
+        if args.len() != self.params.len() {
+            return Err(ArgError::count(&self.name, args.len(), self.params.len()));
+        }
+        for (i, (a, p)) in args.iter().zip(&self.params).enumerate() {
+            let size = p.size_bytes() as usize;
+            if a.size() != size {
+                return Err(ArgError::at(
+                    &self.name,
+                    i,
+                    p,
+                    ArgProblem::Size,
+                    format!("{} bytes given, parameter is .{} ({size} bytes)", a.size(), p.ty),
+                ));
+            }
+            // A byte-array parameter (`.b8 p[8]`) takes any argument of its size.
+            let fits = match p.array {
+                Some(_) => p.ty.kind() == ptx::TyKind::Bits,
+                None => a.fits(p.ty),
+            };
+            if !fits {
+                return Err(ArgError::at(
+                    &self.name,
+                    i,
+                    p,
+                    ArgProblem::Kind,
+                    format!(
+                        "{} given, parameter is .{} (no implicit conversion: pass exactly that \
+                         kind)",
+                        a.kind_name(),
+                        p.ty
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
     pub fn device(&self) -> &Device {
         &self.module.device

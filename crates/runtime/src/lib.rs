@@ -10,6 +10,7 @@
 //! Emulated devices share one unified address space, so `buffer.peer_ptr(&other)` is a pointer a
 //! kernel on `other` can dereference — the P2P pattern of expert-parallel communication kernels.
 
+pub mod args;
 mod cuda;
 mod device;
 mod graph;

@@ -8,10 +8,11 @@
 //! * `u32:V`, `i32:V`, `u64:V`, `i64:V`, `f32:V`, `f64:V` — a scalar passed by value.
 //!
 //! [`run`] loads the module, builds the buffers, launches, waits and reads every buffer back.
-//! Argument count and sizes are checked against the kernel's parameters by the runtime
-//! ([`crate::Function::pack_args`]). [`Manifest`] and [`apply_check`] implement the corpus
+//! Arguments are checked against the kernel's parameters by [`crate::args::resolve`], the rules
+//! the Python package's `Module.launch` shares. [`Manifest`] and [`apply_check`] implement the corpus
 //! test-case format of `docs/TOOLS.md` (reference: `scripts/corpus/interp-check.py`).
 
+use crate::args::Given;
 use crate::{Arg, Buffer, Device, LaunchConfig, Module, RuntimeError};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
@@ -476,6 +477,14 @@ pub enum ArgSpec {
 }
 
 impl ArgSpec {
+    /// The argument as [`crate::args::resolve`] checks it (buffers at address 0).
+    pub fn given(&self) -> Given {
+        match self {
+            ArgSpec::Scalar(v) => Given::Value(*v),
+            ArgSpec::In(_) | ArgSpec::Out { .. } => Given::Buffer(0),
+        }
+    }
+
     /// Parses `in:PATH`, `out:DTYPE:COUNT` or `TYPE:VALUE`; relative `in:` paths are taken
     /// relative to `base` when given.
     pub fn parse(spec: &str, base: Option<&Path>) -> Result<ArgSpec> {
@@ -752,55 +761,41 @@ pub fn run(device: &Device, spec: &RunSpec) -> Result<RunOutput> {
 /// store to the read-only `.const` space, which the emulator would otherwise run.
 fn refuse_invalid(ptx: &str) -> Result<()> {
     let m = ptx::parse(ptx).map_err(RuntimeError::from)?;
-    let errs = ptx::validate::validate_errors(&m);
-    match errs.first() {
+    match validation_failure(&m) {
         None => Ok(()),
-        Some(first) => Err(RunError::Other(format!(
-            "the PTX does not validate ({} error(s), as `ptxforge check` reports); first: line {}",
-            errs.len(),
-            first
-        ))),
+        Some(f) => Err(RunError::Other(f.message)),
     }
 }
 
-/// Catches a float given for an integer parameter and vice versa (sizes and count are checked
-/// by [`crate::Function::pack_args`]; untyped `.b` parameters take anything).
+/// Why the validator rejects a module: the message `ptxforge run` (and the Python package's
+/// `Module`) give, and the first error's position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidationFailure {
+    pub message: String,
+    pub line: u32,
+    pub col: u32,
+}
+
+/// The validator's verdict on a parsed module: None when it has no errors.
+pub fn validation_failure(m: &ptx::Module) -> Option<ValidationFailure> {
+    let errs = ptx::validate::validate_errors(m);
+    let first = errs.first()?;
+    Some(ValidationFailure {
+        message: format!(
+            "the PTX does not validate ({} error(s), as `ptxforge check` reports); first: line {}",
+            errs.len(),
+            first
+        ),
+        line: first.line,
+        col: first.col,
+    })
+}
+
+/// Checks the arguments against the kernel's parameters before any file is read
+/// ([`crate::args::resolve`]: count, kinds, sizes; buffers stand in as address 0).
 fn check_kinds(func: &crate::Function, args: &[ArgSpec]) -> Result<()> {
-    if args.len() != func.params.len() {
-        return Ok(()); // pack_args reports the count
-    }
-    for (i, (a, p)) in args.iter().zip(&func.params).enumerate() {
-        let given_float = match a {
-            ArgSpec::Scalar(Arg::F32(_) | Arg::F64(_)) => true,
-            ArgSpec::Scalar(_) | ArgSpec::In(_) | ArgSpec::Out { .. } => false,
-        };
-        let kind = p.ty.kind();
-        let mismatch = match kind {
-            ptx::TyKind::Float => !given_float,
-            ptx::TyKind::Signed | ptx::TyKind::Unsigned => given_float,
-            _ => false,
-        };
-        if mismatch && p.array.is_none() {
-            let what = match a {
-                ArgSpec::In(_) | ArgSpec::Out { .. } => "a buffer address".to_string(),
-                ArgSpec::Scalar(v) => format!("{v:?}"),
-            };
-            return Err(RuntimeError::Args {
-                kernel: func.name.clone(),
-                msg: format!(
-                    "argument {i} (`{}`): {what} given, parameter is .{} ({})",
-                    p.name,
-                    p.ty,
-                    if kind == ptx::TyKind::Float {
-                        "a float"
-                    } else {
-                        "an integer"
-                    }
-                ),
-            }
-            .into());
-        }
-    }
+    let given: Vec<Given> = args.iter().map(ArgSpec::given).collect();
+    crate::args::resolve(func, &given).map_err(RuntimeError::from)?;
     Ok(())
 }
 

@@ -35,6 +35,10 @@ pub struct LaunchConfig {
     /// [`emu::sanitize`]). A launch that finds something fails with `EmuError::Sanitizer`,
     /// surfacing at `synchronize`. Real GPUs ignore it (use compute-sanitizer there).
     pub sanitize: Option<emu::Tools>,
+    /// Emulator: set from any thread to stop this launch; it then fails with
+    /// `FaultKind::Interrupted` (at `synchronize`). Real GPUs cannot stop a running kernel and
+    /// ignore it.
+    pub cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl LaunchConfig {
@@ -52,6 +56,7 @@ impl LaunchConfig {
             cooperative: false,
             numerics: None,
             sanitize: None,
+            cancel: None,
         }
     }
     /// A persistent kernel on an SM budget: one CTA per budgeted SM (grid = `p.count`).
@@ -307,6 +312,7 @@ impl Stream {
         if let Some(t) = cfg.sanitize {
             opts.sanitize = t;
         }
+        opts.cancel = cfg.cancel.clone();
         opts.bank_profile |= self
             .inner
             .bank_profile

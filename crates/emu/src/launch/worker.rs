@@ -259,17 +259,24 @@ impl<'a> Worker<'a> {
         Ok(total)
     }
 
-    /// The hang error when the launch ran past its instruction or wall-time budget.
+    /// The hang error when the launch ran past its instruction or wall-time budget, or the
+    /// interrupt error when the host cancelled it.
     fn over_budget(&self, k: usize, total: u64) -> Option<EmuError> {
         let (ctx, opts) = (self.env.ctx, self.env.opts);
         let over_count = total > opts.max_warp_instructions;
-        if !over_count && ctx.start.elapsed() <= opts.timeout {
+        let cancelled = opts
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Relaxed));
+        if !over_count && !cancelled && ctx.start.elapsed() <= opts.timeout {
             return None;
         }
-        let why = if over_count {
-            format!("{} warp-instructions", opts.max_warp_instructions)
+        let kind = if cancelled {
+            FaultKind::Interrupted
+        } else if over_count {
+            FaultKind::Hang(format!("{} warp-instructions", opts.max_warp_instructions))
         } else {
-            format!("{:.0} s", opts.timeout.as_secs_f64())
+            FaultKind::Hang(format!("{} s", opts.timeout.as_secs_f64()))
         };
         let group = &self.resident[k].0;
         let cta = group.iter().find(|c| !c.done()).unwrap_or(&group[0]);
@@ -278,7 +285,7 @@ impl<'a> Worker<'a> {
             .iter()
             .find(|w| w.state != crate::exec::WarpState::Exited);
         let f = Fault {
-            kind: FaultKind::Hang(why),
+            kind,
             warp: wp.map(|w| w.id).unwrap_or(0),
             lane: wp.map(|w| w.live.trailing_zeros()).unwrap_or(0),
             pc: wp.map(|w| w.group_pc).unwrap_or(0),

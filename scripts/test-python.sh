@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds the Python package into a venv (target/.venv-test) and runs its pytest suite
+# (python/tests). Called by scripts/test.sh after the Rust tests; runs on its own too.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=target/.venv-test
+# Debian's python3 has no venv/ensurepip without python3-venv (CI runs as root)
+if ! "$PY" -c 'import ensurepip, venv' 2>/dev/null && command -v apt-get >/dev/null; then
+  apt-get install -y -q python3-venv >/dev/null 2>&1 ||
+    { apt-get update -q >/dev/null && apt-get install -y -q python3-venv >/dev/null; }
+fi
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+pip() { "$VENV/bin/python" -m pip -q --disable-pip-version-check "$@"; }
+pip install "numpy>=1.21" pytest "maturin>=1.5,<2" triton
+# no build isolation: maturin comes from the venv, not a fresh download on every run
+pip install --no-build-isolation ./python
+"$VENV/bin/python" -m pytest -q python/tests
