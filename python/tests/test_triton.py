@@ -29,10 +29,6 @@ def hopper():
     pt.deactivate()
 
 
-def rng():
-    return np.random.default_rng()
-
-
 def nan_like(shape, dtype=np.float32):
     return np.full(shape, np.nan, dtype=dtype)
 
@@ -59,9 +55,8 @@ def e4m3_value(bits):
     return np.where((b & 0x7F) == 0x7F, np.nan, sign * val)
 
 
-def random_e4m3(shape):
-    """Random fp8 codes with magnitudes in [2^-3, 2^3) (exact in any accumulator)."""
-    r = rng()
+def random_e4m3(r, shape):
+    """Random fp8 codes with magnitudes in [2^-3, 2^3)."""
     exp = r.integers(4, 10, size=shape)
     man = r.integers(0, 8, size=shape)
     sign = r.integers(0, 2, size=shape)
@@ -185,10 +180,10 @@ def axpy_accumulate_kernel(x_ptr, acc_ptr, n, alpha, BLOCK: tl.constexpr):
 
 # ---- tests ----------------------------------------------------------------------------------------
 
-def test_vector_add():
+def test_vector_add(rng):
     n = 1000
-    x = rng().standard_normal(n).astype(np.float32)
-    y = rng().standard_normal(n).astype(np.float32)
+    x = rng.standard_normal(n).astype(np.float32)
+    y = rng.standard_normal(n).astype(np.float32)
     out = nan_like(n)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)  # noqa: E731
     kernel = add_kernel[grid](x, y, out, n, BLOCK=256)
@@ -197,9 +192,9 @@ def test_vector_add():
     np.testing.assert_allclose(out, ref, rtol=1e-7, atol=0)
 
 
-def test_fused_softmax():
+def test_fused_softmax(rng):
     n_rows, n_cols = 7, 100
-    x = rng().standard_normal((n_rows, n_cols)).astype(np.float32) * 3
+    x = rng.standard_normal((n_rows, n_cols)).astype(np.float32) * 3
     out = nan_like((n_rows, n_cols))
     softmax_kernel[(3,)](out, x, x.shape[1], out.shape[1], n_rows, n_cols,
                          BLOCK_SIZE=triton.next_power_of_2(n_cols), num_stages=2, num_warps=4)
@@ -223,18 +218,18 @@ def check_matmul(c, a, b, rel):
     assert np.all(err <= rel * scale + 1e-30), f"max error {err.max()} vs scale {scale.max()}"
 
 
-def test_matmul_bf16_sm90a_wgmma():
+def test_matmul_bf16_sm90a_wgmma(rng):
     M, N, K = 96, 64, 64
-    a = bf16_bits(rng().standard_normal((M, K)).astype(np.float32))
-    b = bf16_bits(rng().standard_normal((K, N)).astype(np.float32))
+    a = bf16_bits(rng.standard_normal((M, K)).astype(np.float32))
+    b = bf16_bits(rng.standard_normal((K, N)).astype(np.float32))
     c, kernel = run_matmul(a, b, "bf16", M, N, K)
     assert "wgmma.mma_async" in kernel.asm["ptx"]
     check_matmul(c, bf16_value(a), bf16_value(b), rel=2e-6)
 
 
-def test_matmul_fp8_e4m3_sm90a_wgmma():
+def test_matmul_fp8_e4m3_sm90a_wgmma(rng):
     M, N, K = 64, 64, 64
-    a, b = random_e4m3((M, K)), random_e4m3((K, N))
+    a, b = random_e4m3(rng, (M, K)), random_e4m3(rng, (K, N))
     c, kernel = run_matmul(a, b, tl.float8e4nv, M, N, K)
     assert "wgmma.mma_async" in kernel.asm["ptx"] and "e4m3" in kernel.asm["ptx"]
     # H100's fp8 wgmma keeps 13 fraction bits, truncated, per k32 block (docs: reference on
@@ -244,11 +239,11 @@ def test_matmul_fp8_e4m3_sm90a_wgmma():
 
 
 @pytest.mark.parametrize("elem", ["fp16", "bf16"])
-def test_matmul_sm80_mma_sync(elem):
+def test_matmul_sm80_mma_sync(elem, rng):
     pt.activate("sm_80")
     M, N, K = 64, 80, 48
-    af = rng().standard_normal((M, K)).astype(np.float32)
-    bf = rng().standard_normal((K, N)).astype(np.float32)
+    af = rng.standard_normal((M, K)).astype(np.float32)
+    bf = rng.standard_normal((K, N)).astype(np.float32)
     if elem == "fp16":
         a, b = af.astype(np.float16), bf.astype(np.float16)
         av, bv = a.astype(np.float64), b.astype(np.float64)
@@ -262,11 +257,11 @@ def test_matmul_sm80_mma_sync(elem):
     check_matmul(c, av, bv, rel=2e-6)
 
 
-def test_layer_norm_forward():
+def test_layer_norm_forward(rng):
     rows, N = 5, 200
-    x = (rng().standard_normal((rows, N)) * 2 + 0.5).astype(np.float16)
-    w = rng().standard_normal(N).astype(np.float32)
-    b = rng().standard_normal(N).astype(np.float32)
+    x = (rng.standard_normal((rows, N)) * 2 + 0.5).astype(np.float16)
+    w = rng.standard_normal(N).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
     y = nan_like((rows, N), np.float16)
     mean, rstd = nan_like(rows), nan_like(rows)
     eps = 1e-5
@@ -280,38 +275,40 @@ def test_layer_norm_forward():
     np.testing.assert_allclose(y.astype(np.float64), ref, rtol=2e-3, atol=4e-3)
 
 
-def test_atomic_add_histogram():
+def test_atomic_add_histogram(rng):
     n, bins = 1000, 16
-    x = rng().integers(0, bins, size=n).astype(np.int32)
+    x = rng.integers(0, bins, size=n).astype(np.int32)
     hist = np.zeros(bins, np.int32)
     kernel = histogram_kernel[(triton.cdiv(n, 128),)](x, hist, n, BLOCK=128)
     assert "atom.global" in kernel.asm["ptx"] or "red.global" in kernel.asm["ptx"]
     np.testing.assert_array_equal(hist, np.bincount(x, minlength=bins))
 
 
-def test_out_of_bounds_load_reports_ptx_line_and_source():
+def test_out_of_bounds_load_reports_ptx_line_and_source(rng):
     n = 100
-    x = rng().standard_normal(n).astype(np.float32)
+    x = rng.standard_normal(n).astype(np.float32)
     out = nan_like(n)
     with pytest.raises(ptxforge.EmulatorFault) as info:
         copy_unmasked_kernel[(1,)](x, out, n, BLOCK=128)
     err = info.value
     message = str(err)
     assert "copy_unmasked_kernel" in message
-    assert isinstance(err.ptx_line, int) and err.ptx_line > 0
-    assert f"{err.ptx_line}" in message
-    assert "0x" in message  # the faulting address
+    assert err.thread == (100, 0, 0)  # one element per thread: thread 100 reads x[100]
+    assert err.kind == "out_of_bounds" and isinstance(err.line, int) and err.line > 0
+    assert f"PTX line {err.line}" in message
+    # the first byte past the 100 floats, in the message too
+    assert err.address is not None and f"{err.address:#x}" in message
     assert err.triton_source is not None and err.triton_source.startswith(__file__)
     line = int(err.triton_source.split(":")[-2])
     with open(__file__) as f:
         assert "tl.load(x_ptr + offs)" in f.read().splitlines()[line - 1]
 
 
-def test_device_assert_reports_message_and_source():
+def test_device_assert_reports_message_and_source(rng):
     n = 64
-    x = rng().uniform(0.5, 1.0, n).astype(np.float32)
+    x = rng.uniform(0.5, 1.0, n).astype(np.float32)
     assert_positive_kernel[(1,)](x, n, BLOCK=n, debug=True, num_warps=2)  # holds: no fault
-    x[17] = -rng().uniform(0.5, 1.0)
+    x[17] = -rng.uniform(0.5, 1.0)
     with pytest.raises(ptxforge.EmulatorFault) as info:
         assert_positive_kernel[(1,)](x, n, BLOCK=n, debug=True, num_warps=2)
     message = str(info.value)
@@ -320,9 +317,9 @@ def test_device_assert_reports_message_and_source():
     assert info.value.triton_source.startswith(__file__)
 
 
-def test_autotune_with_emulator_timings():
+def test_autotune_with_emulator_timings(rng):
     n = 300
-    x = rng().standard_normal(n).astype(np.float32)
+    x = rng.standard_normal(n).astype(np.float32)
     acc = nan_like(n)
     alpha = 1.5
     axpy_accumulate_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, acc, n, alpha)

@@ -1,14 +1,17 @@
 """The one place the Triton driver touches ptxforge's native module API.
 
-``load_module`` and ``launch`` sit on ``ptxforge.Module`` / ``Module.launch`` (numpy arrays are
-copied to the emulated device and back; scalars are checked against the PTX parameters);
+``load_module`` and ``launch`` sit on ``ptxforge.Module`` / ``Module.launch`` and
+``ptxforge.asarray`` (host arrays become device arrays on the module's device and are copied
+back after the launch; scalars are checked against the PTX parameters by ``Module.launch``);
 ``take_ptx`` finds the PTX of the kernel Triton is loading.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Optional
+import time
+
+import numpy as np
 
 
 def take_ptx(name: str, kernel) -> str:
@@ -41,25 +44,44 @@ def load_module(ptx: str):
     return ptxforge.Module(ptx)
 
 
-def launch(function, grid, block, shared: int, args: list) -> None:
-    """Run ``function`` (a ``LoadedKernel``); an emulator fault gains the Triton source line."""
+def launch(function, grid, block, shared: int, args: list) -> float:
+    """Run ``function`` (a ``LoadedKernel``) with ``args`` (host arrays and typed scalars).
+
+    Each distinct host array is copied to the emulated device once (an array passed for two
+    pointer parameters is one buffer, as on a GPU) and copied back after the launch, unless it is
+    read-only. Returns the seconds the launch itself took (copies excluded). An emulator fault
+    gains ``triton_source``, the ``@triton.jit`` line that produced the faulting PTX line.
+    """
     import ptxforge
 
-    fault_types = tuple(t for t in (getattr(ptxforge, "EmulatorFault", None),
-                                    getattr(ptxforge, "EmulatorHang", None)) if t is not None)
+    device = function.module.device
+    uploaded = {}
+    kernel_args = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            key = id(a)
+            if key not in uploaded:
+                uploaded[key] = (a, ptxforge.asarray(a, device=device))
+            kernel_args.append(uploaded[key][1])
+        else:
+            kernel_args.append(a)
+    start = time.perf_counter()
     try:
-        function.module.launch(function.name, grid, block, args, shared=shared)
-    except fault_types as err:
+        function.module.launch(function.name, grid, block, kernel_args, shared=shared)
+    except ptxforge.EmulatorFault as err:
         _annotate(err, function)
         raise
+    seconds = time.perf_counter() - start
+    for host, dev in uploaded.values():
+        if host.flags.writeable:
+            np.copyto(host, dev.numpy().reshape(host.shape).view(host.dtype), casting="no")
+    return seconds
 
 
 def _annotate(err: BaseException, function) -> None:
     """Attach ``triton_source`` (``file:line:col`` of the ``@triton.jit`` code) to a fault."""
-    line: Optional[int] = getattr(err, "ptx_line", None)
-    if not isinstance(line, int):
-        return
-    source = function.source_of(line)
+    line = getattr(err, "line", None)
+    source = function.source_of(line) if isinstance(line, int) else None
     try:
         err.triton_source = source
     except AttributeError:

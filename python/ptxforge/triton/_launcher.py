@@ -3,13 +3,12 @@
 Triton hands it the bound arguments of the ``@triton.jit`` function (constexprs included) and the
 grid; it flattens them in the order of the kernel's PTX parameters, appends the scratch pointers
 the PTX asks for (Triton >= 3.5 adds ``global_scratch`` and ``profile_scratch``), converts scalars
-to the PTX types, and runs ``ptxforge`` ``Module.launch`` with the host arrays, which copies them
-to the emulated device and the results back into the caller's memory.
+to the PTX types, and runs ``ptxforge`` ``Module.launch``; the host arrays go to the emulated
+device and the results come back into the caller's memory (``_backend.launch``).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -25,7 +24,7 @@ class LoadedKernel:
         self.module = module
         self.name = name
         self.ptx = ptx
-        self.params = _ptx.entry_params(ptx, name)
+        self.params = [_ptx.PtxParam.from_pair(pname, ty) for pname, ty in module.params(name)]
         self._source_map: Optional[_ptx.SourceMap] = None
 
     def source_of(self, ptx_line: int) -> Optional[str]:
@@ -103,9 +102,8 @@ class EmulatorLauncher:
             launch_enter_hook(launch_metadata)
         from . import _backend
 
-        start = time.perf_counter()
-        _backend.launch(function, (gridX, gridY, gridZ), (32 * self.num_warps, 1, 1), self.shared, kernel_args)
-        EmulatorLauncher.last_launch_seconds = time.perf_counter() - start
+        EmulatorLauncher.last_launch_seconds = _backend.launch(
+            function, (gridX, gridY, gridZ), (32 * self.num_warps, 1, 1), self.shared, kernel_args)
         if launch_exit_hook is not None:
             launch_exit_hook(launch_metadata)
 

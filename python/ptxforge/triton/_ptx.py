@@ -1,8 +1,8 @@
 """What the launcher reads from the PTX that Triton's NVIDIA backend emitted.
 
-Two things: the kernel's parameter list (the emulator checks every argument against the PTX
-types, and Triton's signature says ``i32`` where the PTX says ``.u32``, so scalars are converted
-to the PTX type here), and the ``.loc``/``.file`` debug directives, which map a faulting PTX
+Two things: scalars as the kernel's PTX parameter types (``Module.launch`` checks every argument
+against them, and Triton's signature says ``i32`` where the PTX says ``.u32``), and the
+``.loc``/``.file`` debug directives, which map a faulting PTX
 line back to the line of the ``@triton.jit`` function that produced it.
 """
 
@@ -13,8 +13,6 @@ import struct
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-_ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\((.*?)\)", re.S)
-_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)(?:\s+\.ptr(?:\s+\.\w+)*(?:\s+\.align\s+\d+)?)?\s+([\w$]+)(\[\d+\])?")
 _LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)\s+(\d+)")
 _FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]*)"(?:,\s*"([^"]*)")?')
 
@@ -31,18 +29,16 @@ class PtxParam:
     name: str
     is_array: bool
 
+    @staticmethod
+    def from_pair(name: str, ty: str) -> "PtxParam":
+        """From ``Module.params``' ``(name, type)``: ``("n", "u32")``, ``("desc", "b8[128]")``."""
+        base = ty.split("[", 1)[0]
+        return PtxParam(base, name, "[" in ty)
+
     @property
     def bits(self) -> int:
         digits = "".join(c for c in self.ty if c.isdigit())
         return int(digits) if digits else 0
-
-
-def entry_params(ptx: str, entry: str) -> List[PtxParam]:
-    """The parameter list of ``.entry entry`` in ``ptx``; ``ValueError`` when it is not there."""
-    for m in _ENTRY.finditer(ptx):
-        if m.group(1) == entry:
-            return [PtxParam(p.group(1), p.group(2), p.group(3) is not None) for p in _PARAM.finditer(m.group(2))]
-    raise ValueError(f"entry `{entry}` not found in the PTX Triton produced")
 
 
 def scalar_for_param(value, param: PtxParam, arg_name: str):
