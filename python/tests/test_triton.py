@@ -166,6 +166,14 @@ def assert_positive_kernel(x_ptr, n, BLOCK: tl.constexpr):
     tl.device_assert(x > 0, "x must be positive")
 
 
+@triton.jit
+def scalars_kernel(int_out, float_out, a, b, c, flag, pair, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    i = a.to(tl.int64) * offs + b + flag.to(tl.int64) + pair[0]
+    tl.store(int_out + offs, i)
+    tl.store(float_out + offs, c * offs + pair[1])
+
+
 @triton.autotune(configs=[triton.Config({"BLOCK": 32}, num_warps=1),
                           triton.Config({"BLOCK": 128}, num_warps=4)],
                  key=["n"], reset_to_zero=["acc_ptr"])
@@ -282,6 +290,21 @@ def test_atomic_add_histogram(rng):
     kernel = histogram_kernel[(triton.cdiv(n, 128),)](x, hist, n, BLOCK=128)
     assert "atom.global" in kernel.asm["ptx"] or "red.global" in kernel.asm["ptx"]
     np.testing.assert_array_equal(hist, np.bincount(x, minlength=bins))
+
+
+def test_scalar_kinds_and_tuples(rng):
+    """Triton's i32 lands on a .u32 PTX parameter (negative values too), i64 on .u64, bool on
+    .u8, tuples flatten."""
+    a = -int(rng.integers(1, 1000))
+    b = int(rng.integers(2**33, 2**40))
+    c = float(rng.uniform(-2, 2))
+    p0, p1 = int(rng.integers(-50, 50)), float(rng.uniform(-1, 1))
+    ints, floats = np.full(32, -1, np.int64), nan_like(32)
+    kernel = scalars_kernel[(1,)](ints, floats, a, b, c, True, (p0, p1), BLOCK=32, num_warps=1)
+    assert ".param .u8" in kernel.asm["ptx"] and ".param .u64 scalars_kernel_param_3" in kernel.asm["ptx"]
+    offs = np.arange(32)
+    np.testing.assert_array_equal(ints, a * offs + b + 1 + p0)
+    np.testing.assert_allclose(floats, np.float32(c) * offs.astype(np.float64) + np.float32(p1), rtol=1e-6, atol=1e-6)
 
 
 def test_out_of_bounds_load_reports_ptx_line_and_source(rng):

@@ -29,9 +29,15 @@ _TRITON_BYTES = {
 
 def _triton_name(dtype) -> str:
     """``tl.bfloat16``, ``"bf16"``, ``"bfloat16"``, ``np.float32`` ... -> Triton's short name."""
-    name = getattr(dtype, "name", None) if not isinstance(dtype, str) else dtype
-    if name is None:
-        name = np.dtype(dtype).name
+    if isinstance(dtype, str):
+        name = dtype
+    elif isinstance(dtype, (np.dtype, type)):
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            name = str(dtype)
+    else:
+        name = str(getattr(dtype, "name", dtype))  # a triton.language dtype: tl.bfloat16.name == "bf16"
     if name in _TRITON_BYTES:
         return name
     alias = {"float8e4nv": "fp8e4nv", "float8e5": "fp8e5", "float8e4b15": "fp8e4b15", "int1": "u1"}
