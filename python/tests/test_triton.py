@@ -379,6 +379,23 @@ def test_autotune_with_emulator_timings(rng):
     np.testing.assert_allclose(acc, alpha * x.astype(np.float64), rtol=1e-6)
 
 
+def test_device_arrays_stay_on_the_device(rng):
+    n = 300
+    x = rng.standard_normal(n).astype(np.float32)
+    y = rng.standard_normal(n).astype(np.float32)
+    dev = ptxforge.Device("emu:0")
+    dx, dy, dout = dev.array(x), dev.array(y), dev.array(nan_like(n))
+    add_kernel[(2,)](dx, dy, dout, n, BLOCK=256)
+    add_kernel[(2,)](dout, dy, dout, n, BLOCK=256)  # in place on the device: out = x + 2y
+    ref = x.astype(np.float64) + 2 * y.astype(np.float64)
+    np.testing.assert_allclose(dout.numpy(), ref, rtol=1e-6, atol=1e-6)
+    pt.activate("sm_90a", device="emu:1")
+    with pytest.raises(ValueError, match="argument `x_ptr`: a DeviceArray on emu:0"):
+        add_kernel[(2,)](dx, dy, dout, n, BLOCK=256)
+    with pytest.raises(ValueError, match="device"):
+        pt.activate("sm_90a", device="cuda:0")
+
+
 def test_bad_inputs_name_the_field():
     with pytest.raises(ValueError, match="arch"):
         pt.activate("sm_75")

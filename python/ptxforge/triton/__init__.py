@@ -3,7 +3,8 @@
 ``activate(arch="sm_90a")`` installs a Triton driver whose target is ``GPUTarget("cuda", 90, 32)``:
 ``@triton.jit`` kernels are compiled by Triton's own NVIDIA backend (real PTX and ptxas, not the
 interpreter) and their PTX runs on ptxforge's emulator. Launch them with numpy arrays (or torch
-CPU tensors, when torch is installed); results are written back into those arrays. bf16/fp8
+CPU tensors, when torch is installed); results are written back into those arrays.
+``ptxforge.DeviceArray`` arguments stay on the emulated device (no copies). bf16/fp8
 data, which numpy lacks, is passed as its bits with :func:`typed`. ``@triton.autotune`` works,
 ranking configs by emulator timings (see :func:`emulator_bench`), not GPU timings.
 
@@ -21,9 +22,9 @@ import os
 from typing import Optional
 
 from ._args import HostTensor, typed
-from ._driver import SUPPORTED_ARCHS, EmulatorDriver, emulator_bench, parse_arch
+from ._driver import SUPPORTED_ARCHS, EmulatorDriver, emulator_bench, parse_arch, parse_device
 
-__all__ = ["activate", "deactivate", "is_active", "active_arch", "typed", "HostTensor", "emulator_bench",
+__all__ = ["activate", "deactivate", "is_active", "active_arch", "active_device", "typed", "HostTensor", "emulator_bench",
            "SUPPORTED_ARCHS", "EmulatorDriver"]
 
 _UNSET = object()
@@ -31,11 +32,12 @@ _previous = _UNSET
 _current: Optional[EmulatorDriver] = None
 
 
-def activate(arch="sm_90a") -> EmulatorDriver:
+def activate(arch="sm_90a", device="emu:0") -> EmulatorDriver:
     """Make the emulator Triton's active driver, compiling for ``arch``; returns the driver.
 
     ``arch`` is ``"sm_90a"`` (Hopper: ``tl.dot`` lowers to ``wgmma``), ``"sm_89"``, ``"sm_86"`` or
-    ``"sm_80"`` (``mma.sync``). Calling it again switches architecture; :func:`deactivate`
+    ``"sm_80"`` (``mma.sync``). ``device`` is the emulated device kernels run on (``"emu:N"``;
+    ``ptxforge.DeviceArray`` arguments must live there). Calling it again switches; :func:`deactivate`
     restores whatever driver Triton had before the first call.
     """
     global _previous, _current
@@ -44,12 +46,30 @@ def activate(arch="sm_90a") -> EmulatorDriver:
     from . import _args
 
     capability = parse_arch(arch)
+    spec = parse_device(device)
+    _check_triton_version()
     if _previous is _UNSET:
         _previous = driver_config._active
-    _current = EmulatorDriver(capability)
+    _current = EmulatorDriver(capability, spec)
     driver_config.set_active(_current)
     _args.install()
     return _current
+
+
+# The Triton versions this driver was tested with (it uses the driver and launcher interfaces of
+# triton.backends.driver / triton.runtime, which change between minor versions).
+TESTED_TRITON = ("3.9",)
+
+
+def _check_triton_version() -> None:
+    import warnings
+
+    import triton
+
+    if not any(triton.__version__.startswith(v + ".") or triton.__version__ == v for v in TESTED_TRITON):
+        warnings.warn(f"ptxforge.triton was tested with Triton {', '.join(TESTED_TRITON)}; this is Triton "
+                      f"{triton.__version__} (pip install 'triton==3.9.*' if kernels fail to launch)",
+                      RuntimeWarning, stacklevel=3)
 
 
 def deactivate() -> None:
@@ -72,6 +92,11 @@ def is_active() -> bool:
     from triton.runtime import driver as driver_config
 
     return _current is not None and driver_config._active is _current
+
+
+def active_device() -> Optional[str]:
+    """``"emu:N"``, the device kernels run on, while active, else ``None``."""
+    return _current.device if is_active() else None
 
 
 def active_arch() -> Optional[str]:

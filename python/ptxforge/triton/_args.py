@@ -104,10 +104,36 @@ def typed(array: np.ndarray, dtype) -> HostTensor:
     return HostTensor(array, dtype)
 
 
+class DevicePointer:
+    """A ``ptxforge.DeviceArray`` seen by Triton as a pointer: its device address and dtype.
+
+    The launcher passes the array itself, so the kernel works on device memory in place.
+    """
+
+    def __init__(self, array):
+        self.array = array
+        self.dtype = _triton_name(array.dtype)
+
+    def data_ptr(self) -> int:
+        return self.array.ptr
+
+    def __repr__(self) -> str:
+        return f"DevicePointer[{self.dtype}]({self.array.device}, shape={self.array.shape})"
+
+
+def _device_array_type():
+    from .. import DeviceArray
+
+    return DeviceArray
+
+
 def wrap_arg(value):
-    """A numpy array becomes a :class:`HostTensor`; tuples are walked; anything else is kept."""
+    """numpy arrays become :class:`HostTensor`, DeviceArrays :class:`DevicePointer`; tuples
+    are walked; anything else is kept."""
     if isinstance(value, np.ndarray):
         return HostTensor(value)
+    if isinstance(value, _device_array_type()):
+        return DevicePointer(value)
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
         return tuple(wrap_arg(v) for v in value)
     return value

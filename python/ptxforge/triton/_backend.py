@@ -37,11 +37,11 @@ def take_ptx(name: str, kernel) -> str:
                        "runs PTX, so load kernels through Triton's CompiledKernel")
 
 
-def load_module(ptx: str):
-    """An emulator module for ``ptx`` (parsed and validated now; errors name the PTX line)."""
+def load_module(ptx: str, device: str):
+    """A module for ``ptx`` on ``device`` (parsed and validated now; errors name the PTX line)."""
     import ptxforge
 
-    return ptxforge.Module(ptx)
+    return ptxforge.Module(ptx, device=device)
 
 
 def launch(function, grid, block, shared: int, args: list) -> float:

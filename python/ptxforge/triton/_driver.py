@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from triton.backends.compiler import GPUTarget
 from triton.backends.driver import DriverBase
@@ -22,6 +22,18 @@ SUPPORTED_ARCHS = (80, 86, 89, 90)
 # Shared memory per block opt-in limit (bytes), by architecture.
 _MAX_SHARED = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 _SM_COUNT = {80: 108, 86: 84, 89: 128, 90: 132}
+
+
+def parse_device(device) -> str:
+    """``"emu"``, ``"emu:N"`` or a ``ptxforge.Device`` of the emulator -> ``"emu:N"``."""
+    spec = str(device).strip()
+    if spec == "emu":
+        spec = "emu:0"
+    kind, _, index = spec.partition(":")
+    if kind != "emu" or not index.isdigit():
+        raise ValueError(f"device: {device!r} is not an emulated device (\"emu:N\"); the Triton driver "
+                         "runs kernels on the emulator")
+    return f"emu:{int(index)}"
 
 
 def parse_arch(arch) -> int:
@@ -48,7 +60,7 @@ class _Utils:
         from . import _backend
 
         ptx = _backend.take_ptx(name, kernel)
-        module = _backend.load_module(ptx)
+        module = _backend.load_module(ptx, self._driver.device)
         function = LoadedKernel(module, name, ptx)
         n_regs, n_spills, max_threads = 0, 0, 1024
         return module, function, n_regs, n_spills, max_threads
@@ -102,14 +114,18 @@ class EmulatorDriver(DriverBase):
     Triton's per-device kernel caches never hand a kernel built for one architecture to another.
     """
 
-    _archs: List[int] = []
+    # (architecture, device spec) of every driver made in this process; Triton's device id is
+    # the index here.
+    _targets: List[Tuple[int, str]] = []
 
-    def __init__(self, arch: int):
+    def __init__(self, arch: int, device: str = "emu:0"):
         super().__init__()
-        if arch not in EmulatorDriver._archs:
-            EmulatorDriver._archs.append(arch)
-        self._device = EmulatorDriver._archs.index(arch)
+        target = (arch, device)
+        if target not in EmulatorDriver._targets:
+            EmulatorDriver._targets.append(target)
+        self._device = EmulatorDriver._targets.index(target)
         self.arch = arch
+        self.device = device
         self.utils = _Utils(self)
         self.launcher_cls = EmulatorLauncher
 
@@ -118,7 +134,7 @@ class EmulatorDriver(DriverBase):
         return True
 
     def capability_of(self, device) -> int:
-        return EmulatorDriver._archs[int(device)]
+        return EmulatorDriver._targets[int(device)][0]
 
     def map_python_to_cpp_type(self, ty: str) -> str:
         return "uint64_t" if ty.startswith("*") else ty
@@ -131,8 +147,8 @@ class EmulatorDriver(DriverBase):
 
     def set_current_device(self, device) -> None:
         if int(device) != self._device:
-            raise ValueError(f"device: {device} is not this driver's emulated device {self._device} "
-                             f"(sm_{self.arch}); call ptxforge.triton.activate(arch=...) to switch")
+            raise ValueError(f"device: {device} is not this driver's device {self._device} "
+                             f"({self.device}, sm_{self.arch}); call ptxforge.triton.activate(...) to switch")
 
     def get_current_stream(self, device=None) -> int:
         return 0

@@ -14,7 +14,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _ptx
-from ._args import HostTensor
+from ._args import DevicePointer, HostTensor
 
 
 class LoadedKernel:
@@ -119,7 +119,7 @@ class EmulatorLauncher:
         seen = {}
         for (name, ty, value), param in zip(flat, params):
             if isinstance(ty, str) and ty.startswith("*"):
-                out.append(self._pointer(name, value, seen))
+                out.append(self._pointer(name, value, seen, function.module.device))
             else:
                 out.append(_ptx.scalar_for_param(value, param, name))
         n_ctas = grid[0] * grid[1] * grid[2]
@@ -128,7 +128,12 @@ class EmulatorLauncher:
         return out
 
     @staticmethod
-    def _pointer(name: str, value, seen: dict):
+    def _pointer(name: str, value, seen: dict, device):
+        if isinstance(value, DevicePointer):
+            if value.array.device != device:
+                raise ValueError(f"argument `{name}`: a DeviceArray on {value.array.device}, but the kernel runs "
+                                 f"on {device} (ptxforge.triton.activate(device=...))")
+            return value.array
         array = _host_array(name, value)
         key = (array.ctypes.data, array.nbytes)
         if key in seen:
