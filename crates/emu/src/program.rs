@@ -648,6 +648,12 @@ struct Decoder<'a> {
     scopes: Vec<HashMap<String, u32>>,
     consts: HashMap<u64, u32>,
     labels: HashMap<String, u32>,
+    /// Labels of the nested `{ }` blocks being decoded, innermost last: name -> the unique name
+    /// it is recorded under. PTX scopes a label to its block, and inline asm that Triton and
+    /// CUTLASS repeat (`{ waitLoop: ... bra waitLoop; }`) defines one name in many blocks.
+    label_scopes: Vec<HashMap<String, String>>,
+    /// Nested blocks with labels seen so far (numbers their unique label names).
+    label_blocks: u32,
     tables: HashMap<String, Vec<String>>,
     /// (inst index, label) fixups for branches.
     fixups: Vec<(usize, Vec<String>)>,
@@ -1110,6 +1116,8 @@ fn decode_with(
         scopes: vec![HashMap::new()],
         consts: HashMap::new(),
         labels: HashMap::new(),
+        label_scopes: Vec::new(),
+        label_blocks: 0,
         tables: HashMap::new(),
         fixups: Vec::new(),
         shared_syms: HashMap::new(),
@@ -1167,7 +1175,10 @@ impl<'a> Decoder<'a> {
                 for t in targets {
                     let pc = *d.labels.get(&t).ok_or_else(|| EmuError::Decode {
                         kernel: kernel.to_string(),
-                        msg: format!("branch to unknown label `{t}`"),
+                        msg: format!(
+                            "branch to unknown label `{}`",
+                            t.split('%').next().unwrap_or(&t)
+                        ),
                     })?;
                     pcs.push(pc);
                 }
@@ -1256,16 +1267,20 @@ impl<'a> Decoder<'a> {
             match s {
                 Statement::Reg(r) => self.declare(r),
                 Statement::Label(l, _) => {
-                    self.labels.insert(l.clone(), self.prog.insts.len() as u32);
+                    let name = self.scoped_label(l);
+                    self.labels.insert(name, self.prog.insts.len() as u32);
                 }
                 Statement::Block(inner) => {
                     self.scopes.push(HashMap::new());
+                    self.push_label_scope(inner);
                     self.block(inner)?;
+                    self.label_scopes.pop();
                     self.scopes.pop();
                 }
                 Statement::Instr(i) => self.instruction_or_refuse(i)?,
                 Statement::BranchTargets { label, targets } => {
-                    self.tables.insert(label.clone(), targets.clone());
+                    let targets = targets.iter().map(|t| self.scoped_label(t)).collect();
+                    self.tables.insert(self.scoped_label(label), targets);
                 }
                 Statement::Var(v) if v.space == Space::Param => {
                     // Call-site argument / return variables live in per-thread local memory:
@@ -1285,6 +1300,33 @@ impl<'a> Decoder<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Opens the label scope of nested block `b`: its own labels (and `.branchtargets` names)
+    /// get names no other block uses.
+    fn push_label_scope(&mut self, b: &[Statement]) {
+        let mut scope = HashMap::new();
+        for s in b {
+            let (Statement::Label(l, _) | Statement::BranchTargets { label: l, .. }) = s else {
+                continue;
+            };
+            // `%` cannot appear in a PTX identifier, so the unique name meets no real label.
+            scope.insert(l.clone(), format!("{l}%{}", self.label_blocks));
+        }
+        if !scope.is_empty() {
+            self.label_blocks += 1;
+        }
+        self.label_scopes.push(scope);
+    }
+
+    /// The name label `l` is recorded under where it is used: the innermost enclosing block's
+    /// own label of that name, else the function's.
+    pub(super) fn scoped_label(&self, l: &str) -> String {
+        self.label_scopes
+            .iter()
+            .rev()
+            .find_map(|s| s.get(l).cloned())
+            .unwrap_or_else(|| l.to_string())
     }
 
     /// Decodes one instruction; when collecting, an unsupported one is noted and skipped.
