@@ -132,7 +132,8 @@ pub struct Warp {
     /// wgmma instructions this warp has executed (pairs the four warps' shares of one
     /// warpgroup-wide wgmma for the B-operand cache).
     pub wg_seq: u64,
-    /// Registers per thread requested with setmaxnreg (0 = not set).
+    /// Registers per thread this warp holds for `setmaxnreg`'s accounting: the kernel's
+    /// `.maxnreg` until the warp executes `setmaxnreg` (0 when the kernel declares none).
     pub maxnreg: u32,
     /// The decoded operands of this warp's last `mma` (allocated at its first mma).
     pub frag: Option<Box<crate::mma::FragCache>>,
@@ -450,7 +451,7 @@ impl Cta {
                 wg_reads_open: Vec::new(),
                 wg_read_groups: std::collections::VecDeque::new(),
                 wg_seq: 0,
-                maxnreg: 0,
+                maxnreg: prog.maxnreg.unwrap_or(0),
                 frag: None,
             });
         }

@@ -595,6 +595,8 @@ pub struct Program {
     pub local_bytes: u32,
     pub reqntid: Option<[u32; 3]>,
     pub maxntid: Option<[u32; 3]>,
+    /// `.maxnreg`: the registers per thread each warp holds until it executes `setmaxnreg`.
+    pub maxnreg: Option<u32>,
     pub target_sm: u32,
 }
 
@@ -1084,10 +1086,12 @@ fn decode_with(
     };
     let mut reqntid = None;
     let mut maxntid = None;
+    let mut maxnreg = None;
     for d in &f.directives {
         match d {
             ptx::PerfDirective::Reqntid(v) => reqntid = Some(dir3(v)),
             ptx::PerfDirective::Maxntid(v) => maxntid = Some(dir3(v)),
+            ptx::PerfDirective::Maxnreg(n) => maxnreg = Some(*n),
             _ => {}
         }
     }
@@ -1106,6 +1110,7 @@ fn decode_with(
         local_bytes: 0,
         reqntid,
         maxntid,
+        maxnreg,
         target_sm: module.target.sm(),
     };
     let mut d = Decoder {
