@@ -128,6 +128,51 @@ def tma_matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, BM: tl.constexpr, BN: tl.con
 
 
 @triton.jit
+def warp_specialized_matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    # warp_specialize: a producer warp group issues the TMA loads, the consumers run wgmma;
+    # they trade registers with setmaxnreg and hand off stages through mbarriers.
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BM, BK])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BK, BN])
+    pm = tl.program_id(0)
+    pn = tl.program_id(1)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in tl.range(0, K, BK, warp_specialize=True):
+        acc = tl.dot(a_desc.load([pm * BM, k]), b_desc.load([k, pn * BN]), acc)
+    rm = pm * BM + tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc)
+
+
+@triton.jit
+def attention_fwd_kernel(Q, K, V, O, sm_scale, N_CTX, HEAD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    # Flash attention forward (Triton's tutorial 06, non-causal): two tl.dot per K/V block and
+    # an online softmax in exp2.
+    start_m = tl.program_id(0)
+    base = tl.program_id(1) * N_CTX * HEAD
+    offs_m = start_m * BM + tl.arange(0, BM)
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, HEAD)
+    q = tl.load(Q + base + offs_m[:, None] * HEAD + offs_d[None, :])
+    m_i = tl.zeros([BM], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BM], dtype=tl.float32) + 1.0
+    acc = tl.zeros([BM, HEAD], dtype=tl.float32)
+    qk_scale = sm_scale * 1.44269504
+    for start_n in range(0, N_CTX, BN):
+        k = tl.load(K + base + (start_n + offs_n)[None, :] * HEAD + offs_d[:, None])
+        qk = tl.dot(q, k)
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        qk = qk * qk_scale - m_ij[:, None]
+        p = tl.math.exp2(qk)
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + base + (start_n + offs_n)[:, None] * HEAD + offs_d[None, :])
+        acc = tl.dot(p.to(tl.float16), v, acc * alpha[:, None])
+        m_i = m_ij
+    tl.store(O + base + offs_m[:, None] * HEAD + offs_d[None, :], (acc / l_i[:, None]).to(tl.float16))
+
+
+@triton.jit
 def layer_norm_fwd(X, Y, W, B, Mean, Rstd, stride, N, eps, BLOCK_SIZE: tl.constexpr):
     # The forward pass of Triton's tutorial 05 (fp16 in and out, fp32 statistics).
     row = tl.program_id(0)
@@ -290,6 +335,31 @@ def test_matmul_sm80_mma_sync(elem, rng):
     assert "mma.sync" in kernel.asm["ptx"] and "wgmma" not in kernel.asm["ptx"]
     assert ".target sm_80" in kernel.asm["ptx"]
     check_matmul(c, av, bv, rel=2e-6)
+
+
+def test_warp_specialized_matmul_sm90a(rng):
+    M, N, K = 128, 128, 256
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    b = rng.standard_normal((K, N)).astype(np.float16)
+    c = nan_like((M, N))
+    kernel = warp_specialized_matmul_kernel[(1, 1)](a, b, c, M, N, K, BM=128, BN=128, BK=64,
+                                                    num_warps=4, num_stages=3)
+    ptx = kernel.asm["ptx"]
+    assert "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx and "wgmma.mma_async" in ptx
+    check_matmul(c, a.astype(np.float64), b.astype(np.float64), rel=2e-6)
+
+
+def test_flash_attention_forward_sm90a(rng):
+    Z, N, D = 2, 128, 64
+    q, k, v = (rng.standard_normal((Z, N, D)).astype(np.float16) for _ in range(3))
+    o = nan_like((Z, N, D), np.float16)
+    kernel = attention_fwd_kernel[(N // 64, Z)](q, k, v, o, 0.125, N, HEAD=D, BM=64, BN=64, num_warps=4)
+    assert kernel.asm["ptx"].count("wgmma.mma_async") >= 2
+    s = np.einsum("znd,zmd->znm", q.astype(np.float64), k.astype(np.float64)) * 0.125
+    p = np.exp(s - s.max(-1, keepdims=True))
+    ref = np.einsum("znm,zmd->znd", p / p.sum(-1, keepdims=True), v.astype(np.float64))
+    # P is rounded to fp16 before the second product, as in the tutorial
+    np.testing.assert_allclose(o.astype(np.float64), ref, atol=3e-3, rtol=1e-2)
 
 
 def test_layer_norm_forward(rng):
