@@ -67,6 +67,22 @@ step bench-gemm 120 "${PF[@]}" bench gemm --device cuda:0 --dtype fp8
 # MLA attention: training fwd/bwd (2 x 4096 tokens, 16 heads, 192/128) beside torch SDPA, and
 # paged decoding (64 x 4096 cached tokens, 128 heads, 512 + 64) in TFLOP/s and GB/s.
 step bench-attn 120 "${PF[@]}" bench attn --device cuda:0
+# The Python package's CUDA path (python/tests/test_cuda.py: arrays in CUDA memory,
+# __cuda_array_interface__, launches through the driver, torch reading them when torch has
+# CUDA): needs python3 with numpy and pytest, and the package — built here with maturin, or the
+# wheel `GPU_PACK_PYTHON=1 scripts/gpu-pack.sh` put in .gpu/wheels.
+whl=$(ls .gpu/wheels/ptxforge-*.whl 2>/dev/null | head -1)
+if [ -z "$whl" ] && command -v maturin >/dev/null && command -v cargo >/dev/null; then
+  maturin build --release -q -m python/Cargo.toml -o "$LOG/wheels" >"$LOG/wheel.log" 2>&1 &&
+    whl=$(ls "$LOG"/wheels/ptxforge-*.whl 2>/dev/null | head -1)
+fi
+if [ -n "$whl" ] && python3 -c 'import numpy, pytest' 2>/dev/null; then
+  step python-cuda 120 bash -c "python3 -m venv --system-site-packages '$LOG/venv' &&
+    '$LOG/venv/bin/pip' install -q --no-deps --force-reinstall '$whl' &&
+    '$LOG/venv/bin/python' -m pytest -q -rs python/tests/test_cuda.py"
+else
+  echo "skip python-cuda: no ptxforge wheel or no python3 with numpy and pytest" | tee -a "$LOG/summary.log"
+fi
 
 echo
 printf '%-18s %-10s %s\n' STEP STATUS TIME | tee -a "$LOG/summary.log"

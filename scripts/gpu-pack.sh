@@ -30,6 +30,10 @@ cp target/gpu/examples/bench_hopper .gpu/bin/
 cp "$backend" .gpu/bin/runtime-backend-tests
 cp "$multicast" .gpu/bin/runtime-multicast-tests
 strip .gpu/bin/* 2>/dev/null || true
+# GPU_PACK_PYTHON=1: the Python package's wheel too (gpu-check.sh's python-cuda step)
+if [ "${GPU_PACK_PYTHON:-0}" = 1 ]; then
+  maturin build --profile gpu -q -m python/Cargo.toml -o .gpu/wheels
+fi
 git rev-parse HEAD > .gpu/COMMIT
 du -sh .gpu/bin/*
 # the binaries link glibc dynamically (libcuda is dlopen'ed): the GPU image's glibc must be at

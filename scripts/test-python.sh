@@ -12,7 +12,10 @@ if ! "$PY" -c 'import ensurepip, venv' 2>/dev/null && command -v apt-get >/dev/n
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip -q --disable-pip-version-check "$@"; }
-pip install "numpy>=1.21" pytest "maturin>=1.5,<2" triton
-# no build isolation: maturin comes from the venv, not a fresh download on every run
-pip install --no-build-isolation ./python
+pip install "numpy>=1.21" pytest "maturin>=1.5,<2" triton ml_dtypes
+# no build isolation: maturin comes from the venv (its bin/ on PATH), not a fresh download on
+# every run
+PATH="$PWD/$VENV/bin:$PATH" pip install --no-build-isolation ./python
 "$VENV/bin/python" -m pytest -q python/tests
+# The CUDA path (python/tests/test_cuda.py) on the fake driver: the driver API over the emulator
+scripts/fakecuda.sh "$VENV/bin/python" -m pytest -q python/tests/test_cuda.py

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the tests need (ptxas into .tools/) and runs every test of the workspace.
+# Installs what the tests need (ptxas into .tools/; a Python venv for python/tests) and runs every
+# test: the Rust workspace, then the Python package (scripts/test-python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -x scripts/setup-ptxas.sh ]; then

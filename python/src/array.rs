@@ -6,12 +6,14 @@
 //! for sanitizers and shared across emulated devices), so `numpy()`, `__array__` and
 //! `__dlpack__` on an emulated array export a **host copy** (DLPack device kDLCPU); writes to
 //! that copy do not reach the device (use `copy_from`). On CUDA, arrays expose
-//! `__cuda_array_interface__` (version 3) without a copy, and `__dlpack_device__` reports
-//! kDLCUDA.
+//! `__cuda_array_interface__` (version 3) and `__dlpack__` (kDLCUDA, `dlpack.rs`) without a
+//! copy.
 //!
 //! dtypes: float32, float64, float16, bfloat16, int8, uint8, int16, uint16, int32, uint32,
 //! int64, uint64, bool, float8_e4m3fn. bfloat16 and float8_e4m3fn come back as `ml_dtypes`
 //! arrays when `ml_dtypes` is importable, else as their raw bits (uint16, uint8).
+
+mod dlpack;
 
 use crate::device::{type_name, PyDevice};
 use crate::errors;
@@ -88,7 +90,11 @@ impl DType {
 
     /// The dtype of a numpy dtype name (None: unsupported).
     pub fn from_name(name: &str) -> Option<DType> {
-        let name = if name == "float8_e4m3" { "float8_e4m3fn" } else { name };
+        let name = if name == "float8_e4m3" {
+            "float8_e4m3fn"
+        } else {
+            name
+        };
         DType::ALL.into_iter().find(|d| d.name() == name)
     }
 
@@ -384,29 +390,35 @@ impl DeviceArray {
         self.write(py, &h.bytes)
     }
 
-    /// DLPack export. Emulated arrays export a host copy (kDLCPU); see the module docs.
+    /// DLPack export. Emulated arrays export a host copy (kDLCPU); CUDA arrays their device
+    /// memory without a copy (kDLCUDA; the device is synchronised first). See the module docs.
     #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
     fn __dlpack__<'py>(
-        &self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         stream: Option<&Bound<'py, PyAny>>,
         max_version: Option<&Bound<'py, PyAny>>,
         dl_device: Option<&Bound<'py, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let (py, this) = (slf.py(), slf.get());
         let _ = (stream, dl_device);
-        if self.device.dev.backend() == runtime::Backend::Cuda {
-            return Err(PyBufferError::new_err(
-                "DLPack export of CUDA arrays is not implemented; use __cuda_array_interface__ \
-                 (torch.as_tensor(arr, device='cuda')) or arr.numpy()",
-            ));
+        if this.device.dev.backend() == runtime::Backend::Cuda {
+            if copy == Some(true) {
+                return Err(PyBufferError::new_err(
+                    "copy=True: CUDA arrays export their device memory (use arr.numpy())",
+                ));
+            }
+            let d = this.device.dev.clone();
+            py.detach(move || d.synchronize())
+                .map_err(|e| errors::runtime_error(py, e))?;
+            return dlpack::capsule(slf);
         }
         if copy == Some(false) {
             return Err(PyBufferError::new_err(
                 "copy=False: emulator memory is exported as a host copy",
             ));
         }
-        let a = self.numpy(py)?;
+        let a = this.numpy(py)?;
         let kw = PyDict::new(py);
         if let Some(v) = max_version.filter(|v| !v.is_none()) {
             kw.set_item("max_version", v)?;
@@ -419,7 +431,7 @@ impl DeviceArray {
     fn __dlpack_device__(&self) -> (i32, u32) {
         match self.device.dev.backend() {
             runtime::Backend::Emu => (1, 0),
-            runtime::Backend::Cuda => (2, self.device.dev.index()),
+            runtime::Backend::Cuda => (dlpack::KDL_CUDA, self.device.dev.index()),
         }
     }
 

@@ -109,6 +109,16 @@ pub fn runtime_error(py: Python<'_>, e: RuntimeError) -> PyErr {
     }
 }
 
+/// `err` with ` (NOTE)` appended to its message (its class and attributes kept).
+pub fn with_note(py: Python<'_>, err: PyErr, note: Option<String>) -> PyErr {
+    let Some(note) = note else { return err };
+    let v = err.value(py);
+    let msg = format!("{v} ({note})");
+    // the message is the exception's first argument
+    let _ = v.setattr("args", (msg,));
+    err
+}
+
 /// A `PtxError` with its position.
 pub fn ptx_error(py: Python<'_>, msg: &str, line: u32, col: u32) -> PyErr {
     let err = PtxError::new_err(msg.to_string());

@@ -59,9 +59,8 @@ fn ptx_text(ptx: &Bound<'_, PyAny>) -> PyResult<String> {
 
 /// Parses and validates `text` (`PtxError` with the position) and loads it on `device`.
 fn load(py: Python<'_>, device: &PyDevice, text: &str) -> PyResult<runtime::Module> {
-    let m = ptx::parse(text).map_err(|e| {
-        errors::ptx_error(py, &format!("PTX parse error: {e}"), e.line, e.col)
-    })?;
+    let m = ptx::parse(text)
+        .map_err(|e| errors::ptx_error(py, &format!("PTX parse error: {e}"), e.line, e.col))?;
     if let Some(f) = runtime::runner::validation_failure(&m) {
         return Err(errors::ptx_error(py, &f.message, f.line, f.col));
     }
@@ -90,14 +89,11 @@ fn dim3(v: &Bound<'_, PyAny>, field: &str) -> PyResult<[u32; 3]> {
     }
     let mut d = [1u32; 3];
     for (i, &x) in dims.iter().enumerate() {
-        d[i] = u32::try_from(x)
-            .ok()
-            .filter(|&x| x > 0)
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "{field}: dimension {i} is {x}; dimensions must be positive 32-bit integers"
-                ))
-            })?;
+        d[i] = u32::try_from(x).ok().filter(|&x| x > 0).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "{field}: dimension {i} is {x}; dimensions must be positive 32-bit integers"
+            ))
+        })?;
     }
     Ok(d)
 }
@@ -147,11 +143,7 @@ impl Slot<'_> {
 }
 
 /// Classifies and converts argument `x` for `slot` (host arrays are uploaded to `dev`).
-fn prepare<'py>(
-    dev: &PyDevice,
-    slot: &Slot<'_>,
-    x: &Bound<'py, PyAny>,
-) -> PyResult<Prepared<'py>> {
+fn prepare<'py>(dev: &PyDevice, slot: &Slot<'_>, x: &Bound<'py, PyAny>) -> PyResult<Prepared<'py>> {
     let py = x.py();
     if let Ok(a) = x.cast::<DeviceArray>() {
         let a = a.get();
@@ -180,6 +172,9 @@ fn prepare<'py>(
     let np = py.import("numpy")?;
     if x.is_instance(&np.getattr("generic")?)? {
         return numpy_scalar(slot, x).map(Prepared::Ready);
+    }
+    if x.hasattr("__cuda_array_interface__")? {
+        return cuda_array(dev, slot, x).map(Prepared::Ready);
     }
     let is_array = x.is_instance(&np.getattr("ndarray")?)?;
     if !is_array && !x.hasattr("__dlpack__")? {
@@ -210,6 +205,67 @@ fn pointer_ok(slot: &Slot<'_>, py: Python<'_>, what: &str, shape: &[usize]) -> P
             slot.param.ty
         ),
     ))
+}
+
+/// An object in CUDA memory (`__cuda_array_interface__`: torch CUDA tensors, CuPy, Numba):
+/// its address, without a copy, for a module on a CUDA device. It must be C-contiguous and of a
+/// supported dtype; the interface does not say which GPU holds it, so that is the caller's
+/// business (as with CUDA pointers in C).
+fn cuda_array(dev: &PyDevice, slot: &Slot<'_>, x: &Bound<'_, PyAny>) -> PyResult<Given> {
+    let py = x.py();
+    if dev.dev.backend() != runtime::Backend::Cuda {
+        return Err(slot.value_err(
+            py,
+            format!(
+                "a {} in CUDA memory given, the module is loaded on {}",
+                type_name(x),
+                dev.spec()
+            ),
+        ));
+    }
+    let cai = x.getattr("__cuda_array_interface__")?;
+    let shape: Vec<usize> = cai.get_item("shape")?.extract()?;
+    let typestr = cai.get_item("typestr")?;
+    let name: String = py
+        .import("numpy")?
+        .call_method1("dtype", (&typestr,))?
+        .getattr("name")?
+        .extract()?;
+    let d = DType::from_name(&name).ok_or_else(|| {
+        slot.type_err(
+            py,
+            format!("a CUDA array of dtype {name} given (unsupported)"),
+        )
+    })?;
+    pointer_ok(slot, py, "a CUDA array", &shape)?;
+    let strides = cai
+        .get_item("strides")
+        .ok()
+        .filter(|s| !s.is_none())
+        .map(|s| s.extract::<Vec<usize>>())
+        .transpose()?;
+    if let Some(st) = strides.filter(|st| *st != c_strides(&shape, d.size())) {
+        return Err(slot.value_err(
+            py,
+            format!(
+                "a non-contiguous CUDA array (shape {shape:?}, strides {st:?}) given: the kernel \
+                 gets a pointer to dense C-order data; pass a contiguous copy"
+            ),
+        ));
+    }
+    let (ptr, _read_only): (u64, bool) = cai.get_item("data")?.extract()?;
+    Ok(Given::Buffer(ptr))
+}
+
+/// The byte strides of a C-contiguous array of `shape` with `size`-byte elements.
+fn c_strides(shape: &[usize], size: usize) -> Vec<usize> {
+    let mut st = vec![0; shape.len()];
+    let mut acc = size;
+    for i in (0..shape.len()).rev() {
+        st[i] = acc;
+        acc *= shape[i].max(1);
+    }
+    st
 }
 
 /// A numpy scalar as a value of its own kind.
@@ -341,20 +397,21 @@ impl PyPtxModule {
     /// copied in and (unless read-only) back out. `shared`: dynamic shared memory bytes.
     /// `stream`: a Stream of the module's device (default: a new one). `timeout`: seconds
     /// before the emulator stops the kernel as hung (EmulatorHang; default 600 or
-    /// PTXFORGE_EMU_TIMEOUT_S).
+    /// PTXFORGE_EMU_TIMEOUT_S). Returns a dict: `seconds` (wall time), and on the emulator
+    /// `ctas`, `warp_instructions`, `lane_instructions`, `emulator_seconds`.
     #[pyo3(
         signature = (entry, grid, block, args, *options, **kw_options),
         text_signature = "(self, entry, grid, block, args, shared=0, stream=None, timeout=None)"
     )]
-    fn launch(
+    fn launch<'py>(
         &self,
         entry: &str,
         grid: &Bound<'_, PyAny>,
         block: &Bound<'_, PyAny>,
-        args: &Bound<'_, PyAny>,
+        args: &Bound<'py, PyAny>,
         options: &Bound<'_, PyTuple>,
         kw_options: Option<&Bound<'_, PyDict>>,
-    ) -> PyResult<()> {
+    ) -> PyResult<Bound<'py, PyDict>> {
         let py = args.py();
         let o = LaunchOptions::parse(options, kw_options)?;
         let func = self.function(entry)?;
@@ -369,11 +426,19 @@ impl PyPtxModule {
         let argv = runtime::args::resolve(&func, &given).map_err(|e| errors::arg_error(py, &e))?;
         let cancel = Arc::new(AtomicBool::new(false));
         cfg.cancel = Some(cancel.clone());
+        let t0 = std::time::Instant::now();
         stream
             .launch(&func, &cfg, &argv)
             .map_err(|e| errors::runtime_error(py, e))?;
-        wait_interruptible(py, &stream, &cancel)?.map_err(|e| errors::runtime_error(py, e))?;
-        copy_back(py, &prepared)
+        wait_interruptible(py, &stream, &cancel)?.map_err(|e| {
+            let note =
+                runtime::runner::missing_dynamic_shared(&e, self.module.ir(), entry, o.shared)
+                    .map(|n| format!("{n}: pass its size in bytes with shared="));
+            errors::with_note(py, errors::runtime_error(py, e), note)
+        })?;
+        let seconds = t0.elapsed().as_secs_f64();
+        copy_back(py, &prepared)?;
+        launch_stats(py, seconds, stream.last_stats())
     }
 
     fn __repr__(&self) -> String {
@@ -416,10 +481,8 @@ impl PyPtxModule {
         func: &runtime::Function,
         args: &Bound<'py, PyAny>,
     ) -> PyResult<Vec<Prepared<'py>>> {
-        let items: Vec<Bound<'py, PyAny>> = args
-            .try_iter()
-            .and_then(|it| it.collect())
-            .map_err(|_| {
+        let items: Vec<Bound<'py, PyAny>> =
+            args.try_iter().and_then(|it| it.collect()).map_err(|_| {
                 PyTypeError::new_err(format!(
                     "args: expected a sequence of arguments, got {}",
                     type_name(args)
@@ -493,14 +556,14 @@ impl<'py> LaunchOptions<'py> {
                 None => 0,
             },
             stream: match stream {
-                Some(s) if !s.is_none() => Some(s.extract::<PyRef<'py, PyStream>>().map_err(
-                    |_| {
+                Some(s) if !s.is_none() => {
+                    Some(s.extract::<PyRef<'py, PyStream>>().map_err(|_| {
                         PyTypeError::new_err(format!(
                             "stream: expected a ptxforge.Stream, got {}",
                             type_name(&s)
                         ))
-                    },
-                )?),
+                    })?)
+                }
                 _ => None,
             },
             timeout: match timeout {
@@ -517,6 +580,25 @@ fn parse_timeout(t: &Bound<'_, PyAny>) -> PyResult<Duration> {
         PyTypeError::new_err(format!("timeout: expected seconds, got {}", type_name(t)))
     })?;
     runtime::runner::parse_timeout(secs).map_err(|e| PyValueError::new_err(format!("timeout: {e}")))
+}
+
+/// What `launch` returns: `seconds` (host wall time of the launch and its wait) and, on the
+/// emulator, its statistics: `ctas`, `warp_instructions`, `lane_instructions` and
+/// `emulator_seconds` (the emulator's own run time; not a GPU's time).
+fn launch_stats(
+    py: Python<'_>,
+    seconds: f64,
+    stats: Option<emu::LaunchStats>,
+) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("seconds", seconds)?;
+    if let Some(s) = stats {
+        d.set_item("ctas", s.ctas)?;
+        d.set_item("warp_instructions", s.warp_instructions)?;
+        d.set_item("lane_instructions", s.lane_instructions)?;
+        d.set_item("emulator_seconds", s.seconds)?;
+    }
+    Ok(d)
 }
 
 /// Copies each writable host array's buffer back into it.

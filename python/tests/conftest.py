@@ -130,3 +130,26 @@ def rng():
     seed = np.random.SeedSequence().entropy
     print(f"seed {seed}")
     return np.random.default_rng(seed)
+
+# y[i] = x[blockDim.x - 1 - i] through dynamic shared memory (`extern .shared`), one CTA
+REVERSE_DYN = HEADER + r"""
+.extern .shared .align 4 .b8 dyn[];
+.visible .entry reverse(.param .u64 x, .param .u64 y)
+{
+  .reg .b32 %r<8>; .reg .b64 %rd<7>; .reg .f32 %f<2>;
+  ld.param.u64 %rd1, [x]; ld.param.u64 %rd2, [y];
+  cvta.to.global.u64 %rd1, %rd1; cvta.to.global.u64 %rd2, %rd2;
+  mov.u32 %r1, %tid.x; mov.u32 %r2, %ntid.x;
+  mul.wide.u32 %rd3, %r1, 4; add.s64 %rd4, %rd1, %rd3;
+  ld.global.f32 %f1, [%rd4];
+  mov.u32 %r3, dyn; shl.b32 %r4, %r1, 2; add.s32 %r5, %r3, %r4;
+  st.shared.f32 [%r5], %f1;
+  bar.sync 0;
+  sub.s32 %r6, %r2, %r1; sub.s32 %r6, %r6, 1;
+  shl.b32 %r7, %r6, 2; add.s32 %r7, %r3, %r7;
+  ld.shared.f32 %f1, [%r7];
+  add.s64 %rd5, %rd2, %rd3;
+  st.global.f32 [%rd5], %f1;
+  ret;
+}
+"""

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ptxforge as pf
-from conftest import AXPB_I64, REDUCE, VADD
+from conftest import AXPB_I64, REDUCE, REVERSE_DYN, VADD
 
 
 def test_vector_add_from_numpy(rng):
@@ -14,10 +14,12 @@ def test_vector_add_from_numpy(rng):
     a = rng.standard_normal(n).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
     c = np.full(n, np.nan, np.float32)
-    pf.Module(VADD).launch("vadd", (n + 127) // 128, 128, [a, b, c, n])
+    stats = pf.Module(VADD).launch("vadd", (n + 127) // 128, 128, [a, b, c, n])
     ref = a.astype(np.float64) + b.astype(np.float64)
     # one f32 rounding of the exact sum
     np.testing.assert_allclose(c, ref, rtol=2**-23, atol=0)
+    assert stats["ctas"] == (n + 127) // 128 and stats["warp_instructions"] > 0
+    assert stats["seconds"] > 0 and stats["emulator_seconds"] > 0
 
 
 def test_reduction_with_a_float_scalar(rng):
@@ -28,6 +30,14 @@ def test_reduction_with_a_float_scalar(rng):
     pf.Module(REDUCE).launch("rowsum", rows, 256, [x, out, scale])
     ref = x.astype(np.float64).sum(axis=1) * np.float32(scale)
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_shared_memory(rng):
+    n = 128
+    x = rng.standard_normal(n).astype(np.float32)
+    y = np.full(n, np.nan, np.float32)
+    pf.Module(REVERSE_DYN).launch("reverse", 1, n, [x, y], shared=4 * n)
+    np.testing.assert_array_equal(y, x[::-1])
 
 
 def test_integer_scalars_take_the_parameter_types(rng):
@@ -172,3 +182,32 @@ def test_torch_cpu_tensors(rng):
     np.testing.assert_array_equal(d.numpy(), a.numpy())
     t = torch.from_dlpack(d)
     assert torch.equal(t, a)
+
+
+CORPUS = __import__("pathlib").Path(__file__).resolve().parents[2] / "tests-data" / "corpus"
+
+
+def to_bf16_bits(x):
+    """float32 -> bfloat16 bit patterns (round to nearest even), as uint16."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16_bits(b):
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("target,shared", [("sm_80", 8192), ("sm_90a", 16384)])
+def test_a_triton_compiled_gemm_from_the_corpus(rng, target, shared):
+    """Triton 3.9's bf16 tl.dot GEMM (C[128,64] = A[128,64] B[64,64]; mma.sync on sm_80, wgmma
+    on sm_90a) from its committed PTX, on fresh random inputs against a float64 reference."""
+    ptx = CORPUS / target / "gemm_bf16.ptx"
+    a = to_bf16_bits(rng.standard_normal((128, 64)))
+    b = to_bf16_bits(rng.standard_normal((64, 64)))
+    c = np.full((128, 64), 0x7FC0, np.uint16)  # bf16 NaN
+    m = pf.Module(ptx)
+    m.launch("gemm", 2, 128, [a, b, c, 64, 64, 64, 64, 0, 0], shared=shared)
+    ref = from_bf16_bits(a).astype(np.float64) @ from_bf16_bits(b).astype(np.float64)
+    got = from_bf16_bits(c).astype(np.float64)
+    # f32 accumulation, one bf16 rounding of the result (8 significant bits)
+    np.testing.assert_allclose(got, ref, rtol=2**-8, atol=1e-3 * np.abs(ref).max())

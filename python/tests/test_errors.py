@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ptxforge as pf
-from conftest import AXPB_I64, OOB, OOB_LINE, REDUCE, SPIN, VADD
+from conftest import AXPB_I64, OOB, OOB_LINE, REDUCE, REVERSE_DYN, SPIN, VADD
 
 
 @pytest.fixture
@@ -170,6 +170,16 @@ def test_an_out_of_bounds_store_carries_the_ptx_line_and_address():
     assert f"PTX line {OOB_LINE}" in str(f) and hex(f.address) in str(f)
 
 
+def test_a_launch_without_its_dynamic_shared_memory_says_so(rng):
+    x = rng.standard_normal(32).astype(np.float32)
+    y = np.full(32, np.nan, np.float32)
+    with pytest.raises(pf.EmulatorFault) as e:
+        pf.Module(REVERSE_DYN).launch("reverse", 1, 32, [x, y])
+    assert e.value.kind == "out_of_bounds" and e.value.space == "shared"
+    assert "`extern .shared` dyn" in str(e.value) and "shared=" in str(e.value)
+    assert np.isnan(y).all()
+
+
 def test_a_hang_raises_emulator_hang():
     t = time.monotonic()
     with pytest.raises(pf.EmulatorHang) as e:
@@ -201,3 +211,27 @@ def test_ctrl_c_interrupts_a_launch(rng, how):
     c = np.full(n, np.nan, np.float32)
     pf.Module(VADD).launch("vadd", 1, 64, [a, b, c, n])
     np.testing.assert_allclose(c, a.astype(np.float64) + b, rtol=2**-23)
+
+
+ODD = [None, object(), {"a": 1}, "7", b"7", 1j, float("nan"), float("inf"), 2**64, -(2**63) - 1,
+       np.array(["x"]), np.zeros(3, dtype=object), np.datetime64("2020-01-01"), True]
+
+
+@pytest.mark.parametrize("value", ODD, ids=lambda v: type(v).__name__)
+@pytest.mark.parametrize("slot", [0, 3])
+def test_odd_arguments_raise_type_or_value_errors(vadd, value, slot):
+    """Anything in any position: a TypeError/ValueError naming the parameter, or (for values
+    a parameter can take) a launch; never another exception or a crash."""
+    m, a, b, c, n = vadd
+    args = [a, b, c, n]
+    args[slot] = value
+    try:
+        m.launch("vadd", 1, 64, args)
+    except (TypeError, ValueError) as e:
+        assert e.param == ["a", "n"][slot // 3], str(e)
+    except pf.EmulatorFault as f:
+        # a bool is an int: True for the .u64 `a` is the address 1, which the kernel reads
+        assert value is True and slot == 0 and f.address == 1 and f.kind == "misaligned"
+    else:
+        # True for the .u32 `n` is 1
+        assert value is True and slot == 3

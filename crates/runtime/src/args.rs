@@ -119,27 +119,42 @@ fn wants(p: &ptx::Param) -> Option<&'static str> {
     }
 }
 
-/// One argument: kinds first (a float for an integer parameter and vice versa), then the
-/// width-less numbers typed by the parameter.
-fn resolve_one(kernel: &str, i: usize, g: &Given, p: &ptx::Param) -> Result<Arg, ArgError> {
-    let kind_err = |what: String, want: &str| {
-        ArgError::at(
+/// Checks only each argument's kind against its parameter (a float for an integer parameter,
+/// a buffer or an integer for a float one), not the count or the sizes: `ptxforge run` does this
+/// before it reads any file, and leaves the rest to [`resolve`] at the launch.
+pub fn check_kinds(func: &Function, given: &[Given]) -> Result<(), ArgError> {
+    if given.len() != func.params.len() {
+        return Ok(()); // the launch reports the count
+    }
+    for (i, (g, p)) in given.iter().zip(&func.params).enumerate() {
+        check_kind(&func.name, i, g, p)?;
+    }
+    Ok(())
+}
+
+/// A float for an integer parameter, or anything else for a float one, is a kind error.
+fn check_kind(kernel: &str, i: usize, g: &Given, p: &ptx::Param) -> Result<(), ArgError> {
+    let given_float = matches!(g, Given::Float(_) | Given::Value(Arg::F32(_) | Arg::F64(_)));
+    let mismatch = match wants(p) {
+        Some(w @ "a float") if !given_float => Some(w),
+        Some(w @ "an integer") if given_float => Some(w),
+        _ => None,
+    };
+    match mismatch {
+        None => Ok(()),
+        Some(want) => Err(ArgError::at(
             kernel,
             i,
             p,
             ArgProblem::Kind,
-            format!("{what} given, parameter is .{} ({want})", p.ty),
-        )
-    };
-    let given_float = matches!(
-        g,
-        Given::Float(_) | Given::Value(Arg::F32(_) | Arg::F64(_))
-    );
-    match (wants(p), g) {
-        (Some(w @ "a float"), _) if !given_float => return Err(kind_err(describe(g), w)),
-        (Some(w @ "an integer"), _) if given_float => return Err(kind_err(describe(g), w)),
-        _ => {}
+            format!("{} given, parameter is .{} ({want})", describe(g), p.ty),
+        )),
     }
+}
+
+/// One argument: its kind first, then the width-less numbers typed by the parameter.
+fn resolve_one(kernel: &str, i: usize, g: &Given, p: &ptx::Param) -> Result<Arg, ArgError> {
+    check_kind(kernel, i, g, p)?;
     match *g {
         Given::Buffer(ptr) => Ok(Arg::Ptr(ptr)),
         Given::Value(v) => Ok(v),
@@ -245,7 +260,10 @@ mod tests {
         assert_eq!(int_for(1 << 32, ptx::Ty::U32), None);
         assert_eq!(int_for(-1, ptx::Ty::U64), None);
         assert_eq!(int_for(1 << 31, ptx::Ty::S32), None);
-        assert_eq!(int_for(u64::MAX as i128, ptx::Ty::U64), Some(Arg::U64(u64::MAX)));
+        assert_eq!(
+            int_for(u64::MAX as i128, ptx::Ty::U64),
+            Some(Arg::U64(u64::MAX))
+        );
     }
 
     #[test]

@@ -545,7 +545,11 @@ impl Function {
                     i,
                     p,
                     ArgProblem::Size,
-                    format!("{} bytes given, parameter is .{} ({size} bytes)", a.size(), p.ty),
+                    format!(
+                        "{} bytes given, parameter is .{} ({size} bytes)",
+                        a.size(),
+                        p.ty
+                    ),
                 ));
             }
             // A byte-array parameter (`.b8 p[8]`) takes any argument of its size.

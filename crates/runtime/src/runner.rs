@@ -729,6 +729,15 @@ pub fn run(device: &Device, spec: &RunSpec) -> Result<RunOutput> {
             (_, None) => return Err(RunError::Other("internal: buffer without host data".into())),
         }
     }
+    // count, kinds and sizes: the rules the Python package's launch shares
+    let given: Vec<Given> = args
+        .iter()
+        .map(|a| match a {
+            Arg::Ptr(p) => Given::Buffer(*p),
+            v => Given::Value(*v),
+        })
+        .collect();
+    let args = crate::args::resolve(&func, &given).map_err(RuntimeError::from)?;
     let mut cfg = LaunchConfig::grid3(spec.grid, spec.block).shared(spec.shared);
     cfg.timeout = spec.timeout;
     cfg.progress = spec.progress.clone();
@@ -791,11 +800,69 @@ pub fn validation_failure(m: &ptx::Module) -> Option<ValidationFailure> {
     })
 }
 
-/// Checks the arguments against the kernel's parameters before any file is read
-/// ([`crate::args::resolve`]: count, kinds, sizes; buffers stand in as address 0).
+/// The note `ptxforge run` and the Python package's `Module.launch` add to a shared-memory
+/// out-of-bounds fault of a launch without dynamic shared memory (`shared == 0`) when the
+/// kernel declares unsized `extern .shared` arrays: the launch forgot their size.
+pub fn missing_dynamic_shared(
+    e: &RuntimeError,
+    m: &ptx::Module,
+    entry: &str,
+    shared: u32,
+) -> Option<String> {
+    let shared_fault = matches!(
+        e,
+        RuntimeError::Emu(emu::EmuError::Fault {
+            kind: emu::FaultKind::OutOfBounds {
+                space: "shared",
+                ..
+            },
+            ..
+        })
+    );
+    if !shared_fault || shared != 0 {
+        return None;
+    }
+    let names = extern_shared(m, entry);
+    (!names.is_empty()).then(|| {
+        format!(
+            "the kernel uses dynamic shared memory, `extern .shared` {}, but the launch gave none",
+            names.join(", ")
+        )
+    })
+}
+
+/// The unsized (`extern .shared`) arrays the module and the entry declare.
+fn extern_shared(m: &ptx::Module, entry: &str) -> Vec<String> {
+    fn walk(b: &[ptx::Statement], out: &mut Vec<String>) {
+        for s in b {
+            match s {
+                ptx::Statement::Var(v) if is_dynamic_shared(v) => out.push(v.name.clone()),
+                ptx::Statement::Block(b) => walk(b, out),
+                _ => {}
+            }
+        }
+    }
+    let mut out: Vec<String> = m
+        .globals()
+        .filter(|v| is_dynamic_shared(v))
+        .map(|v| v.name.clone())
+        .collect();
+    if let Some(body) = m.function(entry).and_then(|f| f.body.as_deref()) {
+        walk(body, &mut out);
+    }
+    out
+}
+
+fn is_dynamic_shared(v: &ptx::VarDecl) -> bool {
+    v.space.is_shared() && v.dims.iter().any(|d| d.is_none())
+}
+
+/// Catches a float given for an integer parameter and vice versa before any file is read
+/// ([`crate::args::check_kinds`]); the count and sizes are checked at the launch
+/// ([`crate::args::resolve`]).
 fn check_kinds(func: &crate::Function, args: &[ArgSpec]) -> Result<()> {
     let given: Vec<Given> = args.iter().map(ArgSpec::given).collect();
-    crate::args::resolve(func, &given).map_err(RuntimeError::from)?;
+    crate::args::check_kinds(func, &given).map_err(RuntimeError::from)?;
     Ok(())
 }
 

@@ -269,60 +269,19 @@ fn sanitizer_failure(f: &emu::Findings, json: bool, file: &str, entry: &str) -> 
 }
 
 /// A failed launch's error; a shared-memory fault of a kernel that declares `extern .shared`
-/// arrays, launched without `--shared`, says that dynamic shared memory is what is missing.
+/// arrays, launched without `--shared`, says that dynamic shared memory is what is missing
+/// (`runner::missing_dynamic_shared`, which the Python package's launch uses too).
 fn launch_error(e: runner::RunError, spec: &RunSpec) -> anyhow::Error {
-    let shared_fault = matches!(
-        &e,
-        runner::RunError::Runtime(runtime::RuntimeError::Emu(emu::EmuError::Fault {
-            kind: emu::FaultKind::OutOfBounds {
-                space: "shared",
-                ..
-            },
-            ..
-        }))
-    );
-    let names = if shared_fault && spec.shared == 0 {
-        extern_shared(&spec.ptx, &spec.entry)
-    } else {
-        Vec::new()
-    };
-    if names.is_empty() {
-        return flat(e);
-    }
-    anyhow::anyhow!(
-        "{e} (the kernel uses dynamic shared memory, `extern .shared` {}, but the launch gave \
-         none: pass its size in bytes with --shared)",
-        names.join(", ")
-    )
-}
-
-/// The unsized (`extern .shared`) arrays the module and the entry declare.
-fn extern_shared(ptx: &str, entry: &str) -> Vec<String> {
-    fn walk(b: &[ptx::Statement], out: &mut Vec<String>) {
-        for s in b {
-            match s {
-                ptx::Statement::Var(v) if is_dynamic_shared(v) => out.push(v.name.clone()),
-                ptx::Statement::Block(b) => walk(b, out),
-                _ => {}
-            }
+    let note = match (&e, ptx::parse(&spec.ptx)) {
+        (runner::RunError::Runtime(re), Ok(m)) => {
+            runner::missing_dynamic_shared(re, &m, &spec.entry, spec.shared)
         }
-    }
-    let Ok(m) = ptx::parse(ptx) else {
-        return Vec::new();
+        _ => None,
     };
-    let mut out: Vec<String> = m
-        .globals()
-        .filter(|v| is_dynamic_shared(v))
-        .map(|v| v.name.clone())
-        .collect();
-    if let Some(body) = m.function(entry).and_then(|f| f.body.as_deref()) {
-        walk(body, &mut out);
+    match note {
+        None => flat(e),
+        Some(n) => anyhow::anyhow!("{e} ({n}: pass its size in bytes with --shared)"),
     }
-    out
-}
-
-fn is_dynamic_shared(v: &ptx::VarDecl) -> bool {
-    v.space.is_shared() && v.dims.iter().any(|d| d.is_none())
 }
 
 /// One line: the error's own message (which already includes its causes), without the chain
