@@ -362,6 +362,19 @@ def test_flash_attention_forward_sm90a(rng):
     np.testing.assert_allclose(o.astype(np.float64), ref, atol=3e-3, rtol=1e-2)
 
 
+def test_ml_dtypes_bf16_and_fp8_arrays(rng):
+    """ml_dtypes arrays carry bf16/fp8 as numpy dtypes: no typed() needed."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    M, N, K = 64, 64, 64
+    for elem in (ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn):
+        a = (rng.standard_normal((M, K)) * 2).astype(elem)
+        b = (rng.standard_normal((K, N)) * 2).astype(elem)
+        c = nan_like((M, N))
+        matmul_kernel[(1, 1)](a, b, c, M, N, K, K, 1, N, 1, N, 1, BM=64, BN=64, BK=32, num_warps=4)
+        rel = 2e-6 if elem is ml_dtypes.bfloat16 else 2.0 ** -9
+        check_matmul(c, a.astype(np.float64), b.astype(np.float64), rel=rel)
+
+
 def test_layer_norm_forward(rng):
     rows, N = 5, 200
     x = (rng.standard_normal((rows, N)) * 2 + 0.5).astype(np.float16)

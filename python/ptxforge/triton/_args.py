@@ -159,8 +159,8 @@ def install() -> None:
 
     for owner, attr in ((jit.JITFunction, "run"), (autotuner.Autotuner, "run"), (autotuner.Heuristics, "run")):
         key = f"{owner.__module__}.{owner.__qualname__}.{attr}"
-        current = owner.__dict__[attr]
-        if key in _saved or hasattr(current, "__ptxforge_wrapped__"):
+        current = owner.__dict__.get(attr)
+        if current is None or key in _saved or hasattr(current, "__ptxforge_wrapped__"):
             continue
         _saved[key] = current
         setattr(owner, attr, _wrapping(current))
