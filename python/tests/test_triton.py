@@ -483,12 +483,18 @@ def test_bad_inputs_name_the_field():
     with pytest.raises(ValueError, match="arch"):
         pt.activate("sm_75")
     x = np.zeros((8, 8), np.float32)
-    with pytest.raises(ValueError, match="contiguous"):
-        add_kernel[(1,)](x[:, ::2], x, x, 32, BLOCK=32)
-    with pytest.raises(ValueError, match="dtype"):
+    with pytest.raises(ValueError, match="argument `y_ptr`: not C-contiguous"):
+        add_kernel[(1,)](x, x[:, ::2], x, 32, BLOCK=32)
+    with pytest.raises(ValueError, match="argument `out_ptr`: not C-contiguous"):
+        add_kernel[(1,)](x, x, out_ptr=x.T, n=32, BLOCK=32)
+    with pytest.raises(ValueError, match="dtype: bf16 elements are 2 bytes"):
         pt.typed(np.zeros(4, np.float32), "bf16")
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="dtype"):
+        pt.typed(np.zeros(4, np.float32), "float128")
+    with pytest.raises(TypeError, match="out_ptr"):  # Triton's own binder: a missing argument
         add_kernel[(1,)](x, x, n=4, BLOCK=32)
+    with pytest.raises(TypeError, match="failed to specialize"):  # a list is not a pointer
+        add_kernel[(1,)]([1.0, 2.0], x, x, 2, BLOCK=32)
 
 
 def test_deactivate_restores_previous_driver():

@@ -57,15 +57,15 @@ class HostTensor:
     ``copy_`` make ``@triton.autotune(reset_to_zero=..., restore_value=...)`` work on numpy.
     """
 
-    def __init__(self, array: np.ndarray, dtype: Optional[Any] = None):
+    def __init__(self, array: np.ndarray, dtype: Optional[Any] = None, what: str = "array"):
         if not isinstance(array, np.ndarray):
-            raise TypeError(f"array: expected a numpy.ndarray, got {type(array).__name__}")
+            raise TypeError(f"{what}: expected a numpy.ndarray, got {type(array).__name__}")
         if not array.flags.c_contiguous:
-            raise ValueError("array: not C-contiguous; Triton kernels address memory through the pointer and the "
-                             "strides you pass, so give a contiguous array (numpy.ascontiguousarray copies one)")
+            raise ValueError(f"{what}: not C-contiguous; Triton kernels address memory through the pointer and "
+                             "the strides you pass, so give a contiguous array (numpy.ascontiguousarray copies one)")
         name = _triton_name(dtype if dtype is not None else array.dtype)
         if _TRITON_BYTES[name] != array.dtype.itemsize:
-            raise ValueError(f"dtype: {name} elements are {_TRITON_BYTES[name]} bytes but the array's "
+            raise ValueError(f"dtype: {name} elements are {_TRITON_BYTES[name]} bytes but the {what}'s "
                              f"{array.dtype} elements are {array.dtype.itemsize}")
         self.array = array
         self.dtype = name
@@ -127,23 +127,25 @@ def _device_array_type():
     return DeviceArray
 
 
-def wrap_arg(value):
+def wrap_arg(value, name: str = "array"):
     """numpy arrays become :class:`HostTensor`, DeviceArrays :class:`DevicePointer`; tuples
-    are walked; anything else is kept."""
+    are walked; anything else is kept. ``name`` (the kernel argument) is what errors name."""
     if isinstance(value, np.ndarray):
-        return HostTensor(value)
+        return HostTensor(value, what=f"argument `{name}`")
     if isinstance(value, _device_array_type()):
         return DevicePointer(value)
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(wrap_arg(v) for v in value)
+        return tuple(wrap_arg(v, f"{name}[{i}]") for i, v in enumerate(value))
     return value
 
 
 def _wrapping(run: Callable) -> Callable:
     @functools.wraps(run)
     def run_with_host_arrays(self, *args, **kwargs):
-        args = tuple(wrap_arg(a) for a in args)
-        kwargs = {k: wrap_arg(v) for k, v in kwargs.items()}
+        names = list(getattr(self, "arg_names", []))
+        names += [f"#{i}" for i in range(len(names), len(args))]
+        args = tuple(wrap_arg(a, n) for a, n in zip(args, names))
+        kwargs = {k: wrap_arg(v, k) for k, v in kwargs.items()}
         return run(self, *args, **kwargs)
 
     run_with_host_arrays.__ptxforge_wrapped__ = run

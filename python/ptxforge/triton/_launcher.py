@@ -53,7 +53,7 @@ def _host_array(name: str, value) -> np.ndarray:
     if isinstance(value, HostTensor):
         return value.array
     if isinstance(value, np.ndarray):
-        return HostTensor(value).array
+        return HostTensor(value, what=f"argument `{name}`").array
     if type(value).__module__.startswith("torch"):
         return _torch_array(name, value)
     raise TypeError(f"argument `{name}`: a pointer parameter needs a numpy array, a torch CPU tensor or "
