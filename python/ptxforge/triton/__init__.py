@@ -24,8 +24,10 @@ from typing import Optional
 from ._args import HostTensor, typed
 from ._driver import SUPPORTED_ARCHS, EmulatorDriver, emulator_bench, parse_arch, parse_device
 
-__all__ = ["activate", "deactivate", "is_active", "active_arch", "active_device", "typed", "HostTensor", "emulator_bench",
-           "SUPPORTED_ARCHS", "EmulatorDriver"]
+__all__ = [
+    "activate", "deactivate", "is_active", "active_arch", "active_device", "typed", "HostTensor",
+    "emulator_bench", "SUPPORTED_ARCHS", "EmulatorDriver",
+]
 
 _UNSET = object()
 _previous = _UNSET
