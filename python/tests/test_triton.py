@@ -460,6 +460,11 @@ def test_autotune_with_emulator_timings(rng):
     timings = axpy_accumulate_kernel.configs_timings
     assert len(timings) == 2 and all(np.isfinite(t[0]) and t[0] > 0 for t in timings.values())
     np.testing.assert_allclose(acc, alpha * x.astype(np.float64), rtol=1e-6)
+    # triton.testing.do_bench times on the host clock too (emulator milliseconds)
+    out = nan_like(n)
+    ms = triton.testing.do_bench(lambda: add_kernel[(2,)](x, x, out, n, BLOCK=256), warmup=1, rep=5)
+    assert 0 < ms < 60_000
+    np.testing.assert_array_equal(out, 2 * x)
 
 
 def test_device_arrays_stay_on_the_device(rng):

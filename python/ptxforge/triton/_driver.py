@@ -94,8 +94,30 @@ class _Utils:
         self._driver.set_current_device(device)
 
 
+class _HostEvent:
+    """``torch.cuda.Event`` for ``triton.testing.do_bench``: a host clock reading (launches on
+    the emulator are synchronous, so host time between two events is emulation time)."""
+
+    def __init__(self, enable_timing: bool = True):
+        self._t: Optional[float] = None
+
+    def record(self, stream=None) -> None:
+        self._t = time.perf_counter()
+
+    def elapsed_time(self, end: "_HostEvent") -> float:
+        """Milliseconds from this event to ``end``."""
+        if self._t is None or end._t is None:
+            raise RuntimeError("elapsed_time: both events must be recorded first")
+        return 1e3 * (end._t - self._t)
+
+    def synchronize(self) -> None:
+        """Nothing is in flight."""
+
+
 class _DeviceInterface:
     """The part of ``torch.cuda``'s interface ``triton.testing`` touches, for the emulator."""
+
+    Event = _HostEvent
 
     def __init__(self, driver: "EmulatorDriver"):
         self._driver = driver
