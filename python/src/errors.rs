@@ -136,6 +136,7 @@ fn kind_parts(kind: &emu::FaultKind) -> (&'static str, Option<u64>, Option<&'sta
         K::Misaligned { space, addr, .. } => ("misaligned", Some(*addr), Some(space)),
         K::DivideByZero => ("divide_by_zero", None, None),
         K::Trap => ("trap", None, None),
+        K::Assert { .. } => ("assert", None, None),
         K::BarrierDeadlock(_) => ("barrier_deadlock", None, None),
         K::SyncMask(_) => ("sync_mask", None, None),
         K::Hang(_) => ("hang", None, None),

@@ -59,6 +59,14 @@ pub enum FaultKind {
     DivideByZero,
     #[error("trap instruction executed")]
     Trap,
+    /// `__assertfail`: a device-side assertion (`assert`, Triton's `tl.device_assert`) failed.
+    #[error("device assertion failed at {file}:{line} in `{function}`: {message}")]
+    Assert {
+        message: String,
+        file: String,
+        line: u32,
+        function: String,
+    },
     #[error("barrier deadlock: {0}")]
     BarrierDeadlock(String),
     #[error("warp-synchronous instruction with inconsistent member mask: {0}")]

@@ -132,7 +132,8 @@ pub struct Warp {
     /// wgmma instructions this warp has executed (pairs the four warps' shares of one
     /// warpgroup-wide wgmma for the B-operand cache).
     pub wg_seq: u64,
-    /// Registers per thread requested with setmaxnreg (0 = not set).
+    /// Registers per thread this warp holds for `setmaxnreg`'s accounting: the kernel's
+    /// `.maxnreg` until the warp executes `setmaxnreg` (0 when the kernel declares none).
     pub maxnreg: u32,
     /// The decoded operands of this warp's last `mma` (allocated at its first mma).
     pub frag: Option<Box<crate::mma::FragCache>>,
@@ -450,7 +451,7 @@ impl Cta {
                 wg_reads_open: Vec::new(),
                 wg_read_groups: std::collections::VecDeque::new(),
                 wg_seq: 0,
-                maxnreg: 0,
+                maxnreg: prog.maxnreg.unwrap_or(0),
                 frag: None,
             });
         }
@@ -1348,6 +1349,10 @@ impl Cta {
                 self.exec_vprintf(ctx, wi, (*fmt, *args, *ret), m)?;
                 Ok(Flow::Next)
             }
+            Op::AssertFail(a) => match lanes_of(m).next() {
+                Some(lane) => Err(self.exec_assertfail(ctx, wi, a, lane)),
+                None => Ok(Flow::Next),
+            },
             Op::Bar { .. } => self.exec_bar(ctx, wi, inst, m),
             Op::Fence => self.exec_barrier(ctx, wi, inst, m),
             Op::Mapa { .. } => self.exec_barrier(ctx, wi, inst, m),
@@ -1500,7 +1505,7 @@ impl Cta {
             bytes.push(b);
         }
         Err(FaultKind::Other(
-            "printf format string longer than 4096 bytes or not terminated".into(),
+            "printf format or assertion string longer than 4096 bytes or not terminated".into(),
         ))
     }
 

@@ -32,7 +32,7 @@ mod tex;
 mod video;
 mod warp;
 mod wmma;
-pub use call::{function_address, CallSite, IndirectCall, ParamCopy, Place};
+pub use call::{function_address, AssertFail, CallSite, IndirectCall, ParamCopy, Place};
 pub use carry::{CarryKind, CarryOp};
 pub use family::{family, Family};
 use family::{misrouted, role};
@@ -294,6 +294,9 @@ pub enum Op {
         args: Place,
         ret: Option<Place>,
     },
+    /// CUDA's `__assertfail` (a failed `assert`, Triton's `tl.device_assert`): faults with the
+    /// assertion's message, file, line and function.
+    AssertFail(Box<AssertFail>),
     Trap,
     /// `nanosleep t`: advances the warp's clock by `t` ns and ends its host time slice.
     Sleep {
@@ -592,6 +595,8 @@ pub struct Program {
     pub local_bytes: u32,
     pub reqntid: Option<[u32; 3]>,
     pub maxntid: Option<[u32; 3]>,
+    /// `.maxnreg`: the registers per thread each warp holds until it executes `setmaxnreg`.
+    pub maxnreg: Option<u32>,
     pub target_sm: u32,
 }
 
@@ -645,6 +650,12 @@ struct Decoder<'a> {
     scopes: Vec<HashMap<String, u32>>,
     consts: HashMap<u64, u32>,
     labels: HashMap<String, u32>,
+    /// Labels of the nested `{ }` blocks being decoded, innermost last: name -> the unique name
+    /// it is recorded under. PTX scopes a label to its block, and inline asm that Triton and
+    /// CUTLASS repeat (`{ waitLoop: ... bra waitLoop; }`) defines one name in many blocks.
+    label_scopes: Vec<HashMap<String, String>>,
+    /// Nested blocks with labels seen so far (numbers their unique label names).
+    label_blocks: u32,
     tables: HashMap<String, Vec<String>>,
     /// (inst index, label) fixups for branches.
     fixups: Vec<(usize, Vec<String>)>,
@@ -1075,10 +1086,12 @@ fn decode_with(
     };
     let mut reqntid = None;
     let mut maxntid = None;
+    let mut maxnreg = None;
     for d in &f.directives {
         match d {
             ptx::PerfDirective::Reqntid(v) => reqntid = Some(dir3(v)),
             ptx::PerfDirective::Maxntid(v) => maxntid = Some(dir3(v)),
+            ptx::PerfDirective::Maxnreg(n) => maxnreg = Some(*n),
             _ => {}
         }
     }
@@ -1097,6 +1110,7 @@ fn decode_with(
         local_bytes: 0,
         reqntid,
         maxntid,
+        maxnreg,
         target_sm: module.target.sm(),
     };
     let mut d = Decoder {
@@ -1107,6 +1121,8 @@ fn decode_with(
         scopes: vec![HashMap::new()],
         consts: HashMap::new(),
         labels: HashMap::new(),
+        label_scopes: Vec::new(),
+        label_blocks: 0,
         tables: HashMap::new(),
         fixups: Vec::new(),
         shared_syms: HashMap::new(),
@@ -1164,7 +1180,10 @@ impl<'a> Decoder<'a> {
                 for t in targets {
                     let pc = *d.labels.get(&t).ok_or_else(|| EmuError::Decode {
                         kernel: kernel.to_string(),
-                        msg: format!("branch to unknown label `{t}`"),
+                        msg: format!(
+                            "branch to unknown label `{}`",
+                            t.split('%').next().unwrap_or(&t)
+                        ),
                     })?;
                     pcs.push(pc);
                 }
@@ -1253,16 +1272,20 @@ impl<'a> Decoder<'a> {
             match s {
                 Statement::Reg(r) => self.declare(r),
                 Statement::Label(l, _) => {
-                    self.labels.insert(l.clone(), self.prog.insts.len() as u32);
+                    let name = self.scoped_label(l);
+                    self.labels.insert(name, self.prog.insts.len() as u32);
                 }
                 Statement::Block(inner) => {
                     self.scopes.push(HashMap::new());
+                    self.push_label_scope(inner);
                     self.block(inner)?;
+                    self.label_scopes.pop();
                     self.scopes.pop();
                 }
                 Statement::Instr(i) => self.instruction_or_refuse(i)?,
                 Statement::BranchTargets { label, targets } => {
-                    self.tables.insert(label.clone(), targets.clone());
+                    let targets = targets.iter().map(|t| self.scoped_label(t)).collect();
+                    self.tables.insert(self.scoped_label(label), targets);
                 }
                 Statement::Var(v) if v.space == Space::Param => {
                     // Call-site argument / return variables live in per-thread local memory:
@@ -1282,6 +1305,33 @@ impl<'a> Decoder<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Opens the label scope of nested block `b`: its own labels (and `.branchtargets` names)
+    /// get names no other block uses.
+    fn push_label_scope(&mut self, b: &[Statement]) {
+        let mut scope = HashMap::new();
+        for s in b {
+            let (Statement::Label(l, _) | Statement::BranchTargets { label: l, .. }) = s else {
+                continue;
+            };
+            // `%` cannot appear in a PTX identifier, so the unique name meets no real label.
+            scope.insert(l.clone(), format!("{l}%{}", self.label_blocks));
+        }
+        if !scope.is_empty() {
+            self.label_blocks += 1;
+        }
+        self.label_scopes.push(scope);
+    }
+
+    /// The name label `l` is recorded under where it is used: the innermost enclosing block's
+    /// own label of that name, else the function's.
+    pub(super) fn scoped_label(&self, l: &str) -> String {
+        self.label_scopes
+            .iter()
+            .rev()
+            .find_map(|s| s.get(l).cloned())
+            .unwrap_or_else(|| l.to_string())
     }
 
     /// Decodes one instruction; when collecting, an unsupported one is noted and skipped.

@@ -91,6 +91,36 @@ fn elemtype(code: u64) -> Result<TmaType, String> {
 }
 
 impl TensorMapDesc {
+    /// The map a zero-filled 128-byte object stands for on the GPU, where every field's code 0
+    /// is a valid value: rank 1 (the rank field holds rank - 1), `.u8` elements, no swizzle,
+    /// zero fill, and every address, size and stride 0. A kernel that builds a map from scratch
+    /// zeroes the object and sets each field with `tensormap.replace` (Triton's
+    /// `tl.make_tensor_descriptor` does).
+    pub fn blank() -> TensorMapDesc {
+        TensorMapDesc {
+            dtype: TmaType::U8,
+            rank: 1,
+            global_address: 0,
+            dims: [0; 5],
+            strides: [0; 4],
+            box_dims: [0; 5],
+            elem_strides: [0; 5],
+            swizzle: Swizzle::None,
+            oob_nan: false,
+            interleave: 0,
+            im2col: None,
+        }
+    }
+
+    /// [`TensorMapDesc::from_bytes`], except that 128 zero bytes are [`TensorMapDesc::blank`]
+    /// (what `tensormap.replace` may edit).
+    pub fn from_bytes_or_blank(b: &[u8]) -> Result<TensorMapDesc, String> {
+        if b.len() >= 128 && b[..128].iter().all(|&x| x == 0) {
+            return Ok(TensorMapDesc::blank());
+        }
+        TensorMapDesc::from_bytes(b)
+    }
+
     /// `tensormap.replace.tile.FIELD [map], {ord,} value`: writes one field. Per-dimension
     /// fields take the dimension `ord` (0..4; for `global_stride`, ord `i` is the stride of
     /// dimension `i + 1`, 0..3); `rank` takes the rank minus one; the coded fields take the PTX
@@ -262,6 +292,47 @@ mod tests {
                 pixels_per_column: 16,
             }),
         }
+    }
+
+    #[test]
+    fn a_zeroed_map_is_blank_and_replace_builds_a_tiled_map_from_it() {
+        // What Triton's tl.make_tensor_descriptor does: zero 128 bytes, then set each field.
+        let mut d = TensorMapDesc::from_bytes_or_blank(&[0u8; 128]).unwrap();
+        assert_eq!(d, TensorMapDesc::blank());
+        use TensormapField as F;
+        let steps = [
+            (F::GlobalAddress, 0, 0x7f00_0000_0100),
+            (F::Rank, 0, 1),
+            (F::BoxDim, 0, 16),
+            (F::BoxDim, 1, 32),
+            (F::GlobalDim, 0, 48),
+            (F::GlobalDim, 1, 64),
+            (F::GlobalStride, 0, 192),
+            (F::ElementStride, 0, 1),
+            (F::ElementStride, 1, 1),
+            (F::Elemtype, 0, 7),
+            (F::SwizzleMode, 0, 2),
+        ];
+        for (field, ord, value) in steps {
+            d.replace(field, ord, value).unwrap();
+            d = TensorMapDesc::from_bytes_or_blank(&d.to_bytes()).unwrap();
+        }
+        let want = TensorMapDesc {
+            dtype: TmaType::F32,
+            rank: 2,
+            global_address: 0x7f00_0000_0100,
+            dims: [48, 64, 0, 0, 0],
+            strides: [192, 0, 0, 0],
+            box_dims: [16, 32, 0, 0, 0],
+            elem_strides: [1, 1, 0, 0, 0],
+            swizzle: Swizzle::B64,
+            ..TensorMapDesc::blank()
+        };
+        assert_eq!(d, want);
+        // Anything else without the map's magic is still refused.
+        let mut junk = [0u8; 128];
+        junk[9] = 1;
+        assert!(TensorMapDesc::from_bytes_or_blank(&junk).is_err());
     }
 
     #[test]

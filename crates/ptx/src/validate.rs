@@ -77,7 +77,7 @@ pub enum DiagKind {
     UnknownSymbol,
     /// A branch to a label that does not exist.
     UndefinedLabel,
-    /// A label defined twice in one function.
+    /// A label defined twice in one block (labels are scoped to their `{ }` block).
     DuplicateLabel,
     /// An instruction the module's `.target` does not have.
     TargetUnsupported,
@@ -458,18 +458,23 @@ impl<'a> FnCheck<'a> {
         }
     }
 
+    /// Records the labels and variables of `body`. A label is scoped to its block (PTX: inline
+    /// asm repeated in `{ }` blocks defines one name many times), so duplicates are looked for
+    /// within one block; `self.labels` holds every label of the function for the use checks.
     fn collect(&mut self, body: &'a [Statement]) {
+        let mut block_labels: HashMap<&'a str, Loc> = HashMap::new();
         for s in body {
             match s {
                 Statement::Label(l, loc) => {
-                    if let Some(prev) = self.labels.get(l.as_str()).copied() {
+                    if let Some(prev) = block_labels.get(l.as_str()).copied() {
                         self.diag(
                             DiagKind::DuplicateLabel,
                             *loc,
                             format!("label `{l}` defined twice (first at line {})", prev.line),
                         );
                     } else {
-                        self.labels.insert(l, *loc);
+                        block_labels.insert(l, *loc);
+                        self.labels.entry(l).or_insert(*loc);
                     }
                 }
                 Statement::BranchTargets { label, .. }

@@ -439,6 +439,21 @@ fn missing_and_duplicate_labels() {
 }
 
 #[test]
+fn labels_are_scoped_to_their_block() {
+    // The same inline-asm loop twice (as Triton emits mbarrier waits): one name per block.
+    let wait = "{\nspin:\nsetp.eq.u32 %p1, %r1, 0;\n@%p1 bra.uni spin;\n}";
+    clean(&check(&format!("{wait}\n{wait}")));
+    // ... and a block may reuse a function-scope name.
+    clean(&check(&format!("spin:\nmov.u32 %r1, 1;\n{wait}")));
+    // Twice within one block is still an error.
+    expect(
+        &check("{\n$A:\nmov.u32 %r1, 0;\n$A:\n}"),
+        DiagKind::DuplicateLabel,
+        4,
+    );
+}
+
+#[test]
 fn wgmma_needs_sm90a() {
     let d = check_on("sm_80", "8.4", "wgmma.fence.sync.aligned;");
     expect(&d, DiagKind::TargetUnsupported, 1);

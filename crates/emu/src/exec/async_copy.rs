@@ -450,7 +450,9 @@ impl Cta {
                 for l in lanes_of(m) {
                     let a = self.warps[wi].regs[*addr as usize][l].wrapping_add(*off as u64);
                     let v = self.warps[wi].regs[*value as usize][l];
-                    let mut desc = self.read_tensor_map(ctx, wi, *space, a, l)?;
+                    let raw = self.read_tensor_map_bytes(ctx, wi, *space, a, l)?;
+                    let mut desc = crate::hopper::TensorMapDesc::from_bytes_or_blank(&raw)
+                        .map_err(FaultKind::Other)?;
                     desc.replace(*field, *ord, v).map_err(FaultKind::Other)?;
                     self.write_tensor_map(ctx, wi, *space, a, l, &desc.to_bytes())?;
                 }
@@ -469,12 +471,25 @@ impl Cta {
         addr: u64,
         l: usize,
     ) -> Result<crate::hopper::TensorMapDesc, FaultKind> {
+        let raw = self.read_tensor_map_bytes(ctx, wi, space, addr, l)?;
+        crate::hopper::TensorMapDesc::from_bytes(&raw).map_err(FaultKind::Other)
+    }
+
+    /// The 128 bytes of the tensor map object at `addr` in `space`.
+    fn read_tensor_map_bytes(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        space: MSpace,
+        addr: u64,
+        l: usize,
+    ) -> Result<[u8; 128], FaultKind> {
         let mut raw = [0u8; 128];
         for (k, chunk) in raw.chunks_mut(8).enumerate() {
             let loc = self.locate(ctx, space, addr + 8 * k as u64, 8, l, ctx.prog.local_bytes)?;
             chunk.copy_from_slice(&self.load(ctx, wi, &loc, 8, Ordering::Relaxed).to_le_bytes());
         }
-        crate::hopper::TensorMapDesc::from_bytes(&raw).map_err(FaultKind::Other)
+        Ok(raw)
     }
 
     /// Writes the 128 bytes of a tensor map at `addr` in `space`.

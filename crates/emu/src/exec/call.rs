@@ -428,6 +428,41 @@ impl Cta {
 }
 
 impl Cta {
+    /// CUDA's `__assertfail` for `lane` (the first lane whose assertion failed): the fault that
+    /// carries the message, or the fault reading it raised.
+    #[inline(never)]
+    pub(super) fn exec_assertfail(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        a: &AssertFail,
+        lane: usize,
+    ) -> FaultKind {
+        let mut read = || -> Result<FaultKind, FaultKind> {
+            Ok(FaultKind::Assert {
+                message: self.place_cstr(ctx, wi, lane, a.message)?,
+                file: self.place_cstr(ctx, wi, lane, a.file)?,
+                line: self.place_read(ctx, wi, lane, a.line, 4)? as u32,
+                function: self.place_cstr(ctx, wi, lane, a.function)?,
+            })
+        };
+        match read() {
+            Ok(fault) | Err(fault) => fault,
+        }
+    }
+
+    /// The NUL-terminated string whose generic address a lane's `.param` place holds.
+    fn place_cstr(
+        &mut self,
+        ctx: &LaunchCtx,
+        wi: usize,
+        lane: usize,
+        p: Place,
+    ) -> Result<String, FaultKind> {
+        let addr = self.place_read(ctx, wi, lane, p, 8)?;
+        self.read_cstr(ctx, wi, addr, lane)
+    }
+
     /// CUDA's `vprintf(format, args)` for the lanes in `m` (out of line: rare).
     #[inline(never)]
     pub(super) fn exec_vprintf(

@@ -78,13 +78,17 @@ impl Cta {
                     }
                 }
             }
-            Op::Setmaxnreg { inc: _, n } => {
-                self.warps[wi].maxnreg = *n;
+            Op::Setmaxnreg { inc, n } => {
+                // `.dec` always succeeds. `.inc` takes registers from the SM's pool, waiting
+                // (as on hardware) until other warps' `.dec`s have released enough: warp-
+                // specialised kernels (Triton's, CUTLASS's) let the consumers' `.inc` race the
+                // producers' `.dec`. A wait that never ends is reported as a hang.
+                let old = std::mem::replace(&mut self.warps[wi].maxnreg, *n);
                 let total: u64 = self.warps.iter().map(|w| w.maxnreg as u64 * 32).sum();
-                if total > 65536 {
-                    return Err(FaultKind::Other(format!(
-                        "setmaxnreg: the CTA's warps ask for {total} registers; an SM has 65536"
-                    )));
+                if *inc && total > 65536 {
+                    self.warps[wi].maxnreg = old;
+                    self.warps[wi].wait_pc = self.warps[wi].group_pc;
+                    return Ok(Flow::Spin);
                 }
             }
             _ => return Err(misrouted(inst)),

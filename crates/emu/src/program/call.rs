@@ -111,6 +111,16 @@ pub struct Place {
     pub off: u32,
 }
 
+/// Where a `__assertfail` call passes its arguments: generic addresses of the NUL-terminated
+/// message, file and function names, and the 32-bit line number.
+#[derive(Clone, Copy, Debug)]
+pub struct AssertFail {
+    pub message: Place,
+    pub file: Place,
+    pub line: Place,
+    pub function: Place,
+}
+
 /// A parameter or return value copied between a caller's `.param` variable and the callee's
 /// frame.
 #[derive(Clone, Copy, Debug)]
@@ -359,6 +369,9 @@ impl<'a> Decoder<'a> {
         }
         if f.body.is_none() && c.name == "vprintf" {
             return self.vprintf(ins, ins0, guard, (f, &c));
+        }
+        if f.body.is_none() && c.name == "__assertfail" {
+            return self.assertfail(ins, ins0, guard, &c);
         }
         if f.body.is_none() {
             return Err(self.err(
@@ -684,6 +697,36 @@ impl<'a> Decoder<'a> {
             ins0,
             guard,
         );
+        Ok(())
+    }
+
+    /// CUDA's `__assertfail(message, file, line, function, charSize)`, executed by the
+    /// emulator itself (nvcc's `assert` and Triton's `tl.device_assert` call it; the declaration
+    /// is `.extern`): the first four parameters are read where the call passes them.
+    fn assertfail(
+        &mut self,
+        ins: &Instruction,
+        ins0: &Instruction,
+        guard: (u32, bool),
+        c: &CallOperands,
+    ) -> Result<(), EmuError> {
+        let [message, file, line, function, _char_size] = c.args.as_slice() else {
+            return Err(self.err(
+                ins,
+                format!(
+                    "__assertfail takes (message, file, line, function, charSize): the call \
+                     passes {} arguments",
+                    c.args.len()
+                ),
+            ));
+        };
+        let op = AssertFail {
+            message: self.place_of(ins, message, "`message` argument")?,
+            file: self.place_of(ins, file, "`file` argument")?,
+            line: self.place_of(ins, line, "`line` argument")?,
+            function: self.place_of(ins, function, "`function` argument")?,
+        };
+        self.push(Op::AssertFail(Box::new(op)), ins0, guard);
         Ok(())
     }
 

@@ -17,7 +17,7 @@ impl Decoder<'_> {
         let op = match ins.op {
             O::Bra => {
                 let l = match arg(Role::Target)? {
-                    Operand::Sym { name, .. } => name.clone(),
+                    Operand::Sym { name, .. } => self.scoped_label(name),
                     _ => return Err(self.err(ins, "bra needs a label")),
                 };
                 self.fixups.push((self.prog.insts.len(), vec![l]));
@@ -26,7 +26,7 @@ impl Decoder<'_> {
             O::BrxIdx => {
                 let idx = self.src(ins, arg(Role::Index)?)?;
                 let l = match arg(Role::Target)? {
-                    Operand::Sym { name, .. } => name.clone(),
+                    Operand::Sym { name, .. } => self.scoped_label(name),
                     _ => return Err(self.err(ins, "brx.idx needs a .branchtargets label")),
                 };
                 self.fixups.push((self.prog.insts.len(), vec![l]));
