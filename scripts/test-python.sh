@@ -12,7 +12,7 @@ if ! "$PY" -c 'import ensurepip, venv' 2>/dev/null && command -v apt-get >/dev/n
 fi
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 pip() { "$VENV/bin/python" -m pip -q --disable-pip-version-check "$@"; }
-pip install "numpy>=1.21" pytest "maturin>=1.5,<2" triton ml_dtypes
+pip install "numpy>=1.21" pytest "maturin>=1.5,<2" "triton==3.9.*" ml_dtypes
 # no build isolation: maturin comes from the venv (its bin/ on PATH), not a fresh download on
 # every run. The workspace's dev profile (optimised; the emulator at opt-level 3), so the wheel
 # reuses what `cargo test` built instead of compiling the whole stack again in release.

@@ -28,7 +28,8 @@ class EmulatorFault(RuntimeError):
     instruction: str
     kind: str
     """out_of_bounds, misaligned, divide_by_zero, trap, barrier_deadlock, sync_mask, hang,
-    deadlock, interrupted, stack_overflow, multicast_plain_access, not_multicast or other."""
+    deadlock, interrupted, assert (a failed `__assertfail`, e.g. `tl.device_assert`),
+    stack_overflow, multicast_plain_access, not_multicast or other."""
     address: Optional[int]
     space: Optional[str]
 

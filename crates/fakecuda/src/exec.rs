@@ -192,7 +192,8 @@ pub(crate) fn run_op(
                             CUresult::CUDA_ERROR_MISALIGNED_ADDRESS
                         }
                         emu::FaultKind::Hang(_) => CUresult::CUDA_ERROR_LAUNCH_TIMEOUT,
-                        emu::FaultKind::Trap => CUresult::CUDA_ERROR_LAUNCH_FAILED,
+                        // a failed device-side assert (`__assertfail`): the driver's own code
+                        emu::FaultKind::Assert { .. } => CUresult::CUDA_ERROR_ASSERT,
                         _ => CUresult::CUDA_ERROR_LAUNCH_FAILED,
                     },
                     _ => CUresult::CUDA_ERROR_LAUNCH_FAILED,

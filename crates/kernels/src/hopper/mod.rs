@@ -226,7 +226,8 @@ pub fn choose_spec(input: InTy, layout: Layout, m: usize, n: usize, sms: u32) ->
         if input == InTy::Fp8 && (n % 128 != 0) {
             break;
         }
-        let tiles = m.div_ceil(bm) * n.div_ceil(bn as usize);
+        // an empty problem (m or n = 0) counts as one tile, so the score below cannot underflow
+        let tiles = (m.div_ceil(bm) * n.div_ceil(bn as usize)).max(1);
         let waves = tiles.div_ceil(sms);
         // waste: padded columns + idle SMs of the last wave
         let last = tiles - (waves - 1) * sms;
@@ -523,4 +524,21 @@ pub fn plan<'a>(
     };
     let prepared = prepare(stream, l, p, b)?;
     Ok(HopperPlan::new(s, Some(prepared)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Empty problems reached `tiles - (waves - 1) * sms` with zero tiles and underflowed
+    /// (found through the Python bindings); they now count as one tile and get a valid spec.
+    #[test]
+    fn choose_spec_accepts_empty_problems() {
+        for input in [InTy::Fp8, InTy::Bf16] {
+            for (m, n) in [(0, 128), (128, 0), (0, 0), (1, 128)] {
+                let spec = choose_spec(input, Layout::Normal, m, n, 132);
+                assert!(bn_candidates(input).contains(&spec.bn), "{m}x{n}: {spec:?}");
+            }
+        }
+    }
 }
