@@ -321,3 +321,31 @@ def test_torch_cpu_tensors():
     assert rel_err(d, ra @ rb.T) <= 3e-3
     d16 = K.gemm_bf16(a.t().contiguous().t(), b)  # a non-contiguous tensor view
     assert rel_err(d16, bf16_round(a.numpy()) @ bf16_round(b.numpy()).T) <= 3e-3
+
+
+def test_ctrl_c_interrupts_a_library_gemm():
+    """A long library call (many kernel launches' worth of emulation) stops on Ctrl-C: the
+    bindings run it in a cancellation scope and raise KeyboardInterrupt promptly; the library
+    works afterwards."""
+    import _thread
+    import threading
+    import time
+
+    if not DEVICE.startswith("emu"):
+        pytest.skip("a GPU kernel runs to its end: only emulated launches are interrupted")
+    g = rng()
+    # ~20 s of emulation on a fast AVX-512 host (2048^3 takes ~1.3 s): an uninterrupted call
+    # cannot finish inside the 3 s the assertion allows
+    m, n, k = 4096, 4096, 8192
+    a = g.random((m, k), dtype=np.float32)
+    b = g.random((n, k), dtype=np.float32)
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    t = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        K.gemm_bf16(a, b)
+    assert time.monotonic() - t < 3
+    timer.join()
+    a, b = a[:64, :128], b[:64, :128]
+    d = K.gemm_bf16(np.ascontiguousarray(a), np.ascontiguousarray(b))
+    np.testing.assert_allclose(d, a.astype(np.float64) @ b.T.astype(np.float64), rtol=2e-2, atol=2e-1)

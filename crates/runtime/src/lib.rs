@@ -11,6 +11,7 @@
 //! kernel on `other` can dereference — the P2P pattern of expert-parallel communication kernels.
 
 pub mod args;
+pub mod cancel;
 mod cuda;
 mod device;
 mod graph;

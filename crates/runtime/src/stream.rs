@@ -312,7 +312,8 @@ impl Stream {
         if let Some(t) = cfg.sanitize {
             opts.sanitize = t;
         }
-        opts.cancel = cfg.cancel.clone();
+        // the launch's own flag, else the enqueuing thread's scope (`crate::cancel`)
+        opts.cancel = cfg.cancel.clone().or_else(crate::cancel::current);
         opts.bank_profile |= self
             .inner
             .bank_profile

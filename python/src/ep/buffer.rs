@@ -3,7 +3,7 @@
 
 use super::config::{Config, RawConfig};
 use super::handle::{EpHandle, RecvMeta};
-use crate::kernels::convert::{self, ep_err, HostArray};
+use crate::kernels::convert::{self, ep_err, interruptible, HostArray};
 use ep::comm::{EpGroup, XRef};
 use ep::transport::InProcessTransport;
 use pyo3::exceptions::PyValueError;
@@ -483,12 +483,11 @@ impl EpBuffer {
             gpus_per_node: c.gpus_per_node,
             topk: k as u32,
         };
-        let l = py
-            .detach(|| -> ep::Result<ep::DispatchLayout> {
-                let b = dev.upload(&idx.data)?;
-                ep::layout::get_dispatch_layout(&dev.default_stream(), &b, tokens, &lc)?.to_host()
-            })
-            .map_err(ep_err)?;
+        let l = interruptible(py, || -> ep::Result<ep::DispatchLayout> {
+            let b = dev.upload(&idx.data)?;
+            ep::layout::get_dispatch_layout(&dev.default_stream(), &b, tokens, &lc)?.to_host()
+        })?
+        .map_err(ep_err)?;
         let i32s = |v: Vec<u32>| v.into_iter().map(|x| x as i32).collect::<Vec<_>>();
         let (r, n, e) = (c.ranks as usize, c.nodes() as usize, c.experts as usize);
         let in_rank: Vec<bool> = l
@@ -526,9 +525,8 @@ impl EpBuffer {
                 ));
             };
             let (ins, topk) = this.routed(xs, &ti, &tw)?;
-            let (recv, fresh) = py
-                .detach(|| this.run_dispatch(topk, &ins, None))
-                .map_err(ep_err)?;
+            let (recv, fresh) =
+                interruptible(py, || this.run_dispatch(topk, &ins, None))?.map_err(ep_err)?;
             let Some((inner, topk_w)) = fresh else {
                 return Err(bad("handle", "the dispatch made no handle".into()));
             };
@@ -562,9 +560,8 @@ impl EpBuffer {
                 topk_w: vec![],
             })
             .collect();
-        let (recv, _) = py
-            .detach(|| this.run_dispatch(hd.topk, &ins, Some(hd)))
-            .map_err(ep_err)?;
+        let (recv, _) =
+            interruptible(py, || this.run_dispatch(hd.topk, &ins, Some(hd)))?.map_err(ep_err)?;
         this.dispatch_result(py, recv, h)
     }
 
@@ -598,9 +595,8 @@ impl EpBuffer {
             }
             None => None,
         };
-        let outs = py
-            .detach(|| self.run_combine(h, &ys, ws.as_deref()))
-            .map_err(ep_err)?;
+        let outs =
+            interruptible(py, || self.run_combine(h, &ys, ws.as_deref()))?.map_err(ep_err)?;
         let arrays = outs
             .into_iter()
             .zip(&h.inner.ranks)

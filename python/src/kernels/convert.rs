@@ -179,3 +179,43 @@ pub fn ep_err(e: ep::EpError) -> PyErr {
         E::Build(_) | E::Engine(_) => PyRuntimeError::new_err(e.to_string()),
     }
 }
+
+/// Runs `work` (kernel launches and waits) without the GIL on a worker thread inside a
+/// cancellation scope ([`runtime::cancel`]) while this thread polls for signals every 50 ms: on
+/// Ctrl-C the scope's flag stops the emulated kernels at their next slice, the worker is joined,
+/// and the signal's exception (`KeyboardInterrupt`) is raised. The library calls behave like
+/// `Module.launch` this way without a cancel parameter in every Rust API.
+pub fn interruptible<T, F>(py: Python<'_>, work: F) -> PyResult<T>
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let cancel = Arc::new(AtomicBool::new(false));
+    std::thread::scope(|s| {
+        let flag = cancel.clone();
+        let worker = s.spawn(move || runtime::cancel::with_scope(flag, work));
+        loop {
+            let finished = py.detach(|| {
+                for _ in 0..10 {
+                    if worker.is_finished() {
+                        return true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                false
+            });
+            if finished {
+                return worker
+                    .join()
+                    .map_err(|_| PyRuntimeError::new_err("a kernel-library call panicked"));
+            }
+            if let Err(sig) = py.check_signals() {
+                cancel.store(true, Ordering::Relaxed);
+                let _ = py.detach(|| worker.join());
+                return Err(sig);
+            }
+        }
+    })
+}

@@ -108,7 +108,7 @@ fn run(dev: &Device, c: &Call) -> kernels::Result<Vec<f32>> {
 }
 
 fn exec(py: Python<'_>, dev: &Device, c: Call) -> PyResult<Vec<f32>> {
-    py.detach(|| run(dev, &c)).map_err(kernel_err)
+    convert::interruptible(py, || run(dev, &c))?.map_err(kernel_err)
 }
 
 fn mismatch(name: &str, what: &str, got: usize, want: usize, from: &str) -> PyErr {

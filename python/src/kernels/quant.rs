@@ -141,8 +141,7 @@ pub fn quantize_fp8<'py>(
     let [rows, cols] = xa.dims::<2>("x", "[rows, K]")?;
     check_k("x", cols)?;
     let dev = convert::device(device, "device")?;
-    let (q, s) = py
-        .detach(|| run_quant(&dev, &xa, (rows, cols), blk, ue8m0))
+    let (q, s) = convert::interruptible(py, || run_quant(&dev, &xa, (rows, cols), blk, ue8m0))?
         .map_err(kernel_err)?;
     let srows = match blk {
         Block::Row128 => rows,
@@ -286,8 +285,7 @@ pub fn dequantize_fp8<'py>(
     check_k("q", cols)?;
     let s = row_scales(scales, blk, (rows, cols))?;
     let dev = convert::device(device, "device")?;
-    let v = py
-        .detach(|| run_dequant(&dev, &qa.data, &s, rows, cols))
+    let v = convert::interruptible(py, || run_dequant(&dev, &qa.data, &s, rows, cols))?
         .map_err(kernel_err)?;
     convert::to_numpy(py, v, &[rows, cols])
 }
