@@ -167,11 +167,7 @@ fn workspace_crates(root: &Path) -> Result<Vec<CrateDeps>> {
         .and_then(|w| w.get("dependencies"))
         .and_then(|d| d.as_table())
         .unwrap_or(&empty);
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("crates"))
-        .context("reading crates/")?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("Cargo.toml").is_file())
-        .collect();
+    let mut dirs = member_dirs(root, &top)?;
     dirs.sort();
     dirs.iter()
         .map(|d| {
@@ -186,15 +182,38 @@ fn workspace_crates(root: &Path) -> Result<Vec<CrateDeps>> {
                 .into_iter()
                 .filter(|n| !deps.contains(n))
                 .collect();
-            let dir = d.file_name().map(|f| f.to_string_lossy().into_owned());
+            let dir = d.strip_prefix(root).unwrap_or(d).to_string_lossy().into_owned();
             Ok(CrateDeps {
-                dir: format!("crates/{}", dir.unwrap_or_default()),
+                dir,
                 name: name.to_string(),
                 deps,
                 dev,
             })
         })
         .collect()
+}
+
+/// The directories of the workspace's members (`[workspace] members`: plain paths and `dir/*`
+/// globs), those with a `Cargo.toml`.
+fn member_dirs(root: &Path, top: &toml::Table) -> Result<Vec<PathBuf>> {
+    let members = top
+        .get("workspace")
+        .and_then(|w| w.get("members"))
+        .and_then(|m| m.as_array())
+        .ok_or_else(|| anyhow!("Cargo.toml: no [workspace] members"))?;
+    let mut dirs = Vec::new();
+    for m in members.iter().filter_map(|m| m.as_str()) {
+        match m.strip_suffix("/*") {
+            Some(parent) => {
+                let entries = std::fs::read_dir(root.join(parent))
+                    .with_context(|| format!("reading {parent}/"))?;
+                dirs.extend(entries.filter_map(|e| e.ok().map(|e| e.path())));
+            }
+            None => dirs.push(root.join(m)),
+        }
+    }
+    dirs.retain(|p| p.join("Cargo.toml").is_file());
+    Ok(dirs)
 }
 
 /// Layer of each crate: 0 without workspace dependencies, else one above its highest
