@@ -527,7 +527,9 @@ impl GlobalMemory {
         g.next = next;
         let a = Arc::new(Allocation::with_words(base, size, device, track, words));
         let mut v: Vec<Arc<Allocation>> = g.map.as_ref().clone();
-        v.push(a.clone());
+        // sorted by base: peer segments of higher slots may lie above this slot's allocations
+        let at = v.partition_point(|x| x.base < base);
+        v.insert(at, a.clone());
         g.map = Arc::new(v);
         Ok(a)
     }

@@ -293,3 +293,22 @@ fn job_ids_must_fit_a_segment_name() {
         assert!(e.contains("PTXFORGE_JOB_ID"), "{e}");
     }
 }
+
+#[test]
+fn allocations_made_after_opening_a_higher_slot_peer_are_found() {
+    let (ma, mb) = two_ranks();
+    let a = random(N);
+    // A (slot 1) maps B's (slot 2) buffer: it lies above every address A hands out
+    let bb = bufs(&mb, true, &a);
+    let peer_in = ma.open_shared(&bb.a.shared_spec().unwrap()).unwrap();
+    let mine = bufs(&ma, false, &random(N));
+    let ba = Bufs {
+        a: peer_in,
+        out: mine.out,
+        cnt: mine.cnt,
+        bytes: mine.bytes,
+    };
+    let m = load(&ma);
+    run_mix(&ma, &m, &ba).unwrap();
+    check(&ba, &a);
+}

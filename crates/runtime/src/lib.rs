@@ -13,6 +13,7 @@
 mod cuda;
 mod device;
 mod graph;
+mod ipc;
 pub mod limits;
 pub mod module_cache;
 mod multicast;
@@ -29,9 +30,9 @@ pub use device::{
     Backend, Buffer, Device, DeviceInfo, DeviceProps, Function, Module, Pod, SmPartition,
 };
 pub use graph::Graph;
+pub use ipc::IpcHandle;
 pub use multicast::Multicast;
 pub use partition::{sms_used, Partition, PartitionKind};
-pub use storage::IpcHandle;
 pub use stream::{Event, LaunchConfig, Stream};
 pub use tensor_map::{Im2col, TensorMap};
 pub use typed::{ArgFor, HostElem, LaunchArgs, RawPtr, TypedFunction};
@@ -60,6 +61,10 @@ pub enum RuntimeError {
     Args { kernel: String, msg: String },
     #[error("buffer: {0}")]
     Buffer(String),
+    /// An IPC handle could not be parsed, exported or opened; `handle` says which (backend,
+    /// device, exporting pid and, on the emulator, the shared segment and address).
+    #[error("IPC handle {handle}: {msg}")]
+    Ipc { handle: String, msg: String },
     #[error("launch: {0}")]
     Launch(String),
     #[error("tensor map: {0}")]
