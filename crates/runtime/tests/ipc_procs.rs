@@ -10,7 +10,9 @@
 //!
 //! With `PTXFORGE_TEST_CUDA=1` (`scripts/gpu-check.sh`) the first three run on CUDA device 0 in
 //! both processes instead (`cuIpcGetMemHandle` / `cuIpcOpenMemHandle`); the fault checks are
-//! the emulator's own and are skipped there.
+//! the emulator's own and are skipped there. `cross_process_ipc_on_the_fake_cuda_driver` runs
+//! those three through the fake driver (`crates/fakecuda`), whose `cuIpcOpenMemHandle` maps the
+//! other process's shared segment.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -18,6 +20,9 @@ use runtime::{args, Buffer, Device, IpcHandle, LaunchConfig, Module, RuntimeErro
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
+
+#[path = "support/fakecuda.rs"]
+mod fakecuda_support;
 
 const THREADS: u32 = 64;
 const ROUNDS: u32 = 100;
@@ -586,4 +591,25 @@ fn handles_of_exited_or_killed_owners_and_of_local_memory_are_refused() {
     let said = peer.expect("OPENED");
     peer.finish();
     assert!(said.contains("process-local memory"), "{said}");
+}
+
+#[test]
+fn cross_process_ipc_on_the_fake_cuda_driver() {
+    let Some(f) = fakecuda_support::FakeCuda::new("ipc") else {
+        return;
+    };
+    let out = f
+        .command(std::env::current_exe().unwrap())
+        .args(["release_acquire", "system_scope", "a_kernel_reads"])
+        .args(["--test-threads=1", "--nocapture"])
+        .env("PTXFORGE_EMU_SHM", "1")
+        .output()
+        .expect("run the tests on the fake driver");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("3 passed"), "{text}");
 }
