@@ -9,6 +9,9 @@
 //!
 //! Emulated devices share one unified address space, so `buffer.peer_ptr(&other)` is a pointer a
 //! kernel on `other` can dereference — the P2P pattern of expert-parallel communication kernels.
+//! Across processes (one rank each), [`Buffer::ipc_handle`] / [`Device::open_ipc`] map a peer's
+//! buffer at the same address: POSIX shared memory on the emulator (each process allocates in
+//! its own address slot), CUDA IPC on GPUs (`docs/SCALE.md`, "Intra-node memory (IPC)").
 
 mod cuda;
 mod device;
