@@ -28,6 +28,8 @@ const THREADS: u32 = 64;
 const ROUNDS: u32 = 100;
 const ATOM_N: usize = 4096;
 const FILL_N: usize = 5000;
+/// Emulated ns the nanosleep waiter allows before calling its peer late.
+const WAIT_LIMIT_NS: u64 = 20_000_000_000;
 
 const KERNELS: &str = r#".version 8.0
 .target sm_90a
@@ -159,6 +161,38 @@ LOOP:
     add.u32 %r8, %r8, %r9;
     bra LOOP;
 DONE:
+    ret;
+}
+
+// Polls flag with nanosleep until it is non-zero (result[0] = the flag) or %globaltimer says
+// more than `limit` ns passed (result[0] = all ones); result[1] = the ns that passed.
+.visible .entry waiter(.param .u64 flag, .param .u64 result, .param .u64 limit)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<8>;
+    ld.param.u64 %rd1, [flag];
+    ld.param.u64 %rd2, [result];
+    ld.param.u64 %rd3, [limit];
+    mov.u64 %rd4, %globaltimer;
+LOOP:
+    ld.acquire.sys.global.u32 %r1, [%rd1];
+    mov.u64 %rd5, %globaltimer;
+    sub.s64 %rd6, %rd5, %rd4;
+    setp.ne.u32 %p1, %r1, 0;
+    @%p1 bra SEEN;
+    setp.gt.u64 %p2, %rd6, %rd3;
+    @%p2 bra LATE;
+    nanosleep.u32 1000;
+    bra LOOP;
+SEEN:
+    cvt.u64.u32 %rd7, %r1;
+    bra OUT;
+LATE:
+    mov.u64 %rd7, -1;
+OUT:
+    st.global.u64 [%rd2], %rd7;
+    st.global.u64 [%rd2+8], %rd6;
     ret;
 }
 
@@ -327,6 +361,7 @@ fn ipc_child() {
         "producer" => child_producer(&d),
         "hammer" => child_hammer(&d),
         "filler" => child_filler(&d),
+        "waiter" => child_waiter(&d),
         "open" => {
             let h = &handles("PTXFORGE_IPC_HANDLES")[0];
             match d.open_ipc::<u32>(h) {
@@ -375,6 +410,21 @@ fn child_hammer(d: &Device) {
         .unwrap();
     run_hammer(d, &vals, &c64, &c32, &go);
     println!("DONE hammer");
+}
+
+fn child_waiter(d: &Device) {
+    let flag = d
+        .open_ipc::<u32>(&handles("PTXFORGE_IPC_HANDLES")[0])
+        .unwrap();
+    let result = d.alloc::<u64>(2).unwrap();
+    result.fill(0x5a5a_5a5a_5a5a_5a5a).unwrap();
+    let f = load(d).function("waiter").unwrap();
+    let s = d.default_stream();
+    s.launch(&f, &cfg(1, 1), &args![&flag, &result, WAIT_LIMIT_NS])
+        .unwrap();
+    s.synchronize().unwrap();
+    let r = result.to_vec().unwrap();
+    println!("WAITED {} {}", r[0] as i64, r[1]);
 }
 
 fn child_filler(d: &Device) {
@@ -612,4 +662,31 @@ fn cross_process_ipc_on_the_fake_cuda_driver() {
     );
     assert!(out.status.success(), "{text}");
     assert!(text.contains("3 passed"), "{text}");
+}
+
+/// A kernel waiting with `nanosleep` for a flag another process sets after a host delay: the
+/// waiting process is quiet, but must not fast-forward emulated time (its peer runs on another
+/// timeline), so its `%globaltimer` timeout does not fire while the peer is merely slow.
+#[test]
+fn a_nanosleep_wait_for_another_process_does_not_time_out_early() {
+    if cuda() {
+        eprintln!("skip: emulated time");
+        return;
+    }
+    let d = Device::emu(0);
+    let flag = d.alloc_shared::<u32>(1).unwrap();
+    let h = flag.ipc_handle().unwrap();
+    let mut peer = Peer::spawn("waiter", 7, &[("PTXFORGE_IPC_HANDLES", h.to_text())]);
+    std::thread::sleep(Duration::from_millis(400)); // the child is waiting by now
+    let v: u32 = rand::thread_rng().gen_range(1..u32::MAX);
+    flag.copy_from_host(&[v]).unwrap();
+    let said = peer.expect("WAITED");
+    peer.finish();
+    let f: Vec<i64> = said.split(' ').map(|x| x.parse().unwrap()).collect();
+    assert_eq!(
+        f[0], v as i64,
+        "saw the flag, not a timeout after {} emulated ns",
+        f[1]
+    );
+    assert!((f[1] as u64) < WAIT_LIMIT_NS, "{said}");
 }
