@@ -312,3 +312,26 @@ fn allocations_made_after_opening_a_higher_slot_peer_are_found() {
     run_mix(&ma, &m, &ba).unwrap();
     check(&ba, &a);
 }
+
+#[test]
+fn a_stale_segment_of_a_dead_process_with_our_pid_is_replaced() {
+    // a job name no other test uses, so the file below collides with nothing live
+    let id = shm::SegmentId {
+        job: "stalecheck".into(),
+        pid: std::process::id(),
+        n: 0,
+    };
+    let file = format!("/dev/shm{}", id.name());
+    // what a killed earlier process with this pid would have left
+    std::fs::write(&file, [0x77u8; 5000]).unwrap();
+    let seg = shm::Segment::create(id, GLOBAL_BASE, 16, 0);
+    let raw = std::fs::read(&file);
+    drop(seg);
+    let raw = raw.unwrap();
+    assert_eq!(raw.len(), shm::HEADER_BYTES + 16, "a fresh segment");
+    assert_eq!(&raw[shm::HEADER_BYTES..], &[0u8; 16], "zeroed words");
+    assert!(
+        !std::path::Path::new(&file).exists(),
+        "dropping the owner unlinks it"
+    );
+}

@@ -148,13 +148,11 @@ fn segment_len(size: u64) -> Result<usize, EmuError> {
         .ok_or_else(|| EmuError::Memory(format!("size: {size} bytes does not fit in memory")))
 }
 
-impl Segment {
-    /// Creates and maps a new zeroed segment for an allocation of `size` bytes at emulated
-    /// address `base`; the name is registered for unlinking at exit.
-    pub fn create(id: SegmentId, base: u64, size: u64, device: u32) -> Result<Segment, EmuError> {
-        let len = segment_len(size)?;
-        let name = id.name();
-        let cname = c_name(&id)?;
+/// `shm_open(O_CREAT | O_EXCL)`. A segment that already has this name carries our pid and a
+/// number this process has not used: it was left by a killed earlier process whose pid we
+/// reuse, so it is unlinked and the create retried once.
+fn create_exclusive(cname: &CString, name: &str) -> Result<i32, EmuError> {
+    for retry in [false, true] {
         // SAFETY: FFI with a NUL-terminated name; O_EXCL never reuses another's segment.
         let fd = unsafe {
             libc::shm_open(
@@ -163,12 +161,29 @@ impl Segment {
                 0o600,
             )
         };
-        if fd < 0 {
+        if fd >= 0 {
+            return Ok(fd);
+        }
+        let e = std::io::Error::last_os_error();
+        if retry || e.raw_os_error() != Some(libc::EEXIST) {
             return Err(EmuError::Memory(format!(
-                "shm_open of `{name}` (create): {}",
-                errno_text()
+                "shm_open of `{name}` (create): {e}"
             )));
         }
+        // SAFETY: FFI with a NUL-terminated name (a stale segment of a dead process).
+        unsafe { libc::shm_unlink(cname.as_ptr()) };
+    }
+    Err(EmuError::Memory(format!("shm_open of `{name}` (create)")))
+}
+
+impl Segment {
+    /// Creates and maps a new zeroed segment for an allocation of `size` bytes at emulated
+    /// address `base`; the name is registered for unlinking at exit.
+    pub fn create(id: SegmentId, base: u64, size: u64, device: u32) -> Result<Segment, EmuError> {
+        let len = segment_len(size)?;
+        let name = id.name();
+        let cname = c_name(&id)?;
+        let fd = create_exclusive(&cname, &name)?;
         let unlink = || {
             // SAFETY: FFI with a NUL-terminated name.
             unsafe { libc::shm_unlink(cname.as_ptr()) };
