@@ -51,3 +51,14 @@ fn launch_fails_naming_a_killed_rank_and_its_operation() {
         assert!(named, "rank {r}:\n{err}");
     }
 }
+
+/// The launcher's job ids must fit the emulator's IPC handles (which store the id): the two
+/// crates keep their own constant (dist depends on no workspace crate), so check they agree.
+#[test]
+fn job_id_limits_of_launcher_and_emulator_agree() {
+    assert_eq!(dist::env::MAX_JOB_ID, emu::memory::shm::MAX_JOB_ID);
+    assert!(dist::env::valid_job_id(&"j".repeat(dist::env::MAX_JOB_ID)));
+    assert!(!dist::env::valid_job_id(
+        &"j".repeat(dist::env::MAX_JOB_ID + 1)
+    ));
+}

@@ -236,16 +236,25 @@ fn master(v: &HashMap<String, String>, mpi: bool) -> Result<(String, u16)> {
     Ok((addr, port))
 }
 
-fn check_job_id(j: &str) -> Result<String> {
-    let ok = !j.is_empty()
-        && j.len() <= 64
+/// Longest job id: the emulator stores it in its 64-byte IPC handles
+/// (`emu::memory::shm::MAX_JOB_ID`, which must stay equal).
+pub const MAX_JOB_ID: usize = 40;
+
+/// 1 to [`MAX_JOB_ID`] characters of `A-Za-z0-9_.` (ids name `/dev/shm/ptxforge-{job}-*`
+/// segments, whose names use `-` as the separator).
+pub fn valid_job_id(j: &str) -> bool {
+    !j.is_empty()
+        && j.len() <= MAX_JOB_ID
         && j.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
-    if !ok {
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+}
+
+fn check_job_id(j: &str) -> Result<String> {
+    if !valid_job_id(j) {
         return Err(bad(
             "PTXFORGE_JOB_ID",
             j,
-            "must be 1 to 64 characters of A-Z, a-z, 0-9, `_` or `.` (it names /dev/shm/ptxforge-{job}-* segments)",
+            "must be 1 to 40 characters of A-Z, a-z, 0-9, `_` or `.` (it names /dev/shm/ptxforge-{job}-* segments)",
         ));
     }
     Ok(j.to_string())
@@ -256,7 +265,7 @@ fn derived_job_id(addr: &str, port: u16) -> String {
     let a: String = addr
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .take(48)
+        .take(MAX_JOB_ID - 7) // room for `m` and `_{port}`
         .collect();
     format!("m{a}_{port}")
 }

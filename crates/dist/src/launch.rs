@@ -107,15 +107,10 @@ impl Plan {
             .job_id
             .clone()
             .unwrap_or_else(|| format!("l{}_{port}", std::process::id()));
-        let ok = job.len() <= 64
-            && !job.is_empty()
-            && job
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
-        if !ok {
+        if !crate::env::valid_job_id(&job) {
             return Err(bad(
                 "--job-id",
-                "must be 1 to 64 of A-Z, a-z, 0-9, `_`, `.`",
+                "must be 1 to 40 of A-Z, a-z, 0-9, `_`, `.`",
             ));
         }
         Ok(Plan {

@@ -182,7 +182,11 @@ fn workspace_crates(root: &Path) -> Result<Vec<CrateDeps>> {
                 .into_iter()
                 .filter(|n| !deps.contains(n))
                 .collect();
-            let dir = d.strip_prefix(root).unwrap_or(d).to_string_lossy().into_owned();
+            let dir = d
+                .strip_prefix(root)
+                .unwrap_or(d)
+                .to_string_lossy()
+                .into_owned();
             Ok(CrateDeps {
                 dir,
                 name: name.to_string(),
