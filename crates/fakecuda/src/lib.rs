@@ -16,6 +16,7 @@
 mod exec;
 mod jit;
 mod multicast;
+mod nccl;
 mod state;
 mod tmap;
 
