@@ -17,10 +17,12 @@ lib="$target/debug/libptxforge_fakecuda.so"
 [ -f "$lib" ] || { echo "fakecuda.sh: $lib was not built" >&2; exit 1; }
 dir="$(mktemp -d "${TMPDIR:-/tmp}/fakecuda.XXXXXX")"
 trap 'rm -rf "$dir"' EXIT
-cp "$lib" "$dir/libcuda.so"
-cp "$lib" "$dir/libcuda.so.1"
-cp "$lib" "$dir/libnccl.so"
-cp "$lib" "$dir/libnccl.so.2"
+# one file behind every name (symbolic links): the dynamic loader maps it once, so the fake
+# NCCL sees the fake driver's memory (two copies would be two emulators)
+cp "$lib" "$dir/libptxforge_fakecuda.so"
+for name in libcuda.so libcuda.so.1 libnccl.so libnccl.so.2; do
+  ln -s libptxforge_fakecuda.so "$dir/$name"
+done
 mkdir -p "$dir/cache"
 export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PTXFORGE_TEST_CUDA=1

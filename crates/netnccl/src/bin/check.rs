@@ -1,0 +1,90 @@
+//! `netnccl-check`: the launcher and the rank programs of the NCCL tests.
+//!
+//! - `netnccl-check launch --nodes N --procs-per-node P -- CMD...`: `ptxforge launch`;
+//! - `netnccl-check collectives [--count C] [--exact] [--seed S]`: every rank of the job checks
+//!   all-reduce / reduce-scatter / all-gather against the host reference;
+//! - `netnccl-check proxy [--seed S]`: 2 ranks exchange records through the proxy transport
+//!   over the NCCL engine;
+//! - `netnccl-check unavailable`: succeeds only if loading NCCL fails with `NcclUnavailable`.
+//!
+//! Each rank uses CUDA device `LOCAL_RANK % devices`. Without `--seed`, rank 0 draws one from
+//! the clock and shares it. Prints one `rank R: ... OK` line per check, or the error (exit 1).
+
+use clap::{Parser, Subcommand};
+use netnccl::check::{collectives, proxy, CollCfg, Res};
+use netnccl::{Comm, NcclEngine, NcclError};
+use runtime::Device;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "netnccl-check", about = "NCCL engine and collectives checks")]
+struct Cli {
+    #[command(subcommand)]
+    verb: Verb,
+}
+
+#[derive(Subcommand)]
+enum Verb {
+    Launch(dist::launch::LaunchArgs),
+    Collectives {
+        #[arg(long, default_value_t = 300)]
+        count: usize,
+        #[arg(long)]
+        exact: bool,
+        #[arg(long)]
+        seed: Option<u64>,
+    },
+    Proxy {
+        #[arg(long)]
+        seed: Option<u64>,
+    },
+    Unavailable,
+}
+
+fn main() -> ExitCode {
+    let r = match Cli::parse().verb {
+        Verb::Launch(a) => dist::launch::run(a).map_err(Into::into),
+        Verb::Collectives { count, exact, seed } => rank(seed, |comm, seed| {
+            collectives(&comm, &CollCfg { count, exact, seed })
+        }),
+        Verb::Proxy { seed } => rank(seed, |comm, seed| proxy(NcclEngine::new(comm)?, seed)),
+        Verb::Unavailable => unavailable(),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("netnccl-check: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Joins the job, makes the communicator and runs `f` with it and the job's seed.
+fn rank(seed: Option<u64>, f: impl FnOnce(Comm, u64) -> Res<String>) -> Res<()> {
+    let group = dist::Bootstrap::from_env()?.connect()?;
+    let n = Device::cuda_count().max(1);
+    let dev = Device::cuda(group.local_rank() as u32 % n)?;
+    let drawn = seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let all = group.all_gather(&drawn.to_le_bytes())?;
+    let seed = u64::from_le_bytes(all[0].as_slice().try_into()?);
+    let comm = Comm::bootstrap(&group, &dev)?;
+    println!("{}", f(comm, seed)?);
+    group.finish()?;
+    Ok(())
+}
+
+fn unavailable() -> Res<()> {
+    match netnccl::UniqueId::new() {
+        Err(NcclError::NcclUnavailable(why)) => {
+            println!("NcclUnavailable: {why}");
+            Ok(())
+        }
+        Err(e) => Err(format!("expected NcclUnavailable, got: {e}").into()),
+        Ok(_) => Err("expected NcclUnavailable, but NCCL loaded".into()),
+    }
+}
