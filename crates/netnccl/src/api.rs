@@ -39,14 +39,8 @@ pub(crate) struct Api {
     pub comm_get_async_error: unsafe extern "C" fn(NcclComm, *mut c_int) -> c_int,
     pub group_start: unsafe extern "C" fn() -> c_int,
     pub group_end: unsafe extern "C" fn() -> c_int,
-    pub send: unsafe extern "C" fn(
-        *const c_void,
-        usize,
-        NcclDataType,
-        c_int,
-        NcclComm,
-        Stream,
-    ) -> c_int,
+    pub send:
+        unsafe extern "C" fn(*const c_void, usize, NcclDataType, c_int, NcclComm, Stream) -> c_int,
     pub recv:
         unsafe extern "C" fn(*mut c_void, usize, NcclDataType, c_int, NcclComm, Stream) -> c_int,
     pub all_reduce: unsafe extern "C" fn(

@@ -13,7 +13,7 @@ pub type Res<T> = std::result::Result<T, Box<dyn Error>>;
 pub struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -22,7 +22,7 @@ impl Rng {
     }
     /// Uniform in [-2, 2).
     pub fn value(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 22) as f32 - 2.0
+        (self.next_u64() >> 40) as f32 / (1u64 << 22) as f32 - 2.0
     }
 }
 
@@ -65,8 +65,14 @@ fn compare(
         let ok = (got[i] - want[i]).abs() <= tol * mag[i] + 1e-30;
         let bit = exact.is_none_or(|e| e[i].to_bits() == got[i].to_bits());
         if !ok || !bit || !got[i].is_finite() {
-            let e = exact.map(|e| format!(", rank-order fold {}", e[i])).unwrap_or_default();
-            return Err(format!("{what}: element {i} is {}, f64 reference {}{e}", got[i], want[i]).into());
+            let e = exact
+                .map(|e| format!(", rank-order fold {}", e[i]))
+                .unwrap_or_default();
+            return Err(format!(
+                "{what}: element {i} is {}, f64 reference {}{e}",
+                got[i], want[i]
+            )
+            .into());
         }
     }
     Ok(())
@@ -113,7 +119,14 @@ pub fn collectives(comm: &Comm, c: &CollCfg) -> Res<String> {
     let got: Vec<f64> = r.to_vec()?.iter().map(|&v| v as f64).collect();
     let (want, mag, fold) = sums(&all, len, |i| i, |x| x);
     let tol = nn as f64 * f32::EPSILON as f64;
-    compare("all_reduce f32 sum", &got, &want, &mag, tol, ex(&fold).as_deref())?;
+    compare(
+        "all_reduce f32 sum",
+        &got,
+        &want,
+        &mag,
+        tol,
+        ex(&fold).as_deref(),
+    )?;
     // all-reduce f32 max (exact everywhere)
     comm.all_reduce(&s, &r, ReduceOp::Max)?;
     let got: Vec<f64> = r.to_vec()?.iter().map(|&v| v as f64).collect();
@@ -128,7 +141,14 @@ pub fn collectives(comm: &Comm, c: &CollCfg) -> Res<String> {
     let got: Vec<f64> = r.to_vec()?.iter().map(|&v| v as f64).collect();
     let base = me as usize * c.count;
     let (want, mag, fold) = sums(&all, c.count, |i| base + i, |x| x);
-    compare("reduce_scatter f32 sum", &got, &want, &mag, tol, ex(&fold).as_deref())?;
+    compare(
+        "reduce_scatter f32 sum",
+        &got,
+        &want,
+        &mag,
+        tol,
+        ex(&fold).as_deref(),
+    )?;
     // all-gather f32: bit for bit
     let all = all_inputs(c, 3, n, c.count);
     let (s, r) = io(&d, &all[me as usize], len, f32::NAN)?;
@@ -146,9 +166,13 @@ pub fn collectives(comm: &Comm, c: &CollCfg) -> Res<String> {
 fn bf16_checks(comm: &Comm, c: &CollCfg) -> Res<()> {
     let (me, n, d) = (comm.rank(), comm.nranks(), comm.device().clone());
     let len = c.count * n as usize;
-    let to_bf = |v: &Vec<f32>| -> Vec<f32> { v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect() };
+    let to_bf =
+        |v: &Vec<f32>| -> Vec<f32> { v.iter().map(|&x| bf16::from_f32(x).to_f32()).collect() };
     let all: Vec<Vec<f32>> = all_inputs(c, 4, n, len).iter().map(to_bf).collect();
-    let mine: Vec<bf16> = all[me as usize].iter().map(|&x| bf16::from_f32(x)).collect();
+    let mine: Vec<bf16> = all[me as usize]
+        .iter()
+        .map(|&x| bf16::from_f32(x))
+        .collect();
     let nan = bf16::from_f32(f32::NAN);
     let (s, r) = io(&d, &mine, len, nan)?;
     comm.all_reduce(&s, &r, ReduceOp::Sum)?;
@@ -230,7 +254,10 @@ mod proxy {
     /// The ring exchange, then a sparse window (single-word puts), between 2 endpoints; the
     /// windows live on this process's emulated device, the engine's staging on `engine`'s GPU.
     pub fn proxy(engine: NcclEngine, seed: u64) -> Res<String> {
-        let (p, n) = (ep::Engine::endpoint(&engine), ep::Engine::endpoints(&engine));
+        let (p, n) = (
+            ep::Engine::endpoint(&engine),
+            ep::Engine::endpoints(&engine),
+        );
         if n != 2 {
             return Err(format!("the proxy check runs on 2 ranks, not {n}").into());
         }
@@ -260,7 +287,9 @@ mod proxy {
         exchange(p, peer, seed, &shadow, &real.host_view()?)?;
         tr.end()?;
         sparse(&tr, &dev, p, peer)?;
-        Ok(format!("rank {p}: proxy over NCCL OK ({RECORDS} records each way, sparse words landed)"))
+        Ok(format!(
+            "rank {p}: proxy over NCCL OK ({RECORDS} records each way, sparse words landed)"
+        ))
     }
 
     fn sparse(tr: &ProxyTransport, dev: &Device, p: u32, peer: u32) -> Res<()> {
@@ -281,7 +310,11 @@ mod proxy {
         let b = dw.to_bytes()?;
         for (i, c) in b.chunks(4).enumerate() {
             let w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            let want = if i % 2 == 1 { peer * 1000 + i as u32 } else { u32::MAX };
+            let want = if i % 2 == 1 {
+                peer * 1000 + i as u32
+            } else {
+                u32::MAX
+            };
             if w != want {
                 return Err(format!("rank {p}: dw word {i} is {w:#x}, expected {want:#x}").into());
             }

@@ -7,8 +7,8 @@
 //! deterministic for a fixed topology and algorithm choice but not specified.
 
 use crate::api::{api, Api};
-use crate::{NcclError, Result};
 use crate::api::{NcclComm, NcclDataType, NcclRedOp, NcclUniqueId};
+use crate::{NcclError, Result};
 use runtime::{Backend, Buffer, Device, Pod};
 use std::ffi::c_void;
 
@@ -231,7 +231,11 @@ impl Comm {
     /// One group of byte sends and receives: `(peer, device address, bytes)` each; all are
     /// issued between `ncclGroupStart` and `ncclGroupEnd`, so pairwise exchanges cannot
     /// deadlock, and NCCL matches them in order per peer.
-    pub(crate) fn exchange(&self, sends: &[(u32, u64, usize)], recvs: &[(u32, u64, usize)]) -> Result<()> {
+    pub(crate) fn exchange(
+        &self,
+        sends: &[(u32, u64, usize)],
+        recvs: &[(u32, u64, usize)],
+    ) -> Result<()> {
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         self.device.synchronize()?;
         let (a, c) = (self.api, self.raw());

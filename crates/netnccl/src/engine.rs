@@ -184,7 +184,13 @@ fn round(comm: &Comm, st: &mut Staging, sh: &Shared) -> Result<(bool, bool)> {
     let got = st.hdr_in.to_vec()?;
     let all_closing = closing && peers.iter().all(|&p| got[p as usize] & CLOSING != 0);
     let sizes_in: Vec<usize> = (0..n)
-        .map(|p| if p == me { 0 } else { (got[p] & !CLOSING) as usize })
+        .map(|p| {
+            if p == me {
+                0
+            } else {
+                (got[p] & !CLOSING) as usize
+            }
+        })
         .collect();
     let moved = payloads(comm, st, &outs, &sizes_in, sh)?;
     Ok((all_closing, moved))

@@ -16,9 +16,9 @@
 //! docs/SCALE.md ("NCCL engine (GPUs)") describes the design.
 
 mod api;
+pub mod check;
 mod comm;
 mod engine;
-pub mod check;
 
 pub use comm::{Comm, NcclElem, ReduceOp, UniqueId};
 pub use engine::NcclEngine;

@@ -60,10 +60,10 @@ struct Comm {
 
 impl Comm {
     fn link(&self, peer: usize) -> NetResult<&Link> {
-        self.links
-            .get(peer)
-            .and_then(|l| l.as_ref())
-            .ok_or((INVALID_ARGUMENT, format!("peer {peer} of {} ranks", self.nranks)))
+        self.links.get(peer).and_then(|l| l.as_ref()).ok_or((
+            INVALID_ARGUMENT,
+            format!("peer {peer} of {} ranks", self.nranks),
+        ))
     }
     /// Records a lost peer as the communicator's asynchronous error.
     fn note<T>(&self, r: NetResult<T>) -> NetResult<T> {
@@ -121,7 +121,12 @@ unsafe fn out<T>(p: *mut T, v: T) -> NetResult<()> {
 }
 
 fn driver() -> NetResult<&'static crate::state::Driver> {
-    drv().map_err(|_| (UNHANDLED_CUDA_ERROR, "the CUDA driver is not initialised".into()))
+    drv().map_err(|_| {
+        (
+            UNHANDLED_CUDA_ERROR,
+            "the CUDA driver is not initialised".into(),
+        )
+    })
 }
 
 fn read_dev(ptr: usize, len: usize) -> NetResult<Vec<u8>> {
@@ -129,7 +134,10 @@ fn read_dev(ptr: usize, len: usize) -> NetResult<Vec<u8>> {
     if len > 0 {
         let snap = driver()?.mem.snapshot();
         let a = snap.find(ptr as u64, len as u64).ok_or_else(|| {
-            (INVALID_ARGUMENT, format!("device range {ptr:#x}+{len} is not allocated"))
+            (
+                INVALID_ARGUMENT,
+                format!("device range {ptr:#x}+{len} is not allocated"),
+            )
         })?;
         a.read_bytes(ptr as u64 - a.base, &mut v);
     }
@@ -141,7 +149,10 @@ fn write_dev(ptr: usize, data: &[u8]) -> NetResult<()> {
         let snap = driver()?.mem.snapshot();
         let len = data.len();
         let a = snap.find(ptr as u64, len as u64).ok_or_else(|| {
-            (INVALID_ARGUMENT, format!("device range {ptr:#x}+{len} is not allocated"))
+            (
+                INVALID_ARGUMENT,
+                format!("device range {ptr:#x}+{len} is not allocated"),
+            )
         })?;
         a.write_bytes(ptr as u64 - a.base, data);
     }
@@ -337,7 +348,11 @@ pub extern "C" fn ncclGroupEnd() -> c_int {
                 return Err((INVALID_USAGE, "ncclGroupEnd without ncclGroupStart".into()));
             }
             g.0 -= 1;
-            Ok(if g.0 == 0 { std::mem::take(&mut g.1) } else { Vec::new() })
+            Ok(if g.0 == 0 {
+                std::mem::take(&mut g.1)
+            } else {
+                Vec::new()
+            })
         })?;
         run_p2p(ops)
     })
@@ -357,16 +372,21 @@ fn run_p2p(ops: Vec<P2p>) -> NetResult<()> {
     for o in ops.iter().filter(|o| !o.send) {
         settle(&o.comm, o.stream)?;
         let data = if o.peer == o.comm.rank {
-            lock(&o.comm.own)
-                .pop_front()
-                .ok_or((INVALID_USAGE, "a receive from self with no send to self".into()))?
+            lock(&o.comm.own).pop_front().ok_or((
+                INVALID_USAGE,
+                "a receive from self with no send to self".into(),
+            ))?
         } else {
             o.comm.note(o.comm.link(o.peer)?.recv(P2P, 0, o.bytes))?
         };
         if data.len() != o.bytes {
             return Err((
                 INVALID_USAGE,
-                format!("a send of {} bytes matched a receive of {}", data.len(), o.bytes),
+                format!(
+                    "a send of {} bytes matched a receive of {}",
+                    data.len(),
+                    o.bytes
+                ),
             ));
         }
         write_dev(o.ptr, &data)?;
@@ -377,7 +397,10 @@ fn run_p2p(ops: Vec<P2p>) -> NetResult<()> {
 /// Defers `op` to the group's end (a call outside a group is a group of one).
 fn p2p(op: P2p) -> NetResult<()> {
     if op.peer >= op.comm.nranks {
-        return Err((INVALID_ARGUMENT, format!("peer {} of {} ranks", op.peer, op.comm.nranks)));
+        return Err((
+            INVALID_ARGUMENT,
+            format!("peer {} of {} ranks", op.peer, op.comm.nranks),
+        ));
     }
     let alone = GROUP.with(|g| {
         let mut g = g.borrow_mut();

@@ -341,7 +341,8 @@ fn root(
 
 fn read_table(s: &mut TcpStream, nranks: usize) -> NetResult<Vec<SocketAddr>> {
     let mut b = vec![0u8; 6 * nranks];
-    s.read_exact(&mut b).map_err(sys("read the address table"))?;
+    s.read_exact(&mut b)
+        .map_err(sys("read the address table"))?;
     Ok(b.chunks_exact(6)
         .map(|c| {
             let ip = Ipv4Addr::new(c[0], c[1], c[2], c[3]);

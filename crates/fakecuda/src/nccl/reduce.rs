@@ -105,8 +105,7 @@ macro_rules! ints {
             RedOp::Prod => fold_num!($t, $parts, |a: $t, b: $t| a.wrapping_mul(b), |a| a),
             RedOp::Max => fold_num!($t, $parts, |a: $t, b: $t| a.max(b), |a| a),
             RedOp::Min => fold_num!($t, $parts, |a: $t, b: $t| a.min(b), |a| a),
-            RedOp::Avg => fold_num!($t, $parts, |a: $t, b: $t| a.wrapping_add(b), |a: $t| a
-                / n),
+            RedOp::Avg => fold_num!($t, $parts, |a: $t, b: $t| a.wrapping_add(b), |a: $t| a / n),
         }
     }};
 }

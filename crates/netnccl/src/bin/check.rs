@@ -5,6 +5,7 @@
 //!   all-reduce / reduce-scatter / all-gather against the host reference;
 //! - `netnccl-check proxy [--seed S]`: 2 ranks exchange records through the proxy transport
 //!   over the NCCL engine;
+//!   (`--skew-rank R`: rank R uses `C + 1`, which must fail with an NCCL error);
 //! - `netnccl-check unavailable`: succeeds only if loading NCCL fails with `NcclUnavailable`.
 //!
 //! Each rank uses CUDA device `LOCAL_RANK % devices`. Without `--seed`, rank 0 draws one from
@@ -33,6 +34,9 @@ enum Verb {
         exact: bool,
         #[arg(long)]
         seed: Option<u64>,
+        /// This rank uses `count + 1` (to check that mismatched ranks fail clearly).
+        #[arg(long)]
+        skew_rank: Option<u32>,
     },
     Proxy {
         #[arg(long)]
@@ -44,7 +48,13 @@ enum Verb {
 fn main() -> ExitCode {
     let r = match Cli::parse().verb {
         Verb::Launch(a) => dist::launch::run(a).map_err(Into::into),
-        Verb::Collectives { count, exact, seed } => rank(seed, |comm, seed| {
+        Verb::Collectives {
+            count,
+            exact,
+            seed,
+            skew_rank,
+        } => rank(seed, |comm, seed| {
+            let count = count + usize::from(skew_rank == Some(comm.rank()));
             collectives(&comm, &CollCfg { count, exact, seed })
         }),
         Verb::Proxy { seed } => rank(seed, |comm, seed| proxy(NcclEngine::new(comm)?, seed)),
