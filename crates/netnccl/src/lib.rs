@@ -19,6 +19,7 @@ mod api;
 pub mod check;
 mod comm;
 mod engine;
+pub mod epcheck;
 
 pub use comm::{Comm, NcclElem, ReduceOp, UniqueId};
 pub use engine::NcclEngine;

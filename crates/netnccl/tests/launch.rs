@@ -188,3 +188,49 @@ fn collectives_on_the_real_nccl() {
         assert!(t.contains(&format!("rank {r}: collectives OK")), "{t}");
     }
 }
+
+/// The sorted `hash` lines of a run.
+fn hashes(o: &Output) -> Vec<String> {
+    let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_once("hash ").map(|(_, h)| format!("hash {h}")))
+        .collect();
+    v.sort();
+    v
+}
+
+/// EP dispatch + combine with the inter-node legs over the NCCL engine (one process per node,
+/// 1 and 2 GPUs per node) is bit-identical to the single-process in-process transport.
+#[test]
+fn ep_dispatch_combine_over_nccl_is_bit_identical_to_in_process() {
+    let Some(f) = Fake::new("ep") else { return };
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as u64;
+    let seed = seed.to_string();
+    for gpn in ["1", "2"] {
+        let args = ["ep", "--gpus-per-node", gpn, "--seed", &seed];
+        let one = Command::new(BIN)
+            .args(args)
+            .arg("--single")
+            .output()
+            .expect("run netnccl-check ep --single");
+        assert!(one.status.success(), "{}", text(&one));
+        let multi = launch(f.command(), 2, 1, &args);
+        assert!(multi.status.success(), "{}", text(&multi));
+        let (a, b) = (hashes(&one), hashes(&multi));
+        assert_eq!(
+            a.len(),
+            2 * 3 * gpn.parse::<usize>().expect("gpn"),
+            "{}",
+            text(&one)
+        );
+        assert_eq!(
+            a,
+            b,
+            "seed {seed}, {gpn} GPU(s) per node:\n{}",
+            text(&multi)
+        );
+    }
+}

@@ -6,6 +6,8 @@
 //! - `netnccl-check proxy [--seed S]`: 2 ranks exchange records through the proxy transport
 //!   over the NCCL engine;
 //!   (`--skew-rank R`: rank R uses `C + 1`, which must fail with an NCCL error);
+//! - `netnccl-check ep [--single] [--nodes N] [--gpus-per-node G] [--seed S]`: EP dispatch
+//!   and combine in one process, or one process per node over the NCCL engine (`hash` lines);
 //! - `netnccl-check unavailable`: succeeds only if loading NCCL fails with `NcclUnavailable`.
 //!
 //! Each rank uses CUDA device `LOCAL_RANK % devices`. Without `--seed`, rank 0 draws one from
@@ -13,6 +15,7 @@
 
 use clap::{Parser, Subcommand};
 use netnccl::check::{collectives, proxy, CollCfg, Res};
+use netnccl::epcheck::{self, EpCheckCfg};
 use netnccl::{Comm, NcclEngine, NcclError};
 use runtime::Device;
 use std::process::ExitCode;
@@ -42,6 +45,18 @@ enum Verb {
         #[arg(long)]
         seed: Option<u64>,
     },
+    /// EP dispatch + combine: `--single` in this process, else one process per node with the
+    /// NCCL engine between them; prints `hash` lines.
+    Ep {
+        #[arg(long)]
+        single: bool,
+        #[arg(long, default_value_t = 2)]
+        nodes: u32,
+        #[arg(long, default_value_t = 1)]
+        gpus_per_node: u32,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     Unavailable,
 }
 
@@ -58,6 +73,26 @@ fn main() -> ExitCode {
             collectives(&comm, &CollCfg { count, exact, seed })
         }),
         Verb::Proxy { seed } => rank(seed, |comm, seed| proxy(NcclEngine::new(comm)?, seed)),
+        Verb::Ep {
+            single,
+            nodes,
+            gpus_per_node,
+            seed,
+        } => {
+            let cfg = EpCheckCfg {
+                nodes,
+                gpus_per_node,
+                seed,
+                ..EpCheckCfg::default()
+            };
+            if single {
+                epcheck::run(&cfg, None).map(|l| println!("{}", l.join("\n")))
+            } else {
+                rank(Some(seed), |comm, _| {
+                    Ok(epcheck::run(&cfg, Some(NcclEngine::new(comm)?))?.join("\n"))
+                })
+            }
+        }
         Verb::Unavailable => unavailable(),
     };
     match r {
