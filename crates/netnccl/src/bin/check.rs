@@ -10,7 +10,7 @@
 //!   and combine in one process, or one process per node over the NCCL engine (`hash` lines);
 //! - `netnccl-check unavailable`: succeeds only if loading NCCL fails with `NcclUnavailable`.
 //!
-//! Each rank uses CUDA device `LOCAL_RANK % devices`. Without `--seed`, rank 0 draws one from
+//! Each rank uses CUDA device `RANK % devices`. Without `--seed`, rank 0 draws one from
 //! the clock and shares it. Prints one `rank R: ... OK` line per check, or the error (exit 1).
 
 use clap::{Parser, Subcommand};
@@ -108,7 +108,9 @@ fn main() -> ExitCode {
 fn rank(seed: Option<u64>, f: impl FnOnce(Comm, u64) -> Res<String>) -> Res<()> {
     let group = dist::Bootstrap::from_env()?.connect()?;
     let n = Device::cuda_count().max(1);
-    let dev = Device::cuda(group.local_rank() as u32 % n)?;
+    // RANK, not LOCAL_RANK: distinct GPUs also when a test runs several one-process "nodes" on
+    // one machine (NCCL refuses two ranks of a communicator on one GPU)
+    let dev = Device::cuda(group.rank() as u32 % n)?;
     let drawn = seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
