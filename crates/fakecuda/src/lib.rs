@@ -10,7 +10,7 @@
 //! unwinding into the caller. Build it with `cargo build -p fakecuda` and put it on the loader
 //! path as `libcuda.so.1` (`scripts/fakecuda.sh` does that).
 //!
-//! The same library is also a fake `libnccl.so` ([`nccl`]): NCCL's device pointers are this
+//! The same library is also a fake `libnccl.so` (module `nccl`): NCCL's device pointers are this
 //! driver's emulator addresses, so the two share one emulator per process.
 
 #![allow(non_snake_case)]
