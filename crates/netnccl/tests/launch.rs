@@ -234,3 +234,29 @@ fn ep_dispatch_combine_over_nccl_is_bit_identical_to_in_process() {
         );
     }
 }
+
+/// A rank that dies after joining makes the others' next collective fail with an NCCL remote
+/// error naming it (the fake sees the closed connection), not hang.
+#[test]
+fn a_dead_rank_is_an_nccl_remote_error() {
+    let Some(f) = Fake::new("dead") else { return };
+    let t0 = std::time::Instant::now();
+    let o = launch(
+        f.command(),
+        2,
+        1,
+        &["collectives", "--count", "8", "--die-rank", "1"],
+    );
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(
+        t.contains("ncclAllReduce failed with ncclResult_t 6"),
+        "{t}"
+    );
+    assert!(t.contains("receiving from rank 1"), "{t}");
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(25),
+        "took {:?}",
+        t0.elapsed()
+    );
+}

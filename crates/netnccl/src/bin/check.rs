@@ -5,7 +5,8 @@
 //!   all-reduce / reduce-scatter / all-gather against the host reference;
 //! - `netnccl-check proxy [--seed S]`: 2 ranks exchange records through the proxy transport
 //!   over the NCCL engine;
-//!   (`--skew-rank R`: rank R uses `C + 1`, which must fail with an NCCL error);
+//!   (`--skew-rank R`: rank R uses `C + 1`, which must fail with an NCCL error; `--die-rank R`:
+//!   rank R exits after joining, and the others must fail naming it);
 //! - `netnccl-check ep [--single] [--nodes N] [--gpus-per-node G] [--seed S]`: EP dispatch
 //!   and combine in one process, or one process per node over the NCCL engine (`hash` lines);
 //! - `netnccl-check unavailable`: succeeds only if loading NCCL fails with `NcclUnavailable`.
@@ -40,6 +41,10 @@ enum Verb {
         /// This rank uses `count + 1` (to check that mismatched ranks fail clearly).
         #[arg(long)]
         skew_rank: Option<u32>,
+        /// This rank dies (exit 3, its sockets closed by the kernel as on SIGKILL) right after
+        /// joining the communicator: the others must fail with an NCCL error naming it.
+        #[arg(long)]
+        die_rank: Option<u32>,
     },
     Proxy {
         #[arg(long)]
@@ -68,7 +73,11 @@ fn main() -> ExitCode {
             exact,
             seed,
             skew_rank,
+            die_rank,
         } => rank(seed, |comm, seed| {
+            if die_rank == Some(comm.rank()) {
+                std::process::exit(3);
+            }
             let count = count + usize::from(skew_rank == Some(comm.rank()));
             collectives(&comm, &CollCfg { count, exact, seed })
         }),
