@@ -157,6 +157,7 @@ pub fn collectives(comm: &Comm, c: &CollCfg) -> Res<String> {
     let want: Vec<f64> = all.concat().iter().map(|&v| v as f64).collect();
     compare("all_gather f32", &got, &want, &want, 0.0, Some(&want))?;
     bf16_checks(comm, c)?;
+    comm.async_error()?;
     Ok(format!(
         "rank {me}: collectives OK ({n} ranks, {} elements per block, seed {:#x}, exact {})",
         c.count, c.seed, c.exact
