@@ -106,7 +106,8 @@ fn sums(
 }
 
 /// All-reduce (sum, max), reduce-scatter (sum) and all-gather of f32, all-reduce (sum) and
-/// all-gather of bf16, on fresh random data, against the host reference.
+/// all-gather of bf16, and the order-independent i32 sum, f64 min and f16 max, on fresh random
+/// data (NaN-poisoned outputs), against the host reference.
 pub fn collectives(comm: &Comm, c: &CollCfg) -> Res<String> {
     let (me, n, d) = (comm.rank(), comm.nranks(), comm.device().clone());
     let nn = n as usize;
@@ -157,6 +158,7 @@ pub fn collectives(comm: &Comm, c: &CollCfg) -> Res<String> {
     let want: Vec<f64> = all.concat().iter().map(|&v| v as f64).collect();
     compare("all_gather f32", &got, &want, &want, 0.0, Some(&want))?;
     bf16_checks(comm, c)?;
+    exact_checks(comm, c)?;
     comm.async_error()?;
     Ok(format!(
         "rank {me}: collectives OK ({n} ranks, {} elements per block, seed {:#x}, exact {})",
@@ -191,6 +193,58 @@ fn bf16_checks(comm: &Comm, c: &CollCfg) -> Res<()> {
         .flat_map(|x| x[..c.count].iter().map(|&v| v as f64))
         .collect();
     compare("all_gather bf16", &got, &want, &want, 0.0, Some(&want))
+}
+
+/// Reductions that are exact in any order: i32 sum (wrapping), f64 min, f16 max.
+fn exact_checks(comm: &Comm, c: &CollCfg) -> Res<()> {
+    let (me, n, d) = (comm.rank() as usize, comm.nranks(), comm.device().clone());
+    let len = c.count;
+    let all = all_inputs(c, 5, n, len);
+    let ints: Vec<Vec<i32>> = all
+        .iter()
+        .map(|v| v.iter().map(|&x| (x * 1e9) as i32).collect())
+        .collect();
+    let (s, r) = io(&d, &ints[me], len, i32::MIN)?;
+    comm.all_reduce(&s, &r, ReduceOp::Sum)?;
+    let want: Vec<i32> = (0..len)
+        .map(|i| ints.iter().fold(0i32, |a, v| a.wrapping_add(v[i])))
+        .collect();
+    if r.to_vec()? != want {
+        return Err("all_reduce i32 sum differs from the exact host sum".into());
+    }
+    let wide: Vec<Vec<f64>> = all
+        .iter()
+        .map(|v| v.iter().map(|&x| x as f64 / 3.0).collect())
+        .collect();
+    let (s, r) = io(&d, &wide[me], len, f64::NAN)?;
+    comm.all_reduce(&s, &r, ReduceOp::Min)?;
+    let want: Vec<f64> = (0..len)
+        .map(|i| wide.iter().map(|v| v[i]).fold(f64::MAX, f64::min))
+        .collect();
+    compare(
+        "all_reduce f64 min",
+        &r.to_vec()?,
+        &want,
+        &want,
+        0.0,
+        Some(&want),
+    )?;
+    let halves: Vec<Vec<half::f16>> = all
+        .iter()
+        .map(|v| v.iter().map(|&x| half::f16::from_f32(x)).collect())
+        .collect();
+    let (s, r) = io(&d, &halves[me], len, half::f16::NAN)?;
+    comm.all_reduce(&s, &r, ReduceOp::Max)?;
+    let got: Vec<f64> = r.to_vec()?.iter().map(|v| v.to_f64()).collect();
+    let want: Vec<f64> = (0..len)
+        .map(|i| {
+            halves
+                .iter()
+                .map(|v| v[i].to_f64())
+                .fold(f64::MIN, f64::max)
+        })
+        .collect();
+    compare("all_reduce f16 max", &got, &want, &want, 0.0, Some(&want))
 }
 
 pub use proxy::proxy;
