@@ -2,7 +2,8 @@
 # Runs a command against the fake CUDA driver (crates/fakecuda: the driver API on the emulator):
 #   scripts/fakecuda.sh cargo test -p runtime --test backend -- --test-threads=1
 #   scripts/fakecuda.sh target/debug/ptxforge kernels --check --device cuda
-# Builds the cdylib, copies it into a fresh temporary directory as libcuda.so and libcuda.so.1,
+# Builds the cdylib, copies it into a fresh temporary directory as libcuda.so and libcuda.so.1
+# (and as libnccl.so / libnccl.so.2: the same library exports the fake NCCL, crates/fakecuda/src/nccl),
 # and runs the command with that directory first on LD_LIBRARY_PATH and PTXFORGE_TEST_CUDA=1.
 # (It is never named libcuda.so inside target/: cargo puts target/*/deps on the loader path of
 # tests, and a fake libcuda there would hide the real driver / the "no driver" behaviour.)
@@ -16,8 +17,12 @@ lib="$target/debug/libptxforge_fakecuda.so"
 [ -f "$lib" ] || { echo "fakecuda.sh: $lib was not built" >&2; exit 1; }
 dir="$(mktemp -d "${TMPDIR:-/tmp}/fakecuda.XXXXXX")"
 trap 'rm -rf "$dir"' EXIT
-cp "$lib" "$dir/libcuda.so"
-cp "$lib" "$dir/libcuda.so.1"
+# one file behind every name (symbolic links): the dynamic loader maps it once, so the fake
+# NCCL sees the fake driver's memory (two copies would be two emulators)
+cp "$lib" "$dir/libptxforge_fakecuda.so"
+for name in libcuda.so libcuda.so.1 libnccl.so libnccl.so.2; do
+  ln -s libptxforge_fakecuda.so "$dir/$name"
+done
 mkdir -p "$dir/cache"
 export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PTXFORGE_TEST_CUDA=1

@@ -4,7 +4,8 @@
 # against its CPU reference on the GPU (`ptxforge kernels --check --device cuda`), (3) a small
 # `ptxforge moe --device cuda`, (4) the Hopper GEMM benchmark (DeepGEMM shapes) and `ptxforge
 # bench gemm` (which times cuBLAS through PyTorch on the same shapes when torch is there), (5)
-# `ptxforge bench attn` (MLA attention training and decoding, beside torch SDPA). Prints a
+# `ptxforge bench attn` (MLA attention training and decoding, beside torch SDPA), (6) NCCL
+# (crates/netnccl: collectives, and with 2+ GPUs the NCCL engine of the EP proxy). Prints a
 # table at the end; full logs go to $OUT (or target/gpu-check). Budget: under 8 minutes on one
 # H200 (each step has a timeout).
 #
@@ -38,6 +39,8 @@ if command -v cargo >/dev/null; then
   MCAST=(cargo test --release -p runtime --test multicast --)
   IPC=(cargo test --release -p runtime --test ipc_procs --)
   BENCH=(cargo run --release -q -p kernels --example bench_hopper --)
+  cargo build --release -q -p netnccl --bin netnccl-check >"$LOG/netnccl-build.log" 2>&1
+  NCCLCHK=(target/release/netnccl-check)
 elif [ -x .gpu/bin/ptxforge ]; then
   echo "no cargo: running the binaries of .gpu/ (commit $(cat .gpu/COMMIT 2>/dev/null); $(cat .gpu/GLIBC 2>/dev/null); here $(ldd --version 2>&1 | head -1))" | tee -a "$LOG/summary.log"
   PF=(.gpu/bin/ptxforge)
@@ -45,6 +48,7 @@ elif [ -x .gpu/bin/ptxforge ]; then
   MCAST=(.gpu/bin/runtime-multicast-tests)
   IPC=(.gpu/bin/runtime-ipc-procs-tests)
   BENCH=(.gpu/bin/bench_hopper)
+  NCCLCHK=(.gpu/bin/netnccl-check)
 else
   echo "no cargo and no .gpu/ binaries: run scripts/gpu-pack.sh where Rust is and carry .gpu" | tee -a "$LOG/summary.log"
   exit 2
@@ -73,6 +77,34 @@ step bench-gemm 120 "${PF[@]}" bench gemm --device cuda:0 --dtype fp8
 # MLA attention: training fwd/bwd (2 x 4096 tokens, 16 heads, 192/128) beside torch SDPA, and
 # paged decoding (64 x 4096 cached tokens, 128 heads, 512 + 64) in TFLOP/s and GB/s.
 step bench-attn 120 "${PF[@]}" bench attn --device cuda:0
+# NCCL (crates/netnccl; CI runs the same checks on the fake NCCL): the real libnccl.so.2 —
+# from the system, or PyTorch's nvidia-nccl wheel — with the data-parallel collectives against
+# the f64 host reference. One rank per GPU: NCCL refuses two ranks of one communicator on the
+# same GPU ("Duplicate GPU detected"), so the one-H200 check machine runs a 1-rank communicator
+# (every call goes through the real library and GPU, but nothing crosses a link); with 2+ GPUs
+# it also runs 2 ranks, the proxy transport over the NCCL engine, and EP dispatch/combine
+# against the single-process run.
+if [ -z "${PTXFORGE_NCCL_LIB:-}" ]; then
+  lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+  [ -n "$lib" ] && [ -f "$lib" ] && export PTXFORGE_NCCL_LIB="$lib"
+fi
+if [ ! -x "${NCCLCHK[0]}" ]; then
+  echo "skip nccl: no netnccl-check binary" | tee -a "$LOG/summary.log"
+elif "${NCCLCHK[@]}" unavailable >"$LOG/nccl-probe.log" 2>&1; then
+  echo "skip nccl: $(tail -1 "$LOG/nccl-probe.log")" | tee -a "$LOG/summary.log"
+else
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  step nccl-1rank 60 "${NCCLCHK[@]}" launch --nodes 1 --procs-per-node 1 -- \
+    "${NCCLCHK[@]}" collectives --count 65536
+  if [ "${ngpu:-1}" -ge 2 ]; then
+    step nccl-2ranks 60 "${NCCLCHK[@]}" launch --nodes 2 --procs-per-node 1 -- \
+      "${NCCLCHK[@]}" collectives --count 65536
+    step nccl-proxy 60 "${NCCLCHK[@]}" launch --nodes 2 --procs-per-node 1 -- "${NCCLCHK[@]}" proxy
+    step nccl-ep 120 bash -c "'${NCCLCHK[0]}' ep --single --seed 5 | grep ^hash | sort > '$LOG/ep-single.txt' &&
+      '${NCCLCHK[0]}' launch --nodes 2 --procs-per-node 1 --no-prefix -- '${NCCLCHK[0]}' ep --seed 5 |
+      grep ^hash | sort > '$LOG/ep-nccl.txt' && diff '$LOG/ep-single.txt' '$LOG/ep-nccl.txt'"
+  fi
+fi
 # The Python package's CUDA path (python/tests/test_cuda.py: arrays in CUDA memory,
 # __cuda_array_interface__, launches through the driver, torch reading them when torch has
 # CUDA): needs python3 with numpy and pytest, and the package — built here with maturin, or the

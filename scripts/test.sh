@@ -18,7 +18,8 @@ else
   apt-get install -y -qq $mpi_pkgs >/dev/null
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# the fake CUDA driver (a cdylib, which `cargo test` does not build as such) and the Hopper
+# the fake CUDA driver (a cdylib, which `cargo test` does not build as such; it is also the fake
+# NCCL of crates/netnccl's multi-process tests) and the Hopper
 # benchmark example (`--all-targets` builds examples as test harnesses) for the tests that run
 # them on the fake driver; they would otherwise build them into a separate target directory
 # tests that need ptxas fail (instead of skipping) when it is missing

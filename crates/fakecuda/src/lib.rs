@@ -9,6 +9,9 @@
 //! behaviour). Every entry point catches panics and returns `CUDA_ERROR_UNKNOWN` instead of
 //! unwinding into the caller. Build it with `cargo build -p fakecuda` and put it on the loader
 //! path as `libcuda.so.1` (`scripts/fakecuda.sh` does that).
+//!
+//! The same library is also a fake `libnccl.so` (module `nccl`): NCCL's device pointers are this
+//! driver's emulator addresses, so the two share one emulator per process.
 
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)]
@@ -16,6 +19,7 @@
 mod exec;
 mod jit;
 mod multicast;
+mod nccl;
 mod state;
 mod tmap;
 

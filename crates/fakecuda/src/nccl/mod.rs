@@ -1,0 +1,549 @@
+//! A fake `libnccl.so` in the same library as the fake driver: NCCL's device pointers are the
+//! fake driver's emulator addresses, so the two must share one emulator instance per process.
+//! `scripts/fakecuda.sh` installs this cdylib as `libnccl.so` / `libnccl.so.2` next to
+//! `libcuda.so`.
+//!
+//! Modelled: communicators across processes (TCP between ranks; [`net`]), point-to-point
+//! `ncclSend`/`ncclRecv` inside `ncclGroupStart`/`ncclGroupEnd` (sends are matched to receives
+//! in order per pair of ranks, as NCCL does), and `ncclAllReduce`, `ncclReduceScatter`,
+//! `ncclAllGather` for every built-in type and reduction. Reductions are exact and
+//! deterministic: contributions are folded in rank order 0..n-1 on every rank ([`reduce`]).
+//!
+//! Stream semantics: an operation first waits for the work queued on its stream (the legacy
+//! stream: every stream of the communicator's device), then runs to completion on the calling
+//! thread before the call returns — synchronous completion, which is one valid schedule of the
+//! stream order a real NCCL gives. Collectives inside a group run at once (not deferred to
+//! `ncclGroupEnd`); point-to-point operations are deferred to the group's end, where all sends
+//! are queued before any receive waits, so grouped exchanges cannot deadlock.
+//! Not modelled: user reduction ops, `ncclCommSplit`, configs, registration, NVLS/CollNet.
+
+mod net;
+mod reduce;
+
+use crate::exec;
+use crate::state::drv;
+use net::{Link, NetResult, COLL, INVALID_ARGUMENT, INVALID_USAGE, P2P, REMOTE_ERROR};
+use reduce::{fold, Dtype, RedOp};
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// NCCL 2.27.3 (`NCCL_VERSION_CODE`).
+const VERSION: c_int = 22703;
+const UNHANDLED_CUDA_ERROR: i32 = 1;
+const INTERNAL_ERROR: i32 = 3;
+
+/// `ncclUniqueId`: 128 opaque bytes, passed by value.
+#[repr(C)]
+pub struct NcclUniqueId {
+    internal: [c_char; 128],
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One rank's communicator.
+struct Comm {
+    rank: usize,
+    nranks: usize,
+    dev: u32,
+    links: Vec<Option<Link>>,
+    /// Messages this rank sent to itself, in order.
+    own: Mutex<VecDeque<Vec<u8>>>,
+    /// Number of the next collective (frames carry it, so mismatched programs are detected).
+    seq: AtomicU64,
+    async_err: AtomicI32,
+}
+
+impl Comm {
+    fn link(&self, peer: usize) -> NetResult<&Link> {
+        self.links.get(peer).and_then(|l| l.as_ref()).ok_or((
+            INVALID_ARGUMENT,
+            format!("peer {peer} of {} ranks", self.nranks),
+        ))
+    }
+    /// Records a lost peer as the communicator's asynchronous error.
+    fn note<T>(&self, r: NetResult<T>) -> NetResult<T> {
+        if let Err((REMOTE_ERROR, _)) = &r {
+            self.async_err.store(REMOTE_ERROR, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+fn comms() -> &'static Mutex<HashMap<usize, Arc<Comm>>> {
+    static C: OnceLock<Mutex<HashMap<usize, Arc<Comm>>>> = OnceLock::new();
+    C.get_or_init(Default::default)
+}
+
+fn comm_of(h: *mut c_void) -> NetResult<Arc<Comm>> {
+    lock(comms())
+        .get(&(h as usize))
+        .cloned()
+        .ok_or((INVALID_ARGUMENT, format!("communicator {h:p}")))
+}
+
+thread_local! {
+    static LAST: RefCell<CString> = RefCell::new(CString::default());
+    static GROUP: RefCell<(u32, Vec<P2p>)> = const { RefCell::new((0, Vec::new())) };
+}
+
+/// Runs an entry point: errors are remembered for `ncclGetLastError` (and printed with
+/// `PTXFORGE_FAKECUDA_TRACE=1` or `NCCL_DEBUG` set); a panic becomes `ncclInternalError`.
+fn entry(name: &str, f: impl FnOnce() -> NetResult<()>) -> c_int {
+    let (code, msg) = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => return 0,
+        Ok(Err(e)) => e,
+        Err(_) => (INTERNAL_ERROR, "internal error (panic)".to_string()),
+    };
+    let text = format!("{name}: {msg}");
+    if std::env::var_os("PTXFORGE_FAKECUDA_TRACE").is_some_and(|v| v == "1")
+        || std::env::var_os("NCCL_DEBUG").is_some()
+    {
+        eprintln!("fakenccl: {text}");
+    }
+    LAST.with(|l| *l.borrow_mut() = CString::new(text).unwrap_or_default());
+    code
+}
+
+/// # Safety
+/// `p` must be null or valid for a write of `T`.
+unsafe fn out<T>(p: *mut T, v: T) -> NetResult<()> {
+    if p.is_null() {
+        return Err((INVALID_ARGUMENT, "null output pointer".into()));
+    }
+    // SAFETY: non-null and valid for writes per the caller's contract.
+    unsafe { p.write_unaligned(v) };
+    Ok(())
+}
+
+fn driver() -> NetResult<&'static crate::state::Driver> {
+    drv().map_err(|_| {
+        (
+            UNHANDLED_CUDA_ERROR,
+            "the CUDA driver is not initialised".into(),
+        )
+    })
+}
+
+fn read_dev(ptr: usize, len: usize) -> NetResult<Vec<u8>> {
+    let mut v = vec![0u8; len];
+    if len > 0 {
+        let snap = driver()?.mem.snapshot();
+        let a = snap.find(ptr as u64, len as u64).ok_or_else(|| {
+            (
+                INVALID_ARGUMENT,
+                format!("device range {ptr:#x}+{len} is not allocated"),
+            )
+        })?;
+        a.read_bytes(ptr as u64 - a.base, &mut v);
+    }
+    Ok(v)
+}
+
+fn write_dev(ptr: usize, data: &[u8]) -> NetResult<()> {
+    if !data.is_empty() {
+        let snap = driver()?.mem.snapshot();
+        let len = data.len();
+        let a = snap.find(ptr as u64, len as u64).ok_or_else(|| {
+            (
+                INVALID_ARGUMENT,
+                format!("device range {ptr:#x}+{len} is not allocated"),
+            )
+        })?;
+        a.write_bytes(ptr as u64 - a.base, data);
+    }
+    Ok(())
+}
+
+/// Waits for the work queued before this operation in stream order.
+fn settle(c: &Comm, stream: usize) -> NetResult<()> {
+    let d = driver()?;
+    match exec::stream(d, stream) {
+        Ok(Some(s)) => s.drain(),
+        Ok(None) => exec::drain_device(d, c.dev),
+        Err(_) => return Err((INVALID_ARGUMENT, format!("stream {stream:#x}"))),
+    }
+    Ok(())
+}
+
+fn bytes_of(count: usize, dt: u32) -> NetResult<(Dtype, usize)> {
+    let t = Dtype::from_raw(dt).ok_or((INVALID_ARGUMENT, format!("datatype {dt}")))?;
+    let n = count
+        .checked_mul(t.size())
+        .ok_or((INVALID_ARGUMENT, format!("count {count} overflows")))?;
+    Ok((t, n))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Version, errors, unique ids, communicators
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetVersion(version: *mut c_int) -> c_int {
+    // SAFETY: out-pointer from the caller.
+    entry("ncclGetVersion", || unsafe { out(version, VERSION) })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGetErrorString(result: c_int) -> *const c_char {
+    let s: &'static std::ffi::CStr = match result {
+        0 => c"no error",
+        1 => c"unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+        2 => c"unhandled system error (run with NCCL_DEBUG=INFO for details)",
+        3 => c"internal error - please report this issue to the NCCL developers",
+        4 => c"invalid argument (run with NCCL_DEBUG=WARN for details)",
+        5 => c"invalid usage (run with NCCL_DEBUG=WARN for details)",
+        6 => c"remote process exited or there was a network error",
+        7 => c"NCCL operation in progress",
+        _ => c"unknown result code",
+    };
+    s.as_ptr()
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGetLastError(_comm: *mut c_void) -> *const c_char {
+    LAST.with(|l| l.borrow().as_ptr())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetUniqueId(id: *mut NcclUniqueId) -> c_int {
+    entry("ncclGetUniqueId", || {
+        let bytes = net::new_id()?;
+        let mut u = NcclUniqueId { internal: [0; 128] };
+        for (o, b) in u.internal.iter_mut().zip(bytes) {
+            *o = b as c_char;
+        }
+        // SAFETY: out-pointer from the caller.
+        unsafe { out(id, u) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRank(
+    comm: *mut *mut c_void,
+    nranks: c_int,
+    id: NcclUniqueId,
+    rank: c_int,
+) -> c_int {
+    entry("ncclCommInitRank", || {
+        if nranks < 1 || rank < 0 || rank >= nranks {
+            return Err((INVALID_ARGUMENT, format!("rank {rank} of nranks {nranks}")));
+        }
+        let d = driver()?;
+        let dev = crate::state::current(d)
+            .map_err(|_| {
+                (
+                    UNHANDLED_CUDA_ERROR,
+                    "no current CUDA context on this thread (set the device first)".to_string(),
+                )
+            })?
+            .dev;
+        let raw: [u8; 128] = std::array::from_fn(|i| id.internal[i] as u8);
+        let parsed = net::parse_id(&raw)?;
+        let (nranks, rank) = (nranks as usize, rank as usize);
+        let links = net::connect_all(&parsed, nranks, rank)?;
+        static NEXT: AtomicUsize = AtomicUsize::new(0x5000);
+        let h = NEXT.fetch_add(0x10, Ordering::Relaxed);
+        let c = Comm {
+            rank,
+            nranks,
+            dev,
+            links,
+            own: Mutex::default(),
+            seq: AtomicU64::new(0),
+            async_err: AtomicI32::new(0),
+        };
+        lock(comms()).insert(h, Arc::new(c));
+        // SAFETY: out-pointer from the caller.
+        unsafe { out(comm, h as *mut c_void) }
+    })
+}
+
+fn close(comm: *mut c_void, flush: bool) -> NetResult<()> {
+    let c = lock(comms())
+        .remove(&(comm as usize))
+        .ok_or((INVALID_ARGUMENT, format!("communicator {comm:p}")))?;
+    for l in c.links.iter().flatten() {
+        l.close(flush);
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommDestroy(comm: *mut c_void) -> c_int {
+    entry("ncclCommDestroy", || close(comm, true))
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommAbort(comm: *mut c_void) -> c_int {
+    entry("ncclCommAbort", || close(comm, false))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommGetAsyncError(comm: *mut c_void, err: *mut c_int) -> c_int {
+    entry("ncclCommGetAsyncError", || {
+        let c = comm_of(comm)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { out(err, c.async_err.load(Ordering::Relaxed)) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommCount(comm: *mut c_void, count: *mut c_int) -> c_int {
+    entry("ncclCommCount", || {
+        let c = comm_of(comm)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { out(count, c.nranks as c_int) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommUserRank(comm: *mut c_void, rank: *mut c_int) -> c_int {
+    entry("ncclCommUserRank", || {
+        let c = comm_of(comm)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { out(rank, c.rank as c_int) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommCuDevice(comm: *mut c_void, device: *mut c_int) -> c_int {
+    entry("ncclCommCuDevice", || {
+        let c = comm_of(comm)?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { out(device, c.dev as c_int) }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Groups and point-to-point
+
+/// A send or receive waiting for its group's end.
+struct P2p {
+    comm: Arc<Comm>,
+    send: bool,
+    ptr: usize,
+    bytes: usize,
+    peer: usize,
+    stream: usize,
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGroupStart() -> c_int {
+    entry("ncclGroupStart", || {
+        GROUP.with(|g| g.borrow_mut().0 += 1);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGroupEnd() -> c_int {
+    entry("ncclGroupEnd", || {
+        let ops = GROUP.with(|g| {
+            let mut g = g.borrow_mut();
+            if g.0 == 0 {
+                return Err((INVALID_USAGE, "ncclGroupEnd without ncclGroupStart".into()));
+            }
+            g.0 -= 1;
+            Ok(if g.0 == 0 {
+                std::mem::take(&mut g.1)
+            } else {
+                Vec::new()
+            })
+        })?;
+        run_p2p(ops)
+    })
+}
+
+/// Queues every send, then completes every receive in order.
+fn run_p2p(ops: Vec<P2p>) -> NetResult<()> {
+    for o in ops.iter().filter(|o| o.send) {
+        settle(&o.comm, o.stream)?;
+        let data = read_dev(o.ptr, o.bytes)?;
+        if o.peer == o.comm.rank {
+            lock(&o.comm.own).push_back(data);
+        } else {
+            o.comm.note(o.comm.link(o.peer)?.send(P2P, 0, &data))?;
+        }
+    }
+    for o in ops.iter().filter(|o| !o.send) {
+        settle(&o.comm, o.stream)?;
+        let data = if o.peer == o.comm.rank {
+            lock(&o.comm.own).pop_front().ok_or((
+                INVALID_USAGE,
+                "a receive from self with no send to self".into(),
+            ))?
+        } else {
+            o.comm.note(o.comm.link(o.peer)?.recv(P2P, 0, o.bytes))?
+        };
+        if data.len() != o.bytes {
+            return Err((
+                INVALID_USAGE,
+                format!(
+                    "a send of {} bytes matched a receive of {}",
+                    data.len(),
+                    o.bytes
+                ),
+            ));
+        }
+        write_dev(o.ptr, &data)?;
+    }
+    Ok(())
+}
+
+/// Defers `op` to the group's end (a call outside a group is a group of one).
+fn p2p(op: P2p) -> NetResult<()> {
+    if op.peer >= op.comm.nranks {
+        return Err((
+            INVALID_ARGUMENT,
+            format!("peer {} of {} ranks", op.peer, op.comm.nranks),
+        ));
+    }
+    let alone = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.0 == 0 {
+            return Some(op);
+        }
+        g.1.push(op);
+        None
+    });
+    match alone {
+        Some(op) => run_p2p(vec![op]),
+        None => Ok(()),
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn ncclSend(
+    buf: *const c_void,
+    count: usize,
+    dt: u32,
+    peer: c_int,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> c_int {
+    entry("ncclSend", || {
+        let (_, bytes) = bytes_of(count, dt)?;
+        p2p(P2p {
+            comm: comm_of(comm)?,
+            send: true,
+            ptr: buf as usize,
+            bytes,
+            peer: usize::try_from(peer).map_err(|_| (INVALID_ARGUMENT, "peer".to_string()))?,
+            stream: stream as usize,
+        })
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclRecv(
+    buf: *mut c_void,
+    count: usize,
+    dt: u32,
+    peer: c_int,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> c_int {
+    entry("ncclRecv", || {
+        let (_, bytes) = bytes_of(count, dt)?;
+        p2p(P2p {
+            comm: comm_of(comm)?,
+            send: false,
+            ptr: buf as usize,
+            bytes,
+            peer: usize::try_from(peer).map_err(|_| (INVALID_ARGUMENT, "peer".to_string()))?,
+            stream: stream as usize,
+        })
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collectives
+
+/// Sends `part(q)` to every peer q and returns every rank's part for this rank, in rank order
+/// (this rank's own from `part(rank)`).
+fn exchange<'a>(c: &Comm, part: impl Fn(usize) -> &'a [u8], len: usize) -> NetResult<Vec<Vec<u8>>> {
+    let seq = c.seq.fetch_add(1, Ordering::Relaxed);
+    for q in (0..c.nranks).filter(|&q| q != c.rank) {
+        c.note(c.link(q)?.send(COLL, seq, part(q)))?;
+    }
+    (0..c.nranks)
+        .map(|q| {
+            if q == c.rank {
+                Ok(part(q).to_vec())
+            } else {
+                c.note(c.link(q)?.recv(COLL, seq, len))
+            }
+        })
+        .collect()
+}
+
+fn reduce_parts(dt: Dtype, op: u32, parts: &[Vec<u8>]) -> NetResult<Vec<u8>> {
+    let op = RedOp::from_raw(op).ok_or((INVALID_ARGUMENT, format!("reduction op {op}")))?;
+    fold(dt, op, parts).ok_or((INVALID_ARGUMENT, format!("no reduction for {dt:?}")))
+}
+
+#[no_mangle]
+pub extern "C" fn ncclAllReduce(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dt: u32,
+    op: u32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> c_int {
+    entry("ncclAllReduce", || {
+        let c = comm_of(comm)?;
+        let (t, bytes) = bytes_of(count, dt)?;
+        settle(&c, stream as usize)?;
+        let mine = read_dev(send as usize, bytes)?;
+        let parts = exchange(&c, |_| &mine, bytes)?;
+        write_dev(recv as usize, &reduce_parts(t, op, &parts)?)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclReduceScatter(
+    send: *const c_void,
+    recv: *mut c_void,
+    recvcount: usize,
+    dt: u32,
+    op: u32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> c_int {
+    entry("ncclReduceScatter", || {
+        let c = comm_of(comm)?;
+        let (t, bytes) = bytes_of(recvcount, dt)?;
+        let total = bytes
+            .checked_mul(c.nranks)
+            .ok_or((INVALID_ARGUMENT, "recvcount overflows".to_string()))?;
+        settle(&c, stream as usize)?;
+        let mine = read_dev(send as usize, total)?;
+        let parts = exchange(&c, |q| &mine[q * bytes..(q + 1) * bytes], bytes)?;
+        write_dev(recv as usize, &reduce_parts(t, op, &parts)?)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ncclAllGather(
+    send: *const c_void,
+    recv: *mut c_void,
+    sendcount: usize,
+    dt: u32,
+    comm: *mut c_void,
+    stream: *mut c_void,
+) -> c_int {
+    entry("ncclAllGather", || {
+        let c = comm_of(comm)?;
+        let (_, bytes) = bytes_of(sendcount, dt)?;
+        settle(&c, stream as usize)?;
+        let mine = read_dev(send as usize, bytes)?;
+        let parts = exchange(&c, |_| &mine, bytes)?;
+        write_dev(recv as usize, &parts.concat())
+    })
+}

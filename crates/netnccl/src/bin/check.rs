@@ -1,0 +1,146 @@
+//! `netnccl-check`: the launcher and the rank programs of the NCCL tests.
+//!
+//! - `netnccl-check launch --nodes N --procs-per-node P -- CMD...`: `ptxforge launch`;
+//! - `netnccl-check collectives [--count C] [--exact] [--seed S]`: every rank of the job checks
+//!   all-reduce / reduce-scatter / all-gather against the host reference;
+//! - `netnccl-check proxy [--seed S]`: 2 ranks exchange records through the proxy transport
+//!   over the NCCL engine;
+//!   (`--skew-rank R`: rank R uses `C + 1`, which must fail with an NCCL error; `--die-rank R`:
+//!   rank R exits after joining, and the others must fail naming it);
+//! - `netnccl-check ep [--single] [--nodes N] [--gpus-per-node G] [--seed S]`: EP dispatch
+//!   and combine in one process, or one process per node over the NCCL engine (`hash` lines);
+//! - `netnccl-check unavailable`: succeeds only if loading NCCL fails with `NcclUnavailable`.
+//!
+//! Each rank uses CUDA device `RANK % devices`. Without `--seed`, rank 0 draws one from
+//! the clock and shares it. Prints one `rank R: ... OK` line per check, or the error (exit 1).
+
+use clap::{Parser, Subcommand};
+use netnccl::check::{collectives, proxy, CollCfg, Res};
+use netnccl::epcheck::{self, EpCheckCfg};
+use netnccl::{Comm, NcclEngine, NcclError};
+use runtime::Device;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "netnccl-check", about = "NCCL engine and collectives checks")]
+struct Cli {
+    #[command(subcommand)]
+    verb: Verb,
+}
+
+#[derive(Subcommand)]
+enum Verb {
+    Launch(dist::launch::LaunchArgs),
+    Collectives {
+        #[arg(long, default_value_t = 300)]
+        count: usize,
+        #[arg(long)]
+        exact: bool,
+        #[arg(long)]
+        seed: Option<u64>,
+        /// This rank uses `count + 1` (to check that mismatched ranks fail clearly).
+        #[arg(long)]
+        skew_rank: Option<u32>,
+        /// This rank dies (exit 3, its sockets closed by the kernel as on SIGKILL) right after
+        /// joining the communicator: the others must fail with an NCCL error naming it.
+        #[arg(long)]
+        die_rank: Option<u32>,
+    },
+    Proxy {
+        #[arg(long)]
+        seed: Option<u64>,
+    },
+    /// EP dispatch + combine: `--single` in this process, else one process per node with the
+    /// NCCL engine between them; prints `hash` lines.
+    Ep {
+        #[arg(long)]
+        single: bool,
+        #[arg(long, default_value_t = 2)]
+        nodes: u32,
+        #[arg(long, default_value_t = 1)]
+        gpus_per_node: u32,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    Unavailable,
+}
+
+fn main() -> ExitCode {
+    let r = match Cli::parse().verb {
+        Verb::Launch(a) => dist::launch::run(a).map_err(Into::into),
+        Verb::Collectives {
+            count,
+            exact,
+            seed,
+            skew_rank,
+            die_rank,
+        } => rank(seed, |comm, seed| {
+            if die_rank == Some(comm.rank()) {
+                std::process::exit(3);
+            }
+            let count = count + usize::from(skew_rank == Some(comm.rank()));
+            collectives(&comm, &CollCfg { count, exact, seed })
+        }),
+        Verb::Proxy { seed } => rank(seed, |comm, seed| proxy(NcclEngine::new(comm)?, seed)),
+        Verb::Ep {
+            single,
+            nodes,
+            gpus_per_node,
+            seed,
+        } => {
+            let cfg = EpCheckCfg {
+                nodes,
+                gpus_per_node,
+                seed,
+                ..EpCheckCfg::default()
+            };
+            if single {
+                epcheck::run(&cfg, None).map(|l| println!("{}", l.join("\n")))
+            } else {
+                rank(Some(seed), |comm, _| {
+                    Ok(epcheck::run(&cfg, Some(NcclEngine::new(comm)?))?.join("\n"))
+                })
+            }
+        }
+        Verb::Unavailable => unavailable(),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("netnccl-check: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Joins the job, makes the communicator and runs `f` with it and the job's seed.
+fn rank(seed: Option<u64>, f: impl FnOnce(Comm, u64) -> Res<String>) -> Res<()> {
+    let group = dist::Bootstrap::from_env()?.connect()?;
+    let n = Device::cuda_count().max(1);
+    // RANK, not LOCAL_RANK: distinct GPUs also when a test runs several one-process "nodes" on
+    // one machine (NCCL refuses two ranks of a communicator on one GPU)
+    let dev = Device::cuda(group.rank() as u32 % n)?;
+    let drawn = seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let all = group.all_gather(&drawn.to_le_bytes())?;
+    let seed = u64::from_le_bytes(all[0].as_slice().try_into()?);
+    let comm = Comm::bootstrap(&group, &dev)?;
+    println!("{}", f(comm, seed)?);
+    group.finish()?;
+    Ok(())
+}
+
+fn unavailable() -> Res<()> {
+    match netnccl::UniqueId::new() {
+        Err(NcclError::NcclUnavailable(why)) => {
+            println!("NcclUnavailable: {why}");
+            Ok(())
+        }
+        Err(e) => Err(format!("expected NcclUnavailable, got: {e}").into()),
+        Ok(_) => Err("expected NcclUnavailable, but NCCL loaded".into()),
+    }
+}

@@ -1,0 +1,263 @@
+//! `netnccl-check` as 2 nodes x 1 and 2 x 2 processes under the `dist` launcher, on the fake
+//! NCCL + fake driver (`crates/fakecuda`, linked as libcuda.so / libnccl.so in a temporary
+//! directory): collectives against the host reference (bit for bit with the fake's rank-order
+//! reductions, and within f64 tolerance), the proxy transport over the NCCL engine, clear
+//! errors. With `PTXFORGE_TEST_NCCL=1` (scripts/gpu-check.sh) the collectives run instead on the
+//! real NCCL and GPU(s): `PTXFORGE_TEST_NCCL_RANKS` ranks (default 1) in one node.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_netnccl-check");
+
+/// A temporary directory with the fake library behind libcuda.so(.1) and libnccl.so(.2)
+/// (symbolic links to one file: the loader maps it once, so both APIs share one emulator).
+struct Fake {
+    dir: PathBuf,
+}
+
+impl Fake {
+    fn new(tag: &str) -> Option<Fake> {
+        if !cfg!(target_os = "linux") {
+            eprintln!("skip: the fake driver is built for Linux only");
+            return None;
+        }
+        if std::env::var("PTXFORGE_TEST_CUDA").as_deref() == Ok("1") {
+            eprintln!("skip: PTXFORGE_TEST_CUDA=1 (a real driver is expected)");
+            return None;
+        }
+        let lib = fake_lib();
+        let dir = std::env::temp_dir().join(format!("netnccl-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::copy(&lib, dir.join("libptxforge_fakecuda.so")).expect("copy the fake");
+        for name in ["libcuda.so", "libcuda.so.1", "libnccl.so", "libnccl.so.2"] {
+            std::os::unix::fs::symlink("libptxforge_fakecuda.so", dir.join(name)).expect("link");
+        }
+        Some(Fake { dir })
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(BIN);
+        let mut path = self.dir.as_os_str().to_owned();
+        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+            path.push(":");
+            path.push(old);
+        }
+        c.env("LD_LIBRARY_PATH", path)
+            .env("PTXFORGE_TEST_CUDA", "1")
+            .env("PTXFORGE_FAKENCCL_TIMEOUT", "30")
+            .env_remove("PTXFORGE_NO_CUDA")
+            .env_remove("PTXFORGE_NCCL_LIB")
+            .env_remove("PTXFORGE_NO_NCCL");
+        c
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The fake's cdylib under this test's profile directory, or built now into a separate target
+/// directory (`cargo test` does not build cdylibs as such; scripts/test.sh builds it first).
+fn fake_lib() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile = exe.parent().and_then(Path::parent).expect("profile dir");
+    let out = profile.join("libptxforge_fakecuda.so");
+    if out.exists() {
+        return out;
+    }
+    let target = profile.join("fakecuda-build");
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+    let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["build", "-p", "fakecuda", "--manifest-path"])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target)
+        .status()
+        .expect("run cargo build");
+    assert!(st.success(), "cargo build -p fakecuda failed");
+    target.join("debug").join("libptxforge_fakecuda.so")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// `netnccl-check launch --nodes N --procs-per-node P -- netnccl-check ARGS`.
+fn launch(mut c: Command, nodes: usize, ppn: usize, args: &[&str]) -> Output {
+    c.args(["launch", "--nodes", &nodes.to_string(), "--procs-per-node"])
+        .arg(ppn.to_string())
+        .args(["--timeout", "30", "--", BIN])
+        .args(args)
+        .output()
+        .expect("run netnccl-check launch")
+}
+
+#[test]
+fn collectives_match_the_host_reference_on_the_fake_nccl() {
+    let Some(f) = Fake::new("coll") else { return };
+    // 1 x 1: the one-rank communicator the one-GPU check machine runs
+    for (nodes, ppn, count) in [(1, 1, "33"), (2, 1, "257"), (2, 2, "64")] {
+        let o = launch(
+            f.command(),
+            nodes,
+            ppn,
+            &["collectives", "--exact", "--count", count],
+        );
+        let t = text(&o);
+        assert!(o.status.success(), "{nodes}x{ppn}: {t}");
+        for r in 0..nodes * ppn {
+            let want = format!("rank {r}: collectives OK ({} ranks", nodes * ppn);
+            assert!(t.contains(&want), "{nodes}x{ppn}: no `{want}` in\n{t}");
+        }
+    }
+}
+
+#[test]
+fn proxy_transport_runs_over_the_nccl_engine() {
+    let Some(f) = Fake::new("proxy") else { return };
+    let o = launch(f.command(), 2, 1, &["proxy"]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for r in 0..2 {
+        assert!(t.contains(&format!("rank {r}: proxy over NCCL OK")), "{t}");
+    }
+}
+
+/// Ranks that disagree on a collective's size fail with an NCCL error naming the call, not a
+/// hang or a wrong result.
+#[test]
+fn mismatched_counts_are_an_nccl_error() {
+    let Some(f) = Fake::new("mismatch") else {
+        return;
+    };
+    let o = launch(
+        f.command(),
+        2,
+        1,
+        &["collectives", "--count", "8", "--skew-rank", "1"],
+    );
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(
+        t.contains("ncclAllReduce failed with ncclResult_t 5"),
+        "{t}"
+    );
+    assert!(t.contains("mismatched operations or counts"), "{t}");
+}
+
+#[test]
+fn missing_libnccl_is_nccl_unavailable() {
+    let o = Command::new(BIN)
+        .arg("unavailable")
+        .env("PTXFORGE_NCCL_LIB", "/nonexistent/libnccl.so.2")
+        .output()
+        .expect("run netnccl-check");
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("NcclUnavailable: libnccl not found"), "{t}");
+    assert!(t.contains("/nonexistent/libnccl.so.2"), "{t}");
+}
+
+/// The real NCCL on GPU(s) (scripts/gpu-check.sh sets PTXFORGE_TEST_NCCL=1).
+#[test]
+fn collectives_on_the_real_nccl() {
+    if std::env::var("PTXFORGE_TEST_NCCL").as_deref() != Ok("1") {
+        eprintln!("skip: real-NCCL tests need PTXFORGE_TEST_NCCL=1, a GPU and libnccl");
+        return;
+    }
+    let ranks: usize = std::env::var("PTXFORGE_TEST_NCCL_RANKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let o = launch(
+        Command::new(BIN),
+        1,
+        ranks,
+        &["collectives", "--count", "4096"],
+    );
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    for r in 0..ranks {
+        assert!(t.contains(&format!("rank {r}: collectives OK")), "{t}");
+    }
+}
+
+/// The sorted `hash` lines of a run.
+fn hashes(o: &Output) -> Vec<String> {
+    let mut v: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split_once("hash ").map(|(_, h)| format!("hash {h}")))
+        .collect();
+    v.sort();
+    v
+}
+
+/// EP dispatch + combine with the inter-node legs over the NCCL engine (one process per node,
+/// 1 and 2 GPUs per node) is bit-identical to the single-process in-process transport.
+#[test]
+fn ep_dispatch_combine_over_nccl_is_bit_identical_to_in_process() {
+    let Some(f) = Fake::new("ep") else { return };
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as u64;
+    let seed = seed.to_string();
+    for gpn in ["1", "2"] {
+        let args = ["ep", "--gpus-per-node", gpn, "--seed", &seed];
+        let one = Command::new(BIN)
+            .args(args)
+            .arg("--single")
+            .output()
+            .expect("run netnccl-check ep --single");
+        assert!(one.status.success(), "{}", text(&one));
+        let multi = launch(f.command(), 2, 1, &args);
+        assert!(multi.status.success(), "{}", text(&multi));
+        let (a, b) = (hashes(&one), hashes(&multi));
+        assert_eq!(
+            a.len(),
+            2 * 3 * gpn.parse::<usize>().expect("gpn"),
+            "{}",
+            text(&one)
+        );
+        assert_eq!(
+            a,
+            b,
+            "seed {seed}, {gpn} GPU(s) per node:\n{}",
+            text(&multi)
+        );
+    }
+}
+
+/// A rank that dies after joining makes the others' next collective fail with an NCCL remote
+/// error naming it (the fake sees the closed connection), not hang.
+#[test]
+fn a_dead_rank_is_an_nccl_remote_error() {
+    let Some(f) = Fake::new("dead") else { return };
+    let t0 = std::time::Instant::now();
+    let o = launch(
+        f.command(),
+        2,
+        1,
+        &["collectives", "--count", "8", "--die-rank", "1"],
+    );
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(
+        t.contains("ncclAllReduce failed with ncclResult_t 6"),
+        "{t}"
+    );
+    assert!(t.contains("receiving from rank 1"), "{t}");
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(25),
+        "took {:?}",
+        t0.elapsed()
+    );
+}
