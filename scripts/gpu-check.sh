@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check, on a machine with an NVIDIA GPU and driver (no CUDA toolkit needed). Runs (1) the
-# runtime tests on the CUDA device (PTXFORGE_TEST_CUDA=1) and its multicast objects, (2) every library kernel's test shapes
+# runtime tests on the CUDA device (PTXFORGE_TEST_CUDA=1), its multicast objects and CUDA IPC across processes, (2) every library kernel's test shapes
 # against its CPU reference on the GPU (`ptxforge kernels --check --device cuda`), (3) a small
 # `ptxforge moe --device cuda`, (4) the Hopper GEMM benchmark (DeepGEMM shapes) and `ptxforge
 # bench gemm` (which times cuBLAS through PyTorch on the same shapes when torch is there), (5)
@@ -36,12 +36,14 @@ if command -v cargo >/dev/null; then
   PF=(cargo run --release -q -p ptxforge-cli --)
   BACKEND=(cargo test --release -p runtime --test backend --)
   MCAST=(cargo test --release -p runtime --test multicast --)
+  IPC=(cargo test --release -p runtime --test ipc_procs --)
   BENCH=(cargo run --release -q -p kernels --example bench_hopper --)
 elif [ -x .gpu/bin/ptxforge ]; then
   echo "no cargo: running the binaries of .gpu/ (commit $(cat .gpu/COMMIT 2>/dev/null); $(cat .gpu/GLIBC 2>/dev/null); here $(ldd --version 2>&1 | head -1))" | tee -a "$LOG/summary.log"
   PF=(.gpu/bin/ptxforge)
   BACKEND=(.gpu/bin/runtime-backend-tests)
   MCAST=(.gpu/bin/runtime-multicast-tests)
+  IPC=(.gpu/bin/runtime-ipc-procs-tests)
   BENCH=(.gpu/bin/bench_hopper)
 else
   echo "no cargo and no .gpu/ binaries: run scripts/gpu-pack.sh where Rust is and carry .gpu" | tee -a "$LOG/summary.log"
@@ -54,6 +56,10 @@ step runtime-cuda 120 "${BACKEND[@]}" --nocapture --test-threads=1
 # against exact references where the GPUs report CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED (an
 # NVSwitch system), else the typed refusal. The emulated-device tests run too.
 step multicast-cuda 60 "${MCAST[@]}" --nocapture --test-threads=1
+# CUDA IPC across processes (cuIpcGetMemHandle / cuIpcOpenMemHandle): the test binary re-runs
+# itself as a second process on device 0; st.release.sys / ld.acquire.sys message passing,
+# .sys atomics from both processes, a bit-exact read of the other process's buffer.
+step ipc-cuda 90 "${IPC[@]}" --nocapture --test-threads=1
 # Every library kernel against its CPU reference on the GPU.
 step kernels-cuda 150 "${PF[@]}" kernels --check --device cuda
 # The main job on the GPU (one rank per GPU present: one here), small enough for the budget.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds, here, everything scripts/gpu-check.sh runs on a GPU machine that has a driver but no
 # Rust toolchain (the lent H200 image has none), into .gpu/ (git-ignored): the `ptxforge`
-# binary, the runtime's backend and multicast test binaries (CUDA tests enabled by
+# binary, the runtime's backend, multicast and cross-process IPC test binaries (CUDA tests enabled by
 # PTXFORGE_TEST_CUDA=1) and the
 # Hopper GEMM benchmark. Profile `gpu` = release without debug info, stripped, so the folder
 # fits the device tool's 64 MiB carry limit together with the working tree.
@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --profile gpu -p ptxforge-cli --bin ptxforge
 cargo build --profile gpu -p kernels --example bench_hopper
-json=$(cargo test --profile gpu -p runtime --test backend --test multicast --no-run --message-format=json 2>/dev/null)
+json=$(cargo test --profile gpu -p runtime --test backend --test multicast --test ipc_procs --no-run --message-format=json 2>/dev/null)
 test_exe() { # the executable of test target $1 in $json
   printf '%s\n' "$json" | python3 -c '
 import json, sys
@@ -24,11 +24,13 @@ for line in sys.stdin:
 }
 backend=$(test_exe backend)
 multicast=$(test_exe multicast)
+ipc=$(test_exe ipc_procs)
 rm -rf .gpu && mkdir -p .gpu/bin
 cp target/gpu/ptxforge .gpu/bin/
 cp target/gpu/examples/bench_hopper .gpu/bin/
 cp "$backend" .gpu/bin/runtime-backend-tests
 cp "$multicast" .gpu/bin/runtime-multicast-tests
+cp "$ipc" .gpu/bin/runtime-ipc-procs-tests
 strip .gpu/bin/* 2>/dev/null || true
 # GPU_PACK_PYTHON=1: the Python package's wheel too (gpu-check.sh's python-cuda step)
 if [ "${GPU_PACK_PYTHON:-0}" = 1 ]; then

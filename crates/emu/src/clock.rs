@@ -26,6 +26,10 @@
 //! "late"; a peer that stopped (exited, never launched, or is itself waiting forever) is. Host
 //! threads that write device memory directly (not through a stream) while a kernel polls it are
 //! outside this model.
+//!
+//! Across processes: a process that maps another process's memory never fast-forwards
+//! ([`progress_from_other_processes`]): the peer it waits for runs on a timeline this one
+//! cannot see.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -59,6 +63,9 @@ pub(crate) struct Timeline {
     gated: AtomicBool,
     /// Host threads inside a synchronising call.
     host_waits: AtomicUsize,
+    /// Another process may write this process's memory ([`progress_from_other_processes`]):
+    /// quiescence here proves nothing, so time never fast-forwards.
+    external: AtomicBool,
 }
 
 static TIMELINE: Timeline = Timeline::new();
@@ -78,13 +85,15 @@ impl Timeline {
             workers: Mutex::new(Vec::new()),
             gated: AtomicBool::new(false),
             host_waits: AtomicUsize::new(0),
+            external: AtomicBool::new(false),
         }
     }
 
     /// Whether quiescence may turn into a fast-forward step: the host cannot add work that
     /// would end it (ungated, or some host thread waits for the devices).
     fn may_fast_forward(&self) -> bool {
-        !self.gated.load(Ordering::Acquire) || self.host_waits.load(Ordering::Acquire) > 0
+        !self.external.load(Ordering::Acquire)
+            && (!self.gated.load(Ordering::Acquire) || self.host_waits.load(Ordering::Acquire) > 0)
     }
 
     fn join(&self) -> Arc<Slot> {
@@ -232,6 +241,17 @@ pub fn gate_fast_forward_on_host_waits() {
     Timeline::global().gated.store(true, Ordering::Release);
 }
 
+/// Another process shares memory with this one (a peer's segment was mapped:
+/// [`crate::GlobalMemory::open_shared`]): from now on a process whose workers only wait is
+/// never quiescent, since the write they wait for may come from the peer process, which this
+/// timeline cannot see. Global time then only advances with the workers' clocks (waiting warps
+/// still advance theirs per poll and `nanosleep`), so `%globaltimer` timeouts still fire, later
+/// in host time, and the emulator reports no deadlock: a dead peer process is the launcher's
+/// to detect.
+pub fn progress_from_other_processes() {
+    Timeline::global().external.store(true, Ordering::Release);
+}
+
 /// A host thread inside a synchronising call (stream, context or event synchronise): while one
 /// exists the host adds no work from that thread, so quiescence may fast-forward global time.
 #[derive(Debug)]
@@ -321,6 +341,21 @@ mod tests {
         std::mem::forget(h);
         // b's quiet round while held still counts: no step was taken since
         assert_eq!(a.publish(100, true), Some(1_000));
+    }
+
+    #[test]
+    fn a_timeline_shared_with_other_processes_never_fast_forwards() {
+        let t = Timeline::new();
+        t.external.store(true, Ordering::Release);
+        let a = WorkerClock::join(&t);
+        for c in [100, 200, 300] {
+            assert_eq!(
+                a.publish(c, true),
+                None,
+                "a peer process may write the flag"
+            );
+        }
+        assert_eq!(t.now(), 300, "time follows the waiting worker's clock");
     }
 
     #[test]

@@ -41,6 +41,7 @@ pub mod wmma;
 
 pub use error::{EmuError, FaultKind, FaultSite};
 pub use launch::{launch, LaunchConfig, LaunchOptions, LaunchStats, DEFAULT_STACK_BYTES};
+pub use memory::shm::{SegmentId, SegmentSpec};
 pub use memory::{Allocation, GlobalMemory, MemMap};
 pub use program::Program;
 pub use sanitize::{Findings, Report, Tool, Tools};

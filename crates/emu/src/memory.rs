@@ -3,12 +3,25 @@
 //! device 0, as with CUDA P2P). Allocations are arrays of `AtomicU64`, so kernels running on
 //! several host threads — and the host itself — access them without undefined behaviour;
 //! narrower accesses are masked word operations, read-modify-writes are CAS loops.
+//!
+//! Across processes (one rank per process, issue 17): an allocation's words are either owned
+//! heap memory or a `MAP_SHARED` mapping of a POSIX shared-memory segment ([`shm`]), the same
+//! `AtomicU64` slice either way, so loads, stores and atomics cost the same. Each process hands
+//! out addresses from its own slot of the address space ([`GLOBAL_BASE`] + slot x
+//! [`SLOT_BYTES`]), and a peer's segment opened here ([`GlobalMemory::open_shared`]) is mapped at
+//! the peer's address, so one pointer is valid in every process of the node ([`peer`]).
+
+mod peer;
+pub mod shm;
 
 use crate::error::EmuError;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-/// First global address handed out; far from 0 so null-pointer bugs fault.
+pub use peer::{SLOT_BYTES, SLOT_COUNT};
+
+/// First global address handed out (slot 0); far from 0 so null-pointer bugs fault.
 pub const GLOBAL_BASE: u64 = 0x0000_7f00_0000_0000;
 /// Generic-address window of shared memory (`cvta.shared`): [SHARED_WINDOW, +4 GiB).
 pub const SHARED_WINDOW: u64 = 0x0000_1000_0000_0000;
@@ -22,32 +35,131 @@ pub const FUNC_BASE: u64 = 0x0000_4000_0000_0000;
 /// Gap left between allocations so small overruns land in no allocation.
 const GUARD: u64 = 4096;
 
+/// The words of an allocation: a heap slice or a shared segment's, behind one fat pointer so
+/// the hot path indexes a plain `&[AtomicU64]` whichever it is.
+struct Words {
+    ptr: NonNull<[AtomicU64]>,
+    backing: Backing,
+}
+
+enum Backing {
+    /// `ptr` came from `Box::into_raw` (freed in `Drop`).
+    Heap,
+    /// `ptr` points into the segment's mapping (unmapped when the segment drops).
+    Shm(shm::Segment),
+}
+
+// SAFETY: Words owns its memory (heap box or mapping) exclusively and only ever hands out
+// `&[AtomicU64]`, which is Send and Sync.
+unsafe impl Send for Words {}
+// SAFETY: as above.
+unsafe impl Sync for Words {}
+
+impl Words {
+    fn heap(n: usize) -> Words {
+        let b: Box<[AtomicU64]> = (0..n).map(|_| AtomicU64::new(0)).collect();
+        Words {
+            ptr: NonNull::from(Box::leak(b)),
+            backing: Backing::Heap,
+        }
+    }
+
+    fn shm(seg: shm::Segment) -> Words {
+        Words {
+            ptr: seg.words(),
+            backing: Backing::Shm(seg),
+        }
+    }
+}
+
+impl std::ops::Deref for Words {
+    type Target = [AtomicU64];
+    #[inline(always)]
+    fn deref(&self) -> &[AtomicU64] {
+        // SAFETY: `ptr` is valid for the life of `self` (heap box or live mapping), aligned,
+        // and only shared references to it are ever made.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl Drop for Words {
+    fn drop(&mut self) {
+        if let Backing::Heap = self.backing {
+            // SAFETY: `ptr` came from `Box::leak` in `Words::heap` and is dropped once, here.
+            drop(unsafe { Box::from_raw(self.ptr.as_ptr()) });
+        }
+    }
+}
+
 /// One device allocation.
 pub struct Allocation {
     pub base: u64,
     pub size: u64,
     pub device: u32,
-    words: Box<[AtomicU64]>,
+    words: Words,
     /// `initcheck`: one bit per byte, set when the byte is written (host copies, fills, kernel
-    /// stores and atomics). Only allocations made while tracking was on have it.
+    /// stores and atomics). Only allocations made while tracking was on have it. Always
+    /// process-local, also for shared allocations: a peer's writes do not set it.
     written: Option<Box<[AtomicU64]>>,
+}
+
+impl std::fmt::Debug for Allocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocation")
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("size", &self.size)
+            .field("device", &self.device)
+            .field("segment", &self.segment().map(|s| s.id().name()))
+            .finish()
+    }
 }
 
 impl Allocation {
     fn new(base: u64, size: u64, device: u32, track: bool) -> Allocation {
-        let zeros = |n: usize| {
-            (0..n)
-                .map(|_| AtomicU64::new(0))
-                .collect::<Vec<_>>()
-                .into_boxed_slice()
-        };
+        Allocation::with_words(
+            base,
+            size,
+            device,
+            track,
+            Words::heap(size.div_ceil(8) as usize),
+        )
+    }
+
+    fn with_words(base: u64, size: u64, device: u32, track: bool, words: Words) -> Allocation {
+        let zeros = |n: usize| (0..n).map(|_| AtomicU64::new(0)).collect();
         Allocation {
             base,
             size,
             device,
-            words: zeros(size.div_ceil(8) as usize),
+            words,
             written: track.then(|| zeros(size.div_ceil(64) as usize)),
         }
+    }
+
+    /// The shared-memory segment behind this allocation (None for a process-local one).
+    pub fn segment(&self) -> Option<&shm::Segment> {
+        match &self.words.backing {
+            Backing::Shm(s) => Some(s),
+            Backing::Heap => None,
+        }
+    }
+
+    /// What another process needs to map this allocation ([`GlobalMemory::open_shared`]);
+    /// None for a process-local one.
+    pub fn shared_spec(&self) -> Option<shm::SegmentSpec> {
+        self.segment().map(|s| shm::SegmentSpec {
+            id: s.id().clone(),
+            base: self.base,
+            size: self.size,
+            device: self.device,
+        })
+    }
+
+    /// Whether this is a peer's segment mapped here whose owner has since freed it (or exited
+    /// normally); launches no longer map it.
+    pub fn peer_freed(&self) -> bool {
+        self.segment()
+            .is_some_and(|s| !s.is_owner() && s.peer_freed())
     }
 
     /// Whether this allocation records which bytes were written (`initcheck`).
@@ -241,17 +353,30 @@ pub(crate) fn mask(size: u32) -> u64 {
 }
 
 /// The process-wide global address space.
-#[derive(Default)]
 pub struct GlobalMemory {
     inner: RwLock<MemInner>,
     /// New allocations record which bytes are written (for `initcheck`); also on when the
     /// process default sanitizers include initcheck ([`crate::sanitize::process_default`]).
-    track_writes: std::sync::atomic::AtomicBool,
+    track_writes: AtomicBool,
+    /// [`GlobalMemory::alloc`] makes shared-memory allocations ([`GlobalMemory::alloc_shared`]).
+    shared_default: AtomicBool,
+    /// Some peer segment was opened: snapshots check whether their owners freed them.
+    has_peers: AtomicBool,
 }
 
-#[derive(Default)]
+impl Default for GlobalMemory {
+    fn default() -> GlobalMemory {
+        GlobalMemory::new()
+    }
+}
+
 struct MemInner {
+    /// Next address handed out, inside this process's slot.
     next: u64,
+    /// This process's slot of the address space ([`GlobalMemory::set_address_slot`]).
+    slot: u32,
+    /// Peer segments opened here ([`GlobalMemory::open_shared`]), with their open counts.
+    peers: Vec<peer::PeerMapping>,
     /// Sorted by base; replaced wholesale (copy on write) so launches hold a cheap snapshot.
     map: Arc<Vec<Arc<Allocation>>>,
     /// Multicast address ranges ([`crate::multicast`]), copy on write like `map`.
@@ -325,11 +450,15 @@ impl GlobalMemory {
         GlobalMemory {
             inner: RwLock::new(MemInner {
                 next: GLOBAL_BASE,
+                slot: 0,
+                peers: Vec::new(),
                 map: Arc::new(Vec::new()),
                 multicast: Arc::new(Vec::new()),
                 mc_next: 0,
             }),
             track_writes: Default::default(),
+            shared_default: Default::default(),
+            has_peers: Default::default(),
         }
     }
 
@@ -338,20 +467,69 @@ impl GlobalMemory {
         self.track_writes.store(on, Ordering::Relaxed);
     }
 
-    /// Allocates `size` bytes (zeroed) owned by `device`, 256-byte aligned.
+    /// Makes [`GlobalMemory::alloc`] allocate shared memory (as [`GlobalMemory::alloc_shared`])
+    /// from now on, or process-local memory again.
+    pub fn set_shared_default(&self, on: bool) {
+        self.shared_default.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether [`GlobalMemory::alloc`] allocates shared memory.
+    pub fn shared_default(&self) -> bool {
+        self.shared_default.load(Ordering::Relaxed)
+    }
+
+    /// Allocates `size` bytes (zeroed) owned by `device`, 256-byte aligned: process-local
+    /// memory, or a shared segment when [`GlobalMemory::set_shared_default`] is on.
     pub fn alloc(&self, size: u64, device: u32) -> Result<Arc<Allocation>, EmuError> {
+        self.alloc_in_slot(size, device, self.shared_default())
+    }
+
+    /// Allocates `size` bytes (zeroed) owned by `device` in a new POSIX shared-memory segment
+    /// `/ptxforge-{job}-p{pid}-{n}` that other processes can map ([`GlobalMemory::open_shared`]);
+    /// freeing the allocation (or exiting) unlinks it.
+    pub fn alloc_shared(&self, size: u64, device: u32) -> Result<Arc<Allocation>, EmuError> {
+        self.alloc_in_slot(size, device, true)
+    }
+
+    fn alloc_in_slot(
+        &self,
+        size: u64,
+        device: u32,
+        shared: bool,
+    ) -> Result<Arc<Allocation>, EmuError> {
         crate::limits::check_alloc(size)?;
         let mut g = self
             .inner
             .write()
             .map_err(|_| EmuError::Memory("memory lock poisoned".into()))?;
         let base = g.next;
-        g.next = (base + size.max(1) + GUARD).div_ceil(256) * 256;
+        let next = (base + size.max(1) + GUARD).div_ceil(256) * 256;
+        let end = peer::slot_base(g.slot) + SLOT_BYTES;
+        if next > end {
+            return Err(EmuError::Memory(format!(
+                "size: {size} bytes do not fit in address slot {} (its {SLOT_BYTES:#x} bytes \
+                 are used up; addresses are not reused)",
+                g.slot
+            )));
+        }
         let track = self.track_writes.load(Ordering::Relaxed)
             || crate::sanitize::process_default().initcheck;
-        let a = Arc::new(Allocation::new(base, size, device, track));
+        let words = if shared {
+            let id = shm::SegmentId {
+                job: shm::job_id()?,
+                pid: std::process::id(),
+                n: shm::next_segment_number(),
+            };
+            Words::shm(shm::Segment::create(id, base, size, device)?)
+        } else {
+            Words::heap(size.div_ceil(8) as usize)
+        };
+        g.next = next;
+        let a = Arc::new(Allocation::with_words(base, size, device, track, words));
         let mut v: Vec<Arc<Allocation>> = g.map.as_ref().clone();
-        v.push(a.clone());
+        // sorted by base: peer segments of higher slots may lie above this slot's allocations
+        let at = v.partition_point(|x| x.base < base);
+        v.insert(at, a.clone());
         g.map = Arc::new(v);
         Ok(a)
     }
@@ -376,16 +554,24 @@ impl GlobalMemory {
         Ok(a)
     }
 
-    /// Removes an allocation from the address space (kernels launched later fault on it).
+    /// Removes an allocation from the address space (kernels launched later fault on it). A
+    /// shared allocation's segment is marked freed for its openers and unlinked now; its pages
+    /// stay mapped (here and in openers) until the last reference drops.
     pub fn free(&self, base: u64) {
         if let Ok(mut g) = self.inner.write() {
-            let v: Vec<Arc<Allocation>> =
-                g.map.iter().filter(|a| a.base != base).cloned().collect();
-            g.map = Arc::new(v);
+            let (gone, kept): (Vec<_>, Vec<_>) =
+                g.map.iter().cloned().partition(|a| a.base == base);
+            for seg in gone.iter().filter_map(|a| a.segment()) {
+                seg.retire();
+            }
+            g.map = Arc::new(kept);
         }
     }
 
     pub fn snapshot(&self) -> MemMap {
+        if self.has_peers.load(Ordering::Relaxed) {
+            self.unmap_freed_peers();
+        }
         let g = self.inner.read().unwrap_or_else(|e| e.into_inner());
         MemMap {
             allocs: g.map.clone(),

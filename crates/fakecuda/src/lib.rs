@@ -640,6 +640,38 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
 }
 
 const IPC_MAGIC: &[u8; 8] = b"FAKEIPC\0";
+/// A handle of a shared-memory allocation: another process's fake driver can open it.
+const SHM_MAGIC: &[u8; 8] = b"FAKESHM\0";
+
+/// Handle bytes: magic, base, size, pid; for shared allocations also the device and the
+/// segment number (`[28..32)`, `[32..40)`). The opener names the segment with its own
+/// `PTXFORGE_JOB_ID`: processes of one job share it.
+fn ipc_bytes(a: &emu::Allocation) -> [u8; 64] {
+    let mut r = [0u8; 64];
+    let spec = a.shared_spec();
+    r[..8].copy_from_slice(if spec.is_some() { SHM_MAGIC } else { IPC_MAGIC });
+    r[8..16].copy_from_slice(&a.base.to_le_bytes());
+    r[16..24].copy_from_slice(&a.size.to_le_bytes());
+    let pid = spec.as_ref().map_or(std::process::id(), |s| s.id.pid);
+    r[24..28].copy_from_slice(&pid.to_le_bytes());
+    if let Some(s) = spec {
+        r[28..32].copy_from_slice(&s.device.to_le_bytes());
+        r[32..40].copy_from_slice(&s.id.n.to_le_bytes());
+    }
+    r
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[..8]);
+    u64::from_le_bytes(w)
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[..4]);
+    u32::from_le_bytes(w)
+}
 
 #[no_mangle]
 pub unsafe extern "C" fn cuIpcGetMemHandle(ph: *mut CUipcMemHandle, dptr: CUdeviceptr) -> CUresult {
@@ -648,18 +680,34 @@ pub unsafe extern "C" fn cuIpcGetMemHandle(ph: *mut CUipcMemHandle, dptr: CUdevi
         let Some(a) = lock(&d.allocs).get(&dptr).cloned() else {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         };
-        let mut r = [0u8; 64];
-        r[..8].copy_from_slice(IPC_MAGIC);
-        r[8..16].copy_from_slice(&a.base.to_le_bytes());
-        r[16..24].copy_from_slice(&a.size.to_le_bytes());
-        r[24..28].copy_from_slice(&std::process::id().to_le_bytes());
         let mut hd = CUipcMemHandle { reserved: [0; 64] };
-        for (o, b) in hd.reserved.iter_mut().zip(r) {
+        for (o, b) in hd.reserved.iter_mut().zip(ipc_bytes(&a)) {
             *o = b as c_char;
         }
         // SAFETY: out-pointer from the caller.
         unsafe { out(ph, hd) }
     })
+}
+
+/// Maps another process's shared allocation (`FAKESHM` handle) at its address.
+fn open_peer(d: &state::Driver, r: &[u8]) -> Res<u64> {
+    let job = emu::memory::shm::job_id()
+        .map_err(|e| fail(CUresult::CUDA_ERROR_INVALID_VALUE, || e.to_string()))?;
+    let spec = emu::SegmentSpec {
+        id: emu::SegmentId {
+            job,
+            pid: le_u32(&r[24..28]),
+            n: le_u64(&r[32..40]),
+        },
+        base: le_u64(&r[8..16]),
+        size: le_u64(&r[16..24]),
+        device: le_u32(&r[28..32]),
+    };
+    let a = d
+        .mem
+        .open_shared(&spec)
+        .map_err(|e| fail(CUresult::CUDA_ERROR_INVALID_VALUE, || e.to_string()))?;
+    Ok(a.base)
 }
 
 #[no_mangle]
@@ -672,25 +720,34 @@ pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
         let d = drv()?;
         current(d)?;
         let r: Vec<u8> = hd.reserved.iter().map(|&c| c as u8).collect();
-        if &r[..8] != IPC_MAGIC {
+        let shared = &r[..8] == SHM_MAGIC;
+        if !shared && &r[..8] != IPC_MAGIC {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&r[8..16]);
-        let base = u64::from_le_bytes(b);
-        if !lock(&d.allocs).contains_key(&base) {
+        let base = le_u64(&r[8..16]);
+        let base = if shared && le_u32(&r[24..28]) != std::process::id() {
+            open_peer(d, &r)?
+        } else if lock(&d.allocs).contains_key(&base) {
+            base
+        } else {
             return Err(fail(CUresult::CUDA_ERROR_INVALID_VALUE, || {
-                "IPC handle of freed memory (or of another process: the fake cannot map across processes)".into()
+                "IPC handle of freed memory (or of process-local memory of another process: \
+                 set PTXFORGE_EMU_SHM=1 in the exporter)"
+                    .into()
             }));
-        }
+        };
         // SAFETY: out-pointer from the caller.
         unsafe { out(pd, base) }
     })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuIpcCloseMemHandle(_dptr: CUdeviceptr) -> CUresult {
-    ffi("cuIpcCloseMemHandle", || drv().map(|_| ()))
+pub unsafe extern "C" fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult {
+    ffi("cuIpcCloseMemHandle", || {
+        // unmaps a peer's segment at its last close (no-op for same-process opens)
+        drv()?.mem.close_shared(dptr);
+        Ok(())
+    })
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -113,7 +113,7 @@ impl Driver {
             .unwrap_or(2)
             .min(64);
         let d = Driver {
-            mem: GlobalMemory::new(),
+            mem: shareable_memory(),
             ndev,
             next: AtomicUsize::new(0x1000),
             primary: Vec::new(),
@@ -157,6 +157,31 @@ impl Driver {
     pub fn new_id(&self) -> usize {
         self.next.fetch_add(0x10, Ordering::Relaxed)
     }
+}
+
+/// The fake device memory, set up as the emulator runtime sets up its own
+/// (`runtime::storage::configure_from_env`): address slot `PTXFORGE_EMU_SLOT`, else `RANK`;
+/// shared-memory allocations (so another process's fake driver can open them with
+/// `cuIpcOpenMemHandle`) with `PTXFORGE_EMU_SHM=1`, or by default when `RANK` is set. Values
+/// that do not parse leave the single-process defaults (with a `PTXFORGE_FAKECUDA_TRACE` note).
+fn shareable_memory() -> GlobalMemory {
+    let mem = GlobalMemory::new();
+    let var = |k: &str| std::env::var(k).ok();
+    if let Some(v) = var("PTXFORGE_EMU_SLOT").or_else(|| var("RANK")) {
+        let r = v.trim().parse::<u32>().map_err(|e| e.to_string());
+        if let Err(e) = r.and_then(|s| mem.set_address_slot(s).map_err(|e| e.to_string())) {
+            fail(CUresult::CUDA_ERROR_INVALID_VALUE, || {
+                format!("address slot `{v}`: {e}")
+            });
+        }
+    }
+    let shared = match var("PTXFORGE_EMU_SHM").as_deref() {
+        Some("1") => true,
+        Some(_) => false,
+        None => var("RANK").is_some(),
+    };
+    mem.set_shared_default(shared);
+    mem
 }
 
 /// `cuInit`.

@@ -1,7 +1,7 @@
 //! Devices, typed buffers, modules and functions.
 
 use crate::args::{ArgError, ArgProblem};
-use crate::storage::{EmuMem, Storage};
+use crate::storage::{EmuMem, EmuOrigin, Storage};
 use crate::stream::Stream;
 use crate::{Result, RuntimeError};
 use emu::{GlobalMemory, LoadedModule};
@@ -61,10 +61,25 @@ pub struct Device {
     pub(crate) inner: Arc<DeviceInner>,
 }
 
-/// The process-wide emulated global memory (one unified address space for all emulated devices).
+/// The process-wide emulated global memory (one unified address space for all emulated
+/// devices), configured from the environment on first use (`storage::configure_from_env`).
 pub(crate) fn emu_memory() -> &'static GlobalMemory {
     static MEM: OnceLock<GlobalMemory> = OnceLock::new();
-    MEM.get_or_init(GlobalMemory::new)
+    MEM.get_or_init(|| {
+        let m = GlobalMemory::new();
+        let err = crate::storage::configure_from_env(&m).err();
+        let _ = crate::storage::env_error().set(err);
+        m
+    })
+}
+
+/// [`emu_memory`], or the error its environment settings gave.
+pub(crate) fn emu_memory_checked() -> Result<&'static GlobalMemory> {
+    let m = emu_memory();
+    match crate::storage::env_error().get() {
+        Some(Some(e)) => Err(e.clone()),
+        _ => Ok(m),
+    }
 }
 
 fn emu_registry() -> &'static Mutex<HashMap<u32, Device>> {
@@ -218,16 +233,37 @@ impl Device {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Allocates `len` elements (zeroed).
+    /// Allocates `len` elements (zeroed). On the emulator the memory is a shared segment other
+    /// processes can open when the process's default says so (`PTXFORGE_EMU_SHM`, on in a
+    /// multi-process job; see [`Device::alloc_shared`]).
     pub fn alloc<T: Pod>(&self, len: usize) -> Result<Buffer<T>> {
+        self.alloc_with::<T>(len, false)
+    }
+
+    /// Allocates `len` elements (zeroed) that another process can map from
+    /// [`Buffer::ipc_handle`]: on the emulator a POSIX shared-memory segment, on CUDA the same
+    /// as [`Device::alloc`] (every `cuMemAlloc` allocation is IPC-exportable).
+    pub fn alloc_shared<T: Pod>(&self, len: usize) -> Result<Buffer<T>> {
+        self.alloc_with::<T>(len, true)
+    }
+
+    fn alloc_with<T: Pod>(&self, len: usize, shared: bool) -> Result<Buffer<T>> {
         let bytes = len * T::SIZE;
         let mem = match &self.inner.cuda {
             Some(ctx) => Storage::Cuda(crate::cuda::memory::DevMem::alloc(ctx, bytes)?),
             None => {
-                let alloc = emu_memory().alloc(bytes as u64, self.inner.index)?;
+                let mem = emu_memory_checked()?;
+                let alloc = if shared {
+                    mem.alloc_shared(bytes as u64, self.inner.index)?
+                } else {
+                    mem.alloc(bytes as u64, self.inner.index)?
+                };
                 // zero-filled by contract (cuMemsetD8 on CUDA): written, for initcheck
                 alloc.mark_written(0, bytes as u64);
-                Storage::Emu(EmuMem { alloc, owned: true })
+                Storage::Emu(EmuMem {
+                    alloc,
+                    origin: EmuOrigin::Owned,
+                })
             }
         };
         Ok(Buffer {

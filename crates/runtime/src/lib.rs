@@ -9,6 +9,9 @@
 //!
 //! Emulated devices share one unified address space, so `buffer.peer_ptr(&other)` is a pointer a
 //! kernel on `other` can dereference — the P2P pattern of expert-parallel communication kernels.
+//! Across processes (one rank each), [`Buffer::ipc_handle`] / [`Device::open_ipc`] map a peer's
+//! buffer at the same address: POSIX shared memory on the emulator (each process allocates in
+//! its own address slot), CUDA IPC on GPUs (`docs/SCALE.md`, "Intra-node memory (IPC)").
 
 pub mod args;
 pub mod cancel;
@@ -16,6 +19,7 @@ mod cuda;
 mod device;
 mod graph;
 mod hostview;
+mod ipc;
 pub mod limits;
 pub mod module_cache;
 mod multicast;
@@ -33,9 +37,9 @@ pub use device::{
 };
 pub use graph::Graph;
 pub use hostview::HostView;
+pub use ipc::IpcHandle;
 pub use multicast::Multicast;
 pub use partition::{sms_used, Partition, PartitionKind};
-pub use storage::IpcHandle;
 pub use stream::{Event, LaunchConfig, Stream};
 pub use tensor_map::{Im2col, TensorMap};
 pub use typed::{ArgFor, HostElem, LaunchArgs, RawPtr, TypedFunction};
@@ -64,6 +68,10 @@ pub enum RuntimeError {
     Args { kernel: String, msg: String },
     #[error("buffer: {0}")]
     Buffer(String),
+    /// An IPC handle could not be parsed, exported or opened; `handle` says which (backend,
+    /// device, exporting pid and, on the emulator, the shared segment and address).
+    #[error("IPC handle {handle}: {msg}")]
+    Ipc { handle: String, msg: String },
     #[error("launch: {0}")]
     Launch(String),
     #[error("tensor map: {0}")]

@@ -1,19 +1,54 @@
-//! The memory behind a `Buffer`, per backend, and IPC handles.
+//! The memory behind a `Buffer`, per backend, and the process's emulated memory settings
+//! (address slot, shared-memory allocations) taken from the environment. IPC handles are in
+//! `ipc.rs`.
 
 use crate::cuda::memory::DevMem;
 use crate::{Result, RuntimeError};
-use std::sync::Arc;
+use emu::GlobalMemory;
+use std::sync::{Arc, OnceLock};
 
-/// An emulator allocation; freed on drop unless it was opened from an IPC handle.
+/// Where an emulator buffer's allocation came from, which decides what dropping it does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EmuOrigin {
+    /// Allocated by this buffer: dropping frees it (and unlinks its segment, if shared).
+    Owned,
+    /// Another buffer's allocation in this process, opened from an IPC handle: nothing to do.
+    Alias,
+    /// A peer process's segment mapped here: dropping closes this open (unmaps at the last).
+    Peer,
+}
+
+/// An emulator allocation and where it came from.
 pub(crate) struct EmuMem {
     pub alloc: Arc<emu::Allocation>,
-    pub owned: bool,
+    pub origin: EmuOrigin,
+}
+
+impl EmuMem {
+    /// A peer buffer whose owner freed it (or exited) can no longer be copied to or from.
+    fn check_live(&self) -> Result<()> {
+        if self.origin == EmuOrigin::Peer && self.alloc.peer_freed() {
+            let seg = self
+                .alloc
+                .segment()
+                .map(|s| s.id().name())
+                .unwrap_or_default();
+            return Err(RuntimeError::Ipc {
+                handle: format!("segment {seg} at {:#x}", self.alloc.base),
+                msg: "its owner freed the buffer (or exited)".into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 impl Drop for EmuMem {
     fn drop(&mut self) {
-        if self.owned {
-            crate::device::emu_memory().free(self.alloc.base);
+        let mem = crate::device::emu_memory();
+        match self.origin {
+            EmuOrigin::Owned => mem.free(self.alloc.base),
+            EmuOrigin::Peer => mem.close_shared(self.alloc.base),
+            EmuOrigin::Alias => {}
         }
     }
 }
@@ -33,6 +68,7 @@ impl Storage {
     pub fn write(&self, off: usize, data: &[u8]) -> Result<()> {
         match self {
             Storage::Emu(m) => {
+                m.check_live()?;
                 m.alloc.write_bytes(off as u64, data);
                 Ok(())
             }
@@ -42,6 +78,7 @@ impl Storage {
     pub fn read(&self, off: usize, out: &mut [u8]) -> Result<()> {
         match self {
             Storage::Emu(m) => {
+                m.check_live()?;
                 m.alloc.read_bytes(off as u64, out);
                 Ok(())
             }
@@ -51,6 +88,7 @@ impl Storage {
     pub fn fill(&self, bytes: usize, pattern: &[u8]) -> Result<()> {
         match self {
             Storage::Emu(m) => {
+                m.check_live()?;
                 m.alloc.fill(0, bytes as u64, pattern);
                 Ok(())
             }
@@ -59,124 +97,33 @@ impl Storage {
     }
 }
 
-/// A handle another process (or, on the emulator, another part of this process) opens with
-/// [`crate::Device::open_ipc`] to map the same memory. On CUDA it wraps the 64-byte
-/// `CUipcMemHandle` (`cuIpcGetMemHandle`), which only a *different* process may open.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IpcHandle {
-    pub backend: crate::Backend,
-    /// Device that owns the memory.
-    pub device: u32,
-    /// Size in bytes.
-    pub bytes: u64,
-    /// `CUipcMemHandle` bytes (CUDA), or the allocation's base address in the first 8 (emulator).
-    pub handle: [u8; 64],
-    /// Process that exported it.
-    pub pid: u32,
+/// The environment's emulated-memory settings, applied to the process's memory when it is
+/// first used: the address slot (`PTXFORGE_EMU_SLOT`, else `RANK`, else 0) and whether every
+/// allocation is a shared segment (`PTXFORGE_EMU_SHM=1|0`; default: on when `RANK` is set, i.e.
+/// in a multi-process job). Bad values are reported by the first allocation.
+pub(crate) fn configure_from_env(mem: &GlobalMemory) -> Result<()> {
+    let var = |k: &str| std::env::var(k).ok().map(|v| (k.to_string(), v));
+    if let Some((k, v)) = var("PTXFORGE_EMU_SLOT").or_else(|| var("RANK")) {
+        let slot: u32 = v.trim().parse().map_err(|_| {
+            RuntimeError::Buffer(format!("{k}=`{v}`: not an address slot (a rank number)"))
+        })?;
+        mem.set_address_slot(slot)
+            .map_err(|e| RuntimeError::Buffer(format!("{k}=`{v}`: {e}")))?;
+    }
+    let shared = match var("PTXFORGE_EMU_SHM") {
+        Some((_, v)) if v == "1" => true,
+        Some((_, v)) if v == "0" => false,
+        Some((k, v)) => {
+            return Err(RuntimeError::Buffer(format!("{k}=`{v}`: must be 1 or 0")));
+        }
+        None => var("RANK").is_some(),
+    };
+    mem.set_shared_default(shared);
+    Ok(())
 }
 
-impl IpcHandle {
-    /// Hex text, to pass through a pipe, file or environment variable.
-    pub fn to_text(&self) -> String {
-        let b = match self.backend {
-            crate::Backend::Emu => "emu",
-            crate::Backend::Cuda => "cuda",
-        };
-        let h: String = self.handle.iter().map(|x| format!("{x:02x}")).collect();
-        format!("{b}:{}:{}:{}:{h}", self.device, self.bytes, self.pid)
-    }
-    pub fn from_text(s: &str) -> Result<IpcHandle> {
-        let bad = || RuntimeError::Buffer(format!("malformed IPC handle `{s}`"));
-        let p: Vec<&str> = s.trim().split(':').collect();
-        if p.len() != 5 || p[4].len() != 128 {
-            return Err(bad());
-        }
-        let backend = match p[0] {
-            "emu" => crate::Backend::Emu,
-            "cuda" => crate::Backend::Cuda,
-            _ => return Err(bad()),
-        };
-        let mut handle = [0u8; 64];
-        for (i, h) in handle.iter_mut().enumerate() {
-            *h = u8::from_str_radix(&p[4][2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
-        Ok(IpcHandle {
-            backend,
-            device: p[1].parse().map_err(|_| bad())?,
-            bytes: p[2].parse().map_err(|_| bad())?,
-            pid: p[3].parse().map_err(|_| bad())?,
-            handle,
-        })
-    }
-}
-
-impl<T: crate::Pod> crate::Buffer<T> {
-    /// Exports this buffer for [`crate::Device::open_ipc`] (CUDA: `cuIpcGetMemHandle`).
-    pub fn ipc_handle(&self) -> Result<IpcHandle> {
-        let bytes = (self.len * T::SIZE) as u64;
-        let handle = match &self.mem {
-            Storage::Emu(m) => {
-                let mut h = [0u8; 64];
-                h[..8].copy_from_slice(&m.alloc.base.to_le_bytes());
-                h
-            }
-            Storage::Cuda(m) => m.ipc_handle()?,
-        };
-        Ok(IpcHandle {
-            backend: self.device.backend(),
-            device: self.device.index(),
-            bytes,
-            handle,
-            pid: std::process::id(),
-        })
-    }
-}
-
-impl crate::Device {
-    /// Maps memory exported with [`crate::Buffer::ipc_handle`] as a buffer of this device
-    /// (CUDA: `cuIpcOpenMemHandle`, from another process; emulator: any emulated device of the
-    /// exporting process). The memory stays owned by the exporter: dropping this buffer unmaps it.
-    pub fn open_ipc<T: crate::Pod>(&self, h: &IpcHandle) -> Result<crate::Buffer<T>> {
-        if h.backend != self.backend() {
-            return Err(RuntimeError::Buffer(format!(
-                "IPC handle of a {:?} device opened on a {:?} device",
-                h.backend,
-                self.backend()
-            )));
-        }
-        let len = h.bytes as usize / T::SIZE.max(1);
-        let mem = match self.cuda_ctx() {
-            Some(ctx) => Storage::Cuda(DevMem::open_ipc(ctx, &h.handle, h.bytes as usize)?),
-            None => {
-                if h.pid != std::process::id() {
-                    return Err(RuntimeError::Buffer(
-                        "emulator IPC handles only open in the exporting process".into(),
-                    ));
-                }
-                let mut b = [0u8; 8];
-                b.copy_from_slice(&h.handle[..8]);
-                let base = u64::from_le_bytes(b);
-                let snap = crate::device::emu_memory().snapshot();
-                let alloc = snap
-                    .find(base, h.bytes)
-                    .filter(|a| a.base == base)
-                    .cloned()
-                    .ok_or_else(|| {
-                        RuntimeError::Buffer(format!(
-                            "IPC handle refers to freed memory at {base:#x}"
-                        ))
-                    })?;
-                Storage::Emu(EmuMem {
-                    alloc,
-                    owned: false,
-                })
-            }
-        };
-        Ok(crate::Buffer {
-            device: self.clone(),
-            mem,
-            len,
-            _t: std::marker::PhantomData,
-        })
-    }
+/// The error [`configure_from_env`] returned, if any (set once, with the process's memory).
+pub(crate) fn env_error() -> &'static OnceLock<Option<RuntimeError>> {
+    static ERR: OnceLock<Option<RuntimeError>> = OnceLock::new();
+    &ERR
 }
