@@ -1,8 +1,9 @@
 //! `mpirun -np 2 ptxforge moe --nodes 2 --gpus-per-node 2` (feature `mpi`: one process per
-//! node, other nodes through the MPI proxy) gives every output and gradient of every rank
-//! bit-identical to the single-process run, whose f64 reference checks pass; the JSON reports
-//! per process the time and bytes of each communication leg, and the bytes add up to the
-//! single-process run's. Run with `cargo test -p ptxforge-cli --features mpi --test moe_mpi`.
+//! node, other nodes through the MPI proxy), and `mpirun -np 4 ... --procs-per-node 2` (one
+//! process per rank: node peers mapped through IPC, a proxy per rank), give every output and
+//! gradient of every rank bit-identical to the single-process run, whose f64 reference checks
+//! pass; the JSON reports per process the time and bytes of each communication leg, and the
+//! bytes add up to the single-process run's; no shared-memory segment of the job is left. Run with `cargo test -p ptxforge-cli --features mpi --test moe_mpi`.
 #![cfg(feature = "mpi")]
 use serde_json::Value;
 use std::process::Command;
@@ -50,17 +51,37 @@ fn sorted(v: &Value) -> Vec<String> {
 
 #[test]
 fn moe_one_process_per_node_is_bit_identical() {
-    one_process_per_node(2);
+    multi_process(2, 1);
 }
 
 #[test]
 fn moe_two_nodes_of_four_gpus() {
-    one_process_per_node(4);
+    multi_process(4, 1);
 }
 
-fn one_process_per_node(gpn: u32) {
+#[test]
+fn moe_one_process_per_rank_is_bit_identical() {
+    multi_process(2, 2);
+}
+
+/// `/dev/shm` entries of the job `job`.
+fn segments(job: &str) -> Vec<String> {
+    let pre = format!("ptxforge-{job}-");
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&pre))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// 2 nodes of `gpn` GPUs under `mpirun`, `ppn` processes per node (1, or `gpn`: one per rank).
+fn multi_process(gpn: u32, ppn: u32) {
     let exe = env!("CARGO_BIN_EXE_ptxforge");
     let g = gpn.to_string();
+    let job = format!("moempi{}_{gpn}_{ppn}", std::process::id());
     let single = json(
         Command::new(exe)
             .args(ARGS)
@@ -71,10 +92,17 @@ fn one_process_per_node(gpn: u32) {
     );
     let multi = json(
         Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", exe])
+            .args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-x",
+                "PTXFORGE_JOB_ID",
+            ])
+            .args(["-np", &(2 * ppn).to_string(), exe])
             .args(ARGS)
-            .args(["--gpus-per-node", &g])
+            .args(["--gpus-per-node", &g, "--procs-per-node", &ppn.to_string()])
             .args(["--dump-hash", "--json"])
+            .env("PTXFORGE_JOB_ID", &job)
             .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
             .output()
@@ -87,9 +115,22 @@ fn one_process_per_node(gpn: u32) {
         "per-rank hashes and the two data-parallel sums"
     );
     assert_eq!(a, b);
-    // per-leg bytes of the two processes add up to the single-process run's dispatch
+    assert_eq!(segments(&job), Vec::<String>::new(), "segments left behind");
+    // per-leg bytes of the processes add up to the single-process run's dispatch
     let procs = multi["processes"].as_array().unwrap();
-    assert_eq!(procs.len(), 2);
+    assert_eq!(procs.len(), 2 * ppn as usize);
+    for (i, p) in procs.iter().enumerate() {
+        let want: Vec<u64> = (0..gpn / ppn)
+            .map(|k| (i as u32 * gpn / ppn + k) as u64)
+            .collect();
+        let ranks: Vec<u64> = p["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_u64().unwrap())
+            .collect();
+        assert_eq!(ranks, want, "process {i} hosts its ranks");
+    }
     let sum = |leg: &str, key: &str| -> u64 {
         procs
             .iter()
