@@ -164,3 +164,87 @@ fn multi_process(gpn: u32, ppn: u32) {
         sum("dispatch", "inter_node_bytes") > 0 && sum("combine of dX", "inter_node_bytes") > 0
     );
 }
+
+/// Processes whose environment names the job (none may outlive it).
+fn job_processes(job: &str) -> Vec<String> {
+    let tag = format!("PTXFORGE_JOB_ID={job}");
+    let Ok(d) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    d.flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter(|e| {
+            std::fs::read(e.path().join("environ"))
+                .map(|env| env.split(|&b| b == 0).any(|v| v == tag.as_bytes()))
+                .unwrap_or(false)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// One rank per process; rank 3 SIGKILLs itself while the dispatch is in flight: mpirun
+/// names it and fails, the other processes stop (SIGTERM from mpirun) after removing every
+/// segment of the job, and nothing of the job is left.
+#[test]
+fn moe_rank_killed_mid_dispatch_stops_the_job() {
+    let exe = env!("CARGO_BIN_EXE_ptxforge");
+    let job = format!("moekill{}", std::process::id());
+    let t0 = std::time::Instant::now();
+    let mut child = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe"])
+        .args([
+            "-x",
+            "PTXFORGE_JOB_ID",
+            "-x",
+            "PTXFORGE_TEST_DIE",
+            "-np",
+            "4",
+            exe,
+        ])
+        .args(ARGS)
+        .args(["--gpus-per-node", "2", "--procs-per-node", "2", "--json"])
+        .env("PTXFORGE_JOB_ID", &job)
+        .env("PTXFORGE_TEST_DIE", "3:|| dispatch")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(60) {
+            child.kill().unwrap();
+            panic!("the job did not stop within 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "stderr:\n{err}");
+    assert!(err.contains("test hook: SIGKILL"), "the hook fired:\n{err}");
+    assert!(
+        err.contains("process rank 3") && err.contains("signal 9"),
+        "the dead rank is named:\n{err}"
+    );
+    // the survivors may still be removing segments and exiting when mpirun returns
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline
+        && !(segments(&job).is_empty() && job_processes(&job).is_empty())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(
+        segments(&job),
+        Vec::<String>::new(),
+        "segments left:\n{err}"
+    );
+    assert_eq!(job_processes(&job), Vec::<String>::new(), "processes left");
+}

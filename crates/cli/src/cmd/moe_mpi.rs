@@ -13,7 +13,7 @@ use super::moe::{Args, Bars};
 use super::moe_hash::{hashes, sum_hashes, OutHash, Partials};
 use anyhow::{bail, Context};
 use ep::{EpConfig, ProxyTransport};
-use model::moe::{random_step, MoeConfig, MoeLayer};
+use model::moe::{random_step, MoeConfig, MoeLayer, Progress};
 use netmpi::Mpi;
 use rand::SeedableRng;
 use runtime::Device;
@@ -52,7 +52,12 @@ fn leg(name: &str, s: &ep::comm::CommStats) -> Leg {
 }
 
 /// This process's layer step; it hosts `per_proc` consecutive ranks (a node, or one rank).
-fn step(cfg: &MoeConfig, mpi: &Mpi, per_proc: u32, progress: &Bars) -> anyhow::Result<ProcReport> {
+fn step(
+    cfg: &MoeConfig,
+    mpi: &Mpi,
+    per_proc: u32,
+    progress: &dyn Progress,
+) -> anyhow::Result<ProcReport> {
     let t0 = std::time::Instant::now();
     let (me, gpn) = (mpi.rank(), cfg.gpus_per_node);
     let hosted: Vec<u32> = (me * per_proc..(me + 1) * per_proc).collect();
@@ -144,7 +149,12 @@ pub fn run(a: &Args, cfg: MoeConfig, progress: &Bars) -> anyhow::Result<()> {
     if per_proc == 1 && cfg.gpus_per_node > 1 {
         Device::emu_set_shared_default(true);
     }
-    let rep = step(&cfg, &mpi, per_proc, progress)?;
+    // a killed peer makes mpirun SIGTERM the rest: every process then removes the job's segments
+    let job = emu::memory::shm::job_id()?;
+    let pids = mpi.all_gather_u64(&[std::process::id() as u64]);
+    super::mpi_fault::clean_on_termination(job, pids, mpi.rank())?;
+    let progress = super::mpi_fault::DieIn::from_env(progress, mpi.rank())?;
+    let rep = step(&cfg, &mpi, per_proc, &progress)?;
     let all = mpi.all_gather_bytes(&serde_json::to_vec(&rep)?);
     mpi.barrier();
     if mpi.rank() != 0 {
