@@ -64,6 +64,31 @@ fn moe_one_process_per_rank_is_bit_identical() {
     multi_process(2, 2);
 }
 
+#[test]
+fn moe_two_nodes_of_four_gpus_one_process_per_rank() {
+    multi_process(4, 4);
+}
+
+/// `--procs-per-node` must agree with the process count mpirun started.
+#[test]
+fn moe_procs_per_node_must_match_mpirun() {
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
+        .arg(env!("CARGO_BIN_EXE_ptxforge"))
+        .args(ARGS)
+        .args(["--gpus-per-node", "2", "--procs-per-node", "1"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--procs-per-node 1: mpirun started 2 process(es) per node"),
+        "{err}"
+    );
+}
+
 /// `/dev/shm` entries of the job `job`.
 fn segments(job: &str) -> Vec<String> {
     let pre = format!("ptxforge-{job}-");
