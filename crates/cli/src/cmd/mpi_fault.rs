@@ -51,7 +51,9 @@ pub fn clean_on_termination(job: String, pids: Vec<u64>, me: u32) -> anyhow::Res
                 eprintln!(
                     "ptxforge: process {me}: stopped by signal {sig}; removed {n} shared-memory segment(s) of the job"
                 );
-                std::process::exit(128 + sig);
+                // SAFETY: _exit(2) ends the process without running atexit handlers (an MPI
+                // library's could block on peers that are gone); nothing is borrowed.
+                unsafe { libc::_exit(128 + sig) };
             }
         })
         .context("spawning the termination watcher")?;
