@@ -1,8 +1,9 @@
 //! `mpirun -np 2 ptxforge moe --nodes 2 --gpus-per-node 2` (feature `mpi`: one process per
-//! node, other nodes through the MPI proxy) gives every output and gradient of every rank
-//! bit-identical to the single-process run, whose f64 reference checks pass; the JSON reports
-//! per process the time and bytes of each communication leg, and the bytes add up to the
-//! single-process run's. Run with `cargo test -p ptxforge-cli --features mpi --test moe_mpi`.
+//! node, other nodes through the MPI proxy), and `mpirun -np 4 ... --procs-per-node 2` (one
+//! process per rank: node peers mapped through IPC, a proxy per rank), give every output and
+//! gradient of every rank bit-identical to the single-process run, whose f64 reference checks
+//! pass; the JSON reports per process the time and bytes of each communication leg, and the
+//! bytes add up to the single-process run's; no shared-memory segment of the job is left. Run with `cargo test -p ptxforge-cli --features mpi --test moe_mpi`.
 #![cfg(feature = "mpi")]
 use serde_json::Value;
 use std::process::Command;
@@ -50,17 +51,62 @@ fn sorted(v: &Value) -> Vec<String> {
 
 #[test]
 fn moe_one_process_per_node_is_bit_identical() {
-    one_process_per_node(2);
+    multi_process(2, 1);
 }
 
 #[test]
 fn moe_two_nodes_of_four_gpus() {
-    one_process_per_node(4);
+    multi_process(4, 1);
 }
 
-fn one_process_per_node(gpn: u32) {
+#[test]
+fn moe_one_process_per_rank_is_bit_identical() {
+    multi_process(2, 2);
+}
+
+#[test]
+fn moe_two_nodes_of_four_gpus_one_process_per_rank() {
+    multi_process(4, 4);
+}
+
+/// `--procs-per-node` must agree with the process count mpirun started.
+#[test]
+fn moe_procs_per_node_must_match_mpirun() {
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
+        .arg(env!("CARGO_BIN_EXE_ptxforge"))
+        .args(ARGS)
+        .args(["--gpus-per-node", "2", "--procs-per-node", "1"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--procs-per-node 1: mpirun started 2 process(es) per node"),
+        "{err}"
+    );
+}
+
+/// `/dev/shm` entries of the job `job`.
+fn segments(job: &str) -> Vec<String> {
+    let pre = format!("ptxforge-{job}-");
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&pre))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// 2 nodes of `gpn` GPUs under `mpirun`, `ppn` processes per node (1, or `gpn`: one per rank).
+fn multi_process(gpn: u32, ppn: u32) {
     let exe = env!("CARGO_BIN_EXE_ptxforge");
     let g = gpn.to_string();
+    let job = format!("moempi{}_{gpn}_{ppn}", std::process::id());
     let single = json(
         Command::new(exe)
             .args(ARGS)
@@ -71,10 +117,17 @@ fn one_process_per_node(gpn: u32) {
     );
     let multi = json(
         Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", exe])
+            .args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-x",
+                "PTXFORGE_JOB_ID",
+            ])
+            .args(["-np", &(2 * ppn).to_string(), exe])
             .args(ARGS)
-            .args(["--gpus-per-node", &g])
+            .args(["--gpus-per-node", &g, "--procs-per-node", &ppn.to_string()])
             .args(["--dump-hash", "--json"])
+            .env("PTXFORGE_JOB_ID", &job)
             .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
             .output()
@@ -87,9 +140,22 @@ fn one_process_per_node(gpn: u32) {
         "per-rank hashes and the two data-parallel sums"
     );
     assert_eq!(a, b);
-    // per-leg bytes of the two processes add up to the single-process run's dispatch
+    assert_eq!(segments(&job), Vec::<String>::new(), "segments left behind");
+    // per-leg bytes of the processes add up to the single-process run's dispatch
     let procs = multi["processes"].as_array().unwrap();
-    assert_eq!(procs.len(), 2);
+    assert_eq!(procs.len(), 2 * ppn as usize);
+    for (i, p) in procs.iter().enumerate() {
+        let want: Vec<u64> = (0..gpn / ppn)
+            .map(|k| (i as u32 * gpn / ppn + k) as u64)
+            .collect();
+        let ranks: Vec<u64> = p["ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_u64().unwrap())
+            .collect();
+        assert_eq!(ranks, want, "process {i} hosts its ranks");
+    }
     let sum = |leg: &str, key: &str| -> u64 {
         procs
             .iter()
@@ -122,4 +188,88 @@ fn one_process_per_node(gpn: u32) {
     assert!(
         sum("dispatch", "inter_node_bytes") > 0 && sum("combine of dX", "inter_node_bytes") > 0
     );
+}
+
+/// Processes whose environment names the job (none may outlive it).
+fn job_processes(job: &str) -> Vec<String> {
+    let tag = format!("PTXFORGE_JOB_ID={job}");
+    let Ok(d) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    d.flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter(|e| {
+            std::fs::read(e.path().join("environ"))
+                .map(|env| env.split(|&b| b == 0).any(|v| v == tag.as_bytes()))
+                .unwrap_or(false)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// One rank per process; rank 3 SIGKILLs itself while the dispatch is in flight: mpirun
+/// names it and fails, the other processes stop (SIGTERM from mpirun) after removing every
+/// segment of the job, and nothing of the job is left.
+#[test]
+fn moe_rank_killed_mid_dispatch_stops_the_job() {
+    let exe = env!("CARGO_BIN_EXE_ptxforge");
+    let job = format!("moekill{}", std::process::id());
+    let t0 = std::time::Instant::now();
+    let mut child = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe"])
+        .args([
+            "-x",
+            "PTXFORGE_JOB_ID",
+            "-x",
+            "PTXFORGE_TEST_DIE",
+            "-np",
+            "4",
+            exe,
+        ])
+        .args(ARGS)
+        .args(["--gpus-per-node", "2", "--procs-per-node", "2", "--json"])
+        .env("PTXFORGE_JOB_ID", &job)
+        .env("PTXFORGE_TEST_DIE", "3:|| dispatch")
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(60) {
+            child.kill().unwrap();
+            panic!("the job did not stop within 60 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "stderr:\n{err}");
+    assert!(err.contains("test hook: SIGKILL"), "the hook fired:\n{err}");
+    assert!(
+        err.contains("process rank 3") && err.contains("signal 9"),
+        "the dead rank is named:\n{err}"
+    );
+    // the survivors may still be removing segments and exiting when mpirun returns
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < deadline
+        && !(segments(&job).is_empty() && job_processes(&job).is_empty())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(
+        segments(&job),
+        Vec::<String>::new(),
+        "segments left:\n{err}"
+    );
+    assert_eq!(job_processes(&job), Vec::<String>::new(), "processes left");
 }

@@ -30,6 +30,7 @@
 
 use crate::kutil;
 use crate::layout::{get_dispatch_layout, LayoutCfg};
+use crate::peers;
 use crate::transport::{LinkClass, Transport};
 use crate::{cfg_err, EpError, Result};
 use builder::*;
@@ -1675,6 +1676,9 @@ pub struct EpGroup {
     bytes: Vec<Buffer<u64>>,
     done: Vec<Buffer<u32>>,
     cnt_bytes: u64,
+    /// Workspaces of same-node ranks hosted by other processes, mapped here (index = rank);
+    /// held only so the mappings the tables point into live as long as the group.
+    _peer_ws: Vec<Option<Buffer<u8>>>,
     pub last: CommStats,
 }
 
@@ -1684,13 +1688,16 @@ struct WsWindows<'a> {
     hosted: &'a [u32],
     transport: &'a dyn Transport,
     cnt_bytes: u64,
+    /// Same-node ranks of other processes: their workspaces mapped here (index = rank).
+    peers: &'a [Option<Buffer<u8>>],
 }
 
 impl WsWindows<'_> {
     /// Counter-block address of every rank's workspace as hosted rank `i` (on `d`) reaches it:
-    /// its own and its node's directly, other nodes' through the transport (a window over the
-    /// buffer when both are hosted here, else an attached send window; the hosted buffer is
-    /// exposed to the other process's ranks).
+    /// its own and its node's directly (a node peer of another process through its mapped
+    /// workspace), other nodes' through the transport (a window over the buffer when both are
+    /// hosted here, else an attached send window; the hosted buffer is exposed to the other
+    /// process's ranks).
     fn table(&self, i: usize, d: &Device, ws: &[Buffer<u8>], total: usize) -> Result<Vec<u64>> {
         let (tr, r) = (self.transport, self.hosted[i]);
         let mut ct = Vec::new();
@@ -1706,11 +1713,14 @@ impl WsWindows<'_> {
                     tr.attach(r, dst, total, &spec)?
                 }
                 (_, Some(j)) => ws[j].peer_ptr(d)?,
-                (_, None) => {
-                    return cfg_err(format!(
-                        "rank {dst} shares a node with hosted rank {r} but is not hosted here"
-                    ))
-                }
+                (_, None) => match self.peers.get(dst as usize) {
+                    Some(Some(b)) => b.peer_ptr(d)?,
+                    _ => {
+                        return cfg_err(format!(
+                            "rank {dst} shares a node with hosted rank {r} but is not mapped here"
+                        ))
+                    }
+                },
             };
             ct.push(p);
         }
@@ -1809,9 +1819,11 @@ impl EpGroup {
     }
 
     /// A group of which this process hosts `hosted` (ascending ranks, `devices[i]` the device
-    /// of rank `hosted[i]`): whole nodes, since intra-node peers map each other's memory
-    /// directly. Ranks of other processes are reached through `transport` (a proxy transport
-    /// over an engine that spans the processes).
+    /// of rank `hosted[i]`): whole nodes, or single ranks (one rank per process). Other nodes'
+    /// ranks are reached through `transport` (a proxy transport over an engine that spans the
+    /// processes); same-node ranks of other processes through their workspaces, mapped here by
+    /// IPC handles all-gathered over the transport (a collective: every process builds its
+    /// group at the same point).
     pub fn hosting(
         cfg: EpConfig,
         hosted: Vec<u32>,
@@ -1844,11 +1856,19 @@ impl EpGroup {
             done.push(d.alloc::<u32>(cfg.channels() as usize)?);
             streams.push(d.stream(1));
         }
+        let peer_ws = match hosted.len() < cfg.ranks as usize {
+            true => {
+                let rows = peers::gather(&*transport, &hosted, &ws, &vec![vec![]; ws.len()])?;
+                peers::map_node_peers(&*transport, &hosted, &devices, &rows)?
+            }
+            false => Vec::new(),
+        };
         let win = WsWindows {
             cfg: &cfg,
             hosted: &hosted,
             transport: &*transport,
             cnt_bytes,
+            peers: &peer_ws,
         };
         let mut tabs = Vec::new();
         for (i, d) in devices.iter().enumerate() {
@@ -1868,6 +1888,7 @@ impl EpGroup {
             bytes,
             done,
             cnt_bytes,
+            _peer_ws: peer_ws,
             last: CommStats::default(),
         })
     }

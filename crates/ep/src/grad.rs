@@ -16,6 +16,7 @@
 //!   dgrad and wgrad GEMMs).
 use crate::comm::{bf16_lo_hi, DispatchOut, EpGroup};
 use crate::kutil::{self, sigmoid};
+use crate::peers;
 use crate::proxy::{WindowKind, WindowSpec, WIN_DW};
 use crate::routing::RoutingCfg;
 use crate::transport::LinkClass;
@@ -164,20 +165,26 @@ impl EpGroup {
         }
         // every rank's window table first: a proxy registers its send windows, and its begin
         // fence orders every home buffer's poison before any put
-        let mine = num_tokens
+        let mine: Vec<Vec<u32>> = num_tokens
             .iter()
             .map(|&t| vec![(t * kk * 4) as u32])
             .collect();
-        let dw_bytes: Vec<usize> = (self.transport.all_gather(&self.hosted, mine)?)
+        let rows = peers::gather(&*self.transport, &self.hosted, &dw, &mine)?;
+        let dw_bytes: Vec<usize> = rows
             .iter()
-            .map(|v| v.first().copied().unwrap_or(0) as usize)
+            .map(|p| p.extra.first().copied().unwrap_or(0) as usize)
             .collect();
+        // node peers' home buffers of other processes, mapped until the operation ends
+        let peer_dw = match self.hosted.len() < cfg.ranks as usize {
+            true => peers::map_node_peers(&*self.transport, &self.hosted, &self.devices, &rows)?,
+            false => Vec::new(),
+        };
         let mut tabs = Vec::new();
         for r in 0..r_n {
             self.expose_dw(r, &dw[r])?;
             tabs.push(match outs[r].m_pad {
                 0 => None,
-                _ => Some(self.dw_table(r, &dw, &dw_bytes)?),
+                _ => Some(self.dw_table(r, &dw, &peer_dw, &dw_bytes)?),
             });
         }
         self.transport.begin()?;
@@ -230,7 +237,14 @@ impl EpGroup {
 
     /// Hosted rank `i`'s table of the addresses it puts `dw` of every home rank through
     /// (`dw_bytes`: every rank's home buffer size).
-    fn dw_table(&self, i: usize, dw: &[Buffer<u8>], dw_bytes: &[usize]) -> Result<Buffer<u64>> {
+    /// (`peer_dw`: node peers' home buffers of other processes, mapped here, index = rank).
+    fn dw_table(
+        &self,
+        i: usize,
+        dw: &[Buffer<u8>],
+        peer_dw: &[Option<Buffer<u8>>],
+        dw_bytes: &[usize],
+    ) -> Result<Buffer<u64>> {
         let (dev, r) = (&self.devices[i], self.hosted[i]);
         let mut tab = Vec::new();
         for dst in 0..self.cfg.ranks {
@@ -244,11 +258,14 @@ impl EpGroup {
                     self.transport.attach(r, dst, bytes, &DW_WINDOW)?
                 }
                 (_, Some(j)) => dw[j].peer_ptr(dev)?,
-                (_, None) => {
-                    return Err(EpError::Config(format!(
-                        "rank {dst} shares a node with hosted rank {r} but is not hosted here"
-                    )))
-                }
+                (_, None) => match peer_dw.get(dst as usize) {
+                    Some(Some(b)) => b.peer_ptr(dev)?,
+                    _ => {
+                        return Err(EpError::Config(format!(
+                            "rank {dst} shares a node with hosted rank {r} but is not mapped here"
+                        )))
+                    }
+                },
             });
         }
         Ok(self.streams[i].upload(&tab)?)

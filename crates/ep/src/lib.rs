@@ -30,6 +30,7 @@ pub mod eplb;
 pub mod grad;
 pub mod kutil;
 pub mod layout;
+mod peers;
 pub mod proxy;
 pub mod routing;
 pub mod transport;

@@ -124,7 +124,7 @@ pub struct ProxyStats {
 
 struct Shared {
     engine: Box<dyn Engine>,
-    /// Ranks per endpoint (one endpoint per node: GPUs per node).
+    /// Ranks per endpoint: GPUs per node (one endpoint per node) or 1 (one per rank).
     per_ep: u32,
     timeout: Duration,
     /// Longest wait for another endpoint at a fence or all-gather (nanoseconds).
@@ -139,10 +139,13 @@ struct Endpoint {
     thread: Option<JoinHandle<()>>,
 }
 
-/// The proxy transport (see the module docs). One endpoint per node hosted by this process.
+/// The proxy transport (see the module docs). One endpoint per node, or per rank, hosted by
+/// this process.
 pub struct ProxyTransport {
     ranks: u32,
     gpus_per_node: u32,
+    /// Ranks per endpoint (see [`ProxyTransport::new`]).
+    per_ep: u32,
     /// Devices of the hosted ranks (index = rank).
     devices: Vec<Option<Device>>,
     eps: Vec<Endpoint>,
@@ -156,9 +159,13 @@ fn lock(sh: &Shared) -> Result<MutexGuard<'_, State>> {
 
 impl ProxyTransport {
     /// A transport for `devices` (index = rank; `None` for ranks other processes host), one
-    /// endpoint per node: `engines` are the endpoints of the nodes this process hosts (engine
-    /// endpoint id = node). `timeout`: wall time without progress inside an operation before
-    /// the proxy lets the kernels time out. Waits for another process to *reach* an operation
+    /// endpoint per node or one per rank, as the engines span (`endpoints()` = nodes or
+    /// ranks): `engines` are the endpoints this process hosts (engine endpoint id = node, or
+    /// rank). One endpoint per rank is the one-process-per-rank layout: each rank's process
+    /// runs its own proxy (as each GPU drives its own RDMA queue pairs in DeepEP), and its
+    /// node peers in other processes are reached through IPC, not through the proxy.
+    /// `timeout`: wall time without progress inside an operation before the proxy lets the
+    /// kernels time out. Waits for another process to *reach* an operation
     /// (fences, all-gathers) get [`default_peer_timeout`] (see [`ProxyTransport::set_peer_timeout`]).
     pub fn new(
         devices: Vec<Option<Device>>,
@@ -173,17 +180,12 @@ impl ProxyTransport {
             )));
         }
         let mut eps = Vec::new();
+        let mut per_ep = gpus_per_node;
         for engine in engines {
-            if engine.endpoints() != ranks / gpus_per_node {
-                return Err(EpError::Config(format!(
-                    "engine of {} endpoints for {} nodes",
-                    engine.endpoints(),
-                    ranks / gpus_per_node
-                )));
-            }
+            per_ep = endpoint_ranks(engine.endpoints(), ranks, gpus_per_node)?;
             let sh = Arc::new(Shared {
                 engine,
-                per_ep: gpus_per_node,
+                per_ep,
                 timeout,
                 peer_timeout: AtomicU64::new(default_peer_timeout(timeout).as_nanos() as u64),
                 st: Mutex::new(State {
@@ -213,13 +215,14 @@ impl ProxyTransport {
         Ok(ProxyTransport {
             ranks,
             gpus_per_node,
+            per_ep,
             devices,
             eps,
         })
     }
 
     fn endpoint_of(&self, rank: u32) -> Option<&Shared> {
-        let e = rank / self.gpus_per_node;
+        let e = rank / self.per_ep;
         self.eps
             .iter()
             .map(|ep| &*ep.sh)
@@ -379,6 +382,18 @@ impl Win {
             sent_tail: vec![0; n],
             sent_head: vec![0; n],
         }
+    }
+}
+
+/// Ranks per endpoint of an engine of `endpoints` endpoints: one per node or one per rank.
+fn endpoint_ranks(endpoints: u32, ranks: u32, gpus_per_node: u32) -> Result<u32> {
+    match endpoints {
+        e if e == ranks / gpus_per_node => Ok(gpus_per_node),
+        e if e == ranks => Ok(1),
+        e => Err(EpError::Config(format!(
+            "engine of {e} endpoints: want one per node ({}) or one per rank ({ranks})",
+            ranks / gpus_per_node
+        ))),
     }
 }
 

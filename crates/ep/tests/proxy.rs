@@ -336,3 +336,29 @@ fn missing_fence_names_the_peer() {
     assert!(t0.elapsed() >= timeout && t0.elapsed() < timeout * 20);
     drop(tr); // the proxy thread stops
 }
+
+/// A proxy transport takes engines of one endpoint per node or one per rank (one process per
+/// rank), and names both choices when given anything else.
+#[test]
+fn endpoints_are_per_node_or_per_rank() {
+    let devs = || -> Vec<Option<Device>> { (0..4).map(|r| Some(Device::emu(700 + r))).collect() };
+    let t = Duration::from_secs(1);
+    for n in [2, 4] {
+        let mut engines = InProcessEngine::mesh(n);
+        let mine: Vec<Box<dyn ep::Engine>> = vec![Box::new(engines.remove(0))];
+        assert!(
+            ProxyTransport::new(devs(), 2, mine, t).is_ok(),
+            "{n} endpoints"
+        );
+    }
+    let mut engines = InProcessEngine::mesh(3);
+    let mine: Vec<Box<dyn ep::Engine>> = vec![Box::new(engines.remove(0))];
+    let e = ProxyTransport::new(devs(), 2, mine, t)
+        .err()
+        .expect("3 endpoints");
+    assert!(
+        e.to_string()
+            .contains("one per node (2) or one per rank (4)"),
+        "{e}"
+    );
+}

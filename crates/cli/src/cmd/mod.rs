@@ -17,6 +17,8 @@ pub mod moe;
 mod moe_hash;
 #[cfg(feature = "mpi")]
 mod moe_mpi;
+#[cfg(feature = "mpi")]
+mod mpi_fault;
 pub mod run;
 pub mod schedule;
 pub mod sim;

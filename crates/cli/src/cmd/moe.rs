@@ -27,6 +27,11 @@ pub struct Args {
     pub nodes: Option<u32>,
     #[arg(long)]
     pub gpus_per_node: Option<u32>,
+    /// Under `mpirun` (feature `mpi`): processes per node, 1 (each hosts a node) or
+    /// `--gpus-per-node` (each hosts one rank); checked against the process count, which
+    /// decides it when this is not given.
+    #[arg(long)]
+    pub procs_per_node: Option<u32>,
     #[arg(long)]
     pub hidden: Option<u32>,
     #[arg(long)]
@@ -180,10 +185,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         crate::out::preflight("--trace", p)?;
     }
     let cfg = config(&a)?;
-    // under mpirun (feature `mpi`): one process per node, see `moe_mpi`
+    // under mpirun (feature `mpi`): one process per node or per rank, see `moe_mpi`
     #[cfg(feature = "mpi")]
     if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some() {
         return super::moe_mpi::run(&a, cfg, &Bars);
+    }
+    if let Some(p) = a.procs_per_node {
+        anyhow::bail!("--procs-per-node {p}: only for a run under mpirun (feature `mpi`)");
     }
     let devices = devices(&a.device, cfg.ranks() as u32)?;
     // before the inputs are made: a bad --num-sms fails at once

@@ -1,6 +1,9 @@
 //! `mpirun -np NODES ptxforge moe --nodes NODES ...` (cargo feature `mpi`): one process per
 //! node, each hosting only its node's emulated devices (`MoeLayer::hosting`); the other nodes'
-//! ranks are reached through `ep::ProxyTransport` over MPI. Every process draws the whole step
+//! ranks are reached through `ep::ProxyTransport` over MPI. With `-np NODES*GPUS_PER_NODE`
+//! (or `--procs-per-node GPUS_PER_NODE`) one process per rank: each hosts one device, its node
+//! peers' buffers are mapped through IPC (emulated memory in shared segments, each process in
+//! the address slot of its MPI rank), and each runs its own proxy endpoint. Every process draws the whole step
 //! from the seed (as the single-process run does) and feeds its ranks' inputs. Process 0 prints
 //! every process's per-leg time and bytes (and with `--dump-hash` the hashes of every output and
 //! gradient, equal to the single-process run's). The f64 reference check is not run here: it
@@ -10,7 +13,7 @@ use super::moe::{Args, Bars};
 use super::moe_hash::{hashes, sum_hashes, OutHash, Partials};
 use anyhow::{bail, Context};
 use ep::{EpConfig, ProxyTransport};
-use model::moe::{random_step, MoeConfig, MoeLayer};
+use model::moe::{random_step, MoeConfig, MoeLayer, Progress};
 use netmpi::Mpi;
 use rand::SeedableRng;
 use runtime::Device;
@@ -48,11 +51,16 @@ fn leg(name: &str, s: &ep::comm::CommStats) -> Leg {
     }
 }
 
-/// This process's layer step.
-fn step(cfg: &MoeConfig, mpi: &Mpi, progress: &Bars) -> anyhow::Result<ProcReport> {
+/// This process's layer step; it hosts `per_proc` consecutive ranks (a node, or one rank).
+fn step(
+    cfg: &MoeConfig,
+    mpi: &Mpi,
+    per_proc: u32,
+    progress: &dyn Progress,
+) -> anyhow::Result<ProcReport> {
     let t0 = std::time::Instant::now();
-    let (node, gpn) = (mpi.rank(), cfg.gpus_per_node);
-    let hosted: Vec<u32> = (node * gpn..(node + 1) * gpn).collect();
+    let (me, gpn) = (mpi.rank(), cfg.gpus_per_node);
+    let hosted: Vec<u32> = (me * per_proc..(me + 1) * per_proc).collect();
     let mut all: Vec<Option<Device>> = vec![None; cfg.ranks()];
     for &r in &hosted {
         // the devices the single-process run gives these ranks
@@ -87,7 +95,7 @@ fn step(cfg: &MoeConfig, mpi: &Mpi, progress: &Bars) -> anyhow::Result<ProcRepor
         intra_node_bytes: bs.topk_intra_bytes,
     };
     Ok(ProcReport {
-        process: node,
+        process: me,
         ranks: hosted.clone(),
         seconds: t0.elapsed().as_secs_f64(),
         legs: vec![
@@ -102,6 +110,27 @@ fn step(cfg: &MoeConfig, mpi: &Mpi, progress: &Bars) -> anyhow::Result<ProcRepor
     })
 }
 
+/// Ranks per process: a node (`-np NODES`) or one (`-np RANKS`); `--procs-per-node`, when
+/// given, must agree with the process count.
+fn procs_layout(a: &Args, cfg: &MoeConfig, procs: u32) -> anyhow::Result<u32> {
+    let ranks = cfg.nodes * cfg.gpus_per_node;
+    let per_node = match procs {
+        p if p == cfg.nodes => 1,
+        p if p == ranks => cfg.gpus_per_node,
+        p => bail!(
+            "--nodes {} --gpus-per-node {}: start one process per node (mpirun -np {}) or per \
+             rank (-np {ranks}), not {p}",
+            cfg.nodes,
+            cfg.gpus_per_node,
+            cfg.nodes
+        ),
+    };
+    if let Some(want) = a.procs_per_node.filter(|&w| w != per_node) {
+        bail!("--procs-per-node {want}: mpirun started {per_node} process(es) per node ({procs} in all)");
+    }
+    Ok(cfg.gpus_per_node / per_node)
+}
+
 pub fn run(a: &Args, cfg: MoeConfig, progress: &Bars) -> anyhow::Result<()> {
     if a.device != "emu" {
         bail!(
@@ -113,15 +142,19 @@ pub fn run(a: &Args, cfg: MoeConfig, progress: &Bars) -> anyhow::Result<()> {
         bail!("--trace: not supported by the multi-process moe yet");
     }
     let mpi = Mpi::init()?;
-    if mpi.size() != cfg.nodes {
-        bail!(
-            "--nodes {}: start one process per node (mpirun -np {}), not {}",
-            cfg.nodes,
-            cfg.nodes,
-            mpi.size()
-        );
+    let per_proc = procs_layout(a, &cfg, mpi.size())?;
+    // before the first emulator allocation: distinct address slots, and (one process per rank)
+    // every allocation a shared segment that node peers map at the same address
+    Device::emu_set_address_slot(mpi.rank()).context("the emulator address slot")?;
+    if per_proc == 1 && cfg.gpus_per_node > 1 {
+        Device::emu_set_shared_default(true);
     }
-    let rep = step(&cfg, &mpi, progress)?;
+    // a killed peer makes mpirun SIGTERM the rest: every process then removes the job's segments
+    let job = emu::memory::shm::job_id()?;
+    let pids = mpi.all_gather_u64(&[std::process::id() as u64]);
+    super::mpi_fault::clean_on_termination(job, pids, mpi.rank())?;
+    let progress = super::mpi_fault::DieIn::from_env(progress, mpi.rank())?;
+    let rep = step(&cfg, &mpi, per_proc, &progress)?;
     let all = mpi.all_gather_bytes(&serde_json::to_vec(&rep)?);
     mpi.barrier();
     if mpi.rank() != 0 {
