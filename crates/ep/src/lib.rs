@@ -33,6 +33,7 @@ pub mod layout;
 mod peers;
 pub mod proxy;
 pub mod routing;
+pub mod selfcheck;
 pub mod transport;
 
 pub use comm::{CombineOut, DispatchOut, EpConfig, EpGroup, Handle, Payload};

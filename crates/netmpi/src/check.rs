@@ -7,233 +7,25 @@
 //! rank (bit-identical across modes), the time and bytes of every operation for the hosted ranks,
 //! and the proxies' bytes. Every received BF16 row is checked against its source row.
 
+//!
+//! The inputs, the group, the report and the row check are `ep::selfcheck`'s (shared with the
+//! NCCL engine's check); this module runs the full set of operations over MPI.
+
 use crate::Mpi;
-use ep::comm::{EpConfig, EpGroup, XRef};
-use ep::{InProcessTransport, ProxyTransport};
+use ep::comm::XRef;
+use ep::selfcheck::{check_rows, expert_outputs, group, inputs, op, upload, RankIn};
+pub use ep::selfcheck::{fnv, CheckCfg, OpReport, Report, Res};
+use ep::Engine;
 use half::bf16;
-use runtime::{Buffer, Device};
-use serde::{Deserialize, Serialize};
-use std::error::Error;
-use std::time::Duration;
-
-pub type Res<T> = Result<T, Box<dyn Error>>;
-
-/// Sizes of the check (`validate` names a bad field).
-#[derive(Clone, Debug, Serialize)]
-pub struct CheckCfg {
-    pub nodes: u32,
-    pub gpus_per_node: u32,
-    pub experts: u32,
-    pub hidden: usize,
-    pub topk: usize,
-    /// Tokens of rank 0; rank r has `tokens + 3 r` (capped at `max_tokens`).
-    pub tokens: usize,
-    pub max_tokens: u32,
-    pub seed: u64,
-    /// Communication timeout (wall time of the proxies, emulated time of the kernels).
-    pub timeout: Duration,
-}
-
-impl Default for CheckCfg {
-    fn default() -> CheckCfg {
-        CheckCfg {
-            nodes: 2,
-            gpus_per_node: 2,
-            experts: 16,
-            hidden: 256,
-            topk: 4,
-            tokens: 20,
-            max_tokens: 32,
-            seed: 1,
-            timeout: Duration::from_secs(60),
-        }
-    }
-}
-
-impl CheckCfg {
-    fn ranks(&self) -> u32 {
-        self.nodes * self.gpus_per_node
-    }
-    fn tokens_of(&self, r: u32) -> usize {
-        (self.tokens + 3 * r as usize).min(self.max_tokens as usize)
-    }
-    fn ep_config(&self) -> Res<EpConfig> {
-        let mut c = EpConfig::new(
-            self.ranks(),
-            self.gpus_per_node,
-            self.experts,
-            self.hidden as u32,
-            self.topk as u32,
-            self.max_tokens,
-        );
-        (c.num_sms, c.ring_slots, c.chunk, c.sm_offset) = (4, 4, 2, 112);
-        c.timeout = self.timeout;
-        c.validate()?;
-        if self.topk > self.experts as usize {
-            return Err(format!("topk {} exceeds experts {}", self.topk, self.experts).into());
-        }
-        Ok(c)
-    }
-}
-
-/// Time and bytes of one operation, for the hosted ranks.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct OpReport {
-    pub op: String,
-    pub seconds: f64,
-    pub inter_node_bytes: u64,
-    pub intra_node_bytes: u64,
-    /// Bytes this process's proxies put during the operation (0 without a proxy).
-    pub proxy_put_bytes: u64,
-}
-
-/// What one process ran.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Report {
-    pub process: u32,
-    pub processes: u32,
-    pub hosted: Vec<u32>,
-    pub transport: String,
-    pub ops: Vec<OpReport>,
-    /// (rank, output, FNV-1a 64 of its bytes).
-    pub hashes: Vec<(u32, String, String)>,
-}
-
-/// xorshift64*: the same stream in every process.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
-
-/// FNV-1a 64.
-pub fn fnv(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
-        (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
-    })
-}
-
-/// Rank `r`'s inputs: BF16 rows, FP8 bytes + scales, distinct top-k experts, weights.
-struct RankIn {
-    x: Vec<bf16>,
-    q: Vec<u8>,
-    s: Vec<f32>,
-    idx: Vec<i32>,
-    w: Vec<f32>,
-}
-
-fn inputs(c: &CheckCfg, r: u32) -> RankIn {
-    let mut g = Rng((c.seed ^ 0x9e37_79b9_7f4a_7c15).wrapping_add((r as u64 + 1) * 0x1000_0001));
-    let (t, h) = (c.tokens_of(r), c.hidden);
-    let x = (0..t * h)
-        .map(|_| bf16::from_f32(g.unit() * 4.0 - 2.0))
-        .collect();
-    let q = (0..t * h).map(|_| (g.next() % 0x7f) as u8).collect();
-    let s = (0..t * h / 128).map(|_| 0.01 + g.unit() * 4.0).collect();
-    let mut idx = Vec::new();
-    for _ in 0..t {
-        let mut chosen: Vec<i32> = Vec::new();
-        while chosen.len() < c.topk {
-            let e = (g.next() % c.experts as u64) as i32;
-            if !chosen.contains(&e) {
-                chosen.push(e);
-            }
-        }
-        idx.extend(chosen);
-    }
-    let w = (0..t * c.topk).map(|_| 0.05 + g.unit() * 0.95).collect();
-    RankIn { x, q, s, idx, w }
-}
-
-/// The group: every rank here (`mpi` None) or this MPI process's node.
-fn group(c: &CheckCfg, mpi: Option<&Mpi>) -> Res<EpGroup> {
-    let (ranks, gpn) = (c.ranks(), c.gpus_per_node);
-    let cfg = c.ep_config()?;
-    let Some(mpi) = mpi else {
-        let devs: Vec<Device> = (0..ranks).map(Device::emu).collect();
-        let tr = InProcessTransport {
-            devices: devs.clone(),
-            gpus_per_node: gpn,
-        };
-        return Ok(EpGroup::new(cfg, devs, Box::new(tr))?);
-    };
-    if mpi.size() != c.nodes {
-        return Err(format!(
-            "nodes: {} nodes need {} MPI processes (one per node), got {}",
-            c.nodes,
-            c.nodes,
-            mpi.size()
-        )
-        .into());
-    }
-    let node = mpi.rank();
-    let hosted: Vec<u32> = (node * gpn..(node + 1) * gpn).collect();
-    let devs: Vec<Device> = hosted.iter().map(|&r| Device::emu(r)).collect();
-    let mut all = vec![None; ranks as usize];
-    for (&r, d) in hosted.iter().zip(&devs) {
-        all[r as usize] = Some(d.clone());
-    }
-    let engines: Vec<Box<dyn ep::Engine>> = vec![Box::new(mpi.engine()?)];
-    let tr = ProxyTransport::new(all, gpn, engines, c.timeout)?;
-    Ok(EpGroup::hosting(cfg, hosted, devs, Box::new(tr))?)
-}
-
-fn op(g: &EpGroup, name: &str) -> OpReport {
-    OpReport {
-        op: name.into(),
-        seconds: g.last.seconds,
-        inter_node_bytes: g.last.inter_node_bytes,
-        intra_node_bytes: g.last.intra_node_bytes,
-        proxy_put_bytes: g
-            .transport
-            .proxy_stats()
-            .iter()
-            .map(|(_, s)| s.put_bytes)
-            .sum(),
-    }
-}
-
-fn upload<T: runtime::Pod>(devs: &[Device], v: &[&[T]]) -> Res<Vec<Buffer<T>>> {
-    Ok(devs
-        .iter()
-        .zip(v)
-        .map(|(d, x)| d.upload(x))
-        .collect::<Result<_, _>>()?)
-}
-
-/// Expert outputs: a function of each row's source token and slot, so every mode agrees.
-fn expert_outputs(
-    c: &CheckCfg,
-    devs: &[Device],
-    outs: &[ep::DispatchOut],
-) -> Res<Vec<Buffer<bf16>>> {
-    let mut ys = Vec::new();
-    for (d, o) in devs.iter().zip(outs) {
-        let (src, rk) = (o.recv_src.to_vec()?, o.recv_k.to_vec()?);
-        let v: Vec<bf16> = (0..o.m_pad.max(1) * c.hidden)
-            .map(|j| {
-                let row = j / c.hidden;
-                let s = src.get(row).copied().unwrap_or(-1) as i64;
-                let k = rk.get(row).copied().unwrap_or(0) as i64;
-                let u = (s * 31 + k * 7 + (j % c.hidden) as i64 * 13).rem_euclid(97);
-                bf16::from_f32(u as f32 / 48.0 - 1.0)
-            })
-            .collect();
-        ys.push(d.upload(&v)?);
-    }
-    Ok(ys)
-}
+use runtime::Buffer;
 
 /// Runs the check (see the module docs).
 pub fn run(c: &CheckCfg, mpi: Option<&Mpi>) -> Res<Report> {
-    let mut g = group(c, mpi)?;
+    let engine = match mpi {
+        Some(m) => Some(Box::new(m.engine()?) as Box<dyn Engine>),
+        None => None,
+    };
+    let mut g = group(c, engine)?;
     let hosted = g.hosted.clone();
     let devs = g.devices.clone();
     let ins: Vec<RankIn> = hosted.iter().map(|&r| inputs(c, r)).collect();
@@ -299,29 +91,4 @@ pub fn run(c: &CheckCfg, mpi: Option<&Mpi>) -> Res<Report> {
         ops,
         hashes,
     })
-}
-
-/// Every received BF16 row equals its source token's row (sources regenerated from the seed).
-fn check_rows(c: &CheckCfg, hosted: &[u32], outs: &[ep::DispatchOut]) -> Res<()> {
-    let h = c.hidden;
-    let all: Vec<RankIn> = (0..c.ranks()).map(|r| inputs(c, r)).collect();
-    for (i, o) in outs.iter().enumerate() {
-        let src = o.recv_src.to_vec()?;
-        let rx = o.recv_x.to_bytes()?;
-        for row in 0..o.m_pad {
-            if src[row] < 0 {
-                continue;
-            }
-            let (sr, tok) = ((src[row] >> 24) as usize, (src[row] & 0xff_ffff) as usize);
-            let want: Vec<u8> = all[sr].x[tok * h..(tok + 1) * h]
-                .iter()
-                .flat_map(|v| v.to_bits().to_le_bytes())
-                .collect();
-            if rx[row * 2 * h..(row + 1) * 2 * h] != want[..] {
-                let r = hosted[i];
-                return Err(format!("rank {r}: row {row} is not rank {sr}'s token {tok}").into());
-            }
-        }
-    }
-    Ok(())
 }

@@ -16,7 +16,7 @@
 
 use clap::{Parser, Subcommand};
 use netnccl::check::{collectives, proxy, CollCfg, Res};
-use netnccl::epcheck::{self, EpCheckCfg};
+use netnccl::epcheck;
 use netnccl::{Comm, NcclEngine, NcclError};
 use runtime::Device;
 use std::process::ExitCode;
@@ -88,11 +88,11 @@ fn main() -> ExitCode {
             gpus_per_node,
             seed,
         } => {
-            let cfg = EpCheckCfg {
+            let cfg = ep::selfcheck::CheckCfg {
                 nodes,
                 gpus_per_node,
                 seed,
-                ..EpCheckCfg::default()
+                ..epcheck::default_cfg()
             };
             if single {
                 epcheck::run(&cfg, None).map(|l| println!("{}", l.join("\n")))
