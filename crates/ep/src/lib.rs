@@ -8,7 +8,12 @@
 //! - [`eplb`]: the expert load balancer (hierarchical and global policies).
 //! - [`transport`]: the inter-node [`transport::Transport`] trait and its in-process emulation.
 //! - [`proxy`]: the host-proxy transport (send windows, doorbells, proxy threads; NVSHMEM/IBGDA
-//!   style) over an [`engine::Engine`] (in-process channels here, MPI in `netmpi`).
+//!   style) over an [`engine::Engine`] (in-process channels here, MPI in `netmpi`, NCCL in
+//!   `netnccl`).
+//! - [`peers`]: same-node peers in other processes (one rank per process): their workspaces'
+//!   IPC handles gathered and mapped.
+//! - [`selfcheck`]: the cross-process check the engines' check programs share (seeded inputs,
+//!   group, report, row check).
 //! - [`grad`]: gate backward: per-(token, k) weight gradients put back to the home ranks, and
 //!   the routing backward to the logits.
 //! - [`comm`]: [`comm::EpGroup`] (ring buffers, counters, error buffers of all ranks), hierarchical
