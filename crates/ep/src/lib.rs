@@ -10,7 +10,7 @@
 //! - [`proxy`]: the host-proxy transport (send windows, doorbells, proxy threads; NVSHMEM/IBGDA
 //!   style) over an [`engine::Engine`] (in-process channels here, MPI in `netmpi`, NCCL in
 //!   `netnccl`).
-//! - [`peers`]: same-node peers in other processes (one rank per process): their workspaces'
+//! - `peers` (private): same-node peers in other processes (one rank per process): their workspaces'
 //!   IPC handles gathered and mapped.
 //! - [`selfcheck`]: the cross-process check the engines' check programs share (seeded inputs,
 //!   group, report, row check).
