@@ -270,6 +270,14 @@ impl MoeLayer {
         weights: MoeWeights,
         progress: &dyn Progress,
     ) -> Result<MoeLayer> {
+        // every rank lives here: one device each (checked before the transport is built)
+        if devices.len() != cfg.ranks() {
+            return Err(MoeError::Shape(format!(
+                "{} devices for {} ranks: the in-process layer needs one device per rank",
+                devices.len(),
+                cfg.ranks()
+            )));
+        }
         let tr = InProcessTransport {
             devices: devices.clone(),
             gpus_per_node: cfg.gpus_per_node,
