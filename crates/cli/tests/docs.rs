@@ -62,10 +62,15 @@ fn copy_repo(tag: &str) -> PathBuf {
         let p = e.expect("entry").path();
         std::fs::copy(&p, dst.join("docs").join(p.file_name().expect("name"))).expect("copy");
     }
-    for e in std::fs::read_dir(src.join("crates")).expect("crates/") {
-        let p = e.expect("entry").path();
+    // the workspace members: crates/* and the Python package's crate (python/)
+    let mut members: Vec<PathBuf> = std::fs::read_dir(src.join("crates"))
+        .expect("crates/")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    members.push(src.join("python"));
+    for p in members {
         if p.join("Cargo.toml").is_file() {
-            let d = dst.join("crates").join(p.file_name().expect("name"));
+            let d = dst.join(p.strip_prefix(&src).expect("inside the repository"));
             std::fs::create_dir_all(&d).expect("crate dir");
             std::fs::copy(p.join("Cargo.toml"), d.join("Cargo.toml")).expect("copy manifest");
         }
