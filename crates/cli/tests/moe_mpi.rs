@@ -8,25 +8,17 @@
 use serde_json::Value;
 use std::process::Command;
 
-const ARGS: [&str; 17] = [
-    "moe",
-    "--nodes",
-    "2",
-    "--hidden",
-    "256",
-    "--experts",
-    "16",
-    "--intermediate",
-    "128",
-    "--tokens",
-    "128",
-    "--topk",
-    "4",
-    "--groups",
-    "4",
-    "--topk-groups",
-    "2",
-];
+mod common;
+
+/// The CLI tests' small MoE ([`common::SMALL_MOE`]) without its `--gpus-per-node`: each test
+/// names its own layout.
+fn base_args() -> Vec<String> {
+    let mut a = common::small_moe(&[]);
+    if let Some(i) = a.iter().position(|s| s == "--gpus-per-node") {
+        a.drain(i..i + 2);
+    }
+    a
+}
 
 fn json(out: std::process::Output) -> Value {
     assert!(
@@ -75,7 +67,7 @@ fn moe_procs_per_node_must_match_mpirun() {
     let out = Command::new("mpirun")
         .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
         .arg(env!("CARGO_BIN_EXE_ptxforge"))
-        .args(ARGS)
+        .args(base_args())
         .args(["--gpus-per-node", "2", "--procs-per-node", "1"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -109,7 +101,7 @@ fn multi_process(gpn: u32, ppn: u32) {
     let job = format!("moempi{}_{gpn}_{ppn}", std::process::id());
     let single = json(
         Command::new(exe)
-            .args(ARGS)
+            .args(base_args())
             .args(["--gpus-per-node", &g])
             .args(["--dump-hash", "--json"])
             .output()
@@ -124,7 +116,7 @@ fn multi_process(gpn: u32, ppn: u32) {
                 "PTXFORGE_JOB_ID",
             ])
             .args(["-np", &(2 * ppn).to_string(), exe])
-            .args(ARGS)
+            .args(base_args())
             .args(["--gpus-per-node", &g, "--procs-per-node", &ppn.to_string()])
             .args(["--dump-hash", "--json"])
             .env("PTXFORGE_JOB_ID", &job)
@@ -231,7 +223,7 @@ fn moe_rank_killed_mid_dispatch_stops_the_job() {
             "4",
             exe,
         ])
-        .args(ARGS)
+        .args(base_args())
         .args(["--gpus-per-node", "2", "--procs-per-node", "2", "--json"])
         .env("PTXFORGE_JOB_ID", &job)
         .env("PTXFORGE_TEST_DIE", "3:|| dispatch")
