@@ -19,6 +19,7 @@ mod moe_hash;
 mod moe_mpi;
 #[cfg(feature = "mpi")]
 mod mpi_fault;
+pub mod procs;
 pub mod run;
 pub mod schedule;
 pub mod sim;
