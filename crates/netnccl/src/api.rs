@@ -26,6 +26,41 @@ pub(crate) struct NcclUniqueId {
 
 type Stream = *mut c_void;
 
+/// `ncclResult_t` of a call still running on a non-blocking communicator.
+pub(crate) const IN_PROGRESS: c_int = 7;
+
+/// `ncclConfig_t` as NCCL 2.14 laid it out (the first version with configs). NCCL reads a
+/// config's `size` and `version` and copies only that much, so this older layout is accepted by
+/// every later version; every attribute left out keeps NCCL's default. Only `blocking` is set.
+#[repr(C)]
+pub(crate) struct NcclConfig {
+    pub size: usize,
+    pub magic: u32,
+    pub version: u32,
+    pub blocking: c_int,
+    pub cga_cluster_size: c_int,
+    pub min_ctas: c_int,
+    pub max_ctas: c_int,
+    pub net_name: *const c_char,
+}
+
+impl NcclConfig {
+    /// `NCCL_CONFIG_INITIALIZER` of NCCL 2.14 with `blocking` set.
+    pub fn new(blocking: bool) -> NcclConfig {
+        const UNDEF: c_int = c_int::MIN; // NCCL_CONFIG_UNDEF_INT
+        NcclConfig {
+            size: std::mem::size_of::<NcclConfig>(),
+            magic: 0xcafe_beef,
+            version: 21400, // NCCL_VERSION(2, 14, 0)
+            blocking: c_int::from(blocking),
+            cga_cluster_size: UNDEF,
+            min_ctas: UNDEF,
+            max_ctas: UNDEF,
+            net_name: std::ptr::null(),
+        }
+    }
+}
+
 /// The resolved entry points (return values are raw `ncclResult_t` codes).
 pub(crate) struct Api {
     pub path: String,
@@ -34,6 +69,10 @@ pub(crate) struct Api {
     pub get_last_error: Option<unsafe extern "C" fn(NcclComm) -> *const c_char>,
     pub get_unique_id: unsafe extern "C" fn(*mut NcclUniqueId) -> c_int,
     pub comm_init_rank: unsafe extern "C" fn(*mut NcclComm, c_int, NcclUniqueId, c_int) -> c_int,
+    /// `ncclCommInitRankConfig` (NCCL 2.14+): non-blocking communicators.
+    pub comm_init_rank_config: Option<
+        unsafe extern "C" fn(*mut NcclComm, c_int, NcclUniqueId, c_int, *mut NcclConfig) -> c_int,
+    >,
     pub comm_destroy: unsafe extern "C" fn(NcclComm) -> c_int,
     pub comm_abort: unsafe extern "C" fn(NcclComm) -> c_int,
     pub comm_get_async_error: unsafe extern "C" fn(NcclComm, *mut c_int) -> c_int,
@@ -129,6 +168,10 @@ fn resolve(lib: &'static libloading::Library, path: String) -> std::result::Resu
         get_last_error: unsafe { lib.get(b"ncclGetLastError\0") }.ok().map(|s| *s),
         get_unique_id: sym!("ncclGetUniqueId"),
         comm_init_rank: sym!("ncclCommInitRank"),
+        // SAFETY: as in sym!; optional (NCCL 2.14+).
+        comm_init_rank_config: unsafe { lib.get(b"ncclCommInitRankConfig\0") }
+            .ok()
+            .map(|s| *s),
         comm_destroy: sym!("ncclCommDestroy"),
         comm_abort: sym!("ncclCommAbort"),
         comm_get_async_error: sym!("ncclCommGetAsyncError"),
@@ -158,6 +201,11 @@ impl Api {
         if code == 0 {
             return Ok(());
         }
+        Err(self.call_error(call, code, comm))
+    }
+
+    /// [`NcclError::Call`] for `code` of `call`: NCCL's text for the code and its last error.
+    pub fn call_error(&self, call: &'static str, code: c_int, comm: NcclComm) -> NcclError {
         let text = |p: *const c_char| {
             if p.is_null() {
                 String::new()
@@ -176,11 +224,11 @@ impl Api {
             .get_last_error
             .map(|f| text(unsafe { f(comm) }))
             .unwrap_or_default();
-        Err(NcclError::Call {
+        NcclError::Call {
             call,
             code,
             name,
             detail,
-        })
+        }
     }
 }

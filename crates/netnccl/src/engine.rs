@@ -8,8 +8,10 @@
 //! length, in the order they were sent: per-pair FIFO order is kept. Idle rounds sleep
 //! [`IDLE`] before the next. Dropping the engine marks it closing; the thread runs rounds
 //! until every endpoint has closed (so a closing endpoint never strands a peer mid-round).
-//! A failure (a lost peer: the fake NCCL times out after `PTXFORGE_FAKENCCL_TIMEOUT`, a real
-//! one per `NCCL_*` settings) stops the thread and every later `send`/`poll` returns it.
+//! A failure (a lost peer, reported by `ncclCommGetAsyncError`, or a round that does not
+//! complete within the communicator's [`Comm::timeout`]) aborts the communicator, stops the
+//! thread, and every later `send`/`poll` returns it, naming the `engine round` and, where
+//! NCCL's error names one, the peer.
 
 use crate::comm::Comm;
 use crate::Result;
@@ -180,7 +182,7 @@ fn round(comm: &Comm, st: &mut Staging, sh: &Shared) -> Result<(bool, bool)> {
     let slot = |b: &Buffer<u64>, p: u32| (p, b.device_ptr() + 8 * p as u64, 8usize);
     let sends: Vec<_> = peers.iter().map(|&p| slot(&st.hdr_out, p)).collect();
     let recvs: Vec<_> = peers.iter().map(|&p| slot(&st.hdr_in, p)).collect();
-    comm.exchange(&sends, &recvs)?;
+    comm.exchange("engine round", &sends, &recvs)?;
     let got = st.hdr_in.to_vec()?;
     let all_closing = closing && peers.iter().all(|&p| got[p as usize] & CLOSING != 0);
     let sizes_in: Vec<usize> = (0..n)
@@ -230,7 +232,7 @@ fn payloads(
         }
         off_in += sizes_in[p] as u64;
     }
-    comm.exchange(&sends, &recvs)?;
+    comm.exchange("engine round", &sends, &recvs)?;
     sh.bytes_sent.fetch_add(total_out as u64, Ordering::Relaxed);
     let bytes = st.data_in.to_bytes()?;
     let mut inbox = lock(&sh.inbox);

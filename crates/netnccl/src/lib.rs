@@ -9,7 +9,13 @@
 //! - [`NcclEngine`]: an [`ep::Engine`] for the proxy transport's inter-node legs: messages
 //!   ([`ep::engine::Msg::encode`]) move in rounds of grouped `ncclSend`/`ncclRecv` between
 //!   device staging buffers, in order per pair of endpoints;
-//! - the `netnccl-check` program (`src/bin/check.rs`) every rank runs in the multi-process tests.
+//! - the `netnccl-check` program (`src/bin/check.rs`) every rank runs in the multi-process tests
+//!   (its checks: [`check`], [`epcheck`], [`faultcheck`]).
+//!
+//! No call blocks forever on a dead or hung peer: communicators are non-blocking where NCCL
+//! allows (2.14+), every operation polls `ncclCommGetAsyncError` and a completion event, and
+//! an error or [`Comm::timeout`] aborts the communicator (`ncclCommAbort`) with
+//! [`NcclError::Aborted`] naming the operation.
 //!
 //! CI runs all of it on the fake NCCL in `crates/fakecuda` (`scripts/fakecuda.sh` installs it
 //! as `libnccl.so`); `scripts/gpu-check.sh` runs the same checks with the real NCCL on a GPU.
@@ -20,8 +26,9 @@ pub mod check;
 mod comm;
 mod engine;
 pub mod epcheck;
+pub mod faultcheck;
 
-pub use comm::{Comm, NcclElem, ReduceOp, UniqueId};
+pub use comm::{default_timeout, Comm, NcclElem, ReduceOp, UniqueId};
 pub use engine::NcclEngine;
 
 /// What can go wrong with NCCL.
@@ -38,6 +45,16 @@ pub enum NcclError {
         code: i32,
         name: String,
         detail: String,
+    },
+    /// Operation `op` (`all_reduce`, `engine round`, `init`, ...) failed or did not complete
+    /// within the communicator's timeout: a peer died or hangs, or the ranks disagree. The
+    /// communicator was aborted (`ncclCommAbort`); `peer` is the rank NCCL's error names, when
+    /// it names one.
+    #[error("NCCL {op} failed{}: {why}; communicator aborted", peer.map(|p| format!(" (peer rank {p})")).unwrap_or_default())]
+    Aborted {
+        op: &'static str,
+        peer: Option<u32>,
+        why: String,
     },
     /// A bad argument; `field` names it.
     #[error("invalid {field}: {why}")]

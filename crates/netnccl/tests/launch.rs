@@ -2,7 +2,8 @@
 //! NCCL + fake driver (`crates/fakecuda`, linked as libcuda.so / libnccl.so in a temporary
 //! directory): collectives against the host reference (bit for bit with the fake's rank-order
 //! reductions, and within f64 tolerance), the proxy transport over the NCCL engine, clear
-//! errors. With `PTXFORGE_TEST_NCCL=1` (scripts/gpu-check.sh) the collectives run instead on the
+//! errors, and faults (a rank SIGKILLed mid-collective or mid-engine-round, a hung rank: the
+//! survivor fails by itself naming the operation, nothing is left). With `PTXFORGE_TEST_NCCL=1` (scripts/gpu-check.sh) the collectives run instead on the
 //! real NCCL and GPU(s): `PTXFORGE_TEST_NCCL_RANKS` ranks (default 1) in one node.
 
 use std::path::{Path, PathBuf};
@@ -260,4 +261,145 @@ fn a_dead_rank_is_an_nccl_remote_error() {
         "took {:?}",
         t0.elapsed()
     );
+}
+
+/// Processes whose environment names the job (none may outlive it).
+fn job_processes(job: &str) -> Vec<String> {
+    let tag = format!("PTXFORGE_JOB_ID={job}");
+    let Ok(d) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    d.flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter(|e| {
+            std::fs::read(e.path().join("environ"))
+                .map(|env| env.split(|&b| b == 0).any(|v| v == tag.as_bytes()))
+                .unwrap_or(false)
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// `netnccl-check fault ARGS` as 2 nodes x 1 process (job `tag`, the launcher stopping the
+/// others 5 s after the first failure); returns the output and how long the job took, after
+/// checking that no process and no shared-memory segment of the job is left.
+fn fault(f: &Fake, tag: &str, args: &[&str]) -> (Output, std::time::Duration) {
+    let job = format!("ncclfault_{tag}_{}", std::process::id());
+    let t0 = std::time::Instant::now();
+    let o = f
+        .command()
+        .args([
+            "launch",
+            "--nodes",
+            "2",
+            "--procs-per-node",
+            "1",
+            "--timeout",
+            "5",
+        ])
+        .args(["--kill-grace", "1", "--job-id", &job, "--", BIN, "fault"])
+        .args(args)
+        .output()
+        .expect("run netnccl-check launch");
+    let took = t0.elapsed();
+    assert_eq!(job_processes(&job), Vec::<String>::new(), "{}", text(&o));
+    let prefix = format!("ptxforge-{job}-");
+    let segs: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(segs.is_empty(), "segments left: {segs:?}");
+    (o, took)
+}
+
+/// The survivor (rank 0) stopped by itself with the error `want` (not the launcher's SIGTERM),
+/// well within the launcher's 5 s grace.
+fn survivor_failed(o: &Output, took: std::time::Duration, want: &[&str]) {
+    let t = text(o);
+    assert!(!o.status.success(), "{t}");
+    let line = t
+        .lines()
+        .find(|l| l.starts_with("[rank 0] netnccl-check: error: rank 0: stopped after"))
+        .unwrap_or_else(|| panic!("no error line of the survivor in\n{t}"));
+    for w in want {
+        assert!(line.contains(w), "no `{w}` in `{line}`");
+    }
+    assert!(line.contains("communicator aborted"), "{line}");
+    assert!(
+        !t.contains("SIGTERM"),
+        "the survivor had to be stopped:\n{t}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "took {took:?}:\n{t}"
+    );
+}
+
+/// Rank 1 SIGKILLs itself while both run all-reduces back to back: rank 0's all-reduce meets
+/// the closed connection as NCCL's asynchronous error, aborts the communicator and fails
+/// naming the operation and rank 1, within a few seconds; nothing of the job is left.
+#[test]
+fn a_rank_killed_mid_all_reduce_stops_the_survivor() {
+    let Some(f) = Fake::new("killar") else { return };
+    let (o, took) = fault(&f, "ar", &["--op", "all-reduce", "--kind", "kill"]);
+    survivor_failed(
+        &o,
+        took,
+        &["NCCL all_reduce failed (peer rank 1)", "ncclResult_t 6"],
+    );
+    assert!(
+        text(&o).contains("rank 1 was killed by signal 9"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// The same with the NCCL engine's rounds in flight: the engine's progress thread fails, and
+/// the next `send`/`poll` reports the engine round and rank 1.
+#[test]
+fn a_rank_killed_mid_engine_round_stops_the_survivor() {
+    let Some(f) = Fake::new("killeng") else {
+        return;
+    };
+    let (o, took) = fault(&f, "eng", &["--op", "engine", "--kind", "kill"]);
+    survivor_failed(&o, took, &["NCCL engine round failed (peer rank 1)"]);
+}
+
+/// Rank 1 stops making NCCL calls without dying: rank 0's all-reduce never completes, its
+/// 1 s communicator timeout aborts the communicator (which interrupts the blocked receive)
+/// and it fails naming the operation; the launcher then stops rank 1.
+#[test]
+fn a_hung_rank_times_out_and_aborts_the_communicator() {
+    let Some(f) = Fake::new("hang") else { return };
+    let args = [
+        "--op",
+        "all-reduce",
+        "--kind",
+        "hang",
+        "--nccl-timeout",
+        "1",
+    ];
+    let t0 = std::time::Instant::now();
+    let (o, _) = fault(&f, "hang", &args);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    let line = t
+        .lines()
+        .find(|l| l.starts_with("[rank 0] netnccl-check: error: rank 0: stopped after"))
+        .unwrap_or_else(|| panic!("no error line of the survivor in\n{t}"));
+    assert!(
+        line.contains("NCCL all_reduce failed: ncclAllReduce did not complete within 1s"),
+        "{line}"
+    );
+    assert!(line.contains("communicator aborted"), "{line}");
+    assert!(t0.elapsed() < std::time::Duration::from_secs(15), "{t}");
 }

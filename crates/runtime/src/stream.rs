@@ -630,6 +630,25 @@ pub struct Event {
 }
 
 impl Event {
+    /// A marker on `device`'s legacy NULL stream: on CUDA an event recorded there (it
+    /// completes once the work queued on that stream before it has run, e.g. NCCL kernels
+    /// launched on the NULL stream); on the emulator, which has no NULL stream, an event that
+    /// completes once every stream of the device has drained.
+    pub fn legacy(device: &crate::Device) -> Result<Event> {
+        if let Some(ctx) = device.cuda_ctx() {
+            let e = crate::cuda::launch::CuEvent::record_legacy(ctx)?;
+            return Ok(Event {
+                inner: Arc::new((Mutex::new(None), Condvar::new())),
+                cuda: Some(Arc::new(e)),
+            });
+        }
+        device.synchronize()?;
+        Ok(Event {
+            inner: Arc::new((Mutex::new(Some(Instant::now())), Condvar::new())),
+            cuda: None,
+        })
+    }
+
     /// Blocks until the event completes; returns when it did.
     pub fn synchronize(&self) -> Instant {
         if let Some(e) = &self.cuda {

@@ -15,20 +15,33 @@
 //! stream order a real NCCL gives. Collectives inside a group run at once (not deferred to
 //! `ncclGroupEnd`); point-to-point operations are deferred to the group's end, where all sends
 //! are queued before any receive waits, so grouped exchanges cannot deadlock.
-//! Not modelled: user reduction ops, `ncclCommSplit`, configs, registration, NVLS/CollNet.
+//!
+//! Faults: a communicator made with `ncclCommInitRankConfig` and `blocking = 0` is
+//! non-blocking: its operations run in order on a worker thread of the communicator, the calls
+//! return `ncclInProgress`, and `ncclCommGetAsyncError` says `ncclInProgress` until they are
+//! done, then `ncclSuccess` or the first error (a peer lost mid-operation is
+//! `ncclRemoteError` as soon as its connection closes, which for a dead process is at once;
+//! a peer that hangs is only caught by the caller's timeout or `PTXFORGE_FAKENCCL_TIMEOUT`).
+//! `ncclCommAbort` shuts the connections down, so an operation blocked on a peer fails at
+//! once and the worker stops; queued operations are skipped.
+//! Not modelled: user reduction ops, `ncclCommSplit`, config attributes other than
+//! `blocking`, a non-blocking init (the fake connects before returning), registration,
+//! NVLS/CollNet.
 
 mod net;
 mod reduce;
 
 use crate::exec;
 use crate::state::drv;
-use net::{Link, NetResult, COLL, INVALID_ARGUMENT, INVALID_USAGE, P2P, REMOTE_ERROR};
+use net::{Link, NetResult, COLL, INVALID_ARGUMENT, INVALID_USAGE, IN_PROGRESS, P2P, REMOTE_ERROR};
 use reduce::{fold, Dtype, RedOp};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread::JoinHandle;
 
 /// NCCL 2.27.3 (`NCCL_VERSION_CODE`).
 const VERSION: c_int = 22703;
@@ -55,7 +68,77 @@ struct Comm {
     own: Mutex<VecDeque<Vec<u8>>>,
     /// Number of the next collective (frames carry it, so mismatched programs are detected).
     seq: AtomicU64,
-    async_err: AtomicI32,
+    status: Arc<Status>,
+    /// Non-blocking communicators (`ncclCommInitRankConfig`, `blocking = 0`) run their
+    /// operations here; blocking ones on the calling thread.
+    worker: Option<Worker>,
+}
+
+/// What `ncclCommGetAsyncError` reports: the first error, else `ncclInProgress` while
+/// operations are queued or running on the worker.
+#[derive(Default)]
+struct Status {
+    err: AtomicI32,
+    pending: AtomicUsize,
+    /// The first error's text (`ncclGetLastError` of the communicator).
+    last: Mutex<String>,
+}
+
+impl Status {
+    fn fail(&self, (code, msg): (i32, String)) {
+        if self
+            .err
+            .compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            *lock(&self.last) = msg;
+        }
+    }
+    fn code(&self) -> i32 {
+        match self.err.load(Ordering::Acquire) {
+            0 if self.pending.load(Ordering::Acquire) > 0 => IN_PROGRESS,
+            e => e,
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce() -> NetResult<()> + Send>;
+
+/// The thread of a non-blocking communicator: runs its operations in order; after the first
+/// error it skips the rest (the communicator must be aborted, as with NCCL).
+struct Worker {
+    tx: Mutex<Option<Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Worker {
+    fn start(status: Arc<Status>) -> NetResult<Worker> {
+        let (tx, rx) = channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("fakenccl-worker".into())
+            .spawn(move || {
+                for job in rx {
+                    if status.err.load(Ordering::Acquire) == 0 {
+                        if let Err(e) = job() {
+                            status.fail(e);
+                        }
+                    }
+                    status.pending.fetch_sub(1, Ordering::AcqRel);
+                }
+            })
+            .map_err(|e| (net::SYSTEM_ERROR, format!("spawn a worker thread: {e}")))?;
+        Ok(Worker {
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+    /// Lets the thread finish what is queued (skipped after an error), then joins it.
+    fn stop(&self) {
+        lock(&self.tx).take();
+        if let Some(t) = lock(&self.thread).take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl Comm {
@@ -67,11 +150,35 @@ impl Comm {
     }
     /// Records a lost peer as the communicator's asynchronous error.
     fn note<T>(&self, r: NetResult<T>) -> NetResult<T> {
-        if let Err((REMOTE_ERROR, _)) = &r {
-            self.async_err.store(REMOTE_ERROR, Ordering::Relaxed);
+        if let Err(e @ (REMOTE_ERROR, _)) = &r {
+            self.status.fail(e.clone());
         }
         r
     }
+}
+
+/// Runs operation `job` of `c`: now on a blocking communicator; on a non-blocking one it is
+/// queued to the worker and the call returns `ncclInProgress` (its outcome is the
+/// communicator's asynchronous error, as a real NCCL reports a failed kernel or proxy).
+fn submit(c: &Comm, job: impl FnOnce() -> NetResult<()> + Send + 'static) -> NetResult<()> {
+    let Some(w) = &c.worker else {
+        return job();
+    };
+    let e = c.status.err.load(Ordering::Acquire);
+    if e != 0 {
+        let why = lock(&c.status.last).clone();
+        return Err((
+            e,
+            format!("the communicator failed earlier ({why}); abort it"),
+        ));
+    }
+    c.status.pending.fetch_add(1, Ordering::AcqRel);
+    let queued = lock(&w.tx).as_ref().map(|t| t.send(Box::new(job)));
+    if !matches!(queued, Some(Ok(()))) {
+        c.status.pending.fetch_sub(1, Ordering::AcqRel);
+        return Err((INVALID_USAGE, "the communicator is being destroyed".into()));
+    }
+    Err((IN_PROGRESS, String::new()))
 }
 
 fn comms() -> &'static Mutex<HashMap<usize, Arc<Comm>>> {
@@ -96,6 +203,7 @@ thread_local! {
 fn entry(name: &str, f: impl FnOnce() -> NetResult<()>) -> c_int {
     let (code, msg) = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(())) => return 0,
+        Ok(Err((IN_PROGRESS, _))) => return IN_PROGRESS,
         Ok(Err(e)) => e,
         Err(_) => (INTERNAL_ERROR, "internal error (panic)".to_string()),
     };
@@ -203,9 +311,19 @@ pub extern "C" fn ncclGetErrorString(result: c_int) -> *const c_char {
     s.as_ptr()
 }
 
+/// The communicator's asynchronous error text when it has one, else this thread's last error.
 #[no_mangle]
-pub extern "C" fn ncclGetLastError(_comm: *mut c_void) -> *const c_char {
-    LAST.with(|l| l.borrow().as_ptr())
+pub extern "C" fn ncclGetLastError(comm: *mut c_void) -> *const c_char {
+    let async_text = comm_of(comm)
+        .ok()
+        .filter(|c| c.status.err.load(Ordering::Acquire) != 0)
+        .map(|c| lock(&c.status.last).clone());
+    LAST.with(|l| {
+        if let Some(t) = async_text {
+            *l.borrow_mut() = CString::new(t).unwrap_or_default();
+        }
+        l.borrow().as_ptr()
+    })
 }
 
 #[no_mangle]
@@ -228,44 +346,129 @@ pub unsafe extern "C" fn ncclCommInitRank(
     id: NcclUniqueId,
     rank: c_int,
 ) -> c_int {
-    entry("ncclCommInitRank", || {
-        if nranks < 1 || rank < 0 || rank >= nranks {
-            return Err((INVALID_ARGUMENT, format!("rank {rank} of nranks {nranks}")));
-        }
-        let d = driver()?;
-        let dev = crate::state::current(d)
-            .map_err(|_| {
-                (
-                    UNHANDLED_CUDA_ERROR,
-                    "no current CUDA context on this thread (set the device first)".to_string(),
-                )
-            })?
-            .dev;
-        let raw: [u8; 128] = std::array::from_fn(|i| id.internal[i] as u8);
-        let parsed = net::parse_id(&raw)?;
-        let (nranks, rank) = (nranks as usize, rank as usize);
-        let links = net::connect_all(&parsed, nranks, rank)?;
-        static NEXT: AtomicUsize = AtomicUsize::new(0x5000);
-        let h = NEXT.fetch_add(0x10, Ordering::Relaxed);
-        let c = Comm {
-            rank,
-            nranks,
-            dev,
-            links,
-            own: Mutex::default(),
-            seq: AtomicU64::new(0),
-            async_err: AtomicI32::new(0),
-        };
-        lock(comms()).insert(h, Arc::new(c));
-        // SAFETY: out-pointer from the caller.
-        unsafe { out(comm, h as *mut c_void) }
+    // SAFETY: out-pointer from the caller.
+    entry("ncclCommInitRank", || unsafe {
+        init(comm, nranks, &id, rank, true)
     })
 }
 
+/// `ncclCommInitRankConfig`: only the config's `blocking` is honoured. The fake connects the
+/// ranks before returning even when non-blocking (`ncclSuccess` is a valid answer there);
+/// the communicator's operations then run on its worker thread.
+///
+/// # Safety
+/// `config` must be null or point to an `ncclConfig_t` of at least its `size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRankConfig(
+    comm: *mut *mut c_void,
+    nranks: c_int,
+    id: NcclUniqueId,
+    rank: c_int,
+    config: *const c_void,
+) -> c_int {
+    entry("ncclCommInitRankConfig", || {
+        // SAFETY: the caller's config pointer (null or a live ncclConfig_t).
+        let blocking = unsafe { config_blocking(config.cast()) }?;
+        // SAFETY: out-pointer from the caller.
+        unsafe { init(comm, nranks, &id, rank, blocking) }
+    })
+}
+
+/// The `blocking` attribute of an `ncclConfig_t` (layout: size_t size, u32 magic, u32 version,
+/// int blocking, ...); unset (`NCCL_CONFIG_UNDEF_INT`), absent or pre-2.14: blocking.
+///
+/// # Safety
+/// `cfg` must be null or point to at least its `size` readable bytes.
+unsafe fn config_blocking(cfg: *const u8) -> NetResult<bool> {
+    if cfg.is_null() {
+        return Ok(true);
+    }
+    // SAFETY: every ncclConfig_t starts with size, magic and version (16 bytes).
+    let (size, magic, version) = unsafe {
+        (
+            cfg.cast::<usize>().read_unaligned(),
+            cfg.add(8).cast::<u32>().read_unaligned(),
+            cfg.add(12).cast::<u32>().read_unaligned(),
+        )
+    };
+    if magic != 0xcafe_beef {
+        return Err((
+            INVALID_ARGUMENT,
+            "ncclConfig_t argument not initialized via NCCL_CONFIG_INITIALIZER".into(),
+        ));
+    }
+    if size < 20 || version < 21400 {
+        return Ok(true);
+    }
+    // SAFETY: `size` covers the blocking attribute at offset 16.
+    let b = unsafe { cfg.add(16).cast::<i32>().read_unaligned() };
+    Ok(b != 0)
+}
+
+/// Joins the communicator and stores its handle in `*comm`.
+///
+/// # Safety
+/// `comm` must be null or valid for a write of a pointer.
+unsafe fn init(
+    comm: *mut *mut c_void,
+    nranks: c_int,
+    id: &NcclUniqueId,
+    rank: c_int,
+    blocking: bool,
+) -> NetResult<()> {
+    if nranks < 1 || rank < 0 || rank >= nranks {
+        return Err((INVALID_ARGUMENT, format!("rank {rank} of nranks {nranks}")));
+    }
+    let d = driver()?;
+    let dev = crate::state::current(d)
+        .map_err(|_| {
+            (
+                UNHANDLED_CUDA_ERROR,
+                "no current CUDA context on this thread (set the device first)".to_string(),
+            )
+        })?
+        .dev;
+    let raw: [u8; 128] = std::array::from_fn(|i| id.internal[i] as u8);
+    let parsed = net::parse_id(&raw)?;
+    let (nranks, rank) = (nranks as usize, rank as usize);
+    let links = net::connect_all(&parsed, nranks, rank)?;
+    static NEXT: AtomicUsize = AtomicUsize::new(0x5000);
+    let h = NEXT.fetch_add(0x10, Ordering::Relaxed);
+    let status = Arc::new(Status::default());
+    let worker = if blocking {
+        None
+    } else {
+        Some(Worker::start(status.clone())?)
+    };
+    let c = Comm {
+        rank,
+        nranks,
+        dev,
+        links,
+        own: Mutex::default(),
+        seq: AtomicU64::new(0),
+        status,
+        worker,
+    };
+    lock(comms()).insert(h, Arc::new(c));
+    // SAFETY: out-pointer from the caller.
+    unsafe { out(comm, h as *mut c_void) }
+}
+
+/// Destroy (`flush`: queued operations finish, queued frames are sent) or abort (receives
+/// blocked on a peer fail at once, queued operations are skipped, frames dropped).
 fn close(comm: *mut c_void, flush: bool) -> NetResult<()> {
     let c = lock(comms())
         .remove(&(comm as usize))
         .ok_or((INVALID_ARGUMENT, format!("communicator {comm:p}")))?;
+    if !flush {
+        c.status
+            .fail((REMOTE_ERROR, "the communicator was aborted".into()));
+        c.links.iter().flatten().for_each(Link::interrupt);
+    }
+    if let Some(w) = &c.worker {
+        w.stop();
+    }
     for l in c.links.iter().flatten() {
         l.close(flush);
     }
@@ -287,7 +490,7 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(comm: *mut c_void, err: *mut c_in
     entry("ncclCommGetAsyncError", || {
         let c = comm_of(comm)?;
         // SAFETY: out-pointer from the caller.
-        unsafe { out(err, c.async_err.load(Ordering::Relaxed)) }
+        unsafe { out(err, c.status.code()) }
     })
 }
 
@@ -354,8 +557,17 @@ pub extern "C" fn ncclGroupEnd() -> c_int {
                 Vec::new()
             })
         })?;
-        run_p2p(ops)
+        run_group(ops)
     })
+}
+
+/// Runs a group's point-to-point operations: on their communicator's worker when they share
+/// one non-blocking communicator.
+fn run_group(ops: Vec<P2p>) -> NetResult<()> {
+    match ops.first().map(|o| o.comm.clone()) {
+        Some(c) if ops.iter().all(|o| Arc::ptr_eq(&o.comm, &c)) => submit(&c, move || run_p2p(ops)),
+        _ => run_p2p(ops),
+    }
 }
 
 /// Queues every send, then completes every receive in order.
@@ -411,7 +623,7 @@ fn p2p(op: P2p) -> NetResult<()> {
         None
     });
     match alone {
-        Some(op) => run_p2p(vec![op]),
+        Some(op) => run_group(vec![op]),
         None => Ok(()),
     }
 }
@@ -486,6 +698,42 @@ fn reduce_parts(dt: Dtype, op: u32, parts: &[Vec<u8>]) -> NetResult<Vec<u8>> {
     fold(dt, op, parts).ok_or((INVALID_ARGUMENT, format!("no reduction for {dt:?}")))
 }
 
+/// The common part of the collectives: this rank's `send_bytes` at `send` go through
+/// [`exchange`] (`part(mine, q)` is peer q's share) and `finish(parts)` makes what lands at
+/// `recv`, in stream order (see [`submit`] for when it runs).
+struct Coll {
+    send: usize,
+    recv: usize,
+    send_bytes: usize,
+    part_bytes: usize,
+    stream: usize,
+}
+
+fn collective(
+    c: Arc<Comm>,
+    k: Coll,
+    part: fn(&[u8], usize, usize) -> &[u8],
+    finish: impl FnOnce(&[Vec<u8>]) -> NetResult<Vec<u8>> + Send + 'static,
+) -> NetResult<()> {
+    let c2 = c.clone();
+    submit(&c, move || {
+        settle(&c2, k.stream)?;
+        let mine = read_dev(k.send, k.send_bytes)?;
+        let parts = exchange(&c2, |q| part(&mine, q, k.part_bytes), k.part_bytes)?;
+        write_dev(k.recv, &finish(&parts)?)
+    })
+}
+
+/// Every peer gets the whole buffer (all-reduce, all-gather).
+fn whole(mine: &[u8], _q: usize, _n: usize) -> &[u8] {
+    mine
+}
+
+/// Peer q gets block q (reduce-scatter).
+fn block(mine: &[u8], q: usize, n: usize) -> &[u8] {
+    &mine[q * n..(q + 1) * n]
+}
+
 #[no_mangle]
 pub extern "C" fn ncclAllReduce(
     send: *const c_void,
@@ -497,12 +745,15 @@ pub extern "C" fn ncclAllReduce(
     stream: *mut c_void,
 ) -> c_int {
     entry("ncclAllReduce", || {
-        let c = comm_of(comm)?;
         let (t, bytes) = bytes_of(count, dt)?;
-        settle(&c, stream as usize)?;
-        let mine = read_dev(send as usize, bytes)?;
-        let parts = exchange(&c, |_| &mine, bytes)?;
-        write_dev(recv as usize, &reduce_parts(t, op, &parts)?)
+        let k = Coll {
+            send: send as usize,
+            recv: recv as usize,
+            send_bytes: bytes,
+            part_bytes: bytes,
+            stream: stream as usize,
+        };
+        collective(comm_of(comm)?, k, whole, move |p| reduce_parts(t, op, p))
     })
 }
 
@@ -522,10 +773,14 @@ pub extern "C" fn ncclReduceScatter(
         let total = bytes
             .checked_mul(c.nranks)
             .ok_or((INVALID_ARGUMENT, "recvcount overflows".to_string()))?;
-        settle(&c, stream as usize)?;
-        let mine = read_dev(send as usize, total)?;
-        let parts = exchange(&c, |q| &mine[q * bytes..(q + 1) * bytes], bytes)?;
-        write_dev(recv as usize, &reduce_parts(t, op, &parts)?)
+        let k = Coll {
+            send: send as usize,
+            recv: recv as usize,
+            send_bytes: total,
+            part_bytes: bytes,
+            stream: stream as usize,
+        };
+        collective(c, k, block, move |p| reduce_parts(t, op, p))
     })
 }
 
@@ -539,11 +794,14 @@ pub extern "C" fn ncclAllGather(
     stream: *mut c_void,
 ) -> c_int {
     entry("ncclAllGather", || {
-        let c = comm_of(comm)?;
         let (_, bytes) = bytes_of(sendcount, dt)?;
-        settle(&c, stream as usize)?;
-        let mine = read_dev(send as usize, bytes)?;
-        let parts = exchange(&c, |_| &mine, bytes)?;
-        write_dev(recv as usize, &parts.concat())
+        let k = Coll {
+            send: send as usize,
+            recv: recv as usize,
+            send_bytes: bytes,
+            part_bytes: bytes,
+            stream: stream as usize,
+        };
+        collective(comm_of(comm)?, k, whole, |p| Ok(p.concat()))
     })
 }

@@ -28,6 +28,8 @@ pub(crate) const SYSTEM_ERROR: i32 = 2;
 pub(crate) const INVALID_ARGUMENT: i32 = 4;
 pub(crate) const INVALID_USAGE: i32 = 5;
 pub(crate) const REMOTE_ERROR: i32 = 6;
+/// `ncclInProgress`: a non-blocking communicator's operation is still running.
+pub(crate) const IN_PROGRESS: i32 = 7;
 
 fn sys(what: &str) -> impl FnOnce(std::io::Error) -> (i32, String) + '_ {
     move |e| (SYSTEM_ERROR, format!("{what}: {e}"))
@@ -99,6 +101,9 @@ pub(crate) struct Link {
     peer: usize,
     tx: Mutex<Option<Sender<Vec<u8>>>>,
     rd: Mutex<TcpStream>,
+    /// A handle of the socket outside `rd`'s lock: [`Link::interrupt`] shuts it down while a
+    /// receive blocks holding that lock.
+    ctl: TcpStream,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -108,6 +113,7 @@ impl Link {
         s.set_read_timeout(Some(timeout()))
             .map_err(sys("read timeout"))?;
         let mut w = s.try_clone().map_err(sys("clone a socket"))?;
+        let ctl = s.try_clone().map_err(sys("clone a socket"))?;
         let (tx, rx) = channel::<Vec<u8>>();
         let writer = std::thread::Builder::new()
             .name(format!("fakenccl-w{peer}"))
@@ -123,6 +129,7 @@ impl Link {
             peer,
             tx: Mutex::new(Some(tx)),
             rd: Mutex::new(s),
+            ctl,
             writer: Mutex::new(Some(writer)),
         })
     }
@@ -174,6 +181,11 @@ impl Link {
         let mut data = vec![0u8; len];
         s.read_exact(&mut data).map_err(lost)?;
         Ok(data)
+    }
+
+    /// Shuts the socket down now (`ncclCommAbort`): a receive blocked on it fails at once.
+    pub fn interrupt(&self) {
+        let _ = self.ctl.shutdown(Shutdown::Both);
     }
 
     /// Flushes queued frames (destroy) or drops them (abort), then closes the socket.

@@ -9,17 +9,24 @@
 //!   rank R exits after joining, and the others must fail naming it);
 //! - `netnccl-check ep [--single] [--nodes N] [--gpus-per-node G] [--seed S]`: EP dispatch
 //!   and combine in one process, or one process per node over the NCCL engine (`hash` lines);
+//! - `netnccl-check fault --op all-reduce|engine --kind kill|hang [--victim R]
+//!   [--nccl-timeout S]`: 2 ranks run the operation until the victim dies or hangs; the survivor
+//!   prints the error it met and fails (the `dist` watchdog only reports here, so the NCCL
+//!   path alone must stop it);
 //! - `netnccl-check unavailable`: succeeds only if loading NCCL fails with `NcclUnavailable`.
 //!
 //! Each rank uses CUDA device `RANK % devices`. Without `--seed`, rank 0 draws one from
 //! the clock and shares it. Prints one `rank R: ... OK` line per check, or the error (exit 1).
 
 use clap::{Parser, Subcommand};
+use dist::FaultAction;
 use netnccl::check::{collectives, proxy, CollCfg, Res};
 use netnccl::epcheck;
+use netnccl::faultcheck::{self, FaultCfg, FaultKind, FaultOp};
 use netnccl::{Comm, NcclEngine, NcclError};
 use runtime::Device;
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(name = "netnccl-check", about = "NCCL engine and collectives checks")]
@@ -62,6 +69,21 @@ enum Verb {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// A peer dies or hangs mid-operation; the survivor must fail naming the operation.
+    Fault {
+        #[arg(long, value_enum)]
+        op: FaultOp,
+        #[arg(long, value_enum, default_value = "kill")]
+        kind: FaultKind,
+        #[arg(long, default_value_t = 1)]
+        victim: u32,
+        /// Seconds before the victim fails.
+        #[arg(long, default_value = "0.5", value_parser = dist::launch::parse_seconds)]
+        after: Duration,
+        /// The communicator's timeout (seconds).
+        #[arg(long, default_value = "20", value_parser = dist::launch::parse_seconds)]
+        nccl_timeout: Duration,
+    },
     Unavailable,
 }
 
@@ -102,6 +124,25 @@ fn main() -> ExitCode {
                 })
             }
         }
+        Verb::Fault {
+            op,
+            kind,
+            victim,
+            after,
+            nccl_timeout,
+        } => {
+            let cfg = FaultCfg {
+                op,
+                kind,
+                victim,
+                after,
+                limit: nccl_timeout * 3,
+            };
+            join(Some(1), FaultAction::Report, |comm, _| {
+                comm.set_timeout(nccl_timeout);
+                faultcheck::run(comm, &cfg)
+            })
+        }
         Verb::Unavailable => unavailable(),
     };
     match r {
@@ -115,7 +156,18 @@ fn main() -> ExitCode {
 
 /// Joins the job, makes the communicator and runs `f` with it and the job's seed.
 fn rank(seed: Option<u64>, f: impl FnOnce(Comm, u64) -> Res<String>) -> Res<()> {
-    let group = dist::Bootstrap::from_env()?.connect()?;
+    join(seed, FaultAction::Exit, f)
+}
+
+/// [`rank`] with the watchdog's action on a peer's death.
+fn join(
+    seed: Option<u64>,
+    action: FaultAction,
+    f: impl FnOnce(Comm, u64) -> Res<String>,
+) -> Res<()> {
+    let group = dist::Bootstrap::from_env()?
+        .fault_action(action)
+        .connect()?;
     let n = Device::cuda_count().max(1);
     // RANK, not LOCAL_RANK: distinct GPUs also when a test runs several one-process "nodes" on
     // one machine (NCCL refuses two ranks of a communicator on one GPU)

@@ -417,6 +417,31 @@ impl CuEvent {
             Ok(e)
         }
     }
+    /// Creates an event and records it on the legacy NULL stream (`CU_STREAM_LEGACY`) of
+    /// `ctx`: it completes once everything queued there before it has run (libraries such as
+    /// NCCL that are handed the NULL stream queue their kernels there).
+    pub fn record_legacy(ctx: &Arc<Ctx>) -> Result<CuEvent> {
+        ctx.bind()?;
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: out-pointer to a local; then records on the legacy stream of the current
+        // context (handle 0x1, CU_STREAM_LEGACY in cuda.h).
+        unsafe {
+            check(
+                sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DEFAULT as u32),
+                "cuEventCreate",
+            )?;
+            let e = CuEvent {
+                ev,
+                dev: ctx.clone(),
+                _green: None,
+            };
+            check(
+                sys::cuEventRecord(ev, 0x1 as sys::CUstream),
+                "cuEventRecord(CU_STREAM_LEGACY)",
+            )?;
+            Ok(e)
+        }
+    }
     /// Event queries and waits work with any context of the device current; bind the primary
     /// one so a thread that never touched the device has one.
     fn bind_any(&self) -> Result<()> {
