@@ -1927,8 +1927,8 @@ impl EpGroup {
 
     /// Zeroes every rank's counters, error and byte records, ordered on the rank's
     /// communication stream (host operations here never wait for the compute streams: dispatch
-    /// and combine overlap the compute kernels).
-    fn reset(&self) -> Result<()> {
+    /// and combine overlap the compute kernels). `record_bytes`: the operation's ring records.
+    fn reset(&self, record_bytes: u32) -> Result<()> {
         let zeros = vec![0u8; self.cnt_bytes as usize];
         for r in 0..self.devices.len() {
             let st = &self.streams[r];
@@ -1941,6 +1941,8 @@ impl EpGroup {
         for st in &self.streams {
             st.synchronize()?;
         }
+        self.transport
+            .record_bytes(crate::proxy::WIN_WS, record_bytes)?;
         self.transport.begin()
     }
 
@@ -2030,7 +2032,7 @@ impl EpGroup {
             None => fresh.as_deref().unwrap_or_default(),
         };
         check_handle(hs, &ntoks)?;
-        self.reset()?;
+        self.reset(self.cfg.record_bytes(p))?;
         let outs = self.alloc_dispatch_out(hs, p)?;
         let cfg = self.cfg.clone();
         let f: Vec<_> = (0..self.devices.len())
@@ -2278,7 +2280,7 @@ impl EpGroup {
             }
         }
         let t0 = Instant::now();
-        self.reset()?;
+        self.reset(cfg.combine_record_bytes())?;
         let f: Vec<_> = (0..r_n)
             .map(|r| {
                 kutil::function(

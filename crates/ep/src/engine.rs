@@ -32,6 +32,15 @@ pub struct Target {
 pub enum Op {
     /// Bytes written at `offset` of the target window (plain stores).
     Put { offset: u64, data: Vec<u8> },
+    /// Records of `len` bytes each (`data` holds them back to back), record i written at
+    /// `offset + i * stride`: the written part of consecutive ring slots, without the unused
+    /// tail of each slot.
+    PutRecords {
+        offset: u64,
+        stride: u32,
+        len: u32,
+        data: Vec<u8>,
+    },
     /// Release store of `value` into the u32 at `offset` (after every earlier put).
     Signal { offset: u64, value: u32 },
     /// Every message sent before it by this endpoint has been applied. `phase` tells the
@@ -57,18 +66,26 @@ const KIND_PUT: u8 = 1;
 const KIND_SIGNAL: u8 = 2;
 const KIND_FENCE: u8 = 3;
 const KIND_BLOB: u8 = 4;
+const KIND_PUT_RECORDS: u8 = 5;
 /// Bytes of the fixed header of an encoded message.
 pub const HEADER_BYTES: usize = 40;
 
 impl Msg {
     /// Wire format: kind u8, shadow u8, 2 pad, epoch, from, key, owner, src (u32 LE),
-    /// offset u64, value u32, pad u32, then the put's bytes.
+    /// offset u64, value u32, extra u32, then the put's bytes (`PutRecords`: value = record
+    /// length, extra = stride).
     pub fn encode(&self) -> Vec<u8> {
-        let (kind, offset, value, data): (u8, u64, u32, &[u8]) = match &self.op {
-            Op::Put { offset, data } => (KIND_PUT, *offset, 0, data),
-            Op::Signal { offset, value } => (KIND_SIGNAL, *offset, *value, &[]),
-            Op::Fence { phase } => (KIND_FENCE, 0, *phase, &[]),
-            Op::Blob { seq, data } => (KIND_BLOB, 0, *seq, data),
+        let (kind, offset, value, extra, data): (u8, u64, u32, u32, &[u8]) = match &self.op {
+            Op::Put { offset, data } => (KIND_PUT, *offset, 0, 0, data),
+            Op::PutRecords {
+                offset,
+                stride,
+                len,
+                data,
+            } => (KIND_PUT_RECORDS, *offset, *len, *stride, data),
+            Op::Signal { offset, value } => (KIND_SIGNAL, *offset, *value, 0, &[]),
+            Op::Fence { phase } => (KIND_FENCE, 0, *phase, 0, &[]),
+            Op::Blob { seq, data } => (KIND_BLOB, 0, *seq, 0, data),
         };
         let mut b = Vec::with_capacity(HEADER_BYTES + data.len());
         b.extend_from_slice(&[kind, self.target.shadow as u8, 0, 0]);
@@ -83,7 +100,7 @@ impl Msg {
         }
         b.extend_from_slice(&offset.to_le_bytes());
         b.extend_from_slice(&value.to_le_bytes());
-        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&extra.to_le_bytes());
         b.extend_from_slice(data);
         b
     }
@@ -104,6 +121,12 @@ impl Msg {
         let op = match b[0] {
             KIND_PUT => Op::Put {
                 offset,
+                data: b[HEADER_BYTES..].to_vec(),
+            },
+            KIND_PUT_RECORDS => Op::PutRecords {
+                offset,
+                stride: u32_at(36),
+                len: value,
                 data: b[HEADER_BYTES..].to_vec(),
             },
             KIND_SIGNAL => Op::Signal { offset, value },
@@ -281,6 +304,12 @@ mod tests {
             Op::Signal {
                 offset: 64,
                 value: 0x8000_0005,
+            },
+            Op::PutRecords {
+                offset: 96,
+                stride: 48,
+                len: 20,
+                data: (0..60).collect(),
             },
             Op::Fence { phase: 1 },
             Op::Blob {

@@ -15,7 +15,8 @@
 //!
 //! The kernel's stores plus the release store of the tail are its "WQE + doorbell"; a proxy
 //! thread per endpoint polls the doorbells of the send windows it hosts, ships the new records
-//! through an [`Engine`] (`put` then `signal`, delivered in order), and the receiving proxy writes
+//! through an [`Engine`] (`put` then `signal`, delivered in order; only the bytes of each slot
+//! the operation's records fill, [`ProxyTransport::set_record_bytes`]), and the receiving proxy writes
 //! them into the real ring and release-stores the tail. Heads (flow control) travel back the
 //! same way into the shadows. Windows without doorbells ([`WindowKind::Sparse`]: single-word
 //! puts such as the top-k weight gradients) are shipped at the end of the operation: the shadow
@@ -108,6 +109,9 @@ struct State {
     last_progress: Instant,
     error: Option<String>,
     stats: ProxyStats,
+    /// Bytes of the current operation's records by window key
+    /// ([`ProxyTransport::set_record_bytes`]); a ring without an entry ships whole slots.
+    record_bytes: HashMap<u32, u32>,
 }
 
 /// What one endpoint's proxy moved (since the transport was created).
@@ -198,6 +202,7 @@ impl ProxyTransport {
                     last_progress: Instant::now(),
                     error: None,
                     stats: ProxyStats::default(),
+                    record_bytes: HashMap::new(),
                 }),
                 cv: Condvar::new(),
                 stop: AtomicBool::new(false),
@@ -273,6 +278,18 @@ impl ProxyTransport {
         let win = Win::new(spec, None, Some((buf, view)));
         lock(sh)?.wins.insert((spec.key, dst, src), win);
         Ok(ptr)
+    }
+
+    /// The next operation's records in ring windows `key` are `bytes` long (the rest of each
+    /// slot is not written): the proxies put only those bytes of each slot.
+    pub fn set_record_bytes(&self, key: u32, bytes: u32) -> Result<()> {
+        if bytes == 0 {
+            return Err(EpError::Config("records of 0 bytes".into()));
+        }
+        for sh in self.shared() {
+            lock(sh)?.record_bytes.insert(key, bytes);
+        }
+        Ok(())
     }
 
     /// Sets how long a fence or all-gather waits for another endpoint (a process still busy
@@ -587,6 +604,7 @@ fn pump(sh: &Shared, st: &mut State) -> Result<bool> {
     let mut progress = false;
     let stats = &mut st.stats;
     for (&(key, owner, src), w) in st.wins.iter_mut() {
+        let rec = st.record_bytes.get(&key).copied();
         let WindowKind::Rings(rings) = &w.kind else {
             continue;
         };
@@ -601,7 +619,8 @@ fn pump(sh: &Shared, st: &mut State) -> Result<bool> {
             for (i, r) in rings.iter().enumerate() {
                 let t = view.load_acquire_u32(r.tail_off)?;
                 if t != w.sent_tail[i] {
-                    ship_ring(sh, stats, view, r, w.sent_tail[i], t, (to, epoch, target))?;
+                    let span = (w.sent_tail[i], t);
+                    ship_ring(sh, stats, (view, r, rec), span, (to, epoch, target))?;
                     w.sent_tail[i] = t;
                     progress = true;
                 }
@@ -629,14 +648,13 @@ fn pump(sh: &Shared, st: &mut State) -> Result<bool> {
     Ok(progress)
 }
 
-/// Puts records `old..new` (counts without the finished bit) of ring `r`, then signals `new`.
+/// Puts records `old..new` (counts without the finished bit) of ring `r` (the first `rec`
+/// bytes of each slot, or whole slots), then signals `new`.
 fn ship_ring(
     sh: &Shared,
     stats: &mut ProxyStats,
-    view: &HostView,
-    r: &RingSpec,
-    old: u32,
-    new: u32,
+    (view, r, rec): (&HostView, &RingSpec, Option<u32>),
+    (old, new): (u32, u32),
     (to, epoch, target): (u32, u32, Target),
 ) -> Result<()> {
     let (mut c, end) = (old & !FIN, new & !FIN);
@@ -646,15 +664,41 @@ fn ship_ring(
             r.slots
         )));
     }
+    let len = rec.map_or(r.slot_bytes, |b| b.min(r.slot_bytes)) as usize;
     while c < end {
         let pos = c % r.slots;
         let run = (end - c).min(r.slots - pos);
-        let off = r.data_off + pos as u64 * r.slot_bytes as u64;
+        let offset = r.data_off + pos as u64 * r.slot_bytes as u64;
         let mut data = vec![0u8; run as usize * r.slot_bytes as usize];
-        view.read(off, &mut data)?;
-        stats.put_bytes += data.len() as u64;
+        view.read(offset, &mut data)?;
+        let op = if len == r.slot_bytes as usize {
+            Op::Put { offset, data }
+        } else {
+            let data = data
+                .chunks(r.slot_bytes as usize)
+                .flat_map(|slot| &slot[..len])
+                .copied()
+                .collect();
+            let (stride, len) = (r.slot_bytes, len as u32);
+            Op::PutRecords {
+                offset,
+                stride,
+                len,
+                data,
+            }
+        };
+        stats.put_bytes += run as u64 * len as u64;
         stats.puts += 1;
-        sh.engine.put(to, epoch, target, off, data)?;
+        let from = sh.engine.endpoint();
+        sh.engine.send(
+            to,
+            Msg {
+                epoch,
+                from,
+                target,
+                op,
+            },
+        )?;
         c += run;
     }
     stats.signals += 1;
@@ -698,8 +742,28 @@ fn apply(sh: &Shared, st: &mut State, m: Msg) -> Result<()> {
     st.stats.applied += 1;
     match m.op {
         Op::Put { offset, data } => view.write(offset, &data)?,
+        Op::PutRecords {
+            offset,
+            stride,
+            len,
+            data,
+        } => write_records(view, offset, stride, len, &data)?,
         Op::Signal { offset, value } => view.store_release_u32(offset, value)?,
         Op::Fence { .. } | Op::Blob { .. } => {}
+    }
+    Ok(())
+}
+
+/// Writes records of `len` bytes (back to back in `data`) at `offset + i * stride`.
+fn write_records(view: &HostView, offset: u64, stride: u32, len: u32, data: &[u8]) -> Result<()> {
+    if len == 0 || len > stride || data.len() % len as usize != 0 {
+        return Err(EpError::Engine(format!(
+            "malformed record put: {} bytes of {len}-byte records, stride {stride}",
+            data.len()
+        )));
+    }
+    for (i, rec) in data.chunks(len as usize).enumerate() {
+        view.write(offset + i as u64 * stride as u64, rec)?;
     }
     Ok(())
 }
@@ -770,6 +834,9 @@ impl Transport for ProxyTransport {
     }
     fn all_gather(&self, hosted: &[u32], mine: Vec<Vec<u32>>) -> Result<Vec<Vec<u32>>> {
         self.gather_rows(hosted, mine)
+    }
+    fn record_bytes(&self, key: u32, bytes: u32) -> Result<()> {
+        self.set_record_bytes(key, bytes)
     }
     fn begin(&self) -> Result<()> {
         for sh in self.shared() {

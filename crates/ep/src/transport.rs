@@ -88,6 +88,12 @@ pub trait Transport: Send + Sync {
         }
         Ok(mine)
     }
+    /// The next operation's records in ring windows `key` are `bytes` long, the rest of each
+    /// slot unwritten (a proxy ships only those bytes). Transports without a proxy ignore it.
+    fn record_bytes(&self, key: u32, bytes: u32) -> Result<()> {
+        let _ = (key, bytes);
+        Ok(())
+    }
     /// Before an operation's launches, once every rank's counters are reset (a proxy starts a
     /// new epoch and fences with its peers here).
     fn begin(&self) -> Result<()> {

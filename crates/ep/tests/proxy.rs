@@ -1,7 +1,8 @@
 //! The host-proxy transport (send windows + proxy threads over the in-process engine) against
 //! the direct in-process transport on the same random inputs: dispatch (BF16 and FP8), weighted
 //! and unweighted combine, cached dispatch and the top-k weight gradients must be bit-identical,
-//! and each is checked against an f64/host reference too. Devices 800..
+//! and each is checked against an f64/host reference too; the proxies carry exactly the device-counted
+//! inter-node bytes. Devices 800..
 #![allow(clippy::needless_range_loop)]
 mod common;
 use common::{rng, routing};
@@ -107,8 +108,18 @@ struct Results {
     cached_rows: Vec<Vec<u8>>,
     dw: Vec<Vec<u32>>,
     inter_bytes: Vec<u64>,
-    /// Bytes the host proxies put (0 for the direct transport).
-    proxy_put_bytes: u64,
+    /// Bytes the host proxies put during each operation of `inter_bytes` (0 for the direct
+    /// transport).
+    proxy_put_bytes: Vec<u64>,
+}
+
+/// Bytes the proxies of `g` put so far.
+fn put_bytes(g: &EpGroup) -> u64 {
+    g.transport
+        .proxy_stats()
+        .iter()
+        .map(|(_, s)| s.put_bytes)
+        .sum()
 }
 
 fn to_bf16(b: &[u8]) -> Vec<bf16> {
@@ -136,14 +147,20 @@ fn run(base: u32, proxy: bool, inp: &Inputs) -> Results {
         .map(|r| dev(r).upload(&inp.w[r]).unwrap())
         .collect();
     let (ir, wr): (Vec<_>, Vec<_>) = (ib.iter().collect(), wb.iter().collect());
-    let mut inter = Vec::new();
+    let (mut inter, mut put) = (Vec::new(), Vec::new());
+    let mut shipped = |g: &EpGroup| {
+        let before: u64 = put.iter().sum();
+        put.push(put_bytes(g) - before);
+    };
     let xr: Vec<XRef> = xb.iter().map(XRef::Bf16).collect();
     let (outs, handle) = g.dispatch(&xr, &ir, &wr, None).unwrap();
     let handle = handle.unwrap();
     inter.push(g.last.inter_node_bytes);
+    shipped(&g);
     let qr: Vec<XRef> = qb.iter().zip(&sb).map(|(q, s)| XRef::Fp8(q, s)).collect();
     let (outs8, _) = g.dispatch(&qr, &ir, &wr, None).unwrap();
     inter.push(g.last.inter_node_bytes);
+    shipped(&g);
     // random expert outputs, one row per received row
     let mut gr = rng(inp.seed ^ 0x5eed);
     let ys: Vec<Buffer<bf16>> = outs
@@ -160,12 +177,18 @@ fn run(base: u32, proxy: bool, inp: &Inputs) -> Results {
     let rw: Vec<&Buffer<f32>> = outs.iter().map(|o| &o.recv_w).collect();
     let comb = g.combine(&yr, Some(&rw), &handle).unwrap();
     inter.push(g.last.inter_node_bytes);
+    shipped(&g);
     let comb2 = g.combine(&yr, None, &handle).unwrap();
+    inter.push(g.last.inter_node_bytes);
+    shipped(&g);
     let (cached, _) = g.dispatch(&xr, &ir, &wr, Some(&handle)).unwrap();
+    inter.push(g.last.inter_node_bytes);
+    shipped(&g);
     let dy: Vec<&Buffer<u8>> = cached.iter().map(|o| &o.recv_x).collect();
     let ntok: Vec<usize> = (0..r_n).map(|r| inp.idx[r].len() / TOPK).collect();
     let tg = g.topk_weight_grad(&yr, &dy, &outs, &ntok).unwrap();
     inter.push(tg.inter_node_bytes);
+    shipped(&g);
     Results {
         rows_bf16: outs.iter().map(|o| o.recv_x.to_bytes().unwrap()).collect(),
         rows_fp8: outs8.iter().map(|o| o.recv_x.to_bytes().unwrap()).collect(),
@@ -189,12 +212,7 @@ fn run(base: u32, proxy: bool, inp: &Inputs) -> Results {
             .map(|r| tg.to_vec(r).unwrap().iter().map(|v| v.to_bits()).collect())
             .collect(),
         inter_bytes: inter,
-        proxy_put_bytes: g
-            .transport
-            .proxy_stats()
-            .iter()
-            .map(|(_, s)| s.put_bytes)
-            .sum(),
+        proxy_put_bytes: put,
     }
     .checked(&outs, &ys, inp)
 }
@@ -261,23 +279,34 @@ fn proxy_matches_direct_transport_bit_for_bit() {
         proxied.inter_bytes
     );
     assert!(proxied.inter_bytes.iter().all(|&b| b > 0));
-    // the proxies moved every inter-node record as a whole ring slot, and each top-k weight
-    // gradient as its 4 bytes: dispatch BF16 twice (fresh and cached), FP8 once, combine twice
-    let c = cfg(NODES * GPN, GPN);
-    let ib = &proxied.inter_bytes;
-    let records = 2 * ib[0] / c.record_bytes(ep::Payload::Bf16) as u64
-        + ib[1] / c.record_bytes(ep::Payload::Fp8) as u64
-        + 2 * ib[2] / c.combine_record_bytes() as u64;
-    assert_eq!(
-        proxied.proxy_put_bytes,
-        records * c.slot_bytes() as u64 + ib[3]
-    );
-    assert_eq!(direct.proxy_put_bytes, 0);
+    // each operation's proxies carried exactly the bytes its kernels counted as inter-node:
+    // the written part of each ring slot (BF16 / FP8 dispatch and combine records are of
+    // different sizes in one slot size), and each top-k weight gradient as its 4 bytes
+    assert_eq!(proxied.proxy_put_bytes, proxied.inter_bytes);
+    assert!(direct.proxy_put_bytes.iter().all(|&b| b == 0));
     let proxied = Results {
-        proxy_put_bytes: 0,
+        proxy_put_bytes: direct.proxy_put_bytes.clone(),
         ..proxied
     };
     assert_eq!(direct, proxied);
+}
+
+/// On fresh random routing, the bytes the proxies put for each operation equal the
+/// operation's device-counted inter-node bytes (records x record bytes), for BF16 and FP8
+/// dispatch, weighted and unweighted combine, cached dispatch and the weight gradients; the
+/// records themselves are checked against their sources (`Results::checked`).
+#[test]
+fn proxies_ship_exactly_the_inter_node_bytes() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as u64;
+    let r = run(840, true, &inputs(seed));
+    assert!(r.inter_bytes.iter().all(|&b| b > 0), "seed {seed}");
+    assert_eq!(r.proxy_put_bytes, r.inter_bytes, "seed {seed}");
+    let c = cfg(NODES * GPN, GPN);
+    // FP8 records are shorter than a slot: shipping whole slots would have moved more
+    assert!(c.record_bytes(ep::Payload::Fp8) < c.slot_bytes());
 }
 
 #[test]
