@@ -5,7 +5,8 @@
 # `ptxforge moe --device cuda`, (4) the Hopper GEMM benchmark (DeepGEMM shapes) and `ptxforge
 # bench gemm` (which times cuBLAS through PyTorch on the same shapes when torch is there), (5)
 # `ptxforge bench attn` (MLA attention training and decoding, beside torch SDPA), (6) NCCL
-# (crates/netnccl: collectives, and with 2+ GPUs the NCCL engine of the EP proxy). Prints a
+# (crates/netnccl: collectives, the non-blocking init/abort path, and with 2+ GPUs the NCCL
+# engine of the EP proxy and a killed rank). Prints a
 # table at the end; full logs go to $OUT (or target/gpu-check). Budget: under 8 minutes on one
 # H200 (each step has a timeout).
 #
@@ -83,7 +84,12 @@ step bench-attn 120 "${PF[@]}" bench attn --device cuda:0
 # same GPU ("Duplicate GPU detected"), so the one-H200 check machine runs a 1-rank communicator
 # (every call goes through the real library and GPU, but nothing crosses a link); with 2+ GPUs
 # it also runs 2 ranks, the proxy transport over the NCCL engine, and EP dispatch/combine
-# against the single-process run.
+# against the single-process run. Faults: on one GPU the non-blocking communicator path
+# (ncclCommInitRankConfig with blocking = 0, completion polled, ncclCommAbort) and a 2-rank
+# init whose second rank never comes, which must be aborted after the 5 s timeout
+# (`netnccl-check abort`); with 2+ GPUs also a rank SIGKILLed mid-all-reduce and
+# mid-engine-round, which the survivor must report within seconds. (The multi-process
+# `ptxforge moe` runs on emulated devices only: not here.)
 if [ -z "${PTXFORGE_NCCL_LIB:-}" ]; then
   lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
   [ -n "$lib" ] && [ -f "$lib" ] && export PTXFORGE_NCCL_LIB="$lib"
@@ -96,10 +102,19 @@ else
   ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
   step nccl-1rank 60 "${NCCLCHK[@]}" launch --nodes 1 --procs-per-node 1 -- \
     "${NCCLCHK[@]}" collectives --count 65536
+  step nccl-abort 60 "${NCCLCHK[@]}" abort --nccl-timeout 5 --expect aborted
   if [ "${ngpu:-1}" -ge 2 ]; then
     step nccl-2ranks 60 "${NCCLCHK[@]}" launch --nodes 2 --procs-per-node 1 -- \
       "${NCCLCHK[@]}" collectives --count 65536
     step nccl-proxy 60 "${NCCLCHK[@]}" launch --nodes 2 --procs-per-node 1 -- "${NCCLCHK[@]}" proxy
+    # the job must fail (rank 1 killed) with rank 0 stopping by itself, naming the operation
+    # (a real NCCL may not notice a dead peer on NVLink: then its 10 s timeout aborts)
+    for op in all-reduce engine; do
+      step "nccl-kill-$op" 60 bash -c "out=\$('${NCCLCHK[0]}' launch --nodes 2 --procs-per-node 1 \
+        --timeout 20 -- '${NCCLCHK[0]}' fault --op $op --kind kill --nccl-timeout 10 2>&1);
+        rc=\$?; echo \"\$out\"; [ \$rc -ne 0 ] &&
+        grep -qE 'rank 0: stopped after .*NCCL (all_reduce|engine round) failed' <<<\"\$out\""
+    done
     step nccl-ep 120 bash -c "'${NCCLCHK[0]}' ep --single --seed 5 | grep ^hash | sort > '$LOG/ep-single.txt' &&
       '${NCCLCHK[0]}' launch --nodes 2 --procs-per-node 1 --no-prefix -- '${NCCLCHK[0]}' ep --seed 5 |
       grep ^hash | sort > '$LOG/ep-nccl.txt' && diff '$LOG/ep-single.txt' '$LOG/ep-nccl.txt'"

@@ -182,28 +182,6 @@ fn multi_process(gpn: u32, ppn: u32) {
     );
 }
 
-/// Processes whose environment names the job (none may outlive it).
-fn job_processes(job: &str) -> Vec<String> {
-    let tag = format!("PTXFORGE_JOB_ID={job}");
-    let Ok(d) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    d.flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter(|e| {
-            std::fs::read(e.path().join("environ"))
-                .map(|env| env.split(|&b| b == 0).any(|v| v == tag.as_bytes()))
-                .unwrap_or(false)
-        })
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect()
-}
-
 /// One rank per process; rank 3 SIGKILLs itself while the dispatch is in flight: mpirun
 /// names it and fails, the other processes stop (SIGTERM from mpirun) after removing every
 /// segment of the job, and nothing of the job is left.
@@ -254,7 +232,7 @@ fn moe_rank_killed_mid_dispatch_stops_the_job() {
     // the survivors may still be removing segments and exiting when mpirun returns
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while std::time::Instant::now() < deadline
-        && !(segments(&job).is_empty() && job_processes(&job).is_empty())
+        && !(segments(&job).is_empty() && dist::launch::job_processes(&job).is_empty())
     {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
@@ -263,5 +241,9 @@ fn moe_rank_killed_mid_dispatch_stops_the_job() {
         Vec::<String>::new(),
         "segments left:\n{err}"
     );
-    assert_eq!(job_processes(&job), Vec::<String>::new(), "processes left");
+    assert_eq!(
+        dist::launch::job_processes(&job),
+        Vec::<u32>::new(),
+        "processes left"
+    );
 }

@@ -345,6 +345,24 @@ fn pump(src: impl Read + Send + 'static, r: usize, err: bool) -> Result<JoinHand
     Ok(h)
 }
 
+/// Pids of the live processes whose environment carries `PTXFORGE_JOB_ID={job}` (none may
+/// outlive the job: tests check it after a run; empty when `/proc` cannot be read).
+pub fn job_processes(job: &str) -> Vec<u32> {
+    let tag = format!("PTXFORGE_JOB_ID={job}");
+    let Ok(d) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    d.flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse::<u32>().ok()?, e.path())))
+        .filter(|(_, p)| {
+            std::fs::read(p.join("environ"))
+                .map(|env| env.split(|&b| b == 0).any(|v| v == tag.as_bytes()))
+                .unwrap_or(false)
+        })
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
 /// Names an exit status: `exited with status 3`, `was killed by signal 9 (SIGKILL)`.
 pub fn describe(s: ExitStatus) -> String {
     if let Some(c) = s.code() {

@@ -171,63 +171,32 @@ pub trait Engine: Send + Sync {
     fn poll(&self) -> Result<Option<Msg>>;
     fn name(&self) -> &'static str;
 
+    /// `op` from this endpoint to endpoint `to`, in `epoch`, applied to `target`.
+    fn send_op(&self, to: u32, epoch: u32, target: Target, op: Op) -> Result<()> {
+        let from = self.endpoint();
+        let msg = Msg {
+            epoch,
+            from,
+            target,
+            op,
+        };
+        self.send(to, msg)
+    }
     /// `put(dst, offset, bytes)`: bytes into the target window.
     fn put(&self, to: u32, epoch: u32, target: Target, offset: u64, data: Vec<u8>) -> Result<()> {
-        let from = self.endpoint();
-        let op = Op::Put { offset, data };
-        self.send(
-            to,
-            Msg {
-                epoch,
-                from,
-                target,
-                op,
-            },
-        )
+        self.send_op(to, epoch, target, Op::Put { offset, data })
     }
     /// `signal(dst, offset, value)`: release store after every earlier put to `to`.
     fn signal(&self, to: u32, epoch: u32, target: Target, offset: u64, value: u32) -> Result<()> {
-        let from = self.endpoint();
-        let op = Op::Signal { offset, value };
-        self.send(
-            to,
-            Msg {
-                epoch,
-                from,
-                target,
-                op,
-            },
-        )
+        self.send_op(to, epoch, target, Op::Signal { offset, value })
     }
     /// A fence of `phase` to endpoint `to`.
     fn fence(&self, to: u32, epoch: u32, phase: u32) -> Result<()> {
-        let from = self.endpoint();
-        let op = Op::Fence { phase };
-        let target = NO_TARGET;
-        self.send(
-            to,
-            Msg {
-                epoch,
-                from,
-                target,
-                op,
-            },
-        )
+        self.send_op(to, epoch, NO_TARGET, Op::Fence { phase })
     }
     /// This endpoint's part `data` of all-gather `seq`, to endpoint `to`.
     fn blob(&self, to: u32, seq: u32, data: Vec<u8>) -> Result<()> {
-        let from = self.endpoint();
-        let op = Op::Blob { seq, data };
-        let (epoch, target) = (0, NO_TARGET);
-        self.send(
-            to,
-            Msg {
-                epoch,
-                from,
-                target,
-                op,
-            },
-        )
+        self.send_op(to, 0, NO_TARGET, Op::Blob { seq, data })
     }
 }
 

@@ -37,6 +37,7 @@ pub mod kutil;
 pub mod layout;
 mod peers;
 pub mod proxy;
+pub mod proxycheck;
 pub mod routing;
 pub mod selfcheck;
 pub mod transport;

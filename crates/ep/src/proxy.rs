@@ -689,16 +689,7 @@ fn ship_ring(
         };
         stats.put_bytes += run as u64 * len as u64;
         stats.puts += 1;
-        let from = sh.engine.endpoint();
-        sh.engine.send(
-            to,
-            Msg {
-                epoch,
-                from,
-                target,
-                op,
-            },
-        )?;
+        sh.engine.send_op(to, epoch, target, op)?;
         c += run;
     }
     stats.signals += 1;

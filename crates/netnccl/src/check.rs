@@ -1,13 +1,13 @@
 //! The rank programs of `netnccl-check` (the multi-process tests and `scripts/gpu-check.sh`
 //! run them as every rank of a `dist` job): the data-parallel collectives against a host
-//! reference, and the proxy transport over [`NcclEngine`] with the host in the kernels' part.
+//! reference, and the proxy transport over [`NcclEngine`] with the host in the kernels' part
+//! (`ep::proxycheck`, shared with `netmpi-proxy-check`).
 
 use crate::{Comm, NcclEngine, ReduceOp};
 use half::bf16;
 use runtime::{Buffer, Device, Pod};
-use std::error::Error;
 
-pub type Res<T> = std::result::Result<T, Box<dyn Error>>;
+pub use ep::selfcheck::Res;
 
 /// splitmix64: every process derives every rank's inputs from the shared seed.
 pub struct Rng(pub u64);
@@ -247,133 +247,18 @@ fn exact_checks(comm: &Comm, c: &CollCfg) -> Res<()> {
     compare("all_reduce f16 max", &got, &want, &want, 0.0, Some(&want))
 }
 
-pub use proxy::proxy;
-
-mod proxy {
-    //! Two endpoints exchange records through the proxy transport over [`NcclEngine`].
-    use super::{NcclEngine, Res};
-    use ep::proxy::{RingSpec, WindowKind, WindowSpec, WIN_DW, WIN_WS};
-    use ep::{ProxyTransport, Transport};
-    use runtime::{Device, HostView};
-    use std::time::{Duration, Instant};
-
-    const FIN: u32 = 0x8000_0000;
-    const SLOTS: u32 = 4;
-    const SLOT_BYTES: u32 = 64;
-    const DATA: u64 = 64;
-    const RECORDS: u32 = 40;
-
-    fn record(src: u32, i: u32, seed: u64) -> Vec<u8> {
-        (0..SLOT_BYTES)
-            .map(|b| (src as u64 * 131 + i as u64 * 7 + b as u64 * 3 + seed) as u8)
-            .collect()
-    }
-
-    /// Produces the records into `shadow`, consumes the peer's from `real` (checking each).
-    fn exchange(p: u32, peer: u32, seed: u64, shadow: &HostView, real: &HostView) -> Res<()> {
-        let (mut sent, mut got) = (0u32, 0u32);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while sent < RECORDS || got < RECORDS {
-            let mut progress = false;
-            if sent < RECORDS && sent - shadow.load_acquire_u32(4)? < SLOTS {
-                let at = DATA + (sent % SLOTS) as u64 * SLOT_BYTES as u64;
-                shadow.write(at, &record(p, sent, seed))?;
-                sent += 1;
-                if sent % 2 == 0 || sent == RECORDS {
-                    let fin = if sent == RECORDS { FIN } else { 0 };
-                    shadow.store_release_u32(0, sent | fin)?;
-                }
-                progress = true;
-            }
-            let tail = real.load_acquire_u32(0)? & !FIN;
-            while got < tail {
-                let mut b = vec![0u8; SLOT_BYTES as usize];
-                real.read(DATA + (got % SLOTS) as u64 * SLOT_BYTES as u64, &mut b)?;
-                if b != record(peer, got, seed) {
-                    return Err(format!("rank {p}: record {got} from rank {peer} differs").into());
-                }
-                got += 1;
-                real.store_release_u32(4, got)?;
-                progress = true;
-            }
-            if Instant::now() > deadline {
-                return Err(format!("rank {p}: stuck at {sent} sent, {got} received").into());
-            }
-            if !progress {
-                std::thread::sleep(Duration::from_micros(50));
-            }
-        }
-        Ok(())
-    }
-
-    /// The ring exchange, then a sparse window (single-word puts), between 2 endpoints; the
-    /// windows live on this process's emulated device, the engine's staging on `engine`'s GPU.
-    pub fn proxy(engine: NcclEngine, seed: u64) -> Res<String> {
-        let (p, n) = (
-            ep::Engine::endpoint(&engine),
-            ep::Engine::endpoints(&engine),
-        );
-        if n != 2 {
-            return Err(format!("the proxy check runs on 2 ranks, not {n}").into());
-        }
-        let peer = 1 - p;
-        let dev = Device::emu(p);
-        let mut devices = vec![None, None];
-        devices[p as usize] = Some(dev.clone());
-        let engines: Vec<Box<dyn ep::Engine>> = vec![Box::new(engine)];
-        let tr = ProxyTransport::new(devices, 1, engines, Duration::from_secs(60))?;
-        let ring = RingSpec {
-            tail_off: 0,
-            head_off: 4,
-            data_off: DATA,
-            slots: SLOTS,
-            slot_bytes: SLOT_BYTES,
-        };
-        let spec = WindowSpec {
-            key: WIN_WS,
-            kind: WindowKind::Rings(vec![ring]),
-        };
-        let real = dev.alloc::<u8>((DATA + (SLOTS * SLOT_BYTES) as u64) as usize)?;
-        real.fill(0)?;
-        tr.expose_window(p, peer, &real, &spec)?;
-        tr.attach_window(p, peer, real.len(), &spec)?;
-        let shadow = tr.send_window(p, peer, WIN_WS)?;
-        tr.begin()?;
-        exchange(p, peer, seed, &shadow, &real.host_view()?)?;
-        tr.end()?;
-        sparse(&tr, &dev, p, peer)?;
-        Ok(format!(
-            "rank {p}: proxy over NCCL OK ({RECORDS} records each way, sparse words landed)"
-        ))
-    }
-
-    fn sparse(tr: &ProxyTransport, dev: &Device, p: u32, peer: u32) -> Res<()> {
-        let spec = WindowSpec {
-            key: WIN_DW,
-            kind: WindowKind::Sparse { poison: 0xff },
-        };
-        let dw = dev.alloc::<u8>(64)?;
-        dw.fill(0xff)?;
-        tr.expose_window(p, peer, &dw, &spec)?;
-        tr.attach_window(p, peer, 64, &spec)?;
-        let sw = tr.send_window(p, peer, WIN_DW)?;
-        tr.begin()?;
-        for i in (1..16u32).step_by(2) {
-            sw.write(i as u64 * 4, &(p * 1000 + i).to_le_bytes())?;
-        }
-        tr.end()?;
-        let b = dw.to_bytes()?;
-        for (i, c) in b.chunks(4).enumerate() {
-            let w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            let want = if i % 2 == 1 {
-                peer * 1000 + i as u32
-            } else {
-                u32::MAX
-            };
-            if w != want {
-                return Err(format!("rank {p}: dw word {i} is {w:#x}, expected {want:#x}").into());
-            }
-        }
-        Ok(())
-    }
+/// The two-endpoint proxy check (`ep::proxycheck`) over the NCCL engine: the windows live
+/// on this process's emulated device, the engine's staging on its GPU.
+pub fn proxy(engine: NcclEngine, seed: u64) -> Res<String> {
+    let p = ep::Engine::endpoint(&engine);
+    let records = 40;
+    let cfg = ep::proxycheck::PairCfg {
+        records,
+        seed,
+        timeout: std::time::Duration::from_secs(60),
+    };
+    ep::proxycheck::run(Box::new(engine), &cfg)?;
+    Ok(format!(
+        "rank {p}: proxy over NCCL OK ({records} records each way, sparse words landed)"
+    ))
 }

@@ -124,6 +124,17 @@ impl Comm {
     /// `ncclCommInitRank(Config)` on `device` (must be a CUDA device); collective over all
     /// ranks. Waits at most [`default_timeout`] for the other ranks.
     pub fn init(device: &Device, id: &UniqueId, rank: u32, nranks: u32) -> Result<Comm> {
+        Comm::init_with(device, id, (rank, nranks), default_timeout())
+    }
+
+    /// [`Comm::init`] with the communicator's [`Comm::timeout`]: a non-blocking init that has
+    /// not completed by then (a rank missing) is aborted, [`NcclError::Aborted`] of `init`.
+    pub fn init_with(
+        device: &Device,
+        id: &UniqueId,
+        (rank, nranks): (u32, u32),
+        timeout: Duration,
+    ) -> Result<Comm> {
         let api = api()?;
         if device.backend() != Backend::Cuda {
             return Err(NcclError::Invalid {
@@ -174,7 +185,7 @@ impl Comm {
             nonblocking,
             timeout_ns: AtomicU64::new(0),
         };
-        comm.set_timeout(default_timeout());
+        comm.set_timeout(timeout);
         let mut g = comm.lock();
         comm.settle("init", call, raw, &mut g, false)?;
         drop(g);
@@ -345,6 +356,21 @@ impl Comm {
         }
     }
 
+    /// Checks that both buffers are on the communicator's device and of the (send, recv)
+    /// lengths `want`; returns their device addresses.
+    fn operands<T: Pod>(
+        &self,
+        send: &Buffer<T>,
+        recv: &Buffer<T>,
+        want: (usize, usize),
+    ) -> Result<(u64, u64)> {
+        self.same_device("send", send)?;
+        self.same_device("recv", recv)?;
+        Self::check_len("send", send.len(), want.0)?;
+        Self::check_len("recv", recv.len(), want.1)?;
+        Ok((send.device_ptr(), recv.device_ptr()))
+    }
+
     /// `recv = op over ranks of send` (same length on every rank; `recv` may be `send`).
     pub fn all_reduce<T: NcclElem>(
         &self,
@@ -352,10 +378,8 @@ impl Comm {
         recv: &Buffer<T>,
         op: ReduceOp,
     ) -> Result<()> {
-        self.same_device("send", send)?;
-        self.same_device("recv", recv)?;
-        Self::check_len("recv", recv.len(), send.len())?;
-        let (s, d, n) = (send.device_ptr(), recv.device_ptr(), send.len());
+        let n = send.len();
+        let (s, d) = self.operands(send, recv, (n, n))?;
         self.run("all_reduce", "ncclAllReduce", |a, c| {
             // SAFETY: both ranges are live device buffers of `n` elements of T on our device.
             unsafe { (a.all_reduce)(ptr(s), ptr(d), n, T::NCCL_TYPE, op.raw(), c, null()) }
@@ -369,10 +393,8 @@ impl Comm {
         recv: &Buffer<T>,
         op: ReduceOp,
     ) -> Result<()> {
-        self.same_device("send", send)?;
-        self.same_device("recv", recv)?;
-        Self::check_len("send", send.len(), recv.len() * self.nranks as usize)?;
-        let (s, d, n) = (send.device_ptr(), recv.device_ptr(), recv.len());
+        let n = recv.len();
+        let (s, d) = self.operands(send, recv, (n * self.nranks as usize, n))?;
         self.run("reduce_scatter", "ncclReduceScatter", |a, c| {
             // SAFETY: send holds nranks * n elements, recv n, both on our device.
             unsafe { (a.reduce_scatter)(ptr(s), ptr(d), n, T::NCCL_TYPE, op.raw(), c, null()) }
@@ -381,10 +403,8 @@ impl Comm {
 
     /// `recv` (`nranks * n`) = every rank's `send` (n elements), in rank order.
     pub fn all_gather<T: NcclElem>(&self, send: &Buffer<T>, recv: &Buffer<T>) -> Result<()> {
-        self.same_device("send", send)?;
-        self.same_device("recv", recv)?;
-        Self::check_len("recv", recv.len(), send.len() * self.nranks as usize)?;
-        let (s, d, n) = (send.device_ptr(), recv.device_ptr(), send.len());
+        let n = send.len();
+        let (s, d) = self.operands(send, recv, (n, n * self.nranks as usize))?;
         self.run("all_gather", "ncclAllGather", |a, c| {
             // SAFETY: send holds n elements, recv nranks * n, both on our device.
             unsafe { (a.all_gather)(ptr(s), ptr(d), n, T::NCCL_TYPE, c, null()) }

@@ -133,3 +133,51 @@ fn while_some<T>(mut f: impl FnMut() -> ep::Result<Option<T>>) -> ep::Result<()>
     while f()?.is_some() {}
     Ok(())
 }
+
+/// What `netnccl-check abort` must see when a rank never joins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum InitFailure {
+    /// [`crate::NcclError::Aborted`] of `init` after the timeout (a non-blocking init, aborted).
+    Aborted,
+    /// [`crate::NcclError::Call`] of the init call (an init that gave up by itself: the fake
+    /// NCCL connects synchronously, within `PTXFORGE_FAKENCCL_TIMEOUT`).
+    Call,
+}
+
+/// The fault path one GPU allows: a 1-rank communicator (non-blocking where NCCL has it)
+/// runs an all-reduce (checked: the sum over one rank is the input) and is aborted; then a
+/// 2-rank communicator whose second rank never joins must fail as `expect` says, within
+/// `timeout` (plus slack). Returns the lines to print.
+pub fn abort_paths(dev: &runtime::Device, timeout: Duration, expect: InitFailure) -> Res<String> {
+    let comm = Comm::init_with(dev, &crate::UniqueId::new()?, (0, 1), timeout)?;
+    let x: Vec<f32> = (0..1024).map(|i| i as f32 * 0.25 - 7.0).collect();
+    let (s, r) = (dev.upload(&x)?, dev.alloc::<f32>(x.len())?);
+    comm.all_reduce(&s, &r, ReduceOp::Sum)?;
+    if r.to_vec()? != x {
+        return Err("a 1-rank all-reduce sum differs from its input".into());
+    }
+    let nonblocking = comm.nonblocking();
+    comm.abort()?;
+    let t0 = Instant::now();
+    let lost = Comm::init_with(dev, &crate::UniqueId::new()?, (0, 2), timeout);
+    let took = t0.elapsed();
+    let e = match lost {
+        Ok(_) => return Err("a 2-rank communicator formed with one rank".into()),
+        Err(e) => e,
+    };
+    let ok = match (expect, &e) {
+        (InitFailure::Aborted, crate::NcclError::Aborted { op, .. }) => *op == "init",
+        (InitFailure::Call, crate::NcclError::Call { .. }) => true,
+        _ => false,
+    };
+    if !ok || took > timeout + Duration::from_secs(10) {
+        return Err(
+            format!("expected a {expect:?} failure of init, got after {took:?}: {e}").into(),
+        );
+    }
+    Ok(format!(
+        "abort OK: 1-rank all-reduce + ncclCommAbort (non-blocking {nonblocking}); missing rank \
+         after {:.1} s: {e}",
+        took.as_secs_f64()
+    ))
+}

@@ -263,28 +263,6 @@ fn a_dead_rank_is_an_nccl_remote_error() {
     );
 }
 
-/// Processes whose environment names the job (none may outlive it).
-fn job_processes(job: &str) -> Vec<String> {
-    let tag = format!("PTXFORGE_JOB_ID={job}");
-    let Ok(d) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    d.flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter(|e| {
-            std::fs::read(e.path().join("environ"))
-                .map(|env| env.split(|&b| b == 0).any(|v| v == tag.as_bytes()))
-                .unwrap_or(false)
-        })
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect()
-}
-
 /// `netnccl-check fault ARGS` as 2 nodes x 1 process (job `tag`, the launcher stopping the
 /// others 5 s after the first failure); returns the output and how long the job took, after
 /// checking that no process and no shared-memory segment of the job is left.
@@ -307,16 +285,9 @@ fn fault(f: &Fake, tag: &str, args: &[&str]) -> (Output, std::time::Duration) {
         .output()
         .expect("run netnccl-check launch");
     let took = t0.elapsed();
-    assert_eq!(job_processes(&job), Vec::<String>::new(), "{}", text(&o));
-    let prefix = format!("ptxforge-{job}-");
-    let segs: Vec<String> = std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(&prefix))
-                .collect()
-        })
-        .unwrap_or_default();
+    let procs = dist::launch::job_processes(&job);
+    assert!(procs.is_empty(), "processes left: {procs:?}\n{}", text(&o));
+    let segs = dist::shm::job_segments(&job);
     assert!(segs.is_empty(), "segments left: {segs:?}");
     (o, took)
 }
@@ -402,4 +373,26 @@ fn a_hung_rank_times_out_and_aborts_the_communicator() {
     );
     assert!(line.contains("communicator aborted"), "{line}");
     assert!(t0.elapsed() < std::time::Duration::from_secs(15), "{t}");
+}
+
+/// The fault path of one GPU (scripts/gpu-check.sh runs it on the real NCCL with `--expect
+/// aborted`): a non-blocking 1-rank communicator runs an all-reduce and is aborted, and a
+/// 2-rank init whose second rank never comes fails (the fake connects synchronously, so here
+/// the init call itself gives up after `PTXFORGE_FAKENCCL_TIMEOUT`).
+#[test]
+fn one_gpu_abort_paths_on_the_fake() {
+    let Some(f) = Fake::new("abort") else { return };
+    let o = f
+        .command()
+        .env("PTXFORGE_FAKENCCL_TIMEOUT", "1")
+        .args(["abort", "--nccl-timeout", "3", "--expect", "call"])
+        .output()
+        .expect("run netnccl-check abort");
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("abort OK: 1-rank all-reduce + ncclCommAbort (non-blocking true)"),
+        "{t}"
+    );
+    assert!(t.contains("ncclCommInitRankConfig failed"), "{t}");
 }

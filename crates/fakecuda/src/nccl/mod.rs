@@ -628,6 +628,25 @@ fn p2p(op: P2p) -> NetResult<()> {
     }
 }
 
+/// `ncclSend` (`send`) or `ncclRecv` of `count` elements of type `dt` with rank `peer`.
+fn p2p_call(
+    send: bool,
+    ptr: usize,
+    (count, dt, peer): (usize, u32, c_int),
+    comm: *mut c_void,
+    stream: usize,
+) -> NetResult<()> {
+    let (_, bytes) = bytes_of(count, dt)?;
+    p2p(P2p {
+        comm: comm_of(comm)?,
+        send,
+        ptr,
+        bytes,
+        peer: usize::try_from(peer).map_err(|_| (INVALID_ARGUMENT, "peer".to_string()))?,
+        stream,
+    })
+}
+
 #[no_mangle]
 pub extern "C" fn ncclSend(
     buf: *const c_void,
@@ -638,15 +657,7 @@ pub extern "C" fn ncclSend(
     stream: *mut c_void,
 ) -> c_int {
     entry("ncclSend", || {
-        let (_, bytes) = bytes_of(count, dt)?;
-        p2p(P2p {
-            comm: comm_of(comm)?,
-            send: true,
-            ptr: buf as usize,
-            bytes,
-            peer: usize::try_from(peer).map_err(|_| (INVALID_ARGUMENT, "peer".to_string()))?,
-            stream: stream as usize,
-        })
+        p2p_call(true, buf as usize, (count, dt, peer), comm, stream as usize)
     })
 }
 
@@ -660,15 +671,13 @@ pub extern "C" fn ncclRecv(
     stream: *mut c_void,
 ) -> c_int {
     entry("ncclRecv", || {
-        let (_, bytes) = bytes_of(count, dt)?;
-        p2p(P2p {
-            comm: comm_of(comm)?,
-            send: false,
-            ptr: buf as usize,
-            bytes,
-            peer: usize::try_from(peer).map_err(|_| (INVALID_ARGUMENT, "peer".to_string()))?,
-            stream: stream as usize,
-        })
+        p2p_call(
+            false,
+            buf as usize,
+            (count, dt, peer),
+            comm,
+            stream as usize,
+        )
     })
 }
 
@@ -709,6 +718,24 @@ struct Coll {
     stream: usize,
 }
 
+impl Coll {
+    /// `send_bytes` from `send`, peers' shares of `part_bytes`, the result at `recv`.
+    fn new(
+        (send, recv): (*const c_void, *mut c_void),
+        send_bytes: usize,
+        part_bytes: usize,
+        stream: *mut c_void,
+    ) -> Coll {
+        Coll {
+            send: send as usize,
+            recv: recv as usize,
+            send_bytes,
+            part_bytes,
+            stream: stream as usize,
+        }
+    }
+}
+
 fn collective(
     c: Arc<Comm>,
     k: Coll,
@@ -746,13 +773,7 @@ pub extern "C" fn ncclAllReduce(
 ) -> c_int {
     entry("ncclAllReduce", || {
         let (t, bytes) = bytes_of(count, dt)?;
-        let k = Coll {
-            send: send as usize,
-            recv: recv as usize,
-            send_bytes: bytes,
-            part_bytes: bytes,
-            stream: stream as usize,
-        };
+        let k = Coll::new((send, recv), bytes, bytes, stream);
         collective(comm_of(comm)?, k, whole, move |p| reduce_parts(t, op, p))
     })
 }
@@ -773,13 +794,7 @@ pub extern "C" fn ncclReduceScatter(
         let total = bytes
             .checked_mul(c.nranks)
             .ok_or((INVALID_ARGUMENT, "recvcount overflows".to_string()))?;
-        let k = Coll {
-            send: send as usize,
-            recv: recv as usize,
-            send_bytes: total,
-            part_bytes: bytes,
-            stream: stream as usize,
-        };
+        let k = Coll::new((send, recv), total, bytes, stream);
         collective(c, k, block, move |p| reduce_parts(t, op, p))
     })
 }
@@ -795,13 +810,7 @@ pub extern "C" fn ncclAllGather(
 ) -> c_int {
     entry("ncclAllGather", || {
         let (_, bytes) = bytes_of(sendcount, dt)?;
-        let k = Coll {
-            send: send as usize,
-            recv: recv as usize,
-            send_bytes: bytes,
-            part_bytes: bytes,
-            stream: stream as usize,
-        };
+        let k = Coll::new((send, recv), bytes, bytes, stream);
         collective(comm_of(comm)?, k, whole, |p| Ok(p.concat()))
     })
 }

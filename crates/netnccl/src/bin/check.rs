@@ -13,6 +13,9 @@
 //!   [--nccl-timeout S]`: 2 ranks run the operation until the victim dies or hangs; the survivor
 //!   prints the error it met and fails (the `dist` watchdog only reports here, so the NCCL
 //!   path alone must stop it);
+//! - `netnccl-check abort [--nccl-timeout S] [--expect aborted|call]` (one process, CUDA device
+//!   0): a 1-rank communicator runs an all-reduce and is aborted, then a 2-rank init whose
+//!   second rank never comes must fail as expected (the fault path one GPU allows);
 //! - `netnccl-check unavailable`: succeeds only if loading NCCL fails with `NcclUnavailable`.
 //!
 //! Each rank uses CUDA device `RANK % devices`. Without `--seed`, rank 0 draws one from
@@ -22,7 +25,7 @@ use clap::{Parser, Subcommand};
 use dist::FaultAction;
 use netnccl::check::{collectives, proxy, CollCfg, Res};
 use netnccl::epcheck;
-use netnccl::faultcheck::{self, FaultCfg, FaultKind, FaultOp};
+use netnccl::faultcheck::{self, FaultCfg, FaultKind, FaultOp, InitFailure};
 use netnccl::{Comm, NcclEngine, NcclError};
 use runtime::Device;
 use std::process::ExitCode;
@@ -84,6 +87,13 @@ enum Verb {
         #[arg(long, default_value = "20", value_parser = dist::launch::parse_seconds)]
         nccl_timeout: Duration,
     },
+    /// The non-blocking init / abort paths on one GPU (see the module docs).
+    Abort {
+        #[arg(long, default_value = "5", value_parser = dist::launch::parse_seconds)]
+        nccl_timeout: Duration,
+        #[arg(long, value_enum, default_value = "aborted")]
+        expect: InitFailure,
+    },
     Unavailable,
 }
 
@@ -143,6 +153,13 @@ fn main() -> ExitCode {
                 faultcheck::run(comm, &cfg)
             })
         }
+        Verb::Abort {
+            nccl_timeout,
+            expect,
+        } => Device::cuda(0)
+            .map_err(Into::into)
+            .and_then(|d| faultcheck::abort_paths(&d, nccl_timeout, expect))
+            .map(|l| println!("{l}")),
         Verb::Unavailable => unavailable(),
     };
     match r {
