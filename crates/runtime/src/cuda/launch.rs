@@ -401,30 +401,31 @@ impl CuEvent {
     /// Creates an event and records it on `s`.
     pub fn record(s: &CuStream) -> Result<CuEvent> {
         let _cx = s.enter()?;
-        let mut ev = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local; then records on a live stream of the current context.
-        unsafe {
-            check(
-                sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DEFAULT as u32),
-                "cuEventCreate",
-            )?;
-            let e = CuEvent {
-                ev,
-                dev: s.dev.clone(),
-                _green: s.green.clone(),
-            };
-            check(sys::cuEventRecord(ev, s.raw.0), "cuEventRecord")?;
-            Ok(e)
-        }
+        // SAFETY: the stream is live and its context current (the guard).
+        unsafe { CuEvent::create_on(&s.dev, s.green.clone(), s.raw.0, "cuEventRecord") }
     }
     /// Creates an event and records it on the legacy NULL stream (`CU_STREAM_LEGACY`) of
     /// `ctx`: it completes once everything queued there before it has run (libraries such as
     /// NCCL that are handed the NULL stream queue their kernels there).
     pub fn record_legacy(ctx: &Arc<Ctx>) -> Result<CuEvent> {
         ctx.bind()?;
+        let legacy = 0x1 as sys::CUstream; // CU_STREAM_LEGACY in cuda.h
+                                           // SAFETY: the legacy stream of the context just made current.
+        unsafe { CuEvent::create_on(ctx, None, legacy, "cuEventRecord(CU_STREAM_LEGACY)") }
+    }
+    /// An event of `dev`, recorded on `stream`.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream (or a special handle) of `dev`'s context, current on
+    /// this thread.
+    unsafe fn create_on(
+        dev: &Arc<Ctx>,
+        green: Option<Arc<GreenCtx>>,
+        stream: sys::CUstream,
+        what: &str,
+    ) -> Result<CuEvent> {
         let mut ev = std::ptr::null_mut();
-        // SAFETY: out-pointer to a local; then records on the legacy stream of the current
-        // context (handle 0x1, CU_STREAM_LEGACY in cuda.h).
+        // SAFETY: out-pointer to a local; then records on the caller's stream.
         unsafe {
             check(
                 sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DEFAULT as u32),
@@ -432,13 +433,10 @@ impl CuEvent {
             )?;
             let e = CuEvent {
                 ev,
-                dev: ctx.clone(),
-                _green: None,
+                dev: dev.clone(),
+                _green: green,
             };
-            check(
-                sys::cuEventRecord(ev, 0x1 as sys::CUstream),
-                "cuEventRecord(CU_STREAM_LEGACY)",
-            )?;
+            check(sys::cuEventRecord(ev, stream), what)?;
             Ok(e)
         }
     }
