@@ -79,9 +79,24 @@ fn same_hashes(gpn: u32) {
     let (a, b) = (hashes(&single.stdout), hashes(&multi.stdout));
     assert_eq!(a.len(), 2 * gpn as usize * 8, "{a:?}");
     assert_eq!(a, b, "multi-process stdout:\n{so}");
-    // the proxies moved the inter-node legs: some process reports proxy bytes
-    assert!(so
-        .lines()
-        .any(|l| l.starts_with("stats ") && !l.ends_with("proxy_put_bytes 0")));
+    // the proxies moved the inter-node legs, exactly the bytes the kernels counted as leaving
+    // the node (records of every operation, BF16 and FP8 dispatch and combine of different
+    // sizes, and the weight gradients' words), in each process
+    let stats: Vec<&str> = so.lines().filter(|l| l.starts_with("stats ")).collect();
+    assert!(
+        stats.iter().any(|l| !l.ends_with("proxy_put_bytes 0")),
+        "{so}"
+    );
+    for l in &stats {
+        let field = |k: &str| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.iter()
+                .position(|&x| x == k)
+                .and_then(|i| w.get(i + 1))
+                .copied()
+        };
+        assert!(field("inter_bytes").is_some(), "{l}");
+        assert_eq!(field("inter_bytes"), field("proxy_put_bytes"), "{l}");
+    }
     eprintln!("{so}single {:?}, 2 processes {:?}", t1 - t0, t1.elapsed());
 }
