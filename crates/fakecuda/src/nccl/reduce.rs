@@ -75,26 +75,37 @@ impl RedOp {
     }
 }
 
+/// The rank-order fold of every element: `acc = part 0's`, then `acc = step(acc, part q's)`
+/// for q = 1..n-1, and `fin(acc)` is the result. Elements are `N` little-endian bytes, read
+/// as `T` by `dec`.
+fn fold_elems<T: Copy, const N: usize>(
+    parts: &[Vec<u8>],
+    dec: impl Fn([u8; N]) -> T,
+    step: impl Fn(T, T) -> T,
+    fin: impl Fn(T) -> [u8; N],
+) -> Vec<u8> {
+    let get = |p: &Vec<u8>, i: usize| {
+        let mut a = [0u8; N];
+        a.copy_from_slice(&p[i * N..(i + 1) * N]);
+        dec(a)
+    };
+    let n = parts[0].len() / N;
+    let mut out = Vec::with_capacity(parts[0].len());
+    for i in 0..n {
+        let acc = parts[1..]
+            .iter()
+            .fold(get(&parts[0], i), |acc, p| step(acc, get(p, i)));
+        out.extend_from_slice(&fin(acc));
+    }
+    out
+}
+
 macro_rules! fold_num {
-    ($t:ty, $parts:expr, $op:expr, $avg:expr) => {{
-        let parts: &[Vec<u8>] = $parts;
-        let sz = std::mem::size_of::<$t>();
-        let get = |p: &Vec<u8>, i: usize| {
-            let mut a = [0u8; std::mem::size_of::<$t>()];
-            a.copy_from_slice(&p[i * sz..(i + 1) * sz]);
-            <$t>::from_le_bytes(a)
-        };
-        let n = parts[0].len() / sz;
-        let mut out = Vec::with_capacity(parts[0].len());
-        for i in 0..n {
-            let mut acc = get(&parts[0], i);
-            for p in &parts[1..] {
-                acc = $op(acc, get(p, i));
-            }
-            out.extend_from_slice(&$avg(acc).to_le_bytes());
-        }
-        out
-    }};
+    ($t:ty, $parts:expr, $op:expr, $avg:expr) => {
+        fold_elems::<$t, { std::mem::size_of::<$t>() }>($parts, <$t>::from_le_bytes, $op, |a| {
+            $avg(a).to_le_bytes()
+        })
+    };
 }
 
 macro_rules! ints {
@@ -155,25 +166,26 @@ pub(crate) fn fold(dt: Dtype, op: RedOp, parts: &[Vec<u8>]) -> Option<Vec<u8>> {
 /// 16-bit floats: each step in f32, rounded back to the type (as a half-precision kernel
 /// accumulating in registers of the type would). `dec`/`enc` convert the type's bits.
 fn halves(parts: &[Vec<u8>], op: RedOp, dec: fn(u16) -> f32, enc: fn(f32) -> u16) -> Vec<u8> {
-    let n = parts[0].len() / 2;
-    let get = |p: &Vec<u8>, i: usize| dec(u16::from_le_bytes([p[2 * i], p[2 * i + 1]]));
     let round = |x: f32| dec(enc(x));
-    let mut out = Vec::with_capacity(parts[0].len());
-    for i in 0..n {
-        let mut acc = get(&parts[0], i);
-        for p in &parts[1..] {
-            let x = get(p, i);
-            acc = round(match op {
+    let n = parts.len() as f32;
+    fold_elems::<f32, 2>(
+        parts,
+        |b| dec(u16::from_le_bytes(b)),
+        |acc, x| {
+            round(match op {
                 RedOp::Sum | RedOp::Avg => acc + x,
                 RedOp::Prod => acc * x,
                 RedOp::Max => acc.max(x),
                 RedOp::Min => acc.min(x),
-            });
-        }
-        if op == RedOp::Avg {
-            acc = round(acc / parts.len() as f32);
-        }
-        out.extend_from_slice(&enc(acc).to_le_bytes());
-    }
-    out
+            })
+        },
+        |acc| {
+            let acc = if op == RedOp::Avg {
+                round(acc / n)
+            } else {
+                acc
+            };
+            enc(acc).to_le_bytes()
+        },
+    )
 }
