@@ -3,84 +3,32 @@
 //! directory): collectives against the host reference (bit for bit with the fake's rank-order
 //! reductions, and within f64 tolerance), the proxy transport over the NCCL engine, clear
 //! errors, and faults (a rank SIGKILLed mid-collective or mid-engine-round, a hung rank: the
-//! survivor fails by itself naming the operation, nothing is left). With `PTXFORGE_TEST_NCCL=1` (scripts/gpu-check.sh) the collectives run instead on the
-//! real NCCL and GPU(s): `PTXFORGE_TEST_NCCL_RANKS` ranks (default 1) in one node.
+//! survivor fails by itself naming the operation, nothing is left). With
+//! `PTXFORGE_TEST_NCCL=1` (scripts/gpu-check.sh) the collectives run instead on the real NCCL
+//! and GPU(s): `PTXFORGE_TEST_NCCL_RANKS` ranks (default 1) in one node.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_netnccl-check");
 
-/// A temporary directory with the fake library behind libcuda.so(.1) and libnccl.so(.2)
-/// (symbolic links to one file: the loader maps it once, so both APIs share one emulator).
-struct Fake {
-    dir: PathBuf,
-}
+#[path = "../../runtime/tests/support/fakecuda.rs"]
+mod fakecuda_support;
+
+/// The fake driver + NCCL (`fakecuda_support::FakeCuda`) with this crate's settings.
+struct Fake(fakecuda_support::FakeCuda);
 
 impl Fake {
     fn new(tag: &str) -> Option<Fake> {
-        if !cfg!(target_os = "linux") {
-            eprintln!("skip: the fake driver is built for Linux only");
-            return None;
-        }
-        if std::env::var("PTXFORGE_TEST_CUDA").as_deref() == Ok("1") {
-            eprintln!("skip: PTXFORGE_TEST_CUDA=1 (a real driver is expected)");
-            return None;
-        }
-        let lib = fake_lib();
-        let dir = std::env::temp_dir().join(format!("netnccl-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        std::fs::copy(&lib, dir.join("libptxforge_fakecuda.so")).expect("copy the fake");
-        for name in ["libcuda.so", "libcuda.so.1", "libnccl.so", "libnccl.so.2"] {
-            std::os::unix::fs::symlink("libptxforge_fakecuda.so", dir.join(name)).expect("link");
-        }
-        Some(Fake { dir })
+        fakecuda_support::FakeCuda::new(&format!("netnccl-{tag}")).map(Fake)
     }
 
     fn command(&self) -> Command {
-        let mut c = Command::new(BIN);
-        let mut path = self.dir.as_os_str().to_owned();
-        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-            path.push(":");
-            path.push(old);
-        }
-        c.env("LD_LIBRARY_PATH", path)
-            .env("PTXFORGE_TEST_CUDA", "1")
-            .env("PTXFORGE_FAKENCCL_TIMEOUT", "30")
-            .env_remove("PTXFORGE_NO_CUDA")
+        let mut c = self.0.command(BIN);
+        c.env("PTXFORGE_FAKENCCL_TIMEOUT", "30")
             .env_remove("PTXFORGE_NCCL_LIB")
             .env_remove("PTXFORGE_NO_NCCL");
         c
     }
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// The fake's cdylib under this test's profile directory, or built now into a separate target
-/// directory (`cargo test` does not build cdylibs as such; scripts/test.sh builds it first).
-fn fake_lib() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let profile = exe.parent().and_then(Path::parent).expect("profile dir");
-    let out = profile.join("libptxforge_fakecuda.so");
-    if out.exists() {
-        return out;
-    }
-    let target = profile.join("fakecuda-build");
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
-    let st = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "-p", "fakecuda", "--manifest-path"])
-        .arg(&manifest)
-        .arg("--target-dir")
-        .arg(&target)
-        .status()
-        .expect("run cargo build");
-    assert!(st.success(), "cargo build -p fakecuda failed");
-    target.join("debug").join("libptxforge_fakecuda.so")
 }
 
 fn text(o: &Output) -> String {

@@ -1,9 +1,12 @@
 //! Shared by tests that run the CUDA backend on the fake driver (`crates/fakecuda`): included
 //! with `#[path]` from `crates/runtime/tests/backend.rs` and `crates/cli/tests/fakecuda.rs`.
 
-/// A temporary directory holding the fake driver (`crates/fakecuda`) as `libcuda.so` and
-/// `libcuda.so.1`, plus a cubin cache, removed on drop. `None` (with a note) off Linux or when
-/// `PTXFORGE_TEST_CUDA=1` already selects a real driver.
+/// A temporary directory holding the fake driver (`crates/fakecuda`) behind `libcuda.so`,
+/// `libcuda.so.1`, `libnccl.so` and `libnccl.so.2` (the fake NCCL is in the same library),
+/// plus a cubin cache, removed on drop. The names are symbolic links to one copy: the loader
+/// maps it once, so the driver and NCCL share one emulator (NCCL's device pointers are the
+/// driver's addresses). `None` (with a note) off Linux or when `PTXFORGE_TEST_CUDA=1` already
+/// selects a real driver.
 pub struct FakeCuda {
     dir: std::path::PathBuf,
 }
@@ -23,8 +26,10 @@ impl FakeCuda {
             std::env::temp_dir().join(format!("ptxforge-fakecuda-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("cache")).expect("temp dir");
-        for name in ["libcuda.so", "libcuda.so.1"] {
-            std::fs::copy(&lib, dir.join(name)).expect("copy the fake driver");
+        let one = "libptxforge_fakecuda.so";
+        std::fs::copy(&lib, dir.join(one)).expect("copy the fake driver");
+        for name in ["libcuda.so", "libcuda.so.1", "libnccl.so", "libnccl.so.2"] {
+            std::os::unix::fs::symlink(one, dir.join(name)).expect("link the fake driver");
         }
         Some(FakeCuda { dir })
     }
