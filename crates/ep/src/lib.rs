@@ -13,7 +13,8 @@
 //! - `peers` (private): same-node peers in other processes (one rank per process): their workspaces'
 //!   IPC handles gathered and mapped.
 //! - [`selfcheck`]: the cross-process check the engines' check programs share (seeded inputs,
-//!   group, report, row check).
+//!   group, report, row check); [`proxycheck`]: their two-endpoint proxy check (records both
+//!   ways through a ring with flow control, a sparse window).
 //! - [`grad`]: gate backward: per-(token, k) weight gradients put back to the home ranks, and
 //!   the routing backward to the logits.
 //! - [`comm`]: [`comm::EpGroup`] (ring buffers, counters, error buffers of all ranks), hierarchical
