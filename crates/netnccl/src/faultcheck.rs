@@ -139,8 +139,8 @@ fn while_some<T>(mut f: impl FnMut() -> ep::Result<Option<T>>) -> ep::Result<()>
 pub enum InitFailure {
     /// [`crate::NcclError::Aborted`] of `init` after the timeout (a non-blocking init, aborted).
     Aborted,
-    /// [`crate::NcclError::Call`] of the init call (an init that gave up by itself: the fake
-    /// NCCL connects synchronously, within `PTXFORGE_FAKENCCL_TIMEOUT`).
+    /// [`crate::NcclError::Call`] of the init call: a blocking init (NCCL before 2.14) that
+    /// gave up by itself.
     Call,
 }
 

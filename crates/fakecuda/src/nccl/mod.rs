@@ -24,9 +24,9 @@
 //! a peer that hangs is only caught by the caller's timeout or `PTXFORGE_FAKENCCL_TIMEOUT`).
 //! `ncclCommAbort` shuts the connections down, so an operation blocked on a peer fails at
 //! once and the worker stops; queued operations are skipped.
+//! A non-blocking init joins on the worker too (abortable while it waits for peers).
 //! Not modelled: user reduction ops, `ncclCommSplit`, config attributes other than
-//! `blocking`, a non-blocking init (the fake connects before returning), registration,
-//! NVLS/CollNet.
+//! `blocking`, registration, NVLS/CollNet.
 
 mod net;
 mod reduce;
@@ -38,7 +38,7 @@ use reduce::{fold, Dtype, RedOp};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CString};
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
@@ -63,7 +63,8 @@ struct Comm {
     rank: usize,
     nranks: usize,
     dev: u32,
-    links: Vec<Option<Link>>,
+    /// Set once the ranks are connected (at init, or by a non-blocking init's worker).
+    links: OnceLock<Vec<Option<Link>>>,
     /// Messages this rank sent to itself, in order.
     own: Mutex<VecDeque<Vec<u8>>>,
     /// Number of the next collective (frames carry it, so mismatched programs are detected).
@@ -82,6 +83,8 @@ struct Status {
     pending: AtomicUsize,
     /// The first error's text (`ncclGetLastError` of the communicator).
     last: Mutex<String>,
+    /// `ncclCommAbort` was called: a join still waiting for peers gives up.
+    aborted: AtomicBool,
 }
 
 impl Status {
@@ -143,7 +146,11 @@ impl Worker {
 
 impl Comm {
     fn link(&self, peer: usize) -> NetResult<&Link> {
-        self.links.get(peer).and_then(|l| l.as_ref()).ok_or((
+        let links = self.links.get().ok_or((
+            INVALID_USAGE,
+            "the communicator has not finished joining".to_string(),
+        ))?;
+        links.get(peer).and_then(|l| l.as_ref()).ok_or((
             INVALID_ARGUMENT,
             format!("peer {peer} of {} ranks", self.nranks),
         ))
@@ -352,9 +359,10 @@ pub unsafe extern "C" fn ncclCommInitRank(
     })
 }
 
-/// `ncclCommInitRankConfig`: only the config's `blocking` is honoured. The fake connects the
-/// ranks before returning even when non-blocking (`ncclSuccess` is a valid answer there);
-/// the communicator's operations then run on its worker thread.
+/// `ncclCommInitRankConfig`: only the config's `blocking` is honoured. Non-blocking: the
+/// ranks connect on the communicator's worker thread (the call returns `ncclInProgress`, the
+/// handle already set; `ncclCommGetAsyncError` tells when it is done), and `ncclCommAbort`
+/// stops a join still waiting for peers.
 ///
 /// # Safety
 /// `config` must be null or point to an `ncclConfig_t` of at least its `size` bytes.
@@ -431,7 +439,6 @@ unsafe fn init(
     let raw: [u8; 128] = std::array::from_fn(|i| id.internal[i] as u8);
     let parsed = net::parse_id(&raw)?;
     let (nranks, rank) = (nranks as usize, rank as usize);
-    let links = net::connect_all(&parsed, nranks, rank)?;
     static NEXT: AtomicUsize = AtomicUsize::new(0x5000);
     let h = NEXT.fetch_add(0x10, Ordering::Relaxed);
     let status = Arc::new(Status::default());
@@ -444,15 +451,30 @@ unsafe fn init(
         rank,
         nranks,
         dev,
-        links,
+        links: OnceLock::new(),
         own: Mutex::default(),
         seq: AtomicU64::new(0),
         status,
         worker,
     };
-    lock(comms()).insert(h, Arc::new(c));
-    // SAFETY: out-pointer from the caller.
-    unsafe { out(comm, h as *mut c_void) }
+    let c = Arc::new(c);
+    lock(comms()).insert(h, c.clone());
+    // SAFETY: out-pointer from the caller; NCCL sets the handle before a non-blocking init
+    // completes too.
+    unsafe { out(comm, h as *mut c_void) }?;
+    let c2 = c.clone();
+    let joined = submit(&c, move || {
+        let links = net::connect_all(&parsed, nranks, rank, &c2.status.aborted)?;
+        c2.links
+            .set(links)
+            .map_err(|_| (INTERNAL_ERROR, "joined twice".to_string()))
+    });
+    if let Err((code, _)) = &joined {
+        if *code != IN_PROGRESS {
+            lock(comms()).remove(&h); // a failed blocking init leaves no communicator
+        }
+    }
+    joined
 }
 
 /// Destroy (`flush`: queued operations finish, queued frames are sent) or abort (receives
@@ -461,17 +483,17 @@ fn close(comm: *mut c_void, flush: bool) -> NetResult<()> {
     let c = lock(comms())
         .remove(&(comm as usize))
         .ok_or((INVALID_ARGUMENT, format!("communicator {comm:p}")))?;
+    let links = || c.links.get().into_iter().flatten().flatten();
     if !flush {
+        c.status.aborted.store(true, Ordering::Release);
         c.status
             .fail((REMOTE_ERROR, "the communicator was aborted".into()));
-        c.links.iter().flatten().for_each(Link::interrupt);
+        links().for_each(Link::interrupt);
     }
     if let Some(w) = &c.worker {
         w.stop();
     }
-    for l in c.links.iter().flatten() {
-        l.close(flush);
-    }
+    links().for_each(|l| l.close(flush));
     Ok(())
 }
 

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Mutex, OnceLock};
 use std::thread::JoinHandle;
@@ -239,11 +240,31 @@ fn read_hello(s: &mut TcpStream, nonce: u64, nranks: usize) -> NetResult<(usize,
     Ok((r, port))
 }
 
-fn connect(addr: SocketAddr, deadline: Instant) -> NetResult<TcpStream> {
+/// How long joining may take, and the flag that aborts it (`ncclCommAbort` of a communicator
+/// still initialising).
+pub(crate) struct Join<'a> {
+    pub deadline: Instant,
+    pub stop: &'a AtomicBool,
+}
+
+impl Join<'_> {
+    fn check(&self) -> NetResult<()> {
+        if self.stop.load(Ordering::Acquire) {
+            return Err((
+                REMOTE_ERROR,
+                "aborted while joining the communicator".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn connect(addr: SocketAddr, j: &Join) -> NetResult<TcpStream> {
     loop {
+        j.check()?;
         match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
             Ok(s) => return Ok(s),
-            Err(e) if Instant::now() >= deadline => {
+            Err(e) if Instant::now() >= j.deadline => {
                 return Err((REMOTE_ERROR, format!("connect to {addr}: {e}")))
             }
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
@@ -251,9 +272,10 @@ fn connect(addr: SocketAddr, deadline: Instant) -> NetResult<TcpStream> {
     }
 }
 
-fn accept(l: &TcpListener, deadline: Instant) -> NetResult<TcpStream> {
+fn accept(l: &TcpListener, j: &Join) -> NetResult<TcpStream> {
     l.set_nonblocking(true).map_err(sys("listener mode"))?;
     loop {
+        j.check()?;
         match l.accept() {
             Ok((s, _)) => {
                 s.set_nonblocking(false).map_err(sys("socket mode"))?;
@@ -262,7 +284,7 @@ fn accept(l: &TcpListener, deadline: Instant) -> NetResult<TcpStream> {
                 return Ok(s);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
+                if Instant::now() >= j.deadline {
                     return Err((REMOTE_ERROR, "timed out waiting for peers to join".into()));
                 }
                 std::thread::sleep(Duration::from_millis(2));
@@ -272,9 +294,18 @@ fn accept(l: &TcpListener, deadline: Instant) -> NetResult<TcpStream> {
     }
 }
 
-/// Connects this rank to every other rank of the communicator; index = peer rank.
-pub(crate) fn connect_all(id: &Id, nranks: usize, rank: usize) -> NetResult<Vec<Option<Link>>> {
-    let deadline = Instant::now() + timeout();
+/// Connects this rank to every other rank of the communicator; index = peer rank. `stop`
+/// aborts the waits for peers.
+pub(crate) fn connect_all(
+    id: &Id,
+    nranks: usize,
+    rank: usize,
+    stop: &AtomicBool,
+) -> NetResult<Vec<Option<Link>>> {
+    let j = Join {
+        deadline: Instant::now() + timeout(),
+        stop,
+    };
     let mut socks: Vec<Option<TcpStream>> = (0..nranks).map(|_| None).collect();
     if rank == 0 {
         let l = super::lock(listeners())
@@ -287,9 +318,9 @@ pub(crate) fn connect_all(id: &Id, nranks: usize, rank: usize) -> NetResult<Vec<
                         .to_string(),
                 )
             })?;
-        root(&l, id, nranks, deadline, &mut socks)?;
+        root(&l, id, nranks, &j, &mut socks)?;
     } else {
-        let mut s = connect(id.addr, deadline)?;
+        let mut s = connect(id.addr, &j)?;
         let me = s.local_addr().map_err(sys("local address"))?.ip();
         let l = TcpListener::bind((me, 0)).map_err(sys("bind a listener"))?;
         let port = l.local_addr().map_err(sys("listener address"))?.port();
@@ -297,12 +328,12 @@ pub(crate) fn connect_all(id: &Id, nranks: usize, rank: usize) -> NetResult<Vec<
         let table = read_table(&mut s, nranks)?;
         socks[0] = Some(s);
         for (q, addr) in table.iter().enumerate().take(rank).skip(1) {
-            let mut c = connect(*addr, deadline)?;
+            let mut c = connect(*addr, &j)?;
             hello(&mut c, id.nonce, rank, nranks, 0)?;
             socks[q] = Some(c);
         }
         for _ in rank + 1..nranks {
-            let mut c = accept(&l, deadline)?;
+            let mut c = accept(&l, &j)?;
             let (q, _) = read_hello(&mut c, id.nonce, nranks)?;
             if q <= rank || socks[q].is_some() {
                 return Err((INVALID_USAGE, format!("rank {q} connected twice")));
@@ -322,12 +353,12 @@ fn root(
     l: &TcpListener,
     id: &Id,
     nranks: usize,
-    deadline: Instant,
+    j: &Join,
     socks: &mut [Option<TcpStream>],
 ) -> NetResult<()> {
     let mut table = vec![id.addr; nranks];
     for _ in 1..nranks {
-        let mut s = accept(l, deadline)?;
+        let mut s = accept(l, j)?;
         let (r, port) = read_hello(&mut s, id.nonce, nranks)?;
         if r == 0 || socks[r].is_some() {
             return Err((INVALID_USAGE, format!("two processes joined as rank {r}")));
