@@ -72,10 +72,15 @@ fn mpirun(np: u32, vars: &[&str]) -> Command {
         .unwrap()
         .port();
     let mut c = Command::new("mpirun");
-    c.args(["--allow-run-as-root", "--oversubscribe", "-x", "MASTER_PORT"])
-        .env("MASTER_PORT", port.to_string())
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-x",
+        "MASTER_PORT",
+    ])
+    .env("MASTER_PORT", port.to_string())
+    .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     for v in vars {
         c.args(["-x", v]);
     }

@@ -65,7 +65,10 @@ fn single(gpn: u32) -> &'static Value {
             .output()
             .unwrap();
         let v = json(&out);
-        assert_eq!(v["ok"], true, "the single-process run passes its f64 checks");
+        assert_eq!(
+            v["ok"], true,
+            "the single-process run passes its f64 checks"
+        );
         v
     })
 }
@@ -78,8 +81,14 @@ fn job(name: &str) -> String {
 /// `ptxforge launch --nodes 2 --procs-per-node ppn` of `cmd`, waited for at most `limit`.
 fn launch(job: &str, ppn: u32, prefix: bool, cmd: &[String], limit: Duration) -> Output {
     let mut c = Command::new(BIN);
-    c.args(["launch", "--nodes", "2", "--procs-per-node", &ppn.to_string()])
-        .args(["--timeout", "5", "--job-id", job]);
+    c.args([
+        "launch",
+        "--nodes",
+        "2",
+        "--procs-per-node",
+        &ppn.to_string(),
+    ])
+    .args(["--timeout", "5", "--job-id", job]);
     if !prefix {
         c.arg("--no-prefix");
     }
@@ -159,7 +168,11 @@ fn assert_identical(multi: &Value, gpn: u32, ppn: u32) {
             .map(|r| r.as_u64().unwrap())
             .collect();
         assert_eq!(got, want, "process {i} hosts its ranks");
-        assert_eq!(sorted(&p["dp_sums"]), sums, "process {i}'s data-parallel sums");
+        assert_eq!(
+            sorted(&p["dp_sums"]),
+            sums,
+            "process {i}'s data-parallel sums"
+        );
     }
     let sum = |leg: &str, key: &str| -> u64 {
         procs
@@ -173,11 +186,17 @@ fn assert_identical(multi: &Value, gpn: u32, ppn: u32) {
         .as_array()
         .unwrap()
         .iter()
-        .find(|r| r["phase"].as_str().is_some_and(|p| p.starts_with("dispatch (")))
+        .find(|r| {
+            r["phase"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("dispatch ("))
+        })
         .expect("a dispatch row");
     assert_eq!(sum("dispatch", "inter_node_bytes"), row["inter_bytes"]);
     assert_eq!(sum("dispatch", "intra_node_bytes"), row["intra_bytes"]);
-    assert!(sum("dispatch", "inter_node_bytes") > 0 && sum("combine of dX", "inter_node_bytes") > 0);
+    assert!(
+        sum("dispatch", "inter_node_bytes") > 0 && sum("combine of dX", "inter_node_bytes") > 0
+    );
 }
 
 /// `/dev/shm` entries of the job.
@@ -200,7 +219,12 @@ fn job_processes(job: &str) -> Vec<String> {
         return Vec::new();
     };
     d.flatten()
-        .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
         .filter(|e| {
             std::fs::read(e.path().join("environ"))
                 .map(|env| env.split(|&b| b == 0).any(|v| v == tag.as_bytes()))
@@ -213,12 +237,24 @@ fn job_processes(job: &str) -> Vec<String> {
 /// Nothing of the job is left (the launcher reaps its ranks before it returns).
 fn assert_nothing_left(job: &str, err: &str) {
     assert_eq!(segments(job), Vec::<String>::new(), "segments left:\n{err}");
-    assert_eq!(job_processes(job), Vec::<String>::new(), "processes left:\n{err}");
+    assert_eq!(
+        job_processes(job),
+        Vec::<String>::new(),
+        "processes left:\n{err}"
+    );
 }
 
 fn multi_process(name: &str, gpn: u32, ppn: u32) {
     let j = job(name);
-    let args = moe_args(gpn, &["--procs-per-node", &ppn.to_string(), "--dump-hash", "--json"]);
+    let args = moe_args(
+        gpn,
+        &[
+            "--procs-per-node",
+            &ppn.to_string(),
+            "--dump-hash",
+            "--json",
+        ],
+    );
     let out = launch(&j, ppn, false, &moe_cmd(args), Duration::from_secs(180));
     assert_identical(&json(&out), gpn, ppn);
     assert_nothing_left(&j, &text(&out.stderr));
@@ -247,7 +283,13 @@ fn moe_late_rank_is_waited_for() {
     let args = moe_args(2, &["--dump-hash", "--json"]);
     let script = r#"[ "$RANK" = 1 ] && sleep 2; exec "$0" "$@""#;
     let t0 = Instant::now();
-    let out = launch(&j, 1, false, &wrapped(script, args), Duration::from_secs(120));
+    let out = launch(
+        &j,
+        1,
+        false,
+        &wrapped(script, args),
+        Duration::from_secs(120),
+    );
     assert!(t0.elapsed() >= Duration::from_secs(2));
     assert_identical(&json(&out), 2, 1);
     assert_nothing_left(&j, &text(&out.stderr));
@@ -283,7 +325,13 @@ fn moe_rank_killed_mid_dispatch_is_named_by_every_rank() {
     let args = moe_args(2, &["--procs-per-node", "2"]);
     let script = r#"export PTXFORGE_TEST_DIE='3:|| dispatch'; exec "$0" "$@""#;
     let t0 = Instant::now();
-    let out = launch(&j, 2, true, &wrapped(script, args), Duration::from_secs(120));
+    let out = launch(
+        &j,
+        2,
+        true,
+        &wrapped(script, args),
+        Duration::from_secs(120),
+    );
     let err = text(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("test hook: SIGKILL"), "the hook fired:\n{err}");
@@ -293,13 +341,21 @@ fn moe_rank_killed_mid_dispatch_is_named_by_every_rank() {
     );
     for r in 0..3 {
         let ok = err.lines().any(|l| {
-            l.starts_with(&format!("[rank {r}] ")) && l.contains("rank 3 died during `moe: dispatch")
+            l.starts_with(&format!("[rank {r}] "))
+                && l.contains("rank 3 died during `moe: dispatch")
         });
         assert!(ok, "rank {r} does not name rank 3 and the dispatch:\n{err}");
-        assert!(err.contains(&format!("rank {r} exited with status 1")), "{err}");
+        assert!(
+            err.contains(&format!("rank {r} exited with status 1")),
+            "{err}"
+        );
     }
     // the survivors stop by themselves: before the launcher's SIGTERM (5 s after the death)
     assert!(!err.contains("stopping the remaining ranks"), "{err}");
-    assert!(t0.elapsed() < Duration::from_secs(90), "took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(90),
+        "took {:?}",
+        t0.elapsed()
+    );
     assert_nothing_left(&j, &err);
 }

@@ -186,12 +186,15 @@ impl Reader<'_> {
         let n = u64::from_le_bytes(w);
         match usize::try_from(n) {
             Ok(n) if n <= self.b.len() - self.at => Ok(n),
-            _ => anyhow::bail!("gradient partials: length {n} at offset {} runs past the end", self.at - 8),
+            _ => anyhow::bail!(
+                "gradient partials: length {n} at offset {} runs past the end",
+                self.at - 8
+            ),
         }
     }
     fn vec(&mut self) -> anyhow::Result<Vec<f32>> {
         let n = self.count()?;
-        let bytes = self.take(n.checked_mul(4).unwrap_or(usize::MAX))?;
+        let bytes = self.take(n.saturating_mul(4))?;
         Ok(bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))

@@ -232,7 +232,7 @@ fn step(
 /// Ranks per process: a node's (one process per node) or one (one process per rank);
 /// `--procs-per-node`, when given, must agree with the process count. Every rank computes the
 /// same answer (the inputs are agreed at bootstrap).
-fn layout(a: &Args, cfg: &MoeConfig, g: &dist::Group) -> anyhow::Result<u32> {
+fn layout(a: &Args, cfg: &MoeConfig, p: &Procs) -> anyhow::Result<u32> {
     if a.device != "emu" {
         bail!(
             "--device {}: the multi-process moe runs on emulated devices",
@@ -242,7 +242,7 @@ fn layout(a: &Args, cfg: &MoeConfig, g: &dist::Group) -> anyhow::Result<u32> {
     if a.trace.is_some() {
         bail!("--trace: not supported by the multi-process moe yet");
     }
-    let (procs, gpn) = (g.world_size() as u32, cfg.gpus_per_node);
+    let (procs, gpn) = (p.world_size() as u32, cfg.gpus_per_node);
     let ranks = cfg.nodes * gpn;
     let per_node = match procs {
         p if p == cfg.nodes => 1,
@@ -255,14 +255,17 @@ fn layout(a: &Args, cfg: &MoeConfig, g: &dist::Group) -> anyhow::Result<u32> {
         ),
     };
     if let Some(want) = a.procs_per_node.filter(|&w| w != per_node) {
-        bail!("--procs-per-node {want}: the job has {per_node} process(es) per node ({procs} in all)");
+        bail!(
+            "--procs-per-node {want}: the job has {per_node} process(es) per node ({procs} in all)"
+        );
     }
     // a node's processes map each other's memory: the launcher must keep them on one machine
-    if per_node > 1 && g.local_world_size() % per_node as usize != 0 {
+    let local = p.group.local_world_size();
+    if per_node > 1 && !local.is_multiple_of(per_node as usize) {
         bail!(
             "LOCAL_WORLD_SIZE {}: not a multiple of the {per_node} processes of a node (they \
              share memory, so each node's processes must run on one machine)",
-            g.local_world_size()
+            local
         );
     }
     Ok(gpn / per_node)
@@ -330,7 +333,7 @@ fn blame(g: &dist::Group, e: anyhow::Error) -> anyhow::Error {
 
 /// Runs this process's part of the job (see the module docs).
 pub fn run(a: &Args, cfg: MoeConfig, procs: Procs, progress: &Bars) -> anyhow::Result<()> {
-    let per_proc = match layout(a, &cfg, &procs.group) {
+    let per_proc = match layout(a, &cfg, &procs) {
         Ok(n) => n,
         Err(e) => {
             // every rank fails alike: leave cleanly, so nobody reports a death
