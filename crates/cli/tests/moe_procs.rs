@@ -359,3 +359,57 @@ fn moe_rank_killed_mid_dispatch_is_named_by_every_rank() {
     );
     assert_nothing_left(&j, &err);
 }
+
+/// Three processes for 2 nodes x 2 GPUs fit neither layout: every rank refuses it alike and
+/// leaves the group cleanly (no rank is reported dead).
+#[test]
+fn moe_process_count_must_fit_a_layout() {
+    let j = job("np3");
+    let mut c = Command::new(BIN);
+    c.args([
+        "launch",
+        "--nodes",
+        "1",
+        "--procs-per-node",
+        "3",
+        "--timeout",
+        "5",
+    ])
+    .args(["--job-id", &j, "--"])
+    .args(moe_cmd(moe_args(2, &[])));
+    let out = c.output().unwrap();
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let named =
+        "--nodes 2 --gpus-per-node 2: start one process per node (2 in all) or per rank (4), not 3";
+    for r in 0..3 {
+        let ok = err
+            .lines()
+            .any(|l| l.starts_with(&format!("[rank {r}] ")) && l.contains(named));
+        assert!(ok, "rank {r}:\n{err}");
+    }
+    assert!(
+        !err.contains("died"),
+        "a clean refusal, not a death:\n{err}"
+    );
+    assert_nothing_left(&j, &err);
+}
+
+/// `--engine` and `--procs-per-node` belong to a multi-process run.
+#[test]
+fn moe_multi_process_flags_need_a_launcher() {
+    for (flag, value) in [("--engine", "tcp"), ("--procs-per-node", "2")] {
+        let out = Command::new(BIN)
+            .args(moe_args(2, &[flag, value]))
+            .env_remove("RANK")
+            .env_remove("OMPI_COMM_WORLD_RANK")
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(
+            err.contains(&format!("{flag} {value}: only for a multi-process run")),
+            "{err}"
+        );
+    }
+}
