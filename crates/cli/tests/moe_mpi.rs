@@ -46,22 +46,28 @@ fn sorted(v: &Value) -> Vec<String> {
 
 #[test]
 fn moe_one_process_per_node_is_bit_identical() {
-    multi_process(2, 1);
+    multi_process(2, 1, None);
 }
 
 #[test]
 fn moe_two_nodes_of_four_gpus() {
-    multi_process(4, 1);
+    multi_process(4, 1, None);
 }
 
 #[test]
 fn moe_one_process_per_rank_is_bit_identical() {
-    multi_process(2, 2);
+    multi_process(2, 2, None);
 }
 
 #[test]
 fn moe_two_nodes_of_four_gpus_one_process_per_rank() {
-    multi_process(4, 4);
+    multi_process(4, 4, None);
+}
+
+/// `--engine tcp` under mpirun: the TCP mesh engine instead of MPI, same results.
+#[test]
+fn moe_one_process_per_rank_over_tcp_under_mpirun() {
+    multi_process(2, 2, Some("tcp"));
 }
 
 /// `mpirun` with root allowed, oversubscription, and a free MASTER_PORT of its own exported
@@ -117,11 +123,16 @@ fn segments(job: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// 2 nodes of `gpn` GPUs under `mpirun`, `ppn` processes per node (1, or `gpn`: one per rank).
-fn multi_process(gpn: u32, ppn: u32) {
+/// 2 nodes of `gpn` GPUs under `mpirun`, `ppn` processes per node (1, or `gpn`: one per rank),
+/// on `engine` (`--engine`; None: the default, MPI).
+fn multi_process(gpn: u32, ppn: u32, engine: Option<&str>) {
     let exe = env!("CARGO_BIN_EXE_ptxforge");
     let g = gpn.to_string();
-    let job = format!("moempi{}_{gpn}_{ppn}", std::process::id());
+    let job = format!(
+        "moempi{}_{gpn}_{ppn}_{}",
+        std::process::id(),
+        engine.unwrap_or("mpi")
+    );
     let single = json(
         Command::new(exe)
             .args(base_args())
@@ -135,6 +146,7 @@ fn multi_process(gpn: u32, ppn: u32) {
             .args(base_args())
             .args(["--gpus-per-node", &g, "--procs-per-node", &ppn.to_string()])
             .args(["--dump-hash", "--json"])
+            .args(engine.map(|e| ["--engine", e]).into_iter().flatten())
             .env("PTXFORGE_JOB_ID", &job)
             .output()
             .unwrap(),
@@ -147,7 +159,11 @@ fn multi_process(gpn: u32, ppn: u32) {
     );
     assert_eq!(a, b);
     assert_eq!(segments(&job), Vec::<String>::new(), "segments left behind");
-    assert_eq!(multi["engine"], "MPI point-to-point (Open MPI)", "{multi}");
+    let name = match engine {
+        Some("tcp") => "tcp mesh",
+        _ => "MPI point-to-point (Open MPI)",
+    };
+    assert_eq!(multi["engine"], name, "{multi}");
     // per-leg bytes of the processes add up to the single-process run's dispatch
     let procs = multi["processes"].as_array().unwrap();
     assert_eq!(procs.len(), 2 * ppn as usize);
