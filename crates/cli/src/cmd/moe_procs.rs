@@ -275,16 +275,27 @@ fn layout(a: &Args, cfg: &MoeConfig, p: &Procs) -> anyhow::Result<u32> {
 /// the store's messages are JSON (up to 4 characters per byte) and at most 64 MiB.
 const STORE_ROUND_BYTES: usize = 8 << 20;
 
-/// Every rank's `bytes`, in rank order, through the store in rounds small enough for its
-/// messages.
-fn all_gather_large(g: &dist::Group, bytes: &[u8]) -> anyhow::Result<Vec<Vec<u8>>> {
-    let chunk = (STORE_ROUND_BYTES / g.world_size()).max(1);
-    let lens = g
-        .all_gather(&(bytes.len() as u64).to_le_bytes())?
+/// Every rank's `v`, in rank order.
+fn all_gather_u64(g: &dist::Group, v: u64) -> anyhow::Result<Vec<u64>> {
+    g.all_gather(&v.to_le_bytes())?
         .iter()
-        .map(|b| Ok(u64::from_le_bytes(b.as_slice().try_into()?) as usize))
-        .collect::<anyhow::Result<Vec<usize>>>()
-        .context("the gathered lengths")?;
+        .map(|b| Ok(u64::from_le_bytes(b.as_slice().try_into()?)))
+        .collect::<anyhow::Result<Vec<u64>>>()
+        .context("a gathered u64")
+}
+
+/// Every rank's `bytes`, in rank order, through the store in rounds of at most `round_bytes`
+/// from all ranks together (the store's messages have a size limit).
+fn all_gather_large(
+    g: &dist::Group,
+    bytes: &[u8],
+    round_bytes: usize,
+) -> anyhow::Result<Vec<Vec<u8>>> {
+    let chunk = (round_bytes / g.world_size()).max(1);
+    let lens: Vec<usize> = all_gather_u64(g, bytes.len() as u64)?
+        .into_iter()
+        .map(|l| l as usize)
+        .collect();
     let rounds = lens.iter().map(|l| l.div_ceil(chunk)).max().unwrap_or(0);
     let mut out: Vec<Vec<u8>> = lens.iter().map(|&l| Vec::with_capacity(l)).collect();
     for i in 0..rounds {
@@ -307,7 +318,8 @@ fn all_gather_large(g: &dist::Group, bytes: &[u8]) -> anyhow::Result<Vec<Vec<u8>
 /// The data-parallel sums: every process's partials gathered, folded in rank order.
 fn dp_sums(g: &dist::Group, mine: &Partials) -> anyhow::Result<DpSums> {
     let mut all = Partials::default();
-    for (r, b) in all_gather_large(g, &mine.to_bytes())?.iter().enumerate() {
+    let all_bytes = all_gather_large(g, &mine.to_bytes(), STORE_ROUND_BYTES)?;
+    for (r, b) in all_bytes.iter().enumerate() {
         all.extend(Partials::from_bytes(b).with_context(|| format!("rank {r}'s partials"))?);
     }
     Ok(DpSums::fold(&all))
@@ -344,12 +356,7 @@ pub fn run(a: &Args, cfg: MoeConfig, procs: Procs, progress: &Bars) -> anyhow::R
     let (g, me) = (&procs.group, procs.rank());
     // a stop from outside (mpirun's SIGTERM, a forwarded Ctrl-C): every process removes the
     // job's segments
-    let pids = g.all_gather(&(std::process::id() as u64).to_le_bytes())?;
-    let pids = pids
-        .iter()
-        .map(|b| Ok(u64::from_le_bytes(b.as_slice().try_into()?)))
-        .collect::<anyhow::Result<Vec<u64>>>()
-        .context("the gathered pids")?;
+    let pids = all_gather_u64(g, std::process::id() as u64).context("the job's pids")?;
     fault::clean_on_termination(g.job_id().to_string(), pids, me)?;
     let die = DieIn::from_env(progress, me)?;
     let announce = Announce {
@@ -410,7 +417,59 @@ fn print(a: &Args, reps: &[ProcReport]) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::op_name;
+    use super::{all_gather_large, op_name};
+    use dist::{Bootstrap, DistEnv, FaultAction};
+    use rand::{Rng, SeedableRng};
+
+    /// Rank `rank` of `world` threads on the store at `port`.
+    fn boot(rank: usize, world: usize, port: u16) -> dist::Group {
+        let vars = [
+            ("RANK", rank.to_string()),
+            ("WORLD_SIZE", world.to_string()),
+            ("LOCAL_RANK", rank.to_string()),
+            ("LOCAL_WORLD_SIZE", world.to_string()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port.to_string()),
+            ("PTXFORGE_JOB_ID", format!("moeag{port}")),
+        ];
+        let env = DistEnv::from_vars(vars.map(|(k, v)| (k.to_string(), v))).unwrap();
+        Bootstrap::new(env)
+            .fault_action(FaultAction::Report)
+            .connect()
+            .unwrap()
+    }
+
+    /// Random lengths (one rank sends nothing) in rounds of a few bytes: every rank gets every
+    /// rank's bytes whole, in rank order.
+    #[test]
+    fn large_all_gather_crosses_in_rounds() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+        let world = 3;
+        let data: Vec<Vec<u8>> = (0..world)
+            .map(|r| match r {
+                1 => Vec::new(),
+                _ => (0..rng.gen_range(20..200)).map(|_| rng.gen()).collect(),
+            })
+            .collect();
+        let hs: Vec<_> = (0..world)
+            .map(|r| {
+                let mine = data[r].clone();
+                std::thread::spawn(move || {
+                    let g = boot(r, world, port);
+                    let got = all_gather_large(&g, &mine, 3 * 7).unwrap();
+                    g.finish().unwrap();
+                    got
+                })
+            })
+            .collect();
+        for h in hs {
+            assert_eq!(h.join().unwrap(), data);
+        }
+    }
 
     #[test]
     fn phases_name_the_leg_they_run_beside() {
