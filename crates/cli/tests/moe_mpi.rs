@@ -1,9 +1,12 @@
 //! `mpirun -np 2 ptxforge moe --nodes 2 --gpus-per-node 2` (feature `mpi`: one process per
-//! node, other nodes through the MPI proxy), and `mpirun -np 4 ... --procs-per-node 2` (one
+//! node, other nodes through the MPI engine), and `mpirun -np 4 ... --procs-per-node 2` (one
 //! process per rank: node peers mapped through IPC, a proxy per rank), give every output and
 //! gradient of every rank bit-identical to the single-process run, whose f64 reference checks
 //! pass; the JSON reports per process the time and bytes of each communication leg, and the
-//! bytes add up to the single-process run's; no shared-memory segment of the job is left. Run with `cargo test -p ptxforge-cli --features mpi --test moe_mpi`.
+//! bytes add up to the single-process run's; no shared-memory segment of the job is left.
+//! `crates/cli/tests/moe_procs.rs` runs the same under `ptxforge launch` (TCP engine). Each job
+//! gets its own MASTER_PORT (the `dist` bootstrap runs under mpirun too). Run with
+//! `cargo test -p ptxforge-cli --features mpi --test moe_mpi`.
 #![cfg(feature = "mpi")]
 use serde_json::Value;
 use std::process::Command;
@@ -43,40 +46,66 @@ fn sorted(v: &Value) -> Vec<String> {
 
 #[test]
 fn moe_one_process_per_node_is_bit_identical() {
-    multi_process(2, 1);
+    multi_process(2, 1, None);
 }
 
 #[test]
 fn moe_two_nodes_of_four_gpus() {
-    multi_process(4, 1);
+    multi_process(4, 1, None);
 }
 
 #[test]
 fn moe_one_process_per_rank_is_bit_identical() {
-    multi_process(2, 2);
+    multi_process(2, 2, None);
 }
 
 #[test]
 fn moe_two_nodes_of_four_gpus_one_process_per_rank() {
-    multi_process(4, 4);
+    multi_process(4, 4, None);
+}
+
+/// `--engine tcp` under mpirun: the TCP mesh engine instead of MPI, same results.
+#[test]
+fn moe_one_process_per_rank_over_tcp_under_mpirun() {
+    multi_process(2, 2, Some("tcp"));
+}
+
+/// `mpirun` with root allowed, oversubscription, and a free MASTER_PORT of its own exported
+/// to the ranks (with `vars`, which must be set on the command).
+fn mpirun(np: u32, vars: &[&str]) -> Command {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let mut c = Command::new("mpirun");
+    c.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-x",
+        "MASTER_PORT",
+    ])
+    .env("MASTER_PORT", port.to_string())
+    .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    for v in vars {
+        c.args(["-x", v]);
+    }
+    c.args(["-np", &np.to_string(), env!("CARGO_BIN_EXE_ptxforge")]);
+    c
 }
 
 /// `--procs-per-node` must agree with the process count mpirun started.
 #[test]
 fn moe_procs_per_node_must_match_mpirun() {
-    let out = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", "4"])
-        .arg(env!("CARGO_BIN_EXE_ptxforge"))
+    let out = mpirun(4, &[])
         .args(base_args())
         .args(["--gpus-per-node", "2", "--procs-per-node", "1"])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains("--procs-per-node 1: mpirun started 2 process(es) per node"),
+        err.contains("--procs-per-node 1: the job has 2 process(es) per node (4 in all)"),
         "{err}"
     );
 }
@@ -94,11 +123,16 @@ fn segments(job: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// 2 nodes of `gpn` GPUs under `mpirun`, `ppn` processes per node (1, or `gpn`: one per rank).
-fn multi_process(gpn: u32, ppn: u32) {
+/// 2 nodes of `gpn` GPUs under `mpirun`, `ppn` processes per node (1, or `gpn`: one per rank),
+/// on `engine` (`--engine`; None: the default, MPI).
+fn multi_process(gpn: u32, ppn: u32, engine: Option<&str>) {
     let exe = env!("CARGO_BIN_EXE_ptxforge");
     let g = gpn.to_string();
-    let job = format!("moempi{}_{gpn}_{ppn}", std::process::id());
+    let job = format!(
+        "moempi{}_{gpn}_{ppn}_{}",
+        std::process::id(),
+        engine.unwrap_or("mpi")
+    );
     let single = json(
         Command::new(exe)
             .args(base_args())
@@ -108,20 +142,12 @@ fn multi_process(gpn: u32, ppn: u32) {
             .unwrap(),
     );
     let multi = json(
-        Command::new("mpirun")
-            .args([
-                "--allow-run-as-root",
-                "--oversubscribe",
-                "-x",
-                "PTXFORGE_JOB_ID",
-            ])
-            .args(["-np", &(2 * ppn).to_string(), exe])
+        mpirun(2 * ppn, &["PTXFORGE_JOB_ID"])
             .args(base_args())
             .args(["--gpus-per-node", &g, "--procs-per-node", &ppn.to_string()])
             .args(["--dump-hash", "--json"])
+            .args(engine.map(|e| ["--engine", e]).into_iter().flatten())
             .env("PTXFORGE_JOB_ID", &job)
-            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
             .output()
             .unwrap(),
     );
@@ -133,6 +159,11 @@ fn multi_process(gpn: u32, ppn: u32) {
     );
     assert_eq!(a, b);
     assert_eq!(segments(&job), Vec::<String>::new(), "segments left behind");
+    let name = match engine {
+        Some("tcp") => "tcp mesh",
+        _ => "MPI point-to-point (Open MPI)",
+    };
+    assert_eq!(multi["engine"], name, "{multi}");
     // per-leg bytes of the processes add up to the single-process run's dispatch
     let procs = multi["processes"].as_array().unwrap();
     assert_eq!(procs.len(), 2 * ppn as usize);
@@ -187,26 +218,13 @@ fn multi_process(gpn: u32, ppn: u32) {
 /// segment of the job, and nothing of the job is left.
 #[test]
 fn moe_rank_killed_mid_dispatch_stops_the_job() {
-    let exe = env!("CARGO_BIN_EXE_ptxforge");
     let job = format!("moekill{}", std::process::id());
     let t0 = std::time::Instant::now();
-    let mut child = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe"])
-        .args([
-            "-x",
-            "PTXFORGE_JOB_ID",
-            "-x",
-            "PTXFORGE_TEST_DIE",
-            "-np",
-            "4",
-            exe,
-        ])
+    let mut child = mpirun(4, &["PTXFORGE_JOB_ID", "PTXFORGE_TEST_DIE"])
         .args(base_args())
         .args(["--gpus-per-node", "2", "--procs-per-node", "2", "--json"])
         .env("PTXFORGE_JOB_ID", &job)
         .env("PTXFORGE_TEST_DIE", "3:|| dispatch")
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()

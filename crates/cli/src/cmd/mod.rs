@@ -8,6 +8,7 @@ pub mod comm;
 pub mod devices;
 pub mod docs;
 pub mod emit;
+mod fault;
 pub mod fmt;
 pub mod gemm;
 pub mod isa;
@@ -15,10 +16,7 @@ pub mod kernels;
 pub mod launch;
 pub mod moe;
 mod moe_hash;
-#[cfg(feature = "mpi")]
-mod moe_mpi;
-#[cfg(feature = "mpi")]
-mod mpi_fault;
+mod moe_procs;
 pub mod procs;
 pub mod run;
 pub mod schedule;

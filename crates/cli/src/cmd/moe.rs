@@ -27,11 +27,16 @@ pub struct Args {
     pub nodes: Option<u32>,
     #[arg(long)]
     pub gpus_per_node: Option<u32>,
-    /// Under `mpirun` (feature `mpi`): processes per node, 1 (each hosts a node) or
-    /// `--gpus-per-node` (each hosts one rank); checked against the process count, which
-    /// decides it when this is not given.
+    /// In a multi-process run (`ptxforge launch`, torchrun, `mpirun`): processes per node, 1
+    /// (each hosts a node) or `--gpus-per-node` (each hosts one rank); checked against the
+    /// job's process count, which decides it when this is not given.
     #[arg(long)]
     pub procs_per_node: Option<u32>,
+    /// In a multi-process run: the inter-node engine, `mpi` (needs the `mpi` feature and
+    /// `mpirun`) or `tcp` (any launcher). Default: `mpi` under `mpirun` when built with it,
+    /// else `tcp`.
+    #[arg(long, value_enum)]
+    pub engine: Option<super::procs::EngineKind>,
     #[arg(long)]
     pub hidden: Option<u32>,
     #[arg(long)]
@@ -185,13 +190,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         crate::out::preflight("--trace", p)?;
     }
     let cfg = config(&a)?;
-    // under mpirun (feature `mpi`): one process per node or per rank, see `moe_mpi`
-    #[cfg(feature = "mpi")]
-    if std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some() {
-        return super::moe_mpi::run(&a, cfg, &Bars);
+    // started by a launcher: one rank of a multi-process job (one process per node or per
+    // rank), see `moe_procs`
+    let agreed = super::moe_procs::Agreed::of(&a, &cfg);
+    if let Some(procs) = super::procs::join("moe", &agreed, a.engine)? {
+        return super::moe_procs::run(&a, cfg, procs, &Bars);
     }
     if let Some(p) = a.procs_per_node {
-        anyhow::bail!("--procs-per-node {p}: only for a run under mpirun (feature `mpi`)");
+        bail!("--procs-per-node {p}: only for a multi-process run (`ptxforge launch`, torchrun or mpirun)");
+    }
+    if let Some(e) = a.engine {
+        let e = format!("{e:?}").to_lowercase();
+        bail!("--engine {e}: only for a multi-process run (`ptxforge launch`, torchrun or mpirun)");
     }
     let devices = devices(&a.device, cfg.ranks() as u32)?;
     // before the inputs are made: a bad --num-sms fails at once
@@ -228,7 +238,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let all: Vec<u32> = (0..cfg.ranks() as u32).collect();
     let mut hashes = super::moe_hash::hashes(&all, &f, &b);
     let parts = super::moe_hash::Partials::of(&b);
-    hashes.extend(super::moe_hash::sum_hashes(&parts.gate, &parts.shared));
+    hashes.extend(super::moe_hash::DpSums::fold(&parts).hashes());
     if a.dump_hash {
         report["hashes"] = serde_json::to_value(&hashes)?;
     }

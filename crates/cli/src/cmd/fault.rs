@@ -1,13 +1,15 @@
-//! Faults of the multi-process `ptxforge moe` under `mpirun` (feature `mpi`): when a process
-//! dies, Open MPI's `mpirun` names it (`process rank R ... exited on signal 9`), exits non-zero
-//! and stops the others with SIGTERM (then SIGKILL). What it does not do is remove the emulator
-//! segments of the job (`/dev/shm/ptxforge-{job}-p{pid}-{n}`): a killed process never unlinks
-//! its own. [`clean_on_termination`] makes every process, on SIGTERM/SIGINT/SIGHUP, remove the
-//! segments of *every process of this job* (their pids are all-gathered at start, so another
-//! job's segments with the same job id are never touched) before it exits.
+//! Faults of a multi-process verb (`ptxforge moe` under `ptxforge launch`, torchrun or
+//! `mpirun`). A dead peer is the `dist` watchdog's: every other rank exits non-zero naming the
+//! dead rank and the operation it announced, after `procs::join`'s hook removed the job's
+//! segments. What is left here is a stop from outside: `mpirun` SIGTERMs (then SIGKILLs) the
+//! others when a process dies, the launchers forward Ctrl-C, and a process that exits by a
+//! signal never unlinks its emulator segments (`/dev/shm/ptxforge-{job}-p{pid}-{n}`), nor does
+//! a SIGKILLed one. [`clean_on_termination`] makes every process, on SIGTERM/SIGINT/SIGHUP,
+//! remove the segments of *every process of this job* (their pids are all-gathered at start, so
+//! another job's segments with the same job id are never touched) before it exits.
 //!
 //! [`DieIn`] is the fault-injection hook of the tests: `PTXFORGE_TEST_DIE=RANK:PHASE` makes the
-//! process of MPI rank RANK SIGKILL itself 20 ms after a progress phase whose name contains
+//! process of group rank RANK SIGKILL itself 20 ms after a progress phase whose name contains
 //! PHASE starts (e.g. `|| dispatch`: the shared expert's phase, run while the dispatch is in
 //! flight).
 use anyhow::{bail, Context};
@@ -24,7 +26,7 @@ extern "C" fn on_term(sig: libc::c_int) {
 
 /// Installs the handlers and the watcher thread (see the module docs). `pids`: every process
 /// of the job.
-pub fn clean_on_termination(job: String, pids: Vec<u64>, me: u32) -> anyhow::Result<()> {
+pub fn clean_on_termination(job: String, pids: Vec<u64>, me: usize) -> anyhow::Result<()> {
     for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
         // SAFETY: a zeroed sigaction with a handler that only stores to an atomic is valid;
         // the pointers passed live for the call.
@@ -49,7 +51,7 @@ pub fn clean_on_termination(job: String, pids: Vec<u64>, me: u32) -> anyhow::Res
             if sig != 0 {
                 let n = remove_segments(&job, &pids);
                 eprintln!(
-                    "ptxforge: process {me}: stopped by signal {sig}; removed {n} shared-memory segment(s) of the job"
+                    "ptxforge: rank {me}: stopped by signal {sig}; removed {n} shared-memory segment(s) of the job"
                 );
                 // SAFETY: _exit(2) ends the process without running atexit handlers (an MPI
                 // library's could block on peers that are gone); nothing is borrowed.
@@ -84,15 +86,15 @@ pub struct DieIn<'a> {
 }
 
 impl<'a> DieIn<'a> {
-    /// Reads `PTXFORGE_TEST_DIE` for MPI rank `me`.
-    pub fn from_env(inner: &'a dyn Progress, me: u32) -> anyhow::Result<DieIn<'a>> {
+    /// Reads `PTXFORGE_TEST_DIE` for group rank `me`.
+    pub fn from_env(inner: &'a dyn Progress, me: usize) -> anyhow::Result<DieIn<'a>> {
         let phase = match std::env::var("PTXFORGE_TEST_DIE") {
             Err(_) => None,
             Ok(v) => {
                 let (r, p) = v
                     .split_once(':')
                     .with_context(|| format!("PTXFORGE_TEST_DIE={v:?}: want RANK:PHASE"))?;
-                let r: u32 = r
+                let r: usize = r
                     .parse()
                     .with_context(|| format!("PTXFORGE_TEST_DIE={v:?}: bad rank"))?;
                 (r == me).then(|| p.to_string())
