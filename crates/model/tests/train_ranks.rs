@@ -9,6 +9,11 @@
 
 use model::config::{DeviceKind, ModelConfig, ParallelConfig, TrainConfig, TrainingConfig};
 use model::data;
+use model::params::Params;
+use model::stage::{
+    Boundary, ExpertLoad, MicroBatch, NamedGrads, Stage, StageOut, StageResult, StageSpec,
+};
+use model::train::optim::DeviceParams;
 use model::train::{device_stage_factory, PipeRank, StepReport, TrainOptions, Trainer};
 use model::TrainError;
 use std::path::{Path, PathBuf};
@@ -246,4 +251,88 @@ fn a_silent_peer_times_out_naming_it_and_the_boundary() {
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
     assert!(msg.starts_with("pipeline rank 1:"), "{msg}");
     assert!(msg.contains("stage") && msg.contains("micro-batch"), "{msg}");
+}
+
+/// A device stage whose forward of one micro-batch fails.
+struct Failing {
+    inner: Box<dyn Stage>,
+    mb: usize,
+}
+
+impl Stage for Failing {
+    fn devices(&self) -> &[runtime::Device] {
+        self.inner.devices()
+    }
+    fn forward(&mut self, mb: &MicroBatch, x: Option<Boundary>) -> StageResult<StageOut> {
+        if mb.index == self.mb {
+            return Err(TrainError::Shape(format!("injected failure at micro-batch {}", mb.index)));
+        }
+        self.inner.forward(mb, x)
+    }
+    fn backward(&mut self, mb: usize, dy: Option<Boundary>) -> StageResult<Option<Boundary>> {
+        self.inner.backward(mb, dy)
+    }
+    fn discard(&mut self, mb: usize) {
+        self.inner.discard(mb)
+    }
+    fn set_loss_scale(&mut self, scale: f32) {
+        self.inner.set_loss_scale(scale)
+    }
+    fn take_grads(&mut self) -> StageResult<(NamedGrads, ExpertLoad)> {
+        self.inner.take_grads()
+    }
+    fn load_params(&mut self, p: &Params) -> StageResult<()> {
+        self.inner.load_params(p)
+    }
+    fn load_device_params(&mut self, p: &DeviceParams<'_>) -> StageResult<()> {
+        self.inner.load_device_params(p)
+    }
+}
+
+#[test]
+fn a_failing_rank_stops_its_peer_with_its_error() {
+    // stage 1 (pipeline rank 1) fails its forward of micro-batch 1: rank 1 returns that error,
+    // rank 0 (waiting for a boundary from it) is told at once, long before the timeout
+    let cfg = config(2, 1, false, fresh_seed());
+    let engines = ep::InProcessEngine::mesh(2);
+    let t0 = std::time::Instant::now();
+    let errs: Vec<String> = std::thread::scope(|sc| {
+        let hs: Vec<_> = engines
+            .into_iter()
+            .enumerate()
+            .map(|(r, e)| {
+                let cfg = cfg.clone();
+                sc.spawn(move || {
+                    let device = device_stage_factory();
+                    let factory = move |spec: StageSpec, p: &Params| {
+                        let index = spec.index;
+                        let inner = device(spec, p)?;
+                        Ok(match index {
+                            1 => Box::new(Failing { inner, mb: 1 }) as Box<dyn Stage>,
+                            _ => inner,
+                        })
+                    };
+                    let mut rank = PipeRank::new(r, Arc::new(e));
+                    rank.timeout = Duration::from_secs(120);
+                    let mut t = Trainer::new_rank(
+                        cfg,
+                        &data::builtin_corpus(),
+                        &factory,
+                        options(1600),
+                        rank,
+                    )
+                    .expect("trainer");
+                    t.step().err().expect("the step fails").to_string()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+    });
+    assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
+    assert!(errs[1].contains("injected failure at micro-batch 1"), "{}", errs[1]);
+    assert!(
+        errs[0].starts_with("pipeline rank 1: stopped:") && errs[0].contains("injected failure"),
+        "{}",
+        errs[0]
+    );
 }
