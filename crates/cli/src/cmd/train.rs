@@ -10,7 +10,7 @@
 //! agrees on the configuration and opens the engine, `Trainer::new_rank` runs the rank's two
 //! stages, and rank 0 prints and writes every output (the others write nothing).
 
-use super::procs::{self, EngineKind, Procs};
+use super::procs::{self, EngineKind};
 use anyhow::{bail, Context, Result};
 use model::config::{DeviceKind, TrainConfig};
 use model::data::{self, Corpus};
@@ -248,37 +248,53 @@ pub fn run(a: Args) -> Result<()> {
         resume: a.resume.is_some(),
     };
     let p = procs::join("train", &agreed, a.engine)?.context("the launcher's variables vanished")?;
-    let rank = p.rank();
-    let lead = rank == 0;
+    let (rank, lead) = (p.rank(), p.rank() == 0);
+    if p.world_size() != cfg.parallel.pp as usize {
+        bail!("the process group has {} ranks for parallel.pp = {}", p.world_size(), cfg.parallel.pp);
+    }
     if lead {
         preflight(&a, &cfg)?;
+        if !a.json {
+            println!("{} processes, one per pipeline rank; engine {:?}", p.world_size(), p.kind);
+        }
     }
-    let Procs { group, engine, .. } = p;
-    let group = Arc::new(group);
-    let hook_group = group.clone();
-    let die = die_phase(rank)?;
-    let hook: Arc<PhaseHook> = Arc::new(move |op: &str| {
-        // a failed announcement (the store gone) is the watchdog's to report
-        let _ = hook_group.set_op(op);
+    // the hook must be 'static, and the process group (MPI inside) cannot be shared with it:
+    // a scoped thread announces the operations the hook sends it
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let group = &p.group;
+    std::thread::scope(|sc| -> Result<()> {
+        sc.spawn(move || {
+            for op in rx {
+                // a failed announcement (the store gone) is the watchdog's to report
+                let _ = group.set_op(&op);
+            }
+        });
+        let me = PipeRank {
+            rank,
+            engine: p.engine.clone(),
+            timeout: p.group.env().peer_timeout,
+            on_phase: Some(phase_hook(tx, die_phase(rank)?)),
+        };
+        // the trainer (and with it the hook's sender) is dropped at the end of this scope
+        let mut t = Trainer::new_rank(cfg.clone(), &corpus, &*factory(), options(&a), me)
+            .with_context(|| format!("pipeline rank {rank}"))?;
+        train(&mut t, &a, &cfg, &corpus, lead).with_context(|| format!("pipeline rank {rank}"))
+    })?;
+    p.finish()
+}
+
+/// Sends each phase to be announced to the group (a death then names it) and, under the test
+/// hook, dies in the phase `die` names.
+fn phase_hook(tx: std::sync::mpsc::Sender<String>, die: Option<String>) -> Arc<PhaseHook> {
+    let tx = std::sync::Mutex::new(tx);
+    Arc::new(move |op: &str| {
+        if let Ok(tx) = tx.lock() {
+            let _ = tx.send(op.to_string());
+        }
         if die.as_deref().is_some_and(|d| op.contains(d)) {
             kill_self(op);
         }
-    });
-    let me = PipeRank {
-        rank,
-        engine: engine.clone(),
-        timeout: group.env().peer_timeout,
-        on_phase: Some(hook),
-    };
-    let mut t = Trainer::new_rank(cfg.clone(), &corpus, &*factory(), options(&a), me)
-        .with_context(|| format!("pipeline rank {rank}"))?;
-    train(&mut t, &a, &cfg, &corpus, lead).with_context(|| format!("pipeline rank {rank}"))?;
-    drop(t);
-    drop(engine);
-    let group = Arc::try_unwrap(group)
-        .map_err(|_| anyhow::anyhow!("the process group is still borrowed at the end"))?;
-    group.finish().context("leaving the process group")?;
-    Ok(())
+    })
 }
 
 fn factory() -> Box<model::train::StageFactory> {
