@@ -77,7 +77,9 @@ fn mpirun(tag: u16, contexts: &[(u32, Vec<String>)], env: &[(&str, &str)]) -> Ou
         for n in &names {
             c.args(["-x", n]);
         }
-        c.arg(env!("CARGO_BIN_EXE_ptxforge")).arg("train").args(args);
+        c.arg(env!("CARGO_BIN_EXE_ptxforge"))
+            .arg("train")
+            .args(args);
     }
     let out = c.output().expect("spawn mpirun");
     assert_clean(&job);
@@ -99,7 +101,12 @@ fn assert_clean(job: &str) {
     let alive: Vec<String> = std::fs::read_dir("/proc")
         .expect("/proc")
         .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
         .filter(|e| {
             let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
             env.windows(needle.len()).any(|w| w == needle.as_bytes())
@@ -123,10 +130,15 @@ fn json(o: Output) -> Value {
 }
 
 fn args(cfg: &Path, save: &Path, extra: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = ["--config", cfg.to_str().unwrap(), "--save", save.to_str().unwrap()]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut a: Vec<String> = [
+        "--config",
+        cfg.to_str().unwrap(),
+        "--save",
+        save.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     a.extend(["--eval-batches", "1"].iter().map(|s| s.to_string()));
     a.extend(extra.iter().map(|s| s.to_string()));
     a
@@ -159,9 +171,21 @@ fn train_across_two_processes_is_bit_identical_to_one() {
     let one = json(one);
     let two = json(mpirun(1, &[(2, args(&cfg, &b, &["--json"]))], &[]));
     assert_eq!(numbers(&one)[..], numbers(&two)[..], "{one}\n{two}");
-    assert_eq!(numbers(&one).len(), 5, "2 steps x (loss, |g|) + 1 validation loss");
-    let (ca, cb) = (std::fs::read(&a).expect("one"), std::fs::read(&b).expect("two"));
-    assert!(ca == cb, "checkpoints differ ({} vs {} bytes)", ca.len(), cb.len());
+    assert_eq!(
+        numbers(&one).len(),
+        5,
+        "2 steps x (loss, |g|) + 1 validation loss"
+    );
+    let (ca, cb) = (
+        std::fs::read(&a).expect("one"),
+        std::fs::read(&b).expect("two"),
+    );
+    assert!(
+        ca == cb,
+        "checkpoints differ ({} vs {} bytes)",
+        ca.len(),
+        cb.len()
+    );
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("{:.1} s", t0.elapsed().as_secs_f64());
 }
@@ -171,7 +195,11 @@ fn a_rank_killed_mid_step_is_named_with_its_operation() {
     let dir = tempdir("kill");
     let cfg = config(&dir, 5);
     let save = dir.join("k.ckpt");
-    let out = mpirun(2, &[(2, args(&cfg, &save, &[]))], &[("PTXFORGE_TEST_DIE", "1:pipeline")]);
+    let out = mpirun(
+        2,
+        &[(2, args(&cfg, &save, &[]))],
+        &[("PTXFORGE_TEST_DIE", "1:pipeline")],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{}", text(&out));
     assert!(

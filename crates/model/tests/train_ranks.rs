@@ -91,11 +91,18 @@ fn tmp(tag: &str) -> PathBuf {
 }
 
 /// `steps` steps, an evaluation and a save to `path` on one trainer (resumed from `resume`).
-fn drive(t: &mut Trainer, steps: usize, path: &Path, resume: Option<&Path>) -> Result<Run, TrainError> {
+fn drive(
+    t: &mut Trainer,
+    steps: usize,
+    path: &Path,
+    resume: Option<&Path>,
+) -> Result<Run, TrainError> {
     if let Some(r) = resume {
         t.resume(r)?;
     }
-    let reports = (0..steps).map(|_| t.step()).collect::<Result<Vec<_>, _>>()?;
+    let reports = (0..steps)
+        .map(|_| t.step())
+        .collect::<Result<Vec<_>, _>>()?;
     let valid = t.evaluate()?;
     t.save(path)?;
     Ok(Run {
@@ -107,8 +114,13 @@ fn drive(t: &mut Trainer, steps: usize, path: &Path, resume: Option<&Path>) -> R
 }
 
 fn single(cfg: &TrainConfig, base: u32, steps: usize, path: &Path, resume: Option<&Path>) -> Run {
-    let mut t = Trainer::new(cfg.clone(), &data::builtin_corpus(), &*device_stage_factory(), options(base))
-        .expect("trainer");
+    let mut t = Trainer::new(
+        cfg.clone(),
+        &data::builtin_corpus(),
+        &*device_stage_factory(),
+        options(base),
+    )
+    .expect("trainer");
     drive(&mut t, steps, path, resume).expect("single-process run")
 }
 
@@ -143,7 +155,9 @@ fn ranked(
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
     })
 }
 
@@ -159,11 +173,31 @@ fn assert_same(one: &Run, ranks: Vec<Result<Run, TrainError>>) {
         assert_eq!(run.reports.len(), one.reports.len());
         for (a, b) in run.reports.iter().zip(&one.reports) {
             assert_eq!(a.step, b.step);
-            assert_eq!(a.loss.to_bits(), b.loss.to_bits(), "rank {r} step {}: loss {} vs {}", a.step, a.loss, b.loss);
-            assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits(), "rank {r} step {}: |g|", a.step);
-            assert_eq!(a.mtp_loss.map(f64::to_bits), b.mtp_loss.map(f64::to_bits), "rank {r}: mtp");
+            assert_eq!(
+                a.loss.to_bits(),
+                b.loss.to_bits(),
+                "rank {r} step {}: loss {} vs {}",
+                a.step,
+                a.loss,
+                b.loss
+            );
+            assert_eq!(
+                a.grad_norm.to_bits(),
+                b.grad_norm.to_bits(),
+                "rank {r} step {}: |g|",
+                a.step
+            );
+            assert_eq!(
+                a.mtp_loss.map(f64::to_bits),
+                b.mtp_loss.map(f64::to_bits),
+                "rank {r}: mtp"
+            );
         }
-        assert_eq!(run.valid.to_bits(), one.valid.to_bits(), "rank {r}: validation loss");
+        assert_eq!(
+            run.valid.to_bits(),
+            one.valid.to_bits(),
+            "rank {r}: validation loss"
+        );
         for (i, p) in &run.params {
             let (j, q) = &one.params[*i];
             assert_eq!(i, j);
@@ -182,16 +216,27 @@ fn pp2_ep2_with_mtp_across_ranks_is_bit_identical_and_resumes() {
     let dir = tmp("pp2");
     let (a, b) = (dir.join("one.ckpt"), dir.join("ranks.ckpt"));
     let one = single(&cfg, 1200, 1, &a, None);
-    assert!(one.reports.iter().all(|r| r.loss.is_finite() && r.mtp_loss.is_some()));
+    assert!(one
+        .reports
+        .iter()
+        .all(|r| r.loss.is_finite() && r.mtp_loss.is_some()));
     let ranks = ranked(&cfg, 1210, 1, &b, None);
     let ck = std::fs::read(&b).expect("rank 0 wrote the checkpoint");
-    assert!(ck == one.ckpt, "checkpoint bytes differ ({} vs {} bytes)", ck.len(), one.ckpt.len());
+    assert!(
+        ck == one.ckpt,
+        "checkpoint bytes differ ({} vs {} bytes)",
+        ck.len(),
+        one.ckpt.len()
+    );
     assert_same(&one, ranks);
     // step 2 from the checkpoint: every rank resumes its part
     let (a3, b3) = (dir.join("one3.ckpt"), dir.join("ranks3.ckpt"));
     let one3 = single(&cfg, 1200, 1, &a3, Some(&a));
     let ranks3 = ranked(&cfg, 1210, 1, &b3, Some(&b));
-    assert!(std::fs::read(&b3).expect("written") == one3.ckpt, "resumed checkpoint bytes differ");
+    assert!(
+        std::fs::read(&b3).expect("written") == one3.ckpt,
+        "resumed checkpoint bytes differ"
+    );
     assert_same(&one3, ranks3);
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("pp2 x ep2 with MTP: {:.1} s", t0.elapsed().as_secs_f64());
@@ -206,7 +251,10 @@ fn pp4_across_ranks_is_bit_identical() {
     let (a, b) = (dir.join("one.ckpt"), dir.join("ranks.ckpt"));
     let one = single(&cfg, 1300, 1, &a, None);
     let ranks = ranked(&cfg, 1310, 1, &b, None);
-    assert!(std::fs::read(&b).expect("written") == one.ckpt, "checkpoint bytes differ");
+    assert!(
+        std::fs::read(&b).expect("written") == one.ckpt,
+        "checkpoint bytes differ"
+    );
     assert_same(&one, ranks);
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("pp4: {:.1} s", t0.elapsed().as_secs_f64());
@@ -226,7 +274,10 @@ fn a_wrong_rank_count_is_refused() {
     .err()
     .expect("refused");
     let msg = e.to_string();
-    assert!(msg.contains("parallel.pp = 2") && msg.contains("of 3"), "{msg}");
+    assert!(
+        msg.contains("parallel.pp = 2") && msg.contains("of 3"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -250,7 +301,10 @@ fn a_silent_peer_times_out_naming_it_and_the_boundary() {
     let msg = t.step().err().expect("timed out").to_string();
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
     assert!(msg.starts_with("pipeline rank 1:"), "{msg}");
-    assert!(msg.contains("stage") && msg.contains("micro-batch"), "{msg}");
+    assert!(
+        msg.contains("stage") && msg.contains("micro-batch"),
+        "{msg}"
+    );
 }
 
 /// A device stage whose forward of one micro-batch fails.
@@ -265,7 +319,10 @@ impl Stage for Failing {
     }
     fn forward(&mut self, mb: &MicroBatch, x: Option<Boundary>) -> StageResult<StageOut> {
         if mb.index == self.mb {
-            return Err(TrainError::Shape(format!("injected failure at micro-batch {}", mb.index)));
+            return Err(TrainError::Shape(format!(
+                "injected failure at micro-batch {}",
+                mb.index
+            )));
         }
         self.inner.forward(mb, x)
     }
@@ -326,10 +383,16 @@ fn a_failing_rank_stops_its_peer_with_its_error() {
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+        hs.into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
     });
     assert!(t0.elapsed() < Duration::from_secs(60), "{:?}", t0.elapsed());
-    assert!(errs[1].contains("injected failure at micro-batch 1"), "{}", errs[1]);
+    assert!(
+        errs[1].contains("injected failure at micro-batch 1"),
+        "{}",
+        errs[1]
+    );
     assert!(
         errs[0].starts_with("pipeline rank 1: stopped:") && errs[0].contains("injected failure"),
         "{}",

@@ -233,29 +233,44 @@ pub fn run(a: Args) -> Result<()> {
         a.eval_every,
         a.device.as_deref(),
     )?;
-    let corpus = corpus(a.data.as_deref(), &cfg)?;
     if !procs::launched()? {
         preflight(&a, &cfg)?;
+        let corpus = corpus(a.data.as_deref(), &cfg)?;
         let mut t = Trainer::new(cfg.clone(), &corpus, &*factory(), options(&a))?;
         return train(&mut t, &a, &cfg, &corpus, true);
     }
-    check_world(&a, &cfg)?;
+    run_ranks(&a, &cfg)
+}
+
+/// This process's pipeline rank of a launched run (see the module docs).
+fn run_ranks(a: &Args, cfg: &TrainConfig) -> Result<()> {
+    check_world(a, cfg)?;
+    let corpus = corpus(a.data.as_deref(), cfg)?;
     let agreed = Agreed {
-        config: &cfg,
+        config: cfg,
         corpus: corpus.fingerprint(),
         eval_batches: a.eval_batches,
         stop_after: a.stop_after,
         resume: a.resume.is_some(),
     };
-    let p = procs::join("train", &agreed, a.engine)?.context("the launcher's variables vanished")?;
+    let p =
+        procs::join("train", &agreed, a.engine)?.context("the launcher's variables vanished")?;
     let (rank, lead) = (p.rank(), p.rank() == 0);
     if p.world_size() != cfg.parallel.pp as usize {
-        bail!("the process group has {} ranks for parallel.pp = {}", p.world_size(), cfg.parallel.pp);
+        bail!(
+            "the process group has {} ranks for parallel.pp = {}",
+            p.world_size(),
+            cfg.parallel.pp
+        );
     }
     if lead {
-        preflight(&a, &cfg)?;
+        preflight(a, cfg)?;
         if !a.json {
-            println!("{} processes, one per pipeline rank; engine {:?}", p.world_size(), p.kind);
+            println!(
+                "{} processes, one per pipeline rank; engine {:?}",
+                p.world_size(),
+                p.kind
+            );
         }
     }
     // the hook must be 'static, and the process group (MPI inside) cannot be shared with it:
@@ -276,9 +291,9 @@ pub fn run(a: Args) -> Result<()> {
             on_phase: Some(phase_hook(tx, die_phase(rank)?)),
         };
         // the trainer (and with it the hook's sender) is dropped at the end of this scope
-        let mut t = Trainer::new_rank(cfg.clone(), &corpus, &*factory(), options(&a), me)
+        let mut t = Trainer::new_rank(cfg.clone(), &corpus, &*factory(), options(a), me)
             .with_context(|| format!("pipeline rank {rank}"))?;
-        train(&mut t, &a, &cfg, &corpus, lead).with_context(|| format!("pipeline rank {rank}"))
+        train(&mut t, a, cfg, &corpus, lead).with_context(|| format!("pipeline rank {rank}"))
     })?;
     p.finish()
 }

@@ -95,9 +95,11 @@ pub(super) fn tag(kind: Tag, stage: usize, index: usize) -> Result<u32, TrainErr
             1 << INDEX_BITS
         )));
     }
-    Ok(((kind as u32) << (STAGE_BITS + INDEX_BITS))
-        | ((stage as u32) << INDEX_BITS)
-        | index as u32)
+    Ok(
+        ((kind as u32) << (STAGE_BITS + INDEX_BITS))
+            | ((stage as u32) << INDEX_BITS)
+            | index as u32,
+    )
 }
 
 fn peer(rank: usize, msg: String) -> TrainError {
@@ -321,7 +323,10 @@ fn from_status(from: usize, b: Vec<u8>, what: &str) -> Result<Vec<u8>, TrainErro
         Some((0, rest)) => Ok(rest.to_vec()),
         Some((1, rest)) => Err(peer(
             from,
-            format!("failed before sending its {what}: {}", String::from_utf8_lossy(rest)),
+            format!(
+                "failed before sending its {what}: {}",
+                String::from_utf8_lossy(rest)
+            ),
         )),
         _ => Err(peer(from, format!("sent a malformed {what}"))),
     }

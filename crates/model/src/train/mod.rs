@@ -33,8 +33,8 @@ use crate::stage::{ExpertLoad, MicroBatch, Stage, StageSpec};
 use crate::trace::Trace;
 use crate::TrainError;
 use exec::Executor;
-pub use link::{PhaseHook, PipeRank, DEFAULT_TIMEOUT as PEER_TIMEOUT};
 use link::{Link, Reader, Tag};
+pub use link::{PhaseHook, PipeRank, DEFAULT_TIMEOUT as PEER_TIMEOUT};
 use optim::{Optimizer, StepHyper};
 use serde::Serialize;
 use std::cell::OnceCell;
@@ -554,7 +554,11 @@ impl Trainer {
     fn apply_update(&mut self) -> Result<f32, TrainError> {
         let (grads, loads) = self.collect_grads()?;
         self.phase("optimizer");
-        let here: Vec<usize> = self.local.iter().flat_map(|&s| self.owners[s].clone()).collect();
+        let here: Vec<usize> = self
+            .local
+            .iter()
+            .flat_map(|&s| self.owners[s].clone())
+            .collect();
         for (i, spec) in self.specs.iter().enumerate() {
             if !optim::is_adamw(spec.kind) || !here.contains(&i) {
                 continue;
@@ -778,11 +782,7 @@ impl Trainer {
 
 /// Across processes: this rank's `(stage, norm)` pairs all-gathered; every stage's norm in
 /// stage order.
-fn exchange_norms(
-    l: &Link,
-    mine: &[(usize, f32)],
-    stages: usize,
-) -> Result<Vec<f32>, TrainError> {
+fn exchange_norms(l: &Link, mine: &[(usize, f32)], stages: usize) -> Result<Vec<f32>, TrainError> {
     let mut b = Vec::new();
     for (s, n) in mine {
         b.extend((*s as u64).to_le_bytes());

@@ -236,7 +236,9 @@ impl<'a> Rank<'a> {
                 return Err(exec_err(ABORTED.into()));
             }
             if let Some(b) = link.try_take(from, t)? {
-                return self.ex.decode_boundary(&b, from, key.stage, &key.describe());
+                return self
+                    .ex
+                    .decode_boundary(&b, from, key.stage, &key.describe());
             }
             if Instant::now() > deadline {
                 return Err(link.timed_out(from, &key.describe()));
