@@ -298,7 +298,7 @@ fn a_silent_peer_times_out_naming_it_and_the_boundary() {
     )
     .expect("trainer");
     let t0 = std::time::Instant::now();
-    let msg = t.step().err().expect("timed out").to_string();
+    let msg = t.step().expect_err("timed out").to_string();
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
     assert!(msg.starts_with("pipeline rank 1:"), "{msg}");
     assert!(
@@ -379,7 +379,7 @@ fn a_failing_rank_stops_its_peer_with_its_error() {
                         rank,
                     )
                     .expect("trainer");
-                    t.step().err().expect("the step fails").to_string()
+                    t.step().expect_err("the step fails").to_string()
                 })
             })
             .collect();

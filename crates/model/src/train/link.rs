@@ -106,11 +106,14 @@ fn peer(rank: usize, msg: String) -> TrainError {
     TrainError::Peer { rank, msg }
 }
 
+/// Arrived messages by (sender, tag), oldest first.
+type Inbox = HashMap<(usize, u32), VecDeque<Vec<u8>>>;
+
 /// The receiving side of the protocol: messages polled from the engine wait here by
 /// (sender, tag) until taken.
 pub(super) struct Link {
     pub(super) me: PipeRank,
-    inbox: Mutex<HashMap<(usize, u32), VecDeque<Vec<u8>>>>,
+    inbox: Mutex<Inbox>,
     abort_tag: u32,
 }
 
@@ -389,7 +392,7 @@ impl<'a> Reader<'a> {
     /// A u64 length, then that many little-endian 4-byte values.
     pub(super) fn f32s(&mut self) -> Result<Vec<f32>, TrainError> {
         let n = self.u64()? as usize;
-        let b = self.take(n.checked_mul(4).unwrap_or(usize::MAX))?;
+        let b = self.take(n.saturating_mul(4))?;
         Ok(b.chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
@@ -398,7 +401,7 @@ impl<'a> Reader<'a> {
     /// A u64 length, then that many little-endian 2-byte values.
     pub(super) fn u16s(&mut self) -> Result<Vec<u16>, TrainError> {
         let n = self.u64()? as usize;
-        let b = self.take(n.checked_mul(2).unwrap_or(usize::MAX))?;
+        let b = self.take(n.saturating_mul(2))?;
         Ok(b.chunks_exact(2)
             .map(|c| u16::from_le_bytes([c[0], c[1]]))
             .collect())
