@@ -96,6 +96,34 @@ pub enum DistError {
     /// A peer rank died (its connection closed or its heartbeat stopped).
     #[error("rank {rank} died during `{op}` (peer lost; the job cannot continue)")]
     PeerDied { rank: usize, op: String },
+    /// A mesh peer's connection ended without a goodbye (it died, reset, or sent a bad frame).
+    #[error("rank {rank}: connection lost ({reason}; the job cannot continue)")]
+    PeerLost { rank: usize, reason: String },
+    /// A mesh frame over the size limit.
+    #[error("mesh frame of {bytes} bytes exceeds the {limit}-byte limit")]
+    FrameTooLarge { bytes: usize, limit: usize },
+    /// A mesh peer answered the handshake with a refusal.
+    #[error("mesh peer rank {peer} at {addr} refused the connection: {reason}")]
+    MeshRefused {
+        peer: usize,
+        addr: String,
+        reason: String,
+    },
+    /// A mesh peer's listener did not answer within the bootstrap timeout.
+    #[error("cannot connect to mesh peer rank {peer} at {addr} after {waited:?} (bootstrap timeout; last error: {last_error})")]
+    MeshConnect {
+        peer: usize,
+        addr: String,
+        waited: Duration,
+        last_error: String,
+    },
+    /// Lower ranks did not connect to this rank's mesh listener within the bootstrap timeout.
+    #[error("rank {rank}: mesh connection(s) from rank(s) {} not made after {waited:?} (bootstrap timeout)", list_ranks(missing))]
+    MeshTimeout {
+        rank: usize,
+        waited: Duration,
+        missing: Vec<usize>,
+    },
     /// A `wait` on a key timed out.
     #[error("timed out after {waited:?} waiting for key `{key}`")]
     WaitTimeout { key: String, waited: Duration },

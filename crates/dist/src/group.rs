@@ -203,6 +203,12 @@ impl Group {
         &self.env.job_id
     }
 
+    /// This rank's end of its store connection: the interface (and address family) that
+    /// reaches MASTER_ADDR, where the mesh listens.
+    pub(crate) fn local_addr(&self) -> Result<std::net::SocketAddr> {
+        Ok(self.lock_store().local_addr()?)
+    }
+
     fn check_config(&self, config: &serde_json::Value, deadline: Instant) -> Result<()> {
         let fp = serde_json::to_vec(&fingerprint::fingerprint(config))
             .map_err(|e| DistError::Protocol(e.to_string()))?;

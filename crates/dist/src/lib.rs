@@ -10,11 +10,14 @@
 //!   [`DistError::PeerDied`] on every rank within the peer timeout;
 //! - [`launch`]: the local launcher behind `ptxforge launch` (signal forwarding, no orphans,
 //!   output prefixes, shared-memory clean-up);
+//! - [`mesh`]: a full mesh of TCP connections between the ranks (framed bytes, one writer
+//!   and one reader thread per link), the transport of `ep::MeshEngine`;
 //! - [`shm`]: the job's `/dev/shm/ptxforge-{job}-*` segment names and their removal;
 //! - [`selftest`]: the test program the launcher tests run as every rank.
 //!
-//! What crosses processes here is small (bootstrap data, handles, liveness); bulk data moves
-//! through the engines built on top (shared memory within a node, MPI/NCCL across nodes).
+//! The store carries small things (bootstrap data, handles, liveness); bulk data moves through
+//! the engines built on top (shared memory within a node; the [`mesh`], MPI or NCCL across
+//! nodes).
 //! docs/SCALE.md describes the design.
 
 mod client;
@@ -23,6 +26,7 @@ pub mod error;
 pub mod fingerprint;
 mod group;
 pub mod launch;
+pub mod mesh;
 pub mod selftest;
 mod server;
 pub mod shm;
@@ -32,4 +36,5 @@ mod wire;
 pub use env::DistEnv;
 pub use error::{DistError, FieldDiff, Result};
 pub use group::{Bootstrap, Group};
+pub use mesh::Mesh;
 pub use watchdog::{DeathHook, FaultAction};

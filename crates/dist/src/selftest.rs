@@ -2,11 +2,16 @@
 //! as every rank of a launched job: bootstrap (optionally late, optionally with a differing
 //! config), check `all_gather` and `set`/`wait` against the values every rank computes alike,
 //! barrier, and on request create a shared-memory segment of the job, sleep in an operation,
-//! or die by SIGKILL inside one. It prints `rank R: ok` at a clean end.
+//! or die by SIGKILL inside one. It prints `rank R: ok` at a clean end. With `--mesh` it then
+//! exchanges frames of every size class with every rank over a [`Mesh`] (contents and order
+//! checked), and a `--die-rank` dies with the mesh open: the others must get
+//! [`DistError::PeerLost`] naming it from the mesh (their watchdogs only report).
 
 use crate::error::{DistError, Result};
 use crate::group::{Bootstrap, Group};
+use crate::mesh::Mesh;
 use crate::shm;
+use crate::watchdog::FaultAction;
 use std::io::Write;
 use std::time::Duration;
 
@@ -35,6 +40,9 @@ pub struct SelftestArgs {
     /// Seconds every rank sleeps inside OP after the rounds (for interrupt tests).
     #[arg(long)]
     pub sleep: Option<f64>,
+    /// After the rounds, check a TCP mesh between the ranks (see the module docs).
+    #[arg(long)]
+    pub mesh: bool,
 }
 
 fn parse_delay(s: &str) -> std::result::Result<(usize, f64), String> {
@@ -75,7 +83,11 @@ pub fn run(a: SelftestArgs) -> Result<()> {
     };
     let config = serde_json::json!({ "hidden": hidden, "experts": 8, "world": env.world_size });
     let job = env.job_id.clone();
-    let g = boot.config(&config)?.on_peer_death(move |_| {
+    let mut boot = boot.config(&config)?;
+    if a.mesh {
+        boot = boot.fault_action(FaultAction::Report);
+    }
+    let g = boot.on_peer_death(move |_| {
         shm::remove_job_segments(&job);
     });
     let g = g.connect()?;
@@ -97,7 +109,11 @@ pub fn run(a: SelftestArgs) -> Result<()> {
         g.local_rank(),
         a.rounds
     ));
-    in_op(&g, &a)?;
+    if a.mesh {
+        mesh_check(&g, a.die_rank)?;
+    } else {
+        in_op(&g, &a)?;
+    }
     let r = g.rank();
     g.finish()?;
     say(&format!("rank {r}: ok"));
@@ -148,4 +164,85 @@ fn in_op(g: &Group, a: &SelftestArgs) -> Result<()> {
         std::thread::sleep(Duration::from_secs_f64(s.clamp(0.0, 600.0)));
     }
     g.barrier(&a.op)
+}
+
+/// The frame number `i` from rank `from` to rank `to`: sizes cycle through 0 bytes, small,
+/// odd and about 1 MiB; the bytes follow from the shared `seed`.
+pub fn mesh_frame(seed: u64, from: usize, to: usize, i: usize) -> Vec<u8> {
+    const SIZES: [usize; 5] = [0, 1, 13, 4099, (1 << 20) + 7];
+    let mut x = seed ^ ((from as u64) << 40 | (to as u64) << 20 | i as u64);
+    (0..SIZES[i % SIZES.len()] + from)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Frames each rank sends to each rank (itself included) in the mesh check.
+pub const MESH_FRAMES: usize = 12;
+
+/// Every rank sends [`MESH_FRAMES`] frames to every rank and checks what it receives (bytes
+/// and per-sender order); then the optional death with the mesh open.
+fn mesh_check(g: &Group, die: Option<usize>) -> Result<()> {
+    let drawn = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    let seed = u64::from_le_bytes(
+        g.all_gather(&drawn.to_le_bytes())?[0]
+            .as_slice()
+            .try_into()
+            .map_err(|_| DistError::Protocol("seed of 8 bytes expected".into()))?,
+    );
+    let mesh = Mesh::connect(g)?;
+    let (me, w) = (g.rank(), g.world_size());
+    for i in 0..MESH_FRAMES {
+        for to in 0..w {
+            mesh.send(to, mesh_frame(seed, me, to, i))?;
+        }
+    }
+    let mut next = vec![0usize; w];
+    while next.iter().any(|&n| n < MESH_FRAMES) {
+        let (from, b) = mesh
+            .recv_timeout(Duration::from_secs(30))?
+            .ok_or_else(|| DistError::Protocol(format!("mesh: missing frames {next:?}")))?;
+        if next[from] >= MESH_FRAMES || b != mesh_frame(seed, from, me, next[from]) {
+            return Err(DistError::Protocol(format!(
+                "mesh: frame {} from rank {from} ({} bytes) is not the one sent",
+                next[from],
+                b.len()
+            )));
+        }
+        next[from] += 1;
+    }
+    say(&format!(
+        "rank {me}: mesh ok ({MESH_FRAMES} frames with each of {w} ranks)"
+    ));
+    if let Some(d) = die {
+        return mesh_death(g, &mesh, d);
+    }
+    drop(mesh);
+    g.barrier("mesh-closed")
+}
+
+/// Rank `die` dies (SIGKILL) with the mesh open; the others wait for the mesh to report it.
+fn mesh_death(g: &Group, mesh: &Mesh, die: usize) -> Result<()> {
+    g.set_op("mesh")?;
+    g.barrier("mesh-open")?;
+    if g.rank() == die {
+        say(&format!("rank {die}: dying (SIGKILL) with the mesh open"));
+        // SAFETY: kill(2) on our own pid has no memory-safety preconditions.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+    match mesh.recv_timeout(Duration::from_secs(30)) {
+        Err(e) => Err(e),
+        Ok(got) => Err(DistError::Protocol(format!(
+            "mesh: expected rank {die}'s loss, got {:?}",
+            got.map(|(from, b)| (from, b.len()))
+        ))),
+    }
 }

@@ -10,8 +10,9 @@
 //! lands before the signal sent after it, as an RDMA write before a fenced flag update.
 //!
 //! [`InProcessEngine`] connects endpoints of one process with channels (unit tests without
-//! MPI); the MPI engine is in the `netmpi` crate; both carry the same [`Msg`] (byte engines use
-//! [`Msg::encode`] / [`Msg::decode`]).
+//! MPI); [`crate::mesh::MeshEngine`] connects processes over TCP (any launcher); the MPI engine
+//! is in the `netmpi` crate; all carry the same [`Msg`] (byte engines use [`Msg::encode`] /
+//! [`Msg::decode`]).
 
 use crate::{EpError, Result};
 use std::sync::mpsc::{channel, Receiver, Sender, TryRecvError};

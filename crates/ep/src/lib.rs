@@ -8,8 +8,8 @@
 //! - [`eplb`]: the expert load balancer (hierarchical and global policies).
 //! - [`transport`]: the inter-node [`transport::Transport`] trait and its in-process emulation.
 //! - [`proxy`]: the host-proxy transport (send windows, doorbells, proxy threads; NVSHMEM/IBGDA
-//!   style) over an [`engine::Engine`] (in-process channels here, MPI in `netmpi`, NCCL in
-//!   `netnccl`).
+//!   style) over an [`engine::Engine`] (in-process channels and the TCP [`mesh::MeshEngine`]
+//!   here, MPI in `netmpi`, NCCL in `netnccl`).
 //! - `peers` (private): same-node peers in other processes (one rank per process): their workspaces'
 //!   IPC handles gathered and mapped.
 //! - [`selfcheck`]: the cross-process check the engines' check programs share (seeded inputs,
@@ -35,6 +35,7 @@ pub mod eplb;
 pub mod grad;
 pub mod kutil;
 pub mod layout;
+pub mod mesh;
 mod peers;
 pub mod proxy;
 pub mod routing;
@@ -45,6 +46,7 @@ pub use comm::{CombineOut, DispatchOut, EpConfig, EpGroup, Handle, Payload};
 pub use engine::{Engine, InProcessEngine};
 pub use eplb::{rebalance, EplbPlan};
 pub use layout::{DispatchLayout, LayoutCfg};
+pub use mesh::MeshEngine;
 pub use proxy::{ProxyTransport, WindowKind, WindowSpec};
 pub use routing::{RoutingCfg, RoutingOut};
 pub use transport::{InProcessTransport, LinkClass, Transport};

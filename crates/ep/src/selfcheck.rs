@@ -151,7 +151,8 @@ pub fn inputs(c: &CheckCfg, r: u32) -> RankIn {
 }
 
 /// The group: every rank in this process over the direct transport (`engine` None), or the
-/// node of `engine`'s endpoint (one process per node) with the other nodes through the proxy.
+/// ranks of `engine`'s endpoint (one process per node, or one per rank with the node peers in
+/// other processes reached through IPC) with the other nodes through the proxy.
 pub fn group(c: &CheckCfg, engine: Option<Box<dyn Engine>>) -> Res<EpGroup> {
     let (ranks, gpn) = (c.ranks(), c.gpus_per_node);
     let cfg = c.ep_config()?;
@@ -163,15 +164,19 @@ pub fn group(c: &CheckCfg, engine: Option<Box<dyn Engine>>) -> Res<EpGroup> {
         };
         return Ok(EpGroup::new(cfg, devs, Box::new(tr))?);
     };
-    let (node, nodes) = (engine.endpoint(), engine.endpoints());
-    if nodes != c.nodes {
-        return Err(format!(
-            "nodes: {} nodes need {} processes (one per node), got {nodes}",
-            c.nodes, c.nodes
-        )
-        .into());
-    }
-    let hosted: Vec<u32> = (node * gpn..(node + 1) * gpn).collect();
+    let (me, procs) = (engine.endpoint(), engine.endpoints());
+    let per = match procs {
+        p if p == c.nodes => gpn,
+        p if p == ranks => 1,
+        p => {
+            return Err(format!(
+                "nodes: {} nodes of {gpn} need {} processes (one per node) or {ranks} (one per rank), got {p}",
+                c.nodes, c.nodes
+            )
+            .into())
+        }
+    };
+    let hosted: Vec<u32> = (me * per..(me + 1) * per).collect();
     let devs: Vec<Device> = hosted.iter().map(|&r| Device::emu(r)).collect();
     let mut all = vec![None; ranks as usize];
     for (&r, d) in hosted.iter().zip(&devs) {
@@ -250,4 +255,43 @@ pub fn check_rows(c: &CheckCfg, hosted: &[u32], outs: &[crate::DispatchOut]) -> 
         }
     }
     Ok(())
+}
+
+/// Dispatch (BF16, then FP8) and weighted combine of the hosted ranks, every received row
+/// checked with [`check_rows`]; returns `hash <rank> <output> <fnv64>` lines, bit-identical
+/// across modes (`engine` None: every rank here over the direct transport).
+pub fn dispatch_combine_hashes(c: &CheckCfg, engine: Option<Box<dyn Engine>>) -> Res<Vec<String>> {
+    use crate::comm::XRef;
+    let mut g = group(c, engine)?;
+    let (hosted, devs) = (g.hosted.clone(), g.devices.clone());
+    let ins: Vec<RankIn> = hosted.iter().map(|&r| inputs(c, r)).collect();
+    let xb = upload(&devs, &ins.iter().map(|i| &i.x[..]).collect::<Vec<_>>())?;
+    let qb = upload(&devs, &ins.iter().map(|i| &i.q[..]).collect::<Vec<_>>())?;
+    let sb = upload(&devs, &ins.iter().map(|i| &i.s[..]).collect::<Vec<_>>())?;
+    let ib = upload(&devs, &ins.iter().map(|i| &i.idx[..]).collect::<Vec<_>>())?;
+    let wb = upload(&devs, &ins.iter().map(|i| &i.w[..]).collect::<Vec<_>>())?;
+    let (ir, wr): (Vec<_>, Vec<_>) = (ib.iter().collect(), wb.iter().collect());
+    let xr: Vec<XRef> = xb.iter().map(XRef::Bf16).collect();
+    let (outs, handle) = g.dispatch(&xr, &ir, &wr, None)?;
+    let handle = handle.ok_or("a fresh dispatch returns a handle")?;
+    check_rows(c, &hosted, &outs)?;
+    let qr: Vec<XRef> = qb.iter().zip(&sb).map(|(q, s)| XRef::Fp8(q, s)).collect();
+    let (outs8, _) = g.dispatch(&qr, &ir, &wr, None)?;
+    let ys = expert_outputs(c, &devs, &outs)?;
+    let yr: Vec<&Buffer<bf16>> = ys.iter().collect();
+    let rw: Vec<&Buffer<f32>> = outs.iter().map(|o| &o.recv_w).collect();
+    let comb = g.combine(&yr, Some(&rw), &handle)?;
+    let mut lines = Vec::new();
+    for (i, &r) in hosted.iter().enumerate() {
+        for (what, b) in [
+            ("rows-bf16", outs[i].recv_x.to_bytes()?),
+            ("recv-src", outs[i].recv_src.to_bytes()?),
+            ("rows-fp8", outs8[i].recv_x.to_bytes()?),
+            ("scales-fp8", outs8[i].recv_scales.to_bytes()?),
+            ("combine", comb[i].to_bytes()?),
+        ] {
+            lines.push(format!("hash {r} {what} {:016x}", fnv(&b)));
+        }
+    }
+    Ok(lines)
 }

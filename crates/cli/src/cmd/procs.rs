@@ -149,6 +149,6 @@ fn open_engine(group: dist::Group, kind: EngineKind) -> anyhow::Result<Option<Pr
 
 /// The TCP mesh engine over the group's store.
 fn tcp_engine(group: &dist::Group) -> anyhow::Result<Arc<dyn ep::Engine>> {
-    let _ = group;
-    bail!("the TCP engine lands with ep::MeshEngine (issue 17, in progress)")
+    let engine = ep::MeshEngine::connect(group).context("opening the TCP mesh engine")?;
+    Ok(Arc::new(engine))
 }

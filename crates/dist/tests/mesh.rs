@@ -1,0 +1,231 @@
+//! The TCP mesh (`dist::Mesh`): ranks as threads of this process (random frames of every size
+//! between all pairs, per-sender order, oversize and bad destinations refused, an orderly end
+//! that is no error), and as processes under `ptxforge-dist launch` (the selftest's mesh check,
+//! and a SIGKILLed rank named by every other rank's mesh).
+
+use dist::mesh::MAX_FRAME;
+use dist::{Bootstrap, DistEnv, DistError, FaultAction, Mesh};
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::io::Read;
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ptxforge-dist");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn boot(rank: usize, world: usize, port: u16, job: &str) -> Bootstrap {
+    let vars = [
+        ("RANK", rank.to_string()),
+        ("WORLD_SIZE", world.to_string()),
+        ("LOCAL_RANK", rank.to_string()),
+        ("LOCAL_WORLD_SIZE", world.to_string()),
+        ("MASTER_ADDR", "127.0.0.1".into()),
+        ("MASTER_PORT", port.to_string()),
+        ("PTXFORGE_JOB_ID", job.into()),
+        ("PTXFORGE_PEER_TIMEOUT", "5".into()),
+        ("PTXFORGE_BOOTSTRAP_TIMEOUT", "20".into()),
+    ];
+    let env = DistEnv::from_vars(vars.map(|(k, v)| (k.to_string(), v))).unwrap();
+    Bootstrap::new(env).fault_action(FaultAction::Report)
+}
+
+/// Fresh random bytes (std's randomly keyed hasher; no extra dependency).
+fn random_bytes(n: usize) -> Vec<u8> {
+    let mut h = RandomState::new().build_hasher();
+    (0..n.div_ceil(8))
+        .flat_map(|i| {
+            h.write_usize(i);
+            h.finish().to_le_bytes()
+        })
+        .take(n)
+        .collect()
+}
+
+/// `frames[from][to]`: what rank `from` sends rank `to`, in order (0 bytes and ~1 MiB among
+/// random sizes).
+fn plan(world: usize) -> Vec<Vec<Vec<Vec<u8>>>> {
+    let sizes = |k: usize| match k {
+        0 => 0,
+        1 => (1 << 20) + random_bytes(1)[0] as usize,
+        _ => random_bytes(2)
+            .iter()
+            .map(|&b| b as usize * 37)
+            .sum::<usize>(),
+    };
+    (0..world)
+        .map(|_| {
+            (0..world)
+                .map(|_| (0..8).map(|k| random_bytes(sizes(k % 5))).collect())
+                .collect()
+        })
+        .collect()
+}
+
+/// Every rank sends its planned frames to every rank, then receives and checks its own.
+fn exchange(mesh: &Mesh, frames: &[Vec<Vec<Vec<u8>>>]) {
+    let (me, w) = (mesh.rank(), mesh.world_size());
+    for i in 0..frames[me][0].len() {
+        for (to, f) in frames[me].iter().enumerate() {
+            mesh.send(to, f[i].clone()).unwrap();
+        }
+    }
+    let mut next = vec![0; w];
+    let total: usize = (0..w).map(|from| frames[from][me].len()).sum();
+    for _ in 0..total {
+        let (from, b) = mesh
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap()
+            .unwrap_or_else(|| panic!("rank {me}: frames missing after {next:?}"));
+        let want = &frames[from][me][next[from]];
+        assert!(
+            b == *want,
+            "rank {me}: frame {} from {from} differs ({} bytes, sent {})",
+            next[from],
+            b.len(),
+            want.len()
+        );
+        next[from] += 1;
+    }
+    assert_eq!(mesh.try_recv().unwrap(), None, "rank {me}: extra frames");
+}
+
+#[test]
+fn frames_of_every_size_reach_every_rank_in_order() {
+    let world = 4;
+    let port = free_port();
+    let job = format!("mesh{port}");
+    let frames = Arc::new(plan(world));
+    let hs: Vec<_> = (0..world)
+        .map(|r| {
+            let (frames, job) = (frames.clone(), job.clone());
+            std::thread::spawn(move || {
+                let g = boot(r, world, port, &job).connect().unwrap();
+                let mesh = Mesh::connect(&g).unwrap();
+                exchange(&mesh, &frames);
+                g.barrier("received").unwrap();
+                if r != 0 {
+                    drop(mesh);
+                    g.barrier("dropped").unwrap();
+                } else {
+                    g.barrier("dropped").unwrap();
+                    // the others left with goodbyes: no error, and frames to them are dropped
+                    assert!(mesh
+                        .recv_timeout(Duration::from_millis(300))
+                        .unwrap()
+                        .is_none());
+                    mesh.send(1, vec![7; 5]).unwrap();
+                    assert!(mesh.try_recv().unwrap().is_none());
+                }
+                g.finish().unwrap();
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn oversize_frames_and_unknown_ranks_are_refused() {
+    let port = free_port();
+    let job = format!("meshbig{port}");
+    let hs: Vec<_> = (0..2)
+        .map(|r| {
+            let job = job.clone();
+            std::thread::spawn(move || {
+                let g = boot(r, 2, port, &job).connect().unwrap();
+                let mesh = Mesh::connect(&g).unwrap();
+                // zeroed memory: the pages are never touched
+                let big = vec![0u8; MAX_FRAME + 1];
+                let e = mesh.send(1 - r, big).unwrap_err();
+                assert!(matches!(e, DistError::FrameTooLarge { .. }), "{e}");
+                assert!(e.to_string().contains("1073741825 bytes"), "{e}");
+                let e = mesh.send(2, vec![1]).unwrap_err();
+                assert!(
+                    e.to_string().contains("rank 2 is not in a mesh of 2"),
+                    "{e}"
+                );
+                // the refused sends left the link usable
+                mesh.send(1 - r, vec![r as u8; 3]).unwrap();
+                let got = mesh.recv_timeout(Duration::from_secs(10)).unwrap();
+                assert_eq!(got, Some((1 - r, vec![1 - r as u8; 3])));
+                drop(mesh);
+                g.finish().unwrap();
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
+/// Runs `ptxforge-dist launch` 2 nodes x 2 processes of the selftest with `--mesh`.
+fn launch(job: &str, extra: &[&str]) -> (Option<i32>, String, String, Duration) {
+    let t0 = Instant::now();
+    let mut c = Command::new(BIN);
+    c.args(["launch", "--nodes", "2", "--procs-per-node", "2"])
+        .args(["--job-id", job, "--timeout", "5", "--", BIN, "selftest"])
+        .args(["--rounds", "1", "--mesh"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            child.kill().unwrap();
+            panic!("launcher still running after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    (status.code(), out, err, t0.elapsed())
+}
+
+fn job(name: &str) -> String {
+    format!("mesh_t{}_{name}", std::process::id())
+}
+
+#[test]
+fn processes_exchange_frames_over_the_mesh() {
+    let (code, out, err, _) = launch(&job("ok"), &[]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    for r in 0..4 {
+        let line = format!("[rank {r}] rank {r}: mesh ok (12 frames with each of 4 ranks)");
+        assert!(out.contains(&line), "{out}");
+        assert!(out.contains(&format!("[rank {r}] rank {r}: ok")), "{out}");
+    }
+}
+
+#[test]
+fn a_sigkilled_rank_is_named_by_every_other_rank_s_mesh() {
+    let (code, out, err, took) = launch(&job("kill"), &["--die-rank", "2"]);
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    for r in [0, 1, 3] {
+        let named = format!("[rank {r}] ptxforge-dist: rank {r}: error: rank 2: connection lost");
+        assert!(err.contains(&named), "rank {r} did not name rank 2:\n{err}");
+    }
+    assert!(dist::shm::job_segments(&job("kill")).is_empty());
+}
