@@ -1,12 +1,12 @@
-//! `ptxforge train` across processes, one per pipeline rank, under `mpirun -np 2` (feature
-//! `mpi`; the MPI engine carries the stage boundaries): per-step losses and gradient norms, the
-//! validation loss and the checkpoint file are bit-identical to the single-process run of the
-//! same configuration and a fresh seed; a rank SIGKILLed mid-step (`PTXFORGE_TEST_DIE`) makes
-//! the job exit non-zero with the dead rank and its operation named, leaving no process and no
-//! `/dev/shm/ptxforge-{job}-*` segment; `-np` other than `parallel.pp` and ranks that disagree on
-//! the configuration are refused. Run with
+//! `ptxforge train` across processes, one per pipeline rank, under `ptxforge launch --nodes 2
+//! --procs-per-node 1` (the TCP mesh engine) and, with the `mpi` feature, under `mpirun -np 2`
+//! (the MPI engine): per-step losses and gradient norms, the validation loss and the
+//! checkpoint file are bit-identical to the single-process run of the same configuration and a
+//! fresh seed; a rank SIGKILLed mid-step (`PTXFORGE_TEST_DIE`) makes the job exit non-zero
+//! with the dead rank and its operation named, leaving no process and no
+//! `/dev/shm/ptxforge-{job}-*` segment; a process count other than `parallel.pp` and ranks that
+//! disagree on the options are refused. The mpirun cases run with
 //! `cargo test -p ptxforge-cli --features mpi --test train_procs`.
-#![cfg(feature = "mpi")]
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -48,40 +48,80 @@ fn job(tag: u16) -> (String, String) {
     )
 }
 
-/// `mpirun` with every app context (`:`-separated argument lists) given the job's variables.
-fn mpirun(tag: u16, contexts: &[(u32, Vec<String>)], env: &[(&str, &str)]) -> Output {
+/// How the ranks are started.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Launcher {
+    /// `ptxforge launch --nodes N --procs-per-node 1` (TCP mesh engine).
+    Launch,
+    /// `mpirun -np N` (feature `mpi`: MPI engine).
+    #[cfg(feature = "mpi")]
+    Mpirun,
+}
+
+/// The variables every rank gets (besides the launcher's own).
+const JOB_ENV: [(&str, &str); 2] = [
+    ("PTXFORGE_BOOTSTRAP_TIMEOUT", "30"),
+    ("PTXFORGE_PEER_TIMEOUT", "20"),
+];
+
+/// `n` ranks of `ptxforge train ARGS` (`per_rank`: an extra option whose value is the rank
+/// plus one, the ranks then disagree), with `env` added; checks nothing of the job is left.
+fn start(
+    how: Launcher,
+    tag: u16,
+    n: u32,
+    args: &[String],
+    per_rank: Option<&str>,
+    env: &[(&str, &str)],
+) -> Output {
     let (job, port) = job(tag);
-    let mut c = Command::new("mpirun");
-    c.args(["--allow-run-as-root", "--oversubscribe"])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("PTXFORGE_JOB_ID", &job)
-        .env("MASTER_PORT", &port)
-        .env("PTXFORGE_BOOTSTRAP_TIMEOUT", "30")
-        .env("PTXFORGE_PEER_TIMEOUT", "20");
-    let mut names = vec![
-        "PTXFORGE_JOB_ID",
-        "MASTER_PORT",
-        "PTXFORGE_BOOTSTRAP_TIMEOUT",
-        "PTXFORGE_PEER_TIMEOUT",
-    ];
-    for (k, v) in env {
-        c.env(k, v);
-        names.push(k);
-    }
-    for (i, (np, args)) in contexts.iter().enumerate() {
-        if i > 0 {
-            c.arg(":");
+    let bin = env!("CARGO_BIN_EXE_ptxforge");
+    let mut c = match how {
+        Launcher::Launch => {
+            let mut c = Command::new(bin);
+            c.args(["launch", "--nodes", &n.to_string(), "--procs-per-node", "1"])
+                .args(["--job-id", &job, "--master-port", &port, "--"]);
+            c
         }
-        c.args(["-np", &np.to_string()]);
-        for n in &names {
-            c.args(["-x", n]);
+        #[cfg(feature = "mpi")]
+        Launcher::Mpirun => {
+            let mut c = Command::new("mpirun");
+            c.args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-np",
+                &n.to_string(),
+            ])
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("PTXFORGE_JOB_ID", &job)
+            .env("MASTER_PORT", &port);
+            for k in ["PTXFORGE_JOB_ID", "MASTER_PORT"]
+                .iter()
+                .chain(JOB_ENV.iter().map(|(k, _)| k))
+                .chain(env.iter().map(|(k, _)| k))
+            {
+                c.args(["-x", k]);
+            }
+            c
         }
-        c.arg(env!("CARGO_BIN_EXE_ptxforge"))
-            .arg("train")
-            .args(args);
-    }
-    let out = c.output().expect("spawn mpirun");
+    };
+    c.envs(JOB_ENV).envs(env.iter().copied());
+    let rank = match how {
+        Launcher::Launch => "RANK",
+        #[cfg(feature = "mpi")]
+        Launcher::Mpirun => "OMPI_COMM_WORLD_RANK",
+    };
+    match per_rank {
+        // a shell reads the rank from the launcher's variable
+        Some(opt) => c.args([
+            "sh",
+            "-c",
+            &format!("exec {bin} train {} {opt} $(({rank} + 1))", args.join(" ")),
+        ]),
+        None => c.arg(bin).arg("train").args(args),
+    };
+    let out = c.output().expect("spawn the launcher");
     assert_clean(&job);
     out
 }
@@ -157,10 +197,10 @@ fn numbers(v: &Value) -> Vec<u64> {
     out
 }
 
-#[test]
-fn train_across_two_processes_is_bit_identical_to_one() {
+/// Two processes against one: losses, gradient norms, validation loss, checkpoint bytes.
+fn bit_identical(how: Launcher, tag: u16) {
     let t0 = std::time::Instant::now();
-    let dir = tempdir("same");
+    let dir = tempdir(&format!("same{tag}"));
     let cfg = config(&dir, fresh_seed());
     let (a, b) = (dir.join("one.ckpt"), dir.join("two.ckpt"));
     let one = Command::new(env!("CARGO_BIN_EXE_ptxforge"))
@@ -169,7 +209,15 @@ fn train_across_two_processes_is_bit_identical_to_one() {
         .output()
         .expect("spawn ptxforge");
     let one = json(one);
-    let two = json(mpirun(1, &[(2, args(&cfg, &b, &["--json"]))], &[]));
+    let out = start(how, tag, 2, &args(&cfg, &b, &["--json"]), None, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    // under `ptxforge launch` rank 0's lines carry a `[rank 0] ` prefix
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("{\""))
+        .expect("a JSON line");
+    let two: Value = serde_json::from_str(&line[line.find('{').unwrap_or(0)..]).expect("JSON");
     assert_eq!(numbers(&one)[..], numbers(&two)[..], "{one}\n{two}");
     assert_eq!(
         numbers(&one).len(),
@@ -187,23 +235,19 @@ fn train_across_two_processes_is_bit_identical_to_one() {
         cb.len()
     );
     let _ = std::fs::remove_dir_all(&dir);
-    eprintln!("{:.1} s", t0.elapsed().as_secs_f64());
+    eprintln!("{how:?}: {:.1} s", t0.elapsed().as_secs_f64());
 }
 
-#[test]
-fn a_rank_killed_mid_step_is_named_with_its_operation() {
-    let dir = tempdir("kill");
+/// Rank 1 SIGKILLs itself in the first step's pipeline.
+fn killed(how: Launcher, tag: u16) {
+    let dir = tempdir(&format!("kill{tag}"));
     let cfg = config(&dir, 5);
     let save = dir.join("k.ckpt");
-    let out = mpirun(
-        2,
-        &[(2, args(&cfg, &save, &[]))],
-        &[("PTXFORGE_TEST_DIE", "1:pipeline")],
-    );
-    let err = String::from_utf8_lossy(&out.stderr);
+    let die = [("PTXFORGE_TEST_DIE", "1:pipeline")];
+    let out = start(how, tag, 2, &args(&cfg, &save, &[]), None, &die);
     assert!(!out.status.success(), "{}", text(&out));
     assert!(
-        err.contains("rank 1 died during `train: pipeline"),
+        String::from_utf8_lossy(&out.stderr).contains("rank 1 died during `train: pipeline"),
         "{}",
         text(&out)
     );
@@ -212,10 +256,27 @@ fn a_rank_killed_mid_step_is_named_with_its_operation() {
 }
 
 #[test]
+fn train_under_launch_is_bit_identical_to_one_process() {
+    bit_identical(Launcher::Launch, 1);
+}
+
+#[test]
+fn a_rank_killed_mid_step_under_launch_is_named_with_its_operation() {
+    killed(Launcher::Launch, 2);
+}
+
+#[test]
 fn a_process_count_other_than_pp_is_refused() {
     let dir = tempdir("np");
     let cfg = config(&dir, 6);
-    let out = mpirun(3, &[(3, args(&cfg, &dir.join("n.ckpt"), &[]))], &[]);
+    let out = start(
+        Launcher::Launch,
+        3,
+        3,
+        &args(&cfg, &dir.join("n.ckpt"), &[]),
+        None,
+        &[],
+    );
     assert!(!out.status.success(), "{}", text(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains(
@@ -229,25 +290,31 @@ fn a_process_count_other_than_pp_is_refused() {
 }
 
 #[test]
-fn ranks_that_disagree_on_the_configuration_are_refused_at_bootstrap() {
+fn ranks_that_disagree_on_the_options_are_refused_at_bootstrap() {
     let dir = tempdir("mismatch");
     let cfg = config(&dir, 7);
     let save = dir.join("m.ckpt");
-    let out = mpirun(
-        4,
-        &[
-            (1, args(&cfg, &save, &[])),
-            (1, args(&cfg, &save, &["--stop-after", "1"])),
-        ],
-        &[],
-    );
+    let a = args(&cfg, &save, &[]);
+    let out = start(Launcher::Launch, 4, 2, &a, Some("--stop-after"), &[]);
     assert!(!out.status.success(), "{}", text(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr)
-            .contains("configuration differs between ranks: rank 1 has `config[1].stop_after`"),
+            .contains("configuration differs between ranks: rank 1 has `config[1].stop_after` = 2"),
         "{}",
         text(&out)
     );
     assert!(!save.exists());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn train_under_mpirun_is_bit_identical_to_one_process() {
+    bit_identical(Launcher::Mpirun, 5);
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn a_rank_killed_mid_step_under_mpirun_is_named_with_its_operation() {
+    killed(Launcher::Mpirun, 6);
 }

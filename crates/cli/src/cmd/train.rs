@@ -277,7 +277,7 @@ fn run_ranks(a: &Args, cfg: &TrainConfig) -> Result<()> {
     // a scoped thread announces the operations the hook sends it
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let group = &p.group;
-    std::thread::scope(|sc| -> Result<()> {
+    let r = std::thread::scope(|sc| -> Result<()> {
         sc.spawn(move || {
             for op in rx {
                 // a failed announcement (the store gone) is the watchdog's to report
@@ -294,8 +294,28 @@ fn run_ranks(a: &Args, cfg: &TrainConfig) -> Result<()> {
         let mut t = Trainer::new_rank(cfg.clone(), &corpus, &*factory(), options(a), me)
             .with_context(|| format!("pipeline rank {rank}"))?;
         train(&mut t, a, cfg, &corpus, lead).with_context(|| format!("pipeline rank {rank}"))
-    })?;
+    });
+    if let Err(e) = r {
+        return Err(match peer_death(&p.group) {
+            Some(death) => e.context(death),
+            None => e,
+        });
+    }
     p.finish()
+}
+
+/// After a failure: the death of a peer (naming it and the operation it announced) if the
+/// group's watchdog sees one within a few seconds (a lost connection is often seen first by
+/// the engine, whose error does not know the operation).
+fn peer_death(group: &dist::Group) -> Option<dist::DistError> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        if let Err(e) = group.check() {
+            return Some(e);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    None
 }
 
 /// Sends each phase to be announced to the group (a death then names it) and, under the test
