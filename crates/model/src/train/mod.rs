@@ -692,23 +692,7 @@ impl Trainer {
         let r = self.validation_loss(&batches);
         let loss = match self.link.clone() {
             None => r?,
-            Some(l) => {
-                if let Err(e) = &r {
-                    if !matches!(e, TrainError::Peer { .. }) {
-                        l.abort(e); // the peers stop with this error instead of a timeout
-                    }
-                    if l.rank() != LOSS_RANK {
-                        return r;
-                    }
-                }
-                let mine = r.map(|v| link::f64_bytes(&[v]));
-                let t = link::tag(Tag::Valid, 0, 0)?;
-                let b = l.broadcast(LOSS_RANK, t, mine, "validation loss")?;
-                let mut rd = Reader::new(&b, LOSS_RANK, "validation loss");
-                let v = rd.f64()?;
-                rd.done()?;
-                v
-            }
+            Some(l) => share_validation_loss(&l, r)?,
         };
         self.valid_curve.push((self.step as u32, loss));
         Ok(loss)
@@ -778,6 +762,26 @@ impl Trainer {
     pub fn spans(&self) -> &[Span] {
         &self.last_spans
     }
+}
+
+/// Across processes: the loss rank's validation loss (`r` there) on every rank; a rank whose
+/// evaluation failed tells the others and returns its error.
+fn share_validation_loss(l: &Link, r: Result<f64, TrainError>) -> Result<f64, TrainError> {
+    if let Err(e) = &r {
+        if !matches!(e, TrainError::Peer { .. }) {
+            l.abort(e); // the peers stop with this error instead of a timeout
+        }
+        if l.rank() != LOSS_RANK {
+            return r;
+        }
+    }
+    let mine = r.map(|v| link::f64_bytes(&[v]));
+    let t = link::tag(Tag::Valid, 0, 0)?;
+    let b = l.broadcast(LOSS_RANK, t, mine, "validation loss")?;
+    let mut rd = Reader::new(&b, LOSS_RANK, "validation loss");
+    let v = rd.f64()?;
+    rd.done()?;
+    Ok(v)
 }
 
 /// Across processes: this rank's `(stage, norm)` pairs all-gathered; every stage's norm in
