@@ -139,6 +139,46 @@ pub struct Trainer {
     link: Option<Arc<Link>>,
 }
 
+/// What runs in this process: the executor, the stages (all, or across processes its pipeline
+/// rank's two: `local`) and their optimizer groups.
+struct Here {
+    exec: Executor,
+    local: Vec<usize>,
+    opt: Optimizer,
+    stages: Vec<Box<dyn Stage>>,
+}
+
+impl Here {
+    fn build(
+        specs: Vec<StageSpec>,
+        micro_batches: usize,
+        params: &Params,
+        owners: &[Vec<usize>],
+        link: Option<Arc<Link>>,
+        factory: &StageFactory,
+    ) -> Result<Here, TrainError> {
+        let exec = match link {
+            None => Executor::new(&specs, micro_batches)?,
+            Some(l) => Executor::for_rank(&specs, micro_batches, l)?,
+        };
+        let local = exec.local_stages();
+        let first: Vec<_> = local.iter().map(|&s| specs[s].devices[0].clone()).collect();
+        let own: Vec<_> = local.iter().map(|&s| owners[s].clone()).collect();
+        let opt = Optimizer::for_stages(params, &local, &own, &first, specs.len())?;
+        let stages = specs
+            .into_iter()
+            .filter(|s| local.contains(&s.index))
+            .map(|s| factory(s, params))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Here {
+            exec,
+            local,
+            opt,
+            stages,
+        })
+    }
+}
+
 /// The rank holding the last stage (loss, head, MTP) under DualPipeV: rank 0.
 const LOSS_RANK: usize = 0;
 
@@ -209,19 +249,7 @@ impl Trainer {
             .map(|s| layout::stage_params(s, &params.specs))
             .collect();
         let mbs = cfg.train.micro_batches as usize;
-        let exec = match &link {
-            None => Executor::new(&specs, mbs)?,
-            Some(l) => Executor::for_rank(&specs, mbs, l.clone())?,
-        };
-        let local = exec.local_stages();
-        let first: Vec<_> = local.iter().map(|&s| specs[s].devices[0].clone()).collect();
-        let own: Vec<_> = local.iter().map(|&s| owners[s].clone()).collect();
-        let opt = Optimizer::for_stages(&params, &local, &own, &first, specs.len())?;
-        let stages = specs
-            .into_iter()
-            .filter(|s| local.contains(&s.index))
-            .map(|s| factory(s, &params))
-            .collect::<Result<Vec<_>, _>>()?;
+        let here = Here::build(specs, mbs, &params, &owners, link.clone(), factory)?;
         // a fresh sampler validates the training split against the batch shape
         let t = &cfg.train;
         let sampler = data::Sampler::new(
@@ -240,11 +268,11 @@ impl Trainer {
             step: 0,
             specs: params.specs.clone(),
             host: OnceCell::from(params),
-            stages,
-            local,
+            stages: here.stages,
+            local: here.local,
             owners,
-            opt,
-            exec,
+            opt: here.opt,
+            exec: here.exec,
             entropy,
             train_curve: Vec::new(),
             valid_curve: Vec::new(),
