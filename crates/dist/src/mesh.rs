@@ -122,6 +122,8 @@ struct Setup {
     world: usize,
     job: String,
     deadline: Instant,
+    /// Set when dialing failed: the acceptor stops waiting (the dial error is reported).
+    abandoned: AtomicBool,
 }
 
 impl Mesh {
@@ -133,6 +135,7 @@ impl Mesh {
             world: env.world_size,
             job: env.job_id.clone(),
             deadline: Instant::now() + env.bootstrap_timeout,
+            abandoned: AtomicBool::new(false),
         };
         let ip = group.local_addr()?.ip();
         let listener = TcpListener::bind((ip, 0)).map_err(|source| DistError::Bind {
@@ -144,6 +147,9 @@ impl Mesh {
         let streams = std::thread::scope(|s| {
             let acceptor = s.spawn(|| accept_lower(&listener, &setup));
             let dialed = dial_higher(&addrs, &setup);
+            if dialed.is_err() {
+                setup.abandoned.store(true, Ordering::SeqCst);
+            }
             let accepted = acceptor
                 .join()
                 .unwrap_or_else(|_| Err(DistError::Protocol("mesh acceptor panicked".into())));
@@ -422,6 +428,9 @@ fn accept_lower(l: &TcpListener, s: &Setup) -> Result<Vec<(usize, TcpStream)>> {
                 }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if s.abandoned.load(Ordering::SeqCst) {
+                    return Err(DistError::Protocol("mesh setup abandoned".into()));
+                }
                 if Instant::now() >= s.deadline {
                     return Err(DistError::MeshTimeout {
                         rank: s.rank,
@@ -622,6 +631,7 @@ mod tests {
             world: 4,
             job: "jobA".into(),
             deadline: Instant::now(),
+            abandoned: AtomicBool::new(false),
         }
     }
 

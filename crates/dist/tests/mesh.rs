@@ -7,8 +7,8 @@ use dist::mesh::MAX_FRAME;
 use dist::{Bootstrap, DistEnv, DistError, FaultAction, Mesh};
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::io::Read;
-use std::net::TcpListener;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -167,6 +167,65 @@ fn oversize_frames_and_unknown_ranks_are_refused() {
     for h in hs {
         h.join().unwrap();
     }
+}
+
+/// The documented hello: `ptxmesh1`, from, to, world (u32 LE), the job id; as one frame.
+fn hello_frame(from: u32, to: u32, world: u32, job: &str) -> Vec<u8> {
+    let mut b = b"ptxmesh1".to_vec();
+    for v in [from, to, world] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b.extend_from_slice(job.as_bytes());
+    let mut f = (b.len() as u32).to_le_bytes().to_vec();
+    f.extend_from_slice(&b);
+    f
+}
+
+/// The acceptor's answer frame: status byte, then the reason.
+fn answer(c: &mut TcpStream) -> (u8, String) {
+    let mut h = [0u8; 4];
+    c.read_exact(&mut h).unwrap();
+    let mut b = vec![0; u32::from_le_bytes(h) as usize];
+    c.read_exact(&mut b).unwrap();
+    (b[0], String::from_utf8_lossy(&b[1..]).into_owned())
+}
+
+/// Rank 0 is this test speaking the wire format by hand: a hello of another job is refused
+/// with the reason, the right hello accepted, then a frame header over 1 GiB makes the real
+/// rank 1 report rank 0's connection as lost.
+#[test]
+fn foreign_hellos_are_refused_and_oversize_frames_end_the_link() {
+    let port = free_port();
+    let job = format!("meshwire{port}");
+    let j1 = job.clone();
+    let real = std::thread::spawn(move || {
+        let g = boot(1, 2, port, &j1).connect().unwrap();
+        let mesh = Mesh::connect(&g).unwrap();
+        let e = mesh.recv_timeout(Duration::from_secs(20)).unwrap_err();
+        assert!(matches!(e, DistError::PeerLost { rank: 0, .. }), "{e}");
+        assert!(e.to_string().contains("1073741825 bytes"), "{e}");
+        // the loss stays reported
+        assert!(mesh.try_recv().is_err());
+        drop(mesh);
+        g.finish().unwrap();
+    });
+    let g = boot(0, 2, port, &job).connect().unwrap();
+    let addrs = g.all_gather(b"127.0.0.1:9").unwrap();
+    let addr = String::from_utf8(addrs[1].clone()).unwrap();
+    let mut c = TcpStream::connect(&addr).unwrap();
+    c.write_all(&hello_frame(0, 1, 2, "someone_else")).unwrap();
+    let (status, why) = answer(&mut c);
+    assert_eq!(status, 1);
+    assert!(why.contains("job `someone_else`"), "{why}");
+    let mut c = TcpStream::connect(&addr).unwrap();
+    c.write_all(&hello_frame(0, 1, 2, &job)).unwrap();
+    assert_eq!(answer(&mut c).0, 0);
+    c.write_all(&((MAX_FRAME + 1) as u32).to_le_bytes())
+        .unwrap();
+    // both ranks' finish barrier; rank 1's own failure first if it has one
+    let fin = g.finish();
+    real.join().unwrap();
+    fin.unwrap();
 }
 
 /// Runs `ptxforge-dist launch` 2 nodes x 2 processes of the selftest with `--mesh`.
