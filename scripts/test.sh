@@ -30,6 +30,8 @@ cargo test --workspace --all-targets -- --test-threads="${TEST_THREADS:-2}"
 # the multi-process `ptxforge moe` / `ptxforge comm` (cargo feature `mpi`, not in the default
 # build): one process per node under mpirun vs one process, bit for bit
 cargo test -p ptxforge-cli --features mpi --test moe_mpi --test comm_mpi -- --test-threads=1
+# `ptxforge train` across processes under mpirun (its `ptxforge launch` cases ran above)
+cargo test -p ptxforge-cli --features mpi --test train_procs -- --test-threads=1 under_mpirun
 # The Python package (python/, docs/PYTHON.md): a venv under target/ with numpy, pytest,
 # triton, maturin and the package built from this checkout, then its pytest suite. Idempotent:
 # installed requirements are not fetched again (set PIP_FIND_LINKS to a wheel directory to

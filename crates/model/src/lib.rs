@@ -76,4 +76,8 @@ pub enum TrainError {
     Panicked(String),
     #[error("not supported: {0}")]
     Unsupported(String),
+    /// Multi-process training: a peer process (pipeline rank `rank`) failed, stopped, sent
+    /// nothing within the timeout, or sent a malformed message.
+    #[error("pipeline rank {rank}: {msg}")]
+    Peer { rank: usize, msg: String },
 }

@@ -4,13 +4,21 @@
 //! (a bad field or an unwritable path fails at once), then prints per step, evaluates every
 //! `--eval-every` steps (saving the checkpoint then), and at the end writes the checkpoint,
 //! the loss curve and the JSON report.
+//!
+//! Started by a launcher (`ptxforge launch`, torchrun, `mpirun`) it runs one process per
+//! pipeline rank (`WORLD_SIZE == parallel.pp`): [`super::procs::join`] checks that every rank
+//! agrees on the configuration and opens the engine, `Trainer::new_rank` runs the rank's two
+//! stages, and rank 0 prints and writes every output (the others write nothing).
 
+use super::procs::{self, EngineKind};
 use anyhow::{bail, Context, Result};
 use model::config::{DeviceKind, TrainConfig};
 use model::data::{self, Corpus};
-use model::train::{StepReport, TrainOptions, Trainer};
+use model::train::{PhaseHook, PipeRank, StepReport, TrainOptions, Trainer};
+use serde::Serialize;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 #[derive(clap::Args, Clone)]
 pub struct Args {
@@ -54,6 +62,10 @@ pub struct Args {
     /// Emit one JSON object at the end instead of the per-step lines.
     #[arg(long)]
     pub json: bool,
+    /// Under a launcher (one process per pipeline rank): the engine that carries the stage
+    /// boundaries (default: `mpi` under mpirun with the `mpi` feature, else `tcp`).
+    #[arg(long, value_enum)]
+    pub engine: Option<EngineKind>,
 }
 
 #[derive(clap::Args)]
@@ -163,7 +175,12 @@ fn write_plot(t: &Trainer, path: &Path) -> Result<()> {
 
 /// Steps up to `train.steps`, evaluating and saving every `eval_every` steps and at the end;
 /// returns the step reports and the validation losses as JSON.
-fn train_loop(t: &mut Trainer, a: &Args, cfg: &TrainConfig) -> Result<(Vec<Value>, Vec<Value>)> {
+fn train_loop(
+    t: &mut Trainer,
+    a: &Args,
+    cfg: &TrainConfig,
+    lead: bool,
+) -> Result<(Vec<Value>, Vec<Value>)> {
     let mut steps: Vec<Value> = Vec::new();
     let mut valid: Vec<Value> = Vec::new();
     let first = t.steps_done();
@@ -173,12 +190,12 @@ fn train_loop(t: &mut Trainer, a: &Args, cfg: &TrainConfig) -> Result<(Vec<Value
     while t.steps_done() < end {
         let traced = a.trace.is_some() && t.steps_done() == first;
         let r = if traced { t.step_traced()? } else { t.step()? };
-        if r.step == first + 1 {
+        if r.step == first + 1 && lead {
             if let Some(p) = &a.trace {
                 t.trace().write(p)?;
             }
         }
-        if !a.json {
+        if !a.json && lead {
             println!("{}", step_line(&r));
         }
         steps.push(serde_json::to_value(&r)?);
@@ -186,7 +203,7 @@ fn train_loop(t: &mut Trainer, a: &Args, cfg: &TrainConfig) -> Result<(Vec<Value
         if r.step.is_multiple_of(cfg.train.eval_every as u64) || last {
             let v = t.evaluate()?;
             t.save(&a.save)?;
-            if !a.json {
+            if !a.json && lead {
                 println!(
                     "step {:>4}  validation loss {v:.4}  (saved {})",
                     r.step,
@@ -199,6 +216,16 @@ fn train_loop(t: &mut Trainer, a: &Args, cfg: &TrainConfig) -> Result<(Vec<Value
     Ok((steps, valid))
 }
 
+/// What every rank of a multi-process run must agree on (checked at bootstrap).
+#[derive(Serialize)]
+struct Agreed<'a> {
+    config: &'a TrainConfig,
+    corpus: String,
+    eval_batches: usize,
+    stop_after: Option<u32>,
+    resume: bool,
+}
+
 pub fn run(a: Args) -> Result<()> {
     let cfg = resolve_config(
         a.config.as_deref(),
@@ -206,15 +233,163 @@ pub fn run(a: Args) -> Result<()> {
         a.eval_every,
         a.device.as_deref(),
     )?;
-    preflight(&a, &cfg)?;
-    let corpus = corpus(a.data.as_deref(), &cfg)?;
-    let opts = TrainOptions {
+    if !procs::launched()? {
+        preflight(&a, &cfg)?;
+        let corpus = corpus(a.data.as_deref(), &cfg)?;
+        let mut t = Trainer::new(cfg.clone(), &corpus, &*factory(), options(&a))?;
+        return train(&mut t, &a, &cfg, &corpus, true);
+    }
+    run_ranks(&a, &cfg)
+}
+
+/// This process's pipeline rank of a launched run (see the module docs).
+fn run_ranks(a: &Args, cfg: &TrainConfig) -> Result<()> {
+    check_world(a, cfg)?;
+    let corpus = corpus(a.data.as_deref(), cfg)?;
+    let agreed = Agreed {
+        config: cfg,
+        corpus: corpus.fingerprint(),
+        eval_batches: a.eval_batches,
+        stop_after: a.stop_after,
+        resume: a.resume.is_some(),
+    };
+    let p =
+        procs::join("train", &agreed, a.engine)?.context("the launcher's variables vanished")?;
+    let (rank, lead) = (p.rank(), p.rank() == 0);
+    if p.world_size() != cfg.parallel.pp as usize {
+        bail!(
+            "the process group has {} ranks for parallel.pp = {}",
+            p.world_size(),
+            cfg.parallel.pp
+        );
+    }
+    if lead {
+        preflight(a, cfg)?;
+        if !a.json {
+            println!(
+                "{} processes, one per pipeline rank; engine {:?}",
+                p.world_size(),
+                p.kind
+            );
+        }
+    }
+    // the hook must be 'static, and the process group (MPI inside) cannot be shared with it:
+    // a scoped thread announces the operations the hook sends it
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let group = &p.group;
+    let r = std::thread::scope(|sc| -> Result<()> {
+        sc.spawn(move || {
+            for op in rx {
+                // a failed announcement (the store gone) is the watchdog's to report
+                let _ = group.set_op(&op);
+            }
+        });
+        let me = PipeRank {
+            rank,
+            engine: p.engine.clone(),
+            timeout: p.group.env().peer_timeout,
+            on_phase: Some(phase_hook(tx, die_phase(rank)?)),
+        };
+        // the trainer (and with it the hook's sender) is dropped at the end of this scope
+        let mut t = Trainer::new_rank(cfg.clone(), &corpus, &*factory(), options(a), me)
+            .with_context(|| format!("pipeline rank {rank}"))?;
+        train(&mut t, a, cfg, &corpus, lead).with_context(|| format!("pipeline rank {rank}"))
+    });
+    if let Err(e) = r {
+        return Err(match peer_death(&p.group) {
+            Some(death) => e.context(death),
+            None => e,
+        });
+    }
+    p.finish()
+}
+
+/// After a failure: the death of a peer (naming it and the operation it announced) if the
+/// group's watchdog sees one within a few seconds (a lost connection is often seen first by
+/// the engine, whose error does not know the operation).
+fn peer_death(group: &dist::Group) -> Option<dist::DistError> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        if let Err(e) = group.check() {
+            return Some(e);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    None
+}
+
+/// Sends each phase to be announced to the group (a death then names it) and, under the test
+/// hook, dies in the phase `die` names.
+fn phase_hook(tx: std::sync::mpsc::Sender<String>, die: Option<String>) -> Arc<PhaseHook> {
+    let tx = std::sync::Mutex::new(tx);
+    Arc::new(move |op: &str| {
+        if let Ok(tx) = tx.lock() {
+            let _ = tx.send(op.to_string());
+        }
+        if die.as_deref().is_some_and(|d| op.contains(d)) {
+            kill_self(op);
+        }
+    })
+}
+
+fn factory() -> Box<model::train::StageFactory> {
+    model::train::device_stage_factory()
+}
+
+fn options(a: &Args) -> TrainOptions {
+    TrainOptions {
         pipelined: !a.unpipelined,
         eval_batches: (a.eval_batches > 0).then_some(a.eval_batches),
         ..TrainOptions::default()
+    }
+}
+
+/// One process per pipeline rank, and the options that run in one process only refused.
+fn check_world(a: &Args, cfg: &TrainConfig) -> Result<()> {
+    let env = dist::DistEnv::detect(std::env::vars())?.context("no launcher variables")?;
+    let pp = cfg.parallel.pp as usize;
+    if env.world_size != pp {
+        bail!(
+            "WORLD_SIZE {}: `ptxforge train` across processes runs one process per pipeline \
+             rank (parallel.pp = {pp})",
+            env.world_size
+        );
+    }
+    if a.unpipelined {
+        bail!("--unpipelined: the unpipelined reference order runs in one process only");
+    }
+    Ok(())
+}
+
+/// `PTXFORGE_TEST_DIE=RANK:OP` (the fault tests' hook): this rank SIGKILLs itself 20 ms after
+/// announcing an operation whose name contains OP.
+fn die_phase(rank: usize) -> Result<Option<String>> {
+    let Ok(v) = std::env::var("PTXFORGE_TEST_DIE") else {
+        return Ok(None);
     };
-    let factory = model::train::device_stage_factory();
-    let mut t = Trainer::new(cfg.clone(), &corpus, &*factory, opts)?;
+    let (r, op) = v
+        .split_once(':')
+        .with_context(|| format!("PTXFORGE_TEST_DIE={v:?}: want RANK:OP"))?;
+    let r: usize = r
+        .parse()
+        .with_context(|| format!("PTXFORGE_TEST_DIE={v:?}: bad rank"))?;
+    Ok((r == rank).then(|| op.to_string()))
+}
+
+fn kill_self(op: &str) {
+    eprintln!("ptxforge: test hook: SIGKILL in 20 ms (operation `{op}`)");
+    std::thread::spawn(|| {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // kill(1) rather than libc (an optional dependency): a test hook, Linux only
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &std::process::id().to_string()])
+            .status();
+    });
+}
+
+/// Resumes, trains and reports; `lead`: this process prints and writes the outputs (every
+/// collective call is made by every process, in the same order).
+fn train(t: &mut Trainer, a: &Args, cfg: &TrainConfig, corpus: &Corpus, lead: bool) -> Result<()> {
     if let Some(r) = &a.resume {
         t.resume(r)
             .with_context(|| format!("--resume {}", r.display()))?;
@@ -222,7 +397,8 @@ pub fn run(a: Args) -> Result<()> {
     let split = t.split();
     let h = t.entropy();
     let cross = data::unigram_cross_entropy(&split.train, &split.valid, corpus.vocab);
-    if !a.json {
+    let quiet = a.json || !lead;
+    if !quiet {
         println!(
             "{}: {} training / {} validation tokens; unigram entropy {:.4} nats ({:.4} bits), \
              validation under the training unigram {:.4} nats",
@@ -234,9 +410,12 @@ pub fn run(a: Args) -> Result<()> {
             cross.nats
         );
     }
-    let (steps, valid) = train_loop(&mut t, &a, &cfg)?;
+    let (steps, valid) = train_loop(t, a, cfg, lead)?;
+    if !lead {
+        return Ok(());
+    }
     if let Some(p) = &a.plot {
-        write_plot(&t, p)?;
+        write_plot(t, p)?;
         if !a.json {
             println!("loss curve: {}", p.display());
         }

@@ -27,6 +27,7 @@
 //! stage sums its per-micro-batch gradients in index order ([`Stage::take_grads`]), so the
 //! pipelined step is bit-identical to the unpipelined one.
 
+use super::link::{self, Link, Reader, Tag};
 use super::timing::{Span, SpanKind};
 use super::worker::{AbortOnPanic, Leg, Msg, Rank, RankOut};
 use crate::stage::{Boundary, MicroBatch, Stage, StageOut, StageSpec};
@@ -35,6 +36,7 @@ use pipeline::{Method, Schedule, ScheduleError};
 use runtime::{Device, Stream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::channel;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What one executed step produced.
@@ -52,8 +54,12 @@ pub struct Executor {
     pub schedule: Schedule,
     /// Per stage: its devices (EP rank order).
     devices: Vec<Vec<Device>>,
-    /// Per stage, per EP rank: the stream that copies boundaries *into* that device.
+    /// Per stage, per EP rank: the stream that copies boundaries *into* that device (and, across
+    /// processes, out of it); empty for the stages of other processes.
     streams: Vec<Vec<Stream>>,
+    /// Across processes: this process's pipeline rank and its link to the others (`None`:
+    /// every rank runs in this process).
+    link: Option<Arc<Link>>,
 }
 
 pub(super) fn exec_err(msg: String) -> TrainError {
@@ -63,22 +69,66 @@ pub(super) fn exec_err(msg: String) -> TrainError {
 impl Executor {
     /// The DualPipeV schedule of `specs.len()` stages and `micro_batches` chunks.
     pub fn new(specs: &[StageSpec], micro_batches: usize) -> Result<Executor, TrainError> {
+        Executor::build(specs, micro_batches, None)
+    }
+
+    /// The executor of pipeline rank `link.rank()` of a multi-process run: it runs that rank's
+    /// two stages; boundaries to and from the other ranks cross the link.
+    pub(super) fn for_rank(
+        specs: &[StageSpec],
+        micro_batches: usize,
+        link: Arc<Link>,
+    ) -> Result<Executor, TrainError> {
+        Executor::build(specs, micro_batches, Some(link))
+    }
+
+    fn build(
+        specs: &[StageSpec],
+        micro_batches: usize,
+        link: Option<Arc<Link>>,
+    ) -> Result<Executor, TrainError> {
         let schedule = pipeline::generate(Method::DualPipeV, specs.len(), micro_batches)?;
         pipeline::verify(&schedule)?;
         let devices: Vec<Vec<Device>> = specs.iter().map(|s| s.devices.clone()).collect();
-        let streams = devices
-            .iter()
-            .map(|ds| ds.iter().map(|d| d.stream(0)).collect())
-            .collect();
-        Ok(Executor {
+        let mut ex = Executor {
             schedule,
             devices,
-            streams,
-        })
+            streams: Vec::new(),
+            link,
+        };
+        ex.streams = (0..specs.len())
+            .map(|s| match ex.is_local(s) {
+                true => ex.devices[s].iter().map(|d| d.stream(0)).collect(),
+                false => Vec::new(),
+            })
+            .collect();
+        Ok(ex)
     }
 
     pub fn stages(&self) -> usize {
         self.devices.len()
+    }
+
+    /// Whether `stage` runs in this process.
+    pub fn is_local(&self, stage: usize) -> bool {
+        match &self.link {
+            None => true,
+            Some(l) => self.rank_of(stage) == l.rank(),
+        }
+    }
+
+    /// The stages this process runs, in stage order.
+    pub fn local_stages(&self) -> Vec<usize> {
+        (0..self.stages()).filter(|&s| self.is_local(s)).collect()
+    }
+
+    /// Stage `s`'s devices (EP rank order).
+    pub fn devices_of(&self, s: usize) -> &[Device] {
+        self.devices.get(s).map_or(&[], Vec::as_slice)
+    }
+
+    pub(super) fn link(&self) -> Option<&Arc<Link>> {
+        self.link.as_ref()
     }
 
     /// The pipeline rank holding `stage`.
@@ -127,6 +177,67 @@ impl Executor {
         Ok(Boundary { ranks })
     }
 
+    /// Across processes: sends stage `from`'s output `b` to the rank of stage `to` under tag
+    /// `t`, each EP rank's buffer read on `from`'s copy stream (the stage returns complete
+    /// buffers, see the module docs).
+    pub(super) fn send_remote(
+        &self,
+        b: &Boundary,
+        from: usize,
+        to: usize,
+        t: u32,
+    ) -> Result<(), TrainError> {
+        let link = self.link.as_ref().ok_or_else(|| no_link("send_remote"))?;
+        let streams = &self.streams[from];
+        if b.ranks.len() != streams.len() {
+            return Err(TrainError::Shape(format!(
+                "stage {from} produced {} EP-rank buffers on {} devices",
+                b.ranks.len(),
+                streams.len()
+            )));
+        }
+        let mut bytes = (b.ranks.len() as u64).to_le_bytes().to_vec();
+        for (buf, st) in b.ranks.iter().zip(streams) {
+            link::put_f32s(&mut bytes, &st.read(buf)?);
+        }
+        link.send(self.rank_of(to), t, bytes)
+    }
+
+    /// Across processes: a boundary received from rank `from` for stage `to`, uploaded to that
+    /// stage's devices (`what` names it in errors).
+    pub(super) fn decode_boundary(
+        &self,
+        bytes: &[u8],
+        from: usize,
+        to: usize,
+        what: &str,
+    ) -> Result<Boundary, TrainError> {
+        let (dst, streams) = (&self.devices[to], &self.streams[to]);
+        let mut r = Reader::new(bytes, from, what);
+        let n = r.u64()? as usize;
+        if n != dst.len() || n != streams.len() {
+            return Err(TrainError::Peer {
+                rank: from,
+                msg: format!(
+                    "its {what} has {n} EP-rank buffers, stage {to} has {} devices here",
+                    streams.len()
+                ),
+            });
+        }
+        let mut ranks = Vec::with_capacity(n);
+        for (d, st) in dst.iter().zip(streams) {
+            let v = r.f32s()?;
+            let buf = d.alloc::<f32>(v.len())?;
+            st.copy_to_device(&buf, &v)?;
+            ranks.push(buf);
+        }
+        r.done()?;
+        for st in streams {
+            st.synchronize()?;
+        }
+        Ok(Boundary { ranks })
+    }
+
     /// Every micro-batch forward through all stages, then every backward (last stage first),
     /// on this thread: the reference order.
     pub fn run_unpipelined(
@@ -134,6 +245,13 @@ impl Executor {
         stages: &mut [Box<dyn Stage>],
         mbs: &[MicroBatch],
     ) -> Result<ExecOut, TrainError> {
+        if self.link.is_some() {
+            return Err(TrainError::Unsupported(
+                "the unpipelined order runs in one process; across processes the step is \
+                 pipelined (DualPipeV)"
+                    .into(),
+            ));
+        }
         self.check_shape(stages, mbs)?;
         let t0 = Instant::now();
         let mut spans = Vec::new();
@@ -197,22 +315,70 @@ impl Executor {
         stages: &mut [Box<dyn Stage>],
         mb: &MicroBatch,
     ) -> Result<f64, TrainError> {
-        let mut spans = Vec::new();
-        let r = self.forward_chain(stages, mb, Instant::now(), &mut spans);
+        self.forward_local(stages, mb)?
+            .ok_or_else(|| no_link("forward_only of a multi-process pipeline"))
+    }
+
+    /// [`Executor::forward_only`] of this process's stages: across processes each stage's input
+    /// comes from the previous stage's rank and its output goes to the next one's; the loss is
+    /// `Some` where the last stage runs.
+    pub(super) fn forward_local(
+        &self,
+        stages: &mut [Box<dyn Stage>],
+        mb: &MicroBatch,
+    ) -> Result<Option<f64>, TrainError> {
+        let r = match &self.link {
+            None => self
+                .forward_chain(stages, mb, Instant::now(), &mut Vec::new())
+                .map(Some),
+            Some(link) => self.forward_linked(stages, mb, link),
+        };
         for s in stages.iter_mut() {
             s.discard(mb.index);
         }
         r
     }
 
+    /// The forward chain over this process's stages (see [`Executor::forward_local`]).
+    fn forward_linked(
+        &self,
+        stages: &mut [Box<dyn Stage>],
+        mb: &MicroBatch,
+        link: &Link,
+    ) -> Result<Option<f64>, TrainError> {
+        let last = self.stages() - 1;
+        let mut x: Option<Boundary> = None;
+        for (k, s) in self.local_stages().into_iter().enumerate() {
+            if s > 0 && x.is_none() {
+                let from = self.rank_of(s - 1);
+                let what = format!("evaluation activation into stage {s} (batch {})", mb.index);
+                let b = link.recv(from, link::tag(Tag::Eval, s, mb.index)?, &|| what.clone())?;
+                x = Some(self.decode_boundary(&b, from, s, &what)?);
+            }
+            let stage = stages.get_mut(k).ok_or_else(|| no_link("a local stage"))?;
+            match (stage.forward(mb, x.take())?, s == last) {
+                (StageOut::Loss(l), true) => return Ok(Some(l)),
+                (StageOut::Hidden(b), false) if self.is_local(s + 1) => {
+                    x = Some(self.transfer(b, s, s + 1)?);
+                }
+                (StageOut::Hidden(b), false) => {
+                    self.send_remote(&b, s, s + 1, link::tag(Tag::Eval, s + 1, mb.index)?)?;
+                }
+                (_, last) => return Err(wrong_output(s, last)),
+            }
+        }
+        Ok(None)
+    }
+
     /// The stages and micro-batches the schedule was built for, indices `0..n` in order.
     fn check_shape(&self, stages: &[Box<dyn Stage>], mbs: &[MicroBatch]) -> Result<(), TrainError> {
-        if stages.len() != self.stages() || mbs.len() != self.schedule.chunks {
+        let here = self.local_stages().len();
+        if stages.len() != here || mbs.len() != self.schedule.chunks {
             return Err(TrainError::Shape(format!(
-                "{} stages and {} micro-batches for a schedule of {} stages and {} chunks",
+                "{} stages and {} micro-batches for a schedule of {here} stages (in this \
+                 process) and {} chunks",
                 stages.len(),
                 mbs.len(),
-                self.stages(),
                 self.schedule.chunks
             )));
         }
@@ -254,13 +420,22 @@ impl Executor {
         let t0 = Instant::now();
         let abort = AtomicBool::new(false);
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| channel::<Msg>()).unzip();
-        let mut legs = split_legs(stages, n);
+        // across processes only this process's rank runs here (its two stages, in stage order)
+        let ranks: Vec<usize> = match &self.link {
+            None => (0..n).collect(),
+            Some(l) => vec![l.rank()],
+        };
+        let mut legs = split_legs(stages, ranks.len());
+        let rxs: Vec<_> = rxs
+            .into_iter()
+            .enumerate()
+            .filter(|(r, _)| ranks.contains(r))
+            .collect();
         let results: Vec<Result<RankOut, TrainError>> = std::thread::scope(|sc| {
             let handles: Vec<_> = rxs
                 .into_iter()
                 .zip(legs.drain(..))
-                .enumerate()
-                .map(|(rank, (rx, legs))| {
+                .map(|((rank, rx), legs)| {
                     let mut w = Rank::new(self, rank, mbs, (txs.clone(), rx), &abort, t0);
                     sc.spawn(move || {
                         let _guard = AbortOnPanic(w.abort);
@@ -282,7 +457,8 @@ impl Executor {
                 .collect()
         });
         drop(txs);
-        collect(results, mbs.len(), t0)
+        let losses_here = self.is_local(self.stages() - 1);
+        collect(results, mbs.len(), losses_here, t0)
     }
 }
 
@@ -300,6 +476,10 @@ pub(super) fn no_input_grad(s: usize) -> TrainError {
     ))
 }
 
+fn no_link(what: &str) -> TrainError {
+    exec_err(format!("{what}: the executor is not set up for it"))
+}
+
 pub(super) fn secs(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64()
 }
@@ -314,9 +494,11 @@ fn split_legs<'a>(stages: &'a mut [Box<dyn Stage>], n: usize) -> Vec<[Leg<'a>; 2
 }
 
 /// The first real error wins over the "aborted" errors it caused elsewhere.
+/// `losses_here`: the last stage ran in this process (else `losses` is empty).
 fn collect(
     results: Vec<Result<RankOut, TrainError>>,
     mbs: usize,
+    losses_here: bool,
     t0: Instant,
 ) -> Result<ExecOut, TrainError> {
     let mut losses = vec![None; mbs];
@@ -336,6 +518,9 @@ fn collect(
     }
     if let Some(e) = aborted {
         return Err(e);
+    }
+    if !losses_here {
+        losses.clear();
     }
     let losses = losses
         .into_iter()

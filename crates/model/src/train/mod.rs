@@ -13,9 +13,12 @@
 //! - [`layout`]: devices, stage specs, parameter ownership, micro-batch splitting.
 //! - [`timing`]: spans, per-phase sums, overlap, the trace of a step.
 //! - `state`: checkpoint save and resume.
+//! - `link`: across processes ([`Trainer::new_rank`], one process per pipeline rank): the
+//!   boundary messages and the collectives of a step over an `ep::Engine`.
 
 pub mod exec;
 pub mod layout;
+mod link;
 pub mod optim;
 mod state;
 pub mod timing;
@@ -30,9 +33,12 @@ use crate::stage::{ExpertLoad, MicroBatch, Stage, StageSpec};
 use crate::trace::Trace;
 use crate::TrainError;
 use exec::Executor;
+use link::{Link, Reader, Tag};
+pub use link::{PhaseHook, PipeRank, DEFAULT_TIMEOUT as PEER_TIMEOUT};
 use optim::{Optimizer, StepHyper};
 use serde::Serialize;
 use std::cell::OnceCell;
+use std::sync::Arc;
 use std::time::Instant;
 use timing::{Overlap, Phases, Span, SpanKind};
 
@@ -111,7 +117,11 @@ pub struct Trainer {
     /// Host copies of the parameters, downloaded from the optimizer on request (emptied by
     /// every step: the weights live on the devices).
     host: OnceCell<Params>,
+    /// The stage objects this process runs (every stage, or across processes the two of its
+    /// pipeline rank), in stage order; `local[k]` is `stages[k]`'s stage index.
     stages: Vec<Box<dyn Stage>>,
+    local: Vec<usize>,
+    /// Per stage (all of them) the parameters it owns.
     owners: Vec<Vec<usize>>,
     opt: Optimizer,
     exec: Executor,
@@ -125,7 +135,52 @@ pub struct Trainer {
     last_kernels: Vec<runtime::profile::KernelSpan>,
     /// The MTP loss of the last forward-backward (with an MTP module).
     last_mtp_loss: Option<f64>,
+    /// Across processes: this process's pipeline rank and the link to the others.
+    link: Option<Arc<Link>>,
 }
+
+/// What runs in this process: the executor, the stages (all, or across processes its pipeline
+/// rank's two: `local`) and their optimizer groups.
+struct Here {
+    exec: Executor,
+    local: Vec<usize>,
+    opt: Optimizer,
+    stages: Vec<Box<dyn Stage>>,
+}
+
+impl Here {
+    fn build(
+        specs: Vec<StageSpec>,
+        micro_batches: usize,
+        params: &Params,
+        owners: &[Vec<usize>],
+        link: Option<Arc<Link>>,
+        factory: &StageFactory,
+    ) -> Result<Here, TrainError> {
+        let exec = match link {
+            None => Executor::new(&specs, micro_batches)?,
+            Some(l) => Executor::for_rank(&specs, micro_batches, l)?,
+        };
+        let local = exec.local_stages();
+        let first: Vec<_> = local.iter().map(|&s| specs[s].devices[0].clone()).collect();
+        let own: Vec<_> = local.iter().map(|&s| owners[s].clone()).collect();
+        let opt = Optimizer::for_stages(params, &local, &own, &first, specs.len())?;
+        let stages = specs
+            .into_iter()
+            .filter(|s| local.contains(&s.index))
+            .map(|s| factory(s, params))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Here {
+            exec,
+            local,
+            opt,
+            stages,
+        })
+    }
+}
+
+/// The rank holding the last stage (loss, head, MTP) under DualPipeV: rank 0.
+const LOSS_RANK: usize = 0;
 
 impl Trainer {
     /// Validates `cfg`, splits `data`, places the stages on the job's devices, initialises the
@@ -136,7 +191,45 @@ impl Trainer {
         factory: &StageFactory,
         options: TrainOptions,
     ) -> Result<Trainer, TrainError> {
+        Trainer::build(cfg, data, factory, options, None)
+    }
+
+    /// The trainer of pipeline rank `rank.rank` of a run with one process per pipeline rank
+    /// (`rank.engine` joins `parallel.pp` processes): it builds and runs that rank's two stages
+    /// (DualPipeV: `r` and `2 pp - 1 - r`, with their EP group) and the rest of the job crosses
+    /// the engine. Every process calls the same methods in the same order ([`Trainer::step`],
+    /// [`Trainer::evaluate`], [`Trainer::save`] are collective); the results (losses, norms,
+    /// parameters, checkpoint bytes) are bit-identical to [`Trainer::new`]'s of the same
+    /// configuration. After an error the trainer is not usable (its peers were told to stop).
+    pub fn new_rank(
+        cfg: TrainConfig,
+        data: &Corpus,
+        factory: &StageFactory,
+        options: TrainOptions,
+        rank: PipeRank,
+    ) -> Result<Trainer, TrainError> {
+        if options.single_device || !options.pipelined {
+            return Err(TrainError::Unsupported(
+                "across processes the step is pipelined over the job's devices (no \
+                 single-device or unpipelined run)"
+                    .into(),
+            ));
+        }
+        Trainer::build(cfg, data, factory, options, Some(rank))
+    }
+
+    fn build(
+        cfg: TrainConfig,
+        data: &Corpus,
+        factory: &StageFactory,
+        options: TrainOptions,
+        rank: Option<PipeRank>,
+    ) -> Result<Trainer, TrainError> {
         cfg.validate()?;
+        let link = match rank {
+            Some(r) => Some(Arc::new(Link::new(r, cfg.parallel.pp as usize)?)),
+            None => None,
+        };
         if data.vocab > cfg.model.vocab {
             return Err(TrainError::Shape(format!(
                 "model.vocab {} is smaller than the corpus's vocabulary {}",
@@ -155,13 +248,8 @@ impl Trainer {
             .iter()
             .map(|s| layout::stage_params(s, &params.specs))
             .collect();
-        let first: Vec<_> = specs.iter().map(|s| s.devices[0].clone()).collect();
-        let opt = Optimizer::new(&params, &owners, &first)?;
-        let exec = Executor::new(&specs, cfg.train.micro_batches as usize)?;
-        let stages = specs
-            .into_iter()
-            .map(|s| factory(s, &params))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mbs = cfg.train.micro_batches as usize;
+        let here = Here::build(specs, mbs, &params, &owners, link.clone(), factory)?;
         // a fresh sampler validates the training split against the batch shape
         let t = &cfg.train;
         let sampler = data::Sampler::new(
@@ -180,10 +268,11 @@ impl Trainer {
             step: 0,
             specs: params.specs.clone(),
             host: OnceCell::from(params),
-            stages,
+            stages: here.stages,
+            local: here.local,
             owners,
-            opt,
-            exec,
+            opt: here.opt,
+            exec: here.exec,
             entropy,
             train_curve: Vec::new(),
             valid_curve: Vec::new(),
@@ -191,6 +280,7 @@ impl Trainer {
             last_t0: None,
             last_kernels: Vec::new(),
             last_mtp_loss: None,
+            link,
         })
     }
 
@@ -203,12 +293,47 @@ impl Trainer {
     }
     /// The current FP32 master weights (and route biases): downloaded from the devices on the
     /// first call after a step.
+    ///
+    /// Across processes a process holds only its stages' parameters: see
+    /// [`Trainer::owned_params`] (and [`Trainer::save`], which gathers them all).
     pub fn params(&self) -> Result<&Params, TrainError> {
+        if let Some(l) = &self.link {
+            return Err(TrainError::Unsupported(format!(
+                "Trainer::params on pipeline rank {}: it holds stages {:?} only (owned_params, \
+                 or save, which gathers every rank's)",
+                l.rank(),
+                self.local
+            )));
+        }
         if let Some(p) = self.host.get() {
             return Ok(p);
         }
         let p = self.opt.device_params(&self.specs).download()?;
         Ok(self.host.get_or_init(|| p))
+    }
+
+    /// The parameters this process's stages own (every parameter in one process), by index
+    /// into [`crate::params::specs`], with their current FP32 master weights (route biases
+    /// included).
+    pub fn owned_params(&self) -> Result<Vec<(usize, Vec<f32>)>, TrainError> {
+        let dp = self.opt.device_params(&self.specs);
+        self.local
+            .iter()
+            .flat_map(|&s| self.owners[s].iter())
+            .map(|&i| Ok((i, dp.get(&self.specs[i].name)?.to_vec()?)))
+            .collect()
+    }
+
+    /// This process's pipeline rank (`None`: every rank runs in this process).
+    pub fn pipeline_rank(&self) -> Option<usize> {
+        self.link.as_ref().map(|l| l.rank())
+    }
+
+    /// Tells the phase hook (across processes).
+    fn phase(&self, name: &str) {
+        if let Some(l) = &self.link {
+            l.phase(&format!("train: {name} ({} steps done)", self.step));
+        }
     }
 
     /// Unigram entropy of the training split (the learning bar).
@@ -251,10 +376,13 @@ impl Trainer {
     /// The next step's loss and gradients (`[params::specs]` order; `None` for parameters
     /// without a gradient, the route biases) without applying them: the sampler, parameters
     /// and optimizer do not move (a gradient check against `model::reference`).
+    ///
+    /// Across processes (collective): the gradients of this process's parameters only.
     pub fn gradients(&mut self) -> Result<(f64, StepGrads), TrainError> {
         let (mbs, _) = self.sample()?;
         let (out, labelled) = self.forward_backward(&mbs)?;
-        let loss = out.losses.iter().sum::<f64>() / labelled as f64;
+        let losses = self.step_losses(out.losses)?;
+        let loss = losses.iter().sum::<f64>() / labelled as f64;
         let (grads, _) = self.collect_grads()?;
         Ok((loss, grads))
     }
@@ -281,6 +409,11 @@ impl Trainer {
         let t0 = Instant::now();
         let (mbs, next_sampler) = self.sample()?;
         let r = self.run_step(&mbs, t0);
+        if let (Err(e), Some(l)) = (&r, &self.link) {
+            if !matches!(e, TrainError::Peer { .. }) {
+                l.abort(e); // the peers stop with this error instead of a timeout
+            }
+        }
         if r.is_err() {
             for s in &mut self.stages {
                 mbs.iter().for_each(|m| s.discard(m.index));
@@ -312,13 +445,59 @@ impl Trainer {
             s.set_loss_scale(1.0 / labelled as f32);
         }
         self.last_mtp_loss = None;
+        self.phase("pipeline (forward, backward, boundaries)");
         let out = if self.options.pipelined {
             self.exec.run_pipelined(&mut self.stages, mbs)?
         } else {
             self.exec.run_unpipelined(&mut self.stages, mbs)?
         };
-        self.last_mtp_loss = self.mtp_loss(mbs.len(), labelled)?;
+        if self.losses_here() {
+            self.last_mtp_loss = self.mtp_loss(mbs.len(), labelled)?;
+        }
         Ok((out, labelled))
+    }
+
+    /// Whether the last stage (the losses) runs in this process.
+    fn losses_here(&self) -> bool {
+        self.exec.is_local(self.exec.stages() - 1)
+    }
+
+    /// The step's per-micro-batch losses, checked finite; across processes the loss rank's
+    /// (and its MTP loss) broadcast to every rank.
+    fn step_losses(&mut self, losses: Vec<f64>) -> Result<Vec<f64>, TrainError> {
+        let checked = self.check_losses(&losses);
+        let Some(link) = self.link.clone() else {
+            return checked.map(|_| losses);
+        };
+        self.phase("losses");
+        let mine = checked.map(|_| {
+            let mut b = link::f64_bytes(&[self.last_mtp_loss.unwrap_or(f64::NAN)]);
+            b.extend(link::f64_bytes(&losses));
+            b
+        });
+        let t = link::tag(Tag::Losses, 0, 0)?;
+        let b = link.broadcast(LOSS_RANK, t, mine, "step losses")?;
+        let mut r = Reader::new(&b, LOSS_RANK, "step losses");
+        let mtp = r.f64()?;
+        self.last_mtp_loss = (self.cfg.model.mtp_depth > 0).then_some(mtp);
+        let out = (0..self.cfg.train.micro_batches)
+            .map(|_| r.f64())
+            .collect::<Result<Vec<_>, _>>()?;
+        r.done()?;
+        Ok(out)
+    }
+
+    /// Every micro-batch's loss finite (where the losses are).
+    fn check_losses(&self, losses: &[f64]) -> Result<(), TrainError> {
+        for (i, l) in losses.iter().enumerate() {
+            let site = || Site {
+                step: self.step,
+                layer: None,
+                tensor: format!("loss of micro-batch {i}"),
+            };
+            check_finite(site, &[*l as f32])?;
+        }
+        Ok(())
     }
 
     /// The step's MTP loss from the stages' per-micro-batch sums (summed in index order, so
@@ -353,23 +532,20 @@ impl Trainer {
     }
 
     fn run_step(&mut self, mbs: &[MicroBatch], t0: Instant) -> Result<StepReport, TrainError> {
-        let (out, labelled) = self.forward_backward(mbs)?;
-        let loss = out.losses.iter().sum::<f64>() / labelled as f64;
-        for (i, l) in out.losses.iter().enumerate() {
-            let site = || Site {
-                step: self.step,
-                layer: None,
-                tensor: format!("loss of micro-batch {i}"),
-            };
-            check_finite(site, &[*l as f32])?;
-        }
+        let (mut out, labelled) = self.forward_backward(mbs)?;
+        let losses = self.step_losses(std::mem::take(&mut out.losses))?;
+        let loss = losses.iter().sum::<f64>() / labelled as f64;
         self.last_t0 = Some(out.t0);
         let opt_start = out.t0.elapsed().as_secs_f64();
         let grad_norm = self.apply_update()?;
         let opt_end = out.t0.elapsed().as_secs_f64();
         let mut spans = out.spans;
-        // one optimizer span per pipeline rank, on its devices (those of stage `rank`)
-        spans.extend((0..self.exec.schedule.num_ranks()).map(|r| Span {
+        // one optimizer span per pipeline rank here, on its devices (those of stage `rank`)
+        let ranks: Vec<usize> = match &self.link {
+            None => (0..self.exec.schedule.num_ranks()).collect(),
+            Some(l) => vec![l.rank()],
+        };
+        spans.extend(ranks.into_iter().map(|r| Span {
             kind: SpanKind::Optimizer,
             rank: r,
             stage: r,
@@ -405,8 +581,14 @@ impl Trainer {
     /// global gradient norm.
     fn apply_update(&mut self) -> Result<f32, TrainError> {
         let (grads, loads) = self.collect_grads()?;
+        self.phase("optimizer");
+        let here: Vec<usize> = self
+            .local
+            .iter()
+            .flat_map(|&s| self.owners[s].clone())
+            .collect();
         for (i, spec) in self.specs.iter().enumerate() {
-            if !optim::is_adamw(spec.kind) {
+            if !optim::is_adamw(spec.kind) || !here.contains(&i) {
                 continue;
             }
             let g = grads[i].as_deref().ok_or_else(|| {
@@ -429,7 +611,14 @@ impl Trainer {
             clip: (t.grad_clip > 0.0).then_some(t.grad_clip),
             step: self.step as u32 + 1,
         };
-        let norm = self.opt.step(&grads, &hyper)?;
+        let norm = match self.link.clone() {
+            None => self.opt.step(&grads, &hyper)?,
+            Some(l) => {
+                let stages = self.exec.stages();
+                let x = |mine: &[(usize, f32)]| exchange_norms(&l, mine, stages);
+                self.opt.step_with(&grads, &hyper, Some(&x))?
+            }
+        };
         self.host = OnceCell::new();
         self.update_biases(&loads)?;
         let dp = self.opt.device_params(&self.specs);
@@ -444,7 +633,7 @@ impl Trainer {
         let mut grads: StepGrads = vec![None; self.specs.len()];
         let mut loads: ExpertLoad = Vec::new();
         let mut shared = Vec::new();
-        for (s, stage) in self.stages.iter_mut().enumerate() {
+        for (&s, stage) in self.local.iter().zip(self.stages.iter_mut()) {
             let (named, load) = stage.take_grads()?;
             for (name, g) in named {
                 let i = param_index(&self.specs, &name)?;
@@ -485,7 +674,11 @@ impl Trainer {
                 owner.len()
             )));
         }
-        let dev = &self.stages[s].devices()[0];
+        let k = self.local.iter().position(|&l| l == s);
+        let stage = k.and_then(|k| self.stages.get(k));
+        let dev = &stage
+            .ok_or_else(|| TrainError::Shape(format!("stage {s} does not run here")))?
+            .devices()[0];
         *owner = crate::net::add_on_device(dev, self.cfg.parallel.comm_sms, owner, &g)?;
         Ok(())
     }
@@ -523,16 +716,35 @@ impl Trainer {
         if let Some(n) = self.options.eval_batches {
             batches.truncate(n.max(1));
         }
+        self.phase("evaluation");
+        let r = self.validation_loss(&batches);
+        let loss = match self.link.clone() {
+            None => r?,
+            Some(l) => share_validation_loss(&l, r)?,
+        };
+        self.valid_curve.push((self.step as u32, loss));
+        Ok(loss)
+    }
+
+    /// The forward-only pass over `batches` through this process's stages; the loss, checked
+    /// finite, where the last stage runs (NaN elsewhere: the loss rank broadcasts it).
+    fn validation_loss(&mut self, batches: &[data::Batch]) -> Result<f64, TrainError> {
         let ep = self.cfg.parallel.ep as usize;
         let (mut sum, mut labelled) = (0.0f64, 0usize);
         for (i, b) in batches.iter().enumerate() {
             let mb = layout::micro_batch(i, b, ep)?;
             labelled += mb.labelled();
-            sum += self.exec.forward_only(&mut self.stages, &mb)?;
+            sum += self
+                .exec
+                .forward_local(&mut self.stages, &mb)?
+                .unwrap_or(f64::NAN);
         }
         // the expert loads counted by these forwards must not move the biases
         for s in &mut self.stages {
             s.take_grads()?;
+        }
+        if !self.losses_here() {
+            return Ok(f64::NAN);
         }
         let loss = sum / labelled.max(1) as f64;
         check_finite(
@@ -543,7 +755,6 @@ impl Trainer {
             },
             &[loss as f32],
         )?;
-        self.valid_curve.push((self.step as u32, loss));
         Ok(loss)
     }
 
@@ -565,7 +776,9 @@ impl Trainer {
 
     /// The last step's timeline as a trace (every pass on each device of its stage).
     pub fn trace(&self) -> Trace {
-        let devices: Vec<_> = self.stages.iter().map(|s| s.devices().to_vec()).collect();
+        let devices: Vec<_> = (0..self.exec.stages())
+            .map(|s| self.exec.devices_of(s).to_vec())
+            .collect();
         let mut t = timing::trace(&self.last_spans, &devices);
         if let Some(t0) = self.last_t0 {
             timing::add_kernels(&mut t, t0, &self.last_kernels);
@@ -577,6 +790,54 @@ impl Trainer {
     pub fn spans(&self) -> &[Span] {
         &self.last_spans
     }
+}
+
+/// Across processes: the loss rank's validation loss (`r` there) on every rank; a rank whose
+/// evaluation failed tells the others and returns its error.
+fn share_validation_loss(l: &Link, r: Result<f64, TrainError>) -> Result<f64, TrainError> {
+    if let Err(e) = &r {
+        if !matches!(e, TrainError::Peer { .. }) {
+            l.abort(e); // the peers stop with this error instead of a timeout
+        }
+        if l.rank() != LOSS_RANK {
+            return r;
+        }
+    }
+    let mine = r.map(|v| link::f64_bytes(&[v]));
+    let t = link::tag(Tag::Valid, 0, 0)?;
+    let b = l.broadcast(LOSS_RANK, t, mine, "validation loss")?;
+    let mut rd = Reader::new(&b, LOSS_RANK, "validation loss");
+    let v = rd.f64()?;
+    rd.done()?;
+    Ok(v)
+}
+
+/// Across processes: this rank's `(stage, norm)` pairs all-gathered; every stage's norm in
+/// stage order.
+fn exchange_norms(l: &Link, mine: &[(usize, f32)], stages: usize) -> Result<Vec<f32>, TrainError> {
+    let mut b = Vec::new();
+    for (s, n) in mine {
+        b.extend((*s as u64).to_le_bytes());
+        b.extend(link::f32_bytes(&[*n]));
+    }
+    let parts = l.all_gather(link::tag(Tag::Norms, 0, 0)?, Ok(b), "gradient norms")?;
+    let mut all = vec![None; stages];
+    for (r, p) in parts.iter().enumerate() {
+        let mut rd = Reader::new(p, r, "gradient norms");
+        while !rd.is_empty() {
+            let s = rd.u64()? as usize;
+            let n = rd.f32()?;
+            let slot = all.get_mut(s).ok_or_else(|| TrainError::Peer {
+                rank: r,
+                msg: format!("sent the gradient norm of stage {s} of {stages}"),
+            })?;
+            *slot = Some(n);
+        }
+    }
+    all.into_iter()
+        .enumerate()
+        .map(|(s, n)| n.ok_or_else(|| TrainError::Shape(format!("no gradient norm of stage {s}"))))
+        .collect()
 }
 
 /// Index of parameter `name` in `specs`.

@@ -9,6 +9,10 @@
 //! (`kernels::train::balance::moe_bias_update`). The weights stay on the devices: the stages
 //! reload from [`DeviceParams`]; host copies are made only on request ([`Optimizer::download`]:
 //! checkpoints, [`crate::train::Trainer::params`]).
+//!
+//! Across processes each process's optimizer holds its own stages' groups
+//! ([`Optimizer::for_stages`]); the per-stage norms are exchanged and every process runs the same
+//! stage-order combine ([`Optimizer::step_with`]), so the clip is bit-identical to one process's.
 
 use crate::params::{ParamKind, ParamSpec, Params};
 use crate::TrainError;
@@ -36,6 +40,8 @@ struct Slot {
 
 /// The tensors of one stage, on one device.
 struct Group {
+    /// The stage (its norm's place in the combine).
+    stage: usize,
     stream: Stream,
     slots: Vec<Slot>,
     work: Buffer<f32>,
@@ -122,6 +128,10 @@ pub struct Optimizer {
     combine: Combine,
 }
 
+/// Across processes: gives this process's `(stage, norm)` pairs to the others and returns every
+/// stage's norm in stage order.
+pub type NormExchange<'a> = dyn Fn(&[(usize, f32)]) -> Result<Vec<f32>, TrainError> + 'a;
+
 /// Whether a parameter is updated by AdamW (the route biases are not).
 pub fn is_adamw(kind: ParamKind) -> bool {
     kind != ParamKind::RouteBias
@@ -159,8 +169,27 @@ impl Optimizer {
         owners: &[Vec<usize>],
         devices: &[Device],
     ) -> Result<Optimizer, TrainError> {
+        let stages: Vec<usize> = (0..owners.len()).collect();
+        Optimizer::for_stages(params, &stages, owners, devices, owners.len())
+    }
+
+    /// The optimizer of some of the `total` stages (one process's, across processes): group `k`
+    /// is stage `stages[k]`, owning `owners[k]` on `devices[k]`.
+    pub fn for_stages(
+        params: &Params,
+        stages: &[usize],
+        owners: &[Vec<usize>],
+        devices: &[Device],
+        total: usize,
+    ) -> Result<Optimizer, TrainError> {
+        if stages.len() != owners.len() || stages.iter().any(|&s| s >= total) {
+            return Err(TrainError::Shape(format!(
+                "optimizer: stages {stages:?} of {total} for {} owner lists",
+                owners.len()
+            )));
+        }
         let mut groups = Vec::with_capacity(owners.len());
-        for (own, dev) in owners.iter().zip(devices) {
+        for ((own, dev), &stage) in owners.iter().zip(devices).zip(stages) {
             let mut slots = Vec::new();
             for &i in own {
                 let spec = &params.specs[i];
@@ -181,6 +210,7 @@ impl Optimizer {
                 .map(|s| s.p.len())
                 .collect();
             groups.push(Group {
+                stage,
                 work: dev.alloc::<f32>(grad_norm_workspace(&lens))?,
                 norm: dev.alloc::<f32>(1)?,
                 stream: dev.stream(0),
@@ -192,7 +222,7 @@ impl Optimizer {
             .ok_or_else(|| TrainError::Shape("an optimizer without stages".into()))?;
         let combine = Combine {
             stream: first.stream(0),
-            landing: (0..groups.len())
+            landing: (0..total)
                 .map(|_| first.alloc::<f32>(1))
                 .collect::<Result<_, _>>()?,
             acc: first.alloc::<f64>(1)?,
@@ -204,6 +234,17 @@ impl Optimizer {
     /// One clipped AdamW step with `grads[i]` the gradient of parameter `i` (every AdamW
     /// parameter present); returns the global gradient norm (before clipping).
     pub fn step(&mut self, grads: &[Option<Vec<f32>>], h: &StepHyper) -> Result<f32, TrainError> {
+        self.step_with(grads, h, None)
+    }
+
+    /// [`Optimizer::step`] of one process's stages: `exchange` gathers every stage's norm, which
+    /// every process combines in stage order as [`Optimizer::step`] does (the same bits).
+    pub fn step_with(
+        &mut self,
+        grads: &[Option<Vec<f32>>],
+        h: &StepHyper,
+        exchange: Option<&NormExchange<'_>>,
+    ) -> Result<f32, TrainError> {
         for g in &mut self.groups {
             for (s, a) in g.slots.iter().filter_map(|s| Some((s, s.adam.as_ref()?))) {
                 let data = grads[s.index].as_deref().ok_or_else(|| {
@@ -218,7 +259,10 @@ impl Optimizer {
                 .collect();
             grad_norm(&g.stream, &refs, &mut g.work, &mut g.norm)?;
         }
-        self.combine_norms()?;
+        match exchange {
+            None => self.combine_norms()?,
+            Some(x) => self.combine_exchanged(x)?,
+        }
         for g in &mut self.groups {
             for s in &mut g.slots {
                 let Some(a) = s.adam.as_mut() else { continue };
@@ -249,10 +293,39 @@ impl Optimizer {
     /// device in stage order; the global norm copied back into every group's norm buffer.
     fn combine_norms(&mut self) -> Result<(), TrainError> {
         let c = &mut self.combine;
-        for (g, land) in self.groups.iter().zip(&c.landing) {
+        for g in &self.groups {
             g.stream.synchronize()?;
-            device_copy(&c.stream, &g.norm, land)?;
+            device_copy(&c.stream, &g.norm, &c.landing[g.stage])?;
         }
+        self.combine_landed()
+    }
+
+    /// Across processes: this process's group norms read back and exchanged; every stage's norm
+    /// uploaded to its landing buffer (the f32 bits a device copy would have put there).
+    fn combine_exchanged(&mut self, exchange: &NormExchange<'_>) -> Result<(), TrainError> {
+        let mine = self
+            .groups
+            .iter()
+            .map(|g| Ok((g.stage, g.stream.read(&g.norm)?[0])))
+            .collect::<Result<Vec<_>, TrainError>>()?;
+        let all = exchange(&mine)?;
+        let c = &self.combine;
+        if all.len() != c.landing.len() {
+            return Err(TrainError::Shape(format!(
+                "gradient norms of {} stages for {}",
+                all.len(),
+                c.landing.len()
+            )));
+        }
+        for (land, n) in c.landing.iter().zip(&all) {
+            c.stream.copy_to_device(land, &[*n])?;
+        }
+        self.combine_landed()
+    }
+
+    /// The landed norms combined (stage order) and the global norm copied to every group.
+    fn combine_landed(&mut self) -> Result<(), TrainError> {
+        let c = &mut self.combine;
         let refs: Vec<&Buffer<f32>> = c.landing.iter().collect();
         grad_norm_combine(&c.stream, &refs, &mut c.acc, &mut c.out)?;
         for g in &self.groups {

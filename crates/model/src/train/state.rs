@@ -2,11 +2,15 @@
 //! name, each AdamW parameter's BF16 moments as `<name>.adam_m` / `<name>.adam_v`, the step,
 //! the sampler state (`rng`), and in `meta` the corpus fingerprint and the loss history.
 //! Resuming restores all of it, so the continued run is the uninterrupted one bit for bit.
+//! Across processes rank 0 gathers every rank's part and writes the file; on resume every rank
+//! reads the file (it must be readable by each process) and restores its own stages.
 
+use super::link::{self, Reader, Tag};
+use super::optim::Moments;
 use super::Trainer;
 use crate::checkpoint::{self, Checkpoint, CheckpointError, Mismatch, Tensor, TensorData};
 use crate::data::SamplerState;
-use crate::params::Params;
+use crate::params::{ParamSpec, Params};
 use crate::TrainError;
 use half::bf16;
 use serde_json::{json, Value};
@@ -32,10 +36,84 @@ fn curve_from(v: Option<&Value>) -> Vec<(u32, f64)> {
 
 impl Trainer {
     /// Writes the run's state to `path` atomically (the previous file survives any failure).
+    ///
+    /// Across processes (collective): every rank sends its parameters and moments to rank 0,
+    /// which writes the file the single-process run would (the same bytes); every rank returns
+    /// the write's outcome.
     pub fn save(&self, path: &Path) -> Result<(), TrainError> {
+        let Some(l) = &self.link else {
+            return self.write_checkpoint(path, self.params()?, self.opt.moments()?);
+        };
+        self.phase("checkpoint");
+        let t = link::tag(Tag::Ckpt, 0, 0)?;
+        let written = match l.gather(WRITER, t, self.checkpoint_part(), "checkpoint part") {
+            Ok(Some(parts)) => self.write_gathered(path, &parts),
+            Ok(None) => Ok(()),
+            Err(e) if l.rank() != WRITER => return Err(e),
+            Err(e) => Err(e),
+        };
+        let t = link::tag(Tag::Ckpt, 0, 1)?;
+        l.broadcast(WRITER, t, written.map(|_| Vec::new()), "checkpoint write")?;
+        Ok(())
+    }
+
+    /// This process's parameters and moments: u64 count, then (u64 index, f32s) each; u64
+    /// count, then (u64 index, m, v as BF16 bits) each.
+    fn checkpoint_part(&self) -> Result<Vec<u8>, TrainError> {
+        let params = self.owned_params()?;
+        let mut b = (params.len() as u64).to_le_bytes().to_vec();
+        for (i, d) in params {
+            b.extend((i as u64).to_le_bytes());
+            link::put_f32s(&mut b, &d);
+        }
+        let moments = self.opt.moments()?;
+        b.extend((moments.len() as u64).to_le_bytes());
+        for mo in moments {
+            b.extend((mo.index as u64).to_le_bytes());
+            link::put_u16s(&mut b, mo.m.iter().map(|x| x.to_bits()));
+            link::put_u16s(&mut b, mo.v.iter().map(|x| x.to_bits()));
+        }
+        Ok(b)
+    }
+
+    /// Rank 0: every rank's part (see [`Trainer::checkpoint_part`]) assembled and written.
+    fn write_gathered(&self, path: &Path, parts: &[Vec<u8>]) -> Result<(), TrainError> {
+        let mut data: Vec<Option<Vec<f32>>> = vec![None; self.specs.len()];
+        let mut moments = Vec::new();
+        for (r, p) in parts.iter().enumerate() {
+            let mut rd = Reader::new(p, r, "checkpoint part");
+            for _ in 0..rd.u64()? {
+                let i = index_in(&self.specs, rd.u64()?, r)?;
+                data[i] = Some(rd.f32s()?);
+            }
+            for _ in 0..rd.u64()? {
+                let index = index_in(&self.specs, rd.u64()?, r)?;
+                let bf = |v: Vec<u16>| v.into_iter().map(bf16::from_bits).collect();
+                let (m, v) = (bf(rd.u16s()?), bf(rd.u16s()?));
+                moments.push(Moments { index, m, v });
+            }
+            rd.done()?;
+        }
+        let data = data
+            .into_iter()
+            .zip(&self.specs)
+            .map(|(d, s)| d.ok_or_else(|| tensor_err(&s.name, "no rank holds it".into())))
+            .collect::<Result<_, _>>()?;
+        let params = Params {
+            specs: self.specs.clone(),
+            data,
+        };
+        self.write_checkpoint(path, &params, moments)
+    }
+
+    fn write_checkpoint(
+        &self,
+        path: &Path,
+        params: &Params,
+        moments: Vec<Moments>,
+    ) -> Result<(), TrainError> {
         let mut ck = Checkpoint::new(&self.cfg, self.step);
         ck.rng = self.sampler.to_words().to_vec();
-        let params = self.params()?;
         for (spec, data) in params.specs.iter().zip(&params.data) {
             let t = Tensor {
                 shape: spec.shape.clone(),
@@ -43,7 +121,7 @@ impl Trainer {
             };
             ck.params.insert(spec.name.clone(), t);
         }
-        for mo in self.opt.moments()? {
+        for mo in moments {
             let spec = &self.specs[mo.index];
             for (suffix, d) in [("adam_m", mo.m), ("adam_v", mo.v)] {
                 let t = Tensor {
@@ -108,6 +186,21 @@ impl Trainer {
         self.train_curve = curve_from(ck.meta.get("train_loss"));
         self.valid_curve = curve_from(ck.meta.get("valid_loss"));
         Ok(())
+    }
+}
+
+/// Rank 0 writes the checkpoint of a multi-process run (it holds the first and last stage).
+const WRITER: usize = 0;
+
+/// Parameter index `i` sent by rank `r`, checked.
+fn index_in(specs: &[ParamSpec], i: u64, r: usize) -> Result<usize, TrainError> {
+    let i = i as usize;
+    match i < specs.len() {
+        true => Ok(i),
+        false => Err(TrainError::Peer {
+            rank: r,
+            msg: format!("its checkpoint part names parameter {i} of {}", specs.len()),
+        }),
     }
 }
 

@@ -1,9 +1,10 @@
 //! One pipeline rank's worker thread of [`super::exec::Executor::run_pipelined`]: runs the
 //! rank's ops in schedule order, waits for its inputs (polling the shared abort flag), runs an
 //! overlapped F&B op's two passes on two threads, and moves each output to the neighbour
-//! stage's devices and rank.
+//! stage's devices and rank (across processes, when that rank runs elsewhere: over the link).
 
 use super::exec::{exec_err, no_input_grad, secs, wrong_output, Executor, ABORTED};
+use super::link::{self, Link, Tag};
 use super::timing::{Span, SpanKind};
 use crate::stage::{Boundary, MicroBatch, Stage, StageOut};
 use crate::TrainError;
@@ -15,6 +16,8 @@ use std::time::{Duration, Instant};
 
 /// How often a waiting rank checks whether another rank failed.
 const POLL: Duration = Duration::from_millis(5);
+/// How often a rank waiting for another process's boundary polls the link.
+const REMOTE_POLL: Duration = Duration::from_millis(1);
 
 /// A stage as one pipeline thread borrows it.
 pub(super) type Leg<'a> = &'a mut (dyn Stage + 'static);
@@ -42,6 +45,28 @@ struct Key {
     grad: bool,
     stage: usize,
     mb: usize,
+}
+
+impl Key {
+    /// Its tag on the link (across processes).
+    fn tag(&self) -> Result<u32, TrainError> {
+        let kind = if self.grad { Tag::Grad } else { Tag::Act };
+        link::tag(kind, self.stage, self.mb)
+    }
+
+    /// What it is, for errors.
+    fn describe(&self) -> String {
+        match self.grad {
+            true => format!(
+                "gradient of stage {}'s output (micro-batch {})",
+                self.stage, self.mb
+            ),
+            false => format!(
+                "activation into stage {} (micro-batch {})",
+                self.stage, self.mb
+            ),
+        }
+    }
 }
 
 pub(super) struct RankOut {
@@ -189,7 +214,40 @@ impl<'a> Rank<'a> {
             .ok_or_else(|| exec_err(format!("rank {}: pass {p:?} has no stage", self.rank)))
     }
 
+    /// The input `key`, from this process's channel or (across processes, when its producer
+    /// runs elsewhere) the link.
     fn wait(&mut self, key: Key) -> Result<Boundary, TrainError> {
+        let producer = match key.grad {
+            true => key.stage + 1,
+            false => key.stage.saturating_sub(1),
+        };
+        let from = self.ex.rank_of(producer);
+        match self.ex.link() {
+            Some(link) if from != self.rank => self.wait_remote(link, from, key),
+            _ => self.wait_local(key),
+        }
+    }
+
+    fn wait_remote(&self, link: &Link, from: usize, key: Key) -> Result<Boundary, TrainError> {
+        let t = key.tag()?;
+        let deadline = Instant::now() + link.me.timeout;
+        loop {
+            if self.abort.load(Ordering::SeqCst) {
+                return Err(exec_err(ABORTED.into()));
+            }
+            if let Some(b) = link.try_take(from, t)? {
+                return self
+                    .ex
+                    .decode_boundary(&b, from, key.stage, &key.describe());
+            }
+            if Instant::now() > deadline {
+                return Err(link.timed_out(from, &key.describe()));
+            }
+            std::thread::sleep(REMOTE_POLL);
+        }
+    }
+
+    fn wait_local(&mut self, key: Key) -> Result<Boundary, TrainError> {
         loop {
             if let Some(b) = self.inbox.remove(&key) {
                 return Ok(b);
@@ -271,18 +329,24 @@ impl PassCtx<'_> {
         out.spans.push(span);
         if let Some((b, to, grad)) = sent {
             let start = secs(self.t0);
-            let b = self.ex.transfer(b, s, to)?;
-            out.spans.push(
-                self.ex
-                    .span(SpanKind::Transfer, s, p.mb, start, secs(self.t0)),
-            );
             let key = Key {
                 grad,
                 stage: to,
                 mb: p.mb,
             };
-            // a closed receiver means that rank already failed; its error is reported
-            let _ = self.tx[self.ex.rank_of(to)].send(Msg { key, b });
+            let dest = self.ex.rank_of(to);
+            match self.ex.link() {
+                Some(_) if dest != self.rank => self.ex.send_remote(&b, s, to, key.tag()?)?,
+                _ => {
+                    let b = self.ex.transfer(b, s, to)?;
+                    // a closed receiver means that rank already failed; its error is reported
+                    let _ = self.tx[dest].send(Msg { key, b });
+                }
+            }
+            out.spans.push(
+                self.ex
+                    .span(SpanKind::Transfer, s, p.mb, start, secs(self.t0)),
+            );
         }
         Ok(out)
     }
