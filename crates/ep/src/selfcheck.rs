@@ -209,6 +209,36 @@ pub fn upload<T: runtime::Pod>(devs: &[Device], v: &[&[T]]) -> Res<Vec<Buffer<T>
         .collect::<Result<_, _>>()?)
 }
 
+/// The hosted ranks' inputs on their devices (index = position in `hosted`).
+pub struct Uploaded {
+    pub inputs: Vec<RankIn>,
+    pub x: Vec<Buffer<bf16>>,
+    pub q: Vec<Buffer<u8>>,
+    pub s: Vec<Buffer<f32>>,
+    pub idx: Vec<Buffer<i32>>,
+    pub w: Vec<Buffer<f32>>,
+}
+
+/// Derives and uploads the inputs of the hosted ranks.
+pub fn upload_inputs(c: &CheckCfg, hosted: &[u32], devs: &[Device]) -> Res<Uploaded> {
+    let ins: Vec<RankIn> = hosted.iter().map(|&r| inputs(c, r)).collect();
+    fn each<'a, T: runtime::Pod>(
+        devs: &[Device],
+        ins: &'a [RankIn],
+        f: impl Fn(&'a RankIn) -> &'a [T],
+    ) -> Res<Vec<Buffer<T>>> {
+        upload(devs, &ins.iter().map(f).collect::<Vec<_>>())
+    }
+    Ok(Uploaded {
+        x: each(devs, &ins, |i| &i.x)?,
+        q: each(devs, &ins, |i| &i.q)?,
+        s: each(devs, &ins, |i| &i.s)?,
+        idx: each(devs, &ins, |i| &i.idx)?,
+        w: each(devs, &ins, |i| &i.w)?,
+        inputs: ins,
+    })
+}
+
 /// Expert outputs: a function of each row's source token and slot, so every mode agrees.
 pub fn expert_outputs(
     c: &CheckCfg,
@@ -264,18 +294,13 @@ pub fn dispatch_combine_hashes(c: &CheckCfg, engine: Option<Box<dyn Engine>>) ->
     use crate::comm::XRef;
     let mut g = group(c, engine)?;
     let (hosted, devs) = (g.hosted.clone(), g.devices.clone());
-    let ins: Vec<RankIn> = hosted.iter().map(|&r| inputs(c, r)).collect();
-    let xb = upload(&devs, &ins.iter().map(|i| &i.x[..]).collect::<Vec<_>>())?;
-    let qb = upload(&devs, &ins.iter().map(|i| &i.q[..]).collect::<Vec<_>>())?;
-    let sb = upload(&devs, &ins.iter().map(|i| &i.s[..]).collect::<Vec<_>>())?;
-    let ib = upload(&devs, &ins.iter().map(|i| &i.idx[..]).collect::<Vec<_>>())?;
-    let wb = upload(&devs, &ins.iter().map(|i| &i.w[..]).collect::<Vec<_>>())?;
-    let (ir, wr): (Vec<_>, Vec<_>) = (ib.iter().collect(), wb.iter().collect());
-    let xr: Vec<XRef> = xb.iter().map(XRef::Bf16).collect();
+    let u = upload_inputs(c, &hosted, &devs)?;
+    let (ir, wr): (Vec<_>, Vec<_>) = (u.idx.iter().collect(), u.w.iter().collect());
+    let xr: Vec<XRef> = u.x.iter().map(XRef::Bf16).collect();
     let (outs, handle) = g.dispatch(&xr, &ir, &wr, None)?;
     let handle = handle.ok_or("a fresh dispatch returns a handle")?;
     check_rows(c, &hosted, &outs)?;
-    let qr: Vec<XRef> = qb.iter().zip(&sb).map(|(q, s)| XRef::Fp8(q, s)).collect();
+    let qr: Vec<XRef> = u.q.iter().zip(&u.s).map(|(q, s)| XRef::Fp8(q, s)).collect();
     let (outs8, _) = g.dispatch(&qr, &ir, &wr, None)?;
     let ys = expert_outputs(c, &devs, &outs)?;
     let yr: Vec<&Buffer<bf16>> = ys.iter().collect();

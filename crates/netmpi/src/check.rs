@@ -13,7 +13,7 @@
 
 use crate::Mpi;
 use ep::comm::XRef;
-use ep::selfcheck::{check_rows, expert_outputs, group, inputs, op, upload, RankIn};
+use ep::selfcheck::{check_rows, expert_outputs, group, op, upload_inputs};
 pub use ep::selfcheck::{fnv, CheckCfg, OpReport, Report, Res};
 use ep::Engine;
 use half::bf16;
@@ -28,20 +28,16 @@ pub fn run(c: &CheckCfg, mpi: Option<&Mpi>) -> Res<Report> {
     let mut g = group(c, engine)?;
     let hosted = g.hosted.clone();
     let devs = g.devices.clone();
-    let ins: Vec<RankIn> = hosted.iter().map(|&r| inputs(c, r)).collect();
-    let xb = upload(&devs, &ins.iter().map(|i| &i.x[..]).collect::<Vec<_>>())?;
-    let qb = upload(&devs, &ins.iter().map(|i| &i.q[..]).collect::<Vec<_>>())?;
-    let sb = upload(&devs, &ins.iter().map(|i| &i.s[..]).collect::<Vec<_>>())?;
-    let ib = upload(&devs, &ins.iter().map(|i| &i.idx[..]).collect::<Vec<_>>())?;
-    let wb = upload(&devs, &ins.iter().map(|i| &i.w[..]).collect::<Vec<_>>())?;
-    let (ir, wr): (Vec<_>, Vec<_>) = (ib.iter().collect(), wb.iter().collect());
+    let u = upload_inputs(c, &hosted, &devs)?;
+    let ins = &u.inputs;
+    let (ir, wr): (Vec<_>, Vec<_>) = (u.idx.iter().collect(), u.w.iter().collect());
     let mut ops = Vec::new();
-    let xr: Vec<XRef> = xb.iter().map(XRef::Bf16).collect();
+    let xr: Vec<XRef> = u.x.iter().map(XRef::Bf16).collect();
     let (outs, handle) = g.dispatch(&xr, &ir, &wr, None)?;
     let handle = handle.ok_or("a fresh dispatch returns a handle")?;
     ops.push(op(&g, "dispatch-bf16"));
     check_rows(c, &hosted, &outs)?;
-    let qr: Vec<XRef> = qb.iter().zip(&sb).map(|(q, s)| XRef::Fp8(q, s)).collect();
+    let qr: Vec<XRef> = u.q.iter().zip(&u.s).map(|(q, s)| XRef::Fp8(q, s)).collect();
     let (outs8, _) = g.dispatch(&qr, &ir, &wr, None)?;
     ops.push(op(&g, "dispatch-fp8"));
     let ys = expert_outputs(c, &devs, &outs)?;
