@@ -129,7 +129,7 @@ impl Plan {
 }
 
 /// A port nobody listens on now (the OS's choice for an ephemeral bind).
-fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     let l = std::net::TcpListener::bind(("127.0.0.1", 0))?;
     Ok(l.local_addr()?.port())
 }

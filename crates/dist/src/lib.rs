@@ -13,7 +13,9 @@
 //! - [`mesh`]: a full mesh of TCP connections between the ranks (framed bytes, one writer
 //!   and one reader thread per link), the transport of `ep::MeshEngine`;
 //! - [`shm`]: the job's `/dev/shm/ptxforge-{job}-*` segment names and their removal;
-//! - [`selftest`]: the test program the launcher tests run as every rank.
+//! - [`selftest`]: the test program the launcher tests run as every rank;
+//! - [`testing`]: support for tests of multi-process programs (ports, rank environments,
+//!   children waited for with a deadline).
 //!
 //! The store carries small things (bootstrap data, handles, liveness); bulk data moves through
 //! the engines built on top (shared memory within a node; the [`mesh`], MPI or NCCL across
@@ -30,6 +32,7 @@ pub mod mesh;
 pub mod selftest;
 mod server;
 pub mod shm;
+pub mod testing;
 mod watchdog;
 mod wire;
 

@@ -4,7 +4,7 @@
 //! rank stops within the timeout naming it and the operation; no process and no shared-memory
 //! segment of the job remains), Ctrl-C and a SIGKILLed launcher (no orphans), bad input.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -45,32 +45,11 @@ fn launch_cmd(job: &str, extra: &[&str], selftest: &[&str]) -> Command {
     c
 }
 
-/// Reads a pipe to the end on a thread.
-fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = r.read_to_string(&mut s);
-        s
-    })
-}
-
 /// Waits for `child` at most `limit` (killing it then, so a hang fails instead of blocking).
-fn finish(mut child: Child, t0: Instant, limit: Duration) -> Run {
+fn finish(child: Child, t0: Instant, limit: Duration) -> Run {
     // (a sleeping job's standard output is already being read by its readiness thread)
-    let out = child.stdout.take().map(drain);
-    let err = child.stderr.take().map(drain);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > limit {
-            child.kill().unwrap();
-            panic!("launcher still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let text = |h: Option<std::thread::JoinHandle<String>>| h.map(|h| h.join().unwrap());
-    let (out, err) = (text(out).unwrap_or_default(), text(err).unwrap_or_default());
+    let f = dist::testing::finish_within(child, t0, limit).unwrap();
+    let (status, out, err) = (f.status, f.stdout, f.stderr);
     let pids = rank_pids(&err);
     Run {
         code: status.code(),

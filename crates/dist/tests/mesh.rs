@@ -4,11 +4,11 @@
 //! and a SIGKILLed rank named by every other rank's mesh).
 
 use dist::mesh::MAX_FRAME;
-use dist::{Bootstrap, DistEnv, DistError, FaultAction, Mesh};
+use dist::{Bootstrap, DistError, FaultAction, Mesh};
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,26 +16,12 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_ptxforge-dist");
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    dist::testing::free_port().unwrap()
 }
 
 fn boot(rank: usize, world: usize, port: u16, job: &str) -> Bootstrap {
-    let vars = [
-        ("RANK", rank.to_string()),
-        ("WORLD_SIZE", world.to_string()),
-        ("LOCAL_RANK", rank.to_string()),
-        ("LOCAL_WORLD_SIZE", world.to_string()),
-        ("MASTER_ADDR", "127.0.0.1".into()),
-        ("MASTER_PORT", port.to_string()),
-        ("PTXFORGE_JOB_ID", job.into()),
-        ("PTXFORGE_PEER_TIMEOUT", "5".into()),
-        ("PTXFORGE_BOOTSTRAP_TIMEOUT", "20".into()),
-    ];
-    let env = DistEnv::from_vars(vars.map(|(k, v)| (k.to_string(), v))).unwrap();
+    let mut env = dist::testing::local_env(rank, world, port, job).unwrap();
+    (env.peer_timeout, env.bootstrap_timeout) = (Duration::from_secs(5), Duration::from_secs(20));
     Bootstrap::new(env).fault_action(FaultAction::Report)
 }
 
@@ -238,28 +224,8 @@ fn launch(job: &str, extra: &[&str]) -> (Option<i32>, String, String, Duration) 
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    let drain = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = r.read_to_string(&mut s);
-            s
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().unwrap()));
-    let err = drain(Box::new(child.stderr.take().unwrap()));
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > Duration::from_secs(60) {
-            child.kill().unwrap();
-            panic!("launcher still running after 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let (out, err) = (out.join().unwrap(), err.join().unwrap());
-    (status.code(), out, err, t0.elapsed())
+    let f = dist::testing::finish_within(c.spawn().unwrap(), t0, Duration::from_secs(60)).unwrap();
+    (f.status.code(), f.stdout, f.stderr, t0.elapsed())
 }
 
 fn job(name: &str) -> String {

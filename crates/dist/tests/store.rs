@@ -5,33 +5,17 @@
 use dist::{Bootstrap, DistEnv, DistError, FaultAction, Group};
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    dist::testing::free_port().unwrap()
 }
 
+/// Rank `rank` of a one-node job, with short timeouts.
 fn env(rank: usize, world: usize, port: u16, job: &str) -> DistEnv {
-    DistEnv::from_vars(
-        [
-            ("RANK", rank.to_string()),
-            ("WORLD_SIZE", world.to_string()),
-            ("LOCAL_RANK", rank.to_string()),
-            ("LOCAL_WORLD_SIZE", world.to_string()),
-            ("MASTER_ADDR", "127.0.0.1".into()),
-            ("MASTER_PORT", port.to_string()),
-            ("PTXFORGE_JOB_ID", job.into()),
-            ("PTXFORGE_PEER_TIMEOUT", "3".into()),
-            ("PTXFORGE_BOOTSTRAP_TIMEOUT", "10".into()),
-        ]
-        .map(|(k, v)| (k.to_string(), v)),
-    )
-    .unwrap()
+    let mut e = dist::testing::local_env(rank, world, port, job).unwrap();
+    (e.peer_timeout, e.bootstrap_timeout) = (Duration::from_secs(3), Duration::from_secs(10));
+    e
 }
 
 fn boot(rank: usize, world: usize, port: u16, job: &str) -> Bootstrap {
@@ -154,7 +138,7 @@ fn unreachable_master_times_out_without_hanging() {
 
 #[test]
 fn port_in_use_is_a_clear_error_on_rank_0() {
-    let held = TcpListener::bind("127.0.0.1:0").unwrap();
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = held.local_addr().unwrap().port();
     let e = boot(0, 2, port, "inuse").connect().err().unwrap();
     let msg = e.to_string();

@@ -8,7 +8,6 @@ use ep::selfcheck::{dispatch_combine_hashes, CheckCfg};
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeSet;
 use std::hash::BuildHasher;
-use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -33,7 +32,7 @@ fn cfg(seed: u64) -> CheckCfg {
 fn launch(job: &str, ppn: u32, seed: u64, limit: Duration) -> (Option<i32>, String, String) {
     let t0 = Instant::now();
     let seed = seed.to_string();
-    let mut child = Command::new(BIN)
+    let child = Command::new(BIN)
         .args([
             "launch",
             "--nodes",
@@ -47,26 +46,8 @@ fn launch(job: &str, ppn: u32, seed: u64, limit: Duration) -> (Option<i32>, Stri
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let drain = |mut r: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = r.read_to_string(&mut s);
-            s
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().unwrap()));
-    let err = drain(Box::new(child.stderr.take().unwrap()));
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > limit {
-            child.kill().unwrap();
-            panic!("launcher still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (status.code(), out.join().unwrap(), err.join().unwrap())
+    let f = dist::testing::finish_within(child, t0, limit).unwrap();
+    (f.status.code(), f.stdout, f.stderr)
 }
 
 /// Runs 2 nodes of `ppn` processes (2 ranks per node) and compares every output's hash with
