@@ -33,24 +33,7 @@ const N: usize = EP * T;
 fn tiny() -> TrainConfig {
     TrainConfig {
         model: ModelConfig {
-            vocab: 256,
-            hidden: 128,
-            layers: 2,
-            dense_layers: 1,
-            heads: 2,
-            q_lora_rank: 32,
-            kv_lora_rank: 32,
-            qk_nope_head_dim: 32,
-            qk_rope_head_dim: 16,
-            v_head_dim: 32,
-            routed_experts: 8,
-            shared_experts: 1,
-            topk: 2,
-            groups: 2,
-            topk_groups: 1,
-            expert_intermediate: 128,
-            dense_intermediate: 128,
-            ..ModelConfig::default()
+            ..ModelConfig::tiny()
         },
         train: TrainingConfig {
             seq_len: SEQ as u32,

@@ -26,27 +26,10 @@ const SEQ: usize = 16;
 
 fn tiny() -> ModelConfig {
     ModelConfig {
-        vocab: 256,
-        hidden: 128,
-        layers: 2,
-        dense_layers: 1,
-        heads: 2,
-        q_lora_rank: 32,
-        kv_lora_rank: 32,
-        qk_nope_head_dim: 32,
-        qk_rope_head_dim: 16,
-        v_head_dim: 32,
-        routed_experts: 8,
-        shared_experts: 1,
         topk: 3,
         groups: 4,
         topk_groups: 2,
-        route_scaling: 2.5,
-        expert_intermediate: 128,
-        dense_intermediate: 128,
-        mtp_depth: 0,
-        rope_theta: 10000.0,
-        norm_eps: 1e-6,
+        ..ModelConfig::tiny()
     }
 }
 

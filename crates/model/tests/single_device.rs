@@ -22,26 +22,12 @@ use model::train::{device_stage_factory, StepGrads, TrainOptions, Trainer};
 fn config() -> TrainConfig {
     TrainConfig {
         model: ModelConfig {
-            vocab: 256,
-            hidden: 128,
             layers: 4,
-            dense_layers: 1,
-            heads: 2,
-            q_lora_rank: 32,
-            kv_lora_rank: 32,
-            qk_nope_head_dim: 32,
-            qk_rope_head_dim: 16,
-            v_head_dim: 32,
-            routed_experts: 8,
-            shared_experts: 1,
-            topk: 2,
             // 2 of 4 groups of 2 experts: a token's experts may sit on both EP ranks (with
             // 1 of 2 groups they never would: each rank holds one group)
             groups: 4,
             topk_groups: 2,
-            expert_intermediate: 128,
-            dense_intermediate: 128,
-            ..ModelConfig::default()
+            ..ModelConfig::tiny()
         },
         train: TrainingConfig {
             seq_len: 128,

@@ -25,19 +25,11 @@ use std::time::Duration;
 fn config(pp: u32, ep: u32, mtp: bool, seed: u64) -> TrainConfig {
     TrainConfig {
         model: ModelConfig {
-            hidden: 128,
             layers: 2 * pp,
-            dense_layers: 1,
-            heads: 2,
-            q_lora_rank: 32,
-            kv_lora_rank: 32,
-            qk_nope_head_dim: 32,
-            qk_rope_head_dim: 16,
-            v_head_dim: 32,
-            expert_intermediate: 128,
-            dense_intermediate: 128,
             mtp_depth: mtp as u32,
-            ..ModelConfig::default()
+            groups: 4,
+            topk_groups: 2,
+            ..ModelConfig::tiny()
         },
         train: TrainingConfig {
             seq_len: 128,

@@ -158,6 +158,23 @@ pub struct TrainConfig {
     pub device: DeviceKind,
 }
 
+impl ModelConfig {
+    /// The smallest preset the tests train: 2 layers (1 dense), 2 MLA heads with LoRA ranks 32,
+    /// 8 routed experts of 128 + 1 shared in 2 groups, top-2 of 1 group, dense FFN 128.
+    pub fn tiny() -> Self {
+        ModelConfig {
+            layers: 2,
+            heads: 2,
+            q_lora_rank: 32,
+            kv_lora_rank: 32,
+            groups: 2,
+            topk_groups: 1,
+            dense_intermediate: 128,
+            ..ModelConfig::default()
+        }
+    }
+}
+
 impl Default for ModelConfig {
     /// The default preset (`docs/TRAIN.md`, *Sizes*): hidden 128, 4 layers (1 dense), 4 MLA
     /// heads, 8 routed experts of 128 + 1 shared, top-2 of 4 groups (2 used).
