@@ -150,11 +150,14 @@ impl Link {
         }
     }
 
+    /// Sends (`tag`, `data`) to `to`. A peer that stopped has usually sent its abort before
+    /// its endpoint went away: that error, if it has arrived, is the one reported.
     pub(super) fn send(&self, to: usize, tag: u32, data: Vec<u8>) -> Result<(), TrainError> {
-        self.me
-            .engine
-            .blob(to as u32, tag, data)
-            .map_err(|e| peer(to, format!("sending to it failed: {e}")))
+        let sent = self.me.engine.blob(to as u32, tag, data);
+        sent.map_err(|e| match self.drain() {
+            Err(stopped) => stopped,
+            Ok(()) => peer(to, format!("sending to it failed: {e}")),
+        })
     }
 
     /// Tells every peer this rank stopped with `err` (best effort: a peer may be gone).
