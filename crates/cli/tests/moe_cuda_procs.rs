@@ -1,12 +1,12 @@
-//! The multi-process `ptxforge moe` on CUDA devices, on the fake driver (`crates/fakecuda`, whose
-//! library is also the fake NCCL): `ptxforge launch --nodes 1 --procs-per-node P -- ptxforge moe
-//! --device cuda --engine nccl` (one process per rank, node peers' buffers mapped through CUDA
-//! IPC, the NCCL engine under the proxy's fences) gives every output and gradient of every rank,
-//! and the data-parallel sums as every process folded them, bit-identical to the single-process
-//! `ptxforge moe --device cuda` on the fake driver (whose f64 checks pass) and to the emulator
-//! run. Refusals: CUDA across nodes (the proxy needs host views of device memory), no libnccl,
-//! `--engine nccl` on emulated devices; each on every rank alike, no rank reported dead. A rank
-//! SIGKILLed mid-dispatch is named by the survivor and the launcher; nothing of a job is left.
+//! The multi-process `ptxforge moe` on CUDA devices, on the fake driver (`crates/fakecuda`):
+//! `ptxforge launch --nodes 1 --procs-per-node P -- ptxforge moe --device cuda` (one process per
+//! rank, node peers' buffers mapped through CUDA IPC, the TCP engine under the proxy's fences)
+//! gives every output and gradient of every rank, and the data-parallel sums as every process
+//! folded them, bit-identical to the single-process `ptxforge moe --device cuda` on the fake
+//! driver (whose f64 checks pass) and to the emulator run. Refusals, on every rank alike with no
+//! rank reported dead: CUDA across nodes (the proxy needs host views of device memory) and
+//! `--engine nccl` (its rounds deadlock with the kernels). A rank SIGKILLed mid-dispatch is
+//! named by the survivor and the launcher. Nothing of a job is left behind.
 use serde_json::Value;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -68,8 +68,6 @@ fn json(out: &Output) -> Value {
 fn fake_cmd(f: &FakeCuda, devices: u32) -> Command {
     let mut c = f.command(BIN);
     c.env("PTXFORGE_FAKECUDA_DEVICES", devices.to_string())
-        .env_remove("PTXFORGE_NO_NCCL")
-        .env_remove("PTXFORGE_NCCL_LIB")
         .env_remove("RANK")
         .env_remove("OMPI_COMM_WORLD_RANK");
     c
@@ -79,7 +77,10 @@ fn fake_cmd(f: &FakeCuda, devices: u32) -> Command {
 /// passed.
 fn single(f: &FakeCuda, gpn: u32, device: &str) -> Value {
     let out = fake_cmd(f, gpn)
-        .args(moe_args(gpn, &["--device", device, "--dump-hash", "--json"]))
+        .args(moe_args(
+            gpn,
+            &["--device", device, "--dump-hash", "--json"],
+        ))
         .output()
         .unwrap();
     let v = json(&out);
@@ -100,6 +101,8 @@ struct Job<'a> {
     ppn: u32,
     devices: u32,
     env: &'a [(&'a str, &'a str)],
+    /// `[rank N] ` before each line (`false`: `--no-prefix`, for the JSON of rank 0).
+    prefix: bool,
     args: Vec<String>,
 }
 
@@ -107,7 +110,9 @@ fn launch(f: &FakeCuda, j: &Job, limit: Duration) -> Output {
     let mut c = fake_cmd(f, j.devices);
     c.args(["launch", "--nodes", &j.nodes.to_string()])
         .args(["--procs-per-node", &j.ppn.to_string()])
-        .args(["--timeout", "5", "--job-id", j.name, "--", BIN])
+        .args(["--timeout", "5", "--job-id", j.name])
+        .args((!j.prefix).then_some("--no-prefix"))
+        .args(["--", BIN])
         .args(&j.args)
         .envs(j.env.iter().copied())
         .stdout(Stdio::piped())
@@ -159,7 +164,12 @@ fn job_processes(job: &str) -> Vec<String> {
         return Vec::new();
     };
     d.flatten()
-        .filter(|e| e.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
         .filter(|e| {
             std::fs::read(e.path().join("environ"))
                 .map(|env| env.split(|&b| b == 0).any(|v| v == tag.as_bytes()))
@@ -172,7 +182,11 @@ fn job_processes(job: &str) -> Vec<String> {
 /// Nothing of the job is left (the launcher reaps its ranks before it returns).
 fn assert_nothing_left(job: &str, err: &str) {
     assert_eq!(segments(job), Vec::<String>::new(), "segments left:\n{err}");
-    assert_eq!(job_processes(job), Vec::<String>::new(), "processes left:\n{err}");
+    assert_eq!(
+        job_processes(job),
+        Vec::<String>::new(),
+        "processes left:\n{err}"
+    );
 }
 
 /// Every rank's hashes and every process's data-parallel sums of the `gpn` processes equal the
@@ -190,20 +204,33 @@ fn one_process_per_rank(f: &FakeCuda, gpn: u32) {
         ppn: gpn,
         devices: gpn,
         env: &[],
-        args: moe_args(gpn, &["--device", "cuda", "--engine", "nccl", "--dump-hash", "--json"]),
+        prefix: false,
+        args: moe_args(gpn, &["--device", "cuda", "--dump-hash", "--json"]),
     };
     let out = launch(f, &j, Duration::from_secs(120));
     let err = text(&out.stderr);
     let multi = json(&out);
-    assert_eq!(multi["engine"], "nccl", "{multi}");
+    assert_eq!(multi["engine"], "tcp mesh", "{multi}");
     assert_eq!(sorted(&multi["hashes"]), want, "{err}");
-    let sums: Vec<String> = want.iter().filter(|h| h.contains("_sum\"")).cloned().collect();
+    let sums: Vec<String> = want
+        .iter()
+        .filter(|h| h.contains("_sum\""))
+        .cloned()
+        .collect();
     assert_eq!(sums.len(), 2);
     let procs = multi["processes"].as_array().unwrap();
     assert_eq!(procs.len(), gpn as usize);
     for (i, p) in procs.iter().enumerate() {
-        assert_eq!(p["ranks"], serde_json::json!([i]), "process {i} hosts rank {i}");
-        assert_eq!(sorted(&p["dp_sums"]), sums, "process {i}'s data-parallel sums");
+        assert_eq!(
+            p["ranks"],
+            serde_json::json!([i]),
+            "process {i} hosts rank {i}"
+        );
+        assert_eq!(
+            sorted(&p["dp_sums"]),
+            sums,
+            "process {i}'s data-parallel sums"
+        );
     }
     assert_nothing_left(&name, &err);
 }
@@ -232,13 +259,16 @@ fn assert_refused(f: &FakeCuda, j: &Job, named: &str) {
             .any(|l| l.starts_with(&format!("[rank {r}] ")) && l.contains(named));
         assert!(ok, "rank {r} does not say `{named}`:\n{err}");
     }
-    assert!(!err.contains("died"), "a clean refusal, not a death:\n{err}");
+    assert!(
+        !err.contains("died"),
+        "a clean refusal, not a death:\n{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
     assert_nothing_left(j.name, &err);
 }
 
-/// Two nodes on CUDA devices: every rank refuses alike (after joining: the layout is checked
-/// where the NCCL engine's device is picked) and leaves the group cleanly.
+/// Two nodes on CUDA devices: every rank refuses alike (after joining, where the layout is
+/// checked) and leaves the group cleanly.
 #[test]
 fn moe_cuda_across_nodes_is_refused_by_every_rank() {
     let Some(f) = FakeCuda::new("moeprocs-nodes") else {
@@ -254,6 +284,7 @@ fn moe_cuda_across_nodes_is_refused_by_every_rank() {
         ppn: 2,
         devices: 2,
         env: &[],
+        prefix: true,
         args,
     };
     assert_refused(
@@ -263,30 +294,26 @@ fn moe_cuda_across_nodes_is_refused_by_every_rank() {
     );
 }
 
-/// Without a libnccl (`PTXFORGE_NO_NCCL=1`) the default engine on CUDA fails on every rank
-/// naming NCCL, no panic; `--engine nccl` on emulated devices is refused before the bootstrap.
+/// `--engine nccl` is refused by the moe (its rounds wait for the device's queued work, which
+/// deadlocks with the dispatch kernels; the fake driver showed it), on every rank alike.
 #[test]
-fn moe_nccl_engine_needs_cuda_and_libnccl() {
-    let Some(f) = FakeCuda::new("moeprocs-nonccl") else {
+fn moe_nccl_engine_is_refused() {
+    let Some(f) = FakeCuda::new("moeprocs-nccl") else {
         return;
     };
-    let (a, b) = (job("nonccl"), job("emunccl"));
-    let no_nccl = Job {
-        name: &a,
-        nodes: 1,
-        ppn: 2,
-        devices: 2,
-        env: &[("PTXFORGE_NO_NCCL", "1")],
-        args: moe_args(2, &["--device", "cuda"]),
-    };
-    assert_refused(&f, &no_nccl, "--engine nccl: NCCL unavailable");
-    let emu = Job {
-        name: &b,
-        env: &[],
-        args: moe_args(2, &["--engine", "nccl"]),
-        ..no_nccl
-    };
-    assert_refused(&f, &emu, "--engine nccl: needs CUDA devices (--device cuda)");
+    for device in ["cuda", "emu"] {
+        let name = job(&format!("nccl{device}"));
+        let j = Job {
+            name: &name,
+            nodes: 1,
+            ppn: 2,
+            devices: 2,
+            env: &[],
+            prefix: true,
+            args: moe_args(2, &["--device", device, "--engine", "nccl"]),
+        };
+        assert_refused(&f, &j, "--engine nccl: not for the moe yet");
+    }
 }
 
 /// Rank 1 SIGKILLs itself while the dispatch is in flight: the launcher names it, rank 0 stops
@@ -303,7 +330,8 @@ fn moe_cuda_rank_killed_mid_dispatch_is_named() {
         ppn: 2,
         devices: 2,
         env: &[("PTXFORGE_TEST_DIE", "1:|| dispatch")],
-        args: moe_args(2, &["--device", "cuda", "--engine", "nccl"]),
+        prefix: true,
+        args: moe_args(2, &["--device", "cuda"]),
     };
     let t0 = Instant::now();
     let out = launch(&f, &j, Duration::from_secs(90));
@@ -317,8 +345,15 @@ fn moe_cuda_rank_killed_mid_dispatch_is_named() {
     let named = err
         .lines()
         .any(|l| l.starts_with("[rank 0] ") && l.contains("rank 1 died during `moe: dispatch"));
-    assert!(named, "rank 0 does not name rank 1 and the dispatch:\n{err}");
+    assert!(
+        named,
+        "rank 0 does not name rank 1 and the dispatch:\n{err}"
+    );
     assert!(err.contains("rank 0 exited with status 1"), "{err}");
-    assert!(t0.elapsed() < Duration::from_secs(60), "took {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        t0.elapsed()
+    );
     assert_nothing_left(&name, &err);
 }

@@ -33,9 +33,8 @@ pub struct Args {
     #[arg(long)]
     pub procs_per_node: Option<u32>,
     /// In a multi-process run: the inter-node engine, `mpi` (needs the `mpi` feature and
-    /// `mpirun`), `tcp` (any launcher) or `nccl` (`--device cuda`; libnccl loaded at run time).
-    /// Default: `nccl` with `--device cuda`, else `mpi` under `mpirun` when built with it, else
-    /// `tcp`.
+    /// `mpirun`) or `tcp` (any launcher); `nccl` is refused by the moe for now (see
+    /// docs/SCALE.md, "On GPUs"). Default: `mpi` under `mpirun` when built with it, else `tcp`.
     #[arg(long, value_enum)]
     pub engine: Option<super::procs::EngineKind>,
     #[arg(long)]

@@ -8,11 +8,11 @@
 //! the job's engine, one proxy endpoint per process. Every process draws the whole step from
 //! the seed (as the single-process run does) and feeds its ranks' inputs.
 //!
-//! On CUDA devices (`--device cuda`; engine `nccl` by default, on the device of the process's
-//! first rank) rank r runs on `cuda:(r mod device count)` and a node's processes map each
-//! other's buffers through CUDA IPC. One node only: the proxy of the inter-node legs reads and
-//! writes device memory from the host while kernels run (`runtime::HostView`), which the CUDA
-//! backend does not offer, so `--nodes` > 1 is refused on every rank alike.
+//! On CUDA devices (`--device cuda`) rank r runs on `cuda:(r mod device count)` and a node's
+//! processes map each other's buffers through CUDA IPC. One node only: the proxy of the
+//! inter-node legs reads and writes device memory from the host while kernels run
+//! (`runtime::HostView`), which the CUDA backend does not offer, so `--nodes` > 1 is refused on
+//! every rank alike; and not over the NCCL engine ([`join`] says why).
 //!
 //! After the step the processes all-gather (through the `dist` store) their ranks' gradient
 //! partials of the replicated weights and every process folds them in rank order: the
@@ -25,7 +25,7 @@
 use super::fault::{self, DieIn};
 use super::moe::{Args, Bars};
 use super::moe_hash::{hashes, DpSums, OutHash, Partials};
-use super::procs::{JoinCfg, Procs};
+use super::procs::{EngineKind, JoinCfg, Procs};
 use anyhow::{bail, Context};
 use ep::{EpConfig, ProxyTransport};
 use model::moe::{random_step, MoeConfig, MoeLayer, Progress, ProgressPhase};
@@ -310,19 +310,23 @@ fn hosted_devices(device: &str, hosted: &[u32]) -> anyhow::Result<Vec<Device>> {
         .collect()
 }
 
-/// Joins the job when a launcher started this process (`None`: a single-process run). On CUDA
-/// the NCCL engine (the default there) runs on the device of the process's first rank.
+/// Joins the job when a launcher started this process (`None`: a single-process run).
+/// `--engine nccl` is refused: `netnccl::NcclEngine` runs its rounds on the device's legacy
+/// stream after waiting for all of the device's queued work, so a round waits for a dispatch
+/// kernel that itself waits for a peer whose host waits for that round (a deadlock seen on the
+/// fake driver, and what a real GPU's legacy stream would do too).
 pub fn join(a: &Args, cfg: &MoeConfig) -> anyhow::Result<Option<Procs>> {
-    let pick = |g: &dist::Group| -> anyhow::Result<Device> {
-        let per_proc = layout(a, cfg, g)?;
-        let first = g.rank() as u32 * per_proc;
-        let mut d = hosted_devices(&a.device, &[first])?;
-        d.pop().context("no device")
-    };
+    if a.engine == Some(EngineKind::Nccl) {
+        bail!(
+            "--engine nccl: not for the moe yet: the NCCL engine's rounds wait for all work \
+             queued on the device, which deadlocks with dispatch kernels waiting for a peer; \
+             use --engine tcp (or mpi)"
+        );
+    }
     let how = JoinCfg {
         verb: "moe",
         engine: a.engine,
-        cuda: (a.device == "cuda").then_some(&pick as _),
+        cuda: None,
     };
     super::procs::join_with(&how, &Agreed::of(a, cfg))
 }
@@ -420,7 +424,8 @@ pub fn run(a: &Args, cfg: MoeConfig, procs: Procs, progress: &Bars) -> anyhow::R
         group: g,
     };
     g.set_op("moe: build layer")?;
-    let (mut rep, partials) = step(&cfg, &a.device, &procs, per_proc, &announce).map_err(|e| blame(g, e))?;
+    let (mut rep, partials) =
+        step(&cfg, &a.device, &procs, per_proc, &announce).map_err(|e| blame(g, e))?;
     g.set_op("moe: data-parallel sums")?;
     rep.dp_sums = dp_sums(g, &partials)?.hashes();
     g.set_op("moe: gather reports")?;

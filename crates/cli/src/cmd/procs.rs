@@ -7,7 +7,7 @@
 //! opens the inter-node engine the verb's `ep::ProxyTransport` or pipeline runs on:
 //!
 //! - `mpi` (feature `mpi`, the default under `mpirun`): `netmpi::MpiEngine`;
-//! - `nccl` (the default for a verb on CUDA devices, see [`JoinCfg::cuda`]):
+//! - `nccl` (`--engine nccl`, for a verb on CUDA devices, see [`JoinCfg::cuda`]):
 //!   `netnccl::NcclEngine` on a communicator of the process's CUDA device (libnccl is opened at
 //!   run time: a machine without it gets `NCCL unavailable`, on every rank alike);
 //! - `tcp` (the default otherwise): `ep::MeshEngine`, one TCP connection per pair of ranks,
@@ -41,8 +41,8 @@ pub struct JoinCfg<'a> {
     pub verb: &'a str,
     /// `--engine`, when given.
     pub engine: Option<EngineKind>,
-    /// Set when the verb runs on CUDA devices: the process's device for NCCL (then the default
-    /// engine). `None`: emulated devices, where `--engine nccl` is refused.
+    /// Set when the verb can run the NCCL engine: the process's CUDA device for it. `None`:
+    /// `--engine nccl` is refused (emulated devices).
     pub cuda: Option<CudaPick<'a>>,
 }
 
@@ -101,18 +101,17 @@ pub fn join_with<C: Serialize>(how: &JoinCfg, config: &C) -> anyhow::Result<Opti
     };
     let verb = how.verb;
     let under_mpirun = std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some();
-    let kind = how.engine.unwrap_or(if how.cuda.is_some() {
-        EngineKind::Nccl
-    } else if under_mpirun && cfg!(feature = "mpi") {
-        EngineKind::Mpi
-    } else {
-        EngineKind::Tcp
-    });
+    let kind = how
+        .engine
+        .unwrap_or(match under_mpirun && cfg!(feature = "mpi") {
+            true => EngineKind::Mpi,
+            false => EngineKind::Tcp,
+        });
     if kind == EngineKind::Mpi && !under_mpirun {
         bail!("--engine mpi: start the job with mpirun (this process has no MPI world)");
     }
     if kind == EngineKind::Nccl && how.cuda.is_none() {
-        bail!("--engine nccl: needs CUDA devices (--device cuda)");
+        bail!("--engine nccl: not for {verb} on these devices");
     }
     prepare_emulator(&env)?;
     let job = env.job_id.clone();
