@@ -27,8 +27,8 @@ pub enum EngineKind {
     Mpi,
     /// One TCP connection per pair of ranks (any launcher).
     Tcp,
-    /// NCCL point-to-point between the processes' CUDA devices (`--device cuda`; libnccl is
-    /// loaded at run time).
+    /// NCCL point-to-point between the processes' CUDA devices (libnccl is loaded at run
+    /// time); no verb runs on it yet (docs/SCALE.md, "On GPUs").
     Nccl,
 }
 
@@ -111,7 +111,7 @@ pub fn join_with<C: Serialize>(how: &JoinCfg, config: &C) -> anyhow::Result<Opti
         bail!("--engine mpi: start the job with mpirun (this process has no MPI world)");
     }
     if kind == EngineKind::Nccl && how.cuda.is_none() {
-        bail!("--engine nccl: not for {verb} on these devices");
+        bail!("--engine nccl: `ptxforge {verb}` does not run on the NCCL engine yet (tcp, mpi)");
     }
     prepare_emulator(&env)?;
     let job = env.job_id.clone();
