@@ -2,7 +2,7 @@
 # GPU check, on a machine with an NVIDIA GPU and driver (no CUDA toolkit needed). Runs (1) the
 # runtime tests on the CUDA device (PTXFORGE_TEST_CUDA=1), its multicast objects and CUDA IPC across processes, (2) every library kernel's test shapes
 # against its CPU reference on the GPU (`ptxforge kernels --check --device cuda`), (3) a small
-# `ptxforge moe --device cuda`, (4) the Hopper GEMM benchmark (DeepGEMM shapes) and `ptxforge
+# `ptxforge moe --device cuda`, also as one process per rank under `ptxforge launch`, (4) the Hopper GEMM benchmark (DeepGEMM shapes) and `ptxforge
 # bench gemm` (which times cuBLAS through PyTorch on the same shapes when torch is there), (5)
 # `ptxforge bench attn` (MLA attention training and decoding, beside torch SDPA), (6) NCCL
 # (crates/netnccl: collectives, the non-blocking init/abort path, and with 2+ GPUs the NCCL
@@ -36,6 +36,7 @@ if command -v nvidia-smi >/dev/null; then nvidia-smi >"$LOG/nvidia-smi.log" 2>&1
 if command -v cargo >/dev/null; then
   step build 240 cargo build --release --workspace --all-targets
   PF=(cargo run --release -q -p ptxforge-cli --)
+  PFBIN=target/release/ptxforge # what a launcher starts per rank
   BACKEND=(cargo test --release -p runtime --test backend --)
   MCAST=(cargo test --release -p runtime --test multicast --)
   IPC=(cargo test --release -p runtime --test ipc_procs --)
@@ -45,6 +46,7 @@ if command -v cargo >/dev/null; then
 elif [ -x .gpu/bin/ptxforge ]; then
   echo "no cargo: running the binaries of .gpu/ (commit $(cat .gpu/COMMIT 2>/dev/null); $(cat .gpu/GLIBC 2>/dev/null); here $(ldd --version 2>&1 | head -1))" | tee -a "$LOG/summary.log"
   PF=(.gpu/bin/ptxforge)
+  PFBIN=.gpu/bin/ptxforge
   BACKEND=(.gpu/bin/runtime-backend-tests)
   MCAST=(.gpu/bin/runtime-multicast-tests)
   IPC=(.gpu/bin/runtime-ipc-procs-tests)
@@ -70,6 +72,20 @@ step kernels-cuda 150 "${PF[@]}" kernels --check --device cuda
 # The main job on the GPU (one rank per GPU present: one here), small enough for the budget.
 step moe-cuda 120 "${PF[@]}" moe --device cuda --nodes 1 --gpus-per-node 1 \
   --experts 8 --hidden 1024 --intermediate 512 --tokens 512 --topk 2 --groups 2 --topk-groups 1 --check-tokens 64
+# The same moe as one rank per process (`ptxforge launch`, the TCP engine; docs/SCALE.md "On
+# GPUs"): every hash equal to the single-process run's on the GPU. With 2+ GPUs, one node of 2
+# processes (rank r on cuda:r) whose kernels write each other's buffers through CUDA IPC; with
+# one GPU only the launched path (1 process, no peer). Not run: several nodes on CUDA and the
+# NCCL engine, which the multi-process moe refuses (the proxy needs host views of device memory;
+# the NCCL engine's rounds wait for the device's queued work and deadlock with the kernels).
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+gpn=1; [ "${ngpu:-1}" -ge 2 ] && gpn=2
+[ "$gpn" = 1 ] && echo "note moe-cuda-procs: 1 GPU, so one process and no CUDA IPC peer (2+ GPUs needed)" | tee -a "$LOG/summary.log"
+MOEP=(moe --device cuda --nodes 1 --gpus-per-node "$gpn" --experts 8 --hidden 1024 --intermediate 512
+  --tokens 512 --topk 2 --groups 2 --topk-groups 1 --dump-hash --check-tokens 64)
+step moe-cuda-procs 120 bash -c "set -o pipefail; $PFBIN $(printf '%q ' "${MOEP[@]}") | grep ^hash | sort > '$LOG/moe-single.txt' &&
+  $PFBIN launch --nodes 1 --procs-per-node $gpn --no-prefix -- $PFBIN $(printf '%q ' "${MOEP[@]}") |
+  grep ^hash | sort > '$LOG/moe-procs.txt' && [ -s '$LOG/moe-procs.txt' ] && diff '$LOG/moe-single.txt' '$LOG/moe-procs.txt'"
 # Benchmarks: the Hopper kernels on the DeepGEMM table, and the host API's GEMM table beside
 # cuBLAS (scripts/bench_torch.py).
 step bench-hopper-fp8 120 "${BENCH[@]}" cuda:0 fp8 10 sweep

@@ -33,8 +33,8 @@ pub struct Args {
     #[arg(long)]
     pub procs_per_node: Option<u32>,
     /// In a multi-process run: the inter-node engine, `mpi` (needs the `mpi` feature and
-    /// `mpirun`) or `tcp` (any launcher). Default: `mpi` under `mpirun` when built with it,
-    /// else `tcp`.
+    /// `mpirun`) or `tcp` (any launcher); `nccl` is refused by the moe for now (see
+    /// docs/SCALE.md, "On GPUs"). Default: `mpi` under `mpirun` when built with it, else `tcp`.
     #[arg(long, value_enum)]
     pub engine: Option<super::procs::EngineKind>,
     #[arg(long)]
@@ -192,8 +192,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let cfg = config(&a)?;
     // started by a launcher: one rank of a multi-process job (one process per node or per
     // rank), see `moe_procs`
-    let agreed = super::moe_procs::Agreed::of(&a, &cfg);
-    if let Some(procs) = super::procs::join("moe", &agreed, a.engine)? {
+    if let Some(procs) = super::moe_procs::join(&a, &cfg)? {
         return super::moe_procs::run(&a, cfg, procs, &Bars);
     }
     if let Some(p) = a.procs_per_node {

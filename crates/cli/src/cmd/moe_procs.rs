@@ -8,6 +8,12 @@
 //! the job's engine, one proxy endpoint per process. Every process draws the whole step from
 //! the seed (as the single-process run does) and feeds its ranks' inputs.
 //!
+//! On CUDA devices (`--device cuda`) rank r runs on `cuda:(r mod device count)` and a node's
+//! processes map each other's buffers through CUDA IPC. One node only: the proxy of the
+//! inter-node legs reads and writes device memory from the host while kernels run
+//! (`runtime::HostView`), which the CUDA backend does not offer, so `--nodes` > 1 is refused on
+//! every rank alike; and not over the NCCL engine ([`join`] says why).
+//!
 //! After the step the processes all-gather (through the `dist` store) their ranks' gradient
 //! partials of the replicated weights and every process folds them in rank order: the
 //! data-parallel sums, bit-identical on every process (all-reduce semantics). Process 0 prints
@@ -19,7 +25,7 @@
 use super::fault::{self, DieIn};
 use super::moe::{Args, Bars};
 use super::moe_hash::{hashes, DpSums, OutHash, Partials};
-use super::procs::Procs;
+use super::procs::{EngineKind, JoinCfg, Procs};
 use anyhow::{bail, Context};
 use ep::{EpConfig, ProxyTransport};
 use model::moe::{random_step, MoeConfig, MoeLayer, Progress, ProgressPhase};
@@ -171,6 +177,7 @@ impl Progress for Announce<'_> {
 /// Returns its report (without the sums) and its ranks' gradient partials.
 fn step(
     cfg: &MoeConfig,
+    device: &str,
     procs: &Procs,
     per_proc: u32,
     progress: &dyn Progress,
@@ -179,9 +186,8 @@ fn step(
     let me = procs.rank() as u32;
     let hosted: Vec<u32> = (me * per_proc..(me + 1) * per_proc).collect();
     let mut all: Vec<Option<Device>> = vec![None; cfg.ranks()];
-    for &r in &hosted {
-        // the devices the single-process run gives these ranks
-        all[r as usize] = Some(Device::emu(1000 + r));
+    for (&r, d) in hosted.iter().zip(hosted_devices(device, &hosted)?) {
+        all[r as usize] = Some(d);
     }
     let devices: Vec<Device> = all.iter().flatten().cloned().collect();
     model::moe::check_devices(cfg, &devices).context("--num-sms")?;
@@ -232,15 +238,22 @@ fn step(
 /// Ranks per process: a node's (one process per node) or one (one process per rank);
 /// `--procs-per-node`, when given, must agree with the process count. Every rank computes the
 /// same answer (the inputs are agreed at bootstrap).
-fn layout(a: &Args, cfg: &MoeConfig, p: &Procs) -> anyhow::Result<u32> {
-    if a.device != "emu" {
-        bail!(
-            "--device {}: the multi-process moe runs on emulated devices",
-            a.device
-        );
+fn layout(a: &Args, cfg: &MoeConfig, p: &dist::Group) -> anyhow::Result<u32> {
+    if !matches!(a.device.as_str(), "emu" | "cuda") {
+        bail!("unknown --device `{}` (emu, cuda)", a.device);
     }
     if a.trace.is_some() {
         bail!("--trace: not supported by the multi-process moe yet");
+    }
+    if a.device == "cuda" && cfg.nodes > 1 {
+        // ep::ProxyTransport's proxy threads read and write the send windows and rings while
+        // kernels run (runtime::HostView), which only emulated memory offers
+        bail!(
+            "--device cuda --nodes {}: the multi-process moe runs one node on CUDA devices; \
+             the inter-node proxy needs host views of device memory, which the CUDA backend \
+             does not have yet (docs/SCALE.md, \"On GPUs\")",
+            cfg.nodes
+        );
     }
     let (procs, gpn) = (p.world_size() as u32, cfg.gpus_per_node);
     let ranks = cfg.nodes * gpn;
@@ -260,7 +273,7 @@ fn layout(a: &Args, cfg: &MoeConfig, p: &Procs) -> anyhow::Result<u32> {
         );
     }
     // a node's processes map each other's memory: the launcher must keep them on one machine
-    let local = p.group.local_world_size();
+    let local = p.local_world_size();
     if per_node > 1 && !local.is_multiple_of(per_node as usize) {
         bail!(
             "LOCAL_WORLD_SIZE {}: not a multiple of the {per_node} processes of a node (they \
@@ -269,6 +282,53 @@ fn layout(a: &Args, cfg: &MoeConfig, p: &Procs) -> anyhow::Result<u32> {
         );
     }
     Ok(gpn / per_node)
+}
+
+/// The devices of the ranks `hosted`: on the emulator those the single-process run gives
+/// them; on CUDA rank r runs on `cuda:(r mod device count)`. That is LOCAL_RANK (the
+/// torchrun/DeepEP convention) where each machine runs one process per GPU, and keeps the
+/// "nodes" of `ptxforge launch`, which all run on this machine, on distinct GPUs while there are
+/// enough (NCCL refuses two ranks on one GPU).
+fn hosted_devices(device: &str, hosted: &[u32]) -> anyhow::Result<Vec<Device>> {
+    if device != "cuda" {
+        return Ok(hosted.iter().map(|&r| Device::emu(1000 + r)).collect());
+    }
+    let count = Device::cuda_count();
+    if count == 0 {
+        // the driver's own error says why (no libcuda, no device)
+        Device::cuda(0).context("--device cuda")?;
+    }
+    if hosted.len() > count as usize {
+        bail!(
+            "--device cuda: this process hosts {} ranks but sees {count} CUDA device(s)",
+            hosted.len()
+        );
+    }
+    hosted
+        .iter()
+        .map(|&r| Device::cuda(r % count).with_context(|| format!("--device cuda (rank {r})")))
+        .collect()
+}
+
+/// Joins the job when a launcher started this process (`None`: a single-process run).
+/// `--engine nccl` is refused: `netnccl::NcclEngine` runs its rounds on the device's legacy
+/// stream after waiting for all of the device's queued work, so a round waits for a dispatch
+/// kernel that itself waits for a peer whose host waits for that round (a deadlock seen on the
+/// fake driver, and what a real GPU's legacy stream would do too).
+pub fn join(a: &Args, cfg: &MoeConfig) -> anyhow::Result<Option<Procs>> {
+    if a.engine == Some(EngineKind::Nccl) {
+        bail!(
+            "--engine nccl: not for the moe yet: the NCCL engine's rounds wait for all work \
+             queued on the device, which deadlocks with dispatch kernels waiting for a peer; \
+             use --engine tcp (or mpi)"
+        );
+    }
+    let how = JoinCfg {
+        verb: "moe",
+        engine: a.engine,
+        cuda: None,
+    };
+    super::procs::join_with(&how, &Agreed::of(a, cfg))
 }
 
 /// Raw bytes one rank sends per store round of [`all_gather_large`], for all ranks together:
@@ -345,7 +405,7 @@ fn blame(g: &dist::Group, e: anyhow::Error) -> anyhow::Error {
 
 /// Runs this process's part of the job (see the module docs).
 pub fn run(a: &Args, cfg: MoeConfig, procs: Procs, progress: &Bars) -> anyhow::Result<()> {
-    let per_proc = match layout(a, &cfg, &procs) {
+    let per_proc = match layout(a, &cfg, &procs.group) {
         Ok(n) => n,
         Err(e) => {
             // every rank fails alike: leave cleanly, so nobody reports a death
@@ -364,7 +424,8 @@ pub fn run(a: &Args, cfg: MoeConfig, procs: Procs, progress: &Bars) -> anyhow::R
         group: g,
     };
     g.set_op("moe: build layer")?;
-    let (mut rep, partials) = step(&cfg, &procs, per_proc, &announce).map_err(|e| blame(g, e))?;
+    let (mut rep, partials) =
+        step(&cfg, &a.device, &procs, per_proc, &announce).map_err(|e| blame(g, e))?;
     g.set_op("moe: data-parallel sums")?;
     rep.dp_sums = dp_sums(g, &partials)?.hashes();
     g.set_op("moe: gather reports")?;

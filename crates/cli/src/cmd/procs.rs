@@ -7,6 +7,9 @@
 //! opens the inter-node engine the verb's `ep::ProxyTransport` or pipeline runs on:
 //!
 //! - `mpi` (feature `mpi`, the default under `mpirun`): `netmpi::MpiEngine`;
+//! - `nccl` (`--engine nccl`, for a verb on CUDA devices, see [`JoinCfg::cuda`]):
+//!   `netnccl::NcclEngine` on a communicator of the process's CUDA device (libnccl is opened at
+//!   run time: a machine without it gets `NCCL unavailable`, on every rank alike);
 //! - `tcp` (the default otherwise): `ep::MeshEngine`, one TCP connection per pair of ranks,
 //!   addresses exchanged through the `dist` store.
 //!
@@ -24,6 +27,23 @@ pub enum EngineKind {
     Mpi,
     /// One TCP connection per pair of ranks (any launcher).
     Tcp,
+    /// NCCL point-to-point between the processes' CUDA devices (libnccl is loaded at run
+    /// time); no verb runs on it yet (docs/SCALE.md, "On GPUs").
+    Nccl,
+}
+
+/// Picks the CUDA device of this process's NCCL communicator, once the group is joined.
+pub type CudaPick<'a> = &'a dyn Fn(&dist::Group) -> anyhow::Result<Device>;
+
+/// How a verb joins a multi-process run.
+pub struct JoinCfg<'a> {
+    /// The verb (`moe`, `train`): part of what every rank must agree on.
+    pub verb: &'a str,
+    /// `--engine`, when given.
+    pub engine: Option<EngineKind>,
+    /// Set when the verb can run the NCCL engine: the process's CUDA device for it. `None`:
+    /// `--engine nccl` is refused (emulated devices).
+    pub cuda: Option<CudaPick<'a>>,
 }
 
 /// A joined multi-process run.
@@ -66,16 +86,32 @@ pub fn join<C: Serialize>(
     config: &C,
     engine: Option<EngineKind>,
 ) -> anyhow::Result<Option<Procs>> {
+    let how = JoinCfg {
+        verb,
+        engine,
+        cuda: None,
+    };
+    join_with(&how, config)
+}
+
+/// [`join`] with the verb's devices: see [`JoinCfg`].
+pub fn join_with<C: Serialize>(how: &JoinCfg, config: &C) -> anyhow::Result<Option<Procs>> {
     let Some(env) = dist::DistEnv::detect(std::env::vars())? else {
         return Ok(None);
     };
+    let verb = how.verb;
     let under_mpirun = std::env::var_os("OMPI_COMM_WORLD_SIZE").is_some();
-    let kind = engine.unwrap_or(match under_mpirun && cfg!(feature = "mpi") {
-        true => EngineKind::Mpi,
-        false => EngineKind::Tcp,
-    });
+    let kind = how
+        .engine
+        .unwrap_or(match under_mpirun && cfg!(feature = "mpi") {
+            true => EngineKind::Mpi,
+            false => EngineKind::Tcp,
+        });
     if kind == EngineKind::Mpi && !under_mpirun {
         bail!("--engine mpi: start the job with mpirun (this process has no MPI world)");
+    }
+    if kind == EngineKind::Nccl && how.cuda.is_none() {
+        bail!("--engine nccl: `ptxforge {verb}` does not run on the NCCL engine yet (tcp, mpi)");
     }
     prepare_emulator(&env)?;
     let job = env.job_id.clone();
@@ -86,7 +122,10 @@ pub fn join<C: Serialize>(
         })
         .connect()
         .with_context(|| format!("joining the {verb} job"))?;
-    open_engine(group, kind)
+    match (kind, how.cuda) {
+        (EngineKind::Nccl, Some(pick)) => nccl_procs(group, pick),
+        _ => open_engine(group, kind),
+    }
 }
 
 /// The rank's address slot, peer-mappable memory when the node has several processes, and
@@ -101,7 +140,47 @@ fn prepare_emulator(env: &dist::DistEnv) -> anyhow::Result<()> {
     if env.local_world_size > 1 {
         Device::emu_set_shared_default(true);
     }
+    // the same for the fake CUDA driver's emulator (`crates/fakecuda`, read when the driver
+    // starts), which finds RANK under `ptxforge launch` but nothing under mpirun; a real driver
+    // ignores them
+    if std::env::var_os("PTXFORGE_EMU_SLOT").is_none() {
+        std::env::set_var("PTXFORGE_EMU_SLOT", env.rank.to_string());
+    }
+    if env.local_world_size > 1 && std::env::var_os("PTXFORGE_EMU_SHM").is_none() {
+        std::env::set_var("PTXFORGE_EMU_SHM", "1");
+    }
     Ok(())
+}
+
+/// The NCCL engine on the device `pick` gives. Every rank first learns whether every rank has
+/// its device and a libnccl: if one has not, all leave the group cleanly (no death reported)
+/// and fail, each naming the first rank that could not (its own error when it is that rank).
+fn nccl_procs(group: dist::Group, pick: CudaPick) -> anyhow::Result<Option<Procs>> {
+    let device = pick(&group).and_then(|d| {
+        netnccl::version().context("--engine nccl")?;
+        Ok(d)
+    });
+    let failed = group
+        .all_gather(if device.is_ok() { b"" } else { b"x" })
+        .context("checking every rank's CUDA device and NCCL")?
+        .iter()
+        .position(|s| !s.is_empty());
+    if let Some(r) = failed {
+        group.finish().context("leaving the process group")?;
+        return Err(device.err().unwrap_or_else(|| {
+            anyhow::anyhow!("rank {r} has no usable CUDA device or NCCL (see its error)")
+        }));
+    }
+    let device = device?;
+    let comm = netnccl::Comm::bootstrap(&group, &device).context("the NCCL communicator")?;
+    let engine = netnccl::NcclEngine::new(comm).context("starting the NCCL engine")?;
+    Ok(Some(Procs {
+        group,
+        engine: Arc::new(engine),
+        kind: EngineKind::Nccl,
+        #[cfg(feature = "mpi")]
+        _mpi: None,
+    }))
 }
 
 #[cfg(feature = "mpi")]
