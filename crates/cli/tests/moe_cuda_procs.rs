@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 #[path = "../../runtime/tests/support/fakecuda.rs"]
 mod fakecuda_support;
+mod leftovers;
 use fakecuda_support::FakeCuda;
+use leftovers::assert_nothing_left;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ptxforge");
 
@@ -144,59 +146,18 @@ fn sorted(v: &Value) -> Vec<String> {
     h
 }
 
-/// `/dev/shm` entries of the job.
-fn segments(job: &str) -> Vec<String> {
-    let pre = format!("ptxforge-{job}-");
-    std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(&pre))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Processes whose environment names the job.
-fn job_processes(job: &str) -> Vec<String> {
-    let tag = format!("PTXFORGE_JOB_ID={job}");
-    let Ok(d) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    d.flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter(|e| {
-            std::fs::read(e.path().join("environ"))
-                .map(|env| env.split(|&b| b == 0).any(|v| v == tag.as_bytes()))
-                .unwrap_or(false)
-        })
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect()
-}
-
-/// Nothing of the job is left (the launcher reaps its ranks before it returns).
-fn assert_nothing_left(job: &str, err: &str) {
-    assert_eq!(segments(job), Vec::<String>::new(), "segments left:\n{err}");
-    assert_eq!(
-        job_processes(job),
-        Vec::<String>::new(),
-        "processes left:\n{err}"
-    );
-}
-
-/// Every rank's hashes and every process's data-parallel sums of the `gpn` processes equal the
-/// single-process CUDA run's, which equal the emulator run's.
+/// Every rank's hashes and every process's data-parallel sums of the `gpn` processes on the
+/// fake CUDA driver equal the single-process emulator run's (whose f64 checks pass).
 fn one_process_per_rank(f: &FakeCuda, gpn: u32) {
-    let cuda = single(f, gpn, "cuda");
+    // The reference is the single-process emulator run. (Not the single-process CUDA run on
+    // the fake: with several devices and host threads in one process, the fake lets emulated
+    // time fast-forward while any host thread synchronises, even if another is still about to
+    // launch the kernel the waiting one depends on: on a loaded host its dispatch timed out
+    // once. Each process of the launched run has one device and maps its peers, so its time
+    // never fast-forwards.)
     let emu = single(f, gpn, "emu");
-    let want = sorted(&cuda["hashes"]);
+    let want = sorted(&emu["hashes"]);
     assert_eq!(want.len(), gpn as usize * 8 + 2, "8 per rank and 2 sums");
-    assert_eq!(want, sorted(&emu["hashes"]), "CUDA (fake) vs emulator");
     let name = job(&format!("r1x{gpn}"));
     let j = Job {
         name: &name,

@@ -12,6 +12,8 @@ use serde_json::Value;
 use std::process::Command;
 
 mod common;
+mod leftovers;
+use leftovers::assert_nothing_left;
 
 /// The CLI tests' small MoE ([`common::SMALL_MOE`]) without its `--gpus-per-node`: each test
 /// names its own layout.
@@ -110,19 +112,6 @@ fn moe_procs_per_node_must_match_mpirun() {
     );
 }
 
-/// `/dev/shm` entries of the job `job`.
-fn segments(job: &str) -> Vec<String> {
-    let pre = format!("ptxforge-{job}-");
-    std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(&pre))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// 2 nodes of `gpn` GPUs under `mpirun`, `ppn` processes per node (1, or `gpn`: one per rank),
 /// on `engine` (`--engine`; None: the default, MPI).
 fn multi_process(gpn: u32, ppn: u32, engine: Option<&str>) {
@@ -158,7 +147,7 @@ fn multi_process(gpn: u32, ppn: u32, engine: Option<&str>) {
         "per-rank hashes and the two data-parallel sums"
     );
     assert_eq!(a, b);
-    assert_eq!(segments(&job), Vec::<String>::new(), "segments left behind");
+    assert_nothing_left(&job, "");
     let name = match engine {
         Some("tcp") => "tcp mesh",
         _ => "MPI point-to-point (Open MPI)",
@@ -248,20 +237,5 @@ fn moe_rank_killed_mid_dispatch_stops_the_job() {
         "the dead rank is named:\n{err}"
     );
     // the survivors may still be removing segments and exiting when mpirun returns
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while std::time::Instant::now() < deadline
-        && !(segments(&job).is_empty() && dist::launch::job_processes(&job).is_empty())
-    {
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert_eq!(
-        segments(&job),
-        Vec::<String>::new(),
-        "segments left:\n{err}"
-    );
-    assert_eq!(
-        dist::launch::job_processes(&job),
-        Vec::<u32>::new(),
-        "processes left"
-    );
+    assert_nothing_left(&job, &err);
 }

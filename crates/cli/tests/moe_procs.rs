@@ -12,6 +12,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 mod common;
+mod leftovers;
+use leftovers::assert_nothing_left;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ptxforge");
 
@@ -196,51 +198,6 @@ fn assert_identical(multi: &Value, gpn: u32, ppn: u32) {
     assert_eq!(sum("dispatch", "intra_node_bytes"), row["intra_bytes"]);
     assert!(
         sum("dispatch", "inter_node_bytes") > 0 && sum("combine of dX", "inter_node_bytes") > 0
-    );
-}
-
-/// `/dev/shm` entries of the job.
-fn segments(job: &str) -> Vec<String> {
-    let pre = format!("ptxforge-{job}-");
-    std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(&pre))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Processes whose environment names the job.
-fn job_processes(job: &str) -> Vec<String> {
-    let tag = format!("PTXFORGE_JOB_ID={job}");
-    let Ok(d) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    d.flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter(|e| {
-            std::fs::read(e.path().join("environ"))
-                .map(|env| env.split(|&b| b == 0).any(|v| v == tag.as_bytes()))
-                .unwrap_or(false)
-        })
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect()
-}
-
-/// Nothing of the job is left (the launcher reaps its ranks before it returns).
-fn assert_nothing_left(job: &str, err: &str) {
-    assert_eq!(segments(job), Vec::<String>::new(), "segments left:\n{err}");
-    assert_eq!(
-        job_processes(job),
-        Vec::<String>::new(),
-        "processes left:\n{err}"
     );
 }
 

@@ -7,6 +7,8 @@
 //! `/dev/shm/ptxforge-{job}-*` segment; a process count other than `parallel.pp` and ranks that
 //! disagree on the options are refused. The mpirun cases run with
 //! `cargo test -p ptxforge-cli --features mpi --test train_procs`.
+mod leftovers;
+use leftovers::assert_nothing_left;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -136,38 +138,8 @@ fn start(
         None => c.arg(bin).arg("train").args(args),
     };
     let out = c.output().expect("spawn the launcher");
-    assert_clean(&job);
+    assert_nothing_left(&job, "");
     out
-}
-
-/// No segment of the job left in /dev/shm and no process of it running.
-fn assert_clean(job: &str) {
-    let left: Vec<_> = std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(Result::ok)
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(&format!("ptxforge-{job}-")))
-                .collect()
-        })
-        .unwrap_or_default();
-    assert!(left.is_empty(), "segments left: {left:?}");
-    let needle = format!("PTXFORGE_JOB_ID={job}\0");
-    let alive: Vec<String> = std::fs::read_dir("/proc")
-        .expect("/proc")
-        .filter_map(Result::ok)
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter(|e| {
-            let env = std::fs::read(e.path().join("environ")).unwrap_or_default();
-            env.windows(needle.len()).any(|w| w == needle.as_bytes())
-        })
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    assert!(alive.is_empty(), "processes of job {job} left: {alive:?}");
 }
 
 fn text(o: &Output) -> String {
