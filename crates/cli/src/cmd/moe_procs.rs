@@ -479,21 +479,12 @@ fn print(a: &Args, reps: &[ProcReport]) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::{all_gather_large, op_name};
-    use dist::{Bootstrap, DistEnv, FaultAction};
+    use dist::{Bootstrap, FaultAction};
     use rand::{Rng, SeedableRng};
 
     /// Rank `rank` of `world` threads on the store at `port`.
     fn boot(rank: usize, world: usize, port: u16) -> dist::Group {
-        let vars = [
-            ("RANK", rank.to_string()),
-            ("WORLD_SIZE", world.to_string()),
-            ("LOCAL_RANK", rank.to_string()),
-            ("LOCAL_WORLD_SIZE", world.to_string()),
-            ("MASTER_ADDR", "127.0.0.1".into()),
-            ("MASTER_PORT", port.to_string()),
-            ("PTXFORGE_JOB_ID", format!("moeag{port}")),
-        ];
-        let env = DistEnv::from_vars(vars.map(|(k, v)| (k.to_string(), v))).unwrap();
+        let env = dist::testing::local_env(rank, world, port, &format!("moeag{port}")).unwrap();
         Bootstrap::new(env)
             .fault_action(FaultAction::Report)
             .connect()
